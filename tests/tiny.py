@@ -1,0 +1,82 @@
+"""Tiny random checkpoints made with transformers, for parity tests.
+
+``make_checkpoint(dir, model_type, **overrides)`` writes config.json,
+model.safetensors and a small tokenizer.json (a word-level vocabulary that
+covers every id) and returns the transformers model (f32, eval mode) that is
+the oracle for that directory.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+VOCAB = 128
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+def write_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
+    """A word-level tokenizer.json whose ids 0..vocab_size-1 are '<unk>', '<s>', '</s>', 'w3', ..."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+         "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def make_checkpoint(path: Path, model_type: str, *, seed: int = 0, dtype=None, **overrides):
+    """Build, save and return a tiny random ``model_type`` model (transformers, f32, eval)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = dict(SMALL, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kwargs.update(overrides)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # random init leaves norms at 1 and biases at 0: make them matter
+        for name, p in model.named_parameters():
+            if p.ndim != 1:
+                continue
+            noise = torch.randn_like(p)
+            if "norm" in name:  # Gemma stores norms as offsets from one
+                p.copy_(noise * 0.3 + (0.0 if model_type.startswith("gemma") else 1.0))
+            else:
+                p.copy_(noise * 0.1)
+    path.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(path)
+    write_tokenizer(path, kwargs["vocab_size"])
+    return model.float().eval()
+
+
+def reference_logits(model, ids) -> tuple[np.ndarray, list[np.ndarray]]:
+    """transformers' logits float32 [T, vocab] and hidden states for int ids [T]."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)]), output_hidden_states=True)
+    return out.logits[0].float().numpy(), [h[0].float().numpy() for h in out.hidden_states]
+
+
+def reference_greedy(model, ids, n: int) -> list[int]:
+    """transformers' greedy continuation of ``ids``: n new token ids."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([list(ids)]), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(ours.astype(np.float64) - ref) / np.linalg.norm(ref))
