@@ -1,0 +1,467 @@
+"""Turn a ``--model`` string into the files a model is made of.
+
+``resolve`` decides where a model lives (a local checkpoint directory, a GGUF
+file, or a Hugging Face Hub repository), finds its config, tokenizer and weight
+files, and runs the architecture gate (``ster_py.families.gate``) on the
+config before any weight is fetched. It never opens or maps a weight file:
+it only lists them. It is the only module of ster-py that touches the network.
+
+Behaviour reference: Ster's model resolution (shared/seeds/002, "Local
+directory", "Hugging Face Hub", "Refusals").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from ster_py.errors import SterError
+
+if TYPE_CHECKING:  # families imports nothing from here; the annotation is for readers
+    from ster_py.families import FamilySpec
+
+Progress = Callable[[str, int, "int | None"], None]
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+# Small files that travel with the tokenizer and config when a repository has them:
+# chat template, special tokens and generation defaults are read from them later.
+# The index is fetched so that a cache-only (offline) resolution can tell a
+# complete sharded checkpoint from an interrupted download.
+SIDE_FILES = (
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "model.safetensors.index.json",
+)
+INDEX = "model.safetensors.index.json"
+# Training leftovers that sit beside the weights in some checkpoints.
+EXCLUDED_WEIGHT_WORDS = ("optimizer", "training_args")
+# Weight formats we do not read, named in refusals so the user knows what was seen.
+OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".npz")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a model's files are, as decided by :func:`resolve`.
+
+    Attributes:
+        model: the ``--model`` string exactly as the user passed it.
+        kind: ``"safetensors"`` (config.json + tokenizer.json + top-level
+            *.safetensors), ``"gguf"`` (a single GGUF file, everything else
+            comes from its metadata) or ``"gguf_dir"`` (config.json +
+            tokenizer.json + exactly one .gguf, a llama.cpp fine-tune laid
+            beside its base model's config and tokenizer).
+        root: the directory holding the files (for a .gguf path, its parent;
+            for a Hub model, the cache snapshot directory of the resolved commit).
+        config: the parsed config.json, or None for a bare GGUF.
+        config_path: path of config.json, or None for a bare GGUF.
+        tokenizer_path: path of tokenizer.json, or None for a bare GGUF.
+        weight_files: sorted top-level *.safetensors (training leftovers named
+            ``optimizer``/``training_args`` excluded), or ``(the .gguf,)``.
+        gguf_file: the .gguf file for the two GGUF kinds, else None.
+        model_revision: for a local model the ``--revision`` verbatim (metadata
+            only, it selects nothing) or None; for a Hub model the resolved
+            40-hex commit SHA, never a branch name.
+        family: the FamilySpec the gate returned for a config.json source, None
+            for a bare GGUF (its family comes from the GGUF metadata later).
+    """
+
+    model: str
+    kind: str
+    root: Path
+    config: dict | None
+    config_path: Path | None
+    tokenizer_path: Path | None
+    weight_files: tuple[Path, ...]
+    gguf_file: Path | None
+    model_revision: str | None
+    family: "FamilySpec | None"
+
+
+def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None) -> Resolved:
+    """Resolve ``model`` to a :class:`Resolved` without reading any weight.
+
+    Order of decisions:
+
+    1. An existing directory is a local checkpoint; the network is never used
+       (``huggingface_hub`` is not even imported).
+    2. An existing file ending in ``.gguf`` is a bare GGUF model.
+    3. A string that looks like a path (starts with ``./``, ``../``, ``/`` or
+       ``~``, or ends with ``.gguf``) but names nothing is refused with
+       "no such file or directory". Ster sends such strings to the Hub, which
+       then fails with a confusing repository error; we refuse them locally.
+    4. Anything else is a Hugging Face Hub model id, resolved at ``revision``
+       (default ``"main"``) to a commit SHA. config.json, tokenizer.json and the
+       small side files are downloaded first and the architecture gate runs on
+       the config; only then are the weight files downloaded, all at that SHA.
+       huggingface_hub's defaults are used untouched, so ``HF_HOME``,
+       ``HF_HUB_CACHE``, ``HF_ENDPOINT``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE``
+       apply; with ``HF_HUB_OFFLINE=1`` the model is resolved from the local
+       cache only.
+
+    Args:
+        model: a directory, a .gguf path, or a Hub id such as ``org/name``.
+        revision: for the Hub, a branch, tag or commit; for a local model it
+            is recorded verbatim as ``model_revision`` and selects nothing.
+        progress: optional ``progress(event, done, total)`` callback, called
+            only while downloading from the Hub. ``event`` is
+            ``"download <file name>"`` before each file and
+            ``"downloaded config"`` / ``"downloaded weights"`` when a phase
+            ends; ``done`` and ``total`` count bytes of that phase (``total``
+            is None when the Hub did not report every file's size).
+
+    Returns:
+        Resolved.
+
+    Raises:
+        SterError: for every refusal: missing or ambiguous files, unreadable
+            or invalid config.json, an architecture the gate refuses (raised by
+            ``ster_py.families.gate``), Mistral's own params.json format, an
+            unreachable/missing/gated repository or revision, a cache that
+            lacks the model under ``HF_HUB_OFFLINE``, or a failed download.
+    """
+    if not model:
+        raise SterError("no model given; pass a local directory, a .gguf file or a Hugging Face Hub id")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return _resolve_dir(model, path.absolute(), revision)
+    if path.is_file():
+        if path.name.endswith(".gguf"):
+            gguf = path.absolute()
+            return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf, revision, None)
+        raise SterError(
+            f"{model} is a file but not a .gguf file; pass a model directory (config.json, "
+            "tokenizer.json, *.safetensors), a .gguf file, or a Hugging Face Hub id"
+        )
+    if _looks_like_path(model) or os.path.lexists(path):
+        # lexists without being a file or directory: a dangling symlink, a socket, a fifo.
+        raise SterError(f"no such file or directory: {model}")
+    return _resolve_hub(model, revision, progress)
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("./", "../", "/", "~")) or model.endswith(".gguf")
+
+
+# --------------------------------------------------------------------------- local
+
+
+def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
+    names = _list_dir(root)
+    ggufs = sorted(n for n in names if n.endswith(".gguf") and (root / n).is_file())
+    if CONFIG not in names:
+        if "params.json" in names:
+            raise _mistral_format(str(root / "params.json"))
+        if len(ggufs) == 1:
+            gguf = root / ggufs[0]
+            return Resolved(model, "gguf", root, None, None, None, (gguf,), gguf, revision, None)
+        if len(ggufs) > 1:
+            raise _too_many_ggufs(root, ggufs)
+        raise SterError(
+            f"model config is missing: {root / CONFIG}; a model directory needs config.json, "
+            "tokenizer.json and *.safetensors weights (or a single .gguf file)"
+        )
+    config_path = root / CONFIG
+    tokenizer_path = _require_tokenizer(root, names)
+    config = read_config(config_path)
+    family = _gate(config, config_path)
+    weights = _safetensors_in(root, names)
+    if weights:
+        _check_index(root, names)
+        return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, weights, None, revision, family)
+    if len(ggufs) == 1:
+        gguf = root / ggufs[0]
+        return Resolved(model, "gguf_dir", root, config, config_path, tokenizer_path, (gguf,), gguf, revision, family)
+    if len(ggufs) > 1:
+        raise _too_many_ggufs(root, ggufs)
+    raise SterError(f"model directory contains no safetensors weights: {root}{_weights_hint(names)}")
+
+
+def _list_dir(root: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(root))
+    except OSError as error:
+        raise SterError(f"failed to list {root}: {error.strerror or error}") from None
+
+
+def _safetensors_in(root: Path, names: list[str]) -> tuple[Path, ...]:
+    """Top-level weight files of ``root``, sorted by name (shards sort in order)."""
+    return tuple(root / n for n in sorted(names) if _is_weight_name(n) and (root / n).is_file())
+
+
+def _is_weight_name(name: str) -> bool:
+    return name.endswith(".safetensors") and not any(w in name for w in EXCLUDED_WEIGHT_WORDS)
+
+
+def _require_tokenizer(root: Path, names: list[str]) -> Path:
+    if TOKENIZER in names:
+        return root / TOKENIZER
+    found = [n for n in ("tokenizer.model", "tokenizer.jsonl", "tiktoken.model", "vocab.json") if n in names]
+    hint = (
+        f" (found {', '.join(found)}; only a tokenizers-library tokenizer.json is read: use a checkpoint "
+        "that ships tokenizer.json, or save one with the tokenizers or transformers library)"
+        if found
+        else ""
+    )
+    raise SterError(f"tokenizer is missing: {root / TOKENIZER}{hint}")
+
+
+def _check_index(root: Path, names: list[str]) -> None:
+    """Refuse a sharded checkpoint whose index names a shard that is not there.
+
+    The index is not needed to load (every top-level shard is read), but when it
+    is present a missing shard is better reported here, by name, than later as
+    a missing tensor. An unreadable index is ignored for the same reason.
+    """
+    if INDEX not in names:
+        return
+    try:
+        weight_map = json.loads((root / INDEX).read_bytes()).get("weight_map")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(weight_map, dict):
+        return
+    missing = sorted({str(f) for f in weight_map.values()} - set(names))
+    if missing:
+        raise SterError(
+            f"{root / INDEX} names {len(missing)} weight file(s) missing from {root}: {', '.join(missing)}; "
+            "download the missing shards"
+        )
+
+
+def _weights_hint(names: list[str]) -> str:
+    ignored = [n for n in names if n.endswith(".safetensors") and not _is_weight_name(n)]
+    other = [n for n in names if n.endswith(OTHER_WEIGHT_SUFFIXES)]
+    parts = []
+    if other:
+        parts.append(f"found {', '.join(other)}, which is not a format ster reads; convert it to safetensors")
+    if ignored:
+        parts.append(f"ignored training files {', '.join(ignored)}")
+    return f" ({'; '.join(parts)})" if parts else "; add the model's *.safetensors files, or one .gguf file"
+
+
+def _too_many_ggufs(root: Path, ggufs: list[str]) -> SterError:
+    return SterError(
+        f"model directory {root} holds {len(ggufs)} .gguf files ({', '.join(ggufs)}); "
+        "keep exactly one, or pass the path of the .gguf file to use"
+    )
+
+
+def _mistral_format(where: str) -> SterError:
+    return SterError(
+        f"{where} is a checkpoint in Mistral's own format (params.json, no config.json), which is "
+        "not supported yet; use the Transformers-format checkpoint of the same model "
+        "(config.json, tokenizer.json, model*.safetensors)"
+    )
+
+
+# --------------------------------------------------------------------------- config + gate
+
+
+def read_config(path: Path) -> dict:
+    """Parse a config.json into a dict.
+
+    Raises:
+        SterError: "failed to read PATH: DETAIL" when the file cannot be read;
+            "invalid model config PATH: DETAIL" when it is not UTF-8 JSON or
+            its top level is not an object.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SterError(f"failed to read {path}: {error.strerror or error}") from None
+    try:
+        config = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise SterError(f"invalid model config {path}: {error}") from None
+    if not isinstance(config, dict):
+        raise SterError(f"invalid model config {path}: the top level is a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def _gate(config: dict, config_path: Path) -> "FamilySpec":
+    # Imported here so that the family table loads only when a config is gated.
+    from ster_py import families
+
+    return families.gate(config, config_path)
+
+
+# --------------------------------------------------------------------------- Hub
+
+
+def _resolve_hub(model: str, revision: str | None, progress: Progress | None) -> Resolved:
+    import huggingface_hub as hub
+    from huggingface_hub import constants
+
+    rev = revision or "main"
+    offline = getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)()
+    if offline:
+        return _resolve_cache(model, rev)
+    try:
+        api = hub.HfApi()
+    except Exception as error:  # noqa: BLE001 - any failure here is reported, none is expected
+        raise SterError(f"failed to initialize Hugging Face Hub client: {error}") from None
+    try:
+        info = api.model_info(model, revision=rev, files_metadata=True)
+    except Exception as error:
+        if not _is_hub_failure(error):
+            raise  # a bug, not a situation the user can act on
+        raise SterError(_repository_error(model, rev, error)) from None
+    sha = info.sha  # the resolved commit; branch names never reach model_revision
+    sizes = {s.rfilename: s.size for s in (info.siblings or [])}
+    if CONFIG not in sizes:
+        if "params.json" in sizes:
+            raise _mistral_format(f"model {model} at revision {sha}")
+        raise SterError(f"model config is missing: {model} publishes no config.json at revision {sha}")
+    if TOKENIZER not in sizes:
+        raise SterError(f"tokenizer is missing: {model} publishes no tokenizer.json at revision {sha}")
+
+    small = [CONFIG, TOKENIZER] + [n for n in SIDE_FILES if n in sizes]
+    # config.json is fetched at the user's revision, not the SHA: that is how
+    # huggingface_hub records "revision -> commit" in the cache, which a later
+    # HF_HUB_OFFLINE run needs to find the snapshot. Its snapshot folder names the
+    # commit it came from; the other files are fetched at the SHA itself.
+    paths = _download(hub, model, sha, small, sizes, progress, "config", first_at=rev)
+    config_path, tokenizer_path = paths[CONFIG], paths[TOKENIZER]
+    sha = sha or config_path.parent.name  # model_info always states it; the snapshot folder names it too
+    if config_path.parent.name != sha:
+        raise SterError(
+            f"revision {rev} of {model} moved while it was being resolved (from {sha} to "
+            f"{config_path.parent.name}); run again, or pass a commit SHA as the revision"
+        )
+    config = read_config(config_path)
+    family = _gate(config, config_path)
+
+    weights = sorted(n for n in sizes if "/" not in n and _is_weight_name(n))
+    if not weights:
+        other = sorted(n for n in sizes if "/" not in n and n.endswith(OTHER_WEIGHT_SUFFIXES + (".gguf",)))
+        hint = f" (it has {', '.join(other)})" if other else ""
+        advice = "; download a .gguf file and pass its path" if any(n.endswith(".gguf") for n in other) else ""
+        raise SterError(f"model {model} publishes no safetensors weights at revision {sha}{hint}{advice}")
+    paths = _download(hub, model, sha, weights, sizes, progress, "weights")
+    files = tuple(paths[n] for n in weights)
+    return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, files, None, sha, family)
+
+
+def _download(hub, model: str, sha: str, names: list[str], sizes: dict, progress, phase: str,
+              first_at: str | None = None) -> dict[str, Path]:
+    """Download ``names`` at commit ``sha`` (the first at ``first_at`` if given) into the
+    Hugging Face cache, in order; returns name -> path in the cache snapshot."""
+    known = [sizes.get(n) for n in names]
+    total = sum(known) if all(s is not None for s in known) else None
+    done = 0
+    out: dict[str, Path] = {}
+    for name, size in zip(names, known):
+        if progress is not None:
+            progress(f"download {name}", done, total)
+        try:
+            at = first_at if (first_at and not out) else sha
+            out[name] = Path(hub.hf_hub_download(model, name, revision=at, tqdm_class=_quiet_tqdm()))
+        except Exception as error:
+            if not _is_hub_failure(error):
+                raise
+            raise SterError(f"failed to download {name} from {model} at {sha}: {_detail(error)}") from None
+        done += size or 0
+    if progress is not None:
+        progress(f"downloaded {phase}", done, total)
+    return out
+
+
+def _quiet_tqdm():
+    """A progress-bar class for huggingface_hub that never draws.
+
+    Nothing below the CLI prints; huggingface_hub would otherwise draw its own
+    bars on stderr. Progress is reported per file through ``progress`` instead.
+    """
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class Quiet(hf_tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Quiet
+
+
+def _repository_error(model: str, rev: str, error: Exception) -> str:
+    from huggingface_hub import constants, errors
+
+    advice = "check the id and revision, or pass a local directory"
+    if isinstance(error, errors.HFValidationError):
+        return (
+            f"{model} is neither an existing local path nor a valid Hugging Face Hub id ({error}); "
+            "fix the path or the id"
+        )
+    if isinstance(error, errors.GatedRepoError):
+        why = ("the repository is gated: accept its terms on its Hub page and log in "
+               "(hf auth login, or set HF_TOKEN)")
+    elif isinstance(error, errors.RepositoryNotFoundError):
+        why = "no such repository (or it is private and no token with access is configured)"
+    elif isinstance(error, errors.RevisionNotFoundError):
+        why = f"no such revision {rev}"
+    elif isinstance(error, errors.DisabledRepoError):
+        why = "the repository is disabled"
+    elif isinstance(error, errors.HfHubHTTPError):
+        why = f"the Hub answered {_detail(error)}"
+    else:
+        why = (f"could not reach {constants.ENDPOINT} ({_detail(error)}); check the network or HF_ENDPOINT, "
+               "or set HF_HUB_OFFLINE=1 to use the local cache")
+    return f"failed to read model repository {model} at revision {rev}: {why}; {advice}"
+
+
+def _is_hub_failure(error: Exception) -> bool:
+    """True for what the Hub, the network or the disk can raise during a download.
+
+    huggingface_hub raises OSError subclasses for HTTP, cache and offline errors,
+    its own exception types otherwise, and lets its HTTP stack's transport errors
+    (httpx, or requests in older versions) through. Anything else is a bug here.
+    """
+    root = type(error).__module__.split(".")[0]
+    return isinstance(error, OSError) or root in (
+        "huggingface_hub", "hf_xet", "httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3")
+
+
+def _detail(error: Exception) -> str:
+    # Hub errors are multi-line: a status line ("404 Client Error."), then what was
+    # not found and at which URL, then generic advice. The first two lines say it.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(error).__name__
+
+
+def _resolve_cache(model: str, rev: str) -> Resolved:
+    """Resolve from the local Hugging Face cache only (``HF_HUB_OFFLINE`` is set)."""
+    import huggingface_hub as hub
+    from huggingface_hub import constants, errors
+
+    where = f"HF_HUB_OFFLINE is set and the local Hugging Face cache ({constants.HF_HUB_CACHE})"
+    todo = "run once with network access to fill the cache, unset HF_HUB_OFFLINE, or pass a local directory"
+    try:
+        config_path = Path(hub.hf_hub_download(model, CONFIG, revision=rev, local_files_only=True))
+    except errors.HFValidationError as error:
+        raise SterError(_repository_error(model, rev, error)) from None
+    except (OSError, errors.EntryNotFoundError):  # LocalEntryNotFoundError and kin: not cached
+        params = hub.try_to_load_from_cache(model, "params.json", revision=rev)
+        if isinstance(params, str):
+            raise _mistral_format(params) from None
+        raise SterError(
+            f"failed to read model repository {model} at revision {rev}: {where} has no config.json "
+            f"for it; {todo}"
+        ) from None
+    root = config_path.parent  # snapshots/<commit sha>
+    names = _list_dir(root)
+    if TOKENIZER not in names:
+        raise SterError(f"tokenizer is missing: {root / TOKENIZER} ({where} lacks it; {todo})")
+    config = read_config(config_path)
+    family = _gate(config, config_path)
+    weights = _safetensors_in(root, names)
+    if not weights:
+        raise SterError(
+            f"model {model} has no safetensors weights in the local cache at {root}: {where} lacks them; {todo}"
+        )
+    _check_index(root, names)
+    return Resolved(model, "safetensors", root, config, config_path, root / TOKENIZER, weights, None, root.name, family)
