@@ -98,6 +98,8 @@ class FamilySpec:
     Attributes:
         model_type: the config.json ``model_type``.
         gguf_arch: llama.cpp's ``general.architecture`` for this family, if it has one.
+        gguf_qk_permuted: llama.cpp's converter reorders q/k rows of this architecture for its
+            adjacent-pair rotation (``LlamaModel.permute``); loading undoes it.
         norm: ``"rms"`` or ``"layer"``.
         norm_unit_offset: norm weights are stored as ``w`` and applied as ``1 + w`` (Gemma).
         norms: which of the four sublayer norms the block has: ``attn_norm`` / ``ffn_norm``
@@ -122,6 +124,7 @@ class FamilySpec:
 
     model_type: str
     gguf_arch: str | None = None
+    gguf_qk_permuted: bool = False
     norm: str = "rms"
     norm_unit_offset: bool = False
     norms: tuple[str, ...] = ("attn_norm", "ffn_norm")
@@ -149,11 +152,11 @@ _GEMMA2 = dict(_GEMMA, norms=("attn_norm", "attn_post_norm", "ffn_norm", "ffn_po
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
-        FamilySpec("llama", gguf_arch="llama"),
-        FamilySpec("mistral", gguf_arch="llama", sliding="all"),
+        FamilySpec("llama", gguf_arch="llama", gguf_qk_permuted=True),
+        FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all"),
         FamilySpec("qwen2", gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
-        FamilySpec("smollm3", gguf_arch="smollm3", sliding="qwen2", no_rope_key="no_rope_layers",
+        FamilySpec("smollm3", gguf_arch="smollm3", gguf_qk_permuted=True, sliding="qwen2", no_rope_key="no_rope_layers",
                    tie_default=True),
         FamilySpec("gemma", gguf_arch="gemma", **_GEMMA),
         FamilySpec("gemma2", gguf_arch="gemma2", sliding="even", **_GEMMA2),

@@ -74,3 +74,46 @@ class SafetensorsWeights:
         if t.dtype.kind == "f" or t.dtype == ml_dtypes.bfloat16:
             t = t.astype(self.dtype, copy=False)
         return t
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row reordering for adjacent-pair rotation.
+
+    llama.cpp's converter (``LlamaModel.permute`` in convert_hf_to_gguf.py) stores each
+    head's rows as (pair, half) instead of Hugging Face's (half, pair); this puts
+    them back. w: [n_head * head_dim, in_features] -> same shape.
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class GGUFWeights:
+    """The tensors of a GGUF file under llama.cpp's names, dequantized at ``precision``.
+
+    Args:
+        gguf: an open ``ster_py.gguf.reader.GGUFFile``.
+        precision: 'f32' | 'f16' | 'bf16' for the dequantized arrays.
+        qk_heads: (num_attention_heads, num_key_value_heads) when the file's architecture
+            had its q/k rows reordered by llama.cpp's converter (undone here), else None.
+        rename: optional map from the names the decoder asks for to GGUF tensor names
+            (a "GGUF directory" asks under Hugging Face names).
+
+    ``get`` accepts ``name.weight`` / ``name.bias`` and returns None when absent.
+    """
+
+    def __init__(self, gguf, precision: str = "f32", qk_heads: tuple[int, int] | None = None,
+                 rename: dict[str, str] | None = None):
+        self.gguf, self.dtype, self.qk_heads, self.rename = gguf, precision_dtype(precision), qk_heads, rename
+        self._names = set(gguf.tensor_names())
+
+    def names(self) -> list[str]:
+        return sorted(self._names)
+
+    def get(self, name: str) -> np.ndarray | None:
+        gname = self.rename.get(name, name) if self.rename is not None else name
+        if gname not in self._names:
+            return None
+        w = self.gguf.tensor(gname).dequantize()
+        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight")):
+            w = unpermute_qk(w, self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1])
+        return w.astype(self.dtype, copy=False)

@@ -1,0 +1,160 @@
+"""The ``ster`` command line: parse, call the library, render with rich.
+
+Kept thin on purpose: every decision lives in the library. A ``SterError`` is
+printed as one red line on stderr (no traceback) and exits with status 1.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from enum import Enum
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .errors import SterError
+
+app = typer.Typer(
+    name="ster",
+    help="Run, inspect and adapt open-weight language models on the CPU (numpy + Cython, no torch).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+MODEL_HELP = ("A local checkpoint directory (config.json + tokenizer.json + *.safetensors), a .gguf file, "
+              "a directory holding one .gguf, a Hugging Face Hub id, or a preset name (see `ster presets`). "
+              "Default: the smollm2-135m-instruct-q4_1 preset.")
+
+
+class Precision(str, Enum):
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+
+
+class ChatTemplate(str, Enum):
+    auto = "auto"
+    off = "off"
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator:
+    """A ``progress(event, done, total)`` callback drawn as rich bars on stderr."""
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=True) as bars:
+        tasks: dict[str, int] = {}
+
+        def update(event: str, done: int, total: Optional[int]) -> None:
+            if event not in tasks:
+                tasks[event] = bars.add_task(event, total=total)
+            bars.update(tasks[event], completed=done, total=total)
+
+        yield update
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _model_or_default(model: Optional[str]) -> str:
+    if model:
+        return model
+    from .presets import DEFAULT_PRESET
+
+    return DEFAULT_PRESET
+
+
+def _check_device(device: str) -> None:
+    if device != "cpu":
+        raise SterError(f"--device {device} is not available: this build of ster runs on the CPU only "
+                        "(numpy and Cython kernels); use --device cpu")
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user's text."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main); "
+                                           "recorded verbatim for local models."),
+    system: Optional[str] = typer.Option(None, help="System prompt (needs a chat template)."),
+    max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
+    temperature: float = typer.Option(0.0, help="0 means greedy; higher values sample more freely."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling: keep the smallest set of tokens whose "
+                                "probability reaches this (1 = off)."),
+    top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0 = off)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed for sampling (reproducible runs)."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: use the model's chat "
+                                               "template when it has one; off: send the prompt as raw text."),
+    device: str = typer.Option("cpu", help="Only cpu is available."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of streaming."),
+) -> None:
+    """Generate text, streamed to stdout; a summary follows on stderr."""
+    from .generate import Sampling, generate as run
+    from .load import load_model
+    from .prompt import encode_prompt
+    from .tokenizer import StreamDecoder
+
+    _check_device(device)
+    sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
+    sampling.validate()
+    with progress_bar() as progress:
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    if loaded.tokenizer.chat_template is None and chat_template == ChatTemplate.auto:
+        err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
+    prompt_ = encode_prompt(loaded.tokenizer, prompt, system=system, chat_template=chat_template.value)
+    stream = StreamDecoder(loaded.tokenizer)
+
+    def on_token(token: int) -> None:
+        if not as_json:
+            piece = stream.push(token)
+            if piece:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+
+    result = run(loaded.decoder, prompt_.ids, sampling, loaded.stop_ids(), on_token=on_token)
+    shown = [t for t in result.ids if t not in loaded.stop_ids()]
+    text = loaded.tokenizer.decode(shown, skip_special_tokens=True)
+    if as_json:
+        doc = {
+            "model": loaded.resolved.model, "model_revision": loaded.model_revision,
+            "precision": loaded.precision, "chat_template": prompt_.chat_template,
+            "text": text, "ids": result.ids, "prompt_ids": prompt_.ids, "stop_reason": result.stop_reason,
+            "usage": {"prompt_tokens": len(prompt_.ids), "new_tokens": len(result.ids)},
+            "timings": {"prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
+                        "prefill_tokens_per_second": result.prefill_tokens_per_second,
+                        "decode_tokens_per_second": result.decode_tokens_per_second},
+        }
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
+        return
+    rest = stream.flush()
+    if rest:
+        sys.stdout.write(rest)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    err.print(f"[dim]{len(prompt_.ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason}); "
+              f"prefill {result.prefill_tokens_per_second:.1f} tok/s, "
+              f"decode {result.decode_tokens_per_second:.1f} tok/s[/]")
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning SterError into a clean exit."""
+    try:
+        app()
+    except SterError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

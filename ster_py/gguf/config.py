@@ -1,0 +1,170 @@
+"""GGUF metadata -> the same ``ModelSpec`` a config.json gives.
+
+Keys are llama.cpp's (``{arch}.block_count``, ``{arch}.embedding_length``,
+``{arch}.attention.head_count``, ``{arch}.rope.freq_base`` ...; gguf-py's
+``constants.Keys``). Where llama.cpp fixes a hyper-parameter in code rather than
+in the file, the same constant is used here and named (``LLAMA_CPP_FIXED``), so
+the file alone is enough, as it is for llama.cpp.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from ..config import LayerSpec, ModelSpec
+from ..decoder.rope import make_rope
+from ..errors import SterError
+from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
+
+# Hyper-parameters llama.cpp sets in src/llama-model.cpp instead of reading them from the file.
+LLAMA_CPP_FIXED = {
+    # Gemma 3: five sliding layers then one global (set_swa_pattern(6)); sliding layers rotate
+    # with base 10000 (rope_freq_base_train_swa).
+    "gemma3.sliding_pattern": 6,
+    "gemma3.swa_rope_base": 10000.0,
+    # Gemma 2: sliding window on even layers (set_swa_pattern(2)).
+    "gemma2.sliding_pattern": 2,
+    # SmolLM3: every fourth layer has no rotation (n_no_rope_layer_step = 4).
+    "smollm3.no_rope_step": 4,
+    # The 27B Gemma 2 / Gemma 3 scale scores by (hidden_size / heads) ** -0.5, identified by depth.
+    "gemma2.27b_block_count": 46,
+    "gemma3.27b_block_count": 62,
+}
+
+GGUF_ROPE_SCALING = {"none": "default", "linear": "linear", "yarn": "yarn"}
+
+
+def supported_architectures() -> list[str]:
+    """GGUF ``general.architecture`` values ster runs."""
+    return sorted(FAMILIES_BY_GGUF_ARCH)
+
+
+def family_for_architecture(arch: object, path: str) -> FamilySpec:
+    """The family of a GGUF architecture; SterError naming it and the supported list otherwise."""
+    if not isinstance(arch, str) or arch not in FAMILIES_BY_GGUF_ARCH:
+        raise SterError(f"{path}: GGUF architecture {arch!r} is not supported; ster runs GGUF files of "
+                        f"architecture {', '.join(supported_architectures())}")
+    return FAMILIES_BY_GGUF_ARCH[arch]
+
+
+def _get(meta: Mapping, key: str, kind, path: str, default=None):
+    value = meta.get(key, default)
+    if value is None:
+        raise SterError(f"{path}: GGUF metadata lacks {key}, which the model needs")
+    if kind is int:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise SterError(f"{path}: GGUF metadata {key} must be a positive integer, got {value!r}")
+        return int(value)
+    if kind is float:
+        if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+            raise SterError(f"{path}: GGUF metadata {key} must be a finite number, got {value!r}")
+        return float(value)
+    return value
+
+
+def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = None,
+                   vocab_size: int | None = None, has_output: bool = True) -> ModelSpec:
+    """Build the ``ModelSpec`` of a GGUF file from its metadata.
+
+    Args:
+        meta: the file's metadata, key -> value.
+        path: the file, for messages.
+        rope_freqs: the optional ``rope_freqs`` tensor (Llama 3 scaling stored as per-pair
+            divisors of the inverse frequencies), float32 [rotary_dim // 2].
+        vocab_size: rows of token_embd (the vocabulary the weights have).
+        has_output: the file holds an ``output`` tensor (else the head is tied).
+
+    Raises:
+        SterError: an unsupported architecture, or a missing or invalid hyper-parameter.
+    """
+    arch = meta.get("general.architecture")
+    family = family_for_architecture(arch, path)
+
+    def g(key, kind, default=None):
+        return _get(meta, f"{arch}.{key}", kind, path, default)
+
+    hidden = g("embedding_length", int)
+    n_layers = g("block_count", int)
+    heads = g("attention.head_count", int)
+    kv_heads = g("attention.head_count_kv", int, heads)
+    head_dim = g("attention.key_length", int, hidden // heads)
+    if heads % kv_heads:
+        raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
+    rotary_dim = g("rope.dimension_count", int, head_dim)
+    max_pos = g("context_length", int, 2048)
+    eps = g("attention.layer_norm_rms_epsilon", float, 1e-6)
+
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in GGUF_ROPE_SCALING:
+        raise SterError(f"{path}: rope scaling {scaling!r} is not supported; supported: {', '.join(GGUF_ROPE_SCALING)}")
+    params = {"rope_type": GGUF_ROPE_SCALING[scaling], "rope_theta": g("rope.freq_base", float, 10000.0)}
+    if scaling != "none":
+        params["factor"] = g("rope.scaling.factor", float)
+        params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
+    full = make_rope(params, head_dim=head_dim, max_position_embeddings=max_pos,
+                     partial_rotary_factor=rotary_dim / head_dim)
+    if rope_freqs is not None:
+        if rope_freqs.shape != full.inv_freq.shape:
+            raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
+        full = type(full)(full.inv_freq / rope_freqs.astype(np.float64), full.rotary_dim)
+
+    window = meta.get(f"{arch}.attention.sliding_window")
+    sliding = [False] * n_layers
+    sliding_rope = full
+    if arch == "gemma2" and window:
+        p = LLAMA_CPP_FIXED["gemma2.sliding_pattern"]
+        sliding = [i % p < p - 1 for i in range(n_layers)]
+    elif arch == "gemma3" and window:
+        p = LLAMA_CPP_FIXED["gemma3.sliding_pattern"]
+        sliding = [i % p < p - 1 for i in range(n_layers)]
+        sliding_rope = make_rope({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]},
+                                 head_dim=head_dim, max_position_embeddings=max_pos,
+                                 partial_rotary_factor=rotary_dim / head_dim)
+    elif window and family.sliding == "all":
+        sliding = [True] * n_layers
+    layers = []
+    for i in range(n_layers):
+        rope = sliding_rope if sliding[i] else full
+        if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
+            rope = None
+        layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope))
+
+    scale = head_dim ** -0.5
+    if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
+        if n_layers == block:
+            scale = (hidden / heads) ** -0.5
+    act = family.default_act
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = vocab_size or (len(tokens) if tokens is not None else g("vocab_size", int))
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    return ModelSpec(
+        model_type=family.model_type,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=g("feed_forward_length", int),
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        norm=family.norm,
+        norm_eps=eps,
+        # llama.cpp's converter stores Gemma's norm weights as 1 + w, so they apply as is.
+        norm_unit_offset=False,
+        norms=family.norms,
+        qk_norm=family.qk_norm,
+        hidden_act=act,
+        embed_scale=math.sqrt(hidden) if family.embed_scale_sqrt_hidden else 1.0,
+        attn_scale=scale,
+        attn_softcap=meta.get(f"{arch}.attn_logit_softcapping"),
+        final_softcap=meta.get(f"{arch}.final_logit_softcapping"),
+        tie_word_embeddings=not has_output,
+        layers=tuple(layers),
+        names=family.gguf_names,
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        extra={"gguf_architecture": arch},
+    )

@@ -1,0 +1,75 @@
+"""Build a runnable model from a GGUF file, or from a "GGUF directory".
+
+A bare GGUF (``kind == "gguf"``) brings everything: configuration, tokenizer and
+chat template come from its metadata. A GGUF directory (``kind == "gguf_dir"``:
+config.json + tokenizer.json + one .gguf) takes configuration and tokenizer from
+the JSON files and only the weights from the GGUF, read under llama.cpp's names.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import spec_from_config
+from ..decoder.model import Decoder
+from ..errors import SterError
+from ..tokenizer import Tokenizer
+from ..weights import GGUFWeights
+from .config import spec_from_gguf
+from .reader import GGUFFile
+from .tokenizer import tokenizer_from_gguf_metadata
+
+
+def _hf_to_gguf_names(spec, family) -> dict[str, str]:
+    """Hugging Face tensor names -> llama.cpp names, for every role and layer of ``spec``."""
+    out = {}
+    for role, hf in family.names.items():
+        gg = family.gguf_names.get(role)
+        if gg is None:
+            continue
+        layers = range(spec.num_hidden_layers) if "{i}" in hf else [None]
+        for i in layers:
+            for kind in ("weight", "bias"):
+                out[f"{hf.format(i=i)}.{kind}"] = f"{gg.format(i=i)}.{kind}"
+    return out
+
+
+def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
+    """Load ``resolved`` (kind "gguf" or "gguf_dir") into a ``LoadedModel``.
+
+    Raises:
+        SterError: an unsupported architecture or tensor type, a malformed file, a tensor
+            the model needs that the file lacks, or shapes that disagree with the config.
+    """
+    from ..load import LoadedModel
+
+    path = str(resolved.gguf_file)
+    gguf = GGUFFile(resolved.gguf_file)
+    meta = gguf.metadata
+    names = set(gguf.tensor_names())
+    if resolved.kind == "gguf":
+        rope_freqs = gguf.tensor("rope_freqs.weight").dequantize() if "rope_freqs.weight" in names else None
+        embd = gguf.tensor("token_embd.weight") if "token_embd.weight" in names else None
+        if embd is None:
+            raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
+                            "(a vocabulary-only GGUF can tokenize but not generate)")
+        spec = spec_from_gguf(meta, path, rope_freqs=rope_freqs, vocab_size=embd.shape[0],
+                              has_output="output.weight" in names)
+        from ..families import FAMILIES
+
+        family = FAMILIES[spec.model_type]
+        parts = tokenizer_from_gguf_metadata(meta)
+        tokenizer = Tokenizer(parts.tokenizer, bos_token=parts.bos_token, eos_token=parts.eos_token,
+                              add_bos=parts.add_bos, chat_template=parts.chat_template,
+                              eos_token_ids=parts.eos_token_ids)
+        rename = None
+    else:
+        family = resolved.family
+        spec = spec_from_config(resolved.config, family, str(resolved.config_path))
+        # llama.cpp stores Gemma's norms as 1 + w already; the names become llama.cpp's.
+        spec = dataclasses.replace(spec, norm_unit_offset=False)
+        tokenizer = Tokenizer.from_dir(resolved.root)
+        rename = _hf_to_gguf_names(spec, family)
+    qk = (spec.num_attention_heads, spec.num_key_value_heads) if family.gguf_qk_permuted else None
+    weights = GGUFWeights(gguf, precision, qk_heads=qk, rename=rename)
+    decoder = Decoder(spec, weights)
+    return LoadedModel(resolved, spec, decoder, tokenizer, precision)

@@ -1,0 +1,71 @@
+"""From a ``--model`` string to a runnable model: resolve, gate, normalise, map, build.
+
+``load_model`` is the one entry point every command uses, so the GGUF and
+safetensors paths meet here in the same ``LoadedModel``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .config import ModelSpec, spec_from_config
+from .decoder.model import Decoder
+from .errors import SterError
+from .resolve import Resolved, resolve
+from .tokenizer import Tokenizer
+from .weights import SafetensorsWeights, precision_dtype
+
+Progress = Callable[[str, int, "int | None"], None]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: its spec, decoder, tokenizer and where it came from."""
+
+    resolved: Resolved
+    spec: ModelSpec
+    decoder: Decoder
+    tokenizer: Tokenizer
+    precision: str
+
+    @property
+    def model_revision(self) -> str | None:
+        return self.resolved.model_revision
+
+    def stop_ids(self) -> set[int]:
+        """End-of-generation ids: the config's eos_token_id(s) and the tokenizer's end tokens."""
+        return set(self.spec.eos_token_ids) | set(self.tokenizer.eos_token_ids)
+
+
+def load_model(model: str, revision: str | None = None, *, precision: str = "f32",
+               progress: Progress | None = None) -> LoadedModel:
+    """Resolve ``model`` and build its decoder and tokenizer.
+
+    Args:
+        model: a local checkpoint directory, a .gguf file, a directory holding one .gguf,
+            or a Hugging Face Hub id.
+        revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
+        precision: stored weight dtype, 'f32' | 'f16' | 'bf16' (compute is always f32).
+        progress: optional ``progress(event, done, total)`` callback for long steps.
+
+    Raises:
+        SterError: anything the user can fix: a refused model, a missing file, a bad tensor.
+    """
+    precision_dtype(precision)  # refuse a bad precision before touching anything
+    resolved = resolve(model, revision, progress=progress)
+    if resolved.kind in ("gguf", "gguf_dir"):
+        from .gguf.load import load_gguf_model
+
+        return load_gguf_model(resolved, precision=precision, progress=progress)
+    spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
+    tokenizer = Tokenizer.from_dir(resolved.root)
+    if progress:
+        progress("map weights", 0, len(resolved.weight_files))
+    weights = SafetensorsWeights(resolved.weight_files, precision)
+    decoder = Decoder(spec, weights)
+    if progress:
+        progress("map weights", len(resolved.weight_files), len(resolved.weight_files))
+    if tokenizer.vocab_size > spec.vocab_size:
+        raise SterError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
+                        f"{spec.vocab_size}; tokenizer.json is not from this checkpoint")
+    return LoadedModel(resolved, spec, decoder, tokenizer, precision)
