@@ -504,6 +504,20 @@ def test_hub_weight_download_failure_names_the_file(remote, monkeypatch):
     assert "Entry Not Found" in str(e.value)
 
 
+def test_hub_client_that_cannot_start(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    def broken(self, *args, **kwargs):
+        raise OSError("token file unreadable")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "__init__", broken)
+    with pytest.raises(SterError) as e:
+        resolve("org/model")
+    assert str(e.value) == "failed to initialize Hugging Face Hub client: token file unreadable"
+
+
 def test_hub_invalid_id_is_reported_without_network(monkeypatch):
     from huggingface_hub import constants
 
@@ -716,3 +730,28 @@ def test_offline_with_empty_hf_home_says_the_cache_lacks_the_repo(tmp_path):
     msg = r["error"]
     assert msg.startswith("failed to read model repository org/model")
     assert "HF_HUB_OFFLINE is set" in msg and str(home / "hub") in msg and "no config.json" in msg
+
+
+# --------------------------------------------------------------------------- real checkpoints (tests/conftest.py)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fixture", ["smollm2_hf", "gemma3_hf"])
+def test_real_hf_directories(request, fixture):
+    from transformers import AutoConfig
+
+    root = Path(request.getfixturevalue(fixture))
+    r = resolve(str(root))
+    assert r.kind == "safetensors" and r.root == root.absolute()
+    assert r.config == json.loads((root / "config.json").read_text())
+    assert r.family.model_type == AutoConfig.from_pretrained(root).model_type  # transformers reads it the same
+    on_disk = sorted(p.name for p in root.glob("*.safetensors"))
+    assert [p.name for p in r.weight_files] == on_disk and on_disk
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fixture", ["smollm2_gguf", "gemma3_gguf"])
+def test_real_gguf_files(request, fixture):
+    path = Path(request.getfixturevalue(fixture))
+    r = resolve(str(path))
+    assert (r.kind, r.gguf_file, r.weight_files, r.config) == ("gguf", path.absolute(), (path.absolute(),), None)
