@@ -98,11 +98,18 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
     4. Anything else is a Hugging Face Hub model id, resolved at ``revision``
        (default ``"main"``) to a commit SHA. config.json, tokenizer.json and the
        small side files are downloaded first and the architecture gate runs on
-       the config; only then are the weight files downloaded, all at that SHA.
+       the config; only then are the weight files downloaded. Everything is
+       fetched at that SHA, except config.json, fetched at ``revision`` so that
+       huggingface_hub records revision -> SHA in its cache for later offline
+       runs (a branch that moves in between is refused).
        huggingface_hub's defaults are used untouched, so ``HF_HOME``,
        ``HF_HUB_CACHE``, ``HF_ENDPOINT``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE``
        apply; with ``HF_HUB_OFFLINE=1`` the model is resolved from the local
        cache only.
+
+    The index model.safetensors.index.json is not needed (every top-level
+    shard is listed), but when present a shard it names and the directory
+    lacks is refused by name.
 
     Args:
         model: a directory, a .gguf path, or a Hub id such as ``org/name``.
