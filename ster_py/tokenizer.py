@@ -1,0 +1,503 @@
+"""Text <-> token ids, special tokens, stop tokens and streaming detokenization.
+
+The ``tokenizers`` library does the tokenizing; this wrapper adds what a
+generation loop needs around it: the BOS/EOS conventions of the model, the
+set of end-of-generation ids, the chat template, and a streaming decoder.
+
+Two ways in:
+- ``Tokenizer.from_dir(path)``: a Hugging Face checkpoint directory
+  (tokenizer.json plus the optional tokenizer_config.json,
+  special_tokens_map.json, chat_template.jinja, generation_config.json,
+  config.json), read the way transformers 5.x reads it.
+- ``Tokenizer(tk, ...)``: a ``tokenizers.Tokenizer`` built elsewhere (the GGUF
+  path builds one from ``tokenizer.ggml.*`` metadata) plus the facts the
+  metadata gives.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import tokenizers
+from tokenizers import AddedToken
+
+from .chat import render_chat
+from .errors import SterError
+
+__all__ = ["Tokenizer", "StreamDecoder", "END_OF_GENERATION_TOKENS"]
+
+#: Vocabulary tokens that end a generation when the tokenizer has them as special
+#: (added) tokens: end-of-turn, end-of-message and end-of-text markers of the
+#: common chat formats (list from llama.cpp's end-of-generation detection, seed 000).
+END_OF_GENERATION_TOKENS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<turn|>",
+    "<|tool_response>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",  # DeepSeek's end of sentence (full-width bars)
+    "<end_of_utterance>",
+)
+
+# transformers' named special tokens (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES);
+# the chat template sees each one that is set, under its name.
+_NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with the model's special-token conventions.
+
+    Args:
+        tk: the backend tokenizer (normalizer, pre-tokenizer, model, decoder,
+            post-processor, added tokens).
+        bos_token, eos_token: the texts of the BOS and EOS tokens, or None.
+        add_bos, add_eos: None lets ``tk``'s post-processor decide what
+            ``encode(..., add_special_tokens=True)`` adds (tokenizer.json's
+            behaviour); True/False make this wrapper add, or not add, BOS/EOS
+            itself (GGUF ``tokenizer.ggml.add_bos_token``).
+        chat_template: the default Jinja chat template, or None.
+        chat_templates: named templates (transformers' ``{"default": ..., "tool_use": ...}``);
+            ``chat_template`` is its ``"default"`` entry when not given.
+        eos_token_ids: end-of-generation ids known from elsewhere (generation
+            config, GGUF eos/eot ids); merged with ``eos_token`` and the
+            vocabulary's end-of-turn specials, see ``eos_token_ids``.
+        special_tokens: other named special tokens for the chat template
+            (``unk_token``, ``pad_token``...).
+        source: where it came from, for error messages.
+
+    Raises:
+        SterError: add_bos=True without a BOS token in the vocabulary.
+    """
+
+    def __init__(
+        self,
+        tk: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos: bool | None = None,
+        add_eos: bool | None = None,
+        chat_template: str | None = None,
+        chat_templates: dict[str, str] | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+        special_tokens: dict[str, str] | None = None,
+        source: str = "tokenizer",
+    ):
+        self.tk = tk
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self.chat_templates: dict[str, str] = dict(chat_templates or {})
+        if chat_template is None:
+            chat_template = self.chat_templates.get("default")
+        elif "default" not in self.chat_templates:
+            self.chat_templates["default"] = chat_template
+        self.chat_template: str | None = chat_template
+        self.special_tokens: dict[str, str] = {
+            k: v for k, v in (special_tokens or {}).items() if v is not None and k not in ("bos_token", "eos_token")
+        }
+        self.bos_token_id: int | None = tk.token_to_id(bos_token) if bos_token is not None else None
+        self.eos_token_id: int | None = tk.token_to_id(eos_token) if eos_token is not None else None
+        if add_bos and self.bos_token_id is None:
+            raise SterError(f"{source}: BOS token {bos_token!r} is to be added but is not in the vocabulary")
+        if add_eos and self.eos_token_id is None:
+            raise SterError(f"{source}: EOS token {eos_token!r} is to be added but is not in the vocabulary")
+        self.eos_token_ids: set[int] = self._end_of_generation_ids(eos_token_ids)
+        # Does tk's own post-processor put BOS in front? Decides the no-double-BOS rule below.
+        probe = tk.encode("", add_special_tokens=True).ids
+        self._post_processor_adds_bos = (
+            self.bos_token_id is not None and len(probe) > 0 and probe[0] == self.bos_token_id
+        )
+        self._byte_token_ids: frozenset[int] | None = None
+
+    # ----------------------------------------------------------------- loading
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        """Load the tokenizer of a Hugging Face checkpoint directory.
+
+        Reads tokenizer.json (required) and, when present:
+        - tokenizer_config.json: ``bos_token``, ``eos_token`` and the other named
+          special tokens, ``added_tokens_decoder``, ``additional_special_tokens`` /
+          ``extra_special_tokens``, ``chat_template`` (a string or a list of
+          ``{"name", "template"}``);
+        - special_tokens_map.json: named special tokens, used only when
+          tokenizer_config.json has no ``added_tokens_decoder`` (transformers'
+          legacy rule);
+        - chat_template.jinja and additional_chat_templates/*.jinja: when any
+          exists they replace tokenizer_config.json's templates (transformers'
+          precedence);
+        - generation_config.json and config.json (``eos_token_id``, int or list,
+          also ``text_config.eos_token_id``): end-of-generation ids.
+
+        BOS/EOS addition follows tokenizer.json's post-processor:
+        tokenizer_config.json's ``add_bos_token``/``add_eos_token`` are ignored
+        when tokenizer.json exists, as transformers 5 does
+        (``PreTrainedTokenizerBase._from_pretrained`` drops them).
+
+        Args:
+            path: the directory, or the tokenizer.json file inside it.
+
+        Raises:
+            SterError: "failed to load tokenizer <PATH>: <DETAIL>" when
+                tokenizer.json is missing or unreadable, or a JSON file beside it
+                is malformed.
+        """
+        path = Path(path)
+        directory = path.parent if path.is_file() else path
+        tokenizer_file = path if path.is_file() else directory / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise SterError(
+                f"failed to load tokenizer {tokenizer_file}: file not found. "
+                "The model directory needs a tokenizer.json (the Hugging Face fast-tokenizer file)."
+            )
+        try:
+            tk = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # the Rust side raises a bare Exception
+            raise SterError(
+                f"failed to load tokenizer {tokenizer_file}: {exc}. "
+                "The file is not a tokenizer.json the tokenizers library can read; re-download or re-export it."
+            ) from None
+
+        config = _read_json(directory / "tokenizer_config.json") or {}
+        named: dict[str, Any] = {k: config[k] for k in _NAMED_SPECIAL_TOKENS if config.get(k) is not None}
+        if "added_tokens_decoder" not in config:
+            legacy = _read_json(directory / "special_tokens_map.json") or {}
+            named.update({k: legacy[k] for k in _NAMED_SPECIAL_TOKENS if legacy.get(k) is not None})
+            for key in ("additional_special_tokens", "extra_special_tokens"):
+                if isinstance(legacy.get(key), list):
+                    config.setdefault(key, legacy[key])
+
+        _add_missing_tokens(tk, config, named)
+        texts = {k: _token_text(v) for k, v in named.items()}
+
+        templates = _read_chat_templates(directory, config)
+        eos_ids: list[int] = []
+        for name in ("generation_config.json", "config.json"):
+            data = _read_json(directory / name) or {}
+            eos_ids += _as_id_list(data.get("eos_token_id"))
+            if isinstance(data.get("text_config"), dict):
+                eos_ids += _as_id_list(data["text_config"].get("eos_token_id"))
+
+        return cls(
+            tk,
+            bos_token=texts.get("bos_token"),
+            eos_token=texts.get("eos_token"),
+            chat_templates=templates,
+            eos_token_ids=eos_ids,
+            special_tokens=texts,
+            source=str(directory),
+        )
+
+    # ------------------------------------------------------------ vocabulary
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (transformers' ``len(tokenizer)``)."""
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token text of an id (byte-level/▁ spelling, not decoded), or None if out of range."""
+        return self.tk.id_to_token(int(token_id))
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token text, or None if it is not in the vocabulary."""
+        return self.tk.token_to_id(token)
+
+    def _end_of_generation_ids(self, extra: Iterable[int] | None) -> set[int]:
+        ids = {int(i) for i in (extra or ())}
+        if self.eos_token_id is not None:
+            ids.add(self.eos_token_id)
+        specials = {t.content: i for i, t in self.tk.get_added_tokens_decoder().items() if t.special}
+        ids.update(specials[name] for name in END_OF_GENERATION_TOKENS if name in specials)
+        return ids
+
+    # -------------------------------------------------------------- encoding
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``.
+
+        With ``add_special_tokens`` the model's BOS/EOS are added (tokenizer.json's
+        post-processor, or ``add_bos``/``add_eos`` when given), but never a
+        second BOS: a text that already starts with the BOS token (a rendered
+        chat template that prints ``bos_token``) keeps only its own. So
+        ``encode(render_chat(...))`` gives transformers'
+        ``apply_chat_template(..., tokenize=True)`` ids for templates that print
+        BOS themselves and for tokenizers that add none.
+
+        Returns:
+            list[int], token ids in ``[0, vocab_size)``.
+        """
+        if self.add_bos is None and self.add_eos is None:
+            ids = self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+            if (
+                add_special_tokens
+                and self._post_processor_adds_bos
+                and self._starts_with_bos(text)
+                and len(ids) >= 2
+                and ids[1] == self.bos_token_id
+            ):
+                ids = ids[1:]
+            return ids
+        ids = self.tk.encode(text, add_special_tokens=False).ids
+        if add_special_tokens:
+            if self.add_bos and not (ids[:1] == [self.bos_token_id] and self._starts_with_bos(text)):
+                ids = [self.bos_token_id] + ids
+            if self.add_eos:
+                ids = ids + [self.eos_token_id]
+        return ids
+
+    def _starts_with_bos(self, text: str) -> bool:
+        return bool(self.bos_token) and text.startswith(self.bos_token)
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of token ids (tokenizer.json's decoder; invalid UTF-8 becomes U+FFFD).
+
+        transformers' ``clean_up_tokenization_spaces`` is not applied: it is off
+        or ignored (BPE) for the decoder-only models this library runs, and it
+        would break streaming (see ``StreamDecoder``).
+        """
+        return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def stream_decoder(self, skip_special_tokens: bool = False) -> "StreamDecoder":
+        """A fresh incremental detokenizer for one generated sequence."""
+        return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def byte_token_ids(self) -> frozenset[int]:
+        """Ids of the byte-fallback tokens ``<0x00>``..``<0xFF>`` (SentencePiece-style vocabularies)."""
+        if self._byte_token_ids is None:
+            found = (self.tk.token_to_id(f"<0x{b:02X}>") for b in range(256))
+            self._byte_token_ids = frozenset(i for i in found if i is not None)
+        return self._byte_token_ids
+
+    # ------------------------------------------------------------------ chat
+
+    def get_chat_template(self, name: str | None = None, tools: list[dict] | None = None) -> str:
+        """The template to render with: ``name`` if given, else ``"tool_use"`` when tools
+        are given and the model has one, else the default (transformers' choice).
+
+        Raises:
+            SterError: the model has no chat template, or none of that name.
+        """
+        if name is not None:
+            if name not in self.chat_templates:
+                raise SterError(
+                    f"{self.source} has no chat template named {name!r}; "
+                    f"available: {', '.join(sorted(self.chat_templates)) or 'none'}"
+                )
+            return self.chat_templates[name]
+        if tools is not None and "tool_use" in self.chat_templates:
+            return self.chat_templates["tool_use"]
+        if self.chat_template is None:
+            raise SterError(
+                f"{self.source} has no chat template, so a conversation cannot be formatted for it; "
+                "give a raw prompt instead (a base model), or supply a template"
+            )
+        return self.chat_template
+
+    def render_chat(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template: str | None = None,
+        **extra: Any,
+    ) -> str:
+        """Render ``messages`` with this model's chat template and special tokens.
+
+        Equals transformers' ``apply_chat_template(messages, tokenize=False,
+        add_generation_prompt=..., tools=...)``. ``template`` is a template name
+        or Jinja text overriding the model's; ``extra`` goes to the template
+        (``enable_thinking=False``, ``now=`` to pin ``strftime_now``...).
+
+        Raises:
+            SterError: no chat template, or the template failed (see ``chat.render_chat``).
+        """
+        if template is not None and template in self.chat_templates:
+            text, source = self.chat_templates[template], f"{template!r} of {self.source}"
+        elif template is not None:
+            text, source = template, "(given)"
+        else:
+            text, source = self.get_chat_template(tools=tools), f"of {self.source}"
+        variables = {**self.special_tokens, **extra}
+        return render_chat(
+            text,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            tools=tools,
+            source=source,
+            **variables,
+        )
+
+    def encode_chat(self, messages: list[dict], *, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
+        """``encode(render_chat(messages, **kwargs), add_special_tokens)``: the prompt ids of a conversation."""
+        return self.encode(self.render_chat(messages, **kwargs), add_special_tokens=add_special_tokens)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(source={self.source!r}, vocab_size={self.vocab_size}, bos={self.bos_token!r}, "
+            f"eos={self.eos_token!r}, eos_token_ids={sorted(self.eos_token_ids)})"
+        )
+
+
+class StreamDecoder:
+    """Incremental detokenizer: feed generated ids one at a time, get printable text.
+
+    ``feed`` returns the new text (possibly "") once it is settled: never a
+    piece ending in a partial UTF-8 character (U+FFFD), and never while a run of
+    byte-fallback tokens (``<0xE2>``...) may still continue, because the
+    tokenizers ByteFallback decoder judges a run as a whole. ``flush`` returns
+    what is held back at the end. The concatenation of every ``feed`` and the
+    final ``flush`` equals ``tokenizer.decode(all_ids)``.
+
+    Method: decode a short window of ids twice (without and with the new
+    ones) and emit the difference; the window starts at the previous emission
+    so decoders that strip a leading space see the same first token both times
+    (the technique of text-generation-inference's ``decode_token``).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = []  # the window: ids from the previous emission's start
+        self._read = 0  # ids[:_read] are already emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.tk.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def feed(self, token_id: int) -> str:
+        """Add one id; return the text it completes ("" when nothing is settled yet)."""
+        self._ids.append(int(token_id))
+        if self._ids[-1] in self.tokenizer.byte_token_ids:
+            return ""
+        before = self._decode(self._ids[: self._read])
+        after = self._decode(self._ids)
+        if len(after) <= len(before) or after.endswith(_REPLACEMENT_CHAR) or not after.startswith(before):
+            return ""
+        # Slide the window: keep the ids just emitted as context for the next decode.
+        self._ids = self._ids[self._read :]
+        self._read = len(self._ids)
+        return after[len(before) :]
+
+    push = feed  # the name the CLI uses
+
+    def flush(self) -> str:
+        """Return the text still held back (end of generation) and reset the window."""
+        before = self._decode(self._ids[: self._read])
+        after = self._decode(self._ids)
+        self._ids, self._read = [], 0
+        return after[len(before) :] if after.startswith(before) else after
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise SterError(
+            f"failed to load tokenizer {path}: {exc}. The file is not valid JSON; re-download or fix it."
+        ) from None
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as text: tokenizer_config.json writes a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _added_token(value: Any, special: bool) -> AddedToken | None:
+    if isinstance(value, str):
+        # transformers' default for a special token given as text: not normalized, no strip.
+        return AddedToken(value, special=special, normalized=not special)
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return AddedToken(
+            value["content"],
+            single_word=bool(value.get("single_word", False)),
+            lstrip=bool(value.get("lstrip", False)),
+            rstrip=bool(value.get("rstrip", False)),
+            normalized=bool(value.get("normalized", not special)),
+            special=bool(value.get("special", special)),
+        )
+    return None
+
+
+def _add_missing_tokens(tk: tokenizers.Tokenizer, config: dict, named: dict[str, Any]) -> None:
+    """Register tokens tokenizer_config.json knows but tokenizer.json lacks.
+
+    As transformers' TokenizersBackend.__init__ does: ``added_tokens_decoder``
+    entries in id order, then the named and extra special tokens that are not
+    yet added tokens (a BOS that is only a model-vocabulary piece becomes a
+    special added token, so ``<s>`` in a text is matched as one token).
+    """
+    present = {t.content for t in tk.get_added_tokens_decoder().values()}
+    to_add: list[AddedToken] = []
+    decoder = config.get("added_tokens_decoder") or {}
+    for _, value in sorted(decoder.items(), key=lambda kv: int(kv[0])):
+        token = _added_token(value, special=bool(isinstance(value, dict) and value.get("special")))
+        if token is not None and token.content not in present:
+            to_add.append(token)
+            present.add(token.content)
+    extra = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
+    for value in [*named.values(), *(extra if isinstance(extra, list) else [])]:
+        token = _added_token(value, special=True)
+        if token is not None and token.content not in present:
+            token.special = True
+            to_add.append(token)
+            present.add(token.content)
+    for token in to_add:
+        if token.special:
+            tk.add_special_tokens([token])
+        else:
+            tk.add_tokens([token])
+
+
+def _read_chat_templates(directory: Path, config: dict) -> dict[str, str]:
+    """Chat templates by name, in transformers' precedence (files over tokenizer_config.json)."""
+    files: dict[str, str] = {}
+    default_file = directory / "chat_template.jinja"
+    if default_file.is_file():
+        files["default"] = default_file.read_text(encoding="utf-8")
+    extra_dir = directory / "additional_chat_templates"
+    if extra_dir.is_dir():
+        for file in sorted(extra_dir.glob("*.jinja")):
+            files[file.name.removesuffix(".jinja")] = file.read_text(encoding="utf-8")
+    if files:
+        return files
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return {"default": value}
+    if isinstance(value, list):
+        return {t["name"]: t["template"] for t in value if isinstance(t, dict) and "name" in t and "template" in t}
+    return {}
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
