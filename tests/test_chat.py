@@ -1,0 +1,303 @@
+"""ster_py.chat against transformers' apply_chat_template(..., tokenize=False).
+
+Inline templates exercise each convention of Hugging Face's Jinja environment
+(trim/lstrip, loop controls, raise_exception, tojson, namespace, strftime_now,
+the generation tag, Python string methods); the real SmolLM2 template comes from
+its GGUF file. The oracle renders through a transformers tokenizer loaded from
+a tiny directory (tests/test_tokenizer.py builds it), so both sides see the same
+special tokens.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+import jinja2
+import pytest
+
+from ster_py.chat import NOW_ENV, build_messages, render_chat
+from ster_py.errors import SterError
+from ster_py.tokenizer import Tokenizer
+from test_tokenizer import hf_tokenizer, write_dir
+
+PINNED = datetime(2026, 10, 18, 9, 30, 5)
+
+CONVERSATIONS = {
+    "plain": [{"role": "user", "content": "Hello there"}],
+    "system": [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hi <b>&</b> ünïcode 🤖"}],
+    "multi": [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": " two ", "reasoning_content": "thought"},
+        {"role": "user", "content": "three"},
+        {"role": "assistant", "content": "four"},
+        {"role": "user", "content": "five"},
+    ],
+    "tool": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}}
+        ]},
+        {"role": "tool", "name": "get_weather", "content": '{"temp": 21}'},
+    ],
+}
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather — «quoted»",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["°C", "°F"]}},
+                   "required": ["city"]},
+}}]
+
+# Each template leans on one convention; all of them are rendered for every conversation.
+TEMPLATES = {
+    "trim_lstrip": """{{ bos_token }}
+{% for message in messages %}
+    {% if message.role == 'system' %}
+        <<SYS>>{{ message.content }}<</SYS>>
+    {% else %}
+        [{{ message.role }}] {{ message.content }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+    [assistant]
+{% endif %}
+""",
+    "loop_controls": """{% for m in messages %}
+{% if m.role == 'system' %}{% continue %}{% endif %}
+{% if loop.index > 4 %}{% break %}{% endif %}
+{{ loop.index }}:{{ m.role }}={{ m.content }};{% if loop.last %}END{% endif %}
+{% endfor %}""",
+    "tojson": """{% if tools is not none %}TOOLS {{ tools | tojson }}
+INDENTED {{ tools | tojson(indent=2) }}
+SORTED {{ tools[0].function.parameters | tojson(sort_keys=True) }}
+COMPACT {{ tools[0].function.parameters | tojson(separators=(',', ':')) }}
+ASCII {{ tools[0].function.description | tojson(ensure_ascii=True) }}
+{% endif %}{% for m in messages %}{{ m | tojson }}
+{% endfor %}""",
+    "namespace": """{% set ns = namespace(last='', count=0, sys=false) %}
+{% for m in messages %}{% set ns.count = ns.count + 1 %}{% set ns.last = m.role %}
+{% if m.role == 'system' %}{% set ns.sys = true %}{% endif %}{% endfor %}
+count={{ ns.count }} last={{ ns.last }} sys={{ ns.sys }}""",
+    "strftime": """Today is {{ strftime_now('%d %B %Y') }} ({{ strftime_now('%Y-%m-%d %H:%M:%S') }}).
+{% for m in messages %}{{ m.role }}: {{ m.content }}
+{% endfor %}""",
+    "string_methods": """{% for m in messages %}{% if m.content is string %}
+{{ m.role.upper() }}|{{ m.content.strip() }}|{{ m.content.startswith('H') }}|{{ m.content.split(' ') | length }}|{{ m.content | trim | replace('e', 'E') }}|{{ m.content[:3] }}
+{% endif %}{% endfor %}""",
+    "generation_tag": """{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}<a>{{ m.content }}</a>{% endgeneration %}
+{% else %}<{{ m.role }}>{{ m.content }}
+{% endif %}{% endfor %}""",
+    "fields": """{% for m in messages %}{{ m.role }}:{{ m.content if m.content is defined else 'NO CONTENT' }}
+{% if m.reasoning_content is defined %}[think]{{ m.reasoning_content }}/{{ m.thinking }}[/think]
+{% endif %}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}CALL {{ c.function.name }} {{ c.function.arguments | tojson }}
+{% endfor %}{% endif %}{% endfor %}{{ eos_token }}{{ pad_token }}{{ unk_token }}
+{%- if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}""",
+    "dict_items": """{% for m in messages %}{% for k, v in m | dictsort %}{{ k }}={{ v }} {% endfor %}
+{% endfor %}{{ undefined_variable }}|{{ messages | map(attribute='role') | join(',') }}""",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(ours, transformers') tokenizer of the ChatML byte-level tiny directory."""
+    path = write_dir(tmp_path_factory.mktemp("chat"), "bl")
+    return Tokenizer.from_dir(path), hf_tokenizer(path)
+
+
+@pytest.fixture
+def pinned_clock(monkeypatch):
+    """Pin transformers' strftime_now (it calls datetime.now() of its module) to PINNED."""
+    import transformers.utils.chat_template_utils as ctu
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return PINNED
+
+    monkeypatch.setattr(ctu, "datetime", Frozen)
+    return PINNED
+
+
+def oracle(hf, template, messages, **kwargs):
+    return hf.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_inline_templates_match_transformers(tiny, pinned_clock, name, conversation, add_generation_prompt):
+    ours, hf = tiny
+    template, messages = TEMPLATES[name], CONVERSATIONS[conversation]
+    tools = TOOLS if conversation == "tool" else None
+    extra = {"enable_thinking": False} if conversation == "multi" else {}
+    expected = oracle(hf, template, messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra)
+    got = ours.render_chat(messages, template=template, add_generation_prompt=add_generation_prompt, tools=tools,
+                           now=pinned_clock, **extra)
+    assert got == expected
+    # the module-level function with the special tokens passed by hand renders the same
+    specials = {k: v for k, v in hf.special_tokens_map.items() if k not in ("bos_token", "eos_token")}
+    assert render_chat(template, messages, add_generation_prompt=add_generation_prompt, bos_token=hf.bos_token,
+                       eos_token=hf.eos_token, tools=tools, now=pinned_clock, **specials, **extra) == expected
+
+
+def test_messages_are_not_modified(tiny):
+    ours, _ = tiny
+    messages = [dict(m) for m in CONVERSATIONS["tool"]]
+    ours.render_chat(messages, template=TEMPLATES["fields"])
+    assert messages == CONVERSATIONS["tool"]
+
+
+def test_model_template_matches_transformers(tiny):
+    ours, hf = tiny
+    for messages in CONVERSATIONS.values():
+        messages = [m for m in messages if m.get("content")]
+        for agp in (True, False):
+            assert ours.render_chat(messages, add_generation_prompt=agp) == hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=agp)
+            assert ours.encode_chat(messages, add_generation_prompt=agp) == hf.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=agp)["input_ids"]
+
+
+def test_strftime_now_pinned_by_environment(monkeypatch):
+    monkeypatch.setenv(NOW_ENV, "2026-10-18T09:30:05")
+    template = "{{ strftime_now('%Y-%m-%d %H:%M:%S') }}"
+    assert render_chat(template, []) == PINNED.strftime("%Y-%m-%d %H:%M:%S")
+    assert render_chat(template, [], now="2001-02-03T04:05:06") == "2001-02-03 04:05:06"
+    monkeypatch.setenv(NOW_ENV, "yesterday")
+    with pytest.raises(SterError, match="ISO-8601"):
+        render_chat(template, [])
+    monkeypatch.delenv(NOW_ENV)
+    before = datetime.now().replace(microsecond=0)
+    got = datetime.strptime(render_chat(template, []), "%Y-%m-%d %H:%M:%S")
+    assert before <= got <= datetime.now()
+
+
+# ------------------------------------------------------------------ errors
+
+
+def hf_error(hf, template, messages):
+    with pytest.raises(Exception) as info:
+        oracle(hf, template, messages, add_generation_prompt=True)
+    return info.value
+
+
+def test_raise_exception(tiny):
+    ours, hf = tiny
+    template = ("{% for m in messages %}\n{% if m.role not in ['user', 'assistant'] %}\n"
+                "{{ raise_exception('Only user and assistant roles are supported!') }}\n{% endif %}\n{% endfor %}")
+    messages = CONVERSATIONS["system"]
+    err = hf_error(hf, template, messages)
+    assert isinstance(err, jinja2.TemplateError)
+    with pytest.raises(SterError) as info:
+        ours.render_chat(messages, template=template)
+    assert str(err) in str(info.value)
+    assert "line 3" in str(info.value)  # the raise_exception call
+    assert ours.render_chat(CONVERSATIONS["plain"], template=template) == oracle(hf, template, CONVERSATIONS["plain"])
+
+
+def test_syntax_error_names_source_and_line(tiny):
+    ours, hf = tiny
+    template = "{% for m in messages %}\n{{ m.content }}\n{% if %}\n{% endfor %}"
+    err = hf_error(hf, template, CONVERSATIONS["plain"])
+    assert isinstance(err, jinja2.TemplateSyntaxError)
+    with pytest.raises(SterError) as info:
+        render_chat(template, CONVERSATIONS["plain"], source="tokenizer.chat_template of x.gguf")
+    assert f"chat template tokenizer.chat_template of x.gguf, line {err.lineno}: syntax error" in str(info.value)
+
+
+def test_undefined_attribute_error(tiny):
+    ours, hf = tiny
+    template = "ok\n{{ messages[0].content }}\n{{ settings.language.upper() }}"
+    err = hf_error(hf, template, CONVERSATIONS["plain"])
+    assert isinstance(err, jinja2.UndefinedError)
+    with pytest.raises(SterError, match=r"line 3: undefined value: 'settings' is undefined"):
+        render_chat(template, CONVERSATIONS["plain"])
+
+
+@pytest.mark.parametrize("template", [
+    "{% set ns = namespace(_private=1) %}",
+    "{% set ns = namespace() %}{% set ns._x = 1 %}",
+    "{{ messages.append({'role': 'user'}) }}",
+    "{{ messages[0].update({'a': 1}) }}",
+    "{{ ''.__class__.__mro__ }}",
+])
+def test_sandbox_refusals(tiny, template):
+    ours, hf = tiny
+    err = hf_error(hf, template, CONVERSATIONS["plain"])
+    assert isinstance(err, jinja2.exceptions.SecurityError) or "underscore" in str(err) or isinstance(
+        err, jinja2.UndefinedError)
+    with pytest.raises(SterError, match="chat template"):
+        render_chat(template, CONVERSATIONS["plain"])
+
+
+def test_python_error_in_template(tiny):
+    ours, hf = tiny
+    template = "{{ messages[0].content + 1 }}"
+    err = hf_error(hf, template, CONVERSATIONS["plain"])
+    assert isinstance(err, TypeError)
+    with pytest.raises(SterError, match="line 1: TypeError"):
+        render_chat(template, CONVERSATIONS["plain"])
+
+
+def test_build_messages(tiny):
+    _, hf = tiny
+    assert build_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert build_messages("hi", system="S") == [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    assert render_chat(hf.chat_template, build_messages("hi", "S")) == hf.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}], tokenize=False,
+        add_generation_prompt=True)
+
+
+# ------------------------------------------------------------------ real templates
+
+GEMMA_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def smollm2_gguf_template(path) -> str:
+    from gguf import GGUFReader
+
+    return GGUFReader(str(path)).fields["tokenizer.chat_template"].contents()
+
+
+@pytest.mark.real
+def test_smollm2_gguf_template(smollm2_gguf, smollm2_hf):
+    """The template stored in the SmolLM2 GGUF, rendered and tokenized as transformers does."""
+    template = smollm2_gguf_template(smollm2_gguf)
+    assert "<|im_start|>" in template
+    ours, hf = Tokenizer.from_dir(smollm2_hf), hf_tokenizer(smollm2_hf)
+    for messages in CONVERSATIONS.values():
+        messages = [m for m in messages if m.get("content")]
+        for agp in (True, False):
+            expected = oracle(hf, template, messages, add_generation_prompt=agp)
+            assert render_chat(template, messages, add_generation_prompt=agp, bos_token=hf.bos_token,
+                               eos_token=hf.eos_token, source="tokenizer.chat_template") == expected
+            assert ours.render_chat(messages, template=template, add_generation_prompt=agp) == expected
+            ids = hf.apply_chat_template(messages, chat_template=template, tokenize=True,
+                                         add_generation_prompt=agp)["input_ids"]
+            assert ours.encode(expected) == ids
+            assert ours.encode_chat(messages, template=template, add_generation_prompt=agp) == ids
+    if hf.chat_template is not None:  # a checkpoint directory carries the same template
+        assert ours.chat_template == hf.chat_template
+        msgs = build_messages("What is 2+2?", system="Answer in one word.")
+        assert ours.encode_chat(msgs) == hf.apply_chat_template(msgs, tokenize=True,
+                                                                add_generation_prompt=True)["input_ids"]
+
+
+@pytest.mark.real
+def test_gemma_template_single_bos(gemma3_hf):
+    """A template that prints <bos>, with Gemma's tokenizer that also adds one: a single BOS,
+    as apply_chat_template(tokenize=True) gives."""
+    ours, hf = Tokenizer.from_dir(gemma3_hf), hf_tokenizer(gemma3_hf)
+    for messages in CONVERSATIONS.values():
+        messages = [m for m in messages if m.get("content")]
+        expected = hf.apply_chat_template(messages, chat_template=GEMMA_STYLE_TEMPLATE, tokenize=True,
+                                          add_generation_prompt=True)["input_ids"]
+        got = ours.encode_chat(messages, template=GEMMA_STYLE_TEMPLATE)
+        assert got == expected
+        assert got[0] == hf.bos_token_id and got[1] != hf.bos_token_id
+        text = ours.render_chat(messages, template=GEMMA_STYLE_TEMPLATE)
+        assert text == oracle(hf, GEMMA_STYLE_TEMPLATE, messages, add_generation_prompt=True)
