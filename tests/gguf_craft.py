@@ -80,6 +80,11 @@ class Craft:
         self._data_size = max(self._data_size, offset + len(data))
         return self
 
+    def add_info(self, name: str, dims, ggml_type: int, offset: int) -> "Craft":
+        """A tensor info only, no data (for offsets that point anywhere)."""
+        self.infos.append(tensor_info(name, dims, ggml_type, offset))
+        return self
+
     def build(self) -> bytes:
         head = self.magic + struct.pack("<IQQ", self.version,
                                         len(self.infos) if self.n_tensors is None else self.n_tensors,

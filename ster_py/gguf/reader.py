@@ -362,7 +362,8 @@ class GGUFFile:
                                             offset, nbytes, raw)
         if unsupported and not allow_unsupported:
             name, t = unsupported[0]
-            more = f" (and {len(unsupported) - 1} more tensors of unsupported types)" if len(unsupported) > 1 else ""
+            n_more = len(unsupported) - 1
+            more = f" (and {n_more} more tensor{'s' if n_more > 1 else ''} of unsupported types)" if n_more else ""
             raise SterError(f"{self.path}: tensor {name!r} has type {t.name} (id {t.id}), which ster cannot "
                             f"dequantize{more}. Supported types: {', '.join(quants.SUPPORTED_TYPE_NAMES)}. "
                             "Use a GGUF file quantized to one of them (for example Q4_K_M or Q8_0).")
