@@ -118,7 +118,7 @@ def generate(
 
     def on_token(token: int) -> None:
         if not as_json:
-            piece = stream.push(token)
+            piece = stream.feed(token)
             if piece:
                 sys.stdout.write(piece)
                 sys.stdout.flush()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chat import build_messages, render_chat
+from .chat import build_messages
 from .errors import SterError
 from .tokenizer import Tokenizer
 
@@ -28,7 +28,7 @@ class Prompt:
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = None,
-                  chat_template: str = "auto", template_source: str = "chat template") -> Prompt:
+                  chat_template: str = "auto") -> Prompt:
     """Encode ``prompt`` (and an optional system prompt) for generation.
 
     With a template (mode "auto" and the model has one) the messages are rendered
@@ -50,6 +50,5 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
                             "put the instructions in --prompt instead")
         return Prompt(prompt, tokenizer.encode(prompt, add_special_tokens=True),
                       "off" if chat_template == "off" else "absent")
-    text = render_chat(template, build_messages(prompt, system), add_generation_prompt=True,
-                       bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, source=template_source)
+    text = tokenizer.render_chat(build_messages(prompt, system), add_generation_prompt=True)
     return Prompt(text, tokenizer.encode(text, add_special_tokens=False), "applied")

@@ -3,8 +3,8 @@
 Each case builds a checkpoint with transformers (small dims, 3 layers, every
 optional flag of the family switched on in some variant), loads the saved
 directory with ster, and checks: logits of a 16-token prompt within relative
-error 1e-4 of transformers (f32), the same logits when the prompt is fed in two
-pieces through the KV cache, and the same 16 greedy tokens as transformers'
+error 1e-4 of transformers (f32), the same logits as transformers when the prompt
+is fed in two pieces through the KV cache, and the same 16 greedy tokens as transformers'
 ``generate``.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
-from tiny import make_checkpoint, reference_greedy, reference_logits, rel_err
+from tiny import make_checkpoint, reference_greedy, reference_logits, reference_split_logits, rel_err
 
 PROMPT = np.random.RandomState(0).randint(3, 128, size=16).tolist()
 
@@ -66,7 +66,9 @@ def test_family_matches_transformers(case, tmp_path):
 
     cache = model.decoder.new_cache()
     pieces = [model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)]
-    assert rel_err(np.concatenate(pieces), ref_logits) < 1e-4
+    # Against transformers fed the same way: dynamic NTK rotates cached keys by the base in
+    # force when they were computed, so a split prompt differs from a whole one in both.
+    assert rel_err(np.concatenate(pieces), reference_split_logits(ref_model, PROMPT, 9)) < 1e-4
 
     ours = generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids
     assert ours == reference_greedy(ref_model, PROMPT, 16)

@@ -56,6 +56,10 @@ def make_checkpoint(path: Path, model_type: str, *, seed: int = 0, dtype=None, *
         model = model.to(dtype)
     model.save_pretrained(path)
     write_tokenizer(path, kwargs["vocab_size"])
+    if dtype is not None:
+        # Reload in f32 rather than casting back: a cast would keep buffers such as the
+        # rotary inv_freq rounded to the half dtype, which the saved checkpoint does not hold.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     return model.float().eval()
 
 
@@ -69,14 +73,32 @@ def reference_logits(model, ids) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 def reference_greedy(model, ids, n: int) -> list[int]:
-    """transformers' greedy continuation of ``ids``: n new token ids."""
+    """transformers' greedy continuation of ``ids``: n new ids (argmax each step, through its KV cache).
+
+    A plain loop rather than ``generate`` so that no end-of-sequence rule or logits
+    processor changes which token is chosen: both sides pick the argmax n times.
+    """
     import torch
 
+    out, past, feed = [], None, list(ids)
     with torch.no_grad():
-        out = model.generate(torch.tensor([list(ids)]), max_new_tokens=n, do_sample=False,
-                             min_new_tokens=n, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        for _ in range(n):
+            res = model(torch.tensor([feed]), past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            feed = [int(res.logits[0, -1].argmax())]
+            out.append(feed[0])
+    return out
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(ours.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+def reference_split_logits(model, ids, split: int) -> np.ndarray:
+    """transformers' logits when ``ids`` is fed as ids[:split] then ids[split:] through its KV cache."""
+    import torch
+
+    with torch.no_grad():
+        first = model(torch.tensor([list(ids[:split])]), use_cache=True)
+        second = model(torch.tensor([list(ids[split:])]), past_key_values=first.past_key_values, use_cache=True)
+    return np.concatenate([first.logits[0].float().numpy(), second.logits[0].float().numpy()])
