@@ -2,7 +2,6 @@
 kind of broken file (crafted byte by byte with gguf_craft), plus a bounded fuzz test."""
 import os
 import struct
-import tempfile
 
 import gguf
 import numpy as np
@@ -89,6 +88,8 @@ def test_raw_is_a_read_only_view_of_the_map(tmp_path):
     # Views stay valid after close (they keep the map alive).
     f.close()
     assert raw.tobytes() == data[len(data) - 68:]
+    with pytest.raises(SterError, match="closed"):
+        f.tensor("c.weight")
 
 
 def test_gguf_py_writer_file_with_custom_alignment(tmp_path):
@@ -192,8 +193,12 @@ def test_empty_missing_and_directory(tmp_path):
     refused(tmp_path, b"", "empty")
     with pytest.raises(SterError, match="cannot open"):
         GGUFFile(tmp_path / "nope.gguf")
-    with pytest.raises(SterError, match="cannot open"):
+    with pytest.raises(SterError, match="not a regular file"):
         GGUFFile(tmp_path)
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(SterError, match="not a regular file"):  # and does not block
+        GGUFFile(fifo)
 
 
 @pytest.mark.parametrize("version", [0, 1, 4, 0xFFFFFFFF])
@@ -347,15 +352,16 @@ def test_scalar_value_types_cover_all_thirteen(tmp_path):
 
 # -- bounded fuzzing: only SterError may escape ----------------------------------------------
 
-_FUZZ_DIR = tempfile.mkdtemp(prefix="ster-gguf-fuzz-")
+@pytest.fixture(scope="module")
+def fuzz_path(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("fuzz") / "fuzz.gguf")
 
 
-def _open_mutated(base: bytes, edits, cut) -> None:
+def _open_mutated(path: str, base: bytes, edits, cut) -> None:
     data = bytearray(base)
     for pos, value in edits:
         data[pos % len(data)] = value
     data = bytes(data[:cut]) if cut is not None else bytes(data)
-    path = os.path.join(_FUZZ_DIR, "fuzz.gguf")
     with open(path, "wb") as fh:
         fh.write(data)
     try:
@@ -371,8 +377,8 @@ _edits = st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, 255)), min_siz
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=_edits, cut=st.one_of(st.none(), st.integers(0, 2000)))
-def test_fuzz_small_file(edits, cut):
-    _open_mutated(small_valid_file()[0], edits, cut)
+def test_fuzz_small_file(fuzz_path, edits, cut):
+    _open_mutated(fuzz_path, small_valid_file()[0], edits, cut)
 
 
 _HEADERS: dict = {}
@@ -387,7 +393,7 @@ def _real_header(path) -> bytes:
 
 
 @pytest.mark.real
-def test_fuzz_real_header(smollm2_gguf):
+def test_fuzz_real_header(smollm2_gguf, fuzz_path):
     header = _real_header(smollm2_gguf)
     # Mutations aimed at the structure: the first 4 KiB (counts, first keys), the start of the
     # token array, and the tensor infos at the end of the header.
@@ -401,6 +407,6 @@ def test_fuzz_real_header(smollm2_gguf):
         lo, hi = region
         edits = [(lo + o % (hi - lo), v) for o, v in zip(offsets, values)]
         cut = (lo + offsets[0] % (hi - lo)) if truncate else None
-        _open_mutated(header, edits, cut)
+        _open_mutated(fuzz_path, header, edits, cut)
 
     run()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,9 +220,9 @@ class _Parser:
             raise self.fail(f"array {key!r} claims {count} elements of {_type_name(elem)}, which cannot fit "
                             f"in the {self.size - self.pos} bytes left after offset {self.pos}")
         if elem in _SCALAR_DTYPES:
+            # A read-only view into the map: no allocation however large the count claims to be.
             out = np.frombuffer(self.buf, dtype=_SCALAR_DTYPES[elem], count=count, offset=self.pos)
             self.pos += count * min_size
-            out = out.astype(out.dtype.newbyteorder("="))  # a private copy, native byte order
             return out != 0 if elem == BOOL else out
         if elem == STRING:
             return self.strings(key, count)
@@ -229,8 +230,11 @@ class _Parser:
 
     def strings(self, key: str, count: int) -> list[str]:
         # The hot loop of opening a file (262k tokens for Gemma 3): locals only, one check per item.
+        # Grown item by item (not preallocated from the count), so memory follows the bytes
+        # actually parsed, never a hostile count.
         buf, size, p = self.buf, self.size, self.pos
-        out: list = [None] * count
+        out: list[str] = []
+        append = out.append
         for i in range(count):
             if p + 8 > size:
                 self.pos = p
@@ -242,7 +246,7 @@ class _Parser:
                 raise self.fail(f"array {key!r}: string {i} of {count} claims {n} bytes at offset {p}, "
                                 f"but the file ends at {size}")
             try:
-                out[i] = str(buf[p:p + n], "utf-8")
+                append(str(buf[p:p + n], "utf-8"))
             except UnicodeDecodeError as e:
                 self.pos = p
                 raise self.fail(f"array {key!r}: string {i} is not valid UTF-8 ({e.reason})") from None
@@ -263,8 +267,8 @@ class GGUFFile:
     Attributes:
         path, version (2 or 3), file_size, alignment (``general.alignment``, default 32),
         data_offset (absolute byte offset of the data section),
-        metadata: key -> value (int / float / bool / str; numeric arrays as numpy arrays,
-            arrays of strings as ``list[str]``, nested arrays as lists),
+        metadata: key -> value (int / float / bool / str; numeric arrays as read-only numpy
+            views into the map, arrays of strings as ``list[str]``, nested arrays as lists),
         metadata_types: key -> GGUF type name (``"uint32"``, ``"array of string"``),
         tensors: name -> GGUFTensor, in file order.
 
@@ -277,13 +281,15 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike, allow_unsupported: bool = False):
         self.path = os.fspath(path)
         try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):  # a FIFO would block open()
+                raise SterError(f"cannot open GGUF file {self.path}: not a regular file")
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size == 0:
                     raise SterError(f"{self.path}: the file is empty, not a GGUF file. {_CORRUPT}")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as e:
-            raise SterError(f"cannot open GGUF file {self.path}: {e.strerror or e}") from None
+        except (OSError, ValueError) as e:
+            raise SterError(f"cannot open GGUF file {self.path}: {getattr(e, 'strerror', None) or e}") from None
         self.file_size = size
         self._parse(allow_unsupported)
 
@@ -420,6 +426,8 @@ class GGUFFile:
 
     def tensor(self, name: str) -> GGUFTensor:
         """The tensor called ``name``; SterError if the file has none."""
+        if self._map is None:
+            raise SterError(f"{self.path} is closed; open it again to read tensor {name!r}")
         try:
             return self.tensors[name]
         except KeyError:
