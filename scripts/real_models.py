@@ -22,10 +22,10 @@ The GGUF files themselves live in the preset cache (`preset_cache_dir()`), share
 with ``ster``. A copy is built in a temporary directory and renamed into place
 when complete, so an interrupted build leaves nothing that looks finished.
 
-Measured on 2 cores (transformers 5.24, torch 2.13): building SmolLM2 takes about
-40 s (538 MB), Gemma 3 about 2.5 min (1.07 GB; most of it is transformers
-converting the 262,144-token SentencePiece vocabulary). Later calls return at
-once.
+Measured on 2 cores (transformers 5.24, torch 2.13): building SmolLM2 takes
+40 to 100 s (542 MB on disk), Gemma 3 2 to 4 min (1.11 GB; most of it is
+transformers reading the GGUF and converting its 262,144-token SentencePiece
+vocabulary), the spread depending on other load. Later calls return at once.
 
 Run ``python scripts/real_models.py`` to fetch and build both and print the paths.
 """
