@@ -95,7 +95,10 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
        ``~``, or ends with ``.gguf``) but names nothing is refused with
        "no such file or directory". Ster sends such strings to the Hub, which
        then fails with a confusing repository error; we refuse them locally.
-    4. Anything else is a Hugging Face Hub model id, resolved at ``revision``
+    4. A preset name (``ster_py.presets.PRESETS``) is fetched or found in the
+       cache, verified by SHA-256, and resolved as that GGUF file; its
+       ``model_revision`` is ``sha256:<hash>`` unless ``revision`` is given.
+    5. Anything else is a Hugging Face Hub model id, resolved at ``revision``
        (default ``"main"``) to a commit SHA. config.json, tokenizer.json and the
        small side files are downloaded first and the architecture gate runs on
        the config; only then are the weight files downloaded. Everything is
@@ -148,6 +151,13 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
     if _looks_like_path(model) or os.path.lexists(path):
         # lexists without being a file or directory: a dangling symlink, a socket, a fifo.
         raise SterError(f"no such file or directory: {model}")
+    from .presets import PRESETS, fetch_preset
+
+    if model in PRESETS:
+        # A preset is a pinned GGUF: fetched (or found in the cache) and verified, then read as a file.
+        gguf = fetch_preset(model, progress)
+        return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf,
+                        revision or f"sha256:{PRESETS[model].sha256}", None)
     return _resolve_hub(model, revision, progress)
 
 
