@@ -148,6 +148,72 @@ def generate(
               f"decode {result.decode_tokens_per_second:.1f} tok/s[/]")
 
 
+@app.command()
+def inspect(
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
+    precision: Precision = typer.Option(Precision.f32, help="Precision the resident size is estimated for."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Describe a model without running it: architecture, sizes, tokenizer, tensor types, memory."""
+    from rich.table import Table
+
+    from .inspect import inspect_model
+
+    with progress_bar() as progress:
+        info = inspect_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in info.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        elif key.endswith("_bytes") or key == "kv_bytes_per_position":
+            value = f"{value:,} bytes ({value / 2**20:.1f} MiB)"
+        table.add_row(f"[bold]{key}[/]", escape(str(value)))
+    out.print(table)
+
+
+@app.command()
+def families(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    """Every model_type ster knows, whether it runs, and its GGUF architecture."""
+    from rich.table import Table
+
+    from .families import FAMILIES, KNOWN_MODEL_TYPES
+
+    rows = [{"model_type": m, "runs": m in FAMILIES,
+             "gguf_architecture": FAMILIES[m].gguf_arch if m in FAMILIES else None,
+             "note": "" if m in FAMILIES else "refused: not implemented yet"} for m in KNOWN_MODEL_TYPES]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("model_type", "runs", "GGUF architecture", "note")
+    for r in rows:
+        table.add_row(r["model_type"], "yes" if r["runs"] else "no", r["gguf_architecture"] or "-", r["note"])
+    out.print(table)
+
+
+@app.command()
+def presets(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    """Named models pinned by SHA-256 (usable as --model NAME), and whether they are cached."""
+    from rich.table import Table
+
+    from .presets import DEFAULT_PRESET, PRESETS, cached_path
+
+    rows = [{"name": p.name, "default": p.name == DEFAULT_PRESET, "file": p.filename, "sha256": p.sha256,
+             "size": p.size, "hub": f"{p.hub.repo_id}/{p.hub.filename}", "cached": cached_path(p.name).is_file(),
+             "description": p.description} for p in PRESETS.values()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("name", "size", "cached", "description")
+    for r in rows:
+        table.add_row(r["name"] + (" (default)" if r["default"] else ""), f"{r['size'] / 2**20:.0f} MiB",
+                      "yes" if r["cached"] else "no", r["description"])
+    out.print(table)
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning SterError into a clean exit."""
     try:
