@@ -23,6 +23,9 @@ _LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_fre
 _YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
 # Transformers 4's spelling: rope_theta beside rope_scaling {"type": ...}.
 _LINEAR_V4 = {"rope_parameters": None, "rope_theta": 5000.0, "rope_scaling": {"type": "linear", "factor": 2.0}}
+# Short factors up to 8 positions, long ones past them: the 16-token prompt uses the long table.
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 8,
+             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5], "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]}
 _DYNAMIC = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
 
 CASES = {
@@ -30,6 +33,7 @@ CASES = {
     "llama-llama3-rope": ("llama", {"rope_parameters": _LLAMA3}),
     "llama-linear-rope-v4-config": ("llama", _LINEAR_V4),
     "llama-yarn-rope": ("llama", {"rope_parameters": _YARN}),
+    "llama-longrope": ("llama", {"rope_parameters": _LONGROPE, "max_position_embeddings": 64}),
     # dynamic NTK only differs past max_position_embeddings: 12 < 16 prompt positions.
     "llama-dynamic-rope": ("llama", {"rope_parameters": _DYNAMIC, "max_position_embeddings": 12}),
     "llama-biases-tied": ("llama", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
