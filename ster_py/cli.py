@@ -25,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
 MODEL_HELP = ("A local checkpoint directory (config.json + tokenizer.json + *.safetensors), a .gguf file, "
@@ -111,9 +111,9 @@ def generate(
     sampling.validate()
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
-    if loaded.tokenizer.chat_template is None and chat_template == ChatTemplate.auto:
-        err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
     prompt_ = encode_prompt(loaded.tokenizer, prompt, system=system, chat_template=chat_template.value)
+    if prompt_.chat_template == "absent":
+        err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
     stream = StreamDecoder(loaded.tokenizer)
 
     def on_token(token: int) -> None:

@@ -97,6 +97,23 @@ class _Layer:
         return h + (n["ffn_post_norm"](m) if "ffn_post_norm" in n else m)
 
 
+def _expected_shapes(spec: ModelSpec) -> dict[tuple[str, str], tuple[int, ...]]:
+    """(role, 'weight'|'bias') -> the shape the configuration implies."""
+    d, q, kv = spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
+    f = spec.intermediate_size
+    shapes = {("q", "weight"): (q, d), ("k", "weight"): (kv, d), ("v", "weight"): (kv, d), ("o", "weight"): (d, q),
+              ("q", "bias"): (q,), ("k", "bias"): (kv,), ("v", "bias"): (kv,), ("o", "bias"): (d,),
+              ("gate", "weight"): (f, d), ("up", "weight"): (f, d), ("down", "weight"): (d, f),
+              ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
+              ("head", "weight"): (spec.vocab_size, d), ("final_norm", "weight"): (d,)}
+    for role in ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
+        shapes[(role, "weight")] = (d,)
+    norm_width = spec.head_dim if spec.qk_norm == "head" else None
+    if norm_width:
+        shapes[("q_norm", "weight")] = shapes[("k_norm", "weight")] = (norm_width,)
+    return shapes
+
+
 class Decoder:
     """A decoder-only transformer built from a ``ModelSpec`` and its weights.
 
@@ -113,13 +130,21 @@ class Decoder:
         self.spec = spec
         self._weights = weights
 
+        expected = _expected_shapes(spec)
+
         def loader(i):
             def load(role: str, kind: str, required: bool = False):
                 name = f"{spec.names[role].format(i=i)}.{kind}"
                 t = weights.get(name)
-                if t is None and required:
-                    raise SterError(f"the checkpoint has no tensor {name!r}, which a {spec.model_type} "
-                                    "model needs; is the config.json from the same checkpoint?")
+                if t is None:
+                    if required:
+                        raise SterError(f"the checkpoint has no tensor {name!r}, which a {spec.model_type} "
+                                        "model needs; is the config.json from the same checkpoint?")
+                    return None
+                want = expected.get((role, kind))
+                if want is not None and tuple(t.shape) != want:
+                    raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration "
+                                    f"implies {list(want)}; the weights and the config disagree")
                 return t
             return load
 

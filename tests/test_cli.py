@@ -1,0 +1,142 @@
+"""The ``ster`` command line on tiny checkpoints: streaming, --json, and refusals.
+
+Refusals must exit non-zero with one ``error:`` line and no traceback, and load
+nothing: the tests make weight reading fail loudly if it is attempted.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ster_py.errors import SterError
+from ster_py.load import load_model
+from tiny import make_checkpoint, reference_greedy
+
+
+def ster(*args, env=None):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    model = make_checkpoint(path, "llama")
+    return path, model
+
+
+def test_generate_json_matches_transformers(tiny_llama):
+    path, model = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5 w6 w7 w8", "--max-new-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["prompt_ids"] == [5, 6, 7, 8] and doc["chat_template"] == "absent"
+    expected = reference_greedy(model, [5, 6, 7, 8], 8)
+    stop = expected.index(2) + 1 if 2 in expected else 8  # id 2 is </s>, the EOS
+    assert doc["ids"] == expected[:stop]
+    assert doc["usage"] == {"prompt_tokens": 4, "new_tokens": len(doc["ids"])}
+    assert doc["model_revision"] is None and doc["precision"] == "f32"
+
+
+def test_generate_streams_text_and_summary(tiny_llama):
+    path, _ = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5 w6", "--max-new-tokens", "5")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and all(w.startswith("w") for w in r.stdout.split())
+    assert "prompt tokens" in r.stderr and "decode" in r.stderr
+    assert "no chat template" in r.stderr
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_llama):
+    path, _ = tiny_llama
+    args = ["generate", "--model", str(path), "--prompt", "w9", "--max-new-tokens", "12", "--temperature", "1.5",
+            "--top-k", "50", "--top-p", "0.95", "--seed", "7", "--json"]
+    a, b = json.loads(ster(*args).stdout), json.loads(ster(*args).stdout)
+    assert a["ids"] == b["ids"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "cuda"], ["--device cuda", "CPU"]),
+    (["--device", "metal"], ["--device metal"]),
+    (["--top-p", "0"], ["--top-p"]),
+    (["--temperature", "-1"], ["--temperature"]),
+    (["--system", "be brief"], ["--system", "chat template"]),
+])
+def test_bad_flags_are_refused_cleanly(tiny_llama, args, words):
+    path, _ = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5", *args)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and r.stderr.startswith("error:")
+    for w in words:
+        assert w in r.stderr
+
+
+def test_refused_architecture_loads_nothing(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "plamo2"}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    r = ster("generate", "--model", str(tmp_path), "--prompt", "hi")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "'plamo2'" in r.stderr and "gemma3_text" in r.stderr
+
+
+def test_known_but_unimplemented_family_names_the_implemented_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    r = ster("inspect", str(tmp_path))
+    assert r.returncode == 1 and "'mixtral'" in r.stderr and "llama, mistral, qwen2" in r.stderr
+
+
+def test_missing_tensor_is_named(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    make_checkpoint(tmp_path, "llama")
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(SterError, match="model.layers.1.mlp.up_proj.weight"):
+        load_model(str(tmp_path))
+
+
+def test_shape_mismatch_names_both_shapes(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    make_checkpoint(tmp_path, "qwen3")
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 64), np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(SterError, match=r"k_proj.weight.*\[8, 64\].*\[32, 64\]"):
+        load_model(str(tmp_path))
+
+
+def test_quantization_config_is_refused_before_weights(tmp_path):
+    make_checkpoint(tmp_path, "llama")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
+    with pytest.raises(SterError, match="quantization_config.*gptq"):
+        load_model(str(tmp_path))
+
+
+def test_inspect_json(tiny_llama):
+    path, model = tiny_llama
+    r = ster("inspect", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["family"] == "llama" and info["dimensions"]["num_hidden_layers"] == 3
+    assert info["parameters"] == sum(p.numel() for p in model.state_dict().values())
+
+
+def test_families_json_lists_every_model_type():
+    from ster_py.families import KNOWN_MODEL_TYPES
+
+    rows = json.loads(ster("families", "--json").stdout)
+    assert [r["model_type"] for r in rows] == list(KNOWN_MODEL_TYPES)
+    assert {r["model_type"] for r in rows if r["runs"]} == {
+        "llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
