@@ -21,3 +21,12 @@ class Linear:
         w = self.weight if self.weight.dtype == np.float32 else self.weight.astype(np.float32)
         y = x @ w.T
         return y + self.bias if self.bias is not None else y
+
+
+def make_linear(weight, bias: np.ndarray | None = None):
+    """The projection for a stored weight: ``Linear`` for a dense array.
+
+    The one place the decoder turns a weight into a callable, so other weight kinds
+    (quantized GGUF blocks) plug in here without the decoder knowing.
+    """
+    return Linear(weight, bias)

@@ -23,7 +23,7 @@ from ..errors import SterError
 from .attention import attention
 from .cache import KVCache
 from .ffn import ACT_FNS
-from .linear import Linear
+from .linear import make_linear
 from .norms import layer_norm, rms_norm
 
 
@@ -52,16 +52,16 @@ class _Layer:
         self.i, self.spec, self.layer = i, spec, spec.layers[i]
         self.norms = {role: _Norm(spec, load(role, "weight", required=True), load(role, "bias"))
                       for role in spec.norms}
-        self.q, self.k, self.v, self.o = (Linear(load(r, "weight", required=True), load(r, "bias"))
+        self.q, self.k, self.v, self.o = (make_linear(load(r, "weight", required=True), load(r, "bias"))
                                           for r in ("q", "k", "v", "o"))
         self.q_norm = self.k_norm = None
         if spec.qk_norm:
             self.q_norm = _Norm(spec, load("q_norm", "weight", required=True), None)
             self.k_norm = _Norm(spec, load("k_norm", "weight", required=True), None)
         gate = load("gate", "weight")
-        self.gate = Linear(gate, load("gate", "bias")) if gate is not None else None
-        self.up = Linear(load("up", "weight", required=True), load("up", "bias"))
-        self.down = Linear(load("down", "weight", required=True), load("down", "bias"))
+        self.gate = make_linear(gate, load("gate", "bias")) if gate is not None else None
+        self.up = make_linear(load("up", "weight", required=True), load("up", "bias"))
+        self.down = make_linear(load("down", "weight", required=True), load("down", "bias"))
         self.act = ACT_FNS[spec.hidden_act]
 
     def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
@@ -156,7 +156,7 @@ class Decoder:
         self.layers = [_Layer(spec, i, loader(i)) for i in range(spec.num_hidden_layers)]
         self.final_norm = _Norm(spec, top("final_norm", "weight", required=True), top("final_norm", "bias"))
         head = None if spec.tie_word_embeddings else top("head", "weight")
-        self.head = Linear(head if head is not None else self.embed, top("head", "bias"))
+        self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for this model."""
