@@ -8,11 +8,13 @@ f32), and last-position logits are within relative error 1e-3.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 from ster_py.generate import Sampling, generate
-from ster_py.load import load_model
+from ster_py.load import LoadedModel, load_model
 from ster_py.prompt import encode_prompt
 from tiny import reference_greedy, rel_err
 
@@ -22,6 +24,12 @@ CHAT = "What is the capital of France?"
 PLAIN = "The three primary colours are"
 
 
+@functools.lru_cache(maxsize=None)
+def _ster(path) -> "LoadedModel":
+    return load_model(str(path))
+
+
+@functools.lru_cache(maxsize=None)
 def _hf_model(path, gguf_file=None):
     import torch
     from transformers import AutoModelForCausalLM
@@ -31,6 +39,7 @@ def _hf_model(path, gguf_file=None):
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 
 
+@functools.lru_cache(maxsize=None)
 def _hf_tokenizer(path, gguf_file=None):
     from transformers import AutoTokenizer
 
@@ -49,7 +58,7 @@ def _reference_ids(tok, text, chat):
 def _check(model_path, *, gguf: bool, chat: bool, text: str, logits_tol: float | None = None):
     import torch
 
-    loaded = load_model(str(model_path))
+    loaded = _ster(model_path)
     prompt = encode_prompt(loaded.tokenizer, text, chat_template="auto" if chat else "off")
     ref_tok = _hf_tokenizer(model_path, gguf_file=gguf or None)
     assert prompt.ids == list(_reference_ids(ref_tok, text, chat))
@@ -88,7 +97,15 @@ def test_gemma3_gguf_plain_greedy(gemma3_gguf):
 
 def test_gguf_and_hf_copy_agree(smollm2_gguf, smollm2_hf):
     """The GGUF read directly and its f32 Hugging Face copy give the same logits (two ster paths)."""
-    ids = load_model(str(smollm2_hf)).tokenizer.encode(PLAIN)
-    a = load_model(str(smollm2_gguf)).decoder.forward(ids)
-    b = load_model(str(smollm2_hf)).decoder.forward(ids)
+    ids = _ster(smollm2_hf).tokenizer.encode(PLAIN)
+    a = _ster(smollm2_gguf).decoder.forward(ids)
+    b = _ster(smollm2_hf).decoder.forward(ids)
     assert rel_err(a, b.astype(np.float64)) < 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_models():
+    """Models are shared between this module's tests, and released after them."""
+    yield
+    for cached in (_ster, _hf_model, _hf_tokenizer):
+        cached.cache_clear()
