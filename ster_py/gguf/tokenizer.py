@@ -1,0 +1,513 @@
+"""A ``tokenizers.Tokenizer`` rebuilt from a GGUF file's ``tokenizer.ggml.*`` metadata.
+
+A GGUF file carries no tokenizer.json: it stores the vocabulary (``tokens``),
+each token's kind (``token_type``), the BPE merge ranks (``merges``) or the
+SentencePiece scores (``scores``), the special ids and flags, and only the
+*name* of the pre-tokenizer (``pre``). This module turns that back into a
+``tokenizers.Tokenizer`` that tokenizes the way llama.cpp (``src/llama-vocab.cpp``)
+does, which is the behaviour reference for GGUF files:
+
+- ``gpt2``: byte-level BPE. The text is cut by the split expressions the
+  ``pre`` name stands for (applied one after the other, matches and the gaps
+  between them both kept), mapped through the GPT-2 byte alphabet and merged
+  by rank.
+- ``llama``: SentencePiece BPE. Spaces become U+2581 (▁), a ▁ is put in front
+  of every text run (the start, and after each special token) when
+  ``add_space_prefix`` (default true), and pieces are merged best score first;
+  characters left without a token fall back to ``<0xHH>`` byte tokens. The
+  merge list is derived from the scores (a pair's rank is the score of the
+  token it makes), as transformers' GGUF converter does.
+- ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``): BPE with ranked merges
+  over ▁-escaped UTF-8 (not the byte alphabet), split only at newline runs,
+  with ``<0xHH>`` byte fallback.
+
+Control, unknown and user-defined tokens are added as added tokens so they
+are cut out of the text (longest first) before the scheme runs; control and
+unknown ones are special. BOS/EOS are added by the post-processor when
+``add_bos_token``/``add_eos_token`` (or the scheme's llama.cpp default) says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+
+from ster_py.errors import SterError
+
+if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
+    from ster_py.tokenizer import Tokenizer
+
+__all__ = [
+    "GGUFTokenizerParts",
+    "tokenizer_from_gguf_metadata",
+    "split_pre_tokenizer",
+    "PRE_TOKENIZER_SPLITS",
+    "SUPPORTED_MODELS",
+    "END_OF_GENERATION_TEXTS",
+]
+
+# llama_token_type in llama.cpp (gguf-py's TokenType).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+SPACE_MARK = "\u2581"  # ▁, SentencePiece's visible space
+
+SUPPORTED_MODELS = ("gpt2", "llama", "gemma4")
+
+# ---------------------------------------------------------------- split expressions
+# The expressions each ``tokenizer.ggml.pre`` name stands for, as llama.cpp's
+# llm_tokenizer_bpe constructor lists them (facts from src/llama-vocab.cpp). A
+# name maps to a tuple of expressions applied in turn: each one splits every
+# fragment the previous ones produced, keeping matches and gaps.
+
+# English contractions, case-insensitive, spelled out as llama.cpp does rather than
+# with (?i:...), so no Unicode case folding (e.g. the long s) sneaks in.
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+# Llama 3 / Qwen 2 family: letters take one leading non-letter, digits go in runs
+# of at most `{digits}`, punctuation keeps trailing newlines.
+_LLAMA3_LIKE = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3 = _LLAMA3_LIKE.replace("{digits}", "{1,3}")
+_QWEN2 = _LLAMA3_LIKE.replace("{digits}", "")
+
+# Qwen 3.5: as Qwen 2, with combining marks (\p{M}) kept inside words.
+_QWEN35 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# GPT-4o (o200k): words split at case changes. llama.cpp approximates the case
+# classes with look-aheads over [^a-z]/[^A-Z]; like the reference tokenizer.json we
+# use the real Unicode categories (seed 000 follows HuggingFace here).
+_UPPERISH = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
+_LOWERISH = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_NEWLINE_RUNS = r"[^\n]+|[\n]+"
+
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
+def _names(*names: str, splits: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    return {name: splits for name in names}
+
+
+#: ``tokenizer.ggml.pre`` -> split expressions (seed 000's implemented list).
+PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    "default": _DEFAULT,
+    **_names("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+             "jina-v5-nano", "smaug-bpe", "dbrx", splits=(_LLAMA3,)),
+    **_names("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
+             splits=(_QWEN2,)),
+    "qwen35": (_QWEN35,),
+    **_names("gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4", "mellum",
+             "modern-bert", "gigachat", "a.x-4.0", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
+             splits=(_GPT2,)),
+    # Digits are cut out one by one first, then GPT-2's expression runs on the rest.
+    **_names("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2",
+             splits=(r"\p{N}", _GPT2)),
+    **_names("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2", splits=(_GPT4O,)),
+    "gemma4": (_NEWLINE_RUNS,),
+}
+
+# Names whose whole words skip the merges when the vocabulary has them
+# (llama.cpp's ignore_merges) and which add BOS unless the file says otherwise.
+_WHOLE_WORD_FIRST = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+                               "lfm2", "jina-v5-nano"})
+_ADDS_BOS_BY_DEFAULT = _WHOLE_WORD_FIRST
+
+#: Vocabulary texts that end a generation when present (seed 000's list, from
+#: llama.cpp's end-of-generation detection), on top of the eos/eot/eom ids.
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>", "<|tool_response>",
+    "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek: full-width bars around end▁of▁sentence
+    "<end_of_utterance>",
+)
+
+
+# ----------------------------------------------------------------------- result
+
+@dataclass(frozen=True)
+class GGUFTokenizerParts:
+    """What a GGUF file's metadata says about its tokenizer.
+
+    Attributes:
+        tokenizer: the ``tokenizers.Tokenizer``; ids equal the GGUF token indices.
+            ``encode(text, add_special_tokens=True)`` adds BOS/EOS per ``add_bos``/``add_eos``.
+        model: ``tokenizer.ggml.model`` ("gpt2", "llama" or "gemma4").
+        pre: the pre-tokenizer name in effect ("default" when the file names none;
+            None for SentencePiece, which has none).
+        bos_token_id, eos_token_id, unk_token_id, pad_token_id: ids, or None.
+        bos_token, eos_token: their texts, or None.
+        add_bos, add_eos: whether a prompt gets BOS in front / EOS at the end.
+        add_space_prefix: SentencePiece's leading-▁ flag (False for BPE schemes).
+        eos_token_ids: the end-of-generation ids: eos, eot and eom from the
+            metadata plus every ``END_OF_GENERATION_TEXTS`` token the vocabulary has.
+        chat_template: ``tokenizer.chat_template``, or None.
+    """
+
+    tokenizer: tokenizers.Tokenizer
+    model: str
+    pre: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    unk_token_id: int | None
+    pad_token_id: int | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    eos_token_ids: frozenset[int]
+    chat_template: str | None
+
+    def to_tokenizer(self, source: str = "GGUF metadata") -> "Tokenizer":
+        """The ``ster_py.tokenizer.Tokenizer`` wrapper over these parts.
+
+        BOS/EOS addition is left to this tokenizer's post-processor (the wrapper's
+        ``add_bos=None`` mode), which also keeps a prompt that already starts with
+        BOS from getting a second one.
+        """
+        from ster_py.tokenizer import Tokenizer
+
+        special = {}
+        for name, token_id in (("unk_token", self.unk_token_id), ("pad_token", self.pad_token_id)):
+            if token_id is not None:
+                special[name] = self.tokenizer.id_to_token(token_id)
+        return Tokenizer(
+            self.tokenizer,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            chat_template=self.chat_template,
+            eos_token_ids=self.eos_token_ids,
+            special_tokens=special,
+            source=source,
+        )
+
+
+# ------------------------------------------------------------------------ build
+
+def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
+    """Build the tokenizer a GGUF file describes.
+
+    Args:
+        meta: GGUF metadata, key -> value, as a reader produces it: strings as
+            ``str``, string arrays as ``list[str]``, numeric arrays as numpy
+            arrays or lists, booleans as ``bool``. Keys read:
+            ``tokenizer.ggml.{model, pre, tokens, token_type, scores, merges,
+            bos_token_id, eos_token_id, eot_token_id, eom_token_id,
+            unknown_token_id, padding_token_id, add_bos_token, add_eos_token,
+            add_space_prefix}``, ``tokenizer.chat_template``, ``general.name``.
+
+    Returns:
+        GGUFTokenizerParts; ``parts.tokenizer`` ids equal the GGUF token indices.
+
+    Raises:
+        SterError: unsupported ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre``
+            (the message names it and lists the supported ones); missing or
+            malformed tokens/merges/scores; a duplicated token text; BOS or EOS
+            to be added without its id; no end-of-generation token at all.
+
+    Source: llama.cpp ``src/llama-vocab.cpp`` (llama_vocab::impl::load, the
+    SPM and BPE sessions, tokenizer_st_partition) for the behaviour;
+    transformers ``integrations/gguf`` for deriving SentencePiece merges from scores.
+    """
+    model = meta.get("tokenizer.ggml.model")
+    if model not in SUPPORTED_MODELS:
+        raise SterError(
+            f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: "
+            f"{', '.join(SUPPORTED_MODELS)}. This GGUF's tokenizer cannot be rebuilt; use the model's "
+            "Hugging Face checkpoint (tokenizer.json) instead"
+        )
+    tokens = _token_texts(meta)
+    n = len(tokens)
+    types = _int_array(meta, "tokenizer.ggml.token_type", n, default=NORMAL)
+    vocab = _vocab(tokens)
+
+    pre = meta.get("tokenizer.ggml.pre") or "default"
+    if model == "gpt2" and pre == "gemma4":
+        model = "gemma4"
+    if model == "gemma4":
+        pre = "gemma4"  # llama.cpp forces it for this model
+    elif model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS or pre == "gemma4" and model != "gemma4":
+        raise SterError(
+            f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
+            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}"
+        )
+
+    ids = _special_ids(meta, model, n)
+    add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True)) if model == "llama" else False
+    add_bos, add_eos = _bos_eos_flags(meta, model, pre)
+
+    if model == "gpt2":
+        tk = _byte_level_bpe(vocab, _file_merges(meta, vocab), pre)
+    elif model == "gemma4":
+        tk = _escaped_bpe(vocab, _file_merges(meta, vocab))
+    else:
+        scores = _float_array(meta, "tokenizer.ggml.scores", n)
+        unk = tokens[ids["unk"]] if ids["unk"] is not None else None
+        tk = _sentencepiece_bpe(vocab, tokens, scores, add_space_prefix, unk)
+        pre = None
+
+    eog_texts = {t for t in END_OF_GENERATION_TEXTS if t in vocab}
+    _add_special_tokens(tk, tokens, types, eog_texts, _strips_after_specials(meta, model))
+
+    for flag, key, name in ((add_bos, "bos", "add_bos_token"), (add_eos, "eos", "add_eos_token")):
+        if flag and ids[key] is None:
+            raise SterError(
+                f"tokenizer.ggml.{name} is true but tokenizer.ggml.{key}_token_id is not set; the GGUF file is "
+                "inconsistent, re-convert it"
+            )
+    tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, ids["eos"] if add_eos else None)
+
+    eog = {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None} | {vocab[t] for t in eog_texts}
+    if not eog:
+        raise SterError(
+            "this GGUF names no end-of-generation token: tokenizer.ggml.eos_token_id (and eot/eom) are absent and "
+            f"the vocabulary has none of {', '.join(END_OF_GENERATION_TEXTS)}; generation could never stop"
+        )
+
+    chat_template = meta.get("tokenizer.chat_template")
+    return GGUFTokenizerParts(
+        tokenizer=tk,
+        model=model,
+        pre=pre,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        unk_token_id=ids["unk"],
+        pad_token_id=ids["pad"],
+        bos_token=tokens[ids["bos"]] if ids["bos"] is not None else None,
+        eos_token=tokens[ids["eos"]] if ids["eos"] is not None else None,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        add_space_prefix=add_space_prefix,
+        eos_token_ids=frozenset(eog),
+        chat_template=chat_template if isinstance(chat_template, str) and chat_template else None,
+    )
+
+
+def split_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """The text-splitting part of a ``tokenizer.ggml.pre`` name, without the byte mapping.
+
+    Each expression becomes a ``Split(..., behavior="isolated")``: what it matches
+    and the gaps between matches both become pieces, as in llama.cpp's
+    ``unicode_regex_split``.
+
+    Raises:
+        SterError: the name is not in ``PRE_TOKENIZER_SPLITS``.
+    """
+    if pre not in PRE_TOKENIZER_SPLITS:
+        raise SterError(
+            f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
+            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}"
+        )
+    splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in PRE_TOKENIZER_SPLITS[pre]]
+    return splits[0] if len(splits) == 1 else pre_tokenizers.Sequence(splits)
+
+
+# -------------------------------------------------------------------- metadata
+
+def _token_texts(meta: Mapping[str, Any]) -> list[str]:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None or isinstance(tokens, (str, bytes)) or len(tokens) == 0:
+        raise SterError("the GGUF has no tokenizer.ggml.tokens (the vocabulary); it cannot be tokenized")
+    out = []
+    for i, t in enumerate(tokens):
+        if not isinstance(t, str):
+            raise SterError(f"tokenizer.ggml.tokens[{i}] is {type(t).__name__}, not a string; the file is corrupt")
+        # llama.cpp renames empty tokens so that every text maps to one id.
+        out.append(t if t else f"[EMPTY_{i}]")
+    return out
+
+
+def _vocab(tokens: Sequence[str]) -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        first = vocab.setdefault(t, i)
+        if first != i:
+            raise SterError(
+                f"duplicate token in the GGUF vocabulary: {t!r} has ids {first} and {i}; the file is broken "
+                "(llama.cpp refuses it too), re-convert it"
+            )
+    return vocab
+
+
+def _int_array(meta: Mapping[str, Any], key: str, n: int, default: int) -> np.ndarray:
+    value = meta.get(key)
+    if value is None:
+        return np.full(n, default, dtype=np.int64)
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.shape[0] < n or not np.issubdtype(arr.dtype, np.integer):
+        raise SterError(f"{key} must be {n} integers (one per token); got {arr.dtype} of shape {arr.shape}")
+    return arr[:n].astype(np.int64)
+
+
+def _float_array(meta: Mapping[str, Any], key: str, n: int) -> np.ndarray:
+    value = meta.get(key)
+    if value is None:
+        raise SterError(
+            f"this SentencePiece GGUF has no {key}; the merge order comes from the scores, so it cannot be "
+            "tokenized (re-convert the model)"
+        )
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.shape[0] < n or not (np.issubdtype(arr.dtype, np.floating)
+                                                 or np.issubdtype(arr.dtype, np.integer)):
+        raise SterError(f"{key} must be {n} numbers (one per token); got {arr.dtype} of shape {arr.shape}")
+    return arr[:n].astype(np.float64)
+
+
+def _special_ids(meta: Mapping[str, Any], model: str, n: int) -> dict[str, int | None]:
+    # llama.cpp's SentencePiece defaults when a key is absent; BPE files must say.
+    defaults = {"bos": 1, "eos": 2, "unk": 0} if model == "llama" else {}
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
+            "unk": "unknown_token_id", "pad": "padding_token_id"}
+    ids: dict[str, int | None] = {}
+    for name, key in keys.items():
+        value = meta.get(f"tokenizer.ggml.{key}", defaults.get(name))
+        # An id outside the vocabulary is ignored, as llama.cpp does (it warns and disables it).
+        ids[name] = int(value) if value is not None and 0 <= int(value) < n else None
+    return ids
+
+
+def _bos_eos_flags(meta: Mapping[str, Any], model: str, pre: str) -> tuple[bool, bool]:
+    # Scheme defaults from llama.cpp: SentencePiece adds BOS; byte-level BPE only for the
+    # Llama 3 family of pre-tokenizers. The file's flags win, except that llama.cpp
+    # forces BOS on for Gemma 4 (ggml-org/llama.cpp#21500).
+    add_bos = model == "llama" or (model == "gpt2" and pre in _ADDS_BOS_BY_DEFAULT)
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    if model == "gemma4":
+        add_bos = True
+    return add_bos, add_eos
+
+
+def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    raw = meta.get("tokenizer.ggml.merges")
+    if raw is None or isinstance(raw, (str, bytes)):
+        raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
+    merges = []
+    for i, line in enumerate(raw):
+        if not isinstance(line, str):
+            raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt")
+        # llama.cpp splits at the first space after the first character, so a pair may start with a space.
+        cut = line.find(" ", 1)
+        if cut < 0:
+            continue
+        left, right = line[:cut], line[cut + 1:]
+        # A merge that names or makes a token outside the vocabulary can never yield a
+        # token id; tokenizers refuses such a list, so it is dropped.
+        if left in vocab and right in vocab and left + right in vocab:
+            merges.append((left, right))
+    return merges
+
+
+def _strips_after_specials(meta: Mapping[str, Any], model: str) -> bool:
+    # llama.cpp marks special tokens of Phi-3 models (by general.name) as eating the
+    # whitespace that follows them, as their reference tokenizer does.
+    name = str(meta.get("general.name") or "").lower()
+    return model == "llama" and ("phi-3" in name or "phi3" in name)
+
+
+# --------------------------------------------------------------------- schemes
+
+def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str) -> tokenizers.Tokenizer:
+    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _WHOLE_WORD_FIRST))
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [split_pre_tokenizer(pre), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tk.decoder = decoders.ByteLevel()
+    return tk
+
+
+def _escaped_bpe(vocab: dict[str, int], merges: list[tuple[str, str]]) -> tokenizers.Tokenizer:
+    # llama.cpp also takes a newline run that is itself a token without merging
+    # (ggml-org/llama.cpp#21343); Gemma 4's merges build every such run anyway, so the
+    # plain merge gives the same ids (checked against llama.cpp on runs of 1..69).
+    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True))
+    tk.normalizer = normalizers.Replace(" ", SPACE_MARK)
+    tk.pre_tokenizer = split_pre_tokenizer("gemma4")
+    tk.decoder = decoders.Sequence([decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tk
+
+
+def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: np.ndarray, add_space_prefix: bool,
+                       unk: str | None) -> tokenizers.Tokenizer:
+    bpe = models.BPE(vocab=vocab, merges=_merges_from_scores(tokens, scores, vocab), byte_fallback=True,
+                     unk_token=unk)
+    tk = tokenizers.Tokenizer(bpe)
+    # The normalizer runs on each text run between added tokens, so the prefix ▁ lands at
+    # the start and after every special token, as llama.cpp's SPM session does.
+    steps = [normalizers.Prepend(SPACE_MARK)] if add_space_prefix else []
+    tk.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE_MARK)])
+    steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    tk.decoder = decoders.Sequence(steps)
+    return tk
+
+
+def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """SentencePiece BPE as ranked merges: every split of a token into two tokens,
+    ranked by the score of the token it makes (best first).
+
+    llama.cpp's SPM session repeatedly merges the adjacent pair whose concatenation
+    is the best-scored token; with these ranks tokenizers' BPE does the same. Ties
+    (equal scores) are ordered by token id, then by split point.
+    """
+    ranked = []
+    for i, token in enumerate(tokens):
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], i, cut, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, _, left, right in ranked]
+
+
+# ----------------------------------------------------------- special handling
+
+def _add_special_tokens(tk: tokenizers.Tokenizer, tokens: Sequence[str], types: np.ndarray, eog_texts: set[str],
+                        rstrip: bool) -> None:
+    """Control, unknown and user-defined tokens are matched whole in the raw text
+    before the scheme runs (llama.cpp's tokenizer_st_partition). Control and unknown
+    ones are special; the end-of-generation texts are made control as llama.cpp does."""
+    special, plain = [], []
+    for i, kind in enumerate(types.tolist()):
+        text = tokens[i]
+        if kind in (CONTROL, UNKNOWN) or text in eog_texts:
+            # Phi-3's <unk>, <s> and <|endoftext|> keep the whitespace after them (llama.cpp).
+            strip = rstrip and text not in ("<unk>", "<s>", "<|endoftext|>")
+            special.append(AddedToken(text, special=True, normalized=False, rstrip=strip))
+        elif kind == USER_DEFINED:
+            strip = rstrip and text == "</s>"
+            plain.append(AddedToken(text, special=False, normalized=False, rstrip=strip))
+    if special:
+        tk.add_special_tokens(special)
+    if plain:
+        tk.add_tokens(plain)
+
+
+def _post_processor(tokens: Sequence[str], bos: int | None, eos: int | None) -> processors.PostProcessor | None:
+    if bos is None and eos is None:
+        return None
+    # Template pieces name the tokens by an identifier (token texts may hold ':' or spaces,
+    # which the template syntax cannot spell).
+    head = ["BOS"] if bos is not None else []
+    tail = ["EOS"] if eos is not None else []
+    specials = [{"id": name, "ids": [i], "tokens": [tokens[i]]} for name, i in (("BOS", bos), ("EOS", eos))
+                if i is not None]
+    single = head + ["$A"] + tail
+    pair = single + [f"{t}:1" for t in head] + ["$B:1"] + [f"{t}:1" for t in tail]
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
