@@ -1,0 +1,349 @@
+"""LoRA adapters: read Ster's and PEFT's layouts, check them against a model, apply at run time.
+
+LoRA (Hu et al. 2021): a projection W [out, in] gains ``scale * B @ A`` with
+A [rank, in], B [out, rank]; ``scale = alpha / rank``, or ``alpha / sqrt(rank)``
+under rank-stabilised LoRA (rsLoRA, Kalajdzievski 2023; PEFT's ``use_rslora``).
+
+Layouts accepted:
+
+- Ster: ``NAME.lora.safetensors`` with ``layers.{layer}.{target}.a`` [rank, in] and
+  ``layers.{layer}.{target}.b`` [out, rank], and ``NAME.lora.json`` with model,
+  model_revision, rank, alpha, targets, layers, hidden_size (optional ``rslora``).
+  Targets are q, k, v, o, gate, up, down (q_proj ... down_proj are accepted too).
+- PEFT: a directory with ``adapter_config.json`` (peft_type LORA) and
+  ``adapter_model.safetensors`` whose keys are
+  ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight`` (PEFT's
+  ``get_peft_model_state_dict`` naming), plain LoRA or rsLoRA. Other PEFT methods
+  and LoRA variants that change the math (DoRA, trained biases, PiSSA-style
+  initialisations that rewrite the base, per-module rank patterns, ...) are
+  refused by name.
+
+Run-time application wraps the decoder's projections (``layer.q`` ... ``layer.down``)
+with :class:`LoraLinear`; the decoder itself is unchanged.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .artifacts import KIND_WORDS, check_model, read_json, sniff
+from .errors import SterError
+
+TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+ALIASES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
+           "up_proj": "up", "down_proj": "down", **{t: t for t in TARGETS}}
+PEFT_WEIGHTS = ("adapter_model.safetensors",)
+# LoraConfig fields whose non-default value changes what the adapter computes.
+PEFT_UNSUPPORTED = {
+    "use_dora": "DoRA (use_dora)", "lora_bias": "LoRA biases (lora_bias)", "fan_in_fan_out": "fan_in_fan_out",
+    "modules_to_save": "modules_to_save (fully trained modules)", "rank_pattern": "per-module rank_pattern",
+    "alpha_pattern": "per-module alpha_pattern", "layer_replication": "layer_replication",
+    "trainable_token_indices": "trainable_token_indices", "target_parameters": "target_parameters",
+    "use_qalora": "QALoRA (use_qalora)", "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+    "use_bdlora": "use_bdlora", "arrow_config": "Arrow routing (arrow_config)", "kasa_config": "kasa_config",
+    "velora_config": "velora_config", "monteclora_config": "MonteCLoRA (monteclora_config)",
+    "megatron_config": "megatron_config",
+}
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter in memory.
+
+    ``factors[(layer, target)] = (A float32 [rank, in], B float32 [out, rank])``; the
+    delta of that projection is ``scale * B @ A``.
+    """
+
+    path: Path
+    layout: str  # "ster" | "peft"
+    model: str | None
+    model_revision: str | None
+    rank: int
+    alpha: float
+    rslora: bool
+    hidden_size: int | None
+    factors: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / math.sqrt(self.rank) if self.rslora else self.alpha / self.rank
+
+    @property
+    def targets(self) -> list[str]:
+        return [t for t in TARGETS if any(k[1] == t for k in self.factors)]
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({k[0] for k in self.factors})
+
+    def delta(self, layer: int, target: str) -> np.ndarray:
+        """float32 [out, in]: scale * B @ A, accumulated in float32."""
+        a, b = self.factors[(layer, target)]
+        return (b @ a) * np.float32(self.scale)
+
+
+def _locate(path: Path) -> tuple[str, Path, Path]:
+    """(layout, JSON file, weights file) for an adapter given as a file, a NAME prefix or a directory."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "adapter_config.json").is_file():
+            return "peft", p / "adapter_config.json", p / PEFT_WEIGHTS[0]
+        loras = sorted(p.glob("*.lora.json"))
+        if len(loras) == 1:
+            return "ster", loras[0], loras[0].with_name(loras[0].name[: -len(".json")] + ".safetensors")
+        raise SterError(f"--adapter {p} is a directory without adapter_config.json (PEFT) or one NAME.lora.json "
+                        "(Ster); pass the adapter directory or its .lora.json file")
+    name = p.name
+    if ".reward." in name:
+        raise SterError(f"--adapter {p} is {KIND_WORDS['reward']}; only LoRA adapters can be applied or merged")
+    if name == "adapter_config.json":
+        return "peft", p, p.with_name(PEFT_WEIGHTS[0])
+    if name == "adapter_model.safetensors":
+        return "peft", p.with_name("adapter_config.json"), p
+    if name.endswith(".lora.json"):
+        return "ster", p, p.with_name(name[: -len(".json")] + ".safetensors")
+    if name.endswith(".lora.safetensors"):
+        return "ster", p.with_name(name[: -len(".safetensors")] + ".json"), p
+    if not p.exists() and Path(str(p) + ".lora.json").is_file():
+        return "ster", Path(str(p) + ".lora.json"), Path(str(p) + ".lora.safetensors")
+    if p.suffix == ".json" and p.is_file():
+        return "json", p, p  # sniffed below: say what it is rather than "not an adapter"
+    if not p.exists():
+        raise SterError(f"--adapter {p} does not exist")
+    raise SterError(f"--adapter {p} is not a LoRA adapter: expected NAME.lora.json / NAME.lora.safetensors "
+                    "(Ster) or a directory with adapter_config.json (PEFT)")
+
+
+def _load_tensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise SterError(f"adapter weights {path} are missing")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise SterError(f"adapter weights {path} are not a readable safetensors file: {e}") from None
+
+
+def _check_factor(path: Path, where: str, a: np.ndarray, b: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
+        raise SterError(f"adapter {path}: {where} has factors A {list(a.shape)} and B {list(b.shape)}; "
+                        f"expected A [rank={rank}, in] and B [out, rank={rank}]")
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise SterError(f"adapter {path}: {where} holds non-finite values (NaN or infinity)")
+    return a, b
+
+
+def _read_ster(side: Path, weights: Path) -> LoraAdapter:
+    doc = read_json(side, "adapter sidecar")
+    for key in ("rank", "alpha", "targets", "layers", "hidden_size"):
+        if key not in doc:
+            raise SterError(f"adapter sidecar {side} lacks the field {key!r}")
+    rank, alpha = doc["rank"], doc["alpha"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise SterError(f"adapter sidecar {side}: rank must be a positive integer, got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise SterError(f"adapter sidecar {side}: alpha must be a finite number, got {alpha!r}")
+    targets = []
+    for t in doc["targets"]:
+        if t not in ALIASES:
+            raise SterError(f"adapter sidecar {side}: target {t!r} is not one of {', '.join(TARGETS)}")
+        targets.append(ALIASES[t])
+    tensors = _load_tensors(weights)
+    ad = LoraAdapter(side, "ster", doc.get("model"), doc.get("model_revision"), rank, float(alpha),
+                     bool(doc.get("rslora", False)), doc["hidden_size"])
+    pattern = re.compile(r"layers\.(\d+)\.([a-z_]+)\.(a|b)")
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for name, t in tensors.items():
+        m = pattern.fullmatch(name)
+        if not m or m.group(2) not in ALIASES:
+            raise SterError(f"adapter {weights}: tensor {name!r} is not layers.{{layer}}.{{target}}.a or .b")
+        pairs.setdefault((int(m.group(1)), ALIASES[m.group(2)]), {})[m.group(3)] = t
+    for (layer, target), ab in sorted(pairs.items()):
+        if set(ab) != {"a", "b"}:
+            raise SterError(f"adapter {weights}: layers.{layer}.{target} has only its .{next(iter(ab))} factor")
+        if target not in targets or layer not in doc["layers"]:
+            raise SterError(f"adapter {weights}: layers.{layer}.{target} is not among the sidecar's targets "
+                            f"{doc['targets']} and layers {doc['layers']}")
+        ad.factors[(layer, target)] = _check_factor(weights, f"layers.{layer}.{target}", ab["a"], ab["b"], rank)
+    if not ad.factors:
+        raise SterError(f"adapter {weights} holds no LoRA factors")
+    return ad
+
+
+def _peft_module_regexes(names: Mapping[str, str]) -> list[tuple[re.Pattern, str]]:
+    """Regexes matching a module path (Hugging Face names) to (layer, target)."""
+    out = []
+    for target in TARGETS:
+        template = names.get(target)
+        if not template:
+            continue
+        rx = re.escape(template).replace(re.escape("{i}"), r"(\d+)")
+        # PEFT wraps the task model (…ForCausalLM) or the bare base model; accept both roots.
+        out.append((re.compile(rf"(?:base_model\.model\.)?(?:{rx}|{rx.split(r'\.', 1)[1]})"), target))
+    return out
+
+
+def _read_peft(config_path: Path, weights: Path, names: Mapping[str, str]) -> LoraAdapter:
+    cfg = read_json(config_path, "PEFT adapter config")
+    ptype = str(cfg.get("peft_type", "")).upper()
+    if ptype != "LORA":
+        raise SterError(f"PEFT adapter {config_path} is {ptype or 'of no peft_type'}; ster applies and merges "
+                        "plain LoRA and rsLoRA adapters only")
+    for key, what in PEFT_UNSUPPORTED.items():
+        if cfg.get(key) not in (None, False, {}, [], "none"):
+            raise SterError(f"PEFT adapter {config_path} uses {what}, which ster does not support; "
+                            "plain LoRA and rsLoRA are supported")
+    if cfg.get("bias", "none") != "none":
+        raise SterError(f"PEFT adapter {config_path} trains biases (bias={cfg['bias']!r}), which ster does not "
+                        "support; plain LoRA and rsLoRA are supported")
+    init = cfg.get("init_lora_weights", True)
+    if isinstance(init, str) and init != "gaussian":
+        raise SterError(f"PEFT adapter {config_path} was initialised with {init!r}, which rewrites the base "
+                        "weights; convert it to a plain LoRA with PEFT first")
+    for key in ("loftq_config", "eva_config", "corda_config", "lora_ga_config"):
+        if cfg.get(key):
+            raise SterError(f"PEFT adapter {config_path} uses {key}, which ster does not support")
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise SterError(f"PEFT adapter {config_path}: r must be a positive integer, got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise SterError(f"PEFT adapter {config_path}: lora_alpha must be a number, got {alpha!r}")
+    tensors = _load_tensors(weights)
+    ad = LoraAdapter(config_path, "peft", cfg.get("base_model_name_or_path"), cfg.get("revision"), rank,
+                     float(alpha), bool(cfg.get("use_rslora", False)), None)
+    regexes = _peft_module_regexes(names)
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    suffix = re.compile(r"(.+)\.lora_([AB])(?:\.[A-Za-z0-9_]+)?\.weight")
+    for name, t in tensors.items():
+        m = suffix.fullmatch(name)
+        if not m:
+            raise SterError(f"PEFT adapter {weights}: tensor {name!r} is not a LoRA factor "
+                            "(lora_A / lora_B); only plain LoRA on linear projections is supported")
+        module = m.group(1)
+        for rx, target in regexes:
+            mm = rx.fullmatch(module)
+            if mm:
+                layer = int(next(g for g in mm.groups() if g is not None))
+                pairs.setdefault((layer, target), {})[m.group(2)] = t
+                break
+        else:
+            raise SterError(f"PEFT adapter {weights}: module {module!r} is not a projection ster can adapt "
+                            f"(targets: {', '.join(names.get(t, t) for t in TARGETS)})")
+    for (layer, target), ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise SterError(f"PEFT adapter {weights}: layer {layer} {target} has only its lora_{next(iter(ab))}")
+        ad.factors[(layer, target)] = _check_factor(weights, f"layer {layer} {target}", ab["A"], ab["B"], rank)
+    if not ad.factors:
+        raise SterError(f"PEFT adapter {weights} holds no LoRA factors")
+    return ad
+
+
+def read_adapter(path: str | Path, names: Mapping[str, str]) -> LoraAdapter:
+    """Read a LoRA adapter in Ster's or PEFT's layout.
+
+    Args:
+        path: NAME.lora.json, NAME.lora.safetensors, NAME (prefix), a directory holding
+            one of these, a PEFT adapter directory, or its adapter_config.json.
+        names: the model family's Hugging Face tensor-name templates (``FamilySpec.names``),
+            used to map PEFT module paths to (layer, target).
+
+    Raises:
+        SterError (naming the path): a steering vector, capture or reward artifact instead of
+            an adapter; an unsupported PEFT method or option; missing or malformed factors;
+            non-finite values.
+    """
+    layout, side, weights = _locate(Path(path))
+    doc = read_json(side, "adapter file")
+    kind = sniff(doc, side)
+    if layout == "json" or kind in ("steering", "capture", "reward", "unknown"):
+        raise SterError(f"--adapter {side} is {KIND_WORDS[kind]}, not a LoRA adapter")
+    if layout == "peft":
+        return _read_peft(side, weights, names)
+    return _read_ster(side, weights)
+
+
+def projection_shapes(spec) -> dict[str, tuple[int, int]]:
+    """target -> (out, in) of that projection for a ``ModelSpec``."""
+    d, f = spec.hidden_size, spec.intermediate_size
+    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
+    return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "gate": (f, d), "up": (f, d), "down": (d, f)}
+
+
+def check_adapter_for(ad: LoraAdapter, resolved, spec, *, has_gate: bool = True) -> None:
+    """Refuse ``ad`` for a model it does not fit.
+
+    Raises:
+        SterError (naming the path): made for another model or revision; another hidden width;
+            a layer the model lacks; a gate target on a model without a gated feed-forward; a
+            factor whose shape does not fit the projection.
+    """
+    check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
+        raise SterError(f"adapter {ad.path} was made for hidden_size {ad.hidden_size}, but this model's is "
+                        f"{spec.hidden_size}")
+    shapes = projection_shapes(spec)
+    n = spec.num_hidden_layers
+    for (layer, target), (a, b) in sorted(ad.factors.items()):
+        if layer >= n:
+            raise SterError(f"adapter {ad.path} adapts layer {layer}, but this model has layers 0..{n - 1}")
+        if target == "gate" and not has_gate:
+            raise SterError(f"adapter {ad.path} targets gate, but this {spec.model_type} model's feed-forward "
+                            "has no gate projection")
+        out, inp = shapes[target]
+        if a.shape[1] != inp or b.shape[0] != out:
+            raise SterError(f"adapter {ad.path}: layer {layer} {target} maps {a.shape[1]} -> {b.shape[0]}, but the "
+                            f"model's {target} projection maps {inp} -> {out} (hidden_size {spec.hidden_size}); "
+                            "the adapter was made for another model width")
+
+
+class LoraLinear:
+    """``base(x) + scale * (x @ A^T) @ B^T``: a frozen LoRA around any projection callable.
+
+    x float32 [T, in] -> float32 [T, out]. Computing through the rank keeps the
+    cost at rank * (in + out) per row instead of materialising B @ A.
+    """
+
+    def __init__(self, base, a: np.ndarray, b: np.ndarray, scale: float):
+        self.base, self.a_t, self.b_t = base, np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)
+        self.scale = np.float32(scale)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.base(x) + ((x @ self.a_t) @ self.b_t) * self.scale
+
+    def __getattr__(self, name):  # expose the wrapped projection's attributes (weight, shapes)
+        if name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def family_names(spec) -> Mapping[str, str]:
+    """The Hugging Face tensor-name templates of ``spec``'s family (also for a GGUF-loaded model)."""
+    from .families import FAMILIES
+
+    return FAMILIES[spec.model_type].names
+
+
+def load_adapter_for(path: str | Path, loaded) -> LoraAdapter:
+    """Read the adapter at ``path`` and check it fits ``loaded`` (see :func:`check_adapter_for`)."""
+    ad = read_adapter(path, family_names(loaded.spec))
+    has_gate = all(layer.gate is not None for layer in loaded.decoder.layers)
+    check_adapter_for(ad, loaded.resolved, loaded.spec, has_gate=has_gate)
+    return ad
+
+
+def apply_adapter(loaded, ad: LoraAdapter) -> None:
+    """Wrap ``loaded.decoder``'s projections so every forward pass adds the adapter's delta.
+
+    Call :func:`load_adapter_for` first (it checks the fit). Applying twice stacks.
+    """
+    for (layer, target), (a, b) in ad.factors.items():
+        obj = loaded.decoder.layers[layer]
+        setattr(obj, target, LoraLinear(getattr(obj, target), a, b, ad.scale))

@@ -1,0 +1,226 @@
+"""Files ster writes and reads beside models: atomic writes, a streaming safetensors
+writer, artifact sniffing and the "made for this model?" check.
+
+Shared by capture, steering, adapters and tune merge so that every artifact is
+written the same way (temporary name, then one rename: a failure leaves nothing
+half-written) and every refusal names the path and the mismatch.
+
+Safetensors layout (huggingface/safetensors, docs "Format"): an 8-byte
+little-endian header length, a JSON header ``{name: {dtype, shape,
+data_offsets: [begin, end]}, "__metadata__": {str: str}}`` padded with spaces to
+a multiple of 8 bytes, then the tensors' bytes, C order, little-endian.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from .errors import SterError
+
+# numpy dtype -> safetensors dtype string.
+ST_DTYPES: dict[np.dtype, str] = {
+    np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+    np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
+    np.dtype(np.int16): "I16", np.dtype(np.int8): "I8", np.dtype(np.uint64): "U64",
+    np.dtype(np.uint32): "U32", np.dtype(np.uint16): "U16", np.dtype(np.uint8): "U8",
+    np.dtype(np.bool_): "BOOL", np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
+    np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
+}
+
+
+def st_dtype(dtype) -> str:
+    """numpy dtype -> safetensors dtype name. Raises SterError for a dtype safetensors lacks."""
+    try:
+        return ST_DTYPES[np.dtype(dtype)]
+    except KeyError:
+        raise SterError(f"dtype {np.dtype(dtype)} cannot be stored in safetensors") from None
+
+
+def safetensors_header(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]],
+                       metadata: Mapping[str, str] | None = None) -> tuple[bytes, list[int]]:
+    """The header bytes (length prefix included) for tensors given as (name, dtype, shape),
+    and each tensor's byte size, in the given order."""
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    sizes, offset = [], 0
+    for name, dtype, shape in specs:
+        if name in header:
+            raise SterError(f"tensor name {name!r} appears twice in one safetensors file")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": st_dtype(dtype), "shape": [int(s) for s in shape],
+                        "data_offsets": [offset, offset + size]}
+        sizes.append(size)
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, sizes
+
+
+def write_safetensors(path: Path, specs: list[tuple[str, np.dtype, tuple[int, ...]]], arrays: Iterable[np.ndarray],
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """Write a safetensors file tensor by tensor (only one array in memory at a time).
+
+    Args:
+        path: destination (written in place; callers write into a temporary location).
+        specs: (name, dtype, shape) for every tensor, in file order.
+        arrays: the tensors in the same order (a generator is fine); each must match its spec.
+        metadata: optional string map stored as ``__metadata__``.
+
+    Raises:
+        SterError: an array whose dtype or shape differs from its spec, or too few arrays.
+    """
+    head, sizes = safetensors_header(specs, metadata)
+    it = iter(arrays)
+    with open(path, "wb") as f:
+        f.write(head)
+        for (name, dtype, shape), size in zip(specs, sizes):
+            a = next(it, None)
+            if a is None:
+                raise SterError(f"internal: no data for tensor {name!r}")
+            if a.dtype != np.dtype(dtype) or tuple(a.shape) != tuple(shape):
+                raise SterError(f"internal: tensor {name!r} is {a.dtype}{list(a.shape)}, "
+                                f"expected {np.dtype(dtype)}{list(shape)}")
+            np.ascontiguousarray(a).reshape(-1).view(np.uint8).tofile(f)  # x86/arm hosts are little-endian
+
+
+@contextmanager
+def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
+    """Yield temporary paths beside ``paths``; on success rename each onto its target.
+
+    On any exception the temporaries are removed and nothing at ``paths`` changes,
+    so a failed run leaves no partial file.
+    """
+    temps = []
+    try:
+        for p in paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+            os.close(fd)
+            temps.append(Path(tmp))
+        yield temps
+        for tmp, p in zip(temps, paths):
+            os.replace(tmp, p)
+    finally:
+        for tmp in temps:
+            if tmp.exists():
+                tmp.unlink()
+
+
+@contextmanager
+def atomic_directory(target: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``target``; rename it to ``target`` on success.
+
+    Raises:
+        SterError: ``target`` already exists (nothing is overwritten).
+    """
+    target = Path(target)
+    if target.exists():
+        raise SterError(f"{target} already exists; choose a new --output directory or remove it first")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            raise SterError(f"{target} appeared while writing; nothing was overwritten")
+        os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_json(path: Path, what: str) -> dict:
+    """Parse a JSON object from ``path``; SterError naming ``what`` and the path otherwise."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SterError(f"{what} {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SterError(f"{what} {path} is not readable JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SterError(f"{what} {path} is not a JSON object")
+    return doc
+
+
+STEERING_FORMAT = "ster.steering"
+CAPTURE_FORMAT = "ster.capture"
+LORA_FORMAT = "ster.lora"
+
+
+def sniff(doc: Mapping, path: Path) -> str:
+    """Which kind of artifact a parsed JSON document is.
+
+    Returns one of "steering", "capture", "lora" (Ster's adapter sidecar), "peft"
+    (PEFT's adapter_config.json), "reward" or "unknown". Used to refuse an artifact
+    passed to the wrong flag with a message that says which flag it belongs to.
+    """
+    fmt = str(doc.get("format", ""))
+    name = Path(path).name
+    if "reward" in fmt or "reward" in str(doc.get("kind", "")) or ".reward." in name or "reward_head" in doc:
+        return "reward"
+    if fmt == STEERING_FORMAT or ("directions" in doc and "method" in doc):
+        return "steering"
+    if fmt == CAPTURE_FORMAT:
+        return "capture"
+    if "peft_type" in doc:
+        return "peft"
+    if fmt == LORA_FORMAT or name.endswith(".lora.json") or {"rank", "alpha", "targets"} <= set(doc):
+        return "lora"
+    return "unknown"
+
+
+KIND_WORDS = {
+    "steering": "a steering vector (pass it with --vector)",
+    "capture": "a capture sidecar (build a vector from it with `ster vector caa`)",
+    "lora": "a LoRA adapter sidecar (pass it with --adapter)",
+    "peft": "a PEFT adapter config (pass its directory with --adapter)",
+    "reward": "a reward artifact (a scoring head, not a LoRA adapter or a steering vector)",
+    "unknown": "not a ster artifact",
+}
+
+
+def _as_path(s: str) -> Path | None:
+    p = Path(s).expanduser()
+    return p.resolve() if p.exists() else None
+
+
+def check_model(path: Path, what: str, claimed: str | None, claimed_revision: str | None, resolved) -> None:
+    """Refuse an artifact made for another model.
+
+    The artifact's ``model`` matches when it is the same string as the loaded
+    ``--model``, or both name the same existing file or directory. When both sides
+    carry a revision, they must be equal.
+
+    Args:
+        path: the artifact (named in the message).
+        what: "steering vector", "adapter", ...
+        claimed, claimed_revision: the model and model_revision the artifact records.
+        resolved: the loaded model's ``Resolved``.
+
+    Raises:
+        SterError: a different model or revision, naming both.
+    """
+    if claimed is None:
+        return
+    same = claimed == resolved.model
+    if not same:
+        mine = {p for p in (_as_path(resolved.model), Path(resolved.root).resolve(),
+                            Path(resolved.gguf_file).resolve() if resolved.gguf_file else None) if p is not None}
+        theirs = _as_path(claimed)
+        same = theirs is not None and theirs in mine
+    if not same:
+        raise SterError(f"{what} {path} was made for model {claimed!r}, but this run loads {resolved.model!r}; "
+                        f"use it with {claimed!r} or make a new one for this model")
+    rev = resolved.model_revision
+    if claimed_revision is not None and rev is not None and claimed_revision != rev:
+        raise SterError(f"{what} {path} was made for {claimed!r} at revision {claimed_revision}, but this run "
+                        f"loads revision {rev}; pass --revision {claimed_revision} or make a new one")

@@ -1,0 +1,258 @@
+"""Capture the residual stream after chosen decoder layers, for every prompt.
+
+Layer numbering: layer ``i`` (0-based) is the residual stream right after decoder
+layer ``i`` runs, before the next layer (and, for the last layer, before the final
+norm). It equals Transformers' ``output_hidden_states[i + 1]`` for every layer but
+the last, whose Transformers entry has the final norm applied. The embedding
+output is not a layer. Steering adds its vector at the same place, so a capture
+and a steering vector name layers the same way.
+
+File layout (written atomically): ``NAME.safetensors`` holds float32 tensors
+
+- position ``last`` or ``mean``: ``layers.{i}`` [n_prompts, hidden_size]
+- position ``all``: ``layers.{i}.prompt.{p}`` [prompt p's tokens, hidden_size]
+
+and ``NAME.json`` (the sidecar, also stored in the safetensors ``__metadata__``
+under ``ster``) records model, model_revision, precision, hidden_size, layers,
+position rule, chat template mode, and each prompt's text and token ids.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .artifacts import CAPTURE_FORMAT, atomic_outputs, read_json, sniff, write_safetensors
+from .errors import SterError
+from .prompt import Prompt, encode_prompt
+
+POSITIONS = ("last", "mean", "all")
+LAYER_HELP = ("Layer i (0-based) is the residual stream after decoder layer i, before the next layer; "
+              "0 is the output of the first decoder layer (not the embeddings) and the last layer is taken "
+              "before the final norm. Layer i equals transformers' hidden_states[i + 1] (except the last, "
+              "which transformers returns after the final norm).")
+SCHEMA_VERSION = 1
+
+Progress = Callable[[str, int, "int | None"], None]
+
+
+def parse_layers(text: str, num_layers: int) -> list[int]:
+    """Parse a layer selection: ``all``, ``N``, ``a..b`` (inclusive) or ``a,b,c``.
+
+    Returns sorted unique 0-based layer indices.
+
+    Raises:
+        SterError: malformed text, or an index outside 0..num_layers-1.
+    """
+    t = str(text).strip()
+    try:
+        if t == "all":
+            out = list(range(num_layers))
+        elif ".." in t:
+            a, b = t.split("..", 1)
+            lo, hi = int(a), int(b)
+            if lo > hi:
+                raise SterError(f"--layers {t}: the range is empty ({lo} > {hi}); write low..high")
+            out = list(range(lo, hi + 1))
+        else:
+            out = [int(x) for x in t.split(",") if x.strip() != ""]
+    except ValueError:
+        raise SterError(f"--layers {t!r} is not understood; use all, N, a..b (inclusive) or a,b,c") from None
+    if not out:
+        raise SterError(f"--layers {t!r} selects no layer")
+    bad = [i for i in out if not 0 <= i < num_layers]
+    if bad:
+        raise SterError(f"--layers {t}: layer {bad[0]} does not exist; this model has layers 0..{num_layers - 1}")
+    return sorted(set(out))
+
+
+def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[str]:
+    """The prompts of a run: ``--prompt`` alone, or ``--prompts FILE``.
+
+    FILE is a text file with one prompt per line (blank lines skipped), or, when it
+    ends in .jsonl, one JSON string or ``{"prompt": ...}`` object per line.
+
+    Raises:
+        SterError: both or neither given, an unreadable file, or no prompt in it.
+    """
+    if (prompt is None) == (prompts_file is None):
+        raise SterError("give exactly one of --prompt TEXT or --prompts FILE")
+    if prompt is not None:
+        return [prompt]
+    path = Path(prompts_file)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise SterError(f"cannot read --prompts {path}: {e.strerror or e}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SterError(f"{path} line {n} is not JSON: {e}") from None
+            item = item.get("prompt") if isinstance(item, dict) else item
+            if not isinstance(item, str):
+                raise SterError(f"{path} line {n}: expected a string or an object with a \"prompt\" string")
+            out.append(item)
+        else:
+            out.append(line)
+    if not out:
+        raise SterError(f"--prompts {path} holds no prompt")
+    return out
+
+
+@dataclass
+class Capture:
+    """Captured states. ``states[layer]`` is float32 [n_prompts, hidden] (last/mean) or a list
+    of float32 [T_p, hidden] arrays (all). ``meta`` is the sidecar document."""
+
+    meta: dict
+    states: dict[int, np.ndarray | list[np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.meta["layers"])
+
+    def rows(self, layer: int) -> np.ndarray:
+        """float32 [N, hidden]: one row per prompt (last/mean) or per token of every prompt (all)."""
+        s = self.states[layer]
+        return np.concatenate(s, axis=0) if isinstance(s, list) else s
+
+
+def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str = "last", *,
+            chat_template: str = "auto", system: str | None = None,
+            progress: Progress | None = None) -> Capture:
+    """Run each prompt through ``loaded.decoder`` and keep the residual stream at ``layers``.
+
+    Args:
+        loaded: a ``LoadedModel``.
+        prompts: user texts; each is encoded as ``generate`` would (``encode_prompt``).
+        layers: 0-based layer indices (see the module docstring for the numbering).
+        position: "last" (the last prompt token, where generation starts), "mean" (the
+            mean over every prompt token, template tokens included) or "all".
+        chat_template: "auto" or "off", as for generate.
+        progress: optional ``progress("capture", done, total)`` callback.
+
+    Raises:
+        SterError: an unknown position rule, a layer out of range, or a prompt error.
+    """
+    if position not in POSITIONS:
+        raise SterError(f"--position must be one of {', '.join(POSITIONS)}, got {position!r}")
+    n_layers = loaded.spec.num_hidden_layers
+    for i in layers:
+        if not 0 <= i < n_layers:
+            raise SterError(f"layer {i} does not exist; this model has layers 0..{n_layers - 1}")
+    encoded: list[Prompt] = [encode_prompt(loaded.tokenizer, p, system=system, chat_template=chat_template)
+                             for p in prompts]
+    per_layer: dict[int, list[np.ndarray]] = {i: [] for i in layers}
+    for n, p in enumerate(encoded):
+        if not p.ids:
+            raise SterError(f"prompt {n} encodes to no tokens; give a non-empty prompt")
+        hidden: list[np.ndarray] = []
+        loaded.decoder.forward(p.ids, hidden_states=hidden, last_only=True)
+        for i in layers:
+            h = hidden[i + 1]  # hidden[0] is the embedding output
+            if position == "last":
+                h = h[-1]
+            elif position == "mean":
+                h = h.astype(np.float64).mean(axis=0).astype(np.float32)
+            per_layer[i].append(np.ascontiguousarray(h, dtype=np.float32))
+        if progress:
+            progress("capture", n + 1, len(encoded))
+    states = {i: (v if position == "all" else np.stack(v)) for i, v in per_layer.items()}
+    modes = {p.chat_template for p in encoded}
+    meta = {
+        "format": CAPTURE_FORMAT, "schema_version": SCHEMA_VERSION,
+        "model": loaded.resolved.model, "model_revision": loaded.model_revision,
+        "model_type": loaded.spec.model_type, "precision": loaded.precision,
+        "hidden_size": loaded.spec.hidden_size, "num_hidden_layers": n_layers,
+        "layers": list(layers), "layer_numbering": LAYER_HELP, "position": position,
+        "chat_template": modes.pop() if len(modes) == 1 else "mixed",
+        "prompts": [{"text": t, "token_ids": p.ids, "chat_template": p.chat_template}
+                    for t, p in zip(prompts, encoded)],
+    }
+    return Capture(meta, states)
+
+
+def _tensor_names(meta: dict) -> list[tuple[str, int, int | None]]:
+    """(tensor name, layer, prompt index or None) in file order."""
+    if meta["position"] == "all":
+        return [(f"layers.{i}.prompt.{p}", i, p) for i in meta["layers"] for p in range(len(meta["prompts"]))]
+    return [(f"layers.{i}", i, None) for i in meta["layers"]]
+
+
+def sidecar_path(path: Path) -> Path:
+    """NAME.safetensors -> NAME.json (any other name: the name + .json)."""
+    path = Path(path)
+    return path.with_suffix(".json") if path.suffix == ".safetensors" else path.with_name(path.name + ".json")
+
+
+def save_capture(cap: Capture, path: str | Path) -> list[Path]:
+    """Write ``cap`` as ``path`` (safetensors) and its JSON sidecar, atomically.
+
+    Returns the two paths written. Raises SterError if ``path`` ends in .json.
+    """
+    path = Path(path)
+    if path.suffix == ".json":
+        raise SterError(f"--output {path}: give the .safetensors name; the JSON sidecar is written beside it")
+    side = sidecar_path(path)
+    names = _tensor_names(cap.meta)
+    arrays = [cap.states[i][p] if p is not None else cap.states[i] for _, i, p in names]
+    specs = [(n, np.dtype(np.float32), a.shape) for (n, _, _), a in zip(names, arrays)]
+    text = json.dumps(cap.meta, ensure_ascii=False, indent=1)
+    with atomic_outputs(path, side) as (tmp_tensors, tmp_side):
+        write_safetensors(tmp_tensors, specs, arrays, metadata={"ster": json.dumps(cap.meta, ensure_ascii=False)})
+        tmp_side.write_text(text + "\n", encoding="utf-8")
+    return [path, side]
+
+
+def load_capture(path: str | Path) -> Capture:
+    """Read a capture written by :func:`save_capture` (give the .safetensors or the .json).
+
+    Raises:
+        SterError: missing files, another kind of artifact, an unknown schema version, or
+            tensors that disagree with the sidecar.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.suffix == ".json":
+        side, path = path, path.with_suffix(".safetensors")
+    else:
+        side = sidecar_path(path)
+    meta = read_json(side, "capture sidecar")
+    kind = sniff(meta, side)
+    if kind != "capture":
+        from .artifacts import KIND_WORDS
+
+        raise SterError(f"{side} is {KIND_WORDS[kind]}, not a capture written by `ster capture`")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise SterError(f"capture {side} has schema_version {meta.get('schema_version')!r}; "
+                        f"this ster reads version {SCHEMA_VERSION}")
+    if not path.is_file():
+        raise SterError(f"capture tensors {path} are missing (the sidecar {side} is there)")
+    cap = Capture(meta)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for name, i, p in _tensor_names(meta):
+                if name not in f.keys():
+                    raise SterError(f"capture {path} lacks tensor {name!r} that its sidecar lists")
+                t = f.get_tensor(name).astype(np.float32, copy=False)
+                if t.shape[-1] != meta["hidden_size"]:
+                    raise SterError(f"capture {path}: {name} is {t.shape[-1]} wide, the sidecar says "
+                                    f"hidden_size {meta['hidden_size']}")
+                if p is None:
+                    cap.states[i] = t
+                else:
+                    cap.states.setdefault(i, []).append(t)
+    except SterError:
+        raise
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise SterError(f"capture {path} is not a readable safetensors file: {e}") from None
+    return cap

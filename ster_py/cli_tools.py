@@ -1,0 +1,171 @@
+"""CLI commands beside generate: parity, capture, vector caa, tune merge.
+
+Registered on ``ster_py.cli.app`` when cli.py imports this module (at its end).
+Thin like the rest of the CLI: parse, call the library, render with rich.
+"""
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from .capture import LAYER_HELP
+from .cli import MODEL_HELP, ChatTemplate, Precision, _check_device, _model_or_default, app, err, out, progress_bar
+
+vector_app = typer.Typer(help="Build steering vectors (use them with `ster generate --vector`).",
+                         no_args_is_help=True)
+tune_app = typer.Typer(help="Adapt model weights.", no_args_is_help=True)
+app.add_typer(vector_app, name="vector")
+app.add_typer(tune_app, name="tune")
+
+
+class Reference(str, Enum):
+    transformers = "transformers"
+    llamacpp = "llama.cpp"
+
+
+class Position(str, Enum):
+    last = "last"
+    mean = "mean"
+    all = "all"
+
+
+PROMPTS_HELP = "A file of prompts: one per line, or one JSON string / {\"prompt\": ...} per line for .jsonl."
+
+
+@app.command()
+def parity(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt (default: two built-in ones)."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    precision: Precision = typer.Option(Precision.f32, help="Our stored weight dtype; the reference runs in f32."),
+    reference: Reference = typer.Option(Reference.transformers, help="transformers (same directory, or the same "
+                                        "GGUF via gguf_file=) or llama.cpp (llama-cpp-python on the GGUF)."),
+    tolerance: float = typer.Option(1e-4, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; "
+                                    "also the threshold for the first divergent layer."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Compare our forward pass with a reference implementation on the same token ids.
+
+    Exits with status 1 when any prompt's relative logit error is above --tolerance.
+    """
+    from rich.table import Table
+
+    from .capture import read_prompts
+    from .load import load_model
+    from .parity import DEFAULT_PROMPTS, run_parity
+
+    texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
+    with progress_bar() as progress:
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        report = run_parity(loaded, texts, reference=reference.value, tolerance=tolerance, progress=progress)
+    if as_json:
+        print(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+    else:
+        table = Table("prompt", "tokens", "rel. error", "max abs", "mean cos", "top-1", "first divergent layer",
+                      "result", title=f"ster vs {report.reference} ({report.precision}, tolerance {tolerance:g})")
+        for p in report.prompts:
+            short = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
+            first = "-" if p.layers is None else ("none" if p.first_divergent_layer is None
+                                                  else str(p.first_divergent_layer))
+            table.add_row(escape(short.replace("\n", "\\n")), str(len(p.ids)), f"{p.rel_error:.2e}",
+                          f"{p.max_abs_error:.2e}", f"{p.mean_cosine:.6f}", f"{p.top1_agreement:.0%}", first,
+                          "[green]pass[/]" if p.passed else "[red]FAIL[/]")
+        out.print(table)
+        for p in report.prompts:
+            if p.layers and p.first_divergent_layer is not None:
+                errs = ", ".join(f"{e.layer}: {e.rel_error:.1e}" for e in p.layers)
+                out.print(f"[dim]per-layer relative error ({escape(p.prompt[:30])}...): {errs}[/]")
+    if not report.passed:
+        worst = max(report.prompts, key=lambda p: p.rel_error)
+        where = "" if worst.first_divergent_layer is None else f"; first divergent layer {worst.first_divergent_layer}"
+        err.print(f"[bold red]parity failed:[/] relative logit error {worst.rel_error:.3e} > tolerance "
+                  f"{tolerance:g}{where}", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def capture(
+    output: Path = typer.Option(..., "--output", "-o", help="The .safetensors file to write; its JSON sidecar "
+                                "(same name, .json) is written beside it."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
+    layers: str = typer.Option("all", help="all | N | a..b (inclusive) | a,b,c. " + LAYER_HELP),
+    position: Position = typer.Option(Position.last, help="last: the last prompt token; mean: the mean over all "
+                                      "prompt tokens; all: every token."),
+    chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: wrap each prompt in the model's "
+                                               "chat template when it has one; off: raw text."),
+    system: Optional[str] = typer.Option(None, help="System prompt (needs a chat template)."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    device: str = typer.Option("cpu", help="Only cpu is available."),
+) -> None:
+    """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar)."""
+    from .capture import capture as run, parse_layers, read_prompts, save_capture
+    from .load import load_model
+
+    _check_device(device)
+    texts = read_prompts(prompt, prompts)
+    with progress_bar() as progress:
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        chosen = parse_layers(layers, loaded.spec.num_hidden_layers)
+        cap = run(loaded, texts, chosen, position.value, chat_template=chat_template.value, system=system,
+                  progress=progress)
+    written = save_capture(cap, output)
+    err.print(f"[dim]{len(texts)} prompt(s), layers {chosen[0]}..{chosen[-1]} ({len(chosen)}), position "
+              f"{position.value}, chat template {cap.meta['chat_template']}: wrote "
+              f"{escape(', '.join(map(str, written)))}[/]")
+
+
+@vector_app.command("caa")
+def vector_caa(
+    positive: Path = typer.Option(..., help="Capture of prompts showing the trait (from `ster capture`)."),
+    negative: Path = typer.Option(..., help="Capture of contrasting prompts, same model, layers and position."),
+    output: Path = typer.Option(..., "--output", "-o", help="The steering vector JSON file to write."),
+    trait: str = typer.Option("", help="A name for what the vector steers toward (recorded)."),
+    layers: Optional[str] = typer.Option(None, help="Subset of the captured layers: N | a..b | a,b,c "
+                                         "(default: every layer both captures hold)."),
+) -> None:
+    """Build a steering vector by contrastive activation addition: per layer, the normalized difference
+    between the mean positive and the mean negative activation."""
+    from .capture import load_capture, parse_layers
+    from .steering import caa, write_vector
+
+    pos, neg = load_capture(positive), load_capture(negative)
+    chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
+    vec = caa(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
+    write_vector(vec, output)
+    err.print(f"[dim]steering vector for {escape(str(vec.model))}: layers {sorted(vec.directions)}; wrote "
+              f"{escape(str(output))}[/]")
+
+
+@tune_app.command("merge")
+def tune_merge(
+    adapter: str = typer.Option(..., "--adapter", "-a", help="Ster's NAME.lora.json (or .lora.safetensors) or a "
+                                "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."),
+    output: Path = typer.Option(..., "--output", "-o", help="New directory for the merged checkpoint."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The base model: a safetensors checkpoint "
+                                        "directory or Hub id (a GGUF base is refused)."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document."),
+) -> None:
+    """Fold a LoRA adapter into the weights: W + (alpha / rank) * B @ A, written as a new checkpoint."""
+    from rich.table import Table
+
+    from .tune.merge import merge_adapter
+
+    with progress_bar() as progress:
+        report = merge_adapter(_model_or_default(model), adapter, output, revision=revision, progress=progress)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in report.items():
+        table.add_row(f"[bold]{key}[/]", escape(", ".join(map(str, value)) if isinstance(value, list) else str(value)))
+    out.print(table)

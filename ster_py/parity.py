@@ -1,0 +1,231 @@
+"""``ster parity``: our forward pass against a reference implementation on the same token ids.
+
+References:
+
+- ``transformers``: ``AutoModelForCausalLM.from_pretrained`` on the same directory
+  (or the same GGUF through ``gguf_file=``, which Transformers dequantizes to
+  float32), float32, eager attention. It also returns hidden states, so the
+  report names the first layer whose residual stream diverges.
+- ``llama.cpp``: llama-cpp-python's logits on the same GGUF file (``logits_all``),
+  logits only.
+
+Metrics per prompt, over every position of its ids (logits float32 [T, vocab]):
+relative error ``||ours - ref|| / ||ref||`` (Frobenius), maximum absolute error,
+mean over positions of the cosine between the two logit rows, and the share of
+positions whose argmax agrees (top-1 agreement).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import SterError
+
+REFERENCES = ("transformers", "llama.cpp")
+DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n")
+
+Progress = Callable[[str, int, "int | None"], None]
+# ids -> (logits float32 [T, vocab], hidden states list of float32 [T, hidden] or None)
+Reference = Callable[[Sequence[int]], "tuple[np.ndarray, list[np.ndarray] | None]"]
+
+
+@dataclass
+class LayerError:
+    """Relative error of one layer's residual stream (layer i = after decoder layer i)."""
+
+    layer: int
+    rel_error: float
+    final_norm_applied: bool = False
+
+
+@dataclass
+class PromptParity:
+    prompt: str
+    ids: list[int]
+    rel_error: float
+    max_abs_error: float
+    mean_cosine: float
+    top1_agreement: float
+    passed: bool
+    layers: list[LayerError] | None = None
+    first_divergent_layer: int | None = None
+
+
+@dataclass
+class ParityReport:
+    model: str
+    model_revision: str | None
+    precision: str
+    reference: str
+    tolerance: float
+    prompts: list[PromptParity] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(p.passed for p in self.prompts)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+def _missing(package: str, extra_hint: str) -> SterError:
+    return SterError(f"`ster parity --reference` needs {package}, which is not installed; {extra_hint}")
+
+
+def transformers_reference(resolved) -> Reference:
+    """A reference that runs Transformers on the model ``resolved`` describes.
+
+    Raises:
+        SterError: torch or transformers missing (names the extra to install); the
+            model cannot be loaded by Transformers.
+    """
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise _missing("torch and transformers", 'install them with: pip install "ster-py[reference]"') from None
+    kwargs = dict(dtype=torch.float32, attn_implementation="eager")
+    if resolved.gguf_file is not None:
+        try:
+            import gguf  # noqa: F401  (Transformers reads GGUF through gguf-py)
+        except ImportError:
+            raise _missing("gguf (gguf-py)", 'install it with: pip install "ster-py[reference]"') from None
+        kwargs["gguf_file"] = resolved.gguf_file.name
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # nothing below the CLI prints; restored right after
+    try:  # Transformers' GGUF conversion draws its own tqdm bar on stderr: keep it off the terminal
+        with contextlib.redirect_stderr(io.StringIO()):
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(resolved.root), **kwargs).eval()
+    except Exception as e:  # transformers raises many types; the user needs the message
+        raise SterError(f"transformers could not load {resolved.model} as the reference: {type(e).__name__}: {e}") \
+            from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+    def run(ids):
+        with torch.no_grad():
+            out = model(torch.tensor([list(ids)]), output_hidden_states=True)
+        return out.logits[0].float().numpy(), [h[0].float().numpy() for h in out.hidden_states]
+
+    return run
+
+
+def llamacpp_reference(resolved, n_ctx: int) -> Reference:
+    """A reference that evaluates the ids with llama.cpp (llama-cpp-python) on the GGUF file.
+
+    Raises:
+        SterError: the model is not a GGUF; llama-cpp-python missing; llama.cpp refuses the file.
+    """
+    if resolved.gguf_file is None:
+        raise SterError(f"--reference llama.cpp needs a GGUF model, and {resolved.model} is a safetensors "
+                        "checkpoint; use --reference transformers, or pass the .gguf file")
+    try:
+        import llama_cpp
+    except ImportError:
+        raise _missing("llama-cpp-python", 'install it with: pip install llama-cpp-python (it is not part of '
+                       '"ster-py[reference]" because it compiles llama.cpp from source)') from None
+    try:
+        llm = llama_cpp.Llama(model_path=str(resolved.gguf_file), logits_all=True, n_ctx=max(n_ctx, 8),
+                              n_batch=max(n_ctx, 8), verbose=False)
+    except Exception as e:
+        raise SterError(f"llama.cpp could not load {resolved.gguf_file}: {e}") from None
+
+    def run(ids):
+        llm.reset()
+        llm.eval(list(ids))
+        return np.array(llm.scores[: len(ids)], dtype=np.float32), None
+
+    return run
+
+
+def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
+    ref64 = ref.astype(np.float64)
+    denom = float(np.linalg.norm(ref64))
+    diff = float(np.linalg.norm(ours.astype(np.float64) - ref64))
+    return diff / denom if denom else diff
+
+
+def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, tolerance: float) -> PromptParity:
+    """Run ours and ``reference`` on ``ids`` and measure the differences (see module docstring).
+
+    Hidden states (when the reference gives them) are compared layer by layer: ours are
+    the residual stream after each decoder layer; Transformers' last entry has the
+    final norm applied, so our final norm is applied to the last layer before comparing.
+    """
+    hidden: list[np.ndarray] = []
+    ours = loaded.decoder.forward(list(ids), hidden_states=hidden)
+    ref, ref_hidden = reference(ids)
+    if ref.shape != ours.shape:
+        if ref.ndim == 2 and ref.shape[0] == ours.shape[0] and ref.shape[1] > ours.shape[1]:
+            ref = ref[:, : ours.shape[1]]  # a reference may pad its head beyond the vocabulary
+        else:
+            raise SterError(f"the reference returned logits of shape {list(ref.shape)}, ours are "
+                            f"{list(ours.shape)}; the two do not describe the same model")
+    o64, r64 = ours.astype(np.float64), ref.astype(np.float64)
+    cos = (o64 * r64).sum(1) / np.maximum(np.linalg.norm(o64, axis=1) * np.linalg.norm(r64, axis=1), 1e-300)
+    rel = _rel(ours, ref)
+    result = PromptParity(prompt, list(ids), rel, float(np.abs(o64 - r64).max()), float(cos.mean()),
+                          float((ours.argmax(1) == ref.argmax(1)).mean()), rel <= tolerance)
+    if ref_hidden is not None:
+        n = loaded.spec.num_hidden_layers
+        if len(ref_hidden) != n + 1:
+            raise SterError(f"the reference returned {len(ref_hidden)} hidden states for {n} layers")
+        result.layers = []
+        for i in range(n):
+            mine, last = hidden[i + 1], i == n - 1
+            if last:
+                mine = loaded.decoder.final_norm(mine)
+            result.layers.append(LayerError(i, _rel(mine, ref_hidden[i + 1]), last))
+        result.first_divergent_layer = next((e.layer for e in result.layers if not e.rel_error <= tolerance), None)
+    return result
+
+
+def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers", tolerance: float = 1e-4,
+               reference_fn: Reference | None = None, progress: Progress | None = None) -> ParityReport:
+    """Compare ``loaded`` with a reference implementation on each prompt.
+
+    Prompts are encoded as raw text with the tokenizer's BOS rule (no chat template),
+    and both sides see exactly those ids.
+
+    Args:
+        loaded: a ``LoadedModel``.
+        prompts: texts.
+        reference: "transformers" or "llama.cpp".
+        tolerance: a prompt passes when its relative logit error is at most this; it is also
+            the threshold that decides the first divergent layer.
+        reference_fn: use this reference instead of building one (tests, reuse).
+        progress: optional ``progress("parity", done, total)`` callback.
+
+    Raises:
+        SterError: unknown reference, missing reference package, a model the reference cannot load.
+    """
+    from .prompt import encode_prompt
+
+    if reference not in REFERENCES:
+        raise SterError(f"--reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
+    if not tolerance >= 0:
+        raise SterError(f"--tolerance must be 0 or more, got {tolerance}")
+    encoded = [encode_prompt(loaded.tokenizer, p, chat_template="off") for p in prompts]
+    for p in encoded:
+        if not p.ids:
+            raise SterError(f"the prompt {p.text!r} encodes to no tokens")
+    if reference_fn is None:
+        if reference == "transformers":
+            reference_fn = transformers_reference(loaded.resolved)
+        else:
+            reference_fn = llamacpp_reference(loaded.resolved, max(len(p.ids) for p in encoded))
+    report = ParityReport(loaded.resolved.model, loaded.model_revision, loaded.precision, reference, tolerance)
+    for n, p in enumerate(encoded):
+        report.prompts.append(compare(loaded, p.text, p.ids, reference_fn, tolerance))
+        if progress:
+            progress("parity", n + 1, len(encoded))
+    return report

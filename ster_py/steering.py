@@ -1,0 +1,200 @@
+"""Steering vectors: Ster's artifact, the checks before use, the layer hook, and CAA.
+
+Artifact (JSON, one file)::
+
+    {"format": "ster.steering", "schema_version": 1,
+     "model": "...", "model_revision": null | "...", "hidden_size": 576,
+     "trait": "...", "method": "caa",
+     "directions": {"12": [576 floats, unit L2 norm], ...},   # layer index -> direction
+     "metadata": {...}}
+
+Layers are numbered as in ``ster capture`` (layer i = the residual stream after
+decoder layer i, 0-based). Steering adds ``strength * direction[i]`` to that
+residual stream at every position, in the prefill and in every decode step,
+so ``strength`` is in the units of the residual stream (``metadata`` records the
+per-layer norms of the raw difference and of the residual to help choose it).
+
+Contrastive activation addition (CAA): Rimsky et al. 2024, "Steering Llama 2
+via Contrastive Activation Addition": the direction at a layer is the mean
+activation over positive examples minus the mean over negative ones.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .artifacts import KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_model, read_json, sniff
+from .errors import SterError
+
+SCHEMA_VERSION = 1
+UNIT_TOLERANCE = 1e-3  # directions are stored as unit vectors; JSON floats keep ~1e-16
+
+
+@dataclass
+class SteeringVector:
+    """A steering artifact in memory. ``directions[layer]`` is float32 [hidden_size], unit norm."""
+
+    model: str | None
+    model_revision: str | None
+    hidden_size: int
+    trait: str
+    method: str
+    directions: dict[int, np.ndarray]
+    metadata: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"format": STEERING_FORMAT, "schema_version": SCHEMA_VERSION, "model": self.model,
+                "model_revision": self.model_revision, "hidden_size": self.hidden_size, "trait": self.trait,
+                "method": self.method,
+                "directions": {str(i): [float(x) for x in v] for i, v in sorted(self.directions.items())},
+                "metadata": self.metadata}
+
+
+def write_vector(vec: SteeringVector, path: str | Path) -> Path:
+    """Write ``vec`` as JSON at ``path`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    with atomic_outputs(path) as (tmp,):
+        tmp.write_text(json.dumps(vec.to_json(), ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_vector(path: str | Path) -> SteeringVector:
+    """Read and validate a steering artifact.
+
+    Raises:
+        SterError (naming the path): not JSON; an adapter sidecar, reward or capture
+            artifact instead; a wrong format or schema_version; a missing field; a layer key
+            that is not a non-negative integer; a direction that is not hidden_size finite
+            numbers of unit norm.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors" or path.is_dir():
+        hint = " (a LoRA adapter: pass it with --adapter)" if path.name.endswith(".lora.safetensors") or \
+            (path.is_dir() and (path / "adapter_config.json").exists()) else ""
+        raise SterError(f"--vector {path} is not a steering vector JSON file{hint}")
+    doc = read_json(path, "steering vector")
+    kind = sniff(doc, path)
+    if kind != "steering":
+        raise SterError(f"--vector {path} is {KIND_WORDS[kind]}, not a steering vector")
+    if doc.get("format") != STEERING_FORMAT:
+        raise SterError(f"steering vector {path} has format {doc.get('format')!r}; expected {STEERING_FORMAT!r}")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise SterError(f"steering vector {path} has schema_version {doc.get('schema_version')!r}; "
+                        f"this ster reads version {SCHEMA_VERSION}")
+    for key in ("hidden_size", "directions", "method"):
+        if key not in doc:
+            raise SterError(f"steering vector {path} lacks the field {key!r}")
+    width = doc["hidden_size"]
+    if isinstance(width, bool) or not isinstance(width, int) or width <= 0:
+        raise SterError(f"steering vector {path}: hidden_size must be a positive integer, got {width!r}")
+    if not isinstance(doc["directions"], dict) or not doc["directions"]:
+        raise SterError(f"steering vector {path}: directions must be a non-empty object of layer -> vector")
+    directions = {}
+    for key, values in doc["directions"].items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise SterError(f"steering vector {path}: layer key {key!r} is not a non-negative integer")
+        if not isinstance(values, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   for x in values):
+            raise SterError(f"steering vector {path}: layer {key} is not a list of numbers")
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != (width,):
+            raise SterError(f"steering vector {path}: layer {key} has {v.size} values, but hidden_size is {width}")
+        if not np.isfinite(v).all():
+            raise SterError(f"steering vector {path}: layer {key} holds non-finite values (NaN or infinity)")
+        norm = float(np.linalg.norm(v))
+        if abs(norm - 1.0) > UNIT_TOLERANCE:
+            raise SterError(f"steering vector {path}: layer {key} has norm {norm:.6g}; directions must be unit "
+                            "vectors (the strength is given with --strength)")
+        directions[int(key)] = v.astype(np.float32)
+    return SteeringVector(doc.get("model"), doc.get("model_revision"), width, str(doc.get("trait", "")),
+                          str(doc["method"]), directions, dict(doc.get("metadata") or {}))
+
+
+def check_vector_for(vec: SteeringVector, loaded, path: str | Path) -> None:
+    """Refuse ``vec`` for ``loaded`` when it was made for another model or width, or names a
+    layer the model does not have. Raises SterError naming the path and the mismatch."""
+    check_model(Path(path), "steering vector", vec.model, vec.model_revision, loaded.resolved)
+    if vec.hidden_size != loaded.spec.hidden_size:
+        raise SterError(f"steering vector {path} is {vec.hidden_size} wide, but this model's hidden_size is "
+                        f"{loaded.spec.hidden_size}")
+    n = loaded.spec.num_hidden_layers
+    bad = [i for i in vec.directions if i >= n]
+    if bad:
+        raise SterError(f"steering vector {path} names layer {bad[0]}, but this model has layers 0..{n - 1}")
+
+
+def steering_hook(vec: SteeringVector, strength: float):
+    """A ``layer_hook(i, h) -> h`` adding ``strength * directions[i]`` to every row of h
+    (float32 [T, hidden_size]) after each covered layer; other layers pass unchanged.
+
+    Raises:
+        SterError: a non-finite strength.
+    """
+    if not math.isfinite(strength):
+        raise SterError(f"--strength must be a finite number, got {strength}")
+    adds = {i: (np.float32(strength) * v).astype(np.float32) for i, v in vec.directions.items()}
+
+    def hook(i: int, h: np.ndarray) -> np.ndarray:
+        add = adds.get(i)
+        return h if add is None else h + add
+
+    return hook
+
+
+def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str, str] = ("", "")) -> SteeringVector:
+    """Build a steering vector by contrastive activation addition from two captures.
+
+    Args:
+        positive, negative: ``capture.Capture`` objects from the same model (same
+            model, model_revision, hidden_size); their common layers are used.
+        trait: a free-text name for what the vector steers toward.
+        layers: optional subset of layers.
+        sources: the two capture paths, recorded in metadata.
+
+    Returns:
+        A vector whose direction at layer i is normalize(mean(positive rows) - mean(negative rows)),
+        computed in float64. metadata records per layer the raw difference norm and the mean
+        residual norm, the position rule and the prompt counts.
+
+    Raises:
+        SterError: captures of different models, widths or position rules; no common layer; a
+            zero difference (identical sides).
+    """
+    pm, nm = positive.meta, negative.meta
+    for key in ("model", "model_revision", "hidden_size"):
+        if pm.get(key) != nm.get(key):
+            raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
+                            "capture both sides with the same model")
+    if pm.get("position") != nm.get("position"):
+        raise SterError(f"the captures use different --position rules (positive {pm.get('position')}, "
+                        f"negative {nm.get('position')}); capture both sides the same way")
+    common = sorted(set(positive.layers) & set(negative.layers))
+    if layers is not None:
+        missing = sorted(set(layers) - set(common))
+        if missing:
+            raise SterError(f"layer {missing[0]} is not in both captures (they share {common})")
+        common = sorted(set(layers))
+    if not common:
+        raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
+    directions, raw, resid = {}, {}, {}
+    for i in common:
+        p, n = positive.rows(i).astype(np.float64), negative.rows(i).astype(np.float64)
+        d = p.mean(axis=0) - n.mean(axis=0)
+        norm = float(np.linalg.norm(d))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise SterError(f"layer {i}: the positive and negative captures have the same mean; "
+                            "use prompts that differ in the trait")
+        directions[i] = (d / norm).astype(np.float32)
+        raw[str(i)] = norm
+        resid[str(i)] = float(np.linalg.norm(np.concatenate([p, n]), axis=1).mean())
+    meta = {"position": pm.get("position"), "chat_template": [pm.get("chat_template"), nm.get("chat_template")],
+            "positive": sources[0], "negative": sources[1],
+            "positive_prompts": len(pm.get("prompts", [])), "negative_prompts": len(nm.get("prompts", [])),
+            "difference_norms": raw, "residual_norms": resid, "precision": pm.get("precision"),
+            "layer_numbering": "layer i = residual stream after decoder layer i (0-based), as in ster capture"}
+    return SteeringVector(pm.get("model"), pm.get("model_revision"), int(pm["hidden_size"]), trait, "caa",
+                          directions, meta)

@@ -1,0 +1,181 @@
+"""``ster tune merge``: fold a LoRA adapter into a checkpoint's weights.
+
+Each adapted projection W [out, in] becomes ``W + scale * B @ A``: the delta is
+accumulated in float32, added to W widened to float32, and the sum is cast back
+to W's stored dtype (one rounding, where PEFT's ``merge_and_unload`` rounds the
+delta to the base dtype and then adds in it: the two agree within one unit in the
+last place of a bfloat16/float16 weight, and exactly up to float32 rounding for
+float32 weights). Every other tensor is copied bit for bit.
+
+The output directory is written as a temporary sibling and renamed at the end,
+so a failure leaves nothing behind. It holds ``model.safetensors`` (or
+``model-0000k-of-0000n.safetensors`` shards with ``model.safetensors.index.json``
+when larger than ``max_shard_bytes``), the source's config.json and tokenizer
+files, and ``ster-merge.json``, the report.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..adapters import check_adapter_for, read_adapter
+from ..artifacts import ST_DTYPES, atomic_directory, write_safetensors
+from ..errors import SterError
+
+Progress = Callable[[str, int, "int | None"], None]
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # Transformers' save_pretrained default is 5 GB too
+COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "tokenizer.model",
+                "vocab.json", "merges.txt", "added_tokens.json")
+REPORT = "ster-merge.json"
+_NP_DTYPES = {v: k for k, v in ST_DTYPES.items()}
+
+
+def _index_checkpoint(files) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
+    """name -> (file, safetensors dtype, shape), reading only headers.
+
+    Raises:
+        SterError: an unreadable file, or one tensor name in two shards.
+    """
+    from safetensors import safe_open
+
+    where: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                for name in f.keys():
+                    s = f.get_slice(name)
+                    if name in where:
+                        raise SterError(f"tensor {name!r} is stored twice: in {where[name][0]} and in {path}; "
+                                        "the checkpoint's shards overlap, remove the stray shard before merging")
+                    where[name] = (Path(path), s.get_dtype(), tuple(s.get_shape()))
+        except SterError:
+            raise
+        except Exception as e:  # safetensors raises several types for a bad header
+            raise SterError(f"failed to read weight file {path}: {e}") from None
+    return where
+
+
+def _shards(names: list[str], sizes: dict[str, int], limit: int) -> list[list[str]]:
+    groups: list[list[str]] = [[]]
+    used = 0
+    for n in names:
+        if groups[-1] and used + sizes[n] > limit:
+            groups.append([])
+            used = 0
+        groups[-1].append(n)
+        used += sizes[n]
+    return groups
+
+
+def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revision: str | None = None,
+                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Progress | None = None) -> dict:
+    """Merge ``adapter`` into ``model`` and write the result to the new directory ``output``.
+
+    Args:
+        model: a local safetensors checkpoint or Hub id (a GGUF base is refused).
+        adapter: Ster's NAME.lora.json / .lora.safetensors or a PEFT adapter directory.
+        output: the directory to create; it must not exist.
+        revision: as for every command (recorded, or selects the Hub commit).
+        max_shard_bytes: write several shards when the weights are larger than this.
+        progress: optional ``progress("merge", done, total)`` callback (tensors).
+
+    Returns:
+        The report: model, model_revision, adapter, output, rank, alpha, scale, targets,
+        layers, hidden_size, merged_tensors, copied_tensors, total_tensors, parameters,
+        dtype, files.
+
+    Raises:
+        SterError: a GGUF base; a reward artifact, a steering vector or an unsupported PEFT
+            method as the adapter; an adapter for another model, another width, or a
+            projection the checkpoint lacks; shards naming one tensor twice; an existing
+            ``output``.
+    """
+    from ..config import spec_from_config
+    from ..resolve import resolve
+
+    output = Path(output)
+    if output.exists():
+        raise SterError(f"--output {output} already exists; choose a new directory or remove it first")
+    resolved = resolve(model, revision, progress=progress)
+    if resolved.kind != "safetensors":
+        raise SterError(f"ster tune merge refuses a GGUF base ({resolved.gguf_file}): a merge writes the base's "
+                        "tensors back and a GGUF's are quantized; merge into the safetensors checkpoint instead")
+    spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
+    names = resolved.family.names
+    ad = read_adapter(adapter, names)
+    index = _index_checkpoint(resolved.weight_files)
+    has_gate = all(f"{names['gate'].format(i=i)}.weight" in index for i in range(spec.num_hidden_layers))
+    check_adapter_for(ad, resolved, spec, has_gate=has_gate)
+    targets: dict[str, tuple[int, str]] = {}
+    for layer, target in ad.factors:
+        name = f"{names[target].format(i=layer)}.weight"
+        if name not in index:
+            raise SterError(f"adapter {ad.path} adapts {name}, which the checkpoint does not hold")
+        targets[name] = (layer, target)
+    for name, (_, st, _) in index.items():
+        if st not in _NP_DTYPES:
+            raise SterError(f"tensor {name!r} is stored as {st}, which ster cannot read back; nothing was written")
+        if name in targets and st not in ("F64", "F32", "F16", "BF16"):
+            raise SterError(f"tensor {name!r} is stored as {st}; only floating-point weights can be merged")
+
+    order = sorted(index)
+    sizes = {n: int(np.prod(index[n][2], dtype=np.int64)) * _NP_DTYPES[index[n][1]].itemsize for n in order}
+    groups = _shards(order, sizes, max_shard_bytes)
+    shard_names = (["model.safetensors"] if len(groups) == 1 else
+                   [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))])
+    handles: dict[Path, object] = {}
+
+    def tensor(name: str) -> np.ndarray:
+        from safetensors import safe_open
+
+        path = index[name][0]
+        if path not in handles:
+            handles[path] = safe_open(str(path), framework="numpy")
+        w = handles[path].get_tensor(name)
+        if name in targets:
+            merged = w.astype(np.float32) + ad.delta(*targets[name])
+            w = merged.astype(w.dtype)
+        return w
+
+    done = 0
+    report_files = []
+    with atomic_directory(output) as tmp:
+        for shard, group in zip(shard_names, groups):
+            specs = [(n, _NP_DTYPES[index[n][1]], index[n][2]) for n in group]
+
+            def arrays(group=group):
+                nonlocal done
+                for n in group:
+                    yield tensor(n)
+                    done += 1
+                    if progress:
+                        progress("merge", done, len(order))
+
+            write_safetensors(tmp / shard, specs, arrays(), metadata={"format": "pt"})
+            report_files.append(shard)
+        if len(groups) > 1:
+            weight_map = {n: shard for shard, group in zip(shard_names, groups) for n in group}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, indent=2) + "\n")
+            report_files.append("model.safetensors.index.json")
+        for fname in COPIED_FILES:
+            src = Path(resolved.root) / fname
+            if src.is_file():
+                shutil.copyfile(src, tmp / fname)
+                report_files.append(fname)
+        dtypes = sorted({index[n][1] for n in order})
+        report = {
+            "model": resolved.model, "model_revision": resolved.model_revision, "adapter": str(adapter),
+            "adapter_layout": ad.layout, "output": str(output), "rank": ad.rank, "alpha": ad.alpha,
+            "scale": ad.scale, "rslora": ad.rslora, "targets": ad.targets, "layers": ad.layers,
+            "hidden_size": spec.hidden_size, "merged_tensors": len(targets), "copied_tensors": len(order) - len(targets),
+            "total_tensors": len(order), "parameters": int(sum(np.prod(index[n][2], dtype=np.int64) for n in order)),
+            "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "files": report_files + [REPORT],
+        }
+        (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    return report
