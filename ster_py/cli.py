@@ -9,6 +9,7 @@ import json
 import sys
 from contextlib import contextmanager
 from enum import Enum
+from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
@@ -99,6 +100,12 @@ def generate(
                                                "template when it has one; off: send the prompt as raw text."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of streaming."),
+    vector: Optional[Path] = typer.Option(None, help="Steering vector JSON (from `ster vector caa`): adds "
+                                          "--strength x the layer's direction after each layer it covers."),
+    strength: Optional[float] = typer.Option(None, help="Steering strength, in residual-stream units "
+                                             "(default 1; 0 = no effect)."),
+    adapter: Optional[str] = typer.Option(None, help="A LoRA adapter applied at run time: Ster's NAME.lora.json "
+                                          "or a PEFT adapter directory."),
 ) -> None:
     """Generate text, streamed to stdout; a summary follows on stderr."""
     from .generate import Sampling, generate as run
@@ -107,10 +114,25 @@ def generate(
     from .tokenizer import StreamDecoder
 
     _check_device(device)
+    if strength is not None and vector is None:
+        raise SterError("--strength needs --vector (a steering vector file)")
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
     sampling.validate()
+    if vector is not None:  # a malformed vector is refused before any weight is read
+        from .steering import check_vector_for, read_vector, steering_hook
+
+        steer = read_vector(vector)
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    hook = None
+    if adapter is not None:
+        from .adapters import apply_adapter, load_adapter_for
+
+        apply_adapter(loaded, load_adapter_for(adapter, loaded))
+    if vector is not None:
+        check_vector_for(steer, loaded, vector)
+        strength = 1.0 if strength is None else strength
+        hook = steering_hook(steer, strength)
     prompt_ = encode_prompt(loaded.tokenizer, prompt, system=system, chat_template=chat_template.value)
     if prompt_.chat_template == "absent":
         err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
@@ -123,7 +145,7 @@ def generate(
                 sys.stdout.write(piece)
                 sys.stdout.flush()
 
-    result = run(loaded.decoder, prompt_.ids, sampling, loaded.stop_ids(), on_token=on_token)
+    result = run(loaded.decoder, prompt_.ids, sampling, loaded.stop_ids(), on_token=on_token, layer_hook=hook)
     shown = [t for t in result.ids if t not in loaded.stop_ids()]
     text = loaded.tokenizer.decode(shown, skip_special_tokens=True)
     if as_json:
@@ -131,6 +153,8 @@ def generate(
             "model": loaded.resolved.model, "model_revision": loaded.model_revision,
             "precision": loaded.precision, "chat_template": prompt_.chat_template,
             "text": text, "ids": result.ids, "prompt_ids": prompt_.ids, "stop_reason": result.stop_reason,
+            "vector": None if vector is None else {"path": str(vector), "strength": strength},
+            "adapter": adapter,
             "usage": {"prompt_tokens": len(prompt_.ids), "new_tokens": len(result.ids)},
             "timings": {"prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
                         "prefill_tokens_per_second": result.prefill_tokens_per_second,
@@ -212,6 +236,9 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print one JSON d
         table.add_row(r["name"] + (" (default)" if r["default"] else ""), f"{r['size'] / 2**20:.0f} MiB",
                       "yes" if r["cached"] else "no", r["description"])
     out.print(table)
+
+
+from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector caa, tune merge)
 
 
 def main() -> None:
