@@ -1,0 +1,839 @@
+/* Quantized GGML matrix products that decode blocks inside the product.
+ *
+ * Every supported block type is seen through one shape: a block is 1 or 8
+ * "units" of 32 weights, each unit 32 small integer codes (they fit int8) with a
+ * scale s and an offset m per 16 weights, so weight i of a unit is s * q_i + m.
+ * Only the code/scale extraction differs per type (ster_units_scalar and
+ * the *_units_avx2 functions); the products are written once on top of it:
+ *
+ *   - row dot (mat-vec, one token): sum_i (s q_i + m) x_i
+ *       = sum over 16-weight halves of s * (q . x) + m * sum(x),
+ *     with the per-16 sums of x computed once per call;
+ *   - mat-mat (several tokens): a panel of 16 rows x 256 inputs is decoded to
+ *     float32 once, stored input-major, and a 6 x 16 register tile runs over it
+ *     (the BLIS shape: every weight decoded once per call, reused by every token).
+ *
+ * Block layouts: llama.cpp ggml-common.h, restated by the numpy reference in
+ * ster_py/gguf/quants.py (dequantize_reference), which the tests compare against.
+ *
+ * x86-64 with GCC or Clang gets AVX2/FMA/F16C versions selected at run time
+ * (function target attributes, so the rest of the module needs no -mavx2); every
+ * other machine runs the portable scalar path.
+ */
+#ifndef STER_QKERNELS_H
+#define STER_QKERNELS_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define STER_HAVE_X86 1
+#include <immintrin.h>
+#define STER_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define STER_AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+#else
+#define STER_HAVE_X86 0
+#endif
+
+enum {
+    STER_Q4_0 = 2, STER_Q4_1 = 3, STER_Q5_0 = 6, STER_Q5_1 = 7, STER_Q8_0 = 8,
+    STER_Q2_K = 10, STER_Q3_K = 11, STER_Q4_K = 12, STER_Q5_K = 13, STER_Q6_K = 14,
+    STER_IQ4_NL = 20, STER_IQ4_XS = 23
+};
+
+#define STER_KC 256        /* inputs per packed panel (a K-quant super-block, 8 legacy blocks) */
+#define STER_NR 16         /* rows per packed panel */
+#define STER_MR 6          /* tokens per register tile */
+
+/* llama.cpp's kvalues_iq4nl: IQ4_NL / IQ4_XS non-linear 4-bit grid. */
+static const int8_t ster_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1, 13, 25, 38, 53, 69, 89, 113};
+
+/* (block_size, type_size) of a supported type; 0 for any other id. */
+static inline int ster_block_size(int type) {
+    switch (type) {
+    case STER_Q4_0: case STER_Q4_1: case STER_Q5_0: case STER_Q5_1: case STER_Q8_0: case STER_IQ4_NL:
+        return 32;
+    case STER_Q2_K: case STER_Q3_K: case STER_Q4_K: case STER_Q5_K: case STER_Q6_K: case STER_IQ4_XS:
+        return 256;
+    }
+    return 0;
+}
+
+static inline int ster_type_size(int type) {
+    switch (type) {
+    case STER_Q4_0: return 18; case STER_Q4_1: return 20; case STER_Q5_0: return 22;
+    case STER_Q5_1: return 24; case STER_Q8_0: return 34; case STER_IQ4_NL: return 18;
+    case STER_Q2_K: return 84; case STER_Q3_K: return 110; case STER_Q4_K: return 144;
+    case STER_Q5_K: return 176; case STER_Q6_K: return 210; case STER_IQ4_XS: return 136;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Scalar helpers                                                            */
+
+static inline float ster_bits_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+
+/* IEEE half (little-endian bytes at p) -> float, exactly, subnormals included. */
+static inline float ster_f16(const uint8_t* p) {
+    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    if (exp == 0) {
+        float f = (float)man * 5.9604644775390625e-08f;   /* man * 2^-24, exact */
+        return sign ? -f : f;
+    }
+    if (exp == 31) return ster_bits_f32(sign | 0x7F800000u | (man << 13));
+    return ster_bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+static inline uint32_t ster_le32(const uint8_t* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* Q4_K / Q5_K: six-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
+static inline void ster_scale_min_k4(const uint8_t* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q3_K: the 16 six-bit scales (bias 32 removed) from the 12 packed bytes. */
+static inline int ster_q3k_scale(const uint8_t* s, int i) {
+    int low = (s[i & 7] >> (4 * (i >> 3))) & 0x0F;
+    int high = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+/* Scales (d or d*sc) and offsets (m or -dmin*min) of every 16-weight half of a block:
+ * s[2u], s[2u+1], m[2u], m[2u+1] belong to unit u. Returns the unit count. */
+static inline int ster_block_scales(int type, const uint8_t* x, float* s, float* m) {
+    int u, j, sc, mn;
+    float d, dmin;
+    switch (type) {
+    case STER_Q4_0: case STER_Q5_0: case STER_Q8_0: case STER_IQ4_NL:
+        s[0] = s[1] = ster_f16(x); m[0] = m[1] = 0.0f;
+        return 1;
+    case STER_Q4_1: case STER_Q5_1:
+        s[0] = s[1] = ster_f16(x); m[0] = m[1] = ster_f16(x + 2);
+        return 1;
+    case STER_Q2_K:
+        d = ster_f16(x + 80); dmin = ster_f16(x + 82);
+        for (j = 0; j < 16; j++) {
+            s[j] = d * (float)(x[j] & 0x0F);
+            m[j] = -(dmin * (float)(x[j] >> 4));
+        }
+        return 8;
+    case STER_Q3_K:
+        d = ster_f16(x + 108);
+        for (j = 0; j < 16; j++) { s[j] = d * (float)ster_q3k_scale(x + 96, j); m[j] = 0.0f; }
+        return 8;
+    case STER_Q4_K: case STER_Q5_K:
+        d = ster_f16(x); dmin = ster_f16(x + 2);
+        for (u = 0; u < 8; u++) {
+            ster_scale_min_k4(x + 4, u, &sc, &mn);
+            s[2 * u] = s[2 * u + 1] = d * (float)sc;
+            m[2 * u] = m[2 * u + 1] = -(dmin * (float)mn);
+        }
+        return 8;
+    case STER_Q6_K:
+        d = ster_f16(x + 208);
+        for (j = 0; j < 16; j++) { s[j] = d * (float)(int8_t)x[192 + j]; m[j] = 0.0f; }
+        return 8;
+    case STER_IQ4_XS: {
+        uint32_t sh = (uint32_t)x[2] | ((uint32_t)x[3] << 8);
+        d = ster_f16(x);
+        for (u = 0; u < 8; u++) {
+            int ls = ((x[4 + (u >> 1)] >> (4 * (u & 1))) & 0x0F) | (((sh >> (2 * u)) & 3) << 4);
+            s[2 * u] = s[2 * u + 1] = d * (float)(ls - 32);
+            m[2 * u] = m[2 * u + 1] = 0.0f;
+        }
+        return 8;
+    }
+    }
+    return 0;
+}
+
+/* The 32 codes of unit u of a block (portable path). */
+static inline void ster_unit_codes(int type, const uint8_t* x, int u, int8_t* q) {
+    int l, h = u >> 2, j = u & 3;
+    uint32_t qh;
+    const uint8_t* p;
+    switch (type) {
+    case STER_Q4_0:
+        for (l = 0; l < 16; l++) { q[l] = (int8_t)((x[2 + l] & 0x0F) - 8); q[l + 16] = (int8_t)((x[2 + l] >> 4) - 8); }
+        return;
+    case STER_Q4_1:
+        for (l = 0; l < 16; l++) { q[l] = (int8_t)(x[4 + l] & 0x0F); q[l + 16] = (int8_t)(x[4 + l] >> 4); }
+        return;
+    case STER_Q5_0:
+        qh = ster_le32(x + 2);
+        for (l = 0; l < 16; l++) {
+            q[l] = (int8_t)(((x[6 + l] & 0x0F) | (((qh >> l) & 1) << 4)) - 16);
+            q[l + 16] = (int8_t)(((x[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16);
+        }
+        return;
+    case STER_Q5_1:
+        qh = ster_le32(x + 4);
+        for (l = 0; l < 16; l++) {
+            q[l] = (int8_t)((x[8 + l] & 0x0F) | (((qh >> l) & 1) << 4));
+            q[l + 16] = (int8_t)((x[8 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4));
+        }
+        return;
+    case STER_Q8_0:
+        for (l = 0; l < 32; l++) q[l] = (int8_t)x[2 + l];
+        return;
+    case STER_IQ4_NL:
+        for (l = 0; l < 16; l++) {
+            q[l] = ster_iq4nl_values[x[2 + l] & 0x0F];
+            q[l + 16] = ster_iq4nl_values[x[2 + l] >> 4];
+        }
+        return;
+    case STER_Q2_K:   /* weight 128h + 32j + l: bits 2j of qs[32h + l] */
+        for (l = 0; l < 32; l++) q[l] = (int8_t)((x[16 + 32 * h + l] >> (2 * j)) & 3);
+        return;
+    case STER_Q3_K:   /* plus a high bit from hmask[l] (bit 4h + j); clear means -4 */
+        for (l = 0; l < 32; l++) {
+            int lo = (x[32 + 32 * h + l] >> (2 * j)) & 3;
+            int hb = (x[l] >> (4 * h + j)) & 1;
+            q[l] = (int8_t)(lo - (hb ? 0 : 4));
+        }
+        return;
+    case STER_Q4_K:   /* unit u = 2c + s: nibble s of qs[32c + l] */
+        p = x + 16 + 32 * (u >> 1);
+        for (l = 0; l < 32; l++) q[l] = (int8_t)((p[l] >> (4 * (u & 1))) & 0x0F);
+        return;
+    case STER_Q5_K:   /* as Q4_K, fifth bit = bit u of qh[l] */
+        p = x + 48 + 32 * (u >> 1);
+        for (l = 0; l < 32; l++)
+            q[l] = (int8_t)(((p[l] >> (4 * (u & 1))) & 0x0F) | (((x[16 + l] >> u) & 1) << 4));
+        return;
+    case STER_Q6_K: { /* half h, j: low nibble/high nibble of ql[64h + 32(j&1) + l], bits 2j of qh[32h + l] */
+        const uint8_t* ql = x + 64 * h + 32 * (j & 1);
+        const uint8_t* qhp = x + 128 + 32 * h;
+        for (l = 0; l < 32; l++) {
+            int lo = (j < 2) ? (ql[l] & 0x0F) : (ql[l] >> 4);
+            q[l] = (int8_t)((lo | (((qhp[l] >> (2 * j)) & 3) << 4)) - 32);
+        }
+        return;
+    }
+    case STER_IQ4_XS:
+        p = x + 8 + 16 * u;
+        for (l = 0; l < 16; l++) {
+            q[l] = ster_iq4nl_values[p[l] & 0x0F];
+            q[l + 16] = ster_iq4nl_values[p[l] >> 4];
+        }
+        return;
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Portable path                                                             */
+
+/* Row of nb blocks . x (x: nb * block_size floats). */
+static float ster_row_dot_scalar(int type, const uint8_t* row, int nb, const float* x) {
+    int bs = ster_block_size(type), ts = ster_type_size(type), b, u, l, nu;
+    float s[16], m[16], total = 0.0f;
+    int8_t q[32];
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * ts;
+        nu = ster_block_scales(type, blk, s, m);
+        for (u = 0; u < nu; u++) {
+            const float* xu = x + (size_t)b * bs + 32 * u;
+            float qa = 0, qb = 0, xa = 0, xb = 0;
+            ster_unit_codes(type, blk, u, q);
+            for (l = 0; l < 16; l++) { qa += (float)q[l] * xu[l]; xa += xu[l]; }
+            for (l = 16; l < 32; l++) { qb += (float)q[l] * xu[l]; xb += xu[l]; }
+            total += s[2 * u] * qa + s[2 * u + 1] * qb + m[2 * u] * xa + m[2 * u + 1] * xb;
+        }
+    }
+    return total;
+}
+
+/* nb blocks -> nb * block_size floats. */
+static void ster_decode_scalar(int type, const uint8_t* src, int nb, float* dst) {
+    int ts = ster_type_size(type), b, u, l, nu;
+    float s[16], m[16];
+    int8_t q[32];
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = src + (size_t)b * ts;
+        nu = ster_block_scales(type, blk, s, m);
+        for (u = 0; u < nu; u++) {
+            ster_unit_codes(type, blk, u, q);
+            for (l = 0; l < 32; l++) dst[32 * u + l] = s[2 * u + (l >> 4)] * (float)q[l] + m[2 * u + (l >> 4)];
+        }
+        dst += 32 * nu;
+    }
+}
+
+/* C[t, n] (+)= sum_k A[t, k] * B[k, n] for t < mt, n < nv (B: packed [kc][16]). */
+static void ster_micro_scalar(int kc, const float* A, int lda, int mt, const float* B, float* C, int ldc,
+                              int nv, int accumulate) {
+    int t, n, k;
+    for (t = 0; t < mt; t++) {
+        float acc[STER_NR];
+        for (n = 0; n < STER_NR; n++) acc[n] = 0.0f;
+        for (k = 0; k < kc; k++) {
+            float a = A[(size_t)t * lda + k];
+            for (n = 0; n < STER_NR; n++) acc[n] += a * B[k * STER_NR + n];
+        }
+        for (n = 0; n < nv; n++) C[(size_t)t * ldc + n] = accumulate ? C[(size_t)t * ldc + n] + acc[n] : acc[n];
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* AVX2 path                                                                 */
+
+#if STER_HAVE_X86
+
+static int ster_cpu_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
+    }
+    return cached;
+}
+
+STER_AVX2_INLINE float ster_hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+STER_AVX2_INLINE float ster_f16_avx2(const uint8_t* p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles -> 32 codes: low nibbles are codes 0..15, high nibbles 16..31. */
+STER_AVX2_INLINE __m256i ster_nibbles32(const uint8_t* p) {
+    __m128i b = _mm_loadu_si128((const __m128i*)p);
+    __m128i mask = _mm_set1_epi8(0x0F);
+    __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* 32 bits -> 32 bytes, 0xFF where bit i of v is set. */
+STER_AVX2_INLINE __m256i ster_bits32(uint32_t v) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                           0x0101010101010101LL, 0x0000000000000000LL);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+}
+
+/* The codes of unit u of a block, as 32 int8 in a register. */
+STER_AVX2_INLINE __m256i ster_codes_avx2(int type, const uint8_t* x, int u) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    int h = u >> 2, j = u & 3;
+    __m256i q, t;
+    switch (type) {
+    case STER_Q4_0:
+        return _mm256_sub_epi8(ster_nibbles32(x + 2), _mm256_set1_epi8(8));
+    case STER_Q4_1:
+        return ster_nibbles32(x + 4);
+    case STER_Q5_0:
+        q = _mm256_or_si256(ster_nibbles32(x + 6), _mm256_and_si256(ster_bits32(ster_le32(x + 2)), _mm256_set1_epi8(16)));
+        return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    case STER_Q5_1:
+        return _mm256_or_si256(ster_nibbles32(x + 8), _mm256_and_si256(ster_bits32(ster_le32(x + 4)), _mm256_set1_epi8(16)));
+    case STER_Q8_0:
+        return _mm256_loadu_si256((const __m256i*)(x + 2));
+    case STER_IQ4_NL: case STER_IQ4_XS: {
+        const __m128i tbl = _mm_loadu_si128((const __m128i*)ster_iq4nl_values);
+        const uint8_t* p = type == STER_IQ4_NL ? x + 2 : x + 8 + 16 * u;
+        __m128i b = _mm_loadu_si128((const __m128i*)p);
+        __m128i mask = _mm_set1_epi8(0x0F);
+        __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, mask));
+        __m128i hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+        return _mm256_set_m128i(hi, lo);
+    }
+    case STER_Q2_K:
+        q = _mm256_loadu_si256((const __m256i*)(x + 16 + 32 * h));
+        return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), m3);
+    case STER_Q3_K:
+        q = _mm256_loadu_si256((const __m256i*)(x + 32 + 32 * h));
+        q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), m3);
+        t = _mm256_loadu_si256((const __m256i*)x);
+        t = _mm256_and_si256(_mm256_srl_epi16(t, _mm_cvtsi32_si128(4 * h + j)), one);
+        return _mm256_sub_epi8(_mm256_or_si256(q, _mm256_slli_epi16(t, 2)), _mm256_set1_epi8(4));
+    case STER_Q4_K:
+        q = _mm256_loadu_si256((const __m256i*)(x + 16 + 32 * (u >> 1)));
+        return _mm256_and_si256((u & 1) ? _mm256_srli_epi16(q, 4) : q, m15);
+    case STER_Q5_K:
+        q = _mm256_loadu_si256((const __m256i*)(x + 48 + 32 * (u >> 1)));
+        q = _mm256_and_si256((u & 1) ? _mm256_srli_epi16(q, 4) : q, m15);
+        t = _mm256_loadu_si256((const __m256i*)(x + 16));
+        t = _mm256_and_si256(_mm256_srl_epi16(t, _mm_cvtsi32_si128(u)), one);
+        return _mm256_or_si256(q, _mm256_slli_epi16(t, 4));
+    case STER_Q6_K:
+        q = _mm256_loadu_si256((const __m256i*)(x + 64 * h + 32 * (j & 1)));
+        q = _mm256_and_si256(j < 2 ? q : _mm256_srli_epi16(q, 4), m15);
+        t = _mm256_loadu_si256((const __m256i*)(x + 128 + 32 * h));
+        t = _mm256_and_si256(_mm256_srl_epi16(t, _mm_cvtsi32_si128(2 * j)), m3);
+        return _mm256_sub_epi8(_mm256_or_si256(q, _mm256_slli_epi16(t, 4)), _mm256_set1_epi8(32));
+    }
+    return _mm256_setzero_si256();
+}
+
+/* Codes 8g .. 8g+7 of a unit as floats. */
+STER_AVX2_INLINE __m256 ster_codes_f32(__m256i q, int g) {
+    __m128i half = g < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    if (g & 1) half = _mm_unpackhi_epi64(half, half);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half));
+}
+
+/* Scales with the F16C conversion (same values as ster_block_scales). */
+STER_AVX2_INLINE int ster_block_scales_avx2(int type, const uint8_t* x, float* s, float* m) {
+    switch (type) {
+    case STER_Q4_0: case STER_Q5_0: case STER_Q8_0: case STER_IQ4_NL:
+        s[0] = s[1] = ster_f16_avx2(x); m[0] = m[1] = 0.0f;
+        return 1;
+    case STER_Q4_1: case STER_Q5_1:
+        s[0] = s[1] = ster_f16_avx2(x); m[0] = m[1] = ster_f16_avx2(x + 2);
+        return 1;
+    }
+    return ster_block_scales(type, x, s, m);
+}
+
+/* One row of nb blocks . x; xs16: sums of x over each 16 inputs (offset types only). */
+STER_AVX2_INLINE float ster_row_dot_avx2_t(const int type, const uint8_t* row, int nb, const float* x,
+                                           const float* xs16) {
+    const int ts = ster_type_size(type), bs = ster_block_size(type);
+    const int per16 = (type == STER_Q2_K || type == STER_Q3_K || type == STER_Q6_K);
+    const int offset = (type == STER_Q4_1 || type == STER_Q5_1 || type == STER_Q2_K ||
+                        type == STER_Q4_K || type == STER_Q5_K);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f, s[16], m[16];
+    int b, u, nu;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * ts;
+        const float* xb = x + (size_t)b * bs;
+        nu = ster_block_scales_avx2(type, blk, s, m);
+        for (u = 0; u < nu; u++) {
+            const float* xu = xb + 32 * u;
+            __m256i q = ster_codes_avx2(type, blk, u);
+            __m256 sa = _mm256_mul_ps(ster_codes_f32(q, 0), _mm256_loadu_ps(xu));
+            __m256 sb = _mm256_mul_ps(ster_codes_f32(q, 2), _mm256_loadu_ps(xu + 16));
+            sa = _mm256_fmadd_ps(ster_codes_f32(q, 1), _mm256_loadu_ps(xu + 8), sa);
+            sb = _mm256_fmadd_ps(ster_codes_f32(q, 3), _mm256_loadu_ps(xu + 24), sb);
+            if (per16) {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * u]), sa, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * u + 1]), sb, acc1);
+            } else {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * u]), _mm256_add_ps(sa, sb), acc0);
+            }
+            if (offset) {
+                const float* xs = xs16 + ((size_t)b * bs + 32 * u) / 16;
+                macc += m[2 * u] * xs[0] + m[2 * u + 1] * xs[1];
+            }
+        }
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+/* Specialised row dots for the common types. They widen bytes straight from memory into
+ * 32-bit lanes (vpmovzxbd m64), so a 4-bit block costs two loads, two masks/shifts, four
+ * conversions and four FMAs; a constant code offset (Q4_0's -8, Q5_0's -16, Q6_K's -32)
+ * moves into the sum-of-x term. Two accumulators break the FMA latency chain. */
+
+STER_AVX2_INLINE __m256 ster_u8x8(const uint8_t* p) {       /* 8 bytes -> 8 int32 lanes */
+    return _mm256_castsi256_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+#define STER_I(v) _mm256_castps_si256(v)
+#define STER_CVT(v) _mm256_cvtepi32_ps(v)
+
+/* Q4_0 / Q4_1 (and the nibble half of Q5_*): codes 0..15, byte l = weights l and l + 16. */
+STER_AVX2_INLINE __m256 ster_nib_dot(const uint8_t* qs, const float* x) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    __m256i v0 = STER_I(ster_u8x8(qs)), v1 = STER_I(ster_u8x8(qs + 8));
+    __m256 s0 = _mm256_mul_ps(STER_CVT(_mm256_and_si256(v0, m15)), _mm256_loadu_ps(x));
+    __m256 s1 = _mm256_mul_ps(STER_CVT(_mm256_and_si256(v1, m15)), _mm256_loadu_ps(x + 8));
+    s0 = _mm256_fmadd_ps(STER_CVT(_mm256_srli_epi32(v0, 4)), _mm256_loadu_ps(x + 16), s0);
+    s1 = _mm256_fmadd_ps(STER_CVT(_mm256_srli_epi32(v1, 4)), _mm256_loadu_ps(x + 24), s1);
+    return _mm256_add_ps(s0, s1);
+}
+
+static STER_AVX2 float ster_dot_q4_0(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f;
+    int b;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 18;
+        float d = ster_f16_avx2(blk);
+        __m256 s = ster_nib_dot(blk + 2, x + 32 * b);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc0);
+        macc += d * (xs16[2 * b] + xs16[2 * b + 1]);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) - 8.0f * macc;
+}
+
+static STER_AVX2 float ster_dot_q4_1(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f;
+    int b;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 20;
+        __m256 s = ster_nib_dot(blk + 4, x + 32 * b);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(ster_f16_avx2(blk)), s, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(ster_f16_avx2(blk)), s, acc0);
+        macc += ster_f16_avx2(blk + 2) * (xs16[2 * b] + xs16[2 * b + 1]);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+static STER_AVX2 float ster_dot_q8_0(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int b;
+    (void)xs16;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* q = row + (size_t)b * 34 + 2;
+        const float* xb = x + 32 * b;
+        __m256 s0 = _mm256_mul_ps(STER_CVT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)q))), _mm256_loadu_ps(xb));
+        __m256 s1 = _mm256_mul_ps(STER_CVT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + 8)))), _mm256_loadu_ps(xb + 8));
+        s0 = _mm256_fmadd_ps(STER_CVT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + 16)))), _mm256_loadu_ps(xb + 16), s0);
+        s1 = _mm256_fmadd_ps(STER_CVT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + 24)))), _mm256_loadu_ps(xb + 24), s1);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(ster_f16_avx2(q - 2)), _mm256_add_ps(s0, s1), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(ster_f16_avx2(q - 2)), _mm256_add_ps(s0, s1), acc0);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Q5_0 / Q5_1: the fifth bits come from a table: byte v of qh -> 8 lanes of ((v >> i) & 1) << 4,
+ * one 32-byte load per 8 weights (8 KiB, stays in L1). */
+static int32_t ster_q5_high[256][8] __attribute__((aligned(32)));
+static int ster_q5_high_ready = 0;
+
+static void ster_init_tables(void) {
+    int v, i;
+    if (ster_q5_high_ready) return;
+    for (v = 0; v < 256; v++)
+        for (i = 0; i < 8; i++) ster_q5_high[v][i] = ((v >> i) & 1) << 4;
+    ster_q5_high_ready = 1;
+}
+
+STER_AVX2_INLINE __m256 ster_q5_dot(const uint8_t* qs, uint32_t qh, const float* x) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    __m256i v0 = STER_I(ster_u8x8(qs)), v1 = STER_I(ster_u8x8(qs + 8));
+    __m256i h0 = _mm256_load_si256((const __m256i*)ster_q5_high[qh & 0xFF]);
+    __m256i h1 = _mm256_load_si256((const __m256i*)ster_q5_high[(qh >> 8) & 0xFF]);
+    __m256i h2 = _mm256_load_si256((const __m256i*)ster_q5_high[(qh >> 16) & 0xFF]);
+    __m256i h3 = _mm256_load_si256((const __m256i*)ster_q5_high[qh >> 24]);
+    __m256 s0 = _mm256_mul_ps(STER_CVT(_mm256_or_si256(_mm256_and_si256(v0, m15), h0)), _mm256_loadu_ps(x));
+    __m256 s1 = _mm256_mul_ps(STER_CVT(_mm256_or_si256(_mm256_and_si256(v1, m15), h1)), _mm256_loadu_ps(x + 8));
+    s0 = _mm256_fmadd_ps(STER_CVT(_mm256_or_si256(_mm256_srli_epi32(v0, 4), h2)), _mm256_loadu_ps(x + 16), s0);
+    s1 = _mm256_fmadd_ps(STER_CVT(_mm256_or_si256(_mm256_srli_epi32(v1, 4), h3)), _mm256_loadu_ps(x + 24), s1);
+    return _mm256_add_ps(s0, s1);
+}
+
+static STER_AVX2 float ster_dot_q5_0(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f;
+    int b;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 22;
+        float d = ster_f16_avx2(blk);
+        __m256 s = ster_q5_dot(blk + 6, ster_le32(blk + 2), x + 32 * b);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc0);
+        macc += d * (xs16[2 * b] + xs16[2 * b + 1]);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) - 16.0f * macc;
+}
+
+static STER_AVX2 float ster_dot_q5_1(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f;
+    int b;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 24;
+        __m256 s = ster_q5_dot(blk + 8, ster_le32(blk + 4), x + 32 * b);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(ster_f16_avx2(blk)), s, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(ster_f16_avx2(blk)), s, acc0);
+        macc += ster_f16_avx2(blk + 2) * (xs16[2 * b] + xs16[2 * b + 1]);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+/* Q4_K: each 32-byte chunk c holds sub-block 2c (low nibbles) and 2c + 1 (high nibbles). */
+static STER_AVX2 float ster_dot_q4_k(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f, s[16], m[16];
+    int b, c, g;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 144;
+        const float* xb = x + 256 * b;
+        const float* xs = xs16 + 16 * b;
+        ster_block_scales_avx2(STER_Q4_K, blk, s, m);
+        for (c = 0; c < 4; c++) {
+            const uint8_t* q = blk + 16 + 32 * c;
+            const float* xc = xb + 64 * c;
+            __m256 sa = _mm256_setzero_ps(), sb = _mm256_setzero_ps();
+            for (g = 0; g < 4; g++) {
+                __m256i v = STER_I(ster_u8x8(q + 8 * g));
+                sa = _mm256_fmadd_ps(STER_CVT(_mm256_and_si256(v, m15)), _mm256_loadu_ps(xc + 8 * g), sa);
+                sb = _mm256_fmadd_ps(STER_CVT(_mm256_srli_epi32(v, 4)), _mm256_loadu_ps(xc + 32 + 8 * g), sb);
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s[4 * c]), sa, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s[4 * c + 2]), sb, acc1);
+            macc += m[4 * c] * (xs[4 * c] + xs[4 * c + 1]) + m[4 * c + 2] * (xs[4 * c + 2] + xs[4 * c + 3]);
+        }
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+/* Q6_K, lanes l..l+7 of half h: ql[l], ql[32 + l] and qh[l] give four units' codes. */
+static STER_AVX2 float ster_dot_q6_k(const uint8_t* row, int nb, const float* x, const float* xs16) {
+    const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3), m48 = _mm256_set1_epi32(48);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f;
+    int b, h, g, j;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 210;
+        const float d = ster_f16_avx2(blk + 208);
+        const float* xs = xs16 + 16 * b;
+        for (h = 0; h < 2; h++) {
+            const uint8_t* ql = blk + 64 * h;
+            const uint8_t* qh = blk + 128 + 32 * h;
+            const float* xh = x + 256 * b + 128 * h;
+            const int8_t* sc = (const int8_t*)(blk + 192 + 8 * h);
+            __m256 part[8];   /* unit j (0..3) x half of its 32 lanes (0, 1) */
+            for (j = 0; j < 8; j++) part[j] = _mm256_setzero_ps();
+            for (g = 0; g < 4; g++) {
+                __m256i a = STER_I(ster_u8x8(ql + 8 * g)), c = STER_I(ster_u8x8(ql + 32 + 8 * g));
+                __m256i e = STER_I(ster_u8x8(qh + 8 * g));
+                __m256i q0 = _mm256_or_si256(_mm256_and_si256(a, m15), _mm256_slli_epi32(_mm256_and_si256(e, m3), 4));
+                __m256i q1 = _mm256_or_si256(_mm256_and_si256(c, m15), _mm256_and_si256(_mm256_slli_epi32(e, 2), m48));
+                __m256i q2 = _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_and_si256(e, m48));
+                __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_and_si256(_mm256_srli_epi32(e, 2), m48));
+                int k = g >> 1;
+                part[0 + k] = _mm256_fmadd_ps(STER_CVT(q0), _mm256_loadu_ps(xh + 8 * g), part[0 + k]);
+                part[2 + k] = _mm256_fmadd_ps(STER_CVT(q1), _mm256_loadu_ps(xh + 32 + 8 * g), part[2 + k]);
+                part[4 + k] = _mm256_fmadd_ps(STER_CVT(q2), _mm256_loadu_ps(xh + 64 + 8 * g), part[4 + k]);
+                part[6 + k] = _mm256_fmadd_ps(STER_CVT(q3), _mm256_loadu_ps(xh + 96 + 8 * g), part[6 + k]);
+            }
+            for (j = 0; j < 8; j++) {
+                float sj = d * (float)sc[j];
+                if (j & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sj), part[j], acc1);
+                else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sj), part[j], acc0);
+                macc += sj * xs[8 * h + j];
+            }
+        }
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) - 32.0f * macc;
+}
+
+/* The other types go through the generic unit path. */
+#define STER_DOT_FN(NAME, TYPE) \
+    static STER_AVX2 float NAME(const uint8_t* row, int nb, const float* x, const float* xs16) { \
+        return ster_row_dot_avx2_t(TYPE, row, nb, x, xs16); }
+STER_DOT_FN(ster_dot_q2_k, STER_Q2_K)
+STER_DOT_FN(ster_dot_q3_k, STER_Q3_K)
+STER_DOT_FN(ster_dot_q5_k, STER_Q5_K)
+STER_DOT_FN(ster_dot_iq4_nl, STER_IQ4_NL)
+STER_DOT_FN(ster_dot_iq4_xs, STER_IQ4_XS)
+
+typedef float (*ster_dot_fn)(const uint8_t*, int, const float*, const float*);
+
+static ster_dot_fn ster_dot_avx2_for(int type) {
+    switch (type) {
+    case STER_Q4_0: return ster_dot_q4_0; case STER_Q4_1: return ster_dot_q4_1;
+    case STER_Q5_0: return ster_dot_q5_0; case STER_Q5_1: return ster_dot_q5_1;
+    case STER_Q8_0: return ster_dot_q8_0; case STER_Q2_K: return ster_dot_q2_k;
+    case STER_Q3_K: return ster_dot_q3_k; case STER_Q4_K: return ster_dot_q4_k;
+    case STER_Q5_K: return ster_dot_q5_k; case STER_Q6_K: return ster_dot_q6_k;
+    case STER_IQ4_NL: return ster_dot_iq4_nl; case STER_IQ4_XS: return ster_dot_iq4_xs;
+    }
+    return 0;
+}
+
+/* nb blocks -> floats (s * q + m, one rounding). */
+STER_AVX2_INLINE void ster_decode_avx2_t(const int type, const uint8_t* src, int nb, float* dst) {
+    const int ts = ster_type_size(type);
+    float s[16], m[16];
+    int b, u, g, nu;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = src + (size_t)b * ts;
+        nu = ster_block_scales_avx2(type, blk, s, m);
+        for (u = 0; u < nu; u++) {
+            __m256i q = ster_codes_avx2(type, blk, u);
+            for (g = 0; g < 4; g++) {
+                __m256 w = _mm256_fmadd_ps(ster_codes_f32(q, g), _mm256_set1_ps(s[2 * u + (g >> 1)]),
+                                           _mm256_set1_ps(m[2 * u + (g >> 1)]));
+                _mm256_storeu_ps(dst + 32 * u + 8 * g, w);
+            }
+        }
+        dst += 32 * nu;
+    }
+}
+
+#define STER_DEC_FN(NAME, TYPE) \
+    static STER_AVX2 void NAME(const uint8_t* src, int nb, float* dst) { ster_decode_avx2_t(TYPE, src, nb, dst); }
+STER_DEC_FN(ster_dec_q4_0, STER_Q4_0)
+STER_DEC_FN(ster_dec_q4_1, STER_Q4_1)
+STER_DEC_FN(ster_dec_q5_0, STER_Q5_0)
+STER_DEC_FN(ster_dec_q5_1, STER_Q5_1)
+STER_DEC_FN(ster_dec_q8_0, STER_Q8_0)
+STER_DEC_FN(ster_dec_q2_k, STER_Q2_K)
+STER_DEC_FN(ster_dec_q3_k, STER_Q3_K)
+STER_DEC_FN(ster_dec_q4_k, STER_Q4_K)
+STER_DEC_FN(ster_dec_q5_k, STER_Q5_K)
+STER_DEC_FN(ster_dec_q6_k, STER_Q6_K)
+STER_DEC_FN(ster_dec_iq4_nl, STER_IQ4_NL)
+STER_DEC_FN(ster_dec_iq4_xs, STER_IQ4_XS)
+
+typedef void (*ster_dec_fn)(const uint8_t*, int, float*);
+
+static ster_dec_fn ster_dec_avx2_for(int type) {
+    switch (type) {
+    case STER_Q4_0: return ster_dec_q4_0; case STER_Q4_1: return ster_dec_q4_1;
+    case STER_Q5_0: return ster_dec_q5_0; case STER_Q5_1: return ster_dec_q5_1;
+    case STER_Q8_0: return ster_dec_q8_0; case STER_Q2_K: return ster_dec_q2_k;
+    case STER_Q3_K: return ster_dec_q3_k; case STER_Q4_K: return ster_dec_q4_k;
+    case STER_Q5_K: return ster_dec_q5_k; case STER_Q6_K: return ster_dec_q6_k;
+    case STER_IQ4_NL: return ster_dec_iq4_nl; case STER_IQ4_XS: return ster_dec_iq4_xs;
+    }
+    return 0;
+}
+
+/* 6 x 16 register tile over a packed panel; rows t >= mt repeat row mt - 1 and are dropped.
+ * Twelve named accumulators (not an array) so the compiler keeps them in registers. */
+static STER_AVX2 void ster_micro_avx2(int kc, const float* A, int lda, int mt, const float* B, float* C, int ldc,
+                                      int nv, int accumulate) {
+    const float* a0 = A;
+    const float* a1 = A + (size_t)(mt > 1 ? 1 : mt - 1) * lda;
+    const float* a2 = A + (size_t)(mt > 2 ? 2 : mt - 1) * lda;
+    const float* a3 = A + (size_t)(mt > 3 ? 3 : mt - 1) * lda;
+    const float* a4 = A + (size_t)(mt > 4 ? 4 : mt - 1) * lda;
+    const float* a5 = A + (size_t)(mt > 5 ? 5 : mt - 1) * lda;
+    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+    float out[STER_MR][STER_NR];
+    int t, k, n;
+    for (k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(B + STER_NR * k), b1 = _mm256_loadu_ps(B + STER_NR * k + 8);
+        __m256 x;
+        x = _mm256_broadcast_ss(a0 + k); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a1 + k); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a2 + k); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a3 + k); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a4 + k); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a5 + k); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    _mm256_storeu_ps(out[0], c00); _mm256_storeu_ps(out[0] + 8, c01);
+    _mm256_storeu_ps(out[1], c10); _mm256_storeu_ps(out[1] + 8, c11);
+    _mm256_storeu_ps(out[2], c20); _mm256_storeu_ps(out[2] + 8, c21);
+    _mm256_storeu_ps(out[3], c30); _mm256_storeu_ps(out[3] + 8, c31);
+    _mm256_storeu_ps(out[4], c40); _mm256_storeu_ps(out[4] + 8, c41);
+    _mm256_storeu_ps(out[5], c50); _mm256_storeu_ps(out[5] + 8, c51);
+    for (t = 0; t < mt; t++) {
+        float* ct = C + (size_t)t * ldc;
+        if (nv == STER_NR) {
+            __m256 r0 = _mm256_loadu_ps(out[t]), r1 = _mm256_loadu_ps(out[t] + 8);
+            if (accumulate) {
+                r0 = _mm256_add_ps(r0, _mm256_loadu_ps(ct));
+                r1 = _mm256_add_ps(r1, _mm256_loadu_ps(ct + 8));
+            }
+            _mm256_storeu_ps(ct, r0);
+            _mm256_storeu_ps(ct + 8, r1);
+        } else {
+            for (n = 0; n < nv; n++) ct[n] = accumulate ? ct[n] + out[t][n] : out[t][n];
+        }
+    }
+}
+
+#else
+static int ster_cpu_avx2(void) { return 0; }
+static void ster_init_tables(void) {}
+#endif /* STER_HAVE_X86 */
+
+/* ------------------------------------------------------------------------- */
+/* Drivers (called by qmatmul.pyx, one call per thread task)                 */
+
+/* Sums of x over each 16 inputs: xs16[K / 16]. */
+static void ster_sums16(const float* x, int K, float* xs16) {
+    int i, l;
+    for (i = 0; i < K / 16; i++) {
+        float s = 0.0f;
+        for (l = 0; l < 16; l++) s += x[16 * i + l];
+        xs16[i] = s;
+    }
+}
+
+/* y[r] = row(rows[r]) . x for r in [r0, r1); rows NULL means the identity. */
+static void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
+                              int K, const float* x, const float* xs16, float* y, int simd) {
+    int nb = K / ster_block_size(type), r;
+#if STER_HAVE_X86
+    if (simd) {
+        ster_dot_fn dot = ster_dot_avx2_for(type);
+        for (r = r0; r < r1; r++)
+            y[r] = dot(W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, x, xs16);
+        return;
+    }
+#endif
+    (void)xs16; (void)simd;
+    for (r = r0; r < r1; r++)
+        y[r] = ster_row_dot_scalar(type, W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, x);
+}
+
+/* Y[t, n] = sum_k X[t, k] W[rows[n], k] for t < T and n in [n0, n1).
+ * X: [T, K] (row stride K); Y: row stride ldy; pack: scratch of
+ * ceil((n1 - n0) / 16) * STER_KC * 16 floats (32-byte aligned). */
+static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
+                              int K, const float* X, int T, float* Y, int ldy, float* pack, int simd) {
+    const int bs = ster_block_size(type), ts = ster_type_size(type);
+    const int npanel = (n1 - n0 + STER_NR - 1) / STER_NR;
+    float tmp[STER_KC];
+    int kc0, kcl, p, rr, k, t0;
+#if STER_HAVE_X86
+    ster_dec_fn dec = simd ? ster_dec_avx2_for(type) : 0;
+#endif
+    for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
+        kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
+        for (p = 0; p < npanel; p++) {
+            float* P = pack + (size_t)p * STER_KC * STER_NR;
+            for (rr = 0; rr < STER_NR; rr++) {
+                int n = n0 + STER_NR * p + rr;
+                if (n < n1) {
+                    const uint8_t* src = W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)(kc0 / bs) * ts;
+#if STER_HAVE_X86
+                    if (dec) dec(src, kcl / bs, tmp); else
+#endif
+                    ster_decode_scalar(type, src, kcl / bs, tmp);
+                    for (k = 0; k < kcl; k++) P[k * STER_NR + rr] = tmp[k];
+                } else {
+                    for (k = 0; k < kcl; k++) P[k * STER_NR + rr] = 0.0f;
+                }
+            }
+        }
+        for (t0 = 0; t0 < T; t0 += STER_MR) {
+            int mt = T - t0 < STER_MR ? T - t0 : STER_MR;
+            for (p = 0; p < npanel; p++) {
+                int nv = n1 - n0 - STER_NR * p;
+                const float* A = X + (size_t)t0 * K + kc0;
+                float* C = Y + (size_t)t0 * ldy + n0 + STER_NR * p;
+                const float* P = pack + (size_t)p * STER_KC * STER_NR;
+                if (nv > STER_NR) nv = STER_NR;
+#if STER_HAVE_X86
+                if (simd) { ster_micro_avx2(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0); continue; }
+#endif
+                ster_micro_scalar(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0);
+            }
+        }
+    }
+}
+
+#endif /* STER_QKERNELS_H */
