@@ -185,9 +185,10 @@ def _peft_module_regexes(names: Mapping[str, str]) -> list[tuple[re.Pattern, str
         template = names.get(target)
         if not template:
             continue
-        rx = re.escape(template).replace(re.escape("{i}"), r"(\d+)")
+        full = re.escape(template).replace(re.escape("{i}"), r"(\d+)")
+        bare = re.escape(template.split(".", 1)[1]).replace(re.escape("{i}"), r"(\d+)")
         # PEFT wraps the task model (…ForCausalLM) or the bare base model; accept both roots.
-        out.append((re.compile(rf"(?:base_model\.model\.)?(?:{rx}|{rx.split(r'\.', 1)[1]})"), target))
+        out.append((re.compile(r"(?:base_model\.model\.)?(?:" + full + "|" + bare + ")"), target))
     return out
 
 

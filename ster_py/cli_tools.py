@@ -96,7 +96,7 @@ def capture(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
-    layers: str = typer.Option("all", help="all | N | a..b (inclusive) | a,b,c. " + LAYER_HELP),
+    layers: str = typer.Option("all", help="all | N | a..b (inclusive) | a,b,c. " + escape(LAYER_HELP)),
     position: Position = typer.Option(Position.last, help="last: the last prompt token; mean: the mean over all "
                                       "prompt tokens; all: every token."),
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: wrap each prompt in the model's "

@@ -1,0 +1,282 @@
+"""LoRA adapters: ``ster tune merge`` and ``generate --adapter`` against PEFT.
+
+Oracle: PEFT's ``get_peft_model`` on a tiny transformers checkpoint, random LoRA
+factors, ``save_pretrained`` (the adapter ster reads) and ``merge_and_unload``
+(the merged weights ster must reproduce). Merged directories are loaded back by
+transformers; files are read with the safetensors library.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from ster_py.adapters import apply_adapter, load_adapter_for
+from ster_py.errors import SterError
+from ster_py.load import load_model
+from ster_py.tune.merge import merge_adapter
+from tiny import make_checkpoint, reference_greedy, reference_logits, rel_err
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SHORT = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+         "down_proj": "down"}
+IDS = [5, 9, 17, 33, 65, 3, 40, 41]
+PROMPT = " ".join(f"w{i}" for i in IDS)
+
+
+def ster(*args):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def peft_case(root: Path, *, dtype: str = "f32", rslora: bool = False, r: int = 4, alpha: int = 8):
+    """A tiny llama checkpoint, a PEFT adapter with random factors, and PEFT's merged state dict."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    base_dir, adapter_dir = root / "base", root / "adapter"
+    make_checkpoint(base_dir, "llama", dtype=None if dtype == "f32" else torch_dtype)
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype, attn_implementation="eager")
+    pm = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=TARGETS, use_rslora=rslora,
+                                         lora_dropout=0.0))
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    pm.eval()
+    pm.save_pretrained(str(adapter_dir))
+    with torch.no_grad():
+        adapted_logits = pm(torch.tensor([IDS])).logits[0].float().numpy()
+    merged = pm.merge_and_unload()
+    state = {k: v.detach().clone() for k, v in merged.state_dict().items()}
+    return base_dir, adapter_dir, state, adapted_logits, merged.float().eval()
+
+
+def as_numpy(t) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def ster_layout_from_peft(adapter_dir: Path, out: Path, model: str, **sidecar) -> Path:
+    """Rewrite PEFT's factors in Ster's layout (NAME.lora.safetensors + NAME.lora.json)."""
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    tensors = {}
+    for k, v in load_file(str(adapter_dir / "adapter_model.safetensors")).items():
+        parts = k.split(".")
+        layer, target, ab = int(parts[parts.index("layers") + 1]), SHORT[parts[-3]], parts[-2]
+        tensors[f"layers.{layer}.{target}.{'a' if ab == 'lora_A' else 'b'}"] = v
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "mine.lora.safetensors"))
+    doc = {"model": model, "model_revision": None, "rank": cfg["r"], "alpha": cfg["lora_alpha"],
+           "targets": list(SHORT.values()), "layers": [0, 1, 2], "hidden_size": 64, **sidecar}
+    (out / "mine.lora.json").write_text(json.dumps(doc))
+    return out / "mine.lora.json"
+
+
+@pytest.fixture(scope="module")
+def f32_case(tmp_path_factory):
+    return peft_case(tmp_path_factory.mktemp("f32"))
+
+
+def check_against_peft(out: Path, state, *, bf16: bool):
+    n_merged = 0
+    with safe_open(str(out / "model.safetensors"), framework="numpy") as f:
+        assert sorted(f.keys()) == sorted(k for k in state if k != "lm_head.weight" or k in f.keys())
+        for name in f.keys():
+            ours, ref = f.get_tensor(name), as_numpy(state[name])
+            assert ours.dtype == ref.dtype and ours.shape == ref.shape, name
+            if any(f".{t}." in name for t in TARGETS):
+                n_merged += 1
+                if bf16:  # one unit in the last place: adjacent bfloat16 bit patterns (same sign here)
+                    a, b = ours.view(np.int16).astype(np.int32), ref.view(np.int16).astype(np.int32)
+                    assert np.abs(a - b).max() <= 1, name
+                else:
+                    assert np.abs(ours - ref).max() <= 1e-6, name
+            else:
+                assert np.array_equal(ours.view(np.uint8), ref.view(np.uint8)), name  # copied bit for bit
+    assert n_merged == 21
+
+
+def test_merge_peft_adapter_equals_peft_f32(f32_case, tmp_path):
+    base_dir, adapter_dir, state, _, _ = f32_case
+    out = tmp_path / "merged"
+    r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(adapter_dir), "--output", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    check_against_peft(out, state, bf16=False)
+    assert report == json.loads((out / "ster-merge.json").read_text())
+    assert report["rank"] == 4 and report["alpha"] == 8 and report["scale"] == 2.0 and report["dtype"] == "F32"
+    assert report["targets"] == ["q", "k", "v", "o", "gate", "up", "down"] and report["layers"] == [0, 1, 2]
+    assert report["hidden_size"] == 64 and report["merged_tensors"] == 21
+    assert report["total_tensors"] == report["merged_tensors"] + report["copied_tensors"] == len(state)
+    assert report["parameters"] == sum(t.numel() for t in state.values())
+    assert sorted(p.name for p in out.iterdir()) == sorted(report["files"])
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(report["files"])
+    assert (out / "config.json").read_bytes() == (base_dir / "config.json").read_bytes()
+
+
+def test_merge_rslora_and_bf16_equal_peft(tmp_path):
+    base_dir, adapter_dir, state, _, _ = peft_case(tmp_path / "rs", rslora=True, r=4, alpha=6)
+    report = merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "rs-out")
+    assert report["scale"] == pytest.approx(6 / math.sqrt(4)) and report["rslora"]
+    check_against_peft(tmp_path / "rs-out", state, bf16=False)
+
+    base_dir, adapter_dir, state, _, _ = peft_case(tmp_path / "bf", dtype="bf16")
+    report = merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "bf-out")
+    assert report["dtype"] == "BF16"
+    check_against_peft(tmp_path / "bf-out", state, bf16=True)
+
+
+def test_ster_layout_merges_like_peft(f32_case, tmp_path):
+    base_dir, adapter_dir, state, _, _ = f32_case
+    side = ster_layout_from_peft(adapter_dir, tmp_path / "ad", str(base_dir))
+    report = merge_adapter(str(base_dir), str(side), tmp_path / "out")
+    assert report["adapter_layout"] == "ster"
+    check_against_peft(tmp_path / "out", state, bf16=False)
+
+
+def test_merged_dir_loads_in_transformers_and_ster_with_equal_logits(f32_case, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base_dir, adapter_dir, _, adapted_logits, _ = f32_case
+    merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "m")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    hf_logits, _ = reference_logits(hf, IDS)
+    assert rel_err(hf_logits, adapted_logits) < 1e-5  # the merged checkpoint is PEFT's adapted model
+    ours = load_model(str(tmp_path / "m")).decoder.forward(IDS)
+    assert rel_err(ours, hf_logits) < 1e-5
+
+
+def test_generate_adapter_equals_merged_model(f32_case, tmp_path):
+    base_dir, adapter_dir, _, adapted_logits, merged_model = f32_case
+    merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "m")
+    side = ster_layout_from_peft(adapter_dir, tmp_path / "ad", str(base_dir))
+    for adapter in (str(adapter_dir), str(side)):  # PEFT's layout and Ster's
+        loaded = load_model(str(base_dir))
+        apply_adapter(loaded, load_adapter_for(adapter, loaded))
+        logits = loaded.decoder.forward(IDS)
+        assert rel_err(logits, adapted_logits) < 1e-5  # PEFT's unmerged adapted model
+    merged = load_model(str(tmp_path / "m")).decoder.forward(IDS)
+    assert rel_err(logits, merged) < 1e-5
+
+    expected = reference_greedy(merged_model, IDS, 10)
+    stop = expected.index(2) + 1 if 2 in expected else 10
+    runs = [ster("generate", "--model", str(base_dir), "--prompt", PROMPT, "--max-new-tokens", "10", "--json",
+                 "--adapter", str(adapter_dir)),
+            ster("generate", "--model", str(tmp_path / "m"), "--prompt", PROMPT, "--max-new-tokens", "10", "--json")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    with_adapter, from_merged = (json.loads(r.stdout)["ids"] for r in runs)
+    assert with_adapter == from_merged == expected[:stop]
+
+
+def test_sharded_output_loads_like_single_file(f32_case, tmp_path):
+    base_dir, adapter_dir, state, _, _ = f32_case
+    report = merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "sh", max_shard_bytes=40_000)
+    shards = sorted(p.name for p in (tmp_path / "sh").glob("model-*.safetensors"))
+    assert len(shards) > 1 and "model.safetensors.index.json" in report["files"]
+    index = json.loads((tmp_path / "sh" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(state) - ({"lm_head.weight"} - set(index["weight_map"]))
+    merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "one")
+    assert rel_err(load_model(str(tmp_path / "sh")).decoder.forward(IDS),
+                   load_model(str(tmp_path / "one")).decoder.forward(IDS)) == 0.0
+
+
+def test_failed_merge_leaves_no_output_directory(f32_case, tmp_path, monkeypatch):
+    import ster_py.tune.merge as merge_mod
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    real = merge_mod.write_safetensors
+
+    def fail_midway(path, specs, arrays, metadata=None):
+        def some():
+            for k, a in enumerate(arrays):
+                if k == 5:
+                    raise OSError("No space left on device")
+                yield a
+        real(path, specs, some(), metadata)
+
+    monkeypatch.setattr(merge_mod, "write_safetensors", fail_midway)
+    with pytest.raises(OSError):
+        merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary sibling
+
+
+def _refused(tmp_path, model, adapter, words):
+    out = tmp_path / "never"
+    with pytest.raises(SterError, match=words):
+        merge_adapter(str(model), str(adapter), out)
+    assert not out.exists()
+
+
+def test_merge_refusals(f32_case, tmp_path):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    # Another model.
+    other = ster_layout_from_peft(adapter_dir, tmp_path / "other", "org/another-model")
+    _refused(tmp_path, base_dir, other, "made for model 'org/another-model'")
+    # Width mismatch: the sidecar says so, or the factors do.
+    wide = ster_layout_from_peft(adapter_dir, tmp_path / "wide", str(base_dir), hidden_size=128)
+    _refused(tmp_path, base_dir, wide, "hidden_size 128.*64")
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    (narrow / "adapter_config.json").write_text(json.dumps(cfg))
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((4, 32), np.float32),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": np.zeros((64, 4), np.float32)},
+              str(narrow / "adapter_model.safetensors"))
+    _refused(tmp_path, base_dir, narrow, "maps 32 -> 64.*64 -> 64")
+    # A reward artifact.
+    (tmp_path / "judge.reward.json").write_text(json.dumps({"format": "ster.reward", "model": str(base_dir)}))
+    _refused(tmp_path, base_dir, tmp_path / "judge.reward.json", "reward artifact")
+    # Other PEFT methods and LoRA variants, by name.
+    for changes, words in (({"peft_type": "LOHA"}, "is LOHA"), ({"use_dora": True}, "DoRA")):
+        d = tmp_path / f"peft-{words.split()[-1]}"
+        d.mkdir()
+        (d / "adapter_config.json").write_text(json.dumps({**cfg, **changes}))
+        (d / "adapter_model.safetensors").write_bytes((adapter_dir / "adapter_model.safetensors").read_bytes())
+        _refused(tmp_path, base_dir, d, words)
+    # A GGUF base (the file is never read: the refusal comes first).
+    (tmp_path / "base.gguf").write_bytes(b"GGUF")
+    _refused(tmp_path, tmp_path / "base.gguf", adapter_dir, "refuses a GGUF base")
+    # Existing output.
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(SterError, match="already exists"):
+        merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "exists")
+
+
+def test_shards_naming_one_tensor_twice_are_refused(f32_case, tmp_path):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    dup = tmp_path / "dup"
+    dup.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (dup / name).write_bytes((base_dir / name).read_bytes())
+    tensors = load_file(str(base_dir / "model.safetensors"))
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[:10]}, str(dup / "model-00001-of-00002.safetensors"))
+    save_file({n: tensors[n] for n in names[9:]}, str(dup / "model-00002-of-00002.safetensors"))
+    _refused(tmp_path, dup, adapter_dir, f"{names[9]}.*stored twice")
+
+
+def test_cli_refusal_is_one_line(f32_case, tmp_path):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    (tmp_path / "base.gguf").write_bytes(b"GGUF")
+    r = ster("tune", "merge", "--model", str(tmp_path / "base.gguf"), "--adapter", str(adapter_dir),
+             "--output", str(tmp_path / "o"))
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+    assert "GGUF base" in r.stderr and not (tmp_path / "o").exists()

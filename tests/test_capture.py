@@ -1,0 +1,158 @@
+"""``ster capture`` against transformers' hidden states on tiny checkpoints.
+
+Oracle: transformers' ``output_hidden_states`` (entry i + 1 is the residual after
+decoder layer i, except the last entry, which has the final norm applied) and,
+for the last layer, a forward hook on transformers' last decoder layer, which
+sees the residual before the final norm. Files are read back with the
+safetensors library, not with our reader.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from ster_py.capture import capture, load_capture, parse_layers, save_capture
+from ster_py.errors import SterError
+from ster_py.load import load_model
+from tiny import make_checkpoint, rel_err
+
+PROMPTS = ["w5 w9 w17 w33 w65 w3", "w100 w7 w8", "w11 w12 w13 w14 w15 w16 w17 w18"]
+TEMPLATE = ("{% for m in messages %}<s> w{{ 10 + loop.index }} {{ m['content'] }} </s> {% endfor %}"
+            "{% if add_generation_prompt %}w99 {% endif %}")
+
+
+def ster(*args):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def oracle_states(model, ids) -> list[np.ndarray]:
+    """transformers' residual stream after each decoder layer, float32 [T, hidden] per layer."""
+    import torch
+
+    layers = model.model.layers
+    last = {}
+    handle = layers[-1].register_forward_hook(
+        lambda mod, args, out: last.__setitem__("h", (out[0] if isinstance(out, tuple) else out)[0].numpy()))
+    with torch.no_grad():
+        hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    handle.remove()
+    return [h[0].numpy() for h in hs[1:-1]] + [last["h"]]
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3_text"])
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    extra = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]} \
+        if request.param == "gemma3_text" else {}
+    model = make_checkpoint(path, request.param, **extra)
+    ids = [[int(w[1:]) for w in p.split()] for p in PROMPTS]
+    return path, model, ids
+
+
+def test_cli_capture_all_positions_equals_transformers(tiny, tmp_path):
+    path, model, ids = tiny
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n\n")
+    out = tmp_path / "acts.safetensors"
+    r = ster("capture", "--model", str(path), "--prompts", str(tmp_path / "prompts.txt"), "--layers", "all",
+             "--position", "all", "--output", str(out), "--revision", "v1")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "acts.json").read_text())
+    assert meta["model"] == str(path) and meta["model_revision"] == "v1" and meta["precision"] == "f32"
+    assert meta["layers"] == [0, 1, 2] and meta["position"] == "all" and meta["chat_template"] == "absent"
+    assert [p["token_ids"] for p in meta["prompts"]] == ids
+    with safe_open(str(out), framework="numpy") as f:
+        assert json.loads(f.metadata()["ster"]) == meta
+        for p, prompt_ids in enumerate(ids):
+            expected = oracle_states(model, prompt_ids)
+            for layer in range(3):
+                got = f.get_tensor(f"layers.{layer}.prompt.{p}")
+                assert got.dtype == np.float32 and got.shape == expected[layer].shape
+                assert rel_err(got, expected[layer]) < 1e-4
+
+
+def test_layer_numbering_matches_hidden_states_index(tiny):
+    """Layer i is transformers' hidden_states[i + 1] (checked directly for the layers before the last)."""
+    import torch
+
+    path, model, ids = tiny
+    cap = capture(load_model(str(path)), [PROMPTS[0]], [0, 1], "all")
+    with torch.no_grad():
+        hs = model(torch.tensor([ids[0]]), output_hidden_states=True).hidden_states
+    for i in (0, 1):
+        assert rel_err(cap.states[i][0], hs[i + 1][0].numpy()) < 1e-4
+
+
+@pytest.mark.parametrize("position", ["last", "mean"])
+def test_last_and_mean_positions(tiny, tmp_path, position):
+    path, model, ids = tiny
+    loaded = load_model(str(path))
+    cap = capture(loaded, PROMPTS, parse_layers("1..2", 3), position)
+    save_capture(cap, tmp_path / "c.safetensors")
+    back = load_capture(tmp_path / "c.safetensors")
+    assert back.layers == [1, 2] and back.meta["position"] == position
+    for layer in (1, 2):
+        rows = back.rows(layer)
+        assert rows.shape == (len(PROMPTS), 64)
+        for p, prompt_ids in enumerate(ids):
+            h = oracle_states(model, prompt_ids)[layer]
+            expected = h[-1] if position == "last" else h.astype(np.float64).mean(0)
+            assert rel_err(rows[p], expected) < 1e-4
+
+
+def test_chat_template_applied_matches_transformers_ids(tmp_path):
+    from transformers import AutoTokenizer
+
+    make_checkpoint(tmp_path, "llama")
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TEMPLATE
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    loaded = load_model(str(tmp_path))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    expected = list(tok.apply_chat_template([{"role": "user", "content": PROMPTS[1]}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False))
+    applied = capture(loaded, [PROMPTS[1]], [0], chat_template="auto")
+    assert applied.meta["chat_template"] == "applied" and applied.meta["prompts"][0]["token_ids"] == expected
+    off = capture(loaded, [PROMPTS[1]], [0], chat_template="off")
+    assert off.meta["chat_template"] == "off" and off.meta["prompts"][0]["token_ids"] == [100, 7, 8]
+
+
+@pytest.mark.parametrize("text, expected", [("all", [0, 1, 2]), ("1", [1]), ("0..1", [0, 1]), ("2,0", [0, 2])])
+def test_parse_layers(text, expected):
+    assert parse_layers(text, 3) == expected
+
+
+@pytest.mark.parametrize("text, words", [("3", "layers 0..2"), ("2..1", "empty"), ("x", "not understood"),
+                                         ("-1", "does not exist")])
+def test_parse_layers_refusals(text, words):
+    with pytest.raises(SterError, match=words):
+        parse_layers(text, 3)
+
+
+def test_failed_write_leaves_no_file(tiny, tmp_path, monkeypatch):
+    import ster_py.capture as capture_mod
+
+    path, _, _ = tiny
+    cap = capture(load_model(str(path)), PROMPTS, [0, 1], "last")
+
+    def broken(p, specs, arrays, metadata=None):
+        p.write_bytes(b"partial")
+        raise SterError("disk full")
+
+    monkeypatch.setattr(capture_mod, "write_safetensors", broken)
+    with pytest.raises(SterError, match="disk full"):
+        save_capture(cap, tmp_path / "out" / "c.safetensors")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_help_states_the_layer_numbering():
+    r = ster("capture", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split()).replace("│ ", "").replace(" │", "")
+    for words in ("0-based", "hidden_states[i + 1]", "before the final norm"):
+        assert words in text, text

@@ -1,0 +1,249 @@
+"""Steering vectors: the artifact, refusals, ``ster vector caa`` and ``generate --vector``.
+
+Oracles: transformers with forward hooks that add strength x direction to the
+output of the same decoder layers (every position, prefill and each cached
+decode step), and transformers' hidden states for the CAA difference of means.
+The real-model test (SmolLM2) checks the direction of the effect with a
+measurable criterion: the log-probability margin of a positive-side sentence
+over a negative-side one, teacher-forced after a neutral prompt.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ster_py.adapters import read_adapter
+from ster_py.errors import SterError
+from ster_py.families import LLAMA_NAMES
+from ster_py.load import load_model
+from ster_py.steering import SteeringVector, check_vector_for, read_vector, steering_hook, write_vector
+from tiny import make_checkpoint, rel_err
+
+PROMPT_IDS = [5, 9, 17, 33, 65, 3]
+PROMPT = " ".join(f"w{i}" for i in PROMPT_IDS)
+
+
+def ster(*args):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    return path, make_checkpoint(path, "llama")
+
+
+def unit_directions(layers, width=64, seed=0):
+    rng = np.random.RandomState(seed)
+    out = {}
+    for i in layers:
+        v = rng.standard_normal(width)
+        out[i] = (v / np.linalg.norm(v)).astype(np.float32)
+    return out
+
+
+def hooked_greedy(model, ids, directions, strength, n):
+    """transformers' greedy continuation with strength * direction added after each given layer."""
+    import torch
+
+    def adder(vec):
+        add = torch.tensor(vec) * strength
+
+        def hook(mod, args, out):
+            if isinstance(out, tuple):
+                return (out[0] + add,) + out[1:]
+            return out + add
+        return hook
+
+    handles = [model.model.layers[i].register_forward_hook(adder(v)) for i, v in directions.items()]
+    try:
+        out, past, feed, first = [], None, list(ids), None
+        with torch.no_grad():
+            for _ in range(n):
+                res = model(torch.tensor([feed]), past_key_values=past, use_cache=True)
+                first = res.logits[0].numpy() if first is None else first
+                past, feed = res.past_key_values, [int(res.logits[0, -1].argmax())]
+                out.append(feed[0])
+    finally:
+        for h in handles:
+            h.remove()
+    return out, first
+
+
+def test_steering_hook_matches_transformers_hooks(tiny, tmp_path):
+    path, model = tiny
+    dirs = unit_directions([0, 2])
+    vec = SteeringVector(str(path), None, 64, "test", "manual", dirs)
+    write_vector(vec, tmp_path / "v.json")
+    expected, ref_prefill = hooked_greedy(model, PROMPT_IDS, dirs, 2.5, 10)
+    plain, _ = hooked_greedy(model, PROMPT_IDS, {}, 0.0, 10)
+    assert expected != plain  # the oracle's steering does change the continuation
+
+    loaded = load_model(str(path))
+    prefill = loaded.decoder.forward(PROMPT_IDS, layer_hook=steering_hook(read_vector(tmp_path / "v.json"), 2.5))
+    assert rel_err(prefill, ref_prefill) < 1e-4
+
+    r = ster("generate", "--model", str(path), "--prompt", PROMPT, "--max-new-tokens", "10", "--json",
+             "--vector", str(tmp_path / "v.json"), "--strength", "2.5")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    stop = expected.index(2) + 1 if 2 in expected else 10  # id 2 is </s>
+    assert doc["ids"] == expected[:stop]
+    assert doc["vector"] == {"path": str(tmp_path / "v.json"), "strength": 2.5}
+
+
+def test_strength_zero_is_exactly_unsteered(tiny, tmp_path):
+    path, _ = tiny
+    loaded = load_model(str(path))
+    vec = SteeringVector(str(path), None, 64, "test", "manual", unit_directions([0, 1, 2]))
+    plain = loaded.decoder.forward(PROMPT_IDS)
+    zero = loaded.decoder.forward(PROMPT_IDS, layer_hook=steering_hook(vec, 0.0))
+    assert np.array_equal(plain, zero)
+
+
+def test_vector_caa_is_the_normalized_difference_of_means(tiny, tmp_path):
+    import torch
+
+    path, model = tiny
+    pos, neg = ["w5 w6 w7", "w8 w9 w10 w11"], ["w50 w51", "w60 w61 w62", "w70"]
+    (tmp_path / "pos.txt").write_text("\n".join(pos))
+    (tmp_path / "neg.txt").write_text("\n".join(neg))
+    for side in ("pos", "neg"):
+        r = ster("capture", "--model", str(path), "--prompts", str(tmp_path / f"{side}.txt"), "--layers", "0,1",
+                 "--position", "last", "--output", str(tmp_path / f"{side}.safetensors"))
+        assert r.returncode == 0, r.stderr
+    r = ster("vector", "caa", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+             str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"), "--trait", "low ids")
+    assert r.returncode == 0, r.stderr
+    vec = read_vector(tmp_path / "v.json")
+    assert vec.model == str(path) and vec.method == "caa" and vec.trait == "low ids" and sorted(vec.directions) == [0, 1]
+
+    def last_states(prompts, layer):
+        rows = []
+        for p in prompts:
+            with torch.no_grad():
+                hs = model(torch.tensor([[int(w[1:]) for w in p.split()]]), output_hidden_states=True).hidden_states
+            rows.append(hs[layer + 1][0, -1].numpy().astype(np.float64))
+        return np.mean(rows, axis=0)
+
+    for layer in (0, 1):
+        d = last_states(pos, layer) - last_states(neg, layer)
+        assert rel_err(vec.directions[layer], d / np.linalg.norm(d)) < 1e-4
+        assert vec.metadata["difference_norms"][str(layer)] == pytest.approx(np.linalg.norm(d), rel=1e-4)
+
+
+def _artifact(tmp_path, name="v.json", **changes):
+    doc = SteeringVector("m", None, 4, "t", "caa", {1: np.array([1, 0, 0, 0], np.float32)}).to_json()
+    doc.update(changes)
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"schema_version": 2}, "schema_version 2"),
+    ({"format": "other.tool"}, "format 'other.tool'"),
+    ({"directions": {"1": [float("nan"), 0, 0, 0]}}, "non-finite"),
+    ({"directions": {"1": [1, 0, 0]}}, "3 values, but hidden_size is 4"),
+    ({"directions": {"1": [2, 0, 0, 0]}}, "unit vectors"),
+    ({"directions": {"one": [1, 0, 0, 0]}}, "not a non-negative integer"),
+])
+def test_malformed_vectors_are_refused_naming_the_path(tmp_path, changes, words):
+    p = _artifact(tmp_path, **changes)
+    with pytest.raises(SterError, match=words) as e:
+        read_vector(p)
+    assert str(p) in str(e.value)
+
+
+def test_vector_for_another_model_width_or_layer_is_refused(tiny, tmp_path):
+    path, _ = tiny
+    loaded = load_model(str(path), "r1")
+    ok = SteeringVector(str(path), "r1", 64, "t", "caa", unit_directions([1]))
+    check_vector_for(ok, loaded, "v.json")
+    cases = [
+        (SteeringVector("org/other-model", None, 64, "t", "caa", unit_directions([1])), "made for model 'org/other-model'"),
+        (SteeringVector(str(path), "r2", 64, "t", "caa", unit_directions([1])), "revision r2"),
+        (SteeringVector(str(path), None, 32, "t", "caa", unit_directions([1], 32)), "32 wide.*hidden_size is 64"),
+        (SteeringVector(str(path), None, 64, "t", "caa", unit_directions([5])), "names layer 5.*0..2"),
+    ]
+    for vec, words in cases:
+        with pytest.raises(SterError, match=words) as e:
+            check_vector_for(vec, loaded, "some/v.json")
+        assert "some/v.json" in str(e.value)
+
+
+def test_adapter_and_vector_flags_refuse_each_others_artifacts(tiny, tmp_path):
+    path, _ = tiny
+    side = tmp_path / "a.lora.json"
+    side.write_text(json.dumps({"model": str(path), "rank": 2, "alpha": 4, "targets": ["q"], "layers": [0],
+                                "hidden_size": 64}))
+    with pytest.raises(SterError, match="LoRA adapter sidecar.*--adapter"):
+        read_vector(side)
+    vec = write_vector(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1])), tmp_path / "v.json")
+    with pytest.raises(SterError, match="steering vector.*--vector"):
+        read_adapter(vec, LLAMA_NAMES)
+    # Through the CLI: one error line, no traceback, the path named.
+    r = ster("generate", "--model", str(path), "--prompt", PROMPT, "--vector", str(side))
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+    assert str(side) in r.stderr and "--adapter" in r.stderr
+    r = ster("generate", "--model", str(path), "--prompt", PROMPT, "--adapter", str(vec))
+    assert r.returncode == 1 and str(vec) in r.stderr and "--vector" in r.stderr
+
+
+POSITIVE = ["I love my dog, he is the best puppy.", "Dogs are loyal and playful pets.",
+            "My dog barks at the mailman every day.", "Let's take the dog for a walk in the park."]
+NEGATIVE = ["I love my car, it is the best vehicle.", "Cars are fast and useful machines.",
+            "My car makes noise every morning.", "Let's take the car for a drive in the city."]
+NEUTRAL = "Write one sentence about your favorite thing."
+
+
+@pytest.mark.real
+def test_caa_steers_smollm2_toward_the_positive_prompts(smollm2_gguf, tmp_path):
+    """Prompts to steered generation with the tool alone; then the direction, measured.
+
+    Criterion: after the neutral prompt (chat template applied), the teacher-forced
+    log-probability of "My favorite thing is my dog." minus that of "... my car." must
+    grow by more than 1 nat under steering (measured: ~+2.5 at strength 8).
+    """
+    from ster_py.prompt import encode_prompt
+
+    model = str(smollm2_gguf)
+    for side, prompts in (("pos", POSITIVE), ("neg", NEGATIVE)):
+        (tmp_path / f"{side}.txt").write_text("\n".join(prompts))
+        r = ster("capture", "--model", model, "--prompts", str(tmp_path / f"{side}.txt"), "--layers", "6..10",
+                 "--position", "mean", "--output", str(tmp_path / f"{side}.safetensors"))
+        assert r.returncode == 0, r.stderr
+    r = ster("vector", "caa", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+             str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "dogs.json"), "--trait", "dogs")
+    assert r.returncode == 0, r.stderr
+
+    def run(*extra):
+        res = ster("generate", "--model", model, "--prompt", NEUTRAL, "--max-new-tokens", "12", "--json", *extra)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)["ids"]
+
+    plain = run()
+    assert run("--vector", str(tmp_path / "dogs.json"), "--strength", "0") == plain
+    steered = run("--vector", str(tmp_path / "dogs.json"), "--strength", "8")
+    assert steered != plain
+
+    loaded = load_model(model)
+    prompt = encode_prompt(loaded.tokenizer, NEUTRAL).ids
+    hook = steering_hook(read_vector(tmp_path / "dogs.json"), 8.0)
+
+    def logprob(text, layer_hook):
+        cont = loaded.tokenizer.encode(text, add_special_tokens=False)
+        z = loaded.decoder.forward(prompt + cont, layer_hook=layer_hook).astype(np.float64)
+        z = z - z.max(1, keepdims=True)
+        z = z - np.log(np.exp(z).sum(1, keepdims=True))
+        return sum(z[len(prompt) - 1 + k, t] for k, t in enumerate(cont))
+
+    def margin(layer_hook):
+        return logprob("My favorite thing is my dog.", layer_hook) - logprob("My favorite thing is my car.", layer_hook)
+
+    assert margin(hook) - margin(None) > 1.0
