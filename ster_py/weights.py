@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from .decoder.qlinear import QUANT_TYPES, QuantTensor
 from .errors import SterError
 
 PRECISIONS: dict[str, np.dtype] = {
@@ -76,19 +77,28 @@ class SafetensorsWeights:
         return t
 
 
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_qk(w, n_head: int):
     """Undo llama.cpp's q/k row reordering for adjacent-pair rotation.
 
     llama.cpp's converter (``LlamaModel.permute`` in convert_hf_to_gguf.py) stores each
     head's rows as (pair, half) instead of Hugging Face's (half, pair); this puts
-    them back. w: [n_head * head_dim, in_features] -> same shape.
+    them back. w: [n_head * head_dim, in_features] (or [n_head * head_dim]) -> same shape.
+    A ``QuantTensor`` is not copied: it gets the row order, so its product's outputs
+    come out in Hugging Face order.
     """
     rows = w.shape[0]
+    if isinstance(w, QuantTensor):
+        order = np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
+        return w.permuted(order)
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 class GGUFWeights:
-    """The tensors of a GGUF file under llama.cpp's names, dequantized at ``precision``.
+    """The tensors of a GGUF file under llama.cpp's names.
+
+    Quantized 2-D tensors (``QUANT_TYPES``: Q4_0 ... IQ4_XS) stay in the memory map as
+    ``QuantTensor`` unless ``quantized`` is False; everything else (F32/F16/BF16 tensors,
+    vectors, other block types) is dequantized at ``precision``.
 
     Args:
         gguf: an open ``ster_py.gguf.reader.GGUFFile``.
@@ -97,23 +107,30 @@ class GGUFWeights:
             had its q/k rows reordered by llama.cpp's converter (undone here), else None.
         rename: optional map from the names the decoder asks for to GGUF tensor names
             (a "GGUF directory" asks under Hugging Face names).
+        quantized: keep quantized matrices in their blocks (default); False dequantizes
+            every tensor at load (the f32 reference path).
 
     ``get`` accepts ``name.weight`` / ``name.bias`` and returns None when absent.
     """
 
     def __init__(self, gguf, precision: str = "f32", qk_heads: tuple[int, int] | None = None,
-                 rename: dict[str, str] | None = None):
+                 rename: dict[str, str] | None = None, quantized: bool = True):
         self.gguf, self.dtype, self.qk_heads, self.rename = gguf, precision_dtype(precision), qk_heads, rename
+        self.quantized = quantized
         self._names = set(gguf.tensor_names())
 
     def names(self) -> list[str]:
         return sorted(self._names)
 
-    def get(self, name: str) -> np.ndarray | None:
+    def get(self, name: str):
         gname = self.rename.get(name, name) if self.rename is not None else name
         if gname not in self._names:
             return None
-        w = self.gguf.tensor(gname).dequantize()
+        t = self.gguf.tensor(gname)
+        if self.quantized and len(t.shape) == 2 and t.type_name in QUANT_TYPES:
+            w = QuantTensor(t)
+        else:
+            w = t.dequantize()
         if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight")):
             w = unpermute_qk(w, self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1])
-        return w.astype(self.dtype, copy=False)
+        return w if isinstance(w, QuantTensor) else w.astype(self.dtype, copy=False)

@@ -5,10 +5,28 @@ Causal and sliding-window masks are exact: query at absolute position p sees key
 at positions j with j <= p and, under a window w, j > p - w (w positions, itself
 included), as Transformers' masking_utils defines the sliding window. Gemma 2's
 logit soft-capping applies cap * tanh(scores / cap) before the mask.
+
+Float32 inputs run the fused Cython kernel (``ster_py._kernels.ops.attention``:
+one pass per query row over only the keys it may see, threaded over heads and
+rows); ``attention_reference`` is the numpy definition it is tested against and
+the fallback for anything the kernel does not take.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from ._fast import ops as _ops
+
+
+def _kernel_bias(bias, H: int, T: int, S: int):
+    """bias as float32 [H or 1, T or 1, S] with a contiguous last axis, or False if it has another shape."""
+    b = np.asarray(bias, dtype=np.float32)
+    if b.ndim > 3 or b.ndim == 0 or b.shape[-1] != S:
+        return False
+    b = b.reshape((1,) * (3 - b.ndim) + b.shape)
+    if b.shape[0] not in (1, H) or b.shape[1] not in (1, T):
+        return False
+    return b if b.strides[2] == 4 else np.ascontiguousarray(b)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, *, scale: float,
@@ -30,6 +48,25 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
     Returns:
         float32 [num_heads, T, head_dim].
     """
+    if _ops is not None and q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == k.ndim == v.ndim == 3:
+        H, T, _ = q.shape
+        S = k.shape[1]
+        b = None if bias is None else _kernel_bias(bias, H, T, S)
+        if (b is not False and k.strides[2] == 4 and v.strides[2] == 4 and k.strides[1] > 0 and v.strides[1] > 0
+                and (sinks is None or np.shape(sinks) == (H,))):
+            out = np.empty(q.shape, np.float32)
+            _ops.attention(np.ascontiguousarray(q), k, v, np.ascontiguousarray(positions, dtype=np.int64),
+                           float(scale), int(window or 0), float(softcap or 0.0), b,
+                           None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32), out)
+            return out
+    return attention_reference(q, k, v, positions, scale=scale, window=window, softcap=softcap, bias=bias,
+                               sinks=sinks)
+
+
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, *, scale: float,
+                        window: int | None = None, softcap: float | None = None, bias: np.ndarray | None = None,
+                        sinks: np.ndarray | None = None) -> np.ndarray:
+    """The numpy definition of ``attention`` (same arguments): full score matrix, masked softmax."""
     H, T, D = q.shape
     KV, S, _ = k.shape
     G = H // KV

@@ -1,11 +1,15 @@
 """A linear projection y = x W^T + b over a stored weight.
 
 The weight keeps its stored dtype (float32, float16 or bfloat16) and is widened
-to float32 for the product, so compute is float32 whatever the storage.
+to float32 for the product, so compute is float32 whatever the storage. A
+GGML-quantized weight (``QuantTensor``) stays in its blocks and goes to
+``QuantLinear``.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .qlinear import QuantLinear, QuantTensor
 
 
 class Linear:
@@ -24,9 +28,11 @@ class Linear:
 
 
 def make_linear(weight, bias: np.ndarray | None = None):
-    """The projection for a stored weight: ``Linear`` for a dense array.
+    """The projection for a stored weight: ``QuantLinear`` for a ``QuantTensor``, else ``Linear``.
 
     The one place the decoder turns a weight into a callable, so other weight kinds
-    (quantized GGUF blocks) plug in here without the decoder knowing.
+    plug in here without the decoder knowing.
     """
+    if isinstance(weight, QuantTensor):
+        return QuantLinear(weight, bias)
     return Linear(weight, bias)

@@ -2,14 +2,43 @@
 
 RMSNorm: Zhang & Sennrich 2019 (arXiv:1910.07467); LayerNorm: Ba et al. 2016.
 Gemma stores its RMSNorm weight as an offset from one (``unit_offset``).
+
+Float32 inputs with a [d] float32 weight run the fused Cython rows
+(``ster_py._kernels.ops``); ``rms_norm_reference`` / ``layer_norm_reference`` are
+the numpy definitions they are tested against, and the fallback for anything else.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ._fast import ops as _ops
+
+
+def _vector_f32(w: np.ndarray | None, d: int) -> bool:
+    return w is None or (isinstance(w, np.ndarray) and w.dtype == np.float32 and w.shape == (d,)
+                         and w.flags.c_contiguous)
+
+
+def _rows_f32(x) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1 and x.shape[-1] > 0
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, unit_offset: bool = False) -> np.ndarray:
-    """x float32 [..., d] -> x / sqrt(mean(x^2) + eps) * w (or * (1 + w)); weight float [d] or None."""
+    """x float32 [..., d] -> x / sqrt(mean(x^2) + eps) * w (or * (1 + w)); weight float [d] or None.
+
+    Returns a new float32 array; the fused kernel sums squares in float64.
+    """
+    if _ops is not None and not unit_offset and _rows_f32(x) and _vector_f32(weight, x.shape[-1]):
+        d = x.shape[-1]
+        x2 = np.ascontiguousarray(x).reshape(-1, d)
+        out = np.empty(x.shape, np.float32)
+        _ops.rms_norm(x2, weight, float(eps), out.reshape(-1, d))
+        return out
+    return rms_norm_reference(x, weight, eps, unit_offset)
+
+
+def rms_norm_reference(x: np.ndarray, weight: np.ndarray | None, eps: float, unit_offset: bool = False) -> np.ndarray:
+    """The numpy definition of ``rms_norm``."""
     out = x * (1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)).astype(np.float32)
     if weight is None:
         return out
@@ -19,6 +48,17 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, unit_offset: 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float) -> np.ndarray:
     """x float32 [..., d] -> (x - mean) / sqrt(var + eps) * w + b; weight/bias float [d] or None."""
+    if _ops is not None and _rows_f32(x) and _vector_f32(weight, x.shape[-1]) and _vector_f32(bias, x.shape[-1]):
+        d = x.shape[-1]
+        x2 = np.ascontiguousarray(x).reshape(-1, d)
+        out = np.empty(x.shape, np.float32)
+        _ops.layer_norm(x2, weight, bias, float(eps), out.reshape(-1, d))
+        return out
+    return layer_norm_reference(x, weight, bias, eps)
+
+
+def layer_norm_reference(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float) -> np.ndarray:
+    """The numpy definition of ``layer_norm``."""
     mean = np.mean(x, axis=-1, keepdims=True)
     centered = x - mean
     out = centered * (1.0 / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + eps)).astype(np.float32)

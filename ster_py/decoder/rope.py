@@ -19,6 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import SterError
+from ._fast import ops as _ops
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
@@ -63,7 +64,21 @@ class Rope:
         return (np.cos(angles) * f).astype(np.float32), (np.sin(angles) * f).astype(np.float32)
 
     def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """Rotate ``x`` float32 [heads, T, head_dim] in place by the tables of ``cos_sin``; returns x."""
+        """Rotate ``x`` float32 [heads, T, head_dim] in place by the tables of ``cos_sin``; returns x.
+
+        Float32 C-contiguous inputs go to the Cython kernel; ``apply_reference`` is the
+        numpy definition (and the fallback).
+        """
+        h = self.rotary_dim // 2
+        if (_ops is not None and isinstance(x, np.ndarray) and x.ndim == 3 and x.dtype == np.float32
+                and x.flags.c_contiguous and x.flags.writeable and cos.dtype == np.float32
+                and sin.dtype == np.float32 and cos.shape == sin.shape == (x.shape[1], h)):
+            _ops.rope(x, np.ascontiguousarray(cos), np.ascontiguousarray(sin), self.rotary_dim, self.interleaved)
+            return x
+        return self.apply_reference(x, cos, sin)
+
+    def apply_reference(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """The numpy definition of ``apply`` (in place on x [..., T, head_dim]; returns x)."""
         d = self.rotary_dim
         if self.interleaved:
             a, b = x[..., 0:d:2].copy(), x[..., 1:d:2].copy()

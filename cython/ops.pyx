@@ -1,0 +1,214 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Fused float32 decoder ops (built as ster_py._kernels.ops): norms, RoPE, attention.
+
+The numpy functions in ster_py/decoder (norms.py, rope.py, attention.py) are the
+references; those modules call these kernels for float32 C-contiguous inputs and
+keep the numpy path for everything else. Arithmetic: ``ster_ops.h``.
+"""
+import os
+
+from cython.parallel cimport prange, threadid
+from libc.math cimport INFINITY
+from libc.stdlib cimport free, malloc
+
+import numpy as np
+
+cdef extern from "ster_ops.h" nogil:
+    ctypedef struct ster_attn_args:
+        int D
+        float scale
+        float softcap
+        const float* bias
+        int has_sink
+        float sink
+    int ster_ops_cpu_avx2()
+    void ster_rms_norm_row(const float* x, int d, const float* w, float eps, float* y)
+    void ster_layer_norm_row(const float* x, int d, const float* w, const float* b, float eps, float* y)
+    void ster_rope_row(float* x, int rotary_dim, const float* cos_, const float* sin_, int interleaved)
+    void ster_attn_row(const float* q, const float* K, long ldk, const float* V, long ldv, int lo, int hi,
+                       const ster_attn_args* a, float* sc, float* out, int simd)
+
+
+def _default_threads() -> int:
+    env = os.environ.get("STER_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, os.cpu_count() or 1)
+
+
+cdef int _threads = _default_threads()
+cdef int _simd_ok = ster_ops_cpu_avx2()
+cdef int _simd = _simd_ok
+# Attention work (query rows x keys x head_dim) below which one thread does it all.
+cdef long _PARALLEL_MIN_WORK = 131072
+
+
+def set_threads(int n):
+    """Threads for attention from now on (n >= 1)."""
+    global _threads
+    if n < 1:
+        raise ValueError(f"threads must be at least 1, got {n}")
+    _threads = n
+
+
+def set_simd(bint on):
+    """Use the AVX2 paths (when the CPU has them) or force the portable ones (tests)."""
+    global _simd
+    _simd = 1 if (on and _simd_ok) else 0
+
+
+def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] out):
+    """out[n] = x[n] / sqrt(mean(x[n]^2) + eps) * w for each row; w may be None (no scale)."""
+    cdef Py_ssize_t n, rows = x.shape[0]
+    cdef int d = x.shape[1]
+    cdef const float* wp = NULL
+    if w is not None:
+        if w.shape[0] != d:
+            raise ValueError(f"norm weight has {w.shape[0]} entries for rows of {d}")
+        wp = &w[0]
+    if out.shape[0] != rows or out.shape[1] != d:
+        raise ValueError("output shape differs from the input's")
+    if rows == 0 or d == 0:
+        return
+    with nogil:
+        for n in range(rows):
+            ster_rms_norm_row(&x[n, 0], d, wp, eps, &out[n, 0])
+
+
+def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float eps, float[:, ::1] out):
+    """out[n] = (x[n] - mean) / sqrt(var + eps) * w + b per row; w and b may be None."""
+    cdef Py_ssize_t n, rows = x.shape[0]
+    cdef int d = x.shape[1]
+    cdef const float* wp = NULL
+    cdef const float* bp = NULL
+    if w is not None:
+        if w.shape[0] != d:
+            raise ValueError(f"norm weight has {w.shape[0]} entries for rows of {d}")
+        wp = &w[0]
+    if b is not None:
+        if b.shape[0] != d:
+            raise ValueError(f"norm bias has {b.shape[0]} entries for rows of {d}")
+        bp = &b[0]
+    if out.shape[0] != rows or out.shape[1] != d:
+        raise ValueError("output shape differs from the input's")
+    if rows == 0 or d == 0:
+        return
+    with nogil:
+        for n in range(rows):
+            ster_layer_norm_row(&x[n, 0], d, wp, bp, eps, &out[n, 0])
+
+
+def rope(float[:, :, ::1] x, const float[:, ::1] cos, const float[:, ::1] sin, int rotary_dim, bint interleaved):
+    """Rotate x [heads, T, head_dim] in place by cos/sin [T, rotary_dim // 2]."""
+    cdef Py_ssize_t h, t, H = x.shape[0], T = x.shape[1]
+    if rotary_dim > x.shape[2] or rotary_dim % 2 or cos.shape[0] != T or sin.shape[0] != T \
+            or cos.shape[1] != rotary_dim // 2 or sin.shape[1] != rotary_dim // 2:
+        raise ValueError("rope tables do not match the input")
+    if H == 0 or T == 0 or rotary_dim == 0:
+        return
+    with nogil:
+        for h in range(H):
+            for t in range(T):
+                ster_rope_row(&x[h, t, 0], rotary_dim, &cos[t, 0], &sin[t, 0], interleaved)
+
+
+ctypedef struct _Attn:
+    const float* qp
+    const float* kp
+    const float* vp
+    float* op
+    const long long* pos
+    const float* sinks
+    const float* bias
+    long bsh, bst, ldk, ldv, kvs, vvs
+    int T, G, S, D, window, simd
+    float scale, softcap
+
+
+cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
+    cdef int h = <int>(item // j.T), t = <int>(item % j.T), g = h // j.G
+    cdef long long p = j.pos[t]
+    cdef long long lo = 0, hi = p + 1
+    cdef ster_attn_args a
+    if j.window > 0 and p - j.window + 1 > 0:
+        lo = p - j.window + 1
+    if hi > j.S:
+        hi = j.S
+    if lo > hi:
+        lo = hi
+    a.D = j.D
+    a.scale = j.scale
+    a.softcap = j.softcap
+    a.bias = j.bias + h * j.bsh + t * j.bst if j.bias != NULL else NULL
+    a.has_sink = j.sinks != NULL
+    a.sink = j.sinks[h] if j.sinks != NULL else 0
+    ster_attn_row(j.qp + (<long>h * j.T + t) * j.D, j.kp + g * j.kvs, j.ldk, j.vp + g * j.vvs, j.ldv,
+                  <int>lo, <int>hi, &a, sc, j.op + (<long>h * j.T + t) * j.D, j.simd)
+
+
+def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :, :] v,
+              const long long[::1] positions, float scale, int window, float softcap,
+              bias, const float[::1] sinks, float[:, :, ::1] out):
+    """Attention of q [H, T, D] over k, v [KV, S, D] (key j at position j), into out [H, T, D].
+
+    window: sliding window in positions (0: none); softcap: logit soft-cap (0: none);
+    bias: None or float32 [H or 1, T or 1, S] with a contiguous last axis (added after
+    scaling and soft-capping); sinks: None or float32 [H].
+    """
+    cdef int H = q.shape[0], T = q.shape[1], D = q.shape[2]
+    cdef int KV = k.shape[0], S = k.shape[1]
+    if KV == 0 or H % KV or v.shape[0] != KV or v.shape[1] != S or k.shape[2] != D or v.shape[2] != D:
+        raise ValueError("q, k and v shapes do not fit grouped-query attention")
+    if k.strides[2] != 4 or v.strides[2] != 4 or k.strides[1] <= 0 or v.strides[1] <= 0:
+        raise ValueError("keys and values need a contiguous last axis and positive strides")
+    if positions.shape[0] != T or out.shape[0] != H or out.shape[1] != T or out.shape[2] != D:
+        raise ValueError("positions or output shape do not match the queries")
+    cdef int G = H // KV
+    cdef const float[:, :, :] bv
+    cdef const float* bp = NULL
+    cdef long bsh = 0, bst = 0
+    if bias is not None:
+        bv = bias
+        if bv.strides[2] != 4:
+            raise ValueError("bias needs a contiguous last axis")
+        if bv.shape[2] != S or bv.shape[0] not in (1, H) or bv.shape[1] not in (1, T):
+            raise ValueError("bias must be [H or 1, T or 1, S]")
+        bp = &bv[0, 0, 0]
+        bsh = bv.strides[0] // 4 if bv.shape[0] == H else 0
+        bst = bv.strides[1] // 4 if bv.shape[1] == T else 0
+    if sinks is not None and sinks.shape[0] != H:
+        raise ValueError("sinks must hold one value per head")
+    if H == 0 or T == 0 or D == 0:
+        return
+    cdef long ldk = k.strides[1] // 4, ldv = v.strides[1] // 4
+    cdef long kvs = k.strides[0] // 4, vvs = v.strides[0] // 4
+    cdef long total = <long>H * T
+    cdef long work = total * S * D
+    cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and total > 1 else 1
+    cdef float* scratch = <float*>malloc(sizeof(float) * (<size_t>S + 8) * nt)
+    if scratch == NULL:
+        raise MemoryError()
+    cdef _Attn j
+    j.qp = &q[0, 0, 0]
+    j.kp = &k[0, 0, 0] if S else NULL
+    j.vp = &v[0, 0, 0] if S else NULL
+    j.op = &out[0, 0, 0]
+    j.pos = &positions[0]
+    j.sinks = &sinks[0] if sinks is not None else NULL
+    j.bias = bp
+    j.bsh, j.bst = bsh, bst
+    j.T, j.G, j.S, j.D = T, G, S, D
+    j.ldk, j.ldv, j.kvs, j.vvs = ldk, ldv, kvs, vvs
+    j.window = window
+    j.scale, j.softcap = scale, softcap
+    j.simd = _simd
+    cdef long item
+    with nogil:
+        if nt == 1:
+            for item in range(total):
+                _one(&j, item, scratch)
+        else:
+            for item in prange(total, num_threads=nt, schedule="dynamic", chunksize=4):
+                _one(&j, item, scratch + (S + 8) * threadid())
+    free(scratch)
+

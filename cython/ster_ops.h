@@ -1,0 +1,272 @@
+/* Fused float32 kernels for the non-matmul part of a decoder step: RMSNorm /
+ * LayerNorm over rows, rotary embedding in place, and attention of a few query
+ * rows over the key/value cache (GQA, causal + sliding window, soft-cap,
+ * additive bias, sinks) with a two-pass softmax.
+ *
+ * Each has a numpy reference in ster_py/decoder (norms.py, rope.py,
+ * attention.py) that the tests compare against. AVX2/FMA versions are chosen at
+ * run time on x86-64 (function target attributes); the plain C loops are the
+ * portable path.
+ */
+#ifndef STER_OPS_H
+#define STER_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define STER_OPS_X86 1
+#include <immintrin.h>
+#define STER_OPS_AVX2 __attribute__((target("avx2,fma")))
+#define STER_OPS_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+#else
+#define STER_OPS_X86 0
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Norms: y = (x - mean?) / sqrt(mean(sq) + eps) * w (+ b), one row of d.    */
+
+static void ster_rms_norm_row(const float* x, int d, const float* w, float eps, float* y) {
+    double ss = 0.0;   /* float64 sum: no cancellation worries for long rows */
+    int i;
+    for (i = 0; i < d; i++) ss += (double)x[i] * (double)x[i];
+    float inv = (float)(1.0 / sqrt(ss / d + (double)eps));
+    if (w) for (i = 0; i < d; i++) y[i] = (x[i] * inv) * w[i];
+    else for (i = 0; i < d; i++) y[i] = x[i] * inv;
+}
+
+static void ster_layer_norm_row(const float* x, int d, const float* w, const float* b, float eps, float* y) {
+    double s = 0.0, ss = 0.0;
+    int i;
+    for (i = 0; i < d; i++) s += x[i];
+    float mean = (float)(s / d);
+    for (i = 0; i < d; i++) { double c = (double)(x[i] - mean); ss += c * c; }
+    float inv = (float)(1.0 / sqrt(ss / d + (double)eps));
+    for (i = 0; i < d; i++) {
+        float v = (x[i] - mean) * inv;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        y[i] = v;
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* RoPE in place on one row of a head: pairs (i, i + d/2) or (2i, 2i + 1).   */
+
+static void ster_rope_row(float* x, int rotary_dim, const float* cos_, const float* sin_, int interleaved) {
+    int h = rotary_dim / 2, i;
+    if (interleaved) {
+        for (i = 0; i < h; i++) {
+            float a = x[2 * i], b = x[2 * i + 1];
+            x[2 * i] = a * cos_[i] - b * sin_[i];
+            x[2 * i + 1] = b * cos_[i] + a * sin_[i];
+        }
+    } else {
+        for (i = 0; i < h; i++) {
+            float a = x[i], b = x[i + h];
+            x[i] = a * cos_[i] - b * sin_[i];
+            x[i + h] = b * cos_[i] + a * sin_[i];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Attention for one query row.                                              */
+
+typedef struct {
+    int D;              /* head_dim */
+    float scale;        /* multiplies q.k */
+    float softcap;      /* 0: none */
+    const float* bias;  /* per key (already offset to this head and row), or NULL */
+    int has_sink;
+    float sink;
+} ster_attn_args;
+
+static float ster_dot_scalar(const float* a, const float* b, int n) {
+    float s = 0.0f;
+    int i;
+    for (i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* scores -> probabilities in place (unnormalised), returns their sum (sink included). */
+static float ster_softmax_scalar(float* sc, int n, int has_sink, float sink) {
+    float mx = -INFINITY, sum = 0.0f;
+    int j;
+    for (j = 0; j < n; j++) if (sc[j] > mx) mx = sc[j];
+    if (has_sink && sink > mx) mx = sink;
+    for (j = 0; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+    if (has_sink) sum += expf(sink - mx);
+    return sum;
+}
+
+static void ster_attn_row_scalar(const float* q, const float* K, long ldk, const float* V, long ldv,
+                                 int lo, int hi, const ster_attn_args* a, float* sc, float* out) {
+    int n = hi - lo, j, i, D = a->D;
+    for (j = 0; j < n; j++) {
+        float s = ster_dot_scalar(q, K + (long)(lo + j) * ldk, D) * a->scale;
+        if (a->softcap > 0) s = tanhf(s / a->softcap) * a->softcap;
+        if (a->bias) s += a->bias[lo + j];
+        sc[j] = s;
+    }
+    float sum = ster_softmax_scalar(sc, n, a->has_sink, a->sink);
+    for (i = 0; i < D; i++) out[i] = 0.0f;
+    for (j = 0; j < n; j++) {
+        const float* v = V + (long)(lo + j) * ldv;
+        for (i = 0; i < D; i++) out[i] += sc[j] * v[i];
+    }
+    float inv = sum > 0 ? 1.0f / sum : 0.0f;
+    for (i = 0; i < D; i++) out[i] *= inv;
+}
+
+#if STER_OPS_X86
+
+/* exp(x) for x <= 0 (scores minus their max): Cephes' expf range reduction and
+ * polynomial (about 1 ulp), results below 2^-126 flushed to 0. */
+STER_OPS_INLINE __m256 ster_exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+STER_OPS_INLINE float ster_hsum8_ops(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+/* 4 dot products of q with 4 key rows, D a multiple of 8. */
+STER_OPS_INLINE __m128 ster_dot4(const float* q, const float* k0, long ldk, int D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int i;
+    for (i = 0; i < D; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ldk + i), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ldk + i), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ldk + i), a3);
+    }
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+static STER_OPS_AVX2 void ster_attn_row_avx2(const float* q, const float* K, long ldk, const float* V, long ldv,
+                                             int lo, int hi, const ster_attn_args* a, float* sc, float* out) {
+    const int n = hi - lo, D = a->D;
+    int j, i;
+    /* scores */
+    for (j = 0; j + 4 <= n; j += 4)
+        _mm_storeu_ps(sc + j, ster_dot4(q, K + (long)(lo + j) * ldk, ldk, D));
+    for (; j < n; j++) {
+        const float* k = K + (long)(lo + j) * ldk;
+        __m256 acc = _mm256_setzero_ps();
+        for (i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc);
+        sc[j] = ster_hsum8_ops(acc);
+    }
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    const __m256 scale = _mm256_set1_ps(a->scale);
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(sc + j), scale);
+        if (a->bias) s = _mm256_add_ps(s, _mm256_loadu_ps(a->bias + lo + j));
+        _mm256_storeu_ps(sc + j, s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    float mx = -INFINITY;
+    {
+        float t[8];
+        _mm256_storeu_ps(t, vmax);
+        for (i = 0; i < 8; i++) if (t[i] > mx) mx = t[i];
+    }
+    for (; j < n; j++) {
+        float s = sc[j] * a->scale;
+        if (a->bias) s += a->bias[lo + j];
+        sc[j] = s;
+        if (s > mx) mx = s;
+    }
+    if (a->has_sink && a->sink > mx) mx = a->sink;
+    /* probabilities (unnormalised) */
+    __m256 vsum = _mm256_setzero_ps();
+    const __m256 m8 = _mm256_set1_ps(mx);
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 e = ster_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m8));
+        _mm256_storeu_ps(sc + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = ster_hsum8_ops(vsum);
+    for (; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+    if (a->has_sink) sum += expf(a->sink - mx);
+    float inv = sum > 0 ? 1.0f / sum : 0.0f;
+    /* weighted values, 64 output columns (8 registers) per pass */
+    int c0;
+    for (c0 = 0; c0 < D; c0 += 64) {
+        int w = D - c0 < 64 ? D - c0 : 64, nv = w / 8, g;
+        __m256 o[8];
+        for (g = 0; g < 8; g++) o[g] = _mm256_setzero_ps();
+        for (j = 0; j < n; j++) {
+            const float* v = V + (long)(lo + j) * ldv + c0;
+            __m256 p = _mm256_broadcast_ss(sc + j);
+            if (nv == 8) {
+                o[0] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o[0]);
+                o[1] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o[1]);
+                o[2] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o[2]);
+                o[3] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o[3]);
+                o[4] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), o[4]);
+                o[5] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), o[5]);
+                o[6] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), o[6]);
+                o[7] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), o[7]);
+            } else {
+                for (g = 0; g < nv; g++) o[g] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * g), o[g]);
+            }
+        }
+        __m256 vi = _mm256_set1_ps(inv);
+        for (g = 0; g < nv; g++) _mm256_storeu_ps(out + c0 + 8 * g, _mm256_mul_ps(o[g], vi));
+    }
+}
+
+static int ster_ops_cpu_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+#else
+static int ster_ops_cpu_avx2(void) { return 0; }
+#endif
+
+/* One query row: the AVX2 path needs D % 8 == 0 and no soft-cap (tanh stays scalar). */
+static void ster_attn_row(const float* q, const float* K, long ldk, const float* V, long ldv, int lo, int hi,
+                          const ster_attn_args* a, float* sc, float* out, int simd) {
+    int i;
+    if (hi <= lo) {   /* nothing visible (cannot happen causally; keep outputs defined) */
+        for (i = 0; i < a->D; i++) out[i] = 0.0f;
+        return;
+    }
+#if STER_OPS_X86
+    if (simd && a->D % 8 == 0 && a->softcap <= 0) {
+        ster_attn_row_avx2(q, K, ldk, V, ldv, lo, hi, a, sc, out);
+        return;
+    }
+#endif
+    (void)simd;
+    ster_attn_row_scalar(q, K, ldk, V, ldv, lo, hi, a, sc, out);
+}
+
+#endif /* STER_OPS_H */

@@ -1,0 +1,175 @@
+"""Projections over GGML-quantized weights that stay in their blocks.
+
+``QuantTensor`` wraps a 2-D tensor of a memory-mapped GGUF file without reading
+it: its rows are decoded only when asked for (the embedding lookup), and
+``QuantLinear`` multiplies by it with the Cython kernels of
+``ster_py._kernels.qmatmul``, which decode each block inside the product
+(llama.cpp's approach: ggml-cpu's ``vec_dot_*`` / ``mul_mat``; block layouts from
+ggml-common.h). Nothing here ever materialises the whole float matrix unless a
+caller asks for a dense array (``np.asarray(qt)``).
+
+``reference_matmul`` is the plain numpy reference the kernels are tested against:
+dequantize with ``ster_py.gguf.quants.dequantize_reference``, multiply in float64.
+
+Threads: ``set_threads(n)`` (or ``$STER_THREADS``; default every core) applies to
+every product of the process.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SterError
+from ..gguf import quants
+
+# GGML types the product kernels handle (the others are dequantized at load).
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               "IQ4_NL", "IQ4_XS")
+
+
+def _kernels():
+    try:
+        from .._kernels import qmatmul
+    except ImportError as e:  # pragma: no cover - depends on the build
+        raise SterError("the Cython kernels are not built (ster_py._kernels.qmatmul is missing); run "
+                        "`python setup.py build_ext --inplace` in the source tree or reinstall ster-py "
+                        f"({e})") from None
+    return qmatmul
+
+
+def set_threads(n: int) -> None:
+    """Use ``n`` threads (>= 1) for every quantized product from now on.
+
+    Raises SterError for n < 1.
+    """
+    if int(n) < 1:
+        raise SterError(f"--threads must be at least 1, got {n}")
+    _kernels().set_threads(int(n))
+
+
+def get_threads() -> int:
+    """Threads the quantized products use."""
+    return _kernels().get_threads()
+
+
+class QuantTensor:
+    """A [rows, cols] GGML-quantized matrix left in the file's blocks.
+
+    Args:
+        tensor: a 2-D ``ster_py.gguf.reader.GGUFTensor`` of one of ``QUANT_TYPES``.
+        rows: optional int [rows] order: row i of this matrix is row ``rows[i]`` of the
+            stored tensor (undoes a row permutation, or selects a row range, without
+            copying any weight).
+
+    Attributes:
+        shape: (rows, cols); ``dtype`` float32 (what reading it yields);
+        ggml_type / type_name: the stored block type; ``nbytes``: stored bytes it spans.
+
+    Indexing: ``qt[a:b]`` is a QuantTensor of those rows (no copy); ``qt[ids]`` (int or
+    int array) decodes just those rows to float32 (``rows(ids)``). ``np.asarray(qt)``
+    dequantizes everything (for code that needs a dense array).
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, tensor, rows: np.ndarray | None = None):
+        if len(tensor.shape) != 2 or tensor.type_name not in QUANT_TYPES:
+            raise SterError(f"tensor {tensor.name!r} ({tensor.type_name}, shape {list(tensor.shape)}) cannot be "
+                            f"kept quantized; the kernels multiply 2-D {', '.join(QUANT_TYPES)} matrices")
+        self.tensor = tensor
+        self.name = tensor.name
+        self.ggml_type, self.type_name = tensor.ggml_type, tensor.type_name
+        self._order = None if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        n = tensor.shape[0] if self._order is None else self._order.shape[0]
+        self.shape = (int(n), int(tensor.shape[1]))
+        self.nbytes = self.shape[0] * tensor.row_bytes
+        self._qmatrix = None
+
+    def __repr__(self) -> str:
+        return f"QuantTensor({self.name!r}, {self.type_name}, shape={self.shape})"
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _raw_indices(self, ids: np.ndarray) -> np.ndarray:
+        return ids if self._order is None else self._order[ids]
+
+    def rows(self, ids) -> np.ndarray:
+        """float32 [len(ids), cols]: the rows ``ids`` (int array), decoding only their blocks.
+
+        Raises SterError for an index out of range.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < -self.shape[0] or ids.max() >= self.shape[0]):
+            raise SterError(f"row index out of range for {self.name!r} with {self.shape[0]} rows")
+        ids = np.where(ids < 0, ids + self.shape[0], ids)
+        raw = self.tensor.raw_rows[self._raw_indices(ids)]
+        return quants.dequantize(raw, self.ggml_type, (ids.shape[0], self.shape[1]), n_threads=1)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            if (start, stop, step) == (0, self.shape[0], 1):
+                return self
+            return self.permuted(np.arange(start, stop, step))
+        if np.ndim(key) == 0:
+            return self.rows([int(key)])[0]
+        return self.rows(key)
+
+    def permuted(self, order: np.ndarray) -> "QuantTensor":
+        """This matrix with its rows reordered: row i of the result is row ``order[i]``."""
+        order = np.asarray(order, dtype=np.int64)
+        return QuantTensor(self.tensor, self._raw_indices(order))
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [rows, cols]: every weight decoded (allocates the whole matrix)."""
+        full = self.tensor.dequantize()
+        return full if self._order is None else full[self._order]
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.dequantize()
+        return w if dtype is None else w.astype(dtype, copy=False)
+
+    def astype(self, dtype, copy: bool = True) -> np.ndarray:
+        """A dense array of ``dtype`` (dequantizes everything)."""
+        return self.dequantize().astype(dtype, copy=False)
+
+    def qmatrix(self):
+        """The kernel's view of this matrix (built once)."""
+        if self._qmatrix is None:
+            self._qmatrix = _kernels().QMatrix(self.tensor.raw_rows, self.ggml_type, self.shape[1], self._order)
+        return self._qmatrix
+
+
+class QuantLinear:
+    """y = x W^T + b with W a ``QuantTensor`` [out_features, in_features].
+
+    x float32 [T, in_features] (or [in_features]) -> float32 [T, out_features]: one
+    fused row dot per output for T = 1, decoded 16-row panels shared by all tokens for
+    T > 1 (see ``cython/qmatmul.pyx``). Compute is float32.
+    """
+
+    def __init__(self, weight: QuantTensor, bias: np.ndarray | None = None):
+        self.weight = weight
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.out_features, self.in_features = weight.shape
+        self._m = weight.qmatrix()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x2 = np.ascontiguousarray(x, dtype=np.float32)
+        vector = x2.ndim == 1
+        if x2.ndim != 2:
+            x2 = x2.reshape(-1, self.in_features)
+        out = np.empty((x2.shape[0], self.out_features), np.float32)
+        self._m.matmul(x2, out)
+        if self.bias is not None:
+            out += self.bias
+        return out[0] if vector else out.reshape(*x.shape[:-1], self.out_features)
+
+
+def reference_matmul(x: np.ndarray, weight: QuantTensor) -> np.ndarray:
+    """The numpy reference: float64 [T, out] = x [T, in] @ dequantize_reference(W)^T."""
+    t = weight.tensor
+    raw = t.raw_rows if weight._order is None else t.raw_rows[weight._order]
+    w = quants.dequantize_reference(np.ascontiguousarray(raw), weight.ggml_type, weight.shape)
+    return np.asarray(x, dtype=np.float64) @ w.astype(np.float64).T
