@@ -1,0 +1,314 @@
+"""Quantized products and fused decoder ops against their references.
+
+- Every GGML type the kernels multiply: ``x @ W^T`` from the blocks in place equals
+  gguf-py's dequantization (the oracle) multiplied in float64, within the float32
+  rounding bound of a K-term dot product, for odd row counts, one and several tokens,
+  1 and 2 threads, the AVX2 and the portable paths, and an output-row order.
+- The fused norms, RoPE and attention equal their numpy definitions.
+- ``real``: both GGUF files, kept quantized, give logits within relative error 1e-3 of
+  the same model dequantized to float32 at load, and the same greedy tokens.
+"""
+import zlib
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from ster_py._kernels import ops, qmatmul
+from ster_py.decoder import attention as attention_mod
+from ster_py.decoder.norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
+from ster_py.decoder.qlinear import QUANT_TYPES, QuantLinear, QuantTensor, set_threads
+from ster_py.decoder.rope import make_rope
+from ster_py.errors import SterError
+from ster_py.gguf import quants
+from ster_py.gguf.reader import GGUFFile
+from ster_py.weights import GGUFWeights, unpermute_qk
+
+U = 2.0 ** -24  # float32 unit roundoff
+GGUF_PY_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+# f16 scale fields (byte offsets in a block) of the types gguf-py cannot quantize: random
+# bytes elsewhere are valid codes, these are overwritten with finite scales.
+F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+              "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+@pytest.fixture(autouse=True)
+def _restore_kernel_settings():
+    yield
+    qmatmul.set_simd(True)
+    ops.set_simd(True)
+    qmatmul.set_threads(2)
+    ops.set_threads(2)
+
+
+def random_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """uint8 [rows, row_bytes] of a GGML type: gguf-py quantizes random weights where it can."""
+    t = quants.ggml_type(name)
+    if name in GGUF_PY_QUANTIZES:
+        w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2.0, (rows, 1))).astype(np.float32)
+        return gguf.quants.quantize(w, QT[name]).reshape(rows, -1)
+    raw = rng.integers(0, 256, (rows * cols // t.block_size, t.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[name]:
+        raw[:, off:off + 2] = rng.uniform(-0.05, 0.05, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def oracle_weights(raw: np.ndarray, name: str, rows: int, cols: int) -> np.ndarray:
+    return gguf.quants.dequantize(raw, QT[name]).reshape(rows, cols).astype(np.float64)
+
+
+def rounding_bound(x: np.ndarray, w: np.ndarray, block: int) -> np.ndarray:
+    """(4 sqrt(K) + 8) u sum_k |x_k| max|w of k's block|: the float32 rounding of a K-term dot
+    product (rounding errors add like a random walk; 4 sigma), with each weight replaced by its
+    block's largest magnitude because offset terms m * sum(x) are summed apart from the codes.
+    A single wrong code in a row already exceeds it."""
+    rows, cols = w.shape
+    wmax = np.abs(w).reshape(rows, cols // block, block).max(-1).repeat(block, axis=1)
+    return (4 * np.sqrt(cols) + 8) * U * (np.abs(x).astype(np.float64) @ wmax.T) + 1e-30
+
+
+class _Tensor:
+    """The few GGUFTensor attributes QuantTensor reads, over a raw array."""
+
+    def __init__(self, raw, name, shape):
+        t = quants.ggml_type(name)
+        self.name, self.ggml_type, self.type_name, self.shape = f"test.{name}", t.id, t.name, shape
+        self.raw_rows, self.row_bytes, self.raw = raw, raw.shape[1], raw.reshape(-1)
+
+    def dequantize(self):
+        return quants.dequantize(self.raw, self.ggml_type, self.shape)
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_kernels_match_gguf_py_every_type(name):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    block = quants.ggml_type(name).block_size
+    rows, cols = 37, 2 * max(block, 256)
+    raw = random_blocks(name, rows, cols, rng)
+    w = oracle_weights(raw, name, rows, cols)
+    m = qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols)
+    for T in (1, 5, 13):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        want = x.astype(np.float64) @ w.T
+        bound = rounding_bound(x, w, block)
+        for simd in (True, False):
+            qmatmul.set_simd(simd)
+            for threads in (1, 2):
+                qmatmul.set_threads(threads)
+                for force in (0, 1, 2):  # by T, row dots, decoded panels
+                    out = np.full((T, rows), np.nan, np.float32)
+                    m.matmul(x, out, force)
+                    excess = np.abs(out - want) / bound
+                    assert excess.max() <= 1.0, (name, T, simd, threads, force, excess.max())
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+def test_large_matrices_split_over_threads(name):
+    # Enough rows and tokens that both threads get several tasks (and partial ones).
+    rng = np.random.default_rng(11)
+    rows, cols = 301, 512
+    raw = random_blocks(name, rows, cols, rng)
+    w = oracle_weights(raw, name, rows, cols)
+    m = qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols)
+    x = rng.standard_normal((40, cols)).astype(np.float32)
+    bound = rounding_bound(x, w, quants.ggml_type(name).block_size)
+    want = x.astype(np.float64) @ w.T
+    for threads in (1, 2):
+        qmatmul.set_threads(threads)
+        for force in (1, 2):
+            out = np.empty((40, rows), np.float32)
+            m.matmul(x, out, force)
+            assert (np.abs(out - want) / bound).max() <= 1.0
+
+
+def test_row_order_permutes_outputs_without_copying():
+    rng = np.random.default_rng(3)
+    rows, cols = 48, 256
+    raw = random_blocks("Q4_K", rows, cols, rng)
+    w = oracle_weights(raw, "Q4_K", rows, cols)
+    qt = QuantTensor(_Tensor(raw, "Q4_K", (rows, cols)))
+    heads = 3
+    perm = unpermute_qk(qt, heads)
+    assert isinstance(perm, QuantTensor) and perm.shape == (rows, cols)
+    dense_perm = unpermute_qk(w, heads)
+    np.testing.assert_array_equal(np.asarray(perm), dense_perm.astype(np.float32))
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    for T in (1, 3):
+        got = QuantLinear(perm)(x[:T])
+        bound = rounding_bound(x[:T], dense_perm, 256)
+        assert (np.abs(got - x[:T].astype(np.float64) @ dense_perm.T) / bound).max() <= 1.0
+    # Slices are row views too; integer indexing decodes only the asked rows.
+    part = perm[5:17]
+    assert isinstance(part, QuantTensor) and part.shape == (12, cols)
+    np.testing.assert_array_equal(np.asarray(part), dense_perm[5:17].astype(np.float32))
+    np.testing.assert_array_equal(perm[[2, 40, 2]], dense_perm[[2, 40, 2]].astype(np.float32))
+    np.testing.assert_array_equal(perm[7], dense_perm[7].astype(np.float32))
+    with pytest.raises(SterError):
+        perm.rows([rows])
+
+
+def test_quant_linear_bias_and_vector_input():
+    rng = np.random.default_rng(5)
+    raw = random_blocks("Q8_0", 9, 64, rng)
+    w = oracle_weights(raw, "Q8_0", 9, 64)
+    bias = rng.standard_normal(9).astype(np.float32)
+    lin = QuantLinear(QuantTensor(_Tensor(raw, "Q8_0", (9, 64))), bias)
+    x = rng.standard_normal(64).astype(np.float32)
+    got = lin(x)
+    assert got.shape == (9,) and got.dtype == np.float32
+    np.testing.assert_allclose(got, x @ w.T + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_set_threads_refuses_zero():
+    with pytest.raises(SterError):
+        set_threads(0)
+
+
+def test_gguf_weights_keep_matrices_quantized(tmp_path):
+    rng = np.random.default_rng(9)
+    path = tmp_path / "w.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    q_raw = random_blocks("Q4_0", 8, 64, rng)
+    writer.add_tensor("blk.0.attn_q.weight", q_raw, raw_dtype=QT.Q4_0)
+    writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64).astype(np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", rng.standard_normal((4, 64)).astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    g = GGUFFile(path)
+    quantized = GGUFWeights(g, "f32", qk_heads=(2, 2))
+    dense = GGUFWeights(g, "f32", qk_heads=(2, 2), quantized=False)
+    q = quantized.get("blk.0.attn_q.weight")
+    assert isinstance(q, QuantTensor) and q.shape == (8, 64)
+    want = unpermute_qk(oracle_weights(q_raw, "Q4_0", 8, 64), 2).astype(np.float32)
+    np.testing.assert_array_equal(dense.get("blk.0.attn_q.weight"), want)
+    np.testing.assert_array_equal(np.asarray(q), want)
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_up.weight"):
+        a, b = quantized.get(name), dense.get(name)
+        assert isinstance(a, np.ndarray) and a.dtype == np.float32
+        np.testing.assert_array_equal(a, b)
+
+
+# --- fused ops ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_norms_match_numpy(simd):
+    ops.set_simd(simd)
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((2, 5, 77)) * 3).astype(np.float32)
+    w = rng.standard_normal(77).astype(np.float32)
+    b = rng.standard_normal(77).astype(np.float32)
+    for weight in (w, None):
+        got = rms_norm(x, weight, 1e-6)
+        np.testing.assert_allclose(got, rms_norm_reference(x, weight, 1e-6), rtol=2e-6, atol=1e-6)
+        got = layer_norm(x, weight, b, 1e-5)
+        np.testing.assert_allclose(got, layer_norm_reference(x, weight, b, 1e-5), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_matches_numpy(interleaved):
+    rng = np.random.default_rng(2)
+    rope = make_rope({"rope_theta": 10000.0, "partial_rotary_factor": 0.5}, head_dim=32,
+                     max_position_embeddings=64, interleaved=interleaved)
+    x = rng.standard_normal((3, 6, 32)).astype(np.float32)
+    cos, sin = rope.cos_sin(np.arange(10, 16), 16)
+    want = rope.apply_reference(x.copy(), cos, sin)
+    got = x.copy()
+    assert rope.apply(got, cos, sin) is got
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _attention_case(rng, H, KV, T, S, D, cached):
+    q = rng.standard_normal((H, T, D)).astype(np.float32)
+    buf_k = rng.standard_normal((KV, S + 7, D)).astype(np.float32)
+    buf_v = rng.standard_normal((KV, S + 7, D)).astype(np.float32)
+    k, v = buf_k[:, :S], buf_v[:, :S]  # cache views: strided in the position axis
+    positions = np.arange(S - T, S) if cached else np.arange(T)
+    return q, k, v, positions
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("D", [64, 12])
+def test_attention_matches_numpy(simd, D):
+    ops.set_simd(simd)
+    rng = np.random.default_rng(D)
+    H, KV = 6, 2
+    for T, S, cached in ((1, 37, True), (9, 9, False), (5, 40, True)):
+        q, k, v, positions = _attention_case(rng, H, KV, T, S, D, cached)
+        cases = [dict(), dict(window=4), dict(softcap=5.0), dict(sinks=rng.standard_normal(H).astype(np.float32)),
+                 dict(bias=rng.standard_normal((H, T, S)).astype(np.float32)),
+                 dict(bias=rng.standard_normal((H, 1, S)).astype(np.float32), window=7),
+                 dict(bias=rng.standard_normal((T, S)).astype(np.float32))]
+        for extra in cases:
+            for threads in (1, 2):
+                ops.set_threads(threads)
+                got = attention_mod.attention(q, k, v, positions, scale=D ** -0.5, **extra)
+                want = attention_mod.attention_reference(q, k, v, positions, scale=D ** -0.5, **extra)
+                np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=str((T, S, extra)))
+
+
+def test_attention_falls_back_for_float64():
+    rng = np.random.default_rng(4)
+    q, k, v, positions = _attention_case(rng, 2, 1, 3, 3, 8, False)
+    got = attention_mod.attention(q.astype(np.float64), k, v, positions, scale=0.3)
+    want = attention_mod.attention_reference(q.astype(np.float64), k, v, positions, scale=0.3)
+    np.testing.assert_array_equal(got, want)
+
+
+# --- whole models (real GGUF files) ------------------------------------------------------
+
+
+def _quantized_and_dense(path):
+    from ster_py.decoder.model import Decoder
+    from ster_py.load import load_model
+
+    m = load_model(str(path))
+    w = m.decoder._weights
+    assert isinstance(w, GGUFWeights) and w.quantized
+    dense = Decoder(m.spec, GGUFWeights(w.gguf, "f32", qk_heads=w.qk_heads, rename=w.rename, quantized=False))
+    assert isinstance(m.decoder.layers[0].q.weight, QuantTensor)
+    assert not isinstance(dense.layers[0].q.weight, QuantTensor)
+    return m, dense
+
+
+def _rel_err(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def _check_model(path, prompts):
+    from ster_py.generate import Sampling, generate
+
+    m, dense = _quantized_and_dense(path)
+    for ids in prompts:
+        # Prefill (decoded panels), then one decode step (fused row dots).
+        cq, cd = m.decoder.new_cache(), dense.new_cache()
+        a, b = m.decoder.forward(ids, cq), dense.forward(ids, cd)
+        assert _rel_err(a, b) < 1e-3
+        a, b = m.decoder.forward([ids[-1]], cq), dense.forward([ids[-1]], cd)
+        assert _rel_err(a, b) < 1e-3
+        stops = m.stop_ids()
+        got = generate(m.decoder, ids, Sampling(max_new_tokens=32), stops)
+        want = generate(dense, ids, Sampling(max_new_tokens=32), stops)
+        assert got.ids == want.ids and len(got.ids) > 0
+
+
+@pytest.mark.real
+def test_smollm2_quantized_matches_dequantized(smollm2_gguf):
+    from ster_py.load import load_model
+    from ster_py.prompt import encode_prompt
+
+    tok = load_model(str(smollm2_gguf)).tokenizer
+    chat = encode_prompt(tok, "What is the capital of France?").ids
+    raw = tok.encode("The three primary colours are", add_special_tokens=True)
+    _check_model(smollm2_gguf, [chat, raw])
+
+
+@pytest.mark.real
+def test_gemma3_quantized_matches_dequantized(gemma3_gguf):
+    from ster_py.load import load_model
+
+    tok = load_model(str(gemma3_gguf)).tokenizer
+    _check_model(gemma3_gguf, [tok.encode("The three primary colours are", add_special_tokens=True)])
