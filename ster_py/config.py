@@ -1,9 +1,11 @@
 """Normalise a model's configuration into the ``ModelSpec`` the decoder reads.
 
 ``spec_from_config`` reads a Hugging Face config.json (Transformers 4 or 5 shape)
-through the family's ``FamilySpec``; the GGUF path builds the same ``ModelSpec``
-from file metadata (``gguf/config.py``). The decoder reads only ``ModelSpec``,
-never a raw config key.
+through the family's ``FamilySpec``: the family's variants for this config are
+applied first, then each field is read under the family's own key spellings
+(``families.DEFAULT_KEYS`` / ``FamilySpec.keys``). The GGUF path builds the same
+``ModelSpec`` from file metadata (``gguf/config.py``). The decoder reads only
+``ModelSpec``, never a raw config key.
 """
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, make_rope
 from .errors import SterError
-from .families import FamilySpec
+from .families import DEFAULT_KEYS, FamilySpec
 
-NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps", "layer_norm_epsilon")
-ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_tanh", "relu2", "relu")
+ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_tanh", "relu2", "relu",
+               "xielu")
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,12 @@ class ModelSpec:
 
     Dimensions use Transformers' names. ``names`` maps each tensor role the decoder
     asks for (``embed``, ``q``, ``attn_norm``, ...) to the tensor name prefix in the
-    weight source (Hugging Face or llama.cpp names).
+    weight source (Hugging Face or llama.cpp names); ``fused_qkv``, ``inputs_first`` and
+    ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
+    after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
+    ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
+    (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is
+    Llama 4's (beta, original_max_position_embeddings).
     """
 
     model_type: str
@@ -65,43 +73,91 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    norm_affine: bool = True
+    parallel: bool = False
+    qk_norm_after_rope: bool = False
+    embed_norm: bool = False
+    positions: str = "rope"
+    position_offset: int = 0
+    alibi_slopes: tuple[float, ...] | None = None
+    alibi_scale: float = 1.0
+    alibi_bf16: bool = False
+    residual_scale: float = 1.0
+    logit_scale: float = 1.0
+    clip_qkv: float | None = None
+    query_temperature: tuple[float, int] | None = None
+    sinks: bool = False
+    fused_qkv: str | None = None
+    inputs_first: bool = False
+    root: str | None = None
 
 
-def _first(config: Mapping, keys: tuple[str, ...], default=None):
-    for k in keys:
-        if config.get(k) is not None:
-            return config[k]
-    return default
+class _Reader:
+    """Reads normalised fields from a config under a family's key spellings."""
+
+    def __init__(self, config: Mapping, family: FamilySpec, config_name: str):
+        self.config, self.family, self.config_name = config, family, config_name
+
+    def get(self, name: str, default=None):
+        if name in self.family.fixed:
+            return self.family.fixed[name]
+        for key in self.family.keys.get(name, DEFAULT_KEYS.get(name, ())):
+            if self.config.get(key) is not None:
+                return self.config[key]
+        return default
+
+    def positive_int(self, name: str, default=None) -> int:
+        v = self.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            keys = self.family.keys.get(name, DEFAULT_KEYS.get(name, ())) or (name,)
+            raise SterError(f"invalid model config {self.config_name}: {' / '.join(keys)} must be a positive "
+                            f"integer, got {v!r}")
+        return v
+
+    def number(self, key: str | None, default: float | None) -> float | None:
+        if key is None or self.config.get(key) is None:
+            return default
+        v = self.config[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SterError(f"invalid model config {self.config_name}: {key} must be a number, got {v!r}")
+        return float(v)
 
 
-def _int(config: Mapping, key: str, config_name: str, default=None) -> int:
-    v = config.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise SterError(f"invalid model config {config_name}: {key} must be a positive integer, got {v!r}")
-    return v
-
-
-def _rope_params(config: Mapping) -> tuple[dict, dict | None]:
+def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     """The (full-attention, sliding-attention or None) rope parameter sets of a config.
 
     Transformers 5 writes ``rope_parameters`` (flat, or one object per layer type);
-    Transformers 4 wrote ``rope_theta`` plus an optional ``rope_scaling``.
+    Transformers 4 wrote ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``) plus an optional
+    ``rope_scaling``. A top-level ``original_max_position_embeddings`` (Phi-3) fills in
+    for a LongRoPE set that lacks it.
     """
     rp = config.get("rope_parameters")
     if isinstance(rp, Mapping) and ("full_attention" in rp or "sliding_attention" in rp):
         full = dict(rp.get("full_attention") or rp.get("sliding_attention"))
         sliding = dict(rp["sliding_attention"]) if "sliding_attention" in rp else None
-        return full, sliding
-    if isinstance(rp, Mapping):
-        return dict(rp), None
-    params = dict(config.get("rope_scaling") or {})
-    if "rope_type" not in params and "type" in params:
-        params["rope_type"] = params.pop("type")
-    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-    return params, None
+    elif isinstance(rp, Mapping):
+        full, sliding = dict(rp), None
+    else:
+        full = dict(config.get("rope_scaling") or {})
+        if "rope_type" not in full and "type" in full:
+            full["rope_type"] = full.pop("type")
+        full.setdefault("rope_theta", r.get("rope_theta", 10000.0))
+        sliding = None
+    for params in (full, sliding):
+        if params is not None and config.get("original_max_position_embeddings") is not None:
+            params.setdefault("original_max_position_embeddings", config["original_max_position_embeddings"])
+    return full, sliding
 
 
-def _sliding_layers(config: Mapping, family: FamilySpec, n_layers: int) -> list[bool]:
+def _fixed_alpha(params: dict, head_dim: int) -> dict:
+    """HunYuan's "dynamic" rope with an ``alpha`` is a fixed base: theta * alpha ** (d / (d - 2))."""
+    if params.get("rope_type", params.get("type")) == "dynamic" and params.get("alpha"):
+        theta = float(params.get("rope_theta", 10000.0)) * float(params["alpha"]) ** (head_dim / (head_dim - 2))
+        return {"rope_type": "default", "rope_theta": theta}
+    return params
+
+
+def _sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_name: str) -> list[bool]:
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == n_layers:
         return [t == "sliding_attention" for t in layer_types]
@@ -116,10 +172,37 @@ def _sliding_layers(config: Mapping, family: FamilySpec, n_layers: int) -> list[
         return [on and i >= first for i in range(n_layers)]
     if rule == "even":
         return [i % 2 == 0 for i in range(n_layers)]
-    if rule == "pattern":
-        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6
-        return [(i + 1) % pattern != 0 for i in range(n_layers)]
+    if rule in ("pattern", "pattern_first"):
+        p = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or family.sliding_pattern
+        if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
+            raise SterError(f"invalid model config {config_name}: sliding_window_pattern must be a positive "
+                            f"integer, got {p!r}; state the layers as layer_types instead")
+        return [(i + 1) % p != 0 for i in range(n_layers)] if rule == "pattern" else [i % p != 0 for i in range(n_layers)]
     return [False] * n_layers
+
+
+def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,
+                 make, config_name: str) -> list[Rope | None]:
+    """The rotation of each layer, after the family's rules on which layers rotate."""
+    window = config.get("sliding_window")
+    ropes: list[Rope | None] = [local if s else full for s in sliding]
+    if family.positions != "rope":
+        return [None] * len(sliding)
+    if family.rope_layers == "sliding":  # Cohere 2: only sliding-window layers rotate
+        ropes = [rope if s and window is not None else None for rope, s in zip(ropes, sliding)]
+    elif family.rope_layers == "sliding_if_windowed" and window is not None:  # EXAONE 4
+        ropes = [rope if s else None for rope, s in zip(ropes, sliding)]
+    if family.no_rope_key and isinstance(config.get(family.no_rope_key), list):
+        flags = config[family.no_rope_key]
+        ropes = [None if i < len(flags) and not flags[i] else rope for i, rope in enumerate(ropes)]
+    if family.layer_rope_key and isinstance(config.get(family.layer_rope_key), list):
+        thetas = config[family.layer_rope_key]
+        if len(thetas) != len(sliding):
+            raise SterError(f"invalid model config {config_name}: {family.layer_rope_key} has {len(thetas)} "
+                            f"entries for {len(sliding)} layers")
+        by_theta: dict[float, Rope] = {}
+        ropes = [None if not theta else by_theta.setdefault(float(theta), make(float(theta))) for theta in thetas]
+    return ropes
 
 
 def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "config.json") -> ModelSpec:
@@ -127,71 +210,105 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     Args:
         config: the parsed JSON object (already through ``families.gate``).
-        family: the family's spec.
+        family: the family's spec (its variants for ``config`` are applied here).
         config_name: the file's path, for messages.
 
     Raises:
         SterError: a missing or invalid dimension, an unsupported activation or rope type.
     """
-    hidden = _int(config, "hidden_size", config_name)
-    heads = _int(config, "num_attention_heads", config_name)
-    kv_heads = _int(config, "num_key_value_heads", config_name, heads) if config.get(
-        "num_key_value_heads") is not None else heads
-    head_dim = config.get("head_dim") or hidden // heads
-    n_layers = _int(config, "num_hidden_layers", config_name)
+    family = family.for_config(config)
+    r = _Reader(config, family, config_name)
+    hidden = r.positive_int("hidden_size")
+    heads = r.positive_int("num_attention_heads")
+    kv_heads = r.positive_int("num_key_value_heads", heads)
+    head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None)
+    n_layers = r.positive_int("num_hidden_layers")
     if heads % kv_heads:
         raise SterError(f"invalid model config {config_name}: num_attention_heads ({heads}) is not a "
                         f"multiple of num_key_value_heads ({kv_heads})")
-    act = _first(config, family.act_keys, family.default_act)
+    mult = config.get(family.ffn_mult_key) if family.ffn_mult_key else None
+    mult = mult if mult is not None else family.ffn_mult
+    intermediate = r.positive_int("intermediate_size", mult * hidden if isinstance(mult, int) else None)
+    act = r.get("act", family.default_act)
     if act not in ACTIVATIONS:
         raise SterError(f"invalid model config {config_name}: activation {act!r} is not supported; "
                         f"supported: {', '.join(ACTIVATIONS)}")
-    max_pos = config.get("max_position_embeddings", 2048)
-    partial = float(config.get("partial_rotary_factor", 1.0))
+    max_pos = r.positive_int("max_position_embeddings", 2048)
+    rotary_dim = r.get("rotary_dim")
+    partial = rotary_dim / head_dim if isinstance(rotary_dim, int) else float(r.get("partial_rotary_factor", 1.0))
 
-    full_params, sliding_params = _rope_params(config)
+    full_params, sliding_params = _rope_params(config, r)
     if family.local_rope_key and config.get(family.local_rope_key) is not None:
         sliding_params = {"rope_type": "default", "rope_theta": config[family.local_rope_key]}
-    full_rope = make_rope(full_params, head_dim=head_dim, max_position_embeddings=max_pos,
-                          partial_rotary_factor=partial)
-    sliding_rope = full_rope if sliding_params is None else make_rope(
-        sliding_params, head_dim=head_dim, max_position_embeddings=max_pos, partial_rotary_factor=partial)
 
-    no_rope = config.get(family.no_rope_key) if family.no_rope_key else None
+    def make(params: dict) -> Rope:
+        return make_rope(_fixed_alpha(params, head_dim), head_dim=head_dim, max_position_embeddings=max_pos,
+                         partial_rotary_factor=partial, interleaved=family.rope_interleaved)
+
+    full_rope = make(full_params)
+    sliding_rope = full_rope if sliding_params is None else make(sliding_params)
+    sliding = _sliding_layers(config, family, n_layers, config_name)
+    ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
+                         lambda theta: make({**full_params, "rope_theta": theta}), config_name)
     window = config.get("sliding_window")
-    layers = []
-    for i, sliding in enumerate(_sliding_layers(config, family, n_layers)):
-        rope = sliding_rope if sliding else full_rope
-        if no_rope is not None and i < len(no_rope) and not no_rope[i]:
-            rope = None
-        layers.append(LayerSpec(sliding_window=window if sliding else None, rope=rope))
+    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope) for s, rope in zip(sliding, ropes))
 
-    scalar = config.get(family.attn_scale_key) if family.attn_scale_key else None
+    if family.attn_unscaled:
+        attn_scale = 1.0
+    elif family.attn_multiplier_key:
+        attn_scale = r.number(family.attn_multiplier_key, head_dim ** -0.5)
+    else:
+        attn_scale = (r.number(family.attn_scale_key, None) or head_dim) ** -0.5
+    logit_scale = r.number(family.logit_scale_key, 1.0)
+    if family.logit_scale_divides:
+        logit_scale = 1.0 / logit_scale
+    temperature = None
+    if family.query_temperature and full_params.get("llama_4_scaling_beta") is not None:
+        temperature = (float(full_params["llama_4_scaling_beta"]),
+                       int(full_params.get("original_max_position_embeddings") or max_pos))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
         model_type=config["model_type"],
-        vocab_size=_int(config, "vocab_size", config_name),
+        vocab_size=r.positive_int("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=_int(config, "intermediate_size", config_name),
+        intermediate_size=intermediate,
         num_hidden_layers=n_layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         max_position_embeddings=max_pos,
         norm=family.norm,
-        norm_eps=float(_first(config, NORM_EPS_KEYS, 1e-6)),
+        norm_eps=float(r.get("norm_eps", 1e-6)),
         norm_unit_offset=family.norm_unit_offset,
         norms=family.norms,
         qk_norm=family.qk_norm,
         hidden_act=act,
-        embed_scale=math.sqrt(hidden) if family.embed_scale_sqrt_hidden else 1.0,
-        attn_scale=(scalar if scalar else head_dim) ** -0.5,
+        embed_scale=(math.sqrt(hidden) if family.embed_scale_sqrt_hidden else 1.0)
+        * r.number(family.embed_multiplier_key, 1.0),
+        attn_scale=attn_scale,
         attn_softcap=config.get(family.attn_softcap_key) if family.attn_softcap_key else None,
         final_softcap=config.get(family.final_softcap_key) if family.final_softcap_key else None,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", family.tie_default)),
-        layers=tuple(layers),
+        layers=layers,
         names=family.names,
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        norm_affine=family.norm_affine,
+        parallel=family.parallel,
+        qk_norm_after_rope=family.qk_norm_after_rope,
+        embed_norm=family.embed_norm,
+        positions=family.positions,
+        position_offset=family.position_offset,
+        alibi_slopes=alibi_slopes(heads) if family.positions == "alibi" else None,
+        alibi_scale=attn_scale if family.alibi_scaled else 1.0,
+        alibi_bf16=family.alibi_bf16,
+        residual_scale=r.number(family.residual_multiplier_key, 1.0),
+        logit_scale=logit_scale,
+        clip_qkv=r.number(family.clip_qkv_key, None),
+        query_temperature=temperature,
+        sinks=family.sinks,
+        fused_qkv=family.fused_qkv,
+        inputs_first=family.inputs_first,
+        root=family.root,
     )

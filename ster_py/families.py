@@ -13,9 +13,9 @@ weight is mapped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import SterError
 
@@ -43,7 +43,9 @@ KNOWN_MODEL_TYPES: tuple[str, ...] = (
 )
 
 # Per-layer tensor roles the decoder asks for, with their Hugging Face names for the
-# Llama layout. ``{i}`` is the layer index. Families override only what differs.
+# Llama layout. ``{i}`` is the layer index. Families override only what differs; see
+# ``decoder/layout.py`` for the roles that are read fused (``qkv``, ``gate_up``), per head
+# (a name holding ``{h}``) or as plain parameters (``sinks``, ``act``).
 LLAMA_NAMES: Mapping[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
@@ -61,13 +63,87 @@ LLAMA_NAMES: Mapping[str, str] = {
     "down": "model.layers.{i}.mlp.down_proj",
 }
 
+
+def _with(base: Mapping[str, str], **roles: str | None) -> Mapping[str, str]:
+    """``base`` with roles replaced (a None value removes the role)."""
+    out = dict(base)
+    for role, name in roles.items():
+        if name is None:
+            out.pop(role, None)
+        else:
+            out[role] = name
+    return out
+
+
 # Gemma 2 and 3 wrap both sublayers in norms: the Llama name "post_attention_layernorm"
 # is the norm *after* attention there, and the FFN's input norm has its own name.
-GEMMA2_NAMES: Mapping[str, str] = {
-    **LLAMA_NAMES,
-    "attn_post_norm": "model.layers.{i}.post_attention_layernorm",
-    "ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
-    "ffn_post_norm": "model.layers.{i}.post_feedforward_layernorm",
+GEMMA2_NAMES = _with(LLAMA_NAMES, attn_post_norm="model.layers.{i}.post_attention_layernorm",
+                     ffn_norm="model.layers.{i}.pre_feedforward_layernorm",
+                     ffn_post_norm="model.layers.{i}.post_feedforward_layernorm")
+_L = "model.layers.{i}."
+PLAIN_MLP_NAMES = _with(LLAMA_NAMES, gate=None)
+OLMO2_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                    ffn_post_norm=_L + "post_feedforward_layernorm")
+PHI3_NAMES = _with(LLAMA_NAMES, q=None, k=None, v=None, gate=None, up=None,
+                   qkv=_L + "self_attn.qkv_proj", gate_up=_L + "mlp.gate_up_proj")
+PHI_NAMES = _with(LLAMA_NAMES, final_norm="model.final_layernorm", o=_L + "self_attn.dense",
+                  q_norm=_L + "self_attn.q_layernorm", k_norm=_L + "self_attn.k_layernorm", gate=None,
+                  up=_L + "mlp.fc1", down=_L + "mlp.fc2", ffn_norm=None)
+STABLELM_NAMES = _with(LLAMA_NAMES, q_norm=_L + "self_attn.q_layernorm.norms.{h}",
+                       k_norm=_L + "self_attn.k_layernorm.norms.{h}")
+STARCODER2_NAMES = _with(LLAMA_NAMES, gate=None, up=_L + "mlp.c_fc", down=_L + "mlp.c_proj")
+GLM_NAMES = _with(LLAMA_NAMES, gate=None, up=None, gate_up=_L + "mlp.gate_up_proj")
+GLM4_NAMES = _with(GLM_NAMES, attn_post_norm=_L + "post_self_attn_layernorm",
+                   ffn_post_norm=_L + "post_mlp_layernorm")
+HUNYUAN_NAMES = _with(LLAMA_NAMES, q_norm=_L + "self_attn.query_layernorm", k_norm=_L + "self_attn.key_layernorm")
+HYPERCLOVAX_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_norm1", ffn_post_norm=_L + "post_norm2")
+APERTUS_NAMES = _with(LLAMA_NAMES, attn_norm=_L + "attention_layernorm", ffn_norm=_L + "feedforward_layernorm",
+                      gate=None, act=_L + "mlp.act_fn")
+_H = "transformer.h.{i}."
+GPT2_NAMES: Mapping[str, str] = {
+    "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
+    "attn_norm": _H + "ln_1", "ffn_norm": _H + "ln_2", "qkv": _H + "attn.c_attn", "o": _H + "attn.c_proj",
+    "up": _H + "mlp.c_fc", "down": _H + "mlp.c_proj",
+}
+GPTJ_NAMES: Mapping[str, str] = {
+    "embed": "transformer.wte", "final_norm": "transformer.ln_f", "head": "lm_head", "attn_norm": _H + "ln_1",
+    "q": _H + "attn.q_proj", "k": _H + "attn.k_proj", "v": _H + "attn.v_proj", "o": _H + "attn.out_proj",
+    "up": _H + "mlp.fc_in", "down": _H + "mlp.fc_out",
+}
+EXAONE_NAMES: Mapping[str, str] = {
+    "embed": "transformer.wte", "final_norm": "transformer.ln_f", "head": "lm_head",
+    "attn_norm": _H + "ln_1", "ffn_norm": _H + "ln_2", "q": _H + "attn.attention.q_proj",
+    "k": _H + "attn.attention.k_proj", "v": _H + "attn.attention.v_proj", "o": _H + "attn.attention.out_proj",
+    "gate": _H + "mlp.c_fc_0", "up": _H + "mlp.c_fc_1", "down": _H + "mlp.c_proj",
+}
+BLOOM_NAMES: Mapping[str, str] = {
+    "embed": "transformer.word_embeddings", "embed_norm": "transformer.word_embeddings_layernorm",
+    "final_norm": "transformer.ln_f", "head": "lm_head", "attn_norm": _H + "input_layernorm",
+    "ffn_norm": _H + "post_attention_layernorm", "qkv": _H + "self_attention.query_key_value",
+    "o": _H + "self_attention.dense", "up": _H + "mlp.dense_h_to_4h", "down": _H + "mlp.dense_4h_to_h",
+}
+FALCON_NAMES = _with(BLOOM_NAMES, embed_norm=None)
+FALCON_NEW_NAMES = _with(FALCON_NAMES, attn_norm=_H + "ln_attn", ffn_norm=_H + "ln_mlp")
+_N = "gpt_neox.layers.{i}."
+GPT_NEOX_NAMES: Mapping[str, str] = {
+    "embed": "gpt_neox.embed_in", "final_norm": "gpt_neox.final_layer_norm", "head": "embed_out",
+    "attn_norm": _N + "input_layernorm", "ffn_norm": _N + "post_attention_layernorm",
+    "qkv": _N + "attention.query_key_value", "o": _N + "attention.dense",
+    "up": _N + "mlp.dense_h_to_4h", "down": _N + "mlp.dense_4h_to_h",
+}
+_D = "model.decoder.layers.{i}."
+OPT_NAMES: Mapping[str, str] = {
+    "embed": "model.decoder.embed_tokens", "pos_embed": "model.decoder.embed_positions",
+    "final_norm": "model.decoder.final_layer_norm", "head": "lm_head",
+    "attn_norm": _D + "self_attn_layer_norm", "ffn_norm": _D + "final_layer_norm",
+    "q": _D + "self_attn.q_proj", "k": _D + "self_attn.k_proj", "v": _D + "self_attn.v_proj",
+    "o": _D + "self_attn.out_proj", "up": _D + "fc1", "down": _D + "fc2",
+}
+_B = "transformer.blocks.{i}."
+MPT_NAMES: Mapping[str, str] = {
+    "embed": "transformer.wte", "final_norm": "transformer.norm_f", "head": "lm_head",
+    "attn_norm": _B + "norm_1", "ffn_norm": _B + "norm_2", "qkv": _B + "attn.Wqkv", "o": _B + "attn.out_proj",
+    "up": _B + "ffn.up_proj", "down": _B + "ffn.down_proj",
 }
 
 # llama.cpp's GGUF tensor names for the same roles (src/llama-arch.cpp's LLM_TENSOR_* table).
@@ -90,6 +166,69 @@ GGUF_NAMES: Mapping[str, str] = {
     "down": "blk.{i}.ffn_down",
 }
 
+# Config keys a family reads for each normalised field, first found wins. A family's
+# ``keys`` replaces the list of the fields it names (``()``: never read, use the default).
+DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
+    "vocab_size": ("vocab_size",),
+    "hidden_size": ("hidden_size",),
+    "intermediate_size": ("intermediate_size",),
+    "num_hidden_layers": ("num_hidden_layers",),
+    "num_attention_heads": ("num_attention_heads",),
+    "num_key_value_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "max_position_embeddings": ("max_position_embeddings",),
+    "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps", "layer_norm_epsilon"),
+    "rope_theta": ("rope_theta",),
+    "partial_rotary_factor": ("partial_rotary_factor",),
+    "rotary_dim": (),  # rotated width of a head, when a family states it absolutely (GPT-J)
+    "act": ("hidden_act", "hidden_activation"),
+}
+# GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
+GPT_KEYS: Mapping[str, tuple[str, ...]] = {
+    "hidden_size": ("hidden_size", "n_embd", "n_embed"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_key_value_heads": (),  # multi-head attention: as many key/value heads as heads
+    "head_dim": (),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions"),
+    "intermediate_size": ("n_inner",),
+    "act": ("activation_function",),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Field changes a family takes when ``when(config)`` holds (applied in order, later wins)."""
+
+    when: Callable[[Mapping], bool]
+    changes: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A configuration the decoder does not run: ``why`` is said when ``when(config)`` holds."""
+
+    when: Callable[[Mapping], bool]
+    why: str
+
+
+def flag(key: str, default: bool = False, *, sub: str | None = None) -> Callable[[Mapping], bool]:
+    """Predicate: the config's boolean ``key`` (inside the object ``sub`` if given) is true."""
+    def when(config: Mapping) -> bool:
+        c = config.get(sub) or {} if sub else config
+        value = c.get(key)
+        return bool(default if value is None else value)
+    return when
+
+
+def stated(key: str, *, sub: str | None = None, unless: Any = None) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is present with a value other than None / false / ``unless``."""
+    def when(config: Mapping) -> bool:
+        c = config.get(sub) or {} if sub else config
+        value = c.get(key)
+        return value is not None and value is not False and value != unless
+    return when
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -100,47 +239,117 @@ class FamilySpec:
         gguf_arch: llama.cpp's ``general.architecture`` for this family, if it has one.
         gguf_qk_permuted: llama.cpp's converter reorders q/k rows of this architecture for its
             adjacent-pair rotation (``LlamaModel.permute``); loading undoes it.
+        keys: normalised field -> config keys read for it (see ``DEFAULT_KEYS``).
+        fixed: normalised field -> value the family fixes whatever the config says.
         norm: ``"rms"`` or ``"layer"``.
-        norm_unit_offset: norm weights are stored as ``w`` and applied as ``1 + w`` (Gemma).
+        norm_unit_offset: norm weights are stored as ``w`` and applied as ``1 + w`` (Gemma, Nemotron).
+        norm_affine: norms carry a weight (False: OLMo's parameter-free LayerNorm).
         norms: which of the four sublayer norms the block has: ``attn_norm`` / ``ffn_norm``
             before each sublayer, ``attn_post_norm`` / ``ffn_post_norm`` over its output.
-        qk_norm: ``None``, ``"head"`` (RMS norm over each head's query/key, Qwen3, Gemma 3)
-            or ``"proj"`` (over the whole projection, OLMo 2).
+        parallel: attention and feed-forward read the same residual and add to it together;
+            the feed-forward reads ``ffn_norm`` of it, or attention's normed input without one.
+        qk_norm: ``None``, ``"head"`` (norm over each head's query/key, Qwen3, Gemma 3; the
+            weight may be per head, Cohere, StableLM) or ``"proj"`` (over the whole projection, OLMo 2).
+        qk_norm_after_rope: the q/k norms apply to the rotated query/key (HunYuan).
         embed_scale_sqrt_hidden: multiply embeddings by sqrt(hidden_size) (Gemma).
+        embed_norm: a norm over the embeddings (BLOOM's word_embeddings_layernorm).
+        positions: ``"rope"``, ``"learned"`` (a table added to the embeddings, row
+            ``position_offset`` for position 0) or ``"alibi"`` (a per-head linear score bias).
+        alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
+        alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
+        rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
+        rope_layers: which layers rotate: ``"all"``, ``"sliding"`` (only sliding-window layers,
+            Cohere 2) or ``"sliding_if_windowed"`` (only sliding layers once the model has any, EXAONE 4).
         default_act: activation when the config names none.
-        act_keys: config keys naming the activation, first found wins.
         sliding: how per-layer sliding windows are placed when the config has no
             ``layer_types``: ``"none"``, ``"all"`` (every layer when ``sliding_window`` is set),
             ``"qwen2"`` (``use_sliding_window`` from ``max_window_layers`` on),
             ``"even"`` (layers 0, 2, 4, ...), ``"pattern"`` (all but every
-            ``sliding_window_pattern``-th layer).
+            ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...).
+        sliding_pattern: the pattern period when the config states none.
         local_rope_key: config key of the rotary base for sliding layers (Gemma 3).
         no_rope_key: config key of a per-layer list where 0 switches rotation off (SmolLM3).
+        layer_rope_key: config key of a per-layer rotary base, 0 for no rotation (Granite SWA).
         attn_scale_key: config key whose value s sets the score scale to s**-0.5 (Gemma 2/3).
+        attn_multiplier_key: config key whose value is the score scale itself (Granite).
+        attn_unscaled: scores are not scaled at all.
+        attn_softcap_key / final_softcap_key: config keys of the soft-caps (Gemma 2).
+        embed_multiplier_key / residual_multiplier_key: config keys of scales on the embeddings
+            and on each sublayer's output (Granite).
+        logit_scale_key: config key of a factor on the logits; ``logit_scale_divides``: the
+            logits are divided by it instead (Granite's logits_scaling).
+        clip_qkv_key: config key of a bound the query/key/value projections are clamped to.
+        query_temperature: Llama 4's position-dependent query scale from the rope parameters.
+        sinks: each layer has a learned per-head attention sink (``sinks`` role).
+        ffn_mult_key / ffn_mult: the feed-forward width as a multiple of hidden_size when the
+            config states no width (``ffn_mult_key`` names the multiple's key).
+        fused_qkv: how a fused ``qkv`` tensor's rows are laid out: ``"concat"`` (all queries,
+            keys, values) or ``"grouped"`` (per key/value head: its queries, key, value).
+        inputs_first: linear weights are stored [in, out] (GPT-2's Conv1D).
+        root: prefix a checkpoint saved from the base model leaves off its names.
         tie_default: whether the head is tied to the embedding when the config does not say.
         names: role -> Hugging Face tensor name prefix (``.weight`` / ``.bias`` appended).
         gguf_names: role -> llama.cpp tensor name prefix.
+        variants: config-driven changes to these fields (``Variant``).
+        refusals: configurations refused before any weight is read (``Refusal``).
     """
 
     model_type: str
     gguf_arch: str | None = None
     gguf_qk_permuted: bool = False
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
     norm: str = "rms"
     norm_unit_offset: bool = False
+    norm_affine: bool = True
     norms: tuple[str, ...] = ("attn_norm", "ffn_norm")
+    parallel: bool = False
     qk_norm: str | None = None
+    qk_norm_after_rope: bool = False
     embed_scale_sqrt_hidden: bool = False
+    embed_norm: bool = False
+    positions: str = "rope"
+    position_offset: int = 0
+    alibi_scaled: bool = False
+    alibi_bf16: bool = False
+    rope_interleaved: bool = False
+    rope_layers: str = "all"
     default_act: str = "silu"
-    act_keys: tuple[str, ...] = ("hidden_act", "hidden_activation")
     sliding: str = "none"
+    sliding_pattern: int = 6
     local_rope_key: str | None = None
     no_rope_key: str | None = None
+    layer_rope_key: str | None = None
     attn_scale_key: str | None = None
+    attn_multiplier_key: str | None = None
+    attn_unscaled: bool = False
     attn_softcap_key: str | None = None
     final_softcap_key: str | None = None
+    embed_multiplier_key: str | None = None
+    residual_multiplier_key: str | None = None
+    logit_scale_key: str | None = None
+    logit_scale_divides: bool = False
+    clip_qkv_key: str | None = None
+    query_temperature: bool = False
+    sinks: bool = False
+    ffn_mult_key: str | None = None
+    ffn_mult: int | None = None
+    fused_qkv: str | None = None
+    inputs_first: bool = False
+    root: str | None = None
     tie_default: bool = False
     names: Mapping[str, str] = field(default_factory=lambda: LLAMA_NAMES)
     gguf_names: Mapping[str, str] = field(default_factory=lambda: GGUF_NAMES)
+    variants: tuple[Variant, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+
+    def for_config(self, config: Mapping) -> "FamilySpec":
+        """This family with the variants ``config`` switches on applied."""
+        out = self
+        for v in self.variants:
+            if v.when(config):
+                out = replace(out, **v.changes)
+        return out
 
 
 _GEMMA = dict(norm_unit_offset=True, embed_scale_sqrt_hidden=True, default_act="gelu_pytorch_tanh",
@@ -148,6 +357,30 @@ _GEMMA = dict(norm_unit_offset=True, embed_scale_sqrt_hidden=True, default_act="
 _GEMMA2 = dict(_GEMMA, norms=("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"),
                names=GEMMA2_NAMES, attn_scale_key="query_pre_attn_scalar",
                attn_softcap_key="attn_logit_softcapping", final_softcap_key="final_logit_softcapping")
+_GRANITE = dict(embed_multiplier_key="embedding_multiplier", residual_multiplier_key="residual_multiplier",
+                attn_multiplier_key="attention_multiplier", logit_scale_key="logits_scaling")
+_OLMO2 = dict(norms=("attn_post_norm", "ffn_post_norm"), qk_norm="proj", names=OLMO2_NAMES)
+_SANDWICH = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
+_FALCON_NEW_1LN = (lambda c: bool(c.get("new_decoder_architecture")) and c.get("num_ln_in_parallel_attn") == 1)
+
+
+def _mpt_alibi_heads_not_power_of_two(config: Mapping) -> bool:
+    heads = config.get("n_heads")
+    return flag("alibi", True, sub="attn_config")(config) and isinstance(heads, int) and heads & (heads - 1) != 0
+
+
+def _granite_swa_bases_unsupported(config: Mapping) -> bool:
+    """Full-attention layers must rotate by rope_theta and sliding layers by one shared base (or 0)."""
+    thetas, types = config.get("layer_rope_theta"), config.get("layer_types")
+    if not isinstance(thetas, list):
+        return False
+    if not isinstance(types, list):
+        types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(len(thetas))]
+    rp = config.get("rope_parameters")
+    base = (rp.get("rope_theta") if isinstance(rp, Mapping) else None) or config.get("rope_theta", 10000.0)
+    sliding = {t for t, kind in zip(thetas, types) if kind == "sliding_attention" and t}
+    return len(sliding) > 1 or any(t and t != base for t, kind in zip(thetas, types) if kind != "sliding_attention")
+
 
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
@@ -156,12 +389,136 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all"),
         FamilySpec("qwen2", gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
+        FamilySpec("phi", norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
+                   names=PHI_NAMES, variants=(Variant(flag("qk_layernorm"), {"qk_norm": "head"}),)),
+        FamilySpec("phi3", sliding="all", fused_qkv="concat", names=PHI3_NAMES),
+        FamilySpec("granite", **_GRANITE, logit_scale_divides=True),
+        FamilySpec("stablelm", norm="layer", names=STABLELM_NAMES,
+                   variants=(Variant(flag("use_parallel_residual"), {"parallel": True, "norms": ("attn_norm",)}),
+                             Variant(flag("qk_layernorm"), {"qk_norm": "head"}))),
+        FamilySpec("starcoder2", norm="layer", sliding="all", default_act="gelu_pytorch_tanh",
+                   names=STARCODER2_NAMES, tie_default=True),
+        FamilySpec("cohere", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
+                   logit_scale_key="logit_scale", tie_default=True,
+                   variants=(Variant(flag("use_qk_norm"), {"qk_norm": "head"}),)),
+        FamilySpec("cohere2", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
+                   logit_scale_key="logit_scale", tie_default=True, sliding="pattern", sliding_pattern=4,
+                   rope_layers="sliding"),
+        FamilySpec("nemotron", norm="layer", norm_unit_offset=True, default_act="relu2", names=PLAIN_MLP_NAMES),
+        FamilySpec("olmo", norm="layer", norm_affine=False, fixed={"norm_eps": 1e-5}, clip_qkv_key="clip_qkv"),
+        FamilySpec("olmo2", **_OLMO2),
+        FamilySpec("olmo3", **_OLMO2, sliding="pattern", sliding_pattern=4),
+        FamilySpec("exaone4", norms=("attn_post_norm", "ffn_post_norm"), qk_norm="head", names=OLMO2_NAMES,
+                   sliding="pattern", sliding_pattern=4, rope_layers="sliding_if_windowed"),
+        FamilySpec("internlm3"),
+        FamilySpec("seed_oss"),
+        FamilySpec("arcee", default_act="relu2", names=PLAIN_MLP_NAMES),
+        FamilySpec("ernie4_5", rope_interleaved=True, tie_default=True),
+        FamilySpec("glm", rope_interleaved=True, names=GLM_NAMES),
+        FamilySpec("glm4", rope_interleaved=True, norms=_SANDWICH, names=GLM4_NAMES),
+        FamilySpec("gpt_neox", norm="layer", parallel=True, fused_qkv="grouped", default_act="gelu",
+                   root="gpt_neox.", names=GPT_NEOX_NAMES,
+                   keys={"num_key_value_heads": (), "head_dim": (),
+                         "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
+                         "rope_theta": ("rope_theta", "rotary_emb_base")},
+                   variants=(Variant(lambda c: not flag("use_parallel_residual", True)(c), {"parallel": False}),)),
+        FamilySpec("gptj", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
+                   default_act="gelu_new", root="transformer.", names=GPTJ_NAMES,
+                   keys=dict(GPT_KEYS, rope_theta=("rope_theta", "rotary_emb_base"), rotary_dim=("rotary_dim",)),
+                   ffn_mult=4,
+                   refusals=(Refusal(lambda c: not isinstance(c.get("rotary_dim"), int),
+                                     "a GPT-J config without an integer rotary_dim is not supported"),)),
         FamilySpec("smollm3", gguf_arch="smollm3", gguf_qk_permuted=True, sliding="qwen2", no_rope_key="no_rope_layers",
                    tie_default=True),
+        FamilySpec("gpt2", norm="layer", positions="learned", default_act="gelu_new", fused_qkv="concat",
+                   inputs_first=True, root="transformer.", names=GPT2_NAMES, keys=GPT_KEYS, ffn_mult=4,
+                   tie_default=True,
+                   variants=(Variant(lambda c: not flag("scale_attn_weights", True)(c), {"attn_unscaled": True}),),
+                   refusals=(Refusal(flag("scale_attn_by_inverse_layer_idx"),
+                                     "scale_attn_by_inverse_layer_idx (scores divided by the layer number) "
+                                     "is not supported"),)),
+        FamilySpec("gpt_bigcode", norm="layer", positions="learned", default_act="gelu_pytorch_tanh",
+                   fused_qkv="grouped", root="transformer.", names=GPT2_NAMES, keys=GPT_KEYS, ffn_mult=4,
+                   tie_default=True,
+                   variants=(Variant(flag("multi_query", True), {"fixed": {"num_key_value_heads": 1}}),
+                             Variant(lambda c: not flag("scale_attn_weights", True)(c), {"attn_unscaled": True}))),
+        FamilySpec("opt", norm="layer", positions="learned", position_offset=2, default_act="relu",
+                   root="model.", names=OPT_NAMES, tie_default=True, fixed={"norm_eps": 1e-5},
+                   keys={"num_key_value_heads": (), "head_dim": (), "intermediate_size": ("ffn_dim",),
+                         "act": ("activation_function",)},
+                   variants=(Variant(lambda c: not flag("layer_norm_elementwise_affine", True)(c),
+                                     {"norm_affine": False}),),
+                   refusals=(Refusal(lambda c: not flag("do_layer_norm_before", True)(c),
+                                     "OPT's post-norm blocks (do_layer_norm_before: false) are not supported"),
+                             Refusal(lambda c: c.get("word_embed_proj_dim") not in (None, c.get("hidden_size")),
+                                     "an OPT word_embed_proj_dim unlike hidden_size (project_in/project_out) "
+                                     "is not supported"),
+                             Refusal(flag("_remove_final_layer_norm"),
+                                     "an OPT checkpoint without its final layer norm is not supported"))),
+        FamilySpec("bloom", norm="layer", positions="alibi", embed_norm=True, default_act="gelu_pytorch_tanh",
+                   fused_qkv="grouped", root="transformer.", names=BLOOM_NAMES, ffn_mult=4, tie_default=True,
+                   keys={"hidden_size": ("hidden_size", "n_embed"), "num_hidden_layers": ("num_hidden_layers", "n_layer"),
+                         "num_attention_heads": ("num_attention_heads", "n_head"), "num_key_value_heads": (),
+                         "head_dim": (), "intermediate_size": ()},
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "apply_residual_connection_post_layernorm (the residual taken after the "
+                                     "norm) is not supported"),)),
+        FamilySpec("falcon", norm="layer", default_act="gelu", fused_qkv="grouped", root="transformer.",
+                   names=FALCON_NAMES, ffn_mult=4, tie_default=True, alibi_scaled=True, alibi_bf16=True,
+                   keys={"num_key_value_heads": (), "head_dim": (), "intermediate_size": ("ffn_hidden_size",),
+                         "act": ("activation",)},
+                   variants=(Variant(flag("parallel_attn", True), {"parallel": True, "norms": ("attn_norm",)}),
+                             Variant(flag("multi_query", True), {"fixed": {"num_key_value_heads": 1}}),
+                             Variant(flag("new_decoder_architecture"),
+                                     {"parallel": True, "norms": ("attn_norm", "ffn_norm"), "names": FALCON_NEW_NAMES,
+                                      "fixed": {}, "keys": {"num_key_value_heads": ("num_kv_heads",), "head_dim": (),
+                                                            "intermediate_size": ("ffn_hidden_size",),
+                                                            "act": ("activation",)}}),
+                             Variant(_FALCON_NEW_1LN, {"norms": ("attn_norm",), "names": FALCON_NAMES}),
+                             Variant(flag("alibi"), {"positions": "alibi"})),
+                   refusals=(Refusal(lambda c: flag("new_decoder_architecture")(c) and not flag("parallel_attn", True)(c),
+                                     "Falcon's new decoder architecture without parallel_attn is not supported"),)),
+        FamilySpec("mpt", norm="layer", positions="alibi", default_act="gelu", fused_qkv="concat",
+                   root="transformer.", names=MPT_NAMES, ffn_mult_key="expansion_ratio", ffn_mult=4, tie_default=True,
+                   keys={"hidden_size": ("d_model",), "num_hidden_layers": ("n_layers",),
+                         "num_attention_heads": ("n_heads",), "num_key_value_heads": (), "head_dim": (),
+                         "intermediate_size": (), "max_position_embeddings": ("max_seq_len",), "act": ()},
+                   refusals=(Refusal(lambda c: not flag("alibi", True, sub="attn_config")(c),
+                                     "MPT with learned positions (attn_config.alibi: false) is not supported"),
+                             Refusal(flag("qk_ln", sub="attn_config"), "MPT's attn_config.qk_ln is not supported"),
+                             Refusal(stated("clip_qkv", sub="attn_config"), "MPT's attn_config.clip_qkv is not supported"),
+                             Refusal(stated("softmax_scale", sub="attn_config"),
+                                     "MPT's attn_config.softmax_scale is not supported"),
+                             Refusal(stated("attn_type", sub="attn_config", unless="multihead_attention"),
+                                     "an MPT attn_config.attn_type other than multihead_attention is not supported"),
+                             Refusal(stated("alibi_bias_max", sub="attn_config", unless=8),
+                                     "an MPT attn_config.alibi_bias_max other than 8 is not supported"),
+                             Refusal(stated("logit_scale"), "MPT's logit_scale is not supported"),
+                             Refusal(_mpt_alibi_heads_not_power_of_two,
+                                     "MPT's ALiBi over a head count that is not a power of two is not supported"))),
+        FamilySpec("exaone", names=EXAONE_NAMES, root="transformer.",
+                   keys={"num_hidden_layers": ("num_hidden_layers", "num_layers"),
+                         "act": ("hidden_act", "activation_function")}),
+        FamilySpec("hunyuan_v1_dense", qk_norm="head", qk_norm_after_rope=True, names=HUNYUAN_NAMES,
+                   variants=(Variant(lambda c: not flag("use_qk_norm", True)(c), {"qk_norm": None}),)),
+        FamilySpec("jais2", norm="layer", default_act="relu2", names=PLAIN_MLP_NAMES),
         FamilySpec("gemma", gguf_arch="gemma", **_GEMMA),
         FamilySpec("gemma2", gguf_arch="gemma2", sliding="even", **_GEMMA2),
         FamilySpec("gemma3_text", gguf_arch="gemma3", sliding="pattern", qk_norm="head",
                    local_rope_key="rope_local_base_freq", **_GEMMA2),
+        FamilySpec("granite_swa", **_GRANITE, logit_scale_divides=True, sinks=True, sliding="pattern_first",
+                   sliding_pattern=4, layer_rope_key="layer_rope_theta", tie_default=True,
+                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn"),
+                   refusals=(Refusal(_granite_swa_bases_unsupported,
+                                     "a layer_rope_theta that does not rotate full-attention layers by rope_theta "
+                                     "and every sliding layer by one base (or 0) is not supported"),)),
+        FamilySpec("iquestcoder", sliding="qwen2", clip_qkv_key="clip_qkv"),
+        FamilySpec("hyperclovax", **_GRANITE, norms=_SANDWICH, names=HYPERCLOVAX_NAMES,
+                   variants=(Variant(lambda c: not flag("use_post_norm", True)(c),
+                                     {"norms": ("attn_norm", "ffn_norm")}),)),
+        FamilySpec("vaultgemma", sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
+        FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
+        FamilySpec("ministral3", sliding="all", query_temperature=True),
     )
 }
 
@@ -189,7 +546,9 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
     Raises:
         SterError: ``model_type`` missing, null or not in Ster's list (the message names the
             whole list); a listed family this build does not implement yet (names it and the
-            implemented ones); a ``quantization_config`` (quantized checkpoints are not run).
+            implemented ones); a ``quantization_config`` (quantized checkpoints are not run);
+            a configuration the family refuses (its ``refusals``, e.g. GPT-2's
+            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln).
     """
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in KNOWN_MODEL_TYPES:
@@ -212,4 +571,9 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             "unquantized safetensors checkpoints (f32/f16/bf16) and llama.cpp GGUF files; "
             "use the full-precision checkpoint or a GGUF of the model"
         )
-    return FAMILIES[model_type]
+    family = FAMILIES[model_type]
+    for refusal in family.refusals:
+        if refusal.when(config):
+            raise SterError(f"{config_path}: {refusal.why} for model_type {model_type!r}; "
+                            "ster refuses this configuration before reading any weight")
+    return family

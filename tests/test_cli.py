@@ -139,4 +139,9 @@ def test_families_json_lists_every_model_type():
     rows = json.loads(ster("families", "--json").stdout)
     assert [r["model_type"] for r in rows] == list(KNOWN_MODEL_TYPES)
     assert {r["model_type"] for r in rows if r["runs"]} == {
-        "llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
+        "llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text",
+        # dense families of issue 6 (tests/test_parity_dense.py)
+        "phi", "phi3", "gpt2", "gpt_neox", "stablelm", "starcoder2", "granite", "cohere", "cohere2", "olmo",
+        "olmo2", "olmo3", "nemotron", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "internlm3",
+        "exaone4", "exaone", "seed_oss", "arcee", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "granite_swa",
+        "hyperclovax", "iquestcoder", "jais2", "vaultgemma", "apertus", "ministral3"}

@@ -2,14 +2,18 @@
 
 One class runs every family. What differs between families arrives as data in
 the ``ModelSpec`` (which norms wrap a sublayer, how heads are normed, rotation
-and window per layer, soft-caps, scales); this file never names a family.
+and window per layer, position biases, soft-caps, scales); how a family stores
+its tensors (fused, transposed, per head) is undone at load by ``layout.Layout``.
+This file never names a family.
 
-A block computes (each norm only where ``spec.norms`` lists it)::
+A block computes (each norm only where ``spec.norms`` lists it, r = residual_scale)::
 
-    h = h + attn_post_norm(attention(attn_norm(h)))
-    h = h + ffn_post_norm(ffn(ffn_norm(h)))
+    h = h + r * attn_post_norm(attention(attn_norm(h)))
+    h = h + r * ffn_post_norm(ffn(ffn_norm(h)))
 
-which is Llama's pre-norm block, Gemma 2/3's sandwich, or OLMo 2's post-norm block.
+which is Llama's pre-norm block, Gemma 2/3's sandwich, or OLMo 2's post-norm block; a
+parallel block (GPT-J, GPT-NeoX, Phi-2, Cohere, Falcon) adds both sublayers to the same
+residual, the feed-forward reading ``ffn_norm(h)``, or attention's normed input without one.
 Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until used.
 """
 from __future__ import annotations
@@ -23,8 +27,11 @@ from ..errors import SterError
 from .attention import attention
 from .cache import KVCache
 from .ffn import ACT_FNS
+from .layout import Layout
 from .linear import make_linear
 from .norms import layer_norm, rms_norm
+from .positions import alibi_bias, query_temperature
+from .xielu import XIELU
 
 
 class WeightSource(Protocol):
@@ -37,49 +44,72 @@ LayerHook = Callable[[int, np.ndarray], np.ndarray]
 
 
 class _Norm:
+    """RMS or Layer norm over the last axis; a 2-D weight [heads, d] norms each head with its own row."""
+
     def __init__(self, spec: ModelSpec, weight, bias):
-        self.spec, self.weight, self.bias = spec, weight, bias
+        self.spec = spec
+        self.weight = None if weight is None else weight.astype(np.float32) + (1.0 if spec.norm_unit_offset else 0.0)
+        self.bias = None if bias is None else bias.astype(np.float32)
+        if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
+            self.weight = self.weight[:, None, :]
+            self.bias = None if self.bias is None else self.bias.reshape(self.weight.shape)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        s = self.spec
-        if s.norm == "layer":
-            return layer_norm(x, self.weight, self.bias, s.norm_eps)
-        return rms_norm(x, self.weight, s.norm_eps, s.norm_unit_offset)
+        if self.spec.norm == "layer":
+            return layer_norm(x, self.weight, self.bias, self.spec.norm_eps)
+        return rms_norm(x, self.weight, self.spec.norm_eps)
 
 
 class _Layer:
-    def __init__(self, spec: ModelSpec, i: int, load):
+    def __init__(self, spec: ModelSpec, i: int, layout: Layout):
         self.i, self.spec, self.layer = i, spec, spec.layers[i]
-        self.norms = {role: _Norm(spec, load(role, "weight", required=True), load(role, "bias"))
-                      for role in spec.norms}
-        self.q, self.k, self.v, self.o = (make_linear(load(r, "weight", required=True), load(r, "bias"))
-                                          for r in ("q", "k", "v", "o"))
-        self.q_norm = self.k_norm = None
-        if spec.qk_norm:
-            self.q_norm = _Norm(spec, load("q_norm", "weight", required=True), None)
-            self.k_norm = _Norm(spec, load("k_norm", "weight", required=True), None)
-        gate = load("gate", "weight")
-        self.gate = make_linear(gate, load("gate", "bias")) if gate is not None else None
-        self.up = make_linear(load("up", "weight", required=True), load("up", "bias"))
-        self.down = make_linear(load("down", "weight", required=True), load("down", "bias"))
-        self.act = ACT_FNS[spec.hidden_act]
 
-    def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        def load(role, kind="weight", required=False):
+            return layout.get(role, i, kind, required)
+
+        def norm(role):
+            return _Norm(spec, load(role, required=spec.norm_affine), load(role, "bias"))
+
+        self.norms = {role: norm(role) for role in spec.norms}
+        self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias"))
+                                          for r in ("q", "k", "v", "o"))
+        self.q_norm = norm("q_norm") if spec.qk_norm else None
+        self.k_norm = norm("k_norm") if spec.qk_norm else None
+        self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
+        gate = load("gate")
+        self.gate = make_linear(gate, load("gate", "bias")) if gate is not None else None
+        self.up = make_linear(load("up", required=True), load("up", "bias"))
+        self.down = make_linear(load("down", required=True), load("down", "bias"))
+        if spec.hidden_act == "xielu":
+            self.act = XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
+        else:
+            self.act = ACT_FNS[spec.hidden_act]
+
+    def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray, bias) -> np.ndarray:
         s, T = self.spec, x.shape[0]
-        q = self.q(x).reshape(T, s.num_attention_heads, s.head_dim).transpose(1, 0, 2)
-        k = self.k(x).reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2)
-        v = self.v(x).reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2)
-        if s.qk_norm == "head":
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if s.clip_qkv is not None:
+            q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
+        if s.qk_norm == "proj":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
+        q = np.ascontiguousarray(q.reshape(T, s.num_attention_heads, s.head_dim).transpose(1, 0, 2))
+        k = np.ascontiguousarray(k.reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2))
+        v = v.reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2)
+        head_norm = s.qk_norm == "head"
+        if head_norm and not s.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
         rope = self.layer.rope
         if rope is not None:
             cos, sin = rope.cos_sin(positions, int(positions[-1]) + 1)
             rope.apply(q, cos, sin)
             rope.apply(k, cos, sin)
+        if head_norm and s.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if s.query_temperature is not None:
+            q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
-        out = attention(q, keys, values, positions, scale=s.attn_scale,
-                        window=self.layer.sliding_window, softcap=s.attn_softcap)
+        out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
+                        softcap=s.attn_softcap, bias=bias, sinks=self.sinks)
         return self.o(out.transpose(1, 0, 2).reshape(T, s.num_attention_heads * s.head_dim))
 
     def _ffn(self, x: np.ndarray) -> np.ndarray:
@@ -87,31 +117,19 @@ class _Layer:
             return self.down(self.act(self.gate(x)) * self.up(x))
         return self.down(self.act(self.up(x)))
 
-    def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
-        n = self.norms
+    def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None) -> np.ndarray:
+        n, r = self.norms, np.float32(self.spec.residual_scale)
         x = n["attn_norm"](h) if "attn_norm" in n else h
-        a = self._attention(x, cache, positions)
-        h = h + (n["attn_post_norm"](a) if "attn_post_norm" in n else a)
-        x = n["ffn_norm"](h) if "ffn_norm" in n else h
-        m = self._ffn(x)
-        return h + (n["ffn_post_norm"](m) if "ffn_post_norm" in n else m)
-
-
-def _expected_shapes(spec: ModelSpec) -> dict[tuple[str, str], tuple[int, ...]]:
-    """(role, 'weight'|'bias') -> the shape the configuration implies."""
-    d, q, kv = spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
-    f = spec.intermediate_size
-    shapes = {("q", "weight"): (q, d), ("k", "weight"): (kv, d), ("v", "weight"): (kv, d), ("o", "weight"): (d, q),
-              ("q", "bias"): (q,), ("k", "bias"): (kv,), ("v", "bias"): (kv,), ("o", "bias"): (d,),
-              ("gate", "weight"): (f, d), ("up", "weight"): (f, d), ("down", "weight"): (d, f),
-              ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
-              ("head", "weight"): (spec.vocab_size, d), ("final_norm", "weight"): (d,)}
-    for role in ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
-        shapes[(role, "weight")] = (d,)
-    norm_width = spec.head_dim if spec.qk_norm == "head" else None
-    if norm_width:
-        shapes[("q_norm", "weight")] = shapes[("k_norm", "weight")] = (norm_width,)
-    return shapes
+        a = self._attention(x, cache, positions, bias)
+        a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
+        if not self.spec.parallel:
+            h = h + (a * r if r != 1 else a)
+            x = h
+        m = self._ffn(n["ffn_norm"](h) if "ffn_norm" in n else x)
+        m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
+        if self.spec.parallel:
+            m = a + m
+        return h + (m * r if r != 1 else m)
 
 
 class Decoder:
@@ -120,7 +138,7 @@ class Decoder:
     Args:
         spec: the normalised configuration.
         weights: a source of named arrays; names are ``spec.names[role]`` with ``{i}``
-            filled in, plus ``.weight`` / ``.bias``.
+            filled in, plus ``.weight`` / ``.bias`` (read through ``layout.Layout``).
 
     Raises:
         SterError: a required tensor is missing or has the wrong shape.
@@ -129,33 +147,18 @@ class Decoder:
     def __init__(self, spec: ModelSpec, weights: WeightSource):
         self.spec = spec
         self._weights = weights
+        layout = Layout(spec, weights)
 
-        expected = _expected_shapes(spec)
+        def top(role, kind="weight", required=False):
+            return layout.get(role, None, kind, required)
 
-        def loader(i):
-            def load(role: str, kind: str, required: bool = False):
-                name = f"{spec.names[role].format(i=i)}.{kind}"
-                t = weights.get(name)
-                if t is None:
-                    if required:
-                        raise SterError(f"the checkpoint has no tensor {name!r}, which a {spec.model_type} "
-                                        "model needs; is the config.json from the same checkpoint?")
-                    return None
-                want = expected.get((role, kind))
-                if want is not None and tuple(t.shape) != want:
-                    raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration "
-                                    f"implies {list(want)}; the weights and the config disagree")
-                return t
-            return load
-
-        top = loader(None)
-        self.embed = top("embed", "weight", required=True)
-        if self.embed.shape != (spec.vocab_size, spec.hidden_size):
-            raise SterError(f"tensor {spec.names['embed']}.weight has shape {tuple(self.embed.shape)}, "
-                            f"but the config says [{spec.vocab_size}, {spec.hidden_size}]")
-        self.layers = [_Layer(spec, i, loader(i)) for i in range(spec.num_hidden_layers)]
-        self.final_norm = _Norm(spec, top("final_norm", "weight", required=True), top("final_norm", "bias"))
-        head = None if spec.tie_word_embeddings else top("head", "weight")
+        self.embed = top("embed", required=True)
+        self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
+        self.embed_norm = (_Norm(spec, top("embed_norm", required=spec.norm_affine), top("embed_norm", "bias"))
+                           if spec.embed_norm else None)
+        self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
+        self.final_norm = _Norm(spec, top("final_norm", required=spec.norm_affine), top("final_norm", "bias"))
+        head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
 
     def new_cache(self) -> KVCache:
@@ -173,6 +176,17 @@ class Decoder:
             h = h * np.float32(self.spec.embed_scale)
         return h
 
+    def _embed(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Token embeddings plus the family's learned positions and embedding norm."""
+        h = self.embed_tokens(ids)
+        if self.pos_embed is not None:
+            rows = positions + self.spec.position_offset
+            if rows[-1] >= self.pos_embed.shape[0]:
+                raise SterError(f"position {int(positions[-1])} is past the {self.pos_embed.shape[0] - self.spec.position_offset} "
+                                "positions this model learned; use a shorter prompt or fewer new tokens")
+            h = h + np.asarray(self.pos_embed[rows], dtype=np.float32)
+        return self.embed_norm(h) if self.embed_norm is not None else h
+
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
                 layer_hook: LayerHook | None = None, last_only: bool = False) -> np.ndarray:
         """Run the decoder on new tokens.
@@ -188,16 +202,22 @@ class Decoder:
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
+
+        Raises:
+            SterError: a token id outside the vocabulary, or (learned positions) a position
+                past the model's table.
         """
         s = self.spec
         cache = cache if cache is not None else self.new_cache()
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
-        h = self.embed_tokens(ids)
+        h = self._embed(ids, positions)
+        bias = (alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16)
+                if s.alibi_slopes is not None else None)
         if hidden_states is not None:
             hidden_states.append(h)
         for layer in self.layers:
-            h = layer(h, cache, positions)
+            h = layer(h, cache, positions, bias)
             if layer_hook is not None:
                 h = layer_hook(layer.i, h)
             if hidden_states is not None:
@@ -206,6 +226,8 @@ class Decoder:
         if last_only:
             h = h[-1:]
         logits = self.head(self.final_norm(h))
+        if s.logit_scale != 1.0:
+            logits = logits * np.float32(s.logit_scale)
         if s.final_softcap:
             logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
         return logits

@@ -1,0 +1,135 @@
+"""The weight naming layer: tensor roles -> arrays, with each family's storage quirks undone at load.
+
+The decoder asks for a role of a layer (``q`` of layer 3, ``weight``); this layer finds
+it under ``spec.names`` and returns it in the decoder's orientation, so the forward pass
+never knows how a family stores its weights:
+
+- a fused ``qkv`` tensor is split into q, k and v. ``concat`` stores all query rows, then
+  key rows, then value rows (Phi-3's qkv_proj, GPT-2's c_attn, MPT's Wqkv, every llama.cpp
+  attn_qkv); ``grouped`` stores, per key/value head, its queries then its key then its value
+  (GPT-NeoX and BLOOM's query_key_value head by head, Falcon's groupings, GPT-BigCode);
+- a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM);
+- ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
+- a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
+- a checkpoint saved from the base model, without the family's ``root`` prefix, is read too.
+
+Every array is checked against the shape the configuration implies.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SterError
+
+LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
+
+
+def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
+    """(role, 'weight'|'bias') -> the shape the configuration implies."""
+    d, h, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    q, k, f = h * hd, kv * hd, spec.intermediate_size
+    shapes = {("q", "weight"): (q, d), ("k", "weight"): (k, d), ("v", "weight"): (k, d), ("o", "weight"): (d, q),
+              ("q", "bias"): (q,), ("k", "bias"): (k,), ("v", "bias"): (k,), ("o", "bias"): (d,),
+              ("qkv", "weight"): (q + 2 * k, d), ("qkv", "bias"): (q + 2 * k,),
+              ("gate", "weight"): (f, d), ("up", "weight"): (f, d), ("down", "weight"): (d, f),
+              ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
+              ("gate_up", "weight"): (2 * f, d), ("gate_up", "bias"): (2 * f,),
+              ("head", "weight"): (spec.vocab_size, d), ("head", "bias"): (spec.vocab_size,),
+              ("embed", "weight"): (spec.vocab_size, d), ("sinks", "sinks"): (h,)}
+    for role in ("final_norm", "embed_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
+        shapes[(role, "weight")] = shapes[(role, "bias")] = (d,)
+    if spec.qk_norm == "proj":
+        shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
+    return shapes
+
+
+def _qk_norm_ok(spec, role: str, shape: tuple[int, ...]) -> bool:
+    """Per-head q/k norms hold one row [head_dim] or one per head [heads, head_dim]."""
+    heads = spec.num_attention_heads if role == "q_norm" else spec.num_key_value_heads
+    return shape in ((spec.head_dim,), (heads, spec.head_dim))
+
+
+class Layout:
+    """Role -> array for one model.
+
+    Args:
+        spec: the ``ModelSpec`` (names, dimensions, ``fused_qkv``, ``inputs_first``, ``root``).
+        weights: a source of named arrays, ``get(name) -> array | None``.
+    """
+
+    def __init__(self, spec, weights):
+        self.spec, self.weights = spec, weights
+        self.expected = expected_shapes(spec)
+
+    def _fetch(self, name: str) -> np.ndarray | None:
+        t = self.weights.get(name)
+        root = self.spec.root
+        if t is None and root and name.startswith(root):
+            t = self.weights.get(name[len(root):])
+        return t
+
+    def _name(self, role: str, i: int | None, kind: str) -> str:
+        return f"{self.spec.names[role].format(i=i, h='{h}')}.{kind}"
+
+    def _read(self, role: str, i: int | None, kind: str) -> np.ndarray | None:
+        """The stored tensor of a role the names table lists, in the decoder's orientation."""
+        name = self._name(role, i, kind)
+        if "{h}" in name:
+            heads = self.spec.num_attention_heads if role == "q_norm" else self.spec.num_key_value_heads
+            parts = [self._fetch(name.format(h=h)) for h in range(heads)]
+            t = None if any(p is None for p in parts) else np.stack(parts)
+        else:
+            t = self._fetch(name)
+        if t is not None and self.spec.inputs_first and role in LINEAR_ROLES and kind == "weight":
+            t = np.ascontiguousarray(t.T)
+        if t is not None:
+            self._check(role, kind, name, t)
+        return t
+
+    def _check(self, role: str, kind: str, name: str, t: np.ndarray) -> None:
+        want = self.expected.get((role, kind))
+        ok = (_qk_norm_ok(self.spec, role, tuple(t.shape)) if role in ("q_norm", "k_norm") and want is None
+              else want is None or tuple(t.shape) == want)
+        if not ok:
+            shown = list(want) if want is not None else f"[{self.spec.head_dim}] or [heads, {self.spec.head_dim}]"
+            raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration "
+                            f"implies {shown}; the weights and the config disagree")
+
+    def _split_qkv(self, fused: np.ndarray, role: str) -> np.ndarray:
+        s = self.spec
+        h, kv, d = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        if s.fused_qkv == "grouped":
+            g = h // kv
+            groups = fused.reshape(kv, g + 2, d, *fused.shape[1:])
+            part = {"q": groups[:, :g], "k": groups[:, g], "v": groups[:, g + 1]}[role]
+            return np.ascontiguousarray(part.reshape(-1, *fused.shape[1:]))
+        bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + 2 * kv) * d)}[role]
+        return fused[bounds[0]:bounds[1]]
+
+    def get(self, role: str, i: int | None, kind: str, required: bool = False) -> np.ndarray | None:
+        """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``.
+
+        Returns None when the checkpoint does not hold it and ``required`` is false.
+
+        Raises:
+            SterError: a required tensor is missing (named), or a shape disagrees with the config.
+        """
+        names = self.spec.names
+        if role in names:
+            t = self._read(role, i, kind)
+            where = self._name(role, i, kind)
+        elif role in ("q", "k", "v") and "qkv" in names:
+            fused = self._read("qkv", i, kind)
+            t = None if fused is None else self._split_qkv(fused, role)
+            where = self._name("qkv", i, kind)
+        elif role in ("gate", "up") and "gate_up" in names:
+            fused = self._read("gate_up", i, kind)
+            half = None if fused is None else fused.shape[0] // 2
+            t = None if fused is None else (fused[:half] if role == "gate" else fused[half:])
+            where = self._name("gate_up", i, kind)
+        else:
+            t, where = None, f"<{role} of layer {i}>"
+        if t is None and required:
+            raise SterError(f"the checkpoint has no tensor {where!r}, which a {self.spec.model_type} "
+                            "model needs; is the config.json from the same checkpoint?")
+        return t

@@ -1,0 +1,55 @@
+"""Position signals that are not rotations: ALiBi biases and Llama 4's query temperature.
+
+ALiBi: Press et al. 2022 (arXiv:2108.12409), "Train Short, Test Long": each head adds
+its slope times the key's position to the attention scores. The slopes are BLOOM's
+(``build_alibi_tensor`` in Transformers' modeling_bloom): for n heads rounded down to a
+power of two p, head h (from 1) gets 2 ** (-8 h / p); the remaining heads take every
+other slope of the 2p-head series. For a power-of-two head count this equals MPT's
+``build_mpt_alibi_tensor`` with alibi_bias_max 8. A bias by the key's absolute position
+differs from the paper's -(query - key) by a constant per query row, which softmax
+ignores.
+
+Query temperature: Llama 4 / Ministral 3 multiply each query by
+1 + beta * ln(1 + floor(position / original_max_position_embeddings)) (Transformers'
+``get_llama_4_attn_scale``).
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """One ALiBi slope per head (BLOOM's series), as Python floats."""
+    p = 2 ** int(math.floor(math.log2(num_heads)))
+    base = 2.0 ** (-(2.0 ** -(math.log2(p) - 3)))
+    slopes = [base ** k for k in range(1, p + 1)]
+    if p != num_heads:
+        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * p) - 3)))
+        slopes += [extra ** k for k in range(1, 2 * min(p, num_heads - p), 2)]
+    return tuple(slopes)
+
+
+def alibi_bias(slopes: tuple[float, ...], num_keys: int, *, scale: float = 1.0, bf16: bool = False) -> np.ndarray:
+    """The additive score bias float32 [num_heads, 1, num_keys]: slope * key position * scale.
+
+    ``bf16`` reproduces references that build the bias in bfloat16 (Falcon's
+    ``build_alibi_tensor`` rounds the slope, the position and their product to bfloat16
+    before widening); a model trained that way is defined by those rounded values.
+    """
+    s = np.asarray(slopes, np.float32)[:, None, None]
+    pos = np.arange(num_keys, dtype=np.float32)[None, None, :]
+    if bf16:
+        bf = ml_dtypes.bfloat16
+        bias = (s.astype(bf).astype(np.float32) * pos.astype(bf).astype(np.float32)).astype(bf).astype(np.float32)
+    else:
+        bias = s * pos
+    return bias * np.float32(scale) if scale != 1.0 else bias
+
+
+def query_temperature(positions: np.ndarray, beta: float, original_max: int) -> np.ndarray:
+    """Llama 4's per-position query scale, float32 [len(positions), 1]."""
+    scale = 1.0 + beta * np.log1p(np.floor(positions.astype(np.float64) / original_max))
+    return scale.astype(np.float32)[:, None]

@@ -1,0 +1,268 @@
+"""The dense families of issue 6, each against transformers on tiny random checkpoints.
+
+Each case builds a checkpoint with transformers from a config written in the family's
+own key spellings (small dims, 3 layers, the family's optional flags switched on in at
+least one variant), loads the saved directory with ster and checks: logits of a 16-token
+prompt within relative error 1e-4 of transformers (f32); the same when the prompt is fed
+in two pieces through the KV cache, against transformers fed the same way; and the same
+16 greedy tokens. Norm weights and every bias are randomised so that none is a no-op.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ster_py.errors import SterError
+from ster_py.families import FAMILIES, gate
+from ster_py.generate import Sampling, generate
+from ster_py.load import load_model
+from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err, write_tokenizer
+
+VOCAB = 128
+PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
+LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+GPT = dict(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64)
+LAYERS_SWS = ["sliding_attention", "full_attention", "sliding_attention"]
+# Norms stored as offsets from one (applied as 1 + w) are randomised around zero.
+UNIT_OFFSET = {"nemotron", "vaultgemma"}
+
+
+def build(path, model_type: str, config: dict, *, attn="eager", seed: int = 0):
+    """Save a tiny random ``model_type`` checkpoint with ``config``; return transformers' model (f32, eval)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+    with torch.no_grad():
+        norm_params = {f"{m}.{p}" if m else p for m, mod in model.named_modules() if "Norm" in type(mod).__name__
+                       for p, _ in mod.named_parameters(recurse=False)}
+        for name, p in model.named_parameters():
+            noise = torch.randn_like(p)
+            if p.ndim == 0:
+                continue
+            if p.ndim > 1 and name not in norm_params:  # wider than the default init: greedy tokens vary
+                p.copy_(noise * 0.15)
+            elif name in norm_params and name.endswith("weight"):
+                p.copy_(noise * 0.3 + (0.0 if model_type in UNIT_OFFSET else 1.0))
+            else:
+                p.copy_(noise * 0.1)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    write_tokenizer(path, VOCAB)
+    return model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The oracle runs on one thread: tiny matmuls on two contended cores cost 10x more."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _config(path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+             "original_max_position_embeddings": 8, "short_factor": [1.0, 1.2, 1.5, 2.0],
+             "long_factor": [1.0, 2.0, 4.0, 8.0]}
+_GRANITE_MULT = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)
+
+CASES = {
+    "phi3": ("phi3", dict(LLAMA)),
+    "phi3-longrope-partial-window": ("phi3", dict(LLAMA, rope_parameters=_LONGROPE, sliding_window=5)),
+    "phi": ("phi", dict(LLAMA, num_key_value_heads=4)),
+    "phi-qk-layernorm-gqa": ("phi", dict(LLAMA, qk_layernorm=True)),
+    "gpt2": ("gpt2", dict(GPT)),
+    "gpt2-unscaled-untied": ("gpt2", dict(GPT, scale_attn_weights=False, n_inner=96, tie_word_embeddings=False)),
+    "gpt_neox": ("gpt_neox", dict(LLAMA, num_key_value_heads=None)),
+    "gpt_neox-sequential": ("gpt_neox", dict(LLAMA, num_key_value_heads=None, use_parallel_residual=False,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                              "partial_rotary_factor": 0.5})),
+    "stablelm": ("stablelm", dict(LLAMA)),
+    "stablelm-parallel-qk-norm-bias": ("stablelm", dict(LLAMA, use_parallel_residual=True, qk_layernorm=True,
+                                                        use_qkv_bias=True)),
+    "starcoder2-window": ("starcoder2", dict(LLAMA, sliding_window=5)),
+    "granite": ("granite", dict(LLAMA, **_GRANITE_MULT, attention_bias=True, mlp_bias=True)),
+    "cohere": ("cohere", dict(LLAMA)),
+    "cohere-qk-norm": ("cohere", dict(LLAMA, use_qk_norm=True, logit_scale=0.5, tie_word_embeddings=False)),
+    "cohere2": ("cohere2", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS)),
+    "olmo-clip": ("olmo", dict(LLAMA, clip_qkv=0.1)),
+    "olmo2": ("olmo2", dict(LLAMA)),
+    "olmo3-window": ("olmo3", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS)),
+    "nemotron": ("nemotron", dict(LLAMA, mlp_bias=True, attention_bias=True)),
+    "gptj": ("gptj", dict(GPT, rotary_dim=8)),
+    "gpt_bigcode-mqa": ("gpt_bigcode", dict(GPT)),
+    "gpt_bigcode-mha": ("gpt_bigcode", dict(GPT, multi_query=False)),
+    "opt": ("opt", dict(LLAMA, num_key_value_heads=None, ffn_dim=96, word_embed_proj_dim=64)),
+    "opt-no-affine-relu": ("opt", dict(LLAMA, num_key_value_heads=None, ffn_dim=96, word_embed_proj_dim=64,
+                                       layer_norm_elementwise_affine=False, enable_bias=False)),
+    "bloom": ("bloom", dict(vocab_size=VOCAB, hidden_size=64, n_layer=3, n_head=4)),
+    "bloom-6-heads": ("bloom", dict(vocab_size=VOCAB, hidden_size=48, n_layer=3, n_head=6)),
+    "falcon-mqa-parallel": ("falcon", dict(LLAMA, num_key_value_heads=None, ffn_hidden_size=96)),
+    "falcon-new-arch-2ln-bias": ("falcon", dict(LLAMA, num_key_value_heads=None, new_decoder_architecture=True,
+                                                num_kv_heads=2, bias=True, ffn_hidden_size=96)),
+    "falcon-new-arch-1ln": ("falcon", dict(LLAMA, num_key_value_heads=None, new_decoder_architecture=True,
+                                           num_kv_heads=2, num_ln_in_parallel_attn=1)),
+    "falcon-mha-sequential": ("falcon", dict(LLAMA, num_key_value_heads=None, multi_query=False,
+                                             parallel_attn=False)),
+    "mpt": ("mpt", dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=3, max_seq_len=64, expansion_ratio=4)),
+    "internlm3-biases": ("internlm3", dict(LLAMA, head_dim=16, qkv_bias=True, bias=True)),
+    "exaone4-window": ("exaone4", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS)),
+    "exaone4-global": ("exaone4", dict(LLAMA, sliding_window=None, layer_types=["full_attention"] * 3)),
+    "exaone": ("exaone", dict(LLAMA)),
+    "seed_oss-biases": ("seed_oss", dict(LLAMA, head_dim=16, attention_bias=True, attention_out_bias=True,
+                                         mlp_bias=True)),
+    "arcee": ("arcee", dict(LLAMA, head_dim=16)),
+    "ernie4_5-bias": ("ernie4_5", dict(LLAMA, head_dim=16, use_bias=True)),
+    "glm": ("glm", dict(LLAMA, head_dim=16)),
+    "glm4": ("glm4", dict(LLAMA, head_dim=16)),
+    "hunyuan_v1_dense-alpha": ("hunyuan_v1_dense", dict(LLAMA, head_dim=16, attention_bias=True, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0, "factor": 1.0})),
+    "granite_swa": ("granite_swa", dict(LLAMA, **_GRANITE_MULT, sliding_window=5,
+                                        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                                        layer_rope_theta=[10000.0, 500.0, 0.0])),
+    "hyperclovax": ("hyperclovax", dict(LLAMA, head_dim=16, **_GRANITE_MULT)),
+    "hyperclovax-no-post-norm": ("hyperclovax", dict(LLAMA, head_dim=16, use_post_norm=False)),
+    "iquestcoder-mlp-bias": ("iquestcoder", dict(LLAMA, head_dim=16, mlp_bias=True)),
+    "jais2": ("jais2", dict(LLAMA, head_dim=16)),
+    "vaultgemma-window": ("vaultgemma", dict(LLAMA, head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+                                             attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
+    "apertus": ("apertus", dict(LLAMA)),
+    "ministral3-temperature": ("ministral3", dict(LLAMA, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})),
+}
+# Falcon's ALiBi: transformers' eager path adds the bias twice (once in the mask, once in the
+# scores); its SDPA path adds it once, as Falcon's own code does, so that path is the oracle.
+ATTN = {"falcon-alibi": "sdpa"}
+# 16 heads: the first head count whose slopes (2 ** -0.5 k) are not exact in bfloat16.
+CASES["falcon-alibi"] = ("falcon", dict(LLAMA, num_attention_heads=16, num_key_value_heads=None, alibi=True,
+                                        multi_query=False))
+
+
+def _check(path, ref_model):
+    ref_logits, ref_hidden = reference_logits(ref_model, PROMPT)
+    model = load_model(str(path))
+    hidden: list = []
+    logits = model.decoder.forward(PROMPT, hidden_states=hidden)
+    err = rel_err(logits, ref_logits)
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+    assert len(hidden) == len(ref_hidden) and rel_err(hidden[0], ref_hidden[0]) < 1e-5
+
+    cache = model.decoder.new_cache()
+    pieces = [model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)]
+    split_err = rel_err(np.concatenate(pieces), reference_split_logits(ref_model, PROMPT, 9))
+    assert split_err < 1e-4, f"cached split rel err {split_err:.2e}"
+
+    ours = generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids
+    assert ours == reference_greedy(ref_model, PROMPT, 16)
+    return model
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_family_matches_transformers(case, tmp_path):
+    model_type, config = CASES[case]
+    ref_model = build(tmp_path, model_type, config, attn=ATTN.get(case, "eager"))
+    _check(tmp_path, ref_model)
+
+
+def test_every_landed_family_has_a_case():
+    """No family is registered without a parity case above (or in test_parity_families.py)."""
+    foundation = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
+    tested = {model_type for model_type, _ in CASES.values()}
+    assert set(FAMILIES) == foundation | tested
+
+
+def test_variants_switch_on_what_they_claim(tmp_path):
+    """The spec of a few variants shows the feature the case is there to exercise."""
+    build(tmp_path / "f", "falcon", CASES["falcon-new-arch-2ln-bias"][1])
+    spec = load_model(str(tmp_path / "f")).spec
+    assert spec.parallel and spec.num_key_value_heads == 2 and spec.norms == ("attn_norm", "ffn_norm")
+    build(tmp_path / "g", "granite_swa", CASES["granite_swa"][1])
+    spec = load_model(str(tmp_path / "g")).spec
+    assert [layer.sliding_window for layer in spec.layers] == [None, 5, 5] and spec.sinks
+    assert spec.layers[2].rope is None and spec.layers[0].rope.inv_freq[1] != spec.layers[1].rope.inv_freq[1]
+    build(tmp_path / "c", "cohere2", CASES["cohere2"][1])
+    assert [layer.rope is None for layer in load_model(str(tmp_path / "c")).spec.layers] == [False, True, False]
+    build(tmp_path / "o", "olmo", CASES["olmo-clip"][1])
+    assert load_model(str(tmp_path / "o")).spec.clip_qkv == 0.1
+
+
+def test_gpt2_saved_from_the_base_model_loads(tmp_path):
+    """GPT-2 weights saved without the ``transformer.`` prefix (GPT2Model) load the same way."""
+    ref_model = build(tmp_path / "full", "gpt2", dict(GPT))
+    ref_model.transformer.save_pretrained(tmp_path / "base")
+    write_tokenizer(tmp_path / "base", VOCAB)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "base" / "model.safetensors"), "np") as f:
+        assert "h.0.attn.c_attn.weight" in f.keys()
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    assert rel_err(load_model(str(tmp_path / "base")).decoder.forward(PROMPT), ref_logits) < 1e-4
+
+
+def test_gpt_neox_config_in_legacy_spelling(tmp_path):
+    """A Transformers 4-era GPT-NeoX config (rotary_pct, rotary_emb_base) reads as its rope_parameters twin."""
+    ref_model = build(tmp_path, "gpt_neox", CASES["gpt_neox-sequential"][1])
+    cfg = _config(tmp_path)
+    rp = cfg.pop("rope_parameters")
+    cfg.update(rotary_pct=rp["partial_rotary_factor"], rotary_emb_base=rp["rope_theta"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    assert rel_err(load_model(str(tmp_path)).decoder.forward(PROMPT), ref_logits) < 1e-4
+
+
+REFUSED = {
+    "gpt2": ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    "opt": ({"do_layer_norm_before": False}, "do_layer_norm_before"),
+    "opt ": ({"hidden_size": 64, "word_embed_proj_dim": 32}, "word_embed_proj_dim"),
+    "bloom": ({"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+    "mpt": ({"attn_config": {"qk_ln": True}}, "qk_ln"),
+    "mpt ": ({"attn_config": {"clip_qkv": 8.0}}, "clip_qkv"),
+    "mpt  ": ({"attn_config": {"softmax_scale": 0.1}}, "softmax_scale"),
+    "mpt   ": ({"attn_config": {"attn_type": "multiquery_attention"}}, "attn_type"),
+    "mpt    ": ({"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
+    "mpt     ": ({"n_heads": 6, "attn_config": {"alibi": True}}, "power of two"),
+    "mpt      ": ({"attn_config": {"alibi": False}}, "learned positions"),
+    "falcon": ({"new_decoder_architecture": True, "parallel_attn": False}, "parallel_attn"),
+    "gptj": ({"rotary_dim": None}, "rotary_dim"),
+    "granite_swa": ({"rope_theta": 10000.0, "layer_types": ["full_attention", "sliding_attention"],
+                     "layer_rope_theta": [5000.0, 10000.0]}, "layer_rope_theta"),
+    "granite_swa ": ({"rope_theta": 10000.0, "layer_types": ["sliding_attention", "sliding_attention"],
+                      "layer_rope_theta": [10000.0, 500.0]}, "layer_rope_theta"),
+}
+
+
+@pytest.mark.parametrize("key", list(REFUSED))
+def test_refused_configurations(key, tmp_path):
+    """What seed 002 refuses for a family is refused by the gate, naming the feature."""
+    extra, match = REFUSED[key]
+    with pytest.raises(SterError, match=match):
+        gate({"model_type": key.strip(), **extra}, tmp_path / "config.json")
+
+
+def test_refusal_comes_before_any_weight(tmp_path):
+    build(tmp_path, "gpt2", dict(GPT))
+    cfg = _config(tmp_path)
+    cfg["scale_attn_by_inverse_layer_idx"] = True
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
+    with pytest.raises(SterError, match="scale_attn_by_inverse_layer_idx"):
+        load_model(str(tmp_path))
+
+
+def test_accepted_granite_swa_bases_pass_the_gate(tmp_path):
+    ok = {"model_type": "granite_swa", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+          "layer_rope_theta": [10000.0, 500.0, 0.0]}
+    assert gate(ok, tmp_path / "config.json").model_type == "granite_swa"
