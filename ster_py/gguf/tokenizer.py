@@ -241,11 +241,8 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
         model = "gemma4"
     if model == "gemma4":
         pre = "gemma4"  # llama.cpp forces it for this model
-    elif model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS or pre == "gemma4" and model != "gemma4":
-        raise SterError(
-            f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
-            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}"
-        )
+    elif model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
+        raise _unsupported_pre(pre)
 
     ids = _special_ids(meta, model, n)
     add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True)) if model == "llama" else False
@@ -309,12 +306,17 @@ def split_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         SterError: the name is not in ``PRE_TOKENIZER_SPLITS``.
     """
     if pre not in PRE_TOKENIZER_SPLITS:
-        raise SterError(
-            f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
-            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}"
-        )
+        raise _unsupported_pre(pre)
     splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in PRE_TOKENIZER_SPLITS[pre]]
     return splits[0] if len(splits) == 1 else pre_tokenizers.Sequence(splits)
+
+
+def _unsupported_pre(pre: str) -> SterError:
+    return SterError(
+        f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
+        f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}. A newer llama.cpp may know it, but ster cannot "
+        "split text for this vocabulary; use the model's Hugging Face checkpoint (tokenizer.json) instead"
+    )
 
 
 # -------------------------------------------------------------------- metadata
