@@ -6,6 +6,7 @@ printed as one red line on stderr (no traceback) and exits with status 1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from enum import Enum
@@ -15,7 +16,7 @@ from typing import Iterator, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
 from .errors import SterError
 
@@ -46,13 +47,19 @@ class ChatTemplate(str, Enum):
 
 
 @contextmanager
-def progress_bar(enabled: bool = True) -> Iterator:
-    """A ``progress(event, done, total)`` callback drawn as rich bars on stderr."""
+def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
+    """A ``progress(event, done, total)`` callback drawn as rich bars on stderr.
+
+    On a terminal a spinner names the step (``what``) while no bar is running; when
+    stderr is not a terminal nothing is drawn, so piped runs stay quiet.
+    """
     if not enabled or not err.is_terminal:
         yield None
         return
-    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn()]
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TimeRemainingColumn()]
     with Progress(*columns, console=err, transient=True) as bars:
+        bars.add_task(what, total=None)
         tasks: dict[str, int] = {}
 
         def update(event: str, done: int, total: Optional[int]) -> None:
@@ -74,6 +81,16 @@ def _model_or_default(model: Optional[str]) -> str:
     from .presets import DEFAULT_PRESET
 
     return DEFAULT_PRESET
+
+
+def _write(text: str) -> None:
+    """Write streamed text to stdout; if the reader went away (``| head``), stop quietly with status 0."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
+        raise typer.Exit(0) from None
 
 
 def _check_device(device: str) -> None:
@@ -142,8 +159,7 @@ def generate(
         if not as_json:
             piece = stream.feed(token)
             if piece:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+                _write(piece)
 
     result = run(loaded.decoder, prompt_.ids, sampling, loaded.stop_ids(), on_token=on_token, layer_hook=hook)
     shown = [t for t in result.ids if t not in loaded.stop_ids()]
@@ -164,9 +180,8 @@ def generate(
         return
     rest = stream.flush()
     if rest:
-        sys.stdout.write(rest)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+        _write(rest)
+    _write("\n")
     err.print(f"[dim]{len(prompt_.ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason}); "
               f"prefill {result.prefill_tokens_per_second:.1f} tok/s, "
               f"decode {result.decode_tokens_per_second:.1f} tok/s[/]")
@@ -251,3 +266,4 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+
