@@ -274,7 +274,8 @@ def render_chat(
         raise _error(source, exc, "sandbox refused an operation") from None
     except jinja2.TemplateError as exc:
         raise _error(source, exc, "render error") from None
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as exc:
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError,
+            ArithmeticError, RecursionError, MemoryError, NameError, AssertionError, UnicodeError) as exc:
         # Python errors from operations the template performs (e.g. "a" + 1).
         raise _error(source, exc, type(exc).__name__) from None
     finally:

@@ -31,8 +31,10 @@ class Sampling:
         """Raises SterError for values outside their ranges."""
         if self.max_new_tokens < 0:
             raise SterError(f"--max-new-tokens must be 0 or more, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise SterError(f"--temperature must be 0 (greedy) or more, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise SterError(f"--temperature must be 0 (greedy) or a finite number above 0, got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise SterError(f"--seed must be in 0..2**63-1, got {self.seed}")
         if self.top_k < 0:
             raise SterError(f"--top-k must be 0 (off) or more, got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -45,7 +47,7 @@ class Generation:
 
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
-    stop_reason: str = "length"  # "stop_token" | "length"
+    stop_reason: str = "length"  # "stop_token" | "length" | "context" (the model's context is full)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
@@ -64,7 +66,7 @@ def pick_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator)
     """Choose the next id from float32 logits [vocab] under ``sampling``."""
     if sampling.temperature == 0:
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / sampling.temperature
+    z = logits.astype(np.float64) / max(sampling.temperature, 1e-6)  # tiny temperatures act as greedy
     if sampling.top_k and sampling.top_k < z.shape[0]:
         kth = np.partition(z, -sampling.top_k)[-sampling.top_k]
         z = np.where(z >= kth, z, -np.inf)
@@ -105,12 +107,19 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     out = Generation(prompt_ids=prompt)
     if sampling.max_new_tokens == 0:
         return out
+    context = decoder.spec.max_position_embeddings
+    if len(prompt) > context:
+        raise SterError(f"the prompt is {len(prompt)} tokens, longer than the model's context of {context} "
+                        "positions; shorten it")
     cache = decoder.new_cache()
     t0 = time.perf_counter()
     logits = decoder.forward(prompt, cache, layer_hook=layer_hook, last_only=True)[-1]
     out.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     while True:
+        if not np.all(np.isfinite(logits)):
+            raise SterError("the model produced non-finite logits (NaN or infinity): its weights or configuration "
+                            "hold non-finite or out-of-range values (with --precision f16, try f32 or bf16)")
         token = pick_token(logits, sampling, rng)
         out.ids.append(token)
         if token in stops:
@@ -119,6 +128,9 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         if on_token is not None:
             on_token(token)
         if len(out.ids) >= sampling.max_new_tokens:
+            break
+        if cache.length >= context:
+            out.stop_reason = "context"
             break
         logits = decoder.forward([token], cache, layer_hook=layer_hook, last_only=True)[-1]
     out.decode_seconds = time.perf_counter() - t0

@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from .config import spec_from_config
 from .errors import SterError
 from .resolve import resolve
+from .validate import check_spec, interpret
 from .weights import precision_dtype
 
 
@@ -39,21 +42,37 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     itemsize = precision_dtype(precision).itemsize
     r = resolve(model, revision, progress=progress)
     info: dict[str, Any] = {"model": model, "model_revision": r.model_revision, "kind": r.kind}
-    if r.kind == "gguf":
-        from .gguf.config import spec_from_gguf
+    g = None
+    if r.gguf_file is not None:
         from .gguf.reader import GGUFFile
-        from .gguf.tokenizer import tokenizer_from_gguf_metadata
 
         g = GGUFFile(r.gguf_file, allow_unsupported=True)
+    if r.kind == "gguf":
+        from .gguf.config import spec_from_gguf
+        from .gguf.tokenizer import tokenizer_from_gguf_metadata
+
         if "token_embd.weight" not in g.tensors:
             raise SterError(f"{r.gguf_file} holds no model weights (no token_embd.weight)")
-        spec = spec_from_gguf(g.metadata, str(r.gguf_file), vocab_size=g.tensor("token_embd.weight").shape[0],
-                              has_output="output.weight" in g.tensors)
-        parts = tokenizer_from_gguf_metadata(g.metadata)
+        path = str(r.gguf_file)
+        spec = check_spec(interpret(path, spec_from_gguf, g.metadata, path,
+                                    vocab_size=g.tensor("token_embd.weight").shape[0],
+                                    has_output="output.weight" in g.tensors), path)
+        parts = interpret(path, tokenizer_from_gguf_metadata, g.metadata)
         info.update(architecture=g.architecture, family=spec.model_type,
                     tokenizer=f"gguf:{g.metadata.get('tokenizer.ggml.model')}"
                               f"/{g.metadata.get('tokenizer.ggml.pre', '-')}",
                     chat_template=parts.chat_template is not None)
+    else:
+        from .tokenizer import Tokenizer
+
+        source = str(r.config_path)
+        spec = check_spec(interpret(source, spec_from_config, r.config, r.family, source), source)
+        tok = Tokenizer.from_dir(r.root)
+        architectures = r.config.get("architectures")
+        info.update(architecture=architectures[0] if isinstance(architectures, list) and architectures else None,
+                    family=r.family.model_type, tokenizer=f"tokenizer.json:{type(tok.tk.model).__name__}",
+                    chat_template=tok.chat_template is not None)
+    if g is not None:
         tensors = list(g.tensors.values())
         info["tensors"] = dict(Counter(t.type_name for t in tensors))
         n_params = sum(t.n_elements for t in tensors)
@@ -61,14 +80,6 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     else:
         from safetensors import safe_open
 
-        from .tokenizer import Tokenizer
-
-        spec = spec_from_config(r.config, r.family, str(r.config_path))
-        tok = Tokenizer.from_dir(r.root)
-        model_kind = type(tok.tk.model).__name__
-        info.update(architecture=r.config.get("architectures", [None])[0] if r.config.get("architectures") else None,
-                    family=r.family.model_type, tokenizer=f"tokenizer.json:{model_kind}",
-                    chat_template=tok.chat_template is not None)
         types: Counter = Counter()
         n_params = 0
         for f in r.weight_files:
@@ -76,10 +87,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
                 for name in h.keys():
                     sl = h.get_slice(name)
                     types[sl.get_dtype()] += 1
-                    n = 1
-                    for d in sl.get_shape():
-                        n *= d
-                    n_params += n
+                    n_params += int(np.prod(sl.get_shape(), dtype=np.int64))
         info["tensors"] = dict(types)
         info["file_bytes"] = sum(f.stat().st_size for f in r.weight_files)
     info["dimensions"] = _spec_dims(spec)

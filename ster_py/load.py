@@ -13,6 +13,7 @@ from .decoder.model import Decoder
 from .errors import SterError
 from .resolve import Resolved, resolve
 from .tokenizer import Tokenizer
+from .validate import check_spec, interpret
 from .weights import SafetensorsWeights, precision_dtype
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -57,7 +58,8 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         from .gguf.load import load_gguf_model
 
         return load_gguf_model(resolved, precision=precision, progress=progress)
-    spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
+    source = str(resolved.config_path)
+    spec = check_spec(interpret(source, spec_from_config, resolved.config, resolved.family, source), source)
     tokenizer = Tokenizer.from_dir(resolved.root)
     if progress:
         progress("map weights", 0, len(resolved.weight_files))

@@ -241,7 +241,7 @@ class Tokenizer:
             list[int], token ids in ``[0, vocab_size)``.
         """
         if self.add_bos is None and self.add_eos is None:
-            ids = self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+            ids = self._backend_encode(text, add_special_tokens)
             if (
                 add_special_tokens
                 and self._post_processor_adds_bos
@@ -251,13 +251,29 @@ class Tokenizer:
             ):
                 ids = ids[1:]
             return ids
-        ids = self.tk.encode(text, add_special_tokens=False).ids
+        ids = self._backend_encode(text, False)
         if add_special_tokens:
             if self.add_bos and not (ids[:1] == [self.bos_token_id] and self._starts_with_bos(text)):
                 ids = [self.bos_token_id] + ids
             if self.add_eos:
                 ids = ids + [self.eos_token_id]
         return ids
+
+    def _backend_encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The backend's ids; text it cannot take (lone surrogates) or a backend failure is a SterError."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise SterError(f"the text to encode is not valid Unicode ({e.reason} at character {e.start}); "
+                            "pass UTF-8 text") from None
+        try:
+            return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+        except Exception as e:  # noqa: BLE001 - tokenizers raises several types for a broken tokenizer.json
+            raise SterError(f"{self.source}: the tokenizer failed on this text: {e}") from None
+        except BaseException as e:  # a Rust panic inside tokenizers (pyo3 PanicException) is a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise SterError(f"{self.source}: the tokenizer failed on this text: {e}") from None
 
     def _starts_with_bos(self, text: str) -> bool:
         return bool(self.bos_token) and text.startswith(self.bos_token)

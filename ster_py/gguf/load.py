@@ -15,6 +15,7 @@ from ..errors import SterError
 from ..tokenizer import Tokenizer
 from ..weights import GGUFWeights
 from .config import spec_from_gguf
+from ..validate import check_spec, interpret
 from .reader import GGUFFile
 from .tokenizer import tokenizer_from_gguf_metadata
 
@@ -52,19 +53,18 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         if embd is None:
             raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
                             "(a vocabulary-only GGUF can tokenize but not generate)")
-        spec = spec_from_gguf(meta, path, rope_freqs=rope_freqs, vocab_size=embd.shape[0],
-                              has_output="output.weight" in names)
+        spec = check_spec(interpret(path, spec_from_gguf, meta, path, rope_freqs=rope_freqs,
+                                    vocab_size=embd.shape[0], has_output="output.weight" in names), path)
         from ..families import FAMILIES
 
         family = FAMILIES[spec.model_type]
-        parts = tokenizer_from_gguf_metadata(meta)
-        tokenizer = Tokenizer(parts.tokenizer, bos_token=parts.bos_token, eos_token=parts.eos_token,
-                              add_bos=parts.add_bos, chat_template=parts.chat_template,
-                              eos_token_ids=parts.eos_token_ids)
+        parts = interpret(path, tokenizer_from_gguf_metadata, meta)
+        tokenizer = parts.to_tokenizer(path)
         rename = None
     else:
         family = resolved.family
-        spec = spec_from_config(resolved.config, family, str(resolved.config_path))
+        source = str(resolved.config_path)
+        spec = check_spec(interpret(source, spec_from_config, resolved.config, family, source), source)
         # llama.cpp stores Gemma's norms as 1 + w already; the names become llama.cpp's.
         spec = dataclasses.replace(spec, norm_unit_offset=False)
         tokenizer = Tokenizer.from_dir(resolved.root)

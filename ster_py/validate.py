@@ -1,0 +1,88 @@
+"""Checks on a built ``ModelSpec`` before any weight is read.
+
+Configuration files are untrusted input: a value of the wrong type, NaN, zero or
+negative can survive the spelling-specific readers and only show up as NaN logits
+(and a greedy run of token 0) much later. These checks look at the normalised spec,
+whatever file or key spelling it came from, and refuse with the field's name.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, TypeVar
+
+import numpy as np
+
+from .config import ModelSpec
+from .errors import SterError
+
+# Far above any released model; below what would make per-layer tables a memory hazard.
+MAX_LAYERS = 4096
+MAX_DIM = 1 << 24
+
+T = TypeVar("T")
+
+# Python errors that mean "this configuration value is not what it should be".
+CONFIG_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError,
+                 OverflowError, RecursionError)
+
+
+def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
+    """Run ``build`` on an untrusted configuration; a Python error becomes a SterError naming ``source``."""
+    try:
+        return build(*args, **kwargs)
+    except SterError:
+        raise
+    except CONFIG_ERRORS as e:
+        raise SterError(f"invalid model config {source}: {type(e).__name__}: {e}") from None
+
+
+def _positive_finite(value, name: str, source: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise SterError(f"invalid model config {source}: {name} must be a finite number above 0, got {value!r}")
+
+
+def check_spec(spec: ModelSpec, source: str) -> ModelSpec:
+    """Refuse a spec whose numbers cannot give finite logits. Returns ``spec``.
+
+    Raises:
+        SterError: naming the field: sizes out of range, non-positive or non-finite norm
+            epsilon, scales, soft-caps or rotary frequencies, a bad sliding window, a
+            non-boolean ``tie_word_embeddings``.
+    """
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= MAX_DIM:
+            raise SterError(f"invalid model config {source}: {name} must be an integer in 1..{MAX_DIM}, got {v!r}")
+    if not 0 < spec.num_hidden_layers <= MAX_LAYERS:
+        raise SterError(f"invalid model config {source}: num_hidden_layers must be in 1..{MAX_LAYERS}, "
+                        f"got {spec.num_hidden_layers}")
+    _positive_finite(spec.norm_eps, "the norm epsilon", source)
+    _positive_finite(spec.attn_scale, "the attention scale (query_pre_attn_scalar / head_dim)", source)
+    _positive_finite(spec.embed_scale, "the embedding scale", source)
+    _positive_finite(spec.attn_softcap, "attn_logit_softcapping", source, allow_none=True)
+    _positive_finite(spec.final_softcap, "final_logit_softcapping", source, allow_none=True)
+    if not isinstance(spec.tie_word_embeddings, bool):
+        raise SterError(f"invalid model config {source}: tie_word_embeddings must be true or false, "
+                        f"got {spec.tie_word_embeddings!r}")
+    for i, layer in enumerate(spec.layers):
+        w = layer.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w <= 0):
+            raise SterError(f"invalid model config {source}: sliding_window must be a positive integer, got {w!r}")
+        rope = layer.rope
+        if rope is None:
+            continue
+        tables = [rope.inv_freq] + ([rope.long_inv_freq] if rope.long_inv_freq is not None else [])
+        for table in tables:
+            table = np.asarray(table, dtype=np.float64)
+            if table.shape != (rope.rotary_dim // 2,) or not np.all(np.isfinite(table)) or np.any(table <= 0):
+                raise SterError(f"invalid model config {source}: layer {i}'s rotary frequencies are not finite "
+                                "and positive (check rope_theta and the rope scaling factors)")
+        if not 0 < rope.rotary_dim <= spec.head_dim or rope.rotary_dim % 2:
+            raise SterError(f"invalid model config {source}: the rotary width {rope.rotary_dim} must be even and "
+                            f"within head_dim {spec.head_dim} (check partial_rotary_factor / rotary_dim)")
+        _positive_finite(rope.attention_factor, "the rope attention factor", source)
+    return spec
