@@ -13,7 +13,10 @@ Layouts accepted:
 - PEFT: a directory with ``adapter_config.json`` (peft_type LORA) and
   ``adapter_model.safetensors`` whose keys are
   ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight`` (PEFT's
-  ``get_peft_model_state_dict`` naming), plain LoRA or rsLoRA. Other PEFT methods
+  ``get_peft_model_state_dict`` naming), plain LoRA or rsLoRA. A LoRA on a fused
+  module (Phi-3's qkv_proj and gate_up_proj, GPT-2's c_attn, GPT-NeoX's
+  query_key_value) is split by role: each role keeps the rows of B the decoder's
+  split gives it, and shares A. Other PEFT methods
   and LoRA variants that change the math (DoRA, trained biases, PiSSA-style
   initialisations that rewrite the base, per-module rank patterns, ...) are
   refused by name.
@@ -27,7 +30,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -178,27 +181,99 @@ def _read_ster(side: Path, weights: Path) -> LoraAdapter:
     return ad
 
 
-def _peft_module_regexes(names: Mapping[str, str]) -> list[tuple[re.Pattern, str]]:
-    """Regexes matching a module path (Hugging Face names) to (layer, target)."""
-    out = []
-    for target in TARGETS:
-        template = names.get(target)
-        if not template:
-            continue
-        full = re.escape(template).replace(re.escape("{i}"), r"(\d+)")
-        bare = re.escape(template.split(".", 1)[1]).replace(re.escape("{i}"), r"(\d+)")
-        # PEFT wraps the task model (…ForCausalLM) or the bare base model; accept both roots.
-        out.append((re.compile(r"(?:base_model\.model\.)?(?:" + full + "|" + bare + ")"), target))
-    return out
+class WeightMap:
+    """Where each adaptable projection of a model is stored, in the Hugging Face layout.
+
+    A decoder role (q, k, v, o, gate, up, down) is stored under its own tensor, or as
+    rows of a fused one (``qkv``: concatenated or grouped per key/value head;
+    ``gate_up``: gate rows then up rows), possibly inputs-first ([in, out], GPT-2's
+    Conv1D), possibly without the family's root prefix. ``decoder/layout.py`` splits
+    these at load; this map places a LoRA delta back row by row (the same row order).
+
+    Args:
+        spec: a ``ModelSpec`` (dimensions).
+        names, fused_qkv, inputs_first, root: the Hugging Face storage description
+            (``ModelSpec`` fields of a config.json-loaded model, or the family's).
+    """
+
+    def __init__(self, spec, names: Mapping[str, str], fused_qkv: str | None = None, inputs_first: bool = False,
+                 root: str | None = None):
+        self.spec, self.names, self.fused_qkv = spec, dict(names), fused_qkv
+        self.inputs_first, self.root = inputs_first, root
+
+    @classmethod
+    def of_spec(cls, spec) -> "WeightMap":
+        """The map of a model loaded from config.json (its spec carries the storage description)."""
+        return cls(spec, spec.names, getattr(spec, "fused_qkv", None), getattr(spec, "inputs_first", False),
+                   getattr(spec, "root", None))
+
+    def stored(self, role: str) -> str | None:
+        """The tensor role holding ``role``: itself, "qkv", "gate_up", or None (the model lacks it)."""
+        if role in self.names:
+            return role
+        if role in ("q", "k", "v") and "qkv" in self.names:
+            return "qkv"
+        if role in ("gate", "up") and "gate_up" in self.names:
+            return "gate_up"
+        return None
+
+    def rows(self, role: str) -> np.ndarray | None:
+        """Row indices of ``role`` inside its fused tensor ([out, in] orientation), None when unfused."""
+        s, stored = self.spec, self.stored(role)
+        if stored == "gate_up":
+            f = s.intermediate_size
+            return np.arange(0, f) if role == "gate" else np.arange(f, 2 * f)
+        if stored != "qkv":
+            return None
+        h, kv, d = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        if self.fused_qkv == "grouped":  # per key/value head: its queries, its key, its value
+            g = h // kv
+            ar = np.arange(kv * (g + 2) * d).reshape(kv, g + 2, d)
+            part = {"q": ar[:, :g], "k": ar[:, g], "v": ar[:, g + 1]}[role]
+            return part.reshape(-1)
+        start = {"q": 0, "k": h * d, "v": (h + kv) * d}[role]
+        return np.arange(start, start + (h if role == "q" else kv) * d)
+
+    def tensor_name(self, stored: str, layer: int) -> str:
+        return f"{self.names[stored].format(i=layer, h='{h}')}.weight"
+
+    def module_regexes(self) -> list[tuple[re.Pattern, str]]:
+        """Regexes matching a PEFT module path to its stored role (the layer is group 1 or 2)."""
+        out = []
+        for stored in TARGETS + ("qkv", "gate_up"):
+            template = self.names.get(stored)
+            if not template or "{i}" not in template:
+                continue
+            if self.root and template.startswith(self.root):
+                bare_template = template[len(self.root):]
+            else:
+                bare_template = template.split(".", 1)[1]
+            full, bare = (re.escape(t).replace(re.escape("{i}"), r"(\d+)") for t in (template, bare_template))
+            # PEFT wraps the task model (…ForCausalLM) or the bare base model; accept both roots.
+            out.append((re.compile(r"(?:base_model\.model\.)?(?:" + full + "|" + bare + ")"), stored))
+        return out
+
+    def split(self, stored: str, b: np.ndarray) -> dict[str, np.ndarray]:
+        """A fused module's LoRA B [rows, rank] -> each role's rows (their A is shared)."""
+        if stored not in ("qkv", "gate_up"):
+            return {stored: b}
+        roles = ("q", "k", "v") if stored == "qkv" else ("gate", "up")
+        total = sum(len(self.rows(r)) for r in roles)
+        if b.shape[0] != total:
+            raise SterError(f"a LoRA factor B on the fused {stored} projection has {b.shape[0]} rows; "
+                            f"the model's has {total}")
+        return {r: b[self.rows(r)] for r in roles}
 
 
-def _read_peft(config_path: Path, weights: Path, names: Mapping[str, str]) -> LoraAdapter:
+def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter:
     cfg = read_json(config_path, "PEFT adapter config")
     ptype = str(cfg.get("peft_type", "")).upper()
     if ptype != "LORA":
         raise SterError(f"PEFT adapter {config_path} is {ptype or 'of no peft_type'}; ster applies and merges "
                         "plain LoRA and rsLoRA adapters only")
     for key, what in PEFT_UNSUPPORTED.items():
+        if key == "fan_in_fan_out" and wmap.inputs_first:
+            continue  # PEFT's flag for [in, out] (Conv1D) weights: the factors keep their orientation
         if cfg.get(key) not in (None, False, {}, [], "none"):
             raise SterError(f"PEFT adapter {config_path} uses {what}, which ster does not support; "
                             "plain LoRA and rsLoRA are supported")
@@ -220,7 +295,7 @@ def _read_peft(config_path: Path, weights: Path, names: Mapping[str, str]) -> Lo
     tensors = _load_tensors(weights)
     ad = LoraAdapter(config_path, "peft", cfg.get("base_model_name_or_path"), cfg.get("revision"), rank,
                      float(alpha), bool(cfg.get("use_rslora", False)), None)
-    regexes = _peft_module_regexes(names)
+    regexes = wmap.module_regexes()
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     suffix = re.compile(r"(.+)\.lora_([AB])(?:\.[A-Za-z0-9_]+)?\.weight")
     for name, t in tensors.items():
@@ -236,25 +311,28 @@ def _read_peft(config_path: Path, weights: Path, names: Mapping[str, str]) -> Lo
                 pairs.setdefault((layer, target), {})[m.group(2)] = t
                 break
         else:
+            known = ", ".join(wmap.names[t] for t in TARGETS + ("qkv", "gate_up") if t in wmap.names)
             raise SterError(f"PEFT adapter {weights}: module {module!r} is not a projection ster can adapt "
-                            f"(targets: {', '.join(names.get(t, t) for t in TARGETS)})")
-    for (layer, target), ab in sorted(pairs.items()):
+                            f"(projections: {known})")
+    for (layer, stored), ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
-            raise SterError(f"PEFT adapter {weights}: layer {layer} {target} has only its lora_{next(iter(ab))}")
-        ad.factors[(layer, target)] = _check_factor(weights, f"layer {layer} {target}", ab["A"], ab["B"], rank)
+            raise SterError(f"PEFT adapter {weights}: layer {layer} {stored} has only its lora_{next(iter(ab))}")
+        a, b = _check_factor(weights, f"layer {layer} {stored}", ab["A"], ab["B"], rank)
+        for role, rows in wmap.split(stored, b).items():  # a fused module: one LoRA per role, A shared
+            ad.factors[(layer, role)] = (a, np.ascontiguousarray(rows))
     if not ad.factors:
         raise SterError(f"PEFT adapter {weights} holds no LoRA factors")
     return ad
 
 
-def read_adapter(path: str | Path, names: Mapping[str, str]) -> LoraAdapter:
+def read_adapter(path: str | Path, wmap: WeightMap) -> LoraAdapter:
     """Read a LoRA adapter in Ster's or PEFT's layout.
 
     Args:
         path: NAME.lora.json, NAME.lora.safetensors, NAME (prefix), a directory holding
             one of these, a PEFT adapter directory, or its adapter_config.json.
-        names: the model family's Hugging Face tensor-name templates (``FamilySpec.names``),
-            used to map PEFT module paths to (layer, target).
+        wmap: the model's Hugging Face storage (:class:`WeightMap`), which maps PEFT module
+            paths to (layer, role) and splits fused modules' factors by role.
 
     Raises:
         SterError (naming the path): a steering vector, capture or reward artifact instead of
@@ -267,7 +345,7 @@ def read_adapter(path: str | Path, names: Mapping[str, str]) -> LoraAdapter:
     if layout == "json" or kind in ("steering", "capture", "reward", "unknown"):
         raise SterError(f"--adapter {side} is {KIND_WORDS[kind]}, not a LoRA adapter")
     if layout == "peft":
-        return _read_peft(side, weights, names)
+        return _read_peft(side, weights, wmap)
     return _read_ster(side, weights)
 
 
@@ -278,12 +356,15 @@ def projection_shapes(spec) -> dict[str, tuple[int, int]]:
     return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "gate": (f, d), "up": (f, d), "down": (d, f)}
 
 
-def check_adapter_for(ad: LoraAdapter, resolved, spec, *, has_gate: bool = True) -> None:
+def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str], bool]) -> None:
     """Refuse ``ad`` for a model it does not fit.
+
+    Args:
+        has_role: whether the model has the projection of a role (a plain feed-forward has no gate).
 
     Raises:
         SterError (naming the path): made for another model or revision; another hidden width;
-            a layer the model lacks; a gate target on a model without a gated feed-forward; a
+            a layer the model lacks; a role the model lacks (gate on a plain feed-forward); a
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
@@ -295,9 +376,9 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, *, has_gate: bool = True)
     for (layer, target), (a, b) in sorted(ad.factors.items()):
         if layer >= n:
             raise SterError(f"adapter {ad.path} adapts layer {layer}, but this model has layers 0..{n - 1}")
-        if target == "gate" and not has_gate:
-            raise SterError(f"adapter {ad.path} targets gate, but this {spec.model_type} model's feed-forward "
-                            "has no gate projection")
+        if not has_role(target):
+            what = "feed-forward has no gate projection" if target == "gate" else f"has no {target} projection"
+            raise SterError(f"adapter {ad.path} targets {target}, but this {spec.model_type} model's {what}")
         out, inp = shapes[target]
         if a.shape[1] != inp or b.shape[0] != out:
             raise SterError(f"adapter {ad.path}: layer {layer} {target} maps {a.shape[1]} -> {b.shape[0]}, but the "
@@ -325,18 +406,26 @@ class LoraLinear:
         return getattr(self.base, name)
 
 
-def family_names(spec) -> Mapping[str, str]:
-    """The Hugging Face tensor-name templates of ``spec``'s family (also for a GGUF-loaded model)."""
+def weight_map_of(loaded) -> WeightMap:
+    """The Hugging Face storage map of a loaded model (for a GGUF, its family's or its config's)."""
     from .families import FAMILIES
 
-    return FAMILIES[spec.model_type].names
+    if loaded.resolved.kind == "safetensors":
+        return WeightMap.of_spec(loaded.spec)
+    if loaded.resolved.config is not None:  # a GGUF beside its base model's config.json
+        from .config import spec_from_config
+
+        return WeightMap.of_spec(spec_from_config(loaded.resolved.config, loaded.resolved.family,
+                                                  str(loaded.resolved.config_path)))
+    family = FAMILIES[loaded.spec.model_type]
+    return WeightMap(loaded.spec, family.names, family.fused_qkv, family.inputs_first, family.root)
 
 
 def load_adapter_for(path: str | Path, loaded) -> LoraAdapter:
     """Read the adapter at ``path`` and check it fits ``loaded`` (see :func:`check_adapter_for`)."""
-    ad = read_adapter(path, family_names(loaded.spec))
-    has_gate = all(layer.gate is not None for layer in loaded.decoder.layers)
-    check_adapter_for(ad, loaded.resolved, loaded.spec, has_gate=has_gate)
+    ad = read_adapter(path, weight_map_of(loaded))
+    first = loaded.decoder.layers[0]
+    check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
     return ad
 
 

@@ -37,18 +37,19 @@ def ster(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-def peft_case(root: Path, *, dtype: str = "f32", rslora: bool = False, r: int = 4, alpha: int = 8):
-    """A tiny llama checkpoint, a PEFT adapter with random factors, and PEFT's merged state dict."""
+def peft_case(root: Path, *, dtype: str = "f32", rslora: bool = False, r: int = 4, alpha: int = 8,
+              model_type: str = "llama", targets=TARGETS, **overrides):
+    """A tiny checkpoint, a PEFT adapter with random factors, and PEFT's merged state dict."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     base_dir, adapter_dir = root / "base", root / "adapter"
-    make_checkpoint(base_dir, "llama", dtype=None if dtype == "f32" else torch_dtype)
+    make_checkpoint(base_dir, model_type, dtype=None if dtype == "f32" else torch_dtype, **overrides)
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype, attn_implementation="eager")
-    pm = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=TARGETS, use_rslora=rslora,
-                                         lora_dropout=0.0))
+    pm = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), use_rslora=rslora,
+                                         lora_dropout=0.0, fan_in_fan_out=model_type == "gpt2"))
     torch.manual_seed(7)
     with torch.no_grad():
         for name, p in pm.named_parameters():
@@ -92,14 +93,19 @@ def f32_case(tmp_path_factory):
     return peft_case(tmp_path_factory.mktemp("f32"))
 
 
-def check_against_peft(out: Path, state, *, bf16: bool):
+def check_against_peft(out: Path, state, *, bf16: bool, base: Path | None = None, targets=TARGETS,
+                       n_expected: int = 21):
     n_merged = 0
     with safe_open(str(out / "model.safetensors"), framework="numpy") as f:
-        assert sorted(f.keys()) == sorted(k for k in state if k != "lm_head.weight" or k in f.keys())
+        if base is not None:  # the merged checkpoint holds exactly the base's tensors
+            with safe_open(str(base / "model.safetensors"), framework="numpy") as b:
+                assert sorted(f.keys()) == sorted(b.keys())
         for name in f.keys():
-            ours, ref = f.get_tensor(name), as_numpy(state[name])
+            # transformers 5 names GPT-NeoX's head lm_head in memory and embed_out on disk
+            ref = as_numpy(state[name if name in state else {"embed_out.weight": "lm_head.weight"}[name]])
+            ours = f.get_tensor(name)
             assert ours.dtype == ref.dtype and ours.shape == ref.shape, name
-            if any(f".{t}." in name for t in TARGETS):
+            if any(name.endswith(f".{t}.weight") for t in targets):
                 n_merged += 1
                 if bf16:  # one unit in the last place: adjacent bfloat16 bit patterns (same sign here)
                     a, b = ours.view(np.int16).astype(np.int32), ref.view(np.int16).astype(np.int32)
@@ -108,7 +114,7 @@ def check_against_peft(out: Path, state, *, bf16: bool):
                     assert np.abs(ours - ref).max() <= 1e-6, name
             else:
                 assert np.array_equal(ours.view(np.uint8), ref.view(np.uint8)), name  # copied bit for bit
-    assert n_merged == 21
+    assert n_merged == n_expected
 
 
 def test_merge_peft_adapter_equals_peft_f32(f32_case, tmp_path):
@@ -117,7 +123,7 @@ def test_merge_peft_adapter_equals_peft_f32(f32_case, tmp_path):
     r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(adapter_dir), "--output", str(out), "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    check_against_peft(out, state, bf16=False)
+    check_against_peft(out, state, bf16=False, base=base_dir)
     assert report == json.loads((out / "ster-merge.json").read_text())
     assert report["rank"] == 4 and report["alpha"] == 8 and report["scale"] == 2.0 and report["dtype"] == "F32"
     assert report["targets"] == ["q", "k", "v", "o", "gate", "up", "down"] and report["layers"] == [0, 1, 2]
@@ -147,6 +153,47 @@ def test_ster_layout_merges_like_peft(f32_case, tmp_path):
     report = merge_adapter(str(base_dir), str(side), tmp_path / "out")
     assert report["adapter_layout"] == "ster"
     check_against_peft(tmp_path / "out", state, bf16=False)
+
+
+FUSED = {  # families whose projections are stored fused or inputs-first: PEFT adapts the stored module
+    "phi3": (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], {}),
+    "gpt2": (["c_attn", "c_proj", "c_fc"], {"n_positions": 64}),
+    "gpt_neox": (["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"], {"num_key_value_heads": None}),
+}
+
+
+@pytest.mark.parametrize("family", list(FUSED))
+def test_fused_and_inputs_first_projections_merge_and_apply_like_peft(family, tmp_path):
+    targets, overrides = FUSED[family]
+    base_dir, adapter_dir, state, adapted_logits, _ = peft_case(tmp_path / "c", model_type=family, targets=targets,
+                                                                **overrides)
+    report = merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "m")
+    check_against_peft(tmp_path / "m", state, bf16=False, base=base_dir, targets=targets, n_expected=12)
+    assert report["merged_tensors"] == 12
+    merged = load_model(str(tmp_path / "m")).decoder.forward(IDS)
+    assert rel_err(merged, adapted_logits) < 1e-4
+    loaded = load_model(str(base_dir))
+    apply_adapter(loaded, load_adapter_for(str(adapter_dir), loaded))
+    assert rel_err(loaded.decoder.forward(IDS), adapted_logits) < 1e-4
+
+
+def test_ster_layout_q_k_v_merge_into_phi3_fused_rows(tmp_path):
+    """Ster's adapters name q, k, v, gate, up: a merge puts each delta in its rows of the fused tensor."""
+    targets, _ = FUSED["phi3"]
+    base_dir, adapter_dir, state, _, _ = peft_case(tmp_path / "c", model_type="phi3", targets=targets)
+    loaded = load_model(str(base_dir))
+    ad = load_adapter_for(str(adapter_dir), loaded)  # PEFT's fused factors, split by role
+    assert sorted({t for _, t in ad.factors}) == ["down", "gate", "k", "o", "q", "up", "v"]
+    tensors = {}
+    for (layer, role), (a, b) in ad.factors.items():
+        tensors[f"layers.{layer}.{role}.a"], tensors[f"layers.{layer}.{role}.b"] = a, b
+    (tmp_path / "ad").mkdir()
+    save_file(tensors, str(tmp_path / "ad" / "phi.lora.safetensors"))
+    (tmp_path / "ad" / "phi.lora.json").write_text(json.dumps({
+        "model": str(base_dir), "rank": 4, "alpha": 8, "targets": ["q", "k", "v", "o", "gate", "up", "down"],
+        "layers": [0, 1, 2], "hidden_size": 64}))
+    merge_adapter(str(base_dir), str(tmp_path / "ad" / "phi.lora.json"), tmp_path / "m")
+    check_against_peft(tmp_path / "m", state, bf16=False, base=base_dir, targets=targets, n_expected=12)
 
 
 def test_merged_dir_loads_in_transformers_and_ster_with_equal_logits(f32_case, tmp_path):

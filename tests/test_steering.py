@@ -16,9 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from ster_py.adapters import read_adapter
+from ster_py.adapters import load_adapter_for
 from ster_py.errors import SterError
-from ster_py.families import LLAMA_NAMES
 from ster_py.load import load_model
 from ster_py.steering import SteeringVector, check_vector_for, read_vector, steering_hook, write_vector
 from tiny import make_checkpoint, rel_err
@@ -186,7 +185,7 @@ def test_adapter_and_vector_flags_refuse_each_others_artifacts(tiny, tmp_path):
         read_vector(side)
     vec = write_vector(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1])), tmp_path / "v.json")
     with pytest.raises(SterError, match="steering vector.*--vector"):
-        read_adapter(vec, LLAMA_NAMES)
+        load_adapter_for(vec, load_model(str(path)))
     # Through the CLI: one error line, no traceback, the path named.
     r = ster("generate", "--model", str(path), "--prompt", PROMPT, "--vector", str(side))
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
@@ -208,7 +207,8 @@ def test_caa_steers_smollm2_toward_the_positive_prompts(smollm2_gguf, tmp_path):
 
     Criterion: after the neutral prompt (chat template applied), the teacher-forced
     log-probability of "My favorite thing is my dog." minus that of "... my car." must
-    grow by more than 1 nat under steering (measured: ~+2.5 at strength 8).
+    grow by more than 1 nat under steering (measured: -0.2 -> +2.8 nats at strength 8;
+    the greedy reply turns from cheese to "a gentle giant, a cat").
     """
     from ster_py.prompt import encode_prompt
 

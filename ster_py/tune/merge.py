@@ -5,7 +5,10 @@ accumulated in float32, added to W widened to float32, and the sum is cast back
 to W's stored dtype (one rounding, where PEFT's ``merge_and_unload`` rounds the
 delta to the base dtype and then adds in it: the two agree within one unit in the
 last place of a bfloat16/float16 weight, and exactly up to float32 rounding for
-float32 weights). Every other tensor is copied bit for bit.
+float32 weights). Fused projections (Phi-3's qkv_proj and gate_up_proj, GPT-2's
+c_attn, GPT-NeoX's query_key_value) take each role's delta in that role's rows, in
+the order ``decoder/layout.py`` splits them; inputs-first weights (GPT-2's Conv1D,
+[in, out]) take the transposed delta. Every other tensor is copied bit for bit.
 
 The output directory is written as a temporary sibling and renamed at the end,
 so a failure leaves nothing behind. It holds ``model.safetensors`` (or
@@ -22,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..adapters import check_adapter_for, read_adapter
+from ..adapters import WeightMap, check_adapter_for, read_adapter
 from ..artifacts import ST_DTYPES, atomic_directory, write_safetensors
 from ..errors import SterError
 
@@ -106,17 +109,24 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         raise SterError(f"ster tune merge refuses a GGUF base ({resolved.gguf_file}): a merge writes the base's "
                         "tensors back and a GGUF's are quantized; merge into the safetensors checkpoint instead")
     spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
-    names = resolved.family.names
-    ad = read_adapter(adapter, names)
+    wmap = WeightMap.of_spec(spec)
+    ad = read_adapter(adapter, wmap)
     index = _index_checkpoint(resolved.weight_files)
-    has_gate = all(f"{names['gate'].format(i=i)}.weight" in index for i in range(spec.num_hidden_layers))
-    check_adapter_for(ad, resolved, spec, has_gate=has_gate)
-    targets: dict[str, tuple[int, str]] = {}
-    for layer, target in ad.factors:
-        name = f"{names[target].format(i=layer)}.weight"
+    check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
+
+    def stored_name(stored: str, layer: int) -> str:
+        name = wmap.tensor_name(stored, layer)
+        if name not in index and wmap.root and name.startswith(wmap.root):
+            name = name[len(wmap.root):]  # saved from the base model, without the root prefix
         if name not in index:
-            raise SterError(f"adapter {ad.path} adapts {name}, which the checkpoint does not hold")
-        targets[name] = (layer, target)
+            raise SterError(f"adapter {ad.path} adapts {wmap.tensor_name(stored, layer)}, which the checkpoint "
+                            "does not hold")
+        return name
+
+    # stored tensor name -> [(layer, role, rows in that tensor or None)]
+    targets: dict[str, list[tuple[int, str, np.ndarray | None]]] = {}
+    for layer, role in sorted(ad.factors):
+        targets.setdefault(stored_name(wmap.stored(role), layer), []).append((layer, role, wmap.rows(role)))
     for name, (_, st, _) in index.items():
         if st not in _NP_DTYPES:
             raise SterError(f"tensor {name!r} is stored as {st}, which ster cannot read back; nothing was written")
@@ -137,10 +147,21 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         if path not in handles:
             handles[path] = safe_open(str(path), framework="numpy")
         w = handles[path].get_tensor(name)
-        if name in targets:
-            merged = w.astype(np.float32) + ad.delta(*targets[name])
-            w = merged.astype(w.dtype)
-        return w
+        if name not in targets:
+            return w
+        merged = (w.T if wmap.inputs_first else w).astype(np.float32)  # [out, in], a fresh f32 copy
+        for layer, role, rows in targets[name]:
+            delta = ad.delta(layer, role)
+            if merged.shape[1] != delta.shape[1] or (rows is None and merged.shape != delta.shape) or \
+                    (rows is not None and merged.shape[0] <= rows.max()):
+                raise SterError(f"tensor {name!r} has shape {list(w.shape)}, which does not fit the {role} delta "
+                                f"{list(delta.shape)} of layer {layer}; the checkpoint and its config disagree")
+            if rows is None:
+                merged += delta
+            else:
+                merged[rows] += delta
+        merged = merged.astype(w.dtype)
+        return np.ascontiguousarray(merged.T) if wmap.inputs_first else merged
 
     done = 0
     report_files = []
