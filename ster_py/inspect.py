@@ -13,7 +13,7 @@ import numpy as np
 from .config import spec_from_config
 from .errors import SterError
 from .resolve import resolve
-from .validate import check_spec, interpret
+from .validate import check_config, check_spec, interpret
 from .weights import precision_dtype
 
 
@@ -66,6 +66,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         from .tokenizer import Tokenizer
 
         source = str(r.config_path)
+        check_config(r.config, source)
         spec = check_spec(interpret(source, spec_from_config, r.config, r.family, source), source)
         tok = Tokenizer.from_dir(r.root)
         architectures = r.config.get("architectures")

@@ -13,7 +13,7 @@ from .decoder.model import Decoder
 from .errors import SterError
 from .resolve import Resolved, resolve
 from .tokenizer import Tokenizer
-from .validate import check_spec, interpret
+from .validate import check_config, check_spec, interpret
 from .weights import SafetensorsWeights, precision_dtype
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -59,6 +59,7 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
 
         return load_gguf_model(resolved, precision=precision, progress=progress)
     source = str(resolved.config_path)
+    check_config(resolved.config, source)
     spec = check_spec(interpret(source, spec_from_config, resolved.config, resolved.family, source), source)
     tokenizer = Tokenizer.from_dir(resolved.root)
     if progress:

@@ -36,6 +36,19 @@ def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
         raise SterError(f"invalid model config {source}: {type(e).__name__}: {e}") from None
 
 
+# config.json keys that must be JSON booleans when present ("false" as a string is truthy in Python).
+BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias", "use_qkv_bias",
+                "use_parallel_residual", "qk_layernorm", "use_qk_norm", "parallel_attn", "bias", "multi_query",
+                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm")
+
+
+def check_config(config, source: str) -> None:
+    """Type checks on raw config.json values that the family readers coerce. Raises SterError."""
+    for key in BOOLEAN_KEYS:
+        if key in config and config[key] is not None and not isinstance(config[key], bool):
+            raise SterError(f"invalid model config {source}: {key} must be true or false, got {config[key]!r}")
+
+
 def _positive_finite(value, name: str, source: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return

@@ -15,7 +15,7 @@ from ..errors import SterError
 from ..tokenizer import Tokenizer
 from ..weights import GGUFWeights
 from .config import spec_from_gguf
-from ..validate import check_spec, interpret
+from ..validate import check_config, check_spec, interpret
 from .reader import GGUFFile
 from .tokenizer import tokenizer_from_gguf_metadata
 
@@ -64,6 +64,7 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
     else:
         family = resolved.family
         source = str(resolved.config_path)
+        check_config(resolved.config, source)
         spec = check_spec(interpret(source, spec_from_config, resolved.config, family, source), source)
         # llama.cpp stores Gemma's norms as 1 + w already; the names become llama.cpp's.
         spec = dataclasses.replace(spec, norm_unit_offset=False)
