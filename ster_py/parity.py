@@ -28,6 +28,11 @@ from .errors import SterError
 REFERENCES = ("transformers", "llama.cpp")
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n")
 
+# The reference runs eager attention (exact soft-capping and windows), except where
+# transformers' eager path is known wrong: Falcon's adds the ALiBi bias twice (in the mask
+# and in the scores), its SDPA path once, as Falcon's own code does.
+REFERENCE_ATTENTION = {"falcon": "sdpa"}
+
 Progress = Callable[[str, int, "int | None"], None]
 # ids -> (logits float32 [T, vocab], hidden states list of float32 [T, hidden] or None)
 Reference = Callable[[Sequence[int]], "tuple[np.ndarray, list[np.ndarray] | None]"]
@@ -90,7 +95,8 @@ def transformers_reference(resolved) -> Reference:
         import transformers
     except ImportError:
         raise _missing("torch and transformers", 'install them with: pip install "ster-py[reference]"') from None
-    kwargs = dict(dtype=torch.float32, attn_implementation="eager")
+    model_type = (resolved.config or {}).get("model_type")
+    kwargs = dict(dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION.get(model_type, "eager"))
     if resolved.gguf_file is not None:
         try:
             import gguf  # noqa: F401  (Transformers reads GGUF through gguf-py)
