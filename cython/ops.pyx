@@ -7,11 +7,17 @@ keep the numpy path for everything else. Arithmetic: ``ster_ops.h``.
 """
 import os
 
-from cython.parallel cimport prange, threadid
-from libc.math cimport INFINITY
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdlib cimport free, malloc
 
 import numpy as np
+
+from ster_py._kernels.qmatmul import _pool_capsule
+
+ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
+ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
+# qmatmul's thread pool (one pool per process; see ster_pool.h).
+cdef pool_run_t _pool_run = <pool_run_t>PyCapsule_GetPointer(_pool_capsule, b"ster_pool_run")
 
 cdef extern from "ster_ops.h" nogil:
     ctypedef struct ster_attn_args:
@@ -122,7 +128,16 @@ ctypedef struct _Attn:
     const float* bias
     long bsh, bst, ldk, ldv, kvs, vvs
     int T, G, S, D, window, simd
+    long total
     float scale, softcap
+    float* scratch
+
+
+cdef void _attn_task(void* ctx, long chunk, int tid) noexcept nogil:
+    cdef _Attn* j = <_Attn*>ctx
+    cdef long item
+    for item in range(chunk * 4, min(chunk * 4 + 4, j.total)):
+        _one(j, item, j.scratch + (j.S + 8) * tid)
 
 
 cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
@@ -202,13 +217,9 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
     j.window = window
     j.scale, j.softcap = scale, softcap
     j.simd = _simd
-    cdef long item
+    j.total = total
+    j.scratch = scratch
     with nogil:
-        if nt == 1:
-            for item in range(total):
-                _one(&j, item, scratch)
-        else:
-            for item in prange(total, num_threads=nt, schedule="dynamic", chunksize=4):
-                _one(&j, item, scratch + (S + 8) * threadid())
+        _pool_run((total + 3) // 4, _attn_task, &j, nt)
     free(scratch)
 

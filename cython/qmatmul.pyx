@@ -4,22 +4,30 @@
 ``QMatrix`` wraps the raw blocks of a [rows, cols] GGML tensor (a zero-copy view
 of the memory-mapped file) and computes y = x W^T for float32 x [T, cols]:
 
-- T = 1 (decoding): one fused row dot per output, decoding each block inside it;
+- T = 1 (decoding): one fused row dot per output, decoding each block inside it.
+  With AVX2 the input is first quantized to int16 per 32-input block (x ~= dx * q,
+  relative error <= 2^-16 of the block's largest input) so that a block is two
+  integer multiply-adds (vpmaddwd); the portable path multiplies in float;
 - T > 1 (prefill): panels of 16 rows x 256 inputs are decoded to float32 once
   and a 6 x 16 register tile runs every token over them.
 
-Work is split over output rows with OpenMP ``prange`` (dynamic schedule: on a
-shared machine a busy core must not hold the others up). The arithmetic lives in
+Work is split over output rows into chunks run by ``ster_pool.h``'s threads (the
+caller works too and never waits for a helper that is not running, so a busy
+machine degrades the product to fewer threads instead of stalling it). The arithmetic lives in
 ``ster_qkernels.h`` (AVX2/FMA when the CPU has it, a portable path otherwise);
 ``ster_py.decoder.qlinear`` holds the numpy reference it is tested against.
 """
 import os
 
-from cython.parallel cimport prange, threadid
-from libc.stdint cimport int32_t, uint8_t, uintptr_t
+from cpython.pycapsule cimport PyCapsule_New
+from libc.stdint cimport int16_t, int32_t, uint8_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
+
+cdef extern from "ster_pool.h" nogil:
+    ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
+    void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads)
 
 cdef extern from "ster_qkernels.h" nogil:
     int STER_KC
@@ -29,6 +37,9 @@ cdef extern from "ster_qkernels.h" nogil:
     int ster_cpu_avx2()
     void ster_init_tables()
     void ster_sums16(const float* x, int K, float* xs16)
+    int ster_quantize16(const float* x, int K, int16_t* q, float* dx, float* xs16)
+    void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
+                             int K, const int16_t* q, const float* dx, const float* xs16, float* y)
     void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
                            int K, const float* x, const float* xs16, float* y, int simd)
     void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
@@ -46,8 +57,52 @@ ster_init_tables()
 cdef int _threads = _default_threads()
 cdef int _simd_ok = ster_cpu_avx2()
 cdef int _simd = _simd_ok
+cdef int _int16 = 1
 # Below this many weights a product runs on one thread: waking the team costs more.
 cdef long _PARALLEL_MIN_WEIGHTS = 65536
+
+
+# The one pool of the process, shared with ster_py._kernels.ops through this capsule.
+_pool_capsule = PyCapsule_New(<void*>ster_pool_run, b"ster_pool_run", NULL)
+
+
+ctypedef struct _RowJob:
+    int typ, simd, K, N, chunk, use16
+    const uint8_t* W
+    size_t rb
+    const int32_t* rows
+    const float* x
+    const int16_t* q
+    const float* dx
+    const float* xs16
+    float* y
+
+
+cdef void _row_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _RowJob* j = <_RowJob*>ctx
+    cdef int r0 = <int>c * j.chunk
+    if j.use16:
+        ster_matvec16_range(j.typ, j.W, j.rb, j.rows, r0, min(j.N, r0 + j.chunk), j.K, j.q, j.dx, j.xs16, j.y)
+    else:
+        ster_matvec_range(j.typ, j.W, j.rb, j.rows, r0, min(j.N, r0 + j.chunk), j.K, j.x, j.xs16, j.y, j.simd)
+
+
+ctypedef struct _PanelJob:
+    int typ, simd, K, N, T, nc
+    const uint8_t* W
+    size_t rb
+    const int32_t* rows
+    const float* X
+    float* Y
+    float* pack
+    size_t per_thread
+
+
+cdef void _panel_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _PanelJob* j = <_PanelJob*>ctx
+    cdef int n0 = <int>c * j.nc
+    ster_matmul_range(j.typ, j.W, j.rb, j.rows, n0, min(j.N, n0 + j.nc), j.K, j.X, j.T, j.Y, j.N,
+                      j.pack + j.per_thread * tid, j.simd)
 
 
 def set_threads(int n):
@@ -72,6 +127,30 @@ def set_simd(bint on):
     """Use the AVX2 kernels (when the CPU has them) or force the portable path (tests)."""
     global _simd
     _simd = 1 if (on and _simd_ok) else 0
+
+
+def set_int16_activations(bint on):
+    """Decode (T = 1) with int16-quantized inputs (default, AVX2 only) or in float32 (exact)."""
+    global _int16
+    _int16 = 1 if on else 0
+
+
+def quantize_activations(const float[:, ::1] x):
+    """The inputs the int16 decode kernels see: (q int16 [T, K], dx float32 [T, K // 32]) with
+    x ~= dx[:, block] * q; K must be a multiple of 32. Raises ValueError on inf/NaN."""
+    cdef int T = x.shape[0], K = x.shape[1], t
+    if K % 32:
+        raise ValueError("K must be a multiple of 32")
+    q = np.empty((T, K), np.int16)
+    dx = np.empty((T, K // 32), np.float32)
+    xs = np.empty((T, K // 16), np.float32)
+    cdef int16_t[:, ::1] qv = q
+    cdef float[:, ::1] dv = dx
+    cdef float[:, ::1] sv = xs
+    for t in range(T):
+        if K and not ster_quantize16(&x[t, 0], K, &qv[t, 0], &dv[t, 0], &sv[t, 0]):
+            raise ValueError("inputs are not finite")
+    return q, dx
 
 
 def supported_type_ids():
@@ -138,55 +217,48 @@ cdef class QMatrix:
             self._panels(x, out)
 
     cdef void _rowdots(self, const float[:, ::1] x, float[:, ::1] out):
-        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows, t, c
+        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows, t
         cdef int nt = _threads if <long>N * K >= _PARALLEL_MIN_WEIGHTS else 1
-        cdef int simd = _simd, typ = self.type_id
-        cdef int chunk = (N + 4 * nt - 1) // (4 * nt)
-        cdef int n_chunks
-        cdef size_t rb = self.row_bytes
-        cdef const uint8_t* W = &self.raw[0, 0]
-        cdef const int32_t* rows = self._rows
-        cdef float* xs16 = <float*>malloc(sizeof(float) * (K // 16 + 1))
-        if xs16 == NULL:
+        cdef long n_chunks
+        cdef _RowJob j
+        j.typ, j.simd, j.K, j.N = self.type_id, _simd, K, N
+        j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
+        # About four chunks per thread: small enough to balance, large enough to amortise.
+        j.chunk = max(8, (N + 4 * nt - 1) // (4 * nt))
+        n_chunks = (N + j.chunk - 1) // j.chunk
+        # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16].
+        cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64)
+        if buf == NULL:
             raise MemoryError()
-        chunk = max(chunk, 8)
-        n_chunks = (N + chunk - 1) // chunk
+        cdef int16_t* q = <int16_t*>buf
+        cdef float* dx = <float*>(buf + 2 * K + 32)
+        cdef float* xs16 = dx + K // 32
+        j.q, j.dx, j.xs16 = q, dx, xs16
         with nogil:
             for t in range(T):
-                ster_sums16(&x[t, 0], K, xs16)
-                if nt == 1 or n_chunks == 1:
-                    ster_matvec_range(typ, W, rb, rows, 0, N, K, &x[t, 0], xs16, &out[t, 0], simd)
-                else:
-                    for c in prange(n_chunks, num_threads=nt, schedule="dynamic"):
-                        ster_matvec_range(typ, W, rb, rows, c * chunk, min(N, (c + 1) * chunk), K,
-                                          &x[t, 0], xs16, &out[t, 0], simd)
-        free(xs16)
+                j.x, j.y = &x[t, 0], &out[t, 0]
+                j.use16 = _simd and _int16 and ster_quantize16(j.x, K, q, dx, xs16)
+                if not j.use16:
+                    ster_sums16(j.x, K, xs16)
+                ster_pool_run(n_chunks, _row_task, &j, nt)
+        free(buf)
 
     cdef void _panels(self, const float[:, ::1] x, float[:, ::1] out):
-        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows, c
+        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows
         cdef int nt = _threads if <long>N * K * T >= _PARALLEL_MIN_WEIGHTS else 1
-        cdef int simd = _simd, typ = self.type_id
+        cdef _PanelJob j
+        j.typ, j.simd, j.K, j.N, j.T = self.type_id, _simd, K, N, T
+        j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
+        j.X, j.Y = &x[0, 0], &out[0, 0]
         # Tasks of nc rows (a multiple of 16): about four per thread, 16..128 rows each.
         cdef int nc = (N + 4 * nt - 1) // (4 * nt)
-        nc = min(128, max(STER_NR, (nc + STER_NR - 1) // STER_NR * STER_NR))
-        cdef int n_tasks = (N + nc - 1) // nc
-        cdef size_t rb = self.row_bytes
-        cdef const uint8_t* W = &self.raw[0, 0]
-        cdef const int32_t* rows = self._rows
-        cdef size_t per_thread = <size_t>nc * STER_KC  # floats: nc/16 panels of STER_KC x 16
-        cdef int teams = nt if n_tasks > 1 else 1
-        cdef void* block = malloc(sizeof(float) * per_thread * teams + 64)
+        j.nc = min(128, max(STER_NR, (nc + STER_NR - 1) // STER_NR * STER_NR))
+        cdef long n_tasks = (N + j.nc - 1) // j.nc
+        j.per_thread = <size_t>j.nc * STER_KC  # floats: nc/16 panels of STER_KC x 16
+        cdef void* block = malloc(sizeof(float) * j.per_thread * nt + 64)
         if block == NULL:
             raise MemoryError()
-        cdef float* pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
-        cdef float* X = <float*>&x[0, 0]
-        cdef float* Y = &out[0, 0]
+        j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
         with nogil:
-            if teams == 1:
-                for c in range(n_tasks):
-                    ster_matmul_range(typ, W, rb, rows, c * nc, min(N, (c + 1) * nc), K, X, T, Y, N, pack, simd)
-            else:
-                for c in prange(n_tasks, num_threads=nt, schedule="dynamic"):
-                    ster_matmul_range(typ, W, rb, rows, c * nc, min(N, (c + 1) * nc), K, X, T, Y, N,
-                                      pack + per_thread * threadid(), simd)
+            ster_pool_run(n_tasks, _panel_task, &j, nt)
         free(block)

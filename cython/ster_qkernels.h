@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define STER_HAVE_X86 1
@@ -754,6 +755,180 @@ static STER_AVX2 void ster_micro_avx2(int kc, const float* A, int lda, int mt, c
     }
 }
 
+/* ------------------------------------------------------------------------- */
+/* Decoding with int16 activations: x ~= dx[b] * x16[i] per 32-input block b   */
+/* (ster_quantize16), so a 32-weight unit is two vpmaddwd of int16 codes and     */
+/* int16 inputs, one conversion and one FMA by s * dx; offsets use the sums of   */
+/* the quantized inputs. The result is the float dot with the quantized inputs.  */
+
+STER_AVX2_INLINE __m256i ster_madd32(__m128i lo16, __m128i hi16, const int16_t* x, int is_signed, __m256i* p1) {
+    __m256i a = is_signed ? _mm256_cvtepi8_epi16(lo16) : _mm256_cvtepu8_epi16(lo16);
+    __m256i b = is_signed ? _mm256_cvtepi8_epi16(hi16) : _mm256_cvtepu8_epi16(hi16);
+    *p1 = _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i*)(x + 16)));
+    return _mm256_madd_epi16(a, _mm256_loadu_si256((const __m256i*)x));
+}
+
+/* Any type, through the 32-code unit view. */
+STER_AVX2_INLINE float ster_row_dot16_t(const int type, const uint8_t* row, int nb, const int16_t* x,
+                                        const float* dx, const float* xs16) {
+    const int ts = ster_type_size(type), bs = ster_block_size(type);
+    const int per16 = (type == STER_Q2_K || type == STER_Q3_K || type == STER_Q6_K);
+    const int offset = (type == STER_Q4_1 || type == STER_Q5_1 || type == STER_Q2_K ||
+                        type == STER_Q4_K || type == STER_Q5_K);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f, s[16], m[16];
+    int b, u, nu;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * ts;
+        const int g0 = b * (bs / 32);
+        nu = ster_block_scales_avx2(type, blk, s, m);
+        for (u = 0; u < nu; u++) {
+            const int g = g0 + u;
+            __m256i q = ster_codes_avx2(type, blk, u), p1;
+            __m256i p0 = ster_madd32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1), x + 32 * g, 1, &p1);
+            if (per16) {
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(s[2 * u] * dx[g]), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(s[2 * u + 1] * dx[g]), acc1);
+            } else if (u & 1) {
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(s[2 * u] * dx[g]), acc1);
+            } else {
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(s[2 * u] * dx[g]), acc0);
+            }
+            if (offset) macc += m[2 * u] * xs16[2 * g] + m[2 * u + 1] * xs16[2 * g + 1];
+        }
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+#define STER_DOT16_FN(NAME, TYPE) \
+    static STER_AVX2 float NAME(const uint8_t* row, int nb, const int16_t* x, const float* dx, const float* xs16) { \
+        return ster_row_dot16_t(TYPE, row, nb, x, dx, xs16); }
+STER_DOT16_FN(ster_dot16_q2_k, STER_Q2_K)
+STER_DOT16_FN(ster_dot16_q3_k, STER_Q3_K)
+STER_DOT16_FN(ster_dot16_q5_k, STER_Q5_K)
+STER_DOT16_FN(ster_dot16_q6_k, STER_Q6_K)
+STER_DOT16_FN(ster_dot16_iq4_nl, STER_IQ4_NL)
+STER_DOT16_FN(ster_dot16_iq4_xs, STER_IQ4_XS)
+
+/* Legacy 32-weight blocks with nibbles: codes 0..15 (0..31 with the Q5 bit), the constant
+ * offset (-8, -16) or the block minimum goes to the sum-of-inputs term. Two blocks per
+ * iteration with their own accumulators: the scalar offset sum would otherwise be a
+ * latency chain of one FMA per block. */
+STER_AVX2_INLINE __m256 ster_legacy16_block(const int type, const uint8_t* blk, const int16_t* x) {
+    const __m128i m15 = _mm_set1_epi8(15), b16 = _mm_set1_epi8(16);
+    const uint8_t* qs = blk + (type == STER_Q4_0 ? 2 : type == STER_Q4_1 ? 4 : type == STER_Q5_0 ? 6 : 8);
+    __m128i bq = _mm_loadu_si128((const __m128i*)qs);
+    __m128i lo = _mm_and_si128(bq, m15), hi = _mm_and_si128(_mm_srli_epi16(bq, 4), m15);
+    if (type == STER_Q5_0 || type == STER_Q5_1) {
+        __m256i hb = ster_bits32(ster_le32(blk + (type == STER_Q5_0 ? 2 : 4)));
+        lo = _mm_or_si128(lo, _mm_and_si128(_mm256_castsi256_si128(hb), b16));
+        hi = _mm_or_si128(hi, _mm_and_si128(_mm256_extracti128_si256(hb, 1), b16));
+    }
+    __m256i p1, p0 = ster_madd32(lo, hi, x, 0, &p1);
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
+}
+
+STER_AVX2_INLINE float ster_legacy16_offset(const int type, const uint8_t* blk, float d, float xsum) {
+    if (type == STER_Q4_0) return -8.0f * d * xsum;
+    if (type == STER_Q5_0) return -16.0f * d * xsum;
+    return ster_f16_avx2(blk + 2) * xsum;
+}
+
+STER_AVX2_INLINE float ster_dot16_legacy(const int type, const uint8_t* row, int nb, const int16_t* x,
+                                         const float* dx, const float* xs16) {
+    const int ts = ster_type_size(type);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc0 = 0.0f, macc1 = 0.0f;
+    int b;
+    for (b = 0; b + 2 <= nb; b += 2) {
+        const uint8_t* k0 = row + (size_t)b * ts;
+        const uint8_t* k1 = k0 + ts;
+        float d0 = ster_f16_avx2(k0), d1 = ster_f16_avx2(k1);
+        acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k0, x + 32 * b), _mm256_set1_ps(d0 * dx[b]), acc0);
+        acc1 = _mm256_fmadd_ps(ster_legacy16_block(type, k1, x + 32 * b + 32), _mm256_set1_ps(d1 * dx[b + 1]), acc1);
+        macc0 += ster_legacy16_offset(type, k0, d0, xs16[2 * b] + xs16[2 * b + 1]);
+        macc1 += ster_legacy16_offset(type, k1, d1, xs16[2 * b + 2] + xs16[2 * b + 3]);
+    }
+    if (b < nb) {
+        const uint8_t* k0 = row + (size_t)b * ts;
+        float d0 = ster_f16_avx2(k0);
+        acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k0, x + 32 * b), _mm256_set1_ps(d0 * dx[b]), acc0);
+        macc0 += ster_legacy16_offset(type, k0, d0, xs16[2 * b] + xs16[2 * b + 1]);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + (macc0 + macc1);
+}
+
+static STER_AVX2 float ster_dot16_q4_0(const uint8_t* r, int nb, const int16_t* x, const float* dx, const float* xs) {
+    return ster_dot16_legacy(STER_Q4_0, r, nb, x, dx, xs); }
+static STER_AVX2 float ster_dot16_q4_1(const uint8_t* r, int nb, const int16_t* x, const float* dx, const float* xs) {
+    return ster_dot16_legacy(STER_Q4_1, r, nb, x, dx, xs); }
+static STER_AVX2 float ster_dot16_q5_0(const uint8_t* r, int nb, const int16_t* x, const float* dx, const float* xs) {
+    return ster_dot16_legacy(STER_Q5_0, r, nb, x, dx, xs); }
+static STER_AVX2 float ster_dot16_q5_1(const uint8_t* r, int nb, const int16_t* x, const float* dx, const float* xs) {
+    return ster_dot16_legacy(STER_Q5_1, r, nb, x, dx, xs); }
+
+STER_AVX2_INLINE __m256 ster_q8_16_block(const uint8_t* blk, const int16_t* x) {
+    __m256i p1, p0 = ster_madd32(_mm_loadu_si128((const __m128i*)(blk + 2)),
+                                 _mm_loadu_si128((const __m128i*)(blk + 18)), x, 1, &p1);
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
+}
+
+static STER_AVX2 float ster_dot16_q8_0(const uint8_t* row, int nb, const int16_t* x, const float* dx, const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int b;
+    (void)xs16;
+    for (b = 0; b + 2 <= nb; b += 2) {
+        const uint8_t* k0 = row + (size_t)b * 34;
+        acc0 = _mm256_fmadd_ps(ster_q8_16_block(k0, x + 32 * b), _mm256_set1_ps(ster_f16_avx2(k0) * dx[b]), acc0);
+        acc1 = _mm256_fmadd_ps(ster_q8_16_block(k0 + 34, x + 32 * b + 32),
+                               _mm256_set1_ps(ster_f16_avx2(k0 + 34) * dx[b + 1]), acc1);
+    }
+    if (b < nb) {
+        const uint8_t* k0 = row + (size_t)b * 34;
+        acc0 = _mm256_fmadd_ps(ster_q8_16_block(k0, x + 32 * b), _mm256_set1_ps(ster_f16_avx2(k0) * dx[b]), acc0);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Q4_K: chunk c's 32 bytes are sub-block 2c (low nibbles) and 2c + 1 (high nibbles). */
+static STER_AVX2 float ster_dot16_q4_k(const uint8_t* row, int nb, const int16_t* x, const float* dx,
+                                       const float* xs16) {
+    const __m128i m15 = _mm_set1_epi8(15);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float macc = 0.0f, s[16], m[16];
+    int b, c;
+    for (b = 0; b < nb; b++) {
+        const uint8_t* blk = row + (size_t)b * 144;
+        ster_block_scales_avx2(STER_Q4_K, blk, s, m);
+        for (c = 0; c < 4; c++) {
+            const int g = 8 * b + 2 * c;
+            __m128i b0 = _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * c));
+            __m128i b1 = _mm_loadu_si128((const __m128i*)(blk + 32 + 32 * c));
+            __m256i p1, p0 = ster_madd32(_mm_and_si128(b0, m15), _mm_and_si128(b1, m15), x + 32 * g, 0, &p1);
+            __m256i r1, r0 = ster_madd32(_mm_and_si128(_mm_srli_epi16(b0, 4), m15),
+                                         _mm_and_si128(_mm_srli_epi16(b1, 4), m15), x + 32 * g + 32, 0, &r1);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(s[4 * c] * dx[g]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(r0, r1)), _mm256_set1_ps(s[4 * c + 2] * dx[g + 1]), acc1);
+            macc += m[4 * c] * (xs16[2 * g] + xs16[2 * g + 1]) + m[4 * c + 2] * (xs16[2 * g + 2] + xs16[2 * g + 3]);
+        }
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+typedef float (*ster_dot16_fn)(const uint8_t*, int, const int16_t*, const float*, const float*);
+
+static ster_dot16_fn ster_dot16_for(int type) {
+    switch (type) {
+    case STER_Q4_0: return ster_dot16_q4_0; case STER_Q4_1: return ster_dot16_q4_1;
+    case STER_Q5_0: return ster_dot16_q5_0; case STER_Q5_1: return ster_dot16_q5_1;
+    case STER_Q8_0: return ster_dot16_q8_0; case STER_Q2_K: return ster_dot16_q2_k;
+    case STER_Q3_K: return ster_dot16_q3_k; case STER_Q4_K: return ster_dot16_q4_k;
+    case STER_Q5_K: return ster_dot16_q5_k; case STER_Q6_K: return ster_dot16_q6_k;
+    case STER_IQ4_NL: return ster_dot16_iq4_nl; case STER_IQ4_XS: return ster_dot16_iq4_xs;
+    }
+    return 0;
+}
+
 #else
 static int ster_cpu_avx2(void) { return 0; }
 static void ster_init_tables(void) {}
@@ -770,6 +945,54 @@ static void ster_sums16(const float* x, int K, float* xs16) {
         for (l = 0; l < 16; l++) s += x[16 * i + l];
         xs16[i] = s;
     }
+}
+
+/* x [K] -> int16 codes q and per-32 scales dx (x ~= dx * q, |q| <= 32767, round to
+ * nearest even), plus xs16: sums of dx * q over each 16 inputs. Returns 0 if some block
+ * is not finite (the caller then multiplies in float, which propagates inf/NaN). */
+static int ster_quantize16(const float* x, int K, int16_t* q, float* dx, float* xs16) {
+    int b, i;
+    for (b = 0; b < K / 32; b++) {
+        const float* xb = x + 32 * b;
+        float amax = 0.0f;
+        int finite = 1;
+        for (i = 0; i < 32; i++) {
+            float a = xb[i] < 0 ? -xb[i] : xb[i];
+            finite &= (a < INFINITY);   /* false for inf and NaN */
+            if (a > amax) amax = a;
+        }
+        if (!finite) return 0;
+        int32_t s0 = 0, s1 = 0;
+        if (amax > 0.0f) {
+            float inv = 32767.0f / amax;
+            dx[b] = amax / 32767.0f;
+            for (i = 0; i < 32; i++) {
+                long v = lrintf(xb[i] * inv);
+                if (v > 32767) v = 32767;
+                if (v < -32767) v = -32767;
+                q[32 * b + i] = (int16_t)v;
+                if (i < 16) s0 += (int32_t)v; else s1 += (int32_t)v;
+            }
+        } else {
+            dx[b] = 0.0f;
+            for (i = 0; i < 32; i++) q[32 * b + i] = 0;
+        }
+        xs16[2 * b] = dx[b] * (float)s0;
+        xs16[2 * b + 1] = dx[b] * (float)s1;
+    }
+    return 1;
+}
+
+/* y[r] = row(rows[r]) . (dx * q) for r in [r0, r1), int16-activation kernels (AVX2 only). */
+static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
+                                int K, const int16_t* q, const float* dx, const float* xs16, float* y) {
+#if STER_HAVE_X86
+    int nb = K / ster_block_size(type), r;
+    ster_dot16_fn dot = ster_dot16_for(type);
+    for (r = r0; r < r1; r++) y[r] = dot(W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, q, dx, xs16);
+#else
+    (void)type; (void)W; (void)row_bytes; (void)rows; (void)r0; (void)r1; (void)K; (void)q; (void)dx; (void)xs16; (void)y;
+#endif
 }
 
 /* y[r] = row(rows[r]) . x for r in [r0, r1); rows NULL means the identity. */

@@ -3,7 +3,10 @@
 - Every GGML type the kernels multiply: ``x @ W^T`` from the blocks in place equals
   gguf-py's dequantization (the oracle) multiplied in float64, within the float32
   rounding bound of a K-term dot product, for odd row counts, one and several tokens,
-  1 and 2 threads, the AVX2 and the portable paths, and an output-row order.
+  1 and 2 threads, the AVX2 and the portable paths, and an output-row order. The AVX2
+  row dots (one token) quantize the input to int16 per 32-block first; their reference
+  multiplies the same quantized input (``qmatmul.quantize_activations``), which is
+  itself checked against its definition.
 - The fused norms, RoPE and attention equal their numpy definitions.
 - ``real``: both GGUF files, kept quantized, give logits within relative error 1e-3 of
   the same model dequantized to float32 at load, and the same greedy tokens.
@@ -40,6 +43,13 @@ def _restore_kernel_settings():
     ops.set_simd(True)
     qmatmul.set_threads(2)
     ops.set_threads(2)
+    qmatmul.set_int16_activations(True)
+
+
+def quantized_input(x: np.ndarray) -> np.ndarray:
+    """float64 dx * q: the input the int16 row dots multiply."""
+    q, dx = qmatmul.quantize_activations(np.ascontiguousarray(x, dtype=np.float32))
+    return q.astype(np.float64) * np.repeat(dx.astype(np.float64), 32, axis=1)
 
 
 def random_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
@@ -91,16 +101,20 @@ def test_kernels_match_gguf_py_every_type(name):
     for T in (1, 5, 13):
         x = rng.standard_normal((T, cols)).astype(np.float32)
         want = x.astype(np.float64) @ w.T
+        want16 = quantized_input(x) @ w.T
         bound = rounding_bound(x, w, block)
-        for simd in (True, False):
+        for simd, int16 in ((True, True), (True, False), (False, True)):
             qmatmul.set_simd(simd)
+            qmatmul.set_int16_activations(int16)
             for threads in (1, 2):
                 qmatmul.set_threads(threads)
                 for force in (0, 1, 2):  # by T, row dots, decoded panels
                     out = np.full((T, rows), np.nan, np.float32)
                     m.matmul(x, out, force)
-                    excess = np.abs(out - want) / bound
-                    assert excess.max() <= 1.0, (name, T, simd, threads, force, excess.max())
+                    rowdots = force == 1 or (force == 0 and T == 1)
+                    ref = want16 if (simd and int16 and qmatmul.simd_available() and rowdots) else want
+                    excess = np.abs(out - ref) / bound
+                    assert excess.max() <= 1.0, (name, T, simd, int16, threads, force, excess.max())
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
@@ -114,12 +128,41 @@ def test_large_matrices_split_over_threads(name):
     x = rng.standard_normal((40, cols)).astype(np.float32)
     bound = rounding_bound(x, w, quants.ggml_type(name).block_size)
     want = x.astype(np.float64) @ w.T
+    want16 = quantized_input(x) @ w.T if qmatmul.simd_available() else want
     for threads in (1, 2):
         qmatmul.set_threads(threads)
-        for force in (1, 2):
+        for force, ref in ((1, want16), (2, want)):
             out = np.empty((40, rows), np.float32)
             m.matmul(x, out, force)
-            assert (np.abs(out - want) / bound).max() <= 1.0
+            assert (np.abs(out - ref) / bound).max() <= 1.0
+
+
+def test_int16_activations_follow_their_definition():
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((3, 128)) * 10.0 ** rng.integers(-6, 4, (3, 128))).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block: scale 0
+    q, dx = qmatmul.quantize_activations(x)
+    amax = np.abs(x).reshape(3, 4, 32).max(-1)
+    np.testing.assert_array_equal(dx, (amax / np.float32(32767)).astype(np.float32))
+    assert np.abs(q.astype(np.int32)).max() <= 32767
+    # q is x / dx rounded to nearest: within half a step (plus float32 slack).
+    step = np.repeat(dx, 32, axis=1).astype(np.float64)
+    err = np.abs(q * step - x)
+    assert (err <= step * (0.5 + 1e-3)).all()
+    assert (q[1, :32] == 0).all()
+    with pytest.raises(ValueError):
+        qmatmul.quantize_activations(np.full((1, 32), np.inf, np.float32))
+
+
+def test_non_finite_inputs_propagate():
+    rng = np.random.default_rng(6)
+    raw = random_blocks("Q4_0", 5, 64, rng)
+    m = qmatmul.QMatrix(raw, quants.ggml_type("Q4_0").id, 64)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    x[0, 3] = np.nan
+    out = np.zeros((1, 5), np.float32)
+    m.matmul(x, out)
+    assert np.isnan(out).all()
 
 
 def test_row_order_permutes_outputs_without_copying():
@@ -157,7 +200,9 @@ def test_quant_linear_bias_and_vector_input():
     x = rng.standard_normal(64).astype(np.float32)
     got = lin(x)
     assert got.shape == (9,) and got.dtype == np.float32
-    np.testing.assert_allclose(got, x @ w.T + bias, rtol=1e-5, atol=1e-5)
+    xq = quantized_input(x[None])[0] if qmatmul.simd_available() else x.astype(np.float64)
+    bound = rounding_bound(x[None], w, 32)[0] + 4 * U * np.abs(bias)
+    assert (np.abs(got - (xq @ w.T + bias)) <= bound).all()
 
 
 def test_set_threads_refuses_zero():

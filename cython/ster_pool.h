@@ -1,0 +1,178 @@
+/* A small thread pool for the kernels: the calling thread never waits for a
+ * helper that has not started.
+ *
+ * A job is n chunks. The caller publishes it and claims chunks itself; helpers
+ * claim chunks too when they are awake. Claims are a compare-and-swap on one
+ * 64-bit word (job generation << 32 | next chunk), so a helper that wakes late
+ * sees a finished or newer job and claims nothing. The caller then waits only
+ * for chunks that were actually claimed (a done counter), not for every thread
+ * to reach a barrier as an OpenMP parallel region does: on a machine where other
+ * processes hold the cores, a region does not stall for a scheduler time slice
+ * just because a helper is off-CPU; the work degrades to the caller's thread.
+ *
+ * Helpers spin briefly after a job (decode issues hundreds of small jobs per
+ * token, a few microseconds apart), then sleep on a condition variable.
+ * POSIX threads + C11 atomics; one job at a time (a second concurrent caller
+ * runs its job alone). After fork() the child starts without helpers.
+ */
+#ifndef STER_POOL_H
+#define STER_POOL_H
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#define STER_POOL_MAX 64
+#define STER_POOL_SPIN_NS 300000L   /* helpers spin this long for the next job */
+
+typedef void (*ster_task_fn)(void* ctx, long chunk, int tid);
+
+static struct {
+    pthread_mutex_t mu;           /* guards sleeping / start_mu-free state below */
+    pthread_cond_t cv;
+    pthread_mutex_t caller;       /* one job at a time */
+    int started;                  /* helpers created */
+    atomic_uint_fast64_t word;    /* gen << 32 | next chunk */
+    atomic_long done;             /* chunks finished in the current job */
+    atomic_int sleepers;
+    /* the current job (written by the caller before the word is published) */
+    ster_task_fn fn;
+    void* ctx;
+    long n;
+    int nthreads;
+} ster_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0,
+               0, 0, 0, 0};
+
+static inline void ster_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline long ster_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Claim and run chunks of generation gen until none is left; returns how many ran. */
+static long ster_pool_work(uint32_t gen, int tid) {
+    long ran = 0;
+    for (;;) {
+        uint_fast64_t w = atomic_load_explicit(&ster_pool.word, memory_order_acquire);
+        if ((uint32_t)(w >> 32) != gen) return ran;
+        /* Read the job before claiming: if the claim succeeds the job is still gen's. */
+        ster_task_fn fn = ster_pool.fn;
+        void* ctx = ster_pool.ctx;
+        long n = ster_pool.n;
+        long c = (long)(uint32_t)w;
+        if (c >= n || tid >= ster_pool.nthreads) return ran;
+        if (!atomic_compare_exchange_weak_explicit(&ster_pool.word, &w, w + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(ctx, c, tid);
+        atomic_fetch_add_explicit(&ster_pool.done, 1, memory_order_release);
+        ran++;
+    }
+}
+
+static void* ster_pool_helper(void* arg) {
+    int tid = (int)(intptr_t)arg;
+    uint32_t seen = (uint32_t)(atomic_load(&ster_pool.word) >> 32);
+    for (;;) {
+        uint32_t gen;
+        long t0 = ster_now_ns();
+        int spins = 0;
+        for (;;) {   /* spin, then sleep, until a new generation is published */
+            gen = (uint32_t)(atomic_load_explicit(&ster_pool.word, memory_order_acquire) >> 32);
+            if (gen != seen) break;
+            ster_cpu_relax();
+            if (++spins % 256 == 0 && ster_now_ns() - t0 > STER_POOL_SPIN_NS) {
+                pthread_mutex_lock(&ster_pool.mu);
+                atomic_fetch_add(&ster_pool.sleepers, 1);
+                while ((uint32_t)(atomic_load(&ster_pool.word) >> 32) == seen)
+                    pthread_cond_wait(&ster_pool.cv, &ster_pool.mu);
+                atomic_fetch_sub(&ster_pool.sleepers, 1);
+                pthread_mutex_unlock(&ster_pool.mu);
+                t0 = ster_now_ns();
+            }
+        }
+        seen = gen;
+        ster_pool_work(gen, tid);
+    }
+    return 0;
+}
+
+static void ster_pool_after_fork(void) {
+    /* The child has no helpers; every lock is re-made, the generation kept. */
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER, c2 = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    ster_pool.mu = m;
+    ster_pool.caller = c2;
+    ster_pool.cv = cv;
+    ster_pool.started = 0;
+    atomic_store(&ster_pool.sleepers, 0);
+}
+
+/* Make sure helpers 1 .. want-1 exist (called with the caller lock held). */
+static void ster_pool_grow(int want) {
+    static int atfork_done = 0;
+    if (!atfork_done) {
+        pthread_atfork(0, 0, ster_pool_after_fork);
+        atfork_done = 1;
+    }
+    if (want > STER_POOL_MAX) want = STER_POOL_MAX;
+    while (ster_pool.started + 1 < want) {
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&th, &at, ster_pool_helper, (void*)(intptr_t)(ster_pool.started + 1)) != 0) {
+            pthread_attr_destroy(&at);
+            break;
+        }
+        pthread_attr_destroy(&at);
+        ster_pool.started++;
+    }
+}
+
+/* Run fn(ctx, chunk, tid) for chunk in [0, n) on up to nthreads threads (tid < nthreads;
+ * the caller is tid 0). Returns when every chunk has finished. */
+static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
+    long c;
+    if (n <= 0) return;
+    if (nthreads <= 1 || n == 1 || pthread_mutex_trylock(&ster_pool.caller) != 0) {
+        for (c = 0; c < n; c++) fn(ctx, c, 0);
+        return;
+    }
+    ster_pool_grow(nthreads);
+    if (nthreads > ster_pool.started + 1) nthreads = ster_pool.started + 1;
+    uint32_t gen = (uint32_t)(atomic_load(&ster_pool.word) >> 32) + 1;
+    ster_pool.fn = fn;
+    ster_pool.ctx = ctx;
+    ster_pool.n = n;
+    ster_pool.nthreads = nthreads;
+    atomic_store_explicit(&ster_pool.done, 0, memory_order_relaxed);
+    /* Sequentially consistent publish, then read sleepers: pairs with a helper that counts
+     * itself asleep, then re-reads the word (neither can miss the other). */
+    atomic_store(&ster_pool.word, (uint_fast64_t)gen << 32);
+    if (atomic_load(&ster_pool.sleepers) > 0) {
+        pthread_mutex_lock(&ster_pool.mu);
+        pthread_cond_broadcast(&ster_pool.cv);
+        pthread_mutex_unlock(&ster_pool.mu);
+    }
+    ster_pool_work(gen, 0);
+    /* Every chunk is claimed; wait for the ones helpers are still running. */
+    long spins = 0;
+    while (atomic_load_explicit(&ster_pool.done, memory_order_acquire) < n) {
+        ster_cpu_relax();
+        if (++spins % 4096 == 0) sched_yield();
+    }
+    pthread_mutex_unlock(&ster_pool.caller);
+}
+
+#endif /* STER_POOL_H */
