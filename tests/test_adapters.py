@@ -327,3 +327,33 @@ def test_cli_refusal_is_one_line(f32_case, tmp_path):
              "--output", str(tmp_path / "o"))
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
     assert "GGUF base" in r.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.real
+def test_adapter_on_quantized_gguf_matches_its_f32_copy(smollm2_gguf, smollm2_hf, tmp_path):
+    """A run-time LoRA wraps quantized projections too: on SmolLM2's GGUF it changes the logits
+    exactly as on the f32 copy transformers made of the same file (same weights, dequantized)."""
+    from ster_py.prompt import encode_prompt
+
+    rng = np.random.RandomState(3)
+    tensors = {}
+    for layer in (0, 15, 29):
+        for role, (out, inp) in {"q": (576, 576), "v": (192, 576), "down": (576, 1536)}.items():
+            tensors[f"layers.{layer}.{role}.a"] = (rng.standard_normal((8, inp)) * 0.05).astype(np.float32)
+            tensors[f"layers.{layer}.{role}.b"] = (rng.standard_normal((out, 8)) * 0.05).astype(np.float32)
+    results = []
+    for model in (smollm2_gguf, smollm2_hf):
+        d = tmp_path / Path(model).name
+        d.mkdir()
+        save_file(tensors, str(d / "x.lora.safetensors"))
+        (d / "x.lora.json").write_text(json.dumps({"model": str(model), "rank": 8, "alpha": 16,
+                                                   "targets": ["q", "v", "down"], "layers": [0, 15, 29],
+                                                   "hidden_size": 576}))
+        loaded = load_model(str(model))
+        ids = encode_prompt(loaded.tokenizer, "The capital of France is", chat_template="off").ids
+        plain = loaded.decoder.forward(ids)
+        apply_adapter(loaded, load_adapter_for(str(d / "x.lora.json"), loaded))
+        results.append((plain, loaded.decoder.forward(ids)))
+    (g_plain, g_lora), (h_plain, h_lora) = results
+    assert rel_err(g_lora - g_plain, h_lora - h_plain) < 1e-3 and rel_err(g_lora, g_plain) > 1e-3
+    assert rel_err(g_lora, h_lora) < 1e-4
