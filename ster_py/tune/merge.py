@@ -133,6 +133,17 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         if name in targets and st not in ("F64", "F32", "F16", "BF16"):
             raise SterError(f"tensor {name!r} is stored as {st}; only floating-point weights can be merged")
 
+    for name, parts in targets.items():  # every delta fits its tensor, checked before anything is written
+        shape = index[name][2][::-1] if wmap.inputs_first else index[name][2]
+        for layer, role, rows in parts:
+            a, b = ad.factors[(layer, role)]
+            fits = len(shape) == 2 and shape[1] == a.shape[1] and (
+                shape[0] == b.shape[0] if rows is None else shape[0] > rows.max() and len(rows) == b.shape[0])
+            if not fits:
+                raise SterError(f"tensor {name!r} has shape {list(index[name][2])}, which does not fit the {role} "
+                                f"delta [{b.shape[0]}, {a.shape[1]}] of layer {layer}; the checkpoint and its "
+                                "config disagree")
+
     order = sorted(index)
     sizes = {n: int(np.prod(index[n][2], dtype=np.int64)) * _NP_DTYPES[index[n][1]].itemsize for n in order}
     groups = _shards(order, sizes, max_shard_bytes)
@@ -152,10 +163,6 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         merged = (w.T if wmap.inputs_first else w).astype(np.float32)  # [out, in], a fresh f32 copy
         for layer, role, rows in targets[name]:
             delta = ad.delta(layer, role)
-            if merged.shape[1] != delta.shape[1] or (rows is None and merged.shape != delta.shape) or \
-                    (rows is not None and merged.shape[0] <= rows.max()):
-                raise SterError(f"tensor {name!r} has shape {list(w.shape)}, which does not fit the {role} delta "
-                                f"{list(delta.shape)} of layer {layer}; the checkpoint and its config disagree")
             if rows is None:
                 merged += delta
             else:
