@@ -1,17 +1,27 @@
-"""Named weight arrays from safetensors files, at a chosen stored precision.
+"""Named weight arrays from safetensors and GGUF files, memory-mapped.
 
 ``SafetensorsWeights`` indexes every tensor of a (possibly sharded) checkpoint by
-reading only the file headers; arrays are read when the decoder asks for them and
-stored as ``precision`` (float32, float16 or bfloat16 via ml_dtypes).
+reading only the file headers and maps the files: a tensor whose stored dtype is
+the requested precision is a zero-copy view of the map (copy-on-write, so the file
+is never modified); any other floating dtype is converted when asked for (float32,
+float16 or bfloat16 via ml_dtypes). ``GGUFWeights`` does the same for GGUF files
+and keeps quantized matrices in their blocks.
+
+safetensors layout (huggingface/safetensors docs): u64 little-endian header size N,
+N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": ...},
+then the data; offsets are relative to the end of the header.
 """
 from __future__ import annotations
 
+import json
+import mmap
+import os
+import struct
 from pathlib import Path
 from typing import Iterable
 
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
 
 from .decoder.qlinear import QUANT_TYPES, QuantTensor
 from .errors import SterError
@@ -20,6 +30,15 @@ PRECISIONS: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32),
     "f16": np.dtype(np.float16),
     "bf16": np.dtype(ml_dtypes.bfloat16),
+}
+
+# safetensors dtype names -> numpy (little-endian).
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
 }
 
 
@@ -31,13 +50,49 @@ def precision_dtype(precision: str) -> np.dtype:
         raise SterError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}") from None
 
 
+def _map_safetensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[np.dtype, tuple[int, ...], int]]]:
+    """Map one file and parse its header: name -> (dtype, shape, absolute byte offset).
+
+    Raises ValueError / OSError with the reason (the caller wraps it).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise ValueError(f"the file is {size} bytes, too short for a safetensors header")
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    (n,) = struct.unpack_from("<Q", m, 0)
+    if n > size - 8:
+        raise ValueError(f"the header claims {n} bytes but the file has {size - 8} after its length")
+    header = json.loads(bytes(m[8:8 + n]).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    base, index = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = SAFETENSORS_DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"tensor {name!r} has a malformed entry {info!r}") from None
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if min(shape, default=0) < 0 or not 0 <= begin <= end <= size - base or end - begin != count * dtype.itemsize:
+            raise ValueError(f"tensor {name!r} ({info['dtype']} {list(shape)}) has data offsets {begin}..{end}, "
+                             f"which do not fit its size or the file")
+        index[name] = (dtype, shape, base + begin)
+    return m, index
+
+
 class SafetensorsWeights:
-    """The tensors of one checkpoint.
+    """The tensors of one checkpoint, memory-mapped.
 
     Args:
         files: the checkpoint's .safetensors files (order does not matter; a name found
             in two files is refused).
-        precision: stored dtype for floating tensors: 'f32', 'f16' or 'bf16'.
+        precision: dtype for floating tensors: 'f32', 'f16' or 'bf16'. A tensor stored at
+            that precision is returned as a view of the map (no copy, pages read on use);
+            other floating tensors are converted on ``get``.
 
     Raises:
         SterError: a file cannot be opened as safetensors ("failed to map N model weight
@@ -46,20 +101,20 @@ class SafetensorsWeights:
 
     def __init__(self, files: Iterable[Path], precision: str = "f32"):
         self.dtype = precision_dtype(precision)
-        self._handles = []
-        self._where: dict[str, int] = {}
+        self._maps: list[mmap.mmap] = []
+        self._where: dict[str, tuple[int, np.dtype, tuple[int, ...], int]] = {}
         files = [Path(f) for f in files]
         for n, path in enumerate(files):
             try:
-                handle = safe_open(str(path), framework="numpy")
-            except Exception as e:  # the library raises several types for a bad header
+                m, index = _map_safetensors(path)
+            except (OSError, ValueError, UnicodeDecodeError) as e:
                 raise SterError(f"failed to map {len(files)} model weight files: {path}: {e}") from None
-            self._handles.append(handle)
-            for name in handle.keys():
+            self._maps.append(m)
+            for name, (dtype, shape, offset) in index.items():
                 if name in self._where:
-                    raise SterError(f"tensor {name!r} is stored twice: in {files[self._where[name]]} "
+                    raise SterError(f"tensor {name!r} is stored twice: in {files[self._where[name][0]]} "
                                     f"and in {path}; remove the stray shard")
-                self._where[name] = n
+                self._where[name] = (n, dtype, shape, offset)
         self.files = files
 
     def names(self) -> list[str]:
@@ -67,12 +122,17 @@ class SafetensorsWeights:
         return list(self._where)
 
     def get(self, name: str) -> np.ndarray | None:
-        """The tensor ``name`` at the stored precision (floats) or as stored (others); None if absent."""
-        n = self._where.get(name)
-        if n is None:
+        """The tensor ``name`` at the precision (floats) or as stored (others); None if absent.
+
+        A tensor already at the precision is a writable copy-on-write view of the file.
+        """
+        entry = self._where.get(name)
+        if entry is None:
             return None
-        t = self._handles[n].get_tensor(name)
-        if t.dtype.kind == "f" or t.dtype == ml_dtypes.bfloat16:
+        n, dtype, shape, offset = entry
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        t = np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape)
+        if dtype.kind == "f" or dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
             t = t.astype(self.dtype, copy=False)
         return t
 
@@ -115,9 +175,13 @@ class GGUFWeights:
 
     def __init__(self, gguf, precision: str = "f32", qk_heads: tuple[int, int] | None = None,
                  rename: dict[str, str] | None = None, quantized: bool = True):
-        self.gguf, self.dtype, self.qk_heads, self.rename = gguf, precision_dtype(precision), qk_heads, rename
+        self.dtype, self.qk_heads, self.rename = precision_dtype(precision), qk_heads, rename
         self.quantized = quantized
-        self._names = set(gguf.tensor_names())
+        self.path = gguf.path
+        # Only the tensor table is kept (its views keep the map alive), not the file object:
+        # its metadata (a Gemma 3 vocabulary is ~30 MB of Python strings) can then be freed.
+        self._tensors = dict(gguf.tensors)
+        self._names = set(self._tensors)
 
     def names(self) -> list[str]:
         return sorted(self._names)
@@ -126,7 +190,7 @@ class GGUFWeights:
         gname = self.rename.get(name, name) if self.rename is not None else name
         if gname not in self._names:
             return None
-        t = self.gguf.tensor(gname)
+        t = self._tensors[gname]
         if self.quantized and len(t.shape) == 2 and t.type_name in QUANT_TYPES:
             w = QuantTensor(t)
         else:

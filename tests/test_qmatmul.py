@@ -313,7 +313,8 @@ def _quantized_and_dense(path):
     m = load_model(str(path))
     w = m.decoder._weights
     assert isinstance(w, GGUFWeights) and w.quantized
-    dense = Decoder(m.spec, GGUFWeights(w.gguf, "f32", qk_heads=w.qk_heads, rename=w.rename, quantized=False))
+    dense = Decoder(m.spec, GGUFWeights(GGUFFile(w.path), "f32", qk_heads=w.qk_heads, rename=w.rename,
+                                        quantized=False))
     assert isinstance(m.decoder.layers[0].q.weight, QuantTensor)
     assert not isinstance(dense.layers[0].q.weight, QuantTensor)
     return m, dense

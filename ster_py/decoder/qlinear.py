@@ -12,7 +12,7 @@ caller asks for a dense array (``np.asarray(qt)``).
 dequantize with ``ster_py.gguf.quants.dequantize_reference``, multiply in float64.
 
 Threads: ``set_threads(n)`` (or ``$STER_THREADS``; default every core) applies to
-every product of the process.
+every product and attention call of the process.
 """
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ def set_threads(n: int) -> None:
     if int(n) < 1:
         raise SterError(f"--threads must be at least 1, got {n}")
     _kernels().set_threads(int(n))
+    from .._kernels import ops  # attention shares the setting (and the thread pool)
+
+    ops.set_threads(int(n))
 
 
 def get_threads() -> int:
