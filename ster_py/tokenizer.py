@@ -393,6 +393,11 @@ class StreamDecoder:
         self.skip_special_tokens = skip_special_tokens
         self._ids: list[int] = []  # the window: ids from the previous emission's start
         self._read = 0  # ids[:_read] are already emitted
+        # Skipped special tokens vanish before ByteFallback runs, so byte runs on both sides
+        # of one join into a single run: hold text at them as at byte tokens.
+        self._hold = set(tokenizer.byte_token_ids)
+        if skip_special_tokens:
+            self._hold |= {i for i, t in tokenizer.tk.get_added_tokens_decoder().items() if t.special}
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.tk.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -400,7 +405,7 @@ class StreamDecoder:
     def feed(self, token_id: int) -> str:
         """Add one id; return the text it completes ("" when nothing is settled yet)."""
         self._ids.append(int(token_id))
-        if self._ids[-1] in self.tokenizer.byte_token_ids:
+        if self._ids[-1] in self._hold:
             return ""
         before = self._decode(self._ids[: self._read])
         after = self._decode(self._ids)
