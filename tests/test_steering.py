@@ -120,7 +120,8 @@ def test_vector_caa_is_the_normalized_difference_of_means(tiny, tmp_path):
              str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"), "--trait", "low ids")
     assert r.returncode == 0, r.stderr
     vec = read_vector(tmp_path / "v.json")
-    assert vec.model == str(path) and vec.method == "caa" and vec.trait == "low ids" and sorted(vec.directions) == [0, 1]
+    assert vec.model == str(path) and vec.method == "caa" and vec.trait == "low ids"
+    assert sorted(vec.directions) == [0, 1]
 
     def last_states(prompts, layer):
         rows = []
@@ -165,7 +166,8 @@ def test_vector_for_another_model_width_or_layer_is_refused(tiny, tmp_path):
     ok = SteeringVector(str(path), "r1", 64, "t", "caa", unit_directions([1]))
     check_vector_for(ok, loaded, "v.json")
     cases = [
-        (SteeringVector("org/other-model", None, 64, "t", "caa", unit_directions([1])), "made for model 'org/other-model'"),
+        (SteeringVector("org/other-model", None, 64, "t", "caa", unit_directions([1])),
+         "made for model 'org/other-model'"),
         (SteeringVector(str(path), "r2", 64, "t", "caa", unit_directions([1])), "revision r2"),
         (SteeringVector(str(path), None, 32, "t", "caa", unit_directions([1], 32)), "32 wide.*hidden_size is 64"),
         (SteeringVector(str(path), None, 64, "t", "caa", unit_directions([5])), "names layer 5.*0..2"),

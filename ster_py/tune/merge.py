@@ -201,7 +201,8 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
             "model": resolved.model, "model_revision": resolved.model_revision, "adapter": str(adapter),
             "adapter_layout": ad.layout, "output": str(output), "rank": ad.rank, "alpha": ad.alpha,
             "scale": ad.scale, "rslora": ad.rslora, "targets": ad.targets, "layers": ad.layers,
-            "hidden_size": spec.hidden_size, "merged_tensors": len(targets), "copied_tensors": len(order) - len(targets),
+            "hidden_size": spec.hidden_size, "merged_tensors": len(targets),
+            "copied_tensors": len(order) - len(targets),
             "total_tensors": len(order), "parameters": int(sum(np.prod(index[n][2], dtype=np.int64) for n in order)),
             "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "files": report_files + [REPORT],
         }
