@@ -150,8 +150,8 @@ def tune_merge(
     adapter: str = typer.Option(..., "--adapter", "-a", help="Ster's NAME.lora.json (or .lora.safetensors) or a "
                                 "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."),
     output: Path = typer.Option(..., "--output", "-o", help="New directory for the merged checkpoint."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="The base model: a safetensors checkpoint "
-                                        "directory or Hub id (a GGUF base is refused)."),
+    model: str = typer.Option(..., "--model", "-m", help="The base model: a safetensors checkpoint directory or "
+                              "Hub id (a GGUF base is refused, so there is no default)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document."),
 ) -> None:
@@ -161,7 +161,7 @@ def tune_merge(
     from .tune.merge import merge_adapter
 
     with progress_bar() as progress:
-        report = merge_adapter(_model_or_default(model), adapter, output, revision=revision, progress=progress)
+        report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
     if as_json:
         print(json.dumps(report, indent=2))
         return
