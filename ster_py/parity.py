@@ -137,8 +137,9 @@ def llamacpp_reference(resolved, n_ctx: int) -> Reference:
     try:
         import llama_cpp
     except ImportError:
-        raise _missing("llama-cpp-python", 'install it with: pip install llama-cpp-python (it is not part of '
-                       '"ster-py[reference]" because it compiles llama.cpp from source)') from None
+        raise _missing("llama-cpp-python", 'install it with: pip install "ster-py[test]" or pip install '
+                       'llama-cpp-python==0.3.36 (it compiles llama.cpp from source, so "ster-py[reference]" '
+                       'leaves it out)') from None
     try:
         llm = llama_cpp.Llama(model_path=str(resolved.gguf_file), logits_all=True, n_ctx=max(n_ctx, 8),
                               n_batch=max(n_ctx, 8), verbose=False)

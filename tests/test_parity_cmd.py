@@ -147,7 +147,7 @@ def test_llamacpp_reference_needs_a_gguf_and_the_package(tmp_path, monkeypatch):
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF")  # resolve lists it without reading it
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(SterError, match="pip install llama-cpp-python"):
+    with pytest.raises(SterError, match=r'pip install "ster-py\[test\]" or pip install llama-cpp-python'):
         llamacpp_reference(resolve(str(fake)), 16)
 
 
@@ -158,7 +158,7 @@ def test_llamacpp_reference_on_smollm2(smollm2_gguf):
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        pytest.fail("llama-cpp-python is not installed; pip install llama-cpp-python to run this test",
+        pytest.fail('llama-cpp-python is not installed; pip install "ster-py[test]" to run this test',
                     pytrace=False)
     loaded = load_model(str(smollm2_gguf))
     report = run_parity(loaded, ["The capital of France is"], reference="llama.cpp", tolerance=0.1)
