@@ -157,7 +157,8 @@ def _fixed_alpha(params: dict, head_dim: int) -> dict:
     return params
 
 
-def _sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_name: str) -> list[bool]:
+def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_name: str) -> list[bool]:
+    """Per layer: does it attend through ``sliding_window`` (``layer_types``, else the family's rule)."""
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == n_layers:
         return [t == "sliding_attention" for t in layer_types]
@@ -247,21 +248,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     full_rope = make(full_params)
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
-    sliding = _sliding_layers(config, family, n_layers, config_name)
+    sliding = sliding_layers(config, family, n_layers, config_name)
     ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
                          lambda theta: make({**full_params, "rope_theta": theta}), config_name)
     window = config.get("sliding_window")
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope) for s, rope in zip(sliding, ropes))
 
-    if family.attn_unscaled:
-        attn_scale = 1.0
-    elif family.attn_multiplier_key:
-        attn_scale = r.number(family.attn_multiplier_key, head_dim ** -0.5)
-    else:
-        attn_scale = (r.number(family.attn_scale_key, None) or head_dim) ** -0.5
-    logit_scale = r.number(family.logit_scale_key, 1.0)
-    if family.logit_scale_divides:
-        logit_scale = 1.0 / logit_scale
     temperature = None
     if family.query_temperature and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -280,13 +272,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         max_position_embeddings=max_pos,
         norm=family.norm,
         norm_eps=float(r.get("norm_eps", 1e-6)),
-        norm_unit_offset=family.norm_unit_offset,
-        norms=family.norms,
-        qk_norm=family.qk_norm,
         hidden_act=act,
-        embed_scale=(math.sqrt(hidden) if family.embed_scale_sqrt_hidden else 1.0)
-        * r.number(family.embed_multiplier_key, 1.0),
-        attn_scale=attn_scale,
         attn_softcap=config.get(family.attn_softcap_key) if family.attn_softcap_key else None,
         final_softcap=config.get(family.final_softcap_key) if family.final_softcap_key else None,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", family.tie_default)),
@@ -294,21 +280,48 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         names=family.names,
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        query_temperature=temperature,
+        fused_qkv=family.fused_qkv,
+        inputs_first=family.inputs_first,
+        root=family.root,
+        **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name),
+    )
+
+
+def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: int, head_dim: int,
+                  config_name: str, attn_scale: float | None = None) -> dict[str, Any]:
+    """The ``ModelSpec`` fields a family's flags and scalar config keys decide, shared with the GGUF path.
+
+    ``config`` is a config.json, or (GGUF) the metadata renamed to config keys by
+    ``FamilySpec.gguf_config``; ``attn_scale`` overrides the score scale the keys give.
+    """
+    r = _Reader(config, family, config_name)
+    if attn_scale is None:
+        if family.attn_unscaled:
+            attn_scale = 1.0
+        elif family.attn_multiplier_key:
+            attn_scale = r.number(family.attn_multiplier_key, head_dim ** -0.5)
+        else:
+            attn_scale = (r.number(family.attn_scale_key, None) or head_dim) ** -0.5
+    logit_scale = r.number(family.logit_scale_key, 1.0)
+    return dict(
+        norm_unit_offset=family.norm_unit_offset,
+        norms=family.norms,
+        qk_norm=family.qk_norm,
+        embed_scale=(math.sqrt(hidden) if family.embed_scale_sqrt_hidden else 1.0)
+        * r.number(family.embed_multiplier_key, 1.0),
+        attn_scale=attn_scale,
         norm_affine=family.norm_affine,
         parallel=family.parallel,
         qk_norm_after_rope=family.qk_norm_after_rope,
         embed_norm=family.embed_norm,
         positions=family.positions,
         position_offset=family.position_offset,
-        alibi_slopes=alibi_slopes(heads) if family.positions == "alibi" else None,
+        alibi_slopes=alibi_slopes(heads, r.number("alibi_bias_max", 8.0)) if family.positions == "alibi" else None,
         alibi_scale=attn_scale if family.alibi_scaled else 1.0,
         alibi_bf16=family.alibi_bf16,
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
-        logit_scale=logit_scale,
+        logit_scale=1.0 / logit_scale if family.logit_scale_divides else logit_scale,
         clip_qkv=r.number(family.clip_qkv_key, None),
-        query_temperature=temperature,
         sinks=family.sinks,
-        fused_qkv=family.fused_qkv,
-        inputs_first=family.inputs_first,
-        root=family.root,
     )

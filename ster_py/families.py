@@ -164,7 +164,16 @@ GGUF_NAMES: Mapping[str, str] = {
     "gate": "blk.{i}.ffn_gate",
     "up": "blk.{i}.ffn_up",
     "down": "blk.{i}.ffn_down",
+    "qkv": "blk.{i}.attn_qkv",  # read when a file fuses q, k and v (llama.cpp's create_tensor_qkv)
 }
+GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
+GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
+GGUF_LEARNED_POS_NAMES = _with(GGUF_PLAIN_MLP_NAMES, pos_embed="position_embd")
+GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
+# llama.cpp's Falcon: attention reads attn_norm_2 when the file has it (Falcon-40B's ln_attn), else
+# attn_norm; the feed-forward reads attn_norm (ln_mlp, or the one shared norm).
+GGUF_FALCON_NAMES = _with(GGUF_PLAIN_MLP_NAMES, attn_norm=("blk.{i}.attn_norm_2", "blk.{i}.attn_norm"),
+                          ffn_norm="blk.{i}.attn_norm")
 
 # Config keys a family reads for each normalised field, first found wins. A family's
 # ``keys`` replaces the list of the fields it names (``()``: never read, use the default).
@@ -292,6 +301,10 @@ class FamilySpec:
         gguf_names: role -> llama.cpp tensor name prefix.
         variants: config-driven changes to these fields (``Variant``).
         refusals: configurations refused before any weight is read (``Refusal``).
+        gguf_config: llama.cpp metadata key (after ``{arch}.``) -> the config.json key it
+            stands for; the GGUF path reads the family's variants and scales through it.
+        gguf_changes: fields llama.cpp reads differently for this architecture.
+        gguf_refusals: ``Refusal``s over that renamed metadata, for GGUF files.
     """
 
     model_type: str
@@ -342,6 +355,9 @@ class FamilySpec:
     gguf_names: Mapping[str, str] = field(default_factory=lambda: GGUF_NAMES)
     variants: tuple[Variant, ...] = ()
     refusals: tuple[Refusal, ...] = ()
+    gguf_config: Mapping[str, str] = field(default_factory=dict)
+    gguf_changes: Mapping[str, Any] = field(default_factory=dict)
+    gguf_refusals: tuple[Refusal, ...] = ()
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -359,6 +375,9 @@ _GEMMA2 = dict(_GEMMA, norms=("attn_norm", "attn_post_norm", "ffn_norm", "ffn_po
                attn_softcap_key="attn_logit_softcapping", final_softcap_key="final_logit_softcapping")
 _GRANITE = dict(embed_multiplier_key="embedding_multiplier", residual_multiplier_key="residual_multiplier",
                 attn_multiplier_key="attention_multiplier", logit_scale_key="logits_scaling")
+_GRANITE_GGUF = {"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+                 "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
+_PARALLEL_GGUF = {"use_parallel_residual": "use_parallel_residual"}
 _OLMO2 = dict(norms=("attn_post_norm", "ffn_post_norm"), qk_norm="proj", names=OLMO2_NAMES)
 _SANDWICH = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
 _FALCON_NEW_1LN = (lambda c: bool(c.get("new_decoder_architecture")) and c.get("num_ln_in_parallel_attn") == 1)
@@ -389,35 +408,48 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all"),
         FamilySpec("qwen2", gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
-        FamilySpec("phi", norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
+        FamilySpec("phi", gguf_arch="phi2", gguf_names=GGUF_PLAIN_MLP_NAMES, norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
                    names=PHI_NAMES, variants=(Variant(flag("qk_layernorm"), {"qk_norm": "head"}),)),
-        FamilySpec("phi3", sliding="all", fused_qkv="concat", names=PHI3_NAMES),
-        FamilySpec("granite", **_GRANITE, logit_scale_divides=True),
-        FamilySpec("stablelm", norm="layer", names=STABLELM_NAMES,
+        FamilySpec("phi3", sliding="all", fused_qkv="concat", names=PHI3_NAMES,
+                   gguf_arch="phi3", gguf_names=GGUF_PHI3_NAMES, gguf_changes={"sliding": "none"},  # llama.cpp: Phi SWA off
+                   gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
+                   gguf_refusals=(Refusal(stated("longrope_attention_factor"),
+                                          "LongRoPE (rope_factors_long / rope_factors_short) is not supported"),)),
+        FamilySpec("granite", **_GRANITE, logit_scale_divides=True, gguf_arch="granite", gguf_qk_permuted=True,
+                   gguf_config=_GRANITE_GGUF),
+        FamilySpec("stablelm", norm="layer", names=STABLELM_NAMES, gguf_arch="stablelm", gguf_config=_PARALLEL_GGUF,
                    variants=(Variant(flag("use_parallel_residual"), {"parallel": True, "norms": ("attn_norm",)}),
                              Variant(flag("qk_layernorm"), {"qk_norm": "head"}))),
         FamilySpec("starcoder2", norm="layer", sliding="all", default_act="gelu_pytorch_tanh",
-                   names=STARCODER2_NAMES, tie_default=True),
+                   names=STARCODER2_NAMES, tie_default=True, gguf_arch="starcoder2", gguf_names=GGUF_PLAIN_MLP_NAMES,
+                   gguf_changes={"sliding": "none"}),  # llama.cpp's starcoder2 has no sliding window
         FamilySpec("cohere", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
-                   logit_scale_key="logit_scale", tie_default=True,
+                   logit_scale_key="logit_scale", tie_default=True, gguf_arch="command-r",
+                   gguf_config={"logit_scale": "logit_scale"},
                    variants=(Variant(flag("use_qk_norm"), {"qk_norm": "head"}),)),
         FamilySpec("cohere2", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="pattern", sliding_pattern=4,
-                   rope_layers="sliding"),
-        FamilySpec("nemotron", norm="layer", norm_unit_offset=True, default_act="relu2", names=PLAIN_MLP_NAMES),
-        FamilySpec("olmo", norm="layer", norm_affine=False, fixed={"norm_eps": 1e-5}, clip_qkv_key="clip_qkv"),
-        FamilySpec("olmo2", **_OLMO2),
-        FamilySpec("olmo3", **_OLMO2, sliding="pattern", sliding_pattern=4),
+                   rope_layers="sliding", gguf_arch="cohere2", gguf_config={"logit_scale": "logit_scale"}),
+        FamilySpec("nemotron", norm="layer", norm_unit_offset=True, default_act="relu2", names=PLAIN_MLP_NAMES,
+                   gguf_arch="nemotron", gguf_names=GGUF_PLAIN_MLP_NAMES),
+        FamilySpec("olmo", norm="layer", norm_affine=False, fixed={"norm_eps": 1e-5}, clip_qkv_key="clip_qkv",
+                   gguf_arch="olmo", gguf_qk_permuted=True, gguf_config={"attention.clamp_kqv": "clip_qkv"}),
+        FamilySpec("olmo2", **_OLMO2, gguf_arch="olmo2"),
+        FamilySpec("olmo3", **_OLMO2, sliding="pattern", sliding_pattern=4, gguf_arch="olmo2"),
         FamilySpec("exaone4", norms=("attn_post_norm", "ffn_post_norm"), qk_norm="head", names=OLMO2_NAMES,
-                   sliding="pattern", sliding_pattern=4, rope_layers="sliding_if_windowed"),
-        FamilySpec("internlm3"),
-        FamilySpec("seed_oss"),
-        FamilySpec("arcee", default_act="relu2", names=PLAIN_MLP_NAMES),
-        FamilySpec("ernie4_5", rope_interleaved=True, tie_default=True),
+                   sliding="pattern", sliding_pattern=4, rope_layers="sliding_if_windowed", gguf_arch="exaone4"),
+        FamilySpec("internlm3", gguf_arch="llama"),  # llama.cpp converts InternLM3 to its llama architecture
+        FamilySpec("seed_oss", gguf_arch="seed_oss", gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")),
+        FamilySpec("arcee", default_act="relu2", names=PLAIN_MLP_NAMES, gguf_arch="arcee", gguf_qk_permuted=True,
+                   gguf_names=GGUF_PLAIN_MLP_NAMES),
+        FamilySpec("ernie4_5", rope_interleaved=True, tie_default=True, gguf_arch="ernie4_5"),
         FamilySpec("glm", rope_interleaved=True, names=GLM_NAMES),
-        FamilySpec("glm4", rope_interleaved=True, norms=_SANDWICH, names=GLM4_NAMES),
+        FamilySpec("glm4", rope_interleaved=True, norms=_SANDWICH, names=GLM4_NAMES, gguf_arch="glm4",
+                   gguf_names=_with(GGUF_NAMES, gate=None, up=None, gate_up="blk.{i}.ffn_up",
+                                    attn_post_norm="blk.{i}.post_attention_norm", ffn_post_norm="blk.{i}.post_ffw_norm")),
         FamilySpec("gpt_neox", norm="layer", parallel=True, fused_qkv="grouped", default_act="gelu",
-                   root="gpt_neox.", names=GPT_NEOX_NAMES,
+                   root="gpt_neox.", names=GPT_NEOX_NAMES, gguf_arch="gptneox", gguf_names=GGUF_PLAIN_MLP_NAMES,
+                   gguf_config=_PARALLEL_GGUF,
                    keys={"num_key_value_heads": (), "head_dim": (),
                          "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
                          "rope_theta": ("rope_theta", "rotary_emb_base")},
@@ -432,14 +464,14 @@ FAMILIES: dict[str, FamilySpec] = {
                    tie_default=True),
         FamilySpec("gpt2", norm="layer", positions="learned", default_act="gelu_new", fused_qkv="concat",
                    inputs_first=True, root="transformer.", names=GPT2_NAMES, keys=GPT_KEYS, ffn_mult=4,
-                   tie_default=True,
+                   tie_default=True, gguf_arch="gpt2", gguf_names=GGUF_LEARNED_POS_NAMES,
                    variants=(Variant(lambda c: not flag("scale_attn_weights", True)(c), {"attn_unscaled": True}),),
                    refusals=(Refusal(flag("scale_attn_by_inverse_layer_idx"),
                                      "scale_attn_by_inverse_layer_idx (scores divided by the layer number) "
                                      "is not supported"),)),
         FamilySpec("gpt_bigcode", norm="layer", positions="learned", default_act="gelu_pytorch_tanh",
                    fused_qkv="grouped", root="transformer.", names=GPT2_NAMES, keys=GPT_KEYS, ffn_mult=4,
-                   tie_default=True,
+                   tie_default=True, gguf_arch="starcoder", gguf_names=GGUF_LEARNED_POS_NAMES,
                    variants=(Variant(flag("multi_query", True), {"fixed": {"num_key_value_heads": 1}}),
                              Variant(lambda c: not flag("scale_attn_weights", True)(c), {"attn_unscaled": True}))),
         FamilySpec("opt", norm="layer", positions="learned", position_offset=2, default_act="relu",
@@ -457,6 +489,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "an OPT checkpoint without its final layer norm is not supported"))),
         FamilySpec("bloom", norm="layer", positions="alibi", embed_norm=True, default_act="gelu_pytorch_tanh",
                    fused_qkv="grouped", root="transformer.", names=BLOOM_NAMES, ffn_mult=4, tie_default=True,
+                   gguf_arch="bloom", gguf_names=GGUF_BLOOM_NAMES,
                    keys={"hidden_size": ("hidden_size", "n_embed"), "num_hidden_layers": ("num_hidden_layers", "n_layer"),
                          "num_attention_heads": ("num_attention_heads", "n_head"), "num_key_value_heads": (),
                          "head_dim": (), "intermediate_size": ()},
@@ -465,6 +498,9 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "norm) is not supported"),)),
         FamilySpec("falcon", norm="layer", default_act="gelu", fused_qkv="grouped", root="transformer.",
                    names=FALCON_NAMES, ffn_mult=4, tie_default=True, alibi_scaled=True, alibi_bf16=True,
+                   gguf_arch="falcon", gguf_names=GGUF_PLAIN_MLP_NAMES,
+                   gguf_changes={"parallel": True, "norms": ("attn_norm", "ffn_norm"), "positions": "rope",
+                                 "gguf_names": GGUF_FALCON_NAMES},
                    keys={"num_key_value_heads": (), "head_dim": (), "intermediate_size": ("ffn_hidden_size",),
                          "act": ("activation",)},
                    variants=(Variant(flag("parallel_attn", True), {"parallel": True, "norms": ("attn_norm",)}),
@@ -480,6 +516,8 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "Falcon's new decoder architecture without parallel_attn is not supported"),)),
         FamilySpec("mpt", norm="layer", positions="alibi", default_act="gelu", fused_qkv="concat",
                    root="transformer.", names=MPT_NAMES, ffn_mult_key="expansion_ratio", ffn_mult=4, tie_default=True,
+                   gguf_arch="mpt", gguf_names=GGUF_PLAIN_MLP_NAMES, gguf_changes={"clip_qkv_key": "clip_qkv"},
+                   gguf_config={"attention.clamp_kqv": "clip_qkv", "attention.max_alibi_bias": "alibi_bias_max"},
                    keys={"hidden_size": ("d_model",), "num_hidden_layers": ("n_layers",),
                          "num_attention_heads": ("n_heads",), "num_key_value_heads": (), "head_dim": (),
                          "intermediate_size": (), "max_position_embeddings": ("max_seq_len",), "act": ()},
@@ -496,12 +534,14 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(stated("logit_scale"), "MPT's logit_scale is not supported"),
                              Refusal(_mpt_alibi_heads_not_power_of_two,
                                      "MPT's ALiBi over a head count that is not a power of two is not supported"))),
-        FamilySpec("exaone", names=EXAONE_NAMES, root="transformer.",
+        FamilySpec("exaone", names=EXAONE_NAMES, root="transformer.", gguf_arch="exaone",
                    keys={"num_hidden_layers": ("num_hidden_layers", "num_layers"),
                          "act": ("hidden_act", "activation_function")}),
         FamilySpec("hunyuan_v1_dense", qk_norm="head", qk_norm_after_rope=True, names=HUNYUAN_NAMES,
+                   gguf_arch="hunyuan-dense",
                    variants=(Variant(lambda c: not flag("use_qk_norm", True)(c), {"qk_norm": None}),)),
-        FamilySpec("jais2", norm="layer", default_act="relu2", names=PLAIN_MLP_NAMES),
+        FamilySpec("jais2", norm="layer", default_act="relu2", names=PLAIN_MLP_NAMES, gguf_arch="jais2",
+                   gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("gemma", gguf_arch="gemma", **_GEMMA),
         FamilySpec("gemma2", gguf_arch="gemma2", sliding="even", **_GEMMA2),
         FamilySpec("gemma3_text", gguf_arch="gemma3", sliding="pattern", qk_norm="head",

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ster_py.errors import SterError
-from ster_py.families import FAMILIES, gate
+from ster_py.families import FAMILIES, FAMILIES_BY_GGUF_ARCH, gate
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
 from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err, write_tokenizer
@@ -266,3 +266,193 @@ def test_accepted_granite_swa_bases_pass_the_gate(tmp_path):
           "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
           "layer_rope_theta": [10000.0, 500.0, 0.0]}
     assert gate(ok, tmp_path / "config.json").model_type == "granite_swa"
+
+
+# --------------------------------------------------------------------------- GGUF, via llama.cpp's converter
+#
+# Each case is a tiny checkpoint converted by llama.cpp's own convert_hf_to_gguf.py (from the
+# llama-cpp-python sdist, run in one subprocess for all cases); ster loads the bare .gguf and its
+# logits must be within 1e-3 of transformers on the checkpoint (the issue's GGUF bar), whole and
+# through the KV cache. The converter's vocabulary step is replaced by a minimal SentencePiece-style
+# vocabulary (the tiny checkpoints' word-level tokenizer is none it knows); weights and
+# hyper-parameters go through the converter untouched. ``legacy`` keys are written into
+# config.json for converters that still read Transformers 4 spellings.
+
+SDIST = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_DIRS = ("/root/.cache/ster-fixtures/sdist", "/tmp/llsdist")
+_SWS4 = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
+GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
+    "phi2": ("phi", dict(LLAMA, num_key_value_heads=4, intermediate_size=256), {}),
+    "phi3": ("phi3", dict(LLAMA), {}),
+    "gpt2": ("gpt2", dict(GPT), {"n_ctx": 64}),
+    "gptneox": ("gpt_neox", dict(LLAMA, num_key_value_heads=None), {"rotary_pct": 0.25}),
+    "gptneox-sequential": ("gpt_neox", dict(LLAMA, num_key_value_heads=None, use_parallel_residual=False),
+                           {"rotary_pct": 0.25}),
+    "stablelm": ("stablelm", dict(LLAMA), {}),
+    "stablelm-parallel": ("stablelm", dict(LLAMA, use_parallel_residual=True), {}),
+    "starcoder2": ("starcoder2", dict(LLAMA), {}),
+    "granite": ("granite", dict(LLAMA, **_GRANITE_MULT, mlp_bias=True), {}),
+    "command-r": ("cohere", dict(LLAMA), {}),
+    "cohere2": ("cohere2", dict(LLAMA, num_hidden_layers=4, sliding_window=5, layer_types=_SWS4), {"rotary_pct": 1.0}),
+    "olmo": ("olmo", dict(LLAMA, clip_qkv=0.1), {}),
+    "olmo2": ("olmo2", dict(LLAMA), {}),
+    "olmo3-window": ("olmo3", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS), {}),
+    "nemotron": ("nemotron", dict(LLAMA, mlp_bias=True, attention_bias=True), {}),
+    "starcoder": ("gpt_bigcode", dict(GPT), {}),
+    "bloom": ("bloom", dict(vocab_size=VOCAB, hidden_size=48, n_layer=3, n_head=6), {}),
+    "falcon-1ln": ("falcon", dict(LLAMA, num_key_value_heads=None, new_decoder_architecture=True, num_kv_heads=2,
+                                  num_ln_in_parallel_attn=1), {}),
+    "falcon-2ln": ("falcon", dict(LLAMA, num_key_value_heads=None, new_decoder_architecture=True, num_kv_heads=2), {}),
+    "mpt": ("mpt", dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=3, max_seq_len=64),
+            {"architectures": ["MPTForCausalLM"]}),
+    "exaone4-window": ("exaone4", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS), {}),
+    "exaone": ("exaone", dict(LLAMA), {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu",
+                                       "num_layers": 3, "layer_norm_epsilon": 1e-5, "rope_theta": 500000.0}),
+    "internlm3": ("internlm3", dict(LLAMA, head_dim=16), {"architectures": ["InternLM3ForCausalLM"]}),
+    "seed_oss": ("seed_oss", dict(LLAMA, head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True), {}),
+    "arcee": ("arcee", dict(LLAMA, head_dim=16), {}),
+    "ernie4_5": ("ernie4_5", dict(LLAMA, head_dim=16, use_bias=True), {}),
+    "glm4": ("glm4", dict(LLAMA, head_dim=16), {}),
+    "hunyuan-dense": ("hunyuan_v1_dense", dict(LLAMA, head_dim=16), {}),
+    "jais2": ("jais2", dict(LLAMA, head_dim=16), {}),
+}
+
+CONVERT = r'''
+"""Run llama.cpp's convert_hf_to_gguf.py on SRC:OUT pairs with a minimal vocabulary."""
+import json, logging, sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[1])
+import convert_hf_to_gguf as conv  # puts llama.cpp's own gguf-py first on sys.path
+import gguf
+from conversion import ModelBase
+
+
+def minimal_vocab(self):
+    n = self.hparams.get("vocab_size") or 128
+    w = self.gguf_writer
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, n)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.NORMAL] * (n - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+get_class = conv.get_model_class
+
+
+def get_model_class(*args, **kwargs):
+    cls = get_class(*args, **kwargs)
+    for c in cls.__mro__:
+        if "set_vocab" in c.__dict__:
+            c.set_vocab = minimal_vocab
+    return cls
+
+
+load_hparams = ModelBase.load_hparams
+
+
+def load_hparams_with_legacy(dir_model, *args, **kwargs):
+    hparams = load_hparams(dir_model, *args, **kwargs)
+    for key, value in json.loads((Path(dir_model) / "config.json").read_text()).items():
+        hparams.setdefault(key, value)  # Transformers 5 drops keys the converter still reads
+    return hparams
+
+
+conv.get_model_class = get_model_class
+ModelBase.load_hparams = staticmethod(load_hparams_with_legacy)
+logging.disable(logging.WARNING)
+for pair in sys.argv[2:]:
+    src, out = pair.split("::")
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", "f32"]
+    conv.main()
+'''
+
+
+def _sdist(tmp_dir) -> "Path":
+    from pathlib import Path
+    import subprocess
+    import sys
+
+    for d in SDIST_DIRS:
+        if (Path(d) / SDIST).is_file():
+            return Path(d) / SDIST
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "llama-cpp-python==0.3.36", "-d", str(tmp_dir)], capture_output=True, text=True)
+    if r.returncode != 0 or not (Path(tmp_dir) / SDIST).is_file():
+        pytest.fail(f"llama.cpp's converter is unavailable: {SDIST} is in none of {SDIST_DIRS} and pip download "
+                    f"failed: {r.stderr[-500:]}", pytrace=False)
+    return Path(tmp_dir) / SDIST
+
+
+@pytest.fixture(scope="module")
+def gguf_models(tmp_path_factory):
+    """name -> (converted .gguf path, transformers model), for every case of GGUF_CASES."""
+    import subprocess
+    import sys
+    import tarfile
+
+    import torch
+
+    root = tmp_path_factory.mktemp("llama_cpp")
+    prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+    with tarfile.open(_sdist(root)) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile() and (
+            m.name == prefix + "convert_hf_to_gguf.py" or m.name.startswith((prefix + "conversion/",
+                                                                              prefix + "gguf-py/")))]
+        tar.extractall(root, members=members, filter="data")
+    (root / "convert.py").write_text(CONVERT)
+    out, pairs = {}, []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, (model_type, config, legacy) in GGUF_CASES.items():
+            path = root / "hf" / name
+            model = build(path, model_type, config)
+            (path / "config.json").write_text(json.dumps({**_config(path), **legacy}))
+            out[name] = (root / f"{name}.gguf", model)
+            pairs.append(f"{path}::{out[name][0]}")
+    finally:
+        torch.set_num_threads(threads)
+    r = subprocess.run([sys.executable, str(root / "convert.py"), str(root / prefix), *pairs],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed: {r.stderr[-2000:]}", pytrace=False)
+    return out
+
+
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_gguf_matches_transformers(name, gguf_models):
+    path, ref_model = gguf_models[name]
+    model = load_model(str(path))
+    assert model.resolved.kind == "gguf" and model.spec.model_type == FAMILIES_BY_GGUF_ARCH[
+        model.spec.extra["gguf_architecture"]].model_type
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    err = rel_err(model.decoder.forward(PROMPT), ref_logits)
+    assert err < 1e-3, f"logits rel err {err:.2e}"
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
+    split_err = rel_err(pieces, reference_split_logits(ref_model, PROMPT, 9))
+    assert split_err < 1e-3, f"cached split rel err {split_err:.2e}"
+
+
+def test_every_gguf_architecture_has_a_case():
+    """Each GGUF architecture a dense family of issue 6 declares is loaded above from a converted file."""
+    foundation = {"llama", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3"}
+    converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
+    declared = {f.gguf_arch for f in FAMILIES.values() if f.gguf_arch}
+    assert declared == foundation | converted
+
+
+def test_phi3_longrope_gguf_is_refused(tmp_path):
+    """A Phi-3 GGUF with LongRoPE factors is refused by name (the factors live in tensors ster does not read)."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    meta = {"general.architecture": "phi3", "phi3.embedding_length": 64, "phi3.block_count": 1,
+            "phi3.attention.head_count": 4, "phi3.feed_forward_length": 96, "phi3.rope.scaling.attn_factor": 1.19}
+    with pytest.raises(SterError, match="LongRoPE"):
+        spec_from_gguf(meta, str(tmp_path / "x.gguf"), vocab_size=VOCAB)

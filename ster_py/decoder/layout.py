@@ -11,7 +11,8 @@ never knows how a family stores its weights:
 - a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM);
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
-- a checkpoint saved from the base model, without the family's ``root`` prefix, is read too.
+- a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
+- a role listed under several names is read under the first one the file holds (Falcon GGUF).
 
 Every array is checked against the shape the configuration implies.
 """
@@ -22,6 +23,7 @@ import numpy as np
 from ..errors import SterError
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
+FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
 
 
 def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
@@ -68,12 +70,23 @@ class Layout:
             t = self.weights.get(name[len(root):])
         return t
 
+    def _names(self, role: str, i: int | None, kind: str) -> list[str]:
+        """The names a role may be stored under, first found wins (a table entry may list several)."""
+        entry = self.spec.names[role]
+        return [f"{n.format(i=i, h='{h}')}.{kind}" for n in ((entry,) if isinstance(entry, str) else entry)]
+
     def _name(self, role: str, i: int | None, kind: str) -> str:
-        return f"{self.spec.names[role].format(i=i, h='{h}')}.{kind}"
+        return self._names(role, i, kind)[0]
 
     def _read(self, role: str, i: int | None, kind: str) -> np.ndarray | None:
         """The stored tensor of a role the names table lists, in the decoder's orientation."""
-        name = self._name(role, i, kind)
+        for name in self._names(role, i, kind):
+            t = self._read_name(role, kind, name)
+            if t is not None:
+                return t
+        return None
+
+    def _read_name(self, role: str, kind: str, name: str) -> np.ndarray | None:
         if "{h}" in name:
             heads = self.spec.num_attention_heads if role == "q_norm" else self.spec.num_key_value_heads
             parts = [self._fetch(name.format(h=h)) for h in range(heads)]
@@ -95,7 +108,11 @@ class Layout:
             raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration "
                             f"implies {shown}; the weights and the config disagree")
 
-    def _split_qkv(self, fused: np.ndarray, role: str) -> np.ndarray:
+    def _split(self, fused, fused_role: str, role: str):
+        """Rows of ``role`` in a fused tensor (a weight [rows, in] or a bias [rows])."""
+        if fused_role == "gate_up":
+            half = fused.shape[0] // 2
+            return fused[:half] if role == "gate" else fused[half:]
         s = self.spec
         h, kv, d = s.num_attention_heads, s.num_key_value_heads, s.head_dim
         if s.fused_qkv == "grouped":
@@ -115,21 +132,14 @@ class Layout:
             SterError: a required tensor is missing (named), or a shape disagrees with the config.
         """
         names = self.spec.names
-        if role in names:
-            t = self._read(role, i, kind)
-            where = self._name(role, i, kind)
-        elif role in ("q", "k", "v") and "qkv" in names:
-            fused = self._read("qkv", i, kind)
-            t = None if fused is None else self._split_qkv(fused, role)
-            where = self._name("qkv", i, kind)
-        elif role in ("gate", "up") and "gate_up" in names:
-            fused = self._read("gate_up", i, kind)
-            half = None if fused is None else fused.shape[0] // 2
-            t = None if fused is None else (fused[:half] if role == "gate" else fused[half:])
-            where = self._name("gate_up", i, kind)
-        else:
-            t, where = None, f"<{role} of layer {i}>"
+        t = self._read(role, i, kind) if role in names else None
+        where = self._name(role, i, kind) if role in names else None
+        fused_role = FUSED_INTO.get(role)
+        if t is None and fused_role in names:  # stored inside a fused tensor
+            fused = self._read(fused_role, i, kind)
+            t = None if fused is None else self._split(fused, fused_role, role)
+            where = where or self._name(fused_role, i, kind)
         if t is None and required:
-            raise SterError(f"the checkpoint has no tensor {where!r}, which a {self.spec.model_type} "
+            raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "
                             "model needs; is the config.json from the same checkpoint?")
         return t

@@ -21,14 +21,16 @@ import ml_dtypes
 import numpy as np
 
 
-def alibi_slopes(num_heads: int) -> tuple[float, ...]:
-    """One ALiBi slope per head (BLOOM's series), as Python floats."""
+def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> tuple[float, ...]:
+    """One ALiBi slope per head (BLOOM's series for ``max_bias`` 8), as Python floats.
+
+    With p the head count rounded down to a power of two: 2 ** (-max_bias k / p) for
+    k = 1..p, then 2 ** (-max_bias k / 2p) for k = 1, 3, 5, ... for the remaining heads
+    (llama.cpp's ``f_max_alibi_bias`` generalises BLOOM's fixed 8).
+    """
     p = 2 ** int(math.floor(math.log2(num_heads)))
-    base = 2.0 ** (-(2.0 ** -(math.log2(p) - 3)))
-    slopes = [base ** k for k in range(1, p + 1)]
-    if p != num_heads:
-        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * p) - 3)))
-        slopes += [extra ** k for k in range(1, 2 * min(p, num_heads - p), 2)]
+    slopes = [2.0 ** (-max_bias * k / p) for k in range(1, p + 1)]
+    slopes += [2.0 ** (-max_bias * k / (2 * p)) for k in range(1, 2 * min(p, num_heads - p), 2)]
     return tuple(slopes)
 
 

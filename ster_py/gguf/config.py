@@ -9,23 +9,21 @@ the file alone is enough, as it is for llama.cpp.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 
-from ..config import LayerSpec, ModelSpec
+from ..config import LayerSpec, ModelSpec, family_fields, sliding_layers
 from ..decoder.rope import make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
 
 # Hyper-parameters llama.cpp sets in src/llama-model.cpp instead of reading them from the file.
 LLAMA_CPP_FIXED = {
-    # Gemma 3: five sliding layers then one global (set_swa_pattern(6)); sliding layers rotate
-    # with base 10000 (rope_freq_base_train_swa).
-    "gemma3.sliding_pattern": 6,
+    # Gemma 3: sliding layers rotate with base 10000 (rope_freq_base_train_swa). Which layers
+    # slide (set_swa_pattern) is the family's rule, the same as Transformers' default.
     "gemma3.swa_rope_base": 10000.0,
-    # Gemma 2: sliding window on even layers (set_swa_pattern(2)).
-    "gemma2.sliding_pattern": 2,
     # SmolLM3: every fourth layer has no rotation (n_no_rope_layer_step = 4).
     "smollm3.no_rope_step": 4,
     # The 27B Gemma 2 / Gemma 3 scale scores by (hidden_size / heads) ** -0.5, identified by depth.
@@ -64,9 +62,43 @@ def _get(meta: Mapping, key: str, kind, path: str, default=None):
     return value
 
 
+def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
+    """The metadata a family reads, renamed to the config.json keys it stands for (``gguf_config``)."""
+    out = {}
+    for key, config_key in family.gguf_config.items():
+        value = meta.get(f"{arch}.{key}")
+        if value is not None:
+            out[config_key] = value.item() if isinstance(value, np.generic) else value
+    return out
+
+
+def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str) -> list[bool]:
+    """Which layers attend through the sliding window, as llama.cpp places them.
+
+    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
+    otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
+    (``set_swa_pattern``: Gemma 2 every other layer, Gemma 3 five of six, Cohere 2 three of four).
+    """
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if not window:
+        return [False] * n_layers
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if pattern is not None and not isinstance(pattern, (int, np.integer)):
+        flags = [bool(x) for x in pattern]
+        if len(flags) != n_layers:
+            raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
+                            f"{n_layers} layers")
+        return flags
+    return sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+
+
 def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = None,
                    vocab_size: int | None = None, has_output: bool = True) -> ModelSpec:
     """Build the ``ModelSpec`` of a GGUF file from its metadata.
+
+    The family's flags come from the family table, switched by the metadata its
+    ``gguf_config`` names (as config.json keys would switch them) and adjusted by its
+    ``gguf_changes`` where llama.cpp reads the architecture differently.
 
     Args:
         meta: the file's metadata, key -> value.
@@ -81,6 +113,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     """
     arch = meta.get("general.architecture")
     family = family_for_architecture(arch, path)
+    config = _gguf_config(meta, arch, family)
+    family = replace(family.for_config(config), **family.gguf_changes)
+    for refusal in family.gguf_refusals:
+        if refusal.when(config):
+            raise SterError(f"{path}: {refusal.why} in a GGUF file of architecture {arch!r}")
 
     def g(key, kind, default=None):
         return _get(meta, f"{arch}.{key}", kind, path, default)
@@ -94,7 +131,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
     rotary_dim = g("rope.dimension_count", int, head_dim)
     max_pos = g("context_length", int, 2048)
-    eps = g("attention.layer_norm_rms_epsilon", float, 1e-6)
+    eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
+    eps = g(eps_key, float, 1e-6)
 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in GGUF_ROPE_SCALING:
@@ -103,43 +141,45 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     if scaling != "none":
         params["factor"] = g("rope.scaling.factor", float)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
-    full = make_rope(params, head_dim=head_dim, max_position_embeddings=max_pos,
-                     partial_rotary_factor=rotary_dim / head_dim)
+
+    def make(p):
+        return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
+                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved)
+
+    full = make(params)
     if rope_freqs is not None:
         if rope_freqs.shape != full.inv_freq.shape:
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
-        full = type(full)(full.inv_freq / rope_freqs.astype(np.float64), full.rotary_dim)
+        full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     window = meta.get(f"{arch}.attention.sliding_window")
-    sliding = [False] * n_layers
+    sliding = _sliding_flags(meta, arch, family, n_layers, path)
     sliding_rope = full
-    if arch == "gemma2" and window:
-        p = LLAMA_CPP_FIXED["gemma2.sliding_pattern"]
-        sliding = [i % p < p - 1 for i in range(n_layers)]
+    if meta.get(f"{arch}.rope.freq_base_swa") is not None:
+        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float)})
     elif arch == "gemma3" and window:
-        p = LLAMA_CPP_FIXED["gemma3.sliding_pattern"]
-        sliding = [i % p < p - 1 for i in range(n_layers)]
-        sliding_rope = make_rope({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]},
-                                 head_dim=head_dim, max_position_embeddings=max_pos,
-                                 partial_rotary_factor=rotary_dim / head_dim)
-    elif window and family.sliding == "all":
-        sliding = [True] * n_layers
+        sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
+        if family.positions != "rope" or (family.rope_layers != "all" and window and not sliding[i]):
+            rope = None
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
             rope = None
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope))
 
-    scale = head_dim ** -0.5
+    scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
         if n_layers == block:
             scale = (hidden / heads) ** -0.5
-    act = family.default_act
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = vocab_size or (len(tokens) if tokens is not None else g("vocab_size", int))
     eos = meta.get("tokenizer.ggml.eos_token_id")
     bos = meta.get("tokenizer.ggml.bos_token_id")
+    fields = family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=path,
+                           attn_scale=scale)
+    # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
+    fields["norm_unit_offset"] = False
     return ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
@@ -152,13 +192,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         max_position_embeddings=max_pos,
         norm=family.norm,
         norm_eps=eps,
-        # llama.cpp's converter stores Gemma's norm weights as 1 + w, so they apply as is.
-        norm_unit_offset=False,
-        norms=family.norms,
-        qk_norm=family.qk_norm,
-        hidden_act=act,
-        embed_scale=math.sqrt(hidden) if family.embed_scale_sqrt_hidden else 1.0,
-        attn_scale=scale,
+        hidden_act=family.default_act,
         attn_softcap=meta.get(f"{arch}.attn_logit_softcapping"),
         final_softcap=meta.get(f"{arch}.final_logit_softcapping"),
         tie_word_embeddings=not has_output,
@@ -167,4 +201,6 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
+        fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
+        **fields,
     )
