@@ -31,8 +31,8 @@ cdef extern from "ster_ops.h" nogil:
     void ster_rms_norm_row(const float* x, int d, const float* w, float eps, float* y)
     void ster_layer_norm_row(const float* x, int d, const float* w, const float* b, float eps, float* y)
     void ster_rope_row(float* x, int rotary_dim, const float* cos_, const float* sin_, int interleaved)
-    void ster_attn_row(const float* q, const float* K, long ldk, const float* V, long ldv, int lo, int hi,
-                       const ster_attn_args* a, float* sc, float* out, int simd)
+    void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,
+                         int lo, int hi, const ster_attn_args* a, float* sc, float* out, long ostride, int simd)
 
 
 def _default_threads() -> int:
@@ -127,7 +127,7 @@ ctypedef struct _Attn:
     const float* sinks
     const float* bias
     long bsh, bst, ldk, ldv, kvs, vvs
-    int T, G, S, D, window, simd
+    int T, G, S, D, window, simd, sg, n_sub, per_chunk
     long total
     float scale, softcap
     float* scratch
@@ -136,29 +136,36 @@ ctypedef struct _Attn:
 cdef void _attn_task(void* ctx, long chunk, int tid) noexcept nogil:
     cdef _Attn* j = <_Attn*>ctx
     cdef long item
-    for item in range(chunk * 4, min(chunk * 4 + 4, j.total)):
-        _one(j, item, j.scratch + (j.S + 8) * tid)
+    for item in range(chunk * j.per_chunk, min((chunk + 1) * j.per_chunk, j.total)):
+        _one(j, item, j.scratch + <long>(j.S + 8) * j.sg * tid)
 
 
 cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
-    cdef int h = <int>(item // j.T), t = <int>(item % j.T), g = h // j.G
+    # item = ((g * T) + t) * n_sub + sub: query row t of the heads sub*sg.. of group g
+    cdef int sub = <int>(item % j.n_sub)
+    cdef long rest = item // j.n_sub
+    cdef int t = <int>(rest % j.T), g = <int>(rest // j.T)
+    cdef int h0 = g * j.G + sub * j.sg
+    cdef int nh = min(j.sg, j.G - sub * j.sg), i
     cdef long long p = j.pos[t]
     cdef long long lo = 0, hi = p + 1
-    cdef ster_attn_args a
+    cdef ster_attn_args a[4]
     if j.window > 0 and p - j.window + 1 > 0:
         lo = p - j.window + 1
     if hi > j.S:
         hi = j.S
     if lo > hi:
         lo = hi
-    a.D = j.D
-    a.scale = j.scale
-    a.softcap = j.softcap
-    a.bias = j.bias + h * j.bsh + t * j.bst if j.bias != NULL else NULL
-    a.has_sink = j.sinks != NULL
-    a.sink = j.sinks[h] if j.sinks != NULL else 0
-    ster_attn_row(j.qp + (<long>h * j.T + t) * j.D, j.kp + g * j.kvs, j.ldk, j.vp + g * j.vvs, j.ldv,
-                  <int>lo, <int>hi, &a, sc, j.op + (<long>h * j.T + t) * j.D, j.simd)
+    for i in range(nh):
+        a[i].D = j.D
+        a[i].scale = j.scale
+        a[i].softcap = j.softcap
+        a[i].bias = j.bias + (h0 + i) * j.bsh + t * j.bst if j.bias != NULL else NULL
+        a[i].has_sink = j.sinks != NULL
+        a[i].sink = j.sinks[h0 + i] if j.sinks != NULL else 0
+    ster_attn_group(nh, j.qp + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.kp + g * j.kvs, j.ldk,
+                    j.vp + g * j.vvs, j.ldv, <int>lo, <int>hi, a, sc,
+                    j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd)
 
 
 def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :, :] v,
@@ -197,10 +204,17 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
         return
     cdef long ldk = k.strides[1] // 4, ldv = v.strides[1] // 4
     cdef long kvs = k.strides[0] // 4, vvs = v.strides[0] // 4
-    cdef long total = <long>H * T
-    cdef long work = total * S * D
-    cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and total > 1 else 1
-    cdef float* scratch = <float*>malloc(sizeof(float) * (<size_t>S + 8) * nt)
+    cdef long rows = <long>KV * T
+    cdef long work = <long>H * T * S * D
+    cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
+    # Heads sharing a key/value head go together (up to 4: each key/value row is read once
+    # for all of them); fewer per item when that leaves threads idle (one group, one row).
+    cdef int sg = min(G, 4)
+    if rows * ((G + sg - 1) // sg) < nt:
+        sg = max(1, (G + (nt + rows - 1) // rows - 1) // ((nt + rows - 1) // rows))
+    cdef int n_sub = (G + sg - 1) // sg
+    cdef long total = rows * n_sub
+    cdef float* scratch = <float*>malloc(sizeof(float) * (<size_t>S + 8) * sg * nt)
     if scratch == NULL:
         raise MemoryError()
     cdef _Attn j
@@ -219,7 +233,9 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
     j.simd = _simd
     j.total = total
     j.scratch = scratch
+    j.sg, j.n_sub = sg, n_sub
+    j.per_chunk = 1 if total <= 8 * nt else 4
     with nogil:
-        _pool_run((total + 3) // 4, _attn_task, &j, nt)
+        _pool_run((total + j.per_chunk - 1) // j.per_chunk, _attn_task, &j, nt)
     free(scratch)
 

@@ -239,6 +239,97 @@ static STER_OPS_AVX2 void ster_attn_row_avx2(const float* q, const float* K, lon
     }
 }
 
+/* Up to 4 query heads that share one key/value head (GQA), one query row: every key and
+ * value row is loaded once for all of them. q: nh rows of D at stride qs; out likewise;
+ * sc: scratch nh * n floats; a[i] per head (bias, sink); scale and softcap shared. */
+static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, const float* K, long ldk,
+                                               const float* V, long ldv, int lo, int hi,
+                                               const ster_attn_args* a, float* sc, float* out, long os) {
+    const int n = hi - lo, D = a[0].D;
+    int i, j, c0, h;
+    /* scores, 4 keys x each head at a time (the 4 key rows stay in L1) */
+    for (j = 0; j + 4 <= n; j += 4)
+        for (h = 0; h < nh; h++)
+            _mm_storeu_ps(sc + (long)h * n + j, ster_dot4(q + h * qs, K + (long)(lo + j) * ldk, ldk, D));
+    for (; j < n; j++) {
+        const float* k = K + (long)(lo + j) * ldk;
+        for (h = 0; h < nh; h++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * qs + i), _mm256_loadu_ps(k + i), acc);
+            sc[(long)h * n + j] = ster_hsum8_ops(acc);
+        }
+    }
+    /* per head: scale, bias, max, exp, sum */
+    float inv[4];
+    for (h = 0; h < nh; h++) {
+        float* s = sc + (long)h * n;
+        const float* bias = a[h].bias;
+        const __m256 scale = _mm256_set1_ps(a[h].scale);
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (j = 0; j + 8 <= n; j += 8) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + j), scale);
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + lo + j));
+            _mm256_storeu_ps(s + j, v);
+            vmax = _mm256_max_ps(vmax, v);
+        }
+        float t8[8], mx = -INFINITY;
+        _mm256_storeu_ps(t8, vmax);
+        for (i = 0; i < 8; i++) if (t8[i] > mx) mx = t8[i];
+        for (; j < n; j++) {
+            float v = s[j] * a[h].scale;
+            if (bias) v += bias[lo + j];
+            s[j] = v;
+            if (v > mx) mx = v;
+        }
+        if (a[h].has_sink && a[h].sink > mx) mx = a[h].sink;
+        __m256 vsum = _mm256_setzero_ps();
+        const __m256 m8 = _mm256_set1_ps(mx);
+        for (j = 0; j + 8 <= n; j += 8) {
+            __m256 e = ster_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
+            _mm256_storeu_ps(s + j, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        float sum = ster_hsum8_ops(vsum);
+        for (; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+        if (a[h].has_sink) sum += expf(a[h].sink - mx);
+        inv[h] = sum > 0 ? 1.0f / sum : 0.0f;
+    }
+    /* weighted values: 16 columns x nh heads of accumulators per pass over the keys, with
+     * one loop per head count so the accumulators are named registers, not an array */
+    const float* p0 = sc;
+    const float* p1 = sc + (long)n;
+    const float* p2 = sc + 2L * n;
+    const float* p3 = sc + 3L * n;
+    for (c0 = 0; c0 < D; c0 += 16) {
+        const int two = D - c0 >= 16;
+        const float* vb = V + (long)lo * ldv + c0;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, e0 = a0, e1 = a0, f0 = a0, f1 = a0;
+#define STER_PV_LOOP(BODY) \
+        for (j = 0; j < n; j++) { \
+            const float* v = vb + (long)j * ldv; \
+            __m256 v0 = _mm256_loadu_ps(v), v1 = two ? _mm256_loadu_ps(v + 8) : _mm256_setzero_ps(), p; \
+            BODY \
+        }
+#define STER_PV_HEAD(P, X0, X1) \
+            p = _mm256_broadcast_ss(P + j); X0 = _mm256_fmadd_ps(p, v0, X0); X1 = _mm256_fmadd_ps(p, v1, X1);
+        switch (nh) {
+        case 1: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1)) break;
+        case 2: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1) STER_PV_HEAD(p1, b0, b1)) break;
+        case 3: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1) STER_PV_HEAD(p1, b0, b1) STER_PV_HEAD(p2, e0, e1)) break;
+        default: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1) STER_PV_HEAD(p1, b0, b1) STER_PV_HEAD(p2, e0, e1)
+                              STER_PV_HEAD(p3, f0, f1)) break;
+        }
+#undef STER_PV_HEAD
+#undef STER_PV_LOOP
+        __m256 res[4][2] = {{a0, a1}, {b0, b1}, {e0, e1}, {f0, f1}};
+        for (h = 0; h < nh; h++) {
+            __m256 vi = _mm256_set1_ps(inv[h]);
+            _mm256_storeu_ps(out + h * os + c0, _mm256_mul_ps(res[h][0], vi));
+            if (two) _mm256_storeu_ps(out + h * os + c0 + 8, _mm256_mul_ps(res[h][1], vi));
+        }
+    }
+}
+
 static int ster_ops_cpu_avx2(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -250,6 +341,24 @@ static int ster_ops_cpu_avx2(void) {
 #else
 static int ster_ops_cpu_avx2(void) { return 0; }
 #endif
+
+/* nh (<= 4) heads sharing K/V, one query row each (q/out rows at strides qs/os). */
+static void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,
+                            int lo, int hi, const ster_attn_args* a, float* sc, float* out, long os, int simd) {
+    int h, i;
+    if (hi <= lo) {
+        for (h = 0; h < nh; h++) for (i = 0; i < a[0].D; i++) out[h * os + i] = 0.0f;
+        return;
+    }
+#if STER_OPS_X86
+    if (simd && a[0].D % 8 == 0 && a[0].softcap <= 0) {
+        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, lo, hi, a, sc, out, os);
+        return;
+    }
+#endif
+    (void)simd;
+    for (h = 0; h < nh; h++) ster_attn_row_scalar(q + h * qs, K, ldk, V, ldv, lo, hi, &a[h], sc, out + h * os);
+}
 
 /* One query row: the AVX2 path needs D % 8 == 0 and no soft-cap (tanh stays scalar). */
 static void ster_attn_row(const float* q, const float* K, long ldk, const float* V, long ldv, int lo, int hi,

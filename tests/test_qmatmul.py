@@ -358,3 +358,33 @@ def test_gemma3_quantized_matches_dequantized(gemma3_gguf):
 
     tok = load_model(str(gemma3_gguf)).tokenizer
     _check_model(gemma3_gguf, [tok.encode("The three primary colours are", add_special_tokens=True)])
+
+
+def test_safetensors_weights_are_mapped_views(tmp_path):
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    from ster_py.weights import SafetensorsWeights
+
+    rng = np.random.default_rng(12)
+    tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32),
+               "b": rng.standard_normal(7).astype(np.float16),
+               "c": rng.standard_normal((2, 2)).astype(ml_dtypes.bfloat16),
+               "ids": np.arange(4, dtype=np.int64)}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    w = SafetensorsWeights([path], "f32")
+    a = w.get("a")
+    np.testing.assert_array_equal(a, tensors["a"])
+    assert not a.flags.owndata  # a view of the map, not a copy
+    a[0, 0] = 123.0  # copy-on-write: the file is untouched
+    assert SafetensorsWeights([path], "f32").get("a")[0, 0] == tensors["a"][0, 0]
+    np.testing.assert_array_equal(w.get("b"), tensors["b"].astype(np.float32))
+    np.testing.assert_array_equal(w.get("c"), tensors["c"].astype(np.float32))
+    assert w.get("ids").dtype == np.int64 and w.get("missing") is None
+    half = SafetensorsWeights([path], "f16").get("b")
+    assert half.dtype == np.float16 and not half.flags.owndata
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(SterError, match="failed to map"):
+        SafetensorsWeights([bad])
