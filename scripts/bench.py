@@ -1,0 +1,235 @@
+"""Benchmark ster against llama.cpp (same GGUF file) or transformers (the Hugging Face copy).
+
+A benchmark, not a test: it prints figures, it asserts nothing. For one model it runs
+a prompt of ``--prompt-tokens`` ids (512) and ``--new-tokens`` greedy tokens (128,
+end-of-generation ignored) on each engine with the same thread count, alternating
+the engines for ``--rounds`` rounds (3) so a change in machine load hits both. Each
+run is its own subprocess, so its peak RSS is its own. Printed per engine: load
+seconds, prefill tok/s, decode tok/s, peak RSS (medians over rounds), and the ratio
+ster / reference of each median; plus the machine's load average before and after,
+and ster's RSS budget (1.15 x file size + KV cache + 150 MB).
+
+    python scripts/bench.py smollm2-135m-instruct-q4_1 --threads 2
+    python scripts/bench.py gemma3-270m-q4_k_m --threads 2
+    python scripts/bench.py smollm2-135m-instruct-q4_1 --reference transformers
+
+MODEL is a preset name (its GGUF and Hugging Face copy come from
+scripts/real_models.py) or a .gguf path (then ``--hf-dir`` for transformers).
+
+Requirements: the reference engine is not a ster dependency. llama.cpp:
+``pip install llama-cpp-python==0.3.36`` (builds llama.cpp from source, ~5 min on 2
+cores; ``--llama-cpp-path DIR`` adds a ``pip install --target DIR`` location to the
+worker's path). transformers: ``pip install transformers torch==2.13.0``.
+
+What is timed: prefill = one forward pass over the prompt, keeping the KV cache
+(llama.cpp ``Llama.eval``; ster ``Decoder.forward``; transformers ``model(...)``);
+decode = the remaining ``new_tokens - 1`` steps of one token each, including the
+greedy argmax over the vocabulary (the first new token comes from the prefill).
+Load = opening the model until it can run (tokenizer included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT_TEXT = ("The history of astronomy is a long story of people looking up at the night sky and "
+               "trying to make sense of what they saw. Ancient farmers tracked the seasons by the stars, "
+               "sailors steered by them, and philosophers argued about the nature of the planets. ")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux reports KiB; MB = 1e6 bytes
+
+
+def _prompt_ids(encode, n: int) -> list[int]:
+    ids: list[int] = []
+    text = PROMPT_TEXT
+    while len(ids) < n:
+        ids = list(encode(text))
+        text += PROMPT_TEXT
+    return ids[:n]
+
+
+# --- workers (one engine, one run, in its own process) ----------------------------------
+
+def run_ster(args) -> dict:
+    import numpy as np
+
+    t0 = time.perf_counter()
+    from ster_py.decoder.qlinear import set_threads
+    from ster_py.generate import Sampling, generate
+    from ster_py.load import load_model
+
+    set_threads(args.threads)
+    m = load_model(args.model)
+    load_s = time.perf_counter() - t0
+    ids = _prompt_ids(lambda t: m.tokenizer.encode(t, add_special_tokens=False), args.prompt_tokens)
+    g = generate(m.decoder, ids, Sampling(max_new_tokens=args.new_tokens), stop_ids=())
+    kv_bytes = m.decoder.new_cache().nbytes_per_position() * (len(ids) + args.new_tokens)
+    return {"load_s": load_s, "prefill_tok_s": g.prefill_tokens_per_second,
+            "decode_tok_s": g.decode_tokens_per_second, "peak_rss_mb": _peak_rss_mb(),
+            "kv_mb": kv_bytes / 1e6, "tokens": len(g.ids), "first_ids": g.ids[:8],
+            "numpy": np.__version__}
+
+
+def run_llama_cpp(args) -> dict:
+    import numpy as np
+
+    t0 = time.perf_counter()
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads,
+                          n_ctx=args.prompt_tokens + args.new_tokens + 16, n_batch=args.prompt_tokens,
+                          verbose=False)
+    load_s = time.perf_counter() - t0
+    ids = _prompt_ids(lambda t: llm.tokenize(t.encode("utf-8"), add_bos=False), args.prompt_tokens)
+    n_vocab = llm.n_vocab()
+
+    def last_logits():  # the last evaluated position's logits (Llama.scores stays empty here)
+        return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - t0
+    out = [int(np.argmax(last_logits()))]
+    t0 = time.perf_counter()
+    for _ in range(args.new_tokens - 1):
+        llm.eval([out[-1]])
+        out.append(int(np.argmax(last_logits())))
+    decode_s = time.perf_counter() - t0
+    return {"load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
+            "decode_tok_s": (len(out) - 1) / decode_s, "peak_rss_mb": _peak_rss_mb(), "tokens": len(out),
+            "first_ids": out[:8], "llama_cpp": llama_cpp.__version__}
+
+
+def run_transformers(args) -> dict:
+    t0 = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model.eval()
+    load_s = time.perf_counter() - t0
+    ids = _prompt_ids(lambda t: tok(t, add_special_tokens=False)["input_ids"], args.prompt_tokens)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        res = model(torch.tensor([ids]), use_cache=True)
+        prefill_s = time.perf_counter() - t0
+        past = res.past_key_values
+        out = [int(res.logits[0, -1].argmax())]
+        t0 = time.perf_counter()
+        for _ in range(args.new_tokens - 1):
+            res = model(torch.tensor([[out[-1]]]), past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            out.append(int(res.logits[0, -1].argmax()))
+        decode_s = time.perf_counter() - t0
+    return {"load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
+            "decode_tok_s": (len(out) - 1) / decode_s, "peak_rss_mb": _peak_rss_mb(), "tokens": len(out),
+            "first_ids": out[:8], "torch": torch.__version__}
+
+
+WORKERS = {"ster": run_ster, "llama.cpp": run_llama_cpp, "transformers": run_transformers}
+
+
+# --- driver ------------------------------------------------------------------------------
+
+def _resolve(model: str, reference: str, hf_dir: str | None) -> tuple[str, str]:
+    """(GGUF path for ster, the reference engine's model path)."""
+    if model.endswith(".gguf") or os.path.sep in model:
+        if reference == "transformers" and not hf_dir:
+            sys.exit("--reference transformers with a .gguf path needs --hf-dir")
+        return model, hf_dir or model
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import real_models  # fetches and caches the preset's files
+
+    gguf = str(real_models.gguf_path(model))
+    return gguf, (hf_dir or str(real_models.hf_path(model))) if reference == "transformers" else gguf
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _one(engine: str, model: str, args, extra_path: str | None) -> dict:
+    env = dict(os.environ)
+    # Both engines get the same thread budget; no BLAS pool may add threads behind it.
+    env.update(OPENBLAS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads), STER_THREADS=str(args.threads))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra_path, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", engine,
+           "--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens),
+           "--new-tokens", str(args.new_tokens)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="?", help="preset name or .gguf path")
+    p.add_argument("--reference", choices=("llama.cpp", "transformers"), default="llama.cpp")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--hf-dir", help="Hugging Face directory for --reference transformers")
+    p.add_argument("--llama-cpp-path", help="extra sys.path entry where llama_cpp is installed")
+    p.add_argument("--json", help="also write the raw runs and medians to this file")
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(WORKERS[args.worker](args)), flush=True)
+        return
+    if not args.model:
+        p.error("give a model (preset name or .gguf path)")
+    gguf, ref_model = _resolve(args.model, args.reference, args.hf_dir)
+    before = _loadavg()
+    runs: dict[str, list[dict]] = {"ster": [], args.reference: []}
+    for r in range(args.rounds):
+        order = ["ster", args.reference] if r % 2 == 0 else [args.reference, "ster"]
+        for engine in order:
+            res = _one(engine, gguf if engine == "ster" else ref_model, args, args.llama_cpp_path)
+            runs[engine].append(res)
+            print(f"round {r + 1} {engine:12s} load {res['load_s']:6.2f} s  prefill {res['prefill_tok_s']:7.1f} tok/s  "
+                  f"decode {res['decode_tok_s']:6.1f} tok/s  peak RSS {res['peak_rss_mb']:6.0f} MB", flush=True)
+    after = _loadavg()
+    figures = ("load_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb")
+    med = {e: {f: statistics.median(run[f] for run in runs[e]) for f in figures} for e in runs}
+    file_mb = os.path.getsize(gguf) / 1e6
+    kv_mb = runs["ster"][0]["kv_mb"]
+    budget = 1.15 * file_mb + kv_mb + 150
+    print(f"\nmodel {args.model}  threads {args.threads}  prompt {args.prompt_tokens}  new {args.new_tokens}  "
+          f"rounds {args.rounds}  load average before {before}, after {after}")
+    print(f"{'':14s}{'load s':>9s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'peak RSS MB':>13s}")
+    for e in runs:
+        m = med[e]
+        print(f"{e:14s}{m['load_s']:9.2f}{m['prefill_tok_s']:15.1f}{m['decode_tok_s']:14.1f}{m['peak_rss_mb']:13.0f}")
+    ratio = {f: med["ster"][f] / med[args.reference][f] for f in figures}
+    print(f"{'ster/' + args.reference:14s}{ratio['load_s']:9.2f}{ratio['prefill_tok_s']:15.2f}"
+          f"{ratio['decode_tok_s']:14.2f}{ratio['peak_rss_mb']:13.2f}")
+    print(f"ster RSS budget: 1.15 x {file_mb:.0f} MB file + {kv_mb:.0f} MB KV cache + 150 MB = {budget:.0f} MB "
+          f"({'within' if med['ster']['peak_rss_mb'] <= budget else 'OVER'}; max over rounds "
+          f"{max(r['peak_rss_mb'] for r in runs['ster']):.0f} MB)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "load_before": before, "load_after": after,
+                                               "runs": runs, "median": med, "ratio": ratio,
+                                               "rss_budget_mb": budget}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
