@@ -178,7 +178,9 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
         if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
             raise SterError(f"invalid model config {config_name}: sliding_window_pattern must be a positive "
                             f"integer, got {p!r}; state the layers as layer_types instead")
-        return [(i + 1) % p != 0 for i in range(n_layers)] if rule == "pattern" else [i % p != 0 for i in range(n_layers)]
+        if rule == "pattern":  # the last layer of each group of p attends fully
+            return [(i + 1) % p != 0 for i in range(n_layers)]
+        return [i % p != 0 for i in range(n_layers)]  # the first one does
     return [False] * n_layers
 
 

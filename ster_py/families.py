@@ -230,6 +230,12 @@ def flag(key: str, default: bool = False, *, sub: str | None = None) -> Callable
     return when
 
 
+def unset(key: str, default: bool = True) -> Callable[[Mapping], bool]:
+    """Predicate: the config's boolean ``key`` (``default`` when absent) is false."""
+    is_set = flag(key, default)
+    return lambda config: not is_set(config)
+
+
 def stated(key: str, *, sub: str | None = None, unless: Any = None) -> Callable[[Mapping], bool]:
     """Predicate: ``key`` is present with a value other than None / false / ``unless``."""
     def when(config: Mapping) -> bool:
@@ -298,7 +304,7 @@ class FamilySpec:
         root: prefix a checkpoint saved from the base model leaves off its names.
         tie_default: whether the head is tied to the embedding when the config does not say.
         names: role -> Hugging Face tensor name prefix (``.weight`` / ``.bias`` appended).
-        gguf_names: role -> llama.cpp tensor name prefix.
+        gguf_names: role -> llama.cpp tensor name prefix (a tuple lists alternatives, first found wins).
         variants: config-driven changes to these fields (``Variant``).
         refusals: configurations refused before any weight is read (``Refusal``).
         gguf_config: llama.cpp metadata key (after ``{arch}.``) -> the config.json key it
@@ -408,10 +414,12 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all"),
         FamilySpec("qwen2", gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
-        FamilySpec("phi", gguf_arch="phi2", gguf_names=GGUF_PLAIN_MLP_NAMES, norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
-                   names=PHI_NAMES, variants=(Variant(flag("qk_layernorm"), {"qk_norm": "head"}),)),
+        FamilySpec("phi", norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
+                   names=PHI_NAMES, variants=(Variant(flag("qk_layernorm"), {"qk_norm": "head"}),),
+                   gguf_arch="phi2", gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("phi3", sliding="all", fused_qkv="concat", names=PHI3_NAMES,
-                   gguf_arch="phi3", gguf_names=GGUF_PHI3_NAMES, gguf_changes={"sliding": "none"},  # llama.cpp: Phi SWA off
+                   # llama.cpp switches Phi-3's sliding window off ("Phi SWA is currently disabled")
+                   gguf_arch="phi3", gguf_names=GGUF_PHI3_NAMES, gguf_changes={"sliding": "none"},
                    gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
                    gguf_refusals=(Refusal(stated("longrope_attention_factor"),
                                           "LongRoPE (rope_factors_long / rope_factors_short) is not supported"),)),
@@ -439,21 +447,23 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("exaone4", norms=("attn_post_norm", "ffn_post_norm"), qk_norm="head", names=OLMO2_NAMES,
                    sliding="pattern", sliding_pattern=4, rope_layers="sliding_if_windowed", gguf_arch="exaone4"),
         FamilySpec("internlm3", gguf_arch="llama"),  # llama.cpp converts InternLM3 to its llama architecture
-        FamilySpec("seed_oss", gguf_arch="seed_oss", gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")),
+        FamilySpec("seed_oss", gguf_arch="seed_oss",
+                   gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")),
         FamilySpec("arcee", default_act="relu2", names=PLAIN_MLP_NAMES, gguf_arch="arcee", gguf_qk_permuted=True,
                    gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("ernie4_5", rope_interleaved=True, tie_default=True, gguf_arch="ernie4_5"),
         FamilySpec("glm", rope_interleaved=True, names=GLM_NAMES),
         FamilySpec("glm4", rope_interleaved=True, norms=_SANDWICH, names=GLM4_NAMES, gguf_arch="glm4",
                    gguf_names=_with(GGUF_NAMES, gate=None, up=None, gate_up="blk.{i}.ffn_up",
-                                    attn_post_norm="blk.{i}.post_attention_norm", ffn_post_norm="blk.{i}.post_ffw_norm")),
+                                    attn_post_norm="blk.{i}.post_attention_norm",
+                                    ffn_post_norm="blk.{i}.post_ffw_norm")),
         FamilySpec("gpt_neox", norm="layer", parallel=True, fused_qkv="grouped", default_act="gelu",
                    root="gpt_neox.", names=GPT_NEOX_NAMES, gguf_arch="gptneox", gguf_names=GGUF_PLAIN_MLP_NAMES,
                    gguf_config=_PARALLEL_GGUF,
                    keys={"num_key_value_heads": (), "head_dim": (),
                          "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
                          "rope_theta": ("rope_theta", "rotary_emb_base")},
-                   variants=(Variant(lambda c: not flag("use_parallel_residual", True)(c), {"parallel": False}),)),
+                   variants=(Variant(unset("use_parallel_residual"), {"parallel": False}),)),
         FamilySpec("gptj", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    default_act="gelu_new", root="transformer.", names=GPTJ_NAMES,
                    keys=dict(GPT_KEYS, rope_theta=("rope_theta", "rotary_emb_base"), rotary_dim=("rotary_dim",)),
@@ -465,7 +475,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("gpt2", norm="layer", positions="learned", default_act="gelu_new", fused_qkv="concat",
                    inputs_first=True, root="transformer.", names=GPT2_NAMES, keys=GPT_KEYS, ffn_mult=4,
                    tie_default=True, gguf_arch="gpt2", gguf_names=GGUF_LEARNED_POS_NAMES,
-                   variants=(Variant(lambda c: not flag("scale_attn_weights", True)(c), {"attn_unscaled": True}),),
+                   variants=(Variant(unset("scale_attn_weights"), {"attn_unscaled": True}),),
                    refusals=(Refusal(flag("scale_attn_by_inverse_layer_idx"),
                                      "scale_attn_by_inverse_layer_idx (scores divided by the layer number) "
                                      "is not supported"),)),
@@ -473,14 +483,14 @@ FAMILIES: dict[str, FamilySpec] = {
                    fused_qkv="grouped", root="transformer.", names=GPT2_NAMES, keys=GPT_KEYS, ffn_mult=4,
                    tie_default=True, gguf_arch="starcoder", gguf_names=GGUF_LEARNED_POS_NAMES,
                    variants=(Variant(flag("multi_query", True), {"fixed": {"num_key_value_heads": 1}}),
-                             Variant(lambda c: not flag("scale_attn_weights", True)(c), {"attn_unscaled": True}))),
+                             Variant(unset("scale_attn_weights"), {"attn_unscaled": True}))),
         FamilySpec("opt", norm="layer", positions="learned", position_offset=2, default_act="relu",
                    root="model.", names=OPT_NAMES, tie_default=True, fixed={"norm_eps": 1e-5},
                    keys={"num_key_value_heads": (), "head_dim": (), "intermediate_size": ("ffn_dim",),
                          "act": ("activation_function",)},
-                   variants=(Variant(lambda c: not flag("layer_norm_elementwise_affine", True)(c),
+                   variants=(Variant(unset("layer_norm_elementwise_affine"),
                                      {"norm_affine": False}),),
-                   refusals=(Refusal(lambda c: not flag("do_layer_norm_before", True)(c),
+                   refusals=(Refusal(unset("do_layer_norm_before"),
                                      "OPT's post-norm blocks (do_layer_norm_before: false) are not supported"),
                              Refusal(lambda c: c.get("word_embed_proj_dim") not in (None, c.get("hidden_size")),
                                      "an OPT word_embed_proj_dim unlike hidden_size (project_in/project_out) "
@@ -490,7 +500,8 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("bloom", norm="layer", positions="alibi", embed_norm=True, default_act="gelu_pytorch_tanh",
                    fused_qkv="grouped", root="transformer.", names=BLOOM_NAMES, ffn_mult=4, tie_default=True,
                    gguf_arch="bloom", gguf_names=GGUF_BLOOM_NAMES,
-                   keys={"hidden_size": ("hidden_size", "n_embed"), "num_hidden_layers": ("num_hidden_layers", "n_layer"),
+                   keys={"hidden_size": ("hidden_size", "n_embed"),
+                         "num_hidden_layers": ("num_hidden_layers", "n_layer"),
                          "num_attention_heads": ("num_attention_heads", "n_head"), "num_key_value_heads": (),
                          "head_dim": (), "intermediate_size": ()},
                    refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
@@ -512,7 +523,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                                             "act": ("activation",)}}),
                              Variant(_FALCON_NEW_1LN, {"norms": ("attn_norm",), "names": FALCON_NAMES}),
                              Variant(flag("alibi"), {"positions": "alibi"})),
-                   refusals=(Refusal(lambda c: flag("new_decoder_architecture")(c) and not flag("parallel_attn", True)(c),
+                   refusals=(Refusal(lambda c: flag("new_decoder_architecture")(c) and unset("parallel_attn")(c),
                                      "Falcon's new decoder architecture without parallel_attn is not supported"),)),
         FamilySpec("mpt", norm="layer", positions="alibi", default_act="gelu", fused_qkv="concat",
                    root="transformer.", names=MPT_NAMES, ffn_mult_key="expansion_ratio", ffn_mult=4, tie_default=True,
@@ -524,7 +535,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(lambda c: not flag("alibi", True, sub="attn_config")(c),
                                      "MPT with learned positions (attn_config.alibi: false) is not supported"),
                              Refusal(flag("qk_ln", sub="attn_config"), "MPT's attn_config.qk_ln is not supported"),
-                             Refusal(stated("clip_qkv", sub="attn_config"), "MPT's attn_config.clip_qkv is not supported"),
+                             Refusal(stated("clip_qkv", sub="attn_config"),
+                                     "MPT's attn_config.clip_qkv is not supported"),
                              Refusal(stated("softmax_scale", sub="attn_config"),
                                      "MPT's attn_config.softmax_scale is not supported"),
                              Refusal(stated("attn_type", sub="attn_config", unless="multihead_attention"),
@@ -539,7 +551,7 @@ FAMILIES: dict[str, FamilySpec] = {
                          "act": ("hidden_act", "activation_function")}),
         FamilySpec("hunyuan_v1_dense", qk_norm="head", qk_norm_after_rope=True, names=HUNYUAN_NAMES,
                    gguf_arch="hunyuan-dense",
-                   variants=(Variant(lambda c: not flag("use_qk_norm", True)(c), {"qk_norm": None}),)),
+                   variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),)),
         FamilySpec("jais2", norm="layer", default_act="relu2", names=PLAIN_MLP_NAMES, gguf_arch="jais2",
                    gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("gemma", gguf_arch="gemma", **_GEMMA),
@@ -554,7 +566,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "and every sliding layer by one base (or 0) is not supported"),)),
         FamilySpec("iquestcoder", sliding="qwen2", clip_qkv_key="clip_qkv"),
         FamilySpec("hyperclovax", **_GRANITE, norms=_SANDWICH, names=HYPERCLOVAX_NAMES,
-                   variants=(Variant(lambda c: not flag("use_post_norm", True)(c),
+                   variants=(Variant(unset("use_post_norm"),
                                      {"norms": ("attn_norm", "ffn_norm")}),)),
         FamilySpec("vaultgemma", sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
         FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),

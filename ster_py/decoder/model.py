@@ -182,8 +182,9 @@ class Decoder:
         if self.pos_embed is not None:
             rows = positions + self.spec.position_offset
             if rows[-1] >= self.pos_embed.shape[0]:
-                raise SterError(f"position {int(positions[-1])} is past the {self.pos_embed.shape[0] - self.spec.position_offset} "
-                                "positions this model learned; use a shorter prompt or fewer new tokens")
+                learned = self.pos_embed.shape[0] - self.spec.position_offset
+                raise SterError(f"position {int(positions[-1])} is past the {learned} positions this model "
+                                "learned; use a shorter prompt or fewer new tokens")
             h = h + np.asarray(self.pos_embed[rows], dtype=np.float32)
         return self.embed_norm(h) if self.embed_norm is not None else h
 
