@@ -312,6 +312,8 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "seed_oss": ("seed_oss", dict(LLAMA, head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True), {}),
     "arcee": ("arcee", dict(LLAMA, head_dim=16), {}),
     "ernie4_5": ("ernie4_5", dict(LLAMA, head_dim=16, use_bias=True), {}),
+    # The converter writes ChatGLM's layernorm_epsilon (1e-5 when absent), not GLM's rms_norm_eps.
+    "chatglm": ("glm", dict(LLAMA, head_dim=16, rms_norm_eps=1e-5), {}),
     "glm4": ("glm4", dict(LLAMA, head_dim=16), {}),
     "hunyuan-dense": ("hunyuan_v1_dense", dict(LLAMA, head_dim=16), {}),
     "jais2": ("jais2", dict(LLAMA, head_dim=16), {}),
