@@ -76,6 +76,7 @@ class ModelSpec:
     norm_affine: bool = True
     parallel: bool = False
     qk_norm_after_rope: bool = False
+    qk_norm_optional: bool = False
     embed_norm: bool = False
     positions: str = "rope"
     position_offset: int = 0
@@ -316,6 +317,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         norm_affine=family.norm_affine,
         parallel=family.parallel,
         qk_norm_after_rope=family.qk_norm_after_rope,
+        qk_norm_optional=family.qk_norm_optional,
         embed_norm=family.embed_norm,
         positions=family.positions,
         position_offset=family.position_offset,

@@ -266,6 +266,8 @@ class FamilySpec:
         qk_norm: ``None``, ``"head"`` (norm over each head's query/key, Qwen3, Gemma 3; the
             weight may be per head, Cohere, StableLM) or ``"proj"`` (over the whole projection, OLMo 2).
         qk_norm_after_rope: the q/k norms apply to the rotated query/key (HunYuan).
+        qk_norm_optional: the q/k norms apply only when the weights hold them (llama.cpp reads
+            StableLM's and Command R's by presence; their GGUF metadata does not say).
         embed_scale_sqrt_hidden: multiply embeddings by sqrt(hidden_size) (Gemma).
         embed_norm: a norm over the embeddings (BLOOM's word_embeddings_layernorm).
         positions: ``"rope"``, ``"learned"`` (a table added to the embeddings, row
@@ -325,6 +327,7 @@ class FamilySpec:
     parallel: bool = False
     qk_norm: str | None = None
     qk_norm_after_rope: bool = False
+    qk_norm_optional: bool = False
     embed_scale_sqrt_hidden: bool = False
     embed_norm: bool = False
     positions: str = "rope"
@@ -384,6 +387,7 @@ _GRANITE = dict(embed_multiplier_key="embedding_multiplier", residual_multiplier
 _GRANITE_GGUF = {"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
                  "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
 _PARALLEL_GGUF = {"use_parallel_residual": "use_parallel_residual"}
+_QK_NORM_IF_PRESENT = {"qk_norm": "head", "qk_norm_optional": True}
 _OLMO2 = dict(norms=("attn_post_norm", "ffn_post_norm"), qk_norm="proj", names=OLMO2_NAMES)
 _SANDWICH = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
 _FALCON_NEW_1LN = (lambda c: bool(c.get("new_decoder_architecture")) and c.get("num_ln_in_parallel_attn") == 1)
@@ -426,6 +430,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("granite", **_GRANITE, logit_scale_divides=True, gguf_arch="granite", gguf_qk_permuted=True,
                    gguf_config=_GRANITE_GGUF),
         FamilySpec("stablelm", norm="layer", names=STABLELM_NAMES, gguf_arch="stablelm", gguf_config=_PARALLEL_GGUF,
+                   gguf_changes=_QK_NORM_IF_PRESENT,
                    variants=(Variant(flag("use_parallel_residual"), {"parallel": True, "norms": ("attn_norm",)}),
                              Variant(flag("qk_layernorm"), {"qk_norm": "head"}))),
         FamilySpec("starcoder2", norm="layer", sliding="all", default_act="gelu_pytorch_tanh",
@@ -433,7 +438,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_changes={"sliding": "none"}),  # llama.cpp's starcoder2 has no sliding window
         FamilySpec("cohere", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, gguf_arch="command-r",
-                   gguf_config={"logit_scale": "logit_scale"},
+                   gguf_config={"logit_scale": "logit_scale"}, gguf_changes=_QK_NORM_IF_PRESENT,
                    variants=(Variant(flag("use_qk_norm"), {"qk_norm": "head"}),)),
         FamilySpec("cohere2", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="pattern", sliding_pattern=4,

@@ -293,6 +293,7 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "starcoder2": ("starcoder2", dict(LLAMA), {}),
     "granite": ("granite", dict(LLAMA, **_GRANITE_MULT, mlp_bias=True), {}),
     "command-r": ("cohere", dict(LLAMA), {}),
+    "command-r-qk-norm": ("cohere", dict(LLAMA, use_qk_norm=True), {}),  # read by presence, as llama.cpp does
     "cohere2": ("cohere2", dict(LLAMA, num_hidden_layers=4, sliding_window=5, layer_types=_SWS4), {"rotary_pct": 1.0}),
     "olmo": ("olmo", dict(LLAMA, clip_qkv=0.1), {}),
     "olmo2": ("olmo2", dict(LLAMA), {}),

@@ -73,8 +73,8 @@ class _Layer:
         self.norms = {role: norm(role) for role in spec.norms}
         self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias"))
                                           for r in ("q", "k", "v", "o"))
-        self.q_norm = norm("q_norm") if spec.qk_norm else None
-        self.k_norm = norm("k_norm") if spec.qk_norm else None
+        self.q_norm, self.k_norm = (norm(r) if spec.qk_norm and (not spec.qk_norm_optional or load(r) is not None)
+                                    else None for r in ("q_norm", "k_norm"))
         self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
         gate = load("gate")
         self.gate = make_linear(gate, load("gate", "bias")) if gate is not None else None
@@ -90,12 +90,12 @@ class _Layer:
         q, k, v = self.q(x), self.k(x), self.v(x)
         if s.clip_qkv is not None:
             q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
-        if s.qk_norm == "proj":
+        if s.qk_norm == "proj" and self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = np.ascontiguousarray(q.reshape(T, s.num_attention_heads, s.head_dim).transpose(1, 0, 2))
         k = np.ascontiguousarray(k.reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2))
         v = v.reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2)
-        head_norm = s.qk_norm == "head"
+        head_norm = s.qk_norm == "head" and self.q_norm is not None
         if head_norm and not s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         rope = self.layer.rope
