@@ -107,7 +107,10 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     out = Generation(prompt_ids=prompt)
     if sampling.max_new_tokens == 0:
         return out
-    context = decoder.spec.max_position_embeddings
+    spec = decoder.spec
+    # Dynamic NTK rotation exists to run past max_position_embeddings: no hard limit then.
+    dynamic = any(layer.rope is not None and layer.rope.dynamic for layer in spec.layers)
+    context = float("inf") if dynamic else spec.max_position_embeddings
     if len(prompt) > context:
         raise SterError(f"the prompt is {len(prompt)} tokens, longer than the model's context of {context} "
                         "positions; shorten it")

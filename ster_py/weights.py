@@ -195,6 +195,6 @@ class GGUFWeights:
             w = QuantTensor(t)
         else:
             w = t.dequantize()
-        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight")):
+        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")):
             w = unpermute_qk(w, self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1])
         return w if isinstance(w, QuantTensor) else w.astype(self.dtype, copy=False)
