@@ -11,7 +11,10 @@
  * just because a helper is off-CPU; the work degrades to the caller's thread.
  *
  * Helpers spin briefly after a job (decode issues hundreds of small jobs per
- * token, a few microseconds apart), then sleep on a condition variable.
+ * token, a few microseconds apart), then sleep on a condition variable. When
+ * helpers stall a job or keep missing whole jobs (their cores are taken), the
+ * caller runs the next jobs alone: more runnable threads than free cores only
+ * slows the thread that runs the Python between jobs.
  * POSIX threads + C11 atomics; one job at a time (a second concurrent caller
  * runs its job alone). After fork() the child starts without helpers.
  */
@@ -22,10 +25,16 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #define STER_POOL_MAX 64
-#define STER_POOL_SPIN_NS 300000L   /* helpers spin this long for the next job */
+/* Helpers spin this long for the next job before sleeping ($STER_SPIN_US overrides). */
+#define STER_POOL_SPIN_NS 50000L
+static long ster_pool_spin_ns = -1;
+#define STER_POOL_STALL_NS 1000000L   /* a wait this long for a claimed chunk is a stall */
+#define STER_POOL_COOLDOWN 256        /* jobs run alone after a stall or repeated misses */
+#define STER_POOL_MISSES 8            /* consecutive jobs without helper work that trigger it */
 
 typedef void (*ster_task_fn)(void* ctx, long chunk, int tid);
 
@@ -42,8 +51,10 @@ static struct {
     void* ctx;
     long n;
     int nthreads;
+    int cooldown;                 /* jobs left to run alone (helpers were not getting a core) */
+    int misses;                   /* consecutive jobs in which no helper ran a chunk */
 } ster_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0,
-               0, 0, 0, 0};
+               0, 0, 0, 0, 0, 0};
 
 static inline void ster_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -82,6 +93,7 @@ static long ster_pool_work(uint32_t gen, int tid) {
 
 static void* ster_pool_helper(void* arg) {
     int tid = (int)(intptr_t)arg;
+    const long spin_ns = ster_pool_spin_ns;
     uint32_t seen = (uint32_t)(atomic_load(&ster_pool.word) >> 32);
     for (;;) {
         uint32_t gen;
@@ -91,7 +103,7 @@ static void* ster_pool_helper(void* arg) {
             gen = (uint32_t)(atomic_load_explicit(&ster_pool.word, memory_order_acquire) >> 32);
             if (gen != seen) break;
             ster_cpu_relax();
-            if (++spins % 256 == 0 && ster_now_ns() - t0 > STER_POOL_SPIN_NS) {
+            if (++spins % 256 == 0 && ster_now_ns() - t0 > spin_ns) {
                 pthread_mutex_lock(&ster_pool.mu);
                 atomic_fetch_add(&ster_pool.sleepers, 1);
                 while ((uint32_t)(atomic_load(&ster_pool.word) >> 32) == seen)
@@ -122,6 +134,8 @@ static void ster_pool_after_fork(void) {
 static void ster_pool_grow(int want) {
     static int atfork_done = 0;
     if (!atfork_done) {
+        const char* env = getenv("STER_SPIN_US");
+        ster_pool_spin_ns = env && *env ? atol(env) * 1000L : STER_POOL_SPIN_NS;
         pthread_atfork(0, 0, ster_pool_after_fork);
         atfork_done = 1;
     }
@@ -149,6 +163,12 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
         for (c = 0; c < n; c++) fn(ctx, c, 0);
         return;
     }
+    if (ster_pool.cooldown > 0) {   /* a helper was recently descheduled mid-chunk: go alone */
+        ster_pool.cooldown--;
+        pthread_mutex_unlock(&ster_pool.caller);
+        for (c = 0; c < n; c++) fn(ctx, c, 0);
+        return;
+    }
     ster_pool_grow(nthreads);
     if (nthreads > ster_pool.started + 1) nthreads = ster_pool.started + 1;
     uint32_t gen = (uint32_t)(atomic_load(&ster_pool.word) >> 32) + 1;
@@ -165,12 +185,25 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
         pthread_cond_broadcast(&ster_pool.cv);
         pthread_mutex_unlock(&ster_pool.mu);
     }
-    ster_pool_work(gen, 0);
-    /* Every chunk is claimed; wait for the ones helpers are still running. */
-    long spins = 0;
+    long mine = ster_pool_work(gen, 0);
+    /* Helpers that keep missing whole jobs are not getting a core: other processes hold
+     * them, and waking them only adds contention. Go alone for a while, then try again. */
+    ster_pool.misses = mine == n ? ster_pool.misses + 1 : 0;
+    if (ster_pool.misses >= STER_POOL_MISSES) {
+        ster_pool.misses = 0;
+        ster_pool.cooldown = STER_POOL_COOLDOWN;
+    }
+    /* Every chunk is claimed; wait for the ones helpers are still running. A wait far longer
+     * than any chunk means a helper lost its core (other processes hold it): the next jobs
+     * then run on the calling thread alone rather than stall again. */
+    long spins = 0, t0 = 0;
     while (atomic_load_explicit(&ster_pool.done, memory_order_acquire) < n) {
         ster_cpu_relax();
-        if (++spins % 4096 == 0) sched_yield();
+        if (++spins % 4096 == 0) {
+            if (!t0) t0 = ster_now_ns();
+            else if (ster_now_ns() - t0 > STER_POOL_STALL_NS) ster_pool.cooldown = STER_POOL_COOLDOWN;
+            sched_yield();
+        }
     }
     pthread_mutex_unlock(&ster_pool.caller);
 }
