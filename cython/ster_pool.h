@@ -38,23 +38,26 @@ static long ster_pool_spin_ns = -1;
 
 typedef void (*ster_task_fn)(void* ctx, long chunk, int tid);
 
+/* The claim word, the done counter and the job description live on separate cache lines:
+ * helpers re-read the job on every claim while the word bounces between cores. */
+#define STER_LINE 64
 static struct {
-    pthread_mutex_t mu;           /* guards sleeping / start_mu-free state below */
-    pthread_cond_t cv;
-    pthread_mutex_t caller;       /* one job at a time */
-    int started;                  /* helpers created */
-    atomic_uint_fast64_t word;    /* gen << 32 | next chunk */
-    atomic_long done;             /* chunks finished in the current job */
-    atomic_int sleepers;
+    _Alignas(STER_LINE) atomic_uint_fast64_t word;   /* gen << 32 | next chunk */
+    _Alignas(STER_LINE) atomic_long done;            /* chunks finished in the current job */
     /* the current job (written by the caller before the word is published) */
-    ster_task_fn fn;
+    _Alignas(STER_LINE) ster_task_fn fn;
     void* ctx;
     long n;
     int nthreads;
+    _Alignas(STER_LINE) atomic_int sleepers;
+    int started;                  /* helpers created */
     int cooldown;                 /* jobs left to run alone (helpers were not getting a core) */
     int misses;                   /* consecutive jobs in which no helper ran a chunk */
-} ster_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0,
-               0, 0, 0, 0, 0, 0};
+    pthread_mutex_t mu;           /* with cv: sleeping helpers */
+    pthread_cond_t cv;
+    pthread_mutex_t caller;       /* one job at a time */
+} ster_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+               .caller = PTHREAD_MUTEX_INITIALIZER};
 
 static inline void ster_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
