@@ -836,24 +836,23 @@ STER_AVX2_INLINE float ster_legacy16_offset(const int type, const uint8_t* blk, 
 
 STER_AVX2_INLINE float ster_dot16_legacy(const int type, const uint8_t* row, int nb, const int16_t* x,
                                          const float* dx, const float* xs16) {
-    const int ts = ster_type_size(type);
+    /* Pointers that advance (not int indexes): no sign extensions in the loop. */
+    const size_t ts = (size_t)ster_type_size(type);
+    const uint8_t* k = row;
+    const uint8_t* end2 = row + (size_t)(nb & ~1) * ts;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float macc0 = 0.0f, macc1 = 0.0f;
-    int b;
-    for (b = 0; b + 2 <= nb; b += 2) {
-        const uint8_t* k0 = row + (size_t)b * ts;
-        const uint8_t* k1 = k0 + ts;
-        float d0 = ster_f16_avx2(k0), d1 = ster_f16_avx2(k1);
-        acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k0, x + 32 * b), _mm256_set1_ps(d0 * dx[b]), acc0);
-        acc1 = _mm256_fmadd_ps(ster_legacy16_block(type, k1, x + 32 * b + 32), _mm256_set1_ps(d1 * dx[b + 1]), acc1);
-        macc0 += ster_legacy16_offset(type, k0, d0, xs16[2 * b] + xs16[2 * b + 1]);
-        macc1 += ster_legacy16_offset(type, k1, d1, xs16[2 * b + 2] + xs16[2 * b + 3]);
+    for (; k < end2; k += 2 * ts, x += 64, dx += 2, xs16 += 4) {
+        float d0 = ster_f16_avx2(k), d1 = ster_f16_avx2(k + ts);
+        acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k, x), _mm256_set1_ps(d0 * dx[0]), acc0);
+        acc1 = _mm256_fmadd_ps(ster_legacy16_block(type, k + ts, x + 32), _mm256_set1_ps(d1 * dx[1]), acc1);
+        macc0 += ster_legacy16_offset(type, k, d0, xs16[0] + xs16[1]);
+        macc1 += ster_legacy16_offset(type, k + ts, d1, xs16[2] + xs16[3]);
     }
-    if (b < nb) {
-        const uint8_t* k0 = row + (size_t)b * ts;
-        float d0 = ster_f16_avx2(k0);
-        acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k0, x + 32 * b), _mm256_set1_ps(d0 * dx[b]), acc0);
-        macc0 += ster_legacy16_offset(type, k0, d0, xs16[2 * b] + xs16[2 * b + 1]);
+    if (nb & 1) {
+        float d0 = ster_f16_avx2(k);
+        acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k, x), _mm256_set1_ps(d0 * dx[0]), acc0);
+        macc0 += ster_legacy16_offset(type, k, d0, xs16[0] + xs16[1]);
     }
     return ster_hsum8(_mm256_add_ps(acc0, acc1)) + (macc0 + macc1);
 }
@@ -874,19 +873,15 @@ STER_AVX2_INLINE __m256 ster_q8_16_block(const uint8_t* blk, const int16_t* x) {
 }
 
 static STER_AVX2 float ster_dot16_q8_0(const uint8_t* row, int nb, const int16_t* x, const float* dx, const float* xs16) {
+    const uint8_t* k = row;
+    const uint8_t* end2 = row + (size_t)(nb & ~1) * 34;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int b;
     (void)xs16;
-    for (b = 0; b + 2 <= nb; b += 2) {
-        const uint8_t* k0 = row + (size_t)b * 34;
-        acc0 = _mm256_fmadd_ps(ster_q8_16_block(k0, x + 32 * b), _mm256_set1_ps(ster_f16_avx2(k0) * dx[b]), acc0);
-        acc1 = _mm256_fmadd_ps(ster_q8_16_block(k0 + 34, x + 32 * b + 32),
-                               _mm256_set1_ps(ster_f16_avx2(k0 + 34) * dx[b + 1]), acc1);
+    for (; k < end2; k += 68, x += 64, dx += 2) {
+        acc0 = _mm256_fmadd_ps(ster_q8_16_block(k, x), _mm256_set1_ps(ster_f16_avx2(k) * dx[0]), acc0);
+        acc1 = _mm256_fmadd_ps(ster_q8_16_block(k + 34, x + 32), _mm256_set1_ps(ster_f16_avx2(k + 34) * dx[1]), acc1);
     }
-    if (b < nb) {
-        const uint8_t* k0 = row + (size_t)b * 34;
-        acc0 = _mm256_fmadd_ps(ster_q8_16_block(k0, x + 32 * b), _mm256_set1_ps(ster_f16_avx2(k0) * dx[b]), acc0);
-    }
+    if (nb & 1) acc0 = _mm256_fmadd_ps(ster_q8_16_block(k, x), _mm256_set1_ps(ster_f16_avx2(k) * dx[0]), acc0);
     return ster_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
