@@ -183,28 +183,33 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
     /* Sequentially consistent publish, then read sleepers: pairs with a helper that counts
      * itself asleep, then re-reads the word (neither can miss the other). */
     atomic_store(&ster_pool.word, (uint_fast64_t)gen << 32);
-    if (atomic_load(&ster_pool.sleepers) > 0) {
+    int asleep = atomic_load(&ster_pool.sleepers) > 0;
+    if (asleep) {
         pthread_mutex_lock(&ster_pool.mu);
         pthread_cond_broadcast(&ster_pool.cv);
         pthread_mutex_unlock(&ster_pool.mu);
     }
+    long t_start = ster_now_ns();
     long mine = ster_pool_work(gen, 0);
-    /* Helpers that keep missing whole jobs are not getting a core: other processes hold
-     * them, and waking them only adds contention. Go alone for a while, then try again. */
-    ster_pool.misses = mine == n ? ster_pool.misses + 1 : 0;
+    long t_mine = ster_now_ns() - t_start;
+    /* Helpers that were awake yet missed whole jobs are not getting a core (other processes
+     * hold them) and only add contention: go alone for a while, then try again. */
+    ster_pool.misses = (mine == n && !asleep) ? ster_pool.misses + 1 : 0;
     if (ster_pool.misses >= STER_POOL_MISSES) {
         ster_pool.misses = 0;
         ster_pool.cooldown = STER_POOL_COOLDOWN;
     }
     /* Every chunk is claimed; wait for the ones helpers are still running. A wait far longer
-     * than any chunk means a helper lost its core (other processes hold it): the next jobs
-     * then run on the calling thread alone rather than stall again. */
+     * than a chunk takes here means a helper lost its core mid-chunk: the next jobs then run
+     * on the calling thread alone rather than stall again. */
+    long per_chunk = mine > 0 ? t_mine / mine : 0;
+    long stall = 4 * per_chunk > STER_POOL_STALL_NS ? 4 * per_chunk : STER_POOL_STALL_NS;
     long spins = 0, t0 = 0;
     while (atomic_load_explicit(&ster_pool.done, memory_order_acquire) < n) {
         ster_cpu_relax();
         if (++spins % 4096 == 0) {
             if (!t0) t0 = ster_now_ns();
-            else if (ster_now_ns() - t0 > STER_POOL_STALL_NS) ster_pool.cooldown = STER_POOL_COOLDOWN;
+            else if (ster_now_ns() - t0 > stall) ster_pool.cooldown = STER_POOL_COOLDOWN;
             sched_yield();
         }
     }
