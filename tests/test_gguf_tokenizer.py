@@ -215,8 +215,8 @@ def llama_vocab_dir(tmp_path_factory) -> Path:
     sdist_dir = fixtures_dir() / "sdist"
     sdist = sdist_dir / _SDIST
     if not sdist.is_file():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(sdist_dir),
-               "llama-cpp-python==0.3.36"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", "-q",
+               "-d", str(sdist_dir), "llama-cpp-python==0.3.36"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0 or not sdist.is_file():
             pytest.fail(f"cannot fetch {_SDIST} with pip: {done.stderr[-500:]}", pytrace=False)

@@ -384,7 +384,7 @@ def _sdist(tmp_dir) -> "Path":
     for d in SDIST_DIRS:
         if (Path(d) / SDIST).is_file():
             return Path(d) / SDIST
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                         "llama-cpp-python==0.3.36", "-d", str(tmp_dir)], capture_output=True, text=True)
     if r.returncode != 0 or not (Path(tmp_dir) / SDIST).is_file():
         pytest.fail(f"llama.cpp's converter is unavailable: {SDIST} is in none of {SDIST_DIRS} and pip download "
