@@ -513,13 +513,19 @@ static STER_AVX2 float ster_dot_q8_0(const uint8_t* row, int nb, const float* x,
 /* Q5_0 / Q5_1: the fifth bits come from a table: byte v of qh -> 8 lanes of ((v >> i) & 1) << 4,
  * one 32-byte load per 8 weights (8 KiB, stays in L1). */
 static int32_t ster_q5_high[256][8] __attribute__((aligned(32)));
+static uint64_t ster_q5_bytes[256];   /* byte v -> 8 bytes, byte i = ((v >> i) & 1) << 4 */
 static int ster_q5_high_ready = 0;
 
 static void ster_init_tables(void) {
     int v, i;
     if (ster_q5_high_ready) return;
-    for (v = 0; v < 256; v++)
-        for (i = 0; i < 8; i++) ster_q5_high[v][i] = ((v >> i) & 1) << 4;
+    for (v = 0; v < 256; v++) {
+        ster_q5_bytes[v] = 0;
+        for (i = 0; i < 8; i++) {
+            ster_q5_high[v][i] = ((v >> i) & 1) << 4;
+            ster_q5_bytes[v] |= (uint64_t)(((v >> i) & 1) << 4) << (8 * i);
+        }
+    }
     ster_q5_high_ready = 1;
 }
 
@@ -820,9 +826,11 @@ STER_AVX2_INLINE __m256 ster_legacy16_block(const int type, const uint8_t* blk, 
     __m128i bq = _mm_loadu_si128((const __m128i*)qs);
     __m128i lo = _mm_and_si128(bq, m15), hi = _mm_and_si128(_mm_srli_epi16(bq, 4), m15);
     if (type == STER_Q5_0 || type == STER_Q5_1) {
-        __m256i hb = ster_bits32(ster_le32(blk + (type == STER_Q5_0 ? 2 : 4)));
-        lo = _mm_or_si128(lo, _mm_and_si128(_mm256_castsi256_si128(hb), b16));
-        hi = _mm_or_si128(hi, _mm_and_si128(_mm256_extracti128_si256(hb, 1), b16));
+        /* fifth bits: each byte of qh -> 8 bytes of 0x10 / 0x00 from a 2 KiB table */
+        const uint8_t* qh = blk + (type == STER_Q5_0 ? 2 : 4);
+        lo = _mm_or_si128(lo, _mm_set_epi64x((long long)ster_q5_bytes[qh[1]], (long long)ster_q5_bytes[qh[0]]));
+        hi = _mm_or_si128(hi, _mm_set_epi64x((long long)ster_q5_bytes[qh[3]], (long long)ster_q5_bytes[qh[2]]));
+        (void)b16;
     }
     __m256i p1, p0 = ster_madd32(lo, hi, x, 0, &p1);
     return _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
