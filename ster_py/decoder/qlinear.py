@@ -6,7 +6,9 @@ it: its rows are decoded only when asked for (the embedding lookup), and
 ``ster_py._kernels.qmatmul``, which decode each block inside the product
 (llama.cpp's approach: ggml-cpu's ``vec_dot_*`` / ``mul_mat``; block layouts from
 ggml-common.h). Nothing here ever materialises the whole float matrix unless a
-caller asks for a dense array (``np.asarray(qt)``).
+caller asks for a dense array (``np.asarray(qt)``). A row order (``permuted``)
+reorders the product's outputs instead of the weights: that is how llama.cpp's q/k
+row permutation is undone without a copy.
 
 ``reference_matmul`` is the plain numpy reference the kernels are tested against:
 dequantize with ``ster_py.gguf.quants.dequantize_reference``, multiply in float64.
@@ -149,7 +151,11 @@ class QuantLinear:
 
     x float32 [T, in_features] (or [in_features]) -> float32 [T, out_features]: one
     fused row dot per output for T = 1, decoded 16-row panels shared by all tokens for
-    T > 1 (see ``cython/qmatmul.pyx``). Compute is float32.
+    T > 1 (see ``cython/qmatmul.pyx``). Accumulation is float32. With AVX2 the T = 1 path
+    first rounds x to int16 per 32-input block (relative step 2^-15 of the block's largest
+    magnitude; llama.cpp uses int8 here, which moves real-model logits by ~3%, int16 by
+    ~2e-4) so a block is two integer multiply-adds; ``qmatmul.set_int16_activations(False)``
+    keeps float inputs.
     """
 
     def __init__(self, weight: QuantTensor, bias: np.ndarray | None = None):
@@ -171,7 +177,11 @@ class QuantLinear:
 
 
 def reference_matmul(x: np.ndarray, weight: QuantTensor) -> np.ndarray:
-    """The numpy reference: float64 [T, out] = x [T, in] @ dequantize_reference(W)^T."""
+    """The numpy reference: float64 [T, out] = x [T, in] @ dequantize_reference(W)^T.
+
+    (For the int16 decode path, pass the quantized input ``dx * q`` from
+    ``qmatmul.quantize_activations``.)
+    """
     t = weight.tensor
     raw = t.raw_rows if weight._order is None else t.raw_rows[weight._order]
     w = quants.dequantize_reference(np.ascontiguousarray(raw), weight.ggml_type, weight.shape)
