@@ -25,6 +25,10 @@ from libc.stdlib cimport free, malloc
 
 import numpy as np
 
+cimport numpy as cnp
+
+cnp.import_array()
+
 cdef extern from "ster_pool.h" nogil:
     ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
     void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads)
@@ -198,33 +202,47 @@ cdef class QMatrix:
             if arr.shape[0]:
                 self._rows = <const int32_t*><uintptr_t>arr.ctypes.data
 
-    def matmul(self, const float[:, ::1] x, float[:, ::1] out, int force=0):
-        """out[T, rows] = x[T, cols] @ W^T (float32, C-contiguous; ``out`` is overwritten).
+    def matmul(self, x, out, int force=0):
+        """out[T, rows] = x[T, cols] @ W^T (float32 ndarrays, C-contiguous; ``out`` is overwritten).
 
         force: 0 chooses by T (fused row dots for T = 1, decoded panels for T > 1);
         1 forces the row dots, 2 the panels (tests).
         """
-        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows
-        if x.shape[1] != K:
-            raise ValueError(f"input has {x.shape[1]} features, the matrix {K}")
-        if out.shape[0] != T or out.shape[1] != N:
-            raise ValueError(f"output must be [{T}, {N}], got [{out.shape[0]}, {out.shape[1]}]")
+        # numpy's C API instead of typed memoryviews: decoding makes hundreds of these calls
+        # per token, and acquiring two buffers costs more than a small product.
+        if not (cnp.PyArray_Check(x) and cnp.PyArray_Check(out)):
+            raise TypeError("x and out must be numpy arrays")
+        cdef cnp.ndarray xa = <cnp.ndarray>x
+        cdef cnp.ndarray oa = <cnp.ndarray>out
+        if (cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(oa) != cnp.NPY_FLOAT32
+                or cnp.PyArray_NDIM(xa) != 2 or cnp.PyArray_NDIM(oa) != 2
+                or not cnp.PyArray_IS_C_CONTIGUOUS(xa) or not cnp.PyArray_IS_C_CONTIGUOUS(oa)
+                or not cnp.PyArray_ISWRITEABLE(oa)):
+            raise ValueError("x and out must be 2-D C-contiguous float32 arrays (out writable)")
+        cdef int T = <int>cnp.PyArray_DIM(xa, 0), K = self.n_cols, N = self.n_rows
+        if cnp.PyArray_DIM(xa, 1) != K:
+            raise ValueError(f"input has {cnp.PyArray_DIM(xa, 1)} features, the matrix {K}")
+        if cnp.PyArray_DIM(oa, 0) != T or cnp.PyArray_DIM(oa, 1) != N:
+            raise ValueError(f"output must be [{T}, {N}], got [{cnp.PyArray_DIM(oa, 0)}, {cnp.PyArray_DIM(oa, 1)}]")
         if T == 0 or N == 0:
             return
+        cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
+        cdef float* op = <float*>cnp.PyArray_DATA(oa)
         if (force == 0 and T == 1) or force == 1:
-            self._rowdots(x, out)
+            self._rowdots(xp, T, op)
         else:
-            self._panels(x, out)
+            self._panels(xp, T, op)
 
-    cdef void _rowdots(self, const float[:, ::1] x, float[:, ::1] out):
-        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows, t
+    cdef int _rowdots(self, const float* x, int T, float* out) except -1:
+        cdef int K = self.n_cols, N = self.n_rows, t
         cdef int nt = _threads if <long>N * K >= _PARALLEL_MIN_WEIGHTS else 1
         cdef long n_chunks
         cdef _RowJob j
         j.typ, j.simd, j.K, j.N = self.type_id, _simd, K, N
         j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
-        # About four chunks per thread: small enough to balance, large enough to amortise.
-        j.chunk = max(8, (N + 4 * nt - 1) // (4 * nt))
+        # Chunks: about eight per thread (a short tail when one thread starts late), at most
+        # ~128k weights each (so big matrices still split finely), at least 8 rows.
+        j.chunk = max(8, min((N + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
         n_chunks = (N + j.chunk - 1) // j.chunk
         # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16].
         cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64)
@@ -236,20 +254,21 @@ cdef class QMatrix:
         j.q, j.dx, j.xs16 = q, dx, xs16
         with nogil:
             for t in range(T):
-                j.x, j.y = &x[t, 0], &out[t, 0]
+                j.x, j.y = x + <size_t>t * K, out + <size_t>t * N
                 j.use16 = _simd and _int16 and ster_quantize16(j.x, K, q, dx, xs16)
                 if not j.use16:
                     ster_sums16(j.x, K, xs16)
                 ster_pool_run(n_chunks, _row_task, &j, nt)
         free(buf)
+        return 0
 
-    cdef void _panels(self, const float[:, ::1] x, float[:, ::1] out):
-        cdef int T = x.shape[0], K = self.n_cols, N = self.n_rows
+    cdef int _panels(self, const float* x, int T, float* out) except -1:
+        cdef int K = self.n_cols, N = self.n_rows
         cdef int nt = _threads if <long>N * K * T >= _PARALLEL_MIN_WEIGHTS else 1
         cdef _PanelJob j
         j.typ, j.simd, j.K, j.N, j.T = self.type_id, _simd, K, N, T
         j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
-        j.X, j.Y = &x[0, 0], &out[0, 0]
+        j.X, j.Y = x, out
         # Tasks of nc rows (a multiple of 16): about four per thread, 16..128 rows each.
         cdef int nc = (N + 4 * nt - 1) // (4 * nt)
         j.nc = min(128, max(STER_NR, (nc + STER_NR - 1) // STER_NR * STER_NR))
@@ -262,3 +281,4 @@ cdef class QMatrix:
         with nogil:
             ster_pool_run(n_tasks, _panel_task, &j, nt)
         free(block)
+        return 0

@@ -165,6 +165,12 @@ class QuantLinear:
         self._m = weight.qmatrix()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.__class__ is np.ndarray and x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous:
+            out = np.empty((x.shape[0], self.out_features), np.float32)  # the common case, no copies
+            self._m.matmul(x, out)
+            if self.bias is not None:
+                out += self.bias
+            return out
         x2 = np.ascontiguousarray(x, dtype=np.float32)
         vector = x2.ndim == 1
         if x2.ndim != 2:
