@@ -953,8 +953,15 @@ static void ster_sums16(const float* x, int K, float* xs16) {
 /* x [K] -> int16 codes q and per-32 scales dx (x ~= dx * q, |q| <= 32767, round to
  * nearest even), plus xs16: sums of dx * q over each 16 inputs. Returns 0 if some block
  * is not finite (the caller then multiplies in float, which propagates inf/NaN). */
+#if STER_HAVE_X86
+static int ster_quantize16_avx2(const float* x, int K, int16_t* q, float* dx, float* xs16);
+#endif
+
 static int ster_quantize16(const float* x, int K, int16_t* q, float* dx, float* xs16) {
     int b, i;
+#if STER_HAVE_X86
+    if (ster_cpu_avx2()) return ster_quantize16_avx2(x, K, q, dx, xs16);
+#endif
     for (b = 0; b < K / 32; b++) {
         const float* xb = x + 32 * b;
         float amax = 0.0f;
@@ -985,6 +992,55 @@ static int ster_quantize16(const float* x, int K, int16_t* q, float* dx, float* 
     }
     return 1;
 }
+
+#if STER_HAVE_X86
+/* ster_quantize16 with AVX2: same arithmetic (x * (32767 / amax), rounded to nearest even by
+ * cvtps, as lrintf does in the default rounding mode), so identical codes. */
+static STER_AVX2 int ster_quantize16_avx2(const float* x, int K, int16_t* q, float* dx, float* xs16) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    int b;
+    for (b = 0; b < K / 32; b++) {
+        const float* xb = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 a0 = _mm256_andnot_ps(sign, v0), a1 = _mm256_andnot_ps(sign, v1);
+        __m256 a2 = _mm256_andnot_ps(sign, v2), a3 = _mm256_andnot_ps(sign, v3);
+        __m256 bad = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a0, inf, _CMP_NLT_UQ), _mm256_cmp_ps(a1, inf, _CMP_NLT_UQ)),
+                                  _mm256_or_ps(_mm256_cmp_ps(a2, inf, _CMP_NLT_UQ), _mm256_cmp_ps(a3, inf, _CMP_NLT_UQ)));
+        if (_mm256_movemask_ps(bad)) return 0;   /* inf or NaN */
+        __m256 m = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        int16_t* qb = q + 32 * b;
+        if (amax > 0.0f) {
+            const __m256 inv = _mm256_set1_ps(32767.0f / amax);
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv));
+            /* packs interleaves 128-bit lanes; permute restores the order */
+            __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
+            __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xD8);
+            _mm256_storeu_si256((__m256i*)qb, p01);
+            _mm256_storeu_si256((__m256i*)(qb + 16), p23);
+            __m256i s01 = _mm256_add_epi32(i0, i1), s23 = _mm256_add_epi32(i2, i3);
+            __m128i t0 = _mm_add_epi32(_mm256_castsi256_si128(s01), _mm256_extracti128_si256(s01, 1));
+            __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(s23), _mm256_extracti128_si256(s23, 1));
+            t0 = _mm_hadd_epi32(t0, t1);
+            t0 = _mm_hadd_epi32(t0, t0);
+            dx[b] = amax / 32767.0f;
+            xs16[2 * b] = dx[b] * (float)_mm_cvtsi128_si32(t0);
+            xs16[2 * b + 1] = dx[b] * (float)_mm_extract_epi32(t0, 1);
+        } else {
+            _mm256_storeu_si256((__m256i*)qb, _mm256_setzero_si256());
+            _mm256_storeu_si256((__m256i*)(qb + 16), _mm256_setzero_si256());
+            dx[b] = 0.0f;
+            xs16[2 * b] = xs16[2 * b + 1] = 0.0f;
+        }
+    }
+    return 1;
+}
+#endif
 
 /* y[r] = row(rows[r]) . (dx * q) for r in [r0, r1), int16-activation kernels (AVX2 only). */
 static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,

@@ -144,6 +144,11 @@ def test_int16_activations_follow_their_definition():
     q, dx = qmatmul.quantize_activations(x)
     amax = np.abs(x).reshape(3, 4, 32).max(-1)
     np.testing.assert_array_equal(dx, (amax / np.float32(32767)).astype(np.float32))
+    # The definition, in float32: q = round-half-even(x * (32767 / amax)).
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(32767) / amax, np.float32(0)).astype(np.float32)
+    want = np.rint(x.reshape(3, 4, 32) * inv[..., None]).reshape(3, 128)
+    np.testing.assert_array_equal(q, want.astype(np.int16))
     assert np.abs(q.astype(np.int32)).max() <= 32767
     # q is x / dx rounded to nearest: within half a step (plus float32 slack).
     step = np.repeat(dx, 32, axis=1).astype(np.float64)
