@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#if !defined(STER_NO_SIMD) && (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define STER_OPS_X86 1
 #include <immintrin.h>
 #define STER_OPS_AVX2 __attribute__((target("avx2,fma")))

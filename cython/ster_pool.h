@@ -21,6 +21,10 @@
 #ifndef STER_POOL_H
 #define STER_POOL_H
 
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L   /* clock_gettime when built as strict C */
+#endif
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>

@@ -28,7 +28,8 @@
 #include <string.h>
 #include <math.h>
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+/* STER_NO_SIMD forces the portable path (to check that it builds and runs). */
+#if !defined(STER_NO_SIMD) && (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define STER_HAVE_X86 1
 #include <immintrin.h>
 #define STER_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -1082,6 +1083,8 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
     int kc0, kcl, p, rr, k, t0;
 #if STER_HAVE_X86
     ster_dec_fn dec = simd ? ster_dec_avx2_for(type) : 0;
+#else
+    (void)simd;
 #endif
     for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
         kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
