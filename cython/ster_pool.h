@@ -36,7 +36,7 @@
 /* Helpers spin this long for the next job before sleeping ($STER_SPIN_US overrides). */
 #define STER_POOL_SPIN_NS 50000L
 static long ster_pool_spin_ns = -1;
-#define STER_POOL_STALL_NS 1000000L   /* a wait this long for a claimed chunk is a stall */
+#define STER_POOL_STALL_NS 100000L    /* a wait this long (or 4 chunks) for a claimed chunk is a stall */
 #define STER_POOL_COOLDOWN 256        /* jobs run alone after a stall or repeated misses */
 #define STER_POOL_MISSES 8            /* consecutive jobs without helper work that trigger it */
 
