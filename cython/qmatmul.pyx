@@ -32,6 +32,7 @@ cnp.import_array()
 cdef extern from "ster_pool.h" nogil:
     ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
     void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads)
+    void ster_pool_stats(long* out4)
 
 cdef extern from "ster_qkernels.h" nogil:
     int STER_KC
@@ -107,6 +108,15 @@ cdef void _panel_task(void* ctx, long c, int tid) noexcept nogil:
     cdef int n0 = <int>c * j.nc
     ster_matmul_range(j.typ, j.W, j.rb, j.rows, n0, min(j.N, n0 + j.nc), j.K, j.X, j.T, j.Y, j.N,
                       j.pack + j.per_thread * tid, j.simd)
+
+
+def pool_stats() -> dict:
+    """Counters of the thread pool since the process started (diagnostics for benchmarks):
+    jobs shared out, jobs run alone while helpers were not getting a core, and the calling
+    thread's seconds on its own chunks and waiting for helpers' chunks."""
+    cdef long v[4]
+    ster_pool_stats(v)
+    return {"jobs": v[0], "alone": v[1], "caller_work_s": v[2] / 1e9, "caller_wait_s": v[3] / 1e9}
 
 
 def set_threads(int n):

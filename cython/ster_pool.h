@@ -60,6 +60,8 @@ static struct {
     pthread_mutex_t mu;           /* with cv: sleeping helpers */
     pthread_cond_t cv;
     pthread_mutex_t caller;       /* one job at a time */
+    /* statistics (caller side, read by ster_pool_stats) */
+    long stat_jobs, stat_alone, stat_wait_ns, stat_work_ns;
 } ster_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
                .caller = PTHREAD_MUTEX_INITIALIZER};
 
@@ -170,8 +172,10 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
         for (c = 0; c < n; c++) fn(ctx, c, 0);
         return;
     }
+    ster_pool.stat_jobs++;
     if (ster_pool.cooldown > 0) {   /* a helper was recently descheduled mid-chunk: go alone */
         ster_pool.cooldown--;
+        ster_pool.stat_alone++;
         pthread_mutex_unlock(&ster_pool.caller);
         for (c = 0; c < n; c++) fn(ctx, c, 0);
         return;
@@ -208,7 +212,8 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
      * on the calling thread alone rather than stall again. */
     long per_chunk = mine > 0 ? t_mine / mine : 0;
     long stall = 4 * per_chunk > STER_POOL_STALL_NS ? 4 * per_chunk : STER_POOL_STALL_NS;
-    long spins = 0, t0 = 0;
+    long spins = 0, t0 = 0, t_wait = ster_now_ns();
+    ster_pool.stat_work_ns += t_mine;
     while (atomic_load_explicit(&ster_pool.done, memory_order_acquire) < n) {
         ster_cpu_relax();
         if (++spins % 4096 == 0) {
@@ -217,7 +222,17 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
             sched_yield();
         }
     }
+    ster_pool.stat_wait_ns += ster_now_ns() - t_wait;
     pthread_mutex_unlock(&ster_pool.caller);
+}
+
+/* jobs run through the pool, jobs run alone during a cooldown, ns the caller spent on its
+ * own chunks of shared jobs, ns it waited for helpers' chunks. */
+static void ster_pool_stats(long* out4) {
+    out4[0] = ster_pool.stat_jobs;
+    out4[1] = ster_pool.stat_alone;
+    out4[2] = ster_pool.stat_work_ns;
+    out4[3] = ster_pool.stat_wait_ns;
 }
 
 #endif /* STER_POOL_H */
