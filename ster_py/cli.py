@@ -254,6 +254,8 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print one JSON d
 
 
 from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector caa, tune merge)
+from . import cli_text  # noqa: E402,F401  (registers tokenize, detokenize)
+from . import cli_template  # noqa: E402,F401  (registers template render)
 
 
 def main() -> None:
