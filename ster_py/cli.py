@@ -76,7 +76,8 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def _model_or_default(model: Optional[str]) -> str:
-    if model:
+    """The default preset only when --model is absent; an empty one goes on to resolve, which refuses it."""
+    if model is not None:
         return model
     from .presets import DEFAULT_PRESET
 

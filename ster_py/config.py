@@ -18,6 +18,14 @@ from .decoder.rope import Rope, make_rope
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
 
+# Bounds on the counts read from a config, far above any released model. They are
+# checked where a count is read, because per-layer and per-head tables are built from
+# it before ``validate.check_spec`` sees the whole spec (a config.json is untrusted).
+MAX_LAYERS = 4096
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 1 << 14
+MAX_DIM = 1 << 24
+
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_tanh", "relu2", "relu",
                "xielu")
 
@@ -107,12 +115,13 @@ class _Reader:
                 return self.config[key]
         return default
 
-    def positive_int(self, name: str, default=None) -> int:
+    def positive_int(self, name: str, default=None, limit: int = MAX_DIM) -> int:
+        """The integer field ``name`` in 1..``limit``; SterError naming its keys otherwise."""
         v = self.get(name, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
             keys = self.family.keys.get(name, DEFAULT_KEYS.get(name, ())) or (name,)
-            raise SterError(f"invalid model config {self.config_name}: {' / '.join(keys)} must be a positive "
-                            f"integer, got {v!r}")
+            raise SterError(f"invalid model config {self.config_name}: {' / '.join(keys)} must be an integer "
+                            f"in 1..{limit}, got {v!r}")
         return v
 
     def number(self, key: str | None, default: float | None) -> float | None:
@@ -161,7 +170,16 @@ def _fixed_alpha(params: dict, head_dim: int) -> dict:
 def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_name: str) -> list[bool]:
     """Per layer: does it attend through ``sliding_window`` (``layer_types``, else the family's rule)."""
     layer_types = config.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == n_layers:
+    if layer_types is not None:
+        # Transformers refuses a list of the wrong length; any kind but these two is a mixer ster lacks.
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+            shown = f"{len(layer_types)} entries" if isinstance(layer_types, list) else repr(layer_types)
+            raise SterError(f"invalid model config {config_name}: layer_types must list one entry per layer "
+                            f"({n_layers}), got {shown}")
+        for t in layer_types:
+            if t not in ("sliding_attention", "full_attention"):
+                raise SterError(f"{config_name}: layer type {t!r} is not supported; ster runs layer_types "
+                                "'full_attention' and 'sliding_attention'")
         return [t == "sliding_attention" for t in layer_types]
     if config.get("sliding_window") is None:
         return [False] * n_layers
@@ -223,10 +241,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     family = family.for_config(config)
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
-    heads = r.positive_int("num_attention_heads")
-    kv_heads = r.positive_int("num_key_value_heads", heads)
-    head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None)
-    n_layers = r.positive_int("num_hidden_layers")
+    heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
+    kv_heads = r.positive_int("num_key_value_heads", heads, limit=MAX_HEADS)
+    head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
+    n_layers = r.positive_int("num_hidden_layers", limit=MAX_LAYERS)
     if heads % kv_heads:
         raise SterError(f"invalid model config {config_name}: num_attention_heads ({heads}) is not a "
                         f"multiple of num_key_value_heads ({kv_heads})")
@@ -325,7 +343,8 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         alibi_scale=attn_scale if family.alibi_scaled else 1.0,
         alibi_bf16=family.alibi_bf16,
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
-        logit_scale=1.0 / logit_scale if family.logit_scale_divides else logit_scale,
+        # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
+        logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,
         clip_qkv=r.number(family.clip_qkv_key, None),
         sinks=family.sinks,
     )

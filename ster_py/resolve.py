@@ -135,8 +135,10 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             unreachable/missing/gated repository or revision, a cache that
             lacks the model under ``HF_HUB_OFFLINE``, or a failed download.
     """
-    if not model:
-        raise SterError("no model given; pass a local directory, a .gguf file or a Hugging Face Hub id")
+    if not isinstance(model, str) or not model.strip():
+        # An empty or blank --model is a mistake, never a request for the default preset or the Hub.
+        raise SterError(f"no model given (--model is {model!r}); pass a local directory, a .gguf file, "
+                        "a preset name or a Hugging Face Hub id")
     path = Path(model).expanduser()
     if path.is_dir():
         return _resolve_dir(model, path.absolute(), revision)

@@ -12,12 +12,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from .config import ModelSpec
+from .config import MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ModelSpec
 from .errors import SterError
-
-# Far above any released model; below what would make per-layer tables a memory hazard.
-MAX_LAYERS = 4096
-MAX_DIM = 1 << 24
 
 T = TypeVar("T")
 
@@ -57,27 +53,51 @@ def _positive_finite(value, name: str, source: str, allow_none: bool = False) ->
         raise SterError(f"invalid model config {source}: {name} must be a finite number above 0, got {value!r}")
 
 
+SIZE_LIMITS = {"vocab_size": MAX_DIM, "hidden_size": MAX_DIM, "intermediate_size": MAX_DIM,
+               "num_hidden_layers": MAX_LAYERS, "num_attention_heads": MAX_HEADS, "num_key_value_heads": MAX_HEADS,
+               "head_dim": MAX_HEAD_DIM, "max_position_embeddings": MAX_DIM}
+
+# llama.cpp metadata keys (after ``{arch}.``) of the same sizes, checked before a spec is built from them.
+GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
+                  "attention.head_count_kv": MAX_HEADS, "attention.key_length": MAX_HEAD_DIM,
+                  "embedding_length": MAX_DIM, "feed_forward_length": MAX_DIM, "context_length": MAX_DIM}
+
+
+def check_gguf_sizes(meta, source: str) -> None:
+    """Refuse GGUF size metadata beyond ``SIZE_LIMITS`` before per-layer tables are built from it.
+
+    A size that is not a plain integer is left to the spec builder, which names it. Raises SterError.
+    """
+    arch = meta.get("general.architecture")
+    for key, limit in GGUF_SIZE_KEYS.items():
+        v = meta.get(f"{arch}.{key}")
+        if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > limit:
+            raise SterError(f"{source}: GGUF metadata {arch}.{key} is {int(v)}, above the limit of {limit}; "
+                            "the file is corrupt or not a model ster can run")
+
+
 def check_spec(spec: ModelSpec, source: str) -> ModelSpec:
     """Refuse a spec whose numbers cannot give finite logits. Returns ``spec``.
 
     Raises:
         SterError: naming the field: sizes out of range, non-positive or non-finite norm
-            epsilon, scales, soft-caps or rotary frequencies, a bad sliding window, a
+            epsilon, scales (attention, embedding, residual, logit), soft-caps, clip_qkv or
+            rotary frequencies, a bad sliding window, a
             non-boolean ``tie_word_embeddings``.
     """
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "max_position_embeddings"):
+    for name, limit in SIZE_LIMITS.items():
         v = getattr(spec, name)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= MAX_DIM:
-            raise SterError(f"invalid model config {source}: {name} must be an integer in 1..{MAX_DIM}, got {v!r}")
-    if not 0 < spec.num_hidden_layers <= MAX_LAYERS:
-        raise SterError(f"invalid model config {source}: num_hidden_layers must be in 1..{MAX_LAYERS}, "
-                        f"got {spec.num_hidden_layers}")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
+            raise SterError(f"invalid model config {source}: {name} must be an integer in 1..{limit}, got {v!r}")
     _positive_finite(spec.norm_eps, "the norm epsilon", source)
     _positive_finite(spec.attn_scale, "the attention scale (query_pre_attn_scalar / head_dim)", source)
     _positive_finite(spec.embed_scale, "the embedding scale", source)
     _positive_finite(spec.attn_softcap, "attn_logit_softcapping", source, allow_none=True)
     _positive_finite(spec.final_softcap, "final_logit_softcapping", source, allow_none=True)
+    # Granite's multipliers, Command R's logit_scale: zero, negative or NaN silently wrecks every logit.
+    _positive_finite(spec.residual_scale, "the residual scale (residual_multiplier)", source)
+    _positive_finite(spec.logit_scale, "the logit scale (logit_scale / logits_scaling)", source)
+    _positive_finite(spec.clip_qkv, "clip_qkv (the q/k/v clamp bound)", source, allow_none=True)
     if not isinstance(spec.tie_word_embeddings, bool):
         raise SterError(f"invalid model config {source}: tie_word_embeddings must be true or false, "
                         f"got {spec.tie_word_embeddings!r}")

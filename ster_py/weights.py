@@ -42,6 +42,53 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 }
 
 
+# Stored tensors no decoder role reads and that are safe to leave: rotary inverse-frequency
+# buffers and the causal-mask buffers old GPT-2 / GPT-J / GPT-NeoX checkpoints saved.
+HARMLESS_SUFFIXES = (".inv_freq", ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias")
+# llama.cpp's rope_freqs is read with the metadata (gguf/load.py), not as a layer weight.
+HARMLESS_NAMES = frozenset({"rope_freqs.weight"})
+
+
+def _role_names(entry) -> tuple[str, ...]:
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+class _Tracked:
+    """Records the names asked for, so that the tensors nothing asked for can be reported."""
+
+    _asked: set
+
+    def _stored(self, name: str) -> str:
+        return name
+
+    def unused_tensors(self, spec) -> list[str]:
+        """Stored tensors the decoder built from ``spec`` never asked for, sorted.
+
+        Call after ``Decoder(spec, self)`` (it reads every tensor at construction).
+        Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``) and,
+        when the head is tied to the embedding, a stored head (it is not used, as in
+        Transformers). Anything else means the checkpoint holds weights this model
+        configuration ignores: usually a config.json from another model or variant.
+        """
+        asked = {self._stored(n) for n in self._asked}
+        if spec.tie_word_embeddings and "head" in spec.names:
+            for head in _role_names(spec.names["head"]):
+                root = spec.root or ""
+                asked |= {self._stored(f"{head}.weight"), self._stored(f"{head.removeprefix(root)}.weight")}
+        return sorted(n for n in self.names() if n not in asked and n not in HARMLESS_NAMES
+                      and not n.endswith(HARMLESS_SUFFIXES))
+
+
+def unused_tensor_warnings(spec, weights) -> list[str]:
+    """One warning line for the stored tensors ``weights.unused_tensors(spec)`` lists, or none."""
+    unused = weights.unused_tensors(spec)
+    if not unused:
+        return []
+    shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+    return [f"the checkpoint holds {len(unused)} tensor(s) that a {spec.model_type} model with this "
+            f"configuration does not use: {shown}; check that config.json belongs to these weights"]
+
+
 def precision_dtype(precision: str) -> np.dtype:
     """'f32' | 'f16' | 'bf16' -> numpy dtype. Raises SterError for anything else."""
     try:
@@ -84,7 +131,7 @@ def _map_safetensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[np.dtype, t
     return m, index
 
 
-class SafetensorsWeights:
+class SafetensorsWeights(_Tracked):
     """The tensors of one checkpoint, memory-mapped.
 
     Args:
@@ -96,13 +143,15 @@ class SafetensorsWeights:
 
     Raises:
         SterError: a file cannot be opened as safetensors ("failed to map N model weight
-            files"), or two files hold the same tensor name.
+            files"), or two files hold the same tensor name; ``get`` of a tensor stored
+            as integers or booleans.
     """
 
     def __init__(self, files: Iterable[Path], precision: str = "f32"):
         self.dtype = precision_dtype(precision)
         self._maps: list[mmap.mmap] = []
         self._where: dict[str, tuple[int, np.dtype, tuple[int, ...], int]] = {}
+        self._asked: set[str] = set()
         files = [Path(f) for f in files]
         for n, path in enumerate(files):
             try:
@@ -122,19 +171,33 @@ class SafetensorsWeights:
         return list(self._where)
 
     def get(self, name: str) -> np.ndarray | None:
-        """The tensor ``name`` at the precision (floats) or as stored (others); None if absent.
+        """The tensor ``name`` at the precision; None if absent.
 
         A tensor already at the precision is a writable copy-on-write view of the file.
+
+        Raises:
+            SterError: the tensor is stored as integers or booleans. Every weight the
+                decoder reads is a float; ster runs no integer-quantized safetensors
+                scheme (``families.gate`` refuses a quantization_config), so such a
+                tensor is a mislabelled or foreign file, not something to compute with.
         """
+        self._asked.add(name)
         entry = self._where.get(name)
         if entry is None:
             return None
         n, dtype, shape, offset = entry
+        if not _is_float(dtype):
+            stored = next(k for k, v in SAFETENSORS_DTYPES.items() if v == dtype)
+            raise SterError(f"tensor {name!r} in {self.files[n]} is stored as {stored}, but ster needs "
+                            "floating-point weights (F32, F16, BF16, F64, F8); the file is not a "
+                            "full-precision checkpoint of this model")
         count = int(np.prod(shape, dtype=np.int64)) if shape else 1
         t = np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape)
-        if dtype.kind == "f" or dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
-            t = t.astype(self.dtype, copy=False)
-        return t
+        return t.astype(self.dtype, copy=False)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
 
 
 def unpermute_qk(w, n_head: int):
@@ -153,7 +216,7 @@ def unpermute_qk(w, n_head: int):
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-class GGUFWeights:
+class GGUFWeights(_Tracked):
     """The tensors of a GGUF file under llama.cpp's names.
 
     Quantized 2-D tensors (``QUANT_TYPES``: Q4_0 ... IQ4_XS) stay in the memory map as
@@ -182,12 +245,17 @@ class GGUFWeights:
         # its metadata (a Gemma 3 vocabulary is ~30 MB of Python strings) can then be freed.
         self._tensors = dict(gguf.tensors)
         self._names = set(self._tensors)
+        self._asked: set[str] = set()
 
     def names(self) -> list[str]:
         return sorted(self._names)
 
+    def _stored(self, name: str) -> str:
+        return self.rename.get(name, name) if self.rename is not None else name
+
     def get(self, name: str):
-        gname = self.rename.get(name, name) if self.rename is not None else name
+        self._asked.add(name)
+        gname = self._stored(name)
         if gname not in self._names:
             return None
         t = self._tensors[gname]

@@ -15,23 +15,24 @@ from ..errors import SterError
 from ..tokenizer import Tokenizer
 from ..weights import GGUFWeights
 from .config import spec_from_gguf
-from ..validate import check_config, check_spec, interpret
+from ..validate import check_config, check_gguf_sizes, check_spec, interpret
 from .reader import GGUFFile
 from .tokenizer import tokenizer_from_gguf_metadata
 
 
-def _hf_to_gguf_names(spec, family) -> dict[str, str]:
-    """Hugging Face tensor names -> llama.cpp names, for every role and layer of ``spec``."""
-    out = {}
-    for role, hf in family.names.items():
-        gg = family.gguf_names.get(role)
-        if gg is None:
-            continue
-        layers = range(spec.num_hidden_layers) if "{i}" in hf else [None]
-        for i in layers:
-            for kind in ("weight", "bias"):
-                out[f"{hf.format(i=i)}.{kind}"] = f"{gg.format(i=i)}.{kind}"
-    return out
+def gguf_layout(spec, family, config):
+    """``spec`` (from config.json) with its tensors read under llama.cpp's names and layout.
+
+    The names are those of the family as ``config`` switches it and as llama.cpp reads
+    the architecture (``gguf_changes``: Falcon's two-norm blocks read ``attn_norm_2`` /
+    ``attn_norm``); a role may list alternatives, first found wins. llama.cpp's converter
+    stores every fused qkv as [q | k | v], linear weights as [out, in] (GPT-2's Conv1D
+    transposed), no base-model prefix, per-head q/k norms as one [heads, head_dim] tensor,
+    and norms kept as offsets from one (Gemma, Nemotron) as 1 + w.
+    """
+    gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
+    return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
+                               root=None, norm_unit_offset=False)
 
 
 def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
@@ -53,6 +54,7 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         if embd is None:
             raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
                             "(a vocabulary-only GGUF can tokenize but not generate)")
+        check_gguf_sizes(meta, path)
         spec = check_spec(interpret(path, spec_from_gguf, meta, path, rope_freqs=rope_freqs,
                                     vocab_size=embd.shape[0], has_output="output.weight" in names), path)
         from ..families import FAMILIES
@@ -60,17 +62,14 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         family = FAMILIES[spec.model_type]
         parts = interpret(path, tokenizer_from_gguf_metadata, meta)
         tokenizer = parts.to_tokenizer(path)
-        rename = None
     else:
         family = resolved.family
         source = str(resolved.config_path)
         check_config(resolved.config, source)
         spec = check_spec(interpret(source, spec_from_config, resolved.config, family, source), source)
-        # llama.cpp stores Gemma's norms as 1 + w already; the names become llama.cpp's.
-        spec = dataclasses.replace(spec, norm_unit_offset=False)
+        spec = gguf_layout(spec, family, resolved.config)
         tokenizer = Tokenizer.from_dir(resolved.root)
-        rename = _hf_to_gguf_names(spec, family)
     qk = (spec.num_attention_heads, spec.num_key_value_heads) if family.gguf_qk_permuted else None
-    weights = GGUFWeights(gguf, precision, qk_heads=qk, rename=rename)
+    weights = GGUFWeights(gguf, precision, qk_heads=qk)
     decoder = Decoder(spec, weights)
     return LoadedModel(resolved, spec, decoder, tokenizer, precision)
