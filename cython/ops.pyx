@@ -32,7 +32,10 @@ cdef extern from "ster_ops.h" nogil:
     void ster_layer_norm_row(const float* x, int d, const float* w, const float* b, float eps, float* y)
     void ster_rope_row(float* x, int rotary_dim, const float* cos_, const float* sin_, int interleaved)
     void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,
-                         int lo, int hi, const ster_attn_args* a, float* sc, float* out, long ostride, int simd)
+                         int lo, int hi, const ster_attn_args* a, float* sc, float* out, long ostride, int simd,
+                         float* ml)
+    void ster_attn_merge(int P, int D, const float* acc, long acc_stride, const float* ml, long ml_stride,
+                         int has_sink, float sink, float* out)
 
 
 def _default_threads() -> int:
@@ -127,10 +130,12 @@ ctypedef struct _Attn:
     const float* sinks
     const float* bias
     long bsh, bst, ldk, ldv, kvs, vvs
-    int T, G, S, D, window, simd, sg, n_sub, per_chunk
+    int T, G, S, D, window, simd, sg, n_sub, per_chunk, n_part
     long total
     float scale, softcap
     float* scratch
+    float* acc      # n_part > 1: [base][part][sg][D] partial sums
+    float* ml       # n_part > 1: [base][part][sg][2] (max, sum of exp)
 
 
 cdef void _attn_task(void* ctx, long chunk, int tid) noexcept nogil:
@@ -141,9 +146,13 @@ cdef void _attn_task(void* ctx, long chunk, int tid) noexcept nogil:
 
 
 cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
-    # item = ((g * T) + t) * n_sub + sub: query row t of the heads sub*sg.. of group g
-    cdef int sub = <int>(item % j.n_sub)
-    cdef long rest = item // j.n_sub
+    # item = (((g * T) + t) * n_sub + sub) * n_part + part: query row t of the heads
+    # sub*sg.. of group g, over part `part` of its visible keys
+    cdef int part = <int>(item % j.n_part)
+    cdef long base = item // j.n_part
+    cdef int sub = <int>(base % j.n_sub)
+    cdef long rest = base // j.n_sub
+    cdef long long n
     cdef int t = <int>(rest % j.T), g = <int>(rest // j.T)
     cdef int h0 = g * j.G + sub * j.sg
     cdef int nh = min(j.sg, j.G - sub * j.sg), i
@@ -156,6 +165,10 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
         hi = j.S
     if lo > hi:
         lo = hi
+    if j.n_part > 1:
+        n = hi - lo
+        hi = lo + n * (part + 1) // j.n_part
+        lo = lo + n * part // j.n_part
     for i in range(nh):
         a[i].D = j.D
         a[i].scale = j.scale
@@ -163,9 +176,14 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
         a[i].bias = j.bias + (h0 + i) * j.bsh + t * j.bst if j.bias != NULL else NULL
         a[i].has_sink = j.sinks != NULL
         a[i].sink = j.sinks[h0 + i] if j.sinks != NULL else 0
+    if j.n_part > 1:
+        ster_attn_group(nh, j.qp + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.kp + g * j.kvs, j.ldk,
+                        j.vp + g * j.vvs, j.ldv, <int>lo, <int>hi, a, sc,
+                        j.acc + item * j.sg * j.D, j.D, j.simd, j.ml + item * j.sg * 2)
+        return
     ster_attn_group(nh, j.qp + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.kp + g * j.kvs, j.ldk,
                     j.vp + g * j.vvs, j.ldv, <int>lo, <int>hi, a, sc,
-                    j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd)
+                    j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd, NULL)
 
 
 def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :, :] v,
@@ -213,8 +231,14 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
     if rows * ((G + sg - 1) // sg) < nt:
         sg = max(1, (G + (nt + rows - 1) // rows - 1) // ((nt + rows - 1) // rows))
     cdef int n_sub = (G + sg - 1) // sg
-    cdef long total = rows * n_sub
-    cdef float* scratch = <float*>malloc(sizeof(float) * (<size_t>S + 8) * sg * nt)
+    # Too few items to keep every thread busy (decoding with few key/value heads): split
+    # each row's keys into parts merged afterwards, so the cache is read by all threads.
+    cdef int n_part = 1
+    if nt > 1 and rows * n_sub < 2 * nt and S >= 256:
+        n_part = min(<int>((2 * nt + rows * n_sub - 1) // (rows * n_sub)), S // 128)
+    cdef long total = rows * n_sub * n_part
+    cdef float* scratch = <float*>malloc(sizeof(float) * ((<size_t>S + 8) * sg * nt
+                                                          + <size_t>total * sg * (D + 2) * (n_part > 1)))
     if scratch == NULL:
         raise MemoryError()
     cdef _Attn j
@@ -233,9 +257,30 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
     j.simd = _simd
     j.total = total
     j.scratch = scratch
-    j.sg, j.n_sub = sg, n_sub
+    j.sg, j.n_sub, j.n_part = sg, n_sub, n_part
+    j.acc = scratch + (<size_t>S + 8) * sg * nt
+    j.ml = j.acc + <size_t>total * sg * D
     j.per_chunk = 1 if total <= 8 * nt else 4
+    cdef long b
+    cdef int h, nh
     with nogil:
         _pool_run((total + j.per_chunk - 1) // j.per_chunk, _attn_task, &j, nt)
+        if n_part > 1:
+            for b in range(rows * n_sub):
+                nh = min(sg, G - <int>(b % n_sub) * sg)
+                for h in range(nh):
+                    _merge(&j, b, h)
     free(scratch)
+
+
+cdef inline void _merge(const _Attn* j, long b, int h) noexcept nogil:
+    # base b = (g * T + t) * n_sub + sub; head h of its sg
+    cdef int sub = <int>(b % j.n_sub)
+    cdef long rest = b // j.n_sub
+    cdef int t = <int>(rest % j.T), g = <int>(rest // j.T)
+    cdef int head = g * j.G + sub * j.sg + h
+    ster_attn_merge(j.n_part, j.D, j.acc + (b * j.n_part * j.sg + h) * j.D, <long>j.sg * j.D,
+                    j.ml + (b * j.n_part * j.sg + h) * 2, <long>j.sg * 2,
+                    j.sinks != NULL, j.sinks[head] if j.sinks != NULL else 0,
+                    j.op + (<long>head * j.T + t) * j.D)
 

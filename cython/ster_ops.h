@@ -90,19 +90,24 @@ static float ster_dot_scalar(const float* a, const float* b, int n) {
     return s;
 }
 
-/* scores -> probabilities in place (unnormalised), returns their sum (sink included). */
-static float ster_softmax_scalar(float* sc, int n, int has_sink, float sink) {
+/* scores -> probabilities in place (unnormalised), returns their sum (sink included)
+ * and stores the max subtracted in *mx_out. */
+static float ster_softmax_scalar(float* sc, int n, int has_sink, float sink, float* mx_out) {
     float mx = -INFINITY, sum = 0.0f;
     int j;
     for (j = 0; j < n; j++) if (sc[j] > mx) mx = sc[j];
     if (has_sink && sink > mx) mx = sink;
     for (j = 0; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
     if (has_sink) sum += expf(sink - mx);
+    *mx_out = mx;
     return sum;
 }
 
+/* ml == NULL: out = softmax-weighted values. ml != NULL (one part of a split key range):
+ * out = the unnormalised weighted sum, ml[0] = the max score subtracted, ml[1] = the sum
+ * of exp(score - max); ster_attn_merge combines the parts (sinks are added there). */
 static void ster_attn_row_scalar(const float* q, const float* K, long ldk, const float* V, long ldv,
-                                 int lo, int hi, const ster_attn_args* a, float* sc, float* out) {
+                                 int lo, int hi, const ster_attn_args* a, float* sc, float* out, float* ml) {
     int n = hi - lo, j, i, D = a->D;
     for (j = 0; j < n; j++) {
         float s = ster_dot_scalar(q, K + (long)(lo + j) * ldk, D) * a->scale;
@@ -110,12 +115,13 @@ static void ster_attn_row_scalar(const float* q, const float* K, long ldk, const
         if (a->bias) s += a->bias[lo + j];
         sc[j] = s;
     }
-    float sum = ster_softmax_scalar(sc, n, a->has_sink, a->sink);
+    float mx, sum = ster_softmax_scalar(sc, n, a->has_sink && !ml, a->sink, &mx);
     for (i = 0; i < D; i++) out[i] = 0.0f;
     for (j = 0; j < n; j++) {
         const float* v = V + (long)(lo + j) * ldv;
         for (i = 0; i < D; i++) out[i] += sc[j] * v[i];
     }
+    if (ml) { ml[0] = mx; ml[1] = sum; return; }
     float inv = sum > 0 ? 1.0f / sum : 0.0f;
     for (i = 0; i < D; i++) out[i] *= inv;
 }
@@ -244,7 +250,7 @@ static STER_OPS_AVX2 void ster_attn_row_avx2(const float* q, const float* K, lon
  * sc: scratch nh * n floats; a[i] per head (bias, sink); scale and softcap shared. */
 static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, const float* K, long ldk,
                                                const float* V, long ldv, int lo, int hi,
-                                               const ster_attn_args* a, float* sc, float* out, long os) {
+                                               const ster_attn_args* a, float* sc, float* out, long os, float* ml) {
     const int n = hi - lo, D = a[0].D;
     int i, j, c0, h;
     /* scores, 4 keys x each head at a time (the 4 key rows stay in L1) */
@@ -281,7 +287,7 @@ static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, 
             s[j] = v;
             if (v > mx) mx = v;
         }
-        if (a[h].has_sink && a[h].sink > mx) mx = a[h].sink;
+        if (a[h].has_sink && !ml && a[h].sink > mx) mx = a[h].sink;
         __m256 vsum = _mm256_setzero_ps();
         const __m256 m8 = _mm256_set1_ps(mx);
         for (j = 0; j + 8 <= n; j += 8) {
@@ -291,8 +297,9 @@ static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, 
         }
         float sum = ster_hsum8_ops(vsum);
         for (; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
-        if (a[h].has_sink) sum += expf(a[h].sink - mx);
+        if (a[h].has_sink && !ml) sum += expf(a[h].sink - mx);
         inv[h] = sum > 0 ? 1.0f / sum : 0.0f;
+        if (ml) { ml[2 * h] = mx; ml[2 * h + 1] = sum; inv[h] = 1.0f; }
     }
     /* weighted values: 16 columns x nh heads of accumulators per pass over the keys, with
      * one loop per head count so the accumulators are named registers, not an array */
@@ -342,22 +349,51 @@ static int ster_ops_cpu_avx2(void) {
 static int ster_ops_cpu_avx2(void) { return 0; }
 #endif
 
-/* nh (<= 4) heads sharing K/V, one query row each (q/out rows at strides qs/os). */
+/* nh (<= 4) heads sharing K/V, one query row each (q/out rows at strides qs/os).
+ * ml: NULL, or 2 * nh floats for a part of a split key range (see ster_attn_row_scalar). */
 static void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,
-                            int lo, int hi, const ster_attn_args* a, float* sc, float* out, long os, int simd) {
+                            int lo, int hi, const ster_attn_args* a, float* sc, float* out, long os, int simd,
+                            float* ml) {
     int h, i;
     if (hi <= lo) {
         for (h = 0; h < nh; h++) for (i = 0; i < a[0].D; i++) out[h * os + i] = 0.0f;
+        if (ml) for (h = 0; h < nh; h++) { ml[2 * h] = -INFINITY; ml[2 * h + 1] = 0.0f; }
         return;
     }
 #if STER_OPS_X86
     if (simd && a[0].D % 8 == 0 && a[0].softcap <= 0) {
-        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, lo, hi, a, sc, out, os);
+        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, lo, hi, a, sc, out, os, ml);
         return;
     }
 #endif
     (void)simd;
-    for (h = 0; h < nh; h++) ster_attn_row_scalar(q + h * qs, K, ldk, V, ldv, lo, hi, &a[h], sc, out + h * os);
+    for (h = 0; h < nh; h++)
+        ster_attn_row_scalar(q + h * qs, K, ldk, V, ldv, lo, hi, &a[h], sc, out + h * os, ml ? ml + 2 * h : 0);
+}
+
+/* Combine P parts of one query row's attention (a key range split P ways): part p left
+ * its unnormalised weighted sum at acc + p * acc_stride and (max, sum of exp) at
+ * ml + p * ml_stride. The
+ * usual rescaling of partial softmaxes (as in flash-decoding): every part is brought to
+ * the common max M, and the sink (if any) joins the denominator as exp(sink - M). */
+static void ster_attn_merge(int P, int D, const float* acc, long acc_stride, const float* ml, long ml_stride,
+                            int has_sink, float sink, float* out) {
+    float M = has_sink ? sink : -INFINITY, den = 0.0f;
+    int p, i;
+    for (p = 0; p < P; p++) if (ml[p * ml_stride] > M) M = ml[p * ml_stride];
+    for (i = 0; i < D; i++) out[i] = 0.0f;
+    if (M == -INFINITY) return;
+    for (p = 0; p < P; p++) {
+        const float* m = ml + p * ml_stride;
+        const float* x = acc + p * acc_stride;
+        if (m[1] <= 0.0f) continue;
+        float w = expf(m[0] - M);
+        den += w * m[1];
+        for (i = 0; i < D; i++) out[i] += w * x[i];
+    }
+    if (has_sink) den += expf(sink - M);
+    float inv = den > 0 ? 1.0f / den : 0.0f;
+    for (i = 0; i < D; i++) out[i] *= inv;
 }
 
 /* One query row: the AVX2 path needs D % 8 == 0 and no soft-cap (tanh stays scalar). */
@@ -375,7 +411,7 @@ static void ster_attn_row(const float* q, const float* K, long ldk, const float*
     }
 #endif
     (void)simd;
-    ster_attn_row_scalar(q, K, ldk, V, ldv, lo, hi, a, sc, out);
+    ster_attn_row_scalar(q, K, ldk, V, ldv, lo, hi, a, sc, out, 0);
 }
 
 #endif /* STER_OPS_H */

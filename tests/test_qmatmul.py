@@ -288,10 +288,14 @@ def _attention_case(rng, H, KV, T, S, D, cached):
 def test_attention_matches_numpy(simd, D):
     ops.set_simd(simd)
     rng = np.random.default_rng(D)
-    H, KV = 6, 2
-    for T, S, cached in ((1, 37, True), (9, 9, False), (5, 40, True)):
+    # (1, 700): one decoded row over a long cache, where two threads split the keys of each
+    # head group into parts merged afterwards (also with one key/value head).
+    for H, KV, T, S, cached in ((6, 2, 1, 37, True), (6, 2, 9, 9, False), (6, 2, 5, 40, True),
+                                (6, 2, 1, 700, True), (4, 1, 1, 513, True)):
         q, k, v, positions = _attention_case(rng, H, KV, T, S, D, cached)
-        cases = [dict(), dict(window=4), dict(softcap=5.0), dict(sinks=rng.standard_normal(H).astype(np.float32)),
+        cases = [dict(), dict(window=4), dict(window=300), dict(softcap=5.0),
+                 dict(sinks=rng.standard_normal(H).astype(np.float32)),
+                 dict(sinks=np.full(H, 30.0, np.float32)),  # a sink that outweighs every key
                  dict(bias=rng.standard_normal((H, T, S)).astype(np.float32)),
                  dict(bias=rng.standard_normal((H, 1, S)).astype(np.float32), window=7),
                  dict(bias=rng.standard_normal((T, S)).astype(np.float32))]
