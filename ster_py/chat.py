@@ -8,41 +8,73 @@ transformers/utils/chat_template_utils.py, transformers 5.x):
 
 - ``trim_blocks=True`` and ``lstrip_blocks=True``; the ``loopcontrols``
   extension (``{% break %}``, ``{% continue %}``);
-- globals ``raise_exception(message)``, ``strftime_now(format)`` (local time)
-  and ``namespace`` (refusing underscore-prefixed names);
+- globals ``raise_exception(message)``, ``strftime_now(format)`` (local time),
+  ``namespace`` (refusing underscore-prefixed names) and ``dict`` (a call and
+  ``dict.fromkeys``, nothing else of the type);
 - a ``tojson`` filter laid out like Python's ``json.dumps`` with
   ``ensure_ascii=False`` by default (Jinja's own escapes HTML characters);
 - a ``{% generation %}...{% endgeneration %}`` block tag (transformers uses it
-  to mark assistant tokens for training masks); here it renders its body.
+  to mark assistant tokens for training masks); here it renders its body;
+- Python's own methods on strings, lists and dicts, minus what the immutable
+  sandbox forbids (``list.append``, ``dict.update``, dunder attributes...).
 
 Variables: ``messages``, ``tools``, ``documents``, ``add_generation_prompt``,
 the special-token strings (``bos_token``, ``eos_token``, ...) and any extra
 keyword (``enable_thinking``, ...). Undefined variables render as empty text,
 as in transformers (Jinja's default ``Undefined``).
+
+Budgets (ours, not transformers'): a hostile or broken template must not hang
+the process or eat its memory. Every loop step, call and intercepted operator
+checks a wall-clock deadline (``time_limit``, default 5 s); every text the
+template builds (``*``, ``+``, ``~``, ``%``, string methods and filters that
+pad, repeat or join, captured blocks and the output) is capped at ``max_chars``
+characters and every list it repeats or adds at ``MAX_ITEMS`` items, checked
+*before* the allocation where the size can be known in advance. Jinja's sandbox
+already caps ``range()`` at 100000 items. Real templates render in
+milliseconds and stay far inside both budgets.
 """
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
 import json
 import os
+import re
+import string
+import time
 import traceback
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
 
 from .errors import SterError
 
-__all__ = ["render_chat", "build_messages", "compile_template", "NOW_ENV"]
+__all__ = ["render_chat", "build_messages", "compile_template", "NOW_ENV", "DEFAULT_TIME_LIMIT",
+           "DEFAULT_MAX_CHARS", "MAX_ITEMS"]
 
 #: Environment variable pinning ``strftime_now`` (ISO-8601, e.g. ``2026-10-18T09:30:00``),
 #: used when ``render_chat`` gets no ``now`` argument. For reproducible prompts and tests.
 NOW_ENV = "STER_CHAT_NOW"
+
+#: Wall-clock seconds one render may take before it is stopped.
+DEFAULT_TIME_LIMIT = 5.0
+#: Longest text (characters) a template may build or output: 32 Mi, about 8 M tokens,
+#: beyond any context window.
+DEFAULT_MAX_CHARS = 1 << 25
+#: Longest list a template may build by repetition or addition.
+MAX_ITEMS = 1 << 20
+#: Largest integer (bits) a template may build with ``*`` or ``**``.
+MAX_INT_BITS = 1 << 16
 
 # The name Jinja gives a template compiled from a string; tracebacks carry it as the
 # file name of the frames that run template code, which is how a line is found.
@@ -53,11 +85,272 @@ class _RaisedByTemplate(jinja2.TemplateError):
     """What ``raise_exception`` raises, so the template's own message is kept apart."""
 
 
+class _OverBudget(Exception):
+    """A render went over its time or size budget.
+
+    Not a TypeError/LookupError/AttributeError: Jinja swallows those in places
+    (attribute lookup, ``loop.length``), and a budget stop must never be swallowed.
+    """
+
+
+# ------------------------------------------------------------------ budgets
+
+@dataclass
+class _Budget:
+    deadline: float | None  # time.monotonic() value; None outside a render (compile-time folding)
+    time_limit: float
+    max_chars: int
+
+
+_DEFAULT_BUDGET = _Budget(None, DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS)
+_BUDGET: contextvars.ContextVar[_Budget] = contextvars.ContextVar("ster_chat_budget", default=_DEFAULT_BUDGET)
+
+
+def _tick() -> _Budget:
+    budget = _BUDGET.get()
+    if budget.deadline is not None and time.monotonic() > budget.deadline:
+        raise _OverBudget(
+            f"the template ran longer than its time budget ({budget.time_limit:g} s) and was stopped; "
+            "chat templates render in milliseconds, so this one loops without end or is hostile"
+        )
+    return budget
+
+
+def _too_long(what: str, size: int, limit: int, unit: str = "characters") -> _OverBudget:
+    return _OverBudget(f"the template tried to build {what} of {size} {unit}, over its budget of {limit} {unit}")
+
+
+def _check_text(size: int, what: str = "a text") -> None:
+    limit = _BUDGET.get().max_chars
+    if size > limit:
+        raise _too_long(what, size, limit)
+
+
+def _check_items(size: int) -> None:
+    if size > MAX_ITEMS:
+        raise _too_long("a list", size, MAX_ITEMS, "items")
+
+
+def _check_sized(value: Any) -> Any:
+    """Refuse a just-built str or list over budget (for operations that at most double a size)."""
+    if isinstance(value, str):
+        _check_text(len(value))
+    elif isinstance(value, (list, tuple)):
+        _check_items(len(value))
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_repeat(seq: Any, times: Any) -> None:
+    """``seq * times`` for a str/list/tuple and an int, checked before it allocates."""
+    if not _is_int(times) and not isinstance(times, bool):
+        return
+    n = max(int(times), 0)
+    if isinstance(seq, str):
+        _check_text(len(seq) * n)
+    elif isinstance(seq, (list, tuple)):
+        _check_items(len(seq) * n)
+
+
+def _check_int_bits(bits: int) -> None:
+    if bits > MAX_INT_BITS:
+        raise _too_long("an integer", bits, MAX_INT_BITS, "bits")
+
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[a-zA-Z%]")
+
+
+def _check_percent_format(fmt: str, args: Any) -> None:
+    """``fmt % args``: refuse a field width or precision over the text budget."""
+    limit = _BUDGET.get().max_chars
+    star = False
+    for width, precision in _PERCENT_SPEC.findall(fmt):
+        for value in (width, precision):
+            if value == "*":
+                star = True
+            elif value and int(value) > limit:
+                raise _too_long("a formatted field", int(value), limit)
+    if star:
+        for value in args if isinstance(args, tuple) else (args,):
+            if _is_int(value) and abs(value) > limit:
+                raise _too_long("a formatted field", abs(value), limit)
+
+
+def _check_brace_format(fmt: str, args: tuple, kwargs: dict) -> None:
+    """``fmt.format(...)``: refuse a width or precision over the text budget, literal or nested."""
+    limit = _BUDGET.get().max_chars
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return  # malformed: str.format raises the same error itself
+    for _, _, spec, _ in fields:
+        if not spec:
+            continue
+        if "{" in spec:  # the width comes from an argument
+            for value in (*args, *kwargs.values()):
+                if _is_int(value) and abs(value) > limit:
+                    raise _too_long("a formatted field", abs(value), limit)
+        for digits in re.findall(r"\d+", spec):
+            if int(digits) > limit:
+                raise _too_long("a formatted field", int(digits), limit)
+
+
+def _replace_size(s: str, old: str, new: str, count: Any = -1) -> int:
+    n = len(s) + 1 if old == "" else s.count(old)
+    if _is_int(count) and count >= 0:
+        n = min(n, count)
+    return len(s) + n * (len(new) - len(old))
+
+
+def _materialize_join(sep: str, items: Any) -> list:
+    """A list of ``items`` after checking that ``sep.join`` of them fits the budget."""
+    _tick()
+    items = list(items)
+    _check_items(len(items))
+    size = len(sep) * max(len(items) - 1, 0) + sum(len(x) if isinstance(x, str) else 16 for x in items)
+    _check_text(size)
+    return items
+
+
+def _check_str_method(method: Any, args: tuple, kwargs: dict) -> tuple:
+    """Size checks for the str methods that can amplify a text; returns the (possibly
+    materialized) positional arguments to call with."""
+    owner = getattr(method, "__self__", None)
+    name = getattr(method, "__name__", None)
+    if name in ("format", "format_map") and hasattr(method, "__wrapped__"):
+        owner = getattr(method.__wrapped__, "__self__", None)  # the sandbox's wrapped str.format
+        if isinstance(owner, str):
+            if name == "format_map" and args and isinstance(args[0], dict):
+                _check_brace_format(owner, (), args[0])
+            else:
+                _check_brace_format(owner, args, kwargs)
+        return args
+    if not isinstance(owner, str):
+        return args
+    limit = _BUDGET.get().max_chars
+    if name in ("ljust", "rjust", "center", "zfill"):
+        width = args[0] if args else kwargs.get("width")
+        if _is_int(width) and width > limit:
+            raise _too_long(f"a text with str.{name}", width, limit)
+    elif name == "expandtabs":
+        tabsize = args[0] if args else kwargs.get("tabsize", 8)
+        if _is_int(tabsize):
+            _check_text(len(owner) + owner.count("\t") * max(tabsize, 0))
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        _check_text(_replace_size(owner, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("count", -1)))
+    elif name == "join" and args:
+        return (_materialize_join(owner, args[0]), *args[1:])
+    return args
+
+
+# --------------------------------------------------------------- filters
+
+def _guard_filter(original, check):
+    """``original`` (a Jinja filter) preceded by ``check(bound_arguments)``, which may
+    rewrite arguments; the wrapper keeps the filter's pass_context/environment marker."""
+
+    signature = inspect.signature(original)
+    # Jinja's async-capable filters take an eval context their signature does not show.
+    lead = int(hasattr(original, "jinja_pass_arg") and not hasattr(inspect.unwrap(original), "jinja_pass_arg"))
+
+    @functools.wraps(original)
+    def guarded(*args, **kwargs):
+        _tick()
+        try:
+            bound = signature.bind(*args[lead:], **kwargs)
+            bound.apply_defaults()
+        except TypeError:
+            return original(*args, **kwargs)  # let the filter raise its own argument error
+        check(bound.arguments)
+        return original(*args[:lead], *bound.args, **bound.kwargs)
+
+    return guarded
+
+
+def _check_center(a):
+    if _is_int(a.get("width")) and a["width"] > _BUDGET.get().max_chars:
+        raise _too_long("a text with |center", a["width"], _BUDGET.get().max_chars)
+
+
+def _check_indent(a):
+    text, width = a.get("s"), a.get("width")
+    text = text if isinstance(text, str) else str(text)
+    pad = len(width) if isinstance(width, str) else (max(width, 0) if _is_int(width) else 0)
+    _check_text(len(text) + pad * (text.count("\n") + 1), "an indented text")
+
+
+def _check_replace(a):
+    s, old, new = a.get("s"), a.get("old"), a.get("new")
+    if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+        count = a.get("count")
+        _check_text(_replace_size(s, old, new, -1 if count is None else count))
+
+
+def _check_format(a):
+    if isinstance(a.get("value"), str):
+        args = a.get("args", ())
+        _check_percent_format(a["value"], args if len(args) != 1 else args[0])
+
+
+def _check_join(a):
+    a["value"] = _materialize_join(a.get("d", "") if isinstance(a.get("d"), str) else "", a.get("value", ()))
+
+
+def _check_count(key):
+    def check(a):
+        if _is_int(a.get(key)):
+            _check_items(a[key])
+    return check
+
+
+@jinja2.pass_environment
+def _sum(environment, iterable, attribute=None, start=0):
+    """Jinja's ``sum`` filter, folding step by step so each ``+`` is size-checked and timed."""
+    if attribute is not None:
+        iterable = map(jinja2.filters.make_attrgetter(environment, attribute), iterable)
+    total = start
+    for item in iterable:
+        _tick()
+        total = _check_sized(total + item)
+    return total
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # Python's json.dumps layout (", " and ": " separators, key order kept), which
+    # is what the templates were written and tested against.
+    _tick()
+    if (_is_int(indent) and indent > 1024) or (isinstance(indent, str) and len(indent) > 1024):
+        raise _too_long("a JSON indent", indent if _is_int(indent) else len(indent), 1024)
+    return _check_sized(json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                   sort_keys=sort_keys))
+
+
+_FILTER_CHECKS = {
+    "center": _check_center,
+    "indent": _check_indent,
+    "replace": _check_replace,
+    "format": _check_format,
+    "join": _check_join,
+    "slice": _check_count("slices"),
+    "batch": _check_count("linecount"),
+}
+
+
+# ------------------------------------------------------------- environment
+
+def _raise_exception(message):
+    raise _RaisedByTemplate(str(message))
+
+
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}body{% endgeneration %}`` renders ``body`` unchanged.
 
     transformers records the span of the body to build assistant-token masks;
     a runtime has no use for the span but must still parse templates that use it.
+    The body is a call block, as in transformers, so its scoping is the same.
     """
 
     tags = {"generation"}
@@ -65,8 +358,11 @@ class _GenerationTag(jinja2.ext.Extension):
     def parse(self, parser):
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        # A scope keeps assignments inside the block local, as a call block would.
-        return jinja2.nodes.Scope(body).set_lineno(lineno)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller):
+        return caller()
 
 
 class _Namespace(jinja2.utils.Namespace):
@@ -95,6 +391,16 @@ class _Namespace(jinja2.utils.Namespace):
             )
 
 
+class _DictFactory:
+    """The ``dict`` global: ``dict(...)`` and ``dict.fromkeys(...)``, and no way to the type itself."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
 # The clock strftime_now reads during one render (pinned or real), set by render_chat.
 _CLOCK: contextvars.ContextVar[datetime | None] = contextvars.ContextVar("ster_chat_clock", default=None)
 
@@ -104,29 +410,99 @@ def _strftime_now(fmt):
     return (clock if clock is not None else datetime.now()).strftime(fmt)
 
 
-def _raise_exception(message):
-    raise _RaisedByTemplate(str(message))
+def _guard_call(name: str, arg: jinja2.nodes.Expr) -> jinja2.nodes.Call:
+    # EnvironmentAttribute compiles to ``environment.<name>``: a template cannot shadow it.
+    return jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute(name), [arg], [], None, None).set_lineno(arg.lineno)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # Python's json.dumps layout (", " and ": " separators, key order kept), which
-    # is what the templates were written and tested against.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+class _Guards(NodeTransformer):
+    """Rewrites a parsed template so loops and ``~`` go through the budget checks."""
+
+    def visit_For(self, node):
+        self.generic_visit(node)
+        node.iter = _guard_call("ster_iterate", node.iter)
+        return node
+
+    def visit_Concat(self, node):
+        self.generic_visit(node)
+        return _guard_call("ster_sized", node)
+
+
+class _ChatSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox with Hugging Face's chat environment and our budgets."""
+
+    # Operators that can allocate without bound; the rest stay native (and foldable).
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self):
+        super().__init__(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+        for name, check in _FILTER_CHECKS.items():
+            self.filters[name] = _guard_filter(self.filters[name], check)
+        self.filters["sum"] = _sum
+        self.filters["tojson"] = _tojson
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["namespace"] = _Namespace
+        self.globals["strftime_now"] = _strftime_now
+        self.globals["dict"] = _DictFactory()
+
+    def _parse(self, source, name, filename):
+        return _Guards().visit(super()._parse(source, name, filename))
+
+    # Compiled templates join every buffer (output, macros, captured blocks) with this.
+    def concat(self, parts):  # type: ignore[override]
+        total, kept = 0, []
+        for part in parts:
+            total += len(part)
+            _check_text(total, "an output")
+            kept.append(part)
+            _tick()
+        return "".join(kept)
+
+    def ster_iterate(self, iterable):
+        return _counted(iter(iterable))
+
+    def ster_sized(self, text):
+        _tick()
+        return _check_sized(text)
+
+    def call_binop(self, context, operator, left, right):
+        _tick()
+        if operator == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+            if _is_int(left) and _is_int(right):
+                _check_int_bits(abs(left).bit_length() + abs(right).bit_length())
+        elif operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1:
+            _check_int_bits(right * abs(left).bit_length())
+        elif operator == "%" and isinstance(left, str):
+            _check_percent_format(left, right)
+        result = self.binop_table[operator](left, right)
+        return _check_sized(result) if operator == "+" else result
+
+    def call(self, context, obj, /, *args, **kwargs):  # type: ignore[override]
+        _tick()
+        args = _check_str_method(obj, args, kwargs)
+        return super().call(context, obj, *args, **kwargs)
+
+
+def _counted(iterator):
+    for item in iterator:
+        _tick()
+        yield item
+
+
+@lru_cache(maxsize=1)
+def _environment() -> _ChatSandbox:
+    return _ChatSandbox()
 
 
 @lru_cache(maxsize=32)
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["namespace"] = _Namespace
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(template)
+    return _environment().from_string(template)
 
+
+# ------------------------------------------------------------------ errors
 
 def _template_line(exc: BaseException) -> int | None:
     """The template line an exception was raised at, from Jinja's rewritten traceback."""
@@ -148,6 +524,9 @@ def _error(source: str, exc: BaseException, what: str) -> SterError:
         return SterError(f"{where} refused the conversation: {detail}")
     if isinstance(exc, jinja2.TemplateSyntaxError):
         return SterError(f"{where}: syntax error: {detail}. The template is not valid Jinja; fix it or use another one.")
+    if isinstance(exc, _OverBudget):
+        return SterError(f"{where}: over budget: {detail}. Use another template, or raise the budget "
+                         "(render_chat's time_limit / max_chars) if the conversation really is that large.")
     return SterError(
         f"{where}: {what}: {detail}. The template cannot render this conversation; "
         "check the messages' roles and fields, or use another template."
@@ -160,10 +539,14 @@ def compile_template(template: str, *, source: str = "(inline)") -> jinja2.Templ
     Raises:
         SterError: the template is not valid Jinja ("chat template SOURCE, line N: syntax error: ...").
     """
+    if not isinstance(template, str):
+        raise SterError(f"chat template {source} is a {type(template).__name__}, not text")
     try:
         return _compile(template)
     except jinja2.TemplateSyntaxError as exc:
         raise _error(source, exc, "syntax error") from None
+    except RecursionError as exc:  # absurdly deep nesting in the source
+        raise _error(source, exc, "too deeply nested to compile") from None
 
 
 def _resolve_now(now: datetime | str | None) -> datetime:
@@ -189,6 +572,8 @@ def _normalize_messages(messages: list[dict]) -> list[dict]:
     ``reasoning_content``, ``thinking`` or ``reasoning`` is also exposed as
     ``reasoning_content`` and ``thinking``, the names templates read.
     """
+    if not isinstance(messages, (list, tuple)):
+        raise SterError(f"chat messages must be a list of dicts, got a {type(messages).__name__}")
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -206,6 +591,8 @@ def _normalize_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+# ------------------------------------------------------------------ render
+
 def render_chat(
     template: str,
     messages: list[dict],
@@ -217,6 +604,8 @@ def render_chat(
     documents: list[dict] | None = None,
     now: datetime | str | None = None,
     source: str = "(inline)",
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    max_chars: int = DEFAULT_MAX_CHARS,
     **extra: Any,
 ) -> str:
     """Render ``messages`` with a Hugging Face-style Jinja chat template.
@@ -236,15 +625,20 @@ def render_chat(
         now: the clock ``strftime_now`` reads (a datetime or ISO-8601 text);
             default: the environment variable STER_CHAT_NOW, else local time.
         source: a name for the template in error messages (file, GGUF key).
+        time_limit: wall-clock seconds the render may take (default 5).
+        max_chars: longest text, in characters, the template may build or output
+            (default 32 Mi).
         **extra: more template variables (``enable_thinking``, ``pad_token``...).
 
     Returns:
-        The prompt text, to be encoded by ``Tokenizer.encode``.
+        The prompt text, exactly as the template produced it (to be encoded by
+        ``Tokenizer.encode`` without adding special tokens).
 
     Raises:
         SterError: a syntax error, an undefined value used in an operation,
-            a sandbox violation, or the template's own ``raise_exception``; the
-            message names ``source`` and the template line.
+            a sandbox violation, the template's own ``raise_exception``, or a
+            render over its time or size budget; the message names ``source``
+            and the template line.
 
     Source of the conventions: transformers ``render_jinja_template`` /
     ``_compile_jinja_template`` (utils/chat_template_utils.py).
@@ -263,11 +657,14 @@ def render_chat(
         documents=documents,
         add_generation_prompt=add_generation_prompt,
     )
-    token = _CLOCK.set(clock)
+    clock_token = _CLOCK.set(clock)
+    budget_token = _BUDGET.set(_Budget(time.monotonic() + time_limit, time_limit, max_chars))
     try:
         return compiled.render(**context)
     except _RaisedByTemplate as exc:
         raise _error(source, exc, "raised") from None
+    except _OverBudget as exc:
+        raise _error(source, exc, "over budget") from None
     except jinja2.UndefinedError as exc:
         raise _error(source, exc, "undefined value") from None
     except jinja2.exceptions.SecurityError as exc:
@@ -275,11 +672,13 @@ def render_chat(
     except jinja2.TemplateError as exc:
         raise _error(source, exc, "render error") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError,
-            ArithmeticError, RecursionError, MemoryError, NameError, AssertionError, UnicodeError) as exc:
+            ArithmeticError, RecursionError, MemoryError, NameError, AssertionError, UnicodeError,
+            StopIteration, LookupError) as exc:
         # Python errors from operations the template performs (e.g. "a" + 1).
         raise _error(source, exc, type(exc).__name__) from None
     finally:
-        _CLOCK.reset(token)
+        _BUDGET.reset(budget_token)
+        _CLOCK.reset(clock_token)
 
 
 def build_messages(prompt: str, system: str | None = None) -> list[dict]:
