@@ -39,6 +39,7 @@ import contextvars
 import functools
 import inspect
 import json
+import numbers
 import os
 import re
 import string
@@ -47,6 +48,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -59,8 +61,8 @@ from jinja2.visitor import NodeTransformer
 
 from .errors import SterError
 
-__all__ = ["render_chat", "build_messages", "compile_template", "NOW_ENV", "DEFAULT_TIME_LIMIT",
-           "DEFAULT_MAX_CHARS", "MAX_ITEMS"]
+__all__ = ["render_chat", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
+           "load_model_template", "NOW_ENV", "DEFAULT_TIME_LIMIT", "DEFAULT_MAX_CHARS", "MAX_ITEMS"]
 
 #: Environment variable pinning ``strftime_now`` (ISO-8601, e.g. ``2026-10-18T09:30:00``),
 #: used when ``render_chat`` gets no ``now`` argument. For reproducible prompts and tests.
@@ -693,3 +695,178 @@ def build_messages(prompt: str, system: str | None = None) -> list[dict]:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": prompt})
     return messages
+
+
+# ------------------------------------------------------- conversations from users
+
+def check_messages(messages: Any, where: str = "messages") -> list[dict]:
+    """Validate a conversation given by a user (e.g. a JSON file) before rendering it.
+
+    A conversation is a non-empty list of objects, each with a string ``role``
+    and a ``content`` that is text, a list of content parts, or null; an
+    assistant message carrying ``tool_calls`` (a list) may omit ``content``.
+    Other keys (``reasoning_content``, ``tool_call_id``, ``name``...) pass through.
+
+    Returns:
+        ``messages``, unchanged.
+
+    Raises:
+        SterError: naming ``where`` and the first offending message.
+    """
+    shape = 'a JSON list of messages such as [{"role": "user", "content": "Hello"}]'
+    if not isinstance(messages, list):
+        raise SterError(f"{where}: expected {shape}, got a {_json_type(messages)}")
+    if not messages:
+        raise SterError(f"{where}: the conversation is empty; give at least one message ({shape})")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise SterError(f"{where}: message {i} is a {_json_type(message)}, not an object; expected {shape}")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise SterError(f"{where}: message {i} has no \"role\" text (such as \"user\", \"assistant\", "
+                            "\"system\" or \"tool\")")
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise SterError(f"{where}: message {i} has \"tool_calls\" that is a {_json_type(calls)}, not a list")
+        if "content" not in message and calls is None:
+            raise SterError(f"{where}: message {i} ({role}) has no \"content\"; give its text, a list of "
+                            "content parts, or null with \"tool_calls\"")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise SterError(f"{where}: message {i} ({role}) has \"content\" that is a {_json_type(content)}; "
+                            "give text or a list of content parts")
+    return messages
+
+
+def check_tools(tools: Any, where: str = "tools") -> list[dict]:
+    """Validate tool declarations given by a user: a list of JSON-schema objects, each
+    ``{"type": "function", "function": {"name": ..., ...}}`` (or a bare function schema).
+
+    Raises:
+        SterError: naming ``where`` and the first offending entry.
+    """
+    shape = 'a JSON list such as [{"type": "function", "function": {"name": "f", "parameters": {...}}}]'
+    if not isinstance(tools, list):
+        raise SterError(f"{where}: expected {shape}, got a {_json_type(tools)}")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise SterError(f"{where}: tool {i} is a {_json_type(tool)}, not an object; expected {shape}")
+        function = tool.get("function", tool)
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise SterError(f"{where}: tool {i} has no function name; expected {shape}")
+    return tools
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "JSON object", list: "JSON list", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+# ---------------------------------------------------------- a model's template
+
+@dataclass(frozen=True)
+class ModelTemplate:
+    """A model's chat templates and the special-token texts its template may print.
+
+    Attributes:
+        templates: name -> Jinja text; ``"default"`` is the model's main template
+            (transformers' ``chat_template``), others are named ones (``"tool_use"``...).
+        bos_token, eos_token: texts, or None when the model has no such token.
+        special_tokens: the other named special tokens (``unk_token``, ``pad_token``...),
+            passed to the template as transformers passes its ``special_tokens_map``.
+        source: where they came from, for messages.
+    """
+
+    templates: dict
+    bos_token: str | None
+    eos_token: str | None
+    special_tokens: dict
+    source: str
+
+    def pick(self, name: str | None = None, tools: list | None = None) -> tuple[str, str]:
+        """``(template text, label for errors)``: ``name`` if given, else ``"tool_use"``
+        when tools are given and the model has one, else the default (transformers' choice).
+
+        Raises:
+            SterError: no template of that name, or none at all.
+        """
+        if name is not None:
+            if name not in self.templates:
+                raise SterError(f"{self.source} has no chat template named {name!r}; available: "
+                                f"{', '.join(sorted(self.templates)) or 'none'}")
+            return self.templates[name], f"{name!r} of {self.source}"
+        if tools is not None and "tool_use" in self.templates:
+            return self.templates["tool_use"], f"'tool_use' of {self.source}"
+        if "default" not in self.templates:
+            raise SterError(f"{self.source} has no chat template; give one with --template FILE "
+                            "(a base model has none: prompt it with raw text instead)")
+        return self.templates["default"], f"of {self.source}"
+
+
+def load_model_template(model: str) -> ModelTemplate:
+    """Read a model's chat templates and special-token texts without mapping any weight.
+
+    Args:
+        model: a ``.gguf`` file (its ``tokenizer.chat_template`` and
+            ``tokenizer.chat_template.<name>`` metadata, and the texts of
+            ``tokenizer.ggml.{bos,eos,unknown,padding}_token_id``); a Hugging Face
+            directory with tokenizer.json (read as ``Tokenizer.from_dir`` reads it,
+            so exactly what ``generate`` renders with); a directory holding one
+            .gguf; or a preset name (its GGUF is fetched or found in the cache).
+
+    Raises:
+        SterError: nothing readable there, an unreadable file, or a Hub id (the
+            templates of Hub models are read after ``ster generate`` or a download
+            has put them in a local directory).
+    """
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise SterError(f"{model} is a file but not a .gguf file; give a .gguf file or a model directory "
+                            "(to use a template file, pass it with --template)")
+        return _gguf_template(path)
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            from .tokenizer import Tokenizer
+
+            tok = Tokenizer.from_dir(path)
+            return ModelTemplate(dict(tok.chat_templates), tok.bos_token, tok.eos_token, dict(tok.special_tokens),
+                                 str(path))
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _gguf_template(ggufs[0])
+        raise SterError(f"{model} holds neither tokenizer.json nor exactly one .gguf file "
+                        f"({len(ggufs)} found); give the model's directory or its .gguf file")
+    from .presets import PRESETS, fetch_preset
+
+    if model in PRESETS:
+        return _gguf_template(fetch_preset(model, None))
+    raise SterError(f"no such file or directory: {model}. Give a local model directory, a .gguf file or a "
+                    "preset name; for a Hub model, point at its downloaded directory")
+
+
+def _gguf_template(path: Path) -> ModelTemplate:
+    from .gguf.reader import open_gguf
+
+    with open_gguf(path, allow_unsupported=True) as gguf:
+        meta = gguf.metadata
+        tokens = meta.get("tokenizer.ggml.tokens")
+        tokens = tokens if isinstance(tokens, list) else []
+
+        def text(key: str) -> str | None:
+            index = meta.get(key)
+            if isinstance(index, numbers.Integral) and not isinstance(index, bool) and 0 <= index < len(tokens):
+                return tokens[int(index)]
+            return None
+
+        templates = {}
+        for key, value in meta.items():
+            if key == "tokenizer.chat_template" and isinstance(value, str) and value:
+                templates["default"] = value
+            elif key.startswith("tokenizer.chat_template.") and isinstance(value, str) and value:
+                templates[key.removeprefix("tokenizer.chat_template.")] = value
+        special = {name: text(f"tokenizer.ggml.{key}_token_id") for name, key in
+                   (("unk_token", "unknown"), ("pad_token", "padding"))}
+        return ModelTemplate(templates, text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id"),
+                             {k: v for k, v in special.items() if v is not None}, str(path))
