@@ -301,3 +301,150 @@ def test_gemma_template_single_bos(gemma3_hf):
         assert got[0] == hf.bos_token_id and got[1] != hf.bos_token_id
         text = ours.render_chat(messages, template=GEMMA_STYLE_TEMPLATE)
         assert text == oracle(hf, GEMMA_STYLE_TEMPLATE, messages, add_generation_prompt=True)
+
+
+# ------------------------------------------------------------------ budgets
+
+# Operations the budget checks intercept, at ordinary sizes: the results must stay
+# exactly transformers' (the checks refuse only absurd sizes).
+GUARDED_BUT_ORDINARY = {
+    "repeat": "{{ 'ab' * 3 }}|{{ 3 * 'ab' }}|{{ [1, 2] * 2 }}|{{ 2 ** 10 }}|{{ 7 * 6 }}|{{ 2.5 * 2 }}",
+    "add": "{{ 'a' + 'b' }}|{{ [1] + [2] }}|{{ 1 + 2 }}|{{ messages[0].content ~ '!' ~ 3 }}",
+    "percent": "{{ '%5s|%-4d|%.2f|%*d' % ('a', 7, 3.14159, 4, 9) }}|{{ 7 % 3 }}|{{ '%s' | format('x') }}",
+    "str_methods": "{{ 'a'.ljust(4) }}|{{ 'a'.center(5, '*') }}|{{ '7'.zfill(3) }}|{{ 'a\tb'.expandtabs(4) }}|"
+                   "{{ 'a b c'.replace(' ', '--') }}|{{ 'abc'.replace('', '.') }}|{{ ', '.join(['x', 'y']) }}|"
+                   "{{ '{:>6}|{:.3}|{:{w}}'.format('r', 'abcdef', 'q', w=3) }}|{{ '{a}'.format_map({'a': 1}) }}",
+    "filters": "{{ 'x' | center(7) }}|{{ 'a\nb' | indent(3, true) }}|{{ 'a\nb' | indent('> ') }}|"
+               "{{ 'aXa' | replace('a', 'bb') }}|{{ 'aaa' | replace('a', 'b', 2) }}|{{ [1, 2, 3] | join('-') }}|"
+               "{{ messages | join(',', attribute='role') }}|{{ [1, 2, 3] | slice(2) | list }}|"
+               "{{ [1, 2, 3] | batch(2, 0) | list }}|{{ [[1], [2, 3]] | sum(start=[]) }}|{{ [1, 2] | sum }}|"
+               "{{ messages | sum(attribute='n', start=10) }}",
+    "tojson": "{{ {'b': 1, 'a': [1, 2]} | tojson(indent=2) }}|{{ {'b': 1, 'a': 'é'} | tojson(sort_keys=True) }}|"
+              "{{ 'é' | tojson(ensure_ascii=True) }}|{{ {'a': 1} | tojson(separators=(',', ':')) }}",
+    "dict_global": "{{ dict(a=1, b=2) | tojson }}|{{ dict.fromkeys(['x', 'y'], 0) | tojson }}|"
+                   "{{ dict([('k', 'v')]).k }}",
+    "loops_and_macros": "{% macro row(m) %}[{{ m.role }}]{% endmacro %}{% set captured %}{% for m in messages %}"
+                        "{{ row(m) }}{% endfor %}{% endset %}{{ captured }}|{% for i in range(3) recursive %}"
+                        "{{ i }}{% endfor %}|{% for k, v in {'a': 1}.items() %}{{ k }}={{ v }}{% endfor %}|"
+                        "{% for m in messages if m.role == 'user' %}{{ loop.index }}/{{ loop.length }}"
+                        "{% else %}none{% endfor %}",
+    "generation_scope": "{% set x = 'outer' %}{% for m in messages %}{% generation %}{% set x = 'inner' %}"
+                        "{{ x }}:{{ loop.index }}{% endgeneration %}{% endfor %}|{{ x }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GUARDED_BUT_ORDINARY))
+def test_guarded_operations_match_transformers(tiny, name):
+    _, hf = tiny
+    template = GUARDED_BUT_ORDINARY[name]
+    messages = [{"role": "user", "content": "hi", "n": 1}, {"role": "assistant", "content": "yo", "n": 2}]
+    expected = oracle(hf, template, messages, add_generation_prompt=False)
+    assert render_chat(template, messages, add_generation_prompt=False, bos_token=hf.bos_token,
+                       eos_token=hf.eos_token) == expected
+
+
+# Hostile templates: each would run for hours or allocate gigabytes without a budget.
+OVER_SIZE = {
+    "str_times_huge": ("{{ 'a' * 10**10 }}", "a text of 10000000000 characters"),
+    "literal_times_huge": ("{{ 'a' * 10000000000 }}", "a text of 10000000000 characters"),
+    "list_times_huge": ("{{ [0] * 10**9 }}", "a list of 1000000000 items"),
+    "doubling_concat": ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                        "{% endfor %}", "over its budget of 33554432 characters"),
+    "doubling_plus": ("{% set ns = namespace(s=[0]) %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+                      "{% endfor %}", "over its budget of 1048576 items"),
+    "huge_power": ("{{ 10 ** 1000000 }}", "an integer of"),
+    "squaring": ("{% set ns = namespace(x=3) %}{% for i in range(64) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+                 "an integer of"),
+    "ljust": ("{{ 'a'.ljust(10**10) }}", "str.ljust"),
+    "center_filter": ("{{ 'a' | center(10000000000) }}", "|center"),
+    "indent_filter": ("{{ 'a\nb' | indent(10**10) }}", "an indented text"),
+    "replace_amplifies": ("{{ ('x' * 10**7) | replace('', 'yyyy') }}", "characters"),
+    "replace_method": ("{{ ('x' * 10**7).replace('', 'yyyy') }}", "characters"),
+    "percent_width": ("{{ '%10000000000s' % 'a' }}", "a formatted field"),
+    "percent_star": ("{{ '%*s' % (10**10, 'a') }}", "a formatted field"),
+    "format_width": ("{{ '{:>10000000000}'.format('a') }}", "a formatted field"),
+    "format_nested_width": ("{{ '{:>{w}}'.format('a', w=10**10) }}", "a formatted field"),
+    "join_huge": ("{{ ''.join(['x' * 10**7] * 100) }}", "a text of 1000000000 characters"),
+    "join_filter_huge": ("{{ (['x' * 10**7] * 100) | join }}", "a text of 1000000000 characters"),
+    "slice_huge": ("{{ [1] | slice(10**9) | list }}", "a list of 1000000000 items"),
+    "batch_fill_huge": ("{{ [1] | batch(10**9, 0) | list }}", "a list of 1000000000 items"),
+    "tojson_indent": ("{{ {'a': 1} | tojson(indent=10**9) }}", "a JSON indent"),
+    "macro_output": ("{% macro m() %}{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}{% endmacro %}"
+                     "{% set y = m() %}", "an output of"),
+    "output": ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "an output of"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVER_SIZE))
+def test_size_budget_refuses(name):
+    template, words = OVER_SIZE[name]
+    with pytest.raises(SterError) as info:
+        render_chat(template, [{"role": "user", "content": "hi"}], source="hostile.jinja")
+    message = str(info.value)
+    assert message.startswith("chat template hostile.jinja") and "over budget" in message and words in message
+
+
+OVER_TIME = {
+    "nested_ranges": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "nested_ranges_text": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "captured_loops": "{% set y %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                      "{% endfor %}{% endset %}",
+    "macro_fanout": "{% macro f(n) %}{% if n < 60 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
+    "quadratic_sum": "{{ range(100000) | map('string') | map('list') | sum(start=[]) | length }}"
+                     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVER_TIME))
+def test_time_budget_refuses(name):
+    with pytest.raises(SterError, match=r"chat template hostile.jinja, line 1: over budget: the template ran "
+                                        r"longer than its time budget \(0.3 s\)"):
+        render_chat(OVER_TIME[name], [], source="hostile.jinja", time_limit=0.3)
+
+
+def test_budgets_are_parameters():
+    """The limits are the caller's to raise: the same render passes with a larger budget."""
+    template = "{{ 'ab' * 1000 }}"
+    with pytest.raises(SterError, match="over its budget of 100 characters"):
+        render_chat(template, [], max_chars=100)
+    assert render_chat(template, [], max_chars=10_000) == "ab" * 1000
+
+
+def test_huge_range_refused_like_transformers(tiny):
+    _, hf = tiny
+    template = "{% for i in range(10**9) %}{% endfor %}"
+    err = hf_error(hf, template, CONVERSATIONS["plain"])
+    assert isinstance(err, OverflowError)
+    with pytest.raises(SterError, match="line 1: OverflowError: Range too big"):
+        render_chat(template, CONVERSATIONS["plain"])
+
+
+# ------------------------------------------------------------- errors and lines
+
+LINE_ERRORS = {
+    # template, line of the fault (counted by hand from the text), words of the message
+    "in_macro": ("{% macro show(m) %}\n{{ m.content }}\n{{ m.content + 1 }}\n{% endmacro %}\n"
+                 "{% for m in messages %}{{ show(m) }}{% endfor %}", 3, "TypeError"),
+    "in_loop_body": ("{% for m in messages %}\n{{ m.role }}\n\n{{ m.content.no_such_method() }}\n{% endfor %}", 4,
+                     "undefined value"),
+    "filter_error": ("ok\n\n{{ messages | join(1, 2, 3, 4) }}", 3, "TypeError"),
+    "raise_in_branch": ("{% if messages | length > 0 %}\n\n\n{{ raise_exception('no thanks') }}\n{% endif %}", 4,
+                        "refused the conversation: no thanks"),
+    "iterate_none": ("line one\n{% for t in tools %}{{ t }}{% endfor %}", 2, "'NoneType' object is not iterable"),
+    "budget_in_loop": ("a\nb\n{% for i in range(10) %}{{ 'x' * 10**10 }}{% endfor %}", 3, "over budget"),
+    "syntax": ("{% for m in messages %}\n{{ m.content }}\n{% endfor\n", 3, "syntax error"),
+    "unknown_filter": ("a\n{{ messages | from_json }}", 2, "No filter named 'from_json'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINE_ERRORS))
+def test_errors_name_template_and_line(tiny, name):
+    """Each fault is refused by transformers too; ster names the template and the line."""
+    _, hf = tiny
+    template, line, words = LINE_ERRORS[name]
+    if name != "budget_in_loop":  # transformers would allocate 10 GB here
+        hf_error(hf, template, CONVERSATIONS["plain"])
+    with pytest.raises(SterError) as info:
+        render_chat(template, CONVERSATIONS["plain"], source="my.jinja")
+    assert str(info.value).startswith(f"chat template my.jinja, line {line}")
+    assert words in str(info.value)
