@@ -28,6 +28,7 @@ cdef extern from "ster_ops.h" nogil:
         int has_sink
         float sink
     int ster_ops_cpu_avx2()
+    void ster_glu(float* g, const float* u, long n, int kind, int simd)
     void ster_rms_norm_row(const float* x, int d, const float* w, float eps, float* y)
     void ster_layer_norm_row(const float* x, int d, const float* w, const float* b, float eps, float* y)
     void ster_rope_row(float* x, int rotary_dim, const float* cos_, const float* sin_, int interleaved)
@@ -105,6 +106,19 @@ def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, fl
     with nogil:
         for n in range(rows):
             ster_layer_norm_row(&x[n, 0], d, wp, bp, eps, &out[n, 0])
+
+
+def glu(float[:, ::1] gate, const float[:, ::1] up, int kind):
+    """gate = act(gate) * up in place, float32 [T, I] each; kind 0: SiLU, 1: tanh GELU."""
+    if gate.shape[0] != up.shape[0] or gate.shape[1] != up.shape[1]:
+        raise ValueError("gate and up shapes differ")
+    if kind not in (0, 1):
+        raise ValueError("kind must be 0 (silu) or 1 (gelu_tanh)")
+    cdef long n = <long>gate.shape[0] * gate.shape[1]
+    if n == 0:
+        return
+    with nogil:
+        ster_glu(&gate[0, 0], &up[0, 0], n, kind, _simd)
 
 
 def rope(float[:, :, ::1] x, const float[:, ::1] cos, const float[:, ::1] sin, int rotary_dim, bint interleaved):

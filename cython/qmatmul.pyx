@@ -92,6 +92,38 @@ cdef void _row_task(void* ctx, long c, int tid) noexcept nogil:
         ster_matvec_range(j.typ, j.W, j.rb, j.rows, r0, min(j.N, r0 + j.chunk), j.K, j.x, j.xs16, j.y, j.simd)
 
 
+# Several matrices over one input (q/k/v, gate/up): one quantized input, one pool job.
+DEF _MAX_GROUP = 4
+
+ctypedef struct _GroupJob:
+    int n, use16, simd, K
+    int typ[_MAX_GROUP]
+    int N[_MAX_GROUP]
+    int chunk[_MAX_GROUP]
+    long first[_MAX_GROUP + 1]   # chunk index where matrix m starts (prefix sums)
+    const uint8_t* W[_MAX_GROUP]
+    size_t rb[_MAX_GROUP]
+    const int32_t* rows[_MAX_GROUP]
+    float* y[_MAX_GROUP]
+    const float* x
+    const int16_t* q
+    const float* dx
+    const float* xs16
+
+
+cdef void _group_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _GroupJob* j = <_GroupJob*>ctx
+    cdef int m = 0
+    while c >= j.first[m + 1]:
+        m += 1
+    cdef int r0 = <int>(c - j.first[m]) * j.chunk[m]
+    cdef int r1 = min(j.N[m], r0 + j.chunk[m])
+    if j.use16:
+        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K, j.q, j.dx, j.xs16, j.y[m])
+    else:
+        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K, j.x, j.xs16, j.y[m], j.simd)
+
+
 ctypedef struct _PanelJob:
     int typ, simd, K, N, T, nc
     const uint8_t* W
@@ -292,3 +324,61 @@ cdef class QMatrix:
             ster_pool_run(n_tasks, _panel_task, &j, nt)
         free(block)
         return 0
+
+
+def matvec_group(tuple mats, x, tuple outs):
+    """Decode-step products of one input with several matrices in one pool job.
+
+    mats: up to 4 ``QMatrix`` with the same number of columns K; x: float32 [1, K]
+    (C-contiguous); outs: float32 [1, rows of mats[m]] per matrix (C-contiguous,
+    overwritten). Equals ``mats[m].matmul(x, outs[m])`` for each m (same arithmetic,
+    the input quantized once); what it saves is the per-call overhead and the threads'
+    wake-ups between the products.
+    """
+    cdef int n = len(mats), m
+    if n < 1 or n > _MAX_GROUP or len(outs) != n:
+        raise ValueError(f"1 to {_MAX_GROUP} matrices, one output each")
+    if not cnp.PyArray_Check(x):
+        raise TypeError("x must be a numpy array")
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    if (cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(xa) != 2 or cnp.PyArray_DIM(xa, 0) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(xa)):
+        raise ValueError("x must be a C-contiguous float32 array [1, K]")
+    cdef int K = <int>cnp.PyArray_DIM(xa, 1)
+    cdef QMatrix w
+    cdef cnp.ndarray oa
+    cdef _GroupJob j
+    cdef long weights = 0
+    j.n, j.K, j.simd = n, K, _simd
+    j.first[0] = 0
+    for m in range(n):
+        w = <QMatrix?>mats[m]
+        oa = <cnp.ndarray?>outs[m]
+        if w.n_cols != K:
+            raise ValueError(f"matrix {m} has {w.n_cols} columns, the input {K}")
+        if (cnp.PyArray_TYPE(oa) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(oa) != 2 or cnp.PyArray_DIM(oa, 0) != 1
+                or cnp.PyArray_DIM(oa, 1) != w.n_rows or not cnp.PyArray_IS_C_CONTIGUOUS(oa)
+                or not cnp.PyArray_ISWRITEABLE(oa)):
+            raise ValueError(f"output {m} must be a writable C-contiguous float32 array [1, {w.n_rows}]")
+        j.typ[m], j.N[m], j.W[m], j.rb[m], j.rows[m] = w.type_id, w.n_rows, &w.raw[0, 0], w.row_bytes, w._rows
+        j.y[m] = <float*>cnp.PyArray_DATA(oa)
+        weights += <long>w.n_rows * K
+    cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
+    for m in range(n):
+        # the single-matrix chunking (see QMatrix._rowdots), per matrix
+        j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
+        j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
+    cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64)
+    if buf == NULL:
+        raise MemoryError()
+    j.q = <int16_t*>buf
+    j.dx = <float*>(buf + 2 * K + 32)
+    j.xs16 = j.dx + K // 32
+    j.x = <const float*>cnp.PyArray_DATA(xa)
+    with nogil:
+        j.use16 = _simd and _int16 and ster_quantize16(j.x, K, <int16_t*>j.q, <float*>j.dx, <float*>j.xs16)
+        if not j.use16:
+            ster_sums16(j.x, K, <float*>j.xs16)
+        if j.first[n]:
+            ster_pool_run(j.first[n], _group_task, &j, nt)
+    free(buf)

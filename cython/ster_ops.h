@@ -349,6 +349,51 @@ static int ster_ops_cpu_avx2(void) {
 static int ster_ops_cpu_avx2(void) { return 0; }
 #endif
 
+/* ------------------------------------------------------------------------- */
+/* Gated activations in place: g = act(g) * u, for act = SiLU (kind 0) or the tanh
+ * GELU (kind 1). Both are x * sigmoid(z): z = x for SiLU (Elfwing et al. 2017), and
+ * z = 2 sqrt(2/pi) (x + 0.044715 x^3) for the tanh GELU, since 0.5 (1 + tanh(z/2)) =
+ * sigmoid(z) (Hendrycks & Gimpel 2016). sigmoid is computed from e = exp(-|z|) <= 1
+ * (1 / (1 + e) or e / (1 + e)), so exp never overflows. */
+
+static inline float ster_glu_z(float x, int kind) {
+    return kind ? 1.5957691216057308f * (x + 0.044715f * x * x * x) : x;
+}
+
+static void ster_glu_scalar(float* g, const float* u, long n, int kind) {
+    long i;
+    for (i = 0; i < n; i++) {
+        float x = g[i], z = ster_glu_z(x, kind), e = expf(-fabsf(z));
+        float sig = z >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        g[i] = x * sig * u[i];
+    }
+}
+
+#if STER_OPS_X86
+static STER_OPS_AVX2 void ster_glu_avx2(float* g, const float* u, long n, int kind) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 c = _mm256_set1_ps(1.5957691216057308f), c3 = _mm256_set1_ps(0.044715f);
+    long i;
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), z = x;
+        if (kind) z = _mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_mul_ps(c3, x), _mm256_mul_ps(x, x), x));
+        __m256 e = ster_exp8(_mm256_or_ps(z, sign));           /* exp(-|z|) */
+        __m256 num = _mm256_blendv_ps(one, e, z);              /* z < 0 (sign bit): e */
+        __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+    }
+    ster_glu_scalar(g + i, u + i, n - i, kind);
+}
+#endif
+
+static void ster_glu(float* g, const float* u, long n, int kind, int simd) {
+#if STER_OPS_X86
+    if (simd) { ster_glu_avx2(g, u, n, kind); return; }
+#endif
+    (void)simd;
+    ster_glu_scalar(g, u, n, kind);
+}
+
 /* nh (<= 4) heads sharing K/V, one query row each (q/out rows at strides qs/os).
  * ml: NULL, or 2 * nh floats for a part of a split key range (see ster_attn_row_scalar). */
 static void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,

@@ -137,6 +137,50 @@ def test_large_matrices_split_over_threads(name):
             assert (np.abs(out - ref) / bound).max() <= 1.0
 
 
+@pytest.mark.parametrize("int16", [True, False])
+def test_matvec_group_equals_products_one_by_one(int16):
+    """q/k/v-style groups of mixed types: one job gives each product's own result, bit for bit,
+    with or without a row order and at 1 and 2 threads."""
+    qmatmul.set_int16_activations(int16)
+    rng = np.random.default_rng(7)
+    cols = 512
+    mats = []
+    for name, rows in (("Q4_K", 384), ("Q6_K", 129), ("Q8_0", 131), ("Q4_1", 300)):
+        raw = random_blocks(name, rows, cols, rng)
+        order = rng.permutation(rows) if name == "Q6_K" else None
+        mats.append(qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols, order))
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    for threads in (1, 2):
+        qmatmul.set_threads(threads)
+        for n in (2, 3, 4):
+            group = tuple(mats[:n])
+            outs = tuple(np.full((1, m.n_rows), np.nan, np.float32) for m in group)
+            qmatmul.matvec_group(group, x, outs)
+            for m, got in zip(group, outs):
+                want = np.empty((1, m.n_rows), np.float32)
+                m.matmul(x, want)
+                np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError):
+        qmatmul.matvec_group(tuple(mats[:2]), x, (np.empty((1, 3), np.float32), np.empty((1, 129), np.float32)))
+    with pytest.raises(ValueError):
+        qmatmul.matvec_group(tuple(mats[:2]), np.ones((2, cols), np.float32), (np.empty((1, 384), np.float32),) * 2)
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+def test_gated_activation_matches_numpy(simd, act):
+    from ster_py.decoder.ffn import ACT_FNS, gated
+
+    ops.set_simd(simd)
+    rng = np.random.default_rng(3)
+    g = (rng.standard_normal((3, 203)) * rng.choice([0.01, 1.0, 30.0], (3, 203))).astype(np.float32)
+    g[0, :6] = [0.0, -0.0, 100.0, -100.0, 1e-30, -1e-30]
+    u = rng.standard_normal((3, 203)).astype(np.float32)
+    want = ACT_FNS[act](g.astype(np.float64)) * u
+    got = gated(act, g.copy(), u)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)  # tails below 1e-9 differ in how they reach 0
+
+
 def test_int16_activations_follow_their_definition():
     rng = np.random.default_rng(8)
     x = (rng.standard_normal((3, 128)) * 10.0 ** rng.integers(-6, 4, (3, 128))).astype(np.float32)
@@ -393,7 +437,9 @@ def test_safetensors_weights_are_mapped_views(tmp_path):
     assert SafetensorsWeights([path], "f32").get("a")[0, 0] == tensors["a"][0, 0]
     np.testing.assert_array_equal(w.get("b"), tensors["b"].astype(np.float32))
     np.testing.assert_array_equal(w.get("c"), tensors["c"].astype(np.float32))
-    assert w.get("ids").dtype == np.int64 and w.get("missing") is None
+    assert w.get("missing") is None
+    with pytest.raises(SterError, match="stored as I64"):  # an integer tensor is never used as a weight
+        w.get("ids")
     half = SafetensorsWeights([path], "f16").get("b")
     assert half.dtype == np.float16 and not half.flags.owndata
     bad = tmp_path / "bad.safetensors"

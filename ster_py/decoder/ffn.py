@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._fast import ops as _ops
+
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 
 
@@ -52,3 +54,22 @@ ACT_FNS = {
     "relu2": relu2,
     "relu": lambda x: np.maximum(x, 0),
 }
+
+# Activations the fused Cython gate (``ops.glu``) computes: SiLU (0) and the tanh GELU (1).
+_GLU_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu_new": 1, "gelu_fast": 1}
+
+
+def gated(act_name: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """act(gate) * up for float32 [T, intermediate] arrays (Shazeer 2020's gated feed-forward).
+
+    SiLU and the tanh GELU on C-contiguous float32 run the fused kernel in place on
+    ``gate`` (``ster_py._kernels.ops.glu``, tested against ``ACT_FNS``); anything else is
+    the numpy definition ``ACT_FNS[act_name](gate) * up``.
+    """
+    kind = _GLU_KINDS.get(act_name)
+    if (_ops is not None and kind is not None and gate.__class__ is np.ndarray and up.__class__ is np.ndarray
+            and gate.ndim == 2 and gate.shape == up.shape and gate.dtype == up.dtype == np.float32
+            and gate.flags.c_contiguous and up.flags.c_contiguous and gate.flags.writeable):
+        _ops.glu(gate, up, kind)
+        return gate
+    return ACT_FNS[act_name](gate) * up

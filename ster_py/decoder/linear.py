@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .qlinear import QuantLinear, QuantTensor
+from .qlinear import QuantLinear, QuantTensor, matvec_group
 
 
 class Linear:
@@ -36,3 +36,32 @@ def make_linear(weight, bias: np.ndarray | None = None):
     if isinstance(weight, QuantTensor):
         return QuantLinear(weight, bias)
     return Linear(weight, bias)
+
+
+class Projections:
+    """Several projections of one input (q/k/v, gate/up), returned as a tuple.
+
+    When every part is a ``QuantLinear`` and one token is decoded (x float32 [1, in]),
+    the products run as one threaded job over a single quantized copy of the input
+    (``qmatmul.matvec_group``: the same arithmetic as the parts one by one, without
+    their per-call overhead and the threads' wake-ups in between). Anything else calls
+    the parts in turn.
+    """
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self._mats = None
+        if (1 < len(parts) <= 4 and all(type(p) is QuantLinear for p in parts)
+                and len({p.in_features for p in parts}) == 1):
+            self._mats = tuple(p._m for p in parts)
+
+    def __call__(self, x: np.ndarray) -> tuple:
+        if (self._mats is not None and x.__class__ is np.ndarray and x.ndim == 2 and x.shape[0] == 1
+                and x.dtype == np.float32 and x.flags.c_contiguous):
+            outs = tuple(np.empty((1, p.out_features), np.float32) for p in self.parts)
+            matvec_group(self._mats, x, outs)
+            for p, o in zip(self.parts, outs):
+                if p.bias is not None:
+                    o += p.bias
+            return outs
+        return tuple(p(x) for p in self.parts)

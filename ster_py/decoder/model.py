@@ -26,9 +26,9 @@ from ..config import ModelSpec
 from ..errors import SterError
 from .attention import attention
 from .cache import KVCache
-from .ffn import ACT_FNS
+from .ffn import ACT_FNS, gated
 from .layout import Layout
-from .linear import make_linear
+from .linear import Projections, make_linear
 from .norms import layer_norm, rms_norm
 from .positions import alibi_bias, query_temperature
 from .xielu import XIELU
@@ -84,10 +84,20 @@ class _Layer:
             self.act = XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
         else:
             self.act = ACT_FNS[spec.hidden_act]
+        self._grouped: dict[tuple, Projections] = {}
 
-    def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray, bias) -> np.ndarray:
+    def _project(self, roles: tuple, x: np.ndarray) -> tuple:
+        """The projections ``roles`` of x, computed together (``Projections``). Rebuilt when a
+        projection was replaced since (adapters wrap them after load)."""
+        parts = tuple(getattr(self, r) for r in roles)
+        g = self._grouped.get(roles)
+        if g is None or any(a is not b for a, b in zip(g.parts, parts)):
+            g = self._grouped[roles] = Projections(parts)
+        return g(x)
+
+    def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray, bias, tables: dict) -> np.ndarray:
         s, T = self.spec, x.shape[0]
-        q, k, v = self.q(x), self.k(x), self.v(x)
+        q, k, v = self._project(("q", "k", "v"), x)
         if s.clip_qkv is not None:
             q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
         if s.qk_norm == "proj" and self.q_norm is not None:
@@ -100,7 +110,7 @@ class _Layer:
             q, k = self.q_norm(q), self.k_norm(k)
         rope = self.layer.rope
         if rope is not None:
-            cos, sin = rope.cos_sin(positions, int(positions[-1]) + 1)
+            cos, sin = tables.get(id(rope)) or tables.setdefault(id(rope), rope.cos_sin(positions, int(positions[-1]) + 1))
             rope.apply(q, cos, sin)
             rope.apply(k, cos, sin)
         if head_norm and s.qk_norm_after_rope:
@@ -114,13 +124,18 @@ class _Layer:
 
     def _ffn(self, x: np.ndarray) -> np.ndarray:
         if self.gate is not None:
-            return self.down(self.act(self.gate(x)) * self.up(x))
+            if self.act.__class__ is XIELU:
+                return self.down(self.act(self.gate(x)) * self.up(x))
+            return self.down(gated(self.spec.hidden_act, *self._project(("gate", "up"), x)))
         return self.down(self.act(self.up(x)))
 
-    def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None) -> np.ndarray:
+    def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None,
+                 tables: dict | None = None) -> np.ndarray:
+        """One block on h float32 [T, hidden_size]; ``tables`` shares RoPE cos/sin between
+        the layers of one forward call (keyed by the Rope object)."""
         n, r = self.norms, np.float32(self.spec.residual_scale)
         x = n["attn_norm"](h) if "attn_norm" in n else h
-        a = self._attention(x, cache, positions, bias)
+        a = self._attention(x, cache, positions, bias, {} if tables is None else tables)
         a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
         if not self.spec.parallel:
             h = h + (a * r if r != 1 else a)
@@ -217,8 +232,9 @@ class Decoder:
                 if s.alibi_slopes is not None else None)
         if hidden_states is not None:
             hidden_states.append(h)
+        tables: dict = {}  # RoPE cos/sin per Rope object, computed once per call
         for layer in self.layers:
-            h = layer(h, cache, positions, bias)
+            h = layer(h, cache, positions, bias, tables)
             if layer_hook is not None:
                 h = layer_hook(layer.i, h)
             if hidden_states is not None:

@@ -56,6 +56,11 @@ def get_threads() -> int:
     return _kernels().get_threads()
 
 
+def matvec_group(mats: tuple, x: np.ndarray, outs: tuple) -> None:
+    """``qmatmul.matvec_group``: x float32 [1, K] times each QMatrix of ``mats`` into ``outs``."""
+    _kernels().matvec_group(mats, x, outs)
+
+
 class QuantTensor:
     """A [rows, cols] GGML-quantized matrix left in the file's blocks.
 
