@@ -14,7 +14,7 @@ from datetime import datetime
 import jinja2
 import pytest
 
-from ster_py.chat import NOW_ENV, build_messages, render_chat
+from ster_py.chat import NOW_ENV, TIME_LIMIT_ENV, build_messages, render_chat
 from ster_py.errors import SterError
 from ster_py.tokenizer import Tokenizer
 from test_tokenizer import hf_tokenizer, write_dir
@@ -400,6 +400,16 @@ def test_time_budget_refuses(name):
     with pytest.raises(SterError, match=r"chat template hostile.jinja, line 1: over budget: the template ran "
                                         r"longer than its time budget \(0.3 s\)"):
         render_chat(OVER_TIME[name], [], source="hostile.jinja", time_limit=0.3)
+
+
+def test_time_limit_from_environment(monkeypatch):
+    monkeypatch.setenv(TIME_LIMIT_ENV, "0.2")
+    with pytest.raises(SterError, match=r"time budget \(0.2 s\)"):
+        render_chat(OVER_TIME["nested_ranges"], [])
+    assert render_chat("{{ 1 }}", []) == "1"
+    monkeypatch.setenv(TIME_LIMIT_ENV, "soon")
+    with pytest.raises(SterError, match="STER_CHAT_TIME_LIMIT='soon' is not a positive number"):
+        render_chat("{{ 1 }}", [])
 
 
 def test_budgets_are_parameters():
