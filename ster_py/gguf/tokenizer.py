@@ -28,6 +28,7 @@ unknown ones are special. BOS/EOS are added by the post-processor when
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -54,7 +55,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 SPACE_MARK = "\u2581"  # ▁, SentencePiece's visible space
 
-SUPPORTED_MODELS = ("gpt2", "llama", "gemma4")
+SUPPORTED_MODELS = ("gpt2", "llama", "gemma4", "bert", "t5")
 
 # ---------------------------------------------------------------- split expressions
 # The expressions each ``tokenizer.ggml.pre`` name stands for, as llama.cpp's
@@ -146,16 +147,17 @@ class GGUFTokenizerParts:
     Attributes:
         tokenizer: the ``tokenizers.Tokenizer``; ids equal the GGUF token indices.
             ``encode(text, add_special_tokens=True)`` adds BOS/EOS per ``add_bos``/``add_eos``.
-        model: ``tokenizer.ggml.model`` ("gpt2", "llama" or "gemma4").
+        model: ``tokenizer.ggml.model`` ("gpt2", "llama", "gemma4", "bert" or "t5").
         pre: the pre-tokenizer name in effect ("default" when the file names none;
-            None for SentencePiece, which has none).
+            None for SentencePiece, WordPiece and Unigram, which have none).
         bos_token_id, eos_token_id, unk_token_id, pad_token_id: ids, or None.
         bos_token, eos_token: their texts, or None.
         add_bos, add_eos: whether a prompt gets BOS in front / EOS at the end.
-        add_space_prefix: SentencePiece's leading-▁ flag (False for BPE schemes).
+        add_space_prefix: SentencePiece's / Unigram's leading-▁ flag (False for the others).
         eos_token_ids: the end-of-generation ids: eos, eot and eom from the
             metadata plus every ``END_OF_GENERATION_TEXTS`` token the vocabulary has.
         chat_template: ``tokenizer.chat_template``, or None.
+        sep_token_id, add_sep: WordPiece's separator and whether a prompt ends with it.
     """
 
     tokenizer: tokenizers.Tokenizer
@@ -172,6 +174,8 @@ class GGUFTokenizerParts:
     add_space_prefix: bool
     eos_token_ids: frozenset[int]
     chat_template: str | None
+    sep_token_id: int | None = None
+    add_sep: bool = False
 
     def to_tokenizer(self, source: str = "GGUF metadata") -> "Tokenizer":
         """The ``ster_py.tokenizer.Tokenizer`` wrapper over these parts.
@@ -199,7 +203,7 @@ class GGUFTokenizerParts:
 
 # ------------------------------------------------------------------------ build
 
-def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
+def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], *, for_generation: bool = True) -> GGUFTokenizerParts:
     """Build the tokenizer a GGUF file describes.
 
     Args:
@@ -208,8 +212,13 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
             arrays or lists, booleans as ``bool``. Keys read:
             ``tokenizer.ggml.{model, pre, tokens, token_type, scores, merges,
             bos_token_id, eos_token_id, eot_token_id, eom_token_id,
-            unknown_token_id, padding_token_id, add_bos_token, add_eos_token,
-            add_space_prefix}``, ``tokenizer.chat_template``, ``general.name``.
+            unknown_token_id, padding_token_id, seperator_token_id, add_bos_token,
+            add_eos_token, add_sep_token, add_space_prefix, remove_extra_whitespaces,
+            precompiled_charsmap, normalizer.lowercase, normalizer.strip_accents}``,
+            ``tokenizer.chat_template``, ``general.name``.
+        for_generation: refuse a vocabulary without any end-of-generation token
+            (True, for running a model); False only tokenizes (an encoder's
+            WordPiece vocabulary has none).
 
     Returns:
         GGUFTokenizerParts; ``parts.tokenizer`` ids equal the GGUF token indices.
@@ -217,11 +226,12 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
     Raises:
         SterError: unsupported ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre``
             (the message names it and lists the supported ones); missing or
-            malformed tokens/merges/scores; a duplicated token text; BOS or EOS
-            to be added without its id; no end-of-generation token at all.
+            malformed tokens/merges/scores; a duplicated token text; a SentencePiece
+            token over ``MAX_SPM_TOKEN_CHARS`` characters; BOS, EOS or SEP to be
+            added without its id; no end-of-generation token (``for_generation``).
 
     Source: llama.cpp ``src/llama-vocab.cpp`` (llama_vocab::impl::load, the
-    SPM and BPE sessions, tokenizer_st_partition) for the behaviour;
+    SPM, BPE, WPM and UGM sessions, tokenizer_st_partition) for the behaviour;
     transformers ``integrations/gguf`` for deriving SentencePiece merges from scores.
     """
     model = meta.get("tokenizer.ggml.model")
@@ -231,6 +241,18 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
             f"{', '.join(SUPPORTED_MODELS)}. This GGUF's tokenizer cannot be rebuilt; use the model's "
             "Hugging Face checkpoint (tokenizer.json) instead"
         )
+    # Building a big vocabulary makes a million small objects; the cycle collector
+    # would walk them over and over and find nothing to free.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(meta, model, for_generation)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTokenizerParts:
     tokens = _token_texts(meta)
     n = len(tokens)
     types = _int_array(meta, "tokenizer.ggml.token_type", n, default=NORMAL)
@@ -245,32 +267,44 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
         raise _unsupported_pre(pre)
 
     ids = _special_ids(meta, model, n)
-    add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True)) if model == "llama" else False
-    add_bos, add_eos = _bos_eos_flags(meta, model, pre)
+    add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama"))
+    if model not in ("llama", "t5"):
+        add_space_prefix = False
+    add_bos, add_eos, add_sep = _bos_eos_flags(meta, model, pre)
 
     if model == "gpt2":
         tk = _byte_level_bpe(vocab, _file_merges(meta, vocab), pre)
     elif model == "gemma4":
         tk = _escaped_bpe(vocab, _file_merges(meta, vocab))
-    else:
+    elif model == "llama":
         scores = _float_array(meta, "tokenizer.ggml.scores", n)
         unk = tokens[ids["unk"]] if ids["unk"] is not None else None
         tk = _sentencepiece_bpe(vocab, tokens, scores, add_space_prefix, unk)
+        pre = None
+    elif model == "bert":
+        tk = _wordpiece(meta, tokens, types, ids["unk"])
+        pre = None  # llama.cpp ignores the name for WordPiece
+    else:
+        tk = _unigram(meta, tokens, types, _float_array(meta, "tokenizer.ggml.scores", n), ids["unk"],
+                      add_space_prefix)
         pre = None
 
     eog_texts = {t for t in END_OF_GENERATION_TEXTS if t in vocab}
     _add_special_tokens(tk, tokens, types, eog_texts, _strips_after_specials(meta, model))
 
-    for flag, key, name in ((add_bos, "bos", "add_bos_token"), (add_eos, "eos", "add_eos_token")):
+    for flag, key, name in ((add_bos, "bos", "add_bos_token"), (add_eos, "eos", "add_eos_token"),
+                            (add_sep, "sep", "add_sep_token")):
         if flag and ids[key] is None:
             raise SterError(
-                f"tokenizer.ggml.{name} is true but tokenizer.ggml.{key}_token_id is not set; the GGUF file is "
-                "inconsistent, re-convert it"
+                f"tokenizer.ggml.{name} is true but tokenizer.ggml.{'seperator' if key == 'sep' else key}_token_id "
+                "is not set; the GGUF file is inconsistent, re-convert it"
             )
-    tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, ids["eos"] if add_eos else None)
+    # WordPiece's [CLS] text [SEP]: llama.cpp appends the separator where other schemes append EOS.
+    tail = ids["sep"] if add_sep else (ids["eos"] if add_eos else None)
+    tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
 
     eog = {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None} | {vocab[t] for t in eog_texts}
-    if not eog:
+    if not eog and for_generation:
         raise SterError(
             "this GGUF names no end-of-generation token: tokenizer.ggml.eos_token_id (and eot/eom) are absent and "
             f"the vocabulary has none of {', '.join(END_OF_GENERATION_TEXTS)}; generation could never stop"
@@ -292,6 +326,8 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> GGUFTokenizerParts:
         add_space_prefix=add_space_prefix,
         eos_token_ids=frozenset(eog),
         chat_template=chat_template if isinstance(chat_template, str) and chat_template else None,
+        sep_token_id=ids["sep"],
+        add_sep=add_sep,
     )
 
 
@@ -325,24 +361,26 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
     if tokens is None or isinstance(tokens, (str, bytes)) or len(tokens) == 0:
         raise SterError("the GGUF has no tokenizer.ggml.tokens (the vocabulary); it cannot be tokenized")
-    out = []
-    for i, t in enumerate(tokens):
-        if not isinstance(t, str):
-            raise SterError(f"tokenizer.ggml.tokens[{i}] is {type(t).__name__}, not a string; the file is corrupt")
+    tokens = list(tokens)
+    if set(map(type, tokens)) != {str}:
+        i = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
+        raise SterError(f"tokenizer.ggml.tokens[{i}] is {type(tokens[i]).__name__}, not a string; the file is corrupt")
+    if "" in tokens:
         # llama.cpp renames empty tokens so that every text maps to one id.
-        out.append(t if t else f"[EMPTY_{i}]")
-    return out
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    return tokens
 
 
 def _vocab(tokens: Sequence[str]) -> dict[str, int]:
-    vocab: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        first = vocab.setdefault(t, i)
-        if first != i:
-            raise SterError(
-                f"duplicate token in the GGUF vocabulary: {t!r} has ids {first} and {i}; the file is broken "
-                "(llama.cpp refuses it too), re-convert it"
-            )
+    vocab = dict(zip(tokens, range(len(tokens))))
+    if len(vocab) != len(tokens):
+        first: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if first.setdefault(t, i) != i:
+                raise SterError(
+                    f"duplicate token in the GGUF vocabulary: {t!r} has ids {first[t]} and {i}; the file is broken "
+                    "(llama.cpp refuses it too), re-convert it"
+                )
     return vocab
 
 
@@ -371,28 +409,34 @@ def _float_array(meta: Mapping[str, Any], key: str, n: int) -> np.ndarray:
 
 
 def _special_ids(meta: Mapping[str, Any], model: str, n: int) -> dict[str, int | None]:
-    # llama.cpp's SentencePiece defaults when a key is absent; BPE files must say.
-    defaults = {"bos": 1, "eos": 2, "unk": 0} if model == "llama" else {}
+    # llama.cpp's defaults per scheme when a key is absent; BPE files must say.
+    defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0},
+                "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0},
+                "t5": {"eos": 1, "unk": 2, "pad": 0}}.get(model, {})
     keys = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
-            "unk": "unknown_token_id", "pad": "padding_token_id"}
+            "unk": "unknown_token_id", "pad": "padding_token_id", "sep": "seperator_token_id"}
     ids: dict[str, int | None] = {}
     for name, key in keys.items():
-        value = meta.get(f"tokenizer.ggml.{key}", defaults.get(name))
-        # An id outside the vocabulary is ignored, as llama.cpp does (it warns and disables it).
+        value = meta.get(f"tokenizer.ggml.{key}")
+        # An id outside the vocabulary is ignored, as llama.cpp does (it warns and keeps the default).
+        if value is None or isinstance(value, bool) or not 0 <= int(value) < n:
+            value = defaults.get(name)
         ids[name] = int(value) if value is not None and 0 <= int(value) < n else None
     return ids
 
 
-def _bos_eos_flags(meta: Mapping[str, Any], model: str, pre: str) -> tuple[bool, bool]:
-    # Scheme defaults from llama.cpp: SentencePiece adds BOS; byte-level BPE only for the
-    # Llama 3 family of pre-tokenizers. The file's flags win, except that llama.cpp
-    # forces BOS on for Gemma 4 (ggml-org/llama.cpp#21500).
-    add_bos = model == "llama" or (model == "gpt2" and pre in _ADDS_BOS_BY_DEFAULT)
+def _bos_eos_flags(meta: Mapping[str, Any], model: str, pre: str) -> tuple[bool, bool, bool]:
+    # Scheme defaults from llama.cpp: SentencePiece and WordPiece add BOS (WordPiece's is
+    # [CLS], and it ends with [SEP]); Unigram (T5) adds EOS only; byte-level BPE adds BOS
+    # only for the Llama 3 family of pre-tokenizers. The file's flags win, except that
+    # llama.cpp forces BOS on for Gemma 4 (ggml-org/llama.cpp#21500).
+    add_bos = model in ("llama", "bert") or (model == "gpt2" and pre in _ADDS_BOS_BY_DEFAULT)
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", model == "t5"))
+    add_sep = model == "bert" and bool(meta.get("tokenizer.ggml.add_sep_token", True))
     if model == "gemma4":
         add_bos = True
-    return add_bos, add_eos
+    return add_bos, add_eos, add_sep
 
 
 def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int]) -> list[tuple[str, str]]:
@@ -460,6 +504,102 @@ def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: np.
     return tk
 
 
+def _wordpiece(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, unk: int | None
+               ) -> tokenizers.Tokenizer:
+    """BERT's WordPiece as llama.cpp's WPM session runs it.
+
+    llama.cpp's converter stores a word-initial piece ``w`` as ``▁w`` and a
+    continuation ``##w`` as ``w``; the session lower-cases and strips accents,
+    splits at whitespace, punctuation, ASCII symbols and CJK ideographs, then
+    takes the longest vocabulary match from the start of ``▁word`` and of each
+    rest, and a word with an unmatched rest becomes the unknown token. That is
+    tokenizers' WordPiece over the pieces spelled back the Hugging Face way
+    (``w`` and ``##w``), after its BERT normalizer and pre-tokenizer. Control,
+    unknown and user-defined tokens keep their text (they are matched whole).
+    """
+    if unk is None:
+        raise SterError("this WordPiece GGUF has no unknown token (tokenizer.ggml.unknown_token_id, default 100 "
+                        "is out of range); it cannot be tokenized")
+    vocab: dict[str, int] = {}
+    for i, (text, kind) in enumerate(zip(tokens, types.tolist())):
+        if kind in (CONTROL, UNKNOWN, USER_DEFINED):
+            piece = text
+        elif text.startswith(SPACE_MARK):
+            piece = text[1:]
+        else:
+            piece = "##" + text
+        first = vocab.setdefault(piece, i)
+        if first != i:
+            raise SterError(f"WordPiece tokens {first} ({tokens[first]!r}) and {i} ({text!r}) are the same piece "
+                            f"{piece!r}; the GGUF vocabulary is inconsistent, re-convert it")
+    lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+    strip_accents = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    tk = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token=tokens[unk],
+                                               max_input_chars_per_word=MAX_WORDPIECE_WORD_CHARS))
+    tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                               strip_accents=strip_accents, lowercase=lowercase)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    return tk
+
+
+#: A longer word (no space or punctuation inside) becomes WordPiece's unknown token.
+#: transformers' BERT uses 100; llama.cpp has no limit, but the longest-match search
+#: grows with the cube of a word's length, so a bound is kept far above real words.
+MAX_WORDPIECE_WORD_CHARS = 500
+
+
+def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, scores: np.ndarray,
+             unk: int | None, add_space_prefix: bool) -> tokenizers.Tokenizer:
+    """T5's SentencePiece Unigram as llama.cpp's UGM session runs it.
+
+    The text goes through the precompiled character map (SentencePiece's
+    normalization rules, ``tokenizer.ggml.precompiled_charsmap``), spaces become
+    ▁ (runs collapsed and ends trimmed when ``remove_extra_whitespaces``), a ▁ goes
+    in front when ``add_space_prefix``, and the best-scoring segmentation wins
+    (Viterbi), a character without a piece costing the lowest normal score minus
+    10 and adjacent unknowns fusing into one. llama.cpp scores user-defined pieces
+    0 and leaves control, unknown and byte pieces out of the search; here they sit
+    at the lowest normal score so tokenizers' unknown penalty, taken from the
+    lowest score of all pieces, stays llama.cpp's.
+    """
+    if unk is None:
+        raise SterError("this Unigram GGUF has no unknown token (tokenizer.ggml.unknown_token_id, default 2 is out "
+                        "of range); it cannot be tokenized")
+    normal = types == NORMAL
+    floor = float(scores[normal].min()) if normal.any() else 0.0
+    lattice = np.where(types == USER_DEFINED, 0.0, scores)
+    lattice = np.where(normal | (types == USER_DEFINED), lattice, np.maximum(lattice, floor))
+    lattice = np.where((types == CONTROL) | (types == UNKNOWN) | (types == BYTE), floor, lattice)
+    if not np.all(np.isfinite(lattice)):
+        raise SterError("tokenizer.ggml.scores holds a NaN or infinite score; the GGUF file is corrupt")
+    tk = tokenizers.Tokenizer(models.Unigram(list(zip(tokens, lattice.tolist())), unk_id=unk, byte_fallback=False))
+
+    steps = []
+    charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        data = bytes(np.asarray(charsmap).astype(np.uint8))
+        try:
+            steps.append(normalizers.Precompiled(data))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad map
+            raise SterError(f"tokenizer.ggml.precompiled_charsmap is not a SentencePiece character map ({e}); "
+                            "the GGUF file is corrupt or from an unknown converter") from None
+    remove_extra = bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))
+    if remove_extra:
+        steps += [normalizers.Replace(Regex("^ +| +$"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if add_space_prefix or remove_extra:
+        # llama.cpp puts the ▁ in front of the first non-space character, so a text of
+        # spaces only gets none.
+        steps.append(normalizers.Replace(Regex(r"^(?=[\s\S]*[^ ])"), SPACE_MARK))
+    steps.append(normalizers.Replace(" ", SPACE_MARK))
+    tk.normalizer = normalizers.Sequence(steps)
+    steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    tk.decoder = decoders.Sequence(steps)
+    return tk
+
+
 def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
     """SentencePiece BPE as ranked merges: every split of a token into two tokens,
     ranked by the score of the token it makes (best first).
@@ -467,15 +607,125 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
     llama.cpp's SPM session repeatedly merges the adjacent pair whose concatenation
     is the best-scored token; with these ranks tokenizers' BPE does the same. Ties
     (equal scores) are ordered by token id, then by split point.
+
+    A split can only be valid when both parts have lengths that some token has, so
+    the work is linear in the vocabulary's characters; tokens of up to
+    ``_HASHED_LENGTH`` characters (all of them in real vocabularies) are looked up
+    with vectorised 64-bit polynomial hashes, every hit confirmed code point by
+    code point, and longer ones with plain dictionary look-ups.
+
+    Raises:
+        SterError: a token longer than ``MAX_SPM_TOKEN_CHARS``.
     """
-    ranked = []
-    for i, token in enumerate(tokens):
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                ranked.append((-scores[i], i, cut, left, right))
-    ranked.sort()
-    return [(left, right) for _, _, _, left, right in ranked]
+    n = len(tokens)
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
+    longest = int(lengths.argmax())
+    if lengths[longest] > MAX_SPM_TOKEN_CHARS:
+        raise SterError(
+            f"tokenizer.ggml.tokens[{longest}] is {int(lengths[longest])} characters long; SentencePiece "
+            f"vocabularies hold tokens of a few dozen characters and ster refuses any over {MAX_SPM_TOKEN_CHARS}. "
+            "The file is corrupt or crafted; re-convert the model"
+        )
+    present = set(lengths.tolist())
+    found: list[np.ndarray] = []  # (token id, cut, left id, right id) rows
+    hashed = _hashed_splits(tokens, lengths, present)
+    if hashed is None:  # two tokens share a hash: look every split up by text
+        long_ids = range(n)
+    else:
+        found.append(hashed)
+        long_ids = np.flatnonzero(lengths > _HASHED_LENGTH).tolist()
+    rows = []
+    for i in long_ids:
+        t = tokens[i]
+        m = len(t)
+        for cut in range(1, m):
+            if cut in present and m - cut in present:
+                left = vocab.get(t[:cut])
+                if left is not None:
+                    right = vocab.get(t[cut:])
+                    if right is not None:
+                        rows.append((i, cut, left, right))
+    if rows:
+        found.append(np.array(rows, dtype=np.int64))
+    if not found:
+        return []
+    table = np.concatenate(found)
+    if not len(table):
+        return []
+    token, cut, left, right = table.T
+    rank = np.lexsort((cut, token, -scores[token]))
+    text = tokens.__getitem__
+    return list(zip(map(text, left[rank].tolist()), map(text, right[rank].tolist())))
+
+
+# Tokens up to this many characters are split with vectorised hashes; longer ones one by one.
+_HASHED_LENGTH = 64
+#: SentencePiece tokens longer than this are refused (real vocabularies stay under ~50).
+MAX_SPM_TOKEN_CHARS = 1024
+_HASH_BASE = np.uint64(0x100000001B3)  # an odd 64-bit multiplier; arithmetic wraps modulo 2**64
+
+
+def _hashed_splits(tokens: Sequence[str], lengths: np.ndarray, present: set[int]) -> np.ndarray | None:
+    """Every (token id, cut, left id, right id) with both parts in the vocabulary, for the
+    tokens of at most ``_HASHED_LENGTH`` characters; None when two tokens share a hash.
+
+    Each length group becomes a [count, length] uint32 matrix of code points; the
+    polynomial hash of every prefix is built column by column, a suffix's hash follows
+    from its prefix's, and both are searched among the vocabulary's hashes.
+    """
+    n = len(tokens)
+    short = np.flatnonzero(lengths <= _HASHED_LENGTH)
+    by_length = short[np.argsort(lengths[short], kind="stable")]
+    sizes = sorted(m for m in present if 0 < m <= _HASHED_LENGTH)
+    starts = np.searchsorted(lengths[by_length], sizes + [_HASHED_LENGTH + 1])
+    groups, codes, prefixes = {}, {}, {}
+    row = np.zeros(n, dtype=np.int64)
+    hashes = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k, m in enumerate(sizes):
+            ids = by_length[starts[k]:starts[k + 1]]
+            cp = np.array([tokens[i] for i in ids.tolist()], dtype=f"<U{m}").view(np.uint32).reshape(len(ids), m)
+            prefix = np.zeros((len(ids), m + 1), dtype=np.uint64)
+            for j in range(m):
+                prefix[:, j + 1] = prefix[:, j] * _HASH_BASE + cp[:, j].astype(np.uint64) + np.uint64(1)
+            groups[m], codes[m], prefixes[m] = ids, cp, prefix
+            row[ids] = np.arange(len(ids))
+            hashes[ids] = prefix[:, m]
+        # Per length: the group's ids in hash order, to search a part among tokens of its length.
+        tables = {}
+        for m, ids in groups.items():
+            order = np.argsort(hashes[ids], kind="stable")
+            sorted_hashes = hashes[ids][order]
+            if np.any(sorted_hashes[1:] == sorted_hashes[:-1]):
+                return None
+            tables[m] = (sorted_hashes, ids[order])
+
+        def lookup(m: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            sorted_hashes, keys = tables[m]
+            pos = np.minimum(np.searchsorted(sorted_hashes, h), len(sorted_hashes) - 1)
+            return sorted_hashes[pos] == h, keys[pos]
+
+        power = [np.uint64(1)]
+        for _ in range(_HASHED_LENGTH):
+            power.append(power[-1] * _HASH_BASE)
+        out = [np.zeros((0, 4), dtype=np.int64)]
+        for m in sizes:
+            ids, cp, prefix = groups[m], codes[m], prefixes[m]
+            for cut in range(1, m):
+                if cut not in groups or m - cut not in groups:
+                    continue
+                hit, left = lookup(cut, prefix[:, cut])
+                sel = np.flatnonzero(hit)
+                if not len(sel):
+                    continue
+                hit, right = lookup(m - cut, prefix[sel, m] - prefix[sel, cut] * power[m - cut])
+                sel, left, right = sel[hit], left[sel[hit]], right[hit]
+                # A hash hit counts only if the parts spell the token.
+                ok = ((codes[cut][row[left]] == cp[sel, :cut]).all(1)
+                      & (codes[m - cut][row[right]] == cp[sel, cut:]).all(1))
+                sel, left, right = sel[ok], left[ok], right[ok]
+                out.append(np.stack([ids[sel], np.full(len(sel), cut), left, right], axis=1))
+    return np.concatenate(out)
 
 
 # ----------------------------------------------------------- special handling
