@@ -1,5 +1,110 @@
 """CLI commands on text alone: ``ster tokenize`` and ``ster detokenize``.
 
 Registered on ``ster_py.cli.app`` when cli.py imports this module (at its end).
+Only the tokenizer is built (``ster_py.load.load_tokenizer``): no weight is
+mapped, so a vocabulary-only GGUF works.
 """
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from .cli import MODEL_HELP, _model_or_default, _write, app, err, out, progress_bar
+from .errors import SterError
+
+
+def _read_text(text: Optional[str], file: Optional[Path]) -> str:
+    if (text is None) == (file is None):
+        raise SterError("give the text to tokenize with exactly one of --text TEXT or --file FILE")
+    if text is not None:
+        return text
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise SterError(f"cannot read {file}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SterError(f"{file} is not UTF-8 text (invalid byte at offset {e.start}); convert it to UTF-8") from None
+
+
+def _parse_ids(values: List[str], vocab_size: int) -> list[int]:
+    """Token ids from arguments: each may hold several, separated by commas or spaces, in brackets or not."""
+    ids = []
+    for value in values:
+        for item in re.split(r"[\s,]+", value.strip().strip("[]")):
+            if not item:
+                continue
+            try:
+                ids.append(int(item))
+            except ValueError:
+                raise SterError(f"{item!r} is not a token id; give whole numbers like `ster detokenize 15496 995` "
+                                "(or 15496,995)") from None
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise SterError(f"token id {bad[0]} is outside this vocabulary (ids 0..{vocab_size - 1})"
+                        + (f"; {len(bad) - 1} more id(s) are too" if len(bad) > 1 else ""))
+    return ids
+
+
+@app.command()
+def tokenize(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    text: Optional[str] = typer.Option(None, "--text", "-t", help="The text to tokenize."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="A UTF-8 file whose whole content is tokenized."),
+    special: bool = typer.Option(True, "--special/--no-special", help="Add the model's own special tokens around "
+                                 "the text (BOS, EOS, BERT's [CLS]/[SEP]), as a prompt gets them."),
+    parse_special: bool = typer.Option(False, "--parse-special/--no-parse-special", help="Read special-token "
+                                       "texts in the input (<|im_end|>, <s>) as those tokens; by default they "
+                                       "are tokenized as plain text (llama.cpp's parse_special, transformers' "
+                                       "split_special_tokens=False)."),
+    pieces: bool = typer.Option(False, "--pieces", help="Print one id and its vocabulary piece per line."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"ids": [...], "tokens": [...], "count": n}.'),
+) -> None:
+    """Print the token ids of a text (no weights are loaded)."""
+    from .load import load_tokenizer
+
+    content = _read_text(text, file)
+    with progress_bar(what="loading tokenizer") as progress:
+        tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)
+    # tokenizers' encode_special_tokens=True tokenizes special texts as plain text.
+    tokenizer.tk.encode_special_tokens = not parse_special
+    ids = tokenizer.encode(content, add_special_tokens=special)
+    tokens = [tokenizer.id_to_token(i) for i in ids]
+    if as_json:
+        print(json.dumps({"ids": ids, "tokens": tokens, "count": len(ids)}, ensure_ascii=False))
+        return
+    if pieces:
+        for i, piece in zip(ids, tokens):
+            out.print(f"{i}\t{escape(json.dumps(piece, ensure_ascii=False))}")
+    else:
+        _write(" ".join(map(str, ids)) + "\n")
+    err.print(f"[dim]{len(ids)} tokens[/]")
+
+
+@app.command()
+def detokenize(
+    ids: List[str] = typer.Argument(..., help="Token ids, as separate arguments or comma-separated."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    skip_special: bool = typer.Option(False, "--skip-special/--no-skip-special", help="Leave special tokens "
+                                      "(BOS, EOS, <|im_end|>...) out of the text."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"text": ..., "ids": [...], "count": n}.'),
+) -> None:
+    """Print the text of token ids (no weights are loaded)."""
+    from .load import load_tokenizer
+
+    with progress_bar(what="loading tokenizer") as progress:
+        tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)
+    token_ids = _parse_ids(ids, tokenizer.vocab_size)
+    text = tokenizer.decode(token_ids, skip_special_tokens=skip_special)
+    if as_json:
+        print(json.dumps({"text": text, "ids": token_ids, "count": len(token_ids)}, ensure_ascii=False))
+        return
+    _write(text + "\n")

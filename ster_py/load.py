@@ -72,3 +72,42 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         raise SterError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                         f"{spec.vocab_size}; tokenizer.json is not from this checkpoint")
     return LoadedModel(resolved, spec, decoder, tokenizer, precision)
+
+
+def load_tokenizer(model: str, revision: str | None = None, *, progress: Progress | None = None) -> Tokenizer:
+    """Resolve ``model`` and build only its tokenizer (and chat template): no weight is mapped or read.
+
+    A directory with tokenizer.json is read as it is (no config.json, weights or
+    runnable family needed); a .gguf file, or a directory holding one, is
+    tokenized from its ``tokenizer.ggml.*`` metadata alone, so a vocabulary-only
+    GGUF (no tensors) works and the architecture is never gated. Presets and Hub
+    ids go through ``resolve`` (a Hub model is gated and downloaded as for running).
+
+    Args:
+        model: as for ``load_model``.
+        revision: Hub revision (branch, tag or commit).
+        progress: optional ``progress(event, done, total)`` callback for downloads.
+
+    Raises:
+        SterError: nothing tokenizable there (missing or unreadable files, an
+            unsupported GGUF tokenizer scheme, a malformed vocabulary).
+    """
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return Tokenizer.from_dir(path)
+    if not (path.is_file() and path.name.endswith(".gguf")):
+        resolved = resolve(model, revision, progress=progress)
+        if resolved.tokenizer_path is not None:
+            return Tokenizer.from_dir(resolved.root)
+        path = resolved.gguf_file
+    from .gguf.reader import GGUFFile
+    from .gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    source = str(path)
+    # allow_unsupported: tensor types do not matter here; only the header is parsed. The
+    # metadata's arrays are views of the file, so the tokenizer is built before it closes.
+    with GGUFFile(path, allow_unsupported=True) as gguf:
+        parts = interpret(source, tokenizer_from_gguf_metadata, gguf.metadata, for_generation=False)
+    return parts.to_tokenizer(source)
