@@ -87,3 +87,165 @@ def test_invalid_unicode_prompt(llama_dir):
     model = load_model(str(llama_dir))
     with pytest.raises(SterError, match="not valid Unicode"):
         model.tokenizer.encode("w3 \udcff")
+
+
+# --------------------------------------------------------------------------- sizes bounded where they are read
+
+def _peak_bytes(fn) -> tuple[int, BaseException | None]:
+    """Peak Python allocation while ``fn()`` runs, and what it raised."""
+    import tracemalloc
+
+    tracemalloc.start()
+    raised = None
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 (the caller checks what was raised)
+        raised = e
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, raised
+
+
+LLAMA_CONFIG = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("model_type, changes, key", [
+    ("llama", {"num_hidden_layers": 10 ** 6}, "num_hidden_layers"),
+    ("llama", {"num_hidden_layers": 10 ** 9}, "num_hidden_layers"),
+    ("bloom", {"num_attention_heads": 10 ** 6, "hidden_size": 10 ** 6}, "num_attention_heads / n_head"),  # ALiBi
+    ("llama", {"head_dim": 10 ** 7}, "head_dim"),  # the rotary table is head_dim / 2 long
+])
+def test_huge_counts_are_refused_before_anything_is_allocated(model_type, changes, key):
+    from ster_py.config import spec_from_config
+    from ster_py.families import FAMILIES
+
+    config = dict(LLAMA_CONFIG, model_type=model_type, **changes)
+    peak, raised = _peak_bytes(lambda: spec_from_config(config, FAMILIES[model_type]))
+    assert isinstance(raised, SterError) and key in str(raised) and "in 1.." in str(raised), raised
+    assert peak < 4 << 20, f"{peak} bytes allocated before the refusal"
+
+
+def test_huge_gguf_block_count_is_refused_before_anything_is_allocated(tmp_path):
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 10 ** 6), ("embedding_length", 64), ("attention.head_count", 4),
+                       ("feed_forward_length", 96), ("context_length", 256)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((128, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    peak, raised = _peak_bytes(lambda: load_model(str(path)))
+    assert isinstance(raised, SterError) and "llama.block_count" in str(raised), raised
+    assert peak < 4 << 20, f"{peak} bytes allocated before the refusal"
+
+
+@pytest.mark.parametrize("layer_types, words", [
+    (["full_attention"] * 2, "one entry per layer"),
+    ("full_attention", "one entry per layer"),
+    (["full_attention", "chunked_attention", "full_attention"], "'chunked_attention' is not supported"),
+])
+def test_layer_types_must_match_the_layers(llama_dir, tmp_path, layer_types, words):
+    # transformers refuses a layer_types list of the wrong length (PreTrainedConfig.validate_layer_type).
+    path = _with_config(llama_dir, tmp_path / "m", layer_types=layer_types, sliding_window=4)
+    with pytest.raises(SterError, match=words):
+        load_model(str(path))
+
+
+# --------------------------------------------------------------------------- scales
+
+@pytest.mark.parametrize("model_type, changes, words", [
+    ("granite", {"residual_multiplier": 0}, "residual scale"),
+    ("granite", {"residual_multiplier": -0.2}, "residual scale"),
+    ("granite", {"logits_scaling": 0}, "logit scale"),
+    ("granite", {"logits_scaling": -8}, "logit scale"),
+    ("cohere", {"logit_scale": -0.0625}, "logit scale"),
+    ("olmo", {"clip_qkv": 0}, "clip_qkv"),
+    ("olmo", {"clip_qkv": -8.0}, "clip_qkv"),
+])
+def test_scales_must_be_positive(model_type, changes, words):
+    from ster_py.config import spec_from_config
+    from ster_py.families import FAMILIES
+    from ster_py.validate import check_spec, interpret
+
+    config = dict(LLAMA_CONFIG, model_type=model_type, **changes)
+    with pytest.raises(SterError, match=words):
+        check_spec(interpret("config.json", spec_from_config, config, FAMILIES[model_type]), "config.json")
+
+
+# --------------------------------------------------------------------------- weights
+
+def _rewrite(path, change):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("dtype, stored", [(np.int32, "I32"), (np.int64, "I64"), (np.bool_, "BOOL"),
+                                           (np.int8, "I8"), (np.uint8, "U8")])
+def test_non_float_weight_is_refused_by_name(llama_dir, tmp_path, dtype, stored):
+    path = _with_config(llama_dir, tmp_path / "m")
+    name = "model.layers.1.mlp.down_proj.weight"
+
+    def to_ints(tensors):
+        tensors[name] = (tensors[name] * 100).astype(dtype)
+
+    _rewrite(path, to_ints)
+    with pytest.raises(SterError, match=rf"tensor '{name}' in .* is stored as {stored}.*floating-point"):
+        load_model(str(path))
+
+
+def test_unused_tensors_are_reported(llama_dir, tmp_path):
+    from ster_py.weights import unused_tensor_warnings
+
+    path = _with_config(llama_dir, tmp_path / "m", tie_word_embeddings=True)
+    extra = ["model.layers.0.mlp.extra_proj.weight", "model.layers.7.self_attn.q_proj.weight"]
+
+    def add(tensors):
+        for name in extra:
+            tensors[name] = np.ones((4, 4), np.float32)
+        tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)  # a saved buffer
+        assert "lm_head.weight" in tensors  # stored, but tied: the embedding is the head
+
+    _rewrite(path, add)
+    model = load_model(str(path))
+    weights = model.decoder._weights
+    assert weights.unused_tensors(model.spec) == sorted(extra)
+    (warning,) = unused_tensor_warnings(model.spec, weights)
+    assert "2 tensor(s)" in warning and all(name in warning for name in extra)
+
+
+def test_a_complete_checkpoint_has_no_unused_tensors(llama_dir):
+    from ster_py.weights import unused_tensor_warnings
+
+    model = load_model(str(llama_dir))
+    assert unused_tensor_warnings(model.spec, model.decoder._weights) == []
+
+
+# --------------------------------------------------------------------------- --model
+
+@pytest.mark.parametrize("model", ["", "   "])
+def test_empty_model_is_refused_without_the_network(model, monkeypatch):
+    from ster_py.resolve import resolve
+
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)  # any Hub use would fail loudly
+    with pytest.raises(SterError, match="no model given"):
+        resolve(model)
+
+
+def test_cli_empty_model_is_refused_not_the_default_preset(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m", "",
+                        "-p", "hi", "--max-new-tokens", "1"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "no model given" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == ""

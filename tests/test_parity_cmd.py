@@ -18,7 +18,8 @@ from ster_py.errors import SterError
 from ster_py.load import load_model
 from ster_py.parity import llamacpp_reference, run_parity, transformers_reference
 from ster_py.resolve import resolve
-from tiny import make_checkpoint, reference_logits, rel_err
+from tiny import build_checkpoint, make_checkpoint, reference_logits, rel_err
+from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 
 IDS = np.random.RandomState(1).randint(3, 128, size=12).tolist()
 PROMPT = " ".join(f"w{i}" for i in IDS)  # the tiny word-level tokenizer maps wN to id N, no BOS
@@ -51,17 +52,6 @@ def _dense_cases() -> dict:
     return out
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The oracle runs on one thread: tiny matmuls on two contended cores cost far more."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_every_implemented_family_has_a_parity_case():
     from ster_py.families import FAMILIES as IMPLEMENTED
 
@@ -73,10 +63,8 @@ def test_parity_passes_at_f32(family, tmp_path):
     if family in FAMILIES:
         ref_model = make_checkpoint(tmp_path, family, **FAMILIES[family])
     else:
-        import test_parity_dense as dense
-
         _, config, attn = _dense_cases()[family]
-        ref_model = dense.build(tmp_path, family, config, attn=attn)
+        ref_model = build_checkpoint(tmp_path, family, config, attn=attn)
     loaded = load_model(str(tmp_path))
     report = run_parity(loaded, [PROMPT], reference="transformers", tolerance=1e-4)
     assert report.passed

@@ -18,6 +18,8 @@ from ster_py.errors import SterError
 from ster_py.families import FAMILIES, FAMILIES_BY_GGUF_ARCH, gate
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
+from tiny import build_checkpoint as build
+from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err, write_tokenizer
 
 VOCAB = 128
@@ -26,48 +28,6 @@ LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_
              num_key_value_heads=2, max_position_embeddings=64)
 GPT = dict(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64)
 LAYERS_SWS = ["sliding_attention", "full_attention", "sliding_attention"]
-# Norms stored as offsets from one (applied as 1 + w) are randomised around zero.
-UNIT_OFFSET = {"nemotron", "vaultgemma"}
-
-
-def build(path, model_type: str, config: dict, *, attn="eager", seed: int = 0):
-    """Save a tiny random ``model_type`` checkpoint with ``config``; return transformers' model (f32, eval)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
-    with torch.no_grad():
-        norm_params = {f"{m}.{p}" if m else p for m, mod in model.named_modules() if "Norm" in type(mod).__name__
-                       for p, _ in mod.named_parameters(recurse=False)}
-        for name, p in model.named_parameters():
-            noise = torch.randn_like(p)
-            if p.ndim == 0:
-                continue
-            if p.ndim > 1 and name not in norm_params:  # wider than the default init: greedy tokens vary
-                p.copy_(noise * 0.15)
-            elif name in norm_params and name.endswith("weight"):
-                p.copy_(noise * 0.3 + (0.0 if model_type in UNIT_OFFSET else 1.0))
-            else:
-                p.copy_(noise * 0.1)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    write_tokenizer(path, VOCAB)
-    return model
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The oracle runs on one thread: tiny matmuls on two contended cores cost 10x more."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _config(path) -> dict:
     return json.loads((path / "config.json").read_text())
 
@@ -166,6 +126,8 @@ def _check(path, ref_model):
 
     ours = generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids
     assert ours == reference_greedy(ref_model, PROMPT, 16)
+    # Every tensor transformers saved is read or known to be harmless: no false "unused" warning.
+    assert model.decoder._weights.unused_tensors(model.spec) == []
     return model
 
 
@@ -441,6 +403,37 @@ def test_gguf_matches_transformers(name, gguf_models):
     pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
     split_err = rel_err(pieces, reference_split_logits(ref_model, PROMPT, 9))
     assert split_err < 1e-3, f"cached split rel err {split_err:.2e}"
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_gguf_dir_matches_transformers(name, gguf_models, tmp_path):
+    """config.json + tokenizer.json + the converted .gguf: the config decides the model (its
+    variants, e.g. Falcon's two norms or StableLM's per-head q/k norms), the GGUF holds the weights
+    under llama.cpp's names and layout."""
+    import shutil
+
+    path, ref_model = gguf_models[name]
+    hf = path.parent / "hf" / name
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf / f, tmp_path / f)
+    (tmp_path / "model.gguf").symlink_to(path)
+    model = load_model(str(tmp_path))
+    assert model.resolved.kind == "gguf_dir"
+    err = rel_err(model.decoder.forward(PROMPT), reference_logits(ref_model, PROMPT)[0])
+    assert err < 1e-3, f"logits rel err {err:.2e}"
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+def test_gguf_dir_of_another_architecture_is_refused(gguf_models, tmp_path):
+    import shutil
+
+    path, _ = gguf_models["olmo2"]
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy(path.parent / "hf" / "olmo" / f, tmp_path / f)
+    (tmp_path / "model.gguf").symlink_to(path)
+    with pytest.raises(SterError, match="GGUF of architecture 'olmo2'.*describes a 'olmo' model"):
+        load_model(str(tmp_path))
 
 
 def test_every_gguf_architecture_has_a_case():

@@ -3,7 +3,10 @@
 ``make_checkpoint(dir, model_type, **overrides)`` writes config.json,
 model.safetensors and a small tokenizer.json (a word-level vocabulary that
 covers every id) and returns the transformers model (f32, eval mode) that is
-the oracle for that directory.
+the oracle for that directory. ``build_checkpoint(dir, model_type, config)`` does
+the same from a config in the family's own key spellings, with every weight
+randomised (the dense-family suites). ``one_torch_thread`` is an autouse fixture
+for modules that import it.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 VOCAB = 128
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -61,6 +65,52 @@ def make_checkpoint(path: Path, model_type: str, *, seed: int = 0, dtype=None, *
         # rotary inv_freq rounded to the half dtype, which the saved checkpoint does not hold.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     return model.float().eval()
+
+
+# Norms stored as offsets from one (applied as 1 + w) are randomised around zero.
+UNIT_OFFSET = {"nemotron", "vaultgemma"}
+
+
+def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager", seed: int = 0):
+    """Save a tiny random ``model_type`` checkpoint with ``config``; return transformers' model (f32, eval).
+
+    Unlike ``make_checkpoint``, ``config`` is passed as is (no ``SMALL`` defaults) and every
+    matrix is redrawn wider than the default init, so that greedy tokens vary.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+    with torch.no_grad():
+        norm_params = {f"{m}.{p}" if m else p for m, mod in model.named_modules() if "Norm" in type(mod).__name__
+                       for p, _ in mod.named_parameters(recurse=False)}
+        for name, p in model.named_parameters():
+            noise = torch.randn_like(p)
+            if p.ndim == 0:
+                continue
+            if p.ndim > 1 and name not in norm_params:
+                p.copy_(noise * 0.15)
+            elif name in norm_params and name.endswith("weight"):
+                p.copy_(noise * 0.3 + (0.0 if model_type in UNIT_OFFSET else 1.0))
+            else:
+                p.copy_(noise * 0.1)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    write_tokenizer(path, VOCAB)
+    return model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The oracle runs on one thread: tiny matmuls on two contended cores cost 10x more."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def reference_logits(model, ids) -> tuple[np.ndarray, list[np.ndarray]]:

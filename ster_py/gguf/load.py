@@ -65,10 +65,20 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
     else:
         family = resolved.family
         source = str(resolved.config_path)
+        arch = meta.get("general.architecture")
+        if family.gguf_arch is None or arch != family.gguf_arch:
+            raise SterError(f"{path} is a GGUF of architecture {arch!r}, but {source} describes a "
+                            f"{family.model_type!r} model, which llama.cpp converts to "
+                            f"{family.gguf_arch or 'no GGUF architecture'}; put the config.json the GGUF was "
+                            "converted from beside it, or load the .gguf file alone")
         check_config(resolved.config, source)
         spec = check_spec(interpret(source, spec_from_config, resolved.config, family, source), source)
         spec = gguf_layout(spec, family, resolved.config)
         tokenizer = Tokenizer.from_dir(resolved.root)
+        # The q/k row order is the converter's, chosen by architecture (InternLM3 goes through llama's).
+        from ..families import FAMILIES_BY_GGUF_ARCH
+
+        family = FAMILIES_BY_GGUF_ARCH[arch]
     qk = (spec.num_attention_heads, spec.num_key_value_heads) if family.gguf_qk_permuted else None
     weights = GGUFWeights(gguf, precision, qk_heads=qk)
     decoder = Decoder(spec, weights)
