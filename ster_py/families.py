@@ -221,11 +221,16 @@ class Refusal:
     why: str
 
 
+def _lookup(config: Mapping, key: str, sub: str | None) -> Any:
+    """``config[key]``, or ``config[sub][key]`` when ``sub`` is given; None when absent."""
+    c = config.get(sub) or {} if sub else config
+    return c.get(key) if isinstance(c, Mapping) else None
+
+
 def flag(key: str, default: bool = False, *, sub: str | None = None) -> Callable[[Mapping], bool]:
     """Predicate: the config's boolean ``key`` (inside the object ``sub`` if given) is true."""
     def when(config: Mapping) -> bool:
-        c = config.get(sub) or {} if sub else config
-        value = c.get(key)
+        value = _lookup(config, key, sub)
         return bool(default if value is None else value)
     return when
 
@@ -239,8 +244,7 @@ def unset(key: str, default: bool = True) -> Callable[[Mapping], bool]:
 def stated(key: str, *, sub: str | None = None, unless: Any = None) -> Callable[[Mapping], bool]:
     """Predicate: ``key`` is present with a value other than None / false / ``unless``."""
     def when(config: Mapping) -> bool:
-        c = config.get(sub) or {} if sub else config
-        value = c.get(key)
+        value = _lookup(config, key, sub)
         return value is not None and value is not False and value != unless
     return when
 

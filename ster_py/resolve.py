@@ -306,8 +306,10 @@ def read_config(path: Path) -> dict:
 def _gate(config: dict, config_path: Path) -> "FamilySpec":
     # Imported here so that the family table loads only when a config is gated.
     from ster_py import families
+    from ster_py.validate import interpret
 
-    return families.gate(config, config_path)
+    # The family's refusal rules read untrusted values: a Python error in one is the config's fault.
+    return interpret(str(config_path), families.gate, config, config_path)
 
 
 # --------------------------------------------------------------------------- Hub

@@ -755,3 +755,25 @@ def test_real_gguf_files(request, fixture):
     path = Path(request.getfixturevalue(fixture))
     r = resolve(str(path))
     assert (r.kind, r.gguf_file, r.weight_files, r.config) == ("gguf", path.absolute(), (path.absolute(),), None)
+
+
+@pytest.mark.parametrize("model", ["", "   ", "\t\n"])
+def test_empty_model_is_refused_locally(sealed, model):
+    assert refusal(model).startswith("no model given")
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "mpt", "attn_config": "multihead"},   # a family rule reads attn_config.<key>
+    {"model_type": "mpt", "attn_config": [1, 2]},
+])
+def test_malformed_config_objects_do_not_crash_the_gate(sealed, tmp_path, config):
+    """The gate's refusal rules read untrusted values: a wrong type is a config problem, never a traceback."""
+    root = write_model(tmp_path / "m", config=config)
+    assert resolve(str(root)).family.model_type == "mpt"
+
+
+def test_gate_errors_name_the_config(sealed, tmp_path):
+    config = {"model_type": "granite_swa", "layer_rope_theta": [[1], 2],
+              "layer_types": ["sliding_attention", "full_attention"]}  # a list where a rotary base belongs
+    root = write_model(tmp_path / "m", config=config)
+    assert refusal(str(root)).startswith(f"invalid model config {root / 'config.json'}: TypeError")
