@@ -94,6 +94,17 @@ def _write(text: str) -> None:
         raise typer.Exit(0) from None
 
 
+THREADS_HELP = "Threads for the matrix products and attention (default: $STER_THREADS, else every core)."
+
+
+def _use_threads(threads: Optional[int]) -> None:
+    """Apply --threads (None: keep the default) before any kernel runs."""
+    if threads is not None:
+        from .decoder.qlinear import set_threads
+
+        set_threads(threads)
+
+
 def _check_device(device: str) -> None:
     if device != "cpu":
         raise SterError(f"--device {device} is not available: this build of ster runs on the CPU only "
@@ -117,6 +128,7 @@ def generate(
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: use the model's chat "
                                                "template when it has one; off: send the prompt as raw text."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of streaming."),
     vector: Optional[Path] = typer.Option(None, help="Steering vector JSON (from `ster vector caa`): adds "
                                           "--strength x the layer's direction after each layer it covers."),
@@ -132,6 +144,7 @@ def generate(
     from .tokenizer import StreamDecoder
 
     _check_device(device)
+    _use_threads(threads)
     if strength is not None and vector is None:
         raise SterError("--strength needs --vector (a steering vector file)")
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)

@@ -14,7 +14,8 @@ import typer
 from rich.markup import escape
 
 from .capture import LAYER_HELP
-from .cli import MODEL_HELP, ChatTemplate, Precision, _check_device, _model_or_default, app, err, out, progress_bar
+from .cli import (MODEL_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default, _use_threads,
+                  app, err, out, progress_bar)
 
 vector_app = typer.Typer(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -48,6 +49,7 @@ def parity(
                                         "GGUF via gguf_file=) or llama.cpp (llama-cpp-python on the GGUF)."),
     tolerance: float = typer.Option(1e-4, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; "
                                     "also the threshold for the first divergent layer."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Compare our forward pass with a reference implementation on the same token ids.
@@ -60,6 +62,7 @@ def parity(
     from .load import load_model
     from .parity import DEFAULT_PROMPTS, run_parity
 
+    _use_threads(threads)
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
@@ -105,12 +108,14 @@ def capture(
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar)."""
     from .capture import capture as run, parse_layers, read_prompts, save_capture
     from .load import load_model
 
     _check_device(device)
+    _use_threads(threads)
     texts = read_prompts(prompt, prompts)
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)

@@ -65,6 +65,7 @@ def test_sampling_is_reproducible_with_a_seed(tiny_llama):
     (["--top-p", "0"], ["--top-p"]),
     (["--temperature", "-1"], ["--temperature"]),
     (["--system", "be brief"], ["--system", "chat template"]),
+    (["--threads", "0"], ["--threads"]),
 ])
 def test_bad_flags_are_refused_cleanly(tiny_llama, args, words):
     path, _ = tiny_llama
@@ -145,3 +146,12 @@ def test_families_json_lists_every_model_type():
         "olmo2", "olmo3", "nemotron", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "internlm3",
         "exaone4", "exaone", "seed_oss", "arcee", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "granite_swa",
         "hyperclovax", "iquestcoder", "jais2", "vaultgemma", "apertus", "ministral3"}
+
+
+@pytest.mark.real
+def test_threads_flag_changes_speed_not_tokens(smollm2_gguf):
+    """--threads 1 and 2 on the quantized kernels: each output row is one thread's dot product,
+    so the tokens are the same whatever the split."""
+    runs = [json.loads(ster("generate", "--model", str(smollm2_gguf), "--prompt", "Name three colours.",
+                            "--max-new-tokens", "12", "--threads", n, "--json").stdout)["ids"] for n in ("1", "2")]
+    assert runs[0] == runs[1] and len(runs[0]) > 0
