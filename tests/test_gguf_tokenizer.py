@@ -6,7 +6,14 @@
 - llama.cpp's own tokenizer test vectors (``models/ggml-vocab-*.gguf`` with their
   ``.inp``/``.out`` files, shipped in the llama-cpp-python 0.3.36 sdist): ids equal
   llama.cpp's for every supported vocabulary there (gpt-2, llama-bpe, qwen2, qwen35,
-  starcoder, refact, command-r, mpt, llama-spm, phi-3, gemma-4).
+  starcoder, refact, command-r, mpt, llama-spm, phi-3, gemma-4, bert-bge), tokenized
+  as llama.cpp's test-tokenizer-0 does (no BOS, special texts not parsed).
+- llama.cpp's round-trip test (test-tokenizer-1-spm, the one its CMake runs, on
+  llama-spm): every token's text and every code point tokenizes and decodes back.
+- WordPiece (bert-bge) also against transformers' BertTokenizerFast over the same
+  vocabulary; Unigram (t5) against llama.cpp itself on nomic-bert-moe's real
+  250k-piece vocabulary and on a SentencePiece model trained in the test (and
+  against sentencepiece wherever llama.cpp agrees with it).
 - Every pre-tokenizer name: the built tokenizer splits sample text as Python's
   ``regex`` module does with the same expressions (and as transformers' GGUF table
   does for the names it knows).
@@ -94,7 +101,17 @@ def _read_metadata(path: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _parts(path: str):
-    return tokenizer_from_gguf_metadata(_read_metadata(path))
+    # for_generation=False: the WordPiece vocabulary has no end-of-generation token.
+    return tokenizer_from_gguf_metadata(_read_metadata(path), for_generation=False)
+
+
+def _encode_unparsed(tk, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Ids with special-token texts read as plain text (llama.cpp's parse_special=false)."""
+    tk.encode_special_tokens = True
+    try:
+        return tk.encode(text, add_special_tokens=add_special_tokens).ids
+    finally:
+        tk.encode_special_tokens = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,12 +206,11 @@ _VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
 # tokenize(b"a", add_bos=True) starts with BOS).
 VECTOR_VOCABS = {
     "gpt-2": False, "llama-bpe": True, "qwen2": False, "qwen35": False, "starcoder": False, "refact": False,
-    "command-r": True, "mpt": False, "llama-spm": True, "phi-3": True, "gemma-4": True,
+    "command-r": True, "mpt": False, "llama-spm": True, "phi-3": True, "gemma-4": True, "bert-bge": True,
 }
 # Same checks for the files without test vectors (no tokenizer.ggml.pre: the default split).
 BUILD_ONLY_VOCABS = {"aquila": False, "gpt-neox": False, "baichuan": True}
-REFUSED_VOCABS = {"deepseek-coder": "deepseek-coder", "deepseek-llm": "deepseek-llm", "falcon": "falcon",
-                  "bert-bge": "bert"}
+REFUSED_VOCABS = {"deepseek-coder": "deepseek-coder", "deepseek-llm": "deepseek-llm", "falcon": "falcon"}
 
 
 @pytest.fixture(scope="session")
@@ -242,7 +258,7 @@ def llama_vocab_dir(tmp_path_factory) -> Path:
 
 def _vectors(path: Path) -> list[tuple[str, list[int]]]:
     # llama.cpp's tests/test-tokenizer-0 format: texts separated by "\n__ggml_vocab_test__\n",
-    # one line of ids (tokenized without BOS, specials parsed) per text.
+    # one line of ids per text: common_tokenize(ctx, text, add_special=false, parse_special=false).
     # Some .inp files end with the separator and some do not; every .out ends with a newline.
     separator = "\n__ggml_vocab_test__\n"
     inp = path.with_name(path.name + ".inp").read_text(encoding="utf-8")
@@ -260,8 +276,7 @@ def test_ids_equal_llama_cpp_test_vectors(llama_vocab_dir, name):
     parts = _parts(str(path))
     vectors = _vectors(path)
     assert len(vectors) >= 40
-    mismatches = [(t, got, want) for t, want in vectors
-                  if (got := parts.tokenizer.encode(t, add_special_tokens=False).ids) != want]
+    mismatches = [(t, got, want) for t, want in vectors if (got := _encode_unparsed(parts.tokenizer, t)) != want]
     assert not mismatches, mismatches[:5]
     assert parts.add_bos is VECTOR_VOCABS[name]
     first = parts.tokenizer.encode("a", add_special_tokens=True).ids[0]
@@ -281,6 +296,290 @@ def test_vocab_files_without_vectors_build(llama_vocab_dir, name):
 def test_unsupported_vocab_files_are_refused_by_name(llama_vocab_dir, name):
     with pytest.raises(SterError, match=f"unsupported .*'{REFUSED_VOCABS[name]}'.*supported: "):
         _parts(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf"))
+
+
+# ------------------------------------------------ llama.cpp's round trip (test-tokenizer-1)
+
+# llama.cpp's CMake runs test-tokenizer-1-spm on llama-spm only (its BPE twin and the
+# other vocabularies are commented out there), so that is where it expects the round trip.
+ROUND_TRIP_VOCABS = ["llama-spm"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", ROUND_TRIP_VOCABS)
+def test_round_trip_as_llama_cpp_test_tokenizer_1(llama_vocab_dir, name):
+    """tests/test-tokenizer-1-spm.cpp: (1) every token's text, detokenized with specials
+    rendered, tokenizes (no BOS, specials parsed) and detokenizes to the same text;
+    (2) every code point outside the surrogates and U+40000..U+E0000 does too, except
+    U+2581 (the ▁ that stands for a space). A lone byte token >= 0x80 is not text in
+    Python, so (1) leaves those out, as the BPE variant of the test does."""
+    tk = _parts(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf")).tokenizer
+    n = tk.get_vocab_size()
+    texts = [tk.decode([i], skip_special_tokens=False) for i in range(n)]
+    kept = [t for t in texts if "\ufffd" not in t]
+    assert len(kept) >= n - 130  # the 128 high byte tokens and little else
+    back = tk.decode_batch([e.ids for e in tk.encode_batch(kept, add_special_tokens=False)],
+                           skip_special_tokens=False)
+    assert [(t, b) for t, b in zip(kept, back) if t != b] == []
+
+    chars = [chr(cp) for cp in range(0x110000)
+             if not (0xD800 <= cp <= 0xDFFF or 0x40000 <= cp <= 0xE0000 or cp == 0x2581)]
+    back = tk.decode_batch([e.ids for e in tk.encode_batch(chars, add_special_tokens=False)],
+                           skip_special_tokens=False)
+    assert [hex(ord(c)) for c, b in zip(chars, back) if c != b] == []
+
+
+@pytest.mark.real
+def test_vector_texts_decode_back_for_byte_level_vocabs(llama_vocab_dir):
+    # Byte-level BPE loses nothing: the .out ids of every text decode to the text itself.
+    for name in ("gpt-2", "llama-bpe", "qwen2", "starcoder", "refact", "mpt", "command-r", "qwen35"):
+        tk = _parts(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf")).tokenizer
+        for text, ids in _vectors(llama_vocab_dir / f"ggml-vocab-{name}.gguf"):
+            assert tk.decode(ids, skip_special_tokens=False) == text, (name, text)
+
+
+# --------------------------------------------------------------- WordPiece (bert)
+
+def _hf_wordpiece_vocab(meta: dict) -> list[str]:
+    # llama.cpp's converter wrote word-initial pieces as ▁w and continuations ##w as w.
+    out = []
+    for text, kind in zip(meta["tokenizer.ggml.tokens"], np.asarray(meta["tokenizer.ggml.token_type"]).tolist()):
+        out.append(text if kind in (2, 3) else text[1:] if text.startswith("\u2581") else "##" + text)
+    return out
+
+
+@pytest.mark.real
+def test_wordpiece_equals_transformers_bert_tokenizer(llama_vocab_dir, tmp_path):
+    from transformers import BertTokenizerFast
+
+    path = llama_vocab_dir / "ggml-vocab-bert-bge.gguf"
+    (tmp_path / "vocab.txt").write_text("\n".join(_hf_wordpiece_vocab(_read_metadata(str(path)))) + "\n",
+                                        encoding="utf-8")
+    reference = BertTokenizerFast(str(tmp_path / "vocab.txt"), do_lower_case=True)
+    parts = _parts(str(path))
+    texts = [t for t, _ in _vectors(path)] + TEXTS + ["[CLS] a [SEP] b [MASK]", "ÀÉÎÕÜ Ñ ç"]
+    for text in texts:
+        # transformers makes words over 100 characters [UNK]; ster (like llama.cpp) splits them up to 500.
+        if any(len(w) > 100 for w in text.split()):
+            continue
+        assert parts.tokenizer.encode(text).ids == reference(text)["input_ids"], text
+        assert _encode_unparsed(parts.tokenizer, text) == reference(text, add_special_tokens=False,
+                                                                  split_special_tokens=True)["input_ids"], text
+    ids = parts.tokenizer.encode("Hello, world! It is 3.14").ids
+    assert parts.tokenizer.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
+    assert (parts.bos_token_id, parts.sep_token_id, parts.add_bos, parts.add_sep) == (101, 102, True, True)
+
+
+@pytest.mark.real
+def test_wordpiece_equals_llama_cpp_with_specials(llama_vocab_dir):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here")
+    path = str(llama_vocab_dir / "ggml-vocab-bert-bge.gguf")
+    model = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    tk = _parts(path).tokenizer
+    for text in TEXTS + ["Hello, world! [CLS] x [SEP]"]:
+        for add in (True, False):
+            assert tk.encode(text, add_special_tokens=add).ids == model.tokenize(text.encode(), add_bos=add,
+                                                                                  special=True), (text, add)
+            assert _encode_unparsed(tk, text, add) == model.tokenize(text.encode(), add_bos=add, special=False)
+
+
+# --------------------------------------------------------------- Unigram (t5)
+
+UNIGRAM_TEXTS = TEXTS + ["  two  spaces  ", "\ufb01 \u00bd \u2460 \uff28\uff45\uff4c\uff4c\uff4f", "\u3000full width",
+                         "zzz unknown qqq", "tab\there\n", "x<extra_id_0>y", "</s> end", "x<mask>y", "caf\u0065\u0301"]
+
+
+@pytest.mark.real
+def test_unigram_vocab_equals_llama_cpp(llama_vocab_dir):
+    """nomic-bert-moe: a real T5-scheme vocabulary (XLM-R's 250k pieces, with a
+    precompiled character map). llama.cpp's own tokenizer is the oracle."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here (no vectors ship)")
+    path = str(llama_vocab_dir / "ggml-vocab-nomic-bert-moe.gguf")
+    model = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    parts = _parts(path)
+    assert parts.model == "t5"
+    tk = parts.tokenizer
+    for text in UNIGRAM_TEXTS:
+        for add in (True, False):
+            assert tk.encode(text, add_special_tokens=add).ids == model.tokenize(text.encode(), add_bos=add,
+                                                                                  special=True), (text, add)
+            if not any(c in text for c in CONTROL_TEXTS):
+                assert _encode_unparsed(tk, text, add) == model.tokenize(text.encode(), add_bos=add,
+                                                                         special=False), text
+
+
+# Known difference: with special texts left unparsed, llama.cpp's Unigram search never
+# uses control pieces, while tokenizers' Unigram can pick one whose text appears in the
+# input (keeping the unknown-character penalty exact needs them in its lattice).
+CONTROL_TEXTS = ("</s>", "<s>", "<pad>", "<mask>", "<unk>")
+
+
+def _trained_unigram(tmp_path: Path):
+    """A SentencePiece Unigram model trained here (nmt_nfkc rules, a user-defined piece),
+    its GGUF metadata as llama.cpp's T5 converter writes it, and a vocabulary-only GGUF."""
+    import io
+    import random
+
+    spm = pytest.importorskip("sentencepiece")
+    from sentencepiece import sentencepiece_model_pb2
+
+    rng = random.Random(0)
+    words = ("the quick brown fox jumps over lazy dog na\u00efve caf\u00e9 r\u00e9sum\u00e9 \u00c5ngstr\u00f6m "
+             "\u6771\u4eac \u65e5\u672c\u8a9e \ud14d\uc2a4\ud2b8 \u041f\u0440\u0438\u0432\u0435\u0442 \u00bd \u2460 "
+             "\ufb01 \uff28\uff45\uff4c\uff4c\uff4f 1234 3.14 don't").split()
+    corpus = [t for t in TEXTS if t.strip()] * 3
+    corpus += [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(3000)]
+    proto_bytes = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=proto_bytes, vocab_size=400,
+                                   model_type="unigram", hard_vocab_limit=False, num_threads=1,
+                                   user_defined_symbols=["<extra_id_0>"], minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=proto_bytes.getvalue())
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(proto_bytes.getvalue())
+    n = sp.vocab_size()
+    types = [2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 5 if sp.IsUnused(i) else 6 if sp.IsByte(i)
+             else 4 if proto.pieces[i].type == proto.pieces[i].USER_DEFINED else 1 for i in range(n)]
+    tokens = [sp.IdToPiece(i) for i in range(n)]
+    scores = [sp.GetScore(i) for i in range(n)]
+    spec = proto.normalizer_spec
+    meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": np.array(scores, dtype=np.float32),
+            "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+            "tokenizer.ggml.add_space_prefix": spec.add_dummy_prefix,
+            "tokenizer.ggml.remove_extra_whitespaces": spec.remove_extra_whitespaces,
+            "tokenizer.ggml.precompiled_charsmap": np.frombuffer(spec.precompiled_charsmap, dtype=np.uint8),
+            "tokenizer.ggml.unknown_token_id": sp.unk_id(), "tokenizer.ggml.bos_token_id": sp.bos_id(),
+            "tokenizer.ggml.eos_token_id": sp.eos_id()}
+    import gguf
+
+    # A vocabulary-only file llama.cpp loads: a minimal llama header, the T5 tokenizer keys.
+    path = tmp_path / "t5-vocab.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(64)
+    w.add_head_count(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("t5")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(spec.add_dummy_prefix)
+    w.add_remove_extra_whitespaces(spec.remove_extra_whitespaces)
+    w.add_precompiled_charsmap(spec.precompiled_charsmap)
+    w.add_unk_token_id(sp.unk_id())
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sp, meta, path
+
+
+def test_unigram_equals_llama_cpp_and_sentencepiece(tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here")
+    sp, meta, path = _trained_unigram(tmp_path)
+    parts = tokenizer_from_gguf_metadata(meta)
+    assert (parts.model, parts.add_bos, parts.add_eos, parts.add_space_prefix) == ("t5", False, True, True)
+    # The same metadata read back from the written file gives the same tokenizer.
+    assert _read_metadata(str(path))["tokenizer.ggml.precompiled_charsmap"].tobytes() == \
+        meta["tokenizer.ggml.precompiled_charsmap"].tobytes()
+    model = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    tk = parts.tokenizer
+    agree_with_spm = 0
+    for text in UNIGRAM_TEXTS:
+        want = model.tokenize(text.encode(), add_bos=False, special=True)
+        assert tk.encode(text, add_special_tokens=False).ids == want, text
+        if not any(c in text for c in CONTROL_TEXTS):
+            assert _encode_unparsed(tk, text) == model.tokenize(text.encode(), add_bos=False, special=False), text
+        assert tk.encode(text).ids == model.tokenize(text.encode(), add_bos=True, special=True), text
+        # sentencepiece itself, wherever llama.cpp reproduces it (llama.cpp breaks score ties
+        # its own way and restarts the ▁ prefix after a user-defined piece).
+        if want == sp.encode(text):
+            agree_with_spm += 1
+    assert agree_with_spm >= len(UNIGRAM_TEXTS) - 4
+    for text in ("Hello world", "na\u00efve caf\u00e9", "  two  spaces  "):
+        assert tk.decode(tk.encode(text, add_special_tokens=False).ids) == sp.decode(sp.encode(text))
+
+
+def test_unigram_and_wordpiece_refusals():
+    meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>"],
+            "tokenizer.ggml.scores": np.array([0.0, 0.0], dtype=np.float32),
+            "tokenizer.ggml.token_type": np.array([3, 3], dtype=np.int32)}
+    with pytest.raises(SterError, match="Unigram GGUF has no unknown token"):
+        tokenizer_from_gguf_metadata(meta)  # llama.cpp's default unknown id (2) is out of range
+    meta["tokenizer.ggml.tokens"] = ["<pad>", "</s>", "<unk>"]
+    meta["tokenizer.ggml.scores"] = np.zeros(3, dtype=np.float32)
+    meta["tokenizer.ggml.token_type"] = np.array([3, 3, 2], dtype=np.int32)
+    meta["tokenizer.ggml.precompiled_charsmap"] = np.array([200, 0, 0, 0, 1, 2], dtype=np.uint8)
+    with pytest.raises(SterError, match="precompiled_charsmap is not a SentencePiece character map"):
+        tokenizer_from_gguf_metadata(meta)
+    bert = {"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["[PAD]", "\u2581a", "a"],
+            "tokenizer.ggml.token_type": np.array([3, 1, 1], dtype=np.int32)}
+    with pytest.raises(SterError, match="WordPiece GGUF has no unknown token"):
+        tokenizer_from_gguf_metadata(bert, for_generation=False)
+
+
+def test_wordpiece_pieces_and_defaults():
+    # Word-initial pieces are stored as ▁w, continuations as w (llama.cpp's converter).
+    tokens = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                                                "\u2581hello", "\u2581un", "aff", "able", "\u2581,"]
+    types = [3] + [1] * 99 + [3, 3, 3, 3, 1, 1, 1, 1, 1]
+    meta = {"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": np.array(types, dtype=np.int32)}
+    with pytest.raises(SterError, match="no end-of-generation token"):
+        tokenizer_from_gguf_metadata(meta)  # an encoder vocabulary cannot end a generation
+    parts = tokenizer_from_gguf_metadata(meta, for_generation=False)
+    tk = parts.tokenizer
+    assert tk.encode("HELLO, unaffable").tokens == ["[CLS]", "hello", ",", "un", "##aff", "##able", "[SEP]"]
+    assert tk.encode("unknownword hello").ids == [101, 100, 104, 102]
+    assert parts.eos_token_ids == frozenset() and parts.pre is None
+
+
+def test_long_sentencepiece_token_is_refused_quickly():
+    # A crafted vocabulary with one 300 000-character token: refused by length, no
+    # quadratic search of its splits.
+    meta = _spm_meta()
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + ["a" * 300_000]
+    meta["tokenizer.ggml.token_type"] = np.concatenate([meta["tokenizer.ggml.token_type"], [1]])
+    meta["tokenizer.ggml.scores"] = np.concatenate([meta["tokenizer.ggml.scores"], [-9.0]]).astype(np.float32)
+    with pytest.raises(SterError, match=r"tokens\[266\] is 300000 characters long.*over 1024"):
+        tokenizer_from_gguf_metadata(meta)
+
+
+def _plain_merges(tokens, scores, vocab):
+    # The definition, spelled out: every split into two vocabulary tokens, best score first,
+    # then token id, then split point.
+    ranked = sorted((-float(scores[i]), i, cut) for i, t in enumerate(tokens) for cut in range(1, len(t))
+                    if t[:cut] in vocab and t[cut:] in vocab)
+    return [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in ranked]
+
+
+def test_sentencepiece_merges_follow_the_definition():
+    from ster_py.gguf.tokenizer import _merges_from_scores
+
+    rng = np.random.default_rng(0)
+    alphabet = list("ab\u2581\u00e9\u65e5\x00") + ["\U0001f999"]
+    tokens = sorted({"".join(rng.choice(alphabet, size=int(k))) for k in rng.integers(1, 9, size=3000)})
+    tokens += ["x" * 70, "x" * 35, "y" * 200]  # beyond the hashed lengths, and a split of one
+    scores = rng.normal(size=len(tokens)).round(1)  # many ties
+    vocab = {t: i for i, t in enumerate(tokens)}
+    assert _merges_from_scores(tokens, scores, vocab) == _plain_merges(tokens, scores, vocab)
+
+
+@pytest.mark.real
+def test_sentencepiece_merges_of_real_vocabularies(llama_vocab_dir):
+    from ster_py.gguf.tokenizer import _merges_from_scores, _token_texts
+
+    for name in ("llama-spm", "phi-3", "baichuan"):
+        meta = _read_metadata(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf"))
+        tokens = _token_texts(meta)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        scores = np.asarray(meta["tokenizer.ggml.scores"], dtype=np.float64)
+        assert _merges_from_scores(tokens, scores, vocab) == _plain_merges(tokens, scores, vocab), name
 
 
 # -------------------------------------------------------------- llama.cpp itself
