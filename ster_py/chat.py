@@ -56,6 +56,7 @@ import jinja2
 import jinja2.ext
 import jinja2.filters
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
@@ -107,6 +108,9 @@ class _Budget:
     deadline: float | None  # time.monotonic() value; None outside a render (compile-time folding)
     time_limit: float
     max_chars: int
+    # id(container) -> (container, text weight), for this render. The sandbox forbids
+    # changing lists and dicts, so a weight stays true; holding the object keeps its id.
+    weights: dict | None = None
 
 
 _DEFAULT_BUDGET = _Budget(None, DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS)
@@ -138,12 +142,61 @@ def _check_items(size: int) -> None:
         raise _too_long("a list", size, MAX_ITEMS, "items")
 
 
+def _weight(value: Any, memo: dict, limit: int) -> int:
+    """About how many characters ``str(value)`` has, without building it.
+
+    Containers are weighed once per render (memo by id), so a list holding the same
+    big list twice, built up n times, costs n steps to weigh although its text is
+    2**n long; the walk stops counting past ``limit``.
+    """
+    if isinstance(value, str):
+        return len(value) + 2
+    if value is None or isinstance(value, (bool, float)):
+        return 8
+    if isinstance(value, int):
+        return value.bit_length() // 3 + 2
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        hit = memo.get(id(value))
+        if hit is not None:
+            return hit[1]
+        total = 2
+        for item in (value.items() if isinstance(value, dict) else value):
+            total += _weight(item, memo, limit) + 2
+            if total > limit:
+                break
+        memo[id(value)] = (value, total)
+        return total
+    if isinstance(value, jinja2.utils.Namespace):  # mutable: weighed afresh each time
+        try:
+            attrs = object.__getattribute__(value, "_Namespace__attrs")
+        except AttributeError:
+            return 64
+        return 16 + sum(_weight(k, memo, limit) + _weight(v, memo, limit) + 4 for k, v in attrs.items())
+    return 64  # functions, macros, undefined...: short reprs
+
+
+def _check_weight(value: Any, what: str = "a text") -> Any:
+    """Refuse ``value`` if turning it into text (output, ``~``, ``%``, filters) would
+    exceed the text budget; returns it unchanged."""
+    if isinstance(value, str):
+        _check_text(len(value), what)
+        return value
+    budget = _BUDGET.get()
+    memo = budget.weights if budget.weights is not None else {}
+    weight = _weight(value, memo, budget.max_chars)
+    if weight > budget.max_chars:
+        raise _too_long(what, weight, budget.max_chars)
+    return value
+
+
 def _check_sized(value: Any) -> Any:
-    """Refuse a just-built str or list over budget (for operations that at most double a size)."""
+    """Refuse a just-built str, list or dict over budget (for operations that at most
+    double a size, and for list/dict literals)."""
     if isinstance(value, str):
         _check_text(len(value))
-    elif isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple, dict)):
         _check_items(len(value))
+        _check_weight(value, "a list with a text form")
     return value
 
 
@@ -160,6 +213,9 @@ def _check_repeat(seq: Any, times: Any) -> None:
         _check_text(len(seq) * n)
     elif isinstance(seq, (list, tuple)):
         _check_items(len(seq) * n)
+        budget = _BUDGET.get()
+        memo = budget.weights if budget.weights is not None else {}
+        _check_text(_weight(seq, memo, budget.max_chars) * n, "a list with a text form")
 
 
 def _check_int_bits(bits: int) -> None:
@@ -184,6 +240,7 @@ def _check_percent_format(fmt: str, args: Any) -> None:
         for value in args if isinstance(args, tuple) else (args,):
             if _is_int(value) and abs(value) > limit:
                 raise _too_long("a formatted field", abs(value), limit)
+    _check_weight(args, "a formatted text")
 
 
 def _check_brace_format(fmt: str, args: tuple, kwargs: dict) -> None:
@@ -203,6 +260,8 @@ def _check_brace_format(fmt: str, args: tuple, kwargs: dict) -> None:
         for digits in re.findall(r"\d+", spec):
             if int(digits) > limit:
                 raise _too_long("a formatted field", int(digits), limit)
+    _check_weight(args, "a formatted text")
+    _check_weight(kwargs, "a formatted text")
 
 
 def _replace_size(s: str, old: str, new: str, count: Any = -1) -> int:
@@ -217,8 +276,8 @@ def _materialize_join(sep: str, items: Any) -> list:
     _tick()
     items = list(items)
     _check_items(len(items))
-    size = len(sep) * max(len(items) - 1, 0) + sum(len(x) if isinstance(x, str) else 16 for x in items)
-    _check_text(size)
+    _check_text(len(sep) * max(len(items) - 1, 0))
+    _check_weight(items)
     return items
 
 
@@ -248,6 +307,9 @@ def _check_str_method(method: Any, args: tuple, kwargs: dict) -> tuple:
             _check_text(len(owner) + owner.count("\t") * max(tabsize, 0))
     elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
         _check_text(_replace_size(owner, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("count", -1)))
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((len(v) for v in args[0].values() if isinstance(v, str)), default=1)
+        _check_text(len(owner) * max(longest, 1))
     elif name == "join" and args:
         return (_materialize_join(owner, args[0]), *args[1:])
     return args
@@ -255,8 +317,9 @@ def _check_str_method(method: Any, args: tuple, kwargs: dict) -> tuple:
 
 # --------------------------------------------------------------- filters
 
-def _guard_filter(original, check):
-    """``original`` (a Jinja filter) preceded by ``check(bound_arguments)``, which may
+def _guard_filter(original, check=None):
+    """``original`` (a Jinja filter) preceded by a text-weight check of its arguments
+    (the filter turns them into text) and by ``check(bound_arguments)``, which may
     rewrite arguments; the wrapper keeps the filter's pass_context/environment marker."""
 
     signature = inspect.signature(original)
@@ -266,6 +329,10 @@ def _guard_filter(original, check):
     @functools.wraps(original)
     def guarded(*args, **kwargs):
         _tick()
+        for value in (*args[lead:], *kwargs.values()):
+            _check_weight(value)
+        if check is None:
+            return original(*args, **kwargs)
         try:
             bound = signature.bind(*args[lead:], **kwargs)
             bound.apply_defaults()
@@ -313,6 +380,18 @@ def _check_count(key):
     return check
 
 
+def _check_wordwrap(a):
+    s, width, wrap = a.get("s"), a.get("width"), a.get("wrapstring")
+    if isinstance(s, str) and isinstance(wrap, str) and _is_int(width):
+        breaks = min(len(s), len(s) // max(width, 1) + s.count(" ") + s.count("-") + s.count("\n") + 1)
+        _check_text(len(s) + breaks * len(wrap), "a wrapped text")
+
+
+def _check_list(a):
+    if isinstance(a.get("value"), str):
+        _check_items(len(a["value"]))
+
+
 @jinja2.pass_environment
 def _sum(environment, iterable, attribute=None, start=0):
     """Jinja's ``sum`` filter, folding step by step so each ``+`` is size-checked and timed."""
@@ -331,6 +410,7 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     _tick()
     if (_is_int(indent) and indent > 1024) or (isinstance(indent, str) and len(indent) > 1024):
         raise _too_long("a JSON indent", indent if _is_int(indent) else len(indent), 1024)
+    _check_weight(value, "a JSON text")
     return _check_sized(json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                                    sort_keys=sort_keys))
 
@@ -343,7 +423,12 @@ _FILTER_CHECKS = {
     "join": _check_join,
     "slice": _check_count("slices"),
     "batch": _check_count("linecount"),
+    "wordwrap": _check_wordwrap,
+    "list": _check_list,
 }
+# Filters that turn their input into text: their arguments are weighed first.
+_TEXT_FILTERS = ("string", "pprint", "trim", "upper", "lower", "title", "capitalize", "truncate", "striptags",
+                 "urlize", "escape", "e", "forceescape", "safe", "wordcount", "urlencode", "xmlattr", "int", "float")
 
 
 # ------------------------------------------------------------- environment
@@ -417,9 +502,10 @@ def _strftime_now(fmt):
     return (clock if clock is not None else datetime.now()).strftime(fmt)
 
 
-def _guard_call(name: str, arg: jinja2.nodes.Expr) -> jinja2.nodes.Call:
+def _guard_call(name: str, *args: jinja2.nodes.Expr) -> jinja2.nodes.Call:
     # EnvironmentAttribute compiles to ``environment.<name>``: a template cannot shadow it.
-    return jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute(name), [arg], [], None, None).set_lineno(arg.lineno)
+    call = jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute(name), list(args), [], None, None)
+    return call.set_lineno(args[0].lineno) if args else call
 
 
 class _Guards(NodeTransformer):
@@ -432,7 +518,18 @@ class _Guards(NodeTransformer):
 
     def visit_Concat(self, node):
         self.generic_visit(node)
+        return _guard_call("ster_concat", *node.nodes)
+
+    # List, tuple and dict literals: a template can nest a value in itself over and over.
+    def visit_List(self, node):
+        self.generic_visit(node)
         return _guard_call("ster_sized", node)
+
+    visit_Dict = visit_List
+
+    def visit_Tuple(self, node):
+        self.generic_visit(node)
+        return _guard_call("ster_sized", node) if node.ctx == "load" else node
 
 
 class _ChatSandbox(ImmutableSandboxedEnvironment):
@@ -446,6 +543,9 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
                          extensions=[jinja2.ext.loopcontrols, _GenerationTag])
         for name, check in _FILTER_CHECKS.items():
             self.filters[name] = _guard_filter(self.filters[name], check)
+        for name in _TEXT_FILTERS:
+            self.filters[name] = _guard_filter(self.filters[name])
+        self.finalize = _check_weight  # every {{ value }} is weighed before it becomes text
         self.filters["sum"] = _sum
         self.filters["tojson"] = _tojson
         self.globals["raise_exception"] = _raise_exception
@@ -470,9 +570,17 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
     def ster_iterate(self, iterable):
         return _counted(iter(iterable))
 
-    def ster_sized(self, text):
+    def ster_sized(self, value):
         _tick()
-        return _check_sized(text)
+        return _check_sized(value)
+
+    @jinja2.pass_eval_context
+    def ster_concat(self, eval_ctx, *parts):
+        """``a ~ b ~ ...``: weighed before it is joined, then joined as Jinja joins it."""
+        _tick()
+        _check_weight(parts)
+        join = jinja2.runtime.markup_join if eval_ctx.autoescape else jinja2.runtime.str_join
+        return join(parts)
 
     def call_binop(self, context, operator, left, right):
         _tick()
@@ -685,7 +793,7 @@ def render_chat(
         add_generation_prompt=add_generation_prompt,
     )
     clock_token = _CLOCK.set(clock)
-    budget_token = _BUDGET.set(_Budget(time.monotonic() + time_limit, time_limit, max_chars))
+    budget_token = _BUDGET.set(_Budget(time.monotonic() + time_limit, time_limit, max_chars, {}))
     try:
         return compiled.render(**context)
     except _RaisedByTemplate as exc:

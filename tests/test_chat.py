@@ -364,8 +364,21 @@ OVER_SIZE = {
     "percent_star": ("{{ '%*s' % (10**10, 'a') }}", "a formatted field"),
     "format_width": ("{{ '{:>10000000000}'.format('a') }}", "a formatted field"),
     "format_nested_width": ("{{ '{:>{w}}'.format('a', w=10**10) }}", "a formatted field"),
-    "join_huge": ("{{ ''.join(['x' * 10**7] * 100) }}", "a text of 1000000000 characters"),
-    "join_filter_huge": ("{{ (['x' * 10**7] * 100) | join }}", "a text of 1000000000 characters"),
+    "join_huge": ("{{ ''.join(['x' * 10**7] * 100) }}", "a list with a text form of"),
+    "join_filter_huge": ("{{ (['x' * 10**7] * 100) | join }}", "a list with a text form of"),
+    "join_input_huge": ("{{ ''.join([messages[0].content] * 4) }}", "a list with a text form of"),
+    "nested_doubling": ("{% set ns = namespace(l=['x']) %}{% for i in range(80) %}{% set ns.l = [ns.l, ns.l] %}"
+                        "{% endfor %}{{ ns.l == [1] }}", "a list with a text form of"),
+    "nested_doubling_dict": ("{% set ns = namespace(d={}) %}{% for i in range(80) %}{% set ns.d = {'a': ns.d, "
+                             "'b': ns.d} %}{% endfor %}", "a list with a text form of"),
+    "shared_values_output": ("{{ dict.fromkeys(range(100000), 'x' * 1000) }}", "a text of"),
+    "batch_fill_output": ("{{ [1] | batch(1000000, 'x' * 100) | list }}", "a text of"),
+    "shared_values_tojson": ("{{ dict.fromkeys(range(100000), 'x' * 1000) | tojson }}", "a JSON text of"),
+    "shared_values_concat": ("{{ 'a' ~ dict.fromkeys(range(100000), 'x' * 1000) }}", "a text of"),
+    "shared_values_percent": ("{{ '%s' % dict.fromkeys(range(100000), 'x' * 1000) }}", "a formatted text of"),
+    "shared_values_string": ("{{ dict.fromkeys(range(100000), 'x' * 1000) | string | length }}", "a text of"),
+    "translate": ("{{ ('a' * 10**6).translate({97: 'b' * 1000}) }}", "characters"),
+    "wordwrap": ("{{ ('a ' * 10**6) | wordwrap(1, wrapstring='x' * 1000) }}", "a wrapped text"),
     "slice_huge": ("{{ [1] | slice(10**9) | list }}", "a list of 1000000000 items"),
     "batch_fill_huge": ("{{ [1] | batch(10**9, 0) | list }}", "a list of 1000000000 items"),
     "tojson_indent": ("{{ {'a': 1} | tojson(indent=10**9) }}", "a JSON indent"),
@@ -379,7 +392,7 @@ OVER_SIZE = {
 def test_size_budget_refuses(name):
     template, words = OVER_SIZE[name]
     with pytest.raises(SterError) as info:
-        render_chat(template, [{"role": "user", "content": "hi"}], source="hostile.jinja")
+        render_chat(template, [{"role": "user", "content": "x" * 10**7}], source="hostile.jinja")
     message = str(info.value)
     assert message.startswith("chat template hostile.jinja") and "over budget" in message and words in message
 
