@@ -121,18 +121,27 @@ def glu(float[:, ::1] gate, const float[:, ::1] up, int kind):
         ster_glu(&gate[0, 0], &up[0, 0], n, kind, _simd)
 
 
-def rope(float[:, :, ::1] x, const float[:, ::1] cos, const float[:, ::1] sin, int rotary_dim, bint interleaved):
-    """Rotate x [heads, T, head_dim] in place by cos/sin [T, rotary_dim // 2]."""
-    cdef Py_ssize_t h, t, H = x.shape[0], T = x.shape[1]
+def rope(float[:, :, ::1] x, const float[:, ::1] cos, const float[:, ::1] sin, int rotary_dim, bint interleaved,
+         float[:, :, ::1] x2=None):
+    """Rotate x [heads, T, head_dim] (and x2 [heads2, T, head_dim2], e.g. the keys beside the
+    queries, in the same call) in place by cos/sin [T, rotary_dim // 2]."""
+    cdef Py_ssize_t h, t, H = x.shape[0], T = x.shape[1], H2 = 0
     if rotary_dim > x.shape[2] or rotary_dim % 2 or cos.shape[0] != T or sin.shape[0] != T \
             or cos.shape[1] != rotary_dim // 2 or sin.shape[1] != rotary_dim // 2:
         raise ValueError("rope tables do not match the input")
-    if H == 0 or T == 0 or rotary_dim == 0:
+    if x2 is not None:
+        if x2.shape[1] != T or rotary_dim > x2.shape[2]:
+            raise ValueError("rope tables do not match the second input")
+        H2 = x2.shape[0]
+    if T == 0 or rotary_dim == 0:
         return
     with nogil:
         for h in range(H):
             for t in range(T):
                 ster_rope_row(&x[h, t, 0], rotary_dim, &cos[t, 0], &sin[t, 0], interleaved)
+        for h in range(H2):
+            for t in range(T):
+                ster_rope_row(&x2[h, t, 0], rotary_dim, &cos[t, 0], &sin[t, 0], interleaved)
 
 
 ctypedef struct _Attn:

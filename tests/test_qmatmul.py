@@ -316,6 +316,12 @@ def test_rope_matches_numpy(interleaved):
     got = x.copy()
     assert rope.apply(got, cos, sin) is got
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    keys = rng.standard_normal((2, 6, 32)).astype(np.float32)  # fewer key heads, one call for both
+    want_k = rope.apply_reference(keys.copy(), cos, sin)
+    q2, k2 = x.copy(), keys.copy()
+    rope.apply_pair(q2, k2, cos, sin)
+    np.testing.assert_allclose(q2, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(k2, want_k, rtol=1e-6, atol=1e-6)
 
 
 def _attention_case(rng, H, KV, T, S, D, cached):

@@ -30,6 +30,7 @@ from .ffn import ACT_FNS, gated
 from .layout import Layout
 from .linear import Projections, make_linear
 from .norms import layer_norm, rms_norm
+from ._fast import ops as _ops
 from .positions import alibi_bias, query_temperature
 from .xielu import XIELU
 
@@ -53,8 +54,17 @@ class _Norm:
         if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
             self.weight = self.weight[:, None, :]
             self.bias = None if self.bias is None else self.bias.reshape(self.weight.shape)
+        # RMS over a [d] float32 weight: straight to the kernel (norms.rms_norm's checks, done once)
+        self._kernel = (_ops is not None and spec.norm == "rms" and
+                        (self.weight is None or (self.weight.ndim == 1 and self.weight.flags.c_contiguous)))
+        self._eps = float(spec.norm_eps)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if (self._kernel and x.__class__ is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous
+                and x.ndim >= 2 and x.shape[-1] > 0 and (self.weight is None or self.weight.shape[0] == x.shape[-1])):
+            out = np.empty_like(x)
+            _ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self._eps, out.reshape(-1, x.shape[-1]))
+            return out
         if self.spec.norm == "layer":
             return layer_norm(x, self.weight, self.bias, self.spec.norm_eps)
         return rms_norm(x, self.weight, self.spec.norm_eps)
@@ -85,6 +95,7 @@ class _Layer:
         else:
             self.act = ACT_FNS[spec.hidden_act]
         self._grouped: dict[tuple, Projections] = {}
+        self._residual_scale = np.float32(spec.residual_scale)
 
     def _project(self, roles: tuple, x: np.ndarray) -> tuple:
         """The projections ``roles`` of x, computed together (``Projections``). Rebuilt when a
@@ -111,8 +122,7 @@ class _Layer:
         rope = self.layer.rope
         if rope is not None:
             cos, sin = tables.get(id(rope)) or tables.setdefault(id(rope), rope.cos_sin(positions, int(positions[-1]) + 1))
-            rope.apply(q, cos, sin)
-            rope.apply(k, cos, sin)
+            rope.apply_pair(q, k, cos, sin)
         if head_norm and s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         if s.query_temperature is not None:
@@ -133,7 +143,7 @@ class _Layer:
                  tables: dict | None = None) -> np.ndarray:
         """One block on h float32 [T, hidden_size]; ``tables`` shares RoPE cos/sin between
         the layers of one forward call (keyed by the Rope object)."""
-        n, r = self.norms, np.float32(self.spec.residual_scale)
+        n, r = self.norms, self._residual_scale
         x = n["attn_norm"](h) if "attn_norm" in n else h
         a = self._attention(x, cache, positions, bias, {} if tables is None else tables)
         a = n["attn_post_norm"](a) if "attn_post_norm" in n else a

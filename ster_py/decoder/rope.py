@@ -77,6 +77,18 @@ class Rope:
             return x
         return self.apply_reference(x, cos, sin)
 
+    def apply_pair(self, q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+        """``apply`` to queries and keys (float32 [heads, T, head_dim] each) in one kernel call."""
+        h = self.rotary_dim // 2
+        if (_ops is not None and q.__class__ is np.ndarray and k.__class__ is np.ndarray and q.ndim == k.ndim == 3
+                and q.dtype == k.dtype == cos.dtype == sin.dtype == np.float32 and q.flags.c_contiguous
+                and k.flags.c_contiguous and q.flags.writeable and k.flags.writeable
+                and cos.shape == sin.shape == (q.shape[1], h) and cos.flags.c_contiguous and sin.flags.c_contiguous):
+            _ops.rope(q, cos, sin, self.rotary_dim, self.interleaved, k)
+            return
+        self.apply(q, cos, sin)
+        self.apply(k, cos, sin)
+
     def apply_reference(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """The numpy definition of ``apply`` (in place on x [..., T, head_dim]; returns x)."""
         d = self.rotary_dim
