@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.markup import escape
-
-from .cli import MODEL_HELP, _model_or_default, _write, app, err, out, progress_bar
+from .cli import MODEL_HELP, _model_or_default, _write, app, err, progress_bar
 from .errors import SterError
 
 
@@ -80,9 +78,8 @@ def tokenize(
     if as_json:
         print(json.dumps({"ids": ids, "tokens": tokens, "count": len(ids)}, ensure_ascii=False))
         return
-    if pieces:
-        for i, piece in zip(ids, tokens):
-            out.print(f"{i}\t{escape(json.dumps(piece, ensure_ascii=False))}")
+    if pieces:  # id <TAB> piece as a JSON string (pieces may hold spaces, tabs, newlines)
+        _write("".join(f"{i}\t{json.dumps(piece, ensure_ascii=False)}\n" for i, piece in zip(ids, tokens)))
     else:
         _write(" ".join(map(str, ids)) + "\n")
     err.print(f"[dim]{len(ids)} tokens[/]")
