@@ -142,13 +142,15 @@ def _check_items(size: int) -> None:
         raise _too_long("a list", size, MAX_ITEMS, "items")
 
 
-def _weight(value: Any, memo: dict, limit: int) -> int:
+def _weight(value: Any, memo: dict, limit: int, fresh: dict | None = None) -> int:
     """About how many characters ``str(value)`` has, without building it.
 
-    Containers are weighed once per render (memo by id), so a list holding the same
-    big list twice, built up n times, costs n steps to weigh although its text is
-    2**n long; the walk stops counting past ``limit``.
+    Lists, tuples and dicts are weighed once per render (``memo``, by id: the sandbox
+    keeps them unchanged), namespaces once per call (``fresh``: they change), so a
+    value holding the same big value twice, built up n times, costs n steps to weigh
+    although its text is 2**n long; the walk stops counting past ``limit``.
     """
+    fresh = {} if fresh is None else fresh
     if isinstance(value, str):
         return len(value) + 2
     if value is None or isinstance(value, (bool, float)):
@@ -161,17 +163,22 @@ def _weight(value: Any, memo: dict, limit: int) -> int:
             return hit[1]
         total = 2
         for item in (value.items() if isinstance(value, dict) else value):
-            total += _weight(item, memo, limit) + 2
+            total += _weight(item, memo, limit, fresh) + 2
             if total > limit:
                 break
         memo[id(value)] = (value, total)
         return total
-    if isinstance(value, jinja2.utils.Namespace):  # mutable: weighed afresh each time
+    if isinstance(value, jinja2.utils.Namespace):
+        hit = fresh.get(id(value))
+        if hit is not None:
+            return hit
+        fresh[id(value)] = limit + 1  # a namespace inside itself: its text never ends
         try:
-            attrs = object.__getattribute__(value, "_Namespace__attrs")
+            attrs = dict(object.__getattribute__(value, "_Namespace__attrs"))
         except AttributeError:
-            return 64
-        return 16 + sum(_weight(k, memo, limit) + _weight(v, memo, limit) + 4 for k, v in attrs.items())
+            attrs = {}
+        fresh[id(value)] = 16 + _weight(attrs, {}, limit, fresh)
+        return fresh[id(value)]
     return 64  # functions, macros, undefined...: short reprs
 
 
@@ -197,6 +204,8 @@ def _check_sized(value: Any) -> Any:
     elif isinstance(value, (list, tuple, dict)):
         _check_items(len(value))
         _check_weight(value, "a list with a text form")
+    elif isinstance(value, jinja2.utils.Namespace):
+        _check_weight(value, "a namespace with a text form")
     return value
 
 
@@ -317,10 +326,11 @@ def _check_str_method(method: Any, args: tuple, kwargs: dict) -> tuple:
 
 # --------------------------------------------------------------- filters
 
-def _guard_filter(original, check=None):
-    """``original`` (a Jinja filter) preceded by a text-weight check of its arguments
-    (the filter turns them into text) and by ``check(bound_arguments)``, which may
-    rewrite arguments; the wrapper keeps the filter's pass_context/environment marker."""
+def _guard_filter(original, check=None, weigh_args=False):
+    """``original`` (a Jinja filter) with budget checks: ``weigh_args`` weighs its
+    arguments first (for filters that turn them into text), ``check(bound_arguments)``
+    runs before it and may rewrite arguments, and a str/list/dict result is checked.
+    The wrapper keeps the filter's pass_context/environment marker."""
 
     signature = inspect.signature(original)
     # Jinja's async-capable filters take an eval context their signature does not show.
@@ -329,17 +339,19 @@ def _guard_filter(original, check=None):
     @functools.wraps(original)
     def guarded(*args, **kwargs):
         _tick()
-        for value in (*args[lead:], *kwargs.values()):
-            _check_weight(value)
-        if check is None:
-            return original(*args, **kwargs)
-        try:
-            bound = signature.bind(*args[lead:], **kwargs)
-            bound.apply_defaults()
-        except TypeError:
-            return original(*args, **kwargs)  # let the filter raise its own argument error
-        check(bound.arguments)
-        return original(*args[:lead], *bound.args, **bound.kwargs)
+        if weigh_args:
+            for value in (*args[lead:], *kwargs.values()):
+                _check_weight(value)
+        if check is not None:
+            try:
+                bound = signature.bind(*args[lead:], **kwargs)
+                bound.apply_defaults()
+            except TypeError:
+                pass  # the filter raises its own argument error below
+            else:
+                check(bound.arguments)
+                args, kwargs = (*args[:lead], *bound.args), bound.kwargs
+        return _check_sized(original(*args, **kwargs))
 
     return guarded
 
@@ -541,10 +553,9 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
     def __init__(self):
         super().__init__(trim_blocks=True, lstrip_blocks=True,
                          extensions=[jinja2.ext.loopcontrols, _GenerationTag])
-        for name, check in _FILTER_CHECKS.items():
-            self.filters[name] = _guard_filter(self.filters[name], check)
-        for name in _TEXT_FILTERS:
-            self.filters[name] = _guard_filter(self.filters[name])
+        for name, original in list(self.filters.items()):
+            self.filters[name] = _guard_filter(original, _FILTER_CHECKS.get(name),
+                                               weigh_args=name in _TEXT_FILTERS or name in _FILTER_CHECKS)
         self.finalize = _check_weight  # every {{ value }} is weighed before it becomes text
         self.filters["sum"] = _sum
         self.filters["tojson"] = _tojson
@@ -599,7 +610,7 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
     def call(self, context, obj, /, *args, **kwargs):  # type: ignore[override]
         _tick()
         args = _check_str_method(obj, args, kwargs)
-        return super().call(context, obj, *args, **kwargs)
+        return _check_sized(super().call(context, obj, *args, **kwargs))
 
 
 def _counted(iterator):

@@ -371,12 +371,14 @@ OVER_SIZE = {
                         "{% endfor %}{{ ns.l == [1] }}", "a list with a text form of"),
     "nested_doubling_dict": ("{% set ns = namespace(d={}) %}{% for i in range(80) %}{% set ns.d = {'a': ns.d, "
                              "'b': ns.d} %}{% endfor %}", "a list with a text form of"),
-    "shared_values_output": ("{{ dict.fromkeys(range(100000), 'x' * 1000) }}", "a text of"),
-    "batch_fill_output": ("{{ [1] | batch(1000000, 'x' * 100) | list }}", "a text of"),
-    "shared_values_tojson": ("{{ dict.fromkeys(range(100000), 'x' * 1000) | tojson }}", "a JSON text of"),
-    "shared_values_concat": ("{{ 'a' ~ dict.fromkeys(range(100000), 'x' * 1000) }}", "a text of"),
-    "shared_values_percent": ("{{ '%s' % dict.fromkeys(range(100000), 'x' * 1000) }}", "a formatted text of"),
-    "shared_values_string": ("{{ dict.fromkeys(range(100000), 'x' * 1000) | string | length }}", "a text of"),
+    "nested_doubling_call": ("{% set ns = namespace(d={}) %}{% for i in range(80) %}{% set ns.d = dict(a=ns.d, "
+                             "b=ns.d) %}{% endfor %}", "a list with a text form of"),
+    "nested_doubling_namespace": ("{% set h = namespace(n=1) %}{% for i in range(80) %}{% set h.n = namespace("
+                                  "a=h.n, b=h.n) %}{% endfor %}", "a namespace with a text form of"),
+    "nested_doubling_filter": ("{% set ns = namespace(l=1) %}{% for i in range(80) %}{% set ns.l = [ns.l] | "
+                               "batch(2, ns.l) | list %}{% endfor %}", "a list with a text form of"),
+    "batch_fill_output": ("{{ [1] | batch(1000000, 'x' * 100) | list }}", "a list with a text form of"),
+    "shared_values_call": ("{{ dict.fromkeys(range(100000), 'x' * 1000) }}", "a list with a text form of"),
     "translate": ("{{ ('a' * 10**6).translate({97: 'b' * 1000}) }}", "characters"),
     "wordwrap": ("{{ ('a ' * 10**6) | wordwrap(1, wrapstring='x' * 1000) }}", "a wrapped text"),
     "slice_huge": ("{{ [1] | slice(10**9) | list }}", "a list of 1000000000 items"),
@@ -386,6 +388,29 @@ OVER_SIZE = {
                      "{% set y = m() %}", "an output of"),
     "output": ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "an output of"),
 }
+
+
+# Turning a value into text: the input holds one 1 MB text 50 times (cheap to hold,
+# 50 MB once written out), so only the point where it becomes text can refuse it.
+SHARED_INPUT = [{"role": "user", "content": "x" * 10**6}] * 50
+OVER_SIZE_AS_TEXT = {
+    "output": ("{{ messages }}", "a text of"),
+    "concat": ("{{ 'a' ~ messages }}", "a text of"),
+    "percent": ("{{ '%s' % messages }}", "a formatted text of"),
+    "format": ("{{ '{}'.format(messages) }}", "a formatted text of"),
+    "string_filter": ("{{ messages | string | length }}", "a text of"),
+    "tojson": ("{{ messages | tojson | length }}", "a JSON text of"),
+    "join": ("{{ messages | map(attribute='content') | join | length }}", "a text of"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVER_SIZE_AS_TEXT))
+def test_text_budget_refuses(name):
+    template, words = OVER_SIZE_AS_TEXT[name]
+    with pytest.raises(SterError) as info:
+        render_chat(template, SHARED_INPUT, source="hostile.jinja")
+    message = str(info.value)
+    assert message.startswith("chat template hostile.jinja, line 1") and words in message
 
 
 @pytest.mark.parametrize("name", sorted(OVER_SIZE))
