@@ -4,8 +4,10 @@
 reading only the file headers and maps the files: a tensor whose stored dtype is
 the requested precision is a zero-copy view of the map (copy-on-write, so the file
 is never modified); any other floating dtype is converted when asked for (float32,
-float16 or bfloat16 via ml_dtypes). ``GGUFWeights`` does the same for GGUF files
-and keeps quantized matrices in their blocks.
+float16 or bfloat16 via ml_dtypes); an integer or boolean tensor asked for is refused
+by name. ``GGUFWeights`` does the same for GGUF files and keeps quantized matrices in
+their blocks. Both remember what was asked for, so that ``unused_tensors`` can report
+the stored tensors a model's configuration never reads.
 
 safetensors layout (huggingface/safetensors docs): u64 little-endian header size N,
 N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": ...},
