@@ -24,15 +24,18 @@ keyword (``enable_thinking``, ...). Undefined variables render as empty text,
 as in transformers (Jinja's default ``Undefined``).
 
 Budgets (ours, not transformers'): a hostile or broken template must not hang
-the process or eat its memory. Every loop step, call and intercepted operator
-checks a wall-clock deadline (``time_limit``, default 10 s, or
-$STER_CHAT_TIME_LIMIT); every text the
-template builds (``*``, ``+``, ``~``, ``%``, string methods and filters that
-pad, repeat or join, captured blocks and the output) is capped at ``max_chars``
-characters and every list it repeats or adds at ``MAX_ITEMS`` items, checked
-*before* the allocation where the size can be known in advance. Jinja's sandbox
-already caps ``range()`` at 100000 items. Real templates render in
-milliseconds and stay far inside both budgets.
+the process or eat its memory. Every loop step, call, filter and intercepted
+operator checks a wall-clock deadline (``time_limit``, default 10 s, or
+$STER_CHAT_TIME_LIMIT). Every text the template builds (``*``, ``+``, ``~``,
+``%``, string methods and filters that pad, repeat, replace or join, captured
+blocks, the output) is capped at ``max_chars`` characters, every list at
+``MAX_ITEMS`` items and every integer at ``MAX_INT_BITS`` bits, checked *before*
+the allocation where the size can be known in advance. Values are also weighed
+(how long their text would be, memoized per render) where they are built
+(literals, calls, filters) and where they become text, so a value nested in
+itself n times cannot make a 2**n-character string. Jinja's sandbox already
+caps ``range()`` at 100000 items. Real templates render ordinary conversations
+in milliseconds, far inside every budget.
 """
 from __future__ import annotations
 
@@ -121,8 +124,8 @@ def _tick() -> _Budget:
     budget = _BUDGET.get()
     if budget.deadline is not None and time.monotonic() > budget.deadline:
         raise _OverBudget(
-            f"the template ran longer than its time budget ({budget.time_limit:g} s) and was stopped; "
-            "chat templates render in milliseconds, so this one loops without end or is hostile"
+            f"the template ran longer than its time budget ({budget.time_limit:g} s) and was stopped "
+            "(a template that loops without end or a hostile one; real templates take milliseconds)"
         )
     return budget
 
