@@ -951,7 +951,7 @@ class ModelTemplate:
         return self.templates["default"], f"of {self.source}"
 
 
-def load_model_template(model: str) -> ModelTemplate:
+def load_model_template(model: str, revision: str | None = None, *, progress=None) -> ModelTemplate:
     """Read a model's chat templates and special-token texts without mapping any weight.
 
     Args:
@@ -960,12 +960,15 @@ def load_model_template(model: str) -> ModelTemplate:
             ``tokenizer.ggml.{bos,eos,unknown,padding}_token_id``); a Hugging Face
             directory with tokenizer.json (read as ``Tokenizer.from_dir`` reads it,
             so exactly what ``generate`` renders with); a directory holding one
-            .gguf; or a preset name (its GGUF is fetched or found in the cache).
+            .gguf; a preset name (its GGUF is fetched or found in the cache); or a
+            Hugging Face Hub id, through ``load.load_tokenizer`` (resolved and
+            downloaded as for running).
+        revision: Hub revision, for a Hub id.
+        progress: optional ``progress(event, done, total)`` callback for downloads.
 
     Raises:
-        SterError: nothing readable there, an unreadable file, or a Hub id (the
-            templates of Hub models are read after ``ster generate`` or a download
-            has put them in a local directory).
+        SterError: nothing readable there, an unreadable file, or any refusal of
+            ``load_tokenizer`` for a Hub id.
     """
     path = Path(model).expanduser()
     if path.is_file():
@@ -988,9 +991,12 @@ def load_model_template(model: str) -> ModelTemplate:
     from .presets import PRESETS, fetch_preset
 
     if model in PRESETS:
-        return _gguf_template(fetch_preset(model, None))
-    raise SterError(f"no such file or directory: {model}. Give a local model directory, a .gguf file or a "
-                    "preset name; for a Hub model, point at its downloaded directory")
+        return _gguf_template(fetch_preset(model, progress))
+    from .load import load_tokenizer
+
+    tok = load_tokenizer(model, revision, progress=progress)  # refuses a path that names nothing
+    return ModelTemplate(dict(tok.chat_templates), tok.bos_token, tok.eos_token, dict(tok.special_tokens),
+                         tok.source)
 
 
 def _gguf_template(path: Path) -> ModelTemplate:

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from .cli import app
+from .cli import app, progress_bar
 from .errors import SterError
 
 template_app = typer.Typer(help="Chat templates: see the exact prompt a conversation becomes.", no_args_is_help=True)
@@ -74,8 +74,9 @@ def _emit(text: str) -> None:
 def render(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A .gguf file, a model directory "
                                         "(tokenizer.json + tokenizer_config.json / chat_template.jinja), a "
-                                        "directory holding one .gguf, or a preset name. Supplies the template "
-                                        "and the BOS/EOS texts. No weight is read."),
+                                        "directory holding one .gguf, a preset name or a Hub id. Supplies the "
+                                        "template and the BOS/EOS texts. No local weight is read."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (Hub ids only)."),
     template: Optional[Path] = typer.Option(None, "--template", "-t", help="A Jinja chat template file; "
                                             "replaces the model's template (the model still gives BOS/EOS)."),
     template_name: Optional[str] = typer.Option(None, "--template-name", help="A named template of the model "
@@ -124,7 +125,8 @@ def render(
     bos = eos = None
     special: dict = {}
     if model is not None:
-        owner = load_model_template(model)
+        with progress_bar(what="reading the model's template") as progress:
+            owner = load_model_template(model, revision, progress=progress)
         bos, eos, special = owner.bos_token, owner.eos_token, dict(owner.special_tokens)
     if template is not None:
         try:
