@@ -302,7 +302,9 @@ def test_unsupported_vocab_files_are_refused_by_name(llama_vocab_dir, name):
 
 # llama.cpp's CMake runs test-tokenizer-1-spm on llama-spm only (its BPE twin and the
 # other vocabularies are commented out there), so that is where it expects the round trip.
-ROUND_TRIP_VOCABS = ["llama-spm"]
+# Beyond that, the same checks pass (and are kept) for phi-3 (SentencePiece) and for
+# gpt-2 and llama-bpe, two of the vocabularies its disabled BPE lines name.
+ROUND_TRIP_VOCABS = ["llama-spm", "phi-3", "gpt-2", "llama-bpe"]
 
 
 @pytest.mark.real
@@ -311,13 +313,14 @@ def test_round_trip_as_llama_cpp_test_tokenizer_1(llama_vocab_dir, name):
     """tests/test-tokenizer-1-spm.cpp: (1) every token's text, detokenized with specials
     rendered, tokenizes (no BOS, specials parsed) and detokenizes to the same text;
     (2) every code point outside the surrogates and U+40000..U+E0000 does too, except
-    U+2581 (the ▁ that stands for a space). A lone byte token >= 0x80 is not text in
-    Python, so (1) leaves those out, as the BPE variant of the test does."""
+    U+2581 (the ▁ that stands for a space). A token that is not whole UTF-8 (a lone byte
+    >= 0x80, part of a character) is not text in Python, so (1) leaves those out, as the
+    BPE variant of the test does."""
     tk = _parts(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf")).tokenizer
     n = tk.get_vocab_size()
     texts = [tk.decode([i], skip_special_tokens=False) for i in range(n)]
     kept = [t for t in texts if "\ufffd" not in t]
-    assert len(kept) >= n - 130  # the 128 high byte tokens and little else
+    assert len(kept) >= 0.98 * n  # out: lone high bytes and pieces of multi-byte characters
     back = tk.decode_batch([e.ids for e in tk.encode_batch(kept, add_special_tokens=False)],
                            skip_special_tokens=False)
     assert [(t, b) for t, b in zip(kept, back) if t != b] == []
@@ -377,6 +380,10 @@ def test_wordpiece_equals_llama_cpp_with_specials(llama_vocab_dir):
     model = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     tk = _parts(path).tokenizer
     for text in TEXTS + ["Hello, world! [CLS] x [SEP]"]:
+        if any("\uac00" <= c <= "\ud7a3" for c in text):
+            # Known difference: llama.cpp drops the vowel and final jamo of decomposed Hangul
+            # syllables; ster keeps them, as transformers' BertTokenizerFast does (tested above).
+            continue
         for add in (True, False):
             assert tk.encode(text, add_special_tokens=add).ids == model.tokenize(text.encode(), add_bos=add,
                                                                                   special=True), (text, add)
