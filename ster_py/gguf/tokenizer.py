@@ -580,7 +580,13 @@ def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, 
     if charsmap is not None and len(charsmap):
         data = bytes(np.asarray(charsmap).astype(np.uint8))
         try:
-            steps.append(normalizers.Precompiled(data))
+            charmap = normalizers.Precompiled(data)
+            # tokenizers maps a grapheme cluster by its first mapped character, so CR LF (one
+            # cluster) would lose the LF; llama.cpp maps them one by one. Spell CR LF out first.
+            crlf = charmap.normalize_str("\r") + charmap.normalize_str("\n")
+            if crlf != "\r\n" and charmap.normalize_str(crlf) == crlf:
+                steps.append(normalizers.Replace("\r\n", crlf))
+            steps.append(charmap)
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad map
             raise SterError(f"tokenizer.ggml.precompiled_charsmap is not a SentencePiece character map ({e}); "
                             "the GGUF file is corrupt or from an unknown converter") from None
