@@ -20,6 +20,10 @@ does, which is the behaviour reference for GGUF files:
 - ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``): BPE with ranked merges
   over ▁-escaped UTF-8 (not the byte alphabet), split only at newline runs,
   with ``<0xHH>`` byte fallback.
+- ``bert``: WordPiece (llama.cpp's WPM session): BERT normalization and word
+  split, then the longest vocabulary match; [CLS] text [SEP] as special tokens.
+- ``t5``: SentencePiece Unigram (llama.cpp's UGM session): the precompiled
+  character map, ▁ for spaces, then the best-scoring segmentation; EOS at the end.
 
 Control, unknown and user-defined tokens are added as added tokens so they
 are cut out of the text (longest first) before the scheme runs; control and
