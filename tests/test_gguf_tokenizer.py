@@ -584,7 +584,8 @@ def _plain_merges(tokens, scores, vocab):
     return [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in ranked]
 
 
-def test_sentencepiece_merges_follow_the_definition():
+def test_sentencepiece_merges_follow_the_definition(monkeypatch):
+    from ster_py.gguf import tokenizer as module
     from ster_py.gguf.tokenizer import _merges_from_scores
 
     rng = np.random.default_rng(0)
@@ -593,7 +594,11 @@ def test_sentencepiece_merges_follow_the_definition():
     tokens += ["x" * 70, "x" * 35, "y" * 200]  # beyond the hashed lengths, and a split of one
     scores = rng.normal(size=len(tokens)).round(1)  # many ties
     vocab = {t: i for i, t in enumerate(tokens)}
-    assert _merges_from_scores(tokens, scores, vocab) == _plain_merges(tokens, scores, vocab)
+    want = _plain_merges(tokens, scores, vocab)
+    assert _merges_from_scores(tokens, scores, vocab) == want
+    # The path taken when two tokens share a 64-bit hash: every split looked up by text.
+    monkeypatch.setattr(module, "_hashed_splits", lambda *args: None)
+    assert _merges_from_scores(tokens, scores, vocab) == want
 
 
 @pytest.mark.real
