@@ -392,7 +392,8 @@ def test_wordpiece_equals_llama_cpp_with_specials(llama_vocab_dir):
 
 # --------------------------------------------------------------- Unigram (t5)
 
-UNIGRAM_TEXTS = TEXTS + ["  two  spaces  ", "   ", " lead", "trail ", "\ufb01 \u00bd \u2460 \uff28\uff45\uff4c\uff4c\uff4f", "\u3000full width",
+UNIGRAM_TEXTS = TEXTS + ["  two  spaces  ", "   ", " lead", "trail ",
+                         "\ufb01 \u00bd \u2460 \uff28\uff45\uff4c\uff4c\uff4f", "\u3000full width",
                          "zzz unknown qqq", "tab\there\n", "x<extra_id_0>y", "</s> end", "x<mask>y", "caf\u0065\u0301",
                          "line\r\nbreaks\r\n\r\n"]
 
