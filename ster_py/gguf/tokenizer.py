@@ -746,8 +746,10 @@ def _add_special_tokens(tk: tokenizers.Tokenizer, tokens: Sequence[str], types: 
     before the scheme runs (llama.cpp's tokenizer_st_partition). Control and unknown
     ones are special; the end-of-generation texts are made control as llama.cpp does."""
     special, plain = [], []
-    for i, kind in enumerate(types.tolist()):
-        text = tokens[i]
+    # Only the few tokens that are not plain vocabulary (or are end-of-generation texts) matter.
+    ids = set(np.flatnonzero(types != NORMAL).tolist()) | {i for i, t in enumerate(tokens) if t in eog_texts}
+    for i in sorted(ids):
+        kind, text = int(types[i]), tokens[i]
         if kind in (CONTROL, UNKNOWN) or text in eog_texts:
             # Phi-3's <unk>, <s> and <|endoftext|> keep the whitespace after them (llama.cpp).
             strip = rstrip and text not in ("<unk>", "<s>", "<|endoftext|>")
