@@ -334,7 +334,7 @@ def _attention_case(rng, H, KV, T, S, D, cached):
 
 
 @pytest.mark.parametrize("simd", [True, False])
-@pytest.mark.parametrize("D", [64, 12])
+@pytest.mark.parametrize("D", [64, 12, 256, 40])
 def test_attention_matches_numpy(simd, D):
     ops.set_simd(simd)
     rng = np.random.default_rng(D)
