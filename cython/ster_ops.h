@@ -253,10 +253,20 @@ static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, 
                                                const ster_attn_args* a, float* sc, float* out, long os, float* ml) {
     const int n = hi - lo, D = a[0].D;
     int i, j, c0, h;
-    /* scores, 4 keys x each head at a time (the 4 key rows stay in L1) */
-    for (j = 0; j + 4 <= n; j += 4)
+    /* scores, 4 keys x each head at a time (the 4 key rows stay in L1). The value rows of
+     * the same keys are prefetched meanwhile: decoding reads the cache from memory, and the
+     * weighted-value pass below walks each row in 16-column slabs (strided), which the
+     * hardware prefetchers serve poorly; fetched here they overlap with the key reads. */
+    const int vlines = (int)((D * sizeof(float) + 63) / 64);
+    for (j = 0; j + 4 <= n; j += 4) {
+        int r, c;
+        for (r = 0; r < 4; r++) {
+            const char* vr = (const char*)(V + (long)(lo + j + r) * ldv);
+            for (c = 0; c < vlines; c++) _mm_prefetch(vr + 64 * c, _MM_HINT_T1);
+        }
         for (h = 0; h < nh; h++)
             _mm_storeu_ps(sc + (long)h * n + j, ster_dot4(q + h * qs, K + (long)(lo + j) * ldk, ldk, D));
+    }
     for (; j < n; j++) {
         const float* k = K + (long)(lo + j) * ldk;
         for (h = 0; h < nh; h++) {
