@@ -1043,13 +1043,25 @@ static STER_AVX2 int ster_quantize16_avx2(const float* x, int K, int16_t* q, flo
 }
 #endif
 
+#define STER_PF_ROWS 2
+
 /* y[r] = row(rows[r]) . (dx * q) for r in [r0, r1), int16-activation kernels (AVX2 only). */
 static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
                                 int K, const int16_t* q, const float* dx, const float* xs16, float* y) {
 #if STER_HAVE_X86
     int nb = K / ster_block_size(type), r;
+    size_t c;
     ster_dot16_fn dot = ster_dot16_for(type);
-    for (r = r0; r < r1; r++) y[r] = dot(W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, q, dx, xs16);
+    /* Decoding streams every weight from memory once: the row STER_PF_ROWS ahead is
+     * prefetched while this one is multiplied, so each chunk does not wait for the
+     * hardware prefetcher to notice its stream (loads of the weights were the stalls). */
+    for (r = r0; r < r1; r++) {
+        if (r + STER_PF_ROWS < r1) {
+            const uint8_t* ahead = W + (size_t)(rows ? rows[r + STER_PF_ROWS] : r + STER_PF_ROWS) * row_bytes;
+            for (c = 0; c < row_bytes; c += 64) _mm_prefetch((const char*)ahead + c, _MM_HINT_T0);
+        }
+        y[r] = dot(W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, q, dx, xs16);
+    }
 #else
     (void)type; (void)W; (void)row_bytes; (void)rows; (void)r0; (void)r1; (void)K; (void)q; (void)dx; (void)xs16; (void)y;
 #endif
