@@ -105,6 +105,12 @@ def _use_threads(threads: Optional[int]) -> None:
         set_threads(threads)
 
 
+def show_warnings(loaded) -> None:
+    """Print a loaded model's warnings (``LoadedModel.warnings``) on stderr."""
+    for w in loaded.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+
+
 def _check_device(device: str) -> None:
     if device != "cpu":
         raise SterError(f"--device {device} is not available: this build of ster runs on the CPU only "
@@ -155,6 +161,7 @@ def generate(
         steer = read_vector(vector)
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    show_warnings(loaded)
     hook = None
     if adapter is not None:
         from .adapters import apply_adapter, load_adapter_for
@@ -184,7 +191,7 @@ def generate(
             "precision": loaded.precision, "chat_template": prompt_.chat_template,
             "text": text, "ids": result.ids, "prompt_ids": prompt_.ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
-            "adapter": adapter,
+            "adapter": adapter, "warnings": loaded.warnings,
             "usage": {"prompt_tokens": len(prompt_.ids), "new_tokens": len(result.ids)},
             "timings": {"prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
                         "prefill_tokens_per_second": result.prefill_tokens_per_second,

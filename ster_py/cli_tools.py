@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .capture import LAYER_HELP
 from .cli import (MODEL_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default, _use_threads,
-                  app, err, out, progress_bar)
+                  app, err, out, progress_bar, show_warnings)
 
 vector_app = typer.Typer(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -66,6 +66,7 @@ def parity(
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        show_warnings(loaded)
         report = run_parity(loaded, texts, reference=reference.value, tolerance=tolerance, progress=progress)
     if as_json:
         print(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
@@ -119,6 +120,7 @@ def capture(
     texts = read_prompts(prompt, prompts)
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        show_warnings(loaded)
         chosen = parse_layers(layers, loaded.spec.num_hidden_layers)
         cap = run(loaded, texts, chosen, position.value, chat_template=chat_template.value, system=system,
                   progress=progress)

@@ -33,6 +33,14 @@ class LoadedModel:
     def model_revision(self) -> str | None:
         return self.resolved.model_revision
 
+    @property
+    def warnings(self) -> list[str]:
+        """Notes on what was loaded that the user should see (stored tensors this
+        configuration never reads), one line each; empty for a consistent checkpoint."""
+        from .weights import unused_tensor_warnings
+
+        return unused_tensor_warnings(self.spec, self.decoder.weights)
+
     def stop_ids(self) -> set[int]:
         """End-of-generation ids: the config's eos_token_id(s) and the tokenizer's end tokens."""
         return set(self.spec.eos_token_ids) | set(self.tokenizer.eos_token_ids)

@@ -219,13 +219,23 @@ def test_unused_tensors_are_reported(llama_dir, tmp_path):
     assert weights.unused_tensors(model.spec) == sorted(extra)
     (warning,) = unused_tensor_warnings(model.spec, weights)
     assert "2 tensor(s)" in warning and all(name in warning for name in extra)
+    assert model.warnings == [warning]
+    # the CLI shows it on stderr and in --json, and still runs
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m", str(path),
+                        "-p", "w5", "--max-new-tokens", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "warning:" in r.stderr and "extra_proj" in r.stderr
+    assert json.loads(r.stdout)["warnings"] == [warning]
 
 
 def test_a_complete_checkpoint_has_no_unused_tensors(llama_dir):
     from ster_py.weights import unused_tensor_warnings
 
     model = load_model(str(llama_dir))
-    assert unused_tensor_warnings(model.spec, model.decoder._weights) == []
+    assert unused_tensor_warnings(model.spec, model.decoder.weights) == [] and model.warnings == []
 
 
 # --------------------------------------------------------------------------- --model

@@ -186,6 +186,11 @@ class Decoder:
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
 
+    @property
+    def weights(self) -> WeightSource:
+        """The weight source the decoder was built from."""
+        return self._weights
+
     def new_cache(self) -> KVCache:
         """An empty KV cache for this model."""
         s = self.spec

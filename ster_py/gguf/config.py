@@ -111,6 +111,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     Raises:
         SterError: an unsupported architecture, or a missing or invalid hyper-parameter.
     """
+    from ..validate import check_gguf_sizes  # (validate imports config; late import)
+
+    check_gguf_sizes(meta, path)  # sizes are bounded before any per-layer table is built
     arch = meta.get("general.architecture")
     family = family_for_architecture(arch, path)
     config = _gguf_config(meta, arch, family)

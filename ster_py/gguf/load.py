@@ -15,7 +15,7 @@ from ..errors import SterError
 from ..tokenizer import Tokenizer
 from ..weights import GGUFWeights
 from .config import spec_from_gguf
-from ..validate import check_config, check_gguf_sizes, check_spec, interpret
+from ..validate import check_config, check_spec, interpret
 from .reader import GGUFFile
 from .tokenizer import tokenizer_from_gguf_metadata
 
@@ -54,7 +54,6 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         if embd is None:
             raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
                             "(a vocabulary-only GGUF can tokenize but not generate)")
-        check_gguf_sizes(meta, path)
         spec = check_spec(interpret(path, spec_from_gguf, meta, path, rope_freqs=rope_freqs,
                                     vocab_size=embd.shape[0], has_output="output.weight" in names), path)
         from ..families import FAMILIES
