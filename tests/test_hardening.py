@@ -139,9 +139,12 @@ def test_huge_gguf_block_count_is_refused_before_anything_is_allocated(tmp_path)
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    peak, raised = _peak_bytes(lambda: load_model(str(path)))
-    assert isinstance(raised, SterError) and "llama.block_count" in str(raised), raised
-    assert peak < 4 << 20, f"{peak} bytes allocated before the refusal"
+    from ster_py.inspect import inspect_model
+
+    for run in (lambda: load_model(str(path)), lambda: inspect_model(str(path))):
+        peak, raised = _peak_bytes(run)
+        assert isinstance(raised, SterError) and "llama.block_count" in str(raised), raised
+        assert peak < 4 << 20, f"{peak} bytes allocated before the refusal"
 
 
 @pytest.mark.parametrize("layer_types, words", [
