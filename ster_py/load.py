@@ -89,7 +89,8 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
     runnable family needed); a .gguf file, or a directory holding one, is
     tokenized from its ``tokenizer.ggml.*`` metadata alone, so a vocabulary-only
     GGUF (no tensors) works and the architecture is never gated. Presets and Hub
-    ids go through ``resolve`` (a Hub model is gated and downloaded as for running).
+    ids go through ``resolve`` without weights (a Hub model is gated; only its
+    config, tokenizer and side files are downloaded).
 
     Args:
         model: as for ``load_model``.
@@ -106,7 +107,7 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return Tokenizer.from_dir(path)
     if not (path.is_file() and path.name.endswith(".gguf")):
-        resolved = resolve(model, revision, progress=progress)
+        resolved = resolve(model, revision, progress=progress, weights=False)
         if resolved.tokenizer_path is not None:
             return Tokenizer.from_dir(resolved.root)
         path = resolved.gguf_file

@@ -83,7 +83,8 @@ class Resolved:
     family: "FamilySpec | None"
 
 
-def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None) -> Resolved:
+def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
+            weights: bool = True) -> Resolved:
     """Resolve ``model`` to a :class:`Resolved` without reading any weight.
 
     Order of decisions:
@@ -118,6 +119,10 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
         model: a directory, a .gguf path, or a Hub id such as ``org/name``.
         revision: for the Hub, a branch, tag or commit; for a local model it
             is recorded verbatim as ``model_revision`` and selects nothing.
+        weights: False for callers that need only the configuration and tokenizer
+            (``ster tokenize``, ``ster template render``): a Hub model's weight files
+            are then neither downloaded nor required in the cache, and ``Resolved.weights``
+            is empty for it. Local models are resolved as usual (nothing is read).
         progress: optional ``progress(event, done, total)`` callback, called
             only while downloading from the Hub. ``event`` is
             ``"download <file name>"`` before each file and
@@ -160,7 +165,7 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
         gguf = fetch_preset(model, progress)
         return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf,
                         revision or f"sha256:{PRESETS[model].sha256}", None)
-    return _resolve_hub(model, revision, progress)
+    return _resolve_hub(model, revision, progress, weights)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -315,14 +320,14 @@ def _gate(config: dict, config_path: Path) -> "FamilySpec":
 # --------------------------------------------------------------------------- Hub
 
 
-def _resolve_hub(model: str, revision: str | None, progress: Progress | None) -> Resolved:
+def _resolve_hub(model: str, revision: str | None, progress: Progress | None, with_weights: bool = True) -> Resolved:
     import huggingface_hub as hub
     from huggingface_hub import constants
 
     rev = revision or "main"
     offline = getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)()
     if offline:
-        return _resolve_cache(model, rev)
+        return _resolve_cache(model, rev, with_weights)
     try:
         api = hub.HfApi()
     except Exception as error:  # noqa: BLE001 - any failure here is reported, none is expected
@@ -357,6 +362,9 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None) ->
         )
     config = read_config(config_path)
     family = _gate(config, config_path)
+    if not with_weights:
+        return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, (), None, sha,
+                        family)
 
     weights = sorted(n for n in sizes if "/" not in n and _is_weight_name(n))
     if not weights:
@@ -454,7 +462,7 @@ def _detail(error: Exception) -> str:
     return " ".join(lines[:2]) if lines else type(error).__name__
 
 
-def _resolve_cache(model: str, rev: str) -> Resolved:
+def _resolve_cache(model: str, rev: str, with_weights: bool = True) -> Resolved:
     """Resolve from the local Hugging Face cache only (``HF_HUB_OFFLINE`` is set)."""
     import huggingface_hub as hub
     from huggingface_hub import constants, errors
@@ -479,6 +487,8 @@ def _resolve_cache(model: str, rev: str) -> Resolved:
         raise SterError(f"tokenizer is missing: {root / TOKENIZER} ({where} lacks it; {todo})")
     config = read_config(config_path)
     family = _gate(config, config_path)
+    if not with_weights:
+        return Resolved(model, "safetensors", root, config, config_path, root / TOKENIZER, (), None, root.name, family)
     weights = _safetensors_in(root, names)
     if not weights:
         raise SterError(

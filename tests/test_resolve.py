@@ -407,6 +407,20 @@ def test_hub_config_and_tokenizer_come_before_weights_all_at_the_resolved_sha(re
     ]
 
 
+def test_hub_without_weights_downloads_config_and_tokenizer_only(remote, monkeypatch):
+    """ster tokenize / template render on a Hub id: the gate runs, no weight file is fetched."""
+    from ster_py.load import load_tokenizer
+    from ster_py.tokenizer import Tokenizer
+
+    monkeypatch.setattr(Tokenizer, "from_dir", staticmethod(lambda root: ("tokenizer from", root)))
+    fake = remote(repo_files())
+    r = resolve("org/model", weights=False)
+    assert r.weight_files == () and r.tokenizer_path == fake.snapshot / "tokenizer.json"
+    assert not any(n.endswith(".safetensors") for n in fake.downloads)
+    assert load_tokenizer("org/model") == ("tokenizer from", fake.snapshot)
+    assert not any(n.endswith(".safetensors") for n in fake.downloads)
+
+
 def test_hub_revision_is_passed_through(remote):
     fake = remote(repo_files())
     assert resolve("org/model", "v1.0").model_revision == SHA
