@@ -55,3 +55,20 @@ def smollm2_hf() -> Path:
 def gemma3_hf() -> Path:
     """Hugging Face-format (f32 safetensors) directory of Gemma 3 270M, as transformers reads the GGUF."""
     return _get("hf", "gemma3-270m-q4_k_m")
+
+
+@pytest.fixture
+def pinned_clock(monkeypatch):
+    """Pin transformers' strftime_now (it calls datetime.now() of its module) to tiny.PINNED."""
+    from datetime import datetime
+
+    import transformers.utils.chat_template_utils as ctu
+    from tiny import PINNED
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return PINNED
+
+    monkeypatch.setattr(ctu, "datetime", Frozen)
+    return PINNED

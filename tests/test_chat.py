@@ -19,7 +19,7 @@ from ster_py.errors import SterError
 from ster_py.tokenizer import Tokenizer
 from test_tokenizer import hf_tokenizer, write_dir
 
-PINNED = datetime(2026, 10, 18, 9, 30, 5)
+from tiny import PINNED  # noqa: E402
 
 CONVERSATIONS = {
     "plain": [{"role": "user", "content": "Hello there"}],
@@ -101,20 +101,6 @@ def tiny(tmp_path_factory):
     """(ours, transformers') tokenizer of the ChatML byte-level tiny directory."""
     path = write_dir(tmp_path_factory.mktemp("chat"), "bl")
     return Tokenizer.from_dir(path), hf_tokenizer(path)
-
-
-@pytest.fixture
-def pinned_clock(monkeypatch):
-    """Pin transformers' strftime_now (it calls datetime.now() of its module) to PINNED."""
-    import transformers.utils.chat_template_utils as ctu
-
-    class Frozen(datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return PINNED
-
-    monkeypatch.setattr(ctu, "datetime", Frozen)
-    return PINNED
 
 
 def oracle(hf, template, messages, **kwargs):

@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from datetime import datetime
 from pathlib import Path
 
 import jinja2
@@ -58,7 +57,7 @@ TEMPLATE_NAMES = [
 ]
 
 BOS, EOS = "<s>", "</s>"
-PINNED = datetime(2026, 10, 18, 9, 30, 5)
+from tiny import PINNED  # noqa: E402
 
 # Non-ASCII and HTML-special characters, so tojson's ensure_ascii and escaping show.
 TOOLS = [{"type": "function", "function": {
@@ -160,20 +159,6 @@ def _hf_tokenizer():
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS)
     assert hf.special_tokens_map == {"bos_token": BOS, "eos_token": EOS}
     return hf
-
-
-@pytest.fixture
-def pinned_clock(monkeypatch):
-    """Pin transformers' strftime_now (it calls datetime.now() of its module) to PINNED."""
-    import transformers.utils.chat_template_utils as ctu
-
-    class Frozen(datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return PINNED
-
-    monkeypatch.setattr(ctu, "datetime", Frozen)
-    return PINNED
 
 
 def oracle(template: str, messages, add_generation_prompt: bool, extra: dict) -> str:

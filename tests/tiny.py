@@ -152,3 +152,7 @@ def reference_split_logits(model, ids, split: int) -> np.ndarray:
         first = model(torch.tensor([list(ids[:split])]), use_cache=True)
         second = model(torch.tensor([list(ids[split:])]), past_key_values=first.past_key_values, use_cache=True)
     return np.concatenate([first.logits[0].float().numpy(), second.logits[0].float().numpy()])
+
+
+# The clock chat templates see in tests (strftime_now), for ster and for transformers alike.
+PINNED = __import__("datetime").datetime(2026, 10, 18, 9, 30, 5)
