@@ -93,6 +93,12 @@ def write_safetensors(path: Path, specs: list[tuple[str, np.dtype, tuple[int, ..
             np.ascontiguousarray(a).reshape(-1).view(np.uint8).tofile(f)  # x86/arm hosts are little-endian
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
     """Yield temporary paths beside ``paths``; on success rename each onto its target.
@@ -108,7 +114,9 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
             os.close(fd)
             temps.append(Path(tmp))
         yield temps
+        mode = 0o666 & ~_umask()  # mkstemp makes 0600; outputs get the usual permissions
         for tmp, p in zip(temps, paths):
+            os.chmod(tmp, mode)
             os.replace(tmp, p)
     finally:
         for tmp in temps:
@@ -132,6 +140,7 @@ def atomic_directory(target: Path) -> Iterator[Path]:
         yield tmp
         if target.exists():
             raise SterError(f"{target} appeared while writing; nothing was overwritten")
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a new directory gets the usual permissions
         os.rename(tmp, target)
     finally:
         if tmp.exists():
@@ -193,12 +202,46 @@ def _as_path(s: str) -> Path | None:
     return p.resolve() if p.exists() else None
 
 
+def _sha256_of(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def _same_gguf_content(claimed: str, claimed_revision: str | None, resolved) -> bool:
+    """True when the artifact's model and the loaded one are the same GGUF file by content:
+    a preset (recorded as ``sha256:<hash>``) against that file given by path, or the reverse."""
+    mine = resolved.gguf_file
+    if resolved.kind != "gguf" or mine is None:
+        return False
+    if claimed_revision and claimed_revision.startswith("sha256:"):
+        return _sha256_of(Path(mine)) == claimed_revision
+    rev = resolved.model_revision
+    theirs = _as_path(claimed)
+    if rev and rev.startswith("sha256:") and theirs is not None and theirs.is_file():
+        return _sha256_of(theirs) == rev
+    return False
+
+
+def model_identity(resolved) -> str:
+    """What an artifact records as its ``model``: the --model string, made absolute when
+    it names a local file or directory (so the artifact still matches from another
+    working directory)."""
+    local = _as_path(resolved.model)
+    return str(local) if local is not None else resolved.model
+
+
 def check_model(path: Path, what: str, claimed: str | None, claimed_revision: str | None, resolved) -> None:
     """Refuse an artifact made for another model.
 
     The artifact's ``model`` matches when it is the same string as the loaded
-    ``--model``, or both name the same existing file or directory. When both sides
-    carry a revision, they must be equal.
+    ``--model``, both name the same existing file or directory, or both are the same
+    GGUF file by SHA-256 (a preset name and that file's path). When both sides carry a
+    revision, they must be equal.
 
     Args:
         path: the artifact (named in the message).
@@ -217,6 +260,10 @@ def check_model(path: Path, what: str, claimed: str | None, claimed_revision: st
                             Path(resolved.gguf_file).resolve() if resolved.gguf_file else None) if p is not None}
         theirs = _as_path(claimed)
         same = theirs is not None and theirs in mine
+    if not same:
+        same = _same_gguf_content(claimed, claimed_revision, resolved)
+        if same:
+            return  # the same file under another name (a preset and its path): revisions say nothing more
     if not same:
         raise SterError(f"{what} {path} was made for model {claimed!r}, but this run loads {resolved.model!r}; "
                         f"use it with {claimed!r} or make a new one for this model")

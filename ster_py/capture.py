@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .artifacts import CAPTURE_FORMAT, atomic_outputs, read_json, sniff, write_safetensors
+from .artifacts import CAPTURE_FORMAT, atomic_outputs, model_identity, read_json, sniff, write_safetensors
 from .errors import SterError
 from .prompt import Prompt, encode_prompt
 
@@ -169,7 +169,7 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
     modes = {p.chat_template for p in encoded}
     meta = {
         "format": CAPTURE_FORMAT, "schema_version": SCHEMA_VERSION,
-        "model": loaded.resolved.model, "model_revision": loaded.model_revision,
+        "model": model_identity(loaded.resolved), "model_revision": loaded.model_revision,
         "model_type": loaded.spec.model_type, "precision": loaded.precision,
         "hidden_size": loaded.spec.hidden_size, "num_hidden_layers": n_layers,
         "layers": list(layers), "layer_numbering": LAYER_HELP, "position": position,

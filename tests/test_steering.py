@@ -249,3 +249,36 @@ def test_caa_steers_smollm2_toward_the_positive_prompts(smollm2_gguf, tmp_path):
         return logprob("My favorite thing is my dog.", layer_hook) - logprob("My favorite thing is my car.", layer_hook)
 
     assert margin(hook) - margin(None) > 1.0
+
+
+@pytest.mark.real
+def test_vector_made_on_a_preset_fits_the_same_file_by_path(smollm2_gguf):
+    """A preset and its GGUF given by path are one model: matched by the file's SHA-256."""
+    from ster_py.presets import PRESETS
+
+    preset = "smollm2-135m-instruct-q4_1"
+    loaded = load_model(str(smollm2_gguf))
+    width = loaded.spec.hidden_size
+    vec = SteeringVector(preset, "sha256:" + PRESETS[preset].sha256, width, "t", "caa",
+                         unit_directions([1], width))
+    check_vector_for(vec, loaded, "v.json")
+    other = SteeringVector(preset, "sha256:" + "0" * 64, width, "t", "caa", unit_directions([1], width))
+    with pytest.raises(SterError, match=f"made for model '{preset}'"):
+        check_vector_for(other, loaded, "v.json")
+
+
+def test_captures_record_local_models_by_absolute_path(tiny, tmp_path, monkeypatch):
+    """A capture made with a relative --model still matches its model from another directory;
+    outputs get the usual permissions (umask), not a temporary file's 0600."""
+    import os
+
+    path, _ = tiny
+    monkeypatch.chdir(path.parent)
+    out = tmp_path / "c.safetensors"
+    r = ster("capture", "-m", path.name, "-p", "w5 w6", "--layers", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["model"] == str(path.resolve())
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
