@@ -211,8 +211,11 @@ def generate(
 @app.command()
 def inspect(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help="The same, as an option (like the "
+                                            "other commands)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
-    precision: Precision = typer.Option(Precision.f32, help="Precision the resident size is estimated for."),
+    precision: Precision = typer.Option(Precision.f32, help="Precision the resident size is estimated for "
+                                        "(GGUF-quantized matrices count as stored)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Describe a model without running it: architecture, sizes, tokenizer, tensor types, memory."""
@@ -220,6 +223,9 @@ def inspect(
 
     from .inspect import inspect_model
 
+    if model is not None and model_opt is not None and model != model_opt:
+        raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
+    model = model if model is not None else model_opt
     with progress_bar() as progress:
         info = inspect_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
     if as_json:
@@ -230,7 +236,7 @@ def inspect(
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items())
         elif key.endswith("_bytes") or key == "kv_bytes_per_position":
-            value = f"{value:,} bytes ({value / 2**20:.1f} MiB)"
+            value = f"{value:,} bytes ({value / 2**20:.1f} MiB)" if value >= 2**20 else f"{value:,} bytes"
         table.add_row(f"[bold]{key}[/]", escape(str(value)))
     out.print(table)
 

@@ -33,7 +33,8 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
 
     Keys: model, model_revision, kind, architecture, family, dimensions, tokenizer,
     chat_template (bool), tensors (count per stored type), parameters, file_bytes,
-    resident_bytes (weights held at ``precision`` once loaded), kv_bytes_per_position (f32
+    resident_bytes (weights held once loaded: GGUF-quantized matrices as stored, every other
+    tensor at ``precision``), kv_bytes_per_position (f32
     keys and values over all layers).
 
     Raises:
@@ -78,6 +79,11 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         info["tensors"] = dict(Counter(t.type_name for t in tensors))
         n_params = sum(t.n_elements for t in tensors)
         info["file_bytes"] = g.file_size
+        from .decoder.qlinear import QUANT_TYPES
+
+        # Quantized matrices stay in their blocks in the memory map; the rest is widened.
+        resident = sum(t.nbytes if t.type_name in QUANT_TYPES and len(t.shape) == 2 else t.n_elements * itemsize
+                       for t in tensors)
     else:
         from safetensors import safe_open
 
@@ -91,9 +97,10 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
                     n_params += int(np.prod(sl.get_shape(), dtype=np.int64))
         info["tensors"] = dict(types)
         info["file_bytes"] = sum(f.stat().st_size for f in r.weight_files)
+        resident = n_params * itemsize
     info["dimensions"] = _spec_dims(spec)
     info["parameters"] = n_params
     info["precision"] = precision
-    info["resident_bytes"] = n_params * itemsize
+    info["resident_bytes"] = resident
     info["kv_bytes_per_position"] = 2 * spec.num_hidden_layers * spec.num_key_value_heads * spec.head_dim * 4
     return info

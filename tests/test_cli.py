@@ -155,3 +155,16 @@ def test_threads_flag_changes_speed_not_tokens(smollm2_gguf):
     runs = [json.loads(ster("generate", "--model", str(smollm2_gguf), "--prompt", "Name three colours.",
                             "--max-new-tokens", "12", "--threads", n, "--json").stdout)["ids"] for n in ("1", "2")]
     assert runs[0] == runs[1] and len(runs[0]) > 0
+
+
+@pytest.mark.real
+def test_inspect_counts_quantized_matrices_as_stored(smollm2_gguf):
+    """GGUF matrices stay quantized in the map: the resident estimate is about the file, not
+    the f32 size of its parameters; -m works as on the other commands."""
+    r = ster("inspect", "-m", str(smollm2_gguf), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert 0.9 * info["file_bytes"] <= info["resident_bytes"] <= info["file_bytes"]
+    assert info["resident_bytes"] < info["parameters"]  # under one byte per weight
+    both = ster("inspect", str(smollm2_gguf), "-m", "other-model")
+    assert both.returncode == 1 and "two models given" in both.stderr
