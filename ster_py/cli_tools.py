@@ -125,7 +125,9 @@ def capture(
         cap = run(loaded, texts, chosen, position.value, chat_template=chat_template.value, system=system,
                   progress=progress)
     written = save_capture(cap, output)
-    err.print(f"[dim]{len(texts)} prompt(s), layers {chosen[0]}..{chosen[-1]} ({len(chosen)}), position "
+    contiguous = list(chosen) == list(range(chosen[0], chosen[-1] + 1))
+    shown = f"{chosen[0]}..{chosen[-1]}" if contiguous else ",".join(map(str, chosen))
+    err.print(f"[dim]{len(texts)} prompt(s), layers {shown} ({len(chosen)}), position "
               f"{position.value}, chat template {cap.meta['chat_template']}: wrote "
               f"{escape(', '.join(map(str, written)))}[/]")
 
