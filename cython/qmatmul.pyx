@@ -33,6 +33,7 @@ cdef extern from "ster_pool.h" nogil:
     ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
     void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads)
     void ster_pool_stats(long* out4)
+    void ster_pool_hint(int n, const char* const* ptr, const long* len)
 
 cdef extern from "ster_qkernels.h" nogil:
     int STER_KC
@@ -63,6 +64,7 @@ cdef int _threads = _default_threads()
 cdef int _simd_ok = ster_cpu_avx2()
 cdef int _simd = _simd_ok
 cdef int _int16 = 1
+cdef int _read_ahead = 1
 # Below this many weights a product runs on one thread: waking the team costs more.
 cdef long _PARALLEL_MIN_WEIGHTS = 65536
 
@@ -181,6 +183,13 @@ def set_int16_activations(bint on):
     _int16 = 1 if on else 0
 
 
+def enable_read_ahead(bint on):
+    """Let idle helper threads prefetch the next matrices of a decode step (default on;
+    see ``QMatrix.set_read_ahead``). Off is for measuring what it gains."""
+    global _read_ahead
+    _read_ahead = 1 if on else 0
+
+
 def quantize_activations(const float[:, ::1] x):
     """The inputs the int16 decode kernels see: (q int16 [T, K], dx float32 [T, K // 32]) with
     x ~= dx[:, block] * q; K must be a multiple of 32. Raises ValueError on inf/NaN."""
@@ -218,6 +227,11 @@ cdef class QMatrix:
     cdef const uint8_t[:, ::1] raw
     cdef object _rows_arr
     cdef const int32_t* _rows
+    # read-ahead: the matrices decoding multiplies next (see set_read_ahead)
+    cdef object _ahead
+    cdef int _hint_n
+    cdef const char* _hint_ptr[4]
+    cdef long _hint_len[4]
     cdef readonly int type_id, n_rows, n_cols
     cdef size_t row_bytes
 
@@ -234,6 +248,8 @@ cdef class QMatrix:
             raise ValueError(f"rows of {cols} weights take {self.row_bytes} bytes, the raw array has {self.raw.shape[1]}")
         self._rows = NULL
         self._rows_arr = None
+        self._ahead = None
+        self._hint_n = 0
         self.n_rows = self.raw.shape[0]
         if rows is not None:
             arr = np.ascontiguousarray(rows, dtype=np.int32)
@@ -243,6 +259,21 @@ cdef class QMatrix:
             self.n_rows = arr.shape[0]
             if arr.shape[0]:
                 self._rows = <const int32_t*><uintptr_t>arr.ctypes.data
+
+    def set_read_ahead(self, tuple following):
+        """Name the (up to 4) matrices a decode step multiplies after this one. While a
+        one-token product on this matrix runs, idle helper threads prefetch their blocks
+        (``ster_pool.h`` read-ahead hints); arithmetic is unchanged. () clears it."""
+        cdef QMatrix m
+        cdef int i
+        if len(following) > 4:
+            raise ValueError("at most 4 matrices to read ahead")
+        for i in range(len(following)):
+            m = <QMatrix?>following[i]
+            self._hint_ptr[i] = <const char*>&m.raw[0, 0] if m.raw.shape[0] else NULL
+            self._hint_len[i] = <long>m.raw.shape[0] * <long>m.row_bytes
+        self._ahead = following  # keeps them (and their memory) alive
+        self._hint_n = len(following)
 
     def matmul(self, x, out, int force=0):
         """out[T, rows] = x[T, cols] @ W^T (float32 ndarrays, C-contiguous; ``out`` is overwritten).
@@ -295,6 +326,8 @@ cdef class QMatrix:
         cdef float* xs16 = dx + K // 32
         j.q, j.dx, j.xs16 = q, dx, xs16
         with nogil:
+            if nt > 1 and self._hint_n and _read_ahead:
+                ster_pool_hint(self._hint_n, self._hint_ptr, self._hint_len)
             for t in range(T):
                 j.x, j.y = x + <size_t>t * K, out + <size_t>t * N
                 j.use16 = _simd and _int16 and ster_quantize16(j.x, K, q, dx, xs16)
@@ -379,6 +412,8 @@ def matvec_group(tuple mats, x, tuple outs):
         j.use16 = _simd and _int16 and ster_quantize16(j.x, K, <int16_t*>j.q, <float*>j.dx, <float*>j.xs16)
         if not j.use16:
             ster_sums16(j.x, K, <float*>j.xs16)
+        if nt > 1 and w._hint_n and _read_ahead:  # the last matrix's read-ahead (what follows the group)
+            ster_pool_hint(w._hint_n, w._hint_ptr, w._hint_len)
         if j.first[n]:
             ster_pool_run(j.first[n], _group_task, &j, nt)
     free(buf)

@@ -42,6 +42,27 @@ static long ster_pool_spin_ns = -1;
 
 typedef void (*ster_task_fn)(void* ctx, long chunk, int tid);
 
+/* Read-ahead hints: memory the caller will use next (the following weight matrices of a
+ * decode step). Helpers that wait for the next job touch it with prefetches meanwhile, so
+ * the time the caller spends between jobs (Python, small ops) moves weights toward the
+ * caches instead of leaving the memory bus idle. Up to STER_HINTS ranges; a new hint
+ * replaces the old one (gen counts hints; ranges are read after gen, written before). */
+#define STER_HINTS 4
+static struct {
+    _Alignas(64) atomic_uint gen;
+    const char* ptr[STER_HINTS];
+    long len[STER_HINTS];
+    int n;
+} ster_hint;
+
+static void ster_pool_hint(int n, const char* const* ptr, const long* len) {
+    int i;
+    if (n > STER_HINTS) n = STER_HINTS;
+    for (i = 0; i < n; i++) { ster_hint.ptr[i] = ptr[i]; ster_hint.len[i] = len[i]; }
+    ster_hint.n = n;
+    atomic_fetch_add_explicit(&ster_hint.gen, 1, memory_order_release);
+}
+
 /* The claim word, the done counter and the job description live on separate cache lines:
  * helpers re-read the job on every claim while the word bounces between cores. */
 #define STER_LINE 64
@@ -104,6 +125,10 @@ static void* ster_pool_helper(void* arg) {
     int tid = (int)(intptr_t)arg;
     const long spin_ns = ster_pool_spin_ns;
     uint32_t seen = (uint32_t)(atomic_load(&ster_pool.word) >> 32);
+    unsigned hint_seen = atomic_load(&ster_hint.gen);
+    int h_i = 0, h_n = 0;
+    const char *h_ptr[STER_HINTS], *h_cur = 0, *h_end = 0;
+    long h_len[STER_HINTS];
     for (;;) {
         uint32_t gen;
         long t0 = ster_now_ns();
@@ -111,6 +136,26 @@ static void* ster_pool_helper(void* arg) {
         for (;;) {   /* spin, then sleep, until a new generation is published */
             gen = (uint32_t)(atomic_load_explicit(&ster_pool.word, memory_order_acquire) >> 32);
             if (gen != seen) break;
+            /* only the first helper reads ahead: one stream is enough to keep the bus busy */
+            if (tid == 1) {
+                unsigned hg = atomic_load_explicit(&ster_hint.gen, memory_order_acquire);
+                if (hg != hint_seen) {   /* a new hint: start on its first range */
+                    int i;
+                    hint_seen = hg;
+                    h_n = ster_hint.n;
+                    for (i = 0; i < h_n; i++) { h_ptr[i] = ster_hint.ptr[i]; h_len[i] = ster_hint.len[i]; }
+                    h_i = 0;
+                    h_cur = h_n ? h_ptr[0] : 0;
+                    h_end = h_n ? h_ptr[0] + h_len[0] : 0;
+                }
+                if (h_cur < h_end) {     /* a few lines per turn, then look for a job again */
+                    int k;
+                    for (k = 0; k < 4 && h_cur < h_end; k++, h_cur += 64) __builtin_prefetch(h_cur, 0, 2);
+                    if (h_cur >= h_end && ++h_i < h_n) { h_cur = h_ptr[h_i]; h_end = h_cur + h_len[h_i]; }
+                    t0 = ster_now_ns();  /* reading ahead is work: do not fall asleep over it */
+                    continue;
+                }
+            }
             ster_cpu_relax();
             if (++spins % 256 == 0 && ster_now_ns() - t0 > spin_ns) {
                 pthread_mutex_lock(&ster_pool.mu);

@@ -166,6 +166,41 @@ def test_matvec_group_equals_products_one_by_one(int16):
         qmatmul.matvec_group(tuple(mats[:2]), np.ones((2, cols), np.float32), (np.empty((1, 384), np.float32),) * 2)
 
 
+def test_read_ahead_hints_change_no_result():
+    """Helpers prefetch the matrices named by set_read_ahead while they wait: products (one
+    token and several, alone and grouped) are bit for bit those without hints."""
+    rng = np.random.default_rng(11)
+    cols = 256
+    mats = [qmatmul.QMatrix(random_blocks(name, rows, cols, rng), quants.ggml_type(name).id, cols)
+            for name, rows in (("Q4_1", 300), ("Q8_0", 200), ("Q6_K", 257))]
+    x1 = rng.standard_normal((1, cols)).astype(np.float32)
+    x5 = rng.standard_normal((5, cols)).astype(np.float32)
+
+    def run():
+        outs = []
+        for m in mats:
+            for x in (x1, x5):
+                y = np.empty((x.shape[0], m.n_rows), np.float32)
+                m.matmul(x, y)
+                outs.append(y)
+        grouped = tuple(np.empty((1, m.n_rows), np.float32) for m in mats)
+        qmatmul.matvec_group(tuple(mats), x1, grouped)
+        return outs + list(grouped)
+
+    qmatmul.set_threads(2)
+    plain = run()
+    for here, ahead in zip(mats, mats[1:] + mats[:1]):
+        here.set_read_ahead((ahead, ahead))
+    for _ in range(3):
+        for got, want in zip(run(), plain):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError):
+        mats[0].set_read_ahead(tuple(mats) * 2)
+    with pytest.raises(TypeError):
+        mats[0].set_read_ahead(("not a matrix",))
+    mats[0].set_read_ahead(())
+
+
 @pytest.mark.parametrize("simd", [True, False])
 @pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
 def test_gated_activation_matches_numpy(simd, act):

@@ -29,6 +29,7 @@ from .cache import KVCache
 from .ffn import ACT_FNS, gated
 from .layout import Layout
 from .linear import Projections, make_linear
+from .qlinear import QuantLinear
 from .norms import layer_norm, rms_norm
 from ._fast import ops as _ops
 from .positions import alibi_bias, query_temperature
@@ -185,6 +186,21 @@ class Decoder:
         self.final_norm = _Norm(spec, top("final_norm", required=spec.norm_affine), top("final_norm", "bias"))
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
+        self._link_read_ahead()
+
+    def _link_read_ahead(self) -> None:
+        """Tell each quantized matrix which ones a decode step multiplies next (q/k/v, o,
+        gate/up, down, the next layer's q/k/v, ..., the head), so the thread pool's idle
+        helpers prefetch them while the caller runs the small ops in between."""
+        groups = []
+        for layer in self.layers:
+            groups += [(layer.q, layer.k, layer.v), (layer.o,),
+                       (layer.gate, layer.up) if layer.gate is not None else (layer.up,), (layer.down,)]
+        groups.append((self.head,))
+        mats = [tuple(p._m for p in g if isinstance(p, QuantLinear)) for g in groups]
+        for here, ahead in zip(mats, mats[1:]):
+            for m in here:
+                m.set_read_ahead(ahead)
 
     @property
     def weights(self) -> WeightSource:
