@@ -155,6 +155,9 @@ def read_json(path: Path, what: str) -> dict:
         raise SterError(f"{what} {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SterError(f"{what} {path} is not readable JSON: {e}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise SterError(f"{what} {path} is not readable JSON: it is nested too deeply (thousands of levels)") \
+            from None
     if not isinstance(doc, dict):
         raise SterError(f"{what} {path} is not a JSON object")
     return doc

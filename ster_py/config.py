@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .decoder.positions import alibi_slopes
-from .decoder.rope import Rope, make_rope
+from .decoder.rope import Rope, brief_value, make_rope
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
 
@@ -256,8 +256,17 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         raise SterError(f"invalid model config {config_name}: activation {act!r} is not supported; "
                         f"supported: {', '.join(ACTIVATIONS)}")
     max_pos = r.positive_int("max_position_embeddings", 2048)
+    # The rotated width sizes the frequency tables: bounded by head_dim before any is built.
+    where = f"invalid model config {config_name}"
     rotary_dim = r.get("rotary_dim")
-    partial = rotary_dim / head_dim if isinstance(rotary_dim, int) else float(r.get("partial_rotary_factor", 1.0))
+    if rotary_dim is not None:
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
+            raise SterError(f"{where}: rotary_dim must be an integer in 1..head_dim ({head_dim}), "
+                            f"got {brief_value(rotary_dim)}")
+        partial, partial_keys = rotary_dim / head_dim, "rotary_dim"
+    else:
+        partial = r.get("partial_rotary_factor", 1.0)
+        partial_keys = " / ".join(family.keys.get("partial_rotary_factor", DEFAULT_KEYS["partial_rotary_factor"]))
 
     full_params, sliding_params = _rope_params(config, r)
     if family.local_rope_key and config.get(family.local_rope_key) is not None:
@@ -265,7 +274,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     def make(params: dict) -> Rope:
         return make_rope(_fixed_alpha(params, head_dim), head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=partial, interleaved=family.rope_interleaved)
+                         partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
+                         partial_keys=partial_keys)
 
     full_rope = make(full_params)
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)

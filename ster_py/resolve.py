@@ -303,6 +303,9 @@ def read_config(path: Path) -> dict:
         config = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
         raise SterError(f"invalid model config {path}: {error}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise SterError(f"invalid model config {path}: its JSON is nested too deeply to read (thousands of "
+                        "levels); a real config.json is a few levels deep") from None
     if not isinstance(config, dict):
         raise SterError(f"invalid model config {path}: the top level is a JSON {type(config).__name__}, not an object")
     return config

@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from .config import MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ModelSpec
+from .decoder.rope import brief_value
 from .errors import SterError
 
 T = TypeVar("T")
@@ -38,11 +39,34 @@ BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "
                 "new_decoder_architecture", "alibi", "use_bias", "use_post_norm")
 
 
+# config.json special-token ids: an integer id, a list of them (eos_token_id of chat models), or null.
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _check_token_ids(config, source: str, prefix: str = "") -> None:
+    for key in TOKEN_ID_KEYS:
+        value = config.get(key)
+        # pad_token_id -1 ("none") appears in released configs; ster never reads pad ids.
+        low = -1 if key == "pad_token_id" else 0
+        for v in value if isinstance(value, list) else [value]:
+            if v is None and not isinstance(value, list):
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v < MAX_DIM:
+                shown = brief_value(v)
+                raise SterError(f"invalid model config {source}: {prefix}{key} must be a token id (an integer in "
+                                f"0..{MAX_DIM - 1}){' or a list of them' if key == 'eos_token_id' else ''}, "
+                                f"got {shown}")
+
+
 def check_config(config, source: str) -> None:
     """Type checks on raw config.json values that the family readers coerce. Raises SterError."""
     for key in BOOLEAN_KEYS:
         if key in config and config[key] is not None and not isinstance(config[key], bool):
-            raise SterError(f"invalid model config {source}: {key} must be true or false, got {config[key]!r}")
+            raise SterError(f"invalid model config {source}: {key} must be true or false, "
+                            f"got {brief_value(config[key])}")
+    _check_token_ids(config, source)
+    if isinstance(config.get("text_config"), dict):  # the tokenizer reads its eos_token_id too
+        _check_token_ids(config["text_config"], source, "text_config.")
 
 
 def _positive_finite(value, name: str, source: str, allow_none: bool = False) -> None:
@@ -60,7 +84,10 @@ SIZE_LIMITS = {"vocab_size": MAX_DIM, "hidden_size": MAX_DIM, "intermediate_size
 # llama.cpp metadata keys (after ``{arch}.``) of the same sizes, checked before a spec is built from them.
 GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
                   "attention.head_count_kv": MAX_HEADS, "attention.key_length": MAX_HEAD_DIM,
-                  "embedding_length": MAX_DIM, "feed_forward_length": MAX_DIM, "context_length": MAX_DIM}
+                  "attention.value_length": MAX_HEAD_DIM, "rope.dimension_count": MAX_HEAD_DIM,
+                  "embedding_length": MAX_DIM, "feed_forward_length": MAX_DIM, "context_length": MAX_DIM,
+                  "vocab_size": MAX_DIM, "attention.sliding_window": MAX_DIM,
+                  "rope.scaling.original_context_length": MAX_DIM}
 
 
 def check_gguf_sizes(meta, source: str) -> None:

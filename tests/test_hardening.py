@@ -31,7 +31,7 @@ def _with_config(src, dst, **changes):
 
 
 @pytest.mark.parametrize("changes, words", [
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rotary frequencies"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be a finite number above 0"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0}}, "factor"),
     ({"rms_norm_eps": -1}, "epsilon"),
     ({"rms_norm_eps": [1]}, "invalid model config"),

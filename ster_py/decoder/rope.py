@@ -108,21 +108,22 @@ def _default_inv_freq(base: float, dim: int) -> np.ndarray:
     return 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
 
 
-def _yarn(params: Mapping, base: float, dim: int, max_pos: int) -> tuple[np.ndarray, float]:
-    factor = params.get("factor")
-    orig = params.get("original_max_position_embeddings") or max_pos
-    if factor is None:
-        factor = max_pos / orig
+def _yarn(params: Mapping, base: float, dim: int, max_pos: int, number) -> tuple[np.ndarray, float]:
+    orig = number("original_max_position_embeddings", max_pos) if params.get("original_max_position_embeddings") \
+        else max_pos
+    factor = number("factor", max_pos / orig)
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
     attention_factor = params.get("attention_factor")
-    if attention_factor is None:
+    if attention_factor is not None:
+        attention_factor = number("attention_factor")
+    else:
         m, m_all = params.get("mscale"), params.get("mscale_all_dim")
         attention_factor = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
-    beta_fast = params.get("beta_fast") or 32
-    beta_slow = params.get("beta_slow") or 1
+    beta_fast = number("beta_fast") if params.get("beta_fast") else 32
+    beta_slow = number("beta_slow") if params.get("beta_slow") else 1
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -140,11 +141,14 @@ def _yarn(params: Mapping, base: float, dim: int, max_pos: int) -> tuple[np.ndar
     return inv, float(attention_factor)
 
 
-def _llama3(params: Mapping, base: float, dim: int) -> np.ndarray:
+def _llama3(params: Mapping, base: float, dim: int, number) -> np.ndarray:
     inv = _default_inv_freq(base, dim)
-    factor = params["factor"]
-    low, high = params["low_freq_factor"], params["high_freq_factor"]
-    old_ctx = params["original_max_position_embeddings"]
+    factor = number("factor")
+    low, high = number("low_freq_factor"), number("high_freq_factor")
+    old_ctx = number("original_max_position_embeddings")
+    if not high > low:  # the smooth ramp divides by (high - low)
+        raise SterError(f"{number.where}: llama3 rope needs high_freq_factor ({high:g}) above low_freq_factor "
+                        f"({low:g})")
     wavelen = 2 * math.pi / inv
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
     scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
@@ -154,8 +158,53 @@ def _llama3(params: Mapping, base: float, dim: int) -> np.ndarray:
     return np.where(medium, smoothed, scaled)
 
 
+class _Numbers:
+    """Reads a rope parameter as a finite number above 0, or refuses naming it (``where``: the source)."""
+
+    def __init__(self, params: Mapping, rope_type: str, where: str):
+        self.params, self.rope_type, self.where = params, rope_type, where
+
+    def __call__(self, key: str, default: float | None = None, name: str | None = None) -> float:
+        value = self.params.get(key, default)
+        if value is None:
+            raise SterError(f"{self.where}: rope_scaling of type {self.rope_type!r} is missing its key {key!r}")
+        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+        if not ok or not math.isfinite(value) or value <= 0:
+            raise SterError(f"{self.where}: {name or key} must be a finite number above 0, got {brief_value(value)}")
+        return float(value)
+
+
+def brief_value(value) -> str:
+    """A value for a message: at most one line and 60 characters (untrusted files hold anything)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return f"a list of {len(value)} values"
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def rotary_width(head_dim: int, partial: float, where: str, keys: str = "partial_rotary_factor") -> int:
+    """How many leading dimensions of a head rotate: ``int(head_dim * partial)``, checked first.
+
+    The width sizes every frequency table, so an absurd share is refused here, before
+    any table is built. ``keys`` names the configuration key(s) the share came from.
+
+    Raises:
+        SterError: ``partial`` not a number in (0, 1], or a width that is zero or odd.
+    """
+    ok = isinstance(partial, (int, float, np.integer, np.floating)) and not isinstance(partial, (bool, np.bool_))
+    if not ok or not math.isfinite(partial) or not 0 < partial <= 1:
+        raise SterError(f"{where}: {keys} must give a rotary width within the head (a share in (0, 1]), "
+                        f"got {brief_value(partial)} (head_dim {head_dim})")
+    dim = int(head_dim * partial)
+    if dim <= 0 or dim % 2:
+        raise SterError(f"{where}: the rotary width {dim} (head_dim {head_dim} x {keys} {partial:g}) must be even "
+                        "and above 0; rotary pairs need an even width")
+    return dim
+
+
 def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
-              partial_rotary_factor: float = 1.0, interleaved: bool = False) -> Rope:
+              partial_rotary_factor: float = 1.0, interleaved: bool = False,
+              where: str = "invalid rope parameters", partial_keys: str = "partial_rotary_factor") -> Rope:
     """Build a ``Rope`` from one set of rope parameters.
 
     Args:
@@ -165,38 +214,55 @@ def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
         head_dim: width of one attention head.
         max_position_embeddings: the config's context length.
         partial_rotary_factor: share of each head that rotates (``params`` may override it).
+        where: prefix of error messages ("invalid model config PATH").
+        partial_keys: the configuration key(s) the share came from, for messages.
 
     Raises:
-        SterError: an unknown rope type, or a type missing one of its keys.
+        SterError: an unknown rope type, a type missing one of its keys, a parameter that is
+            not a finite positive number (rope_theta, factor...), a rotary share outside (0, 1]
+            or an odd width (checked before any table is built), llama3 factors out of order,
+            LongRoPE factor lists of the wrong length.
     """
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    base = float(params.get("rope_theta", 10000.0))
-    partial = float(params.get("partial_rotary_factor", partial_rotary_factor))
-    dim = int(head_dim * partial)
-    try:
-        if rope_type == "default":
-            return Rope(_default_inv_freq(base, dim), dim, interleaved=interleaved)
-        if rope_type == "linear":
-            return Rope(_default_inv_freq(base, dim) / float(params["factor"]), dim, interleaved=interleaved)
-        if rope_type == "dynamic":
-            return Rope(_default_inv_freq(base, dim), dim, interleaved=interleaved,
-                        dynamic=(base, float(params["factor"]), int(max_position_embeddings)))
-        if rope_type == "yarn":
-            inv, attn = _yarn(params, base, dim, max_position_embeddings)
-            return Rope(inv, dim, attention_factor=attn, interleaved=interleaved)
-        if rope_type == "llama3":
-            return Rope(_llama3(params, base, dim), dim, interleaved=interleaved)
-        if rope_type == "longrope":
-            orig = params["original_max_position_embeddings"]
-            factor = params.get("factor") or max_position_embeddings / orig
-            attn = params.get("attention_factor")
-            if attn is None:
-                attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-            pos = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-            short = 1.0 / (np.asarray(params["short_factor"], dtype=np.float64) * pos)
-            long = 1.0 / (np.asarray(params["long_factor"], dtype=np.float64) * pos)
-            return Rope(short, dim, attention_factor=float(attn), interleaved=interleaved,
-                        long_inv_freq=long, long_from=int(orig))
-    except KeyError as e:
-        raise SterError(f"rope_scaling of type {rope_type!r} is missing its key {e.args[0]!r}") from None
-    raise SterError(f"rope type {rope_type!r} is not supported; supported types: {', '.join(ROPE_TYPES)}")
+    if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
+        raise SterError(f"rope type {brief_value(rope_type)} is not supported; supported types: {', '.join(ROPE_TYPES)}")
+    number = _Numbers(params, rope_type, where)
+    base = number("rope_theta", 10000.0)
+    if "partial_rotary_factor" in params:
+        partial_rotary_factor, partial_keys = params["partial_rotary_factor"], "partial_rotary_factor"
+    dim = rotary_width(head_dim, partial_rotary_factor, where, partial_keys)
+    if rope_type == "default":
+        return Rope(_default_inv_freq(base, dim), dim, interleaved=interleaved)
+    if rope_type == "linear":
+        return Rope(_default_inv_freq(base, dim) / number("factor"), dim, interleaved=interleaved)
+    if rope_type == "dynamic":
+        return Rope(_default_inv_freq(base, dim), dim, interleaved=interleaved,
+                    dynamic=(base, number("factor"), int(max_position_embeddings)))
+    if rope_type == "yarn":
+        inv, attn = _yarn(params, base, dim, max_position_embeddings, number)
+        return Rope(inv, dim, attention_factor=attn, interleaved=interleaved)
+    if rope_type == "llama3":
+        return Rope(_llama3(params, base, dim, number), dim, interleaved=interleaved)
+    # longrope
+    orig = number("original_max_position_embeddings")
+    factor = number("factor", max_position_embeddings / orig)
+    attn = number("attention_factor") if params.get("attention_factor") is not None else None
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    pos = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    tables = []
+    for key in ("short_factor", "long_factor"):
+        values = params.get(key)
+        if not isinstance(values, (list, tuple)) or len(values) != dim // 2:
+            shown = f"{len(values)} values" if isinstance(values, (list, tuple)) else brief_value(values)
+            raise SterError(f"{where}: longrope {key} must list one factor per rotary pair ({dim // 2}), "
+                            f"got {shown}")
+        try:
+            factors = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            factors = np.array([np.nan])
+        if not np.all(np.isfinite(factors)) or np.any(factors <= 0):
+            raise SterError(f"{where}: longrope {key} must hold finite numbers above 0")
+        tables.append(1.0 / (factors * pos))
+    return Rope(tables[0], dim, attention_factor=float(attn), interleaved=interleaved,
+                long_inv_freq=tables[1], long_from=int(orig))

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import LayerSpec, ModelSpec, family_fields, sliding_layers
-from ..decoder.rope import make_rope
+from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
 
@@ -47,17 +47,22 @@ def family_for_architecture(arch: object, path: str) -> FamilySpec:
     return FAMILIES_BY_GGUF_ARCH[arch]
 
 
-def _get(meta: Mapping, key: str, kind, path: str, default=None):
+def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
     value = meta.get(key, default)
     if value is None:
         raise SterError(f"{path}: GGUF metadata lacks {key}, which the model needs")
+    if isinstance(value, (list, tuple, np.ndarray)):  # llama.cpp's per-layer form of some hyper-parameters
+        raise SterError(f"{path}: GGUF metadata {key} is an array of {len(value)} values (one per layer); ster "
+                        "reads one value for all layers, so this model is not supported")
     if kind is int:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
-            raise SterError(f"{path}: GGUF metadata {key} must be a positive integer, got {value!r}")
+            raise SterError(f"{path}: GGUF metadata {key} must be a positive integer, got {brief_value(value)}")
         return int(value)
     if kind is float:
-        if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
-            raise SterError(f"{path}: GGUF metadata {key} must be a finite number, got {value!r}")
+        if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating))
+                or not math.isfinite(value) or (positive and value <= 0)):
+            raise SterError(f"{path}: GGUF metadata {key} must be a finite number{' above 0' if positive else ''}, "
+                            f"got {brief_value(value)}")
         return float(value)
     return value
 
@@ -122,8 +127,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         if refusal.when(config):
             raise SterError(f"{path}: {refusal.why} in a GGUF file of architecture {arch!r}")
 
-    def g(key, kind, default=None):
-        return _get(meta, f"{arch}.{key}", kind, path, default)
+    def g(key, kind, default=None, positive=False):
+        return _get(meta, f"{arch}.{key}", kind, path, default, positive)
 
     hidden = g("embedding_length", int)
     n_layers = g("block_count", int)
@@ -132,7 +137,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     head_dim = g("attention.key_length", int, hidden // heads)
     if heads % kv_heads:
         raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
+    # The rotated width sizes the frequency tables: bounded by the head before any is built.
     rotary_dim = g("rope.dimension_count", int, head_dim)
+    if rotary_dim > head_dim or rotary_dim % 2:
+        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rotary_dim}) must be even and at most "
+                        f"the head width {head_dim} ({arch}.attention.key_length, else embedding_length / "
+                        "head_count)")
     max_pos = g("context_length", int, 2048)
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
@@ -140,14 +150,16 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in GGUF_ROPE_SCALING:
         raise SterError(f"{path}: rope scaling {scaling!r} is not supported; supported: {', '.join(GGUF_ROPE_SCALING)}")
-    params = {"rope_type": GGUF_ROPE_SCALING[scaling], "rope_theta": g("rope.freq_base", float, 10000.0)}
+    params = {"rope_type": GGUF_ROPE_SCALING[scaling],
+              "rope_theta": g("rope.freq_base", float, 10000.0, positive=True)}
     if scaling != "none":
-        params["factor"] = g("rope.scaling.factor", float)
+        params["factor"] = g("rope.scaling.factor", float, positive=True)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
 
     def make(p):
         return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved)
+                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved,
+                         where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
     if rope_freqs is not None:
@@ -159,7 +171,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     sliding = _sliding_flags(meta, arch, family, n_layers, path)
     sliding_rope = full
     if meta.get(f"{arch}.rope.freq_base_swa") is not None:
-        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float)})
+        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)})
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
     layers = []
