@@ -12,7 +12,7 @@ from libc.stdlib cimport free, malloc
 
 import numpy as np
 
-from ster_py._kernels.qmatmul import _pool_capsule
+from ster_py._kernels.qmatmul import MAX_THREADS, _default_threads, _pool_capsule
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
@@ -39,13 +39,6 @@ cdef extern from "ster_ops.h" nogil:
                          int has_sink, float sink, float* out)
 
 
-def _default_threads() -> int:
-    env = os.environ.get("STER_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, os.cpu_count() or 1)
-
-
 cdef int _threads = _default_threads()
 cdef int _simd_ok = ster_ops_cpu_avx2()
 cdef int _simd = _simd_ok
@@ -53,11 +46,11 @@ cdef int _simd = _simd_ok
 cdef long _PARALLEL_MIN_WORK = 131072
 
 
-def set_threads(int n):
-    """Threads for attention from now on (n >= 1)."""
+def set_threads(n):
+    """Threads for attention from now on (1 <= n <= MAX_THREADS)."""
     global _threads
-    if n < 1:
-        raise ValueError(f"threads must be at least 1, got {n}")
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be from 1 to {MAX_THREADS}, got {n}")
     _threads = n
 
 

@@ -52,11 +52,16 @@ cdef extern from "ster_qkernels.h" nogil:
                            int K, const float* X, int T, float* Y, int ldy, float* pack, int simd)
 
 
+MAX_THREADS = 1024  # more than any machine this runs on; the pool itself stops at 64 helpers
+
+
 def _default_threads() -> int:
+    """$STER_THREADS when it is a whole number from 1 to MAX_THREADS, else every core
+    (``ster_py.decoder.qlinear.threads_from_env`` reports a bad value to the user)."""
     env = os.environ.get("STER_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
+    if env.isascii() and env.isdigit() and 0 < int(env) <= MAX_THREADS:
         return int(env)
-    return max(1, os.cpu_count() or 1)
+    return max(1, min(os.cpu_count() or 1, MAX_THREADS))
 
 
 ster_init_tables()
@@ -153,11 +158,11 @@ def pool_stats() -> dict:
     return {"jobs": v[0], "alone": v[1], "caller_work_s": v[2] / 1e9, "caller_wait_s": v[3] / 1e9}
 
 
-def set_threads(int n):
-    """Threads for every product from now on (``--threads``); n >= 1."""
+def set_threads(n):
+    """Threads for every product from now on (``--threads``); 1 <= n <= MAX_THREADS."""
     global _threads
-    if n < 1:
-        raise ValueError(f"threads must be at least 1, got {n}")
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be from 1 to {MAX_THREADS}, got {n}")
     _threads = n
 
 

@@ -98,11 +98,12 @@ THREADS_HELP = "Threads for the matrix products and attention (default: $STER_TH
 
 
 def _use_threads(threads: Optional[int]) -> None:
-    """Apply --threads (None: keep the default) before any kernel runs."""
-    if threads is not None:
-        from .decoder.qlinear import set_threads
+    """Apply --threads (None: $STER_THREADS, checked, else every core) before any kernel runs."""
+    from .decoder.qlinear import set_threads, threads_from_env
 
-        set_threads(threads)
+    env = threads_from_env()
+    if threads is not None or env is not None:
+        set_threads(threads if threads is not None else env)
 
 
 def show_warnings(loaded) -> None:

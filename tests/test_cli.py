@@ -66,6 +66,8 @@ def test_sampling_is_reproducible_with_a_seed(tiny_llama):
     (["--temperature", "-1"], ["--temperature"]),
     (["--system", "be brief"], ["--system", "chat template"]),
     (["--threads", "0"], ["--threads"]),
+    (["--threads", "2147483648"], ["--threads", "1 to 1024"]),
+    (["--threads", "99999999999999999999999"], ["--threads"]),
 ])
 def test_bad_flags_are_refused_cleanly(tiny_llama, args, words):
     path, _ = tiny_llama
@@ -168,3 +170,14 @@ def test_inspect_counts_quantized_matrices_as_stored(smollm2_gguf):
     assert info["resident_bytes"] < info["parameters"]  # under one byte per weight
     both = ster("inspect", str(smollm2_gguf), "-m", "other-model")
     assert both.returncode == 1 and "two models given" in both.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", "99999999999999999999"])
+def test_bad_ster_threads_is_refused_by_the_cli(tiny_llama, value):
+    import os
+
+    path, _ = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5", "--max-new-tokens", "1",
+             env={**os.environ, "STER_THREADS": value})
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "STER_THREADS" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

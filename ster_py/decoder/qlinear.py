@@ -39,16 +39,36 @@ def _kernels():
 
 
 def set_threads(n: int) -> None:
-    """Use ``n`` threads (>= 1) for every quantized product from now on.
+    """Use ``n`` threads for every quantized product and attention call from now on.
 
-    Raises SterError for n < 1.
+    Raises SterError unless 1 <= n <= ``qmatmul.MAX_THREADS`` (1024).
     """
-    if int(n) < 1:
-        raise SterError(f"--threads must be at least 1, got {n}")
+    limit = _kernels().MAX_THREADS
+    if not 1 <= int(n) <= limit:
+        shown = str(n) if len(str(n)) <= 20 else str(n)[:20] + "..."
+        raise SterError(f"--threads must be a whole number from 1 to {limit}, got {shown}")
     _kernels().set_threads(int(n))
     from .._kernels import ops  # attention shares the setting (and the thread pool)
 
     ops.set_threads(int(n))
+
+
+def threads_from_env() -> int | None:
+    """$STER_THREADS as a thread count, None when unset or empty.
+
+    Raises SterError when it is set to anything but a whole number from 1 to 1024 (the
+    kernels then fall back to every core; the CLI refuses instead of guessing).
+    """
+    import os
+
+    env = os.environ.get("STER_THREADS", "").strip()
+    if not env:
+        return None
+    limit = _kernels().MAX_THREADS
+    if not (env.isascii() and env.isdigit() and 1 <= int(env) <= limit):
+        shown = env if len(env) <= 20 else env[:20] + "..."
+        raise SterError(f"STER_THREADS must be a whole number from 1 to {limit}, got {shown!r}; fix or unset it")
+    return int(env)
 
 
 def get_threads() -> int:
