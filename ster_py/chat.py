@@ -66,7 +66,7 @@ from jinja2.visitor import NodeTransformer
 
 from .errors import SterError
 
-__all__ = ["render_chat", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
+__all__ = ["render_chat", "check_surrogates", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
            "load_model_template", "NOW_ENV", "TIME_LIMIT_ENV", "DEFAULT_TIME_LIMIT", "DEFAULT_MAX_CHARS",
            "MAX_ITEMS"]
 
@@ -114,6 +114,8 @@ class _Budget:
     # id(container) -> (container, text weight), for this render. The sandbox forbids
     # changing lists and dicts, so a weight stays true; holding the object keeps its id.
     weights: dict | None = None
+    # Why max_chars is what it is, when a caller derived it (e.g. from a model's context).
+    why: str | None = None
 
 
 _DEFAULT_BUDGET = _Budget(None, DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS)
@@ -131,7 +133,12 @@ def _tick() -> _Budget:
 
 
 def _too_long(what: str, size: int, limit: int, unit: str = "characters") -> _OverBudget:
-    return _OverBudget(f"the template tried to build {what} of {size} {unit}, over its budget of {limit} {unit}")
+    budget = _BUDGET.get()
+    why = budget.why if unit == "characters" and limit == budget.max_chars else None
+    exc = _OverBudget(f"the template tried to build {what} of {size} {unit}, over its budget of {limit} {unit}"
+                      + (f" ({why})" if why else ""))
+    exc.why = why
+    return exc
 
 
 def _check_text(size: int, what: str = "a text") -> None:
@@ -452,6 +459,13 @@ def _raise_exception(message):
     raise _RaisedByTemplate(str(message))
 
 
+def _no_lipsum(*args, **kwargs):
+    # Jinja's lipsum() builds random text in one native call, out of reach of the time
+    # and size budgets; no real chat template uses it (none of llama.cpp's 70 does).
+    raise jinja2.exceptions.SecurityError("lipsum() is not available in chat templates (it makes random text of "
+                                          "any size, outside the render budgets)")
+
+
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}body{% endgeneration %}`` renders ``body`` unchanged.
 
@@ -563,6 +577,7 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
         self.filters["sum"] = _sum
         self.filters["tojson"] = _tojson
         self.globals["raise_exception"] = _raise_exception
+        self.globals["lipsum"] = _no_lipsum
         self.globals["namespace"] = _Namespace
         self.globals["strftime_now"] = _strftime_now
         self.globals["dict"] = _DictFactory()
@@ -655,6 +670,9 @@ def _error(source: str, exc: BaseException, what: str) -> SterError:
     if isinstance(exc, jinja2.TemplateSyntaxError):
         return SterError(f"{where}: syntax error: {detail}. The template is not valid Jinja; "
                          "fix it or use another one.")
+    if isinstance(exc, _OverBudget) and getattr(exc, "why", None):
+        return SterError(f"{where}: over budget: {detail}. The prompt could not fit; shorten the conversation "
+                         "or use another template.")
     if isinstance(exc, _OverBudget):
         return SterError(f"{where}: over budget: {detail}. Use another template, or raise the budget "
                          f"(${TIME_LIMIT_ENV}, or render_chat's time_limit / max_chars) if the conversation "
@@ -753,6 +771,7 @@ def render_chat(
     source: str = "(inline)",
     time_limit: float | None = None,
     max_chars: int = DEFAULT_MAX_CHARS,
+    max_chars_reason: str | None = None,
     **extra: Any,
 ) -> str:
     """Render ``messages`` with a Hugging Face-style Jinja chat template.
@@ -776,6 +795,8 @@ def render_chat(
             environment variable STER_CHAT_TIME_LIMIT, else 10.
         max_chars: longest text, in characters, the template may build or output
             (default 32 Mi).
+        max_chars_reason: where a caller's ``max_chars`` comes from (e.g. "the model's
+            context ..."), shown when a render goes over it.
         **extra: more template variables (``enable_thinking``, ``pad_token``...).
 
     Returns:
@@ -784,9 +805,11 @@ def render_chat(
 
     Raises:
         SterError: a syntax error, an undefined value used in an operation,
-            a sandbox violation, the template's own ``raise_exception``, or a
-            render over its time or size budget; the message names ``source``
-            and the template line.
+            a sandbox violation (``lipsum()`` among them), the template's own
+            ``raise_exception``, a render over its time or size budget, or an
+            output holding a lone surrogate (U+D800..U+DFFF, e.g. from an unpaired
+            JSON ``\\ud800`` escape: no UTF-8 text can hold it, so no tokenizer
+            can read it); the message names ``source`` and the template line.
 
     Source of the conventions: transformers ``render_jinja_template`` /
     ``_compile_jinja_template`` (utils/chat_template_utils.py).
@@ -807,9 +830,9 @@ def render_chat(
         add_generation_prompt=add_generation_prompt,
     )
     clock_token = _CLOCK.set(clock)
-    budget_token = _BUDGET.set(_Budget(time.monotonic() + time_limit, time_limit, max_chars, {}))
+    budget_token = _BUDGET.set(_Budget(time.monotonic() + time_limit, time_limit, max_chars, {}, max_chars_reason))
     try:
-        return compiled.render(**context)
+        text = compiled.render(**context)
     except _RaisedByTemplate as exc:
         raise _error(source, exc, "raised") from None
     except _OverBudget as exc:
@@ -828,6 +851,30 @@ def render_chat(
     finally:
         _BUDGET.reset(budget_token)
         _CLOCK.reset(clock_token)
+    check_surrogates(text, f"chat template {source} rendered a text that")
+    return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_surrogates(text: str, what: str) -> None:
+    """Refuse ``text`` holding a lone surrogate code point (U+D800..U+DFFF).
+
+    Python strings can hold one (JSON's unpaired ``\\ud800`` escape, non-UTF-8 bytes in
+    command-line arguments), but UTF-8 cannot encode it, so a tokenizer or a UTF-8
+    output would fail on it later. ``what`` starts the message ("the prompt").
+
+    Raises:
+        SterError: naming the code point and its character offset.
+    """
+    if text.isascii():
+        return
+    found = _SURROGATE.search(text)
+    if found:
+        raise SterError(f"{what} holds the lone surrogate U+{ord(found.group()):04X} at character {found.start()}, "
+                        "which UTF-8 cannot encode; a JSON \\u escape of a surrogate must come in a high-low "
+                        "pair (or give the character itself)")
 
 
 def build_messages(prompt: str, system: str | None = None) -> list[dict]:

@@ -39,6 +39,8 @@ def _read_json(path: str, what: str):
     except json.JSONDecodeError as exc:
         raise SterError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
                         f"the {what} file must hold one JSON document") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise SterError(f"{path}: the {what} JSON is nested too deeply to read (thousands of levels)") from None
 
 
 def _variables(pairs: List[str]) -> dict:
@@ -56,14 +58,28 @@ def _variables(pairs: List[str]) -> dict:
             out[name] = json.loads(value)
         except json.JSONDecodeError:
             out[name] = value
+        except RecursionError:  # the parser recurses once per level of nesting
+            raise SterError(f"--var {name}: the JSON value is nested too deeply to read (thousands of "
+                            "levels)") from None
     return out
 
 
 def _emit(text: str) -> None:
-    """Write ``text`` to stdout as UTF-8 bytes, exactly (no newline added, no locale re-encoding)."""
+    """Write ``text`` to stdout as UTF-8 bytes, exactly (no newline added, no locale re-encoding).
+
+    Raises:
+        SterError: ``text`` holds a lone surrogate (say from --bos-token bytes that are not
+            UTF-8), which has no UTF-8 form; nothing is written then.
+    """
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SterError(f"the output holds the lone surrogate U+{ord(text[exc.start]):04X} at character "
+                        f"{exc.start}, which UTF-8 cannot encode; check the option values and JSON \\u escapes "
+                        "(a surrogate must come in a high-low pair)") from None
     try:
         sys.stdout.flush()
-        sys.stdout.buffer.write(text.encode("utf-8"))
+        sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
