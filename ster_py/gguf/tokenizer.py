@@ -52,6 +52,7 @@ __all__ = [
     "PRE_TOKENIZER_SPLITS",
     "SUPPORTED_MODELS",
     "END_OF_GENERATION_TEXTS",
+    "check_precompiled_charsmap",
 ]
 
 # llama_token_type in llama.cpp (gguf-py's TokenType).
@@ -271,7 +272,7 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
         raise _unsupported_pre(pre)
 
     ids = _special_ids(meta, model, n)
-    add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama"))
+    add_space_prefix = _flag(meta, "tokenizer.ggml.add_space_prefix", model == "llama")
     if model not in ("llama", "t5"):
         add_space_prefix = False
     add_bos, add_eos, add_sep = _bos_eos_flags(meta, model, pre)
@@ -365,14 +366,32 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
     if tokens is None or isinstance(tokens, (str, bytes)) or len(tokens) == 0:
         raise SterError("the GGUF has no tokenizer.ggml.tokens (the vocabulary); it cannot be tokenized")
+    if len(tokens) > MAX_GGUF_TOKENS:
+        raise SterError(f"tokenizer.ggml.tokens holds {len(tokens)} tokens; real vocabularies hold at most a few "
+                        f"hundred thousand (Gemma 3: 262144) and ster refuses more than {MAX_GGUF_TOKENS}. The file "
+                        "is corrupt or crafted; re-convert the model")
     tokens = list(tokens)
     if set(map(type, tokens)) != {str}:
         i = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
         raise SterError(f"tokenizer.ggml.tokens[{i}] is {type(tokens[i]).__name__}, not a string; the file is corrupt")
+    chars = sum(map(len, tokens))
+    if chars > MAX_GGUF_VOCAB_CHARS:
+        raise SterError(f"tokenizer.ggml.tokens holds {chars} characters of token text; real vocabularies hold a "
+                        f"few million at most and ster refuses more than {MAX_GGUF_VOCAB_CHARS}. The file is corrupt "
+                        "or crafted; re-convert the model")
     if "" in tokens:
         # llama.cpp renames empty tokens so that every text maps to one id.
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     return tokens
+
+
+#: Bounds on a GGUF vocabulary, so a small crafted file cannot make the tokenizer build
+#: gigabytes of tables (each token and derived merge costs ~100-200 bytes in Python and
+#: again in tokenizers). Real ones stay far below: Gemma 3 has 262,144 tokens of ~2 M
+#: characters and 514,847 merges derived from its scores.
+MAX_GGUF_TOKENS = 1 << 20
+MAX_GGUF_VOCAB_CHARS = 16 << 20
+MAX_DERIVED_MERGES = 1 << 21
 
 
 def _vocab(tokens: Sequence[str]) -> dict[str, int]:
@@ -422,11 +441,31 @@ def _special_ids(meta: Mapping[str, Any], model: str, n: int) -> dict[str, int |
     ids: dict[str, int | None] = {}
     for name, key in keys.items():
         value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
+            # llama.cpp refuses a key of the wrong type too; 1.5 or "3" is no token id.
+            raise SterError(f"tokenizer.ggml.{key} must be an integer token id, not {type(value).__name__} "
+                            f"{_short(value)}; the GGUF file is corrupt, re-convert it")
         # An id outside the vocabulary is ignored, as llama.cpp does (it warns and keeps the default).
-        if value is None or isinstance(value, bool) or not 0 <= int(value) < n:
+        if value is None or not 0 <= int(value) < n:
             value = defaults.get(name)
         ids[name] = int(value) if value is not None and 0 <= int(value) < n else None
     return ids
+
+
+def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean key; anything but a GGUF bool (the string "false", a 0) is refused rather than guessed."""
+    value = meta.get(key)
+    if value is None:
+        return default
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise SterError(f"{key} must be a boolean, not {type(value).__name__} {_short(value)}; the GGUF file is "
+                    "corrupt or from an unknown converter, re-convert it")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _bos_eos_flags(meta: Mapping[str, Any], model: str, pre: str) -> tuple[bool, bool, bool]:
@@ -435,9 +474,9 @@ def _bos_eos_flags(meta: Mapping[str, Any], model: str, pre: str) -> tuple[bool,
     # only for the Llama 3 family of pre-tokenizers. The file's flags win, except that
     # llama.cpp forces BOS on for Gemma 4 (ggml-org/llama.cpp#21500).
     add_bos = model in ("llama", "bert") or (model == "gpt2" and pre in _ADDS_BOS_BY_DEFAULT)
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", model == "t5"))
-    add_sep = model == "bert" and bool(meta.get("tokenizer.ggml.add_sep_token", True))
+    add_bos = _flag(meta, "tokenizer.ggml.add_bos_token", add_bos)
+    add_eos = _flag(meta, "tokenizer.ggml.add_eos_token", model == "t5")
+    add_sep = model == "bert" and _flag(meta, "tokenizer.ggml.add_sep_token", True)
     if model == "gemma4":
         add_bos = True
     return add_bos, add_eos, add_sep
@@ -536,8 +575,8 @@ def _wordpiece(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray
         if first != i:
             raise SterError(f"WordPiece tokens {first} ({tokens[first]!r}) and {i} ({text!r}) are the same piece "
                             f"{piece!r}; the GGUF vocabulary is inconsistent, re-convert it")
-    lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
-    strip_accents = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    lowercase = _flag(meta, "tokenizer.ggml.normalizer.lowercase", True)
+    strip_accents = _flag(meta, "tokenizer.ggml.normalizer.strip_accents", lowercase)
     tk = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token=tokens[unk],
                                                max_input_chars_per_word=MAX_WORDPIECE_WORD_CHARS))
     tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
@@ -582,7 +621,8 @@ def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, 
     steps = []
     charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
     if charsmap is not None and len(charsmap):
-        data = bytes(np.asarray(charsmap).astype(np.uint8))
+        data = _charsmap_bytes(charsmap)
+        check_precompiled_charsmap(data, "tokenizer.ggml.precompiled_charsmap")
         try:
             charmap = normalizers.Precompiled(data)
             # tokenizers maps a grapheme cluster by its first mapped character, so CR LF (one
@@ -591,10 +631,12 @@ def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, 
             if crlf != "\r\n" and charmap.normalize_str(crlf) == crlf:
                 steps.append(normalizers.Replace("\r\n", crlf))
             steps.append(charmap)
-        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad map
+        except BaseException as e:  # noqa: BLE001 - a bare Exception, or a Rust panic (pyo3 PanicException)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             raise SterError(f"tokenizer.ggml.precompiled_charsmap is not a SentencePiece character map ({e}); "
                             "the GGUF file is corrupt or from an unknown converter") from None
-    remove_extra = bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))
+    remove_extra = _flag(meta, "tokenizer.ggml.remove_extra_whitespaces", False)
     if remove_extra:
         steps += [normalizers.Replace(Regex("^ +| +$"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
     if add_space_prefix or remove_extra:
@@ -608,6 +650,43 @@ def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, 
         steps.append(decoders.Strip(" ", 1, 0))
     tk.decoder = decoders.Sequence(steps)
     return tk
+
+
+def _charsmap_bytes(value: Any) -> bytes:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    arr = np.asarray(value)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or (len(arr) and (arr.min() < 0 or arr.max() > 255)):
+        raise SterError(f"tokenizer.ggml.precompiled_charsmap must be an array of bytes (uint8); got {arr.dtype} of "
+                        f"shape {arr.shape}. The GGUF file is corrupt or from an unknown converter")
+    return arr.astype(np.uint8).tobytes()
+
+
+def check_precompiled_charsmap(data: bytes, where: str) -> None:
+    """Refuse a SentencePiece precompiled character map whose inner sizes do not fit its length.
+
+    Layout (SentencePiece ``normalizer.cc``, ``Normalizer::DecodePrecompiledCharsMap``): a
+    little-endian uint32 trie size in bytes, the Darts double-array trie (4-byte units),
+    then the NUL-separated normalized strings. tokenizers allocates from the size before
+    comparing it with the data, so a crafted size aborts the process; it is checked here.
+    Offsets inside the trie are not walked: a bad one makes tokenizers panic, which the
+    callers turn into a SterError.
+
+    Args:
+        data: the map's bytes. where: the key or file named in the error.
+
+    Raises:
+        SterError: shorter than 4 bytes, a trie size that is zero, not a multiple of 4 or
+            larger than the bytes that follow it.
+    """
+    if len(data) < 8:
+        raise SterError(f"{where} is not a SentencePiece character map: {len(data)} bytes is too short for its "
+                        "4-byte trie size and a trie; the file is corrupt or from an unknown converter")
+    trie_size = int.from_bytes(data[:4], "little")
+    if trie_size == 0 or trie_size % 4 or trie_size > len(data) - 4:
+        raise SterError(f"{where} is not a SentencePiece character map: its trie size {trie_size} does not fit "
+                        f"its {len(data)} bytes (it must be a non-zero multiple of 4 of at most {len(data) - 4}); "
+                        "the file is corrupt or from an unknown converter")
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
@@ -655,17 +734,27 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
                     right = vocab.get(t[cut:])
                     if right is not None:
                         rows.append((i, cut, left, right))
+                        if len(rows) > MAX_DERIVED_MERGES:
+                            raise _too_many_merges(len(rows))
     if rows:
         found.append(np.array(rows, dtype=np.int64))
     if not found:
         return []
     table = np.concatenate(found)
+    if len(table) > MAX_DERIVED_MERGES:
+        raise _too_many_merges(len(table))
     if not len(table):
         return []
     token, cut, left, right = table.T
     rank = np.lexsort((cut, token, -scores[token]))
     text = tokens.__getitem__
     return list(zip(map(text, left[rank].tolist()), map(text, right[rank].tolist())))
+
+
+def _too_many_merges(count: int) -> SterError:
+    return SterError(f"the SentencePiece scores of this GGUF make {count}+ merge pairs; real vocabularies make "
+                     f"well under a million (Gemma 3: 514,847) and ster refuses more than {MAX_DERIVED_MERGES}. "
+                     "The file is corrupt or crafted; re-convert the model")
 
 
 # Tokens up to this many characters are split with vectorised hashes; longer ones one by one.
@@ -719,6 +808,7 @@ def _hashed_splits(tokens: Sequence[str], lengths: np.ndarray, present: set[int]
         for _ in range(_HASHED_LENGTH):
             power.append(power[-1] * _HASH_BASE)
         out = [np.zeros((0, 4), dtype=np.int64)]
+        total = 0
         for m in sizes:
             ids, cp, prefix = groups[m], codes[m], prefixes[m]
             for cut in range(1, m):
@@ -734,6 +824,9 @@ def _hashed_splits(tokens: Sequence[str], lengths: np.ndarray, present: set[int]
                 ok = ((codes[cut][row[left]] == cp[sel, :cut]).all(1)
                       & (codes[m - cut][row[right]] == cp[sel, cut:]).all(1))
                 sel, left, right = sel[ok], left[ok], right[ok]
+                total += len(sel)
+                if total > MAX_DERIVED_MERGES:
+                    raise _too_many_merges(total)
                 out.append(np.stack([ids[sel], np.full(len(sel), cut), left, right], axis=1))
     return np.concatenate(out)
 
