@@ -15,6 +15,7 @@ Two ways in:
 """
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -99,12 +100,15 @@ class Tokenizer:
         self.eos_token = eos_token
         self.add_bos = add_bos
         self.add_eos = add_eos
-        self.chat_templates: dict[str, str] = dict(chat_templates or {})
+        self._chat_templates: dict[str, str] = dict(chat_templates or {})
         if chat_template is None:
-            chat_template = self.chat_templates.get("default")
-        elif "default" not in self.chat_templates:
-            self.chat_templates["default"] = chat_template
-        self.chat_template: str | None = chat_template
+            chat_template = self._chat_templates.get("default")
+        elif "default" not in self._chat_templates:
+            self._chat_templates["default"] = chat_template
+        self._chat_template: str | None = chat_template
+        # A template file that cannot be read fails only when a template is wanted, so
+        # tokenizing (which needs none) still works.
+        self._template_error: str | None = None
         self.special_tokens: dict[str, str] = {
             k: v for k, v in (special_tokens or {}).items() if v is not None and k not in ("bos_token", "eos_token")
         }
@@ -116,11 +120,29 @@ class Tokenizer:
             raise SterError(f"{source}: EOS token {eos_token!r} is to be added but is not in the vocabulary")
         self.eos_token_ids: set[int] = self._end_of_generation_ids(eos_token_ids)
         # Does tk's own post-processor put BOS in front? Decides the no-double-BOS rule below.
-        probe = tk.encode("", add_special_tokens=True).ids
+        probe = _guarded(lambda: tk.encode("", add_special_tokens=True).ids, f"{source}: the tokenizer failed")
         self._post_processor_adds_bos = (
             self.bos_token_id is not None and len(probe) > 0 and probe[0] == self.bos_token_id
         )
         self._byte_token_ids: frozenset[int] | None = None
+
+    @property
+    def chat_templates(self) -> dict[str, str]:
+        """Named chat templates (``"default"`` among them when the model has one).
+
+        Raises:
+            SterError: a template file of the model could not be read (not UTF-8).
+        """
+        if self._template_error is not None:
+            raise SterError(self._template_error)
+        return self._chat_templates
+
+    @property
+    def chat_template(self) -> str | None:
+        """The default chat template, or None. Raises SterError as ``chat_templates`` does."""
+        if self._template_error is not None:
+            raise SterError(self._template_error)
+        return self._chat_template
 
     # ----------------------------------------------------------------- loading
 
@@ -163,35 +185,37 @@ class Tokenizer:
                 f"failed to load tokenizer {tokenizer_file}: file not found. "
                 "The model directory needs a tokenizer.json (the Hugging Face fast-tokenizer file)."
             )
-        try:
-            tk = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:  # the Rust side raises a bare Exception
-            raise SterError(
-                f"failed to load tokenizer {tokenizer_file}: {exc}. "
-                "The file is not a tokenizer.json the tokenizers library can read; re-download or re-export it."
-            ) from None
+        _check_precompiled_maps(tokenizer_file)
+        failed = (f"failed to load tokenizer {tokenizer_file}", "The file is not a tokenizer.json the tokenizers "
+                  "library can read; re-download or re-export it.")
+        tk = _guarded(lambda: tokenizers.Tokenizer.from_file(str(tokenizer_file)), *failed)
 
-        config = _read_json(directory / "tokenizer_config.json") or {}
+        config_file = directory / "tokenizer_config.json"
+        config = _read_json_object(config_file)
         named: dict[str, Any] = {k: config[k] for k in _NAMED_SPECIAL_TOKENS if config.get(k) is not None}
         if "added_tokens_decoder" not in config:
-            legacy = _read_json(directory / "special_tokens_map.json") or {}
-            named.update({k: legacy[k] for k in _NAMED_SPECIAL_TOKENS if legacy.get(k) is not None})
+            legacy_file = directory / "special_tokens_map.json"
+            legacy = _read_json_object(legacy_file)
+            for k in _NAMED_SPECIAL_TOKENS:
+                if legacy.get(k) is not None:
+                    named[k] = legacy[k]
+                    _token_text(legacy[k], legacy_file, k)
             for key in ("additional_special_tokens", "extra_special_tokens"):
                 if isinstance(legacy.get(key), list):
                     config.setdefault(key, legacy[key])
+        texts = {k: _token_text(v, config_file, k) for k, v in named.items()}
 
-        _add_missing_tokens(tk, config, named)
-        texts = {k: _token_text(v) for k, v in named.items()}
+        _guarded(lambda: _add_missing_tokens(tk, config, named, config_file), *failed)
 
-        templates = _read_chat_templates(directory, config)
+        templates, template_error = _read_chat_templates(directory, config)
         eos_ids: list[int] = []
         for name in ("generation_config.json", "config.json"):
-            data = _read_json(directory / name) or {}
+            data = _read_json_object(directory / name)
             eos_ids += _as_id_list(data.get("eos_token_id"))
             if isinstance(data.get("text_config"), dict):
                 eos_ids += _as_id_list(data["text_config"].get("eos_token_id"))
 
-        return cls(
+        tokenizer = cls(
             tk,
             bos_token=texts.get("bos_token"),
             eos_token=texts.get("eos_token"),
@@ -200,6 +224,8 @@ class Tokenizer:
             special_tokens=texts,
             source=str(directory),
         )
+        tokenizer._template_error = template_error
+        return tokenizer
 
     # ------------------------------------------------------------ vocabulary
 
@@ -429,22 +455,102 @@ class StreamDecoder:
 # ------------------------------------------------------------------ helpers
 
 
+def _guarded(call, what: str, advice: str = "") -> Any:
+    """``call()``, with any failure of the Rust library a SterError: a bare Exception, or a
+    Rust panic, which pyo3 raises as PanicException (a BaseException) so ``except Exception``
+    misses it. Ctrl-C and exit pass through."""
+    try:
+        return call()
+    except SterError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - see the docstring
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise SterError(f"{what}: {exc}" + (f". {advice}" if advice else "")) from None
+
+
+def _check_precompiled_maps(tokenizer_file: Path) -> None:
+    """Check every ``Precompiled`` normalizer's character map in tokenizer.json before
+    tokenizers reads it (a crafted size inside the map aborts the process there).
+
+    Only files that mention ``Precompiled`` are parsed here (SentencePiece Unigram
+    exports, a few MB); the others go straight to tokenizers.
+    """
+    from .gguf.tokenizer import check_precompiled_charsmap
+
+    try:
+        raw = tokenizer_file.read_bytes()
+    except OSError:
+        return  # tokenizers reports it
+    if b'"Precompiled"' not in raw:
+        return
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        return  # tokenizers reports malformed JSON
+    found: list[Any] = []
+
+    def walk(node: Any, depth: int) -> None:
+        if depth > 64:
+            return
+        if isinstance(node, dict):
+            if node.get("type") == "Precompiled":
+                found.append(node.get("precompiled_charsmap"))
+            for child in node.values():
+                walk(child, depth + 1)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child, depth + 1)
+
+    if isinstance(document, dict):
+        walk(document.get("normalizer"), 0)
+    for value in found:
+        if not isinstance(value, str):
+            continue  # tokenizers reports a missing or mistyped map
+        try:
+            data = base64.b64decode(value, validate=True)
+        except ValueError:
+            raise SterError(f"failed to load tokenizer {tokenizer_file}: a Precompiled normalizer's "
+                            "precompiled_charsmap is not base64; re-download or re-export it") from None
+        check_precompiled_charsmap(data, f"{tokenizer_file}: the Precompiled normalizer's precompiled_charsmap")
+
+
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         return None
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise SterError(
-            f"failed to load tokenizer {path}: {exc}. The file is not valid JSON; re-download or fix it."
+            f"failed to load tokenizer {path}: {detail}. The file is not valid JSON; re-download or fix it."
         ) from None
 
 
-def _token_text(value: Any) -> str | None:
-    """A special token as text: tokenizer_config.json writes a string or an AddedToken dict."""
+def _read_json_object(path: Path) -> dict:
+    """A JSON file that must hold an object; {} when the file is absent."""
+    data = _read_json(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SterError(f"failed to load tokenizer {path}: it holds a JSON {type(data).__name__}, not an object "
+                        "({...}); re-download or fix it")
+    return data
+
+
+def _token_text(value: Any, file: Path | None = None, key: str = "") -> str | None:
+    """A special token as text: tokenizer_config.json writes a string or an AddedToken dict.
+
+    Raises:
+        SterError (when ``file`` is given): a dict whose ``content`` is not a string.
+    """
     if isinstance(value, dict):
-        return value.get("content")
+        content = value.get("content")
+        if not isinstance(content, str) and file is not None:
+            raise SterError(f"failed to load tokenizer {file}: {key}.content is {type(content).__name__}, not the "
+                            "token's text (a string); fix the file")
+        return content if isinstance(content, str) else None
     return value if isinstance(value, str) else None
 
 
@@ -464,7 +570,7 @@ def _added_token(value: Any, special: bool) -> AddedToken | None:
     return None
 
 
-def _add_missing_tokens(tk: tokenizers.Tokenizer, config: dict, named: dict[str, Any]) -> None:
+def _add_missing_tokens(tk: tokenizers.Tokenizer, config: dict, named: dict[str, Any], file: Path) -> None:
     """Register tokens tokenizer_config.json knows but tokenizer.json lacks.
 
     As transformers' TokenizersBackend.__init__ does: ``added_tokens_decoder``
@@ -475,6 +581,13 @@ def _add_missing_tokens(tk: tokenizers.Tokenizer, config: dict, named: dict[str,
     present = {t.content for t in tk.get_added_tokens_decoder().values()}
     to_add: list[AddedToken] = []
     decoder = config.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise SterError(f"failed to load tokenizer {file}: added_tokens_decoder is a {type(decoder).__name__}, not "
+                        'an object of "id": token entries; fix the file')
+    for key in decoder:
+        if not (key.isascii() and key.isdigit()):
+            raise SterError(f"failed to load tokenizer {file}: added_tokens_decoder has the key {key[:40]!r}, not "
+                            "a token id (decimal digits); fix the file")
     for _, value in sorted(decoder.items(), key=lambda kv: int(kv[0])):
         token = _added_token(value, special=bool(isinstance(value, dict) and value.get("special")))
         if token is not None and token.content not in present:
@@ -494,24 +607,50 @@ def _add_missing_tokens(tk: tokenizers.Tokenizer, config: dict, named: dict[str,
             tk.add_tokens([token])
 
 
-def _read_chat_templates(directory: Path, config: dict) -> dict[str, str]:
-    """Chat templates by name, in transformers' precedence (files over tokenizer_config.json)."""
+#: A chat template file larger than this is refused (real ones are a few to ~100 KB).
+MAX_TEMPLATE_FILE_BYTES = 8 << 20
+
+
+def _read_template_file(file: Path) -> str:
+    try:
+        size = file.stat().st_size
+        if size > MAX_TEMPLATE_FILE_BYTES:
+            raise SterError(f"chat template {file} is {size} bytes; ster reads templates of at most "
+                            f"{MAX_TEMPLATE_FILE_BYTES} bytes. Fix or remove the file")
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SterError(f"chat template {file} is not UTF-8 text (invalid byte at offset {exc.start}); convert it "
+                        "to UTF-8 or remove it") from None
+    except OSError as exc:
+        raise SterError(f"cannot read the chat template {file}: {exc.strerror or exc}") from None
+
+
+def _read_chat_templates(directory: Path, config: dict) -> tuple[dict[str, str], str | None]:
+    """Chat templates by name, in transformers' precedence (files over tokenizer_config.json),
+    and the message of the first template file that could not be read (None when all could)."""
     files: dict[str, str] = {}
+    paths = []
     default_file = directory / "chat_template.jinja"
     if default_file.is_file():
-        files["default"] = default_file.read_text(encoding="utf-8")
+        paths.append(("default", default_file))
     extra_dir = directory / "additional_chat_templates"
     if extra_dir.is_dir():
-        for file in sorted(extra_dir.glob("*.jinja")):
-            files[file.name.removesuffix(".jinja")] = file.read_text(encoding="utf-8")
+        paths += [(file.name.removesuffix(".jinja"), file) for file in sorted(extra_dir.glob("*.jinja"))
+                  if file.is_file()]
+    for name, file in paths:
+        try:
+            files[name] = _read_template_file(file)
+        except SterError as exc:
+            return {}, str(exc)
     if files:
-        return files
+        return files, None
     value = config.get("chat_template")
     if isinstance(value, str):
-        return {"default": value}
+        return {"default": value}, None
     if isinstance(value, list):
-        return {t["name"]: t["template"] for t in value if isinstance(t, dict) and "name" in t and "template" in t}
-    return {}
+        return {t["name"]: t["template"] for t in value if isinstance(t, dict) and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str)}, None
+    return {}, None
 
 
 def _as_id_list(value: Any) -> list[int]:
