@@ -48,8 +48,9 @@ def _check_token_ids(config, source: str, prefix: str = "") -> None:
         value = config.get(key)
         # pad_token_id -1 ("none") appears in released configs; ster never reads pad ids.
         low = -1 if key == "pad_token_id" else 0
-        for v in value if isinstance(value, list) else [value]:
-            if v is None and not isinstance(value, list):
+        listed = isinstance(value, list) and key == "eos_token_id"  # only EOS comes as a list (chat models)
+        for v in value if listed else [value]:
+            if v is None and not listed:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v < MAX_DIM:
                 shown = brief_value(v)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -262,3 +263,205 @@ def test_cli_empty_model_is_refused_not_the_default_preset(tmp_path):
                         "-p", "hi", "--max-new-tokens", "1"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0 and "no model given" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+# config and template side (round 2)
+
+_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,
+          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _spec_of(config, source="config.json"):
+    """What inspect and load_model do with a config.json before any weight: check, gate, build, check."""
+    from ster_py import families
+    from ster_py.config import spec_from_config
+    from ster_py.validate import check_config, check_spec, interpret
+
+    check_config(config, source)
+    family = interpret(source, families.gate, config, source)
+    return check_spec(interpret(source, spec_from_config, config, family, source), source)
+
+
+def _bounded(fn, *args, **kwargs):
+    """Run ``fn`` and return (result or exception, peak traced bytes): refusals must not allocate first."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        try:
+            out = fn(*args, **kwargs)
+        except SterError as exc:
+            out = exc
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"partial_rotary_factor": 10_000_000}, "partial_rotary_factor must give a rotary width within the head"),
+    ({"model_type": "phi", "partial_rotary_factor": 1e7, "layer_norm_eps": 1e-5}, "partial_rotary_factor"),
+    ({"model_type": "gpt_neox", "rotary_pct": 1e7, "layer_norm_eps": 1e-5, "num_key_value_heads": 4},
+     "rotary_pct"),
+    ({"model_type": "gptj", "rotary_dim": 1_000_000_000, "n_embd": 64, "n_head": 4, "n_layer": 2,
+      "n_positions": 128, "layer_norm_epsilon": 1e-5}, "rotary_dim must be an integer in 1..head_dim"),
+    ({"partial_rotary_factor": "abc"}, "partial_rotary_factor"),
+])
+def test_huge_rotary_width_is_refused_before_any_table(changes, words):
+    out, peak = _bounded(_spec_of, {**_LLAMA, **changes})
+    assert isinstance(out, SterError) and words in str(out), out
+    assert peak < 4 << 20, f"{peak} bytes traced before the refusal"
+
+
+def _gguf_meta(**changes):
+    meta = {"general.architecture": "llama", "llama.embedding_length": 64, "llama.block_count": 2,
+            "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2, "llama.context_length": 128,
+            "llama.feed_forward_length": 128, "llama.attention.layer_norm_rms_epsilon": 1e-6,
+            "llama.rope.freq_base": 10000.0, "tokenizer.ggml.tokens": [f"t{i}" for i in range(256)]}
+    meta.update({f"llama.{k.replace('__', '.')}": v for k, v in changes.items()})
+    return meta
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"rope__dimension_count": 1 << 30}, "llama.rope.dimension_count is 1073741824, above the limit"),
+    ({"rope__dimension_count": 14}, "llama.rope.dimension_count (14) must be even and at most the head width 16"),
+    ({"rope__dimension_count": 15}, "llama.rope.dimension_count (15) must be even"),
+    ({"attention__key_length": 8, "rope__dimension_count": 16}, "attention.key_length"),
+    ({"rope__freq_base": -1.0}, "llama.rope.freq_base must be a finite number above 0"),
+    ({"feed_forward_length": np.array([128, 128])}, "llama.feed_forward_length is an array of 2 values"),
+    ({"attention__head_count_kv": [2, 2]}, "llama.attention.head_count_kv is an array of 2 values"),
+])
+def test_gguf_rotary_and_per_layer_metadata_are_named(changes, words):
+    from ster_py.gguf.config import spec_from_gguf
+    from ster_py.validate import check_spec, interpret
+
+    if changes.get("rope__dimension_count") == 14:  # a valid narrower width is accepted
+        spec = check_spec(spec_from_gguf(_gguf_meta(**changes), "m.gguf"), "m.gguf")
+        assert spec.layers[0].rope.rotary_dim == 14
+        return
+    out, peak = _bounded(lambda: check_spec(interpret("m.gguf", spec_from_gguf, _gguf_meta(**changes), "m.gguf"),
+                                            "m.gguf"))
+    assert isinstance(out, SterError) and words in str(out) and "\n" not in str(out), out
+    assert "rope_theta" not in str(out)
+    assert peak < 4 << 20
+
+
+@pytest.mark.parametrize("rope, words", [
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+      "original_max_position_embeddings": 64}, "high_freq_factor (1) above low_freq_factor (1)"),
+    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0] * 8,
+      "original_max_position_embeddings": 64}, "short_factor must list one factor per rotary pair (8), got 1"),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0],
+      "original_max_position_embeddings": 64}, "long_factor must list one factor per rotary pair (8), got 1"),
+    ({"rope_type": "default", "rope_theta": -5.0}, "rope_theta must be a finite number above 0"),
+    ({"rope_type": "dynamic", "factor": -2}, "factor must be a finite number above 0"),
+])
+def test_rope_parameters_are_checked_by_name(rope, words):
+    import warnings
+
+    config = {**_LLAMA, "rope_parameters": {"rope_theta": 10000.0, **rope}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's divide-by-zero warnings were the old symptom
+        with pytest.raises(SterError, match=re.escape(words)):
+            _spec_of(config)
+
+
+def test_odd_head_dim_names_head_dim_not_rope_theta():
+    with pytest.raises(SterError, match=r"rotary width 3 \(head_dim 3") as info:
+        _spec_of({**_LLAMA, "head_dim": 3})
+    assert "rope_theta" not in str(info.value)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("eos_token_id", [float("inf"), "a", {"x": 1}]), ("eos_token_id", 10 ** 26), ("eos_token_id", True),
+    ("bos_token_id", "1"), ("bos_token_id", [1]), ("pad_token_id", {"x": 1}), ("eos_token_id", [2, None]),
+])
+def test_config_token_ids_of_the_wrong_type_are_refused(llama_dir, tmp_path, key, value):
+    from ster_py.inspect import inspect_model
+
+    with pytest.raises(SterError, match=key):
+        _spec_of({**_LLAMA, key: value})
+    path = tmp_path / "m"
+    import shutil
+
+    shutil.copytree(llama_dir, path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg[key] = value
+    (path / "config.json").write_text(json.dumps(cfg))
+    for run in (inspect_model, load_model):  # inspect and generate agree
+        with pytest.raises(SterError, match=f"{key} must be a token id"):
+            run(str(path))
+
+
+def test_config_token_id_lists_and_null_are_accepted():
+    spec = _spec_of({**_LLAMA, "eos_token_id": [2, 3], "pad_token_id": None, "bos_token_id": None})
+    assert spec.eos_token_ids == (2, 3)
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_json_is_refused_everywhere(tmp_path):
+    from ster_py.artifacts import read_json
+    from ster_py.cli_template import _read_json, _variables
+    from ster_py.resolve import read_config
+
+    deep = tmp_path / "deep.json"
+    deep.write_text(_DEEP)
+    for read in (lambda: read_config(deep), lambda: read_json(deep, "steering vector"),
+                 lambda: _read_json(str(deep), "messages"), lambda: _variables(["x=" + "[" * 5000 + "]" * 5000])):
+        with pytest.raises(SterError, match="nested too deeply"):
+            read()
+
+
+def test_template_render_cli_refuses_deep_json_and_surrogates(tmp_path):
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    template = tmp_path / "t.j2"
+    template.write_text("{{ messages[0].content }}{{ x }}")
+    deep, surrogate, plain = tmp_path / "deep.json", tmp_path / "s.json", tmp_path / "ok.json"
+    deep.write_text(_DEEP)
+    surrogate.write_text('[{"role": "user", "content": "\\ud800"}]')
+    plain.write_text('[{"role": "user", "content": "hi"}]')
+    for args, words in ([["--messages", str(deep)], "nested too deeply"],
+                        [["--messages", str(surrogate)], "lone surrogate U+D800"],
+                        [["--messages", str(plain), "--var", 'x="\\udc80"'], "lone surrogate U+DC80"],
+                        [["--messages", str(plain), "--tools", str(deep)], "nested too deeply"]):
+        r = CliRunner().invoke(app, ["template", "render", "--template", str(template), *args])
+        assert isinstance(r.exception, SterError) and words in str(r.exception), (args, r.exception)
+
+
+def test_lipsum_is_refused_not_run():
+    with pytest.raises(SterError, match=r"lipsum\(\) is not available"):
+        render_chat("{{ lipsum(2000000, html=false, min=1000, max=1001) }}", [{"role": "user", "content": "x"}],
+                    time_limit=60)
+
+
+def test_lone_surrogates_in_rendered_text_are_refused():
+    with pytest.raises(SterError, match=r"lone surrogate U\+D800 at character 3"):
+        render_chat("{{ 'ab ' ~ messages[0].content }}", [{"role": "user", "content": "\ud800"}])
+    # A pair is a real character: kept.
+    pair = json.loads('"\\ud83d\\ude00"')
+    assert render_chat("{{ messages[0].content }}", [{"role": "user", "content": pair}]) == "\N{GRINNING FACE}"
+
+
+def test_prompt_is_bounded_by_the_context_before_tokenizing(llama_dir):
+    from ster_py.prompt import encode_prompt, longest_token_chars, max_prompt_chars
+    from ster_py.tokenizer import Tokenizer
+
+    tok = Tokenizer(Tokenizer.from_dir(llama_dir).tk, chat_template="{{ 'a' * 30000000 }}")
+    out, peak = _bounded(encode_prompt, tok, "hi", context=64)
+    assert isinstance(out, SterError) and "over its budget" in str(out) and "context of 64 tokens" in str(out), out
+    assert peak < 8 << 20
+    # Raw text: refused by length before encoding; a text that fits the context is never refused.
+    limit = max_prompt_chars(tok, 64)
+    with pytest.raises(SterError, match="more than could fit"):
+        encode_prompt(tok, "a" * (limit + 1), chat_template="off", context=64)
+    longest = max(tok.tk.get_vocab(with_added_tokens=True), key=len)
+    assert len(longest) == longest_token_chars(tok)
+    fits = encode_prompt(tok, "a" * limit, chat_template="off")  # no context: no bound
+    assert len(fits.text) == limit
+    with pytest.raises(SterError, match="lone surrogate"):
+        encode_prompt(tok, "x\udc80", chat_template="off", context=64)
