@@ -26,14 +26,26 @@ _RESERVED = {"messages": "--messages", "tools": "--tools", "add_generation_promp
              "time_limit": None, "max_chars": None}
 
 
+#: --template, --messages and --tools files are refused above this size (real ones are KBs).
+MAX_INPUT_FILE_BYTES = 8 << 20
+
+
+def _read_input_text(path, what: str) -> str:
+    """The UTF-8 text of a --template/--messages/--tools file ("-" is stdin): a regular file
+    of at most ``MAX_INPUT_FILE_BYTES`` (no FIFO or device, which would block or never end)."""
+    from .cli_text import read_input_file
+
+    data = read_input_file(path, f"{what} file", MAX_INPUT_FILE_BYTES)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SterError(f"the {what} file {'stdin' if str(path) == '-' else path} is not UTF-8 text (invalid byte "
+                        f"at offset {exc.start}); convert it to UTF-8") from None
+
+
 def _read_json(path: str, what: str):
     """The JSON document in ``path`` ("-" is stdin)."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SterError(f"{what} file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SterError(f"cannot read the {what} file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    text = _read_input_text(path, what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -145,13 +157,7 @@ def render(
             owner = load_model_template(model, revision, progress=progress)
         bos, eos, special = owner.bos_token, owner.eos_token, dict(owner.special_tokens)
     if template is not None:
-        try:
-            text = template.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SterError(f"template file not found: {template}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SterError(f"cannot read the template file {template}: "
-                            f"{getattr(exc, 'strerror', None) or exc}") from None
+        text = _read_input_text(template, "template")
         source = str(template)
     else:
         text, source = owner.pick(template_name, tool_list)
