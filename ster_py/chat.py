@@ -437,6 +437,32 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
                                    sort_keys=sort_keys))
 
 
+# Where ``title`` may cut a text: just after a character its word split treats as a delimiter.
+_TITLE_DELIMITER = re.compile(r"[-\s({\[<]")
+_TITLE_CHUNK = 1 << 16
+
+
+def _title(s):
+    """Jinja's ``title`` filter, run on pieces of a long text so its per-word list stays small.
+
+    Cutting right after a delimiter character gives the same words (a delimiter run
+    cut in two stays delimiters, which title leaves unchanged), so the result is
+    exactly Jinja's; one call on a 32 M-character text would hold a list of 16 M words.
+    """
+    if not isinstance(s, str) or len(s) <= _TITLE_CHUNK:
+        return jinja2.filters.do_title(s)
+    parts, start = [], 0
+    while start < len(s):
+        _tick()
+        end = start + _TITLE_CHUNK
+        if end < len(s):
+            cut = _TITLE_DELIMITER.search(s, end)
+            end = cut.end() if cut else len(s)
+        parts.append(jinja2.filters.do_title(s[start:end]))
+        start = end
+    return "".join(parts)
+
+
 _FILTER_CHECKS = {
     "center": _check_center,
     "indent": _check_indent,
@@ -575,6 +601,7 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
                                                weigh_args=name in _TEXT_FILTERS or name in _FILTER_CHECKS)
         self.finalize = _check_weight  # every {{ value }} is weighed before it becomes text
         self.filters["sum"] = _sum
+        self.filters["title"] = _guard_filter(_title, weigh_args=True)
         self.filters["tojson"] = _tojson
         self.globals["raise_exception"] = _raise_exception
         self.globals["lipsum"] = _no_lipsum
@@ -873,8 +900,8 @@ def check_surrogates(text: str, what: str) -> None:
     found = _SURROGATE.search(text)
     if found:
         raise SterError(f"{what} holds the lone surrogate U+{ord(found.group()):04X} at character {found.start()}, "
-                        "which UTF-8 cannot encode; a JSON \\u escape of a surrogate must come in a high-low "
-                        "pair (or give the character itself)")
+                        "which UTF-8 cannot encode (an unpaired JSON \\ud800-style escape, or bytes that are not "
+                        "UTF-8 in an argument); give real characters")
 
 
 def build_messages(prompt: str, system: str | None = None) -> list[dict]:
