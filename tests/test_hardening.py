@@ -724,3 +724,244 @@ def test_detokenize_ids_are_ascii_decimal():
     assert len(str(info.value)) < 200 and "5000 digits" in str(info.value)
     with pytest.raises(SterError, match="outside this vocabulary"):
         _parse_ids(["-1"], 10)
+
+
+# ----------------------------------------------------------------------------------------------------
+# tokenizer-side inputs (round 2)
+# Crafted tokenizer metadata and files, and user input files: each is a one-line SterError, never a
+# Rust panic, an abort, a traceback or a huge allocation.
+
+def _t5_meta(charsmap: bytes) -> dict:
+    return {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>", "<unk>", "\u2581a", "b"],
+            "tokenizer.ggml.scores": np.array([0.0, 0.0, 0.0, -1.0, -2.0], dtype=np.float32),
+            "tokenizer.ggml.token_type": np.array([3, 3, 2, 1, 1], dtype=np.int32),
+            "tokenizer.ggml.precompiled_charsmap": np.frombuffer(charsmap, dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("charsmap, words", [
+    # The trie size says 2**31-1 bytes: tokenizers would allocate 4 GB (and abort) before comparing.
+    (b"\xff\xff\xff\x7f" + bytes(20), "trie size 2147483647 does not fit"),
+    (b"\x06\x00\x00\x00" + bytes(8), "trie size 6 does not fit"),  # not whole 4-byte units
+    (b"\x01\x02", "too short"),
+    # A size that fits, but a trie unit pointing far outside: tokenizers panics (a BaseException).
+    (b"\x04\x00\x00\x00\x01\x02\x03\x04\x00\x00\x00", "not a SentencePiece character map"),
+])
+def test_gguf_crafted_charsmap_is_a_ster_error(charsmap, words):
+    from ster_py.gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    with pytest.raises(SterError, match="precompiled_charsmap") as info:
+        tokenizer_from_gguf_metadata(_t5_meta(charsmap))
+    assert words in str(info.value)
+
+
+def _unigram_dir(tmp_path, normalizer):
+    import tokenizers
+    from tokenizers import models
+
+    tk = tokenizers.Tokenizer(models.Unigram([("<unk>", 0.0), ("h", -1.0), ("i", -1.0), ("hi", -0.5)], unk_id=0,
+                                             byte_fallback=False))
+    doc = json.loads(tk.to_str())
+    doc["normalizer"] = normalizer
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    return tmp_path
+
+
+@pytest.mark.parametrize("charsmap", ["/////w==", "AAAAgAEC", "not base64!"])
+def test_tokenizer_json_crafted_precompiled_charsmap_is_a_ster_error(tmp_path, charsmap):
+    from ster_py.tokenizer import Tokenizer
+
+    # "/////w==" makes tokenizers panic ("Cannot parse precompiled_charsmap"), "AAAAgAEC" claims a 2 GB trie.
+    path = _unigram_dir(tmp_path, {"type": "Sequence", "normalizers": [
+        {"type": "Precompiled", "precompiled_charsmap": charsmap}]})
+    with pytest.raises(SterError, match="tokenizer.json"):
+        Tokenizer.from_dir(path)
+
+
+def test_tokenizer_json_panicking_charsmap_at_encode_is_a_ster_error(tmp_path):
+    import base64
+
+    from ster_py.tokenizer import Tokenizer
+
+    data = base64.b64encode(b"\x04\x00\x00\x00\x01\x02\x03\x04\x00\x00\x00").decode()
+    tok = Tokenizer.from_dir(_unigram_dir(tmp_path, {"type": "Precompiled", "precompiled_charsmap": data}))
+    with pytest.raises(SterError, match="the tokenizer failed"):
+        tok.encode("ab")
+
+
+def test_gguf_vocabulary_size_is_bounded():
+    from ster_py.gguf import tokenizer as gt
+
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [str(i) for i in range(gt.MAX_GGUF_TOKENS + 1)]}
+    out, peak = _bounded(gt.tokenizer_from_gguf_metadata, meta)
+    assert isinstance(out, SterError) and "refuses more than 1048576" in str(out), out
+    assert peak < 1 << 20  # refused before the vocabulary is copied
+    meta["tokenizer.ggml.tokens"] = ["x" * 1000] * (gt.MAX_GGUF_VOCAB_CHARS // 1000 + 1)
+    with pytest.raises(SterError, match="characters of token text"):
+        gt.tokenizer_from_gguf_metadata(meta)
+
+
+@pytest.mark.parametrize("hashed", [True, False])
+def test_gguf_derived_merges_are_bounded(monkeypatch, hashed):
+    import itertools
+
+    from ster_py.gguf import tokenizer as gt
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    tokens = ["<unk>", "<s>", "</s>", *letters, *("".join(p) for p in itertools.product(letters, repeat=2)),
+              *("".join(p) for p in itertools.product(letters[:6], repeat=3))]
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": -np.arange(len(tokens), dtype=np.float32)}
+    gt.tokenizer_from_gguf_metadata(meta)  # 676 + 2 * 216 merges: within any sane bound
+    monkeypatch.setattr(gt, "MAX_DERIVED_MERGES", 1000)
+    if not hashed:
+        monkeypatch.setattr(gt, "_HASHED_LENGTH", 1)  # the plain look-up path counts too
+    with pytest.raises(SterError, match="merge pairs"):
+        gt.tokenizer_from_gguf_metadata(meta)
+
+
+def _spm_meta(**extra) -> dict:
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a", "b", "ab"],
+            "tokenizer.ggml.scores": np.array([0, 0, 0, -1, -2, -3], dtype=np.float32), **extra}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("eot_token_id", "2"), ("eot_token_id", 1.5), ("eos_token_id", np.array([1, 2])), ("seperator_token_id", "x"),
+    ("bos_token_id", True),
+])
+def test_gguf_special_id_of_wrong_type_names_the_key(key, value):
+    from ster_py.gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    with pytest.raises(SterError, match=f"tokenizer.ggml.{key} must be an integer token id"):
+        tokenizer_from_gguf_metadata(_spm_meta(**{f"tokenizer.ggml.{key}": value}))
+    # np.uint32 (what a reader may give) and out-of-range ints (ignored, as llama.cpp does) are fine.
+    parts = tokenizer_from_gguf_metadata(_spm_meta(**{"tokenizer.ggml.eot_token_id": np.uint32(2),
+                                                      "tokenizer.ggml.padding_token_id": 99}))
+    assert parts.eos_token_ids == {2} and parts.pad_token_id is None
+
+
+@pytest.mark.parametrize("key, value", [
+    ("add_space_prefix", "false"), ("add_bos_token", "no"), ("add_eos_token", 0), ("remove_extra_whitespaces", 1),
+])
+def test_gguf_string_boolean_is_refused(key, value):
+    from ster_py.gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    with pytest.raises(SterError, match=f"tokenizer.ggml.{key} must be a boolean"):
+        meta = _spm_meta(**{f"tokenizer.ggml.{key}": value})
+        if key == "remove_extra_whitespaces":
+            meta = {**_t5_meta(b""), f"tokenizer.ggml.{key}": value}
+            del meta["tokenizer.ggml.precompiled_charsmap"]
+        tokenizer_from_gguf_metadata(meta)
+    assert tokenizer_from_gguf_metadata(_spm_meta(**{"tokenizer.ggml.add_space_prefix": np.bool_(False)})
+                                        ).add_space_prefix is False
+
+
+def test_wordpiece_string_boolean_is_refused():
+    from ster_py.gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    bert = {"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["[PAD]", "[UNK]", "\u2581a"],
+            "tokenizer.ggml.token_type": np.array([3, 2, 1], dtype=np.int32), "tokenizer.ggml.unknown_token_id": 1,
+            "tokenizer.ggml.add_sep_token": False, "tokenizer.ggml.add_bos_token": False,
+            "tokenizer.ggml.normalizer.lowercase": "no"}
+    with pytest.raises(SterError, match="normalizer.lowercase must be a boolean"):
+        tokenizer_from_gguf_metadata(bert, for_generation=False)
+
+
+def _hf_copy(llama_dir, dst, **files):
+    import shutil
+
+    shutil.copytree(llama_dir, dst)
+    for name, content in files.items():
+        name = name.replace("__", ".")
+        (dst / name).write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    return dst
+
+
+@pytest.mark.parametrize("files, words", [
+    ({"tokenizer_config__json": ["a", "b"]}, "tokenizer_config.json: it holds a JSON list, not an object"),
+    ({"tokenizer_config__json": {"added_tokens_decoder": {"abc": {"content": "<x>"}}}},
+     "added_tokens_decoder has the key 'abc'"),
+    ({"tokenizer_config__json": {"added_tokens_decoder": ["x"]}}, "added_tokens_decoder is a list"),
+    ({"tokenizer_config__json": {"bos_token": {"content": 5}}}, "bos_token.content is int"),
+    ({"special_tokens_map__json": {"eos_token": {"content": None}}}, "special_tokens_map.json: eos_token.content"),
+    ({"special_tokens_map__json": "text"}, "special_tokens_map.json: it holds a JSON str"),
+    ({"generation_config__json": [1, 2]}, "generation_config.json: it holds a JSON list"),
+])
+def test_malformed_files_beside_tokenizer_json(llama_dir, tmp_path, files, words):
+    from ster_py.tokenizer import Tokenizer
+
+    with pytest.raises(SterError, match="failed to load tokenizer") as info:
+        Tokenizer.from_dir(_hf_copy(llama_dir, tmp_path / "m", **files))
+    assert words in str(info.value)
+
+
+def test_non_utf8_chat_template_fails_only_when_a_template_is_wanted(llama_dir, tmp_path):
+    from ster_py.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(_hf_copy(llama_dir, tmp_path / "m", chat_template__jinja=b"\xff\xfe{{ x }}"))
+    assert tok.encode("hello", add_special_tokens=False) == Tokenizer.from_dir(llama_dir).encode(
+        "hello", add_special_tokens=False)
+    with pytest.raises(SterError, match="chat_template.jinja is not UTF-8"):
+        tok.render_chat([{"role": "user", "content": "hi"}])
+
+
+def _ster(*args, stdin=None):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120, input=stdin)
+
+
+def _one_error_line(done, words):
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], done.stderr
+
+
+def test_input_files_must_be_regular_and_bounded(llama_dir, tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    messages = tmp_path / "m.json"
+    messages.write_text('[{"role": "user", "content": "hi"}]')
+    # A FIFO with no writer would block open() forever; /dev/zero would never end.
+    _one_error_line(_ster("tokenize", "-m", str(llama_dir), "--file", str(fifo)), "is not a regular file")
+    _one_error_line(_ster("tokenize", "-m", str(llama_dir), "--file", "/dev/zero"), "is not a regular file")
+    _one_error_line(_ster("template", "render", "--template", str(fifo), "--messages", str(messages)),
+                    "template file")
+    _one_error_line(_ster("template", "render", "--template", str(messages), "--messages", str(fifo)),
+                    "messages file")
+    _one_error_line(_ster("template", "render", "-m", str(llama_dir), "--messages", str(messages), "--tools",
+                          "/dev/zero"), "tools file")
+    _one_error_line(_ster("template", "render", "--template", str(messages), "--messages", "-",
+                          stdin="[" + " " * (9 << 20) + "]"), "larger than 8388608 bytes")
+
+
+def test_read_input_file_size_bound(tmp_path):
+    from ster_py.cli_text import read_input_file
+
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"x" * 101)
+    assert read_input_file(path, "text file", 101) == b"x" * 101
+    out, peak = _bounded(read_input_file, path, "text file", 100)
+    assert isinstance(out, SterError) and "larger than 100 bytes" in str(out)
+    with pytest.raises(SterError, match="not found"):
+        read_input_file(tmp_path / "missing", "text file", 100)
+
+
+def test_detokenize_ids_are_ascii_decimal():
+    from ster_py.cli_text import _parse_ids
+
+    assert _parse_ids(["1,2", "[3 4]", "-0"], 10) == [1, 2, 3, 4, 0]
+    for bad in ["\u0661\u0662", "1_000", "+5", "--1", "0x1", "1.0"]:
+        with pytest.raises(SterError, match="is not a token id"):
+            _parse_ids([bad], 10)
+    for nothing in [[""], [","], ["[]"]]:
+        with pytest.raises(SterError, match="no token ids given"):
+            _parse_ids(nothing, 10)
+    with pytest.raises(SterError) as info:
+        _parse_ids(["9" * 5000], 10)
+    assert len(str(info.value)) < 200 and "5000 digits" in str(info.value)
+    with pytest.raises(SterError, match="outside this vocabulary"):
+        _parse_ids(["-1"], 10)
