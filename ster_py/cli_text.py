@@ -49,7 +49,7 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
         with open(path, "rb") as handle:
             data = handle.read(limit + 1)
     except FileNotFoundError:
-        raise SterError(f"{what} not found: {path}") from None
+        raise SterError(f"{what} not found: {path} (cannot read it: no such file)") from None
     except OSError as e:
         raise SterError(f"cannot read the {what} {path}: {e.strerror or e}") from None
     if len(data) > limit:  # grew since stat
