@@ -27,7 +27,7 @@ import numpy as np
 
 from .artifacts import CAPTURE_FORMAT, atomic_outputs, model_identity, read_json, sniff, write_safetensors
 from .errors import SterError
-from .prompt import Prompt, encode_prompt
+from .prompt import Prompt, encode_prompt, prompt_context
 
 POSITIONS = ("last", "mean", "all")
 LAYER_HELP = ("Layer i (0-based) is the residual stream after decoder layer i, before the next layer; "
@@ -94,8 +94,8 @@ def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[st
         if path.suffix == ".jsonl":
             try:
                 item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SterError(f"{path} line {n} is not JSON: {e}") from None
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise SterError(f"{path} line {n} is not JSON: {e if isinstance(e, ValueError) else 'nested too deeply'}") from None
             item = item.get("prompt") if isinstance(item, dict) else item
             if not isinstance(item, str):
                 raise SterError(f"{path} line {n}: expected a string or an object with a \"prompt\" string")
@@ -148,7 +148,9 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
     for i in layers:
         if not 0 <= i < n_layers:
             raise SterError(f"layer {i} does not exist; this model has layers 0..{n_layers - 1}")
-    encoded: list[Prompt] = [encode_prompt(loaded.tokenizer, p, system=system, chat_template=chat_template)
+    context = prompt_context(loaded.spec)
+    encoded: list[Prompt] = [encode_prompt(loaded.tokenizer, p, system=system, chat_template=chat_template,
+                                           context=context)
                              for p in prompts]
     per_layer: dict[int, list[np.ndarray]] = {i: [] for i in layers}
     for n, p in enumerate(encoded):

@@ -147,7 +147,7 @@ def generate(
     """Generate text, streamed to stdout; a summary follows on stderr."""
     from .generate import Sampling, generate as run
     from .load import load_model
-    from .prompt import encode_prompt
+    from .prompt import encode_prompt, prompt_context
     from .tokenizer import StreamDecoder
 
     _check_device(device)
@@ -172,7 +172,8 @@ def generate(
         check_vector_for(steer, loaded, vector)
         strength = 1.0 if strength is None else strength
         hook = steering_hook(steer, strength)
-    prompt_ = encode_prompt(loaded.tokenizer, prompt, system=system, chat_template=chat_template.value)
+    prompt_ = encode_prompt(loaded.tokenizer, prompt, system=system, chat_template=chat_template.value,
+                            context=prompt_context(loaded.spec))
     if prompt_.chat_template == "absent":
         err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
     stream = StreamDecoder(loaded.tokenizer)

@@ -215,13 +215,14 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
     Raises:
         SterError: unknown reference, missing reference package, a model the reference cannot load.
     """
-    from .prompt import encode_prompt
+    from .prompt import encode_prompt, prompt_context
 
     if reference not in REFERENCES:
         raise SterError(f"--reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     if not tolerance >= 0:
         raise SterError(f"--tolerance must be 0 or more, got {tolerance}")
-    encoded = [encode_prompt(loaded.tokenizer, p, chat_template="off") for p in prompts]
+    context = prompt_context(loaded.spec)
+    encoded = [encode_prompt(loaded.tokenizer, p, chat_template="off", context=context) for p in prompts]
     for p in encoded:
         if not p.ids:
             raise SterError(f"the prompt {p.text!r} encodes to no tokens")

@@ -246,7 +246,7 @@ def _check_index(root: Path, names: list[str]) -> None:
         return
     try:
         weight_map = json.loads((root / INDEX).read_bytes()).get("weight_map")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return
     if not isinstance(weight_map, dict):
         return

@@ -158,8 +158,9 @@ class SafetensorsWeights(_Tracked):
         for n, path in enumerate(files):
             try:
                 m, index = _map_safetensors(path)
-            except (OSError, ValueError, UnicodeDecodeError) as e:
-                raise SterError(f"failed to map {len(files)} model weight files: {path}: {e}") from None
+            except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+                why = "its JSON header is nested too deeply" if isinstance(e, RecursionError) else e
+                raise SterError(f"failed to map {len(files)} model weight files: {path}: {why}") from None
             self._maps.append(m)
             for name, (dtype, shape, offset) in index.items():
                 if name in self._where:

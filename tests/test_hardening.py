@@ -724,3 +724,40 @@ def test_detokenize_ids_are_ascii_decimal():
     assert len(str(info.value)) < 200 and "5000 digits" in str(info.value)
     with pytest.raises(SterError, match="outside this vocabulary"):
         _parse_ids(["-1"], 10)
+
+
+# --------------------------------------------------------------------------- lead: round-2 wiring
+
+
+def test_deeply_nested_json_in_weights_index_and_prompts_is_refused(llama_dir, tmp_path):
+    from ster_py.capture import read_prompts
+
+    deep = "[" * 100000 + "]" * 100000
+    path = _with_config(llama_dir, tmp_path / "m")
+    header = deep.encode()
+    (path / "bad.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(SterError, match="nested too deeply"):
+        load_model(str(path))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(deep + "\n")
+    with pytest.raises(SterError, match="line 1 is not JSON"):
+        read_prompts(None, prompts)
+
+
+def test_generate_refuses_a_template_that_renders_past_the_context_before_tokenizing(llama_dir, tmp_path):
+    """A chat template that writes a gigantic prompt is stopped while rendering (the bound is
+    context x the longest token text), not after tokenizing it."""
+    import subprocess
+    import sys
+    import time
+
+    path = _with_config(llama_dir, tmp_path / "m", max_position_embeddings=64)
+    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    cfg["chat_template"] = "{{ 'w5 ' * 3000000 }}"
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m", str(path),
+                        "-p", "hi", "--max-new-tokens", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+    assert "over budget" in r.stderr and "context of 64" in r.stderr
+    assert time.perf_counter() - t < 30
