@@ -844,3 +844,23 @@ def test_end_of_generation_texts_and_ids():
     # An end-of-generation text stored as a normal token is still cut out whole, as llama.cpp does.
     assert parts.tokenizer.encode("x<|eot_id|>").tokens == ["x", "<|eot_id|>"]
     assert set(END_OF_GENERATION_TEXTS) >= {"<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|endoftext|>"}
+
+
+def test_tokenizers_panic_while_building_is_a_ster_error(monkeypatch):
+    # A Rust panic (pyo3's PanicException) derives from BaseException, not Exception.
+    from ster_py.gguf import tokenizer as gt
+
+    class PanicLike(BaseException):
+        pass
+
+    def panic(*args, **kwargs):
+        raise PanicLike("index out of bounds")
+
+    monkeypatch.setattr(gt, "_sentencepiece_bpe", panic)
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a"],
+            "tokenizer.ggml.scores": np.zeros(4, dtype=np.float32)}
+    with pytest.raises(SterError, match="could not build this GGUF's llama tokenizer"):
+        tokenizer_from_gguf_metadata(meta)
+    monkeypatch.setattr(gt, "_sentencepiece_bpe", lambda *a, **k: 1 / 0)  # a bug here stays a traceback
+    with pytest.raises(ZeroDivisionError):
+        tokenizer_from_gguf_metadata(meta)

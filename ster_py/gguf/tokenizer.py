@@ -252,6 +252,16 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], *, for_generation: boo
     gc.disable()
     try:
         return _build(meta, model, for_generation)
+    except SterError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - only tokenizers' own failures, see below
+        # tokenizers raises a bare Exception for what it refuses and, for what it did not
+        # expect, a Rust panic (pyo3's PanicException, a BaseException). Python's own errors
+        # (bugs here) and Ctrl-C pass through.
+        if type(e) is not Exception and isinstance(e, (Exception, KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        raise SterError(f"the tokenizers library could not build this GGUF's {model} tokenizer ({e}); the "
+                        "tokenizer.ggml.* metadata is corrupt or crafted, re-convert the model") from None
     finally:
         if collecting:
             gc.enable()
