@@ -864,3 +864,39 @@ def test_tokenizers_panic_while_building_is_a_ster_error(monkeypatch):
     monkeypatch.setattr(gt, "_sentencepiece_bpe", lambda *a, **k: 1 / 0)  # a bug here stays a traceback
     with pytest.raises(ZeroDivisionError):
         tokenizer_from_gguf_metadata(meta)
+
+
+def test_mutated_charsmaps_are_refused_or_work_never_panic():
+    # Real character maps (sentencepiece's nmt_nfkc, trained above) pass the trie walk; random
+    # byte changes in the trie either are refused by it or give a map tokenizers runs without a
+    # Rust panic on any of these texts.
+    pytest.importorskip("sentencepiece")
+    from sentencepiece import sentencepiece_model_pb2
+
+    from ster_py.gguf.tokenizer import check_precompiled_charsmap
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(_trained_sentencepiece())
+    real = proto.normalizer_spec.precompiled_charsmap
+    check_precompiled_charsmap(real, "real")
+    trie_size = int.from_bytes(real[:4], "little")
+    rng = np.random.default_rng(0)
+    # Every character of the first planes, so the look-ups cross much of the trie.
+    texts = ["".join(map(chr, range(1, 0xD800))), "".join(map(chr, range(0xE000, 0x20000)))]
+    refused = 0
+    for _ in range(80):
+        data = bytearray(real)
+        for pos in rng.integers(4, 4 + trie_size, size=2):
+            data[pos] = int(rng.integers(0, 256))
+        meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>", "<unk>", "\u2581a"],
+                "tokenizer.ggml.scores": np.array([0, 0, 0, -1], dtype=np.float32),
+                "tokenizer.ggml.token_type": np.array([3, 3, 2, 1], dtype=np.int32),
+                "tokenizer.ggml.precompiled_charsmap": np.frombuffer(bytes(data), dtype=np.uint8)}
+        try:
+            tk = tokenizer_from_gguf_metadata(meta).tokenizer
+        except SterError:
+            refused += 1
+            continue
+        for text in texts:
+            tk.encode(text)  # a panic here would be a BaseException that fails the test
+    assert 0 < refused < 80

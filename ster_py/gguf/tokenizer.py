@@ -679,15 +679,17 @@ def check_precompiled_charsmap(data: bytes, where: str) -> None:
     little-endian uint32 trie size in bytes, the Darts double-array trie (4-byte units),
     then the NUL-separated normalized strings. tokenizers allocates from the size before
     comparing it with the data, so a crafted size aborts the process; it is checked here.
-    Offsets inside the trie are not walked: a bad one makes tokenizers panic, which the
-    callers turn into a SterError.
+    Then every node reachable from the root is walked (vectorised, each once) the way
+    tokenizers' look-up walks it for any input byte (darts-clone's unit layout: offset,
+    label, has-leaf bit, value), so no look-up can index outside the trie or past the
+    normalized strings: tokenizers does not check and would panic.
 
     Args:
         data: the map's bytes. where: the key or file named in the error.
 
     Raises:
-        SterError: shorter than 4 bytes, a trie size that is zero, not a multiple of 4 or
-            larger than the bytes that follow it.
+        SterError: shorter than 8 bytes, a trie size that is zero, not a multiple of 4 or
+            larger than the bytes that follow it; a trie link or value out of range.
     """
     if len(data) < 8:
         raise SterError(f"{where} is not a SentencePiece character map: {len(data)} bytes is too short for its "
@@ -697,6 +699,47 @@ def check_precompiled_charsmap(data: bytes, where: str) -> None:
         raise SterError(f"{where} is not a SentencePiece character map: its trie size {trie_size} does not fit "
                         f"its {len(data)} bytes (it must be a non-zero multiple of 4 of at most {len(data) - 4}); "
                         "the file is corrupt or from an unknown converter")
+    problem = _trie_problem(np.frombuffer(data, dtype="<u4", count=trie_size // 4, offset=4).astype(np.int64),
+                            data[4 + trie_size:])
+    if problem:
+        raise SterError(f"{where} is not a SentencePiece character map: {problem}; the file is corrupt or from an "
+                        "unknown converter")
+
+
+def _trie_problem(units: np.ndarray, normalized: bytes) -> str | None:
+    """Why a look-up in this darts-clone double array could leave it, or None when none can.
+
+    A unit ``u`` holds: offset ``(u >> 10) << ((u & 512) >> 6)``, has-leaf bit ``(u >> 8) & 1``,
+    label ``u & 0x800000FF``, and (for a value unit) value ``u & 0x7FFFFFFF``. From a node
+    whose base is ``b``, byte ``c`` leads to unit ``b ^ c`` when its label is ``c``; that
+    child's base is ``(b ^ c) ^ offset``, and a leaf's value unit sits at that base.
+    """
+    n = len(units)
+
+    def offset(u: np.ndarray) -> np.ndarray:
+        return (u >> 10) << ((u & 512) >> 6)
+
+    byte = np.arange(1, 256, dtype=np.int64)
+    seen = np.zeros(n, dtype=bool)
+    base = offset(units[:1])
+    while len(base):
+        if base.max() >= n or (base[:, None] ^ byte).max() >= n:
+            return "a trie link points outside the trie"
+        children = base[:, None] ^ byte
+        kids = np.unique(children[(units[children] & 0x800000FF) == byte])
+        kids = kids[~seen[kids]]
+        seen[kids] = True
+        base = kids ^ offset(units[kids])
+        if len(base) and base.max() >= n:
+            return "a trie link points outside the trie"
+        leaf = ((units[kids] >> 8) & 1) == 1
+        values = units[base[leaf]] & 0x7FFFFFFF
+        if len(values) and values.max() >= len(normalized):
+            return "a trie value points past the normalized strings"
+        if len(values) and (np.frombuffer(normalized, dtype=np.uint8)[values] & 0xC0 == 0x80).any():
+            return "a trie value points inside a UTF-8 character of the normalized strings"
+        base = np.unique(base)
+    return None
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
