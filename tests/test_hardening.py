@@ -536,15 +536,21 @@ def test_tokenizer_json_crafted_precompiled_charsmap_is_a_ster_error(tmp_path, c
         Tokenizer.from_dir(path)
 
 
-def test_tokenizer_json_panicking_charsmap_at_encode_is_a_ster_error(tmp_path):
+def test_tokenizer_json_charsmap_with_a_bad_trie_link_is_refused_before_tokenizers(tmp_path, monkeypatch):
     import base64
 
+    import ster_py.gguf.tokenizer as gt
     from ster_py.tokenizer import Tokenizer
 
+    # Its size fits, but the root unit links far outside the trie: tokenizers would panic at encode.
     data = base64.b64encode(b"\x04\x00\x00\x00\x01\x02\x03\x04\x00\x00\x00").decode()
-    tok = Tokenizer.from_dir(_unigram_dir(tmp_path, {"type": "Precompiled", "precompiled_charsmap": data}))
+    path = _unigram_dir(tmp_path, {"type": "Precompiled", "precompiled_charsmap": data})
+    with pytest.raises(SterError, match="a trie link points outside the trie"):
+        Tokenizer.from_dir(path)
+    # Without the walk, the panic at encode is still a SterError (a Rust panic is a BaseException).
+    monkeypatch.setattr(gt, "_trie_problem", lambda *a: None)
     with pytest.raises(SterError, match="the tokenizer failed"):
-        tok.encode("ab")
+        Tokenizer.from_dir(path).encode("ab")
 
 
 def test_gguf_vocabulary_size_is_bounded():
