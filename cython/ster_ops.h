@@ -172,79 +172,6 @@ STER_OPS_INLINE __m128 ster_dot4(const float* q, const float* k0, long ldk, int 
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-static STER_OPS_AVX2 void ster_attn_row_avx2(const float* q, const float* K, long ldk, const float* V, long ldv,
-                                             int lo, int hi, const ster_attn_args* a, float* sc, float* out) {
-    const int n = hi - lo, D = a->D;
-    int j, i;
-    /* scores */
-    for (j = 0; j + 4 <= n; j += 4)
-        _mm_storeu_ps(sc + j, ster_dot4(q, K + (long)(lo + j) * ldk, ldk, D));
-    for (; j < n; j++) {
-        const float* k = K + (long)(lo + j) * ldk;
-        __m256 acc = _mm256_setzero_ps();
-        for (i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc);
-        sc[j] = ster_hsum8_ops(acc);
-    }
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    const __m256 scale = _mm256_set1_ps(a->scale);
-    for (j = 0; j + 8 <= n; j += 8) {
-        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(sc + j), scale);
-        if (a->bias) s = _mm256_add_ps(s, _mm256_loadu_ps(a->bias + lo + j));
-        _mm256_storeu_ps(sc + j, s);
-        vmax = _mm256_max_ps(vmax, s);
-    }
-    float mx = -INFINITY;
-    {
-        float t[8];
-        _mm256_storeu_ps(t, vmax);
-        for (i = 0; i < 8; i++) if (t[i] > mx) mx = t[i];
-    }
-    for (; j < n; j++) {
-        float s = sc[j] * a->scale;
-        if (a->bias) s += a->bias[lo + j];
-        sc[j] = s;
-        if (s > mx) mx = s;
-    }
-    if (a->has_sink && a->sink > mx) mx = a->sink;
-    /* probabilities (unnormalised) */
-    __m256 vsum = _mm256_setzero_ps();
-    const __m256 m8 = _mm256_set1_ps(mx);
-    for (j = 0; j + 8 <= n; j += 8) {
-        __m256 e = ster_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m8));
-        _mm256_storeu_ps(sc + j, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    float sum = ster_hsum8_ops(vsum);
-    for (; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
-    if (a->has_sink) sum += expf(a->sink - mx);
-    float inv = sum > 0 ? 1.0f / sum : 0.0f;
-    /* weighted values, 64 output columns (8 registers) per pass */
-    int c0;
-    for (c0 = 0; c0 < D; c0 += 64) {
-        int w = D - c0 < 64 ? D - c0 : 64, nv = w / 8, g;
-        __m256 o[8];
-        for (g = 0; g < 8; g++) o[g] = _mm256_setzero_ps();
-        for (j = 0; j < n; j++) {
-            const float* v = V + (long)(lo + j) * ldv + c0;
-            __m256 p = _mm256_broadcast_ss(sc + j);
-            if (nv == 8) {
-                o[0] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o[0]);
-                o[1] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o[1]);
-                o[2] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o[2]);
-                o[3] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o[3]);
-                o[4] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), o[4]);
-                o[5] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), o[5]);
-                o[6] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), o[6]);
-                o[7] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), o[7]);
-            } else {
-                for (g = 0; g < nv; g++) o[g] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * g), o[g]);
-            }
-        }
-        __m256 vi = _mm256_set1_ps(inv);
-        for (g = 0; g < nv; g++) _mm256_storeu_ps(out + c0 + 8 * g, _mm256_mul_ps(o[g], vi));
-    }
-}
-
 /* Up to 4 query heads that share one key/value head (GQA), one query row: every key and
  * value row is loaded once for all of them. q: nh rows of D at stride qs; out likewise;
  * sc: scratch nh * n floats; a[i] per head (bias, sink); scale and softcap shared. */
@@ -449,24 +376,6 @@ static void ster_attn_merge(int P, int D, const float* acc, long acc_stride, con
     if (has_sink) den += expf(sink - M);
     float inv = den > 0 ? 1.0f / den : 0.0f;
     for (i = 0; i < D; i++) out[i] *= inv;
-}
-
-/* One query row: the AVX2 path needs D % 8 == 0 and no soft-cap (tanh stays scalar). */
-static void ster_attn_row(const float* q, const float* K, long ldk, const float* V, long ldv, int lo, int hi,
-                          const ster_attn_args* a, float* sc, float* out, int simd) {
-    int i;
-    if (hi <= lo) {   /* nothing visible (cannot happen causally; keep outputs defined) */
-        for (i = 0; i < a->D; i++) out[i] = 0.0f;
-        return;
-    }
-#if STER_OPS_X86
-    if (simd && a->D % 8 == 0 && a->softcap <= 0) {
-        ster_attn_row_avx2(q, K, ldk, V, ldv, lo, hi, a, sc, out);
-        return;
-    }
-#endif
-    (void)simd;
-    ster_attn_row_scalar(q, K, ldk, V, ldv, lo, hi, a, sc, out, 0);
 }
 
 #endif /* STER_OPS_H */
