@@ -122,7 +122,9 @@ class _Layer:
             q, k = self.q_norm(q), self.k_norm(k)
         rope = self.layer.rope
         if rope is not None:
-            cos, sin = tables.get(id(rope)) or tables.setdefault(id(rope), rope.cos_sin(positions, int(positions[-1]) + 1))
+            if id(rope) not in tables:
+                tables[id(rope)] = rope.cos_sin(positions, int(positions[-1]) + 1)
+            cos, sin = tables[id(rope)]
             rope.apply_pair(q, k, cos, sin)
         if head_norm and s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
