@@ -151,9 +151,11 @@ static void* ster_pool_helper(void* arg) {
                 if (h_cur < h_end) {     /* a few lines per turn, then look for a job again */
                     int k;
                     for (k = 0; k < 4 && h_cur < h_end; k++, h_cur += 64) __builtin_prefetch(h_cur, 0, 2);
-                    if (h_cur >= h_end && ++h_i < h_n) { h_cur = h_ptr[h_i]; h_end = h_cur + h_len[h_i]; }
-                    t0 = ster_now_ns();  /* reading ahead is work: do not fall asleep over it */
-                    continue;
+                    if (h_cur >= h_end) {
+                        if (++h_i < h_n) { h_cur = h_ptr[h_i]; h_end = h_cur + h_len[h_i]; }
+                        else t0 = ster_now_ns();  /* the spin time before sleeping starts after the read-ahead */
+                    }
+                    continue;            /* (no clock reads while reading ahead: they showed in profiles) */
                 }
             }
             ster_cpu_relax();
