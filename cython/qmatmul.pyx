@@ -78,27 +78,6 @@ cdef long _PARALLEL_MIN_WEIGHTS = 65536
 _pool_capsule = PyCapsule_New(<void*>ster_pool_run, b"ster_pool_run", NULL)
 
 
-ctypedef struct _RowJob:
-    int typ, simd, K, N, chunk, use16
-    const uint8_t* W
-    size_t rb
-    const int32_t* rows
-    const float* x
-    const int16_t* q
-    const float* dx
-    const float* xs16
-    float* y
-
-
-cdef void _row_task(void* ctx, long c, int tid) noexcept nogil:
-    cdef _RowJob* j = <_RowJob*>ctx
-    cdef int r0 = <int>c * j.chunk
-    if j.use16:
-        ster_matvec16_range(j.typ, j.W, j.rb, j.rows, r0, min(j.N, r0 + j.chunk), j.K, j.q, j.dx, j.xs16, j.y)
-    else:
-        ster_matvec_range(j.typ, j.W, j.rb, j.rows, r0, min(j.N, r0 + j.chunk), j.K, j.x, j.xs16, j.y, j.simd)
-
-
 # Several matrices over one input (q/k/v, gate/up): one quantized input, one pool job.
 DEF _MAX_GROUP = 4
 
@@ -312,34 +291,11 @@ cdef class QMatrix:
             self._panels(xp, T, op)
 
     cdef int _rowdots(self, const float* x, int T, float* out) except -1:
-        cdef int K = self.n_cols, N = self.n_rows, t
-        cdef int nt = _threads if <long>N * K >= _PARALLEL_MIN_WEIGHTS else 1
-        cdef long n_chunks
-        cdef _RowJob j
-        j.typ, j.simd, j.K, j.N = self.type_id, _simd, K, N
-        j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
-        # Chunks: about eight per thread (a short tail when one thread starts late), at most
-        # ~128k weights each (so big matrices still split finely), at least 8 rows.
-        j.chunk = max(8, min((N + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
-        n_chunks = (N + j.chunk - 1) // j.chunk
-        # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16].
-        cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64)
-        if buf == NULL:
-            raise MemoryError()
-        cdef int16_t* q = <int16_t*>buf
-        cdef float* dx = <float*>(buf + 2 * K + 32)
-        cdef float* xs16 = dx + K // 32
-        j.q, j.dx, j.xs16 = q, dx, xs16
-        with nogil:
-            if nt > 1 and self._hint_n and _read_ahead:
-                ster_pool_hint(self._hint_n, self._hint_ptr, self._hint_len)
-            for t in range(T):
-                j.x, j.y = x + <size_t>t * K, out + <size_t>t * N
-                j.use16 = _simd and _int16 and ster_quantize16(j.x, K, q, dx, xs16)
-                if not j.use16:
-                    ster_sums16(j.x, K, xs16)
-                ster_pool_run(n_chunks, _row_task, &j, nt)
-        free(buf)
+        cdef int t
+        cdef float* y
+        for t in range(T):
+            y = out + <size_t>t * self.n_rows
+            _group_rowdots((self,), x + <size_t>t * self.n_cols, self.n_cols, &y)
         return 0
 
     cdef int _panels(self, const float* x, int T, float* out) except -1:
@@ -385,10 +341,7 @@ def matvec_group(tuple mats, x, tuple outs):
     cdef int K = <int>cnp.PyArray_DIM(xa, 1)
     cdef QMatrix w
     cdef cnp.ndarray oa
-    cdef _GroupJob j
-    cdef long weights = 0
-    j.n, j.K, j.simd = n, K, _simd
-    j.first[0] = 0
+    cdef float* ys[_MAX_GROUP]
     for m in range(n):
         w = <QMatrix?>mats[m]
         oa = <cnp.ndarray?>outs[m]
@@ -398,27 +351,46 @@ def matvec_group(tuple mats, x, tuple outs):
                 or cnp.PyArray_DIM(oa, 1) != w.n_rows or not cnp.PyArray_IS_C_CONTIGUOUS(oa)
                 or not cnp.PyArray_ISWRITEABLE(oa)):
             raise ValueError(f"output {m} must be a writable C-contiguous float32 array [1, {w.n_rows}]")
+        ys[m] = <float*>cnp.PyArray_DATA(oa)
+    _group_rowdots(mats, <const float*>cnp.PyArray_DATA(xa), K, ys)
+
+
+cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1:
+    """The one driver of decode products: x float32 [K] times every QMatrix of ``mats``
+    (same K, at most _MAX_GROUP) into ys[m] [rows of m]: the input quantized once, one pool
+    job over all their rows, the last matrix's read-ahead hint posted first."""
+    cdef int n = len(mats), m
+    cdef QMatrix w
+    cdef _GroupJob j
+    cdef long weights = 0
+    j.n, j.K, j.simd = n, K, _simd
+    j.first[0] = 0
+    for m in range(n):
+        w = <QMatrix>mats[m]
         j.typ[m], j.N[m], j.W[m], j.rb[m], j.rows[m] = w.type_id, w.n_rows, &w.raw[0, 0], w.row_bytes, w._rows
-        j.y[m] = <float*>cnp.PyArray_DATA(oa)
+        j.y[m] = ys[m]
         weights += <long>w.n_rows * K
     cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
     for m in range(n):
-        # the single-matrix chunking (see QMatrix._rowdots), per matrix
+        # Chunks: about eight per thread (a short tail when one thread starts late), at most
+        # ~128k weights each (so big matrices still split finely), at least 8 rows.
         j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
         j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
+    # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16].
     cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64)
     if buf == NULL:
         raise MemoryError()
     j.q = <int16_t*>buf
     j.dx = <float*>(buf + 2 * K + 32)
     j.xs16 = j.dx + K // 32
-    j.x = <const float*>cnp.PyArray_DATA(xa)
+    j.x = x
     with nogil:
         j.use16 = _simd and _int16 and ster_quantize16(j.x, K, <int16_t*>j.q, <float*>j.dx, <float*>j.xs16)
         if not j.use16:
             ster_sums16(j.x, K, <float*>j.xs16)
-        if nt > 1 and w._hint_n and _read_ahead:  # the last matrix's read-ahead (what follows the group)
+        if nt > 1 and w._hint_n and _read_ahead:  # the last matrix's read-ahead (what follows)
             ster_pool_hint(w._hint_n, w._hint_ptr, w._hint_len)
         if j.first[n]:
             ster_pool_run(j.first[n], _group_task, &j, nt)
     free(buf)
+    return 0
