@@ -242,16 +242,17 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
     cdef long work = <long>H * T * S * D
     cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
     # Heads sharing a key/value head go together (up to 4: each key/value row is read once
-    # for all of them); fewer per item when that leaves threads idle (one group, one row).
+    # for all of them). Too few items to keep every thread busy (decoding with few key/value
+    # heads): split each row's keys into parts merged afterwards, so that the threads share
+    # the reading of the cache; with too few keys for that, fewer heads per item instead.
     cdef int sg = min(G, 4)
-    if rows * ((G + sg - 1) // sg) < nt:
+    cdef long items = rows * ((G + sg - 1) // sg)
+    cdef int n_part = 1
+    if nt > 1 and items < 2 * nt and S >= 256:
+        n_part = min(<int>((2 * nt + items - 1) // items), S // 128)
+    elif items < nt:
         sg = max(1, (G + (nt + rows - 1) // rows - 1) // ((nt + rows - 1) // rows))
     cdef int n_sub = (G + sg - 1) // sg
-    # Too few items to keep every thread busy (decoding with few key/value heads): split
-    # each row's keys into parts merged afterwards, so the cache is read by all threads.
-    cdef int n_part = 1
-    if nt > 1 and rows * n_sub < 2 * nt and S >= 256:
-        n_part = min(<int>((2 * nt + rows * n_sub - 1) // (rows * n_sub)), S // 128)
     cdef long total = rows * n_sub * n_part
     cdef float* scratch = <float*>malloc(sizeof(float) * ((<size_t>S + 8) * sg * nt
                                                           + <size_t>total * sg * (D + 2) * (n_part > 1)))

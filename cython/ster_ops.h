@@ -157,120 +157,203 @@ STER_OPS_INLINE float ster_hsum8_ops(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
-/* 4 dot products of q with 4 key rows, D a multiple of 8. */
-STER_OPS_INLINE __m128 ster_dot4(const float* q, const float* k0, long ldk, int D) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int i;
-    for (i = 0; i < D; i += 8) {
-        __m256 qv = _mm256_loadu_ps(q + i);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ldk + i), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ldk + i), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ldk + i), a3);
-    }
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+/* Four horizontal sums at once: lane i of the result is the sum of the lanes of x_i. */
+STER_OPS_INLINE __m128 ster_hsum4x8(__m256 x0, __m256 x1, __m256 x2, __m256 x3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(x0, x1), _mm256_hadd_ps(x2, x3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* Up to 4 query heads that share one key/value head (GQA), one query row: every key and
- * value row is loaded once for all of them. q: nh rows of D at stride qs; out likewise;
- * sc: scratch nh * n floats; a[i] per head (bias, sink); scale and softcap shared. */
+/* tanh(x), about 2 ulp: an odd Taylor polynomial below |x| = 0.25, else
+ * sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.61 (no cancellation to speak of). */
+STER_OPS_INLINE __m256 ster_tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 ax = _mm256_andnot_ps(sign, x);
+    __m256 e = ster_exp8(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f)));
+    __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    __m256 x2 = _mm256_mul_ps(ax, ax);
+    __m256 p = _mm256_set1_ps(62.0f / 2835.0f);
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-17.0f / 315.0f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.0f / 15.0f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.0f / 3.0f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, x2), ax, ax);
+    __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.25f), _CMP_LT_OQ));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, x));
+}
+
+/* Keys per block of the one-pass kernel below: about 8 KiB of keys (and of values). */
+#define STER_ATTN_BLOCK 32
+STER_OPS_INLINE int ster_attn_block_keys(int D) { return D >= 128 ? 16 : STER_ATTN_BLOCK; }
+
+/* Dot products of NH query rows (q + h * qs) with NK consecutive key rows k: s[h * SB + r].
+ * pf (or NULL): NK rows at stride pfs, one cache line of each per 16 columns is prefetched
+ * (the values of these keys, read next). */
+STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const float* k, long ldk, int D, float* s,
+                                  const char* pf, long pfs, const int NH, const int NK) {
+    __m256 acc[8];
+    int x, r, h, i;
+    for (x = 0; x < NH * NK; x++) acc[x] = _mm256_setzero_ps();
+    for (i = 0; i < D; i += 8) {
+        __m256 kr[8];
+        if (pf && !(i & 15))
+            for (r = 0; r < NK; r++) _mm_prefetch(pf + r * pfs + 4L * i, _MM_HINT_T0);
+        for (r = 0; r < NK; r++) kr[r] = _mm256_loadu_ps(k + r * ldk + i);
+        for (h = 0; h < NH; h++) {
+            __m256 qv = _mm256_loadu_ps(q + h * qs + i);
+            for (r = 0; r < NK; r++) acc[h * NK + r] = _mm256_fmadd_ps(qv, kr[r], acc[h * NK + r]);
+        }
+    }
+    for (x = 0; x < NH * NK; x += 4) {
+        const __m256 z = _mm256_setzero_ps();
+        float t[4];
+        _mm_storeu_ps(t, ster_hsum4x8(acc[x], x + 1 < NH * NK ? acc[x + 1] : z,
+                                      x + 2 < NH * NK ? acc[x + 2] : z, x + 3 < NH * NK ? acc[x + 3] : z));
+        for (r = 0; r < 4 && x + r < NH * NK; r++) s[((x + r) / NK) * STER_ATTN_BLOCK + (x + r) % NK] = t[r];
+    }
+}
+
+/* acc[h][0..D) = alpha[h] * acc[h] + sum over the nb keys j of p[h * SB + j] * v_j, for NH
+ * heads (acc rows at stride os), in 16-column slabs whose accumulators stay in registers.
+ * pf (or NULL): nb rows at stride pfs, one line of each per slab is prefetched (the keys
+ * of the next block). */
+STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int nb, int D, const float* alpha,
+                                   float* acc, long os, const char* pf, long pfs, const int NH) {
+    int c0, j, h;
+    __m256 al[4];
+    for (h = 0; h < NH; h++) al[h] = _mm256_set1_ps(alpha[h]);
+    for (c0 = 0; c0 + 16 <= D; c0 += 16) {
+        __m256 a0[4], a1[4];
+        for (h = 0; h < NH; h++) {
+            a0[h] = _mm256_mul_ps(al[h], _mm256_loadu_ps(acc + h * os + c0));
+            a1[h] = _mm256_mul_ps(al[h], _mm256_loadu_ps(acc + h * os + c0 + 8));
+        }
+        for (j = 0; j < nb; j++) {
+            const float* v = V + (long)j * ldv + c0;
+            if (pf) _mm_prefetch(pf + j * pfs + 4L * c0, _MM_HINT_T0);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            for (h = 0; h < NH; h++) {
+                __m256 pj = _mm256_broadcast_ss(p + h * STER_ATTN_BLOCK + j);
+                a0[h] = _mm256_fmadd_ps(pj, v0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(pj, v1, a1[h]);
+            }
+        }
+        for (h = 0; h < NH; h++) {
+            _mm256_storeu_ps(acc + h * os + c0, a0[h]);
+            _mm256_storeu_ps(acc + h * os + c0 + 8, a1[h]);
+        }
+    }
+    if (c0 < D) {   /* D % 16 == 8: the last 8 columns */
+        __m256 a0[4];
+        for (h = 0; h < NH; h++) a0[h] = _mm256_mul_ps(al[h], _mm256_loadu_ps(acc + h * os + c0));
+        for (j = 0; j < nb; j++) {
+            __m256 v0 = _mm256_loadu_ps(V + (long)j * ldv + c0);
+            for (h = 0; h < NH; h++) a0[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + h * STER_ATTN_BLOCK + j), v0, a0[h]);
+        }
+        for (h = 0; h < NH; h++) _mm256_storeu_ps(acc + h * os + c0, a0[h]);
+    }
+}
+
+/* NH (1..4) query heads sharing one key/value head (GQA), one query row each, keys lo..hi-1,
+ * in one pass (online softmax, as in flash attention: Milakov & Gimelshein 2018, Dao et al.
+ * 2022): per block of keys, the scores of all heads, the running max m and denominator l
+ * (the accumulators rescaled by exp(m_old - m_new) when the max grows), then the block's
+ * values, while its rows are still in L1. The next block's rows are prefetched during the
+ * current one (values during the scores, the next keys during the values): the cache is
+ * read from memory once and mostly sequentially, at a rate the prefetchers can sustain.
+ * Same arguments and results as ster_attn_row_scalar (sc is unused). */
+STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K, long ldk, const float* V,
+                                        long ldv, int lo, int hi, const ster_attn_args* a, float* out, long os,
+                                        float* ml, const int NH) {
+    const int D = a[0].D, B = ster_attn_block_keys(D);
+    const int NK = NH >= 3 ? 2 : 4;
+    const float cap = a[0].softcap, scale = a[0].scale;
+    float s[4 * STER_ATTN_BLOCK] __attribute__((aligned(32)));
+    float m[4], l[4], alpha[4];
+    int h, j0, j, i;
+    for (h = 0; h < NH; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+        for (i = 0; i < D; i++) out[h * os + i] = 0.0f;
+    }
+    for (j0 = lo; j0 < hi; j0 += B) {
+        const int nb = hi - j0 < B ? hi - j0 : B;
+        const float* kb = K + (long)j0 * ldk;
+        const float* vb = V + (long)j0 * ldv;
+        /* scores of the block; its value rows are prefetched meanwhile */
+        for (j = 0; j + NK <= nb; j += NK)
+            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv, NH, NK);
+        for (; j < nb; j++)
+            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv, NH, 1);
+        /* per head: scale, soft-cap, bias, block max, exp, running sums */
+        for (h = 0; h < NH; h++) {
+            float* sh = s + h * STER_ATTN_BLOCK;
+            const float* bias = a[h].bias ? a[h].bias + j0 : NULL;
+            __m256 vmax = _mm256_set1_ps(-INFINITY);
+            for (j = 0; j < nb; j += 8) {
+                __m256 x = _mm256_mul_ps(_mm256_load_ps(sh + j), _mm256_set1_ps(scale));
+                if (cap > 0)
+                    x = _mm256_mul_ps(ster_tanh8(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))), _mm256_set1_ps(cap));
+                if (j + 8 <= nb) {
+                    if (bias) x = _mm256_add_ps(x, _mm256_loadu_ps(bias + j));
+                } else {   /* partial last vector: keys past nb score -inf */
+                    float t[8];
+                    _mm256_storeu_ps(t, x);
+                    for (i = 0; i < 8; i++) t[i] = j + i < nb ? t[i] + (bias ? bias[j + i] : 0.0f) : -INFINITY;
+                    x = _mm256_loadu_ps(t);
+                }
+                _mm256_store_ps(sh + j, x);
+                vmax = _mm256_max_ps(vmax, x);
+            }
+            float t8[8], bm = -INFINITY, mn;
+            _mm256_storeu_ps(t8, vmax);
+            for (i = 0; i < 8; i++) if (t8[i] > bm) bm = t8[i];
+            mn = bm > m[h] ? bm : m[h];
+            if (mn == -INFINITY) {   /* nothing visible yet (a -inf bias): weights 0 */
+                alpha[h] = 1.0f;
+                for (j = 0; j < nb; j++) sh[j] = 0.0f;
+                continue;
+            }
+            alpha[h] = expf(m[h] - mn);
+            const __m256 m8 = _mm256_set1_ps(mn);
+            __m256 vsum = _mm256_setzero_ps();
+            for (j = 0; j < nb; j += 8) {
+                __m256 e = ster_exp8(_mm256_sub_ps(_mm256_load_ps(sh + j), m8));
+                _mm256_store_ps(sh + j, e);
+                vsum = _mm256_add_ps(vsum, e);
+            }
+            l[h] = l[h] * alpha[h] + ster_hsum8_ops(vsum);
+            m[h] = mn;
+        }
+        /* values of the block; the next block's key rows are prefetched meanwhile */
+        {
+            const int nn = hi - (j0 + nb) < nb ? hi - (j0 + nb) : nb;
+            ster_pv_block(s, vb, ldv, nb, D, alpha, out, os, nn == nb ? (const char*)(kb + (long)nb * ldk) : NULL,
+                          4 * ldk, NH);
+        }
+    }
+    for (h = 0; h < NH; h++) {
+        float inv;
+        if (ml) { ml[2 * h] = m[h]; ml[2 * h + 1] = l[h]; continue; }
+        if (a[h].has_sink) {   /* the sink joins the denominator at the common max */
+            float M = a[h].sink > m[h] ? a[h].sink : m[h];
+            float f = expf(m[h] - M);
+            float den = l[h] * f + expf(a[h].sink - M);
+            inv = f / den;
+        } else {
+            inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+        }
+        const __m256 vi = _mm256_set1_ps(inv);
+        for (i = 0; i < D; i += 8) _mm256_storeu_ps(out + h * os + i, _mm256_mul_ps(_mm256_loadu_ps(out + h * os + i), vi));
+    }
+}
+
 static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, const float* K, long ldk,
                                                const float* V, long ldv, int lo, int hi,
-                                               const ster_attn_args* a, float* sc, float* out, long os, float* ml) {
-    const int n = hi - lo, D = a[0].D;
-    int i, j, c0, h;
-    /* scores, 4 keys x each head at a time (the 4 key rows stay in L1). The value rows of
-     * the same keys are prefetched meanwhile: decoding reads the cache from memory, and the
-     * weighted-value pass below walks each row in 16-column slabs (strided), which the
-     * hardware prefetchers serve poorly; fetched here they overlap with the key reads. */
-    const int vlines = (int)((D * sizeof(float) + 63) / 64);
-    for (j = 0; j + 4 <= n; j += 4) {
-        int r, c;
-        for (r = 0; r < 4; r++) {
-            const char* vr = (const char*)(V + (long)(lo + j + r) * ldv);
-            for (c = 0; c < vlines; c++) _mm_prefetch(vr + 64 * c, _MM_HINT_T1);
-        }
-        for (h = 0; h < nh; h++)
-            _mm_storeu_ps(sc + (long)h * n + j, ster_dot4(q + h * qs, K + (long)(lo + j) * ldk, ldk, D));
-    }
-    for (; j < n; j++) {
-        const float* k = K + (long)(lo + j) * ldk;
-        for (h = 0; h < nh; h++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * qs + i), _mm256_loadu_ps(k + i), acc);
-            sc[(long)h * n + j] = ster_hsum8_ops(acc);
-        }
-    }
-    /* per head: scale, bias, max, exp, sum */
-    float inv[4];
-    for (h = 0; h < nh; h++) {
-        float* s = sc + (long)h * n;
-        const float* bias = a[h].bias;
-        const __m256 scale = _mm256_set1_ps(a[h].scale);
-        __m256 vmax = _mm256_set1_ps(-INFINITY);
-        for (j = 0; j + 8 <= n; j += 8) {
-            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + j), scale);
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + lo + j));
-            _mm256_storeu_ps(s + j, v);
-            vmax = _mm256_max_ps(vmax, v);
-        }
-        float t8[8], mx = -INFINITY;
-        _mm256_storeu_ps(t8, vmax);
-        for (i = 0; i < 8; i++) if (t8[i] > mx) mx = t8[i];
-        for (; j < n; j++) {
-            float v = s[j] * a[h].scale;
-            if (bias) v += bias[lo + j];
-            s[j] = v;
-            if (v > mx) mx = v;
-        }
-        if (a[h].has_sink && !ml && a[h].sink > mx) mx = a[h].sink;
-        __m256 vsum = _mm256_setzero_ps();
-        const __m256 m8 = _mm256_set1_ps(mx);
-        for (j = 0; j + 8 <= n; j += 8) {
-            __m256 e = ster_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
-            _mm256_storeu_ps(s + j, e);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        float sum = ster_hsum8_ops(vsum);
-        for (; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
-        if (a[h].has_sink && !ml) sum += expf(a[h].sink - mx);
-        inv[h] = sum > 0 ? 1.0f / sum : 0.0f;
-        if (ml) { ml[2 * h] = mx; ml[2 * h + 1] = sum; inv[h] = 1.0f; }
-    }
-    /* weighted values: 16 columns x nh heads of accumulators per pass over the keys, with
-     * one loop per head count so the accumulators are named registers, not an array */
-    const float* p0 = sc;
-    const float* p1 = sc + (long)n;
-    const float* p2 = sc + 2L * n;
-    const float* p3 = sc + 3L * n;
-    for (c0 = 0; c0 < D; c0 += 16) {
-        const int two = D - c0 >= 16;
-        const float* vb = V + (long)lo * ldv + c0;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, e0 = a0, e1 = a0, f0 = a0, f1 = a0;
-#define STER_PV_LOOP(BODY) \
-        for (j = 0; j < n; j++) { \
-            const float* v = vb + (long)j * ldv; \
-            __m256 v0 = _mm256_loadu_ps(v), v1 = two ? _mm256_loadu_ps(v + 8) : _mm256_setzero_ps(), p; \
-            BODY \
-        }
-#define STER_PV_HEAD(P, X0, X1) \
-            p = _mm256_broadcast_ss(P + j); X0 = _mm256_fmadd_ps(p, v0, X0); X1 = _mm256_fmadd_ps(p, v1, X1);
-        switch (nh) {
-        case 1: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1)) break;
-        case 2: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1) STER_PV_HEAD(p1, b0, b1)) break;
-        case 3: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1) STER_PV_HEAD(p1, b0, b1) STER_PV_HEAD(p2, e0, e1)) break;
-        default: STER_PV_LOOP(STER_PV_HEAD(p0, a0, a1) STER_PV_HEAD(p1, b0, b1) STER_PV_HEAD(p2, e0, e1)
-                              STER_PV_HEAD(p3, f0, f1)) break;
-        }
-#undef STER_PV_HEAD
-#undef STER_PV_LOOP
-        __m256 res[4][2] = {{a0, a1}, {b0, b1}, {e0, e1}, {f0, f1}};
-        for (h = 0; h < nh; h++) {
-            __m256 vi = _mm256_set1_ps(inv[h]);
-            _mm256_storeu_ps(out + h * os + c0, _mm256_mul_ps(res[h][0], vi));
-            if (two) _mm256_storeu_ps(out + h * os + c0 + 8, _mm256_mul_ps(res[h][1], vi));
-        }
+                                               const ster_attn_args* a, float* out, long os, float* ml) {
+    switch (nh) {
+    case 1: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 1); break;
+    case 2: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 2); break;
+    case 3: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 3); break;
+    default: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 4); break;
     }
 }
 
@@ -343,8 +426,8 @@ static void ster_attn_group(int nh, const float* q, long qs, const float* K, lon
         return;
     }
 #if STER_OPS_X86
-    if (simd && a[0].D % 8 == 0 && a[0].softcap <= 0) {
-        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, lo, hi, a, sc, out, os, ml);
+    if (simd && a[0].D % 8 == 0) {
+        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml);
         return;
     }
 #endif
