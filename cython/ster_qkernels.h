@@ -813,40 +813,55 @@ STER_AVX2_INLINE float ster_row_dot16_t(const int type, const uint8_t* row, int 
 STER_DOT16_FN(ster_dot16_q2_k, STER_Q2_K)
 STER_DOT16_FN(ster_dot16_q3_k, STER_Q3_K)
 STER_DOT16_FN(ster_dot16_q5_k, STER_Q5_K)
-STER_DOT16_FN(ster_dot16_q6_k, STER_Q6_K)
 STER_DOT16_FN(ster_dot16_iq4_nl, STER_IQ4_NL)
 STER_DOT16_FN(ster_dot16_iq4_xs, STER_IQ4_XS)
 
-/* Legacy 32-weight blocks with nibbles: codes 0..15 (0..31 with the Q5 bit), the constant
- * offset (-8, -16) or the block minimum goes to the sum-of-inputs term. Two blocks per
- * iteration with their own accumulators: the scalar offset sum would otherwise be a
- * latency chain of one FMA per block. */
+/* Per-32 sums of the quantized inputs of one 256-block, in order: from xs16[16]. */
+STER_AVX2_INLINE __m256 ster_xs32(const float* xs16) {
+    __m256 h = _mm256_hadd_ps(_mm256_loadu_ps(xs16), _mm256_loadu_ps(xs16 + 8));   /* 0 1 4 5 | 2 3 6 7 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8));
+}
+
+/* Legacy 32-weight blocks with nibbles. Q4_0 and Q5_0 become signed codes (code - 8,
+ * code - 16) before widening, so they need no sum-of-inputs term; Q4_1 / Q5_1 keep codes
+ * 0..15 / 0..31 and their block minimum goes to that term. Q5_0's fifth bits are expanded
+ * in registers (ster_bits32): code - 16 is the nibble where the bit is set and the
+ * nibble | 0xF0 (two's complement) where it is clear. */
 STER_AVX2_INLINE __m256 ster_legacy16_block(const int type, const uint8_t* blk, const int16_t* x) {
-    const __m128i m15 = _mm_set1_epi8(15), b16 = _mm_set1_epi8(16);
+    const __m128i m15 = _mm_set1_epi8(15);
     const uint8_t* qs = blk + (type == STER_Q4_0 ? 2 : type == STER_Q4_1 ? 4 : type == STER_Q5_0 ? 6 : 8);
     __m128i bq = _mm_loadu_si128((const __m128i*)qs);
     __m128i lo = _mm_and_si128(bq, m15), hi = _mm_and_si128(_mm_srli_epi16(bq, 4), m15);
-    if (type == STER_Q5_0 || type == STER_Q5_1) {
-        /* fifth bits: each byte of qh -> 8 bytes of 0x10 / 0x00 from a 2 KiB table */
-        const uint8_t* qh = blk + (type == STER_Q5_0 ? 2 : 4);
+    if (type == STER_Q5_0) {
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        __m256i add = _mm256_andnot_si256(ster_bits32(qh), _mm256_set1_epi8((char)0xF0));
+        lo = _mm_or_si128(lo, _mm256_castsi256_si128(add));
+        hi = _mm_or_si128(hi, _mm256_extracti128_si256(add, 1));
+    } else if (type == STER_Q5_1) {
+        /* here a 2 KiB table (byte of qh -> 8 bytes of 0x10 / 0x00) measured faster */
+        const uint8_t* qh = blk + 4;
         lo = _mm_or_si128(lo, _mm_set_epi64x((long long)ster_q5_bytes[qh[1]], (long long)ster_q5_bytes[qh[0]]));
         hi = _mm_or_si128(hi, _mm_set_epi64x((long long)ster_q5_bytes[qh[3]], (long long)ster_q5_bytes[qh[2]]));
-        (void)b16;
+    } else if (type == STER_Q4_0) {
+        lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
+        hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
     }
-    __m256i p1, p0 = ster_madd32(lo, hi, x, 0, &p1);
+    __m256i p1, p0 = ster_madd32(lo, hi, x, type == STER_Q4_0 || type == STER_Q5_0, &p1);
     return _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
 }
 
-STER_AVX2_INLINE float ster_legacy16_offset(const int type, const uint8_t* blk, float d, float xsum) {
-    if (type == STER_Q4_0) return -8.0f * d * xsum;
-    if (type == STER_Q5_0) return -16.0f * d * xsum;
-    return ster_f16_avx2(blk + 2) * xsum;
+STER_AVX2_INLINE float ster_legacy16_offset(const int type, const uint8_t* blk, float xsum) {
+    (void)type;
+    return ster_f16_avx2(blk + 2) * xsum;   /* Q4_1 / Q5_1: the block minimum */
 }
 
 STER_AVX2_INLINE float ster_dot16_legacy(const int type, const uint8_t* row, int nb, const int16_t* x,
                                          const float* dx, const float* xs16) {
-    /* Pointers that advance (not int indexes): no sign extensions in the loop. */
+    /* Two blocks per iteration with their own accumulators (FMA latency); pointers that
+     * advance. (Eight blocks with their scales gathered into one vector measured slower.) */
     const size_t ts = (size_t)ster_type_size(type);
+    const int offset = (type == STER_Q4_1 || type == STER_Q5_1);
     const uint8_t* k = row;
     const uint8_t* end2 = row + (size_t)(nb & ~1) * ts;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -855,13 +870,15 @@ STER_AVX2_INLINE float ster_dot16_legacy(const int type, const uint8_t* row, int
         float d0 = ster_f16_avx2(k), d1 = ster_f16_avx2(k + ts);
         acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k, x), _mm256_set1_ps(d0 * dx[0]), acc0);
         acc1 = _mm256_fmadd_ps(ster_legacy16_block(type, k + ts, x + 32), _mm256_set1_ps(d1 * dx[1]), acc1);
-        macc0 += ster_legacy16_offset(type, k, d0, xs16[0] + xs16[1]);
-        macc1 += ster_legacy16_offset(type, k + ts, d1, xs16[2] + xs16[3]);
+        if (offset) {
+            macc0 += ster_legacy16_offset(type, k, xs16[0] + xs16[1]);
+            macc1 += ster_legacy16_offset(type, k + ts, xs16[2] + xs16[3]);
+        }
     }
     if (nb & 1) {
         float d0 = ster_f16_avx2(k);
         acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k, x), _mm256_set1_ps(d0 * dx[0]), acc0);
-        macc0 += ster_legacy16_offset(type, k, d0, xs16[0] + xs16[1]);
+        if (offset) macc0 += ster_legacy16_offset(type, k, xs16[0] + xs16[1]);
     }
     return ster_hsum8(_mm256_add_ps(acc0, acc1)) + (macc0 + macc1);
 }
@@ -894,30 +911,93 @@ static STER_AVX2 float ster_dot16_q8_0(const uint8_t* row, int nb, const int16_t
     return ster_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* Q4_K: chunk c's 32 bytes are sub-block 2c (low nibbles) and 2c + 1 (high nibbles). */
+/* Q4_K / Q5_K: the eight 6-bit scales and mins of a block (12 packed bytes) as floats. The
+ * bit layout: sub-blocks 0-3 keep the low 6 bits of bytes 0-3 (scales) and 4-7 (mins);
+ * sub-blocks 4-7 take their low 4 bits from bytes 8-11 and their top 2 bits from the top
+ * bits of bytes 0-3 (scales) and 4-7 (mins). */
+STER_AVX2_INLINE void ster_k4_scales(const uint8_t* p, __m256* sc, __m256* mn) {
+    uint32_t a, b, c;
+    memcpy(&a, p, 4); memcpy(&b, p + 4, 4); memcpy(&c, p + 8, 4);
+    const uint32_t sc_lo = a & 0x3F3F3F3Fu, sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t mn_lo = b & 0x3F3F3F3Fu, mn_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+    __m128i v = _mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo);
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
+
+#define STER_LANE(v, i) _mm256_permutevar8x32_ps((v), _mm256_set1_epi32(i))
+
+/* Q4_K: chunk c's 32 bytes are sub-block 2c (low nibbles) and 2c + 1 (high nibbles). The
+ * eight factors d * scale * dx of a block are one vector (a lane broadcast per sub-block),
+ * and its mins meet the per-32 input sums in one vector FMA. */
 static STER_AVX2 float ster_dot16_q4_k(const uint8_t* row, int nb, const int16_t* x, const float* dx,
                                        const float* xs16) {
     const __m128i m15 = _mm_set1_epi8(15);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float macc = 0.0f, s[16], m[16];
-    int b, c;
-    for (b = 0; b < nb; b++) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    int b;
+    for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
         const uint8_t* blk = row + (size_t)b * 144;
-        ster_block_scales_avx2(STER_Q4_K, blk, s, m);
-        for (c = 0; c < 4; c++) {
-            const int g = 8 * b + 2 * c;
-            __m128i b0 = _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * c));
-            __m128i b1 = _mm_loadu_si128((const __m128i*)(blk + 32 + 32 * c));
-            __m256i p1, p0 = ster_madd32(_mm_and_si128(b0, m15), _mm_and_si128(b1, m15), x + 32 * g, 0, &p1);
-            __m256i r1, r0 = ster_madd32(_mm_and_si128(_mm_srli_epi16(b0, 4), m15),
-                                         _mm_and_si128(_mm_srli_epi16(b1, 4), m15), x + 32 * g + 32, 0, &r1);
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(s[4 * c] * dx[g]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(r0, r1)), _mm256_set1_ps(s[4 * c + 2] * dx[g + 1]), acc1);
-            macc += m[4 * c] * (xs16[2 * g] + xs16[2 * g + 1]) + m[4 * c + 2] * (xs16[2 * g + 2] + xs16[2 * g + 3]);
-        }
+        __m256 sc, mn;
+        ster_k4_scales(blk + 4, &sc, &mn);
+        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(ster_f16_avx2(blk))), _mm256_loadu_ps(dx));
+        macc = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(ster_f16_avx2(blk + 2))), ster_xs32(xs16), macc);
+#define STER_Q4K_CHUNK(c) { \
+            __m128i b0 = _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * (c))); \
+            __m128i b1 = _mm_loadu_si128((const __m128i*)(blk + 32 + 32 * (c))); \
+            __m256i p1, p0 = ster_madd32(_mm_and_si128(b0, m15), _mm_and_si128(b1, m15), x + 64 * (c), 0, &p1); \
+            __m256i r1, r0 = ster_madd32(_mm_and_si128(_mm_srli_epi16(b0, 4), m15), \
+                                         _mm_and_si128(_mm_srli_epi16(b1, 4), m15), x + 64 * (c) + 32, 0, &r1); \
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), STER_LANE(f, 2 * (c)), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(r0, r1)), STER_LANE(f, 2 * (c) + 1), acc1); }
+        STER_Q4K_CHUNK(0) STER_Q4K_CHUNK(1) STER_Q4K_CHUNK(2) STER_Q4K_CHUNK(3)
+#undef STER_Q4K_CHUNK
     }
-    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + macc;
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) - ster_hsum8(macc);
 }
+
+/* Q6_K: unit u = 4h + j (32 weights) takes the low (j < 2) or high nibbles of ql bytes
+ * 64h + 32(j & 1) .. +31 and bits 2j, 2j + 1 of qh bytes 32h .. 32h + 31; codes 0..63 are
+ * multiplied unsigned and the -32 goes to the sum-of-inputs term. Sub-block (16 weights)
+ * i has the int8 scale sc[i]: its factor d * sc[i] * dx[i / 2] is a lane of fa (i < 8) or
+ * fb. */
+static STER_AVX2 float ster_dot16_q6_k(const uint8_t* row, int nb, const int16_t* x, const float* dx,
+                                       const float* xs16) {
+    const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    const __m256i pair_lo = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0), pair_hi = _mm256_set_epi32(7, 7, 6, 6, 5, 5, 4, 4);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    int b;
+    for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
+        const uint8_t* blk = row + (size_t)b * 210;
+        const __m256 d = _mm256_set1_ps(ster_f16_avx2(blk + 208));
+        const __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 192)))));
+        const __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 200)))));
+        const __m256 dxv = _mm256_loadu_ps(dx);
+        const __m256 fa = _mm256_mul_ps(sa, _mm256_permutevar8x32_ps(dxv, pair_lo));
+        const __m256 fb = _mm256_mul_ps(sb, _mm256_permutevar8x32_ps(dxv, pair_hi));
+        macc = _mm256_fmadd_ps(sa, _mm256_loadu_ps(xs16), macc);
+        macc = _mm256_fmadd_ps(sb, _mm256_loadu_ps(xs16 + 8), macc);
+#define STER_Q6K_UNIT(h, j, F, L) { \
+            __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 64 * (h) + 32 * ((j) & 1))); \
+            q = _mm256_and_si256((j) < 2 ? q : _mm256_srli_epi16(q, 4), m15); \
+            __m256i t = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * (j)), m3); \
+            q = _mm256_or_si256(q, _mm256_slli_epi16(t, 4)); \
+            __m256i p1, p0 = ster_madd32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1), \
+                                         x + 128 * (h) + 32 * (j), 0, &p1); \
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), STER_LANE(F, 2 * (L)), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), STER_LANE(F, 2 * (L) + 1), acc1); }
+        {
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 128));
+            STER_Q6K_UNIT(0, 0, fa, 0) STER_Q6K_UNIT(0, 1, fa, 1) STER_Q6K_UNIT(0, 2, fa, 2) STER_Q6K_UNIT(0, 3, fa, 3)
+        }
+        {
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 160));
+            STER_Q6K_UNIT(1, 0, fb, 0) STER_Q6K_UNIT(1, 1, fb, 1) STER_Q6K_UNIT(1, 2, fb, 2) STER_Q6K_UNIT(1, 3, fb, 3)
+        }
+#undef STER_Q6K_UNIT
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) - 32.0f * ster_hsum8(macc);
+}
+#undef STER_LANE
 
 typedef float (*ster_dot16_fn)(const uint8_t*, int, const int16_t*, const float*, const float*);
 
