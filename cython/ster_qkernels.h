@@ -812,7 +812,6 @@ STER_AVX2_INLINE float ster_row_dot16_t(const int type, const uint8_t* row, int 
         return ster_row_dot16_t(TYPE, row, nb, x, dx, xs16); }
 STER_DOT16_FN(ster_dot16_q2_k, STER_Q2_K)
 STER_DOT16_FN(ster_dot16_q3_k, STER_Q3_K)
-STER_DOT16_FN(ster_dot16_q5_k, STER_Q5_K)
 STER_DOT16_FN(ster_dot16_iq4_nl, STER_IQ4_NL)
 STER_DOT16_FN(ster_dot16_iq4_xs, STER_IQ4_XS)
 
@@ -951,6 +950,36 @@ static STER_AVX2 float ster_dot16_q4_k(const uint8_t* row, int nb, const int16_t
             acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(r0, r1)), STER_LANE(f, 2 * (c) + 1), acc1); }
         STER_Q4K_CHUNK(0) STER_Q4K_CHUNK(1) STER_Q4K_CHUNK(2) STER_Q4K_CHUNK(3)
 #undef STER_Q4K_CHUNK
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) - ster_hsum8(macc);
+}
+
+/* Q5_K: Q4_K's scales and nibbles (from byte 48) plus a fifth bit per weight: bit u of qh
+ * byte l belongs to weight l of unit u. */
+static STER_AVX2 float ster_dot16_q5_k(const uint8_t* row, int nb, const int16_t* x, const float* dx,
+                                       const float* xs16) {
+    const __m256i m15 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    int b;
+    for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
+        const uint8_t* blk = row + (size_t)b * 176;
+        __m256 sc, mn;
+        ster_k4_scales(blk + 4, &sc, &mn);
+        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(ster_f16_avx2(blk))), _mm256_loadu_ps(dx));
+        macc = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(ster_f16_avx2(blk + 2))), ster_xs32(xs16), macc);
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
+#define STER_Q5K_UNIT(u, Q, A) { \
+            __m256i t = _mm256_and_si256(_mm256_srli_epi16(qh, (u)), one); \
+            __m256i c5 = _mm256_or_si256(Q, _mm256_slli_epi16(t, 4)); \
+            __m256i p1, p0 = ster_madd32(_mm256_castsi256_si128(c5), _mm256_extracti128_si256(c5, 1), x + 32 * (u), 0, &p1); \
+            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), STER_LANE(f, (u)), A); }
+#define STER_Q5K_CHUNK(c) { \
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 48 + 32 * (c))); \
+            STER_Q5K_UNIT(2 * (c), _mm256_and_si256(q, m15), acc0) \
+            STER_Q5K_UNIT(2 * (c) + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), m15), acc1) }
+        STER_Q5K_CHUNK(0) STER_Q5K_CHUNK(1) STER_Q5K_CHUNK(2) STER_Q5K_CHUNK(3)
+#undef STER_Q5K_CHUNK
+#undef STER_Q5K_UNIT
     }
     return ster_hsum8(_mm256_add_ps(acc0, acc1)) - ster_hsum8(macc);
 }

@@ -78,7 +78,13 @@ def get_threads() -> int:
 
 def matvec_group(mats: tuple, x: np.ndarray, outs: tuple) -> None:
     """``qmatmul.matvec_group``: x float32 [1, K] times each QMatrix of ``mats`` into ``outs``."""
-    _kernels().matvec_group(mats, x, outs)
+    global _matvec_group
+    if _matvec_group is None:  # bound once: this runs twice per layer per decoded token
+        _matvec_group = _kernels().matvec_group
+    _matvec_group(mats, x, outs)
+
+
+_matvec_group = None
 
 
 class QuantTensor:
