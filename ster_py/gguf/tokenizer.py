@@ -41,6 +41,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from ster_py.errors import SterError
+from ster_py.gguf.spm_splits import hashed_splits as _hashed_splits
 
 if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
     from ster_py.tokenizer import Tokenizer
@@ -750,14 +751,13 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
     is the best-scored token; with these ranks tokenizers' BPE does the same. Ties
     (equal scores) are ordered by token id, then by split point.
 
-    A split can only be valid when both parts have lengths that some token has, so
-    the work is linear in the vocabulary's characters; tokens of up to
-    ``_HASHED_LENGTH`` characters (all of them in real vocabularies) are looked up
-    with vectorised 64-bit polynomial hashes, every hit confirmed code point by
-    code point, and longer ones with plain dictionary look-ups.
+    The splits are found with vectorised 64-bit polynomial hashes over the whole
+    vocabulary (``spm_splits``), every hit confirmed on the texts; if two tokens
+    share a hash, every split is looked up by text instead.
 
     Raises:
-        SterError: a token longer than ``MAX_SPM_TOKEN_CHARS``.
+        SterError: a token longer than ``MAX_SPM_TOKEN_CHARS``; more than
+            ``MAX_DERIVED_MERGES`` merges.
     """
     n = len(tokens)
     lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
@@ -768,40 +768,34 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
             f"vocabularies hold tokens of a few dozen characters and ster refuses any over {MAX_SPM_TOKEN_CHARS}. "
             "The file is corrupt or crafted; re-convert the model"
         )
-    present = set(lengths.tolist())
-    found: list[np.ndarray] = []  # (token id, cut, left id, right id) rows
-    hashed = _hashed_splits(tokens, lengths, present)
-    if hashed is None:  # two tokens share a hash: look every split up by text
-        long_ids = range(n)
-    else:
-        found.append(hashed)
-        long_ids = np.flatnonzero(lengths > _HASHED_LENGTH).tolist()
-    rows = []
-    for i in long_ids:
-        t = tokens[i]
-        m = len(t)
-        for cut in range(1, m):
-            if cut in present and m - cut in present:
-                left = vocab.get(t[:cut])
-                if left is not None:
-                    right = vocab.get(t[cut:])
-                    if right is not None:
-                        rows.append((i, cut, left, right))
-                        if len(rows) > MAX_DERIVED_MERGES:
-                            raise _too_many_merges(len(rows))
-    if rows:
-        found.append(np.array(rows, dtype=np.int64))
-    if not found:
-        return []
-    table = np.concatenate(found)
+    table = _hashed_splits(tokens, lengths, MAX_DERIVED_MERGES)
+    if table is None:  # two tokens share a hash: look every split up by text
+        present = set(lengths.tolist())
+        rows = []
+        for i, t in enumerate(tokens):
+            m = len(t)
+            for cut in range(1, m):
+                if cut in present and m - cut in present:
+                    left = vocab.get(t[:cut])
+                    if left is not None:
+                        right = vocab.get(t[cut:])
+                        if right is not None:
+                            rows.append((i, cut, left, right))
+                            if len(rows) > MAX_DERIVED_MERGES:
+                                raise _too_many_merges(len(rows))
+        table = np.array(rows, dtype=np.int64).reshape(-1, 4)
     if len(table) > MAX_DERIVED_MERGES:
         raise _too_many_merges(len(table))
     if not len(table):
         return []
     token, cut, left, right = table.T
-    rank = np.lexsort((cut, token, -scores[token]))
-    text = tokens.__getitem__
-    return list(zip(map(text, left[rank].tolist()), map(text, right[rank].tolist())))
+    # The rows come by token id, cuts ascending, so a stable sort by score alone ranks them.
+    rank = np.argsort(-scores[token], kind="stable")
+    # The pairs reuse the vocabulary's own string objects (an object array gathers them
+    # in C); tokenizers reads each text once more per merge.
+    texts = np.empty(n, dtype=object)
+    texts[:] = tokens
+    return list(zip(texts[left[rank]].tolist(), texts[right[rank]].tolist()))
 
 
 def _too_many_merges(count: int) -> SterError:
@@ -810,78 +804,8 @@ def _too_many_merges(count: int) -> SterError:
                      "The file is corrupt or crafted; re-convert the model")
 
 
-# Tokens up to this many characters are split with vectorised hashes; longer ones one by one.
-_HASHED_LENGTH = 64
 #: SentencePiece tokens longer than this are refused (real vocabularies stay under ~50).
 MAX_SPM_TOKEN_CHARS = 1024
-_HASH_BASE = np.uint64(0x100000001B3)  # an odd 64-bit multiplier; arithmetic wraps modulo 2**64
-
-
-def _hashed_splits(tokens: Sequence[str], lengths: np.ndarray, present: set[int]) -> np.ndarray | None:
-    """Every (token id, cut, left id, right id) with both parts in the vocabulary, for the
-    tokens of at most ``_HASHED_LENGTH`` characters; None when two tokens share a hash.
-
-    Each length group becomes a [count, length] uint32 matrix of code points; the
-    polynomial hash of every prefix is built column by column, a suffix's hash follows
-    from its prefix's, and both are searched among the vocabulary's hashes.
-    """
-    n = len(tokens)
-    short = np.flatnonzero(lengths <= _HASHED_LENGTH)
-    by_length = short[np.argsort(lengths[short], kind="stable")]
-    sizes = sorted(m for m in present if 0 < m <= _HASHED_LENGTH)
-    starts = np.searchsorted(lengths[by_length], sizes + [_HASHED_LENGTH + 1])
-    groups, codes, prefixes = {}, {}, {}
-    row = np.zeros(n, dtype=np.int64)
-    hashes = np.zeros(n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k, m in enumerate(sizes):
-            ids = by_length[starts[k]:starts[k + 1]]
-            cp = np.array([tokens[i] for i in ids.tolist()], dtype=f"<U{m}").view(np.uint32).reshape(len(ids), m)
-            prefix = np.zeros((len(ids), m + 1), dtype=np.uint64)
-            for j in range(m):
-                prefix[:, j + 1] = prefix[:, j] * _HASH_BASE + cp[:, j].astype(np.uint64) + np.uint64(1)
-            groups[m], codes[m], prefixes[m] = ids, cp, prefix
-            row[ids] = np.arange(len(ids))
-            hashes[ids] = prefix[:, m]
-        # Per length: the group's ids in hash order, to search a part among tokens of its length.
-        tables = {}
-        for m, ids in groups.items():
-            order = np.argsort(hashes[ids], kind="stable")
-            sorted_hashes = hashes[ids][order]
-            if np.any(sorted_hashes[1:] == sorted_hashes[:-1]):
-                return None
-            tables[m] = (sorted_hashes, ids[order])
-
-        def lookup(m: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            sorted_hashes, keys = tables[m]
-            pos = np.minimum(np.searchsorted(sorted_hashes, h), len(sorted_hashes) - 1)
-            return sorted_hashes[pos] == h, keys[pos]
-
-        power = [np.uint64(1)]
-        for _ in range(_HASHED_LENGTH):
-            power.append(power[-1] * _HASH_BASE)
-        out = [np.zeros((0, 4), dtype=np.int64)]
-        total = 0
-        for m in sizes:
-            ids, cp, prefix = groups[m], codes[m], prefixes[m]
-            for cut in range(1, m):
-                if cut not in groups or m - cut not in groups:
-                    continue
-                hit, left = lookup(cut, prefix[:, cut])
-                sel = np.flatnonzero(hit)
-                if not len(sel):
-                    continue
-                hit, right = lookup(m - cut, prefix[sel, m] - prefix[sel, cut] * power[m - cut])
-                sel, left, right = sel[hit], left[sel[hit]], right[hit]
-                # A hash hit counts only if the parts spell the token.
-                ok = ((codes[cut][row[left]] == cp[sel, :cut]).all(1)
-                      & (codes[m - cut][row[right]] == cp[sel, cut:]).all(1))
-                sel, left, right = sel[ok], left[ok], right[ok]
-                total += len(sel)
-                if total > MAX_DERIVED_MERGES:
-                    raise _too_many_merges(total)
-                out.append(np.stack([ids[sel], np.full(len(sel), cut), left, right], axis=1))
-    return np.concatenate(out)
 
 
 # ----------------------------------------------------------- special handling

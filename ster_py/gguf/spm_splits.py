@@ -1,0 +1,162 @@
+"""Every way to cut each token of a vocabulary into two tokens, found with array hashing.
+
+A SentencePiece GGUF stores scores, not merges; its merge list is every split of a
+token into two vocabulary tokens (``tokenizer._merges_from_scores`` ranks them). A
+plain search slices each token at each point and looks both parts up in a dict,
+about 1.2 million look-ups for Gemma 3's 262,144 tokens. Here the work is done on
+numpy arrays: the vocabulary becomes one array of code points, every substring gets
+a 64-bit polynomial hash in O(1) from running sums, the parts' hashes are looked up
+among the tokens' hashes, and every hit is confirmed on the texts themselves, so a
+hash collision can cost time but never a wrong merge.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["hashed_splits"]
+
+# An odd multiplier, so it has an inverse modulo 2**64 (all hash arithmetic wraps there).
+_BASE = 0x100000001B3
+_INVERSE = pow(_BASE, -1, 1 << 64)
+#: Splits handled per batch: keeps the temporary arrays (~100 bytes a split) in the CPU cache.
+_BATCH = 1 << 18
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd; 2**64 / golden ratio (Fibonacci hashing)
+#: A hash bucket fuller than this (only a crafted vocabulary) switches look-ups to binary search.
+_MAX_BUCKET = 32
+
+
+def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.ndarray | None:
+    """Every (token id, cut, left id, right id) with ``tokens[left] + tokens[right] == tokens[id]``
+    and ``len(tokens[left]) == cut``, grouped by token id, cuts ascending.
+
+    Args:
+        tokens: the vocabulary, distinct non-empty strings.
+        lengths: int64 [len(tokens)], ``len`` of each token.
+        limit: stop once more than this many rows are confirmed (the caller refuses such
+            a table, so finishing it would be wasted work).
+
+    Returns:
+        int64 [rows, 4], or None when two tokens have the same hash (the caller then
+        looks every split up by text).
+
+    Source: the polynomial hash of ``s[i:j]`` is ``sum((s[k] + 1) * B**(j-1-k))``, which
+    equals ``B**(j-1) * (G[j] - G[i])`` with ``G[k] = sum((s[t] + 1) * B**-t for t < k)``,
+    all modulo 2**64 (B odd, so B**-1 exists).
+    """
+    n = len(tokens)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    # All code points, token after token. "surrogatepass": a lone surrogate (possible in a
+    # str, never in text decoded from UTF-8) stays one code point, as len() counts it.
+    flat = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    power = _powers(_BASE, len(flat) + 1)  # B**k
+    running = np.zeros(len(flat) + 1, dtype=np.uint64)  # G
+    # Integer ufuncs wrap modulo 2**64, which is the arithmetic wanted here.
+    np.cumsum((flat + np.uint64(1)) * _powers(_INVERSE, len(flat)), out=running[1:])
+
+    def hash_of(i: np.ndarray, j: np.ndarray) -> np.ndarray:  # flat[i:j] for each pair, j > i
+        return power[j - 1] * (running[j] - running[i])
+
+    find = _finder(hash_of(starts[:-1], starts[1:]))
+    if find is None:
+        return None
+    splits = np.maximum(lengths - 1, 0)
+    # Token ranges of about _BATCH splits each.
+    ends = np.searchsorted(np.cumsum(splits), np.arange(_BATCH, int(splits.sum()) + _BATCH, _BATCH), "right")
+    out = [np.zeros((0, 4), dtype=np.int64)]
+    count, first = 0, 0
+    for last in np.unique(np.append(ends, n)).tolist():
+        per = splits[first:last]
+        token = np.repeat(np.arange(first, last), per)
+        # cut = 1, 2, ... within each token
+        cut = np.arange(1, len(token) + 1) - np.repeat(np.cumsum(per) - per, per)
+        first = last
+        begin = starts[token]
+        middle = begin + cut
+        left = find(hash_of(begin, middle))
+        hit = np.flatnonzero(left >= 0)
+        token, cut, begin, middle, left = token[hit], cut[hit], begin[hit], middle[hit], left[hit]
+        right = find(hash_of(middle, starts[token + 1]))
+        ok = (right >= 0) & (lengths[left] == cut) & (lengths[right] == lengths[token] - cut)
+        token, cut, left, right = token[ok], cut[ok], left[ok], right[ok]
+        ok = _spells(flat, starts, token, cut, left, right)
+        out.append(np.stack([token[ok], cut[ok], left[ok], right[ok]], axis=1))
+        count += int(ok.sum())
+        if count > limit:
+            break
+    return np.concatenate(out)
+
+
+def _spells(flat: np.ndarray, starts: np.ndarray, token: np.ndarray, cut: np.ndarray, left: np.ndarray,
+            right: np.ndarray) -> np.ndarray:
+    """bool [k]: whether token[i]'s code points are left[i]'s then right[i]'s (their lengths
+    already add up), compared one by one: a hash match is only a candidate."""
+    size = starts[token + 1] - starts[token]
+    ends = np.cumsum(size)
+    owner = np.repeat(np.arange(len(token)), size)  # candidate of each compared position
+    first = ends - size
+    at = np.arange(len(owner)) - first[owner]  # position inside the token
+    # Where each position's code point sits in the left part, or else in the right one.
+    source = at + np.where(at < cut[owner], starts[left][owner], (starts[right] - cut)[owner])
+    differs = flat[starts[token][owner] + at] != flat[source]
+    return ~np.logical_or.reduceat(differs, first) if len(owner) else np.ones(len(token), dtype=bool)
+
+
+def _powers(base: int, count: int) -> np.ndarray:
+    """uint64 [count]: base**0, base**1, ... modulo 2**64."""
+    out = np.full(count, base, dtype=np.uint64)
+    if count:
+        out[0] = 1
+        np.multiply.accumulate(out, out=out)
+    return out
+
+
+def _finder(keys: np.ndarray):
+    """A look-up of hashes among ``keys`` (uint64 [n], one per token): maps a uint64 array of
+    hashes to the int64 array of matching token ids, -1 where none. None if two keys are equal.
+
+    Keys and queries are first multiplied by an odd constant (a bijection modulo 2**64)
+    so that the top bits depend on every bit: a short token's polynomial hash is a small
+    number. The mixed keys are sorted, so the ones sharing their top bits (a bucket; about
+    two buckets per key) are contiguous: a query scans ascending keys from its bucket's
+    first one until it meets a key not below it, one or two steps where a binary search
+    takes eighteen. An empty bucket's "first key" is the next bucket's, larger than the query.
+    """
+    keys = keys * _MIX
+    order = np.argsort(keys)
+    keys = keys[order]
+    if np.any(keys[1:] == keys[:-1]):
+        return None
+    # A sentinel after the last key ends every scan; it maps to no token.
+    keys = np.append(keys, np.uint64(2**64 - 1))
+    order = np.append(order, -1)
+    bits = len(keys).bit_length() + 1
+    shift = np.uint64(64 - bits)
+    counts = np.bincount((keys[:-1] >> shift).astype(np.intp), minlength=1 << bits)
+    bucket_start = np.zeros(len(counts), dtype=np.intp)
+    np.cumsum(counts[:-1], out=bucket_start[1:])
+
+    if counts.max() > _MAX_BUCKET:  # crafted keys: binary search keeps the cost O(log n)
+        def find(query: np.ndarray) -> np.ndarray:
+            query = query * _MIX
+            pos = np.searchsorted(keys, query)
+            return np.where(keys[pos] == query, order[pos], -1)
+        return find
+
+    def find(query: np.ndarray) -> np.ndarray:
+        query = query * _MIX
+        pos = bucket_start[(query >> shift).astype(np.intp)]
+        key = keys[pos]
+        found = np.where(key == query, order[pos], -1)
+        scan = np.flatnonzero(key < query)
+        while len(scan):
+            pos[scan] += 1
+            key = keys[pos[scan]]
+            hit = key == query[scan]
+            found[scan[hit]] = order[pos[scan[hit]]]
+            scan = scan[key < query[scan]]
+        return found
+
+    return find
