@@ -1,7 +1,8 @@
 /* Fused float32 kernels for the non-matmul part of a decoder step: RMSNorm /
  * LayerNorm over rows, rotary embedding in place, and attention of a few query
  * rows over the key/value cache (GQA, causal + sliding window, soft-cap,
- * additive bias, sinks) with a two-pass softmax.
+ * additive bias, sinks): one pass with an online softmax (AVX2), or scores then
+ * a two-pass softmax (portable path).
  *
  * Each has a numpy reference in ster_py/decoder (norms.py, rope.py,
  * attention.py) that the tests compare against. AVX2/FMA versions are chosen at
@@ -212,11 +213,9 @@ STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const float* k, long 
 }
 
 /* acc[h][0..D) = alpha[h] * acc[h] + sum over the nb keys j of p[h * SB + j] * v_j, for NH
- * heads (acc rows at stride os), in 16-column slabs whose accumulators stay in registers.
- * pf (or NULL): nb rows at stride pfs, one line of each per slab is prefetched (the keys
- * of the next block). */
+ * heads (acc rows at stride os), in 16-column slabs whose accumulators stay in registers. */
 STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int nb, int D, const float* alpha,
-                                   float* acc, long os, const char* pf, long pfs, const int NH) {
+                                   float* acc, long os, const int NH) {
     int c0, j, h;
     __m256 al[4];
     for (h = 0; h < NH; h++) al[h] = _mm256_set1_ps(alpha[h]);
@@ -228,7 +227,6 @@ STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int
         }
         for (j = 0; j < nb; j++) {
             const float* v = V + (long)j * ldv + c0;
-            if (pf) _mm_prefetch(pf + j * pfs + 4L * c0, _MM_HINT_T0);
             __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
             for (h = 0; h < NH; h++) {
                 __m256 pj = _mm256_broadcast_ss(p + h * STER_ATTN_BLOCK + j);
@@ -256,9 +254,11 @@ STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int
  * in one pass (online softmax, as in flash attention: Milakov & Gimelshein 2018, Dao et al.
  * 2022): per block of keys, the scores of all heads, the running max m and denominator l
  * (the accumulators rescaled by exp(m_old - m_new) when the max grows), then the block's
- * values, while its rows are still in L1. The next block's rows are prefetched during the
- * current one (values during the scores, the next keys during the values): the cache is
- * read from memory once and mostly sequentially, at a rate the prefetchers can sustain.
+ * values. The cache is read from memory once: the keys as one sequential stream, which the
+ * hardware prefetchers follow; the block's value rows are prefetched into L1 while its
+ * scores are computed, since the value pass walks them in 16-column slabs (strided), which
+ * the hardware prefetchers serve poorly. (Prefetching the next block's keys as well, or
+ * the values further ahead or into L2 only, measured slower.)
  * Same arguments and results as ster_attn_row_scalar (sc is unused). */
 STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K, long ldk, const float* V,
                                         long ldv, int lo, int hi, const ster_attn_args* a, float* out, long os,
@@ -323,12 +323,8 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K,
             l[h] = l[h] * alpha[h] + ster_hsum8_ops(vsum);
             m[h] = mn;
         }
-        /* values of the block; the next block's key rows are prefetched meanwhile */
-        {
-            const int nn = hi - (j0 + nb) < nb ? hi - (j0 + nb) : nb;
-            ster_pv_block(s, vb, ldv, nb, D, alpha, out, os, nn == nb ? (const char*)(kb + (long)nb * ldk) : NULL,
-                          4 * ldk, NH);
-        }
+        /* values of the block */
+        ster_pv_block(s, vb, ldv, nb, D, alpha, out, os, NH);
     }
     for (h = 0; h < NH; h++) {
         float inv;
