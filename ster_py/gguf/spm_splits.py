@@ -51,10 +51,13 @@ def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.
     # All code points, token after token. "surrogatepass": a lone surrogate (possible in a
     # str, never in text decoded from UTF-8) stays one code point, as len() counts it.
     flat = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    power = _powers(_BASE, len(flat) + 1)  # B**k
-    running = np.zeros(len(flat) + 1, dtype=np.uint64)  # G
     # Integer ufuncs wrap modulo 2**64, which is the arithmetic wanted here.
-    np.cumsum((flat + np.uint64(1)) * _powers(_INVERSE, len(flat)), out=running[1:])
+    power = _powers(_BASE, np.empty(len(flat) + 1, dtype=np.uint64))  # B**k
+    running = np.empty(len(flat) + 1, dtype=np.uint64)  # G, built in place
+    running[0] = 0
+    terms = _powers(_INVERSE, running[1:])  # B**-k
+    np.multiply(terms, flat + np.uint32(1), out=terms)  # code points stay below 0x110000
+    np.cumsum(terms, out=terms)
 
     def hash_of(i: np.ndarray, j: np.ndarray) -> np.ndarray:  # flat[i:j] for each pair, j > i
         return power[j - 1] * (running[j] - running[i])
@@ -104,10 +107,10 @@ def _spells(flat: np.ndarray, starts: np.ndarray, token: np.ndarray, cut: np.nda
     return ~np.logical_or.reduceat(differs, first) if len(owner) else np.ones(len(token), dtype=bool)
 
 
-def _powers(base: int, count: int) -> np.ndarray:
-    """uint64 [count]: base**0, base**1, ... modulo 2**64."""
-    out = np.full(count, base, dtype=np.uint64)
-    if count:
+def _powers(base: int, out: np.ndarray) -> np.ndarray:
+    """Fill uint64 ``out`` with base**0, base**1, ... modulo 2**64; returns it."""
+    out.fill(base)
+    if len(out):
         out[0] = 1
         np.multiply.accumulate(out, out=out)
     return out

@@ -306,7 +306,7 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
         pre = None
 
     eog_texts = {t for t in END_OF_GENERATION_TEXTS if t in vocab}
-    _add_special_tokens(tk, tokens, types, eog_texts, _strips_after_specials(meta, model))
+    _add_special_tokens(tk, tokens, types, {vocab[t] for t in eog_texts}, _strips_after_specials(meta, model))
 
     for flag, key, name in ((add_bos, "bos", "add_bos_token"), (add_eos, "eos", "add_eos_token"),
                             (add_sep, "sep", "add_sep_token")):
@@ -810,17 +810,17 @@ MAX_SPM_TOKEN_CHARS = 1024
 
 # ----------------------------------------------------------- special handling
 
-def _add_special_tokens(tk: tokenizers.Tokenizer, tokens: Sequence[str], types: np.ndarray, eog_texts: set[str],
+def _add_special_tokens(tk: tokenizers.Tokenizer, tokens: Sequence[str], types: np.ndarray, eog_ids: set[int],
                         rstrip: bool) -> None:
     """Control, unknown and user-defined tokens are matched whole in the raw text
     before the scheme runs (llama.cpp's tokenizer_st_partition). Control and unknown
-    ones are special; the end-of-generation texts are made control as llama.cpp does."""
+    ones are special; the end-of-generation tokens (``eog_ids``) are made control as llama.cpp does."""
     special, plain = [], []
     # Only the few tokens that are not plain vocabulary (or are end-of-generation texts) matter.
-    ids = set(np.flatnonzero(types != NORMAL).tolist()) | {i for i, t in enumerate(tokens) if t in eog_texts}
+    ids = set(np.flatnonzero(types != NORMAL).tolist()) | eog_ids
     for i in sorted(ids):
         kind, text = int(types[i]), tokens[i]
-        if kind in (CONTROL, UNKNOWN) or text in eog_texts:
+        if kind in (CONTROL, UNKNOWN) or i in eog_ids:
             # Phi-3's <unk>, <s> and <|endoftext|> keep the whitespace after them (llama.cpp).
             strip = rstrip and text not in ("<unk>", "<s>", "<|endoftext|>")
             special.append(AddedToken(text, special=True, normalized=False, rstrip=strip))
