@@ -12,6 +12,10 @@ from libc.stdlib cimport free, malloc
 
 import numpy as np
 
+cimport numpy as cnp
+
+cnp.import_array()
+
 from ster_py._kernels.qmatmul import MAX_THREADS, _default_threads, _pool_capsule
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
@@ -202,23 +206,55 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
                     j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd, NULL)
 
 
-def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :, :] v,
-              const long long[::1] positions, float scale, int window, float softcap,
-              bias, const float[::1] sinks, float[:, :, ::1] out):
-    """Attention of q [H, T, D] over k, v [KV, S, D] (key j at position j), into out [H, T, D].
+cdef inline bint _f32_3d(object a):
+    return cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32 \
+        and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
 
-    window: sliding window in positions (0: none); softcap: logit soft-cap (0: none);
-    bias: None or float32 [H or 1, T or 1, S] with a contiguous last axis (added after
-    scaling and soft-capping); sinks: None or float32 [H].
+
+cdef inline bint _kv_layout(cnp.ndarray a):
+    # float32 rows with a contiguous last axis at a positive stride (cache views qualify)
+    cdef cnp.npy_intp* st = cnp.PyArray_STRIDES(a)
+    return st[2] == 4 and st[1] > 0 and st[1] % 4 == 0 and st[0] % 4 == 0
+
+
+def attention(q, k, v, positions, float scale, int window, float softcap, bias, sinks):
+    """Attention of q [H, T, D] over k, v [KV, S, D] (key j at position j): float32 [H, T, D].
+
+    positions: int [T] (absolute positions of the query rows); window: sliding window in
+    positions (0: none); softcap: logit soft-cap (0: none); bias: None or float32
+    [H or 1, T or 1, S] with a contiguous last axis (added after scaling and soft-capping);
+    sinks: None or float [H]. Returns None, computing nothing, when q, k, v are not
+    float32 3-D arrays, k or v lack a contiguous last axis, or sinks is not [H]: the
+    caller then uses the numpy reference. Raises ValueError for shapes that do not fit.
+    (numpy arrays are read through the C API, not typed memoryviews: this runs once per
+    layer and token, and the memoryview set-up was a visible part of a short call.)
     """
-    cdef int H = q.shape[0], T = q.shape[1], D = q.shape[2]
-    cdef int KV = k.shape[0], S = k.shape[1]
-    if KV == 0 or H % KV or v.shape[0] != KV or v.shape[1] != S or k.shape[2] != D or v.shape[2] != D:
+    if not (_f32_3d(q) and _f32_3d(k) and _f32_3d(v)):
+        return None
+    cdef cnp.ndarray qa = <cnp.ndarray>q, ka = <cnp.ndarray>k, va = <cnp.ndarray>v
+    if not (_kv_layout(ka) and _kv_layout(va)):
+        return None
+    cdef int H = <int>cnp.PyArray_DIM(qa, 0), T = <int>cnp.PyArray_DIM(qa, 1), D = <int>cnp.PyArray_DIM(qa, 2)
+    cdef int KV = <int>cnp.PyArray_DIM(ka, 0), S = <int>cnp.PyArray_DIM(ka, 1)
+    cdef cnp.ndarray sa = None
+    if sinks is not None:
+        sa = np.ascontiguousarray(sinks, dtype=np.float32)
+        if cnp.PyArray_NDIM(sa) != 1 or cnp.PyArray_DIM(sa, 0) != H:
+            return None
+    if KV == 0 or H % KV or cnp.PyArray_DIM(va, 0) != KV or cnp.PyArray_DIM(va, 1) != S \
+            or cnp.PyArray_DIM(ka, 2) != D or cnp.PyArray_DIM(va, 2) != D:
         raise ValueError("q, k and v shapes do not fit grouped-query attention")
-    if k.strides[2] != 4 or v.strides[2] != 4 or k.strides[1] <= 0 or v.strides[1] <= 0:
-        raise ValueError("keys and values need a contiguous last axis and positive strides")
-    if positions.shape[0] != T or out.shape[0] != H or out.shape[1] != T or out.shape[2] != D:
-        raise ValueError("positions or output shape do not match the queries")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(qa):
+        qa = np.ascontiguousarray(qa)
+    cdef cnp.ndarray pa
+    if cnp.PyArray_Check(positions) and cnp.PyArray_TYPE(<cnp.ndarray>positions) == cnp.NPY_INT64 \
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>positions):
+        pa = <cnp.ndarray>positions
+    else:
+        pa = np.ascontiguousarray(positions, dtype=np.int64)
+    if cnp.PyArray_NDIM(pa) != 1 or cnp.PyArray_DIM(pa, 0) != T:
+        raise ValueError("positions do not match the query rows")
+    cdef cnp.ndarray out = cnp.PyArray_EMPTY(3, cnp.PyArray_DIMS(qa), cnp.NPY_FLOAT32, 0)
     cdef int G = H // KV
     cdef const float[:, :, :] bv
     cdef const float* bp = NULL
@@ -232,12 +268,10 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
         bp = &bv[0, 0, 0]
         bsh = bv.strides[0] // 4 if bv.shape[0] == H else 0
         bst = bv.strides[1] // 4 if bv.shape[1] == T else 0
-    if sinks is not None and sinks.shape[0] != H:
-        raise ValueError("sinks must hold one value per head")
     if H == 0 or T == 0 or D == 0:
-        return
-    cdef long ldk = k.strides[1] // 4, ldv = v.strides[1] // 4
-    cdef long kvs = k.strides[0] // 4, vvs = v.strides[0] // 4
+        return out
+    cdef long ldk = cnp.PyArray_STRIDE(ka, 1) // 4, ldv = cnp.PyArray_STRIDE(va, 1) // 4
+    cdef long kvs = cnp.PyArray_STRIDE(ka, 0) // 4, vvs = cnp.PyArray_STRIDE(va, 0) // 4
     cdef long rows = <long>KV * T
     cdef long work = <long>H * T * S * D
     cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
@@ -259,12 +293,12 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
     if scratch == NULL:
         raise MemoryError()
     cdef _Attn j
-    j.qp = &q[0, 0, 0]
-    j.kp = &k[0, 0, 0] if S else NULL
-    j.vp = &v[0, 0, 0] if S else NULL
-    j.op = &out[0, 0, 0]
-    j.pos = &positions[0]
-    j.sinks = &sinks[0] if sinks is not None else NULL
+    j.qp = <const float*>cnp.PyArray_DATA(qa)
+    j.kp = <const float*>cnp.PyArray_DATA(ka)
+    j.vp = <const float*>cnp.PyArray_DATA(va)
+    j.op = <float*>cnp.PyArray_DATA(out)
+    j.pos = <const long long*>cnp.PyArray_DATA(pa)
+    j.sinks = <const float*>cnp.PyArray_DATA(sa) if sa is not None else NULL
     j.bias = bp
     j.bsh, j.bst = bsh, bst
     j.T, j.G, j.S, j.D = T, G, S, D
@@ -288,6 +322,7 @@ def attention(const float[:, :, ::1] q, const float[:, :, :] k, const float[:, :
                 for h in range(nh):
                     _merge(&j, b, h)
     free(scratch)
+    return out
 
 
 cdef inline void _merge(const _Attn* j, long b, int h) noexcept nogil:

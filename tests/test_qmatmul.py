@@ -393,6 +393,18 @@ def test_attention_matches_numpy(simd, D):
                 np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=str((T, S, extra)))
 
 
+def test_attention_takes_views_and_other_position_dtypes():
+    # the kernel copies a non-contiguous q and converts int32 positions / float64 sinks itself
+    rng = np.random.default_rng(5)
+    q, k, v, positions = _attention_case(rng, 4, 2, 3, 20, 16, True)
+    qt = np.ascontiguousarray(q.transpose(1, 0, 2)).transpose(1, 0, 2)  # [H, T, D] view, not C-contiguous
+    sinks = rng.standard_normal(4)
+    got = attention_mod.attention(qt, k, v, positions.astype(np.int32), scale=0.25, sinks=sinks)
+    want = attention_mod.attention_reference(q, k, v, positions, scale=0.25, sinks=sinks.astype(np.float32))
+    assert got.dtype == np.float32 and got.shape == q.shape
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
 def test_attention_falls_back_for_float64():
     rng = np.random.default_rng(4)
     q, k, v, positions = _attention_case(rng, 2, 1, 3, 3, 8, False)

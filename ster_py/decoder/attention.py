@@ -48,17 +48,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
     Returns:
         float32 [num_heads, T, head_dim].
     """
-    if _ops is not None and q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == k.ndim == v.ndim == 3:
-        H, T, _ = q.shape
-        S = k.shape[1]
-        b = None if bias is None else _kernel_bias(bias, H, T, S)
-        if (b is not False and k.strides[2] == 4 and v.strides[2] == 4 and k.strides[1] > 0 and v.strides[1] > 0
-                and (sinks is None or np.shape(sinks) == (H,))):
-            out = np.empty(q.shape, np.float32)
-            _ops.attention(np.ascontiguousarray(q), k, v, np.ascontiguousarray(positions, dtype=np.int64),
-                           float(scale), int(window or 0), float(softcap or 0.0), b,
-                           None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32), out)
-            return out
+    if _ops is not None:
+        b = None
+        if bias is not None:
+            b = _kernel_bias(bias, q.shape[0], q.shape[1], k.shape[1]) if q.ndim == k.ndim == 3 else False
+        if b is not False:
+            # None: inputs the kernel does not take (not float32, ...)
+            out = _ops.attention(q, k, v, positions, scale, window or 0, softcap or 0.0, b, sinks)
+            if out is not None:
+                return out
     return attention_reference(q, k, v, positions, scale=scale, window=window, softcap=softcap, bias=bias,
                                sinks=sinks)
 
