@@ -602,6 +602,25 @@ def test_sentencepiece_merges_follow_the_definition(monkeypatch):
     assert _merges_from_scores(tokens, scores, vocab) == want
 
 
+@pytest.mark.parametrize("batch, max_bucket", [(1, 32), (7, 0), (300, 1)])
+def test_sentencepiece_merges_in_batches_and_by_binary_search(monkeypatch, batch, max_bucket):
+    # The split search works on ranges of about `batch` code points, and looks hashes up by
+    # binary search when a bucket holds over `max_bucket` keys (a crafted vocabulary); both
+    # must give the definition's merges. A lone surrogate counts as one character.
+    from ster_py.gguf import spm_splits
+    from ster_py.gguf.tokenizer import _merges_from_scores
+
+    rng = np.random.default_rng(1)
+    alphabet = list("ab\u2581\u00e9\u65e5\x00\ud800") + ["\U0001f999"]
+    tokens = sorted({"".join(rng.choice(alphabet, size=int(k))) for k in rng.integers(1, 9, size=2000)})
+    tokens += ["x" * 70, "x" * 35]
+    scores = rng.normal(size=len(tokens)).round(1)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    monkeypatch.setattr(spm_splits, "_BATCH", batch)
+    monkeypatch.setattr(spm_splits, "_MAX_BUCKET", max_bucket)
+    assert _merges_from_scores(tokens, scores, vocab) == _plain_merges(tokens, scores, vocab)
+
+
 @pytest.mark.real
 def test_sentencepiece_merges_of_real_vocabularies(llama_vocab_dir):
     from ster_py.gguf.tokenizer import _merges_from_scores, _token_texts

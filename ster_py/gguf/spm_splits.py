@@ -20,7 +20,7 @@ __all__ = ["hashed_splits"]
 # An odd multiplier, so it has an inverse modulo 2**64 (all hash arithmetic wraps there).
 _BASE = 0x100000001B3
 _INVERSE = pow(_BASE, -1, 1 << 64)
-#: Splits handled per batch: keeps the temporary arrays (~100 bytes a split) in the CPU cache.
+#: Code points handled per batch: keeps the temporary arrays (~100 bytes each) in the CPU cache.
 _BATCH = 1 << 18
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd; 2**64 / golden ratio (Fibonacci hashing)
 #: A hash bucket fuller than this (only a crafted vocabulary) switches look-ups to binary search.
@@ -51,31 +51,41 @@ def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.
     # All code points, token after token. "surrogatepass": a lone surrogate (possible in a
     # str, never in text decoded from UTF-8) stays one code point, as len() counts it.
     flat = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    # Token ranges of about _BATCH code points (a token never straddles two); the hash sums
+    # are kept per range, so the temporaries stay small and in the CPU cache.
+    ends = np.searchsorted(starts[1:], np.arange(_BATCH, len(flat) + _BATCH, _BATCH), "right")
+    ranges = np.unique(np.concatenate([[0], ends, [n]])).tolist()
+    ranges = list(zip(ranges[:-1], ranges[1:]))
+    widest = max([int(starts[b] - starts[a]) for a, b in ranges], default=0)
     # Integer ufuncs wrap modulo 2**64, which is the arithmetic wanted here.
-    power = _powers(_BASE, np.empty(len(flat) + 1, dtype=np.uint64))  # B**k
-    running = np.empty(len(flat) + 1, dtype=np.uint64)  # G, built in place
-    running[0] = 0
-    terms = _powers(_INVERSE, running[1:])  # B**-k
-    np.multiply(terms, flat + np.uint32(1), out=terms)  # code points stay below 0x110000
-    np.cumsum(terms, out=terms)
+    power = _powers(_BASE, np.empty(widest + 1, dtype=np.uint64))  # B**k
+    inverse = _powers(_INVERSE, np.empty(widest, dtype=np.uint64))  # B**-k
+    running = np.empty(widest + 1, dtype=np.uint64)
 
-    def hash_of(i: np.ndarray, j: np.ndarray) -> np.ndarray:  # flat[i:j] for each pair, j > i
-        return power[j - 1] * (running[j] - running[i])
+    def hasher(first: int, last: int):
+        """hash_of(i, j): the hashes of flat[i:j] for index arrays i < j inside tokens first..last-1."""
+        base = int(starts[first])
+        size = int(starts[last]) - base
+        running[0] = 0
+        # running[k] = sum((flat[base + t] + 1) * B**-t for t < k); code points stay below 0x110000
+        np.multiply(inverse[:size], flat[base:base + size] + np.uint32(1), out=running[1:size + 1])
+        np.cumsum(running[1:size + 1], out=running[1:size + 1])
+        return lambda i, j: power[j - 1 - base] * (running[j - base] - running[i - base])
 
-    find = _finder(hash_of(starts[:-1], starts[1:]))
+    keys = np.empty(n, dtype=np.uint64)
+    for first, last in ranges:
+        keys[first:last] = hasher(first, last)(starts[first:last], starts[first + 1:last + 1])
+    find = _finder(keys)
     if find is None:
         return None
-    splits = np.maximum(lengths - 1, 0)
-    # Token ranges of about _BATCH splits each.
-    ends = np.searchsorted(np.cumsum(splits), np.arange(_BATCH, int(splits.sum()) + _BATCH, _BATCH), "right")
     out = [np.zeros((0, 4), dtype=np.int64)]
-    count, first = 0, 0
-    for last in np.unique(np.append(ends, n)).tolist():
-        per = splits[first:last]
+    count = 0
+    for first, last in ranges:
+        hash_of = hasher(first, last)
+        per = np.maximum(lengths[first:last] - 1, 0)  # splits of each token
         token = np.repeat(np.arange(first, last), per)
         # cut = 1, 2, ... within each token
         cut = np.arange(1, len(token) + 1) - np.repeat(np.cumsum(per) - per, per)
-        first = last
         begin = starts[token]
         middle = begin + cut
         left = find(hash_of(begin, middle))

@@ -791,8 +791,7 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
     token, cut, left, right = table.T
     # The rows come by token id, cuts ascending, so a stable sort by score alone ranks them.
     rank = np.argsort(-scores[token], kind="stable")
-    # The pairs reuse the vocabulary's own string objects (an object array gathers them
-    # in C); tokenizers reads each text once more per merge.
+    # An object array gathers the vocabulary's own string objects in C (no per-pair Python call).
     texts = np.empty(n, dtype=object)
     texts[:] = tokens
     return list(zip(texts[left[rank]].tolist(), texts[right[rank]].tolist()))
