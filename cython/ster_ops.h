@@ -186,17 +186,26 @@ STER_OPS_INLINE __m256 ster_tanh8(__m256 x) {
 STER_OPS_INLINE int ster_attn_block_keys(int D) { return D >= 128 ? 16 : STER_ATTN_BLOCK; }
 
 /* Dot products of NH query rows (q + h * qs) with NK consecutive key rows k: s[h * SB + r].
- * pf (or NULL): NK rows at stride pfs, one cache line of each per 16 columns is prefetched
- * (the values of these keys, read next). */
+ * pv, pk (or NULL): NK rows at strides pvs, pks bytes to prefetch meanwhile (the values of
+ * these keys, and the keys a block ahead), NK lines per 16 columns read. Rows that follow
+ * each other in memory (stride 4 D, as in the cache) are prefetched as one range in
+ * ascending order, which also gets the hardware's stream prefetcher going (lines of the
+ * NK rows interleaved measured much slower from DRAM; counting rows and lines in the
+ * loop cost more than it saved when the cache was hot). */
 STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const float* k, long ldk, int D, float* s,
-                                  const char* pf, long pfs, const int NH, const int NK) {
+                                  const char* pv, long pvs, const char* pk, long pks, const int NH, const int NK) {
     __m256 acc[8];
+    const long va = pvs == 4L * D ? 64 : pvs, vb = pvs == 4L * D ? 64 * NK : 64;   /* line (r, i/16) */
+    const long ka = pks == 4L * D ? 64 : pks, kb = pks == 4L * D ? 64 * NK : 64;
     int x, r, h, i;
     for (x = 0; x < NH * NK; x++) acc[x] = _mm256_setzero_ps();
     for (i = 0; i < D; i += 8) {
         __m256 kr[8];
-        if (pf && !(i & 15))
-            for (r = 0; r < NK; r++) _mm_prefetch(pf + r * pfs + 4L * i, _MM_HINT_T0);
+        if (!(i & 15))
+            for (r = 0; r < NK; r++) {
+                if (pv) _mm_prefetch(pv + r * va + (i >> 4) * vb, _MM_HINT_T0);
+                if (pk) _mm_prefetch(pk + r * ka + (i >> 4) * kb, _MM_HINT_T0);
+            }
         for (r = 0; r < NK; r++) kr[r] = _mm256_loadu_ps(k + r * ldk + i);
         for (h = 0; h < NH; h++) {
             __m256 qv = _mm256_loadu_ps(q + h * qs + i);
@@ -254,11 +263,12 @@ STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int
  * in one pass (online softmax, as in flash attention: Milakov & Gimelshein 2018, Dao et al.
  * 2022): per block of keys, the scores of all heads, the running max m and denominator l
  * (the accumulators rescaled by exp(m_old - m_new) when the max grows), then the block's
- * values. The cache is read from memory once: the keys as one sequential stream, which the
- * hardware prefetchers follow; the block's value rows are prefetched into L1 while its
- * scores are computed, since the value pass walks them in 16-column slabs (strided), which
- * the hardware prefetchers serve poorly. (Prefetching the next block's keys as well, or
- * the values further ahead or into L2 only, measured slower.)
+ * values. The cache is read from memory once, and the block's value rows and the next
+ * block's key rows are prefetched into L1 while its scores are computed: without that the
+ * reads and the arithmetic hardly overlapped (the value pass walks its rows in 16-column
+ * slabs, which the hardware prefetchers serve poorly). Measured on Zen 3, decoding from
+ * DRAM: prefetching in the order the value pass reads, further ahead, into L2 only, or
+ * during the value pass, were all slower.
  * Same arguments and results as ster_attn_row_scalar (sc is unused). */
 STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K, long ldk, const float* V,
                                         long ldv, int lo, int hi, const ster_attn_args* a, float* out, long os,
@@ -278,11 +288,15 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K,
         const int nb = hi - j0 < B ? hi - j0 : B;
         const float* kb = K + (long)j0 * ldk;
         const float* vb = V + (long)j0 * ldv;
-        /* scores of the block; its value rows are prefetched meanwhile */
+        /* scores of the block; its value rows and (long rows) the next block's key rows are
+         * prefetched meanwhile. Rows under 128 floats: the hardware follows the key stream
+         * alone (prefetching it too measured a little slower there, and 25% faster at 256). */
         for (j = 0; j + NK <= nb; j += NK)
-            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv, NH, NK);
+            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv,
+                         D >= 128 && j0 + nb + j + NK <= hi ? (const char*)(kb + (long)(nb + j) * ldk) : NULL, 4 * ldk, NH, NK);
         for (; j < nb; j++)
-            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv, NH, 1);
+            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv,
+                         D >= 128 && j0 + nb + j + 1 <= hi ? (const char*)(kb + (long)(nb + j) * ldk) : NULL, 4 * ldk, NH, 1);
         /* per head: scale, soft-cap, bias, block max, exp, running sums */
         for (h = 0; h < NH; h++) {
             float* sh = s + h * STER_ATTN_BLOCK;
