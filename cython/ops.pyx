@@ -283,7 +283,11 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     cdef long items = rows * ((G + sg - 1) // sg)
     cdef int n_part = 1
     if nt > 1 and items < 2 * nt and S >= 256:
-        n_part = min(<int>((2 * nt + items - 1) // items), S // 128)
+        # the fewest parts that give every thread the same number of items (more parts,
+        # say to balance a late helper, measured slower: each part has its start-up)
+        while (items * n_part) % nt:
+            n_part += 1
+        n_part = min(n_part, S // 128)
     elif items < nt:
         sg = max(1, (G + (nt + rows - 1) // rows - 1) // ((nt + rows - 1) // rows))
     cdef int n_sub = (G + sg - 1) // sg

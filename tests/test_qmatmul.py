@@ -373,11 +373,11 @@ def _attention_case(rng, H, KV, T, S, D, cached):
 def test_attention_matches_numpy(simd, D):
     ops.set_simd(simd)
     rng = np.random.default_rng(D)
-    # (1, 700): one decoded row over a long cache, where two threads split the keys of each
-    # head group into parts merged afterwards (also with one key/value head); (1, 200) with
-    # D = 256: too few keys to split, two threads take two heads each instead.
+    # (1, 700) and (1, 513): one decoded row over a long cache, where two threads split the
+    # keys of each head group into parts merged afterwards (3 groups: 2 parts each, as with
+    # 1 group); (1, 200) with D = 256: too few keys to split, two threads take two heads each.
     for H, KV, T, S, cached in ((6, 2, 1, 37, True), (6, 2, 9, 9, False), (6, 2, 5, 40, True),
-                                (6, 2, 1, 700, True), (4, 1, 1, 513, True), (4, 1, 1, 200, True)):
+                                (6, 3, 1, 700, True), (4, 1, 1, 513, True), (4, 1, 1, 200, True)):
         q, k, v, positions = _attention_case(rng, H, KV, T, S, D, cached)
         cases = [dict(), dict(window=4), dict(window=300), dict(softcap=5.0),
                  dict(sinks=rng.standard_normal(H).astype(np.float32)),
