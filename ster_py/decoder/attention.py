@@ -7,9 +7,11 @@ included), as Transformers' masking_utils defines the sliding window. Gemma 2's
 logit soft-capping applies cap * tanh(scores / cap) before the mask.
 
 Float32 inputs run the fused Cython kernel (``ster_py._kernels.ops.attention``:
-one pass per query row over only the keys it may see, threaded over heads and
-rows); ``attention_reference`` is the numpy definition it is tested against and
-the fallback for anything the kernel does not take.
+one pass per query row over only the keys it may see, with an online softmax,
+threaded over heads and rows and, when decoding with few key/value heads, over
+parts of the keys merged afterwards); ``attention_reference`` is the numpy
+definition it is tested against and the fallback for anything the kernel does
+not take.
 """
 from __future__ import annotations
 
