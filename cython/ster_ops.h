@@ -199,19 +199,31 @@ STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const float* k, long 
     const long ka = pks == 4L * D ? 64 : pks, kb = pks == 4L * D ? 64 * NK : 64;
     int x, r, h, i;
     for (x = 0; x < NH * NK; x++) acc[x] = _mm256_setzero_ps();
-    for (i = 0; i < D; i += 8) {
-        __m256 kr[8];
-        if (!(i & 15))
-            for (r = 0; r < NK; r++) {
-                if (pv) _mm_prefetch(pv + r * va + (i >> 4) * vb, _MM_HINT_T0);
-                if (pk) _mm_prefetch(pk + r * ka + (i >> 4) * kb, _MM_HINT_T0);
-            }
-        for (r = 0; r < NK; r++) kr[r] = _mm256_loadu_ps(k + r * ldk + i);
-        for (h = 0; h < NH; h++) {
-            __m256 qv = _mm256_loadu_ps(q + h * qs + i);
-            for (r = 0; r < NK; r++) acc[h * NK + r] = _mm256_fmadd_ps(qv, kr[r], acc[h * NK + r]);
-        }
+#define STER_QK_STEP(I) \
+    do { \
+        __m256 kr[8]; \
+        for (r = 0; r < NK; r++) kr[r] = _mm256_loadu_ps(k + r * ldk + (I)); \
+        for (h = 0; h < NH; h++) { \
+            __m256 qv = _mm256_loadu_ps(q + h * qs + (I)); \
+            for (r = 0; r < NK; r++) acc[h * NK + r] = _mm256_fmadd_ps(qv, kr[r], acc[h * NK + r]); \
+        } \
+    } while (0)
+#define STER_QK_PREFETCH() \
+    do { \
+        if (pv) { for (r = 0; r < NK; r++) _mm_prefetch(pv + r * va, _MM_HINT_T0); pv += vb; } \
+        if (pk) { for (r = 0; r < NK; r++) _mm_prefetch(pk + r * ka, _MM_HINT_T0); pk += kb; } \
+    } while (0)
+    for (i = 0; i + 16 <= D; i += 16) {
+        STER_QK_PREFETCH();
+        STER_QK_STEP(i);
+        STER_QK_STEP(i + 8);
     }
+    if (i < D) {   /* D % 16 == 8 */
+        STER_QK_PREFETCH();
+        STER_QK_STEP(i);
+    }
+#undef STER_QK_STEP
+#undef STER_QK_PREFETCH
     for (x = 0; x < NH * NK; x += 4) {
         const __m256 z = _mm256_setzero_ps();
         float t[4];
