@@ -216,9 +216,11 @@ def test_generate_adapter_equals_merged_model(f32_case, tmp_path):
     side = ster_layout_from_peft(adapter_dir, tmp_path / "ad", str(base_dir))
     for adapter in (str(adapter_dir), str(side)):  # PEFT's layout and Ster's
         loaded = load_model(str(base_dir))
+        base_logits = loaded.decoder.forward(IDS)  # groups q/k/v and gate/up before the adapter wraps them
         apply_adapter(loaded, load_adapter_for(adapter, loaded))
         logits = loaded.decoder.forward(IDS)
         assert rel_err(logits, adapted_logits) < 1e-5  # PEFT's unmerged adapted model
+        assert rel_err(base_logits, adapted_logits) > 1e-3  # the adapter changes something
     merged = load_model(str(tmp_path / "m")).decoder.forward(IDS)
     assert rel_err(logits, merged) < 1e-5
 

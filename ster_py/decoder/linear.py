@@ -54,14 +54,15 @@ class Projections:
         if (1 < len(parts) <= 4 and all(type(p) is QuantLinear for p in parts)
                 and len({p.in_features for p in parts}) == 1):
             self._mats = tuple(p._m for p in parts)
+            self._shapes = [(1, p.out_features) for p in parts]
+            self._biased = [(i, p.bias) for i, p in enumerate(parts) if p.bias is not None]
 
     def __call__(self, x: np.ndarray) -> tuple:
         if (self._mats is not None and x.__class__ is np.ndarray and x.ndim == 2 and x.shape[0] == 1
                 and x.dtype == np.float32 and x.flags.c_contiguous):
-            outs = tuple(np.empty((1, p.out_features), np.float32) for p in self.parts)
+            outs = tuple([np.empty(shape, np.float32) for shape in self._shapes])
             matvec_group(self._mats, x, outs)
-            for p, o in zip(self.parts, outs):
-                if p.bias is not None:
-                    o += p.bias
+            for i, bias in self._biased:
+                outs[i] += bias
             return outs
         return tuple(p(x) for p in self.parts)

@@ -71,6 +71,9 @@ class _Norm:
         return rms_norm(x, self.weight, self.spec.norm_eps)
 
 
+_PROJECTION_ROLES = frozenset(("q", "k", "v", "o", "gate", "up", "down"))
+
+
 class _Layer:
     def __init__(self, spec: ModelSpec, i: int, layout: Layout):
         self.i, self.spec, self.layer = i, spec, spec.layers[i]
@@ -98,13 +101,18 @@ class _Layer:
         self._grouped: dict[tuple, Projections] = {}
         self._residual_scale = np.float32(spec.residual_scale)
 
+    def __setattr__(self, name, value):
+        # Adapters replace projections after load: the groups built from them go stale.
+        object.__setattr__(self, name, value)
+        if name in _PROJECTION_ROLES and "_grouped" in self.__dict__:
+            self._grouped.clear()
+
     def _project(self, roles: tuple, x: np.ndarray) -> tuple:
-        """The projections ``roles`` of x, computed together (``Projections``). Rebuilt when a
-        projection was replaced since (adapters wrap them after load)."""
-        parts = tuple(getattr(self, r) for r in roles)
+        """The projections ``roles`` of x, computed together (``Projections``; built on first
+        use, again after a projection is replaced)."""
         g = self._grouped.get(roles)
-        if g is None or any(a is not b for a, b in zip(g.parts, parts)):
-            g = self._grouped[roles] = Projections(parts)
+        if g is None:
+            g = self._grouped[roles] = Projections(tuple(getattr(self, r) for r in roles))
         return g(x)
 
     def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray, bias, tables: dict) -> np.ndarray:
