@@ -579,7 +579,7 @@ def test_gguf_derived_merges_are_bounded(monkeypatch, hashed):
     gt.tokenizer_from_gguf_metadata(meta)  # 676 + 2 * 216 merges: within any sane bound
     monkeypatch.setattr(gt, "MAX_DERIVED_MERGES", 1000)
     if not hashed:
-        monkeypatch.setattr(gt, "_HASHED_LENGTH", 1)  # the plain look-up path counts too
+        monkeypatch.setattr(gt, "_hashed_splits", lambda *a: None)  # the plain look-up path (a hash collision) counts too
     with pytest.raises(SterError, match="merge pairs"):
         gt.tokenizer_from_gguf_metadata(meta)
 
