@@ -16,7 +16,10 @@ class KVCache:
     it (committed + staged); ``advance`` commits them once every layer has run.
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int = 256):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int = 256,
+                 dtype=np.float32):
+        if np.dtype(dtype) != np.float32:
+            raise ValueError("the KV cache holds float32 keys and values")
         self.length = 0
         self._shape = (num_kv_heads, capacity, head_dim)
         self._k = [np.empty(self._shape, np.float32) for _ in range(num_layers)]

@@ -217,10 +217,10 @@ class Decoder:
         """The weight source the decoder was built from."""
         return self._weights
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for this model."""
+    def new_cache(self, dtype=np.float32) -> KVCache:
+        """An empty KV cache for this model, keeping keys and values as ``dtype`` (see ``KVCache``)."""
         s = self.spec
-        return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim)
+        return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype)
 
     def embed_tokens(self, ids: np.ndarray) -> np.ndarray:
         """Token ids int [T] -> float32 [T, hidden_size], scaled as the family scales."""
