@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Fused float32 decoder ops (built as ster_py._kernels.ops): norms, RoPE, attention.
+"""Fused float32 decoder ops (built as ster_py._kernels.ops): norms, RoPE, attention
+(over a float32 or float16 key/value cache).
 
 The numpy functions in ster_py/decoder (norms.py, rope.py, attention.py) are the
 references; those modules call these kernels for float32 C-contiguous inputs and
@@ -32,12 +33,13 @@ cdef extern from "ster_ops.h" nogil:
         int has_sink
         float sink
     int ster_ops_cpu_avx2()
+    int ster_ops_cpu_f16c()
     void ster_glu(float* g, const float* u, long n, int kind, int simd)
     void ster_rms_norm_row(const float* x, int d, const float* w, float eps, float* y)
     void ster_layer_norm_row(const float* x, int d, const float* w, const float* b, float eps, float* y)
     void ster_rope_row(float* x, int rotary_dim, const float* cos_, const float* sin_, int interleaved)
-    void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,
-                         int lo, int hi, const ster_attn_args* a, float* sc, float* out, long ostride, int simd,
+    void ster_attn_group(int nh, const float* q, long qs, const void* K, long ldk, const void* V, long ldv,
+                         int f16, int lo, int hi, const ster_attn_args* a, float* sc, float* out, long ostride, int simd,
                          float* ml)
     void ster_attn_merge(int P, int D, const float* acc, long acc_stride, const float* ml, long ml_stride,
                          int has_sink, float sink, float* out)
@@ -46,6 +48,7 @@ cdef extern from "ster_ops.h" nogil:
 cdef int _threads = _default_threads()
 cdef int _simd_ok = ster_ops_cpu_avx2()
 cdef int _simd = _simd_ok
+cdef int _f16c_ok = ster_ops_cpu_f16c()
 # Attention work (query rows x keys x head_dim) below which one thread does it all.
 cdef long _PARALLEL_MIN_WORK = 131072
 
@@ -143,14 +146,15 @@ def rope(float[:, :, ::1] x, const float[:, ::1] cos, const float[:, ::1] sin, i
 
 ctypedef struct _Attn:
     const float* qp
-    const float* kp
-    const float* vp
+    const char* kp   # float32 or float16 rows (f16)
+    const char* vp
     float* op
     const long long* pos
     const float* sinks
     const float* bias
-    long bsh, bst, ldk, ldv, kvs, vvs
-    int T, G, S, D, window, simd, sg, n_sub, per_chunk, n_part
+    long bsh, bst, ldk, ldv   # ldk, ldv in elements
+    long kvs, vvs             # bytes between key/value heads
+    int T, G, S, D, window, simd, sg, n_sub, per_chunk, n_part, f16
     long total
     float scale, softcap
     float* scratch
@@ -198,11 +202,11 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
         a[i].sink = j.sinks[h0 + i] if j.sinks != NULL else 0
     if j.n_part > 1:
         ster_attn_group(nh, j.qp + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.kp + g * j.kvs, j.ldk,
-                        j.vp + g * j.vvs, j.ldv, <int>lo, <int>hi, a, sc,
+                        j.vp + g * j.vvs, j.ldv, j.f16, <int>lo, <int>hi, a, sc,
                         j.acc + item * j.sg * j.D, j.D, j.simd, j.ml + item * j.sg * 2)
         return
     ster_attn_group(nh, j.qp + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.kp + g * j.kvs, j.ldk,
-                    j.vp + g * j.vvs, j.ldv, <int>lo, <int>hi, a, sc,
+                    j.vp + g * j.vvs, j.ldv, j.f16, <int>lo, <int>hi, a, sc,
                     j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd, NULL)
 
 
@@ -211,28 +215,40 @@ cdef inline bint _f32_3d(object a):
         and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
 
 
-cdef inline bint _kv_layout(cnp.ndarray a):
-    # float32 rows with a contiguous last axis at a positive stride (cache views qualify)
+cdef inline int _kv_type(object a):
+    # 4 for a float32 3-D array, 2 for float16, 0 otherwise
+    if not (cnp.PyArray_Check(a) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3):
+        return 0
+    cdef int t = cnp.PyArray_TYPE(<cnp.ndarray>a)
+    return 4 if t == cnp.NPY_FLOAT32 else (2 if t == cnp.NPY_FLOAT16 else 0)
+
+
+cdef inline bint _kv_layout(cnp.ndarray a, int esz):
+    # rows of esz-byte elements with a contiguous last axis at a positive stride (cache views qualify)
     cdef cnp.npy_intp* st = cnp.PyArray_STRIDES(a)
-    return st[2] == 4 and st[1] > 0 and st[1] % 4 == 0 and st[0] % 4 == 0
+    return st[2] == esz and st[1] > 0 and st[1] % esz == 0 and st[0] % esz == 0
 
 
 def attention(q, k, v, positions, float scale, int window, float softcap, bias, sinks):
     """Attention of q [H, T, D] over k, v [KV, S, D] (key j at position j): float32 [H, T, D].
 
+    q is float32; k and v are both float32 or both float16 (read as their exact float32
+    values, converted row by row inside the kernel).
+
     positions: int [T] (absolute positions of the query rows); window: sliding window in
     positions (0: none); softcap: logit soft-cap (0: none); bias: None or float32
     [H or 1, T or 1, S] with a contiguous last axis (added after scaling and soft-capping);
-    sinks: None or float [H]. Returns None, computing nothing, when q, k, v are not
-    float32 3-D arrays, k or v lack a contiguous last axis, or sinks is not [H]: the
+    sinks: None or float [H]. Returns None, computing nothing, when q is not a float32 3-D
+    array, k and v are not both float32 or both float16 3-D arrays, k or v lack a contiguous last axis, or sinks is not [H]: the
     caller then uses the numpy reference. Raises ValueError for shapes that do not fit.
     (numpy arrays are read through the C API, not typed memoryviews: this runs once per
     layer and token, and the memoryview set-up was a visible part of a short call.)
     """
-    if not (_f32_3d(q) and _f32_3d(k) and _f32_3d(v)):
+    cdef int esz = _kv_type(k)
+    if not (_f32_3d(q) and esz and _kv_type(v) == esz):
         return None
     cdef cnp.ndarray qa = <cnp.ndarray>q, ka = <cnp.ndarray>k, va = <cnp.ndarray>v
-    if not (_kv_layout(ka) and _kv_layout(va)):
+    if not (_kv_layout(ka, esz) and _kv_layout(va, esz)):
         return None
     cdef int H = <int>cnp.PyArray_DIM(qa, 0), T = <int>cnp.PyArray_DIM(qa, 1), D = <int>cnp.PyArray_DIM(qa, 2)
     cdef int KV = <int>cnp.PyArray_DIM(ka, 0), S = <int>cnp.PyArray_DIM(ka, 1)
@@ -270,8 +286,8 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
         bst = bv.strides[1] // 4 if bv.shape[1] == T else 0
     if H == 0 or T == 0 or D == 0:
         return out
-    cdef long ldk = cnp.PyArray_STRIDE(ka, 1) // 4, ldv = cnp.PyArray_STRIDE(va, 1) // 4
-    cdef long kvs = cnp.PyArray_STRIDE(ka, 0) // 4, vvs = cnp.PyArray_STRIDE(va, 0) // 4
+    cdef long ldk = cnp.PyArray_STRIDE(ka, 1) // esz, ldv = cnp.PyArray_STRIDE(va, 1) // esz
+    cdef long kvs = cnp.PyArray_STRIDE(ka, 0), vvs = cnp.PyArray_STRIDE(va, 0)
     cdef long rows = <long>KV * T
     cdef long work = <long>H * T * S * D
     cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
@@ -298,8 +314,8 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
         raise MemoryError()
     cdef _Attn j
     j.qp = <const float*>cnp.PyArray_DATA(qa)
-    j.kp = <const float*>cnp.PyArray_DATA(ka)
-    j.vp = <const float*>cnp.PyArray_DATA(va)
+    j.kp = <const char*>cnp.PyArray_DATA(ka)
+    j.vp = <const char*>cnp.PyArray_DATA(va)
     j.op = <float*>cnp.PyArray_DATA(out)
     j.pos = <const long long*>cnp.PyArray_DATA(pa)
     j.sinks = <const float*>cnp.PyArray_DATA(sa) if sa is not None else NULL
@@ -309,7 +325,8 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     j.ldk, j.ldv, j.kvs, j.vvs = ldk, ldv, kvs, vvs
     j.window = window
     j.scale, j.softcap = scale, softcap
-    j.simd = _simd
+    j.f16 = esz == 2
+    j.simd = _simd and (_f16c_ok or esz == 4)
     j.total = total
     j.scratch = scratch
     j.sg, j.n_sub, j.n_part = sg, n_sub, n_part

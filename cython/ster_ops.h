@@ -2,7 +2,9 @@
  * LayerNorm over rows, rotary embedding in place, and attention of a few query
  * rows over the key/value cache (GQA, causal + sliding window, soft-cap,
  * additive bias, sinks): one pass with an online softmax (AVX2), or scores then
- * a two-pass softmax (portable path).
+ * a two-pass softmax (portable path). The cache's keys and values may be float32
+ * or IEEE float16 (converted row by row as they are read: F16C, or per element
+ * on the portable path); queries, arithmetic and outputs are float32.
  *
  * Each has a numpy reference in ster_py/decoder (norms.py, rope.py,
  * attention.py) that the tests compare against. AVX2/FMA versions are chosen at
@@ -19,8 +21,8 @@
 #if !defined(STER_NO_SIMD) && (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define STER_OPS_X86 1
 #include <immintrin.h>
-#define STER_OPS_AVX2 __attribute__((target("avx2,fma")))
-#define STER_OPS_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+#define STER_OPS_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define STER_OPS_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 #else
 #define STER_OPS_X86 0
 #endif
@@ -75,6 +77,27 @@ static void ster_rope_row(float* x, int rotary_dim, const float* cos_, const flo
 /* ------------------------------------------------------------------------- */
 /* Attention for one query row.                                              */
 
+/* IEEE 754 binary16 -> binary32, exact for every input: normals re-biased (15 -> 127),
+ * subnormals are man * 2^-24 (exact in float), infinities and NaNs keep sign and payload. */
+static inline float ster_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    float f;
+    if (e == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+    else if (e) bits = sign | ((e + 112u) << 23) | (man << 13);
+    else {
+        f = (float)man * 5.9604644775390625e-8f;   /* 2^-24; 0 for man 0 */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Element i of a key/value row stored as float32 (f16 == 0) or float16. */
+static inline float ster_kv_at(const void* row, long i, int f16) {
+    return f16 ? ster_half_to_float(((const uint16_t*)row)[i]) : ((const float*)row)[i];
+}
+
 typedef struct {
     int D;              /* head_dim */
     float scale;        /* multiplies q.k */
@@ -84,10 +107,11 @@ typedef struct {
     float sink;
 } ster_attn_args;
 
-static float ster_dot_scalar(const float* a, const float* b, int n) {
+static float ster_dot_scalar(const float* a, const void* b, int n, int f16) {
     float s = 0.0f;
     int i;
-    for (i = 0; i < n; i++) s += a[i] * b[i];
+    if (f16) for (i = 0; i < n; i++) s += a[i] * ster_kv_at(b, i, 1);
+    else for (i = 0; i < n; i++) s += a[i] * ((const float*)b)[i];
     return s;
 }
 
@@ -107,11 +131,12 @@ static float ster_softmax_scalar(float* sc, int n, int has_sink, float sink, flo
 /* ml == NULL: out = softmax-weighted values. ml != NULL (one part of a split key range):
  * out = the unnormalised weighted sum, ml[0] = the max score subtracted, ml[1] = the sum
  * of exp(score - max); ster_attn_merge combines the parts (sinks are added there). */
-static void ster_attn_row_scalar(const float* q, const float* K, long ldk, const float* V, long ldv,
+static void ster_attn_row_scalar(const float* q, const void* K, long ldk, const void* V, long ldv, int f16,
                                  int lo, int hi, const ster_attn_args* a, float* sc, float* out, float* ml) {
     int n = hi - lo, j, i, D = a->D;
+    const long esz = f16 ? 2 : 4;
     for (j = 0; j < n; j++) {
-        float s = ster_dot_scalar(q, K + (long)(lo + j) * ldk, D) * a->scale;
+        float s = ster_dot_scalar(q, (const char*)K + (long)(lo + j) * ldk * esz, D, f16) * a->scale;
         if (a->softcap > 0) s = tanhf(s / a->softcap) * a->softcap;
         if (a->bias) s += a->bias[lo + j];
         sc[j] = s;
@@ -119,8 +144,9 @@ static void ster_attn_row_scalar(const float* q, const float* K, long ldk, const
     float mx, sum = ster_softmax_scalar(sc, n, a->has_sink && !ml, a->sink, &mx);
     for (i = 0; i < D; i++) out[i] = 0.0f;
     for (j = 0; j < n; j++) {
-        const float* v = V + (long)(lo + j) * ldv;
-        for (i = 0; i < D; i++) out[i] += sc[j] * v[i];
+        const char* v = (const char*)V + (long)(lo + j) * ldv * esz;
+        if (f16) for (i = 0; i < D; i++) out[i] += sc[j] * ster_kv_at(v, i, 1);
+        else for (i = 0; i < D; i++) out[i] += sc[j] * ((const float*)v)[i];
     }
     if (ml) { ml[0] = mx; ml[1] = sum; return; }
     float inv = sum > 0 ? 1.0f / sum : 0.0f;
@@ -181,45 +207,60 @@ STER_OPS_INLINE __m256 ster_tanh8(__m256 x) {
     return _mm256_or_ps(t, _mm256_and_ps(sign, x));
 }
 
-/* Keys per block of the one-pass kernel below: about 8 KiB of keys (and of values). */
+/* Keys per block of the one-pass kernel below: 16 or 32 rows, about 8 KiB of float32 keys
+ * (and of values); rows of 512+ bytes take 16. */
 #define STER_ATTN_BLOCK 32
-STER_OPS_INLINE int ster_attn_block_keys(int D) { return D >= 128 ? 16 : STER_ATTN_BLOCK; }
+STER_OPS_INLINE int ster_attn_block_keys(int D, const int F16) { return D * (F16 ? 2 : 4) >= 512 ? 16 : STER_ATTN_BLOCK; }
 
-/* Dot products of NH query rows (q + h * qs) with NK consecutive key rows k: s[h * SB + r].
+/* 8 floats from element i of a key/value row: float32, or float16 widened by F16C. */
+STER_OPS_INLINE __m256 ster_kv8(const char* row, long i, const int F16) {
+    if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(row + 2 * i)));
+    return _mm256_loadu_ps((const float*)(row + 4 * i));
+}
+
+/* Dot products of NH query rows (q + h * qs) with NK consecutive key rows k (element stride
+ * ldk; float16 rows when F16): s[h * SB + r].
  * pv, pk (or NULL): NK rows at strides pvs, pks bytes to prefetch meanwhile (the values of
- * these keys, and the keys a block ahead), NK lines per 16 columns read. Rows that follow
- * each other in memory (stride 4 D, as in the cache) are prefetched as one range in
- * ascending order, which also gets the hardware's stream prefetcher going (lines of the
- * NK rows interleaved measured much slower from DRAM; counting rows and lines in the
- * loop cost more than it saved when the cache was hot). */
-STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const float* k, long ldk, int D, float* s,
-                                  const char* pv, long pvs, const char* pk, long pks, const int NH, const int NK) {
+ * these keys, and the keys a block ahead), NK lines per 64 bytes of row read (every 16
+ * columns of float32, every 32 of float16). Rows that follow each other in memory (as in
+ * the cache) are prefetched as one range in ascending order, which also gets the
+ * hardware's stream prefetcher going (lines of the NK rows interleaved measured much
+ * slower from DRAM; counting rows and lines in the loop cost more than it saved when the
+ * cache was hot). */
+STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const char* k, long ldk, int D, float* s,
+                                  const char* pv, long pvs, const char* pk, long pks, const int NH, const int NK,
+                                  const int F16) {
     __m256 acc[8];
-    const long va = pvs == 4L * D ? 64 : pvs, vb = pvs == 4L * D ? 64 * NK : 64;   /* line (r, i/16) */
-    const long ka = pks == 4L * D ? 64 : pks, kb = pks == 4L * D ? 64 * NK : 64;
+    const long rb = (F16 ? 2L : 4L) * D;   /* bytes of one row */
+    const long va = pvs == rb ? 64 : pvs, vb = pvs == rb ? 64 * NK : 64;   /* line (r, i/16) */
+    const long ka = pks == rb ? 64 : pks, kb = pks == rb ? 64 * NK : 64;
+    const long ldkb = ldk * (F16 ? 2 : 4);
     int x, r, h, i;
     for (x = 0; x < NH * NK; x++) acc[x] = _mm256_setzero_ps();
 #define STER_QK_STEP(I) \
     do { \
         __m256 kr[8]; \
-        for (r = 0; r < NK; r++) kr[r] = _mm256_loadu_ps(k + r * ldk + (I)); \
+        for (r = 0; r < NK; r++) kr[r] = ster_kv8(k + r * ldkb, (I), F16); \
         for (h = 0; h < NH; h++) { \
             __m256 qv = _mm256_loadu_ps(q + h * qs + (I)); \
             for (r = 0; r < NK; r++) acc[h * NK + r] = _mm256_fmadd_ps(qv, kr[r], acc[h * NK + r]); \
         } \
     } while (0)
-#define STER_QK_PREFETCH() \
+    /* float16 rows: 16 columns are half a line, so every other step prefetches */
+#define STER_QK_PREFETCH(I) \
     do { \
-        if (pv) { for (r = 0; r < NK; r++) _mm_prefetch(pv + r * va, _MM_HINT_T0); pv += vb; } \
-        if (pk) { for (r = 0; r < NK; r++) _mm_prefetch(pk + r * ka, _MM_HINT_T0); pk += kb; } \
+        if (!F16 || !((I) & 16)) { \
+            if (pv) { for (r = 0; r < NK; r++) _mm_prefetch(pv + r * va, _MM_HINT_T0); pv += vb; } \
+            if (pk) { for (r = 0; r < NK; r++) _mm_prefetch(pk + r * ka, _MM_HINT_T0); pk += kb; } \
+        } \
     } while (0)
     for (i = 0; i + 16 <= D; i += 16) {
-        STER_QK_PREFETCH();
+        STER_QK_PREFETCH(i);
         STER_QK_STEP(i);
         STER_QK_STEP(i + 8);
     }
     if (i < D) {   /* D % 16 == 8 */
-        STER_QK_PREFETCH();
+        STER_QK_PREFETCH(i);
         STER_QK_STEP(i);
     }
 #undef STER_QK_STEP
@@ -234,9 +275,11 @@ STER_OPS_INLINE void ster_qk_tile(const float* q, long qs, const float* k, long 
 }
 
 /* acc[h][0..D) = alpha[h] * acc[h] + sum over the nb keys j of p[h * SB + j] * v_j, for NH
- * heads (acc rows at stride os), in 16-column slabs whose accumulators stay in registers. */
-STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int nb, int D, const float* alpha,
-                                   float* acc, long os, const int NH) {
+ * heads (acc rows at stride os), in 16-column slabs whose accumulators stay in registers.
+ * V: the block's first value row (element stride ldv; float16 when F16). */
+STER_OPS_INLINE void ster_pv_block(const float* p, const char* V, long ldv, int nb, int D, const float* alpha,
+                                   float* acc, long os, const int NH, const int F16) {
+    const long ldvb = ldv * (F16 ? 2 : 4);
     int c0, j, h;
     __m256 al[4];
     for (h = 0; h < NH; h++) al[h] = _mm256_set1_ps(alpha[h]);
@@ -247,8 +290,8 @@ STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int
             a1[h] = _mm256_mul_ps(al[h], _mm256_loadu_ps(acc + h * os + c0 + 8));
         }
         for (j = 0; j < nb; j++) {
-            const float* v = V + (long)j * ldv + c0;
-            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            const char* v = V + (long)j * ldvb;
+            __m256 v0 = ster_kv8(v, c0, F16), v1 = ster_kv8(v, c0 + 8, F16);
             for (h = 0; h < NH; h++) {
                 __m256 pj = _mm256_broadcast_ss(p + h * STER_ATTN_BLOCK + j);
                 a0[h] = _mm256_fmadd_ps(pj, v0, a0[h]);
@@ -264,7 +307,7 @@ STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int
         __m256 a0[4];
         for (h = 0; h < NH; h++) a0[h] = _mm256_mul_ps(al[h], _mm256_loadu_ps(acc + h * os + c0));
         for (j = 0; j < nb; j++) {
-            __m256 v0 = _mm256_loadu_ps(V + (long)j * ldv + c0);
+            __m256 v0 = ster_kv8(V + (long)j * ldvb, c0, F16);
             for (h = 0; h < NH; h++) a0[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + h * STER_ATTN_BLOCK + j), v0, a0[h]);
         }
         for (h = 0; h < NH; h++) _mm256_storeu_ps(acc + h * os + c0, a0[h]);
@@ -280,13 +323,16 @@ STER_OPS_INLINE void ster_pv_block(const float* p, const float* V, long ldv, int
  * reads and the arithmetic hardly overlapped (the value pass walks its rows in 16-column
  * slabs, which the hardware prefetchers serve poorly). Measured on Zen 3, decoding from
  * DRAM: prefetching in the order the value pass reads, further ahead, into L2 only, or
- * during the value pass, were all slower.
+ * during the value pass, were all slower. K, V: float32, or float16 when F16.
  * Same arguments and results as ster_attn_row_scalar (sc is unused). */
-STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K, long ldk, const float* V,
+STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const void* K, long ldk, const void* V,
                                         long ldv, int lo, int hi, const ster_attn_args* a, float* out, long os,
-                                        float* ml, const int NH) {
-    const int D = a[0].D, B = ster_attn_block_keys(D);
+                                        float* ml, const int NH, const int F16) {
+    const int D = a[0].D, B = ster_attn_block_keys(D, F16);
     const int NK = NH >= 3 ? 2 : 4;
+    const long esz = F16 ? 2 : 4, rb = esz * D;
+    /* the next block's keys are prefetched for rows of 512+ bytes only */
+    const int pf_keys = rb >= 512;
     const float cap = a[0].softcap, scale = a[0].scale;
     float s[4 * STER_ATTN_BLOCK] __attribute__((aligned(32)));
     float m[4], l[4], alpha[4];
@@ -298,17 +344,19 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K,
     }
     for (j0 = lo; j0 < hi; j0 += B) {
         const int nb = hi - j0 < B ? hi - j0 : B;
-        const float* kb = K + (long)j0 * ldk;
-        const float* vb = V + (long)j0 * ldv;
+        const char* kb = (const char*)K + (long)j0 * ldk * esz;
+        const char* vb = (const char*)V + (long)j0 * ldv * esz;
         /* scores of the block; its value rows and (long rows) the next block's key rows are
-         * prefetched meanwhile. Rows under 128 floats: the hardware follows the key stream
-         * alone (prefetching it too measured a little slower there, and 25% faster at 256). */
+         * prefetched meanwhile. Rows under 512 bytes: the hardware follows the key stream
+         * alone (prefetching it too measured a little slower there, and 25% faster at 1 KiB). */
         for (j = 0; j + NK <= nb; j += NK)
-            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv,
-                         D >= 128 && j0 + nb + j + NK <= hi ? (const char*)(kb + (long)(nb + j) * ldk) : NULL, 4 * ldk, NH, NK);
+            ster_qk_tile(q, qs, kb + (long)j * ldk * esz, ldk, D, s + j, vb + (long)j * ldv * esz, esz * ldv,
+                         pf_keys && j0 + nb + j + NK <= hi ? kb + (long)(nb + j) * ldk * esz : NULL, esz * ldk,
+                         NH, NK, F16);
         for (; j < nb; j++)
-            ster_qk_tile(q, qs, kb + (long)j * ldk, ldk, D, s + j, (const char*)(vb + (long)j * ldv), 4 * ldv,
-                         D >= 128 && j0 + nb + j + 1 <= hi ? (const char*)(kb + (long)(nb + j) * ldk) : NULL, 4 * ldk, NH, 1);
+            ster_qk_tile(q, qs, kb + (long)j * ldk * esz, ldk, D, s + j, vb + (long)j * ldv * esz, esz * ldv,
+                         pf_keys && j0 + nb + j + 1 <= hi ? kb + (long)(nb + j) * ldk * esz : NULL, esz * ldk,
+                         NH, 1, F16);
         /* per head: scale, soft-cap, bias, block max, exp, running sums */
         for (h = 0; h < NH; h++) {
             float* sh = s + h * STER_ATTN_BLOCK;
@@ -350,7 +398,7 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K,
             m[h] = mn;
         }
         /* values of the block */
-        ster_pv_block(s, vb, ldv, nb, D, alpha, out, os, NH);
+        ster_pv_block(s, vb, ldv, nb, D, alpha, out, os, NH, F16);
     }
     for (h = 0; h < NH; h++) {
         float inv;
@@ -368,15 +416,19 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const float* K,
     }
 }
 
-static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, const float* K, long ldk,
-                                               const float* V, long ldv, int lo, int hi,
+/* One instance per (heads, key/value dtype): the constants unroll the tiles. */
+static STER_OPS_AVX2 void ster_attn_group_avx2(int nh, const float* q, long qs, const void* K, long ldk,
+                                               const void* V, long ldv, int f16, int lo, int hi,
                                                const ster_attn_args* a, float* out, long os, float* ml) {
-    switch (nh) {
-    case 1: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 1); break;
-    case 2: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 2); break;
-    case 3: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 3); break;
-    default: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 4); break;
+#define STER_ATTN_NH(F) \
+    switch (nh) { \
+    case 1: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 1, F); break; \
+    case 2: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 2, F); break; \
+    case 3: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 3, F); break; \
+    default: ster_attn_group_nh(q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml, 4, F); break; \
     }
+    if (f16) STER_ATTN_NH(1) else STER_ATTN_NH(0)
+#undef STER_ATTN_NH
 }
 
 static int ster_ops_cpu_avx2(void) {
@@ -387,8 +439,20 @@ static int ster_ops_cpu_avx2(void) {
     }
     return cached;
 }
+
+/* F16C (float16 conversions): every AVX2 CPU known has it, but it is a separate flag. */
+static int ster_ops_cpu_f16c(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        unsigned int eax, ebx, ecx, edx;
+        __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+        cached = (ecx >> 29) & 1;
+    }
+    return cached;
+}
 #else
 static int ster_ops_cpu_avx2(void) { return 0; }
+static int ster_ops_cpu_f16c(void) { return 0; }
 #endif
 
 /* ------------------------------------------------------------------------- */
@@ -436,11 +500,13 @@ static void ster_glu(float* g, const float* u, long n, int kind, int simd) {
     ster_glu_scalar(g, u, n, kind);
 }
 
-/* nh (<= 4) heads sharing K/V, one query row each (q/out rows at strides qs/os).
- * ml: NULL, or 2 * nh floats for a part of a split key range (see ster_attn_row_scalar). */
-static void ster_attn_group(int nh, const float* q, long qs, const float* K, long ldk, const float* V, long ldv,
-                            int lo, int hi, const ster_attn_args* a, float* sc, float* out, long os, int simd,
-                            float* ml) {
+/* nh (<= 4) heads sharing K/V, one query row each (q/out rows at strides qs/os); K, V rows
+ * float32, or float16 when f16 (strides ldk, ldv in elements). simd: 1 for the AVX2 path
+ * (the caller checks F16C for float16). ml: NULL, or 2 * nh floats for a part of a split
+ * key range (see ster_attn_row_scalar). */
+static void ster_attn_group(int nh, const float* q, long qs, const void* K, long ldk, const void* V, long ldv,
+                            int f16, int lo, int hi, const ster_attn_args* a, float* sc, float* out, long os,
+                            int simd, float* ml) {
     int h, i;
     if (hi <= lo) {
         for (h = 0; h < nh; h++) for (i = 0; i < a[0].D; i++) out[h * os + i] = 0.0f;
@@ -449,13 +515,13 @@ static void ster_attn_group(int nh, const float* q, long qs, const float* K, lon
     }
 #if STER_OPS_X86
     if (simd && a[0].D % 8 == 0) {
-        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, lo, hi, a, out, os, ml);
+        ster_attn_group_avx2(nh, q, qs, K, ldk, V, ldv, f16, lo, hi, a, out, os, ml);
         return;
     }
 #endif
     (void)simd;
     for (h = 0; h < nh; h++)
-        ster_attn_row_scalar(q + h * qs, K, ldk, V, ldv, lo, hi, &a[h], sc, out + h * os, ml ? ml + 2 * h : 0);
+        ster_attn_row_scalar(q + h * qs, K, ldk, V, ldv, f16, lo, hi, &a[h], sc, out + h * os, ml ? ml + 2 * h : 0);
 }
 
 /* Combine P parts of one query row's attention (a key range split P ways): part p left

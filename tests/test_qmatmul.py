@@ -359,18 +359,21 @@ def test_rope_matches_numpy(interleaved):
     np.testing.assert_allclose(k2, want_k, rtol=1e-6, atol=1e-6)
 
 
-def _attention_case(rng, H, KV, T, S, D, cached):
+def _attention_case(rng, H, KV, T, S, D, cached, kv_dtype=np.float32):
     q = rng.standard_normal((H, T, D)).astype(np.float32)
-    buf_k = rng.standard_normal((KV, S + 7, D)).astype(np.float32)
-    buf_v = rng.standard_normal((KV, S + 7, D)).astype(np.float32)
+    buf_k = rng.standard_normal((KV, S + 7, D)).astype(kv_dtype)
+    buf_v = rng.standard_normal((KV, S + 7, D)).astype(kv_dtype)
     k, v = buf_k[:, :S], buf_v[:, :S]  # cache views: strided in the position axis
     positions = np.arange(S - T, S) if cached else np.arange(T)
     return q, k, v, positions
 
 
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("simd", [True, False])
 @pytest.mark.parametrize("D", [64, 12, 256, 40])
-def test_attention_matches_numpy(simd, D):
+def test_attention_matches_numpy(simd, D, kv_dtype):
+    # float16 keys/values (a float16 KV cache): the oracle is the float32 definition on
+    # their float32 values (widening is exact), within the float32 tolerance
     ops.set_simd(simd)
     rng = np.random.default_rng(D)
     # (1, 700) and (1, 513): one decoded row over a long cache, where two threads split the
@@ -378,7 +381,8 @@ def test_attention_matches_numpy(simd, D):
     # 1 group); (1, 200) with D = 256: too few keys to split, two threads take two heads each.
     for H, KV, T, S, cached in ((6, 2, 1, 37, True), (6, 2, 9, 9, False), (6, 2, 5, 40, True),
                                 (6, 3, 1, 700, True), (4, 1, 1, 513, True), (4, 1, 1, 200, True)):
-        q, k, v, positions = _attention_case(rng, H, KV, T, S, D, cached)
+        q, k, v, positions = _attention_case(rng, H, KV, T, S, D, cached, kv_dtype)
+        k32, v32 = k.astype(np.float32), v.astype(np.float32)
         cases = [dict(), dict(window=4), dict(window=300), dict(softcap=5.0),
                  dict(sinks=rng.standard_normal(H).astype(np.float32)),
                  dict(sinks=np.full(H, 30.0, np.float32)),  # a sink that outweighs every key
@@ -393,8 +397,59 @@ def test_attention_matches_numpy(simd, D):
             for threads in (1, 2):
                 ops.set_threads(threads)
                 got = attention_mod.attention(q, k, v, positions, scale=D ** -0.5, **extra)
-                want = attention_mod.attention_reference(q, k, v, positions, scale=D ** -0.5, **extra)
+                want = attention_mod.attention_reference(q, k32, v32, positions, scale=D ** -0.5, **extra)
+                assert got.dtype == np.float32
                 np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=str((T, S, extra)))
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_attention_float16_values_widen_exactly(simd):
+    # Every float16 bit pattern (zeros, subnormals, normals, infinities, NaNs) as a value
+    # row: under a window of 1, query row t attends to key t alone (weight exactly 1), so
+    # the output is the kernel's float32 reading of value row t, compared with numpy's
+    # float16 -> float32 cast bit for bit (NaN positions must match).
+    ops.set_simd(simd)
+    rng = np.random.default_rng(16)
+    D = 64
+    v = np.arange(2 ** 16, dtype=np.uint16).view(np.float16).reshape(1, -1, D)
+    S = v.shape[1]
+    k = rng.standard_normal((1, S, D)).astype(np.float16)
+    q = rng.standard_normal((2, S, D)).astype(np.float32)
+    for threads in (1, 2):
+        ops.set_threads(threads)
+        got = attention_mod.attention(q, k, v, np.arange(S), scale=D ** -0.5, window=1)
+        want = np.broadcast_to(v.astype(np.float32), got.shape)
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_attention_float16_subnormal_keys(simd):
+    # keys that are all float16 subnormals (or zeros), queries large enough to give scores
+    # of order 1: a mis-widened subnormal would change every score
+    ops.set_simd(simd)
+    rng = np.random.default_rng(17)
+    H, KV, S, D = 4, 2, 300, 64
+    bits = rng.integers(0, 1024, (KV, S, D)).astype(np.uint16) | (rng.integers(0, 2, (KV, S, D)) << 15).astype(np.uint16)
+    k = bits.view(np.float16)
+    assert np.all(np.abs(k.astype(np.float32)) < 2.0 ** -14)
+    v = rng.standard_normal((KV, S, D)).astype(np.float16)
+    q = (rng.standard_normal((H, 2, D)) * 2.0 ** 20).astype(np.float32)
+    positions = np.array([S - 2, S - 1])
+    got = attention_mod.attention(q, k, v, positions, scale=D ** -0.5)
+    want = attention_mod.attention_reference(q, k.astype(np.float32), v.astype(np.float32), positions, scale=D ** -0.5)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_attention_mixed_key_value_dtypes_fall_back():
+    # float16 keys with float32 values: not a cache layout; the numpy definition answers
+    rng = np.random.default_rng(18)
+    q, k, v, positions = _attention_case(rng, 4, 2, 2, 20, 16, True)
+    k16 = k.astype(np.float16)
+    assert ops.attention(q, k16, v, positions, 0.25, 0, 0.0, None, None) is None
+    got = attention_mod.attention(q, k16, v, positions, scale=0.25)
+    want = attention_mod.attention_reference(q, k16.astype(np.float32), v, positions, scale=0.25)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_attention_takes_views_and_other_position_dtypes():

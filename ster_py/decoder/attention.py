@@ -6,12 +6,14 @@ at positions j with j <= p and, under a window w, j > p - w (w positions, itself
 included), as Transformers' masking_utils defines the sliding window. Gemma 2's
 logit soft-capping applies cap * tanh(scores / cap) before the mask.
 
-Float32 inputs run the fused Cython kernel (``ster_py._kernels.ops.attention``:
-one pass per query row over only the keys it may see, with an online softmax,
-threaded over heads and rows and, when decoding with few key/value heads, over
-parts of the keys merged afterwards); ``attention_reference`` is the numpy
-definition it is tested against and the fallback for anything the kernel does
-not take.
+Float32 queries over float32 or float16 keys/values run the fused Cython kernel
+(``ster_py._kernels.ops.attention``: one pass per query row over only the keys
+it may see, with an online softmax, threaded over heads and rows and, when
+decoding with few key/value heads, over parts of the keys merged afterwards;
+float16 rows are widened to float32 as they are read, never the whole cache);
+``attention_reference`` is the numpy definition it is tested against and the
+fallback for anything the kernel does not take. Float16 keys/values mean their
+exact float32 values: all arithmetic is float32 either way.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
 
     Args:
         q: float32 [num_heads, T, head_dim], queries at absolute ``positions`` (int [T]).
-        k, v: float32 [num_kv_heads, S, head_dim], keys/values at positions 0..S-1.
+        k, v: float32 or float16 (both the same) [num_kv_heads, S, head_dim], keys/values at
+            positions 0..S-1 (a float16 cache: ``KVCache(dtype=np.float16)``).
         scale: multiplies q.k (usually head_dim ** -0.5).
         window: sliding window length in positions, or None.
         softcap: attention logit soft-cap, or None.
@@ -66,7 +69,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, *, scale: float,
                         window: int | None = None, softcap: float | None = None, bias: np.ndarray | None = None,
                         sinks: np.ndarray | None = None) -> np.ndarray:
-    """The numpy definition of ``attention`` (same arguments): full score matrix, masked softmax."""
+    """The numpy definition of ``attention`` (same arguments): full score matrix, masked softmax.
+
+    float16 k, v are widened to float32 first (exactly), so the math is the float32 one."""
+    if k.dtype == np.float16:
+        k = k.astype(np.float32)
+    if v.dtype == np.float16:
+        v = v.astype(np.float32)
     H, T, D = q.shape
     KV, S, _ = k.shape
     G = H // KV
