@@ -12,6 +12,10 @@ and ster's RSS budget (1.15 x file size + KV cache + 150 MB).
     python scripts/bench.py smollm2-135m-instruct-q4_1 --threads 2
     python scripts/bench.py gemma3-270m-q4_k_m --threads 2
     python scripts/bench.py smollm2-135m-instruct-q4_1 --reference transformers
+    python scripts/bench.py smollm2-135m-instruct-q4_1 --kv-cache f16
+
+``--kv-cache f16`` runs ster with a float16 KV cache (``generate(kv_cache="f16")``), as
+llama.cpp keeps its own by default; the reference engines are unchanged by it.
 
 MODEL is a preset name (its GGUF and Hugging Face copy come from
 scripts/real_models.py) or a .gguf path (then ``--hf-dir`` for transformers).
@@ -72,8 +76,9 @@ def run_ster(args) -> dict:
     m = load_model(args.model)
     load_s = time.perf_counter() - t0
     ids = _prompt_ids(lambda t: m.tokenizer.encode(t, add_special_tokens=False), args.prompt_tokens)
-    g = generate(m.decoder, ids, Sampling(max_new_tokens=args.new_tokens), stop_ids=())
-    kv_bytes = m.decoder.new_cache().nbytes_per_position() * (len(ids) + args.new_tokens)
+    g = generate(m.decoder, ids, Sampling(max_new_tokens=args.new_tokens), stop_ids=(), kv_cache=args.kv_cache)
+    dtype = np.float16 if args.kv_cache == "f16" else np.float32
+    kv_bytes = m.decoder.new_cache(dtype).nbytes_per_position() * (len(ids) + args.new_tokens)
     return {"load_s": load_s, "prefill_tok_s": g.prefill_tokens_per_second,
             "decode_tok_s": g.decode_tokens_per_second, "peak_rss_mb": _peak_rss_mb(),
             "kv_mb": kv_bytes / 1e6, "tokens": len(g.ids), "first_ids": g.ids[:8],
@@ -171,7 +176,7 @@ def _one(engine: str, model: str, args, extra_path: str | None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra_path, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", engine,
            "--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens),
-           "--new-tokens", str(args.new_tokens)]
+           "--new-tokens", str(args.new_tokens), "--kv-cache", args.kv_cache]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -187,6 +192,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--kv-cache", choices=("f32", "f16"), default="f32",
+                   help="ster's KV cache dtype (llama.cpp's is f16 either way)")
     p.add_argument("--hf-dir", help="Hugging Face directory for --reference transformers")
     p.add_argument("--llama-cpp-path", help="extra sys.path entry where llama_cpp is installed")
     p.add_argument("--json", help="also write the raw runs and medians to this file")
@@ -214,7 +221,7 @@ def main() -> None:
     kv_mb = runs["ster"][0]["kv_mb"]
     budget = 1.15 * file_mb + kv_mb + 150
     print(f"\nmodel {args.model}  threads {args.threads}  prompt {args.prompt_tokens}  new {args.new_tokens}  "
-          f"rounds {args.rounds}  load average before {before}, after {after}")
+          f"rounds {args.rounds}  ster kv-cache {args.kv_cache}  load average before {before}, after {after}")
     print(f"{'':14s}{'load s':>9s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'peak RSS MB':>13s}")
     for e in runs:
         m = med[e]
@@ -222,11 +229,12 @@ def main() -> None:
     ratio = {f: med["ster"][f] / med[args.reference][f] for f in figures}
     print(f"{'ster/' + args.reference:14s}{ratio['load_s']:9.2f}{ratio['prefill_tok_s']:15.2f}"
           f"{ratio['decode_tok_s']:14.2f}{ratio['peak_rss_mb']:13.2f}")
-    print(f"ster RSS budget: 1.15 x {file_mb:.0f} MB file + {kv_mb:.0f} MB KV cache + 150 MB = {budget:.0f} MB "
-          f"({'within' if med['ster']['peak_rss_mb'] <= budget else 'OVER'}; max over rounds "
+    print(f"ster RSS budget: 1.15 x {file_mb:.0f} MB file + {kv_mb:.0f} MB KV cache ({args.kv_cache}) + 150 MB "
+          f"= {budget:.0f} MB ({'within' if med['ster']['peak_rss_mb'] <= budget else 'OVER'}; max over rounds "
           f"{max(r['peak_rss_mb'] for r in runs['ster']):.0f} MB)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "load_before": before, "load_after": after,
+        Path(args.json).write_text(json.dumps({"args": vars(args), "kv_cache": args.kv_cache,
+                                               "load_before": before, "load_after": after,
                                                "runs": runs, "median": med, "ratio": ratio,
                                                "rss_budget_mb": budget}, indent=1))
 
