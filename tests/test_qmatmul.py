@@ -274,8 +274,10 @@ def test_row_order_permutes_outputs_without_copying():
     np.testing.assert_array_equal(np.asarray(part), dense_perm[5:17].astype(np.float32))
     np.testing.assert_array_equal(perm[[2, 40, 2]], dense_perm[[2, 40, 2]].astype(np.float32))
     np.testing.assert_array_equal(perm[7], dense_perm[7].astype(np.float32))
-    with pytest.raises(SterError):
-        perm.rows([rows])
+    np.testing.assert_array_equal(perm.rows([-1]), dense_perm[[-1]].astype(np.float32))  # one id: its own path
+    for bad in ([rows], [-rows - 1], [0, rows]):
+        with pytest.raises(SterError):
+            perm.rows(bad)
 
 
 def test_quant_linear_bias_and_vector_input():

@@ -120,6 +120,9 @@ class QuantTensor:
         self.shape = (int(n), int(tensor.shape[1]))
         self.nbytes = self.shape[0] * tensor.row_bytes
         self._qmatrix = None
+        # A plain ndarray view of the blocks (not the file's np.memmap subclass, whose
+        # indexing is slower): the embedding looks a row up every decoded token.
+        self._raw = np.asarray(tensor.raw_rows)
 
     def __repr__(self) -> str:
         return f"QuantTensor({self.name!r}, {self.type_name}, shape={self.shape})"
@@ -136,10 +139,19 @@ class QuantTensor:
         Raises SterError for an index out of range.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < -self.shape[0] or ids.max() >= self.shape[0]):
-            raise SterError(f"row index out of range for {self.name!r} with {self.shape[0]} rows")
-        ids = np.where(ids < 0, ids + self.shape[0], ids)
-        raw = self.tensor.raw_rows[self._raw_indices(ids)]
+        n = self.shape[0]
+        if ids.size == 1:  # decoding: one token per step
+            i = int(ids[0])
+            if not -n <= i < n:
+                raise SterError(f"row index out of range for {self.name!r} with {n} rows")
+            i = i + n if i < 0 else i
+            i = i if self._order is None else int(self._order[i])
+            raw = self._raw[i:i + 1]
+        else:
+            if ids.size and (ids.min() < -n or ids.max() >= n):
+                raise SterError(f"row index out of range for {self.name!r} with {n} rows")
+            ids = np.where(ids < 0, ids + n, ids)
+            raw = self._raw[self._raw_indices(ids)]
         return quants.dequantize(raw, self.ggml_type, (ids.shape[0], self.shape[1]), n_threads=1)
 
     def __getitem__(self, key):
