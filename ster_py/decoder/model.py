@@ -122,9 +122,13 @@ class _Layer:
             q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
         if s.qk_norm == "proj" and self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = np.ascontiguousarray(q.reshape(T, s.num_attention_heads, s.head_dim).transpose(1, 0, 2))
-        k = np.ascontiguousarray(k.reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2))
-        v = v.reshape(T, s.num_key_value_heads, s.head_dim).transpose(1, 0, 2)
+        H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        if T == 1:  # decoding: [1, heads * D] is already [heads, 1, D] in memory
+            q, k, v = q.reshape(H, 1, D), k.reshape(KV, 1, D), v.reshape(KV, 1, D)
+        else:
+            q = np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2))
+            k = np.ascontiguousarray(k.reshape(T, KV, D).transpose(1, 0, 2))
+            v = v.reshape(T, KV, D).transpose(1, 0, 2)
         head_norm = s.qk_norm == "head" and self.q_norm is not None
         if head_norm and not s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -141,7 +145,7 @@ class _Layer:
         keys, values = cache.append(self.i, k, v)
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks)
-        return self.o(out.transpose(1, 0, 2).reshape(T, s.num_attention_heads * s.head_dim))
+        return self.o(out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D))
 
     def _ffn(self, x: np.ndarray) -> np.ndarray:
         if self.gate is not None:
