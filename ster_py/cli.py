@@ -161,7 +161,7 @@ def generate(
     kv_cache: str = typer.Option("f32", "--kv-cache", metavar="<f32|f16>",
                                  help="Key/value cache dtype. f32 keeps keys and values as computed; f16 "
                                  "halves the cache's memory and the bytes read per token (llama.cpp's "
-                                 "default) and moves logits by about 1e-4 to 1e-3 relative."),
+                                 "default) and moves logits by about 1e-4 to 2e-3 relative."),
 ) -> None:
     """Generate text, streamed to stdout; a summary follows on stderr."""
     from .generate import Sampling, generate as run, kv_cache_dtype
