@@ -453,3 +453,35 @@ def dequantize_into(const uint8_t[::1] src, float[::1] dst, int type_id, int n_t
                 start = c * chunk
                 cnt = min(chunk, nb - start)
                 fn(sp + start * ts, dp + start * bs, cnt)
+
+
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+
+def gguf_strings(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t count):
+    """Read ``count`` GGUF strings (u64 little-endian byte length, then UTF-8 bytes) from
+    ``buf`` at byte offset ``pos``: the vocabulary arrays of a GGUF header (262,144 strings
+    for Gemma 3), which a Python loop reads ~10x slower.
+
+    Returns (strings, end offset), or (None, index of the first bad string) when a length
+    runs past the buffer, a string runs past it, or a string is not UTF-8; the caller then
+    re-reads with its own checks to word the error. The list grows item by item, so its
+    memory follows the bytes actually parsed, never the claimed count.
+    """
+    cdef Py_ssize_t size = buf.shape[0], i
+    cdef unsigned long long n
+    cdef list out = []
+    for i in range(count):
+        if pos < 0 or pos + 8 > size:
+            return None, i
+        n = 0
+        memcpy(&n, &buf[pos], 8)   # GGUF is little-endian, as every machine ster builds for
+        pos += 8
+        if n > <unsigned long long>(size - pos):
+            return None, i
+        try:
+            out.append(PyUnicode_DecodeUTF8(<const char*>&buf[pos] if n else <const char*>&buf[0], <Py_ssize_t>n, "strict"))
+        except UnicodeDecodeError:
+            return None, i
+        pos += <Py_ssize_t>n
+    return out, pos

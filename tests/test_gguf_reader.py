@@ -410,3 +410,20 @@ def test_fuzz_real_header(smollm2_gguf, fuzz_path):
         _open_mutated(fuzz_path, header, edits, cut)
 
     run()
+
+
+def test_string_arrays_read_by_the_kernel_equal_the_python_loop(tmp_path, monkeypatch):
+    from ster_py.gguf import reader
+
+    assert reader._kernel_strings is not None  # the built kernels read string arrays
+    texts = ["", "a", "é", "日本語", "\U0001F600", "<0x0A>", "x" * 300, "\x00"]
+    body = struct.pack("<IQ", STRING, len(texts)) + b"".join(gstring(t) for t in texts)
+    path = write(tmp_path, Craft().add_kv("tokenizer.ggml.tokens", ARRAY, raw=body).build())
+    fast = GGUFFile(path).metadata["tokenizer.ggml.tokens"]
+    monkeypatch.setattr(reader, "_kernel_strings", None)
+    assert GGUFFile(path).metadata["tokenizer.ggml.tokens"] == fast == texts
+    # A bad string in the middle: the same worded error from either path.
+    monkeypatch.undo()
+    body = struct.pack("<IQ", STRING, 3) + gstring("a") + gstring(b"\xff\xfe") + gstring("c")
+    refused(tmp_path, Craft().add_kv("tokenizer.ggml.tokens", ARRAY, raw=body).build(),
+            "'tokenizer.ggml.tokens'", "string 1", "UTF-8")

@@ -22,6 +22,7 @@ import mmap
 import os
 import stat
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,13 @@ import numpy as np
 
 from ster_py.errors import SterError
 from ster_py.gguf import quants
+
+try:  # (the kernel reads lengths in the machine's byte order: little-endian hosts only)
+    from ster_py._kernels.quants import gguf_strings as _kernel_strings
+    if sys.byteorder != "little":
+        _kernel_strings = None
+except ImportError:  # kernels not built: the Python loop reads the strings
+    _kernel_strings = None
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -229,9 +237,15 @@ class _Parser:
         return [self.array(f"{key}[{i}]", depth + 1) for i in range(count)]
 
     def strings(self, key: str, count: int) -> list[str]:
-        # The hot loop of opening a file (262k tokens for Gemma 3): locals only, one check per item.
-        # Grown item by item (not preallocated from the count), so memory follows the bytes
-        # actually parsed, never a hostile count.
+        # The hot loop of opening a file (262k tokens for Gemma 3): the kernels read it when
+        # built; a bad string sends us to the loop below, which words the error.
+        if _kernel_strings is not None and count:
+            out, end = _kernel_strings(self.buf, self.pos, count)
+            if out is not None:
+                self.pos = end
+                return out
+        # Locals only, one check per item; grown item by item (not preallocated from the
+        # count), so memory follows the bytes actually parsed, never a hostile count.
         buf, size, p = self.buf, self.size, self.pos
         out: list[str] = []
         append = out.append
