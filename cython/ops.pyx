@@ -357,3 +357,7 @@ cdef inline void _merge(const _Attn* j, long b, int h) noexcept nogil:
                     j.sinks != NULL, j.sinks[head] if j.sinks != NULL else 0,
                     j.op + (<long>head * j.T + t) * j.D)
 
+
+
+# ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
+SOURCE_VERSION = 3

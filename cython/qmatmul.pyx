@@ -394,3 +394,7 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
             ster_pool_run(j.first[n], _group_task, &j, nt)
     free(buf)
     return 0
+
+
+# ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
+SOURCE_VERSION = 3

@@ -46,6 +46,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--against", type=Path, help="another source tree with built kernels (paired A/B)")
     args = p.parse_args()
+    bad = [t for t in args.types if t not in QUANT_TYPES]
+    if bad:
+        p.error(f"unknown type(s) {', '.join(bad)}; choose from {', '.join(QUANT_TYPES)}")
+    if args.rows < 1 or args.cols < 256 or args.cols % 256 or args.threads < 1 or args.rounds < 1:
+        p.error("--rows, --threads and --rounds must be at least 1, --cols a positive multiple of 256")
 
     from test_qmatmul import random_blocks  # the tests' generator of valid random blocks
 

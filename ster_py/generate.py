@@ -73,9 +73,9 @@ def kv_cache_dtype(kv_cache: str):
     Raises:
         SterError: any other name.
     """
-    if kv_cache not in KV_CACHE_DTYPES:
-        raise SterError(f"--kv-cache {kv_cache} is not a cache type; choose one of "
-                        f"{', '.join(KV_CACHE_DTYPES)}")
+    if not isinstance(kv_cache, str) or kv_cache not in KV_CACHE_DTYPES:
+        raise SterError(f"--kv-cache {kv_cache!r} is not a cache type; choose one of "
+                        f"{', '.join(KV_CACHE_DTYPES)} (lower case)")
     return KV_CACHE_DTYPES[kv_cache]
 
 
@@ -143,8 +143,10 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         if not np.isfinite(logits.sum()):  # any NaN or infinity makes the sum non-finite (no mask array)
             raise SterError("the model produced non-finite logits (NaN or infinity): its weights or configuration "
                             "hold non-finite or out-of-range values (with --precision f16, try f32 or bf16"
-                            + ("; with --kv-cache f16, keys or values may exceed float16's 65504: try f32)"
-                               if kv_cache == "f16" else ")"))
+                            + ("; with --kv-cache f16, keys or values may exceed float16's 65504: try f32"
+                               if kv_cache == "f16" else "")
+                            + ("; a steering strength this large may overflow the activations: try a smaller one"
+                               if layer_hook is not None else "") + ")")
         token = pick_token(logits, sampling, rng)
         out.ids.append(token)
         if token in stops:

@@ -132,11 +132,16 @@ def steering_hook(vec: SteeringVector, strength: float):
     (float32 [T, hidden_size]) after each covered layer; other layers pass unchanged.
 
     Raises:
-        SterError: a non-finite strength.
+        SterError: a non-finite strength, or one whose product with a direction overflows
+            float32.
     """
     if not math.isfinite(strength):
         raise SterError(f"--strength must be a finite number, got {strength}")
-    adds = {i: (np.float32(strength) * v).astype(np.float32) for i, v in vec.directions.items()}
+    with np.errstate(over="ignore"):
+        adds = {i: (np.float32(strength) * v).astype(np.float32) for i, v in vec.directions.items()}
+    if not all(np.isfinite(a).all() for a in adds.values()):
+        raise SterError(f"--strength {strength:g} times the vector's directions overflows float32 "
+                        "(the residual stream's type); use a smaller strength")
 
     def hook(i: int, h: np.ndarray) -> np.ndarray:
         add = adds.get(i)

@@ -55,7 +55,7 @@ def test_cache_refuses_other_dtypes():
 
 
 def test_generate_refuses_unknown_cache_names():
-    with pytest.raises(SterError, match="--kv-cache f8.*f32, f16"):
+    with pytest.raises(SterError, match="--kv-cache 'f8'.*f32, f16"):
         generate(None, [1], Sampling(max_new_tokens=1), kv_cache="f8")
 
 
@@ -136,4 +136,4 @@ def test_cli_unknown_kv_cache_is_one_error_line(tiny_llama):  # noqa: F811
     r = ster("generate", "--model", str(path), "--prompt", "w5", "--kv-cache", "f8")
     assert r.returncode == 1
     assert r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
-    assert "--kv-cache f8" in r.stderr and "f32" in r.stderr and "f16" in r.stderr
+    assert "--kv-cache 'f8'" in r.stderr and "f32" in r.stderr and "f16" in r.stderr

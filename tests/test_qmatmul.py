@@ -275,7 +275,7 @@ def test_row_order_permutes_outputs_without_copying():
     np.testing.assert_array_equal(perm[[2, 40, 2]], dense_perm[[2, 40, 2]].astype(np.float32))
     np.testing.assert_array_equal(perm[7], dense_perm[7].astype(np.float32))
     np.testing.assert_array_equal(perm.rows([-1]), dense_perm[[-1]].astype(np.float32))  # one id: its own path
-    for bad in ([rows], [-rows - 1], [0, rows]):
+    for bad in ([rows], [-rows - 1], [0, rows], [2**64 - 1]):
         with pytest.raises(SterError):
             perm.rows(bad)
 
@@ -561,3 +561,15 @@ def test_safetensors_weights_are_mapped_views(tmp_path):
     bad.write_bytes(path.read_bytes()[:40])
     with pytest.raises(SterError, match="failed to map"):
         SafetensorsWeights([bad])
+
+
+def test_built_kernels_are_from_these_sources():
+    import types
+
+    from ster_py._kernels import SOURCE_VERSION, check_built
+
+    for module in (qmatmul, ops):
+        assert module.SOURCE_VERSION == SOURCE_VERSION, module.__name__  # rebuild after changing a .pyx
+        check_built(module)
+    with pytest.raises(ImportError, match="rebuild"):
+        check_built(types.ModuleType("ster_py._kernels.stale"))

@@ -105,6 +105,14 @@ def test_strength_zero_is_exactly_unsteered(tiny, tmp_path):
     assert np.array_equal(plain, zero)
 
 
+def test_strength_that_overflows_float32_is_refused(tiny):
+    path, _ = tiny
+    vec = SteeringVector(str(path), None, 64, "test", "manual", unit_directions([0, 1, 2]))
+    with pytest.raises(SterError, match="overflows float32"):
+        steering_hook(vec, 1e39)  # finite in Python, inf once times a unit direction in float32
+    steering_hook(vec, 1e30)  # large but representable: accepted (the run may still overflow later)
+
+
 def test_vector_caa_is_the_normalized_difference_of_means(tiny, tmp_path):
     import torch
 

@@ -6,6 +6,8 @@ build still runs (slowly) and the tests compare the two.
 from __future__ import annotations
 
 try:
-    from .._kernels import ops
-except ImportError:  # pragma: no cover - depends on the build
+    from .._kernels import check_built, ops
+
+    check_built(ops)
+except ImportError:  # pragma: no cover - depends on the build (or a stale one)
     ops = None

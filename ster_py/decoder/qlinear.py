@@ -30,7 +30,9 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "
 
 def _kernels():
     try:
-        from .._kernels import qmatmul
+        from .._kernels import check_built, qmatmul
+
+        check_built(qmatmul)
     except ImportError as e:  # pragma: no cover - depends on the build
         raise SterError("the Cython kernels are not built (ster_py._kernels.qmatmul is missing); run "
                         "`python setup.py build_ext --inplace` in the source tree or reinstall ster-py "
@@ -138,7 +140,10 @@ class QuantTensor:
 
         Raises SterError for an index out of range.
         """
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        try:
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            raise SterError(f"row index out of range for {self.name!r} with {self.shape[0]} rows") from None
         n = self.shape[0]
         if ids.size == 1:  # decoding: one token per step
             i = int(ids[0])
