@@ -926,6 +926,15 @@ STER_AVX2_INLINE void ster_k4_scales(const uint8_t* p, __m256* sc, __m256* mn) {
 
 #define STER_LANE(v, i) _mm256_permutevar8x32_ps((v), _mm256_set1_epi32(i))
 
+/* A Q4_K / Q5_K block (d, dmin, packed scales first): the eight factors d * scale * dx of
+ * its sub-blocks, and dmin * min * (per-32 input sum) added to *macc. */
+STER_AVX2_INLINE __m256 ster_k4_factors(const uint8_t* blk, const float* dx, const float* xs16, __m256* macc) {
+    __m256 sc, mn;
+    ster_k4_scales(blk + 4, &sc, &mn);
+    *macc = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(ster_f16_avx2(blk + 2))), ster_xs32(xs16), *macc);
+    return _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(ster_f16_avx2(blk))), _mm256_loadu_ps(dx));
+}
+
 /* Q4_K: chunk c's 32 bytes are sub-block 2c (low nibbles) and 2c + 1 (high nibbles). The
  * eight factors d * scale * dx of a block are one vector (a lane broadcast per sub-block),
  * and its mins meet the per-32 input sums in one vector FMA. */
@@ -936,10 +945,7 @@ static STER_AVX2 float ster_dot16_q4_k(const uint8_t* row, int nb, const int16_t
     int b;
     for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
         const uint8_t* blk = row + (size_t)b * 144;
-        __m256 sc, mn;
-        ster_k4_scales(blk + 4, &sc, &mn);
-        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(ster_f16_avx2(blk))), _mm256_loadu_ps(dx));
-        macc = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(ster_f16_avx2(blk + 2))), ster_xs32(xs16), macc);
+        const __m256 f = ster_k4_factors(blk, dx, xs16, &macc);
 #define STER_Q4K_CHUNK(c) { \
             __m128i b0 = _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * (c))); \
             __m128i b1 = _mm_loadu_si128((const __m128i*)(blk + 32 + 32 * (c))); \
@@ -963,10 +969,7 @@ static STER_AVX2 float ster_dot16_q5_k(const uint8_t* row, int nb, const int16_t
     int b;
     for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
         const uint8_t* blk = row + (size_t)b * 176;
-        __m256 sc, mn;
-        ster_k4_scales(blk + 4, &sc, &mn);
-        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(ster_f16_avx2(blk))), _mm256_loadu_ps(dx));
-        macc = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(ster_f16_avx2(blk + 2))), ster_xs32(xs16), macc);
+        const __m256 f = ster_k4_factors(blk, dx, xs16, &macc);
         const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
 #define STER_Q5K_UNIT(u, Q, A) { \
             __m256i t = _mm256_and_si256(_mm256_srli_epi16(qh, (u)), one); \
