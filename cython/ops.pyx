@@ -239,8 +239,8 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     positions (0: none); softcap: logit soft-cap (0: none); bias: None or float32
     [H or 1, T or 1, S] with a contiguous last axis (added after scaling and soft-capping);
     sinks: None or float [H]. Returns None, computing nothing, when q is not a float32 3-D
-    array, k and v are not both float32 or both float16 3-D arrays, k or v lack a contiguous last axis, or sinks is not [H]: the
-    caller then uses the numpy reference. Raises ValueError for shapes that do not fit.
+    array, k and v are not both float32 or both float16 3-D arrays, k or v lack a
+    contiguous last axis, or sinks is not [H]: the caller then uses the numpy reference. Raises ValueError for shapes that do not fit.
     (numpy arrays are read through the C API, not typed memoryviews: this runs once per
     layer and token, and the memoryview set-up was a visible part of a short call.)
     """

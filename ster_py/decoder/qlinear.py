@@ -140,23 +140,22 @@ class QuantTensor:
 
         Raises SterError for an index out of range.
         """
+        n = self.shape[0]
+        out_of_range = SterError(f"row index out of range for {self.name!r} with {n} rows")
         try:
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         except OverflowError:
-            raise SterError(f"row index out of range for {self.name!r} with {self.shape[0]} rows") from None
-        n = self.shape[0]
-        if ids.size == 1:  # decoding: one token per step
+            raise out_of_range from None
+        if ids.size == 1:  # decoding: one token per step, a slice instead of a gather
             i = int(ids[0])
             if not -n <= i < n:
-                raise SterError(f"row index out of range for {self.name!r} with {n} rows")
-            i = i + n if i < 0 else i
-            i = i if self._order is None else int(self._order[i])
+                raise out_of_range
+            i = int(self._raw_indices(i + n if i < 0 else i))
             raw = self._raw[i:i + 1]
         else:
             if ids.size and (ids.min() < -n or ids.max() >= n):
-                raise SterError(f"row index out of range for {self.name!r} with {n} rows")
-            ids = np.where(ids < 0, ids + n, ids)
-            raw = self._raw[self._raw_indices(ids)]
+                raise out_of_range
+            raw = self._raw[self._raw_indices(np.where(ids < 0, ids + n, ids))]
         return quants.dequantize(raw, self.ggml_type, (ids.shape[0], self.shape[1]), n_threads=1)
 
     def __getitem__(self, key):
@@ -190,7 +189,7 @@ class QuantTensor:
     def qmatrix(self):
         """The kernel's view of this matrix (built once)."""
         if self._qmatrix is None:
-            self._qmatrix = _kernels().QMatrix(self.tensor.raw_rows, self.ggml_type, self.shape[1], self._order)
+            self._qmatrix = _kernels().QMatrix(self._raw, self.ggml_type, self.shape[1], self._order)
         return self._qmatrix
 
 
