@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Fused float32 decoder ops (built as ster_py._kernels.ops): norms, RoPE, attention
-(over a float32 or float16 key/value cache).
+(over a float32 or float16 key/value cache), and ``LayerStep``: a whole block's decode
+step in one call.
 
 The numpy functions in ster_py/decoder (norms.py, rope.py, attention.py) are the
 references; those modules call these kernels for float32 C-contiguous inputs and
@@ -10,6 +11,8 @@ import os
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdlib cimport free, malloc
+from libc.stdint cimport uint16_t
+from libc.string cimport memcpy
 
 import numpy as np
 
@@ -17,12 +20,15 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from ster_py._kernels.qmatmul import MAX_THREADS, _default_threads, _pool_capsule
+from ster_py._kernels.qmatmul import MAX_THREADS, QMatrix, _default_threads, _group_capsule, _pool_capsule
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
 # qmatmul's thread pool (one pool per process; see ster_pool.h).
 cdef pool_run_t _pool_run = <pool_run_t>PyCapsule_GetPointer(_pool_capsule, b"ster_pool_run")
+# qmatmul's driver of decode products (LayerStep's projections).
+ctypedef int (*group_fn)(tuple mats, const float* x, int K, float** ys) except -1
+cdef group_fn _group = <group_fn>PyCapsule_GetPointer(_group_capsule, b"ster_group_rowdots")
 
 cdef extern from "ster_ops.h" nogil:
     ctypedef struct ster_attn_args:
@@ -43,6 +49,7 @@ cdef extern from "ster_ops.h" nogil:
                          float* ml)
     void ster_attn_merge(int P, int D, const float* acc, long acc_stride, const float* ml, long ml_stride,
                          int has_sink, float sink, float* out)
+    void ster_store_kv_row(const float* x, void* row, int n, int f16, int simd)
 
 
 cdef int _threads = _default_threads()
@@ -271,7 +278,6 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     if cnp.PyArray_NDIM(pa) != 1 or cnp.PyArray_DIM(pa, 0) != T:
         raise ValueError("positions do not match the query rows")
     cdef cnp.ndarray out = cnp.PyArray_EMPTY(3, cnp.PyArray_DIMS(qa), cnp.NPY_FLOAT32, 0)
-    cdef int G = H // KV
     cdef const float[:, :, :] bv
     cdef const float* bp = NULL
     cdef long bsh = 0, bst = 0
@@ -286,8 +292,33 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
         bst = bv.strides[1] // 4 if bv.shape[1] == T else 0
     if H == 0 or T == 0 or D == 0:
         return out
-    cdef long ldk = cnp.PyArray_STRIDE(ka, 1) // esz, ldv = cnp.PyArray_STRIDE(va, 1) // esz
-    cdef long kvs = cnp.PyArray_STRIDE(ka, 0), vvs = cnp.PyArray_STRIDE(va, 0)
+    cdef _Attn j
+    j.qp = <const float*>cnp.PyArray_DATA(qa)
+    j.kp = <const char*>cnp.PyArray_DATA(ka)
+    j.vp = <const char*>cnp.PyArray_DATA(va)
+    j.op = <float*>cnp.PyArray_DATA(out)
+    j.pos = <const long long*>cnp.PyArray_DATA(pa)
+    j.sinks = <const float*>cnp.PyArray_DATA(sa) if sa is not None else NULL
+    j.bias = bp
+    j.bsh, j.bst = bsh, bst
+    j.T, j.G, j.S, j.D = T, H // KV, S, D
+    j.ldk, j.ldv = cnp.PyArray_STRIDE(ka, 1) // esz, cnp.PyArray_STRIDE(va, 1) // esz
+    j.kvs, j.vvs = cnp.PyArray_STRIDE(ka, 0), cnp.PyArray_STRIDE(va, 0)
+    j.window = window
+    j.scale, j.softcap = scale, softcap
+    j.f16 = esz == 2
+    cdef int rc
+    with nogil:
+        rc = _attend(&j, KV)
+    if rc:
+        raise MemoryError()
+    return out
+
+
+cdef int _attend(_Attn* j, int KV) noexcept nogil:
+    """Run the attention described by j (inputs, shapes, strides, masks set; the split and
+    the scratch are chosen here) on the pool. Returns -1 when scratch memory is short."""
+    cdef int T = j.T, G = j.G, S = j.S, D = j.D, H = G * KV
     cdef long rows = <long>KV * T
     cdef long work = <long>H * T * S * D
     cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
@@ -311,22 +342,8 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     cdef float* scratch = <float*>malloc(sizeof(float) * ((<size_t>S + 8) * sg * nt
                                                           + <size_t>total * sg * (D + 2) * (n_part > 1)))
     if scratch == NULL:
-        raise MemoryError()
-    cdef _Attn j
-    j.qp = <const float*>cnp.PyArray_DATA(qa)
-    j.kp = <const char*>cnp.PyArray_DATA(ka)
-    j.vp = <const char*>cnp.PyArray_DATA(va)
-    j.op = <float*>cnp.PyArray_DATA(out)
-    j.pos = <const long long*>cnp.PyArray_DATA(pa)
-    j.sinks = <const float*>cnp.PyArray_DATA(sa) if sa is not None else NULL
-    j.bias = bp
-    j.bsh, j.bst = bsh, bst
-    j.T, j.G, j.S, j.D = T, G, S, D
-    j.ldk, j.ldv, j.kvs, j.vvs = ldk, ldv, kvs, vvs
-    j.window = window
-    j.scale, j.softcap = scale, softcap
-    j.f16 = esz == 2
-    j.simd = _simd and (_f16c_ok or esz == 4)
+        return -1
+    j.simd = _simd and (_f16c_ok or not j.f16)
     j.total = total
     j.scratch = scratch
     j.sg, j.n_sub, j.n_part = sg, n_sub, n_part
@@ -335,15 +352,14 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     j.per_chunk = 1 if total <= 8 * nt else 4
     cdef long b
     cdef int h, nh
-    with nogil:
-        _pool_run((total + j.per_chunk - 1) // j.per_chunk, _attn_task, &j, nt)
-        if n_part > 1:
-            for b in range(rows * n_sub):
-                nh = min(sg, G - <int>(b % n_sub) * sg)
-                for h in range(nh):
-                    _merge(&j, b, h)
+    _pool_run((total + j.per_chunk - 1) // j.per_chunk, _attn_task, j, nt)
+    if n_part > 1:
+        for b in range(rows * n_sub):
+            nh = min(sg, G - <int>(b % n_sub) * sg)
+            for h in range(nh):
+                _merge(j, b, h)
     free(scratch)
-    return out
+    return 0
 
 
 cdef inline void _merge(const _Attn* j, long b, int h) noexcept nogil:
@@ -359,5 +375,232 @@ cdef inline void _merge(const _Attn* j, long b, int h) noexcept nogil:
 
 
 
+
+def float_to_half(const float[::1] x, uint16_t[::1] out, bint simd=True):
+    """out = x rounded to IEEE float16 bits (nearest even: numpy's ``astype(np.float16)``),
+    as the fused decode step stores a float16 cache; simd: F16C when the CPU has it."""
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("out must have x's length")
+    if x.shape[0]:
+        ster_store_kv_row(&x[0], &out[0], <int>x.shape[0], 1, simd and _simd_ok and _f16c_ok)
+
+# --- one block's decode step ----------------------------------------------------------------
+
+DEF _N_NORMS = 6
+_NORM_ROLES = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm", "q_norm", "k_norm")
+_MAT_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+cdef class LayerStep:
+    """One decoded token through one block, in one call: the same kernels, in the same
+    order and with the same float32 arithmetic, as ster_py/decoder/model.py's ``_Layer``
+    on one token, without the Python between them (about 50 us per block per token).
+
+    The block (ster_py/decoder/step.py decides which blocks qualify and builds this)::
+
+        x = attn_norm(h); q, k, v = x Wq^T + bq, ...   (one quantized input, one pool job)
+        q/k norm (per head, or over the whole projection), RoPE at position p, the norm after
+        RoPE when the family puts it there; k, v stored at row p of the cache
+        a = attn_post_norm(attention(q, cache[:p + 1]) Wo^T + bo); h2 = h + r * a
+        x = ffn_norm(h2); m = ffn_post_norm(down(act(x Wg^T + bg) * (x Wu^T + bu))); h2 + r * m
+
+    Args:
+        mats: the seven ``QMatrix`` q [H*D, E], k and v [KV*D, E], o [E, H*D], gate and up
+            [I, E], down [E, I].
+        biases: seven float32 arrays of their output sizes, or None.
+        norms: role -> float32 weight, or None for a norm without one; an absent role is a
+            norm the block does not have. attn_norm, attn_post_norm, ffn_norm and
+            ffn_post_norm weigh [E]; q_norm and k_norm [D] (``qk_norm`` 1, per head) or
+            [H*D] and [KV*D] (``qk_norm`` 2, over the projection).
+        eps: the RMSNorm epsilon. rotary_dim: 0 for no RoPE. act: 0 SiLU, 1 tanh GELU.
+        scale, window (0: none), softcap (0: none), sinks (None or float32 [H]): attention.
+        residual_scale: r above.
+
+    Raises ValueError when the shapes do not fit each other.
+    """
+    cdef tuple qkv, o, gu, down
+    cdef list _keep
+    cdef const float* nw[_N_NORMS]
+    cdef int has[_N_NORMS]
+    cdef const float* bias[7]
+    cdef const float* sinks
+    cdef int E, H, KV, D, F, rot, interleaved, act, window, qk_norm, qk_after_rope
+    cdef float eps, scale, softcap, r
+
+    def __init__(self, tuple mats, tuple biases, dict norms, *, int num_heads, int num_kv_heads, int head_dim,
+                 float eps, int qk_norm, bint qk_norm_after_rope, int rotary_dim, bint interleaved, float scale,
+                 int window, float softcap, sinks, int act, float residual_scale):
+        cdef int i
+        if len(mats) != 7 or len(biases) != 7 or not all(isinstance(m, QMatrix) for m in mats):
+            raise ValueError("seven QMatrix (q, k, v, o, gate, up, down) and seven biases or None")
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads or head_dim < 1:
+            raise ValueError("head counts do not fit grouped-query attention")
+        if qk_norm not in (0, 1, 2) or act not in (0, 1) or rotary_dim < 0 or rotary_dim % 2 \
+                or rotary_dim > head_dim or window < 0:
+            raise ValueError("qk_norm, act, rotary_dim or window out of range")
+        E, H, KV, D = mats[0].n_cols, num_heads, num_kv_heads, head_dim
+        F = mats[4].n_rows
+        want = ((H * D, E), (KV * D, E), (KV * D, E), (E, H * D), (F, E), (F, E), (E, F))
+        for i in range(7):
+            if (mats[i].n_rows, mats[i].n_cols) != want[i]:
+                raise ValueError(f"{_MAT_ROLES[i]} is [{mats[i].n_rows}, {mats[i].n_cols}], expected {list(want[i])}")
+        self.E, self.H, self.KV, self.D, self.F = E, H, KV, D, F
+        self.qkv, self.o, self.gu, self.down = tuple(mats[:3]), (mats[3],), (mats[4], mats[5]), (mats[6],)
+        self._keep = []
+        for i in range(7):
+            self.bias[i] = self._vector(biases[i], want[i][0], _MAT_ROLES[i] + " bias")
+        sizes = (E, E, E, E, D if qk_norm == 1 else H * D, D if qk_norm == 1 else KV * D)
+        for i in range(_N_NORMS):
+            role = _NORM_ROLES[i]
+            self.has[i] = role in norms and (i < 4 or qk_norm != 0)
+            self.nw[i] = self._vector(norms.get(role), sizes[i], role) if self.has[i] else NULL
+        self.sinks = self._vector(sinks, H, "sinks")
+        self.eps, self.qk_norm, self.qk_after_rope = eps, qk_norm, qk_norm_after_rope
+        self.rot, self.interleaved = rotary_dim, interleaved
+        self.scale, self.window, self.softcap = scale, window, softcap
+        self.act, self.r = act, residual_scale
+
+    cdef const float* _vector(self, a, Py_ssize_t n, str what) except? NULL:
+        if a is None:
+            return NULL
+        arr = np.ascontiguousarray(a, dtype=np.float32)
+        if arr.ndim != 1 or arr.shape[0] != n:
+            raise ValueError(f"{what} must be float32 [{n}], got shape {list(arr.shape)}")
+        self._keep.append(arr)
+        return <const float*>cnp.PyArray_DATA(<cnp.ndarray>arr)
+
+    def __call__(self, h, k_cache, v_cache, long long pos, cos, sin):
+        """h float32 [1, E] -> the block's output, float32 [1, E] (a new array).
+
+        k_cache, v_cache: the layer's cache buffers, both float32 or both float16
+        [KV, capacity, D] with capacity > pos and a contiguous last axis; row pos of each
+        key/value head is written (rounded to nearest even for float16), rows 0..pos are
+        attended. pos: the token's position. cos, sin: float32 [rotary_dim // 2] (or
+        [1, rotary_dim // 2]) tables at pos, None without RoPE.
+        """
+        cdef int E = self.E, H = self.H, KV = self.KV, D = self.D, F = self.F, i, g
+        if not (cnp.PyArray_Check(h) and cnp.PyArray_TYPE(<cnp.ndarray>h) == cnp.NPY_FLOAT32
+                and cnp.PyArray_NDIM(<cnp.ndarray>h) == 2 and cnp.PyArray_DIM(<cnp.ndarray>h, 0) == 1
+                and cnp.PyArray_DIM(<cnp.ndarray>h, 1) == E and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>h)):
+            raise ValueError(f"h must be a C-contiguous float32 array [1, {E}]")
+        cdef int esz = _kv_type(k_cache)
+        if not (esz and _kv_type(v_cache) == esz):
+            raise ValueError("the key and value caches must both be float32 or both float16 3-D arrays")
+        cdef cnp.ndarray ka = <cnp.ndarray>k_cache, va = <cnp.ndarray>v_cache
+        if not (_kv_layout(ka, esz) and _kv_layout(va, esz) and cnp.PyArray_ISWRITEABLE(ka)
+                and cnp.PyArray_ISWRITEABLE(va)):
+            raise ValueError("the caches need a contiguous last axis and must be writable")
+        if (cnp.PyArray_DIM(ka, 0) != KV or cnp.PyArray_DIM(va, 0) != KV or cnp.PyArray_DIM(ka, 2) != D
+                or cnp.PyArray_DIM(va, 2) != D or pos < 0 or pos >= cnp.PyArray_DIM(ka, 1)
+                or pos >= cnp.PyArray_DIM(va, 1)):
+            raise ValueError(f"the caches must be [{KV}, > {pos}, {D}]")
+        cdef const float* cp = NULL
+        cdef const float* sp = NULL
+        cdef cnp.ndarray ca, sa
+        if self.rot:
+            ca = np.ascontiguousarray(cos, dtype=np.float32)
+            sa = np.ascontiguousarray(sin, dtype=np.float32)
+            if cnp.PyArray_SIZE(ca) != self.rot // 2 or cnp.PyArray_SIZE(sa) != self.rot // 2:
+                raise ValueError(f"cos and sin must hold {self.rot // 2} values")
+            cp, sp = <const float*>cnp.PyArray_DATA(ca), <const float*>cnp.PyArray_DATA(sa)
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(2, cnp.PyArray_DIMS(<cnp.ndarray>h), cnp.NPY_FLOAT32, 0)
+        cdef float* hp = <float*>cnp.PyArray_DATA(<cnp.ndarray>h)
+        cdef float* op = <float*>cnp.PyArray_DATA(out)
+        cdef long HD = <long>H * D, KD = <long>KV * D
+        cdef float* buf = <float*>malloc(sizeof(float) * (3 * E + 2 * HD + 2 * KD + 2 * F + 16))
+        if buf == NULL:
+            raise MemoryError()
+        cdef float* x = buf
+        cdef float* q = x + E
+        cdef float* k = q + HD
+        cdef float* v = k + KD
+        cdef float* att = v + KD
+        cdef float* a = att + HD
+        cdef float* h2 = a + E
+        cdef float* gt = h2 + E
+        cdef float* up = gt + F
+        cdef float* ys[3]
+        cdef _Attn j
+        cdef int rc = 0
+        try:
+            self._norm(0, hp, E, x)
+            ys[0], ys[1], ys[2] = q, k, v
+            _group(self.qkv, x, E, ys)
+            _add(q, self.bias[0], HD)
+            _add(k, self.bias[1], KD)
+            _add(v, self.bias[2], KD)
+            if self.qk_norm == 2:
+                self._norm(4, q, HD, q)
+                self._norm(5, k, KD, k)
+            elif self.qk_norm == 1 and not self.qk_after_rope:
+                self._head_norms(q, k)
+            if self.rot:
+                for i in range(H):
+                    ster_rope_row(q + <long>i * D, self.rot, cp, sp, self.interleaved)
+                for i in range(KV):
+                    ster_rope_row(k + <long>i * D, self.rot, cp, sp, self.interleaved)
+            if self.qk_norm == 1 and self.qk_after_rope:
+                self._head_norms(q, k)
+            for g in range(KV):
+                ster_store_kv_row(k + <long>g * D, <char*>cnp.PyArray_DATA(ka) + g * cnp.PyArray_STRIDE(ka, 0)
+                                  + pos * cnp.PyArray_STRIDE(ka, 1), D, esz == 2, _simd and _f16c_ok)
+                ster_store_kv_row(v + <long>g * D, <char*>cnp.PyArray_DATA(va) + g * cnp.PyArray_STRIDE(va, 0)
+                                  + pos * cnp.PyArray_STRIDE(va, 1), D, esz == 2, _simd and _f16c_ok)
+            j.qp, j.op, j.pos = q, att, &pos
+            j.kp, j.vp = <const char*>cnp.PyArray_DATA(ka), <const char*>cnp.PyArray_DATA(va)
+            j.sinks, j.bias, j.bsh, j.bst = self.sinks, NULL, 0, 0
+            j.T, j.G, j.S, j.D = 1, H // KV, <int>(pos + 1), D
+            j.ldk, j.ldv = cnp.PyArray_STRIDE(ka, 1) // esz, cnp.PyArray_STRIDE(va, 1) // esz
+            j.kvs, j.vvs = cnp.PyArray_STRIDE(ka, 0), cnp.PyArray_STRIDE(va, 0)
+            j.window, j.scale, j.softcap, j.f16 = self.window, self.scale, self.softcap, esz == 2
+            with nogil:
+                rc = _attend(&j, KV)
+            if rc:
+                raise MemoryError()
+            ys[0] = a
+            _group(self.o, att, <int>HD, ys)
+            _add(a, self.bias[3], E)
+            if self.has[1]:
+                self._norm(1, a, E, a)
+            for i in range(E):
+                h2[i] = hp[i] + a[i] * self.r
+            self._norm(2, h2, E, x)
+            ys[0], ys[1] = gt, up
+            _group(self.gu, x, E, ys)
+            _add(gt, self.bias[4], F)
+            _add(up, self.bias[5], F)
+            ster_glu(gt, up, F, self.act, _simd)
+            ys[0] = a
+            _group(self.down, gt, F, ys)
+            _add(a, self.bias[6], E)
+            if self.has[3]:
+                self._norm(3, a, E, a)
+            for i in range(E):
+                op[i] = h2[i] + a[i] * self.r
+        finally:
+            free(buf)
+        return out
+
+    cdef void _norm(self, int which, const float* src, long n, float* dst) noexcept:
+        # norm ``which`` of the block (an absent one copies)
+        if self.has[which]:
+            ster_rms_norm_row(src, <int>n, self.nw[which], self.eps, dst)
+        elif src != dst:
+            memcpy(dst, src, sizeof(float) * n)
+
+    cdef void _head_norms(self, float* q, float* k) noexcept:
+        cdef int i
+        for i in range(self.H):
+            ster_rms_norm_row(q + <long>i * self.D, self.D, self.nw[4], self.eps, q + <long>i * self.D)
+        for i in range(self.KV):
+            ster_rms_norm_row(k + <long>i * self.D, self.D, self.nw[5], self.eps, k + <long>i * self.D)
+
+
+cdef inline void _add(float* y, const float* b, long n) noexcept nogil:
+    cdef long i
+    if b != NULL:
+        for i in range(n):
+            y[i] = y[i] + b[i]
+
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 3
+SOURCE_VERSION = 4

@@ -396,5 +396,9 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
     return 0
 
 
+# The decode products' driver, for the fused decode step of ster_py._kernels.ops (which
+# passes tuples of QMatrix it has checked).
+_group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NULL)
+
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 3
+SOURCE_VERSION = 4

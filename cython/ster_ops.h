@@ -93,6 +93,54 @@ static inline float ster_half_to_float(uint16_t h) {
     return f;
 }
 
+/* IEEE 754 binary32 -> binary16, rounded to nearest even (numpy's cast and F16C's mode 0):
+ * overflow goes to infinity, NaNs stay NaNs (quiet, sign and top payload bits kept).
+ * Normal results: round the 13 dropped bits to even, then re-bias (127 -> 15). Subnormal
+ * results are multiples of 2^-24: adding 0.5f (whose ulp is 2^-24) rounds |x| to one
+ * with the FPU's round-to-nearest-even, and the sum's low mantissa bits are the count. */
+static inline uint16_t ster_float_to_half(float x) {
+    uint32_t bits, sign, ax;
+    memcpy(&bits, &x, 4);
+    sign = (bits >> 16) & 0x8000u;
+    ax = bits & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);          /* >= 65520: infinity */
+    if (ax >= 0x38800000u) {                                            /* >= 2^-14: normal */
+        ax += 0xfffu + ((ax >> 13) & 1u);
+        return (uint16_t)(sign | ((ax - 0x38000000u) >> 13));
+    }
+    {
+        float f, half = 0.5f;
+        uint32_t fb, hb;
+        memcpy(&f, &ax, 4);
+        f += half;
+        memcpy(&fb, &f, 4);
+        memcpy(&hb, &half, 4);
+        return (uint16_t)(sign | (fb - hb));
+    }
+}
+
+#if STER_OPS_X86
+static STER_OPS_AVX2 void ster_store_half_f16c(const float* x, uint16_t* y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i*)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = ster_float_to_half(x[i]);
+}
+#endif
+
+/* Store n floats as one key/value row: a copy (f16 == 0), or rounded to float16 (F16C when
+ * simd, else ster_float_to_half; both round to nearest even, as KVCache's numpy cast). */
+static void ster_store_kv_row(const float* x, void* row, int n, int f16, int simd) {
+    int i;
+    if (!f16) { memcpy(row, x, sizeof(float) * (size_t)n); return; }
+#if STER_OPS_X86
+    if (simd) { ster_store_half_f16c(x, (uint16_t*)row, n); return; }
+#endif
+    (void)simd;
+    for (i = 0; i < n; i++) ((uint16_t*)row)[i] = ster_float_to_half(x[i]);
+}
+
 /* Element i of a key/value row stored as float32 (f16 == 0) or float16. */
 static inline float ster_kv_at(const void* row, long i, int f16) {
     return f16 ? ster_half_to_float(((const uint16_t*)row)[i]) : ((const float*)row)[i];

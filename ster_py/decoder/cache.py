@@ -40,15 +40,22 @@ class KVCache:
 
         The new rows are stored rounded to the cache dtype (numpy's cast: round to nearest even)."""
         end = self.length + k.shape[1]
+        keys, values = self.buffers(layer, end)
+        keys[:, self.length:end] = k
+        values[:, self.length:end] = v
+        return keys[:, :end], values[:, :end]
+
+    def buffers(self, layer: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The whole key and value buffers of ``layer``, [kv_heads, capacity, head_dim] with
+        capacity >= ``end`` (grown, doubling, keeping the committed rows). For kernels that
+        store the new rows themselves (the fused decode step)."""
         if end > self._k[layer].shape[1]:
             cap = max(end, 2 * self._k[layer].shape[1])
             for buf in (self._k, self._v):
                 grown = np.empty((self._shape[0], cap, self._shape[2]), self.dtype)
                 grown[:, :self.length] = buf[layer][:, :self.length]
                 buf[layer] = grown
-        self._k[layer][:, self.length:end] = k
-        self._v[layer][:, self.length:end] = v
-        return self._k[layer][:, :end], self._v[layer][:, :end]
+        return self._k[layer], self._v[layer]
 
     def advance(self, n: int) -> None:
         """Commit ``n`` positions staged by the last forward call."""

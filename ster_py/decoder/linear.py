@@ -63,6 +63,6 @@ class Projections:
             outs = tuple([np.empty(shape, np.float32) for shape in self._shapes])
             matvec_group(self._mats, x, outs)
             for i, bias in self._biased:
-                outs[i] += bias
+                np.add(outs[i], bias, out=outs[i])   # in place: a tuple's item cannot take +=
             return outs
         return tuple(p(x) for p in self.parts)

@@ -33,6 +33,7 @@ from .qlinear import QuantLinear
 from .norms import layer_norm, rms_norm
 from ._fast import ops as _ops
 from .positions import alibi_bias, query_temperature
+from .step import layer_step
 from .xielu import XIELU
 
 
@@ -72,6 +73,7 @@ class _Norm:
 
 
 _PROJECTION_ROLES = frozenset(("q", "k", "v", "o", "gate", "up", "down"))
+_UNBUILT = object()
 
 
 class _Layer:
@@ -99,13 +101,36 @@ class _Layer:
         else:
             self.act = ACT_FNS[spec.hidden_act]
         self._grouped: dict[tuple, Projections] = {}
+        self._step = _UNBUILT
         self._residual_scale = np.float32(spec.residual_scale)
 
     def __setattr__(self, name, value):
-        # Adapters replace projections after load: the groups built from them go stale.
+        # Adapters replace projections after load: the groups and the step built from them go stale.
         object.__setattr__(self, name, value)
         if name in _PROJECTION_ROLES and "_grouped" in self.__dict__:
             self._grouped.clear()
+            object.__setattr__(self, "_step", _UNBUILT)
+
+    def decode_step(self):
+        """This block's fused one-token step (``step.layer_step``; built on first use, again
+        after a projection is replaced), or None when the block does not qualify."""
+        if self._step is _UNBUILT:
+            self._step = layer_step(self)
+        return self._step
+
+    def step_one(self, fused, h: np.ndarray, cache: KVCache, positions: np.ndarray, tables: dict) -> np.ndarray:
+        """``__call__`` for one token through ``fused`` (this block's ``decode_step()``)."""
+        p = int(positions[0])
+        keys, values = cache.buffers(self.i, p + 1)
+        rope = self.layer.rope
+        cos = sin = None
+        if rope is not None:
+            if id(rope) not in tables:
+                tables[id(rope)] = rope.cos_sin(positions, p + 1)
+            cos, sin = tables[id(rope)]
+        if h.dtype != np.float32 or not h.flags.c_contiguous:  # a layer hook's output
+            h = np.ascontiguousarray(h, dtype=np.float32)
+        return fused(h, keys, values, p, cos, sin)
 
     def _project(self, roles: tuple, x: np.ndarray) -> tuple:
         """The projections ``roles`` of x, computed together (``Projections``; built on first
@@ -187,6 +212,9 @@ class Decoder:
     def __init__(self, spec: ModelSpec, weights: WeightSource):
         self.spec = spec
         self._weights = weights
+        # one-token calls run qualifying blocks through their fused step (``step.py``);
+        # False keeps every block in Python (tests compare the two)
+        self.fuse_decode = True
         layout = Layout(spec, weights)
 
         def top(role, kind="weight", required=False):
@@ -278,8 +306,15 @@ class Decoder:
         if hidden_states is not None:
             hidden_states.append(h)
         tables: dict = {}  # RoPE cos/sin per Rope object, computed once per call
+        # the fused step stores keys itself: only into this class's cache, not a subclass's
+        fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
+                and cache.length + 1 <= np.iinfo(np.int32).max)
         for layer in self.layers:
-            h = layer(h, cache, positions, bias, tables)
+            fused = layer.decode_step() if fuse else None
+            if fused is not None:
+                h = layer.step_one(fused, h, cache, positions, tables)
+            else:
+                h = layer(h, cache, positions, bias, tables)
             if layer_hook is not None:
                 h = layer_hook(layer.i, h)
             if hidden_states is not None:

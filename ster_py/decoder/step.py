@@ -1,0 +1,85 @@
+"""The fused decode step: one decoded token through one block in one kernel call.
+
+Decoding runs a block's dozen small kernels (norm, q/k/v, RoPE, cache store,
+attention, o, norm, gate/up, activation, down, residual adds) once per token. From
+Python, each costs a call and an allocation, about 50 us per block on a 2-core
+machine, as much as the products of a small model's block. ``layer_step`` hands
+qualifying blocks to ``ster_py._kernels.ops.LayerStep``, which runs the same kernels
+in the same order with the same float32 arithmetic, so its output equals
+``_Layer.__call__``'s (tests/test_step.py compares them on tiny models of several
+families, and the real-model tests run through it).
+
+A block qualifies when all of its projections are quantized (``QuantLinear``), its
+norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
+the tanh GELU, and the family needs nothing the step does not do: no parallel block,
+ALiBi, q/k/v clipping, query temperature or per-head norm weights. Anything else, and
+prompts (more than one token), keep the Python block.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelSpec
+from ._fast import ops as _ops
+from .ffn import _GLU_KINDS
+from .qlinear import QuantLinear
+
+_NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
+_MATS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def spec_allows_step(spec: ModelSpec) -> bool:
+    """Whether blocks of this family can take the fused step (the per-layer part is in ``layer_step``)."""
+    return (_ops is not None and spec.norm == "rms" and not spec.parallel and spec.clip_qkv is None
+            and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
+            and spec.qk_norm in (None, "head", "proj"))
+
+
+def _norm_weight(norm, size: int):
+    """The norm's weight for the kernel: (True, float32 [size] or None), or (False, None) when it
+    is not an RMSNorm the kernel takes (a 2-D per-head weight, another size)."""
+    if norm is None or not norm._kernel:
+        return False, None
+    w = norm.weight
+    if w is None:
+        return True, None
+    return (w.ndim == 1 and w.shape[0] == size and w.dtype == np.float32), w
+
+
+def layer_step(layer):
+    """A ``LayerStep`` for ``layer`` (a decoder ``_Layer``), or None when it does not qualify.
+
+    Built from the layer's current projections: rebuild after replacing one (``_Layer``
+    drops its step when a projection is set).
+    """
+    s = layer.spec
+    if not spec_allows_step(s) or layer.gate is None:
+        return None
+    parts = [getattr(layer, r) for r in _MATS]
+    if any(type(p) is not QuantLinear for p in parts):
+        return None
+    H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+    E = s.hidden_size
+    norms = {}
+    for role in _NORMS:
+        if role in layer.norms:
+            ok, w = _norm_weight(layer.norms[role], E)
+            if not ok:
+                return None
+            norms[role] = w
+    qk_norm = 0
+    if s.qk_norm is not None and layer.q_norm is not None:
+        qk_norm = 1 if s.qk_norm == "head" else 2
+        for role, norm, heads in (("q_norm", layer.q_norm, H), ("k_norm", layer.k_norm, KV)):
+            ok, w = _norm_weight(norm, D if qk_norm == 1 else heads * D)
+            if not ok:
+                return None
+            norms[role] = w
+    rope = layer.layer.rope
+    return _ops.LayerStep(
+        tuple(p._m for p in parts), tuple(p.bias for p in parts), norms,
+        num_heads=H, num_kv_heads=KV, head_dim=D, eps=float(s.norm_eps), qk_norm=qk_norm,
+        qk_norm_after_rope=bool(s.qk_norm_after_rope),
+        rotary_dim=0 if rope is None else rope.rotary_dim, interleaved=bool(rope is not None and rope.interleaved),
+        scale=float(s.attn_scale), window=int(layer.layer.sliding_window or 0), softcap=float(s.attn_softcap or 0.0),
+        sinks=layer.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(s.residual_scale))
