@@ -955,18 +955,20 @@ STER_AVX2_INLINE __m256 ster_k4_factors(const uint8_t* blk, const float* dx, con
  * and its mins meet the per-32 input sums in one vector FMA. */
 static STER_AVX2 float ster_dot16_q4_k(const uint8_t* row, int nb, const int16_t* x, const float* dx,
                                        const float* xs16) {
-    const __m128i m15 = _mm_set1_epi8(15);
+    const __m256i m15 = _mm256_set1_epi16(15);   /* on nibble bytes widened to words, as the legacy types */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     int b;
     for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
         const uint8_t* blk = row + (size_t)b * 144;
         const __m256 f = ster_k4_factors(blk, dx, xs16, &macc);
 #define STER_Q4K_CHUNK(c) { \
-            __m128i b0 = _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * (c))); \
-            __m128i b1 = _mm_loadu_si128((const __m128i*)(blk + 32 + 32 * (c))); \
-            __m256i p1, p0 = ster_madd32(_mm_and_si128(b0, m15), _mm_and_si128(b1, m15), x + 64 * (c), 0, &p1); \
-            __m256i r1, r0 = ster_madd32(_mm_and_si128(_mm_srli_epi16(b0, 4), m15), \
-                                         _mm_and_si128(_mm_srli_epi16(b1, 4), m15), x + 64 * (c) + 32, 0, &r1); \
+            __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + 16 + 32 * (c)))); \
+            __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + 32 + 32 * (c)))); \
+            const int16_t* xc = x + 64 * (c); \
+            __m256i p0 = _mm256_madd_epi16(_mm256_and_si256(w0, m15), _mm256_loadu_si256((const __m256i*)xc)); \
+            __m256i p1 = _mm256_madd_epi16(_mm256_and_si256(w1, m15), _mm256_loadu_si256((const __m256i*)(xc + 16))); \
+            __m256i r0 = _mm256_madd_epi16(_mm256_srli_epi16(w0, 4), _mm256_loadu_si256((const __m256i*)(xc + 32))); \
+            __m256i r1 = _mm256_madd_epi16(_mm256_srli_epi16(w1, 4), _mm256_loadu_si256((const __m256i*)(xc + 48))); \
             acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), STER_LANE(f, 2 * (c)), acc0); \
             acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(r0, r1)), STER_LANE(f, 2 * (c) + 1), acc1); }
         STER_Q4K_CHUNK(0) STER_Q4K_CHUNK(1) STER_Q4K_CHUNK(2) STER_Q4K_CHUNK(3)
