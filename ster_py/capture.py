@@ -195,14 +195,40 @@ def sidecar_path(path: Path) -> Path:
     return path.with_suffix(".json") if path.suffix == ".safetensors" else path.with_name(path.name + ".json")
 
 
-def save_capture(cap: Capture, path: str | Path) -> list[Path]:
-    """Write ``cap`` as ``path`` (safetensors) and its JSON sidecar, atomically.
+def check_capture_output(path: str | Path) -> None:
+    """Refuse an output that would overwrite anything but an earlier capture.
 
-    Returns the two paths written. Raises SterError if ``path`` ends in .json.
+    A capture replaces an earlier capture at the same name, but never another file: the
+    sidecar name (NAME.json) may already hold something else (a prompts or chat file).
+
+    Raises:
+        SterError: ``path`` ends in .json; the sidecar exists and is not a capture
+            sidecar; or ``path`` exists without a capture sidecar beside it.
     """
     path = Path(path)
     if path.suffix == ".json":
         raise SterError(f"--output {path}: give the .safetensors name; the JSON sidecar is written beside it")
+    side = sidecar_path(path)
+    if side.exists():
+        try:
+            doc = json.loads(side.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            doc = None
+        if not (isinstance(doc, dict) and doc.get("format") == CAPTURE_FORMAT):
+            raise SterError(f"--output {path} would overwrite {side}, which is not a capture sidecar; "
+                            "choose another --output name or move that file")
+    elif path.exists():
+        raise SterError(f"--output {path} exists and is not a capture (no sidecar {side.name} beside it); "
+                        "choose another --output name or move that file")
+
+
+def save_capture(cap: Capture, path: str | Path) -> list[Path]:
+    """Write ``cap`` as ``path`` (safetensors) and its JSON sidecar, atomically.
+
+    Returns the two paths written. Raises SterError as ``check_capture_output`` does.
+    """
+    path = Path(path)
+    check_capture_output(path)
     side = sidecar_path(path)
     names = _tensor_names(cap.meta)
     arrays = [cap.states[i][p] if p is not None else cap.states[i] for _, i, p in names]

@@ -1022,7 +1022,7 @@ class ModelTemplate:
         if "default" not in self.templates:
             raise SterError(f"{self.source} has no chat template; give one with --template FILE "
                             "(a base model has none: prompt it with raw text instead)")
-        return self.templates["default"], f"of {self.source}"
+        return self.templates["default"], f"'default' of {self.source}"
 
 
 def load_model_template(model: str, revision: str | None = None, *, progress=None) -> ModelTemplate:

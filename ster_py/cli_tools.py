@@ -96,7 +96,8 @@ def parity(
 @app.command()
 def capture(
     output: Path = typer.Option(..., "--output", "-o", help="The .safetensors file to write; its JSON sidecar "
-                                "(same name, .json) is written beside it."),
+                                "(same name, .json) is written beside it. An earlier capture there is "
+                                "replaced; any other file is refused."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
@@ -112,12 +113,13 @@ def capture(
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar)."""
-    from .capture import capture as run, parse_layers, read_prompts, save_capture
+    from .capture import capture as run, check_capture_output, parse_layers, read_prompts, save_capture
     from .load import load_model
 
     _check_device(device)
     _use_threads(threads)
     texts = read_prompts(prompt, prompts)
+    check_capture_output(output)   # before the model runs
     with progress_bar() as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
         show_warnings(loaded)

@@ -150,6 +150,28 @@ def test_failed_write_leaves_no_file(tiny, tmp_path, monkeypatch):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_output_replaces_an_earlier_capture_but_no_other_file(tiny, tmp_path):
+    path, _, _ = tiny
+    cap = capture(load_model(str(path)), PROMPTS, [0, 1], "last")
+    out = tmp_path / "c.safetensors"
+    save_capture(cap, out)
+    save_capture(cap, out)                      # an earlier capture: replaced
+    assert load_capture(out).layers == [0, 1]
+    chat = tmp_path / "chat.json"
+    chat.write_text('{"messages": []}')
+    with pytest.raises(SterError, match="not a capture sidecar"):
+        save_capture(cap, tmp_path / "chat.safetensors")
+    assert chat.read_text() == '{"messages": []}' and not (tmp_path / "chat.safetensors").exists()
+    other = tmp_path / "weights.safetensors"
+    other.write_bytes(b"not ours")
+    with pytest.raises(SterError, match="is not a capture"):
+        save_capture(cap, other)
+    assert other.read_bytes() == b"not ours" and not (tmp_path / "weights.json").exists()
+    # the CLI refuses before loading the model
+    r = ster("capture", "--model", str(path), "--prompt", "w5 w6", "--output", str(tmp_path / "chat.safetensors"))
+    assert r.returncode == 1 and "not a capture sidecar" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_help_states_the_layer_numbering():
     r = ster("capture", "--help")
     assert r.returncode == 0
