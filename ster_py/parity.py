@@ -210,7 +210,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         tolerance: a prompt passes when its relative logit error is at most this; it is also
             the threshold that decides the first divergent layer.
         reference_fn: use this reference instead of building one (tests, reuse).
-        progress: optional ``progress("parity", done, total)`` callback.
+        progress: optional ``progress(event, done, total)`` callback: ``("loading the
+            reference", 0, None)`` once before the reference loads, then ``("parity", done, total)``.
 
     Raises:
         SterError: unknown reference, missing reference package, a model the reference cannot load.
@@ -227,6 +228,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         if not p.ids:
             raise SterError(f"the prompt {p.text!r} encodes to no tokens")
     if reference_fn is None:
+        if progress:  # loading transformers and its copy of the model takes tens of seconds
+            progress("loading the reference", 0, None)
         if reference == "transformers":
             reference_fn = transformers_reference(loaded.resolved)
         else:

@@ -113,6 +113,7 @@ def test_cli_json_and_exit_status(tmp_path):
     assert doc["passed"] and doc["reference"] == "transformers" and doc["precision"] == "f32"
     assert doc["prompts"][0]["ids"] == IDS and len(doc["prompts"][0]["layers"]) == 3
     assert "Loading weights" not in ok.stderr  # nothing below the CLI prints
+    assert "loading the reference..." in ok.stderr  # the slow step is announced (stderr is not a terminal here)
     # bf16 storage is ~1e-3 away from the f32 reference: above a 1e-6 tolerance -> exit 1, diverging at layer 0.
     bad = ster("parity", "--model", str(tmp_path), "--prompt", PROMPT, "--precision", "bf16", "--tolerance", "1e-6")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
