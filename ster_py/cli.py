@@ -229,9 +229,11 @@ def generate(
     if rest:
         _write(rest)
     _write("\n")
-    err.print(f"[dim]{len(prompt_.ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason}); "
-              f"prefill {result.prefill_tokens_per_second:.1f} tok/s, "
-              f"decode {result.decode_tokens_per_second:.1f} tok/s[/]")
+    # a phase that did not run (no new tokens; one token, which the prefill gives) has no rate
+    rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
+                                                          ("decode", result.decode_tokens_per_second)) if rate]
+    err.print(f"[dim]{len(prompt_.ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
+              + (f"; {', '.join(rates)}" if rates else "") + "[/]")
 
 
 @app.command()

@@ -51,6 +51,13 @@ def test_generate_streams_text_and_summary(tiny_llama):
     assert "no chat template" in r.stderr
 
 
+def test_summary_leaves_out_phases_that_did_not_run(tiny_llama):
+    path, _ = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5 w6", "--max-new-tokens", "0")
+    assert r.returncode == 0, r.stderr
+    assert "0 new tokens" in r.stderr and "tok/s" not in r.stderr
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny_llama):
     path, _ = tiny_llama
     args = ["generate", "--model", str(path), "--prompt", "w9", "--max-new-tokens", "12", "--temperature", "1.5",
