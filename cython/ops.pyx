@@ -7,6 +7,7 @@ The numpy functions in ster_py/decoder (norms.py, rope.py, attention.py) are the
 references; those modules call these kernels for float32 C-contiguous inputs and
 keep the numpy path for everything else. Arithmetic: ``ster_ops.h``.
 """
+import operator
 import os
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -376,9 +377,10 @@ cdef inline void _merge(const _Attn* j, long b, int h) noexcept nogil:
 
 
 
-def float_to_half(const float[::1] x, uint16_t[::1] out, bint simd=True):
-    """out = x rounded to IEEE float16 bits (nearest even: numpy's ``astype(np.float16)``),
-    as the fused decode step stores a float16 cache; simd: F16C when the CPU has it."""
+def float_to_half(const float[::1] x not None, uint16_t[::1] out not None, bint simd=True):
+    """out = x rounded to IEEE float16 bits (nearest even: numpy's ``astype(np.float16)``;
+    NaNs come out quiet, so a signalling NaN's bits differ from numpy's), as the fused
+    decode step stores a float16 cache; simd: F16C when the CPU has it."""
     if out.shape[0] != x.shape[0]:
         raise ValueError("out must have x's length")
     if x.shape[0]:
@@ -420,6 +422,7 @@ cdef class LayerStep:
     """
     cdef tuple qkv, o, gu, down
     cdef list _keep
+    cdef bint _ready
     cdef const float* nw[_N_NORMS]
     cdef int has[_N_NORMS]
     cdef const float* bias[7]
@@ -431,6 +434,8 @@ cdef class LayerStep:
                  float eps, int qk_norm, bint qk_norm_after_rope, int rotary_dim, bint interleaved, float scale,
                  int window, float softcap, sinks, int act, float residual_scale):
         cdef int i
+        if self._keep is not None:   # the pointers below would outlive the arrays they point into
+            raise TypeError("a LayerStep is initialised once; build a new one")
         if len(mats) != 7 or len(biases) != 7 or not all(isinstance(m, QMatrix) for m in mats):
             raise ValueError("seven QMatrix (q, k, v, o, gate, up, down) and seven biases or None")
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads or head_dim < 1:
@@ -446,7 +451,8 @@ cdef class LayerStep:
                 raise ValueError(f"{_MAT_ROLES[i]} is [{mats[i].n_rows}, {mats[i].n_cols}], expected {list(want[i])}")
         self.E, self.H, self.KV, self.D, self.F = E, H, KV, D, F
         self.qkv, self.o, self.gu, self.down = tuple(mats[:3]), (mats[3],), (mats[4], mats[5]), (mats[6],)
-        self._keep = []
+        keep = []
+        self._keep = keep
         for i in range(7):
             self.bias[i] = self._vector(biases[i], want[i][0], _MAT_ROLES[i] + " bias")
         sizes = (E, E, E, E, D if qk_norm == 1 else H * D, D if qk_norm == 1 else KV * D)
@@ -459,6 +465,7 @@ cdef class LayerStep:
         self.rot, self.interleaved = rotary_dim, interleaved
         self.scale, self.window, self.softcap = scale, window, softcap
         self.act, self.r = act, residual_scale
+        self._ready = True
 
     cdef const float* _vector(self, a, Py_ssize_t n, str what) except? NULL:
         if a is None:
@@ -469,7 +476,7 @@ cdef class LayerStep:
         self._keep.append(arr)
         return <const float*>cnp.PyArray_DATA(<cnp.ndarray>arr)
 
-    def __call__(self, h, k_cache, v_cache, long long pos, cos, sin):
+    def __call__(self, h, k_cache, v_cache, position, cos, sin):
         """h float32 [1, E] -> the block's output, float32 [1, E] (a new array).
 
         k_cache, v_cache: the layer's cache buffers, both float32 or both float16
@@ -478,6 +485,9 @@ cdef class LayerStep:
         attended. pos: the token's position. cos, sin: float32 [rotary_dim // 2] (or
         [1, rotary_dim // 2]) tables at pos, None without RoPE.
         """
+        if not self._ready:
+            raise TypeError("this LayerStep was not initialised (or its __init__ failed)")
+        cdef long long pos = operator.index(position)   # an integer, never a truncated float
         cdef int E = self.E, H = self.H, KV = self.KV, D = self.D, F = self.F, i, g
         if not (cnp.PyArray_Check(h) and cnp.PyArray_TYPE(<cnp.ndarray>h) == cnp.NPY_FLOAT32
                 and cnp.PyArray_NDIM(<cnp.ndarray>h) == 2 and cnp.PyArray_DIM(<cnp.ndarray>h, 0) == 1
@@ -590,9 +600,9 @@ cdef class LayerStep:
 
     cdef void _head_norms(self, float* q, float* k) noexcept:
         cdef int i
-        for i in range(self.H):
+        for i in range(self.H if self.has[4] else 0):
             ster_rms_norm_row(q + <long>i * self.D, self.D, self.nw[4], self.eps, q + <long>i * self.D)
-        for i in range(self.KV):
+        for i in range(self.KV if self.has[5] else 0):
             ster_rms_norm_row(k + <long>i * self.D, self.D, self.nw[5], self.eps, k + <long>i * self.D)
 
 

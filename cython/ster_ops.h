@@ -94,7 +94,8 @@ static inline float ster_half_to_float(uint16_t h) {
 }
 
 /* IEEE 754 binary32 -> binary16, rounded to nearest even (numpy's cast and F16C's mode 0):
- * overflow goes to infinity, NaNs stay NaNs (quiet, sign and top payload bits kept).
+ * overflow goes to infinity, NaNs stay NaNs (quiet, sign and top payload bits kept, as F16C
+ * does; numpy keeps a signalling NaN signalling, the one difference).
  * Normal results: round the 13 dropped bits to even, then re-bias (127 -> 15). Subnormal
  * results are multiples of 2^-24: adding 0.5f (whose ulp is 2^-24) rounds |x| to one
  * with the FPU's round-to-nearest-even, and the sum's low mantissa bits are the count. */

@@ -129,6 +129,54 @@ def test_blocks_that_do_not_qualify_keep_the_python_path(tmp_path):
     np.testing.assert_array_equal(got, want)
 
 
+def test_changed_sinks_and_hooks_of_any_dtype_keep_the_paths_equal(tmp_path):
+    make_checkpoint(tmp_path / "l", "llama")
+    decoder = load_model(str(tmp_path / "l")).decoder
+    _quantize(decoder)
+    _run(decoder, True, np.float32)                  # steps built
+    for layer in decoder.layers:                     # a new array: the step is rebuilt with it
+        layer.sinks = np.full(decoder.spec.num_attention_heads, 2.0, np.float32)
+    _compare(decoder)
+    shift = np.linspace(-1, 1, decoder.spec.hidden_size)
+    for hook in (lambda i, h: h.astype(np.float64) + shift, lambda i, h: (h + np.float16(0.5)).astype(np.float16),
+                 lambda i, h: (h * 1.5).tolist()):
+        out = []
+        for fuse in (False, True):
+            decoder.fuse_decode = fuse
+            cache = decoder.new_cache()
+            steps = [decoder.forward(np.array(PROMPT), cache, layer_hook=hook)]
+            steps += [decoder.forward(np.array([t]), cache, layer_hook=hook) for t in DECODED[:3]]
+            out.append(np.concatenate(steps))
+        np.testing.assert_array_equal(out[1], out[0])
+
+
+def test_step_is_initialised_once_and_takes_integer_positions(tmp_path):
+    make_checkpoint(tmp_path / "l", "llama")
+    decoder = load_model(str(tmp_path / "l")).decoder
+    _quantize(decoder)
+    s = decoder.spec
+    mats = tuple(getattr(decoder.layers[0], r)._m for r in ROLES)
+    kw = dict(num_heads=s.num_attention_heads, num_kv_heads=s.num_key_value_heads, head_dim=s.head_dim, eps=1e-6,
+              qk_norm=0, qk_norm_after_rope=False, rotary_dim=0, interleaved=False, scale=1.0, window=0,
+              softcap=0.0, sinks=None, act=0, residual_scale=1.0)
+    step = ops.LayerStep(mats, (None,) * 7, {"attn_norm": np.ones(s.hidden_size, np.float32)}, **kw)
+    with pytest.raises(TypeError, match="once"):   # re-initialising would leave pointers to freed arrays
+        step.__init__(mats, (None,) * 7, {"attn_norm": np.ones(s.hidden_size + 1, np.float32)}, **kw)
+    h = np.ones((1, s.hidden_size), np.float32)
+    k = np.zeros((s.num_key_value_heads, 4, s.head_dim), np.float32)
+    with pytest.raises(TypeError):
+        step(h, k, k.copy(), 1.9, None, None)
+    with pytest.raises(TypeError, match="not initialised"):
+        ops.LayerStep.__new__(ops.LayerStep)(h, k, k.copy(), 0, None, None)
+    broken = ops.LayerStep.__new__(ops.LayerStep)
+    with pytest.raises(ValueError):
+        broken.__init__(mats, (None,) * 7, {"attn_norm": np.ones(3, np.float32)}, **kw)
+    with pytest.raises(TypeError, match="not initialised"):
+        broken(h, k, k.copy(), 0, None, None)
+    with pytest.raises(TypeError):
+        ops.float_to_half(None, None)
+
+
 def test_parallel_layer_norm_family_does_not_qualify(tmp_path):
     make_checkpoint(tmp_path / "p", "phi", partial_rotary_factor=0.5)
     decoder = load_model(str(tmp_path / "p")).decoder

@@ -105,10 +105,13 @@ class _Layer:
         self._residual_scale = np.float32(spec.residual_scale)
 
     def __setattr__(self, name, value):
-        # Adapters replace projections after load: the groups and the step built from them go stale.
+        # Adapters replace projections after load: the groups built from them go stale, and
+        # the fused step (which holds pointers to projections, norms, sinks) on any change.
+        # (Changing an array or dict in place is not seen: assign a new one.)
         object.__setattr__(self, name, value)
         if name in _PROJECTION_ROLES and "_grouped" in self.__dict__:
             self._grouped.clear()
+        if name not in ("_step", "_grouped"):
             object.__setattr__(self, "_step", _UNBUILT)
 
     def decode_step(self):
@@ -128,8 +131,6 @@ class _Layer:
             if id(rope) not in tables:
                 tables[id(rope)] = rope.cos_sin(positions, p + 1)
             cos, sin = tables[id(rope)]
-        if h.dtype != np.float32 or not h.flags.c_contiguous:  # a layer hook's output
-            h = np.ascontiguousarray(h, dtype=np.float32)
         return fused(h, keys, values, p, cos, sin)
 
     def _project(self, roles: tuple, x: np.ndarray) -> tuple:
@@ -286,7 +287,8 @@ class Decoder:
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
                 (Transformers' ``output_hidden_states`` order, without the final norm).
-            layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering).
+            layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
+                it returns is taken as float32 [T, hidden_size].
             last_only: compute logits for the last position only.
 
         Returns:
@@ -315,8 +317,8 @@ class Decoder:
                 h = layer.step_one(fused, h, cache, positions, tables)
             else:
                 h = layer(h, cache, positions, bias, tables)
-            if layer_hook is not None:
-                h = layer_hook(layer.i, h)
+            if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
+                h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
             if hidden_states is not None:
                 hidden_states.append(h)
         cache.advance(ids.shape[0])
