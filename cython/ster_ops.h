@@ -410,7 +410,7 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const void* K, 
         for (h = 0; h < NH; h++) {
             float* sh = s + h * STER_ATTN_BLOCK;
             const float* bias = a[h].bias ? a[h].bias + j0 : NULL;
-            __m256 vmax = _mm256_set1_ps(-INFINITY);
+            __m256 vmax = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
             for (j = 0; j < nb; j += 8) {
                 __m256 x = _mm256_mul_ps(_mm256_load_ps(sh + j), _mm256_set1_ps(scale));
                 if (cap > 0)
@@ -425,11 +425,15 @@ STER_OPS_INLINE void ster_attn_group_nh(const float* q, long qs, const void* K, 
                 }
                 _mm256_store_ps(sh + j, x);
                 vmax = _mm256_max_ps(vmax, x);
+                vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
             }
             float t8[8], bm = -INFINITY, mn;
             _mm256_storeu_ps(t8, vmax);
             for (i = 0; i < 8; i++) if (t8[i] > bm) bm = t8[i];
             mn = bm > m[h] ? bm : m[h];
+            /* a NaN or +inf score (from a non-finite query or key) makes the row NaN, as
+             * the reference's inf - inf does: max and exp8's clamps would drop it */
+            if (_mm256_movemask_ps(vnan) || mn == INFINITY) mn = NAN;
             if (mn == -INFINITY) {   /* nothing visible yet (a -inf bias): weights 0 */
                 alpha[h] = 1.0f;
                 for (j = 0; j < nb; j++) sh[j] = 0.0f;

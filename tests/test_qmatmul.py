@@ -466,6 +466,29 @@ def test_attention_takes_views_and_other_position_dtypes():
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("where", ["q_nan", "k_nan", "q_inf", "q_ninf", "k_inf", "v_nan"])
+def test_attention_non_finite_inputs_match_the_reference(simd, where):
+    """A NaN or infinite query or key gives NaN rows where the numpy definition does (the
+    AVX2 path's max and exp clamps would otherwise turn them into finite weights)."""
+    ops.set_simd(simd)
+    rng = np.random.default_rng(11)
+    for S, G in ((5, 1), (33, 2), (300, 4)):
+        q = rng.standard_normal((2 * G, 1, 16)).astype(np.float32)
+        k, v = (rng.standard_normal((2, S, 16)).astype(np.float32) for _ in range(2))
+        target, index, value = {"q_nan": (q, (1, 0, 3), np.nan), "k_nan": (k, (0, 2, 5), np.nan),
+                                "q_inf": (q, (0, 0, 0), np.inf), "q_ninf": (q, (0, 0, 0), -np.inf),
+                                "k_inf": (k, (1, 3, 0), np.inf), "v_nan": (v, (1, 1, 1), np.nan)}[where]
+        target[index] = value
+        pos = np.array([S - 1])
+        got = ops.attention(q, k, v, pos, 0.25, 0, 0.0, None, None)
+        with np.errstate(invalid="ignore"):
+            want = attention_mod.attention_reference(q, k, v, pos, scale=0.25)
+        assert np.isnan(want).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), atol=1e-5)
+
+
 def test_attention_falls_back_for_float64():
     rng = np.random.default_rng(4)
     q, k, v, positions = _attention_case(rng, 2, 1, 3, 3, 8, False)
