@@ -827,7 +827,15 @@ STER_AVX2_INLINE __m256 ster_xs32(const float* xs16) {
  * of 16 or 0. Q4_0 and Q5_0 then subtract their offsets (8, 16) as words, so they need no
  * sum-of-inputs term; Q4_1 / Q5_1 keep codes 0..15 / 0..31 and their block minimum goes
  * to that term. */
+STER_AVX2_INLINE __m256 ster_legacy16_block_x(const int type, const uint8_t* blk, __m256i x0, __m256i x1);
+
 STER_AVX2_INLINE __m256 ster_legacy16_block(const int type, const uint8_t* blk, const int16_t* x) {
+    return ster_legacy16_block_x(type, blk, _mm256_loadu_si256((const __m256i*)x),
+                                 _mm256_loadu_si256((const __m256i*)(x + 16)));
+}
+
+/* The same with the block's 32 inputs already in registers (x0: 0..15, x1: 16..31). */
+STER_AVX2_INLINE __m256 ster_legacy16_block_x(const int type, const uint8_t* blk, __m256i x0, __m256i x1) {
     const uint8_t* qs = blk + (type == STER_Q4_0 ? 2 : type == STER_Q4_1 ? 4 : type == STER_Q5_0 ? 6 : 8);
     __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)qs));
     __m256i lo = _mm256_and_si256(w, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(w, 4);
@@ -843,9 +851,7 @@ STER_AVX2_INLINE __m256 ster_legacy16_block(const int type, const uint8_t* blk, 
         lo = _mm256_sub_epi16(lo, off);
         hi = _mm256_sub_epi16(hi, off);
     }
-    __m256i p0 = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i*)x));
-    __m256i p1 = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 16)));
-    return _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1)));
 }
 
 STER_AVX2_INLINE float ster_legacy16_offset(const int type, const uint8_t* blk, float xsum) {
@@ -895,6 +901,73 @@ STER_AVX2_INLINE float ster_dot16_legacy(const int type, const uint8_t* row, int
     /* lanes 1 and 3 of macc */
     __m128 odd = _mm_movehdup_ps(macc);
     return ster_hsum8(_mm256_add_ps(acc0, acc1)) + (_mm_cvtss_f32(odd) + _mm_cvtss_f32(_mm_movehl_ps(odd, odd)) + mtail);
+}
+
+/* Two rows of a legacy type at once (rows of a few hundred inputs spend a visible part of
+ * their time outside the block loop): one block of each per iteration, the inputs loaded
+ * once for both, the two blocks' scales (and minimums) converted in one vcvtph2ps, one
+ * horizontal sum for both rows. Each row's sums run in the order ster_dot16_legacy uses
+ * (even blocks in one accumulator, odd in another), so the results are the same bits. */
+STER_AVX2_INLINE void ster_dot16_legacy_x2(const int type, const uint8_t* ra, const uint8_t* rb, int nb,
+                                           const int16_t* x, const float* dx, const float* xs16, float* ya, float* yb) {
+    const size_t ts = (size_t)ster_type_size(type);
+    const int offset = (type == STER_Q4_1 || type == STER_Q5_1);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    /* offsets (lanes 1 and 3: rows a and b) of even blocks, odd blocks, and the last block
+     * when nb is odd (ster_dot16_legacy's tail, added last) */
+    __m128 me = _mm_setzero_ps(), mo = _mm_setzero_ps(), mt = _mm_setzero_ps();
+    int i;
+    for (i = 0; i < nb; i++, x += 32, xs16 += 2) {
+        const uint8_t* ka = ra + (size_t)i * ts;
+        const uint8_t* kb = rb + (size_t)i * ts;
+        __m256i x0 = _mm256_loadu_si256((const __m256i*)x), x1 = _mm256_loadu_si256((const __m256i*)(x + 16));
+        __m256 fa, fb;
+        if (offset) {
+            uint32_t u, v;
+            memcpy(&u, ka, 4);
+            memcpy(&v, kb, 4);
+            __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)u), (int)v, 1));
+            __m128 f = _mm_mul_ps(dm, _mm_blend_ps(_mm_set1_ps(dx[i]), _mm_set1_ps(xs16[0] + xs16[1]), 0xA));
+            if (i & 1) mo = _mm_add_ps(mo, f);
+            else if (i == nb - 1) mt = f;
+            else me = _mm_add_ps(me, f);
+            fa = _mm256_broadcastss_ps(f);
+            fb = _mm256_broadcastss_ps(_mm_movehl_ps(f, f));
+        } else {
+            fa = _mm256_set1_ps(ster_f16_avx2(ka) * dx[i]);
+            fb = _mm256_set1_ps(ster_f16_avx2(kb) * dx[i]);
+        }
+        if (i & 1) {
+            a1 = _mm256_fmadd_ps(ster_legacy16_block_x(type, ka, x0, x1), fa, a1);
+            b1 = _mm256_fmadd_ps(ster_legacy16_block_x(type, kb, x0, x1), fb, b1);
+        } else {
+            a0 = _mm256_fmadd_ps(ster_legacy16_block_x(type, ka, x0, x1), fa, a0);
+            b0 = _mm256_fmadd_ps(ster_legacy16_block_x(type, kb, x0, x1), fb, b0);
+        }
+    }
+    __m128 m = _mm_add_ps(_mm_add_ps(me, mo), mt);   /* (even + odd) + tail, per lane */
+    *ya = ster_hsum8(_mm256_add_ps(a0, a1)) + _mm_cvtss_f32(_mm_movehdup_ps(m));
+    *yb = ster_hsum8(_mm256_add_ps(b0, b1)) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(m, m)));
+}
+
+typedef void (*ster_dot16x2_fn)(const uint8_t*, const uint8_t*, int, const int16_t*, const float*, const float*,
+                                float*, float*);
+#define STER_DOT16X2_FN(NAME, TYPE) \
+    static STER_AVX2 void NAME(const uint8_t* a, const uint8_t* b, int nb, const int16_t* x, const float* dx, \
+                               const float* xs, float* ya, float* yb) { \
+        ster_dot16_legacy_x2(TYPE, a, b, nb, x, dx, xs, ya, yb); }
+STER_DOT16X2_FN(ster_dot16x2_q4_0, STER_Q4_0)
+STER_DOT16X2_FN(ster_dot16x2_q4_1, STER_Q4_1)
+STER_DOT16X2_FN(ster_dot16x2_q5_0, STER_Q5_0)
+STER_DOT16X2_FN(ster_dot16x2_q5_1, STER_Q5_1)
+
+/* The two-row kernel of a type, or NULL (one row at a time). */
+static ster_dot16x2_fn ster_dot16x2_for(int type) {
+    switch (type) {
+    case STER_Q4_0: return ster_dot16x2_q4_0; case STER_Q4_1: return ster_dot16x2_q4_1;
+    case STER_Q5_0: return ster_dot16x2_q5_0; case STER_Q5_1: return ster_dot16x2_q5_1;
+    }
+    return 0;
 }
 
 static STER_AVX2 float ster_dot16_q4_0(const uint8_t* r, int nb, const int16_t* x, const float* dx, const float* xs) {
@@ -1184,13 +1257,18 @@ static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, co
     /* Decoding streams every weight from memory once: the row STER_PF_ROWS ahead is
      * prefetched while this one is multiplied, so each chunk does not wait for the
      * hardware prefetcher to notice its stream (loads of the weights were the stalls). */
-    for (r = r0; r < r1; r++) {
-        if (r + STER_PF_ROWS < r1) {
-            const uint8_t* ahead = W + (size_t)(rows ? rows[r + STER_PF_ROWS] : r + STER_PF_ROWS) * row_bytes;
-            for (c = 0; c < row_bytes; c += 64) _mm_prefetch((const char*)ahead + c, _MM_HINT_T0);
-        }
-        y[r] = dot(W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, q, dx, xs16);
+    ster_dot16x2_fn dot2 = ster_dot16x2_for(type);
+#define STER_ROW(i) (W + (size_t)(rows ? rows[i] : (i)) * row_bytes)
+    for (r = r0; r < r1;) {
+        const int n = dot2 && r + 1 < r1 ? 2 : 1, last = r + n - 1 + STER_PF_ROWS;
+        int a;
+        for (a = r + STER_PF_ROWS; a <= last && a < r1; a++)
+            for (c = 0; c < row_bytes; c += 64) _mm_prefetch((const char*)STER_ROW(a) + c, _MM_HINT_T0);
+        if (n == 2) dot2(STER_ROW(r), STER_ROW(r + 1), nb, q, dx, xs16, y + r, y + r + 1);
+        else y[r] = dot(STER_ROW(r), nb, q, dx, xs16);
+        r += n;
     }
+#undef STER_ROW
 #else
     (void)type; (void)W; (void)row_bytes; (void)rows; (void)r0; (void)r1; (void)K; (void)q; (void)dx; (void)xs16; (void)y;
 #endif
