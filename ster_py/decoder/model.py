@@ -125,13 +125,16 @@ class _Layer:
         """``__call__`` for one token through ``fused`` (this block's ``decode_step()``)."""
         p = int(positions[0])
         keys, values = cache.buffers(self.i, p + 1)
-        rope = self.layer.rope
-        cos = sin = None
-        if rope is not None:
-            if id(rope) not in tables:
-                tables[id(rope)] = rope.cos_sin(positions, p + 1)
-            cos, sin = tables[id(rope)]
+        cos, sin = self._rope_tables(positions, tables) if self.layer.rope is not None else (None, None)
         return fused(h, keys, values, p, cos, sin)
+
+    def _rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
+        """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
+        is keyed by the Rope object: layers with the same rotation share it)."""
+        rope = self.layer.rope
+        if id(rope) not in tables:
+            tables[id(rope)] = rope.cos_sin(positions, int(positions[-1]) + 1)
+        return tables[id(rope)]
 
     def _project(self, roles: tuple, x: np.ndarray) -> tuple:
         """The projections ``roles`` of x, computed together (``Projections``; built on first
@@ -160,10 +163,7 @@ class _Layer:
             q, k = self.q_norm(q), self.k_norm(k)
         rope = self.layer.rope
         if rope is not None:
-            if id(rope) not in tables:
-                tables[id(rope)] = rope.cos_sin(positions, int(positions[-1]) + 1)
-            cos, sin = tables[id(rope)]
-            rope.apply_pair(q, k, cos, sin)
+            rope.apply_pair(q, k, *self._rope_tables(positions, tables))
         if head_norm and s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         if s.query_temperature is not None:
