@@ -115,6 +115,12 @@ def _write(text: str) -> None:
 THREADS_HELP = "Threads for the matrix products and attention (default: $STER_THREADS, else every core)."
 
 
+def flag(default: Optional[bool], *names: str, help: str):
+    """A boolean option (``--x`` or ``--x/--no-x``). typer's help would print ``<bool>`` after
+    it as if it took a value; an empty metavar keeps that column blank."""
+    return typer.Option(default, *names, help=help, metavar="")
+
+
 def _use_threads(threads: Optional[int]) -> None:
     """Apply --threads (None: $STER_THREADS, checked, else every core) before any kernel runs."""
     from .decoder.qlinear import set_threads, threads_from_env
@@ -154,7 +160,7 @@ def generate(
                                                "template when it has one; off: send the prompt as raw text."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of streaming."),
+    as_json: bool = flag(False, "--json", help="Print one JSON document instead of streaming."),
     vector: Optional[Path] = typer.Option(None, help="Steering vector JSON (from `ster vector caa`): adds "
                                           "--strength x the layer's direction after each layer it covers."),
     strength: Optional[float] = typer.Option(None, help="Steering strength, in residual-stream units "
@@ -244,7 +250,7 @@ def inspect(
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     precision: Precision = typer.Option(Precision.f32, help="Precision the resident size is estimated for "
                                         "(GGUF-quantized matrices count as stored)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    as_json: bool = flag(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Describe a model without running it: architecture, sizes, tokenizer, tensor types, memory."""
     from rich.table import Table
@@ -270,7 +276,7 @@ def inspect(
 
 
 @app.command()
-def families(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+def families(as_json: bool = flag(False, "--json", help="Print one JSON document.")) -> None:
     """Every model_type ster knows, whether it runs, and its GGUF architecture."""
     from rich.table import Table
 
@@ -289,7 +295,7 @@ def families(as_json: bool = typer.Option(False, "--json", help="Print one JSON 
 
 
 @app.command()
-def presets(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.")) -> None:
     """Named models pinned by SHA-256 (usable as --model NAME), and whether they are cached."""
     from rich.table import Table
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from .cli import app, progress_bar
+from .cli import app, flag, progress_bar
 from .errors import SterError
 
 template_app = typer.Typer(help="Chat templates: see the exact prompt a conversation becomes.", no_args_is_help=True)
@@ -115,10 +115,10 @@ def render(
                                  "pass through)."),
     tools: Optional[str] = typer.Option(None, "--tools", help="JSON file: a list of tool schemas "
                                         '({"type": "function", "function": {"name": ..., "parameters": ...}}).'),
-    enable_thinking: Optional[bool] = typer.Option(None, "--enable-thinking/--no-enable-thinking",
+    enable_thinking: Optional[bool] = flag(None, "--enable-thinking/--no-enable-thinking",
                                                    help="Set the template's enable_thinking variable "
                                                    "(left undefined when neither is given)."),
-    generation_prompt: bool = typer.Option(True, "--generation-prompt/--no-generation-prompt",
+    generation_prompt: bool = flag(True, "--generation-prompt/--no-generation-prompt",
                                            help="End with the header of an assistant turn (add_generation_prompt)."),
     bos_token: Optional[str] = typer.Option(None, "--bos-token", help="BOS text for the template "
                                             "(default: the model's; empty with --template alone)."),
@@ -128,7 +128,7 @@ def render(
                                   "when it parses, else text), e.g. --var reasoning_effort=high. Repeatable."),
     now: Optional[str] = typer.Option(None, "--now", help="Pin the date strftime_now reads (ISO-8601, e.g. "
                                       "2026-10-18T09:30:00). Default: $STER_CHAT_NOW, else the local time."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"text": ..., "template": ..., "bos_token": ..., '
+    as_json: bool = flag(False, "--json", help='Print {"text": ..., "template": ..., "bos_token": ..., '
                                  '"eos_token": ...} instead of the bare text.'),
 ) -> None:
     """Print the prompt text a conversation becomes under a chat template, exactly.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from .cli import MODEL_HELP, _model_or_default, _write, app, err, progress_bar
+from .cli import MODEL_HELP, _model_or_default, _write, app, err, flag, progress_bar
 from .errors import SterError
 
 
@@ -102,15 +102,15 @@ def tokenize(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     text: Optional[str] = typer.Option(None, "--text", "-t", help="The text to tokenize."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="A UTF-8 file whose whole content is tokenized."),
-    special: bool = typer.Option(True, "--special/--no-special", help="Add the model's own special tokens around "
+    special: bool = flag(True, "--special/--no-special", help="Add the model's own special tokens around "
                                  "the text (BOS, EOS, BERT's [CLS]/[SEP]), as a prompt gets them."),
-    parse_special: bool = typer.Option(False, "--parse-special/--no-parse-special", help="Read special-token "
+    parse_special: bool = flag(False, "--parse-special/--no-parse-special", help="Read special-token "
                                        "texts in the input (<|im_end|>, <s>) as those tokens; by default they "
                                        "are tokenized as plain text (llama.cpp's parse_special, transformers' "
                                        "split_special_tokens=False)."),
-    pieces: bool = typer.Option(False, "--pieces", help="Print one id and its vocabulary piece per line."),
+    pieces: bool = flag(False, "--pieces", help="Print one id and its vocabulary piece per line."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"ids": [...], "tokens": [...], "count": n}.'),
+    as_json: bool = flag(False, "--json", help='Print {"ids": [...], "tokens": [...], "count": n}.'),
 ) -> None:
     """Print the token ids of a text (no weights are loaded)."""
     from .load import load_tokenizer
@@ -136,10 +136,10 @@ def tokenize(
 def detokenize(
     ids: List[str] = typer.Argument(..., help="Token ids, as separate arguments or comma-separated."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    skip_special: bool = typer.Option(False, "--skip-special/--no-skip-special", help="Leave special tokens "
+    skip_special: bool = flag(False, "--skip-special/--no-skip-special", help="Leave special tokens "
                                       "(BOS, EOS, <|im_end|>...) out of the text."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"text": ..., "ids": [...], "count": n}.'),
+    as_json: bool = flag(False, "--json", help='Print {"text": ..., "ids": [...], "count": n}.'),
 ) -> None:
     """Print the text of token ids (no weights are loaded)."""
     from .load import load_tokenizer

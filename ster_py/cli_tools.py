@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .capture import LAYER_HELP
 from .cli import (MODEL_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default, _use_threads,
-                  app, err, out, progress_bar, show_warnings)
+                  app, err, flag, out, progress_bar, show_warnings)
 
 vector_app = typer.Typer(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -50,7 +50,7 @@ def parity(
     tolerance: float = typer.Option(1e-4, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; "
                                     "also the threshold for the first divergent layer."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    as_json: bool = flag(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Compare our forward pass with a reference implementation on the same token ids.
 
@@ -164,7 +164,7 @@ def tune_merge(
     model: str = typer.Option(..., "--model", "-m", help="The base model: a safetensors checkpoint directory or "
                               "Hub id (a GGUF base is refused, so there is no default)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document."),
+    as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
 ) -> None:
     """Fold a LoRA adapter into the weights: W + (alpha / rank) * B @ A, written as a new checkpoint."""
     from rich.table import Table
