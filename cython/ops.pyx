@@ -488,6 +488,8 @@ cdef class LayerStep:
         if not self._ready:
             raise TypeError("this LayerStep was not initialised (or its __init__ failed)")
         cdef long long pos = operator.index(position)   # an integer, never a truncated float
+        if pos >= 2147483647:
+            raise ValueError("position past the int32 range the attention kernel indexes")
         cdef int E = self.E, H = self.H, KV = self.KV, D = self.D, F = self.F, i, g
         if not (cnp.PyArray_Check(h) and cnp.PyArray_TYPE(<cnp.ndarray>h) == cnp.NPY_FLOAT32
                 and cnp.PyArray_NDIM(<cnp.ndarray>h) == 2 and cnp.PyArray_DIM(<cnp.ndarray>h, 0) == 1

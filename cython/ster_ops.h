@@ -169,7 +169,8 @@ static float ster_dot_scalar(const float* a, const void* b, int n, int f16) {
 static float ster_softmax_scalar(float* sc, int n, int has_sink, float sink, float* mx_out) {
     float mx = -INFINITY, sum = 0.0f;
     int j;
-    for (j = 0; j < n; j++) if (sc[j] > mx) mx = sc[j];
+    /* a NaN score makes the max NaN (and so the row): a split row's parts then merge to NaN */
+    for (j = 0; j < n; j++) if (sc[j] > mx || sc[j] != sc[j]) mx = sc[j];
     if (has_sink && sink > mx) mx = sink;
     for (j = 0; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
     if (has_sink) sum += expf(sink - mx);
@@ -586,7 +587,8 @@ static void ster_attn_merge(int P, int D, const float* acc, long acc_stride, con
                             int has_sink, float sink, float* out) {
     float M = has_sink ? sink : -INFINITY, den = 0.0f;
     int p, i;
-    for (p = 0; p < P; p++) if (ml[p * ml_stride] > M) M = ml[p * ml_stride];
+    /* a part's NaN max (a NaN or +inf score, see ster_attn_group_nh) must win: the row is NaN */
+    for (p = 0; p < P; p++) if (ml[p * ml_stride] > M || ml[p * ml_stride] != ml[p * ml_stride]) M = ml[p * ml_stride];
     for (i = 0; i < D; i++) out[i] = 0.0f;
     if (M == -INFINITY) return;
     for (p = 0; p < P; p++) {

@@ -898,9 +898,9 @@ STER_AVX2_INLINE float ster_dot16_legacy(const int type, const uint8_t* row, int
         acc0 = _mm256_fmadd_ps(ster_legacy16_block(type, k, x), _mm256_set1_ps(d0 * dx[0]), acc0);
         if (offset) mtail = ster_legacy16_offset(type, k, xs16[0] + xs16[1]);
     }
-    /* lanes 1 and 3 of macc */
+    /* lanes 1 and 3 of macc: (even blocks' offsets + the tail's) + odd blocks' offsets */
     __m128 odd = _mm_movehdup_ps(macc);
-    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + (_mm_cvtss_f32(odd) + _mm_cvtss_f32(_mm_movehl_ps(odd, odd)) + mtail);
+    return ster_hsum8(_mm256_add_ps(acc0, acc1)) + ((_mm_cvtss_f32(odd) + mtail) + _mm_cvtss_f32(_mm_movehl_ps(odd, odd)));
 }
 
 /* Two rows of a legacy type at once (rows of a few hundred inputs spend a visible part of
@@ -913,9 +913,9 @@ STER_AVX2_INLINE void ster_dot16_legacy_x2(const int type, const uint8_t* ra, co
     const size_t ts = (size_t)ster_type_size(type);
     const int offset = (type == STER_Q4_1 || type == STER_Q5_1);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    /* offsets (lanes 1 and 3: rows a and b) of even blocks, odd blocks, and the last block
-     * when nb is odd (ster_dot16_legacy's tail, added last) */
-    __m128 me = _mm_setzero_ps(), mo = _mm_setzero_ps(), mt = _mm_setzero_ps();
+    /* offsets (lanes 1 and 3: rows a and b) of even blocks (the odd-length tail last among
+     * them, as in ster_dot16_legacy) and of odd blocks */
+    __m128 me = _mm_setzero_ps(), mo = _mm_setzero_ps();
     int i;
     for (i = 0; i < nb; i++, x += 32, xs16 += 2) {
         const uint8_t* ka = ra + (size_t)i * ts;
@@ -929,7 +929,6 @@ STER_AVX2_INLINE void ster_dot16_legacy_x2(const int type, const uint8_t* ra, co
             __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)u), (int)v, 1));
             __m128 f = _mm_mul_ps(dm, _mm_blend_ps(_mm_set1_ps(dx[i]), _mm_set1_ps(xs16[0] + xs16[1]), 0xA));
             if (i & 1) mo = _mm_add_ps(mo, f);
-            else if (i == nb - 1) mt = f;
             else me = _mm_add_ps(me, f);
             fa = _mm256_broadcastss_ps(f);
             fb = _mm256_broadcastss_ps(_mm_movehl_ps(f, f));
@@ -945,7 +944,7 @@ STER_AVX2_INLINE void ster_dot16_legacy_x2(const int type, const uint8_t* ra, co
             b0 = _mm256_fmadd_ps(ster_legacy16_block_x(type, kb, x0, x1), fb, b0);
         }
     }
-    __m128 m = _mm_add_ps(_mm_add_ps(me, mo), mt);   /* (even + odd) + tail, per lane */
+    __m128 m = _mm_add_ps(me, mo);   /* even (tail included) + odd, per lane */
     *ya = ster_hsum8(_mm256_add_ps(a0, a1)) + _mm_cvtss_f32(_mm_movehdup_ps(m));
     *yb = ster_hsum8(_mm256_add_ps(b0, b1)) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(m, m)));
 }

@@ -117,6 +117,30 @@ def test_kernels_match_gguf_py_every_type(name):
                     assert excess.max() <= 1.0, (name, T, simd, int16, threads, force, excess.max())
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_paired_row_dots_equal_single_rows(name):
+    """The legacy types' decode takes rows two at a time; each row's result must be the
+    bits the one-row kernel gives (the same summation order), whatever the pairing: odd
+    block and row counts, a row order, 1 and 2 threads (which split the rows unevenly)."""
+    rng = np.random.default_rng(5)
+    t = quants.ggml_type(name)
+    for rows, nblocks in ((9, 3), (17, 17), (2, 1)):
+        cols = nblocks * t.block_size
+        raw = random_blocks(name, rows, cols, rng)
+        order = rng.permutation(rows).astype(np.int32)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        for threads in (1, 2):
+            qmatmul.set_threads(threads)
+            for rows_order in (None, order):
+                whole = np.empty((1, rows), np.float32)
+                qmatmul.QMatrix(raw, t.id, cols, rows_order).matmul(x, whole)
+                for r in range(rows):
+                    one = np.empty((1, 1), np.float32)
+                    src = r if rows_order is None else int(rows_order[r])
+                    qmatmul.QMatrix(raw[src:src + 1], t.id, cols).matmul(x, one)
+                    assert one[0, 0].tobytes() == whole[0, r].tobytes(), (name, rows, nblocks, threads, r)
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
 def test_large_matrices_split_over_threads(name):
     # Enough rows and tokens that both threads get several tasks (and partial ones).
@@ -472,14 +496,18 @@ def test_attention_non_finite_inputs_match_the_reference(simd, where):
     """A NaN or infinite query or key gives NaN rows where the numpy definition does (the
     AVX2 path's max and exp clamps would otherwise turn them into finite weights)."""
     ops.set_simd(simd)
+    ops.set_threads(2)
     rng = np.random.default_rng(11)
-    for S, G in ((5, 1), (33, 2), (300, 4)):
-        q = rng.standard_normal((2 * G, 1, 16)).astype(np.float32)
-        k, v = (rng.standard_normal((2, S, 16)).astype(np.float32) for _ in range(2))
-        target, index, value = {"q_nan": (q, (1, 0, 3), np.nan), "k_nan": (k, (0, 2, 5), np.nan),
+    # the last two split each row's keys over the threads and merge the parts
+    for S, G, KV, D in ((5, 1, 2, 16), (33, 2, 2, 16), (300, 4, 2, 16), (2048, 2, 1, 64), (2048, 1, 2, 64)):
+        q = rng.standard_normal((KV * G, 1, D)).astype(np.float32)
+        k, v = (rng.standard_normal((KV, S, D)).astype(np.float32) for _ in range(2))
+        target, index, value = {"q_nan": (q, (q.shape[0] - 1, 0, 3), np.nan), "k_nan": (k, (0, 2, 5), np.nan),
                                 "q_inf": (q, (0, 0, 0), np.inf), "q_ninf": (q, (0, 0, 0), -np.inf),
-                                "k_inf": (k, (1, 3, 0), np.inf), "v_nan": (v, (1, 1, 1), np.nan)}[where]
+                                "k_inf": (k, (KV - 1, 3, 0), np.inf), "v_nan": (v, (KV - 1, 1, 1), np.nan)}[where]
         target[index] = value
+        if where == "k_inf":   # a positive product with the infinite key: a +inf score
+            q[:, 0, 0] = np.abs(q[:, 0, 0]) + 0.1
         pos = np.array([S - 1])
         got = ops.attention(q, k, v, pos, 0.25, 0, 0.0, None, None)
         with np.errstate(invalid="ignore"):

@@ -106,8 +106,10 @@ class _Layer:
 
     def __setattr__(self, name, value):
         # Adapters replace projections after load: the groups built from them go stale, and
-        # the fused step (which holds pointers to projections, norms, sinks) on any change.
-        # (Changing an array or dict in place is not seen: assign a new one.)
+        # the fused step (which points into the projections, norm weights, biases and sinks)
+        # on any attribute set here. Values changed inside those arrays reach both paths;
+        # replacing an object held inside another (an entry of ``norms``, a ``_Norm.weight``,
+        # a ``QuantLinear.bias``) is not seen: set the block's attribute again.
         object.__setattr__(self, name, value)
         if name in _PROJECTION_ROLES and "_grouped" in self.__dict__:
             self._grouped.clear()

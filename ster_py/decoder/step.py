@@ -82,4 +82,4 @@ def layer_step(layer):
         qk_norm_after_rope=bool(s.qk_norm_after_rope),
         rotary_dim=0 if rope is None else rope.rotary_dim, interleaved=bool(rope is not None and rope.interleaved),
         scale=float(s.attn_scale), window=int(layer.layer.sliding_window or 0), softcap=float(s.attn_softcap or 0.0),
-        sinks=layer.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(s.residual_scale))
+        sinks=layer.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(layer._residual_scale))
