@@ -33,7 +33,7 @@ from .qlinear import QuantLinear
 from .norms import layer_norm, rms_norm
 from ._fast import ops as _ops
 from .positions import alibi_bias, query_temperature
-from .step import layer_step
+from .step import PROJECTIONS, layer_step
 from .xielu import XIELU
 
 
@@ -72,7 +72,7 @@ class _Norm:
         return rms_norm(x, self.weight, self.spec.norm_eps)
 
 
-_PROJECTION_ROLES = frozenset(("q", "k", "v", "o", "gate", "up", "down"))
+_PROJECTION_ROLES = frozenset(PROJECTIONS)
 _UNBUILT = object()
 
 

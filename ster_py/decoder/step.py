@@ -25,7 +25,8 @@ from .ffn import _GLU_KINDS
 from .qlinear import QuantLinear
 
 _NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
-_MATS = ("q", "k", "v", "o", "gate", "up", "down")
+#: A block's projections, in the order LayerStep takes them.
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def spec_allows_step(spec: ModelSpec) -> bool:
@@ -55,7 +56,7 @@ def layer_step(layer):
     s = layer.spec
     if not spec_allows_step(s) or layer.gate is None:
         return None
-    parts = [getattr(layer, r) for r in _MATS]
+    parts = [getattr(layer, r) for r in PROJECTIONS]
     if any(type(p) is not QuantLinear for p in parts):
         return None
     H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
