@@ -451,8 +451,7 @@ cdef class LayerStep:
                 raise ValueError(f"{_MAT_ROLES[i]} is [{mats[i].n_rows}, {mats[i].n_cols}], expected {list(want[i])}")
         self.E, self.H, self.KV, self.D, self.F = E, H, KV, D, F
         self.qkv, self.o, self.gu, self.down = tuple(mats[:3]), (mats[3],), (mats[4], mats[5]), (mats[6],)
-        keep = []
-        self._keep = keep
+        self._keep = []
         for i in range(7):
             self.bias[i] = self._vector(biases[i], want[i][0], _MAT_ROLES[i] + " bias")
         sizes = (E, E, E, E, D if qk_norm == 1 else H * D, D if qk_norm == 1 else KV * D)
