@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
 from .errors import SterError
@@ -25,6 +26,7 @@ MAX_LAYERS = 4096
 MAX_HEADS = 4096
 MAX_HEAD_DIM = 1 << 14
 MAX_DIM = 1 << 24
+MAX_EXPERTS = 1 << 16
 
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_tanh", "relu2", "relu",
                "xielu")
@@ -32,14 +34,18 @@ ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "ge
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """What varies from layer to layer: its attention window and its rotation.
+    """What varies from layer to layer: its mixer, its feed-forward, its window and rotation.
 
+    ``mixer`` names the layer's token mixer (``"attention"``); ``ffn`` its feed-forward:
+    ``"dense"``, ``"moe"`` (routed experts, ``ModelSpec.moe``) or ``"none"``.
     ``sliding_window`` counts the key positions a query sees, itself included
     (None: all earlier positions). ``rope`` is None on layers that do not rotate.
     """
 
     sliding_window: int | None
     rope: Rope | None
+    mixer: str = "attention"
+    ffn: str = "dense"
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,10 @@ class ModelSpec:
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
     ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
     (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is
-    Llama 4's (beta, original_max_position_embeddings).
+    Llama 4's (beta, original_max_position_embeddings). ``moe`` describes the routed
+    feed-forward of the layers whose ``LayerSpec.ffn`` is ``"moe"``;
+    ``expert_inputs_first`` lists the expert roles stored [in, out] per expert, and
+    ``expert_gate_up_interleaved`` says a fused expert gate/up alternates gate and up rows.
     """
 
     model_type: str
@@ -99,6 +108,9 @@ class ModelSpec:
     fused_qkv: str | None = None
     inputs_first: bool = False
     root: str | None = None
+    moe: MoESpec | None = None
+    expert_inputs_first: tuple[str, ...] = ()
+    expert_gate_up_interleaved: bool = False
 
 
 class _Reader:
@@ -203,6 +215,117 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
     return [False] * n_layers
 
 
+def moe_layer_flags(config: Mapping, n_layers: int, config_name: str) -> list[bool]:
+    """Per layer: does it route its feed-forward through experts (else a dense feed-forward).
+
+    Read from whichever of these keys the config states, in this order (each is one
+    family's spelling; Transformers' modeling code reads them so):
+
+    - ``mlp_layer_types``: one entry per layer, ``"sparse"`` routes;
+    - ``moe_layers``: the routed layers' indices (Llama 4); else ``interleave_moe_layer_step`` s:
+      layers s-1, 2s-1, ...;
+    - ``moe_layer_start_index`` / ``moe_layer_end_index`` / ``moe_layer_interval`` (ERNIE 4.5):
+      from start to end (inclusive), every interval-th layer counted from one;
+    - ``mlp_only_layers`` / ``decoder_sparse_step`` (Qwen MoE): layers not listed whose
+      number (from one) the step divides;
+    - ``first_k_dense_replace`` / ``num_dense_layers``: every layer from k on;
+    - none of them: every layer routes.
+
+    Raises:
+        SterError: a list of the wrong length or with entries that are not layer indices.
+    """
+    where = f"invalid model config {config_name}"
+
+    def index_list(key):
+        v = config.get(key)
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise SterError(f"{where}: {key} must be a list of layer indices, got {brief_value(v)}")
+        return set(v)
+
+    def count(key, default):
+        v = config.get(key, default)
+        v = default if v is None else v
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise SterError(f"{where}: {key} must be a whole number, got {brief_value(v)}")
+        return v
+
+    types = config.get("mlp_layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n_layers or any(t not in ("sparse", "dense") for t in types):
+            raise SterError(f"{where}: mlp_layer_types must list 'sparse' or 'dense' for each of the {n_layers} "
+                            f"layers, got {brief_value(types)}")
+        return [t == "sparse" for t in types]
+    if config.get("moe_layers") is not None:
+        routed = index_list("moe_layers")
+        return [i in routed for i in range(n_layers)]
+    if config.get("interleave_moe_layer_step") is not None:
+        step = max(count("interleave_moe_layer_step", 1), 1)
+        return [(i + 1) % step == 0 for i in range(n_layers)]
+    if any(config.get(k) is not None for k in ("moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")):
+        start, end = count("moe_layer_start_index", 0), config.get("moe_layer_end_index")
+        end = n_layers - 1 if end is None or end == -1 else count("moe_layer_end_index", 0)
+        interval = max(count("moe_layer_interval", 1), 1)
+        return [(i + 1) % interval == 0 and start <= i <= end for i in range(n_layers)]
+    if config.get("mlp_only_layers") is not None or config.get("decoder_sparse_step") is not None:
+        dense = index_list("mlp_only_layers") if config.get("mlp_only_layers") is not None else set()
+        step = max(count("decoder_sparse_step", 1), 1)
+        return [i not in dense and (i + 1) % step == 0 for i in range(n_layers)]
+    for key in ("first_k_dense_replace", "num_dense_layers"):
+        if config.get(key) is not None:
+            k = count(key, 0)
+            return [i >= k for i in range(n_layers)]
+    return [True] * n_layers
+
+
+def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
+    """The routed feed-forward of a family with ``moe``, from its config (or GGUF metadata
+    renamed to config keys) read under the family's keys.
+
+    Raises:
+        SterError: a missing or invalid count, an unknown scoring function or selection
+            method, top-k above the expert count, experts not divisible into groups.
+    """
+    where = f"invalid model config {config_name}"
+    d = family.moe_defaults
+
+    def get(name):
+        return r.get(name, d.get(name))
+
+    experts = r.positive_int("num_experts", d.get("num_experts"), limit=MAX_EXPERTS)
+    top_k = r.positive_int("num_experts_per_tok", d.get("num_experts_per_tok"), limit=experts)
+    size = r.positive_int("moe_intermediate_size", d.get("moe_intermediate_size"))
+    scoring = get("scoring_func") or "softmax"
+    if scoring not in SCORINGS:
+        raise SterError(f"{where}: scoring_func {scoring!r} is not supported; supported: {', '.join(SCORINGS)}")
+    method = get("topk_method") or "greedy"
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise SterError(f"{where}: topk_method {method!r} is not supported; supported: greedy, "
+                        "group_limited_greedy, noaux_tc")
+    n_group = r.positive_int("n_group", d.get("n_group", 1), limit=experts) if method != "greedy" else 1
+    topk_group = r.positive_int("topk_group", d.get("topk_group", 1), limit=n_group) if n_group > 1 else 1
+    if experts % n_group:
+        raise SterError(f"{where}: {experts} experts do not split into n_group {n_group} equal groups")
+    scale = get("routed_scaling_factor")
+    scale = 1.0 if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise SterError(f"{where}: routed_scaling_factor must be a positive number, got {brief_value(scale)}")
+    shared = r.get("shared_intermediate_size", d.get("shared_intermediate_size"))
+    if shared is None:
+        n_shared = get("n_shared_experts") or 0
+        shared = n_shared * size if isinstance(n_shared, int) and not isinstance(n_shared, bool) else n_shared
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_DIM:
+        raise SterError(f"{where}: the shared experts' width must be a whole number, got {brief_value(shared)}")
+    limit = get("swiglu_limit")
+    router = RouterSpec(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
+                        n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
+                        renormalize=bool(get("norm_topk_prob")), scale=float(scale),
+                        **{k: v for k, v in family.moe_fields.items() if k in RouterSpec.__dataclass_fields__})
+    return MoESpec(router=router, expert_size=size, act=r.get("act", family.default_act),
+                   limit=None if limit is None else float(limit), shared_size=shared,
+                   shared_gated=family.shared_gated,
+                   **{k: v for k, v in family.moe_fields.items() if k in MoESpec.__dataclass_fields__})
+
+
 def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,
                  make, config_name: str) -> list[Rope | None]:
     """The rotation of each layer, after the family's rules on which layers rotate."""
@@ -283,7 +406,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
                          lambda theta: make({**full_params, "rope_theta": theta}), config_name)
     window = config.get("sliding_window")
-    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope) for s, rope in zip(sliding, ropes))
+    routed = moe_layer_flags(config, n_layers, config_name) if family.moe else [False] * n_layers
+    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense")
+                   for s, rope, m in zip(sliding, ropes, routed))
 
     temperature = None
     if family.query_temperature and full_params.get("llama_4_scaling_beta") is not None:
@@ -315,6 +440,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         fused_qkv=family.fused_qkv,
         inputs_first=family.inputs_first,
         root=family.root,
+        moe=moe_spec(r, family, config_name) if family.moe else None,
+        expert_inputs_first=family.expert_inputs_first,
+        expert_gate_up_interleaved=family.expert_gate_up_interleaved,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name),
     )
 

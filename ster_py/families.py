@@ -99,6 +99,20 @@ HUNYUAN_NAMES = _with(LLAMA_NAMES, q_norm=_L + "self_attn.query_layernorm", k_no
 HYPERCLOVAX_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_norm1", ffn_post_norm=_L + "post_norm2")
 APERTUS_NAMES = _with(LLAMA_NAMES, attn_norm=_L + "attention_layernorm", ffn_norm=_L + "feedforward_layernorm",
                       gate=None, act=_L + "mlp.act_fn")
+# Routed feed-forwards. Expert roles name whole tensors ({e}: the expert); see decoder/layout.py.
+_M = _L + "mlp."
+QWEN_MOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_M + "gate",
+                       exp_gate=_M + "experts.{e}.gate_proj.weight", exp_up=_M + "experts.{e}.up_proj.weight",
+                       exp_down=_M + "experts.{e}.down_proj.weight")
+# Dense layers beside routed ones keep the Llama names of gate/up/down.
+QWEN_MOE_DENSE_NAMES = _with(QWEN_MOE_NAMES, gate=_M + "gate_proj", up=_M + "up_proj", down=_M + "down_proj")
+QWEN2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, shexp_gate=_M + "shared_expert.gate_proj",
+                        shexp_up=_M + "shared_expert.up_proj", shexp_down=_M + "shared_expert.down_proj",
+                        shexp_gate_inp=_M + "shared_expert_gate")
+_SM = _L + "block_sparse_moe."
+MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
+                      exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
+                      exp_down=_SM + "experts.{e}.w2.weight")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -167,6 +181,15 @@ GGUF_NAMES: Mapping[str, str] = {
     "qkv": "blk.{i}.attn_qkv",  # read when a file fuses q, k and v (llama.cpp's create_tensor_qkv)
 }
 GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
+# llama.cpp's expert tensors: [n_expert, rows, cols] stacks (ffn_*_exps), the router (ffn_gate_inp),
+# its selection bias (exp_probs_b) and the shared expert (ffn_*_shexp, gated by ffn_gate_inp_shexp).
+GGUF_MOE_NAMES = _with(GGUF_NAMES, router="blk.{i}.ffn_gate_inp", router_select_bias="blk.{i}.exp_probs_b.bias",
+                       exp_gate="blk.{i}.ffn_gate_exps.weight", exp_up="blk.{i}.ffn_up_exps.weight",
+                       exp_down="blk.{i}.ffn_down_exps.weight", exp_gate_up="blk.{i}.ffn_gate_up_exps.weight",
+                       exp_gate_bias="blk.{i}.ffn_gate_exps.bias", exp_up_bias="blk.{i}.ffn_up_exps.bias",
+                       exp_down_bias="blk.{i}.ffn_down_exps.bias", exp_gate_up_bias="blk.{i}.ffn_gate_up_exps.bias",
+                       shexp_gate="blk.{i}.ffn_gate_shexp", shexp_up="blk.{i}.ffn_up_shexp",
+                       shexp_down="blk.{i}.ffn_down_shexp", shexp_gate_inp="blk.{i}.ffn_gate_inp_shexp")
 GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
 GGUF_LEARNED_POS_NAMES = _with(GGUF_PLAIN_MLP_NAMES, pos_embed="position_embd")
 GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
@@ -191,6 +214,19 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "partial_rotary_factor": ("partial_rotary_factor",),
     "rotary_dim": (),  # rotated width of a head, when a family states it absolutely (GPT-J)
     "act": ("hidden_act", "hidden_activation"),
+    # Mixture-of-experts (read only by families with ``moe``; see ``config.moe_spec``).
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "moe_top_k"),
+    "moe_intermediate_size": ("moe_intermediate_size",),
+    "shared_intermediate_size": ("shared_expert_intermediate_size", "shared_intermediate_size"),
+    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+    "norm_topk_prob": ("norm_topk_prob",),
+    "routed_scaling_factor": ("routed_scaling_factor",),
+    "n_group": ("n_group",),
+    "topk_group": ("topk_group",),
+    "scoring_func": ("scoring_func",),
+    "topk_method": ("topk_method",),
+    "swiglu_limit": ("swiglu_limit",),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -317,6 +353,15 @@ class FamilySpec:
             stands for; the GGUF path reads the family's variants and scales through it.
         gguf_changes: fields llama.cpp reads differently for this architecture.
         gguf_refusals: ``Refusal``s over that renamed metadata, for GGUF files.
+        moe: the family routes its feed-forward through experts on the layers its config
+            marks (``config.moe_layer_flags``); the router and expert sizes are read under
+            ``keys`` (``DEFAULT_KEYS``' mixture-of-experts fields) and ``fixed``.
+        moe_defaults: values of those fields when the config states none (Transformers'
+            config defaults for the family).
+        moe_fields: ``RouterSpec`` / ``MoESpec`` fields the family fixes in code
+            (``on_input``, ``glu``, ``renorm_eps``, ``group_rank``, ...).
+        shared_gated: the shared experts' output is gated by ``sigmoid(shexp_gate_inp(x))``.
+        expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
     """
 
     model_type: str
@@ -371,6 +416,12 @@ class FamilySpec:
     gguf_config: Mapping[str, str] = field(default_factory=dict)
     gguf_changes: Mapping[str, Any] = field(default_factory=dict)
     gguf_refusals: tuple[Refusal, ...] = ()
+    moe: bool = False
+    moe_defaults: Mapping[str, Any] = field(default_factory=dict)
+    moe_fields: Mapping[str, Any] = field(default_factory=dict)
+    shared_gated: bool = False
+    expert_inputs_first: tuple[str, ...] = ()
+    expert_gate_up_interleaved: bool = False
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -581,6 +632,16 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("vaultgemma", sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
         FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
         FamilySpec("ministral3", sliding="all", query_temperature=True),
+        FamilySpec("mixtral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
+                   names=MIXTRAL_NAMES, gguf_names=GGUF_MOE_NAMES, fixed={"norm_topk_prob": True},
+                   keys={"moe_intermediate_size": ("intermediate_size",)}),
+        FamilySpec("qwen2_moe", gguf_arch="qwen2moe", sliding="qwen2", moe=True, shared_gated=True,
+                   names=QWEN2_MOE_NAMES, gguf_names=GGUF_MOE_NAMES),
+        FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
+                   names=QWEN_MOE_DENSE_NAMES, gguf_names=GGUF_MOE_NAMES),
+        FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
+                   keys={"moe_intermediate_size": ("intermediate_size",)},
+                   gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),
     )
 }
 

@@ -6,8 +6,9 @@ References:
   (or the same GGUF through ``gguf_file=``, which Transformers dequantizes to
   float32), float32, eager attention. It also returns hidden states, so the
   report names the first layer whose residual stream diverges.
-- ``llama.cpp``: llama-cpp-python's logits on the same GGUF file (``logits_all``),
-  logits only.
+- ``llama.cpp``: llama-cpp-python's logits on the same GGUF file, every position,
+  logits only, computed in a child process (``ster_py.llamacpp``: a crash of the
+  native library is reported, not fatal).
 
 Metrics per prompt, over every position of its ids (logits float32 [T, vocab]):
 relative error ``||ours - ref|| / ||ref||`` (Frobenius), maximum absolute error,
@@ -125,31 +126,30 @@ def transformers_reference(resolved) -> Reference:
     return run
 
 
-def llamacpp_reference(resolved, n_ctx: int) -> Reference:
-    """A reference that evaluates the ids with llama.cpp (llama-cpp-python) on the GGUF file.
+def llamacpp_reference(resolved, prompts: Sequence[Sequence[int]]) -> Reference:
+    """A reference that evaluates ids with llama.cpp (llama-cpp-python) on the GGUF file.
+
+    llama.cpp runs in a child process (``ster_py.llamacpp``): every prompt of ``prompts``
+    is evaluated there once, up front, and ``run(ids)`` returns the logits of one of them.
+    A crash of llama.cpp becomes a SterError instead of the end of this process.
 
     Raises:
-        SterError: the model is not a GGUF; llama-cpp-python missing; llama.cpp refuses the file.
+        SterError: the model is not a GGUF; llama-cpp-python missing; llama.cpp refuses
+            the file, crashes or times out; ``run`` asked for ids not in ``prompts``.
     """
+    from . import llamacpp
+
     if resolved.gguf_file is None:
         raise SterError(f"--reference llama.cpp needs a GGUF model, and {resolved.model} is a safetensors "
                         "checkpoint; use --reference transformers, or pass the .gguf file")
-    try:
-        import llama_cpp
-    except ImportError:
-        raise _missing("llama-cpp-python", 'install it with: pip install "ster-py[test]" or pip install '
-                       'llama-cpp-python==0.3.36 (it compiles llama.cpp from source, so "ster-py[reference]" '
-                       'leaves it out)') from None
-    try:
-        llm = llama_cpp.Llama(model_path=str(resolved.gguf_file), logits_all=True, n_ctx=max(n_ctx, 8),
-                              n_batch=max(n_ctx, 8), verbose=False)
-    except Exception as e:
-        raise SterError(f"llama.cpp could not load {resolved.gguf_file}: {e}") from None
+    keys = [tuple(int(t) for t in ids) for ids in prompts]
+    results = dict(zip(keys, llamacpp.logits(resolved.gguf_file, keys)))
 
     def run(ids):
-        llm.reset()
-        llm.eval(list(ids))
-        return np.array(llm.scores[: len(ids)], dtype=np.float32), None
+        key = tuple(int(t) for t in ids)
+        if key not in results:
+            raise SterError("the llama.cpp reference was built for other prompts")
+        return results[key], None
 
     return run
 
@@ -233,7 +233,7 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         if reference == "transformers":
             reference_fn = transformers_reference(loaded.resolved)
         else:
-            reference_fn = llamacpp_reference(loaded.resolved, max(len(p.ids) for p in encoded))
+            reference_fn = llamacpp_reference(loaded.resolved, [p.ids for p in encoded])
     report = ParityReport(loaded.resolved.model, loaded.model_revision, loaded.precision, reference, tolerance)
     for n, p in enumerate(encoded):
         report.prompts.append(compare(loaded, p.text, p.ids, reference_fn, tolerance))

@@ -45,10 +45,13 @@ def ster(*args):
 def _dense_cases() -> dict:
     """One tiny configuration per family of issue 6, from its parity suite (the family's own key spellings)."""
     import test_parity_dense as dense
+    import test_parity_moe as moe
 
     out = {}
     for case, (model_type, config) in dense.CASES.items():
         out.setdefault(model_type, (case, config, dense.ATTN.get(case, "eager")))
+    for case, (model_type, config) in moe.CASES.items():
+        out.setdefault(model_type, (case, config, "eager"))
     return out
 
 
@@ -132,25 +135,68 @@ def test_missing_reference_package_names_the_extra(tmp_path, monkeypatch):
 def test_llamacpp_reference_needs_a_gguf_and_the_package(tmp_path, monkeypatch):
     make_checkpoint(tmp_path / "st", "llama")
     with pytest.raises(SterError, match="needs a GGUF model"):
-        llamacpp_reference(resolve(str(tmp_path / "st")), 16)
+        llamacpp_reference(resolve(str(tmp_path / "st")), [[1, 2]])
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF")  # resolve lists it without reading it
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(SterError, match=r'pip install "ster-py\[test\]" or pip install llama-cpp-python'):
-        llamacpp_reference(resolve(str(fake)), 16)
+        llamacpp_reference(resolve(str(fake)), [[1, 2]])
+
+
+def _need_llama_cpp():
+    from ster_py import llamacpp
+
+    if not llamacpp.available():
+        pytest.fail('llama-cpp-python is not installed; pip install "ster-py[test]" to run this test', pytrace=False)
+
+
+def test_a_crashing_llamacpp_is_reported_not_fatal(tmp_path, monkeypatch):
+    """Before the reference ran out of process, a llama.cpp that segfaulted (the AMX path of a
+    natively built llama-cpp-python on some Xeon virtual machines) took this whole process with
+    it. Here the child really dies of SIGSEGV and the caller gets an error naming the signal
+    and the portable reinstall, and can go on."""
+    from ster_py import llamacpp
+
+    _need_llama_cpp()
+    crash = [sys.executable, "-c", "import ctypes; ctypes.string_at(0)"]   # a NULL read: SIGSEGV
+    monkeypatch.setattr(llamacpp, "_command", lambda request: crash)
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF")
+    with pytest.raises(SterError, match=r"llama.cpp crashed \(SIGSEGV\).*GGML_NATIVE=OFF"):
+        llamacpp_reference(resolve(str(fake)), [[1, 2, 3]])
+
+
+def test_llamacpp_refusing_a_file_is_an_error_line(tmp_path):
+    """A file llama.cpp cannot load: one error line from the CLI, exit status 1, no traceback."""
+    _need_llama_cpp()
+    make_checkpoint(tmp_path / "st", "llama")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    from ster_py import llamacpp
+
+    with pytest.raises(SterError, match="llama.cpp could not load"):
+        llamacpp.logits(bad, [[1, 2]])
 
 
 @pytest.mark.real
-def test_llamacpp_reference_on_smollm2(smollm2_gguf):
-    """llama.cpp evaluates Q4_1 with activations quantized to 8 bits, so the logits agree
-    closely but not to f32 precision: the greedy choice and the direction must match."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        pytest.fail('llama-cpp-python is not installed; pip install "ster-py[test]" to run this test',
-                    pytrace=False)
-    loaded = load_model(str(smollm2_gguf))
-    report = run_parity(loaded, ["The capital of France is"], reference="llama.cpp", tolerance=0.1)
-    (p,) = report.prompts
-    assert report.passed and p.layers is None
-    assert p.top1_agreement == 1.0 and p.mean_cosine > 0.99
+@pytest.mark.parametrize("name", ["smollm2_gguf", "gemma3_gguf"])
+def test_llamacpp_reference_on_real_models(name, request):
+    """llama.cpp evaluates quantized products with activations rounded to 8 bits, so the
+    logits agree closely but not to f32 precision: the greedy choice and the direction must match."""
+    _need_llama_cpp()
+    loaded = load_model(str(request.getfixturevalue(name)))
+    report = run_parity(loaded, ["The capital of France is", "def fibonacci(n):"], reference="llama.cpp",
+                        tolerance=0.1)
+    for p in report.prompts:
+        assert p.layers is None and p.top1_agreement == 1.0 and p.mean_cosine > 0.99, p
+    assert report.passed
+
+
+@pytest.mark.real
+def test_parity_cli_llamacpp_table(smollm2_gguf):
+    """The README's `ster parity --reference llama.cpp` gives its table and exit status 0."""
+    _need_llama_cpp()
+    r = ster("parity", "--model", str(smollm2_gguf), "--reference", "llama.cpp", "--tolerance", "0.1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["reference"] == "llama.cpp" and all(p["top1_agreement"] == 1.0 for p in doc["prompts"])

@@ -96,10 +96,17 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
                 p.copy_(noise * 0.3 + (0.0 if model_type in UNIT_OFFSET else 1.0))
             else:
                 p.copy_(noise * 0.1)
+        for name, b in model.named_buffers():  # routers' selection-only biases are buffers, zero at init
+            if name.endswith(SELECTION_BIASES):
+                b.copy_(torch.randn_like(b) * 0.1)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     write_tokenizer(path, VOCAB)
     return model
+
+
+# Buffers that routers add to their scores to choose experts (not parameters, so not redrawn above).
+SELECTION_BIASES = ("e_score_correction_bias", "expert_bias")
 
 
 @pytest.fixture(autouse=True, scope="module")

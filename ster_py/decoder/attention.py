@@ -20,6 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import ops as _ops
+from .linear import make_linear
+from .parts import Part
+from .positions import query_temperature
 
 
 def _kernel_bias(bias, H: int, T: int, S: int):
@@ -102,3 +105,66 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
     scores /= total
     out = scores.reshape(KV, G * T, S) @ v
     return out.reshape(H, T, D)
+
+
+class Attention(Part):
+    """The attention mixer of one layer: q/k/v projections, optional q/k norms and clipping,
+    rotation, the cache, ``attention`` and the output projection.
+
+    Args:
+        spec: the ``ModelSpec`` (heads, head width, q/k norm kind, clip, scale, soft-cap, sinks).
+        i: the layer; its ``LayerSpec`` gives the rotation and the window.
+        load: ``load(role, kind="weight", required=False)`` -> the layer's array (``Layout.get``).
+        norm: ``norm(role)`` -> a ``Norm`` built from the role's weight and bias.
+    """
+
+    ROLES = ("q", "k", "v", "o")
+
+    def __init__(self, spec, i: int, load, norm):
+        self.spec, self.i, self.layer = spec, i, spec.layers[i]
+        self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias")) for r in self.ROLES)
+        self.q_norm, self.k_norm = (norm(r) if spec.qk_norm and (not spec.qk_norm_optional or load(r) is not None)
+                                    else None for r in ("q_norm", "k_norm"))
+        self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
+
+    def read_order(self) -> list[tuple]:
+        return [(self.q, self.k, self.v), (self.o,)]
+
+    def rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
+        """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
+        is keyed by the Rope object: layers with the same rotation share it)."""
+        rope = self.layer.rope
+        if id(rope) not in tables:
+            tables[id(rope)] = rope.cos_sin(positions, int(positions[-1]) + 1)
+        return tables[id(rope)]
+
+    def __call__(self, x: np.ndarray, cache, positions: np.ndarray, bias, tables: dict) -> np.ndarray:
+        """x float32 [T, hidden_size] (normed) -> float32 [T, hidden_size]; stores this layer's keys
+        and values for ``positions`` in ``cache``."""
+        s, T = self.spec, x.shape[0]
+        q, k, v = self.project(("q", "k", "v"), x)
+        if s.qk_norm == "proj" and self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if s.clip_qkv is not None:  # after whole-projection norms (OLMoE clamps the normed q/k)
+            q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
+        H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        if T == 1:  # decoding: [1, heads * D] is already [heads, 1, D] in memory
+            q, k, v = q.reshape(H, 1, D), k.reshape(KV, 1, D), v.reshape(KV, 1, D)
+        else:
+            q = np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2))
+            k = np.ascontiguousarray(k.reshape(T, KV, D).transpose(1, 0, 2))
+            v = v.reshape(T, KV, D).transpose(1, 0, 2)
+        head_norm = s.qk_norm == "head" and self.q_norm is not None
+        if head_norm and not s.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rope = self.layer.rope
+        if rope is not None:
+            rope.apply_pair(q, k, *self.rope_tables(positions, tables))
+        if head_norm and s.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if s.query_temperature is not None:
+            q = q * query_temperature(positions, *s.query_temperature)
+        keys, values = cache.append(self.i, k, v)
+        out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
+                        softcap=s.attn_softcap, bias=bias, sinks=self.sinks)
+        return self.o(out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D))

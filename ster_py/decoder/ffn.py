@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import ops as _ops
+from .parts import Part
 
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 
@@ -73,3 +74,52 @@ def gated(act_name: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         _ops.glu(gate, up, kind)
         return gate
     return ACT_FNS[act_name](gate) * up
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's gated unit: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
+
+    float32 [T, n] each -> float32 [T, n] (Transformers' ``GptOssExperts._apply_gate``).
+    """
+    g = np.minimum(gate, np.float32(limit))
+    u = np.clip(up, -np.float32(limit), np.float32(limit))
+    return (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.exp(-np.float32(alpha) * g)))
+
+
+class DenseFFN(Part):
+    """A feed-forward: ``down(act(gate(x)) * up(x))`` (gated) or ``down(act(up(x)))`` (plain).
+
+    Args:
+        gate, up, down: projections (``make_linear``); ``gate`` None for a plain MLP.
+        act_name: the activation's name (``ACT_FNS``; ``"xielu"`` with ``act`` given).
+        act: the activation callable (default ``ACT_FNS[act_name]``).
+        glu: ``"standard"``, or ``"oai"`` for gpt-oss's clamped unit (``swiglu_oai``).
+        limit: the SwiGLU clamp: under ``"standard"``, gate clamped above and up on both
+            sides to +-limit before ``act(gate) * up`` (``swiglu_limit``); under ``"oai"``, its limit.
+        alpha: the ``"oai"`` unit's sigmoid sharpness.
+
+    Calling it maps float32 [T, hidden_size] to float32 [T, hidden_size].
+    """
+
+    ROLES = ("gate", "up", "down")
+
+    def __init__(self, gate, up, down, act_name: str, act=None, *, glu: str = "standard",
+                 limit: float | None = None, alpha: float = 1.702):
+        self.gate, self.up, self.down = gate, up, down
+        self.act_name, self.act = act_name, act if act is not None else ACT_FNS.get(act_name)
+        self.glu, self.limit, self.alpha = glu, limit, alpha
+
+    def read_order(self) -> list[tuple]:
+        return [(self.gate, self.up) if self.gate is not None else (self.up,), (self.down,)]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.gate is None:
+            return self.down(self.act(self.up(x)))
+        if self.glu == "oai":
+            return self.down(swiglu_oai(*self.project(("gate", "up"), x), self.alpha, self.limit))
+        if self.act_name not in ACT_FNS:  # an activation with parameters of its own (xIELU)
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        g, u = self.project(("gate", "up"), x)
+        if self.limit is not None:
+            g, u = np.minimum(g, np.float32(self.limit)), np.clip(u, -np.float32(self.limit), np.float32(self.limit))
+        return self.down(gated(self.act_name, g, u))

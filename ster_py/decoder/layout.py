@@ -12,7 +12,17 @@ never knows how a family stores its weights:
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
 - a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
-- a role listed under several names is read under the first one the file holds (Falcon GGUF).
+- a role listed under several names is read under the first one the file holds (Falcon GGUF);
+- routed experts (``experts``) are stored one module per expert (a name holding ``{e}``),
+  stacked in one tensor [num_experts, ...] (Transformers 5's ``experts.gate_up_proj``,
+  GraniteMoE's ``input_linear``, llama.cpp's ``ffn_gate_exps``), or stacked by rows
+  [num_experts * rows, cols] (DBRX); per expert [in, out] where the family stores them so
+  (gpt-oss, Llama 4: ``expert_inputs_first``), a fused gate/up split in halves or, when
+  ``expert_gate_up_interleaved``, row by row (gpt-oss).
+
+Expert roles (``exp_*``) and the router's selection bias name whole tensors (their
+tables give the full name, ``.weight`` included where the file has it); every other
+role names a module, to which ``.weight`` / ``.bias`` is appended.
 
 Every array is checked against the shape the configuration implies.
 """
@@ -24,6 +34,8 @@ from ..errors import SterError
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
 FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
+#: Roles of the routed experts' weights and biases (whole tensor names).
+EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
 
 
 def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
@@ -40,6 +52,12 @@ def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
               ("embed", "weight"): (spec.vocab_size, d), ("sinks", "sinks"): (h,)}
     for role in ("final_norm", "embed_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
         shapes[(role, "weight")] = shapes[(role, "bias")] = (d,)
+    if spec.moe is not None:
+        m = spec.moe
+        e, s = m.router.num_experts, m.shared_size
+        shapes.update({("router", "weight"): (e, d), ("router", "bias"): (e,), ("router_select_bias", ""): (e,),
+                       ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
+                       ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -71,9 +89,11 @@ class Layout:
         return t
 
     def _names(self, role: str, i: int | None, kind: str) -> list[str]:
-        """The names a role may be stored under, first found wins (a table entry may list several)."""
+        """The names a role may be stored under, first found wins (a table entry may list several).
+        ``kind`` "" means the table gives the whole name."""
         entry = self.spec.names[role]
-        return [f"{n.format(i=i, h='{h}')}.{kind}" for n in ((entry,) if isinstance(entry, str) else entry)]
+        suffix = f".{kind}" if kind else ""
+        return [f"{n.format(i=i, h='{h}', e='{e}')}{suffix}" for n in ((entry,) if isinstance(entry, str) else entry)]
 
     def _name(self, role: str, i: int | None, kind: str) -> str:
         return self._names(role, i, kind)[0]
@@ -143,3 +163,74 @@ class Layout:
             raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "
                             "model needs; is the config.json from the same checkpoint?")
         return t
+
+    def experts(self, i: int) -> list[list[tuple]]:
+        """Layer ``i``'s routed experts: per expert, [(gate weight, bias), (up ...), (down ...)],
+        each weight [out, in] (an array, or a ``QuantTensor`` row range of a quantized stack),
+        each bias [out] or None.
+
+        Raises:
+            SterError: an expert tensor is missing or its shape disagrees with the config.
+        """
+        m, d = self.spec.moe, self.spec.hidden_size
+        n, f = m.router.num_experts, m.expert_size
+        names = self.spec.names
+        fused = "exp_gate_up" in names and "exp_gate" not in names
+        want = {"exp_gate": (f, d), "exp_up": (f, d), "exp_down": (d, f), "exp_gate_up": (2 * f, d)}
+        per_role = {}
+        for role in (("exp_gate_up",) if fused else ("exp_gate", "exp_up")) + ("exp_down",):
+            per_role[role] = (self._expert_stack(role, i, n, want[role], "weight", required=True),
+                              self._expert_stack(role, i, n, want[role][:1], "bias"))
+        if fused:
+            w, b = per_role.pop("exp_gate_up")
+            for k, role in enumerate(("exp_gate", "exp_up")):
+                per_role[role] = ([self._half(x, k) for x in w], None if b is None else [self._half(x, k) for x in b])
+        return [[(per_role[r][0][e], None if per_role[r][1] is None else per_role[r][1][e])
+                 for r in ("exp_gate", "exp_up", "exp_down")] for e in range(n)]
+
+    def _half(self, t, k: int):
+        """Gate (k = 0) or up (k = 1) rows of one expert's fused [2 * size, ...] tensor."""
+        if self.spec.expert_gate_up_interleaved:
+            return np.ascontiguousarray(t[k::2])
+        half = t.shape[0] // 2
+        return t[:half] if k == 0 else t[half:]
+
+    def _expert_stack(self, role: str, i: int, n: int, shape: tuple, kind: str, required: bool = False):
+        """The ``n`` experts' tensors of ``role`` (weights in [out, in]), a list, or None when absent."""
+        entry = self.spec.names.get(role if kind == "weight" else f"{role}_bias")
+        if entry is None:
+            if required:
+                raise SterError(f"the family of {self.spec.model_type!r} names no tensor for its experts' {role}")
+            return None
+        name = entry.format(i=i, e="{e}")
+        first = self.spec.expert_inputs_first and role in self.spec.expert_inputs_first and kind == "weight"
+        stored = shape[::-1] if first else shape
+        if "{e}" in name:
+            parts = [self._fetch(name.format(e=e)) for e in range(n)]
+            missing = [name.format(e=e) for e, t in zip(range(n), parts) if t is None]
+            if missing:
+                if required or len(missing) < n:
+                    raise SterError(f"the checkpoint has no tensor {missing[0]!r}, which a {self.spec.model_type} "
+                                    "model needs; is the config.json from the same checkpoint?")
+                return None
+            for e, t in enumerate(parts):
+                self._check_expert(name.format(e=e), t, stored)
+        else:
+            t = self._fetch(name)
+            if t is None:
+                if required:
+                    raise SterError(f"the checkpoint has no tensor {name!r}, which a {self.spec.model_type} "
+                                    "model needs; is the config.json from the same checkpoint?")
+                return None
+            if len(t.shape) == len(stored) and t.shape[0] == n * stored[0]:  # stacked by rows (DBRX)
+                t = t.reshape(n, *stored) if isinstance(t, np.ndarray) else t
+            self._check_expert(name, t, (n, *stored))
+            parts = [t[e] for e in range(n)]
+        if first:
+            parts = [np.ascontiguousarray(np.asarray(p).T) for p in parts]
+        return parts
+
+    def _check_expert(self, name: str, t, want: tuple) -> None:
+        if tuple(t.shape) != tuple(want):
+            raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration implies "
+                            f"{list(want)}; the weights and the config disagree")

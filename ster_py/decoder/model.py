@@ -6,14 +6,18 @@ and window per layer, position biases, soft-caps, scales); how a family stores
 its tensors (fused, transposed, per head) is undone at load by ``layout.Layout``.
 This file never names a family.
 
-A block computes (each norm only where ``spec.norms`` lists it, r = residual_scale)::
+A block is composed per layer from data: norms (which of the four, ``spec.norms``), a
+mixer (``LayerSpec.mixer``: attention, ``attention.Attention``) and a feed-forward
+(``LayerSpec.ffn``: ``"dense"``, ``ffn.DenseFFN``; ``"moe"``, ``moe.MoE``; or ``"none"``),
+joined sequentially or in parallel. It computes (each norm only where listed,
+r = residual_scale)::
 
-    h = h + r * attn_post_norm(attention(attn_norm(h)))
+    h = h + r * attn_post_norm(mixer(attn_norm(h)))
     h = h + r * ffn_post_norm(ffn(ffn_norm(h)))
 
 which is Llama's pre-norm block, Gemma 2/3's sandwich, or OLMo 2's post-norm block; a
 parallel block (GPT-J, GPT-NeoX, Phi-2, Cohere, Falcon) adds both sublayers to the same
-residual, the feed-forward reading ``ffn_norm(h)``, or attention's normed input without one.
+residual, the feed-forward reading ``ffn_norm(h)``, or the mixer's normed input without one.
 Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until used.
 """
 from __future__ import annotations
@@ -24,16 +28,16 @@ import numpy as np
 
 from ..config import ModelSpec
 from ..errors import SterError
-from .attention import attention
+from .attention import Attention
 from .cache import KVCache
-from .ffn import ACT_FNS, gated
+from .ffn import DenseFFN
 from .layout import Layout
-from .linear import Projections, make_linear
+from .linear import make_linear
+from .moe import MoE
+from .norms import Norm
+from .positions import alibi_bias
 from .qlinear import QuantLinear
-from .norms import layer_norm, rms_norm
-from ._fast import ops as _ops
-from .positions import alibi_bias, query_temperature
-from .step import PROJECTIONS, layer_step
+from .step import layer_step
 from .xielu import XIELU
 
 
@@ -46,141 +50,103 @@ class WeightSource(Protocol):
 LayerHook = Callable[[int, np.ndarray], np.ndarray]
 
 
-class _Norm:
-    """RMS or Layer norm over the last axis; a 2-D weight [heads, d] norms each head with its own row."""
-
-    def __init__(self, spec: ModelSpec, weight, bias):
-        self.spec = spec
-        self.weight = None if weight is None else weight.astype(np.float32) + (1.0 if spec.norm_unit_offset else 0.0)
-        self.bias = None if bias is None else bias.astype(np.float32)
-        if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
-            self.weight = self.weight[:, None, :]
-            self.bias = None if self.bias is None else self.bias.reshape(self.weight.shape)
-        # RMS over a [d] float32 weight: straight to the kernel (norms.rms_norm's checks, done once)
-        self._kernel = (_ops is not None and spec.norm == "rms" and
-                        (self.weight is None or (self.weight.ndim == 1 and self.weight.flags.c_contiguous)))
-        self._eps = float(spec.norm_eps)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        if (self._kernel and x.__class__ is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous
-                and x.ndim >= 2 and x.shape[-1] > 0 and (self.weight is None or self.weight.shape[0] == x.shape[-1])):
-            out = np.empty_like(x)
-            _ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self._eps, out.reshape(-1, x.shape[-1]))
-            return out
-        if self.spec.norm == "layer":
-            return layer_norm(x, self.weight, self.bias, self.spec.norm_eps)
-        return rms_norm(x, self.weight, self.spec.norm_eps)
-
-
-_PROJECTION_ROLES = frozenset(PROJECTIONS)
 _UNBUILT = object()
 
 
+def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
+    """Layer ``i``'s feed-forward, of the kind its ``LayerSpec.ffn`` names: a ``DenseFFN``, a
+    routed ``MoE`` or None."""
+    kind = spec.layers[i].ffn
+    if kind == "none":
+        return None
+    if kind == "dense":
+        gate = load("gate")
+        act = (XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
+               if spec.hidden_act == "xielu" else None)
+        return DenseFFN(make_linear(gate, load("gate", "bias")) if gate is not None else None,
+                        make_linear(load("up", required=True), load("up", "bias")),
+                        make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act)
+    m = spec.moe
+
+    def ffn(parts):
+        gate, up, down = (make_linear(w, b) for w, b in parts)
+        return DenseFFN(gate, up, down, m.act, glu=m.glu, limit=m.limit, alpha=m.alpha)
+
+    experts = [ffn(parts) for parts in layout.experts(i)]
+    shared = shared_gate = None
+    if m.shared_size:
+        shared = ffn([(load(r, required=True), load(r, "bias")) for r in ("shexp_gate", "shexp_up", "shexp_down")])
+        if m.shared_gated:
+            shared_gate = make_linear(load("shexp_gate_inp", required=True))
+    select_bias = layout.get("router_select_bias", i, "", required=True) if m.router.select_bias else None
+    return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
+               shared, shared_gate)
+
+
 class _Layer:
+    """One block: its norms, its mixer (attention), its feed-forward (dense, routed or none),
+    joined sequentially or in parallel (see the module docstring).
+
+    The parts' projections read as the block's own attributes (``layer.q``, ``layer.gate``:
+    what adapters and the fused step use); setting one through the block replaces it in
+    its part and drops the block's fused step.
+    """
+
     def __init__(self, spec: ModelSpec, i: int, layout: Layout):
-        self.i, self.spec, self.layer = i, spec, spec.layers[i]
+        d = self.__dict__  # set directly: __setattr__ below is for changes after load
+        d.update(i=i, spec=spec, layer=spec.layers[i], _step=_UNBUILT, _residual_scale=np.float32(spec.residual_scale))
 
         def load(role, kind="weight", required=False):
             return layout.get(role, i, kind, required)
 
         def norm(role):
-            return _Norm(spec, load(role, required=spec.norm_affine), load(role, "bias"))
+            return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
+                        spec.norm_unit_offset)
 
-        self.norms = {role: norm(role) for role in spec.norms}
-        self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias"))
-                                          for r in ("q", "k", "v", "o"))
-        self.q_norm, self.k_norm = (norm(r) if spec.qk_norm and (not spec.qk_norm_optional or load(r) is not None)
-                                    else None for r in ("q_norm", "k_norm"))
-        self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
-        gate = load("gate")
-        self.gate = make_linear(gate, load("gate", "bias")) if gate is not None else None
-        self.up = make_linear(load("up", required=True), load("up", "bias"))
-        self.down = make_linear(load("down", required=True), load("down", "bias"))
-        if spec.hidden_act == "xielu":
-            self.act = XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
-        else:
-            self.act = ACT_FNS[spec.hidden_act]
-        self._grouped: dict[tuple, Projections] = {}
-        self._step = _UNBUILT
-        self._residual_scale = np.float32(spec.residual_scale)
+        d["norms"] = {role: norm(role) for role in spec.norms}
+        d["mixer"] = Attention(spec, i, load, norm)
+        d["ffn"] = build_ffn(spec, i, layout, load)
+
+    def _owner(self, name: str):
+        d = self.__dict__
+        for part in (d.get("mixer"), d.get("ffn")):
+            if part is not None and name in part.ROLES:
+                return part
+        return None
+
+    def __getattr__(self, name):  # only reached when the block itself has no such attribute
+        part = self._owner(name)
+        if part is None:
+            raise AttributeError(name)
+        return getattr(part, name)
 
     def __setattr__(self, name, value):
-        # Adapters replace projections after load: the groups built from them go stale, and
-        # the fused step (which points into the projections, norm weights, biases and sinks)
-        # on any attribute set here. Values changed inside those arrays reach both paths;
-        # replacing an object held inside another (an entry of ``norms``, a ``_Norm.weight``,
-        # a ``QuantLinear.bias``) is not seen: set the block's attribute again.
-        object.__setattr__(self, name, value)
-        if name in _PROJECTION_ROLES and "_grouped" in self.__dict__:
-            self._grouped.clear()
-        if name not in ("_step", "_grouped"):
+        # Adapters replace projections after load: the part drops the groups built from them,
+        # and the fused step (which points into the projections, norm weights, biases and
+        # sinks) is dropped on any attribute set here. Values changed inside those arrays reach
+        # both paths; replacing an object held inside another (an entry of ``norms``, a
+        # ``Norm.weight``, a ``QuantLinear.bias``) is not seen: set the block's attribute again.
+        part = self._owner(name)
+        if part is not None:
+            setattr(part, name, value)  # the part drops the groups built from the old projection
+        else:
+            object.__setattr__(self, name, value)
+        if name not in ("_step",):
             object.__setattr__(self, "_step", _UNBUILT)
 
     def decode_step(self):
         """This block's fused one-token step (``step.layer_step``; built on first use, again
         after a projection is replaced), or None when the block does not qualify."""
         if self._step is _UNBUILT:
-            self._step = layer_step(self)
+            object.__setattr__(self, "_step", layer_step(self))
         return self._step
 
     def step_one(self, fused, h: np.ndarray, cache: KVCache, positions: np.ndarray, tables: dict) -> np.ndarray:
         """``__call__`` for one token through ``fused`` (this block's ``decode_step()``)."""
         p = int(positions[0])
         keys, values = cache.buffers(self.i, p + 1)
-        cos, sin = self._rope_tables(positions, tables) if self.layer.rope is not None else (None, None)
+        cos, sin = self.mixer.rope_tables(positions, tables) if self.layer.rope is not None else (None, None)
         return fused(h, keys, values, p, cos, sin)
-
-    def _rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
-        """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
-        is keyed by the Rope object: layers with the same rotation share it)."""
-        rope = self.layer.rope
-        if id(rope) not in tables:
-            tables[id(rope)] = rope.cos_sin(positions, int(positions[-1]) + 1)
-        return tables[id(rope)]
-
-    def _project(self, roles: tuple, x: np.ndarray) -> tuple:
-        """The projections ``roles`` of x, computed together (``Projections``; built on first
-        use, again after a projection is replaced)."""
-        g = self._grouped.get(roles)
-        if g is None:
-            g = self._grouped[roles] = Projections(tuple(getattr(self, r) for r in roles))
-        return g(x)
-
-    def _attention(self, x: np.ndarray, cache: KVCache, positions: np.ndarray, bias, tables: dict) -> np.ndarray:
-        s, T = self.spec, x.shape[0]
-        q, k, v = self._project(("q", "k", "v"), x)
-        if s.clip_qkv is not None:
-            q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
-        if s.qk_norm == "proj" and self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
-        if T == 1:  # decoding: [1, heads * D] is already [heads, 1, D] in memory
-            q, k, v = q.reshape(H, 1, D), k.reshape(KV, 1, D), v.reshape(KV, 1, D)
-        else:
-            q = np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2))
-            k = np.ascontiguousarray(k.reshape(T, KV, D).transpose(1, 0, 2))
-            v = v.reshape(T, KV, D).transpose(1, 0, 2)
-        head_norm = s.qk_norm == "head" and self.q_norm is not None
-        if head_norm and not s.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
-        rope = self.layer.rope
-        if rope is not None:
-            rope.apply_pair(q, k, *self._rope_tables(positions, tables))
-        if head_norm and s.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if s.query_temperature is not None:
-            q = q * query_temperature(positions, *s.query_temperature)
-        keys, values = cache.append(self.i, k, v)
-        out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
-                        softcap=s.attn_softcap, bias=bias, sinks=self.sinks)
-        return self.o(out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D))
-
-    def _ffn(self, x: np.ndarray) -> np.ndarray:
-        if self.gate is not None:
-            if self.act.__class__ is XIELU:
-                return self.down(self.act(self.gate(x)) * self.up(x))
-            return self.down(gated(self.spec.hidden_act, *self._project(("gate", "up"), x)))
-        return self.down(self.act(self.up(x)))
 
     def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None,
                  tables: dict | None = None) -> np.ndarray:
@@ -188,12 +154,14 @@ class _Layer:
         the layers of one forward call (keyed by the Rope object)."""
         n, r = self.norms, self._residual_scale
         x = n["attn_norm"](h) if "attn_norm" in n else h
-        a = self._attention(x, cache, positions, bias, {} if tables is None else tables)
+        a = self.mixer(x, cache, positions, bias, {} if tables is None else tables)
         a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
+        if self.ffn is None:
+            return h + (a * r if r != 1 else a)
         if not self.spec.parallel:
             h = h + (a * r if r != 1 else a)
             x = h
-        m = self._ffn(n["ffn_norm"](h) if "ffn_norm" in n else x)
+        m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else x)
         m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
         if self.spec.parallel:
             m = a + m
@@ -225,10 +193,13 @@ class Decoder:
 
         self.embed = top("embed", required=True)
         self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
-        self.embed_norm = (_Norm(spec, top("embed_norm", required=spec.norm_affine), top("embed_norm", "bias"))
-                           if spec.embed_norm else None)
+        def norm(role):
+            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"),
+                        spec.norm_unit_offset)
+
+        self.embed_norm = norm("embed_norm") if spec.embed_norm else None
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
-        self.final_norm = _Norm(spec, top("final_norm", required=spec.norm_affine), top("final_norm", "bias"))
+        self.final_norm = norm("final_norm")
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
@@ -239,8 +210,8 @@ class Decoder:
         helpers prefetch them while the caller runs the small ops in between."""
         groups = []
         for layer in self.layers:
-            groups += [(layer.q, layer.k, layer.v), (layer.o,),
-                       (layer.gate, layer.up) if layer.gate is not None else (layer.up,), (layer.down,)]
+            for part in (layer.mixer, layer.ffn):
+                groups += part.read_order() if part is not None else []
         groups.append((self.head,))
         mats = [tuple(p._m for p in g if isinstance(p, QuantLinear)) for g in groups]
         for here, ahead in zip(mats, mats[1:]):

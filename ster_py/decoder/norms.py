@@ -67,3 +67,38 @@ def layer_norm_reference(x: np.ndarray, weight: np.ndarray | None, bias: np.ndar
     if bias is not None:
         out = out + bias.astype(np.float32)
     return out
+
+
+class Norm:
+    """A model's RMS or Layer norm over the last axis, with its stored weight and bias.
+
+    Args:
+        kind: ``"rms"`` or ``"layer"``.
+        eps: added to the variance.
+        weight, bias: float [d] (or None); a 2-D weight [heads, d] norms each head of an
+            x [heads, T, d] with its own row (per-head q/k norms, Cohere, StableLM).
+        unit_offset: the weight is stored as ``w`` and applied as ``1 + w`` (Gemma).
+
+    Calling it maps float32 [..., d] to a new float32 array of the same shape.
+    """
+
+    def __init__(self, kind: str, eps: float, weight, bias, unit_offset: bool = False):
+        self.kind, self.eps = kind, float(eps)
+        self.weight = None if weight is None else weight.astype(np.float32) + (1.0 if unit_offset else 0.0)
+        self.bias = None if bias is None else bias.astype(np.float32)
+        if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
+            self.weight = self.weight[:, None, :]
+            self.bias = None if self.bias is None else self.bias.reshape(self.weight.shape)
+        # RMS over a [d] float32 weight: straight to the kernel (rms_norm's checks, done once)
+        self._kernel = (_ops is not None and kind == "rms" and
+                        (self.weight is None or (self.weight.ndim == 1 and self.weight.flags.c_contiguous)))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if (self._kernel and x.__class__ is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous
+                and x.ndim >= 2 and x.shape[-1] > 0 and (self.weight is None or self.weight.shape[0] == x.shape[-1])):
+            out = np.empty_like(x)
+            _ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, out.reshape(-1, x.shape[-1]))
+            return out
+        if self.kind == "layer":
+            return layer_norm(x, self.weight, self.bias, self.eps)
+        return rms_norm(x, self.weight, self.eps)

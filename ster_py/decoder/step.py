@@ -9,8 +9,8 @@ in the same order with the same float32 arithmetic, so its output equals
 ``_Layer.__call__``'s (tests/test_step.py compares them on tiny models of several
 families, and the real-model tests run through it).
 
-A block qualifies when all of its projections are quantized (``QuantLinear``), its
-norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
+A block qualifies when its mixer is attention, its feed-forward dense, all of its
+projections quantized (``QuantLinear``), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
 ALiBi, q/k/v clipping, query temperature or per-head norm weights. Anything else, and
 prompts (more than one token), keep the Python block.
@@ -21,7 +21,8 @@ import numpy as np
 
 from ..config import ModelSpec
 from ._fast import ops as _ops
-from .ffn import _GLU_KINDS
+from .attention import Attention
+from .ffn import _GLU_KINDS, DenseFFN
 from .qlinear import QuantLinear
 
 _NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
@@ -53,8 +54,9 @@ def layer_step(layer):
     Built from the layer's current projections: rebuild after replacing one (``_Layer``
     drops its step when a projection is set).
     """
-    s = layer.spec
-    if not spec_allows_step(s) or layer.gate is None:
+    s, attn, ffn = layer.spec, layer.mixer, layer.ffn
+    if (not spec_allows_step(s) or type(attn) is not Attention or type(ffn) is not DenseFFN or ffn.gate is None
+            or ffn.glu != "standard" or ffn.limit is not None):
         return None
     parts = [getattr(layer, r) for r in PROJECTIONS]
     if any(type(p) is not QuantLinear for p in parts):
@@ -69,9 +71,9 @@ def layer_step(layer):
                 return None
             norms[role] = w
     qk_norm = 0
-    if s.qk_norm is not None and layer.q_norm is not None:
+    if s.qk_norm is not None and attn.q_norm is not None:
         qk_norm = 1 if s.qk_norm == "head" else 2
-        for role, norm, heads in (("q_norm", layer.q_norm, H), ("k_norm", layer.k_norm, KV)):
+        for role, norm, heads in (("q_norm", attn.q_norm, H), ("k_norm", attn.k_norm, KV)):
             ok, w = _norm_weight(norm, D if qk_norm == 1 else heads * D)
             if not ok:
                 return None
@@ -83,4 +85,4 @@ def layer_step(layer):
         qk_norm_after_rope=bool(s.qk_norm_after_rope),
         rotary_dim=0 if rope is None else rope.rotary_dim, interleaved=bool(rope is not None and rope.interleaved),
         scale=float(s.attn_scale), window=int(layer.layer.sliding_window or 0), softcap=float(s.attn_softcap or 0.0),
-        sinks=layer.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(layer._residual_scale))
+        sinks=attn.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(layer._residual_scale))

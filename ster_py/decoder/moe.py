@@ -1,0 +1,198 @@
+"""The routed feed-forward (mixture of experts): a router picks experts per token.
+
+Shazeer et al. 2017 (sparsely-gated mixture of experts); top-k gating as in Mixtral
+(Jiang et al. 2024, arXiv:2401.04088); DeepSeek's sigmoid scores with a selection-only
+bias and group-limited choice (DeepSeek-V3 report, arXiv:2412.19437, section 2.1.2).
+Every family's router is one ``RouterSpec`` (data) run by ``route``:
+
+1. ``logits = x @ router^T (+ router bias)``, float32 [T, num_experts];
+2. scores: ``softmax`` over all experts, or ``sigmoid`` of each;
+3. choice: the scores plus an optional selection bias (``e_score_correction_bias``:
+   it decides which experts, never their weight); with ``n_group`` > 1, only the
+   ``topk_group`` groups ranked best (by their best expert, or the sum of their best
+   two) compete; the ``top_k`` best are chosen;
+4. weights: the chosen experts' scores, renormalised to sum to one when asked (plus
+   ``renorm_eps`` in the denominator), times ``scale`` (``routed_scaling_factor``).
+
+The layer's output is the weighted sum of the chosen experts' feed-forwards (Llama 4
+weights each expert's *input* instead) plus the shared experts, whose output may be
+gated by ``sigmoid(x @ shared_gate^T)`` (Qwen2-MoE).
+
+Prefill groups a batch's tokens by expert, so each chosen expert's matrices are read
+once per call; a decoded token reads only its chosen experts' rows. Quantized GGUF
+experts stay in their blocks (``QuantTensor`` row ranges of the 3-D tensors).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .parts import Part
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """How a family routes tokens to experts (module docstring, steps 1-4).
+
+    Attributes:
+        num_experts: routed experts per layer.
+        top_k: experts chosen per token (``num_experts_per_tok``).
+        scoring: ``"softmax"`` or ``"sigmoid"`` over the router's logits.
+        select_bias: a per-expert bias (the ``router_select_bias`` role) is added to the
+            scores to choose, not to weigh.
+        n_group / topk_group: experts split into ``n_group`` equal groups; only the best
+            ``topk_group`` groups take part in the choice.
+        group_rank: a group's rank: ``"max"`` (its best expert) or ``"top2"`` (the sum of its best two).
+        renormalize: the chosen weights are divided by their sum (+ ``renorm_eps``).
+        scale: the weights are multiplied by it (``routed_scaling_factor``).
+        on_input: each chosen expert reads its weight times x, and its output is summed
+            unweighted (Llama 4).
+    """
+
+    num_experts: int
+    top_k: int
+    scoring: str = "softmax"
+    select_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    group_rank: str = "max"
+    renormalize: bool = False
+    renorm_eps: float = 0.0
+    scale: float = 1.0
+    on_input: bool = False
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A routed feed-forward's shape: its router, its experts and its shared experts.
+
+    Attributes:
+        router: the ``RouterSpec``.
+        expert_size: each routed expert's intermediate width (``moe_intermediate_size``).
+        act: the experts' activation (``families.ACTIVATIONS``).
+        glu: ``"standard"`` (act(gate) * up) or ``"oai"`` (gpt-oss's clamped unit).
+        limit: the SwiGLU clamp (``swiglu_limit``), or None.
+        alpha: the ``"oai"`` unit's sigmoid sharpness (``swiglu_alpha``; gpt-oss uses 1.702).
+        shared_size: total width of the shared experts (0: none).
+        shared_gated: the shared experts' output is multiplied by ``sigmoid(shared_gate(x))``.
+    """
+
+    router: RouterSpec
+    expert_size: int
+    act: str = "silu"
+    glu: str = "standard"
+    limit: float | None = None
+    alpha: float = 1.702
+    shared_size: int = 0
+    shared_gated: bool = False
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _top(x: np.ndarray, k: int) -> np.ndarray:
+    """int64 [T, k]: the column indices of each row's k largest values, largest first
+    (ties keep the lower index, as torch.topk on CPU does)."""
+    if k >= x.shape[1]:
+        return np.argsort(-x, axis=1, kind="stable")
+    part = np.argpartition(-x, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(x, part, 1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, 1)
+
+
+def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The experts each token goes to, and their weights.
+
+    Args:
+        spec: the router.
+        logits: float32 [T, num_experts], the router's projection of the tokens.
+        select_bias: float32 [num_experts] when ``spec.select_bias``.
+
+    Returns:
+        (int64 [T, top_k] expert ids, float32 [T, top_k] weights).
+    """
+    logits = logits.astype(np.float32, copy=False)
+    scores = _softmax(logits) if spec.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
+    choice = scores + select_bias.astype(np.float32) if spec.select_bias else scores
+    if spec.n_group > 1:
+        T, E = choice.shape
+        groups = choice.reshape(T, spec.n_group, E // spec.n_group)
+        if spec.group_rank == "top2":
+            best2 = np.sort(groups, axis=-1)[..., -2:]
+            rank = best2.sum(axis=-1)
+        else:
+            rank = groups.max(axis=-1)
+        kept = _top(rank, spec.topk_group)
+        mask = np.zeros(rank.shape, bool)
+        np.put_along_axis(mask, kept, True, axis=1)
+        choice = np.where(np.repeat(mask, E // spec.n_group, axis=1), choice, -np.inf)
+    ids = _top(choice, spec.top_k)
+    weights = np.take_along_axis(scores, ids, 1)
+    if spec.renormalize:
+        weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(spec.renorm_eps))
+    if spec.scale != 1.0:
+        weights = weights * np.float32(spec.scale)
+    return ids, weights.astype(np.float32, copy=False)
+
+
+class MoE(Part):
+    """A layer's routed feed-forward.
+
+    Args:
+        spec: the ``MoESpec``.
+        router: the router projection (``make_linear``: [num_experts, hidden_size], optional bias).
+        select_bias: float32 [num_experts] or None.
+        experts: one feed-forward per routed expert (``DenseFFN``), each float32 [T, hidden] -> [T, hidden].
+        shared: the shared experts as one feed-forward, or None.
+        shared_gate: the shared experts' gate projection ([1, hidden_size]) or None.
+
+    Experts are not adapter targets: ``ROLES`` is empty, so a LoRA on gate/up/down of
+    such a layer is refused by the adapter checks.
+    """
+
+    ROLES = ()
+
+    def __init__(self, spec: MoESpec, router, select_bias, experts: list, shared=None, shared_gate=None):
+        self.spec, self.router, self.experts = spec, router, experts
+        self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32)
+        self.shared, self.shared_gate = shared, shared_gate
+
+    def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 [T, top_k] expert ids, float32 [T, top_k] weights) for x float32 [T, hidden]."""
+        return route(self.spec.router, self.router(x), self.select_bias)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x float32 [T, hidden_size] -> float32 [T, hidden_size]."""
+        ids, weights = self.route(x)
+        out = np.zeros(x.shape, np.float32)
+        on_input = self.spec.router.on_input
+        if x.shape[0] == 1:  # decoding: the chosen experts in turn
+            for e, w in zip(ids[0], weights[0]):
+                y = self.experts[e](x * w) if on_input else self.experts[e](x) * w
+                out += y
+        else:  # prefill: each chosen expert once, over the tokens that chose it
+            flat = ids.reshape(-1)
+            order = np.argsort(flat, kind="stable")
+            experts, starts = np.unique(flat[order], return_index=True)
+            ends = np.append(starts[1:], flat.size)
+            for e, a, b in zip(experts, starts, ends):
+                sel = order[a:b]
+                tokens = sel // ids.shape[1]
+                w = weights.reshape(-1)[sel][:, None]
+                xe = x[tokens]
+                y = self.experts[e](xe * w) if on_input else self.experts[e](xe) * w
+                out[tokens] += y   # a token chooses an expert at most once: no repeated rows
+        if self.shared is not None:
+            s = self.shared(x)
+            if self.shared_gate is not None:
+                s = s * (1.0 / (1.0 + np.exp(-self.shared_gate(x))))
+            out += s
+        return out
+
+    def read_order(self) -> list[tuple]:
+        return []  # which experts come next is known only once the router has run

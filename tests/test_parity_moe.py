@@ -1,0 +1,118 @@
+"""Mixture-of-experts families against transformers on tiny random checkpoints.
+
+Each case is a checkpoint made here with transformers (small dims, 3 layers, more experts
+than chosen, dense and routed layers mixed where the family has both, each router option
+switched on in some case), every weight redrawn (``tiny.build_checkpoint``). Checked like the
+dense families: logits within 1e-4 of transformers (f32), the same through the KV cache in
+two pieces, the same 16 greedy tokens, and no stored tensor left unread. The router alone is
+checked against transformers' own router modules (``test_route_*``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ster_py.decoder.moe import RouterSpec, route
+from ster_py.families import FAMILIES
+from ster_py.load import load_model
+from test_parity_dense import _check
+from tiny import build_checkpoint as build
+from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
+
+VOCAB = 128
+LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+
+CASES = {
+    "mixtral": ("mixtral", dict(LLAMA, num_local_experts=6, num_experts_per_tok=2)),
+    "mixtral-window-top3": ("mixtral", dict(LLAMA, num_local_experts=5, num_experts_per_tok=3, sliding_window=5)),
+    "qwen2_moe-shared-dense-layer": ("qwen2_moe", dict(LLAMA, **EXPERTS, shared_expert_intermediate_size=48,
+                                                       mlp_only_layers=[1])),
+    "qwen2_moe-renorm-step2": ("qwen2_moe", dict(LLAMA, **EXPERTS, shared_expert_intermediate_size=40,
+                                                 norm_topk_prob=True, decoder_sparse_step=2)),
+    "qwen3_moe": ("qwen3_moe", dict(LLAMA, **EXPERTS, head_dim=16)),
+    "qwen3_moe-renorm-dense-layer": ("qwen3_moe", dict(LLAMA, **dict(EXPERTS, num_experts_per_tok=3), head_dim=16,
+                                                       norm_topk_prob=True, mlp_only_layers=[0])),
+    "olmoe": ("olmoe", dict(LLAMA, num_experts=8, num_experts_per_tok=2)),
+    "olmoe-clip-renorm": ("olmoe", dict(LLAMA, num_experts=6, num_experts_per_tok=3, clip_qkv=0.3,
+                                        norm_topk_prob=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_family_matches_transformers(case, tmp_path):
+    model_type, config = CASES[case]
+    ref_model = build(tmp_path, model_type, config)
+    model = _check(tmp_path, ref_model)
+    assert model.spec.moe is not None and "moe" in [layer.ffn for layer in model.spec.layers]
+
+
+def test_every_moe_family_has_a_case():
+    moe = {name for name, f in FAMILIES.items() if f.moe}
+    assert moe == {model_type for model_type, _ in CASES.values()}
+
+
+def test_layers_choose_dense_or_routed_from_the_config(tmp_path):
+    build(tmp_path / "q", "qwen2_moe", CASES["qwen2_moe-shared-dense-layer"][1])
+    assert [layer.ffn for layer in load_model(str(tmp_path / "q")).spec.layers] == ["moe", "dense", "moe"]
+    build(tmp_path / "s", "qwen2_moe", CASES["qwen2_moe-renorm-step2"][1])
+    spec = load_model(str(tmp_path / "s")).spec
+    assert [layer.ffn for layer in spec.layers] == ["dense", "moe", "dense"]
+    assert spec.moe.router.renormalize and spec.moe.shared_gated and spec.moe.shared_size == 40
+
+
+# ----------------------------------------------------------------------------- the router alone
+
+
+def _torch_router(kind: str, experts: int, top_k: int, **extra):
+    """transformers' own router module of a family, with random weights (and selection bias)."""
+    import torch
+    from transformers import AutoConfig
+
+    torch.manual_seed(0)
+    if kind == "deepseek_v3":
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter as R
+
+        cfg = AutoConfig.for_model("deepseek_v3", hidden_size=32, n_routed_experts=experts,
+                                   num_experts_per_tok=top_k, **extra)
+        r = R(cfg)
+        with torch.no_grad():
+            r.weight.copy_(torch.randn_like(r.weight))
+            r.e_score_correction_bias.copy_(torch.randn_like(r.e_score_correction_bias) * 0.3)
+        return r, cfg
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("n_group,topk_group,top_k,norm", [(1, 1, 3, True), (4, 2, 3, True), (8, 3, 2, False),
+                                                           (2, 1, 4, True)])
+def test_route_equals_deepseek_v3_router(n_group, topk_group, top_k, norm):
+    """Sigmoid scores, selection-only bias, groups ranked by their best two, renormalisation
+    with DeepSeek's 1e-20, routed_scaling_factor: the same experts and weights as transformers."""
+    import torch
+
+    router, cfg = _torch_router("deepseek_v3", 16, top_k, n_group=n_group, topk_group=topk_group,
+                                norm_topk_prob=norm, routed_scaling_factor=2.5)
+    x = torch.randn(40, 32)
+    with torch.no_grad():
+        logits, ref_w, ref_ids = router(x)
+    spec = RouterSpec(16, top_k, scoring="sigmoid", select_bias=True, n_group=n_group, topk_group=topk_group,
+                      group_rank="top2", renormalize=norm, renorm_eps=1e-20, scale=2.5)
+    ids, w = route(spec, logits.numpy(), router.e_score_correction_bias.numpy())
+    ref_ids, ref_w = ref_ids.numpy(), ref_w.numpy()
+    order = np.argsort(ref_ids, axis=1)
+    mine = np.argsort(ids, axis=1)
+    assert np.array_equal(np.take_along_axis(ids, mine, 1), np.take_along_axis(ref_ids, order, 1))
+    np.testing.assert_allclose(np.take_along_axis(w, mine, 1), np.take_along_axis(ref_w, order, 1), rtol=1e-6)
+
+
+def test_route_softmax_topk_renormalised_equals_softmax_of_the_chosen_logits():
+    """gpt-oss softmaxes the top-k logits; Mixtral softmaxes all, keeps the top k and renormalises:
+    the same weights (the first as a reference for the second)."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((20, 10)).astype(np.float32)
+    ids, w = route(RouterSpec(10, 3, renormalize=True), logits)
+    chosen = np.take_along_axis(logits, ids, 1)
+    ref = np.exp(chosen - chosen.max(1, keepdims=True))
+    np.testing.assert_allclose(w, ref / ref.sum(1, keepdims=True), rtol=1e-5)
+    assert np.array_equal(ids[:, 0], logits.argmax(1))
