@@ -365,7 +365,8 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
     Raises:
         SterError (naming the path): made for another model or revision; another hidden width;
             a layer the model lacks; a role the model lacks (gate on a plain feed-forward); a
-            factor whose shape does not fit the projection.
+            feed-forward target on a mixture-of-experts family (its experts are not adapted,
+            seed 002); a factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
     if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
@@ -376,6 +377,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
     for (layer, target), (a, b) in sorted(ad.factors.items()):
         if layer >= n:
             raise SterError(f"adapter {ad.path} adapts layer {layer}, but this model has layers 0..{n - 1}")
+        if spec.moe is not None and target in ("gate", "up", "down"):
+            raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} routes its feed-forward "
+                            "through experts, which ster does not adapt; adapt the attention projections "
+                            "(q, k, v, o) only")
         if not has_role(target):
             what = "feed-forward has no gate projection" if target == "gate" else f"has no {target} projection"
             raise SterError(f"adapter {ad.path} targets {target}, but this {spec.model_type} model's {what}")
