@@ -179,17 +179,17 @@ GGUF_NAMES: Mapping[str, str] = {
     "up": "blk.{i}.ffn_up",
     "down": "blk.{i}.ffn_down",
     "qkv": "blk.{i}.attn_qkv",  # read when a file fuses q, k and v (llama.cpp's create_tensor_qkv)
+    # Routed layers: the router (ffn_gate_inp), its selection bias (exp_probs_b), the experts as
+    # [n_expert, rows, cols] stacks (ffn_*_exps, whole names) and the shared expert (ffn_*_shexp,
+    # gated by ffn_gate_inp_shexp). Read only on layers whose LayerSpec.ffn is "moe".
+    "router": "blk.{i}.ffn_gate_inp", "router_select_bias": "blk.{i}.exp_probs_b.bias",
+    "exp_gate": "blk.{i}.ffn_gate_exps.weight", "exp_up": "blk.{i}.ffn_up_exps.weight",
+    "exp_down": "blk.{i}.ffn_down_exps.weight", "exp_gate_bias": "blk.{i}.ffn_gate_exps.bias",
+    "exp_up_bias": "blk.{i}.ffn_up_exps.bias", "exp_down_bias": "blk.{i}.ffn_down_exps.bias",
+    "shexp_gate": "blk.{i}.ffn_gate_shexp", "shexp_up": "blk.{i}.ffn_up_shexp",
+    "shexp_down": "blk.{i}.ffn_down_shexp", "shexp_gate_inp": "blk.{i}.ffn_gate_inp_shexp",
 }
 GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
-# llama.cpp's expert tensors: [n_expert, rows, cols] stacks (ffn_*_exps), the router (ffn_gate_inp),
-# its selection bias (exp_probs_b) and the shared expert (ffn_*_shexp, gated by ffn_gate_inp_shexp).
-GGUF_MOE_NAMES = _with(GGUF_NAMES, router="blk.{i}.ffn_gate_inp", router_select_bias="blk.{i}.exp_probs_b.bias",
-                       exp_gate="blk.{i}.ffn_gate_exps.weight", exp_up="blk.{i}.ffn_up_exps.weight",
-                       exp_down="blk.{i}.ffn_down_exps.weight", exp_gate_up="blk.{i}.ffn_gate_up_exps.weight",
-                       exp_gate_bias="blk.{i}.ffn_gate_exps.bias", exp_up_bias="blk.{i}.ffn_up_exps.bias",
-                       exp_down_bias="blk.{i}.ffn_down_exps.bias", exp_gate_up_bias="blk.{i}.ffn_gate_up_exps.bias",
-                       shexp_gate="blk.{i}.ffn_gate_shexp", shexp_up="blk.{i}.ffn_up_shexp",
-                       shexp_down="blk.{i}.ffn_down_shexp", shexp_gate_inp="blk.{i}.ffn_gate_inp_shexp")
 GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
 GGUF_LEARNED_POS_NAMES = _with(GGUF_PLAIN_MLP_NAMES, pos_embed="position_embd")
 GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
@@ -633,15 +633,15 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
         FamilySpec("ministral3", sliding="all", query_temperature=True),
         FamilySpec("mixtral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
-                   names=MIXTRAL_NAMES, gguf_names=GGUF_MOE_NAMES, fixed={"norm_topk_prob": True},
+                   names=MIXTRAL_NAMES, fixed={"norm_topk_prob": True},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
         FamilySpec("qwen2_moe", gguf_arch="qwen2moe", sliding="qwen2", moe=True, shared_gated=True,
-                   names=QWEN2_MOE_NAMES, gguf_names=GGUF_MOE_NAMES),
+                   names=QWEN2_MOE_NAMES),
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
-                   names=QWEN_MOE_DENSE_NAMES, gguf_names=GGUF_MOE_NAMES),
+                   names=QWEN_MOE_DENSE_NAMES),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
-                   gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),
+                   gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
     )
 }
 

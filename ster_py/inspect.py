@@ -57,7 +57,8 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         path = str(r.gguf_file)
         spec = check_spec(interpret(path, spec_from_gguf, g.metadata, path,
                                     vocab_size=g.tensor("token_embd.weight").shape[0],
-                                    has_output="output.weight" in g.tensors), path)
+                                    has_output="output.weight" in g.tensors,
+                                    tensors={n: t.shape for n, t in g.tensors.items()}), path)
         parts = interpret(path, tokenizer_from_gguf_metadata, g.metadata)
         info.update(architecture=g.architecture, family=spec.model_type,
                     tokenizer=f"gguf:{g.metadata.get('tokenizer.ggml.model')}"

@@ -111,7 +111,8 @@ def logits(gguf_file: str | os.PathLike, prompts: Sequence[Sequence[int]], *, th
 
     Each prompt is decoded from an empty cache as one batch (positions 0..T-1, one
     sequence), all positions' logits kept, on llama.cpp's plain CPU kernels
-    (``use_extra_bufts`` off), in a child process.
+    (``use_extra_bufts`` off) with an F32 key/value cache (llama.cpp's default is F16;
+    ster's is F32), in a child process.
 
     Args:
         gguf_file: the model.
@@ -174,6 +175,7 @@ def _child_logits(L, req: dict) -> None:
     longest = max(len(p) for p in req["prompts"])
     cparams = L.llama_context_default_params()
     cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = max(longest, 8)
+    cparams.type_k = cparams.type_v = 0  # GGML_TYPE_F32: keys and values as computed, like ster's default cache
     if req.get("threads"):
         cparams.n_threads = cparams.n_threads_batch = int(req["threads"])
     ctx = L.llama_init_from_model(model, cparams)

@@ -25,7 +25,7 @@ from typing import Iterable
 import ml_dtypes
 import numpy as np
 
-from .decoder.qlinear import QUANT_TYPES, QuantTensor
+from .decoder.qlinear import QUANT_TYPES, QuantStack, QuantTensor
 from .errors import SterError
 
 PRECISIONS: dict[str, np.dtype] = {
@@ -223,7 +223,8 @@ class GGUFWeights(_Tracked):
     """The tensors of a GGUF file under llama.cpp's names.
 
     Quantized 2-D tensors (``QUANT_TYPES``: Q4_0 ... IQ4_XS) stay in the memory map as
-    ``QuantTensor`` unless ``quantized`` is False; everything else (F32/F16/BF16 tensors,
+    ``QuantTensor`` and 3-D expert stacks as ``QuantStack``, unless ``quantized`` is False;
+    everything else (F32/F16/BF16 tensors,
     vectors, other block types) is dequantized at ``precision``.
 
     Args:
@@ -264,6 +265,8 @@ class GGUFWeights(_Tracked):
         t = self._tensors[gname]
         if self.quantized and len(t.shape) == 2 and t.type_name in QUANT_TYPES:
             w = QuantTensor(t)
+        elif self.quantized and len(t.shape) == 3 and t.type_name in QUANT_TYPES:
+            return QuantStack(t)  # routed experts, [n_expert, rows, cols]
         else:
             w = t.dequantize()
         if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")):

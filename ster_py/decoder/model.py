@@ -76,8 +76,9 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
     shared = shared_gate = None
     if m.shared_size:
         shared = ffn([(load(r, required=True), load(r, "bias")) for r in ("shexp_gate", "shexp_up", "shexp_down")])
-        if m.shared_gated:
-            shared_gate = make_linear(load("shexp_gate_inp", required=True))
+        if m.shared_gated:  # [1, hidden] (llama.cpp's converter stores it as a vector)
+            gate = load("shexp_gate_inp", required=True)
+            shared_gate = make_linear(gate.reshape(1, -1) if gate.ndim == 1 else gate)
     select_bias = layout.get("router_select_bias", i, "", required=True) if m.router.select_bias else None
     return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
                shared, shared_gate)

@@ -110,21 +110,26 @@ class QuantTensor:
     ndim = 2
     dtype = np.dtype(np.float32)
 
-    def __init__(self, tensor, rows: np.ndarray | None = None):
-        if len(tensor.shape) != 2 or tensor.type_name not in QUANT_TYPES:
+    def __init__(self, tensor, rows: np.ndarray | None = None, *, expert: int | None = None):
+        if len(tensor.shape) != (2 if expert is None else 3) or tensor.type_name not in QUANT_TYPES:
             raise SterError(f"tensor {tensor.name!r} ({tensor.type_name}, shape {list(tensor.shape)}) cannot be "
                             f"kept quantized; the kernels multiply 2-D {', '.join(QUANT_TYPES)} matrices")
         self.tensor = tensor
-        self.name = tensor.name
         self.ggml_type, self.type_name = tensor.ggml_type, tensor.type_name
-        self._order = None if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
-        n = tensor.shape[0] if self._order is None else self._order.shape[0]
-        self.shape = (int(n), int(tensor.shape[1]))
-        self.nbytes = self.shape[0] * tensor.row_bytes
-        self._qmatrix = None
         # A plain ndarray view of the blocks (not the file's np.memmap subclass, whose
         # indexing is slower): the embedding looks a row up every decoded token.
-        self._raw = np.asarray(tensor.raw_rows)
+        raw = np.asarray(tensor.raw_rows)
+        if expert is None:
+            self.name, self._raw = tensor.name, raw
+        else:  # one expert's matrix of a [n_expert, rows, cols] stack: its rows, contiguous
+            per = int(tensor.shape[1])
+            self.name, self._raw = f"{tensor.name}[expert {expert}]", raw[expert * per:(expert + 1) * per]
+        self._expert = expert
+        self._order = None if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        n = self._raw.shape[0] if self._order is None else self._order.shape[0]
+        self.shape = (int(n), int(tensor.shape[-1]))
+        self.nbytes = self.shape[0] * tensor.row_bytes
+        self._qmatrix = None
 
     def __repr__(self) -> str:
         return f"QuantTensor({self.name!r}, {self.type_name}, shape={self.shape})"
@@ -171,12 +176,12 @@ class QuantTensor:
     def permuted(self, order: np.ndarray) -> "QuantTensor":
         """This matrix with its rows reordered: row i of the result is row ``order[i]``."""
         order = np.asarray(order, dtype=np.int64)
-        return QuantTensor(self.tensor, self._raw_indices(order))
+        return QuantTensor(self.tensor, self._raw_indices(order), expert=self._expert)
 
     def dequantize(self) -> np.ndarray:
         """float32 [rows, cols]: every weight decoded (allocates the whole matrix)."""
-        full = self.tensor.dequantize()
-        return full if self._order is None else full[self._order]
+        rows = self._raw if self._order is None else self._raw[self._order]
+        return quants.dequantize(np.ascontiguousarray(rows), self.ggml_type, self.shape)
 
     def __array__(self, dtype=None, copy=None):
         w = self.dequantize()
@@ -235,7 +240,30 @@ def reference_matmul(x: np.ndarray, weight: QuantTensor) -> np.ndarray:
     (For the int16 decode path, pass the quantized input ``dx * q`` from
     ``qmatmul.quantize_activations``.)
     """
-    t = weight.tensor
-    raw = t.raw_rows if weight._order is None else t.raw_rows[weight._order]
+    raw = weight._raw if weight._order is None else weight._raw[weight._order]
     w = quants.dequantize_reference(np.ascontiguousarray(raw), weight.ggml_type, weight.shape)
     return np.asarray(x, dtype=np.float64) @ w.astype(np.float64).T
+
+
+class QuantStack:
+    """A [n_expert, rows, cols] GGML-quantized stack (llama.cpp's ``ffn_*_exps``) left in the file.
+
+    ``stack[e]`` is expert e's matrix as a ``QuantTensor`` over its own rows (no copy);
+    ``shape`` is (n_expert, rows, cols). Only the experts a token chooses are ever read.
+    """
+
+    def __init__(self, tensor):
+        if len(tensor.shape) != 3 or tensor.type_name not in QUANT_TYPES:
+            raise SterError(f"tensor {tensor.name!r} ({tensor.type_name}, shape {list(tensor.shape)}) is not a "
+                            f"3-D stack of {', '.join(QUANT_TYPES)} matrices")
+        self.tensor, self.name = tensor, tensor.name
+        self.shape = tuple(int(d) for d in tensor.shape)
+        self.type_name = tensor.type_name
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, e: int) -> QuantTensor:
+        if not 0 <= int(e) < self.shape[0]:
+            raise SterError(f"expert {e} out of range for {self.name!r} with {self.shape[0]} experts")
+        return QuantTensor(self.tensor, expert=int(e))

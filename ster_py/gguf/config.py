@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import LayerSpec, ModelSpec, family_fields, sliding_layers
+from ..config import LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -32,6 +32,26 @@ LLAMA_CPP_FIXED = {
 }
 
 GGUF_ROPE_SCALING = {"none": "default", "linear": "linear", "yarn": "yarn"}
+
+# Mixture-of-experts metadata (after ``{arch}.``) -> the config.json key it stands for.
+GGUF_MOE_KEYS = {
+    "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "shared_intermediate_size", "expert_shared_count": "n_shared_experts",
+    "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
+    "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+}
+# llama.cpp's expert_gating_func values (llama-hparams.h): 1 softmax, 2 sigmoid, 3 softmax over the
+# chosen logits (which equals softmax over all, renormalised over the chosen).
+GGUF_GATING = {1: "softmax", 2: "sigmoid", 3: "softmax"}
+# Routing choices llama.cpp's graph for an architecture makes in code rather than from the file
+# (src/models/<arch>.cpp: build_moe_ffn's norm_w argument and gating function).
+LLAMA_CPP_MOE: dict[str, dict] = {
+    "llama": {"norm_topk_prob": True},
+    "qwen2moe": {"norm_topk_prob": False},
+    "qwen3moe": {"norm_topk_prob": True},
+    "olmoe": {"norm_topk_prob": False},
+}
 
 
 def supported_architectures() -> list[str]:
@@ -97,8 +117,49 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     return sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
 
 
+def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str, tuple], n_layers: int,
+              feed_forward_length: int, path: str):
+    """(per-layer routed flags, ``MoESpec`` or None) of a GGUF file.
+
+    A layer routes when the file holds its router (``blk.N.ffn_gate_inp``), which is how
+    llama.cpp's loader tells; the counts come from the ``expert_*`` metadata, the shared
+    experts' gate and the router's selection bias (``exp_probs_b``) from the tensors
+    present, and what llama.cpp fixes per architecture from ``LLAMA_CPP_MOE``.
+    """
+    routed = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)]
+    if not any(routed):
+        return routed, None
+    config = {key: meta[f"{arch}.{k}"] for k, key in GGUF_MOE_KEYS.items() if meta.get(f"{arch}.{k}") is not None}
+    config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
+    config.setdefault("moe_intermediate_size", feed_forward_length)
+    gating = meta.get(f"{arch}.expert_gating_func")
+    if gating is not None:
+        if int(gating) not in GGUF_GATING:
+            raise SterError(f"{path}: {arch}.expert_gating_func {int(gating)} is not supported; ster reads "
+                            f"{', '.join(f'{k} ({v})' for k, v in GGUF_GATING.items())}")
+        config["scoring_func"] = GGUF_GATING[int(gating)]
+        if int(gating) == 3:
+            config["norm_topk_prob"] = True
+    config.update(LLAMA_CPP_MOE.get(arch, {}))
+    n_group = config.get("n_group") or 1
+    select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
+    # llama.cpp adds exp_probs_b whenever the file has it and ranks groups by their best two.
+    config["topk_method"] = "noaux_tc" if select_bias else ("group_limited_greedy" if n_group > 1 else "greedy")
+    shexp = next((tensors[f"blk.{i}.ffn_up_shexp.weight"] for i in range(n_layers)
+                  if f"blk.{i}.ffn_up_shexp.weight" in tensors), None)
+    if shexp is not None and "shared_intermediate_size" not in config:
+        config["shared_intermediate_size"] = int(shexp[0])
+    elif shexp is None:
+        config["shared_intermediate_size"] = 0
+    gated = any(f"blk.{i}.ffn_gate_inp_shexp.weight" in tensors for i in range(n_layers))
+    reader_family = replace(family, keys={}, fixed={}, moe_defaults={}, shared_gated=gated,
+                            moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2"})
+    return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
+
+
 def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = None,
-                   vocab_size: int | None = None, has_output: bool = True) -> ModelSpec:
+                   vocab_size: int | None = None, has_output: bool = True,
+                   tensors: Mapping[str, tuple] | None = None) -> ModelSpec:
     """Build the ``ModelSpec`` of a GGUF file from its metadata.
 
     The family's flags come from the family table, switched by the metadata its
@@ -112,6 +173,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             divisors of the inverse frequencies), float32 [rotary_dim // 2].
         vocab_size: rows of token_embd (the vocabulary the weights have).
         has_output: the file holds an ``output`` tensor (else the head is tied).
+        tensors: the file's tensor names -> shapes (numpy order); mixture-of-experts layers
+            and options are read from which tensors are present (``_gguf_moe``).
 
     Raises:
         SterError: an unsupported architecture, or a missing or invalid hyper-parameter.
@@ -167,6 +230,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
+    # A model whose every layer routes may state only the experts' width.
+    dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
+    routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
+    if dense_width is None and moe is None:
+        dense_width = g("feed_forward_length", int)  # missing: refused naming the key
     window = meta.get(f"{arch}.attention.sliding_window")
     sliding = _sliding_flags(meta, arch, family, n_layers, path)
     sliding_rope = full
@@ -181,7 +249,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             rope = None
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
             rope = None
-        layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope))
+        layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
+                                ffn="moe" if routed[i] else "dense"))
 
     scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
@@ -199,7 +268,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         model_type=family.model_type,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=g("feed_forward_length", int),
+        intermediate_size=dense_width or moe.expert_size,
         num_hidden_layers=n_layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -217,5 +286,6 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
+        moe=moe,
         **fields,
     )

@@ -55,7 +55,8 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
             raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
                             "(a vocabulary-only GGUF can tokenize but not generate)")
         spec = check_spec(interpret(path, spec_from_gguf, meta, path, rope_freqs=rope_freqs,
-                                    vocab_size=embd.shape[0], has_output="output.weight" in names), path)
+                                    vocab_size=embd.shape[0], has_output="output.weight" in names,
+                                    tensors={n: t.shape for n, t in gguf.tensors.items()}), path)
         from ..families import FAMILIES
 
         family = FAMILIES[spec.model_type]

@@ -1,0 +1,125 @@
+"""llama.cpp's own converter (convert_hf_to_gguf.py from the pinned llama-cpp-python sdist) on tiny checkpoints.
+
+``convert_cases`` builds each case's checkpoint with transformers (``tiny.build_checkpoint``),
+writes the config.json keys a converter still reads in Transformers 4 spellings, and runs the
+converter once for all cases in one subprocess. The converter's vocabulary step is replaced by a
+minimal SentencePiece-style vocabulary (the tiny checkpoints' word-level tokenizer is none it
+knows); weights and hyper-parameters go through the converter untouched.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+SDIST = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_DIRS = ("/root/.cache/ster-fixtures/sdist", "/tmp/llsdist")
+PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+
+CONVERT = r'''
+"""Run llama.cpp's convert_hf_to_gguf.py on SRC:OUT pairs with a minimal vocabulary."""
+import json, logging, sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[1])
+import convert_hf_to_gguf as conv  # puts llama.cpp's own gguf-py first on sys.path
+import gguf
+from conversion import ModelBase
+
+
+def minimal_vocab(self):
+    n = self.hparams.get("vocab_size") or 128
+    w = self.gguf_writer
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, n)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.NORMAL] * (n - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+get_class = conv.get_model_class
+
+
+def get_model_class(*args, **kwargs):
+    cls = get_class(*args, **kwargs)
+    for c in cls.__mro__:
+        if "set_vocab" in c.__dict__:
+            c.set_vocab = minimal_vocab
+    return cls
+
+
+load_hparams = ModelBase.load_hparams
+
+
+def load_hparams_with_legacy(dir_model, *args, **kwargs):
+    hparams = load_hparams(dir_model, *args, **kwargs)
+    for key, value in json.loads((Path(dir_model) / "config.json").read_text()).items():
+        hparams.setdefault(key, value)  # Transformers 5 drops keys the converter still reads
+    return hparams
+
+
+conv.get_model_class = get_model_class
+ModelBase.load_hparams = staticmethod(load_hparams_with_legacy)
+logging.disable(logging.WARNING)
+outtype = sys.argv[2]
+for pair in sys.argv[3:]:
+    src, out = pair.split("::")
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype]
+    conv.main()
+'''
+
+
+def _sdist(tmp_dir) -> Path:
+    for d in SDIST_DIRS:
+        if (Path(d) / SDIST).is_file():
+            return Path(d) / SDIST
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                        "llama-cpp-python==0.3.36", "-d", str(tmp_dir)], capture_output=True, text=True)
+    if r.returncode != 0 or not (Path(tmp_dir) / SDIST).is_file():
+        pytest.fail(f"llama.cpp's converter is unavailable: {SDIST} is in none of {SDIST_DIRS} and pip download "
+                    f"failed: {r.stderr[-500:]}", pytrace=False)
+    return Path(tmp_dir) / SDIST
+
+
+
+
+def convert_cases(root: Path, cases: dict, build, outtype: str = "f32") -> dict:
+    """name -> (converted .gguf path, transformers model) for ``cases``: name -> (model_type,
+    config, legacy config.json keys); ``build(path, model_type, config)`` makes the checkpoint.
+
+    Fails the test (not a skip) when the sdist or the converter is unavailable or fails.
+    """
+    import torch
+
+    with tarfile.open(_sdist(root)) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
+            m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
+                                                                              PREFIX + "gguf-py/")))]
+        tar.extractall(root, members=members, filter="data")
+    (root / "convert.py").write_text(CONVERT)
+    out, pairs = {}, []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, (model_type, config, legacy) in cases.items():
+            path = root / "hf" / name
+            model = build(path, model_type, config)
+            (path / "config.json").write_text(json.dumps({**json.loads((path / "config.json").read_text()),
+                                                          **legacy}))
+            out[name] = (root / f"{name}.gguf", model)
+            pairs.append(f"{path}::{out[name][0]}")
+    finally:
+        torch.set_num_threads(threads)
+    r = subprocess.run([sys.executable, str(root / "convert.py"), str(root / PREFIX), outtype, *pairs],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed: {r.stderr[-2000:]}", pytrace=False)
+    return out
