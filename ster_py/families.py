@@ -314,7 +314,8 @@ class FamilySpec:
         gguf_arch: llama.cpp's ``general.architecture`` for this family, if it has one.
         gguf_qk_permuted: llama.cpp's converter reorders q/k rows of this architecture for its
             adjacent-pair rotation (``LlamaModel.permute``); loading undoes it.
-        keys: normalised field -> config keys read for it (see ``DEFAULT_KEYS``).
+        keys: normalised field -> config keys read for it (see ``DEFAULT_KEYS``); a dotted key
+            reads inside an object of the config (DBRX's ``attn_config.kv_n_heads``).
         fixed: normalised field -> value the family fixes whatever the config says.
         norm: ``"rms"`` or ``"layer"``.
         norm_unit_offset: norm weights are stored as ``w`` and applied as ``1 + w`` (Gemma, Nemotron).
