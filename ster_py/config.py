@@ -114,18 +114,29 @@ class ModelSpec:
 
 
 class _Reader:
-    """Reads normalised fields from a config under a family's key spellings."""
+    """Reads normalised fields from a config under a family's key spellings.
+
+    A key with dots is a path into the config's objects: ``attn_config.kv_n_heads`` is
+    ``config["attn_config"]["kv_n_heads"]`` (DBRX keeps its settings in such objects).
+    """
 
     def __init__(self, config: Mapping, family: FamilySpec, config_name: str):
         self.config, self.family, self.config_name = config, family, config_name
+
+    def value(self, key: str):
+        """The config's value at ``key`` (a name or a dotted path), or None when absent."""
+        v = self.config
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, Mapping) else None
+        return v
 
     def get(self, name: str, default=None):
         if name in self.family.fixed:
             return self.family.fixed[name]
         for key in self.family.keys.get(name, DEFAULT_KEYS.get(name, ())):
-            if self.config.get(key) is not None:
-                return self.config[key]
-        return default
+            if self.value(key) is not None:
+                return self.value(key)
+        return self.family.defaults.get(name, default)
 
     def positive_int(self, name: str, default=None, limit: int = MAX_DIM) -> int:
         """The integer field ``name`` in 1..``limit``; SterError naming its keys otherwise."""
@@ -137,9 +148,9 @@ class _Reader:
         return v
 
     def number(self, key: str | None, default: float | None) -> float | None:
-        if key is None or self.config.get(key) is None:
+        v = None if key is None else self.value(key)
+        if v is None:
             return default
-        v = self.config[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise SterError(f"invalid model config {self.config_name}: {key} must be a number, got {v!r}")
         return float(v)
@@ -316,9 +327,12 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_DIM:
         raise SterError(f"{where}: the shared experts' width must be a whole number, got {brief_value(shared)}")
     limit = get("swiglu_limit")
+    jitter = get("router_jitter_noise") if scoring == "sparsemixer" else 0.0
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter) or jitter < 0:
+        raise SterError(f"{where}: router_jitter_noise must be a number of at least 0, got {brief_value(jitter)}")
     router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
-                  renormalize=bool(get("norm_topk_prob")), scale=float(scale))
+                  renormalize=bool(get("norm_topk_prob")), scale=float(scale), jitter_eps=float(jitter))
     moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=None if limit is None else float(limit),
                shared_size=shared, shared_gated=family.shared_gated)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config

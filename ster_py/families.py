@@ -113,6 +113,25 @@ _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
                       exp_down=_SM + "experts.{e}.w2.weight")
+# GraniteMoE: every expert's gate and up rows stacked in input_linear [E, 2 * size, hidden], downs in
+# output_linear [E, hidden, size]; the shared expert (GraniteMoE-Shared) fuses its gate and up the same way.
+GRANITEMOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "router.layer",
+                         exp_gate_up=_SM + "input_linear.weight", exp_down=_SM + "output_linear.weight")
+GRANITEMOE_SHARED_NAMES = _with(GRANITEMOE_NAMES, shexp_gate_up=_L + "shared_mlp.input_linear",
+                                shexp_down=_L + "shared_mlp.output_linear")
+# GraniteMoE-SWA as Transformers 5 saves it: the same stacks under Transformers 5's expert names.
+GRANITEMOE_SWA_NAMES = _with(GRANITEMOE_SHARED_NAMES, router=_SM + "router", sinks=_L + "self_attn",
+                             exp_gate_up=_SM + "experts.gate_up_proj", exp_down=_SM + "experts.down_proj")
+# DBRX: everything below transformer.; each layer's experts stacked by rows [E * size, hidden] in w1
+# (gate), v1 (up) and w2 (down, stored [size, hidden] per expert: inputs first).
+_X = "transformer.blocks.{i}."
+DBRX_NAMES: Mapping[str, str] = {
+    "embed": "transformer.wte", "final_norm": "transformer.norm_f", "head": "lm_head",
+    "attn_norm": _X + "norm_attn_norm.norm_1", "ffn_norm": _X + "norm_attn_norm.norm_2",
+    "qkv": _X + "norm_attn_norm.attn.Wqkv", "o": _X + "norm_attn_norm.attn.out_proj",
+    "router": _X + "ffn.router.layer", "exp_gate": _X + "ffn.experts.mlp.w1", "exp_up": _X + "ffn.experts.mlp.v1",
+    "exp_down": _X + "ffn.experts.mlp.w2",
+}
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -227,6 +246,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "scoring_func": ("scoring_func",),
     "topk_method": ("topk_method",),
     "swiglu_limit": ("swiglu_limit",),
+    "router_jitter_noise": ("router_jitter_noise",),  # SparseMixer's closeness bound (PhiMoE)
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -294,7 +314,8 @@ class FamilySpec:
         gguf_arch: llama.cpp's ``general.architecture`` for this family, if it has one.
         gguf_qk_permuted: llama.cpp's converter reorders q/k rows of this architecture for its
             adjacent-pair rotation (``LlamaModel.permute``); loading undoes it.
-        keys: normalised field -> config keys read for it (see ``DEFAULT_KEYS``).
+        keys: normalised field -> config keys read for it (see ``DEFAULT_KEYS``); a dotted key
+            reads inside an object of the config (DBRX's ``attn_config.kv_n_heads``).
         fixed: normalised field -> value the family fixes whatever the config says.
         norm: ``"rms"`` or ``"layer"``.
         norm_unit_offset: norm weights are stored as ``w`` and applied as ``1 + w`` (Gemma, Nemotron).
@@ -353,6 +374,8 @@ class FamilySpec:
             stands for; the GGUF path reads the family's variants and scales through it.
         gguf_changes: fields llama.cpp reads differently for this architecture.
         gguf_refusals: ``Refusal``s over that renamed metadata, for GGUF files.
+        defaults: normalised field -> value when the config states none under ``keys``
+            (Transformers' config defaults, where they differ from the Llama ones).
         moe: the family routes its feed-forward through experts on the layers its config
             marks (``config.moe_layer_flags``); the router and expert sizes are read under
             ``keys`` (``DEFAULT_KEYS``' mixture-of-experts fields) and ``fixed``.
@@ -416,6 +439,7 @@ class FamilySpec:
     gguf_config: Mapping[str, str] = field(default_factory=dict)
     gguf_changes: Mapping[str, Any] = field(default_factory=dict)
     gguf_refusals: tuple[Refusal, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     moe: bool = False
     moe_defaults: Mapping[str, Any] = field(default_factory=dict)
     moe_fields: Mapping[str, Any] = field(default_factory=dict)
@@ -464,6 +488,50 @@ def _granite_swa_bases_unsupported(config: Mapping) -> bool:
     base = (rp.get("rope_theta") if isinstance(rp, Mapping) else None) or config.get("rope_theta", 10000.0)
     sliding = {t for t, kind in zip(thetas, types) if kind == "sliding_attention" and t}
     return len(sliding) > 1 or any(t and t != base for t, kind in zip(thetas, types) if kind != "sliding_attention")
+
+
+_GRANITE_SWA_BASES = Refusal(_granite_swa_bases_unsupported,
+                             "a layer_rope_theta that does not rotate full-attention layers by rope_theta "
+                             "and every sliding layer by one base (or 0) is not supported")
+# GraniteMoE's experts are intermediate_size wide; its router softmaxes the top-k logits (the same
+# weights as a softmax over all experts renormalised over the chosen ones).
+_GRANITEMOE = dict(_GRANITE, logit_scale_divides=True, moe=True, fixed={"norm_topk_prob": True},
+                   keys={"moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": ()})
+# ... with a shared expert shared_intermediate_size wide beside them (none when 0).
+_GRANITEMOE_SHARED = dict(_GRANITEMOE, keys={"moe_intermediate_size": ("intermediate_size",)})
+
+
+# DBRX reads its settings inside attn_config and ffn_config (beside any top-level spelling).
+_DBRX_KEYS = {"hidden_size": ("d_model",), "num_attention_heads": ("n_heads",), "num_hidden_layers": ("n_layers",),
+              "max_position_embeddings": ("max_seq_len",), "head_dim": (),
+              "num_key_value_heads": ("attn_config.kv_n_heads", "num_key_value_heads"),
+              "rope_theta": ("rope_theta", "attn_config.rope_theta"),
+              "intermediate_size": ("ffn_config.ffn_hidden_size",),
+              "act": ("ffn_config.ffn_act_fn.name",),
+              "num_experts": ("ffn_config.moe_num_experts",), "num_experts_per_tok": ("ffn_config.moe_top_k",),
+              "moe_intermediate_size": ("ffn_config.ffn_hidden_size",),
+              "norm_topk_prob": ("ffn_config.moe_normalize_expert_weights",),
+              "shared_intermediate_size": (), "n_shared_experts": ()}
+
+
+def _dbrx_unnormalised(config: Mapping) -> bool:
+    """moe_normalize_expert_weights stated as null: the chosen weights are used as the softmax gives them."""
+    ffn = config.get("ffn_config")
+    key = "moe_normalize_expert_weights"
+    return isinstance(ffn, Mapping) and key in ffn and ffn[key] is None
+
+
+def _dbrx_other_power(config: Mapping) -> bool:
+    """A p-norm other than p = 1 (a sum, the chosen weights being positive) divides the chosen weights."""
+    p = _lookup(config, "moe_normalize_expert_weights", "ffn_config")
+    return p is not None and (isinstance(p, bool) or p != 1)
+
+
+def _phimoe_rope_unsupported(config: Mapping) -> bool:
+    """PhiMoE multiplies any scaled rotation by short_mscale / long_mscale; ster does so for LongRoPE."""
+    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    kind = (rp.get("rope_type") or rp.get("type")) if isinstance(rp, Mapping) else None
+    return kind not in (None, "default", "longrope")
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -622,9 +690,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("granite_swa", **_GRANITE, logit_scale_divides=True, sinks=True, sliding="pattern_first",
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", tie_default=True,
                    names=_with(LLAMA_NAMES, sinks=_L + "self_attn"),
-                   refusals=(Refusal(_granite_swa_bases_unsupported,
-                                     "a layer_rope_theta that does not rotate full-attention layers by rope_theta "
-                                     "and every sliding layer by one base (or 0) is not supported"),)),
+                   refusals=(_GRANITE_SWA_BASES,)),
         FamilySpec("iquestcoder", sliding="qwen2", clip_qkv_key="clip_qkv"),
         FamilySpec("hyperclovax", **_GRANITE, norms=_SANDWICH, names=HYPERCLOVAX_NAMES,
                    variants=(Variant(unset("use_post_norm"),
@@ -639,6 +705,32 @@ FAMILIES: dict[str, FamilySpec] = {
                    names=QWEN2_MOE_NAMES),
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
                    names=QWEN_MOE_DENSE_NAMES),
+        # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
+        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE),
+        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED),
+        FamilySpec("granitemoe_swa", names=GRANITEMOE_SWA_NAMES, sinks=True, sliding="pattern_first",
+                   sliding_pattern=4, layer_rope_key="layer_rope_theta", refusals=(_GRANITE_SWA_BASES,),
+                   **_GRANITEMOE_SHARED),
+        FamilySpec("dbrx", norm="layer", fused_qkv="concat", root="transformer.", moe=True, names=DBRX_NAMES,
+                   expert_inputs_first=("exp_down",), clip_qkv_key="attn_config.clip_qkv",
+                   fixed={"norm_eps": 1e-5}, keys=_DBRX_KEYS,
+                   defaults={"num_key_value_heads": 1, "intermediate_size": 3584, "moe_intermediate_size": 3584,
+                             "num_experts": 4, "num_experts_per_tok": 1, "norm_topk_prob": True},
+                   variants=(Variant(_dbrx_unnormalised, {"fixed": {"norm_eps": 1e-5, "norm_topk_prob": False}}),),
+                   refusals=(Refusal(_dbrx_other_power, "DBRX's ffn_config.moe_normalize_expert_weights other "
+                                     "than 1 (a p-norm of the chosen weights) is not supported"),)),
+        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES,
+                   fixed={"scoring_func": "sparsemixer"}, keys={"moe_intermediate_size": ("intermediate_size",)},
+                   defaults={"norm_eps": 1e-5, "rope_theta": 1e6, "num_experts": 16, "num_experts_per_tok": 2},
+                   refusals=(Refusal(lambda c: c.get("num_experts_per_tok", 2) != 2,
+                                     "PhiMoE with other than two experts per token (num_experts_per_tok) is not "
+                                     "supported: its SparseMixer router chooses two"),
+                             Refusal(lambda c: c.get("router_jitter_noise") is None,
+                                     "a PhiMoE config without router_jitter_noise (SparseMixer's bound) is not "
+                                     "supported"),
+                             Refusal(_phimoe_rope_unsupported,
+                                     "PhiMoE's short_mscale / long_mscale on a rope type other than longrope "
+                                     "is not supported"))),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps

@@ -38,6 +38,47 @@ CASES = {
     "olmoe-clip-renorm": ("olmoe", dict(LLAMA, num_experts=6, num_experts_per_tok=3, clip_qkv=0.3,
                                         norm_topk_prob=True)),
 }
+# ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
+_GRANITE_MULT = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)
+_GRANITE_MOE = dict(LLAMA, intermediate_size=32, num_local_experts=6, num_experts_per_tok=2, **_GRANITE_MULT)
+_SWA_LAYERS = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+CASES.update({
+    "granitemoe": ("granitemoe", dict(_GRANITE_MOE)),
+    "granitemoe-top3-bias-tied": ("granitemoe", dict(_GRANITE_MOE, num_experts_per_tok=3, attention_bias=True,
+                                                     tie_word_embeddings=True)),
+    "granitemoeshared": ("granitemoeshared", dict(_GRANITE_MOE, shared_intermediate_size=48)),
+    "granitemoeshared-no-shared": ("granitemoeshared", dict(_GRANITE_MOE, shared_intermediate_size=0)),
+    "granitemoe_swa-shared": ("granitemoe_swa", dict(_GRANITE_MOE, num_hidden_layers=4, shared_intermediate_size=40,
+                                                     sliding_window=5, layer_types=_SWA_LAYERS,
+                                                     layer_rope_theta=[10000.0, 500.0, 0.0, 10000.0])),
+    "granitemoe_swa-default-layers": ("granitemoe_swa", dict(_GRANITE_MOE, num_hidden_layers=4, sliding_window=5,
+                                                             num_experts_per_tok=1)),
+})
+_DBRX = dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=3, max_seq_len=64)
+_DBRX_FFN = dict(ffn_hidden_size=32, moe_num_experts=6, moe_top_k=2)
+# Transformers 5 rotates DBRX by the top-level rope_parameters it writes, whatever attn_config.rope_theta says
+# (which its attention still requires); ster reads attn_config.rope_theta only when the top level states no base.
+# Its attention clamps q/k/v with clip_qkv and fails without one, so every case states it.
+CASES.update({
+    "dbrx-clip": ("dbrx", dict(_DBRX, attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=500000),
+                               ffn_config=dict(_DBRX_FFN))),
+    "dbrx-mha-top3-unnormalised": ("dbrx", dict(_DBRX, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                                                attn_config=dict(kv_n_heads=4, clip_qkv=8, rope_theta=500.0),
+                                                ffn_config=dict(_DBRX_FFN, moe_top_k=3,
+                                                                moe_normalize_expert_weights=None))),
+})
+
+# PhiMoE: a wide router_jitter_noise so that SparseMixer's softmax spans several experts.
+_PHIMOE_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 48,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+                "long_factor": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+                "short_mscale": 1.2, "long_mscale": 1.4}
+CASES.update({
+    "phimoe": ("phimoe", dict(LLAMA, num_local_experts=6, router_jitter_noise=0.01)),
+    "phimoe-wide-jitter-biases-longrope-window": ("phimoe", dict(
+        LLAMA, num_local_experts=5, router_jitter_noise=0.4, attention_bias=True, lm_head_bias=True,
+        sliding_window=5, rope_parameters=_PHIMOE_ROPE)),
+})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -116,6 +157,127 @@ def test_route_softmax_topk_renormalised_equals_softmax_of_the_chosen_logits():
     ref = np.exp(chosen - chosen.max(1, keepdims=True))
     np.testing.assert_allclose(w, ref / ref.sum(1, keepdims=True), rtol=1e-5)
     assert np.array_equal(ids[:, 0], logits.argmax(1))
+
+
+# ----------------------------------------------------------------------------- H1: GraniteMoE, DBRX, PhiMoE
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.01, 0.3, 2.0])
+def test_sparsemixer_equals_phimoe_router(eps):
+    """PhiMoE's router outside training: the same two experts, in the same order, and the same
+    weights as transformers' PhimoeTopKRouter, on logits that include ties, zeros and rows
+    whose best logit is negative (where SparseMixer's divisor is a logit's own magnitude)."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.phimoe.modeling_phimoe import PhimoeTopKRouter
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("phimoe", hidden_size=8, num_local_experts=7, router_jitter_noise=eps)
+    router = PhimoeTopKRouter(cfg).eval()
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(7, 8))  # logits = the first 7 inputs
+    x = torch.randn(60, 8) * 2
+    x[:10, :7] -= 6.0  # every logit negative
+    x[10:15, :7] = torch.tensor([1.5, 1.5, 0.0, 0.0, -1.0, 1.5, 0.2])  # ties at the top, zeros
+    x[15:18, :7] = 0.0
+    with torch.no_grad():
+        logits, ref_w, ref_ids = router(x)
+    spec = RouterSpec(7, 2, scoring="sparsemixer", jitter_eps=eps)
+    ids, w = route(spec, logits.numpy())
+    assert np.array_equal(ids, ref_ids.numpy())
+    np.testing.assert_allclose(w, ref_w.numpy(), rtol=1e-6)
+
+
+def test_phimoe_long_rope_uses_the_long_table(tmp_path):
+    """Past original_max_position_embeddings PhiMoE rotates by the long factors times long_mscale,
+    as Phi-3.5-MoE's own code and Transformers 4 did. Transformers 5.24's PhimoeRotaryEmbedding
+    builds its table with ``rope_init_fn(config)``, no sequence length, so it keeps the short
+    factors (while switching to long_mscale): the oracle here is transformers with the sequence
+    length given back to that call. The prompt is fed whole and in two pieces, the first short."""
+    from tiny import reference_logits, reference_split_logits, rel_err
+    from test_parity_dense import PROMPT
+
+    model_type, config = CASES["phimoe-wide-jitter-biases-longrope-window"]
+    config = dict(config, rope_parameters=dict(_PHIMOE_ROPE, original_max_position_embeddings=8))
+    ref = build(tmp_path, model_type, config)
+    model = load_model(str(tmp_path))
+    ours = model.decoder.forward(PROMPT)
+    as_is = reference_logits(ref, PROMPT)[0]
+    assert rel_err(ours, as_is) > 1e-3  # the disagreement is real at this length
+
+    rotary = ref.model.rotary_emb
+    init = rotary.rope_init_fn
+
+    def with_length(module, args, kwargs):
+        n = int(kwargs["position_ids"].max()) + 1
+        module.rope_init_fn = lambda cfg, *a, **k: init(cfg, None, n)
+
+    rotary.register_forward_pre_hook(with_length, with_kwargs=True)
+    assert rel_err(ours, reference_logits(ref, PROMPT)[0]) < 1e-4
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:5], cache), model.decoder.forward(PROMPT[5:], cache)])
+    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 5)) < 1e-4
+
+
+def test_dbrx_reads_attn_config_and_ffn_config(tmp_path):
+    """DBRX's settings come from its attn_config and ffn_config; a Transformers 4-era config (no
+    top-level rope_parameters or num_key_value_heads) takes its base from attn_config.rope_theta,
+    and Transformers' defaults fill what the objects leave out (kv_n_heads 1, p = 1)."""
+    from ster_py.config import spec_from_config
+    from test_parity_dense import _config
+
+    build(tmp_path, *CASES["dbrx-clip"])
+    spec = load_model(str(tmp_path)).spec
+    router = spec.moe.router
+    assert (spec.num_key_value_heads, spec.clip_qkv, router.num_experts, router.top_k) == (2, 0.5, 6, 2)
+    assert router.renormalize and spec.moe.expert_size == 32 and spec.norm_eps == 1e-5
+    cfg = _config(tmp_path)
+    legacy = {k: v for k, v in cfg.items() if k not in ("rope_parameters", "num_key_value_heads")}
+    legacy["attn_config"] = {"clip_qkv": 8, "rope_theta": 500000}
+    legacy["ffn_config"] = {"ffn_hidden_size": 32, "moe_num_experts": 6, "moe_top_k": 2,
+                            "ffn_act_fn": {"name": "silu"}}
+    spec = spec_from_config(legacy, FAMILIES["dbrx"])
+    head_dim = spec.head_dim
+    assert spec.num_key_value_heads == 1 and spec.moe.router.renormalize
+    np.testing.assert_allclose(spec.layers[0].rope.inv_freq[1], 500000.0 ** (-2 / head_dim))
+    legacy["ffn_config"]["moe_normalize_expert_weights"] = None
+    assert not spec_from_config(legacy, FAMILIES["dbrx"]).moe.router.renormalize
+
+
+def test_granite_moe_specs_show_their_features(tmp_path):
+    build(tmp_path / "s", *CASES["granitemoe_swa-shared"])
+    spec = load_model(str(tmp_path / "s")).spec
+    assert [layer.sliding_window for layer in spec.layers] == [None, 5, 5, None] and spec.sinks
+    assert spec.layers[2].rope is None and spec.moe.shared_size == 40 and spec.moe.router.renormalize
+    assert spec.residual_scale == 0.5 and spec.embed_scale == 2.0 and spec.logit_scale == 1 / 3
+    build(tmp_path / "n", *CASES["granitemoeshared-no-shared"])
+    assert load_model(str(tmp_path / "n")).spec.moe.shared_size == 0
+
+
+_MOE_REFUSED = {
+    "dbrx": ({"ffn_config": {"moe_normalize_expert_weights": 2.0}}, "moe_normalize_expert_weights"),
+    "phimoe": ({"num_experts_per_tok": 3, "router_jitter_noise": 0.01}, "two experts per token"),
+    "phimoe ": ({"num_experts_per_tok": 2}, "router_jitter_noise"),
+    "phimoe  ": ({"router_jitter_noise": 0.01, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
+                 "long_mscale"),
+    "granitemoe_swa": ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                        "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                        "layer_rope_theta": [10000.0, 500.0, 50.0]}, "layer_rope_theta"),
+}
+
+
+@pytest.mark.parametrize("key", list(_MOE_REFUSED))
+def test_refused_configurations(key, tmp_path):
+    """What seed 002 refuses for these families is refused by the gate, naming the feature."""
+    from ster_py.errors import SterError
+    from ster_py.families import gate
+
+    extra, match = _MOE_REFUSED[key]
+    with pytest.raises(SterError, match=match):
+        gate({"model_type": key.strip(), **extra}, tmp_path / "config.json")
+    accepted = {"dbrx": {"ffn_config": {"moe_normalize_expert_weights": 1}}, "phimoe": {"router_jitter_noise": 0.01},
+                "granitemoe_swa": {}}
+    assert gate({"model_type": key.strip(), **accepted[key.strip()]}, tmp_path / "config.json")
 
 
 # ----------------------------------------------------------------------------- GGUF, via llama.cpp

@@ -8,7 +8,8 @@ never knows how a family stores its weights:
   key rows, then value rows (Phi-3's qkv_proj, GPT-2's c_attn, MPT's Wqkv, every llama.cpp
   attn_qkv); ``grouped`` stores, per key/value head, its queries then its key then its value
   (GPT-NeoX and BLOOM's query_key_value head by head, Falcon's groupings, GPT-BigCode);
-- a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM);
+- a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM); so is
+  a fused ``shexp_gate_up`` of the shared experts (GraniteMoE-Shared's ``shared_mlp.input_linear``);
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
 - a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
@@ -33,7 +34,8 @@ import numpy as np
 from ..errors import SterError
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
-FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
+FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
+              "shexp_gate": "shexp_gate_up", "shexp_up": "shexp_gate_up"}
 #: Roles of the routed experts' weights and biases (whole tensor names).
 EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
 
@@ -57,7 +59,8 @@ def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
         e, s = m.router.num_experts, m.shared_size
         shapes.update({("router", "weight"): (e, d), ("router", "bias"): (e,), ("router_select_bias", ""): (e,),
                        ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
-                       ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d)})
+                       ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d),
+                       ("shexp_gate_up", "weight"): (2 * s, d), ("shexp_gate_up", "bias"): (2 * s,)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -131,9 +134,9 @@ class Layout:
 
     def _split(self, fused, fused_role: str, role: str):
         """Rows of ``role`` in a fused tensor (a weight [rows, in] or a bias [rows])."""
-        if fused_role == "gate_up":
+        if fused_role in ("gate_up", "shexp_gate_up"):
             half = fused.shape[0] // 2
-            return fused[:half] if role == "gate" else fused[half:]
+            return fused[:half] if role.endswith("gate") else fused[half:]
         s = self.spec
         h, kv, d = s.num_attention_heads, s.num_key_value_heads, s.head_dim
         if s.fused_qkv == "grouped":

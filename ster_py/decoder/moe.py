@@ -14,6 +14,12 @@ Every family's router is one ``RouterSpec`` (data) run by ``route``:
 4. weights: the chosen experts' scores, renormalised to sum to one when asked (plus
    ``renorm_eps`` in the denominator), times ``scale`` (``routed_scaling_factor``).
 
+PhiMoE's SparseMixer (Liu et al. 2024, arXiv:2409.12136) replaces steps 2-3 with ``top_k``
+rounds (``sparsemixer``); in inference it is deterministic. Each round takes the highest
+logit ``m`` among the experts not chosen yet, and weighs it by its softmax over the
+unchosen experts j that lie close to it: ``(m - l_j) / max(|l_j|, m) <= 2 * jitter_eps``
+(Transformers' ``PhimoeTopKRouter`` outside training, ``sparsemixer``).
+
 The layer's output is the weighted sum of the chosen experts' feed-forwards (Llama 4
 weights each expert's *input* instead) plus the shared experts, whose output may be
 gated by ``sigmoid(x @ shared_gate^T)`` (Qwen2-MoE).
@@ -30,7 +36,7 @@ import numpy as np
 
 from .parts import Part
 
-SCORINGS = ("softmax", "sigmoid")
+SCORINGS = ("softmax", "sigmoid", "sparsemixer")
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,8 @@ class RouterSpec:
     Attributes:
         num_experts: routed experts per layer.
         top_k: experts chosen per token (``num_experts_per_tok``).
-        scoring: ``"softmax"`` or ``"sigmoid"`` over the router's logits.
+        scoring: ``"softmax"`` or ``"sigmoid"`` over the router's logits, or ``"sparsemixer"``
+            (PhiMoE: choice and weights by ``sparsemixer``).
         select_bias: a per-expert bias (the ``router_select_bias`` role) is added to the
             scores to choose, not to weigh.
         n_group / topk_group: experts split into ``n_group`` equal groups; only the best
@@ -50,6 +57,7 @@ class RouterSpec:
         scale: the weights are multiplied by it (``routed_scaling_factor``).
         on_input: each chosen expert reads its weight times x, and its output is summed
             unweighted (Llama 4).
+        jitter_eps: ``sparsemixer``'s relative closeness bound (PhiMoE's ``router_jitter_noise``).
     """
 
     num_experts: int
@@ -63,6 +71,7 @@ class RouterSpec:
     renorm_eps: float = 0.0
     scale: float = 1.0
     on_input: bool = False
+    jitter_eps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,36 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(part, order, 1)
 
 
+def sparsemixer(logits: np.ndarray, top_k: int, jitter_eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """SparseMixer's choice as it runs in inference (module docstring): ``top_k`` rounds, each
+    choosing the best expert not chosen yet and weighing it by its softmax over the unchosen
+    experts close to it.
+
+    Args:
+        logits: float32 [T, num_experts].
+        top_k: rounds (experts chosen per token).
+        jitter_eps: the closeness bound (``router_jitter_noise``).
+
+    Returns:
+        (int64 [T, top_k] expert ids, float32 [T, top_k] weights), in the order chosen.
+    """
+    rows = np.arange(logits.shape[0])
+    left = logits.copy()  # chosen experts drop out as -inf
+    ids = np.empty((logits.shape[0], top_k), np.int64)
+    weights = np.empty((logits.shape[0], top_k), np.float32)
+    bound = np.float32(2 * jitter_eps)
+    for r in range(top_k):
+        best_id = left.argmax(axis=1)  # the first of equal maxima, as torch.max on CPU
+        best = left[rows, best_id][:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 and x/0 compare as torch's do
+            far = (best - logits) / np.maximum(np.abs(logits), best) > bound
+        close = np.where(far, -np.inf, left)
+        ids[:, r] = best_id
+        weights[:, r] = 1.0 / np.exp(close - best).sum(axis=1)
+        left[rows, best_id] = -np.inf
+    return ids, weights
+
+
 def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The experts each token goes to, and their weights.
 
@@ -117,6 +156,9 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         (int64 [T, top_k] expert ids, float32 [T, top_k] weights).
     """
     logits = logits.astype(np.float32, copy=False)
+    if spec.scoring == "sparsemixer":
+        ids, weights = sparsemixer(logits, spec.top_k, spec.jitter_eps)
+        return ids, _weigh(spec, weights)
     scores = _softmax(logits) if spec.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
     choice = scores + select_bias.astype(np.float32) if spec.select_bias else scores
     if spec.n_group > 1:
@@ -132,12 +174,16 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         np.put_along_axis(mask, kept, True, axis=1)
         choice = np.where(np.repeat(mask, E // spec.n_group, axis=1), choice, -np.inf)
     ids = _top(choice, spec.top_k)
-    weights = np.take_along_axis(scores, ids, 1)
+    return ids, _weigh(spec, np.take_along_axis(scores, ids, 1))
+
+
+def _weigh(spec: RouterSpec, weights: np.ndarray) -> np.ndarray:
+    """Step 4: the chosen experts' weights, renormalised and scaled as ``spec`` says (float32 [T, top_k])."""
     if spec.renormalize:
         weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(spec.renorm_eps))
     if spec.scale != 1.0:
         weights = weights * np.float32(spec.scale)
-    return ids, weights.astype(np.float32, copy=False)
+    return weights.astype(np.float32, copy=False)
 
 
 class MoE(Part):

@@ -37,6 +37,8 @@ class Rope:
             grows once the sequence is longer than max_position_embeddings.
         long_inv_freq: for LongRoPE, the table used once the sequence is longer than
             ``long_from`` positions.
+        long_attention_factor: multiplies cos and sin with the long table instead of
+            ``attention_factor`` (PhiMoE's long_mscale); None: the same factor for both.
     """
 
     inv_freq: np.ndarray
@@ -46,6 +48,7 @@ class Rope:
     dynamic: tuple[float, float, int] | None = None
     long_inv_freq: np.ndarray | None = None
     long_from: int = 0
+    long_attention_factor: float | None = None
 
     def freqs_for(self, seq_len: int) -> np.ndarray:
         """Inverse frequencies in force for a sequence of ``seq_len`` positions so far."""
@@ -60,7 +63,8 @@ class Rope:
     def cos_sin(self, positions: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin tables, float32 [len(positions), rotary_dim // 2], scaled by attention_factor."""
         angles = np.outer(positions.astype(np.float64), self.freqs_for(seq_len))
-        f = self.attention_factor
+        long = self.long_attention_factor is not None and self.long_inv_freq is not None and seq_len > self.long_from
+        f = self.long_attention_factor if long else self.attention_factor
         return (np.cos(angles) * f).astype(np.float32), (np.sin(angles) * f).astype(np.float32)
 
     def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -249,6 +253,9 @@ def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
     attn = number("attention_factor") if params.get("attention_factor") is not None else None
     if attn is None:
         attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    # PhiMoE states a factor per table (short_mscale, long_mscale), which replaces the one above
+    mscales = ((number("short_mscale"), number("long_mscale"))
+               if params.get("short_mscale") is not None or params.get("long_mscale") is not None else (attn, None))
     pos = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     tables = []
     for key in ("short_factor", "long_factor"):
@@ -264,5 +271,6 @@ def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
         if not np.all(np.isfinite(factors)) or np.any(factors <= 0):
             raise SterError(f"{where}: longrope {key} must hold finite numbers above 0")
         tables.append(1.0 / (factors * pos))
-    return Rope(tables[0], dim, attention_factor=float(attn), interleaved=interleaved,
-                long_inv_freq=tables[1], long_from=int(orig))
+    return Rope(tables[0], dim, attention_factor=float(mscales[0]), interleaved=interleaved,
+                long_inv_freq=tables[1], long_from=int(orig),
+                long_attention_factor=None if mscales[1] is None else float(mscales[1]))
