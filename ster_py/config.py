@@ -138,11 +138,21 @@ class _Reader:
                 return self.value(key)
         return self.family.defaults.get(name, default)
 
-    def positive_int(self, name: str, default=None, limit: int = MAX_DIM) -> int:
-        """The integer field ``name`` in 1..``limit``; SterError naming its keys otherwise."""
+    def positive_int(self, name: str, default=None, limit: int = MAX_DIM, per_layer: bool = False) -> int:
+        """The integer field ``name`` in 1..``limit``; SterError naming its keys otherwise.
+
+        With ``per_layer``, the field may also be stated once per layer (HunYuan's ``moe_topk``)
+        provided every layer states the same value; a list whose values differ is refused.
+        """
         v = self.get(name, default)
+        keys = self.family.keys.get(name, DEFAULT_KEYS.get(name, ())) or (name,)
+        if per_layer and isinstance(v, list) and v:
+            if any(x != v[0] for x in v):
+                raise SterError(f"{self.config_name}: {' / '.join(keys)} lists different values per layer "
+                                f"({brief_value(v)}); ster runs mixture-of-experts layers of one shape and "
+                                "refuses this configuration before reading any weight")
+            v = v[0]
         if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
-            keys = self.family.keys.get(name, DEFAULT_KEYS.get(name, ())) or (name,)
             raise SterError(f"invalid model config {self.config_name}: {' / '.join(keys)} must be an integer "
                             f"in 1..{limit}, got {v!r}")
         return v
@@ -293,8 +303,9 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     renamed to config keys) read under the family's keys.
 
     Raises:
-        SterError: a missing or invalid count, an unknown scoring function or selection
-            method, top-k above the expert count, experts not divisible into groups.
+        SterError: a missing or invalid count (or one stated per layer with differing values),
+            an unknown scoring function or selection method, top-k above the expert count,
+            experts not divisible into groups.
     """
     where = f"invalid model config {config_name}"
     d = family.moe_defaults
@@ -302,9 +313,9 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     def get(name):
         return r.get(name, d.get(name))
 
-    experts = r.positive_int("num_experts", d.get("num_experts"), limit=MAX_EXPERTS)
-    top_k = r.positive_int("num_experts_per_tok", d.get("num_experts_per_tok"), limit=experts)
-    size = r.positive_int("moe_intermediate_size", d.get("moe_intermediate_size"))
+    experts = r.positive_int("num_experts", d.get("num_experts"), limit=MAX_EXPERTS, per_layer=True)
+    top_k = r.positive_int("num_experts_per_tok", d.get("num_experts_per_tok"), limit=experts, per_layer=True)
+    size = r.positive_int("moe_intermediate_size", d.get("moe_intermediate_size"), per_layer=True)
     scoring = get("scoring_func") or "softmax"
     if scoring not in SCORINGS:
         raise SterError(f"{where}: scoring_func {scoring!r} is not supported; supported: {', '.join(SCORINGS)}")
@@ -330,9 +341,15 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     jitter = get("router_jitter_noise") if scoring == "sparsemixer" else 0.0
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter) or jitter < 0:
         raise SterError(f"{where}: router_jitter_noise must be a number of at least 0, got {brief_value(jitter)}")
+    floor = get("renorm_min")
+    floor = 0.0 if floor is None else floor
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < 0:
+        raise SterError(f"{where}: the renormalisation floor (moe_norm_min) must be a number >= 0, "
+                        f"got {brief_value(floor)}")
     router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
-                  renormalize=bool(get("norm_topk_prob")), scale=float(scale), jitter_eps=float(jitter))
+                  renormalize=bool(get("norm_topk_prob")), renorm_min=float(floor), scale=float(scale),
+                  jitter_eps=float(jitter))
     moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=None if limit is None else float(limit),
                shared_size=shared, shared_gated=family.shared_gated)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
@@ -376,6 +393,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         SterError: a missing or invalid dimension, an unsupported activation or rope type.
     """
     family = family.for_config(config)
+    config = {**family.config_defaults, **config}  # what Transformers' config class fills in
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)

@@ -109,6 +109,23 @@ QWEN_MOE_DENSE_NAMES = _with(QWEN_MOE_NAMES, gate=_M + "gate_proj", up=_M + "up_
 QWEN2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, shexp_gate=_M + "shared_expert.gate_proj",
                         shexp_up=_M + "shared_expert.up_proj", shexp_down=_M + "shared_expert.down_proj",
                         shexp_gate_inp=_M + "shared_expert_gate")
+# DeepSeek-V3-style routers (sigmoid scores, a selection-only bias) beside shared experts (group H2).
+GLM4_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.e_score_correction_bias",
+                       shexp_gate=_M + "shared_experts.gate_proj", shexp_up=_M + "shared_experts.up_proj",
+                       shexp_down=_M + "shared_experts.down_proj")
+EXAONE_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=_M + "e_score_correction_bias")
+SARVAM_MOE_NAMES = _with(GLM4_MOE_NAMES, embed="model.word_embeddings", q=None, k=None, v=None,
+                         qkv=_L + "attention.query_key_value", o=_L + "attention.dense",
+                         q_norm=_L + "attention.query_layernorm", k_norm=_L + "attention.key_layernorm",
+                         router_select_bias=_M + "gate.expert_bias")
+HY_V3_NAMES = _with(GLM4_MOE_NAMES, router=_M + "router.gate", router_select_bias=_M + "expert_bias",
+                    shexp_gate=_M + "shared_mlp.gate_proj", shexp_up=_M + "shared_mlp.up_proj",
+                    shexp_down=_M + "shared_mlp.down_proj")
+ERNIE_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=_M + "moe_statics.e_score_correction_bias")
+HUNYUAN_MOE_NAMES = _with(QWEN_MOE_NAMES, q_norm=_L + "self_attn.query_layernorm",
+                          k_norm=_L + "self_attn.key_layernorm", router=_M + "gate.wg",
+                          shexp_gate=_M + "shared_mlp.gate_proj", shexp_up=_M + "shared_mlp.up_proj",
+                          shexp_down=_M + "shared_mlp.down_proj")
 _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
@@ -247,6 +264,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "topk_method": ("topk_method",),
     "swiglu_limit": ("swiglu_limit",),
     "router_jitter_noise": ("router_jitter_noise",),  # SparseMixer's closeness bound (PhiMoE)
+    "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -385,6 +403,9 @@ class FamilySpec:
             (``on_input``, ``glu``, ``renorm_eps``, ``group_rank``, ...).
         shared_gated: the shared experts' output is gated by ``sigmoid(shexp_gate_inp(x))``.
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
+        config_defaults: config.json keys (read without aliases, e.g. ``first_k_dense_replace``,
+            ``partial_rotary_factor``) and the values Transformers' config class gives them when
+            a file leaves them out; filled in before the config is read.
     """
 
     model_type: str
@@ -446,6 +467,7 @@ class FamilySpec:
     shared_gated: bool = False
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -475,6 +497,18 @@ _FALCON_NEW_1LN = (lambda c: bool(c.get("new_decoder_architecture")) and c.get("
 def _mpt_alibi_heads_not_power_of_two(config: Mapping) -> bool:
     heads = config.get("n_heads")
     return flag("alibi", True, sub="attn_config")(config) and isinstance(heads, int) and heads & (heads - 1) != 0
+
+
+def _values(config: Mapping, key: str) -> list:
+    """``config[key]`` as a list: [] when absent, its entries when stated per layer, else [value]."""
+    v = config.get(key)
+    return [] if v is None else list(v) if isinstance(v, list) else [v]
+
+
+# Transformers' DeepSeek-V3 router as GLM-4.5's family runs it whatever the config says: sigmoid scores,
+# e_score_correction_bias to choose, groups ranked by their best two, DeepSeek's 1e-20 in the
+# renormalising sum, routed_scaling_factor with or without renormalisation.
+_V3_ROUTER = dict(fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-20})
 
 
 def _granite_swa_bases_unsupported(config: Mapping) -> bool:
@@ -734,6 +768,80 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
+        # group H2: DeepSeek-V3-style routers with shared experts, and ERNIE 4.5 / HunYuan's softmax routers
+        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER,
+                   variants=(Variant(unset("use_qk_norm", False), {"qk_norm": None}),),
+                   moe_defaults={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
+                                 "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+                   config_defaults={"partial_rotary_factor": 0.5, "first_k_dense_replace": 1}),
+        FamilySpec("sarvam_moe", qk_norm="head", moe=True, fused_qkv="concat", names=SARVAM_MOE_NAMES, **_V3_ROUTER,
+                   variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),),
+                   moe_defaults={"num_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1024,
+                                 "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+                   config_defaults={"first_k_dense_replace": 1, "head_dim": 64},
+                   refusals=(Refusal(stated("score_function", unless="sigmoid"),
+                                     "a router score_function other than sigmoid is not supported"),
+                             Refusal(unset("moe_router_enable_expert_bias"),
+                                     "a router without its selection bias (moe_router_enable_expert_bias: false) "
+                                     "is not supported"),
+                             Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"))),
+        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4,
+                   rope_layers="sliding_if_windowed", moe=True, names=EXAONE_MOE_NAMES, **_V3_ROUTER,
+                   moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
+                                 "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+                   config_defaults={"first_k_dense_replace": 1, "sliding_window": 4096}),
+        # Transformers' HY V3 router always renormalises and reads neither route_norm, n_group nor
+        # first_k_dense_replace (its dense layers come from mlp_layer_types, else only the first).
+        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES,
+                   fixed={**_V3_ROUTER["fixed"], "n_group": 1, "norm_topk_prob": True},
+                   moe_fields=_V3_ROUTER["moe_fields"],
+                   keys={"routed_scaling_factor": ("router_scaling_factor",),
+                         "moe_intermediate_size": ("moe_intermediate_size", "expert_hidden_dim")},
+                   moe_defaults={"num_experts": 192, "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
+                                 "n_shared_experts": 1, "routed_scaling_factor": 2.826},
+                   config_defaults={"first_k_dense_replace": 1},
+                   refusals=(Refusal(unset("route_norm"), "unrenormalised routing weights (route_norm: false) "
+                                                          "are not supported"),
+                             Refusal(unset("moe_router_use_sigmoid"), "a softmax router (moe_router_use_sigmoid: "
+                                                                      "false) is not supported"),
+                             Refusal(unset("moe_router_enable_expert_bias"),
+                                     "a router without its selection bias (moe_router_enable_expert_bias: false) "
+                                     "is not supported"),
+                             Refusal(unset("qk_norm"), "attention without its query/key norms (qk_norm: false) "
+                                                       "is not supported"),
+                             Refusal(lambda c: c.get("mlp_layer_types") is None
+                                     and c.get("first_k_dense_replace", 1) != 1,
+                                     "a first_k_dense_replace other than 1 without mlp_layer_types is not "
+                                     "supported (Transformers keeps only the first layer dense); state "
+                                     "mlp_layer_types"))),
+        FamilySpec("ernie4_5_moe", rope_interleaved=True, tie_default=True, moe=True, names=ERNIE_MOE_NAMES,
+                   keys={"num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_k",),
+                         "n_shared_experts": ("moe_num_shared_experts",), "renorm_min": ("moe_norm_min",),
+                         "routed_scaling_factor": ()},
+                   fixed={"scoring_func": "softmax", "topk_method": "noaux_tc", "n_group": 1, "norm_topk_prob": True},
+                   moe_defaults={"num_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1536,
+                                 "n_shared_experts": 2, "renorm_min": 1e-12},
+                   config_defaults={"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1}),
+        # Transformers' HunYuan MoE routes every layer, with experts and the shared MLP intermediate_size wide.
+        FamilySpec("hunyuan_v1_moe", qk_norm="head", qk_norm_after_rope=True, moe=True, names=HUNYUAN_MOE_NAMES,
+                   keys={"num_experts_per_tok": ("moe_topk",), "moe_intermediate_size": ("intermediate_size",),
+                         "shared_intermediate_size": ("intermediate_size",), "routed_scaling_factor": ()},
+                   fixed={"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": True},
+                   moe_defaults={"num_experts": 1, "num_experts_per_tok": 1},
+                   refusals=(Refusal(flag("use_cla"), "cross-layer attention (use_cla) is not supported"),
+                             Refusal(flag("use_mla"), "latent attention (use_mla) is not supported"),
+                             Refusal(unset("use_qk_norm"), "attention without its query/key norms (use_qk_norm: "
+                                                           "false) is not supported"),
+                             Refusal(unset("use_mixed_mlp_moe"), "routed layers without the shared MLP "
+                                                                 "(use_mixed_mlp_moe: false) are not supported"),
+                             Refusal(lambda c: any(_values(c, "moe_layer_num_skipped")),
+                                     "dense leading layers (moe_layer_num_skipped above 0) are not supported"),
+                             Refusal(lambda c: any(v != 1 for v in _values(c, "num_shared_expert")),
+                                     "a num_shared_expert other than 1 is not supported"),
+                             Refusal(lambda c: any(v != c.get("intermediate_size")
+                                                   for v in _values(c, "moe_intermediate_size")),
+                                     "experts of a moe_intermediate_size other than intermediate_size are not "
+                                     "supported (Transformers builds them intermediate_size wide)"))),
     )
 }
 

@@ -126,7 +126,8 @@ class Layout:
         want = self.expected.get((role, kind))
         ok = (_qk_norm_ok(self.spec, role, tuple(t.shape)) if role in ("q_norm", "k_norm") and want is None
               else want is None or tuple(t.shape) == want
-              or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:]))  # a vector in GGUF files
+              or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:])  # a vector in GGUF files
+              or (role == "router_select_bias" and tuple(t.shape) == (1, *want)))  # ERNIE 4.5 keeps [1, E]
         if not ok:
             shown = list(want) if want is not None else f"[{self.spec.head_dim}] or [heads, {self.spec.head_dim}]"
             raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration "

@@ -11,8 +11,9 @@ Every family's router is one ``RouterSpec`` (data) run by ``route``:
    it decides which experts, never their weight); with ``n_group`` > 1, only the
    ``topk_group`` groups ranked best (by their best expert, or the sum of their best
    two) compete; the ``top_k`` best are chosen;
-4. weights: the chosen experts' scores, renormalised to sum to one when asked (plus
-   ``renorm_eps`` in the denominator), times ``scale`` (``routed_scaling_factor``).
+4. weights: the chosen experts' scores, renormalised to sum to one when asked (the sum
+   raised to at least ``renorm_min``, ERNIE 4.5's clamp, then ``renorm_eps`` added: DeepSeek's
+   1e-20), times ``scale`` (``routed_scaling_factor``).
 
 PhiMoE's SparseMixer (Liu et al. 2024, arXiv:2409.12136) replaces steps 2-3 with ``top_k``
 rounds (``sparsemixer``); in inference it is deterministic. Each round takes the highest
@@ -53,7 +54,8 @@ class RouterSpec:
         n_group / topk_group: experts split into ``n_group`` equal groups; only the best
             ``topk_group`` groups take part in the choice.
         group_rank: a group's rank: ``"max"`` (its best expert) or ``"top2"`` (the sum of its best two).
-        renormalize: the chosen weights are divided by their sum (+ ``renorm_eps``).
+        renormalize: the chosen weights are divided by their sum, raised to at least
+            ``renorm_min`` (ERNIE 4.5's ``moe_norm_min``), plus ``renorm_eps``.
         scale: the weights are multiplied by it (``routed_scaling_factor``).
         on_input: each chosen expert reads its weight times x, and its output is summed
             unweighted (Llama 4).
@@ -69,6 +71,7 @@ class RouterSpec:
     group_rank: str = "max"
     renormalize: bool = False
     renorm_eps: float = 0.0
+    renorm_min: float = 0.0
     scale: float = 1.0
     on_input: bool = False
     jitter_eps: float = 0.0
@@ -180,7 +183,10 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
 def _weigh(spec: RouterSpec, weights: np.ndarray) -> np.ndarray:
     """Step 4: the chosen experts' weights, renormalised and scaled as ``spec`` says (float32 [T, top_k])."""
     if spec.renormalize:
-        weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(spec.renorm_eps))
+        total = weights.sum(axis=1, keepdims=True)
+        if spec.renorm_min:
+            total = np.maximum(total, np.float32(spec.renorm_min))
+        weights = weights / (total + np.float32(spec.renorm_eps))
     if spec.scale != 1.0:
         weights = weights * np.float32(spec.scale)
     return weights.astype(np.float32, copy=False)
@@ -192,7 +198,7 @@ class MoE(Part):
     Args:
         spec: the ``MoESpec``.
         router: the router projection (``make_linear``: [num_experts, hidden_size], optional bias).
-        select_bias: float32 [num_experts] or None.
+        select_bias: float32 [num_experts] (or [1, num_experts], as ERNIE 4.5 stores it) or None.
         experts: one feed-forward per routed expert (``DenseFFN``), each float32 [T, hidden] -> [T, hidden].
         shared: the shared experts as one feed-forward, or None.
         shared_gate: the shared experts' gate projection ([1, hidden_size]) or None.
@@ -205,7 +211,7 @@ class MoE(Part):
 
     def __init__(self, spec: MoESpec, router, select_bias, experts: list, shared=None, shared_gate=None):
         self.spec, self.router, self.experts = spec, router, experts
-        self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32)
+        self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32).reshape(-1)
         self.shared, self.shared_gate = shared, shared_gate
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
