@@ -316,14 +316,18 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_DIM:
         raise SterError(f"{where}: the shared experts' width must be a whole number, got {brief_value(shared)}")
     limit = get("swiglu_limit")
-    router = RouterSpec(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
-                        n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
-                        renormalize=bool(get("norm_topk_prob")), scale=float(scale),
-                        **{k: v for k, v in family.moe_fields.items() if k in RouterSpec.__dataclass_fields__})
-    return MoESpec(router=router, expert_size=size, act=r.get("act", family.default_act),
-                   limit=None if limit is None else float(limit), shared_size=shared,
-                   shared_gated=family.shared_gated,
-                   **{k: v for k, v in family.moe_fields.items() if k in MoESpec.__dataclass_fields__})
+    alpha = get("swiglu_alpha")
+    fixed = family.moe_fields  # fields the family fixes in code win over what the config implies
+    router = RouterSpec(**{**dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
+                                  n_group=n_group, topk_group=topk_group,
+                                  group_rank="top2" if method == "noaux_tc" else "max",
+                                  renormalize=bool(get("norm_topk_prob")), scale=float(scale)),
+                           **{k: v for k, v in fixed.items() if k in RouterSpec.__dataclass_fields__}})
+    return MoESpec(**{**dict(router=router, expert_size=size, act=r.get("act", family.default_act),
+                             limit=None if limit is None else float(limit),
+                             alpha=1.702 if alpha is None else float(alpha), shared_size=shared,
+                             shared_gated=family.shared_gated),
+                      **{k: v for k, v in fixed.items() if k in MoESpec.__dataclass_fields__}})
 
 
 def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,

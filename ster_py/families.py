@@ -113,6 +113,10 @@ _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
                       exp_down=_SM + "experts.{e}.w2.weight")
+# gpt-oss: stacked experts stored inputs-first with their biases, gate and up interleaved (layout.py).
+GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn", router=_M + "router",
+                      exp_gate_up=_M + "experts.gate_up_proj", exp_gate_up_bias=_M + "experts.gate_up_proj_bias",
+                      exp_down=_M + "experts.down_proj", exp_down_bias=_M + "experts.down_proj_bias")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -227,6 +231,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "scoring_func": ("scoring_func",),
     "topk_method": ("topk_method",),
     "swiglu_limit": ("swiglu_limit",),
+    "swiglu_alpha": ("swiglu_alpha",),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -639,6 +644,11 @@ FAMILIES: dict[str, FamilySpec] = {
                    names=QWEN2_MOE_NAMES, gguf_names=GGUF_MOE_NAMES),
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
                    names=QWEN_MOE_DENSE_NAMES, gguf_names=GGUF_MOE_NAMES),
+        # --- group H3: gpt_oss, llama4_text, afmoe, cohere2_moe
+        FamilySpec("gpt_oss", sliding="even", sinks=True, moe=True, names=GPT_OSS_NAMES,
+                   keys={"moe_intermediate_size": ("intermediate_size",)}, fixed={"norm_topk_prob": True},
+                   moe_defaults={"swiglu_limit": 7.0}, moe_fields={"glu": "oai"},
+                   expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),

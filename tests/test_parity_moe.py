@@ -37,6 +37,16 @@ CASES = {
     "olmoe": ("olmoe", dict(LLAMA, num_experts=8, num_experts_per_tok=2)),
     "olmoe-clip-renorm": ("olmoe", dict(LLAMA, num_experts=6, num_experts_per_tok=3, clip_qkv=0.3,
                                         norm_topk_prob=True)),
+    # --- group H3
+    "gpt_oss": ("gpt_oss", dict(LLAMA, head_dim=16, intermediate_size=32, num_local_experts=6, num_experts_per_tok=2,
+                                sliding_window=5)),
+    "gpt_oss-clamped-top3-plain-rope": ("gpt_oss", dict(LLAMA, head_dim=16, intermediate_size=24, num_local_experts=5,
+                                                        num_experts_per_tok=3, sliding_window=4, swiglu_limit=0.3,
+                                                        swiglu_alpha=1.3, attention_bias=False,
+                                                        layer_types=["full_attention", "sliding_attention",
+                                                                     "sliding_attention"],
+                                                        rope_parameters={"rope_type": "default",
+                                                                         "rope_theta": 1000.0})),
 }
 
 
