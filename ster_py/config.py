@@ -204,14 +204,25 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
         return [on and i >= first for i in range(n_layers)]
     if rule == "even":
         return [i % 2 == 0 for i in range(n_layers)]
-    if rule in ("pattern", "pattern_first"):
-        p = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or family.sliding_pattern
-        if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
-            raise SterError(f"invalid model config {config_name}: sliding_window_pattern must be a positive "
-                            f"integer, got {p!r}; state the layers as layer_types instead")
+    if rule in ("pattern", "pattern_first", "prefix_pattern"):
+        def period(key, default):
+            p = config.get(key) or default
+            if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
+                raise SterError(f"invalid model config {config_name}: {key} must be a positive integer, "
+                                f"got {p!r}; state the layers as layer_types instead")
+            return p
+
+        p = period("sliding_window_pattern", config.get("_sliding_window_pattern") or family.sliding_pattern)
         if rule == "pattern":  # the last layer of each group of p attends fully
             return [(i + 1) % p != 0 for i in range(n_layers)]
-        return [i % p != 0 for i in range(n_layers)]  # the first one does
+        if rule == "pattern_first":
+            return [i % p != 0 for i in range(n_layers)]  # the first one does
+        # Cohere 2 MoE: the first_k_dense_replace dense layers by their own period, the rest by p,
+        # each counted from its own start
+        k = config.get("first_k_dense_replace") or 0
+        k = k if isinstance(k, int) and not isinstance(k, bool) else 0
+        p0 = period("prefix_dense_sliding_window_pattern", 1)
+        return [(i + 1) % p0 != 0 if i < k else (i - k + 1) % p != 0 for i in range(n_layers)]
     return [False] * n_layers
 
 
@@ -331,14 +342,16 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
 
 
 def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,
-                 make, config_name: str) -> list[Rope | None]:
+                 make, config_name: str, routed: list[bool]) -> list[Rope | None]:
     """The rotation of each layer, after the family's rules on which layers rotate."""
     window = config.get("sliding_window")
     ropes: list[Rope | None] = [local if s else full for s in sliding]
     if family.positions != "rope":
         return [None] * len(sliding)
-    if family.rope_layers == "sliding":  # Cohere 2: only sliding-window layers rotate
-        ropes = [rope if s and window is not None else None for rope, s in zip(ropes, sliding)]
+    if family.rope_layers in ("sliding", "sliding_or_dense"):  # Cohere 2: only sliding-window layers rotate
+        dense = family.rope_layers == "sliding_or_dense"  # Cohere 2 MoE: and its dense layers
+        ropes = [rope if (s and window is not None) or (dense and not m) else None
+                 for rope, s, m in zip(ropes, sliding, routed)]
     elif family.rope_layers == "sliding_if_windowed" and window is not None:  # EXAONE 4
         ropes = [rope if s else None for rope, s in zip(ropes, sliding)]
     if family.no_rope_key and isinstance(config.get(family.no_rope_key), list):
@@ -407,10 +420,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     full_rope = make(full_params)
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
-    ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
-                         lambda theta: make({**full_params, "rope_theta": theta}), config_name)
-    window = config.get("sliding_window")
     routed = moe_layer_flags(config, n_layers, config_name) if family.moe else [False] * n_layers
+    ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
+                         lambda theta: make({**full_params, "rope_theta": theta}), config_name, routed)
+    window = config.get("sliding_window")
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense")
                    for s, rope, m in zip(sliding, ropes, routed))
 

@@ -117,6 +117,9 @@ MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "
 GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn", router=_M + "router",
                       exp_gate_up=_M + "experts.gate_up_proj", exp_gate_up_bias=_M + "experts.gate_up_proj_bias",
                       exp_down=_M + "experts.down_proj", exp_down_bias=_M + "experts.down_proj_bias")
+# Cohere 2 MoE: one input norm (parallel block); experts stored one module each, as Transformers saves them.
+COHERE2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, ffn_norm=None, shexp_gate=_M + "shared_experts.gate_proj",
+                          shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -321,13 +324,16 @@ class FamilySpec:
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
         rope_layers: which layers rotate: ``"all"``, ``"sliding"`` (only sliding-window layers,
-            Cohere 2) or ``"sliding_if_windowed"`` (only sliding layers once the model has any, EXAONE 4).
+            Cohere 2), ``"sliding_or_dense"`` (those and the dense feed-forward layers, Cohere 2 MoE)
+            or ``"sliding_if_windowed"`` (only sliding layers once the model has any, EXAONE 4).
         default_act: activation when the config names none.
         sliding: how per-layer sliding windows are placed when the config has no
             ``layer_types``: ``"none"``, ``"all"`` (every layer when ``sliding_window`` is set),
             ``"qwen2"`` (``use_sliding_window`` from ``max_window_layers`` on),
             ``"even"`` (layers 0, 2, 4, ...), ``"pattern"`` (all but every
-            ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...).
+            ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...),
+            ``"prefix_pattern"`` (``"pattern"`` over the first ``first_k_dense_replace`` layers with
+            period ``prefix_dense_sliding_window_pattern``, then over the rest, Cohere 2 MoE).
         sliding_pattern: the pattern period when the config states none.
         local_rope_key: config key of the rotary base for sliding layers (Gemma 3).
         no_rope_key: config key of a per-layer list where 0 switches rotation off (SmolLM3).
@@ -649,6 +655,27 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"moe_intermediate_size": ("intermediate_size",)}, fixed={"norm_topk_prob": True},
                    moe_defaults={"swiglu_limit": 7.0}, moe_fields={"glu": "oai"},
                    expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True),
+        FamilySpec("cohere2_moe", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
+                   logit_scale_key="logit_scale", tie_default=True, sliding="prefix_pattern", sliding_pattern=4,
+                   rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES,
+                   keys={"intermediate_size": ("prefix_dense_intermediate_size", "intermediate_size"),
+                         "moe_intermediate_size": ("intermediate_size",), "scoring_func": ("expert_selection_fn",)},
+                   moe_defaults={"norm_topk_prob": True}, moe_fields={"shared_average": True},
+                   variants=(Variant(stated("rms_norm_eps"), {"norm": "rms"}),
+                             # softmax over the chosen logits: the softmax over all, renormalised
+                             Variant(lambda c: c.get("expert_selection_fn") != "sigmoid",
+                                     {"fixed": {"norm_topk_prob": True}}),
+                             Variant(lambda c: c.get("shared_expert_combination_strategy") == "sum",
+                                     {"moe_fields": {}}),
+                             Variant(lambda c: c.get("prefix_dense_sliding_window_pattern", 1) == 1,
+                                     {"rope_layers": "sliding_or_dense"})),
+                   refusals=(Refusal(flag("use_qk_norm"), "Cohere 2 MoE's use_qk_norm is not supported"),
+                             Refusal(unset("use_gated_activation"),
+                                     "Cohere 2 MoE without use_gated_activation (a plain MLP) is not supported"),
+                             Refusal(lambda c: c.get("shared_expert_combination_strategy") not in
+                                     (None, "average", "sum"),
+                                     "a shared_expert_combination_strategy other than 'average' or 'sum' "
+                                     "is not supported"))),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),

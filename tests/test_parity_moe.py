@@ -47,6 +47,20 @@ CASES = {
                                                                      "sliding_attention"],
                                                         rope_parameters={"rope_type": "default",
                                                                          "rope_theta": 1000.0})),
+    "cohere2_moe": ("cohere2_moe", dict(LLAMA, head_dim=16, intermediate_size=32, num_experts=6, num_experts_per_tok=2,
+                                        sliding_window=5, layer_types=["sliding_attention", "full_attention",
+                                                                       "sliding_attention"],
+                                        mlp_layer_types=["sparse", "sparse", "sparse"])),
+    "cohere2_moe-sigmoid-shared-dense-rms": ("cohere2_moe", dict(
+        LLAMA, num_hidden_layers=4, head_dim=16, intermediate_size=24, num_experts=5, num_experts_per_tok=3,
+        expert_selection_fn="sigmoid", norm_topk_prob=False, num_shared_experts=2, prefix_dense_intermediate_size=40,
+        rms_norm_eps=1e-5, logit_scale=0.5, tie_word_embeddings=False, sliding_window=4, sliding_window_pattern=2,
+        first_k_dense_replace=1)),
+    "cohere2_moe-sigmoid-renorm-sum-windowed-prefix": ("cohere2_moe", dict(
+        LLAMA, num_hidden_layers=4, head_dim=16, intermediate_size=24, num_experts=6, num_experts_per_tok=2,
+        expert_selection_fn="sigmoid", num_shared_experts=1, shared_expert_combination_strategy="sum",
+        prefix_dense_intermediate_size=40, sliding_window=4, first_k_dense_replace=2,
+        prefix_dense_sliding_window_pattern=2)),
 }
 
 
@@ -126,3 +140,52 @@ def test_route_softmax_topk_renormalised_equals_softmax_of_the_chosen_logits():
     ref = np.exp(chosen - chosen.max(1, keepdims=True))
     np.testing.assert_allclose(w, ref / ref.sum(1, keepdims=True), rtol=1e-5)
     assert np.array_equal(ids[:, 0], logits.argmax(1))
+
+
+# ----------------------------------------------------------------------------- group H3
+
+
+def _layers(spec) -> list[tuple]:
+    return [(layer.sliding_window, layer.rope is not None, layer.ffn) for layer in spec.layers]
+
+
+@pytest.mark.parametrize("case", ["cohere2_moe-sigmoid-shared-dense-rms",
+                                  "cohere2_moe-sigmoid-renorm-sum-windowed-prefix"])
+def test_cohere2_moe_layers_from_first_k_dense_replace(case, tmp_path):
+    """A config that states first_k_dense_replace instead of layer_types / mlp_layer_types gets the layers
+    Transformers derives from it: the dense prefix windowed by prefix_dense_sliding_window_pattern and
+    rotated when that is 1, the rest by sliding_window_pattern counted from the prefix's end."""
+    import json
+
+    config = CASES[case][1]
+    build(tmp_path, "cohere2_moe", config)
+    stated = load_model(str(tmp_path)).spec
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["layer_types"], cfg["mlp_layer_types"]
+    cfg["first_k_dense_replace"] = config["first_k_dense_replace"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert _layers(load_model(str(tmp_path)).spec) == _layers(stated)
+    expected = {"cohere2_moe-sigmoid-shared-dense-rms": [(None, True, "dense"), (4, True, "moe"), (None, False, "moe"),
+                                                         (4, True, "moe")],
+                "cohere2_moe-sigmoid-renorm-sum-windowed-prefix": [(4, True, "dense"), (None, False, "dense"),
+                                                                   (4, True, "moe"), (4, True, "moe")]}
+    assert _layers(stated) == expected[case]
+    assert stated.moe.shared_average == (case == "cohere2_moe-sigmoid-shared-dense-rms")
+
+
+H3_REFUSED = {
+    "cohere2_moe": ({"use_qk_norm": True}, "use_qk_norm"),
+    "cohere2_moe ": ({"use_gated_activation": False}, "use_gated_activation"),
+    "cohere2_moe  ": ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy"),
+}
+
+
+@pytest.mark.parametrize("key", list(H3_REFUSED))
+def test_h3_refused_configurations(key, tmp_path):
+    """What seed 002 refuses for these families is refused by the gate, naming the feature."""
+    from ster_py.errors import SterError
+    from ster_py.families import gate
+
+    extra, match = H3_REFUSED[key]
+    with pytest.raises(SterError, match=match):
+        gate({"model_type": key.strip(), **extra}, tmp_path / "config.json")
