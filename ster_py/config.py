@@ -59,7 +59,8 @@ class ModelSpec:
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
     ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
     (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is
-    Llama 4's (beta, original_max_position_embeddings). ``moe`` describes the routed
+    Llama 4's (beta, original_max_position_embeddings). ``attn_output_gate``: attention's
+    output is multiplied by ``sigmoid(attn_gate(x))`` before the output projection. ``moe`` describes the routed
     feed-forward of the layers whose ``LayerSpec.ffn`` is ``"moe"``;
     ``expert_inputs_first`` lists the expert roles stored [in, out] per expert, and
     ``expert_gate_up_interleaved`` says a fused expert gate/up alternates gate and up rows.
@@ -105,6 +106,7 @@ class ModelSpec:
     clip_qkv: float | None = None
     query_temperature: tuple[float, int] | None = None
     sinks: bool = False
+    attn_output_gate: bool = False
     fused_qkv: str | None = None
     inputs_first: bool = False
     root: str | None = None
@@ -212,7 +214,7 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
                                 f"got {p!r}; state the layers as layer_types instead")
             return p
 
-        p = period("sliding_window_pattern", config.get("_sliding_window_pattern") or family.sliding_pattern)
+        p = period(family.sliding_pattern_key, config.get("_sliding_window_pattern") or family.sliding_pattern)
         if rule == "pattern":  # the last layer of each group of p attends fully
             return [(i + 1) % p != 0 for i in range(n_layers)]
         if rule == "pattern_first":
@@ -502,4 +504,5 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,
         clip_qkv=r.number(family.clip_qkv_key, None),
         sinks=family.sinks,
+        attn_output_gate=family.attn_output_gate,
     )

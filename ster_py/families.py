@@ -120,6 +120,12 @@ GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "se
 # Cohere 2 MoE: one input norm (parallel block); experts stored one module each, as Transformers saves them.
 COHERE2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, ffn_norm=None, shexp_gate=_M + "shared_experts.gate_proj",
                           shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
+# AFMoE: sandwich norms, a gated attention output, a router module with a selection bias beside it.
+AFMOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                    ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm",
+                    attn_gate=_L + "self_attn.gate_proj", router=_M + "router.gate",
+                    router_select_bias=_M + "expert_bias", shexp_gate=_M + "shared_experts.gate_proj",
+                    shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -335,6 +341,7 @@ class FamilySpec:
             ``"prefix_pattern"`` (``"pattern"`` over the first ``first_k_dense_replace`` layers with
             period ``prefix_dense_sliding_window_pattern``, then over the rest, Cohere 2 MoE).
         sliding_pattern: the pattern period when the config states none.
+        sliding_pattern_key: the config key of the pattern period (AFMoE: global_attn_every_n_layers).
         local_rope_key: config key of the rotary base for sliding layers (Gemma 3).
         no_rope_key: config key of a per-layer list where 0 switches rotation off (SmolLM3).
         layer_rope_key: config key of a per-layer rotary base, 0 for no rotation (Granite SWA).
@@ -349,6 +356,8 @@ class FamilySpec:
         clip_qkv_key: config key of a bound the query/key/value projections are clamped to.
         query_temperature: Llama 4's position-dependent query scale from the rope parameters.
         sinks: each layer has a learned per-head attention sink (``sinks`` role).
+        attn_output_gate: attention's output (before ``o``) is multiplied by the sigmoid of the
+            ``attn_gate`` projection of the layer's normed input (AFMoE).
         ffn_mult_key / ffn_mult: the feed-forward width as a multiple of hidden_size when the
             config states no width (``ffn_mult_key`` names the multiple's key).
         fused_qkv: how a fused ``qkv`` tensor's rows are laid out: ``"concat"`` (all queries,
@@ -399,6 +408,7 @@ class FamilySpec:
     default_act: str = "silu"
     sliding: str = "none"
     sliding_pattern: int = 6
+    sliding_pattern_key: str = "sliding_window_pattern"
     local_rope_key: str | None = None
     no_rope_key: str | None = None
     layer_rope_key: str | None = None
@@ -414,6 +424,7 @@ class FamilySpec:
     clip_qkv_key: str | None = None
     query_temperature: bool = False
     sinks: bool = False
+    attn_output_gate: bool = False
     ffn_mult_key: str | None = None
     ffn_mult: int | None = None
     fused_qkv: str | None = None
@@ -676,6 +687,22 @@ FAMILIES: dict[str, FamilySpec] = {
                                      (None, "average", "sum"),
                                      "a shared_expert_combination_strategy other than 'average' or 'sum' "
                                      "is not supported"))),
+        FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_output_gate=True, rope_layers="sliding",
+                   sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
+                   sliding_pattern_key="global_attn_every_n_layers",
+                   keys={"routed_scaling_factor": ("route_scale",), "scoring_func": ()},
+                   # Transformers' AfmoeTokenChoiceRouter: sigmoid scores, a selection-only bias, always
+                   # renormalised (+1e-20), times route_scale
+                   fixed={"norm_topk_prob": True},
+                   moe_fields={"scoring": "sigmoid", "select_bias": True, "renorm_eps": 1e-20},
+                   variants=(Variant(flag("mup_enabled"), {"embed_scale_sqrt_hidden": True}),),
+                   refusals=(Refusal(stated("score_func", unless="sigmoid"),
+                                     "an afmoe score_func other than sigmoid (Transformers scores by sigmoid "
+                                     "whatever it says) is not supported"),
+                             Refusal(lambda c: c.get("route_norm") is False,
+                                     "afmoe's route_norm false (Transformers always renormalises) is not supported"),
+                             Refusal(lambda c: c.get("sliding_window") is None,
+                                     "an afmoe config without sliding_window is not supported"))),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),

@@ -61,6 +61,12 @@ CASES = {
         expert_selection_fn="sigmoid", num_shared_experts=1, shared_expert_combination_strategy="sum",
         prefix_dense_intermediate_size=40, sliding_window=4, first_k_dense_replace=2,
         prefix_dense_sliding_window_pattern=2)),
+    "afmoe": ("afmoe", dict(LLAMA, head_dim=16, moe_intermediate_size=24, num_experts=6, num_experts_per_tok=2,
+                            num_shared_experts=1, num_dense_layers=1, sliding_window=5, global_attn_every_n_layers=2)),
+    "afmoe-mup-scaled-top3-all-routed": ("afmoe", dict(LLAMA, num_hidden_layers=4, head_dim=16, moe_intermediate_size=16,
+                                                       num_experts=7, num_experts_per_tok=3, num_shared_experts=2,
+                                                       num_dense_layers=0, route_scale=2.5, mup_enabled=True,
+                                                       sliding_window=4)),
 }
 
 
@@ -173,10 +179,28 @@ def test_cohere2_moe_layers_from_first_k_dense_replace(case, tmp_path):
     assert stated.moe.shared_average == (case == "cohere2_moe-sigmoid-shared-dense-rms")
 
 
+@pytest.mark.parametrize("case", ["afmoe", "afmoe-mup-scaled-top3-all-routed", "gpt_oss"])
+def test_h3_windows_without_layer_types(case, tmp_path):
+    """Without layer_types the sliding layers follow the family's rule, as Transformers' config fills
+    them in: AFMoE's every global_attn_every_n_layers-th layer attends fully, gpt-oss alternates."""
+    import json
+
+    model_type, config = CASES[case]
+    build(tmp_path, model_type, config)
+    stated = load_model(str(tmp_path)).spec
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert _layers(load_model(str(tmp_path)).spec) == _layers(stated)
+
+
 H3_REFUSED = {
     "cohere2_moe": ({"use_qk_norm": True}, "use_qk_norm"),
     "cohere2_moe ": ({"use_gated_activation": False}, "use_gated_activation"),
     "cohere2_moe  ": ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy"),
+    "afmoe": ({"sliding_window": 8, "score_func": "softmax"}, "score_func"),
+    "afmoe ": ({"sliding_window": 8, "route_norm": False}, "route_norm"),
+    "afmoe  ": ({"sliding_window": None}, "sliding_window"),
 }
 
 

@@ -109,7 +109,11 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
 
 class Attention(Part):
     """The attention mixer of one layer: q/k/v projections, optional q/k norms and clipping,
-    rotation, the cache, ``attention`` and the output projection.
+    rotation, the cache, ``attention``, an optional output gate and the output projection.
+
+    The output gate (``spec.attn_output_gate``, AFMoE's ``self_attn.gate_proj``) multiplies the
+    heads' output by ``sigmoid(attn_gate(x))`` before ``o`` (gated attention: Qiu et al. 2025,
+    arXiv:2505.06708; Transformers' ``AfmoeAttention``).
 
     Args:
         spec: the ``ModelSpec`` (heads, head width, q/k norm kind, clip, scale, soft-cap, sinks).
@@ -126,9 +130,11 @@ class Attention(Part):
         self.q_norm, self.k_norm = (norm(r) if spec.qk_norm and (not spec.qk_norm_optional or load(r) is not None)
                                     else None for r in ("q_norm", "k_norm"))
         self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
+        self.attn_gate = make_linear(load("attn_gate", required=True)) if spec.attn_output_gate else None
 
     def read_order(self) -> list[tuple]:
-        return [(self.q, self.k, self.v), (self.o,)]
+        gate = [(self.attn_gate,)] if self.attn_gate is not None else []
+        return [(self.q, self.k, self.v)] + gate + [(self.o,)]
 
     def rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
         """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
@@ -167,4 +173,7 @@ class Attention(Part):
         keys, values = cache.append(self.i, k, v)
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks)
-        return self.o(out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D))
+        out = out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D)
+        if self.attn_gate is not None:
+            out = out * (np.float32(1.0) / (np.float32(1.0) + np.exp(-self.attn_gate(x))))
+        return self.o(out)
