@@ -126,6 +126,13 @@ AFMOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, attn_post_norm=_L + "post_attention_la
                     attn_gate=_L + "self_attn.gate_proj", router=_M + "router.gate",
                     router_select_bias=_M + "expert_bias", shexp_gate=_M + "shared_experts.gate_proj",
                     shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
+# Llama 4's text decoder: feed_forward.* for the dense MLP, the router, stacked experts stored
+# inputs-first ([E, hidden, 2 * size]: gate columns, then up) and the shared expert.
+_F = _L + "feed_forward."
+LLAMA4_NAMES = _with(LLAMA_NAMES, gate=_F + "gate_proj", up=_F + "up_proj", down=_F + "down_proj",
+                     router=_F + "router", exp_gate_up=_F + "experts.gate_up_proj", exp_down=_F + "experts.down_proj",
+                     shexp_gate=_F + "shared_expert.gate_proj", shexp_up=_F + "shared_expert.up_proj",
+                     shexp_down=_F + "shared_expert.down_proj")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -354,7 +361,16 @@ class FamilySpec:
         logit_scale_key: config key of a factor on the logits; ``logit_scale_divides``: the
             logits are divided by it instead (Granite's logits_scaling).
         clip_qkv_key: config key of a bound the query/key/value projections are clamped to.
-        query_temperature: Llama 4's position-dependent query scale from the rope parameters.
+        query_temperature: Llama 4's position-dependent query scale: ``"rope_parameters"`` (from
+            llama_4_scaling_beta, on every layer, Ministral 3) or ``"unrotated_layers"`` (from
+            attn_temperature_tuning, attn_scale and floor_scale, on the layers that do not rotate,
+            Llama 4's text decoder).
+        qk_norm_layers: which layers apply the q/k norms: ``"all"`` or ``"rotated"`` (Llama 4).
+        qk_norm_affine: the q/k norms carry weights (False: weightless RMS norms, Llama 4's L2 norm).
+        chunk_key: config key of the chunk of chunked attention (Llama 4's attention_chunk_size),
+            whose layers are the ``chunked_attention`` ones of ``layer_types`` (else the rotating ones).
+        config_defaults: config keys -> the value Transformers' config class gives them when a
+            config.json leaves them out (read as if stated).
         sinks: each layer has a learned per-head attention sink (``sinks`` role).
         attn_output_gate: attention's output (before ``o``) is multiplied by the sigmoid of the
             ``attn_gate`` projection of the layer's normed input (AFMoE).
@@ -422,7 +438,11 @@ class FamilySpec:
     logit_scale_key: str | None = None
     logit_scale_divides: bool = False
     clip_qkv_key: str | None = None
-    query_temperature: bool = False
+    query_temperature: str | None = None
+    qk_norm_layers: str = "all"
+    qk_norm_affine: bool = True
+    chunk_key: str | None = None
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)
     sinks: bool = False
     attn_output_gate: bool = False
     ffn_mult_key: str | None = None
@@ -653,7 +673,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      {"norms": ("attn_norm", "ffn_norm")}),)),
         FamilySpec("vaultgemma", sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
         FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
-        FamilySpec("ministral3", sliding="all", query_temperature=True),
+        FamilySpec("ministral3", sliding="all", query_temperature="rope_parameters"),
         FamilySpec("mixtral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
                    names=MIXTRAL_NAMES, gguf_names=GGUF_MOE_NAMES, fixed={"norm_topk_prob": True},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
@@ -703,6 +723,19 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "afmoe's route_norm false (Transformers always renormalises) is not supported"),
                              Refusal(lambda c: c.get("sliding_window") is None,
                                      "an afmoe config without sliding_window is not supported"))),
+        FamilySpec("llama4_text", rope_interleaved=True, no_rope_key="no_rope_layers", chunk_key="attention_chunk_size",
+                   qk_norm="head", qk_norm_after_rope=True, qk_norm_layers="rotated", qk_norm_affine=False,
+                   query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES,
+                   keys={"intermediate_size": ("intermediate_size_mlp",), "moe_intermediate_size": ("intermediate_size",),
+                         "shared_intermediate_size": ("intermediate_size",), "norm_topk_prob": (),
+                         "scoring_func": (), "topk_method": ()},
+                   # Llama4Router: sigmoid of the chosen logits, each expert reading its weight times x
+                   moe_fields={"scoring": "sigmoid", "on_input": True}, expert_inputs_first=("exp_gate_up", "exp_down"),
+                   config_defaults={"intermediate_size_mlp": 16384, "num_local_experts": 16, "num_experts_per_tok": 1,
+                                    "interleave_moe_layer_step": 1, "no_rope_layer_interval": 4,
+                                    "attention_chunk_size": 8192, "use_qk_norm": True,
+                                    "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+                   variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),)),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),

@@ -67,6 +67,16 @@ CASES = {
                                                        num_experts=7, num_experts_per_tok=3, num_shared_experts=2,
                                                        num_dense_layers=0, route_scale=2.5, mup_enabled=True,
                                                        sliding_window=4)),
+    "llama4_text": ("llama4_text", dict(LLAMA, num_hidden_layers=4, head_dim=16, intermediate_size=24,
+                                        intermediate_size_mlp=80, num_local_experts=5, num_experts_per_tok=2,
+                                        interleave_moe_layer_step=2, attention_chunk_size=5, floor_scale=4,
+                                        attn_scale=0.5)),
+    "llama4_text-top1-no-qk-norm-no-tuning-bias-llama3": ("llama4_text", dict(
+        LLAMA, num_hidden_layers=3, head_dim=16, intermediate_size=32, intermediate_size_mlp=64, num_local_experts=4,
+        num_experts_per_tok=1, moe_layers=[0, 2], no_rope_layers=[1, 0, 1], attention_chunk_size=7,
+        use_qk_norm=False, attn_temperature_tuning=False, attention_bias=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
 }
 
 
