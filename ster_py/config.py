@@ -68,11 +68,14 @@ class ModelSpec:
     (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is Llama 4's
     (beta, divisor, offset): queries at position p are multiplied by
     1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
-    ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2 norm). ``attn_output_gate``: attention's
-    output is multiplied by ``sigmoid(attn_gate(x))`` before the output projection. ``moe`` describes the routed
-    feed-forward of the layers whose ``LayerSpec.ffn`` is ``"moe"``;
+    ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
+    norm). ``attn_output_gate``: attention's output is multiplied by ``sigmoid(attn_gate(x))``
+    before the output projection. ``moe`` describes the routed feed-forward of the layers
+    whose ``LayerSpec.ffn`` is ``"moe"``;
     ``expert_inputs_first`` lists the expert roles stored [in, out] per expert, and
     ``expert_gate_up_interleaved`` says a fused expert gate/up alternates gate and up rows.
+    ``decoder_prefix``: a wrapper's text decoder's tensors sit below it (``names`` include it);
+    the wrapper's other tensors are not the decoder's.
     """
 
     model_type: str
@@ -115,6 +118,7 @@ class ModelSpec:
     clip_qkv: float | None = None
     query_temperature: tuple[float, int, int] | None = None
     qk_norm_affine: bool = True
+    decoder_prefix: str | None = None
     sinks: bool = False
     attn_output_gate: bool = False
     fused_qkv: str | None = None
@@ -501,7 +505,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         final_softcap=config.get(family.final_softcap_key) if family.final_softcap_key else None,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", family.tie_default)),
         layers=layers,
-        names=family.names,
+        names=family.tensor_names(),
+        decoder_prefix=family.decoder_prefix,
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_ids,
         query_temperature=temperature,

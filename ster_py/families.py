@@ -371,6 +371,8 @@ class FamilySpec:
             whose layers are the ``chunked_attention`` ones of ``layer_types`` (else the rotating ones).
         config_defaults: config keys -> the value Transformers' config class gives them when a
             config.json leaves them out (read as if stated).
+        decoder_prefix: the prefix a wrapper's tensors of this decoder sit below (``stored_under``);
+            tensors outside it belong to the wrapper's other towers.
         sinks: each layer has a learned per-head attention sink (``sinks`` role).
         attn_output_gate: attention's output (before ``o``) is multiplied by the sigmoid of the
             ``attn_gate`` projection of the layer's normed input (AFMoE).
@@ -443,6 +445,7 @@ class FamilySpec:
     qk_norm_affine: bool = True
     chunk_key: str | None = None
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
+    decoder_prefix: str | None = None
     sinks: bool = False
     attn_output_gate: bool = False
     ffn_mult_key: str | None = None
@@ -464,6 +467,17 @@ class FamilySpec:
     shared_gated: bool = False
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
+
+    def stored_under(self, prefix: str) -> "FamilySpec":
+        """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
+        return replace(self, decoder_prefix=prefix)
+
+    def tensor_names(self) -> Mapping[str, Any]:
+        """``names``, below ``decoder_prefix`` when the family is a wrapper's text decoder."""
+        p = self.decoder_prefix
+        if not p:
+            return self.names
+        return {role: p + n if isinstance(n, str) else tuple(p + x for x in n) for role, n in self.names.items()}
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -685,6 +699,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("gpt_oss", sliding="even", sinks=True, moe=True, names=GPT_OSS_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)}, fixed={"norm_topk_prob": True},
                    moe_defaults={"swiglu_limit": 7.0}, moe_fields={"glu": "oai"},
+                   config_defaults={"sliding_window": 128},
                    expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True),
         FamilySpec("cohere2_moe", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="prefix_pattern", sliding_pattern=4,
@@ -692,6 +707,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"intermediate_size": ("prefix_dense_intermediate_size", "intermediate_size"),
                          "moe_intermediate_size": ("intermediate_size",), "scoring_func": ("expert_selection_fn",)},
                    moe_defaults={"norm_topk_prob": True}, moe_fields={"shared_average": True},
+                   config_defaults={"logit_scale": 0.0625, "sliding_window": 4096},
                    variants=(Variant(stated("rms_norm_eps"), {"norm": "rms"}),
                              # softmax over the chosen logits: the softmax over all, renormalised
                              Variant(lambda c: c.get("expert_selection_fn") != "sigmoid",
@@ -715,18 +731,20 @@ FAMILIES: dict[str, FamilySpec] = {
                    # renormalised (+1e-20), times route_scale
                    fixed={"norm_topk_prob": True},
                    moe_fields={"scoring": "sigmoid", "select_bias": True, "renorm_eps": 1e-20},
+                   config_defaults={"sliding_window": 1024, "num_dense_layers": 1, "num_shared_experts": 2},
                    variants=(Variant(flag("mup_enabled"), {"embed_scale_sqrt_hidden": True}),),
                    refusals=(Refusal(stated("score_func", unless="sigmoid"),
                                      "an afmoe score_func other than sigmoid (Transformers scores by sigmoid "
                                      "whatever it says) is not supported"),
                              Refusal(lambda c: c.get("route_norm") is False,
                                      "afmoe's route_norm false (Transformers always renormalises) is not supported"),
-                             Refusal(lambda c: c.get("sliding_window") is None,
-                                     "an afmoe config without sliding_window is not supported"))),
+                             Refusal(lambda c: "sliding_window" in c and c["sliding_window"] is None,
+                                     "an afmoe sliding_window of null is not supported"))),
         FamilySpec("llama4_text", rope_interleaved=True, no_rope_key="no_rope_layers", chunk_key="attention_chunk_size",
                    qk_norm="head", qk_norm_after_rope=True, qk_norm_layers="rotated", qk_norm_affine=False,
                    query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES,
-                   keys={"intermediate_size": ("intermediate_size_mlp",), "moe_intermediate_size": ("intermediate_size",),
+                   keys={"intermediate_size": ("intermediate_size_mlp",),
+                         "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "norm_topk_prob": (),
                          "scoring_func": (), "topk_method": ()},
                    # Llama4Router: sigmoid of the chosen logits, each expert reading its weight times x
@@ -746,6 +764,38 @@ FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():
     if _f.gguf_arch and _f.gguf_arch not in FAMILIES_BY_GGUF_ARCH:
         FAMILIES_BY_GGUF_ARCH[_f.gguf_arch] = _f
+
+
+# Multimodal checkpoints whose text decoder ster runs: the wrapper's model_type -> (the decoder's
+# model_type when its text_config leaves it out, the prefix the decoder's tensors sit below). The
+# towers beside the decoder (vision, projector) are never read.
+WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model.")}
+# What a text_config may leave to the wrapper's config.
+_FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config")
+
+
+def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
+    """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
+
+    The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
+    ``tie_word_embeddings`` and ``quantization_config`` taken from the wrapper where it leaves them out.
+
+    Raises:
+        SterError: a wrapper config without a ``text_config`` object.
+    """
+    wrapper = config.get("model_type")
+    if not isinstance(wrapper, str) or wrapper not in WRAPPERS:
+        return config, None
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise SterError(f"model architecture {wrapper!r} in {config_path} is not supported without a text_config "
+                        f"object: ster runs the text decoder a {wrapper} config describes there")
+    inner_type, prefix = WRAPPERS[wrapper]
+    inner = {"model_type": inner_type, **text}
+    for key in _FROM_WRAPPER:
+        if inner.get(key) is None and config.get(key) is not None:
+            inner[key] = config[key]
+    return inner, prefix
 
 
 def implemented_model_types() -> list[str]:
