@@ -258,6 +258,7 @@ H3_REFUSED = {
     "cohere2_moe": ({"use_qk_norm": True}, "use_qk_norm"),
     "cohere2_moe ": ({"use_gated_activation": False}, "use_gated_activation"),
     "cohere2_moe  ": ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy"),
+    "gpt_oss": ({"quantization_config": {"quant_method": "mxfp4"}}, "mxfp4"),
     "afmoe": ({"sliding_window": 8, "score_func": "softmax"}, "score_func"),
     "afmoe ": ({"sliding_window": 8, "route_norm": False}, "route_norm"),
     "afmoe  ": ({"sliding_window": None}, "sliding_window"),
@@ -307,3 +308,8 @@ def test_wrapper_without_text_config_is_refused(tmp_path):
                             "text_config": {"eos_token_id": None, "hidden_size": 8}}, tmp_path / "config.json")
     assert prefix == "language_model." and inner["model_type"] == "llama4_text"
     assert inner["eos_token_id"] == 7 and inner["tie_word_embeddings"] and inner["hidden_size"] == 8
+    from ster_py.families import gate
+
+    quantized = {"model_type": "llama4", "quantization_config": {"quant_method": "fbgemm_fp8"}, "text_config": {}}
+    with pytest.raises(SterError, match="fbgemm_fp8"):  # the wrapper's quantization_config reaches the gate
+        gate(unwrap(quantized, tmp_path / "config.json")[0], tmp_path / "config.json")

@@ -83,8 +83,8 @@ def _by_chunk(q, k, v, positions, chunk: int, *, bias, **kw) -> np.ndarray:
     """Chunked ``attention``: the queries of each chunk attend causally to that chunk's keys."""
     positions = np.asarray(positions, np.int64)
     starts = positions - positions % chunk
-    if np.all(starts == starts[0]):  # one chunk (every decoded token)
-        groups = [(slice(None), int(starts[0]))]
+    if starts.size == 0 or np.all(starts == starts[0]):  # one chunk (every decoded token)
+        groups = [(slice(None), int(starts[0]) if starts.size else 0)]
     else:
         groups = [(starts == c, int(c)) for c in np.unique(starts)]
     out = np.empty(q.shape, np.float32)

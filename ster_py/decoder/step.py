@@ -13,8 +13,7 @@ A block qualifies when its mixer is attention, its feed-forward dense, all of it
 projections quantized (``QuantLinear``), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
 ALiBi, q/k/v clipping, query temperature, an attention output gate, chunked attention or
-per-head norm weights. Anything else, and
-prompts (more than one token), keep the Python block.
+per-head norm weights. Anything else, and prompts (more than one token), keep the Python block.
 """
 from __future__ import annotations
 
