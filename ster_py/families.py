@@ -770,15 +770,16 @@ for _f in FAMILIES.values():
 # model_type when its text_config leaves it out, the prefix the decoder's tensors sit below). The
 # towers beside the decoder (vision, projector) are never read.
 WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model.")}
-# What a text_config may leave to the wrapper's config.
-_FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config")
+# What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
+_FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 
 
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
     """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
 
     The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
-    ``tie_word_embeddings`` and ``quantization_config`` taken from the wrapper where it leaves them out.
+    ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
+    where it leaves them out.
 
     Raises:
         SterError: a wrapper config without a ``text_config`` object.
