@@ -40,12 +40,19 @@ class LayerSpec:
     ``"dense"``, ``"moe"`` (routed experts, ``ModelSpec.moe``) or ``"none"``.
     ``sliding_window`` counts the key positions a query sees, itself included
     (None: all earlier positions). ``rope`` is None on layers that do not rotate.
+    ``attention_chunk``: a query sees only the keys of its own chunk of that many positions
+    (Llama 4's chunked attention; None: no chunks). ``qk_norm``: the model's q/k norms
+    (``ModelSpec.qk_norm``) apply on this layer; ``query_temperature``: the model's query
+    temperature (``ModelSpec.query_temperature``) does.
     """
 
     sliding_window: int | None
     rope: Rope | None
     mixer: str = "attention"
     ffn: str = "dense"
+    attention_chunk: int | None = None
+    qk_norm: bool = True
+    query_temperature: bool = True
 
 
 @dataclass(frozen=True)
@@ -58,11 +65,17 @@ class ModelSpec:
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
     ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
-    (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is
-    Llama 4's (beta, original_max_position_embeddings). ``moe`` describes the routed
-    feed-forward of the layers whose ``LayerSpec.ffn`` is ``"moe"``;
+    (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is Llama 4's
+    (beta, divisor, offset): queries at position p are multiplied by
+    1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
+    ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
+    norm). ``attn_output_gate``: attention's output is multiplied by ``sigmoid(attn_gate(x))``
+    before the output projection. ``moe`` describes the routed feed-forward of the layers
+    whose ``LayerSpec.ffn`` is ``"moe"``;
     ``expert_inputs_first`` lists the expert roles stored [in, out] per expert, and
     ``expert_gate_up_interleaved`` says a fused expert gate/up alternates gate and up rows.
+    ``decoder_prefix``: a wrapper's text decoder's tensors sit below it (``names`` include it);
+    the wrapper's other tensors are not the decoder's.
     """
 
     model_type: str
@@ -103,8 +116,11 @@ class ModelSpec:
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
-    query_temperature: tuple[float, int] | None = None
+    query_temperature: tuple[float, int, int] | None = None
+    qk_norm_affine: bool = True
+    decoder_prefix: str | None = None
     sinks: bool = False
+    attn_output_gate: bool = False
     fused_qkv: str | None = None
     inputs_first: bool = False
     root: str | None = None
@@ -204,15 +220,16 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
     """Per layer: does it attend through ``sliding_window`` (``layer_types``, else the family's rule)."""
     layer_types = config.get("layer_types")
     if layer_types is not None:
-        # Transformers refuses a list of the wrong length; any kind but these two is a mixer ster lacks.
+        # Transformers refuses a list of the wrong length; any kind but these is a mixer ster lacks.
         if not isinstance(layer_types, list) or len(layer_types) != n_layers:
             shown = f"{len(layer_types)} entries" if isinstance(layer_types, list) else repr(layer_types)
             raise SterError(f"invalid model config {config_name}: layer_types must list one entry per layer "
                             f"({n_layers}), got {shown}")
+        kinds = ("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
         for t in layer_types:
-            if t not in ("sliding_attention", "full_attention"):
+            if t not in kinds:
                 raise SterError(f"{config_name}: layer type {t!r} is not supported; ster runs layer_types "
-                                "'full_attention' and 'sliding_attention'")
+                                f"{', '.join(repr(k) for k in kinds)}")
         return [t == "sliding_attention" for t in layer_types]
     if config.get("sliding_window") is None:
         return [False] * n_layers
@@ -225,15 +242,51 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
         return [on and i >= first for i in range(n_layers)]
     if rule == "even":
         return [i % 2 == 0 for i in range(n_layers)]
-    if rule in ("pattern", "pattern_first"):
-        p = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or family.sliding_pattern
-        if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
-            raise SterError(f"invalid model config {config_name}: sliding_window_pattern must be a positive "
-                            f"integer, got {p!r}; state the layers as layer_types instead")
+    if rule in ("pattern", "pattern_first", "prefix_pattern"):
+        def period(key, default):
+            p = config.get(key) or default
+            if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
+                raise SterError(f"invalid model config {config_name}: {key} must be a positive integer, "
+                                f"got {p!r}; state the layers as layer_types instead")
+            return p
+
+        p = period(family.sliding_pattern_key, config.get("_sliding_window_pattern") or family.sliding_pattern)
         if rule == "pattern":  # the last layer of each group of p attends fully
             return [(i + 1) % p != 0 for i in range(n_layers)]
-        return [i % p != 0 for i in range(n_layers)]  # the first one does
+        if rule == "pattern_first":
+            return [i % p != 0 for i in range(n_layers)]  # the first one does
+        # Cohere 2 MoE: the first_k_dense_replace dense layers by their own period, the rest by p,
+        # each counted from its own start
+        k = config.get("first_k_dense_replace") or 0
+        k = k if isinstance(k, int) and not isinstance(k, bool) else 0
+        p0 = period("prefix_dense_sliding_window_pattern", 1)
+        return [(i + 1) % p0 != 0 if i < k else (i - k + 1) % p != 0 for i in range(n_layers)]
     return [False] * n_layers
+
+
+def chunked_layers(config: Mapping, family: FamilySpec, ropes: list, config_name: str) -> list[int | None]:
+    """Per layer: its attention chunk (``family.chunk_key``, Llama 4's attention_chunk_size), or None.
+
+    The layers ``layer_types`` calls ``chunked_attention``; without layer_types, the rotating
+    ones (as Transformers' Llama4TextConfig fills layer_types in).
+
+    Raises:
+        SterError: a chunk that is not a positive integer, or chunked layers without a chunk.
+    """
+    n = len(ropes)
+    chunk = config.get(family.chunk_key) if family.chunk_key else None
+    types = config.get("layer_types")
+    listed = [t == "chunked_attention" for t in types] if isinstance(types, list) else None
+    if chunk is None:
+        if listed is not None and any(listed):
+            raise SterError(f"invalid model config {config_name}: layer_types lists chunked_attention layers but "
+                            f"{family.chunk_key} is null")
+        return [None] * n
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise SterError(f"invalid model config {config_name}: {family.chunk_key} must be a positive integer, "
+                        f"got {brief_value(chunk)}")
+    flags = listed if listed is not None else [rope is not None for rope in ropes]
+    return [chunk if f else None for f in flags]
 
 
 def moe_layer_flags(config: Mapping, n_layers: int, config_name: str) -> list[bool]:
@@ -350,26 +403,33 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
                   renormalize=bool(get("norm_topk_prob")), renorm_min=float(floor), scale=float(scale),
                   jitter_eps=float(jitter))
+    alpha = get("swiglu_alpha")
     moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=None if limit is None else float(limit),
-               shared_size=shared, shared_gated=family.shared_gated)
+               alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
         (router if k in RouterSpec.__dataclass_fields__ else moe)[k] = v
     return MoESpec(router=RouterSpec(**router), **moe)
 
 
 def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,
-                 make, config_name: str) -> list[Rope | None]:
+                 make, config_name: str, routed: list[bool]) -> list[Rope | None]:
     """The rotation of each layer, after the family's rules on which layers rotate."""
     window = config.get("sliding_window")
     ropes: list[Rope | None] = [local if s else full for s in sliding]
     if family.positions != "rope":
         return [None] * len(sliding)
-    if family.rope_layers == "sliding":  # Cohere 2: only sliding-window layers rotate
-        ropes = [rope if s and window is not None else None for rope, s in zip(ropes, sliding)]
+    if family.rope_layers in ("sliding", "sliding_or_dense"):  # Cohere 2: only sliding-window layers rotate
+        dense = family.rope_layers == "sliding_or_dense"  # Cohere 2 MoE: and its dense layers
+        ropes = [rope if (s and window is not None) or (dense and not m) else None
+                 for rope, s, m in zip(ropes, sliding, routed)]
     elif family.rope_layers == "sliding_if_windowed" and window is not None:  # EXAONE 4
         ropes = [rope if s else None for rope, s in zip(ropes, sliding)]
-    if family.no_rope_key and isinstance(config.get(family.no_rope_key), list):
-        flags = config[family.no_rope_key]
+    flags = config.get(family.no_rope_key) if family.no_rope_key else None
+    interval = config.get("no_rope_layer_interval")
+    if family.no_rope_key and not flags and isinstance(interval, int) and not isinstance(interval, bool) \
+            and interval > 0:  # Transformers' default: every interval-th layer does not rotate
+        flags = [(i + 1) % interval != 0 for i in range(len(ropes))]
+    if isinstance(flags, list):
         ropes = [None if i < len(flags) and not flags[i] else rope for i, rope in enumerate(ropes)]
     if family.layer_rope_key and isinstance(config.get(family.layer_rope_key), list):
         thetas = config[family.layer_rope_key]
@@ -392,8 +452,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     Raises:
         SterError: a missing or invalid dimension, an unsupported activation or rope type.
     """
+    config = {**family.config_defaults, **config}  # Transformers' defaults for keys the config leaves out
     family = family.for_config(config)
-    config = {**family.config_defaults, **config}  # what Transformers' config class fills in
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
@@ -435,17 +495,25 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     full_rope = make(full_params)
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
-    ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
-                         lambda theta: make({**full_params, "rope_theta": theta}), config_name)
-    window = config.get("sliding_window")
     routed = moe_layer_flags(config, n_layers, config_name) if family.moe else [False] * n_layers
-    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense")
-                   for s, rope, m in zip(sliding, ropes, routed))
-
+    ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
+                         lambda theta: make({**full_params, "rope_theta": theta}), config_name, routed)
+    window = config.get("sliding_window")
+    chunks = chunked_layers(config, family, ropes, config_name)
     temperature = None
-    if family.query_temperature and full_params.get("llama_4_scaling_beta") is not None:
+    if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
-                       int(full_params.get("original_max_position_embeddings") or max_pos))
+                       int(full_params.get("original_max_position_embeddings") or max_pos), 0)
+    elif family.query_temperature == "unrotated_layers" and config.get("attn_temperature_tuning"):
+        divisor = config.get("floor_scale")
+        if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor <= 0:
+            raise SterError(f"{where}: floor_scale must be a positive integer, got {brief_value(divisor)}")
+        temperature = (r.number("attn_scale", 0.1), divisor, 1)  # Llama 4 counts positions from one here
+    rotated_only = family.query_temperature == "unrotated_layers"
+    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense",
+                             attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
+                             query_temperature=rope is None or not rotated_only)
+                   for s, rope, m, c in zip(sliding, ropes, routed, chunks))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
@@ -465,7 +533,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         final_softcap=config.get(family.final_softcap_key) if family.final_softcap_key else None,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", family.tie_default)),
         layers=layers,
-        names=family.names,
+        names=family.tensor_names(),
+        decoder_prefix=family.decoder_prefix,
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_ids,
         query_temperature=temperature,
@@ -506,6 +575,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         parallel=family.parallel,
         qk_norm_after_rope=family.qk_norm_after_rope,
         qk_norm_optional=family.qk_norm_optional,
+        qk_norm_affine=family.qk_norm_affine,
         embed_norm=family.embed_norm,
         positions=family.positions,
         position_offset=family.position_offset,
@@ -517,4 +587,5 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,
         clip_qkv=r.number(family.clip_qkv_key, None),
         sinks=family.sinks,
+        attn_output_gate=family.attn_output_gate,
     )

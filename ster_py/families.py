@@ -149,6 +149,26 @@ DBRX_NAMES: Mapping[str, str] = {
     "router": _X + "ffn.router.layer", "exp_gate": _X + "ffn.experts.mlp.w1", "exp_up": _X + "ffn.experts.mlp.v1",
     "exp_down": _X + "ffn.experts.mlp.w2",
 }
+# gpt-oss: stacked experts stored inputs-first with their biases, gate and up interleaved (layout.py).
+GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn", router=_M + "router",
+                      exp_gate_up=_M + "experts.gate_up_proj", exp_gate_up_bias=_M + "experts.gate_up_proj_bias",
+                      exp_down=_M + "experts.down_proj", exp_down_bias=_M + "experts.down_proj_bias")
+# Cohere 2 MoE: one input norm (parallel block); experts stored one module each, as Transformers saves them.
+COHERE2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, ffn_norm=None, shexp_gate=_M + "shared_experts.gate_proj",
+                          shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
+# AFMoE: sandwich norms, a gated attention output, a router module with a selection bias beside it.
+AFMOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                    ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm",
+                    attn_gate=_L + "self_attn.gate_proj", router=_M + "router.gate",
+                    router_select_bias=_M + "expert_bias", shexp_gate=_M + "shared_experts.gate_proj",
+                    shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
+# Llama 4's text decoder: feed_forward.* for the dense MLP, the router, stacked experts stored
+# inputs-first ([E, hidden, 2 * size]: gate columns, then up) and the shared expert.
+_F = _L + "feed_forward."
+LLAMA4_NAMES = _with(LLAMA_NAMES, gate=_F + "gate_proj", up=_F + "up_proj", down=_F + "down_proj",
+                     router=_F + "router", exp_gate_up=_F + "experts.gate_up_proj", exp_down=_F + "experts.down_proj",
+                     shexp_gate=_F + "shared_expert.gate_proj", shexp_up=_F + "shared_expert.up_proj",
+                     shexp_down=_F + "shared_expert.down_proj")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -265,6 +285,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "swiglu_limit": ("swiglu_limit",),
     "router_jitter_noise": ("router_jitter_noise",),  # SparseMixer's closeness bound (PhiMoE)
     "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
+    "swiglu_alpha": ("swiglu_alpha",),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -355,14 +376,18 @@ class FamilySpec:
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
         rope_layers: which layers rotate: ``"all"``, ``"sliding"`` (only sliding-window layers,
-            Cohere 2) or ``"sliding_if_windowed"`` (only sliding layers once the model has any, EXAONE 4).
+            Cohere 2), ``"sliding_or_dense"`` (those and the dense feed-forward layers, Cohere 2 MoE)
+            or ``"sliding_if_windowed"`` (only sliding layers once the model has any, EXAONE 4).
         default_act: activation when the config names none.
         sliding: how per-layer sliding windows are placed when the config has no
             ``layer_types``: ``"none"``, ``"all"`` (every layer when ``sliding_window`` is set),
             ``"qwen2"`` (``use_sliding_window`` from ``max_window_layers`` on),
             ``"even"`` (layers 0, 2, 4, ...), ``"pattern"`` (all but every
-            ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...).
+            ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...),
+            ``"prefix_pattern"`` (``"pattern"`` over the first ``first_k_dense_replace`` layers with
+            period ``prefix_dense_sliding_window_pattern``, then over the rest, Cohere 2 MoE).
         sliding_pattern: the pattern period when the config states none.
+        sliding_pattern_key: the config key of the pattern period (AFMoE: global_attn_every_n_layers).
         local_rope_key: config key of the rotary base for sliding layers (Gemma 3).
         no_rope_key: config key of a per-layer list where 0 switches rotation off (SmolLM3).
         layer_rope_key: config key of a per-layer rotary base, 0 for no rotation (Granite SWA).
@@ -375,8 +400,21 @@ class FamilySpec:
         logit_scale_key: config key of a factor on the logits; ``logit_scale_divides``: the
             logits are divided by it instead (Granite's logits_scaling).
         clip_qkv_key: config key of a bound the query/key/value projections are clamped to.
-        query_temperature: Llama 4's position-dependent query scale from the rope parameters.
+        query_temperature: Llama 4's position-dependent query scale: ``"rope_parameters"`` (from
+            llama_4_scaling_beta, on every layer, Ministral 3) or ``"unrotated_layers"`` (from
+            attn_temperature_tuning, attn_scale and floor_scale, on the layers that do not rotate,
+            Llama 4's text decoder).
+        qk_norm_layers: which layers apply the q/k norms: ``"all"`` or ``"rotated"`` (Llama 4).
+        qk_norm_affine: the q/k norms carry weights (False: weightless RMS norms, Llama 4's L2 norm).
+        chunk_key: config key of the chunk of chunked attention (Llama 4's attention_chunk_size),
+            whose layers are the ``chunked_attention`` ones of ``layer_types`` (else the rotating ones).
+        config_defaults: config keys -> the value Transformers' config class gives them when a
+            config.json leaves them out (read as if stated).
+        decoder_prefix: the prefix a wrapper's tensors of this decoder sit below (``stored_under``);
+            tensors outside it belong to the wrapper's other towers.
         sinks: each layer has a learned per-head attention sink (``sinks`` role).
+        attn_output_gate: attention's output (before ``o``) is multiplied by the sigmoid of the
+            ``attn_gate`` projection of the layer's normed input (AFMoE).
         ffn_mult_key / ffn_mult: the feed-forward width as a multiple of hidden_size when the
             config states no width (``ffn_mult_key`` names the multiple's key).
         fused_qkv: how a fused ``qkv`` tensor's rows are laid out: ``"concat"`` (all queries,
@@ -403,9 +441,6 @@ class FamilySpec:
             (``on_input``, ``glu``, ``renorm_eps``, ``group_rank``, ...).
         shared_gated: the shared experts' output is gated by ``sigmoid(shexp_gate_inp(x))``.
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
-        config_defaults: config.json keys (read without aliases, e.g. ``first_k_dense_replace``,
-            ``partial_rotary_factor``) and the values Transformers' config class gives them when
-            a file leaves them out; filled in before the config is read.
     """
 
     model_type: str
@@ -432,6 +467,7 @@ class FamilySpec:
     default_act: str = "silu"
     sliding: str = "none"
     sliding_pattern: int = 6
+    sliding_pattern_key: str = "sliding_window_pattern"
     local_rope_key: str | None = None
     no_rope_key: str | None = None
     layer_rope_key: str | None = None
@@ -445,8 +481,14 @@ class FamilySpec:
     logit_scale_key: str | None = None
     logit_scale_divides: bool = False
     clip_qkv_key: str | None = None
-    query_temperature: bool = False
+    query_temperature: str | None = None
+    qk_norm_layers: str = "all"
+    qk_norm_affine: bool = True
+    chunk_key: str | None = None
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)
+    decoder_prefix: str | None = None
     sinks: bool = False
+    attn_output_gate: bool = False
     ffn_mult_key: str | None = None
     ffn_mult: int | None = None
     fused_qkv: str | None = None
@@ -467,7 +509,17 @@ class FamilySpec:
     shared_gated: bool = False
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
-    config_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def stored_under(self, prefix: str) -> "FamilySpec":
+        """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
+        return replace(self, decoder_prefix=prefix)
+
+    def tensor_names(self) -> Mapping[str, Any]:
+        """``names``, below ``decoder_prefix`` when the family is a wrapper's text decoder."""
+        p = self.decoder_prefix
+        if not p:
+            return self.names
+        return {role: p + n if isinstance(n, str) else tuple(p + x for x in n) for role, n in self.names.items()}
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -731,7 +783,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      {"norms": ("attn_norm", "ffn_norm")}),)),
         FamilySpec("vaultgemma", sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
         FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
-        FamilySpec("ministral3", sliding="all", query_temperature=True),
+        FamilySpec("ministral3", sliding="all", query_temperature="rope_parameters"),
         FamilySpec("mixtral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
                    names=MIXTRAL_NAMES, fixed={"norm_topk_prob": True},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
@@ -765,6 +817,65 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(_phimoe_rope_unsupported,
                                      "PhiMoE's short_mscale / long_mscale on a rope type other than longrope "
                                      "is not supported"))),
+        # --- group H3: gpt_oss, llama4_text, afmoe, cohere2_moe
+        FamilySpec("gpt_oss", sliding="even", sinks=True, moe=True, names=GPT_OSS_NAMES,
+                   keys={"moe_intermediate_size": ("intermediate_size",)}, fixed={"norm_topk_prob": True},
+                   moe_defaults={"swiglu_limit": 7.0}, moe_fields={"glu": "oai"},
+                   config_defaults={"sliding_window": 128},
+                   expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True),
+        FamilySpec("cohere2_moe", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
+                   logit_scale_key="logit_scale", tie_default=True, sliding="prefix_pattern", sliding_pattern=4,
+                   rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES,
+                   keys={"intermediate_size": ("prefix_dense_intermediate_size", "intermediate_size"),
+                         "moe_intermediate_size": ("intermediate_size",), "scoring_func": ("expert_selection_fn",)},
+                   moe_defaults={"norm_topk_prob": True}, moe_fields={"shared_average": True},
+                   config_defaults={"logit_scale": 0.0625, "sliding_window": 4096},
+                   variants=(Variant(stated("rms_norm_eps"), {"norm": "rms"}),
+                             # softmax over the chosen logits: the softmax over all, renormalised
+                             Variant(lambda c: c.get("expert_selection_fn") != "sigmoid",
+                                     {"fixed": {"norm_topk_prob": True}}),
+                             Variant(lambda c: c.get("shared_expert_combination_strategy") == "sum",
+                                     {"moe_fields": {}}),
+                             Variant(lambda c: c.get("prefix_dense_sliding_window_pattern", 1) == 1,
+                                     {"rope_layers": "sliding_or_dense"})),
+                   refusals=(Refusal(flag("use_qk_norm"), "Cohere 2 MoE's use_qk_norm is not supported"),
+                             Refusal(unset("use_gated_activation"),
+                                     "Cohere 2 MoE without use_gated_activation (a plain MLP) is not supported"),
+                             Refusal(lambda c: c.get("shared_expert_combination_strategy") not in
+                                     (None, "average", "sum"),
+                                     "a shared_expert_combination_strategy other than 'average' or 'sum' "
+                                     "is not supported"))),
+        FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_output_gate=True, rope_layers="sliding",
+                   sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
+                   sliding_pattern_key="global_attn_every_n_layers",
+                   keys={"routed_scaling_factor": ("route_scale",), "scoring_func": ()},
+                   # Transformers' AfmoeTokenChoiceRouter: sigmoid scores, a selection-only bias, always
+                   # renormalised (+1e-20), times route_scale
+                   fixed={"norm_topk_prob": True},
+                   moe_fields={"scoring": "sigmoid", "select_bias": True, "renorm_eps": 1e-20},
+                   config_defaults={"sliding_window": 1024, "num_dense_layers": 1, "num_shared_experts": 2},
+                   variants=(Variant(flag("mup_enabled"), {"embed_scale_sqrt_hidden": True}),),
+                   refusals=(Refusal(stated("score_func", unless="sigmoid"),
+                                     "an afmoe score_func other than sigmoid (Transformers scores by sigmoid "
+                                     "whatever it says) is not supported"),
+                             Refusal(lambda c: c.get("route_norm") is False,
+                                     "afmoe's route_norm false (Transformers always renormalises) is not supported"),
+                             Refusal(lambda c: "sliding_window" in c and c["sliding_window"] is None,
+                                     "an afmoe sliding_window of null is not supported"))),
+        FamilySpec("llama4_text", rope_interleaved=True, no_rope_key="no_rope_layers", chunk_key="attention_chunk_size",
+                   qk_norm="head", qk_norm_after_rope=True, qk_norm_layers="rotated", qk_norm_affine=False,
+                   query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES,
+                   keys={"intermediate_size": ("intermediate_size_mlp",),
+                         "moe_intermediate_size": ("intermediate_size",),
+                         "shared_intermediate_size": ("intermediate_size",), "norm_topk_prob": (),
+                         "scoring_func": (), "topk_method": ()},
+                   # Llama4Router: sigmoid of the chosen logits, each expert reading its weight times x
+                   moe_fields={"scoring": "sigmoid", "on_input": True}, expert_inputs_first=("exp_gate_up", "exp_down"),
+                   config_defaults={"intermediate_size_mlp": 16384, "num_local_experts": 16, "num_experts_per_tok": 1,
+                                    "interleave_moe_layer_step": 1, "no_rope_layer_interval": 4,
+                                    "attention_chunk_size": 8192, "use_qk_norm": True,
+                                    "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+                   variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),)),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
@@ -849,6 +960,39 @@ FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():
     if _f.gguf_arch and _f.gguf_arch not in FAMILIES_BY_GGUF_ARCH:
         FAMILIES_BY_GGUF_ARCH[_f.gguf_arch] = _f
+
+
+# Multimodal checkpoints whose text decoder ster runs: the wrapper's model_type -> (the decoder's
+# model_type when its text_config leaves it out, the prefix the decoder's tensors sit below). The
+# towers beside the decoder (vision, projector) are never read.
+WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model.")}
+# What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
+_FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
+
+
+def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
+    """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
+
+    The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
+    ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
+    where it leaves them out.
+
+    Raises:
+        SterError: a wrapper config without a ``text_config`` object.
+    """
+    wrapper = config.get("model_type")
+    if not isinstance(wrapper, str) or wrapper not in WRAPPERS:
+        return config, None
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise SterError(f"model architecture {wrapper!r} in {config_path} is not supported without a text_config "
+                        f"object: ster runs the text decoder a {wrapper} config describes there")
+    inner_type, prefix = WRAPPERS[wrapper]
+    inner = {"model_type": inner_type, **text}
+    for key in _FROM_WRAPPER:
+        if inner.get(key) is None and config.get(key) is not None:
+            inner[key] = config[key]
+    return inner, prefix
 
 
 def implemented_model_types() -> list[str]:

@@ -193,7 +193,7 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
     config_path = root / CONFIG
     tokenizer_path = _require_tokenizer(root, names)
     config = read_config(config_path)
-    family = _gate(config, config_path)
+    config, family = _gate(config, config_path)
     weights = _safetensors_in(root, names)
     if weights:
         _check_index(root, names)
@@ -311,13 +311,17 @@ def read_config(path: Path) -> dict:
     return config
 
 
-def _gate(config: dict, config_path: Path) -> "FamilySpec":
+def _gate(config: dict, config_path: Path) -> tuple[dict, "FamilySpec"]:
+    """(the decoder's config, its family): a multimodal wrapper's config becomes its text
+    decoder's (``families.unwrap``), whose tensors the family then names below the wrapper's prefix."""
     # Imported here so that the family table loads only when a config is gated.
     from ster_py import families
     from ster_py.validate import interpret
 
     # The family's refusal rules read untrusted values: a Python error in one is the config's fault.
-    return interpret(str(config_path), families.gate, config, config_path)
+    config, prefix = interpret(str(config_path), families.unwrap, config, config_path)
+    family = interpret(str(config_path), families.gate, config, config_path)
+    return config, family.stored_under(prefix) if prefix else family
 
 
 # --------------------------------------------------------------------------- Hub
@@ -364,7 +368,7 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
             f"{config_path.parent.name}); run again, or pass a commit SHA as the revision"
         )
     config = read_config(config_path)
-    family = _gate(config, config_path)
+    config, family = _gate(config, config_path)
     if not with_weights:
         return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, (), None, sha,
                         family)
@@ -489,7 +493,7 @@ def _resolve_cache(model: str, rev: str, with_weights: bool = True) -> Resolved:
     if TOKENIZER not in names:
         raise SterError(f"tokenizer is missing: {root / TOKENIZER} ({where} lacks it; {todo})")
     config = read_config(config_path)
-    family = _gate(config, config_path)
+    config, family = _gate(config, config_path)
     if not with_weights:
         return Resolved(model, "safetensors", root, config, config_path, root / TOKENIZER, (), None, root.name, family)
     weights = _safetensors_in(root, names)

@@ -69,7 +69,8 @@ class _Tracked:
         Call after ``Decoder(spec, self)`` (it reads every tensor at construction).
         Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``) and,
         when the head is tied to the embedding, a stored head (it is not used, as in
-        Transformers). Anything else means the checkpoint holds weights this model
+        Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
+        and projector, never read). Anything else means the checkpoint holds weights this model
         configuration ignores: usually a config.json from another model or variant.
         """
         asked = {self._stored(n) for n in self._asked}
@@ -77,8 +78,9 @@ class _Tracked:
             for head in _role_names(spec.names["head"]):
                 root = spec.root or ""
                 asked |= {self._stored(f"{head}.weight"), self._stored(f"{head.removeprefix(root)}.weight")}
+        ours = spec.decoder_prefix or ""
         return sorted(n for n in self.names() if n not in asked and n not in HARMLESS_NAMES
-                      and not n.endswith(HARMLESS_SUFFIXES))
+                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours))
 
 
 def unused_tensor_warnings(spec, weights) -> list[str]:

@@ -79,6 +79,46 @@ CASES = {
     "hunyuan_v1_moe-alpha-topk-per-layer": ("hunyuan_v1_moe", dict(
         LLAMA, head_dim=16, num_experts=6, moe_topk=[3, 3, 3],
         rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0, "factor": 1.0})),
+    # --- group H3
+    "gpt_oss": ("gpt_oss", dict(LLAMA, head_dim=16, intermediate_size=32, num_local_experts=6, num_experts_per_tok=2,
+                                sliding_window=5)),
+    "gpt_oss-clamped-top3-plain-rope": ("gpt_oss", dict(LLAMA, head_dim=16, intermediate_size=24, num_local_experts=5,
+                                                        num_experts_per_tok=3, sliding_window=4, swiglu_limit=0.3,
+                                                        swiglu_alpha=1.3, attention_bias=False,
+                                                        layer_types=["full_attention", "sliding_attention",
+                                                                     "sliding_attention"],
+                                                        rope_parameters={"rope_type": "default",
+                                                                         "rope_theta": 1000.0})),
+    "cohere2_moe": ("cohere2_moe", dict(LLAMA, head_dim=16, intermediate_size=32, num_experts=6, num_experts_per_tok=2,
+                                        sliding_window=5, layer_types=["sliding_attention", "full_attention",
+                                                                       "sliding_attention"],
+                                        mlp_layer_types=["sparse", "sparse", "sparse"])),
+    "cohere2_moe-sigmoid-shared-dense-rms": ("cohere2_moe", dict(
+        LLAMA, num_hidden_layers=4, head_dim=16, intermediate_size=24, num_experts=5, num_experts_per_tok=3,
+        expert_selection_fn="sigmoid", norm_topk_prob=False, num_shared_experts=2, prefix_dense_intermediate_size=40,
+        rms_norm_eps=1e-5, logit_scale=0.5, tie_word_embeddings=False, sliding_window=4, sliding_window_pattern=2,
+        first_k_dense_replace=1)),
+    "cohere2_moe-sigmoid-renorm-sum-windowed-prefix": ("cohere2_moe", dict(
+        LLAMA, num_hidden_layers=4, head_dim=16, intermediate_size=24, num_experts=6, num_experts_per_tok=2,
+        expert_selection_fn="sigmoid", num_shared_experts=1, shared_expert_combination_strategy="sum",
+        prefix_dense_intermediate_size=40, sliding_window=4, first_k_dense_replace=2,
+        prefix_dense_sliding_window_pattern=2)),
+    "afmoe": ("afmoe", dict(LLAMA, head_dim=16, moe_intermediate_size=24, num_experts=6, num_experts_per_tok=2,
+                            num_shared_experts=1, num_dense_layers=1, sliding_window=5, global_attn_every_n_layers=2)),
+    "afmoe-mup-scaled-top3-all-routed": ("afmoe", dict(LLAMA, num_hidden_layers=4, head_dim=16,
+                                                       moe_intermediate_size=16, num_experts=7, num_experts_per_tok=3,
+                                                       num_shared_experts=2, num_dense_layers=0, route_scale=2.5,
+                                                       mup_enabled=True, sliding_window=4)),
+    "llama4_text": ("llama4_text", dict(LLAMA, num_hidden_layers=4, head_dim=16, intermediate_size=24,
+                                        intermediate_size_mlp=80, num_local_experts=5, num_experts_per_tok=2,
+                                        interleave_moe_layer_step=2, attention_chunk_size=5, floor_scale=4,
+                                        attn_scale=0.5)),
+    "llama4_text-top1-no-qk-norm-no-tuning-bias-llama3": ("llama4_text", dict(
+        LLAMA, num_hidden_layers=3, head_dim=16, intermediate_size=32, intermediate_size_mlp=64, num_local_experts=4,
+        num_experts_per_tok=1, moe_layers=[0, 2], no_rope_layers=[1, 0, 1], attention_chunk_size=7,
+        use_qk_norm=False, attn_temperature_tuning=False, attention_bias=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
 }
 # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
 _GRANITE_MULT = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)
@@ -320,6 +360,124 @@ def test_refused_configurations(key, tmp_path):
     accepted = {"dbrx": {"ffn_config": {"moe_normalize_expert_weights": 1}}, "phimoe": {"router_jitter_noise": 0.01},
                 "granitemoe_swa": {}}
     assert gate({"model_type": key.strip(), **accepted[key.strip()]}, tmp_path / "config.json")
+
+
+# ----------------------------------------------------------------------------- group H3
+
+
+def _layers(spec) -> list[tuple]:
+    return [(layer.sliding_window, layer.rope is not None, layer.ffn) for layer in spec.layers]
+
+
+@pytest.mark.parametrize("case", ["cohere2_moe-sigmoid-shared-dense-rms",
+                                  "cohere2_moe-sigmoid-renorm-sum-windowed-prefix"])
+def test_cohere2_moe_layers_from_first_k_dense_replace(case, tmp_path):
+    """A config that states first_k_dense_replace instead of layer_types / mlp_layer_types gets the layers
+    Transformers derives from it: the dense prefix windowed by prefix_dense_sliding_window_pattern and
+    rotated when that is 1, the rest by sliding_window_pattern counted from the prefix's end."""
+    import json
+
+    config = CASES[case][1]
+    build(tmp_path, "cohere2_moe", config)
+    stated = load_model(str(tmp_path)).spec
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["layer_types"], cfg["mlp_layer_types"]
+    cfg["first_k_dense_replace"] = config["first_k_dense_replace"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert _layers(load_model(str(tmp_path)).spec) == _layers(stated)
+    expected = {"cohere2_moe-sigmoid-shared-dense-rms": [(None, True, "dense"), (4, True, "moe"), (None, False, "moe"),
+                                                         (4, True, "moe")],
+                "cohere2_moe-sigmoid-renorm-sum-windowed-prefix": [(4, True, "dense"), (None, False, "dense"),
+                                                                   (4, True, "moe"), (4, True, "moe")]}
+    assert _layers(stated) == expected[case]
+    assert stated.moe.shared_average == (case == "cohere2_moe-sigmoid-shared-dense-rms")
+
+
+@pytest.mark.parametrize("case", ["afmoe", "afmoe-mup-scaled-top3-all-routed", "gpt_oss"])
+def test_h3_windows_without_layer_types(case, tmp_path):
+    """Without layer_types the sliding layers follow the family's rule, as Transformers' config fills
+    them in: AFMoE's every global_attn_every_n_layers-th layer attends fully, gpt-oss alternates."""
+    import json
+
+    model_type, config = CASES[case]
+    build(tmp_path, model_type, config)
+    stated = load_model(str(tmp_path)).spec
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert _layers(load_model(str(tmp_path)).spec) == _layers(stated)
+
+
+def test_llama4_layers_without_layer_types(tmp_path):
+    """Without no_rope_layers, layer_types and moe_layers, Transformers' defaults decide: every
+    no_rope_layer_interval-th layer is unrotated and attends fully (with the query temperature),
+    the others attend by chunks and norm q/k; every interleave_moe_layer_step-th layer routes."""
+    import json
+
+    build(tmp_path, "llama4_text", CASES["llama4_text"][1])
+    stated = load_model(str(tmp_path)).spec
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for key in ("layer_types", "no_rope_layers", "moe_layers"):
+        del cfg[key]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = load_model(str(tmp_path)).spec
+
+    def layers(spec):
+        return [(layer.attention_chunk, layer.rope is None, layer.qk_norm, layer.query_temperature, layer.ffn)
+                for layer in spec.layers]
+
+    assert layers(spec) == layers(stated) == [(5, False, True, False, "dense"), (5, False, True, False, "moe"),
+                                              (5, False, True, False, "dense"), (None, True, False, True, "moe")]
+    assert spec.query_temperature == (0.5, 4, 1) and not spec.qk_norm_affine
+    cfg["layer_types"] = ["chunked_attention"] * 4
+    cfg["attention_chunk_size"] = None
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from ster_py.errors import SterError
+
+    with pytest.raises(SterError, match="attention_chunk_size"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("start,T", [(0, 23), (16, 7), (22, 1), (5, 1)])
+def test_chunked_attention_equals_its_reference(start, T, window):
+    """The chunked path (the kernel once per chunk, over that chunk's keys) against the masked numpy
+    definition, with and without a window and sinks, for prompts across chunks and decoded tokens."""
+    from ster_py.decoder.attention import attention, attention_reference
+
+    rng = np.random.default_rng(start + T)
+    H, KV, D, S = 4, 2, 8, start + T
+    k, v = (rng.standard_normal((KV, S, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((H, T, D)).astype(np.float32)
+    positions = np.arange(start, S)
+    for sinks in (None, rng.standard_normal(H).astype(np.float32)):
+        kw = dict(scale=0.3, chunk=5, window=window, sinks=sinks)
+        np.testing.assert_allclose(attention(q, k, v, positions, **kw), attention_reference(q, k, v, positions, **kw),
+                                   rtol=1e-5, atol=1e-6)
+    visible = attention_reference(q, k, v, positions, scale=0.3, chunk=5)
+    assert not np.allclose(visible, attention_reference(q, k, v, positions, scale=0.3)) or S <= 5
+
+
+H3_REFUSED = {
+    "cohere2_moe": ({"use_qk_norm": True}, "use_qk_norm"),
+    "cohere2_moe ": ({"use_gated_activation": False}, "use_gated_activation"),
+    "cohere2_moe  ": ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy"),
+    "gpt_oss": ({"quantization_config": {"quant_method": "mxfp4"}}, "mxfp4"),
+    "afmoe": ({"sliding_window": 8, "score_func": "softmax"}, "score_func"),
+    "afmoe ": ({"sliding_window": 8, "route_norm": False}, "route_norm"),
+    "afmoe  ": ({"sliding_window": None}, "sliding_window"),
+}
+
+
+@pytest.mark.parametrize("key", list(H3_REFUSED))
+def test_h3_refused_configurations(key, tmp_path):
+    """What seed 002 refuses for these families is refused by the gate, naming the feature."""
+    from ster_py.errors import SterError
+    from ster_py.families import gate
+
+    extra, match = H3_REFUSED[key]
+    with pytest.raises(SterError, match=match):
+        gate({"model_type": key.strip(), **extra}, tmp_path / "config.json")
 
 
 # ----------------------------------------------------------------------------- GGUF, via llama.cpp
@@ -611,3 +769,42 @@ def test_h2_refusal_comes_before_any_weight(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
     with pytest.raises(SterError, match="different values per layer"):
         load_model(str(tmp_path))
+
+
+def test_llama4_wrapper_runs_its_text_decoder(tmp_path):
+    """A llama4 checkpoint (Llama4ForConditionalGeneration) runs the llama4_text decoder its text_config
+    describes, read from below language_model; its vision tower and projector are never read."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    import torch
+    from tiny import write_tokenizer
+
+    torch.manual_seed(0)
+    text = dict(CASES["llama4_text"][1], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                  vision_output_dim=32, image_size=28, patch_size=14, projector_input_dim=32, projector_output_dim=32)
+    model = Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.15 if p.ndim > 1 else 0.1) + (1.0 if "norm" in name else 0.0))
+    model.save_pretrained(tmp_path)
+    write_tokenizer(tmp_path, VOCAB)
+    loaded = _check(tmp_path, model.language_model)  # the wrapper's own forward needs an image in Transformers 5.24
+    assert loaded.spec.model_type == "llama4_text" and loaded.spec.names["q"].startswith("language_model.model.")
+
+
+def test_wrapper_without_text_config_is_refused(tmp_path):
+    from ster_py.errors import SterError
+    from ster_py.families import unwrap
+
+    with pytest.raises(SterError, match="text_config"):
+        unwrap({"model_type": "llama4"}, tmp_path / "config.json")
+    inner, prefix = unwrap({"model_type": "llama4", "eos_token_id": 7, "tie_word_embeddings": True,
+                            "text_config": {"eos_token_id": None, "hidden_size": 8}}, tmp_path / "config.json")
+    assert prefix == "language_model." and inner["model_type"] == "llama4_text"
+    assert inner["eos_token_id"] == 7 and inner["tie_word_embeddings"] and inner["hidden_size"] == 8
+    from ster_py.families import gate
+
+    quantized = {"model_type": "llama4", "quantization_config": {"quant_method": "fbgemm_fp8"}, "text_config": {}}
+    with pytest.raises(SterError, match="fbgemm_fp8"):  # the wrapper's quantization_config reaches the gate
+        gate(unwrap(quantized, tmp_path / "config.json")[0], tmp_path / "config.json")

@@ -1,10 +1,12 @@
 """Scaled dot-product attention with grouped key/value heads (GQA).
 
 Vaswani et al. 2017; grouped-query attention: Ainslie et al. 2023 (arXiv:2305.13245).
-Causal and sliding-window masks are exact: query at absolute position p sees keys
-at positions j with j <= p and, under a window w, j > p - w (w positions, itself
-included), as Transformers' masking_utils defines the sliding window. Gemma 2's
-logit soft-capping applies cap * tanh(scores / cap) before the mask.
+Causal, sliding-window and chunked masks are exact: query at absolute position p sees
+keys at positions j with j <= p and, under a window w, j > p - w (w positions, itself
+included), as Transformers' masking_utils defines the sliding window; under chunks of c
+positions (Llama 4's attention_chunk_size), only j >= p - p mod c (its own chunk, as
+masking_utils' chunked_overlay). Gemma 2's logit soft-capping applies
+cap * tanh(scores / cap) before the mask.
 
 Float32 queries over float32 or float16 keys/values run the fused Cython kernel
 (``ster_py._kernels.ops.attention``: one pass per query row over only the keys
@@ -12,7 +14,9 @@ it may see, with an online softmax, threaded over heads and rows and, when
 decoding with few key/value heads, over parts of the keys merged afterwards;
 float16 rows are widened to float32 as they are read, never the whole cache);
 ``attention_reference`` is the numpy definition it is tested against and the
-fallback for anything the kernel does not take. Float16 keys/values mean their
+fallback for anything the kernel does not take. Chunked attention runs the kernel once
+per chunk the queries fall in, over that chunk's keys only (plain causal attention from the
+chunk's start), so no mask the kernel lacks is needed. Float16 keys/values mean their
 exact float32 values: all arithmetic is float32 either way.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 from ._fast import ops as _ops
 from .linear import make_linear
+from .norms import Norm
 from .parts import Part
 from .positions import query_temperature
 
@@ -38,7 +43,7 @@ def _kernel_bias(bias, H: int, T: int, S: int):
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, *, scale: float,
               window: int | None = None, softcap: float | None = None, bias: np.ndarray | None = None,
-              sinks: np.ndarray | None = None) -> np.ndarray:
+              sinks: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
     """Attend new queries to all cached keys.
 
     Args:
@@ -52,10 +57,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
             (ALiBi and other position biases), added after scaling and soft-capping.
         sinks: optional float32 [num_heads] learned logit per head that joins the softmax
             denominator without a value (attention sinks, gpt-oss / Granite SWA).
+        chunk: chunked attention's chunk length in positions (Llama 4), or None: a query at
+            position p sees only keys from p - p mod chunk on.
 
     Returns:
         float32 [num_heads, T, head_dim].
     """
+    if chunk:
+        return _by_chunk(q, k, v, positions, chunk, scale=scale, window=window, softcap=softcap, bias=bias,
+                         sinks=sinks)
     if _ops is not None:
         b = None
         if bias is not None:
@@ -69,9 +79,28 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
                                sinks=sinks)
 
 
+def _by_chunk(q, k, v, positions, chunk: int, *, bias, **kw) -> np.ndarray:
+    """Chunked ``attention``: the queries of each chunk attend causally to that chunk's keys."""
+    positions = np.asarray(positions, np.int64)
+    starts = positions - positions % chunk
+    if starts.size == 0 or np.all(starts == starts[0]):  # one chunk (every decoded token)
+        groups = [(slice(None), int(starts[0]) if starts.size else 0)]
+    else:
+        groups = [(starts == c, int(c)) for c in np.unique(starts)]
+    out = np.empty(q.shape, np.float32)
+    for rows, c in groups:
+        b = None
+        if bias is not None:  # broadcastable to [H, T, S]: the chunk's keys, and its rows where it has rows
+            b = np.asarray(bias, np.float32)[..., c:]
+            if b.ndim >= 2 and b.shape[-2] == len(positions) > 1:
+                b = b[..., rows, :]
+        out[:, rows] = attention(q[:, rows], k[:, c:], v[:, c:], positions[rows] - c, bias=b, **kw)
+    return out
+
+
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, *, scale: float,
                         window: int | None = None, softcap: float | None = None, bias: np.ndarray | None = None,
-                        sinks: np.ndarray | None = None) -> np.ndarray:
+                        sinks: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
     """The numpy definition of ``attention`` (same arguments): full score matrix, masked softmax.
 
     float16 k, v are widened to float32 first (exactly), so the math is the float32 one."""
@@ -92,6 +121,8 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
     visible = key_pos[None, :] <= positions[:, None]
     if window is not None:
         visible &= key_pos[None, :] > positions[:, None] - window
+    if chunk:
+        visible &= key_pos[None, :] >= (positions - positions % chunk)[:, None]
     scores = np.where(visible, scores, np.float32(-np.inf))
     peak = scores.max(axis=-1, keepdims=True)
     if sinks is not None:
@@ -109,7 +140,11 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
 
 class Attention(Part):
     """The attention mixer of one layer: q/k/v projections, optional q/k norms and clipping,
-    rotation, the cache, ``attention`` and the output projection.
+    rotation, the cache, ``attention``, an optional output gate and the output projection.
+
+    The output gate (``spec.attn_output_gate``, AFMoE's ``self_attn.gate_proj``) multiplies the
+    heads' output by ``sigmoid(attn_gate(x))`` before ``o`` (gated attention: Qiu et al. 2025,
+    arXiv:2505.06708; Transformers' ``AfmoeAttention``).
 
     Args:
         spec: the ``ModelSpec`` (heads, head width, q/k norm kind, clip, scale, soft-cap, sinks).
@@ -123,12 +158,20 @@ class Attention(Part):
     def __init__(self, spec, i: int, load, norm):
         self.spec, self.i, self.layer = spec, i, spec.layers[i]
         self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias")) for r in self.ROLES)
-        self.q_norm, self.k_norm = (norm(r) if spec.qk_norm and (not spec.qk_norm_optional or load(r) is not None)
-                                    else None for r in ("q_norm", "k_norm"))
+        self.q_norm, self.k_norm = (self._qk_norm(r, load, norm) for r in ("q_norm", "k_norm"))
         self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
+        self.attn_gate = make_linear(load("attn_gate", required=True)) if spec.attn_output_gate else None
+
+    def _qk_norm(self, role: str, load, norm):
+        """The layer's q or k norm, or None (no q/k norms here, or optional ones the weights lack)."""
+        s = self.spec
+        if not s.qk_norm or not self.layer.qk_norm or (s.qk_norm_optional and load(role) is None):
+            return None
+        return norm(role) if s.qk_norm_affine else Norm("rms", s.norm_eps, None, None)
 
     def read_order(self) -> list[tuple]:
-        return [(self.q, self.k, self.v), (self.o,)]
+        gate = [(self.attn_gate,)] if self.attn_gate is not None else []
+        return [(self.q, self.k, self.v)] + gate + [(self.o,)]
 
     def rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
         """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
@@ -162,9 +205,12 @@ class Attention(Part):
             rope.apply_pair(q, k, *self.rope_tables(positions, tables))
         if head_norm and s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
-        if s.query_temperature is not None:
+        if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
-                        softcap=s.attn_softcap, bias=bias, sinks=self.sinks)
-        return self.o(out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D))
+                        softcap=s.attn_softcap, bias=bias, sinks=self.sinks, chunk=self.layer.attention_chunk)
+        out = out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D)
+        if self.attn_gate is not None:
+            out = out * (np.float32(1.0) / (np.float32(1.0) + np.exp(-self.attn_gate(x))))
+        return self.o(out)

@@ -51,7 +51,7 @@ def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
               ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
               ("gate_up", "weight"): (2 * f, d), ("gate_up", "bias"): (2 * f,),
               ("head", "weight"): (spec.vocab_size, d), ("head", "bias"): (spec.vocab_size,),
-              ("embed", "weight"): (spec.vocab_size, d), ("sinks", "sinks"): (h,)}
+              ("embed", "weight"): (spec.vocab_size, d), ("sinks", "sinks"): (h,), ("attn_gate", "weight"): (q, d)}
     for role in ("final_norm", "embed_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
         shapes[(role, "weight")] = shapes[(role, "bias")] = (d,)
     if spec.moe is not None:

@@ -23,7 +23,8 @@ unchosen experts j that lie close to it: ``(m - l_j) / max(|l_j|, m) <= 2 * jitt
 
 The layer's output is the weighted sum of the chosen experts' feed-forwards (Llama 4
 weights each expert's *input* instead) plus the shared experts, whose output may be
-gated by ``sigmoid(x @ shared_gate^T)`` (Qwen2-MoE).
+gated by ``sigmoid(x @ shared_gate^T)`` (Qwen2-MoE), or averaged with the routed sum
+(Cohere 2 MoE).
 
 Prefill groups a batch's tokens by expert, so each chosen expert's matrices are read
 once per call; a decoded token reads only its chosen experts' rows. Quantized GGUF
@@ -90,6 +91,8 @@ class MoESpec:
         alpha: the ``"oai"`` unit's sigmoid sharpness (``swiglu_alpha``; gpt-oss uses 1.702).
         shared_size: total width of the shared experts (0: none).
         shared_gated: the shared experts' output is multiplied by ``sigmoid(shared_gate(x))``.
+        shared_average: the routed and the shared experts' outputs are averaged, not summed
+            (Cohere 2 MoE's ``shared_expert_combination_strategy`` "average").
     """
 
     router: RouterSpec
@@ -100,6 +103,7 @@ class MoESpec:
     alpha: float = 1.702
     shared_size: int = 0
     shared_gated: bool = False
+    shared_average: bool = False
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -244,6 +248,8 @@ class MoE(Part):
             if self.shared_gate is not None:
                 s = s * (1.0 / (1.0 + np.exp(-self.shared_gate(x))))
             out += s
+            if self.spec.shared_average:
+                out *= np.float32(0.5)
         return out
 
     def read_order(self) -> list[tuple]:

@@ -10,8 +10,10 @@ differs from the paper's -(query - key) by a constant per query row, which softm
 ignores.
 
 Query temperature: Llama 4 / Ministral 3 multiply each query by
-1 + beta * ln(1 + floor(position / original_max_position_embeddings)) (Transformers'
-``get_llama_4_attn_scale``).
+1 + beta * ln(1 + floor((position + offset) / divisor)): Ministral 3 with llama_4_scaling_beta
+over original_max_position_embeddings, offset 0 (Transformers' ``get_llama_4_attn_scale``);
+Llama 4's text decoder on its unrotated layers with attn_scale over floor_scale, offset 1
+(``Llama4TextAttention``; temperature tuning, arXiv:2501.19399).
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def alibi_bias(slopes: tuple[float, ...], num_keys: int, *, scale: float = 1.0, 
     return bias * np.float32(scale) if scale != 1.0 else bias
 
 
-def query_temperature(positions: np.ndarray, beta: float, original_max: int) -> np.ndarray:
-    """Llama 4's per-position query scale, float32 [len(positions), 1]."""
-    scale = 1.0 + beta * np.log1p(np.floor(positions.astype(np.float64) / original_max))
+def query_temperature(positions: np.ndarray, beta: float, divisor: int, offset: int = 0) -> np.ndarray:
+    """Llama 4's per-position query scale, float32 [len(positions), 1], for int positions [T]."""
+    scale = 1.0 + beta * np.log1p(np.floor((positions.astype(np.float64) + offset) / divisor))
     return scale.astype(np.float32)[:, None]

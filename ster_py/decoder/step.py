@@ -12,8 +12,8 @@ families, and the real-model tests run through it).
 A block qualifies when its mixer is attention, its feed-forward dense, all of its
 projections quantized (``QuantLinear``), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
-ALiBi, q/k/v clipping, query temperature or per-head norm weights. Anything else, and
-prompts (more than one token), keep the Python block.
+ALiBi, q/k/v clipping, query temperature, an attention output gate, chunked attention or
+per-head norm weights. Anything else, and prompts (more than one token), keep the Python block.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def spec_allows_step(spec: ModelSpec) -> bool:
     """Whether blocks of this family can take the fused step (the per-layer part is in ``layer_step``)."""
     return (_ops is not None and spec.norm == "rms" and not spec.parallel and spec.clip_qkv is None
             and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
-            and spec.qk_norm in (None, "head", "proj"))
+            and spec.qk_norm in (None, "head", "proj") and not spec.attn_output_gate)
 
 
 def _norm_weight(norm, size: int):
@@ -56,7 +56,7 @@ def layer_step(layer):
     """
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
     if (not spec_allows_step(s) or type(attn) is not Attention or type(ffn) is not DenseFFN or ffn.gate is None
-            or ffn.glu != "standard" or ffn.limit is not None):
+            or ffn.glu != "standard" or ffn.limit is not None or layer.layer.attention_chunk):
         return None
     parts = [getattr(layer, r) for r in PROJECTIONS]
     if any(type(p) is not QuantLinear for p in parts):
