@@ -95,11 +95,11 @@ def test_refused_architecture_loads_nothing(tmp_path):
 
 
 def test_known_but_unimplemented_family_names_the_implemented_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"not read")
     r = ster("inspect", str(tmp_path))
-    assert r.returncode == 1 and "'mixtral'" in r.stderr and "llama, mistral, qwen2" in r.stderr
+    assert r.returncode == 1 and "'mamba'" in r.stderr and "llama, mistral, mixtral, qwen2" in r.stderr
 
 
 def test_missing_tensor_is_named(tmp_path):
