@@ -13,6 +13,7 @@ and ster's RSS budget (1.15 x file size + KV cache + 150 MB).
     python scripts/bench.py gemma3-270m-q4_k_m --threads 2
     python scripts/bench.py smollm2-135m-instruct-q4_1 --reference transformers
     python scripts/bench.py smollm2-135m-instruct-q4_1 --kv-cache f16
+    python scripts/bench.py "$(python scripts/moe_bench_model.py)" --prompt-ids random   # mixture of experts
 
 ``--kv-cache f16`` runs ster with a float16 KV cache (``generate(kv_cache="f16")``), as
 llama.cpp keeps its own by default; the reference engines are unchanged by it.
@@ -53,7 +54,13 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux reports KiB; MB = 1e6 bytes
 
 
-def _prompt_ids(encode, n: int) -> list[int]:
+def _prompt_ids(encode, n: int, vocab_size: int, kind: str = "text") -> list[int]:
+    """n prompt ids: the tokenized astronomy text, or (``kind`` "random", for synthetic models
+    whose vocabulary is no language) the same seeded random ids for every engine."""
+    if kind == "random":
+        import numpy as np
+
+        return np.random.default_rng(0).integers(3, vocab_size, n).tolist()
     ids: list[int] = []
     text = PROMPT_TEXT
     while len(ids) < n:
@@ -75,7 +82,8 @@ def run_ster(args) -> dict:
     set_threads(args.threads)
     m = load_model(args.model)
     load_s = time.perf_counter() - t0
-    ids = _prompt_ids(lambda t: m.tokenizer.encode(t, add_special_tokens=False), args.prompt_tokens)
+    ids = _prompt_ids(lambda t: m.tokenizer.encode(t, add_special_tokens=False), args.prompt_tokens,
+                      m.spec.vocab_size, args.prompt_ids)
     g = generate(m.decoder, ids, Sampling(max_new_tokens=args.new_tokens), stop_ids=(), kv_cache=args.kv_cache)
     dtype = np.float16 if args.kv_cache == "f16" else np.float32
     kv_bytes = m.decoder.new_cache(dtype).nbytes_per_position() * (len(ids) + args.new_tokens)
@@ -95,8 +103,9 @@ def run_llama_cpp(args) -> dict:
                           n_ctx=args.prompt_tokens + args.new_tokens + 16, n_batch=args.prompt_tokens,
                           verbose=False)
     load_s = time.perf_counter() - t0
-    ids = _prompt_ids(lambda t: llm.tokenize(t.encode("utf-8"), add_bos=False), args.prompt_tokens)
     n_vocab = llm.n_vocab()
+    ids = _prompt_ids(lambda t: llm.tokenize(t.encode("utf-8"), add_bos=False), args.prompt_tokens, n_vocab,
+                      args.prompt_ids)
 
     def last_logits():  # the last evaluated position's logits (Llama.scores stays empty here)
         return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
@@ -125,7 +134,8 @@ def run_transformers(args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.eval()
     load_s = time.perf_counter() - t0
-    ids = _prompt_ids(lambda t: tok(t, add_special_tokens=False)["input_ids"], args.prompt_tokens)
+    ids = _prompt_ids(lambda t: tok(t, add_special_tokens=False)["input_ids"], args.prompt_tokens,
+                      model.config.vocab_size, args.prompt_ids)
     with torch.inference_mode():
         t0 = time.perf_counter()
         res = model(torch.tensor([ids]), use_cache=True)
@@ -176,7 +186,7 @@ def _one(engine: str, model: str, args, extra_path: str | None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra_path, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", engine,
            "--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens),
-           "--new-tokens", str(args.new_tokens), "--kv-cache", args.kv_cache]
+           "--new-tokens", str(args.new_tokens), "--kv-cache", args.kv_cache, "--prompt-ids", args.prompt_ids]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -194,6 +204,9 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--kv-cache", choices=("f32", "f16"), default="f32",
                    help="ster's KV cache dtype (llama.cpp's is f16 either way)")
+    p.add_argument("--prompt-ids", choices=("text", "random"), default="text",
+                   help="the prompt: tokenized English text, or seeded random ids (synthetic models, e.g. "
+                        "scripts/moe_bench_model.py's)")
     p.add_argument("--hf-dir", help="Hugging Face directory for --reference transformers")
     p.add_argument("--llama-cpp-path", help="extra sys.path entry where llama_cpp is installed")
     p.add_argument("--json", help="also write the raw runs and medians to this file")
