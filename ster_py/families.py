@@ -109,6 +109,9 @@ QWEN_MOE_DENSE_NAMES = _with(QWEN_MOE_NAMES, gate=_M + "gate_proj", up=_M + "up_
 QWEN2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, shexp_gate=_M + "shared_expert.gate_proj",
                         shexp_up=_M + "shared_expert.up_proj", shexp_down=_M + "shared_expert.down_proj",
                         shexp_gate_inp=_M + "shared_expert_gate")
+# FlexOlmo: OLMo 2's post-norm block around OLMoE's experts.
+FLEX_OLMO_NAMES = _with(QWEN_MOE_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                        ffn_post_norm=_L + "post_feedforward_layernorm")
 _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
@@ -642,6 +645,10 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_names=GGUF_MOE_NAMES, gguf_config={"attention.clamp_kqv": "clip_qkv"}),
+        # group H4
+        FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
+                   moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
+                   keys={"moe_intermediate_size": ("intermediate_size",)}),
     )
 }
 

@@ -37,6 +37,10 @@ CASES = {
     "olmoe": ("olmoe", dict(LLAMA, num_experts=8, num_experts_per_tok=2)),
     "olmoe-clip-renorm": ("olmoe", dict(LLAMA, num_experts=6, num_experts_per_tok=3, clip_qkv=0.3,
                                         norm_topk_prob=True)),
+    # group H4
+    "flex_olmo": ("flex_olmo", dict(LLAMA, num_experts=6, num_experts_per_tok=2)),
+    "flex_olmo-renorm-mha": ("flex_olmo", dict(LLAMA, num_key_value_heads=None, num_experts=5, num_experts_per_tok=3,
+                                               norm_topk_prob=True)),
 }
 
 
