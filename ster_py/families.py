@@ -649,6 +649,9 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
                    moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
+        FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES,
+                   moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
+                                 "norm_topk_prob": True}),
     )
 }
 
