@@ -316,10 +316,11 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_DIM:
         raise SterError(f"{where}: the shared experts' width must be a whole number, got {brief_value(shared)}")
     limit = get("swiglu_limit")
-    router = RouterSpec(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
-                        n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
-                        renormalize=bool(get("norm_topk_prob")), scale=float(scale),
-                        **{k: v for k, v in family.moe_fields.items() if k in RouterSpec.__dataclass_fields__})
+    router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
+                  n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
+                  renormalize=bool(get("norm_topk_prob")), scale=float(scale))
+    router.update((k, v) for k, v in family.moe_fields.items() if k in RouterSpec.__dataclass_fields__)
+    router = RouterSpec(**router)
     return MoESpec(router=router, expert_size=size, act=r.get("act", family.default_act),
                    limit=None if limit is None else float(limit), shared_size=shared,
                    shared_gated=family.shared_gated,

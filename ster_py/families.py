@@ -116,6 +116,7 @@ _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
                       exp_down=_SM + "experts.{e}.w2.weight")
+MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -652,6 +653,22 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
+        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
+                   keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
+                   fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8},
+                   moe_fields={"select_bias": True},
+                   variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),
+                             Variant(lambda c: c.get("qk_norm_type") == "per_head", {"qk_norm": "head"}),
+                             Variant(unset("use_routing_bias"), {"moe_fields": {}})),
+                   refusals=(Refusal(lambda c: isinstance(c.get("attn_type_list"), list) and 0 in c["attn_type_list"],
+                                     "lightning-attention layers (attn_type_list entries 0) are not supported"),
+                             Refusal(lambda c: bool(c.get("shared_intermediate_size")),
+                                     "shared experts (shared_intermediate_size above zero) are not supported"),
+                             Refusal(lambda c: c.get("qk_norm_type") not in (None, "per_layer", "per_head"),
+                                     "a qk_norm_type other than per_layer or per_head is not supported"),
+                             Refusal(lambda c: c.get("scoring_func") not in (None, "sigmoid"),
+                                     "a scoring_func other than sigmoid is not supported"))),
     )
 }
 

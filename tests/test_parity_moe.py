@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ster_py.config import spec_from_config
 from ster_py.decoder.moe import RouterSpec, route
-from ster_py.families import FAMILIES
+from ster_py.errors import SterError
+from ster_py.families import FAMILIES, gate
 from ster_py.load import load_model
 from test_parity_dense import _check
 from tiny import build_checkpoint as build
@@ -48,6 +50,11 @@ CASES = {
                            "original_max_position_embeddings": 16},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
     "mellum-no-renorm": ("mellum", dict(LLAMA, **EXPERTS, head_dim=16, norm_topk_prob=False)),
+    "minimax_m2-rotary-dim": ("minimax_m2", dict(LLAMA, head_dim=16, rotary_dim=8, num_local_experts=6,
+                                                 num_experts_per_tok=2, intermediate_size=32)),
+    "minimax_m2-partial-factor": ("minimax_m2", dict(LLAMA, head_dim=16, num_local_experts=8, num_experts_per_tok=3,
+                                                     rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                                                                      "partial_rotary_factor": 0.5})),
 }
 
 
@@ -127,3 +134,32 @@ def test_route_softmax_topk_renormalised_equals_softmax_of_the_chosen_logits():
     ref = np.exp(chosen - chosen.max(1, keepdims=True))
     np.testing.assert_allclose(w, ref / ref.sum(1, keepdims=True), rtol=1e-5)
     assert np.array_equal(ids[:, 0], logits.argmax(1))
+
+
+# ----------------------------------------------------------------------------- group H4: refusals and variants
+
+H4_REFUSED = {
+    "minimax_m2": ({"attn_type_list": [1, 0, 1]}, "lightning-attention"),
+    "minimax_m2 ": ({"shared_intermediate_size": 64}, "shared experts"),
+    "minimax_m2  ": ({"qk_norm_type": "per_token"}, "qk_norm_type"),
+    "minimax_m2   ": ({"scoring_func": "softmax"}, "scoring_func"),
+}
+
+
+@pytest.mark.parametrize("key", list(H4_REFUSED))
+def test_h4_refused_configurations(key, tmp_path):
+    """What seed 002 refuses for these families is refused by the gate, naming the feature."""
+    extra, match = H4_REFUSED[key]
+    with pytest.raises(SterError, match=match):
+        gate({"model_type": key.strip(), **extra}, tmp_path / "config.json")
+
+
+def test_minimax_m2_config_switches(tmp_path):
+    """use_qk_norm false drops the q/k norms, qk_norm_type per_head norms each head, use_routing_bias
+    false chooses by the scores alone (MiniMax's own config keys, which Transformers does not read)."""
+    cfg = dict(CASES["minimax_m2-rotary-dim"][1], model_type="minimax_m2", rope_parameters={"rope_theta": 1e4})
+    base = spec_from_config(cfg, FAMILIES["minimax_m2"])
+    assert base.qk_norm == "proj" and base.moe.router.select_bias and base.layers[0].rope.rotary_dim == 8
+    assert spec_from_config(dict(cfg, use_qk_norm=False), FAMILIES["minimax_m2"]).qk_norm is None
+    assert spec_from_config(dict(cfg, qk_norm_type="per_head"), FAMILIES["minimax_m2"]).qk_norm == "head"
+    assert not spec_from_config(dict(cfg, use_routing_bias=False), FAMILIES["minimax_m2"]).moe.router.select_bias
