@@ -45,7 +45,7 @@ KNOWN_MODEL_TYPES: tuple[str, ...] = (
 # Per-layer tensor roles the decoder asks for, with their Hugging Face names for the
 # Llama layout. ``{i}`` is the layer index. Families override only what differs; see
 # ``decoder/layout.py`` for the roles that are read fused (``qkv``, ``gate_up``), per head
-# (a name holding ``{h}``) or as plain parameters (``sinks``, ``act``).
+# (a name holding ``{h}``) or as plain parameters (``act``); ``sinks`` names a whole tensor.
 LLAMA_NAMES: Mapping[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
@@ -116,6 +116,8 @@ _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
                       exp_down=_SM + "experts.{e}.w2.weight")
+MIMO_V2_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.e_score_correction_bias",
+                      sinks=_L + "self_attn.attention_sink_bias")
 MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
@@ -217,6 +219,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "rope_theta": ("rope_theta",),
     "partial_rotary_factor": ("partial_rotary_factor",),
     "rotary_dim": (),  # rotated width of a head, when a family states it absolutely (GPT-J)
+    "v_head_dim": (),  # width of a value head, when a family's differs from its keys' (MiMo-V2-Flash)
     "act": ("hidden_act", "hidden_activation"),
     # Mixture-of-experts (read only by families with ``moe``; see ``config.moe_spec``).
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
@@ -231,6 +234,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "scoring_func": ("scoring_func",),
     "topk_method": ("topk_method",),
     "swiglu_limit": ("swiglu_limit",),
+    "router_logit_softcap": (),  # a cap on the router's logits (Laguna's moe_router_logit_softcapping)
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -341,7 +345,17 @@ class FamilySpec:
             logits are divided by it instead (Granite's logits_scaling).
         clip_qkv_key: config key of a bound the query/key/value projections are clamped to.
         query_temperature: Llama 4's position-dependent query scale from the rope parameters.
-        sinks: each layer has a learned per-head attention sink (``sinks`` role).
+        sinks: a learned per-head attention sink (``sinks`` role: the whole tensor name) on every
+            layer (True), or only on ``"sliding"`` or ``"full"`` attention layers.
+        value_scale_key: config key of a factor on every value (MiMo-V2-Flash).
+        attn_gate: ``"sigmoid"`` or ``"softplus"`` of the ``g`` projection scales each head's
+            attention output (``attn_gate_per_head``) or each of its elements.
+        expert_limit_keys: config keys of per-layer lists of the routed and the shared experts'
+            SwiGLU clamps (0 or null: none; Step 3.5's swiglu_limits, swiglu_limits_shared).
+        normalize: rewrites the family's own config spellings (its hub config.json, or defaults
+            Transformers derives from other keys) into the keys ``config.py`` reads (``layer_types``,
+            ``mlp_layer_types``, ``rope_parameters`` per layer type, ``per_layer_config``, ...);
+            applied before variants, refusals and fields are read.
         ffn_mult_key / ffn_mult: the feed-forward width as a multiple of hidden_size when the
             config states no width (``ffn_mult_key`` names the multiple's key).
         fused_qkv: how a fused ``qkv`` tensor's rows are laid out: ``"concat"`` (all queries,
@@ -406,7 +420,12 @@ class FamilySpec:
     logit_scale_divides: bool = False
     clip_qkv_key: str | None = None
     query_temperature: bool = False
-    sinks: bool = False
+    sinks: bool | str = False
+    value_scale_key: str | None = None
+    attn_gate: str | None = None
+    attn_gate_per_head: bool = True
+    expert_limit_keys: tuple[str, str] | None = None
+    normalize: Callable[[Mapping], Mapping] | None = None
     ffn_mult_key: str | None = None
     ffn_mult: int | None = None
     fused_qkv: str | None = None
@@ -450,6 +469,57 @@ _QK_NORM_IF_PRESENT = {"qk_norm": "head", "qk_norm_optional": True}
 _OLMO2 = dict(norms=("attn_post_norm", "ffn_post_norm"), qk_norm="proj", names=OLMO2_NAMES)
 _SANDWICH = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
 _FALCON_NEW_1LN = (lambda c: bool(c.get("new_decoder_architecture")) and c.get("num_ln_in_parallel_attn") == 1)
+
+
+def _layer_list(config: Mapping, key: str, n: int) -> list | None:
+    """``config[key]`` when it is a list of at least ``n`` entries, cut to ``n`` (the hub configs of
+    Step 3.5 append the multi-token-prediction layers' entries), else None."""
+    v = config.get(key)
+    return v[:n] if isinstance(v, list) and len(v) >= n else None
+
+
+def _n_layers(config: Mapping) -> int:
+    n = config.get("num_hidden_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096 else 0
+
+
+def _mimo_v2_config(config: Mapping) -> Mapping:
+    """MiMo-V2-Flash's hub spellings (and Transformers' defaults for what they leave out) as
+    ``layer_types``, ``mlp_layer_types``, per-type ``rope_parameters`` and the sliding layers'
+    key/value head count in ``per_layer_config``."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("layer_types") is None:
+        pattern = _layer_list(c, "hybrid_layer_pattern", n)
+        c["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern] if pattern is not None
+                            else ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention"
+                                  for i in range(n)])
+    if c.get("mlp_layer_types") is None:
+        freq = _layer_list(c, "moe_layer_freq", n)
+        c["mlp_layer_types"] = (["sparse" if f else "dense" for f in freq] if freq is not None
+                                else ["dense"] + ["sparse"] * (n - 1))
+    if c.get("sliding_window_size") is not None and isinstance(c["sliding_window_size"], int):
+        c["sliding_window"] = c["sliding_window_size"] + 1  # the window leaves out the query itself
+    rp = c.get("rope_parameters")
+    if not (isinstance(rp, Mapping) and "full_attention" in rp):
+        share = c.get("partial_rotary_factor", 0.334)
+        rp = {"full_attention": {"rope_type": "default", "rope_theta": c.get("rope_theta", 5_000_000.0)},
+              "sliding_attention": {"rope_type": "default", "rope_theta": c.get("swa_rope_theta", 10_000.0)}}
+        rp = {k: dict(v, partial_rotary_factor=share) for k, v in rp.items()}
+    c["rope_parameters"] = {k: dict(v, partial_rotary_factor=v.get("partial_rotary_factor", 0.334))
+                            if isinstance(v, Mapping) else v for k, v in rp.items()}
+    if "attention_value_scale" not in c:
+        c["attention_value_scale"] = 0.707
+    kv = c.get("num_key_value_heads")
+    swa_kv = c.get("swa_num_key_value_heads", 2 * kv if isinstance(kv, int) and not isinstance(kv, bool) else None)
+    if c.get("per_layer_config") is None and swa_kv is not None and isinstance(c["layer_types"], list):
+        c["per_layer_config"] = {i: {"num_key_value_heads": swa_kv}
+                                 for i, t in enumerate(c["layer_types"]) if t == "sliding_attention"}
+    return c
+
+
+def _differs(key: str, other: str) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is stated and differs from ``other`` (MiMo's sliding-window sizes)."""
+    return lambda c: c.get(key) is not None and c.get(key) != c.get(other)
 
 
 def _mpt_alibi_heads_not_power_of_two(config: Mapping) -> bool:
@@ -625,7 +695,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    local_rope_key="rope_local_base_freq", **_GEMMA2),
         FamilySpec("granite_swa", **_GRANITE, logit_scale_divides=True, sinks=True, sliding="pattern_first",
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", tie_default=True,
-                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn"),
+                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn.sinks"),
                    refusals=(Refusal(_granite_swa_bases_unsupported,
                                      "a layer_rope_theta that does not rotate full-attention layers by rope_theta "
                                      "and every sliding layer by one base (or 0) is not supported"),)),
@@ -653,6 +723,26 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
+        FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", value_scale_key="attention_value_scale",
+                   normalize=_mimo_v2_config, keys={"v_head_dim": ("v_head_dim",)},
+                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "norm_topk_prob": True},
+                   moe_fields={"renorm_eps": 1e-20},
+                   variants=(Variant(unset("add_swa_attention_sink_bias"), {"sinks": False}),
+                             Variant(flag("add_full_attention_sink_bias"), {"sinks": "full"}),
+                             Variant(lambda c: flag("add_swa_attention_sink_bias", True)(c)
+                                     and flag("add_full_attention_sink_bias")(c), {"sinks": True}),
+                             Variant(lambda c: c.get("attention_projection_layout") == "fused_qkv",
+                                     {"names": _with(MIMO_V2_NAMES, q=None, k=None, v=None,
+                                                     qkv=_L + "self_attn.qkv_proj"), "fused_qkv": "concat"})),
+                   refusals=(Refusal(_differs("swa_num_attention_heads", "num_attention_heads"),
+                                     "sliding-window layers with their own query head count (swa_num_attention_heads) "
+                                     "are not supported"),
+                             Refusal(_differs("swa_head_dim", "head_dim"),
+                                     "sliding-window layers with their own head width (swa_head_dim) are not supported"),
+                             Refusal(_differs("swa_v_head_dim", "v_head_dim"),
+                                     "sliding-window layers with their own value head width (swa_v_head_dim) are "
+                                     "not supported"))),
         FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
@@ -722,6 +812,8 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             "use the full-precision checkpoint or a GGUF of the model"
         )
     family = FAMILIES[model_type]
+    if family.normalize is not None:
+        config = family.normalize(config)
     for refusal in family.refusals:
         if refusal.when(config):
             raise SterError(f"{config_path}: {refusal.why} for model_type {model_type!r}; "

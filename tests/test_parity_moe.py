@@ -24,6 +24,7 @@ from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 VOCAB = 128
 LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
+_FSF = ["full_attention", "sliding_attention", "full_attention"]
 EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 
 CASES = {
@@ -55,6 +56,16 @@ CASES = {
     "minimax_m2-partial-factor": ("minimax_m2", dict(LLAMA, head_dim=16, num_local_experts=8, num_experts_per_tok=3,
                                                      rope_parameters={"rope_type": "default", "rope_theta": 5e6,
                                                                       "partial_rotary_factor": 0.5})),
+    "mimo_v2_flash": ("mimo_v2_flash", dict(LLAMA, num_key_value_heads=1, head_dim=24, v_head_dim=16,
+                                            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                            sliding_window=5, layer_types=_FSF)),
+    "mimo_v2_flash-groups-scale-no-renorm": ("mimo_v2_flash", dict(
+        LLAMA, head_dim=16, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        n_group=4, topk_group=2, norm_topk_prob=False, routed_scaling_factor=2.5, attention_value_scale=1.5,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.25}})),
 }
 
 
