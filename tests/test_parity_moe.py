@@ -17,9 +17,10 @@ from ster_py.decoder.moe import RouterSpec, route
 from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
 from ster_py.load import load_model
-from test_parity_dense import _check
+from test_parity_dense import PROMPT, _check
 from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
+from tiny import reference_logits, rel_err
 
 VOCAB = 128
 LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -154,6 +155,9 @@ H4_REFUSED = {
     "minimax_m2 ": ({"shared_intermediate_size": 64}, "shared experts"),
     "minimax_m2  ": ({"qk_norm_type": "per_token"}, "qk_norm_type"),
     "minimax_m2   ": ({"scoring_func": "softmax"}, "scoring_func"),
+    "mimo_v2_flash": ({"num_attention_heads": 8, "swa_num_attention_heads": 4}, "swa_num_attention_heads"),
+    "mimo_v2_flash ": ({"head_dim": 192, "swa_head_dim": 128}, "swa_head_dim"),
+    "mimo_v2_flash  ": ({"v_head_dim": 128, "swa_v_head_dim": 192}, "swa_v_head_dim"),
 }
 
 
@@ -174,3 +178,51 @@ def test_minimax_m2_config_switches(tmp_path):
     assert spec_from_config(dict(cfg, use_qk_norm=False), FAMILIES["minimax_m2"]).qk_norm is None
     assert spec_from_config(dict(cfg, qk_norm_type="per_head"), FAMILIES["minimax_m2"]).qk_norm == "head"
     assert not spec_from_config(dict(cfg, use_routing_bias=False), FAMILIES["minimax_m2"]).moe.router.select_bias
+
+
+def test_mimo_v2_flash_hub_config_and_fused_qkv(tmp_path):
+    """The hub's own spelling (hybrid_layer_pattern, moe_layer_freq, swa_num_key_value_heads, rope_theta /
+    swa_rope_theta, sliding_window_size, the sink flags) and q/k/v stacked in qkv_proj under
+    attention_projection_layout fused_qkv give transformers' logits on the same weights."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    ref_model = build(tmp_path, "mimo_v2_flash", CASES["mimo_v2_flash"][1])
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types", "rope_parameters", "sliding_window"):
+        cfg.pop(key)
+    cfg.update(hybrid_layer_pattern=[0, 1, 0], moe_layer_freq=[0, 1, 1], swa_num_key_value_heads=2,
+               rope_theta=5_000_000.0, swa_rope_theta=10_000.0, partial_rotary_factor=0.334, sliding_window_size=4,
+               add_swa_attention_sink_bias=True, add_full_attention_sink_bias=False,
+               attention_projection_layout="fused_qkv", swa_head_dim=24, swa_v_head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    for i in range(3):
+        parts = [tensors.pop(f"model.layers.{i}.self_attn.{r}_proj.weight") for r in "qkv"]
+        tensors[f"model.layers.{i}.self_attn.qkv_proj.weight"] = np.concatenate(parts)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    model = load_model(str(tmp_path))
+    assert [layer.num_key_value_heads for layer in model.spec.layers] == [None, 2, None]
+    assert [model.spec.layer_sinks(i) for i in range(3)] == [False, True, False]
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    assert rel_err(model.decoder.forward(PROMPT), ref_logits) < 1e-4
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+def test_attention_adapters_refused_where_layers_have_their_own_shape(tmp_path):
+    """Seed 002: MiMo-V2-Flash's attention projections take no adapter (its two kinds of layer differ in
+    key/value heads); the experts' gate/up/down never do. A standard-shaped MoE model still takes q."""
+    from pathlib import Path
+
+    from ster_py.adapters import LoraAdapter, check_adapter_for
+
+    def adapter(target, out, inp):
+        return LoraAdapter(Path("a.lora.safetensors"), "ster", None, None, 2, 4.0, False, 64,
+                           {(0, target): (np.zeros((2, inp), np.float32), np.zeros((out, 2), np.float32))})
+
+    mimo = spec_from_config(dict(CASES["mimo_v2_flash"][1], model_type="mimo_v2_flash"), FAMILIES["mimo_v2_flash"])
+    with pytest.raises(SterError, match="differ in head counts or widths"):
+        check_adapter_for(adapter("q", 96, 64), None, mimo, lambda role: True)
+    qwen = spec_from_config(dict(CASES["qwen3_moe"][1], model_type="qwen3_moe"), FAMILIES["qwen3_moe"])
+    check_adapter_for(adapter("q", 64, 64), None, qwen, lambda role: True)
