@@ -118,6 +118,9 @@ MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "
                       exp_down=_SM + "experts.{e}.w2.weight")
 MIMO_V2_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.e_score_correction_bias",
                       sinks=_L + "self_attn.attention_sink_bias")
+LAGUNA_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "experts.e_score_correction_bias",
+                     shexp_gate=_M + "shared_expert.gate_proj", shexp_up=_M + "shared_expert.up_proj",
+                     shexp_down=_M + "shared_expert.down_proj", g=_L + "self_attn.g_proj", sinks=_L + "self_attn.sink")
 MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
@@ -517,6 +520,21 @@ def _mimo_v2_config(config: Mapping) -> Mapping:
     return c
 
 
+def _laguna_config(config: Mapping) -> Mapping:
+    """Laguna's defaults that Transformers derives when a config leaves them out: full attention,
+    the first layer dense, and one rotation per layer type (the full layers' over half of each head)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["full_attention"] * n
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
+    if c.get("rope_parameters") is None:
+        c["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+    return c
+
+
 def _differs(key: str, other: str) -> Callable[[Mapping], bool]:
     """Predicate: ``key`` is stated and differs from ``other`` (MiMo's sliding-window sizes)."""
     return lambda c: c.get(key) is not None and c.get(key) != c.get(other)
@@ -743,6 +761,20 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(_differs("swa_v_head_dim", "v_head_dim"),
                                      "sliding-window layers with their own value head width (swa_v_head_dim) are "
                                      "not supported"))),
+        FamilySpec("laguna", qk_norm="head", moe=True, names=LAGUNA_NAMES, attn_gate="softplus",
+                   normalize=_laguna_config,
+                   keys={"routed_scaling_factor": ("moe_routed_scaling_factor",),
+                         "router_logit_softcap": ("moe_router_logit_softcapping",)},
+                   fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                                 "shared_intermediate_size": 512},
+                   moe_fields={"select_bias": True},
+                   variants=(Variant(lambda c: c.get("gating", True) not in (True, "per-head"),
+                                     {"attn_gate_per_head": False}),
+                             Variant(flag("swa_attention_sink_enabled"), {"sinks": "sliding"})),
+                   refusals=(Refusal(flag("moe_apply_router_weight_on_input"),
+                                     "moe_apply_router_weight_on_input (router weights on the experts' input), "
+                                     "which Transformers does not implement either, is not supported"),)),
         FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},

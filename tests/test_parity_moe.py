@@ -67,6 +67,17 @@ CASES = {
         mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.25}})),
+    "laguna-heads-per-layer-window-yarn": ("laguna", dict(
+        LLAMA, head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=40, num_attention_heads_per_layer=[4, 8, 4], layer_types=_FSF,
+        sliding_window=5, rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+    "laguna-per-element-gate-softcap-scale": ("laguna", dict(
+        LLAMA, head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        shared_expert_intermediate_size=24, gating="per-element", moe_router_logit_softcapping=0.5,
+        moe_routed_scaling_factor=2.0, mlp_layer_types=["sparse", "dense", "sparse"])),
 }
 
 
@@ -155,6 +166,7 @@ H4_REFUSED = {
     "minimax_m2 ": ({"shared_intermediate_size": 64}, "shared experts"),
     "minimax_m2  ": ({"qk_norm_type": "per_token"}, "qk_norm_type"),
     "minimax_m2   ": ({"scoring_func": "softmax"}, "scoring_func"),
+    "laguna": ({"moe_apply_router_weight_on_input": True}, "moe_apply_router_weight_on_input"),
     "mimo_v2_flash": ({"num_attention_heads": 8, "swa_num_attention_heads": 4}, "swa_num_attention_heads"),
     "mimo_v2_flash ": ({"head_dim": 192, "swa_head_dim": 128}, "swa_head_dim"),
     "mimo_v2_flash  ": ({"v_head_dim": 128, "swa_v_head_dim": 192}, "swa_v_head_dim"),
@@ -226,3 +238,17 @@ def test_attention_adapters_refused_where_layers_have_their_own_shape(tmp_path):
         check_adapter_for(adapter("q", 96, 64), None, mimo, lambda role: True)
     qwen = spec_from_config(dict(CASES["qwen3_moe"][1], model_type="qwen3_moe"), FAMILIES["qwen3_moe"])
     check_adapter_for(adapter("q", 64, 64), None, qwen, lambda role: True)
+
+
+def test_laguna_sliding_sinks_and_defaults():
+    """swa_attention_sink_enabled puts a learned sink per head (self_attn.sink) on the sliding layers
+    only (seed 002; Transformers' Laguna has none, so no parity case); a config without layer lists
+    gets Transformers' defaults: full attention, the first layer dense, half of each head rotated."""
+    cfg = dict(CASES["laguna-heads-per-layer-window-yarn"][1], model_type="laguna")
+    spec = spec_from_config(dict(cfg, swa_attention_sink_enabled=True), FAMILIES["laguna"])
+    assert [spec.layer_sinks(i) for i in range(3)] == [False, True, False] and spec.names["sinks"].endswith(".sink")
+    assert [layer.num_attention_heads for layer in spec.layers] == [None, 8, None]
+    bare = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_parameters", "sliding_window")}
+    spec = spec_from_config(bare, FAMILIES["laguna"])
+    assert [layer.ffn for layer in spec.layers] == ["dense", "moe", "moe"] and not spec.sinks
+    assert all(layer.rope.rotary_dim == 8 and layer.sliding_window is None for layer in spec.layers)
