@@ -121,6 +121,11 @@ MIMO_V2_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.e_scor
 LAGUNA_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "experts.e_score_correction_bias",
                      shexp_gate=_M + "shared_expert.gate_proj", shexp_up=_M + "shared_expert.up_proj",
                      shexp_down=_M + "shared_expert.down_proj", g=_L + "self_attn.g_proj", sinks=_L + "self_attn.sink")
+STEP3P5_NAMES = _with(LLAMA_NAMES, router=_L + "moe.gate", router_select_bias=_L + "moe.router_bias",
+                      exp_gate=_L + "moe.gate_proj.weight", exp_up=_L + "moe.up_proj.weight",
+                      exp_down=_L + "moe.down_proj.weight", shexp_gate=_L + "share_expert.gate_proj",
+                      shexp_up=_L + "share_expert.up_proj", shexp_down=_L + "share_expert.down_proj",
+                      g=_L + "self_attn.g_proj")
 MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
@@ -491,6 +496,7 @@ def _mimo_v2_config(config: Mapping) -> Mapping:
     ``layer_types``, ``mlp_layer_types``, per-type ``rope_parameters`` and the sliding layers'
     key/value head count in ``per_layer_config``."""
     c, n = dict(config), _n_layers(config)
+    c.setdefault("rms_norm_eps", c.get("layernorm_epsilon", 1e-5))  # Transformers' default for the family
     if c.get("layer_types") is None:
         pattern = _layer_list(c, "hybrid_layer_pattern", n)
         c["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern] if pattern is not None
@@ -533,6 +539,72 @@ def _laguna_config(config: Mapping) -> Mapping:
             "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
     return c
+
+
+_STEP_LISTS = ("layer_types", "swiglu_limits", "swiglu_limits_shared", "use_rope_layers", "rope_theta",
+               "partial_rotary_factors")
+
+
+def _step3p5_config(config: Mapping) -> Mapping:
+    """Step 3.5's hub spellings as the keys config.py reads: per-layer lists cut to num_hidden_layers
+    (the rest are multi-token-prediction layers), ``mlp_layer_types`` from ``moe_layers_enum`` (by
+    default, layers from the fourth on route), the sliding layers' head counts from
+    ``num_sliding_attention_heads`` or ``attention_other_setting`` into ``per_layer_config``, and
+    one rope parameter set per layer type from the per-layer ``rope_theta`` / ``partial_rotary_factors``
+    (a kind's first layer, as Transformers takes it) with ``rope_scaling`` on full attention only."""
+    c, n = dict(config), _n_layers(config)
+    c.setdefault("rms_norm_eps", 1e-5)  # Transformers' default for the family
+    for key in _STEP_LISTS:
+        cut = _layer_list(c, key, n)
+        if cut is not None:
+            c[key] = cut
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["full_attention"] * n
+    types = c["layer_types"] if isinstance(c["layer_types"], list) else []
+    if c.get("mlp_layer_types") is None:
+        enum = c.get("moe_layers_enum")
+        items = enum.split(",") if isinstance(enum, str) else enum if isinstance(enum, list) else None
+        routed = ({int(x) for x in items if str(x).strip().isdigit()} if items is not None else set(range(3, n)))
+        c["mlp_layer_types"] = ["sparse" if i in routed else "dense" for i in range(n)]
+    if c.get("per_layer_config") is None:
+        other = c.get("attention_other_setting") if isinstance(c.get("attention_other_setting"), Mapping) else {}
+        own = {k: v for k, v in (("num_attention_heads", c.get("num_sliding_attention_heads",
+                                                                other.get("num_attention_heads"))),
+                                 ("num_key_value_heads", other.get("num_attention_groups"))) if v is not None}
+        c["per_layer_config"] = {i: own for i, t in enumerate(types) if t == "sliding_attention" and own}
+    rp = c.get("rope_parameters")
+    if not (isinstance(rp, Mapping) and all(isinstance(rp.get(t), Mapping) for t in set(types))):
+        thetas, shares = c.get("rope_theta", 10000.0), c.get("partial_rotary_factors")
+        rp = {}
+        for t in set(types):
+            i = types.index(t)
+            rp[t] = {"rope_type": "default", "rope_theta": thetas[i] if isinstance(thetas, list) else thetas}
+            if isinstance(shares, list):
+                rp[t]["partial_rotary_factor"] = shares[i]
+        if isinstance(c.get("rope_scaling"), Mapping) and "full_attention" in rp:
+            rp["full_attention"].update(c["rope_scaling"])
+        c["rope_parameters"] = rp
+    return c
+
+
+def _step3p5_kind_disagrees(config: Mapping) -> bool:
+    """A layer kind whose layers list different rotary bases or shares (Transformers takes the first)."""
+    c = _step3p5_config(config)
+    types = c["layer_types"] if isinstance(c["layer_types"], list) else []
+    for key in ("rope_theta", "partial_rotary_factors"):
+        values = c.get(key)
+        if isinstance(values, list) and len(values) == len(types):
+            if any(len({v for v, t in zip(values, types) if t == kind}) > 1 for kind in set(types)):
+                return True
+    return False
+
+
+def _step3p5_clamped_dense(config: Mapping) -> bool:
+    """A dense layer with a SwiGLU clamp (Transformers reads swiglu_limits_shared there)."""
+    c = _step3p5_config(config)
+    limits, kinds = c.get("swiglu_limits_shared"), c.get("mlp_layer_types")
+    return (isinstance(limits, list) and isinstance(kinds, list)
+            and any(kind == "dense" and limit for kind, limit in zip(kinds, limits)))
 
 
 def _differs(key: str, other: str) -> Callable[[Mapping], bool]:
@@ -775,6 +847,28 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(flag("moe_apply_router_weight_on_input"),
                                      "moe_apply_router_weight_on_input (router weights on the experts' input), "
                                      "which Transformers does not implement either, is not supported"),)),
+        FamilySpec("step3p5", norm_unit_offset=True, qk_norm="head", attn_gate="sigmoid", moe=True,
+                   names=STEP3P5_NAMES, attn_scale_key="query_pre_attn_scalar", no_rope_key="use_rope_layers",
+                   normalize=_step3p5_config, expert_limit_keys=("swiglu_limits", "swiglu_limits_shared"),
+                   keys={"num_key_value_heads": ("num_key_value_heads", "num_attention_groups"), "act": (),
+                         "num_experts": ("n_routed_experts", "moe_num_experts", "num_local_experts"),
+                         "num_experts_per_tok": ("num_experts_per_tok", "moe_top_k"),
+                         "shared_intermediate_size": ("share_expert_dim",),
+                         "routed_scaling_factor": ("moe_router_scaling_factor",),
+                         "scoring_func": ("moe_router_activation",), "norm_topk_prob": ("norm_expert_weight",)},
+                   moe_defaults={"num_experts": 288, "num_experts_per_tok": 8, "moe_intermediate_size": 1280,
+                                 "shared_intermediate_size": 1280, "norm_topk_prob": True, "scoring_func": "sigmoid"},
+                   moe_fields={"select_bias": True, "clamp_act": True},
+                   variants=(Variant(unset("use_head_wise_attn_gate"), {"attn_gate": None}),),
+                   refusals=(Refusal(_step3p5_kind_disagrees, "a layer kind whose layers list different rotary "
+                                     "bases or shares (rope_theta, partial_rotary_factors) is not supported"),
+                             Refusal(lambda c: isinstance(c.get("yarn_only_types"), list)
+                                     and "sliding_attention" in c["yarn_only_types"],
+                                     "rotation scaling on sliding-window layers (yarn_only_types) is not supported"),
+                             Refusal(_step3p5_clamped_dense, "a SwiGLU clamp on a dense layer "
+                                     "(swiglu_limits_shared) is not supported"),
+                             Refusal(flag("use_bidirectional_attention"),
+                                     "bidirectional attention (use_bidirectional_attention) is not supported"))),
         FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},

@@ -18,6 +18,7 @@ from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
 from ster_py.load import load_model
 from test_parity_dense import PROMPT, _check
+from tiny import CONFIG_AS_GIVEN
 from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, rel_err
@@ -78,6 +79,21 @@ CASES = {
         LLAMA, head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
         shared_expert_intermediate_size=24, gating="per-element", moe_router_logit_softcapping=0.5,
         moe_routed_scaling_factor=2.0, mlp_layer_types=["sparse", "dense", "sparse"])),
+    "step3p5-heads-clamps-yarn": ("step3p5", dict(
+        LLAMA, head_dim=16, sliding_window=5, layer_types=_FSF, num_sliding_attention_heads=2,
+        mlp_layer_types=["dense", "sparse", "sparse"], n_routed_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, share_expert_dim=40, moe_router_scaling_factor=2.0, query_pre_attn_scalar=24,
+        swiglu_limits=[0.0, 0.8, None], swiglu_limits_shared=[0.0, None, 0.6], rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+    "step3p5-hub-config": ("step3p5", {
+        **LLAMA, "head_dim": 16, "sliding_window": 4, CONFIG_AS_GIVEN: True, "num_nextn_predict_layers": 1,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 2}, "moe_layers_enum": "0,2",
+        "moe_num_experts": 8, "moe_top_k": 3, "moe_intermediate_size": 24, "share_expert_dim": 24,
+        "rope_theta": [500.0, 20000.0, 500.0, 20000.0], "partial_rotary_factors": [1.0, 0.5, 1.0, 0.5],
+        "swiglu_limits": [0.7, 0, 0, 0], "swiglu_limits_shared": [0, 0, 0.9, 0]}),
 }
 
 
@@ -167,6 +183,14 @@ H4_REFUSED = {
     "minimax_m2  ": ({"qk_norm_type": "per_token"}, "qk_norm_type"),
     "minimax_m2   ": ({"scoring_func": "softmax"}, "scoring_func"),
     "laguna": ({"moe_apply_router_weight_on_input": True}, "moe_apply_router_weight_on_input"),
+    "step3p5": ({"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2, "rope_theta": [1e4, 5e5]},
+                "different rotary bases"),
+    "step3p5 ": ({"num_hidden_layers": 3, "layer_types": _FSF, "partial_rotary_factors": [0.5, 1.0, 1.0]},
+                 "different rotary bases or shares"),
+    "step3p5  ": ({"yarn_only_types": ["full_attention", "sliding_attention"]}, "yarn_only_types"),
+    "step3p5   ": ({"num_hidden_layers": 2, "mlp_layer_types": ["dense", "sparse"], "swiglu_limits_shared": [5, 0]},
+                   "dense layer"),
+    "step3p5    ": ({"use_bidirectional_attention": True}, "bidirectional"),
     "mimo_v2_flash": ({"num_attention_heads": 8, "swa_num_attention_heads": 4}, "swa_num_attention_heads"),
     "mimo_v2_flash ": ({"head_dim": 192, "swa_head_dim": 128}, "swa_head_dim"),
     "mimo_v2_flash  ": ({"v_head_dim": 128, "swa_v_head_dim": 192}, "swa_v_head_dim"),
@@ -252,3 +276,16 @@ def test_laguna_sliding_sinks_and_defaults():
     spec = spec_from_config(bare, FAMILIES["laguna"])
     assert [layer.ffn for layer in spec.layers] == ["dense", "moe", "moe"] and not spec.sinks
     assert all(layer.rope.rotary_dim == 8 and layer.sliding_window is None for layer in spec.layers)
+
+
+def test_step3p5_config_switches():
+    """use_rope_layers leaves a layer unrotated and use_head_wise_attn_gate false drops the output gate
+    (hub keys Transformers does not read); a dense layer without a clamp passes the gate."""
+    cfg = dict(CASES["step3p5-heads-clamps-yarn"][1], model_type="step3p5")
+    spec = spec_from_config(dict(cfg, use_rope_layers=[True, False, True, True]), FAMILIES["step3p5"])
+    assert [layer.rope is None for layer in spec.layers] == [False, True, False] and spec.attn_gate == "sigmoid"
+    assert spec.norm_unit_offset and [layer.num_attention_heads for layer in spec.layers] == [None, 2, None]
+    assert [(layer.moe.limit, layer.moe.shared_limit) if layer.moe else None for layer in spec.layers] == [
+        None, (0.8, None), (None, 0.6)]
+    assert spec_from_config(dict(cfg, use_head_wise_attn_gate=False), FAMILIES["step3p5"]).attn_gate is None
+    gate(cfg, "config.json")
