@@ -385,7 +385,8 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
     overrides = config.get("per_layer_config")
     if overrides is not None:
         if not isinstance(overrides, Mapping):
-            raise SterError(f"{where}: per_layer_config must map layer indices to objects, got {brief_value(overrides)}")
+            raise SterError(f"{where}: per_layer_config must map layer indices to objects, "
+                            f"got {brief_value(overrides)}")
         for key, entry in overrides.items():
             i = int(key) if isinstance(key, (int, str)) and str(key).isdigit() else -1
             if not 0 <= i < n_layers or not isinstance(entry, Mapping):

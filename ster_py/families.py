@@ -560,7 +560,8 @@ def _step3p5_config(config: Mapping) -> Mapping:
             c[key] = cut
     if c.get("layer_types") is None:
         c["layer_types"] = ["full_attention"] * n
-    types = c["layer_types"] if isinstance(c["layer_types"], list) else []
+    types = c["layer_types"] if isinstance(c["layer_types"], list) and all(
+        isinstance(t, str) for t in c["layer_types"]) else []
     if c.get("mlp_layer_types") is None:
         enum = c.get("moe_layers_enum")
         items = enum.split(",") if isinstance(enum, str) else enum if isinstance(enum, list) else None
@@ -576,10 +577,11 @@ def _step3p5_config(config: Mapping) -> Mapping:
     if not (isinstance(rp, Mapping) and all(isinstance(rp.get(t), Mapping) for t in set(types))):
         thetas, shares = c.get("rope_theta", 10000.0), c.get("partial_rotary_factors")
         rp = {}
+        per_layer = {k: isinstance(v, list) and len(v) == len(types) for k, v in (("t", thetas), ("s", shares))}
         for t in set(types):
             i = types.index(t)
-            rp[t] = {"rope_type": "default", "rope_theta": thetas[i] if isinstance(thetas, list) else thetas}
-            if isinstance(shares, list):
+            rp[t] = {"rope_type": "default", "rope_theta": thetas[i] if per_layer["t"] else thetas}
+            if per_layer["s"]:
                 rp[t]["partial_rotary_factor"] = shares[i]
         if isinstance(c.get("rope_scaling"), Mapping) and "full_attention" in rp:
             rp["full_attention"].update(c["rope_scaling"])
@@ -594,8 +596,10 @@ def _step3p5_kind_disagrees(config: Mapping) -> bool:
     for key in ("rope_theta", "partial_rotary_factors"):
         values = c.get(key)
         if isinstance(values, list) and len(values) == len(types):
-            if any(len({v for v, t in zip(values, types) if t == kind}) > 1 for kind in set(types)):
-                return True
+            seen: dict[str, str] = {}
+            for v, t in zip(values, map(repr, types)):
+                if seen.setdefault(t, repr(v)) != repr(v):
+                    return True
     return False
 
 
@@ -813,8 +817,9 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
-        FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", value_scale_key="attention_value_scale",
-                   normalize=_mimo_v2_config, keys={"v_head_dim": ("v_head_dim",)},
+        FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding",
+                   value_scale_key="attention_value_scale", normalize=_mimo_v2_config,
+                   keys={"v_head_dim": ("v_head_dim",)},
                    fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "norm_topk_prob": True},
                    moe_fields={"renorm_eps": 1e-20},
@@ -829,7 +834,8 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "sliding-window layers with their own query head count (swa_num_attention_heads) "
                                      "are not supported"),
                              Refusal(_differs("swa_head_dim", "head_dim"),
-                                     "sliding-window layers with their own head width (swa_head_dim) are not supported"),
+                                     "sliding-window layers with their own head width (swa_head_dim) are not "
+                                     "supported"),
                              Refusal(_differs("swa_v_head_dim", "v_head_dim"),
                                      "sliding-window layers with their own value head width (swa_v_head_dim) are "
                                      "not supported"))),

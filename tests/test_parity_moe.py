@@ -47,7 +47,8 @@ CASES = {
     "flex_olmo-renorm-mha": ("flex_olmo", dict(LLAMA, num_key_value_heads=None, num_experts=5, num_experts_per_tok=3,
                                                norm_topk_prob=True)),
     "mellum-window-dense-yarn": ("mellum", dict(LLAMA, **EXPERTS, head_dim=16, sliding_window=5,
-                                                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                                layer_types=["sliding_attention", "full_attention",
+                                                             "sliding_attention"],
                                                 mlp_layer_types=["dense", "sparse", "sparse"], rope_parameters={
         "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
                            "original_max_position_embeddings": 16},

@@ -38,7 +38,8 @@ class KVCache:
             raise ValueError(f"the KV cache holds float32 or float16 keys and values, not {dtype}")
         self.dtype = dtype
         self.length = 0
-        self._shapes = list(layer_shapes) if layer_shapes is not None else [(num_kv_heads, head_dim, head_dim)] * num_layers
+        self._shapes = (list(layer_shapes) if layer_shapes is not None
+                        else [(num_kv_heads, head_dim, head_dim)] * num_layers)
         self._k = [np.empty((kv, capacity, dk), dtype) for kv, dk, _ in self._shapes]
         self._v = [np.empty((kv, capacity, dv), dtype) for kv, _, dv in self._shapes]
 
