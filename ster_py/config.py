@@ -76,7 +76,8 @@ class ModelSpec:
     ``value_scale`` multiplies every value before it is cached (MiMo-V2-Flash's
     attention_value_scale); ``attn_gate`` multiplies the attention output, per head (or per
     element without ``attn_gate_per_head``), by ``"sigmoid"`` or ``"softplus"`` of the
-    ``g`` projection of the layer's input (Step 3.5, Laguna).
+    ``g`` projection of the layer's input (Step 3.5, Laguna). ``unread`` lists name prefixes
+    of stored tensors the forward never reads (multi-token-prediction modules).
     """
 
     model_type: str
@@ -128,6 +129,7 @@ class ModelSpec:
     value_scale: float = 1.0
     attn_gate: str | None = None
     attn_gate_per_head: bool = True
+    unread: tuple[str, ...] = ()
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -426,6 +428,16 @@ def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers
             for i in range(n_layers)]
 
 
+def _mtp_layers(config: Mapping, family: FamilySpec, n_layers: int) -> tuple[str, ...]:
+    """Name prefixes of the ``num_nextn_predict_layers`` multi-token-prediction layers a checkpoint
+    stores after its last decoder layer (Step 3.5), which a forward never reads."""
+    k = config.get("num_nextn_predict_layers")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= MAX_LAYERS or "attn_norm" not in family.names:
+        return ()
+    stem = family.names["attn_norm"].split("{i}")[0]
+    return tuple(f"{stem}{n_layers + j}." for j in range(k))
+
+
 def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,
                  make, config_name: str) -> list[Rope | None]:
     """The rotation of each layer, after the family's rules on which layers rotate."""
@@ -555,6 +567,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
+        unread=family.unread + _mtp_layers(config, family, n_layers),
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name),
     )
 

@@ -360,6 +360,8 @@ class FamilySpec:
             attention output (``attn_gate_per_head``) or each of its elements.
         expert_limit_keys: config keys of per-layer lists of the routed and the shared experts'
             SwiGLU clamps (0 or null: none; Step 3.5's swiglu_limits, swiglu_limits_shared).
+        unread: name prefixes of stored tensors the forward never reads (multi-token-prediction
+            modules; the ``num_nextn_predict_layers`` layers after the last are added from the config).
         normalize: rewrites the family's own config spellings (its hub config.json, or defaults
             Transformers derives from other keys) into the keys ``config.py`` reads (``layer_types``,
             ``mlp_layer_types``, ``rope_parameters`` per layer type, ``per_layer_config``, ...);
@@ -434,6 +436,7 @@ class FamilySpec:
     attn_gate_per_head: bool = True
     expert_limit_keys: tuple[str, str] | None = None
     normalize: Callable[[Mapping], Mapping] | None = None
+    unread: tuple[str, ...] = ()
     ffn_mult_key: str | None = None
     ffn_mult: int | None = None
     fused_qkv: str | None = None
@@ -814,10 +817,10 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
                    moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
-        FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES,
+        FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES, unread=("mtp.",),
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
-        FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding",
+        FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", unread=("model.mtp.",),
                    value_scale_key="attention_value_scale", normalize=_mimo_v2_config,
                    keys={"v_head_dim": ("v_head_dim",)},
                    fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},

@@ -238,6 +238,7 @@ def test_mimo_v2_flash_hub_config_and_fused_qkv(tmp_path):
     for i in range(3):
         parts = [tensors.pop(f"model.layers.{i}.self_attn.{r}_proj.weight") for r in "qkv"]
         tensors[f"model.layers.{i}.self_attn.qkv_proj.weight"] = np.concatenate(parts)
+    tensors["model.mtp.layers.0.enorm.weight"] = np.ones(64, np.float32)  # next-token prediction: never read
     save_file(tensors, str(tmp_path / "model.safetensors"))
     model = load_model(str(tmp_path))
     assert [layer.num_key_value_heads for layer in model.spec.layers] == [None, 2, None]
@@ -290,3 +291,17 @@ def test_step3p5_config_switches():
         None, (0.8, None), (None, 0.6)]
     assert spec_from_config(dict(cfg, use_head_wise_attn_gate=False), FAMILIES["step3p5"]).attn_gate is None
     gate(cfg, "config.json")
+
+
+def test_step3p5_multi_token_prediction_layers_are_not_unused(tmp_path):
+    """The num_nextn_predict_layers layers a Step 3.5 checkpoint stores after its last layer are never
+    read, and not reported as unused; a stray tensor elsewhere still is."""
+    from safetensors.numpy import load_file, save_file
+
+    build(tmp_path, "step3p5", CASES["step3p5-hub-config"][1])
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["model.layers.3.eh_proj.weight"] = np.zeros((64, 128), np.float32)
+    tensors["model.layers.4.eh_proj.weight"] = np.zeros((64, 128), np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    model = load_model(str(tmp_path))
+    assert model.decoder._weights.unused_tensors(model.spec) == ["model.layers.4.eh_proj.weight"]
