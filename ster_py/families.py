@@ -376,7 +376,8 @@ class FamilySpec:
         names: role -> Hugging Face tensor name prefix (``.weight`` / ``.bias`` appended).
         gguf_names: role -> llama.cpp tensor name prefix (a tuple lists alternatives, first found wins).
         variants: config-driven changes to these fields (``Variant``).
-        refusals: configurations refused before any weight is read (``Refusal``).
+        refusals: configurations refused before any weight is read (``Refusal``; they see the
+            config after ``normalize``).
         gguf_config: llama.cpp metadata key (after ``{arch}.``) -> the config.json key it
             stands for; the GGUF path reads the family's variants and scales through it.
         gguf_changes: fields llama.cpp reads differently for this architecture.
@@ -592,9 +593,9 @@ def _step3p5_config(config: Mapping) -> Mapping:
     return c
 
 
-def _step3p5_kind_disagrees(config: Mapping) -> bool:
-    """A layer kind whose layers list different rotary bases or shares (Transformers takes the first)."""
-    c = _step3p5_config(config)
+def _step3p5_kind_disagrees(c: Mapping) -> bool:
+    """A layer kind whose layers list different rotary bases or shares (Transformers takes the first;
+    ``c`` is normalised by ``_step3p5_config``, as ``gate`` does before refusals)."""
     types = c["layer_types"] if isinstance(c["layer_types"], list) else []
     for key in ("rope_theta", "partial_rotary_factors"):
         values = c.get(key)
@@ -606,9 +607,8 @@ def _step3p5_kind_disagrees(config: Mapping) -> bool:
     return False
 
 
-def _step3p5_clamped_dense(config: Mapping) -> bool:
-    """A dense layer with a SwiGLU clamp (Transformers reads swiglu_limits_shared there)."""
-    c = _step3p5_config(config)
+def _step3p5_clamped_dense(c: Mapping) -> bool:
+    """A dense layer with a SwiGLU clamp (Transformers reads swiglu_limits_shared there; ``c`` normalised)."""
     limits, kinds = c.get("swiglu_limits_shared"), c.get("mlp_layer_types")
     return (isinstance(limits, list) and isinstance(kinds, list)
             and any(kind == "dense" and limit for kind, limit in zip(kinds, limits)))

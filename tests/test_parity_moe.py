@@ -305,3 +305,17 @@ def test_step3p5_multi_token_prediction_layers_are_not_unused(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     model = load_model(str(tmp_path))
     assert model.decoder._weights.unused_tensors(model.spec) == ["model.layers.4.eh_proj.weight"]
+
+
+def test_kv_cache_sized_per_layer(tmp_path):
+    """MiMo-V2-Flash's cache holds each layer's own key/value heads, keys 24 wide and values 16 wide;
+    a float16 cache of the same shapes decodes within float16 rounding of the float32 one."""
+    build(tmp_path, "mimo_v2_flash", CASES["mimo_v2_flash"][1])
+    decoder = load_model(str(tmp_path)).decoder
+    cache = decoder.new_cache()
+    assert [k.shape[::2] + v.shape[2:] for k, v in zip(cache._k, cache._v)] == [(1, 24, 16), (2, 24, 16), (1, 24, 16)]
+    assert cache.nbytes_per_position() == 4 * (1 + 2 + 1) * (24 + 16)
+    half = decoder.new_cache(np.float16)
+    ours = [decoder.forward(PROMPT[:9], half), decoder.forward(PROMPT[9:], half)]
+    ref = decoder.forward(PROMPT)
+    assert rel_err(np.concatenate(ours), ref) < 2e-3
