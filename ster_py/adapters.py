@@ -356,6 +356,12 @@ def projection_shapes(spec) -> dict[str, tuple[int, int]]:
     return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "gate": (f, d), "up": (f, d), "down": (d, f)}
 
 
+def _own_attention_shapes(spec) -> bool:
+    """Whether some layer's attention is not the model's standard shape (``ModelSpec.attention_shape``)."""
+    std = (spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.head_dim)
+    return any(spec.attention_shape(i) != std for i in range(spec.num_hidden_layers))
+
+
 def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str], bool]) -> None:
     """Refuse ``ad`` for a model it does not fit.
 
@@ -366,7 +372,8 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
         SterError (naming the path): made for another model or revision; another hidden width;
             a layer the model lacks; a role the model lacks (gate on a plain feed-forward); a
             feed-forward target on a mixture-of-experts family (its experts are not adapted,
-            seed 002); a factor whose shape does not fit the projection.
+            seed 002); an attention target on a model whose layers have their own head counts
+            or widths (MiMo-V2-Flash, seed 002); a factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
     if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
@@ -381,6 +388,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} routes its feed-forward "
                             "through experts, which ster does not adapt; adapt the attention projections "
                             "(q, k, v, o) only")
+        if target in ("q", "k", "v", "o") and _own_attention_shapes(spec):
+            raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s attention layers differ "
+                            "in head counts or widths (or its values are not as wide as its keys), which ster does "
+                            "not adapt; adapt the feed-forward projections (gate, up, down) only")
         if not has_role(target):
             what = "feed-forward has no gate projection" if target == "gate" else f"has no {target} projection"
             raise SterError(f"adapter {ad.path} targets {target}, but this {spec.model_type} model's {what}")

@@ -10,7 +10,7 @@ applied first, then each field is read under the family's own key spellings
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
@@ -44,6 +44,11 @@ class LayerSpec:
     (Llama 4's chunked attention; None: no chunks). ``qk_norm``: the model's q/k norms
     (``ModelSpec.qk_norm``) apply on this layer; ``query_temperature``: the model's query
     temperature (``ModelSpec.query_temperature``) does.
+
+    The fields after ``query_temperature`` override the model's for this layer, None keeping the
+    model's: the attention geometry (query heads, key/value heads, value head width;
+    ``ModelSpec.attention_shape``), whether it has attention sinks, and its
+    routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5).
     """
 
     sliding_window: int | None
@@ -53,6 +58,11 @@ class LayerSpec:
     attention_chunk: int | None = None
     qk_norm: bool = True
     query_temperature: bool = True
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    v_head_dim: int | None = None
+    sinks: bool | None = None
+    moe: MoESpec | None = None
 
 
 @dataclass(frozen=True)
@@ -69,13 +79,17 @@ class ModelSpec:
     (beta, divisor, offset): queries at position p are multiplied by
     1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
     ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
-    norm). ``attn_output_gate``: attention's output is multiplied by ``sigmoid(attn_gate(x))``
-    before the output projection. ``moe`` describes the routed feed-forward of the layers
+    norm). ``moe`` describes the routed feed-forward of the layers
     whose ``LayerSpec.ffn`` is ``"moe"``;
     ``expert_inputs_first`` lists the expert roles stored [in, out] per expert, and
     ``expert_gate_up_interleaved`` says a fused expert gate/up alternates gate and up rows.
     ``decoder_prefix``: a wrapper's text decoder's tensors sit below it (``names`` include it);
     the wrapper's other tensors are not the decoder's.
+    ``value_scale`` multiplies every value before it is cached (MiMo-V2-Flash's
+    attention_value_scale); ``attn_gate`` multiplies the attention output, per head (or per
+    element without ``attn_gate_per_head``), by ``"sigmoid"`` or ``"softplus"`` of the
+    ``g`` projection of the layer's input (Step 3.5, Laguna). ``unread`` lists name prefixes
+    of stored tensors the forward never reads (multi-token-prediction modules).
     """
 
     model_type: str
@@ -120,13 +134,28 @@ class ModelSpec:
     qk_norm_affine: bool = True
     decoder_prefix: str | None = None
     sinks: bool = False
-    attn_output_gate: bool = False
     fused_qkv: str | None = None
     inputs_first: bool = False
     root: str | None = None
     moe: MoESpec | None = None
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
+    value_scale: float = 1.0
+    attn_gate: str | None = None
+    attn_gate_per_head: bool = True
+    unread: tuple[str, ...] = ()
+
+    def attention_shape(self, i: int) -> tuple[int, int, int, int]:
+        """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
+        layer = self.layers[i]
+        heads = layer.num_attention_heads or self.num_attention_heads
+        kv = layer.num_key_value_heads or self.num_key_value_heads
+        return heads, kv, self.head_dim, layer.v_head_dim or self.head_dim
+
+    def layer_sinks(self, i: int) -> bool:
+        """Whether layer ``i`` has a learned attention sink per head."""
+        own = self.layers[i].sinks
+        return self.sinks if own is None else own
 
 
 class _Reader:
@@ -399,16 +428,96 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < 0:
         raise SterError(f"{where}: the renormalisation floor (moe_norm_min) must be a number >= 0, "
                         f"got {brief_value(floor)}")
+    cap = get("router_logit_softcap") or None
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap)
+                            or cap <= 0):
+        raise SterError(f"{where}: the router logit soft-cap must be a positive number, got {brief_value(cap)}")
     router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
                   renormalize=bool(get("norm_topk_prob")), renorm_min=float(floor), scale=float(scale),
-                  jitter_eps=float(jitter))
+                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap))
     alpha = get("swiglu_alpha")
-    moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=None if limit is None else float(limit),
-               alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated)
+    limit = None if limit is None else float(limit)
+    moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit,
+               alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated,
+               shared_limit=limit)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
         (router if k in RouterSpec.__dataclass_fields__ else moe)[k] = v
     return MoESpec(router=RouterSpec(**router), **moe)
+
+
+def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
+                   config_name: str) -> list[dict[str, int]]:
+    """Per layer, the head counts that differ from the model's: ``num_attention_heads`` and
+    ``num_key_value_heads`` (keys of ``LayerSpec``), from Laguna's
+    ``num_attention_heads_per_layer`` list and Transformers' ``per_layer_config`` (layer index ->
+    overrides, Step 3.5; ``FamilySpec.normalize`` writes it for other spellings).
+
+    Raises:
+        SterError: a list of the wrong length, a count that is not a positive integer within
+            bounds, query heads that do not group over the key/value heads.
+    """
+    where = f"invalid model config {config_name}"
+    out: list[dict[str, int]] = [{} for _ in range(n_layers)]
+    per_layer = config.get("num_attention_heads_per_layer")
+    if per_layer is not None:
+        if not isinstance(per_layer, list) or len(per_layer) != n_layers:
+            raise SterError(f"{where}: num_attention_heads_per_layer must list one count per layer ({n_layers}), "
+                            f"got {brief_value(per_layer)}")
+        for i, h in enumerate(per_layer):
+            out[i]["num_attention_heads"] = h
+    overrides = config.get("per_layer_config")
+    if overrides is not None:
+        if not isinstance(overrides, Mapping):
+            raise SterError(f"{where}: per_layer_config must map layer indices to objects, "
+                            f"got {brief_value(overrides)}")
+        for key, entry in overrides.items():
+            i = int(key) if isinstance(key, (int, str)) and str(key).isdigit() else -1
+            if not 0 <= i < n_layers or not isinstance(entry, Mapping):
+                raise SterError(f"{where}: per_layer_config entry {brief_value(key)} is not a layer index "
+                                "with an object of overrides")
+            out[i].update((k, entry[k]) for k in ("num_attention_heads", "num_key_value_heads")
+                          if entry.get(k) is not None)
+    model = {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    for i, own in enumerate(out):
+        for k, v in list(own.items()):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEADS:
+                raise SterError(f"{where}: layer {i}'s {k} must be an integer in 1..{MAX_HEADS}, got {brief_value(v)}")
+            if v == model[k]:
+                del own[k]
+        h, kv = own.get("num_attention_heads", heads), own.get("num_key_value_heads", kv_heads)
+        if h % kv:
+            raise SterError(f"{where}: layer {i}'s {h} query heads do not group over its {kv} key/value heads")
+    return out
+
+
+def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers: int,
+                  config_name: str) -> list[MoESpec]:
+    """Each layer's routed feed-forward with its own SwiGLU clamps: ``keys`` name per-layer lists of
+    the routed and the shared experts' bounds (0 or null: unclamped; a list absent: the model's)."""
+    lists = []
+    for key in keys:
+        v = config.get(key)
+        if v is not None and (not isinstance(v, list) or len(v) != n_layers or not all(
+                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0)
+                for x in v)):
+            raise SterError(f"invalid model config {config_name}: {key} must list one bound (0 or null: none) per "
+                            f"layer ({n_layers}), got {brief_value(v)}")
+        lists.append(v)
+    routed, shared = lists
+    return [replace(moe, limit=float(routed[i]) if routed and routed[i] else (None if routed else moe.limit),
+                    shared_limit=float(shared[i]) if shared and shared[i] else (None if shared else moe.shared_limit))
+            for i in range(n_layers)]
+
+
+def _mtp_layers(config: Mapping, family: FamilySpec, n_layers: int) -> tuple[str, ...]:
+    """Name prefixes of the ``num_nextn_predict_layers`` multi-token-prediction layers a checkpoint
+    stores after its last decoder layer (Step 3.5), which a forward never reads."""
+    k = config.get("num_nextn_predict_layers")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= MAX_LAYERS or "attn_norm" not in family.names:
+        return ()
+    stem = family.names["attn_norm"].split("{i}")[0]
+    return tuple(f"{stem}{n_layers + j}." for j in range(k))
 
 
 def _layer_ropes(config: Mapping, family: FamilySpec, sliding: list[bool], full: Rope, local: Rope,
@@ -453,6 +562,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         SterError: a missing or invalid dimension, an unsupported activation or rope type.
     """
     config = {**family.config_defaults, **config}  # Transformers' defaults for keys the config leaves out
+    if family.normalize is not None:
+        config = family.normalize(config)
     family = family.for_config(config)
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
@@ -500,6 +611,16 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                          lambda theta: make({**full_params, "rope_theta": theta}), config_name, routed)
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
+    own = layer_geometry(config, n_layers, heads, kv_heads, config_name)
+    v_head_dim = r.positive_int("v_head_dim", head_dim, limit=MAX_HEAD_DIM)
+    if v_head_dim != head_dim:
+        own = [dict(o, v_head_dim=v_head_dim) for o in own]
+    if family.sinks in ("sliding", "full"):  # sinks on one kind of layer only
+        own = [dict(o, sinks=s == (family.sinks == "sliding")) for o, s in zip(own, sliding)]
+    moe = moe_spec(r, family, config_name) if family.moe else None
+    if moe is not None and family.expert_limit_keys:
+        own = [dict(o, moe=m) if m != moe else o
+               for o, m in zip(own, _layer_limits(config, family.expert_limit_keys, moe, n_layers, config_name))]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -512,8 +633,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     rotated_only = family.query_temperature == "unrotated_layers"
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense",
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
-                             query_temperature=rope is None or not rotated_only)
-                   for s, rope, m, c in zip(sliding, ropes, routed, chunks))
+                             query_temperature=rope is None or not rotated_only, **o)
+                   for s, rope, m, c, o in zip(sliding, ropes, routed, chunks, own))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
@@ -541,9 +662,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         fused_qkv=family.fused_qkv,
         inputs_first=family.inputs_first,
         root=family.root,
-        moe=moe_spec(r, family, config_name) if family.moe else None,
+        moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
+        unread=family.unread + _mtp_layers(config, family, n_layers),
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name),
     )
 
@@ -586,6 +708,8 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,
         clip_qkv=r.number(family.clip_qkv_key, None),
-        sinks=family.sinks,
-        attn_output_gate=family.attn_output_gate,
+        sinks=family.sinks is True,
+        value_scale=r.number(family.value_scale_key, 1.0),
+        attn_gate=family.attn_gate,
+        attn_gate_per_head=family.attn_gate_per_head,
     )

@@ -45,7 +45,7 @@ KNOWN_MODEL_TYPES: tuple[str, ...] = (
 # Per-layer tensor roles the decoder asks for, with their Hugging Face names for the
 # Llama layout. ``{i}`` is the layer index. Families override only what differs; see
 # ``decoder/layout.py`` for the roles that are read fused (``qkv``, ``gate_up``), per head
-# (a name holding ``{h}``) or as plain parameters (``sinks``, ``act``).
+# (a name holding ``{h}``) or as plain parameters (``act``); ``sinks`` names a whole tensor.
 LLAMA_NAMES: Mapping[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
@@ -126,6 +126,9 @@ HUNYUAN_MOE_NAMES = _with(QWEN_MOE_NAMES, q_norm=_L + "self_attn.query_layernorm
                           k_norm=_L + "self_attn.key_layernorm", router=_M + "gate.wg",
                           shexp_gate=_M + "shared_mlp.gate_proj", shexp_up=_M + "shared_mlp.up_proj",
                           shexp_down=_M + "shared_mlp.down_proj")
+# FlexOlmo: OLMo 2's post-norm block around OLMoE's experts.
+FLEX_OLMO_NAMES = _with(QWEN_MOE_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                        ffn_post_norm=_L + "post_feedforward_layernorm")
 _SM = _L + "block_sparse_moe."
 MIXTRAL_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM + "gate",
                       exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
@@ -137,7 +140,8 @@ GRANITEMOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM 
 GRANITEMOE_SHARED_NAMES = _with(GRANITEMOE_NAMES, shexp_gate_up=_L + "shared_mlp.input_linear",
                                 shexp_down=_L + "shared_mlp.output_linear")
 # GraniteMoE-SWA as Transformers 5 saves it: the same stacks under Transformers 5's expert names.
-GRANITEMOE_SWA_NAMES = _with(GRANITEMOE_SHARED_NAMES, router=_SM + "router", sinks=_L + "self_attn",
+GRANITEMOE_SWA_NAMES = _with(GRANITEMOE_SHARED_NAMES, router=_SM + "router",
+                             sinks=_L + "self_attn.sinks",
                              exp_gate_up=_SM + "experts.gate_up_proj", exp_down=_SM + "experts.down_proj")
 # DBRX: everything below transformer.; each layer's experts stacked by rows [E * size, hidden] in w1
 # (gate), v1 (up) and w2 (down, stored [size, hidden] per expert: inputs first).
@@ -150,7 +154,8 @@ DBRX_NAMES: Mapping[str, str] = {
     "exp_down": _X + "ffn.experts.mlp.w2",
 }
 # gpt-oss: stacked experts stored inputs-first with their biases, gate and up interleaved (layout.py).
-GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn", router=_M + "router",
+GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn.sinks",
+                      router=_M + "router",
                       exp_gate_up=_M + "experts.gate_up_proj", exp_gate_up_bias=_M + "experts.gate_up_proj_bias",
                       exp_down=_M + "experts.down_proj", exp_down_bias=_M + "experts.down_proj_bias")
 # Cohere 2 MoE: one input norm (parallel block); experts stored one module each, as Transformers saves them.
@@ -159,7 +164,7 @@ COHERE2_MOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, ffn_norm=None, shexp_gate=_M + "
 # AFMoE: sandwich norms, a gated attention output, a router module with a selection bias beside it.
 AFMOE_NAMES = _with(QWEN_MOE_DENSE_NAMES, attn_post_norm=_L + "post_attention_layernorm",
                     ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm",
-                    attn_gate=_L + "self_attn.gate_proj", router=_M + "router.gate",
+                    g=_L + "self_attn.gate_proj", router=_M + "router.gate",
                     router_select_bias=_M + "expert_bias", shexp_gate=_M + "shared_experts.gate_proj",
                     shexp_up=_M + "shared_experts.up_proj", shexp_down=_M + "shared_experts.down_proj")
 # Llama 4's text decoder: feed_forward.* for the dense MLP, the router, stacked experts stored
@@ -169,6 +174,17 @@ LLAMA4_NAMES = _with(LLAMA_NAMES, gate=_F + "gate_proj", up=_F + "up_proj", down
                      router=_F + "router", exp_gate_up=_F + "experts.gate_up_proj", exp_down=_F + "experts.down_proj",
                      shexp_gate=_F + "shared_expert.gate_proj", shexp_up=_F + "shared_expert.up_proj",
                      shexp_down=_F + "shared_expert.down_proj")
+MIMO_V2_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.e_score_correction_bias",
+                      sinks=_L + "self_attn.attention_sink_bias")
+LAGUNA_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "experts.e_score_correction_bias",
+                     shexp_gate=_M + "shared_expert.gate_proj", shexp_up=_M + "shared_expert.up_proj",
+                     shexp_down=_M + "shared_expert.down_proj", g=_L + "self_attn.g_proj", sinks=_L + "self_attn.sink")
+STEP3P5_NAMES = _with(LLAMA_NAMES, router=_L + "moe.gate", router_select_bias=_L + "moe.router_bias",
+                      exp_gate=_L + "moe.gate_proj.weight", exp_up=_L + "moe.up_proj.weight",
+                      exp_down=_L + "moe.down_proj.weight", shexp_gate=_L + "share_expert.gate_proj",
+                      shexp_up=_L + "share_expert.up_proj", shexp_down=_L + "share_expert.down_proj",
+                      g=_L + "self_attn.g_proj")
+MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -269,6 +285,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "rope_theta": ("rope_theta",),
     "partial_rotary_factor": ("partial_rotary_factor",),
     "rotary_dim": (),  # rotated width of a head, when a family states it absolutely (GPT-J)
+    "v_head_dim": (),  # width of a value head, when a family's differs from its keys' (MiMo-V2-Flash)
     "act": ("hidden_act", "hidden_activation"),
     # Mixture-of-experts (read only by families with ``moe``; see ``config.moe_spec``).
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
@@ -286,6 +303,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "router_jitter_noise": ("router_jitter_noise",),  # SparseMixer's closeness bound (PhiMoE)
     "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
     "swiglu_alpha": ("swiglu_alpha",),
+    "router_logit_softcap": (),  # a cap on the router's logits (Laguna's moe_router_logit_softcapping)
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -412,9 +430,19 @@ class FamilySpec:
             config.json leaves them out (read as if stated).
         decoder_prefix: the prefix a wrapper's tensors of this decoder sit below (``stored_under``);
             tensors outside it belong to the wrapper's other towers.
-        sinks: each layer has a learned per-head attention sink (``sinks`` role).
-        attn_output_gate: attention's output (before ``o``) is multiplied by the sigmoid of the
-            ``attn_gate`` projection of the layer's normed input (AFMoE).
+        sinks: a learned per-head attention sink (``sinks`` role: the whole tensor name) on every
+            layer (True), or only on ``"sliding"`` or ``"full"`` attention layers.
+        value_scale_key: config key of a factor on every value (MiMo-V2-Flash).
+        attn_gate: ``"sigmoid"`` or ``"softplus"`` of the ``g`` projection scales each head's
+            attention output (``attn_gate_per_head``) or each of its elements.
+        expert_limit_keys: config keys of per-layer lists of the routed and the shared experts'
+            SwiGLU clamps (0 or null: none; Step 3.5's swiglu_limits, swiglu_limits_shared).
+        unread: name prefixes of stored tensors the forward never reads (multi-token-prediction
+            modules; the ``num_nextn_predict_layers`` layers after the last are added from the config).
+        normalize: rewrites the family's own config spellings (its hub config.json, or defaults
+            Transformers derives from other keys) into the keys ``config.py`` reads (``layer_types``,
+            ``mlp_layer_types``, ``rope_parameters`` per layer type, ``per_layer_config``, ...);
+            applied before variants, refusals and fields are read.
         ffn_mult_key / ffn_mult: the feed-forward width as a multiple of hidden_size when the
             config states no width (``ffn_mult_key`` names the multiple's key).
         fused_qkv: how a fused ``qkv`` tensor's rows are laid out: ``"concat"`` (all queries,
@@ -425,7 +453,8 @@ class FamilySpec:
         names: role -> Hugging Face tensor name prefix (``.weight`` / ``.bias`` appended).
         gguf_names: role -> llama.cpp tensor name prefix (a tuple lists alternatives, first found wins).
         variants: config-driven changes to these fields (``Variant``).
-        refusals: configurations refused before any weight is read (``Refusal``).
+        refusals: configurations refused before any weight is read (``Refusal``; they see the
+            config after ``normalize``).
         gguf_config: llama.cpp metadata key (after ``{arch}.``) -> the config.json key it
             stands for; the GGUF path reads the family's variants and scales through it.
         gguf_changes: fields llama.cpp reads differently for this architecture.
@@ -487,8 +516,13 @@ class FamilySpec:
     chunk_key: str | None = None
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     decoder_prefix: str | None = None
-    sinks: bool = False
-    attn_output_gate: bool = False
+    sinks: bool | str = False
+    value_scale_key: str | None = None
+    attn_gate: str | None = None
+    attn_gate_per_head: bool = True
+    expert_limit_keys: tuple[str, str] | None = None
+    normalize: Callable[[Mapping], Mapping] | None = None
+    unread: tuple[str, ...] = ()
     ffn_mult_key: str | None = None
     ffn_mult: int | None = None
     fused_qkv: str | None = None
@@ -544,6 +578,142 @@ _QK_NORM_IF_PRESENT = {"qk_norm": "head", "qk_norm_optional": True}
 _OLMO2 = dict(norms=("attn_post_norm", "ffn_post_norm"), qk_norm="proj", names=OLMO2_NAMES)
 _SANDWICH = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
 _FALCON_NEW_1LN = (lambda c: bool(c.get("new_decoder_architecture")) and c.get("num_ln_in_parallel_attn") == 1)
+
+
+def _layer_list(config: Mapping, key: str, n: int) -> list | None:
+    """``config[key]`` when it is a list of at least ``n`` entries, cut to ``n`` (the hub configs of
+    Step 3.5 append the multi-token-prediction layers' entries), else None."""
+    v = config.get(key)
+    return v[:n] if isinstance(v, list) and len(v) >= n else None
+
+
+def _n_layers(config: Mapping) -> int:
+    n = config.get("num_hidden_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096 else 0
+
+
+def _mimo_v2_config(config: Mapping) -> Mapping:
+    """MiMo-V2-Flash's hub spellings (and Transformers' defaults for what they leave out) as
+    ``layer_types``, ``mlp_layer_types``, per-type ``rope_parameters`` and the sliding layers'
+    key/value head count in ``per_layer_config``."""
+    c, n = dict(config), _n_layers(config)
+    c.setdefault("rms_norm_eps", c.get("layernorm_epsilon", 1e-5))  # Transformers' default for the family
+    if c.get("layer_types") is None:
+        pattern = _layer_list(c, "hybrid_layer_pattern", n)
+        c["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern] if pattern is not None
+                            else ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention"
+                                  for i in range(n)])
+    if c.get("mlp_layer_types") is None:
+        freq = _layer_list(c, "moe_layer_freq", n)
+        c["mlp_layer_types"] = (["sparse" if f else "dense" for f in freq] if freq is not None
+                                else ["dense"] + ["sparse"] * (n - 1))
+    if c.get("sliding_window_size") is not None and isinstance(c["sliding_window_size"], int):
+        c["sliding_window"] = c["sliding_window_size"] + 1  # the window leaves out the query itself
+    rp = c.get("rope_parameters")
+    if not (isinstance(rp, Mapping) and "full_attention" in rp):
+        share = c.get("partial_rotary_factor", 0.334)
+        rp = {"full_attention": {"rope_type": "default", "rope_theta": c.get("rope_theta", 5_000_000.0)},
+              "sliding_attention": {"rope_type": "default", "rope_theta": c.get("swa_rope_theta", 10_000.0)}}
+        rp = {k: dict(v, partial_rotary_factor=share) for k, v in rp.items()}
+    c["rope_parameters"] = {k: dict(v, partial_rotary_factor=v.get("partial_rotary_factor", 0.334))
+                            if isinstance(v, Mapping) else v for k, v in rp.items()}
+    if "attention_value_scale" not in c:
+        c["attention_value_scale"] = 0.707
+    kv = c.get("num_key_value_heads")
+    swa_kv = c.get("swa_num_key_value_heads", 2 * kv if isinstance(kv, int) and not isinstance(kv, bool) else None)
+    if c.get("per_layer_config") is None and swa_kv is not None and isinstance(c["layer_types"], list):
+        c["per_layer_config"] = {i: {"num_key_value_heads": swa_kv}
+                                 for i, t in enumerate(c["layer_types"]) if t == "sliding_attention"}
+    return c
+
+
+def _laguna_config(config: Mapping) -> Mapping:
+    """Laguna's defaults that Transformers derives when a config leaves them out: full attention,
+    the first layer dense, and one rotation per layer type (the full layers' over half of each head)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["full_attention"] * n
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
+    if c.get("rope_parameters") is None:
+        c["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+    return c
+
+
+_STEP_LISTS = ("layer_types", "swiglu_limits", "swiglu_limits_shared", "use_rope_layers", "rope_theta",
+               "partial_rotary_factors")
+
+
+def _step3p5_config(config: Mapping) -> Mapping:
+    """Step 3.5's hub spellings as the keys config.py reads: per-layer lists cut to num_hidden_layers
+    (the rest are multi-token-prediction layers), ``mlp_layer_types`` from ``moe_layers_enum`` (by
+    default, layers from the fourth on route), the sliding layers' head counts from
+    ``num_sliding_attention_heads`` or ``attention_other_setting`` into ``per_layer_config``, and
+    one rope parameter set per layer type from the per-layer ``rope_theta`` / ``partial_rotary_factors``
+    (a kind's first layer, as Transformers takes it) with ``rope_scaling`` on full attention only."""
+    c, n = dict(config), _n_layers(config)
+    c.setdefault("rms_norm_eps", 1e-5)  # Transformers' default for the family
+    for key in _STEP_LISTS:
+        cut = _layer_list(c, key, n)
+        if cut is not None:
+            c[key] = cut
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["full_attention"] * n
+    types = c["layer_types"] if isinstance(c["layer_types"], list) and all(
+        isinstance(t, str) for t in c["layer_types"]) else []
+    if c.get("mlp_layer_types") is None:
+        enum = c.get("moe_layers_enum")
+        items = enum.split(",") if isinstance(enum, str) else enum if isinstance(enum, list) else None
+        routed = ({int(x) for x in items if str(x).strip().isdigit()} if items is not None else set(range(3, n)))
+        c["mlp_layer_types"] = ["sparse" if i in routed else "dense" for i in range(n)]
+    if c.get("per_layer_config") is None:
+        other = c.get("attention_other_setting") if isinstance(c.get("attention_other_setting"), Mapping) else {}
+        own = {k: v for k, v in (("num_attention_heads", c.get("num_sliding_attention_heads",
+                                                                other.get("num_attention_heads"))),
+                                 ("num_key_value_heads", other.get("num_attention_groups"))) if v is not None}
+        c["per_layer_config"] = {i: own for i, t in enumerate(types) if t == "sliding_attention" and own}
+    rp = c.get("rope_parameters")
+    if not (isinstance(rp, Mapping) and all(isinstance(rp.get(t), Mapping) for t in set(types))):
+        thetas, shares = c.get("rope_theta", 10000.0), c.get("partial_rotary_factors")
+        rp = {}
+        per_layer = {k: isinstance(v, list) and len(v) == len(types) for k, v in (("t", thetas), ("s", shares))}
+        for t in set(types):
+            i = types.index(t)
+            rp[t] = {"rope_type": "default", "rope_theta": thetas[i] if per_layer["t"] else thetas}
+            if per_layer["s"]:
+                rp[t]["partial_rotary_factor"] = shares[i]
+        if isinstance(c.get("rope_scaling"), Mapping) and "full_attention" in rp:
+            rp["full_attention"].update(c["rope_scaling"])
+        c["rope_parameters"] = rp
+    return c
+
+
+def _step3p5_kind_disagrees(c: Mapping) -> bool:
+    """A layer kind whose layers list different rotary bases or shares (Transformers takes the first;
+    ``c`` is normalised by ``_step3p5_config``, as ``gate`` does before refusals)."""
+    types = c["layer_types"] if isinstance(c["layer_types"], list) else []
+    for key in ("rope_theta", "partial_rotary_factors"):
+        values = c.get(key)
+        if isinstance(values, list) and len(values) == len(types):
+            seen: dict[str, str] = {}
+            for v, t in zip(values, map(repr, types)):
+                if seen.setdefault(t, repr(v)) != repr(v):
+                    return True
+    return False
+
+
+def _step3p5_clamped_dense(c: Mapping) -> bool:
+    """A dense layer with a SwiGLU clamp (Transformers reads swiglu_limits_shared there; ``c`` normalised)."""
+    limits, kinds = c.get("swiglu_limits_shared"), c.get("mlp_layer_types")
+    return (isinstance(limits, list) and isinstance(kinds, list)
+            and any(kind == "dense" and limit for kind, limit in zip(kinds, limits)))
+
+
+def _differs(key: str, other: str) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is stated and differs from ``other`` (MiMo's sliding-window sizes)."""
+    return lambda c: c.get(key) is not None and c.get(key) != c.get(other)
 
 
 def _mpt_alibi_heads_not_power_of_two(config: Mapping) -> bool:
@@ -775,7 +945,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    local_rope_key="rope_local_base_freq", **_GEMMA2),
         FamilySpec("granite_swa", **_GRANITE, logit_scale_divides=True, sinks=True, sliding="pattern_first",
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", tie_default=True,
-                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn"),
+                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn.sinks"),
                    refusals=(_GRANITE_SWA_BASES,)),
         FamilySpec("iquestcoder", sliding="qwen2", clip_qkv_key="clip_qkv"),
         FamilySpec("hyperclovax", **_GRANITE, norms=_SANDWICH, names=HYPERCLOVAX_NAMES,
@@ -845,7 +1015,8 @@ FAMILIES: dict[str, FamilySpec] = {
                                      (None, "average", "sum"),
                                      "a shared_expert_combination_strategy other than 'average' or 'sum' "
                                      "is not supported"))),
-        FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_output_gate=True, rope_layers="sliding",
+        FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_gate="sigmoid", attn_gate_per_head=False,
+                   rope_layers="sliding",
                    sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
                    sliding_pattern_key="global_attn_every_n_layers",
                    keys={"routed_scaling_factor": ("route_scale",), "scoring_func": ()},
@@ -953,6 +1124,87 @@ FAMILIES: dict[str, FamilySpec] = {
                                                    for v in _values(c, "moe_intermediate_size")),
                                      "experts of a moe_intermediate_size other than intermediate_size are not "
                                      "supported (Transformers builds them intermediate_size wide)"))),
+        # group H4
+        FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
+                   moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
+                   keys={"moe_intermediate_size": ("intermediate_size",)}),
+        FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES, unread=("mtp.",),
+                   moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
+                                 "norm_topk_prob": True}),
+        FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", unread=("model.mtp.",),
+                   value_scale_key="attention_value_scale", normalize=_mimo_v2_config,
+                   keys={"v_head_dim": ("v_head_dim",)},
+                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "norm_topk_prob": True},
+                   moe_fields={"renorm_eps": 1e-20},
+                   variants=(Variant(unset("add_swa_attention_sink_bias"), {"sinks": False}),
+                             Variant(flag("add_full_attention_sink_bias"), {"sinks": "full"}),
+                             Variant(lambda c: flag("add_swa_attention_sink_bias", True)(c)
+                                     and flag("add_full_attention_sink_bias")(c), {"sinks": True}),
+                             Variant(lambda c: c.get("attention_projection_layout") == "fused_qkv",
+                                     {"names": _with(MIMO_V2_NAMES, q=None, k=None, v=None,
+                                                     qkv=_L + "self_attn.qkv_proj"), "fused_qkv": "concat"})),
+                   refusals=(Refusal(_differs("swa_num_attention_heads", "num_attention_heads"),
+                                     "sliding-window layers with their own query head count (swa_num_attention_heads) "
+                                     "are not supported"),
+                             Refusal(_differs("swa_head_dim", "head_dim"),
+                                     "sliding-window layers with their own head width (swa_head_dim) are not "
+                                     "supported"),
+                             Refusal(_differs("swa_v_head_dim", "v_head_dim"),
+                                     "sliding-window layers with their own value head width (swa_v_head_dim) are "
+                                     "not supported"))),
+        FamilySpec("laguna", qk_norm="head", moe=True, names=LAGUNA_NAMES, attn_gate="softplus",
+                   normalize=_laguna_config,
+                   keys={"routed_scaling_factor": ("moe_routed_scaling_factor",),
+                         "router_logit_softcap": ("moe_router_logit_softcapping",)},
+                   fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                                 "shared_intermediate_size": 512},
+                   moe_fields={"select_bias": True},
+                   variants=(Variant(lambda c: c.get("gating", True) not in (True, "per-head"),
+                                     {"attn_gate_per_head": False}),
+                             Variant(flag("swa_attention_sink_enabled"), {"sinks": "sliding"})),
+                   refusals=(Refusal(flag("moe_apply_router_weight_on_input"),
+                                     "moe_apply_router_weight_on_input (router weights on the experts' input), "
+                                     "which Transformers does not implement either, is not supported"),)),
+        FamilySpec("step3p5", norm_unit_offset=True, qk_norm="head", attn_gate="sigmoid", moe=True,
+                   names=STEP3P5_NAMES, attn_scale_key="query_pre_attn_scalar", no_rope_key="use_rope_layers",
+                   normalize=_step3p5_config, expert_limit_keys=("swiglu_limits", "swiglu_limits_shared"),
+                   keys={"num_key_value_heads": ("num_key_value_heads", "num_attention_groups"), "act": (),
+                         "num_experts": ("n_routed_experts", "moe_num_experts", "num_local_experts"),
+                         "num_experts_per_tok": ("num_experts_per_tok", "moe_top_k"),
+                         "shared_intermediate_size": ("share_expert_dim",),
+                         "routed_scaling_factor": ("moe_router_scaling_factor",),
+                         "scoring_func": ("moe_router_activation",), "norm_topk_prob": ("norm_expert_weight",)},
+                   moe_defaults={"num_experts": 288, "num_experts_per_tok": 8, "moe_intermediate_size": 1280,
+                                 "shared_intermediate_size": 1280, "norm_topk_prob": True, "scoring_func": "sigmoid"},
+                   moe_fields={"select_bias": True, "clamp_act": True},
+                   variants=(Variant(unset("use_head_wise_attn_gate"), {"attn_gate": None}),),
+                   refusals=(Refusal(_step3p5_kind_disagrees, "a layer kind whose layers list different rotary "
+                                     "bases or shares (rope_theta, partial_rotary_factors) is not supported"),
+                             Refusal(lambda c: isinstance(c.get("yarn_only_types"), list)
+                                     and "sliding_attention" in c["yarn_only_types"],
+                                     "rotation scaling on sliding-window layers (yarn_only_types) is not supported"),
+                             Refusal(_step3p5_clamped_dense, "a SwiGLU clamp on a dense layer "
+                                     "(swiglu_limits_shared) is not supported"),
+                             Refusal(flag("use_bidirectional_attention"),
+                                     "bidirectional attention (use_bidirectional_attention) is not supported"))),
+        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
+                   keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
+                   fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8},
+                   moe_fields={"select_bias": True},
+                   variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),
+                             Variant(lambda c: c.get("qk_norm_type") == "per_head", {"qk_norm": "head"}),
+                             Variant(unset("use_routing_bias"), {"moe_fields": {}})),
+                   refusals=(Refusal(lambda c: isinstance(c.get("attn_type_list"), list) and 0 in c["attn_type_list"],
+                                     "lightning-attention layers (attn_type_list entries 0) are not supported"),
+                             Refusal(lambda c: bool(c.get("shared_intermediate_size")),
+                                     "shared experts (shared_intermediate_size above zero) are not supported"),
+                             Refusal(lambda c: c.get("qk_norm_type") not in (None, "per_layer", "per_head"),
+                                     "a qk_norm_type other than per_layer or per_head is not supported"),
+                             Refusal(lambda c: c.get("scoring_func") not in (None, "sigmoid"),
+                                     "a scoring_func other than sigmoid is not supported"))),
     )
 }
 
@@ -1039,6 +1291,8 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             "use the full-precision checkpoint or a GGUF of the model"
         )
     family = FAMILIES[model_type]
+    if family.normalize is not None:
+        config = family.normalize(config)
     for refusal in family.refusals:
         if refusal.when(config):
             raise SterError(f"{config_path}: {refusal.why} for model_type {model_type!r}; "

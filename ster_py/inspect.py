@@ -103,5 +103,6 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     info["parameters"] = n_params
     info["precision"] = precision
     info["resident_bytes"] = resident
-    info["kv_bytes_per_position"] = 2 * spec.num_hidden_layers * spec.num_key_value_heads * spec.head_dim * 4
+    info["kv_bytes_per_position"] = 4 * sum(kv * (dk + dv) for _, kv, dk, dv in
+                                            map(spec.attention_shape, range(spec.num_hidden_layers)))
     return info

@@ -84,6 +84,58 @@ def _missing(package: str, extra_hint: str) -> SterError:
     return SterError(f"`ster parity --reference` needs {package}, which is not installed; {extra_hint}")
 
 
+# Families Transformers runs only as the text model of a multimodal class, with no causal-LM class
+# for their own model_type: model_type -> (module, text model class, tensor renames from the hub's
+# checkpoint layout to that class's, as Transformers' conversion mapping for the family gives them).
+TEXT_MODEL_REFERENCES = {
+    "step3p5": ("transformers.models.step3p7.modeling_step3p7", "Step3p7TextModel",
+                ((".moe.gate.weight", ".mlp.gate.weight"), (".moe.router_bias", ".mlp.gate.e_score_correction_bias"),
+                 (".moe.down_proj.weight", ".mlp.experts.down_proj"), (".share_expert.", ".mlp.shared_experts."))),
+}
+
+
+def _text_model_reference(root, model_type: str, torch, attn: str):
+    """A text model of ``TEXT_MODEL_REFERENCES`` with an ``lm_head``, its weights read from the
+    checkpoint at ``root`` under the hub's names; called like a causal LM (logits, hidden states).
+    A stacked ``moe.gate_proj`` / ``moe.up_proj`` pair becomes the fused ``mlp.experts.gate_up_proj``."""
+    import importlib
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    module, cls, renames = TEXT_MODEL_REFERENCES[model_type]
+    config = AutoConfig.from_pretrained(str(root))
+    config._attn_implementation = attn
+    text = getattr(importlib.import_module(module), cls)(config).float().eval()
+    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+    state: dict = {}
+    for file in sorted(root.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    for name in [n for n in state if n.endswith(".moe.gate_proj.weight")]:
+        stem = name[: -len(".moe.gate_proj.weight")]
+        up = state.pop(stem + ".moe.up_proj.weight")
+        state[stem + ".mlp.experts.gate_up_proj"] = torch.cat([state.pop(name), up], dim=1)
+    head_weight = state.pop("lm_head.weight", None)
+    renamed = {}
+    for name, t in state.items():
+        for old, new in renames:
+            name = name.replace(old, new)
+        renamed[name.removeprefix("model.")] = t.float()
+    text.load_state_dict(renamed, strict=False)
+    missing = [n for n in text.state_dict() if n not in renamed and not n.endswith("inv_freq")]
+    if missing or head_weight is None:
+        raise ValueError(f"the checkpoint lacks {(missing or ['lm_head.weight'])[0]}")
+    with torch.no_grad():
+        head.weight.copy_(head_weight.float())
+
+    def model(ids, output_hidden_states=False):
+        out = text(input_ids=ids, output_hidden_states=output_hidden_states)
+        return SimpleNamespace(logits=head(out.last_hidden_state), hidden_states=out.hidden_states)
+
+    return model
+
+
 def transformers_reference(resolved) -> Reference:
     """A reference that runs Transformers on the model ``resolved`` describes.
 
@@ -110,7 +162,10 @@ def transformers_reference(resolved) -> Reference:
     hf_logging.disable_progress_bar()  # nothing below the CLI prints; restored right after
     try:  # Transformers' GGUF conversion draws its own tqdm bar on stderr: keep it off the terminal
         with contextlib.redirect_stderr(io.StringIO()):
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(resolved.root), **kwargs).eval()
+            if model_type in TEXT_MODEL_REFERENCES and resolved.gguf_file is None:
+                model = _text_model_reference(resolved.root, model_type, torch, kwargs["attn_implementation"])
+            else:
+                model = transformers.AutoModelForCausalLM.from_pretrained(str(resolved.root), **kwargs).eval()
     except Exception as e:  # transformers raises many types; the user needs the message
         raise SterError(f"transformers could not load {resolved.model} as the reference: {type(e).__name__}: {e}") \
             from None

@@ -126,6 +126,7 @@ def check_spec(spec: ModelSpec, source: str) -> ModelSpec:
     _positive_finite(spec.residual_scale, "the residual scale (residual_multiplier)", source)
     _positive_finite(spec.logit_scale, "the logit scale (logit_scale / logits_scaling)", source)
     _positive_finite(spec.clip_qkv, "clip_qkv (the q/k/v clamp bound)", source, allow_none=True)
+    _positive_finite(spec.value_scale, "the value scale (attention_value_scale)", source)
     if not isinstance(spec.tie_word_embeddings, bool):
         raise SterError(f"invalid model config {source}: tie_word_embeddings must be true or false, "
                         f"got {spec.tie_word_embeddings!r}")

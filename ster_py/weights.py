@@ -67,7 +67,8 @@ class _Tracked:
         """Stored tensors the decoder built from ``spec`` never asked for, sorted.
 
         Call after ``Decoder(spec, self)`` (it reads every tensor at construction).
-        Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``) and,
+        Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``), those under
+        the spec's ``unread`` prefixes (multi-token-prediction modules) and,
         when the head is tied to the embedding, a stored head (it is not used, as in
         Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
         and projector, never read). Anything else means the checkpoint holds weights this model
@@ -78,9 +79,11 @@ class _Tracked:
             for head in _role_names(spec.names["head"]):
                 root = spec.root or ""
                 asked |= {self._stored(f"{head}.weight"), self._stored(f"{head.removeprefix(root)}.weight")}
-        ours = spec.decoder_prefix or ""
+        ours = spec.decoder_prefix or ""  # a wrapper's other towers are not this decoder's
+        unread = tuple(spec.unread)
         return sorted(n for n in self.names() if n not in asked and n not in HARMLESS_NAMES
-                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours))
+                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours)
+                      and not (unread and n.startswith(unread)))
 
 
 def unused_tensor_warnings(spec, weights) -> list[str]:

@@ -68,7 +68,7 @@ def make_checkpoint(path: Path, model_type: str, *, seed: int = 0, dtype=None, *
 
 
 # Norms stored as offsets from one (applied as 1 + w) are randomised around zero.
-UNIT_OFFSET = {"nemotron", "vaultgemma"}
+UNIT_OFFSET = {"nemotron", "vaultgemma", "step3p5"}
 
 
 def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager", seed: int = 0):
@@ -81,8 +81,13 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    config = dict(config)
+    as_given = config.pop(CONFIG_AS_GIVEN, False)
     cfg = AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+    if model_type == "step3p5":
+        model = step3p5_causal_lm(cfg, attn).eval()
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
     with torch.no_grad():
         norm_params = {f"{m}.{p}" if m else p for m, mod in model.named_modules() if "Norm" in type(mod).__name__
                        for p, _ in mod.named_parameters(recurse=False)}
@@ -100,9 +105,71 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
             if name.endswith(SELECTION_BIASES):
                 b.copy_(torch.randn_like(b) * 0.1)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    if model_type == "step3p5":
+        model.save_hub_layout(path, dict(config, model_type=model_type, bos_token_id=1, eos_token_id=2,
+                                         pad_token_id=0) if as_given else None)
+    else:
+        model.save_pretrained(path)
     write_tokenizer(path, VOCAB)
     return model
+
+
+# A key of a ``build_checkpoint`` config: write config.json as given (a hub spelling Transformers
+# reads through its legacy keys) instead of the configuration Transformers saves.
+CONFIG_AS_GIVEN = "_config_as_given"
+
+
+def step3p5_causal_lm(config, attn: str = "eager"):
+    """Step 3.5 as Transformers 5 runs it: its ``model_type`` step3p5 maps to ``Step3p7TextConfig``
+    and ``Step3p7TextModel``, with no causal-LM class of its own, so this adds the head.
+
+    ``save_hub_layout`` writes the checkpoint under the names stepfun-ai/Step-3.5-Flash uses
+    (Transformers' step3p7 conversion mapping, reversed): ``moe.gate_proj`` / ``moe.up_proj`` /
+    ``moe.down_proj`` stacked per layer, ``moe.gate``, ``moe.router_bias``, ``share_expert``.
+    """
+    import torch
+    from transformers.models.step3p7.modeling_step3p7 import Step3p7TextModel
+
+    class _Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            config._attn_implementation = attn
+            self.config = config
+            self.model = Step3p7TextModel(config)
+            self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+        def forward(self, input_ids, past_key_values=None, use_cache=False, output_hidden_states=False):
+            from types import SimpleNamespace
+
+            out = self.model(input_ids=input_ids, cache=past_key_values, use_cache=use_cache,
+                             output_hidden_states=output_hidden_states)
+            return SimpleNamespace(logits=self.lm_head(out.last_hidden_state), past_key_values=out.cache,
+                                   hidden_states=out.hidden_states)
+
+        def save_hub_layout(self, path: Path, config_json: dict | None) -> None:
+            from safetensors.torch import save_file
+
+            out = {}
+            for name, t in self.state_dict().items():
+                t = t.detach().contiguous()
+                name = name.replace(".mlp.gate.e_score_correction_bias", ".moe.router_bias")
+                name = name.replace(".mlp.gate.", ".moe.gate.").replace(".mlp.shared_experts.", ".share_expert.")
+                if name.endswith(".mlp.experts.gate_up_proj"):
+                    half = t.shape[1] // 2
+                    stem = name[: -len(".mlp.experts.gate_up_proj")]
+                    out[stem + ".moe.gate_proj.weight"] = t[:, :half].contiguous()
+                    out[stem + ".moe.up_proj.weight"] = t[:, half:].contiguous()
+                    continue
+                if name.endswith(".mlp.experts.down_proj"):
+                    name = name[: -len(".mlp.experts.down_proj")] + ".moe.down_proj.weight"
+                out[name] = t
+            save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+            if config_json is None:
+                config_json = self.config.to_dict()
+            config_json["architectures"] = ["Step3p5ForCausalLM"]
+            (path / "config.json").write_text(json.dumps(config_json))
+
+    return _Model()
 
 
 # Buffers that routers add to their scores to choose experts (not parameters, so not redrawn above).

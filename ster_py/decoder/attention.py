@@ -49,7 +49,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
     Args:
         q: float32 [num_heads, T, head_dim], queries at absolute ``positions`` (int [T]).
         k, v: float32 or float16 (both the same) [num_kv_heads, S, head_dim], keys/values at
-            positions 0..S-1 (a float16 cache: ``KVCache(dtype=np.float16)``).
+            positions 0..S-1 (a float16 cache: ``KVCache(dtype=np.float16)``); values may be
+            narrower or wider than keys ([num_kv_heads, S, v_head_dim], MiMo-V2-Flash).
         scale: multiplies q.k (usually head_dim ** -0.5).
         window: sliding window length in positions, or None.
         softcap: attention logit soft-cap, or None.
@@ -61,12 +62,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
             position p sees only keys from p - p mod chunk on.
 
     Returns:
-        float32 [num_heads, T, head_dim].
+        float32 [num_heads, T, v_head_dim].
     """
     if chunk:
         return _by_chunk(q, k, v, positions, chunk, scale=scale, window=window, softcap=softcap, bias=bias,
                          sinks=sinks)
-    if _ops is not None:
+    if _ops is not None and v.shape[-1] == q.shape[-1]:  # the kernel takes one head width
         b = None
         if bias is not None:
             b = _kernel_bias(bias, q.shape[0], q.shape[1], k.shape[1]) if q.ndim == k.ndim == 3 else False
@@ -135,20 +136,36 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
         total = total + np.exp(sink - peak)
     scores /= total
     out = scores.reshape(KV, G * T, S) @ v
-    return out.reshape(H, T, D)
+    return out.reshape(H, T, v.shape[-1])
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), float32, without overflow."""
+    return np.logaddexp(np.float32(0.0), x)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+GATES = {"sigmoid": sigmoid, "softplus": softplus}
 
 
 class Attention(Part):
     """The attention mixer of one layer: q/k/v projections, optional q/k norms and clipping,
-    rotation, the cache, ``attention``, an optional output gate and the output projection.
+    rotation, value scale, the cache, ``attention``, an optional output gate and the output
+    projection.
 
-    The output gate (``spec.attn_output_gate``, AFMoE's ``self_attn.gate_proj``) multiplies the
-    heads' output by ``sigmoid(attn_gate(x))`` before ``o`` (gated attention: Qiu et al. 2025,
-    arXiv:2505.06708; Transformers' ``AfmoeAttention``).
+    The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
+    ``g_proj``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
+    ``softplus``) of the ``g`` projection of the layer's normed input before ``o`` (gated
+    attention: Qiu et al. 2025, arXiv:2505.06708).
 
     Args:
-        spec: the ``ModelSpec`` (heads, head width, q/k norm kind, clip, scale, soft-cap, sinks).
-        i: the layer; its ``LayerSpec`` gives the rotation and the window.
+        spec: the ``ModelSpec`` (heads, head width, q/k norm kind, clip, scale, soft-cap, sinks,
+            value scale, output gate).
+        i: the layer; its ``LayerSpec`` gives the rotation, the window and, where it has its
+            own, its head counts and widths and whether it has sinks (``ModelSpec.attention_shape``).
         load: ``load(role, kind="weight", required=False)`` -> the layer's array (``Layout.get``).
         norm: ``norm(role)`` -> a ``Norm`` built from the role's weight and bias.
     """
@@ -157,10 +174,11 @@ class Attention(Part):
 
     def __init__(self, spec, i: int, load, norm):
         self.spec, self.i, self.layer = spec, i, spec.layers[i]
+        self.shape = spec.attention_shape(i)
         self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias")) for r in self.ROLES)
         self.q_norm, self.k_norm = (self._qk_norm(r, load, norm) for r in ("q_norm", "k_norm"))
-        self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
-        self.attn_gate = make_linear(load("attn_gate", required=True)) if spec.attn_output_gate else None
+        self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
+        self.g = make_linear(load("g", required=True)) if spec.attn_gate else None
 
     def _qk_norm(self, role: str, load, norm):
         """The layer's q or k norm, or None (no q/k norms here, or optional ones the weights lack)."""
@@ -170,8 +188,7 @@ class Attention(Part):
         return norm(role) if s.qk_norm_affine else Norm("rms", s.norm_eps, None, None)
 
     def read_order(self) -> list[tuple]:
-        gate = [(self.attn_gate,)] if self.attn_gate is not None else []
-        return [(self.q, self.k, self.v)] + gate + [(self.o,)]
+        return [(self.q, self.k, self.v)] + ([(self.g,)] if self.g is not None else []) + [(self.o,)]
 
     def rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
         """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
@@ -190,13 +207,15 @@ class Attention(Part):
             q, k = self.q_norm(q), self.k_norm(k)
         if s.clip_qkv is not None:  # after whole-projection norms (OLMoE clamps the normed q/k)
             q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
-        H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        H, KV, D, Dv = self.shape
         if T == 1:  # decoding: [1, heads * D] is already [heads, 1, D] in memory
-            q, k, v = q.reshape(H, 1, D), k.reshape(KV, 1, D), v.reshape(KV, 1, D)
+            q, k, v = q.reshape(H, 1, D), k.reshape(KV, 1, D), v.reshape(KV, 1, Dv)
         else:
             q = np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2))
             k = np.ascontiguousarray(k.reshape(T, KV, D).transpose(1, 0, 2))
-            v = v.reshape(T, KV, D).transpose(1, 0, 2)
+            v = v.reshape(T, KV, Dv).transpose(1, 0, 2)
+        if s.value_scale != 1.0:
+            v = v * np.float32(s.value_scale)
         head_norm = s.qk_norm == "head" and self.q_norm is not None
         if head_norm and not s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -210,7 +229,8 @@ class Attention(Part):
         keys, values = cache.append(self.i, k, v)
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks, chunk=self.layer.attention_chunk)
-        out = out.reshape(1, H * D) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * D)
-        if self.attn_gate is not None:
-            out = out * (np.float32(1.0) / (np.float32(1.0) + np.exp(-self.attn_gate(x))))
+        out = out.reshape(1, H * Dv) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * Dv)
+        if self.g is not None:  # act(g(x)) scales each head's (or element's) output
+            gate = GATES[s.attn_gate](self.g(x))
+            out = (out.reshape(T, H, Dv) * gate[:, :, None]).reshape(T, H * Dv) if s.attn_gate_per_head else out * gate
         return self.o(out)

@@ -4,7 +4,9 @@ Each decoded token costs one new position: attention reads the cached keys and
 values instead of recomputing the prefix. The buffers are float32 (the default,
 exact) or float16 (half the memory and half the bytes attention reads per token,
 as llama.cpp keeps its cache by default; each key and value is rounded once, to
-nearest even, when it is stored).
+nearest even, when it is stored). Each layer's buffers have that layer's own
+key/value head count and key and value widths (``layer_shapes``), which differ
+between layers in some families (MiMo-V2-Flash's sliding-window layers).
 """
 from __future__ import annotations
 
@@ -14,29 +16,36 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 class KVCache:
-    """Keys and values per layer, ``dtype`` [num_key_value_heads, capacity, head_dim].
+    """Keys and values per layer: keys ``dtype`` [num_key_value_heads, capacity, head_dim],
+    values [num_key_value_heads, capacity, v_head_dim].
 
     ``length`` counts the positions already committed; ``append`` stages the new
     positions of one forward call for a layer and returns the keys/values visible to
     it (committed + staged); ``advance`` commits them once every layer has run.
+
+    Args:
+        num_layers, num_kv_heads, head_dim: every layer's shape (values as wide as keys)...
+        layer_shapes: ...unless given here: one (kv_heads, head_dim, v_head_dim) per layer.
 
     Raises:
         ValueError: ``dtype`` is neither float32 nor float16.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int = 256,
-                 dtype=np.float32):
+                 dtype=np.float32, layer_shapes: list[tuple[int, int, int]] | None = None):
         dtype = np.dtype(dtype)
         if dtype not in _DTYPES:
             raise ValueError(f"the KV cache holds float32 or float16 keys and values, not {dtype}")
         self.dtype = dtype
         self.length = 0
-        self._shape = (num_kv_heads, capacity, head_dim)
-        self._k = [np.empty(self._shape, dtype) for _ in range(num_layers)]
-        self._v = [np.empty(self._shape, dtype) for _ in range(num_layers)]
+        self._shapes = (list(layer_shapes) if layer_shapes is not None
+                        else [(num_kv_heads, head_dim, head_dim)] * num_layers)
+        self._k = [np.empty((kv, capacity, dk), dtype) for kv, dk, _ in self._shapes]
+        self._v = [np.empty((kv, capacity, dv), dtype) for kv, _, dv in self._shapes]
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """k, v float32 [kv_heads, T, head_dim] -> views of the cache dtype [kv_heads, length + T, head_dim].
+        """k float32 [kv_heads, T, head_dim], v [kv_heads, T, v_head_dim] -> views of the cache dtype
+        [kv_heads, length + T, head_dim] and [kv_heads, length + T, v_head_dim].
 
         The new rows are stored rounded to the cache dtype (numpy's cast: round to nearest even)."""
         end = self.length + k.shape[1]
@@ -46,14 +55,15 @@ class KVCache:
         return keys[:, :end], values[:, :end]
 
     def buffers(self, layer: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """The whole key and value buffers of ``layer``, [kv_heads, capacity, head_dim] with
-        capacity >= ``end`` (grown, doubling, keeping the committed rows). For kernels that
+        """The whole key and value buffers of ``layer``, [kv_heads, capacity, head_dim or v_head_dim]
+        with capacity >= ``end`` (grown, doubling, keeping the committed rows). For kernels that
         store the new rows themselves (the fused decode step)."""
         if end > self._k[layer].shape[1]:
             cap = max(end, 2 * self._k[layer].shape[1])
             for buf in (self._k, self._v):
-                grown = np.empty((self._shape[0], cap, self._shape[2]), self.dtype)
-                grown[:, :self.length] = buf[layer][:, :self.length]
+                old = buf[layer]
+                grown = np.empty((old.shape[0], cap, old.shape[2]), self.dtype)
+                grown[:, :self.length] = old[:, :self.length]
                 buf[layer] = grown
         return self._k[layer], self._v[layer]
 
@@ -63,4 +73,4 @@ class KVCache:
 
     def nbytes_per_position(self) -> int:
         """Bytes one position costs across all layers (keys and values, at the cache dtype)."""
-        return 2 * len(self._k) * self._shape[0] * self._shape[2] * self.dtype.itemsize
+        return sum(kv * (dk + dv) for kv, dk, dv in self._shapes) * self.dtype.itemsize

@@ -96,6 +96,8 @@ class DenseFFN(Part):
         glu: ``"standard"``, or ``"oai"`` for gpt-oss's clamped unit (``swiglu_oai``).
         limit: the SwiGLU clamp: under ``"standard"``, gate clamped above and up on both
             sides to +-limit before ``act(gate) * up`` (``swiglu_limit``); under ``"oai"``, its limit.
+        clamp_act: under ``"standard"``, the limit bounds act(gate) from above instead of gate
+            (Step 3.5's ``min(act(gate), limit) * clamp(up, -limit, limit)``).
         alpha: the ``"oai"`` unit's sigmoid sharpness.
 
     Calling it maps float32 [T, hidden_size] to float32 [T, hidden_size].
@@ -104,10 +106,10 @@ class DenseFFN(Part):
     ROLES = ("gate", "up", "down")
 
     def __init__(self, gate, up, down, act_name: str, act=None, *, glu: str = "standard",
-                 limit: float | None = None, alpha: float = 1.702):
+                 limit: float | None = None, alpha: float = 1.702, clamp_act: bool = False):
         self.gate, self.up, self.down = gate, up, down
         self.act_name, self.act = act_name, act if act is not None else ACT_FNS.get(act_name)
-        self.glu, self.limit, self.alpha = glu, limit, alpha
+        self.glu, self.limit, self.alpha, self.clamp_act = glu, limit, alpha, clamp_act
 
     def read_order(self) -> list[tuple]:
         return [(self.gate, self.up) if self.gate is not None else (self.up,), (self.down,)]
@@ -120,6 +122,9 @@ class DenseFFN(Part):
         if self.act_name not in ACT_FNS:  # an activation with parameters of its own (xIELU)
             return self.down(self.act(self.gate(x)) * self.up(x))
         g, u = self.project(("gate", "up"), x)
+        if self.limit is not None and self.clamp_act:
+            lim = np.float32(self.limit)
+            return self.down(np.minimum(self.act(g), lim) * np.clip(u, -lim, lim))
         if self.limit is not None:
             g, u = np.minimum(g, np.float32(self.limit)), np.clip(u, -np.float32(self.limit), np.float32(self.limit))
         return self.down(gated(self.act_name, g, u))

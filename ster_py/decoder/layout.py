@@ -40,18 +40,22 @@ FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate
 EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
 
 
-def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
-    """(role, 'weight'|'bias') -> the shape the configuration implies."""
-    d, h, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
-    q, k, f = h * hd, kv * hd, spec.intermediate_size
-    shapes = {("q", "weight"): (q, d), ("k", "weight"): (k, d), ("v", "weight"): (k, d), ("o", "weight"): (d, q),
-              ("q", "bias"): (q,), ("k", "bias"): (k,), ("v", "bias"): (k,), ("o", "bias"): (d,),
-              ("qkv", "weight"): (q + 2 * k, d), ("qkv", "bias"): (q + 2 * k,),
+def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[int, ...]]:
+    """(role, 'weight'|'bias'|'') -> the shape the configuration implies (for layer ``i``'s own
+    attention shape, ``ModelSpec.attention_shape``, when given)."""
+    d, f = spec.hidden_size, spec.intermediate_size
+    h, kv, hd, vd = (spec.attention_shape(i) if i is not None
+                     else (spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.head_dim))
+    q, k, v = h * hd, kv * hd, kv * vd
+    g = h if spec.attn_gate_per_head else h * vd
+    shapes = {("q", "weight"): (q, d), ("k", "weight"): (k, d), ("v", "weight"): (v, d), ("o", "weight"): (d, h * vd),
+              ("q", "bias"): (q,), ("k", "bias"): (k,), ("v", "bias"): (v,), ("o", "bias"): (d,),
+              ("qkv", "weight"): (q + k + v, d), ("qkv", "bias"): (q + k + v,), ("g", "weight"): (g, d),
               ("gate", "weight"): (f, d), ("up", "weight"): (f, d), ("down", "weight"): (d, f),
               ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
               ("gate_up", "weight"): (2 * f, d), ("gate_up", "bias"): (2 * f,),
               ("head", "weight"): (spec.vocab_size, d), ("head", "bias"): (spec.vocab_size,),
-              ("embed", "weight"): (spec.vocab_size, d), ("sinks", "sinks"): (h,), ("attn_gate", "weight"): (q, d)}
+              ("embed", "weight"): (spec.vocab_size, d), ("sinks", ""): (h,)}
     for role in ("final_norm", "embed_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
         shapes[(role, "weight")] = shapes[(role, "bias")] = (d,)
     if spec.moe is not None:
@@ -66,10 +70,11 @@ def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
     return shapes
 
 
-def _qk_norm_ok(spec, role: str, shape: tuple[int, ...]) -> bool:
+def _qk_norm_ok(spec, i: int | None, role: str, shape: tuple[int, ...]) -> bool:
     """Per-head q/k norms hold one row [head_dim] or one per head [heads, head_dim]."""
-    heads = spec.num_attention_heads if role == "q_norm" else spec.num_key_value_heads
-    return shape in ((spec.head_dim,), (heads, spec.head_dim))
+    h, kv, d, _ = spec.attention_shape(i) if i is not None else (spec.num_attention_heads,
+                                                                 spec.num_key_value_heads, spec.head_dim, 0)
+    return shape in ((d,), (h if role == "q_norm" else kv, d))
 
 
 class Layout:
@@ -83,6 +88,15 @@ class Layout:
     def __init__(self, spec, weights):
         self.spec, self.weights = spec, weights
         self.expected = expected_shapes(spec)
+        self._layer_expected: dict[int, dict] = {}
+
+    def _expected(self, i: int | None) -> dict:
+        """The shapes of layer ``i`` (its own attention shape), or the model-wide ones."""
+        if i is None:
+            return self.expected
+        if i not in self._layer_expected:
+            self._layer_expected[i] = expected_shapes(self.spec, i)
+        return self._layer_expected[i]
 
     def _fetch(self, name: str) -> np.ndarray | None:
         t = self.weights.get(name)
@@ -104,14 +118,15 @@ class Layout:
     def _read(self, role: str, i: int | None, kind: str) -> np.ndarray | None:
         """The stored tensor of a role the names table lists, in the decoder's orientation."""
         for name in self._names(role, i, kind):
-            t = self._read_name(role, kind, name)
+            t = self._read_name(role, i, kind, name)
             if t is not None:
                 return t
         return None
 
-    def _read_name(self, role: str, kind: str, name: str) -> np.ndarray | None:
+    def _read_name(self, role: str, i: int | None, kind: str, name: str) -> np.ndarray | None:
         if "{h}" in name:
-            heads = self.spec.num_attention_heads if role == "q_norm" else self.spec.num_key_value_heads
+            h, kv, _, _ = self.spec.attention_shape(i)
+            heads = h if role == "q_norm" else kv
             parts = [self._fetch(name.format(h=h)) for h in range(heads)]
             t = None if any(p is None for p in parts) else np.stack(parts)
         else:
@@ -119,33 +134,34 @@ class Layout:
         if t is not None and self.spec.inputs_first and role in LINEAR_ROLES and kind == "weight":
             t = np.ascontiguousarray(t.T)
         if t is not None:
-            self._check(role, kind, name, t)
+            self._check(role, i, kind, name, t)
         return t
 
-    def _check(self, role: str, kind: str, name: str, t: np.ndarray) -> None:
-        want = self.expected.get((role, kind))
-        ok = (_qk_norm_ok(self.spec, role, tuple(t.shape)) if role in ("q_norm", "k_norm") and want is None
+    def _check(self, role: str, i: int | None, kind: str, name: str, t: np.ndarray) -> None:
+        want = self._expected(i).get((role, kind))
+        ok = (_qk_norm_ok(self.spec, i, role, tuple(t.shape)) if role in ("q_norm", "k_norm") and want is None
               else want is None or tuple(t.shape) == want
               or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:])  # a vector in GGUF files
               or (role == "router_select_bias" and tuple(t.shape) == (1, *want)))  # ERNIE 4.5 keeps [1, E]
         if not ok:
-            shown = list(want) if want is not None else f"[{self.spec.head_dim}] or [heads, {self.spec.head_dim}]"
+            d = self.spec.attention_shape(i)[2] if i is not None else self.spec.head_dim
+            shown = list(want) if want is not None else f"[{d}] or [heads, {d}]"
             raise SterError(f"tensor {name!r} has shape {list(t.shape)}, but the configuration "
                             f"implies {shown}; the weights and the config disagree")
 
-    def _split(self, fused, fused_role: str, role: str):
+    def _split(self, fused, fused_role: str, role: str, i: int | None):
         """Rows of ``role`` in a fused tensor (a weight [rows, in] or a bias [rows])."""
         if fused_role in ("gate_up", "shexp_gate_up"):
             half = fused.shape[0] // 2
             return fused[:half] if role.endswith("gate") else fused[half:]
         s = self.spec
-        h, kv, d = s.num_attention_heads, s.num_key_value_heads, s.head_dim
-        if s.fused_qkv == "grouped":
+        h, kv, d, vd = s.attention_shape(i)
+        if s.fused_qkv == "grouped":  # (values as wide as keys: the families that group have no other)
             g = h // kv
             groups = fused.reshape(kv, g + 2, d, *fused.shape[1:])
             part = {"q": groups[:, :g], "k": groups[:, g], "v": groups[:, g + 1]}[role]
             return np.ascontiguousarray(part.reshape(-1, *fused.shape[1:]))
-        bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + 2 * kv) * d)}[role]
+        bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + kv) * d + kv * vd)}[role]
         return fused[bounds[0]:bounds[1]]
 
     def get(self, role: str, i: int | None, kind: str, required: bool = False) -> np.ndarray | None:
@@ -162,7 +178,7 @@ class Layout:
         fused_role = FUSED_INTO.get(role)
         if t is None and fused_role in names:  # stored inside a fused tensor
             fused = self._read(fused_role, i, kind)
-            t = None if fused is None else self._split(fused, fused_role, role)
+            t = None if fused is None else self._split(fused, fused_role, role, i)
             where = where or self._name(fused_role, i, kind)
         if t is None and required:
             raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "

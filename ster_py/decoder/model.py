@@ -66,16 +66,17 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
         return DenseFFN(make_linear(gate, load("gate", "bias")) if gate is not None else None,
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act)
-    m = spec.moe
+    m = spec.layers[i].moe or spec.moe
 
-    def ffn(parts):
+    def ffn(parts, limit):
         gate, up, down = (make_linear(w, b) for w, b in parts)
-        return DenseFFN(gate, up, down, m.act, glu=m.glu, limit=m.limit, alpha=m.alpha)
+        return DenseFFN(gate, up, down, m.act, glu=m.glu, limit=limit, alpha=m.alpha, clamp_act=m.clamp_act)
 
-    experts = [ffn(parts) for parts in layout.experts(i)]
+    experts = [ffn(parts, m.limit) for parts in layout.experts(i)]
     shared = shared_gate = None
     if m.shared_size:
-        shared = ffn([(load(r, required=True), load(r, "bias")) for r in ("shexp_gate", "shexp_up", "shexp_down")])
+        shared = ffn([(load(r, required=True), load(r, "bias")) for r in ("shexp_gate", "shexp_up", "shexp_down")],
+                     m.shared_limit)
         if m.shared_gated:  # [1, hidden] (llama.cpp's converter stores it as a vector)
             gate = load("shexp_gate_inp", required=True)
             shared_gate = make_linear(gate.reshape(1, -1) if gate.ndim == 1 else gate)
@@ -227,7 +228,8 @@ class Decoder:
     def new_cache(self, dtype=np.float32) -> KVCache:
         """An empty KV cache for this model, keeping keys and values as ``dtype`` (see ``KVCache``)."""
         s = self.spec
-        return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype)
+        shapes = [s.attention_shape(i)[1:] for i in range(s.num_hidden_layers)]
+        return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype, layer_shapes=shapes)
 
     def embed_tokens(self, ids: np.ndarray) -> np.ndarray:
         """Token ids int [T] -> float32 [T, hidden_size], scaled as the family scales."""

@@ -5,7 +5,8 @@ Shazeer et al. 2017 (sparsely-gated mixture of experts); top-k gating as in Mixt
 bias and group-limited choice (DeepSeek-V3 report, arXiv:2412.19437, section 2.1.2).
 Every family's router is one ``RouterSpec`` (data) run by ``route``:
 
-1. ``logits = x @ router^T (+ router bias)``, float32 [T, num_experts];
+1. ``logits = x @ router^T (+ router bias)``, float32 [T, num_experts], optionally
+   soft-capped to ``cap * tanh(logits / cap)`` (Laguna's moe_router_logit_softcapping);
 2. scores: ``softmax`` over all experts, or ``sigmoid`` of each;
 3. choice: the scores plus an optional selection bias (``e_score_correction_bias``:
    it decides which experts, never their weight); with ``n_group`` > 1, only the
@@ -61,6 +62,8 @@ class RouterSpec:
         on_input: each chosen expert reads its weight times x, and its output is summed
             unweighted (Llama 4).
         jitter_eps: ``sparsemixer``'s relative closeness bound (PhiMoE's ``router_jitter_noise``).
+        logit_softcap: the router's logits are soft-capped to ``cap * tanh(logits / cap)``
+            before scoring (None: not capped).
     """
 
     num_experts: int
@@ -76,6 +79,7 @@ class RouterSpec:
     scale: float = 1.0
     on_input: bool = False
     jitter_eps: float = 0.0
+    logit_softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,10 @@ class MoESpec:
         expert_size: each routed expert's intermediate width (``moe_intermediate_size``).
         act: the experts' activation (``families.ACTIVATIONS``).
         glu: ``"standard"`` (act(gate) * up) or ``"oai"`` (gpt-oss's clamped unit).
-        limit: the SwiGLU clamp (``swiglu_limit``), or None.
+        limit: the routed experts' SwiGLU clamp (``swiglu_limit``), or None.
+        shared_limit: the shared experts' clamp, or None.
+        clamp_act: the clamp bounds act(gate) from above instead of gate (Step 3.5:
+            ``min(silu(gate), limit) * clamp(up, -limit, limit)``).
         alpha: the ``"oai"`` unit's sigmoid sharpness (``swiglu_alpha``; gpt-oss uses 1.702).
         shared_size: total width of the shared experts (0: none).
         shared_gated: the shared experts' output is multiplied by ``sigmoid(shared_gate(x))``.
@@ -104,6 +111,8 @@ class MoESpec:
     shared_size: int = 0
     shared_gated: bool = False
     shared_average: bool = False
+    shared_limit: float | None = None
+    clamp_act: bool = False
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -163,6 +172,8 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         (int64 [T, top_k] expert ids, float32 [T, top_k] weights).
     """
     logits = logits.astype(np.float32, copy=False)
+    if spec.logit_softcap:
+        logits = np.tanh(logits / np.float32(spec.logit_softcap)) * np.float32(spec.logit_softcap)
     if spec.scoring == "sparsemixer":
         ids, weights = sparsemixer(logits, spec.top_k, spec.jitter_eps)
         return ids, _weigh(spec, weights)

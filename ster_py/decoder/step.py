@@ -12,8 +12,10 @@ families, and the real-model tests run through it).
 A block qualifies when its mixer is attention, its feed-forward dense, all of its
 projections quantized (``QuantLinear``), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
-ALiBi, q/k/v clipping, query temperature, an attention output gate, chunked attention or
-per-head norm weights. Anything else, and prompts (more than one token), keep the Python block.
+ALiBi, q/k/v clipping, query temperature, chunked attention, per-head norm weights, a value
+scale or an output gate, and the layer has the model's own attention shape (no per-layer head
+counts or widths, values as wide as keys). Anything else, and prompts (more than one token),
+keep the Python block.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def spec_allows_step(spec: ModelSpec) -> bool:
     """Whether blocks of this family can take the fused step (the per-layer part is in ``layer_step``)."""
     return (_ops is not None and spec.norm == "rms" and not spec.parallel and spec.clip_qkv is None
             and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
-            and spec.qk_norm in (None, "head", "proj") and not spec.attn_output_gate)
+            and spec.qk_norm in (None, "head", "proj") and spec.value_scale == 1.0 and spec.attn_gate is None)
 
 
 def _norm_weight(norm, size: int):
@@ -62,6 +64,8 @@ def layer_step(layer):
     if any(type(p) is not QuantLinear for p in parts):
         return None
     H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+    if s.attention_shape(layer.i) != (H, KV, D, D):
+        return None
     E = s.hidden_size
     norms = {}
     for role in _NORMS:
