@@ -839,7 +839,6 @@ STER_DOT16_FN(ster_dot16_q2_k, STER_Q2_K)
 STER_DOT16_FN(ster_dot16_q3_k, STER_Q3_K)
 STER_DOT16_FN(ster_dot16_iq4_nl, STER_IQ4_NL)
 STER_DOT16_FN(ster_dot16_iq4_xs, STER_IQ4_XS)
-STER_DOT16_FN(ster_dot16_mxfp4, STER_MXFP4)
 
 /* Per-32 sums of the quantized inputs of one 256-block, in order: from xs16[16]. */
 STER_AVX2_INLINE __m256 ster_xs32(const float* xs16) {
@@ -976,6 +975,67 @@ STER_AVX2_INLINE void ster_dot16_legacy_x2(const int type, const uint8_t* ra, co
     *yb = ster_hsum8(_mm256_add_ps(b0, b1)) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(m, m)));
 }
 
+/* MXFP4: the 16 code bytes' low nibbles (weights 0..15) and high nibbles (16..31) index the
+ * E2M1 table with vpshufb, giving int8 codes -12..12 that are widened to words for vpmaddwd.
+ * The block scale is a power of two (E8M0), so scale * dx is exact. Even blocks and odd blocks
+ * have their own accumulators (FMA latency), in the one- and the two-row kernel alike, so the
+ * two give the same bits. */
+STER_AVX2_INLINE __m256 ster_mxfp4_16_block(const uint8_t* blk, __m256i x0, __m256i x1) {
+    const __m128i tbl = _mm_loadu_si128((const __m128i*)ster_mxfp4_values), m15 = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i*)(blk + 1));
+    __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m15));
+    __m128i hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m15));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(lo), x0),
+                                               _mm256_madd_epi16(_mm256_cvtepi8_epi16(hi), x1)));
+}
+
+static STER_AVX2 float ster_dot16_mxfp4(const uint8_t* row, int nb, const int16_t* x, const float* dx,
+                                        const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i;
+    (void)xs16;
+    for (i = 0; i + 1 < nb; i += 2) {
+        const uint8_t* k = row + (size_t)i * 17;
+        const int16_t* xi = x + 32 * i;
+        acc0 = _mm256_fmadd_ps(ster_mxfp4_16_block(k, _mm256_loadu_si256((const __m256i*)xi),
+                                                   _mm256_loadu_si256((const __m256i*)(xi + 16))),
+                               _mm256_set1_ps(ster_e8m0_half(k[0]) * dx[i]), acc0);
+        acc1 = _mm256_fmadd_ps(ster_mxfp4_16_block(k + 17, _mm256_loadu_si256((const __m256i*)(xi + 32)),
+                                                   _mm256_loadu_si256((const __m256i*)(xi + 48))),
+                               _mm256_set1_ps(ster_e8m0_half(k[17]) * dx[i + 1]), acc1);
+    }
+    if (nb & 1) {
+        const uint8_t* k = row + (size_t)i * 17;
+        acc0 = _mm256_fmadd_ps(ster_mxfp4_16_block(k, _mm256_loadu_si256((const __m256i*)(x + 32 * i)),
+                                                   _mm256_loadu_si256((const __m256i*)(x + 32 * i + 16))),
+                               _mm256_set1_ps(ster_e8m0_half(k[0]) * dx[i]), acc0);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Two MXFP4 rows at once, the inputs loaded once for both (as ster_dot16_legacy_x2). */
+static STER_AVX2 void ster_dot16x2_mxfp4(const uint8_t* ra, const uint8_t* rb, int nb, const int16_t* x,
+                                         const float* dx, const float* xs16, float* ya, float* yb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    int i;
+    (void)xs16;
+    for (i = 0; i < nb; i++, x += 32) {
+        const uint8_t* ka = ra + (size_t)i * 17;
+        const uint8_t* kb = rb + (size_t)i * 17;
+        __m256i x0 = _mm256_loadu_si256((const __m256i*)x), x1 = _mm256_loadu_si256((const __m256i*)(x + 16));
+        __m256 fa = _mm256_set1_ps(ster_e8m0_half(ka[0]) * dx[i]), fb = _mm256_set1_ps(ster_e8m0_half(kb[0]) * dx[i]);
+        if (i & 1) {
+            a1 = _mm256_fmadd_ps(ster_mxfp4_16_block(ka, x0, x1), fa, a1);
+            b1 = _mm256_fmadd_ps(ster_mxfp4_16_block(kb, x0, x1), fb, b1);
+        } else {
+            a0 = _mm256_fmadd_ps(ster_mxfp4_16_block(ka, x0, x1), fa, a0);
+            b0 = _mm256_fmadd_ps(ster_mxfp4_16_block(kb, x0, x1), fb, b0);
+        }
+    }
+    *ya = ster_hsum8(_mm256_add_ps(a0, a1));
+    *yb = ster_hsum8(_mm256_add_ps(b0, b1));
+}
+
 typedef void (*ster_dot16x2_fn)(const uint8_t*, const uint8_t*, int, const int16_t*, const float*, const float*,
                                 float*, float*);
 #define STER_DOT16X2_FN(NAME, TYPE) \
@@ -992,6 +1052,7 @@ static ster_dot16x2_fn ster_dot16x2_for(int type) {
     switch (type) {
     case STER_Q4_0: return ster_dot16x2_q4_0; case STER_Q4_1: return ster_dot16x2_q4_1;
     case STER_Q5_0: return ster_dot16x2_q5_0; case STER_Q5_1: return ster_dot16x2_q5_1;
+    case STER_MXFP4: return ster_dot16x2_mxfp4;
     }
     return 0;
 }

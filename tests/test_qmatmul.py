@@ -139,9 +139,9 @@ def test_mxfp4_every_code_and_a_wide_range_of_scales():
     check_every_path("MXFP4", raw.reshape(rows, -1), rows, cols, rng)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"])
 def test_paired_row_dots_equal_single_rows(name):
-    """The legacy types' decode takes rows two at a time; each row's result must be the
+    """The legacy types' (and MXFP4's) decode takes rows two at a time; each row's result must be the
     bits the one-row kernel gives (the same summation order), whatever the pairing: odd
     block and row counts, a row order, 1 and 2 threads (which split the rows unevenly)."""
     rng = np.random.default_rng(5)
