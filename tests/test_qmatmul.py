@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from ster_py._kernels import ops, qmatmul
 from ster_py.decoder import attention as attention_mod
 from ster_py.decoder.norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
-from ster_py.decoder.qlinear import QUANT_TYPES, QuantLinear, QuantTensor, reference_matmul, set_threads
+from ster_py.decoder.qlinear import QUANT_TYPES, QuantLinear, QuantStack, QuantTensor, reference_matmul, set_threads
 from ster_py.decoder.rope import make_rope
 from ster_py.errors import SterError
 from ster_py.gguf import quants
@@ -353,6 +353,11 @@ def test_gguf_weights_keep_matrices_quantized(tmp_path):
     writer.add_tensor("blk.0.attn_q.weight", q_raw, raw_dtype=QT.Q4_0)
     writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64).astype(np.float32))
     writer.add_tensor("blk.0.ffn_up.weight", rng.standard_normal((4, 64)).astype(np.float16))
+    # MXFP4 (gpt-oss's experts): a matrix and a [3 experts, 8, 64] stack stay in their blocks
+    mx_raw = random_blocks("MXFP4", 5, 64, rng)
+    mx_stack = random_blocks("MXFP4", 3 * 8, 64, rng)
+    writer.add_tensor("blk.0.attn_output.weight", mx_raw, raw_dtype=QT.MXFP4)
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", mx_stack.reshape(3, 8, -1), raw_dtype=QT.MXFP4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -369,6 +374,17 @@ def test_gguf_weights_keep_matrices_quantized(tmp_path):
         a, b = quantized.get(name), dense.get(name)
         assert isinstance(a, np.ndarray) and a.dtype == np.float32
         np.testing.assert_array_equal(a, b)
+    mx = quantized.get("blk.0.attn_output.weight")
+    assert isinstance(mx, QuantTensor) and mx.shape == (5, 64)
+    np.testing.assert_array_equal(np.asarray(mx), oracle_weights(mx_raw, "MXFP4", 5, 64).astype(np.float32))
+    stack = quantized.get("blk.0.ffn_gate_exps.weight")
+    assert isinstance(stack, QuantStack) and stack.shape == (3, 8, 64)
+    want = oracle_weights(mx_stack, "MXFP4", 24, 64).reshape(3, 8, 64)
+    np.testing.assert_array_equal(dense.get("blk.0.ffn_gate_exps.weight"), want.astype(np.float32))
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    for e in range(3):
+        got = QuantLinear(stack[e])(x)
+        assert np.abs(got - x.astype(np.float64) @ want[e].T).max() <= 1e-3 * np.abs(x @ want[e].T).max()
 
 
 # --- fused ops ---------------------------------------------------------------------------
