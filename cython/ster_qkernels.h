@@ -41,7 +41,7 @@
 enum {
     STER_Q4_0 = 2, STER_Q4_1 = 3, STER_Q5_0 = 6, STER_Q5_1 = 7, STER_Q8_0 = 8,
     STER_Q2_K = 10, STER_Q3_K = 11, STER_Q4_K = 12, STER_Q5_K = 13, STER_Q6_K = 14,
-    STER_IQ4_NL = 20, STER_IQ4_XS = 23
+    STER_IQ4_NL = 20, STER_IQ4_XS = 23, STER_MXFP4 = 39
 };
 
 #define STER_KC 256        /* inputs per packed panel (a K-quant super-block, 8 legacy blocks) */
@@ -52,10 +52,15 @@ enum {
 static const int8_t ster_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                              1, 13, 25, 38, 53, 69, 89, 113};
 
+/* llama.cpp's kvalues_mxfp4: the 16 E2M1 (OCP microscaling FP4) values, doubled so that they
+ * are integers; the block's E8M0 scale is halved to match (ster_e8m0_half). */
+static const int8_t ster_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 /* (block_size, type_size) of a supported type; 0 for any other id. */
 static inline int ster_block_size(int type) {
     switch (type) {
     case STER_Q4_0: case STER_Q4_1: case STER_Q5_0: case STER_Q5_1: case STER_Q8_0: case STER_IQ4_NL:
+    case STER_MXFP4:
         return 32;
     case STER_Q2_K: case STER_Q3_K: case STER_Q4_K: case STER_Q5_K: case STER_Q6_K: case STER_IQ4_XS:
         return 256;
@@ -69,6 +74,7 @@ static inline int ster_type_size(int type) {
     case STER_Q5_1: return 24; case STER_Q8_0: return 34; case STER_IQ4_NL: return 18;
     case STER_Q2_K: return 84; case STER_Q3_K: return 110; case STER_Q4_K: return 144;
     case STER_Q5_K: return 176; case STER_Q6_K: return 210; case STER_IQ4_XS: return 136;
+    case STER_MXFP4: return 17;   /* E8M0 exponent byte + 16 bytes of 4-bit codes */
     }
     return 0;
 }
@@ -88,6 +94,13 @@ static inline float ster_f16(const uint8_t* p) {
     }
     if (exp == 31) return ster_bits_f32(sign | 0x7F800000u | (man << 13));
     return ster_bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+/* MXFP4's E8M0 scale byte e -> 2^(e - 127) / 2 = 2^(e - 128) as float (ggml_e8m0_to_fp32_half):
+ * e >= 2 is a normal float with biased exponent e - 1, e = 0 and 1 are the subnormals 2^-128
+ * and 2^-127. e = 255 (NaN in the OCP spec) gives 2^127, as in llama.cpp. Exact. */
+static inline float ster_e8m0_half(uint8_t e) {
+    return ster_bits_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
 }
 
 static inline uint32_t ster_le32(const uint8_t* p) {
@@ -123,6 +136,9 @@ static inline int ster_block_scales(int type, const uint8_t* x, float* s, float*
         return 1;
     case STER_Q4_1: case STER_Q5_1:
         s[0] = s[1] = ster_f16(x); m[0] = m[1] = ster_f16(x + 2);
+        return 1;
+    case STER_MXFP4:
+        s[0] = s[1] = ster_e8m0_half(x[0]); m[0] = m[1] = 0.0f;
         return 1;
     case STER_Q2_K:
         d = ster_f16(x + 80); dmin = ster_f16(x + 82);
@@ -194,6 +210,12 @@ static inline void ster_unit_codes(int type, const uint8_t* x, int u, int8_t* q)
         for (l = 0; l < 16; l++) {
             q[l] = ster_iq4nl_values[x[2 + l] & 0x0F];
             q[l + 16] = ster_iq4nl_values[x[2 + l] >> 4];
+        }
+        return;
+    case STER_MXFP4:   /* as IQ4_NL with the E2M1 table, codes from byte 1 */
+        for (l = 0; l < 16; l++) {
+            q[l] = ster_mxfp4_values[x[1 + l] & 0x0F];
+            q[l + 16] = ster_mxfp4_values[x[1 + l] >> 4];
         }
         return;
     case STER_Q2_K:   /* weight 128h + 32j + l: bits 2j of qs[32h + l] */
@@ -350,9 +372,9 @@ STER_AVX2_INLINE __m256i ster_codes_avx2(int type, const uint8_t* x, int u) {
         return _mm256_or_si256(ster_nibbles32(x + 8), _mm256_and_si256(ster_bits32(ster_le32(x + 4)), _mm256_set1_epi8(16)));
     case STER_Q8_0:
         return _mm256_loadu_si256((const __m256i*)(x + 2));
-    case STER_IQ4_NL: case STER_IQ4_XS: {
-        const __m128i tbl = _mm_loadu_si128((const __m128i*)ster_iq4nl_values);
-        const uint8_t* p = type == STER_IQ4_NL ? x + 2 : x + 8 + 16 * u;
+    case STER_IQ4_NL: case STER_IQ4_XS: case STER_MXFP4: {
+        const __m128i tbl = _mm_loadu_si128((const __m128i*)(type == STER_MXFP4 ? ster_mxfp4_values : ster_iq4nl_values));
+        const uint8_t* p = type == STER_IQ4_NL ? x + 2 : type == STER_MXFP4 ? x + 1 : x + 8 + 16 * u;
         __m128i b = _mm_loadu_si128((const __m128i*)p);
         __m128i mask = _mm_set1_epi8(0x0F);
         __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, mask));
@@ -650,6 +672,7 @@ STER_DOT_FN(ster_dot_q3_k, STER_Q3_K)
 STER_DOT_FN(ster_dot_q5_k, STER_Q5_K)
 STER_DOT_FN(ster_dot_iq4_nl, STER_IQ4_NL)
 STER_DOT_FN(ster_dot_iq4_xs, STER_IQ4_XS)
+STER_DOT_FN(ster_dot_mxfp4, STER_MXFP4)
 
 typedef float (*ster_dot_fn)(const uint8_t*, int, const float*, const float*);
 
@@ -661,6 +684,7 @@ static ster_dot_fn ster_dot_avx2_for(int type) {
     case STER_Q3_K: return ster_dot_q3_k; case STER_Q4_K: return ster_dot_q4_k;
     case STER_Q5_K: return ster_dot_q5_k; case STER_Q6_K: return ster_dot_q6_k;
     case STER_IQ4_NL: return ster_dot_iq4_nl; case STER_IQ4_XS: return ster_dot_iq4_xs;
+    case STER_MXFP4: return ster_dot_mxfp4;
     }
     return 0;
 }
@@ -699,6 +723,7 @@ STER_DEC_FN(ster_dec_q5_k, STER_Q5_K)
 STER_DEC_FN(ster_dec_q6_k, STER_Q6_K)
 STER_DEC_FN(ster_dec_iq4_nl, STER_IQ4_NL)
 STER_DEC_FN(ster_dec_iq4_xs, STER_IQ4_XS)
+STER_DEC_FN(ster_dec_mxfp4, STER_MXFP4)
 
 typedef void (*ster_dec_fn)(const uint8_t*, int, float*);
 
@@ -710,6 +735,7 @@ static ster_dec_fn ster_dec_avx2_for(int type) {
     case STER_Q3_K: return ster_dec_q3_k; case STER_Q4_K: return ster_dec_q4_k;
     case STER_Q5_K: return ster_dec_q5_k; case STER_Q6_K: return ster_dec_q6_k;
     case STER_IQ4_NL: return ster_dec_iq4_nl; case STER_IQ4_XS: return ster_dec_iq4_xs;
+    case STER_MXFP4: return ster_dec_mxfp4;
     }
     return 0;
 }
@@ -949,6 +975,67 @@ STER_AVX2_INLINE void ster_dot16_legacy_x2(const int type, const uint8_t* ra, co
     *yb = ster_hsum8(_mm256_add_ps(b0, b1)) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(m, m)));
 }
 
+/* MXFP4: the 16 code bytes' low nibbles (weights 0..15) and high nibbles (16..31) index the
+ * E2M1 table with vpshufb, giving int8 codes -12..12 that are widened to words for vpmaddwd.
+ * The block scale is a power of two (E8M0), so scale * dx is exact. Even blocks and odd blocks
+ * have their own accumulators (FMA latency), in the one- and the two-row kernel alike, so the
+ * two give the same bits. */
+STER_AVX2_INLINE __m256 ster_mxfp4_16_block(const uint8_t* blk, __m256i x0, __m256i x1) {
+    const __m128i tbl = _mm_loadu_si128((const __m128i*)ster_mxfp4_values), m15 = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i*)(blk + 1));
+    __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m15));
+    __m128i hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m15));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(lo), x0),
+                                               _mm256_madd_epi16(_mm256_cvtepi8_epi16(hi), x1)));
+}
+
+static STER_AVX2 float ster_dot16_mxfp4(const uint8_t* row, int nb, const int16_t* x, const float* dx,
+                                        const float* xs16) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i;
+    (void)xs16;
+    for (i = 0; i + 1 < nb; i += 2) {
+        const uint8_t* k = row + (size_t)i * 17;
+        const int16_t* xi = x + 32 * i;
+        acc0 = _mm256_fmadd_ps(ster_mxfp4_16_block(k, _mm256_loadu_si256((const __m256i*)xi),
+                                                   _mm256_loadu_si256((const __m256i*)(xi + 16))),
+                               _mm256_set1_ps(ster_e8m0_half(k[0]) * dx[i]), acc0);
+        acc1 = _mm256_fmadd_ps(ster_mxfp4_16_block(k + 17, _mm256_loadu_si256((const __m256i*)(xi + 32)),
+                                                   _mm256_loadu_si256((const __m256i*)(xi + 48))),
+                               _mm256_set1_ps(ster_e8m0_half(k[17]) * dx[i + 1]), acc1);
+    }
+    if (nb & 1) {
+        const uint8_t* k = row + (size_t)i * 17;
+        acc0 = _mm256_fmadd_ps(ster_mxfp4_16_block(k, _mm256_loadu_si256((const __m256i*)(x + 32 * i)),
+                                                   _mm256_loadu_si256((const __m256i*)(x + 32 * i + 16))),
+                               _mm256_set1_ps(ster_e8m0_half(k[0]) * dx[i]), acc0);
+    }
+    return ster_hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Two MXFP4 rows at once, the inputs loaded once for both (as ster_dot16_legacy_x2). */
+static STER_AVX2 void ster_dot16x2_mxfp4(const uint8_t* ra, const uint8_t* rb, int nb, const int16_t* x,
+                                         const float* dx, const float* xs16, float* ya, float* yb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    int i;
+    (void)xs16;
+    for (i = 0; i < nb; i++, x += 32) {
+        const uint8_t* ka = ra + (size_t)i * 17;
+        const uint8_t* kb = rb + (size_t)i * 17;
+        __m256i x0 = _mm256_loadu_si256((const __m256i*)x), x1 = _mm256_loadu_si256((const __m256i*)(x + 16));
+        __m256 fa = _mm256_set1_ps(ster_e8m0_half(ka[0]) * dx[i]), fb = _mm256_set1_ps(ster_e8m0_half(kb[0]) * dx[i]);
+        if (i & 1) {
+            a1 = _mm256_fmadd_ps(ster_mxfp4_16_block(ka, x0, x1), fa, a1);
+            b1 = _mm256_fmadd_ps(ster_mxfp4_16_block(kb, x0, x1), fb, b1);
+        } else {
+            a0 = _mm256_fmadd_ps(ster_mxfp4_16_block(ka, x0, x1), fa, a0);
+            b0 = _mm256_fmadd_ps(ster_mxfp4_16_block(kb, x0, x1), fb, b0);
+        }
+    }
+    *ya = ster_hsum8(_mm256_add_ps(a0, a1));
+    *yb = ster_hsum8(_mm256_add_ps(b0, b1));
+}
+
 typedef void (*ster_dot16x2_fn)(const uint8_t*, const uint8_t*, int, const int16_t*, const float*, const float*,
                                 float*, float*);
 #define STER_DOT16X2_FN(NAME, TYPE) \
@@ -965,6 +1052,7 @@ static ster_dot16x2_fn ster_dot16x2_for(int type) {
     switch (type) {
     case STER_Q4_0: return ster_dot16x2_q4_0; case STER_Q4_1: return ster_dot16x2_q4_1;
     case STER_Q5_0: return ster_dot16x2_q5_0; case STER_Q5_1: return ster_dot16x2_q5_1;
+    case STER_MXFP4: return ster_dot16x2_mxfp4;
     }
     return 0;
 }
@@ -1130,6 +1218,7 @@ static ster_dot16_fn ster_dot16_for(int type) {
     case STER_Q3_K: return ster_dot16_q3_k; case STER_Q4_K: return ster_dot16_q4_k;
     case STER_Q5_K: return ster_dot16_q5_k; case STER_Q6_K: return ster_dot16_q6_k;
     case STER_IQ4_NL: return ster_dot16_iq4_nl; case STER_IQ4_XS: return ster_dot16_iq4_xs;
+    case STER_MXFP4: return ster_dot16_mxfp4;
     }
     return 0;
 }

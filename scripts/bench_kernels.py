@@ -22,6 +22,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # this tree's ster_py (QUANT_TYPES), not whichever is installed
 
 
 def _load_qmatmul(tree: Path, tag: str):

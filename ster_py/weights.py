@@ -227,7 +227,7 @@ def unpermute_qk(w, n_head: int):
 class GGUFWeights(_Tracked):
     """The tensors of a GGUF file under llama.cpp's names.
 
-    Quantized 2-D tensors (``QUANT_TYPES``: Q4_0 ... IQ4_XS) stay in the memory map as
+    Quantized 2-D tensors (``QUANT_TYPES``: Q4_0 ... IQ4_XS, MXFP4) stay in the memory map as
     ``QuantTensor`` and 3-D expert stacks as ``QuantStack``, unless ``quantized`` is False;
     everything else (F32/F16/BF16 tensors,
     vectors, other block types) is dequantized at ``precision``.

@@ -665,7 +665,7 @@ def test_every_moe_gguf_architecture_has_a_case():
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-                                       "IQ4_NL", "IQ4_XS"])
+                                       "IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_quantized_experts_equal_their_numpy_reference(type_name):
     """A routed layer over quantized [n_expert, rows, cols] stacks (as a GGUF holds them) against
     the float64 numpy definition on gguf-py's dequantized weights; the routing leaves experts

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from ster_py._kernels import ops, qmatmul
 from ster_py.decoder import attention as attention_mod
 from ster_py.decoder.norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
-from ster_py.decoder.qlinear import QUANT_TYPES, QuantLinear, QuantTensor, reference_matmul, set_threads
+from ster_py.decoder.qlinear import QUANT_TYPES, QuantLinear, QuantStack, QuantTensor, reference_matmul, set_threads
 from ster_py.decoder.rope import make_rope
 from ster_py.errors import SterError
 from ster_py.gguf import quants
@@ -29,7 +29,7 @@ from ster_py.gguf.reader import GGUFFile
 from ster_py.weights import GGUFWeights, unpermute_qk
 
 U = 2.0 ** -24  # float32 unit roundoff
-GGUF_PY_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+GGUF_PY_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"}
 # f16 scale fields (byte offsets in a block) of the types gguf-py cannot quantize: random
 # bytes elsewhere are valid codes, these are overwritten with finite scales.
 F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
@@ -90,12 +90,11 @@ class _Tensor:
         return quants.dequantize(self.raw, self.ggml_type, self.shape)
 
 
-@pytest.mark.parametrize("name", QUANT_TYPES)
-def test_kernels_match_gguf_py_every_type(name):
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
+def check_every_path(name: str, raw: np.ndarray, rows: int, cols: int, rng) -> None:
+    """x @ W^T of the blocks ``raw`` [rows, row_bytes] against gguf-py's dequantization in
+    float64, for 1, 5 and 13 tokens, the AVX2 path with int16 and float inputs, the portable
+    path, 1 and 2 threads, and every product (chosen by T, row dots, decoded panels)."""
     block = quants.ggml_type(name).block_size
-    rows, cols = 37, 3 * block if block == 256 else 17 * block  # odd block counts (the kernels pair blocks)
-    raw = random_blocks(name, rows, cols, rng)
     w = oracle_weights(raw, name, rows, cols)
     m = qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols)
     for T in (1, 5, 13):
@@ -117,9 +116,32 @@ def test_kernels_match_gguf_py_every_type(name):
                     assert excess.max() <= 1.0, (name, T, simd, int16, threads, force, excess.max())
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_kernels_match_gguf_py_every_type(name):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    block = quants.ggml_type(name).block_size
+    rows, cols = 37, 3 * block if block == 256 else 17 * block  # odd block counts (the kernels pair blocks)
+    check_every_path(name, random_blocks(name, rows, cols, rng), rows, cols, rng)
+
+
+def test_mxfp4_every_code_and_a_wide_range_of_scales():
+    """gguf-py's MXFP4 quantizer never emits code 8 (-0) and keeps the scales of these weights
+    within a few octaves of 1; random blocks take every code, and the rows' E8M0 exponents span
+    scales 2^-64 .. 2^61 (ggml's halved convention), varying by a few octaves block to block
+    within a row (so that every block of a row still counts)."""
+    rng = np.random.default_rng(39)
+    rows, cols = 37, 17 * 32
+    raw = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    base = np.linspace(67, 186, rows).round().astype(int)[:, None]
+    raw[:, :, 0] = base + rng.integers(-3, 4, (rows, cols // 32))
+    assert raw[:, :, 0].min() == 64 and raw[:, :, 0].max() == 189
+    assert set(np.unique(raw[:, :, 1:] & 15)) == set(np.unique(raw[:, :, 1:] >> 4)) == set(range(16))
+    check_every_path("MXFP4", raw.reshape(rows, -1), rows, cols, rng)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"])
 def test_paired_row_dots_equal_single_rows(name):
-    """The legacy types' decode takes rows two at a time; each row's result must be the
+    """The legacy types' (and MXFP4's) decode takes rows two at a time; each row's result must be the
     bits the one-row kernel gives (the same summation order), whatever the pairing: odd
     block and row counts, a row order, 1 and 2 threads (which split the rows unevenly)."""
     rng = np.random.default_rng(5)
@@ -331,6 +353,11 @@ def test_gguf_weights_keep_matrices_quantized(tmp_path):
     writer.add_tensor("blk.0.attn_q.weight", q_raw, raw_dtype=QT.Q4_0)
     writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64).astype(np.float32))
     writer.add_tensor("blk.0.ffn_up.weight", rng.standard_normal((4, 64)).astype(np.float16))
+    # MXFP4 (gpt-oss's experts): a matrix and a [3 experts, 8, 64] stack stay in their blocks
+    mx_raw = random_blocks("MXFP4", 5, 64, rng)
+    mx_stack = random_blocks("MXFP4", 3 * 8, 64, rng)
+    writer.add_tensor("blk.0.attn_output.weight", mx_raw, raw_dtype=QT.MXFP4)
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", mx_stack.reshape(3, 8, -1), raw_dtype=QT.MXFP4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -347,6 +374,17 @@ def test_gguf_weights_keep_matrices_quantized(tmp_path):
         a, b = quantized.get(name), dense.get(name)
         assert isinstance(a, np.ndarray) and a.dtype == np.float32
         np.testing.assert_array_equal(a, b)
+    mx = quantized.get("blk.0.attn_output.weight")
+    assert isinstance(mx, QuantTensor) and mx.shape == (5, 64)
+    np.testing.assert_array_equal(np.asarray(mx), oracle_weights(mx_raw, "MXFP4", 5, 64).astype(np.float32))
+    stack = quantized.get("blk.0.ffn_gate_exps.weight")
+    assert isinstance(stack, QuantStack) and stack.shape == (3, 8, 64)
+    want = oracle_weights(mx_stack, "MXFP4", 24, 64).reshape(3, 8, 64)
+    np.testing.assert_array_equal(dense.get("blk.0.ffn_gate_exps.weight"), want.astype(np.float32))
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    for e in range(3):
+        got = QuantLinear(stack[e])(x)
+        assert np.abs(got - x.astype(np.float64) @ want[e].T).max() <= 1e-3 * np.abs(x @ want[e].T).max()
 
 
 # --- fused ops ---------------------------------------------------------------------------

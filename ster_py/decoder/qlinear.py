@@ -25,7 +25,7 @@ from ..gguf import quants
 
 # GGML types the product kernels handle (the others are dequantized at load).
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-               "IQ4_NL", "IQ4_XS")
+               "IQ4_NL", "IQ4_XS", "MXFP4")
 
 
 def _kernels():
