@@ -154,7 +154,12 @@ def test_families_json_lists_every_model_type():
         "phi", "phi3", "gpt2", "gpt_neox", "stablelm", "starcoder2", "granite", "cohere", "cohere2", "olmo",
         "olmo2", "olmo3", "nemotron", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "internlm3",
         "exaone4", "exaone", "seed_oss", "arcee", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "granite_swa",
-        "hyperclovax", "iquestcoder", "jais2", "vaultgemma", "apertus", "ministral3"}
+        "hyperclovax", "iquestcoder", "jais2", "vaultgemma", "apertus", "ministral3",
+        # mixture-of-experts families of issue 13 (tests/test_parity_moe.py)
+        "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "granitemoe_swa", "dbrx",
+        "phimoe", "glm4_moe", "sarvam_moe", "exaone_moe", "hy_v3", "ernie4_5_moe", "hunyuan_v1_moe", "gpt_oss",
+        "llama4_text", "afmoe", "cohere2_moe", "flex_olmo", "mellum", "minimax_m2", "mimo_v2_flash", "laguna",
+        "step3p5"}
 
 
 @pytest.mark.real
