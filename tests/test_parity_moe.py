@@ -1008,3 +1008,61 @@ def test_kv_cache_sized_per_layer(tmp_path):
     ours = [decoder.forward(PROMPT[:9], half), decoder.forward(PROMPT[9:], half)]
     ref = decoder.forward(PROMPT)
     assert rel_err(np.concatenate(ours), ref) < 2e-3
+
+
+# ----------------------------------------------------------------------------- steering, capture, adapters
+
+
+def test_steering_and_capture_on_a_routed_model(tmp_path):
+    """The residual stream between blocks is the same object whatever the feed-forward: a steering
+    vector on a routed model equals transformers with forward hooks adding it (prefill logits and
+    10 greedy tokens through the cache), and captured hidden states are transformers' own."""
+    from ster_py.capture import capture
+    from ster_py.steering import SteeringVector, steering_hook
+    from test_steering import hooked_greedy, unit_directions
+    from tiny import reference_logits, rel_err
+
+    model_type, config = CASES["qwen2_moe-shared-dense-layer"]
+    ref = build(tmp_path, model_type, config)
+    loaded = load_model(str(tmp_path))
+    dirs = unit_directions([0, 2])
+    vec = SteeringVector(str(tmp_path), None, 64, "test", "manual", dirs)
+    expected, ref_prefill = hooked_greedy(ref, PROMPT[:6], dirs, 2.5, 10)
+    hook = steering_hook(vec, 2.5)
+    assert rel_err(loaded.decoder.forward(PROMPT[:6], layer_hook=hook), ref_prefill) < 1e-4
+    from ster_py.generate import Sampling, generate
+
+    assert generate(loaded.decoder, PROMPT[:6], Sampling(max_new_tokens=10), stop_ids=(),
+                    layer_hook=hook).ids == expected
+    _, ref_hidden = reference_logits(ref, PROMPT)
+    cap = capture(loaded, [" ".join(f"w{i}" for i in PROMPT)], [0, 1], "all", chat_template="off")
+    assert cap.meta["prompts"][0]["token_ids"] == PROMPT
+    for layer in (0, 1):  # the outputs of layer 0 (routed) and layer 1 (dense)
+        assert rel_err(cap.rows(layer), ref_hidden[layer + 1][-len(PROMPT):]) < 1e-5
+
+
+def test_adapter_on_experts_is_refused(tmp_path):
+    """Seed 002: adapters on mixture-of-experts families sit on attention only."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from ster_py.adapters import load_adapter_for
+    from ster_py.errors import SterError
+
+    build(tmp_path / "m", *CASES["qwen3_moe"])
+    loaded = load_model(str(tmp_path / "m"))
+    for target, ok in (("up", False), ("q", True)):
+        d = tmp_path / target
+        d.mkdir()
+        out = 64 if target == "q" else 32
+        save_file({f"layers.0.{target}.a": np.zeros((2, 64), np.float32),
+                   f"layers.0.{target}.b": np.zeros((out, 2), np.float32)}, str(d / "a.lora.safetensors"))
+        (d / "a.lora.json").write_text(json.dumps({"model": str(tmp_path / "m"), "model_revision": None, "rank": 2,
+                                                   "alpha": 2, "targets": [target], "layers": [0],
+                                                   "hidden_size": 64}))
+        if ok:
+            load_adapter_for(d / "a.lora.json", loaded)
+        else:
+            with pytest.raises(SterError, match="routes its feed-forward through experts"):
+                load_adapter_for(d / "a.lora.json", loaded)
