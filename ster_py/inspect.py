@@ -25,7 +25,19 @@ def _spec_dims(spec) -> dict[str, Any]:
         "head_dim": spec.head_dim, "max_position_embeddings": spec.max_position_embeddings,
         "sliding_window_layers": sum(1 for layer in spec.layers if layer.sliding_window),
         "tie_word_embeddings": spec.tie_word_embeddings,
+        **_moe_dims(spec),
     }
+
+
+def _moe_dims(spec) -> dict[str, Any]:
+    """The routed feed-forward's sizes (mixture-of-experts models only)."""
+    if spec.moe is None:
+        return {}
+    m = spec.moe
+    return {"routed_layers": sum(1 for layer in spec.layers if layer.ffn == "moe"),
+            "num_experts": m.router.num_experts, "num_experts_per_tok": m.router.top_k,
+            "moe_intermediate_size": m.expert_size, "shared_expert_size": m.shared_size,
+            "router_scoring": m.router.scoring}
 
 
 def inspect_model(model: str, revision: str | None = None, *, precision: str = "f32", progress=None) -> dict:
@@ -82,8 +94,8 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         info["file_bytes"] = g.file_size
         from .decoder.qlinear import QUANT_TYPES
 
-        # Quantized matrices stay in their blocks in the memory map; the rest is widened.
-        resident = sum(t.nbytes if t.type_name in QUANT_TYPES and len(t.shape) == 2 else t.n_elements * itemsize
+        # Quantized matrices and expert stacks stay in their blocks in the memory map; the rest is widened.
+        resident = sum(t.nbytes if t.type_name in QUANT_TYPES and len(t.shape) in (2, 3) else t.n_elements * itemsize
                        for t in tensors)
     else:
         from safetensors import safe_open
