@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -48,7 +47,7 @@ def build(ftype: str = "Q4_K_M") -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from llamacpp_convert import CONVERT, PREFIX, _sdist
+    from llamacpp_convert import extract_converter
     from ster_py import llamacpp
     from tiny import write_tokenizer
 
@@ -60,14 +59,9 @@ def build(ftype: str = "Q4_K_M") -> Path:
         model.save_pretrained(tmp / "hf")
         write_tokenizer(tmp / "hf", CONFIG["vocab_size"])
         del model
-        with tarfile.open(_sdist(tmp)) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
-                m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
-                                                                                  PREFIX + "gguf-py/")))]
-            tar.extractall(tmp, members=members, filter="data")
-        (tmp / "convert.py").write_text(CONVERT)
+        llama_cpp_dir = extract_converter(tmp)
         f16 = tmp / f"{NAME}-F16.gguf"
-        r = subprocess.run([sys.executable, str(tmp / "convert.py"), str(tmp / PREFIX), "f16",
+        r = subprocess.run([sys.executable, str(tmp / "convert.py"), str(llama_cpp_dir), "f16",
                             f"{tmp / 'hf'}::{f16}"], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"llama.cpp's converter failed:\n{r.stderr[-2000:]}")

@@ -89,6 +89,16 @@ def _sdist(tmp_dir) -> Path:
     return Path(tmp_dir) / SDIST
 
 
+def extract_converter(root: Path) -> Path:
+    """Unpack llama.cpp's converter (and its gguf-py) from the sdist into ``root`` and write the
+    driver ``root/convert.py``; returns the llama.cpp directory the driver takes first."""
+    with tarfile.open(_sdist(root)) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
+            m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
+                                                                              PREFIX + "gguf-py/")))]
+        tar.extractall(root, members=members, filter="data")
+    (root / "convert.py").write_text(CONVERT)
+    return root / PREFIX
 
 
 def convert_cases(root: Path, cases: dict, build, outtype: str = "f32") -> dict:
@@ -99,12 +109,7 @@ def convert_cases(root: Path, cases: dict, build, outtype: str = "f32") -> dict:
     """
     import torch
 
-    with tarfile.open(_sdist(root)) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
-            m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
-                                                                              PREFIX + "gguf-py/")))]
-        tar.extractall(root, members=members, filter="data")
-    (root / "convert.py").write_text(CONVERT)
+    extract_converter(root)
     out, pairs = {}, []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
