@@ -1,4 +1,9 @@
-"""The key/value cache: one growing buffer of rotated keys and values per layer.
+"""The cache: one slot per layer, of the layer's mixer's kind.
+
+An attention layer's slot is a growing buffer of rotated keys and values (below); a
+layer whose mixer keeps another kind of state (a latent, a fixed-size recurrent state)
+gets the slot object its mixer makes (``mixer.new_slot(dtype)``), reached through
+``KVCache.slot(layer)``: the cache only holds it, counts its bytes and commits positions.
 
 Each decoded token costs one new position: attention reads the cached keys and
 values instead of recomputing the prefix. The buffers are float32 (the default,
@@ -26,22 +31,31 @@ class KVCache:
     Args:
         num_layers, num_kv_heads, head_dim: every layer's shape (values as wide as keys)...
         layer_shapes: ...unless given here: one (kv_heads, head_dim, v_head_dim) per layer.
+        slots: per layer, the slot object of a mixer that keeps its own state, or None for
+            an attention layer (such a layer gets no key/value buffers).
 
     Raises:
         ValueError: ``dtype`` is neither float32 nor float16.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int = 256,
-                 dtype=np.float32, layer_shapes: list[tuple[int, int, int]] | None = None):
+                 dtype=np.float32, layer_shapes: list[tuple[int, int, int]] | None = None,
+                 slots: list | None = None):
         dtype = np.dtype(dtype)
         if dtype not in _DTYPES:
             raise ValueError(f"the KV cache holds float32 or float16 keys and values, not {dtype}")
         self.dtype = dtype
         self.length = 0
-        self._shapes = (list(layer_shapes) if layer_shapes is not None
-                        else [(num_kv_heads, head_dim, head_dim)] * num_layers)
-        self._k = [np.empty((kv, capacity, dk), dtype) for kv, dk, _ in self._shapes]
-        self._v = [np.empty((kv, capacity, dv), dtype) for kv, _, dv in self._shapes]
+        self._slots = list(slots) if slots is not None else [None] * num_layers
+        self._shapes = [(0, 0, 0) if slot is not None else shape for slot, shape in zip(
+            self._slots, list(layer_shapes) if layer_shapes is not None
+            else [(num_kv_heads, head_dim, head_dim)] * num_layers)]
+        self._k = [np.empty((kv, capacity if kv else 0, dk), dtype) for kv, dk, _ in self._shapes]
+        self._v = [np.empty((kv, capacity if kv else 0, dv), dtype) for kv, _, dv in self._shapes]
+
+    def slot(self, layer: int):
+        """The state slot of a layer whose mixer keeps its own (None for an attention layer)."""
+        return self._slots[layer]
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """k float32 [kv_heads, T, head_dim], v [kv_heads, T, v_head_dim] -> views of the cache dtype
@@ -72,5 +86,11 @@ class KVCache:
         self.length += n
 
     def nbytes_per_position(self) -> int:
-        """Bytes one position costs across all layers (keys and values, at the cache dtype)."""
-        return sum(kv * (dk + dv) for kv, dk, dv in self._shapes) * self.dtype.itemsize
+        """Bytes one position costs across all layers (keys and values, at the cache dtype, and
+        what each other slot's ``nbytes_per_position()`` says)."""
+        return (sum(kv * (dk + dv) for kv, dk, dv in self._shapes) * self.dtype.itemsize
+                + sum(s.nbytes_per_position() for s in self._slots if s is not None))
+
+    def nbytes_fixed(self) -> int:
+        """Bytes the slots hold whatever the length (recurrent states), from their ``nbytes_fixed()``."""
+        return sum(s.nbytes_fixed() for s in self._slots if s is not None)

@@ -51,6 +51,10 @@ LayerHook = Callable[[int, np.ndarray], np.ndarray]
 
 
 _UNBUILT = object()
+#: ``LayerSpec.mixer`` -> the part that mixes tokens on such a layer, built as
+#: ``cls(spec, i, load, norm)``; a mixer that keeps state other than keys and values
+#: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``).
+MIXERS = {"attention": Attention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
@@ -106,7 +110,7 @@ class _Layer:
                         spec.norm_unit_offset)
 
         d["norms"] = {role: norm(role) for role in spec.norms}
-        d["mixer"] = Attention(spec, i, load, norm)
+        d["mixer"] = MIXERS[self.layer.mixer](spec, i, load, norm)
         d["ffn"] = build_ffn(spec, i, layout, load)
 
     def _owner(self, name: str):
@@ -226,10 +230,13 @@ class Decoder:
         return self._weights
 
     def new_cache(self, dtype=np.float32) -> KVCache:
-        """An empty KV cache for this model, keeping keys and values as ``dtype`` (see ``KVCache``)."""
+        """An empty cache for this model: keys and values as ``dtype`` for attention layers, and
+        the slot each other mixer makes (``mixer.new_slot(dtype)``) for the rest (see ``KVCache``)."""
         s = self.spec
         shapes = [s.attention_shape(i)[1:] for i in range(s.num_hidden_layers)]
-        return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype, layer_shapes=shapes)
+        slots = [layer.mixer.new_slot(dtype) if hasattr(layer.mixer, "new_slot") else None for layer in self.layers]
+        return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype, layer_shapes=shapes,
+                       slots=slots)
 
     def embed_tokens(self, ids: np.ndarray) -> np.ndarray:
         """Token ids int [T] -> float32 [T, hidden_size], scaled as the family scales."""
