@@ -1,0 +1,316 @@
+"""``ster convert``: write a GGUF file llama.cpp runs, from any model ster runs.
+
+From a checkpoint (a directory or Hub id of config.json + tokenizer.json + safetensors):
+
+1. metadata: ``general.*``, the architecture's keys as llama.cpp's converter writes them and the
+   tokenizer (``gguf/export.py``);
+2. tensors under llama.cpp's names for the architecture (the family table's ``gguf_names``, as
+   llama.cpp reads the architecture: ``gguf_changes``), in llama.cpp's layout: q/k rows permuted for
+   adjacent-pair rotation where llama.cpp's converter does it (the inverse of
+   ``weights.unpermute_qk``), fused q/k/v or gate/up kept fused where the checkpoint fuses them and
+   llama.cpp reads them fused ([q | k | v] and [gate | up]), GPT-2's inputs-first weights transposed,
+   per-head q/k norms stacked, norms kept as offsets from one (Gemma, Nemotron) stored as 1 + w,
+   experts stacked [n_expert, rows, cols], Llama 3's rotation scaling as ``rope_freqs``;
+3. each tensor's type from llama.cpp's rules for the file type (``gguf/recipe.py``), quantized by
+   ster's own quantizers (``gguf/quantize.py``).
+
+From a GGUF file (or a "GGUF directory"), the metadata and tensors are kept and each tensor llama.cpp's
+quantizer would touch is re-quantized (a tensor already of its new type is copied as is).
+
+The model is read back before anything is written: the metadata, read as ``ster`` reads a GGUF (which
+follows llama.cpp's loader), must describe the checkpoint's model; where it cannot (a feature llama.cpp
+fixes differently for the architecture) the report lists the difference. The file is written to a
+temporary name beside ``output`` and renamed when complete.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import SterError
+from .gguf.quantize import quantize
+from .gguf.recipe import FileType, ModelFacts, choose_types, file_type
+from .gguf.writer import DEFAULT_ALIGNMENT, TensorEntry, Typed, write_gguf
+
+Progress = Callable[[str, int, "int | None"], None]
+
+#: Per-layer roles written, in file order (experts come after the router).
+LAYER_ROLES = ("attn_norm", "q", "k", "v", "qkv", "q_norm", "k_norm", "o", "attn_post_norm", "sinks", "ffn_norm",
+               "gate", "up", "gate_up", "down", "router", "router_select_bias", "shexp_gate_inp", "shexp_gate",
+               "shexp_up", "shexp_down", "ffn_post_norm")
+GLOBAL_FIRST = ("embed", "pos_embed", "embed_norm")
+GLOBAL_LAST = ("final_norm", "head")
+NORM_ROLES = frozenset({"embed_norm", "final_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm",
+                        "q_norm", "k_norm"})
+#: Roles whose name in the table is the whole tensor name (no .weight / .bias appended).
+WHOLE_NAMES = frozenset({"router_select_bias", "sinks"})
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row order for adjacent-pair rotation (``LlamaModel.permute``),
+    the inverse of ``weights.unpermute_qk``: each head's rows (half, pair) become (pair, half).
+    w: [n_head * head_dim, ...] -> same shape."""
+    rows = w.shape[0]
+    return np.ascontiguousarray(w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+@dataclasses.dataclass
+class _Source:
+    name: str
+    make: Callable[[], np.ndarray]
+
+
+def _writer_names(gnames, present: Callable[[str], bool], fuse_qkv: bool, fuse_gate_up: bool) -> dict[str, str]:
+    """role -> the one GGUF name it is written under. A role the table lists under several names
+    (read: first found) is written under the last one that no single-named role takes (Falcon:
+    ``attn_norm`` is ``attn_norm_2`` when ``ffn_norm`` writes ``attn_norm``, else ``attn_norm``)."""
+    out: dict[str, str] = {}
+    taken = {n for r, n in gnames.items() if isinstance(n, str) and present(r)}
+    for role, n in gnames.items():
+        if role in ("q", "k", "v") and fuse_qkv or role == "qkv" and not fuse_qkv:
+            continue
+        if role in ("gate", "up") and fuse_gate_up or role == "gate_up" and not fuse_gate_up:
+            continue
+        if isinstance(n, str):
+            out[role] = n
+        else:
+            free = [x for x in n if x not in taken]
+            out[role] = (free or list(n))[-1]
+    return out
+
+
+def checkpoint_sources(resolved, spec, family, config) -> tuple[list[_Source], dict]:
+    """The tensors of a checkpoint under llama.cpp's names, each made on demand (float32), and the
+    information the type rules need. See the module docstring for the layout."""
+    from .decoder.layout import Layout
+    from .families import FAMILIES_BY_GGUF_ARCH
+    from .weights import SafetensorsWeights
+
+    arch = family.gguf_arch
+    gfam = dataclasses.replace(family.for_config(config), **family.gguf_changes)
+    gnames = gfam.gguf_names
+    hf_names = spec.names
+    fuse_qkv = "qkv" in gnames and ("q" not in gnames or "qkv" in hf_names)
+    fuse_gate_up = "gate_up" in gnames and ("gate" not in gnames or "gate_up" in hf_names)
+    permuted = FAMILIES_BY_GGUF_ARCH[arch].gguf_qk_permuted
+    weights = SafetensorsWeights(resolved.weight_files, "f32")
+    layout = Layout(spec, weights)
+    offset = spec.norm_unit_offset
+
+    def read(role: str, i: int | None, kind: str) -> np.ndarray | None:
+        t = layout.get(role, i, kind)  # a role the checkpoint fuses comes split, as the decoder reads it
+        if t is None:
+            return None
+        t = np.asarray(t, dtype=np.float32)
+        if offset and role in NORM_ROLES and kind == "weight":
+            t = t + np.float32(1.0)
+        if permuted and role in ("q", "k"):
+            t = permute_qk(t, spec.attention_shape(i)[0 if role == "q" else 1])
+        return t
+
+    def fetch(role: str, i: int | None, kind: str) -> np.ndarray | None:
+        if role in ("qkv", "gate_up"):
+            parts = [read(r, i, kind) for r in (("q", "k", "v") if role == "qkv" else ("gate", "up"))]
+            return None if any(p is None for p in parts) else np.concatenate(parts, axis=0)
+        return read(role, i, kind)
+
+    names = _writer_names(gnames, lambda r: layout.get(r, 0, "weight") is not None if r not in WHOLE_NAMES
+                          and not r.startswith("exp_") else False, fuse_qkv, fuse_gate_up)
+    sources: list[_Source] = []
+
+    def used(role: str) -> bool:
+        """A norm or q/k norm the checkpoint's decoder reads (a role may share another's stored name)."""
+        if role in ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
+            return role in spec.norms
+        if role in ("q_norm", "k_norm"):
+            return spec.qk_norm is not None
+        if role == "embed_norm":
+            return spec.embed_norm
+        return True
+
+    def add(role: str, i: int | None) -> None:
+        if role not in names or not used(role):
+            return
+        base = names[role].format(i=i)
+        kinds = ("",) if role in WHOLE_NAMES else ("weight", "bias")
+        for kind in kinds:
+            if fetch(role, i, kind) is None:
+                continue
+            name = base if not kind else f"{base}.{kind}"
+            sources.append(_Source(name, lambda role=role, i=i, kind=kind: fetch(role, i, kind)))
+
+    for role in GLOBAL_FIRST:
+        add(role, None)
+    for i in range(spec.num_hidden_layers):
+        for role in LAYER_ROLES:
+            add(role, i)
+        if spec.layers[i].ffn == "moe":
+            sources += _expert_sources(layout, gnames, i)
+    for role in GLOBAL_LAST:
+        if role == "head" and spec.tie_word_embeddings:
+            continue
+        add(role, None)
+    return sources, {"arch": arch}
+
+
+def _expert_sources(layout, gnames, i: int) -> list[_Source]:
+    """A routed layer's experts stacked [n_expert, rows, cols] (and biases [n_expert, rows])."""
+    cache: dict = {}
+
+    def experts():
+        if "e" not in cache:
+            cache["e"] = layout.experts(i)
+        return cache["e"]
+
+    out = []
+    first = experts()
+    for k, role in enumerate(("exp_gate", "exp_up", "exp_down")):
+        if role in gnames:
+            out.append(_Source(gnames[role].format(i=i),
+                               lambda k=k: np.stack([np.asarray(e[k][0], np.float32) for e in experts()])))
+        if f"{role}_bias" in gnames and first[0][k][1] is not None:
+            out.append(_Source(gnames[f"{role}_bias"].format(i=i),
+                               lambda k=k: np.stack([np.asarray(e[k][1], np.float32) for e in experts()])))
+    cache.clear()
+    return out
+
+
+def _facts_from_spec(arch: str, spec) -> ModelFacts:
+    n_expert = spec.moe.router.num_experts if spec.moe is not None else 0
+    return ModelFacts(arch, spec.num_hidden_layers, n_expert, spec.num_attention_heads, spec.num_key_value_heads)
+
+
+def _general(name: str, arch: str, ft: FileType) -> dict:
+    return {"general.architecture": arch, "general.type": "model", "general.name": name,
+            "general.file_type": Typed("uint32", ft.ftype), "general.quantization_version": Typed("uint32", 2)}
+
+
+def _model_name(resolved, config) -> str:
+    name = config.get("_name_or_path") if isinstance(config, dict) else None
+    return str(name) if isinstance(name, str) and name and "/" not in name.strip("/")[:1] else Path(
+        str(resolved.root)).name or str(resolved.model)
+
+
+def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16", *, revision: str | None = None,
+                  alignment: int = DEFAULT_ALIGNMENT, threads: int | None = None,
+                  progress: Progress | None = None) -> dict:
+    """Write ``model`` as a GGUF file of type ``type_name`` at ``output``.
+
+    Args:
+        model: as for ``load_model``: a checkpoint directory, Hub id, preset, .gguf file or GGUF directory.
+        output: the .gguf file to write (it must not exist).
+        type_name: a ``recipe.FILE_TYPES`` name: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k,
+            q5_k, q6_k, q4_k_m, q5_k_m.
+        revision: Hub revision.
+        alignment: data alignment of a file written from a checkpoint (a GGUF source keeps its own).
+        threads: quantizer threads (None: every core).
+        progress: optional ``progress(event, done, total)``.
+
+    Returns:
+        The report: model, model_revision, output, type, architecture, tensors, types (count per
+        type), bytes, parameters, differences (how a GGUF runtime's model differs from the
+        checkpoint's, empty when none), tokenizer_notes, seconds.
+
+    Raises:
+        SterError: an unknown type; an existing output; a model ster cannot run or whose family has no
+            llama.cpp architecture; a tokenizer GGUF cannot hold; a write error (nothing is left at
+            ``output``).
+    """
+    from .resolve import resolve
+
+    ft = file_type(type_name)
+    output = Path(output)
+    if output.exists():
+        raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
+    t0 = time.perf_counter()
+    resolved = resolve(model, revision, progress=progress)
+    if resolved.kind in ("gguf", "gguf_dir"):
+        meta, entries, info = _from_gguf(resolved.gguf_file, ft, threads)
+        align = info.pop("alignment")
+    else:
+        meta, entries, info = _from_checkpoint(resolved, ft, threads, progress)
+        align = alignment
+    write_gguf(output, meta, entries, alignment=align, progress=progress)
+    types = Counter(e.type_name for e in entries)
+    return {"model": resolved.model, "model_revision": resolved.model_revision, "output": str(output),
+            "type": ft.name, "architecture": meta["general.architecture"], "tensors": len(entries),
+            "types": dict(sorted(types.items())), "bytes": output.stat().st_size,
+            "parameters": int(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)),
+            "differences": info.get("differences", []), "tokenizer_notes": info.get("tokenizer_notes", []),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tuple], threads) -> list[TensorEntry]:
+    def data(src: _Source, t: str):
+        return lambda: quantize(src.make(), t, n_threads=threads)
+
+    return [TensorEntry(s.name, shapes[s.name], types[s.name], data(s, types[s.name])) for s in sources]
+
+
+def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, list[TensorEntry], dict]:
+    from .config import spec_from_config
+    from .gguf.export import architecture_metadata, read_back_differences, tokenizer_metadata
+    from .validate import check_config, check_spec, interpret
+
+    config, family = resolved.config, resolved.family
+    where = str(resolved.config_path)
+    check_config(config, where)
+    spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
+    arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
+    sources, _ = checkpoint_sources(resolved, spec, family, config)
+    if rope_freqs is not None:
+        sources.append(_Source("rope_freqs.weight", lambda: rope_freqs))
+    shapes: dict[str, tuple] = {}
+    for n, s in enumerate(sources):  # shapes first: the header precedes the data
+        shapes[s.name] = tuple(int(d) for d in s.make().shape)
+        if progress:
+            progress("read tensors", n + 1, len(sources))
+    tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)
+    differences = read_back_differences(spec, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},
+                                        shapes, rope_freqs, where)
+    facts = _facts_from_spec(family.gguf_arch, spec)
+    types = choose_types([(s.name, shapes[s.name]) for s in sources], ft, facts)
+    if "rope_freqs.weight" in types:
+        types["rope_freqs.weight"] = "F32"
+    meta = {**_general(_model_name(resolved, config), family.gguf_arch, ft), **arch_meta, **tok_meta}
+    return meta, _entries(sources, types, shapes, threads), {"differences": differences, "tokenizer_notes": notes}
+
+
+def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntry], dict]:
+    from .gguf.config import family_for_architecture
+    from .gguf.reader import GGUFFile
+
+    g = GGUFFile(path)
+    arch = g.metadata.get("general.architecture")
+    family_for_architecture(arch, str(path))  # an architecture ster runs
+    meta: dict = {}
+    for key, value in g.metadata.items():
+        vtype = g.metadata_types[key]
+        if vtype.startswith("array of array"):
+            raise SterError(f"{path}: metadata {key} is an array of arrays, which ster does not write")
+        meta[key] = Typed(vtype, value)
+    meta["general.file_type"] = Typed("uint32", ft.ftype)
+    meta["general.quantization_version"] = Typed("uint32", 2)
+
+    def num(key, default=0):
+        v = g.metadata.get(f"{arch}.{key}", default)
+        return int(v) if isinstance(v, (int, np.integer)) else default
+
+    facts = ModelFacts(arch, num("block_count"), num("expert_count"), num("attention.head_count", 1),
+                       num("attention.head_count_kv", num("attention.head_count", 1)))
+    tensors = list(g.tensors.values())
+    types = choose_types([(t.name, t.shape) for t in tensors], ft, facts, {t.name: t.type_name for t in tensors})
+
+    def data(t, new: str):
+        if new == t.type_name:
+            return lambda: t.raw
+        return lambda: quantize(t.dequantize(), new, n_threads=threads)
+
+    entries = [TensorEntry(t.name, t.shape, types[t.name], data(t, types[t.name])) for t in tensors]
+    return meta, entries, {"alignment": g.alignment}
