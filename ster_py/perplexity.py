@@ -2,7 +2,7 @@
 
 The windows are llama.cpp's ``llama-perplexity`` ones (tools/perplexity/perplexity.cpp), so the
 numbers compare with llama.cpp's: the whole text is tokenized once (BOS in front when the model's
-tokenizer adds one); it is cut into ``len(ids) // n_ctx`` non-overlapping windows of ``n_ctx``
+tokenizer adds one; special-token texts inside it read as plain text); it is cut into ``len(ids) // n_ctx`` non-overlapping windows of ``n_ctx``
 tokens (the tail is dropped; at least two windows are needed); each window runs from an empty cache
 with its first token replaced by BOS when the tokenizer adds one; only the second half is scored:
 the logits at positions ``n_ctx / 2 .. n_ctx - 2`` against the next token. Perplexity is
@@ -33,6 +33,18 @@ def _adds_bos(tokenizer) -> bool:
     if bos is None:
         return False
     return tokenizer.encode("x", add_special_tokens=True)[:1] == [bos] != tokenizer.encode("x", add_special_tokens=False)[:1]
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """The text's ids as llama-perplexity tokenizes it: special tokens added (BOS) but special-token texts
+    in the text read as plain text (llama.cpp's ``parse_special`` off)."""
+    tk = tokenizer.tk
+    before = tk.encode_special_tokens
+    tk.encode_special_tokens = True
+    try:
+        return tokenizer.encode(text, add_special_tokens=True)
+    finally:
+        tk.encode_special_tokens = before
 
 
 def windows(ids: list[int], n_ctx: int, bos: int | None, max_chunks: int | None = None) -> list[np.ndarray]:
@@ -108,11 +120,11 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
             ids for the text or whose vocabulary differs in size.
     """
     tok = loaded.tokenizer
-    ids = tok.encode(text, add_special_tokens=True)
+    ids = text_ids(tok, text)
     add_bos = _adds_bos(tok)
     chunks = windows(ids, n_ctx, tok.bos_token_id if add_bos else None, max_chunks)
     if reference is not None:
-        ref_ids = reference.tokenizer.encode(text, add_special_tokens=True)
+        ref_ids = text_ids(reference.tokenizer, text)
         if ref_ids != ids:
             raise SterError("the reference model tokenizes the text differently; KL divergence compares models of "
                             "one vocabulary (for example two quantizations of one model)")

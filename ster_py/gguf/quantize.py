@@ -90,7 +90,8 @@ def quantize(x: np.ndarray, type_name: str, n_threads: int | None = None) -> np.
     if type_name == "F32":
         return x32.reshape(rows, cols).view(np.uint8)
     if type_name == "F16":
-        return x32.astype(np.float16).reshape(rows, cols).view(np.uint8)
+        with np.errstate(over="ignore"):  # beyond 65504 is inf, as numpy and gguf-py convert
+            return x32.astype(np.float16).reshape(rows, cols).view(np.uint8)
     if type_name == "BF16":
         return to_bf16_bits(x32).reshape(rows, cols).view(np.uint8)
     t = ggml_type(type_name)
