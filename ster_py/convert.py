@@ -263,6 +263,7 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     check_config(config, where)
     spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
+    tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
     sources, _ = checkpoint_sources(resolved, spec, family, config)
     if rope_freqs is not None:
         sources.append(_Source("rope_freqs.weight", lambda: rope_freqs))
@@ -271,7 +272,6 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
         shapes[s.name] = tuple(int(d) for d in s.make().shape)
         if progress:
             progress("read tensors", n + 1, len(sources))
-    tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)
     differences = read_back_differences(spec, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},
                                         shapes, rope_freqs, where)
     facts = _facts_from_spec(family.gguf_arch, spec)

@@ -16,7 +16,7 @@ every CPU has in common, and the logits compared against are the same ones whate
 the host.
 
 Protocol: ``python -m ster_py.llamacpp REQUEST.json``; the request names the job
-(``logits``, ``quantize``, ``greedy``, ``tokenize`` or ``perplexity``) and a result path; the
+(``logits``, ``logits_of_files``, ``quantize``, ``greedy``, ``tokenize`` or ``perplexity``) and a result path; the
 child writes the result there (an ``.npz`` of arrays, or the quantized file) and exits 0. Its stderr (llama.cpp's log) is
 kept and its last lines are quoted when it fails.
 """
@@ -135,6 +135,28 @@ def logits(gguf_file: str | os.PathLike, prompts: Sequence[Sequence[int]], *, th
               "out": str(out)}, f"evaluating {gguf_file}", timeout)
         with np.load(out) as z:
             return [z[f"p{i}"] for i in range(len(prompts))]
+
+
+def logits_of_files(gguf_files: Sequence[str | os.PathLike], prompt: Sequence[int], *, threads: int | None = None,
+                    timeout: float = DEFAULT_TIMEOUT) -> list[np.ndarray | None]:
+    """llama.cpp's logits for one prompt on each of several files, every position: float32 [len(prompt), n_vocab]
+    per file, computed as ``logits`` does, all in one child process (one start for many small models). A file
+    llama.cpp refuses to load gives None (its loader's reason is in its log).
+
+    Raises:
+        SterError: as ``logits`` (a crash, a decode failure).
+    """
+    if not available():
+        raise _missing()
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise SterError("llama.cpp needs at least one token per prompt")
+    with tempfile.TemporaryDirectory(prefix="ster-llamacpp-out-") as tmp:
+        out = Path(tmp) / "logits.npz"
+        _run({"job": "logits_of_files", "models": [str(Path(f).resolve()) for f in gguf_files], "prompt": prompt,
+              "threads": threads, "out": str(out)}, f"evaluating {len(gguf_files)} files", timeout)
+        with np.load(out) as z:
+            return [z[f"f{i}"] if f"f{i}" in z else None for i in range(len(gguf_files))]
 
 
 def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, threads: int | None = None,
@@ -339,6 +361,34 @@ def _control_vector(path: str, n_embd: int) -> np.ndarray:
     return data
 
 
+def _child_logits_of_files(L, req: dict) -> None:
+    prompt, out = req["prompt"], {}
+    for n, path in enumerate(req["models"]):
+        params = L.llama_model_default_params()
+        params.vocab_only = True
+        probe = L.llama_model_load_from_file(path.encode(), params)
+        if not probe:
+            continue
+        L.llama_model_free(probe)
+        params.vocab_only = False
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = False
+        probe = L.llama_model_load_from_file(path.encode(), params)
+        if not probe:
+            continue  # llama.cpp refuses the file: no logits
+        L.llama_model_free(probe)
+        model, ctx = _load(L, dict(req, model=path), len(prompt))
+        n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+        batch = L.llama_batch_init(len(prompt), 0, 1)
+        _decode(L, ctx, batch, prompt, 0, lambda i: True)
+        rows = np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(len(prompt) * n_vocab,))
+        out[f"f{n}"] = rows.reshape(len(prompt), n_vocab).astype(np.float32, copy=True)
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+        L.llama_model_free(model)
+    np.savez(req["out"], **out)
+
+
 def _child_greedy(L, req: dict) -> None:
     prompt, n = req["prompt"], int(req["n"])
     model, ctx = _load(L, req, len(prompt) + n + 1)
@@ -433,6 +483,7 @@ def _child(request_path: str) -> None:
         sys.exit(4)
     L.llama_backend_init()
     jobs = {"logits": _child_logits, "quantize": _child_quantize, "greedy": _child_greedy,
+            "logits_of_files": _child_logits_of_files,
             "tokenize": _child_tokenize, "perplexity": _child_perplexity}
     jobs[req["job"]](L, req)
 
