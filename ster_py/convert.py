@@ -85,9 +85,19 @@ def _writer_names(gnames, present: Callable[[str], bool], fuse_qkv: bool, fuse_g
     return out
 
 
-def checkpoint_sources(resolved, spec, family, config) -> tuple[list[_Source], dict]:
-    """The tensors of a checkpoint under llama.cpp's names, each made on demand (float32), and the
-    information the type rules need. See the module docstring for the layout."""
+def checkpoint_sources(resolved, spec, family, config) -> list[_Source]:
+    """The tensors of a checkpoint under llama.cpp's names, in file order, each made on demand (float32
+    numpy arrays in llama.cpp's layout; see the module docstring).
+
+    Args:
+        resolved: the ``resolve.Resolved`` checkpoint (its safetensors files are mapped, not read).
+        spec: its ``ModelSpec`` (``config.spec_from_config``).
+        family: its ``FamilySpec`` (``family.gguf_arch`` set).
+        config: its config.json.
+
+    Raises:
+        SterError: a tensor the family needs is missing or has the wrong shape (when made).
+    """
     from .decoder.layout import Layout
     from .families import FAMILIES_BY_GGUF_ARCH
     from .weights import SafetensorsWeights
@@ -156,7 +166,7 @@ def checkpoint_sources(resolved, spec, family, config) -> tuple[list[_Source], d
         if role == "head" and spec.tie_word_embeddings:
             continue
         add(role, None)
-    return sources, {"arch": arch}
+    return sources
 
 
 def _expert_sources(layout, gnames, i: int) -> list[_Source]:
@@ -192,9 +202,12 @@ def _general(name: str, arch: str, ft: FileType) -> dict:
 
 
 def _model_name(resolved, config) -> str:
+    """``general.name``: the last part of the config's ``_name_or_path`` (a Hub id or a directory), else the
+    checkpoint directory's name."""
     name = config.get("_name_or_path") if isinstance(config, dict) else None
-    return str(name) if isinstance(name, str) and name and "/" not in name.strip("/")[:1] else Path(
-        str(resolved.root)).name or str(resolved.model)
+    if isinstance(name, str) and Path(name.strip()).name:
+        return Path(name.strip()).name
+    return Path(str(resolved.root)).name or str(resolved.model)
 
 
 def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16", *, revision: str | None = None,
@@ -264,7 +277,7 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
     tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
-    sources, _ = checkpoint_sources(resolved, spec, family, config)
+    sources = checkpoint_sources(resolved, spec, family, config)
     if rope_freqs is not None:
         sources.append(_Source("rope_freqs.weight", lambda: rope_freqs))
     shapes: dict[str, tuple] = {}

@@ -365,18 +365,12 @@ def _child_logits_of_files(L, req: dict) -> None:
     prompt, out = req["prompt"], {}
     for n, path in enumerate(req["models"]):
         params = L.llama_model_default_params()
-        params.vocab_only = True
-        probe = L.llama_model_load_from_file(path.encode(), params)
-        if not probe:
-            continue
-        L.llama_model_free(probe)
-        params.vocab_only = False
         params.n_gpu_layers = 0
         params.use_extra_bufts = False
-        probe = L.llama_model_load_from_file(path.encode(), params)
-        if not probe:
-            continue  # llama.cpp refuses the file: no logits
-        L.llama_model_free(probe)
+        model = L.llama_model_load_from_file(path.encode(), params)
+        if not model:
+            continue  # llama.cpp refuses the file: no logits for it
+        L.llama_model_free(model)
         model, ctx = _load(L, dict(req, model=path), len(prompt))
         n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         batch = L.llama_batch_init(len(prompt), 0, 1)

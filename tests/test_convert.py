@@ -95,7 +95,7 @@ def arch_files(tmp_path_factory):
         resolved = resolve(str(root / "hf" / name))
         spec = spec_from_config(resolved.config, resolved.family, name)
         meta, freqs = architecture_metadata(resolved.config, resolved.family, spec, name)
-        sources, _ = checkpoint_sources(resolved, spec, resolved.family, resolved.config)
+        sources = checkpoint_sources(resolved, spec, resolved.family, resolved.config)
         g = GGUFFile(theirs)
         tok = {k: Typed(g.metadata_types[k], v) for k, v in g.metadata.items() if k.startswith("tokenizer.")}
         entries = [TensorEntry(s.name, s.make().shape, "F32", lambda s=s: s.make().astype(np.float32))
@@ -187,7 +187,7 @@ def _source_arrays(path: Path) -> dict[str, np.ndarray]:
 
     r = resolve(str(path))
     spec = spec_from_config(r.config, r.family, str(path))
-    return {s.name: s.make() for s in checkpoint_sources(r, spec, r.family, r.config)[0]}
+    return {s.name: s.make() for s in checkpoint_sources(r, spec, r.family, r.config)}
 
 
 @pytest.mark.parametrize("ftype", ["f16", "q8_0", "q4_0", "q4_k_m"])

@@ -335,8 +335,8 @@ def _looks_special(text: str) -> bool:
             or (text.startswith("<unused") and text.endswith(">")))
 
 
-def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None = None,
-                       progress=None) -> tuple[dict[str, Any], list[str]]:
+def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None = None
+                       ) -> tuple[dict[str, Any], list[str]]:
     """``tokenizer.*`` metadata of a checkpoint's tokenizer, and notes on what could not be kept.
 
     Args:

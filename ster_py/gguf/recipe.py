@@ -190,12 +190,3 @@ def _mix(name: str, shape: tuple[int, ...], new: str, ftype: FileType, facts: Mo
     if cat == "attn_output" and not falcon and eight and ftype.name == "q4_k_m":
         return "Q5_K"
     return new
-
-
-def check_types(types: Mapping[str, str]) -> None:
-    """Every chosen type is one ster writes (a GGUF source's untouched tensors may be any type it reads)."""
-    from .quants import GGML_TYPE_IDS
-
-    for name, t in types.items():
-        if t not in GGML_TYPE_IDS:
-            raise SterError(f"internal: tensor {name!r} got unknown type {t!r}")
