@@ -40,8 +40,8 @@ DEFAULT_TIMEOUT = 600.0
 
 #: llama.cpp's ``llama_ftype`` numbers for the quantizations the tests ask for (llama.h).
 FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
-          "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30,
-          "BF16": 32}
+          "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25,
+          "IQ4_XS": 30, "BF16": 32}
 
 #: CMake arguments for a build of llama-cpp-python that runs on any x86-64 CPU with AVX2
 #: (no ``-march=native``, no AMX, no AVX-512): the README's test command uses them.
@@ -160,11 +160,12 @@ def logits_of_files(gguf_files: Sequence[str | os.PathLike], prompt: Sequence[in
 
 
 def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, threads: int | None = None,
-             timeout: float = DEFAULT_TIMEOUT) -> Path:
+             pure: bool = False, timeout: float = DEFAULT_TIMEOUT) -> Path:
     """Quantize the GGUF ``src`` into ``dst`` with llama.cpp's own quantizer (``llama_model_quantize``).
 
     Args:
         ftype: one of ``FTYPES`` (llama.cpp's mixes: ``Q4_K_M`` keeps some tensors at Q6_K, ...).
+        pure: every quantizable tensor in the file type's base type (``llama-quantize --pure``).
 
     Raises:
         SterError: llama-cpp-python missing, an unknown ``ftype``, or llama.cpp refusing or crashing.
@@ -175,7 +176,7 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, thre
         raise _missing()
     dst = Path(dst)
     _run({"job": "quantize", "model": str(Path(src).resolve()), "ftype": FTYPES[ftype], "threads": threads,
-          "out": str(dst.resolve())}, f"quantizing {src} to {ftype}", timeout)
+          "pure": bool(pure), "out": str(dst.resolve())}, f"quantizing {src} to {ftype}", timeout)
     return dst
 
 
@@ -304,6 +305,7 @@ def _child_logits(L, req: dict) -> None:
 def _child_quantize(L, req: dict) -> None:
     params = L.llama_model_quantize_default_params()
     params.ftype = int(req["ftype"])
+    params.pure = bool(req.get("pure"))
     if req.get("threads"):
         params.nthread = int(req["threads"])
     rc = L.llama_model_quantize(req["model"].encode(), req["out"].encode(), params)

@@ -136,7 +136,11 @@ def f16_files(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name, ftype", [("llama", t) for t in FILE_TYPES]
+# ster's q4_k and q5_k are llama-quantize --pure of its Q4_K_S and Q5_K_S (every quantizable tensor in the type).
+PURE = {"q4_k": "Q4_K_S", "q5_k": "Q5_K_S"}
+
+
+@pytest.mark.parametrize("name, ftype", [("llama", t) for t in FILE_TYPES + tuple(PURE)]
                          + [("gpt2", t) for t in ("q8_0", "q4_0", "q4_k_m")])
 def test_requantized_gguf_equals_llamacpps(name, ftype, f16_files, tmp_path):
     from ster_py import llamacpp
@@ -144,7 +148,8 @@ def test_requantized_gguf_equals_llamacpps(name, ftype, f16_files, tmp_path):
     from ster_py.gguf.reader import GGUFFile
 
     src = f16_files[name]
-    theirs = GGUFFile(llamacpp.quantize(src, tmp_path / "llama.cpp.gguf", ftype.upper()))
+    theirs = GGUFFile(llamacpp.quantize(src, tmp_path / "llama.cpp.gguf", PURE.get(ftype, ftype.upper()),
+                                        pure=ftype in PURE))
     report = convert_model(src, tmp_path / "ster.gguf", ftype)
     ours = GGUFFile(report["output"])
     assert list(ours.tensors) == list(GGUFFile(src).tensors)
