@@ -62,7 +62,10 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 @dataclasses.dataclass
 class _Source:
+    """One tensor to write: its GGUF name, numpy shape and a function making it (float32)."""
+
     name: str
+    shape: tuple[int, ...]
     make: Callable[[], np.ndarray]
 
 
@@ -85,7 +88,7 @@ def _writer_names(gnames, present: Callable[[str], bool], fuse_qkv: bool, fuse_g
     return out
 
 
-def checkpoint_sources(resolved, spec, family, config) -> list[_Source]:
+def checkpoint_sources(resolved, spec, family, config, progress: Progress | None = None) -> list[_Source]:
     """The tensors of a checkpoint under llama.cpp's names, in file order, each made on demand (float32
     numpy arrays in llama.cpp's layout; see the module docstring).
 
@@ -94,9 +97,10 @@ def checkpoint_sources(resolved, spec, family, config) -> list[_Source]:
         spec: its ``ModelSpec`` (``config.spec_from_config``).
         family: its ``FamilySpec`` (``family.gguf_arch`` set).
         config: its config.json.
+        progress: optional ``progress("read tensors", layers done, layers)``.
 
     Raises:
-        SterError: a tensor the family needs is missing or has the wrong shape (when made).
+        SterError: a tensor the family needs is missing or has the wrong shape.
     """
     from .decoder.layout import Layout
     from .families import FAMILIES_BY_GGUF_ARCH
@@ -150,10 +154,12 @@ def checkpoint_sources(resolved, spec, family, config) -> list[_Source]:
         base = names[role].format(i=i)
         kinds = ("",) if role in WHOLE_NAMES else ("weight", "bias")
         for kind in kinds:
-            if fetch(role, i, kind) is None:
+            t = fetch(role, i, kind)  # made once here for its presence and shape, again when written
+            if t is None:
                 continue
             name = base if not kind else f"{base}.{kind}"
-            sources.append(_Source(name, lambda role=role, i=i, kind=kind: fetch(role, i, kind)))
+            sources.append(_Source(name, tuple(int(d) for d in t.shape),
+                                   lambda role=role, i=i, kind=kind: fetch(role, i, kind)))
 
     for role in GLOBAL_FIRST:
         add(role, None)
@@ -162,6 +168,8 @@ def checkpoint_sources(resolved, spec, family, config) -> list[_Source]:
             add(role, i)
         if spec.layers[i].ffn == "moe":
             sources += _expert_sources(layout, gnames, i)
+        if progress:
+            progress("read tensors", i + 1, spec.num_hidden_layers)
     for role in GLOBAL_LAST:
         if role == "head" and spec.tie_word_embeddings:
             continue
@@ -170,24 +178,16 @@ def checkpoint_sources(resolved, spec, family, config) -> list[_Source]:
 
 
 def _expert_sources(layout, gnames, i: int) -> list[_Source]:
-    """A routed layer's experts stacked [n_expert, rows, cols] (and biases [n_expert, rows])."""
-    cache: dict = {}
-
-    def experts():
-        if "e" not in cache:
-            cache["e"] = layout.experts(i)
-        return cache["e"]
-
+    """A routed layer's experts stacked [n_expert, rows, cols] (and biases [n_expert, rows]), made on demand."""
     out = []
-    first = experts()
+    first = layout.experts(i)
     for k, role in enumerate(("exp_gate", "exp_up", "exp_down")):
-        if role in gnames:
-            out.append(_Source(gnames[role].format(i=i),
-                               lambda k=k: np.stack([np.asarray(e[k][0], np.float32) for e in experts()])))
-        if f"{role}_bias" in gnames and first[0][k][1] is not None:
-            out.append(_Source(gnames[f"{role}_bias"].format(i=i),
-                               lambda k=k: np.stack([np.asarray(e[k][1], np.float32) for e in experts()])))
-    cache.clear()
+        for key, j in ((role, 0), (f"{role}_bias", 1)):
+            if key not in gnames or first[0][k][j] is None:
+                continue
+            shape = (len(first), *np.shape(first[0][k][j]))
+            out.append(_Source(gnames[key].format(i=i), tuple(int(d) for d in shape),
+                               lambda k=k, j=j: np.stack([np.asarray(e[k][j], np.float32) for e in layout.experts(i)])))
     return out
 
 
@@ -277,14 +277,10 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
     tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
-    sources = checkpoint_sources(resolved, spec, family, config)
+    sources = checkpoint_sources(resolved, spec, family, config, progress)
     if rope_freqs is not None:
-        sources.append(_Source("rope_freqs.weight", lambda: rope_freqs))
-    shapes: dict[str, tuple] = {}
-    for n, s in enumerate(sources):  # shapes first: the header precedes the data
-        shapes[s.name] = tuple(int(d) for d in s.make().shape)
-        if progress:
-            progress("read tensors", n + 1, len(sources))
+        sources.append(_Source("rope_freqs.weight", tuple(rope_freqs.shape), lambda: rope_freqs))
+    shapes = {s.name: s.shape for s in sources}
     differences = read_back_differences(spec, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},
                                         shapes, rope_freqs, where)
     facts = _facts_from_spec(family.gguf_arch, spec)

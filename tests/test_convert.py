@@ -98,7 +98,7 @@ def arch_files(tmp_path_factory):
         sources = checkpoint_sources(resolved, spec, resolved.family, resolved.config)
         g = GGUFFile(theirs)
         tok = {k: Typed(g.metadata_types[k], v) for k, v in g.metadata.items() if k.startswith("tokenizer.")}
-        entries = [TensorEntry(s.name, s.make().shape, "F32", lambda s=s: s.make().astype(np.float32))
+        entries = [TensorEntry(s.name, s.shape, "F32", lambda s=s: s.make().astype(np.float32))
                    for s in sources]
         full = {"general.architecture": resolved.family.gguf_arch, "general.name": g.metadata["general.name"],
                 **meta, **tok}
