@@ -70,7 +70,8 @@ class _Tracked:
         Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``) and,
         when the head is tied to the embedding, a stored head (it is not used, as in
         Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
-        and projector, never read). Anything else means the checkpoint holds weights this model
+        and projector, never read), and a GGUF's multi-token-prediction blocks (``nextn_predict_layers``,
+        run by no main pass). Anything else means the checkpoint holds weights this model
         configuration ignores: usually a config.json from another model or variant.
         """
         asked = {self._stored(n) for n in self._asked}
@@ -79,8 +80,12 @@ class _Tracked:
                 root = spec.root or ""
                 asked |= {self._stored(f"{head}.weight"), self._stored(f"{head.removeprefix(root)}.weight")}
         ours = spec.decoder_prefix or ""
+        # a GGUF's multi-token-prediction blocks (after the layers run) are not the decoder's
+        layers, nextn = spec.num_hidden_layers, spec.extra.get("gguf_nextn_layers", 0)
+        mtp = tuple(f"blk.{i}." for i in range(layers, layers + nextn))
         return sorted(n for n in self.names() if n not in asked and n not in HARMLESS_NAMES
-                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours))
+                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours)
+                      and not (mtp and n.startswith(mtp)))
 
 
 def unused_tensor_warnings(spec, weights) -> list[str]:

@@ -517,13 +517,14 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "afmoe": ("afmoe", dict(WIDE, num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                             num_shared_experts=1, num_dense_layers=1, sliding_window=5, mup_enabled=True,
                             route_scale=1.5), {"route_norm": True}),
-    # Cohere 2 MoE: sigmoid router, RMS norms, a leading dense layer (full attention, yet rotated) and
-    # averaged shared experts.
+    # Cohere 2 MoE: sigmoid router, RMS norms, a leading dense layer (full attention, yet rotated),
+    # averaged shared experts, and a multi-token-prediction block counted in block_count (none stored:
+    # the main pass never runs it).
     "cohere2moe": ("cohere2_moe", dict(WIDE, prefix_dense_intermediate_size=512, num_experts=8, num_experts_per_tok=2,
                                        num_shared_experts=1, expert_selection_fn="sigmoid", norm_topk_prob=True,
                                        rms_norm_eps=1e-5, sliding_window=5,
                                        layer_types=["full_attention", "sliding_attention", "full_attention"],
-                                       mlp_layer_types=["dense", "sparse", "sparse"]), {}),
+                                       mlp_layer_types=["dense", "sparse", "sparse"]), {"num_nextn_predict_layers": 1}),
 }
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
@@ -643,6 +644,21 @@ def test_quantized_gguf_gives_llamacpps_top1(name, ftype, moe_gguf, tmp_path):
     cache = model.decoder.new_cache()
     steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
     assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+
+
+def test_llama4_gguf_facts_llamacpp_fixes_in_code(moe_gguf):
+    """llama.cpp's llama4 graph switches the L2 q/k norms off for the 128-expert model and cannot run a
+    file without chunked attention (sliding_window 0); ster reads the same from the file alone."""
+    from ster_py.gguf.config import spec_from_gguf
+    from ster_py.gguf.reader import GGUFFile
+
+    path, _ = moe_gguf["llama4"]
+    f = GGUFFile(path)
+    meta, tensors = dict(f.metadata), {n: t.shape for n, t in f.tensors.items()}
+    assert spec_from_gguf(meta, str(path), tensors=tensors).qk_norm == "head"
+    assert spec_from_gguf({**meta, "llama4.expert_count": 128}, str(path), tensors=tensors).qk_norm is None
+    with pytest.raises(SterError, match="without chunked attention"):
+        spec_from_gguf({**meta, "llama4.attention.sliding_window": 0}, str(path), tensors=tensors)
 
 
 def test_every_moe_gguf_architecture_has_a_case():

@@ -67,6 +67,9 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # build_moe_ffn's weight_before_ffn)
     "llama4": {"scoring_func": "sigmoid", "norm_topk_prob": False},
 }
+# Neither reads expert_weights_scale from the file (their weights are never scaled).
+for _arch in ("gpt-oss", "llama4"):
+    LLAMA_CPP_MOE[_arch]["routed_scaling_factor"] = 1.0
 # ... and what an architecture assumes when the file does not say (afmoe.cpp, cohere2moe.cpp: a file
 # without expert_gating_func scores by sigmoid).
 LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
@@ -142,10 +145,11 @@ def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[b
     if pattern is None or isinstance(pattern, (int, np.integer)):
         return None
     flags = [bool(x) for x in pattern]
-    if len(flags) != n_layers:
+    blocks = int(meta.get(f"{arch}.block_count", n_layers))
+    if len(flags) not in (n_layers, blocks):  # the blocks run, or those and the prediction blocks
         raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
                         f"{n_layers} layers")
-    return flags
+    return flags[:n_layers]
 
 
 def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str, tuple], n_layers: int,
@@ -231,6 +235,13 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
 
     hidden = g("embedding_length", int)
     n_layers = g("block_count", int)
+    # llama.cpp's converter counts multi-token-prediction blocks in block_count (nextn_predict_layers, the
+    # last ones); the main pass, llama.cpp's and ster's, runs the others.
+    nextn = meta.get(f"{arch}.nextn_predict_layers") or 0
+    if isinstance(nextn, (bool, np.bool_)) or not isinstance(nextn, (int, np.integer)) or not 0 <= nextn < n_layers:
+        raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
+                        f"block_count ({n_layers}), got {brief_value(nextn)}")
+    n_layers -= int(nextn)
     heads = g("attention.head_count", int)
     kv_heads = g("attention.head_count_kv", int, heads)
     head_dim = g("attention.key_length", int, hidden // heads)
@@ -335,7 +346,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         names=family.gguf_names,
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
-        extra={"gguf_architecture": arch},
+        extra={"gguf_architecture": arch, "gguf_nextn_layers": int(nextn)},
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         query_temperature=temperature,
         moe=moe,
