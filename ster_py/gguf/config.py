@@ -61,15 +61,14 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen3moe": {"norm_topk_prob": True},
     "olmoe": {"norm_topk_prob": False},
     # openai-moe.cpp: a softmax over the chosen logits (SOFTMAX_WEIGHT), and SWIGLU_OAI_MOE's unit with
-    # alpha 1.702 and limit 7.0 (llama-graph.cpp), whatever the checkpoint's swiglu_limit was
-    "gpt-oss": {"scoring_func": "softmax", "norm_topk_prob": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702},
-    # llama4.cpp: sigmoid of the chosen logits, never renormalised (the weights scale each expert's input:
-    # build_moe_ffn's weight_before_ffn)
-    "llama4": {"scoring_func": "sigmoid", "norm_topk_prob": False},
+    # alpha 1.702 and limit 7.0 (llama-graph.cpp), whatever the checkpoint's swiglu_limit was; no
+    # expert_weights_scale is read (the weights are never scaled)
+    "gpt-oss": {"scoring_func": "softmax", "norm_topk_prob": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                "routed_scaling_factor": 1.0},
+    # llama4.cpp: sigmoid of the chosen logits, never renormalised nor scaled (the weights scale each
+    # expert's input: build_moe_ffn's weight_before_ffn)
+    "llama4": {"scoring_func": "sigmoid", "norm_topk_prob": False, "routed_scaling_factor": 1.0},
 }
-# Neither reads expert_weights_scale from the file (their weights are never scaled).
-for _arch in ("gpt-oss", "llama4"):
-    LLAMA_CPP_MOE[_arch]["routed_scaling_factor"] = 1.0
 # ... and what an architecture assumes when the file does not say (afmoe.cpp, cohere2moe.cpp: a file
 # without expert_gating_func scores by sigmoid).
 LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
