@@ -260,8 +260,12 @@ GGUF_NAMES: Mapping[str, str] = {
     "exp_up_bias": "blk.{i}.ffn_up_exps.bias", "exp_down_bias": "blk.{i}.ffn_down_exps.bias",
     "shexp_gate": "blk.{i}.ffn_gate_shexp", "shexp_up": "blk.{i}.ffn_up_shexp",
     "shexp_down": "blk.{i}.ffn_down_shexp", "shexp_gate_inp": "blk.{i}.ffn_gate_inp_shexp",
+    # Attention extras: per-head sinks (a whole name, gpt-oss) and the output gate (AFMoE's attn_gate).
+    "sinks": "blk.{i}.attn_sinks.weight", "g": "blk.{i}.attn_gate",
 }
 GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
+# gpt-oss: the norm before the feed-forward is stored as post_attention_norm (llama.cpp's attn_post_norm).
+GGUF_GPT_OSS_NAMES = _with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")
 GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
 GGUF_LEARNED_POS_NAMES = _with(GGUF_PLAIN_MLP_NAMES, pos_embed="position_embd")
 GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
@@ -992,10 +996,19 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"moe_intermediate_size": ("intermediate_size",)}, fixed={"norm_topk_prob": True},
                    moe_defaults={"swiglu_limit": 7.0}, moe_fields={"glu": "oai"},
                    config_defaults={"sliding_window": 128},
-                   expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True),
+                   expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True,
+                   # llama.cpp's converter splits gate/up and writes every expert [out, in] (F32 from a
+                   # float checkpoint, MXFP4 from an MXFP4 one); its graph fixes the router and the unit
+                   # in code (gguf/config.py LLAMA_CPP_MOE)
+                   gguf_arch="gpt-oss", gguf_names=GGUF_GPT_OSS_NAMES),
         FamilySpec("cohere2_moe", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="prefix_pattern", sliding_pattern=4,
-                   rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES,
+                   rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES, gguf_arch="cohere2moe",
+                   gguf_config={"logit_scale": "logit_scale", "attention.layer_norm_rms_epsilon": "rms_norm_eps"},
+                   # llama.cpp (src/models/cohere2moe.cpp) rotates the sliding layers and the leading dense
+                   # ones, whatever prefix_dense_sliding_window_pattern was; without a per-layer pattern in
+                   # the file all but layers 0, 4, 8, ... slide (load_swa_pattern(4, dense_first))
+                   gguf_changes={"rope_layers": "sliding_or_dense", "sliding": "pattern_first"},
                    keys={"intermediate_size": ("prefix_dense_intermediate_size", "intermediate_size"),
                          "moe_intermediate_size": ("intermediate_size",), "scoring_func": ("expert_selection_fn",)},
                    moe_defaults={"norm_topk_prob": True}, moe_fields={"shared_average": True},
@@ -1016,8 +1029,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a shared_expert_combination_strategy other than 'average' or 'sum' "
                                      "is not supported"))),
         FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_gate="sigmoid", attn_gate_per_head=False,
-                   rope_layers="sliding",
-                   sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
+                   rope_layers="sliding", sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
+                   gguf_arch="afmoe",
+                   # llama.cpp (src/models/afmoe.cpp) always scales the embeddings by sqrt(hidden_size) and
+                   # routes as the file says (gating function, expert_weights_norm, expert_weights_scale)
+                   gguf_changes={"embed_scale_sqrt_hidden": True, "moe_fields": {}},
                    sliding_pattern_key="global_attn_every_n_layers",
                    keys={"routed_scaling_factor": ("route_scale",), "scoring_func": ()},
                    # Transformers' AfmoeTokenChoiceRouter: sigmoid scores, a selection-only bias, always
@@ -1035,7 +1051,13 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "an afmoe sliding_window of null is not supported"))),
         FamilySpec("llama4_text", rope_interleaved=True, no_rope_key="no_rope_layers", chunk_key="attention_chunk_size",
                    qk_norm="head", qk_norm_after_rope=True, qk_norm_layers="rotated", qk_norm_affine=False,
-                   query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES,
+                   query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES, gguf_arch="llama4",
+                   # llama.cpp fixes the chunk, the temperature, the unrotated layers in code (gguf/config.py
+                   # LLAMA_CPP_CHUNKED); a file without chunked attention it cannot run (its graph asserts)
+                   gguf_config={"attention.sliding_window": "sliding_window"},
+                   gguf_refusals=(Refusal(lambda c: c.get("sliding_window") == 0,
+                                          "Llama 4 without chunked attention (attention.sliding_window 0, "
+                                          "all layers full attention) is not supported"),),
                    keys={"intermediate_size": ("intermediate_size_mlp",),
                          "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "norm_topk_prob": (),

@@ -71,7 +71,8 @@ class _Tracked:
         the spec's ``unread`` prefixes (multi-token-prediction modules) and,
         when the head is tied to the embedding, a stored head (it is not used, as in
         Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
-        and projector, never read). Anything else means the checkpoint holds weights this model
+        and projector, never read), and a GGUF's multi-token-prediction blocks (``nextn_predict_layers``,
+        run by no main pass). Anything else means the checkpoint holds weights this model
         configuration ignores: usually a config.json from another model or variant.
         """
         asked = {self._stored(n) for n in self._asked}

@@ -21,9 +21,9 @@ never knows how a family stores its weights:
   (gpt-oss, Llama 4: ``expert_inputs_first``), a fused gate/up split in halves or, when
   ``expert_gate_up_interleaved``, row by row (gpt-oss).
 
-Expert roles (``exp_*``) and the router's selection bias name whole tensors (their
-tables give the full name, ``.weight`` included where the file has it); every other
-role names a module, to which ``.weight`` / ``.bias`` is appended.
+Expert roles (``exp_*``), the router's selection bias and the attention sinks name whole
+tensors (their tables give the full name, ``.weight`` included where the file has it);
+every other role names a module, to which ``.weight`` / ``.bias`` is appended.
 
 Every array is checked against the shape the configuration implies.
 """

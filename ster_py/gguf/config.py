@@ -24,12 +24,21 @@ LLAMA_CPP_FIXED = {
     # Gemma 3: sliding layers rotate with base 10000 (rope_freq_base_train_swa). Which layers
     # slide (set_swa_pattern) is the family's rule, the same as Transformers' default.
     "gemma3.swa_rope_base": 10000.0,
-    # SmolLM3: every fourth layer has no rotation (n_no_rope_layer_step = 4).
-    "smollm3.no_rope_step": 4,
     # The 27B Gemma 2 / Gemma 3 scale scores by (hidden_size / heads) ** -0.5, identified by depth.
     "gemma2.27b_block_count": 46,
     "gemma3.27b_block_count": 62,
 }
+
+# Architectures whose every n-th layer does not rotate: llama-hparams.h's n_no_rope_layer_step (4),
+# which src/models/smollm3.cpp, llama4.cpp and afmoe.cpp test as (il + 1) % n != 0.
+LLAMA_CPP_NO_ROPE_STEP = {"smollm3": 4, "llama4": 4, "afmoe": 4}
+# Llama 4 (src/models/llama4.cpp, load_arch_hparams): chunked attention of 8192 positions on the layers
+# of the window pattern (a per-layer sliding_window_pattern in the file, else all but every fourth:
+# load_swa_pattern(4)); queries of the layers that do not rotate are multiplied by
+# 1 + 0.1 * ln(1 + floor((p + 1) / 8192)) (f_attn_temp_scale, n_attn_temp_floor_scale, f_attn_temp_offset);
+# the rotated layers' L2 q/k norms are off for the 128-expert model (use_kq_norm = type != 17B_128E).
+LLAMA_CPP_CHUNKED = {"llama4": {"chunk": 8192, "period": 4, "temperature": (0.1, 8192, 1),
+                                "no_qk_norm_experts": 128}}
 
 GGUF_ROPE_SCALING = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
@@ -51,7 +60,24 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen2moe": {"norm_topk_prob": False},
     "qwen3moe": {"norm_topk_prob": True},
     "olmoe": {"norm_topk_prob": False},
+    # openai-moe.cpp: a softmax over the chosen logits (SOFTMAX_WEIGHT), and SWIGLU_OAI_MOE's unit with
+    # alpha 1.702 and limit 7.0 (llama-graph.cpp), whatever the checkpoint's swiglu_limit was; no
+    # expert_weights_scale is read (the weights are never scaled)
+    "gpt-oss": {"scoring_func": "softmax", "norm_topk_prob": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                "routed_scaling_factor": 1.0},
+    # llama4.cpp: sigmoid of the chosen logits, never renormalised nor scaled (the weights scale each
+    # expert's input: build_moe_ffn's weight_before_ffn)
+    "llama4": {"scoring_func": "sigmoid", "norm_topk_prob": False, "routed_scaling_factor": 1.0},
 }
+# ... and what an architecture assumes when the file does not say (afmoe.cpp, cohere2moe.cpp: a file
+# without expert_gating_func scores by sigmoid).
+LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
+    "afmoe": {"scoring_func": "sigmoid"},
+    "cohere2moe": {"scoring_func": "sigmoid"},
+}
+# build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
+# (the smallest normal F16), adding no epsilon.
+LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 
 
 def supported_architectures() -> list[str]:
@@ -107,14 +133,22 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     window = meta.get(f"{arch}.attention.sliding_window")
     if not window:
         return [False] * n_layers
+    flags = _pattern_array(meta, arch, n_layers, path)
+    return flags if flags is not None else sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+
+
+def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool] | None:
+    """The file's per-layer ``attention.sliding_window_pattern`` (True: the layer's attention is
+    windowed or chunked), or None when it states none (or one period for all layers)."""
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
-    if pattern is not None and not isinstance(pattern, (int, np.integer)):
-        flags = [bool(x) for x in pattern]
-        if len(flags) != n_layers:
-            raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
-                            f"{n_layers} layers")
-        return flags
-    return sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+    if pattern is None or isinstance(pattern, (int, np.integer)):
+        return None
+    flags = [bool(x) for x in pattern]
+    blocks = int(meta.get(f"{arch}.block_count", n_layers))
+    if len(flags) not in (n_layers, blocks):  # the blocks run, or those and the prediction blocks
+        raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
+                        f"{n_layers} layers")
+    return flags[:n_layers]
 
 
 def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str, tuple], n_layers: int,
@@ -140,7 +174,11 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         config["scoring_func"] = GGUF_GATING[int(gating)]
         if int(gating) == 3:
             config["norm_topk_prob"] = True
+    for key, value in LLAMA_CPP_MOE_DEFAULTS.get(arch, {}).items():
+        config.setdefault(key, value)
     config.update(LLAMA_CPP_MOE.get(arch, {}))
+    if config.get("routed_scaling_factor") == 0:  # llama.cpp scales only by a factor other than 0 and 1
+        del config["routed_scaling_factor"]
     n_group = config.get("n_group") or 1
     select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
     # llama.cpp adds exp_probs_b whenever the file has it and ranks groups by their best two.
@@ -153,7 +191,8 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         config["shared_intermediate_size"] = 0
     gated = any(f"blk.{i}.ffn_gate_inp_shexp.weight" in tensors for i in range(n_layers))
     reader_family = replace(family, keys={}, fixed={}, moe_defaults={}, shared_gated=gated,
-                            moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2"})
+                            moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2",
+                                        "renorm_eps": 0.0, "renorm_min": LLAMA_CPP_RENORM_MIN})
     return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
 
 
@@ -195,6 +234,13 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
 
     hidden = g("embedding_length", int)
     n_layers = g("block_count", int)
+    # llama.cpp's converter counts multi-token-prediction blocks in block_count (nextn_predict_layers, the
+    # last ones); the main pass, llama.cpp's and ster's, runs the others.
+    nextn = meta.get(f"{arch}.nextn_predict_layers") or 0
+    if isinstance(nextn, (bool, np.bool_)) or not isinstance(nextn, (int, np.integer)) or not 0 <= nextn < n_layers:
+        raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
+                        f"block_count ({n_layers}), got {brief_value(nextn)}")
+    n_layers -= int(nextn)
     heads = g("attention.head_count", int)
     kv_heads = g("attention.head_count_kv", int, heads)
     head_dim = g("attention.key_length", int, hidden // heads)
@@ -242,15 +288,30 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)})
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
+    chunked = LLAMA_CPP_CHUNKED.get(arch)
+    chunks = [None] * n_layers
+    temperature = None
+    if chunked:
+        period = chunked["period"]
+        flags = _pattern_array(meta, arch, n_layers, path) or [i % period < period - 1 for i in range(n_layers)]
+        chunks = [chunked["chunk"] if f else None for f in flags]
+        temperature = chunked["temperature"]
+        if moe is not None and moe.router.num_experts == chunked["no_qk_norm_experts"]:
+            family = replace(family, qk_norm=None)
+    no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
-        if family.positions != "rope" or (family.rope_layers != "all" and window and not sliding[i]):
+        # llama.cpp rotates only the sliding layers of these families (Cohere 2 MoE: and its leading dense ones)
+        rotates = sliding[i] or (family.rope_layers == "sliding_or_dense" and not routed[i])
+        if family.positions != "rope" or (family.rope_layers != "all" and window and not rotates):
             rope = None
-        if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
+        if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense"))
+                                ffn="moe" if routed[i] else "dense", attention_chunk=chunks[i],
+                                qk_norm=rope is not None or family.qk_norm_layers == "all",
+                                query_temperature=rope is None or family.query_temperature != "unrotated_layers"))
 
     scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
@@ -285,7 +346,10 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
+        # multi-token-prediction blocks after the layers run are not the decoder's
+        unread=tuple(f"blk.{i}." for i in range(n_layers, n_layers + int(nextn))),
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
+        query_temperature=temperature,
         moe=moe,
         **fields,
     )

@@ -27,12 +27,15 @@ def gguf_layout(spec, family, config):
     the architecture (``gguf_changes``: Falcon's two-norm blocks read ``attn_norm_2`` /
     ``attn_norm``); a role may list alternatives, first found wins. llama.cpp's converter
     stores every fused qkv as [q | k | v], linear weights as [out, in] (GPT-2's Conv1D
-    transposed), no base-model prefix, per-head q/k norms as one [heads, head_dim] tensor,
-    and norms kept as offsets from one (Gemma, Nemotron) as 1 + w.
+    transposed), experts as separate [n_expert, out, in] gate / up / down stacks (gpt-oss's
+    and Llama 4's fused, inputs-first ones split and transposed), no base-model prefix,
+    per-head q/k norms as one [heads, head_dim] tensor, and norms kept as offsets from one
+    (Gemma, Nemotron) as 1 + w.
     """
     gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
     return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
-                               root=None, norm_unit_offset=False)
+                               root=None, norm_unit_offset=False, expert_inputs_first=(),
+                               expert_gate_up_interleaved=False)
 
 
 def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
