@@ -45,7 +45,8 @@ KNOWN_MODEL_TYPES: tuple[str, ...] = (
 # Per-layer tensor roles the decoder asks for, with their Hugging Face names for the
 # Llama layout. ``{i}`` is the layer index. Families override only what differs; see
 # ``decoder/layout.py`` for the roles that are read fused (``qkv``, ``gate_up``), per head
-# (a name holding ``{h}``) or as plain parameters (``sinks``, ``act``).
+# (a name holding ``{h}``), as plain parameters (``act``) or as whole tensor names (``sinks``,
+# the routers' selection biases and the experts).
 LLAMA_NAMES: Mapping[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
@@ -137,7 +138,7 @@ GRANITEMOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_SM 
 GRANITEMOE_SHARED_NAMES = _with(GRANITEMOE_NAMES, shexp_gate_up=_L + "shared_mlp.input_linear",
                                 shexp_down=_L + "shared_mlp.output_linear")
 # GraniteMoE-SWA as Transformers 5 saves it: the same stacks under Transformers 5's expert names.
-GRANITEMOE_SWA_NAMES = _with(GRANITEMOE_SHARED_NAMES, router=_SM + "router", sinks=_L + "self_attn",
+GRANITEMOE_SWA_NAMES = _with(GRANITEMOE_SHARED_NAMES, router=_SM + "router", sinks=_L + "self_attn.sinks",
                              exp_gate_up=_SM + "experts.gate_up_proj", exp_down=_SM + "experts.down_proj")
 # DBRX: everything below transformer.; each layer's experts stacked by rows [E * size, hidden] in w1
 # (gate), v1 (up) and w2 (down, stored [size, hidden] per expert: inputs first).
@@ -150,7 +151,7 @@ DBRX_NAMES: Mapping[str, str] = {
     "exp_down": _X + "ffn.experts.mlp.w2",
 }
 # gpt-oss: stacked experts stored inputs-first with their biases, gate and up interleaved (layout.py).
-GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn", router=_M + "router",
+GPT_OSS_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, sinks=_L + "self_attn.sinks", router=_M + "router",
                       exp_gate_up=_M + "experts.gate_up_proj", exp_gate_up_bias=_M + "experts.gate_up_proj_bias",
                       exp_down=_M + "experts.down_proj", exp_down_bias=_M + "experts.down_proj_bias")
 # Cohere 2 MoE: one input norm (parallel block); experts stored one module each, as Transformers saves them.
@@ -253,6 +254,11 @@ GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
 # attn_norm; the feed-forward reads attn_norm (ln_mlp, or the one shared norm).
 GGUF_FALCON_NAMES = _with(GGUF_PLAIN_MLP_NAMES, attn_norm=("blk.{i}.attn_norm_2", "blk.{i}.attn_norm"),
                           ffn_norm="blk.{i}.attn_norm")
+# llama.cpp's granite_swa (GraniteMoE-SWA): per-head sinks, each layer's expert gate and up kept fused in
+# ffn_gate_up_exps and the shared expert's in ffn_up_shexp (gate rows first, as Transformers stores them).
+GGUF_GRANITE_SWA_NAMES = _with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight", exp_gate=None, exp_up=None,
+                               exp_gate_up="blk.{i}.ffn_gate_up_exps.weight", shexp_gate=None, shexp_up=None,
+                               shexp_gate_up="blk.{i}.ffn_up_shexp")
 
 # Config keys a family reads for each normalised field, first found wins. A family's
 # ``keys`` replaces the list of the fields it names (``()``: never read, use the default).
@@ -585,6 +591,7 @@ _GRANITEMOE = dict(_GRANITE, logit_scale_divides=True, moe=True, fixed={"norm_to
                    keys={"moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": ()})
 # ... with a shared expert shared_intermediate_size wide beside them (none when 0).
 _GRANITEMOE_SHARED = dict(_GRANITEMOE, keys={"moe_intermediate_size": ("intermediate_size",)})
+_GRANITEMOE_GGUF = dict(gguf_arch="granitemoe", gguf_qk_permuted=True, gguf_config=_GRANITE_GGUF)
 
 
 # DBRX reads its settings inside attn_config and ffn_config (beside any top-level spelling).
@@ -775,7 +782,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    local_rope_key="rope_local_base_freq", **_GEMMA2),
         FamilySpec("granite_swa", **_GRANITE, logit_scale_divides=True, sinks=True, sliding="pattern_first",
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", tie_default=True,
-                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn"),
+                   names=_with(LLAMA_NAMES, sinks=_L + "self_attn.sinks"),
                    refusals=(_GRANITE_SWA_BASES,)),
         FamilySpec("iquestcoder", sliding="qwen2", clip_qkv_key="clip_qkv"),
         FamilySpec("hyperclovax", **_GRANITE, norms=_SANDWICH, names=HYPERCLOVAX_NAMES,
@@ -792,9 +799,12 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
                    names=QWEN_MOE_DENSE_NAMES),
         # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
-        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE),
-        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED),
+        # llama.cpp converts GraniteMoE and GraniteMoE-Shared to granitemoe (the shared expert read by
+        # presence) and GraniteMoE-SWA to granite_swa, through its Llama converter (q/k rows reordered)
+        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE, **_GRANITEMOE_GGUF),
+        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED, **_GRANITEMOE_GGUF),
         FamilySpec("granitemoe_swa", names=GRANITEMOE_SWA_NAMES, sinks=True, sliding="pattern_first",
+                   **dict(_GRANITEMOE_GGUF, gguf_arch="granite_swa", gguf_names=GGUF_GRANITE_SWA_NAMES),
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", refusals=(_GRANITE_SWA_BASES,),
                    **_GRANITEMOE_SHARED),
         FamilySpec("dbrx", norm="layer", fused_qkv="concat", root="transformer.", moe=True, names=DBRX_NAMES,

@@ -501,6 +501,20 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     # llama.cpp's olmoe graph is multi-head only (its k norm is hidden_size wide) and never clamps.
     "olmoe": ("olmoe", dict(WIDE, num_key_value_heads=4, num_experts=8, num_experts_per_tok=2), {}),
 }
+# ---- G1: GraniteMoE (-Shared, -SWA), DBRX, PhiMoE, ERNIE 4.5 MoE, HunYuan MoE, GLM-4.5, EXAONE MoE, HY V3,
+# Sarvam MoE. llama.cpp's graphs fix in code what Transformers reads from the config (LLAMA_CPP_MOE);
+# each configuration below is one both read alike, and the comments name where they part.
+_WIDE_GRANITE = dict(WIDE, num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=2.0,
+                     residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)
+GGUF_CASES.update({
+    "granitemoe": ("granitemoe", dict(_WIDE_GRANITE), {}),
+    "granitemoe-shared": ("granitemoeshared", dict(_WIDE_GRANITE, num_experts_per_tok=3, shared_intermediate_size=256),
+                          {}),
+    # llama.cpp's granite_swa rotates every layer by rope_theta: layer_rope_theta (per-layer bases, 0 for none)
+    # is not converted, so the case leaves Transformers' default (rope_theta on every layer).
+    "granite_swa-moe-shared": ("granitemoe_swa", dict(_WIDE_GRANITE, num_hidden_layers=4, shared_intermediate_size=256,
+                                                      sliding_window=5, layer_types=_SWA_LAYERS), {}),
+})
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 
@@ -537,7 +551,8 @@ def _wide(path, model_type, config):
 
 
 # The router's weight in each family's transformers module naming.
-ROUTER_SUFFIXES = ("block_sparse_moe.gate.weight", "mlp.gate.weight")
+ROUTER_SUFFIXES = ("block_sparse_moe.gate.weight", "mlp.gate.weight", "router.layer.weight",
+                   "block_sparse_moe.router.weight", "gate.wg.weight", "router.gate.weight")
 
 
 @pytest.fixture(scope="module")

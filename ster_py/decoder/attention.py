@@ -159,7 +159,7 @@ class Attention(Part):
         self.spec, self.i, self.layer = spec, i, spec.layers[i]
         self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias")) for r in self.ROLES)
         self.q_norm, self.k_norm = (self._qk_norm(r, load, norm) for r in ("q_norm", "k_norm"))
-        self.sinks = load("sinks", "sinks", required=True).astype(np.float32) if spec.sinks else None
+        self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.sinks else None
         self.attn_gate = make_linear(load("attn_gate", required=True)) if spec.attn_output_gate else None
 
     def _qk_norm(self, role: str, load, norm):

@@ -21,9 +21,9 @@ never knows how a family stores its weights:
   (gpt-oss, Llama 4: ``expert_inputs_first``), a fused gate/up split in halves or, when
   ``expert_gate_up_interleaved``, row by row (gpt-oss).
 
-Expert roles (``exp_*``) and the router's selection bias name whole tensors (their
-tables give the full name, ``.weight`` included where the file has it); every other
-role names a module, to which ``.weight`` / ``.bias`` is appended.
+Expert roles (``exp_*``), the router's selection bias and the attention sinks name whole
+tensors (their tables give the full name, ``.weight`` included where the file has it); every
+other role names a module, to which ``.weight`` / ``.bias`` is appended.
 
 Every array is checked against the shape the configuration implies.
 """
@@ -51,7 +51,7 @@ def expected_shapes(spec) -> dict[tuple[str, str], tuple[int, ...]]:
               ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
               ("gate_up", "weight"): (2 * f, d), ("gate_up", "bias"): (2 * f,),
               ("head", "weight"): (spec.vocab_size, d), ("head", "bias"): (spec.vocab_size,),
-              ("embed", "weight"): (spec.vocab_size, d), ("sinks", "sinks"): (h,), ("attn_gate", "weight"): (q, d)}
+              ("embed", "weight"): (spec.vocab_size, d), ("sinks", ""): (h,), ("attn_gate", "weight"): (q, d)}
     for role in ("final_norm", "embed_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
         shapes[(role, "weight")] = shapes[(role, "bias")] = (d,)
     if spec.moe is not None:

@@ -51,7 +51,15 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen2moe": {"norm_topk_prob": False},
     "qwen3moe": {"norm_topk_prob": True},
     "olmoe": {"norm_topk_prob": False},
+    # granite-moe.cpp (granite.cpp's graph), granite-swa.cpp, dbrx.cpp, phimoe.cpp (phi3.cpp's graph),
+    # hunyuan-moe.cpp, ernie4-5-moe.cpp: softmax over all experts, the chosen renormalised, whatever the
+    # file says (PhiMoE's SparseMixer and DBRX's moe_normalize_expert_weights are not read)
+    **{arch: {"scoring_func": "softmax", "norm_topk_prob": True}
+       for arch in ("granitemoe", "granite_swa", "dbrx", "phimoe", "hunyuan-moe", "ernie4_5-moe")},
 }
+# What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp: sigmoid);
+# exaone-moe.cpp and bailingmoe2.cpp require the key.
+LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "exaone-moe": None, "bailingmoe2": None}
 
 
 def supported_architectures() -> list[str]:
@@ -117,6 +125,18 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     return sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
 
 
+def _rope_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:
+    """Which layers rotate: a per-layer ``attention.rope_pattern`` array (True: the layer rotates,
+    Granite SWA's no_rope_layers) where the file has one, else every layer (the family's rule applies)."""
+    pattern = meta.get(f"{arch}.attention.rope_pattern")
+    if pattern is None:
+        return [True] * n_layers
+    if isinstance(pattern, (int, np.integer, str)) or len(pattern) != n_layers:
+        raise SterError(f"{path}: {arch}.attention.rope_pattern must hold one flag per layer ({n_layers}), got "
+                        f"{brief_value(pattern)}")
+    return [bool(x) for x in pattern]
+
+
 def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str, tuple], n_layers: int,
               feed_forward_length: int, path: str):
     """(per-layer routed flags, ``MoESpec`` or None) of a GGUF file.
@@ -133,7 +153,12 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
     config.setdefault("moe_intermediate_size", feed_forward_length)
     gating = meta.get(f"{arch}.expert_gating_func")
-    if gating is not None:
+    if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
+        if LLAMA_CPP_GATING_DEFAULT[arch] is None:
+            raise SterError(f"{path}: GGUF metadata lacks {arch}.expert_gating_func, which llama.cpp requires "
+                            f"for architecture {arch!r}")
+        config["scoring_func"] = LLAMA_CPP_GATING_DEFAULT[arch]
+    elif gating is not None:
         if int(gating) not in GGUF_GATING:
             raise SterError(f"{path}: {arch}.expert_gating_func {int(gating)} is not supported; ster reads "
                             f"{', '.join(f'{k} ({v})' for k, v in GGUF_GATING.items())}")
@@ -242,9 +267,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)})
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
+    rotated = _rope_flags(meta, arch, n_layers, path)
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
+        if not rotated[i]:
+            rope = None
         if family.positions != "rope" or (family.rope_layers != "all" and window and not sliding[i]):
             rope = None
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
