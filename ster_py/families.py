@@ -809,13 +809,23 @@ FAMILIES: dict[str, FamilySpec] = {
                    **_GRANITEMOE_SHARED),
         FamilySpec("dbrx", norm="layer", fused_qkv="concat", root="transformer.", moe=True, names=DBRX_NAMES,
                    expert_inputs_first=("exp_down",), clip_qkv_key="attn_config.clip_qkv",
+                   # llama.cpp's dbrx: the FFN's norm is attn_output_norm, q/k/v clamped by attention.clamp_kqv
+                   gguf_arch="dbrx", gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.attn_output_norm"),
+                   gguf_config={"attention.clamp_kqv": "clip_qkv"}, gguf_changes={"clip_qkv_key": "clip_qkv"},
                    fixed={"norm_eps": 1e-5}, keys=_DBRX_KEYS,
                    defaults={"num_key_value_heads": 1, "intermediate_size": 3584, "moe_intermediate_size": 3584,
                              "num_experts": 4, "num_experts_per_tok": 1, "norm_topk_prob": True},
                    variants=(Variant(_dbrx_unnormalised, {"fixed": {"norm_eps": 1e-5, "norm_topk_prob": False}}),),
                    refusals=(Refusal(_dbrx_other_power, "DBRX's ffn_config.moe_normalize_expert_weights other "
                                      "than 1 (a p-norm of the chosen weights) is not supported"),)),
-        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES,
+        # llama.cpp runs phimoe through its Phi-3 graph: RMS norms (their stored biases added), a softmax
+        # router renormalised over the two chosen (LLAMA_CPP_MOE), no sliding window; unlike Transformers'
+        # LayerNorms and SparseMixer. A GGUF file means what llama.cpp computes.
+        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES, gguf_arch="phimoe",
+                   gguf_changes={"norm": "rms", "sliding": "none"},
+                   gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
+                   gguf_refusals=(Refusal(stated("longrope_attention_factor"),
+                                          "LongRoPE (rope_factors_long / rope_factors_short) is not supported"),),
                    fixed={"scoring_func": "sparsemixer"}, keys={"moe_intermediate_size": ("intermediate_size",)},
                    defaults={"norm_eps": 1e-5, "rope_theta": 1e6, "num_experts": 16, "num_experts_per_tok": 2},
                    refusals=(Refusal(lambda c: c.get("num_experts_per_tok", 2) != 2,
@@ -890,12 +900,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
         # group H2: DeepSeek-V3-style routers with shared experts, and ERNIE 4.5 / HunYuan's softmax routers
-        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER,
+        # llama.cpp's glm4moe applies q/k norms when the file holds them; its FFN norm is post_attention_norm
+        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER, gguf_arch="glm4moe",
+                   gguf_changes=_QK_NORM_IF_PRESENT,
+                   gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm"),
                    variants=(Variant(unset("use_qk_norm", False), {"qk_norm": None}),),
                    moe_defaults={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
                    config_defaults={"partial_rotary_factor": 0.5, "first_k_dense_replace": 1}),
+        # llama.cpp converts Sarvam MoE to bailingmoe2 (Ling 2.0's architecture, which this family then reads)
         FamilySpec("sarvam_moe", qk_norm="head", moe=True, fused_qkv="concat", names=SARVAM_MOE_NAMES, **_V3_ROUTER,
+                   gguf_arch="bailingmoe2",
                    variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),),
                    moe_defaults={"num_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
@@ -906,14 +921,16 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a router without its selection bias (moe_router_enable_expert_bias: false) "
                                      "is not supported"),
                              Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"))),
-        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4,
+        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4, gguf_arch="exaone-moe",
                    rope_layers="sliding_if_windowed", moe=True, names=EXAONE_MOE_NAMES, **_V3_ROUTER,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
                    config_defaults={"first_k_dense_replace": 1, "sliding_window": 4096}),
         # Transformers' HY V3 router always renormalises and reads neither route_norm, n_group nor
         # first_k_dense_replace (its dense layers come from mlp_layer_types, else only the first).
-        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES,
+        # llama.cpp's hy_v3 names the selection bias exp_probs_b (no .bias)
+        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES, gguf_arch="hy_v3",
+                   gguf_names=_with(GGUF_NAMES, router_select_bias="blk.{i}.exp_probs_b"),
                    fixed={**_V3_ROUTER["fixed"], "n_group": 1, "norm_topk_prob": True},
                    moe_fields=_V3_ROUTER["moe_fields"],
                    keys={"routed_scaling_factor": ("router_scaling_factor",),
@@ -936,6 +953,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "supported (Transformers keeps only the first layer dense); state "
                                      "mlp_layer_types"))),
         FamilySpec("ernie4_5_moe", rope_interleaved=True, tie_default=True, moe=True, names=ERNIE_MOE_NAMES,
+                   gguf_arch="ernie4_5-moe",
                    keys={"num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_k",),
                          "n_shared_experts": ("moe_num_shared_experts",), "renorm_min": ("moe_norm_min",),
                          "routed_scaling_factor": ()},
@@ -945,6 +963,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1}),
         # Transformers' HunYuan MoE routes every layer, with experts and the shared MLP intermediate_size wide.
         FamilySpec("hunyuan_v1_moe", qk_norm="head", qk_norm_after_rope=True, moe=True, names=HUNYUAN_MOE_NAMES,
+                   gguf_arch="hunyuan-moe",
                    keys={"num_experts_per_tok": ("moe_topk",), "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "routed_scaling_factor": ()},
                    fixed={"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": True},

@@ -51,6 +51,15 @@ HARMLESS_SUFFIXES = (".inv_freq", ".attn.bias", ".attn.masked_bias", ".attention
 HARMLESS_NAMES = frozenset({"rope_freqs.weight"})
 
 
+def _nextn_block(spec, name: str) -> bool:
+    """A tensor of the NextN (multi-token prediction) blocks a GGUF file stores after the decoder's
+    (``blk.N.*`` with N >= num_hidden_layers): llama.cpp's main graph never runs them."""
+    if not spec.extra.get("gguf_nextn_blocks") or not name.startswith("blk."):
+        return False
+    block = name.split(".", 2)[1]
+    return block.isdigit() and int(block) >= spec.num_hidden_layers
+
+
 def _role_names(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
@@ -67,7 +76,8 @@ class _Tracked:
         """Stored tensors the decoder built from ``spec`` never asked for, sorted.
 
         Call after ``Decoder(spec, self)`` (it reads every tensor at construction).
-        Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``) and,
+        Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``), a GGUF
+        file's NextN blocks (``_nextn_block``) and,
         when the head is tied to the embedding, a stored head (it is not used, as in
         Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
         and projector, never read). Anything else means the checkpoint holds weights this model
@@ -80,7 +90,7 @@ class _Tracked:
                 asked |= {self._stored(f"{head}.weight"), self._stored(f"{head.removeprefix(root)}.weight")}
         ours = spec.decoder_prefix or ""
         return sorted(n for n in self.names() if n not in asked and n not in HARMLESS_NAMES
-                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours))
+                      and not n.endswith(HARMLESS_SUFFIXES) and n.startswith(ours) and not _nextn_block(spec, n))
 
 
 def unused_tensor_warnings(spec, weights) -> list[str]:

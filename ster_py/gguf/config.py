@@ -56,6 +56,8 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # file says (PhiMoE's SparseMixer and DBRX's moe_normalize_expert_weights are not read)
     **{arch: {"scoring_func": "softmax", "norm_topk_prob": True}
        for arch in ("granitemoe", "granite_swa", "dbrx", "phimoe", "hunyuan-moe", "ernie4_5-moe")},
+    # hunyuan-moe.cpp builds the experts feed_forward_length wide (expert_feed_forward_length is not read)
+    "hunyuan-moe": {"scoring_func": "softmax", "norm_topk_prob": True, "moe_intermediate_size": None},
 }
 # What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp: sigmoid);
 # exaone-moe.cpp and bailingmoe2.cpp require the key.
@@ -118,6 +120,8 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
     if pattern is not None and not isinstance(pattern, (int, np.integer)):
         flags = [bool(x) for x in pattern]
+        if len(flags) > n_layers and len(flags) == meta.get(f"{arch}.block_count"):  # NextN blocks' too
+            flags = flags[:n_layers]
         if len(flags) != n_layers:
             raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
                             f"{n_layers} layers")
@@ -131,6 +135,8 @@ def _rope_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool
     pattern = meta.get(f"{arch}.attention.rope_pattern")
     if pattern is None:
         return [True] * n_layers
+    if not isinstance(pattern, (int, np.integer, str)) and len(pattern) == meta.get(f"{arch}.block_count"):
+        pattern = pattern[:n_layers]  # the NextN blocks' flags too
     if isinstance(pattern, (int, np.integer, str)) or len(pattern) != n_layers:
         raise SterError(f"{path}: {arch}.attention.rope_pattern must hold one flag per layer ({n_layers}), got "
                         f"{brief_value(pattern)}")
@@ -151,7 +157,6 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         return routed, None
     config = {key: meta[f"{arch}.{k}"] for k, key in GGUF_MOE_KEYS.items() if meta.get(f"{arch}.{k}") is not None}
     config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
-    config.setdefault("moe_intermediate_size", feed_forward_length)
     gating = meta.get(f"{arch}.expert_gating_func")
     if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
         if LLAMA_CPP_GATING_DEFAULT[arch] is None:
@@ -166,8 +171,10 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         if int(gating) == 3:
             config["norm_topk_prob"] = True
     config.update(LLAMA_CPP_MOE.get(arch, {}))
+    config = {k: v for k, v in config.items() if v is not None}  # None: what llama.cpp does not read
+    config.setdefault("moe_intermediate_size", feed_forward_length)
     n_group = config.get("n_group") or 1
-    select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
+    select_bias = any(f"blk.{i}.exp_probs_b{s}" in tensors for i in range(n_layers) for s in (".bias", ""))
     # llama.cpp adds exp_probs_b whenever the file has it and ranks groups by their best two.
     config["topk_method"] = "noaux_tc" if select_bias else ("group_limited_greedy" if n_group > 1 else "greedy")
     shexp = next((tensors[f"blk.{i}.ffn_up_shexp.weight"] for i in range(n_layers)
@@ -219,7 +226,14 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         return _get(meta, f"{arch}.{key}", kind, path, default, positive)
 
     hidden = g("embedding_length", int)
-    n_layers = g("block_count", int)
+    # llama.cpp counts NextN (multi-token prediction) blocks in block_count and stores them after the
+    # decoder's (GLM-4.5, EXAONE MoE, HY V3, Ling 2.0); its main graph never runs them, nor does ster.
+    blocks = g("block_count", int)
+    nextn = g("nextn_predict_layers", int) if meta.get(f"{arch}.nextn_predict_layers") else 0
+    if nextn >= blocks:
+        raise SterError(f"{path}: {arch}.nextn_predict_layers ({nextn}) leaves no decoder block of the "
+                        f"{blocks} in block_count")
+    n_layers = blocks - nextn
     heads = g("attention.head_count", int)
     kv_heads = g("attention.head_count_kv", int, heads)
     head_dim = g("attention.key_length", int, hidden // heads)
@@ -312,7 +326,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         names=family.gguf_names,
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
-        extra={"gguf_architecture": arch},
+        extra={"gguf_architecture": arch, **({"gguf_nextn_blocks": nextn} if nextn else {})},
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         moe=moe,
         **fields,
