@@ -520,9 +520,10 @@ GGUF_CASES.update({
                           attn_config=dict(kv_n_heads=2, clip_qkv=1.0, rope_theta=10000.0),
                           ffn_config=dict(ffn_hidden_size=256, moe_num_experts=6, moe_top_k=2)), {}),
     # Phi-3.5-MoE's released config names its class PhiMoEForCausalLM (the converter's spelling) and
-    # states original_max_position_embeddings. llama.cpp's phimoe needs every bias (attention, norms, head).
+    # states original_max_position_embeddings. llama.cpp's phimoe needs every bias (attention, norms, head)
+    # and attends without the sliding window (LLAMA_CPP_ORACLE).
     "phimoe": ("phimoe", dict(WIDE, num_local_experts=6, router_jitter_noise=0.01, attention_bias=True,
-                              lm_head_bias=True),
+                              lm_head_bias=True, sliding_window=5),
                {"architectures": ["PhiMoEForCausalLM"], "original_max_position_embeddings": 64}),
     # The converter writes the shared experts intermediate_size // num_key_value_heads wide (so
     # ERNIE-4.5-21B-A3B's 12288 // 4 = 2 x 1536): 512 // 2 = 1 x 256 here. llama.cpp's graph has no
@@ -566,8 +567,9 @@ GGUF_CASES.update({
 # Where llama.cpp's graph is another function than Transformers' model whatever the configuration,
 # the F32 file is checked against llama.cpp: why, per case.
 LLAMA_CPP_ORACLE = {
-    "phimoe": "llama.cpp runs phimoe through its Phi-3 graph: RMS norms plus their biases, and a softmax "
-              "router renormalised over the chosen two, where Transformers has LayerNorms and SparseMixer",
+    "phimoe": "llama.cpp runs phimoe through its Phi-3 graph: RMS norms plus their biases, a softmax router "
+              "renormalised over the chosen two and no sliding window, where Transformers has LayerNorms, "
+              "SparseMixer and the window",
 }
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
@@ -717,6 +719,59 @@ def test_every_moe_gguf_architecture_has_a_case():
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
     declared = {f.gguf_arch for f in FAMILIES.values() if f.moe and f.gguf_arch}
     assert declared <= converted
+
+
+def _moe_meta(arch: str, blocks: int = 3, **extra) -> tuple[dict, dict]:
+    """Minimal GGUF metadata and tensor shapes of a routed model (every block routes)."""
+    meta = {"general.architecture": arch, f"{arch}.block_count": blocks, f"{arch}.embedding_length": 64,
+            f"{arch}.attention.head_count": 4, f"{arch}.attention.head_count_kv": 2,
+            f"{arch}.feed_forward_length": 96, f"{arch}.expert_count": 8, f"{arch}.expert_used_count": 2,
+            **{f"{arch}.{k}": v for k, v in extra.items()}}
+    tensors = {f"blk.{i}.ffn_gate_inp.weight": (8, 64) for i in range(blocks)}
+    return meta, tensors
+
+
+def test_gguf_metadata_llama_cpp_reads_for_moe_architectures():
+    """What llama.cpp's loaders and graphs read or fix per architecture, from metadata alone."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    def spec(arch, tensors_extra=None, **extra):
+        meta, tensors = _moe_meta(arch, **extra)
+        return spec_from_gguf(meta, "m.gguf", vocab_size=VOCAB, tensors={**tensors, **(tensors_extra or {})})
+
+    # NextN blocks are counted in block_count and never run; per-layer arrays may cover them
+    s = spec("granite_swa", blocks=5, nextn_predict_layers=1, **{
+        "attention.sliding_window": 4, "attention.sliding_window_pattern": [False, True, True, True, False],
+        "attention.rope_pattern": [True, False, True, True, True], "logit_scale": 1.0})
+    assert s.num_hidden_layers == 4 and s.extra["gguf_nextn_blocks"] == 1
+    assert [layer.sliding_window for layer in s.layers] == [None, 4, 4, 4]
+    assert [layer.rope is not None for layer in s.layers] == [True, False, True, True]
+    # softmax renormalised in code, whatever the file says; glm4moe and hy_v3 default to sigmoid
+    assert spec("phimoe", expert_gating_func=2, expert_weights_norm=False).moe.router.scoring == "softmax"
+    assert spec("dbrx", expert_weights_norm=False).moe.router.renormalize
+    assert spec("glm4moe").moe.router.scoring == "sigmoid" and not spec("glm4moe").moe.router.renormalize
+    assert spec("hy_v3", tensors_extra={"blk.1.exp_probs_b": (8,)}).moe.router.select_bias
+    # hunyuan-moe builds its experts feed_forward_length wide
+    assert spec("hunyuan-moe", expert_feed_forward_length=32).moe.expert_size == 96
+
+
+GGUF_REFUSED = {
+    "exaone-moe": ({}, "expert_gating_func"),
+    "bailingmoe2": ({}, "expert_gating_func"),
+    "phimoe": ({"rope.scaling.attn_factor": 1.19, "expert_gating_func": 1}, "LongRoPE"),
+    "glm4moe": ({"nextn_predict_layers": 3}, "nextn_predict_layers"),
+    "granite_swa": ({"attention.rope_pattern": [True, False], "logit_scale": 1.0}, "rope_pattern"),
+}
+
+
+@pytest.mark.parametrize("arch", list(GGUF_REFUSED))
+def test_gguf_metadata_ster_cannot_honour_is_refused(arch):
+    from ster_py.gguf.config import spec_from_gguf
+
+    extra, match = GGUF_REFUSED[arch]
+    meta, tensors = _moe_meta(arch, **extra)
+    with pytest.raises(SterError, match=match):
+        spec_from_gguf(meta, "m.gguf", vocab_size=VOCAB, tensors=tensors)
 
 
 # ----------------------------------------------------------------------------- expert kernels
