@@ -680,6 +680,27 @@ def test_gguf_matches_transformers(name, moe_gguf):
     assert model.decoder._weights.unused_tensors(model.spec) == []
 
 
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_gguf_dir_matches_transformers(name, moe_gguf, tmp_path):
+    """config.json + tokenizer.json + the converted .gguf: the config decides the model (PhiMoE's
+    LayerNorms and SparseMixer, DBRX's settings in attn_config), the GGUF holds the weights under
+    llama.cpp's names and layout (every expert stack [n_expert, out, in])."""
+    import shutil
+
+    from tiny import reference_logits, rel_err
+
+    path, ref_model = moe_gguf[name]
+    hf = path.parent / "hf" / name
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf / f, tmp_path / f)
+    (tmp_path / "model.gguf").symlink_to(path)
+    model = load_model(str(tmp_path))
+    assert model.resolved.kind == "gguf_dir"
+    err = rel_err(model.decoder.forward(PROMPT), reference_logits(ref_model, PROMPT)[0])
+    assert err < 1e-3, f"logits rel err {err:.2e}"
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
 @pytest.mark.parametrize("name", list(GGUF_CASES))
 def test_quantized_gguf_gives_llamacpps_top1(name, ftype, moe_gguf, tmp_path):

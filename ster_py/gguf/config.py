@@ -55,8 +55,9 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # hunyuan-moe.cpp, ernie4-5-moe.cpp: softmax over all experts, the chosen renormalised, whatever the
     # file says (PhiMoE's SparseMixer and DBRX's moe_normalize_expert_weights are not read)
     **{arch: {"scoring_func": "softmax", "norm_topk_prob": True}
-       for arch in ("granitemoe", "granite_swa", "dbrx", "phimoe", "hunyuan-moe", "ernie4_5-moe")},
-    # hunyuan-moe.cpp builds the experts feed_forward_length wide (expert_feed_forward_length is not read)
+       for arch in ("granitemoe", "granite_swa", "dbrx", "phimoe", "ernie4_5-moe")},
+    # ... and hunyuan-moe.cpp builds the experts feed_forward_length wide (None: expert_feed_forward_length
+    # is not read)
     "hunyuan-moe": {"scoring_func": "softmax", "norm_topk_prob": True, "moe_intermediate_size": None},
 }
 # What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp: sigmoid);

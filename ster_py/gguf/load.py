@@ -28,11 +28,12 @@ def gguf_layout(spec, family, config):
     ``attn_norm``); a role may list alternatives, first found wins. llama.cpp's converter
     stores every fused qkv as [q | k | v], linear weights as [out, in] (GPT-2's Conv1D
     transposed), no base-model prefix, per-head q/k norms as one [heads, head_dim] tensor,
-    and norms kept as offsets from one (Gemma, Nemotron) as 1 + w.
+    norms kept as offsets from one (Gemma, Nemotron) as 1 + w, and every expert stack as
+    [n_expert, out, in] (DBRX's down projections transposed).
     """
     gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
     return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
-                               root=None, norm_unit_offset=False)
+                               root=None, norm_unit_offset=False, expert_inputs_first=())
 
 
 def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
@@ -74,6 +75,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         check_config(resolved.config, source)
         spec = check_spec(interpret(source, spec_from_config, resolved.config, family, source), source)
         spec = gguf_layout(spec, family, resolved.config)
+        nextn = meta.get(f"{arch}.nextn_predict_layers")
+        if nextn:  # the file's NextN blocks, after the decoder's: never read (weights._nextn_block)
+            spec = dataclasses.replace(spec, extra={**spec.extra, "gguf_nextn_blocks": int(nextn)})
         tokenizer = Tokenizer.from_dir(resolved.root)
         # The q/k row order is the converter's, chosen by architecture (InternLM3 goes through llama's).
         from ..families import FAMILIES_BY_GGUF_ARCH
