@@ -45,7 +45,8 @@ KNOWN_MODEL_TYPES: tuple[str, ...] = (
 # Per-layer tensor roles the decoder asks for, with their Hugging Face names for the
 # Llama layout. ``{i}`` is the layer index. Families override only what differs; see
 # ``decoder/layout.py`` for the roles that are read fused (``qkv``, ``gate_up``), per head
-# (a name holding ``{h}``) or as plain parameters (``act``); ``sinks`` names a whole tensor.
+# (a name holding ``{h}``), as plain parameters (``act``) or as whole tensor names (``sinks``,
+# the routers' selection biases and the experts).
 LLAMA_NAMES: Mapping[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
@@ -273,6 +274,11 @@ GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
 # attn_norm; the feed-forward reads attn_norm (ln_mlp, or the one shared norm).
 GGUF_FALCON_NAMES = _with(GGUF_PLAIN_MLP_NAMES, attn_norm=("blk.{i}.attn_norm_2", "blk.{i}.attn_norm"),
                           ffn_norm="blk.{i}.attn_norm")
+# llama.cpp's granite_swa (GraniteMoE-SWA): per-head sinks, each layer's expert gate and up kept fused in
+# ffn_gate_up_exps and the shared expert's in ffn_up_shexp (gate rows first, as Transformers stores them).
+GGUF_GRANITE_SWA_NAMES = _with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight", exp_gate=None, exp_up=None,
+                               exp_gate_up="blk.{i}.ffn_gate_up_exps.weight", shexp_gate=None, shexp_up=None,
+                               shexp_gate_up="blk.{i}.ffn_up_shexp")
 
 # Config keys a family reads for each normalised field, first found wins. A family's
 # ``keys`` replaces the list of the fields it names (``()``: never read, use the default).
@@ -759,6 +765,7 @@ _GRANITEMOE = dict(_GRANITE, logit_scale_divides=True, moe=True, fixed={"norm_to
                    keys={"moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": ()})
 # ... with a shared expert shared_intermediate_size wide beside them (none when 0).
 _GRANITEMOE_SHARED = dict(_GRANITEMOE, keys={"moe_intermediate_size": ("intermediate_size",)})
+_GRANITEMOE_GGUF = dict(gguf_arch="granitemoe", gguf_qk_permuted=True, gguf_config=_GRANITE_GGUF)
 
 
 # DBRX reads its settings inside attn_config and ffn_config (beside any top-level spelling).
@@ -966,20 +973,33 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
                    names=QWEN_MOE_DENSE_NAMES),
         # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
-        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE),
-        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED),
+        # llama.cpp converts GraniteMoE and GraniteMoE-Shared to granitemoe (the shared expert read by
+        # presence) and GraniteMoE-SWA to granite_swa, through its Llama converter (q/k rows reordered)
+        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE, **_GRANITEMOE_GGUF),
+        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED, **_GRANITEMOE_GGUF),
         FamilySpec("granitemoe_swa", names=GRANITEMOE_SWA_NAMES, sinks=True, sliding="pattern_first",
+                   **dict(_GRANITEMOE_GGUF, gguf_arch="granite_swa", gguf_names=GGUF_GRANITE_SWA_NAMES),
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", refusals=(_GRANITE_SWA_BASES,),
                    **_GRANITEMOE_SHARED),
         FamilySpec("dbrx", norm="layer", fused_qkv="concat", root="transformer.", moe=True, names=DBRX_NAMES,
                    expert_inputs_first=("exp_down",), clip_qkv_key="attn_config.clip_qkv",
+                   # llama.cpp's dbrx: the FFN's norm is attn_output_norm, q/k/v clamped by attention.clamp_kqv
+                   gguf_arch="dbrx", gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.attn_output_norm"),
+                   gguf_config={"attention.clamp_kqv": "clip_qkv"}, gguf_changes={"clip_qkv_key": "clip_qkv"},
                    fixed={"norm_eps": 1e-5}, keys=_DBRX_KEYS,
                    defaults={"num_key_value_heads": 1, "intermediate_size": 3584, "moe_intermediate_size": 3584,
                              "num_experts": 4, "num_experts_per_tok": 1, "norm_topk_prob": True},
                    variants=(Variant(_dbrx_unnormalised, {"fixed": {"norm_eps": 1e-5, "norm_topk_prob": False}}),),
                    refusals=(Refusal(_dbrx_other_power, "DBRX's ffn_config.moe_normalize_expert_weights other "
                                      "than 1 (a p-norm of the chosen weights) is not supported"),)),
-        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES,
+        # llama.cpp runs phimoe through its Phi-3 graph: RMS norms (their stored biases added), a softmax
+        # router renormalised over the two chosen (LLAMA_CPP_MOE), no sliding window; unlike Transformers'
+        # LayerNorms and SparseMixer. A GGUF file means what llama.cpp computes.
+        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES, gguf_arch="phimoe",
+                   gguf_changes={"norm": "rms", "sliding": "none"},
+                   gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
+                   gguf_refusals=(Refusal(stated("longrope_attention_factor"),
+                                          "LongRoPE (rope_factors_long / rope_factors_short) is not supported"),),
                    fixed={"scoring_func": "sparsemixer"}, keys={"moe_intermediate_size": ("intermediate_size",)},
                    defaults={"norm_eps": 1e-5, "rope_theta": 1e6, "num_experts": 16, "num_experts_per_tok": 2},
                    refusals=(Refusal(lambda c: c.get("num_experts_per_tok", 2) != 2,
@@ -1073,12 +1093,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
         # group H2: DeepSeek-V3-style routers with shared experts, and ERNIE 4.5 / HunYuan's softmax routers
-        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER,
+        # llama.cpp's glm4moe applies q/k norms when the file holds them; its FFN norm is post_attention_norm
+        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER, gguf_arch="glm4moe",
+                   gguf_changes=_QK_NORM_IF_PRESENT,
+                   gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm"),
                    variants=(Variant(unset("use_qk_norm", False), {"qk_norm": None}),),
                    moe_defaults={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
                    config_defaults={"partial_rotary_factor": 0.5, "first_k_dense_replace": 1}),
+        # llama.cpp converts Sarvam MoE to bailingmoe2 (Ling 2.0's architecture, which this family then reads)
         FamilySpec("sarvam_moe", qk_norm="head", moe=True, fused_qkv="concat", names=SARVAM_MOE_NAMES, **_V3_ROUTER,
+                   gguf_arch="bailingmoe2",
                    variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),),
                    moe_defaults={"num_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
@@ -1089,14 +1114,16 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a router without its selection bias (moe_router_enable_expert_bias: false) "
                                      "is not supported"),
                              Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"))),
-        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4,
+        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4, gguf_arch="exaone-moe",
                    rope_layers="sliding_if_windowed", moe=True, names=EXAONE_MOE_NAMES, **_V3_ROUTER,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
                    config_defaults={"first_k_dense_replace": 1, "sliding_window": 4096}),
         # Transformers' HY V3 router always renormalises and reads neither route_norm, n_group nor
         # first_k_dense_replace (its dense layers come from mlp_layer_types, else only the first).
-        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES,
+        # llama.cpp's hy_v3 names the selection bias exp_probs_b (no .bias)
+        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES, gguf_arch="hy_v3",
+                   gguf_names=_with(GGUF_NAMES, router_select_bias="blk.{i}.exp_probs_b"),
                    fixed={**_V3_ROUTER["fixed"], "n_group": 1, "norm_topk_prob": True},
                    moe_fields=_V3_ROUTER["moe_fields"],
                    keys={"routed_scaling_factor": ("router_scaling_factor",),
@@ -1119,6 +1146,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "supported (Transformers keeps only the first layer dense); state "
                                      "mlp_layer_types"))),
         FamilySpec("ernie4_5_moe", rope_interleaved=True, tie_default=True, moe=True, names=ERNIE_MOE_NAMES,
+                   gguf_arch="ernie4_5-moe",
                    keys={"num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_k",),
                          "n_shared_experts": ("moe_num_shared_experts",), "renorm_min": ("moe_norm_min",),
                          "routed_scaling_factor": ()},
@@ -1128,6 +1156,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1}),
         # Transformers' HunYuan MoE routes every layer, with experts and the shared MLP intermediate_size wide.
         FamilySpec("hunyuan_v1_moe", qk_norm="head", qk_norm_after_rope=True, moe=True, names=HUNYUAN_MOE_NAMES,
+                   gguf_arch="hunyuan-moe",
                    keys={"num_experts_per_tok": ("moe_topk",), "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "routed_scaling_factor": ()},
                    fixed={"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": True},

@@ -68,16 +68,22 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # llama4.cpp: sigmoid of the chosen logits, never renormalised nor scaled (the weights scale each
     # expert's input: build_moe_ffn's weight_before_ffn)
     "llama4": {"scoring_func": "sigmoid", "norm_topk_prob": False, "routed_scaling_factor": 1.0},
-}
-# ... and what an architecture assumes when the file does not say (afmoe.cpp, cohere2moe.cpp: a file
-# without expert_gating_func scores by sigmoid).
-LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
-    "afmoe": {"scoring_func": "sigmoid"},
-    "cohere2moe": {"scoring_func": "sigmoid"},
+    # granite-moe.cpp (granite.cpp's graph), granite-swa.cpp, dbrx.cpp, phimoe.cpp (phi3.cpp's graph),
+    # hunyuan-moe.cpp, ernie4-5-moe.cpp: softmax over all experts, the chosen renormalised, whatever the
+    # file says (PhiMoE's SparseMixer and DBRX's moe_normalize_expert_weights are not read)
+    **{arch: {"scoring_func": "softmax", "norm_topk_prob": True}
+       for arch in ("granitemoe", "granite_swa", "dbrx", "phimoe", "ernie4_5-moe")},
+    # ... and hunyuan-moe.cpp builds the experts feed_forward_length wide (None: expert_feed_forward_length
+    # is not read)
+    "hunyuan-moe": {"scoring_func": "softmax", "norm_topk_prob": True, "moe_intermediate_size": None},
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
 LLAMA_CPP_RENORM_MIN = 6.103515625e-5
+# What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp, afmoe.cpp,
+# cohere2moe.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp require the key (None).
+LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
+                            "exaone-moe": None, "bailingmoe2": None}
 
 
 def supported_architectures() -> list[str]:
@@ -151,6 +157,20 @@ def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[b
     return flags[:n_layers]
 
 
+def _rope_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:
+    """Which layers rotate: a per-layer ``attention.rope_pattern`` array (True: the layer rotates,
+    Granite SWA's no_rope_layers) where the file has one, else every layer (the family's rule applies)."""
+    pattern = meta.get(f"{arch}.attention.rope_pattern")
+    if pattern is None:
+        return [True] * n_layers
+    if not isinstance(pattern, (int, np.integer, str)) and len(pattern) == meta.get(f"{arch}.block_count"):
+        pattern = pattern[:n_layers]  # the NextN blocks' flags too
+    if isinstance(pattern, (int, np.integer, str)) or len(pattern) != n_layers:
+        raise SterError(f"{path}: {arch}.attention.rope_pattern must hold one flag per layer ({n_layers}), got "
+                        f"{brief_value(pattern)}")
+    return [bool(x) for x in pattern]
+
+
 def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str, tuple], n_layers: int,
               feed_forward_length: int, path: str):
     """(per-layer routed flags, ``MoESpec`` or None) of a GGUF file.
@@ -165,22 +185,26 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         return routed, None
     config = {key: meta[f"{arch}.{k}"] for k, key in GGUF_MOE_KEYS.items() if meta.get(f"{arch}.{k}") is not None}
     config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
-    config.setdefault("moe_intermediate_size", feed_forward_length)
     gating = meta.get(f"{arch}.expert_gating_func")
-    if gating is not None:
+    if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
+        if LLAMA_CPP_GATING_DEFAULT[arch] is None:
+            raise SterError(f"{path}: GGUF metadata lacks {arch}.expert_gating_func, which llama.cpp requires "
+                            f"for architecture {arch!r}")
+        config["scoring_func"] = LLAMA_CPP_GATING_DEFAULT[arch]
+    elif gating is not None:
         if int(gating) not in GGUF_GATING:
             raise SterError(f"{path}: {arch}.expert_gating_func {int(gating)} is not supported; ster reads "
                             f"{', '.join(f'{k} ({v})' for k, v in GGUF_GATING.items())}")
         config["scoring_func"] = GGUF_GATING[int(gating)]
         if int(gating) == 3:
             config["norm_topk_prob"] = True
-    for key, value in LLAMA_CPP_MOE_DEFAULTS.get(arch, {}).items():
-        config.setdefault(key, value)
     config.update(LLAMA_CPP_MOE.get(arch, {}))
     if config.get("routed_scaling_factor") == 0:  # llama.cpp scales only by a factor other than 0 and 1
         del config["routed_scaling_factor"]
+    config = {k: v for k, v in config.items() if v is not None}  # None: what llama.cpp does not read
+    config.setdefault("moe_intermediate_size", feed_forward_length)
     n_group = config.get("n_group") or 1
-    select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
+    select_bias = any(f"blk.{i}.exp_probs_b{s}" in tensors for i in range(n_layers) for s in (".bias", ""))
     # llama.cpp adds exp_probs_b whenever the file has it and ranks groups by their best two.
     config["topk_method"] = "noaux_tc" if select_bias else ("group_limited_greedy" if n_group > 1 else "greedy")
     shexp = next((tensors[f"blk.{i}.ffn_up_shexp.weight"] for i in range(n_layers)
@@ -233,14 +257,14 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         return _get(meta, f"{arch}.{key}", kind, path, default, positive)
 
     hidden = g("embedding_length", int)
-    n_layers = g("block_count", int)
-    # llama.cpp's converter counts multi-token-prediction blocks in block_count (nextn_predict_layers, the
-    # last ones); the main pass, llama.cpp's and ster's, runs the others.
-    nextn = meta.get(f"{arch}.nextn_predict_layers") or 0
-    if isinstance(nextn, (bool, np.bool_)) or not isinstance(nextn, (int, np.integer)) or not 0 <= nextn < n_layers:
-        raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
-                        f"block_count ({n_layers}), got {brief_value(nextn)}")
-    n_layers -= int(nextn)
+    # llama.cpp counts NextN (multi-token prediction) blocks in block_count and stores them after the
+    # decoder's (GLM-4.5, EXAONE MoE, HY V3, Ling 2.0); its main graph never runs them, nor does ster.
+    blocks = g("block_count", int)
+    nextn = g("nextn_predict_layers", int) if meta.get(f"{arch}.nextn_predict_layers") else 0
+    if nextn >= blocks:
+        raise SterError(f"{path}: {arch}.nextn_predict_layers ({nextn}) leaves no decoder block of the "
+                        f"{blocks} in block_count")
+    n_layers = blocks - nextn
     heads = g("attention.head_count", int)
     kv_heads = g("attention.head_count_kv", int, heads)
     head_dim = g("attention.key_length", int, hidden // heads)
@@ -299,12 +323,13 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         if moe is not None and moe.router.num_experts == chunked["no_qk_norm_experts"]:
             family = replace(family, qk_norm=None)
     no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
+    rotated = _rope_flags(meta, arch, n_layers, path)
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
         # llama.cpp rotates only the sliding layers of these families (Cohere 2 MoE: and its leading dense ones)
         rotates = sliding[i] or (family.rope_layers == "sliding_or_dense" and not routed[i])
-        if family.positions != "rope" or (family.rope_layers != "all" and window and not rotates):
+        if not rotated[i] or family.positions != "rope" or (family.rope_layers != "all" and window and not rotates):
             rope = None
         if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None

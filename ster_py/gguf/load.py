@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import spec_from_config
+import numpy as np
+
+from ..config import MAX_LAYERS, spec_from_config
 from ..decoder.model import Decoder
 from ..errors import SterError
 from ..tokenizer import Tokenizer
@@ -77,6 +79,10 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         check_config(resolved.config, source)
         spec = check_spec(interpret(source, spec_from_config, resolved.config, family, source), source)
         spec = gguf_layout(spec, family, resolved.config)
+        nextn = meta.get(f"{arch}.nextn_predict_layers")
+        if isinstance(nextn, (int, np.integer)) and 0 < nextn <= MAX_LAYERS:  # the file's NextN blocks, after
+            n = spec.num_hidden_layers                                  # the decoder's: never read
+            spec = dataclasses.replace(spec, unread=spec.unread + tuple(f"blk.{i}." for i in range(n, n + int(nextn))))
         tokenizer = Tokenizer.from_dir(resolved.root)
         # The q/k row order is the converter's, chosen by architecture (InternLM3 goes through llama's).
         from ..families import FAMILIES_BY_GGUF_ARCH
