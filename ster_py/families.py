@@ -1128,7 +1128,9 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
                    moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
+        # llama.cpp's mellum places sliding layers by the file's pattern, else three of every four.
         FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES, unread=("mtp.",),
+                   gguf_arch="mellum", gguf_changes={"sliding": "pattern", "sliding_pattern": 4},
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
         FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", unread=("model.mtp.",),

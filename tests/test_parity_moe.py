@@ -558,6 +558,17 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     # llama.cpp's olmoe graph is multi-head only (its k norm is hidden_size wide) and never clamps.
     "olmoe": ("olmoe", dict(WIDE, num_key_value_heads=4, num_experts=8, num_experts_per_tok=2), {}),
 }
+# ---- group H4 (mellum, minimax-m2, laguna, mimo2, step35; llama.cpp's converter has no FlexOlmo)
+GGUF_CASES.update({
+    # llama.cpp's mellum routes every layer and rotates its sliding layers by rope.freq_base unscaled:
+    # both kinds share one base here (Transformers would rotate them by their own).
+    "mellum-window-yarn": ("mellum", dict(WIDE, **WIDE_EXPERTS, sliding_window=5,
+                                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                          rope_parameters={
+        "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 16},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0}}), {}),
+})
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 

@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
+from ..config import MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -51,6 +51,21 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen2moe": {"norm_topk_prob": False},
     "qwen3moe": {"norm_topk_prob": True},
     "olmoe": {"norm_topk_prob": False},
+    # group H4
+    "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
+}
+
+# How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
+# "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
+#   base: the sliding layers' base when the file states no rope.freq_base_swa: a number (the
+#         default of hparams.rope_freq_base_train_swa) or "freq_base" (the full layers' base, unscaled);
+#   swa_base_read: False when the graph rotates sliding layers by that base whatever the file says
+#         (mellum.cpp passes freq_base to both kinds of layer);
+#   swa_dims: the sliding layers rotate rope.dimension_count_swa dimensions (default: the full
+#         layers' rope.dimension_count, before any halving);
+#   full_dims_half: the full layers rotate half of rope.dimension_count (step35.cpp halves n_rot_full).
+LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
+    "mellum": {"base": "freq_base", "swa_base_read": False},
 }
 
 
@@ -65,6 +80,21 @@ def family_for_architecture(arch: object, path: str) -> FamilySpec:
         raise SterError(f"{path}: GGUF architecture {arch!r} is not supported; ster runs GGUF files of "
                         f"architecture {', '.join(supported_architectures())}")
     return FAMILIES_BY_GGUF_ARCH[arch]
+
+
+def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_layers: int, path: str) -> list[int]:
+    """``{arch}.{key}`` for each of the first ``n_layers`` layers: one value for all, or llama.cpp's
+    per-layer array of ``n_all`` entries (``get_key_or_arr``); ``default`` (a list) when absent."""
+    value = meta.get(f"{arch}.{key}")
+    if value is None and default is not None:
+        return list(default)
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return [_get(meta, f"{arch}.{key}", int, path)] * n_layers
+    if len(value) != n_all or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      and 0 < v <= MAX_HEADS for v in value):
+        raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a count in 1..{MAX_HEADS} for each of the "
+                        f"{n_all} layers ({arch}.block_count), got {brief_value(value)}")
+    return [int(v) for v in value[:n_layers]]
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -194,18 +224,39 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         return _get(meta, f"{arch}.{key}", kind, path, default, positive)
 
     hidden = g("embedding_length", int)
-    n_layers = g("block_count", int)
-    heads = g("attention.head_count", int)
-    kv_heads = g("attention.head_count_kv", int, heads)
+    # llama.cpp counts the multi-token-prediction layers a file may append in block_count
+    # (nextn_predict_layers); the forward runs the ones before them.
+    n_all = g("block_count", int)
+    n_mtp = meta.get(f"{arch}.nextn_predict_layers") or 0
+    if isinstance(n_mtp, (bool, np.bool_)) or not isinstance(n_mtp, (int, np.integer)) or not 0 <= n_mtp < n_all:
+        raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
+                        f"block_count ({n_all}), got {brief_value(n_mtp)}")
+    n_layers = n_all - int(n_mtp)
+    layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
+    layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
+    heads, kv_heads = layer_heads[0], layer_kv[0]
     head_dim = g("attention.key_length", int, hidden // heads)
-    if heads % kv_heads:
-        raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
-    # The rotated width sizes the frequency tables: bounded by the head before any is built.
-    rotary_dim = g("rope.dimension_count", int, head_dim)
-    if rotary_dim > head_dim or rotary_dim % 2:
-        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rotary_dim}) must be even and at most "
-                        f"the head width {head_dim} ({arch}.attention.key_length, else embedding_length / "
-                        "head_count)")
+    for i, (h, kv) in enumerate(zip(layer_heads, layer_kv)):
+        if h % kv:
+            raise SterError(f"{path}: layer {i}'s attention.head_count ({h}) is not a multiple of its "
+                            f"head_count_kv ({kv})")
+    v_head_dim = g("attention.value_length", int, head_dim)
+    swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
+
+    def dims(key, default):  # the rotated width sizes the frequency tables: bounded by the head first
+        d = g(key, int, default)
+        if d > head_dim or d % 2:
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} ({d}) must be even and at most the head width "
+                            f"{head_dim} ({arch}.attention.key_length, else embedding_length / head_count)")
+        return d
+
+    rotary_dim = dims("rope.dimension_count", head_dim)
+    swa_dims = dims("rope.dimension_count_swa", rotary_dim) if swa.get("swa_dims") else rotary_dim
+    if swa.get("full_dims_half"):
+        rotary_dim //= 2
+        if rotary_dim % 2:
+            raise SterError(f"{path}: llama.cpp's {arch} rotates half of {arch}.rope.dimension_count on full "
+                            f"attention layers, which must be even ({rotary_dim})")
     max_pos = g("context_length", int, 2048)
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
@@ -219,13 +270,15 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         params["factor"] = g("rope.scaling.factor", float, positive=True)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
 
-    def make(p):
+    def make(p, rotated=rotary_dim):
         return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved,
+                         partial_rotary_factor=rotated / head_dim, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
     if rope_freqs is not None:
+        if swa and rope_freqs.shape[0] > full.inv_freq.shape[0]:
+            rope_freqs = rope_freqs[:full.inv_freq.shape[0]]  # one table for every width: its first entries
         if rope_freqs.shape != full.inv_freq.shape:
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
@@ -238,10 +291,15 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     window = meta.get(f"{arch}.attention.sliding_window")
     sliding = _sliding_flags(meta, arch, family, n_layers, path)
     sliding_rope = full
-    if meta.get(f"{arch}.rope.freq_base_swa") is not None:
-        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)})
+    swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
+    if meta.get(f"{arch}.rope.freq_base_swa") is not None and swa.get("swa_base_read", True):
+        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)},
+                            swa_dims)
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
+    elif swa.get("base") is not None and window:
+        base = params["rope_theta"] if swa["base"] == "freq_base" else swa["base"]
+        sliding_rope = make({"rope_type": "default", "rope_theta": base}, swa_dims)
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
@@ -249,8 +307,13 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             rope = None
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
             rope = None
+        own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
+                                        ("num_key_value_heads", layer_kv[i], kv_heads),
+                                        ("v_head_dim", v_head_dim, head_dim)) if v != model}
+        if family.sinks and tensors is not None and "sinks" in family.gguf_names:  # llama.cpp reads a layer's sinks when the file holds them
+            own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense"))
+                                ffn="moe" if routed[i] else "dense", **own))
 
     scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
@@ -285,6 +348,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
+        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)),  # multi-token-prediction layers
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         moe=moe,
         **fields,
