@@ -1191,7 +1191,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(swiglu_limits_shared) is not supported"),
                              Refusal(flag("use_bidirectional_attention"),
                                      "bidirectional attention (use_bidirectional_attention) is not supported"))),
-        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
+        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES, gguf_arch="minimax-m2",
+                   gguf_config={"expert_gating_func": "expert_gating_func"},
+                   gguf_refusals=(Refusal(lambda c: c.get("expert_gating_func") is None,
+                                          "a router without expert_gating_func (llama.cpp's minimax-m2 graph has no "
+                                          "default and stops)"),),
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8},

@@ -551,6 +551,10 @@ def test_h3_refused_configurations(key, tmp_path):
 WIDE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, max_position_embeddings=64)
 WIDE_EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
+# A GGUF_CASES config key (read by _wide, not by transformers): zero the rows of every matrix that
+# writes the residual stream's router features and sharpen the routers, so that sigmoid routers
+# (whose scores are close for moderate logits) keep a wide margin on every layer, not only the first.
+FEATURES_ONLY = "_features_only"
 GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "mixtral": ("mixtral", dict(WIDE, num_local_experts=6, num_experts_per_tok=2), {}),
     "qwen2moe": ("qwen2_moe", dict(WIDE, **WIDE_EXPERTS, shared_expert_intermediate_size=256), {}),
@@ -568,6 +572,10 @@ GGUF_CASES.update({
         "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
                            "original_max_position_embeddings": 16},
         "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0}}), {}),
+    # The converter reads MiniMax's own rotary_dim and scoring_func (Transformers 5 saves neither).
+    "minimax-m2-rotary-dim": ("minimax_m2", dict(WIDE, rotary_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                                                 **{FEATURES_ONLY: True}),
+                              {"rotary_dim": 32, "scoring_func": "sigmoid"}),
 })
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
@@ -583,6 +591,8 @@ def _wide(path, model_type, config):
     expert serves some token."""
     import torch
 
+    config = dict(config)
+    features_only = config.pop(FEATURES_ONLY, False)
     model = build(path, model_type, config)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -600,8 +610,18 @@ def _wide(path, model_type, config):
             if name.endswith(ROUTER_SUFFIXES) and p.ndim == 2:
                 p.mul_(0.02)
                 p[:, :n] += torch.eye(n) * 2.0
-    model.save_pretrained(path)
+        if features_only:  # no sublayer writes the routers' features: every layer routes as layer 0 does
+            for name, p in model.named_parameters():
+                if p.ndim > 1 and p.shape[-2] == emb.shape[1] and not name.endswith(ROUTER_SUFFIXES):
+                    p[..., :n, :] = 0.0
+                elif name.endswith(ROUTER_SUFFIXES) and p.ndim == 2:
+                    p[:, :n] *= 5.0  # saturated sigmoids for the chosen experts, 0.5 for the others
+    if hasattr(model, "save_hub_layout"):  # Step 3.5 (tiny.step3p5_causal_lm)
+        model.save_hub_layout(path, None)
+    else:
+        model.save_pretrained(path)
     return model
+
 
 
 # The router's weight in each family's transformers module naming.

@@ -53,6 +53,7 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "olmoe": {"norm_topk_prob": False},
     # group H4
     "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
+    "minimax-m2": {"norm_topk_prob": True},  # minimax-m2.cpp: the file's gating function, norm_w true
 }
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
