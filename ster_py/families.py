@@ -1155,8 +1155,11 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(_differs("swa_v_head_dim", "v_head_dim"),
                                      "sliding-window layers with their own value head width (swa_v_head_dim) are "
                                      "not supported"))),
+        # llama.cpp's laguna: no sinks, no router soft-cap; without a pattern in the file the first of every
+        # four layers attends fully (load_swa_pattern(4, dense_first)); the gate's width says its kind.
         FamilySpec("laguna", qk_norm="head", moe=True, names=LAGUNA_NAMES, attn_gate="softplus",
-                   normalize=_laguna_config,
+                   normalize=_laguna_config, gguf_arch="laguna", gguf_names=_with(GGUF_NAMES, g="blk.{i}.attn_gate"),
+                   gguf_changes={"sliding": "pattern_first", "sliding_pattern": 4},
                    keys={"routed_scaling_factor": ("moe_routed_scaling_factor",),
                          "router_logit_softcap": ("moe_router_logit_softcapping",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},

@@ -576,6 +576,21 @@ GGUF_CASES.update({
     "minimax-m2-rotary-dim": ("minimax_m2", dict(WIDE, rotary_dim=32, num_local_experts=8, num_experts_per_tok=2,
                                                  **{FEATURES_ONLY: True}),
                               {"rotary_dim": 32, "scoring_func": "sigmoid"}),
+    # llama.cpp's laguna places sliding layers as [full, sliding, sliding, sliding, ...] and reads no router
+    # soft-cap (its converter writes none), so layer_types follow that pattern and the cap stays off.
+    "laguna-heads-per-layer-window-yarn": ("laguna", dict(
+        WIDE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        num_attention_heads_per_layer=[4, 8, 4], layer_types=["full_attention", "sliding_attention",
+                                                              "sliding_attention"],
+        mlp_layer_types=["sparse"] * 3, sliding_window=5, moe_routed_scaling_factor=1.5, rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}, **{FEATURES_ONLY: True}), {}),
+    # All layers full (Laguna M.1's shape): llama.cpp would place sliding layers by its own pattern whenever
+    # the file states a window, so the converter must see none (Transformers' default is 512).
+    "laguna-per-element-gate-full": ("laguna", dict(
+        WIDE, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        gating="per-element", mlp_layer_types=["sparse"] * 3, **{FEATURES_ONLY: True}), {"sliding_window": 0}),
 })
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()

@@ -55,6 +55,10 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
     "minimax-m2": {"norm_topk_prob": True},  # minimax-m2.cpp: the file's gating function, norm_w true
 }
+# ... and what it assumes when the file leaves a routing key out (load_arch_hparams in the same file).
+LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
+    "laguna": {"scoring_func": "sigmoid"},
+}
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
 # "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
@@ -67,6 +71,7 @@ LLAMA_CPP_MOE: dict[str, dict] = {
 #   full_dims_half: the full layers rotate half of rope.dimension_count (step35.cpp halves n_rot_full).
 LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
     "mellum": {"base": "freq_base", "swa_base_read": False},
+    "laguna": {"base": "freq_base", "swa_dims": True},
 }
 
 
@@ -96,6 +101,24 @@ def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_lay
         raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a count in 1..{MAX_HEADS} for each of the "
                         f"{n_all} layers ({arch}.block_count), got {brief_value(value)}")
     return [int(v) for v in value[:n_layers]]
+
+
+def _gate_per_head(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int, path: str) -> bool:
+    """Whether the attention output gate holds one value per head (else one per element), as llama.cpp
+    tells from the width of the gate tensor (``laguna.cpp``); every layer must hold the same kind."""
+    kinds = set()
+    for i, h in enumerate(heads):
+        shape = tensors.get(name.format(i=i) + ".weight")
+        if shape is None:
+            continue
+        if shape[0] not in (h, h * v_head_dim):
+            raise SterError(f"{path}: {name.format(i=i)}.weight has {shape[0]} rows, neither one per head ({h}) "
+                            f"nor one per value element ({h * v_head_dim})")
+        kinds.add(shape[0] == h)
+    if len(kinds) > 1:
+        raise SterError(f"{path}: attention output gates per head on some layers and per element on others are "
+                        "not supported")
+    return kinds != {False}
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -171,6 +194,8 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         config["scoring_func"] = GGUF_GATING[int(gating)]
         if int(gating) == 3:
             config["norm_topk_prob"] = True
+    for key, value in LLAMA_CPP_MOE_DEFAULTS.get(arch, {}).items():
+        config.setdefault(key, value)
     config.update(LLAMA_CPP_MOE.get(arch, {}))
     n_group = config.get("n_group") or 1
     select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
@@ -328,6 +353,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
+    if family.attn_gate and tensors and "g" in family.gguf_names:
+        fields["attn_gate_per_head"] = _gate_per_head(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
     return ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
