@@ -1133,7 +1133,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_arch="mellum", gguf_changes={"sliding": "pattern", "sliding_pattern": 4},
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
+        # llama.cpp's mimo2 reads a layer's sinks when the file holds them, whatever kind the layer is.
         FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", unread=("model.mtp.",),
+                   gguf_arch="mimo2", gguf_names=_with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight"),
+                   gguf_config={"attention.value_scale": "attention_value_scale"}, gguf_changes={"sinks": True},
                    value_scale_key="attention_value_scale", normalize=_mimo_v2_config,
                    keys={"v_head_dim": ("v_head_dim",)},
                    fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},

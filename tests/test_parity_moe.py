@@ -591,6 +591,17 @@ GGUF_CASES.update({
     "laguna-per-element-gate-full": ("laguna", dict(
         WIDE, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=256, shared_expert_intermediate_size=256,
         gating="per-element", mlp_layer_types=["sparse"] * 3, **{FEATURES_ONLY: True}), {"sliding_window": 0}),
+    # The converter reads MiMo's hub spellings (Transformers 5 saves none of them). llama.cpp's mimo2 rotates
+    # both kinds of layer over one width (rope.dimension_count), so both rotate half of each head here.
+    "mimo2-window-value-width": ("mimo_v2_flash", dict(
+        WIDE, num_key_value_heads=1, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=256, sliding_window=5, layer_types=_FSF, mlp_layer_types=["sparse"] * 3,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0,
+                                               "partial_rotary_factor": 0.5}}, **{FEATURES_ONLY: True}),
+        {"hybrid_layer_pattern": [0, 1, 0], "swa_head_dim": 64, "swa_num_attention_heads": 4, "swa_v_head_dim": 32,
+         "swa_num_key_value_heads": 2, "topk_method": "noaux_tc", "swa_rope_theta": 1000.0,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5}}),
 })
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()

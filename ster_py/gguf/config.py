@@ -54,6 +54,7 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # group H4
     "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
     "minimax-m2": {"norm_topk_prob": True},  # minimax-m2.cpp: the file's gating function, norm_w true
+    "mimo2": {"norm_topk_prob": True, "scoring_func": "sigmoid"},  # mimo2.cpp: sigmoid, norm_w true
 }
 # ... and what it assumes when the file leaves a routing key out (load_arch_hparams in the same file).
 LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
@@ -72,6 +73,7 @@ LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
 LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
     "mellum": {"base": "freq_base", "swa_base_read": False},
     "laguna": {"base": "freq_base", "swa_dims": True},
+    "mimo2": {"base": 10000.0},
 }
 
 
@@ -151,7 +153,8 @@ def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
     return out
 
 
-def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str) -> list[bool]:
+def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str,
+                   n_all: int | None = None) -> list[bool]:
     """Which layers attend through the sliding window, as llama.cpp places them.
 
     A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
@@ -164,10 +167,10 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
     if pattern is not None and not isinstance(pattern, (int, np.integer)):
         flags = [bool(x) for x in pattern]
-        if len(flags) != n_layers:
+        if len(flags) not in (n_layers, n_all or n_layers):  # (multi-token-prediction layers may follow)
             raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
                             f"{n_layers} layers")
-        return flags
+        return flags[:n_layers]
     return sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
 
 
@@ -315,7 +318,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     if dense_width is None and moe is None:
         dense_width = g("feed_forward_length", int)  # missing: refused naming the key
     window = meta.get(f"{arch}.attention.sliding_window")
-    sliding = _sliding_flags(meta, arch, family, n_layers, path)
+    sliding = _sliding_flags(meta, arch, family, n_layers, path, n_all)
     sliding_rope = full
     swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
     if meta.get(f"{arch}.rope.freq_base_swa") is not None and swa.get("swa_base_read", True):
