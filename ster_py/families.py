@@ -1175,7 +1175,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(flag("moe_apply_router_weight_on_input"),
                                      "moe_apply_router_weight_on_input (router weights on the experts' input), "
                                      "which Transformers does not implement either, is not supported"),)),
+        # llama.cpp's step35 reads the q/k norms and the head-wise gate when the file holds them.
         FamilySpec("step3p5", norm_unit_offset=True, qk_norm="head", attn_gate="sigmoid", moe=True,
+                   gguf_arch="step35", gguf_names=_with(GGUF_NAMES, g="blk.{i}.attn_gate"),
+                   gguf_changes={"qk_norm_optional": True},
                    names=STEP3P5_NAMES, attn_scale_key="query_pre_attn_scalar", no_rope_key="use_rope_layers",
                    normalize=_step3p5_config, expert_limit_keys=("swiglu_limits", "swiglu_limits_shared"),
                    keys={"num_key_value_heads": ("num_key_value_heads", "num_attention_groups"), "act": (),

@@ -602,6 +602,18 @@ GGUF_CASES.update({
         {"hybrid_layer_pattern": [0, 1, 0], "swa_head_dim": 64, "swa_num_attention_heads": 4, "swa_v_head_dim": 32,
          "swa_num_key_value_heads": 2, "topk_method": "noaux_tc", "swa_rope_theta": 1000.0,
          "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5}}),
+    # The hub's spelling, which the converter reads: it takes rope_theta[0] as the full layers' base and
+    # rope_theta[1] as the sliding layers' (so layer 0 is full and layer 1 sliding), requires partial rotary
+    # factors of 0.5 on full and 1.0 on sliding layers, and writes expert_weights_norm only from
+    # norm_expert_weight (llama.cpp does not renormalise without it; Transformers always does).
+    "step35-heads-clamps": ("step3p5", {
+        **WIDE, "sliding_window": 5, CONFIG_AS_GIVEN: True, FEATURES_ONLY: True, "num_attention_groups": 2,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+        "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2}, "moe_layers_enum": "0,1,2",
+        "moe_num_experts": 8, "moe_top_k": 2, "moe_intermediate_size": 256, "share_expert_dim": 256,
+        "norm_expert_weight": True, "moe_router_activation": "sigmoid",
+        "rope_theta": [20000.0, 500.0, 20000.0], "partial_rotary_factors": [0.5, 1.0, 0.5],
+        "swiglu_limits": [0, 0.8, 0], "swiglu_limits_shared": [0, 0, 0.6]}, {}),
 })
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
@@ -615,6 +627,8 @@ def _wide(path, model_type, config):
     activations and ster's arithmetic may choose differently and then differ by a whole expert;
     here every choice has a wide margin, the experts stay distinct and random, and every
     expert serves some token."""
+    import json
+
     import torch
 
     config = dict(config)
@@ -624,7 +638,7 @@ def _wide(path, model_type, config):
         for name, p in model.named_parameters():
             if p.ndim > 1 and "norm" not in name:
                 p.mul_(0.25)
-        emb = model.get_input_embeddings().weight
+        emb = (model if hasattr(model, "get_input_embeddings") else model.model).get_input_embeddings().weight
         n = next(p.shape[0] for name, p in model.named_parameters()
                  if name.endswith(ROUTER_SUFFIXES) and p.ndim == 2)
         sigma = float(emb.std())
@@ -642,8 +656,8 @@ def _wide(path, model_type, config):
                     p[..., :n, :] = 0.0
                 elif name.endswith(ROUTER_SUFFIXES) and p.ndim == 2:
                     p[:, :n] *= 5.0  # saturated sigmoids for the chosen experts, 0.5 for the others
-    if hasattr(model, "save_hub_layout"):  # Step 3.5 (tiny.step3p5_causal_lm)
-        model.save_hub_layout(path, None)
+    if hasattr(model, "save_hub_layout"):  # Step 3.5 (tiny.step3p5_causal_lm), its config.json as built
+        model.save_hub_layout(path, json.loads((path / "config.json").read_text()))
     else:
         model.save_pretrained(path)
     return model

@@ -59,6 +59,7 @@ LLAMA_CPP_MOE: dict[str, dict] = {
 # ... and what it assumes when the file leaves a routing key out (load_arch_hparams in the same file).
 LLAMA_CPP_MOE_DEFAULTS: dict[str, dict] = {
     "laguna": {"scoring_func": "sigmoid"},
+    "step35": {"scoring_func": "sigmoid"},
 }
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
@@ -74,6 +75,7 @@ LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
     "mellum": {"base": "freq_base", "swa_base_read": False},
     "laguna": {"base": "freq_base", "swa_dims": True},
     "mimo2": {"base": 10000.0},
+    "step35": {"base": 10000.0, "swa_dims": True, "full_dims_half": True},
 }
 
 
@@ -105,22 +107,64 @@ def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_lay
     return [int(v) for v in value[:n_layers]]
 
 
-def _gate_per_head(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int, path: str) -> bool:
-    """Whether the attention output gate holds one value per head (else one per element), as llama.cpp
-    tells from the width of the gate tensor (``laguna.cpp``); every layer must hold the same kind."""
+def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int,
+               path: str) -> bool | None:
+    """The attention output gate as llama.cpp reads it from the file (``laguna.cpp``, ``step35.cpp``):
+    None when no layer holds one, else whether it holds one value per head (else one per element),
+    told by its width. Every layer must hold the same kind.
+    """
     kinds = set()
     for i, h in enumerate(heads):
         shape = tensors.get(name.format(i=i) + ".weight")
         if shape is None:
-            continue
-        if shape[0] not in (h, h * v_head_dim):
+            kinds.add(None)
+        elif shape[0] in (h, h * v_head_dim):
+            kinds.add(shape[0] == h)
+        else:
             raise SterError(f"{path}: {name.format(i=i)}.weight has {shape[0]} rows, neither one per head ({h}) "
                             f"nor one per value element ({h * v_head_dim})")
-        kinds.add(shape[0] == h)
     if len(kinds) > 1:
-        raise SterError(f"{path}: attention output gates per head on some layers and per element on others are "
-                        "not supported")
-    return kinds != {False}
+        raise SterError(f"{path}: attention output gates on some layers only, or per head on some layers and "
+                        "per element on others, are not supported")
+    return kinds.pop()
+
+
+def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int, path: str) -> list:
+    """Each layer's routed feed-forward with llama.cpp's per-layer SwiGLU clamps (``{arch}.swiglu_clamp_exp``
+    on the routed experts, ``swiglu_clamp_shexp`` on the shared ones; 0: none), or [] without them. The
+    clamp is llama.cpp's common one (build_moe_ffn / build_ffn in src/llama-graph.cpp): up within
+    [-limit, limit], silu(gate) at most limit (``MoESpec.clamp_act``).
+
+    Raises:
+        SterError: a list of the wrong length, or a clamp on a dense layer (llama.cpp clamps every
+            gated feed-forward of the layer by ``swiglu_clamp_shexp``).
+    """
+    lists = []
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
+        v = meta.get(f"{arch}.{key}")
+        if v is not None:
+            v = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_all
+            if len(v) != n_all or not all(isinstance(x, (int, float, np.integer, np.floating))
+                                          and not isinstance(x, (bool, np.bool_)) and math.isfinite(x) and x >= 0
+                                          for x in v):
+                raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a bound >= 0 (0: none) for each of "
+                                f"the {n_all} layers, got {brief_value(v)}")
+        lists.append(v)
+    routed_limits, shared_limits = lists
+    if routed_limits is None and shared_limits is None:
+        return []
+    for i, r in enumerate(routed):
+        if not r and shared_limits is not None and shared_limits[i] > 1e-6:
+            raise SterError(f"{path}: a SwiGLU clamp on a dense layer ({arch}.swiglu_clamp_shexp, layer {i}) "
+                            "is not supported")
+    if moe is None:
+        return []
+
+    def bound(values, i):
+        return float(values[i]) if values is not None and values[i] > 1e-6 else None  # llama.cpp's eps
+
+    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i), clamp_act=True)
+            if r else None for i, r in enumerate(routed)]
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -315,6 +359,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     # A model whose every layer routes may state only the experts' width.
     dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
+    clamps = _layer_clamps(meta, arch, moe, routed, n_all, path)
     if dense_width is None and moe is None:
         dense_width = g("feed_forward_length", int)  # missing: refused naming the key
     window = meta.get(f"{arch}.attention.sliding_window")
@@ -336,13 +381,17 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             rope = None
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
             rope = None
+        if clamps and clamps[i] is not None and clamps[i] != moe:
+            own_moe = {"moe": clamps[i]}
+        else:
+            own_moe = {}
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
                                         ("num_key_value_heads", layer_kv[i], kv_heads),
                                         ("v_head_dim", v_head_dim, head_dim)) if v != model}
         if family.sinks and tensors is not None and "sinks" in family.gguf_names:  # llama.cpp reads a layer's sinks when the file holds them
             own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense", **own))
+                                ffn="moe" if routed[i] else "dense", **own, **own_moe))
 
     scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
@@ -356,8 +405,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
-    if family.attn_gate and tensors and "g" in family.gguf_names:
-        fields["attn_gate_per_head"] = _gate_per_head(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
+    if family.attn_gate and tensors is not None and "g" in family.gguf_names:
+        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
+        if per_head is None:
+            fields["attn_gate"] = None
+        else:
+            fields["attn_gate_per_head"] = per_head
     return ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
