@@ -732,6 +732,109 @@ def test_every_moe_gguf_architecture_has_a_case():
     assert declared <= converted
 
 
+# ---- group H4: where llama.cpp reads a converted file otherwise than Transformers runs the checkpoint,
+# the GGUF means what llama.cpp computes: ster follows llama.cpp's F32 logits, not Transformers'.
+H4_DISAGREEING = {
+    # mellum.cpp rotates sliding layers by rope.freq_base, whatever rope.freq_base_swa says
+    "mellum-sliding-base": ("mellum", dict(WIDE, **WIDE_EXPERTS, sliding_window=5, layer_types=_FSF,
+                                           rope_parameters={"full_attention": {"rope_type": "default",
+                                                                               "rope_theta": 50000.0},
+                                                            "sliding_attention": {"rope_type": "default",
+                                                                                  "rope_theta": 100.0}}), {}),
+    # laguna.cpp places sliding layers by its own pattern once the file states a window (Transformers'
+    # default of 512 here, over layers Transformers runs all full)
+    "laguna-window-all-full": ("laguna", dict(WIDE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                                              shared_expert_intermediate_size=256, mlp_layer_types=["sparse"] * 3,
+                                              **{FEATURES_ONLY: True}), {}),
+    # step35.cpp renormalises the chosen weights only when the file says so (norm_expert_weight absent here)
+    "step35-unnormalised": ("step3p5", {
+        **WIDE, "sliding_window": 5, CONFIG_AS_GIVEN: True, FEATURES_ONLY: True, "num_attention_groups": 2,
+        "layer_types": _FSF, "moe_layers_enum": "0,1,2", "moe_num_experts": 8, "moe_top_k": 2,
+        "moe_intermediate_size": 256, "share_expert_dim": 256, "rope_theta": [20000.0, 500.0, 20000.0],
+        "partial_rotary_factors": [0.5, 1.0, 0.5]}, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def h4_disagreeing(tmp_path_factory):
+    from llamacpp_convert import convert_cases
+
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_h4"), H4_DISAGREEING, _wide)
+
+
+@pytest.mark.parametrize("name", list(H4_DISAGREEING))
+def test_gguf_follows_llamacpp_where_transformers_differs(name, h4_disagreeing):
+    from ster_py import llamacpp
+    from tiny import reference_logits, rel_err
+
+    path, ref_model = h4_disagreeing[name]
+    ours = load_model(str(path)).decoder.forward(PROMPT)
+    (theirs,) = llamacpp.logits(path, [PROMPT])
+    assert rel_err(ours, theirs[:, :ours.shape[1]]) < 2e-3
+    assert rel_err(ours, reference_logits(ref_model, PROMPT)[0]) > 0.05  # the case does disagree
+
+
+def _h4_file(moe_gguf, name):
+    from ster_py.gguf.reader import GGUFFile
+
+    path, _ = moe_gguf[name]
+    f = GGUFFile(path)
+    return dict(f.metadata), {n: t.shape for n, t in f.tensors.items()}, str(path)
+
+
+def test_h4_gguf_metadata_refused_by_name(moe_gguf):
+    """What llama.cpp would stop on or ster cannot run is refused naming the key."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    meta, tensors, path = _h4_file(moe_gguf, "minimax-m2-rotary-dim")
+    del meta["minimax-m2.expert_gating_func"]
+    with pytest.raises(SterError, match="expert_gating_func"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "step35-heads-clamps")
+    del tensors["blk.0.ffn_gate_inp.weight"]  # layer 0 dense, its feed-forward clamped
+    meta["step35.swiglu_clamp_shexp"] = np.array([0.5, 0.0, 0.6], np.float32)
+    with pytest.raises(SterError, match="dense layer"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "step35-heads-clamps")
+    meta["step35.attention.head_count"] = np.array([4, 8], np.int32)
+    with pytest.raises(SterError, match="each of the 3 layers"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "laguna-heads-per-layer-window-yarn")
+    tensors["blk.1.attn_gate.weight"] = (8 * 64, 256)  # per element on one layer only
+    with pytest.raises(SterError, match="per head on some layers"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "mimo2-window-value-width")
+    meta["mimo2.nextn_predict_layers"] = 6
+    with pytest.raises(SterError, match="nextn_predict_layers"):
+        spec_from_gguf(meta, path, tensors=tensors)
+
+
+def test_h4_gguf_layers_as_llamacpp_reads_them(moe_gguf):
+    """The multi-token-prediction layers block_count counts are not run (nor reported unused); a file
+    without a sliding pattern places sliding layers by llama.cpp's default pattern; without gate tensors,
+    Step 3.5's attention is ungated."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    meta, tensors, path = _h4_file(moe_gguf, "mimo2-window-value-width")
+    spec = spec_from_gguf(meta, path, tensors=tensors)
+    assert meta["mimo2.block_count"] == 6 and spec.num_hidden_layers == 3 and spec.unread == ("blk.3.", "blk.4.",
+                                                                                              "blk.5.")
+    assert [layer.num_key_value_heads for layer in spec.layers] == [None, 2, None]
+    meta, tensors, path = _h4_file(moe_gguf, "mellum-window-yarn")
+    del meta["mellum.attention.sliding_window_pattern"]
+    meta["mellum.block_count"] = 4
+    spec = spec_from_gguf(meta, path, tensors=tensors)
+    assert [layer.sliding_window for layer in spec.layers] == [5, 5, 5, None]
+    meta["mellum.rope.freq_base_swa"] = 100.0  # read by llama.cpp, never used by its mellum graph
+    spec = spec_from_gguf(meta, path, tensors=tensors)
+    assert np.isclose(spec.layers[0].rope.inv_freq[1], 50000.0 ** (-2 / 64))  # freq_base, unscaled
+    meta, tensors, path = _h4_file(moe_gguf, "step35-heads-clamps")
+    assert spec_from_gguf(meta, path, tensors=tensors).attn_gate == "sigmoid"
+    for i in range(3):
+        del tensors[f"blk.{i}.attn_gate.weight"]
+    assert spec_from_gguf(meta, path, tensors=tensors).attn_gate is None
+
+
 # ----------------------------------------------------------------------------- expert kernels
 
 
