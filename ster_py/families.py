@@ -1204,7 +1204,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_config={"expert_gating_func": "expert_gating_func"},
                    gguf_refusals=(Refusal(lambda c: c.get("expert_gating_func") is None,
                                           "a router without expert_gating_func (llama.cpp's minimax-m2 graph has no "
-                                          "default and stops)"),),
+                                          "default and stops) is not supported"),),
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8},

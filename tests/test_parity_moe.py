@@ -596,7 +596,8 @@ GGUF_CASES.update({
     "mimo2-window-value-width": ("mimo_v2_flash", dict(
         WIDE, num_key_value_heads=1, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=256, sliding_window=5, layer_types=_FSF, mlp_layer_types=["sparse"] * 3,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0,
+                                            "partial_rotary_factor": 0.5},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0,
                                                "partial_rotary_factor": 0.5}}, **{FEATURES_ONLY: True}),
         {"hybrid_layer_pattern": [0, 1, 0], "swa_head_dim": 64, "swa_num_attention_heads": 4, "swa_v_head_dim": 32,

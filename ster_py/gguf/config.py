@@ -350,7 +350,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
 
     full = make(params)
     if rope_freqs is not None:
-        if swa and rope_freqs.shape[0] > full.inv_freq.shape[0]:
+        if swa.get("swa_dims") and rope_freqs.shape[0] > full.inv_freq.shape[0]:
             rope_freqs = rope_freqs[:full.inv_freq.shape[0]]  # one table for every width: its first entries
         if rope_freqs.shape != full.inv_freq.shape:
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
@@ -365,7 +365,6 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     window = meta.get(f"{arch}.attention.sliding_window")
     sliding = _sliding_flags(meta, arch, family, n_layers, path, n_all)
     sliding_rope = full
-    swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
     if meta.get(f"{arch}.rope.freq_base_swa") is not None and swa.get("swa_base_read", True):
         sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)},
                             swa_dims)
@@ -381,17 +380,16 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             rope = None
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
             rope = None
-        if clamps and clamps[i] is not None and clamps[i] != moe:
-            own_moe = {"moe": clamps[i]}
-        else:
-            own_moe = {}
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
                                         ("num_key_value_heads", layer_kv[i], kv_heads),
                                         ("v_head_dim", v_head_dim, head_dim)) if v != model}
-        if family.sinks and tensors is not None and "sinks" in family.gguf_names:  # llama.cpp reads a layer's sinks when the file holds them
+        if clamps and clamps[i] is not None and clamps[i] != moe:
+            own["moe"] = clamps[i]
+        # llama.cpp reads a layer's sinks when the file holds them (mimo2.cpp)
+        if family.sinks and tensors is not None and "sinks" in family.gguf_names:
             own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense", **own, **own_moe))
+                                ffn="moe" if routed[i] else "dense", **own))
 
     scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
