@@ -1179,10 +1179,15 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
                    moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
+        # llama.cpp's mellum places sliding layers by the file's pattern, else three of every four.
         FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES, unread=("mtp.",),
+                   gguf_arch="mellum", gguf_changes={"sliding": "pattern", "sliding_pattern": 4},
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
+        # llama.cpp's mimo2 reads a layer's sinks when the file holds them, whatever kind the layer is.
         FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", unread=("model.mtp.",),
+                   gguf_arch="mimo2", gguf_names=_with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight"),
+                   gguf_config={"attention.value_scale": "attention_value_scale"}, gguf_changes={"sinks": True},
                    value_scale_key="attention_value_scale", normalize=_mimo_v2_config,
                    keys={"v_head_dim": ("v_head_dim",)},
                    fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
@@ -1204,8 +1209,11 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(_differs("swa_v_head_dim", "v_head_dim"),
                                      "sliding-window layers with their own value head width (swa_v_head_dim) are "
                                      "not supported"))),
+        # llama.cpp's laguna: no sinks, no router soft-cap; without a pattern in the file the first of every
+        # four layers attends fully (load_swa_pattern(4, dense_first)); the gate's width says its kind.
         FamilySpec("laguna", qk_norm="head", moe=True, names=LAGUNA_NAMES, attn_gate="softplus",
-                   normalize=_laguna_config,
+                   normalize=_laguna_config, gguf_arch="laguna", gguf_names=_with(GGUF_NAMES, g="blk.{i}.attn_gate"),
+                   gguf_changes={"sliding": "pattern_first", "sliding_pattern": 4},
                    keys={"routed_scaling_factor": ("moe_routed_scaling_factor",),
                          "router_logit_softcap": ("moe_router_logit_softcapping",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
@@ -1218,7 +1226,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(flag("moe_apply_router_weight_on_input"),
                                      "moe_apply_router_weight_on_input (router weights on the experts' input), "
                                      "which Transformers does not implement either, is not supported"),)),
+        # llama.cpp's step35 reads the q/k norms and the head-wise gate when the file holds them.
         FamilySpec("step3p5", norm_unit_offset=True, qk_norm="head", attn_gate="sigmoid", moe=True,
+                   gguf_arch="step35", gguf_names=_with(GGUF_NAMES, g="blk.{i}.attn_gate"),
+                   gguf_changes={"qk_norm_optional": True},
                    names=STEP3P5_NAMES, attn_scale_key="query_pre_attn_scalar", no_rope_key="use_rope_layers",
                    normalize=_step3p5_config, expert_limit_keys=("swiglu_limits", "swiglu_limits_shared"),
                    keys={"num_key_value_heads": ("num_key_value_heads", "num_attention_groups"), "act": (),
@@ -1240,7 +1251,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(swiglu_limits_shared) is not supported"),
                              Refusal(flag("use_bidirectional_attention"),
                                      "bidirectional attention (use_bidirectional_attention) is not supported"))),
-        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
+        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES, gguf_arch="minimax-m2",
+                   gguf_config={"expert_gating_func": "expert_gating_func"},
+                   gguf_refusals=(Refusal(lambda c: c.get("expert_gating_func") is None,
+                                          "a router without expert_gating_func (llama.cpp's minimax-m2 graph has no "
+                                          "default and stops) is not supported"),),
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8},

@@ -551,6 +551,10 @@ def test_h3_refused_configurations(key, tmp_path):
 WIDE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, max_position_embeddings=64)
 WIDE_EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
+# A GGUF_CASES config key (read by _wide, not by transformers): zero the rows of every matrix that
+# writes the residual stream's router features and sharpen the routers, so that sigmoid routers
+# (whose scores are close for moderate logits) keep a wide margin on every layer, not only the first.
+FEATURES_ONLY = "_features_only"
 GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "mixtral": ("mixtral", dict(WIDE, num_local_experts=6, num_experts_per_tok=2), {}),
     "qwen2moe": ("qwen2_moe", dict(WIDE, **WIDE_EXPERTS, shared_expert_intermediate_size=256), {}),
@@ -653,6 +657,61 @@ LLAMA_CPP_ORACLE = {
               "renormalised over the chosen two and no sliding window, where Transformers has LayerNorms, "
               "SparseMixer and the window",
 }
+# ---- group H4 (mellum, minimax-m2, laguna, mimo2, step35; llama.cpp's converter has no FlexOlmo)
+GGUF_CASES.update({
+    # llama.cpp's mellum routes every layer and rotates its sliding layers by rope.freq_base unscaled:
+    # both kinds share one base here (Transformers would rotate them by their own).
+    "mellum-window-yarn": ("mellum", dict(WIDE, **WIDE_EXPERTS, sliding_window=5,
+                                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                          rope_parameters={
+        "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 16},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0}}), {}),
+    # The converter reads MiniMax's own rotary_dim and scoring_func (Transformers 5 saves neither).
+    "minimax-m2-rotary-dim": ("minimax_m2", dict(WIDE, rotary_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                                                 **{FEATURES_ONLY: True}),
+                              {"rotary_dim": 32, "scoring_func": "sigmoid"}),
+    # llama.cpp's laguna places sliding layers as [full, sliding, sliding, sliding, ...] and reads no router
+    # soft-cap (its converter writes none), so layer_types follow that pattern and the cap stays off.
+    "laguna-heads-per-layer-window-yarn": ("laguna", dict(
+        WIDE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        num_attention_heads_per_layer=[4, 8, 4], layer_types=["full_attention", "sliding_attention",
+                                                              "sliding_attention"],
+        mlp_layer_types=["sparse"] * 3, sliding_window=5, moe_routed_scaling_factor=1.5, rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}, **{FEATURES_ONLY: True}), {}),
+    # All layers full (Laguna M.1's shape): llama.cpp would place sliding layers by its own pattern whenever
+    # the file states a window, so the converter must see none (Transformers' default is 512).
+    "laguna-per-element-gate-full": ("laguna", dict(
+        WIDE, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        gating="per-element", mlp_layer_types=["sparse"] * 3, **{FEATURES_ONLY: True}), {"sliding_window": 0}),
+    # The converter reads MiMo's hub spellings (Transformers 5 saves none of them). llama.cpp's mimo2 rotates
+    # both kinds of layer over one width (rope.dimension_count), so both rotate half of each head here.
+    "mimo2-window-value-width": ("mimo_v2_flash", dict(
+        WIDE, num_key_value_heads=1, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=256, sliding_window=5, layer_types=_FSF, mlp_layer_types=["sparse"] * 3,
+        partial_rotary_factor=0.5,  # as the rotations below (the config class's default is 0.334)
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0,
+                                            "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0,
+                                               "partial_rotary_factor": 0.5}}, **{FEATURES_ONLY: True}),
+        {"hybrid_layer_pattern": [0, 1, 0], "swa_head_dim": 64, "swa_num_attention_heads": 4, "swa_v_head_dim": 32,
+         "swa_num_key_value_heads": 2, "topk_method": "noaux_tc", "swa_rope_theta": 1000.0,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5}}),
+    # The hub's spelling, which the converter reads: it takes rope_theta[0] as the full layers' base and
+    # rope_theta[1] as the sliding layers' (so layer 0 is full and layer 1 sliding), requires partial rotary
+    # factors of 0.5 on full and 1.0 on sliding layers, and writes expert_weights_norm only from
+    # norm_expert_weight (llama.cpp does not renormalise without it; Transformers always does).
+    "step35-heads-clamps": ("step3p5", {
+        **WIDE, "sliding_window": 5, CONFIG_AS_GIVEN: True, FEATURES_ONLY: True, "num_attention_groups": 2,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+        "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2}, "moe_layers_enum": "0,1,2",
+        "moe_num_experts": 8, "moe_top_k": 2, "moe_intermediate_size": 256, "share_expert_dim": 256,
+        "norm_expert_weight": True, "moe_router_activation": "sigmoid",
+        "rope_theta": [20000.0, 500.0, 20000.0], "partial_rotary_factors": [0.5, 1.0, 0.5],
+        "swiglu_limits": [0, 0.8, 0], "swiglu_limits_shared": [0, 0, 0.6]}, {}),
+})
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 
@@ -666,15 +725,19 @@ def _wide(path, model_type, config):
     activations and ster's arithmetic may choose differently and then differ by a whole expert;
     here every choice, in every layer, has a wide margin, the experts stay distinct and random,
     and every expert serves some token."""
+    import json
+
     import torch
 
+    config = dict(config)
+    features_only = config.pop(FEATURES_ONLY, False)
     model = build(path, model_type, config)
     inputs_first = FAMILIES[model_type].expert_inputs_first
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim > 1 and "norm" not in name:
                 p.mul_(0.25)
-        emb = model.get_input_embeddings().weight
+        emb = (model if hasattr(model, "get_input_embeddings") else model.model).get_input_embeddings().weight
         n = next(p.shape[0] for name, p in model.named_parameters()
                  if name.endswith(ROUTER_SUFFIXES) and p.ndim == 2)
         sigma = float(emb.std())
@@ -689,7 +752,16 @@ def _wide(path, model_type, config):
             elif any(w in name for w in RESIDUAL_WRITERS):  # the hidden axis of each writer's output
                 axis = (2 if "exp_down" in inputs_first else 1) if p.ndim == 3 else p.ndim - 1 if "_bias" in name else 0
                 p.narrow(axis, 0, n).zero_()
-    model.save_pretrained(path)
+        if features_only:  # no sublayer writes the routers' features: every layer routes as layer 0 does
+            for name, p in model.named_parameters():
+                if p.ndim > 1 and p.shape[-2] == emb.shape[1] and not name.endswith(ROUTER_SUFFIXES):
+                    p[..., :n, :] = 0.0
+                elif name.endswith(ROUTER_SUFFIXES) and p.ndim == 2:
+                    p[:, :n] *= 5.0  # saturated sigmoids for the chosen experts, 0.5 for the others
+    if hasattr(model, "save_hub_layout"):  # Step 3.5 (tiny.step3p5_causal_lm), its config.json as built
+        model.save_hub_layout(path, json.loads((path / "config.json").read_text()))
+    else:
+        model.save_pretrained(path)
     if config.get("num_nextn_predict_layers"):
         _add_nextn_blocks(path, config["num_hidden_layers"], config["num_nextn_predict_layers"])
     return model
@@ -788,11 +860,22 @@ def test_gguf_dir_matches_transformers(name, moe_gguf, tmp_path):
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(hf / f, tmp_path / f)
     (tmp_path / "model.gguf").symlink_to(path)
+    if name in SAVED_CONFIG_DIFFERS:  # write the rotations the model was built with back into config.json
+        import json
+
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps(dict(cfg, rope_parameters=ref_model.config.rope_parameters)))
     model = load_model(str(tmp_path))
     assert model.resolved.kind == "gguf_dir"
     err = rel_err(model.decoder.forward(PROMPT), reference_logits(ref_model, PROMPT)[0])
     assert err < 1e-3, f"logits rel err {err:.2e}"
     assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+# Transformers 5.24 saves MiMo-V2-Flash's per-layer-type rope_parameters as one flat set (the full
+# layers'), which its own loader then cannot read: the saved config.json describes another model
+# than the one built in memory.
+SAVED_CONFIG_DIFFERS = {"mimo2-window-value-width"}
 
 
 def _layer_shape(layer) -> tuple:
@@ -825,15 +908,16 @@ def test_quantized_gguf_gives_llamacpps_top1(name, ftype, moe_gguf, tmp_path):
     rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
     assert rel < 0.05, rel   # llama.cpp's 8-bit activations: ~1-4 % on these models
     # Top-1: the same token at every position, except where llama.cpp's own top two are closer
-    # than twice the rms difference the two implementations' logits show over the prompt, taken
-    # for a difference of two logits (sqrt(2) times that of one: a random model ties somewhere in
-    # 32 positions; neither side's arithmetic can settle such a tie). A position that differs by
-    # more, e.g. a token routed to other experts, fails.
+    # than three times the rms difference the two implementations' logits show over the prompt,
+    # taken for a difference of two logits (sqrt(2) times that of one; three standard deviations:
+    # a random model ties somewhere in 32 positions, and neither side's arithmetic can settle such
+    # a tie). A position that differs by more, e.g. a token routed to other experts (a local error
+    # several times the prompt's rms), fails.
     mine, theirs = ours.argmax(1), ref.argmax(1)
     rows = np.arange(len(mine))
     margin = ref[rows, theirs] - ref[rows, mine]
     noise = np.sqrt(2 * np.mean((ours - ref) ** 2))
-    assert np.all((mine == theirs) | (margin <= 2 * noise)), (np.nonzero(mine != theirs), margin, noise)
+    assert np.all((mine == theirs) | (margin <= 3 * noise)), (np.nonzero(mine != theirs), margin, noise)
     assert (mine == theirs).mean() >= 0.8  # and most positions are no near-tie at all
     # and decoding token by token through the cache gives the same logits as the whole prompt
     cache = model.decoder.new_cache()
@@ -913,6 +997,109 @@ def test_gguf_metadata_ster_cannot_honour_is_refused(arch):
     meta, tensors = _moe_meta(arch, **extra)
     with pytest.raises(SterError, match=match):
         spec_from_gguf(meta, "m.gguf", vocab_size=VOCAB, tensors=tensors)
+
+
+# ---- group H4: where llama.cpp reads a converted file otherwise than Transformers runs the checkpoint,
+# the GGUF means what llama.cpp computes: ster follows llama.cpp's F32 logits, not Transformers'.
+H4_DISAGREEING = {
+    # mellum.cpp rotates sliding layers by rope.freq_base, whatever rope.freq_base_swa says
+    "mellum-sliding-base": ("mellum", dict(WIDE, **WIDE_EXPERTS, sliding_window=5, layer_types=_FSF,
+                                           rope_parameters={"full_attention": {"rope_type": "default",
+                                                                               "rope_theta": 50000.0},
+                                                            "sliding_attention": {"rope_type": "default",
+                                                                                  "rope_theta": 100.0}}), {}),
+    # laguna.cpp places sliding layers by its own pattern once the file states a window (Transformers'
+    # default of 512 here, over layers Transformers runs all full)
+    "laguna-window-all-full": ("laguna", dict(WIDE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                                              shared_expert_intermediate_size=256, mlp_layer_types=["sparse"] * 3,
+                                              **{FEATURES_ONLY: True}), {}),
+    # step35.cpp renormalises the chosen weights only when the file says so (norm_expert_weight absent here)
+    "step35-unnormalised": ("step3p5", {
+        **WIDE, "sliding_window": 5, CONFIG_AS_GIVEN: True, FEATURES_ONLY: True, "num_attention_groups": 2,
+        "layer_types": _FSF, "moe_layers_enum": "0,1,2", "moe_num_experts": 8, "moe_top_k": 2,
+        "moe_intermediate_size": 256, "share_expert_dim": 256, "rope_theta": [20000.0, 500.0, 20000.0],
+        "partial_rotary_factors": [0.5, 1.0, 0.5]}, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def h4_disagreeing(tmp_path_factory):
+    from llamacpp_convert import convert_cases
+
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_h4"), H4_DISAGREEING, _wide)
+
+
+@pytest.mark.parametrize("name", list(H4_DISAGREEING))
+def test_gguf_follows_llamacpp_where_transformers_differs(name, h4_disagreeing):
+    from ster_py import llamacpp
+    from tiny import reference_logits, rel_err
+
+    path, ref_model = h4_disagreeing[name]
+    ours = load_model(str(path)).decoder.forward(PROMPT)
+    (theirs,) = llamacpp.logits(path, [PROMPT])
+    assert rel_err(ours, theirs[:, :ours.shape[1]]) < 2e-3
+    assert rel_err(ours, reference_logits(ref_model, PROMPT)[0]) > 0.05  # the case does disagree
+
+
+def _h4_file(moe_gguf, name):
+    from ster_py.gguf.reader import GGUFFile
+
+    path, _ = moe_gguf[name]
+    f = GGUFFile(path)
+    return dict(f.metadata), {n: t.shape for n, t in f.tensors.items()}, str(path)
+
+
+def test_h4_gguf_metadata_refused_by_name(moe_gguf):
+    """What llama.cpp would stop on or ster cannot run is refused naming the key."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    meta, tensors, path = _h4_file(moe_gguf, "minimax-m2-rotary-dim")
+    del meta["minimax-m2.expert_gating_func"]
+    with pytest.raises(SterError, match="expert_gating_func"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "step35-heads-clamps")
+    del tensors["blk.0.ffn_gate_inp.weight"]  # layer 0 dense, its feed-forward clamped
+    meta["step35.swiglu_clamp_shexp"] = np.array([0.5, 0.0, 0.6], np.float32)
+    with pytest.raises(SterError, match="dense layer"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "step35-heads-clamps")
+    meta["step35.attention.head_count"] = np.array([4, 8], np.int32)
+    with pytest.raises(SterError, match="each of the 3 layers"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "laguna-heads-per-layer-window-yarn")
+    tensors["blk.1.attn_gate.weight"] = (8 * 64, 256)  # per element on one layer only
+    with pytest.raises(SterError, match="per head on some layers"):
+        spec_from_gguf(meta, path, tensors=tensors)
+    meta, tensors, path = _h4_file(moe_gguf, "mimo2-window-value-width")
+    meta["mimo2.nextn_predict_layers"] = 6
+    with pytest.raises(SterError, match="nextn_predict_layers"):
+        spec_from_gguf(meta, path, tensors=tensors)
+
+
+def test_h4_gguf_layers_as_llamacpp_reads_them(moe_gguf):
+    """The multi-token-prediction layers block_count counts are not run (nor reported unused); a file
+    without a sliding pattern places sliding layers by llama.cpp's default pattern; without gate tensors,
+    Step 3.5's attention is ungated."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    meta, tensors, path = _h4_file(moe_gguf, "mimo2-window-value-width")
+    spec = spec_from_gguf(meta, path, tensors=tensors)
+    assert meta["mimo2.block_count"] == 6 and spec.num_hidden_layers == 3 and spec.unread == ("blk.3.", "blk.4.",
+                                                                                              "blk.5.")
+    assert [layer.num_key_value_heads for layer in spec.layers] == [None, 2, None]
+    meta, tensors, path = _h4_file(moe_gguf, "mellum-window-yarn")
+    del meta["mellum.attention.sliding_window_pattern"]
+    meta["mellum.block_count"] = 4
+    spec = spec_from_gguf(meta, path, tensors=tensors)
+    assert [layer.sliding_window for layer in spec.layers] == [5, 5, 5, None]
+    meta["mellum.rope.freq_base_swa"] = 100.0  # read by llama.cpp, never used by its mellum graph
+    spec = spec_from_gguf(meta, path, tensors=tensors)
+    assert np.isclose(spec.layers[0].rope.inv_freq[1], 50000.0 ** (-2 / 64))  # freq_base, unscaled
+    meta, tensors, path = _h4_file(moe_gguf, "step35-heads-clamps")
+    assert spec_from_gguf(meta, path, tensors=tensors).attn_gate == "sigmoid"
+    for i in range(3):
+        del tensors[f"blk.{i}.attn_gate.weight"]
+    assert spec_from_gguf(meta, path, tensors=tensors).attn_gate is None
 
 
 # ----------------------------------------------------------------------------- expert kernels

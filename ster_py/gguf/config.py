@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
+from ..config import MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -76,14 +76,36 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # ... and hunyuan-moe.cpp builds the experts feed_forward_length wide (None: expert_feed_forward_length
     # is not read)
     "hunyuan-moe": {"scoring_func": "softmax", "norm_topk_prob": True, "moe_intermediate_size": None},
+    # group H4
+    "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
+    "minimax-m2": {"norm_topk_prob": True},  # minimax-m2.cpp: the file's gating function, norm_w true
+    "mimo2": {"norm_topk_prob": True, "scoring_func": "sigmoid"},  # mimo2.cpp: sigmoid, norm_w true
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
 LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp, afmoe.cpp,
-# cohere2moe.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp require the key (None).
+# cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp
+# require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
+                            "laguna": "sigmoid", "step35": "sigmoid",
                             "exaone-moe": None, "bailingmoe2": None}
+
+# How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
+# "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
+#   base: the sliding layers' base when the file states no rope.freq_base_swa: a number (the
+#         default of hparams.rope_freq_base_train_swa) or "freq_base" (the full layers' base, unscaled);
+#   swa_base_read: False when the graph rotates sliding layers by that base whatever the file says
+#         (mellum.cpp passes freq_base to both kinds of layer);
+#   swa_dims: the sliding layers rotate rope.dimension_count_swa dimensions (default: the full
+#         layers' rope.dimension_count, before any halving);
+#   full_dims_half: the full layers rotate half of rope.dimension_count (step35.cpp halves n_rot_full).
+LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
+    "mellum": {"base": "freq_base", "swa_base_read": False},
+    "laguna": {"base": "freq_base", "swa_dims": True},
+    "mimo2": {"base": 10000.0},
+    "step35": {"base": 10000.0, "swa_dims": True, "full_dims_half": True},
+}
 
 
 def supported_architectures() -> list[str]:
@@ -97,6 +119,81 @@ def family_for_architecture(arch: object, path: str) -> FamilySpec:
         raise SterError(f"{path}: GGUF architecture {arch!r} is not supported; ster runs GGUF files of "
                         f"architecture {', '.join(supported_architectures())}")
     return FAMILIES_BY_GGUF_ARCH[arch]
+
+
+def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_layers: int, path: str) -> list[int]:
+    """``{arch}.{key}`` for each of the first ``n_layers`` layers: one value for all, or llama.cpp's
+    per-layer array of ``n_all`` entries (``get_key_or_arr``); ``default`` (a list) when absent."""
+    value = meta.get(f"{arch}.{key}")
+    if value is None and default is not None:
+        return list(default)
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return [_get(meta, f"{arch}.{key}", int, path)] * n_layers
+    if len(value) != n_all or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      and 0 < v <= MAX_HEADS for v in value):
+        raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a count in 1..{MAX_HEADS} for each of the "
+                        f"{n_all} layers ({arch}.block_count), got {brief_value(value)}")
+    return [int(v) for v in value[:n_layers]]
+
+
+def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int,
+               path: str) -> bool | None:
+    """The attention output gate as llama.cpp reads it from the file (``laguna.cpp``, ``step35.cpp``):
+    None when no layer holds one, else whether it holds one value per head (else one per element),
+    told by its width. Every layer must hold the same kind.
+    """
+    kinds = set()
+    for i, h in enumerate(heads):
+        shape = tensors.get(name.format(i=i) + ".weight")
+        if shape is None:
+            kinds.add(None)
+        elif shape[0] in (h, h * v_head_dim):
+            kinds.add(shape[0] == h)
+        else:
+            raise SterError(f"{path}: {name.format(i=i)}.weight has {shape[0]} rows, neither one per head ({h}) "
+                            f"nor one per value element ({h * v_head_dim})")
+    if len(kinds) > 1:
+        raise SterError(f"{path}: attention output gates on some layers only, or per head on some layers and "
+                        "per element on others, are not supported")
+    return kinds.pop()
+
+
+def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int, path: str) -> list:
+    """Each layer's routed feed-forward with llama.cpp's per-layer SwiGLU clamps (``{arch}.swiglu_clamp_exp``
+    on the routed experts, ``swiglu_clamp_shexp`` on the shared ones; 0: none), or [] without them. The
+    clamp is llama.cpp's common one (build_moe_ffn / build_ffn in src/llama-graph.cpp): up within
+    [-limit, limit], silu(gate) at most limit (``MoESpec.clamp_act``).
+
+    Raises:
+        SterError: a list of the wrong length, or a clamp on a dense layer (llama.cpp clamps every
+            gated feed-forward of the layer by ``swiglu_clamp_shexp``).
+    """
+    lists = []
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
+        v = meta.get(f"{arch}.{key}")
+        if v is not None:
+            v = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_all
+            if len(v) != n_all or not all(isinstance(x, (int, float, np.integer, np.floating))
+                                          and not isinstance(x, (bool, np.bool_)) and math.isfinite(x) and x >= 0
+                                          for x in v):
+                raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a bound >= 0 (0: none) for each of "
+                                f"the {n_all} layers, got {brief_value(v)}")
+        lists.append(v)
+    routed_limits, shared_limits = lists
+    if routed_limits is None and shared_limits is None:
+        return []
+    for i, r in enumerate(routed):
+        if not r and shared_limits is not None and shared_limits[i] > 1e-6:
+            raise SterError(f"{path}: a SwiGLU clamp on a dense layer ({arch}.swiglu_clamp_shexp, layer {i}) "
+                            "is not supported")
+    if moe is None:
+        return []
+
+    def bound(values, i):
+        return float(values[i]) if values is not None and values[i] > 1e-6 else None  # llama.cpp's eps
+
+    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i), clamp_act=True)
+            if r else None for i, r in enumerate(routed)]
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -129,7 +226,8 @@ def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
     return out
 
 
-def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str) -> list[bool]:
+def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str,
+                   n_all: int | None = None) -> list[bool]:
     """Which layers attend through the sliding window, as llama.cpp places them.
 
     A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
@@ -257,25 +355,39 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         return _get(meta, f"{arch}.{key}", kind, path, default, positive)
 
     hidden = g("embedding_length", int)
-    # llama.cpp counts NextN (multi-token prediction) blocks in block_count and stores them after the
-    # decoder's (GLM-4.5, EXAONE MoE, HY V3, Ling 2.0); its main graph never runs them, nor does ster.
-    blocks = g("block_count", int)
-    nextn = g("nextn_predict_layers", int) if meta.get(f"{arch}.nextn_predict_layers") else 0
-    if nextn >= blocks:
-        raise SterError(f"{path}: {arch}.nextn_predict_layers ({nextn}) leaves no decoder block of the "
-                        f"{blocks} in block_count")
-    n_layers = blocks - nextn
-    heads = g("attention.head_count", int)
-    kv_heads = g("attention.head_count_kv", int, heads)
+    # llama.cpp counts the multi-token-prediction layers a file may append in block_count
+    # (nextn_predict_layers); the forward runs the ones before them.
+    n_all = g("block_count", int)
+    n_mtp = meta.get(f"{arch}.nextn_predict_layers") or 0
+    if isinstance(n_mtp, (bool, np.bool_)) or not isinstance(n_mtp, (int, np.integer)) or not 0 <= n_mtp < n_all:
+        raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
+                        f"block_count ({n_all}), got {brief_value(n_mtp)}")
+    n_layers = n_all - int(n_mtp)
+    layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
+    layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
+    heads, kv_heads = layer_heads[0], layer_kv[0]
     head_dim = g("attention.key_length", int, hidden // heads)
-    if heads % kv_heads:
-        raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
-    # The rotated width sizes the frequency tables: bounded by the head before any is built.
-    rotary_dim = g("rope.dimension_count", int, head_dim)
-    if rotary_dim > head_dim or rotary_dim % 2:
-        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rotary_dim}) must be even and at most "
-                        f"the head width {head_dim} ({arch}.attention.key_length, else embedding_length / "
-                        "head_count)")
+    for i, (h, kv) in enumerate(zip(layer_heads, layer_kv)):
+        if h % kv:
+            raise SterError(f"{path}: layer {i}'s attention.head_count ({h}) is not a multiple of its "
+                            f"head_count_kv ({kv})")
+    v_head_dim = g("attention.value_length", int, head_dim)
+    swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
+
+    def dims(key, default):  # the rotated width sizes the frequency tables: bounded by the head first
+        d = g(key, int, default)
+        if d > head_dim or d % 2:
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} ({d}) must be even and at most the head width "
+                            f"{head_dim} ({arch}.attention.key_length, else embedding_length / head_count)")
+        return d
+
+    rotary_dim = dims("rope.dimension_count", head_dim)
+    swa_dims = dims("rope.dimension_count_swa", rotary_dim) if swa.get("swa_dims") else rotary_dim
+    if swa.get("full_dims_half"):
+        rotary_dim //= 2
+        if rotary_dim % 2:
+            raise SterError(f"{path}: llama.cpp's {arch} rotates half of {arch}.rope.dimension_count on full "
+                            f"attention layers, which must be even ({rotary_dim})")
     max_pos = g("context_length", int, 2048)
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
@@ -289,13 +401,15 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         params["factor"] = g("rope.scaling.factor", float, positive=True)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
 
-    def make(p):
+    def make(p, rotated=rotary_dim):
         return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved,
+                         partial_rotary_factor=rotated / head_dim, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
     if rope_freqs is not None:
+        if swa.get("swa_dims") and rope_freqs.shape[0] > full.inv_freq.shape[0]:
+            rope_freqs = rope_freqs[:full.inv_freq.shape[0]]  # one table for every width: its first entries
         if rope_freqs.shape != full.inv_freq.shape:
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
@@ -303,15 +417,20 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     # A model whose every layer routes may state only the experts' width.
     dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
+    clamps = _layer_clamps(meta, arch, moe, routed, n_all, path)
     if dense_width is None and moe is None:
         dense_width = g("feed_forward_length", int)  # missing: refused naming the key
     window = meta.get(f"{arch}.attention.sliding_window")
-    sliding = _sliding_flags(meta, arch, family, n_layers, path)
+    sliding = _sliding_flags(meta, arch, family, n_layers, path, n_all)
     sliding_rope = full
-    if meta.get(f"{arch}.rope.freq_base_swa") is not None:
-        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)})
+    if meta.get(f"{arch}.rope.freq_base_swa") is not None and swa.get("swa_base_read", True):
+        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)},
+                            swa_dims)
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
+    elif swa.get("base") is not None and window:
+        base = params["rope_theta"] if swa["base"] == "freq_base" else swa["base"]
+        sliding_rope = make({"rope_type": "default", "rope_theta": base}, swa_dims)
     chunked = LLAMA_CPP_CHUNKED.get(arch)
     chunks = [None] * n_layers
     temperature = None
@@ -333,10 +452,19 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             rope = None
         if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
+        own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
+                                        ("num_key_value_heads", layer_kv[i], kv_heads),
+                                        ("v_head_dim", v_head_dim, head_dim)) if v != model}
+        if clamps and clamps[i] is not None and clamps[i] != moe:
+            own["moe"] = clamps[i]
+        # llama.cpp reads a layer's sinks when the file holds them (mimo2.cpp)
+        if family.sinks and tensors is not None and "sinks" in family.gguf_names:
+            own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
                                 ffn="moe" if routed[i] else "dense", attention_chunk=chunks[i],
                                 qk_norm=rope is not None or family.qk_norm_layers == "all",
-                                query_temperature=rope is None or family.query_temperature != "unrotated_layers"))
+                                query_temperature=rope is None or family.query_temperature != "unrotated_layers",
+                                **own))
 
     scale = None
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
@@ -350,6 +478,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
+    if family.attn_gate and tensors is not None and "g" in family.gguf_names:
+        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
+        if per_head is None:
+            fields["attn_gate"] = None
+        else:
+            fields["attn_gate_per_head"] = per_head
     return ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
@@ -371,8 +505,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
-        # multi-token-prediction blocks after the layers run are not the decoder's
-        unread=tuple(f"blk.{i}." for i in range(n_layers, n_layers + int(nextn))),
+        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)),  # multi-token-prediction layers
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         query_temperature=temperature,
         moe=moe,
