@@ -152,6 +152,8 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
 
         def note(event: str, done: int, total: Optional[int]) -> None:
             kind = "download" if event.startswith("download ") else event
+            if event.startswith("downloaded "):  # a Hub model's next phase (its weights) gets its own line
+                said.discard("download")
             if kind == "loading the reference" and kind not in said:
                 said.add(kind)
                 err.print("[dim]loading the reference...[/]", highlight=False)
@@ -209,8 +211,7 @@ THREADS_HELP = "Threads for the matrix products and attention (default: $STER_TH
 
 
 def flag(default: Optional[bool], *names: str, help: str):
-    """A boolean option (``--x`` or ``--x/--no-x``). typer's help would print ``<bool>`` after
-    it as if it took a value; an empty metavar keeps that column blank."""
+    """A boolean option (``--x`` or ``--x/--no-x``), shown in --help without a value name."""
     return typer.Option(default, *names, help=help, metavar="")
 
 

@@ -211,7 +211,7 @@ def tune_merge(
     with progress_bar(enabled=not quiet) as progress:
         report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
     if as_json:
-        print(json.dumps({**version_fields(), **report}, indent=2))
+        print(json.dumps(report, indent=2))  # it records ster_version itself
         return
     table = Table(show_header=False, box=None)
     for key, value in report.items():

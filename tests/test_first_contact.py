@@ -283,6 +283,28 @@ def test_vector_for_another_preset_is_refused_before_the_preset_is_fetched(monke
         load_model(smol.name, check=lambda r, s: check_vector_fit(same, r, s, "v.json"))
 
 
+def test_merge_refuses_before_the_base_weights_are_fetched(hub, tiny, tmp_path, monkeypatch):
+    from ster_py import presets
+    from ster_py.tune.merge import merge_adapter
+
+    cfg = json.loads((tiny / "config.json").read_text())
+    d, q = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["head_dim"]
+    wide = write_ster_adapter(tmp_path / "wide.lora.json", "org/tiny", d + 8, 0, q)
+    with pytest.raises(SterError, match="hidden_size"):
+        merge_adapter("org/tiny", wide, tmp_path / "out")
+    assert "config.json" in hub.fetched and "model.safetensors" not in hub.fetched, hub.fetched
+    ok = write_ster_adapter(tmp_path / "ok.lora.json", "org/tiny", d, 0, q)
+    report = merge_adapter("org/tiny", ok, tmp_path / "out")  # a fitting adapter: the weights come
+    assert "model.safetensors" in hub.fetched and report["merged_tensors"] == 1
+
+    def fetch(name, progress=None, **kwargs):
+        raise AssertionError("the preset was fetched")
+
+    monkeypatch.setattr(presets, "fetch_preset", fetch)
+    with pytest.raises(SterError, match="refuses a GGUF base"):
+        merge_adapter("gemma3-270m-q4_k_m", ok, tmp_path / "out2")
+
+
 def test_cli_refuses_the_vector_before_fetching_the_preset(tmp_path):
     """Nothing can be fetched (no Hub, no PyPI); the refusal must come before the attempt."""
     from ster_py.presets import PRESETS
