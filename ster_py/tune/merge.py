@@ -106,7 +106,7 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new directory or remove it first")
 
-    def fit(resolved):
+    def fit(resolved, check: bool = True):
         """(spec, storage map, adapter) once the base's config is known; refuses before any weight is read."""
         if resolved.kind != "safetensors":
             where = resolved.gguf_file or f"preset {resolved.model}"
@@ -115,13 +115,15 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
         wmap = WeightMap.of_spec(spec)
         ad = read_adapter(adapter, wmap)
-        check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
+        if check:
+            check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
         return spec, wmap, ad
 
     # A Hub base (or a preset, refused) is checked before its weights are downloaded.
     resolved = resolve(model, revision, progress=progress, before_weights=fit)
-    spec, wmap, ad = fit(resolved)
+    spec, wmap, ad = fit(resolved, check=False)
     index = _index_checkpoint(resolved.weight_files)
+    check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
 
     def stored_name(stored: str, layer: int) -> str:
         name = wmap.tensor_name(stored, layer)
