@@ -339,14 +339,51 @@ def read_adapter(path: str | Path, wmap: WeightMap) -> LoraAdapter:
             an adapter; an unsupported PEFT method or option; missing or malformed factors;
             non-finite values.
     """
+    layout, side, weights, _ = _open(path)
+    if layout == "peft":
+        return _read_peft(side, weights, wmap)
+    return _read_ster(side, weights)
+
+
+def _open(path: str | Path) -> tuple[str, Path, Path, dict]:
+    """(layout, JSON file, weights file, the JSON document) of an adapter; refuses other artifacts."""
     layout, side, weights = _locate(Path(path))
     doc = read_json(side, "adapter file")
     kind = sniff(doc, side)
     if layout == "json" or kind in ("steering", "capture", "reward", "unknown"):
         raise SterError(f"--adapter {side} is {KIND_WORDS[kind]}, not a LoRA adapter")
+    return layout, side, weights, doc
+
+
+def check_adapter_early(path: str | Path, resolved, spec) -> LoraAdapter | None:
+    """Refuse an adapter that cannot fit a model before the model's weights are downloaded or mapped.
+
+    Use it as ``load_model(..., check=...)``. For a safetensors model (``spec`` from its
+    config.json) the adapter is read and checked whole (:func:`check_adapter_for`, the
+    model's projections from its storage map, as ``tune merge`` does) and returned; apply
+    it after loading. Otherwise (a GGUF, whose storage map comes from the loaded model, or a
+    preset not fetched yet, ``spec`` None) only what its JSON records is checked: the model
+    and revision it was made for and, with ``spec``, its hidden_size; None is returned and
+    :func:`load_adapter_for` reads it after loading.
+
+    Raises:
+        SterError (naming the path): as :func:`read_adapter` and :func:`check_adapter_for`.
+    """
+    if spec is not None and resolved.kind == "safetensors":
+        wmap = WeightMap.of_spec(spec)
+        ad = read_adapter(path, wmap)
+        check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
+        return ad
+    layout, side, _, doc = _open(path)
     if layout == "peft":
-        return _read_peft(side, weights, wmap)
-    return _read_ster(side, weights)
+        model, revision, width = doc.get("base_model_name_or_path"), doc.get("revision"), None
+    else:
+        model, revision, width = doc.get("model"), doc.get("model_revision"), doc.get("hidden_size")
+    check_model(side, "adapter", model if isinstance(model, str) else None,
+                revision if isinstance(revision, str) else None, resolved)
+    if spec is not None and isinstance(width, int) and not isinstance(width, bool) and width != spec.hidden_size:
+        raise SterError(f"adapter {side} was made for hidden_size {width}, but this model's is {spec.hidden_size}")
+    return None
 
 
 def projection_shapes(spec) -> dict[str, tuple[int, int]]:

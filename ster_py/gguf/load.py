@@ -40,12 +40,16 @@ def gguf_layout(spec, family, config):
                                expert_gate_up_interleaved=False)
 
 
-def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
+def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=None):
     """Load ``resolved`` (kind "gguf" or "gguf_dir") into a ``LoadedModel``.
+
+    ``check(resolved, spec)``, when given, runs once the spec is known and before any
+    tensor is mapped (see ``ster_py.load.load_model``).
 
     Raises:
         SterError: an unsupported architecture or tensor type, a malformed file, a tensor
-            the model needs that the file lacks, or shapes that disagree with the config.
+            the model needs that the file lacks, or shapes that disagree with the config;
+            whatever ``check`` raises.
     """
     from ..load import LoadedModel
 
@@ -88,6 +92,8 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         from ..families import FAMILIES_BY_GGUF_ARCH
 
         family = FAMILIES_BY_GGUF_ARCH[arch]
+    if check is not None:
+        check(resolved, spec)
     qk = (spec.num_attention_heads, spec.num_key_value_heads) if family.gguf_qk_permuted else None
     weights = GGUFWeights(gguf, precision, qk_heads=qk)
     decoder = Decoder(spec, weights)
