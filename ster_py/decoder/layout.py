@@ -65,6 +65,15 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                        ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
                        ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d),
                        ("shexp_gate_up", "weight"): (2 * s, d), ("shexp_gate_up", "bias"): (2 * s,)})
+    if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
+        m = spec.latent
+        r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        shapes.update({("kv_a", "weight"): (r + rope, d), ("kv_a", "bias"): (r + rope,), ("kv_a_norm", "weight"): (r,),
+                       ("kv_b", "weight"): (h * (nope + lv), r), ("k_b", "weight"): (h, r, nope),
+                       ("v_b", "weight"): (h, lv, r)})
+        if qr is not None:
+            shapes.update({("q_a", "weight"): (qr, d), ("q_a", "bias"): (qr,), ("q_a_norm", "weight"): (qr,),
+                           ("q_b", "weight"): (q, qr)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
