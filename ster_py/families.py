@@ -1323,7 +1323,8 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(Transformers' DeepSeek-V2 router scores by softmax whatever it says)"),
                              _MOE_LAYER_FREQ)),
         # DeepSeek-V3 and Kimi-K2 (model_type kimi_k2 is read as deepseek_v3, as Transformers reads it).
-        FamilySpec("deepseek_v3", keys=_LATENT_KEYS, config_defaults=dict(_V3_LATENT_DEFAULTS), **_V3_LATENT,
+        FamilySpec("deepseek_v3", gguf_arch="deepseek2", keys=_LATENT_KEYS, config_defaults=dict(_V3_LATENT_DEFAULTS),
+                   **_V3_LATENT,
                    refusals=(Refusal(_stated_other("scoring_func", "sigmoid"),
                                      "a DeepSeek-V3 scoring_func other than sigmoid is not supported "
                                      "(Transformers' DeepSeek-V3 router scores by sigmoid whatever it says)"),
@@ -1339,7 +1340,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                     "qk_rope_head_dim": 32, "scale_emb": 12, "scale_depth": 1.4,
                                     "dim_model_base": 256, "rms_norm_eps": 1e-5}),
         # GLM-4.7-Flash: the first layer dense unless mlp_layer_types says otherwise (Transformers' default).
-        FamilySpec("glm4_moe_lite", keys=_LATENT_KEYS, **_V3_LATENT,
+        FamilySpec("glm4_moe_lite", gguf_arch="deepseek2", keys=_LATENT_KEYS, **_V3_LATENT,
                    config_defaults=dict(_V3_LATENT_DEFAULTS, q_lora_rank=768, qk_nope_head_dim=192, v_head_dim=256,
                                         n_routed_experts=64, num_experts_per_tok=4, moe_intermediate_size=1536,
                                         n_group=1, topk_group=1, routed_scaling_factor=1.8, first_k_dense_replace=1,
@@ -1370,10 +1371,12 @@ FAMILIES: dict[str, FamilySpec] = {
         # Sarvam-105B: Transformers runs it as DeepSeek-V3 (SarvamMLAConfig reads num_experts and
         # num_shared_experts, and a deepseek_yarn rope block as YaRN).
         FamilySpec("sarvam_mla", normalize=_deepseek_yarn, **_V3_LATENT,
-                   keys=dict(_LATENT_KEYS, num_experts=("n_routed_experts", "num_experts"),
-                             n_shared_experts=("n_shared_experts", "num_shared_experts")),
-                   config_defaults=dict(_V3_LATENT_DEFAULTS, q_lora_rank=None, n_routed_experts=128, n_group=1,
-                                        topk_group=1, first_k_dense_replace=1),
+                   keys=dict(_LATENT_KEYS, num_experts=("num_experts", "n_routed_experts"),
+                             n_shared_experts=("num_shared_experts", "n_shared_experts")),
+                   config_defaults={k: v for k, v in dict(_V3_LATENT_DEFAULTS, q_lora_rank=None, n_group=1,
+                                                          topk_group=1, first_k_dense_replace=1).items()
+                                    if k not in ("n_routed_experts", "n_shared_experts")},
+                   moe_defaults={"num_experts": 128, "n_shared_experts": 1},
                    refusals=(Refusal(_stated_other("score_function", "sigmoid"),
                                      "a router score_function other than sigmoid is not supported (Transformers "
                                      "scores Sarvam-105B's experts by sigmoid)"),

@@ -88,7 +88,9 @@ GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
                   "attention.value_length": MAX_HEAD_DIM, "rope.dimension_count": MAX_HEAD_DIM,
                   "embedding_length": MAX_DIM, "feed_forward_length": MAX_DIM, "context_length": MAX_DIM,
                   "vocab_size": MAX_DIM, "attention.sliding_window": MAX_DIM,
-                  "rope.scaling.original_context_length": MAX_DIM}
+                  "rope.scaling.original_context_length": MAX_DIM, "attention.q_lora_rank": MAX_DIM,
+                  "attention.kv_lora_rank": MAX_DIM, "attention.key_length_mla": MAX_HEAD_DIM,
+                  "attention.value_length_mla": MAX_HEAD_DIM}
 
 
 def check_gguf_sizes(meta, source: str) -> None:

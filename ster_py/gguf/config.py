@@ -14,7 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
+from ..config import LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers, yarn_mscale
+from ..decoder.latent import LatentSpec
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -29,6 +30,11 @@ LLAMA_CPP_FIXED = {
     # The 27B Gemma 2 / Gemma 3 scale scores by (hidden_size / heads) ** -0.5, identified by depth.
     "gemma2.27b_block_count": 46,
     "gemma3.27b_block_count": 62,
+    # MiniCPM3 (src/models/minicpm3.cpp): its muP scales are constants of the graph, not metadata:
+    # embeddings times 12, each sublayer's output times 1.4 / sqrt(layers), logits times 256 / hidden.
+    "minicpm3.scale_emb": 12.0,
+    "minicpm3.scale_depth": 1.4,
+    "minicpm3.dim_model_base": 256,
 }
 
 GGUF_ROPE_SCALING = {"none": "default", "linear": "linear", "yarn": "yarn"}
@@ -52,6 +58,11 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen3moe": {"norm_topk_prob": True},
     "olmoe": {"norm_topk_prob": False},
 }
+# What llama.cpp's loader assumes when a file leaves expert_gating_func out (src/models/deepseek2.cpp:
+# softmax, the DeepSeek-V2 files before the key; sigmoid for GLM-4.7-Flash, told by its 47 or 48 layers
+# and 154880 tokens).
+LLAMA_CPP_GATING_DEFAULT = {"deepseek2": "softmax"}
+GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 
 
 def supported_architectures() -> list[str]:
@@ -140,6 +151,10 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         config["scoring_func"] = GGUF_GATING[int(gating)]
         if int(gating) == 3:
             config["norm_topk_prob"] = True
+    if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
+        vocab = len(meta.get("tokenizer.ggml.tokens") or ()) or meta.get(f"{arch}.vocab_size")
+        glm_lite = n_layers in GLM_LITE_SHAPE["layers"] and vocab == GLM_LITE_SHAPE["vocab"]
+        config["scoring_func"] = "sigmoid" if glm_lite else LLAMA_CPP_GATING_DEFAULT[arch]
     config.update(LLAMA_CPP_MOE.get(arch, {}))
     n_group = config.get("n_group") or 1
     select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
@@ -157,9 +172,63 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
 
 
+def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, path: str) -> LatentSpec:
+    """The latent attention of a ``deepseek2`` / ``minicpm3`` file, as llama.cpp's loader reads it.
+
+    ``attention.kv_lora_rank``, the optional ``attention.q_lora_rank`` (absent: one ``attn_q``), the
+    rotated width ``rope.dimension_count``; head widths from ``attention.key_length_mla`` /
+    ``value_length_mla`` when the file stores kv_b split per head (``attn_k_b`` / ``attn_v_b``), else
+    ``attention.key_length`` / ``value_length`` (each ``embedding_length / head_count`` when absent).
+    The bottleneck norms take the model's epsilon, as llama.cpp's graph does.
+
+    Raises:
+        SterError: a missing or invalid width, a rotated width not below the query/key head's.
+    """
+    def g(key, default=None):
+        return _get(meta, f"{arch}.{key}", int, path, default)
+
+    rope = g("rope.dimension_count")
+    if meta.get(f"{arch}.attention.key_length_mla") is not None or meta.get(f"{arch}.attention.value_length_mla"):
+        qk, v = g("attention.key_length_mla"), g("attention.value_length_mla")
+    else:
+        qk, v = g("attention.key_length", hidden // heads), g("attention.value_length", hidden // heads)
+    if rope % 2 or rope >= qk:
+        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rope}) must be even and below the "
+                        f"query/key head width {qk}, whose rest is the position-free part")
+    q_rank = meta.get(f"{arch}.attention.q_lora_rank")
+    return LatentSpec(kv_lora_rank=g("attention.kv_lora_rank"), q_lora_rank=g("attention.q_lora_rank") if q_rank
+                      else None, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v, norm_eps=eps)
+
+
+def _deepseek2_yarn(meta: Mapping, arch: str, params: dict, qk_head_dim: int, path: str) -> float:
+    """llama.cpp's YaRN for ``deepseek2`` (src/llama-context.cpp, src/models/deepseek2.cpp): fills in the
+    rotation's attention factor and returns the softmax scale.
+
+    ``rope.scaling.yarn_log_multiplier`` is 0.1 * mscale_all_dim. With it, llama.cpp takes mscale equal to
+    mscale_all_dim, so the tables keep their magnitude; without it they are scaled by YaRN's
+    ``yarn_mscale(factor)``; either way times ``rope.scaling.attn_factor``. The scores are scaled by
+    (that factor * (1 + 0.1 * mscale_all_dim * ln factor)) ** 2 / sqrt(qk_head_dim).
+    """
+    factor = params["factor"]
+    log_mul = meta.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+    m_all = 0.0 if log_mul is None else _get(meta, f"{arch}.rope.scaling.yarn_log_multiplier", float, path) / 0.1
+    attn = _get(meta, f"{arch}.rope.scaling.attn_factor", float, path, 1.0, positive=True)
+    ratio = (1.0 if log_mul is not None else yarn_mscale(factor)) * attn
+    params["attention_factor"] = ratio
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(f"{arch}.rope.scaling.{key}") is not None:
+            params[name] = _get(meta, f"{arch}.rope.scaling.{key}", float, path, positive=True)
+    ext = meta.get(f"{arch}.rope.scaling.yarn_ext_factor")
+    if ext is not None and _get(meta, f"{arch}.rope.scaling.yarn_ext_factor", float, path) != 1.0:
+        raise SterError(f"{path}: a YaRN extrapolation factor other than 1 ({arch}.rope.scaling.yarn_ext_factor) "
+                        "is not supported")
+    return (ratio * (1.0 + 0.1 * m_all * math.log(factor))) ** 2 / math.sqrt(qk_head_dim)
+
+
 def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = None,
                    vocab_size: int | None = None, has_output: bool = True,
-                   tensors: Mapping[str, tuple] | None = None) -> ModelSpec:
+                   tensors: Mapping[str, tuple] | None = None,
+                   rope_factors: tuple[np.ndarray, np.ndarray] | None = None) -> ModelSpec:
     """Build the ``ModelSpec`` of a GGUF file from its metadata.
 
     The family's flags come from the family table, switched by the metadata its
@@ -175,6 +244,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         has_output: the file holds an ``output`` tensor (else the head is tied).
         tensors: the file's tensor names -> shapes (numpy order); mixture-of-experts layers
             and options are read from which tensors are present (``_gguf_moe``).
+        rope_factors: the optional (``rope_factors_short``, ``rope_factors_long``) tensors, float32
+            [rotary_dim // 2] each: LongRoPE's per-pair divisors (MiniCPM3), the long ones past
+            ``rope.scaling.original_context_length`` (else ``context_length``) positions.
 
     Raises:
         SterError: an unsupported architecture, or a missing or invalid hyper-parameter.
@@ -196,35 +268,57 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     hidden = g("embedding_length", int)
     n_layers = g("block_count", int)
     heads = g("attention.head_count", int)
-    kv_heads = g("attention.head_count_kv", int, heads)
-    head_dim = g("attention.key_length", int, hidden // heads)
-    if heads % kv_heads:
-        raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
-    # The rotated width sizes the frequency tables: bounded by the head before any is built.
-    rotary_dim = g("rope.dimension_count", int, head_dim)
-    if rotary_dim > head_dim or rotary_dim % 2:
-        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rotary_dim}) must be even and at most "
-                        f"the head width {head_dim} ({arch}.attention.key_length, else embedding_length / "
-                        "head_count)")
-    max_pos = g("context_length", int, 2048)
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
+    latent = _gguf_latent(meta, arch, hidden, heads, eps, path) if family.latent else None
+    if latent is not None:  # expanded, one key/value head per head; only the rope part rotates
+        kv_heads, head_dim, rotary_dim = heads, latent.qk_head_dim, latent.qk_rope_head_dim
+        rope_width = rotary_dim
+    else:
+        kv_heads = g("attention.head_count_kv", int, heads)
+        head_dim = g("attention.key_length", int, hidden // heads)
+        if heads % kv_heads:
+            raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
+        # The rotated width sizes the frequency tables: bounded by the head before any is built.
+        rotary_dim = g("rope.dimension_count", int, head_dim)
+        if rotary_dim > head_dim or rotary_dim % 2:
+            raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rotary_dim}) must be even and at "
+                            f"most the head width {head_dim} ({arch}.attention.key_length, else embedding_length / "
+                            "head_count)")
+        rope_width = head_dim
+    max_pos = g("context_length", int, 2048)
 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in GGUF_ROPE_SCALING:
         raise SterError(f"{path}: rope scaling {scaling!r} is not supported; supported: {', '.join(GGUF_ROPE_SCALING)}")
+    if latent is not None and scaling not in ("none", "yarn"):
+        raise SterError(f"{path}: rope scaling {scaling!r} on latent attention is not supported; supported: "
+                        "none, yarn")
     params = {"rope_type": GGUF_ROPE_SCALING[scaling],
               "rope_theta": g("rope.freq_base", float, 10000.0, positive=True)}
     if scaling != "none":
         params["factor"] = g("rope.scaling.factor", float, positive=True)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
+    scale = None
+    if latent is not None:
+        scale = (_deepseek2_yarn(meta, arch, params, head_dim, path) if scaling == "yarn" and arch == "deepseek2"
+                 else head_dim ** -0.5)
 
     def make(p):
-        return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved,
+        return make_rope(p, head_dim=rope_width, max_position_embeddings=max_pos,
+                         partial_rotary_factor=rotary_dim / rope_width, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
+    if rope_factors is not None:  # LongRoPE from the file (MiniCPM3): per-pair divisors, short and long
+        short, long = (np.asarray(f, np.float64).reshape(-1) for f in rope_factors)
+        if short.shape != full.inv_freq.shape or long.shape != full.inv_freq.shape:
+            raise SterError(f"{path}: rope_factors_short / rope_factors_long hold {short.size} / {long.size} "
+                            f"factors, expected one per rotary pair ({full.inv_freq.size})")
+        if not (np.all(np.isfinite(short)) and np.all(np.isfinite(long)) and np.all(short > 0) and np.all(long > 0)):
+            raise SterError(f"{path}: rope_factors_short / rope_factors_long must hold finite numbers above 0")
+        full = replace(full, inv_freq=full.inv_freq / short, long_inv_freq=full.inv_freq / long,
+                       long_from=g("rope.scaling.original_context_length", int, max_pos))
     if rope_freqs is not None:
         if rope_freqs.shape != full.inv_freq.shape:
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
@@ -250,9 +344,14 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
             rope = None
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense"))
+                                ffn="moe" if routed[i] else "dense",
+                                mixer="latent" if latent is not None else "attention",
+                                v_head_dim=latent.v_head_dim if latent and latent.v_head_dim != head_dim else None))
 
-    scale = None
+    if arch == "minicpm3":  # the scales llama.cpp's graph fixes, as the config keys the family reads
+        config.update(scale_emb=LLAMA_CPP_FIXED["minicpm3.scale_emb"],
+                      residual_multiplier=LLAMA_CPP_FIXED["minicpm3.scale_depth"] / math.sqrt(n_layers),
+                      logits_scaling=hidden / LLAMA_CPP_FIXED["minicpm3.dim_model_base"])
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
         if n_layers == block:
             scale = (hidden / heads) ** -0.5
@@ -287,5 +386,6 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         extra={"gguf_architecture": arch},
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         moe=moe,
+        latent=latent,
         **fields,
     )
