@@ -610,3 +610,20 @@ def test_gguf_glm_lite_files_without_a_gating_func_score_by_sigmoid():
         tensors = {f"blk.{i}.ffn_gate_inp.weight": (8, 64) for i in range(1, layers)}
         _, moe = _gguf_moe(meta, "deepseek2", family, tensors, layers, 96, "x.gguf")
         assert moe.router.scoring == scoring
+
+
+@pytest.mark.parametrize("case", ["axk1", "deepseek_v3"])
+def test_experts_stacked_as_transformers_5_keeps_them(case, tmp_path):
+    """Seed 002 (A.X-K1): experts saved stacked in mlp.experts.gate_up_proj ([experts, 2 * width, hidden],
+    gate rows first) and mlp.experts.down_proj, as Transformers 5's own modules hold them, load in a
+    family that otherwise names one module per expert."""
+    from safetensors.torch import save_file
+
+    ref_model = build(tmp_path, *CASES[case])
+    state = {k: v.contiguous() for k, v in ref_model.state_dict().items()}
+    assert "model.layers.1.mlp.experts.gate_up_proj" in state and state[
+        "model.layers.1.mlp.experts.gate_up_proj"].ndim == 3
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model = load_model(str(tmp_path))
+    assert rel_err(model.decoder.forward(PROMPT), reference_logits(ref_model, PROMPT)[0]) < 1e-4
+    assert model.decoder._weights.unused_tensors(model.spec) == []
