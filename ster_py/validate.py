@@ -36,7 +36,7 @@ def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
 # config.json keys that must be JSON booleans when present ("false" as a string is truthy in Python).
 BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias", "use_qkv_bias",
                 "use_parallel_residual", "qk_layernorm", "use_qk_norm", "parallel_attn", "bias", "multi_query",
-                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm")
+                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave")
 
 
 # config.json special-token ids: an integer id, a list of them (eos_token_id of chat models), or null.

@@ -533,10 +533,10 @@ def test_gguf_matches_transformers(name, mla_gguf):
     assert model.decoder._weights.unused_tensors(model.spec) == []
 
 
-@pytest.mark.parametrize("name", [n for n in GGUF_CASES if n.startswith("deepseek2-v3")])
+@pytest.mark.parametrize("name", [n for n in GGUF_CASES if n.startswith("deepseek2-v3")] + ["minicpm3"])
 def test_gguf_dir_matches_transformers(name, mla_gguf, tmp_path):
     """config.json + tokenizer.json + the converted .gguf: the config decides the model, the file holds
-    the weights under llama.cpp's names (kv_b split per head)."""
+    the weights under llama.cpp's names (DeepSeek's kv_b split per head, MiniCPM3's whole)."""
     import shutil
 
     path, ref_model = mla_gguf[name]

@@ -178,11 +178,10 @@ class LatentAttention(Part):
         self.heads = spec.attention_shape(i)[0]
         H, r, nope, v = self.heads, m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim
         self.ROLES = ("q", "o") if m.q_lora_rank is None else ("o",)
+        self.q = self.q_a = self.q_a_norm = self.q_b = None
         if m.q_lora_rank is None:
-            self.q, self.q_a, self.q_a_norm, self.q_b = make_linear(load("q", required=True), load("q", "bias")), \
-                None, None, None
+            self.q = make_linear(load("q", required=True), load("q", "bias"))
         else:
-            self.q = None
             self.q_a = make_linear(load("q_a", required=True), load("q_a", "bias"))
             self.q_a_norm = Norm("rms", m.norm_eps, load("q_a_norm", required=True), None)
             self.q_b = make_linear(load("q_b", required=True))
