@@ -390,7 +390,8 @@ def projection_shapes(spec) -> dict[str, tuple[int, int]]:
     """target -> (out, in) of that projection for a ``ModelSpec``."""
     d, f = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
-    return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "gate": (f, d), "up": (f, d), "down": (d, f)}
+    o = spec.num_attention_heads * spec.latent.v_head_dim if getattr(spec, "latent", None) is not None else q
+    return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, o), "gate": (f, d), "up": (f, d), "down": (d, f)}
 
 
 def _own_attention_shapes(spec) -> bool:
@@ -410,7 +411,8 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             a layer the model lacks; a role the model lacks (gate on a plain feed-forward); a
             feed-forward target on a mixture-of-experts family (its experts are not adapted,
             seed 002); an attention target on a model whose layers have their own head counts
-            or widths (MiMo-V2-Flash, seed 002); a factor whose shape does not fit the projection.
+            or widths (MiMo-V2-Flash, seed 002); on latent attention, a target other than o, or q
+            without a query bottleneck (seed 002); a factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
     if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
@@ -425,7 +427,13 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} routes its feed-forward "
                             "through experts, which ster does not adapt; adapt the attention projections "
                             "(q, k, v, o) only")
-        if target in ("q", "k", "v", "o") and _own_attention_shapes(spec):
+        latent = getattr(spec, "latent", None)
+        if latent is not None and target in ("q", "k", "v"):  # seed 002: o, and q without a bottleneck
+            if target != "q" or latent.q_lora_rank is not None:
+                where = "o only" if latent.q_lora_rank is not None else "o and q (it has no query bottleneck)"
+                raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s latent attention "
+                                f"takes adapters on {where}; its keys and values come from a shared latent")
+        elif latent is None and target in ("q", "k", "v", "o") and _own_attention_shapes(spec):
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s attention layers differ "
                             "in head counts or widths (or its values are not as wide as its keys), which ster does "
                             "not adapt; adapt the feed-forward projections (gate, up, down) only")

@@ -404,8 +404,8 @@ def inspect_value(key: str, value) -> str:
     millions or billions, dictionaries as ``key=value`` lists (see :func:`plain`)."""
     if isinstance(value, dict):
         return ", ".join(f"{k}={plain(v)}" for k, v in value.items())
-    if isinstance(value, int) and not isinstance(value, bool) and (key.endswith("_bytes")
-                                                                  or key == "kv_bytes_per_position"):
+    if isinstance(value, int) and not isinstance(value, bool) and (key.endswith("_bytes") or key.startswith(
+            ("kv_bytes_per_position", "state_bytes_per"))):
         return f"{value:,} bytes ({value / 2**20:,.1f} MiB)" if value >= 2**20 else f"{value:,} bytes"
     if key == "parameters" and isinstance(value, int) and value >= 10**6:
         scaled = f"{value / 1e9:,.2f} B" if value >= 10**9 else f"{value / 1e6:,.1f} M"

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
@@ -36,7 +37,8 @@ ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "ge
 class LayerSpec:
     """What varies from layer to layer: its mixer, its feed-forward, its window and rotation.
 
-    ``mixer`` names the layer's token mixer (``"attention"``); ``ffn`` its feed-forward:
+    ``mixer`` names the layer's token mixer (``"attention"``, or ``"latent"``: multi-head latent
+    attention, ``ModelSpec.latent``); ``ffn`` its feed-forward:
     ``"dense"``, ``"moe"`` (routed experts, ``ModelSpec.moe``) or ``"none"``.
     ``sliding_window`` counts the key positions a query sees, itself included
     (None: all earlier positions). ``rope`` is None on layers that do not rotate.
@@ -48,7 +50,8 @@ class LayerSpec:
     The fields after ``query_temperature`` override the model's for this layer, None keeping the
     model's: the attention geometry (query heads, key/value heads, value head width;
     ``ModelSpec.attention_shape``), whether it has attention sinks, and its
-    routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5).
+    routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5). ``norms``: the sublayer
+    norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
     """
 
     sliding_window: int | None
@@ -63,6 +66,7 @@ class LayerSpec:
     v_head_dim: int | None = None
     sinks: bool | None = None
     moe: MoESpec | None = None
+    norms: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,9 @@ class ModelSpec:
     attention_value_scale); ``attn_gate`` multiplies the attention output, per head (or per
     element without ``attn_gate_per_head``), by ``"sigmoid"`` or ``"softplus"`` of the
     ``g`` projection of the layer's input (Step 3.5, Laguna). ``unread`` lists name prefixes
-    of stored tensors the forward never reads (multi-token-prediction modules).
+    of stored tensors the forward never reads (multi-token-prediction modules). ``latent``
+    describes the multi-head latent attention of the layers whose ``LayerSpec.mixer`` is
+    ``"latent"`` (their ``head_dim`` is its nope + rope, their values ``v_head_dim`` wide).
     """
 
     model_type: str
@@ -144,6 +150,7 @@ class ModelSpec:
     attn_gate: str | None = None
     attn_gate_per_head: bool = True
     unread: tuple[str, ...] = ()
+    latent: LatentSpec | None = None
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -151,6 +158,19 @@ class ModelSpec:
         heads = layer.num_attention_heads or self.num_attention_heads
         kv = layer.num_key_value_heads or self.num_key_value_heads
         return heads, kv, self.head_dim, layer.v_head_dim or self.head_dim
+
+    def layer_norms(self, i: int) -> tuple[str, ...]:
+        """The sublayer norms of layer ``i`` (its own, else the model's)."""
+        own = self.layers[i].norms
+        return self.norms if own is None else own
+
+    def cache_width(self, i: int) -> int:
+        """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
+        a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
+        if self.layers[i].mixer == "latent":
+            return self.latent.cache_width
+        _, kv, dk, dv = self.attention_shape(i)
+        return kv * (dk + dv)
 
     def layer_sinks(self, i: int) -> bool:
         """Whether layer ``i`` has a learned attention sink per head."""
@@ -568,8 +588,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
-    kv_heads = r.positive_int("num_key_value_heads", heads, limit=MAX_HEADS)
-    head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
+    latent = latent_spec(r, config_name) if family.latent else None
+    if latent is not None:  # expanded, every head has its own key and value: one key/value head per head
+        kv_heads, head_dim = heads, latent.qk_head_dim
+    else:
+        kv_heads = r.positive_int("num_key_value_heads", heads, limit=MAX_HEADS)
+        head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
     n_layers = r.positive_int("num_hidden_layers", limit=MAX_LAYERS)
     if heads % kv_heads:
         raise SterError(f"invalid model config {config_name}: num_attention_heads ({heads}) is not a "
@@ -598,12 +622,18 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if family.local_rope_key and config.get(family.local_rope_key) is not None:
         sliding_params = {"rope_type": "default", "rope_theta": config[family.local_rope_key]}
 
+    rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
+
     def make(params: dict) -> Rope:
-        return make_rope(_fixed_alpha(params, head_dim), head_dim=head_dim, max_position_embeddings=max_pos,
+        return make_rope(_fixed_alpha(params, rope_width), head_dim=rope_width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
     full_rope = make(full_params)
+    if latent is not None and full_rope.rotary_dim != rope_width:
+        raise SterError(f"{config_name}: a rotary share ({partial_keys}) other than the whole qk_rope_head_dim "
+                        f"({rope_width}) is not supported for latent attention (Transformers rotates all of it); "
+                        "ster refuses this configuration before reading any weight")
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     routed = moe_layer_flags(config, n_layers, config_name) if family.moe else [False] * n_layers
@@ -612,7 +642,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
     own = layer_geometry(config, n_layers, heads, kv_heads, config_name)
-    v_head_dim = r.positive_int("v_head_dim", head_dim, limit=MAX_HEAD_DIM)
+    v_head_dim = latent.v_head_dim if latent is not None else r.positive_int("v_head_dim", head_dim,
+                                                                             limit=MAX_HEAD_DIM)
     if v_head_dim != head_dim:
         own = [dict(o, v_head_dim=v_head_dim) for o in own]
     if family.sinks in ("sliding", "full"):  # sinks on one kind of layer only
@@ -631,10 +662,15 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
             raise SterError(f"{where}: floor_scale must be a positive integer, got {brief_value(divisor)}")
         temperature = (r.number("attn_scale", 0.1), divisor, 1)  # Llama 4 counts positions from one here
     rotated_only = family.query_temperature == "unrotated_layers"
+    if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
+        own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
+    mixer = "latent" if latent is not None else "attention"
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense",
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
-                             query_temperature=rope is None or not rotated_only, **o)
+                             query_temperature=rope is None or not rotated_only, mixer=mixer, **o)
                    for s, rope, m, c, o in zip(sliding, ropes, routed, chunks, own))
+    # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
+    dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
@@ -665,9 +701,52 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
-        unread=family.unread + _mtp_layers(config, family, n_layers),
-        **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name),
+        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
+        latent=latent,
+        **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
+                        attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
+    """The latent attention of a family with ``latent``: ``kv_lora_rank``, ``q_lora_rank`` (null: one
+    q projection), ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``, under the family's keys.
+
+    Raises:
+        SterError: a width that is not a positive integer within bounds, an odd rotated width.
+    """
+    q_rank = r.get("q_lora_rank")
+    latent = LatentSpec(kv_lora_rank=r.positive_int("kv_lora_rank"),
+                        q_lora_rank=None if q_rank is None else r.positive_int("q_lora_rank"),
+                        qk_nope_head_dim=r.positive_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
+                        qk_rope_head_dim=r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
+                        v_head_dim=r.positive_int("v_head_dim", limit=MAX_HEAD_DIM))
+    if latent.qk_rope_head_dim % 2:
+        raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
+                        "even; rotary pairs need an even width")
+    return latent
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched ``scale`` times: 0.1 * mscale * ln(scale) + 1
+    (1 when scale <= 1). Peng et al. 2023 (arXiv:2309.00071); DeepSeek-V2's ``yarn_get_mscale``."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def latent_attn_scale(params: Mapping, qk_head_dim: int, max_pos: int) -> float:
+    """Latent attention's softmax scale: qk_head_dim ** -0.5, times mscale ** 2 for a scaled rotation that
+    states ``mscale_all_dim`` (mscale = ``yarn_mscale(factor, mscale_all_dim)``), as Transformers'
+    ``yarn_apply_mscale`` computes it for DeepSeek-V2/V3 and MiniCPM3 (DeepSeek-V2, arXiv:2405.04434)."""
+    scale = qk_head_dim ** -0.5
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    m_all = params.get("mscale_all_dim")
+    if kind != "default" and isinstance(m_all, (int, float)) and not isinstance(m_all, bool) and m_all:
+        factor = params.get("factor")
+        if factor is None and params.get("original_max_position_embeddings"):
+            factor = max_pos / params["original_max_position_embeddings"]
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor):
+            scale *= yarn_mscale(float(factor), float(m_all)) ** 2
+    return scale
 
 
 def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: int, head_dim: int,

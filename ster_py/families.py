@@ -314,6 +314,11 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
     "swiglu_alpha": ("swiglu_alpha",),
     "router_logit_softcap": (),  # a cap on the router's logits (Laguna's moe_router_logit_softcapping)
+    # Multi-head latent attention (read only by families with ``latent``; see ``config.latent_spec``).
+    "kv_lora_rank": ("kv_lora_rank",),
+    "q_lora_rank": ("q_lora_rank",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -480,6 +485,12 @@ class FamilySpec:
             (``on_input``, ``glu``, ``renorm_eps``, ``group_rank``, ...).
         shared_gated: the shared experts' output is gated by ``sigmoid(shexp_gate_inp(x))``.
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
+        latent: every layer mixes by multi-head latent attention (``decoder/latent.py``), its ranks and
+            head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
+        routed_norms: the sublayer norms of the routed layers, when they differ from ``norms``
+            (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
+        dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
+            the forward never reads (A.X-K1's post_mlp_layernorm, used on routed layers only).
     """
 
     model_type: str
@@ -553,6 +564,9 @@ class FamilySpec:
     shared_gated: bool = False
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
+    latent: bool = False
+    routed_norms: tuple[str, ...] | None = None
+    dense_unread: tuple[str, ...] = ()
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -799,6 +813,92 @@ def _phimoe_rope_unsupported(config: Mapping) -> bool:
     rp = config.get("rope_parameters") or config.get("rope_scaling")
     kind = (rp.get("rope_type") or rp.get("type")) if isinstance(rp, Mapping) else None
     return kind not in (None, "default", "longrope")
+
+
+# ---- group MLA: multi-head latent attention (the DeepSeek-V2 line), names, readers and refusals.
+# The latent roles (decoder/latent.py): q_a -> q_a_norm -> q_b (or one q), kv_a (kv_a_proj_with_mqa),
+# kv_a_norm, kv_b, and llama.cpp's per-head split of kv_b into k_b [H, r, nope] and v_b [H, v, r].
+_SA = _L + "self_attn."
+LATENT_NAMES = dict(q_a=_SA + "q_a_proj", q_a_norm=_SA + "q_a_layernorm", q_b=_SA + "q_b_proj",
+                    kv_a=_SA + "kv_a_proj_with_mqa", kv_a_norm=_SA + "kv_a_layernorm", kv_b=_SA + "kv_b_proj")
+# DeepSeek's feed-forward keeps GLM-4.5's names (mlp.gate, its e_score_correction_bias, mlp.experts.{e},
+# mlp.shared_experts, and the dense layers' mlp.gate_proj / up_proj / down_proj).
+DEEPSEEK_NAMES = _with(GLM4_MOE_NAMES, k=None, v=None, **LATENT_NAMES)
+# A.X-K1 norms each routed layer's feed-forward output: post_mlp_layernorm at the layer (its releases,
+# and Transformers' writer), or below mlp where Transformers' own module keeps it.
+AXK1_NAMES = _with(DEEPSEEK_NAMES, ffn_post_norm=(_L + "post_mlp_layernorm", _L + "mlp.post_mlp_layernorm"))
+MINICPM3_NAMES = _with(LLAMA_NAMES, k=None, v=None, **LATENT_NAMES)
+GGUF_LATENT_NAMES = _with(GGUF_NAMES, k=None, v=None, q_a="blk.{i}.attn_q_a", q_a_norm="blk.{i}.attn_q_a_norm",
+                          q_b="blk.{i}.attn_q_b", kv_a="blk.{i}.attn_kv_a_mqa", kv_a_norm="blk.{i}.attn_kv_a_norm",
+                          kv_b="blk.{i}.attn_kv_b", k_b="blk.{i}.attn_k_b", v_b="blk.{i}.attn_v_b")
+# Every latent family reads its head widths from the latent keys: head_dim and num_key_value_heads
+# are not its (a Sarvam hub config's head_dim is kv_lora_rank + qk_rope_head_dim, for vLLM).
+_LATENT_KEYS = {"v_head_dim": ("v_head_dim",), "head_dim": (), "num_key_value_heads": ()}
+_LATENT = dict(latent=True, rope_interleaved=True, gguf_names=GGUF_LATENT_NAMES)
+# Transformers' DeepSeek-V3 router (DeepseekV3TopkRouter; GLM-4.7-Flash's, A.X-K1's and Sarvam-105B's are
+# the same class): sigmoid scores, e_score_correction_bias to choose, groups ranked by their best two,
+# renormalised under norm_topk_prob with DeepSeek's 1e-20, always times routed_scaling_factor.
+_V3_LATENT = dict(_LATENT, moe=True, names=DEEPSEEK_NAMES, **_V3_ROUTER,
+                  variants=(Variant(unset("rope_interleave"), {"rope_interleaved": False}),))
+_V3_LATENT_DEFAULTS = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                       "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                       "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4, "norm_topk_prob": True,
+                       "routed_scaling_factor": 2.5, "first_k_dense_replace": 3}
+
+
+def _stated_other(key: str, *allowed) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is stated (not null) with a value outside ``allowed``."""
+    return lambda c: c.get(key) is not None and c.get(key) not in allowed
+
+
+_MOE_LAYER_FREQ = Refusal(_stated_other("moe_layer_freq", 1),
+                          "a moe_layer_freq other than 1 is not supported (Transformers routes every layer from "
+                          "first_k_dense_replace on, so its weights would not be this checkpoint's)")
+
+
+def _deepseek_yarn(config: Mapping) -> Mapping:
+    """A rope block of type ``deepseek_yarn`` (DeepSeek's remote code; Sarvam-105B) read as the YaRN it is."""
+    c = dict(config)
+    for key in ("rope_scaling", "rope_parameters"):
+        rp = c.get(key)
+        if isinstance(rp, Mapping) and "deepseek_yarn" in (rp.get("type"), rp.get("rope_type")):
+            c[key] = {**{k: v for k, v in rp.items() if k != "type"}, "rope_type": "yarn"}
+    return c
+
+
+def _axk1_config(config: Mapping) -> Mapping:
+    """A.X-K1's dense and routed layers as Transformers' AXK1Config derives them when the config lists no
+    mlp_layer_types: routed from first_k_dense_replace (1 when left out) on, every moe_layer_freq-th (1)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        k, freq = c.get("first_k_dense_replace"), c.get("moe_layer_freq")
+        k = 1 if k is None else k
+        freq = 1 if freq is None else freq
+        if isinstance(k, int) and isinstance(freq, int) and not isinstance(k, bool) and not isinstance(freq, bool) \
+                and freq > 0:
+            c["mlp_layer_types"] = ["sparse" if i >= k and i % freq == 0 else "dense" for i in range(n)]
+    return c
+
+
+def _minicpm3_config(config: Mapping) -> Mapping:
+    """MiniCPM3's muP scales as the keys config.py reads (MiniCPM3Config's derived values): each
+    sublayer's output times ``residual_multiplier`` = scale_depth / sqrt(num_hidden_layers), the logits
+    divided by ``logits_scaling`` = hidden_size / dim_model_base; a null scale_depth is sqrt(layers)
+    (a unit scale), a null dim_model_base is hidden_size, a null v_head_dim is hidden_size / heads."""
+    c, n = dict(config), _n_layers(config)
+    hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    sizes = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (hidden, heads))
+    if c.get("v_head_dim") is None and sizes:
+        c["v_head_dim"] = hidden // heads
+    depth, base = c.get("scale_depth"), c.get("dim_model_base")
+    if n and depth is None:
+        depth = n ** 0.5
+    if isinstance(depth, (int, float)) and not isinstance(depth, bool) and n:
+        c["residual_multiplier"] = depth / n ** 0.5
+    base = hidden if base is None else base
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and base and sizes:
+        c["logits_scaling"] = hidden / base
+    return c
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -1271,6 +1371,92 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a qk_norm_type other than per_layer or per_head is not supported"),
                              Refusal(lambda c: c.get("scoring_func") not in (None, "sigmoid"),
                                      "a scoring_func other than sigmoid is not supported"))),
+        # ---- group MLA: multi-head latent attention (DeepSeek-V2 line), DeepSeek's routers
+        # Transformers' DeepSeek-V2 router: softmax scores, greedy or group_limited_greedy (groups ranked by
+        # their best expert), never renormalised, always times routed_scaling_factor (whatever norm_topk_prob
+        # says: seed 002 renormalises under it instead of scaling; Transformers is the oracle here).
+        FamilySpec("deepseek_v2", gguf_arch="deepseek2", moe=True, names=DEEPSEEK_NAMES, keys=_LATENT_KEYS,
+                   fixed={"scoring_func": "softmax", "norm_topk_prob": False}, **_LATENT,
+                   config_defaults={"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                                    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+                                    "n_shared_experts": 2, "moe_intermediate_size": 1407, "first_k_dense_replace": 0,
+                                    "routed_scaling_factor": 1.0, "topk_method": "greedy"},
+                   refusals=(Refusal(_stated_other("topk_method", "greedy", "group_limited_greedy"),
+                                     "a DeepSeek-V2 topk_method other than greedy or group_limited_greedy is not "
+                                     "supported (Transformers' DeepSeek-V2 router has no other)"),
+                             Refusal(_stated_other("scoring_func", "softmax"),
+                                     "a DeepSeek-V2 scoring_func other than softmax is not supported "
+                                     "(Transformers' DeepSeek-V2 router scores by softmax whatever it says)"),
+                             _MOE_LAYER_FREQ)),
+        # DeepSeek-V3 and Kimi-K2 (model_type kimi_k2 is read as deepseek_v3, as Transformers reads it).
+        FamilySpec("deepseek_v3", gguf_arch="deepseek2", keys=_LATENT_KEYS, config_defaults=dict(_V3_LATENT_DEFAULTS),
+                   **_V3_LATENT,
+                   refusals=(Refusal(_stated_other("scoring_func", "sigmoid"),
+                                     "a DeepSeek-V3 scoring_func other than sigmoid is not supported "
+                                     "(Transformers' DeepSeek-V3 router scores by sigmoid whatever it says)"),
+                             Refusal(_stated_other("topk_method", "noaux_tc"),
+                                     "a DeepSeek-V3 topk_method other than noaux_tc is not supported "
+                                     "(Transformers' DeepSeek-V3 router chooses by noaux_tc whatever it says)"),
+                             _MOE_LAYER_FREQ)),
+        FamilySpec("minicpm3", gguf_arch="minicpm3", names=MINICPM3_NAMES, keys=_LATENT_KEYS, tie_default=True,
+                   normalize=_minicpm3_config, embed_multiplier_key="scale_emb",
+                   residual_multiplier_key="residual_multiplier", logit_scale_key="logits_scaling",
+                   logit_scale_divides=True, **dict(_LATENT, rope_interleaved=False),
+                   config_defaults={"kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64,
+                                    "qk_rope_head_dim": 32, "scale_emb": 12, "scale_depth": 1.4,
+                                    "dim_model_base": 256, "rms_norm_eps": 1e-5}),
+        # GLM-4.7-Flash: the first layer dense unless mlp_layer_types says otherwise (Transformers' default).
+        FamilySpec("glm4_moe_lite", gguf_arch="deepseek2", keys=_LATENT_KEYS, **_V3_LATENT,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, q_lora_rank=768, qk_nope_head_dim=192, v_head_dim=256,
+                                        n_routed_experts=64, num_experts_per_tok=4, moe_intermediate_size=1536,
+                                        n_group=1, topk_group=1, routed_scaling_factor=1.8, first_k_dense_replace=1,
+                                        rms_norm_eps=1e-5),
+                   refusals=(Refusal(lambda c: c.get("mlp_layer_types") is None
+                                     and c.get("first_k_dense_replace", 1) != 1,
+                                     "a first_k_dense_replace other than 1 without mlp_layer_types is not "
+                                     "supported (Transformers keeps only the first layer dense); state "
+                                     "mlp_layer_types"),
+                             Refusal(_stated_other("scoring_func", "sigmoid"),
+                                     "a scoring_func other than sigmoid is not supported (Transformers' "
+                                     "GLM-4.7-Flash router scores by sigmoid whatever it says)"))),
+        # A.X-K1: DeepSeek-V3 with post_mlp_layernorm over each routed feed-forward's output; its releases
+        # route without a selection bias (topk_method none), which Transformers reads as a zero bias, groups
+        # still ranked by their best two (seed 002 ranks them by their best expert; Transformers is the oracle).
+        FamilySpec("axk1", keys=_LATENT_KEYS, normalize=_axk1_config,
+                   routed_norms=("attn_norm", "ffn_norm", "ffn_post_norm"),
+                   dense_unread=(_L + "post_mlp_layernorm", _L + "mlp.post_mlp_layernorm"),
+                   **dict(_V3_LATENT, names=AXK1_NAMES, moe_fields={**_V3_ROUTER["moe_fields"],
+                                                                     "select_bias_optional": True}),
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, n_routed_experts=192),
+                   refusals=(Refusal(lambda c: "q_lora_rank" in c and c["q_lora_rank"] is None,
+                                     "A.X-K1 without a query bottleneck (q_lora_rank null) is not supported "
+                                     "(Transformers' A.X-K1 attention always has one)"),
+                             Refusal(_stated_other("scoring_func", "sigmoid"),
+                                     "a scoring_func other than sigmoid is not supported (Transformers' "
+                                     "A.X-K1 router scores by sigmoid whatever it says)"))),
+        # Sarvam-105B: Transformers runs it as DeepSeek-V3 (SarvamMLAConfig reads num_experts and
+        # num_shared_experts, and a deepseek_yarn rope block as YaRN).
+        FamilySpec("sarvam_mla", normalize=_deepseek_yarn, **_V3_LATENT,
+                   keys=dict(_LATENT_KEYS, num_experts=("num_experts", "n_routed_experts"),
+                             n_shared_experts=("num_shared_experts", "n_shared_experts")),
+                   config_defaults={k: v for k, v in dict(_V3_LATENT_DEFAULTS, q_lora_rank=None, n_group=1,
+                                                          topk_group=1, first_k_dense_replace=1).items()
+                                    if k not in ("n_routed_experts", "n_shared_experts")},
+                   moe_defaults={"num_experts": 128, "n_shared_experts": 1},
+                   refusals=(Refusal(_stated_other("score_function", "sigmoid"),
+                                     "a router score_function other than sigmoid is not supported (Transformers "
+                                     "scores Sarvam-105B's experts by sigmoid)"),
+                             Refusal(unset("moe_router_enable_expert_bias"),
+                                     "a router without its selection bias (moe_router_enable_expert_bias: false) "
+                                     "is not supported"),
+                             Refusal(lambda c: c.get("moe_shared_expert_intermediate_size") is not None
+                                     and c["moe_shared_expert_intermediate_size"]
+                                     != (c.get("moe_intermediate_size") or 2048)
+                                     * (c.get("num_shared_experts", c.get("n_shared_experts")) or 1),
+                                     "shared experts of a moe_shared_expert_intermediate_size other than "
+                                     "moe_intermediate_size times their count are not supported (Transformers "
+                                     "builds them that wide)"),
+                             _MOE_LAYER_FREQ)),
     )
 }
 
@@ -1288,8 +1474,15 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 
 
+# model_type values of remote-code configs that name another family's architecture: read as that family
+# (Kimi-K2's config.json says kimi_k2 for DeepseekV3ForCausalLM, as Transformers' Kimi-K2.5 reads it).
+MODEL_TYPE_ALIASES: Mapping[str, str] = {"kimi_k2": "deepseek_v3"}
+
+
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
     """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
+
+    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for.
 
     The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
@@ -1299,6 +1492,8 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
         SterError: a wrapper config without a ``text_config`` object.
     """
     wrapper = config.get("model_type")
+    if isinstance(wrapper, str) and wrapper in MODEL_TYPE_ALIASES:
+        return {**config, "model_type": MODEL_TYPE_ALIASES[wrapper]}, None
     if not isinstance(wrapper, str) or wrapper not in WRAPPERS:
         return config, None
     text = config.get("text_config")

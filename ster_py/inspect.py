@@ -46,8 +46,9 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     Keys: model, model_revision, kind, architecture, family, dimensions, tokenizer,
     chat_template (bool), tensors (count per stored type), parameters, file_bytes,
     resident_bytes (weights held once loaded: GGUF-quantized matrices as stored, every other
-    tensor at ``precision``), kv_bytes_per_position (f32
-    keys and values over all layers).
+    tensor at ``precision``), kv_bytes_per_position (what the f32 cache holds per position over all
+    layers: keys and values, or a latent layer's latent and rotated key part), and for latent
+    attention kv_bytes_per_position_expanded (what expanded keys and values would hold instead).
 
     Raises:
         SterError: whatever resolution or header validation refuses.
@@ -115,6 +116,8 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     info["parameters"] = n_params
     info["precision"] = precision
     info["resident_bytes"] = resident
-    info["kv_bytes_per_position"] = 4 * sum(kv * (dk + dv) for _, kv, dk, dv in
-                                            map(spec.attention_shape, range(spec.num_hidden_layers)))
+    info["kv_bytes_per_position"] = 4 * sum(map(spec.cache_width, range(spec.num_hidden_layers)))
+    if spec.latent is not None:  # what keys and values expanded from the latent would cost instead
+        info["kv_bytes_per_position_expanded"] = 4 * sum(kv * (dk + dv) for _, kv, dk, dv in
+                                                         map(spec.attention_shape, range(spec.num_hidden_layers)))
     return info

@@ -47,8 +47,8 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 # Stored tensors no decoder role reads and that are safe to leave: rotary inverse-frequency
 # buffers and the causal-mask buffers old GPT-2 / GPT-J / GPT-NeoX checkpoints saved.
 HARMLESS_SUFFIXES = (".inv_freq", ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias")
-# llama.cpp's rope_freqs is read with the metadata (gguf/load.py), not as a layer weight.
-HARMLESS_NAMES = frozenset({"rope_freqs.weight"})
+# llama.cpp's rope_freqs and LongRoPE factors are read with the metadata (gguf/load.py), not as layer weights.
+HARMLESS_NAMES = frozenset({"rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"})
 
 
 def _role_names(entry) -> tuple[str, ...]:

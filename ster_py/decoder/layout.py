@@ -14,7 +14,8 @@ never knows how a family stores its weights:
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
 - a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
 - a role listed under several names is read under the first one the file holds (Falcon GGUF);
-- routed experts (``experts``) are stored one module per expert (a name holding ``{e}``),
+- routed experts (``experts``) are stored one module per expert (a name holding ``{e}``; a
+  checkpoint saved from Transformers 5's modules may hold them stacked instead, read too),
   stacked in one tensor [num_experts, ...] (Transformers 5's ``experts.gate_up_proj``,
   GraniteMoE's ``input_linear``, llama.cpp's ``ffn_gate_exps``), or stacked by rows
   [num_experts * rows, cols] (DBRX); per expert [in, out] where the family stores them so
@@ -65,6 +66,15 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                        ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
                        ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d),
                        ("shexp_gate_up", "weight"): (2 * s, d), ("shexp_gate_up", "bias"): (2 * s,)})
+    if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
+        m = spec.latent
+        r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        shapes.update({("kv_a", "weight"): (r + rope, d), ("kv_a", "bias"): (r + rope,), ("kv_a_norm", "weight"): (r,),
+                       ("kv_b", "weight"): (h * (nope + lv), r), ("k_b", "weight"): (h, r, nope),
+                       ("v_b", "weight"): (h, lv, r)})
+        if qr is not None:
+            shapes.update({("q_a", "weight"): (qr, d), ("q_a", "bias"): (qr,), ("q_a_norm", "weight"): (qr,),
+                           ("q_b", "weight"): (q, qr)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -196,18 +206,36 @@ class Layout:
         m, d = self.spec.moe, self.spec.hidden_size
         n, f = m.router.num_experts, m.expert_size
         names = self.spec.names
+        stacked = self._transformers5_stack(i)
+        if stacked is not None:
+            names = {k: v for k, v in names.items() if k not in ("exp_gate", "exp_up")} | stacked
         fused = "exp_gate_up" in names and "exp_gate" not in names
         want = {"exp_gate": (f, d), "exp_up": (f, d), "exp_down": (d, f), "exp_gate_up": (2 * f, d)}
         per_role = {}
         for role in (("exp_gate_up",) if fused else ("exp_gate", "exp_up")) + ("exp_down",):
-            per_role[role] = (self._expert_stack(role, i, n, want[role], "weight", required=True),
-                              self._expert_stack(role, i, n, want[role][:1], "bias"))
+            per_role[role] = (self._expert_stack(role, i, n, want[role], "weight", required=True, names=names),
+                              self._expert_stack(role, i, n, want[role][:1], "bias", names=names))
         if fused:
             w, b = per_role.pop("exp_gate_up")
             for k, role in enumerate(("exp_gate", "exp_up")):
                 per_role[role] = ([self._half(x, k) for x in w], None if b is None else [self._half(x, k) for x in b])
         return [[(per_role[r][0][e], None if per_role[r][1] is None else per_role[r][1][e])
                  for r in ("exp_gate", "exp_up", "exp_down")] for e in range(n)]
+
+    def _transformers5_stack(self, i: int) -> dict | None:
+        """For a family that names one module per expert (``...experts.{e}.gate_proj.weight``): the names
+        of Transformers 5's stacked tensors beside them (``...experts.gate_up_proj`` [experts, 2 * width,
+        hidden], gate rows first, and ``...experts.down_proj``) when layer ``i`` stores its experts so
+        (a checkpoint saved from Transformers 5's own modules), else None."""
+        gate = self.spec.names.get("exp_gate")
+        if not isinstance(gate, str) or "experts.{e}." not in gate or "bias" in gate:
+            return None
+        if self._fetch(gate.format(i=i, e=0)) is not None:
+            return None
+        stem = gate.split("experts.{e}.")[0] + "experts."
+        if self._fetch(f"{stem}gate_up_proj".format(i=i)) is None:
+            return None
+        return {"exp_gate_up": stem + "gate_up_proj", "exp_down": stem + "down_proj"}
 
     def _half(self, t, k: int):
         """Gate (k = 0) or up (k = 1) rows of one expert's fused [2 * size, ...] tensor."""
@@ -216,9 +244,11 @@ class Layout:
         half = t.shape[0] // 2
         return t[:half] if k == 0 else t[half:]
 
-    def _expert_stack(self, role: str, i: int, n: int, shape: tuple, kind: str, required: bool = False):
-        """The ``n`` experts' tensors of ``role`` (weights in [out, in]), a list, or None when absent."""
-        entry = self.spec.names.get(role if kind == "weight" else f"{role}_bias")
+    def _expert_stack(self, role: str, i: int, n: int, shape: tuple, kind: str, required: bool = False,
+                      names=None):
+        """The ``n`` experts' tensors of ``role`` (weights in [out, in]), a list, or None when absent
+        (``names``: the role table, the spec's unless given)."""
+        entry = (self.spec.names if names is None else names).get(role if kind == "weight" else f"{role}_bias")
         if entry is None:
             if required:
                 raise SterError(f"the family of {self.spec.model_type!r} names no tensor for its experts' {role}")

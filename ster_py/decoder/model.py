@@ -6,8 +6,9 @@ and window per layer, position biases, soft-caps, scales); how a family stores
 its tensors (fused, transposed, per head) is undone at load by ``layout.Layout``.
 This file never names a family.
 
-A block is composed per layer from data: norms (which of the four, ``spec.norms``), a
-mixer (``LayerSpec.mixer``: attention, ``attention.Attention``) and a feed-forward
+A block is composed per layer from data: norms (which of the four, ``spec.layer_norms(i)``), a
+mixer (``LayerSpec.mixer``: ``"attention"``, ``attention.Attention``; ``"latent"``,
+``latent.LatentAttention``) and a feed-forward
 (``LayerSpec.ffn``: ``"dense"``, ``ffn.DenseFFN``; ``"moe"``, ``moe.MoE``; or ``"none"``),
 joined sequentially or in parallel. It computes (each norm only where listed,
 r = residual_scale)::
@@ -31,6 +32,7 @@ from ..errors import SterError
 from .attention import Attention
 from .cache import KVCache
 from .ffn import DenseFFN
+from .latent import LatentAttention
 from .layout import Layout
 from .linear import make_linear
 from .moe import MoE
@@ -54,7 +56,7 @@ _UNBUILT = object()
 #: ``LayerSpec.mixer`` -> the part that mixes tokens on such a layer, built as
 #: ``cls(spec, i, load, norm)``; a mixer that keeps state other than keys and values
 #: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``).
-MIXERS = {"attention": Attention}
+MIXERS = {"attention": Attention, "latent": LatentAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
@@ -84,7 +86,8 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
         if m.shared_gated:  # [1, hidden] (llama.cpp's converter stores it as a vector)
             gate = load("shexp_gate_inp", required=True)
             shared_gate = make_linear(gate.reshape(1, -1) if gate.ndim == 1 else gate)
-    select_bias = layout.get("router_select_bias", i, "", required=True) if m.router.select_bias else None
+    select_bias = (layout.get("router_select_bias", i, "", required=not m.select_bias_optional)
+                   if m.router.select_bias else None)  # absent and optional: chosen by the scores alone
     return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
                shared, shared_gate)
 
@@ -109,7 +112,7 @@ class _Layer:
             return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
                         spec.norm_unit_offset)
 
-        d["norms"] = {role: norm(role) for role in spec.norms}
+        d["norms"] = {role: norm(role) for role in spec.layer_norms(i)}
         d["mixer"] = MIXERS[self.layer.mixer](spec, i, load, norm)
         d["ffn"] = build_ffn(spec, i, layout, load)
 

@@ -100,6 +100,8 @@ class MoESpec:
         shared_gated: the shared experts' output is multiplied by ``sigmoid(shared_gate(x))``.
         shared_average: the routed and the shared experts' outputs are averaged, not summed
             (Cohere 2 MoE's ``shared_expert_combination_strategy`` "average").
+        select_bias_optional: a checkpoint may leave the router's selection bias out; it then
+            chooses by the scores alone, as with a zero bias (A.X-K1).
     """
 
     router: RouterSpec
@@ -113,6 +115,7 @@ class MoESpec:
     shared_average: bool = False
     shared_limit: float | None = None
     clamp_act: bool = False
+    select_bias_optional: bool = False
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -166,7 +169,8 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
     Args:
         spec: the router.
         logits: float32 [T, num_experts], the router's projection of the tokens.
-        select_bias: float32 [num_experts] when ``spec.select_bias``.
+        select_bias: float32 [num_experts] when ``spec.select_bias`` (None there: the scores alone
+            choose, as a zero bias would; ``MoESpec.select_bias_optional``).
 
     Returns:
         (int64 [T, top_k] expert ids, float32 [T, top_k] weights).
@@ -178,7 +182,7 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         ids, weights = sparsemixer(logits, spec.top_k, spec.jitter_eps)
         return ids, _weigh(spec, weights)
     scores = _softmax(logits) if spec.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
-    choice = scores + select_bias.astype(np.float32) if spec.select_bias else scores
+    choice = scores + select_bias.astype(np.float32) if spec.select_bias and select_bias is not None else scores
     if spec.n_group > 1:
         T, E = choice.shape
         groups = choice.reshape(T, spec.n_group, E // spec.n_group)

@@ -14,7 +14,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
+from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
+                      yarn_mscale)
+from ..decoder.latent import LatentSpec
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -27,6 +29,11 @@ LLAMA_CPP_FIXED = {
     # The 27B Gemma 2 / Gemma 3 scale scores by (hidden_size / heads) ** -0.5, identified by depth.
     "gemma2.27b_block_count": 46,
     "gemma3.27b_block_count": 62,
+    # MiniCPM3 (src/models/minicpm3.cpp): its muP scales are constants of the graph, not metadata:
+    # embeddings times 12, each sublayer's output times 1.4 / sqrt(layers), logits times 256 / hidden.
+    "minicpm3.scale_emb": 12.0,
+    "minicpm3.scale_depth": 1.4,
+    "minicpm3.dim_model_base": 256,
 }
 
 # Architectures whose every n-th layer does not rotate: llama-hparams.h's n_no_rope_layer_step (4),
@@ -88,6 +95,7 @@ LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp
 # require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
+                            "deepseek2": "softmax",
                             "laguna": "sigmoid", "step35": "sigmoid",
                             "exaone-moe": None, "bailingmoe2": None}
 
@@ -106,6 +114,9 @@ LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
     "mimo2": {"base": 10000.0},
     "step35": {"base": 10000.0, "swa_dims": True, "full_dims_half": True},
 }
+# deepseek2.cpp's loader takes a file without expert_gating_func for softmax (the DeepSeek-V2 files
+# before the key), except GLM-4.7-Flash, which it tells by its 47 or 48 layers and 154880 tokens.
+GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 
 
 def supported_architectures() -> list[str]:
@@ -289,6 +300,10 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
             raise SterError(f"{path}: GGUF metadata lacks {arch}.expert_gating_func, which llama.cpp requires "
                             f"for architecture {arch!r}")
         config["scoring_func"] = LLAMA_CPP_GATING_DEFAULT[arch]
+        if arch == "deepseek2":
+            vocab = len(meta.get("tokenizer.ggml.tokens") or ()) or meta.get(f"{arch}.vocab_size")
+            if n_layers in GLM_LITE_SHAPE["layers"] and vocab == GLM_LITE_SHAPE["vocab"]:
+                config["scoring_func"] = "sigmoid"
     elif gating is not None:
         if int(gating) not in GGUF_GATING:
             raise SterError(f"{path}: {arch}.expert_gating_func {int(gating)} is not supported; ster reads "
@@ -318,9 +333,63 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
 
 
+def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, path: str) -> LatentSpec:
+    """The latent attention of a ``deepseek2`` / ``minicpm3`` file, as llama.cpp's loader reads it.
+
+    ``attention.kv_lora_rank``, the optional ``attention.q_lora_rank`` (absent: one ``attn_q``), the
+    rotated width ``rope.dimension_count``; head widths from ``attention.key_length_mla`` /
+    ``value_length_mla`` when the file stores kv_b split per head (``attn_k_b`` / ``attn_v_b``), else
+    ``attention.key_length`` / ``value_length`` (each ``embedding_length / head_count`` when absent).
+    The bottleneck norms take the model's epsilon, as llama.cpp's graph does.
+
+    Raises:
+        SterError: a missing or invalid width, a rotated width not below the query/key head's.
+    """
+    def g(key, default=None):
+        return _get(meta, f"{arch}.{key}", int, path, default)
+
+    rope = g("rope.dimension_count")
+    if meta.get(f"{arch}.attention.key_length_mla") is not None or meta.get(f"{arch}.attention.value_length_mla"):
+        qk, v = g("attention.key_length_mla"), g("attention.value_length_mla")
+    else:
+        qk, v = g("attention.key_length", hidden // heads), g("attention.value_length", hidden // heads)
+    if rope % 2 or rope >= qk:
+        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rope}) must be even and below the "
+                        f"query/key head width {qk}, whose rest is the position-free part")
+    q_rank = meta.get(f"{arch}.attention.q_lora_rank")
+    return LatentSpec(kv_lora_rank=g("attention.kv_lora_rank"), q_lora_rank=g("attention.q_lora_rank") if q_rank
+                      else None, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v, norm_eps=eps)
+
+
+def _deepseek2_yarn(meta: Mapping, arch: str, params: dict, qk_head_dim: int, path: str) -> float:
+    """llama.cpp's YaRN for ``deepseek2`` (src/llama-context.cpp, src/models/deepseek2.cpp): fills in the
+    rotation's attention factor and returns the softmax scale.
+
+    ``rope.scaling.yarn_log_multiplier`` is 0.1 * mscale_all_dim. With it, llama.cpp takes mscale equal to
+    mscale_all_dim, so the tables keep their magnitude; without it they are scaled by YaRN's
+    ``yarn_mscale(factor)``; either way times ``rope.scaling.attn_factor``. The scores are scaled by
+    (that factor * (1 + 0.1 * mscale_all_dim * ln factor)) ** 2 / sqrt(qk_head_dim).
+    """
+    factor = params["factor"]
+    log_mul = meta.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+    m_all = 0.0 if log_mul is None else _get(meta, f"{arch}.rope.scaling.yarn_log_multiplier", float, path) / 0.1
+    attn = _get(meta, f"{arch}.rope.scaling.attn_factor", float, path, 1.0, positive=True)
+    ratio = (1.0 if log_mul is not None else yarn_mscale(factor)) * attn
+    params["attention_factor"] = ratio
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(f"{arch}.rope.scaling.{key}") is not None:
+            params[name] = _get(meta, f"{arch}.rope.scaling.{key}", float, path, positive=True)
+    ext = meta.get(f"{arch}.rope.scaling.yarn_ext_factor")
+    if ext is not None and _get(meta, f"{arch}.rope.scaling.yarn_ext_factor", float, path) != 1.0:
+        raise SterError(f"{path}: a YaRN extrapolation factor other than 1 ({arch}.rope.scaling.yarn_ext_factor) "
+                        "is not supported")
+    return (ratio * (1.0 + 0.1 * m_all * math.log(factor))) ** 2 / math.sqrt(qk_head_dim)
+
+
 def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = None,
                    vocab_size: int | None = None, has_output: bool = True,
-                   tensors: Mapping[str, tuple] | None = None) -> ModelSpec:
+                   tensors: Mapping[str, tuple] | None = None,
+                   rope_factors: tuple[np.ndarray, np.ndarray] | None = None) -> ModelSpec:
     """Build the ``ModelSpec`` of a GGUF file from its metadata.
 
     The family's flags come from the family table, switched by the metadata its
@@ -336,6 +405,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         has_output: the file holds an ``output`` tensor (else the head is tied).
         tensors: the file's tensor names -> shapes (numpy order); mixture-of-experts layers
             and options are read from which tensors are present (``_gguf_moe``).
+        rope_factors: the optional (``rope_factors_short``, ``rope_factors_long``) tensors, float32
+            [rotary_dim // 2] each: LongRoPE's per-pair divisors (MiniCPM3), the long ones past
+            ``rope.scaling.original_context_length`` (else ``context_length``) positions.
 
     Raises:
         SterError: an unsupported architecture, or a missing or invalid hyper-parameter.
@@ -364,14 +436,21 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                         f"block_count ({n_all}), got {brief_value(n_mtp)}")
     n_layers = n_all - int(n_mtp)
     layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
-    layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
-    heads, kv_heads = layer_heads[0], layer_kv[0]
-    head_dim = g("attention.key_length", int, hidden // heads)
+    heads = layer_heads[0]
+    eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
+    eps = g(eps_key, float, 1e-6)
+    latent = _gguf_latent(meta, arch, hidden, heads, eps, path) if family.latent else None
+    if latent is not None:  # expanded, one key/value head per head; only the rope part rotates
+        layer_kv, head_dim, v_head_dim = list(layer_heads), latent.qk_head_dim, latent.v_head_dim
+    else:
+        layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
+        head_dim = g("attention.key_length", int, hidden // heads)
+        v_head_dim = g("attention.value_length", int, head_dim)
+    kv_heads = layer_kv[0]
     for i, (h, kv) in enumerate(zip(layer_heads, layer_kv)):
         if h % kv:
             raise SterError(f"{path}: layer {i}'s attention.head_count ({h}) is not a multiple of its "
                             f"head_count_kv ({kv})")
-    v_head_dim = g("attention.value_length", int, head_dim)
     swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
 
     def dims(key, default):  # the rotated width sizes the frequency tables: bounded by the head first
@@ -381,32 +460,49 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                             f"{head_dim} ({arch}.attention.key_length, else embedding_length / head_count)")
         return d
 
-    rotary_dim = dims("rope.dimension_count", head_dim)
-    swa_dims = dims("rope.dimension_count_swa", rotary_dim) if swa.get("swa_dims") else rotary_dim
-    if swa.get("full_dims_half"):
-        rotary_dim //= 2
-        if rotary_dim % 2:
-            raise SterError(f"{path}: llama.cpp's {arch} rotates half of {arch}.rope.dimension_count on full "
-                            f"attention layers, which must be even ({rotary_dim})")
+    if latent is not None:  # only the shared rope part rotates, over its own width
+        rotary_dim = swa_dims = rope_width = latent.qk_rope_head_dim
+    else:
+        rotary_dim, rope_width = dims("rope.dimension_count", head_dim), head_dim
+        swa_dims = dims("rope.dimension_count_swa", rotary_dim) if swa.get("swa_dims") else rotary_dim
+        if swa.get("full_dims_half"):
+            rotary_dim //= 2
+            if rotary_dim % 2:
+                raise SterError(f"{path}: llama.cpp's {arch} rotates half of {arch}.rope.dimension_count on full "
+                                f"attention layers, which must be even ({rotary_dim})")
     max_pos = g("context_length", int, 2048)
-    eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
-    eps = g(eps_key, float, 1e-6)
 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in GGUF_ROPE_SCALING:
         raise SterError(f"{path}: rope scaling {scaling!r} is not supported; supported: {', '.join(GGUF_ROPE_SCALING)}")
+    if latent is not None and scaling not in ("none", "yarn"):
+        raise SterError(f"{path}: rope scaling {scaling!r} on latent attention is not supported; supported: "
+                        "none, yarn")
     params = {"rope_type": GGUF_ROPE_SCALING[scaling],
               "rope_theta": g("rope.freq_base", float, 10000.0, positive=True)}
     if scaling != "none":
         params["factor"] = g("rope.scaling.factor", float, positive=True)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
+    scale = None
+    if latent is not None:
+        scale = (_deepseek2_yarn(meta, arch, params, head_dim, path) if scaling == "yarn" and arch == "deepseek2"
+                 else head_dim ** -0.5)
 
     def make(p, rotated=rotary_dim):
-        return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotated / head_dim, interleaved=family.rope_interleaved,
+        return make_rope(p, head_dim=rope_width, max_position_embeddings=max_pos,
+                         partial_rotary_factor=rotated / rope_width, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
+    if rope_factors is not None:  # LongRoPE from the file (MiniCPM3): per-pair divisors, short and long
+        short, long = (np.asarray(f, np.float64).reshape(-1) for f in rope_factors)
+        if short.shape != full.inv_freq.shape or long.shape != full.inv_freq.shape:
+            raise SterError(f"{path}: rope_factors_short / rope_factors_long hold {short.size} / {long.size} "
+                            f"factors, expected one per rotary pair ({full.inv_freq.size})")
+        if not (np.all(np.isfinite(short)) and np.all(np.isfinite(long)) and np.all(short > 0) and np.all(long > 0)):
+            raise SterError(f"{path}: rope_factors_short / rope_factors_long must hold finite numbers above 0")
+        full = replace(full, inv_freq=full.inv_freq / short, long_inv_freq=full.inv_freq / long,
+                       long_from=g("rope.scaling.original_context_length", int, max_pos))
     if rope_freqs is not None:
         if swa.get("swa_dims") and rope_freqs.shape[0] > full.inv_freq.shape[0]:
             rope_freqs = rope_freqs[:full.inv_freq.shape[0]]  # one table for every width: its first entries
@@ -462,11 +558,15 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
                                 ffn="moe" if routed[i] else "dense", attention_chunk=chunks[i],
+                                mixer="latent" if latent is not None else "attention",
                                 qk_norm=rope is not None or family.qk_norm_layers == "all",
                                 query_temperature=rope is None or family.query_temperature != "unrotated_layers",
                                 **own))
 
-    scale = None
+    if arch == "minicpm3":  # the scales llama.cpp's graph fixes, as the config keys the family reads
+        config.update(scale_emb=LLAMA_CPP_FIXED["minicpm3.scale_emb"],
+                      residual_multiplier=LLAMA_CPP_FIXED["minicpm3.scale_depth"] / math.sqrt(n_layers),
+                      logits_scaling=hidden / LLAMA_CPP_FIXED["minicpm3.dim_model_base"])
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
         if n_layers == block:
             scale = (hidden / heads) ** -0.5
@@ -509,5 +609,6 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         query_temperature=temperature,
         moe=moe,
+        latent=latent,
         **fields,
     )

@@ -59,12 +59,15 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
     names = set(gguf.tensor_names())
     if resolved.kind == "gguf":
         rope_freqs = gguf.tensor("rope_freqs.weight").dequantize() if "rope_freqs.weight" in names else None
+        rope_factors = (tuple(gguf.tensor(f"rope_factors_{k}.weight").dequantize() for k in ("short", "long"))
+                        if {"rope_factors_short.weight", "rope_factors_long.weight"} <= names else None)
         embd = gguf.tensor("token_embd.weight") if "token_embd.weight" in names else None
         if embd is None:
             raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
                             "(a vocabulary-only GGUF can tokenize but not generate)")
         spec = check_spec(interpret(path, spec_from_gguf, meta, path, rope_freqs=rope_freqs,
-                                    vocab_size=embd.shape[0], has_output="output.weight" in names,
+                                    rope_factors=rope_factors, vocab_size=embd.shape[0],
+                                    has_output="output.weight" in names,
                                     tensors={n: t.shape for n, t in gguf.tensors.items()}), path)
         from ..families import FAMILIES
 
