@@ -121,7 +121,7 @@ def _ranges(spec: str) -> str:
 def unicode_class(category: str) -> str:
     """A character class (Oniguruma syntax) of a Unicode category as llama.cpp 0.3.36 reads it.
 
-    ``category`` is one of L, N, P, S, M; the result is ``\p{L}`` without the characters
+    ``category`` is one of L, N, P, S, M; the result is ``\\p{L}`` (or N...) without the characters
     Unicode 16.0 added, as a bracket class that may also stand inside another one.
     """
     return rf"[\p{{{category}}}&&[^{_ranges(_UNICODE_16[category])}]]"
