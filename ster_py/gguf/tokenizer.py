@@ -7,19 +7,22 @@ SentencePiece scores (``scores``), the special ids and flags, and only the
 ``tokenizers.Tokenizer`` that tokenizes the way llama.cpp (``src/llama-vocab.cpp``)
 does, which is the behaviour reference for GGUF files:
 
-- ``gpt2``: byte-level BPE. The text is cut by the split expressions the
-  ``pre`` name stands for (applied one after the other, matches and the gaps
-  between them both kept), mapped through the GPT-2 byte alphabet and merged
-  by rank.
+- ``gpt2``: BPE. The text is cut into words the way the ``pre`` name says
+  (``pretokenizers.PRE_TOKENIZERS``: all 91 names llama.cpp 0.3.36 knows, with its
+  flags per name: whole-word shortcut, default BOS, byte alphabet or raw UTF-8),
+  mapped through the GPT-2 byte alphabet (most names) and merged by rank.
 - ``llama``: SentencePiece BPE. Spaces become U+2581 (▁), a ▁ is put in front
   of every text run (the start, and after each special token) when
   ``add_space_prefix`` (default true), and pieces are merged best score first;
   characters left without a token fall back to ``<0xHH>`` byte tokens. The
   merge list is derived from the scores (a pair's rank is the score of the
   token it makes), as transformers' GGUF converter does.
-- ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``): BPE with ranked merges
-  over ▁-escaped UTF-8 (not the byte alphabet), split only at newline runs,
-  with ``<0xHH>`` byte fallback.
+- ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``, ``granite-embed-multi-311m``
+  or ``sarvam-moe``): BPE with ranked merges over ▁-escaped UTF-8 (not the byte
+  alphabet), split only at newline runs, with ``<0xHH>`` byte fallback.
+- ``whitespace``: BPE over raw UTF-8 of the text with its white space removed
+  (lower-cased unless ``normalizer.lowercase`` is false; the pre name
+  ``whitespace``, which the converter always writes, says false).
 - ``bert``: WordPiece (llama.cpp's WPM session): BERT normalization and word
   split, then the longest vocabulary match; [CLS] text [SEP] as special tokens.
 - ``t5``: SentencePiece Unigram (llama.cpp's UGM session): the precompiled
@@ -27,8 +30,14 @@ does, which is the behaviour reference for GGUF files:
 
 Control, unknown and user-defined tokens are added as added tokens so they
 are cut out of the text (longest first) before the scheme runs; control and
-unknown ones are special. BOS/EOS are added by the post-processor when
-``add_bos_token``/``add_eos_token`` (or the scheme's llama.cpp default) says so.
+unknown ones are special (cut out only when special texts are parsed), user-defined
+ones always. As in llama.cpp, a token whose text ends a generation or plays a
+fill-in-the-middle role is control whatever its ``token_type`` (``_token_kinds``).
+BOS/EOS are added by the post-processor when ``add_bos_token``/``add_eos_token``
+(or the scheme's or name's llama.cpp default) says so.
+
+The other models llama.cpp reads (``rwkv``, ``plamo2``, ``hybriddna``, ``none``) are
+refused with the reason (``REFUSED_MODELS``): no family ster runs from GGUF needs them.
 """
 from __future__ import annotations
 
@@ -129,9 +138,10 @@ class GGUFTokenizerParts:
     Attributes:
         tokenizer: the ``tokenizers.Tokenizer``; ids equal the GGUF token indices.
             ``encode(text, add_special_tokens=True)`` adds BOS/EOS per ``add_bos``/``add_eos``.
-        model: ``tokenizer.ggml.model`` ("gpt2", "llama", "gemma4", "bert" or "t5").
-        pre: the pre-tokenizer name in effect ("default" when the file names none;
-            None for SentencePiece, WordPiece and Unigram, which have none).
+        model: ``tokenizer.ggml.model`` ("gpt2", "llama", "gemma4", "whitespace", "bert" or "t5").
+        pre: the pre-tokenizer name in effect ("default" when the file names none,
+            "gemma4" for that model; None for SentencePiece, WordPiece and Unigram,
+            which have none).
         bos_token_id, eos_token_id, unk_token_id, pad_token_id: ids, or None.
         bos_token, eos_token: their texts, or None.
         add_bos, add_eos: whether a prompt gets BOS in front / EOS at the end.
@@ -201,8 +211,9 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], *, for_generation: boo
             bos_token_id, eos_token_id, eot_token_id, eom_token_id,
             unknown_token_id, padding_token_id, seperator_token_id, add_bos_token,
             add_eos_token, add_sep_token, add_space_prefix, remove_extra_whitespaces,
-            precompiled_charsmap, normalizer.lowercase, normalizer.strip_accents}``,
-            ``tokenizer.chat_template``, ``general.name``.
+            precompiled_charsmap, normalizer.lowercase, normalizer.strip_accents,
+            fim_{pre,suf,mid,pad,rep,sep}_token_id, {prefix,suffix,middle}_token_id}``,
+            ``tokenizer.chat_template``, ``general.name``, ``general.architecture``.
         for_generation: refuse a vocabulary without any end-of-generation token
             (True, for running a model); False only tokenizes (an encoder's
             WordPiece vocabulary has none).
@@ -292,6 +303,8 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
 
     kinds = _token_kinds(meta, tokens, types, vocab, ids)
     _add_special_tokens(tk, tokens, kinds)
+    if spec is not None and spec.byte_level:
+        _keep_added_texts_raw(tk, [tokens[i] for i in sorted(kinds.special | kinds.plain)])
 
     for flag, key, name in ((add_bos, "bos", "add_bos_token"), (add_eos, "eos", "add_eos_token"),
                             (add_sep, "sep", "add_sep_token")):
@@ -524,6 +537,35 @@ def _bpe(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenize
         tk.decoder = decoders.Sequence(steps + [decoders.ByteFallback(), decoders.Fuse()])
     tk.pre_tokenizer = splits[0] if len(splits) == 1 else pre_tokenizers.Sequence(splits)
     return tk
+
+
+def _keep_added_texts_raw(tk: tokenizers.Tokenizer, texts: Sequence[str]) -> None:
+    """Make byte-level decoding give an added token's own text, as llama.cpp prints it.
+
+    tokenizers passes added tokens through the ByteLevel decoder too, which turns a
+    character of the GPT-2 byte alphabet back into its byte: DeepSeek's user-defined
+    "ö" (GPT-2's spelling of byte 0xF6) would decode to that lone byte, where llama.cpp
+    prints the text "ö". Each such token (a whole token string equal to its text, which
+    no vocabulary piece can be) is first respelled in the byte alphabet.
+    """
+    changed = set(pre_tokenizers.ByteLevel.alphabet()) - {chr(c) for c in range(0x21, 0x7F)}
+    steps = []
+    for text in texts:
+        if changed.intersection(text):
+            spelled = "".join(_BYTE_ALPHABET[b] for b in text.encode("utf-8"))
+            steps.append(decoders.Replace(Regex(r"\A" + re.escape(text) + r"\z"), spelled))
+    if steps:
+        tk.decoder = decoders.Sequence(steps + [tk.decoder])
+
+
+def _gpt2_byte_alphabet() -> list[str]:
+    """The GPT-2 byte alphabet: byte -> its character (printable Latin-1 as itself, the rest from U+0100)."""
+    shown = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = iter(range(0x100, 0x200))
+    return [chr(b) if b in shown else chr(next(rest)) for b in range(256)]
+
+
+_BYTE_ALPHABET = _gpt2_byte_alphabet()
 
 
 def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: np.ndarray, add_space_prefix: bool,
