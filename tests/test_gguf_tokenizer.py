@@ -692,7 +692,8 @@ def test_pre_tokenizer_table_covers_seed_names():
                                                          "grok-2"),
               ("gpt-2", "jais", "a.x-4.0", "exaone4", "roberta-bpe"), ("starcoder", "smollm", "mellum2"),
               ("gpt-4o", "llama4", "minimax-m2"), ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"),
-              ("bloom", "poro-chat", "gpt3-finnish"), ("tiny_aya", "cohere2moe"), ("gemma4", "granite-embed-multi-311m")]
+              ("bloom", "poro-chat", "gpt3-finnish"), ("tiny_aya", "cohere2moe"),
+              ("gemma4", "granite-embed-multi-311m")]
     for group in groups:
         assert len({PRE_TOKENIZERS[n].cuts for n in group}) == 1, group
 

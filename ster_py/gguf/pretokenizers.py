@@ -77,7 +77,9 @@ class PreTokenizerSpec:
             applies to BOS too (False for the ChatGLM names: no BOS unless the file names one).
         clean_spaces: llama.cpp's detokenizer removes the space before ``?!.,`` and
             before some apostrophe contractions (``llama_detokenize``).
-        whole_newline_runs: a word of newlines that is a token is taken whole (Gemma 4).
+
+    Not a field: llama.cpp also takes a Gemma 4 word of newlines that is itself a token
+    without merging; plain merging reaches the same token on Gemma 4's vocabulary.
     """
 
     kind: str
@@ -89,7 +91,6 @@ class PreTokenizerSpec:
     force_bos: bool = False
     default_bos: bool = True
     clean_spaces: bool = True
-    whole_newline_runs: bool = False
 
 
 # ----------------------------------------------------------------- Unicode classes
@@ -280,8 +281,8 @@ _KIND["minimax_m2"] = _KIND["gpt4o"]
 
 
 def _spec(kind: str, **flags) -> PreTokenizerSpec:
-    return PreTokenizerSpec(kind=kind, cuts=tuple(Cut(_as_llama_cpp_categories(c.pattern), c.behavior) for c in _KIND[kind]),
-                            **flags)
+    cuts = tuple(Cut(_as_llama_cpp_categories(c.pattern), c.behavior) for c in _KIND[kind])
+    return PreTokenizerSpec(kind=kind, cuts=cuts, **flags)
 
 
 _NO_CLEAN = {"clean_spaces": False}
@@ -305,9 +306,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
     **{n: _spec("gpt2") for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
                                   "a.x-4.0", "mellum", "modern-bert", "exaone4")},
     "jais-2": _spec("jais2"),
-    "gemma4": _spec("gemma4", escape_spaces=True, force_bos=True, whole_newline_runs=True, **_RAW_UTF8),
-    "granite-embed-multi-311m": _spec("gemma4", escape_spaces=True, force_bos=True, whole_newline_runs=True,
-                                      **_RAW_UTF8),
+    **{n: _spec("gemma4", escape_spaces=True, force_bos=True, **_RAW_UTF8)
+       for n in ("gemma4", "granite-embed-multi-311m")},
     "sarvam-moe": _spec("sarvam_moe", escape_spaces=True, **_RAW_UTF8, **_NO_CLEAN),
     # llama.cpp also sets add_sep for these three; its BPE tokenizer never appends SEP.
     **{n: _spec("gpt2") for n in ("jina-v1-en", "jina-v2-code", "roberta-bpe")},
