@@ -15,7 +15,7 @@ vocabulary-only GGUF is tokenized both ways:
 
 Checked per name: the ids of ``CORPUS`` (multilingual, code, digits, white space, emoji,
 special-token texts; 46 texts) with and without special-token parsing and with and
-without BOS/EOS, plus 200 random texts from a mixed alphabet; BOS/EOS flags and ids,
+without BOS/EOS, plus 60 random texts from a mixed alphabet (``RANDOM_TEXTS``); BOS/EOS flags and ids,
 the end-of-generation set and every token's kind (control, user-defined) as llama.cpp
 reports them; and detokenization: ``decode`` equals llama.cpp's token pieces
 (``llama_token_to_piece``, what it prints while generating) and ``clean_up_spaces`` on
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import random
 import re
 import tarfile
@@ -109,7 +110,12 @@ ALPHABET = list("aAbBsStTmMdDrReEvVlLxXzZ0123456789'\".,!?;:-_()[]{}<>/\\|$%+=^~
 ]
 
 
-def _random_texts(seed: int, count: int = 200) -> list[str]:
+# Random texts per name: 60 in the suite; STER_TOKENIZER_TEXTS=1000 for a longer run (a scratch run of
+# 1000 per split kind matched llama.cpp too).
+RANDOM_TEXTS = int(os.environ.get("STER_TOKENIZER_TEXTS", "60"))
+
+
+def _random_texts(seed: int, count: int = RANDOM_TEXTS) -> list[str]:
     rng = random.Random(seed)
     return ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 25))) for _ in range(count)]
 
