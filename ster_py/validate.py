@@ -88,7 +88,9 @@ GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
                   "attention.value_length": MAX_HEAD_DIM, "rope.dimension_count": MAX_HEAD_DIM,
                   "embedding_length": MAX_DIM, "feed_forward_length": MAX_DIM, "context_length": MAX_DIM,
                   "vocab_size": MAX_DIM, "attention.sliding_window": MAX_DIM,
-                  "rope.scaling.original_context_length": MAX_DIM}
+                  "rope.scaling.original_context_length": MAX_DIM, "ssm.inner_size": MAX_DIM,
+                  "ssm.state_size": MAX_DIM, "ssm.conv_kernel": 1024, "ssm.time_step_rank": MAX_DIM,
+                  "ssm.group_count": MAX_DIM}
 
 
 def check_gguf_sizes(meta, source: str) -> None:

@@ -28,11 +28,13 @@ def gguf_layout(spec, family, config):
     ``attn_norm``); a role may list alternatives, first found wins. llama.cpp's converter
     stores every fused qkv as [q | k | v], linear weights as [out, in] (GPT-2's Conv1D
     transposed), no base-model prefix, per-head q/k norms as one [heads, head_dim] tensor,
-    and norms kept as offsets from one (Gemma, Nemotron) as 1 + w.
+    and norms kept as offsets from one (Gemma, Nemotron) as 1 + w; where it folds a family's
+    multipliers into the weights (Falcon-H1's muP, embedding and head multipliers), they are 1 here.
     """
     gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
+    folded = dict(mup=None, embed_scale=1.0, logit_scale=1.0) if family.gguf_folded else {}
     return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
-                               root=None, norm_unit_offset=False)
+                               root=None, norm_unit_offset=False, **folded)
 
 
 def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
