@@ -66,6 +66,8 @@ cdef long _rows(object a, str name, long cols) except -1:
     """The row stride (in floats) of a float32 [rows, cols] array whose rows are contiguous."""
     if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != cols:
         raise ValueError(f"{name} must be a float32 [rows, {cols}] array")
+    if a.shape[0] == 0:
+        return cols
     if a.shape[0] > 1 and a.strides[0] % 4:
         raise ValueError(f"{name} rows must be float32-aligned")
     if cols > 1 and a.strides[1] != 4:

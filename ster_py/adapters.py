@@ -373,9 +373,15 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             a layer the model lacks; a role the model lacks (gate on a plain feed-forward); a
             feed-forward target on a mixture-of-experts family (its experts are not adapted,
             seed 002); an attention target on a model whose layers have their own head counts
-            or widths (MiMo-V2-Flash, seed 002); a factor whose shape does not fit the projection.
+            or widths (MiMo-V2-Flash, seed 002); any adapter on a state-space family, or an attention
+            target on one that takes feed-forward adapters only (Granite 4.0, seed 002); a factor
+            whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if spec.adapters == "none":
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
+                        "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "
+                        "state-space families (steering and capture work on them)")
     if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
         raise SterError(f"adapter {ad.path} was made for hidden_size {ad.hidden_size}, but this model's is "
                         f"{spec.hidden_size}")
@@ -388,6 +394,9 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} routes its feed-forward "
                             "through experts, which ster does not adapt; adapt the attention projections "
                             "(q, k, v, o) only")
+        if target in ("q", "k", "v", "o") and spec.adapters == "ffn":
+            raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} mixes most layers with a "
+                            "state-space scan and ster adapts only its feed-forward projections (gate, up, down)")
         if target in ("q", "k", "v", "o") and _own_attention_shapes(spec):
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s attention layers differ "
                             "in head counts or widths (or its values are not as wide as its keys), which ster does "

@@ -269,7 +269,7 @@ def inspect(
     for key, value in info.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items())
-        elif key.endswith("_bytes") or key == "kv_bytes_per_position":
+        elif key.endswith("_bytes") or key in ("kv_bytes_per_position", "state_bytes_per_sequence"):
             value = f"{value:,} bytes ({value / 2**20:.1f} MiB)" if value >= 2**20 else f"{value:,} bytes"
         table.add_row(f"[bold]{key}[/]", escape(str(value)))
     out.print(table)

@@ -30,13 +30,13 @@ class Hybrid(Part):
     def __init__(self, spec, i: int, load, norm):
         self.spec, self.i = spec, i
         self.attn = Attention(spec, i, load, norm)
-        self.ssm = Mamba2(spec, i, load, norm)
+        self.scan = Mamba2(spec, i, load, norm)
 
     def new_slot(self, dtype=None):
-        return self.ssm.new_slot(dtype)
+        return self.scan.new_slot(dtype)
 
     def read_order(self) -> list[tuple]:
-        return self.attn.read_order() + self.ssm.read_order()
+        return self.attn.read_order() + self.scan.read_order()
 
     def rope_tables(self, positions, tables):
         return self.attn.rope_tables(positions, tables)
@@ -47,4 +47,4 @@ class Hybrid(Part):
         a = self.attn(a_in, cache, positions, bias, tables)
         if m is not None and m.attn_out != 1.0:
             a = a * np.float32(m.attn_out)
-        return self.ssm(x, cache, positions) + a
+        return self.scan(x, cache, positions) + a
