@@ -833,7 +833,7 @@ _B = "backbone.layers.{i}."
 _MX = _B + "mixer."
 # Mamba (and Falcon-Mamba): everything below backbone, one norm and one mixer per layer.
 MAMBA_NAMES: Mapping[str, str] = {
-    "embed": "backbone.embeddings", "final_norm": "backbone.norm_f", "head": "lm_head",
+    "embed": ("backbone.embeddings", "backbone.embedding"), "final_norm": "backbone.norm_f", "head": "lm_head",
     "attn_norm": _B + "norm", "ssm_in": _MX + "in_proj", "ssm_conv": _MX + "conv1d", "ssm_x": _MX + "x_proj",
     "ssm_dt": _MX + "dt_proj", "ssm_a_log": _MX + "A_log", "ssm_d": _MX + "D", "ssm_out": _MX + "out_proj",
 }
@@ -1505,10 +1505,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    moe_defaults={"num_experts": 16, "num_experts_per_tok": 2},
                    variants=(Variant(lambda c: c.get("mlp_layer_types") is not None and "sparse" not in c["mlp_layer_types"],
                                      {"moe": False}),),
-                   refusals=(Refusal(_offset_past_period("attn"), "an attn_layer_offset not below attn_layer_period "
-                                     "is not supported"),
-                             Refusal(_offset_past_period("expert"), "an expert_layer_offset not below "
-                                     "expert_layer_period is not supported")),
+                   refusals=(Refusal(_offset_past_period("attn"), "an attn_layer_offset that is not below "
+                                     "attn_layer_period (Transformers refuses it too) is not supported"),
+                             Refusal(_offset_past_period("expert"), "an expert_layer_offset that is not below "
+                                     "expert_layer_period (Transformers refuses it too) is not supported")),
                    gguf_arch="jamba", gguf_names=GGUF_JAMBA_NAMES),
         FamilySpec("bamba", recurrent="mamba2", names=BAMBA_NAMES, norms=("attn_norm", "ffn_norm"), normalize=_bamba_config,
                    keys=_MAMBA2_HYBRID_KEYS, defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
@@ -1521,13 +1521,16 @@ FAMILIES: dict[str, FamilySpec] = {
                                       "keys": dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS,
                                                    intermediate_size=("shared_intermediate_size",))}),
                              Variant(_granite_hybrid_unrotated, {"positions": "none"})),
-                   refusals=(Refusal(lambda c: c.get("layer_types") is None, "a config without layer_types"),
+                   refusals=(Refusal(lambda c: c.get("layer_types") is None,
+                                     "a config without layer_types (which layers scan and which attend) is not "
+                                     "supported"),
                              Refusal(_granite_hybrid_layer_types_unsupported,
-                                     "a layer type other than mamba or attention in layer_types"),
+                                     "a layer type other than mamba or attention in layer_types is not supported"),
                              Refusal(lambda c: c.get("shared_intermediate_size") is None,
-                                     "a config without shared_intermediate_size"),
+                                     "a config without shared_intermediate_size (the shared_mlp's width) is not "
+                                     "supported"),
                              Refusal(lambda c: c.get("position_embedding_type") not in (None, "rope", "nope"),
-                                     "a position_embedding_type other than rope or nope"),
+                                     "a position_embedding_type other than rope or nope is not supported"),
                              _BAMBA_WIDTH),
                    gguf_arch="granitehybrid", gguf_qk_permuted=True, gguf_names=GGUF_SSM_NAMES,
                    gguf_config=dict(_GRANITE_GGUF, **{"rope.scaling.finetuned": "rope_scaling_finetuned"})),
@@ -1537,6 +1540,7 @@ FAMILIES: dict[str, FamilySpec] = {
                          "ssm_conv_kernel": ("conv_kernel", "mamba_d_conv"), "ssm_num_heads": ("mamba_num_heads",),
                          "ssm_head_dim": ("mamba_head_dim",), "ssm_groups": ("n_groups", "mamba_n_groups"),
                          "ssm_act": ("mamba_hidden_act",), "act": ("mlp_hidden_act",),
+                         "head_dim": ("head_dim", "attention_head_dim"),
                          "norm_eps": ("layer_norm_epsilon", "rms_norm_eps"),
                          "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
                          "n_shared_experts": (), "moe_latent_size": ("moe_latent_size",)},
@@ -1547,7 +1551,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    variants=(Variant(lambda c: "moe" not in (c.get("layer_types") or []), {"moe": False}),),
                    refusals=(Refusal(_nemotron_h_pattern_wrong,
                                      "a hybrid_override_pattern (or layers_block_type) whose length is not "
-                                     "num_hidden_layers or that has a letter other than M, *, - and E"),),
+                                     "num_hidden_layers, or with a letter other than M, *, - and E, is not supported"),),
                    gguf_arch="nemotron_h", gguf_names=GGUF_NEMOTRON_H_NAMES),
         FamilySpec("falcon_h1", recurrent="mamba2", mup=True, gguf_folded=True, names=FALCON_H1_NAMES,
                    norms=("attn_norm", "ffn_norm"), normalize=_falcon_h1_config, ssm_gated_norm=False, **_SSM_ADAPTERS,
@@ -1556,18 +1560,22 @@ FAMILIES: dict[str, FamilySpec] = {
                    defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
                    config_defaults={"mamba_d_ssm": 1024, "mamba_rms_norm": False, "mamba_norm_before_gate": True},
                    variants=(Variant(flag("mamba_rms_norm"), {"ssm_gated_norm": True}),),
-                   refusals=(Refusal(lambda c: bool(c.get("attn_layer_indices")), "attn_layer_indices"),
-                             Refusal(unset("mamba_use_mlp"), "mamba_use_mlp false"),
+                   refusals=(Refusal(lambda c: bool(c.get("attn_layer_indices")),
+                                     "attention on only some layers (attn_layer_indices) is not supported"),
+                             Refusal(unset("mamba_use_mlp"), "layers without their feed-forward (mamba_use_mlp: "
+                                     "false) are not supported"),
                              Refusal(lambda c: bool(c.get("mamba_rms_norm")) and bool(c.get("mamba_norm_before_gate")),
-                                     "mamba_norm_before_gate (the scan's norm before its gate)"),
+                                     "the scan's norm before its gate (mamba_norm_before_gate) is not supported"),
                              Refusal(lambda c: bool(c.get("projectors_bias", False)) != bool(c.get("mamba_proj_bias", False)),
-                                     "a projectors_bias unlike mamba_proj_bias"),
+                                     "a projectors_bias unlike mamba_proj_bias is not supported"),
                              Refusal(_mamba2_width_mismatch("mamba_d_ssm", "mamba_expand", "mamba_n_heads",
                                                             "mamba_d_head"),
                                      "a scan width (mamba_d_ssm) other than its heads' total (mamba_n_heads * "
-                                     "mamba_d_head)"),
-                             Refusal(_numbers("ssm_multipliers", 5), "ssm_multipliers that are not five numbers"),
-                             Refusal(_numbers("mlp_multipliers", 2), "mlp_multipliers that are not two numbers")),
+                                     "mamba_d_head) is not supported"),
+                             Refusal(_numbers("ssm_multipliers", 5), "ssm_multipliers that are not five numbers "
+                                     "(gate, stream, B, C, step) are not supported"),
+                             Refusal(_numbers("mlp_multipliers", 2), "mlp_multipliers that are not two numbers "
+                                     "(gate, down) are not supported")),
                    gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
                    gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
     )

@@ -68,7 +68,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None):
         family = resolved.family
         source = str(resolved.config_path)
         arch = meta.get("general.architecture")
-        if family.gguf_arch is None or arch != family.gguf_arch:
+        from ..families import FAMILIES_BY_GGUF_ARCH as _BY_ARCH
+
+        if family.gguf_arch is None or (arch != family.gguf_arch and _BY_ARCH.get(arch) is not family):
             raise SterError(f"{path} is a GGUF of architecture {arch!r}, but {source} describes a "
                             f"{family.model_type!r} model, which llama.cpp converts to "
                             f"{family.gguf_arch or 'no GGUF architecture'}; put the config.json the GGUF was "
