@@ -15,12 +15,12 @@ convolution and the two selective scans, each carrying its state across calls.
   gates inside its grouped norm, done in numpy).
 
 Every channel, or head, is an independent recurrence, so the work is split over them on
-qmatmul's thread pool; each keeps the token order. Arithmetic is float32 (expf, log1pf),
-softplus as torch and ggml take it (the identity above 20). The numpy references are in
+qmatmul's thread pool; each keeps the token order. The inner loops (``ster_scan.h``) have a portable C
+form and an AVX2/FMA one chosen at run time (``set_simd``); arithmetic is float32, softplus as
+torch and ggml take it (the identity above 20). The numpy references are in
 ster_py/decoder/conv.py, mamba.py and mamba2.py; tests/test_parity_ssm.py compares them.
 """
 from cpython.pycapsule cimport PyCapsule_GetPointer
-from libc.math cimport expf, log1pf
 
 import numpy as np
 
@@ -34,6 +34,30 @@ ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
 cdef pool_run_t _pool_run = <pool_run_t>PyCapsule_GetPointer(_pool_capsule, b"ster_pool_run")
 
+cdef extern from "ster_scan.h" nogil:
+    int STER_SCAN_BLOCK
+    int ster_ops_cpu_avx2()
+    void ster_conv_block(const float* x, long ldx, const float* wt, const float* b, float* state, float* out,
+                         long ldo, int T, int C, int K, int silu, int c0, int c1, int simd)
+    void ster_selective_block(const float* x, long ldx, const float* dt, long lddt, const float* dtb,
+                              const float* A, const float* B, long ldb, const float* Cm, long ldc, const float* D,
+                              const float* z, long ldz, float* state, float* out, long ldo, int T, int N,
+                              int d0, int d1, int simd)
+    void ster_multihead_one(const float* x, long ldx, const float* dt, long lddt, const float* dtb,
+                            const float* A, const float* B, long ldb, const float* Cm, long ldc, const float* D,
+                            float* state, float* out, long ldo, float lo, float hi, int T, int P, int N,
+                            int group, int hd, int simd)
+
+cdef int _simd_ok = ster_ops_cpu_avx2()
+cdef int _simd = _simd_ok
+
+
+def set_simd(bint on):
+    """Use the AVX2/FMA loops (when the CPU has them) or force the portable ones (tests)."""
+    global _simd
+    _simd = 1 if (on and _simd_ok) else 0
+
+
 cdef int _threads = _default_threads()
 # Below this many multiply-adds a call runs on the caller's thread alone.
 cdef long _PARALLEL_MIN_WORK = 32768
@@ -45,14 +69,6 @@ def set_threads(n):
     if not 1 <= n <= MAX_THREADS:
         raise ValueError(f"threads must be from 1 to {MAX_THREADS}, got {n}")
     _threads = n
-
-
-cdef inline float _silu(float v) noexcept nogil:
-    return v / (1.0 + expf(-v))
-
-
-cdef inline float _softplus(float v) noexcept nogil:
-    return v if v > 20.0 else log1pf(expf(v))
 
 
 cdef inline int _team(long work, long items, int threads) noexcept nogil:
@@ -84,35 +100,18 @@ cdef inline float* _ptr(object a):
 cdef struct _Conv:
     const float* x
     long ldx
-    const float* w
+    const float* wt
     const float* b
     float* state
     float* out
     long ldo
-    int T, C, K, silu, per_chunk
+    int T, C, K, silu, simd
 
 
 cdef void _conv_task(void* ctx, long chunk, int tid) noexcept nogil:
     cdef _Conv* j = <_Conv*>ctx
-    cdef int c0 = <int>(chunk * j.per_chunk), c1 = <int>min(<long>j.C, (chunk + 1) * j.per_chunk)
-    cdef int c, t, k, i, K1 = j.K - 1
-    cdef float acc, v
-    cdef long src
-    for c in range(c0, c1):
-        for t in range(j.T):
-            acc = j.b[c] if j.b != NULL else 0.0
-            for k in range(j.K):
-                i = t + k  # row of u = [state; x]
-                v = j.state[<long>i * j.C + c] if i < K1 else j.x[<long>(i - K1) * j.ldx + c]
-                acc = acc + j.w[<long>c * j.K + k] * v
-            j.out[<long>t * j.ldo + c] = _silu(acc) if j.silu else acc
-        # the new state: the last K - 1 rows of u (rows T .. T + K - 2)
-        for i in range(K1):
-            src = i + j.T
-            if src < K1:
-                j.state[<long>i * j.C + c] = j.state[src * j.C + c]
-            else:
-                j.state[<long>i * j.C + c] = j.x[(src - K1) * j.ldx + c]
+    cdef int c0 = <int>(chunk * STER_SCAN_BLOCK), c1 = <int>min(<long>j.C, (chunk + 1) * STER_SCAN_BLOCK)
+    ster_conv_block(j.x, j.ldx, j.wt, j.b, j.state, j.out, j.ldo, j.T, j.C, j.K, j.silu, c0, c1, j.simd)
 
 
 def causal_conv1d(x, w, bias, state, out, bint silu, int threads=0):
@@ -142,16 +141,17 @@ def causal_conv1d(x, w, bias, state, out, bint silu, int threads=0):
         raise ValueError(f"bias must be a contiguous float32 [{C}] array or None")
     if T == 0 or C == 0:
         return
+    wt = np.ascontiguousarray(w.T)  # the taps as [K, C]: each tap's channels contiguous
     cdef _Conv j
-    j.x, j.ldx, j.w = _ptr(x), ldx, _ptr(w)
+    j.x, j.ldx, j.wt = _ptr(x), ldx, _ptr(wt)
     j.b = _ptr(bias) if bias is not None else NULL
     j.state = _ptr(state) if K > 1 else NULL
     j.out, j.ldo = _ptr(out), ldo
-    j.T, j.C, j.K, j.silu = T, C, K, silu
-    cdef int nt = _team(<long>T * C * K, (C + 31) // 32, threads)
-    j.per_chunk = max(32, (C + 4 * nt - 1) // (4 * nt)) if nt > 1 else C
+    j.T, j.C, j.K, j.silu, j.simd = T, C, K, silu, _simd
+    cdef long chunks = (C + STER_SCAN_BLOCK - 1) // STER_SCAN_BLOCK
+    cdef int nt = _team(<long>T * C * K, chunks, threads)
     with nogil:
-        _pool_run((C + j.per_chunk - 1) // j.per_chunk, _conv_task, &j, nt)
+        _pool_run(chunks, _conv_task, &j, nt)
 
 
 # ---------------------------------------------------------------- Mamba's selective scan
@@ -173,36 +173,14 @@ cdef struct _Sel:
     float* state
     float* out
     long ldo
-    int T, Dn, N, per_chunk
+    int T, Dn, N, simd
 
 
 cdef void _sel_task(void* ctx, long chunk, int tid) noexcept nogil:
     cdef _Sel* j = <_Sel*>ctx
-    cdef int d0 = <int>(chunk * j.per_chunk), d1 = <int>min(<long>j.Dn, (chunk + 1) * j.per_chunk)
-    cdef int d, t, n
-    cdef float delta, xv, acc, y, bx
-    cdef float* h
-    cdef const float* a
-    cdef const float* bt
-    cdef const float* ct
-    for d in range(d0, d1):
-        h = j.state + <long>d * j.N
-        a = j.A + <long>d * j.N
-        for t in range(j.T):
-            delta = j.dt[<long>t * j.lddt + d] + (j.dtb[d] if j.dtb != NULL else 0.0)
-            delta = _softplus(delta)
-            xv = j.x[<long>t * j.ldx + d]
-            bt = j.B + <long>t * j.ldb
-            ct = j.Cm + <long>t * j.ldc
-            bx = delta * xv
-            acc = 0.0
-            for n in range(j.N):
-                h[n] = expf(delta * a[n]) * h[n] + bt[n] * bx
-                acc = acc + h[n] * ct[n]
-            y = acc + j.D[d] * xv
-            if j.z != NULL:
-                y = y * _silu(j.z[<long>t * j.ldz + d])
-            j.out[<long>t * j.ldo + d] = y
+    cdef int d0 = <int>(chunk * STER_SCAN_BLOCK), d1 = <int>min(<long>j.Dn, (chunk + 1) * STER_SCAN_BLOCK)
+    ster_selective_block(j.x, j.ldx, j.dt, j.lddt, j.dtb, j.A, j.B, j.ldb, j.Cm, j.ldc, j.D, j.z, j.ldz,
+                         j.state, j.out, j.ldo, j.T, j.N, d0, d1, j.simd)
 
 
 def selective_scan(x, dt, dt_bias, A, B, C, D, z, state, out, int threads=0):
@@ -245,11 +223,11 @@ def selective_scan(x, dt, dt_bias, A, B, C, D, z, state, out, int threads=0):
     j.z = _ptr(z) if z is not None else NULL
     j.ldz = ldz
     j.state, j.out, j.ldo = _ptr(state), _ptr(out), ldo
-    j.T, j.Dn, j.N = T, Dn, N
-    cdef int nt = _team(<long>T * Dn * N * 4, (Dn + 7) // 8, threads)
-    j.per_chunk = max(8, (Dn + 4 * nt - 1) // (4 * nt)) if nt > 1 else Dn
+    j.T, j.Dn, j.N, j.simd = T, Dn, N, _simd
+    cdef long chunks = (Dn + STER_SCAN_BLOCK - 1) // STER_SCAN_BLOCK
+    cdef int nt = _team(<long>T * Dn * N * 4, chunks, threads)
     with nogil:
-        _pool_run((Dn + j.per_chunk - 1) // j.per_chunk, _sel_task, &j, nt)
+        _pool_run(chunks, _sel_task, &j, nt)
 
 
 # ---------------------------------------------------------------- Mamba-2's multi-head scan
@@ -270,36 +248,15 @@ cdef struct _Multi:
     float* out
     long ldo
     float lo, hi
-    int T, H, P, N, heads_per_group, per_chunk
+    int T, H, P, N, heads_per_group, per_chunk, simd
 
 
 cdef void _multi_task(void* ctx, long chunk, int tid) noexcept nogil:
     cdef _Multi* j = <_Multi*>ctx
-    cdef int h0 = <int>(chunk * j.per_chunk), h1 = <int>min(<long>j.H, (chunk + 1) * j.per_chunk)
-    cdef int hd, p, t, n
-    cdef float delta, decay, xv, acc, bx
-    cdef float* s
-    cdef const float* bt
-    cdef const float* ct
-    for hd in range(h0, h1):
-        for t in range(j.T):
-            delta = _softplus(j.dt[<long>t * j.lddt + hd] + (j.dtb[hd] if j.dtb != NULL else 0.0))
-            if delta < j.lo:
-                delta = j.lo
-            if delta > j.hi:
-                delta = j.hi
-            decay = expf(delta * j.A[hd])
-            bt = j.B + <long>t * j.ldb + <long>(hd // j.heads_per_group) * j.N
-            ct = j.Cm + <long>t * j.ldc + <long>(hd // j.heads_per_group) * j.N
-            for p in range(j.P):
-                s = j.state + (<long>hd * j.P + p) * j.N
-                xv = j.x[<long>t * j.ldx + <long>hd * j.P + p]
-                bx = delta * xv
-                acc = 0.0
-                for n in range(j.N):
-                    s[n] = decay * s[n] + bt[n] * bx
-                    acc = acc + s[n] * ct[n]
-                j.out[<long>t * j.ldo + <long>hd * j.P + p] = acc + j.D[hd] * xv
+    cdef int hd
+    for hd in range(<int>(chunk * j.per_chunk), <int>min(<long>j.H, (chunk + 1) * j.per_chunk)):
+        ster_multihead_one(j.x, j.ldx, j.dt, j.lddt, j.dtb, j.A, j.B, j.ldb, j.Cm, j.ldc, j.D, j.state, j.out,
+                           j.ldo, j.lo, j.hi, j.T, j.P, j.N, hd // j.heads_per_group, hd, j.simd)
 
 
 def multihead_scan(x, dt, dt_bias, A, B, C, D, state, out, float lo=0.0, float hi=np.inf, int threads=0):
@@ -341,7 +298,7 @@ def multihead_scan(x, dt, dt_bias, A, B, C, D, state, out, float lo=0.0, float h
     j.A, j.B, j.ldb, j.Cm, j.ldc, j.D = _ptr(A), _ptr(B), ldb, _ptr(C), ldc, _ptr(D)
     j.state, j.out, j.ldo = _ptr(state), _ptr(out), ldo
     j.lo, j.hi = lo, hi
-    j.T, j.H, j.P, j.N, j.heads_per_group = T, H, P, N, H // G
+    j.T, j.H, j.P, j.N, j.heads_per_group, j.simd = T, H, P, N, H // G, _simd
     cdef int nt = _team(<long>H * P * T * N * 2, H, threads)
     j.per_chunk = max(1, (H + 2 * nt - 1) // (2 * nt)) if nt > 1 else H
     with nogil:

@@ -53,6 +53,14 @@ SPLIT = 9
 needs_kernels = pytest.mark.skipif(scan_kernels is None, reason="ster_py._kernels.scan is not built")
 
 
+@pytest.fixture(params=["simd", "portable"])
+def simd(request):
+    """Each kernel test runs the AVX2/FMA loops (where the CPU has them) and the portable ones."""
+    scan_kernels.set_simd(request.param == "simd")
+    yield request.param
+    scan_kernels.set_simd(True)
+
+
 def _rows(rng, T, C, wide=0):
     """float32 [T, C] whose rows are contiguous but strided (a column slice of a wider array) when wide."""
     a = rng.standard_normal((T, C + wide)).astype(np.float32)
@@ -64,7 +72,7 @@ def _rows(rng, T, C, wide=0):
 @pytest.mark.parametrize("T,C,K,wide,bias,silu", [(1, 5, 4, 0, True, True), (7, 33, 4, 3, False, True),
                                                   (23, 130, 3, 0, True, False), (2, 64, 5, 7, True, True),
                                                   (13, 1, 2, 0, False, True), (9, 257, 1, 0, True, True)])
-def test_causal_conv1d_kernel_equals_reference(T, C, K, wide, bias, silu, threads):
+def test_causal_conv1d_kernel_equals_reference(T, C, K, wide, bias, silu, threads, simd):
     rng = np.random.default_rng(T * 100 + C)
     w = rng.standard_normal((C, K)).astype(np.float32)
     b = rng.standard_normal(C).astype(np.float32) if bias else None
@@ -103,7 +111,7 @@ def _scan_inputs(rng, T, Dn, N, wide):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("T,Dn,N,wide,gated", [(1, 8, 3, 0, True), (17, 37, 5, 3, True), (31, 96, 16, 0, False),
                                                (5, 1, 1, 0, True), (3, 130, 7, 2, True)])
-def test_selective_scan_kernel_equals_reference(T, Dn, N, wide, gated, threads):
+def test_selective_scan_kernel_equals_reference(T, Dn, N, wide, gated, threads, simd):
     rng = np.random.default_rng(T * 1000 + Dn)
     x, dt, dt_bias, A, B, C, D, z, state = _scan_inputs(rng, T, Dn, N, wide)
     z = z if gated else None
@@ -125,7 +133,7 @@ def test_selective_scan_kernel_equals_reference(T, Dn, N, wide, gated, threads):
 @pytest.mark.parametrize("T,H,P,N,G,wide,limit", [(1, 4, 8, 3, 2, 0, None), (19, 6, 5, 7, 3, 4, (0.05, 0.4)),
                                                   (33, 8, 16, 16, 1, 0, None), (4, 3, 1, 1, 1, 1, (0.0, math.inf)),
                                                   (11, 16, 3, 5, 4, 0, (-math.inf, 0.2))])
-def test_multihead_scan_kernel_equals_reference(T, H, P, N, G, wide, limit, threads):
+def test_multihead_scan_kernel_equals_reference(T, H, P, N, G, wide, limit, threads, simd):
     rng = np.random.default_rng(T * 7 + H)
     x = _rows(rng, T, H * P, wide)
     dt = _rows(rng, T, H, wide)
