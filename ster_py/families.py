@@ -496,6 +496,9 @@ class FamilySpec:
         gguf_folded: llama.cpp's converter folds the family's multipliers (muP, embedding, head)
             into the weights, so a GGUF's weights carry them.
         adapters: the adapter targets the family takes: ``"all"``, ``"ffn"`` or ``"none"``.
+        reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
+            ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
+            one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
     """
 
     model_type: str
@@ -576,6 +579,7 @@ class FamilySpec:
     mup: bool = False
     gguf_folded: bool = False
     adapters: str = "all"
+    reference_hidden: str = "embedding"
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -1048,7 +1052,7 @@ _MAMBA_DEFAULTS = {"ssm_state_size": 16, "ssm_conv_kernel": 4, "ssm_expand": 2, 
 _MAMBA = dict(recurrent="mamba", ffn_layers="none", norms=("attn_norm",), positions="none", names=MAMBA_NAMES,
               keys=_MAMBA_KEYS, fixed={"num_attention_heads": 1, "num_key_value_heads": 1}, defaults=_MAMBA_DEFAULTS,
               tie_default=True, normalize=lambda c: _scan_config(c, _n_layers(c)), gguf_arch="mamba",
-              gguf_names=GGUF_SSM_NAMES, **_SSM_ADAPTERS)
+              gguf_names=GGUF_SSM_NAMES, reference_hidden="layers", **_SSM_ADAPTERS)
 # Bamba's and Granite 4.0's Mamba-2 keys (mamba_d_head "auto": the width over the heads).
 _MAMBA2_HYBRID_KEYS = {"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
                        "ssm_expand": ("mamba_expand",), "ssm_num_heads": ("mamba_n_heads",),
