@@ -888,7 +888,7 @@ def _unstated_floats(v):
     (seed 002: configs written with Infinity, -Infinity or NaN are read with those values as unstated)."""
     if isinstance(v, Mapping) and set(v) == {_INF_TAG}:
         return None
-    if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return None
     if isinstance(v, list):
         return [_unstated_floats(x) for x in v]
@@ -1483,7 +1483,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mamba", **_MAMBA),
         FamilySpec("falcon_mamba", **dict(_MAMBA, keys=dict(_MAMBA_KEYS, ssm_bcdt_eps=("mixer_rms_eps",)),
                                           defaults=dict(_MAMBA_DEFAULTS, ssm_bcdt_eps=1e-6)),
-                   ssm_bcdt_norm="plain", gguf_changes={"keys": dict(_MAMBA_KEYS, ssm_bcdt_eps=())}),
+                   ssm_bcdt_norm="plain"),
         FamilySpec("mamba2", **dict(_MAMBA, recurrent="mamba2", names=MAMBA2_NAMES, gguf_arch="mamba2", tie_default=False,
                                     keys={"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",),
                                           "ssm_expand": ("expand",), "ssm_num_heads": ("num_heads",),
