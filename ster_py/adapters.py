@@ -412,9 +412,15 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             feed-forward target on a mixture-of-experts family (its experts are not adapted,
             seed 002); an attention target on a model whose layers have their own head counts
             or widths (MiMo-V2-Flash, seed 002); on latent attention, a target other than o, or q
-            without a query bottleneck (seed 002); a factor whose shape does not fit the projection.
+            without a query bottleneck (seed 002); any adapter on a state-space family, or an
+            attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); a
+            factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if spec.adapters == "none":
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
+                        "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "
+                        "state-space families (steering and capture work on them)")
     if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
         raise SterError(f"adapter {ad.path} was made for hidden_size {ad.hidden_size}, but this model's is "
                         f"{spec.hidden_size}")
@@ -427,6 +433,9 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} routes its feed-forward "
                             "through experts, which ster does not adapt; adapt the attention projections "
                             "(q, k, v, o) only")
+        if target in ("q", "k", "v", "o") and spec.adapters == "ffn":
+            raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} mixes most layers with a "
+                            "state-space scan and ster adapts only its feed-forward projections (gate, up, down)")
         latent = getattr(spec, "latent", None)
         if latent is not None and target in ("q", "k", "v"):  # seed 002: o, and q without a bottleneck
             if target != "q" or latent.q_lora_rank is not None:

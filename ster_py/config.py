@@ -17,6 +17,7 @@ from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
+from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
 
@@ -37,8 +38,10 @@ ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "ge
 class LayerSpec:
     """What varies from layer to layer: its mixer, its feed-forward, its window and rotation.
 
-    ``mixer`` names the layer's token mixer (``"attention"``, or ``"latent"``: multi-head latent
-    attention, ``ModelSpec.latent``); ``ffn`` its feed-forward:
+    ``mixer`` names the layer's token mixer: ``"attention"``, ``"latent"`` (multi-head latent
+    attention, ``ModelSpec.latent``), a state-space scan (``"mamba"``, ``"mamba2"``:
+    ``ModelSpec.ssm``), both side by side (``"hybrid"``, Falcon-H1) or ``"none"`` (a layer that is
+    only a feed-forward, Nemotron-H's); ``ffn`` its feed-forward:
     ``"dense"``, ``"moe"`` (routed experts, ``ModelSpec.moe``) or ``"none"``.
     ``sliding_window`` counts the key positions a query sees, itself included
     (None: all earlier positions). ``rope`` is None on layers that do not rotate.
@@ -96,6 +99,10 @@ class ModelSpec:
     of stored tensors the forward never reads (multi-token-prediction modules). ``latent``
     describes the multi-head latent attention of the layers whose ``LayerSpec.mixer`` is
     ``"latent"`` (their ``head_dim`` is its nope + rope, their values ``v_head_dim`` wide).
+    ``ssm`` describes the state-space scan of the layers whose mixer is one
+    (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
+    adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
+    (state-space families, seed 002).
     """
 
     model_type: str
@@ -151,6 +158,17 @@ class ModelSpec:
     attn_gate_per_head: bool = True
     unread: tuple[str, ...] = ()
     latent: LatentSpec | None = None
+    ssm: SSMSpec | None = None
+    mup: MupScales | None = None
+    adapters: str = "all"
+
+    def has_kv(self, i: int) -> bool:
+        """Whether layer ``i`` keeps keys and values (its mixer attends)."""
+        return self.layers[i].mixer in ATTENTION_MIXERS
+
+    def state_bytes(self) -> int:
+        """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""
+        return sum(self.ssm.state_bytes() for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -274,7 +292,8 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
             shown = f"{len(layer_types)} entries" if isinstance(layer_types, list) else repr(layer_types)
             raise SterError(f"invalid model config {config_name}: layer_types must list one entry per layer "
                             f"({n_layers}), got {shown}")
-        kinds = ("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
+        kinds = (("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
+                 + (tuple(MIXER_TYPES) if family.recurrent else ()))
         for t in layer_types:
             if t not in kinds:
                 raise SterError(f"{config_name}: layer type {t!r} is not supported; ster runs layer_types "
@@ -311,6 +330,116 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
         p0 = period("prefix_dense_sliding_window_pattern", 1)
         return [(i + 1) % p0 != 0 if i < k else (i - k + 1) % p != 0 for i in range(n_layers)]
     return [False] * n_layers
+
+
+#: ``layer_types`` entries that name a layer's mixer rather than its attention (families with
+#: ``FamilySpec.recurrent``): the family's scan, attention and the scan side by side, or a
+#: feed-forward-only layer (dense or routed).
+MIXER_TYPES = {"linear_attention": "recurrent", "hybrid": "hybrid", "mlp": "none", "moe": "none"}
+
+
+def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tuple[str, str | None]]:
+    """Per layer: (its ``LayerSpec.mixer``, its feed-forward when its type fixes it, else None).
+
+    Families without ``recurrent`` attend on every layer. Others read ``layer_types``
+    (``sliding_layers`` has checked it): ``linear_attention`` is the family's scan, ``hybrid``
+    attention and a Mamba-2 scan side by side, ``mlp`` / ``moe`` a layer that is only a dense /
+    routed feed-forward; any other entry is attention. A family with ``ffn_layers`` "none" has
+    no feed-forward, one with "typed" only on its ``mlp`` and ``moe`` layers.
+    """
+    types = config.get("layer_types") if family.recurrent else None
+    out = []
+    for i in range(n_layers):
+        t = types[i] if isinstance(types, list) else "full_attention"
+        kind = MIXER_TYPES.get(t, "attention")
+        mixer = family.recurrent if kind == "recurrent" else kind
+        ffn = {"mlp": "dense", "moe": "moe"}.get(t)
+        if ffn is None and family.ffn_layers != "all":
+            ffn = "none"
+        out.append((mixer, ffn))
+    return out
+
+
+def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
+    """The state-space scan of a family with ``recurrent``, read under its ``ssm_*`` keys.
+
+    Mamba: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden; ``ssm_dt_rank`` "auto"
+    is ceil(hidden / 16). Mamba-2: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden
+    (a family that reads neither: the heads' total); ``ssm_head_dim`` "auto" is d_inner over the
+    heads; ``ssm_dt_limit`` [low, high] clamps the step (unstated bounds: none).
+
+    Raises:
+        SterError: a missing or invalid size, heads that do not make up the width or split over
+            the groups, a convolution activation other than SiLU, a bad step limit.
+    """
+    where = f"invalid model config {config_name}"
+    kind = family.recurrent
+    act = r.get("ssm_act", "silu")
+    if act != "silu":
+        raise SterError(f"{config_name}: the state-space convolution's activation {act!r} is not supported; ster "
+                        "runs SiLU there, as Mamba does")
+    n = r.positive_int("ssm_state_size")
+    k = r.positive_int("ssm_conv_kernel", limit=1024)
+    keys = family.keys.get("ssm_expand", DEFAULT_KEYS["ssm_expand"])
+    expand = r.positive_int("ssm_expand", limit=1024) if keys or "ssm_expand" in family.defaults else None
+    inner = r.get("ssm_inner_size")
+    if kind == "mamba":
+        di = r.positive_int("ssm_inner_size", expand * hidden)
+        rank = r.get("ssm_dt_rank", "auto")
+        rank = math.ceil(hidden / 16) if rank == "auto" else r.positive_int("ssm_dt_rank")
+        bcdt_eps = r.get("ssm_bcdt_eps", 1e-6)
+        if isinstance(bcdt_eps, bool) or not isinstance(bcdt_eps, (int, float)) or not 0 < bcdt_eps < 1:
+            raise SterError(f"{where}: the step/B/C norm epsilon must be a number in (0, 1), got {brief_value(bcdt_eps)}")
+        return SSMSpec("mamba", di, n, k, dt_rank=rank, bcdt_norm=family.ssm_bcdt_norm, bcdt_eps=float(bcdt_eps))
+    heads = r.positive_int("ssm_num_heads", limit=MAX_HEADS * 64)
+    head = r.get("ssm_head_dim")
+    if inner is not None or expand is not None:
+        di = r.positive_int("ssm_inner_size", expand * hidden if expand is not None else None)
+    else:
+        di = heads * r.positive_int("ssm_head_dim", limit=MAX_HEAD_DIM)
+    if head == "auto" or head is None:
+        head = di // heads
+    elif isinstance(head, bool) or not isinstance(head, int) or head <= 0:
+        raise SterError(f"{where}: the scan's head width must be a positive integer or \"auto\", got {brief_value(head)}")
+    if head * heads != di:
+        raise SterError(f"{config_name}: a scan width ({di}) other than its heads' total ({heads} heads of {head}) is "
+                        "not supported; ster refuses this configuration before reading any weight")
+    groups = r.positive_int("ssm_groups", 1, limit=heads)
+    if heads % groups or di % groups:
+        raise SterError(f"{where}: {heads} scan heads (width {di}) do not split into {groups} groups")
+    limit = r.get("ssm_dt_limit")
+    lo, hi = -math.inf, math.inf
+    if limit is not None:
+        if not isinstance(limit, (list, tuple)) or len(limit) != 2 or any(
+                x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in limit):
+            raise SterError(f"{where}: time_step_limit must be two numbers [low, high], got {brief_value(limit)}")
+        lo = -math.inf if limit[0] is None or not math.isfinite(limit[0]) else float(limit[0])
+        hi = math.inf if limit[1] is None or not math.isfinite(limit[1]) else float(limit[1])
+        if lo > hi:
+            raise SterError(f"{where}: time_step_limit's low bound {lo} is above its high bound {hi}")
+    eps = r.get("ssm_norm_eps", r.get("norm_eps", 1e-6))
+    return SSMSpec("mamba2", di, n, k, num_heads=heads, n_groups=groups, dt_min=lo, dt_max=hi,
+                   gated_norm=family.ssm_gated_norm, norm_eps=float(eps))
+
+
+def mup_scales(config: Mapping, config_name: str) -> MupScales:
+    """Falcon-H1's muP multipliers (``MupScales``; each 1 when absent). The lists were checked by
+    the family's refusals; a non-finite or zero single multiplier is refused here."""
+    def one(key):
+        v = config.get(key)
+        if v is None:
+            return 1.0
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v == 0:
+            raise SterError(f"invalid model config {config_name}: {key} must be a finite non-zero number, "
+                            f"got {brief_value(v)}")
+        return float(v)
+
+    ssm = config.get("ssm_multipliers") or [1.0] * 5
+    mlp = config.get("mlp_multipliers") or [1.0] * 2
+    return MupScales(attn_in=one("attention_in_multiplier"), attn_out=one("attention_out_multiplier"),
+                     key=one("key_multiplier"), ssm_in=one("ssm_in_multiplier"),
+                     ssm_parts=tuple(float(x) for x in ssm), ssm_out=one("ssm_out_multiplier"),
+                     ffn_gate=float(mlp[0]), ffn_down=float(mlp[1]))
 
 
 def chunked_layers(config: Mapping, family: FamilySpec, ropes: list, config_name: str) -> list[int | None]:
@@ -458,7 +587,10 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
                   jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap))
     alpha = get("swiglu_alpha")
     limit = None if limit is None else float(limit)
-    moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit,
+    latent = r.get("moe_latent_size") or 0
+    if isinstance(latent, bool) or not isinstance(latent, int) or not 0 <= latent <= MAX_DIM:
+        raise SterError(f"{where}: moe_latent_size must be a positive integer or null, got {brief_value(latent)}")
+    moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit, latent_size=latent,
                alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated,
                shared_limit=limit)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
@@ -636,9 +768,13 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                         "ster refuses this configuration before reading any weight")
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
-    routed = moe_layer_flags(config, n_layers, config_name) if family.moe else [False] * n_layers
+    mixers = layer_mixers(config, family, n_layers)
+    routed = (moe_layer_flags(config, n_layers, config_name) if family.moe and family.ffn_layers == "all"
+              else [ffn == "moe" for _, ffn in mixers])
+    ffns = [ffn or ("moe" if m else "dense") for (_, ffn), m in zip(mixers, routed)]
     ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
                          lambda theta: make({**full_params, "rope_theta": theta}), config_name, routed)
+    ropes = [rope if mixer in ATTENTION_MIXERS else None for rope, (mixer, _) in zip(ropes, mixers)]
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
     own = layer_geometry(config, n_layers, heads, kv_heads, config_name)
@@ -664,11 +800,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     rotated_only = family.query_temperature == "unrotated_layers"
     if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
         own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
-    mixer = "latent" if latent is not None else "attention"
-    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense",
+    if latent is not None:  # the attending layers attend through the latent
+        mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
-                             query_temperature=rope is None or not rotated_only, mixer=mixer, **o)
-                   for s, rope, m, c, o in zip(sliding, ropes, routed, chunks, own))
+                             query_temperature=rope is None or not rotated_only, **o)
+                   for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
     # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
     dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
     eos = config.get("eos_token_id")
@@ -703,6 +840,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
         unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
         latent=latent,
+        ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
+        mup=mup_scales(config, config_name) if family.mup else None,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -791,4 +930,5 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         value_scale=r.number(family.value_scale_key, 1.0),
         attn_gate=family.attn_gate,
         attn_gate_per_head=family.attn_gate_per_head,
+        adapters=family.adapters,
     )

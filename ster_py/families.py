@@ -279,6 +279,13 @@ GGUF_FALCON_NAMES = _with(GGUF_PLAIN_MLP_NAMES, attn_norm=("blk.{i}.attn_norm_2"
 GGUF_GRANITE_SWA_NAMES = _with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight", exp_gate=None, exp_up=None,
                                exp_gate_up="blk.{i}.ffn_gate_up_exps.weight", shexp_gate=None, shexp_up=None,
                                shexp_gate_up="blk.{i}.ffn_up_shexp")
+# llama.cpp's state-space tensors (src/llama-arch.cpp): ssm_a holds -exp(A_log), Mamba-2's ssm_dt
+# only its bias (dt_bias), ssm_norm the gated norm as [groups, d_inner / groups].
+GGUF_SSM_NAMES = _with(GGUF_NAMES, ssm_in="blk.{i}.ssm_in", ssm_conv="blk.{i}.ssm_conv1d", ssm_x="blk.{i}.ssm_x",
+                       ssm_dt="blk.{i}.ssm_dt", ssm_dt_bias="blk.{i}.ssm_dt.bias", ssm_a="blk.{i}.ssm_a",
+                       ssm_d="blk.{i}.ssm_d", ssm_norm="blk.{i}.ssm_norm", ssm_out="blk.{i}.ssm_out",
+                       ssm_dt_norm="blk.{i}.ssm_dt_norm", ssm_b_norm="blk.{i}.ssm_b_norm",
+                       ssm_c_norm="blk.{i}.ssm_c_norm")
 
 # Config keys a family reads for each normalised field, first found wins. A family's
 # ``keys`` replaces the list of the fields it names (``()``: never read, use the default).
@@ -319,6 +326,11 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "q_lora_rank": ("q_lora_rank",),
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "moe_latent_size": (),  # the routed experts' latent width (Nemotron-H's moe_latent_size)
+    # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
+    "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
+    "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
+    "ssm_norm_eps": (), "ssm_bcdt_eps": (), "ssm_act": (),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -404,7 +416,8 @@ class FamilySpec:
         embed_scale_sqrt_hidden: multiply embeddings by sqrt(hidden_size) (Gemma).
         embed_norm: a norm over the embeddings (BLOOM's word_embeddings_layernorm).
         positions: ``"rope"``, ``"learned"`` (a table added to the embeddings, row
-            ``position_offset`` for position 0) or ``"alibi"`` (a per-head linear score bias).
+            ``position_offset`` for position 0), ``"alibi"`` (a per-head linear score bias) or
+            ``"none"`` (no position signal: Jamba's and Nemotron-H's attention, state-space models).
         alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
@@ -491,6 +504,22 @@ class FamilySpec:
             (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
         dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
             the forward never reads (A.X-K1's post_mlp_layernorm, used on routed layers only).
+        recurrent: the state-space mixer (``"mamba"`` or ``"mamba2"``) of the layers its
+            ``layer_types`` (written by ``normalize``) call ``linear_attention``; such a family's
+            layer_types may also say ``hybrid`` (attention and the scan side by side), ``mlp`` and
+            ``moe`` (a layer that is only a feed-forward). Its sizes are read under the ``ssm_*``
+            keys (``config.ssm_spec``).
+        ffn_layers: which layers have a feed-forward: ``"all"``, ``"none"`` (Mamba) or ``"typed"``
+            (only the ``mlp`` and ``moe`` layers of layer_types, Nemotron-H).
+        ssm_bcdt_norm: Mamba's step, B and C are RMS-normed, ``"weighted"`` or ``"plain"`` (``SSMSpec``).
+        ssm_gated_norm: Mamba-2's output passes its grouped, gated RMS norm.
+        mup: Falcon-H1's muP multipliers are read (``config.mup_scales``).
+        gguf_folded: llama.cpp's converter folds the family's multipliers (muP, embedding, head)
+            into the weights, so a GGUF's weights carry them.
+        adapters: the adapter targets the family takes: ``"all"``, ``"ffn"`` or ``"none"``.
+        reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
+            ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
+            one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
     """
 
     model_type: str
@@ -567,6 +596,14 @@ class FamilySpec:
     latent: bool = False
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
+    recurrent: str | None = None
+    ffn_layers: str = "all"
+    ssm_bcdt_norm: str | None = None
+    ssm_gated_norm: bool = True
+    mup: bool = False
+    gguf_folded: bool = False
+    adapters: str = "all"
+    reference_hidden: str = "embedding"
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -899,6 +936,245 @@ def _minicpm3_config(config: Mapping) -> Mapping:
     if isinstance(base, (int, float)) and not isinstance(base, bool) and base and sizes:
         c["logits_scaling"] = hidden / base
     return c
+
+
+
+
+# ----------------------------------------------------------------------------- state-space families
+# group SSM (issue 15, part A): Mamba, Falcon-Mamba, Mamba-2, Jamba, Bamba, Granite 4.0 (granitemoehybrid),
+# Nemotron-H, Falcon-H1. Each family's normalize writes ``layer_types`` in Transformers 5's words
+# (linear_attention: the family's scan; full_attention; hybrid: both side by side; mlp / moe: a
+# feed-forward-only layer) and, where layers route, ``mlp_layer_types``.
+
+_B = "backbone.layers.{i}."
+_MX = _B + "mixer."
+# Mamba (and Falcon-Mamba): everything below backbone, one norm and one mixer per layer.
+MAMBA_NAMES: Mapping[str, str] = {
+    "embed": ("backbone.embeddings", "backbone.embedding"), "final_norm": "backbone.norm_f", "head": "lm_head",
+    "attn_norm": _B + "norm", "ssm_in": _MX + "in_proj", "ssm_conv": _MX + "conv1d", "ssm_x": _MX + "x_proj",
+    "ssm_dt": _MX + "dt_proj", "ssm_a_log": _MX + "A_log", "ssm_d": _MX + "D", "ssm_out": _MX + "out_proj",
+}
+MAMBA2_NAMES = _with(MAMBA_NAMES, ssm_x=None, ssm_dt=None, ssm_dt_bias=_MX + "dt_bias", ssm_norm=_MX + "norm")
+_MB = _L + "mamba."
+_JAMBA_SCAN = dict(ssm_in=_MB + "in_proj", ssm_conv=_MB + "conv1d", ssm_x=_MB + "x_proj", ssm_dt=_MB + "dt_proj",
+                   ssm_a_log=_MB + "A_log", ssm_d=_MB + "D", ssm_out=_MB + "out_proj",
+                   ssm_dt_norm=_MB + "dt_layernorm", ssm_b_norm=_MB + "b_layernorm", ssm_c_norm=_MB + "c_layernorm")
+_MAMBA2_SCAN = dict(ssm_in=_MB + "in_proj", ssm_conv=_MB + "conv1d", ssm_dt_bias=_MB + "dt_bias",
+                    ssm_a_log=_MB + "A_log", ssm_d=_MB + "D", ssm_norm=_MB + "norm", ssm_out=_MB + "out_proj")
+_FF = _L + "feed_forward."
+# Jamba: Llama's attention, a Mamba mixer (mamba.*), pre_ff_layernorm, feed_forward (router, experts.{e}).
+JAMBA_NAMES = _with(LLAMA_NAMES, final_norm="model.final_layernorm", ffn_norm=_L + "pre_ff_layernorm",
+                    gate=_FF + "gate_proj", up=_FF + "up_proj", down=_FF + "down_proj", router=_FF + "router",
+                    exp_gate=_FF + "experts.{e}.gate_proj.weight", exp_up=_FF + "experts.{e}.up_proj.weight",
+                    exp_down=_FF + "experts.{e}.down_proj.weight", **_JAMBA_SCAN)
+BAMBA_NAMES = _with(JAMBA_NAMES, router=None, exp_gate=None, exp_up=None, exp_down=None, ssm_x=None, ssm_dt=None,
+                    ssm_dt_norm=None, ssm_b_norm=None, ssm_c_norm=None, **_MAMBA2_SCAN)
+# Granite 4.0: GraniteMoE-Shared's experts and shared_mlp after a Mamba-2 or attention mixer.
+GRANITE_HYBRID_NAMES = _with(GRANITEMOE_SHARED_NAMES, final_norm="model.norm", **_MAMBA2_SCAN)
+GRANITE_HYBRID_DENSE_NAMES = _with(GRANITE_HYBRID_NAMES, router=None, exp_gate_up=None, exp_down=None,
+                                   shexp_gate_up=None, shexp_down=None, gate_up=_L + "shared_mlp.input_linear",
+                                   down=_L + "shared_mlp.output_linear")
+# Nemotron-H: one norm per layer before its one mixer; a feed-forward layer's norm is the same tensor.
+NEMOTRON_H_NAMES = {
+    "embed": "backbone.embeddings", "final_norm": "backbone.norm_f", "head": "lm_head",
+    "attn_norm": _B + "norm", "ffn_norm": _B + "norm",
+    "q": _MX + "q_proj", "k": _MX + "k_proj", "v": _MX + "v_proj", "o": _MX + "o_proj",
+    "up": _MX + "up_proj", "down": _MX + "down_proj",
+    "router": _MX + "gate", "router_select_bias": _MX + "gate.e_score_correction_bias",
+    "exp_up": _MX + "experts.{e}.up_proj.weight", "exp_down": _MX + "experts.{e}.down_proj.weight",
+    "shexp_up": _MX + "shared_experts.up_proj", "shexp_down": _MX + "shared_experts.down_proj",
+    "moe_latent_in": _MX + "fc1_latent_proj", "moe_latent_out": _MX + "fc2_latent_proj",
+    **{k: v.replace("backbone.layers.{i}.mixer.", _MX) for k, v in MAMBA2_NAMES.items() if k.startswith("ssm_")},
+}
+FALCON_H1_NAMES = _with(BAMBA_NAMES, gate=_FF + "gate_proj")
+GGUF_JAMBA_NAMES = GGUF_SSM_NAMES
+GGUF_NEMOTRON_H_NAMES = _with(GGUF_SSM_NAMES, ffn_norm="blk.{i}.attn_norm", gate=None, exp_gate=None, shexp_gate=None,
+                              moe_latent_in="blk.{i}.ffn_latent_down", moe_latent_out="blk.{i}.ffn_latent_up")
+# llama.cpp's Falcon-H1 stores the pre-feed-forward norm as blk.N.ffn_norm (no .weight suffix).
+GGUF_FALCON_H1_NAMES = _with(GGUF_SSM_NAMES, ffn_norm=("blk.{i}.ffn_norm#", "blk.{i}.ffn_norm"))
+
+_INF_TAG = "__float__"
+
+
+def _unstated_floats(v):
+    """A value with Transformers' tagged floats ({"__float__": "Infinity"}) and non-finite numbers as None
+    (seed 002: configs written with Infinity, -Infinity or NaN are read with those values as unstated)."""
+    if isinstance(v, Mapping) and set(v) == {_INF_TAG}:
+        return None
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(v, list):
+        return [_unstated_floats(x) for x in v]
+    return v
+
+
+def _scan_config(config: Mapping, n: int | None = None) -> dict:
+    """The config with its time_step_limit's non-finite bounds unstated and, when ``n`` layers are
+    given, every layer of the family's scan (layer_types: linear_attention)."""
+    c = dict(config)
+    if "time_step_limit" in c:
+        c["time_step_limit"] = _unstated_floats(c["time_step_limit"])
+    if n is not None and c.get("layer_types") is None:
+        c["layer_types"] = ["linear_attention"] * n
+    return c
+
+
+def _period_types(c: Mapping, n: int, key: str, default_period: int, default_offset: int, on: str, off: str):
+    period, offset = c.get(f"{key}_period", default_period), c.get(f"{key}_offset", default_offset)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (period, offset)) or period <= 0:
+        return None
+    return [on if i % period == offset else off for i in range(n)]
+
+
+def _jamba_config(config: Mapping) -> Mapping:
+    """Jamba's layer kinds from its periods (Transformers' layers_block_type and layers_num_experts):
+    attention on every attn_layer_period-th layer from attn_layer_offset, routed experts on every
+    expert_layer_period-th from expert_layer_offset when num_experts is above one."""
+    c, n = _scan_config(config), _n_layers(config)
+    types = _period_types(c, n, "attn_layer", 8, 4, "full_attention", "linear_attention")
+    if c.get("layer_types") is None and types is not None:
+        c["layer_types"] = types
+    experts = c.get("num_experts", c.get("num_local_experts", 16))
+    routed = _period_types(c, n, "expert_layer", 2, 1, "sparse", "dense")
+    if c.get("mlp_layer_types") is None and routed is not None:
+        c["mlp_layer_types"] = routed if isinstance(experts, int) and experts > 1 else ["dense"] * n
+    return c
+
+
+def _offset_past_period(kind: str) -> Callable[[Mapping], bool]:
+    def when(c: Mapping) -> bool:
+        p, o = c.get(f"{kind}_layer_period"), c.get(f"{kind}_layer_offset")
+        return isinstance(p, int) and isinstance(o, int) and not 0 <= o < p
+    return when
+
+
+def _bamba_config(config: Mapping) -> Mapping:
+    """Bamba's attention layers from attn_layer_indices, and its rotation over attn_rotary_emb
+    components of each head (Transformers fixes half of each head when it is not stated)."""
+    c, n = _scan_config(config), _n_layers(config)
+    indices = c.get("attn_layer_indices") or []
+    if c.get("layer_types") is None and isinstance(indices, list):
+        c["layer_types"] = ["full_attention" if i in indices else "linear_attention" for i in range(n)]
+    rp = dict(c.get("rope_parameters") or {"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)})
+    rot, heads, hidden = c.get("attn_rotary_emb"), c.get("num_attention_heads"), c.get("hidden_size")
+    head_dim = c.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                                     and heads > 0 else None)
+    if isinstance(rot, int) and not isinstance(rot, bool) and isinstance(head_dim, int) and head_dim > 0:
+        rp["partial_rotary_factor"] = rot / head_dim
+    rp.setdefault("partial_rotary_factor", 0.5)
+    c["rope_parameters"] = rp
+    return c
+
+
+_LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def _granite_hybrid_config(config: Mapping) -> Mapping:
+    """Granite 4.0's layer_types in Transformers 5's words, every layer routed when it has experts."""
+    c, n = _scan_config(config), _n_layers(config)
+    if isinstance(c.get("layer_types"), list):
+        c["layer_types"] = [_LEGACY_LAYER_TYPES.get(t, t) for t in c["layer_types"]]
+    experts = c.get("num_local_experts", 8)
+    if c.get("mlp_layer_types") is None and isinstance(experts, int) and experts > 0:
+        c["mlp_layer_types"] = ["sparse"] * n
+    return c
+
+
+def _granite_hybrid_unrotated(c: Mapping) -> bool:
+    """Granite 4.0's attention rotates only under position_embedding_type rope; in a GGUF file,
+    llama.cpp's switch is rope.scaling.finetuned (its converter writes it false for hybrids)."""
+    if "rope_scaling_finetuned" in c:
+        return c["rope_scaling_finetuned"] is False
+    return c.get("position_embedding_type") != "rope"
+
+
+def _granite_hybrid_layer_types_unsupported(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return not isinstance(types, list) or any(t not in ("linear_attention", "full_attention") for t in types)
+
+
+_NEMOTRON_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_NEMOTRON_TYPES = {"mamba": "linear_attention", "attention": "full_attention", **{v: v for v in _NEMOTRON_LETTERS.values()}}
+
+
+def _nemotron_h_config(config: Mapping) -> Mapping:
+    """Nemotron-H's layer kinds from hybrid_override_pattern (M, *, -, E) or, as Transformers 5 saves
+    them, layers_block_type; its Mamba-2 keys' other spellings; the step's floor at time_step_min
+    (Transformers clamps to [time_step_min, inf) whatever time_step_limit says)."""
+    c = _scan_config(config)
+    pattern, listed = c.get("hybrid_override_pattern"), c.get("layers_block_type")
+    types = None
+    if isinstance(pattern, str):
+        types = [_NEMOTRON_LETTERS.get(ch, f"letter {ch!r}") for ch in pattern]
+    elif isinstance(listed, list):
+        types = [_NEMOTRON_TYPES.get(t, f"type {t!r}") if isinstance(t, str) else repr(t) for t in listed]
+    if types is not None and c.get("layer_types") is None:
+        c["layer_types"] = types
+    if c.get("num_hidden_layers") is None and types is not None:
+        c["num_hidden_layers"] = len(types)
+    low = c.get("time_step_min", 0.001)
+    c["time_step_limit"] = [low if isinstance(low, (int, float)) and not isinstance(low, bool) else 0.001, None]
+    return c
+
+
+def _nemotron_h_pattern_wrong(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return (not isinstance(types, list) or len(types) != c.get("num_hidden_layers")
+            or any(t not in _NEMOTRON_TYPES.values() for t in types))
+
+
+def _falcon_h1_config(config: Mapping) -> Mapping:
+    """Falcon-H1: attention and the scan side by side on every layer."""
+    c, n = _scan_config(config), _n_layers(config)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["hybrid"] * n
+    return c
+
+
+def _numbers(key: str, n: int) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is stated and is not a list of ``n`` finite numbers."""
+    def when(c: Mapping) -> bool:
+        v = c.get(key)
+        return v is not None and not (isinstance(v, list) and len(v) == n and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf") for x in v))
+    return when
+
+
+def _mamba2_width_mismatch(inner_key: str | None, expand_key: str, heads_key: str, head_key: str,
+                           expand_default: int = 2, inner_default=None) -> Callable[[Mapping], bool]:
+    """Predicate: the scan's width (``inner_key``, else expand * hidden_size) is not its heads' total."""
+    def when(c: Mapping) -> bool:
+        inner = c.get(inner_key, inner_default) if inner_key else None
+        hidden, expand, heads, head = c.get("hidden_size"), c.get(expand_key, expand_default), c.get(heads_key), c.get(head_key)
+        if inner is None and isinstance(hidden, int) and isinstance(expand, int):
+            inner = expand * hidden
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (inner, heads)) or heads <= 0:
+            return False
+        if head in (None, "auto"):
+            return inner % heads != 0
+        return isinstance(head, int) and head * heads != inner
+    return when
+
+
+_SSM_ADAPTERS = dict(adapters="none")
+_MAMBA_KEYS = {"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",), "ssm_expand": ("expand",),
+               "ssm_inner_size": ("intermediate_size",), "ssm_dt_rank": ("time_step_rank",),
+               "ssm_act": ("hidden_act",), "head_dim": ()}
+_MAMBA_DEFAULTS = {"ssm_state_size": 16, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_dt_rank": "auto",
+                   "norm_eps": 1e-5, "max_position_embeddings": 1 << 20}
+_MAMBA = dict(recurrent="mamba", ffn_layers="none", norms=("attn_norm",), positions="none", names=MAMBA_NAMES,
+              keys=_MAMBA_KEYS, fixed={"num_attention_heads": 1, "num_key_value_heads": 1}, defaults=_MAMBA_DEFAULTS,
+              tie_default=True, normalize=lambda c: _scan_config(c, _n_layers(c)), gguf_arch="mamba",
+              gguf_names=GGUF_SSM_NAMES, reference_hidden="layers", **_SSM_ADAPTERS)
+# Bamba's and Granite 4.0's Mamba-2 keys (mamba_d_head "auto": the width over the heads).
+_MAMBA2_HYBRID_KEYS = {"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
+                       "ssm_expand": ("mamba_expand",), "ssm_num_heads": ("mamba_n_heads",),
+                       "ssm_head_dim": ("mamba_d_head",), "ssm_groups": ("mamba_n_groups",), "ssm_act": ("hidden_act",)}
+_MAMBA2_HYBRID_DEFAULTS = {"ssm_state_size": 256, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_num_heads": 128,
+                           "ssm_head_dim": "auto", "ssm_groups": 1}
+_BAMBA_WIDTH = Refusal(_mamba2_width_mismatch(None, "mamba_expand", "mamba_n_heads", "mamba_d_head"),
+                       "a Mamba-2 width (mamba_expand * hidden_size) other than its heads' total "
+                       "(mamba_n_heads * mamba_d_head) is not supported")
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -1457,6 +1733,109 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "moe_intermediate_size times their count are not supported (Transformers "
                                      "builds them that wide)"),
                              _MOE_LAYER_FREQ)),
+        # group SSM (issue 15, part A): state-space scans and their hybrids
+        FamilySpec("mamba", **_MAMBA),
+        FamilySpec("falcon_mamba", **dict(_MAMBA, keys=dict(_MAMBA_KEYS, ssm_bcdt_eps=("mixer_rms_eps",)),
+                                          defaults=dict(_MAMBA_DEFAULTS, ssm_bcdt_eps=1e-6)),
+                   ssm_bcdt_norm="plain"),
+        FamilySpec("mamba2", **dict(_MAMBA, recurrent="mamba2", names=MAMBA2_NAMES, gguf_arch="mamba2", tie_default=False,
+                                    keys={"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",),
+                                          "ssm_expand": ("expand",), "ssm_num_heads": ("num_heads",),
+                                          "ssm_head_dim": ("head_dim",), "ssm_groups": ("n_groups",),
+                                          "ssm_act": ("hidden_act",), "head_dim": (), "intermediate_size": ()},
+                                    defaults={"ssm_state_size": 128, "ssm_conv_kernel": 4, "ssm_expand": 2,
+                                              "ssm_num_heads": 128, "ssm_head_dim": 64, "ssm_groups": 8,
+                                              "norm_eps": 1e-5, "max_position_embeddings": 1 << 20}),
+                   ffn_mult_key="expand", ffn_mult=2,
+                   refusals=(Refusal(_mamba2_width_mismatch(None, "expand", "num_heads", "head_dim"),
+                                     "a Mamba-2 width (expand * hidden_size) other than its heads' total "
+                                     "(num_heads * head_dim) is not supported"),)),
+        FamilySpec("jamba", recurrent="mamba", ssm_bcdt_norm="weighted", positions="none", moe=True, names=JAMBA_NAMES,
+                   normalize=_jamba_config, **_SSM_ADAPTERS,
+                   keys={"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
+                         "ssm_expand": ("mamba_expand",), "ssm_dt_rank": ("mamba_dt_rank",), "ssm_act": ("hidden_act",),
+                         "ssm_bcdt_eps": ("rms_norm_eps",), "num_experts": ("num_experts", "num_local_experts"),
+                         "moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": (),
+                         "n_shared_experts": ()},
+                   defaults={"ssm_state_size": 16, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_dt_rank": "auto",
+                             "ssm_bcdt_eps": 1e-6, "norm_eps": 1e-6},
+                   fixed={"norm_topk_prob": False, "scoring_func": "softmax", "topk_method": "greedy"},
+                   moe_defaults={"num_experts": 16, "num_experts_per_tok": 2},
+                   variants=(Variant(lambda c: c.get("mlp_layer_types") is not None and "sparse" not in c["mlp_layer_types"],
+                                     {"moe": False}),),
+                   refusals=(Refusal(_offset_past_period("attn"), "an attn_layer_offset that is not below "
+                                     "attn_layer_period (Transformers refuses it too) is not supported"),
+                             Refusal(_offset_past_period("expert"), "an expert_layer_offset that is not below "
+                                     "expert_layer_period (Transformers refuses it too) is not supported")),
+                   gguf_arch="jamba", gguf_names=GGUF_JAMBA_NAMES),
+        FamilySpec("bamba", recurrent="mamba2", names=BAMBA_NAMES, norms=("attn_norm", "ffn_norm"), normalize=_bamba_config,
+                   keys=_MAMBA2_HYBRID_KEYS, defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
+                   refusals=(_BAMBA_WIDTH,), **_SSM_ADAPTERS),
+        FamilySpec("granitemoehybrid", **dict(_GRANITEMOE_SHARED, keys=dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS)),
+                   recurrent="mamba2", names=GRANITE_HYBRID_NAMES, normalize=_granite_hybrid_config, adapters="ffn",
+                   defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-6),
+                   variants=(Variant(lambda c: c.get("num_local_experts", 8) == 0,
+                                     {"moe": False, "names": GRANITE_HYBRID_DENSE_NAMES,
+                                      "keys": dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS,
+                                                   intermediate_size=("shared_intermediate_size",))}),
+                             Variant(_granite_hybrid_unrotated, {"positions": "none"})),
+                   refusals=(Refusal(lambda c: c.get("layer_types") is None,
+                                     "a config without layer_types (which layers scan and which attend) is not "
+                                     "supported"),
+                             Refusal(_granite_hybrid_layer_types_unsupported,
+                                     "a layer type other than mamba or attention in layer_types is not supported"),
+                             Refusal(lambda c: c.get("shared_intermediate_size") is None,
+                                     "a config without shared_intermediate_size (the shared_mlp's width) is not "
+                                     "supported"),
+                             Refusal(lambda c: c.get("position_embedding_type") not in (None, "rope", "nope"),
+                                     "a position_embedding_type other than rope or nope is not supported"),
+                             _BAMBA_WIDTH),
+                   gguf_arch="granitehybrid", gguf_qk_permuted=True, gguf_names=GGUF_SSM_NAMES,
+                   gguf_config=dict(_GRANITE_GGUF, **{"rope.scaling.finetuned": "rope_scaling_finetuned"})),
+        FamilySpec("nemotron_h", recurrent="mamba2", ffn_layers="typed", positions="none", moe=True,
+                   names=NEMOTRON_H_NAMES, normalize=_nemotron_h_config, default_act="relu2", **_SSM_ADAPTERS,
+                   keys={"ssm_state_size": ("ssm_state_size", "mamba_d_state"),
+                         "ssm_conv_kernel": ("conv_kernel", "mamba_d_conv"), "ssm_num_heads": ("mamba_num_heads",),
+                         "ssm_head_dim": ("mamba_head_dim",), "ssm_groups": ("n_groups", "mamba_n_groups"),
+                         "ssm_act": ("mamba_hidden_act",), "act": ("mlp_hidden_act",),
+                         "head_dim": ("head_dim", "attention_head_dim"),
+                         "norm_eps": ("layer_norm_epsilon", "rms_norm_eps"),
+                         "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
+                         "n_shared_experts": (), "moe_latent_size": ("moe_latent_size",)},
+                   defaults={"ssm_state_size": 128, "ssm_conv_kernel": 4, "ssm_num_heads": 128, "ssm_head_dim": 64,
+                             "ssm_groups": 8, "norm_eps": 1e-5},
+                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-20},
+                   moe_defaults={"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+                   variants=(Variant(lambda c: "moe" not in (c.get("layer_types") or []), {"moe": False}),),
+                   refusals=(Refusal(_nemotron_h_pattern_wrong,
+                                     "a hybrid_override_pattern (or layers_block_type) whose length is not "
+                                     "num_hidden_layers, or with a letter other than M, *, - and E, is not supported"),),
+                   gguf_arch="nemotron_h", gguf_names=GGUF_NEMOTRON_H_NAMES),
+        FamilySpec("falcon_h1", recurrent="mamba2", mup=True, gguf_folded=True, names=FALCON_H1_NAMES,
+                   norms=("attn_norm", "ffn_norm"), normalize=_falcon_h1_config, ssm_gated_norm=False, **_SSM_ADAPTERS,
+                   embed_multiplier_key="embedding_multiplier", logit_scale_key="lm_head_multiplier",
+                   keys=dict(_MAMBA2_HYBRID_KEYS, ssm_inner_size=("mamba_d_ssm",)),
+                   defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
+                   config_defaults={"mamba_d_ssm": 1024, "mamba_rms_norm": False, "mamba_norm_before_gate": True},
+                   variants=(Variant(flag("mamba_rms_norm"), {"ssm_gated_norm": True}),),
+                   refusals=(Refusal(lambda c: bool(c.get("attn_layer_indices")),
+                                     "attention on only some layers (attn_layer_indices) is not supported"),
+                             Refusal(unset("mamba_use_mlp"), "layers without their feed-forward (mamba_use_mlp: "
+                                     "false) are not supported"),
+                             Refusal(lambda c: bool(c.get("mamba_rms_norm")) and bool(c.get("mamba_norm_before_gate")),
+                                     "the scan's norm before its gate (mamba_norm_before_gate) is not supported"),
+                             Refusal(lambda c: bool(c.get("projectors_bias", False)) != bool(c.get("mamba_proj_bias", False)),
+                                     "a projectors_bias unlike mamba_proj_bias is not supported"),
+                             Refusal(_mamba2_width_mismatch("mamba_d_ssm", "mamba_expand", "mamba_n_heads",
+                                                            "mamba_d_head"),
+                                     "a scan width (mamba_d_ssm) other than its heads' total (mamba_n_heads * "
+                                     "mamba_d_head) is not supported"),
+                             Refusal(_numbers("ssm_multipliers", 5), "ssm_multipliers that are not five numbers "
+                                     "(gate, stream, B, C, step) are not supported"),
+                             Refusal(_numbers("mlp_multipliers", 2), "mlp_multipliers that are not two numbers "
+                                     "(gate, down) are not supported")),
+                   gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
+                   gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
     )
 }
 
@@ -1464,6 +1843,8 @@ FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():
     if _f.gguf_arch and _f.gguf_arch not in FAMILIES_BY_GGUF_ARCH:
         FAMILIES_BY_GGUF_ARCH[_f.gguf_arch] = _f
+# llama.cpp's converter writes Nemotron-H with routed layers as its own architecture, read the same way.
+FAMILIES_BY_GGUF_ARCH["nemotron_h_moe"] = FAMILIES["nemotron_h"]
 
 
 # Multimodal checkpoints whose text decoder ster runs: the wrapper's model_type -> (the decoder's

@@ -90,7 +90,9 @@ GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
                   "vocab_size": MAX_DIM, "attention.sliding_window": MAX_DIM,
                   "rope.scaling.original_context_length": MAX_DIM, "attention.q_lora_rank": MAX_DIM,
                   "attention.kv_lora_rank": MAX_DIM, "attention.key_length_mla": MAX_HEAD_DIM,
-                  "attention.value_length_mla": MAX_HEAD_DIM}
+                  "attention.value_length_mla": MAX_HEAD_DIM, "ssm.inner_size": MAX_DIM,
+                  "ssm.state_size": MAX_DIM, "ssm.conv_kernel": 1024, "ssm.time_step_rank": MAX_DIM,
+                  "ssm.group_count": MAX_DIM}
 
 
 def check_gguf_sizes(meta, source: str) -> None:

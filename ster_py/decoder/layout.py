@@ -13,7 +13,8 @@ never knows how a family stores its weights:
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
 - a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
-- a role listed under several names is read under the first one the file holds (Falcon GGUF);
+- a role listed under several names is read under the first one the file holds (Falcon GGUF); a
+  name ending in ``#`` is stored without a ``.weight`` suffix (llama.cpp's Falcon-H1 ``ffn_norm``);
 - routed experts (``experts``) are stored one module per expert (a name holding ``{e}``; a
   checkpoint saved from Transformers 5's modules may hold them stacked instead, read too),
   stacked in one tensor [num_experts, ...] (Transformers 5's ``experts.gate_up_proj``,
@@ -33,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SterError
+from .ssm import RESHAPED_ROLES
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
 FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
@@ -66,6 +68,11 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                        ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
                        ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d),
                        ("shexp_gate_up", "weight"): (2 * s, d), ("shexp_gate_up", "bias"): (2 * s,)})
+        if m.latent_size:
+            shapes.update({("moe_latent_in", "weight"): (m.latent_size, d), ("moe_latent_in", "bias"): (m.latent_size,),
+                           ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
+    if spec.ssm is not None:
+        shapes.update(spec.ssm.tensor_shapes(d))
     if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
         m = spec.latent
         r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
@@ -120,10 +127,18 @@ class Layout:
         ``kind`` "" means the table gives the whole name."""
         entry = self.spec.names[role]
         suffix = f".{kind}" if kind else ""
-        return [f"{n.format(i=i, h='{h}', e='{e}')}{suffix}" for n in ((entry,) if isinstance(entry, str) else entry)]
+        out = []
+        for n in (entry,) if isinstance(entry, str) else entry:
+            if n.endswith("#"):  # stored without a suffix: it is the weight (llama.cpp's Falcon-H1 ffn_norm)
+                if kind == "weight":
+                    out.append(n[:-1].format(i=i, h="{h}", e="{e}"))
+                continue
+            out.append(f"{n.format(i=i, h='{h}', e='{e}')}{suffix}")
+        return out
 
     def _name(self, role: str, i: int | None, kind: str) -> str:
-        return self._names(role, i, kind)[0]
+        names = self._names(role, i, kind)
+        return names[0] if names else f"{role} {kind} of layer {i}"
 
     def _read(self, role: str, i: int | None, kind: str) -> np.ndarray | None:
         """The stored tensor of a role the names table lists, in the decoder's orientation."""
@@ -152,7 +167,8 @@ class Layout:
         ok = (_qk_norm_ok(self.spec, i, role, tuple(t.shape)) if role in ("q_norm", "k_norm") and want is None
               else want is None or tuple(t.shape) == want
               or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:])  # a vector in GGUF files
-              or (role == "router_select_bias" and tuple(t.shape) == (1, *want)))  # ERNIE 4.5 keeps [1, E]
+              or (role == "router_select_bias" and tuple(t.shape) == (1, *want))  # ERNIE 4.5 keeps [1, E]
+              or (role in RESHAPED_ROLES and kind != "bias" and int(np.prod(t.shape)) == int(np.prod(want))))
         if not ok:
             d = self.spec.attention_shape(i)[2] if i is not None else self.spec.head_dim
             shown = list(want) if want is not None else f"[{d}] or [heads, {d}]"
@@ -197,22 +213,27 @@ class Layout:
 
     def experts(self, i: int) -> list[list[tuple]]:
         """Layer ``i``'s routed experts: per expert, [(gate weight, bias), (up ...), (down ...)],
-        each weight [out, in] (an array, or a ``QuantTensor`` row range of a quantized stack),
-        each bias [out] or None.
+        each weight [out, in] (an array, or a ``QuantTensor`` row range of a quantized stack; the
+        gate None for experts without one), each bias [out] or None. Experts of a model that
+        routes in a latent width (``MoESpec.latent_size``) map that width, not hidden_size.
 
         Raises:
             SterError: an expert tensor is missing or its shape disagrees with the config.
         """
-        m, d = self.spec.moe, self.spec.hidden_size
+        m = self.spec.moe
+        d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
         n, f = m.router.num_experts, m.expert_size
         names = self.spec.names
         stacked = self._transformers5_stack(i)
         if stacked is not None:
             names = {k: v for k, v in names.items() if k not in ("exp_gate", "exp_up")} | stacked
         fused = "exp_gate_up" in names and "exp_gate" not in names
+        plain = not fused and "exp_gate" not in names  # experts without a gate (Nemotron-H's)
         want = {"exp_gate": (f, d), "exp_up": (f, d), "exp_down": (d, f), "exp_gate_up": (2 * f, d)}
         per_role = {}
-        for role in (("exp_gate_up",) if fused else ("exp_gate", "exp_up")) + ("exp_down",):
+        if plain:
+            per_role["exp_gate"] = ([None] * n, None)
+        for role in (("exp_gate_up",) if fused else ("exp_up",) if plain else ("exp_gate", "exp_up")) + ("exp_down",):
             per_role[role] = (self._expert_stack(role, i, n, want[role], "weight", required=True, names=names),
                               self._expert_stack(role, i, n, want[role][:1], "bias", names=names))
         if fused:

@@ -17,6 +17,7 @@ import numpy as np
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
                       yarn_mscale)
 from ..decoder.latent import LatentSpec
+from ..decoder.ssm import ATTENTION_MIXERS, SSMSpec
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -55,7 +56,7 @@ GGUF_MOE_KEYS = {
     "expert_feed_forward_length": "moe_intermediate_size",
     "expert_shared_feed_forward_length": "shared_intermediate_size", "expert_shared_count": "n_shared_experts",
     "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
-    "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+    "expert_group_count": "n_group", "expert_group_used_count": "topk_group", "moe_latent_size": "moe_latent_size",
 }
 # llama.cpp's expert_gating_func values (llama-hparams.h): 1 softmax, 2 sigmoid, 3 softmax over the
 # chosen logits (which equals softmax over all, renormalised over the chosen).
@@ -87,6 +88,9 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
     "minimax-m2": {"norm_topk_prob": True},  # minimax-m2.cpp: the file's gating function, norm_w true
     "mimo2": {"norm_topk_prob": True, "scoring_func": "sigmoid"},  # mimo2.cpp: sigmoid, norm_w true
+    "jamba": {"norm_topk_prob": False},           # jamba.cpp: softmax, norm_w false
+    "granitehybrid": {"norm_topk_prob": True},    # granite-hybrid.cpp: softmax, norm_w true
+    "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
@@ -117,6 +121,13 @@ LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
 # deepseek2.cpp's loader takes a file without expert_gating_func for softmax (the DeepSeek-V2 files
 # before the key), except GLM-4.7-Flash, which it tells by its 47 or 48 layers and 154880 tokens.
 GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
+# How llama.cpp's graph gives each layer of an architecture its mixer (src/models/<arch>.cpp):
+# "scan" every layer (mamba.cpp); "kv" a scan where head_count_kv[i] is 0, attention elsewhere
+# (jamba.cpp, granite-hybrid.cpp); "nemotron" a scan where head_count_kv[i] and
+# feed_forward_length[i] are 0, attention where only the latter is, else a feed-forward alone
+# (nemotron-h.cpp); "hybrid" attention and a scan side by side on every layer (falcon-h1.cpp).
+LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehybrid": "kv",
+                    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid"}
 
 
 def supported_architectures() -> list[str]:
@@ -225,6 +236,48 @@ def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool 
                             f"got {brief_value(value)}")
         return float(value)
     return value
+
+
+def _layer_values(meta: Mapping, key: str, n_layers: int, path: str, default=None) -> list[int] | None:
+    """``key``'s whole-number value for each layer: an array of ``n_layers`` (llama.cpp's per-layer
+    form), or one value for every layer; None when absent and no default."""
+    value = meta.get(key, default)
+    if value is None:
+        return None
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * n_layers
+    if len(values) != n_layers or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))
+                                      or v < 0 for v in values):
+        raise SterError(f"{path}: GGUF metadata {key} must be a whole number or one per layer ({n_layers}), "
+                        f"got {brief_value(value)}")
+    return [int(v) for v in values]
+
+
+def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_layers: int, eps: float,
+              path: str) -> SSMSpec:
+    """The scan of a state-space architecture from its ``ssm.*`` metadata (llama.cpp's
+    ``load_arch_hparams``): Mamba's step rank is ``time_step_rank``, Mamba-2's heads are; Mamba's
+    step/B/C norms are scale-free under ``ssm.dt_b_c_rms`` and weighted when the file holds
+    them (Jamba); Mamba-2's gated norm applies when the file holds ``ssm_norm``. llama.cpp clamps no
+    step, and its norms use the model's RMS epsilon."""
+    def size(key, default=None, limit=1 << 24):
+        v = meta.get(f"{arch}.ssm.{key}", default)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
+            raise SterError(f"{path}: GGUF metadata {arch}.ssm.{key} must be an integer in 1..{limit}, "
+                            f"got {brief_value(v)}")
+        return int(v)
+
+    k, di, n, r = size("conv_kernel", limit=1024), size("inner_size"), size("state_size"), size("time_step_rank")
+    if family.recurrent == "mamba":
+        norm = ("plain" if bool(meta.get(f"{arch}.ssm.dt_b_c_rms", False)) else
+                "weighted" if any(f"blk.{i}.ssm_dt_norm.weight" in tensors for i in range(n_layers)) else None)
+        return SSMSpec("mamba", di, n, k, dt_rank=r, bcdt_norm=norm, bcdt_eps=eps)
+    groups = size("group_count", 1)
+    if di % r or r % groups:
+        raise SterError(f"{path}: {arch}.ssm.inner_size ({di}) must split into time_step_rank ({r}) heads and "
+                        f"those into group_count ({groups}) groups")
+    gated = any(f"blk.{i}.ssm_norm.weight" in tensors for i in range(n_layers))
+    return SSMSpec("mamba2", di, n, k, num_heads=r, n_groups=groups, dt_min=-math.inf, dt_max=math.inf,
+                   gated_norm=gated, norm_eps=eps)
 
 
 def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
@@ -435,13 +488,26 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
                         f"block_count ({n_all}), got {brief_value(n_mtp)}")
     n_layers = n_all - int(n_mtp)
-    layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
+    layering = LLAMA_CPP_LAYERS.get(arch)
+    kv_list = ff_list = None
+    if layering is None:
+        layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
+    else:  # state-space architectures: per-layer head and width arrays say which layer is which
+        layer_heads = [g("attention.head_count", int) if layering != "scan" else 1] * n_layers
+        kv_list = _layer_values(meta, f"{arch}.attention.head_count_kv", n_layers, path, layer_heads[0])
+        ff_list = _layer_values(meta, f"{arch}.feed_forward_length", n_layers, path, 0)
     heads = layer_heads[0]
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
+    if family.norm == "rms" and meta.get(f"{arch}.{eps_key}") is None:  # Nemotron-H states only the other
+        eps_key = "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
     latent = _gguf_latent(meta, arch, hidden, heads, eps, path) if family.latent else None
     if latent is not None:  # expanded, one key/value head per head; only the rope part rotates
         layer_kv, head_dim, v_head_dim = list(layer_heads), latent.qk_head_dim, latent.v_head_dim
+    elif kv_list is not None:  # state-space architectures: the attention layers' count (others hold 0)
+        layer_kv = [next((v for v in kv_list if v), 1)] * n_layers
+        head_dim = g("attention.key_length", int, hidden // heads)
+        v_head_dim = g("attention.value_length", int, head_dim)
     else:
         layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
         head_dim = g("attention.key_length", int, hidden // heads)
@@ -511,11 +577,18 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     # A model whose every layer routes may state only the experts' width.
-    dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
+    if ff_list is not None:  # per layer (0: none); the layers with one share it
+        widths = {v for v in ff_list if v}
+        if len(widths) > 1:
+            raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
+                            f"({brief_value(ff_list)}); ster runs feed-forwards of one width")
+        dense_width = widths.pop() if widths else None
+    else:
+        dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
     clamps = _layer_clamps(meta, arch, moe, routed, n_all, path)
     if dense_width is None and moe is None:
-        dense_width = g("feed_forward_length", int)  # missing: refused naming the key
+        dense_width = g("feed_forward_length", int) if layering is None else hidden  # (missing: refused by name)
     window = meta.get(f"{arch}.attention.sliding_window")
     sliding = _sliding_flags(meta, arch, family, n_layers, path, n_all)
     sliding_rope = full
@@ -548,20 +621,31 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             rope = None
         if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
+        mixer, ffn = ("latent" if latent is not None else "attention"), "moe" if routed[i] else "dense"
+        if layering is not None:
+            mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
+        if mixer not in ATTENTION_MIXERS:
+            rope = None
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
                                         ("num_key_value_heads", layer_kv[i], kv_heads),
                                         ("v_head_dim", v_head_dim, head_dim)) if v != model}
+        if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads:
+            own["num_key_value_heads"] = kv_list[i]
         if clamps and clamps[i] is not None and clamps[i] != moe:
             own["moe"] = clamps[i]
         # llama.cpp reads a layer's sinks when the file holds them (mimo2.cpp)
         if family.sinks and tensors is not None and "sinks" in family.gguf_names:
             own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense", attention_chunk=chunks[i],
-                                mixer="latent" if latent is not None else "attention",
+                                ffn=ffn, attention_chunk=chunks[i], mixer=mixer,
                                 qk_norm=rope is not None or family.qk_norm_layers == "all",
                                 query_temperature=rope is None or family.query_temperature != "unrotated_layers",
                                 **own))
+    if (layering is not None and family.gguf_qk_permuted and rotary_dim < head_dim
+            and any(layer.rope is not None for layer in layers)):
+        raise SterError(f"{path}: a GGUF file of architecture {arch!r} whose attention rotates {rotary_dim} of "
+                        f"{head_dim} dimensions per head is not supported: llama.cpp rotates adjacent pairs of "
+                        "the converter's permuted rows there, which is not the rotation the model was trained with")
 
     if arch == "minicpm3":  # the scales llama.cpp's graph fixes, as the config keys the family reads
         config.update(scale_emb=LLAMA_CPP_FIXED["minicpm3.scale_emb"],
@@ -610,5 +694,20 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         query_temperature=temperature,
         moe=moe,
         latent=latent,
+        ssm=_gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None,
         **fields,
     )
+
+
+def _gguf_layer_kind(layering: str, family: FamilySpec, kv: int, ff: int, routed: bool) -> tuple[str, str]:
+    """(mixer, feed-forward) of one layer of a state-space architecture (``LLAMA_CPP_LAYERS``)."""
+    ffn = "moe" if routed else "dense"
+    if layering == "scan":
+        return family.recurrent, "none"
+    if layering == "hybrid":
+        return "hybrid", ffn
+    if layering == "kv":
+        return (family.recurrent if kv == 0 else "attention"), ffn
+    if ff == 0:  # nemotron: a mixer alone
+        return (family.recurrent if kv == 0 else "attention"), "none"
+    return "none", ffn

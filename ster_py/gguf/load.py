@@ -32,12 +32,14 @@ def gguf_layout(spec, family, config):
     transposed), experts as separate [n_expert, out, in] gate / up / down stacks (gpt-oss's
     and Llama 4's fused, inputs-first ones split and transposed), no base-model prefix,
     per-head q/k norms as one [heads, head_dim] tensor, and norms kept as offsets from one
-    (Gemma, Nemotron) as 1 + w.
+    (Gemma, Nemotron) as 1 + w; where it folds a family's multipliers into the weights
+    (Falcon-H1's muP, embedding and head multipliers), they are 1 here.
     """
     gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
+    folded = dict(mup=None, embed_scale=1.0, logit_scale=1.0) if family.gguf_folded else {}
     return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
                                root=None, norm_unit_offset=False, expert_inputs_first=(),
-                               expert_gate_up_interleaved=False)
+                               expert_gate_up_interleaved=False, **folded)
 
 
 def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=None):
@@ -78,7 +80,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
         family = resolved.family
         source = str(resolved.config_path)
         arch = meta.get("general.architecture")
-        if family.gguf_arch is None or arch != family.gguf_arch:
+        from ..families import FAMILIES_BY_GGUF_ARCH as _BY_ARCH
+
+        if family.gguf_arch is None or (arch != family.gguf_arch and _BY_ARCH.get(arch) is not family):
             raise SterError(f"{path} is a GGUF of architecture {arch!r}, but {source} describes a "
                             f"{family.model_type!r} model, which llama.cpp converts to "
                             f"{family.gguf_arch or 'no GGUF architecture'}; put the config.json the GGUF was "
