@@ -339,21 +339,59 @@ def read_adapter(path: str | Path, wmap: WeightMap) -> LoraAdapter:
             an adapter; an unsupported PEFT method or option; missing or malformed factors;
             non-finite values.
     """
+    layout, side, weights, _ = _open(path)
+    if layout == "peft":
+        return _read_peft(side, weights, wmap)
+    return _read_ster(side, weights)
+
+
+def _open(path: str | Path) -> tuple[str, Path, Path, dict]:
+    """(layout, JSON file, weights file, the JSON document) of an adapter; refuses other artifacts."""
     layout, side, weights = _locate(Path(path))
     doc = read_json(side, "adapter file")
     kind = sniff(doc, side)
     if layout == "json" or kind in ("steering", "capture", "reward", "unknown"):
         raise SterError(f"--adapter {side} is {KIND_WORDS[kind]}, not a LoRA adapter")
+    return layout, side, weights, doc
+
+
+def check_adapter_early(path: str | Path, resolved, spec) -> LoraAdapter | None:
+    """Refuse an adapter that cannot fit a model before the model's weights are downloaded or mapped.
+
+    Use it as ``load_model(..., check=...)``. For a safetensors model (``spec`` from its
+    config.json) the adapter is read and checked whole (:func:`check_adapter_for`, the
+    model's projections from its storage map, as ``tune merge`` does) and returned; apply
+    it after loading. Otherwise (a GGUF, whose storage map comes from the loaded model, or a
+    preset not fetched yet, ``spec`` None) only what its JSON records is checked: the model
+    and revision it was made for and, with ``spec``, its hidden_size; None is returned and
+    :func:`load_adapter_for` reads it after loading.
+
+    Raises:
+        SterError (naming the path): as :func:`read_adapter` and :func:`check_adapter_for`.
+    """
+    if spec is not None and resolved.kind == "safetensors":
+        wmap = WeightMap.of_spec(spec)
+        ad = read_adapter(path, wmap)
+        check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
+        return ad
+    layout, side, _, doc = _open(path)
     if layout == "peft":
-        return _read_peft(side, weights, wmap)
-    return _read_ster(side, weights)
+        model, revision, width = doc.get("base_model_name_or_path"), doc.get("revision"), None
+    else:
+        model, revision, width = doc.get("model"), doc.get("model_revision"), doc.get("hidden_size")
+    check_model(side, "adapter", model if isinstance(model, str) else None,
+                revision if isinstance(revision, str) else None, resolved)
+    if spec is not None and isinstance(width, int) and not isinstance(width, bool) and width != spec.hidden_size:
+        raise SterError(f"adapter {side} was made for hidden_size {width}, but this model's is {spec.hidden_size}")
+    return None
 
 
 def projection_shapes(spec) -> dict[str, tuple[int, int]]:
     """target -> (out, in) of that projection for a ``ModelSpec``."""
     d, f = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
-    return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "gate": (f, d), "up": (f, d), "down": (d, f)}
+    o = spec.num_attention_heads * spec.latent.v_head_dim if getattr(spec, "latent", None) is not None else q
+    return {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, o), "gate": (f, d), "up": (f, d), "down": (d, f)}
 
 
 def _own_attention_shapes(spec) -> bool:
@@ -373,9 +411,16 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             a layer the model lacks; a role the model lacks (gate on a plain feed-forward); a
             feed-forward target on a mixture-of-experts family (its experts are not adapted,
             seed 002); an attention target on a model whose layers have their own head counts
-            or widths (MiMo-V2-Flash, seed 002); a factor whose shape does not fit the projection.
+            or widths (MiMo-V2-Flash, seed 002); on latent attention, a target other than o, or q
+            without a query bottleneck (seed 002); any adapter on a state-space family, or an
+            attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); a
+            factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if spec.adapters == "none":
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
+                        "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "
+                        "state-space families (steering and capture work on them)")
     if ad.hidden_size is not None and ad.hidden_size != spec.hidden_size:
         raise SterError(f"adapter {ad.path} was made for hidden_size {ad.hidden_size}, but this model's is "
                         f"{spec.hidden_size}")
@@ -388,7 +433,16 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} routes its feed-forward "
                             "through experts, which ster does not adapt; adapt the attention projections "
                             "(q, k, v, o) only")
-        if target in ("q", "k", "v", "o") and _own_attention_shapes(spec):
+        if target in ("q", "k", "v", "o") and spec.adapters == "ffn":
+            raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} mixes most layers with a "
+                            "state-space scan and ster adapts only its feed-forward projections (gate, up, down)")
+        latent = getattr(spec, "latent", None)
+        if latent is not None and target in ("q", "k", "v"):  # seed 002: o, and q without a bottleneck
+            if target != "q" or latent.q_lora_rank is not None:
+                where = "o only" if latent.q_lora_rank is not None else "o and q (it has no query bottleneck)"
+                raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s latent attention "
+                                f"takes adapters on {where}; its keys and values come from a shared latent")
+        elif latent is None and target in ("q", "k", "v", "o") and _own_attention_shapes(spec):
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s attention layers differ "
                             "in head counts or widths (or its values are not as wide as its keys), which ster does "
                             "not adapt; adapt the feed-forward projections (gate, up, down) only")

@@ -217,13 +217,19 @@ def _sha256_of(path: Path) -> str:
 
 def _same_gguf_content(claimed: str, claimed_revision: str | None, resolved) -> bool:
     """True when the artifact's model and the loaded one are the same GGUF file by content:
-    a preset (recorded as ``sha256:<hash>``) against that file given by path, or the reverse."""
+    a preset (recorded as ``sha256:<hash>``) against that file given by path, or the reverse.
+    A preset not fetched yet (``gguf_file`` None) is known by its pin, its ``model_revision``."""
     mine = resolved.gguf_file
-    if resolved.kind != "gguf" or mine is None:
-        return False
-    if claimed_revision and claimed_revision.startswith("sha256:"):
-        return _sha256_of(Path(mine)) == claimed_revision
     rev = resolved.model_revision
+    if resolved.kind != "gguf":
+        return False
+    if mine is None:
+        if not (rev and rev.startswith("sha256:")):
+            return False
+        if claimed_revision and claimed_revision.startswith("sha256:"):
+            return claimed_revision == rev
+    elif claimed_revision and claimed_revision.startswith("sha256:"):
+        return _sha256_of(Path(mine)) == claimed_revision
     theirs = _as_path(claimed)
     if rev and rev.startswith("sha256:") and theirs is not None and theirs.is_file():
         return _sha256_of(theirs) == rev

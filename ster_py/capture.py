@@ -13,7 +13,7 @@ File layout (written atomically): ``NAME.safetensors`` holds float32 tensors
 - position ``all``: ``layers.{i}.prompt.{p}`` [prompt p's tokens, hidden_size]
 
 and ``NAME.json`` (the sidecar, also stored in the safetensors ``__metadata__``
-under ``ster``) records model, model_revision, precision, hidden_size, layers,
+under ``ster``) records the writing ster_version, model, model_revision, precision, hidden_size, layers,
 position rule, chat template mode, and each prompt's text and token ids.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from .artifacts import CAPTURE_FORMAT, atomic_outputs, model_identity, read_json, sniff, write_safetensors
 from .errors import SterError
-from .prompt import Prompt, encode_prompt, prompt_context
+from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
 
 POSITIONS = ("last", "mean", "all")
 LAYER_HELP = ("Layer i (0-based) is the residual stream after decoder layer i, before the next layer; "
@@ -76,11 +76,12 @@ def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[st
     ends in .jsonl, one JSON string or ``{"prompt": ...}`` object per line.
 
     Raises:
-        SterError: both or neither given, an unreadable file, or no prompt in it.
+        SterError: both or neither given, an empty --prompt, an unreadable file, or no prompt in it.
     """
     if (prompt is None) == (prompts_file is None):
         raise SterError("give exactly one of --prompt TEXT or --prompts FILE")
     if prompt is not None:
+        check_prompt_text(prompt)
         return [prompt]
     path = Path(prompts_file)
     try:
@@ -169,8 +170,10 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
             progress("capture", n + 1, len(encoded))
     states = {i: (v if position == "all" else np.stack(v)) for i, v in per_layer.items()}
     modes = {p.chat_template for p in encoded}
+    from . import __version__
+
     meta = {
-        "format": CAPTURE_FORMAT, "schema_version": SCHEMA_VERSION,
+        "format": CAPTURE_FORMAT, "schema_version": SCHEMA_VERSION, "ster_version": __version__,
         "model": model_identity(loaded.resolved), "model_revision": loaded.model_revision,
         "model_type": loaded.spec.model_type, "precision": loaded.precision,
         "hidden_size": loaded.spec.hidden_size, "num_hidden_layers": n_layers,

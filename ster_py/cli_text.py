@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from .cli import MODEL_HELP, _model_or_default, _write, app, err, flag, progress_bar
+from .cli import MODEL_HELP, QUIET_HELP, _model_or_default, _write, app, err, flag, progress_bar, version_fields
 from .errors import SterError
 
 
@@ -111,25 +111,27 @@ def tokenize(
     pieces: bool = flag(False, "--pieces", help="Print one id and its vocabulary piece per line."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     as_json: bool = flag(False, "--json", help='Print {"ids": [...], "tokens": [...], "count": n}.'),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Print the token ids of a text (no weights are loaded)."""
     from .load import load_tokenizer
 
     content = _read_text(text, file)
-    with progress_bar(what="loading tokenizer") as progress:
+    with progress_bar(enabled=not quiet, what="loading tokenizer") as progress:
         tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)
     # tokenizers' encode_special_tokens=True tokenizes special texts as plain text.
     tokenizer.tk.encode_special_tokens = not parse_special
     ids = tokenizer.encode(content, add_special_tokens=special)
     tokens = [tokenizer.id_to_token(i) for i in ids]
     if as_json:
-        print(json.dumps({"ids": ids, "tokens": tokens, "count": len(ids)}, ensure_ascii=False))
+        print(json.dumps({**version_fields(), "ids": ids, "tokens": tokens, "count": len(ids)}, ensure_ascii=False))
         return
     if pieces:  # id <TAB> piece as a JSON string (pieces may hold spaces, tabs, newlines)
         _write("".join(f"{i}\t{json.dumps(piece, ensure_ascii=False)}\n" for i, piece in zip(ids, tokens)))
     else:
         _write(" ".join(map(str, ids)) + "\n")
-    err.print(f"[dim]{len(ids)} tokens[/]")
+    if not quiet:
+        err.print(f"[dim]{len(ids)} tokens[/]")
 
 
 @app.command()
@@ -140,15 +142,17 @@ def detokenize(
                                       "(BOS, EOS, <|im_end|>...) out of the text."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     as_json: bool = flag(False, "--json", help='Print {"text": ..., "ids": [...], "count": n}.'),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Print the text of token ids (no weights are loaded)."""
     from .load import load_tokenizer
 
-    with progress_bar(what="loading tokenizer") as progress:
+    with progress_bar(enabled=not quiet, what="loading tokenizer") as progress:
         tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)
     token_ids = _parse_ids(ids, tokenizer.vocab_size)
     text = tokenizer.decode(token_ids, skip_special_tokens=skip_special)
     if as_json:
-        print(json.dumps({"text": text, "ids": token_ids, "count": len(token_ids)}, ensure_ascii=False))
+        print(json.dumps({**version_fields(), "text": text, "ids": token_ids, "count": len(token_ids)},
+                         ensure_ascii=False))
         return
     _write(text + "\n")

@@ -13,13 +13,15 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .capture import LAYER_HELP
-from .cli import (MODEL_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default, _use_threads,
-                  app, err, flag, out, progress_bar, show_warnings)
+from .cli_help import SterTyper
 
-vector_app = typer.Typer(help="Build steering vectors (use them with `ster generate --vector`).",
+from .capture import LAYER_HELP
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default,
+                  _use_threads, app, err, flag, out, progress_bar, show_warnings, version_fields)
+
+vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
-tune_app = typer.Typer(help="Adapt model weights.", no_args_is_help=True)
+tune_app = SterTyper(help="Adapt model weights.", no_args_is_help=True)
 app.add_typer(vector_app, name="vector")
 app.add_typer(tune_app, name="tune")
 
@@ -51,46 +53,71 @@ def parity(
                                     "also the threshold for the first divergent layer."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Compare our forward pass with a reference implementation on the same token ids.
 
     Exits with status 1 when any prompt's relative logit error is above --tolerance.
     """
-    from rich.table import Table
-
     from .capture import read_prompts
     from .load import load_model
     from .parity import DEFAULT_PROMPTS, run_parity
 
     _use_threads(threads)
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
-    with progress_bar() as progress:
+    with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
         show_warnings(loaded)
         report = run_parity(loaded, texts, reference=reference.value, tolerance=tolerance, progress=progress)
     if as_json:
-        print(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+        print(json.dumps({**version_fields(), **report.to_json()}, ensure_ascii=False, indent=2))
     else:
-        table = Table("prompt", "tokens", "rel. error", "max abs", "mean cos", "top-1", "first divergent layer",
-                      "result", title=f"ster vs {report.reference} ({report.precision}, tolerance {tolerance:g})")
-        for p in report.prompts:
-            short = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
-            first = "-" if p.layers is None else ("none" if p.first_divergent_layer is None
-                                                  else str(p.first_divergent_layer))
-            table.add_row(escape(short.replace("\n", "\\n")), str(len(p.ids)), f"{p.rel_error:.2e}",
-                          f"{p.max_abs_error:.2e}", f"{p.mean_cosine:.6f}", f"{p.top1_agreement:.0%}", first,
-                          "[green]pass[/]" if p.passed else "[red]FAIL[/]")
-        out.print(table)
+        out.print(parity_table(report, tolerance))
         for p in report.prompts:
             if p.layers and p.first_divergent_layer is not None:
                 errs = ", ".join(f"{e.layer}: {e.rel_error:.1e}" for e in p.layers)
-                out.print(f"[dim]per-layer relative error ({escape(p.prompt[:30])}...): {errs}[/]")
+                out.print(f"[dim]per-layer relative error ({escape(p.prompt[:30])}...): {errs}[/]", soft_wrap=False)
     if not report.passed:
         worst = max(report.prompts, key=lambda p: p.rel_error)
         where = "" if worst.first_divergent_layer is None else f"; first divergent layer {worst.first_divergent_layer}"
         err.print(f"[bold red]parity failed:[/] relative logit error {worst.rel_error:.3e} > tolerance "
                   f"{tolerance:g}{where}", highlight=False)
         raise typer.Exit(1)
+
+
+def parity_table(report, tolerance: float, width: Optional[int] = None):
+    """The per-prompt table of ``ster parity``: the numbers never cut, the prompt last and
+    shortened to what ``width`` (default: the console's) leaves, one line each, so it fits
+    80 columns when piped.
+
+    Columns: tokens; rel err (||ours - ref|| / ||ref|| of the logits); max abs; mean cos;
+    top-1 (agreement of the greedy token); diverges (the first layer whose hidden-state error
+    passes the tolerance, ``no`` when none does, ``-`` without per-layer data); result.
+    """
+    from rich.table import Table
+
+    names = ("tokens", "rel err", "max abs", "mean cos", "top-1", "diverges", "result")
+    rows = []
+    for p in report.prompts:
+        first = "-" if p.layers is None else ("no" if p.first_divergent_layer is None
+                                              else f"layer {p.first_divergent_layer}")
+        rows.append((f"{len(p.ids):,}", f"{p.rel_error:.2e}", f"{p.max_abs_error:.2e}", f"{p.mean_cosine:.6f}",
+                     f"{p.top1_agreement:.0%}", first, "pass" if p.passed else "FAIL"))
+    widths = [max([len(name)] + [len(r[i]) for r in rows]) for i, name in enumerate(names)]
+    # one space between columns; the prompt gets what the console width leaves (at least 12)
+    longest = max([len("prompt")] + [len(p.prompt.replace("\n", "\\n")) for p in report.prompts])
+    room = min(max((width or out.width) - sum(widths) - len(widths), 12), longest)
+    table = Table(title=f"ster vs {report.reference} ({report.precision}, tolerance {tolerance:g})",
+                  box=None, pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
+    for name, w in zip(names, widths):
+        table.add_column(name, justify="left" if name == "result" else "right", no_wrap=True, width=w)
+    table.add_column("prompt", no_wrap=True, width=room)
+    for p, row in zip(report.prompts, rows):
+        result = f"[green]{row[-1]}[/]" if p.passed else f"[red]{row[-1]}[/]"
+        text = p.prompt.replace("\n", "\\n")
+        text = text if len(text) <= room else text[:room - 3] + "..."
+        table.add_row(*row[:-1], result, escape(text))
+    return table
 
 
 @app.command()
@@ -101,7 +128,7 @@ def capture(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
-    layers: str = typer.Option("all", help="all | N | a..b (inclusive) | a,b,c. " + escape(LAYER_HELP)),
+    layers: str = typer.Option("all", help="all | N | a..b (inclusive) | a,b,c. " + LAYER_HELP),
     position: Position = typer.Option(Position.last, help="last: the last prompt token; mean: the mean over all "
                                       "prompt tokens; all: every token."),
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: wrap each prompt in the model's "
@@ -111,6 +138,7 @@ def capture(
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar)."""
     from .capture import capture as run, check_capture_output, parse_layers, read_prompts, save_capture
@@ -120,13 +148,15 @@ def capture(
     _use_threads(threads)
     texts = read_prompts(prompt, prompts)
     check_capture_output(output)   # before the model runs
-    with progress_bar() as progress:
+    with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
         show_warnings(loaded)
         chosen = parse_layers(layers, loaded.spec.num_hidden_layers)
         cap = run(loaded, texts, chosen, position.value, chat_template=chat_template.value, system=system,
                   progress=progress)
     written = save_capture(cap, output)
+    if quiet:
+        return
     contiguous = list(chosen) == list(range(chosen[0], chosen[-1] + 1))
     shown = f"{chosen[0]}..{chosen[-1]}" if contiguous else ",".join(map(str, chosen))
     err.print(f"[dim]{len(texts)} prompt(s), layers {shown} ({len(chosen)}), position "
@@ -142,9 +172,13 @@ def vector_caa(
     trait: str = typer.Option("", help="A name for what the vector steers toward (recorded)."),
     layers: Optional[str] = typer.Option(None, help="Subset of the captured layers: N | a..b | a,b,c "
                                          "(default: every layer both captures hold)."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Build a steering vector by contrastive activation addition: per layer, the normalized difference
-    between the mean positive and the mean negative activation."""
+    """Build a steering vector from two captures (contrastive activation addition).
+
+    Per layer, the direction is the normalized difference between the mean positive and the
+    mean negative activation.
+    """
     from .capture import load_capture, parse_layers
     from .steering import caa, write_vector
 
@@ -152,6 +186,8 @@ def vector_caa(
     chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
     vec = caa(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
     write_vector(vec, output)
+    if quiet:
+        return
     err.print(f"[dim]steering vector for {escape(str(vec.model))}: layers {sorted(vec.directions)}; wrote "
               f"{escape(str(output))}[/]")
 
@@ -168,20 +204,21 @@ def tune_merge(
     type_: str = typer.Option("f16", "--type", "-t", help="GGUF file type when --output ends in .gguf (see `ster "
                               "convert --help`)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Fold a LoRA adapter into the weights: W + (alpha / rank) * B @ A, written as a new checkpoint (or GGUF)."""
     from rich.table import Table
 
     from .tune.merge import merge_adapter, merge_adapter_to_gguf
 
-    with progress_bar() as progress:
+    with progress_bar(enabled=not quiet) as progress:
         if output.suffix == ".gguf":
             report = merge_adapter_to_gguf(model, adapter, output, type_name=type_, revision=revision,
                                            progress=progress)
         else:
             report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2))  # it records ster_version itself
         return
     table = Table(show_header=False, box=None)
     for key, value in report.items():

@@ -13,9 +13,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
+from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
 
@@ -36,7 +38,10 @@ ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "ge
 class LayerSpec:
     """What varies from layer to layer: its mixer, its feed-forward, its window and rotation.
 
-    ``mixer`` names the layer's token mixer (``"attention"``); ``ffn`` its feed-forward:
+    ``mixer`` names the layer's token mixer: ``"attention"``, ``"latent"`` (multi-head latent
+    attention, ``ModelSpec.latent``), a state-space scan (``"mamba"``, ``"mamba2"``:
+    ``ModelSpec.ssm``), both side by side (``"hybrid"``, Falcon-H1) or ``"none"`` (a layer that is
+    only a feed-forward, Nemotron-H's); ``ffn`` its feed-forward:
     ``"dense"``, ``"moe"`` (routed experts, ``ModelSpec.moe``) or ``"none"``.
     ``sliding_window`` counts the key positions a query sees, itself included
     (None: all earlier positions). ``rope`` is None on layers that do not rotate.
@@ -48,7 +53,8 @@ class LayerSpec:
     The fields after ``query_temperature`` override the model's for this layer, None keeping the
     model's: the attention geometry (query heads, key/value heads, value head width;
     ``ModelSpec.attention_shape``), whether it has attention sinks, and its
-    routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5).
+    routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5). ``norms``: the sublayer
+    norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
     """
 
     sliding_window: int | None
@@ -63,6 +69,7 @@ class LayerSpec:
     v_head_dim: int | None = None
     sinks: bool | None = None
     moe: MoESpec | None = None
+    norms: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,13 @@ class ModelSpec:
     attention_value_scale); ``attn_gate`` multiplies the attention output, per head (or per
     element without ``attn_gate_per_head``), by ``"sigmoid"`` or ``"softplus"`` of the
     ``g`` projection of the layer's input (Step 3.5, Laguna). ``unread`` lists name prefixes
-    of stored tensors the forward never reads (multi-token-prediction modules).
+    of stored tensors the forward never reads (multi-token-prediction modules). ``latent``
+    describes the multi-head latent attention of the layers whose ``LayerSpec.mixer`` is
+    ``"latent"`` (their ``head_dim`` is its nope + rope, their values ``v_head_dim`` wide).
+    ``ssm`` describes the state-space scan of the layers whose mixer is one
+    (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
+    adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
+    (state-space families, seed 002).
     """
 
     model_type: str
@@ -144,6 +157,18 @@ class ModelSpec:
     attn_gate: str | None = None
     attn_gate_per_head: bool = True
     unread: tuple[str, ...] = ()
+    latent: LatentSpec | None = None
+    ssm: SSMSpec | None = None
+    mup: MupScales | None = None
+    adapters: str = "all"
+
+    def has_kv(self, i: int) -> bool:
+        """Whether layer ``i`` keeps keys and values (its mixer attends)."""
+        return self.layers[i].mixer in ATTENTION_MIXERS
+
+    def state_bytes(self) -> int:
+        """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""
+        return sum(self.ssm.state_bytes() for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -151,6 +176,19 @@ class ModelSpec:
         heads = layer.num_attention_heads or self.num_attention_heads
         kv = layer.num_key_value_heads or self.num_key_value_heads
         return heads, kv, self.head_dim, layer.v_head_dim or self.head_dim
+
+    def layer_norms(self, i: int) -> tuple[str, ...]:
+        """The sublayer norms of layer ``i`` (its own, else the model's)."""
+        own = self.layers[i].norms
+        return self.norms if own is None else own
+
+    def cache_width(self, i: int) -> int:
+        """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
+        a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
+        if self.layers[i].mixer == "latent":
+            return self.latent.cache_width
+        _, kv, dk, dv = self.attention_shape(i)
+        return kv * (dk + dv)
 
     def layer_sinks(self, i: int) -> bool:
         """Whether layer ``i`` has a learned attention sink per head."""
@@ -254,7 +292,8 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
             shown = f"{len(layer_types)} entries" if isinstance(layer_types, list) else repr(layer_types)
             raise SterError(f"invalid model config {config_name}: layer_types must list one entry per layer "
                             f"({n_layers}), got {shown}")
-        kinds = ("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
+        kinds = (("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
+                 + (tuple(MIXER_TYPES) if family.recurrent else ()))
         for t in layer_types:
             if t not in kinds:
                 raise SterError(f"{config_name}: layer type {t!r} is not supported; ster runs layer_types "
@@ -291,6 +330,116 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
         p0 = period("prefix_dense_sliding_window_pattern", 1)
         return [(i + 1) % p0 != 0 if i < k else (i - k + 1) % p != 0 for i in range(n_layers)]
     return [False] * n_layers
+
+
+#: ``layer_types`` entries that name a layer's mixer rather than its attention (families with
+#: ``FamilySpec.recurrent``): the family's scan, attention and the scan side by side, or a
+#: feed-forward-only layer (dense or routed).
+MIXER_TYPES = {"linear_attention": "recurrent", "hybrid": "hybrid", "mlp": "none", "moe": "none"}
+
+
+def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tuple[str, str | None]]:
+    """Per layer: (its ``LayerSpec.mixer``, its feed-forward when its type fixes it, else None).
+
+    Families without ``recurrent`` attend on every layer. Others read ``layer_types``
+    (``sliding_layers`` has checked it): ``linear_attention`` is the family's scan, ``hybrid``
+    attention and a Mamba-2 scan side by side, ``mlp`` / ``moe`` a layer that is only a dense /
+    routed feed-forward; any other entry is attention. A family with ``ffn_layers`` "none" has
+    no feed-forward, one with "typed" only on its ``mlp`` and ``moe`` layers.
+    """
+    types = config.get("layer_types") if family.recurrent else None
+    out = []
+    for i in range(n_layers):
+        t = types[i] if isinstance(types, list) else "full_attention"
+        kind = MIXER_TYPES.get(t, "attention")
+        mixer = family.recurrent if kind == "recurrent" else kind
+        ffn = {"mlp": "dense", "moe": "moe"}.get(t)
+        if ffn is None and family.ffn_layers != "all":
+            ffn = "none"
+        out.append((mixer, ffn))
+    return out
+
+
+def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
+    """The state-space scan of a family with ``recurrent``, read under its ``ssm_*`` keys.
+
+    Mamba: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden; ``ssm_dt_rank`` "auto"
+    is ceil(hidden / 16). Mamba-2: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden
+    (a family that reads neither: the heads' total); ``ssm_head_dim`` "auto" is d_inner over the
+    heads; ``ssm_dt_limit`` [low, high] clamps the step (unstated bounds: none).
+
+    Raises:
+        SterError: a missing or invalid size, heads that do not make up the width or split over
+            the groups, a convolution activation other than SiLU, a bad step limit.
+    """
+    where = f"invalid model config {config_name}"
+    kind = family.recurrent
+    act = r.get("ssm_act", "silu")
+    if act != "silu":
+        raise SterError(f"{config_name}: the state-space convolution's activation {act!r} is not supported; ster "
+                        "runs SiLU there, as Mamba does")
+    n = r.positive_int("ssm_state_size")
+    k = r.positive_int("ssm_conv_kernel", limit=1024)
+    keys = family.keys.get("ssm_expand", DEFAULT_KEYS["ssm_expand"])
+    expand = r.positive_int("ssm_expand", limit=1024) if keys or "ssm_expand" in family.defaults else None
+    inner = r.get("ssm_inner_size")
+    if kind == "mamba":
+        di = r.positive_int("ssm_inner_size", expand * hidden)
+        rank = r.get("ssm_dt_rank", "auto")
+        rank = math.ceil(hidden / 16) if rank == "auto" else r.positive_int("ssm_dt_rank")
+        bcdt_eps = r.get("ssm_bcdt_eps", 1e-6)
+        if isinstance(bcdt_eps, bool) or not isinstance(bcdt_eps, (int, float)) or not 0 < bcdt_eps < 1:
+            raise SterError(f"{where}: the step/B/C norm epsilon must be a number in (0, 1), got {brief_value(bcdt_eps)}")
+        return SSMSpec("mamba", di, n, k, dt_rank=rank, bcdt_norm=family.ssm_bcdt_norm, bcdt_eps=float(bcdt_eps))
+    heads = r.positive_int("ssm_num_heads", limit=MAX_HEADS * 64)
+    head = r.get("ssm_head_dim")
+    if inner is not None or expand is not None:
+        di = r.positive_int("ssm_inner_size", expand * hidden if expand is not None else None)
+    else:
+        di = heads * r.positive_int("ssm_head_dim", limit=MAX_HEAD_DIM)
+    if head == "auto" or head is None:
+        head = di // heads
+    elif isinstance(head, bool) or not isinstance(head, int) or head <= 0:
+        raise SterError(f"{where}: the scan's head width must be a positive integer or \"auto\", got {brief_value(head)}")
+    if head * heads != di:
+        raise SterError(f"{config_name}: a scan width ({di}) other than its heads' total ({heads} heads of {head}) is "
+                        "not supported; ster refuses this configuration before reading any weight")
+    groups = r.positive_int("ssm_groups", 1, limit=heads)
+    if heads % groups or di % groups:
+        raise SterError(f"{where}: {heads} scan heads (width {di}) do not split into {groups} groups")
+    limit = r.get("ssm_dt_limit")
+    lo, hi = -math.inf, math.inf
+    if limit is not None:
+        if not isinstance(limit, (list, tuple)) or len(limit) != 2 or any(
+                x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in limit):
+            raise SterError(f"{where}: time_step_limit must be two numbers [low, high], got {brief_value(limit)}")
+        lo = -math.inf if limit[0] is None or not math.isfinite(limit[0]) else float(limit[0])
+        hi = math.inf if limit[1] is None or not math.isfinite(limit[1]) else float(limit[1])
+        if lo > hi:
+            raise SterError(f"{where}: time_step_limit's low bound {lo} is above its high bound {hi}")
+    eps = r.get("ssm_norm_eps", r.get("norm_eps", 1e-6))
+    return SSMSpec("mamba2", di, n, k, num_heads=heads, n_groups=groups, dt_min=lo, dt_max=hi,
+                   gated_norm=family.ssm_gated_norm, norm_eps=float(eps))
+
+
+def mup_scales(config: Mapping, config_name: str) -> MupScales:
+    """Falcon-H1's muP multipliers (``MupScales``; each 1 when absent). The lists were checked by
+    the family's refusals; a non-finite or zero single multiplier is refused here."""
+    def one(key):
+        v = config.get(key)
+        if v is None:
+            return 1.0
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v == 0:
+            raise SterError(f"invalid model config {config_name}: {key} must be a finite non-zero number, "
+                            f"got {brief_value(v)}")
+        return float(v)
+
+    ssm = config.get("ssm_multipliers") or [1.0] * 5
+    mlp = config.get("mlp_multipliers") or [1.0] * 2
+    return MupScales(attn_in=one("attention_in_multiplier"), attn_out=one("attention_out_multiplier"),
+                     key=one("key_multiplier"), ssm_in=one("ssm_in_multiplier"),
+                     ssm_parts=tuple(float(x) for x in ssm), ssm_out=one("ssm_out_multiplier"),
+                     ffn_gate=float(mlp[0]), ffn_down=float(mlp[1]))
 
 
 def chunked_layers(config: Mapping, family: FamilySpec, ropes: list, config_name: str) -> list[int | None]:
@@ -438,7 +587,10 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
                   jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap))
     alpha = get("swiglu_alpha")
     limit = None if limit is None else float(limit)
-    moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit,
+    latent = r.get("moe_latent_size") or 0
+    if isinstance(latent, bool) or not isinstance(latent, int) or not 0 <= latent <= MAX_DIM:
+        raise SterError(f"{where}: moe_latent_size must be a positive integer or null, got {brief_value(latent)}")
+    moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit, latent_size=latent,
                alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated,
                shared_limit=limit)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
@@ -568,8 +720,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
-    kv_heads = r.positive_int("num_key_value_heads", heads, limit=MAX_HEADS)
-    head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
+    latent = latent_spec(r, config_name) if family.latent else None
+    if latent is not None:  # expanded, every head has its own key and value: one key/value head per head
+        kv_heads, head_dim = heads, latent.qk_head_dim
+    else:
+        kv_heads = r.positive_int("num_key_value_heads", heads, limit=MAX_HEADS)
+        head_dim = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
     n_layers = r.positive_int("num_hidden_layers", limit=MAX_LAYERS)
     if heads % kv_heads:
         raise SterError(f"invalid model config {config_name}: num_attention_heads ({heads}) is not a "
@@ -598,21 +754,32 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if family.local_rope_key and config.get(family.local_rope_key) is not None:
         sliding_params = {"rope_type": "default", "rope_theta": config[family.local_rope_key]}
 
+    rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
+
     def make(params: dict) -> Rope:
-        return make_rope(_fixed_alpha(params, head_dim), head_dim=head_dim, max_position_embeddings=max_pos,
+        return make_rope(_fixed_alpha(params, rope_width), head_dim=rope_width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
     full_rope = make(full_params)
+    if latent is not None and full_rope.rotary_dim != rope_width:
+        raise SterError(f"{config_name}: a rotary share ({partial_keys}) other than the whole qk_rope_head_dim "
+                        f"({rope_width}) is not supported for latent attention (Transformers rotates all of it); "
+                        "ster refuses this configuration before reading any weight")
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
-    routed = moe_layer_flags(config, n_layers, config_name) if family.moe else [False] * n_layers
+    mixers = layer_mixers(config, family, n_layers)
+    routed = (moe_layer_flags(config, n_layers, config_name) if family.moe and family.ffn_layers == "all"
+              else [ffn == "moe" for _, ffn in mixers])
+    ffns = [ffn or ("moe" if m else "dense") for (_, ffn), m in zip(mixers, routed)]
     ropes = _layer_ropes(config, family, sliding, full_rope, sliding_rope,
                          lambda theta: make({**full_params, "rope_theta": theta}), config_name, routed)
+    ropes = [rope if mixer in ATTENTION_MIXERS else None for rope, (mixer, _) in zip(ropes, mixers)]
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
     own = layer_geometry(config, n_layers, heads, kv_heads, config_name)
-    v_head_dim = r.positive_int("v_head_dim", head_dim, limit=MAX_HEAD_DIM)
+    v_head_dim = latent.v_head_dim if latent is not None else r.positive_int("v_head_dim", head_dim,
+                                                                             limit=MAX_HEAD_DIM)
     if v_head_dim != head_dim:
         own = [dict(o, v_head_dim=v_head_dim) for o in own]
     if family.sinks in ("sliding", "full"):  # sinks on one kind of layer only
@@ -631,10 +798,16 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
             raise SterError(f"{where}: floor_scale must be a positive integer, got {brief_value(divisor)}")
         temperature = (r.number("attn_scale", 0.1), divisor, 1)  # Llama 4 counts positions from one here
     rotated_only = family.query_temperature == "unrotated_layers"
-    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, ffn="moe" if m else "dense",
+    if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
+        own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
+    if latent is not None:  # the attending layers attend through the latent
+        mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
                              query_temperature=rope is None or not rotated_only, **o)
-                   for s, rope, m, c, o in zip(sliding, ropes, routed, chunks, own))
+                   for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
+    # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
+    dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
@@ -665,9 +838,54 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
-        unread=family.unread + _mtp_layers(config, family, n_layers),
-        **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name),
+        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
+        latent=latent,
+        ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
+        mup=mup_scales(config, config_name) if family.mup else None,
+        **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
+                        attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
+    """The latent attention of a family with ``latent``: ``kv_lora_rank``, ``q_lora_rank`` (null: one
+    q projection), ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``, under the family's keys.
+
+    Raises:
+        SterError: a width that is not a positive integer within bounds, an odd rotated width.
+    """
+    q_rank = r.get("q_lora_rank")
+    latent = LatentSpec(kv_lora_rank=r.positive_int("kv_lora_rank"),
+                        q_lora_rank=None if q_rank is None else r.positive_int("q_lora_rank"),
+                        qk_nope_head_dim=r.positive_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
+                        qk_rope_head_dim=r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
+                        v_head_dim=r.positive_int("v_head_dim", limit=MAX_HEAD_DIM))
+    if latent.qk_rope_head_dim % 2:
+        raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
+                        "even; rotary pairs need an even width")
+    return latent
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched ``scale`` times: 0.1 * mscale * ln(scale) + 1
+    (1 when scale <= 1). Peng et al. 2023 (arXiv:2309.00071); DeepSeek-V2's ``yarn_get_mscale``."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def latent_attn_scale(params: Mapping, qk_head_dim: int, max_pos: int) -> float:
+    """Latent attention's softmax scale: qk_head_dim ** -0.5, times mscale ** 2 for a scaled rotation that
+    states ``mscale_all_dim`` (mscale = ``yarn_mscale(factor, mscale_all_dim)``), as Transformers'
+    ``yarn_apply_mscale`` computes it for DeepSeek-V2/V3 and MiniCPM3 (DeepSeek-V2, arXiv:2405.04434)."""
+    scale = qk_head_dim ** -0.5
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    m_all = params.get("mscale_all_dim")
+    if kind != "default" and isinstance(m_all, (int, float)) and not isinstance(m_all, bool) and m_all:
+        factor = params.get("factor")
+        if factor is None and params.get("original_max_position_embeddings"):
+            factor = max_pos / params["original_max_position_embeddings"]
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor):
+            scale *= yarn_mscale(float(factor), float(m_all)) ** 2
+    return scale
 
 
 def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: int, head_dim: int,
@@ -712,4 +930,5 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         value_scale=r.number(family.value_scale_key, 1.0),
         attn_gate=family.attn_gate,
         attn_gate_per_head=family.attn_gate_per_head,
+        adapters=family.adapters,
     )

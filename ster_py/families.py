@@ -45,7 +45,8 @@ KNOWN_MODEL_TYPES: tuple[str, ...] = (
 # Per-layer tensor roles the decoder asks for, with their Hugging Face names for the
 # Llama layout. ``{i}`` is the layer index. Families override only what differs; see
 # ``decoder/layout.py`` for the roles that are read fused (``qkv``, ``gate_up``), per head
-# (a name holding ``{h}``) or as plain parameters (``act``); ``sinks`` names a whole tensor.
+# (a name holding ``{h}``), as plain parameters (``act``) or as whole tensor names (``sinks``,
+# the routers' selection biases and the experts).
 LLAMA_NAMES: Mapping[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
@@ -260,8 +261,12 @@ GGUF_NAMES: Mapping[str, str] = {
     "exp_up_bias": "blk.{i}.ffn_up_exps.bias", "exp_down_bias": "blk.{i}.ffn_down_exps.bias",
     "shexp_gate": "blk.{i}.ffn_gate_shexp", "shexp_up": "blk.{i}.ffn_up_shexp",
     "shexp_down": "blk.{i}.ffn_down_shexp", "shexp_gate_inp": "blk.{i}.ffn_gate_inp_shexp",
+    # Attention extras: per-head sinks (a whole name, gpt-oss) and the output gate (AFMoE's attn_gate).
+    "sinks": "blk.{i}.attn_sinks.weight", "g": "blk.{i}.attn_gate",
 }
 GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
+# gpt-oss: the norm before the feed-forward is stored as post_attention_norm (llama.cpp's attn_post_norm).
+GGUF_GPT_OSS_NAMES = _with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")
 GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
 GGUF_LEARNED_POS_NAMES = _with(GGUF_PLAIN_MLP_NAMES, pos_embed="position_embd")
 GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
@@ -269,6 +274,18 @@ GGUF_BLOOM_NAMES = _with(GGUF_PLAIN_MLP_NAMES, embed_norm="token_embd_norm")
 # attn_norm; the feed-forward reads attn_norm (ln_mlp, or the one shared norm).
 GGUF_FALCON_NAMES = _with(GGUF_PLAIN_MLP_NAMES, attn_norm=("blk.{i}.attn_norm_2", "blk.{i}.attn_norm"),
                           ffn_norm="blk.{i}.attn_norm")
+# llama.cpp's granite_swa (GraniteMoE-SWA): per-head sinks, each layer's expert gate and up kept fused in
+# ffn_gate_up_exps and the shared expert's in ffn_up_shexp (gate rows first, as Transformers stores them).
+GGUF_GRANITE_SWA_NAMES = _with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight", exp_gate=None, exp_up=None,
+                               exp_gate_up="blk.{i}.ffn_gate_up_exps.weight", shexp_gate=None, shexp_up=None,
+                               shexp_gate_up="blk.{i}.ffn_up_shexp")
+# llama.cpp's state-space tensors (src/llama-arch.cpp): ssm_a holds -exp(A_log), Mamba-2's ssm_dt
+# only its bias (dt_bias), ssm_norm the gated norm as [groups, d_inner / groups].
+GGUF_SSM_NAMES = _with(GGUF_NAMES, ssm_in="blk.{i}.ssm_in", ssm_conv="blk.{i}.ssm_conv1d", ssm_x="blk.{i}.ssm_x",
+                       ssm_dt="blk.{i}.ssm_dt", ssm_dt_bias="blk.{i}.ssm_dt.bias", ssm_a="blk.{i}.ssm_a",
+                       ssm_d="blk.{i}.ssm_d", ssm_norm="blk.{i}.ssm_norm", ssm_out="blk.{i}.ssm_out",
+                       ssm_dt_norm="blk.{i}.ssm_dt_norm", ssm_b_norm="blk.{i}.ssm_b_norm",
+                       ssm_c_norm="blk.{i}.ssm_c_norm")
 
 # Config keys a family reads for each normalised field, first found wins. A family's
 # ``keys`` replaces the list of the fields it names (``()``: never read, use the default).
@@ -304,6 +321,16 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
     "swiglu_alpha": ("swiglu_alpha",),
     "router_logit_softcap": (),  # a cap on the router's logits (Laguna's moe_router_logit_softcapping)
+    # Multi-head latent attention (read only by families with ``latent``; see ``config.latent_spec``).
+    "kv_lora_rank": ("kv_lora_rank",),
+    "q_lora_rank": ("q_lora_rank",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "moe_latent_size": (),  # the routed experts' latent width (Nemotron-H's moe_latent_size)
+    # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
+    "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
+    "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
+    "ssm_norm_eps": (), "ssm_bcdt_eps": (), "ssm_act": (),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -389,7 +416,8 @@ class FamilySpec:
         embed_scale_sqrt_hidden: multiply embeddings by sqrt(hidden_size) (Gemma).
         embed_norm: a norm over the embeddings (BLOOM's word_embeddings_layernorm).
         positions: ``"rope"``, ``"learned"`` (a table added to the embeddings, row
-            ``position_offset`` for position 0) or ``"alibi"`` (a per-head linear score bias).
+            ``position_offset`` for position 0), ``"alibi"`` (a per-head linear score bias) or
+            ``"none"`` (no position signal: Jamba's and Nemotron-H's attention, state-space models).
         alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
@@ -470,6 +498,28 @@ class FamilySpec:
             (``on_input``, ``glu``, ``renorm_eps``, ``group_rank``, ...).
         shared_gated: the shared experts' output is gated by ``sigmoid(shexp_gate_inp(x))``.
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
+        latent: every layer mixes by multi-head latent attention (``decoder/latent.py``), its ranks and
+            head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
+        routed_norms: the sublayer norms of the routed layers, when they differ from ``norms``
+            (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
+        dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
+            the forward never reads (A.X-K1's post_mlp_layernorm, used on routed layers only).
+        recurrent: the state-space mixer (``"mamba"`` or ``"mamba2"``) of the layers its
+            ``layer_types`` (written by ``normalize``) call ``linear_attention``; such a family's
+            layer_types may also say ``hybrid`` (attention and the scan side by side), ``mlp`` and
+            ``moe`` (a layer that is only a feed-forward). Its sizes are read under the ``ssm_*``
+            keys (``config.ssm_spec``).
+        ffn_layers: which layers have a feed-forward: ``"all"``, ``"none"`` (Mamba) or ``"typed"``
+            (only the ``mlp`` and ``moe`` layers of layer_types, Nemotron-H).
+        ssm_bcdt_norm: Mamba's step, B and C are RMS-normed, ``"weighted"`` or ``"plain"`` (``SSMSpec``).
+        ssm_gated_norm: Mamba-2's output passes its grouped, gated RMS norm.
+        mup: Falcon-H1's muP multipliers are read (``config.mup_scales``).
+        gguf_folded: llama.cpp's converter folds the family's multipliers (muP, embedding, head)
+            into the weights, so a GGUF's weights carry them.
+        adapters: the adapter targets the family takes: ``"all"``, ``"ffn"`` or ``"none"``.
+        reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
+            ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
+            one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
     """
 
     model_type: str
@@ -543,6 +593,17 @@ class FamilySpec:
     shared_gated: bool = False
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
+    latent: bool = False
+    routed_norms: tuple[str, ...] | None = None
+    dense_unread: tuple[str, ...] = ()
+    recurrent: str | None = None
+    ffn_layers: str = "all"
+    ssm_bcdt_norm: str | None = None
+    ssm_gated_norm: bool = True
+    mup: bool = False
+    gguf_folded: bool = False
+    adapters: str = "all"
+    reference_hidden: str = "embedding"
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -755,6 +816,7 @@ _GRANITEMOE = dict(_GRANITE, logit_scale_divides=True, moe=True, fixed={"norm_to
                    keys={"moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": ()})
 # ... with a shared expert shared_intermediate_size wide beside them (none when 0).
 _GRANITEMOE_SHARED = dict(_GRANITEMOE, keys={"moe_intermediate_size": ("intermediate_size",)})
+_GRANITEMOE_GGUF = dict(gguf_arch="granitemoe", gguf_qk_permuted=True, gguf_config=_GRANITE_GGUF)
 
 
 # DBRX reads its settings inside attn_config and ffn_config (beside any top-level spelling).
@@ -788,6 +850,331 @@ def _phimoe_rope_unsupported(config: Mapping) -> bool:
     rp = config.get("rope_parameters") or config.get("rope_scaling")
     kind = (rp.get("rope_type") or rp.get("type")) if isinstance(rp, Mapping) else None
     return kind not in (None, "default", "longrope")
+
+
+# ---- group MLA: multi-head latent attention (the DeepSeek-V2 line), names, readers and refusals.
+# The latent roles (decoder/latent.py): q_a -> q_a_norm -> q_b (or one q), kv_a (kv_a_proj_with_mqa),
+# kv_a_norm, kv_b, and llama.cpp's per-head split of kv_b into k_b [H, r, nope] and v_b [H, v, r].
+_SA = _L + "self_attn."
+LATENT_NAMES = dict(q_a=_SA + "q_a_proj", q_a_norm=_SA + "q_a_layernorm", q_b=_SA + "q_b_proj",
+                    kv_a=_SA + "kv_a_proj_with_mqa", kv_a_norm=_SA + "kv_a_layernorm", kv_b=_SA + "kv_b_proj")
+# DeepSeek's feed-forward keeps GLM-4.5's names (mlp.gate, its e_score_correction_bias, mlp.experts.{e},
+# mlp.shared_experts, and the dense layers' mlp.gate_proj / up_proj / down_proj).
+DEEPSEEK_NAMES = _with(GLM4_MOE_NAMES, k=None, v=None, **LATENT_NAMES)
+# A.X-K1 norms each routed layer's feed-forward output: post_mlp_layernorm at the layer (its releases,
+# and Transformers' writer), or below mlp where Transformers' own module keeps it.
+AXK1_NAMES = _with(DEEPSEEK_NAMES, ffn_post_norm=(_L + "post_mlp_layernorm", _L + "mlp.post_mlp_layernorm"))
+MINICPM3_NAMES = _with(LLAMA_NAMES, k=None, v=None, **LATENT_NAMES)
+GGUF_LATENT_NAMES = _with(GGUF_NAMES, k=None, v=None, q_a="blk.{i}.attn_q_a", q_a_norm="blk.{i}.attn_q_a_norm",
+                          q_b="blk.{i}.attn_q_b", kv_a="blk.{i}.attn_kv_a_mqa", kv_a_norm="blk.{i}.attn_kv_a_norm",
+                          kv_b="blk.{i}.attn_kv_b", k_b="blk.{i}.attn_k_b", v_b="blk.{i}.attn_v_b")
+# Every latent family reads its head widths from the latent keys: head_dim and num_key_value_heads
+# are not its (a Sarvam hub config's head_dim is kv_lora_rank + qk_rope_head_dim, for vLLM).
+_LATENT_KEYS = {"v_head_dim": ("v_head_dim",), "head_dim": (), "num_key_value_heads": ()}
+_LATENT = dict(latent=True, rope_interleaved=True, gguf_names=GGUF_LATENT_NAMES)
+# Transformers' DeepSeek-V3 router (DeepseekV3TopkRouter; GLM-4.7-Flash's, A.X-K1's and Sarvam-105B's are
+# the same class): sigmoid scores, e_score_correction_bias to choose, groups ranked by their best two,
+# renormalised under norm_topk_prob with DeepSeek's 1e-20, always times routed_scaling_factor.
+_V3_LATENT = dict(_LATENT, moe=True, names=DEEPSEEK_NAMES, **_V3_ROUTER,
+                  variants=(Variant(unset("rope_interleave"), {"rope_interleaved": False}),))
+_V3_LATENT_DEFAULTS = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                       "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                       "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4, "norm_topk_prob": True,
+                       "routed_scaling_factor": 2.5, "first_k_dense_replace": 3}
+
+
+def _stated_other(key: str, *allowed) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is stated (not null) with a value outside ``allowed``."""
+    return lambda c: c.get(key) is not None and c.get(key) not in allowed
+
+
+_MOE_LAYER_FREQ = Refusal(_stated_other("moe_layer_freq", 1),
+                          "a moe_layer_freq other than 1 is not supported (Transformers routes every layer from "
+                          "first_k_dense_replace on, so its weights would not be this checkpoint's)")
+
+
+def _deepseek_yarn(config: Mapping) -> Mapping:
+    """A rope block of type ``deepseek_yarn`` (DeepSeek's remote code; Sarvam-105B) read as the YaRN it is."""
+    c = dict(config)
+    for key in ("rope_scaling", "rope_parameters"):
+        rp = c.get(key)
+        if isinstance(rp, Mapping) and "deepseek_yarn" in (rp.get("type"), rp.get("rope_type")):
+            c[key] = {**{k: v for k, v in rp.items() if k != "type"}, "rope_type": "yarn"}
+    return c
+
+
+def _axk1_config(config: Mapping) -> Mapping:
+    """A.X-K1's dense and routed layers as Transformers' AXK1Config derives them when the config lists no
+    mlp_layer_types: routed from first_k_dense_replace (1 when left out) on, every moe_layer_freq-th (1)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        k, freq = c.get("first_k_dense_replace"), c.get("moe_layer_freq")
+        k = 1 if k is None else k
+        freq = 1 if freq is None else freq
+        if isinstance(k, int) and isinstance(freq, int) and not isinstance(k, bool) and not isinstance(freq, bool) \
+                and freq > 0:
+            c["mlp_layer_types"] = ["sparse" if i >= k and i % freq == 0 else "dense" for i in range(n)]
+    return c
+
+
+def _minicpm3_config(config: Mapping) -> Mapping:
+    """MiniCPM3's muP scales as the keys config.py reads (MiniCPM3Config's derived values): each
+    sublayer's output times ``residual_multiplier`` = scale_depth / sqrt(num_hidden_layers), the logits
+    divided by ``logits_scaling`` = hidden_size / dim_model_base; a null scale_depth is sqrt(layers)
+    (a unit scale), a null dim_model_base is hidden_size, a null v_head_dim is hidden_size / heads."""
+    c, n = dict(config), _n_layers(config)
+    hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    sizes = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (hidden, heads))
+    if c.get("v_head_dim") is None and sizes:
+        c["v_head_dim"] = hidden // heads
+    depth, base = c.get("scale_depth"), c.get("dim_model_base")
+    if n and depth is None:
+        depth = n ** 0.5
+    if isinstance(depth, (int, float)) and not isinstance(depth, bool) and n:
+        c["residual_multiplier"] = depth / n ** 0.5
+    base = hidden if base is None else base
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and base and sizes:
+        c["logits_scaling"] = hidden / base
+    return c
+
+
+
+
+# ----------------------------------------------------------------------------- state-space families
+# group SSM (issue 15, part A): Mamba, Falcon-Mamba, Mamba-2, Jamba, Bamba, Granite 4.0 (granitemoehybrid),
+# Nemotron-H, Falcon-H1. Each family's normalize writes ``layer_types`` in Transformers 5's words
+# (linear_attention: the family's scan; full_attention; hybrid: both side by side; mlp / moe: a
+# feed-forward-only layer) and, where layers route, ``mlp_layer_types``.
+
+_B = "backbone.layers.{i}."
+_MX = _B + "mixer."
+# Mamba (and Falcon-Mamba): everything below backbone, one norm and one mixer per layer.
+MAMBA_NAMES: Mapping[str, str] = {
+    "embed": ("backbone.embeddings", "backbone.embedding"), "final_norm": "backbone.norm_f", "head": "lm_head",
+    "attn_norm": _B + "norm", "ssm_in": _MX + "in_proj", "ssm_conv": _MX + "conv1d", "ssm_x": _MX + "x_proj",
+    "ssm_dt": _MX + "dt_proj", "ssm_a_log": _MX + "A_log", "ssm_d": _MX + "D", "ssm_out": _MX + "out_proj",
+}
+MAMBA2_NAMES = _with(MAMBA_NAMES, ssm_x=None, ssm_dt=None, ssm_dt_bias=_MX + "dt_bias", ssm_norm=_MX + "norm")
+_MB = _L + "mamba."
+_JAMBA_SCAN = dict(ssm_in=_MB + "in_proj", ssm_conv=_MB + "conv1d", ssm_x=_MB + "x_proj", ssm_dt=_MB + "dt_proj",
+                   ssm_a_log=_MB + "A_log", ssm_d=_MB + "D", ssm_out=_MB + "out_proj",
+                   ssm_dt_norm=_MB + "dt_layernorm", ssm_b_norm=_MB + "b_layernorm", ssm_c_norm=_MB + "c_layernorm")
+_MAMBA2_SCAN = dict(ssm_in=_MB + "in_proj", ssm_conv=_MB + "conv1d", ssm_dt_bias=_MB + "dt_bias",
+                    ssm_a_log=_MB + "A_log", ssm_d=_MB + "D", ssm_norm=_MB + "norm", ssm_out=_MB + "out_proj")
+_FF = _L + "feed_forward."
+# Jamba: Llama's attention, a Mamba mixer (mamba.*), pre_ff_layernorm, feed_forward (router, experts.{e}).
+JAMBA_NAMES = _with(LLAMA_NAMES, final_norm="model.final_layernorm", ffn_norm=_L + "pre_ff_layernorm",
+                    gate=_FF + "gate_proj", up=_FF + "up_proj", down=_FF + "down_proj", router=_FF + "router",
+                    exp_gate=_FF + "experts.{e}.gate_proj.weight", exp_up=_FF + "experts.{e}.up_proj.weight",
+                    exp_down=_FF + "experts.{e}.down_proj.weight", **_JAMBA_SCAN)
+BAMBA_NAMES = _with(JAMBA_NAMES, router=None, exp_gate=None, exp_up=None, exp_down=None, ssm_x=None, ssm_dt=None,
+                    ssm_dt_norm=None, ssm_b_norm=None, ssm_c_norm=None, **_MAMBA2_SCAN)
+# Granite 4.0: GraniteMoE-Shared's experts and shared_mlp after a Mamba-2 or attention mixer.
+GRANITE_HYBRID_NAMES = _with(GRANITEMOE_SHARED_NAMES, final_norm="model.norm", **_MAMBA2_SCAN)
+GRANITE_HYBRID_DENSE_NAMES = _with(GRANITE_HYBRID_NAMES, router=None, exp_gate_up=None, exp_down=None,
+                                   shexp_gate_up=None, shexp_down=None, gate_up=_L + "shared_mlp.input_linear",
+                                   down=_L + "shared_mlp.output_linear")
+# Nemotron-H: one norm per layer before its one mixer; a feed-forward layer's norm is the same tensor.
+NEMOTRON_H_NAMES = {
+    "embed": "backbone.embeddings", "final_norm": "backbone.norm_f", "head": "lm_head",
+    "attn_norm": _B + "norm", "ffn_norm": _B + "norm",
+    "q": _MX + "q_proj", "k": _MX + "k_proj", "v": _MX + "v_proj", "o": _MX + "o_proj",
+    "up": _MX + "up_proj", "down": _MX + "down_proj",
+    "router": _MX + "gate", "router_select_bias": _MX + "gate.e_score_correction_bias",
+    "exp_up": _MX + "experts.{e}.up_proj.weight", "exp_down": _MX + "experts.{e}.down_proj.weight",
+    "shexp_up": _MX + "shared_experts.up_proj", "shexp_down": _MX + "shared_experts.down_proj",
+    "moe_latent_in": _MX + "fc1_latent_proj", "moe_latent_out": _MX + "fc2_latent_proj",
+    **{k: v.replace("backbone.layers.{i}.mixer.", _MX) for k, v in MAMBA2_NAMES.items() if k.startswith("ssm_")},
+}
+FALCON_H1_NAMES = _with(BAMBA_NAMES, gate=_FF + "gate_proj")
+GGUF_JAMBA_NAMES = GGUF_SSM_NAMES
+GGUF_NEMOTRON_H_NAMES = _with(GGUF_SSM_NAMES, ffn_norm="blk.{i}.attn_norm", gate=None, exp_gate=None, shexp_gate=None,
+                              moe_latent_in="blk.{i}.ffn_latent_down", moe_latent_out="blk.{i}.ffn_latent_up")
+# llama.cpp's Falcon-H1 stores the pre-feed-forward norm as blk.N.ffn_norm (no .weight suffix).
+GGUF_FALCON_H1_NAMES = _with(GGUF_SSM_NAMES, ffn_norm=("blk.{i}.ffn_norm#", "blk.{i}.ffn_norm"))
+
+_INF_TAG = "__float__"
+
+
+def _unstated_floats(v):
+    """A value with Transformers' tagged floats ({"__float__": "Infinity"}) and non-finite numbers as None
+    (seed 002: configs written with Infinity, -Infinity or NaN are read with those values as unstated)."""
+    if isinstance(v, Mapping) and set(v) == {_INF_TAG}:
+        return None
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(v, list):
+        return [_unstated_floats(x) for x in v]
+    return v
+
+
+def _scan_config(config: Mapping, n: int | None = None) -> dict:
+    """The config with its time_step_limit's non-finite bounds unstated and, when ``n`` layers are
+    given, every layer of the family's scan (layer_types: linear_attention)."""
+    c = dict(config)
+    if "time_step_limit" in c:
+        c["time_step_limit"] = _unstated_floats(c["time_step_limit"])
+    if n is not None and c.get("layer_types") is None:
+        c["layer_types"] = ["linear_attention"] * n
+    return c
+
+
+def _period_types(c: Mapping, n: int, key: str, default_period: int, default_offset: int, on: str, off: str):
+    period, offset = c.get(f"{key}_period", default_period), c.get(f"{key}_offset", default_offset)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (period, offset)) or period <= 0:
+        return None
+    return [on if i % period == offset else off for i in range(n)]
+
+
+def _jamba_config(config: Mapping) -> Mapping:
+    """Jamba's layer kinds from its periods (Transformers' layers_block_type and layers_num_experts):
+    attention on every attn_layer_period-th layer from attn_layer_offset, routed experts on every
+    expert_layer_period-th from expert_layer_offset when num_experts is above one."""
+    c, n = _scan_config(config), _n_layers(config)
+    types = _period_types(c, n, "attn_layer", 8, 4, "full_attention", "linear_attention")
+    if c.get("layer_types") is None and types is not None:
+        c["layer_types"] = types
+    experts = c.get("num_experts", c.get("num_local_experts", 16))
+    routed = _period_types(c, n, "expert_layer", 2, 1, "sparse", "dense")
+    if c.get("mlp_layer_types") is None and routed is not None:
+        c["mlp_layer_types"] = routed if isinstance(experts, int) and experts > 1 else ["dense"] * n
+    return c
+
+
+def _offset_past_period(kind: str) -> Callable[[Mapping], bool]:
+    def when(c: Mapping) -> bool:
+        p, o = c.get(f"{kind}_layer_period"), c.get(f"{kind}_layer_offset")
+        return isinstance(p, int) and isinstance(o, int) and not 0 <= o < p
+    return when
+
+
+def _bamba_config(config: Mapping) -> Mapping:
+    """Bamba's attention layers from attn_layer_indices, and its rotation over attn_rotary_emb
+    components of each head (Transformers fixes half of each head when it is not stated)."""
+    c, n = _scan_config(config), _n_layers(config)
+    indices = c.get("attn_layer_indices") or []
+    if c.get("layer_types") is None and isinstance(indices, list):
+        c["layer_types"] = ["full_attention" if i in indices else "linear_attention" for i in range(n)]
+    rp = dict(c.get("rope_parameters") or {"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)})
+    rot, heads, hidden = c.get("attn_rotary_emb"), c.get("num_attention_heads"), c.get("hidden_size")
+    head_dim = c.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                                     and heads > 0 else None)
+    if isinstance(rot, int) and not isinstance(rot, bool) and isinstance(head_dim, int) and head_dim > 0:
+        rp["partial_rotary_factor"] = rot / head_dim
+    rp.setdefault("partial_rotary_factor", 0.5)
+    c["rope_parameters"] = rp
+    return c
+
+
+_LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def _granite_hybrid_config(config: Mapping) -> Mapping:
+    """Granite 4.0's layer_types in Transformers 5's words, every layer routed when it has experts."""
+    c, n = _scan_config(config), _n_layers(config)
+    if isinstance(c.get("layer_types"), list):
+        c["layer_types"] = [_LEGACY_LAYER_TYPES.get(t, t) for t in c["layer_types"]]
+    experts = c.get("num_local_experts", 8)
+    if c.get("mlp_layer_types") is None and isinstance(experts, int) and experts > 0:
+        c["mlp_layer_types"] = ["sparse"] * n
+    return c
+
+
+def _granite_hybrid_unrotated(c: Mapping) -> bool:
+    """Granite 4.0's attention rotates only under position_embedding_type rope; in a GGUF file,
+    llama.cpp's switch is rope.scaling.finetuned (its converter writes it false for hybrids)."""
+    if "rope_scaling_finetuned" in c:
+        return c["rope_scaling_finetuned"] is False
+    return c.get("position_embedding_type") != "rope"
+
+
+def _granite_hybrid_layer_types_unsupported(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return not isinstance(types, list) or any(t not in ("linear_attention", "full_attention") for t in types)
+
+
+_NEMOTRON_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_NEMOTRON_TYPES = {"mamba": "linear_attention", "attention": "full_attention", **{v: v for v in _NEMOTRON_LETTERS.values()}}
+
+
+def _nemotron_h_config(config: Mapping) -> Mapping:
+    """Nemotron-H's layer kinds from hybrid_override_pattern (M, *, -, E) or, as Transformers 5 saves
+    them, layers_block_type; its Mamba-2 keys' other spellings; the step's floor at time_step_min
+    (Transformers clamps to [time_step_min, inf) whatever time_step_limit says)."""
+    c = _scan_config(config)
+    pattern, listed = c.get("hybrid_override_pattern"), c.get("layers_block_type")
+    types = None
+    if isinstance(pattern, str):
+        types = [_NEMOTRON_LETTERS.get(ch, f"letter {ch!r}") for ch in pattern]
+    elif isinstance(listed, list):
+        types = [_NEMOTRON_TYPES.get(t, f"type {t!r}") if isinstance(t, str) else repr(t) for t in listed]
+    if types is not None and c.get("layer_types") is None:
+        c["layer_types"] = types
+    if c.get("num_hidden_layers") is None and types is not None:
+        c["num_hidden_layers"] = len(types)
+    low = c.get("time_step_min", 0.001)
+    c["time_step_limit"] = [low if isinstance(low, (int, float)) and not isinstance(low, bool) else 0.001, None]
+    return c
+
+
+def _nemotron_h_pattern_wrong(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return (not isinstance(types, list) or len(types) != c.get("num_hidden_layers")
+            or any(t not in _NEMOTRON_TYPES.values() for t in types))
+
+
+def _falcon_h1_config(config: Mapping) -> Mapping:
+    """Falcon-H1: attention and the scan side by side on every layer."""
+    c, n = _scan_config(config), _n_layers(config)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["hybrid"] * n
+    return c
+
+
+def _numbers(key: str, n: int) -> Callable[[Mapping], bool]:
+    """Predicate: ``key`` is stated and is not a list of ``n`` finite numbers."""
+    def when(c: Mapping) -> bool:
+        v = c.get(key)
+        return v is not None and not (isinstance(v, list) and len(v) == n and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf") for x in v))
+    return when
+
+
+def _mamba2_width_mismatch(inner_key: str | None, expand_key: str, heads_key: str, head_key: str,
+                           expand_default: int = 2, inner_default=None) -> Callable[[Mapping], bool]:
+    """Predicate: the scan's width (``inner_key``, else expand * hidden_size) is not its heads' total."""
+    def when(c: Mapping) -> bool:
+        inner = c.get(inner_key, inner_default) if inner_key else None
+        hidden, expand, heads, head = c.get("hidden_size"), c.get(expand_key, expand_default), c.get(heads_key), c.get(head_key)
+        if inner is None and isinstance(hidden, int) and isinstance(expand, int):
+            inner = expand * hidden
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (inner, heads)) or heads <= 0:
+            return False
+        if head in (None, "auto"):
+            return inner % heads != 0
+        return isinstance(head, int) and head * heads != inner
+    return when
+
+
+_SSM_ADAPTERS = dict(adapters="none")
+_MAMBA_KEYS = {"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",), "ssm_expand": ("expand",),
+               "ssm_inner_size": ("intermediate_size",), "ssm_dt_rank": ("time_step_rank",),
+               "ssm_act": ("hidden_act",), "head_dim": ()}
+_MAMBA_DEFAULTS = {"ssm_state_size": 16, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_dt_rank": "auto",
+                   "norm_eps": 1e-5, "max_position_embeddings": 1 << 20}
+_MAMBA = dict(recurrent="mamba", ffn_layers="none", norms=("attn_norm",), positions="none", names=MAMBA_NAMES,
+              keys=_MAMBA_KEYS, fixed={"num_attention_heads": 1, "num_key_value_heads": 1}, defaults=_MAMBA_DEFAULTS,
+              tie_default=True, normalize=lambda c: _scan_config(c, _n_layers(c)), gguf_arch="mamba",
+              gguf_names=GGUF_SSM_NAMES, reference_hidden="layers", **_SSM_ADAPTERS)
+# Bamba's and Granite 4.0's Mamba-2 keys (mamba_d_head "auto": the width over the heads).
+_MAMBA2_HYBRID_KEYS = {"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
+                       "ssm_expand": ("mamba_expand",), "ssm_num_heads": ("mamba_n_heads",),
+                       "ssm_head_dim": ("mamba_d_head",), "ssm_groups": ("mamba_n_groups",), "ssm_act": ("hidden_act",)}
+_MAMBA2_HYBRID_DEFAULTS = {"ssm_state_size": 256, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_num_heads": 128,
+                           "ssm_head_dim": "auto", "ssm_groups": 1}
+_BAMBA_WIDTH = Refusal(_mamba2_width_mismatch(None, "mamba_expand", "mamba_n_heads", "mamba_d_head"),
+                       "a Mamba-2 width (mamba_expand * hidden_size) other than its heads' total "
+                       "(mamba_n_heads * mamba_d_head) is not supported")
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -962,20 +1349,33 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
                    names=QWEN_MOE_DENSE_NAMES),
         # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
-        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE),
-        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED),
+        # llama.cpp converts GraniteMoE and GraniteMoE-Shared to granitemoe (the shared expert read by
+        # presence) and GraniteMoE-SWA to granite_swa, through its Llama converter (q/k rows reordered)
+        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE, **_GRANITEMOE_GGUF),
+        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED, **_GRANITEMOE_GGUF),
         FamilySpec("granitemoe_swa", names=GRANITEMOE_SWA_NAMES, sinks=True, sliding="pattern_first",
+                   **dict(_GRANITEMOE_GGUF, gguf_arch="granite_swa", gguf_names=GGUF_GRANITE_SWA_NAMES),
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", refusals=(_GRANITE_SWA_BASES,),
                    **_GRANITEMOE_SHARED),
         FamilySpec("dbrx", norm="layer", fused_qkv="concat", root="transformer.", moe=True, names=DBRX_NAMES,
                    expert_inputs_first=("exp_down",), clip_qkv_key="attn_config.clip_qkv",
+                   # llama.cpp's dbrx: the FFN's norm is attn_output_norm, q/k/v clamped by attention.clamp_kqv
+                   gguf_arch="dbrx", gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.attn_output_norm"),
+                   gguf_config={"attention.clamp_kqv": "clip_qkv"}, gguf_changes={"clip_qkv_key": "clip_qkv"},
                    fixed={"norm_eps": 1e-5}, keys=_DBRX_KEYS,
                    defaults={"num_key_value_heads": 1, "intermediate_size": 3584, "moe_intermediate_size": 3584,
                              "num_experts": 4, "num_experts_per_tok": 1, "norm_topk_prob": True},
                    variants=(Variant(_dbrx_unnormalised, {"fixed": {"norm_eps": 1e-5, "norm_topk_prob": False}}),),
                    refusals=(Refusal(_dbrx_other_power, "DBRX's ffn_config.moe_normalize_expert_weights other "
                                      "than 1 (a p-norm of the chosen weights) is not supported"),)),
-        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES,
+        # llama.cpp runs phimoe through its Phi-3 graph: RMS norms (their stored biases added), a softmax
+        # router renormalised over the two chosen (LLAMA_CPP_MOE), no sliding window; unlike Transformers'
+        # LayerNorms and SparseMixer. A GGUF file means what llama.cpp computes.
+        FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES, gguf_arch="phimoe",
+                   gguf_changes={"norm": "rms", "sliding": "none"},
+                   gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
+                   gguf_refusals=(Refusal(stated("longrope_attention_factor"),
+                                          "LongRoPE (rope_factors_long / rope_factors_short) is not supported"),),
                    fixed={"scoring_func": "sparsemixer"}, keys={"moe_intermediate_size": ("intermediate_size",)},
                    defaults={"norm_eps": 1e-5, "rope_theta": 1e6, "num_experts": 16, "num_experts_per_tok": 2},
                    refusals=(Refusal(lambda c: c.get("num_experts_per_tok", 2) != 2,
@@ -992,10 +1392,19 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"moe_intermediate_size": ("intermediate_size",)}, fixed={"norm_topk_prob": True},
                    moe_defaults={"swiglu_limit": 7.0}, moe_fields={"glu": "oai"},
                    config_defaults={"sliding_window": 128},
-                   expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True),
+                   expert_inputs_first=("exp_gate_up", "exp_down"), expert_gate_up_interleaved=True,
+                   # llama.cpp's converter splits gate/up and writes every expert [out, in] (F32 from a
+                   # float checkpoint, MXFP4 from an MXFP4 one); its graph fixes the router and the unit
+                   # in code (gguf/config.py LLAMA_CPP_MOE)
+                   gguf_arch="gpt-oss", gguf_names=GGUF_GPT_OSS_NAMES),
         FamilySpec("cohere2_moe", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="prefix_pattern", sliding_pattern=4,
-                   rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES,
+                   rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES, gguf_arch="cohere2moe",
+                   gguf_config={"logit_scale": "logit_scale", "attention.layer_norm_rms_epsilon": "rms_norm_eps"},
+                   # llama.cpp (src/models/cohere2moe.cpp) rotates the sliding layers and the leading dense
+                   # ones, whatever prefix_dense_sliding_window_pattern was; without a per-layer pattern in
+                   # the file all but layers 0, 4, 8, ... slide (load_swa_pattern(4, dense_first))
+                   gguf_changes={"rope_layers": "sliding_or_dense", "sliding": "pattern_first"},
                    keys={"intermediate_size": ("prefix_dense_intermediate_size", "intermediate_size"),
                          "moe_intermediate_size": ("intermediate_size",), "scoring_func": ("expert_selection_fn",)},
                    moe_defaults={"norm_topk_prob": True}, moe_fields={"shared_average": True},
@@ -1016,8 +1425,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a shared_expert_combination_strategy other than 'average' or 'sum' "
                                      "is not supported"))),
         FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_gate="sigmoid", attn_gate_per_head=False,
-                   rope_layers="sliding",
-                   sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
+                   rope_layers="sliding", sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
+                   gguf_arch="afmoe",
+                   # llama.cpp (src/models/afmoe.cpp) always scales the embeddings by sqrt(hidden_size) and
+                   # routes as the file says (gating function, expert_weights_norm, expert_weights_scale)
+                   gguf_changes={"embed_scale_sqrt_hidden": True, "moe_fields": {}},
                    sliding_pattern_key="global_attn_every_n_layers",
                    keys={"routed_scaling_factor": ("route_scale",), "scoring_func": ()},
                    # Transformers' AfmoeTokenChoiceRouter: sigmoid scores, a selection-only bias, always
@@ -1035,7 +1447,13 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "an afmoe sliding_window of null is not supported"))),
         FamilySpec("llama4_text", rope_interleaved=True, no_rope_key="no_rope_layers", chunk_key="attention_chunk_size",
                    qk_norm="head", qk_norm_after_rope=True, qk_norm_layers="rotated", qk_norm_affine=False,
-                   query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES,
+                   query_temperature="unrotated_layers", moe=True, names=LLAMA4_NAMES, gguf_arch="llama4",
+                   # llama.cpp fixes the chunk, the temperature, the unrotated layers in code (gguf/config.py
+                   # LLAMA_CPP_CHUNKED); a file without chunked attention it cannot run (its graph asserts)
+                   gguf_config={"attention.sliding_window": "sliding_window"},
+                   gguf_refusals=(Refusal(lambda c: c.get("sliding_window") == 0,
+                                          "Llama 4 without chunked attention (attention.sliding_window 0, "
+                                          "all layers full attention) is not supported"),),
                    keys={"intermediate_size": ("intermediate_size_mlp",),
                          "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "norm_topk_prob": (),
@@ -1051,12 +1469,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
         # group H2: DeepSeek-V3-style routers with shared experts, and ERNIE 4.5 / HunYuan's softmax routers
-        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER,
+        # llama.cpp's glm4moe applies q/k norms when the file holds them; its FFN norm is post_attention_norm
+        FamilySpec("glm4_moe", qk_norm="head", moe=True, names=GLM4_MOE_NAMES, **_V3_ROUTER, gguf_arch="glm4moe",
+                   gguf_changes=_QK_NORM_IF_PRESENT,
+                   gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm"),
                    variants=(Variant(unset("use_qk_norm", False), {"qk_norm": None}),),
                    moe_defaults={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
                    config_defaults={"partial_rotary_factor": 0.5, "first_k_dense_replace": 1}),
+        # llama.cpp converts Sarvam MoE to bailingmoe2 (Ling 2.0's architecture, which this family then reads)
         FamilySpec("sarvam_moe", qk_norm="head", moe=True, fused_qkv="concat", names=SARVAM_MOE_NAMES, **_V3_ROUTER,
+                   gguf_arch="bailingmoe2",
                    variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),),
                    moe_defaults={"num_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
@@ -1067,14 +1490,16 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a router without its selection bias (moe_router_enable_expert_bias: false) "
                                      "is not supported"),
                              Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"))),
-        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4,
+        FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4, gguf_arch="exaone-moe",
                    rope_layers="sliding_if_windowed", moe=True, names=EXAONE_MOE_NAMES, **_V3_ROUTER,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
                    config_defaults={"first_k_dense_replace": 1, "sliding_window": 4096}),
         # Transformers' HY V3 router always renormalises and reads neither route_norm, n_group nor
         # first_k_dense_replace (its dense layers come from mlp_layer_types, else only the first).
-        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES,
+        # llama.cpp's hy_v3 names the selection bias exp_probs_b (no .bias)
+        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES, gguf_arch="hy_v3",
+                   gguf_names=_with(GGUF_NAMES, router_select_bias="blk.{i}.exp_probs_b"),
                    fixed={**_V3_ROUTER["fixed"], "n_group": 1, "norm_topk_prob": True},
                    moe_fields=_V3_ROUTER["moe_fields"],
                    keys={"routed_scaling_factor": ("router_scaling_factor",),
@@ -1097,6 +1522,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "supported (Transformers keeps only the first layer dense); state "
                                      "mlp_layer_types"))),
         FamilySpec("ernie4_5_moe", rope_interleaved=True, tie_default=True, moe=True, names=ERNIE_MOE_NAMES,
+                   gguf_arch="ernie4_5-moe",
                    keys={"num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_k",),
                          "n_shared_experts": ("moe_num_shared_experts",), "renorm_min": ("moe_norm_min",),
                          "routed_scaling_factor": ()},
@@ -1106,6 +1532,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1}),
         # Transformers' HunYuan MoE routes every layer, with experts and the shared MLP intermediate_size wide.
         FamilySpec("hunyuan_v1_moe", qk_norm="head", qk_norm_after_rope=True, moe=True, names=HUNYUAN_MOE_NAMES,
+                   gguf_arch="hunyuan-moe",
                    keys={"num_experts_per_tok": ("moe_topk",), "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "routed_scaling_factor": ()},
                    fixed={"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": True},
@@ -1128,10 +1555,15 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
                    moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
+        # llama.cpp's mellum places sliding layers by the file's pattern, else three of every four.
         FamilySpec("mellum", qk_norm="head", moe=True, names=QWEN_MOE_DENSE_NAMES, unread=("mtp.",),
+                   gguf_arch="mellum", gguf_changes={"sliding": "pattern", "sliding_pattern": 4},
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896,
                                  "norm_topk_prob": True}),
+        # llama.cpp's mimo2 reads a layer's sinks when the file holds them, whatever kind the layer is.
         FamilySpec("mimo_v2_flash", moe=True, names=MIMO_V2_NAMES, sinks="sliding", unread=("model.mtp.",),
+                   gguf_arch="mimo2", gguf_names=_with(GGUF_NAMES, sinks="blk.{i}.attn_sinks.weight"),
+                   gguf_config={"attention.value_scale": "attention_value_scale"}, gguf_changes={"sinks": True},
                    value_scale_key="attention_value_scale", normalize=_mimo_v2_config,
                    keys={"v_head_dim": ("v_head_dim",)},
                    fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
@@ -1153,8 +1585,11 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(_differs("swa_v_head_dim", "v_head_dim"),
                                      "sliding-window layers with their own value head width (swa_v_head_dim) are "
                                      "not supported"))),
+        # llama.cpp's laguna: no sinks, no router soft-cap; without a pattern in the file the first of every
+        # four layers attends fully (load_swa_pattern(4, dense_first)); the gate's width says its kind.
         FamilySpec("laguna", qk_norm="head", moe=True, names=LAGUNA_NAMES, attn_gate="softplus",
-                   normalize=_laguna_config,
+                   normalize=_laguna_config, gguf_arch="laguna", gguf_names=_with(GGUF_NAMES, g="blk.{i}.attn_gate"),
+                   gguf_changes={"sliding": "pattern_first", "sliding_pattern": 4},
                    keys={"routed_scaling_factor": ("moe_routed_scaling_factor",),
                          "router_logit_softcap": ("moe_router_logit_softcapping",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
@@ -1167,7 +1602,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(flag("moe_apply_router_weight_on_input"),
                                      "moe_apply_router_weight_on_input (router weights on the experts' input), "
                                      "which Transformers does not implement either, is not supported"),)),
+        # llama.cpp's step35 reads the q/k norms and the head-wise gate when the file holds them.
         FamilySpec("step3p5", norm_unit_offset=True, qk_norm="head", attn_gate="sigmoid", moe=True,
+                   gguf_arch="step35", gguf_names=_with(GGUF_NAMES, g="blk.{i}.attn_gate"),
+                   gguf_changes={"qk_norm_optional": True},
                    names=STEP3P5_NAMES, attn_scale_key="query_pre_attn_scalar", no_rope_key="use_rope_layers",
                    normalize=_step3p5_config, expert_limit_keys=("swiglu_limits", "swiglu_limits_shared"),
                    keys={"num_key_value_heads": ("num_key_value_heads", "num_attention_groups"), "act": (),
@@ -1189,7 +1627,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(swiglu_limits_shared) is not supported"),
                              Refusal(flag("use_bidirectional_attention"),
                                      "bidirectional attention (use_bidirectional_attention) is not supported"))),
-        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES,
+        FamilySpec("minimax_m2", qk_norm="proj", moe=True, names=MINIMAX_M2_NAMES, gguf_arch="minimax-m2",
+                   gguf_config={"expert_gating_func": "expert_gating_func"},
+                   gguf_refusals=(Refusal(lambda c: c.get("expert_gating_func") is None,
+                                          "a router without expert_gating_func (llama.cpp's minimax-m2 graph has no "
+                                          "default and stops) is not supported"),),
                    keys={"moe_intermediate_size": ("intermediate_size",), "rotary_dim": ("rotary_dim",)},
                    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8},
@@ -1205,6 +1647,195 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a qk_norm_type other than per_layer or per_head is not supported"),
                              Refusal(lambda c: c.get("scoring_func") not in (None, "sigmoid"),
                                      "a scoring_func other than sigmoid is not supported"))),
+        # ---- group MLA: multi-head latent attention (DeepSeek-V2 line), DeepSeek's routers
+        # Transformers' DeepSeek-V2 router: softmax scores, greedy or group_limited_greedy (groups ranked by
+        # their best expert), never renormalised, always times routed_scaling_factor (whatever norm_topk_prob
+        # says: seed 002 renormalises under it instead of scaling; Transformers is the oracle here).
+        FamilySpec("deepseek_v2", gguf_arch="deepseek2", moe=True, names=DEEPSEEK_NAMES, keys=_LATENT_KEYS,
+                   fixed={"scoring_func": "softmax", "norm_topk_prob": False}, **_LATENT,
+                   config_defaults={"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                                    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+                                    "n_shared_experts": 2, "moe_intermediate_size": 1407, "first_k_dense_replace": 0,
+                                    "routed_scaling_factor": 1.0, "topk_method": "greedy"},
+                   refusals=(Refusal(_stated_other("topk_method", "greedy", "group_limited_greedy"),
+                                     "a DeepSeek-V2 topk_method other than greedy or group_limited_greedy is not "
+                                     "supported (Transformers' DeepSeek-V2 router has no other)"),
+                             Refusal(_stated_other("scoring_func", "softmax"),
+                                     "a DeepSeek-V2 scoring_func other than softmax is not supported "
+                                     "(Transformers' DeepSeek-V2 router scores by softmax whatever it says)"),
+                             _MOE_LAYER_FREQ)),
+        # DeepSeek-V3 and Kimi-K2 (model_type kimi_k2 is read as deepseek_v3, as Transformers reads it).
+        FamilySpec("deepseek_v3", gguf_arch="deepseek2", keys=_LATENT_KEYS, config_defaults=dict(_V3_LATENT_DEFAULTS),
+                   **_V3_LATENT,
+                   refusals=(Refusal(_stated_other("scoring_func", "sigmoid"),
+                                     "a DeepSeek-V3 scoring_func other than sigmoid is not supported "
+                                     "(Transformers' DeepSeek-V3 router scores by sigmoid whatever it says)"),
+                             Refusal(_stated_other("topk_method", "noaux_tc"),
+                                     "a DeepSeek-V3 topk_method other than noaux_tc is not supported "
+                                     "(Transformers' DeepSeek-V3 router chooses by noaux_tc whatever it says)"),
+                             _MOE_LAYER_FREQ)),
+        FamilySpec("minicpm3", gguf_arch="minicpm3", names=MINICPM3_NAMES, keys=_LATENT_KEYS, tie_default=True,
+                   normalize=_minicpm3_config, embed_multiplier_key="scale_emb",
+                   residual_multiplier_key="residual_multiplier", logit_scale_key="logits_scaling",
+                   logit_scale_divides=True, **dict(_LATENT, rope_interleaved=False),
+                   config_defaults={"kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64,
+                                    "qk_rope_head_dim": 32, "scale_emb": 12, "scale_depth": 1.4,
+                                    "dim_model_base": 256, "rms_norm_eps": 1e-5}),
+        # GLM-4.7-Flash: the first layer dense unless mlp_layer_types says otherwise (Transformers' default).
+        FamilySpec("glm4_moe_lite", gguf_arch="deepseek2", keys=_LATENT_KEYS, **_V3_LATENT,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, q_lora_rank=768, qk_nope_head_dim=192, v_head_dim=256,
+                                        n_routed_experts=64, num_experts_per_tok=4, moe_intermediate_size=1536,
+                                        n_group=1, topk_group=1, routed_scaling_factor=1.8, first_k_dense_replace=1,
+                                        rms_norm_eps=1e-5),
+                   refusals=(Refusal(lambda c: c.get("mlp_layer_types") is None
+                                     and c.get("first_k_dense_replace", 1) != 1,
+                                     "a first_k_dense_replace other than 1 without mlp_layer_types is not "
+                                     "supported (Transformers keeps only the first layer dense); state "
+                                     "mlp_layer_types"),
+                             Refusal(_stated_other("scoring_func", "sigmoid"),
+                                     "a scoring_func other than sigmoid is not supported (Transformers' "
+                                     "GLM-4.7-Flash router scores by sigmoid whatever it says)"))),
+        # A.X-K1: DeepSeek-V3 with post_mlp_layernorm over each routed feed-forward's output; its releases
+        # route without a selection bias (topk_method none), which Transformers reads as a zero bias, groups
+        # still ranked by their best two (seed 002 ranks them by their best expert; Transformers is the oracle).
+        FamilySpec("axk1", keys=_LATENT_KEYS, normalize=_axk1_config,
+                   routed_norms=("attn_norm", "ffn_norm", "ffn_post_norm"),
+                   dense_unread=(_L + "post_mlp_layernorm", _L + "mlp.post_mlp_layernorm"),
+                   **dict(_V3_LATENT, names=AXK1_NAMES, moe_fields={**_V3_ROUTER["moe_fields"],
+                                                                     "select_bias_optional": True}),
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, n_routed_experts=192),
+                   refusals=(Refusal(lambda c: "q_lora_rank" in c and c["q_lora_rank"] is None,
+                                     "A.X-K1 without a query bottleneck (q_lora_rank null) is not supported "
+                                     "(Transformers' A.X-K1 attention always has one)"),
+                             Refusal(_stated_other("scoring_func", "sigmoid"),
+                                     "a scoring_func other than sigmoid is not supported (Transformers' "
+                                     "A.X-K1 router scores by sigmoid whatever it says)"))),
+        # Sarvam-105B: Transformers runs it as DeepSeek-V3 (SarvamMLAConfig reads num_experts and
+        # num_shared_experts, and a deepseek_yarn rope block as YaRN).
+        FamilySpec("sarvam_mla", normalize=_deepseek_yarn, **_V3_LATENT,
+                   keys=dict(_LATENT_KEYS, num_experts=("num_experts", "n_routed_experts"),
+                             n_shared_experts=("num_shared_experts", "n_shared_experts")),
+                   config_defaults={k: v for k, v in dict(_V3_LATENT_DEFAULTS, q_lora_rank=None, n_group=1,
+                                                          topk_group=1, first_k_dense_replace=1).items()
+                                    if k not in ("n_routed_experts", "n_shared_experts")},
+                   moe_defaults={"num_experts": 128, "n_shared_experts": 1},
+                   refusals=(Refusal(_stated_other("score_function", "sigmoid"),
+                                     "a router score_function other than sigmoid is not supported (Transformers "
+                                     "scores Sarvam-105B's experts by sigmoid)"),
+                             Refusal(unset("moe_router_enable_expert_bias"),
+                                     "a router without its selection bias (moe_router_enable_expert_bias: false) "
+                                     "is not supported"),
+                             Refusal(lambda c: c.get("moe_shared_expert_intermediate_size") is not None
+                                     and c["moe_shared_expert_intermediate_size"]
+                                     != (c.get("moe_intermediate_size") or 2048)
+                                     * (c.get("num_shared_experts", c.get("n_shared_experts")) or 1),
+                                     "shared experts of a moe_shared_expert_intermediate_size other than "
+                                     "moe_intermediate_size times their count are not supported (Transformers "
+                                     "builds them that wide)"),
+                             _MOE_LAYER_FREQ)),
+        # group SSM (issue 15, part A): state-space scans and their hybrids
+        FamilySpec("mamba", **_MAMBA),
+        FamilySpec("falcon_mamba", **dict(_MAMBA, keys=dict(_MAMBA_KEYS, ssm_bcdt_eps=("mixer_rms_eps",)),
+                                          defaults=dict(_MAMBA_DEFAULTS, ssm_bcdt_eps=1e-6)),
+                   ssm_bcdt_norm="plain"),
+        FamilySpec("mamba2", **dict(_MAMBA, recurrent="mamba2", names=MAMBA2_NAMES, gguf_arch="mamba2", tie_default=False,
+                                    keys={"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",),
+                                          "ssm_expand": ("expand",), "ssm_num_heads": ("num_heads",),
+                                          "ssm_head_dim": ("head_dim",), "ssm_groups": ("n_groups",),
+                                          "ssm_act": ("hidden_act",), "head_dim": (), "intermediate_size": ()},
+                                    defaults={"ssm_state_size": 128, "ssm_conv_kernel": 4, "ssm_expand": 2,
+                                              "ssm_num_heads": 128, "ssm_head_dim": 64, "ssm_groups": 8,
+                                              "norm_eps": 1e-5, "max_position_embeddings": 1 << 20}),
+                   ffn_mult_key="expand", ffn_mult=2,
+                   refusals=(Refusal(_mamba2_width_mismatch(None, "expand", "num_heads", "head_dim"),
+                                     "a Mamba-2 width (expand * hidden_size) other than its heads' total "
+                                     "(num_heads * head_dim) is not supported"),)),
+        FamilySpec("jamba", recurrent="mamba", ssm_bcdt_norm="weighted", positions="none", moe=True, names=JAMBA_NAMES,
+                   normalize=_jamba_config, **_SSM_ADAPTERS,
+                   keys={"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
+                         "ssm_expand": ("mamba_expand",), "ssm_dt_rank": ("mamba_dt_rank",), "ssm_act": ("hidden_act",),
+                         "ssm_bcdt_eps": ("rms_norm_eps",), "num_experts": ("num_experts", "num_local_experts"),
+                         "moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": (),
+                         "n_shared_experts": ()},
+                   defaults={"ssm_state_size": 16, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_dt_rank": "auto",
+                             "ssm_bcdt_eps": 1e-6, "norm_eps": 1e-6},
+                   fixed={"norm_topk_prob": False, "scoring_func": "softmax", "topk_method": "greedy"},
+                   moe_defaults={"num_experts": 16, "num_experts_per_tok": 2},
+                   variants=(Variant(lambda c: c.get("mlp_layer_types") is not None and "sparse" not in c["mlp_layer_types"],
+                                     {"moe": False}),),
+                   refusals=(Refusal(_offset_past_period("attn"), "an attn_layer_offset that is not below "
+                                     "attn_layer_period (Transformers refuses it too) is not supported"),
+                             Refusal(_offset_past_period("expert"), "an expert_layer_offset that is not below "
+                                     "expert_layer_period (Transformers refuses it too) is not supported")),
+                   gguf_arch="jamba", gguf_names=GGUF_JAMBA_NAMES),
+        FamilySpec("bamba", recurrent="mamba2", names=BAMBA_NAMES, norms=("attn_norm", "ffn_norm"), normalize=_bamba_config,
+                   keys=_MAMBA2_HYBRID_KEYS, defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
+                   refusals=(_BAMBA_WIDTH,), **_SSM_ADAPTERS),
+        FamilySpec("granitemoehybrid", **dict(_GRANITEMOE_SHARED, keys=dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS)),
+                   recurrent="mamba2", names=GRANITE_HYBRID_NAMES, normalize=_granite_hybrid_config, adapters="ffn",
+                   defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-6),
+                   variants=(Variant(lambda c: c.get("num_local_experts", 8) == 0,
+                                     {"moe": False, "names": GRANITE_HYBRID_DENSE_NAMES,
+                                      "keys": dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS,
+                                                   intermediate_size=("shared_intermediate_size",))}),
+                             Variant(_granite_hybrid_unrotated, {"positions": "none"})),
+                   refusals=(Refusal(lambda c: c.get("layer_types") is None,
+                                     "a config without layer_types (which layers scan and which attend) is not "
+                                     "supported"),
+                             Refusal(_granite_hybrid_layer_types_unsupported,
+                                     "a layer type other than mamba or attention in layer_types is not supported"),
+                             Refusal(lambda c: c.get("shared_intermediate_size") is None,
+                                     "a config without shared_intermediate_size (the shared_mlp's width) is not "
+                                     "supported"),
+                             Refusal(lambda c: c.get("position_embedding_type") not in (None, "rope", "nope"),
+                                     "a position_embedding_type other than rope or nope is not supported"),
+                             _BAMBA_WIDTH),
+                   gguf_arch="granitehybrid", gguf_qk_permuted=True, gguf_names=GGUF_SSM_NAMES,
+                   gguf_config=dict(_GRANITE_GGUF, **{"rope.scaling.finetuned": "rope_scaling_finetuned"})),
+        FamilySpec("nemotron_h", recurrent="mamba2", ffn_layers="typed", positions="none", moe=True,
+                   names=NEMOTRON_H_NAMES, normalize=_nemotron_h_config, default_act="relu2", **_SSM_ADAPTERS,
+                   keys={"ssm_state_size": ("ssm_state_size", "mamba_d_state"),
+                         "ssm_conv_kernel": ("conv_kernel", "mamba_d_conv"), "ssm_num_heads": ("mamba_num_heads",),
+                         "ssm_head_dim": ("mamba_head_dim",), "ssm_groups": ("n_groups", "mamba_n_groups"),
+                         "ssm_act": ("mamba_hidden_act",), "act": ("mlp_hidden_act",),
+                         "head_dim": ("head_dim", "attention_head_dim"),
+                         "norm_eps": ("layer_norm_epsilon", "rms_norm_eps"),
+                         "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
+                         "n_shared_experts": (), "moe_latent_size": ("moe_latent_size",)},
+                   defaults={"ssm_state_size": 128, "ssm_conv_kernel": 4, "ssm_num_heads": 128, "ssm_head_dim": 64,
+                             "ssm_groups": 8, "norm_eps": 1e-5},
+                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-20},
+                   moe_defaults={"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+                   variants=(Variant(lambda c: "moe" not in (c.get("layer_types") or []), {"moe": False}),),
+                   refusals=(Refusal(_nemotron_h_pattern_wrong,
+                                     "a hybrid_override_pattern (or layers_block_type) whose length is not "
+                                     "num_hidden_layers, or with a letter other than M, *, - and E, is not supported"),),
+                   gguf_arch="nemotron_h", gguf_names=GGUF_NEMOTRON_H_NAMES),
+        FamilySpec("falcon_h1", recurrent="mamba2", mup=True, gguf_folded=True, names=FALCON_H1_NAMES,
+                   norms=("attn_norm", "ffn_norm"), normalize=_falcon_h1_config, ssm_gated_norm=False, **_SSM_ADAPTERS,
+                   embed_multiplier_key="embedding_multiplier", logit_scale_key="lm_head_multiplier",
+                   keys=dict(_MAMBA2_HYBRID_KEYS, ssm_inner_size=("mamba_d_ssm",)),
+                   defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
+                   config_defaults={"mamba_d_ssm": 1024, "mamba_rms_norm": False, "mamba_norm_before_gate": True},
+                   variants=(Variant(flag("mamba_rms_norm"), {"ssm_gated_norm": True}),),
+                   refusals=(Refusal(lambda c: bool(c.get("attn_layer_indices")),
+                                     "attention on only some layers (attn_layer_indices) is not supported"),
+                             Refusal(unset("mamba_use_mlp"), "layers without their feed-forward (mamba_use_mlp: "
+                                     "false) are not supported"),
+                             Refusal(lambda c: bool(c.get("mamba_rms_norm")) and bool(c.get("mamba_norm_before_gate")),
+                                     "the scan's norm before its gate (mamba_norm_before_gate) is not supported"),
+                             Refusal(lambda c: bool(c.get("projectors_bias", False)) != bool(c.get("mamba_proj_bias", False)),
+                                     "a projectors_bias unlike mamba_proj_bias is not supported"),
+                             Refusal(_mamba2_width_mismatch("mamba_d_ssm", "mamba_expand", "mamba_n_heads",
+                                                            "mamba_d_head"),
+                                     "a scan width (mamba_d_ssm) other than its heads' total (mamba_n_heads * "
+                                     "mamba_d_head) is not supported"),
+                             Refusal(_numbers("ssm_multipliers", 5), "ssm_multipliers that are not five numbers "
+                                     "(gate, stream, B, C, step) are not supported"),
+                             Refusal(_numbers("mlp_multipliers", 2), "mlp_multipliers that are not two numbers "
+                                     "(gate, down) are not supported")),
+                   gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
+                   gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
     )
 }
 
@@ -1212,6 +1843,8 @@ FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():
     if _f.gguf_arch and _f.gguf_arch not in FAMILIES_BY_GGUF_ARCH:
         FAMILIES_BY_GGUF_ARCH[_f.gguf_arch] = _f
+# llama.cpp's converter writes Nemotron-H with routed layers as its own architecture, read the same way.
+FAMILIES_BY_GGUF_ARCH["nemotron_h_moe"] = FAMILIES["nemotron_h"]
 
 
 # Multimodal checkpoints whose text decoder ster runs: the wrapper's model_type -> (the decoder's
@@ -1222,8 +1855,15 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 
 
+# model_type values of remote-code configs that name another family's architecture: read as that family
+# (Kimi-K2's config.json says kimi_k2 for DeepseekV3ForCausalLM, as Transformers' Kimi-K2.5 reads it).
+MODEL_TYPE_ALIASES: Mapping[str, str] = {"kimi_k2": "deepseek_v3"}
+
+
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
     """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
+
+    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for.
 
     The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
@@ -1233,6 +1873,8 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
         SterError: a wrapper config without a ``text_config`` object.
     """
     wrapper = config.get("model_type")
+    if isinstance(wrapper, str) and wrapper in MODEL_TYPE_ALIASES:
+        return {**config, "model_type": MODEL_TYPE_ALIASES[wrapper]}, None
     if not isinstance(wrapper, str) or wrapper not in WRAPPERS:
         return config, None
     text = config.get("text_config")

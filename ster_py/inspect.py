@@ -26,7 +26,20 @@ def _spec_dims(spec) -> dict[str, Any]:
         "sliding_window_layers": sum(1 for layer in spec.layers if layer.sliding_window),
         "tie_word_embeddings": spec.tie_word_embeddings,
         **_moe_dims(spec),
+        **_ssm_dims(spec),
     }
+
+
+def _ssm_dims(spec) -> dict[str, Any]:
+    """The state-space scan's sizes (models with one only)."""
+    if spec.ssm is None:
+        return {}
+    s = spec.ssm
+    out = {"scan_layers": sum(1 for layer in spec.layers if layer.mixer in ("mamba", "mamba2", "hybrid")),
+           "attention_layers": sum(1 for i in range(spec.num_hidden_layers) if spec.has_kv(i)),
+           "scan": s.kind, "ssm_inner_size": s.d_inner, "ssm_state_size": s.d_state, "ssm_conv_kernel": s.d_conv}
+    out.update({"ssm_dt_rank": s.dt_rank} if s.kind == "mamba" else {"ssm_heads": s.num_heads, "ssm_groups": s.n_groups})
+    return out
 
 
 def _moe_dims(spec) -> dict[str, Any]:
@@ -46,8 +59,11 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     Keys: model, model_revision, kind, architecture, family, dimensions, tokenizer,
     chat_template (bool), tensors (count per stored type), parameters, file_bytes,
     resident_bytes (weights held once loaded: GGUF-quantized matrices as stored, every other
-    tensor at ``precision``), kv_bytes_per_position (f32
-    keys and values over all layers).
+    tensor at ``precision``), kv_bytes_per_position (what the f32 cache holds per position over the
+    layers that attend: keys and values, or a latent layer's latent and rotated key part), for latent
+    attention kv_bytes_per_position_expanded (what expanded keys and values would hold instead), and
+    state_bytes_per_sequence (the recurrent state of the state-space layers, float32, whatever the
+    context length; 0 without them).
 
     Raises:
         SterError: whatever resolution or header validation refuses.
@@ -115,6 +131,11 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     info["parameters"] = n_params
     info["precision"] = precision
     info["resident_bytes"] = resident
-    info["kv_bytes_per_position"] = 4 * sum(kv * (dk + dv) for _, kv, dk, dv in
-                                            map(spec.attention_shape, range(spec.num_hidden_layers)))
+    layers = [i for i in range(spec.num_hidden_layers) if spec.has_kv(i)]
+    info["kv_bytes_per_position"] = 4 * sum(map(spec.cache_width, layers))
+    if spec.latent is not None:  # what keys and values expanded from the latent would cost instead
+        info["kv_bytes_per_position_expanded"] = 4 * sum(kv * (dk + dv) for _, kv, dk, dv in
+                                                         map(spec.attention_shape, layers))
+    # A recurrent mixer's state (convolution inputs and scan state, float32) does not grow with the context.
+    info["state_bytes_per_sequence"] = spec.state_bytes()
     return info

@@ -41,7 +41,7 @@ DEFAULT_TIMEOUT = 600.0
 #: llama.cpp's ``llama_ftype`` numbers for the quantizations the tests ask for (llama.h).
 FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
           "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25,
-          "IQ4_XS": 30, "BF16": 32}
+          "IQ4_XS": 30, "BF16": 32, "MXFP4_MOE": 38}
 
 #: CMake arguments for a build of llama-cpp-python that runs on any x86-64 CPU with AVX2
 #: (no ``-march=native``, no AMX, no AVX-512): the README's test command uses them.

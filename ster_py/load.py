@@ -46,8 +46,11 @@ class LoadedModel:
         return set(self.spec.eos_token_ids) | set(self.tokenizer.eos_token_ids)
 
 
+Check = Callable[[Resolved, "ModelSpec | None"], None]
+
+
 def load_model(model: str, revision: str | None = None, *, precision: str = "f32",
-               progress: Progress | None = None) -> LoadedModel:
+               progress: Progress | None = None, check: Check | None = None) -> LoadedModel:
     """Resolve ``model`` and build its decoder and tokenizer.
 
     Args:
@@ -56,19 +59,35 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
         precision: stored weight dtype, 'f32' | 'f16' | 'bf16' (compute is always f32).
         progress: optional ``progress(event, done, total)`` callback for long steps.
+        check: optional ``check(resolved, spec)`` that refuses (raises SterError) what cannot
+            fit the model, such as a steering vector or an adapter, as early as the model is
+            known and before any weight is downloaded or mapped: a Hub model once its config
+            is read (``resolved.weight_files`` still empty); a preset before its file is fetched
+            (``spec`` None: only its identity is known), and again with its spec once the file
+            is there; a local checkpoint or GGUF once its config or metadata is read.
 
     Raises:
-        SterError: anything the user can fix: a refused model, a missing file, a bad tensor.
+        SterError: anything the user can fix: a refused model, a missing file, a bad tensor;
+            whatever ``check`` raises.
     """
     precision_dtype(precision)  # refuse a bad precision before touching anything
-    resolved = resolve(model, revision, progress=progress)
+    checked: list[bool] = []
+
+    def before_weights(resolved: Resolved) -> None:  # the Hub's config is in, its weights are not
+        spec = None
+        if resolved.config is not None:
+            spec = _spec_of(resolved)
+            checked.append(True)
+        check(resolved, spec)
+
+    resolved = resolve(model, revision, progress=progress, before_weights=before_weights if check else None)
     if resolved.kind in ("gguf", "gguf_dir"):
         from .gguf.load import load_gguf_model
 
-        return load_gguf_model(resolved, precision=precision, progress=progress)
-    source = str(resolved.config_path)
-    check_config(resolved.config, source)
-    spec = check_spec(interpret(source, spec_from_config, resolved.config, resolved.family, source), source)
+        return load_gguf_model(resolved, precision=precision, progress=progress, check=check)
+    spec = _spec_of(resolved)
+    if check is not None and not checked:
+        check(resolved, spec)
     tokenizer = Tokenizer.from_dir(resolved.root)
     if progress:
         progress("map weights", 0, len(resolved.weight_files))
@@ -80,6 +99,13 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         raise SterError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                         f"{spec.vocab_size}; tokenizer.json is not from this checkpoint")
     return LoadedModel(resolved, spec, decoder, tokenizer, precision)
+
+
+def _spec_of(resolved: Resolved) -> ModelSpec:
+    """The checked ``ModelSpec`` of a config.json-backed ``resolved``."""
+    source = str(resolved.config_path)
+    check_config(resolved.config, source)
+    return check_spec(interpret(source, spec_from_config, resolved.config, resolved.family, source), source)
 
 
 def load_tokenizer(model: str, revision: str | None = None, *, progress: Progress | None = None) -> Tokenizer:

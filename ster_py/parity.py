@@ -221,7 +221,8 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
 
     Hidden states (when the reference gives them) are compared layer by layer: ours are
     the residual stream after each decoder layer; Transformers' last entry has the
-    final norm applied, so our final norm is applied to the last layer before comparing.
+    final norm applied, so our final norm is applied to the last layer before comparing
+    (Transformers' Mamba models list no embedding: ``FamilySpec.reference_hidden``).
     """
     hidden: list[np.ndarray] = []
     ours = loaded.decoder.forward(list(ids), hidden_states=hidden)
@@ -238,7 +239,13 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
     result = PromptParity(prompt, list(ids), rel, float(np.abs(o64 - r64).max()), float(cos.mean()),
                           float((ours.argmax(1) == ref.argmax(1)).mean()), rel <= tolerance)
     if ref_hidden is not None:
+        from .families import FAMILIES
+
         n = loaded.spec.num_hidden_layers
+        family = FAMILIES.get(loaded.spec.model_type)
+        if family is not None and family.reference_hidden == "layers" and len(ref_hidden) == n + 1:
+            # Mamba's list: each layer's output, then the final norm's; the same places as the others'
+            ref_hidden = [None] + list(ref_hidden[:n - 1]) + [ref_hidden[n]]
         if len(ref_hidden) != n + 1:
             raise SterError(f"the reference returned {len(ref_hidden)} hidden states for {n} layers")
         result.layers = []

@@ -176,6 +176,26 @@ def get_preset(name: str) -> Preset:
         ) from None
 
 
+def close_presets(name: str) -> list[str]:
+    """Preset names ``name`` looks like a misspelling of, closest first (empty if none).
+
+    Close means: the same name in another case, a preset name that starts with ``name``
+    (``smollm2``), or a ``difflib`` similarity of at least 0.7 (``smollm2-135m-instruct-q4``,
+    ``gemma3-270m``). A name holding ``/`` is a Hub id and is never close.
+    """
+    import difflib
+
+    key = name.strip().lower()
+    if not key or "/" in key:
+        return []
+    scored = []
+    for preset in PRESETS:
+        ratio = difflib.SequenceMatcher(None, key, preset).ratio()
+        if key == preset or ratio >= 0.7 or (len(key) >= 4 and preset.startswith(key)):
+            scored.append((-ratio, preset))
+    return [p for _, p in sorted(scored)]
+
+
 def preset_cache_dir() -> Path:
     """The directory presets are cached in: ``$STER_PRESET_CACHE``, else ``<HF_HOME>/ster/presets``."""
     override = os.environ.get("STER_PRESET_CACHE")

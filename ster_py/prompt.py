@@ -68,6 +68,22 @@ def max_prompt_chars(tokenizer: Tokenizer, context: int) -> int:
     return min(context * longest_token_chars(tokenizer), DEFAULT_MAX_CHARS)
 
 
+def check_prompt_text(text: str, what: str = "--prompt") -> None:
+    """Refuse a prompt that is empty or only whitespace, before anything is loaded.
+
+    Through a chat template an empty user turn still renders, and the model answers a
+    blank message; as raw text it encodes to nothing (or BOS alone). Neither is a
+    request anyone means, so both template modes refuse it.
+
+    Raises:
+        SterError: naming ``what`` (the option or prompt the text came from).
+    """
+    if not text.strip():
+        kind = "empty" if not text else "only whitespace"
+        raise SterError(f"{what} is {kind}; give the text the model should answer (or, with "
+                        "--chat-template off, continue)")
+
+
 def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = None,
                   chat_template: str = "auto", context: int | None = None) -> Prompt:
     """Encode ``prompt`` (and an optional system prompt) for generation.
@@ -83,12 +99,13 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
     memory (the token count is still checked by ``generate``).
 
     Raises:
-        SterError: an unknown mode; ``system`` without a template to place it in;
-            a template error; a lone surrogate in the text; a text that cannot fit
-            ``context``.
+        SterError: an unknown mode; an empty or whitespace-only prompt (``check_prompt_text``);
+            ``system`` without a template to place it in; a template error; a lone surrogate
+            in the text; a text that cannot fit ``context``.
     """
     if chat_template not in CHAT_TEMPLATE_MODES:
         raise SterError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {chat_template!r}")
+    check_prompt_text(prompt, "the prompt")
     check_surrogates(prompt, "the prompt")
     if system is not None:
         check_surrogates(system, "the system prompt")

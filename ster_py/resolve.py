@@ -84,7 +84,7 @@ class Resolved:
 
 
 def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
-            weights: bool = True) -> Resolved:
+            weights: bool = True, before_weights: Callable[[Resolved], None] | None = None) -> Resolved:
     """Resolve ``model`` to a :class:`Resolved` without reading any weight.
 
     Order of decisions:
@@ -99,6 +99,9 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
     4. A preset name (``ster_py.presets.PRESETS``) is fetched or found in the
        cache, verified by SHA-256, and resolved as that GGUF file; its
        ``model_revision`` is ``sha256:<hash>`` unless ``revision`` is given.
+       A name close to a preset's (``presets.close_presets``: another case, a
+       prefix, a near spelling; never one holding ``/``) is refused with
+       "no preset NAME; did you mean ...?" without touching the network.
     5. Anything else is a Hugging Face Hub model id, resolved at ``revision``
        (default ``"main"``) to a commit SHA. config.json, tokenizer.json and the
        small side files are downloaded first and the architecture gate runs on
@@ -123,6 +126,13 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             (``ster tokenize``, ``ster template render``): a Hub model's weight files
             are then neither downloaded nor required in the cache, and ``Resolved.weights``
             is empty for it. Local models are resolved as usual (nothing is read).
+        before_weights: optional ``before_weights(resolved)``, called just before weight
+            bytes would be downloaded, so that a caller can refuse what cannot fit the model
+            without paying for the download: for a Hub model once its config is read and gated
+            (``resolved.weight_files`` is empty then), for a preset before its file is fetched
+            or found in the cache (``config`` and ``gguf_file`` are None; ``model_revision`` is
+            ``sha256:<pin>`` unless ``revision`` is given). Not called for local models (no
+            download) nor with ``weights=False``; whatever it raises propagates.
         progress: optional ``progress(event, done, total)`` callback, called
             only while downloading from the Hub. ``event`` is
             ``"download <file name>"`` before each file and
@@ -158,14 +168,23 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
     if _looks_like_path(model) or os.path.lexists(path):
         # lexists without being a file or directory: a dangling symlink, a socket, a fifo.
         raise SterError(f"no such file or directory: {model}")
-    from .presets import PRESETS, fetch_preset
+    from .presets import PRESETS, close_presets, fetch_preset
 
+    near = close_presets(model) if model not in PRESETS else []
+    if near:  # refused here, before the Hub is asked about a name that is almost a preset's
+        raise SterError(f"no preset {model}; did you mean {' or '.join(near)}? (`ster presets` lists them; "
+                        "a Hugging Face Hub id is written owner/name)")
     if model in PRESETS:
         # A preset is a pinned GGUF: fetched (or found in the cache) and verified, then read as a file.
+        if before_weights is not None and weights:
+            from .presets import cached_path
+
+            before_weights(Resolved(model, "gguf", cached_path(model).parent, None, None, None, (), None,
+                                    revision or f"sha256:{PRESETS[model].sha256}", None))
         gguf = fetch_preset(model, progress)
         return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf,
                         revision or f"sha256:{PRESETS[model].sha256}", None)
-    return _resolve_hub(model, revision, progress, weights)
+    return _resolve_hub(model, revision, progress, weights, before_weights)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -327,7 +346,8 @@ def _gate(config: dict, config_path: Path) -> tuple[dict, "FamilySpec"]:
 # --------------------------------------------------------------------------- Hub
 
 
-def _resolve_hub(model: str, revision: str | None, progress: Progress | None, with_weights: bool = True) -> Resolved:
+def _resolve_hub(model: str, revision: str | None, progress: Progress | None, with_weights: bool = True,
+                 before_weights: Callable[[Resolved], None] | None = None) -> Resolved:
     import huggingface_hub as hub
     from huggingface_hub import constants
 
@@ -379,6 +399,9 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
         hint = f" (it has {', '.join(other)})" if other else ""
         advice = "; download a .gguf file and pass its path" if any(n.endswith(".gguf") for n in other) else ""
         raise SterError(f"model {model} publishes no safetensors weights at revision {sha}{hint}{advice}")
+    if before_weights is not None:
+        before_weights(Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, (),
+                                None, sha, family))
     paths = _download(hub, model, sha, weights, sizes, progress, "weights")
     files = tuple(paths[n] for n in weights)
     return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, files, None, sha, family)
@@ -397,7 +420,8 @@ def _download(hub, model: str, sha: str, names: list[str], sizes: dict, progress
             progress(f"download {name}", done, total)
         try:
             at = first_at if (first_at and not out) else sha
-            out[name] = Path(hub.hf_hub_download(model, name, revision=at, tqdm_class=_quiet_tqdm()))
+            bar = _quiet_tqdm(progress, f"download {name}", done, total)
+            out[name] = Path(hub.hf_hub_download(model, name, revision=at, tqdm_class=bar))
         except Exception as error:
             if not _is_hub_failure(error):
                 raise
@@ -408,18 +432,32 @@ def _download(hub, model: str, sha: str, names: list[str], sizes: dict, progress
     return out
 
 
-def _quiet_tqdm():
+def _quiet_tqdm(progress: Progress | None = None, event: str = "", before: int = 0, total: int | None = None):
     """A progress-bar class for huggingface_hub that never draws.
 
     Nothing below the CLI prints; huggingface_hub would otherwise draw its own
-    bars on stderr. Progress is reported per file through ``progress`` instead.
+    bars on stderr. Instead each chunk huggingface_hub counts is reported as
+    ``progress(event, before + bytes of this file so far, total)``, so the bytes
+    of a phase rise as a file arrives, not only between files. A Xet download
+    counts the same bytes on two bars (reconstruction and transfer): the larger
+    count is the file's.
     """
     from huggingface_hub.utils import tqdm as hf_tqdm
+
+    counts: list[int] = []
 
     class Quiet(hf_tqdm):
         def __init__(self, *args, **kwargs):
             kwargs["disable"] = True
+            self.slot = len(counts)
+            counts.append(int(kwargs.get("initial") or 0))  # a resumed download starts past 0
             super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            counts[self.slot] += int(n or 0)
+            if progress is not None and n:
+                progress(event, before + max(counts), total)
+            return super().update(n)
 
     return Quiet
 

@@ -2,7 +2,7 @@
 
 Artifact (JSON, one file)::
 
-    {"format": "ster.steering", "schema_version": 1,
+    {"format": "ster.steering", "schema_version": 1, "ster_version": "0.1.0" (the writer's),
      "model": "...", "model_revision": null | "...", "hidden_size": 576,
      "trait": "...", "method": "caa",
      "directions": {"12": [576 floats, unit L2 norm], ...},   # layer index -> direction
@@ -60,7 +60,10 @@ class SteeringVector:
     metadata: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"format": STEERING_FORMAT, "schema_version": SCHEMA_VERSION, "model": self.model,
+        from . import __version__
+
+        return {"format": STEERING_FORMAT, "schema_version": SCHEMA_VERSION, "ster_version": __version__,
+                "model": self.model,
                 "model_revision": self.model_revision, "hidden_size": self.hidden_size, "trait": self.trait,
                 "method": self.method,
                 "directions": {str(i): [float(x) for x in v] for i, v in sorted(self.directions.items())},
@@ -130,11 +133,25 @@ def read_vector(path: str | Path) -> SteeringVector:
 def check_vector_for(vec: SteeringVector, loaded, path: str | Path) -> None:
     """Refuse ``vec`` for ``loaded`` when it was made for another model or width, or names a
     layer the model does not have. Raises SterError naming the path and the mismatch."""
-    check_model(Path(path), "steering vector", vec.model, vec.model_revision, loaded.resolved)
-    if vec.hidden_size != loaded.spec.hidden_size:
+    check_vector_fit(vec, loaded.resolved, loaded.spec, path)
+
+
+def check_vector_fit(vec: SteeringVector, resolved, spec, path: str | Path) -> None:
+    """:func:`check_vector_for` before the model is loaded: against its ``Resolved`` and its
+    ``ModelSpec`` from config.json or GGUF metadata (``spec`` None: a preset not fetched yet,
+    whose identity alone is checked). Use it as ``load_model(..., check=...)``.
+
+    Raises:
+        SterError (naming the path): made for another model or revision; another hidden
+            width; a layer the model does not have.
+    """
+    check_model(Path(path), "steering vector", vec.model, vec.model_revision, resolved)
+    if spec is None:
+        return
+    if vec.hidden_size != spec.hidden_size:
         raise SterError(f"steering vector {path} is {vec.hidden_size} wide, but this model's hidden_size is "
-                        f"{loaded.spec.hidden_size}")
-    n = loaded.spec.num_hidden_layers
+                        f"{spec.hidden_size}")
+    n = spec.num_hidden_layers
     bad = [i for i in vec.directions if i >= n]
     if bad:
         raise SterError(f"steering vector {path} names layer {bad[0]}, but this model has layers 0..{n - 1}")

@@ -36,7 +36,7 @@ def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
 # config.json keys that must be JSON booleans when present ("false" as a string is truthy in Python).
 BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias", "use_qkv_bias",
                 "use_parallel_residual", "qk_layernorm", "use_qk_norm", "parallel_attn", "bias", "multi_query",
-                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm")
+                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave")
 
 
 # config.json special-token ids: an integer id, a list of them (eos_token_id of chat models), or null.
@@ -88,7 +88,11 @@ GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
                   "attention.value_length": MAX_HEAD_DIM, "rope.dimension_count": MAX_HEAD_DIM,
                   "embedding_length": MAX_DIM, "feed_forward_length": MAX_DIM, "context_length": MAX_DIM,
                   "vocab_size": MAX_DIM, "attention.sliding_window": MAX_DIM,
-                  "rope.scaling.original_context_length": MAX_DIM}
+                  "rope.scaling.original_context_length": MAX_DIM, "attention.q_lora_rank": MAX_DIM,
+                  "attention.kv_lora_rank": MAX_DIM, "attention.key_length_mla": MAX_HEAD_DIM,
+                  "attention.value_length_mla": MAX_HEAD_DIM, "ssm.inner_size": MAX_DIM,
+                  "ssm.state_size": MAX_DIM, "ssm.conv_kernel": 1024, "ssm.time_step_rank": MAX_DIM,
+                  "ssm.group_count": MAX_DIM}
 
 
 def check_gguf_sizes(meta, source: str) -> None:

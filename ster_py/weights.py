@@ -47,8 +47,8 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 # Stored tensors no decoder role reads and that are safe to leave: rotary inverse-frequency
 # buffers and the causal-mask buffers old GPT-2 / GPT-J / GPT-NeoX checkpoints saved.
 HARMLESS_SUFFIXES = (".inv_freq", ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias")
-# llama.cpp's rope_freqs is read with the metadata (gguf/load.py), not as a layer weight.
-HARMLESS_NAMES = frozenset({"rope_freqs.weight"})
+# llama.cpp's rope_freqs and LongRoPE factors are read with the metadata (gguf/load.py), not as layer weights.
+HARMLESS_NAMES = frozenset({"rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"})
 
 
 def _role_names(entry) -> tuple[str, ...]:
@@ -71,7 +71,8 @@ class _Tracked:
         the spec's ``unread`` prefixes (multi-token-prediction modules) and,
         when the head is tied to the embedding, a stored head (it is not used, as in
         Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
-        and projector, never read). Anything else means the checkpoint holds weights this model
+        and projector, never read), and a GGUF's multi-token-prediction blocks (``nextn_predict_layers``,
+        run by no main pass). Anything else means the checkpoint holds weights this model
         configuration ignores: usually a config.json from another model or variant.
         """
         asked = {self._stored(n) for n in self._asked}

@@ -121,3 +121,65 @@ def small_valid_file() -> tuple[bytes, dict]:
     expected = {"f32": f32, "f16": f16.astype(np.float32),
                 "q8": (np.arange(-16, 16, dtype=np.float32) * 0.5)[None].repeat(2, 0)}
     return c.build(), expected
+
+
+def _skip_value(data: bytes, pos: int, vtype: int) -> int:
+    """Offset after a value of ``vtype`` starting at ``pos``."""
+    if vtype in SCALAR_FORMATS:
+        return pos + struct.calcsize(SCALAR_FORMATS[vtype])
+    if vtype == STRING:
+        (n,) = struct.unpack_from("<Q", data, pos)
+        return pos + 8 + n
+    if vtype == ARRAY:
+        elem, count = struct.unpack_from("<IQ", data, pos)
+        pos += 12
+        if elem in SCALAR_FORMATS:
+            return pos + count * struct.calcsize(SCALAR_FORMATS[elem])
+        for _ in range(count):
+            pos = _skip_value(data, pos, elem)
+        return pos
+    raise ValueError(f"value type {vtype}")
+
+
+def edit_metadata(data: bytes, changes: dict) -> bytes:
+    """A valid GGUF file's bytes with metadata entries replaced, added or removed.
+
+    ``changes`` maps a key to ``(vtype, value)`` or ``(ARRAY, items, elem)`` (the ``kv``
+    arguments), or to None to remove the key. A replaced key keeps its place; new keys
+    go last. Tensor infos and data are kept (the data section is re-aligned).
+    """
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
+    assert magic == b"GGUF" and version in (2, 3), (magic, version)
+    pos = 24
+    entries: list[tuple[str, bytes]] = []
+    alignment = 32
+    for _ in range(n_kv):
+        (klen,) = struct.unpack_from("<Q", data, pos)
+        key = data[pos + 8:pos + 8 + klen].decode("utf-8")
+        (vtype,) = struct.unpack_from("<I", data, pos + 8 + klen)
+        end = _skip_value(data, pos + 12 + klen, vtype)
+        if key == "general.alignment":
+            (alignment,) = struct.unpack_from("<I", data, pos + 12 + klen)
+        entries.append((key, data[pos:end]))
+        pos = end
+    infos_start = pos
+    for _ in range(n_tensors):
+        (nlen,) = struct.unpack_from("<Q", data, pos)
+        pos += 8 + nlen
+        (ndim,) = struct.unpack_from("<I", data, pos)
+        pos += 4 + 8 * ndim + 4 + 8
+    infos = data[infos_start:pos]
+    data_start = -(-pos // alignment) * alignment
+    body = data[data_start:] if n_tensors else b""
+    todo = dict(changes)
+    out = []
+    for key, raw in entries:
+        if key in todo:
+            change = todo.pop(key)
+            if change is not None:
+                out.append(kv(key, *change))
+        else:
+            out.append(raw)
+    out += [kv(key, *change) for key, change in todo.items() if change is not None]
+    head = struct.pack("<4sIQQ", b"GGUF", version, n_tensors, len(out)) + b"".join(out) + infos
+    return head + b"\0" * (-len(head) % alignment) + body

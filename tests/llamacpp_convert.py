@@ -4,7 +4,9 @@
 writes the config.json keys a converter still reads in Transformers 4 spellings, and runs the
 converter once for all cases in one subprocess. The converter's vocabulary step is replaced by a
 minimal SentencePiece-style vocabulary (the tiny checkpoints' word-level tokenizer is none it
-knows); weights and hyper-parameters go through the converter untouched.
+knows); weights and hyper-parameters go through the converter untouched, except that a config.json
+key ``_llamacpp_drop_keys`` lists hyper-parameters the converter is not shown (the defaults
+Transformers' config class adds for keys a config written before them lacks).
 """
 from __future__ import annotations
 
@@ -61,11 +63,15 @@ load_hparams = ModelBase.load_hparams
 
 def load_hparams_with_legacy(dir_model, *args, **kwargs):
     hparams = load_hparams(dir_model, *args, **kwargs)
-    for key, value in json.loads((Path(dir_model) / "config.json").read_text()).items():
+    config = json.loads((Path(dir_model) / "config.json").read_text())
+    for key, value in config.items():
         hparams.setdefault(key, value)  # Transformers 5 drops keys the converter still reads
+    for key in config.get(DROP, ()):  # ... and adds defaults a config written before them lacks
+        hparams.pop(key, None)
     return hparams
 
 
+DROP = "_llamacpp_drop_keys"
 conv.get_model_class = get_model_class
 ModelBase.load_hparams = staticmethod(load_hparams_with_legacy)
 logging.disable(logging.WARNING)

@@ -5,19 +5,19 @@
   on 40 texts, with and without special tokens.
 - llama.cpp's own tokenizer test vectors (``models/ggml-vocab-*.gguf`` with their
   ``.inp``/``.out`` files, shipped in the llama-cpp-python 0.3.36 sdist): ids equal
-  llama.cpp's for every supported vocabulary there (gpt-2, llama-bpe, qwen2, qwen35,
-  starcoder, refact, command-r, mpt, llama-spm, phi-3, gemma-4, bert-bge), tokenized
-  as llama.cpp's test-tokenizer-0 does (no BOS, special texts not parsed).
+  llama.cpp's for all 14 vocabularies there (gpt-2, llama-bpe, qwen2, qwen35,
+  starcoder, refact, command-r, mpt, falcon, deepseek-llm, deepseek-coder, llama-spm,
+  phi-3, gemma-4, bert-bge), tokenized as llama.cpp's test-tokenizer-0 does (no BOS,
+  special texts not parsed).
 - llama.cpp's round-trip test (test-tokenizer-1-spm, the one its CMake runs, on
   llama-spm): every token's text and every code point tokenizes and decodes back.
 - WordPiece (bert-bge) also against transformers' BertTokenizerFast over the same
   vocabulary; Unigram (t5) against llama.cpp itself on nomic-bert-moe's real
   250k-piece vocabulary and on a SentencePiece model trained in the test (and
   against sentencepiece wherever llama.cpp agrees with it).
-- Every pre-tokenizer name: the built tokenizer splits sample text as Python's
-  ``regex`` module does with the same expressions (and as transformers' GGUF table
-  does for the names it knows).
 - llama.cpp itself (llama-cpp-python), when it is importable.
+
+Every ``tokenizer.ggml.pre`` name against llama.cpp: tests/test_gguf_pretokenizers.py.
 
 The metadata is read with gguf-py's ``GGUFReader`` (``_read_metadata``), not with
 ster's own reader, so a reader bug cannot hide a tokenizer bug here.
@@ -37,7 +37,7 @@ import pytest
 from ster_py.errors import SterError
 from ster_py.gguf.tokenizer import (
     END_OF_GENERATION_TEXTS,
-    PRE_TOKENIZER_SPLITS,
+    PRE_TOKENIZERS,
     split_pre_tokenizer,
     tokenizer_from_gguf_metadata,
 )
@@ -173,14 +173,19 @@ def test_special_facts_equal_transformers(real_gguf):
 
 @pytest.mark.real
 def test_end_of_generation_ids_of_the_real_files(smollm2_gguf, gemma3_gguf):
-    # Seed 000: eos plus the vocabulary's known end-of-turn / end-of-text tokens.
+    # llama.cpp's end-of-generation set: eos plus the vocabulary's end-of-turn texts and
+    # fill-in-the-middle pad/repo/file-separator tokens (SmolLM2's <reponame>).
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here")
+    for path, eos in ((smollm2_gguf, "<|im_end|>"), (gemma3_gguf, "<eos>")):
+        parts = _parts(str(path))
+        model = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+        vocab = llama_cpp.llama_model_get_vocab(model.model)
+        want = {i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+        assert parts.eos_token == eos and parts.eos_token_ids == want, path
     smol = _parts(str(smollm2_gguf))
-    want = {smol.tokenizer.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>")}
-    assert smol.eos_token == "<|im_end|>" and smol.eos_token_ids == want
-    gemma = _parts(str(gemma3_gguf))
-    want = {gemma.tokenizer.token_to_id(t) for t in ("<eos>", "<end_of_turn>")}
-    assert gemma.eos_token == "<eos>" and gemma.eos_token_ids == want
-    assert gemma.chat_template is None  # the Gemma 3 file carries no template
+    assert {smol.tokenizer.id_to_token(i) for i in smol.eos_token_ids} == {"<|im_end|>", "<|endoftext|>",
+                                                                            "<reponame>"}
+    assert _parts(str(gemma3_gguf)).chat_template is None  # the Gemma 3 file carries no template
 
 
 @pytest.mark.real
@@ -206,11 +211,11 @@ _VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
 # tokenize(b"a", add_bos=True) starts with BOS).
 VECTOR_VOCABS = {
     "gpt-2": False, "llama-bpe": True, "qwen2": False, "qwen35": False, "starcoder": False, "refact": False,
-    "command-r": True, "mpt": False, "llama-spm": True, "phi-3": True, "gemma-4": True, "bert-bge": True,
+    "command-r": True, "mpt": False, "falcon": False, "deepseek-llm": True, "deepseek-coder": True,
+    "llama-spm": True, "phi-3": True, "gemma-4": True, "bert-bge": True,
 }
 # Same checks for the files without test vectors (no tokenizer.ggml.pre: the default split).
 BUILD_ONLY_VOCABS = {"aquila": False, "gpt-neox": False, "baichuan": True}
-REFUSED_VOCABS = {"deepseek-coder": "deepseek-coder", "deepseek-llm": "deepseek-llm", "falcon": "falcon"}
 
 
 @pytest.fixture(scope="session")
@@ -291,13 +296,6 @@ def test_vocab_files_without_vectors_build(llama_vocab_dir, name):
     assert parts.tokenizer.decode(parts.tokenizer.encode("Hello world 123").ids) == "Hello world 123"
 
 
-@pytest.mark.real
-@pytest.mark.parametrize("name", sorted(REFUSED_VOCABS))
-def test_unsupported_vocab_files_are_refused_by_name(llama_vocab_dir, name):
-    with pytest.raises(SterError, match=f"unsupported .*'{REFUSED_VOCABS[name]}'.*supported: "):
-        _parts(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf"))
-
-
 # ------------------------------------------------ llama.cpp's round trip (test-tokenizer-1)
 
 # llama.cpp's CMake runs test-tokenizer-1-spm on llama-spm only (its BPE twin and the
@@ -335,7 +333,8 @@ def test_round_trip_as_llama_cpp_test_tokenizer_1(llama_vocab_dir, name):
 @pytest.mark.real
 def test_vector_texts_decode_back_for_byte_level_vocabs(llama_vocab_dir):
     # Byte-level BPE loses nothing: the .out ids of every text decode to the text itself.
-    for name in ("gpt-2", "llama-bpe", "qwen2", "starcoder", "refact", "mpt", "command-r", "qwen35"):
+    for name in ("gpt-2", "llama-bpe", "qwen2", "starcoder", "refact", "mpt", "command-r", "qwen35", "falcon",
+                 "deepseek-llm", "deepseek-coder"):
         tk = _parts(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf")).tokenizer
         for text, ids in _vectors(llama_vocab_dir / f"ggml-vocab-{name}.gguf"):
             assert tk.decode(ids, skip_special_tokens=False) == text, (name, text)
@@ -557,13 +556,15 @@ def test_wordpiece_pieces_and_defaults():
     types = [3] + [1] * 99 + [3, 3, 3, 3, 1, 1, 1, 1, 1]
     meta = {"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": np.array(types, dtype=np.int32)}
-    with pytest.raises(SterError, match="no end-of-generation token"):
-        tokenizer_from_gguf_metadata(meta)  # an encoder vocabulary cannot end a generation
     parts = tokenizer_from_gguf_metadata(meta, for_generation=False)
     tk = parts.tokenizer
     assert tk.encode("HELLO, unaffable").tokens == ["[CLS]", "hello", ",", "un", "##aff", "##able", "[SEP]"]
     assert tk.encode("unknownword hello").ids == [101, 100, 104, 102]
-    assert parts.eos_token_ids == frozenset() and parts.pre is None
+    # llama.cpp reads [PAD] as a fill-in-the-middle pad (Kimi K2's), which ends a generation.
+    assert parts.eos_token_ids == frozenset({0}) and parts.pre is None
+    meta["tokenizer.ggml.tokens"] = ["[pad]"] + tokens[1:]
+    with pytest.raises(SterError, match="no end-of-generation token"):
+        tokenizer_from_gguf_metadata(meta)  # an encoder vocabulary without one cannot end a generation
 
 
 def test_long_sentencepiece_token_is_refused_quickly():
@@ -649,41 +650,6 @@ def test_ids_equal_llama_cpp(real_gguf):
 
 # ---------------------------------------------------------------- pre-tokenizers
 
-SPLIT_SAMPLES = [
-    "Hello world, it's 2024! I'M here: don't stop... 12345678 + 3.14",
-    "  multiple   spaces\tand\ttabs\n\nnewlines\r\n end  ",
-    "naïve café Ünïcödé ÆØÅ — «quotes» 日本語テキスト 한국어 😀🦙 1️⃣",
-    "camelCaseWord HTTPServer getHTTPResponse iPhone McDonald'S O'Neil",
-    "def f(x):\n    return [x**2 for x in range(10)]  # comment\n",
-    "a\u0301 combining e\u0300 marks: ก้ำ नमस्ते",
-    "$100 + 50% = <tag> | ^caret ~tilde `code` @user #hash",
-    "١٢٣ arabic digits, ⅷ roman, ²³ superscripts",
-]
-
-
-def _regex_reference_split(patterns: tuple[str, ...], text: str) -> list[str]:
-    """llama.cpp's unicode_regex_split, with Python's regex module: each expression in
-    turn splits every fragment into its matches and the gaps between them."""
-    import regex
-
-    fragments = [text]
-    for pattern in patterns:
-        compiled = regex.compile(pattern)
-        out = []
-        for fragment in fragments:
-            last = 0
-            for m in compiled.finditer(fragment):
-                if m.start() > last:
-                    out.append(fragment[last:m.start()])
-                if m.end() > m.start():
-                    out.append(m.group())
-                last = m.end()
-            if last < len(fragment):
-                out.append(fragment[last:])
-        fragments = out
-    return fragments
-
-
 def _byte_level_meta(pre: str) -> dict:
     from tokenizers.pre_tokenizers import ByteLevel
 
@@ -700,57 +666,36 @@ def _byte_level_meta(pre: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("pre", sorted(n for n in PRE_TOKENIZER_SPLITS if n != "gemma4"))
-def test_byte_level_split_matches_regex(pre):
-    pytest.importorskip("regex", reason="the regex module is the reference for the split expressions")
-    from tokenizers import decoders
-
-    tk = tokenizer_from_gguf_metadata(_byte_level_meta(pre)).tokenizer
-    to_text = decoders.ByteLevel()
-    for sample in SPLIT_SAMPLES:
-        pieces = [to_text.decode([p]) for p, _ in tk.pre_tokenizer.pre_tokenize_str(sample)]
-        assert pieces == _regex_reference_split(PRE_TOKENIZER_SPLITS[pre], sample), (pre, sample)
-        # No merges: the ids are the bytes of the text, in order.
-        assert tk.decode(tk.encode(sample).ids) == sample
-
-
-@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZER_SPLITS))
-def test_split_pre_tokenizer_matches_regex(pre):
-    pytest.importorskip("regex", reason="the regex module is the reference for the split expressions")
-    splitter = split_pre_tokenizer(pre)
-    for sample in SPLIT_SAMPLES:
-        pieces = [p for p, _ in splitter.pre_tokenize_str(sample)]
-        assert pieces == _regex_reference_split(PRE_TOKENIZER_SPLITS[pre], sample), (pre, sample)
-
-
-def test_splits_equal_transformers_table_where_it_has_the_name():
-    # transformers' GGUF table spells the same expressions from the reference tokenizer.json
-    # files (with (?i:...) contractions, which only differ on exotic case folds).
-    from tokenizers import Regex, pre_tokenizers
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS as theirs
-
-    shared = sorted(set(theirs) & set(PRE_TOKENIZER_SPLITS))
-    assert {"llama-bpe", "qwen2", "qwen35", "gpt-4o", "dbrx"} <= set(shared)
-    for name in shared:
-        reference = pre_tokenizers.Split(Regex(theirs[name]), behavior="isolated")
-        ours = split_pre_tokenizer(name)
-        for sample in SPLIT_SAMPLES:
-            assert ours.pre_tokenize_str(sample) == reference.pre_tokenize_str(sample), (name, sample)
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+def test_every_name_builds_and_loses_nothing(pre):
+    # With no merges the ids are the bytes of the text (or its characters' <0xHH> tokens),
+    # whatever the split: decoding gives the text back. (The splits themselves are checked
+    # against llama.cpp in test_gguf_pretokenizers.py.)
+    meta = _byte_level_meta(pre)
+    if not PRE_TOKENIZERS[pre].byte_level:
+        meta["tokenizer.ggml.tokens"] = [f"<0x{b:02X}>" for b in range(255)] + ["\u2581", "<|endoftext|>"]
+    tk = tokenizer_from_gguf_metadata(meta).tokenizer
+    sample = "Hello world, it's 2024! naïve 日本語 😀\n\tx"
+    assert tk.decode(tk.encode(sample, add_special_tokens=False).ids) == sample
+    assert split_pre_tokenizer(pre).pre_tokenize_str(sample)  # the split alone builds too
 
 
 def test_pre_tokenizer_table_covers_seed_names():
-    # Seed 000's "Pre-tokenizers" list, name by name.
+    # Seed 000's "Pre-tokenizers" list, name by name, is part of llama.cpp's 91.
     seed = """llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano smaug-bpe dbrx
         qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open qwen35
         gpt-2 phi-2 mpt olmo jais trillion granite-docling exaone4 mellum modern-bert gigachat a.x-4.0 jina-es
         jina-de jina-v2-es jina-v2-de starcoder refact command-r smollm codeshell exaone minerva-7b mellum2
         gpt-4o llama4 kanana2 talkie minimax-m2 gemma4 default""".split()
-    assert set(seed) == set(PRE_TOKENIZER_SPLITS)
-    groups = [("llama3", "smaug-bpe", "dbrx"), ("qwen2", "stablelm2", "hunyuan", "solar-open", "megrez"),
-              ("gpt-2", "jais", "a.x-4.0", "exaone4"), ("starcoder", "smollm", "mellum2"),
-              ("gpt-4o", "llama4", "minimax-m2")]
+    assert set(seed) <= set(PRE_TOKENIZERS) and len(PRE_TOKENIZERS) == 91
+    groups = [("llama3", "smaug-bpe", "dbrx", "glm4"), ("qwen2", "stablelm2", "hunyuan", "solar-open", "megrez",
+                                                         "grok-2"),
+              ("gpt-2", "jais", "a.x-4.0", "exaone4", "roberta-bpe"), ("starcoder", "smollm", "mellum2"),
+              ("gpt-4o", "llama4", "minimax-m2"), ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"),
+              ("bloom", "poro-chat", "gpt3-finnish"), ("tiny_aya", "cohere2moe"),
+              ("gemma4", "granite-embed-multi-311m")]
     for group in groups:
-        assert len({PRE_TOKENIZER_SPLITS[n] for n in group}) == 1, group
+        assert len({PRE_TOKENIZERS[n].cuts for n in group}) == 1, group
 
 
 # ------------------------------------------------------- synthetic metadata rules
@@ -775,10 +720,19 @@ def test_unknown_model_is_refused_by_name():
 
 
 def test_unknown_pre_tokenizer_is_refused_with_the_supported_list():
-    with pytest.raises(SterError, match=r"unsupported pre-tokenizer 'deepseek-v3'.*supported: .*qwen2.*smollm"):
-        tokenizer_from_gguf_metadata(_byte_level_meta("deepseek-v3"))
+    with pytest.raises(SterError, match=r"unsupported pre-tokenizer 'qwen9'.*91 names.*deepseek-v3.*qwen2.*smollm"):
+        tokenizer_from_gguf_metadata(_byte_level_meta("qwen9"))
     with pytest.raises(SterError, match="unsupported pre-tokenizer 'nope'"):
         split_pre_tokenizer("nope")
+
+
+@pytest.mark.parametrize("model", ["rwkv", "plamo2", "hybriddna", "none"])
+def test_other_llama_cpp_tokenizer_models_are_refused_with_the_reason(model):
+    meta = _byte_level_meta("default")
+    meta["tokenizer.ggml.model"] = model
+    with pytest.raises(SterError, match=rf"unsupported tokenizer model '{model}' \(tokenizer.ggml.model\): .+; "
+                                        "supported: gpt2, llama, gemma4, whitespace, bert, t5"):
+        tokenizer_from_gguf_metadata(meta)
 
 
 def test_missing_pre_uses_default():
@@ -808,19 +762,27 @@ def test_malformed_metadata_is_refused():
 
 
 def test_no_end_of_generation_token_is_refused():
-    meta = _byte_level_meta("gpt-2")
-    del meta["tokenizer.ggml.eos_token_id"]
-    meta["tokenizer.ggml.tokens"][-1] = "<|other|>"
+    # llama.cpp's BPE default EOS is id 11; a vocabulary of fewer tokens has none.
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.tokens": ["a", "b", "<|other|>"]}
     with pytest.raises(SterError, match="no end-of-generation token"):
         tokenizer_from_gguf_metadata(meta)
+    # With 12 tokens or more, id 11 is the default EOS (as in llama.cpp; Falcon's <|endoftext|>).
+    meta = _byte_level_meta("gpt-2")
+    del meta["tokenizer.ggml.eos_token_id"]
+    assert tokenizer_from_gguf_metadata(meta).eos_token_ids == {11, len(meta["tokenizer.ggml.tokens"]) - 1}
 
 
 def test_add_bos_without_bos_id_is_refused():
-    meta = _byte_level_meta("gpt-2")
+    # The ChatGLM names have no default BOS (other BPE names default to id 11).
+    meta = _byte_level_meta("glm4")
     del meta["tokenizer.ggml.bos_token_id"]
     meta["tokenizer.ggml.add_bos_token"] = True
     with pytest.raises(SterError, match="add_bos_token is true but tokenizer.ggml.bos_token_id is not set"):
         tokenizer_from_gguf_metadata(meta)
+    meta["tokenizer.ggml.pre"] = "gpt-2"
+    parts = tokenizer_from_gguf_metadata(meta)
+    assert parts.bos_token_id == 11 and parts.tokenizer.encode("a").ids[0] == 11
 
 
 def test_sentencepiece_defaults_and_prefix_space():

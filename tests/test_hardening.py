@@ -329,7 +329,9 @@ def _gguf_meta(**changes):
     ({"attention__key_length": 8, "rope__dimension_count": 16}, "attention.key_length"),
     ({"rope__freq_base": -1.0}, "llama.rope.freq_base must be a finite number above 0"),
     ({"feed_forward_length": np.array([128, 128])}, "llama.feed_forward_length is an array of 2 values"),
-    ({"attention__head_count_kv": [2, 2]}, "llama.attention.head_count_kv is an array of 2 values"),
+    # head counts may be stated per layer (llama.cpp's get_key_or_arr), one per layer of block_count
+    ({"attention__head_count_kv": [2, 2, 2]}, "llama.attention.head_count_kv must list a count in 1..4096 for "
+                                              "each of the 2 layers"),
 ])
 def test_gguf_rotary_and_per_layer_metadata_are_named(changes, words):
     from ster_py.gguf.config import spec_from_gguf

@@ -140,11 +140,15 @@ def test_family_matches_transformers(case, tmp_path):
 
 def test_every_landed_family_has_a_case():
     """No family is registered without a parity case above (or in test_parity_families.py)."""
+    import test_parity_mla
     import test_parity_moe
+    import test_parity_ssm
 
     foundation = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
     tested = {model_type for model_type, _ in CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_moe.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_mla.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_ssm.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 
 
@@ -341,7 +345,9 @@ def test_every_gguf_architecture_has_a_case():
     """Each GGUF architecture a dense family of issue 6 declares is loaded above from a converted file."""
     foundation = {"llama", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3"}
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
-    declared = {f.gguf_arch for f in FAMILIES.values() if f.gguf_arch and not f.moe}  # MoE: test_parity_moe
+    # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm
+    declared = {f.gguf_arch for f in FAMILIES.values()
+                if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
     assert declared == foundation | converted
 
 

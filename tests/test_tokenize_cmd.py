@@ -47,6 +47,28 @@ def test_vocab_only_gguf_gives_llama_cpp_vector_ids(llama_vocab_dir):
     assert tokenize_json("-m", str(path), "-t", text)["ids"] == [1] + want
 
 
+#: llama.cpp 0.3.36's models/ folder: every ggml-vocab-*.gguf in it.
+LLAMA_CPP_VOCABS = ["aquila", "baichuan", "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon",
+                    "gemma-4", "gpt-2", "gpt-neox", "llama-bpe", "llama-spm", "mpt", "nomic-bert-moe", "phi-3",
+                    "qwen2", "qwen35", "refact", "starcoder"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("vocab", LLAMA_CPP_VOCABS)
+def test_every_vocab_only_gguf_of_llama_cpp_tokenizes(llama_vocab_dir, vocab):
+    # Every file of llama.cpp's models/ folder, through the command line, equals llama.cpp
+    # (with and without BOS/EOS, special texts left as text).
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here")
+    path = llama_vocab_dir / f"ggml-vocab-{vocab}.gguf"
+    assert sorted(p.name for p in llama_vocab_dir.glob("ggml-vocab-*.gguf")) == [
+        f"ggml-vocab-{v}.gguf" for v in LLAMA_CPP_VOCABS]
+    model = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    text = "Hello world! It's 3.14159, naïve café 日本語 🦙\n\tdef f(x): return x  # ok"
+    for flag, add in (("--special", True), ("--no-special", False)):
+        doc = tokenize_json("-m", str(path), "-t", text, flag)
+        assert doc["ids"] == model.tokenize(text.encode(), add_bos=add, special=False), (vocab, flag)
+
+
 @pytest.mark.real
 def test_encoder_vocabularies_tokenize_without_a_runnable_family(llama_vocab_dir):
     # bert-bge (architecture bert) and nomic-bert-moe cannot run, but they tokenize.
@@ -138,7 +160,12 @@ def test_file_input_equals_text_input(llama_vocab_dir, tmp_path):
 
 @pytest.mark.real
 def test_errors_are_one_line(llama_vocab_dir, tmp_path):
+    from gguf_craft import STRING, edit_metadata
+
     path = str(llama_vocab_dir / "ggml-vocab-llama-spm.gguf")
+    unknown_pre = tmp_path / "unknown-pre.gguf"  # a name llama.cpp 0.3.36 does not know either
+    unknown_pre.write_bytes(edit_metadata((llama_vocab_dir / "ggml-vocab-falcon.gguf").read_bytes(),
+                                          {"tokenizer.ggml.pre": (STRING, "falcon9")}))
     cases = [
         (("tokenize", "-m", path), "exactly one of --text TEXT or --file FILE"),
         (("tokenize", "-m", path, "-t", "a", "-f", path), "exactly one of --text TEXT or --file FILE"),
@@ -146,8 +173,7 @@ def test_errors_are_one_line(llama_vocab_dir, tmp_path):
         (("detokenize", "-m", path, "1", "x2"), "'x2' is not a token id"),
         (("detokenize", "-m", path, "1", "32000"), "token id 32000 is outside this vocabulary (ids 0..31999)"),
         (("detokenize", "-m", path, "--", "-3"), "token id -3 is outside this vocabulary"),
-        (("tokenize", "-m", str(llama_vocab_dir / "ggml-vocab-falcon.gguf"), "-t", "a"),
-         "unsupported pre-tokenizer 'falcon'"),
+        (("tokenize", "-m", str(unknown_pre), "-t", "a"), "unsupported pre-tokenizer 'falcon9'"),
     ]
     for args, message in cases:
         done = ster(*args)

@@ -1,4 +1,5 @@
-"""Access to the fused Cython ops (``ster_py._kernels.ops``), or None when they are not built.
+"""Access to the fused Cython ops (``ster_py._kernels.ops``) and the recurrent mixers'
+kernels (``ster_py._kernels.scan``), each None when it is not built.
 
 The numpy functions stay the reference and the fallback: a source checkout without a
 build still runs (slowly) and the tests compare the two.
@@ -11,3 +12,10 @@ try:
     check_built(ops)
 except ImportError:  # pragma: no cover - depends on the build (or a stale one)
     ops = None
+
+try:
+    from .._kernels import check_built as _check, scan
+
+    _check(scan)
+except ImportError:  # pragma: no cover - depends on the build (or a stale one)
+    scan = None

@@ -163,7 +163,7 @@ class Attention(Part):
 
     Args:
         spec: the ``ModelSpec`` (heads, head width, q/k norm kind, clip, scale, soft-cap, sinks,
-            value scale, output gate).
+            value scale, output gate, Falcon-H1's key multiplier ``mup.key``).
         i: the layer; its ``LayerSpec`` gives the rotation, the window and, where it has its
             own, its head counts and widths and whether it has sinks (``ModelSpec.attention_shape``).
         load: ``load(role, kind="weight", required=False)`` -> the layer's array (``Layout.get``).
@@ -171,6 +171,7 @@ class Attention(Part):
     """
 
     ROLES = ("q", "k", "v", "o")
+    KV = True  # the layer keeps keys and values in the cache
 
     def __init__(self, spec, i: int, load, norm):
         self.spec, self.i, self.layer = spec, i, spec.layers[i]
@@ -203,6 +204,8 @@ class Attention(Part):
         and values for ``positions`` in ``cache``."""
         s, T = self.spec, x.shape[0]
         q, k, v = self.project(("q", "k", "v"), x)
+        if s.mup is not None and s.mup.key != 1.0:  # Falcon-H1's key_multiplier
+            k = k * np.float32(s.mup.key)
         if s.qk_norm == "proj" and self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if s.clip_qkv is not None:  # after whole-projection norms (OLMoE clamps the normed q/k)

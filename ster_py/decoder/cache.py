@@ -4,6 +4,12 @@ An attention layer's slot is a growing buffer of rotated keys and values (below)
 layer whose mixer keeps another kind of state (a latent, a fixed-size recurrent state)
 gets the slot object its mixer makes (``mixer.new_slot(dtype)``), reached through
 ``KVCache.slot(layer)``: the cache only holds it, counts its bytes and commits positions.
+A layer may have both (Falcon-H1 runs attention and a scan side by side): its keys and
+values are sized by ``layer_shapes``, (0, 0, 0) meaning none.
+
+A recurrent mixer's slot is a ``RecurrentState``: named float32 arrays sized once when the
+cache is made (a short convolution's last inputs, a scan's state), updated in place by
+each forward call and never growing with the context.
 
 Each decoded token costs one new position: attention reads the cached keys and
 values instead of recomputing the prefix. The buffers are float32 (the default,
@@ -30,9 +36,10 @@ class KVCache:
 
     Args:
         num_layers, num_kv_heads, head_dim: every layer's shape (values as wide as keys)...
-        layer_shapes: ...unless given here: one (kv_heads, head_dim, v_head_dim) per layer.
-        slots: per layer, the slot object of a mixer that keeps its own state, or None for
-            an attention layer (such a layer gets no key/value buffers).
+        layer_shapes: ...unless given here: one (kv_heads, head_dim, v_head_dim) per layer,
+            (0, 0, 0) for a layer without keys and values.
+        slots: per layer, the slot object of a mixer that keeps its own state, or None. Without
+            ``layer_shapes``, a layer with a slot gets no key/value buffers.
 
     Raises:
         ValueError: ``dtype`` is neither float32 nor float16.
@@ -47,9 +54,8 @@ class KVCache:
         self.dtype = dtype
         self.length = 0
         self._slots = list(slots) if slots is not None else [None] * num_layers
-        self._shapes = [(0, 0, 0) if slot is not None else shape for slot, shape in zip(
-            self._slots, list(layer_shapes) if layer_shapes is not None
-            else [(num_kv_heads, head_dim, head_dim)] * num_layers)]
+        self._shapes = (list(layer_shapes) if layer_shapes is not None else
+                        [(0, 0, 0) if slot is not None else (num_kv_heads, head_dim, head_dim) for slot in self._slots])
         self._k = [np.empty((kv, capacity if kv else 0, dk), dtype) for kv, dk, _ in self._shapes]
         self._v = [np.empty((kv, capacity if kv else 0, dv), dtype) for kv, _, dv in self._shapes]
 
@@ -94,3 +100,33 @@ class KVCache:
     def nbytes_fixed(self) -> int:
         """Bytes the slots hold whatever the length (recurrent states), from their ``nbytes_fixed()``."""
         return sum(s.nbytes_fixed() for s in self._slots if s is not None)
+
+
+class RecurrentState:
+    """A recurrent mixer's cache slot: named float32 arrays of fixed shapes, zero at the start.
+
+    A mixer reads and updates them in place (``state["conv"]``, ``state["ssm"]``); prefill over
+    a prompt and token-by-token decoding leave the same values, so the slot carries everything
+    the next call needs, whatever the context length. State is kept in float32 whatever the
+    key/value dtype (llama.cpp keeps recurrent states in f32 as well).
+
+    Args:
+        shapes: name -> shape (ints), e.g. {"conv": (K - 1, C), "ssm": (H, P, N)}.
+    """
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        self._arrays = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._arrays)
+
+    def nbytes_fixed(self) -> int:
+        """Bytes the state holds (the same at every length)."""
+        return sum(a.nbytes for a in self._arrays.values())
+
+    def nbytes_per_position(self) -> int:
+        """A recurrent state does not grow with the context: 0."""
+        return 0

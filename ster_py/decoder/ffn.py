@@ -99,6 +99,8 @@ class DenseFFN(Part):
         clamp_act: under ``"standard"``, the limit bounds act(gate) from above instead of gate
             (Step 3.5's ``min(act(gate), limit) * clamp(up, -limit, limit)``).
         alpha: the ``"oai"`` unit's sigmoid sharpness.
+        gate_scale, out_scale: the gate's pre-activation and the output are multiplied by them
+            (Falcon-H1's ``mlp_multipliers``).
 
     Calling it maps float32 [T, hidden_size] to float32 [T, hidden_size].
     """
@@ -106,15 +108,20 @@ class DenseFFN(Part):
     ROLES = ("gate", "up", "down")
 
     def __init__(self, gate, up, down, act_name: str, act=None, *, glu: str = "standard",
-                 limit: float | None = None, alpha: float = 1.702, clamp_act: bool = False):
+                 limit: float | None = None, alpha: float = 1.702, clamp_act: bool = False,
+                 gate_scale: float = 1.0, out_scale: float = 1.0):
         self.gate, self.up, self.down = gate, up, down
         self.act_name, self.act = act_name, act if act is not None else ACT_FNS.get(act_name)
         self.glu, self.limit, self.alpha, self.clamp_act = glu, limit, alpha, clamp_act
+        self.gate_scale, self.out_scale = np.float32(gate_scale), np.float32(out_scale)
 
     def read_order(self) -> list[tuple]:
         return [(self.gate, self.up) if self.gate is not None else (self.up,), (self.down,)]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.gate_scale != 1 or self.out_scale != 1:  # Falcon-H1: act(gate * m0) * up, then * m1
+            g, u = self.project(("gate", "up"), x)
+            return self.down(gated(self.act_name, g * self.gate_scale, u)) * self.out_scale
         if self.gate is None:
             return self.down(self.act(self.up(x)))
         if self.glu == "oai":

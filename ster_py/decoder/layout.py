@@ -13,17 +13,19 @@ never knows how a family stores its weights:
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
 - a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
-- a role listed under several names is read under the first one the file holds (Falcon GGUF);
-- routed experts (``experts``) are stored one module per expert (a name holding ``{e}``),
+- a role listed under several names is read under the first one the file holds (Falcon GGUF); a
+  name ending in ``#`` is stored without a ``.weight`` suffix (llama.cpp's Falcon-H1 ``ffn_norm``);
+- routed experts (``experts``) are stored one module per expert (a name holding ``{e}``; a
+  checkpoint saved from Transformers 5's modules may hold them stacked instead, read too),
   stacked in one tensor [num_experts, ...] (Transformers 5's ``experts.gate_up_proj``,
   GraniteMoE's ``input_linear``, llama.cpp's ``ffn_gate_exps``), or stacked by rows
   [num_experts * rows, cols] (DBRX); per expert [in, out] where the family stores them so
   (gpt-oss, Llama 4: ``expert_inputs_first``), a fused gate/up split in halves or, when
   ``expert_gate_up_interleaved``, row by row (gpt-oss).
 
-Expert roles (``exp_*``) and the router's selection bias name whole tensors (their
-tables give the full name, ``.weight`` included where the file has it); every other
-role names a module, to which ``.weight`` / ``.bias`` is appended.
+Expert roles (``exp_*``), the router's selection bias and the attention sinks name whole
+tensors (their tables give the full name, ``.weight`` included where the file has it);
+every other role names a module, to which ``.weight`` / ``.bias`` is appended.
 
 Every array is checked against the shape the configuration implies.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SterError
+from .ssm import RESHAPED_ROLES
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
 FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
@@ -65,6 +68,20 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                        ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
                        ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d),
                        ("shexp_gate_up", "weight"): (2 * s, d), ("shexp_gate_up", "bias"): (2 * s,)})
+        if m.latent_size:
+            shapes.update({("moe_latent_in", "weight"): (m.latent_size, d), ("moe_latent_in", "bias"): (m.latent_size,),
+                           ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
+    if spec.ssm is not None:
+        shapes.update(spec.ssm.tensor_shapes(d))
+    if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
+        m = spec.latent
+        r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        shapes.update({("kv_a", "weight"): (r + rope, d), ("kv_a", "bias"): (r + rope,), ("kv_a_norm", "weight"): (r,),
+                       ("kv_b", "weight"): (h * (nope + lv), r), ("k_b", "weight"): (h, r, nope),
+                       ("v_b", "weight"): (h, lv, r)})
+        if qr is not None:
+            shapes.update({("q_a", "weight"): (qr, d), ("q_a", "bias"): (qr,), ("q_a_norm", "weight"): (qr,),
+                           ("q_b", "weight"): (q, qr)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -110,10 +127,18 @@ class Layout:
         ``kind`` "" means the table gives the whole name."""
         entry = self.spec.names[role]
         suffix = f".{kind}" if kind else ""
-        return [f"{n.format(i=i, h='{h}', e='{e}')}{suffix}" for n in ((entry,) if isinstance(entry, str) else entry)]
+        out = []
+        for n in (entry,) if isinstance(entry, str) else entry:
+            if n.endswith("#"):  # stored without a suffix: it is the weight (llama.cpp's Falcon-H1 ffn_norm)
+                if kind == "weight":
+                    out.append(n[:-1].format(i=i, h="{h}", e="{e}"))
+                continue
+            out.append(f"{n.format(i=i, h='{h}', e='{e}')}{suffix}")
+        return out
 
     def _name(self, role: str, i: int | None, kind: str) -> str:
-        return self._names(role, i, kind)[0]
+        names = self._names(role, i, kind)
+        return names[0] if names else f"{role} {kind} of layer {i}"
 
     def _read(self, role: str, i: int | None, kind: str) -> np.ndarray | None:
         """The stored tensor of a role the names table lists, in the decoder's orientation."""
@@ -142,7 +167,8 @@ class Layout:
         ok = (_qk_norm_ok(self.spec, i, role, tuple(t.shape)) if role in ("q_norm", "k_norm") and want is None
               else want is None or tuple(t.shape) == want
               or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:])  # a vector in GGUF files
-              or (role == "router_select_bias" and tuple(t.shape) == (1, *want)))  # ERNIE 4.5 keeps [1, E]
+              or (role == "router_select_bias" and tuple(t.shape) == (1, *want))  # ERNIE 4.5 keeps [1, E]
+              or (role in RESHAPED_ROLES and kind != "bias" and int(np.prod(t.shape)) == int(np.prod(want))))
         if not ok:
             d = self.spec.attention_shape(i)[2] if i is not None else self.spec.head_dim
             shown = list(want) if want is not None else f"[{d}] or [heads, {d}]"
@@ -187,27 +213,50 @@ class Layout:
 
     def experts(self, i: int) -> list[list[tuple]]:
         """Layer ``i``'s routed experts: per expert, [(gate weight, bias), (up ...), (down ...)],
-        each weight [out, in] (an array, or a ``QuantTensor`` row range of a quantized stack),
-        each bias [out] or None.
+        each weight [out, in] (an array, or a ``QuantTensor`` row range of a quantized stack; the
+        gate None for experts without one), each bias [out] or None. Experts of a model that
+        routes in a latent width (``MoESpec.latent_size``) map that width, not hidden_size.
 
         Raises:
             SterError: an expert tensor is missing or its shape disagrees with the config.
         """
-        m, d = self.spec.moe, self.spec.hidden_size
+        m = self.spec.moe
+        d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
         n, f = m.router.num_experts, m.expert_size
         names = self.spec.names
+        stacked = self._transformers5_stack(i)
+        if stacked is not None:
+            names = {k: v for k, v in names.items() if k not in ("exp_gate", "exp_up")} | stacked
         fused = "exp_gate_up" in names and "exp_gate" not in names
+        plain = not fused and "exp_gate" not in names  # experts without a gate (Nemotron-H's)
         want = {"exp_gate": (f, d), "exp_up": (f, d), "exp_down": (d, f), "exp_gate_up": (2 * f, d)}
         per_role = {}
-        for role in (("exp_gate_up",) if fused else ("exp_gate", "exp_up")) + ("exp_down",):
-            per_role[role] = (self._expert_stack(role, i, n, want[role], "weight", required=True),
-                              self._expert_stack(role, i, n, want[role][:1], "bias"))
+        if plain:
+            per_role["exp_gate"] = ([None] * n, None)
+        for role in (("exp_gate_up",) if fused else ("exp_up",) if plain else ("exp_gate", "exp_up")) + ("exp_down",):
+            per_role[role] = (self._expert_stack(role, i, n, want[role], "weight", required=True, names=names),
+                              self._expert_stack(role, i, n, want[role][:1], "bias", names=names))
         if fused:
             w, b = per_role.pop("exp_gate_up")
             for k, role in enumerate(("exp_gate", "exp_up")):
                 per_role[role] = ([self._half(x, k) for x in w], None if b is None else [self._half(x, k) for x in b])
         return [[(per_role[r][0][e], None if per_role[r][1] is None else per_role[r][1][e])
                  for r in ("exp_gate", "exp_up", "exp_down")] for e in range(n)]
+
+    def _transformers5_stack(self, i: int) -> dict | None:
+        """For a family that names one module per expert (``...experts.{e}.gate_proj.weight``): the names
+        of Transformers 5's stacked tensors beside them (``...experts.gate_up_proj`` [experts, 2 * width,
+        hidden], gate rows first, and ``...experts.down_proj``) when layer ``i`` stores its experts so
+        (a checkpoint saved from Transformers 5's own modules), else None."""
+        gate = self.spec.names.get("exp_gate")
+        if not isinstance(gate, str) or "experts.{e}." not in gate or "bias" in gate:
+            return None
+        if self._fetch(gate.format(i=i, e=0)) is not None:
+            return None
+        stem = gate.split("experts.{e}.")[0] + "experts."
+        if self._fetch(f"{stem}gate_up_proj".format(i=i)) is None:
+            return None
+        return {"exp_gate_up": stem + "gate_up_proj", "exp_down": stem + "down_proj"}
 
     def _half(self, t, k: int):
         """Gate (k = 0) or up (k = 1) rows of one expert's fused [2 * size, ...] tensor."""
@@ -216,9 +265,11 @@ class Layout:
         half = t.shape[0] // 2
         return t[:half] if k == 0 else t[half:]
 
-    def _expert_stack(self, role: str, i: int, n: int, shape: tuple, kind: str, required: bool = False):
-        """The ``n`` experts' tensors of ``role`` (weights in [out, in]), a list, or None when absent."""
-        entry = self.spec.names.get(role if kind == "weight" else f"{role}_bias")
+    def _expert_stack(self, role: str, i: int, n: int, shape: tuple, kind: str, required: bool = False,
+                      names=None):
+        """The ``n`` experts' tensors of ``role`` (weights in [out, in]), a list, or None when absent
+        (``names``: the role table, the spec's unless given)."""
+        entry = (self.spec.names if names is None else names).get(role if kind == "weight" else f"{role}_bias")
         if entry is None:
             if required:
                 raise SterError(f"the family of {self.spec.model_type!r} names no tensor for its experts' {role}")

@@ -6,8 +6,9 @@ and window per layer, position biases, soft-caps, scales); how a family stores
 its tensors (fused, transposed, per head) is undone at load by ``layout.Layout``.
 This file never names a family.
 
-A block is composed per layer from data: norms (which of the four, ``spec.norms``), a
-mixer (``LayerSpec.mixer``: attention, ``attention.Attention``) and a feed-forward
+A block is composed per layer from data: norms (which of the four, ``spec.layer_norms(i)``), a
+mixer (``LayerSpec.mixer``: ``MIXERS``: attention, latent attention, Mamba's or Mamba-2's scan,
+attention and a scan side by side, or none) and a feed-forward
 (``LayerSpec.ffn``: ``"dense"``, ``ffn.DenseFFN``; ``"moe"``, ``moe.MoE``; or ``"none"``),
 joined sequentially or in parallel. It computes (each norm only where listed,
 r = residual_scale)::
@@ -31,8 +32,12 @@ from ..errors import SterError
 from .attention import Attention
 from .cache import KVCache
 from .ffn import DenseFFN
+from .latent import LatentAttention
+from .hybrid import Hybrid
 from .layout import Layout
 from .linear import make_linear
+from .mamba import Mamba
+from .mamba2 import Mamba2
 from .moe import MoE
 from .norms import Norm
 from .positions import alibi_bias
@@ -53,8 +58,10 @@ LayerHook = Callable[[int, np.ndarray], np.ndarray]
 _UNBUILT = object()
 #: ``LayerSpec.mixer`` -> the part that mixes tokens on such a layer, built as
 #: ``cls(spec, i, load, norm)``; a mixer that keeps state other than keys and values
-#: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``).
-MIXERS = {"attention": Attention}
+#: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``), and one whose
+#: ``KV`` is true keeps keys and values too. ``"none"``: the layer is only a feed-forward.
+MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
+          "hybrid": Hybrid}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
@@ -67,31 +74,38 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
         gate = load("gate")
         act = (XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
                if spec.hidden_act == "xielu" else None)
+        mup = spec.mup
         return DenseFFN(make_linear(gate, load("gate", "bias")) if gate is not None else None,
                         make_linear(load("up", required=True), load("up", "bias")),
-                        make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act)
+                        make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
+                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
-        gate, up, down = (make_linear(w, b) for w, b in parts)
+        gate, up, down = (make_linear(w, b) if w is not None else None for w, b in parts)
         return DenseFFN(gate, up, down, m.act, glu=m.glu, limit=limit, alpha=m.alpha, clamp_act=m.clamp_act)
 
     experts = [ffn(parts, m.limit) for parts in layout.experts(i)]
-    shared = shared_gate = None
+    shared = shared_gate = latent = None
     if m.shared_size:
-        shared = ffn([(load(r, required=True), load(r, "bias")) for r in ("shexp_gate", "shexp_up", "shexp_down")],
-                     m.shared_limit)
+        gated = any(r in spec.names for r in ("shexp_gate", "shexp_gate_up"))  # Nemotron-H's have no gate
+        shared = ffn([(load(r, required=True), load(r, "bias")) if gated or r != "shexp_gate" else (None, None)
+                      for r in ("shexp_gate", "shexp_up", "shexp_down")], m.shared_limit)
         if m.shared_gated:  # [1, hidden] (llama.cpp's converter stores it as a vector)
             gate = load("shexp_gate_inp", required=True)
             shared_gate = make_linear(gate.reshape(1, -1) if gate.ndim == 1 else gate)
-    select_bias = layout.get("router_select_bias", i, "", required=True) if m.router.select_bias else None
+    select_bias = (layout.get("router_select_bias", i, "", required=not m.select_bias_optional)
+                   if m.router.select_bias else None)  # absent and optional: chosen by the scores alone
+    if m.latent_size:
+        latent = tuple(make_linear(load(r, required=True), load(r, "bias")) for r in ("moe_latent_in", "moe_latent_out"))
     return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
-               shared, shared_gate)
+               shared, shared_gate, latent)
 
 
 class _Layer:
-    """One block: its norms, its mixer (attention), its feed-forward (dense, routed or none),
-    joined sequentially or in parallel (see the module docstring).
+    """One block: its norms, its mixer (``MIXERS``, or none), its feed-forward (dense, routed or
+    none), joined sequentially or in parallel (see the module docstring). A block without a
+    mixer adds ``ffn(ffn_norm(h))`` to the stream.
 
     The parts' projections read as the block's own attributes (``layer.q``, ``layer.gate``:
     what adapters and the fused step use); setting one through the block replaces it in
@@ -109,8 +123,8 @@ class _Layer:
             return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
                         spec.norm_unit_offset)
 
-        d["norms"] = {role: norm(role) for role in spec.norms}
-        d["mixer"] = MIXERS[self.layer.mixer](spec, i, load, norm)
+        d["norms"] = {role: norm(role) for role in spec.layer_norms(i)}
+        d["mixer"] = MIXERS[self.layer.mixer](spec, i, load, norm) if self.layer.mixer != "none" else None
         d["ffn"] = build_ffn(spec, i, layout, load)
 
     def _owner(self, name: str):
@@ -159,6 +173,9 @@ class _Layer:
         """One block on h float32 [T, hidden_size]; ``tables`` shares RoPE cos/sin between
         the layers of one forward call (keyed by the Rope object)."""
         n, r = self.norms, self._residual_scale
+        if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
+            m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
+            return h + (m * r if r != 1 else m)
         x = n["attn_norm"](h) if "attn_norm" in n else h
         a = self.mixer(x, cache, positions, bias, {} if tables is None else tables)
         a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
@@ -230,10 +247,12 @@ class Decoder:
         return self._weights
 
     def new_cache(self, dtype=np.float32) -> KVCache:
-        """An empty cache for this model: keys and values as ``dtype`` for attention layers, and
-        the slot each other mixer makes (``mixer.new_slot(dtype)``) for the rest (see ``KVCache``)."""
+        """An empty cache for this model: keys and values as ``dtype`` for the layers whose mixer
+        attends (``KV``), and the slot each mixer that keeps its own state makes
+        (``mixer.new_slot(dtype)``: a recurrent state, float32) (see ``KVCache``)."""
         s = self.spec
-        shapes = [s.attention_shape(i)[1:] for i in range(s.num_hidden_layers)]
+        shapes = [s.attention_shape(i)[1:] if getattr(layer.mixer, "KV", False) else (0, 0, 0)
+                  for i, layer in enumerate(self.layers)]
         slots = [layer.mixer.new_slot(dtype) if hasattr(layer.mixer, "new_slot") else None for layer in self.layers]
         return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype, layer_shapes=shapes,
                        slots=slots)

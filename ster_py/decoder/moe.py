@@ -100,6 +100,11 @@ class MoESpec:
         shared_gated: the shared experts' output is multiplied by ``sigmoid(shared_gate(x))``.
         shared_average: the routed and the shared experts' outputs are averaged, not summed
             (Cohere 2 MoE's ``shared_expert_combination_strategy`` "average").
+        select_bias_optional: a checkpoint may leave the router's selection bias out; it then
+            chooses by the scores alone, as with a zero bias (A.X-K1).
+        latent_size: the routed experts work in this width: they read ``moe_latent_in(x)`` and
+            their weighted sum returns through ``moe_latent_out`` (Nemotron-H's
+            ``moe_latent_size``; 0: the model width). The router and shared experts read x.
     """
 
     router: RouterSpec
@@ -113,6 +118,8 @@ class MoESpec:
     shared_average: bool = False
     shared_limit: float | None = None
     clamp_act: bool = False
+    select_bias_optional: bool = False
+    latent_size: int = 0
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -166,7 +173,8 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
     Args:
         spec: the router.
         logits: float32 [T, num_experts], the router's projection of the tokens.
-        select_bias: float32 [num_experts] when ``spec.select_bias``.
+        select_bias: float32 [num_experts] when ``spec.select_bias`` (None there: the scores alone
+            choose, as a zero bias would; ``MoESpec.select_bias_optional``).
 
     Returns:
         (int64 [T, top_k] expert ids, float32 [T, top_k] weights).
@@ -178,7 +186,7 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         ids, weights = sparsemixer(logits, spec.top_k, spec.jitter_eps)
         return ids, _weigh(spec, weights)
     scores = _softmax(logits) if spec.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
-    choice = scores + select_bias.astype(np.float32) if spec.select_bias else scores
+    choice = scores + select_bias.astype(np.float32) if spec.select_bias and select_bias is not None else scores
     if spec.n_group > 1:
         T, E = choice.shape
         groups = choice.reshape(T, spec.n_group, E // spec.n_group)
@@ -217,6 +225,7 @@ class MoE(Part):
         experts: one feed-forward per routed expert (``DenseFFN``), each float32 [T, hidden] -> [T, hidden].
         shared: the shared experts as one feed-forward, or None.
         shared_gate: the shared experts' gate projection ([1, hidden_size]) or None.
+        latent: (in, out) projections of a model routing in a latent width, or None.
 
     Experts are not adapter targets: ``ROLES`` is empty, so a LoRA on gate/up/down of
     such a layer is refused by the adapter checks.
@@ -224,10 +233,12 @@ class MoE(Part):
 
     ROLES = ()
 
-    def __init__(self, spec: MoESpec, router, select_bias, experts: list, shared=None, shared_gate=None):
+    def __init__(self, spec: MoESpec, router, select_bias, experts: list, shared=None, shared_gate=None,
+                 latent=None):
         self.spec, self.router, self.experts = spec, router, experts
         self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32).reshape(-1)
         self.shared, self.shared_gate = shared, shared_gate
+        self.latent = latent
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(int64 [T, top_k] expert ids, float32 [T, top_k] weights) for x float32 [T, hidden]."""
@@ -236,6 +247,9 @@ class MoE(Part):
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x float32 [T, hidden_size] -> float32 [T, hidden_size]."""
         ids, weights = self.route(x)
+        residual = x
+        if self.latent is not None:
+            x = self.latent[0](x)
         out = np.zeros(x.shape, np.float32)
         on_input = self.spec.router.on_input
         if x.shape[0] == 1:  # decoding: the chosen experts in turn
@@ -254,6 +268,9 @@ class MoE(Part):
                 xe = x[tokens]
                 y = self.experts[e](xe * w) if on_input else self.experts[e](xe) * w
                 out[tokens] += y   # a token chooses an expert at most once: no repeated rows
+        if self.latent is not None:
+            out = self.latent[1](out)
+        x = residual
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:

@@ -72,6 +72,9 @@ def layer_norm_reference(x: np.ndarray, weight: np.ndarray | None, bias: np.ndar
 class Norm:
     """A model's RMS or Layer norm over the last axis, with its stored weight and bias.
 
+    A bias stored beside an RMS norm is added after the weight (x / rms(x) * w + b: llama.cpp's
+    ``build_norm``, which PhiMoE GGUF files meet).
+
     Args:
         kind: ``"rms"`` or ``"layer"``.
         eps: added to the variance.
@@ -89,8 +92,8 @@ class Norm:
         if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
             self.weight = self.weight[:, None, :]
             self.bias = None if self.bias is None else self.bias.reshape(self.weight.shape)
-        # RMS over a [d] float32 weight: straight to the kernel (rms_norm's checks, done once)
-        self._kernel = (_ops is not None and kind == "rms" and
+        # RMS over a [d] float32 weight, no bias: straight to the kernel (rms_norm's checks, done once)
+        self._kernel = (_ops is not None and kind == "rms" and self.bias is None and
                         (self.weight is None or (self.weight.ndim == 1 and self.weight.flags.c_contiguous)))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -101,4 +104,5 @@ class Norm:
             return out
         if self.kind == "layer":
             return layer_norm(x, self.weight, self.bias, self.eps)
-        return rms_norm(x, self.weight, self.eps)
+        out = rms_norm(x, self.weight, self.eps)
+        return out if self.bias is None else out + self.bias

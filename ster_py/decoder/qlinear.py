@@ -53,6 +53,10 @@ def set_threads(n: int) -> None:
     from .._kernels import ops  # attention shares the setting (and the thread pool)
 
     ops.set_threads(int(n))
+    from ._fast import scan  # so do the recurrent mixers' kernels
+
+    if scan is not None:
+        scan.set_threads(int(n))
 
 
 def threads_from_env() -> int | None:

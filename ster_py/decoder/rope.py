@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import SterError
 from ._fast import ops as _ops
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "deepseek_yarn")
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,8 @@ def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
         raise SterError(f"rope type {brief_value(rope_type)} is not supported; supported types: {', '.join(ROPE_TYPES)}")
+    if rope_type == "deepseek_yarn":  # DeepSeek's remote code names its YaRN so: the same scaling
+        rope_type = "yarn"
     number = _Numbers(params, rope_type, where)
     base = number("rope_theta", 10000.0)
     if "partial_rotary_factor" in params:

@@ -14,7 +14,10 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers
+from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
+                      yarn_mscale)
+from ..decoder.latent import LatentSpec
+from ..decoder.ssm import ATTENTION_MIXERS, SSMSpec
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
@@ -24,12 +27,26 @@ LLAMA_CPP_FIXED = {
     # Gemma 3: sliding layers rotate with base 10000 (rope_freq_base_train_swa). Which layers
     # slide (set_swa_pattern) is the family's rule, the same as Transformers' default.
     "gemma3.swa_rope_base": 10000.0,
-    # SmolLM3: every fourth layer has no rotation (n_no_rope_layer_step = 4).
-    "smollm3.no_rope_step": 4,
     # The 27B Gemma 2 / Gemma 3 scale scores by (hidden_size / heads) ** -0.5, identified by depth.
     "gemma2.27b_block_count": 46,
     "gemma3.27b_block_count": 62,
+    # MiniCPM3 (src/models/minicpm3.cpp): its muP scales are constants of the graph, not metadata:
+    # embeddings times 12, each sublayer's output times 1.4 / sqrt(layers), logits times 256 / hidden.
+    "minicpm3.scale_emb": 12.0,
+    "minicpm3.scale_depth": 1.4,
+    "minicpm3.dim_model_base": 256,
 }
+
+# Architectures whose every n-th layer does not rotate: llama-hparams.h's n_no_rope_layer_step (4),
+# which src/models/smollm3.cpp, llama4.cpp and afmoe.cpp test as (il + 1) % n != 0.
+LLAMA_CPP_NO_ROPE_STEP = {"smollm3": 4, "llama4": 4, "afmoe": 4}
+# Llama 4 (src/models/llama4.cpp, load_arch_hparams): chunked attention of 8192 positions on the layers
+# of the window pattern (a per-layer sliding_window_pattern in the file, else all but every fourth:
+# load_swa_pattern(4)); queries of the layers that do not rotate are multiplied by
+# 1 + 0.1 * ln(1 + floor((p + 1) / 8192)) (f_attn_temp_scale, n_attn_temp_floor_scale, f_attn_temp_offset);
+# the rotated layers' L2 q/k norms are off for the 128-expert model (use_kq_norm = type != 17B_128E).
+LLAMA_CPP_CHUNKED = {"llama4": {"chunk": 8192, "period": 4, "temperature": (0.1, 8192, 1),
+                                "no_qk_norm_experts": 128}}
 
 GGUF_ROPE_SCALING = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
@@ -39,7 +56,7 @@ GGUF_MOE_KEYS = {
     "expert_feed_forward_length": "moe_intermediate_size",
     "expert_shared_feed_forward_length": "shared_intermediate_size", "expert_shared_count": "n_shared_experts",
     "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
-    "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+    "expert_group_count": "n_group", "expert_group_used_count": "topk_group", "moe_latent_size": "moe_latent_size",
 }
 # llama.cpp's expert_gating_func values (llama-hparams.h): 1 softmax, 2 sigmoid, 3 softmax over the
 # chosen logits (which equals softmax over all, renormalised over the chosen).
@@ -51,7 +68,66 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen2moe": {"norm_topk_prob": False},
     "qwen3moe": {"norm_topk_prob": True},
     "olmoe": {"norm_topk_prob": False},
+    # openai-moe.cpp: a softmax over the chosen logits (SOFTMAX_WEIGHT), and SWIGLU_OAI_MOE's unit with
+    # alpha 1.702 and limit 7.0 (llama-graph.cpp), whatever the checkpoint's swiglu_limit was; no
+    # expert_weights_scale is read (the weights are never scaled)
+    "gpt-oss": {"scoring_func": "softmax", "norm_topk_prob": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                "routed_scaling_factor": 1.0},
+    # llama4.cpp: sigmoid of the chosen logits, never renormalised nor scaled (the weights scale each
+    # expert's input: build_moe_ffn's weight_before_ffn)
+    "llama4": {"scoring_func": "sigmoid", "norm_topk_prob": False, "routed_scaling_factor": 1.0},
+    # granite-moe.cpp (granite.cpp's graph), granite-swa.cpp, dbrx.cpp, phimoe.cpp (phi3.cpp's graph),
+    # hunyuan-moe.cpp, ernie4-5-moe.cpp: softmax over all experts, the chosen renormalised, whatever the
+    # file says (PhiMoE's SparseMixer and DBRX's moe_normalize_expert_weights are not read)
+    **{arch: {"scoring_func": "softmax", "norm_topk_prob": True}
+       for arch in ("granitemoe", "granite_swa", "dbrx", "phimoe", "ernie4_5-moe")},
+    # ... and hunyuan-moe.cpp builds the experts feed_forward_length wide (None: expert_feed_forward_length
+    # is not read)
+    "hunyuan-moe": {"scoring_func": "softmax", "norm_topk_prob": True, "moe_intermediate_size": None},
+    # group H4
+    "mellum": {"norm_topk_prob": True, "scoring_func": "softmax"},  # mellum.cpp: softmax, norm_w true
+    "minimax-m2": {"norm_topk_prob": True},  # minimax-m2.cpp: the file's gating function, norm_w true
+    "mimo2": {"norm_topk_prob": True, "scoring_func": "sigmoid"},  # mimo2.cpp: sigmoid, norm_w true
+    "jamba": {"norm_topk_prob": False},           # jamba.cpp: softmax, norm_w false
+    "granitehybrid": {"norm_topk_prob": True},    # granite-hybrid.cpp: softmax, norm_w true
+    "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
 }
+# build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
+# (the smallest normal F16), adding no epsilon.
+LLAMA_CPP_RENORM_MIN = 6.103515625e-5
+# What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp, afmoe.cpp,
+# cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp
+# require the key (None).
+LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
+                            "deepseek2": "softmax",
+                            "laguna": "sigmoid", "step35": "sigmoid",
+                            "exaone-moe": None, "bailingmoe2": None}
+
+# How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
+# "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
+#   base: the sliding layers' base when the file states no rope.freq_base_swa: a number (the
+#         default of hparams.rope_freq_base_train_swa) or "freq_base" (the full layers' base, unscaled);
+#   swa_base_read: False when the graph rotates sliding layers by that base whatever the file says
+#         (mellum.cpp passes freq_base to both kinds of layer);
+#   swa_dims: the sliding layers rotate rope.dimension_count_swa dimensions (default: the full
+#         layers' rope.dimension_count, before any halving);
+#   full_dims_half: the full layers rotate half of rope.dimension_count (step35.cpp halves n_rot_full).
+LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
+    "mellum": {"base": "freq_base", "swa_base_read": False},
+    "laguna": {"base": "freq_base", "swa_dims": True},
+    "mimo2": {"base": 10000.0},
+    "step35": {"base": 10000.0, "swa_dims": True, "full_dims_half": True},
+}
+# deepseek2.cpp's loader takes a file without expert_gating_func for softmax (the DeepSeek-V2 files
+# before the key), except GLM-4.7-Flash, which it tells by its 47 or 48 layers and 154880 tokens.
+GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
+# How llama.cpp's graph gives each layer of an architecture its mixer (src/models/<arch>.cpp):
+# "scan" every layer (mamba.cpp); "kv" a scan where head_count_kv[i] is 0, attention elsewhere
+# (jamba.cpp, granite-hybrid.cpp); "nemotron" a scan where head_count_kv[i] and
+# feed_forward_length[i] are 0, attention where only the latter is, else a feed-forward alone
+# (nemotron-h.cpp); "hybrid" attention and a scan side by side on every layer (falcon-h1.cpp).
+LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehybrid": "kv",
+                    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid"}
 
 
 def supported_architectures() -> list[str]:
@@ -65,6 +141,81 @@ def family_for_architecture(arch: object, path: str) -> FamilySpec:
         raise SterError(f"{path}: GGUF architecture {arch!r} is not supported; ster runs GGUF files of "
                         f"architecture {', '.join(supported_architectures())}")
     return FAMILIES_BY_GGUF_ARCH[arch]
+
+
+def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_layers: int, path: str) -> list[int]:
+    """``{arch}.{key}`` for each of the first ``n_layers`` layers: one value for all, or llama.cpp's
+    per-layer array of ``n_all`` entries (``get_key_or_arr``); ``default`` (a list) when absent."""
+    value = meta.get(f"{arch}.{key}")
+    if value is None and default is not None:
+        return list(default)
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return [_get(meta, f"{arch}.{key}", int, path)] * n_layers
+    if len(value) != n_all or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      and 0 < v <= MAX_HEADS for v in value):
+        raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a count in 1..{MAX_HEADS} for each of the "
+                        f"{n_all} layers ({arch}.block_count), got {brief_value(value)}")
+    return [int(v) for v in value[:n_layers]]
+
+
+def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int,
+               path: str) -> bool | None:
+    """The attention output gate as llama.cpp reads it from the file (``laguna.cpp``, ``step35.cpp``):
+    None when no layer holds one, else whether it holds one value per head (else one per element),
+    told by its width. Every layer must hold the same kind.
+    """
+    kinds = set()
+    for i, h in enumerate(heads):
+        shape = tensors.get(name.format(i=i) + ".weight")
+        if shape is None:
+            kinds.add(None)
+        elif shape[0] in (h, h * v_head_dim):
+            kinds.add(shape[0] == h)
+        else:
+            raise SterError(f"{path}: {name.format(i=i)}.weight has {shape[0]} rows, neither one per head ({h}) "
+                            f"nor one per value element ({h * v_head_dim})")
+    if len(kinds) > 1:
+        raise SterError(f"{path}: attention output gates on some layers only, or per head on some layers and "
+                        "per element on others, are not supported")
+    return kinds.pop()
+
+
+def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int, path: str) -> list:
+    """Each layer's routed feed-forward with llama.cpp's per-layer SwiGLU clamps (``{arch}.swiglu_clamp_exp``
+    on the routed experts, ``swiglu_clamp_shexp`` on the shared ones; 0: none), or [] without them. The
+    clamp is llama.cpp's common one (build_moe_ffn / build_ffn in src/llama-graph.cpp): up within
+    [-limit, limit], silu(gate) at most limit (``MoESpec.clamp_act``).
+
+    Raises:
+        SterError: a list of the wrong length, or a clamp on a dense layer (llama.cpp clamps every
+            gated feed-forward of the layer by ``swiglu_clamp_shexp``).
+    """
+    lists = []
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
+        v = meta.get(f"{arch}.{key}")
+        if v is not None:
+            v = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_all
+            if len(v) != n_all or not all(isinstance(x, (int, float, np.integer, np.floating))
+                                          and not isinstance(x, (bool, np.bool_)) and math.isfinite(x) and x >= 0
+                                          for x in v):
+                raise SterError(f"{path}: GGUF metadata {arch}.{key} must list a bound >= 0 (0: none) for each of "
+                                f"the {n_all} layers, got {brief_value(v)}")
+        lists.append(v)
+    routed_limits, shared_limits = lists
+    if routed_limits is None and shared_limits is None:
+        return []
+    for i, r in enumerate(routed):
+        if not r and shared_limits is not None and shared_limits[i] > 1e-6:
+            raise SterError(f"{path}: a SwiGLU clamp on a dense layer ({arch}.swiglu_clamp_shexp, layer {i}) "
+                            "is not supported")
+    if moe is None:
+        return []
+
+    def bound(values, i):
+        return float(values[i]) if values is not None and values[i] > 1e-6 else None  # llama.cpp's eps
+
+    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i), clamp_act=True)
+            if r else None for i, r in enumerate(routed)]
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -87,6 +238,48 @@ def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool 
     return value
 
 
+def _layer_values(meta: Mapping, key: str, n_layers: int, path: str, default=None) -> list[int] | None:
+    """``key``'s whole-number value for each layer: an array of ``n_layers`` (llama.cpp's per-layer
+    form), or one value for every layer; None when absent and no default."""
+    value = meta.get(key, default)
+    if value is None:
+        return None
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * n_layers
+    if len(values) != n_layers or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))
+                                      or v < 0 for v in values):
+        raise SterError(f"{path}: GGUF metadata {key} must be a whole number or one per layer ({n_layers}), "
+                        f"got {brief_value(value)}")
+    return [int(v) for v in values]
+
+
+def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_layers: int, eps: float,
+              path: str) -> SSMSpec:
+    """The scan of a state-space architecture from its ``ssm.*`` metadata (llama.cpp's
+    ``load_arch_hparams``): Mamba's step rank is ``time_step_rank``, Mamba-2's heads are; Mamba's
+    step/B/C norms are scale-free under ``ssm.dt_b_c_rms`` and weighted when the file holds
+    them (Jamba); Mamba-2's gated norm applies when the file holds ``ssm_norm``. llama.cpp clamps no
+    step, and its norms use the model's RMS epsilon."""
+    def size(key, default=None, limit=1 << 24):
+        v = meta.get(f"{arch}.ssm.{key}", default)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
+            raise SterError(f"{path}: GGUF metadata {arch}.ssm.{key} must be an integer in 1..{limit}, "
+                            f"got {brief_value(v)}")
+        return int(v)
+
+    k, di, n, r = size("conv_kernel", limit=1024), size("inner_size"), size("state_size"), size("time_step_rank")
+    if family.recurrent == "mamba":
+        norm = ("plain" if bool(meta.get(f"{arch}.ssm.dt_b_c_rms", False)) else
+                "weighted" if any(f"blk.{i}.ssm_dt_norm.weight" in tensors for i in range(n_layers)) else None)
+        return SSMSpec("mamba", di, n, k, dt_rank=r, bcdt_norm=norm, bcdt_eps=eps)
+    groups = size("group_count", 1)
+    if di % r or r % groups:
+        raise SterError(f"{path}: {arch}.ssm.inner_size ({di}) must split into time_step_rank ({r}) heads and "
+                        f"those into group_count ({groups}) groups")
+    gated = any(f"blk.{i}.ssm_norm.weight" in tensors for i in range(n_layers))
+    return SSMSpec("mamba2", di, n, k, num_heads=r, n_groups=groups, dt_min=-math.inf, dt_max=math.inf,
+                   gated_norm=gated, norm_eps=eps)
+
+
 def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
     """The metadata a family reads, renamed to the config.json keys it stands for (``gguf_config``)."""
     out = {}
@@ -97,7 +290,8 @@ def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
     return out
 
 
-def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str) -> list[bool]:
+def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str,
+                   n_all: int | None = None) -> list[bool]:
     """Which layers attend through the sliding window, as llama.cpp places them.
 
     A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
@@ -107,14 +301,36 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     window = meta.get(f"{arch}.attention.sliding_window")
     if not window:
         return [False] * n_layers
+    flags = _pattern_array(meta, arch, n_layers, path)
+    return flags if flags is not None else sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+
+
+def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool] | None:
+    """The file's per-layer ``attention.sliding_window_pattern`` (True: the layer's attention is
+    windowed or chunked), or None when it states none (or one period for all layers)."""
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
-    if pattern is not None and not isinstance(pattern, (int, np.integer)):
-        flags = [bool(x) for x in pattern]
-        if len(flags) != n_layers:
-            raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
-                            f"{n_layers} layers")
-        return flags
-    return sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+    if pattern is None or isinstance(pattern, (int, np.integer)):
+        return None
+    flags = [bool(x) for x in pattern]
+    blocks = int(meta.get(f"{arch}.block_count", n_layers))
+    if len(flags) not in (n_layers, blocks):  # the blocks run, or those and the prediction blocks
+        raise SterError(f"{path}: {arch}.attention.sliding_window_pattern has {len(flags)} entries for "
+                        f"{n_layers} layers")
+    return flags[:n_layers]
+
+
+def _rope_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:
+    """Which layers rotate: a per-layer ``attention.rope_pattern`` array (True: the layer rotates,
+    Granite SWA's no_rope_layers) where the file has one, else every layer (the family's rule applies)."""
+    pattern = meta.get(f"{arch}.attention.rope_pattern")
+    if pattern is None:
+        return [True] * n_layers
+    if not isinstance(pattern, (int, np.integer, str)) and len(pattern) == meta.get(f"{arch}.block_count"):
+        pattern = pattern[:n_layers]  # the NextN blocks' flags too
+    if isinstance(pattern, (int, np.integer, str)) or len(pattern) != n_layers:
+        raise SterError(f"{path}: {arch}.attention.rope_pattern must hold one flag per layer ({n_layers}), got "
+                        f"{brief_value(pattern)}")
+    return [bool(x) for x in pattern]
 
 
 def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str, tuple], n_layers: int,
@@ -131,9 +347,17 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         return routed, None
     config = {key: meta[f"{arch}.{k}"] for k, key in GGUF_MOE_KEYS.items() if meta.get(f"{arch}.{k}") is not None}
     config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
-    config.setdefault("moe_intermediate_size", feed_forward_length)
     gating = meta.get(f"{arch}.expert_gating_func")
-    if gating is not None:
+    if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
+        if LLAMA_CPP_GATING_DEFAULT[arch] is None:
+            raise SterError(f"{path}: GGUF metadata lacks {arch}.expert_gating_func, which llama.cpp requires "
+                            f"for architecture {arch!r}")
+        config["scoring_func"] = LLAMA_CPP_GATING_DEFAULT[arch]
+        if arch == "deepseek2":
+            vocab = len(meta.get("tokenizer.ggml.tokens") or ()) or meta.get(f"{arch}.vocab_size")
+            if n_layers in GLM_LITE_SHAPE["layers"] and vocab == GLM_LITE_SHAPE["vocab"]:
+                config["scoring_func"] = "sigmoid"
+    elif gating is not None:
         if int(gating) not in GGUF_GATING:
             raise SterError(f"{path}: {arch}.expert_gating_func {int(gating)} is not supported; ster reads "
                             f"{', '.join(f'{k} ({v})' for k, v in GGUF_GATING.items())}")
@@ -141,8 +365,12 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         if int(gating) == 3:
             config["norm_topk_prob"] = True
     config.update(LLAMA_CPP_MOE.get(arch, {}))
+    if config.get("routed_scaling_factor") == 0:  # llama.cpp scales only by a factor other than 0 and 1
+        del config["routed_scaling_factor"]
+    config = {k: v for k, v in config.items() if v is not None}  # None: what llama.cpp does not read
+    config.setdefault("moe_intermediate_size", feed_forward_length)
     n_group = config.get("n_group") or 1
-    select_bias = any(f"blk.{i}.exp_probs_b.bias" in tensors for i in range(n_layers))
+    select_bias = any(f"blk.{i}.exp_probs_b{s}" in tensors for i in range(n_layers) for s in (".bias", ""))
     # llama.cpp adds exp_probs_b whenever the file has it and ranks groups by their best two.
     config["topk_method"] = "noaux_tc" if select_bias else ("group_limited_greedy" if n_group > 1 else "greedy")
     shexp = next((tensors[f"blk.{i}.ffn_up_shexp.weight"] for i in range(n_layers)
@@ -153,13 +381,68 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
         config["shared_intermediate_size"] = 0
     gated = any(f"blk.{i}.ffn_gate_inp_shexp.weight" in tensors for i in range(n_layers))
     reader_family = replace(family, keys={}, fixed={}, moe_defaults={}, shared_gated=gated,
-                            moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2"})
+                            moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2",
+                                        "renorm_eps": 0.0, "renorm_min": LLAMA_CPP_RENORM_MIN})
     return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
+
+
+def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, path: str) -> LatentSpec:
+    """The latent attention of a ``deepseek2`` / ``minicpm3`` file, as llama.cpp's loader reads it.
+
+    ``attention.kv_lora_rank``, the optional ``attention.q_lora_rank`` (absent: one ``attn_q``), the
+    rotated width ``rope.dimension_count``; head widths from ``attention.key_length_mla`` /
+    ``value_length_mla`` when the file stores kv_b split per head (``attn_k_b`` / ``attn_v_b``), else
+    ``attention.key_length`` / ``value_length`` (each ``embedding_length / head_count`` when absent).
+    The bottleneck norms take the model's epsilon, as llama.cpp's graph does.
+
+    Raises:
+        SterError: a missing or invalid width, a rotated width not below the query/key head's.
+    """
+    def g(key, default=None):
+        return _get(meta, f"{arch}.{key}", int, path, default)
+
+    rope = g("rope.dimension_count")
+    if meta.get(f"{arch}.attention.key_length_mla") is not None or meta.get(f"{arch}.attention.value_length_mla"):
+        qk, v = g("attention.key_length_mla"), g("attention.value_length_mla")
+    else:
+        qk, v = g("attention.key_length", hidden // heads), g("attention.value_length", hidden // heads)
+    if rope % 2 or rope >= qk:
+        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rope}) must be even and below the "
+                        f"query/key head width {qk}, whose rest is the position-free part")
+    q_rank = meta.get(f"{arch}.attention.q_lora_rank")
+    return LatentSpec(kv_lora_rank=g("attention.kv_lora_rank"), q_lora_rank=g("attention.q_lora_rank") if q_rank
+                      else None, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v, norm_eps=eps)
+
+
+def _deepseek2_yarn(meta: Mapping, arch: str, params: dict, qk_head_dim: int, path: str) -> float:
+    """llama.cpp's YaRN for ``deepseek2`` (src/llama-context.cpp, src/models/deepseek2.cpp): fills in the
+    rotation's attention factor and returns the softmax scale.
+
+    ``rope.scaling.yarn_log_multiplier`` is 0.1 * mscale_all_dim. With it, llama.cpp takes mscale equal to
+    mscale_all_dim, so the tables keep their magnitude; without it they are scaled by YaRN's
+    ``yarn_mscale(factor)``; either way times ``rope.scaling.attn_factor``. The scores are scaled by
+    (that factor * (1 + 0.1 * mscale_all_dim * ln factor)) ** 2 / sqrt(qk_head_dim).
+    """
+    factor = params["factor"]
+    log_mul = meta.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+    m_all = 0.0 if log_mul is None else _get(meta, f"{arch}.rope.scaling.yarn_log_multiplier", float, path) / 0.1
+    attn = _get(meta, f"{arch}.rope.scaling.attn_factor", float, path, 1.0, positive=True)
+    ratio = (1.0 if log_mul is not None else yarn_mscale(factor)) * attn
+    params["attention_factor"] = ratio
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(f"{arch}.rope.scaling.{key}") is not None:
+            params[name] = _get(meta, f"{arch}.rope.scaling.{key}", float, path, positive=True)
+    ext = meta.get(f"{arch}.rope.scaling.yarn_ext_factor")
+    if ext is not None and _get(meta, f"{arch}.rope.scaling.yarn_ext_factor", float, path) != 1.0:
+        raise SterError(f"{path}: a YaRN extrapolation factor other than 1 ({arch}.rope.scaling.yarn_ext_factor) "
+                        "is not supported")
+    return (ratio * (1.0 + 0.1 * m_all * math.log(factor))) ** 2 / math.sqrt(qk_head_dim)
 
 
 def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = None,
                    vocab_size: int | None = None, has_output: bool = True,
-                   tensors: Mapping[str, tuple] | None = None) -> ModelSpec:
+                   tensors: Mapping[str, tuple] | None = None,
+                   rope_factors: tuple[np.ndarray, np.ndarray] | None = None) -> ModelSpec:
     """Build the ``ModelSpec`` of a GGUF file from its metadata.
 
     The family's flags come from the family table, switched by the metadata its
@@ -175,6 +458,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         has_output: the file holds an ``output`` tensor (else the head is tied).
         tensors: the file's tensor names -> shapes (numpy order); mixture-of-experts layers
             and options are read from which tensors are present (``_gguf_moe``).
+        rope_factors: the optional (``rope_factors_short``, ``rope_factors_long``) tensors, float32
+            [rotary_dim // 2] each: LongRoPE's per-pair divisors (MiniCPM3), the long ones past
+            ``rope.scaling.original_context_length`` (else ``context_length``) positions.
 
     Raises:
         SterError: an unsupported architecture, or a missing or invalid hyper-parameter.
@@ -194,65 +480,177 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         return _get(meta, f"{arch}.{key}", kind, path, default, positive)
 
     hidden = g("embedding_length", int)
-    n_layers = g("block_count", int)
-    heads = g("attention.head_count", int)
-    kv_heads = g("attention.head_count_kv", int, heads)
-    head_dim = g("attention.key_length", int, hidden // heads)
-    if heads % kv_heads:
-        raise SterError(f"{path}: attention.head_count ({heads}) is not a multiple of head_count_kv ({kv_heads})")
-    # The rotated width sizes the frequency tables: bounded by the head before any is built.
-    rotary_dim = g("rope.dimension_count", int, head_dim)
-    if rotary_dim > head_dim or rotary_dim % 2:
-        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count ({rotary_dim}) must be even and at most "
-                        f"the head width {head_dim} ({arch}.attention.key_length, else embedding_length / "
-                        "head_count)")
-    max_pos = g("context_length", int, 2048)
+    # llama.cpp counts the multi-token-prediction layers a file may append in block_count
+    # (nextn_predict_layers); the forward runs the ones before them.
+    n_all = g("block_count", int)
+    n_mtp = meta.get(f"{arch}.nextn_predict_layers") or 0
+    if isinstance(n_mtp, (bool, np.bool_)) or not isinstance(n_mtp, (int, np.integer)) or not 0 <= n_mtp < n_all:
+        raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
+                        f"block_count ({n_all}), got {brief_value(n_mtp)}")
+    n_layers = n_all - int(n_mtp)
+    layering = LLAMA_CPP_LAYERS.get(arch)
+    kv_list = ff_list = None
+    if layering is None:
+        layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
+    else:  # state-space architectures: per-layer head and width arrays say which layer is which
+        layer_heads = [g("attention.head_count", int) if layering != "scan" else 1] * n_layers
+        kv_list = _layer_values(meta, f"{arch}.attention.head_count_kv", n_layers, path, layer_heads[0])
+        ff_list = _layer_values(meta, f"{arch}.feed_forward_length", n_layers, path, 0)
+    heads = layer_heads[0]
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
+    if family.norm == "rms" and meta.get(f"{arch}.{eps_key}") is None:  # Nemotron-H states only the other
+        eps_key = "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
+    latent = _gguf_latent(meta, arch, hidden, heads, eps, path) if family.latent else None
+    if latent is not None:  # expanded, one key/value head per head; only the rope part rotates
+        layer_kv, head_dim, v_head_dim = list(layer_heads), latent.qk_head_dim, latent.v_head_dim
+    elif kv_list is not None:  # state-space architectures: the attention layers' count (others hold 0)
+        layer_kv = [next((v for v in kv_list if v), 1)] * n_layers
+        head_dim = g("attention.key_length", int, hidden // heads)
+        v_head_dim = g("attention.value_length", int, head_dim)
+    else:
+        layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
+        head_dim = g("attention.key_length", int, hidden // heads)
+        v_head_dim = g("attention.value_length", int, head_dim)
+    kv_heads = layer_kv[0]
+    for i, (h, kv) in enumerate(zip(layer_heads, layer_kv)):
+        if h % kv:
+            raise SterError(f"{path}: layer {i}'s attention.head_count ({h}) is not a multiple of its "
+                            f"head_count_kv ({kv})")
+    swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
+
+    def dims(key, default):  # the rotated width sizes the frequency tables: bounded by the head first
+        d = g(key, int, default)
+        if d > head_dim or d % 2:
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} ({d}) must be even and at most the head width "
+                            f"{head_dim} ({arch}.attention.key_length, else embedding_length / head_count)")
+        return d
+
+    if latent is not None:  # only the shared rope part rotates, over its own width
+        rotary_dim = swa_dims = rope_width = latent.qk_rope_head_dim
+    else:
+        rotary_dim, rope_width = dims("rope.dimension_count", head_dim), head_dim
+        swa_dims = dims("rope.dimension_count_swa", rotary_dim) if swa.get("swa_dims") else rotary_dim
+        if swa.get("full_dims_half"):
+            rotary_dim //= 2
+            if rotary_dim % 2:
+                raise SterError(f"{path}: llama.cpp's {arch} rotates half of {arch}.rope.dimension_count on full "
+                                f"attention layers, which must be even ({rotary_dim})")
+    max_pos = g("context_length", int, 2048)
 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in GGUF_ROPE_SCALING:
         raise SterError(f"{path}: rope scaling {scaling!r} is not supported; supported: {', '.join(GGUF_ROPE_SCALING)}")
+    if latent is not None and scaling not in ("none", "yarn"):
+        raise SterError(f"{path}: rope scaling {scaling!r} on latent attention is not supported; supported: "
+                        "none, yarn")
     params = {"rope_type": GGUF_ROPE_SCALING[scaling],
               "rope_theta": g("rope.freq_base", float, 10000.0, positive=True)}
     if scaling != "none":
         params["factor"] = g("rope.scaling.factor", float, positive=True)
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
+    scale = None
+    if latent is not None:
+        scale = (_deepseek2_yarn(meta, arch, params, head_dim, path) if scaling == "yarn" and arch == "deepseek2"
+                 else head_dim ** -0.5)
 
-    def make(p):
-        return make_rope(p, head_dim=head_dim, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotary_dim / head_dim, interleaved=family.rope_interleaved,
+    def make(p, rotated=rotary_dim):
+        return make_rope(p, head_dim=rope_width, max_position_embeddings=max_pos,
+                         partial_rotary_factor=rotated / rope_width, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
+    if rope_factors is not None:  # LongRoPE from the file (MiniCPM3): per-pair divisors, short and long
+        short, long = (np.asarray(f, np.float64).reshape(-1) for f in rope_factors)
+        if short.shape != full.inv_freq.shape or long.shape != full.inv_freq.shape:
+            raise SterError(f"{path}: rope_factors_short / rope_factors_long hold {short.size} / {long.size} "
+                            f"factors, expected one per rotary pair ({full.inv_freq.size})")
+        if not (np.all(np.isfinite(short)) and np.all(np.isfinite(long)) and np.all(short > 0) and np.all(long > 0)):
+            raise SterError(f"{path}: rope_factors_short / rope_factors_long must hold finite numbers above 0")
+        full = replace(full, inv_freq=full.inv_freq / short, long_inv_freq=full.inv_freq / long,
+                       long_from=g("rope.scaling.original_context_length", int, max_pos))
     if rope_freqs is not None:
+        if swa.get("swa_dims") and rope_freqs.shape[0] > full.inv_freq.shape[0]:
+            rope_freqs = rope_freqs[:full.inv_freq.shape[0]]  # one table for every width: its first entries
         if rope_freqs.shape != full.inv_freq.shape:
             raise SterError(f"{path}: rope_freqs has shape {rope_freqs.shape}, expected {full.inv_freq.shape}")
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     # A model whose every layer routes may state only the experts' width.
-    dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
+    if ff_list is not None:  # per layer (0: none); the layers with one share it
+        widths = {v for v in ff_list if v}
+        if len(widths) > 1:
+            raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
+                            f"({brief_value(ff_list)}); ster runs feed-forwards of one width")
+        dense_width = widths.pop() if widths else None
+    else:
+        dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
+    clamps = _layer_clamps(meta, arch, moe, routed, n_all, path)
     if dense_width is None and moe is None:
-        dense_width = g("feed_forward_length", int)  # missing: refused naming the key
+        dense_width = g("feed_forward_length", int) if layering is None else hidden  # (missing: refused by name)
     window = meta.get(f"{arch}.attention.sliding_window")
-    sliding = _sliding_flags(meta, arch, family, n_layers, path)
+    sliding = _sliding_flags(meta, arch, family, n_layers, path, n_all)
     sliding_rope = full
-    if meta.get(f"{arch}.rope.freq_base_swa") is not None:
-        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)})
+    if meta.get(f"{arch}.rope.freq_base_swa") is not None and swa.get("swa_base_read", True):
+        sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)},
+                            swa_dims)
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
+    elif swa.get("base") is not None and window:
+        base = params["rope_theta"] if swa["base"] == "freq_base" else swa["base"]
+        sliding_rope = make({"rope_type": "default", "rope_theta": base}, swa_dims)
+    chunked = LLAMA_CPP_CHUNKED.get(arch)
+    chunks = [None] * n_layers
+    temperature = None
+    if chunked:
+        period = chunked["period"]
+        flags = _pattern_array(meta, arch, n_layers, path) or [i % period < period - 1 for i in range(n_layers)]
+        chunks = [chunked["chunk"] if f else None for f in flags]
+        temperature = chunked["temperature"]
+        if moe is not None and moe.router.num_experts == chunked["no_qk_norm_experts"]:
+            family = replace(family, qk_norm=None)
+    no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
+    rotated = _rope_flags(meta, arch, n_layers, path)
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
-        if family.positions != "rope" or (family.rope_layers != "all" and window and not sliding[i]):
+        # llama.cpp rotates only the sliding layers of these families (Cohere 2 MoE: and its leading dense ones)
+        rotates = sliding[i] or (family.rope_layers == "sliding_or_dense" and not routed[i])
+        if not rotated[i] or family.positions != "rope" or (family.rope_layers != "all" and window and not rotates):
             rope = None
-        if arch == "smollm3" and (i + 1) % LLAMA_CPP_FIXED["smollm3.no_rope_step"] == 0:
+        if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
+        mixer, ffn = ("latent" if latent is not None else "attention"), "moe" if routed[i] else "dense"
+        if layering is not None:
+            mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
+        if mixer not in ATTENTION_MIXERS:
+            rope = None
+        own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
+                                        ("num_key_value_heads", layer_kv[i], kv_heads),
+                                        ("v_head_dim", v_head_dim, head_dim)) if v != model}
+        if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads:
+            own["num_key_value_heads"] = kv_list[i]
+        if clamps and clamps[i] is not None and clamps[i] != moe:
+            own["moe"] = clamps[i]
+        # llama.cpp reads a layer's sinks when the file holds them (mimo2.cpp)
+        if family.sinks and tensors is not None and "sinks" in family.gguf_names:
+            own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
         layers.append(LayerSpec(sliding_window=int(window) if sliding[i] else None, rope=rope,
-                                ffn="moe" if routed[i] else "dense"))
+                                ffn=ffn, attention_chunk=chunks[i], mixer=mixer,
+                                qk_norm=rope is not None or family.qk_norm_layers == "all",
+                                query_temperature=rope is None or family.query_temperature != "unrotated_layers",
+                                **own))
+    if (layering is not None and family.gguf_qk_permuted and rotary_dim < head_dim
+            and any(layer.rope is not None for layer in layers)):
+        raise SterError(f"{path}: a GGUF file of architecture {arch!r} whose attention rotates {rotary_dim} of "
+                        f"{head_dim} dimensions per head is not supported: llama.cpp rotates adjacent pairs of "
+                        "the converter's permuted rows there, which is not the rotation the model was trained with")
 
-    scale = None
+    if arch == "minicpm3":  # the scales llama.cpp's graph fixes, as the config keys the family reads
+        config.update(scale_emb=LLAMA_CPP_FIXED["minicpm3.scale_emb"],
+                      residual_multiplier=LLAMA_CPP_FIXED["minicpm3.scale_depth"] / math.sqrt(n_layers),
+                      logits_scaling=hidden / LLAMA_CPP_FIXED["minicpm3.dim_model_base"])
     if block := LLAMA_CPP_FIXED.get(f"{arch}.27b_block_count"):
         if n_layers == block:
             scale = (hidden / heads) ** -0.5
@@ -264,6 +662,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
+    if family.attn_gate and tensors is not None and "g" in family.gguf_names:
+        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
+        if per_head is None:
+            fields["attn_gate"] = None
+        else:
+            fields["attn_gate_per_head"] = per_head
     return ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
@@ -285,7 +689,25 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
+        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)),  # multi-token-prediction layers
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
+        query_temperature=temperature,
         moe=moe,
+        latent=latent,
+        ssm=_gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None,
         **fields,
     )
+
+
+def _gguf_layer_kind(layering: str, family: FamilySpec, kv: int, ff: int, routed: bool) -> tuple[str, str]:
+    """(mixer, feed-forward) of one layer of a state-space architecture (``LLAMA_CPP_LAYERS``)."""
+    ffn = "moe" if routed else "dense"
+    if layering == "scan":
+        return family.recurrent, "none"
+    if layering == "hybrid":
+        return "hybrid", ffn
+    if layering == "kv":
+        return (family.recurrent if kv == 0 else "attention"), ffn
+    if ff == 0:  # nemotron: a mixer alone
+        return (family.recurrent if kv == 0 else "attention"), "none"
+    return "none", ffn

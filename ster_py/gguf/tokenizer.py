@@ -7,19 +7,22 @@ SentencePiece scores (``scores``), the special ids and flags, and only the
 ``tokenizers.Tokenizer`` that tokenizes the way llama.cpp (``src/llama-vocab.cpp``)
 does, which is the behaviour reference for GGUF files:
 
-- ``gpt2``: byte-level BPE. The text is cut by the split expressions the
-  ``pre`` name stands for (applied one after the other, matches and the gaps
-  between them both kept), mapped through the GPT-2 byte alphabet and merged
-  by rank.
+- ``gpt2``: BPE. The text is cut into words the way the ``pre`` name says
+  (``pretokenizers.PRE_TOKENIZERS``: all 91 names llama.cpp 0.3.36 knows, with its
+  flags per name: whole-word shortcut, default BOS, byte alphabet or raw UTF-8),
+  mapped through the GPT-2 byte alphabet (most names) and merged by rank.
 - ``llama``: SentencePiece BPE. Spaces become U+2581 (▁), a ▁ is put in front
   of every text run (the start, and after each special token) when
   ``add_space_prefix`` (default true), and pieces are merged best score first;
   characters left without a token fall back to ``<0xHH>`` byte tokens. The
   merge list is derived from the scores (a pair's rank is the score of the
   token it makes), as transformers' GGUF converter does.
-- ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``): BPE with ranked merges
-  over ▁-escaped UTF-8 (not the byte alphabet), split only at newline runs,
-  with ``<0xHH>`` byte fallback.
+- ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``, ``granite-embed-multi-311m``
+  or ``sarvam-moe``): BPE with ranked merges over ▁-escaped UTF-8 (not the byte
+  alphabet), split only at newline runs, with ``<0xHH>`` byte fallback.
+- ``whitespace``: BPE over raw UTF-8 of the text with its white space removed
+  (lower-cased unless ``normalizer.lowercase`` is false; the pre name
+  ``whitespace``, which the converter always writes, says false).
 - ``bert``: WordPiece (llama.cpp's WPM session): BERT normalization and word
   split, then the longest vocabulary match; [CLS] text [SEP] as special tokens.
 - ``t5``: SentencePiece Unigram (llama.cpp's UGM session): the precompiled
@@ -27,12 +30,19 @@ does, which is the behaviour reference for GGUF files:
 
 Control, unknown and user-defined tokens are added as added tokens so they
 are cut out of the text (longest first) before the scheme runs; control and
-unknown ones are special. BOS/EOS are added by the post-processor when
-``add_bos_token``/``add_eos_token`` (or the scheme's llama.cpp default) says so.
+unknown ones are special (cut out only when special texts are parsed), user-defined
+ones always. As in llama.cpp, a token whose text ends a generation or plays a
+fill-in-the-middle role is control whatever its ``token_type`` (``_token_kinds``).
+BOS/EOS are added by the post-processor when ``add_bos_token``/``add_eos_token``
+(or the scheme's or name's llama.cpp default) says so.
+
+The other models llama.cpp reads (``rwkv``, ``plamo2``, ``hybriddna``, ``none``) are
+refused with the reason (``REFUSED_MODELS``): no family ster runs from GGUF needs them.
 """
 from __future__ import annotations
 
 import gc
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -41,6 +51,12 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from ster_py.errors import SterError
+from ster_py.gguf.pretokenizers import (
+    PRE_TOKENIZERS,
+    PreTokenizerSpec,
+    pre_tokenizer_spec,
+    split_pre_tokenizer,
+)
 from ster_py.gguf.spm_splits import hashed_splits as _hashed_splits
 
 if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
@@ -50,7 +66,7 @@ __all__ = [
     "GGUFTokenizerParts",
     "tokenizer_from_gguf_metadata",
     "split_pre_tokenizer",
-    "PRE_TOKENIZER_SPLITS",
+    "PRE_TOKENIZERS",
     "SUPPORTED_MODELS",
     "END_OF_GENERATION_TEXTS",
     "check_precompiled_charsmap",
@@ -61,88 +77,57 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 SPACE_MARK = "\u2581"  # ▁, SentencePiece's visible space
 
-SUPPORTED_MODELS = ("gpt2", "llama", "gemma4", "bert", "t5")
+#: tokenizer.ggml.model values: byte-level or raw-UTF-8 BPE ("gpt2", "gemma4", "whitespace"),
+#: SentencePiece BPE ("llama"), WordPiece ("bert") and Unigram ("t5").
+SUPPORTED_MODELS = ("gpt2", "llama", "gemma4", "whitespace", "bert", "t5")
+_BPE_MODELS = ("gpt2", "gemma4", "whitespace")
 
-# ---------------------------------------------------------------- split expressions
-# The expressions each ``tokenizer.ggml.pre`` name stands for, as llama.cpp's
-# llm_tokenizer_bpe constructor lists them (facts from src/llama-vocab.cpp). A
-# name maps to a tuple of expressions applied in turn: each one splits every
-# fragment the previous ones produced, keeping matches and gaps.
-
-# English contractions, case-insensitive, spelled out as llama.cpp does rather than
-# with (?i:...), so no Unicode case folding (e.g. the long s) sneaks in.
-_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-
-# Llama 3 / Qwen 2 family: letters take one leading non-letter, digits go in runs
-# of at most `{digits}`, punctuation keeps trailing newlines.
-_LLAMA3_LIKE = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_LLAMA3 = _LLAMA3_LIKE.replace("{digits}", "{1,3}")
-_QWEN2 = _LLAMA3_LIKE.replace("{digits}", "")
-
-# Qwen 3.5: as Qwen 2, with combining marks (\p{M}) kept inside words.
-_QWEN35 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# GPT-4o (o200k): words split at case changes. llama.cpp approximates the case
-# classes with look-aheads over [^a-z]/[^A-Z]; like the reference tokenizer.json we
-# use the real Unicode categories (seed 000 follows HuggingFace here).
-_UPPERISH = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
-_LOWERISH = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
-_GPT4O = (
-    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+{_CONTRACTIONS}?"
-    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*{_CONTRACTIONS}?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-_NEWLINE_RUNS = r"[^\n]+|[\n]+"
-
-_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
-
-
-def _names(*names: str, splits: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    return {name: splits for name in names}
-
-
-#: ``tokenizer.ggml.pre`` -> split expressions (seed 000's implemented list).
-PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
-    "default": _DEFAULT,
-    **_names("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-             "jina-v5-nano", "smaug-bpe", "dbrx", splits=(_LLAMA3,)),
-    **_names("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
-             splits=(_QWEN2,)),
-    "qwen35": (_QWEN35,),
-    **_names("gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4", "mellum",
-             "modern-bert", "gigachat", "a.x-4.0", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
-             splits=(_GPT2,)),
-    # Digits are cut out one by one first, then GPT-2's expression runs on the rest.
-    **_names("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2",
-             splits=(r"\p{N}", _GPT2)),
-    **_names("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2", splits=(_GPT4O,)),
-    "gemma4": (_NEWLINE_RUNS,),
+#: The other models llama.cpp 0.3.36 reads, refused with the reason.
+REFUSED_MODELS = {
+    "rwkv": "RWKV's trie tokenizer; no family ster runs uses it (RWKV is refused at the architecture gate)",
+    "plamo2": "PLaMo's tokenizer; no family ster runs from GGUF uses it (PLaMo 2 is refused at the architecture "
+              "gate; a PLaMo 3 checkpoint brings its tokenizer.jsonl)",
+    "hybriddna": "the DNA k-mer tokenizer; no family ster runs uses it",
+    "none": "no vocabulary at all (the file holds weights only)",
+    "no_vocab": "no vocabulary at all (the file holds weights only)",
+    "test": "llama.cpp's test tokenizer (ids as hexadecimal text), not a model's",
 }
 
-# Names whose whole words skip the merges when the vocabulary has them
-# (llama.cpp's ignore_merges) and which add BOS unless the file says otherwise.
-_WHOLE_WORD_FIRST = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-                               "lfm2", "jina-v5-nano"})
-_ADDS_BOS_BY_DEFAULT = _WHOLE_WORD_FIRST
+# ------------------------------------------------------------- token attributes
+# Texts llama.cpp (llama_vocab::impl::load) recognises in a vocabulary, whatever their
+# token_type: it makes each such token a control token (special) as it finds it.
 
-#: Vocabulary texts that end a generation when present (seed 000's list, from
-#: llama.cpp's end-of-generation detection), on top of the eos/eot/eom ids.
+#: Vocabulary texts that end a generation (llama.cpp's end-of-generation list), on top
+#: of the eos/eot/eom ids; each is a control token. Two exceptions follow llama.cpp:
+#: <|end|> is neither when the vocabulary has <|return|> and <|call|> (GPT-OSS) or
+#: <|calls|> and <|flush|> (Solar Open), and </s> is a plain token next to <|tool_response>.
 END_OF_GENERATION_TEXTS = (
-    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>", "<|tool_response>",
-    "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek: full-width bars around end▁of▁sentence
-    "<end_of_utterance>",
+    "[e~[",
 )
 
+#: Fill-in-the-middle tokens by text, used when the file names no id for the role (its
+#: key, and the deprecated one). pad, rep and sep also end a generation.
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
+                "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
+                "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
+                "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_FIM_KEYS = {"fim_pre": ("fim_pre_token_id", "prefix_token_id"), "fim_suf": ("fim_suf_token_id", "suffix_token_id"),
+             "fim_mid": ("fim_mid_token_id", "middle_token_id"), "fim_pad": ("fim_pad_token_id",),
+             "fim_rep": ("fim_rep_token_id",), "fim_sep": ("fim_sep_token_id",)}
+
+#: GPT-OSS's channel tokens: always cut out of the text, even with special parsing off.
+_ALWAYS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 # ----------------------------------------------------------------------- result
 
@@ -153,9 +138,10 @@ class GGUFTokenizerParts:
     Attributes:
         tokenizer: the ``tokenizers.Tokenizer``; ids equal the GGUF token indices.
             ``encode(text, add_special_tokens=True)`` adds BOS/EOS per ``add_bos``/``add_eos``.
-        model: ``tokenizer.ggml.model`` ("gpt2", "llama", "gemma4", "bert" or "t5").
-        pre: the pre-tokenizer name in effect ("default" when the file names none;
-            None for SentencePiece, WordPiece and Unigram, which have none).
+        model: ``tokenizer.ggml.model`` ("gpt2", "llama", "gemma4", "whitespace", "bert" or "t5").
+        pre: the pre-tokenizer name in effect ("default" when the file names none,
+            "gemma4" for that model; None for SentencePiece, WordPiece and Unigram,
+            which have none).
         bos_token_id, eos_token_id, unk_token_id, pad_token_id: ids, or None.
         bos_token, eos_token: their texts, or None.
         add_bos, add_eos: whether a prompt gets BOS in front / EOS at the end.
@@ -164,6 +150,10 @@ class GGUFTokenizerParts:
             metadata plus every ``END_OF_GENERATION_TEXTS`` token the vocabulary has.
         chat_template: ``tokenizer.chat_template``, or None.
         sep_token_id, add_sep: WordPiece's separator and whether a prompt ends with it.
+        clean_spaces: llama.cpp's detokenizer (``llama_detokenize``) tidies the spaces
+            before ``?!.,`` and apostrophe contractions for this vocabulary; see
+            ``clean_up_spaces``. ``tokenizer.decode`` does not (it gives the token pieces
+            as llama.cpp prints them while generating).
     """
 
     tokenizer: tokenizers.Tokenizer
@@ -182,6 +172,7 @@ class GGUFTokenizerParts:
     chat_template: str | None
     sep_token_id: int | None = None
     add_sep: bool = False
+    clean_spaces: bool = False
 
     def to_tokenizer(self, source: str = "GGUF metadata") -> "Tokenizer":
         """The ``ster_py.tokenizer.Tokenizer`` wrapper over these parts.
@@ -220,8 +211,9 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], *, for_generation: boo
             bos_token_id, eos_token_id, eot_token_id, eom_token_id,
             unknown_token_id, padding_token_id, seperator_token_id, add_bos_token,
             add_eos_token, add_sep_token, add_space_prefix, remove_extra_whitespaces,
-            precompiled_charsmap, normalizer.lowercase, normalizer.strip_accents}``,
-            ``tokenizer.chat_template``, ``general.name``.
+            precompiled_charsmap, normalizer.lowercase, normalizer.strip_accents,
+            fim_{pre,suf,mid,pad,rep,sep}_token_id, {prefix,suffix,middle}_token_id}``,
+            ``tokenizer.chat_template``, ``general.name``, ``general.architecture``.
         for_generation: refuse a vocabulary without any end-of-generation token
             (True, for running a model); False only tokenizes (an encoder's
             WordPiece vocabulary has none).
@@ -241,6 +233,11 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], *, for_generation: boo
     transformers ``integrations/gguf`` for deriving SentencePiece merges from scores.
     """
     model = meta.get("tokenizer.ggml.model")
+    if isinstance(model, str) and model in REFUSED_MODELS:
+        raise SterError(
+            f"unsupported tokenizer model {model!r} (tokenizer.ggml.model): {REFUSED_MODELS[model]}; supported: "
+            f"{', '.join(SUPPORTED_MODELS)}. Use the model's Hugging Face checkpoint (its own tokenizer) instead"
+        )
     if model not in SUPPORTED_MODELS:
         raise SterError(
             f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: "
@@ -274,39 +271,40 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
     types = _int_array(meta, "tokenizer.ggml.token_type", n, default=NORMAL)
     vocab = _vocab(tokens)
 
-    pre = meta.get("tokenizer.ggml.pre") or "default"
-    if model == "gpt2" and pre == "gemma4":
-        model = "gemma4"
-    if model == "gemma4":
-        pre = "gemma4"  # llama.cpp forces it for this model
-    elif model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
-        raise _unsupported_pre(pre)
+    spec: PreTokenizerSpec | None = None
+    pre: str | None = None
+    if model in _BPE_MODELS:
+        # llama.cpp forces the name for the gemma4 model; a file without one gets the default split.
+        pre = "gemma4" if model == "gemma4" else meta.get("tokenizer.ggml.pre") or "default"
+        if not isinstance(pre, str):
+            raise SterError(f"tokenizer.ggml.pre must be a string, not {type(pre).__name__}; the file is corrupt")
+        spec = pre_tokenizer_spec(pre)
 
-    ids = _special_ids(meta, model, n)
+    ids = _special_ids(meta, model, n, spec)
     add_space_prefix = _flag(meta, "tokenizer.ggml.add_space_prefix", model == "llama")
     if model not in ("llama", "t5"):
         add_space_prefix = False
-    add_bos, add_eos, add_sep = _bos_eos_flags(meta, model, pre)
+    add_bos, add_eos, add_sep = _bos_eos_flags(meta, model, spec)
 
-    if model == "gpt2":
-        tk = _byte_level_bpe(vocab, _file_merges(meta, vocab), pre)
-    elif model == "gemma4":
-        tk = _escaped_bpe(vocab, _file_merges(meta, vocab))
+    if spec is not None:
+        merges = _file_merges(meta, vocab, required=pre != "kimi-k2")  # llama.cpp lets Kimi K2 have none
+        # The whitespace model drops white space and (unless the file says otherwise) lower-cases.
+        lowercase = model == "whitespace" and _flag(meta, "tokenizer.ggml.normalizer.lowercase", pre != "whitespace")
+        tk = _bpe(vocab, merges, spec, drop_spaces=model == "whitespace", lowercase=lowercase)
     elif model == "llama":
         scores = _float_array(meta, "tokenizer.ggml.scores", n)
         unk = tokens[ids["unk"]] if ids["unk"] is not None else None
         tk = _sentencepiece_bpe(vocab, tokens, scores, add_space_prefix, unk)
-        pre = None
     elif model == "bert":
-        tk = _wordpiece(meta, tokens, types, ids["unk"])
-        pre = None  # llama.cpp ignores the name for WordPiece
+        tk = _wordpiece(meta, tokens, types, ids["unk"])  # llama.cpp ignores the pre name for WordPiece
     else:
         tk = _unigram(meta, tokens, types, _float_array(meta, "tokenizer.ggml.scores", n), ids["unk"],
                       add_space_prefix)
-        pre = None
 
-    eog_texts = {t for t in END_OF_GENERATION_TEXTS if t in vocab}
-    _add_special_tokens(tk, tokens, types, {vocab[t] for t in eog_texts}, _strips_after_specials(meta, model))
+    kinds = _token_kinds(meta, tokens, types, vocab, ids)
+    _add_special_tokens(tk, tokens, kinds)
+    if spec is not None and spec.byte_level:
+        _keep_added_texts_raw(tk, [tokens[i] for i in sorted(kinds.special | kinds.plain)])
 
     for flag, key, name in ((add_bos, "bos", "add_bos_token"), (add_eos, "eos", "add_eos_token"),
                             (add_sep, "sep", "add_sep_token")):
@@ -319,8 +317,7 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
     tail = ids["sep"] if add_sep else (ids["eos"] if add_eos else None)
     tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
 
-    eog = {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None} | {vocab[t] for t in eog_texts}
-    if not eog and for_generation:
+    if not kinds.end_of_generation and for_generation:
         raise SterError(
             "this GGUF names no end-of-generation token: tokenizer.ggml.eos_token_id (and eot/eom) are absent and "
             f"the vocabulary has none of {', '.join(END_OF_GENERATION_TEXTS)}; generation could never stop"
@@ -340,34 +337,11 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
         add_bos=add_bos,
         add_eos=add_eos,
         add_space_prefix=add_space_prefix,
-        eos_token_ids=frozenset(eog),
+        eos_token_ids=frozenset(kinds.end_of_generation),
         chat_template=chat_template if isinstance(chat_template, str) and chat_template else None,
         sep_token_id=ids["sep"],
         add_sep=add_sep,
-    )
-
-
-def split_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    """The text-splitting part of a ``tokenizer.ggml.pre`` name, without the byte mapping.
-
-    Each expression becomes a ``Split(..., behavior="isolated")``: what it matches
-    and the gaps between matches both become pieces, as in llama.cpp's
-    ``unicode_regex_split``.
-
-    Raises:
-        SterError: the name is not in ``PRE_TOKENIZER_SPLITS``.
-    """
-    if pre not in PRE_TOKENIZER_SPLITS:
-        raise _unsupported_pre(pre)
-    splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in PRE_TOKENIZER_SPLITS[pre]]
-    return splits[0] if len(splits) == 1 else pre_tokenizers.Sequence(splits)
-
-
-def _unsupported_pre(pre: str) -> SterError:
-    return SterError(
-        f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
-        f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}. A newer llama.cpp may know it, but ster cannot "
-        "split text for this vocabulary; use the model's Hugging Face checkpoint (tokenizer.json) instead"
+        clean_spaces=spec.clean_spaces if spec is not None else model == "bert",
     )
 
 
@@ -442,24 +416,37 @@ def _float_array(meta: Mapping[str, Any], key: str, n: int) -> np.ndarray:
     return arr[:n].astype(np.float64)
 
 
-def _special_ids(meta: Mapping[str, Any], model: str, n: int) -> dict[str, int | None]:
-    # llama.cpp's defaults per scheme when a key is absent; BPE files must say.
+def _special_ids(meta: Mapping[str, Any], model: str, n: int, spec: PreTokenizerSpec | None
+                 ) -> dict[str, int | None]:
+    # llama.cpp's defaults per scheme when a key is absent: BPE's is id 11 for BOS and EOS
+    # (Falcon's <|endoftext|>), except the gemma4 model (none) and the ChatGLM names (no BOS).
     defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0},
                 "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0},
-                "t5": {"eos": 1, "unk": 2, "pad": 0}}.get(model, {})
-    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
-            "unk": "unknown_token_id", "pad": "padding_token_id", "sep": "seperator_token_id"}
+                "t5": {"eos": 1, "unk": 2, "pad": 0},
+                "gpt2": {"bos": 11, "eos": 11},
+                "whitespace": {"bos": 11, "eos": 11}}.get(model, {})
+    if spec is not None and not spec.default_bos:
+        defaults = {k: v for k, v in defaults.items() if k != "bos"}
+    keys = {"bos": ("bos_token_id",), "eos": ("eos_token_id",), "eot": ("eot_token_id",),
+            "eom": ("eom_token_id",), "unk": ("unknown_token_id",), "pad": ("padding_token_id",),
+            "sep": ("seperator_token_id",), **_FIM_KEYS}
     ids: dict[str, int | None] = {}
-    for name, key in keys.items():
-        value = meta.get(f"tokenizer.ggml.{key}")
-        if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
-            # llama.cpp refuses a key of the wrong type too; 1.5 or "3" is no token id.
-            raise SterError(f"tokenizer.ggml.{key} must be an integer token id, not {type(value).__name__} "
-                            f"{_short(value)}; the GGUF file is corrupt, re-convert it")
-        # An id outside the vocabulary is ignored, as llama.cpp does (it warns and keeps the default).
-        if value is None or not 0 <= int(value) < n:
-            value = defaults.get(name)
-        ids[name] = int(value) if value is not None and 0 <= int(value) < n else None
+    for name, names in keys.items():
+        value = defaults.get(name)
+        if value is not None and value >= n:
+            value = None  # a default outside the vocabulary is dropped, as llama.cpp does
+        for key in names:  # a later key (the deprecated FIM names) wins, as in llama.cpp
+            given = meta.get(f"tokenizer.ggml.{key}")
+            if given is None:
+                continue
+            if isinstance(given, (bool, np.bool_)) or not isinstance(given, (int, np.integer)):
+                # llama.cpp refuses a key of the wrong type too; 1.5 or "3" is no token id.
+                raise SterError(f"tokenizer.ggml.{key} must be an integer token id, not {type(given).__name__} "
+                                f"{_short(given)}; the GGUF file is corrupt, re-convert it")
+            # An id outside the vocabulary is ignored, as llama.cpp does (it warns and keeps the default).
+            if 0 <= int(given) < n:
+                value = int(given)
+        ids[name] = value
     return ids
 
 
@@ -479,22 +466,26 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _bos_eos_flags(meta: Mapping[str, Any], model: str, pre: str) -> tuple[bool, bool, bool]:
+def _bos_eos_flags(meta: Mapping[str, Any], model: str, spec: PreTokenizerSpec | None
+                   ) -> tuple[bool, bool, bool]:
     # Scheme defaults from llama.cpp: SentencePiece and WordPiece add BOS (WordPiece's is
-    # [CLS], and it ends with [SEP]); Unigram (T5) adds EOS only; byte-level BPE adds BOS
-    # only for the Llama 3 family of pre-tokenizers. The file's flags win, except that
-    # llama.cpp forces BOS on for Gemma 4 (ggml-org/llama.cpp#21500).
-    add_bos = model in ("llama", "bert") or (model == "gpt2" and pre in _ADDS_BOS_BY_DEFAULT)
+    # [CLS], and it ends with [SEP]); Unigram (T5) adds EOS only; BPE adds BOS only for the
+    # names whose spec says so. The file's flags win, except that llama.cpp forces BOS on
+    # for Gemma 4's split (ggml-org/llama.cpp#21500).
+    add_bos = model in ("llama", "bert") or (spec is not None and spec.add_bos)
     add_bos = _flag(meta, "tokenizer.ggml.add_bos_token", add_bos)
     add_eos = _flag(meta, "tokenizer.ggml.add_eos_token", model == "t5")
     add_sep = model == "bert" and _flag(meta, "tokenizer.ggml.add_sep_token", True)
-    if model == "gemma4":
+    if spec is not None and spec.force_bos:
         add_bos = True
     return add_bos, add_eos, add_sep
 
 
-def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int], required: bool = True
+                 ) -> list[tuple[str, str]]:
     raw = meta.get("tokenizer.ggml.merges")
+    if raw is None and not required:
+        return []
     if raw is None or isinstance(raw, (str, bytes)):
         raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
     merges = []
@@ -513,33 +504,68 @@ def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int]) -> list[tupl
     return merges
 
 
-def _strips_after_specials(meta: Mapping[str, Any], model: str) -> bool:
-    # llama.cpp marks special tokens of Phi-3 models (by general.name) as eating the
-    # whitespace that follows them, as their reference tokenizer does.
-    name = str(meta.get("general.name") or "").lower()
-    return model == "llama" and ("phi-3" in name or "phi3" in name)
+def _bpe(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenizerSpec, *, drop_spaces: bool = False,
+         lowercase: bool = False) -> tokenizers.Tokenizer:
+    """llama.cpp's BPE session for one pre-tokenizer spec.
 
+    Byte-level names map each word through the GPT-2 byte alphabet; the others merge
+    raw UTF-8 characters and spell a piece without a token as ``<0xHH>`` byte tokens
+    (Gemma 4 and Sarvam also write spaces as ▁ first). ``drop_spaces`` and ``lowercase``
+    are the whitespace model's session (white space removed, text lower-cased).
 
-# --------------------------------------------------------------------- schemes
-
-def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str) -> tokenizers.Tokenizer:
-    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _WHOLE_WORD_FIRST))
-    tk.pre_tokenizer = pre_tokenizers.Sequence(
-        [split_pre_tokenizer(pre), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    tk.decoder = decoders.ByteLevel()
+    llama.cpp also takes a Gemma 4 word of newlines that is itself a token without
+    merging (ggml-org/llama.cpp#21343); Gemma 4's merges build every such run anyway,
+    so the plain merge gives the same ids (checked against llama.cpp on runs of 1..69).
+    """
+    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges,
+                                         byte_fallback=not spec.byte_level))
+    steps = []
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    if spec.escape_spaces:
+        steps.append(normalizers.Replace(" ", SPACE_MARK))
+    if steps:
+        tk.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
+    splits = [pre_tokenizers.Split(Regex(c.pattern), behavior=c.behavior) for c in spec.cuts]
+    if drop_spaces:
+        splits.insert(0, pre_tokenizers.Split(Regex(r"\s+"), behavior="removed"))
+    if spec.byte_level:
+        splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        tk.decoder = decoders.ByteLevel()
+    else:
+        steps = [decoders.Replace(SPACE_MARK, " ")] if spec.escape_spaces else []
+        tk.decoder = decoders.Sequence(steps + [decoders.ByteFallback(), decoders.Fuse()])
+    tk.pre_tokenizer = splits[0] if len(splits) == 1 else pre_tokenizers.Sequence(splits)
     return tk
 
 
-def _escaped_bpe(vocab: dict[str, int], merges: list[tuple[str, str]]) -> tokenizers.Tokenizer:
-    # llama.cpp also takes a newline run that is itself a token without merging
-    # (ggml-org/llama.cpp#21343); Gemma 4's merges build every such run anyway, so the
-    # plain merge gives the same ids (checked against llama.cpp on runs of 1..69).
-    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True))
-    tk.normalizer = normalizers.Replace(" ", SPACE_MARK)
-    tk.pre_tokenizer = split_pre_tokenizer("gemma4")
-    tk.decoder = decoders.Sequence([decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()])
-    return tk
+def _keep_added_texts_raw(tk: tokenizers.Tokenizer, texts: Sequence[str]) -> None:
+    """Make byte-level decoding give an added token's own text, as llama.cpp prints it.
+
+    tokenizers passes added tokens through the ByteLevel decoder too, which turns a
+    character of the GPT-2 byte alphabet back into its byte: DeepSeek's user-defined
+    "ö" (GPT-2's spelling of byte 0xF6) would decode to that lone byte, where llama.cpp
+    prints the text "ö". Each such token (a whole token string equal to its text, which
+    no vocabulary piece can be) is first respelled in the byte alphabet.
+    """
+    changed = set(pre_tokenizers.ByteLevel.alphabet()) - {chr(c) for c in range(0x21, 0x7F)}
+    steps = []
+    for text in texts:
+        if changed.intersection(text):
+            spelled = "".join(_BYTE_ALPHABET[b] for b in text.encode("utf-8"))
+            steps.append(decoders.Replace(Regex(r"\A" + re.escape(text) + r"\z"), spelled))
+    if steps:
+        tk.decoder = decoders.Sequence(steps + [tk.decoder])
+
+
+def _gpt2_byte_alphabet() -> list[str]:
+    """The GPT-2 byte alphabet: byte -> its character (printable Latin-1 as itself, the rest from U+0100)."""
+    shown = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = iter(range(0x100, 0x200))
+    return [chr(b) if b in shown else chr(next(rest)) for b in range(256)]
+
+
+_BYTE_ALPHABET = _gpt2_byte_alphabet()
 
 
 def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: np.ndarray, add_space_prefix: bool,
@@ -809,27 +835,119 @@ MAX_SPM_TOKEN_CHARS = 1024
 
 # ----------------------------------------------------------- special handling
 
-def _add_special_tokens(tk: tokenizers.Tokenizer, tokens: Sequence[str], types: np.ndarray, eog_ids: set[int],
-                        rstrip: bool) -> None:
-    """Control, unknown and user-defined tokens are matched whole in the raw text
-    before the scheme runs (llama.cpp's tokenizer_st_partition). Control and unknown
-    ones are special; the end-of-generation tokens (``eog_ids``) are made control as llama.cpp does."""
-    special, plain = [], []
-    # Only the few tokens that are not plain vocabulary (or are end-of-generation texts) matter.
-    ids = set(np.flatnonzero(types != NORMAL).tolist()) | eog_ids
-    for i in sorted(ids):
-        kind, text = int(types[i]), tokens[i]
-        if kind in (CONTROL, UNKNOWN) or i in eog_ids:
-            # Phi-3's <unk>, <s> and <|endoftext|> keep the whitespace after them (llama.cpp).
-            strip = rstrip and text not in ("<unk>", "<s>", "<|endoftext|>")
-            special.append(AddedToken(text, special=True, normalized=False, rstrip=strip))
-        elif kind == USER_DEFINED:
-            strip = rstrip and text == "</s>"
-            plain.append(AddedToken(text, special=False, normalized=False, rstrip=strip))
-    if special:
-        tk.add_special_tokens(special)
-    if plain:
-        tk.add_tokens(plain)
+@dataclass(frozen=True)
+class _TokenKinds:
+    """Which tokens are cut out of the text before the scheme runs, as llama.cpp decides.
+
+    special: control and unknown tokens (cut out only when special texts are parsed).
+    plain: user-defined tokens (always cut out). end_of_generation: the ids that stop a
+    generation. lstrip/rstrip: tokens that swallow the white space before/after them.
+    """
+
+    special: frozenset[int]
+    plain: frozenset[int]
+    end_of_generation: frozenset[int]
+    lstrip: frozenset[int]
+    rstrip: frozenset[int]
+
+
+def _token_kinds(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, vocab: Mapping[str, int],
+                 ids: dict[str, int | None]) -> _TokenKinds:
+    """Token kinds as llama.cpp's loader (llama_vocab::impl::load) leaves them.
+
+    From ``token_type``: control and unknown tokens are special, user-defined ones plain.
+    Then, by text: a fill-in-the-middle token the file names no id for, and every
+    end-of-generation text (``END_OF_GENERATION_TEXTS``), becomes control; GPT-OSS's
+    channel tokens become user-defined; <|end|> and </s> lose that status next to the
+    tokens that say they are ordinary (see ``END_OF_GENERATION_TEXTS``). A FIM role with
+    two candidate texts in one vocabulary takes the lowest id (llama.cpp takes the first
+    its hash map yields).
+
+    Per model, by name: Phi-3's special tokens swallow the white space after them (not
+    <unk>, <s> and <|endoftext|>; </s> does); <mask> swallows the space before it in
+    Jina v2 and nomic-bert-moe vocabularies, [MASK] in ModernBERT's.
+    """
+    control = set(np.flatnonzero(types == CONTROL).tolist())
+    unknown = set(np.flatnonzero(types == UNKNOWN).tolist())
+    user = set(np.flatnonzero(types == USER_DEFINED).tolist())
+    eog: set[int] = set()
+    for role, texts in _FIM_TEXTS.items():
+        if ids[role] is None:
+            found = [vocab[t] for t in texts if t in vocab]
+            if found:
+                ids[role] = min(found)
+                control.add(ids[role])
+        if role in ("fim_pad", "fim_rep", "fim_sep") and ids[role] is not None:
+            eog.add(ids[role])
+    for text in END_OF_GENERATION_TEXTS:
+        if text in vocab:
+            eog.add(vocab[text])
+            control.add(vocab[text])
+    eog |= {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None}
+    for text in _ALWAYS_USER_DEFINED:
+        if text in vocab:
+            i = vocab[text]
+            control.discard(i)
+            unknown.discard(i)
+            user.add(i)
+    eog_texts = {tokens[i] for i in eog}
+    if "<|end|>" in eog_texts and ({"<|return|>", "<|call|>"} <= eog_texts or {"<|calls|>", "<|flush|>"} <= eog_texts):
+        i = vocab["<|end|>"]
+        eog.discard(i)
+        control.discard(i)
+        unknown.discard(i)
+        user.add(i)
+    if "</s>" in eog_texts and eog_texts & {"<|tool_response>", "<|plamo:eos|>"}:
+        i = vocab["</s>"]
+        eog.discard(i)
+        control.discard(i)
+        unknown.discard(i)
+        user.discard(i)
+    special = frozenset(control | unknown)
+    plain = frozenset(user - special)
+
+    lstrip: set[int] = set()
+    rstrip: set[int] = set()
+    pre = str(meta.get("tokenizer.ggml.pre") or "")
+    arch = str(meta.get("general.architecture") or "")
+    name = str(meta.get("general.name") or "").lower()
+    if any(t in pre for t in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or arch in ("nomic-bert-moe",
+                                                                                      "jina-bert-v3"):
+        lstrip = {vocab["<mask>"]} if "<mask>" in vocab else set()
+    elif "phi-3" in name or "phi3" in name:
+        rstrip = set(special | plain) | ({vocab["</s>"]} if "</s>" in vocab else set())
+        rstrip -= {vocab[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in vocab}
+    elif "modern-bert" in name:
+        lstrip = {vocab["[MASK]"]} if "[MASK]" in vocab else set()
+    return _TokenKinds(special, plain, frozenset(eog), frozenset(lstrip), frozenset(rstrip))
+
+
+def _add_special_tokens(tk: tokenizers.Tokenizer, tokens: Sequence[str], kinds: _TokenKinds) -> None:
+    """Control, unknown and user-defined tokens are matched whole in the raw text before
+    the scheme runs (llama.cpp's tokenizer_st_partition): the special ones only when
+    special texts are parsed (tokenizers' ``encode_special_tokens`` False), the plain
+    (user-defined) ones always."""
+    def added(i: int, special: bool) -> AddedToken:
+        return AddedToken(tokens[i], special=special, normalized=False, lstrip=i in kinds.lstrip,
+                          rstrip=i in kinds.rstrip)
+
+    if kinds.special:
+        tk.add_special_tokens([added(i, True) for i in sorted(kinds.special)])
+    if kinds.plain:
+        tk.add_tokens([added(i, False) for i in sorted(kinds.plain)])
+
+
+def clean_up_spaces(text: str) -> str:
+    """llama.cpp's ``clean_spaces`` pass of ``llama_detokenize`` (``src/llama-vocab.cpp``).
+
+    Three passes over the text: the space before ``?``, ``!``, ``.`` or ``,`` goes;
+    `` ' `` (an apostrophe between spaces) becomes ``'``; the space before ``'s``,
+    ``'m``, ``'re`` and ``'ve`` goes (not before ``'t``, ``'d`` or ``'ll``). Used for the
+    vocabularies whose ``GGUFTokenizerParts.clean_spaces`` is set.
+    """
+    text = re.sub(r" ([?!.,])", r"\1", text)
+    text = text.replace(" ' ", "'")
+    return re.sub(r" '(?=[sm]|re|ve)", "'", text)
 
 
 def _post_processor(tokens: Sequence[str], bos: int | None, eos: int | None) -> processors.PostProcessor | None:

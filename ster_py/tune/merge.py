@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import __version__
 from ..adapters import WeightMap, check_adapter_for, read_adapter
 from ..artifacts import ST_DTYPES, atomic_directory, write_safetensors
 from ..errors import SterError
@@ -88,7 +89,7 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         progress: optional ``progress("merge", done, total)`` callback (tensors).
 
     Returns:
-        The report: model, model_revision, adapter, output, rank, alpha, scale, targets,
+        The report: ster_version (the writer's), model, model_revision, adapter, output, rank, alpha, scale, targets,
         layers, hidden_size, merged_tensors, copied_tensors, total_tensors, parameters,
         dtype, files.
 
@@ -104,13 +105,23 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new directory or remove it first")
-    resolved = resolve(model, revision, progress=progress)
-    if resolved.kind != "safetensors":
-        raise SterError(f"ster tune merge refuses a GGUF base ({resolved.gguf_file}): a merge writes the base's "
-                        "tensors back and a GGUF's are quantized; merge into the safetensors checkpoint instead")
-    spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
-    wmap = WeightMap.of_spec(spec)
-    ad = read_adapter(adapter, wmap)
+
+    def fit(resolved, check: bool = True):
+        """(spec, storage map, adapter) once the base's config is known; refuses before any weight is read."""
+        if resolved.kind != "safetensors":
+            where = resolved.gguf_file or f"preset {resolved.model}"
+            raise SterError(f"ster tune merge refuses a GGUF base ({where}): a merge writes the base's tensors "
+                            "back and a GGUF's are quantized; merge into the safetensors checkpoint instead")
+        spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
+        wmap = WeightMap.of_spec(spec)
+        ad = read_adapter(adapter, wmap)
+        if check:
+            check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
+        return spec, wmap, ad
+
+    # A Hub base (or a preset, refused) is checked before its weights are downloaded.
+    resolved = resolve(model, revision, progress=progress, before_weights=fit)
+    spec, wmap, ad = fit(resolved, check=False)
     index = _index_checkpoint(resolved.weight_files)
     check_adapter_for(ad, resolved, spec, lambda role: wmap.stored(role) is not None)
 
@@ -198,7 +209,7 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
                 report_files.append(fname)
         dtypes = sorted({index[n][1] for n in order})
         report = {
-            "model": resolved.model, "model_revision": resolved.model_revision, "adapter": str(adapter),
+            "ster_version": __version__, "model": resolved.model, "model_revision": resolved.model_revision, "adapter": str(adapter),
             "adapter_layout": ad.layout, "output": str(output), "rank": ad.rank, "alpha": ad.alpha,
             "scale": ad.scale, "rslora": ad.rslora, "targets": ad.targets, "layers": ad.layers,
             "hidden_size": spec.hidden_size, "merged_tensors": len(targets),

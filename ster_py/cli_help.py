@@ -1,0 +1,118 @@
+"""How ``ster --help`` reads: value names like a CLI's, not Python type names.
+
+typer labels every option with its Python annotation (``--model <str>``,
+``--var <list[str]>``, ``--help <bool>``) and writes a required argument as a set
+(``{ids}...``). The command and group classes here give each option a value name
+(``--model MODEL``, ``--threads N``, ``--var NAME=VALUE``), leave switches
+without one, write the usage line as CLIs do (``IDS...``, ``[MODEL]``), and list a
+group's commands with their whole first paragraph (wrapped, never cut).
+
+Help is typer's plain (click) layout rather than its rich panels: at 80 columns
+the panels' seven columns leave the descriptions a third of the width and cut
+long words ("tokenizer_config…", "--no-enable-thin…"); the plain layout wraps
+descriptions under long option names and cuts nothing.
+Presentation only: parsing is typer's, unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+#: Value names by long option (or argument name); an option not listed here is named
+#: from its type: choices as ``a|b|c``, numbers as ``N`` / ``X``, text as ``TEXT``.
+METAVARS = {
+    "--model": "MODEL", "model": "MODEL", "--revision": "REV", "--prompt": "TEXT", "--prompts": "FILE",
+    "--system": "TEXT", "--max-new-tokens": "N", "--temperature": "T", "--top-p": "P", "--top-k": "K",
+    "--seed": "N", "--threads": "N", "--vector": "FILE", "--strength": "X", "--adapter": "PATH",
+    "--output": "PATH", "--layers": "LAYERS", "--tolerance": "TOL", "--positive": "CAPTURE",
+    "--negative": "CAPTURE", "--trait": "NAME", "--text": "TEXT", "--file": "FILE", "ids": "IDS",
+    "--template": "FILE", "--template-name": "NAME", "--messages": "FILE", "--tools": "FILE",
+    "--bos-token": "TEXT", "--eos-token": "TEXT", "--var": "NAME=VALUE", "--now": "ISO-TIME", "--device": "DEVICE",
+    "--kv-cache": "f32|f16",
+}
+
+
+def _value_name(param) -> str:
+    """The value name shown after an option (empty for a switch)."""
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
+        return ""
+    long = [o for o in param.opts if o.startswith("--")]
+    key = long[0] if long else param.name
+    if key in METAVARS:
+        return METAVARS[key]
+    choices = getattr(getattr(param, "type", None), "choices", None)
+    desc = getattr(param, "type_descriptor", None)
+    if choices is None and desc is not None and getattr(desc, "is_choice", False):
+        choices = desc.choices
+    if choices:
+        return "|".join(str(getattr(c, "value", c)) for c in choices)
+    annotation = getattr(desc, "annotation", None)
+    return {int: "N", float: "X"}.get(annotation, "TEXT")
+
+
+class _Tidy:
+    """Mixed into typer's command and group classes (see the module docstring)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:
+            if getattr(p, "_ster_tidy", False):
+                continue
+            p._ster_tidy = True
+            if p.param_type_name == "argument":
+                if p.metavar is None:
+                    p.metavar = METAVARS.get(p.name, p.name.upper())
+                # the name column already shows it; typer would add its Python type beside it
+                p.display_type_rich = lambda ctx: None
+            elif p.metavar is None:
+                p.metavar = _value_name(p)
+        return params
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name != "argument":
+                continue
+            name = p.metavar + ("..." if p.nargs != 1 and not p.metavar.endswith("...") else "")
+            pieces.append(name if p.required else f"[{name}]")
+        sub = getattr(self, "subcommand_metavar", None)
+        return pieces + ([sub] if sub else [])
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, summary(cmd)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def summary(cmd) -> str:
+    """A command's one-line summary: its short help, else the first paragraph of its help, whole."""
+    text = cmd.short_help or cmd.help or ""
+    return " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+
+
+class SterCommand(_Tidy, TyperCommand):
+    """A typer command whose help names values like a CLI (see the module docstring)."""
+
+
+class SterGroup(_Tidy, TyperGroup):
+    """A typer group whose help names values like a CLI (see the module docstring)."""
+
+
+class SterTyper(typer.Typer):
+    """``typer.Typer`` building :class:`SterGroup` and :class:`SterCommand`."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("cls", SterGroup)
+        kwargs.setdefault("rich_markup_mode", None)
+        super().__init__(**kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", SterCommand)
+        return super().command(*args, **kwargs)

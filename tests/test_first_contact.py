@@ -1,0 +1,542 @@
+"""What a new user meets first (issue 23): empty prompts, misspelt presets, artifacts checked
+before weights are fetched, progress, --help, --version, inspect and parity output, -q, NO_COLOR.
+
+Oracles: the library's own data (the JSON documents, the report, the ModelSpec, the package
+metadata in pyproject.toml) against what the CLI prints; the refusal tests make the step
+that must not happen (a network call, a weight download, a preset fetch) fail loudly.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ster_py.errors import SterError
+from tiny import make_checkpoint
+
+SGR = re.compile(rb"\x1b\[[0-9;]*m")  # a colour / bold / dim escape sequence
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }} {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def ster(*args, env=None, **kwargs):
+    full = None if env is None else {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, env=full, timeout=300, **kwargs)
+
+
+def on_a_terminal(*args, env=None, stdout_pipe=False) -> tuple[int, bytes, bytes]:
+    """Run ster with stderr (and stdout unless ``stdout_pipe``) on a pseudo-terminal.
+
+    Returns (status, what the terminal received, what the stdout pipe received)."""
+    master, slave = pty.openpty()
+    full = {**os.environ, "COLUMNS": "100", "LINES": "40", **(env or {})}
+    for var in ("NO_COLOR", "FORCE_COLOR", "TERM"):
+        if var not in (env or {}):
+            full.pop(var, None)
+    full["TERM"] = (env or {}).get("TERM", "xterm-256color")
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", *args], stdin=slave,
+                            stdout=subprocess.PIPE if stdout_pipe else slave, stderr=slave, env=full)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    piped = proc.stdout.read() if stdout_pipe else b""
+    proc.wait(timeout=60)
+    os.close(master)
+    return proc.returncode, seen, piped
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    make_checkpoint(path, "llama")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    """The tiny llama with a chat template in tokenizer_config.json."""
+    path = tmp_path_factory.mktemp("llama_chat")
+    make_checkpoint(path, "llama")
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+# --------------------------------------------------------------------------- empty prompt
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+@pytest.mark.parametrize("text, word", [("", "empty"), ("  \n", "only whitespace")])
+def test_empty_prompt_is_refused_in_both_template_modes(tiny_chat, mode, text, word):
+    r = ster("generate", "--model", str(tiny_chat), "--prompt", text, "--chat-template", mode, "--max-new-tokens", "2")
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr.startswith(f"error: --prompt is {word}") and "Traceback" not in r.stderr
+
+
+def test_empty_prompt_is_refused_by_the_library_and_capture(tiny_chat, tmp_path):
+    """The template would render an empty user turn; encode_prompt refuses it as it refuses raw text."""
+    from ster_py.load import load_tokenizer
+    from ster_py.prompt import encode_prompt
+
+    tok = load_tokenizer(str(tiny_chat))
+    assert encode_prompt(tok, "w5 w6").chat_template == "applied"  # the template is there and used
+    for mode in ("auto", "off"):
+        with pytest.raises(SterError, match="the prompt is empty"):
+            encode_prompt(tok, "", chat_template=mode)
+    r = ster("capture", "--model", str(tiny_chat), "--prompt", "", "--output", str(tmp_path / "c.safetensors"))
+    assert r.returncode == 1 and "--prompt is empty" in r.stderr and not (tmp_path / "c.safetensors").exists()
+
+
+# --------------------------------------------------------------------------- misspelt preset
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection attempt fails the test."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the network was used")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.mark.parametrize("name, meant", [
+    ("smollm2-135m-instruct-q4", "smollm2-135m-instruct-q4_1"),
+    ("SmolLM2-135M-Instruct-Q4_1", "smollm2-135m-instruct-q4_1"),
+    ("smollm2", "smollm2-135m-instruct-q4_1"),
+    ("gemma3-270m", "gemma3-270m-q4_k_m"),
+    ("gemma-3-270m-q4_k_m", "gemma3-270m-q4_k_m"),
+])
+def test_a_misspelt_preset_is_named_before_the_network(no_network, name, meant):
+    from ster_py.load import load_tokenizer
+    from ster_py.resolve import resolve
+
+    with pytest.raises(SterError) as e:
+        resolve(name)
+    assert str(e.value).startswith(f"no preset {name}; did you mean {meant}?")
+    with pytest.raises(SterError, match="did you mean"):
+        load_tokenizer(name)
+
+
+def test_hub_ids_are_not_taken_for_presets():
+    from ster_py.presets import PRESETS, close_presets
+
+    for hub_id in ("HuggingFaceTB/SmolLM2-135M-Instruct", "google/gemma-3-270m", "gpt2", "distilgpt2",
+                   "bert-base-uncased", "Qwen/Qwen3-0.6B", "smollm2-135m-instruct-q4_1/x"):
+        assert close_presets(hub_id) == [], hub_id
+    assert all(close_presets(p) == [p] for p in PRESETS)
+
+
+def test_cli_names_the_preset_without_reaching_the_hub(tmp_path):
+    # An endpoint nothing listens on: reaching for the Hub would end in a connection error instead.
+    r = ster("generate", "-m", "smollm2-135m-instruct-q4", "-p", "hi",
+             env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path)})
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("error: no preset smollm2-135m-instruct-q4; did you mean smollm2-135m-instruct-q4_1? "
+                                "(`ster presets` lists them; a Hugging Face Hub id is written owner/name)")
+
+
+# --------------------------------------------------------------------------- artifacts before weights
+
+
+def vector_for(model: str | None, hidden: int, layers=(0,), revision=None):
+    from ster_py.steering import SteeringVector
+
+    rng = np.random.default_rng(0)
+    dirs = {}
+    for i in layers:
+        v = rng.standard_normal(hidden).astype(np.float32)
+        dirs[i] = v / np.linalg.norm(v)
+    return SteeringVector(model, revision, hidden, "test", "caa", dirs)
+
+
+def write_ster_adapter(path: Path, model: str, hidden: int, layer: int, out: int) -> Path:
+    """A Ster-layout LoRA on layer ``layer``'s q projection ([out, hidden])."""
+    from safetensors.numpy import save_file
+
+    rank = 2
+    rng = np.random.default_rng(1)
+    save_file({f"layers.{layer}.q.a": rng.standard_normal((rank, hidden)).astype(np.float32),
+               f"layers.{layer}.q.b": rng.standard_normal((out, rank)).astype(np.float32)},
+              str(path.with_name(path.name[: -len(".json")] + ".safetensors")))
+    path.write_text(json.dumps({"format": "ster.lora", "model": model, "model_revision": None, "rank": rank,
+                                "alpha": 4, "targets": ["q"], "layers": [layer], "hidden_size": hidden}))
+    return path
+
+
+@pytest.fixture
+def hub(tiny, tmp_path, monkeypatch):
+    """The tiny checkpoint served as Hub repository org/tiny; records every file fetched."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.hf_api import RepoSibling
+
+    files = {p.name: p.read_bytes() for p in tiny.iterdir() if p.is_file()}
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "snapshots" / sha
+    fetched: list[str] = []
+
+    def model_info(api, repo_id, **kwargs):
+        return SimpleNamespace(id=repo_id, sha=sha,
+                               siblings=[RepoSibling(rfilename=n, size=len(b)) for n, b in files.items()])
+
+    def download(repo_id, filename, *, revision=None, tqdm_class=None, **kwargs):
+        fetched.append(filename)
+        data = files[filename]
+        if tqdm_class is not None:  # report the bytes in chunks, as huggingface_hub's http_get does
+            bar = tqdm_class(total=len(data), initial=0)
+            for start in range(0, len(data), 4096):
+                bar.update(len(data[start:start + 4096]))
+            bar.close()
+        (snapshot / filename).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / filename).write_bytes(data)
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    return SimpleNamespace(fetched=fetched, sha=sha, files=files)
+
+
+def test_vector_for_another_model_or_width_is_refused_before_hub_weights(hub, tiny):
+    from ster_py.load import load_model
+    from ster_py.steering import check_vector_fit
+
+    spec_hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+    cases = [(vector_for("org/other", spec_hidden), "was made for model 'org/other'"),
+             (vector_for("org/tiny", spec_hidden + 8), f"this model's hidden_size is {spec_hidden}"),
+             (vector_for("org/tiny", spec_hidden, layers=(7,)), "this model has layers 0..2")]
+    for vec, words in cases:
+        hub.fetched.clear()
+        with pytest.raises(SterError, match=re.escape(words)):
+            load_model("org/tiny", check=lambda r, s: check_vector_fit(vec, r, s, "v.json"))
+        assert "config.json" in hub.fetched and "model.safetensors" not in hub.fetched, hub.fetched
+    hub.fetched.clear()  # a vector that fits lets the weights come and the model load
+    good = vector_for("org/tiny", spec_hidden, layers=(0, 2))
+    loaded = load_model("org/tiny", check=lambda r, s: check_vector_fit(good, r, s, "v.json"))
+    assert "model.safetensors" in hub.fetched and loaded.spec.hidden_size == spec_hidden
+
+
+def test_adapter_that_cannot_fit_is_refused_before_hub_weights(hub, tiny, tmp_path):
+    from ster_py.adapters import check_adapter_early
+    from ster_py.load import load_model
+
+    cfg = json.loads((tiny / "config.json").read_text())
+    d, q = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["head_dim"]
+    cases = [(write_ster_adapter(tmp_path / "wide.lora.json", "org/tiny", d + 8, 0, q), "hidden_size"),
+             (write_ster_adapter(tmp_path / "deep.lora.json", "org/tiny", d, 5, q), "layers 0..2"),
+             (write_ster_adapter(tmp_path / "other.lora.json", "org/other", d, 0, q), "'org/other'")]
+    for path, words in cases:
+        hub.fetched.clear()
+        with pytest.raises(SterError, match=re.escape(words)):
+            load_model("org/tiny", check=lambda r, s: check_adapter_early(path, r, s))
+        assert "config.json" in hub.fetched and "model.safetensors" not in hub.fetched, hub.fetched
+    ok = write_ster_adapter(tmp_path / "ok.lora.json", "org/tiny", d, 1, q)
+    got = []
+    load_model("org/tiny", check=lambda r, s: got.append(check_adapter_early(ok, r, s)))
+    assert got[0].layers == [1] and got[0].targets == ["q"]  # read whole against the config, for reuse
+
+
+def test_vector_for_another_preset_is_refused_before_the_preset_is_fetched(monkeypatch, tmp_path):
+    from ster_py import presets
+    from ster_py.load import load_model
+    from ster_py.steering import check_vector_fit
+
+    monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / "presets"))
+
+    def fetch(name, progress=None, **kwargs):
+        raise SterError(f"fetch {name}")
+
+    monkeypatch.setattr(presets, "fetch_preset", fetch)
+    smol = presets.PRESETS["smollm2-135m-instruct-q4_1"]
+    other = vector_for(smol.name, 576, revision=f"sha256:{smol.sha256}")
+    with pytest.raises(SterError, match="was made for model 'smollm2-135m-instruct-q4_1'"):
+        load_model("gemma3-270m-q4_k_m", check=lambda r, s: check_vector_fit(other, r, s, "v.json"))
+    # made for the same pinned bytes under another name (the file's path, recorded with the pin): let through
+    same = vector_for("/somewhere/SmolLM2-135M-Instruct.Q4_1.gguf", 576, revision=f"sha256:{smol.sha256}")
+    with pytest.raises(SterError, match="fetch smollm2-135m-instruct-q4_1"):
+        load_model(smol.name, check=lambda r, s: check_vector_fit(same, r, s, "v.json"))
+
+
+def test_merge_refuses_before_the_base_weights_are_fetched(hub, tiny, tmp_path, monkeypatch):
+    from ster_py import presets
+    from ster_py.tune.merge import merge_adapter
+
+    cfg = json.loads((tiny / "config.json").read_text())
+    d, q = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["head_dim"]
+    wide = write_ster_adapter(tmp_path / "wide.lora.json", "org/tiny", d + 8, 0, q)
+    with pytest.raises(SterError, match="hidden_size"):
+        merge_adapter("org/tiny", wide, tmp_path / "out")
+    assert "config.json" in hub.fetched and "model.safetensors" not in hub.fetched, hub.fetched
+    ok = write_ster_adapter(tmp_path / "ok.lora.json", "org/tiny", d, 0, q)
+    report = merge_adapter("org/tiny", ok, tmp_path / "out")  # a fitting adapter: the weights come
+    assert "model.safetensors" in hub.fetched and report["merged_tensors"] == 1
+
+    def fetch(name, progress=None, **kwargs):
+        raise AssertionError("the preset was fetched")
+
+    monkeypatch.setattr(presets, "fetch_preset", fetch)
+    with pytest.raises(SterError, match="refuses a GGUF base"):
+        merge_adapter("gemma3-270m-q4_k_m", ok, tmp_path / "out2")
+
+
+def test_cli_refuses_the_vector_before_fetching_the_preset(tmp_path):
+    """Nothing can be fetched (no Hub, no PyPI); the refusal must come before the attempt."""
+    from ster_py.presets import PRESETS
+    from ster_py.steering import write_vector
+
+    smol = PRESETS["smollm2-135m-instruct-q4_1"]
+    write_vector(vector_for(smol.name, 576, revision=f"sha256:{smol.sha256}"), tmp_path / "v.json")
+    env = {"STER_PRESET_CACHE": str(tmp_path / "presets"), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1",
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "1"}
+    r = ster("generate", "-m", "gemma3-270m-q4_k_m", "-p", "hi", "--vector", str(tmp_path / "v.json"), env=env)
+    assert r.returncode == 1, r.stderr
+    assert "was made for model 'smollm2-135m-instruct-q4_1'" in r.stderr and "could not fetch" not in r.stderr
+    assert not (tmp_path / "presets" / "gemma3-270m-q4_k_m").exists()
+
+
+def test_cli_refuses_a_local_adapter_for_another_width_before_mapping(tiny, tmp_path):
+    cfg = json.loads((tiny / "config.json").read_text())
+    path = write_ster_adapter(tmp_path / "a.lora.json", None, cfg["hidden_size"] + 8, 0, 64)
+    r = ster("generate", "-m", str(tiny), "-p", "w5", "--adapter", str(path), "--max-new-tokens", "1")
+    assert r.returncode == 1 and f"this model's is {cfg['hidden_size']}" in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_every_library_progress_event_is_labelled_with_its_unit():
+    from ster_py.cli import progress_event
+
+    units = {"verify": "bytes", "hub": "bytes", "extract": "bytes", "download model.safetensors": "bytes",
+             "downloaded weights": "bytes", "pip": "wheels", "map weights": "files", "capture": "prompts",
+             "parity": "prompts", "merge": "tensors", "loading the reference": None}
+    for event, unit in units.items():
+        assert progress_event(event)[2] == unit, event
+    assert progress_event("download model.safetensors")[:2] == ("download", "downloading model.safetensors")
+
+
+def test_amounts_read_as_bytes_with_a_rate_or_as_counts():
+    from rich.filesize import decimal
+
+    from ster_py.cli import amount
+
+    assert amount(12_500_000, 98_362_432, "bytes", 3_100_000) == \
+        f"{decimal(12_500_000)}/{decimal(98_362_432)}, {decimal(3_100_000)}/s"
+    assert amount(4096, None, "bytes") == decimal(4096)
+    assert amount(1, 4, "wheels") == "1/4 wheels" and amount(1234, None, "prompts") == "1,234/? prompts"
+    assert amount(0, None, None) == ""
+
+
+def test_hub_bytes_are_reported_as_each_file_arrives(hub):
+    from ster_py.resolve import resolve
+
+    events = []
+    resolve("org/tiny", progress=lambda *e: events.append(e))
+    weights = [e for e in events if e[0] == "download model.safetensors"]
+    size = len(hub.files["model.safetensors"])
+    assert [e[1] for e in weights] == [0] + list(range(4096, size, 4096)) + [size]
+    assert all(e[2] == size for e in weights) and events[-1] == ("downloaded weights", size, size)
+
+
+def test_xet_counts_a_file_once_over_its_two_bars():
+    from ster_py.resolve import _quiet_tqdm
+
+    events = []
+    cls = _quiet_tqdm(lambda *e: events.append(e), "download w", 100, 1100)
+    reconstruction, transfer = cls(total=1000), cls(total=1000)
+    for _ in range(4):
+        reconstruction.update(250)
+        transfer.update(250)
+    assert events[-1] == ("download w", 1100, 1100) and max(e[1] for e in events) == 1100
+
+
+def test_progress_rows_on_a_terminal_name_their_units(tiny):
+    status, seen, _ = on_a_terminal("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "2")
+    text = SGR.sub(b"", seen).decode()
+    assert status == 0 and "mapping weight files" in text and "1/1 files" in text
+    assert "bytes" not in text and "0/?" not in text
+
+
+# --------------------------------------------------------------------------- help
+
+
+def all_commands():
+    import typer
+
+    from ster_py.cli import app
+
+    root = typer.main.get_command(app)
+    stack = [((), root)]
+    while stack:
+        path, cmd = stack.pop()
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            stack.append((path + (name,), sub))
+
+
+def help_text(path) -> str:
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    r = CliRunner().invoke(app, [*path, "--help"], terminal_width=80, prog_name="ster", color=False)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_help_reads_like_a_cli():
+    from ster_py.cli_help import summary
+
+    paths = [p for p, _ in all_commands()]
+    assert ("generate",) in paths and ("vector", "caa") in paths and ("template", "render") in paths
+    for path, cmd in all_commands():
+        text = help_text(path)
+        where = " ".join(path) or "ster"
+        assert not re.search(r"<(bool|str|int|float|path|list\[[^>]*\])>", text), (where, text)
+        usage = text.splitlines()[0]
+        assert usage.startswith("Usage: ster") and "{" not in usage, usage
+        assert all(len(line) <= 80 for line in text.splitlines()), where
+        assert "…" not in text, where
+        if hasattr(cmd, "commands"):  # a group lists each command with its whole first paragraph
+            listing = " ".join(text.split("Commands:", 1)[1].split())
+            for name, sub in cmd.commands.items():
+                assert f"{name} {summary(sub)}" in listing, (where, name)
+                assert summary(sub).endswith("."), (where, name)
+    assert "Usage: ster detokenize [OPTIONS] IDS..." in help_text(("detokenize",))
+    assert "--var NAME=VALUE" in help_text(("template", "render"))
+    gen = help_text(("generate",))
+    assert "-m, --model MODEL" in gen and "--threads N" in gen and "--precision f32|f16|bf16" in gen
+    assert re.search(r"^  --json {2,}Print", gen, re.M) and re.search(r"^  --help {2,}Show", gen, re.M)
+
+
+# --------------------------------------------------------------------------- version
+
+
+def test_version_flag_and_fields(tiny, tmp_path):
+    import tomllib
+
+    from ster_py import __version__
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__
+    r = ster("--version")
+    assert r.returncode == 0 and r.stdout == f"ster {__version__}\n"
+    docs = [json.loads(ster("generate", "-m", str(tiny), "-p", "w5", "--max-new-tokens", "1", "--json").stdout),
+            json.loads(ster("inspect", str(tiny), "--json").stdout),
+            json.loads(ster("tokenize", "-m", str(tiny), "-t", "w5", "--json").stdout),
+            json.loads(ster("detokenize", "-m", str(tiny), "5", "--json").stdout)]
+    assert [d["ster_version"] for d in docs] == [__version__] * 4
+    for name, text in (("pos", "w5 w6"), ("neg", "w9 w10")):
+        r = ster("capture", "-m", str(tiny), "-p", text, "--layers", "0", "-o", str(tmp_path / f"{name}.safetensors"))
+        assert r.returncode == 0, r.stderr
+        assert json.loads((tmp_path / f"{name}.json").read_text())["ster_version"] == __version__
+    r = ster("vector", "caa", "--positive", str(tmp_path / "pos.json"), "--negative", str(tmp_path / "neg.json"),
+             "-o", str(tmp_path / "v.json"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "v.json").read_text())["ster_version"] == __version__
+
+
+def test_vector_records_the_version(tmp_path):
+    from ster_py import __version__
+    from ster_py.steering import read_vector, write_vector
+
+    write_vector(vector_for("m", 8), tmp_path / "v.json")
+    assert json.loads((tmp_path / "v.json").read_text())["ster_version"] == __version__
+    assert read_vector(tmp_path / "v.json").hidden_size == 8  # still read back
+
+
+# --------------------------------------------------------------------------- inspect, parity
+
+
+def test_inspect_prints_yes_no_and_separated_counts(tiny):
+    info = json.loads(ster("inspect", str(tiny), "--json").stdout)
+    r = ster("inspect", str(tiny))
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    row = {line.split()[0]: line.split(None, 1)[1] for line in lines if not line.startswith(" ")}
+    assert row["chat_template"] == ("yes" if info["chat_template"] else "no")
+    assert row["parameters"].startswith(f"{info['parameters']:,}") and "," in row["parameters"]
+    assert f"vocab_size={info['dimensions']['vocab_size']:,}" in r.stdout
+    assert f"tie_word_embeddings={'yes' if info['dimensions']['tie_word_embeddings'] else 'no'}" in r.stdout
+    assert "True" not in r.stdout and "False" not in r.stdout
+
+
+def test_parity_table_keeps_every_number_and_fits_80_columns():
+    from rich.console import Console
+
+    from ster_py.cli_tools import parity_table
+    from ster_py.parity import ParityReport, PromptParity
+
+    report = ParityReport("m", None, "f32", "transformers", 1e-4)
+    report.prompts = [
+        PromptParity("The capital of France is " * 6, list(range(1234)), 4.1e-5, 2.25e-3, 0.99999987, 1.0, True,
+                     [], None),
+        PromptParity("def f(n):\n    return n", [1, 2, 3], 0.123, 15.5, 0.875, 0.333, False, [], 17),
+        PromptParity("short", [1], 1e-7, 1e-6, 1.0, 1.0, True, None, None),
+    ]
+    sink = io.StringIO()
+    Console(file=sink, width=80, color_system=None).print(parity_table(report, 1e-4, width=80))
+    lines = sink.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    body = [line for line in lines if line.strip() and not line.lstrip().startswith(("ster vs", "tokens"))]
+    assert len(body) == 3  # one line per prompt: nothing wrapped
+    for p, line in zip(report.prompts, body):
+        for cell in (f"{len(p.ids):,}", f"{p.rel_error:.2e}", f"{p.max_abs_error:.2e}", f"{p.mean_cosine:.6f}",
+                     f"{p.top1_agreement:.0%}", "pass" if p.passed else "FAIL"):
+            assert cell in line, (cell, line)
+    assert "layer 17" in body[1] and " no " in body[0] and "short" in body[2]
+    assert "The capital of France" in body[0] and body[0].endswith("...")
+
+
+# --------------------------------------------------------------------------- -q, NO_COLOR
+
+
+def test_quiet_silences_the_stats_line(tiny):
+    loud = ster("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "2")
+    quiet = ster("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "2", "-q")
+    assert loud.returncode == quiet.returncode == 0
+    assert "prompt tokens" in loud.stderr and quiet.stderr == "" and quiet.stdout == loud.stdout
+    tok = ster("tokenize", "-m", str(tiny), "-t", "w5 w6", "-q")
+    assert tok.returncode == 0 and tok.stderr == "" and tok.stdout.split() == ["5", "6"]
+
+
+def test_no_color_turns_off_every_style_on_a_terminal(tiny):
+    args = ("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "2")
+    status, styled, _ = on_a_terminal(*args)
+    assert status == 0 and SGR.search(styled)  # the check can see styles when there are some
+    status, plain, _ = on_a_terminal(*args, env={"NO_COLOR": "1"})
+    assert status == 0 and b"prompt tokens" in plain and not SGR.search(plain), plain[-400:]
+    status, seen, _ = on_a_terminal("generate", "--help", env={"NO_COLOR": "1"})
+    assert status == 0 and b"--prompt" in seen and not SGR.search(seen)
+
+
+def test_stdout_that_is_not_a_terminal_gets_no_styles(tiny):
+    status, _, piped = on_a_terminal("inspect", str(tiny), stdout_pipe=True)
+    assert status == 0 and b"chat_template" in piped and not SGR.search(piped)
