@@ -191,6 +191,33 @@ def _expert_sources(layout, gnames, i: int) -> list[_Source]:
     return out
 
 
+#: What ``ster convert`` cannot write yet, by the mixer a layer uses, with the reason (the GGUF tensors and
+#: metadata of these layers are not written, so no file llama.cpp runs could come out).
+UNWRITTEN_MIXERS = {
+    "latent": "multi-head latent attention (DeepSeek-V2/V3, MiniCPM3, GLM-4 Lite)",
+    "mamba": "a Mamba state-space scan",
+    "mamba2": "a Mamba-2 state-space scan",
+    "hybrid": "attention beside a Mamba-2 state-space scan (Falcon-H1)",
+    "none": "a layer without a token mixer (a state-space family's feed-forward-only layers)",
+}
+
+
+def _refuse_unwritten(mixers, what: str, where: str) -> None:
+    """SterError when any layer's mixer is one ``ster convert`` does not write (see ``UNWRITTEN_MIXERS``).
+
+    Args:
+        mixers: the layers' ``LayerSpec.mixer`` names (or a family's, for a GGUF source).
+        what: the model's kind for the message (a model_type or GGUF architecture).
+    """
+    kinds = [m for m in dict.fromkeys(mixers) if m != "attention"]
+    if kinds:
+        reasons = "; ".join(UNWRITTEN_MIXERS.get(m, f"a {m!r} mixer") for m in kinds)
+        raise SterError(f"{where}: ster convert does not write {what} yet: its layers use {reasons}, whose GGUF "
+                        "tensors and metadata ster cannot write; only attention layers (dense or with routed "
+                        "experts) are written. Convert this model with llama.cpp's convert_hf_to_gguf.py "
+                        "(ster runs the resulting GGUF)")
+
+
 def _facts_from_spec(arch: str, spec) -> ModelFacts:
     n_expert = spec.moe.router.num_experts if spec.moe is not None else 0
     return ModelFacts(arch, spec.num_hidden_layers, n_expert, spec.num_attention_heads, spec.num_key_value_heads)
@@ -232,7 +259,8 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
 
     Raises:
         SterError: an unknown type; an existing output; a model ster cannot run or whose family has no
-            llama.cpp architecture; a tokenizer GGUF cannot hold; a write error (nothing is left at
+            llama.cpp architecture; a model with latent attention or state-space layers (``UNWRITTEN_MIXERS``,
+            refused before any weight is read, from a checkpoint or a GGUF file); a tokenizer GGUF cannot hold; a write error (nothing is left at
             ``output``).
     """
     from .resolve import resolve
@@ -275,6 +303,7 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     where = str(resolved.config_path)
     check_config(config, where)
     spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
+    _refuse_unwritten([layer.mixer for layer in spec.layers], f"model_type {spec.model_type!r}", where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
     tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
     sources = checkpoint_sources(resolved, spec, family, config, progress)
@@ -297,7 +326,9 @@ def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntr
 
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
-    family_for_architecture(arch, str(path))  # an architecture ster runs
+    family = family_for_architecture(arch, str(path))  # an architecture ster runs
+    _refuse_unwritten(["latent"] if family.latent else [family.recurrent] if family.recurrent else [],
+                      f"GGUF architecture {arch!r}", str(path))
     meta: dict = {}
     for key, value in g.metadata.items():
         vtype = g.metadata_types[key]

@@ -109,9 +109,28 @@ def arch_files(tmp_path_factory):
     return out
 
 
+def _unwritten_cases() -> dict:
+    """The GGUF cases of the latent-attention and state-space families, which ster convert refuses."""
+    import test_parity_mla as mla
+    import test_parity_ssm as ssm
+
+    return {**{f"mla-{k}": v for k, v in mla.GGUF_CASES.items()}, **{f"ssm-{k}": v for k, v in ssm.GGUF_CASES.items()}}
+
+
+UNWRITTEN_CASES = _unwritten_cases()
+#: GGUF architecture -> the layer kind its refusal names (every architecture of a latent or state-space family).
+UNWRITTEN_ARCHS = {a: "multi-head latent attention" if f.latent else "Mamba state-space" if f.recurrent == "mamba"
+                   else "Mamba-2 state-space" for a, f in sorted(FAMILIES_BY_GGUF_ARCH.items())
+                   if f.latent or f.recurrent}
+
+
 def test_every_gguf_architecture_has_a_case():
+    """Every architecture ster reads is either converted (and checked against llama.cpp's converter below) or
+    refused by a test of its own (``test_latent_and_state_space_models_are_refused_before_any_weight``)."""
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in ARCH_CASES.values()}
-    assert converted == set(FAMILIES_BY_GGUF_ARCH)
+    refused = {FAMILIES[model_type].gguf_arch for model_type, _, _ in UNWRITTEN_CASES.values()}
+    assert not converted & refused
+    assert converted | refused | set(UNWRITTEN_ARCHS) == set(FAMILIES_BY_GGUF_ARCH)
 
 
 @pytest.mark.parametrize("name", list(ARCH_CASES))
@@ -328,6 +347,47 @@ def test_family_without_a_gguf_architecture_is_refused_before_any_weight(tmp_pat
     with pytest.raises(SterError, match="no GGUF architecture for model_type 'gptj'"):
         convert_model(str(tmp_path / "gptj"), tmp_path / "x.gguf", "f16")
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("name", list(UNWRITTEN_CASES))
+def test_latent_and_state_space_models_are_refused_before_any_weight(name, tmp_path):
+    """Latent attention and state-space layers are not written (their GGUF tensors and metadata are llama.cpp's
+    converter's business): the refusal names the layer kind, comes before any weight or the tokenizer is read
+    (a corrupt safetensors file and a word-level tokenizer are never reached), and leaves no file."""
+    from transformers import AutoConfig
+
+    from tiny import CONFIG_AS_GIVEN, write_tokenizer
+
+    model_type, config, _ = UNWRITTEN_CASES[name]
+    config = {k: v for k, v in config.items() if k != CONFIG_AS_GIVEN}
+    d = tmp_path / "m"
+    AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config).save_pretrained(d)
+    write_tokenizer(d)
+    (d / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
+    kind = "multi-head latent attention" if name.startswith("mla-") else "state-space scan"
+    with pytest.raises(SterError, match=f"ster convert does not write model_type '{model_type}' yet: .*{kind}"):
+        convert_model(str(d), tmp_path / "x.gguf", "f16")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("arch, kind", list(UNWRITTEN_ARCHS.items()))
+def test_latent_and_state_space_ggufs_are_refused(arch, kind, tmp_path):
+    """A GGUF source of those architectures is refused too (its tensors are not re-quantized by llama.cpp's
+    rules for them here), from its metadata alone: the file holds no tensor at all."""
+    src = write_gguf(tmp_path / "src.gguf", {"general.architecture": arch, f"{arch}.block_count": Typed("uint32", 2)},
+                     [])
+    out = tmp_path / "x.gguf"
+    with pytest.raises(SterError, match=f"does not write GGUF architecture '{arch}' yet: .*{kind}"):
+        convert_model(str(src), out, "q8_0")
+    assert not out.exists()
+
+
+def test_latent_gguf_refusal_on_the_command_line(tmp_path):
+    src = write_gguf(tmp_path / "src.gguf", {"general.architecture": "deepseek2"}, [])
+    out = tmp_path / "x.gguf"
+    r = ster("convert", str(src), "--output", str(out), "--type", "q8_0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error:") and "multi-head latent attention" in r.stderr and not out.exists()
 
 
 def test_word_level_tokenizer_is_refused(tmp_path):
