@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import MODEL_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, out, progress_bar, show_warnings
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, out, progress_bar,
+                  show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -53,16 +54,17 @@ def convert(
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: every core)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Write a model as a GGUF file llama.cpp runs: its metadata keys, tokenizer and tensor names, quantized by
     ster's own quantizers with llama.cpp's type rules. A GGUF input is re-quantized."""
     from .convert import convert_model
 
-    with progress_bar(what="converting") as progress:
+    with progress_bar(enabled=not quiet, what="converting") as progress:
         report = convert_model(model, output, type_, revision=revision, threads=threads, progress=progress)
     if as_json:
-        print(json.dumps(report, indent=2))
-    else:
+        print(json.dumps(report, indent=2))  # it records ster_version itself
+    elif not quiet:
         _report_table(report, skip=("differences", "tokenizer_notes"))
     _warn(f"llama.cpp will run this GGUF differently from the checkpoint: {d}" for d in report["differences"])
     _warn(report["tokenizer_notes"])
@@ -82,6 +84,7 @@ def perplexity(
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Perplexity of a model on a text, over non-overlapping windows as llama.cpp's llama-perplexity computes it;
     with --reference, the KL divergence from the reference model's predictions too."""
@@ -98,12 +101,12 @@ def perplexity(
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SterError(f"cannot read --file {file}: {e}") from None
-    with progress_bar(what="perplexity") as progress:
+    with progress_bar(enabled=not quiet, what="perplexity") as progress:
         loaded = load_model(model, revision, precision=precision.value, progress=progress)
         show_warnings(loaded)
         ref = load_model(reference, revision, precision=precision.value, progress=progress) if reference else None
         result = run(loaded, text, ctx, reference=ref, max_chunks=chunks, progress=progress)
-    result = {"model": loaded.resolved.model, "reference": reference, "file": str(file), **result}
+    result = {**version_fields(), "model": loaded.resolved.model, "reference": reference, "file": str(file), **result}
     if as_json:
         print(json.dumps(result, indent=2))
         return
@@ -126,6 +129,7 @@ def vector_pca(
     output: Path = typer.Option(..., "--output", "-o", help="The steering vector JSON file to write."),
     trait: str = typer.Option("", help="A name for what the vector steers toward (recorded)."),
     layers: Optional[str] = typer.Option(None, help="Subset of the captured layers: N | a..b | a,b,c."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
     positive_j - negative_j, signed so that the positive prompts project positive."""
@@ -136,8 +140,9 @@ def vector_pca(
     chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
     vec = pca(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
     write_vector(vec, output)
-    err.print(f"[dim]steering vector (pca, {vec.metadata['pairs']} pairs) for {escape(str(vec.model))}: layers "
-              f"{sorted(vec.directions)}; wrote {escape(str(output))}[/]")
+    if not quiet:
+        err.print(f"[dim]steering vector (pca, {vec.metadata['pairs']} pairs) for {escape(str(vec.model))}: "
+                  f"layers {sorted(vec.directions)}; wrote {escape(str(output))}[/]")
 
 
 @vector_app.command("export")
@@ -149,6 +154,7 @@ def vector_export(
     model_hint: Optional[str] = typer.Option(None, help="controlvector.model_hint (default: the model's GGUF "
                                              "architecture, from the vector's metadata)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Write a steering vector as llama.cpp's control-vector GGUF (direction.N tensors; layer N is the output of
     decoder layer N, as in ster; llama.cpp never steers layer 0, so it is left out)."""
@@ -157,8 +163,8 @@ def vector_export(
     vec = read_vector(vector)
     report = export_control_vector(vec, output, strength=strength, model_hint=model_hint)
     if as_json:
-        print(json.dumps(report, indent=2))
-    else:
+        print(json.dumps({**version_fields(), **report}, indent=2))
+    elif not quiet:
         err.print(f"[dim]control vector: layers {report['layers']} at strength {strength:g}; wrote "
                   f"{escape(str(output))}[/]")
     if report["skipped"]:

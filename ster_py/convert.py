@@ -202,6 +202,30 @@ UNWRITTEN_MIXERS = {
 }
 
 
+_ROUTING = ("the routing metadata its llama.cpp converter writes (gating function, expert weights' scale and "
+            "normalisation, expert groups, shared-expert count, leading dense layers)")
+#: Mixture-of-experts architectures whose GGUF form ``ster convert`` does not write yet, with what is missing
+#: (checked against llama.cpp's converter on tiny checkpoints: these differ from it).
+UNWRITTEN_ARCHS = {
+    **{arch: _ROUTING for arch in ("glm4moe", "exaone-moe", "hy_v3", "bailingmoe2", "minimax-m2", "hunyuan-moe",
+                                   "ernie4_5-moe", "cohere2moe")},
+    "llama4": "the interleaved expert layers' step (interleave_moe_layer_step)",
+    "afmoe": _ROUTING + " and its attention output gate",
+    "granite_swa": "its per-layer sliding-window pattern and fused gate/up experts",
+    "mellum": "its per-layer sliding-window pattern",
+    "phimoe": "its LayerNorm epsilon and rotation keys as llama.cpp's converter writes them",
+    **{arch: "per-layer head counts and windows" for arch in ("laguna", "mimo2", "step35")},
+}
+
+
+def _refuse_unwritten_arch(arch: str, what: str, where: str) -> None:
+    """SterError when ``arch`` is one of ``UNWRITTEN_ARCHS`` (before any weight is read)."""
+    if arch in UNWRITTEN_ARCHS:
+        raise SterError(f"{where}: ster convert does not write {what} (GGUF architecture {arch!r}) yet: it lacks "
+                        f"{UNWRITTEN_ARCHS[arch]}, so llama.cpp would not build the checkpoint's model. Convert this "
+                        "model with llama.cpp's convert_hf_to_gguf.py (ster runs the resulting GGUF)")
+
+
 def _refuse_unwritten(mixers, what: str, where: str) -> None:
     """SterError when any layer's mixer is one ``ster convert`` does not write (see ``UNWRITTEN_MIXERS``).
 
@@ -253,14 +277,15 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
         progress: optional ``progress(event, done, total)``.
 
     Returns:
-        The report: model, model_revision, output, type, architecture, tensors, types (count per
+        The report: ster_version (the writer's), model, model_revision, output, type, architecture, tensors, types (count per
         type), bytes, parameters, differences (how a GGUF runtime's model differs from the
         checkpoint's, empty when none), tokenizer_notes, seconds.
 
     Raises:
         SterError: an unknown type; an existing output; a model ster cannot run or whose family has no
             llama.cpp architecture; a model with latent attention or state-space layers (``UNWRITTEN_MIXERS``,
-            refused before any weight is read, from a checkpoint or a GGUF file); a tokenizer GGUF cannot hold; a write error (nothing is left at
+            refused before any weight is read, from a checkpoint or a GGUF file); a checkpoint of an architecture
+            in ``UNWRITTEN_ARCHS``; a tokenizer GGUF cannot hold; a write error (nothing is left at
             ``output``).
     """
     from .resolve import resolve
@@ -279,7 +304,10 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
         align = alignment
     write_gguf(output, meta, entries, alignment=align, progress=progress)
     types = Counter(e.type_name for e in entries)
-    return {"model": resolved.model, "model_revision": resolved.model_revision, "output": str(output),
+    from . import __version__
+
+    return {"ster_version": __version__, "model": resolved.model, "model_revision": resolved.model_revision,
+            "output": str(output),
             "type": ft.name, "architecture": meta["general.architecture"], "tensors": len(entries),
             "types": dict(sorted(types.items())), "bytes": output.stat().st_size,
             "parameters": int(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)),
@@ -304,6 +332,7 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     check_config(config, where)
     spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
     _refuse_unwritten([layer.mixer for layer in spec.layers], f"model_type {spec.model_type!r}", where)
+    _refuse_unwritten_arch(family.gguf_arch, f"model_type {spec.model_type!r}", where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
     tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
     sources = checkpoint_sources(resolved, spec, family, config, progress)

@@ -64,7 +64,16 @@ def _arch_cases() -> dict:
     return cases
 
 
-ARCH_CASES = _arch_cases()
+def _split_cases():
+    from ster_py.convert import UNWRITTEN_ARCHS
+
+    cases = _arch_cases()
+    refused = {k: v for k, v in cases.items() if FAMILIES[v[0]].gguf_arch in UNWRITTEN_ARCHS}
+    return {k: v for k, v in cases.items() if k not in refused}, refused
+
+
+# Cases of the architectures ster convert writes, and of the mixture-of-experts ones it refuses.
+ARCH_CASES, REFUSED_ARCH_CASES = _split_cases()
 # Values the converter writes otherwise, on purpose: Falcon's converter states a 2048-token context whatever
 # the config says and BLOOM's its hidden size (ster writes the config's context).
 VALUE_DIFFERENCES = {("falcon-1ln", "falcon.context_length"), ("falcon-2ln", "falcon.context_length"),
@@ -126,11 +135,15 @@ UNWRITTEN_ARCHS = {a: "multi-head latent attention" if f.latent else "Mamba stat
 
 def test_every_gguf_architecture_has_a_case():
     """Every architecture ster reads is either converted (and checked against llama.cpp's converter below) or
-    refused by a test of its own (``test_latent_and_state_space_models_are_refused_before_any_weight``)."""
+    refused by a test of its own (``test_unwritten_models_are_refused_before_any_weight``)."""
+    from ster_py import convert
+
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in ARCH_CASES.values()}
-    refused = {FAMILIES[model_type].gguf_arch for model_type, _, _ in UNWRITTEN_CASES.values()}
+    refused = {FAMILIES[model_type].gguf_arch for model_type, _, _ in
+               list(UNWRITTEN_CASES.values()) + list(REFUSED_ARCH_CASES.values())}
     assert not converted & refused
     assert converted | refused | set(UNWRITTEN_ARCHS) == set(FAMILIES_BY_GGUF_ARCH)
+    assert set(convert.UNWRITTEN_ARCHS) <= refused  # each refused architecture is refused in a test
 
 
 @pytest.mark.parametrize("name", list(ARCH_CASES))
@@ -349,8 +362,8 @@ def test_family_without_a_gguf_architecture_is_refused_before_any_weight(tmp_pat
     assert not (tmp_path / "x.gguf").exists()
 
 
-@pytest.mark.parametrize("name", list(UNWRITTEN_CASES))
-def test_latent_and_state_space_models_are_refused_before_any_weight(name, tmp_path):
+@pytest.mark.parametrize("name", list(UNWRITTEN_CASES) + list(REFUSED_ARCH_CASES))
+def test_unwritten_models_are_refused_before_any_weight(name, tmp_path):
     """Latent attention and state-space layers are not written (their GGUF tensors and metadata are llama.cpp's
     converter's business): the refusal names the layer kind, comes before any weight or the tokenizer is read
     (a corrupt safetensors file and a word-level tokenizer are never reached), and leaves no file."""
@@ -358,14 +371,22 @@ def test_latent_and_state_space_models_are_refused_before_any_weight(name, tmp_p
 
     from tiny import CONFIG_AS_GIVEN, write_tokenizer
 
-    model_type, config, _ = UNWRITTEN_CASES[name]
+    model_type, config, _ = {**UNWRITTEN_CASES, **REFUSED_ARCH_CASES}[name]
     config = {k: v for k, v in config.items() if k != CONFIG_AS_GIVEN}
     d = tmp_path / "m"
     AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config).save_pretrained(d)
     write_tokenizer(d)
     (d / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
-    kind = "multi-head latent attention" if name.startswith("mla-") else "state-space scan"
-    with pytest.raises(SterError, match=f"ster convert does not write model_type '{model_type}' yet: .*{kind}"):
+    if name in REFUSED_ARCH_CASES:
+        from ster_py.convert import UNWRITTEN_ARCHS
+
+        arch = FAMILIES[model_type].gguf_arch
+        match = f"does not write model_type '{model_type}' \\(GGUF architecture '{arch}'\\) yet: it lacks"
+        assert UNWRITTEN_ARCHS[arch]
+    else:
+        kind = "multi-head latent attention" if name.startswith("mla-") else "state-space scan"
+        match = f"ster convert does not write model_type '{model_type}' yet: .*{kind}"
+    with pytest.raises(SterError, match=match):
         convert_model(str(d), tmp_path / "x.gguf", "f16")
     assert not (tmp_path / "x.gguf").exists()
 

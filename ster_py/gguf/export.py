@@ -354,7 +354,7 @@ def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None
             a vocabulary larger than the model's, a malformed tokenizer.json.
     """
     from ..tokenizer import Tokenizer
-    from .tokenizer import PRE_TOKENIZER_SPLITS, tokenizer_from_gguf_metadata
+    from .tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf_metadata
 
     root = Path(root)
     doc = _tokenizer_json(root)
@@ -466,7 +466,7 @@ def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None
     want = hf.encode(PROBE_TEXT, add_special_tokens=False)
     notes: list[str] = []
     candidates = ["gpt-2", "smollm", "llama-bpe", "qwen2", "default", "gpt-4o", "qwen35", "stablelm2"]
-    candidates = [c for c in candidates if c in PRE_TOKENIZER_SPLITS] if byte_level else ["default"]
+    candidates = [c for c in candidates if c in PRE_TOKENIZERS] if byte_level else ["default"]
     best = None
     for name in candidates:
         trial = dict(meta, **{"tokenizer.ggml.pre": name})
