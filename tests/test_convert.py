@@ -327,9 +327,12 @@ def test_merged_adapter_gguf_is_the_merged_checkpoint_in_llamacpp(checkpoints, t
 
 def test_cli_convert_json(checkpoints, tmp_path):
     out = tmp_path / "x.gguf"
-    r = ster("convert", str(checkpoints / "gpt2"), "--output", str(out), "--type", "q8_0", "--json")
-    assert r.returncode == 0, r.stderr
+    r = ster("convert", str(checkpoints / "gpt2"), "--output", str(out), "--type", "q8_0", "--json", "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
     doc = json.loads(r.stdout)
+    from ster_py import __version__
+
+    assert doc["ster_version"] == __version__
     assert doc["output"] == str(out) and doc["type"] == "q8_0" and doc["architecture"] == "gpt2"
     assert doc["types"] == {"F32": 35, "Q8_0": 17} and doc["bytes"] == out.stat().st_size
     assert GGUFFile(out).metadata["general.file_type"] == 7

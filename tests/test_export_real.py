@@ -1,8 +1,7 @@
 """Export on the two real models (their Hugging Face copies): ``ster convert``, control vectors, merged adapters,
 perplexity, each against llama.cpp.
 
-- Round trip at F16, Q8_0, Q4_0 and Q4_K_M (one real model per type: Gemma 3 at F16 and Q4_K_M, SmolLM2 at Q8_0
-  and Q4_0): gguf-py reads the file; F16, Q8_0 and Q4_0 tensors are gguf-py's quantization of the checkpoint's
+- Round trip at F16, Q8_0, Q4_0 and Q4_K_M of both models: gguf-py reads the file; F16, Q8_0 and Q4_0 tensors are gguf-py's quantization of the checkpoint's
   tensors byte for byte (their first 4096 rows; F32 ones equal them); the
   conversion reports no difference from the checkpoint; llama.cpp's greedy 32 tokens equal ster's on the F16
   file, and on the quantized files llama.cpp's logits along its greedy path are within parity's llama.cpp
@@ -68,9 +67,8 @@ def _sources(path: str) -> dict:
     return {s.name: s for s in checkpoint_sources(r, spec, r.family, r.config)}
 
 
-# One real-model round trip per type (the suite's time budget): the F16 file's exact greedy tokens and the
-# original preset's own type (Q4_K_M) on Gemma 3, the two legacy types on SmolLM2.
-ROUND_TRIPS = [("gemma3", "f16"), ("smollm2", "q8_0"), ("smollm2", "q4_0"), ("gemma3", "q4_k_m")]
+# Both real models at each of the four types.
+ROUND_TRIPS = [(m, t) for m in ("smollm2", "gemma3") for t in ("f16", "q8_0", "q4_0", "q4_k_m")]
 
 
 @pytest.mark.parametrize("model, ftype", ROUND_TRIPS)

@@ -94,9 +94,12 @@ def test_cli_json(files, tmp_path):
     (tmp_path / "t.txt").write_text(TEXT)
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["q4_0"],
                         "--file", str(tmp_path / "t.txt"), "--ctx", "32", "--chunks", "2", "--reference", files["f16"],
-                        "--json"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+                        "--json", "-q"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
     doc = json.loads(r.stdout)
+    from ster_py import __version__
+
+    assert doc["ster_version"] == __version__
     assert doc["chunks"] == 2 and doc["tokens"] == 30 and doc["kld_mean"] > 0 and 0 < doc["same_top"] <= 1
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["f16"],
                         "--file", str(tmp_path / "t.txt"), "--ctx", "4096"], capture_output=True, text=True, timeout=600)

@@ -86,7 +86,10 @@ def test_export_is_llamacpps_control_vector_format(tmp_path):
     r = ster("vector", "export", str(tmp_path / "v.json"), "--output", str(tmp_path / "v.gguf"), "--strength", "2.5",
              "--json")
     assert r.returncode == 0, r.stderr
+    from ster_py import __version__
+
     assert json.loads(r.stdout)["layers"] == [3, 5] and "layer 0" in r.stderr
+    assert json.loads(r.stdout)["ster_version"] == __version__
     g = GGUFReader(tmp_path / "v.gguf")
     f = {x.name: x for x in g.fields.values()}
     assert f["general.architecture"].contents() == "controlvector"
@@ -115,8 +118,8 @@ def test_cli_pca_from_captures(tmp_path):
         cap.meta.update(format="ster.capture", schema_version=1, layer_numbering="", model_type="llama")
         save_capture(cap, tmp_path / f"{name}.safetensors")
     r = ster("vector", "pca", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
-             str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"), "--layers", "1..2")
-    assert r.returncode == 0, r.stderr
+             str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"), "--layers", "1..2", "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
     vec = read_vector(tmp_path / "v.json")
     assert vec.method == "pca" and sorted(vec.directions) == [1, 2]
     assert np.allclose(vec.directions[1], pca(p, n, layers=[1]).directions[1])
