@@ -199,7 +199,17 @@ UNWRITTEN_MIXERS = {
     "mamba2": "a Mamba-2 state-space scan",
     "hybrid": "attention beside a Mamba-2 state-space scan (Falcon-H1)",
     "none": "a layer without a token mixer (a state-space family's feed-forward-only layers)",
+    "shortconv": "a gated short convolution (LFM2)",
+    "lightning": "lightning attention (MiniMax-Text-01)",
+    "shared_hybrid": "a Mamba-2 state-space scan beside shared transformer blocks (Zamba2)",
 }
+
+
+def _family_mixers(family) -> list[str]:
+    """The mixers a family's layers may use, from the family alone (for a GGUF source, before its tensors)."""
+    if family.latent:
+        return ["latent"]
+    return [family.recurrent] if family.recurrent else []
 
 
 _ROUTING = ("the routing metadata its llama.cpp converter writes (gating function, expert weights' scale and "
@@ -356,8 +366,7 @@ def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntr
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
     family = family_for_architecture(arch, str(path))  # an architecture ster runs
-    _refuse_unwritten(["latent"] if family.latent else [family.recurrent] if family.recurrent else [],
-                      f"GGUF architecture {arch!r}", str(path))
+    _refuse_unwritten(_family_mixers(family), f"GGUF architecture {arch!r}", str(path))
     meta: dict = {}
     for key, value in g.metadata.items():
         vtype = g.metadata_types[key]

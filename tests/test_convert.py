@@ -119,18 +119,27 @@ def arch_files(tmp_path_factory):
 
 
 def _unwritten_cases() -> dict:
-    """The GGUF cases of the latent-attention and state-space families, which ster convert refuses."""
-    import test_parity_mla as mla
-    import test_parity_ssm as ssm
+    """The GGUF cases of the latent-attention and state-space (and other recurrent-mixer) families, which ster
+    convert refuses."""
+    import importlib
 
-    return {**{f"mla-{k}": v for k, v in mla.GGUF_CASES.items()}, **{f"ssm-{k}": v for k, v in ssm.GGUF_CASES.items()}}
+    out = {}
+    for module in ("test_parity_mla", "test_parity_ssm", "test_parity_ssm_b1"):
+        try:
+            cases = importlib.import_module(module).GGUF_CASES
+        except ModuleNotFoundError:
+            continue
+        out.update({f"{module.rsplit('_', 1)[-1]}-{k}": v for k, v in cases.items()})
+    return out
 
 
 UNWRITTEN_CASES = _unwritten_cases()
 #: GGUF architecture -> the layer kind its refusal names (every architecture of a latent or state-space family).
-UNWRITTEN_ARCHS = {a: "multi-head latent attention" if f.latent else "Mamba state-space" if f.recurrent == "mamba"
-                   else "Mamba-2 state-space" for a, f in sorted(FAMILIES_BY_GGUF_ARCH.items())
-                   if f.latent or f.recurrent}
+UNWRITTEN_ARCHS = {a: "multi-head latent attention" if f.latent else f.recurrent for a, f in
+                   sorted(FAMILIES_BY_GGUF_ARCH.items()) if f.latent or f.recurrent}
+#: A recurrent mixer -> words its refusal must use.
+KIND_WORDS = {"mamba": "Mamba state-space", "mamba2": "Mamba-2 state-space", "shortconv": "short convolution",
+              "lightning": "lightning attention"}
 
 
 def test_every_gguf_architecture_has_a_case():
@@ -387,7 +396,8 @@ def test_unwritten_models_are_refused_before_any_weight(name, tmp_path):
         match = f"does not write model_type '{model_type}' \\(GGUF architecture '{arch}'\\) yet: it lacks"
         assert UNWRITTEN_ARCHS[arch]
     else:
-        kind = "multi-head latent attention" if name.startswith("mla-") else "state-space scan"
+        family = FAMILIES[model_type]
+        kind = "multi-head latent attention" if family.latent else KIND_WORDS[family.recurrent]
         match = f"ster convert does not write model_type '{model_type}' yet: .*{kind}"
     with pytest.raises(SterError, match=match):
         convert_model(str(d), tmp_path / "x.gguf", "f16")
@@ -401,6 +411,7 @@ def test_latent_and_state_space_ggufs_are_refused(arch, kind, tmp_path):
     src = write_gguf(tmp_path / "src.gguf", {"general.architecture": arch, f"{arch}.block_count": Typed("uint32", 2)},
                      [])
     out = tmp_path / "x.gguf"
+    kind = KIND_WORDS.get(kind, kind)
     with pytest.raises(SterError, match=f"does not write GGUF architecture '{arch}' yet: .*{kind}"):
         convert_model(str(src), out, "q8_0")
     assert not out.exists()
