@@ -343,7 +343,17 @@ def _hub_minimax(path, config: dict, model_type="minimax"):
         hub[f"layernorm_{kind}_alpha"] = saved[f"{ours}_alpha_factor"]
         hub[f"layernorm_{kind}_beta"] = saved[f"{ours}_beta_factor"]
     (path / "config.json").write_text(json.dumps(hub))
+    _drop_decay_tables(path)
     return ref
+
+
+def _drop_decay_tables(path):
+    """MiniMax's release stores no lightning decay tables (Transformers' MiniMax saves its buffers)."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.endswith(("_decay", ".slope_rate"))},
+              str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def test_minimax_text_01_as_minimax_releases_it(tmp_path):
@@ -562,3 +572,166 @@ def test_steering_and_capture_on_lfm2(tmp_path):
     assert cap.meta["prompts"][0]["token_ids"] == PROMPT
     for layer in (0, 1):  # after a convolution layer and after an attention layer
         assert rel_err(cap.rows(layer), ref_hidden[layer + 1][-len(PROMPT):]) < 1e-5
+
+
+# ----------------------------------------------------------------------------- GGUF, via llama.cpp
+#
+# llama.cpp's converter on the same kinds of model, 256 wide so that the products really are Q4_K
+# (llama.cpp falls back to other types for other widths), weights scaled by 0.25 and routers made
+# decisive (``_wide``), as test_parity_ssm's. MiniMax is converted from MiniMax's own layout
+# (MiniMaxText01ForCausalLM, the architecture the converter takes) with one alpha for every sublayer
+# and betas of 1 (the converter refuses anything else), 8 layers: llama.cpp's loader makes every
+# eighth layer full attention (the converter writes no per-layer flags). Its partial-rotation case
+# has no transformers oracle (Transformers 5.24 rotates whole heads), so llama.cpp's F32 logits are
+# its reference.
+
+WIDE = dict(vocab_size=VOCAB, hidden_size=256, max_position_embeddings=64, num_attention_heads=4,
+            num_key_value_heads=2)
+MINIMAX_WIDE = dict(WIDE, intermediate_size=256, num_hidden_layers=8, head_dim=64, num_local_experts=4,
+                    num_experts_per_tok=2, layer_types=["linear_attention"] * 7 + ["full_attention"],
+                    **{f"{k}_alpha_factor": 1.7 for k in ("full_attn", "linear_attn", "mlp")})
+GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
+    "lfm2": ("lfm2", dict(WIDE, intermediate_size=384, num_hidden_layers=4, full_attn_idxs=[1, 3], conv_L_cache=3,
+                          block_multiple_of=64), {}),
+    "lfm2moe": ("lfm2_moe", dict(WIDE, intermediate_size=256, moe_intermediate_size=256, num_hidden_layers=4,
+                                 layer_types=["conv", "full_attention", "conv", "conv"], num_dense_layers=1,
+                                 num_experts=4, num_experts_per_tok=2), {}),
+    "minimax-01": ("minimax_text_01", dict(MINIMAX_WIDE), {}),
+    "minimax-01-partial-rotary": ("minimax_text_01", dict(MINIMAX_WIDE, rotary_dim=32), {}),
+}
+LLAMA_CPP_ONLY = {"minimax-01-partial-rotary"}  # no transformers oracle (see above)
+LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
+ROUTERS = ("feed_forward.gate.weight", "mlp.gate.weight")
+
+
+def _wide(path, model_type, config):
+    """The checkpoint with 2-D weights scaled by 0.25 and decisive routing (token t's embedding
+    carries strong features at experts t mod E and 3t + 1 mod E, which the routers read; as
+    test_parity_ssm's ``_wide``); MiniMax saved in its own layout."""
+    import torch
+
+    config = dict(config)
+    rotary = config.pop("rotary_dim", None)
+    hub = model_type == "minimax_text_01"
+    model = _hub_minimax(path, config) if hub else build(path, model_type, config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim > 1 and "norm" not in name and "conv" not in name:
+                p.mul_(0.25)
+        routers = [p for name, p in model.named_parameters() if name.endswith(ROUTERS) and p.ndim == 2]
+        if routers:
+            n = routers[0].shape[0]
+            emb = model.get_input_embeddings().weight
+            sigma = float(emb.std())
+            emb[:, :n] = 0.0
+            for t in range(emb.shape[0]):
+                emb[t, t % n] += 12 * sigma
+                emb[t, (3 * t + 1) % n] += 8 * sigma
+            for p in routers:
+                p.mul_(0.02)
+                p[:, :n] += torch.eye(n) * 2.0
+    hub_config = (path / "config.json").read_text() if hub else None
+    model.save_pretrained(path)
+    if hub:  # the hub's config, its rotary width, and the index llama.cpp's MiniMax converter reads
+        (path / "config.json").write_text(json.dumps(dict(json.loads(hub_config), rotary_dim=rotary or 64)))
+        _drop_decay_tables(path)
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), "np") as f:
+            index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in f.keys()}}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model
+
+
+@pytest.fixture(scope="module")
+def b1_gguf(tmp_path_factory):
+    """name -> (converted F32 .gguf, transformers model) for every case of GGUF_CASES."""
+    from llamacpp_convert import convert_cases
+
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_b1"), GGUF_CASES, _wide)
+
+
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_gguf_matches_transformers(name, b1_gguf):
+    from ster_py import llamacpp
+    from ster_py.gguf.reader import GGUFFile
+
+    path, ref_model = b1_gguf[name]
+    assert GGUFFile(path).architecture == name.replace("-partial-rotary", "")  # the converter's architecture
+    model = load_model(str(path))
+    assert model.spec.ssm is not None
+    ours = model.decoder.forward(PROMPT)
+    if name not in LLAMA_CPP_ONLY:
+        err = rel_err(ours, reference_logits(ref_model, PROMPT)[0])
+        assert err < 1e-3, f"logits rel err {err:.2e}"
+    (ref,) = llamacpp.logits(path, [PROMPT])  # and llama.cpp reads the file as ster does
+    assert rel_err(ours, ref[:, :ours.shape[1]]) < 1e-3
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:SPLIT], cache), model.decoder.forward(PROMPT[SPLIT:], cache)])
+    assert rel_err(pieces, ours) < 1e-5
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("name", [n for n in GGUF_CASES if n not in LLAMA_CPP_ONLY])
+def test_quantized_gguf_gives_llamacpps_top1(name, ftype, b1_gguf, tmp_path):
+    from ster_py import llamacpp
+    from ster_py.decoder.model import Decoder
+    from ster_py.decoder.qlinear import QuantTensor
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.weights import GGUFWeights
+
+    path, _ = b1_gguf[name]
+    q = llamacpp.quantize(path, tmp_path / f"{name}-{ftype}.gguf", ftype)
+    model = load_model(str(q))
+    mixers = [layer.mixer for layer in model.decoder.layers if layer.layer.mixer in B1_MIXERS]
+    want = {"Q8_0"} if ftype == "Q8_0" else {"Q4_K", "Q5_K", "Q6_K"}
+    projections = [getattr(m, "in_proj", None) or m.qkv for m in mixers]
+    assert mixers and all(type(p.weight) is QuantTensor and p.weight.type_name in want for p in projections)
+    ours = model.decoder.forward(LONG_PROMPT)
+    # ster computes what the quantized weights define: the same as those weights dequantized, in f32
+    exact = Decoder(model.spec, GGUFWeights(GGUFFile(q), "f32", quantized=False)).forward(LONG_PROMPT)
+    assert rel_err(ours, exact) < 1e-4
+    (ref,) = llamacpp.logits(q, [LONG_PROMPT])
+    ref = ref[:, :ours.shape[1]]
+    # llama.cpp's products round each activation row to 8 bits (q8_0 / q8_K blocks). These random models
+    # amplify any rounding about tenfold (llama.cpp's own Q8_0 logits lie 3-5 % from its F32 ones, its
+    # Q4_K_M 24-31 %), so the two sides differ by 2-4 % at Q8_0 and 4-8 % at Q4_K_M (measured; LFM2-MoE's
+    # Q4_K_M the most, evenly over the positions): test_parity_ssm's bound.
+    assert rel_err(ours, ref) < 0.15
+    # Top-1: the same token at every position, except where llama.cpp's own top two are closer than three
+    # standard deviations of a difference of two logits (sqrt(2) times the rms difference the two
+    # implementations show over the prompt), the bound test_parity_moe uses: a random model ties somewhere
+    # in 32 positions, and neither side's arithmetic can settle such a tie.
+    mine, theirs = ours.argmax(1), ref.argmax(1)
+    rows = np.arange(len(mine))
+    margin = ref[rows, theirs] - ref[rows, mine]
+    noise = np.sqrt(2 * np.mean((ours - ref) ** 2))
+    assert np.all((mine == theirs) | (margin <= 3 * noise)), (np.nonzero(mine != theirs), margin, noise)
+    assert (mine == theirs).mean() >= 0.8  # and most positions are no near-tie at all
+    # decoding token by token through the recurrent state gives the whole prompt's logits
+    cache = model.decoder.new_cache()
+    steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
+    assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+
+
+def test_every_b1_gguf_architecture_has_a_case():
+    from ster_py.families import FAMILIES_BY_GGUF_ARCH
+
+    declared = {arch for arch, f in FAMILIES_BY_GGUF_ARCH.items() if f.recurrent in ("shortconv", "lightning")}
+    assert declared == {name for name in GGUF_CASES if name not in LLAMA_CPP_ONLY}
+
+
+def test_gguf_per_layer_metadata_chooses_the_layers(b1_gguf):
+    """head_count_kv arrays (0: a convolution) decide LFM2's layers, every eighth layer attends in a
+    minimax-01 file without per-layer flags, and its join is residual_scale times the normed input."""
+    kinds = {name: [(layer.mixer, layer.ffn) for layer in load_model(str(b1_gguf[name][0])).spec.layers]
+             for name in ("lfm2", "lfm2moe", "minimax-01")}
+    assert kinds["lfm2"] == [("shortconv", "dense"), ("attention", "dense")] * 2
+    assert kinds["lfm2moe"] == [("shortconv", "dense"), ("attention", "moe"), ("shortconv", "moe"), ("shortconv", "moe")]
+    assert kinds["minimax-01"] == [("lightning", "moe")] * 7 + [("attention", "moe")]
+    spec = load_model(str(b1_gguf["minimax-01"][0])).spec
+    assert spec.residual_normed and {layer.residual for layer in spec.layers} == {(np.float32(1.7), 1.0, np.float32(1.7), 1.0)}
+    assert spec.ssm.slope_eps == 0.0 and spec.ssm.norm_eps == spec.norm_eps
+    partial = load_model(str(b1_gguf["minimax-01-partial-rotary"][0])).spec
+    assert partial.layers[7].rope.rotary_dim == 32
