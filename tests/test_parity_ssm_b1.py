@@ -735,3 +735,39 @@ def test_gguf_per_layer_metadata_chooses_the_layers(b1_gguf):
     assert spec.ssm.slope_eps == 0.0 and spec.ssm.norm_eps == spec.norm_eps
     partial = load_model(str(b1_gguf["minimax-01-partial-rotary"][0])).spec
     assert partial.layers[7].rope.rotary_dim == 32
+
+
+def _spec_with(path, **changes):
+    """The ModelSpec llama.cpp's metadata of ``path`` gives with keys changed (None removes a key)."""
+    from ster_py.gguf.config import spec_from_gguf
+    from ster_py.gguf.reader import GGUFFile
+
+    g = GGUFFile(path)
+    meta = dict(g.metadata)
+    for key, value in changes.items():
+        meta.pop(key, None) if value is None else meta.__setitem__(key, value)
+    tensors = {n: t.shape for n, t in g.tensors.items()}
+    return spec_from_gguf(meta, str(path), vocab_size=VOCAB, tensors=tensors,
+                          has_output="output.weight" in tensors)
+
+
+def test_gguf_recurrent_layer_metadata_and_its_refusals(b1_gguf):
+    """minimax-01.cpp's loader: per-layer attention.recurrent_layers flags when the file has them,
+    else full_attention_interval (8 when absent); malformed values and LFM2's missing or absurd
+    shortconv.l_cache are refused naming the key."""
+    mm = b1_gguf["minimax-01"][0]
+    flags = [True, False] * 4
+    spec = _spec_with(mm, **{"minimax-01.attention.recurrent_layers": np.array(flags)})
+    assert [layer.mixer for layer in spec.layers] == ["lightning" if f else "attention" for f in flags]
+    spec = _spec_with(mm, **{"minimax-01.full_attention_interval": 3})
+    assert [layer.mixer for layer in spec.layers] == ["lightning", "lightning", "attention"] * 2 + ["lightning"] * 2
+    for bad, match in (([True] * 5, "recurrent_layers must hold one flag per layer"), ("yes", "recurrent_layers")):
+        with pytest.raises(SterError, match=match):
+            _spec_with(mm, **{"minimax-01.attention.recurrent_layers": bad})
+    with pytest.raises(SterError, match="full_attention_interval must be a positive integer"):
+        _spec_with(mm, **{"minimax-01.full_attention_interval": 0})
+    lfm = b1_gguf["lfm2"][0]
+    assert _spec_with(lfm).ssm.d_conv == 3
+    for bad in (None, 1, 5000, 2.5):
+        with pytest.raises(SterError, match="lfm2.shortconv.l_cache must be an integer in 2..1024"):
+            _spec_with(lfm, **{"lfm2.shortconv.l_cache": bad})

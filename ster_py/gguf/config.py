@@ -135,7 +135,9 @@ LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehy
                     # runs lightning attention on the layers attention.recurrent_layers flags, else on all but
                     # every full_attention_interval-th (8 when the file states neither)
                     "lfm2": "kv", "lfm2moe": "kv", "minimax-01": "recurrent"}
-LLAMA_CPP_FULL_ATTENTION_INTERVAL = 8
+# The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
+# qwen3next.cpp and qwen35.cpp).
+LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
 # minimax-01.cpp joins each sublayer as output + residual_scale * its normed input (the converter
 # requires every beta to be 1 and every alpha equal, and stores that alpha as residual_scale).
 LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
@@ -515,7 +517,6 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         kv_list = _layer_values(meta, f"{arch}.attention.head_count_kv", n_layers, path, layer_heads[0])
         ff_list = _layer_values(meta, f"{arch}.feed_forward_length", n_layers, path, 0)
     heads = layer_heads[0]
-    recurrent = _recurrent_flags(meta, arch, n_all, n_layers, path) if layering == "recurrent" else None
     eps_key = "attention.layer_norm_rms_epsilon" if family.norm == "rms" else "attention.layer_norm_epsilon"
     if family.norm == "rms" and meta.get(f"{arch}.{eps_key}") is None:  # Nemotron-H states only the other
         eps_key = "attention.layer_norm_epsilon"
@@ -632,6 +633,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             family = replace(family, qk_norm=None)
     no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
     rotated = _rope_flags(meta, arch, n_layers, path)
+    recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
@@ -642,8 +644,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
         mixer, ffn = ("latent" if latent is not None else "attention"), "moe" if routed[i] else "dense"
-        if recurrent is not None:
-            mixer = family.recurrent if recurrent[i] else "attention"
+        if layering == "recurrent":
+            mixer = family.recurrent if recurrent[i] else mixer
         elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
         if mixer not in ATTENTION_MIXERS:
@@ -726,21 +728,20 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     )
 
 
-def _recurrent_flags(meta: Mapping, arch: str, n_all: int, n_layers: int, path: str) -> list[bool]:
-    """Which layers run the family's recurrent mixer, as llama.cpp's minimax-01 loader reads it: the
-    per-layer ``attention.recurrent_layers`` flags, else every layer but each
-    ``full_attention_interval``-th (counted from one; 8 when absent)."""
+def _recurrent_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:
+    """Which layers run the family's recurrent mixer in a ``"recurrent"`` architecture
+    (``LLAMA_CPP_LAYERS``), as llama.cpp's loaders read them: ``attention.recurrent_layers`` (one flag
+    per block, the prediction blocks' too), else every layer but each ``full_attention_interval``-th
+    (counted from one; ``LLAMA_CPP_FULL_ATTENTION_INTERVAL`` when the file states none)."""
     flags = meta.get(f"{arch}.attention.recurrent_layers")
     if flags is not None:
-        if isinstance(flags, (int, np.integer, str, bool, np.bool_)) or len(flags) not in (n_layers, n_all):
+        blocks = int(meta.get(f"{arch}.block_count", n_layers))
+        if isinstance(flags, (str, int, np.integer, bool, np.bool_)) or len(flags) not in (n_layers, blocks):
             raise SterError(f"{path}: GGUF metadata {arch}.attention.recurrent_layers must hold one flag per layer "
-                            f"({n_all}), got {brief_value(flags)}")
+                            f"({n_layers}), got {brief_value(flags)}")
         return [bool(x) for x in list(flags)[:n_layers]]
-    interval = meta.get(f"{arch}.full_attention_interval", LLAMA_CPP_FULL_ATTENTION_INTERVAL)
-    if isinstance(interval, (bool, np.bool_)) or not isinstance(interval, (int, np.integer)) or interval <= 0:
-        raise SterError(f"{path}: GGUF metadata {arch}.full_attention_interval must be a positive integer, "
-                        f"got {brief_value(interval)}")
-    return [(i + 1) % int(interval) != 0 for i in range(n_layers)]
+    interval = _get(meta, f"{arch}.full_attention_interval", int, path, LLAMA_CPP_FULL_ATTENTION_INTERVAL.get(arch, 4))
+    return [(i + 1) % interval != 0 for i in range(n_layers)]
 
 
 def _gguf_layer_kind(layering: str, family: FamilySpec, kv: int, ff: int, routed: bool) -> tuple[str, str]:
