@@ -386,7 +386,11 @@ def test_unwritten_models_are_refused_before_any_weight(name, tmp_path):
     model_type, config, _ = {**UNWRITTEN_CASES, **REFUSED_ARCH_CASES}[name]
     config = {k: v for k, v in config.items() if k != CONFIG_AS_GIVEN}
     d = tmp_path / "m"
-    AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config).save_pretrained(d)
+    try:
+        AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config).save_pretrained(d)
+    except ValueError:  # a model_type only its Hub code knows (MiniMax-Text-01): the config as the case states it
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": model_type, **config}))
     write_tokenizer(d)
     (d / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
     if name in REFUSED_ARCH_CASES:
