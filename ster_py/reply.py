@@ -243,6 +243,11 @@ class ReplyParser:
         self._lstrip = thinking  # drop whitespace at the start of the next block
         self._out: list[Event] = []
 
+    @property
+    def in_thinking(self) -> bool:
+        """The reply is inside a reasoning block now (what was fed so far)."""
+        return self._state == _THINK
+
     # -- emission with whitespace trimmed next to markers
 
     def _emit(self, kind: str, text: str) -> None:
