@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 from .errors import SterError
 from .generate import Generation, Sampling, generate
 from .prefix import PromptCache
-from .reply import Event, ReplyParser, blocks_of, detect_format
+from .reply import Event, ReplyFormat, ReplyParser, blocks_of, detect_format
 
 #: Longest stop string, in characters (a guard on requests).
 MAX_STOP_CHARS = 256
@@ -182,7 +182,7 @@ class Session:
     def reply(self, messages: list[dict], sampling: Sampling, *, tools: list[dict] | None = None,
               thinking: bool | None = None, stops: tuple[str, ...] = (), layer_hook=None, key=None,
               on_event: Callable[[Event], None] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> Reply:
+              cancelled: Callable[[], bool] | None = None, raw: str | None = None) -> Reply:
         """Answer ``messages`` (OpenAI-shaped dicts).
 
         Args:
@@ -194,15 +194,21 @@ class Session:
                 under another key are not reused).
             on_event: called with each parsed event as the reply streams.
             cancelled: polled after each token; True stops the reply (finish_reason "cancelled").
+            raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
+                read as plain text); ``messages`` is then unused.
 
         Raises:
             SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...).
         """
         from .tokenizer import StreamDecoder
 
-        text = self.render(messages, tools=tools, thinking=thinking)
-        ids = self.encode(text)
-        parser = ReplyParser(self.format, thinking=self.format.starts_thinking(text), tools=bool(tools))
+        if raw is None:
+            text = self.render(messages, tools=tools, thinking=thinking)
+            ids = self.encode(text)
+            parser = ReplyParser(self.format, thinking=self.format.starts_thinking(text), tools=bool(tools))
+        else:
+            text, ids = raw, self.loaded.tokenizer.encode(raw, add_special_tokens=True)
+            parser = ReplyParser(ReplyFormat(), tools=False)
         stream = StreamDecoder(self.loaded.tokenizer)
         cut = StopStrings(stops)
         events: list[Event] = []
