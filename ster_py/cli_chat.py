@@ -6,7 +6,6 @@ work (``conversation.Session``; ``server``); these commands read options and dra
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from enum import Enum

@@ -145,3 +145,28 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session(tmp_path):
     child.expect(pytest.importorskip("pexpect").EOF)
     child.close()
     assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+@pytest.mark.real
+def test_smollm2_three_turns_bit_exact(smollm2_gguf):
+    """The real file through the library the chat runs on: the second and third turns prefill only their
+    own tokens (the history was prefilled after each answer), and every answer's ids equal a cold run's."""
+    from ster_py.conversation import Session
+
+    loaded = load_model(str(smollm2_gguf))
+    session = Session(loaded)
+    assert not session.format.reasons and session.format.tools is None   # SmolLM2 writes plain text
+    messages: list[dict] = []
+    history = None
+    for k, question in enumerate(["What is the capital of France?", "And of Italy?", "Which one is larger?"]):
+        messages.append({"role": "user", "content": question})
+        reply = session.reply(messages, Sampling(max_new_tokens=12))
+        cold = generate(loaded.decoder, reply.prompt_ids, Sampling(max_new_tokens=12), loaded.stop_ids())
+        assert reply.generation.ids == cold.ids and reply.text.strip()
+        assert reply.generation.reused == (0 if k == 0 else len(history))
+        assert reply.generation.prefilled == len(reply.prompt_ids) - reply.generation.reused
+        assert reply.prompt_ids[:reply.generation.reused] == (history or [])[:reply.generation.reused]
+        messages.append({"role": "assistant", "content": reply.text})
+        session.prepare(messages)
+        history = session.cache.ids
+    assert "Paris" in messages[1]["content"]

@@ -320,3 +320,26 @@ def test_disconnect_mid_stream_stops_the_generation(in_process):
         server.session.reply = original
         script.clear()
         script.update(saved)
+
+
+@pytest.mark.real
+def test_smollm2_served_plain_text(smollm2_gguf):
+    """The real file served: streamed and whole chat completions are plain text (no tool calls), equal
+    to each other and to a cold run."""
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "--model",
+                             str(smollm2_gguf), "--port", "0", "-q"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on ")
+        client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="unused", max_retries=0, timeout=300)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        whole = client.chat.completions.create(model="x", messages=messages, max_tokens=12)
+        chunks = list(client.chat.completions.create(model="x", messages=messages, max_tokens=12, stream=True))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    loaded = load_model(str(smollm2_gguf))
+    answer, ids = cold_answer(loaded, messages, 12)
+    assert whole.choices[0].message.content == answer and "Paris" in answer
+    assert not whole.choices[0].message.tool_calls and whole.usage.prompt_tokens == len(ids)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
