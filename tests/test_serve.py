@@ -343,3 +343,14 @@ def test_smollm2_served_plain_text(smollm2_gguf):
     assert whole.choices[0].message.content == answer and "Paris" in answer
     assert not whole.choices[0].message.tool_calls and whole.usage.prompt_tokens == len(ids)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--vector", "calm"], "--vector takes NAME=FILE"),
+    (["--port", "70000"], "--port must be 0 to 65535"),
+    (["--vector", "a=/nonexistent/v.json"], "/nonexistent/v.json"),
+])
+def test_serve_refusals_before_loading(args, words, tmp_path):
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "--model",
+                        str(tmp_path / "absent"), *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
