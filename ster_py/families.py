@@ -186,6 +186,15 @@ STEP3P5_NAMES = _with(LLAMA_NAMES, router=_L + "moe.gate", router_select_bias=_L
                       shexp_up=_L + "share_expert.up_proj", shexp_down=_L + "share_expert.down_proj",
                       g=_L + "self_attn.g_proj")
 MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
+# InternLM2: Llama's block under its own names; wqkv holds each key/value group's queries, key and
+# value in turn (fused_qkv "grouped").
+_IL = "model.layers.{i}."
+INTERNLM2_NAMES: Mapping[str, str] = {
+    "embed": "model.tok_embeddings", "final_norm": "model.norm", "head": "output",
+    "attn_norm": _IL + "attention_norm", "ffn_norm": _IL + "ffn_norm", "qkv": _IL + "attention.wqkv",
+    "o": _IL + "attention.wo", "gate": _IL + "feed_forward.w1", "up": _IL + "feed_forward.w3",
+    "down": _IL + "feed_forward.w2",
+}
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -502,6 +511,10 @@ class FamilySpec:
             head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
         routed_norms: the sublayer norms of the routed layers, when they differ from ``norms``
             (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
+        unconfirmed: no reference implementation here (the family's modelling code lives only in its
+            Hub repositories): its math is tested against a Transformers model it equals with its
+            extras neutral, and each extra against a reference written from seed 002's words;
+            ``ster families`` says so until a real checkpoint or its remote code has confirmed it.
         dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
             the forward never reads (A.X-K1's post_mlp_layernorm, used on routed layers only).
         recurrent: the state-space mixer (``"mamba"`` or ``"mamba2"``) of the layers its
@@ -596,6 +609,7 @@ class FamilySpec:
     latent: bool = False
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
+    unconfirmed: bool = False
     recurrent: str | None = None
     ffn_layers: str = "all"
     ssm_bcdt_norm: str | None = None
@@ -1836,6 +1850,31 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(gate, down) are not supported")),
                    gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
                    gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
+        # ---- group G16A (issue 16): families without a Transformers implementation, on the decoder's
+        # existing parts. Each is tested against a Transformers model of the same math (tests/test_parity_remote.py).
+        # MiniCPM: Llama's block with muP scales (MiniCPMConfig's defaults: scale_emb, scale_depth and
+        # dim_model_base 1, tied head); llama.cpp's converter writes the three as embedding_scale,
+        # residual_scale (scale_depth / sqrt(layers)) and logit_scale (hidden_size / dim_model_base).
+        FamilySpec("minicpm", tie_default=True, normalize=_minicpm3_config, embed_multiplier_key="scale_emb",
+                   residual_multiplier_key="residual_multiplier", logit_scale_key="logits_scaling",
+                   logit_scale_divides=True, unconfirmed=True,
+                   config_defaults={"scale_emb": 1, "scale_depth": 1, "dim_model_base": 1},
+                   refusals=(Refusal(lambda c: bool(c.get("num_experts")),
+                                     "MiniCPM's mixture of experts (num_experts) is not supported"),
+                             Refusal(stated("sparse_config"),
+                                     "MiniCPM 4's sparse attention (sparse_config) is not supported"),
+                             Refusal(lambda c: c.get("use_mup") is False,
+                                     "MiniCPM without its muP scales (use_mup: false) is not supported")),
+                   gguf_arch="minicpm", gguf_qk_permuted=True,
+                   gguf_config={"embedding_scale": "scale_emb", "residual_scale": "residual_multiplier",
+                                "logit_scale": "logits_scaling"}),
+        # Orion: Llama's block with LayerNorms that carry a bias (their epsilon under rms_norm_eps).
+        FamilySpec("orion", norm="layer", unconfirmed=True, gguf_arch="orion"),
+        # InternLM2: Llama's block under InternLM2's names (biases, under its config's bias, read as stored).
+        FamilySpec("internlm2", names=INTERNLM2_NAMES, fused_qkv="grouped", unconfirmed=True,
+                   gguf_arch="internlm2", gguf_qk_permuted=True),
+        # MiMo: Qwen2 beside next-token-prediction layers (model.mtp_layers) a forward never reads.
+        FamilySpec("mimo", sliding="qwen2", unread=("model.mtp_layers.",), unconfirmed=True),
     )
 }
 

@@ -142,6 +142,7 @@ def test_every_landed_family_has_a_case():
     """No family is registered without a parity case above (or in test_parity_families.py)."""
     import test_parity_mla
     import test_parity_moe
+    import test_parity_remote
     import test_parity_ssm
 
     foundation = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
@@ -149,6 +150,7 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_moe.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_mla.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 
 
