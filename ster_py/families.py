@@ -195,6 +195,8 @@ INTERNLM2_NAMES: Mapping[str, str] = {
     "o": _IL + "attention.wo", "gate": _IL + "feed_forward.w1", "up": _IL + "feed_forward.w3",
     "down": _IL + "feed_forward.w2",
 }
+# DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
+DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -665,6 +667,18 @@ def _layer_list(config: Mapping, key: str, n: int) -> list | None:
 def _n_layers(config: Mapping) -> int:
     n = config.get("num_hidden_layers")
     return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096 else 0
+
+
+def _deepseek_moe_config(config: Mapping) -> Mapping:
+    """DeepSeek-MoE's layer plan as ``mlp_layer_types``: layer i routes when n_routed_experts is stated,
+    i >= first_k_dense_replace and moe_layer_freq divides i (DeepseekConfig's defaults: 0 and 1)."""
+    c, n = dict(config), _n_layers(config)
+    k, freq = c.get("first_k_dense_replace") or 0, c.get("moe_layer_freq") or 1
+    counts = all(isinstance(x, int) and not isinstance(x, bool) for x in (k, freq)) and k >= 0 and freq > 0
+    if n and counts and c.get("mlp_layer_types") is None:
+        routed = c.get("n_routed_experts") is not None
+        c["mlp_layer_types"] = ["sparse" if routed and i >= k and i % freq == 0 else "dense" for i in range(n)]
+    return c
 
 
 def _mimo_v2_config(config: Mapping) -> Mapping:
@@ -1875,6 +1889,19 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_arch="internlm2", gguf_qk_permuted=True),
         # MiMo: Qwen2 beside next-token-prediction layers (model.mtp_layers) a forward never reads.
         FamilySpec("mimo", sliding="qwen2", unread=("model.mtp_layers.",), unconfirmed=True),
+        # DeepSeek-MoE: Llama's attention (halves) and DeepSeek's first router: softmax scores, the top
+        # num_experts_per_tok renormalised only under norm_topk_prob (with DeepSeek's 1e-20), never scaled,
+        # beside n_shared_experts shared experts (moe_intermediate_size each, one SwiGLU of their total width).
+        # llama.cpp's deepseek graph never renormalises and routes every layer after the leading dense ones.
+        FamilySpec("deepseek", moe=True, names=DEEPSEEK_MOE_NAMES, normalize=_deepseek_moe_config, unconfirmed=True,
+                   fixed={"scoring_func": "softmax", "topk_method": "greedy", "routed_scaling_factor": 1.0},
+                   moe_fields={"renorm_eps": 1e-20}, config_defaults={"norm_topk_prob": False},
+                   variants=(Variant(lambda c: c.get("n_routed_experts") is None, {"moe": False}),),
+                   refusals=(Refusal(_stated_other("scoring_func", "softmax"),
+                                     "a DeepSeek-MoE scoring_func other than softmax is not supported"),
+                             Refusal(_stated_other("topk_method", "greedy"),
+                                     "a DeepSeek-MoE topk_method other than greedy is not supported")),
+                   gguf_arch="deepseek", gguf_qk_permuted=True),
     )
 }
 

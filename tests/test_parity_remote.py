@@ -140,7 +140,82 @@ def _mimo(path, config: dict):
     return model
 
 
-BUILD = {"minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo}
+# ------------------------------------------------------------------ DeepSeek-MoE (Llama + Qwen3-MoE's router)
+def _deepseek(path, config: dict):
+    """Llama whose routed layers run Transformers' Qwen3-MoE sparse block (softmax over every expert,
+    the top k, renormalised under norm_topk_prob: DeepSeek-MoE's router) plus, as seed 002 says, the
+    shared experts' SwiGLU (Transformers' LlamaMLP, n_shared_experts * moe_intermediate_size wide)
+    added to its output; saved under DeepSeek-MoE's names, one module per expert."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    from tiny import write_tokenizer
+
+    c = dict(LLAMA, **config)
+    n, k, freq = c["num_hidden_layers"], c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+    experts, top_k, size = c["n_routed_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+    n_shared, renorm = c.get("n_shared_experts"), c.get("norm_topk_prob", False)
+    torch.manual_seed(0)
+    llama = {key: c[key] for key in LLAMA}
+    model = LlamaForCausalLM(LlamaConfig(**llama, attention_bias=c.get("attention_bias", False),
+                                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                         attn_implementation="eager"))
+    moe_config = Qwen3MoeConfig(hidden_size=c["hidden_size"], num_experts=experts, num_experts_per_tok=top_k,
+                                moe_intermediate_size=size, norm_topk_prob=renorm, hidden_act="silu")
+
+    class DeepSeekMoE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.routed = Qwen3MoeSparseMoeBlock(moe_config)
+            self.shared = LlamaMLP(LlamaConfig(hidden_size=c["hidden_size"], intermediate_size=size * n_shared)) \
+                if n_shared else None
+
+        def forward(self, x):
+            return self.routed(x) + (self.shared(x) if self.shared is not None else 0)
+
+    routed = [i >= k and i % freq == 0 for i in range(n)]
+    for i in range(n):
+        if routed[i]:
+            model.model.layers[i].mlp = DeepSeekMoE()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.3 + 1.0)
+            else:
+                p.copy_(torch.randn_like(p) * (0.15 if p.ndim > 1 else 0.1))
+    model.eval()
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        if ".mlp.routed.experts.gate_up_proj" in name:
+            base = name.split(".routed.")[0]
+            for e in range(experts):
+                out[f"{base}.experts.{e}.gate_proj.weight"] = t[e, :size].contiguous()
+                out[f"{base}.experts.{e}.up_proj.weight"] = t[e, size:].contiguous()
+        elif ".mlp.routed.experts.down_proj" in name:
+            base = name.split(".routed.")[0]
+            for e in range(experts):
+                out[f"{base}.experts.{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name.replace(".mlp.routed.gate.", ".mlp.gate.").replace(".mlp.shared.", ".mlp.shared_experts.")] = t
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    own = {key: c[key] for key in LLAMA} | {
+        "model_type": "deepseek", "architectures": ["DeepseekForCausalLM"], "n_routed_experts": experts,
+        "num_experts_per_tok": top_k, "moe_intermediate_size": size, "n_shared_experts": n_shared,
+        "first_k_dense_replace": k, "moe_layer_freq": freq, "norm_topk_prob": renorm, "scoring_func": "softmax",
+        "rms_norm_eps": model.config.rms_norm_eps, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "attention_bias": c.get("attention_bias", False), "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+    (path / "config.json").write_text(json.dumps(own))
+    write_tokenizer(path, VOCAB)
+    return model
+
+
+BUILD = {"minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek}
+_DEEPSEEK = dict(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32)
 
 CASES = {
     "minicpm": ("minicpm", dict(scale_emb=12, scale_depth=1.4, dim_model_base=16)),
@@ -151,6 +226,10 @@ CASES = {
     "internlm2-bias-mha": ("internlm2", dict(bias=True, num_key_value_heads=4)),
     "internlm2-bias-gqa": ("internlm2", dict(bias=True)),
     "mimo": ("mimo", {}),
+    "deepseek": ("deepseek", dict(_DEEPSEEK, n_shared_experts=2, first_k_dense_replace=1)),
+    "deepseek-renorm-freq-bias": ("deepseek", dict(_DEEPSEEK, n_shared_experts=1, norm_topk_prob=True, moe_layer_freq=2,
+                                                   attention_bias=True, num_hidden_layers=4)),
+    "deepseek-no-shared": ("deepseek", dict(_DEEPSEEK, num_experts_per_tok=3)),
 }
 
 
@@ -209,6 +288,7 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "minicpm": ("minicpm", dict(scale_emb=12, scale_depth=1.4, dim_model_base=16), {}),
     "orion": ("orion", dict(rms_norm_eps=1e-5), {}),
     "internlm2": ("internlm2", dict(bias=False), {}),
+    "deepseek": ("deepseek", dict(_DEEPSEEK, n_shared_experts=2, first_k_dense_replace=1), {}),
 }
 
 

@@ -91,6 +91,8 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "jamba": {"norm_topk_prob": False},           # jamba.cpp: softmax, norm_w false
     "granitehybrid": {"norm_topk_prob": True},    # granite-hybrid.cpp: softmax, norm_w true
     "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
+    # deepseek.cpp: softmax over all experts, the chosen never renormalised (norm_w false)
+    "deepseek": {"scoring_func": "softmax", "norm_topk_prob": False},
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
