@@ -1902,6 +1902,32 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(_stated_other("topk_method", "greedy"),
                                      "a DeepSeek-MoE topk_method other than greedy is not supported")),
                    gguf_arch="deepseek", gguf_qk_permuted=True),
+        # Ling 1.x and 2.0 (bailing_moe): Sarvam-30B's block under Bailing's names (the same ones). Ling 2.0
+        # (score_function sigmoid) routes as Sarvam does, always renormalised; Ling 1.x (no score_function)
+        # scores by softmax, chooses the top k without groups or bias, renormalises under norm_topk_prob and
+        # never scales.
+        FamilySpec("bailing_moe", qk_norm="head", moe=True, fused_qkv="concat", names=SARVAM_MOE_NAMES,
+                   unconfirmed=True, fixed=dict(_V3_ROUTER["fixed"], norm_topk_prob=True),
+                   moe_fields=_V3_ROUTER["moe_fields"],
+                   moe_defaults={"n_shared_experts": 0, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+                   config_defaults={"first_k_dense_replace": 0},
+                   variants=(Variant(unset("use_qk_norm", False), {"qk_norm": None}),
+                             Variant(lambda c: c.get("score_function") is None,
+                                     {"fixed": {"scoring_func": "softmax", "topk_method": "greedy",
+                                                "routed_scaling_factor": 1.0},
+                                      "moe_fields": {"renorm_eps": 1e-20},
+                                      "names": _with(SARVAM_MOE_NAMES, router_select_bias=None)})),
+                   refusals=(Refusal(stated("score_function", unless="sigmoid"),
+                                     "a router score_function other than sigmoid (Ling 2.0) or none (Ling 1.x) is "
+                                     "not supported"),
+                             Refusal(lambda c: c.get("score_function") == "sigmoid"
+                                     and c.get("moe_router_enable_expert_bias") is False,
+                                     "a Ling 2.0 router without its selection bias (moe_router_enable_expert_bias: "
+                                     "false) is not supported"),
+                             Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"),
+                             Refusal(flag("norm_head"), "a normalised head (norm_head) is not supported"),
+                             Refusal(flag("norm_softmax"), "norm_softmax is not supported")),
+                   gguf_arch="bailingmoe", gguf_qk_permuted=True),  # llama.cpp's Ling 1.x (bailingmoe.cpp)
     )
 }
 

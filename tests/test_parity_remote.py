@@ -140,46 +140,34 @@ def _mimo(path, config: dict):
     return model
 
 
-# ------------------------------------------------------------------ DeepSeek-MoE (Llama + Qwen3-MoE's router)
-def _deepseek(path, config: dict):
-    """Llama whose routed layers run Transformers' Qwen3-MoE sparse block (softmax over every expert,
-    the top k, renormalised under norm_topk_prob: DeepSeek-MoE's router) plus, as seed 002 says, the
-    shared experts' SwiGLU (Transformers' LlamaMLP, n_shared_experts * moe_intermediate_size wide)
-    added to its output; saved under DeepSeek-MoE's names, one module per expert."""
+# ------------------------------------------------------------------ softmax routers (Qwen3-MoE's block)
+def _swap_in_softmax_moe(model, routed: list[bool], hidden: int, experts: int, top_k: int, size: int,
+                         n_shared: int | None, renorm: bool) -> None:
+    """Replace the feed-forward of each ``routed`` layer of a Transformers model by Transformers'
+    Qwen3-MoE sparse block (softmax over every expert, the top k, renormalised under ``renorm``: the
+    router of DeepSeek-MoE and Ling 1.x) plus, as seed 002 says, the shared experts' SwiGLU
+    (Transformers' LlamaMLP, ``n_shared * size`` wide) added to its output; then redraw every weight."""
     import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig
+    from transformers import LlamaConfig, Qwen3MoeConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-    from tiny import write_tokenizer
-
-    c = dict(LLAMA, **config)
-    n, k, freq = c["num_hidden_layers"], c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
-    experts, top_k, size = c["n_routed_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
-    n_shared, renorm = c.get("n_shared_experts"), c.get("norm_topk_prob", False)
-    torch.manual_seed(0)
-    llama = {key: c[key] for key in LLAMA}
-    model = LlamaForCausalLM(LlamaConfig(**llama, attention_bias=c.get("attention_bias", False),
-                                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                         attn_implementation="eager"))
-    moe_config = Qwen3MoeConfig(hidden_size=c["hidden_size"], num_experts=experts, num_experts_per_tok=top_k,
+    moe_config = Qwen3MoeConfig(hidden_size=hidden, num_experts=experts, num_experts_per_tok=top_k,
                                 moe_intermediate_size=size, norm_topk_prob=renorm, hidden_act="silu")
 
-    class DeepSeekMoE(torch.nn.Module):
+    class SoftmaxMoE(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.routed = Qwen3MoeSparseMoeBlock(moe_config)
-            self.shared = LlamaMLP(LlamaConfig(hidden_size=c["hidden_size"], intermediate_size=size * n_shared)) \
+            self.shared = LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=size * n_shared)) \
                 if n_shared else None
 
         def forward(self, x):
             return self.routed(x) + (self.shared(x) if self.shared is not None else 0)
 
-    routed = [i >= k and i % freq == 0 for i in range(n)]
-    for i in range(n):
+    for i, layer in enumerate(model.model.layers):
         if routed[i]:
-            model.model.layers[i].mlp = DeepSeekMoE()
+            layer.mlp = SoftmaxMoE()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -187,6 +175,16 @@ def _deepseek(path, config: dict):
             else:
                 p.copy_(torch.randn_like(p) * (0.15 if p.ndim > 1 else 0.1))
     model.eval()
+
+
+def _save_softmax_moe(model, path, experts: int, size: int, config: dict, rename=None) -> None:
+    """Save ``model`` (after ``_swap_in_softmax_moe``) with one module per expert (mlp.experts.{e}.*),
+    the router at mlp.gate and the shared experts at mlp.shared_experts (then ``rename`` applied to the
+    whole dict of tensors, if given), and ``config`` as config.json."""
+    from safetensors.torch import save_file
+
+    from tiny import write_tokenizer
+
     out = {}
     for name, t in model.state_dict().items():
         t = t.detach().contiguous()
@@ -201,20 +199,97 @@ def _deepseek(path, config: dict):
                 out[f"{base}.experts.{e}.down_proj.weight"] = t[e].contiguous()
         else:
             out[name.replace(".mlp.routed.gate.", ".mlp.gate.").replace(".mlp.shared.", ".mlp.shared_experts.")] = t
+    if rename is not None:
+        out = rename(out)
     path.mkdir(parents=True, exist_ok=True)
     save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
-    own = {key: c[key] for key in LLAMA} | {
+    (path / "config.json").write_text(json.dumps(config))
+    write_tokenizer(path, VOCAB)
+
+
+# ------------------------------------------------------------------ DeepSeek-MoE (Llama + softmax router)
+def _deepseek(path, config: dict):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = dict(LLAMA, **config)
+    n, k, freq = c["num_hidden_layers"], c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+    experts, top_k, size = c["n_routed_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+    n_shared, renorm = c.get("n_shared_experts"), c.get("norm_topk_prob", False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{key: c[key] for key in LLAMA}, attention_bias=c.get("attention_bias", False),
+                                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                         attn_implementation="eager"))
+    _swap_in_softmax_moe(model, [i >= k and i % freq == 0 for i in range(n)], c["hidden_size"], experts, top_k, size,
+                         n_shared, renorm)
+    _save_softmax_moe(model, path, experts, size, {key: c[key] for key in LLAMA} | {
         "model_type": "deepseek", "architectures": ["DeepseekForCausalLM"], "n_routed_experts": experts,
         "num_experts_per_tok": top_k, "moe_intermediate_size": size, "n_shared_experts": n_shared,
         "first_k_dense_replace": k, "moe_layer_freq": freq, "norm_topk_prob": renorm, "scoring_func": "softmax",
         "rms_norm_eps": model.config.rms_norm_eps, "rope_theta": 10000.0, "tie_word_embeddings": False,
-        "attention_bias": c.get("attention_bias", False), "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
-    (path / "config.json").write_text(json.dumps(own))
-    write_tokenizer(path, VOCAB)
+        "attention_bias": c.get("attention_bias", False), "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2})
     return model
 
 
-BUILD = {"minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek}
+# ------------------------------------------------------------------ Ling (bailing_moe): Sarvam-30B's block
+_LING_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "num_shared_experts", "use_qkv_bias",
+              "use_qk_norm", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor", "head_dim",
+              "norm_topk_prob", "partial_rotary_factor")
+
+
+def _bailing(path, config: dict):
+    """Ling 2.0 (score_function sigmoid): Transformers' sarvam_moe, Ling 2.0 under Sarvam's name. Ling 1.x:
+    the same attention with the softmax router swapped in."""
+    import torch
+
+    c = dict(LLAMA, **config)
+    ling2 = c.get("score_function") == "sigmoid"
+    sarvam = {key: v for key, v in c.items() if key != "score_function"}
+    if not ling2:
+        sarvam = dict(sarvam, use_qk_norm=False, norm_topk_prob=c.get("norm_topk_prob", True))
+    model = build_checkpoint(path, "sarvam_moe", dict(sarvam, first_k_dense_replace=c.get("first_k_dense_replace", 0)))
+    own = {key: c[key] for key in LLAMA} | {key: c[key] for key in _LING_KEYS if key in c} | {
+        "model_type": "bailing_moe", "rms_norm_eps": model.config.rms_norm_eps, "tie_word_embeddings": False,
+        "rope_theta": model.config.rope_parameters["rope_theta"], "hidden_act": "silu", "bos_token_id": 1,
+        "eos_token_id": 2, "first_k_dense_replace": c.get("first_k_dense_replace", 0)}
+    if ling2:
+        (path / "config.json").write_text(json.dumps(own | {
+            "architectures": ["BailingMoeV2ForCausalLM"], "score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True, "routed_scaling_factor": model.config.routed_scaling_factor}))
+        return model
+    torch.manual_seed(1)
+    k = c.get("first_k_dense_replace", 0)
+    _swap_in_softmax_moe(model, [i >= k for i in range(c["num_hidden_layers"])], c["hidden_size"], c["num_experts"],
+                         c["num_experts_per_tok"], c["moe_intermediate_size"], c.get("num_shared_experts"),
+                         c.get("norm_topk_prob", True))
+    _save_softmax_moe(model, path, c["num_experts"], c["moe_intermediate_size"],
+                      own | {"architectures": ["BailingMoeForCausalLM"], "norm_topk_prob": c.get("norm_topk_prob", True),
+                             "num_shared_experts": c.get("num_shared_experts", 0)}, rename=_ling_names)
+    return model
+
+
+def _ling_names(state: dict) -> dict:
+    """Transformers' in-memory Sarvam names as Ling stores them (what sarvam_moe's save does): q, k and
+    v stacked in attention.query_key_value, attention.dense, model.word_embeddings."""
+    import torch
+
+    out = {}
+    for name, t in state.items():
+        if ".self_attn.q_proj." in name:
+            base, kind = name.split(".self_attn.")[0], name.rsplit(".", 1)[1]
+            out[f"{base}.attention.query_key_value.{kind}"] = torch.cat(
+                [state[f"{base}.self_attn.{p}_proj.{kind}"] for p in "qkv"]).contiguous()
+        elif ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            continue
+        else:
+            out[name.replace(".self_attn.o_proj.", ".attention.dense.").replace("model.embed_tokens.",
+                                                                               "model.word_embeddings.")] = t
+    return out
+
+
+BUILD = {"minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek,
+         "bailing_moe": _bailing}
+_LING = dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24)
 _DEEPSEEK = dict(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32)
 
 CASES = {
@@ -230,6 +305,13 @@ CASES = {
     "deepseek-renorm-freq-bias": ("deepseek", dict(_DEEPSEEK, n_shared_experts=1, norm_topk_prob=True, moe_layer_freq=2,
                                                    attention_bias=True, num_hidden_layers=4)),
     "deepseek-no-shared": ("deepseek", dict(_DEEPSEEK, num_experts_per_tok=3)),
+    "ling2-groups-qk-norm-bias": ("bailing_moe", dict(_LING, score_function="sigmoid", use_qk_norm=True,
+                                                      use_qkv_bias=True, n_group=2, topk_group=1, num_shared_experts=1,
+                                                      first_k_dense_replace=1, routed_scaling_factor=2.0)),
+    "ling1-softmax-renorm-partial": ("bailing_moe", dict(_LING, num_shared_experts=2, use_qkv_bias=True,
+                                                         partial_rotary_factor=0.5)),
+    "ling1-no-renorm-dense-first": ("bailing_moe", dict(_LING, norm_topk_prob=False, first_k_dense_replace=1,
+                                                        num_experts_per_tok=3)),
 }
 
 
@@ -277,6 +359,11 @@ def test_these_families_say_they_have_no_reference_here():
     ("minicpm", {"num_experts": 8}, "mixture of experts"),
     ("minicpm", {"sparse_config": {"kernel_size": 32}}, "sparse attention"),
     ("minicpm", {"use_mup": False}, "use_mup"),
+    ("bailing_moe", {"score_function": "softmax2"}, "score_function"),
+    ("bailing_moe", {"score_function": "sigmoid", "moe_router_enable_expert_bias": False}, "selection bias"),
+    ("bailing_moe", {"use_bias": True}, "use_bias"),
+    ("bailing_moe", {"norm_head": True}, "norm_head"),
+    ("deepseek", {"scoring_func": "sigmoid"}, "scoring_func"),
 ])
 def test_refusals(model_type, config, match):
     with pytest.raises(SterError, match=match):
@@ -289,6 +376,8 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "orion": ("orion", dict(rms_norm_eps=1e-5), {}),
     "internlm2": ("internlm2", dict(bias=False), {}),
     "deepseek": ("deepseek", dict(_DEEPSEEK, n_shared_experts=2, first_k_dense_replace=1), {}),
+    # (llama.cpp 0.3.36 cannot map a Ling 1.x dense layer's feed-forward: every layer routes here)
+    "bailingmoe": ("bailing_moe", dict(_LING, num_shared_experts=1), {}),
 }
 
 

@@ -93,6 +93,8 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
     # deepseek.cpp: softmax over all experts, the chosen never renormalised (norm_w false)
     "deepseek": {"scoring_func": "softmax", "norm_topk_prob": False},
+    # bailingmoe.cpp (Ling 1.x): softmax over all experts, renormalised as expert_weights_norm says
+    "bailingmoe": {"scoring_func": "softmax"},
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
