@@ -195,6 +195,9 @@ INTERNLM2_NAMES: Mapping[str, str] = {
     "o": _IL + "attention.wo", "gate": _IL + "feed_forward.w1", "up": _IL + "feed_forward.w3",
     "down": _IL + "feed_forward.w2",
 }
+# openPangu-Embedded under sandwich_norm: the norm after attention keeps Llama's post_attention_layernorm name.
+PANGU_SANDWICH_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                             ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -667,6 +670,20 @@ def _layer_list(config: Mapping, key: str, n: int) -> list | None:
 def _n_layers(config: Mapping) -> int:
     n = config.get("num_hidden_layers")
     return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096 else 0
+
+
+def _teleflm_mup_stated(config: Mapping) -> bool:
+    values = [config.get(k) for k in ("input_mult", "output_mult", "mup_scale_factor")]
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and values[2] != 0
+
+
+def _teleflm_config(config: Mapping) -> Mapping:
+    """Tele-FLM's muP scales (under use_mup) as the embedding and logit factors config.py reads."""
+    c = dict(config)
+    if c.get("use_mup") and _teleflm_mup_stated(c):
+        c["teleflm_embed_scale"] = c["input_mult"]
+        c["teleflm_logit_scale"] = c["output_mult"] / c["mup_scale_factor"]
+    return c
 
 
 def _deepseek_moe_config(config: Mapping) -> Mapping:
@@ -1928,6 +1945,16 @@ FAMILIES: dict[str, FamilySpec] = {
                              Refusal(flag("norm_head"), "a normalised head (norm_head) is not supported"),
                              Refusal(flag("norm_softmax"), "norm_softmax is not supported")),
                    gguf_arch="bailingmoe", gguf_qk_permuted=True),  # llama.cpp's Ling 1.x (bailingmoe.cpp)
+        # openPangu-Embedded: Llama's block with biases (read as stored), sandwich norms under sandwich_norm.
+        FamilySpec("PanguEmbedded", unconfirmed=True, gguf_arch="pangu-embedded",
+                   variants=(Variant(flag("sandwich_norm"), {"norms": _SANDWICH, "names": PANGU_SANDWICH_NAMES}),)),
+        # Tele-FLM: Llama's block; under use_mup the embeddings times input_mult and the logits times
+        # output_mult / mup_scale_factor (normalize writes the two scales config.py reads).
+        FamilySpec("TeleFLM", unconfirmed=True, normalize=_teleflm_config, embed_multiplier_key="teleflm_embed_scale",
+                   logit_scale_key="teleflm_logit_scale",
+                   refusals=(Refusal(lambda c: bool(c.get("use_mup")) and not _teleflm_mup_stated(c),
+                                     "use_mup without numbers for input_mult, output_mult and a non-zero "
+                                     "mup_scale_factor is not supported"),)),
     )
 }
 

@@ -287,7 +287,57 @@ def _ling_names(state: dict) -> dict:
     return out
 
 
-BUILD = {"minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek,
+# ------------------------------------------------------------------ openPangu-Embedded (HyperCLOVA X's norms)
+def _pangu(path, config: dict):
+    """sandwich_norm: HyperCLOVA X with its multipliers neutral (Granite's block with post_norm1 and
+    post_norm2 over each sublayer's output); without it, Llama. Biases on every attention projection
+    and the MLP."""
+    c = dict(LLAMA, **config)
+    sandwich = c.pop("sandwich_norm", False)
+    if not sandwich:
+        model = build_checkpoint(path, "llama", dict(c, attention_bias=True, mlp_bias=True))
+        _rewrite(path, {"model_type": "PanguEmbedded", "architectures": ["PanguEmbeddedForCausalLM"]},
+                 drop=("attention_bias", "mlp_bias"))
+        return model
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    model = build_checkpoint(path, "hyperclovax", dict(c, attention_bias=True, mlp_bias=True, use_post_norm=True,
+                                                       embedding_multiplier=1.0, residual_multiplier=1.0,
+                                                       logits_scaling=1.0, attention_multiplier=head_dim ** -0.5))
+
+    def rename(state: dict) -> dict:
+        swap = ((".post_attention_layernorm.", ".pre_mlp_layernorm."), (".post_norm1.", ".post_attention_layernorm."),
+                (".post_norm2.", ".post_mlp_layernorm."))
+        out = {}
+        for name, t in state.items():
+            for a, b in swap:
+                if a in name:
+                    name = name.replace(a, b)
+                    break
+            out[name] = t
+        return out
+
+    _rewrite(path, {"model_type": "PanguEmbedded", "architectures": ["PanguEmbeddedForCausalLM"], "sandwich_norm": True},
+             drop=("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier",
+                   "use_post_norm", "attention_bias", "mlp_bias"), tensors=rename)
+    return model
+
+
+# ------------------------------------------------------------------ Tele-FLM (Granite's multipliers)
+def _teleflm(path, config: dict):
+    c = dict(LLAMA, **config)
+    mup = {k: c.pop(k) for k in ("use_mup", "input_mult", "output_mult", "mup_scale_factor") if k in c}
+    on = mup.get("use_mup", False)
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    model = build_checkpoint(path, "granite", dict(
+        c, embedding_multiplier=mup["input_mult"] if on else 1.0, residual_multiplier=1.0,
+        logits_scaling=mup["mup_scale_factor"] / mup["output_mult"] if on else 1.0,
+        attention_multiplier=head_dim ** -0.5))
+    _rewrite(path, {"model_type": "TeleFLM", "architectures": ["TeleFLMForCausalLM"], **mup},
+             drop=("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier"))
+    return model
+
+
+BUILD = {"PanguEmbedded": _pangu, "TeleFLM": _teleflm, "minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek,
          "bailing_moe": _bailing}
 _LING = dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24)
 _DEEPSEEK = dict(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -305,6 +355,10 @@ CASES = {
     "deepseek-renorm-freq-bias": ("deepseek", dict(_DEEPSEEK, n_shared_experts=1, norm_topk_prob=True, moe_layer_freq=2,
                                                    attention_bias=True, num_hidden_layers=4)),
     "deepseek-no-shared": ("deepseek", dict(_DEEPSEEK, num_experts_per_tok=3)),
+    "pangu": ("PanguEmbedded", {}),
+    "pangu-sandwich": ("PanguEmbedded", dict(sandwich_norm=True)),
+    "teleflm": ("TeleFLM", {}),
+    "teleflm-mup": ("TeleFLM", dict(use_mup=True, input_mult=3.0, output_mult=2.0, mup_scale_factor=8.0)),
     "ling2-groups-qk-norm-bias": ("bailing_moe", dict(_LING, score_function="sigmoid", use_qk_norm=True,
                                                       use_qkv_bias=True, n_group=2, topk_group=1, num_shared_experts=1,
                                                       first_k_dense_replace=1, routed_scaling_factor=2.0)),
@@ -364,6 +418,8 @@ def test_these_families_say_they_have_no_reference_here():
     ("bailing_moe", {"use_bias": True}, "use_bias"),
     ("bailing_moe", {"norm_head": True}, "norm_head"),
     ("deepseek", {"scoring_func": "sigmoid"}, "scoring_func"),
+    ("TeleFLM", {"use_mup": True, "input_mult": 2.0, "output_mult": 1.0}, "use_mup"),
+    ("TeleFLM", {"use_mup": True, "input_mult": 2.0, "output_mult": 1.0, "mup_scale_factor": 0}, "use_mup"),
 ])
 def test_refusals(model_type, config, match):
     with pytest.raises(SterError, match=match):
@@ -378,6 +434,7 @@ GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "deepseek": ("deepseek", dict(_DEEPSEEK, n_shared_experts=2, first_k_dense_replace=1), {}),
     # (llama.cpp 0.3.36 cannot map a Ling 1.x dense layer's feed-forward: every layer routes here)
     "bailingmoe": ("bailing_moe", dict(_LING, num_shared_experts=1), {}),
+    "pangu-embedded": ("PanguEmbedded", {}, {}),
 }
 
 
