@@ -686,6 +686,24 @@ def _teleflm_config(config: Mapping) -> Mapping:
     return c
 
 
+def _telechat3_config(config: Mapping) -> Mapping:
+    """TeleChat3's rope type telechat3-yarn as the YaRN it is, with its temperature: 0.07 * ln(factor) + 1
+    where YaRN's is 0.1 * ln(factor) + 1 (seed 002), stated as YaRN's attention_factor."""
+    import math
+
+    c = dict(config)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = c.get(key)
+        if not isinstance(rope, Mapping) or (rope.get("rope_type") or rope.get("type")) != "telechat3-yarn":
+            continue
+        rope = {k: v for k, v in rope.items() if k != "type"}
+        factor = rope.get("factor")
+        if rope.get("attention_factor") is None and isinstance(factor, (int, float)) and not isinstance(factor, bool):
+            rope["attention_factor"] = 0.07 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        c[key] = dict(rope, rope_type="yarn")
+    return c
+
+
 def _deepseek_moe_config(config: Mapping) -> Mapping:
     """DeepSeek-MoE's layer plan as ``mlp_layer_types``: layer i routes when n_routed_experts is stated,
     i >= first_k_dense_replace and moe_layer_freq divides i (DeepseekConfig's defaults: 0 and 1)."""
@@ -1955,8 +1973,15 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(lambda c: bool(c.get("use_mup")) and not _teleflm_mup_stated(c),
                                      "use_mup without numbers for input_mult, output_mult and a non-zero "
                                      "mup_scale_factor is not supported"),)),
+        # TeleChat3: Llama with attention and MLP biases (read as stored) and its own YaRN (normalize).
+        FamilySpec("telechat3", normalize=_telechat3_config, unconfirmed=True),
     )
 }
+# Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
+# MiMo-V2-Flash (seed 002 describes them as one), Param2-MoE as Ling 2.0's block (Sarvam-30B's here).
+# Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
+for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
+    FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
 
 FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():

@@ -168,7 +168,7 @@ def test_families_json_lists_every_model_type():
         # state-space families of issue 15, part A (tests/test_parity_ssm.py)
         "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
         # families without a Transformers implementation, issue 16 (tests/test_parity_remote.py)
-        "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM"}
+        "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3"}
 
 
 @pytest.mark.real

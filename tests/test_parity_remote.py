@@ -337,7 +337,37 @@ def _teleflm(path, config: dict):
     return model
 
 
-BUILD = {"PanguEmbedded": _pangu, "TeleFLM": _teleflm, "minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek,
+# ------------------------------------------------------------------ another family's math under its own name
+def _renamed(of: str, case: str):
+    """``of``'s Transformers model (the parity case ``case`` of test_parity_moe.py) saved as ``model_type``."""
+    def build_it(path, config: dict):
+        import test_parity_moe
+
+        model = build_checkpoint(path, of, dict(test_parity_moe.CASES[case][1]))
+        _rewrite(path, {"model_type": config["model_type"]})
+        return model
+    return build_it
+
+
+# ------------------------------------------------------------------ TeleChat3 (Llama's YaRN, its temperature)
+def _telechat3(path, config: dict):
+    """Llama with both biases and YaRN whose attention_factor is stated as 0.07 * ln(factor) + 1; saved
+    with TeleChat3's telechat3-yarn rope type, which leaves the factor implied."""
+    c = dict(LLAMA, **config)
+    factor, original = c.pop("factor"), c.pop("original_max_position_embeddings")
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": factor,
+            "original_max_position_embeddings": original, "attention_factor": 0.07 * math.log(factor) + 1.0}
+    model = build_checkpoint(path, "llama", dict(c, attention_bias=True, mlp_bias=True, rope_parameters=rope))
+    _rewrite(path, {"model_type": "telechat3", "architectures": ["TeleChat3ForCausalLM"], "rope_theta": 10000.0,
+                    "rope_scaling": {"type": "telechat3-yarn", "factor": factor,
+                                     "original_max_position_embeddings": original}},
+             drop=("rope_parameters",))
+    return model
+
+
+BUILD = {"mimo_v2": _renamed("mimo_v2_flash", "mimo_v2_flash"),
+         "param2moe": _renamed("sarvam_moe", "sarvam_moe-qkv-bias-groups"), "telechat3": _telechat3,
+         "PanguEmbedded": _pangu, "TeleFLM": _teleflm, "minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek,
          "bailing_moe": _bailing}
 _LING = dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24)
 _DEEPSEEK = dict(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -355,6 +385,9 @@ CASES = {
     "deepseek-renorm-freq-bias": ("deepseek", dict(_DEEPSEEK, n_shared_experts=1, norm_topk_prob=True, moe_layer_freq=2,
                                                    attention_bias=True, num_hidden_layers=4)),
     "deepseek-no-shared": ("deepseek", dict(_DEEPSEEK, num_experts_per_tok=3)),
+    "mimo_v2": ("mimo_v2", {"model_type": "mimo_v2"}),
+    "param2moe": ("param2moe", {"model_type": "param2moe"}),
+    "telechat3-yarn": ("telechat3", dict(factor=4.0, original_max_position_embeddings=8)),
     "pangu": ("PanguEmbedded", {}),
     "pangu-sandwich": ("PanguEmbedded", dict(sandwich_norm=True)),
     "teleflm": ("TeleFLM", {}),
