@@ -738,6 +738,19 @@ def _telechat3_config(config: Mapping) -> Mapping:
     return c
 
 
+def _solar_config(config: Mapping) -> Mapping:
+    """Solar Pro's block skip connections as ``residual_skips`` (config.ResidualSkip): the stream kept
+    before the layers bskcn_1 (bskcn_2) list is mixed back before the layers bskcn_3 (bskcn_4) list,
+    with the inference weight, the second entry of bskcn_tv (seed 002)."""
+    c = dict(config)
+    tv = c.get("bskcn_tv")
+    if any(c.get(f"bskcn_{k}") for k in (1, 2, 3, 4)):
+        weight = tv[1] if isinstance(tv, list) and len(tv) == 2 else tv
+        c["residual_skips"] = [{"keep": c.get(f"bskcn_{a}") or [], "mix": c.get(f"bskcn_{b}") or [], "weight": weight}
+                               for a, b in ((1, 3), (2, 4))]
+    return c
+
+
 def _deepseek_moe_config(config: Mapping) -> Mapping:
     """DeepSeek-MoE's layer plan as ``mlp_layer_types``: layer i routes when n_routed_experts is stated,
     i >= first_k_dense_replace and moe_layer_freq divides i (DeepseekConfig's defaults: 0 and 1)."""
@@ -2191,7 +2204,44 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(gate, down) are not supported")),
                    gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
                    gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
-<<<<<<< HEAD
+        # group SSM-B1 (issue 15, part B1): short convolutions, lightning attention, shared blocks
+        FamilySpec("lfm2", **_LFM2, gguf_arch="lfm2", refusals=(_LFM2_LAYER_TYPES,)),
+        FamilySpec("lfm2_moe", **dict(_LFM2, keys=dict(_LFM2["keys"], num_experts=("num_experts",)),
+                                      names=LFM2_MOE_NAMES, normalize=_lfm2_moe_config), moe=True, gguf_arch="lfm2moe",
+                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-6},
+                   moe_defaults={"num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True},
+                   variants=(Variant(unset("use_expert_bias"), {"fixed": {"scoring_func": "sigmoid",
+                                                                          "topk_method": "greedy"}}),),
+                   refusals=(_LFM2_LAYER_TYPES,)),
+        FamilySpec("minimax", **_MINIMAX, normalize=_minimax_config, residual_normed=True),
+        FamilySpec("minimax_text_01", **dict(_MINIMAX, normalize=_minimax_hub_config,
+                                             keys=dict(_MINIMAX["keys"], rotary_dim=("rotary_dim",))),
+                   residual_normed="postnorm",
+                   gguf_arch="minimax-01", gguf_names=GGUF_MINIMAX_NAMES),
+        FamilySpec("zamba2", recurrent="mamba2", hybrid_mixer="shared_hybrid", shared_block=True, ffn_layers="none",
+                   norms=("attn_norm",), positions="none", names=ZAMBA2_NAMES, normalize=_zamba2_config,
+                   adapters="none", tie_default=True, default_act="gelu", ffn_mult=4, reference_hidden="embedding",
+                   attn_scale_key="_attention_score_width",
+                   keys={"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
+                         "ssm_expand": ("mamba_expand",), "ssm_num_heads": ("n_mamba_heads",), "ssm_head_dim": (),
+                         "ssm_groups": ("mamba_ngroups",), "head_dim": ("attention_head_dim",),
+                         "shared_blocks": ("num_mem_blocks",), "adapter_rank": ("adapter_rank",),
+                         "shared_attention_adapters": ("use_shared_attention_adapter",)},
+                   defaults={"ssm_state_size": 64, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_num_heads": 8,
+                             "ssm_head_dim": "auto", "ssm_groups": 1, "ssm_norm_eps": 1e-5, "norm_eps": 1e-5},
+                   variants=(Variant(flag("use_mem_rope"), {"positions": "rope"}),),
+                   refusals=_ZAMBA2_REFUSALS + (Refusal(_mamba2_width_mismatch(None, "mamba_expand", "n_mamba_heads",
+                                                                               "mamba_headdim"),
+                                                        "a Mamba-2 width (mamba_expand * hidden_size) other than its "
+                                                        "heads' total (n_mamba_heads * mamba_headdim) is not supported"),)),
+        # ---- g4: Gemma 4
+        FamilySpec("gemma4_text", **_GEMMA4,
+                   keys={"per_layer_input": ("hidden_size_per_layer_input",),
+                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                   config_defaults={**_GEMMA4_DEFAULTS, "hidden_size_per_layer_input": 256,
+                                    "vocab_size_per_layer_input": 262144}),
+        FamilySpec("gemma4_unified_text", **_GEMMA4,
+                   config_defaults={**_GEMMA4_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262144}),
         # ---- group G16A (issue 16): families without a Transformers implementation, on the decoder's
         # existing parts. Each is tested against a Transformers model of the same math (tests/test_parity_remote.py).
         # MiniCPM: Llama's block with muP scales (MiniCPMConfig's defaults: scale_emb, scale_depth and
@@ -2266,48 +2316,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=(Refusal(lambda c: bool(c.get("use_mup")) and not _teleflm_mup_stated(c),
                                      "use_mup without numbers for input_mult, output_mult and a non-zero "
                                      "mup_scale_factor is not supported"),)),
+        # Solar Pro: Llama's block with block skip connections (normalize writes them as residual_skips).
+        FamilySpec("solar", normalize=_solar_config, unconfirmed=True),
         # TeleChat3: Llama with attention and MLP biases (read as stored) and its own YaRN (normalize).
         FamilySpec("telechat3", normalize=_telechat3_config, unconfirmed=True),
-=======
-        # group SSM-B1 (issue 15, part B1): short convolutions, lightning attention, shared blocks
-        FamilySpec("lfm2", **_LFM2, gguf_arch="lfm2", refusals=(_LFM2_LAYER_TYPES,)),
-        FamilySpec("lfm2_moe", **dict(_LFM2, keys=dict(_LFM2["keys"], num_experts=("num_experts",)),
-                                      names=LFM2_MOE_NAMES, normalize=_lfm2_moe_config), moe=True, gguf_arch="lfm2moe",
-                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-6},
-                   moe_defaults={"num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True},
-                   variants=(Variant(unset("use_expert_bias"), {"fixed": {"scoring_func": "sigmoid",
-                                                                          "topk_method": "greedy"}}),),
-                   refusals=(_LFM2_LAYER_TYPES,)),
-        FamilySpec("minimax", **_MINIMAX, normalize=_minimax_config, residual_normed=True),
-        FamilySpec("minimax_text_01", **dict(_MINIMAX, normalize=_minimax_hub_config,
-                                             keys=dict(_MINIMAX["keys"], rotary_dim=("rotary_dim",))),
-                   residual_normed="postnorm",
-                   gguf_arch="minimax-01", gguf_names=GGUF_MINIMAX_NAMES),
-        FamilySpec("zamba2", recurrent="mamba2", hybrid_mixer="shared_hybrid", shared_block=True, ffn_layers="none",
-                   norms=("attn_norm",), positions="none", names=ZAMBA2_NAMES, normalize=_zamba2_config,
-                   adapters="none", tie_default=True, default_act="gelu", ffn_mult=4, reference_hidden="embedding",
-                   attn_scale_key="_attention_score_width",
-                   keys={"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
-                         "ssm_expand": ("mamba_expand",), "ssm_num_heads": ("n_mamba_heads",), "ssm_head_dim": (),
-                         "ssm_groups": ("mamba_ngroups",), "head_dim": ("attention_head_dim",),
-                         "shared_blocks": ("num_mem_blocks",), "adapter_rank": ("adapter_rank",),
-                         "shared_attention_adapters": ("use_shared_attention_adapter",)},
-                   defaults={"ssm_state_size": 64, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_num_heads": 8,
-                             "ssm_head_dim": "auto", "ssm_groups": 1, "ssm_norm_eps": 1e-5, "norm_eps": 1e-5},
-                   variants=(Variant(flag("use_mem_rope"), {"positions": "rope"}),),
-                   refusals=_ZAMBA2_REFUSALS + (Refusal(_mamba2_width_mismatch(None, "mamba_expand", "n_mamba_heads",
-                                                                               "mamba_headdim"),
-                                                        "a Mamba-2 width (mamba_expand * hidden_size) other than its "
-                                                        "heads' total (n_mamba_heads * mamba_headdim) is not supported"),)),
-        # ---- g4: Gemma 4
-        FamilySpec("gemma4_text", **_GEMMA4,
-                   keys={"per_layer_input": ("hidden_size_per_layer_input",),
-                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
-                   config_defaults={**_GEMMA4_DEFAULTS, "hidden_size_per_layer_input": 256,
-                                    "vocab_size_per_layer_input": 262144}),
-        FamilySpec("gemma4_unified_text", **_GEMMA4,
-                   config_defaults={**_GEMMA4_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262144}),
->>>>>>> main
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

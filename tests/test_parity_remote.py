@@ -365,7 +365,40 @@ def _telechat3(path, config: dict):
     return model
 
 
-BUILD = {"mimo_v2": _renamed("mimo_v2_flash", "mimo_v2_flash"),
+# ------------------------------------------------------------------ Solar Pro (Llama + block skips)
+def _solar(path, config: dict):
+    """Transformers' Llama with each decoder layer wrapped by the block skip connections as seed 002
+    words them: before a layer of bskcn_1 (bskcn_2) the stream is kept, before a layer of bskcn_3
+    (bskcn_4) it becomes w * kept + (1 - w) * stream, w = bskcn_tv[1]; keeping comes first."""
+    import torch
+
+    c = dict(LLAMA, **config)
+    skips = {k: c.pop(f"bskcn_{k}") for k in (1, 2, 3, 4)}
+    tv = c.pop("bskcn_tv")
+    model = build_checkpoint(path, "llama", c)
+    kept: dict = {}
+
+    class Skip(torch.nn.Module):
+        def __init__(self, layer, i):
+            super().__init__()
+            self.layer, self.i = layer, i
+
+        def forward(self, hidden_states, *args, **kwargs):
+            for slot in (1, 2):
+                if self.i in skips[slot]:
+                    kept[slot] = hidden_states
+            for slot, src in ((3, 1), (4, 2)):
+                if self.i in skips[slot]:
+                    hidden_states = tv[1] * kept[src] + (1 - tv[1]) * hidden_states
+            return self.layer(hidden_states, *args, **kwargs)
+
+    model.model.layers = torch.nn.ModuleList([Skip(layer, i) for i, layer in enumerate(model.model.layers)])
+    _rewrite(path, {"model_type": "solar", "architectures": ["SolarForCausalLM"], "bskcn_tv": tv,
+                    **{f"bskcn_{k}": v for k, v in skips.items()}})
+    return model
+
+
+BUILD = {"solar": _solar, "mimo_v2": _renamed("mimo_v2_flash", "mimo_v2_flash"),
          "param2moe": _renamed("sarvam_moe", "sarvam_moe-qkv-bias-groups"), "telechat3": _telechat3,
          "PanguEmbedded": _pangu, "TeleFLM": _teleflm, "minicpm": _minicpm, "orion": _orion, "internlm2": _internlm2, "mimo": _mimo, "deepseek": _deepseek,
          "bailing_moe": _bailing}
@@ -387,6 +420,10 @@ CASES = {
     "deepseek-no-shared": ("deepseek", dict(_DEEPSEEK, num_experts_per_tok=3)),
     "mimo_v2": ("mimo_v2", {"model_type": "mimo_v2"}),
     "param2moe": ("param2moe", {"model_type": "param2moe"}),
+    "solar-skips": ("solar", dict(num_hidden_layers=6, bskcn_1=[1], bskcn_2=[2], bskcn_3=[3], bskcn_4=[5],
+                                  bskcn_tv=[0.9, 0.7])),
+    "solar-shared-layer": ("solar", dict(num_hidden_layers=5, bskcn_1=[0], bskcn_2=[2], bskcn_3=[2], bskcn_4=[4],
+                                         bskcn_tv=[0.5, 0.3])),
     "telechat3-yarn": ("telechat3", dict(factor=4.0, original_max_position_embeddings=8)),
     "pangu": ("PanguEmbedded", {}),
     "pangu-sandwich": ("PanguEmbedded", dict(sandwich_norm=True)),
@@ -451,12 +488,18 @@ def test_these_families_say_they_have_no_reference_here():
     ("bailing_moe", {"use_bias": True}, "use_bias"),
     ("bailing_moe", {"norm_head": True}, "norm_head"),
     ("deepseek", {"scoring_func": "sigmoid"}, "scoring_func"),
+    ("solar", {"bskcn_1": [2], "bskcn_3": [1], "bskcn_tv": [0.9, 0.7]}, "before any layer keeps"),
+    ("solar", {"bskcn_1": [9], "bskcn_3": [2], "bskcn_tv": [0.9, 0.7]}, "layer indices below 3"),
     ("TeleFLM", {"use_mup": True, "input_mult": 2.0, "output_mult": 1.0}, "use_mup"),
     ("TeleFLM", {"use_mup": True, "input_mult": 2.0, "output_mult": 1.0, "mup_scale_factor": 0}, "use_mup"),
 ])
 def test_refusals(model_type, config, match):
+    """Refused by the gate or by the config reader, in either case before any weight is read."""
+    from ster_py.config import spec_from_config
+
+    config = {"model_type": model_type, **LLAMA, **config}
     with pytest.raises(SterError, match=match):
-        gate({"model_type": model_type, **LLAMA, **config}, "config.json")
+        spec_from_config(config, gate(config, "config.json"), "config.json")
 
 
 # ------------------------------------------------------------------ GGUF, by llama.cpp's own converter
