@@ -225,6 +225,10 @@ UNWRITTEN_ARCHS = {
     "mellum": "its per-layer sliding-window pattern",
     "phimoe": "its LayerNorm epsilon and rotation keys as llama.cpp's converter writes them",
     **{arch: "per-layer head counts and windows" for arch in ("laguna", "mimo2", "step35")},
+    # Families of remote-code checkpoints added after the converter's tests: refused until their files are
+    # compared with llama.cpp's converter as the others are (tests/test_convert.py).
+    **{arch: "a check of its metadata and tensors against llama.cpp's converter (not done yet)"
+       for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
 }
 
 

@@ -45,10 +45,12 @@ def ster(*args):
 def _arch_cases() -> dict:
     import test_parity_dense as dense
     import test_parity_moe as moe
+    import test_parity_remote as remote
 
     llama = dict(dense.LLAMA)
     cases = dict(dense.GGUF_CASES)
     cases.update({f"moe-{k}": v for k, v in moe.GGUF_CASES.items()})
+    cases.update({f"remote-{k}": v for k, v in remote.GGUF_CASES.items()})
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),
@@ -388,9 +390,12 @@ def test_unwritten_models_are_refused_before_any_weight(name, tmp_path):
     d = tmp_path / "m"
     try:
         AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config).save_pretrained(d)
-    except ValueError:  # a model_type only its Hub code knows (MiniMax-Text-01): the config as the case states it
+    except ValueError:  # a model_type only its Hub code knows: the config as its parity module builds it
+        import test_parity_remote as remote
+
+        base = remote.LLAMA if name.startswith("remote-") else {}
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({"model_type": model_type, **config}))
+        (d / "config.json").write_text(json.dumps({"model_type": model_type, **base, **config}))
     write_tokenizer(d)
     (d / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
     if name in REFUSED_ARCH_CASES:
