@@ -401,4 +401,4 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
 _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 5
+SOURCE_VERSION = 7

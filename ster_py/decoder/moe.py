@@ -37,7 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._fast import ops as _ops
+from .ffn import _GLU_KINDS, DenseFFN
 from .parts import Part
+from .qlinear import QuantLinear
 
 SCORINGS = ("softmax", "sigmoid", "sparsemixer")
 
@@ -239,6 +242,33 @@ class MoE(Part):
         self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32).reshape(-1)
         self.shared, self.shared_gate = shared, shared_gate
         self.latent = latent
+        self._fused = None  # (gates, ups, downs, act) for ops.moe_experts, built on first decode
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "experts":  # (an expert's projections are not replaced in place: not adapter targets)
+            object.__setattr__(self, "_fused", None)
+
+    def _fused_experts(self):
+        """The experts as ``ops.moe_experts`` takes them, or False when a decoded token must go
+        through the Python loop: each expert a gated ``DenseFFN`` (SiLU or tanh GELU, no clamp,
+        no scales) of bias-free ``QuantLinear`` projections, weights applied to the output, no
+        latent width, and the kernels built."""
+        if self._fused is None:
+            ex, m = self.experts, self.spec
+            ok = (_ops is not None and self.latent is None and not m.router.on_input and len(ex) > 0
+                  and m.act in _GLU_KINDS and all(
+                      type(f) is DenseFFN and f.glu == "standard" and f.limit is None and f.act_name == m.act
+                      and f.gate_scale == 1 and f.out_scale == 1
+                      and all(type(p) is QuantLinear and p.bias is None for p in (f.gate, f.up, f.down))
+                      for f in ex))
+            if ok:
+                shapes = {(f.gate._m.n_rows, f.gate._m.n_cols, f.up._m.n_rows, f.up._m.n_cols,
+                           f.down._m.n_rows, f.down._m.n_cols) for f in ex}
+                ok = len(shapes) == 1
+            object.__setattr__(self, "_fused", (tuple(f.gate._m for f in ex), tuple(f.up._m for f in ex),
+                                                tuple(f.down._m for f in ex), _GLU_KINDS[m.act]) if ok else False)
+        return self._fused
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(int64 [T, top_k] expert ids, float32 [T, top_k] weights) for x float32 [T, hidden]."""
@@ -252,7 +282,10 @@ class MoE(Part):
             x = self.latent[0](x)
         out = np.zeros(x.shape, np.float32)
         on_input = self.spec.router.on_input
-        if x.shape[0] == 1:  # decoding: the chosen experts in turn
+        fused = self._fused_experts() if x.shape[0] == 1 else False
+        if fused and x.__class__ is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
+            _ops.moe_experts(x, ids[0], weights[0], *fused, out)  # the loop below, in one call
+        elif x.shape[0] == 1:  # decoding: the chosen experts in turn
             for e, w in zip(ids[0], weights[0]):
                 y = self.experts[e](x * w) if on_input else self.experts[e](x) * w
                 out += y
