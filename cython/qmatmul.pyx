@@ -355,6 +355,142 @@ def matvec_group(tuple mats, x, tuple outs):
     _group_rowdots(mats, <const float*>cnp.PyArray_DATA(xa), K, ys)
 
 
+# Routed experts over a batch of tokens (prefill): every expert's decoded panels, one pool job.
+ctypedef struct _ExpertJob:
+    int simd, K, nc, n_sets
+    int N[_MAX_GROUP]
+    const uint8_t** W           # [set * n_exp + e]
+    size_t* rb
+    int* typ
+    const int32_t** rows
+    const long* off             # [n_exp + 1] token rows of each expert
+    long* task                  # (set * n_exp + e) * n_chunks + chunk
+    int n_exp, n_chunks
+    const float* X
+    float* Y[_MAX_GROUP]
+    float* pack
+    size_t per_thread
+
+
+cdef void _expert_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _ExpertJob* j = <_ExpertJob*>ctx
+    cdef long t = j.task[c]
+    cdef int chunk = <int>(t % j.n_chunks)
+    cdef int me = <int>(t // j.n_chunks)          # set * n_exp + e
+    cdef int s = me // j.n_exp, e = me % j.n_exp
+    cdef long a = j.off[e]
+    cdef int n0 = chunk * j.nc, N = j.N[s]
+    ster_matmul_range(j.typ[me], j.W[me], j.rb[me], j.rows[me], n0, min(N, n0 + j.nc), j.K, j.X + a * j.K,
+                      <int>(j.off[e + 1] - a), j.Y[s] + a * N, N, j.pack + j.per_thread * tid, j.simd)
+
+
+def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
+    """Routed experts' products over a batch of tokens grouped by expert, in one pool job.
+
+    For each set s (up to 4: e.g. the experts' gate and up matrices) and each expert e with
+    at least ``min_tokens`` rows, ``outs[s][a:b] = x[a:b] @ sets[s][e]^T`` where a, b =
+    ``offsets[e]``, ``offsets[e + 1]``: the decoded panels of ``QMatrix.matmul(force=2)``,
+    with the same arithmetic (each output's sum runs over the inputs in the same order
+    whatever the tiling). Experts with fewer rows are left untouched (the caller multiplies
+    one-token experts by the row dots, as ``QMatrix.matmul`` does for T = 1).
+
+    Args:
+        sets: tuples of ``QMatrix``, one per expert, all of one shape [N_s, K] within a set.
+        x: float32 [R, K], C-contiguous: the tokens' rows sorted by expert.
+        offsets: int64 [n_exp + 1], non-decreasing from 0 to R.
+        outs: float32 [R, N_s] per set, C-contiguous, writable.
+        min_tokens: experts with fewer rows are skipped (>= 1).
+
+    Raises ValueError when the shapes do not fit.
+    """
+    cdef int n_sets = len(sets), s, e, c
+    if n_sets < 1 or n_sets > _MAX_GROUP or len(outs) != n_sets:
+        raise ValueError(f"1 to {_MAX_GROUP} sets of matrices, one output each")
+    if min_tokens < 1:
+        raise ValueError("min_tokens must be at least 1")
+    cdef const float[:, ::1] xv = x
+    cdef const long[::1] ov = np.ascontiguousarray(offsets, dtype=np.int64)
+    cdef int n_exp = len(sets[0]), K = xv.shape[1]
+    cdef long R = xv.shape[0]
+    if ov.shape[0] != n_exp + 1 or ov[0] != 0 or ov[n_exp] != R:
+        raise ValueError("offsets must be [n_experts + 1], from 0 to the number of rows")
+    for e in range(n_exp):
+        if ov[e + 1] < ov[e]:
+            raise ValueError("offsets must not decrease")
+    cdef _ExpertJob j
+    cdef float[:, ::1] yv
+    cdef QMatrix w
+    j.simd, j.K, j.n_sets, j.n_exp = _simd, K, n_sets, n_exp
+    keep = []
+    for s in range(n_sets):
+        if len(sets[s]) != n_exp:
+            raise ValueError("every set holds one matrix per expert")
+        yv = outs[s]
+        keep.append(yv)
+        j.Y[s] = &yv[0, 0] if yv.shape[0] and yv.shape[1] else NULL
+        j.N[s] = (<QMatrix?>sets[s][0]).n_rows
+        if yv.shape[0] != R or yv.shape[1] != j.N[s]:
+            raise ValueError(f"output {s} must be [{R}, {j.N[s]}]")
+        for e in range(n_exp):
+            w = <QMatrix?>sets[s][e]
+            if w.n_rows != j.N[s] or w.n_cols != K:
+                raise ValueError(f"set {s}, expert {e}: [{w.n_rows}, {w.n_cols}], expected [{j.N[s]}, {K}]")
+    if R == 0 or K == 0:
+        return
+    cdef int maxN = 0
+    for s in range(n_sets):
+        maxN = max(maxN, j.N[s])
+    j.nc = 64                                  # rows per task (a multiple of the 16-row panels)
+    j.n_chunks = (maxN + j.nc - 1) // j.nc
+    cdef long work = 0, n_tasks = 0
+    cdef int nt = 1
+    cdef size_t nm = <size_t>n_sets * n_exp
+    j.W = <const uint8_t**>malloc(sizeof(void*) * nm)
+    j.rb = <size_t*>malloc(sizeof(size_t) * nm)
+    j.typ = <int*>malloc(sizeof(int) * nm)
+    j.rows = <const int32_t**>malloc(sizeof(void*) * nm)
+    j.task = <long*>malloc(sizeof(long) * nm * j.n_chunks + 8)
+    j.off = &ov[0]
+    j.X = &xv[0, 0]
+    j.pack = NULL
+    cdef void* block = NULL
+    try:
+        if j.W == NULL or j.rb == NULL or j.typ == NULL or j.rows == NULL or j.task == NULL:
+            raise MemoryError()
+        for s in range(n_sets):
+            for e in range(n_exp):
+                w = <QMatrix>sets[s][e]
+                c = s * n_exp + e
+                j.W[c], j.rb[c], j.typ[c], j.rows[c] = &w.raw[0, 0], w.row_bytes, w.type_id, w._rows
+        # tasks: the largest experts first (their chunks are the longest), each expert's chunks in turn
+        counts = np.diff(np.asarray(ov))
+        for e in np.argsort(-counts, kind="stable"):
+            if counts[e] < min_tokens:
+                continue
+            for s in range(n_sets):
+                for c in range((j.N[s] + j.nc - 1) // j.nc):
+                    j.task[n_tasks] = (<long>(s * n_exp + e)) * j.n_chunks + c
+                    n_tasks += 1
+                work += <long>counts[e] * j.N[s] * K
+        if n_tasks == 0:
+            return
+        nt = _threads if work >= _PARALLEL_MIN_WEIGHTS else 1
+        j.per_thread = <size_t>j.nc * STER_KC
+        block = malloc(sizeof(float) * j.per_thread * nt + 64)
+        if block == NULL:
+            raise MemoryError()
+        j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
+        with nogil:
+            ster_pool_run(n_tasks, _expert_task, &j, nt)
+    finally:
+        free(block)
+        free(j.W)
+        free(j.rb)
+        free(j.typ)
+        free(j.rows)
+        free(j.task)
+
+
 cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1:
     """The one driver of decode products: x float32 [K] times every QMatrix of ``mats``
     (same K, at most _MAX_GROUP) into ys[m] [rows of m]: the input quantized once, one pool

@@ -274,11 +274,20 @@ def test_fused_step_of_routed_blocks_equals_python_block(tmp_path, model_type):
     decoder = load_model(str(tmp_path / model_type)).decoder
     _quantize_moe(decoder)
     routed = [layer for layer in decoder.layers if isinstance(layer.ffn, MoE)]
-    assert routed and all(layer.ffn._fused_experts() for layer in routed)   # the experts' kernel runs
-    _compare(decoder)
-    for layer in routed:   # and the Python loop over experts gives the same bits as the kernel
+    assert all(layer.decode_step() is not None for layer in decoder.layers)
+    for layer in routed:   # the Python loops over experts (prompt and decode)
         layer.ffn._fused = False
-    _compare(decoder)
+    want, want_kv = _run(decoder, False, np.float32)
+    for layer in routed:   # the experts' kernels: grouped prompt, one call per decoded token
+        layer.ffn._fused = None
+    assert routed and all(layer.ffn._fused_experts() for layer in routed)
+    got, got_kv = _run(decoder, True, np.float32)
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
+    for (gk, gv), (wk, wv) in zip(got_kv, want_kv):
+        np.testing.assert_array_equal(gk, wk)
+        np.testing.assert_array_equal(gv, wv)
+    _compare(decoder)   # the step against the Python block, both with the kernels
 
 
 def test_moe_experts_kernel_equals_the_python_loop_and_refuses_misfits(tmp_path):
