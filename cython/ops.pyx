@@ -21,7 +21,8 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from ster_py._kernels.qmatmul import MAX_THREADS, QMatrix, _default_threads, _group_capsule, _pool_capsule
+from ster_py._kernels.qmatmul import (MAX_THREADS, QMatrix, _default_threads, _group_capsule, _multi_capsule,
+                                      _pool_capsule)
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
@@ -30,6 +31,9 @@ cdef pool_run_t _pool_run = <pool_run_t>PyCapsule_GetPointer(_pool_capsule, b"st
 # qmatmul's driver of decode products (LayerStep's projections).
 ctypedef int (*group_fn)(tuple mats, const float* x, int K, float** ys) except -1
 cdef group_fn _group = <group_fn>PyCapsule_GetPointer(_group_capsule, b"ster_group_rowdots")
+# ... and of several inputs (a token's chosen experts): ys[m] = mats[m] xs[which[m]], up to 16.
+ctypedef int (*multi_fn)(tuple mats, const int* which, const float** xs, float** ys) except -1
+cdef multi_fn _multi = <multi_fn>PyCapsule_GetPointer(_multi_capsule, b"ster_multi_rowdots")
 
 cdef extern from "ster_ops.h" nogil:
     ctypedef struct ster_attn_args:
@@ -646,8 +650,8 @@ def moe_experts(x, ids, weights, tuple gates, tuple ups, tuple downs, int act, o
     ``ids`` from zero, each product as ``QMatrix.matmul`` computes it (the decode driver of
     ``qmatmul``), the gate as ``glu`` computes it: the same float32 arithmetic, in the same
     order, as ``ster_py.decoder.moe.MoE`` over ``DenseFFN`` experts (its reference, compared
-    bit for bit in tests/test_step.py). The gate and up products of two experts share one
-    threaded job.
+    bit for bit in tests/test_step.py). The gate and up products of (up to eight) experts
+    share one threaded job, their down products another.
 
     Args:
         x: float32 [1, E], C-contiguous.
@@ -688,29 +692,36 @@ def moe_experts(x, ids, weights, tuple gates, tuple ups, tuple downs, int act, o
         chosen.append((mg, mu, md))
     cdef const float* xp = <const float*>cnp.PyArray_DATA(<cnp.ndarray>x)
     cdef float* op = <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
-    cdef float* buf = <float*>malloc(sizeof(float) * (2 * <size_t>k * F + E + 16))
+    cdef float* buf = <float*>malloc(sizeof(float) * (2 * <size_t>k * F + <size_t>k * E + 16))
     if buf == NULL:
         raise MemoryError()
-    cdef float* y = buf + 2 * <size_t>k * F
-    cdef float* ys[4]
+    cdef float* downs_out = buf + 2 * <size_t>k * F   # [k, E]
+    cdef float* y
+    cdef float* ys[16]
+    cdef const float* xs[8]
+    cdef int which[16]
+    cdef int a, b
     cdef float w
     try:
-        i = 0
-        while i < k:   # gate and up of two experts per job
-            nm = min(2, k - i)
-            for r in range(nm):
-                ys[2 * r] = buf + <size_t>(2 * (i + r)) * F
-                ys[2 * r + 1] = ys[2 * r] + F
-            mats = chosen[i][:2] + (chosen[i + 1][:2] if nm == 2 else ())
-            _group(mats, xp, E, ys)
-            i += nm
+        for a in range(0, k, 8):   # eight experts per job: their gates and ups, then their downs
+            b = min(k, a + 8)
+            for i in range(a, b):
+                ys[2 * (i - a)] = buf + <size_t>(2 * i) * F
+                ys[2 * (i - a) + 1] = ys[2 * (i - a)] + F
+                which[2 * (i - a)] = which[2 * (i - a) + 1] = 0
+            xs[0] = xp
+            _multi(tuple([m for i in range(a, b) for m in chosen[i][:2]]), which, xs, ys)
+            for i in range(a, b):
+                ster_glu(buf + <size_t>(2 * i) * F, buf + <size_t>(2 * i + 1) * F, F, act, _simd)
+                xs[i - a] = buf + <size_t>(2 * i) * F
+                ys[i - a] = downs_out + <size_t>i * E
+                which[i - a] = i - a
+            _multi(tuple([chosen[i][2] for i in range(a, b)]), which, xs, ys)
         for r in range(E):
             op[r] = 0.0
         for i in range(k):
-            ster_glu(buf + <size_t>(2 * i) * F, buf + <size_t>(2 * i + 1) * F, F, act, _simd)
-            ys[0] = y
-            _group(chosen[i][2:], buf + <size_t>(2 * i) * F, F, ys)
             w = wv[i]
+            y = downs_out + <size_t>i * E
             for r in range(E):
                 op[r] = op[r] + y[r] * w
     finally:

@@ -491,6 +491,89 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
         free(j.task)
 
 
+# Decode products of several matrices over several inputs (a token's chosen experts) in one job.
+DEF _MAX_MULTI = 16
+
+ctypedef struct _MultiJob:
+    int n, simd
+    int typ[_MAX_MULTI]
+    int N[_MAX_MULTI]
+    int K[_MAX_MULTI]
+    int chunk[_MAX_MULTI]
+    int use16[_MAX_MULTI]
+    long first[_MAX_MULTI + 1]
+    const uint8_t* W[_MAX_MULTI]
+    size_t rb[_MAX_MULTI]
+    const int32_t* rows[_MAX_MULTI]
+    float* y[_MAX_MULTI]
+    const float* x[_MAX_MULTI]
+    const int16_t* q[_MAX_MULTI]
+    const float* dx[_MAX_MULTI]
+    const float* xs16[_MAX_MULTI]
+
+
+cdef void _multi_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _MultiJob* j = <_MultiJob*>ctx
+    cdef int m = 0
+    while c >= j.first[m + 1]:
+        m += 1
+    cdef int r0 = <int>(c - j.first[m]) * j.chunk[m]
+    cdef int r1 = min(j.N[m], r0 + j.chunk[m])
+    if j.use16[m]:
+        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.q[m], j.dx[m], j.xs16[m], j.y[m])
+    else:
+        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.x[m], j.xs16[m], j.y[m], j.simd)
+
+
+cdef int _multi_rowdots(tuple mats, const int* which, const float** xs, float** ys) except -1:
+    """Decode products with inputs of their own: ys[m] = QMatrix mats[m] times xs[which[m]]
+    (len(mats) <= _MAX_MULTI; the inputs' lengths are their matrices' columns), as
+    ``_group_rowdots`` computes each (every distinct input quantized once), all in one pool job."""
+    cdef int n = len(mats), m, i
+    cdef QMatrix w
+    cdef _MultiJob j
+    cdef long weights = 0
+    cdef size_t need = 64
+    if n < 1 or n > _MAX_MULTI:
+        raise ValueError(f"1 to {_MAX_MULTI} matrices")
+    j.n, j.simd = n, _simd
+    j.first[0] = 0
+    for m in range(n):
+        w = <QMatrix>mats[m]
+        j.typ[m], j.N[m], j.K[m], j.W[m], j.rb[m], j.rows[m] = w.type_id, w.n_rows, w.n_cols, &w.raw[0, 0], \
+            w.row_bytes, w._rows
+        j.y[m], j.x[m] = ys[m], xs[which[m]]
+        weights += <long>w.n_rows * w.n_cols
+        need += 2 * w.n_cols + 4 * (w.n_cols // 32 + w.n_cols // 16) + 64
+    cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
+    for m in range(n):   # chunks as _group_rowdots cuts them
+        j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // j.K[m])))
+        j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
+    cdef char* buf = <char*>malloc(need)
+    if buf == NULL:
+        raise MemoryError()
+    cdef char* p = buf
+    with nogil:
+        for m in range(n):
+            for i in range(m):   # an input seen before: its quantized copy
+                if which[i] == which[m]:
+                    j.q[m], j.dx[m], j.xs16[m], j.use16[m] = j.q[i], j.dx[i], j.xs16[i], j.use16[i]
+                    break
+            else:
+                j.q[m] = <int16_t*>p
+                j.dx[m] = <float*>(p + 2 * j.K[m] + 32)
+                j.xs16[m] = j.dx[m] + j.K[m] // 32
+                p += 2 * j.K[m] + 4 * (j.K[m] // 32 + j.K[m] // 16) + 64
+                j.use16[m] = _simd and _int16 and ster_quantize16(j.x[m], j.K[m], <int16_t*>j.q[m], <float*>j.dx[m],
+                                                                  <float*>j.xs16[m])
+                if not j.use16[m]:
+                    ster_sums16(j.x[m], j.K[m], <float*>j.xs16[m])
+        if j.first[n]:
+            ster_pool_run(j.first[n], _multi_task, &j, nt)
+    free(buf)
+    return 0
+
+
 cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1:
     """The one driver of decode products: x float32 [K] times every QMatrix of ``mats``
     (same K, at most _MAX_GROUP) into ys[m] [rows of m]: the input quantized once, one pool
@@ -535,6 +618,7 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
 # The decode products' driver, for the fused decode step of ster_py._kernels.ops (which
 # passes tuples of QMatrix it has checked).
 _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NULL)
+_multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
 SOURCE_VERSION = 7

@@ -301,7 +301,8 @@ def test_moe_experts_kernel_equals_the_python_loop_and_refuses_misfits(tmp_path)
     gates, ups, downs, act = moe._fused_experts()
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, decoder.spec.hidden_size)).astype(np.float32)
-    for ids in ([3, 0], [5], [1, 2, 4, 0, 5, 3]):   # any count of chosen experts, in any order
+    # any count of chosen experts, in any order (more than eight: two jobs each; repeats add twice)
+    for ids in ([3, 0], [5], [1, 2, 4, 0, 5, 3], [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]):
         w = rng.random(len(ids)).astype(np.float32)
         want = np.zeros_like(x)
         for e, we in zip(ids, w):
