@@ -614,4 +614,4 @@ cdef inline void _add(float* y, const float* b, long n) noexcept nogil:
             y[i] = y[i] + b[i]
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 5
+SOURCE_VERSION = 6

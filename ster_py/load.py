@@ -57,7 +57,9 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         model: a local checkpoint directory, a .gguf file, a directory holding one .gguf,
             or a Hugging Face Hub id.
         revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
-        precision: stored weight dtype, 'f32' | 'f16' | 'bf16' (compute is always f32).
+        precision: weight dtype in memory, 'f32' | 'f16' | 'bf16', or 'auto': each tensor as
+            stored when float32, float16 or bfloat16 (a bf16 checkpoint stays bf16, read in
+            place by the 16-bit kernels), float32 otherwise. Compute is always float32.
         progress: optional ``progress(event, done, total)`` callback for long steps.
         check: optional ``check(resolved, spec)`` that refuses (raises SterError) what cannot
             fit the model, such as a steering vector or an adapter, as early as the model is
