@@ -91,9 +91,12 @@ def _sources(args) -> Path:
     with tarfile.open(args.sdist) as tar:
         top = tar.getmembers()[0].name.split("/")[0]
         src = out / top / "vendor" / "llama.cpp"
-        if not (src / "CMakeLists.txt").is_file():
+        stamp = out / top / ".unpacked"   # written last: an interrupted unpacking is redone
+        if not stamp.is_file():
+            shutil.rmtree(out / top, ignore_errors=True)
             members = [m for m in tar.getmembers() if m.name.startswith(f"{top}/vendor/llama.cpp/")]
             tar.extractall(out, members=members, filter="data")
+            stamp.write_text(str(Path(args.sdist).resolve()))
     return src
 
 

@@ -98,6 +98,7 @@ PROGRESS_EVENTS = {
     "capture": ("capturing", "prompts"),
     "parity": ("comparing", "prompts"),
     "merge": ("merging", "tensors"),
+    "quantize": ("quantizing", "matrices"),
 }
 
 

@@ -197,6 +197,15 @@ class SafetensorsWeights(_Tracked):
         """Every tensor name in the checkpoint."""
         return list(self._where)
 
+    def release_pages(self) -> None:
+        """Let the kernel drop the file pages read so far (``madvise(MADV_DONTNEED)`` on every
+        map). Arrays viewing the maps stay valid: their pages are read from the file again
+        on use. For after a pass that read everything once (quantizing on load); any change
+        made in place to a mapped array is lost with its page."""
+        for m in self._maps:
+            if hasattr(mmap, "MADV_DONTNEED") and hasattr(m, "madvise"):
+                m.madvise(mmap.MADV_DONTNEED)
+
     def get(self, name: str) -> np.ndarray | None:
         """The tensor ``name`` at the precision; None if absent.
 

@@ -169,6 +169,19 @@ class QuantTensor:
         self.nbytes = self.shape[0] * tensor.row_bytes
         self._qmatrix = None
 
+    @classmethod
+    def from_blocks(cls, blocks: np.ndarray, type_name: str, cols: int, name: str = "quantized") -> "QuantTensor":
+        """A QuantTensor over blocks made in memory: uint8 [rows, row_bytes] of ``type_name``
+        (``ster_py.gguf.quantize``), ``cols`` weights per row."""
+        from ..gguf.reader import GGUFTensor
+
+        t = quants.ggml_type(type_name)
+        blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+        rows = blocks.shape[0]
+        if blocks.ndim != 2 or cols % t.block_size or blocks.shape[1] != cols // t.block_size * t.type_size:
+            raise SterError(f"{name}: {list(blocks.shape)} bytes are not rows of {cols} {type_name} weights")
+        return cls(GGUFTensor(name, t.id, t.name, (cols, rows), (rows, cols), 0, blocks.nbytes, blocks.reshape(-1)))
+
     def __repr__(self) -> str:
         return f"QuantTensor({self.name!r}, {self.type_name}, shape={self.shape})"
 

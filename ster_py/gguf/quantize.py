@@ -10,7 +10,7 @@ them with llama.cpp's own ``ggml_quantize_chunk``. The block layouts are ggml-co
 
 Two implementations of each: ``*_reference`` here in numpy (float32 operations in the
 order the definition gives them, vectorised over blocks), and the Cython kernels
-(``ster_py._kernels.quants.quantize_rows``, C in ``cython/ster_quantize.h``), which
+(``ster_py._kernels.qmatmul.quantize_rows``, C in ``cython/ster_quantize.h``), which
 ``quantize`` calls and the tests hold to the references byte for byte.
 
 (A second set of quantizers for ``ster convert`` is being written elsewhere; this module
@@ -253,7 +253,7 @@ def quantize(w: np.ndarray, type_name: str, *, name: str = "matrix", n_threads: 
         SterError: K is not a whole number of the type's blocks, or the matrix holds inf/NaN
             (``name`` says which).
     """
-    from .._kernels import quants as kernels
+    from ..decoder.qlinear import _kernels
 
     t = quants.ggml_type(type_name)
     if type_name not in TYPES:
@@ -265,5 +265,5 @@ def quantize(w: np.ndarray, type_name: str, *, name: str = "matrix", n_threads: 
     if not np.isfinite(x).all():
         raise SterError(f"{name} holds inf or NaN weights; the checkpoint is damaged and cannot be quantized")
     out = np.empty((x.shape[0], w.shape[1] // t.block_size * t.type_size), np.uint8)
-    kernels.quantize_rows(x, t.id, out, 0 if n_threads is None else int(n_threads))
+    _kernels().quantize_rows(x, t.id, out, 0 if n_threads is None else int(n_threads))
     return out
