@@ -78,6 +78,12 @@ class Precision(str, Enum):
     bf16 = "bf16"
 
 
+class Quantize(str, Enum):
+    q8_0 = "q8_0"
+    q4_0 = "q4_0"
+    q4_k = "q4_k"
+
+
 class ChatTemplate(str, Enum):
     auto = "auto"
     off = "off"
@@ -213,8 +219,9 @@ THREADS_HELP = ("Threads for the matrix products and attention, and the most any
                 "(BLAS, OpenMP) may use (default: $STER_THREADS, else every core).")
 PRECISION_HELP = ("Weight dtype in memory; compute is always f32. auto keeps each tensor as stored (f32, f16, "
                   "bf16: a bf16 checkpoint stays bf16, read in place by the 16-bit kernels).")
-QUANTIZE_HELP = ("Quantize a safetensors checkpoint's matrices as it loads, to q8_0, q4_0 or q4_k (GGUF "
-                 "blocks, run by the quantized kernels); GGUF files are used as they are.")
+QUANTIZE_HELP = ("Quantize a safetensors checkpoint's projections as it loads into llama.cpp's blocks (q4_k: "
+                 "Q5_0 for rows that are not whole 256-blocks; the output head Q8_0), run by the GGUF kernels. "
+                 "Not for GGUF files.")
 
 
 def flag(default: Optional[bool], *names: str, help: str):
@@ -257,7 +264,7 @@ def generate(
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0 = off)."),
     seed: Optional[int] = typer.Option(None, help="Random seed for sampling (reproducible runs)."),
     precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
-    quantize: Optional[str] = typer.Option(None, "--quantize", help=QUANTIZE_HELP),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP),
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: use the model's chat "
                                                "template when it has one; off: send the prompt as raw text."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
@@ -305,7 +312,8 @@ def generate(
 
     with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
-                            check=fits if vector is not None or adapter is not None else None, quantize=quantize)
+                            check=fits if vector is not None or adapter is not None else None,
+                            quantize=quantize.value if quantize is not None else None)
     show_warnings(loaded)
     hook = None
     if adapter is not None:
@@ -340,7 +348,8 @@ def generate(
     if as_json:
         doc = {
             **version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
-            "precision": loaded.precision, "kv_cache": kv_cache, "chat_template": prompt_.chat_template,
+            "precision": loaded.precision, "quantize": loaded.quantize, "kv_cache": kv_cache,
+            "chat_template": prompt_.chat_template,
             "text": text, "ids": result.ids, "prompt_ids": prompt_.ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
             "adapter": adapter, "warnings": loaded.warnings,

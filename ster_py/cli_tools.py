@@ -16,8 +16,9 @@ from rich.markup import escape
 from .cli_help import SterTyper
 
 from .capture import LAYER_HELP
-from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default,
-                  _use_threads, app, err, flag, out, progress_bar, show_warnings, version_fields)
+from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
+                  _check_device, _model_or_default, _use_threads, app, err, flag, out, progress_bar, show_warnings,
+                  version_fields)
 
 vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -47,7 +48,7 @@ def parity(
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
     precision: Precision = typer.Option(Precision.f32, help="Our stored weight dtype; the reference runs in f32."),
-    quantize: Optional[str] = typer.Option(None, "--quantize", help=QUANTIZE_HELP + " The report is then the "
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP + " The report is then the "
                                            "quantized model's logit error against the float32 reference."),
     reference: Reference = typer.Option(Reference.transformers, help="transformers (same directory, or the same "
                                         "GGUF via gguf_file=) or llama.cpp (llama-cpp-python on the GGUF)."),
@@ -69,7 +70,7 @@ def parity(
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
     with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
-                            quantize=quantize)
+                            quantize=quantize.value if quantize is not None else None)
         show_warnings(loaded)
         report = run_parity(loaded, texts, reference=reference.value, tolerance=tolerance, progress=progress)
     if as_json:
