@@ -75,7 +75,17 @@ ster_init_tables()
 cdef int _threads = _default_threads()
 # Instruction-set levels (ster_qkernels.h STER_ISA_*): each includes the ones before it.
 SIMD_LEVELS = ("portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
-cdef int _simd_ok = ster_cpu_level()
+
+
+def _level_cap() -> int:
+    """$STER_SIMD_LEVEL (a name of ``SIMD_LEVELS``): the highest level the kernels may use even
+    where the CPU runs more, so that a run (or the test suite) on an AVX-512 machine takes the
+    paths an AVX2-only or a portable machine takes. Unset or unknown: no cap."""
+    env = os.environ.get("STER_SIMD_LEVEL", "").strip().lower()
+    return SIMD_LEVELS.index(env) if env in SIMD_LEVELS else len(SIMD_LEVELS) - 1
+
+
+cdef int _simd_ok = min(ster_cpu_level(), _level_cap())
 cdef int _simd = _simd_ok
 cdef int _int16 = 1
 cdef int _read_ahead = 1
@@ -167,7 +177,7 @@ def simd_available() -> bool:
 
 def cpu_simd_level() -> str:
     """The highest of ``SIMD_LEVELS`` this CPU runs (AVX2 = AVX2 + FMA + F16C; avx512 = AVX-512
-    F/BW/VL/DQ; then + AVX512_VNNI; then + AVX512_BF16)."""
+    F/BW/VL/DQ; then + AVX512_VNNI; then + AVX512_BF16), at most $STER_SIMD_LEVEL."""
     return SIMD_LEVELS[_simd_ok]
 
 

@@ -78,7 +78,7 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         SterError: anything the user can fix: a refused model, a missing file, a bad tensor;
             whatever ``check`` raises; ``quantize`` for a GGUF model or of an unknown kind.
     """
-    from .gguf.quantize import QUANTIZE_TYPES
+    from .decoder.qlinear import QUANTIZE_TYPES
 
     precision_dtype(precision)  # refuse a bad precision before touching anything
     if quantize is not None and quantize not in QUANTIZE_TYPES:

@@ -84,12 +84,16 @@ def hard_matrix(rng, rows: int, cols: int) -> np.ndarray:
     return x
 
 
+#: The block types --quantize makes (with Q4_K's fallback Q5_0).
+ON_LOAD_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K")
+
+
 def test_quantizers_equal_llama_cpp(tmp_path):
     rng = np.random.default_rng(21)
-    cases = {f"{t.replace('_', '')}x{n}": (t, hard_matrix(rng, 48, 512)) for t in Q.TYPES for n in range(2)}
+    cases = {f"{t.replace('_', '')}x{n}": (t, hard_matrix(rng, 48, 512)) for t in ON_LOAD_TYPES for n in range(2)}
     want = llama_cpp_blocks(tmp_path, cases)
     for name, (type_name, x) in cases.items():
-        ref = Q.REFERENCES[type_name](x)
+        ref = Q.quantize_reference(x, type_name)
         assert ref.shape == want[name].shape, name
         bad = np.argwhere(ref != want[name])
         assert bad.size == 0, f"{name}: {len(bad)} bytes differ from llama.cpp's, first at row/byte {bad[0]}"
@@ -114,14 +118,17 @@ def test_quantized_blocks_dequantize_close():
 
 
 def test_quantize_refuses_what_it_cannot_take():
-    with pytest.raises(SterError, match="inf or NaN"):
-        Q.quantize(np.array([[np.nan] * 32], np.float32), "Q8_0", name="layer 0 q")
-    with pytest.raises(SterError, match="256-weight blocks"):
+    from ster_py.decoder.qlinear import block_type_for, quantize_matrix
+
+    with pytest.raises(SterError, match="layer 0 q holds inf or NaN"):
+        quantize_matrix(np.array([[np.nan] * 32], np.float32), "Q8_0", "layer 0 q")
+    with pytest.raises(SterError):   # rows of 64 are not whole 256-weight blocks
         Q.quantize(np.ones((2, 64), np.float32), "Q4_K")
-    with pytest.raises(SterError, match="no quantizer"):
-        Q.quantize(np.ones((2, 64), np.float32), "Q6_K")
-    assert Q.block_type_for("q4_k", 512) == "Q4_K" and Q.block_type_for("q4_k", 576) == "Q5_0"
-    assert Q.block_type_for("q8_0", 40) is None
+    with pytest.raises(SterError, match="no quantizer|cannot write"):
+        Q.quantize(np.ones((2, 256), np.float32), "IQ2_XXS")
+    assert Q.fallback_type("Q4_K", 576) == "Q5_0" and Q.fallback_type("Q8_0", 40) == "F16"
+    assert block_type_for("q4_k", 512) == "Q4_K" and block_type_for("q4_k", 576) == "Q5_0"
+    assert block_type_for("q8_0", 40) is None
 
 
 # ---------------------------------------------------------------------------- on load, against llama.cpp

@@ -252,12 +252,12 @@ class Decoder:
         Every block part's projections (its ``ROLES``: attention q/k/v/o, a dense
         feed-forward's gate/up/down) and the output head that hold a float matrix (float32,
         or float16 / bfloat16 as stored) become ``QuantLinear`` over blocks of
-        ``gguf.quantize.block_type_for(kind, in_features)`` (the head: ``HEAD_TYPE[kind]``);
+        ``qlinear.block_type_for(kind, in_features)`` (the head: ``qlinear.HEAD_TYPE[kind]``);
         rows that fit no block type stay as they are. Other weights (embedding rows, norms,
         routed experts, latent and state-space projections, routers) are not touched.
 
         Args:
-            kind: ``q8_0``, ``q4_0`` or ``q4_k`` (``gguf.quantize.QUANTIZE_TYPES``).
+            kind: ``q8_0``, ``q4_0`` or ``q4_k`` (``qlinear.QUANTIZE_TYPES``).
             progress: optional ``progress(event, done, total)``, event "quantize", per matrix.
 
         Returns:
@@ -266,8 +266,7 @@ class Decoder:
         Raises:
             SterError: an unknown kind, or a matrix with inf/NaN weights.
         """
-        from ..gguf.quantize import HEAD_TYPE, QUANTIZE_TYPES, block_type_for, quantize
-        from .qlinear import QuantTensor, is_half
+        from .qlinear import HEAD_TYPE, QUANTIZE_TYPES, QuantTensor, block_type_for, is_half, quantize_matrix
 
         if kind not in QUANTIZE_TYPES:
             raise SterError(f"--quantize must be one of {', '.join(QUANTIZE_TYPES)}, got {kind!r}")
@@ -284,7 +283,7 @@ class Decoder:
             t = block_type_for(t or kind, p.in_features)
             if t is not None:
                 where = f"layer {owner.i} {role}" if owner is not self else "the output head"
-                blocks = quantize(p.weight, t, name=where)
+                blocks = quantize_matrix(p.weight, t, where)
                 setattr(owner, role, QuantLinear(QuantTensor.from_blocks(blocks, t, p.in_features, where), p.bias))
                 counts[t] = counts.get(t, 0) + 1
             if progress:

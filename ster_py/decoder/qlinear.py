@@ -335,3 +335,40 @@ class QuantStack:
         if not 0 <= int(e) < self.shape[0]:
             raise SterError(f"expert {e} out of range for {self.name!r} with {self.shape[0]} experts")
         return QuantTensor(self.tensor, expert=int(e))
+
+
+# ---------------------------------------------------------------------------- --quantize
+
+#: --quantize names -> the block type of a matrix whose rows fit it.
+QUANTIZE_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K"}
+#: The output head (or the embedding it is tied to) under each --quantize: llama.cpp keeps its
+#: output matrix at a higher type than the layers (Q6_K for its Q4 presets); the quantizers
+#: here have no Q6_K (wt-exp's do: with them this can follow llama.cpp), so the head is Q8_0.
+HEAD_TYPE = {"q8_0": "Q8_0", "q4_0": "Q8_0", "q4_k": "Q8_0"}
+
+
+def block_type_for(name: str, cols: int) -> str | None:
+    """The block type of a matrix of rows of ``cols`` weights under --quantize ``name`` (a key of
+    ``QUANTIZE_TYPES``, or a block type): that type when the rows are whole blocks of it, else
+    llama.cpp's fallback when that fits (``gguf.quantize.fallback_type``: Q4_K -> Q5_0), else
+    None (the matrix is kept as stored)."""
+    from ..gguf.quantize import fallback_type
+
+    t = fallback_type(QUANTIZE_TYPES.get(name, name), cols)
+    return None if t in ("F16", "F32", "BF16") else t
+
+
+def quantize_matrix(w: np.ndarray, type_name: str, where: str = "matrix") -> np.ndarray:
+    """A float matrix [rows, K] -> uint8 [rows, row_bytes] blocks of ``type_name`` by
+    ``gguf.quantize.quantize``, after refusing inf/NaN weights (a damaged checkpoint: the
+    blocks of such a row mean nothing).
+
+    Raises:
+        SterError: inf or NaN in ``w`` (``where`` names the matrix), or what ``quantize`` raises.
+    """
+    from ..gguf.quantize import quantize
+
+    x = np.ascontiguousarray(w, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise SterError(f"{where} holds inf or NaN weights; the checkpoint is damaged and cannot be quantized")
+    return quantize(x, type_name)

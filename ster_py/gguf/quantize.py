@@ -1,7 +1,7 @@
 """Block quantizers: float32 matrices -> GGML Q8_0, Q4_0, Q5_0 and Q4_K blocks.
 
 What ``--quantize q8_0|q4_0|q4_k`` runs on a safetensors checkpoint as it loads
-(``quantize_decoder``): the blocks then go through the same kernels as a GGUF file's.
+(``Decoder.quantize``): the blocks then go through the same kernels as a GGUF file's.
 Each quantizer makes the blocks llama.cpp's reference quantizers make without an
 importance matrix (``quantize_row_q8_0_ref``, ``_q4_0_ref``, ``_q5_0_ref``,
 ``_q4_K_ref`` in ggml/src/ggml-quants.c), bit for bit: tests/test_quantize.py compares
@@ -13,8 +13,12 @@ order the definition gives them, vectorised over blocks), and the Cython kernels
 (``ster_py._kernels.qmatmul.quantize_rows``, C in ``cython/ster_quantize.h``), which
 ``quantize`` calls and the tests hold to the references byte for byte.
 
-(A second set of quantizers for ``ster convert`` is being written elsewhere; this module
-is meant to be merged with it.)
+The module's public names are those of the quantizers ``ster convert`` uses (branch
+wt-exp's ``gguf/quantize.py``: ``quantize(x, type_name, n_threads)``,
+``quantize_reference(x, type_name)``, ``fallback_type(type_name, n_cols)``,
+``QUANTIZED_TYPES``), so that one module can replace the other; what ``--quantize`` chooses
+(block types per matrix, the output head's type, the inf/NaN refusal) is
+``ster_py.decoder.qlinear``'s (``quantize_decoder_policy``).
 """
 from __future__ import annotations
 
@@ -23,16 +27,9 @@ import numpy as np
 from ..errors import SterError
 from . import quants
 
-#: --quantize names -> the block type of a matrix whose rows fit it.
-QUANTIZE_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K"}
-#: llama.cpp's fallback for a matrix whose row length is not a whole number of 256-blocks
-#: (``tensor_type_fallback`` in src/llama-quant.cpp): Q4_K -> Q5_0.
-FALLBACK = {"Q4_K": "Q5_0"}
-#: The output head (or the embedding it is tied to) under each --quantize: llama.cpp keeps
-#: its output matrix at a higher type than the layers (Q6_K for its Q4 presets); ster has no
-#: Q6_K quantizer and keeps it at Q8_0.
-HEAD_TYPE = {"q8_0": "Q8_0", "q4_0": "Q8_0", "q4_k": "Q8_0"}
-TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K")
+#: Block types these quantizers write.
+QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K")
+TYPES = QUANTIZED_TYPES
 
 _F32 = np.float32
 
@@ -234,36 +231,59 @@ REFERENCES = {"Q8_0": quantize_q8_0_reference, "Q4_0": quantize_q4_0_reference,
               "Q5_0": quantize_q5_0_reference, "Q4_K": quantize_q4_k_reference}
 
 
-def block_type_for(name: str, cols: int) -> str | None:
-    """The block type a matrix of rows of ``cols`` weights gets under --quantize ``name``
-    (a key of ``QUANTIZE_TYPES`` or a block type): that type when the rows are a whole number
-    of its blocks, else llama.cpp's fallback when they fit it, else None (kept as stored)."""
-    t = QUANTIZE_TYPES.get(name, name)
-    for candidate in (t, FALLBACK.get(t)):
-        if candidate is not None and cols % quants.ggml_type(candidate).block_size == 0:
-            return candidate
-    return None
+def fallback_type(type_name: str, n_cols: int) -> str:
+    """The type a row of ``n_cols`` weights takes when ``type_name``'s blocks do not fit it, as
+    llama.cpp's quantizer falls back (src/llama-quant.cpp, ``tensor_type_fallback``): Q4_K ->
+    Q5_0; a 32-weight type, or a fallback that does not fit either -> F16. ``type_name`` itself
+    when its blocks fit."""
+    if n_cols % quants.ggml_type(type_name).block_size == 0:
+        return type_name
+    smaller = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(type_name, type_name)
+    return smaller if n_cols % quants.ggml_type(smaller).block_size == 0 else "F16"
 
 
-def quantize(w: np.ndarray, type_name: str, *, name: str = "matrix", n_threads: int | None = None) -> np.ndarray:
-    """A float matrix [rows, K] (any float dtype, widened to float32) -> uint8 [rows, row_bytes]
-    blocks of ``type_name`` (one of ``TYPES``), by the Cython kernels.
+def _rows(x: np.ndarray, type_name: str) -> np.ndarray:
+    """x (any float dtype, last axis = row) as float32 [rows, K], K whole blocks of type_name."""
+    if type_name not in QUANTIZED_TYPES:
+        raise SterError(f"no quantizer for {type_name}; ster quantizes to {', '.join(QUANTIZED_TYPES)}")
+    t = quants.ggml_type(type_name)
+    x = np.asarray(x)
+    if x.ndim == 0 or x.shape[-1] % t.block_size:
+        raise SterError(f"an array of shape {list(x.shape)} cannot be quantized to {type_name}: its rows must be a "
+                        f"whole number of {t.block_size}-weight blocks")
+    return np.ascontiguousarray(x, dtype=_F32).reshape(-1, x.shape[-1])
+
+
+def quantize_reference(x: np.ndarray, type_name: str) -> np.ndarray:
+    """The numpy reference of ``quantize`` (same contract, same bytes)."""
+    x32 = _rows(x, type_name)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return REFERENCES[type_name](x32)
+
+
+def quantize(x: np.ndarray, type_name: str, n_threads: int | None = None) -> np.ndarray:
+    """The GGML blocks of ``x`` as ``type_name``, by the Cython kernels.
+
+    Args:
+        x: float array (any float dtype, widened to float32), last axis = row, rows a whole
+            number of the type's blocks (``fallback_type`` chooses a type that fits).
+        type_name: one of ``QUANTIZED_TYPES``.
+        n_threads: threads of the kernels' pool; None = ``qlinear.set_threads``'s. The bytes do
+            not depend on it.
+
+    Returns:
+        uint8 [rows, K / block_size * type_size], C-contiguous (rows = x.size / K).
 
     Raises:
-        SterError: K is not a whole number of the type's blocks, or the matrix holds inf/NaN
-            (``name`` says which).
+        SterError: a type ster cannot write, or rows that are not whole blocks. inf/NaN weights
+            are quantized as the C code does (the caller refuses them: see
+            ``decoder.qlinear.quantize_matrix``).
     """
     from ..decoder.qlinear import _kernels
 
+    x32 = _rows(x, type_name)
     t = quants.ggml_type(type_name)
-    if type_name not in TYPES:
-        raise SterError(f"no quantizer for {type_name}; ster quantizes to {', '.join(TYPES)}")
-    if w.ndim != 2 or w.shape[1] % t.block_size:
-        raise SterError(f"{name} ({list(w.shape)}) cannot be quantized to {type_name}: its rows must be a whole "
-                        f"number of {t.block_size}-weight blocks")
-    x = np.ascontiguousarray(w, dtype=_F32)
-    if not np.isfinite(x).all():
-        raise SterError(f"{name} holds inf or NaN weights; the checkpoint is damaged and cannot be quantized")
-    out = np.empty((x.shape[0], w.shape[1] // t.block_size * t.type_size), np.uint8)
-    _kernels().quantize_rows(x, t.id, out, 0 if n_threads is None else int(n_threads))
+    out = np.empty((x32.shape[0], x32.shape[1] // t.block_size * t.type_size), np.uint8)
+    if out.size:
+        _kernels().quantize_rows(x32, t.id, out, 0 if n_threads is None else int(n_threads))
     return out
