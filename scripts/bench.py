@@ -253,6 +253,7 @@ def main() -> None:
                    help="the issue's side-by-side table for a preset: transformers f32/bf16, ster on the f32 and "
                         "bf16 checkpoints, --quantize q8_0/q4_k, the GGUF under ster, llama-cpp-python and "
                         "llama-bench, and ster's decode with one busy core (--busy-configs), alternating rounds")
+    p.add_argument("--configs", help="--show: only these labels, comma-separated (e.g. 'ster gguf,llama-bench gguf')")
     p.add_argument("--precision", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="f32", help=argparse.SUPPRESS)
@@ -326,6 +327,12 @@ def show(args) -> None:
     """Every configuration of ``show_configs`` once per round, the order reversed every other
     round; per-round figures as they come, then medians and the ratios the issue asks for."""
     configs = show_configs(args.model, args.llama_bench)
+    if args.configs:
+        keep = [c.strip() for c in args.configs.split(",")]
+        unknown = set(keep) - {c[0] for c in configs}
+        if unknown:
+            sys.exit(f"unknown --configs {sorted(unknown)}; labels: {', '.join(c[0] for c in configs)}")
+        configs = [c for c in configs if c[0] in keep]
     loads = [_loadavg()]
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for r in range(args.rounds):

@@ -191,7 +191,7 @@ def test_large_matrices_split_over_threads(name):
 @pytest.mark.parametrize("int16", [True, False])
 def test_matvec_group_equals_products_one_by_one(int16):
     """q/k/v-style groups of mixed types: one job gives each product's own result, bit for bit,
-    with or without a row order and at 1 and 2 threads."""
+    with or without a row order, at 1 and 2 threads and every SIMD level."""
     qmatmul.set_int16_activations(int16)
     rng = np.random.default_rng(7)
     cols = 512
@@ -201,7 +201,8 @@ def test_matvec_group_equals_products_one_by_one(int16):
         order = rng.permutation(rows) if name == "Q6_K" else None
         mats.append(qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols, order))
     x = rng.standard_normal((1, cols)).astype(np.float32)
-    for threads in (1, 2):
+    for level, threads in [(lv, t) for lv in LEVELS for t in (1, 2)]:
+        qmatmul.set_simd_level(level)
         qmatmul.set_threads(threads)
         for n in (2, 3, 4):
             group = tuple(mats[:n])

@@ -5,7 +5,7 @@
   child process): the numpy references give the same bytes on random matrices with the
   cases their branches meet (blocks of zeros and signed zeros, ties, constant and one-signed
   blocks, tiny and huge scales), and the Cython kernels give the references' bytes on 1 and
-  2 threads, with the AVX2 Q4_K search and the portable one.
+  2 threads, at every SIMD level (the AVX2 Q4_K search and the portable one).
 - A tiny Llama checkpoint quantized on load holds, matrix for matrix, the blocks llama.cpp
   writes into its Q8_0 / Q4_0 / Q4_K_S files of the same weights (converted by llama.cpp's
   own converter, quantized by its own quantizer), wherever both chose the same type; and its
@@ -84,6 +84,8 @@ def hard_matrix(rng, rows: int, cols: int) -> np.ndarray:
     return x
 
 
+#: The instruction-set levels this CPU runs (the Q4_K search has a portable and an AVX2 form).
+LEVELS = qmatmul.SIMD_LEVELS[:qmatmul.SIMD_LEVELS.index(qmatmul.cpu_simd_level()) + 1]
 #: The block types --quantize makes (with Q4_K's fallback Q5_0).
 ON_LOAD_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K")
 
@@ -97,7 +99,7 @@ def test_quantizers_equal_llama_cpp(tmp_path):
         assert ref.shape == want[name].shape, name
         bad = np.argwhere(ref != want[name])
         assert bad.size == 0, f"{name}: {len(bad)} bytes differ from llama.cpp's, first at row/byte {bad[0]}"
-        for level in ("portable", qmatmul.cpu_simd_level()):
+        for level in LEVELS:
             qmatmul.set_simd_level(level)
             for threads in (1, 2):
                 np.testing.assert_array_equal(Q.quantize(x, type_name, n_threads=threads), ref,
