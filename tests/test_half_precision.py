@@ -173,18 +173,18 @@ def test_set_threads_bounds_blas_and_children(monkeypatch):
 def test_simd_level_env_caps_every_kernel_module():
     """$STER_SIMD_LEVEL makes this CPU take a lower machine's paths (how the suite is run as on
     an AVX2-only or a portable CPU): qmatmul's levels stop there, and at portable the AVX2 paths
-    of ops and scan are off too."""
+    of ops, scan and lightning are off too."""
     import subprocess
     import sys
 
-    code = ("from ster_py._kernels import qmatmul, ops, scan; import numpy as np\n"
-            "ops.set_simd(True); scan.set_simd(True)\n"
+    code = ("from ster_py._kernels import qmatmul, ops, scan, lightning; import numpy as np\n"
+            "ops.set_simd(True); scan.set_simd(True); lightning.set_simd(True)\n"
             "print(qmatmul.cpu_simd_level(), qmatmul.simd_level(), qmatmul.set_simd_level('avx512_bf16'), "
-            "ops.simd_enabled(), scan.simd_enabled())")
+            "ops.simd_enabled(), scan.simd_enabled(), lightning.simd_enabled())")
     want_top = qmatmul.cpu_simd_level()
     for cap in ("portable", "avx2", "avx512"):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                            env={**__import__("os").environ, "STER_SIMD_LEVEL": cap})
         assert r.returncode == 0, r.stderr[-2000:]
         got = min(qmatmul.SIMD_LEVELS.index(cap), qmatmul.SIMD_LEVELS.index(want_top))
-        assert r.stdout.split() == [qmatmul.SIMD_LEVELS[got]] * 3 + [str(got > 0)] * 2, (cap, r.stdout)
+        assert r.stdout.split() == [qmatmul.SIMD_LEVELS[got]] * 3 + [str(got > 0)] * 3, (cap, r.stdout)
