@@ -18,7 +18,7 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from ster_py._kernels.qmatmul import MAX_THREADS, _default_threads, _pool_capsule
+from ster_py._kernels.qmatmul import MAX_THREADS, _default_threads, _level_cap, _pool_capsule
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
@@ -29,7 +29,8 @@ cdef extern from "ster_lightning.h" nogil:
     void ster_lightning_one(const float* q, long ldq, const float* k, long ldk, const float* v, long ldv,
                             float decay, float* S, float* out, long ldo, int T, int D, int hd, int simd)
 
-cdef int _simd_ok = ster_ops_cpu_avx2()
+# $STER_SIMD_LEVEL=portable turns the AVX2 path off (see qmatmul._level_cap).
+cdef int _simd_ok = ster_ops_cpu_avx2() and _level_cap() > 0
 cdef int _simd = _simd_ok
 
 
@@ -37,6 +38,11 @@ def set_simd(bint on):
     """Use the AVX2/FMA loop (when the CPU has it) or force the portable one (tests)."""
     global _simd
     _simd = 1 if (on and _simd_ok) else 0
+
+
+def simd_enabled() -> bool:
+    """True when the AVX2 path is in use (CPU, $STER_SIMD_LEVEL and ``set_simd`` allowing it)."""
+    return bool(_simd)
 
 
 cdef int _threads = _default_threads()
@@ -131,4 +137,4 @@ def lightning_scan(q, k, v, decay, state, out, int threads=0):
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 7
+SOURCE_VERSION = 8

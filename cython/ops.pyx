@@ -21,8 +21,8 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from ster_py._kernels.qmatmul import (MAX_THREADS, QMatrix, _default_threads, _group_capsule, _multi_capsule,
-                                      _pool_capsule)
+from ster_py._kernels.qmatmul import (MAX_THREADS, QMatrix, _default_threads, _group_capsule, _level_cap,
+                                      _multi_capsule, _pool_capsule)
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
@@ -58,7 +58,8 @@ cdef extern from "ster_ops.h" nogil:
 
 
 cdef int _threads = _default_threads()
-cdef int _simd_ok = ster_ops_cpu_avx2()
+# $STER_SIMD_LEVEL=portable turns the AVX2 paths off (see qmatmul._level_cap).
+cdef int _simd_ok = ster_ops_cpu_avx2() and _level_cap() > 0
 cdef int _simd = _simd_ok
 cdef int _f16c_ok = ster_ops_cpu_f16c()
 # Attention work (query rows x keys x head_dim) below which one thread does it all.
@@ -77,6 +78,12 @@ def set_simd(bint on):
     """Use the AVX2 paths (when the CPU has them) or force the portable ones (tests)."""
     global _simd
     _simd = 1 if (on and _simd_ok) else 0
+
+
+def simd_enabled() -> bool:
+    """True when the AVX2 paths are in use (the CPU runs them, $STER_SIMD_LEVEL allows them and
+    ``set_simd`` has not turned them off)."""
+    return bool(_simd)
 
 
 def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] out):
@@ -735,4 +742,4 @@ cdef inline bint _f32_2d_row(object a):
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 7
+SOURCE_VERSION = 8

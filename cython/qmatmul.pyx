@@ -20,7 +20,7 @@ machine degrades the product to fewer threads instead of stalling it). The arith
 import os
 
 from cpython.pycapsule cimport PyCapsule_New
-from libc.stdint cimport int16_t, int32_t, uint8_t, uintptr_t
+from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -41,16 +41,18 @@ cdef extern from "ster_qkernels.h" nogil:
     int ster_block_size(int type)
     int ster_type_size(int type)
     int ster_cpu_avx2()
+    int ster_cpu_level()
+    int ster_is_half(int type)
     void ster_init_tables()
     void ster_sums16(const float* x, int K, float* xs16)
     int ster_quantize16(const float* x, int K, int16_t* q, float* dx, float* xs16)
+    int ster_split_bf16(const float* x, int K, uint16_t* hi, uint16_t* lo)
     void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
-                             int K, const int16_t* q, const float* dx, const float* xs16, float* y)
+                             int K, const int16_t* q, const float* dx, const float* xs16, float* y, int level)
     void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
-                           int K, const float* x, const float* xs16, float* y, int simd)
+                           int K, const float* x, const float* xs16, float* y, int simd, const uint16_t* xbf)
     void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
                            int K, const float* X, int T, float* Y, int ldy, float* pack, int simd)
-
 
 MAX_THREADS = 1024  # more than any machine this runs on; the pool itself stops at 64 helpers
 
@@ -66,7 +68,19 @@ def _default_threads() -> int:
 
 ster_init_tables()
 cdef int _threads = _default_threads()
-cdef int _simd_ok = ster_cpu_avx2()
+# Instruction-set levels (ster_qkernels.h STER_ISA_*): each includes the ones before it.
+SIMD_LEVELS = ("portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
+
+
+def _level_cap() -> int:
+    """$STER_SIMD_LEVEL (a name of ``SIMD_LEVELS``): the highest level the kernels may use even
+    where the CPU runs more, so that a run (or the test suite) on an AVX-512 machine takes the
+    paths an AVX2-only or a portable machine takes. Unset or unknown: no cap."""
+    env = os.environ.get("STER_SIMD_LEVEL", "").strip().lower()
+    return SIMD_LEVELS.index(env) if env in SIMD_LEVELS else len(SIMD_LEVELS) - 1
+
+
+cdef int _simd_ok = min(ster_cpu_level(), _level_cap())
 cdef int _simd = _simd_ok
 cdef int _int16 = 1
 cdef int _read_ahead = 1
@@ -95,6 +109,7 @@ ctypedef struct _GroupJob:
     const int16_t* q
     const float* dx
     const float* xs16
+    const uint16_t* xbf   # the input split in two bfloat16 halves, or NULL
 
 
 cdef void _group_task(void* ctx, long c, int tid) noexcept nogil:
@@ -104,10 +119,10 @@ cdef void _group_task(void* ctx, long c, int tid) noexcept nogil:
         m += 1
     cdef int r0 = <int>(c - j.first[m]) * j.chunk[m]
     cdef int r1 = min(j.N[m], r0 + j.chunk[m])
-    if j.use16:
-        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K, j.q, j.dx, j.xs16, j.y[m])
+    if j.use16 and not ster_is_half(j.typ[m]):
+        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K, j.q, j.dx, j.xs16, j.y[m], j.simd)
     else:
-        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K, j.x, j.xs16, j.y[m], j.simd)
+        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K, j.x, j.xs16, j.y[m], j.simd, j.xbf)
 
 
 ctypedef struct _PanelJob:
@@ -155,10 +170,47 @@ def simd_available() -> bool:
     return bool(_simd_ok)
 
 
+def cpu_simd_level() -> str:
+    """The highest of ``SIMD_LEVELS`` this CPU runs (AVX2 = AVX2 + FMA + F16C; avx512 = AVX-512
+    F/BW/VL/DQ; then + AVX512_VNNI; then + AVX512_BF16), at most $STER_SIMD_LEVEL."""
+    return SIMD_LEVELS[_simd_ok]
+
+
+def simd_level() -> str:
+    """The level the kernels use now (``set_simd_level``)."""
+    return SIMD_LEVELS[_simd]
+
+
 def set_simd(bint on):
-    """Use the AVX2 kernels (when the CPU has them) or force the portable path (tests)."""
+    """Use the best kernels this CPU runs (on) or force the portable path (tests)."""
     global _simd
-    _simd = 1 if (on and _simd_ok) else 0
+    _simd = _simd_ok if on else 0
+
+
+def set_simd_level(level) -> str:
+    """Use kernels up to ``level`` (a name of ``SIMD_LEVELS`` or its index), capped at what the
+    CPU runs: tests force each path with the ones above it off. Returns the level in use.
+    Raises ValueError for an unknown level."""
+    global _simd
+    n = SIMD_LEVELS.index(level) if isinstance(level, str) else int(level)
+    if not 0 <= n < len(SIMD_LEVELS):
+        raise ValueError(f"unknown SIMD level {level!r}; one of {', '.join(SIMD_LEVELS)}")
+    _simd = min(n, _simd_ok)
+    return SIMD_LEVELS[_simd]
+
+
+def split_bf16(const float[::1] x):
+    """The input the AVX512_BF16 row dots multiply: (hi, lo) float32 [K], each a bfloat16
+    value, hi = bf16(x) and lo = bf16(x - hi) (round to nearest even), or None when x has
+    inf/NaN (those products run in float32)."""
+    cdef int K = x.shape[0]
+    hi = np.empty(K, np.uint16)
+    lo = np.empty(K, np.uint16)
+    cdef uint16_t[::1] hv = hi
+    cdef uint16_t[::1] lv = lo
+    if K and not ster_split_bf16(&x[0], K, &hv[0], &lv[0]):
+        return None
+    return ((hi.astype(np.uint32) << 16).view(np.float32), (lo.astype(np.uint32) << 16).view(np.float32))
 
 
 def set_int16_activations(bint on):
@@ -519,10 +571,12 @@ cdef void _multi_task(void* ctx, long c, int tid) noexcept nogil:
         m += 1
     cdef int r0 = <int>(c - j.first[m]) * j.chunk[m]
     cdef int r1 = min(j.N[m], r0 + j.chunk[m])
-    if j.use16[m]:
-        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.q[m], j.dx[m], j.xs16[m], j.y[m])
+    if j.use16[m] and not ster_is_half(j.typ[m]):   # 16-bit rows take the float input (as _group_task)
+        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.q[m], j.dx[m], j.xs16[m], j.y[m],
+                            j.simd)
     else:
-        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.x[m], j.xs16[m], j.y[m], j.simd)
+        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.x[m], j.xs16[m], j.y[m], j.simd,
+                          NULL)
 
 
 cdef int _multi_rowdots(tuple mats, const int* which, const float** xs, float** ys) except -1:
@@ -590,23 +644,36 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
         j.y[m] = ys[m]
         weights += <long>w.n_rows * K
     cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
+    cdef int blocks = 0, bf16 = 0   # matrices of block types; of bfloat16 rows
+    for m in range(n):
+        if ster_is_half(j.typ[m]):
+            bf16 |= j.typ[m] == 30
+        else:
+            blocks = 1
     for m in range(n):
         # Chunks: about eight per thread (a short tail when one thread starts late), at most
         # ~128k weights each (so big matrices still split finely), at least 8 rows.
         j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
         j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
-    # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16].
-    cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64)
+    # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16], then the two
+    # bfloat16 halves of the input [2K].
+    cdef char* buf = <char*>malloc(2 * K + 4 * (K // 32 + K // 16) + 64 + 4 * K + 64)
     if buf == NULL:
         raise MemoryError()
     j.q = <int16_t*>buf
     j.dx = <float*>(buf + 2 * K + 32)
     j.xs16 = j.dx + K // 32
     j.x = x
+    j.xbf = NULL
+    j.use16 = 0
+    cdef uint16_t* xbf = <uint16_t*>((<uintptr_t>(j.xs16 + K // 16) + 63) & ~(<uintptr_t>63))
     with nogil:
-        j.use16 = _simd and _int16 and ster_quantize16(j.x, K, <int16_t*>j.q, <float*>j.dx, <float*>j.xs16)
-        if not j.use16:
-            ster_sums16(j.x, K, <float*>j.xs16)
+        if blocks:
+            j.use16 = _simd and _int16 and ster_quantize16(j.x, K, <int16_t*>j.q, <float*>j.dx, <float*>j.xs16)
+            if not j.use16:
+                ster_sums16(j.x, K, <float*>j.xs16)
+        if bf16 and _simd >= 4 and ster_split_bf16(j.x, K, xbf, xbf + K):
+            j.xbf = xbf
         if nt > 1 and w._hint_n and _read_ahead:  # the last matrix's read-ahead (what follows)
             ster_pool_hint(w._hint_n, w._hint_ptr, w._hint_len)
         if j.first[n]:
@@ -621,4 +688,4 @@ _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NUL
 _multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 7
+SOURCE_VERSION = 8

@@ -28,7 +28,7 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from ster_py._kernels.qmatmul import MAX_THREADS, _default_threads, _pool_capsule
+from ster_py._kernels.qmatmul import MAX_THREADS, _level_cap, _default_threads, _pool_capsule
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
@@ -48,7 +48,8 @@ cdef extern from "ster_scan.h" nogil:
                             float* state, float* out, long ldo, float lo, float hi, int T, int P, int N,
                             int group, int hd, int simd)
 
-cdef int _simd_ok = ster_ops_cpu_avx2()
+# $STER_SIMD_LEVEL=portable turns the AVX2 paths off (see qmatmul._level_cap).
+cdef int _simd_ok = ster_ops_cpu_avx2() and _level_cap() > 0
 cdef int _simd = _simd_ok
 
 
@@ -56,6 +57,12 @@ def set_simd(bint on):
     """Use the AVX2/FMA loops (when the CPU has them) or force the portable ones (tests)."""
     global _simd
     _simd = 1 if (on and _simd_ok) else 0
+
+
+def simd_enabled() -> bool:
+    """True when the AVX2 paths are in use (the CPU runs them, $STER_SIMD_LEVEL allows them and
+    ``set_simd`` has not turned them off)."""
+    return bool(_simd)
 
 
 cdef int _threads = _default_threads()
@@ -306,4 +313,4 @@ def multihead_scan(x, dt, dt_bias, A, B, C, D, state, out, float lo=0.0, float h
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 7
+SOURCE_VERSION = 8

@@ -39,6 +39,7 @@
 #endif
 
 enum {
+    STER_F16 = 1, STER_BF16 = 30,   /* 16-bit floats as stored (safetensors bf16 / f16 weights) */
     STER_Q4_0 = 2, STER_Q4_1 = 3, STER_Q5_0 = 6, STER_Q5_1 = 7, STER_Q8_0 = 8,
     STER_Q2_K = 10, STER_Q3_K = 11, STER_Q4_K = 12, STER_Q5_K = 13, STER_Q6_K = 14,
     STER_IQ4_NL = 20, STER_IQ4_XS = 23, STER_MXFP4 = 39
@@ -62,6 +63,8 @@ static inline int ster_block_size(int type) {
     case STER_Q4_0: case STER_Q4_1: case STER_Q5_0: case STER_Q5_1: case STER_Q8_0: case STER_IQ4_NL:
     case STER_MXFP4:
         return 32;
+    case STER_F16: case STER_BF16:
+        return 1;
     case STER_Q2_K: case STER_Q3_K: case STER_Q4_K: case STER_Q5_K: case STER_Q6_K: case STER_IQ4_XS:
         return 256;
     }
@@ -75,6 +78,7 @@ static inline int ster_type_size(int type) {
     case STER_Q2_K: return 84; case STER_Q3_K: return 110; case STER_Q4_K: return 144;
     case STER_Q5_K: return 176; case STER_Q6_K: return 210; case STER_IQ4_XS: return 136;
     case STER_MXFP4: return 17;   /* E8M0 exponent byte + 16 bytes of 4-bit codes */
+    case STER_F16: case STER_BF16: return 2;
     }
     return 0;
 }
@@ -105,6 +109,37 @@ static inline float ster_e8m0_half(uint8_t e) {
 
 static inline uint32_t ster_le32(const uint8_t* p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline int ster_is_half(int type) { return type == STER_F16 || type == STER_BF16; }
+
+/* One stored 16-bit float (little-endian bytes at p) -> float, exactly: bfloat16 is the top
+ * half of a float32; IEEE half via ster_f16. */
+static inline float ster_half(int type, const uint8_t* p) {
+    if (type == STER_BF16) return ster_bits_f32(((uint32_t)p[0] | ((uint32_t)p[1] << 8)) << 16);
+    return ster_f16(p);
+}
+
+/* float -> bfloat16 bits, rounded to nearest even (NaN stays a quiet NaN). */
+static inline uint16_t ster_to_bf16(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x40);
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* x [K] -> two bfloat16 arrays with x ~= hi + lo: hi = bf16(x), lo = bf16(x - hi) (the
+ * difference is exact in float32). |x - hi - lo| <= 2^-17 |x| for normal numbers: the
+ * input of the AVX512_BF16 row dots. Returns 0 (arrays unspecified) when some x is not
+ * finite; the caller then multiplies in float32, which propagates inf/NaN as IEEE does. */
+static int ster_split_bf16(const float* x, int K, uint16_t* hi, uint16_t* lo) {
+    int k;
+    for (k = 0; k < K; k++) {
+        if (!(fabsf(x[k]) < INFINITY)) return 0;
+        hi[k] = ster_to_bf16(x[k]);
+        lo[k] = ster_to_bf16(x[k] - ster_bits_f32((uint32_t)hi[k] << 16));
+    }
+    return 1;
 }
 
 /* Q4_K / Q5_K: six-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
@@ -264,6 +299,10 @@ static float ster_row_dot_scalar(int type, const uint8_t* row, int nb, const flo
     int bs = ster_block_size(type), ts = ster_type_size(type), b, u, l, nu;
     float s[16], m[16], total = 0.0f;
     int8_t q[32];
+    if (ster_is_half(type)) {   /* nb weights, one accumulator */
+        for (b = 0; b < nb; b++) total += ster_half(type, row + 2 * (size_t)b) * x[b];
+        return total;
+    }
     for (b = 0; b < nb; b++) {
         const uint8_t* blk = row + (size_t)b * ts;
         nu = ster_block_scales(type, blk, s, m);
@@ -284,6 +323,10 @@ static void ster_decode_scalar(int type, const uint8_t* src, int nb, float* dst)
     int ts = ster_type_size(type), b, u, l, nu;
     float s[16], m[16];
     int8_t q[32];
+    if (ster_is_half(type)) {
+        for (b = 0; b < nb; b++) dst[b] = ster_half(type, src + 2 * (size_t)b);
+        return;
+    }
     for (b = 0; b < nb; b++) {
         const uint8_t* blk = src + (size_t)b * ts;
         nu = ster_block_scales(type, blk, s, m);
@@ -321,6 +364,33 @@ static int ster_cpu_avx2(void) {
         __builtin_cpu_init();
         cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                  __builtin_cpu_supports("f16c");
+    }
+    return cached;
+}
+
+/* Instruction-set levels of the kernels, each including the ones below it. */
+enum { STER_ISA_PORTABLE = 0, STER_ISA_AVX2 = 1, STER_ISA_AVX512 = 2, STER_ISA_VNNI = 3, STER_ISA_BF16 = 4 };
+
+/* The highest level this CPU (and OS: libgcc checks the saved register state) runs:
+ * AVX2 = AVX2 + FMA + F16C; AVX512 = AVX512 F/BW/VL/DQ; VNNI = + AVX512_VNNI;
+ * BF16 = + AVX512_BF16. */
+static int ster_cpu_level(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        int level = 0;
+        __builtin_cpu_init();
+        if (ster_cpu_avx2()) {
+            level = STER_ISA_AVX2;
+            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+                level = STER_ISA_AVX512;
+                if (__builtin_cpu_supports("avx512vnni")) {
+                    level = STER_ISA_VNNI;
+                    if (__builtin_cpu_supports("avx512bf16")) level = STER_ISA_BF16;
+                }
+            }
+        }
+        cached = level;
     }
     return cached;
 }
@@ -674,6 +744,35 @@ STER_DOT_FN(ster_dot_iq4_nl, STER_IQ4_NL)
 STER_DOT_FN(ster_dot_iq4_xs, STER_IQ4_XS)
 STER_DOT_FN(ster_dot_mxfp4, STER_MXFP4)
 
+/* 16-bit float rows (safetensors bf16 / f16 weights used as stored): 8 weights widened to
+ * float32 per FMA (bf16: zero-extend and shift into the top half; f16: vcvtph2ps), four
+ * accumulators; nb counts weights. */
+STER_AVX2_INLINE __m256 ster_bf16x8(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+STER_AVX2_INLINE __m256 ster_f16x8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
+#define STER_HALF_DOT_AVX2(NAME, WIDEN, TYPE) \
+    static STER_AVX2 float NAME(const uint8_t* row, int n, const float* x, const float* xs16) { \
+        const uint16_t* w = (const uint16_t*)row; \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps(); \
+        float tail = 0.0f; \
+        int k = 0; \
+        (void)xs16; \
+        for (; k + 32 <= n; k += 32) { \
+            a0 = _mm256_fmadd_ps(WIDEN(w + k), _mm256_loadu_ps(x + k), a0); \
+            a1 = _mm256_fmadd_ps(WIDEN(w + k + 8), _mm256_loadu_ps(x + k + 8), a1); \
+            a2 = _mm256_fmadd_ps(WIDEN(w + k + 16), _mm256_loadu_ps(x + k + 16), a2); \
+            a3 = _mm256_fmadd_ps(WIDEN(w + k + 24), _mm256_loadu_ps(x + k + 24), a3); \
+        } \
+        for (; k + 8 <= n; k += 8) a0 = _mm256_fmadd_ps(WIDEN(w + k), _mm256_loadu_ps(x + k), a0); \
+        for (; k < n; k++) tail += ster_half(TYPE, row + 2 * (size_t)k) * x[k]; \
+        return ster_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail; \
+    }
+STER_HALF_DOT_AVX2(ster_dot_bf16, ster_bf16x8, STER_BF16)
+STER_HALF_DOT_AVX2(ster_dot_f16, ster_f16x8, STER_F16)
+#undef STER_HALF_DOT_AVX2
+
 typedef float (*ster_dot_fn)(const uint8_t*, int, const float*, const float*);
 
 static ster_dot_fn ster_dot_avx2_for(int type) {
@@ -685,6 +784,7 @@ static ster_dot_fn ster_dot_avx2_for(int type) {
     case STER_Q5_K: return ster_dot_q5_k; case STER_Q6_K: return ster_dot_q6_k;
     case STER_IQ4_NL: return ster_dot_iq4_nl; case STER_IQ4_XS: return ster_dot_iq4_xs;
     case STER_MXFP4: return ster_dot_mxfp4;
+    case STER_BF16: return ster_dot_bf16; case STER_F16: return ster_dot_f16;
     }
     return 0;
 }
@@ -725,6 +825,20 @@ STER_DEC_FN(ster_dec_iq4_nl, STER_IQ4_NL)
 STER_DEC_FN(ster_dec_iq4_xs, STER_IQ4_XS)
 STER_DEC_FN(ster_dec_mxfp4, STER_MXFP4)
 
+/* 16-bit float weights -> float32 (panels of the mat-mat product). */
+static STER_AVX2 void ster_dec_bf16(const uint8_t* src, int n, float* dst) {
+    const uint16_t* w = (const uint16_t*)src;
+    int k = 0;
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(dst + k, ster_bf16x8(w + k));
+    for (; k < n; k++) dst[k] = ster_half(STER_BF16, src + 2 * (size_t)k);
+}
+static STER_AVX2 void ster_dec_f16(const uint8_t* src, int n, float* dst) {
+    const uint16_t* w = (const uint16_t*)src;
+    int k = 0;
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(dst + k, ster_f16x8(w + k));
+    for (; k < n; k++) dst[k] = ster_half(STER_F16, src + 2 * (size_t)k);
+}
+
 typedef void (*ster_dec_fn)(const uint8_t*, int, float*);
 
 static ster_dec_fn ster_dec_avx2_for(int type) {
@@ -736,6 +850,7 @@ static ster_dec_fn ster_dec_avx2_for(int type) {
     case STER_Q5_K: return ster_dec_q5_k; case STER_Q6_K: return ster_dec_q6_k;
     case STER_IQ4_NL: return ster_dec_iq4_nl; case STER_IQ4_XS: return ster_dec_iq4_xs;
     case STER_MXFP4: return ster_dec_mxfp4;
+    case STER_BF16: return ster_dec_bf16; case STER_F16: return ster_dec_f16;
     }
     return 0;
 }
@@ -1223,8 +1338,11 @@ static ster_dot16_fn ster_dot16_for(int type) {
     return 0;
 }
 
+#include "ster_x512.h"
+
 #else
 static int ster_cpu_avx2(void) { return 0; }
+static int ster_cpu_level(void) { return 0; }
 static void ster_init_tables(void) {}
 #endif /* STER_HAVE_X86 */
 
@@ -1335,17 +1453,19 @@ static STER_AVX2 int ster_quantize16_avx2(const float* x, int K, int16_t* q, flo
 
 #define STER_PF_ROWS 2
 
-/* y[r] = row(rows[r]) . (dx * q) for r in [r0, r1), int16-activation kernels (AVX2 only). */
+/* y[r] = row(rows[r]) . (dx * q) for r in [r0, r1), int16-activation kernels (AVX2 and up;
+ * level >= STER_ISA_VNNI takes the VNNI row dot where the type has one). */
 static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
-                                int K, const int16_t* q, const float* dx, const float* xs16, float* y) {
+                                int K, const int16_t* q, const float* dx, const float* xs16, float* y, int level) {
 #if STER_HAVE_X86
     int nb = K / ster_block_size(type), r;
     size_t c;
-    ster_dot16_fn dot = ster_dot16_for(type);
+    ster_dot16_fn vnni = level >= STER_ISA_VNNI ? ster_dot16_vnni_for(type) : 0;
+    ster_dot16_fn dot = vnni ? vnni : ster_dot16_for(type);
     /* Decoding streams every weight from memory once: the row STER_PF_ROWS ahead is
      * prefetched while this one is multiplied, so each chunk does not wait for the
      * hardware prefetcher to notice its stream (loads of the weights were the stalls). */
-    ster_dot16x2_fn dot2 = ster_dot16x2_for(type);
+    ster_dot16x2_fn dot2 = vnni ? 0 : ster_dot16x2_for(type);
 #define STER_ROW(i) (W + (size_t)(rows ? rows[i] : (i)) * row_bytes)
     for (r = r0; r < r1;) {
         const int n = dot2 && r + 1 < r1 ? 2 : 1, last = r + n - 1 + STER_PF_ROWS;
@@ -1359,22 +1479,42 @@ static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, co
 #undef STER_ROW
 #else
     (void)type; (void)W; (void)row_bytes; (void)rows; (void)r0; (void)r1; (void)K; (void)q; (void)dx; (void)xs16; (void)y;
+    (void)level;
 #endif
 }
 
-/* y[r] = row(rows[r]) . x for r in [r0, r1); rows NULL means the identity. */
+/* y[r] = row(rows[r]) . x for r in [r0, r1); rows NULL means the identity. simd is the
+ * instruction-set level (STER_ISA_*). xbf: NULL, or for bfloat16 weights at level
+ * STER_ISA_BF16 the input split by ster_split_bf16 (hi at xbf, lo at xbf + K), which the
+ * vdpbf16ps row dots multiply instead of x. */
 static void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
-                              int K, const float* x, const float* xs16, float* y, int simd) {
+                              int K, const float* x, const float* xs16, float* y, int simd, const uint16_t* xbf) {
     int nb = K / ster_block_size(type), r;
 #if STER_HAVE_X86
+    if (type == STER_BF16 && xbf && simd >= STER_ISA_BF16) {
+        for (r = r0; r < r1; r++) {
+            const uint8_t* row = W + (size_t)(rows ? rows[r] : r) * row_bytes;
+            if (r + 2 < r1)   /* the weights stream from memory once: prefetch two rows ahead */
+                for (size_t c = 0; c < row_bytes; c += 64)
+                    _mm_prefetch((const char*)W + (size_t)(rows ? rows[r + 2] : r + 2) * row_bytes + c, _MM_HINT_T0);
+            y[r] = ster_dot_bf16_dp(row, K, xbf, xbf + K);
+        }
+        return;
+    }
     if (simd) {
-        ster_dot_fn dot = ster_dot_avx2_for(type);
-        for (r = r0; r < r1; r++)
+        ster_dot_fn dot = simd >= STER_ISA_AVX512 && ster_dot_x512_for(type) ? ster_dot_x512_for(type)
+                                                                             : ster_dot_avx2_for(type);
+        const int half = ster_is_half(type);
+        for (r = r0; r < r1; r++) {
+            if (half && r + 2 < r1)
+                for (size_t c = 0; c < row_bytes; c += 64)
+                    _mm_prefetch((const char*)W + (size_t)(rows ? rows[r + 2] : r + 2) * row_bytes + c, _MM_HINT_T0);
             y[r] = dot(W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, x, xs16);
+        }
         return;
     }
 #endif
-    (void)xs16; (void)simd;
+    (void)xs16; (void)simd; (void)xbf;
     for (r = r0; r < r1; r++)
         y[r] = ster_row_dot_scalar(type, W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, x);
 }
@@ -1390,7 +1530,9 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
     int kc0, kcl, p, rr, k, t0;
 #if STER_HAVE_X86
     ster_dec_fn dec = simd ? ster_dec_avx2_for(type) : 0;
+    const int mr = simd >= STER_ISA_AVX512 ? STER_MR512 : STER_MR;
 #else
+    const int mr = STER_MR;
     (void)simd;
 #endif
     for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
@@ -1411,8 +1553,8 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
                 }
             }
         }
-        for (t0 = 0; t0 < T; t0 += STER_MR) {
-            int mt = T - t0 < STER_MR ? T - t0 : STER_MR;
+        for (t0 = 0; t0 < T; t0 += mr) {
+            int mt = T - t0 < mr ? T - t0 : mr;
             for (p = 0; p < npanel; p++) {
                 int nv = n1 - n0 - STER_NR * p;
                 const float* A = X + (size_t)t0 * K + kc0;
@@ -1420,6 +1562,7 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
                 const float* P = pack + (size_t)p * STER_KC * STER_NR;
                 if (nv > STER_NR) nv = STER_NR;
 #if STER_HAVE_X86
+                if (simd >= STER_ISA_AVX512) { ster_micro_x512(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0); continue; }
                 if (simd) { ster_micro_avx2(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0); continue; }
 #endif
                 ster_micro_scalar(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0);

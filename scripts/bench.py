@@ -80,7 +80,7 @@ def run_ster(args) -> dict:
     from ster_py.load import load_model
 
     set_threads(args.threads)
-    m = load_model(args.model)
+    m = load_model(args.model, precision=args.precision, quantize=args.quantize)
     load_s = time.perf_counter() - t0
     ids = _prompt_ids(lambda t: m.tokenizer.encode(t, add_special_tokens=False), args.prompt_tokens,
                       m.spec.vocab_size, args.prompt_ids)
@@ -90,7 +90,13 @@ def run_ster(args) -> dict:
     return {"load_s": load_s, "prefill_tok_s": g.prefill_tokens_per_second,
             "decode_tok_s": g.decode_tokens_per_second, "peak_rss_mb": _peak_rss_mb(),
             "kv_mb": kv_bytes / 1e6, "tokens": len(g.ids), "first_ids": g.ids[:8],
-            "numpy": np.__version__}
+            "numpy": np.__version__, "simd": _ster_simd()}
+
+
+def _ster_simd() -> str:
+    from ster_py._kernels import qmatmul
+
+    return qmatmul.simd_level()
 
 
 def run_llama_cpp(args) -> dict:
@@ -131,7 +137,8 @@ def run_transformers(args) -> dict:
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if args.dtype == "bf16"
+                                                 else torch.float32)
     model.eval()
     load_s = time.perf_counter() - t0
     ids = _prompt_ids(lambda t: tok(t, add_special_tokens=False)["input_ids"], args.prompt_tokens,
@@ -150,10 +157,29 @@ def run_transformers(args) -> dict:
         decode_s = time.perf_counter() - t0
     return {"load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
             "decode_tok_s": (len(out) - 1) / decode_s, "peak_rss_mb": _peak_rss_mb(), "tokens": len(out),
-            "first_ids": out[:8], "torch": torch.__version__}
+            "first_ids": out[:8], "torch": torch.__version__, "dtype": str(model.dtype)}
 
 
-WORKERS = {"ster": run_ster, "llama.cpp": run_llama_cpp, "transformers": run_transformers}
+def run_llama_bench(args) -> dict:
+    """llama.cpp's own llama-bench (scripts/build_llama_bench.py, built for this CPU without
+    AMX): pp<prompt> and tg<new> in one process, one repetition. It reports no load time."""
+    exe = Path(args.llama_bench) / "llama-bench"
+    cmd = [str(exe), "-m", args.model, "-t", str(args.threads), "-p", str(args.prompt_tokens),
+           "-n", str(args.new_tokens), "-r", "1", "-o", "json"]
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, (str(exe.parent),
+                                                                         os.environ.get("LD_LIBRARY_PATH")))))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"llama-bench failed: {proc.stderr[-2000:]}")
+    rows = json.loads(proc.stdout)
+    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
+    tg = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
+    return {"load_s": float("nan"), "prefill_tok_s": pp, "decode_tok_s": tg, "peak_rss_mb": float("nan"),
+            "tokens": args.new_tokens, "build": rows[0].get("build_commit"), "cpu": rows[0].get("cpu_info")}
+
+
+WORKERS = {"ster": run_ster, "llama.cpp": run_llama_cpp, "transformers": run_transformers,
+           "llama-bench": run_llama_bench}
 
 
 # --- driver ------------------------------------------------------------------------------
@@ -178,7 +204,12 @@ def _loadavg() -> str:
         return "n/a"
 
 
-def _one(engine: str, model: str, args, extra_path: str | None) -> dict:
+BUSY = "import time\nend = time.time() + 3600\nwhile time.time() < end:\n    pass\n"
+
+
+def _one(engine: str, model: str, args, extra_path: str | None, opts: tuple = (), busy: int = 0) -> dict:
+    """One run of ``engine`` in its own process; ``opts`` extra worker flags; ``busy`` spinning
+    processes (one core each, ordinary priority) kept running for the whole run."""
     env = dict(os.environ)
     # Both engines get the same thread budget; no BLAS pool may add threads behind it.
     env.update(OPENBLAS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads),
@@ -186,8 +217,15 @@ def _one(engine: str, model: str, args, extra_path: str | None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra_path, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", engine,
            "--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens),
-           "--new-tokens", str(args.new_tokens), "--kv-cache", args.kv_cache, "--prompt-ids", args.prompt_ids]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+           "--new-tokens", str(args.new_tokens), "--kv-cache", args.kv_cache, "--prompt-ids", args.prompt_ids,
+           *(["--llama-bench", args.llama_bench] if args.llama_bench else []), *opts]
+    spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    finally:
+        for sp in spinners:
+            sp.kill()
+            sp.wait()
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -210,11 +248,22 @@ def main() -> None:
     p.add_argument("--hf-dir", help="Hugging Face directory for --reference transformers")
     p.add_argument("--llama-cpp-path", help="extra sys.path entry where llama_cpp is installed")
     p.add_argument("--json", help="also write the raw runs and medians to this file")
+    p.add_argument("--llama-bench", help="directory of llama-bench (scripts/build_llama_bench.py)")
+    p.add_argument("--show", action="store_true",
+                   help="the issue's side-by-side table for a preset: transformers f32/bf16, ster on the f32 and "
+                        "bf16 checkpoints, --quantize q8_0/q4_k, the GGUF under ster, llama-cpp-python and "
+                        "llama-bench, and ster's decode with one busy core (--busy-configs), alternating rounds")
+    p.add_argument("--configs", help="--show: only these labels, comma-separated (e.g. 'ster gguf,llama-bench gguf')")
+    p.add_argument("--precision", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="f32", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args)), flush=True)
         return
+    if args.show:
+        return show(args)
     if not args.model:
         p.error("give a model (preset name or .gguf path)")
     gguf, ref_model = _resolve(args.model, args.reference, args.hf_dir)
@@ -250,6 +299,77 @@ def main() -> None:
                                                "load_before": before, "load_after": after,
                                                "runs": runs, "median": med, "ratio": ratio,
                                                "rss_budget_mb": budget}, indent=1))
+
+
+def show_configs(preset: str, llama_bench: str | None) -> list[tuple[str, str, str, tuple, int]]:
+    """(label, engine, model path, worker flags, busy processes) of ``--show`` for a preset."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import real_models
+
+    gguf, f32, bf16 = (str(real_models.gguf_path(preset)), str(real_models.hf_path(preset)),
+                       str(real_models.hf_bf16_path(preset)))
+    configs = [("transformers f32", "transformers", f32, ("--dtype", "f32"), 0),
+               ("transformers bf16", "transformers", bf16, ("--dtype", "bf16"), 0),
+               ("ster f32", "ster", f32, (), 0),
+               ("ster bf16", "ster", bf16, (), 0),
+               ("ster bf16 q8_0", "ster", bf16, ("--quantize", "q8_0"), 0),
+               ("ster bf16 q4_k", "ster", bf16, ("--quantize", "q4_k"), 0),
+               ("ster gguf", "ster", gguf, (), 0),
+               ("llama-cpp-python gguf", "llama.cpp", gguf, (), 0),
+               ("ster gguf +1 busy", "ster", gguf, (), 1),
+               ("ster bf16 +1 busy", "ster", bf16, (), 1)]
+    if llama_bench:
+        configs.insert(8, ("llama-bench gguf", "llama-bench", gguf, (), 0))
+    return configs
+
+
+def show(args) -> None:
+    """Every configuration of ``show_configs`` once per round, the order reversed every other
+    round; per-round figures as they come, then medians and the ratios the issue asks for."""
+    configs = show_configs(args.model, args.llama_bench)
+    if args.configs:
+        keep = [c.strip() for c in args.configs.split(",")]
+        unknown = set(keep) - {c[0] for c in configs}
+        if unknown:
+            sys.exit(f"unknown --configs {sorted(unknown)}; labels: {', '.join(c[0] for c in configs)}")
+        configs = [c for c in configs if c[0] in keep]
+    loads = [_loadavg()]
+    runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
+    for r in range(args.rounds):
+        for label, engine, path, opts, busy in (configs if r % 2 == 0 else configs[::-1]):
+            res = _one(engine, path, args, args.llama_cpp_path, opts, busy)
+            res["loadavg"] = _loadavg()
+            runs[label].append(res)
+            print(f"round {r + 1} {label:22s} load {res['load_s']:6.2f} s  prefill {res['prefill_tok_s']:7.1f} tok/s  "
+                  f"decode {res['decode_tok_s']:6.1f} tok/s  peak RSS {res['peak_rss_mb']:6.0f} MB  "
+                  f"(loadavg {res['loadavg']})", flush=True)
+        loads.append(_loadavg())
+    figures = ("load_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb")
+    med = {c: {f: statistics.median(run[f] for run in runs[c]) for f in figures} for c in runs}
+    print(f"\nmodel {args.model}  threads {args.threads}  prompt {args.prompt_tokens}  new {args.new_tokens}  "
+          f"rounds {args.rounds}  load average at start and after each round: {' | '.join(loads)}")
+    print(f"{'':24s}{'load s':>9s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'peak RSS MB':>13s}")
+    for c in runs:
+        m = med[c]
+        print(f"{c:24s}{m['load_s']:9.2f}{m['prefill_tok_s']:15.1f}{m['decode_tok_s']:14.1f}{m['peak_rss_mb']:13.0f}")
+    ratios = [("ster f32 / transformers f32", "ster f32", "transformers f32"),
+              ("ster bf16 / transformers bf16", "ster bf16", "transformers bf16"),
+              ("ster q8_0 / transformers bf16", "ster bf16 q8_0", "transformers bf16"),
+              ("ster q4_k / transformers bf16", "ster bf16 q4_k", "transformers bf16"),
+              ("ster gguf / llama-cpp-python", "ster gguf", "llama-cpp-python gguf"),
+              ("ster gguf / llama-bench", "ster gguf", "llama-bench gguf"),
+              ("ster gguf busy / quiet", "ster gguf +1 busy", "ster gguf"),
+              ("ster bf16 busy / quiet", "ster bf16 +1 busy", "ster bf16")]
+    print(f"\n{'ratio (medians)':32s}{'load':>8s}{'prefill':>9s}{'decode':>8s}")
+    out_ratios = {}
+    for name, a, b in ratios:
+        if a in med and b in med:
+            q = {f: med[a][f] / med[b][f] for f in ("load_s", "prefill_tok_s", "decode_tok_s")}
+            out_ratios[name] = q
+            print(f"{name:32s}{q['load_s']:8.2f}{q['prefill_tok_s']:9.2f}{q['decode_tok_s']:8.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "loadavg": loads, "runs": runs, "median": med,
+                                               "ratio": out_ratios}, indent=1))
 
 
 if __name__ == "__main__":

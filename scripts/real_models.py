@@ -100,6 +100,39 @@ def hf_path(name: str, progress: Progress | None = None) -> Path:
     return out
 
 
+def hf_bf16_path(name: str, progress: Progress | None = None) -> Path:
+    """Directory of a bfloat16 copy of ``hf_path(name)`` (the form nearly every checkpoint on the
+    Hub is stored in): every floating tensor of model.safetensors rounded to bfloat16 by torch
+    (round to nearest even), config.json's ``torch_dtype``/``dtype`` set to bfloat16, the other
+    files copied. Built on first use beside the f32 copy."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = hf_path(name, progress)
+    out = src.parent / f"{src.name}-bf16"
+    if (out / _STAMP).is_file():
+        return out
+    tmp = Path(tempfile.mkdtemp(dir=src.parent, prefix=f".build-{src.name}-bf16-"))
+    try:
+        tensors = load_file(str(src / "model.safetensors"))
+        save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+                   for k, v in tensors.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for f in src.iterdir():
+            if f.name not in ("model.safetensors", "config.json"):
+                shutil.copy(f, tmp / f.name)
+        cfg = json.loads((src / "config.json").read_text())
+        for key in ("torch_dtype", "dtype"):
+            cfg[key] = "bfloat16"
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def _stamp(sha256: str) -> dict:
     import transformers
 

@@ -72,9 +72,16 @@ MODEL_HELP = ("A local checkpoint directory (config.json + tokenizer.json + *.sa
 
 
 class Precision(str, Enum):
+    auto = "auto"
     f32 = "f32"
     f16 = "f16"
     bf16 = "bf16"
+
+
+class Quantize(str, Enum):
+    q8_0 = "q8_0"
+    q4_0 = "q4_0"
+    q4_k = "q4_k"
 
 
 class ChatTemplate(str, Enum):
@@ -97,6 +104,7 @@ PROGRESS_EVENTS = {
     "capture": ("capturing", "prompts"),
     "parity": ("comparing", "prompts"),
     "merge": ("merging", "tensors"),
+    "quantize": ("quantizing", "matrices"),
 }
 
 
@@ -207,7 +215,13 @@ def _write(text: str) -> None:
         raise typer.Exit(0) from None
 
 
-THREADS_HELP = "Threads for the matrix products and attention (default: $STER_THREADS, else every core)."
+THREADS_HELP = ("Threads for the matrix products and attention, and the most any library's thread pool "
+                "(BLAS, OpenMP) may use (default: $STER_THREADS, else every core).")
+PRECISION_HELP = ("Weight dtype in memory; compute is always f32. auto keeps each tensor as stored (f32, f16, "
+                  "bf16: a bf16 checkpoint stays bf16, read in place by the 16-bit kernels).")
+QUANTIZE_HELP = ("Quantize a safetensors checkpoint's projections as it loads into llama.cpp's blocks (q4_k: "
+                 "Q5_0 for rows that are not whole 256-blocks; the output head Q8_0), run by the GGUF kernels. "
+                 "Not for GGUF files.")
 
 
 def flag(default: Optional[bool], *names: str, help: str):
@@ -217,11 +231,11 @@ def flag(default: Optional[bool], *names: str, help: str):
 
 def _use_threads(threads: Optional[int]) -> None:
     """Apply --threads (None: $STER_THREADS, checked, else every core) before any kernel runs."""
-    from .decoder.qlinear import set_threads, threads_from_env
+    from .decoder.qlinear import get_threads, set_threads, threads_from_env
 
     env = threads_from_env()
-    if threads is not None or env is not None:
-        set_threads(threads if threads is not None else env)
+    # Always applied: the default (every core) also bounds BLAS and OpenMP pools to it.
+    set_threads(threads if threads is not None else env if env is not None else get_threads())
 
 
 def show_warnings(loaded) -> None:
@@ -251,7 +265,8 @@ def generate(
                                 "probability reaches this (1 = off)."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0 = off)."),
     seed: Optional[int] = typer.Option(None, help="Random seed for sampling (reproducible runs)."),
-    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP),
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: use the model's chat "
                                                "template when it has one; off: send the prompt as raw text."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
@@ -341,7 +356,8 @@ def generate(
 
     with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
-                            check=fits if vector is not None or adapter is not None else None)
+                            check=fits if vector is not None or adapter is not None else None,
+                            quantize=quantize.value if quantize is not None else None)
     show_warnings(loaded)
     hook = None
     if adapter is not None:
@@ -405,7 +421,8 @@ def generate(
             usage["reasoning_tokens"] = reply.reasoning_tokens
         doc = {
             **version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
-            "precision": loaded.precision, "kv_cache": kv_cache, "chat_template": prompt_.chat_template,
+            "precision": loaded.precision, "quantize": loaded.quantize, "kv_cache": kv_cache,
+            "chat_template": prompt_.chat_template,
             "text": text, "ids": result.ids, "prompt_ids": reply.prompt_ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
             "adapter": adapter, "warnings": loaded.warnings,
@@ -443,8 +460,9 @@ def inspect(
     model_opt: Optional[str] = typer.Option(None, "--model", "-m", help="The same, as an option (like the "
                                             "other commands)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
-    precision: Precision = typer.Option(Precision.f32, help="Precision the resident size is estimated for "
-                                        "(GGUF-quantized matrices count as stored)."),
+    precision: Precision = typer.Option(Precision.auto, help="Precision the resident size is estimated for "
+                                        "(GGUF-quantized matrices count as stored; auto as `ster run` holds "
+                                        "them: f32, f16 and bf16 tensors as stored)."),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:

@@ -16,8 +16,9 @@ from rich.markup import escape
 from .cli_help import SterTyper
 
 from .capture import LAYER_HELP
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, _check_device, _model_or_default,
-                  _use_threads, app, err, flag, out, progress_bar, show_warnings, version_fields)
+from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
+                  _check_device, _model_or_default, _use_threads, app, err, flag, out, progress_bar, show_warnings,
+                  version_fields)
 
 vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -47,6 +48,8 @@ def parity(
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
     precision: Precision = typer.Option(Precision.f32, help="Our stored weight dtype; the reference runs in f32."),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP + " The report is then the "
+                                           "quantized model's logit error against the float32 reference."),
     reference: Reference = typer.Option(Reference.transformers, help="transformers (same directory, or the same "
                                         "GGUF via gguf_file=) or llama.cpp (llama-cpp-python on the GGUF)."),
     tolerance: float = typer.Option(1e-4, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; "
@@ -66,7 +69,8 @@ def parity(
     _use_threads(threads)
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
     with progress_bar(enabled=not quiet) as progress:
-        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
+                            quantize=quantize.value if quantize is not None else None)
         show_warnings(loaded)
         report = run_parity(loaded, texts, reference=reference.value, tolerance=tolerance, progress=progress)
     if as_json:
@@ -107,7 +111,8 @@ def parity_table(report, tolerance: float, width: Optional[int] = None):
     # one space between columns; the prompt gets what the console width leaves (at least 12)
     longest = max([len("prompt")] + [len(p.prompt.replace("\n", "\\n")) for p in report.prompts])
     room = min(max((width or out.width) - sum(widths) - len(widths), 12), longest)
-    table = Table(title=f"ster vs {report.reference} ({report.precision}, tolerance {tolerance:g})",
+    ours = report.precision + (f", --quantize {report.quantize}" if report.quantize else "")
+    table = Table(title=f"ster vs {report.reference} ({ours}, tolerance {tolerance:g})",
                   box=None, pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
     for name, w in zip(names, widths):
         table.add_column(name, justify="left" if name == "result" else "right", no_wrap=True, width=w)

@@ -1541,6 +1541,15 @@ _GEMMA4 = dict(norms=_SANDWICH, names=GEMMA4_NAMES, qk_norm="head", embed_scale_
                final_softcap_key="final_logit_softcapping", value_norm=True, layer_scalar=True,
                k_eq_v_key="attention_k_eq_v", kv_shared_key="num_kv_shared_layers", adapters="ffn",
                normalize=_gemma4_config, refusals=_GEMMA4_REFUSALS)
+# llama.cpp's names for Gemma 4 (src/models/gemma4.cpp): Gemma 3's sandwich, the layer scalar as
+# layer_output_scale, the per-layer inputs' gate, projection and norm per layer and their table,
+# projection and norm per model. Which layer slides, its head width and rotation, which layers reuse
+# another's keys and values, and which take their values from their keys are read by gguf/config.py
+# (LLAMA_CPP_SWA_ROPE, LLAMA_CPP_KV_SHARED).
+GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.weight", per_layer_gate="blk.{i}.inp_gate",
+                          per_layer_proj="blk.{i}.proj", per_layer_post_norm="blk.{i}.post_norm",
+                          per_layer_embed="per_layer_token_embd", per_layer_model_proj="per_layer_model_proj",
+                          per_layer_proj_norm="per_layer_proj_norm")
 # Transformers' Gemma4TextConfig defaults for keys a config.json may leave out.
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
@@ -2235,7 +2244,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                                         "a Mamba-2 width (mamba_expand * hidden_size) other than its "
                                                         "heads' total (n_mamba_heads * mamba_headdim) is not supported"),)),
         # ---- g4: Gemma 4
-        FamilySpec("gemma4_text", **_GEMMA4,
+        FamilySpec("gemma4_text", **_GEMMA4, gguf_arch="gemma4", gguf_names=GGUF_GEMMA4_NAMES,
+                   # Gemma 4's routed block: llama.cpp's own router (gemma4.cpp), not ster's
+                   gguf_config={"expert_count": "num_experts"},
+                   gguf_refusals=(Refusal(stated("num_experts"),
+                                          "Gemma 4's mixture-of-experts block (expert_count) is not supported yet"),),
                    keys={"per_layer_input": ("hidden_size_per_layer_input",),
                          "per_layer_vocab": ("vocab_size_per_layer_input",)},
                    config_defaults={**_GEMMA4_DEFAULTS, "hidden_size_per_layer_input": 256,

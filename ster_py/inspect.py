@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .config import spec_from_config
 from .errors import SterError
 from .resolve import resolve
 from .validate import check_config, check_spec, interpret
-from .weights import precision_dtype
+from .weights import precision_dtype, resident_dtype
 
 
 def _spec_dims(spec) -> dict[str, Any]:
@@ -62,13 +63,16 @@ def _moe_dims(spec) -> dict[str, Any]:
             "router_scoring": m.router.scoring}
 
 
+_GGUF_FLOATS = {"F16": np.float16, "BF16": ml_dtypes.bfloat16}   # GGUF float types 'auto' keeps
+
+
 def inspect_model(model: str, revision: str | None = None, *, precision: str = "f32", progress=None) -> dict:
     """A JSON-ready description of ``model``.
 
     Keys: model, model_revision, kind, architecture, family, dimensions, tokenizer,
     chat_template (bool), tensors (count per stored type), parameters, file_bytes,
     resident_bytes (weights held once loaded: GGUF-quantized matrices as stored, every other
-    tensor at ``precision``), kv_bytes_per_position (what the f32 cache holds per position over the
+    tensor at ``precision``; 'auto' keeps float32/float16/bfloat16 tensors as stored), kv_bytes_per_position (what the f32 cache holds per position over the
     layers that attend: keys and values, or a latent layer's latent and rotated key part), for latent
     attention kv_bytes_per_position_expanded (what expanded keys and values would hold instead), and
     state_bytes_per_sequence (the recurrent state of the state-space layers, float32, whatever the
@@ -77,7 +81,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     Raises:
         SterError: whatever resolution or header validation refuses.
     """
-    itemsize = precision_dtype(precision).itemsize
+    precision_dtype(precision)  # refuse an unknown precision before resolving
     r = resolve(model, revision, progress=progress)
     info: dict[str, Any] = {"model": model, "model_revision": r.model_revision, "kind": r.kind}
     g = None
@@ -120,22 +124,26 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         from .decoder.qlinear import QUANT_TYPES
 
         # Quantized matrices and expert stacks stay in their blocks in the memory map; the rest is widened.
-        resident = sum(t.nbytes if t.type_name in QUANT_TYPES and len(t.shape) in (2, 3) else t.n_elements * itemsize
+        resident = sum(t.nbytes if t.type_name in QUANT_TYPES and len(t.shape) in (2, 3)
+                       else t.n_elements * resident_dtype(precision, _GGUF_FLOATS.get(t.type_name, np.float32)).itemsize
                        for t in tensors)
     else:
         from safetensors import safe_open
 
+        from .weights import SAFETENSORS_DTYPES
+
         types: Counter = Counter()
-        n_params = 0
+        n_params = resident = 0
         for f in r.weight_files:
             with safe_open(str(f), framework="numpy") as h:
                 for name in h.keys():
                     sl = h.get_slice(name)
                     types[sl.get_dtype()] += 1
-                    n_params += int(np.prod(sl.get_shape(), dtype=np.int64))
+                    n = int(np.prod(sl.get_shape(), dtype=np.int64))
+                    n_params += n
+                    resident += n * resident_dtype(precision, SAFETENSORS_DTYPES.get(sl.get_dtype(), np.float32)).itemsize
         info["tensors"] = dict(types)
         info["file_bytes"] = sum(f.stat().st_size for f in r.weight_files)
-        resident = n_params * itemsize
     info["dimensions"] = _spec_dims(spec)
     info["parameters"] = n_params
     info["precision"] = precision

@@ -28,6 +28,8 @@ class LoadedModel:
     decoder: Decoder
     tokenizer: Tokenizer
     precision: str
+    #: --quantize kind the projections were quantized to as the model loaded, or None
+    quantize: str | None = None
 
     @property
     def model_revision(self) -> str | None:
@@ -50,14 +52,17 @@ Check = Callable[[Resolved, "ModelSpec | None"], None]
 
 
 def load_model(model: str, revision: str | None = None, *, precision: str = "f32",
-               progress: Progress | None = None, check: Check | None = None) -> LoadedModel:
+               progress: Progress | None = None, check: Check | None = None,
+               quantize: str | None = None) -> LoadedModel:
     """Resolve ``model`` and build its decoder and tokenizer.
 
     Args:
         model: a local checkpoint directory, a .gguf file, a directory holding one .gguf,
             or a Hugging Face Hub id.
         revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
-        precision: stored weight dtype, 'f32' | 'f16' | 'bf16' (compute is always f32).
+        precision: weight dtype in memory, 'f32' | 'f16' | 'bf16', or 'auto': each tensor as
+            stored when float32, float16 or bfloat16 (a bf16 checkpoint stays bf16, read in
+            place by the 16-bit kernels), float32 otherwise. Compute is always float32.
         progress: optional ``progress(event, done, total)`` callback for long steps.
         check: optional ``check(resolved, spec)`` that refuses (raises SterError) what cannot
             fit the model, such as a steering vector or an adapter, as early as the model is
@@ -65,12 +70,19 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
             is read (``resolved.weight_files`` still empty); a preset before its file is fetched
             (``spec`` None: only its identity is known), and again with its spec once the file
             is there; a local checkpoint or GGUF once its config or metadata is read.
+        quantize: 'q8_0' | 'q4_0' | 'q4_k': quantize a safetensors checkpoint's projections
+            to GGML blocks as it loads (``Decoder.quantize``; llama.cpp's quantizers, run by
+            the GGUF kernels); the float pages of the file are dropped from memory after.
 
     Raises:
         SterError: anything the user can fix: a refused model, a missing file, a bad tensor;
-            whatever ``check`` raises.
+            whatever ``check`` raises; ``quantize`` for a GGUF model or of an unknown kind.
     """
+    from .decoder.qlinear import QUANTIZE_TYPES
+
     precision_dtype(precision)  # refuse a bad precision before touching anything
+    if quantize is not None and quantize not in QUANTIZE_TYPES:
+        raise SterError(f"--quantize must be one of {', '.join(QUANTIZE_TYPES)}, got {quantize!r}")
     checked: list[bool] = []
 
     def before_weights(resolved: Resolved) -> None:  # the Hub's config is in, its weights are not
@@ -84,6 +96,10 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
     if resolved.kind in ("gguf", "gguf_dir"):
         from .gguf.load import load_gguf_model
 
+        if quantize is not None:
+            raise SterError(f"--quantize applies to safetensors checkpoints, and {resolved.model} is a GGUF model, "
+                            "whose weights run as they are stored; leave out --quantize, or quantize the "
+                            "original checkpoint")
         return load_gguf_model(resolved, precision=precision, progress=progress, check=check)
     spec = _spec_of(resolved)
     if check is not None and not checked:
@@ -98,7 +114,10 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
     if tokenizer.vocab_size > spec.vocab_size:
         raise SterError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                         f"{spec.vocab_size}; tokenizer.json is not from this checkpoint")
-    return LoadedModel(resolved, spec, decoder, tokenizer, precision)
+    if quantize is not None:
+        decoder.quantize(quantize, progress)
+        weights.release_pages()  # the float matrices were read once; what still maps them re-reads on use
+    return LoadedModel(resolved, spec, decoder, tokenizer, precision, quantize)
 
 
 def _spec_of(resolved: Resolved) -> ModelSpec:

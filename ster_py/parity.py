@@ -69,6 +69,8 @@ class ParityReport:
     reference: str
     tolerance: float
     prompts: list[PromptParity] = field(default_factory=list)
+    #: --quantize kind of our side (its projections in GGML blocks), or None
+    quantize: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -148,6 +150,9 @@ def transformers_reference(resolved) -> Reference:
         import transformers
     except ImportError:
         raise _missing("torch and transformers", 'install them with: pip install "ster-py[reference]"') from None
+    from .decoder.qlinear import get_threads
+
+    torch.set_num_threads(get_threads())  # --threads bounds torch's pool too
     model_type = (resolved.config or {}).get("model_type")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -304,7 +309,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
             reference_fn = transformers_reference(loaded.resolved)
         else:
             reference_fn = llamacpp_reference(loaded.resolved, [p.ids for p in encoded])
-    report = ParityReport(loaded.resolved.model, loaded.model_revision, loaded.precision, reference, tolerance)
+    report = ParityReport(loaded.resolved.model, loaded.model_revision, loaded.precision, reference, tolerance,
+                          quantize=getattr(loaded, "quantize", None))
     for n, p in enumerate(encoded):
         report.prompts.append(compare(loaded, p.text, p.ids, reference_fn, tolerance))
         if progress:

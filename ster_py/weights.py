@@ -28,11 +28,14 @@ import numpy as np
 from .decoder.qlinear import QUANT_TYPES, QuantStack, QuantTensor
 from .errors import SterError
 
-PRECISIONS: dict[str, np.dtype] = {
+PRECISIONS: dict[str, np.dtype | None] = {
+    "auto": None,   # every tensor as stored when float32/float16/bfloat16, else widened to float32
     "f32": np.dtype(np.float32),
     "f16": np.dtype(np.float16),
     "bf16": np.dtype(ml_dtypes.bfloat16),
 }
+#: Stored dtypes 'auto' keeps as they are (the kernels multiply 16-bit rows in place).
+KEPT_AS_STORED = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 # safetensors dtype names -> numpy (little-endian).
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -101,12 +104,26 @@ def unused_tensor_warnings(spec, weights) -> list[str]:
             f"configuration does not use: {shown}; check that config.json belongs to these weights"]
 
 
-def precision_dtype(precision: str) -> np.dtype:
-    """'f32' | 'f16' | 'bf16' -> numpy dtype. Raises SterError for anything else."""
+def precision_dtype(precision: str) -> np.dtype | None:
+    """'f32' | 'f16' | 'bf16' -> numpy dtype; 'auto' -> None (each tensor as stored, see
+    ``resident_dtype``). Raises SterError for anything else."""
     try:
         return PRECISIONS[precision]
     except KeyError:
         raise SterError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}") from None
+
+
+def resident_dtype(precision: str, stored: np.dtype) -> np.dtype:
+    """The dtype a floating tensor stored as ``stored`` is held at under ``precision``: that
+    precision's dtype, or for 'auto' the stored dtype itself when it is float32, float16 or
+    bfloat16 (no copy: a bf16 checkpoint stays bf16 in memory, and its matrices go to the
+    16-bit kernels) and float32 for any other (float64, float8). Raises SterError for an
+    unknown precision."""
+    dtype = precision_dtype(precision)
+    if dtype is not None:
+        return dtype
+    stored = np.dtype(stored)
+    return stored if stored in KEPT_AS_STORED else np.dtype(np.float32)
 
 
 def _map_safetensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[np.dtype, tuple[int, ...], int]]]:
@@ -149,9 +166,10 @@ class SafetensorsWeights(_Tracked):
     Args:
         files: the checkpoint's .safetensors files (order does not matter; a name found
             in two files is refused).
-        precision: dtype for floating tensors: 'f32', 'f16' or 'bf16'. A tensor stored at
-            that precision is returned as a view of the map (no copy, pages read on use);
-            other floating tensors are converted on ``get``.
+        precision: dtype for floating tensors: 'f32', 'f16' or 'bf16', or 'auto' (each
+            tensor as stored, see ``resident_dtype``). A tensor stored at that precision is
+            returned as a view of the map (no copy, pages read on use); other floating
+            tensors are converted on ``get``.
 
     Raises:
         SterError: a file cannot be opened as safetensors ("failed to map N model weight
@@ -160,7 +178,7 @@ class SafetensorsWeights(_Tracked):
     """
 
     def __init__(self, files: Iterable[Path], precision: str = "f32"):
-        self.dtype = precision_dtype(precision)
+        self.dtype, self.precision = precision_dtype(precision), precision
         self._maps: list[mmap.mmap] = []
         self._where: dict[str, tuple[int, np.dtype, tuple[int, ...], int]] = {}
         self._asked: set[str] = set()
@@ -182,6 +200,15 @@ class SafetensorsWeights(_Tracked):
     def names(self) -> list[str]:
         """Every tensor name in the checkpoint."""
         return list(self._where)
+
+    def release_pages(self) -> None:
+        """Let the kernel drop the file pages read so far (``madvise(MADV_DONTNEED)`` on every
+        map). Arrays viewing the maps stay valid: their pages are read from the file again
+        on use. For after a pass that read everything once (quantizing on load); any change
+        made in place to a mapped array is lost with its page."""
+        for m in self._maps:
+            if hasattr(mmap, "MADV_DONTNEED") and hasattr(m, "madvise"):
+                m.madvise(mmap.MADV_DONTNEED)
 
     def get(self, name: str) -> np.ndarray | None:
         """The tensor ``name`` at the precision; None if absent.
@@ -206,7 +233,7 @@ class SafetensorsWeights(_Tracked):
                             "full-precision checkpoint of this model")
         count = int(np.prod(shape, dtype=np.int64)) if shape else 1
         t = np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape)
-        return t.astype(self.dtype, copy=False)
+        return t.astype(resident_dtype(self.precision, dtype), copy=False)
 
 
 def _is_float(dtype: np.dtype) -> bool:
@@ -239,7 +266,8 @@ class GGUFWeights(_Tracked):
 
     Args:
         gguf: an open ``ster_py.gguf.reader.GGUFFile``.
-        precision: 'f32' | 'f16' | 'bf16' for the dequantized arrays.
+        precision: 'f32' | 'f16' | 'bf16' for the dequantized arrays; 'auto' keeps F16 and BF16
+            tensors as stored (views of the map) and decodes the rest to float32.
         qk_heads: (num_attention_heads, num_key_value_heads) when the file's architecture
             had its q/k rows reordered by llama.cpp's converter (undone here), else None.
         rename: optional map from the names the decoder asks for to GGUF tensor names
@@ -253,6 +281,7 @@ class GGUFWeights(_Tracked):
     def __init__(self, gguf, precision: str = "f32", qk_heads: tuple[int, int] | None = None,
                  rename: dict[str, str] | None = None, quantized: bool = True):
         self.dtype, self.qk_heads, self.rename = precision_dtype(precision), qk_heads, rename
+        self.precision = precision
         self.quantized = quantized
         self.path = gguf.path
         # Only the tensor table is kept (its views keep the map alive), not the file object:
@@ -277,8 +306,10 @@ class GGUFWeights(_Tracked):
             w = QuantTensor(t)
         elif self.quantized and len(t.shape) == 3 and t.type_name in QUANT_TYPES:
             return QuantStack(t)  # routed experts, [n_expert, rows, cols]
+        elif self.dtype is None and t.type_name in ("F16", "BF16"):  # 'auto': as stored, a view
+            w = t.raw.view(np.float16 if t.type_name == "F16" else ml_dtypes.bfloat16).reshape(t.shape)
         else:
             w = t.dequantize()
         if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")):
             w = unpermute_qk(w, self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1])
-        return w if isinstance(w, QuantTensor) else w.astype(self.dtype, copy=False)
+        return w if isinstance(w, QuantTensor) else w.astype(resident_dtype(self.precision, w.dtype), copy=False)

@@ -39,7 +39,7 @@ def test_generate_json_matches_transformers(tiny_llama):
     stop = expected.index(2) + 1 if 2 in expected else 8  # id 2 is </s>, the EOS
     assert doc["ids"] == expected[:stop]
     assert doc["usage"] == {"prompt_tokens": 4, "new_tokens": len(doc["ids"])}
-    assert doc["model_revision"] is None and doc["precision"] == "f32"
+    assert doc["model_revision"] is None and doc["precision"] == "auto" and doc["quantize"] is None
 
 
 def test_generate_streams_text_and_summary(tiny_llama):

@@ -431,7 +431,8 @@ def test_help_reads_like_a_cli():
     assert "Usage: ster detokenize [OPTIONS] IDS..." in help_text(("detokenize",))
     assert "--var NAME=VALUE" in help_text(("template", "render"))
     gen = help_text(("generate",))
-    assert "-m, --model MODEL" in gen and "--threads N" in gen and "--precision f32|f16|bf16" in gen
+    assert "-m, --model MODEL" in gen and "--threads N" in gen and "--precision auto|f32|f16|bf16" in gen
+    assert "--quantize q8_0|q4_0|q4_k" in gen
     assert re.search(r"^  --json {2,}Print", gen, re.M) and re.search(r"^  --help {2,}Show", gen, re.M)
 
 

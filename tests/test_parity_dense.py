@@ -352,10 +352,15 @@ def test_every_gguf_architecture_has_a_case():
     """Each GGUF architecture a dense family of issue 6 declares is loaded above from a converted file."""
     foundation = {"llama", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3"}
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
-    # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm
+    # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm;
+    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote
+    from test_parity_gemma4_gguf import GGUF_CASES as GEMMA4_CASES
+    from test_parity_remote import GGUF_CASES as REMOTE_CASES
+
+    others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
-    assert declared == foundation | converted
+    assert declared == foundation | converted | (others & declared)
 
 
 def test_phi3_longrope_gguf_is_refused(tmp_path):

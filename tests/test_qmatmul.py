@@ -3,10 +3,11 @@
 - Every GGML type the kernels multiply: ``x @ W^T`` from the blocks in place equals
   gguf-py's dequantization (the oracle) multiplied in float64, within the float32
   rounding bound of a K-term dot product, for odd row counts, one and several tokens,
-  1 and 2 threads, the AVX2 and the portable paths, and an output-row order. The AVX2
-  row dots (one token) quantize the input to int16 per 32-block first; their reference
-  multiplies the same quantized input (``qmatmul.quantize_activations``), which is
-  itself checked against its definition.
+  1 and 2 threads, every instruction-set level this CPU runs (portable, AVX2, AVX-512,
+  AVX512_VNNI, AVX512_BF16: each forced with the ones above it off), and an output-row
+  order. The SIMD row dots (one token) quantize the input to int16 per 32-block first;
+  their reference multiplies the same quantized input (``qmatmul.quantize_activations``),
+  which is itself checked against its definition.
 - The fused norms, RoPE and attention equal their numpy definitions.
 - ``real``: both GGUF files, kept quantized, give logits within relative error 1e-3 of
   the same model dequantized to float32 at load, and the same greedy tokens.
@@ -34,6 +35,10 @@ GGUF_PY_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"}
 # bytes elsewhere are valid codes, these are overwritten with finite scales.
 F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
               "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+#: The instruction-set levels of the kernels this CPU runs, lowest first (the tests force each).
+LEVELS = qmatmul.SIMD_LEVELS[:qmatmul.SIMD_LEVELS.index(qmatmul.cpu_simd_level()) + 1]
 
 
 @pytest.fixture(autouse=True)
@@ -92,8 +97,8 @@ class _Tensor:
 
 def check_every_path(name: str, raw: np.ndarray, rows: int, cols: int, rng) -> None:
     """x @ W^T of the blocks ``raw`` [rows, row_bytes] against gguf-py's dequantization in
-    float64, for 1, 5 and 13 tokens, the AVX2 path with int16 and float inputs, the portable
-    path, 1 and 2 threads, and every product (chosen by T, row dots, decoded panels)."""
+    float64, for 1, 5 and 13 tokens, every SIMD level with int16 and float inputs, the
+    portable path, 1 and 2 threads, and every product (chosen by T, row dots, decoded panels)."""
     block = quants.ggml_type(name).block_size
     w = oracle_weights(raw, name, rows, cols)
     m = qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols)
@@ -102,8 +107,8 @@ def check_every_path(name: str, raw: np.ndarray, rows: int, cols: int, rng) -> N
         want = x.astype(np.float64) @ w.T
         want16 = quantized_input(x) @ w.T
         bound = rounding_bound(x, w, block)
-        for simd, int16 in ((True, True), (True, False), (False, True)):
-            qmatmul.set_simd(simd)
+        for level, int16 in [(lv, i16) for lv in LEVELS for i16 in ((True, False) if lv != "portable" else (True,))]:
+            simd = qmatmul.set_simd_level(level) != "portable"
             qmatmul.set_int16_activations(int16)
             for threads in (1, 2):
                 qmatmul.set_threads(threads)
@@ -111,9 +116,9 @@ def check_every_path(name: str, raw: np.ndarray, rows: int, cols: int, rng) -> N
                     out = np.full((T, rows), np.nan, np.float32)
                     m.matmul(x, out, force)
                     rowdots = force == 1 or (force == 0 and T == 1)
-                    ref = want16 if (simd and int16 and qmatmul.simd_available() and rowdots) else want
+                    ref = want16 if (simd and int16 and rowdots) else want
                     excess = np.abs(out - ref) / bound
-                    assert excess.max() <= 1.0, (name, T, simd, int16, threads, force, excess.max())
+                    assert excess.max() <= 1.0, (name, T, level, int16, threads, force, excess.max())
 
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
@@ -186,7 +191,7 @@ def test_large_matrices_split_over_threads(name):
 @pytest.mark.parametrize("int16", [True, False])
 def test_matvec_group_equals_products_one_by_one(int16):
     """q/k/v-style groups of mixed types: one job gives each product's own result, bit for bit,
-    with or without a row order and at 1 and 2 threads."""
+    with or without a row order, at 1 and 2 threads and every SIMD level."""
     qmatmul.set_int16_activations(int16)
     rng = np.random.default_rng(7)
     cols = 512
@@ -196,7 +201,8 @@ def test_matvec_group_equals_products_one_by_one(int16):
         order = rng.permutation(rows) if name == "Q6_K" else None
         mats.append(qmatmul.QMatrix(raw, quants.ggml_type(name).id, cols, order))
     x = rng.standard_normal((1, cols)).astype(np.float32)
-    for threads in (1, 2):
+    for level, threads in [(lv, t) for lv in LEVELS for t in (1, 2)]:
+        qmatmul.set_simd_level(level)
         qmatmul.set_threads(threads)
         for n in (2, 3, 4):
             group = tuple(mats[:n])

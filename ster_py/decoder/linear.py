@@ -1,15 +1,15 @@
 """A linear projection y = x W^T + b over a stored weight.
 
-The weight keeps its stored dtype (float32, float16 or bfloat16) and is widened
-to float32 for the product, so compute is float32 whatever the storage. A
-GGML-quantized weight (``QuantTensor``) stays in its blocks and goes to
-``QuantLinear``.
+The weight keeps its stored dtype and compute is float32 whatever the storage: a
+float32 weight goes to numpy's BLAS (``Linear``); a float16 / bfloat16 matrix and a
+GGML-quantized weight (``QuantTensor``, in its blocks) go to ``QuantLinear``, whose
+Cython kernels widen the weights inside the product.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .qlinear import QuantLinear, QuantTensor, matvec_group
+from .qlinear import QuantLinear, QuantTensor, is_half, matvec_group
 
 #: Products of 2 to MIN_ROWS - 1 rows run as MIN_ROWS (zero rows added, then dropped). BLAS
 #: picks other kernels for a few rows, and their sums round differently: without this, the
@@ -21,7 +21,8 @@ MIN_ROWS = 16
 
 
 class Linear:
-    """weight [out_features, in_features] (any float dtype), bias [out_features] or None.
+    """weight [out_features, in_features] (float32, or any float dtype widened per call), bias
+    [out_features] or None.
 
     Row-exact for T >= 2: row t of ``x @ W^T`` is the same whether x has 2 rows or 2000
     (see ``MIN_ROWS`` for the BLAS this holds on), which the prompt cache's reuse relies on (``ster_py.prefix``).
@@ -46,12 +47,14 @@ class Linear:
 
 
 def make_linear(weight, bias: np.ndarray | None = None):
-    """The projection for a stored weight: ``QuantLinear`` for a ``QuantTensor``, else ``Linear``.
+    """The projection for a stored weight: ``QuantLinear`` for a ``QuantTensor`` or a 2-D
+    float16 / bfloat16 array (read as stored by the Cython kernels), else ``Linear``
+    (float32 through numpy's BLAS).
 
     The one place the decoder turns a weight into a callable, so other weight kinds
     plug in here without the decoder knowing.
     """
-    if isinstance(weight, QuantTensor):
+    if isinstance(weight, QuantTensor) or is_half(weight):
         return QuantLinear(weight, bias)
     return Linear(weight, bias)
 

@@ -37,7 +37,7 @@ from .latent import LatentAttention
 from .hybrid import Hybrid
 from .layout import Layout
 from .lightning import Lightning
-from .linear import make_linear
+from .linear import Linear, make_linear
 from .mamba import Mamba
 from .mamba2 import Mamba2
 from .moe import MoE
@@ -338,6 +338,51 @@ class Decoder:
     def weights(self) -> WeightSource:
         """The weight source the decoder was built from."""
         return self._weights
+
+    def quantize(self, kind: str, progress=None) -> dict[str, int]:
+        """Replace float projections by GGML blocks made from them, in place (``--quantize``).
+
+        Every block part's projections (its ``ROLES``: attention q/k/v/o, a dense
+        feed-forward's gate/up/down) and the output head that hold a float matrix (float32,
+        or float16 / bfloat16 as stored) become ``QuantLinear`` over blocks of
+        ``qlinear.block_type_for(kind, in_features)`` (the head: ``qlinear.HEAD_TYPE[kind]``);
+        rows that fit no block type stay as they are. Other weights (embedding rows, norms,
+        routed experts, latent and state-space projections, routers) are not touched.
+
+        Args:
+            kind: ``q8_0``, ``q4_0`` or ``q4_k`` (``qlinear.QUANTIZE_TYPES``).
+            progress: optional ``progress(event, done, total)``, event "quantize", per matrix.
+
+        Returns:
+            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}).
+
+        Raises:
+            SterError: an unknown kind, or a matrix with inf/NaN weights.
+        """
+        from .qlinear import HEAD_TYPE, QUANTIZE_TYPES, QuantTensor, block_type_for, is_half, quantize_matrix
+
+        if kind not in QUANTIZE_TYPES:
+            raise SterError(f"--quantize must be one of {', '.join(QUANTIZE_TYPES)}, got {kind!r}")
+        jobs = []   # (owner, role, projection, block type)
+        for layer in self.layers:
+            for part in (layer.mixer, layer.ffn):
+                for role in (part.ROLES if part is not None else ()):
+                    jobs.append((layer, role, getattr(part, role, None), None))
+        jobs.append((self, "head", self.head, HEAD_TYPE[kind]))
+        counts: dict[str, int] = {}
+        todo = [(o, r, p, t) for o, r, p, t in jobs
+                if type(p) is Linear or (type(p) is QuantLinear and is_half(p.weight))]
+        for n, (owner, role, p, t) in enumerate(todo):
+            t = block_type_for(t or kind, p.in_features)
+            if t is not None:
+                where = f"layer {owner.i} {role}" if owner is not self else "the output head"
+                blocks = quantize_matrix(p.weight, t, where)
+                setattr(owner, role, QuantLinear(QuantTensor.from_blocks(blocks, t, p.in_features, where), p.bias))
+                counts[t] = counts.get(t, 0) + 1
+            if progress:
+                progress("quantize", n + 1, len(todo))
+        self._link_read_ahead()
+        return counts
 
     def new_cache(self, dtype=np.float32) -> KVCache:
         """An empty cache for this model: keys and values as ``dtype`` for the layers whose mixer

@@ -10,14 +10,21 @@ caller asks for a dense array (``np.asarray(qt)``). A row order (``permuted``)
 reorders the product's outputs instead of the weights: that is how llama.cpp's q/k
 row permutation is undone without a copy.
 
+``QuantLinear`` also takes a 2-D float16 or bfloat16 array (a safetensors weight used
+as stored, typically a view of the memory-mapped file): the same kernels read its 16-bit
+rows in place, widening them inside the product (no float32 copy of the weights), with
+AVX2, AVX-512 and AVX512_BF16 paths chosen at run time (``qmatmul.set_simd_level``).
+
 ``reference_matmul`` is the plain numpy reference the kernels are tested against:
-dequantize with ``ster_py.gguf.quants.dequantize_reference``, multiply in float64.
+dequantize with ``ster_py.gguf.quants.dequantize_reference`` (or widen the 16-bit floats),
+multiply in float64.
 
 Threads: ``set_threads(n)`` (or ``$STER_THREADS``; default every core) applies to
 every product and attention call of the process.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import SterError
@@ -40,8 +47,20 @@ def _kernels():
     return qmatmul
 
 
+#: GGML type ids of the 16-bit float rows the kernels multiply as stored.
+HALF_TYPE_IDS = {np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 30}
+
+
+def is_half(weight) -> bool:
+    """True for a 2-D float16 / bfloat16 numpy array (a weight ``QuantLinear`` reads as stored)."""
+    return isinstance(weight, np.ndarray) and weight.ndim == 2 and weight.dtype in HALF_TYPE_IDS
+
+
 def set_threads(n: int) -> None:
-    """Use ``n`` threads for every quantized product and attention call from now on.
+    """Use ``n`` threads for every product and attention call from now on, and bound the
+    thread pools of the libraries numpy calls into (OpenBLAS or MKL, and OpenMP) to ``n``
+    through threadpoolctl, so that no float32 matrix product or OpenMP loop starts more
+    threads than ``--threads`` allows.
 
     Raises SterError unless 1 <= n <= ``qmatmul.MAX_THREADS`` (1024).
     """
@@ -57,6 +76,21 @@ def set_threads(n: int) -> None:
 
     if scan is not None:
         scan.set_threads(int(n))
+    limit_library_threads(int(n))
+
+
+def limit_library_threads(n: int) -> None:
+    """Bound BLAS (OpenBLAS, MKL, BLIS) and OpenMP thread pools loaded in this process to ``n``
+    threads (threadpoolctl; libraries loaded later, such as torch's for ``ster parity``, are
+    bounded again by calling this after they load). A child process inherits the bound
+    through OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS, set here too."""
+    import os
+
+    from threadpoolctl import threadpool_limits
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    threadpool_limits(limits=n)  # applied now, kept (not used as a context manager)
 
 
 def threads_from_env() -> int | None:
@@ -135,6 +169,19 @@ class QuantTensor:
         self.nbytes = self.shape[0] * tensor.row_bytes
         self._qmatrix = None
 
+    @classmethod
+    def from_blocks(cls, blocks: np.ndarray, type_name: str, cols: int, name: str = "quantized") -> "QuantTensor":
+        """A QuantTensor over blocks made in memory: uint8 [rows, row_bytes] of ``type_name``
+        (``ster_py.gguf.quantize``), ``cols`` weights per row."""
+        from ..gguf.reader import GGUFTensor
+
+        t = quants.ggml_type(type_name)
+        blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+        rows = blocks.shape[0]
+        if blocks.ndim != 2 or cols % t.block_size or blocks.shape[1] != cols // t.block_size * t.type_size:
+            raise SterError(f"{name}: {list(blocks.shape)} bytes are not rows of {cols} {type_name} weights")
+        return cls(GGUFTensor(name, t.id, t.name, (cols, rows), (rows, cols), 0, blocks.nbytes, blocks.reshape(-1)))
+
     def __repr__(self) -> str:
         return f"QuantTensor({self.name!r}, {self.type_name}, shape={self.shape})"
 
@@ -203,22 +250,35 @@ class QuantTensor:
 
 
 class QuantLinear:
-    """y = x W^T + b with W a ``QuantTensor`` [out_features, in_features].
+    """y = x W^T + b with W a ``QuantTensor`` or a float16 / bfloat16 array [out_features, in_features].
 
     x float32 [T, in_features] (or [in_features]) -> float32 [T, out_features]: one
     fused row dot per output for T = 1, decoded 16-row panels shared by all tokens for
-    T > 1 (see ``cython/qmatmul.pyx``). Accumulation is float32. With AVX2 the T = 1 path
-    first rounds x to int16 per 32-input block (relative step 2^-15 of the block's largest
-    magnitude; llama.cpp uses int8 here, which moves real-model logits by ~3%, int16 by
-    ~2e-4) so a block is two integer multiply-adds; ``qmatmul.set_int16_activations(False)``
-    keeps float inputs.
+    T > 1 (see ``cython/qmatmul.pyx``). Accumulation is float32. For block-quantized W with
+    AVX2 the T = 1 path first rounds x to int16 per 32-input block (relative step 2^-15 of
+    the block's largest magnitude; llama.cpp uses int8 here, which moves real-model logits
+    by ~3%, int16 by ~2e-4) so a block is two integer multiply-adds;
+    ``qmatmul.set_int16_activations(False)`` keeps float inputs. 16-bit float W multiplies
+    float32 x exactly widened (AVX2 / AVX-512), or with AVX512_BF16 for bfloat16 the two
+    bfloat16 halves of x (``qmatmul.split_bf16``: 16 significant bits of each input).
+
+    Raises SterError for a weight that is neither.
     """
 
-    def __init__(self, weight: QuantTensor, bias: np.ndarray | None = None):
+    def __init__(self, weight, bias: np.ndarray | None = None):
         self.weight = weight
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.out_features, self.in_features = weight.shape
-        self._m = weight.qmatrix()
+        if isinstance(weight, QuantTensor):
+            self._m = weight.qmatrix()
+        elif is_half(weight):
+            rows = np.ascontiguousarray(weight)  # a view of the file when stored contiguously
+            self._m = _kernels().QMatrix(rows.view(np.uint8).reshape(rows.shape[0], -1), HALF_TYPE_IDS[rows.dtype],
+                                         rows.shape[1])
+            self._rows = rows  # the QMatrix reads these bytes
+        else:
+            raise SterError(f"QuantLinear takes a QuantTensor or a 2-D float16/bfloat16 array, got "
+                            f"{type(weight).__name__} {getattr(weight, 'dtype', '')}")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.__class__ is np.ndarray and x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous:
@@ -238,12 +298,16 @@ class QuantLinear:
         return out[0] if vector else out.reshape(*x.shape[:-1], self.out_features)
 
 
-def reference_matmul(x: np.ndarray, weight: QuantTensor) -> np.ndarray:
-    """The numpy reference: float64 [T, out] = x [T, in] @ dequantize_reference(W)^T.
+def reference_matmul(x: np.ndarray, weight) -> np.ndarray:
+    """The numpy reference: float64 [T, out] = x [T, in] @ dequantize_reference(W)^T, or
+    x @ W^T with a float16 / bfloat16 W widened exactly.
 
     (For the int16 decode path, pass the quantized input ``dx * q`` from
-    ``qmatmul.quantize_activations``.)
+    ``qmatmul.quantize_activations``; for the AVX512_BF16 decode path, hi + lo from
+    ``qmatmul.split_bf16``.)
     """
+    if is_half(weight):
+        return np.asarray(x, dtype=np.float64) @ weight.astype(np.float64).T
     raw = weight._raw if weight._order is None else weight._raw[weight._order]
     w = quants.dequantize_reference(np.ascontiguousarray(raw), weight.ggml_type, weight.shape)
     return np.asarray(x, dtype=np.float64) @ w.astype(np.float64).T
@@ -271,3 +335,40 @@ class QuantStack:
         if not 0 <= int(e) < self.shape[0]:
             raise SterError(f"expert {e} out of range for {self.name!r} with {self.shape[0]} experts")
         return QuantTensor(self.tensor, expert=int(e))
+
+
+# ---------------------------------------------------------------------------- --quantize
+
+#: --quantize names -> the block type of a matrix whose rows fit it.
+QUANTIZE_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K"}
+#: The output head (or the embedding it is tied to) under each --quantize: llama.cpp keeps its
+#: output matrix at a higher type than the layers (Q6_K for its Q4 presets); the quantizers
+#: here have no Q6_K (wt-exp's do: with them this can follow llama.cpp), so the head is Q8_0.
+HEAD_TYPE = {"q8_0": "Q8_0", "q4_0": "Q8_0", "q4_k": "Q8_0"}
+
+
+def block_type_for(name: str, cols: int) -> str | None:
+    """The block type of a matrix of rows of ``cols`` weights under --quantize ``name`` (a key of
+    ``QUANTIZE_TYPES``, or a block type): that type when the rows are whole blocks of it, else
+    llama.cpp's fallback when that fits (``gguf.quantize.fallback_type``: Q4_K -> Q5_0), else
+    None (the matrix is kept as stored)."""
+    from ..gguf.quantize import fallback_type
+
+    t = fallback_type(QUANTIZE_TYPES.get(name, name), cols)
+    return None if t in ("F16", "F32", "BF16") else t
+
+
+def quantize_matrix(w: np.ndarray, type_name: str, where: str = "matrix") -> np.ndarray:
+    """A float matrix [rows, K] -> uint8 [rows, row_bytes] blocks of ``type_name`` by
+    ``gguf.quantize.quantize``, after refusing inf/NaN weights (a damaged checkpoint: the
+    blocks of such a row mean nothing).
+
+    Raises:
+        SterError: inf or NaN in ``w`` (``where`` names the matrix), or what ``quantize`` raises.
+    """
+    from ..gguf.quantize import quantize
+
+    x = np.ascontiguousarray(w, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise SterError(f"{where} holds inf or NaN weights; the checkpoint is damaged and cannot be quantized")
+    return quantize(x, type_name)

@@ -124,7 +124,20 @@ LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
     "laguna": {"base": "freq_base", "swa_dims": True},
     "mimo2": {"base": 10000.0},
     "step35": {"base": 10000.0, "swa_dims": True, "full_dims_half": True},
+    # gemma4.cpp: the sliding layers have their own head width (attention.key_length_swa /
+    # value_length_swa, llama-hparams' n_embd_head_k_swa) and rotate rope.dimension_count_swa of it at
+    # rope.freq_base_swa (default 10000); rope_freqs applies to the full layers only
+    "gemma4": {"base": 10000.0, "swa_dims": True, "swa_width": True},
 }
+# Architectures whose last layers reuse earlier layers' keys and values (llama-model.cpp's kv-cache
+# "reuse" for Gemma 3n / Gemma 4): the metadata key counting them, n. Layer il >= first = block_count - n
+# attends over the cache of layer first - 2 if it slides, else of layer first - 1 (first must be >= 2).
+LLAMA_CPP_KV_SHARED = {"gemma4": "attention.shared_kv_layers"}
+# Architectures whose layers with keys but no attn_v take each value from its key projection
+# (gemma4.cpp: "if v_proj is not present, use Kcur as Vcur").
+LLAMA_CPP_V_FROM_K = ("gemma4",)
+# Architectures with per-layer inputs (gemma4.cpp): the width key; the table's rows are its vocabulary.
+LLAMA_CPP_PER_LAYER_INPUT = {"gemma4": "embedding_length_per_layer_input"}
 # deepseek2.cpp's loader takes a file without expert_gating_func for softmax (the DeepSeek-V2 files
 # before the key), except GLM-4.7-Flash, which it tells by its 47 or 48 layers and 154880 tokens.
 GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
@@ -551,11 +564,17 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                             f"{head_dim} ({arch}.attention.key_length, else embedding_length / head_count)")
         return d
 
+    # the sliding layers' own key / value head widths (None: the model's)
+    swa_head = g("attention.key_length_swa", int, head_dim) if swa.get("swa_width") else head_dim
+    swa_v_head = g("attention.value_length_swa", int, swa_head) if swa.get("swa_width") else v_head_dim
     if latent is not None:  # only the shared rope part rotates, over its own width
         rotary_dim = swa_dims = rope_width = latent.qk_rope_head_dim
     else:
         rotary_dim, rope_width = dims("rope.dimension_count", head_dim), head_dim
         swa_dims = dims("rope.dimension_count_swa", rotary_dim) if swa.get("swa_dims") else rotary_dim
+        if swa_dims > swa_head:
+            raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count_swa ({swa_dims}) must be at most "
+                            f"the sliding layers' head width {swa_head} ({arch}.attention.key_length_swa)")
         if swa.get("full_dims_half"):
             rotary_dim //= 2
             if rotary_dim % 2:
@@ -579,9 +598,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         scale = (_deepseek2_yarn(meta, arch, params, head_dim, path) if scaling == "yarn" and arch == "deepseek2"
                  else head_dim ** -0.5)
 
-    def make(p, rotated=rotary_dim):
-        return make_rope(p, head_dim=rope_width, max_position_embeddings=max_pos,
-                         partial_rotary_factor=rotated / rope_width, interleaved=family.rope_interleaved,
+    def make(p, rotated=rotary_dim, width=rope_width):
+        return make_rope(p, head_dim=width, max_position_embeddings=max_pos,
+                         partial_rotary_factor=rotated / width, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
     full = make(params)
@@ -619,12 +638,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     sliding_rope = full
     if meta.get(f"{arch}.rope.freq_base_swa") is not None and swa.get("swa_base_read", True):
         sliding_rope = make({"rope_type": "default", "rope_theta": g("rope.freq_base_swa", float, positive=True)},
-                            swa_dims)
+                            swa_dims, swa_head)
     elif arch == "gemma3" and window:
         sliding_rope = make({"rope_type": "default", "rope_theta": LLAMA_CPP_FIXED["gemma3.swa_rope_base"]})
     elif swa.get("base") is not None and window:
         base = params["rope_theta"] if swa["base"] == "freq_base" else swa["base"]
-        sliding_rope = make({"rope_type": "default", "rope_theta": base}, swa_dims)
+        sliding_rope = make({"rope_type": "default", "rope_theta": base}, swa_dims, swa_head)
     chunked = LLAMA_CPP_CHUNKED.get(arch)
     chunks = [None] * n_layers
     temperature = None
@@ -635,6 +654,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         temperature = chunked["temperature"]
         if moe is not None and moe.router.num_experts == chunked["no_qk_norm_experts"]:
             family = replace(family, qk_norm=None)
+    shared = _kv_shared(meta, arch, sliding, n_all, path)
     no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
     rotated = _rope_flags(meta, arch, n_layers, path)
     recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
@@ -663,6 +683,17 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["moe"] = clamps[i]
         if arch in LLAMA_CPP_SCALED_JOIN:
             own["residual"] = (residual, 1.0, residual, 1.0)
+        if sliding[i] and swa_head != head_dim:
+            own["head_dim"] = swa_head
+        if sliding[i] and swa_v_head != (v_head_dim if swa_head == head_dim else swa_head):
+            own["v_head_dim"] = swa_v_head
+        elif sliding[i] and swa_head != head_dim:
+            own.pop("v_head_dim", None)
+        if shared[i] is not None:
+            own["kv_source"] = shared[i]
+        elif (arch in LLAMA_CPP_V_FROM_K and tensors is not None
+              and f"blk.{i}.attn_v.weight" not in tensors and f"blk.{i}.attn_qkv.weight" not in tensors):
+            own["v_from_k"] = True
         # llama.cpp reads a layer's sinks when the file holds them (mimo2.cpp)
         if family.sinks and tensors is not None and "sinks" in family.gguf_names:
             own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
@@ -728,8 +759,54 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
              if family.recurrent == "lightning"  # minimax-01.cpp: its read-out norm takes the model's epsilon
              else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None),
         residual_normed=arch in LLAMA_CPP_SCALED_JOIN,
+        **_per_layer_input(meta, arch, tensors, path),
         **fields,
     )
+
+
+def _kv_shared(meta: Mapping, arch: str, sliding: list[bool], n_all: int, path: str) -> list[int | None]:
+    """Per layer, the earlier layer whose keys and values it attends over (``LLAMA_CPP_KV_SHARED``), or None.
+
+    Raises:
+        SterError: a count that leaves fewer than two layers computing keys and values, or a layer
+            that would reuse the cache of a layer of the other kind (sliding / full attention), whose
+            window and head width differ.
+    """
+    key = LLAMA_CPP_KV_SHARED.get(arch)
+    n = meta.get(f"{arch}.{key}") if key else None
+    out: list[int | None] = [None] * len(sliding)
+    if not n:
+        return out
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 0 < n <= n_all - 2:
+        raise SterError(f"{path}: GGUF metadata {arch}.{key} must be a whole number leaving at least two of the "
+                        f"{n_all} layers their own keys and values, got {brief_value(n)}")
+    first = n_all - int(n)
+    for i in range(first, len(sliding)):
+        src = first - (2 if sliding[i] else 1)
+        if sliding[src] != sliding[i]:
+            kinds = ("full", "sliding")
+            raise SterError(f"{path}: llama.cpp's {arch} makes layer {i} ({kinds[sliding[i]]} attention) reuse the "
+                            f"keys and values of layer {src}, a {kinds[sliding[src]]}-attention layer "
+                            f"({arch}.{key} = {int(n)}; layers {first - 2} and {first - 1} must slide and attend "
+                            "fully); ster does not run this file")
+        out[i] = src
+    return out
+
+
+def _per_layer_input(meta: Mapping, arch: str, tensors: Mapping | None, path: str) -> dict:
+    """``per_layer_input`` and ``per_layer_vocab`` of an architecture with per-layer inputs
+    (``LLAMA_CPP_PER_LAYER_INPUT``): the width from the metadata (0: none), the vocabulary from the
+    rows of the ``per_layer_token_embd`` table; {} for other architectures."""
+    key = LLAMA_CPP_PER_LAYER_INPUT.get(arch)
+    if key is None:
+        return {}
+    width = _layer_values(meta, f"{arch}.{key}", 1, path, 0)[0]
+    if not width:
+        return {}
+    shape = (tensors or {}).get("per_layer_token_embd.weight")
+    if shape is None or len(shape) != 2:
+        raise SterError(f"{path}: {arch}.{key} is {width}, but the file holds no 2-D per_layer_token_embd table")
+    return {"per_layer_input": int(width), "per_layer_vocab": int(shape[0])}
 
 
 def _recurrent_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:

@@ -1,0 +1,198 @@
+/* AVX-512 kernels, chosen at run time beside the AVX2 and portable ones (ster_qkernels.h
+ * includes this inside its x86 section; ster_cpu_level says what the CPU runs):
+ *
+ *   - STER_ISA_AVX512 (F/BW/VL/DQ): 16-bit float row dots sixteen weights per FMA, and the
+ *     mat-mat register tile of 12 tokens x 16 outputs in zmm registers (the AVX2 tile is
+ *     6 x 16 in ymm);
+ *   - STER_ISA_VNNI (+ AVX512_VNNI): Q6_K's int16-activation row dot with vpdpwssd: 32
+ *     weights' codes (widened to words) times 32 int16 inputs summed in pairs into 16 int32
+ *     lanes in one instruction, where AVX2 needs two vpmaddwd and an add (1.2x). The other
+ *     types keep their AVX2 row dots at this level: their VNNI versions measured slower
+ *     (ster_dot16_vnni_for);
+ *   - STER_ISA_BF16 (+ AVX512_BF16): bfloat16 row dots with vdpbf16ps, the input split
+ *     into two bfloat16 halves (ster_split_bf16) so that it keeps 16 of float32's 24 bits:
+ *     two vdpbf16ps per 32 weights, no widening of the weights.
+ *
+ * Every function computes what its AVX2 counterpart computes (same codes, scales and
+ * inputs), with float32 sums in another order; tests/test_qmatmul.py checks each level
+ * against the numpy references with the others forced off.
+ */
+#ifndef STER_X512_H
+#define STER_X512_H
+
+#define STER_T512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define STER_X512 __attribute__((target(STER_T512)))
+#define STER_X512_INLINE static inline __attribute__((always_inline, target(STER_T512)))
+#define STER_VNNI __attribute__((target(STER_T512 ",avx512vnni")))
+#define STER_VNNI_INLINE static inline __attribute__((always_inline, target(STER_T512 ",avx512vnni")))
+#define STER_X512BF16 __attribute__((target(STER_T512 ",avx512vnni,avx512bf16")))
+
+/* ------------------------------------------------------------------------- */
+/* 16-bit float rows                                                         */
+
+STER_X512_INLINE __m512 ster_bf16x16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+STER_X512_INLINE __m512 ster_f16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+
+/* The last n < 16 weights: masked loads (lanes past n are zero in both operands). */
+STER_X512_INLINE __m512 ster_half_tail16(int type, const uint16_t* w, const float* x, int n) {
+    const __mmask16 m = (__mmask16)((1u << n) - 1u);
+    __m256i h = _mm256_maskz_loadu_epi16(m, w);
+    __m512 wf = type == STER_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                                  : _mm512_cvtph_ps(h);
+    return _mm512_mul_ps(wf, _mm512_maskz_loadu_ps(m, x));
+}
+
+#define STER_HALF_DOT_512(NAME, WIDEN, TYPE) \
+    static STER_X512 float NAME(const uint8_t* row, int n, const float* x, const float* xs16) { \
+        const uint16_t* w = (const uint16_t*)row; \
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps(); \
+        int k = 0; \
+        (void)xs16; \
+        for (; k + 64 <= n; k += 64) { \
+            a0 = _mm512_fmadd_ps(WIDEN(w + k), _mm512_loadu_ps(x + k), a0); \
+            a1 = _mm512_fmadd_ps(WIDEN(w + k + 16), _mm512_loadu_ps(x + k + 16), a1); \
+            a2 = _mm512_fmadd_ps(WIDEN(w + k + 32), _mm512_loadu_ps(x + k + 32), a2); \
+            a3 = _mm512_fmadd_ps(WIDEN(w + k + 48), _mm512_loadu_ps(x + k + 48), a3); \
+        } \
+        for (; k + 16 <= n; k += 16) a0 = _mm512_fmadd_ps(WIDEN(w + k), _mm512_loadu_ps(x + k), a0); \
+        if (k < n) a1 = _mm512_add_ps(a1, ster_half_tail16(TYPE, w + k, x + k, n - k)); \
+        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+    }
+STER_HALF_DOT_512(ster_dot_bf16_x512, ster_bf16x16, STER_BF16)
+STER_HALF_DOT_512(ster_dot_f16_x512, ster_f16x16, STER_F16)
+#undef STER_HALF_DOT_512
+
+/* bfloat16 row . (hi + lo): vdpbf16ps multiplies 32 weights by 32 bfloat16 inputs, summing
+ * each pair into one of 16 float32 lanes. Weights pair up as stored, so they are used as
+ * loaded. Lanes past n are masked to zero in both operands. */
+static STER_X512BF16 float ster_dot_bf16_dp(const uint8_t* row, int n, const uint16_t* xh, const uint16_t* xl) {
+    const uint16_t* w = (const uint16_t*)row;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int k = 0;
+#define STER_BH(p) ((__m512bh)_mm512_loadu_si512((const void*)(p)))
+    for (; k + 64 <= n; k += 64) {
+        __m512bh w0 = STER_BH(w + k), w1 = STER_BH(w + k + 32);
+        a0 = _mm512_dpbf16_ps(a0, w0, STER_BH(xh + k));
+        a1 = _mm512_dpbf16_ps(a1, w0, STER_BH(xl + k));
+        a2 = _mm512_dpbf16_ps(a2, w1, STER_BH(xh + k + 32));
+        a3 = _mm512_dpbf16_ps(a3, w1, STER_BH(xl + k + 32));
+    }
+#undef STER_BH
+    for (; k < n; k += 32) {
+        const __mmask32 m = n - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1u);
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
+        a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, xh + k));
+        a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, xl + k));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3)));
+}
+
+static ster_dot_fn ster_dot_x512_for(int type) {
+    switch (type) {
+    case STER_BF16: return ster_dot_bf16_x512;
+    case STER_F16: return ster_dot_f16_x512;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* int16-activation row dots with AVX512_VNNI                                 */
+
+/* 32 int16 codes (in input order) . 32 int16 inputs -> 16 int32 pair sums. */
+STER_VNNI_INLINE __m512i ster_dpw(__m512i codes, const int16_t* x) {
+    return _mm512_dpwssd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void*)x));
+}
+
+/* Q6_K: unit u = 4h + j (32 weights): codes 0..63 from the low (j < 2) or high nibbles of
+ * ql bytes 64h + 32(j & 1) .. +31 and bits 2j, 2j + 1 of qh bytes 32h .. +31, built as bytes
+ * then widened to words for one vpdpwssd; its 16 lanes are sub-blocks 2u (lanes 0-7) and
+ * 2u + 1 (lanes 8-15), whose factors d * sc * dx are one permutation of the block's sixteen.
+ * The codes' -32 goes to the sum-of-inputs term, as in the AVX2 kernel. */
+static STER_VNNI float ster_dot16_q6_k_vnni(const uint8_t* row, int nb, const int16_t* x, const float* dx,
+                                            const float* xs16) {
+    const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    const __m512i pairs = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+    int b, h, j;
+    for (b = 0; b < nb; b++, x += 256, dx += 8, xs16 += 16) {
+        const uint8_t* blk = row + (size_t)b * 210;
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(ster_f16_avx2(blk + 208)),
+                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 192)))));
+        const __m512 fac = _mm512_mul_ps(s, _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(dx))));
+        macc = _mm512_fmadd_ps(s, _mm512_loadu_ps(xs16), macc);
+        for (h = 0; h < 2; h++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * h));
+            for (j = 0; j < 4; j++) {
+                const int u = 4 * h + j;
+                __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 64 * h + 32 * (j & 1)));
+                q = _mm256_and_si256(j < 2 ? q : _mm256_srli_epi16(q, 4), m15);
+                __m256i t = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m3);
+                q = _mm256_or_si256(q, _mm256_slli_epi16(t, 4));
+                __m512 p = _mm512_cvtepi32_ps(ster_dpw(_mm512_cvtepu8_epi16(q), x + 32 * u));
+                __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * u)),
+                                                 _mm256_set1_epi32(2 * u + 1), 1);
+                if (u & 1) acc1 = _mm512_fmadd_ps(p, _mm512_permutexvar_ps(idx, fac), acc1);
+                else acc0 = _mm512_fmadd_ps(p, _mm512_permutexvar_ps(idx, fac), acc0);
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - 32.0f * _mm512_reduce_add_ps(macc);
+}
+
+/* The VNNI row dot of a type, or NULL (the AVX2 one serves that type at this level).
+ * Measured and left out (one thread, 512 x 2048 matrices in cache, against the AVX2 kernels
+ * in the same process): zmm VNNI row dots for Q4_0 (0.80x), Q4_1 (0.56x), Q8_0 (0.92x) and
+ * Q4_K (0.86x), and a Q4_K with 256-bit vpdpwssd (0.88x); see runbook/performance.md. */
+static ster_dot16_fn ster_dot16_vnni_for(int type) {
+    return type == STER_Q6_K ? ster_dot16_q6_k_vnni : 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Mat-mat register tile: 12 tokens x 16 outputs                             */
+
+#define STER_MR512 12
+
+/* C[t, n] (+)= sum_k A[t, k] * B[k, n] for t < mt (<= 12), n < nv over a packed panel
+ * B [kc][16], as ster_micro_avx2 does with 6 tokens: one zmm accumulator per token, the
+ * panel row loaded once per k and each token's input broadcast from memory. Rows t >= mt
+ * repeat row mt - 1 and are dropped. */
+static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, const float* B, float* C, int ldc,
+                                      int nv, int accumulate) {
+#define STER_AROW(i) const float* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
+    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
+    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
+#undef STER_AROW
+    __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(), c3 = _mm512_setzero_ps();
+    __m512 c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps(), c6 = _mm512_setzero_ps(), c7 = _mm512_setzero_ps();
+    __m512 c8 = _mm512_setzero_ps(), c9 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(), c11 = _mm512_setzero_ps();
+    int k, t;
+    for (k = 0; k < kc; k++) {
+        const __m512 b = _mm512_loadu_ps(B + STER_NR * k);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a0[k]), b, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a1[k]), b, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a2[k]), b, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a3[k]), b, c3);
+        c4 = _mm512_fmadd_ps(_mm512_set1_ps(a4[k]), b, c4);
+        c5 = _mm512_fmadd_ps(_mm512_set1_ps(a5[k]), b, c5);
+        c6 = _mm512_fmadd_ps(_mm512_set1_ps(a6[k]), b, c6);
+        c7 = _mm512_fmadd_ps(_mm512_set1_ps(a7[k]), b, c7);
+        c8 = _mm512_fmadd_ps(_mm512_set1_ps(a8[k]), b, c8);
+        c9 = _mm512_fmadd_ps(_mm512_set1_ps(a9[k]), b, c9);
+        c10 = _mm512_fmadd_ps(_mm512_set1_ps(a10[k]), b, c10);
+        c11 = _mm512_fmadd_ps(_mm512_set1_ps(a11[k]), b, c11);
+    }
+    {
+        const __m512 acc[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+        const __mmask16 m = nv >= STER_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << nv) - 1u);
+        for (t = 0; t < mt; t++) {
+            float* ct = C + (size_t)t * ldc;
+            __m512 r = acc[t];
+            if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, ct));
+            _mm512_mask_storeu_ps(ct, m, r);
+        }
+    }
+}
+
+#endif /* STER_X512_H */

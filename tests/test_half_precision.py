@@ -1,0 +1,190 @@
+"""16-bit float weights used as stored, and the thread bound.
+
+- The bf16 / f16 row kernels (``QuantLinear`` over a float16 / bfloat16 array) against
+  their numpy reference (the weights widened exactly, multiplied in float64), within the
+  float32 rounding bound of a K-term dot product: one and several tokens, row dots and
+  decoded panels, 1 and 2 threads, row lengths with and without a vector tail, at every
+  instruction-set level this CPU runs (portable, AVX2, AVX-512, AVX512_BF16), each forced
+  with the ones above it off. The AVX512_BF16 row dots multiply the input split in two
+  bfloat16 halves; their reference multiplies that split (``qmatmul.split_bf16``), itself
+  checked against its definition with ml_dtypes.
+- A checkpoint saved in bf16 (and one in f16) by transformers runs with ``precision="auto"``:
+  its matrices stay views of the file, every projection is a 16-bit ``QuantLinear``, the
+  fused decode step takes every block, and logits match transformers on the same weights.
+- ``set_threads`` bounds numpy's BLAS pool (threadpoolctl) and tells child processes.
+"""
+import numpy as np
+import pytest
+
+import ml_dtypes
+from ster_py._kernels import qmatmul
+from ster_py.decoder.qlinear import QuantLinear, reference_matmul, set_threads
+from ster_py.errors import SterError
+
+from tiny import make_checkpoint, one_torch_thread, reference_logits  # noqa: F401  (autouse fixture)
+
+U = 2.0 ** -24
+LEVELS = qmatmul.SIMD_LEVELS[:qmatmul.SIMD_LEVELS.index(qmatmul.cpu_simd_level()) + 1]
+HALF = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    qmatmul.set_simd(True)
+    qmatmul.set_threads(2)
+
+
+def bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(4 sqrt(K) + 8) u sum_k |x_k w_k|: float32 rounding of a K-term dot product (as in test_qmatmul)."""
+    K = w.shape[1]
+    return (4 * np.sqrt(K) + 8) * U * (np.abs(x).astype(np.float64) @ np.abs(w.astype(np.float64)).T) + 1e-30
+
+
+def split_input(x: np.ndarray) -> np.ndarray:
+    """float64 hi + lo per row: the input the AVX512_BF16 row dots multiply."""
+    return np.stack([np.sum(qmatmul.split_bf16(np.ascontiguousarray(r)), axis=0, dtype=np.float64) for r in x])
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+@pytest.mark.parametrize("cols", [16, 35, 64, 577, 1024])
+def test_half_rows_match_numpy_every_level(kind, cols):
+    rng = np.random.default_rng(cols)
+    rows = 37
+    w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2.0, (rows, 1))).astype(HALF[kind])
+    lin = QuantLinear(w)
+    for T in (1, 5, 13):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        want = reference_matmul(x, w)
+        want_split = split_input(x) @ w.astype(np.float64).T
+        b = bound(x, w)
+        for level in LEVELS:
+            qmatmul.set_simd_level(level)
+            for threads in (1, 2):
+                qmatmul.set_threads(threads)
+                for force in (0, 1, 2):
+                    out = np.full((T, rows), np.nan, np.float32)
+                    lin._m.matmul(x, out, force)
+                    rowdots = force == 1 or (force == 0 and T == 1)
+                    ref = want_split if (kind == "bf16" and level == "avx512_bf16" and rowdots) else want
+                    excess = np.abs(out - ref) / b
+                    assert excess.max() <= 1.0, (kind, cols, T, level, threads, force, excess.max())
+
+
+def test_bf16_split_follows_its_definition():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300)).astype(np.float32)
+    x[:6] = [0.0, -0.0, 1.0, -3.0e38, 1e-40, 65504.0]
+    hi, lo = qmatmul.split_bf16(x)
+    want_hi = x.astype(ml_dtypes.bfloat16).astype(np.float32)   # round to nearest even
+    want_lo = (x - want_hi).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(hi, want_hi)
+    np.testing.assert_array_equal(lo, want_lo)
+    normal = np.abs(x) >= 2.0 ** -100
+    assert (np.abs(x[normal].astype(np.float64) - hi[normal] - lo[normal]) <= 2.0 ** -16 * np.abs(x[normal])).all()
+    assert qmatmul.split_bf16(np.array([1.0, np.inf], np.float32)) is None
+    assert qmatmul.split_bf16(np.array([np.nan], np.float32)) is None
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_half_rows_propagate_non_finite_inputs(kind):
+    """inf and NaN inputs give what float32 arithmetic gives (the bf16 split is skipped for them)."""
+    w = np.ones((3, 64), HALF[kind])
+    w[1] = -1
+    for level in LEVELS:
+        qmatmul.set_simd_level(level)
+        x = np.zeros((1, 64), np.float32)
+        x[0, 5] = np.inf
+        out = QuantLinear(w)(x)
+        assert out[0, 0] == np.inf and out[0, 1] == -np.inf, level
+        x[0, 6] = np.nan
+        assert np.isnan(QuantLinear(w)(x)).all(), level
+
+
+def test_quant_linear_refuses_other_weights():
+    with pytest.raises(SterError, match="float16/bfloat16"):
+        QuantLinear(np.ones((4, 8), np.float64))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_half_checkpoint_runs_as_stored(tmp_path, kind):
+    """A transformers checkpoint saved in bf16 / f16, loaded with precision 'auto': its
+    projections read the file's pages (no float32 copy), every block takes the fused decode
+    step, and logits match transformers (which widens the same weights to float32)."""
+    import torch
+
+    from ster_py.generate import Sampling, generate
+    from ster_py.load import load_model
+
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float16
+    model = make_checkpoint(tmp_path, "llama", dtype=dtype, hidden_size=64, intermediate_size=96)
+    m = load_model(str(tmp_path), precision="auto")
+    d = m.decoder
+    for layer in d.layers:
+        for role in ("q", "k", "v", "o", "gate", "up", "down"):
+            p = getattr(layer, role)
+            assert type(p) is QuantLinear and p.weight.dtype == HALF[kind], (layer.i, role)
+            assert not p.weight.flags.owndata  # a view of the memory map
+        assert layer.decode_step() is not None
+    ids = [1, 5, 9, 33, 7, 100, 64, 3]
+    ref, _ = reference_logits(model, ids)
+    ours = d.forward(ids)
+    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-5
+    # greedy decoding: the fused step and the Python blocks give the same tokens and logits
+    fused = generate(d, ids, Sampling(max_new_tokens=6), stop_ids=())
+    d.fuse_decode = False
+    plain = generate(d, ids, Sampling(max_new_tokens=6), stop_ids=())
+    assert fused.ids == plain.ids
+
+
+def test_precision_auto_keeps_stored_dtypes(tmp_path):
+    from ster_py.inspect import inspect_model
+    from ster_py.weights import SafetensorsWeights, resident_dtype
+
+    make_checkpoint(tmp_path, "llama", dtype=__import__("torch").bfloat16)
+    files = list(tmp_path.glob("*.safetensors"))
+    w = SafetensorsWeights(files, "auto")
+    t = w.get("model.layers.0.self_attn.q_proj.weight")
+    assert t.dtype == ml_dtypes.bfloat16 and not t.flags.owndata
+    assert resident_dtype("auto", np.float64) == np.float32 and resident_dtype("f16", ml_dtypes.bfloat16) == np.float16
+    info = inspect_model(str(tmp_path), precision="auto")
+    assert info["resident_bytes"] == 2 * info["parameters"]
+    assert inspect_model(str(tmp_path), precision="f32")["resident_bytes"] == 4 * info["parameters"]
+
+
+def test_set_threads_bounds_blas_and_children(monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        set_threads(1)
+        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+        assert blas and all(p["num_threads"] == 1 for p in blas)
+        import os
+
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["OMP_NUM_THREADS"] == "1"
+        assert qmatmul.get_threads() == 1
+    finally:
+        set_threads(2)
+    assert all(p["num_threads"] == 2 for p in threadpool_info() if p["user_api"] == "blas")
+
+
+def test_simd_level_env_caps_every_kernel_module():
+    """$STER_SIMD_LEVEL makes this CPU take a lower machine's paths (how the suite is run as on
+    an AVX2-only or a portable CPU): qmatmul's levels stop there, and at portable the AVX2 paths
+    of ops, scan and lightning are off too."""
+    import subprocess
+    import sys
+
+    code = ("from ster_py._kernels import qmatmul, ops, scan, lightning; import numpy as np\n"
+            "ops.set_simd(True); scan.set_simd(True); lightning.set_simd(True)\n"
+            "print(qmatmul.cpu_simd_level(), qmatmul.simd_level(), qmatmul.set_simd_level('avx512_bf16'), "
+            "ops.simd_enabled(), scan.simd_enabled(), lightning.simd_enabled())")
+    want_top = qmatmul.cpu_simd_level()
+    for cap in ("portable", "avx2", "avx512"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**__import__("os").environ, "STER_SIMD_LEVEL": cap})
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = min(qmatmul.SIMD_LEVELS.index(cap), qmatmul.SIMD_LEVELS.index(want_top))
+        assert r.stdout.split() == [qmatmul.SIMD_LEVELS[got]] * 3 + [str(got > 0)] * 3, (cap, r.stdout)
