@@ -2,7 +2,8 @@
 
 - The quantizers (``ster_py.gguf.quantize``: Q8_0, Q4_0, Q5_0, Q4_K) against llama.cpp's
   own (``ggml_quantize_chunk`` of the pinned llama-cpp-python's libggml-base, run in a
-  child process): the numpy references give the same bytes on random matrices with the
+  child process; gguf-py's for Q4_0 and Q5_0, whose ties llama.cpp's C code rounds otherwise):
+  the numpy references give the same bytes on random matrices with the
   cases their branches meet (blocks of zeros and signed zeros, ties, constant and one-signed
   blocks, tiny and huge scales), and the Cython kernels give the references' bytes on 1 and
   2 threads, at every SIMD level (the AVX2 Q4_K search and the portable one).
@@ -94,11 +95,21 @@ def test_quantizers_equal_llama_cpp(tmp_path):
     rng = np.random.default_rng(21)
     cases = {f"{t.replace('_', '')}x{n}": (t, hard_matrix(rng, 48, 512)) for t in ON_LOAD_TYPES for n in range(2)}
     want = llama_cpp_blocks(tmp_path, cases)
+    import gguf.quants
+
     for name, (type_name, x) in cases.items():
         ref = Q.quantize_reference(x, type_name)
         assert ref.shape == want[name].shape, name
-        bad = np.argwhere(ref != want[name])
-        assert bad.size == 0, f"{name}: {len(bad)} bytes differ from llama.cpp's, first at row/byte {bad[0]}"
+        if type_name in ("Q4_0", "Q5_0"):
+            # gguf-py's legacy quantizers (what llama.cpp's converter writes with) and llama.cpp's C ones
+            # round some of the crafted ties differently (16-24 bytes of these matrices); ster follows
+            # gguf-py, the oracle issue 20 names for the legacy types, and equals llama.cpp's C elsewhere.
+            oracle = gguf.quants.quantize(x, getattr(gguf.GGMLQuantizationType, type_name)).reshape(ref.shape)
+            assert int((oracle != want[name]).sum()) <= 32, name
+        else:
+            oracle = want[name]
+        bad = np.argwhere(ref != oracle)
+        assert bad.size == 0, f"{name}: {len(bad)} bytes differ from the oracle's, first at row/byte {bad[0]}"
         for level in LEVELS:
             qmatmul.set_simd_level(level)
             for threads in (1, 2):
