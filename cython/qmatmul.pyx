@@ -54,11 +54,6 @@ cdef extern from "ster_qkernels.h" nogil:
     void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
                            int K, const float* X, int T, float* Y, int ldy, float* pack, int simd)
 
-cdef extern from "ster_quantize.h" nogil:
-    int ster_quantize_rows(int type, const float* X, int K, uint8_t* Y, size_t row_bytes, long r0, long r1,
-                           int simd)
-
-
 MAX_THREADS = 1024  # more than any machine this runs on; the pool itself stops at 64 helpers
 
 
@@ -247,43 +242,6 @@ def quantize_activations(const float[:, ::1] x):
         if K and not ster_quantize16(&x[t, 0], K, &qv[t, 0], &dv[t, 0], &sv[t, 0]):
             raise ValueError("inputs are not finite")
     return q, dx
-
-
-ctypedef struct _QuantizeJob:
-    int typ, K, simd
-    long rows, chunk
-    const float* X
-    uint8_t* Y
-    size_t rb
-
-
-cdef void _quantize_task(void* ctx, long c, int tid) noexcept nogil:
-    cdef _QuantizeJob* j = <_QuantizeJob*>ctx
-    ster_quantize_rows(j.typ, j.X, j.K, j.Y, j.rb, c * j.chunk, min(j.rows, (c + 1) * j.chunk), j.simd)
-
-
-def quantize_rows(const float[:, ::1] x, int type_id, uint8_t[:, ::1] out, int threads=0):
-    """Quantize float32 rows x [rows, K] into GGML blocks out [rows, row_bytes] (``ster_quantize.h``:
-    Q8_0 = 8, Q4_0 = 2, Q5_0 = 6, Q4_K = 12; llama.cpp's reference quantizers, byte for byte)
-    on ``threads`` threads of the pool (0: the products' setting), with the AVX2 Q4_K search unless
-    ``set_simd_level("portable")`` (both give the same bytes). K must be a whole number of
-    the type's blocks and x finite (the caller checks; ``ster_py.gguf.quantize.quantize``).
-    Raises ValueError for another type or mismatched shapes."""
-    cdef int bs = ster_block_size(type_id)
-    if type_id not in (2, 6, 8, 12):
-        raise ValueError(f"no quantizer for GGML type id {type_id}")
-    cdef int K = x.shape[1]
-    if K % bs or out.shape[0] != x.shape[0] or out.shape[1] != (K // bs) * ster_type_size(type_id):
-        raise ValueError("x must be [rows, a multiple of the block size], out [rows, row bytes]")
-    cdef _QuantizeJob j
-    j.typ, j.K, j.rows, j.rb, j.simd = type_id, K, x.shape[0], out.shape[1], _simd
-    if j.rows == 0 or K == 0:
-        return
-    j.X, j.Y = &x[0, 0], &out[0, 0]
-    cdef int nt = threads if threads > 0 else _threads
-    j.chunk = max(1, min(64, (j.rows + 8 * nt - 1) // (8 * nt)))
-    with nogil:
-        ster_pool_run((j.rows + j.chunk - 1) // j.chunk, _quantize_task, &j, nt)
 
 
 def supported_type_ids():

@@ -1,340 +1,484 @@
-/* Block quantizers: float32 rows -> GGML Q8_0, Q4_0, Q5_0 and Q4_K blocks.
+/* Block quantizers: float32 rows -> GGML blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
  *
- * The blocks llama.cpp's reference quantizers make (ggml-quants.c, no importance
- * matrix), restated in numpy by ster_py/gguf/quantize.py (*_reference), which these
- * must equal byte for byte: every float operation below is a float32 operation in
- * the order the definition gives it, and the build keeps the compiler from fusing
- * multiplies and adds (setup.py: -ffp-contract=off), so no rounding differs.
+ * Legacy types (32 weights a block) round to nearest in float32 exactly as gguf-py's
+ * gguf/quants.py does (itself a restatement of llama.cpp's quantize_row_*_ref), so their
+ * bytes are bit-equal to gguf-py's. K-quants (256-weight super-blocks) follow llama.cpp's
+ * reference quantizers in ggml-quants.c (quantize_row_q{4,5,6}_K_ref, no importance
+ * matrix): per 32-weight sub-block a weighted search over 21 (Q4_K) or 16 (Q5_K) candidate
+ * scales for the scale/min pair that minimises squared error (make_qkx2_quants); per
+ * 16-weight sub-block of Q6_K a search over 19 candidate scales weighted by x^2
+ * (make_qx_quants); then the sub-block scales are themselves quantized against the
+ * super-block's f16 scale, and the codes are recomputed from the stored scales.
+ *
+ * The arithmetic is float32 in the order the references write it; the module is compiled
+ * with -ffp-contract=off (no fused multiply-add), so the numpy reference in
+ * ster_py/gguf/quantize.py (which accumulates element by element in the same order) gives
+ * the same bytes. Sums over a sub-block are sequential, never pairwise or vectorised.
  */
 #ifndef STER_QUANTIZE_H
 #define STER_QUANTIZE_H
 
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
-/* float -> IEEE half bits, round to nearest even (NaN and inf kept; inputs are finite). */
-static uint16_t ster_to_f16(float f) {
-    uint32_t b, sign, mant;
-    int exp;
-    memcpy(&b, &f, 4);
-    sign = (b >> 16) & 0x8000u;
-    b &= 0x7FFFFFFFu;
-    if (b >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (b > 0x7F800000u ? 0x200u : 0));
-    if (b >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);   /* rounds to inf (>= 65520) */
-    exp = (int)(b >> 23) - 127;
-    if (exp < -14) {   /* a subnormal half (or zero): value / 2^-24, rounded to nearest even */
-        if (exp < -25) return (uint16_t)sign;
-        mant = (b & 0x7FFFFFu) | 0x800000u;
-        {
-            int shift = -exp - 1;   /* mant * 2^(exp - 23) / 2^-24 = mant >> (-1 - exp) */
-            uint32_t q = mant >> shift, rest = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
-            if (rest > half || (rest == half && (q & 1u))) q++;
-            return (uint16_t)(sign | q);
-        }
+#define STER_QK_K 256
+
+/* float -> IEEE half bits, round to nearest even; overflow -> inf, NaN stays NaN (quiet),
+ * subnormal halves rounded correctly (as numpy's astype(float16) and GGML_FP32_TO_FP16). */
+static inline uint16_t sq_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t e = (x >> 23) & 0xFFu;
+    uint32_t m = x & 0x7FFFFFu;
+    if (e == 0xFF) {                                   /* inf or NaN */
+        return (uint16_t)(sign | 0x7C00u | (m ? (0x200u | (m >> 13)) : 0u));
     }
-    mant = b & 0x7FFFFFu;
-    {
-        uint32_t h = ((uint32_t)(exp + 15) << 10) | (mant >> 13), rest = mant & 0x1FFFu;
-        if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;   /* a carry moves into the exponent */
+    int32_t he = (int32_t)e - 127 + 15;                /* biased half exponent */
+    if (he >= 31) return (uint16_t)(sign | 0x7C00u);   /* too large: inf */
+    if (he <= 0) {                                     /* half subnormal (or zero) */
+        if (he < -10) return (uint16_t)sign;           /* below half the smallest subnormal */
+        uint32_t mant = m | 0x800000u;                 /* implicit one */
+        uint32_t shift = (uint32_t)(14 - he);          /* 24-bit mantissa -> 10 - (1 - he) bits */
+        uint32_t h = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h += 1;
         return (uint16_t)(sign | h);
     }
+    uint32_t h = ((uint32_t)he << 10) | (m >> 13);
+    uint32_t rem = m & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1;  /* may carry into the exponent: fine */
+    return (uint16_t)(sign | h);
 }
 
-static float ster_from_f16(uint16_t h) {
-    uint8_t p[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
-    return ster_f16(p);
+static inline float sq_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu;
+    uint32_t m = h & 0x3FFu;
+    uint32_t bits;
+    float f;
+    if (e == 0) {
+        f = (float)m * 5.9604644775390625e-08f;          /* m * 2^-24, exact */
+        return sign ? -f : f;
+    }
+    if (e == 31) bits = sign | 0x7F800000u | (m << 13);
+    else bits = sign | ((e + 112u) << 23) | (m << 13);
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
-static void ster_put16(uint8_t* p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void sq_put_f16(uint8_t* p, float f) {
+    uint16_t h = sq_f32_to_f16(f);
+    p[0] = (uint8_t)(h & 0xFF);
+    p[1] = (uint8_t)(h >> 8);
+}
 
-/* ggml's nearest_int: add 1.5 * 2^23 in float32 and read the low mantissa bits. */
-static inline int ster_nearest_int(float f) {
-    float v = f + 12582912.0f;
+static inline float sq_get_f16(const uint8_t* p) {
+    return sq_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* Round half away from zero (C's roundf; gguf-py's np_roundf). */
+static inline float sq_round_away(float v) {
+    return roundf(v);
+}
+
+/* Round to nearest, ties to even, for |v| < 2^22: the magic-number trick of llama.cpp's
+ * nearest_int (adding 1.5 * 2^23 leaves the rounded integer in the low mantissa bits). */
+static inline int sq_nearest_int(float v) {
+    float t = v + 12582912.0f;
     int32_t i;
-    memcpy(&i, &v, 4);
+    memcpy(&i, &t, 4);
     return (i & 0x007FFFFF) - 0x00400000;
 }
 
-static void ster_quantize_q8_0(const float* x, uint8_t* y, int nb) {
-    int i, j;
-    for (i = 0; i < nb; i++, x += 32, y += 34) {
+/* ------------------------------------------------------------------ legacy, 32 weights */
+
+/* Q8_0: d = max|x| / 127, q = round(x / d). 34 bytes: d (f16), 32 x int8. */
+static void sq_q8_0(const float* x, uint8_t* y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, x += 32, y += 34) {
         float amax = 0.0f;
-        for (j = 0; j < 32; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]);
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        ster_put16(y, ster_to_f16(d));
-        for (j = 0; j < 32; j++) {   /* roundf (halves away from zero), exactly: |x * id| <= 127 */
-            const float v = x[j] * id;
-            int t = (int)v;
-            const float rest = v - (float)t;   /* exact */
-            t += (rest >= 0.5f) - (rest <= -0.5f);
-            y[2 + j] = (uint8_t)(int8_t)t;
+        for (int i = 0; i < 32; ++i) {
+            float a = fabsf(x[i]);
+            if (a > amax) amax = a;
+        }
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sq_put_f16(y, d);
+        for (int i = 0; i < 32; ++i) y[2 + i] = (uint8_t)(int8_t)(int)sq_round_away(x[i] * id);
+    }
+}
+
+/* The signed weight of largest magnitude (the first, on ties: numpy's argmax, so that a block of
+ * negative zeros keeps gguf-py's sign of d). */
+static inline float sq_signed_max(const float* x) {
+    float amax = fabsf(x[0]), max = x[0];
+    for (int i = 1; i < 32; ++i) {
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
+    }
+    return max;
+}
+
+/* Q4_0 / Q5_0: d = max / -8 (or -16), q = min(top, trunc(x / d + 8.5 (16.5))). */
+static void sq_q4_0(const float* x, uint8_t* y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, x += 32, y += 18) {
+        float d = sq_signed_max(x) / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sq_put_f16(y, d);
+        for (int j = 0; j < 16; ++j) {
+            float a = truncf(x[j] * id + 8.5f), c = truncf(x[j + 16] * id + 8.5f);
+            uint8_t lo = (uint8_t)(a > 15.0f ? 15.0f : a), hi = (uint8_t)(c > 15.0f ? 15.0f : c);
+            y[2 + j] = (uint8_t)(lo | (hi << 4));
         }
     }
 }
 
-/* Q4_0 (levels 8, 4 bits) and Q5_0 (levels 16, 5 bits): d = (the value of largest
- * magnitude, the first of a tie) / -levels; codes min(2 levels - 1, trunc(x / d + levels + 0.5)). */
-static void ster_quantize_q4_0_q5_0(const float* x, uint8_t* y, int nb, int five) {
-    const int levels = five ? 16 : 8, top = 2 * levels - 1, ts = five ? 22 : 18;
-    int i, j;
-    for (i = 0; i < nb; i++, x += 32, y += ts) {
-        float amax = 0.0f, max = 0.0f;
-        for (j = 0; j < 32; j++)
-            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-        const float d = max / (float)-levels, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint8_t* qs = y + (five ? 6 : 2);
+static void sq_q5_0(const float* x, uint8_t* y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, x += 32, y += 22) {
+        float d = sq_signed_max(x) / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t q[32];
         uint32_t qh = 0;
-        ster_put16(y, ster_to_f16(d));
-        for (j = 0; j < 16; j++) {
-            int a = (int8_t)(x[j] * id + ((float)levels + 0.5f)), b = (int8_t)(x[j + 16] * id + ((float)levels + 0.5f));
-            a = a < top ? a : top;
-            b = b < top ? b : top;
-            qs[j] = (uint8_t)((a & 15) | ((b & 15) << 4));
-            qh |= ((uint32_t)(a >> 4) & 1u) << j;
-            qh |= ((uint32_t)(b >> 4) & 1u) << (j + 16);
+        for (int i = 0; i < 32; ++i) {
+            float a = truncf(x[i] * id + 16.5f);
+            q[i] = (uint8_t)(a > 31.0f ? 31.0f : a);
+            qh |= (uint32_t)(q[i] >> 4) << i;
         }
-        if (five) { y[2] = (uint8_t)qh; y[3] = (uint8_t)(qh >> 8); y[4] = (uint8_t)(qh >> 16); y[5] = (uint8_t)(qh >> 24); }
+        sq_put_f16(y, d);
+        for (int k = 0; k < 4; ++k) y[2 + k] = (uint8_t)(qh >> (8 * k));
+        for (int j = 0; j < 16; ++j) y[6 + j] = (uint8_t)((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
     }
 }
 
-/* ggml's make_qkx2_quants for n = 32, nmax 15, rmin -1, rdelta 0.1, 20 steps, squared
- * error: codes L and (scale, -min) with x ~= scale * L + min, the best weighted fit among
- * 21 trial scales (each trial starts from the min of the best fit so far). */
-static float ster_qkx2(const float* x, const float* w, uint8_t* L, float* the_min) {
-    uint8_t La[32];
-    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0], best, scale, iscale;
-    int i, is;
-    for (i = 1; i < 32; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
+/* Q4_1 / Q5_1: d = (max - min) / 15 (31), m = min, q = min(top, trunc((x - min) / d + 0.5)). */
+static inline void sq_min_max(const float* x, float* lo, float* hi) {
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < 32; ++i) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+    }
+    *lo = mn;
+    *hi = mx;
+}
+
+static void sq_q4_1(const float* x, uint8_t* y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, x += 32, y += 20) {
+        float mn, mx;
+        sq_min_max(x, &mn, &mx);
+        float d = (mx - mn) / 15.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sq_put_f16(y, d);
+        sq_put_f16(y + 2, mn);
+        for (int j = 0; j < 16; ++j) {
+            float a = truncf((x[j] - mn) * id + 0.5f), c = truncf((x[j + 16] - mn) * id + 0.5f);
+            uint8_t lo = (uint8_t)(a > 15.0f ? 15.0f : a), hi = (uint8_t)(c > 15.0f ? 15.0f : c);
+            y[4 + j] = (uint8_t)(lo | (hi << 4));
+        }
+    }
+}
+
+static void sq_q5_1(const float* x, uint8_t* y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, x += 32, y += 24) {
+        float mn, mx;
+        sq_min_max(x, &mn, &mx);
+        float d = (mx - mn) / 31.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t q[32];
+        uint32_t qh = 0;
+        for (int i = 0; i < 32; ++i) {
+            float a = truncf((x[i] - mn) * id + 0.5f);
+            q[i] = (uint8_t)(a > 31.0f ? 31.0f : a);
+            qh |= (uint32_t)(q[i] >> 4) << i;
+        }
+        sq_put_f16(y, d);
+        sq_put_f16(y + 2, mn);
+        for (int k = 0; k < 4; ++k) y[4 + k] = (uint8_t)(qh >> (8 * k));
+        for (int j = 0; j < 16; ++j) y[8 + j] = (uint8_t)((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
+    }
+}
+
+/* ------------------------------------------------------------------ K-quants, 256 weights */
+
+/* Scale and min of one sub-block of n weights, codes 0..nmax, for w ~ scale * L + min (min <= 0):
+ * start from the min/max range, then try nstep + 1 widened or narrowed ranges
+ * (nmax + rmin + rdelta * is levels over it), fit scale and min to each candidate's codes by
+ * weighted least squares, and keep the fit of least weighted squared error. Returns the scale;
+ * *neg_min receives -min (>= 0); L receives the codes. (llama.cpp make_qkx2_quants, use_mad off.) */
+static float sq_scale_min_search(int n, int nmax, const float* x, const float* w, uint8_t* L, float* neg_min,
+                                 uint8_t* Laux, float rmin, float rdelta, int nstep) {
+    float mn = x[0], mx = x[0];
+    float sum_w = w[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
         sum_w += w[i];
         sum_x += w[i] * x[i];
     }
-    if (min > 0) min = 0;
-    if (max == min) {
-        memset(L, 0, 32);
-        *the_min = -min;
+    if (mn > 0.0f) mn = 0.0f;
+    if (mx == mn) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        *neg_min = -mn;
         return 0.0f;
     }
-    iscale = 15.0f / (max - min);
-    scale = 1.0f / iscale;
-    best = 0.0f;
-    for (i = 0; i < 32; i++) {
-        int l = ster_nearest_int(iscale * (x[i] - min));
-        l = l < 0 ? 0 : l > 15 ? 15 : l;
+    float iscale = (float)nmax / (mx - mn);
+    float scale = 1.0f / iscale;
+    float best = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        int l = sq_nearest_int(iscale * (x[i] - mn));
+        l = l < 0 ? 0 : (l > nmax ? nmax : l);
         L[i] = (uint8_t)l;
-        float diff = scale * (float)l + min - x[i];
+        float diff = scale * (float)L[i] + mn - x[i];
         best += w[i] * (diff * diff);
     }
-    for (is = 0; is <= 20; is++) {
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0, D;
-        iscale = (-1.0f + 0.1f * (float)is + 15.0f) / (max - min);
-        for (i = 0; i < 32; i++) {
-            int l = ster_nearest_int(iscale * (x[i] - min));
-            l = l < 0 ? 0 : l > 15 ? 15 : l;
-            La[i] = (uint8_t)l;
-            float wl = w[i] * (float)l;
-            sum_l += wl;
-            sum_l2 += wl * (float)l;
-            sum_xl += wl * x[i];
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (mx - mn);
+        float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            int l = sq_nearest_int(iscale * (x[i] - mn));
+            l = l < 0 ? 0 : (l > nmax ? nmax : l);
+            Laux[i] = (uint8_t)l;
+            float fl = (float)l;
+            sum_l += w[i] * fl;
+            sum_l2 += w[i] * fl * fl;
+            sum_xl += w[i] * fl * x[i];
         }
-        D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0.0f) {
             float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
             float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            float cur = 0.0f;
-            if (this_min > 0) {
-                this_min = 0;
+            if (this_min > 0.0f) {
+                this_min = 0.0f;
                 this_scale = sum_xl / sum_l2;
             }
-            for (i = 0; i < 32; i++) {
-                float diff = this_scale * (float)La[i] + this_min - x[i];
-                cur += w[i] * (diff * diff);
+            float err = 0.0f;
+            for (int i = 0; i < n; ++i) {
+                float diff = this_scale * (float)Laux[i] + this_min - x[i];
+                err += w[i] * (diff * diff);
             }
-            if (cur < best) {
-                memcpy(L, La, 32);
-                best = cur;
+            if (err < best) {
+                memcpy(L, Laux, (size_t)n);
+                best = err;
                 scale = this_scale;
-                min = this_min;
+                mn = this_min;
             }
         }
     }
-    *the_min = -min;
+    *neg_min = -mn;
     return scale;
 }
 
-#if STER_HAVE_X86
-/* ster_qkx2 on the eight sub-blocks of a Q4_K block at once, one per AVX2 lane: each lane
- * runs the scalar function's float32 operations in its order (separate multiplies and adds,
- * correctly rounded divisions and square roots), so the results are the same bits.
- * x: the block's 256 weights; L [256] codes; scales, mins [8]. */
-STER_AVX2_INLINE __m256i ster_nearest8(__m256 f) {
-    __m256i i = _mm256_castps_si256(_mm256_add_ps(f, _mm256_set1_ps(12582912.0f)));
-    return _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007FFFFF)), _mm256_set1_epi32(0x00400000));
-}
-STER_AVX2_INLINE __m256i ster_clamp15(__m256i v) {
-    return _mm256_min_epi32(_mm256_max_epi32(v, _mm256_setzero_si256()), _mm256_set1_epi32(15));
+/* Sub-block j's 6-bit scale and min from the 12 packed bytes (get_scale_min_k4). */
+static inline void sq_scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
 }
 
-static STER_AVX2 void ster_qkx2_x8(const float* x, uint8_t* L, float* scales, float* mins) {
-    __m256 xt[32], wt[32];
-    int32_t La[32][8] __attribute__((aligned(32))), Lb[32][8] __attribute__((aligned(32)));
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i lane = _mm256_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224);
-    int i, is, j;
-    for (i = 0; i < 32; i++) xt[i] = _mm256_i32gather_ps(x + i, lane, 4);   /* lane j: weight i of sub-block j */
-    {   /* weights: rms of the sub-block + |x| */
-        __m256 s2 = _mm256_mul_ps(xt[0], xt[0]);
-        for (i = 1; i < 32; i++) s2 = _mm256_add_ps(s2, _mm256_mul_ps(xt[i], xt[i]));
-        __m256 av = _mm256_sqrt_ps(_mm256_div_ps(s2, _mm256_set1_ps(32.0f)));
-        for (i = 0; i < 32; i++) wt[i] = _mm256_add_ps(av, _mm256_andnot_ps(sign, xt[i]));
+/* Shared part of Q4_K and Q5_K: 8 sub-blocks of 32, each searched, then the scales and mins
+ * quantized to 6 bits against d and dmin (f16, written at y, y + 2; the 12 scale bytes at
+ * y + 4), and the codes L recomputed from the stored values. */
+static void sq_k_scales(const float* x, uint8_t* y, uint8_t* L, int nmax, float rmin, int nstep) {
+    float weights[32], scales[8], mins[8];
+    uint8_t Laux[32];
+    float max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+        const float* xs = x + 32 * j;
+        float sum_x2 = 0.0f;
+        for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+        float av_x = sqrtf(sum_x2 / 32.0f);
+        for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(xs[l]);
+        scales[j] = sq_scale_min_search(32, nmax, xs, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
     }
-    /* (the scalar sums start from 0 + x[0] * x[0] = x[0] * x[0]; the same bits) */
-    __m256 mn = xt[0], mx = xt[0], sum_w = wt[0], sum_x = _mm256_mul_ps(wt[0], xt[0]);
-    for (i = 1; i < 32; i++) {
-        mn = _mm256_min_ps(xt[i], mn);
-        mx = _mm256_max_ps(xt[i], mx);
-        sum_w = _mm256_add_ps(sum_w, wt[i]);
-        sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(wt[i], xt[i]));
-    }
-    mn = _mm256_min_ps(mn, _mm256_setzero_ps());
-    const __m256 flat = _mm256_cmp_ps(mx, mn, _CMP_EQ_OQ);
-    __m256 iscale = _mm256_div_ps(_mm256_set1_ps(15.0f), _mm256_sub_ps(mx, mn));
-    __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale), best = _mm256_setzero_ps();
-    for (i = 0; i < 32; i++) {
-        __m256i l = ster_clamp15(ster_nearest8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], mn))));
-        _mm256_store_si256((__m256i*)Lb[i], l);
-        __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(l)), mn), xt[i]);
-        best = _mm256_add_ps(best, _mm256_mul_ps(wt[i], _mm256_mul_ps(diff, diff)));
-    }
-    for (is = 0; is <= 20; is++) {
-        __m256 sl = _mm256_setzero_ps(), sl2 = _mm256_setzero_ps(), sxl = _mm256_setzero_ps();
-        const float num = -1.0f + 0.1f * (float)is + 15.0f;
-        iscale = _mm256_div_ps(_mm256_set1_ps(num), _mm256_sub_ps(mx, mn));
-        for (i = 0; i < 32; i++) {
-            __m256i l = ster_clamp15(ster_nearest8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], mn))));
-            _mm256_store_si256((__m256i*)La[i], l);
-            __m256 lf = _mm256_cvtepi32_ps(l), wl = _mm256_mul_ps(wt[i], lf);
-            sl = _mm256_add_ps(sl, wl);
-            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(wl, lf));
-            sxl = _mm256_add_ps(sxl, _mm256_mul_ps(wl, xt[i]));
+    float inv_scale = max_scale > 0.0f ? 63.0f / max_scale : 0.0f;
+    float inv_min = max_min > 0.0f ? 63.0f / max_min : 0.0f;
+    uint8_t* s = y + 4;
+    memset(s, 0, 12);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t ls = (uint8_t)sq_nearest_int(inv_scale * scales[j]);
+        uint8_t lm = (uint8_t)sq_nearest_int(inv_min * mins[j]);
+        if (ls > 63) ls = 63;
+        if (lm > 63) lm = 63;
+        if (j < 4) {
+            s[j] = ls;
+            s[j + 4] = lm;
+        } else {
+            s[j + 4] = (uint8_t)((ls & 0x0F) | ((lm & 0x0F) << 4));
+            s[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            s[j] |= (uint8_t)((lm >> 4) << 6);
         }
-        __m256 D = _mm256_sub_ps(_mm256_mul_ps(sum_w, sl2), _mm256_mul_ps(sl, sl));
-        __m256 ok = _mm256_cmp_ps(D, _mm256_setzero_ps(), _CMP_GT_OQ);
-        if (!_mm256_movemask_ps(ok)) continue;
-        __m256 ts = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_w, sxl), _mm256_mul_ps(sum_x, sl)), D);
-        __m256 tm = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, sum_x), _mm256_mul_ps(sl, sxl)), D);
-        __m256 pos = _mm256_cmp_ps(tm, _mm256_setzero_ps(), _CMP_GT_OQ);
-        ts = _mm256_blendv_ps(ts, _mm256_div_ps(sxl, sl2), pos);
-        tm = _mm256_blendv_ps(tm, _mm256_setzero_ps(), pos);
-        __m256 cur = _mm256_setzero_ps();
-        for (i = 0; i < 32; i++) {
-            __m256 lf = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i*)La[i]));
-            __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(ts, lf), tm), xt[i]);
-            cur = _mm256_add_ps(cur, _mm256_mul_ps(wt[i], _mm256_mul_ps(diff, diff)));
-        }
-        __m256 better = _mm256_and_ps(ok, _mm256_cmp_ps(cur, best, _CMP_LT_OQ));
-        if (!_mm256_movemask_ps(better)) continue;
-        for (i = 0; i < 32; i++)
-            _mm256_store_si256((__m256i*)Lb[i], _mm256_castps_si256(_mm256_blendv_ps(
-                _mm256_castsi256_ps(_mm256_load_si256((const __m256i*)Lb[i])),
-                _mm256_castsi256_ps(_mm256_load_si256((const __m256i*)La[i])), better)));
-        best = _mm256_blendv_ps(best, cur, better);
-        scale = _mm256_blendv_ps(scale, ts, better);
-        mn = _mm256_blendv_ps(mn, tm, better);
     }
-    /* flat sub-blocks: codes 0, scale 0, min as found */
-    scale = _mm256_blendv_ps(scale, _mm256_setzero_ps(), flat);
-    _mm256_storeu_ps(scales, scale);
-    _mm256_storeu_ps(mins, _mm256_sub_ps(_mm256_setzero_ps(), mn));
-    {
-        int fl = _mm256_movemask_ps(flat);
-        for (j = 0; j < 8; j++)
-            for (i = 0; i < 32; i++) L[32 * j + i] = (fl >> j) & 1 ? 0 : (uint8_t)Lb[i][j];
+    sq_put_f16(y, max_scale / 63.0f);
+    sq_put_f16(y + 2, max_min / 63.0f);
+    float d_all = sq_get_f16(y), dmin_all = sq_get_f16(y + 2);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        sq_scale_min_k4(j, s, &sc, &m);
+        float d = d_all * (float)sc;
+        if (d == 0.0f) continue;                      /* keeps the search's codes, as the reference does */
+        float dm = dmin_all * (float)m;
+        for (int ii = 0; ii < 32; ++ii) {
+            int l = sq_nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : (l > nmax ? nmax : l));
+        }
     }
 }
-#endif
 
-/* simd: use the AVX2 search (the same bits) when the CPU has AVX2. */
-static void ster_quantize_q4_k(const float* x, uint8_t* y, int nb, int simd) {
-    uint8_t L[256];
-    float w[32], scales[8], mins[8];
-    int i, j, l;
-#if STER_HAVE_X86
-    simd = simd && ster_cpu_avx2();
-#else
-    (void)simd;
-#endif
-    for (i = 0; i < nb; i++, x += 256, y += 144) {
-        float max_scale = 0.0f, max_min = 0.0f;
-        uint8_t* sc = y + 4;
-#if STER_HAVE_X86
-        if (simd) ster_qkx2_x8(x, L, scales, mins); else
-#endif
-        for (j = 0; j < 8; j++) {
-            const float* xs = x + 32 * j;
-            float sum_x2 = 0.0f, av;
-            for (l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-            av = sqrtf(sum_x2 / 32.0f);
-            for (l = 0; l < 32; l++) w[l] = av + fabsf(xs[l]);
-            scales[j] = ster_qkx2(xs, w, L + 32 * j, &mins[j]);
+/* Q4_K: d | dmin | scales[12] | qs[128]; weight 64c + l (l < 32) is the low nibble of
+ * qs[32c + l], weight 64c + 32 + l the high nibble. 144 bytes. */
+static void sq_q4_k(const float* x, uint8_t* y, int64_t nb) {
+    uint8_t L[STER_QK_K];
+    for (int64_t b = 0; b < nb; ++b, x += STER_QK_K, y += 144) {
+        sq_k_scales(x, y, L, 15, -1.0f, 20);
+        uint8_t* q = y + 16;
+        for (int j = 0; j < STER_QK_K; j += 64, q += 32) {
+            for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
         }
-        for (j = 0; j < 8; j++) {
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j] > max_min) max_min = mins[j];
-        }
-        {
-            const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-            const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-            uint8_t ls[8], lm[8];
-            for (j = 0; j < 8; j++) {
-                ls[j] = (uint8_t)ster_nearest_int(inv_scale * scales[j]);
-                lm[j] = (uint8_t)ster_nearest_int(inv_min * mins[j]);
-                if (ls[j] > 63) ls[j] = 63;
-                if (lm[j] > 63) lm[j] = 63;
+    }
+}
+
+/* Q5_K: d | dmin | scales[12] | qh[32] | qs[128]: Q4_K's nibbles plus a fifth bit per weight,
+ * bit (w / 32) of qh[w % 32]. 176 bytes. */
+static void sq_q5_k(const float* x, uint8_t* y, int64_t nb) {
+    uint8_t L[STER_QK_K];
+    for (int64_t b = 0; b < nb; ++b, x += STER_QK_K, y += 176) {
+        sq_k_scales(x, y, L, 31, -0.5f, 15);
+        uint8_t* qh = y + 16;
+        uint8_t* ql = y + 48;
+        memset(qh, 0, 32);
+        uint8_t m1 = 1, m2 = 2;
+        for (int n = 0; n < STER_QK_K; n += 64, ql += 32) {
+            for (int j = 0; j < 32; ++j) {
+                int l1 = L[n + j], l2 = L[n + j + 32];
+                if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
+                if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
+                ql[j] = (uint8_t)(l1 | (l2 << 4));
             }
-            for (j = 0; j < 4; j++) {
-                sc[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
-                sc[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
-                sc[j + 8] = (uint8_t)((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
-            }
-            const uint16_t dh = ster_to_f16(max_scale / 63.0f), mh = ster_to_f16(max_min / 63.0f);
-            ster_put16(y, dh);
-            ster_put16(y + 2, mh);
-            const float d = ster_from_f16(dh), dmin = ster_from_f16(mh);
-            for (j = 0; j < 8; j++) {
-                const float dj = d * (float)ls[j];
-                if (dj == 0.0f) continue;   /* the search's codes stay */
-                const float dm = dmin * (float)lm[j];
-                for (l = 0; l < 32; l++) {
-                    int q = ster_nearest_int((x[32 * j + l] + dm) / dj);
-                    L[32 * j + l] = (uint8_t)(q < 0 ? 0 : q > 15 ? 15 : q);
-                }
-            }
+            m1 = (uint8_t)(m1 << 2);
+            m2 = (uint8_t)(m2 << 2);
         }
-        for (j = 0; j < 4; j++)
-            for (l = 0; l < 32; l++) y[16 + 32 * j + l] = (uint8_t)(L[64 * j + l] | (L[64 * j + 32 + l] << 4));
     }
 }
 
-/* rows [r0, r1) of X [*, K] -> their blocks (row_bytes each) in Y; 0 for an unknown type.
- * simd 0 forces the portable code (tests). */
-static int ster_quantize_rows(int type, const float* X, int K, uint8_t* Y, size_t row_bytes, long r0, long r1,
-                              int simd) {
-    long r;
-    for (r = r0; r < r1; r++) {
-        const float* x = X + (size_t)r * K;
-        uint8_t* y = Y + (size_t)r * row_bytes;
-        switch (type) {
-        case STER_Q8_0: ster_quantize_q8_0(x, y, K / 32); break;
-        case STER_Q4_0: ster_quantize_q4_0_q5_0(x, y, K / 32, 0); break;
-        case STER_Q5_0: ster_quantize_q4_0_q5_0(x, y, K / 32, 1); break;
-        case STER_Q4_K: ster_quantize_q4_k(x, y, K / 256, simd); break;
-        default: return 0;
+/* Symmetric scale of one 16-weight sub-block, codes -nmax..nmax-1 (stored + nmax in L):
+ * from the signed weight of largest magnitude, then 18 nearby candidate scales, keeping the one
+ * whose least-squares fit (weights x^2) explains most of the sub-block. (make_qx_quants, rmse 1.) */
+static float sq_symmetric_search(int n, int nmax, const float* x, int8_t* L) {
+    float max = 0.0f, amax = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < 1e-15f) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = (float)(-nmax) / max;
+    float sumlx = 0.0f, suml2 = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        int l = sq_nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : (l > nmax - 1 ? nmax - 1 : l);
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        float fl = (float)l;
+        sumlx += w * x[i] * fl;
+        suml2 += w * fl * fl;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            int l = sq_nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : (l > nmax - 1 ? nmax - 1 : l);
+            float w = x[i] * x[i];
+            float fl = (float)l;
+            sumlx += w * x[i] * fl;
+            suml2 += w * fl * fl;
+        }
+        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) {
+                int l = sq_nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : (l > nmax - 1 ? nmax - 1 : l)));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
         }
     }
-    return 1;
+    return scale;
 }
 
-#endif /* STER_QUANTIZE_H */
+/* Q6_K: ql[128] | qh[64] | scales[16] (int8) | d (f16). 210 bytes. */
+static void sq_q6_k(const float* x, uint8_t* y, int64_t nb) {
+    int8_t L[STER_QK_K];
+    float scales[16];
+    for (int64_t b = 0; b < nb; ++b, x += STER_QK_K, y += 210) {
+        float max_scale = 0.0f, max_abs = 0.0f;
+        for (int ib = 0; ib < 16; ++ib) {
+            float s = sq_symmetric_search(16, 32, x + 16 * ib, L + 16 * ib);
+            scales[ib] = s;
+            if (fabsf(s) > max_abs) { max_abs = fabsf(s); max_scale = s; }
+        }
+        if (max_abs < 1e-15f) {
+            memset(y, 0, 210);
+            continue;
+        }
+        float iscale = -128.0f / max_scale;
+        sq_put_f16(y + 208, 1.0f / iscale);
+        int8_t* sc = (int8_t*)(y + 192);
+        for (int ib = 0; ib < 16; ++ib) {
+            int v = sq_nearest_int(iscale * scales[ib]);
+            sc[ib] = (int8_t)(v > 127 ? 127 : v);
+        }
+        float d_all = sq_get_f16(y + 208);
+        for (int j = 0; j < 16; ++j) {
+            float d = d_all * (float)sc[j];
+            if (d == 0.0f) continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                int l = sq_nearest_int(x[16 * j + ii] / d);
+                l = l < -32 ? -32 : (l > 31 ? 31 : l);
+                L[16 * j + ii] = (int8_t)(l + 32);
+            }
+        }
+        uint8_t* ql = y;
+        uint8_t* qh = y + 128;
+        for (int j = 0; j < STER_QK_K; j += 128, ql += 64, qh += 32) {
+            for (int l = 0; l < 32; ++l) {
+                uint8_t q1 = (uint8_t)(L[j + l] & 0x0F), q2 = (uint8_t)(L[j + l + 32] & 0x0F);
+                uint8_t q3 = (uint8_t)(L[j + l + 64] & 0x0F), q4 = (uint8_t)(L[j + l + 96] & 0x0F);
+                ql[l] = (uint8_t)(q1 | (q3 << 4));
+                ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+                qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4)
+                                  | ((L[j + l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+typedef void (*sq_fn)(const float* x, uint8_t* y, int64_t nb);
+
+/* The quantizer of a GGML type id with its block geometry, or NULL. */
+static inline sq_fn sq_lookup(int type, int* block, int* bytes) {
+    switch (type) {
+    case 2:  *block = 32;  *bytes = 18;  return sq_q4_0;
+    case 3:  *block = 32;  *bytes = 20;  return sq_q4_1;
+    case 6:  *block = 32;  *bytes = 22;  return sq_q5_0;
+    case 7:  *block = 32;  *bytes = 24;  return sq_q5_1;
+    case 8:  *block = 32;  *bytes = 34;  return sq_q8_0;
+    case 12: *block = 256; *bytes = 144; return sq_q4_k;
+    case 13: *block = 256; *bytes = 176; return sq_q5_k;
+    case 14: *block = 256; *bytes = 210; return sq_q6_k;
+    default: return (sq_fn)0;
+    }
+}
+
+#endif

@@ -562,6 +562,7 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
 from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector caa, tune merge)
 from . import cli_text  # noqa: E402,F401  (registers tokenize, detokenize)
 from . import cli_template  # noqa: E402,F401  (registers template render)
+from . import cli_export  # noqa: E402,F401  (registers convert, perplexity, vector pca, vector export)
 from . import cli_chat  # noqa: E402,F401  (registers chat, serve)
 
 

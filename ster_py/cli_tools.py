@@ -201,20 +201,27 @@ def vector_caa(
 def tune_merge(
     adapter: str = typer.Option(..., "--adapter", "-a", help="Ster's NAME.lora.json (or .lora.safetensors) or a "
                                 "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."),
-    output: Path = typer.Option(..., "--output", "-o", help="New directory for the merged checkpoint."),
+    output: Path = typer.Option(..., "--output", "-o", help="New directory for the merged checkpoint, or a new "
+                                "FILE.gguf: the merged model written as GGUF (as `ster convert` writes it)."),
     model: str = typer.Option(..., "--model", "-m", help="The base model: a safetensors checkpoint directory or "
                               "Hub id (a GGUF base is refused, so there is no default)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    type_: str = typer.Option("f16", "--type", "-t", help="GGUF file type when --output ends in .gguf (see `ster "
+                              "convert --help`)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Fold a LoRA adapter into the weights: W + (alpha / rank) * B @ A, written as a new checkpoint."""
+    """Fold a LoRA adapter into the weights: W + (alpha / rank) * B @ A, written as a new checkpoint (or GGUF)."""
     from rich.table import Table
 
-    from .tune.merge import merge_adapter
+    from .tune.merge import merge_adapter, merge_adapter_to_gguf
 
     with progress_bar(enabled=not quiet) as progress:
-        report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
+        if output.suffix == ".gguf":
+            report = merge_adapter_to_gguf(model, adapter, output, type_name=type_, revision=revision,
+                                           progress=progress)
+        else:
+            report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
         return

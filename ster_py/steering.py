@@ -17,6 +17,19 @@ per-layer norms of the raw difference and of the residual to help choose it).
 Contrastive activation addition (CAA): Rimsky et al. 2024, "Steering Llama 2
 via Contrastive Activation Addition": the direction at a layer is the mean
 activation over positive examples minus the mean over negative ones.
+
+PCA of pair differences (as llama.cpp's ``cvector-generator`` and repeng's ``pca_diff``
+build control vectors): the direction at a layer is the first principal axis of the
+differences positive_j - negative_j of paired prompts (the top right singular vector of
+the difference matrix, not centred, as llama.cpp's power iteration on DᵀD finds it), its
+sign chosen so that most pairs' positive side projects above its negative side (repeng's
+correction; llama.cpp leaves the sign to the iteration).
+
+``export_control_vector`` writes a vector as llama.cpp's control-vector GGUF
+(``direction.{layer}`` F32 tensors, ``controlvector.model_hint``, ``controlvector.layer_count``).
+llama.cpp adds ``direction.N`` to the output of its layer N (0-based), the place ster's layer N
+steers, so the numbers carry over; llama.cpp never steers layer 0, so a vector's layer 0 is left
+out (and reported).
 """
 from __future__ import annotations
 
@@ -214,9 +227,121 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         raw[str(i)] = norm
         resid[str(i)] = float(np.linalg.norm(np.concatenate([p, n]), axis=1).mean())
     meta = {"position": pm.get("position"), "chat_template": [pm.get("chat_template"), nm.get("chat_template")],
+            "model_type": pm.get("model_type"),
             "positive": sources[0], "negative": sources[1],
             "positive_prompts": len(pm.get("prompts", [])), "negative_prompts": len(nm.get("prompts", [])),
             "difference_norms": raw, "residual_norms": resid, "precision": pm.get("precision"),
             "layer_numbering": "layer i = residual stream after decoder layer i (0-based), as in ster capture"}
     return SteeringVector(pm.get("model"), pm.get("model_revision"), int(pm["hidden_size"]), trait, "caa",
                           directions, meta)
+
+
+def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str, str] = ("", "")) -> SteeringVector:
+    """Build a steering vector by PCA of paired differences from two captures.
+
+    Args:
+        positive, negative: ``capture.Capture`` objects of the same model and position rule (``last`` or
+            ``mean``: one row per prompt), with as many prompts on each side; prompt j of each side form
+            pair j.
+        trait, layers, sources: as for ``caa``.
+
+    Returns:
+        A vector whose direction at layer i is the unit first principal axis (float64 SVD) of the
+        differences positive_j - negative_j (rows with every element within 1e-6 of zero are left out,
+        as llama.cpp filters them), signed so that the majority of pairs project positive (ties: the
+        mean difference projects positive). metadata records the pair count and, per layer, the share
+        of the differences' squared norm the axis explains and the share of pairs on its positive side.
+
+    Raises:
+        SterError: captures of different models, widths or position rules; ``all``-position captures (no
+            pairing); unequal prompt counts; no common layer; a layer whose differences are all zero.
+    """
+    pm, nm = positive.meta, negative.meta
+    for key in ("model", "model_revision", "hidden_size", "position"):
+        if pm.get(key) != nm.get(key):
+            raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
+                            "capture both sides with the same model and --position")
+    if pm.get("position") == "all":
+        raise SterError("PCA pairs prompt j of each side: capture with --position last or mean (one row per prompt), "
+                        "not all")
+    n_pos, n_neg = len(pm.get("prompts", [])), len(nm.get("prompts", []))
+    if n_pos != n_neg or n_pos == 0:
+        raise SterError(f"PCA needs paired prompts: the positive capture has {n_pos}, the negative {n_neg}; give "
+                        "both sides the same number of prompts, in pair order")
+    common = sorted(set(positive.layers) & set(negative.layers))
+    if layers is not None:
+        missing = sorted(set(layers) - set(common))
+        if missing:
+            raise SterError(f"layer {missing[0]} is not in both captures (they share {common})")
+        common = sorted(set(layers))
+    if not common:
+        raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
+    directions, explained, agree = {}, {}, {}
+    for i in common:
+        d = positive.rows(i).astype(np.float64) - negative.rows(i).astype(np.float64)
+        d = d[np.abs(d).max(axis=1) > 1e-6]
+        if not len(d):
+            raise SterError(f"layer {i}: every positive prompt's state equals its negative's; use pairs that differ "
+                            "in the trait")
+        _, sv, vt = np.linalg.svd(d, full_matrices=False)
+        v = vt[0]
+        proj = d @ v
+        if (proj > 0).sum() < (proj < 0).sum() or ((proj > 0).sum() == (proj < 0).sum() and proj.sum() < 0):
+            v, proj = -v, -proj
+        directions[i] = (v / np.linalg.norm(v)).astype(np.float32)
+        explained[str(i)] = float(sv[0] ** 2 / (sv ** 2).sum())
+        agree[str(i)] = float((proj > 0).mean())
+    meta = {"position": pm.get("position"), "chat_template": [pm.get("chat_template"), nm.get("chat_template")],
+            "model_type": pm.get("model_type"), "positive": sources[0], "negative": sources[1], "pairs": n_pos,
+            "explained": explained, "positive_side": agree, "precision": pm.get("precision"),
+            "layer_numbering": "layer i = residual stream after decoder layer i (0-based), as in ster capture"}
+    return SteeringVector(pm.get("model"), pm.get("model_revision"), int(pm["hidden_size"]), trait, "pca",
+                          directions, meta)
+
+
+def control_vector_hint(vec: SteeringVector) -> str:
+    """llama.cpp's ``controlvector.model_hint``: the model's GGUF architecture when the vector records its
+    model_type (else the model_type, else empty)."""
+    from .families import FAMILIES
+
+    model_type = vec.metadata.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    return (family.gguf_arch if family is not None and family.gguf_arch else model_type) or ""
+
+
+def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: float = 1.0,
+                          model_hint: str | None = None) -> dict:
+    """Write ``vec`` as llama.cpp's control-vector GGUF, atomically.
+
+    Each covered layer N >= 1 becomes the F32 tensor ``direction.N`` = strength * direction (llama.cpp adds it,
+    times its own scale, to the output of layer N: loaded at scale 1 it steers as ``ster generate --vector
+    --strength`` does). Metadata: ``general.architecture = "controlvector"``, ``controlvector.model_hint`` and
+    ``controlvector.layer_count`` (int32, the tensors written), as llama.cpp's cvector-generator writes them.
+
+    Returns:
+        {"output", "layers" (written), "skipped" (layer 0, which llama.cpp cannot steer, when present),
+        "strength", "model_hint"}.
+
+    Raises:
+        SterError: a non-finite strength or one that overflows float32; a vector covering no layer but 0.
+    """
+    from .gguf.writer import TensorEntry, Typed, write_gguf
+
+    if not math.isfinite(strength):
+        raise SterError(f"--strength must be a finite number, got {strength}")
+    layers = sorted(i for i in vec.directions if i >= 1)
+    if not layers:
+        raise SterError("this steering vector covers only layer 0, which llama.cpp's control vectors cannot steer "
+                        "(they start after layer 1's input); build it over later layers")
+    with np.errstate(over="ignore"):
+        data = {i: (np.float32(strength) * vec.directions[i]).astype(np.float32) for i in layers}
+    if not all(np.isfinite(a).all() for a in data.values()):
+        raise SterError(f"--strength {strength:g} times the vector's directions overflows float32; use a smaller one")
+    hint = control_vector_hint(vec) if model_hint is None else model_hint
+    meta = {"general.architecture": "controlvector", "controlvector.model_hint": hint,
+            "controlvector.layer_count": Typed("int32", len(layers))}
+    entries = [TensorEntry(f"direction.{i}", (vec.hidden_size,), "F32", lambda a=data[i]: a.view(np.uint8))
+               for i in layers]
+    write_gguf(path, meta, entries)
+    return {"output": str(path), "layers": layers, "skipped": [0] if 0 in vec.directions else [],
+            "strength": strength, "model_hint": hint}

@@ -219,3 +219,36 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         }
         (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *, type_name: str = "f16",
+                          revision: str | None = None, progress: Progress | None = None) -> dict:
+    """Merge ``adapter`` into ``model`` and write the merged model as one GGUF file (``ster convert``'s writer).
+
+    The merged checkpoint is written to a temporary directory beside ``output`` (``merge_adapter``), converted
+    to ``output`` at ``type_name`` (``convert.convert_model``: llama.cpp's names, metadata and type rules) and
+    removed; nothing is left at ``output`` if either step fails.
+
+    Returns:
+        The merge report with the conversion's report under ``"gguf"`` (``output`` is the .gguf file).
+
+    Raises:
+        SterError: anything ``merge_adapter`` or ``convert_model`` refuses; an existing ``output``.
+    """
+    import tempfile
+
+    from ..convert import convert_model
+    from ..gguf.recipe import file_type
+
+    file_type(type_name)  # an unknown type is refused before any merge work
+    output = Path(output)
+    if output.exists():
+        raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{output.name}.", suffix=".merge", dir=output.parent) as tmp:
+        merged = Path(tmp) / "merged"
+        report = merge_adapter(model, adapter, merged, revision=revision, progress=progress)
+        gguf = convert_model(str(merged), output, type_name, progress=progress)
+    gguf["model"] = report["model"]
+    report.update(output=str(output), files=[output.name], gguf=gguf)
+    return report

@@ -1,0 +1,171 @@
+"""CLI commands that write or measure what leaves ster: convert, perplexity, vector export, vector pca.
+
+Registered on ``ster_py.cli.app`` when cli.py imports this module (at its end). Thin: parse, call
+the library, render with rich.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, out, progress_bar,
+                  show_warnings, version_fields)
+from .cli_tools import vector_app
+
+TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
+             "q5_0, q5_1, q6_k, q4_k_m, q5_k_m (llama.cpp's quantizer mixes: Q4_K_M keeps the output, and "
+             "attn_v / ffn_down of some layers, at Q6_K), or q4_k, q5_k (every quantizable tensor in that type, "
+             "as llama-quantize --pure).")
+
+
+def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None)
+    for key, value in report.items():
+        if key in skip:
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) or "-"
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        table.add_row(f"[bold]{key}[/]", escape(str(value)))
+    out.print(table)
+
+
+def _warn(lines) -> None:
+    for line in lines:
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+
+
+@app.command()
+def convert(
+    model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
+    output: Path = typer.Option(..., "--output", "-o", help="The .gguf file to write (must not exist); written "
+                                "to a temporary name beside it and renamed when complete."),
+    type_: str = typer.Option("f16", "--type", "-t", metavar="<f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|"
+                              "q6_k|q4_k_m|q5_k_m>", help=TYPE_HELP),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: every core)."),
+    as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Write a model as a GGUF file llama.cpp runs: its metadata keys, tokenizer and tensor names, quantized by
+    ster's own quantizers with llama.cpp's type rules. A GGUF input is re-quantized."""
+    from .convert import convert_model
+
+    with progress_bar(enabled=not quiet, what="converting") as progress:
+        report = convert_model(model, output, type_, revision=revision, threads=threads, progress=progress)
+    if as_json:
+        print(json.dumps(report, indent=2))  # it records ster_version itself
+    elif not quiet:
+        _report_table(report, skip=("differences", "tokenizer_notes"))
+    _warn(f"llama.cpp will run this GGUF differently from the checkpoint: {d}" for d in report["differences"])
+    _warn(report["tokenizer_notes"])
+
+
+@app.command()
+def perplexity(
+    model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
+    file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB)."),
+    ctx: int = typer.Option(512, "--ctx", help="Window length in tokens; the second half of each window is scored "
+                            "(llama-perplexity's windows)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="A second model of the same vocabulary (for "
+                                            "example the F16 file a quantization came from): adds KL divergence, "
+                                            "Δp and top-1 agreement against it."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="Score at most this many windows."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    as_json: bool = flag(False, "--json", help="Print one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Perplexity of a model on a text, over non-overlapping windows as llama.cpp's llama-perplexity computes it;
+    with --reference, the KL divergence from the reference model's predictions too."""
+    from .errors import SterError
+    from .load import load_model
+    from .perplexity import perplexity as run
+
+    _use_threads(threads)
+    try:
+        if not file.is_file():
+            raise SterError(f"--file {file} is not a readable file")
+        if file.stat().st_size > 16 * 2**20:
+            raise SterError(f"--file {file} is larger than 16 MiB; score a shorter text (or use --chunks on a cut)")
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SterError(f"cannot read --file {file}: {e}") from None
+    with progress_bar(enabled=not quiet, what="perplexity") as progress:
+        loaded = load_model(model, revision, precision=precision.value, progress=progress)
+        show_warnings(loaded)
+        ref = load_model(reference, revision, precision=precision.value, progress=progress) if reference else None
+        result = run(loaded, text, ctx, reference=ref, max_chunks=chunks, progress=progress)
+    result = {**version_fields(), "model": loaded.resolved.model, "reference": reference, "file": str(file), **result}
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    line = (f"PPL = {result['ppl']:.4f} +/- {result['ppl_uncertainty']:.4f} over {result['tokens']} tokens "
+            f"({result['chunks']} windows of {ctx})")
+    out.print(line)
+    if ref is not None:
+        out.print(f"reference PPL = {result['reference_ppl']:.4f}, ratio {result['ppl_ratio']:.5f}")
+        out.print(f"mean KLD = {result['kld_mean']:.6f} +/- {result['kld_uncertainty']:.6f} (median "
+                  f"{result['kld_median']:.6f}, 99% {result['kld_99']:.6f}, max {result['kld_max']:.6f})")
+        out.print(f"mean Δp = {100 * result['dp_mean']:.3f} +/- {100 * result['dp_uncertainty']:.3f} %, "
+                  f"RMS Δp = {100 * result['dp_rms']:.3f} %, same top token {100 * result['same_top']:.2f} %")
+
+
+@vector_app.command("pca")
+def vector_pca(
+    positive: Path = typer.Option(..., help="Capture of prompts showing the trait (from `ster capture`, --position "
+                                  "last or mean)."),
+    negative: Path = typer.Option(..., help="Capture of the contrasting prompts, in the same pair order."),
+    output: Path = typer.Option(..., "--output", "-o", help="The steering vector JSON file to write."),
+    trait: str = typer.Option("", help="A name for what the vector steers toward (recorded)."),
+    layers: Optional[str] = typer.Option(None, help="Subset of the captured layers: N | a..b | a,b,c."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
+    positive_j - negative_j, signed so that the positive prompts project positive."""
+    from .capture import load_capture, parse_layers
+    from .steering import pca, write_vector
+
+    pos, neg = load_capture(positive), load_capture(negative)
+    chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
+    vec = pca(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
+    write_vector(vec, output)
+    if not quiet:
+        err.print(f"[dim]steering vector (pca, {vec.metadata['pairs']} pairs) for {escape(str(vec.model))}: "
+                  f"layers {sorted(vec.directions)}; wrote {escape(str(output))}[/]")
+
+
+@vector_app.command("export")
+def vector_export(
+    vector: Path = typer.Argument(..., help="Steering vector JSON (from `ster vector caa` or `ster vector pca`)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The control-vector .gguf file to write."),
+    strength: float = typer.Option(1.0, help="Multiplies every direction (llama.cpp then applies the file at its own "
+                                   "scale: --control-vector FILE is scale 1)."),
+    model_hint: Optional[str] = typer.Option(None, help="controlvector.model_hint (default: the model's GGUF "
+                                             "architecture, from the vector's metadata)."),
+    as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Write a steering vector as llama.cpp's control-vector GGUF (direction.N tensors; layer N is the output of
+    decoder layer N, as in ster; llama.cpp never steers layer 0, so it is left out)."""
+    from .steering import export_control_vector, read_vector
+
+    vec = read_vector(vector)
+    report = export_control_vector(vec, output, strength=strength, model_hint=model_hint)
+    if as_json:
+        print(json.dumps({**version_fields(), **report}, indent=2))
+    elif not quiet:
+        err.print(f"[dim]control vector: layers {report['layers']} at strength {strength:g}; wrote "
+                  f"{escape(str(output))}[/]")
+    if report["skipped"]:
+        _warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])

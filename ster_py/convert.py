@@ -1,0 +1,398 @@
+"""``ster convert``: write a GGUF file llama.cpp runs, from any model ster runs.
+
+From a checkpoint (a directory or Hub id of config.json + tokenizer.json + safetensors):
+
+1. metadata: ``general.*``, the architecture's keys as llama.cpp's converter writes them and the
+   tokenizer (``gguf/export.py``);
+2. tensors under llama.cpp's names for the architecture (the family table's ``gguf_names``, as
+   llama.cpp reads the architecture: ``gguf_changes``), in llama.cpp's layout: q/k rows permuted for
+   adjacent-pair rotation where llama.cpp's converter does it (the inverse of
+   ``weights.unpermute_qk``), fused q/k/v or gate/up kept fused where the checkpoint fuses them and
+   llama.cpp reads them fused ([q | k | v] and [gate | up]), GPT-2's inputs-first weights transposed,
+   per-head q/k norms stacked, norms kept as offsets from one (Gemma, Nemotron) stored as 1 + w,
+   experts stacked [n_expert, rows, cols], Llama 3's rotation scaling as ``rope_freqs``;
+3. each tensor's type from llama.cpp's rules for the file type (``gguf/recipe.py``), quantized by
+   ster's own quantizers (``gguf/quantize.py``).
+
+From a GGUF file (or a "GGUF directory"), the metadata and tensors are kept and each tensor llama.cpp's
+quantizer would touch is re-quantized (a tensor already of its new type is copied as is).
+
+The model is read back before anything is written: the metadata, read as ``ster`` reads a GGUF (which
+follows llama.cpp's loader), must describe the checkpoint's model; where it cannot (a feature llama.cpp
+fixes differently for the architecture) the report lists the difference. The file is written to a
+temporary name beside ``output`` and renamed when complete.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import SterError
+from .gguf.quantize import quantize
+from .gguf.recipe import FileType, ModelFacts, choose_types, file_type
+from .gguf.writer import DEFAULT_ALIGNMENT, TensorEntry, Typed, write_gguf
+
+Progress = Callable[[str, int, "int | None"], None]
+
+#: Per-layer roles written, in file order (experts come after the router).
+LAYER_ROLES = ("attn_norm", "q", "k", "v", "qkv", "q_norm", "k_norm", "o", "attn_post_norm", "sinks", "ffn_norm",
+               "gate", "up", "gate_up", "down", "router", "router_select_bias", "shexp_gate_inp", "shexp_gate",
+               "shexp_up", "shexp_down", "ffn_post_norm")
+GLOBAL_FIRST = ("embed", "pos_embed", "embed_norm")
+GLOBAL_LAST = ("final_norm", "head")
+NORM_ROLES = frozenset({"embed_norm", "final_norm", "attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm",
+                        "q_norm", "k_norm"})
+#: Roles whose name in the table is the whole tensor name (no .weight / .bias appended).
+WHOLE_NAMES = frozenset({"router_select_bias", "sinks"})
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row order for adjacent-pair rotation (``LlamaModel.permute``),
+    the inverse of ``weights.unpermute_qk``: each head's rows (half, pair) become (pair, half).
+    w: [n_head * head_dim, ...] -> same shape."""
+    rows = w.shape[0]
+    return np.ascontiguousarray(w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+@dataclasses.dataclass
+class _Source:
+    """One tensor to write: its GGUF name, numpy shape and a function making it (float32)."""
+
+    name: str
+    shape: tuple[int, ...]
+    make: Callable[[], np.ndarray]
+
+
+def _writer_names(gnames, present: Callable[[str], bool], fuse_qkv: bool, fuse_gate_up: bool) -> dict[str, str]:
+    """role -> the one GGUF name it is written under. A role the table lists under several names
+    (read: first found) is written under the last one that no single-named role takes (Falcon:
+    ``attn_norm`` is ``attn_norm_2`` when ``ffn_norm`` writes ``attn_norm``, else ``attn_norm``)."""
+    out: dict[str, str] = {}
+    taken = {n for r, n in gnames.items() if isinstance(n, str) and present(r)}
+    for role, n in gnames.items():
+        if role in ("q", "k", "v") and fuse_qkv or role == "qkv" and not fuse_qkv:
+            continue
+        if role in ("gate", "up") and fuse_gate_up or role == "gate_up" and not fuse_gate_up:
+            continue
+        if isinstance(n, str):
+            out[role] = n
+        else:
+            free = [x for x in n if x not in taken]
+            out[role] = (free or list(n))[-1]
+    return out
+
+
+def checkpoint_sources(resolved, spec, family, config, progress: Progress | None = None) -> list[_Source]:
+    """The tensors of a checkpoint under llama.cpp's names, in file order, each made on demand (float32
+    numpy arrays in llama.cpp's layout; see the module docstring).
+
+    Args:
+        resolved: the ``resolve.Resolved`` checkpoint (its safetensors files are mapped, not read).
+        spec: its ``ModelSpec`` (``config.spec_from_config``).
+        family: its ``FamilySpec`` (``family.gguf_arch`` set).
+        config: its config.json.
+        progress: optional ``progress("read tensors", layers done, layers)``.
+
+    Raises:
+        SterError: a tensor the family needs is missing or has the wrong shape.
+    """
+    from .decoder.layout import Layout
+    from .families import FAMILIES_BY_GGUF_ARCH
+    from .weights import SafetensorsWeights
+
+    arch = family.gguf_arch
+    gfam = dataclasses.replace(family.for_config(config), **family.gguf_changes)
+    gnames = gfam.gguf_names
+    hf_names = spec.names
+    fuse_qkv = "qkv" in gnames and ("q" not in gnames or "qkv" in hf_names)
+    fuse_gate_up = "gate_up" in gnames and ("gate" not in gnames or "gate_up" in hf_names)
+    permuted = FAMILIES_BY_GGUF_ARCH[arch].gguf_qk_permuted
+    weights = SafetensorsWeights(resolved.weight_files, "f32")
+    layout = Layout(spec, weights)
+    offset = spec.norm_unit_offset
+
+    def read(role: str, i: int | None, kind: str) -> np.ndarray | None:
+        t = layout.get(role, i, kind)  # a role the checkpoint fuses comes split, as the decoder reads it
+        if t is None:
+            return None
+        t = np.asarray(t, dtype=np.float32)
+        if offset and role in NORM_ROLES and kind == "weight":
+            t = t + np.float32(1.0)
+        if permuted and role in ("q", "k"):
+            t = permute_qk(t, spec.attention_shape(i)[0 if role == "q" else 1])
+        return t
+
+    def fetch(role: str, i: int | None, kind: str) -> np.ndarray | None:
+        if role in ("qkv", "gate_up"):
+            parts = [read(r, i, kind) for r in (("q", "k", "v") if role == "qkv" else ("gate", "up"))]
+            return None if any(p is None for p in parts) else np.concatenate(parts, axis=0)
+        return read(role, i, kind)
+
+    names = _writer_names(gnames, lambda r: layout.get(r, 0, "weight") is not None if r not in WHOLE_NAMES
+                          and not r.startswith("exp_") else False, fuse_qkv, fuse_gate_up)
+    sources: list[_Source] = []
+
+    def used(role: str) -> bool:
+        """A norm or q/k norm the checkpoint's decoder reads (a role may share another's stored name)."""
+        if role in ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"):
+            return role in spec.norms
+        if role in ("q_norm", "k_norm"):
+            return spec.qk_norm is not None
+        if role == "embed_norm":
+            return spec.embed_norm
+        return True
+
+    def add(role: str, i: int | None) -> None:
+        if role not in names or not used(role):
+            return
+        base = names[role].format(i=i)
+        kinds = ("",) if role in WHOLE_NAMES else ("weight", "bias")
+        for kind in kinds:
+            t = fetch(role, i, kind)  # made once here for its presence and shape, again when written
+            if t is None:
+                continue
+            name = base if not kind else f"{base}.{kind}"
+            sources.append(_Source(name, tuple(int(d) for d in t.shape),
+                                   lambda role=role, i=i, kind=kind: fetch(role, i, kind)))
+
+    for role in GLOBAL_FIRST:
+        add(role, None)
+    for i in range(spec.num_hidden_layers):
+        for role in LAYER_ROLES:
+            add(role, i)
+        if spec.layers[i].ffn == "moe":
+            sources += _expert_sources(layout, gnames, i)
+        if progress:
+            progress("read tensors", i + 1, spec.num_hidden_layers)
+    for role in GLOBAL_LAST:
+        if role == "head" and spec.tie_word_embeddings:
+            continue
+        add(role, None)
+    return sources
+
+
+def _expert_sources(layout, gnames, i: int) -> list[_Source]:
+    """A routed layer's experts stacked [n_expert, rows, cols] (and biases [n_expert, rows]), made on demand."""
+    out = []
+    first = layout.experts(i)
+    for k, role in enumerate(("exp_gate", "exp_up", "exp_down")):
+        for key, j in ((role, 0), (f"{role}_bias", 1)):
+            if key not in gnames or first[0][k][j] is None:
+                continue
+            shape = (len(first), *np.shape(first[0][k][j]))
+            out.append(_Source(gnames[key].format(i=i), tuple(int(d) for d in shape),
+                               lambda k=k, j=j: np.stack([np.asarray(e[k][j], np.float32) for e in layout.experts(i)])))
+    return out
+
+
+#: What ``ster convert`` cannot write yet, by the mixer a layer uses, with the reason (the GGUF tensors and
+#: metadata of these layers are not written, so no file llama.cpp runs could come out).
+UNWRITTEN_MIXERS = {
+    "latent": "multi-head latent attention (DeepSeek-V2/V3, MiniCPM3, GLM-4 Lite)",
+    "mamba": "a Mamba state-space scan",
+    "mamba2": "a Mamba-2 state-space scan",
+    "hybrid": "attention beside a Mamba-2 state-space scan (Falcon-H1)",
+    "none": "a layer without a token mixer (a state-space family's feed-forward-only layers)",
+    "shortconv": "a gated short convolution (LFM2)",
+    "lightning": "lightning attention (MiniMax-Text-01)",
+    "shared_hybrid": "a Mamba-2 state-space scan beside shared transformer blocks (Zamba2)",
+}
+
+
+def _family_mixers(family) -> list[str]:
+    """The mixers a family's layers may use, from the family alone (for a GGUF source, before its tensors)."""
+    if family.latent:
+        return ["latent"]
+    return [family.recurrent] if family.recurrent else []
+
+
+_ROUTING = ("the routing metadata its llama.cpp converter writes (gating function, expert weights' scale and "
+            "normalisation, expert groups, shared-expert count, leading dense layers)")
+#: Mixture-of-experts architectures whose GGUF form ``ster convert`` does not write yet, with what is missing
+#: (checked against llama.cpp's converter on tiny checkpoints: these differ from it).
+UNWRITTEN_ARCHS = {
+    **{arch: _ROUTING for arch in ("glm4moe", "exaone-moe", "hy_v3", "bailingmoe2", "minimax-m2", "hunyuan-moe",
+                                   "ernie4_5-moe", "cohere2moe")},
+    "llama4": "the interleaved expert layers' step (interleave_moe_layer_step)",
+    "afmoe": _ROUTING + " and its attention output gate",
+    "granite_swa": "its per-layer sliding-window pattern and fused gate/up experts",
+    "mellum": "its per-layer sliding-window pattern",
+    "phimoe": "its LayerNorm epsilon and rotation keys as llama.cpp's converter writes them",
+    **{arch: "per-layer head counts and windows" for arch in ("laguna", "mimo2", "step35")},
+    # Families of remote-code checkpoints added after the converter's tests: refused until their files are
+    # compared with llama.cpp's converter as the others are (tests/test_convert.py).
+    **{arch: "a check of its metadata and tensors against llama.cpp's converter (not done yet)"
+       for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
+}
+
+
+def _refuse_unwritten_arch(arch: str, what: str, where: str) -> None:
+    """SterError when ``arch`` is one of ``UNWRITTEN_ARCHS`` (before any weight is read)."""
+    if arch in UNWRITTEN_ARCHS:
+        raise SterError(f"{where}: ster convert does not write {what} (GGUF architecture {arch!r}) yet: it lacks "
+                        f"{UNWRITTEN_ARCHS[arch]}, so llama.cpp would not build the checkpoint's model. Convert this "
+                        "model with llama.cpp's convert_hf_to_gguf.py (ster runs the resulting GGUF)")
+
+
+def _refuse_unwritten(mixers, what: str, where: str) -> None:
+    """SterError when any layer's mixer is one ``ster convert`` does not write (see ``UNWRITTEN_MIXERS``).
+
+    Args:
+        mixers: the layers' ``LayerSpec.mixer`` names (or a family's, for a GGUF source).
+        what: the model's kind for the message (a model_type or GGUF architecture).
+    """
+    kinds = [m for m in dict.fromkeys(mixers) if m != "attention"]
+    if kinds:
+        reasons = "; ".join(UNWRITTEN_MIXERS.get(m, f"a {m!r} mixer") for m in kinds)
+        raise SterError(f"{where}: ster convert does not write {what} yet: its layers use {reasons}, whose GGUF "
+                        "tensors and metadata ster cannot write; only attention layers (dense or with routed "
+                        "experts) are written. Convert this model with llama.cpp's convert_hf_to_gguf.py "
+                        "(ster runs the resulting GGUF)")
+
+
+def _facts_from_spec(arch: str, spec) -> ModelFacts:
+    n_expert = spec.moe.router.num_experts if spec.moe is not None else 0
+    return ModelFacts(arch, spec.num_hidden_layers, n_expert, spec.num_attention_heads, spec.num_key_value_heads)
+
+
+def _general(name: str, arch: str, ft: FileType) -> dict:
+    return {"general.architecture": arch, "general.type": "model", "general.name": name,
+            "general.file_type": Typed("uint32", ft.ftype), "general.quantization_version": Typed("uint32", 2)}
+
+
+def _model_name(resolved, config) -> str:
+    """``general.name``: the last part of the config's ``_name_or_path`` (a Hub id or a directory), else the
+    checkpoint directory's name."""
+    name = config.get("_name_or_path") if isinstance(config, dict) else None
+    if isinstance(name, str) and Path(name.strip()).name:
+        return Path(name.strip()).name
+    return Path(str(resolved.root)).name or str(resolved.model)
+
+
+def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16", *, revision: str | None = None,
+                  alignment: int = DEFAULT_ALIGNMENT, threads: int | None = None,
+                  progress: Progress | None = None) -> dict:
+    """Write ``model`` as a GGUF file of type ``type_name`` at ``output``.
+
+    Args:
+        model: as for ``load_model``: a checkpoint directory, Hub id, preset, .gguf file or GGUF directory.
+        output: the .gguf file to write (it must not exist).
+        type_name: a ``recipe.FILE_TYPES`` name: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k,
+            q5_k, q6_k, q4_k_m, q5_k_m.
+        revision: Hub revision.
+        alignment: data alignment of a file written from a checkpoint (a GGUF source keeps its own).
+        threads: quantizer threads (None: every core).
+        progress: optional ``progress(event, done, total)``.
+
+    Returns:
+        The report: ster_version (the writer's), model, model_revision, output, type, architecture, tensors, types (count per
+        type), bytes, parameters, differences (how a GGUF runtime's model differs from the
+        checkpoint's, empty when none), tokenizer_notes, seconds.
+
+    Raises:
+        SterError: an unknown type; an existing output; a model ster cannot run or whose family has no
+            llama.cpp architecture; a model with latent attention or state-space layers (``UNWRITTEN_MIXERS``,
+            refused before any weight is read, from a checkpoint or a GGUF file); a checkpoint of an architecture
+            in ``UNWRITTEN_ARCHS``; a tokenizer GGUF cannot hold; a write error (nothing is left at
+            ``output``).
+    """
+    from .resolve import resolve
+
+    ft = file_type(type_name)
+    output = Path(output)
+    if output.exists():
+        raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
+    t0 = time.perf_counter()
+    resolved = resolve(model, revision, progress=progress)
+    if resolved.kind in ("gguf", "gguf_dir"):
+        meta, entries, info = _from_gguf(resolved.gguf_file, ft, threads)
+        align = info.pop("alignment")
+    else:
+        meta, entries, info = _from_checkpoint(resolved, ft, threads, progress)
+        align = alignment
+    write_gguf(output, meta, entries, alignment=align, progress=progress)
+    types = Counter(e.type_name for e in entries)
+    from . import __version__
+
+    return {"ster_version": __version__, "model": resolved.model, "model_revision": resolved.model_revision,
+            "output": str(output),
+            "type": ft.name, "architecture": meta["general.architecture"], "tensors": len(entries),
+            "types": dict(sorted(types.items())), "bytes": output.stat().st_size,
+            "parameters": int(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)),
+            "differences": info.get("differences", []), "tokenizer_notes": info.get("tokenizer_notes", []),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tuple], threads) -> list[TensorEntry]:
+    def data(src: _Source, t: str):
+        return lambda: quantize(src.make(), t, n_threads=threads)
+
+    return [TensorEntry(s.name, shapes[s.name], types[s.name], data(s, types[s.name])) for s in sources]
+
+
+def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, list[TensorEntry], dict]:
+    from .config import spec_from_config
+    from .gguf.export import architecture_metadata, read_back_differences, tokenizer_metadata
+    from .validate import check_config, check_spec, interpret
+
+    config, family = resolved.config, resolved.family
+    where = str(resolved.config_path)
+    check_config(config, where)
+    spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
+    _refuse_unwritten([layer.mixer for layer in spec.layers], f"model_type {spec.model_type!r}", where)
+    _refuse_unwritten_arch(family.gguf_arch, f"model_type {spec.model_type!r}", where)
+    arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
+    tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
+    sources = checkpoint_sources(resolved, spec, family, config, progress)
+    if rope_freqs is not None:
+        sources.append(_Source("rope_freqs.weight", tuple(rope_freqs.shape), lambda: rope_freqs))
+    shapes = {s.name: s.shape for s in sources}
+    differences = read_back_differences(spec, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},
+                                        shapes, rope_freqs, where)
+    facts = _facts_from_spec(family.gguf_arch, spec)
+    types = choose_types([(s.name, shapes[s.name]) for s in sources], ft, facts)
+    if "rope_freqs.weight" in types:
+        types["rope_freqs.weight"] = "F32"
+    meta = {**_general(_model_name(resolved, config), family.gguf_arch, ft), **arch_meta, **tok_meta}
+    return meta, _entries(sources, types, shapes, threads), {"differences": differences, "tokenizer_notes": notes}
+
+
+def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntry], dict]:
+    from .gguf.config import family_for_architecture
+    from .gguf.reader import GGUFFile
+
+    g = GGUFFile(path)
+    arch = g.metadata.get("general.architecture")
+    family = family_for_architecture(arch, str(path))  # an architecture ster runs
+    _refuse_unwritten(_family_mixers(family), f"GGUF architecture {arch!r}", str(path))
+    meta: dict = {}
+    for key, value in g.metadata.items():
+        vtype = g.metadata_types[key]
+        if vtype.startswith("array of array"):
+            raise SterError(f"{path}: metadata {key} is an array of arrays, which ster does not write")
+        meta[key] = Typed(vtype, value)
+    meta["general.file_type"] = Typed("uint32", ft.ftype)
+    meta["general.quantization_version"] = Typed("uint32", 2)
+
+    def num(key, default=0):
+        v = g.metadata.get(f"{arch}.{key}", default)
+        return int(v) if isinstance(v, (int, np.integer)) else default
+
+    facts = ModelFacts(arch, num("block_count"), num("expert_count"), num("attention.head_count", 1),
+                       num("attention.head_count_kv", num("attention.head_count", 1)))
+    tensors = list(g.tensors.values())
+    types = choose_types([(t.name, t.shape) for t in tensors], ft, facts, {t.name: t.type_name for t in tensors})
+
+    def data(t, new: str):
+        if new == t.type_name:
+            return lambda: t.raw
+        return lambda: quantize(t.dequantize(), new, n_threads=threads)
+
+    entries = [TensorEntry(t.name, t.shape, types[t.name], data(t, types[t.name])) for t in tensors]
+    return meta, entries, {"alignment": g.alignment}

@@ -1,0 +1,174 @@
+"""``ster perplexity``: how well a model predicts a text, and how far it is from a reference model.
+
+The windows are llama.cpp's ``llama-perplexity`` ones (tools/perplexity/perplexity.cpp), so the
+numbers compare with llama.cpp's: the whole text is tokenized once (BOS in front when the model's
+tokenizer adds one; special-token texts inside it read as plain text); it is cut into ``len(ids) // n_ctx`` non-overlapping windows of ``n_ctx``
+tokens (the tail is dropped; at least two windows are needed); each window runs from an empty cache
+with its first token replaced by BOS when the tokenizer adds one; only the second half is scored:
+the logits at positions ``n_ctx / 2 .. n_ctx - 2`` against the next token. Perplexity is
+``exp(mean NLL)``; its uncertainty is ``ppl * sqrt(var(NLL) / (count - 1))``.
+
+With a reference model (same tokenization required) every scored position also gives, from the two
+log-softmaxes (float64): the KL divergence ``sum p_ref (log p_ref - log p)``, the change in the
+probability of the true next token ``Δp = p - p_ref``, and whether both rank the same token first
+(llama-perplexity's ``--kl-divergence`` statistics: mean KLD, RMS Δp, "same top").
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .errors import SterError
+
+Progress = Callable[[str, int, "int | None"], None]
+
+#: Positions whose logits are computed at once (bounds the logits in memory to batch x vocabulary).
+BATCH = 64
+
+
+def _adds_bos(tokenizer) -> bool:
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    return tokenizer.encode("x", add_special_tokens=True)[:1] == [bos] != tokenizer.encode("x", add_special_tokens=False)[:1]
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """The text's ids as llama-perplexity tokenizes it: special tokens added (BOS) but special-token texts
+    in the text read as plain text (llama.cpp's ``parse_special`` off)."""
+    tk = tokenizer.tk
+    before = tk.encode_special_tokens
+    tk.encode_special_tokens = True
+    try:
+        return tokenizer.encode(text, add_special_tokens=True)
+    finally:
+        tk.encode_special_tokens = before
+
+
+def windows(ids: list[int], n_ctx: int, bos: int | None, max_chunks: int | None = None) -> list[np.ndarray]:
+    """llama-perplexity's windows: int64 [n_ctx] each, the first token replaced by ``bos`` when given.
+
+    Raises:
+        SterError: ``n_ctx`` below 8 or odd, or fewer than ``2 * n_ctx`` tokens.
+    """
+    if n_ctx < 8 or n_ctx % 2:
+        raise SterError(f"--ctx {n_ctx} must be an even number of at least 8 tokens")
+    if len(ids) < 2 * n_ctx:
+        raise SterError(f"the text tokenizes to {len(ids)} tokens; perplexity over windows of --ctx {n_ctx} needs "
+                        f"at least {2 * n_ctx} (two windows, as llama-perplexity); give a longer text or a smaller "
+                        "--ctx")
+    n = len(ids) // n_ctx
+    if max_chunks is not None:
+        if max_chunks < 1:
+            raise SterError(f"--chunks must be at least 1, got {max_chunks}")
+        n = min(n, max_chunks)
+    out = []
+    for c in range(n):
+        w = np.asarray(ids[c * n_ctx:(c + 1) * n_ctx], dtype=np.int64)
+        if bos is not None:
+            w[0] = bos
+        out.append(w)
+    return out
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    top = x.max(axis=1, keepdims=True)
+    return x - (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))
+
+
+def _scored_logprobs(decoder, window: np.ndarray, first: int, batch: int):
+    """Log-probabilities (float64 [rows, vocab]) at positions first .. n_ctx - 2, in pieces."""
+    cache = decoder.new_cache()
+    decoder.forward(window[:first], cache, last_only=True)
+    end = len(window) - 1
+    for a in range(first, end, batch):
+        b = min(end, a + batch)
+        yield a, _log_softmax(decoder.forward(window[a:b], cache))
+
+
+def _mean_unc(s: float, s2: float, n: int) -> tuple[float, float]:
+    mean = s / n
+    var = s2 / n - mean * mean
+    return mean, math.sqrt(var / (n - 1)) if var > 0 and n > 1 else 0.0
+
+
+def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunks: int | None = None,
+               batch: int = BATCH, progress: Progress | None = None) -> dict:
+    """Perplexity of ``loaded`` on ``text`` over llama-perplexity's windows, and with ``reference`` (a second
+    ``LoadedModel``, same tokenizer) the divergence statistics.
+
+    Args:
+        loaded: the model (``load.LoadedModel``).
+        text: the text (tokenized whole).
+        n_ctx: window length in tokens (even, >= 8); the second half of each window is scored.
+        reference: optional reference model.
+        max_chunks: score at most this many windows (default: all).
+        batch: positions whose logits are computed together.
+        progress: optional ``progress("perplexity", windows done, windows)``.
+
+    Returns:
+        {"ppl", "ppl_uncertainty", "nll_mean", "tokens" (scored), "chunks", "n_ctx", "text_tokens", "add_bos",
+        "per_chunk_ppl"} and, with a reference, {"reference_ppl", "ppl_ratio", "kld_mean", "kld_uncertainty",
+        "kld_median", "kld_99", "kld_max", "dp_mean", "dp_uncertainty", "dp_rms", "same_top"} (probabilities as
+        fractions, not percent).
+
+    Raises:
+        SterError: a text too short for two windows, a bad ``n_ctx``, or a reference whose tokenizer gives other
+            ids for the text or whose vocabulary differs in size.
+    """
+    tok = loaded.tokenizer
+    ids = text_ids(tok, text)
+    add_bos = _adds_bos(tok)
+    chunks = windows(ids, n_ctx, tok.bos_token_id if add_bos else None, max_chunks)
+    if reference is not None:
+        ref_ids = text_ids(reference.tokenizer, text)
+        if ref_ids != ids:
+            raise SterError("the reference model tokenizes the text differently; KL divergence compares models of "
+                            "one vocabulary (for example two quantizations of one model)")
+        if reference.spec.vocab_size != loaded.spec.vocab_size:
+            raise SterError(f"the reference model's vocabulary has {reference.spec.vocab_size} entries, this "
+                            f"model's {loaded.spec.vocab_size}; they must match")
+    first = n_ctx // 2
+    nll_sum = nll2_sum = 0.0
+    count = 0
+    per_chunk = []
+    ref = {"nll": 0.0, "kld": [], "dp": [], "same": 0}
+    for c, w in enumerate(chunks):
+        target_all = np.asarray(ids[c * n_ctx:(c + 1) * n_ctx], dtype=np.int64)
+        chunk_nll = 0.0
+        ref_pieces = _scored_logprobs(reference.decoder, w, first, batch) if reference is not None else None
+        for a, lp in _scored_logprobs(loaded.decoder, w, first, batch):
+            targets = target_all[a + 1:a + 1 + lp.shape[0]]
+            nll = -lp[np.arange(len(targets)), targets]
+            chunk_nll += float(nll.sum())
+            nll_sum += float(nll.sum())
+            nll2_sum += float((nll * nll).sum())
+            count += len(targets)
+            if ref_pieces is not None:
+                _, rlp = next(ref_pieces)
+                ref["nll"] += float(-rlp[np.arange(len(targets)), targets].sum())
+                p_ref = np.exp(rlp)
+                ref["kld"].append((p_ref * (rlp - lp)).sum(axis=1))
+                ref["dp"].append(np.exp(-nll) - np.exp(rlp[np.arange(len(targets)), targets]))
+                ref["same"] += int((lp.argmax(axis=1) == rlp.argmax(axis=1)).sum())
+        per_chunk.append(math.exp(chunk_nll / (n_ctx - 1 - first)))
+        if progress:
+            progress("perplexity", c + 1, len(chunks))
+    mean, unc = _mean_unc(nll_sum, nll2_sum, count)
+    ppl = math.exp(mean)
+    out = {"ppl": ppl, "ppl_uncertainty": ppl * unc, "nll_mean": mean, "tokens": count, "chunks": len(chunks),
+           "n_ctx": n_ctx, "text_tokens": len(ids), "add_bos": add_bos, "per_chunk_ppl": per_chunk}
+    if reference is not None:
+        kld = np.concatenate(ref["kld"])
+        dp = np.concatenate(ref["dp"])
+        k_mean, k_unc = _mean_unc(float(kld.sum()), float((kld * kld).sum()), count)
+        d_mean, d_unc = _mean_unc(float(dp.sum()), float((dp * dp).sum()), count)
+        ref_ppl = math.exp(ref["nll"] / count)
+        out.update({"reference_ppl": ref_ppl, "ppl_ratio": ppl / ref_ppl, "kld_mean": k_mean, "kld_uncertainty": k_unc,
+                    "kld_median": float(np.median(kld)), "kld_99": float(np.percentile(kld, 99)),
+                    "kld_max": float(kld.max()), "dp_mean": d_mean, "dp_uncertainty": d_unc,
+                    "dp_rms": float(np.sqrt((dp * dp).mean())), "same_top": ref["same"] / count})
+    return out

@@ -1,0 +1,106 @@
+"""``ster perplexity`` on a tiny model: llama-perplexity's windows and statistics.
+
+The oracle for the windows is llama.cpp itself (``llamacpp.perplexity`` runs llama-perplexity's computation in
+llama.cpp): same text, same file, the same perplexity within 1 % (the same to ~1e-4 on an F16 file). The
+statistics are checked against a direct numpy computation over whole-window logits (no cache, no batching):
+NLL, KL divergence, Δp and top-1 agreement.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from export_helpers import CORPUS as TEXT
+from ster_py.errors import SterError
+from ster_py.perplexity import perplexity, text_ids, windows
+from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from export_helpers import tiny_bpe_checkpoint
+
+    from ster_py.convert import convert_model
+
+    root = tmp_path_factory.mktemp("ppl")
+    cfg = dict(vocab_size=320, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=64, max_position_embeddings=128)
+    tiny_bpe_checkpoint(root / "m", "llama", cfg, scale=0.25)
+    return {t: convert_model(str(root / "m"), root / f"m-{t}.gguf", t)["output"] for t in ("f16", "q4_0")}
+
+
+def _log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+
+def test_statistics_equal_a_direct_computation(files):
+    from ster_py.load import load_model
+
+    model, ref = load_model(files["q4_0"]), load_model(files["f16"])
+    n_ctx = 32
+    got = perplexity(model, TEXT, n_ctx, reference=ref, max_chunks=3, batch=5)
+    ids = text_ids(model.tokenizer, TEXT)
+    nll, kld, dp, same = [], [], [], []
+    for c in range(3):
+        w = ids[c * n_ctx:(c + 1) * n_ctx]  # this vocabulary adds no BOS: windows are the text as is
+        lp = _log_softmax(model.decoder.forward(w))[n_ctx // 2:n_ctx - 1]
+        rp = _log_softmax(ref.decoder.forward(w))[n_ctx // 2:n_ctx - 1]
+        t = np.asarray(w[n_ctx // 2 + 1:])
+        rows = np.arange(len(t))
+        nll.append(-lp[rows, t])
+        kld.append((np.exp(rp) * (rp - lp)).sum(1))
+        dp.append(np.exp(lp[rows, t]) - np.exp(rp[rows, t]))
+        same.append(lp.argmax(1) == rp.argmax(1))
+    nll, kld, dp, same = map(np.concatenate, (nll, kld, dp, same))
+    assert got["tokens"] == len(nll) == 3 * (n_ctx // 2 - 1) and got["chunks"] == 3 and not got["add_bos"]
+    assert got["ppl"] == pytest.approx(np.exp(nll.mean()), rel=1e-4)
+    assert got["kld_mean"] == pytest.approx(kld.mean(), rel=1e-3, abs=1e-7)
+    assert got["dp_rms"] == pytest.approx(np.sqrt((dp ** 2).mean()), rel=1e-3)
+    assert got["same_top"] == pytest.approx(same.mean())
+    assert got["kld_mean"] > 0 and got["reference_ppl"] != got["ppl"]
+    itself = perplexity(ref, TEXT, n_ctx, reference=ref, max_chunks=2)
+    assert itself["kld_mean"] == pytest.approx(0, abs=1e-12) and itself["same_top"] == 1 and itself["dp_rms"] == 0
+
+
+@pytest.mark.parametrize("ftype", ["f16", "q4_0"])
+def test_perplexity_equals_llamacpps(files, ftype):
+    from ster_py import llamacpp
+    from ster_py.load import load_model
+
+    path = files[ftype]
+    ours = perplexity(load_model(path), TEXT, 64)
+    theirs = llamacpp.perplexity(path, TEXT, 64)
+    assert theirs["tokens"] == text_ids(load_model(path).tokenizer, TEXT)
+    assert ours["tokens"] == len(theirs["nll"]) and ours["chunks"] == theirs["chunks"]
+    assert abs(ours["ppl"] / theirs["ppl"] - 1) < (1e-3 if ftype == "f16" else 1e-2)
+
+
+def test_windows_refusals():
+    with pytest.raises(SterError, match="at least 64"):
+        windows(list(range(63)), 32, None)
+    with pytest.raises(SterError, match="even number"):
+        windows(list(range(100)), 31, None)
+    w = windows(list(range(100)), 16, 7, max_chunks=2)
+    assert len(w) == 2 and w[0][0] == 7 and w[1][0] == 7 and list(w[1][1:]) == list(range(17, 32))
+
+
+def test_cli_json(files, tmp_path):
+    (tmp_path / "t.txt").write_text(TEXT)
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["q4_0"],
+                        "--file", str(tmp_path / "t.txt"), "--ctx", "32", "--chunks", "2", "--reference", files["f16"],
+                        "--json", "-q"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    doc = json.loads(r.stdout)
+    from ster_py import __version__
+
+    assert doc["ster_version"] == __version__
+    assert doc["chunks"] == 2 and doc["tokens"] == 30 and doc["kld_mean"] > 0 and 0 < doc["same_top"] <= 1
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["f16"],
+                        "--file", str(tmp_path / "t.txt"), "--ctx", "4096"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "needs at least 8192" in r.stderr

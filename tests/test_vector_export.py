@@ -1,0 +1,150 @@
+"""``ster vector pca`` and ``ster vector export`` (llama.cpp's control-vector GGUF).
+
+- PCA: the direction is the principal eigenvector of DᵀD (numpy's eigh, independently of the SVD the code
+  uses) for the pair differences D, signed so that most pairs project positive.
+- Export: gguf-py reads the file as llama.cpp's format: ``general.architecture`` controlvector,
+  ``controlvector.model_hint``, ``controlvector.layer_count`` (int32), F32 ``direction.N`` = strength x
+  direction for N >= 1 (llama.cpp never steers layer 0).
+- Effect: llama.cpp loading the file (through the child, as ``common_control_vector_load`` reads it) continues
+  a prompt exactly as ``ster generate --vector --strength`` does on the same F32 model, and differently from the
+  unsteered model.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ster_py.capture import Capture
+from ster_py.errors import SterError
+from ster_py.steering import SteeringVector, export_control_vector, pca, write_vector
+
+
+def ster(*args):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _captures(rng, n_pairs=6, hidden=16, layers=(0, 1, 2), position="last"):
+    direction = rng.standard_normal(hidden)
+    base = {"model": "m", "model_revision": None, "hidden_size": hidden, "position": position,
+            "model_type": "llama", "num_hidden_layers": 4, "layers": list(layers), "chat_template": "off",
+            "precision": "f32"}
+    neg = {i: rng.standard_normal((n_pairs, hidden)).astype(np.float32) for i in layers}
+    pos = {i: (neg[i] + (1 + i) * direction + 0.3 * rng.standard_normal((n_pairs, hidden))).astype(np.float32)
+           for i in layers}
+    prompts = [{"text": f"p{j}", "token_ids": [j]} for j in range(n_pairs)]
+    return (Capture(dict(base, prompts=prompts), pos), Capture(dict(base, prompts=prompts), neg))
+
+
+def test_pca_is_the_principal_axis_of_the_differences_signed_positive():
+    rng = np.random.default_rng(0)
+    p, n = _captures(rng)
+    vec = pca(p, n, trait="t")
+    assert vec.method == "pca" and sorted(vec.directions) == [0, 1, 2]
+    for i in (0, 1, 2):
+        d = p.rows(i).astype(np.float64) - n.rows(i)
+        w, v = np.linalg.eigh(d.T @ d)
+        top = v[:, -1]
+        got = vec.directions[i].astype(np.float64)
+        assert abs(abs(got @ top) - 1) < 1e-5 and abs(np.linalg.norm(got) - 1) < 1e-6
+        assert ((d @ got) > 0).sum() > len(d) / 2
+        assert vec.metadata["explained"][str(i)] == pytest.approx(w[-1] / w.sum(), rel=1e-6)
+    flipped = pca(n, p)  # the sides swapped: the same axis, the other sign
+    assert all(np.allclose(flipped.directions[i], -vec.directions[i], atol=1e-6) for i in (0, 1, 2))
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda p, n: n.meta.update(prompts=n.meta["prompts"][:-1]), "paired prompts"),
+    (lambda p, n: (p.meta.update(position="all"), n.meta.update(position="all")), "--position last or mean"),
+    (lambda p, n: n.meta.update(model="other"), "disagree on model"),
+])
+def test_pca_refusals(change, match):
+    p, n = _captures(np.random.default_rng(1))
+    change(p, n)
+    with pytest.raises(SterError, match=match):
+        pca(p, n)
+
+
+def _vector(hidden=16, layers=(0, 3, 5), seed=2, model_type="llama"):
+    rng = np.random.default_rng(seed)
+    dirs = {}
+    for i in layers:
+        v = rng.standard_normal(hidden)
+        dirs[i] = (v / np.linalg.norm(v)).astype(np.float32)
+    return SteeringVector("m", None, hidden, "t", "caa", dirs, {"model_type": model_type})
+
+
+def test_export_is_llamacpps_control_vector_format(tmp_path):
+    from gguf import GGUFReader
+
+    vec = _vector()
+    write_vector(vec, tmp_path / "v.json")
+    r = ster("vector", "export", str(tmp_path / "v.json"), "--output", str(tmp_path / "v.gguf"), "--strength", "2.5",
+             "--json")
+    assert r.returncode == 0, r.stderr
+    from ster_py import __version__
+
+    assert json.loads(r.stdout)["layers"] == [3, 5] and "layer 0" in r.stderr
+    assert json.loads(r.stdout)["ster_version"] == __version__
+    g = GGUFReader(tmp_path / "v.gguf")
+    f = {x.name: x for x in g.fields.values()}
+    assert f["general.architecture"].contents() == "controlvector"
+    assert f["controlvector.model_hint"].contents() == "llama"
+    assert f["controlvector.layer_count"].contents() == 2 and f["controlvector.layer_count"].types[0].name == "INT32"
+    assert {t.name for t in g.tensors} == {"direction.3", "direction.5"}
+    for t in g.tensors:
+        assert t.tensor_type.name == "F32" and list(t.shape) == [16]
+        assert np.allclose(np.asarray(t.data), 2.5 * vec.directions[int(t.name.split(".")[1])])
+
+
+def test_export_refuses_a_vector_of_layer_0_only(tmp_path):
+    with pytest.raises(SterError, match="only layer 0"):
+        export_control_vector(_vector(layers=(0,)), tmp_path / "v.gguf")
+    with pytest.raises(SterError, match="finite"):
+        export_control_vector(_vector(), tmp_path / "v.gguf", strength=float("nan"))
+    assert not (tmp_path / "v.gguf").exists()
+
+
+def test_cli_pca_from_captures(tmp_path):
+    from ster_py.capture import save_capture
+    from ster_py.steering import read_vector
+
+    p, n = _captures(np.random.default_rng(3))
+    for cap, name in ((p, "pos"), (n, "neg")):
+        cap.meta.update(format="ster.capture", schema_version=1, layer_numbering="", model_type="llama")
+        save_capture(cap, tmp_path / f"{name}.safetensors")
+    r = ster("vector", "pca", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+             str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"), "--layers", "1..2", "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    vec = read_vector(tmp_path / "v.json")
+    assert vec.method == "pca" and sorted(vec.directions) == [1, 2]
+    assert np.allclose(vec.directions[1], pca(p, n, layers=[1]).directions[1])
+
+
+def test_llamacpp_steers_like_ster(tmp_path):
+    """Same F32 file, same vector: llama.cpp's 16 greedy tokens under the control vector equal ster's under
+    --vector, which differ from the unsteered ones."""
+    from export_helpers import tiny_bpe_checkpoint
+
+    from ster_py import llamacpp
+    from ster_py.convert import convert_model
+    from ster_py.generate import Sampling, generate
+    from ster_py.load import load_model
+    from ster_py.steering import steering_hook
+
+    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    tiny_bpe_checkpoint(tmp_path / "m", "llama", cfg)
+    path = convert_model(str(tmp_path / "m"), tmp_path / "m.gguf", "f32")["output"]
+    model = load_model(path)
+    ids = model.tokenizer.encode("The quick brown fox")
+    vec = _vector(hidden=64, layers=(1, 2, 3), seed=5)
+    export_control_vector(vec, tmp_path / "v.gguf", strength=6.0)
+    plain = generate(model.decoder, ids, Sampling(max_new_tokens=16)).ids
+    steered = generate(model.decoder, ids, Sampling(max_new_tokens=16), layer_hook=steering_hook(vec, 6.0)).ids
+    assert steered != plain
+    assert llamacpp.greedy(path, ids, 16, control_vector=tmp_path / "v.gguf") == steered
