@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.indexer import IndexerSpec
 from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
@@ -55,6 +56,10 @@ class LayerSpec:
     ``ModelSpec.attention_shape``), whether it has attention sinks, and its
     routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5). ``norms``: the sublayer
     norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
+    ``indexer``: DeepSeek Sparse Attention on a latent layer (``ModelSpec.indexer``): ``"full"`` (the
+    layer's own indexer chooses each query's keys), ``"shared"`` (the last indexed layer's choice) or
+    None (dense). ``latent``: the layer's latent attention when it is not the model's
+    (``ModelSpec.latent_of``; Dots3-Note's sliding-window layers).
     """
 
     sliding_window: int | None
@@ -70,6 +75,8 @@ class LayerSpec:
     sinks: bool | None = None
     moe: MoESpec | None = None
     norms: tuple[str, ...] | None = None
+    indexer: str | None = None
+    latent: LatentSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,8 @@ class ModelSpec:
     of stored tensors the forward never reads (multi-token-prediction modules). ``latent``
     describes the multi-head latent attention of the layers whose ``LayerSpec.mixer`` is
     ``"latent"`` (their ``head_dim`` is its nope + rope, their values ``v_head_dim`` wide).
+    ``indexer`` describes DeepSeek Sparse Attention's indexer of the layers whose ``LayerSpec.indexer``
+    says so (``decoder/indexer.py``).
     ``ssm`` describes the state-space scan of the layers whose mixer is one
     (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
     adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
@@ -161,6 +170,11 @@ class ModelSpec:
     ssm: SSMSpec | None = None
     mup: MupScales | None = None
     adapters: str = "all"
+    indexer: IndexerSpec | None = None
+
+    def latent_of(self, i: int) -> LatentSpec | None:
+        """Layer ``i``'s latent attention (its own, else the model's)."""
+        return self.layers[i].latent or self.latent
 
     def has_kv(self, i: int) -> bool:
         """Whether layer ``i`` keeps keys and values (its mixer attends)."""
@@ -175,6 +189,9 @@ class ModelSpec:
         layer = self.layers[i]
         heads = layer.num_attention_heads or self.num_attention_heads
         kv = layer.num_key_value_heads or self.num_key_value_heads
+        if layer.latent is not None:  # its own latent: expanded, one key/value head per head
+            own = layer.latent
+            return heads, heads, own.qk_head_dim, own.v_head_dim
         return heads, kv, self.head_dim, layer.v_head_dim or self.head_dim
 
     def layer_norms(self, i: int) -> tuple[str, ...]:
@@ -186,7 +203,7 @@ class ModelSpec:
         """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
-            return self.latent.cache_width
+            return self.latent_of(i).cache_width + (self.indexer.head_dim if self.layers[i].indexer == "full" else 0)
         _, kv, dk, dv = self.attention_shape(i)
         return kv * (dk + dv)
 
@@ -293,6 +310,7 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
             raise SterError(f"invalid model config {config_name}: layer_types must list one entry per layer "
                             f"({n_layers}), got {shown}")
         kinds = (("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
+                 + (("indexed_attention",) if family.indexer is not None else ())
                  + (tuple(MIXER_TYPES) if family.recurrent else ()))
         for t in layer_types:
             if t not in kinds:
@@ -798,6 +816,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
             raise SterError(f"{where}: floor_scale must be a positive integer, got {brief_value(divisor)}")
         temperature = (r.number("attn_scale", 0.1), divisor, 1)  # Llama 4 counts positions from one here
     rotated_only = family.query_temperature == "unrotated_layers"
+    indexer = None
+    if family.indexer is not None:  # DeepSeek Sparse Attention: each layer's indexer kind
+        indexer = indexer_spec(r, family, latent, config_name)
+        own = [dict(o, indexer=k) for o, k in zip(own, indexer_kinds(config, n_layers, config_name))]
     if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
         own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
     if latent is not None:  # the attending layers attend through the latent
@@ -842,6 +864,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         latent=latent,
         ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
         mup=mup_scales(config, config_name) if family.mup else None,
+        indexer=indexer,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -864,6 +887,60 @@ def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
         raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
                         "even; rotary pairs need an even width")
     return latent
+
+
+def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, config_name: str) -> IndexerSpec:
+    """DeepSeek Sparse Attention's indexer of a family with ``indexer``: ``index_n_heads``,
+    ``index_head_dim`` and ``index_topk`` under the family's keys, rotating the latent's
+    ``qk_rope_head_dim`` components; what the family fixes in code (pairing, which components rotate,
+    the key norm's epsilon: ``"model"`` for the model's) from ``family.indexer``.
+
+    Raises:
+        SterError: a count that is not a positive integer within bounds, a rotated width above the
+            index head's, a model without a query bottleneck (the indexer reads its latent).
+    """
+    where = f"invalid model config {config_name}"
+    if latent is None or latent.q_lora_rank is None:
+        raise SterError(f"{config_name}: DeepSeek Sparse Attention without a query bottleneck (q_lora_rank null) is "
+                        "not supported (the indexer reads the query latent); ster refuses this configuration before "
+                        "reading any weight")
+    fixed = dict(family.indexer)
+    eps = fixed.pop("norm_eps", 1e-6)
+    eps = float(r.get("norm_eps", 1e-6)) if eps == "model" else float(eps)
+    spec = IndexerSpec(n_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
+                       head_dim=r.positive_int("index_head_dim", limit=MAX_HEAD_DIM),
+                       topk=r.positive_int("index_topk", limit=1 << 31), rope_dim=latent.qk_rope_head_dim,
+                       norm_eps=eps, **fixed)
+    if spec.rope_dim > spec.head_dim:
+        raise SterError(f"{where}: qk_rope_head_dim ({spec.rope_dim}) must not exceed index_head_dim "
+                        f"({spec.head_dim}): the indexer rotates that many of each head's components")
+    return spec
+
+
+#: ``indexer_types`` entries: the layer's own indexer, the last indexed layer's choice, none (dense).
+INDEXER_KINDS = {"full": "full", "shared": "shared", "none": None}
+
+
+def indexer_kinds(config: Mapping, n_layers: int, config_name: str) -> list[str | None]:
+    """Per layer: its ``LayerSpec.indexer`` from ``indexer_types`` (a family's ``normalize`` writes it
+    from its own spellings), every layer ``"full"`` when the config lists none.
+
+    Raises:
+        SterError: a list of the wrong length or with another entry, a ``shared`` layer before any
+            ``full`` one (it would have no choice to reuse; Transformers raises there too).
+    """
+    types = config.get("indexer_types")
+    if types is None:
+        return ["full"] * n_layers
+    if not isinstance(types, list) or len(types) != n_layers or any(t not in INDEXER_KINDS for t in types):
+        raise SterError(f"invalid model config {config_name}: indexer_types must list 'full', 'shared' or 'none' "
+                        f"for each of the {n_layers} layers, got {brief_value(types)}")
+    kinds = [INDEXER_KINDS[t] for t in types]
+    first = next((i for i, k in enumerate(kinds) if k == "full"), n_layers)
+    if "shared" in kinds[:first]:
+        raise SterError(f"invalid model config {config_name}: indexer_types marks layer {kinds.index('shared')} "
+                        "shared before any layer has an indexer of its own (full); there is no choice to reuse")
+    return kinds
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -327,6 +327,8 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "moe_latent_size": (),  # the routed experts' latent width (Nemotron-H's moe_latent_size)
+    # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
+    "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
     # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
@@ -500,6 +502,11 @@ class FamilySpec:
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
         latent: every layer mixes by multi-head latent attention (``decoder/latent.py``), its ranks and
             head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
+        indexer: the latent layers have DeepSeek Sparse Attention's indexer (``decoder/indexer.py``), sized
+            by ``index_n_heads``, ``index_head_dim`` and ``index_topk`` (``config.indexer_spec``), each layer's
+            kind from ``indexer_types`` (``config.indexer_kinds``); the mapping holds the ``IndexerSpec``
+            fields the family fixes in code (``interleaved``, ``rope_last``, ``norm_eps``: a number or
+            ``"model"``, the model's epsilon).
         routed_norms: the sublayer norms of the routed layers, when they differ from ``norms``
             (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
         dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
@@ -594,6 +601,7 @@ class FamilySpec:
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
     latent: bool = False
+    indexer: Mapping[str, Any] | None = None
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
     recurrent: str | None = None
@@ -1175,6 +1183,54 @@ _MAMBA2_HYBRID_DEFAULTS = {"ssm_state_size": 256, "ssm_conv_kernel": 4, "ssm_exp
 _BAMBA_WIDTH = Refusal(_mamba2_width_mismatch(None, "mamba_expand", "mamba_n_heads", "mamba_d_head"),
                        "a Mamba-2 width (mamba_expand * hidden_size) other than its heads' total "
                        "(mamba_n_heads * mamba_d_head) is not supported")
+
+
+# ---- group MLA-B (issue 14, part B): the latent-attention descendants' names, readers and refusals.
+# DeepSeek Sparse Attention's indexer below self_attn.indexer (decoder/indexer.py), as Transformers and
+# DeepSeek's releases name it, and as llama.cpp's converter writes it (blk.N.indexer.*).
+DSA_NAMES = dict(idx_q_b=_SA + "indexer.wq_b", idx_k=_SA + "indexer.wk", idx_k_norm=_SA + "indexer.k_norm",
+                 idx_w=_SA + "indexer.weights_proj")
+DEEPSEEK_DSA_NAMES = _with(DEEPSEEK_NAMES, **DSA_NAMES)
+GGUF_DSA_NAMES = _with(GGUF_LATENT_NAMES, idx_q_b="blk.{i}.indexer.attn_q_b", idx_k="blk.{i}.indexer.attn_k",
+                       idx_k_norm="blk.{i}.indexer.k_norm", idx_w="blk.{i}.indexer.proj")
+_V3_REFUSALS = (Refusal(_stated_other("scoring_func", "sigmoid"),
+                        "a scoring_func other than sigmoid is not supported (Transformers' router for this family "
+                        "scores by sigmoid whatever it says)"),
+                Refusal(_stated_other("topk_method", "noaux_tc"),
+                        "a topk_method other than noaux_tc is not supported (Transformers' router for this family "
+                        "chooses by noaux_tc whatever it says)"))
+# The main attention of DeepSeek-V3.2 and GLM-5 rotates adjacent pairs whatever rope_interleave says.
+_ROPE_PAIRS = Refusal(lambda c: c.get("rope_interleave") is False,
+                      "rope_interleave: false is not supported (Transformers rotates this family's latent attention "
+                      "by adjacent pairs whatever it says)")
+
+
+def _indexer_pairs(interleaved: bool) -> Refusal:
+    """The indexer's rotation is fixed per family in Transformers; a config saying otherwise is refused."""
+    return Refusal(lambda c: c.get("indexer_rope_interleave") is not None
+                   and bool(c["indexer_rope_interleave"]) != interleaved,
+                   f"indexer_rope_interleave: {str(not interleaved).lower()} is not supported (Transformers' indexer "
+                   f"for this family rotates {'adjacent pairs' if interleaved else 'halves'} whatever it says)")
+
+
+def _glm_dsa_config(config: Mapping) -> Mapping:
+    """GLM-5's indexed and shared layers as Transformers' GlmMoeDsaConfig derives ``indexer_types`` when a
+    config lists none: from ``index_topk_pattern`` (F: full, S: shared), else a layer i is full when
+    max(i - offset + 1, 0) is a multiple of ``index_topk_freq`` (1), offset ``index_skip_topk_offset`` (2)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("indexer_types") is None:
+        pattern = c.get("index_topk_pattern")
+        if isinstance(pattern, str):
+            c["indexer_types"] = [{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern]
+        elif isinstance(pattern, list):
+            c["indexer_types"] = list(pattern)
+        else:
+            freq, offset = c.get("index_topk_freq", 1), c.get("index_skip_topk_offset", 2)
+            if isinstance(freq, int) and isinstance(offset, int) and not isinstance(freq, bool) \
+                    and not isinstance(offset, bool):
+                freq = max(freq, 1)
+                c["indexer_types"] = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    return c
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -1836,6 +1892,23 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(gate, down) are not supported")),
                    gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
                    gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
+        # ---- group MLA-B (issue 14, part B): the latent-attention descendants
+        # DeepSeek-V3.2: DeepSeek-V3 with DeepSeek Sparse Attention on every layer; its indexer rotates the
+        # first qk_rope_head_dim components of each head by halves (Transformers' DeepseekV32Indexer).
+        FamilySpec("deepseek_v32", gguf_arch="deepseek32", keys=_LATENT_KEYS,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, index_topk=2048, index_head_dim=128, index_n_heads=64),
+                   indexer={"interleaved": False},
+                   **dict(_V3_LATENT, names=DEEPSEEK_DSA_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_ROPE_PAIRS, _indexer_pairs(False), _MOE_LAYER_FREQ)),
+        # GLM-5: the same with an indexer rotating adjacent pairs and shared layers (indexer_types) that reuse
+        # the last indexed layer's choice (Transformers' GlmMoeDsaAttention).
+        FamilySpec("glm_moe_dsa", gguf_arch="glm-dsa", keys=_LATENT_KEYS, normalize=_glm_dsa_config,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, q_lora_rank=2048, qk_nope_head_dim=192, v_head_dim=256,
+                                        n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk=2048,
+                                        index_head_dim=128, index_n_heads=32),
+                   indexer={"interleaved": True},
+                   **dict(_V3_LATENT, names=DEEPSEEK_DSA_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_ROPE_PAIRS, _indexer_pairs(True), _MOE_LAYER_FREQ)),
     )
 }
 

@@ -46,13 +46,14 @@ def _dense_cases() -> dict:
     """One tiny configuration per family of issue 6, from its parity suite (the family's own key spellings)."""
     import test_parity_dense as dense
     import test_parity_mla as mla
+    import test_parity_mla_b as mla_b
     import test_parity_moe as moe
     import test_parity_ssm as ssm
 
     out = {}
     for case, (model_type, config) in dense.CASES.items():
         out.setdefault(model_type, (case, config, dense.ATTN.get(case, "eager")))
-    for suite in (moe, mla, ssm):
+    for suite in (moe, mla, mla_b, ssm):
         for case, (model_type, config) in suite.CASES.items():
             out.setdefault(model_type, (case, config, "eager"))
     return out

@@ -141,6 +141,7 @@ def test_family_matches_transformers(case, tmp_path):
 def test_every_landed_family_has_a_case():
     """No family is registered without a parity case above (or in test_parity_families.py)."""
     import test_parity_mla
+    import test_parity_mla_b
     import test_parity_moe
     import test_parity_ssm
 
@@ -148,6 +149,7 @@ def test_every_landed_family_has_a_case():
     tested = {model_type for model_type, _ in CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_moe.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_mla.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_mla_b.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 

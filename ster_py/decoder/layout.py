@@ -73,15 +73,21 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                            ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
     if spec.ssm is not None:
         shapes.update(spec.ssm.tensor_shapes(d))
-    if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
-        m = spec.latent
+    m = spec.latent_of(i) if i is not None and spec.latent is not None else spec.latent
+    if m is not None:  # multi-head latent attention (decoder/latent.py), the layer's own where it has one
         r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
         shapes.update({("kv_a", "weight"): (r + rope, d), ("kv_a", "bias"): (r + rope,), ("kv_a_norm", "weight"): (r,),
                        ("kv_b", "weight"): (h * (nope + lv), r), ("k_b", "weight"): (h, r, nope),
-                       ("v_b", "weight"): (h, lv, r)})
+                       ("v_b", "weight"): (h, lv, r), ("k_rope_norm", "weight"): (rope,)})
         if qr is not None:
             shapes.update({("q_a", "weight"): (qr, d), ("q_a", "bias"): (qr,), ("q_a_norm", "weight"): (qr,),
                            ("q_b", "weight"): (q, qr)})
+    if spec.indexer is not None:  # DeepSeek Sparse Attention's indexer (decoder/indexer.py)
+        x = spec.indexer
+        qr = (spec.latent_of(i) if i is not None else spec.latent).q_lora_rank or 0
+        shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
+                       ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
+                       ("idx_w", "weight"): (x.n_heads, d)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
