@@ -77,7 +77,7 @@ def build(ftype: str = "Q4_K_M") -> Path:
         if r.returncode != 0:
             sys.exit(f"llama.cpp's converter failed:\n{r.stderr[-2000:]}")
         part = tmp / out.name
-        llamacpp.quantize(f16, part, ftype)
+        llamacpp.quantize(f16, part, ftype, timeout=7200)  # 6 GB of F16 on a shared 2-core machine
         part.rename(out)  # complete files only
     (out.parent / f"{NAME}.json").write_text(json.dumps(CONFIG, indent=1))
     return out
