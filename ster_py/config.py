@@ -738,7 +738,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
-    latent = latent_spec(r, config_name) if family.latent else None
+    latent = latent_spec(r, config_name, family, hidden) if family.latent else None
     if latent is not None:  # expanded, every head has its own key and value: one key/value head per head
         kv_heads, head_dim = heads, latent.qk_head_dim
     else:
@@ -822,6 +822,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         own = [dict(o, indexer=k) for o, k in zip(own, indexer_kinds(config, n_layers, config_name))]
     if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
         own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
+    if latent is not None:  # layers whose latent per_layer_config reshapes (Dots3-Note's sliding layers)
+        own = [dict(o, latent=m) if m is not None else o
+               for o, m in zip(own, layer_latents(config, family, latent, hidden, n_layers, config_name))]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
@@ -870,9 +873,11 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     )
 
 
-def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
+def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,
+                hidden: int | None = None) -> LatentSpec:
     """The latent attention of a family with ``latent``: ``kv_lora_rank``, ``q_lora_rank`` (null: one
-    q projection), ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``, under the family's keys.
+    q projection), ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``, under the family's keys;
+    what the family fixes in code (``latent_extras``) from ``family``.
 
     Raises:
         SterError: a width that is not a positive integer within bounds, an odd rotated width.
@@ -886,7 +891,68 @@ def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
     if latent.qk_rope_head_dim % 2:
         raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
                         "even; rotary pairs need an even width")
-    return latent
+    if family is None:
+        return latent
+    return latent_extras(latent, family, hidden, float(r.get("norm_eps", 1e-6)))
+
+
+def latent_extras(latent: LatentSpec, family: FamilySpec, hidden: int | None, model_eps: float) -> LatentSpec:
+    """``latent`` with what ``family`` fixes in code: its bottleneck norms at the model's epsilon
+    (``latent_model_eps``), the normed bottlenecks scaled by sqrt(hidden / rank) (``latent_rescale``),
+    the shared rotated key part RMS-normed (``latent_k_rope_norm``)."""
+    extra: dict[str, Any] = {}
+    if family.latent_model_eps:
+        extra["norm_eps"] = model_eps
+    if family.latent_rescale:
+        extra["kv_scale"] = math.sqrt(hidden / latent.kv_lora_rank)
+        if latent.q_lora_rank is not None:
+            extra["q_scale"] = math.sqrt(hidden / latent.q_lora_rank)
+    if family.latent_k_rope_norm:
+        extra["k_rope_norm"] = True
+    return replace(latent, **extra) if extra else latent
+
+
+#: The latent shape keys a ``per_layer_config`` entry may restate for its layer.
+LATENT_LAYER_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def layer_latents(config: Mapping, family: FamilySpec, latent: LatentSpec, hidden: int, n_layers: int,
+                  config_name: str) -> list[LatentSpec | None]:
+    """Per layer, its own latent attention where Transformers' ``per_layer_config`` restates the latent's
+    widths for it (Dots3-Note's sliding-window layers; ``FamilySpec.normalize`` writes it from other
+    spellings), else None (the model's). A layer of its own latent scores over its own head width,
+    (nope + rope) ** -0.5.
+
+    Raises:
+        SterError: a width that is not a positive integer within bounds; a rotated width other than the
+            model's (its layers would need a rotation table of their own), a layer without a query
+            bottleneck in a model with one.
+    """
+    where = f"invalid model config {config_name}"
+    overrides = config.get("per_layer_config")
+    out: list[LatentSpec | None] = [None] * n_layers
+    if not isinstance(overrides, Mapping):
+        return out
+    for key, entry in overrides.items():  # keys and entries were checked by layer_geometry
+        stated = {k: entry[k] for k in LATENT_LAYER_KEYS if isinstance(entry, Mapping) and entry.get(k) is not None}
+        if not stated:
+            continue
+        for k, v in stated.items():
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEAD_DIM * 64:
+                raise SterError(f"{where}: per_layer_config[{key}].{k} must be a positive integer, got {brief_value(v)}")
+        own = replace(latent, **stated, attn_scale=None)
+        if own.qk_rope_head_dim != latent.qk_rope_head_dim:
+            raise SterError(f"{config_name}: layer {key}'s qk_rope_head_dim ({own.qk_rope_head_dim}) differs from the "
+                            f"model's ({latent.qk_rope_head_dim}); layers rotating different widths are not supported "
+                            "(ster refuses this configuration before reading any weight)")
+        if (own.q_lora_rank is None) != (latent.q_lora_rank is None):
+            raise SterError(f"{where}: layer {key} states a q_lora_rank where the model has none, or none where "
+                            "it has one")
+        own = latent_extras(own, family, hidden, latent.norm_eps)
+        if own.qk_head_dim != latent.qk_head_dim:
+            own = replace(own, attn_scale=own.qk_head_dim ** -0.5)
+        out[int(key)] = own if own != latent else None
+    return out
 
 
 def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, config_name: str) -> IndexerSpec:

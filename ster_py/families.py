@@ -502,6 +502,11 @@ class FamilySpec:
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
         latent: every layer mixes by multi-head latent attention (``decoder/latent.py``), its ranks and
             head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
+        latent_rescale: the latent bottlenecks' normed outputs are multiplied by sqrt(hidden_size / rank)
+            (``LatentSpec.q_scale`` / ``kv_scale``; LongCat-Flash, Dots3-Note).
+        latent_k_rope_norm: the shared rotated key part passes an RMS norm before it rotates
+            (``LatentSpec.k_rope_norm``, Dots3-Note).
+        latent_model_eps: the bottleneck norms take the model's epsilon, not Transformers' fixed 1e-6.
         indexer: the latent layers have DeepSeek Sparse Attention's indexer (``decoder/indexer.py``), sized
             by ``index_n_heads``, ``index_head_dim`` and ``index_topk`` (``config.indexer_spec``), each layer's
             kind from ``indexer_types`` (``config.indexer_kinds``); the mapping holds the ``IndexerSpec``
@@ -601,6 +606,9 @@ class FamilySpec:
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
     latent: bool = False
+    latent_rescale: bool = False
+    latent_k_rope_norm: bool = False
+    latent_model_eps: bool = False
     indexer: Mapping[str, Any] | None = None
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
@@ -1212,6 +1220,111 @@ def _indexer_pairs(interleaved: bool) -> Refusal:
                    f"indexer_rope_interleave: {str(not interleaved).lower()} is not supported (Transformers' indexer "
                    f"for this family rotates {'adjacent pairs' if interleaved else 'halves'} whatever it says)")
 
+
+
+# Dots3-Note: DeepSeek-V3.2's block with a second latent attention on its sliding-window layers.
+DOTS3_NAMES = _with(DEEPSEEK_DSA_NAMES, g=_SA + "g_proj", k_rope_norm=_SA + "k_rope_only_layernorm")
+#: Dots3NoteTextConfig's defaults for the sliding-window layers' latent (its swa_* keys).
+_DOTS3_SWA = {"num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1024, "kv_lora_rank": 1024,
+              "head_dim": 256, "qk_nope_head_dim": 192, "v_head_dim": 128}
+
+
+def _dots3_config(config: Mapping) -> Mapping:
+    """Dots3-Note's spellings as Transformers' Dots3NoteTextConfig reads them (its defaults included), in
+    ster's terms: ``mlp_layer_types`` from first_k_dense_replace / moe_layer_freq; ``layer_types`` (the
+    release's full_attention layers are indexed under use_dsa, the default; without the list, every layer
+    but 0, 1 and each 4k+1 slides under use_sliding_window) as full / sliding layers with their indexer
+    kind in ``indexer_types``; the sliding layers' latent and heads from the swa_* keys in
+    ``per_layer_config``; ``sliding_window`` from sliding_window_size; one plain rotation per layer kind,
+    rope_theta and swa_rope_theta; the shared experts' width shared_experts_intermediate_size (or
+    moe_shared_expert_intermediate_size) times n_shared_experts."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None and n:
+        k, freq = c.get("first_k_dense_replace", 1), c.get("moe_layer_freq", 1)
+        if isinstance(k, int) and (isinstance(freq, list) or isinstance(freq, int) and freq > 0):
+            c["mlp_layer_types"] = ["sparse" if i >= k and (bool(freq[i]) if isinstance(freq, list) and i < len(freq)
+                                                            else isinstance(freq, int) and i % freq == 0) else "dense"
+                                    for i in range(n)]
+    c.pop("first_k_dense_replace", None)
+    c.pop("moe_layer_freq", None)
+    shared = c.get("shared_experts_intermediate_size", c.get("moe_shared_expert_intermediate_size", 1536))
+    n_shared = c.get("n_shared_experts", 1)
+    if isinstance(shared, int) and isinstance(n_shared, int):
+        c["shared_intermediate_size"] = shared * n_shared
+    if c.get("sliding_window") is None:
+        c["sliding_window"] = c.get("sliding_window_size", 512)
+    use_dsa = c.get("use_dsa", None if "per_layer_config" in c else True)
+    types = c.get("layer_types")
+    if types is None and n:
+        full = "full_attention" if use_dsa is False else "indexed_attention"
+        types = [full if not c.get("use_sliding_window", True) or i < 2 or i % 4 == 1 else "sliding_attention"
+                 for i in range(n)]
+    if isinstance(types, list):
+        if use_dsa is not None:
+            old, new = ("full_attention", "indexed_attention") if use_dsa else ("indexed_attention", "full_attention")
+            types = [new if t == old else t for t in types]
+        c["indexer_types"] = ["full" if t == "indexed_attention" else "none" for t in types]
+        c["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in types]
+        if c.get("per_layer_config") is None:
+            swa = {k: c.get(f"swa_{k}", v) for k, v in _DOTS3_SWA.items()}
+            if isinstance(swa["head_dim"], int) and isinstance(swa["qk_nope_head_dim"], int):
+                swa["qk_rope_head_dim"] = c.get("swa_qk_rope_head_dim", swa["head_dim"] - swa["qk_nope_head_dim"])
+            c["per_layer_config"] = {str(i): swa for i, t in enumerate(types) if t == "sliding_attention"}
+    if _dots3_rope_scaled(c):
+        return c  # left as stated, for the gate's refusal
+    rp = c.get("rope_parameters")
+    theta = c.get("rope_theta", 80_000_000.0)
+    if isinstance(rp, Mapping) and any(k in rp for k in ("indexed_attention", "full_attention", "sliding_attention")):
+        full = rp.get("indexed_attention") or rp.get("full_attention") or {}
+        theta = full.get("rope_theta", theta) if isinstance(full, Mapping) else theta
+        swa = rp.get("sliding_attention") or {}
+        swa_theta = swa.get("rope_theta", 50_000.0) if isinstance(swa, Mapping) else 50_000.0
+    else:
+        swa_theta = c.get("swa_rope_theta", 50_000.0)
+    c["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": theta},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": swa_theta}}
+    c.pop("rope_scaling", None)
+    return c
+
+
+def _dots3_rope_scaled(config: Mapping) -> bool:
+    """A rotation other than the plain one, stated in rope_scaling or in any of rope_parameters' sets."""
+    sets = [config.get("rope_scaling")]
+    rp = config.get("rope_parameters")
+    if isinstance(rp, Mapping):
+        sets += list(rp.values()) if all(isinstance(v, Mapping) for v in rp.values()) and rp else [rp]
+    return any(isinstance(p, Mapping) and p.get("rope_type", p.get("type", "default")) not in ("default", None)
+               for p in sets)
+
+
+def _dots3_rope_widths_differ(config: Mapping) -> bool:
+    """The sliding layers' rotated width (swa_qk_rope_head_dim, else swa_head_dim - swa_qk_nope_head_dim, or
+    per_layer_config's) differs from qk_rope_head_dim."""
+    rope = config.get("qk_rope_head_dim", 64)
+    if config.get("swa_qk_rope_head_dim") is not None:
+        return config["swa_qk_rope_head_dim"] != rope
+    head, nope = config.get("swa_head_dim"), config.get("swa_qk_nope_head_dim")
+    if isinstance(head, int) and isinstance(nope, int):
+        return head - nope != rope
+    layers = config.get("per_layer_config")
+    return isinstance(layers, Mapping) and any(isinstance(e, Mapping) and e.get("qk_rope_head_dim") not in (None, rope)
+                                               for e in layers.values())
+
+
+_DOTS3_REFUSALS = (
+    Refusal(lambda c: any(c.get(k) not in (None, "headwise") for k in ("attention_gate_type", "swa_attention_gate_type")),
+            "an attention_gate_type or swa_attention_gate_type other than headwise is not supported (Transformers "
+            "gates each head's output by one sigmoid)"),
+    Refusal(_dots3_rope_widths_differ,
+            "sliding-window layers rotating another width than the full-attention ones (swa_qk_rope_head_dim other "
+            "than qk_rope_head_dim) are not supported"),
+    Refusal(lambda c: c.get("apply_mla_qkv_lora_rescale") is False,
+            "apply_mla_qkv_lora_rescale: false is not supported (Transformers rescales the latent bottlenecks by "
+            "sqrt(hidden_size / rank) whatever it says)"),
+    Refusal(_dots3_rope_scaled,
+            "a rope_scaling or rope type other than the plain rotation is not supported for dots3_note (vLLM "
+            "rotates by the plain base whatever it states; Transformers would scale)"),
+)
 
 def _glm_dsa_config(config: Mapping) -> Mapping:
     """GLM-5's indexed and shared layers as Transformers' GlmMoeDsaConfig derives ``indexer_types`` when a
@@ -1909,6 +2022,20 @@ FAMILIES: dict[str, FamilySpec] = {
                    indexer={"interleaved": True},
                    **dict(_V3_LATENT, names=DEEPSEEK_DSA_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
                    refusals=_V3_REFUSALS + (_ROPE_PAIRS, _indexer_pairs(True), _MOE_LAYER_FREQ)),
+        # Dots3-Note (vLLM's reading, Transformers' Dots3NoteTextConfig): DeepSeek-V3.2's block, its sliding
+        # layers with a latent attention of their own (per_layer_config), every latent scaled and gated.
+        FamilySpec("dots3_note", keys=_LATENT_KEYS, normalize=_dots3_config,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, vocab_size=152064, hidden_size=5120,
+                                        intermediate_size=13824, moe_intermediate_size=1536, num_hidden_layers=46,
+                                        num_attention_heads=128, q_lora_rank=1024, n_group=1, topk_group=1,
+                                        routed_scaling_factor=1.0, rms_norm_eps=1e-5, max_position_embeddings=524288,
+                                        first_k_dense_replace=1,
+                                        index_topk=2048, index_head_dim=128, index_n_heads=64),
+                   indexer={"interleaved": True}, latent_rescale=True, latent_k_rope_norm=True,
+                   latent_model_eps=True, attn_gate="sigmoid", attn_gate_per_head=True, adapters="ffn",
+                   unread=("vision_encoder.", "audio_encoder.", "audio_adapter.", "model.mtp."),
+                   **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS),
     )
 }
 

@@ -47,7 +47,29 @@ CASES = {
                                                     topk_group=1, mlp_layer_types=["dense", "sparse", "dense",
                                                                                    "sparse", "sparse"],
                                                     index_topk_freq=2, index_skip_topk_offset=1)),
+    # Dots3-Note: indexed latent layers and sliding-window layers with a latent of their own (2 heads, other
+    # ranks and widths, window 4), scaled bottlenecks, the rotated key part normed, gated heads.
+    "dots3_note": ("dots3_note", dict(MLA, **EXPERTS, **DSA, num_hidden_layers=5, head_dim=12,
+                                      layer_types=["indexed_attention", "sliding_attention", "indexed_attention",
+                                                   "sliding_attention", "sliding_attention"],
+                                      swa_num_attention_heads=2, swa_num_key_value_heads=2, swa_q_lora_rank=20,
+                                      swa_kv_lora_rank=12, swa_head_dim=12, swa_qk_nope_head_dim=8,
+                                      swa_v_head_dim=8, sliding_window_size=4, shared_experts_intermediate_size=24,
+                                      first_k_dense_replace=1, rope_theta=1000.0, swa_rope_theta=50.0)),
+    # ... grouped routing, two shared experts, unnormalised scaled weights, Transformers' default layer kinds.
+    "dots3_note-groups": ("dots3_note", dict(MLA, **dict(EXPERTS, num_experts_per_tok=3), **DSA,
+                                             num_hidden_layers=6, head_dim=12, n_group=2, topk_group=1,
+                                             n_shared_experts=2, norm_topk_prob=False, routed_scaling_factor=1.5,
+                                             swa_num_attention_heads=4, swa_num_key_value_heads=4,
+                                             swa_q_lora_rank=24, swa_kv_lora_rank=20, swa_head_dim=20,
+                                             swa_qk_nope_head_dim=16, swa_v_head_dim=16, sliding_window_size=6,
+                                             shared_experts_intermediate_size=16, first_k_dense_replace=2)),
 }
+# Keys of a Dots3-Note case as the release's config.json spells them (Transformers rewrites them when it
+# saves): the sliding layers' latent as swa_*, their bases and window, the dense layers' count.
+DOTS3_HUB_KEYS = ("swa_num_attention_heads", "swa_num_key_value_heads", "swa_q_lora_rank", "swa_kv_lora_rank",
+                  "swa_head_dim", "swa_qk_nope_head_dim", "swa_v_head_dim", "sliding_window_size",
+                  "first_k_dense_replace", "rope_theta", "swa_rope_theta", "shared_experts_intermediate_size")
 
 
 def _indexer_margins(model, ids) -> list[float]:
@@ -101,6 +123,28 @@ def test_family_matches_transformers(case, tmp_path):
         gaps = _indexer_margins(model, PROMPT)
         assert gaps and min(gaps) > 1e-4, "a top-k choice rests on (nearly) equal scores: pick another case"
     _steps_and_absorbed(model, ref_model)
+
+
+def test_dots3_note_release_spelling(tmp_path):
+    """The release's config.json (swa_* keys, layer_types naming the indexed layers full_attention, use_dsa,
+    sliding_window_size, rope_theta / swa_rope_theta, first_k_dense_replace) reads as Transformers reads it."""
+    model_type, config = CASES["dots3_note"]
+    ref_model = build(tmp_path, model_type, config)
+    hub = {k: v for k, v in config.items() if k != "layer_types"}
+    hub.update(model_type="dots3_note", use_dsa=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+               apply_mla_qkv_lora_rescale=True, attention_gate_type="headwise", swa_attention_gate_type="headwise",
+               layer_types=["full_attention" if t == "indexed_attention" else t for t in config["layer_types"]])
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    model = load_model(str(tmp_path))
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    assert rel_err(model.decoder.forward(PROMPT), ref_logits) < 1e-4
+    spec = model.spec
+    assert [layer.indexer for layer in spec.layers] == ["full", None, "full", None, None]
+    assert [layer.sliding_window for layer in spec.layers] == [None, 4, None, 4, 4]
+    own = spec.layers[1].latent
+    assert (own.kv_lora_rank, own.q_lora_rank, own.v_head_dim, spec.attention_shape(1)[0]) == (12, 20, 8, 2)
+    assert own.kv_scale == pytest.approx((64 / 12) ** 0.5) and spec.latent.q_scale == pytest.approx((64 / 24) ** 0.5)
+    assert spec.layers[1].rope.inv_freq[1] != spec.layers[0].rope.inv_freq[1]  # swa_rope_theta, rope_theta
 
 
 def test_specs_show_the_indexers():
@@ -166,6 +210,14 @@ REFUSED = {
     "v32-fp8": ("deepseek_v32", dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
     "glm-dsa-indexer-halves": ("glm_moe_dsa", dict(indexer_rope_interleave=False), "indexer_rope_interleave"),
     "glm-dsa-softmax": ("glm_moe_dsa", dict(scoring_func="softmax"), "scoring_func"),
+    "dots3-gate": ("dots3_note", dict(attention_gate_type="elementwise"), "headwise"),
+    "dots3-swa-gate": ("dots3_note", dict(swa_attention_gate_type="none"), "headwise"),
+    "dots3-rope-widths": ("dots3_note", dict(swa_head_dim=256, swa_qk_nope_head_dim=128), "swa_qk_rope_head_dim"),
+    "dots3-rope-width": ("dots3_note", dict(swa_qk_rope_head_dim=32), "swa_qk_rope_head_dim"),
+    "dots3-no-rescale": ("dots3_note", dict(apply_mla_qkv_lora_rescale=False), "apply_mla_qkv_lora_rescale"),
+    "dots3-yarn": ("dots3_note", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
+    "dots3-indexer-halves": ("dots3_note", dict(indexer_rope_interleave=False), "indexer_rope_interleave"),
+    "dots3-softmax": ("dots3_note", dict(scoring_func="softmax"), "scoring_func"),
 }
 
 
