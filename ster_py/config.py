@@ -59,7 +59,10 @@ class LayerSpec:
     ``indexer``: DeepSeek Sparse Attention on a latent layer (``ModelSpec.indexer``): ``"full"`` (the
     layer's own indexer chooses each query's keys), ``"shared"`` (the last indexed layer's choice) or
     None (dense). ``latent``: the layer's latent attention when it is not the model's
-    (``ModelSpec.latent_of``; Dots3-Note's sliding-window layers).
+    (``ModelSpec.latent_of``; Dots3-Note's sliding-window layers). ``shortcut``: the routed
+    feed-forward that skips a layer (LongCat-Flash's shortcut-connected experts): ``"open"`` runs
+    the model's ``moe`` on this layer's feed-forward input (beside its own feed-forward) and holds
+    the result, ``"close"`` adds the held result to this layer's output; None: neither.
     """
 
     sliding_window: int | None
@@ -77,6 +80,7 @@ class LayerSpec:
     norms: tuple[str, ...] | None = None
     indexer: str | None = None
     latent: LatentSpec | None = None
+    shortcut: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,9 @@ class ModelSpec:
     describes the multi-head latent attention of the layers whose ``LayerSpec.mixer`` is
     ``"latent"`` (their ``head_dim`` is its nope + rope, their values ``v_head_dim`` wide).
     ``indexer`` describes DeepSeek Sparse Attention's indexer of the layers whose ``LayerSpec.indexer``
-    says so (``decoder/indexer.py``).
+    says so (``decoder/indexer.py``). ``layers_per_stored``: how many of these layers one stored
+    layer holds (LongCat-Flash: 2); a tensor name's ``{i}`` is then the stored layer (i // n) and
+    ``{half}`` the layer's place in it (i % n).
     ``ssm`` describes the state-space scan of the layers whose mixer is one
     (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
     adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
@@ -171,6 +177,7 @@ class ModelSpec:
     mup: MupScales | None = None
     adapters: str = "all"
     indexer: IndexerSpec | None = None
+    layers_per_stored: int = 1
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -563,6 +570,10 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
         return r.get(name, d.get(name))
 
     experts = r.positive_int("num_experts", d.get("num_experts"), limit=MAX_EXPERTS, per_layer=True)
+    identity = r.get("identity_experts") or 0  # experts returning their input, routed beside the others
+    if isinstance(identity, bool) or not isinstance(identity, int) or not 0 <= identity <= MAX_EXPERTS:
+        raise SterError(f"{where}: the identity experts' count must be a whole number, got {brief_value(identity)}")
+    experts += identity
     top_k = r.positive_int("num_experts_per_tok", d.get("num_experts_per_tok"), limit=experts, per_layer=True)
     size = r.positive_int("moe_intermediate_size", d.get("moe_intermediate_size"), per_layer=True)
     scoring = get("scoring_func") or "softmax"
@@ -609,6 +620,7 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     if isinstance(latent, bool) or not isinstance(latent, int) or not 0 <= latent <= MAX_DIM:
         raise SterError(f"{where}: moe_latent_size must be a positive integer or null, got {brief_value(latent)}")
     moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit, latent_size=latent,
+               identity_experts=identity,
                alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated,
                shared_limit=limit)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
@@ -822,6 +834,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         own = [dict(o, indexer=k) for o, k in zip(own, indexer_kinds(config, n_layers, config_name))]
     if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
         own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
+    if family.shortcut_pairs:  # LongCat-Flash: each pair's first layer opens the shortcut, its second closes it
+        own = [dict(o, shortcut="close" if i % 2 else "open") for i, o in enumerate(own)]
     if latent is not None:  # layers whose latent per_layer_config reshapes (Dots3-Note's sliding layers)
         own = [dict(o, latent=m) if m is not None else o
                for o, m in zip(own, layer_latents(config, family, latent, hidden, n_layers, config_name))]
@@ -833,6 +847,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                    for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
     # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
     dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
+    # identity experts' modules a checkpoint may hold (Transformers writes LongCat-Flash's gate/up rows for them)
+    gate_name = family.names.get("exp_gate")
+    if moe is not None and moe.identity_experts and isinstance(gate_name, str) and "{e}." in gate_name:
+        stem, per = gate_name.split("{e}.")[0], 2 if family.shortcut_pairs else 1
+        dense_unread += tuple(stem.format(i=j) + f"{e}." for j in range(n_layers // per)
+                              for e in range(moe.router.num_experts - moe.identity_experts, moe.router.num_experts))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
@@ -868,6 +888,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
         mup=mup_scales(config, config_name) if family.mup else None,
         indexer=indexer,
+        layers_per_stored=2 if family.shortcut_pairs else 1,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )

@@ -327,6 +327,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "moe_latent_size": (),  # the routed experts' latent width (Nemotron-H's moe_latent_size)
+    "identity_experts": (),  # experts returning their input, beside the routed ones (LongCat-Flash)
     # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
     "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
     # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
@@ -507,6 +508,10 @@ class FamilySpec:
         latent_k_rope_norm: the shared rotated key part passes an RMS norm before it rotates
             (``LatentSpec.k_rope_norm``, Dots3-Note).
         latent_model_eps: the bottleneck norms take the model's epsilon, not Transformers' fixed 1e-6.
+        shortcut_pairs: each stored layer holds two of ster's layers (``ModelSpec.layers_per_stored``;
+            names use ``{half}``), every layer has a dense feed-forward, and the model's routed one reads
+            the first layer's feed-forward input and joins the stream at the end of the second
+            (``LayerSpec.shortcut``; LongCat-Flash).
         indexer: the latent layers have DeepSeek Sparse Attention's indexer (``decoder/indexer.py``), sized
             by ``index_n_heads``, ``index_head_dim`` and ``index_topk`` (``config.indexer_spec``), each layer's
             kind from ``indexer_types`` (``config.indexer_kinds``); the mapping holds the ``IndexerSpec``
@@ -609,6 +614,7 @@ class FamilySpec:
     latent_rescale: bool = False
     latent_k_rope_norm: bool = False
     latent_model_eps: bool = False
+    shortcut_pairs: bool = False
     indexer: Mapping[str, Any] | None = None
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
@@ -1326,6 +1332,48 @@ _DOTS3_REFUSALS = (
             "rotates by the plain base whatever it states; Transformers would scale)"),
 )
 
+
+# LongCat-Flash: two latent-attention halves per stored layer, their dense feed-forwards (mlps.{half}) and
+# the shortcut-connected experts (mlp.router.classifier, mlp.experts) with identity experts.
+_LH = _L + "self_attn.{half}."
+LONGCAT_NAMES = _with(DEEPSEEK_NAMES, attn_norm=_L + "input_layernorm.{half}",
+                      ffn_norm=_L + "post_attention_layernorm.{half}", q=_LH + "q_proj", q_a=_LH + "q_a_proj",
+                      q_a_norm=_LH + "q_a_layernorm", q_b=_LH + "q_b_proj", kv_a=_LH + "kv_a_proj_with_mqa",
+                      kv_a_norm=_LH + "kv_a_layernorm", kv_b=_LH + "kv_b_proj", o=_LH + "o_proj",
+                      gate=_L + "mlps.{half}.gate_proj", up=_L + "mlps.{half}.up_proj",
+                      down=_L + "mlps.{half}.down_proj", router=_M + "router.classifier",
+                      router_select_bias=_M + "router.e_score_correction_bias", shexp_gate=None, shexp_up=None,
+                      shexp_down=None)
+
+
+def _longcat_config(config: Mapping) -> Mapping:
+    """LongCat-Flash's stored layers counted as ster's (two each: ``num_hidden_layers``), every one with a
+    dense feed-forward (``mlp_layer_types``; the routed one is the shortcut, ``FamilySpec.shortcut_pairs``)."""
+    c = dict(config)
+    n = c.get("num_layers")
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 2048:
+        c["num_hidden_layers"] = 2 * n
+        c["mlp_layer_types"] = ["dense"] * (2 * n)
+    return c
+
+
+_LONGCAT_REFUSALS = (
+    Refusal(lambda c: c.get("head_dim", 64) != c.get("qk_rope_head_dim", 64),
+            "a head_dim other than qk_rope_head_dim is not supported (Transformers sizes LongCat-Flash's rotation "
+            "tables by head_dim and rotates qk_rope_head_dim components with them)"),
+    Refusal(lambda c: c.get("qk_head_dim") is not None
+            and c["qk_head_dim"] != c.get("qk_nope_head_dim", 128) + c.get("qk_rope_head_dim", 64),
+            "a qk_head_dim other than qk_nope_head_dim + qk_rope_head_dim is not supported"),
+    Refusal(lambda c: "q_lora_rank" in c and c["q_lora_rank"] is None,
+            "q_lora_rank: null is not supported (LongCat-Flash always projects its queries through the latent)"),
+    Refusal(lambda c: c.get("mla_scale_q_lora") is False or c.get("mla_scale_kv_lora") is False,
+            "mla_scale_q_lora / mla_scale_kv_lora: false is not supported (Transformers scales both latents by "
+            "sqrt(hidden_size / rank) whatever they say)"),
+    Refusal(lambda c: bool(c.get("router_bias")),
+            "router_bias: true is not supported (Transformers' LongCat-Flash router stores the classifier's bias but "
+            "scores without it, so which of the two the weights were trained with is unclear)"),
+)
+
 def _glm_dsa_config(config: Mapping) -> Mapping:
     """GLM-5's indexed and shared layers as Transformers' GlmMoeDsaConfig derives ``indexer_types`` when a
     config lists none: from ``index_topk_pattern`` (F: full, S: shared), else a layer i is full when
@@ -2036,6 +2084,25 @@ FAMILIES: dict[str, FamilySpec] = {
                    unread=("vision_encoder.", "audio_encoder.", "audio_adapter.", "model.mtp."),
                    **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
                    refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS),
+        # LongCat-Flash: each stored layer runs as two latent-attention layers with dense feed-forwards;
+        # softmax-routed experts (identity ones among them) read the first's feed-forward input and join
+        # the stream after the second.
+        FamilySpec("longcat_flash", normalize=_longcat_config, latent_rescale=True, shortcut_pairs=True,
+                   keys=dict(_LATENT_KEYS, intermediate_size=("ffn_hidden_size",),
+                             moe_intermediate_size=("expert_ffn_hidden_size",), num_experts_per_tok=("moe_topk",),
+                             num_experts=("n_routed_experts",), identity_experts=("zero_expert_num",)),
+                   config_defaults={"vocab_size": 131072, "hidden_size": 6144, "num_layers": 28,
+                                    "num_attention_heads": 64, "ffn_hidden_size": 12288, "q_lora_rank": 1536,
+                                    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                                    "v_head_dim": 128, "moe_topk": 12, "n_routed_experts": 512,
+                                    "zero_expert_num": 256, "expert_ffn_hidden_size": 2048,
+                                    "routed_scaling_factor": 6.0, "rms_norm_eps": 1e-5,
+                                    "max_position_embeddings": 131072},
+                   adapters="none", unread=("model.mtp.",),
+                   **dict(_LATENT, moe=True, names=LONGCAT_NAMES,
+                          fixed={"scoring_func": "softmax", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+                                 "norm_topk_prob": False}),
+                   refusals=_LONGCAT_REFUSALS),
     )
 }
 

@@ -56,6 +56,8 @@ def _dense_cases() -> dict:
     for suite in (moe, mla, mla_b, ssm):
         for case, (model_type, config) in suite.CASES.items():
             out.setdefault(model_type, (case, config, "eager"))
+    for case, (model_type, config) in mla_b.LONGCAT_CASES.items():
+        out.setdefault(model_type, (case, config, "eager"))
     return out
 
 
@@ -83,7 +85,8 @@ def test_parity_passes_at_f32(family, tmp_path):
     assert p.rel_error == pytest.approx(rel_err(ours, ref_logits), rel=1e-6, abs=1e-12)
     assert p.rel_error < 1e-4 and p.top1_agreement == 1.0 and p.mean_cosine > 1 - 1e-8
     assert p.max_abs_error == pytest.approx(float(np.abs(ours - ref_logits).max()), abs=1e-12)
-    assert [e.layer for e in p.layers] == list(range(loaded.spec.num_hidden_layers))
+    k = loaded.spec.layers_per_stored  # LongCat-Flash: compared at the end of each stored layer
+    assert [e.layer for e in p.layers] == list(range(k - 1, loaded.spec.num_hidden_layers, k))
     assert p.first_divergent_layer is None
     assert all(e.rel_error < 1e-4 for e in p.layers)
 

@@ -150,6 +150,7 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_moe.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_mla.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_mla_b.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_mla_b.LONGCAT_CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 

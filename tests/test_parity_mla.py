@@ -118,7 +118,8 @@ def test_every_latent_family_has_a_case():
     import test_parity_mla_b
 
     latent = {name for name, f in FAMILIES.items() if f.latent}
-    assert latent == {model_type for model_type, _ in list(CASES.values()) + list(test_parity_mla_b.CASES.values())}
+    assert latent == {model_type for model_type, _ in list(CASES.values()) + list(test_parity_mla_b.CASES.values())
+                      + list(test_parity_mla_b.LONGCAT_CASES.values())}
 
 
 def test_specs_show_what_the_cases_switch_on(tmp_path):

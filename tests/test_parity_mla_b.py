@@ -25,12 +25,13 @@ from ster_py.config import spec_from_config
 from ster_py.decoder.indexer import Indexer, select_top
 from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
+from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
 from test_parity_dense import PROMPT, _check
 from test_parity_mla import EXPERTS, MLA, VOCAB, _decisive, reference_steps
 from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
-from tiny import reference_logits, reference_split_logits, rel_err
+from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err
 
 # DeepSeek Sparse Attention: 8 index heads of 8 (4 rotated), 5 keys per query once more are visible.
 DSA = dict(index_topk=5, index_head_dim=8, index_n_heads=8)
@@ -64,6 +65,17 @@ CASES = {
                                              swa_q_lora_rank=24, swa_kv_lora_rank=20, swa_head_dim=20,
                                              swa_qk_nope_head_dim=16, swa_v_head_dim=16, sliding_window_size=6,
                                              shared_experts_intermediate_size=16, first_k_dense_replace=2)),
+}
+# LongCat-Flash: 2 stored layers (4 of ster's), 8 experts and 4 identity experts, 3 chosen per token; one
+# case with another scale and as many identity experts as routed ones. head_dim is the rotated width, as Transformers needs.
+LONGCAT = dict(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_attention_heads=4, max_position_embeddings=64,
+               kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, head_dim=4, v_head_dim=12,
+               ffn_hidden_size=96, expert_ffn_hidden_size=32, n_routed_experts=8, zero_expert_num=4, moe_topk=3,
+               routed_scaling_factor=2.0)
+LONGCAT_CASES = {
+    "longcat_flash": ("longcat_flash", LONGCAT),
+    "longcat_flash-3-scale": ("longcat_flash", dict(LONGCAT, num_layers=3, routed_scaling_factor=0.7,
+                                                    zero_expert_num=8)),
 }
 # Keys of a Dots3-Note case as the release's config.json spells them (Transformers rewrites them when it
 # saves): the sliding layers' latent as swa_*, their bases and window, the dense layers' count.
@@ -122,6 +134,30 @@ def test_family_matches_transformers(case, tmp_path):
     if model.spec.indexer is not None:
         gaps = _indexer_margins(model, PROMPT)
         assert gaps and min(gaps) > 1e-4, "a top-k choice rests on (nearly) equal scores: pick another case"
+    _steps_and_absorbed(model, ref_model)
+
+
+@pytest.mark.parametrize("case", list(LONGCAT_CASES))
+def test_longcat_matches_transformers(case, tmp_path):
+    """LongCat-Flash against transformers: logits within 1e-4, the same through the cache in two pieces and token
+    by token (absorbed attention), the same 16 greedy tokens, every stored tensor read but the identity experts'
+    gate_up rows. Its stored layers run as twice as many (``--layer``, the cache)."""
+    model_type, config = LONGCAT_CASES[case]
+    ref_model = build(tmp_path, model_type, config)
+    model = load_model(str(tmp_path))
+    assert model.spec.num_hidden_layers == 2 * config["num_layers"] and model.spec.layers_per_stored == 2
+    assert [layer.shortcut for layer in model.spec.layers[:2]] == ["open", "close"]
+    assert model.spec.moe.identity_experts == config["zero_expert_num"]
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    err = rel_err(model.decoder.forward(PROMPT), ref_logits)
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+    ids, _ = model.decoder.layers[0].shortcut.route(np.random.RandomState(0).randn(64, 64).astype(np.float32))
+    assert (ids >= config["n_routed_experts"]).any()  # identity experts are chosen
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
+    assert rel_err(pieces, reference_split_logits(ref_model, PROMPT, 9)) < 1e-4
+    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref_model, PROMPT, 16)
+    assert model.decoder._weights.unused_tensors(model.spec) == []
     _steps_and_absorbed(model, ref_model)
 
 
@@ -218,6 +254,11 @@ REFUSED = {
     "dots3-yarn": ("dots3_note", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
     "dots3-indexer-halves": ("dots3_note", dict(indexer_rope_interleave=False), "indexer_rope_interleave"),
     "dots3-softmax": ("dots3_note", dict(scoring_func="softmax"), "scoring_func"),
+    "longcat-head-dim": ("longcat_flash", dict(head_dim=128), "head_dim other than qk_rope_head_dim"),
+    "longcat-qk-head-dim": ("longcat_flash", dict(qk_head_dim=256), "qk_head_dim"),
+    "longcat-no-q-lora": ("longcat_flash", dict(q_lora_rank=None), "q_lora_rank"),
+    "longcat-no-scale": ("longcat_flash", dict(mla_scale_kv_lora=False), "mla_scale_kv_lora"),
+    "longcat-router-bias": ("longcat_flash", dict(router_bias=True), "router_bias"),
 }
 
 

@@ -128,6 +128,14 @@ class Layout:
             t = self.weights.get(name[len(root):])
         return t
 
+    def _fill(self, name: str, i: int | None, **kw) -> str:
+        """``name`` with layer ``i``'s place: ``{i}`` the stored layer and ``{half}`` the place in it
+        (``ModelSpec.layers_per_stored``); other fields as ``kw`` gives them."""
+        n = self.spec.layers_per_stored
+        if i is None or n == 1:
+            return name.format(i=i, half=0, **kw)
+        return name.format(i=i // n, half=i % n, **kw)
+
     def _names(self, role: str, i: int | None, kind: str) -> list[str]:
         """The names a role may be stored under, first found wins (a table entry may list several).
         ``kind`` "" means the table gives the whole name."""
@@ -137,9 +145,9 @@ class Layout:
         for n in (entry,) if isinstance(entry, str) else entry:
             if n.endswith("#"):  # stored without a suffix: it is the weight (llama.cpp's Falcon-H1 ffn_norm)
                 if kind == "weight":
-                    out.append(n[:-1].format(i=i, h="{h}", e="{e}"))
+                    out.append(self._fill(n[:-1], i, h="{h}", e="{e}"))
                 continue
-            out.append(f"{n.format(i=i, h='{h}', e='{e}')}{suffix}")
+            out.append(f"{self._fill(n, i, h='{h}', e='{e}')}{suffix}")
         return out
 
     def _name(self, role: str, i: int | None, kind: str) -> str:
@@ -228,7 +236,7 @@ class Layout:
         """
         m = self.spec.moe
         d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
-        n, f = m.router.num_experts, m.expert_size
+        n, f = m.router.num_experts - m.identity_experts, m.expert_size
         names = self.spec.names
         stacked = self._transformers5_stack(i)
         if stacked is not None:
@@ -257,10 +265,10 @@ class Layout:
         gate = self.spec.names.get("exp_gate")
         if not isinstance(gate, str) or "experts.{e}." not in gate or "bias" in gate:
             return None
-        if self._fetch(gate.format(i=i, e=0)) is not None:
+        if self._fetch(self._fill(gate, i, e=0)) is not None:
             return None
         stem = gate.split("experts.{e}.")[0] + "experts."
-        if self._fetch(f"{stem}gate_up_proj".format(i=i)) is None:
+        if self._fetch(self._fill(f"{stem}gate_up_proj", i)) is None:
             return None
         return {"exp_gate_up": stem + "gate_up_proj", "exp_down": stem + "down_proj"}
 
@@ -280,7 +288,7 @@ class Layout:
             if required:
                 raise SterError(f"the family of {self.spec.model_type!r} names no tensor for its experts' {role}")
             return None
-        name = entry.format(i=i, e="{e}")
+        name = self._fill(entry, i, e="{e}")
         first = self.spec.expert_inputs_first and role in self.spec.expert_inputs_first and kind == "weight"
         stored = shape[::-1] if first else shape
         if "{e}" in name:
@@ -302,6 +310,9 @@ class Layout:
                 return None
             if len(t.shape) == len(stored) and t.shape[0] == n * stored[0]:  # stacked by rows (DBRX)
                 t = t.reshape(n, *stored) if isinstance(t, np.ndarray) else t
+            extra = self.spec.moe.identity_experts if self.spec.moe is not None else 0
+            if extra and tuple(t.shape) == (n + extra, *stored):  # rows for the identity experts, never read
+                t = t[:n]  # (Transformers' LongCat-Flash allocates gate_up_proj for every expert)
             self._check_expert(name, t, (n, *stored))
             parts = [t[e] for e in range(n)]
         if first:
