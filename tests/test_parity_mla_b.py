@@ -210,6 +210,17 @@ def test_dense_attention_differs_from_the_choice(tmp_path):
     assert rel_err(model.decoder.forward(PROMPT), ref_logits) > 1e-2
 
 
+def test_per_head_maps_read_ahead_one_head_at_a_time():
+    """Quantized per-head halves of kv_b (llama.cpp's attn_k_b / attn_v_b) are read ahead head by head: a group of
+    16 heads would exceed what a quantized matrix reads ahead (at most 4), which failed DeepSeek-V2-Lite's load."""
+    from ster_py.decoder.latent import PerHead
+
+    per_head = PerHead.__new__(PerHead)
+    per_head.stack, per_head.parts = None, [object() for _ in range(16)]
+    groups = per_head.read_order()
+    assert [g[0] for g in groups] == per_head.parts and all(len(g) == 1 for g in groups)
+
+
 def test_select_top_keeps_every_key_up_to_topk():
     scores = np.array([[3, 1, 2, 9, 0], [3, 1, 2, 9, 0], [0, 5, 5, 1, 4]], np.float32)
     assert select_top(scores, np.array([0, 1, 2]), 3) is None  # no query sees more than 3 keys

@@ -171,7 +171,9 @@ class PerHead:
         return np.stack([p(np.ascontiguousarray(x[h])) for h, p in enumerate(self.parts)])
 
     def read_order(self) -> list[tuple]:
-        return [tuple(self.parts)] if self.parts is not None else []
+        """One group per head, in the order ``__call__`` multiplies them (a group reads at most four
+        matrices ahead: ``QMatrix.set_read_ahead``)."""
+        return [(p,) for p in self.parts] if self.parts is not None else []
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, scale: float, **kw) -> np.ndarray:
