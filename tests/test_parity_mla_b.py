@@ -159,6 +159,10 @@ def test_longcat_matches_transformers(case, tmp_path):
     assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref_model, PROMPT, 16)
     assert model.decoder._weights.unused_tensors(model.spec) == []
     _steps_and_absorbed(model, ref_model)
+    from ster_py.inspect import inspect_model
+
+    dims = inspect_model(str(tmp_path))["dimensions"]
+    assert (dims["routed_layers"], dims["identity_experts"]) == (config["num_layers"], config["zero_expert_num"])
 
 
 def test_dots3_note_release_spelling(tmp_path):
