@@ -921,6 +921,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
     own = layer_geometry(config, n_layers, heads, kv_heads, config_name, head_dim)
+    if latent is not None:  # a latent layer's head widths are its latent's (layer_latents), not head_dim's
+        own = [{k: v for k, v in o.items() if k != "head_dim"} for o in own]
     v_head_dim = latent.v_head_dim if latent is not None else r.positive_int("v_head_dim", head_dim,
                                                                              limit=MAX_HEAD_DIM)
     if v_head_dim != head_dim:
