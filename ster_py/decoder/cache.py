@@ -91,6 +91,30 @@ class KVCache:
         """Commit ``n`` positions staged by the last forward call."""
         self.length += n
 
+    def rollback(self, length: int) -> bool:
+        """Forget every position from ``length`` on, so the next forward call continues at
+        ``length`` (a prompt cache reusing a shared prefix: ``ster_py.prefix``).
+
+        Keys and values are rows by position: the committed length just moves back (the rows
+        beyond are overwritten). A slot of another kind is asked with its own
+        ``rollback(length)`` (True when it could go back); a slot without that method, such
+        as a recurrent state that holds no checkpoint at ``length``, refuses, and then
+        nothing changes.
+
+        Returns:
+            True when the cache now holds exactly ``length`` positions; False when a slot
+            refused (the caller starts a fresh cache instead).
+        """
+        if not 0 <= length <= self.length:
+            return False
+        slots = [s for s in self._slots if s is not None]
+        if length < self.length and not all(hasattr(s, "rollback") for s in slots):
+            return False
+        if length < self.length and not all(s.rollback(length) for s in slots):
+            return False
+        self.length = length
+        return True
+
     def nbytes_per_position(self) -> int:
         """Bytes one position costs across all layers (keys and values, at the cache dtype, and
         what each other slot's ``nbytes_per_position()`` says)."""

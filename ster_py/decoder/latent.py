@@ -145,6 +145,10 @@ class LatentSlot:
         """Bytes one position costs: width numbers at the cache dtype (and the float32 index key)."""
         return self.width * self.dtype.itemsize + self.index_width * 4
 
+    def rollback(self, length: int) -> bool:
+        """Rows are kept by position: going back to ``length`` needs nothing (``KVCache.rollback``)."""
+        return True
+
     def nbytes_fixed(self) -> int:
         """Bytes held whatever the length: none."""
         return 0
