@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.indexer import IndexerSpec
 from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
@@ -56,6 +57,13 @@ class LayerSpec:
     ``ModelSpec.attention_shape``), whether it has attention sinks, and its
     routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5). ``norms``: the sublayer
     norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
+    ``indexer``: DeepSeek Sparse Attention on a latent layer (``ModelSpec.indexer``): ``"full"`` (the
+    layer's own indexer chooses each query's keys), ``"shared"`` (the last indexed layer's choice) or
+    None (dense). ``latent``: the layer's latent attention when it is not the model's
+    (``ModelSpec.latent_of``; Dots3-Note's sliding-window layers). ``shortcut``: the routed
+    feed-forward that skips a layer (LongCat-Flash's shortcut-connected experts): ``"open"`` runs
+    the model's ``moe`` on this layer's feed-forward input (beside its own feed-forward) and holds
+    the result, ``"close"`` adds the held result to this layer's output; None: neither.
     ``residual``: MiniMax's join, (alpha, beta) of the mixer then of the feed-forward: each
     sublayer's output adds as residual * alpha + output * beta (``ModelSpec.residual_normed``
     says which residual); None: the usual h + output. ``head_dim``: this layer's key (and, unless
@@ -79,6 +87,9 @@ class LayerSpec:
     sinks: bool | None = None
     moe: MoESpec | None = None
     norms: tuple[str, ...] | None = None
+    indexer: str | None = None
+    latent: LatentSpec | None = None
+    shortcut: str | None = None
     residual: tuple[float, float, float, float] | None = None
     head_dim: int | None = None
     v_from_k: bool = False
@@ -157,6 +168,10 @@ class ModelSpec:
     of stored tensors the forward never reads (multi-token-prediction modules). ``latent``
     describes the multi-head latent attention of the layers whose ``LayerSpec.mixer`` is
     ``"latent"`` (their ``head_dim`` is its nope + rope, their values ``v_head_dim`` wide).
+    ``indexer`` describes DeepSeek Sparse Attention's indexer of the layers whose ``LayerSpec.indexer``
+    says so (``decoder/indexer.py``). ``layers_per_stored``: how many of these layers one stored
+    layer holds (LongCat-Flash: 2); a tensor name's ``{i}`` is then the stored layer (i // n) and
+    ``{half}`` the layer's place in it (i % n).
     ``ssm`` describes the state-space scan of the layers whose mixer is one
     (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
     adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
@@ -226,6 +241,8 @@ class ModelSpec:
     ssm: SSMSpec | None = None
     mup: MupScales | None = None
     adapters: str = "all"
+    indexer: IndexerSpec | None = None
+    layers_per_stored: int = 1
     residual_normed: bool = False
     shared_block: SharedBlockSpec | None = None
     value_norm: bool = False
@@ -233,6 +250,10 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+
+    def latent_of(self, i: int) -> LatentSpec | None:
+        """Layer ``i``'s latent attention (its own, else the model's)."""
+        return self.layers[i].latent or self.latent
 
     def has_kv(self, i: int) -> bool:
         """Whether layer ``i`` keeps keys and values (its mixer attends)."""
@@ -247,6 +268,9 @@ class ModelSpec:
         layer = self.layers[i]
         heads = layer.num_attention_heads or self.num_attention_heads
         kv = layer.num_key_value_heads or self.num_key_value_heads
+        if layer.latent is not None:  # its own latent: expanded, one key/value head per head
+            own = layer.latent
+            return heads, heads, own.qk_head_dim, own.v_head_dim
         d = layer.head_dim or self.head_dim
         return heads, kv, d, layer.v_head_dim or d
 
@@ -259,7 +283,7 @@ class ModelSpec:
         """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
-            return self.latent.cache_width
+            return self.latent_of(i).cache_width + (self.indexer.head_dim if self.layers[i].indexer == "full" else 0)
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
@@ -368,6 +392,7 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
             raise SterError(f"invalid model config {config_name}: layer_types must list one entry per layer "
                             f"({n_layers}), got {shown}")
         kinds = (("full_attention", "sliding_attention") + (("chunked_attention",) if family.chunk_key else ())
+                 + (("indexed_attention",) if family.indexer is not None else ())
                  + (tuple(MIXER_TYPES) if family.recurrent else ()))
         for t in layer_types:
             if t not in kinds:
@@ -676,6 +701,10 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
         return r.get(name, d.get(name))
 
     experts = r.positive_int("num_experts", d.get("num_experts"), limit=MAX_EXPERTS, per_layer=True)
+    identity = r.get("identity_experts") or 0  # experts returning their input, routed beside the others
+    if isinstance(identity, bool) or not isinstance(identity, int) or not 0 <= identity <= MAX_EXPERTS:
+        raise SterError(f"{where}: the identity experts' count must be a whole number, got {brief_value(identity)}")
+    experts += identity
     top_k = r.positive_int("num_experts_per_tok", d.get("num_experts_per_tok"), limit=experts, per_layer=True)
     size = r.positive_int("moe_intermediate_size", d.get("moe_intermediate_size"), per_layer=True)
     scoring = get("scoring_func") or "softmax"
@@ -722,6 +751,7 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     if isinstance(latent, bool) or not isinstance(latent, int) or not 0 <= latent <= MAX_DIM:
         raise SterError(f"{where}: moe_latent_size must be a positive integer or null, got {brief_value(latent)}")
     moe = dict(expert_size=size, act=r.get("act", family.default_act), limit=limit, latent_size=latent,
+               identity_experts=identity,
                alpha=1.702 if alpha is None else float(alpha), shared_size=shared, shared_gated=family.shared_gated,
                shared_limit=limit)
     for k, v in family.moe_fields.items():  # what the family fixes in code wins over its config
@@ -880,7 +910,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     r = _Reader(config, family, config_name)
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
-    latent = latent_spec(r, config_name) if family.latent else None
+    latent = latent_spec(r, config_name, family, hidden) if family.latent else None
     if latent is not None:  # expanded, every head has its own key and value: one key/value head per head
         kv_heads, head_dim = heads, latent.qk_head_dim
     else:
@@ -938,6 +968,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
     own = layer_geometry(config, n_layers, heads, kv_heads, config_name, head_dim)
+    if latent is not None:  # a latent layer's head widths are its latent's (layer_latents), not head_dim's
+        own = [{k: v for k, v in o.items() if k != "head_dim"} for o in own]
     v_head_dim = latent.v_head_dim if latent is not None else r.positive_int("v_head_dim", head_dim,
                                                                              limit=MAX_HEAD_DIM)
     if v_head_dim != head_dim:
@@ -969,8 +1001,17 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
             raise SterError(f"{where}: floor_scale must be a positive integer, got {brief_value(divisor)}")
         temperature = (r.number("attn_scale", 0.1), divisor, 1)  # Llama 4 counts positions from one here
     rotated_only = family.query_temperature == "unrotated_layers"
+    indexer = None
+    if family.indexer is not None:  # DeepSeek Sparse Attention: each layer's indexer kind
+        indexer = indexer_spec(r, family, latent, config_name)
+        own = [dict(o, indexer=k) for o, k in zip(own, indexer_kinds(config, n_layers, config_name))]
     if family.routed_norms is not None:  # routed layers with their own sublayer norms (A.X-K1)
         own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
+    if family.shortcut_pairs:  # LongCat-Flash: each pair's first layer opens the shortcut, its second closes it
+        own = [dict(o, shortcut="close" if i % 2 else "open") for i, o in enumerate(own)]
+    if latent is not None:  # layers whose latent per_layer_config reshapes (Dots3-Note's sliding layers)
+        own = [dict(o, latent=m) if m is not None else o
+               for o, m in zip(own, layer_latents(config, family, latent, hidden, n_layers, config_name))]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
     scales = sublayer_scales(config, family, mixers, config_name)
@@ -984,6 +1025,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                    for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
     # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
     dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
+    # identity experts' modules a checkpoint may hold (Transformers writes LongCat-Flash's gate/up rows for them)
+    gate_name = family.names.get("exp_gate")
+    if moe is not None and moe.identity_experts and isinstance(gate_name, str) and "{e}." in gate_name:
+        stem, per = gate_name.split("{e}.")[0], 2 if family.shortcut_pairs else 1
+        dense_unread += tuple(stem.format(i=j) + f"{e}." for j in range(n_layers // per)
+                              for e in range(moe.router.num_experts - moe.identity_experts, moe.router.num_experts))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     return ModelSpec(
@@ -1019,6 +1066,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         latent=latent,
         ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
         mup=mup_scales(config, config_name) if family.mup else None,
+        indexer=indexer,
+        layers_per_stored=2 if family.shortcut_pairs else 1,
         residual_normed=normed,
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
@@ -1028,9 +1077,11 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     )
 
 
-def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
+def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,
+                hidden: int | None = None) -> LatentSpec:
     """The latent attention of a family with ``latent``: ``kv_lora_rank``, ``q_lora_rank`` (null: one
-    q projection), ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``, under the family's keys.
+    q projection), ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``, under the family's keys;
+    what the family fixes in code (``latent_extras``) from ``family``.
 
     Raises:
         SterError: a width that is not a positive integer within bounds, an odd rotated width.
@@ -1044,7 +1095,122 @@ def latent_spec(r: "_Reader", config_name: str) -> LatentSpec:
     if latent.qk_rope_head_dim % 2:
         raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
                         "even; rotary pairs need an even width")
-    return latent
+    if family is None:
+        return latent
+    return latent_extras(latent, family, hidden, float(r.get("norm_eps", 1e-6)))
+
+
+def latent_extras(latent: LatentSpec, family: FamilySpec, hidden: int | None, model_eps: float) -> LatentSpec:
+    """``latent`` with what ``family`` fixes in code: its bottleneck norms at the model's epsilon
+    (``latent_model_eps``), the normed bottlenecks scaled by sqrt(hidden / rank) (``latent_rescale``),
+    the shared rotated key part RMS-normed (``latent_k_rope_norm``)."""
+    extra: dict[str, Any] = {}
+    if family.latent_model_eps:
+        extra["norm_eps"] = model_eps
+    if family.latent_rescale:
+        extra["kv_scale"] = math.sqrt(hidden / latent.kv_lora_rank)
+        if latent.q_lora_rank is not None:
+            extra["q_scale"] = math.sqrt(hidden / latent.q_lora_rank)
+    if family.latent_k_rope_norm:
+        extra["k_rope_norm"] = True
+    return replace(latent, **extra) if extra else latent
+
+
+#: The latent shape keys a ``per_layer_config`` entry may restate for its layer.
+LATENT_LAYER_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def layer_latents(config: Mapping, family: FamilySpec, latent: LatentSpec, hidden: int, n_layers: int,
+                  config_name: str) -> list[LatentSpec | None]:
+    """Per layer, its own latent attention where Transformers' ``per_layer_config`` restates the latent's
+    widths for it (Dots3-Note's sliding-window layers; ``FamilySpec.normalize`` writes it from other
+    spellings), else None (the model's). A layer of its own latent scores over its own head width,
+    (nope + rope) ** -0.5.
+
+    Raises:
+        SterError: a width that is not a positive integer within bounds; a rotated width other than the
+            model's (its layers would need a rotation table of their own), a layer without a query
+            bottleneck in a model with one.
+    """
+    where = f"invalid model config {config_name}"
+    overrides = config.get("per_layer_config")
+    out: list[LatentSpec | None] = [None] * n_layers
+    if not isinstance(overrides, Mapping):
+        return out
+    for key, entry in overrides.items():  # keys and entries were checked by layer_geometry
+        stated = {k: entry[k] for k in LATENT_LAYER_KEYS if isinstance(entry, Mapping) and entry.get(k) is not None}
+        if not stated:
+            continue
+        for k, v in stated.items():
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEAD_DIM * 64:
+                raise SterError(f"{where}: per_layer_config[{key}].{k} must be a positive integer, got {brief_value(v)}")
+        own = replace(latent, **stated, attn_scale=None)
+        if own.qk_rope_head_dim != latent.qk_rope_head_dim:
+            raise SterError(f"{config_name}: layer {key}'s qk_rope_head_dim ({own.qk_rope_head_dim}) differs from the "
+                            f"model's ({latent.qk_rope_head_dim}); layers rotating different widths are not supported "
+                            "(ster refuses this configuration before reading any weight)")
+        if (own.q_lora_rank is None) != (latent.q_lora_rank is None):
+            raise SterError(f"{where}: layer {key} states a q_lora_rank where the model has none, or none where "
+                            "it has one")
+        own = latent_extras(own, family, hidden, latent.norm_eps)
+        if own.qk_head_dim != latent.qk_head_dim:
+            own = replace(own, attn_scale=own.qk_head_dim ** -0.5)
+        out[int(key)] = own if own != latent else None
+    return out
+
+
+def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, config_name: str) -> IndexerSpec:
+    """DeepSeek Sparse Attention's indexer of a family with ``indexer``: ``index_n_heads``,
+    ``index_head_dim`` and ``index_topk`` under the family's keys, rotating the latent's
+    ``qk_rope_head_dim`` components; what the family fixes in code (pairing, which components rotate,
+    the key norm's epsilon: ``"model"`` for the model's) from ``family.indexer``.
+
+    Raises:
+        SterError: a count that is not a positive integer within bounds, a rotated width above the
+            index head's, a model without a query bottleneck (the indexer reads its latent).
+    """
+    where = f"invalid model config {config_name}"
+    if latent is None or latent.q_lora_rank is None:
+        raise SterError(f"{config_name}: DeepSeek Sparse Attention without a query bottleneck (q_lora_rank null) is "
+                        "not supported (the indexer reads the query latent); ster refuses this configuration before "
+                        "reading any weight")
+    fixed = dict(family.indexer)
+    eps = fixed.pop("norm_eps", 1e-6)
+    eps = float(r.get("norm_eps", 1e-6)) if eps == "model" else float(eps)
+    spec = IndexerSpec(n_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
+                       head_dim=r.positive_int("index_head_dim", limit=MAX_HEAD_DIM),
+                       topk=r.positive_int("index_topk", limit=1 << 31), rope_dim=latent.qk_rope_head_dim,
+                       norm_eps=eps, **fixed)
+    if spec.rope_dim > spec.head_dim:
+        raise SterError(f"{where}: qk_rope_head_dim ({spec.rope_dim}) must not exceed index_head_dim "
+                        f"({spec.head_dim}): the indexer rotates that many of each head's components")
+    return spec
+
+
+#: ``indexer_types`` entries: the layer's own indexer, the last indexed layer's choice, none (dense).
+INDEXER_KINDS = {"full": "full", "shared": "shared", "none": None}
+
+
+def indexer_kinds(config: Mapping, n_layers: int, config_name: str) -> list[str | None]:
+    """Per layer: its ``LayerSpec.indexer`` from ``indexer_types`` (a family's ``normalize`` writes it
+    from its own spellings), every layer ``"full"`` when the config lists none.
+
+    Raises:
+        SterError: a list of the wrong length or with another entry, a ``shared`` layer before any
+            ``full`` one (it would have no choice to reuse; Transformers raises there too).
+    """
+    types = config.get("indexer_types")
+    if types is None:
+        return ["full"] * n_layers
+    if not isinstance(types, list) or len(types) != n_layers or any(t not in INDEXER_KINDS for t in types):
+        raise SterError(f"invalid model config {config_name}: indexer_types must list 'full', 'shared' or 'none' "
+                        f"for each of the {n_layers} layers, got {brief_value(types)}")
+    kinds = [INDEXER_KINDS[t] for t in types]
+    first = next((i for i, k in enumerate(kinds) if k == "full"), n_layers)
+    if "shared" in kinds[:first]:
+        raise SterError(f"invalid model config {config_name}: indexer_types marks layer {kinds.index('shared')} "
+                        "shared before any layer has an indexer of its own (full); there is no choice to reuse")
+    return kinds
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -341,6 +341,9 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "moe_latent_size": (),  # the routed experts' latent width (Nemotron-H's moe_latent_size)
+    "identity_experts": (),  # experts returning their input, beside the routed ones (LongCat-Flash)
+    # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
+    "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
     # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
@@ -516,6 +519,20 @@ class FamilySpec:
         expert_inputs_first / expert_gate_up_interleaved: expert storage (``ModelSpec``).
         latent: every layer mixes by multi-head latent attention (``decoder/latent.py``), its ranks and
             head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
+        latent_rescale: the latent bottlenecks' normed outputs are multiplied by sqrt(hidden_size / rank)
+            (``LatentSpec.q_scale`` / ``kv_scale``; LongCat-Flash, Dots3-Note).
+        latent_k_rope_norm: the shared rotated key part passes an RMS norm before it rotates
+            (``LatentSpec.k_rope_norm``, Dots3-Note).
+        latent_model_eps: the bottleneck norms take the model's epsilon, not Transformers' fixed 1e-6.
+        shortcut_pairs: each stored layer holds two of ster's layers (``ModelSpec.layers_per_stored``;
+            names use ``{half}``), every layer has a dense feed-forward, and the model's routed one reads
+            the first layer's feed-forward input and joins the stream at the end of the second
+            (``LayerSpec.shortcut``; LongCat-Flash).
+        indexer: the latent layers have DeepSeek Sparse Attention's indexer (``decoder/indexer.py``), sized
+            by ``index_n_heads``, ``index_head_dim`` and ``index_topk`` (``config.indexer_spec``), each layer's
+            kind from ``indexer_types`` (``config.indexer_kinds``); the mapping holds the ``IndexerSpec``
+            fields the family fixes in code (``interleaved``, ``rope_last``, ``norm_eps``: a number or
+            ``"model"``, the model's epsilon).
         routed_norms: the sublayer norms of the routed layers, when they differ from ``norms``
             (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
         unconfirmed: no reference implementation here (the family's modelling code lives only in its
@@ -631,6 +648,11 @@ class FamilySpec:
     expert_inputs_first: tuple[str, ...] = ()
     expert_gate_up_interleaved: bool = False
     latent: bool = False
+    latent_rescale: bool = False
+    latent_k_rope_norm: bool = False
+    latent_model_eps: bool = False
+    shortcut_pairs: bool = False
+    indexer: Mapping[str, Any] | None = None
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
     unconfirmed: bool = False
@@ -1287,6 +1309,199 @@ _BAMBA_WIDTH = Refusal(_mamba2_width_mismatch(None, "mamba_expand", "mamba_n_hea
                        "(mamba_n_heads * mamba_d_head) is not supported")
 
 
+# ---- group MLA-B (issue 14, part B): the latent-attention descendants' names, readers and refusals.
+# DeepSeek Sparse Attention's indexer below self_attn.indexer (decoder/indexer.py), as Transformers and
+# DeepSeek's releases name it, and as llama.cpp's converter writes it (blk.N.indexer.*).
+DSA_NAMES = dict(idx_q_b=_SA + "indexer.wq_b", idx_k=_SA + "indexer.wk", idx_k_norm=_SA + "indexer.k_norm",
+                 idx_w=_SA + "indexer.weights_proj")
+DEEPSEEK_DSA_NAMES = _with(DEEPSEEK_NAMES, **DSA_NAMES)
+GGUF_DSA_NAMES = _with(GGUF_LATENT_NAMES, idx_q_b="blk.{i}.indexer.attn_q_b", idx_k="blk.{i}.indexer.attn_k",
+                       idx_k_norm="blk.{i}.indexer.k_norm", idx_w="blk.{i}.indexer.proj")
+_V3_REFUSALS = (Refusal(_stated_other("scoring_func", "sigmoid"),
+                        "a scoring_func other than sigmoid is not supported (Transformers' router for this family "
+                        "scores by sigmoid whatever it says)"),
+                Refusal(_stated_other("topk_method", "noaux_tc"),
+                        "a topk_method other than noaux_tc is not supported (Transformers' router for this family "
+                        "chooses by noaux_tc whatever it says)"))
+# The main attention of DeepSeek-V3.2 and GLM-5 rotates adjacent pairs whatever rope_interleave says.
+_ROPE_PAIRS = Refusal(lambda c: c.get("rope_interleave") is False,
+                      "rope_interleave: false is not supported (Transformers rotates this family's latent attention "
+                      "by adjacent pairs whatever it says)")
+
+
+def _indexer_pairs(interleaved: bool) -> Refusal:
+    """The indexer's rotation is fixed per family in Transformers; a config saying otherwise is refused."""
+    return Refusal(lambda c: c.get("indexer_rope_interleave") is not None
+                   and bool(c["indexer_rope_interleave"]) != interleaved,
+                   f"indexer_rope_interleave: {str(not interleaved).lower()} is not supported (Transformers' indexer "
+                   f"for this family rotates {'adjacent pairs' if interleaved else 'halves'} whatever it says)")
+
+
+
+# Dots3-Note: DeepSeek-V3.2's block with a second latent attention on its sliding-window layers.
+DOTS3_NAMES = _with(DEEPSEEK_DSA_NAMES, g=_SA + "g_proj", k_rope_norm=_SA + "k_rope_only_layernorm")
+#: Dots3NoteTextConfig's defaults for the sliding-window layers' latent (its swa_* keys).
+_DOTS3_SWA = {"num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1024, "kv_lora_rank": 1024,
+              "head_dim": 256, "qk_nope_head_dim": 192, "v_head_dim": 128}
+
+
+def _dots3_config(config: Mapping) -> Mapping:
+    """Dots3-Note's spellings as Transformers' Dots3NoteTextConfig reads them (its defaults included), in
+    ster's terms: ``mlp_layer_types`` from first_k_dense_replace / moe_layer_freq; ``layer_types`` (the
+    release's full_attention layers are indexed under use_dsa, the default; without the list, every layer
+    but 0, 1 and each 4k+1 slides under use_sliding_window) as full / sliding layers with their indexer
+    kind in ``indexer_types``; the sliding layers' latent and heads from the swa_* keys in
+    ``per_layer_config``; ``sliding_window`` from sliding_window_size; one plain rotation per layer kind,
+    rope_theta and swa_rope_theta; the shared experts' width shared_experts_intermediate_size (or
+    moe_shared_expert_intermediate_size) times n_shared_experts."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None and n:
+        k, freq = c.get("first_k_dense_replace", 1), c.get("moe_layer_freq", 1)
+        if isinstance(k, int) and (isinstance(freq, list) or isinstance(freq, int) and freq > 0):
+            c["mlp_layer_types"] = ["sparse" if i >= k and (bool(freq[i]) if isinstance(freq, list) and i < len(freq)
+                                                            else isinstance(freq, int) and i % freq == 0) else "dense"
+                                    for i in range(n)]
+    c.pop("first_k_dense_replace", None)
+    c.pop("moe_layer_freq", None)
+    shared = c.get("shared_experts_intermediate_size", c.get("moe_shared_expert_intermediate_size", 1536))
+    n_shared = c.get("n_shared_experts", 1)
+    if isinstance(shared, int) and isinstance(n_shared, int):
+        c["shared_intermediate_size"] = shared * n_shared
+    if c.get("sliding_window") is None:
+        c["sliding_window"] = c.get("sliding_window_size", 512)
+    use_dsa = c.get("use_dsa", None if "per_layer_config" in c else True)
+    types = c.get("layer_types")
+    if types is None and n:
+        full = "full_attention" if use_dsa is False else "indexed_attention"
+        types = [full if not c.get("use_sliding_window", True) or i < 2 or i % 4 == 1 else "sliding_attention"
+                 for i in range(n)]
+    if isinstance(types, list):
+        if use_dsa is not None:
+            old, new = ("full_attention", "indexed_attention") if use_dsa else ("indexed_attention", "full_attention")
+            types = [new if t == old else t for t in types]
+        c["indexer_types"] = ["full" if t == "indexed_attention" else "none" for t in types]
+        c["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in types]
+        if c.get("per_layer_config") is None:
+            swa = {k: c.get(f"swa_{k}", v) for k, v in _DOTS3_SWA.items()}
+            if isinstance(swa["head_dim"], int) and isinstance(swa["qk_nope_head_dim"], int):
+                swa["qk_rope_head_dim"] = c.get("swa_qk_rope_head_dim", swa["head_dim"] - swa["qk_nope_head_dim"])
+            c["per_layer_config"] = {str(i): swa for i, t in enumerate(types) if t == "sliding_attention"}
+    if _dots3_rope_scaled(c):
+        return c  # left as stated, for the gate's refusal
+    rp = c.get("rope_parameters")
+    theta = c.get("rope_theta", 80_000_000.0)
+    if isinstance(rp, Mapping) and any(k in rp for k in ("indexed_attention", "full_attention", "sliding_attention")):
+        full = rp.get("indexed_attention") or rp.get("full_attention") or {}
+        theta = full.get("rope_theta", theta) if isinstance(full, Mapping) else theta
+        swa = rp.get("sliding_attention") or {}
+        swa_theta = swa.get("rope_theta", 50_000.0) if isinstance(swa, Mapping) else 50_000.0
+    else:
+        swa_theta = c.get("swa_rope_theta", 50_000.0)
+    c["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": theta},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": swa_theta}}
+    c.pop("rope_scaling", None)
+    return c
+
+
+def _dots3_rope_scaled(config: Mapping) -> bool:
+    """A rotation other than the plain one, stated in rope_scaling or in any of rope_parameters' sets."""
+    sets = [config.get("rope_scaling")]
+    rp = config.get("rope_parameters")
+    if isinstance(rp, Mapping):
+        sets += list(rp.values()) if all(isinstance(v, Mapping) for v in rp.values()) and rp else [rp]
+    return any(isinstance(p, Mapping) and p.get("rope_type", p.get("type", "default")) not in ("default", None)
+               for p in sets)
+
+
+def _dots3_rope_widths_differ(config: Mapping) -> bool:
+    """The sliding layers' rotated width (swa_qk_rope_head_dim, else swa_head_dim - swa_qk_nope_head_dim, or
+    per_layer_config's) differs from qk_rope_head_dim."""
+    rope = config.get("qk_rope_head_dim", 64)
+    if config.get("swa_qk_rope_head_dim") is not None:
+        return config["swa_qk_rope_head_dim"] != rope
+    head, nope = config.get("swa_head_dim"), config.get("swa_qk_nope_head_dim")
+    if isinstance(head, int) and isinstance(nope, int):
+        return head - nope != rope
+    layers = config.get("per_layer_config")
+    return isinstance(layers, Mapping) and any(isinstance(e, Mapping) and e.get("qk_rope_head_dim") not in (None, rope)
+                                               for e in layers.values())
+
+
+_DOTS3_REFUSALS = (
+    Refusal(lambda c: any(c.get(k) not in (None, "headwise") for k in ("attention_gate_type", "swa_attention_gate_type")),
+            "an attention_gate_type or swa_attention_gate_type other than headwise is not supported (Transformers "
+            "gates each head's output by one sigmoid)"),
+    Refusal(_dots3_rope_widths_differ,
+            "sliding-window layers rotating another width than the full-attention ones (swa_qk_rope_head_dim other "
+            "than qk_rope_head_dim) are not supported"),
+    Refusal(lambda c: c.get("apply_mla_qkv_lora_rescale") is False,
+            "apply_mla_qkv_lora_rescale: false is not supported (Transformers rescales the latent bottlenecks by "
+            "sqrt(hidden_size / rank) whatever it says)"),
+    Refusal(_dots3_rope_scaled,
+            "a rope_scaling or rope type other than the plain rotation is not supported for dots3_note (vLLM "
+            "rotates by the plain base whatever it states; Transformers would scale)"),
+)
+
+
+# LongCat-Flash: two latent-attention halves per stored layer, their dense feed-forwards (mlps.{half}) and
+# the shortcut-connected experts (mlp.router.classifier, mlp.experts) with identity experts.
+_LH = _L + "self_attn.{half}."
+LONGCAT_NAMES = _with(DEEPSEEK_NAMES, attn_norm=_L + "input_layernorm.{half}",
+                      ffn_norm=_L + "post_attention_layernorm.{half}", q=_LH + "q_proj", q_a=_LH + "q_a_proj",
+                      q_a_norm=_LH + "q_a_layernorm", q_b=_LH + "q_b_proj", kv_a=_LH + "kv_a_proj_with_mqa",
+                      kv_a_norm=_LH + "kv_a_layernorm", kv_b=_LH + "kv_b_proj", o=_LH + "o_proj",
+                      gate=_L + "mlps.{half}.gate_proj", up=_L + "mlps.{half}.up_proj",
+                      down=_L + "mlps.{half}.down_proj", router=_M + "router.classifier",
+                      router_select_bias=_M + "router.e_score_correction_bias", shexp_gate=None, shexp_up=None,
+                      shexp_down=None)
+
+
+def _longcat_config(config: Mapping) -> Mapping:
+    """LongCat-Flash's stored layers counted as ster's (two each: ``num_hidden_layers``), every one with a
+    dense feed-forward (``mlp_layer_types``; the routed one is the shortcut, ``FamilySpec.shortcut_pairs``)."""
+    c = dict(config)
+    n = c.get("num_layers")
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 2048:
+        c["num_hidden_layers"] = 2 * n
+        c["mlp_layer_types"] = ["dense"] * (2 * n)
+    return c
+
+
+_LONGCAT_REFUSALS = (
+    Refusal(lambda c: c.get("head_dim", 64) != c.get("qk_rope_head_dim", 64),
+            "a head_dim other than qk_rope_head_dim is not supported (Transformers sizes LongCat-Flash's rotation "
+            "tables by head_dim and rotates qk_rope_head_dim components with them)"),
+    Refusal(lambda c: c.get("qk_head_dim") is not None
+            and c["qk_head_dim"] != c.get("qk_nope_head_dim", 128) + c.get("qk_rope_head_dim", 64),
+            "a qk_head_dim other than qk_nope_head_dim + qk_rope_head_dim is not supported"),
+    Refusal(lambda c: "q_lora_rank" in c and c["q_lora_rank"] is None,
+            "q_lora_rank: null is not supported (LongCat-Flash always projects its queries through the latent)"),
+    Refusal(lambda c: c.get("mla_scale_q_lora") is False or c.get("mla_scale_kv_lora") is False,
+            "mla_scale_q_lora / mla_scale_kv_lora: false is not supported (Transformers scales both latents by "
+            "sqrt(hidden_size / rank) whatever they say)"),
+    Refusal(lambda c: bool(c.get("router_bias")),
+            "router_bias: true is not supported (Transformers' LongCat-Flash router stores the classifier's bias but "
+            "scores without it, so which of the two the weights were trained with is unclear)"),
+)
+
+def _glm_dsa_config(config: Mapping) -> Mapping:
+    """GLM-5's indexed and shared layers as Transformers' GlmMoeDsaConfig derives ``indexer_types`` when a
+    config lists none: from ``index_topk_pattern`` (F: full, S: shared), else a layer i is full when
+    max(i - offset + 1, 0) is a multiple of ``index_topk_freq`` (1), offset ``index_skip_topk_offset`` (2)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("indexer_types") is None:
+        pattern = c.get("index_topk_pattern")
+        if isinstance(pattern, str):
+            c["indexer_types"] = [{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern]
+        elif isinstance(pattern, list):
+            c["indexer_types"] = list(pattern)
+        else:
+            freq, offset = c.get("index_topk_freq", 1), c.get("index_skip_topk_offset", 2)
+            if isinstance(freq, int) and isinstance(offset, int) and not isinstance(freq, bool) \
+                    and not isinstance(offset, bool):
+                freq = max(freq, 1)
+                c["indexer_types"] = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    return c
 # ----------------------------------------------------------------------------- group SSM-B1
 # Issue 15, part B1: LFM2's gated short convolution (lfm2, lfm2_moe), MiniMax's lightning attention
 # (minimax as Transformers spells it, minimax_text_01 as MiniMax's own checkpoints do) and Zamba2's
@@ -2213,6 +2428,56 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(gate, down) are not supported")),
                    gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
                    gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
+        # ---- group MLA-B (issue 14, part B): the latent-attention descendants
+        # DeepSeek-V3.2: DeepSeek-V3 with DeepSeek Sparse Attention on every layer; its indexer rotates the
+        # first qk_rope_head_dim components of each head by halves (Transformers' DeepseekV32Indexer).
+        FamilySpec("deepseek_v32", gguf_arch="deepseek32", keys=_LATENT_KEYS,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, index_topk=2048, index_head_dim=128, index_n_heads=64),
+                   indexer={"interleaved": False},
+                   **dict(_V3_LATENT, names=DEEPSEEK_DSA_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_ROPE_PAIRS, _indexer_pairs(False), _MOE_LAYER_FREQ)),
+        # GLM-5: the same with an indexer rotating adjacent pairs and shared layers (indexer_types) that reuse
+        # the last indexed layer's choice (Transformers' GlmMoeDsaAttention).
+        FamilySpec("glm_moe_dsa", gguf_arch="glm-dsa", keys=_LATENT_KEYS, normalize=_glm_dsa_config,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, q_lora_rank=2048, qk_nope_head_dim=192, v_head_dim=256,
+                                        n_group=1, topk_group=1, rms_norm_eps=1e-5, index_topk=2048,
+                                        index_head_dim=128, index_n_heads=32),
+                   indexer={"interleaved": True},
+                   **dict(_V3_LATENT, names=DEEPSEEK_DSA_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_ROPE_PAIRS, _indexer_pairs(True), _MOE_LAYER_FREQ)),
+        # Dots3-Note (vLLM's reading, Transformers' Dots3NoteTextConfig): DeepSeek-V3.2's block, its sliding
+        # layers with a latent attention of their own (per_layer_config), every latent scaled and gated.
+        FamilySpec("dots3_note", keys=_LATENT_KEYS, normalize=_dots3_config,
+                   config_defaults=dict(_V3_LATENT_DEFAULTS, vocab_size=152064, hidden_size=5120,
+                                        intermediate_size=13824, moe_intermediate_size=1536, num_hidden_layers=46,
+                                        num_attention_heads=128, q_lora_rank=1024, n_group=1, topk_group=1,
+                                        routed_scaling_factor=1.0, rms_norm_eps=1e-5, max_position_embeddings=524288,
+                                        first_k_dense_replace=1,
+                                        index_topk=2048, index_head_dim=128, index_n_heads=64),
+                   indexer={"interleaved": True}, latent_rescale=True, latent_k_rope_norm=True,
+                   latent_model_eps=True, attn_gate="sigmoid", attn_gate_per_head=True, adapters="ffn",
+                   unread=("vision_encoder.", "audio_encoder.", "audio_adapter.", "model.mtp."),
+                   **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS),
+        # LongCat-Flash: each stored layer runs as two latent-attention layers with dense feed-forwards;
+        # softmax-routed experts (identity ones among them) read the first's feed-forward input and join
+        # the stream after the second.
+        FamilySpec("longcat_flash", normalize=_longcat_config, latent_rescale=True, shortcut_pairs=True,
+                   keys=dict(_LATENT_KEYS, intermediate_size=("ffn_hidden_size",),
+                             moe_intermediate_size=("expert_ffn_hidden_size",), num_experts_per_tok=("moe_topk",),
+                             num_experts=("n_routed_experts",), identity_experts=("zero_expert_num",)),
+                   config_defaults={"vocab_size": 131072, "hidden_size": 6144, "num_layers": 28,
+                                    "num_attention_heads": 64, "ffn_hidden_size": 12288, "q_lora_rank": 1536,
+                                    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                                    "v_head_dim": 128, "moe_topk": 12, "n_routed_experts": 512,
+                                    "zero_expert_num": 256, "expert_ffn_hidden_size": 2048,
+                                    "routed_scaling_factor": 6.0, "rms_norm_eps": 1e-5,
+                                    "max_position_embeddings": 131072},
+                   adapters="none", unread=("model.mtp.",),
+                   **dict(_LATENT, moe=True, names=LONGCAT_NAMES,
+                          fixed={"scoring_func": "softmax", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+                                 "norm_topk_prob": False}),
+                   refusals=_LONGCAT_REFUSALS),
         # group SSM-B1 (issue 15, part B1): short convolutions, lightning attention, shared blocks
         FamilySpec("lfm2", **_LFM2, gguf_arch="lfm2", refusals=(_LFM2_LAYER_TYPES,)),
         FamilySpec("lfm2_moe", **dict(_LFM2, keys=dict(_LFM2["keys"], num_experts=("num_experts",)),

@@ -57,10 +57,13 @@ def _moe_dims(spec) -> dict[str, Any]:
     if spec.moe is None:
         return {}
     m = spec.moe
-    return {"routed_layers": sum(1 for layer in spec.layers if layer.ffn == "moe"),
-            "num_experts": m.router.num_experts, "num_experts_per_tok": m.router.top_k,
-            "moe_intermediate_size": m.expert_size, "shared_expert_size": m.shared_size,
-            "router_scoring": m.router.scoring}
+    out = {"routed_layers": sum(1 for layer in spec.layers if layer.ffn == "moe" or layer.shortcut == "open"),
+           "num_experts": m.router.num_experts, "num_experts_per_tok": m.router.top_k,
+           "moe_intermediate_size": m.expert_size, "shared_expert_size": m.shared_size,
+           "router_scoring": m.router.scoring}
+    if m.identity_experts:  # LongCat-Flash's: counted in num_experts, without weights
+        out["identity_experts"] = m.identity_experts
+    return out
 
 
 _GGUF_FLOATS = {"F16": np.float16, "BF16": ml_dtypes.bfloat16}   # GGUF float types 'auto' keeps

@@ -96,6 +96,12 @@ TEXT_MODEL_REFERENCES = {
 }
 
 
+# Families whose releases state the text decoder's config at the top level under a multimodal model_type
+# (which Transformers would build with its image and audio towers): the reference is the text config
+# Transformers registers for them and its causal LM, on the same weights (the towers' left unread).
+TEXT_CONFIG_REFERENCES = {"dots3_note": "dots3_note_text"}
+
+
 def _text_model_reference(root, model_type: str, torch, attn: str):
     """A text model of ``TEXT_MODEL_REFERENCES`` with an ``lm_head``, its weights read from the
     checkpoint at ``root`` under the hub's names; called like a causal LM (logits, hidden states).
@@ -177,6 +183,11 @@ def transformers_reference(resolved) -> Reference:
         with contextlib.redirect_stderr(io.StringIO()):
             if model_type in TEXT_MODEL_REFERENCES and resolved.gguf_file is None:
                 model = _text_model_reference(resolved.root, model_type, torch, kwargs["attn_implementation"])
+            elif model_type in TEXT_CONFIG_REFERENCES and resolved.gguf_file is None:
+                config = {k: v for k, v in resolved.config.items() if k not in ("model_type", "architectures")}
+                config = transformers.AutoConfig.for_model(TEXT_CONFIG_REFERENCES[model_type], **config)
+                model = transformers.AutoModelForCausalLM.from_pretrained(str(resolved.root), config=config,
+                                                                          **kwargs).eval()
             else:
                 model = transformers.AutoModelForCausalLM.from_pretrained(str(resolved.root), **kwargs).eval()
     except Exception as e:  # transformers raises many types; the user needs the message
@@ -259,10 +270,17 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
         if family is not None and family.reference_hidden == "layers" and len(ref_hidden) == n + 1:
             # Mamba's list: each layer's output, then the final norm's; the same places as the others'
             ref_hidden = [None] + list(ref_hidden[:n - 1]) + [ref_hidden[n]]
+        k = loaded.spec.layers_per_stored
+        if k > 1 and len(ref_hidden) == n // k + 1:
+            # one entry per stored layer (LongCat-Flash): ours after each stored layer's last one; the
+            # stream between them is not the reference's (a shortcut is still pending there)
+            ref_hidden = [ref_hidden[0]] + [ref_hidden[(i + 1) // k] if (i + 1) % k == 0 else None for i in range(n)]
         if len(ref_hidden) != n + 1:
             raise SterError(f"the reference returned {len(ref_hidden)} hidden states for {n} layers")
         result.layers = []
         for i in range(n):
+            if ref_hidden[i + 1] is None:
+                continue
             mine, last = hidden[i + 1], i == n - 1
             if last:
                 mine = loaded.decoder.final_norm(mine)

@@ -165,6 +165,8 @@ def test_families_json_lists_every_model_type():
         "step3p5",
         # latent-attention families of issue 14 (tests/test_parity_mla.py)
         "deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "axk1", "sarvam_mla",
+        # their descendants, issue 14 part B (tests/test_parity_mla_b.py)
+        "deepseek_v32", "glm_moe_dsa", "dots3_note", "longcat_flash",
         # state-space families of issue 15, part A (tests/test_parity_ssm.py)
         "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
         # short convolutions, lightning attention and shared blocks of issue 15, part B1 (tests/test_parity_ssm_b1.py)

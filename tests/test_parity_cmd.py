@@ -46,6 +46,7 @@ def _dense_cases() -> dict:
     """One tiny configuration per family of issue 6, from its parity suite (the family's own key spellings)."""
     import test_parity_dense as dense
     import test_parity_mla as mla
+    import test_parity_mla_b as mla_b
     import test_parity_moe as moe
     import test_parity_gemma4 as gemma4
     import test_parity_ssm as ssm
@@ -54,9 +55,11 @@ def _dense_cases() -> dict:
     out = {}
     for case, (model_type, config) in dense.CASES.items():
         out.setdefault(model_type, (case, config, dense.ATTN.get(case, "eager")))
-    for suite in (moe, mla, ssm, ssm_b1, gemma4):
+    for suite in (moe, mla, mla_b, ssm, ssm_b1, gemma4):
         for case, (model_type, config) in suite.CASES.items():
             out.setdefault(model_type, (case, config, "eager"))
+    for case, (model_type, config) in mla_b.LONGCAT_CASES.items():
+        out.setdefault(model_type, (case, config, "eager"))
     return out
 
 
@@ -98,7 +101,8 @@ def test_parity_passes_at_f32(family, tmp_path):
     assert p.rel_error == pytest.approx(rel_err(ours, ref_logits), rel=1e-6, abs=1e-12)
     assert p.rel_error < 1e-4 and p.top1_agreement == 1.0 and p.mean_cosine > 1 - 1e-8
     assert p.max_abs_error == pytest.approx(float(np.abs(ours - ref_logits).max()), abs=1e-12)
-    assert [e.layer for e in p.layers] == list(range(loaded.spec.num_hidden_layers))
+    k = loaded.spec.layers_per_stored  # LongCat-Flash: compared at the end of each stored layer
+    assert [e.layer for e in p.layers] == list(range(k - 1, loaded.spec.num_hidden_layers, k))
     assert p.first_divergent_layer is None
     assert all(e.rel_error < 1e-4 for e in p.layers)
 

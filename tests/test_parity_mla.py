@@ -114,8 +114,12 @@ def test_family_matches_transformers(case, tmp_path):
 
 
 def test_every_latent_family_has_a_case():
+    """Part A's families here, part B's (the descendants) in test_parity_mla_b."""
+    import test_parity_mla_b
+
     latent = {name for name, f in FAMILIES.items() if f.latent}
-    assert latent == {model_type for model_type, _ in CASES.values()}
+    assert latent == {model_type for model_type, _ in list(CASES.values()) + list(test_parity_mla_b.CASES.values())
+                      + list(test_parity_mla_b.LONGCAT_CASES.values())}
 
 
 def test_specs_show_what_the_cases_switch_on(tmp_path):
@@ -594,7 +598,10 @@ def test_quantized_gguf_gives_llamacpps_logits(name, ftype, mla_gguf, tmp_path):
 
 
 def test_every_latent_gguf_architecture_has_a_case():
-    converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
+    import test_parity_mla_b
+
+    converted = {FAMILIES[model_type].gguf_arch
+                 for model_type, _, _ in list(GGUF_CASES.values()) + list(test_parity_mla_b.GGUF_CASES.values())}
     assert {f.gguf_arch for f in FAMILIES.values() if f.latent and f.gguf_arch} <= converted
 
 

@@ -83,7 +83,8 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
     torch.manual_seed(seed)
     config = dict(config)
     as_given = config.pop(CONFIG_AS_GIVEN, False)
-    cfg = AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)
+    cfg = AutoConfig.for_model(TEXT_CONFIG_TYPES.get(model_type, model_type), bos_token_id=1, eos_token_id=2,
+                               pad_token_id=0, **config)
     if model_type == "step3p5":
         model = step3p5_causal_lm(cfg, attn).eval()
     else:
@@ -110,8 +111,17 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
                                          pad_token_id=0) if as_given else None)
     else:
         model.save_pretrained(path)
+    if model_type in TEXT_CONFIG_TYPES:  # the release's spelling: the text config at the top, its own model_type
+        saved = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps(dict(saved, model_type=model_type), indent=1))
     write_tokenizer(path, VOCAB)
     return model
+
+
+# Families whose releases state the text decoder's config at the top level under the multimodal model_type
+# (Transformers' Dots3NoteConfig reads such a config as its text_config): built from the text config and
+# causal LM Transformers registers, saved under the release's model_type.
+TEXT_CONFIG_TYPES = {"dots3_note": "dots3_note_text"}
 
 
 # A key of a ``build_checkpoint`` config: write config.json as given (a hub spelling Transformers

@@ -117,7 +117,8 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
     if softcap:
         scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
     if bias is not None:
-        scores += np.asarray(bias, np.float32).reshape(KV, G, *np.shape(bias)[-2:]) if np.ndim(bias) == 3 else bias
+        b = np.asarray(bias, np.float32)
+        scores += b.reshape(KV, G, *b.shape[-2:]) if b.ndim == 3 and b.shape[0] == H else b  # [1, T, S] broadcasts
     key_pos = np.arange(S)
     visible = key_pos[None, :] <= positions[:, None]
     if window is not None:

@@ -86,15 +86,21 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                        ("per_layer_post_norm", "weight"): (d,)})
     if getattr(spec, "shared_block", None) is not None:  # Zamba2's shared transformer blocks
         shapes.update(spec.shared_block.tensor_shapes(spec))
-    if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
-        m = spec.latent
+    m = spec.latent_of(i) if i is not None and spec.latent is not None else spec.latent
+    if m is not None:  # multi-head latent attention (decoder/latent.py), the layer's own where it has one
         r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
         shapes.update({("kv_a", "weight"): (r + rope, d), ("kv_a", "bias"): (r + rope,), ("kv_a_norm", "weight"): (r,),
                        ("kv_b", "weight"): (h * (nope + lv), r), ("k_b", "weight"): (h, r, nope),
-                       ("v_b", "weight"): (h, lv, r)})
+                       ("v_b", "weight"): (h, lv, r), ("k_rope_norm", "weight"): (rope,)})
         if qr is not None:
             shapes.update({("q_a", "weight"): (qr, d), ("q_a", "bias"): (qr,), ("q_a_norm", "weight"): (qr,),
                            ("q_b", "weight"): (q, qr)})
+    if spec.indexer is not None:  # DeepSeek Sparse Attention's indexer (decoder/indexer.py)
+        x = spec.indexer
+        qr = (spec.latent_of(i) if i is not None else spec.latent).q_lora_rank or 0
+        shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
+                       ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
+                       ("idx_w", "weight"): (x.n_heads, d)})
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -135,6 +141,14 @@ class Layout:
             t = self.weights.get(name[len(root):])
         return t
 
+    def _fill(self, name: str, i: int | None, **kw) -> str:
+        """``name`` with layer ``i``'s place: ``{i}`` the stored layer and ``{half}`` the place in it
+        (``ModelSpec.layers_per_stored``); other fields as ``kw`` gives them."""
+        n = self.spec.layers_per_stored
+        if i is None or n == 1:
+            return name.format(i=i, half=0, **kw)
+        return name.format(i=i // n, half=i % n, **kw)
+
     def _names(self, role: str, i: int | None, kind: str, slot: int | None = None) -> list[str]:
         """The names a role may be stored under, first found wins (a table entry may list several).
         ``kind`` "" means the table gives the whole name; ``slot`` fills a name's ``{k}``."""
@@ -145,9 +159,9 @@ class Layout:
         for n in (entry,) if isinstance(entry, str) else entry:
             if n.endswith("#"):  # stored without a suffix: it is the weight (llama.cpp's Falcon-H1 ffn_norm)
                 if kind == "weight":
-                    out.append(n[:-1].format(i=i, h="{h}", e="{e}", k=k))
+                    out.append(self._fill(n[:-1], i, h="{h}", e="{e}", k=k))
                 continue
-            out.append(f"{n.format(i=i, h='{h}', e='{e}', k=k)}{suffix}")
+            out.append(f"{self._fill(n, i, h='{h}', e='{e}', k=k)}{suffix}")
         return out
 
     def _name(self, role: str, i: int | None, kind: str, slot: int | None = None) -> str:
@@ -237,7 +251,7 @@ class Layout:
         """
         m = self.spec.moe
         d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
-        n, f = m.router.num_experts, m.expert_size
+        n, f = m.router.num_experts - m.identity_experts, m.expert_size
         names = self.spec.names
         stacked = self._transformers5_stack(i)
         if stacked is not None:
@@ -266,10 +280,10 @@ class Layout:
         gate = self.spec.names.get("exp_gate")
         if not isinstance(gate, str) or "experts.{e}." not in gate or "bias" in gate:
             return None
-        if self._fetch(gate.format(i=i, e=0)) is not None:
+        if self._fetch(self._fill(gate, i, e=0)) is not None:
             return None
         stem = gate.split("experts.{e}.")[0] + "experts."
-        if self._fetch(f"{stem}gate_up_proj".format(i=i)) is None:
+        if self._fetch(self._fill(f"{stem}gate_up_proj", i)) is None:
             return None
         return {"exp_gate_up": stem + "gate_up_proj", "exp_down": stem + "down_proj"}
 
@@ -289,7 +303,7 @@ class Layout:
             if required:
                 raise SterError(f"the family of {self.spec.model_type!r} names no tensor for its experts' {role}")
             return None
-        name = entry.format(i=i, e="{e}")
+        name = self._fill(entry, i, e="{e}")
         first = self.spec.expert_inputs_first and role in self.spec.expert_inputs_first and kind == "weight"
         stored = shape[::-1] if first else shape
         if "{e}" in name:
@@ -311,6 +325,9 @@ class Layout:
                 return None
             if len(t.shape) == len(stored) and t.shape[0] == n * stored[0]:  # stacked by rows (DBRX)
                 t = t.reshape(n, *stored) if isinstance(t, np.ndarray) else t
+            extra = self.spec.moe.identity_experts if self.spec.moe is not None else 0
+            if extra and tuple(t.shape) == (n + extra, *stored):  # rows for the identity experts, never read
+                t = t[:n]  # (Transformers' LongCat-Flash allocates gate_up_proj for every expert)
             self._check_expert(name, t, (n, *stored))
             parts = [t[e] for e in range(n)]
         if first:

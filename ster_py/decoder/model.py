@@ -40,7 +40,7 @@ from .lightning import Lightning
 from .linear import Linear, make_linear
 from .mamba import Mamba
 from .mamba2 import Mamba2
-from .moe import MoE
+from .moe import MoE, identity
 from .norms import Norm
 from .positions import alibi_bias
 from .qlinear import QuantLinear
@@ -70,10 +70,10 @@ MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "ma
           "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid}
 
 
-def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
-    """Layer ``i``'s feed-forward, of the kind its ``LayerSpec.ffn`` names: a ``DenseFFN``, a
-    routed ``MoE`` or None."""
-    kind = spec.layers[i].ffn
+def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
+    """Layer ``i``'s feed-forward, of the kind its ``LayerSpec.ffn`` names (or ``kind``): a
+    ``DenseFFN``, a routed ``MoE`` or None."""
+    kind = kind or spec.layers[i].ffn
     if kind == "none":
         return None
     if kind == "dense":
@@ -91,7 +91,7 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
         gate, up, down = (make_linear(w, b) if w is not None else None for w, b in parts)
         return DenseFFN(gate, up, down, m.act, glu=m.glu, limit=limit, alpha=m.alpha, clamp_act=m.clamp_act)
 
-    experts = [ffn(parts, m.limit) for parts in layout.experts(i)]
+    experts = [ffn(parts, m.limit) for parts in layout.experts(i)] + [identity] * m.identity_experts
     shared = shared_gate = latent = None
     if m.shared_size:
         gated = any(r in spec.names for r in ("shexp_gate", "shexp_gate_up"))  # Nemotron-H's have no gate
@@ -106,6 +106,11 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
         latent = tuple(make_linear(load(r, required=True), load(r, "bias")) for r in ("moe_latent_in", "moe_latent_out"))
     return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
                shared, shared_gate, latent)
+
+
+#: The key of a forward call's ``tables`` under which a ``shortcut="open"`` layer holds its routed
+#: feed-forward's output for the ``"close"`` layer after it (``LayerSpec.shortcut``).
+SHORTCUT = "block.shortcut"
 
 
 class _Layer:
@@ -135,6 +140,7 @@ class _Layer:
         d["norms"] = {role: norm(role) for role in spec.layer_norms(i) if role not in own}
         d["mixer"] = cls(spec, i, load, norm) if cls is not None else None
         d["ffn"] = build_ffn(spec, i, layout, load)
+        d["shortcut"] = build_ffn(spec, i, layout, load, "moe") if self.layer.shortcut == "open" else None
         # Gemma 4: a per-layer input joins after the block, then the block's output is scaled
         d["per_layer"] = ((make_linear(load("per_layer_gate", required=True)),
                            make_linear(load("per_layer_proj", required=True)), norm("per_layer_post_norm"))
@@ -209,19 +215,26 @@ class _Layer:
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
             m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
             return h + (m * r if r != 1 else m)
+        tables = {} if tables is None else tables
         x = n["attn_norm"](h) if "attn_norm" in n else h
-        a = self.mixer(x, cache, positions, bias, {} if tables is None else tables)
+        a = self.mixer(x, cache, positions, bias, tables)
         a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
         if self.ffn is None:
             return h + (a * r if r != 1 else a)
         if not self.spec.parallel:
             h = h + (a * r if r != 1 else a)
             x = h
-        m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else x)
+        f = n["ffn_norm"](h) if "ffn_norm" in n else x
+        m = self.ffn(f)
         m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
         if self.spec.parallel:
             m = a + m
-        return h + (m * r if r != 1 else m)
+        if self.shortcut is not None:  # the routed feed-forward that joins the stream a layer later
+            tables[SHORTCUT] = self.shortcut(f)
+        out = h + (m * r if r != 1 else m)
+        if self.layer.shortcut == "close":
+            out = out + tables.pop(SHORTCUT)
+        return out
 
     def _scaled_join(self, h, cache, positions, bias, tables) -> np.ndarray:
         """MiniMax's block (``LayerSpec.residual`` = (a1, b1, a2, b2)): each sublayer joins its

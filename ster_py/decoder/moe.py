@@ -108,6 +108,8 @@ class MoESpec:
         latent_size: the routed experts work in this width: they read ``moe_latent_in(x)`` and
             their weighted sum returns through ``moe_latent_out`` (Nemotron-H's
             ``moe_latent_size``; 0: the model width). The router and shared experts read x.
+        identity_experts: the last ones of the router's ``num_experts`` return their input
+            (LongCat-Flash's ``zero_expert_num``); they have no weights.
     """
 
     router: RouterSpec
@@ -123,6 +125,12 @@ class MoESpec:
     clamp_act: bool = False
     select_bias_optional: bool = False
     latent_size: int = 0
+    identity_experts: int = 0
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    """An identity expert (LongCat-Flash's zero-computation experts): its output is its input."""
+    return x
 
 
 def _qmatmul():

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
                       yarn_mscale)
+from ..decoder.indexer import IndexerSpec
 from ..decoder.latent import LatentSpec
 from ..decoder.ssm import ATTENTION_MIXERS, SSMSpec
 from ..decoder.rope import brief_value, make_rope
@@ -106,7 +107,7 @@ LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp
 # require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
-                            "deepseek2": "softmax",
+                            "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
                             "laguna": "sigmoid", "step35": "sigmoid",
                             "exaone-moe": None, "bailingmoe2": None}
 
@@ -141,6 +142,20 @@ LLAMA_CPP_PER_LAYER_INPUT = {"gemma4": "embedding_length_per_layer_input"}
 # deepseek2.cpp's loader takes a file without expert_gating_func for softmax (the DeepSeek-V2 files
 # before the key), except GLM-4.7-Flash, which it tells by its 47 or 48 layers and 154880 tokens.
 GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
+# group MLA-B. DeepSeek Sparse Attention's indexer as llama.cpp's graph runs it (src/models/<arch>.cpp):
+#   interleaved: the index query and key rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM), else halves (NEOX),
+#         over the first rope.dimension_count components;
+#   norm_eps: the key's LayerNorm epsilon (hparams.f_norm_eps: deepseek32.cpp sets 1e-6; glm-dsa.cpp sets
+#         none, so it is the zero of the value-initialised hparams);
+#   types: which layers index is read from attention.indexer.types (True: full), else every layer does;
+#         without the key, glm-dsa.cpp takes every layer of a file whose context_length is below
+#         1048576 (GLM-5, 5.1) as full, and GLM-5.2's pattern otherwise (two full, then one in four).
+LLAMA_CPP_INDEXER = {"deepseek32": {"interleaved": False, "norm_eps": 1e-6, "types": False},
+                     "glm-dsa": {"interleaved": True, "norm_eps": 0.0, "types": True}}
+GLM_5_2 = {"context": 1048576, "lead": 2, "period": 4}
+# Latent architectures whose loader reads rope.scaling.yarn_log_multiplier (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX);
+# glm-dsa.cpp's does not (its kq_scale then has no mscale_all_dim term).
+LLAMA_CPP_YARN_LOG_MUL = ("deepseek2", "deepseek32")
 # How llama.cpp's graph gives each layer of an architecture its mixer (src/models/<arch>.cpp):
 # "scan" every layer (mamba.cpp); "kv" a scan where head_count_kv[i] is 0, attention elsewhere
 # (jamba.cpp, granite-hybrid.cpp); "nemotron" a scan where head_count_kv[i] and
@@ -451,6 +466,43 @@ def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, 
                       else None, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v, norm_eps=eps)
 
 
+def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, max_pos: int,
+                  path: str) -> tuple[IndexerSpec, list[str]]:
+    """(the indexer, each layer's ``LayerSpec.indexer``) of a DeepSeek Sparse Attention file, as llama.cpp's
+    loader reads it (``LLAMA_CPP_INDEXER``): ``attention.indexer.head_count``, ``key_length``, ``top_k``, and
+    ``attention.indexer.types`` where the architecture reads it.
+
+    Raises:
+        SterError: a missing or invalid count, a rotated width above the index head's, a types array of
+            the wrong length or with a shared layer before the first full one.
+    """
+    how = LLAMA_CPP_INDEXER[arch]
+
+    def g(key):
+        return _get(meta, f"{arch}.attention.indexer.{key}", int, path)
+
+    spec = IndexerSpec(n_heads=g("head_count"), head_dim=g("key_length"), topk=g("top_k"),
+                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"], norm_eps=how["norm_eps"])
+    if spec.rope_dim > spec.head_dim:
+        raise SterError(f"{path}: {arch}.rope.dimension_count ({spec.rope_dim}) must not exceed "
+                        f"{arch}.attention.indexer.key_length ({spec.head_dim})")
+    full = [True] * n_layers
+    if how["types"]:
+        types = meta.get(f"{arch}.attention.indexer.types")
+        if types is None and max_pos >= GLM_5_2["context"]:
+            full = [i < GLM_5_2["lead"] or (i - GLM_5_2["lead"]) % GLM_5_2["period"] == 0 for i in range(n_layers)]
+        elif types is not None:
+            flags = [types] * n_layers if isinstance(types, (bool, int, np.integer, np.bool_)) else list(types)
+            if len(flags) < n_layers:
+                raise SterError(f"{path}: {arch}.attention.indexer.types has {len(flags)} entries for {n_layers} "
+                                "layers")
+            full = [bool(f) for f in flags[:n_layers]]
+    if not full[0]:
+        raise SterError(f"{path}: {arch}.attention.indexer.types marks layer 0 shared; a shared layer reuses an "
+                        "earlier layer's choice, and there is none")
+    return spec, ["full" if f else "shared" for f in full]
+
+
 def _deepseek2_yarn(meta: Mapping, arch: str, params: dict, qk_head_dim: int, path: str) -> float:
     """llama.cpp's YaRN for ``deepseek2`` (src/llama-context.cpp, src/models/deepseek2.cpp): fills in the
     rotation's attention factor and returns the softmax scale.
@@ -461,7 +513,7 @@ def _deepseek2_yarn(meta: Mapping, arch: str, params: dict, qk_head_dim: int, pa
     (that factor * (1 + 0.1 * mscale_all_dim * ln factor)) ** 2 / sqrt(qk_head_dim).
     """
     factor = params["factor"]
-    log_mul = meta.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+    log_mul = meta.get(f"{arch}.rope.scaling.yarn_log_multiplier") if arch in LLAMA_CPP_YARN_LOG_MUL else None
     m_all = 0.0 if log_mul is None else _get(meta, f"{arch}.rope.scaling.yarn_log_multiplier", float, path) / 0.1
     attn = _get(meta, f"{arch}.rope.scaling.attn_factor", float, path, 1.0, positive=True)
     ratio = (1.0 if log_mul is not None else yarn_mscale(factor)) * attn
@@ -595,8 +647,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         params["original_max_position_embeddings"] = g("rope.scaling.original_context_length", int, max_pos)
     scale = None
     if latent is not None:
-        scale = (_deepseek2_yarn(meta, arch, params, head_dim, path) if scaling == "yarn" and arch == "deepseek2"
-                 else head_dim ** -0.5)
+        scale = (_deepseek2_yarn(meta, arch, params, head_dim, path)
+                 if scaling == "yarn" and arch in ("deepseek2", "deepseek32", "glm-dsa") else head_dim ** -0.5)
 
     def make(p, rotated=rotary_dim, width=rope_width):
         return make_rope(p, head_dim=width, max_position_embeddings=max_pos,
@@ -657,6 +709,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     shared = _kv_shared(meta, arch, sliding, n_all, path)
     no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
     rotated = _rope_flags(meta, arch, n_layers, path)
+    indexer, index_kinds = None, [None] * n_layers
+    if family.indexer is not None:
+        indexer, index_kinds = _gguf_indexer(meta, arch, latent, n_layers, max_pos, path)
     recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
     layers = []
     for i in range(n_layers):
@@ -681,6 +736,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["num_key_value_heads"] = kv_list[i]
         if clamps and clamps[i] is not None and clamps[i] != moe:
             own["moe"] = clamps[i]
+        if index_kinds[i] is not None:
+            own["indexer"] = index_kinds[i]
         if arch in LLAMA_CPP_SCALED_JOIN:
             own["residual"] = (residual, 1.0, residual, 1.0)
         if sliding[i] and swa_head != head_dim:
@@ -755,6 +812,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         query_temperature=temperature,
         moe=moe,
         latent=latent,
+        indexer=indexer,
         ssm=(SSMSpec("lightning", heads * head_dim, head_dim, 1, num_heads=heads, norm_eps=eps, slope_eps=0.0)
              if family.recurrent == "lightning"  # minimax-01.cpp: its read-out norm takes the model's epsilon
              else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None),
