@@ -166,7 +166,9 @@ def test_families_json_lists_every_model_type():
         # latent-attention families of issue 14 (tests/test_parity_mla.py)
         "deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "axk1", "sarvam_mla",
         # state-space families of issue 15, part A (tests/test_parity_ssm.py)
-        "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"}
+        "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
+        # delta-rule families of issue 15, part B2 (tests/test_parity_ssm_b2.py)
+        "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear"}
 
 
 @pytest.mark.real

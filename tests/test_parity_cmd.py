@@ -48,11 +48,12 @@ def _dense_cases() -> dict:
     import test_parity_mla as mla
     import test_parity_moe as moe
     import test_parity_ssm as ssm
+    import test_parity_ssm_b2 as ssm_b2
 
     out = {}
     for case, (model_type, config) in dense.CASES.items():
         out.setdefault(model_type, (case, config, dense.ATTN.get(case, "eager")))
-    for suite in (moe, mla, ssm):
+    for suite in (moe, mla, ssm, ssm_b2):
         for case, (model_type, config) in suite.CASES.items():
             out.setdefault(model_type, (case, config, "eager"))
     return out

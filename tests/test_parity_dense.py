@@ -143,12 +143,14 @@ def test_every_landed_family_has_a_case():
     import test_parity_mla
     import test_parity_moe
     import test_parity_ssm
+    import test_parity_ssm_b2
 
     foundation = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
     tested = {model_type for model_type, _ in CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_moe.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_mla.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 
 

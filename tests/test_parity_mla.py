@@ -114,7 +114,7 @@ def test_family_matches_transformers(case, tmp_path):
 
 
 def test_every_latent_family_has_a_case():
-    latent = {name for name, f in FAMILIES.items() if f.latent}
+    latent = {name for name, f in FAMILIES.items() if f.latent and not f.recurrent}  # kimi_linear: test_parity_ssm_b2
     assert latent == {model_type for model_type, _ in CASES.values()}
 
 
