@@ -1242,6 +1242,23 @@ KIMI_LINEAR_NAMES = _with(
     lin_f_a=_KSA + "f_a_proj", lin_f_b=_KSA + "f_b_proj", lin_dt_bias=_KSA + "dt_bias", lin_a_log=_KSA + "A_log",
     lin_g_a=_KSA + "g_a_proj", lin_g_b=_KSA + "g_b_proj", lin_norm=_KSA + "o_norm", lin_out=_KSA + "o_proj")
 
+# llama.cpp's names (its converter: qwen.py, kimi_linear.py). Qwen3-Next's in_proj_qkvz is written as
+# attn_qkv + attn_gate, its in_proj_ba kept whole (ssm_ba); ssm_a holds -exp(A_log); the norms are stored
+# as 1 + w, post_attention_layernorm as post_attention_norm; attention's gate stays in attn_q's rows.
+_GGUF_DELTA = dict(lin_qkv="blk.{i}.attn_qkv", lin_z="blk.{i}.attn_gate", lin_conv="blk.{i}.ssm_conv1d",
+                   lin_dt_bias="blk.{i}.ssm_dt.bias", lin_ssm_a="blk.{i}.ssm_a", lin_norm="blk.{i}.ssm_norm",
+                   lin_out="blk.{i}.ssm_out")
+GGUF_QWEN3NEXT_NAMES = _with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm", g=None, qkv=None,
+                             lin_ba="blk.{i}.ssm_ba", **_GGUF_DELTA)
+GGUF_QWEN35_NAMES = _with(GGUF_QWEN3NEXT_NAMES, lin_ba=None, lin_b="blk.{i}.ssm_beta", lin_a="blk.{i}.ssm_alpha")
+GGUF_KIMI_LINEAR_NAMES = _with(GGUF_LATENT_NAMES, lin_q="blk.{i}.attn_q", lin_k="blk.{i}.attn_k",
+                               lin_v="blk.{i}.attn_v", lin_q_conv="blk.{i}.ssm_conv1d_q",
+                               lin_k_conv="blk.{i}.ssm_conv1d_k", lin_v_conv="blk.{i}.ssm_conv1d_v",
+                               lin_f_a="blk.{i}.ssm_f_a", lin_f_b="blk.{i}.ssm_f_b", lin_b="blk.{i}.ssm_beta",
+                               lin_ssm_a="blk.{i}.ssm_a", lin_dt_bias="blk.{i}.ssm_dt.bias",
+                               lin_g_a="blk.{i}.ssm_g_a", lin_g_b="blk.{i}.ssm_g_b", lin_norm="blk.{i}.ssm_norm",
+                               lin_out="blk.{i}.attn_output")
+
 _QWEN_DELTA_KEYS = {"delta_k_heads": ("linear_num_key_heads",), "delta_v_heads": ("linear_num_value_heads",),
                     "delta_k_dim": ("linear_key_head_dim",), "delta_v_dim": ("linear_value_head_dim",),
                     "delta_conv_kernel": ("linear_conv_kernel_dim",), "ssm_act": ("hidden_act",)}
@@ -2038,17 +2055,19 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("qwen3_next", **dict(_QWEN_DELTA, config_defaults={"partial_rotary_factor": 0.25,
                                                                       "norm_topk_prob": True}),
                    moe=True, shared_gated=True, names=QWEN3_NEXT_NAMES,
+                   gguf_arch="qwen3next", gguf_names=GGUF_QWEN3NEXT_NAMES,
                    moe_defaults={"num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512},
                    variants=(Variant(lambda c: c.get("num_experts", 512) == 0, {"moe": False}),)),
         # Qwen3.5 (dense) and Qwen3.5-MoE: Qwen3-Next with in_proj_qkv / z / b / a (also below
         # model.language_model of the qwen3_5 / qwen3_5_moe wrappers: WRAPPERS).
         FamilySpec("qwen3_5_text", **_QWEN_DELTA, names=QWEN35_NAMES, wrapper_root="model.",
-                   variants=_QWEN35_VARIANTS),
+                   variants=_QWEN35_VARIANTS, gguf_arch="qwen35", gguf_names=GGUF_QWEN35_NAMES),
         FamilySpec("qwen3_5_moe_text", **dict(_QWEN_DELTA, refusals=_QWEN_DELTA_REFUSALS + (
             Refusal(lambda c: c.get("norm_topk_prob") is False,
                     "norm_topk_prob false is not supported (Transformers' Qwen3.5-MoE router always renormalises)"),)),
                    moe=True, shared_gated=True, names=QWEN35_MOE_NAMES, wrapper_root="model.",
                    fixed={"norm_topk_prob": True}, variants=_QWEN35_VARIANTS,
+                   gguf_arch="qwen35moe", gguf_names=GGUF_QWEN35_NAMES,
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
                                  "shared_intermediate_size": 512}),
         # OLMo Hybrid: OLMo 3's post-norm attention layers, pre-norm gated delta nets elsewhere.
@@ -2060,7 +2079,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    variants=(Variant(lambda c: bool(c.get("_unrotated")), {"positions": "none"}),)),
         # Kimi-Linear: Kimi Delta Attention on linear_attn_config.kda_layers, unrotated latent attention on the
         # rest, DeepSeek-V3's router (sigmoid, e_score_correction_bias, groups) beside shared experts.
-        FamilySpec("kimi_linear", **dict(_V3_LATENT, names=KIMI_LINEAR_NAMES, variants=()), keys=_KIMI_KEYS,
+        FamilySpec("kimi_linear", **dict(_V3_LATENT, names=KIMI_LINEAR_NAMES, variants=(),
+                                         gguf_names=GGUF_KIMI_LINEAR_NAMES), keys=_KIMI_KEYS, gguf_arch="kimi-linear",
                    recurrent="kda", positions="none", normalize=_kimi_linear_config, adapters="none",
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},

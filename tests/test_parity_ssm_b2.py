@@ -465,3 +465,129 @@ def test_adapters_refused_and_capture_works(tmp_path):
     cap = capture(loaded, [" ".join(f"w{i}" for i in PROMPT)], [0, 1], "all", chat_template="off")
     for layer in (0, 1):  # after a delta-net layer and after an attention layer
         assert rel_err(cap.rows(layer), ref_hidden[layer + 1][-len(PROMPT):]) < 1e-5
+
+
+# ----------------------------------------------------------------------------- GGUF, via llama.cpp
+#
+# llama.cpp's converter on the same kinds of model, 256 wide so that the products really are Q4_K, keys
+# as wide as values (llama.cpp's delta rule requires it), weights scaled and routers made decisive as
+# test_parity_ssm's ``_wide`` does. The Qwen checkpoints have no multi-token-prediction block (converted
+# with --no-mtp); Kimi-Linear's is written as its release stores it (dense layers below mlp) with the
+# router activation its hub config states (the converter writes expert_gating_func from it, and
+# llama.cpp's kimi-linear loader requires that key). llama.cpp's converter writes no OLMo Hybrid file.
+
+WIDE_ATTN = dict(vocab_size=VOCAB, hidden_size=256, max_position_embeddings=64, intermediate_size=256,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+WIDE_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+                   linear_conv_kernel_dim=4)
+WIDE_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=256)
+NO_MTP = {"_llamacpp_args": ["--no-mtp"]}
+GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
+    "qwen35": ("qwen3_5_text", dict(WIDE_ATTN, num_hidden_layers=4, **WIDE_LINEAR), NO_MTP),
+    "qwen35moe": ("qwen3_5_moe_text", dict(WIDE_ATTN, num_hidden_layers=4, **WIDE_LINEAR, **WIDE_MOE), NO_MTP),
+    "qwen3next": ("qwen3_next", dict(WIDE_ATTN, num_hidden_layers=4, full_attention_interval=2, **WIDE_LINEAR,
+                                     **WIDE_MOE), NO_MTP),
+    "kimi-linear": ("kimi_linear", dict(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
+        num_hidden_layers=4, kv_lora_rank=64, q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=32,
+        v_head_dim=64, num_experts=4, num_experts_per_token=2, moe_intermediate_size=256, num_shared_experts=1,
+        linear_attn_config={"num_heads": 4, "head_dim": 64, "short_conv_kernel_size": 4, "kda_layers": [1, 2, 4],
+                            "full_attn_layers": [3]}),
+                    {"first_k_dense_replace": 1, "moe_router_activation_func": "sigmoid"}),
+}
+LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
+
+
+def kimi_hub_layout(path) -> None:
+    """Kimi-Linear's checkpoint as its release stores it: the dense layers' feed-forward below mlp
+    (Transformers 5 writes every feed-forward below block_sparse_moe)."""
+    from safetensors.numpy import load_file, save_file
+
+    f = path / "model.safetensors"
+    tensors = load_file(str(f))
+    dense = ("block_sparse_moe.gate_proj.", "block_sparse_moe.up_proj.", "block_sparse_moe.down_proj.")
+    save_file({(k.replace("block_sparse_moe.", "mlp.") if any(d in k for d in dense) else k): v
+               for k, v in tensors.items()}, str(f), metadata={"format": "pt"})
+
+
+def _wide(path, model_type, config):
+    from test_parity_ssm import _wide as wide
+
+    model = wide(path, model_type, config)
+    if model_type == "kimi_linear":
+        kimi_hub_layout(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def delta_gguf(tmp_path_factory):
+    """name -> (converted F32 .gguf, transformers model) for every case of GGUF_CASES."""
+    from llamacpp_convert import convert_cases
+
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_delta"), GGUF_CASES, _wide)
+
+
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_gguf_matches_transformers(name, delta_gguf):
+    from ster_py import llamacpp
+    from ster_py.gguf.reader import GGUFFile
+
+    path, ref_model = delta_gguf[name]
+    assert GGUFFile(path).architecture == name  # the architecture llama.cpp's converter chose
+    model = load_model(str(path))
+    assert model.spec.delta is not None
+    assert model.spec.delta.kv_map == ("tiled" if name in ("qwen35", "qwen35moe") else "grouped")
+    ours = model.decoder.forward(PROMPT)
+    err = rel_err(ours, reference_logits(ref_model, PROMPT)[0])
+    assert err < 1e-3, f"logits rel err {err:.2e}"
+    (ref,) = llamacpp.logits(path, [PROMPT])  # and llama.cpp reads the file as ster does
+    assert rel_err(ours, ref[:, :ours.shape[1]]) < 1e-3
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:SPLIT], cache), model.decoder.forward(PROMPT[SPLIT:], cache)])
+    assert rel_err(pieces, ours) < 1e-5
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+    hf = load_model(str(path.parent / "hf" / name)).spec
+    assert [(layer.mixer, layer.ffn) for layer in model.spec.layers] == [(layer.mixer, layer.ffn) for layer in hf.layers]
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_quantized_gguf_gives_llamacpps_top1(name, ftype, delta_gguf, tmp_path):
+    """As test_parity_ssm's quantized test: the projections stay in their blocks, ster computes exactly
+    what the quantized weights define, gives llama.cpp's top-1 token at every position of a 32-token
+    prompt but near-ties, and decodes token by token through the recurrent state to the same logits."""
+    from ster_py import llamacpp
+    from ster_py.decoder.model import Decoder
+    from ster_py.decoder.qlinear import QuantTensor
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.weights import GGUFWeights
+
+    path, _ = delta_gguf[name]
+    q = llamacpp.quantize(path, tmp_path / f"{name}-{ftype}.gguf", ftype)
+    model = load_model(str(q))
+    mixers = [layer.mixer for layer in model.decoder.layers if layer.layer.mixer in ("gated_delta", "kda")]
+    want = {"Q8_0"} if ftype == "Q8_0" else {"Q4_K", "Q5_K", "Q6_K"}
+    outs = [m.out_proj for m in mixers]
+    assert outs and all(type(o.weight) is QuantTensor and o.weight.type_name in want for o in outs)  # kept in blocks
+    ours = model.decoder.forward(LONG_PROMPT)
+    exact = Decoder(model.spec, GGUFWeights(GGUFFile(q), "f32", quantized=False)).forward(LONG_PROMPT)
+    assert rel_err(ours, exact) < 1e-4
+    (ref,) = llamacpp.logits(q, [LONG_PROMPT])
+    ref = ref[:, :ours.shape[1]]
+    assert rel_err(ours, ref) < 0.15  # llama.cpp rounds activations to 8 bits in its quantized products
+    mine, theirs = ours.argmax(1), ref.argmax(1)
+    rows = np.arange(len(mine))
+    margin = ref[rows, theirs] - ref[rows, mine]
+    noise = np.sqrt(np.mean((ours - ref) ** 2))
+    assert np.all((mine == theirs) | (margin <= 2 * noise)), (np.nonzero(mine != theirs), margin, noise)
+    assert (mine == theirs).sum() >= len(mine) - 3
+    cache = model.decoder.new_cache()
+    steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
+    assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+
+
+def test_every_delta_gguf_architecture_has_a_case():
+    from ster_py.families import FAMILIES_BY_GGUF_ARCH
+
+    declared = {arch for arch, f in FAMILIES_BY_GGUF_ARCH.items() if f.recurrent in ("gated_delta", "kda")}
+    assert declared == set(GGUF_CASES)

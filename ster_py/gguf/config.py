@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
                       yarn_mscale)
+from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
 from ..decoder.ssm import ATTENTION_MIXERS, SSMSpec
 from ..decoder.rope import brief_value, make_rope
@@ -91,6 +92,11 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "jamba": {"norm_topk_prob": False},           # jamba.cpp: softmax, norm_w false
     "granitehybrid": {"norm_topk_prob": True},    # granite-hybrid.cpp: softmax, norm_w true
     "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
+    # group SSM-B2: qwen3next.cpp and qwen35moe.cpp: softmax, norm_w true (whatever norm_topk_prob was);
+    # kimi-linear.cpp: the file's gating function, norm_w true
+    "qwen3next": {"scoring_func": "softmax", "norm_topk_prob": True},
+    "qwen35moe": {"scoring_func": "softmax", "norm_topk_prob": True},
+    "kimi-linear": {"norm_topk_prob": True},
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
@@ -126,8 +132,16 @@ GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 # (jamba.cpp, granite-hybrid.cpp); "nemotron" a scan where head_count_kv[i] and
 # feed_forward_length[i] are 0, attention where only the latter is, else a feed-forward alone
 # (nemotron-h.cpp); "hybrid" attention and a scan side by side on every layer (falcon-h1.cpp).
+# The delta-rule architectures: "recurrent" where attention.recurrent_layers[i] holds (else every layer
+# but each full_attention_interval-th, 4 when absent: qwen3next.cpp, qwen35.cpp, qwen35moe.cpp); Kimi-Linear's
+# KDA where head_count_kv[i] is 0 ("kv", kimi-linear.cpp).
 LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehybrid": "kv",
-                    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid"}
+                    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid",
+                    "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv"}
+# Which key head a value head reads in llama.cpp's delta-rule graphs: qwen35.cpp / qwen35moe.cpp repeat the
+# key heads tiled (ggml_repeat_4d, the fused op's h % H_k), as their converter reorders the value heads;
+# qwen3next.cpp repeats each key head in place (the checkpoint's grouped order).
+LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped"}
 
 
 def supported_architectures() -> list[str]:
@@ -278,6 +292,47 @@ def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_
     gated = any(f"blk.{i}.ssm_norm.weight" in tensors for i in range(n_layers))
     return SSMSpec("mamba2", di, n, k, num_heads=r, n_groups=groups, dt_min=-math.inf, dt_max=math.inf,
                    gated_norm=gated, norm_eps=eps)
+
+
+def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: float, path: str) -> DeltaSpec:
+    """The delta-rule layers of a ``qwen3next`` / ``qwen35`` / ``qwen35moe`` / ``kimi-linear`` file, as
+    llama.cpp's loaders read them: the gated delta net's key heads are ``ssm.group_count``, their width
+    ``ssm.state_size``, its value heads ``ssm.time_step_rank`` of ``ssm.inner_size`` in all; Kimi's heads
+    are the attention's, ``kda.head_dim`` wide; the convolution ``ssm.conv_kernel`` taps. The L2 and
+    output norms take the model's RMS epsilon (``build_gdn_l2_norm``, ``build_norm``)."""
+    def size(key, limit=1 << 24):
+        v = meta.get(f"{arch}.{key}")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} must be an integer in 1..{limit}, "
+                            f"got {brief_value(v)}")
+        return int(v)
+
+    kernel = size("ssm.conv_kernel", 1024)
+    if family.recurrent == "kda":
+        d = size("kda.head_dim", MAX_HEADS * 64)
+        return DeltaSpec("kda", heads, d, heads, d, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps, l2_eps=eps,
+                         gate_act="sigmoid")
+    hk, dk, hv, inner = size("ssm.group_count"), size("ssm.state_size"), size("ssm.time_step_rank"), size("ssm.inner_size")
+    if hv % hk or inner % hv:
+        raise SterError(f"{path}: {arch}.ssm.time_step_rank ({hv} value heads) must be a multiple of "
+                        f"ssm.group_count ({hk} key heads) and divide ssm.inner_size ({inner})")
+    return DeltaSpec("gated_delta", hk, dk, hv, inner // hv, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps,
+                     l2_eps=eps)
+
+
+def _recurrent_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:
+    """Which layers run the delta rule in a ``"recurrent"`` architecture (``LLAMA_CPP_LAYERS``):
+    ``attention.recurrent_layers`` (one flag per block, the prediction blocks' too), else every layer but
+    each ``full_attention_interval``-th (4 when the file states none)."""
+    flags = meta.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        blocks = int(meta.get(f"{arch}.block_count", n_layers))
+        if isinstance(flags, (str, int, np.integer)) or len(flags) not in (n_layers, blocks):
+            raise SterError(f"{path}: GGUF metadata {arch}.attention.recurrent_layers must hold one flag per layer "
+                            f"({n_layers}), got {brief_value(flags)}")
+        return [bool(x) for x in list(flags)[:n_layers]]
+    interval = _get(meta, f"{arch}.full_attention_interval", int, path, 4)
+    return [(i + 1) % interval != 0 for i in range(n_layers)]
 
 
 def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
@@ -612,6 +667,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             family = replace(family, qk_norm=None)
     no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
     rotated = _rope_flags(meta, arch, n_layers, path)
+    recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
@@ -622,14 +678,18 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
         mixer, ffn = ("latent" if latent is not None else "attention"), "moe" if routed[i] else "dense"
-        if layering is not None:
+        if layering == "recurrent":
+            mixer = family.recurrent if recurrent[i] else mixer
+        elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
+            mixer = "latent" if mixer == "attention" and latent is not None else mixer
         if mixer not in ATTENTION_MIXERS:
             rope = None
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
                                         ("num_key_value_heads", layer_kv[i], kv_heads),
                                         ("v_head_dim", v_head_dim, head_dim)) if v != model}
-        if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads:
+        # (a latent layer's key/value heads are its query heads, expanded: llama.cpp's 1 is its MQA form)
+        if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads and latent is None:
             own["num_key_value_heads"] = kv_list[i]
         if clamps and clamps[i] is not None and clamps[i] != moe:
             own["moe"] = clamps[i]
@@ -694,7 +754,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         query_temperature=temperature,
         moe=moe,
         latent=latent,
-        ssm=_gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None,
+        ssm=(_gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path)
+             if family.recurrent in ("mamba", "mamba2") else None),
+        delta=_gguf_delta(meta, arch, family, heads, eps, path) if family.recurrent in DELTA_MIXERS else None,
         **fields,
     )
 
