@@ -18,6 +18,7 @@ from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
+from .decoder.shared_block import SharedBlockSpec
 from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
@@ -57,6 +58,9 @@ class LayerSpec:
     ``ModelSpec.attention_shape``), whether it has attention sinks, and its
     routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5). ``norms``: the sublayer
     norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
+    ``residual``: MiniMax's join, (alpha, beta) of the mixer then of the feed-forward: each
+    sublayer's output adds as residual * alpha + output * beta (``ModelSpec.residual_normed``
+    says which residual); None: the usual h + output.
     """
 
     sliding_window: int | None
@@ -72,6 +76,7 @@ class LayerSpec:
     sinks: bool | None = None
     moe: MoESpec | None = None
     norms: tuple[str, ...] | None = None
+    residual: tuple[float, float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,9 @@ class ModelSpec:
     adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
     (state-space families, seed 002). ``delta`` describes the delta-rule layers (``decoder/delta.py``,
     ``decoder/kda.py``); ``attn_gate_in_q``: each attention head's ``q`` rows are followed by as
-    many output-gate rows (Qwen3-Next's q_proj), read as the ``g`` projection.
+    many output-gate rows (Qwen3-Next's q_proj), read as the ``g`` projection. ``residual_normed``: under a layer's ``LayerSpec.residual``,
+    each sublayer's residual is its normed input (MiniMax's postnorm). ``shared_block``: the
+    transformer blocks the ``"shared_hybrid"`` layers share (Zamba2, ``decoder/shared_block.py``).
     """
 
     model_type: str
@@ -167,6 +174,8 @@ class ModelSpec:
     adapters: str = "all"
     delta: DeltaSpec | None = None
     attn_gate_in_q: bool = False
+    residual_normed: bool = False
+    shared_block: SharedBlockSpec | None = None
 
     def has_kv(self, i: int) -> bool:
         """Whether layer ``i`` keeps keys and values (its mixer attends)."""
@@ -340,7 +349,7 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
 
 
 #: ``layer_types`` entries that name a layer's mixer rather than its attention (families with
-#: ``FamilySpec.recurrent``): the family's scan, attention and the scan side by side, or a
+#: ``FamilySpec.recurrent``): the family's scan, its hybrid (``FamilySpec.hybrid_mixer``), or a
 #: feed-forward-only layer (dense or routed).
 MIXER_TYPES = {"linear_attention": "recurrent", "hybrid": "hybrid", "mlp": "none", "moe": "none"}
 
@@ -350,7 +359,8 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
 
     Families without ``recurrent`` attend on every layer. Others read ``layer_types``
     (``sliding_layers`` has checked it): ``linear_attention`` is the family's scan, ``hybrid``
-    attention and a Mamba-2 scan side by side, ``mlp`` / ``moe`` a layer that is only a dense /
+    its ``hybrid_mixer`` (attention and a Mamba-2 scan side by side, or a shared block then the
+    scan), ``mlp`` / ``moe`` a layer that is only a dense /
     routed feed-forward; any other entry is attention. A family with ``ffn_layers`` "none" has
     no feed-forward, one with "typed" only on its ``mlp`` and ``moe`` layers.
     """
@@ -359,7 +369,7 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
     for i in range(n_layers):
         t = types[i] if isinstance(types, list) else "full_attention"
         kind = MIXER_TYPES.get(t, "attention")
-        mixer = family.recurrent if kind == "recurrent" else kind
+        mixer = family.recurrent if kind == "recurrent" else family.hybrid_mixer if kind == "hybrid" else kind
         ffn = {"mlp": "dense", "moe": "moe"}.get(t)
         if ffn is None and family.ffn_layers != "all":
             ffn = "none"
@@ -370,6 +380,9 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
 def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
     """The state-space scan of a family with ``recurrent``, read under its ``ssm_*`` keys.
 
+    The short convolution: hidden_size channels and ``ssm_conv_kernel`` taps. Lightning attention:
+    the attention's heads (``num_attention_heads``) of ``head_dim`` channels, its read-out norm's
+    ``ssm_norm_eps``.
     Mamba: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden; ``ssm_dt_rank`` "auto"
     is ceil(hidden / 16). Mamba-2: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden
     (a family that reads neither: the heads' total); ``ssm_head_dim`` "auto" is d_inner over the
@@ -381,6 +394,17 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
     """
     where = f"invalid model config {config_name}"
     kind = family.recurrent
+    if kind == "shortconv":  # LFM2: hidden_size channels, conv_L_cache taps, no scan
+        return SSMSpec("shortconv", hidden, 0, r.positive_int("ssm_conv_kernel", limit=1024))
+    if kind == "lightning":  # the attention's heads and head width, a [D, D] state per head
+        act = r.get("ssm_act", "silu")
+        if act != "silu":
+            raise SterError(f"{config_name}: lightning attention's activation {act!r} is not supported; ster runs "
+                            "SiLU on its queries, keys and values, as MiniMax-Text-01 does")
+        heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
+        d = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
+        eps = r.get("ssm_norm_eps", 1e-6)
+        return SSMSpec("lightning", heads * d, d, 1, num_heads=heads, norm_eps=float(eps))
     act = r.get("ssm_act", "silu")
     if act != "silu":
         raise SterError(f"{config_name}: the state-space convolution's activation {act!r} is not supported; ster "
@@ -467,6 +491,45 @@ def delta_spec(r: "_Reader", family: FamilySpec, config_name: str) -> DeltaSpec:
                      beta_scale=2.0 if r.get("delta_beta_double") else 1.0, norm_eps=float(eps),
                      gate_act="silu" if kind == "gated_delta" else "sigmoid", safe_gate=bound is not None,
                      lower_bound=-5.0 if bound is None else float(bound))
+def sublayer_scales(config: Mapping, family: FamilySpec, mixers: list, config_name: str) -> list | None:
+    """Per layer, MiniMax's join (``LayerSpec.residual``): (alpha, beta) of its mixer, then of its
+    feed-forward, read under the keys ``family.sublayer_scales`` gives each mixer kind and
+    ``"ffn"`` (a key absent from the config: 1); None for families without them.
+
+    Raises:
+        SterError: a factor that is not a finite number.
+    """
+    if not family.sublayer_scales:
+        return None
+
+    def pair(kind):
+        out = []
+        for key in family.sublayer_scales.get(kind, (None, None)):
+            v = config.get(key) if key else None
+            v = 1.0 if v is None else v
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise SterError(f"invalid model config {config_name}: {key} must be a finite number, "
+                                f"got {brief_value(v)}")
+            out.append(float(v))
+        return tuple(out)
+
+    ffn = pair("ffn")
+    return [pair(mixer) + ffn for mixer, _ in mixers]
+
+
+def shared_block_spec(r: "_Reader", hidden: int, intermediate: int) -> SharedBlockSpec:
+    """The transformer blocks a family with ``shared_block`` shares between its hybrid layers
+    (Zamba2): ``shared_blocks`` of them (``num_mem_blocks``), 2 * hidden wide at their input,
+    ``intermediate`` wide inside, each hybrid layer's adapters ``adapter_rank`` wide, on q/k/v
+    too under ``shared_attention_adapters``.
+
+    Raises:
+        SterError: a missing or invalid count or rank.
+    """
+    adapters = r.get("shared_attention_adapters", False)
+    return SharedBlockSpec(blocks=r.positive_int("shared_blocks", limit=MAX_LAYERS), width=2 * hidden,
+                           intermediate=intermediate, adapter_rank=r.positive_int("adapter_rank"),
+                           attention_adapters=bool(adapters))
 
 
 def mup_scales(config: Mapping, config_name: str) -> MupScales:
@@ -852,6 +915,11 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                for o, (mixer, _) in zip(own, mixers)]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    scales = sublayer_scales(config, family, mixers, config_name)
+    if scales is not None:  # MiniMax's join: residual * alpha + output * beta
+        own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
+    normed = family.residual_normed
+    normed = bool(config.get(normed, False)) if isinstance(normed, str) else bool(normed)
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
                              query_temperature=rope is None or not rotated_only, **o)
@@ -890,9 +958,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
         unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
         latent=latent,
-        ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent in ("mamba", "mamba2") else None,
+        ssm=(ssm_spec(r, family, hidden, config_name)
+             if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
         delta=delta_spec(r, family, config_name) if family.recurrent in DELTA_MIXERS else None,
         mup=mup_scales(config, config_name) if family.mup else None,
+        residual_normed=normed,
+        shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )

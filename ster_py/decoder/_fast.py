@@ -1,6 +1,6 @@
 """Access to the fused Cython ops (``ster_py._kernels.ops``) and the recurrent mixers'
-kernels (``ster_py._kernels.scan``, the delta rule's ``ster_py._kernels.delta``), each None when
-it is not built.
+kernels (``ster_py._kernels.scan``, ``ster_py._kernels.lightning``, the delta rule's
+``ster_py._kernels.delta``), each None when it is not built.
 
 The numpy functions stay the reference and the fallback: a source checkout without a
 build still runs (slowly) and the tests compare the two.
@@ -27,3 +27,10 @@ try:
     _check_delta(delta)
 except ImportError:  # pragma: no cover - depends on the build (or a stale one)
     delta = None
+
+try:
+    from .._kernels import check_built as _check_lightning, lightning
+
+    _check_lightning(lightning)
+except ImportError:  # pragma: no cover - depends on the build (or a stale one)
+    lightning = None

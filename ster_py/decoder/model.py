@@ -37,6 +37,7 @@ from .latent import LatentAttention
 from .hybrid import Hybrid
 from .kda import KimiDeltaAttention
 from .layout import Layout
+from .lightning import Lightning
 from .linear import make_linear
 from .mamba import Mamba
 from .mamba2 import Mamba2
@@ -44,6 +45,8 @@ from .moe import MoE
 from .norms import Norm
 from .positions import alibi_bias
 from .qlinear import QuantLinear
+from .shared_block import SharedHybrid
+from .shortconv import ShortConv
 from .step import layer_step
 from .xielu import XIELU
 
@@ -61,9 +64,12 @@ _UNBUILT = object()
 #: ``LayerSpec.mixer`` -> the part that mixes tokens on such a layer, built as
 #: ``cls(spec, i, load, norm)``; a mixer that keeps state other than keys and values
 #: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``), and one whose
-#: ``KV`` is true keeps keys and values too. ``"none"``: the layer is only a feed-forward.
+#: ``KV`` is true keeps keys and values too. A mixer whose ``OWN_NORMS`` lists a sublayer norm
+#: builds and applies that norm itself (the block leaves it out). ``"none"``: the layer is only a
+#: feed-forward.
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
-          "hybrid": Hybrid, "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention}
+          "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
+          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
@@ -118,15 +124,18 @@ class _Layer:
         d = self.__dict__  # set directly: __setattr__ below is for changes after load
         d.update(i=i, spec=spec, layer=spec.layers[i], _step=_UNBUILT, _residual_scale=np.float32(spec.residual_scale))
 
-        def load(role, kind="weight", required=False):
-            return layout.get(role, i, kind, required)
+        def load(role, kind="weight", required=False, layer=None, slot=None):
+            # layer: another layer's tensor (a block shared between layers); slot: fills a name's {k}
+            return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
             return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
                         spec.norm_unit_offset)
 
-        d["norms"] = {role: norm(role) for role in spec.layer_norms(i)}
-        d["mixer"] = MIXERS[self.layer.mixer](spec, i, load, norm) if self.layer.mixer != "none" else None
+        cls = MIXERS.get(self.layer.mixer)
+        own = getattr(cls, "OWN_NORMS", ())
+        d["norms"] = {role: norm(role) for role in spec.layer_norms(i) if role not in own}
+        d["mixer"] = cls(spec, i, load, norm) if cls is not None else None
         d["ffn"] = build_ffn(spec, i, layout, load)
 
     def _owner(self, name: str):
@@ -175,6 +184,8 @@ class _Layer:
         """One block on h float32 [T, hidden_size]; ``tables`` shares RoPE cos/sin between
         the layers of one forward call (keyed by the Rope object)."""
         n, r = self.norms, self._residual_scale
+        if self.layer.residual is not None:
+            return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
             m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
             return h + (m * r if r != 1 else m)
@@ -191,6 +202,18 @@ class _Layer:
         if self.spec.parallel:
             m = a + m
         return h + (m * r if r != 1 else m)
+
+    def _scaled_join(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """MiniMax's block (``LayerSpec.residual`` = (a1, b1, a2, b2)): each sublayer joins its
+        residual as residual * a + output * b, the residual being the sublayer's normed input
+        when ``ModelSpec.residual_normed`` (Transformers' ``MiniMaxDecoderLayer``), else its input."""
+        n, (a1, b1, a2, b2) = self.norms, self.layer.residual
+        x = n["attn_norm"](h) if "attn_norm" in n else h
+        a = self.mixer(x, cache, positions, bias, {} if tables is None else tables)
+        h = (x if self.spec.residual_normed else h) * np.float32(a1) + a * np.float32(b1)
+        x = n["ffn_norm"](h) if "ffn_norm" in n else h
+        m = self.ffn(x)
+        return (x if self.spec.residual_normed else h) * np.float32(a2) + m * np.float32(b2)
 
 
 class Decoder:
@@ -311,7 +334,9 @@ class Decoder:
                 if s.alibi_slopes is not None else None)
         if hidden_states is not None:
             hidden_states.append(h)
-        tables: dict = {}  # RoPE cos/sin per Rope object, computed once per call
+        # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first
+        # layer (a shared block reads it beside the residual stream, Zamba2)
+        tables: dict = {"embeddings": h}
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
                 and cache.length + 1 <= np.iinfo(np.int32).max)

@@ -59,7 +59,8 @@ def layer_step(layer):
     """
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
     if (not spec_allows_step(s) or type(attn) is not Attention or type(ffn) is not DenseFFN or ffn.gate is None
-            or ffn.glu != "standard" or ffn.limit is not None or layer.layer.attention_chunk):
+            or ffn.glu != "standard" or ffn.limit is not None or layer.layer.attention_chunk
+            or layer.layer.residual is not None):
         return None
     parts = [getattr(layer, r) for r in PROJECTIONS]
     if any(type(p) is not QuantLinear for p in parts):
