@@ -6,6 +6,13 @@ is reproducible. Generation stops at any end-of-generation token or after
 ``max_new_tokens``. The KV cache is float32 unless ``kv_cache="f16"`` asks for a
 float16 one (half the memory and the bytes read per token; logits move by about
 1e-4 to 2e-3 relative on SmolLM2-135M and Gemma 3 270M).
+
+Prompt reuse (``PromptCache``), as seed 000 describes it for hybrids: a recurrent state cannot be
+cut back to a shorter prefix, so while prefilling, ``generate`` keeps one checkpoint of the whole
+cache right after the prompt's last end-of-turn token (the end of the last complete chat
+message). A later call whose prompt starts with those tokens restores the checkpoint and
+prefills only what follows; its output equals a cold run's (the same tokens; the logits within
+float32 rounding of a prefill in two pieces). Attention-only models take the same path.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .decoder.cache import CacheCheckpoint, KVCache
 from .decoder.model import Decoder, LayerHook
 from .errors import SterError
 
@@ -52,6 +60,7 @@ class Generation:
     stop_reason: str = "length"  # "stop_token" | "length" | "context" (the model's context is full)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    reused_tokens: int = 0  # prompt tokens restored from a PromptCache checkpoint, not prefilled
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -62,6 +71,51 @@ class Generation:
         # The first new token comes from the prefill's logits; decode steps make the rest.
         steps = max(len(self.ids) - 1, 0)
         return steps / self.decode_seconds if self.decode_seconds else 0.0
+
+
+class PromptCache:
+    """One conversation's prompt checkpoint, carried from one ``generate`` call to the next.
+
+    Holds the cache of the last call made with it and one checkpoint of it (seed 000: one slot; a
+    new checkpoint replaces the one before), taken after the prompt's last end-of-turn token
+    (``generate``'s ``checkpoint_at``). ``tokens`` are the prompt ids the checkpoint covers. The
+    checkpoint is used only by a call with the same decoder, ``kv_cache`` and ``layer_hook``
+    whose prompt is longer than ``tokens`` and starts with them; any other call runs cold and
+    takes a new checkpoint. Memory: the cache's keys and values plus two copies of every
+    recurrent state (the live one and the checkpoint's, ``KVCache.nbytes_fixed()`` each).
+    """
+
+    def __init__(self):
+        self.tokens: tuple[int, ...] = ()
+        self._cache: KVCache | None = None
+        self._checkpoint: CacheCheckpoint | None = None
+        self._key: tuple | None = None
+
+    def clear(self) -> None:
+        """Forget the cache and its checkpoint (the next call runs cold)."""
+        self.__init__()
+
+    def _resume(self, key: tuple, prompt: list[int]) -> tuple[KVCache | None, int]:
+        """(the cache restored to the checkpoint, tokens it covers) when ``prompt`` extends them
+        under the same ``key``; else (None, 0)."""
+        n = len(self.tokens)
+        if (self._checkpoint is None or key != self._key or not 0 < n < len(prompt)
+                or tuple(prompt[:n]) != self.tokens):
+            return None, 0
+        self._cache.restore(self._checkpoint)
+        return self._cache, n
+
+    def _keep(self, key: tuple, cache: KVCache, tokens: list[int]) -> None:
+        self._key, self._cache, self.tokens = key, cache, tuple(tokens)
+        self._checkpoint = cache.checkpoint()
+
+
+def last_turn_end(prompt: list[int], stop_ids: Iterable[int]) -> int:
+    """Where ``generate`` checkpoints by default: the number of prompt tokens up to and including
+    the last end-of-generation token (``stop_ids``: a chat template's end-of-turn tokens), 0 when
+    the prompt holds none."""
+    stops = set(int(t) for t in stop_ids)
+    return next((i + 1 for i in range(len(prompt) - 1, -1, -1) if prompt[i] in stops), 0)
 
 
 KV_CACHE_DTYPES = {"f32": np.float32, "f16": np.float16}
@@ -101,7 +155,8 @@ def pick_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator)
 
 def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] = (),
              *, on_token: Callable[[int], None] | None = None,
-             layer_hook: LayerHook | None = None, kv_cache: str = "f32") -> Generation:
+             layer_hook: LayerHook | None = None, kv_cache: str = "f32",
+             prompt_cache: PromptCache | None = None, checkpoint_at: int | None = None) -> Generation:
     """Continue ``prompt_ids`` with the decoder.
 
     Args:
@@ -112,9 +167,15 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         on_token: called with each new id as it is chosen (streaming).
         layer_hook: passed to every forward call (steering).
         kv_cache: "f32" (exact, the default) or "f16": the dtype keys and values are cached in.
+        prompt_cache: reuse and keep a prompt checkpoint (``PromptCache``): the prompt's prefix it
+            covers is restored, not prefilled (``Generation.reused_tokens`` counts it), and a new
+            checkpoint is taken at ``checkpoint_at`` when that lies beyond the restored prefix.
+        checkpoint_at: how many prompt tokens the checkpoint covers (0 < checkpoint_at <= len(prompt));
+            default ``last_turn_end(prompt, stop_ids)``, the end of the last complete message.
 
     Raises:
-        SterError: an empty prompt, invalid sampling settings, or an unknown ``kv_cache``.
+        SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, or a
+            ``checkpoint_at`` outside 0..len(prompt).
     """
     sampling.validate()
     kv_dtype = kv_cache_dtype(kv_cache)
@@ -122,6 +183,10 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     if not prompt:
         raise SterError("the prompt encodes to no tokens; give a non-empty prompt")
     stops = set(int(t) for t in stop_ids)
+    if checkpoint_at is not None and (isinstance(checkpoint_at, bool) or not isinstance(checkpoint_at, int)
+                                      or not 0 <= checkpoint_at <= len(prompt)):
+        raise SterError(f"checkpoint_at must be a token count in 0..{len(prompt)} (the prompt's length), "
+                        f"got {checkpoint_at!r}")
     rng = np.random.default_rng(sampling.seed)
     out = Generation(prompt_ids=prompt)
     if sampling.max_new_tokens == 0:
@@ -133,10 +198,20 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     if len(prompt) > context:
         raise SterError(f"the prompt is {len(prompt)} tokens, longer than the model's context of {context} "
                         "positions; shorten it")
-    # f32 is new_cache's default: the decoder is asked for a dtype only when it is another one
-    cache = decoder.new_cache() if kv_dtype is np.float32 else decoder.new_cache(kv_dtype)
     t0 = time.perf_counter()
-    logits = decoder.forward(prompt, cache, layer_hook=layer_hook, last_only=True)[-1]
+    key = (decoder, kv_cache, layer_hook)
+    cache, start = prompt_cache._resume(key, prompt) if prompt_cache is not None else (None, 0)
+    if cache is None:
+        # f32 is new_cache's default: the decoder is asked for a dtype only when it is another one
+        cache = decoder.new_cache() if kv_dtype is np.float32 else decoder.new_cache(kv_dtype)
+    out.reused_tokens = start
+    cut = last_turn_end(prompt, stops) if checkpoint_at is None else checkpoint_at
+    if prompt_cache is not None and cut > start:  # prefill up to the checkpoint, take it, then the rest
+        logits = decoder.forward(prompt[start:cut], cache, layer_hook=layer_hook, last_only=True)[-1]
+        prompt_cache._keep(key, cache, prompt[:cut])
+        start = cut
+    if start < len(prompt):
+        logits = decoder.forward(prompt[start:], cache, layer_hook=layer_hook, last_only=True)[-1]
     out.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     while True:

@@ -658,3 +658,82 @@ def test_every_delta_gguf_architecture_has_a_case():
 
     declared = {arch for arch, f in FAMILIES_BY_GGUF_ARCH.items() if f.recurrent in ("gated_delta", "kda")}
     assert declared == set(GGUF_CASES)
+
+
+# ----------------------------------------------------------------------------- prompt reuse (item 5)
+#
+# A conversation as token ids: END closes each message (a chat template's end-of-turn token, passed
+# as a stop id). The first turn's prompt ends in an open assistant header; the follow-up repeats
+# the first turn's messages, adds the answer and a new user message.
+
+END = 2
+TURN1 = [5, 9, 14, 33, END, 7, 21, 60, 61, 62, END, 40, 41]           # system, user, "assistant:" header
+TURN2_TAIL = [70, 71, 72, 73, END, 7, 88, 89, 90, 91, 92, END, 40, 41]  # answer, user, header
+
+
+def _turn2(first_answer_cut):
+    return TURN1[:first_answer_cut] + TURN2_TAIL
+
+
+@pytest.mark.parametrize("case", ["qwen3_5_text", "kimi_linear"])
+def test_prompt_reuse_restarts_from_the_last_message_and_equals_a_cold_run(case, tmp_path):
+    """Seed 000's prefix reuse for hybrids: the first call checkpoints after the prompt's last
+    end-of-turn token; the follow-up restores it, prefills only what follows, and gives a cold run's
+    tokens, its recurrent states and keys/values within float32 rounding of a cold run's."""
+    from ster_py.decoder.cache import RecurrentState
+    from ster_py.generate import PromptCache, last_turn_end
+
+    build(tmp_path, *CASES[case])
+    model = load_model(str(tmp_path))
+    dec = model.decoder
+    greedy = Sampling(max_new_tokens=8)
+    pc = PromptCache()
+    first = generate(dec, TURN1, greedy, [END], prompt_cache=pc)
+    cut = last_turn_end(TURN1, [END])
+    assert cut == 11 and pc.tokens == tuple(TURN1[:cut]) and first.reused_tokens == 0
+    assert first.ids == generate(dec, TURN1, greedy, [END]).ids  # checkpointing changes nothing
+
+    prompt2 = _turn2(cut)
+    warm = generate(dec, prompt2, greedy, [END], prompt_cache=pc)
+    assert warm.reused_tokens == cut  # only len(prompt2) - cut tokens were prefilled
+    assert pc.tokens == tuple(prompt2[:last_turn_end(prompt2, [END])])  # one slot: the new checkpoint
+    cold_cache = dec.new_cache()
+    cold = generate(dec, prompt2, greedy, [END])
+    assert warm.ids == cold.ids
+    # the state the warm run prefilled equals a cold prefill of the same prompt
+    warm_cache = pc._cache
+    warm_cache.restore(pc._checkpoint)
+    dec.forward(prompt2[:len(pc.tokens)], cold_cache)
+    slots = [(warm_cache.slot(i), cold_cache.slot(i)) for i in range(len(dec.layers))]
+    recurrent = [(a, b) for a, b in slots if isinstance(a, RecurrentState)]
+    assert recurrent and warm_cache.length == cold_cache.length == len(pc.tokens)
+    for a, b in recurrent:
+        for name in a.names():
+            assert np.abs(a[name] - b[name]).max() <= 1e-5 * max(np.abs(b[name]).max(), 1e-30)
+    tail = prompt2[len(pc.tokens):] + warm.ids[:-1]
+    warm_logits, cold_logits = dec.forward(tail, warm_cache), dec.forward(tail, cold_cache)
+    assert rel_err(warm_logits, cold_logits) < 1e-5
+
+
+def test_prompt_reuse_runs_cold_when_the_prompt_or_settings_differ(tmp_path):
+    from ster_py.generate import PromptCache
+
+    build(tmp_path, *CASES["qwen3_5_text"])
+    dec = load_model(str(tmp_path)).decoder
+    greedy = Sampling(max_new_tokens=4)
+    pc = PromptCache()
+    generate(dec, TURN1, greedy, [END], prompt_cache=pc)
+    other = [6] + TURN1[1:]  # another first token: not the checkpoint's prefix
+    assert generate(dec, other, greedy, [END], prompt_cache=pc).reused_tokens == 0
+    assert pc.tokens == tuple(other[:11])
+    assert generate(dec, other, greedy, [END], prompt_cache=pc, kv_cache="f16").reused_tokens == 0  # other cache
+    assert generate(dec, pc.tokens, greedy, [END], prompt_cache=pc).reused_tokens == 0  # nothing after it
+    steer = generate(dec, other, greedy, [END], prompt_cache=pc, layer_hook=lambda i, h: h)
+    assert steer.reused_tokens == 0  # a checkpoint taken without the hook is not reused under one
+    assert generate(dec, [9, 9, 9], greedy, [END], prompt_cache=pc).reused_tokens == 0  # no end of turn
+    explicit = generate(dec, other, greedy, [END], prompt_cache=pc, checkpoint_at=4)
+    assert pc.tokens == tuple(other[:4]) and explicit.reused_tokens == 0
+    assert generate(dec, other, greedy, [END], prompt_cache=pc).reused_tokens == 4
+    for bad in (-1, len(other) + 1, 2.5, True):
+        with pytest.raises(SterError, match="checkpoint_at"):
+            generate(dec, other, greedy, [END], prompt_cache=pc, checkpoint_at=bad)

@@ -101,6 +101,41 @@ class KVCache:
         """Bytes the slots hold whatever the length (recurrent states), from their ``nbytes_fixed()``."""
         return sum(s.nbytes_fixed() for s in self._slots if s is not None)
 
+    def checkpoint(self) -> "CacheCheckpoint":
+        """The cache as it stands, to come back to with ``restore``: the committed length and a
+        copy of every recurrent state (``RecurrentState.copy_arrays``; its bytes are
+        ``nbytes_fixed()``). Keys, values and latent rows are not copied: the cache only ever
+        appends, so the rows of the first ``length`` positions stay as they are."""
+        return CacheCheckpoint(self.length, [s.copy_arrays() if isinstance(s, RecurrentState) else None
+                                             for s in self._slots])
+
+    def restore(self, checkpoint: "CacheCheckpoint") -> None:
+        """Return to ``checkpoint`` (taken from this cache by ``checkpoint()``): the length goes back
+        and every recurrent state is copied back; what was staged or committed after it is
+        dropped (its rows are overwritten by the next call).
+
+        Raises:
+            ValueError: a checkpoint of a cache with other slots, or one ahead of this cache.
+        """
+        if len(checkpoint.states) != len(self._slots) or checkpoint.length > self.length:
+            raise ValueError("this checkpoint was not taken from this cache")
+        for slot, arrays in zip(self._slots, checkpoint.states):
+            if isinstance(slot, RecurrentState):
+                slot.load_arrays(arrays)
+        self.length = checkpoint.length
+
+
+class CacheCheckpoint:
+    """What ``KVCache.checkpoint`` keeps: ``length`` (positions committed) and, per layer, a copy
+    of its recurrent state's arrays (None for a layer without one)."""
+
+    def __init__(self, length: int, states: list):
+        self.length, self.states = int(length), states
+
+    def nbytes(self) -> int:
+        """Bytes the copied states hold."""
+        return sum(a.nbytes for st in self.states if st for a in st.values())
+
 
 class RecurrentState:
     """A recurrent mixer's cache slot: named float32 arrays of fixed shapes, zero at the start.
@@ -130,3 +165,12 @@ class RecurrentState:
     def nbytes_per_position(self) -> int:
         """A recurrent state does not grow with the context: 0."""
         return 0
+
+    def copy_arrays(self) -> dict[str, np.ndarray]:
+        """A copy of every array (name -> float32 array), for ``load_arrays``."""
+        return {name: a.copy() for name, a in self._arrays.items()}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Overwrite the state in place with ``copy_arrays()``'s arrays (same names and shapes)."""
+        for name, a in self._arrays.items():
+            a[...] = arrays[name]
