@@ -470,8 +470,10 @@ def test_adapters_refused_and_capture_works(tmp_path):
 # ----------------------------------------------------------------------------- GGUF, via llama.cpp
 #
 # llama.cpp's converter on the same kinds of model, 256 wide so that the products really are Q4_K, keys
-# as wide as values (llama.cpp's delta rule requires it), weights scaled and routers made decisive as
-# test_parity_ssm's ``_wide`` does. The Qwen checkpoints have no multi-token-prediction block (converted
+# as wide as values (llama.cpp's delta rule requires it), weights scaled as test_parity_ssm's ``_wide``
+# does (its decisive routing names none of these routers: made decisive that way, the embedding's
+# router features swamped the normed stream and the quantized files disagreed more), each delta-rule
+# layer's keys aligned with its queries (``align_keys``). The Qwen checkpoints have no multi-token-prediction block (converted
 # with --no-mtp); Kimi-Linear's is written as its release stores it (dense layers below mlp) with the
 # router activation its hub config states (the converter writes expert_gating_func from it, and
 # llama.cpp's kimi-linear loader requires that key). llama.cpp's converter writes no OLMo Hybrid file.
