@@ -60,7 +60,12 @@ class LayerSpec:
     norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
     ``residual``: MiniMax's join, (alpha, beta) of the mixer then of the feed-forward: each
     sublayer's output adds as residual * alpha + output * beta (``ModelSpec.residual_normed``
-    says which residual); None: the usual h + output.
+    says which residual); None: the usual h + output. ``head_dim``: this layer's key (and, unless
+    ``v_head_dim`` says otherwise, value) head width when it is not the model's (Gemma 4's
+    full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
+    projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
+    only its queries and attends over the keys and values another, earlier layer cached
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself.
     """
 
     sliding_window: int | None
@@ -77,6 +82,9 @@ class LayerSpec:
     moe: MoESpec | None = None
     norms: tuple[str, ...] | None = None
     residual: tuple[float, float, float, float] | None = None
+    head_dim: int | None = None
+    v_from_k: bool = False
+    kv_source: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,10 @@ class ModelSpec:
     many output-gate rows (Qwen3-Next's q_proj), read as the ``g`` projection. ``residual_normed``: under a layer's ``LayerSpec.residual``,
     each sublayer's residual is its normed input (MiniMax's postnorm). ``shared_block``: the
     transformer blocks the ``"shared_hybrid"`` layers share (Zamba2, ``decoder/shared_block.py``).
+    ``value_norm``: each value head passes a weightless RMS norm before it is cached (Gemma 4).
+    ``layer_scalar``: each layer's output is multiplied by its stored ``layer_scalar`` [1] (Gemma 4).
+    ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
+    0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     """
 
     model_type: str
@@ -176,6 +188,10 @@ class ModelSpec:
     attn_gate_in_q: bool = False
     residual_normed: bool = False
     shared_block: SharedBlockSpec | None = None
+    value_norm: bool = False
+    layer_scalar: bool = False
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
 
     def has_kv(self, i: int) -> bool:
         """Whether layer ``i`` keeps keys and values (its mixer attends)."""
@@ -191,7 +207,8 @@ class ModelSpec:
         layer = self.layers[i]
         heads = layer.num_attention_heads or self.num_attention_heads
         kv = layer.num_key_value_heads or self.num_key_value_heads
-        return heads, kv, self.head_dim, layer.v_head_dim or self.head_dim
+        d = layer.head_dim or self.head_dim
+        return heads, kv, d, layer.v_head_dim or d
 
     def layer_norms(self, i: int) -> tuple[str, ...]:
         """The sublayer norms of layer ``i`` (its own, else the model's)."""
@@ -203,6 +220,8 @@ class ModelSpec:
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
             return self.latent.cache_width
+        if self.layers[i].kv_source is not None:  # attends over another layer's cache
+            return 0
         _, kv, dk, dv = self.attention_shape(i)
         return kv * (dk + dv)
 
@@ -709,9 +728,9 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
 
 
 def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
-                   config_name: str) -> list[dict[str, int]]:
-    """Per layer, the head counts that differ from the model's: ``num_attention_heads`` and
-    ``num_key_value_heads`` (keys of ``LayerSpec``), from Laguna's
+                   config_name: str, head_dim: int | None = None) -> list[dict[str, int]]:
+    """Per layer, the head counts and width that differ from the model's: ``num_attention_heads``,
+    ``num_key_value_heads`` and ``head_dim`` (keys of ``LayerSpec``), from Laguna's
     ``num_attention_heads_per_layer`` list and Transformers' ``per_layer_config`` (layer index ->
     overrides, Step 3.5; ``FamilySpec.normalize`` writes it for other spellings).
 
@@ -738,18 +757,47 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
             if not 0 <= i < n_layers or not isinstance(entry, Mapping):
                 raise SterError(f"{where}: per_layer_config entry {brief_value(key)} is not a layer index "
                                 "with an object of overrides")
-            out[i].update((k, entry[k]) for k in ("num_attention_heads", "num_key_value_heads")
+            out[i].update((k, entry[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
                           if entry.get(k) is not None)
-    model = {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    model = {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim}
     for i, own in enumerate(out):
         for k, v in list(own.items()):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEADS:
-                raise SterError(f"{where}: layer {i}'s {k} must be an integer in 1..{MAX_HEADS}, got {brief_value(v)}")
+            top = MAX_HEAD_DIM if k == "head_dim" else MAX_HEADS
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= top:
+                raise SterError(f"{where}: layer {i}'s {k} must be an integer in 1..{top}, got {brief_value(v)}")
             if v == model[k]:
                 del own[k]
         h, kv = own.get("num_attention_heads", heads), own.get("num_key_value_heads", kv_heads)
         if h % kv:
             raise SterError(f"{where}: layer {i}'s {h} query heads do not group over its {kv} key/value heads")
+    return out
+
+
+def kv_sources(config: Mapping, family: FamilySpec, sliding: list[bool], config_name: str) -> list[int | None]:
+    """Per layer, the earlier layer whose cached keys and values it attends over, or None: under the
+    family's ``kv_shared_key`` (Gemma 4's num_kv_shared_layers, n), each of the last n layers reuses
+    those of the last layer before them of its own kind (sliding or full attention), as
+    Transformers' ``Gemma4TextConfig.kv_sharing_modes`` assigns them.
+
+    Raises:
+        SterError: n not an integer in 0..layers - 1, or a sharing layer with no earlier layer of its kind.
+    """
+    n_layers = len(sliding)
+    n = config.get(family.kv_shared_key) if family.kv_shared_key else None
+    if not n:
+        return [None] * n_layers
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n < n_layers:
+        raise SterError(f"invalid model config {config_name}: {family.kv_shared_key} must be an integer in "
+                        f"0..{n_layers - 1} (some earlier layers must compute keys and values), got {brief_value(n)}")
+    first = n_layers - n
+    out: list[int | None] = [None] * n_layers
+    for i in range(first, n_layers):
+        same = [j for j in range(first) if sliding[j] == sliding[i]]
+        if not same:
+            kind = "sliding" if sliding[i] else "full"
+            raise SterError(f"invalid model config {config_name}: layer {i} reuses the keys and values of an earlier "
+                            f"{kind}-attention layer ({family.kv_shared_key}), but none of layers 0..{first - 1} is one")
+        out[i] = same[-1]
     return out
 
 
@@ -866,8 +914,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
 
-    def make(params: dict) -> Rope:
-        return make_rope(_fixed_alpha(params, rope_width), head_dim=rope_width, max_position_embeddings=max_pos,
+    def make(params: dict, width: int = rope_width) -> Rope:
+        return make_rope(_fixed_alpha(params, width), head_dim=width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
@@ -887,11 +935,22 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     ropes = [rope if mixer in ATTENTION_MIXERS else None for rope, (mixer, _) in zip(ropes, mixers)]
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
-    own = layer_geometry(config, n_layers, heads, kv_heads, config_name)
+    own = layer_geometry(config, n_layers, heads, kv_heads, config_name, head_dim)
     v_head_dim = latent.v_head_dim if latent is not None else r.positive_int("v_head_dim", head_dim,
                                                                              limit=MAX_HEAD_DIM)
     if v_head_dim != head_dim:
         own = [dict(o, v_head_dim=v_head_dim) for o in own]
+    if any("head_dim" in o for o in own):  # a layer with its own head width rotates over that width
+        widened: dict = {}
+        ropes = [rope if rope is None or "head_dim" not in o else widened.setdefault(
+                     (s, o["head_dim"]), make(sliding_params if s and sliding_params is not None else full_params,
+                                              o["head_dim"]))
+                 for rope, s, o in zip(ropes, sliding, own)]
+    if family.k_eq_v_key and config.get(family.k_eq_v_key):  # full-attention values are their keys
+        own = [o if s else dict(o, v_from_k=True) for o, s in zip(own, sliding)]
+    for i, src in enumerate(kv_sources(config, family, sliding, config_name)):
+        if src is not None:
+            own[i] = dict(own[i], kv_source=src)
     if family.sinks in ("sliding", "full"):  # sinks on one kind of layer only
         own = [dict(o, sinks=s == (family.sinks == "sliding")) for o, s in zip(own, sliding)]
     moe = moe_spec(r, family, config_name) if family.moe else None
@@ -964,6 +1023,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         mup=mup_scales(config, config_name) if family.mup else None,
         residual_normed=normed,
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
+        per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
+        per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1054,4 +1115,6 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate_per_head=family.attn_gate_per_head,
         adapters=family.adapters,
         attn_gate_in_q=family.attn_gate_in_q,
+        value_norm=family.value_norm,
+        layer_scalar=family.layer_scalar,
     )

@@ -335,6 +335,8 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     # see ``config.delta_spec``).
     "delta_k_heads": (), "delta_k_dim": (), "delta_v_heads": (), "delta_v_dim": (), "delta_conv_kernel": (),
     "delta_norm_eps": (), "delta_beta_double": (), "delta_lower_bound": (),
+    # Per-layer inputs (Gemma 4's E models): their width, and the rows of their table.
+    "per_layer_input": (), "per_layer_vocab": (),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -517,9 +519,6 @@ class FamilySpec:
             ``norms`` (OLMo Hybrid: pre-norm delta-net layers beside post-norm attention layers).
         attn_gate_in_q: each attention head's ``q`` rows are followed by as many output-gate rows
             (Qwen3-Next, Qwen3.5), multiplied in by ``attn_gate``.
-        wrapper_root: the prefix of the family's own names that a wrapper's prefix replaces (Qwen3.5:
-            ``model.`` becomes ``model.language_model.``, the head staying at the root); None: the
-            wrapper's prefix goes before every name (Llama 4).
         ffn_layers: which layers have a feed-forward: ``"all"``, ``"none"`` (Mamba) or ``"typed"``
             (only the ``mlp`` and ``moe`` layers of layer_types, Nemotron-H).
         ssm_bcdt_norm: Mamba's step, B and C are RMS-normed, ``"weighted"`` or ``"plain"`` (``SSMSpec``).
@@ -541,6 +540,13 @@ class FamilySpec:
             True, False, or the config key saying so (``postnorm``, false when absent).
         shared_block: the hybrid layers share transformer blocks (``SharedBlockSpec``, read by
             ``config.shared_block_spec``).
+        k_eq_v_key: config key that, when true, gives the full-attention layers no value
+            projection: their values are their key projections before the key norm (Gemma 4's
+            attention_k_eq_v; ``LayerSpec.v_from_k``).
+        kv_shared_key: config key of n: the last n layers reuse the keys and values of the last
+            earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
+        value_norm: each value head passes a weightless RMS norm (Gemma 4).
+        layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
     """
 
     model_type: str
@@ -620,7 +626,6 @@ class FamilySpec:
     recurrent: str | None = None
     recurrent_norms: tuple[str, ...] | None = None
     attn_gate_in_q: bool = False
-    wrapper_root: str | None = None
     ffn_layers: str = "all"
     ssm_bcdt_norm: str | None = None
     ssm_gated_norm: bool = True
@@ -632,23 +637,28 @@ class FamilySpec:
     sublayer_scales: Mapping[str, tuple[str, str]] | None = None
     residual_normed: bool | str = False
     shared_block: bool = False
+    k_eq_v_key: str | None = None
+    kv_shared_key: str | None = None
+    value_norm: bool = False
+    layer_scalar: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
         return replace(self, decoder_prefix=prefix)
 
     def tensor_names(self) -> Mapping[str, Any]:
-        """``names``, below ``decoder_prefix`` when the family is a wrapper's text decoder."""
-        p, root = self.decoder_prefix, self.wrapper_root
+        """``names``, below ``decoder_prefix`` when the family is a wrapper's text decoder. A prefix that
+        stands for a stem of the decoder's own names (``WRAPPER_STEMS``: Gemma 4's
+        ``model.language_model.`` for ``model.``) replaces that stem, and names without it (the head)
+        stay as they are."""
+        p = self.decoder_prefix
         if not p:
             return self.names
+        stem = WRAPPER_STEMS.get(p, "")
 
         def under(n: str) -> str:
-            if root is None:
-                return p + n
-            return p + n[len(root):] if n.startswith(root) else n
-
-        return {role: under(n) if isinstance(n, str) else tuple(under(x) for x in n) for role, n in self.names.items()}
+            return p + n if not stem else (p + n[len(stem):] if n.startswith(stem) else n)
+        return {role: under(n) if isinstance(n, str) else tuple(map(under, n)) for role, n in self.names.items()}
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -1603,6 +1613,66 @@ _ZAMBA2_REFUSALS = (
 )
 
 
+# ---- g4: Gemma 4's text decoders (gemma4_text, gemma4_unified_text)
+# Gemma 3's sandwich with weight-itself norms, a layer_scalar per layer and, on the E models, the
+# per-layer inputs (decoder/model.py, PerLayerInputs) and their gate, projection and norm per layer.
+GEMMA4_NAMES = _with(GEMMA2_NAMES, layer_scalar=_L + "layer_scalar", per_layer_gate=_L + "per_layer_input_gate",
+                     per_layer_proj=_L + "per_layer_projection", per_layer_post_norm=_L + "post_per_layer_input_norm",
+                     per_layer_embed="model.embed_tokens_per_layer",
+                     per_layer_model_proj="model.per_layer_model_projection",
+                     per_layer_proj_norm="model.per_layer_projection_norm")
+
+
+def _gemma4_config(config: Mapping) -> Mapping:
+    """Gemma 4's config as Transformers' ``Gemma4TextConfig.__post_init__`` completes it: the last
+    layer attends fully whatever ``layer_types`` says, and a hub config's ``global_head_dim`` (and,
+    under attention_k_eq_v, ``num_global_key_value_heads``) becomes the full-attention layers'
+    ``per_layer_config``."""
+    out = dict(config)
+    types = out.get("layer_types")
+    if isinstance(types, list) and types and types[-1] != "full_attention":
+        out["layer_types"] = types[:-1] + ["full_attention"]
+    types = out.get("layer_types")
+    ghd = out.get("global_head_dim")
+    if "per_layer_config" not in out and ghd is not None and isinstance(types, list):
+        own = {"head_dim": ghd}
+        if out.get("attention_k_eq_v") and out.get("num_global_key_value_heads") is not None:
+            own["num_key_value_heads"] = out["num_global_key_value_heads"]
+        out["per_layer_config"] = {str(i): dict(own) for i, t in enumerate(types) if t == "full_attention"}
+    return out
+
+
+def _gemma4_sliding_rope(c: Mapping):
+    rp = c.get("rope_parameters")
+    return rp.get("sliding_attention") if isinstance(rp, Mapping) else None
+
+
+_GEMMA4_REFUSALS = (
+    Refusal(lambda c: c.get("use_bidirectional_attention") == "all",
+            "use_bidirectional_attention: \"all\" (every token attends both ways) is not supported"),
+    Refusal(flag("use_double_wide_mlp"), "use_double_wide_mlp is not supported"),
+    Refusal(flag("enable_moe_block"), "Gemma 4's mixture-of-experts block (enable_moe_block) is not supported yet"),
+    Refusal(lambda c: not isinstance(c.get("layer_types"), list),
+            "a Gemma 4 config without layer_types (which layers slide) is not supported"),
+    Refusal(lambda c: c.get("per_layer_config") is None,
+            "a Gemma 4 config without global_head_dim (the full-attention head width) is not supported"),
+    Refusal(lambda c: not isinstance(_gemma4_sliding_rope(c), Mapping)
+            or _gemma4_sliding_rope(c).get("rope_theta") is None,
+            "a Gemma 4 config without a sliding_attention rotation base (rope_parameters) is not supported"),
+    Refusal(lambda c: isinstance(_gemma4_sliding_rope(c), Mapping)
+            and (_gemma4_sliding_rope(c).get("rope_type") or "default") != "default",
+            "a scaled sliding_attention rotation is not supported"),
+)
+# Norms scale by their weight itself, scores are not scaled, values pass a weightless norm.
+_GEMMA4 = dict(norms=_SANDWICH, names=GEMMA4_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True,
+               default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
+               final_softcap_key="final_logit_softcapping", value_norm=True, layer_scalar=True,
+               k_eq_v_key="attention_k_eq_v", kv_shared_key="num_kv_shared_layers", adapters="ffn",
+               normalize=_gemma4_config, refusals=_GEMMA4_REFUSALS)
+# Transformers' Gemma4TextConfig defaults for keys a config.json may leave out.
+_GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2292,6 +2362,14 @@ FAMILIES: dict[str, FamilySpec] = {
                                                                                "mamba_headdim"),
                                                         "a Mamba-2 width (mamba_expand * hidden_size) other than its "
                                                         "heads' total (n_mamba_heads * mamba_headdim) is not supported"),)),
+        # ---- g4: Gemma 4
+        FamilySpec("gemma4_text", **_GEMMA4,
+                   keys={"per_layer_input": ("hidden_size_per_layer_input",),
+                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                   config_defaults={**_GEMMA4_DEFAULTS, "hidden_size_per_layer_input": 256,
+                                    "vocab_size_per_layer_input": 262144}),
+        FamilySpec("gemma4_unified_text", **_GEMMA4,
+                   config_defaults={**_GEMMA4_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262144}),
         # ---- group SSM-B2: delta-rule linear attention (issue 15, part B2)
         # Qwen3-Next: Qwen3-MoE's block, every norm an offset from one, gated attention (q_proj's gate rows),
         # gated delta nets on the linear_attention layers, Qwen2-MoE's experts with a gated shared expert.
@@ -2303,12 +2381,12 @@ FAMILIES: dict[str, FamilySpec] = {
                    variants=(Variant(lambda c: c.get("num_experts", 512) == 0, {"moe": False}),)),
         # Qwen3.5 (dense) and Qwen3.5-MoE: Qwen3-Next with in_proj_qkv / z / b / a (also below
         # model.language_model of the qwen3_5 / qwen3_5_moe wrappers: WRAPPERS).
-        FamilySpec("qwen3_5_text", **_QWEN_DELTA, names=QWEN35_NAMES, wrapper_root="model.",
+        FamilySpec("qwen3_5_text", **_QWEN_DELTA, names=QWEN35_NAMES,
                    variants=_QWEN35_VARIANTS, gguf_arch="qwen35", gguf_names=GGUF_QWEN35_NAMES),
         FamilySpec("qwen3_5_moe_text", **dict(_QWEN_DELTA, refusals=_QWEN_DELTA_REFUSALS + (
             Refusal(lambda c: c.get("norm_topk_prob") is False,
                     "norm_topk_prob false is not supported (Transformers' Qwen3.5-MoE router always renormalises)"),)),
-                   moe=True, shared_gated=True, names=QWEN35_MOE_NAMES, wrapper_root="model.",
+                   moe=True, shared_gated=True, names=QWEN35_MOE_NAMES,
                    fixed={"norm_topk_prob": True}, variants=_QWEN35_VARIANTS,
                    gguf_arch="qwen35moe", gguf_names=GGUF_QWEN35_NAMES,
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
@@ -2343,9 +2421,15 @@ FAMILIES_BY_GGUF_ARCH["nemotron_h_moe"] = FAMILIES["nemotron_h"]
 # model_type when its text_config leaves it out, the prefix the decoder's tensors sit below). The
 # towers beside the decoder (vision, projector) are never read.
 WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model."),
+                                           "gemma4": ("gemma4_text", "model.language_model."),
+                                           "gemma4_unified": ("gemma4_unified_text", "model.language_model."),
                                            # group SSM-B2: Qwen3.5's decoders sit below model.language_model
                                            "qwen3_5": ("qwen3_5_text", "model.language_model."),
                                            "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.")}
+# A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
+# Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
+# below model.), the head at the root.
+WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model."}
 # What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 

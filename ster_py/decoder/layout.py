@@ -80,6 +80,15 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update(spec.delta.tensor_shapes(d))
     if spec.attn_gate_in_q:  # each head's query rows, then its output gate's (Qwen3-Next's q_proj)
         shapes[("q", "weight")], shapes[("q", "bias")] = (2 * q, d), (2 * q,)
+    if getattr(spec, "layer_scalar", False):
+        shapes[("layer_scalar", "")] = (1,)
+    p = getattr(spec, "per_layer_input", 0)
+    if p:  # Gemma 4's per-layer inputs (decoder/model.py, PerLayerInputs)
+        n = spec.num_hidden_layers
+        shapes.update({("per_layer_embed", "weight"): (spec.per_layer_vocab, n * p),
+                       ("per_layer_model_proj", "weight"): (n * p, d), ("per_layer_proj_norm", "weight"): (p,),
+                       ("per_layer_gate", "weight"): (p, d), ("per_layer_proj", "weight"): (d, p),
+                       ("per_layer_post_norm", "weight"): (d,)})
     if getattr(spec, "shared_block", None) is not None:  # Zamba2's shared transformer blocks
         shapes.update(spec.shared_block.tensor_shapes(spec))
     if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
