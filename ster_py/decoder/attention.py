@@ -253,10 +253,11 @@ class Attention(Part):
         if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
-        return self._attend(x, q, keys, values, positions, bias)
+        return self._attend(x, q, keys, values, positions, bias, gate_in)
 
-    def _attend(self, x, q, keys, values, positions, bias=None) -> np.ndarray:
-        """Queries float32 [H, T, D] over the visible keys/values, through the output gate and ``o``."""
+    def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None) -> np.ndarray:
+        """Queries float32 [H, T, D] over the visible keys/values, through the output gate (``g(x)``, or
+        ``gate_in`` [T, H * D], the gate rows split from ``q``) and ``o``."""
         s, T = self.spec, x.shape[0]
         H, _, _, Dv = self.shape
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
