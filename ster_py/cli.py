@@ -12,7 +12,7 @@ import textwrap
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -238,7 +238,9 @@ def _check_device(device: str) -> None:
 
 @app.command()
 def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The user's text."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The user's text."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the user's text from a file "
+                                               "(UTF-8; - reads stdin) instead of --prompt."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main); "
                                            "recorded verbatim for local models."),
@@ -264,21 +266,63 @@ def generate(
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype. f32 keeps keys and values as "
                                  "computed; f16 halves the cache's memory and the bytes read per token "
                                  "(llama.cpp's default) and moves logits by about 1e-4 to 2e-3 relative."),
+    min_p: float = typer.Option(0.0, help="Drop tokens less likely than this times the most likely one (0 = off)."),
+    repeat_penalty: float = typer.Option(1.0, help="Divide positive logits of recent tokens by this, multiply "
+                                         "negative ones (1 = off)."),
+    repeat_last_n: int = typer.Option(64, help="Tokens the repetition penalty looks back over, prompt included "
+                                      "(-1: all, 0: off)."),
+    stop: List[str] = typer.Option([], "--stop", help="End the answer before this text (repeatable; not printed)."),
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", help="With --json: each new token's log-probability "
+                                           "and the N most likely tokens' (0 to 20)."),
+    ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions the prompt and answer may fill "
+                                           "(default: the model's)."),
+    tools: Optional[Path] = typer.Option(None, "--tools", help="A JSON file of tool schemas given to the chat "
+                                         "template; the model's tool calls are parsed."),
+    thinking: Optional[str] = typer.Option(None, "--thinking", help="on or off: the template's thinking switch "
+                                           "(enable_thinking or thinking); refused where it has none."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Generate text, streamed to stdout; a summary follows on stderr."""
-    from .generate import Sampling, generate as run, kv_cache_dtype
+    from .conversation import Session, check_stops
+    from .generate import Sampling, kv_cache_dtype
     from .load import load_model
     from .prompt import check_prompt_text, encode_prompt, prompt_context
-    from .tokenizer import StreamDecoder
 
-    check_prompt_text(prompt)  # in both template modes, before anything is loaded
+    if (prompt is None) == (prompt_file is None):
+        raise SterError("give the text with --prompt or --prompt-file (one of them)")
+    if prompt_file is not None:
+        from .cli_text import read_input_file
+
+        try:
+            prompt = read_input_file(prompt_file, "prompt file", 32 << 20).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SterError(f"the prompt file {prompt_file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    check_prompt_text(prompt, "--prompt" if prompt_file is None else "the prompt file")  # before anything is loaded
     _check_device(device)
     kv_cache_dtype(kv_cache)  # an unknown name is refused before any weight is read
     _use_threads(threads)
     if strength is not None and vector is None:
         raise SterError("--strength needs --vector (a steering vector file)")
-    sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
+    if logprobs is not None and not as_json:
+        raise SterError("--logprobs needs --json (the log-probabilities are printed in the JSON document)")
+    if thinking not in (None, "on", "off"):
+        raise SterError(f"--thinking must be on or off, got {thinking!r}")
+    think = None if thinking is None else thinking == "on"
+    stops = check_stops(stop)
+    tool_list = None
+    if tools is not None:
+        from .chat import check_tools
+        from .cli_text import read_input_file
+
+        try:
+            tool_list = check_tools(json.loads(read_input_file(tools, "tools file", 8 << 20)), str(tools))
+        except ValueError as e:
+            raise SterError(f"the tools file {tools} is not valid JSON ({e})") from None
+    if (tool_list is not None or think is not None) and chat_template.value == "off":
+        raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs the chat template; "
+                        "drop --chat-template off")
+    sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, min_p=min_p, repeat_penalty=repeat_penalty,
+                        repeat_last_n=repeat_last_n, logprobs=logprobs)
     sampling.validate()
     if vector is not None:  # a malformed vector is refused before any weight is read
         from .steering import check_vector_fit, read_vector, steering_hook
@@ -317,42 +361,79 @@ def generate(
                             context=prompt_context(loaded.spec))
     if prompt_.chat_template == "absent" and not quiet:
         err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
-    stream = StreamDecoder(loaded.tokenizer)
+    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size)
+    if prompt_.chat_template != "applied" and (tool_list is not None or think is not None):
+        raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs a chat template, and the "
+                        "model ships none")
+    styled = sys.stdout.isatty() and not no_color()
+    dim, reset = ("\x1b[2m", "\x1b[0m") if styled else ("", "")
+    state = {"thinking": False}
 
-    def on_token(token: int) -> None:
-        if not as_json:
-            piece = stream.feed(token)
-            if piece:
-                _write(piece)
+    def on_event(e) -> None:
+        if as_json:
+            return
+        if e.kind == "thinking":
+            _write(dim + e.text + reset)
+            state["thinking"] = True
+            return
+        if state["thinking"]:
+            state["thinking"] = False
+            _write("\n")
+        if e.kind == "text":
+            _write(e.text)
+        elif e.kind == "tool_call":
+            _write(json.dumps({"tool_call": {"name": e.call["name"], "arguments": e.call["arguments"]}},
+                              ensure_ascii=False) + "\n")
+        else:
+            err.print(f"[yellow]warning:[/] {escape(e.text)}", highlight=False)
 
-    result = run(loaded.decoder, prompt_.ids, sampling, loaded.stop_ids(), on_token=on_token, layer_hook=hook,
-                 kv_cache=kv_cache)
+    from .chat import build_messages
+
+    if prompt_.chat_template == "applied":
+        reply = session.reply(build_messages(prompt, system), sampling, tools=tool_list, thinking=think, stops=stops,
+                              layer_hook=hook, on_event=on_event)
+    else:
+        reply = session.reply([], sampling, stops=stops, layer_hook=hook, on_event=on_event, raw=prompt)
+    result = reply.generation
+    fmt = session.format if prompt_.chat_template == "applied" else None
+    parsed = fmt is not None and (fmt.reasons or tool_list is not None)
     shown = [t for t in result.ids if t not in loaded.stop_ids()]
-    text = loaded.tokenizer.decode(shown, skip_special_tokens=True)
+    text = reply.text if parsed or stops else loaded.tokenizer.decode(shown, skip_special_tokens=True)
     if as_json:
+        usage = {"prompt_tokens": len(reply.prompt_ids), "new_tokens": len(result.ids)}
+        if fmt is not None and fmt.reasons and think is not False:
+            usage["reasoning_tokens"] = reply.reasoning_tokens
         doc = {
             **version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
             "precision": loaded.precision, "kv_cache": kv_cache, "chat_template": prompt_.chat_template,
-            "text": text, "ids": result.ids, "prompt_ids": prompt_.ids, "stop_reason": result.stop_reason,
+            "text": text, "ids": result.ids, "prompt_ids": reply.prompt_ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
             "adapter": adapter, "warnings": loaded.warnings,
-            "usage": {"prompt_tokens": len(prompt_.ids), "new_tokens": len(result.ids)},
+            "usage": usage,
             "timings": {"prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
                         "prefill_tokens_per_second": result.prefill_tokens_per_second,
                         "decode_tokens_per_second": result.decode_tokens_per_second},
         }
+        if parsed:
+            doc["blocks"] = reply.blocks
+            doc["reply_format"] = fmt.describe()
+        if stops:
+            doc["stop"] = list(stops)
+        if logprobs is not None:
+            tok = loaded.tokenizer
+            doc["logprobs"] = [{"id": e["id"], "token": tok.decode([e["id"]], skip_special_tokens=False),
+                                "logprob": e["logprob"],
+                                "top": [{"id": i, "token": tok.decode([i], skip_special_tokens=False), "logprob": lp}
+                                        for i, lp in e["top"]]} for e in result.logprobs]
         print(json.dumps(doc, ensure_ascii=False, indent=2))
         return
-    rest = stream.flush()
-    if rest:
-        _write(rest)
     _write("\n")
     # a phase that did not run (no new tokens; one token, which the prefill gives) has no rate
     if quiet:
         return
     rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
                                                           ("decode", result.decode_tokens_per_second)) if rate]
-    err.print(f"[dim]{len(prompt_.ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
+    err.print(f"[dim]{len(reply.prompt_ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
               + (f"; {', '.join(rates)}" if rates else "") + "[/]")
 
 
@@ -413,6 +494,14 @@ def inspect_value(key: str, value) -> str:
     return plain(value)
 
 
+def _family_note(family) -> str:
+    """The ``families`` note of one model_type (None: not implemented)."""
+    if family is None:
+        return "refused: not implemented yet"
+    # Tested against a Transformers model of the same math, not against the family's own code.
+    return "no reference implementation here" if family.unconfirmed else ""
+
+
 @app.command()
 def families(as_json: bool = flag(False, "--json", help="Print one JSON document.")) -> None:
     """Every model_type ster knows, whether it runs, and its GGUF architecture."""
@@ -422,7 +511,7 @@ def families(as_json: bool = flag(False, "--json", help="Print one JSON document
 
     rows = [{"model_type": m, "runs": m in FAMILIES,
              "gguf_architecture": FAMILIES[m].gguf_arch if m in FAMILIES else None,
-             "note": "" if m in FAMILIES else "refused: not implemented yet"} for m in KNOWN_MODEL_TYPES]
+             "note": _family_note(FAMILIES.get(m))} for m in KNOWN_MODEL_TYPES]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -455,6 +544,7 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
 from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector caa, tune merge)
 from . import cli_text  # noqa: E402,F401  (registers tokenize, detokenize)
 from . import cli_template  # noqa: E402,F401  (registers template render)
+from . import cli_chat  # noqa: E402,F401  (registers chat, serve)
 
 
 def main() -> None:

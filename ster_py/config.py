@@ -88,6 +88,51 @@ class LayerSpec:
 
 
 @dataclass(frozen=True)
+class ResidualSkip:
+    """A block skip connection (Solar Pro's bskcn): before each layer of ``keep`` the residual stream
+    is kept; before each layer of ``mix`` it becomes ``weight * kept + (1 - weight) * stream``.
+    Keeping comes before mixing at a layer in both lists; layer indices count from zero."""
+
+    keep: frozenset[int]
+    mix: frozenset[int]
+    weight: float
+
+
+def residual_skips(config: Mapping, n_layers: int, config_name: str) -> tuple[ResidualSkip, ...]:
+    """The config's ``residual_skips`` (a list of {"keep": [layers], "mix": [layers], "weight": w},
+    written by a family's ``normalize``), validated.
+
+    Raises:
+        SterError: not such a list, a layer outside the model, a weight that is not a finite number,
+            or a mix layer with no keep layer before it.
+    """
+    raw = config.get("residual_skips")
+    if raw is None:
+        return ()
+    where = f"invalid model config {config_name}"
+    if not isinstance(raw, list):
+        raise SterError(f"{where}: block skip connections must be a list, got {brief_value(raw)}")
+    out = []
+    for skip in raw:
+        layers = {}
+        for key in ("keep", "mix"):
+            v = skip.get(key) if isinstance(skip, Mapping) else None
+            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                  and 0 <= x < n_layers for x in v):
+                raise SterError(f"{where}: a block skip connection's {key} layers must be a list of layer "
+                                f"indices below {n_layers}, got {brief_value(v)}")
+            layers[key] = frozenset(v)
+        w = skip.get("weight")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise SterError(f"{where}: a block skip connection's weight must be a number, got {brief_value(w)}")
+        if layers["mix"] and (not layers["keep"] or min(layers["mix"]) < min(layers["keep"])):
+            raise SterError(f"{where}: a block skip connection mixes at layer {min(layers['mix'])} before "
+                            "any layer keeps the stream")
+        out.append(ResidualSkip(layers["keep"], layers["mix"], float(w)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The normalised description of a decoder, independent of where it came from.
 
@@ -126,6 +171,7 @@ class ModelSpec:
     ``layer_scalar``: each layer's output is multiplied by its stored ``layer_scalar`` [1] (Gemma 4).
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
+    ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
     """
 
     model_type: str
@@ -192,6 +238,7 @@ class ModelSpec:
     layer_scalar: bool = False
     per_layer_input: int = 0
     per_layer_vocab: int = 0
+    residual_skips: tuple[ResidualSkip, ...] = ()
 
     def has_kv(self, i: int) -> bool:
         """Whether layer ``i`` keeps keys and values (its mixer attends)."""
@@ -1016,6 +1063,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
         unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
+        residual_skips=residual_skips(config, n_layers, config_name),
         latent=latent,
         ssm=(ssm_spec(r, family, hidden, config_name)
              if family.recurrent and family.recurrent not in DELTA_MIXERS else None),

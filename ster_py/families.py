@@ -186,6 +186,20 @@ STEP3P5_NAMES = _with(LLAMA_NAMES, router=_L + "moe.gate", router_select_bias=_L
                       shexp_up=_L + "share_expert.up_proj", shexp_down=_L + "share_expert.down_proj",
                       g=_L + "self_attn.g_proj")
 MINIMAX_M2_NAMES = _with(MIXTRAL_NAMES, router_select_bias=_SM + "e_score_correction_bias")
+# InternLM2: Llama's block under its own names; wqkv holds each key/value group's queries, key and
+# value in turn (fused_qkv "grouped").
+_IL = "model.layers.{i}."
+INTERNLM2_NAMES: Mapping[str, str] = {
+    "embed": "model.tok_embeddings", "final_norm": "model.norm", "head": "output",
+    "attn_norm": _IL + "attention_norm", "ffn_norm": _IL + "ffn_norm", "qkv": _IL + "attention.wqkv",
+    "o": _IL + "attention.wo", "gate": _IL + "feed_forward.w1", "up": _IL + "feed_forward.w3",
+    "down": _IL + "feed_forward.w2",
+}
+# openPangu-Embedded under sandwich_norm: the norm after attention keeps Llama's post_attention_layernorm name.
+PANGU_SANDWICH_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                             ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+# DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
+DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
 GPT2_NAMES: Mapping[str, str] = {
     "embed": "transformer.wte", "pos_embed": "transformer.wpe", "final_norm": "transformer.ln_f", "head": "lm_head",
@@ -508,6 +522,10 @@ class FamilySpec:
             head widths read under ``DEFAULT_KEYS``' latent fields (``config.latent_spec``).
         routed_norms: the sublayer norms of the routed layers, when they differ from ``norms``
             (A.X-K1 norms the routed feed-forward's output: ``ffn_post_norm``).
+        unconfirmed: no reference implementation here (the family's modelling code lives only in its
+            Hub repositories): its math is tested against a Transformers model it equals with its
+            extras neutral, and each extra against a reference written from seed 002's words;
+            ``ster families`` says so until a real checkpoint or its remote code has confirmed it.
         dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
             the forward never reads (A.X-K1's post_mlp_layernorm, used on routed layers only).
         recurrent: the recurrent mixer (``"mamba"``, ``"mamba2"``, ``"gated_delta"`` or ``"kda"``) of
@@ -623,6 +641,7 @@ class FamilySpec:
     latent: bool = False
     routed_norms: tuple[str, ...] | None = None
     dense_unread: tuple[str, ...] = ()
+    unconfirmed: bool = False
     recurrent: str | None = None
     recurrent_norms: tuple[str, ...] | None = None
     attn_gate_in_q: bool = False
@@ -695,6 +714,63 @@ def _layer_list(config: Mapping, key: str, n: int) -> list | None:
 def _n_layers(config: Mapping) -> int:
     n = config.get("num_hidden_layers")
     return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096 else 0
+
+
+def _teleflm_mup_stated(config: Mapping) -> bool:
+    values = [config.get(k) for k in ("input_mult", "output_mult", "mup_scale_factor")]
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and values[2] != 0
+
+
+def _teleflm_config(config: Mapping) -> Mapping:
+    """Tele-FLM's muP scales (under use_mup) as the embedding and logit factors config.py reads."""
+    c = dict(config)
+    if c.get("use_mup") and _teleflm_mup_stated(c):
+        c["teleflm_embed_scale"] = c["input_mult"]
+        c["teleflm_logit_scale"] = c["output_mult"] / c["mup_scale_factor"]
+    return c
+
+
+def _telechat3_config(config: Mapping) -> Mapping:
+    """TeleChat3's rope type telechat3-yarn as the YaRN it is, with its temperature: 0.07 * ln(factor) + 1
+    where YaRN's is 0.1 * ln(factor) + 1 (seed 002), stated as YaRN's attention_factor."""
+    import math
+
+    c = dict(config)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = c.get(key)
+        if not isinstance(rope, Mapping) or (rope.get("rope_type") or rope.get("type")) != "telechat3-yarn":
+            continue
+        rope = {k: v for k, v in rope.items() if k != "type"}
+        factor = rope.get("factor")
+        if rope.get("attention_factor") is None and isinstance(factor, (int, float)) and not isinstance(factor, bool):
+            rope["attention_factor"] = 0.07 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        c[key] = dict(rope, rope_type="yarn")
+    return c
+
+
+def _solar_config(config: Mapping) -> Mapping:
+    """Solar Pro's block skip connections as ``residual_skips`` (config.ResidualSkip): the stream kept
+    before the layers bskcn_1 (bskcn_2) list is mixed back before the layers bskcn_3 (bskcn_4) list,
+    with the inference weight, the second entry of bskcn_tv (seed 002)."""
+    c = dict(config)
+    tv = c.get("bskcn_tv")
+    if any(c.get(f"bskcn_{k}") for k in (1, 2, 3, 4)):
+        weight = tv[1] if isinstance(tv, list) and len(tv) == 2 else tv
+        c["residual_skips"] = [{"keep": c.get(f"bskcn_{a}") or [], "mix": c.get(f"bskcn_{b}") or [], "weight": weight}
+                               for a, b in ((1, 3), (2, 4))]
+    return c
+
+
+def _deepseek_moe_config(config: Mapping) -> Mapping:
+    """DeepSeek-MoE's layer plan as ``mlp_layer_types``: layer i routes when n_routed_experts is stated,
+    i >= first_k_dense_replace and moe_layer_freq divides i (DeepseekConfig's defaults: 0 and 1)."""
+    c, n = dict(config), _n_layers(config)
+    k, freq = c.get("first_k_dense_replace") or 0, c.get("moe_layer_freq") or 1
+    counts = all(isinstance(x, int) and not isinstance(x, bool) for x in (k, freq)) and k >= 0 and freq > 0
+    if n and counts and c.get("mlp_layer_types") is None:
+        routed = c.get("n_routed_experts") is not None
+        c["mlp_layer_types"] = ["sparse" if routed and i >= k and i % freq == 0 else "dense" for i in range(n)]
+    return c
 
 
 def _mimo_v2_config(config: Mapping) -> Mapping:
@@ -2370,6 +2446,84 @@ FAMILIES: dict[str, FamilySpec] = {
                                     "vocab_size_per_layer_input": 262144}),
         FamilySpec("gemma4_unified_text", **_GEMMA4,
                    config_defaults={**_GEMMA4_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262144}),
+        # ---- group G16A (issue 16): families without a Transformers implementation, on the decoder's
+        # existing parts. Each is tested against a Transformers model of the same math (tests/test_parity_remote.py).
+        # MiniCPM: Llama's block with muP scales (MiniCPMConfig's defaults: scale_emb, scale_depth and
+        # dim_model_base 1, tied head); llama.cpp's converter writes the three as embedding_scale,
+        # residual_scale (scale_depth / sqrt(layers)) and logit_scale (hidden_size / dim_model_base).
+        FamilySpec("minicpm", tie_default=True, normalize=_minicpm3_config, embed_multiplier_key="scale_emb",
+                   residual_multiplier_key="residual_multiplier", logit_scale_key="logits_scaling",
+                   logit_scale_divides=True, unconfirmed=True,
+                   config_defaults={"scale_emb": 1, "scale_depth": 1, "dim_model_base": 1},
+                   refusals=(Refusal(lambda c: bool(c.get("num_experts")),
+                                     "MiniCPM's mixture of experts (num_experts) is not supported"),
+                             Refusal(stated("sparse_config"),
+                                     "MiniCPM 4's sparse attention (sparse_config) is not supported"),
+                             Refusal(lambda c: c.get("use_mup") is False,
+                                     "MiniCPM without its muP scales (use_mup: false) is not supported")),
+                   gguf_arch="minicpm", gguf_qk_permuted=True,
+                   gguf_config={"embedding_scale": "scale_emb", "residual_scale": "residual_multiplier",
+                                "logit_scale": "logits_scaling"}),
+        # Orion: Llama's block with LayerNorms that carry a bias (their epsilon under rms_norm_eps).
+        FamilySpec("orion", norm="layer", unconfirmed=True, gguf_arch="orion"),
+        # InternLM2: Llama's block under InternLM2's names (biases, under its config's bias, read as stored).
+        FamilySpec("internlm2", names=INTERNLM2_NAMES, fused_qkv="grouped", unconfirmed=True,
+                   gguf_arch="internlm2", gguf_qk_permuted=True),
+        # MiMo: Qwen2 beside next-token-prediction layers (model.mtp_layers) a forward never reads.
+        FamilySpec("mimo", sliding="qwen2", unread=("model.mtp_layers.",), unconfirmed=True),
+        # DeepSeek-MoE: Llama's attention (halves) and DeepSeek's first router: softmax scores, the top
+        # num_experts_per_tok renormalised only under norm_topk_prob (with DeepSeek's 1e-20), never scaled,
+        # beside n_shared_experts shared experts (moe_intermediate_size each, one SwiGLU of their total width).
+        # llama.cpp's deepseek graph never renormalises and routes every layer after the leading dense ones.
+        FamilySpec("deepseek", moe=True, names=DEEPSEEK_MOE_NAMES, normalize=_deepseek_moe_config, unconfirmed=True,
+                   fixed={"scoring_func": "softmax", "topk_method": "greedy", "routed_scaling_factor": 1.0},
+                   moe_fields={"renorm_eps": 1e-20}, config_defaults={"norm_topk_prob": False},
+                   variants=(Variant(lambda c: c.get("n_routed_experts") is None, {"moe": False}),),
+                   refusals=(Refusal(_stated_other("scoring_func", "softmax"),
+                                     "a DeepSeek-MoE scoring_func other than softmax is not supported"),
+                             Refusal(_stated_other("topk_method", "greedy"),
+                                     "a DeepSeek-MoE topk_method other than greedy is not supported")),
+                   gguf_arch="deepseek", gguf_qk_permuted=True),
+        # Ling 1.x and 2.0 (bailing_moe): Sarvam-30B's block under Bailing's names (the same ones). Ling 2.0
+        # (score_function sigmoid) routes as Sarvam does, always renormalised; Ling 1.x (no score_function)
+        # scores by softmax, chooses the top k without groups or bias, renormalises under norm_topk_prob and
+        # never scales.
+        FamilySpec("bailing_moe", qk_norm="head", moe=True, fused_qkv="concat", names=SARVAM_MOE_NAMES,
+                   unconfirmed=True, fixed=dict(_V3_ROUTER["fixed"], norm_topk_prob=True),
+                   moe_fields=_V3_ROUTER["moe_fields"],
+                   moe_defaults={"n_shared_experts": 0, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+                   config_defaults={"first_k_dense_replace": 0},
+                   variants=(Variant(unset("use_qk_norm", False), {"qk_norm": None}),
+                             Variant(lambda c: c.get("score_function") is None,
+                                     {"fixed": {"scoring_func": "softmax", "topk_method": "greedy",
+                                                "routed_scaling_factor": 1.0},
+                                      "moe_fields": {"renorm_eps": 1e-20},
+                                      "names": _with(SARVAM_MOE_NAMES, router_select_bias=None)})),
+                   refusals=(Refusal(stated("score_function", unless="sigmoid"),
+                                     "a router score_function other than sigmoid (Ling 2.0) or none (Ling 1.x) is "
+                                     "not supported"),
+                             Refusal(lambda c: c.get("score_function") == "sigmoid"
+                                     and c.get("moe_router_enable_expert_bias") is False,
+                                     "a Ling 2.0 router without its selection bias (moe_router_enable_expert_bias: "
+                                     "false) is not supported"),
+                             Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"),
+                             Refusal(flag("norm_head"), "a normalised head (norm_head) is not supported"),
+                             Refusal(flag("norm_softmax"), "norm_softmax is not supported")),
+                   gguf_arch="bailingmoe", gguf_qk_permuted=True),  # llama.cpp's Ling 1.x (bailingmoe.cpp)
+        # openPangu-Embedded: Llama's block with biases (read as stored), sandwich norms under sandwich_norm.
+        FamilySpec("PanguEmbedded", unconfirmed=True, gguf_arch="pangu-embedded",
+                   variants=(Variant(flag("sandwich_norm"), {"norms": _SANDWICH, "names": PANGU_SANDWICH_NAMES}),)),
+        # Tele-FLM: Llama's block; under use_mup the embeddings times input_mult and the logits times
+        # output_mult / mup_scale_factor (normalize writes the two scales config.py reads).
+        FamilySpec("TeleFLM", unconfirmed=True, normalize=_teleflm_config, embed_multiplier_key="teleflm_embed_scale",
+                   logit_scale_key="teleflm_logit_scale",
+                   refusals=(Refusal(lambda c: bool(c.get("use_mup")) and not _teleflm_mup_stated(c),
+                                     "use_mup without numbers for input_mult, output_mult and a non-zero "
+                                     "mup_scale_factor is not supported"),)),
+        # Solar Pro: Llama's block with block skip connections (normalize writes them as residual_skips).
+        FamilySpec("solar", normalize=_solar_config, unconfirmed=True),
+        # TeleChat3: Llama with attention and MLP biases (read as stored) and its own YaRN (normalize).
+        FamilySpec("telechat3", normalize=_telechat3_config, unconfirmed=True),
         # ---- group SSM-B2: delta-rule linear attention (issue 15, part B2)
         # Qwen3-Next: Qwen3-MoE's block, every norm an offset from one, gated attention (q_proj's gate rows),
         # gated delta nets on the linear_attention layers, Qwen2-MoE's experts with a gated shared expert.
@@ -2408,6 +2562,11 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=_KIMI_REFUSALS),
     )
 }
+# Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
+# MiMo-V2-Flash (seed 002 describes them as one), Param2-MoE as Ling 2.0's block (Sarvam-30B's here).
+# Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
+for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
+    FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
 
 FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():

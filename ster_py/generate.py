@@ -1,18 +1,18 @@
 """The sampling loop: prefill the prompt once, then decode one position at a time.
 
-Greedy when temperature is 0; otherwise temperature, top-k then top-p (nucleus,
-Holtzman et al. 2019) filtering, sampled from a seeded numpy generator so a run
-is reproducible. Generation stops at any end-of-generation token or after
-``max_new_tokens``. The KV cache is float32 unless ``kv_cache="f16"`` asks for a
+Each step: the repetition penalty (Keskar et al. 2019, CTRL: a logit of a token among the
+last ``repeat_last_n`` ids, prompt included, is divided by the penalty when positive and
+multiplied when negative), then greedy when temperature is 0; otherwise temperature, top-k,
+top-p (nucleus, Holtzman et al. 2019) and min-p (Nguyen et al. 2024: drop tokens less likely
+than ``min_p`` times the most likely one) filtering, in transformers' order, sampled from a
+seeded numpy generator so a run is reproducible. With ``logprobs`` each step also records the
+log-probability of the chosen id and of the most likely ids under the model's own
+distribution (a log-softmax of the raw logits, before penalty, temperature and filters).
+Generation stops at any end-of-generation token, when the caller's ``on_token`` says so
+(stop strings, an interrupted turn, a client that went away), after ``max_new_tokens``, or
+when the context (``ctx_size``, at most the model's) is full. The KV cache is float32 unless ``kv_cache="f16"`` asks for a
 float16 one (half the memory and the bytes read per token; logits move by about
 1e-4 to 2e-3 relative on SmolLM2-135M and Gemma 3 270M).
-
-Prompt reuse (``PromptCache``), as seed 000 describes it for hybrids: a recurrent state cannot be
-cut back to a shorter prefix, so while prefilling, ``generate`` keeps one checkpoint of the whole
-cache right after the prompt's last end-of-turn token (the end of the last complete chat
-message). A later call whose prompt starts with those tokens restores the checkpoint and
-prefills only what follows; its output equals a cold run's (the same tokens; the logits within
-float32 rounding of a prefill in two pieces). Attention-only models take the same path.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .decoder.cache import CacheCheckpoint, KVCache
 from .decoder.model import Decoder, LayerHook
 from .errors import SterError
+from .prefix import PromptCache
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,22 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    logprobs: int | None = None  # None: none; N >= 0: the chosen id's and the N most likely ids'
 
     def validate(self) -> None:
         """Raises SterError for values outside their ranges."""
+        if not 0 <= self.min_p <= 1:
+            raise SterError(f"--min-p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not 0 < self.repeat_penalty < float("inf"):
+            raise SterError(f"--repeat-penalty must be a finite number above 0 (1 = off), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise SterError(f"--repeat-last-n must be -1 (the whole context), 0 (off) or more, got "
+                            f"{self.repeat_last_n}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SterError(f"--logprobs must be 0 to {MAX_LOGPROBS}, got {self.logprobs}")
         if self.max_new_tokens < 0:
             raise SterError(f"--max-new-tokens must be 0 or more, got {self.max_new_tokens}")
         if not 0 <= self.temperature < float("inf"):
@@ -51,20 +64,32 @@ class Sampling:
             raise SterError(f"--top-p must be in (0, 1], got {self.top_p}")
 
 
+#: The most alternatives ``logprobs`` may ask for per token (OpenAI's top_logprobs allows 20).
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class Generation:
-    """What a run produced: new token ids, why it stopped, and timings in seconds."""
+    """What a run produced: new token ids, why it stopped, and timings in seconds.
+
+    ``logprobs`` (when asked for) holds one entry per new id: ``{"id", "logprob", "top":
+    [(id, logprob), ...]}``, natural logarithms. ``reused`` prompt tokens came from a prompt
+    cache; ``prefilled`` were computed.
+    """
 
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
-    stop_reason: str = "length"  # "stop_token" | "length" | "context" (the model's context is full)
+    stop_reason: str = "length"  # "stop_token" | "length" | "context" (full) | "stopped" (on_token said so)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    reused_tokens: int = 0  # prompt tokens restored from a PromptCache checkpoint, not prefilled
+    logprobs: list[dict] = field(default_factory=list)
+    reused: int = 0
+    prefilled: int = 0
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        return len(self.prompt_ids) / self.prefill_seconds if self.prefill_seconds else 0.0
+        done = self.prefilled if self.prefilled or self.reused else len(self.prompt_ids)
+        return done / self.prefill_seconds if self.prefill_seconds else 0.0
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -73,47 +98,10 @@ class Generation:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
-class PromptCache:
-    """One conversation's prompt checkpoint, carried from one ``generate`` call to the next.
-
-    Holds the cache of the last call made with it and one checkpoint of it (seed 000: one slot; a
-    new checkpoint replaces the one before), taken after the prompt's last end-of-turn token
-    (``generate``'s ``checkpoint_at``). ``tokens`` are the prompt ids the checkpoint covers. The
-    checkpoint is used only by a call with the same decoder, ``kv_cache`` and ``layer_hook``
-    whose prompt is longer than ``tokens`` and starts with them; any other call runs cold and
-    takes a new checkpoint. Memory: the cache's keys and values plus two copies of every
-    recurrent state (the live one and the checkpoint's, ``KVCache.nbytes_fixed()`` each).
-    """
-
-    def __init__(self):
-        self.tokens: tuple[int, ...] = ()
-        self._cache: KVCache | None = None
-        self._checkpoint: CacheCheckpoint | None = None
-        self._key: tuple | None = None
-
-    def clear(self) -> None:
-        """Forget the cache and its checkpoint (the next call runs cold)."""
-        self.__init__()
-
-    def _resume(self, key: tuple, prompt: list[int]) -> tuple[KVCache | None, int]:
-        """(the cache restored to the checkpoint, tokens it covers) when ``prompt`` extends them
-        under the same ``key``; else (None, 0)."""
-        n = len(self.tokens)
-        if (self._checkpoint is None or key != self._key or not 0 < n < len(prompt)
-                or tuple(prompt[:n]) != self.tokens):
-            return None, 0
-        self._cache.restore(self._checkpoint)
-        return self._cache, n
-
-    def _keep(self, key: tuple, cache: KVCache, tokens: list[int]) -> None:
-        self._key, self._cache, self.tokens = key, cache, tuple(tokens)
-        self._checkpoint = cache.checkpoint()
-
-
 def last_turn_end(prompt: list[int], stop_ids: Iterable[int]) -> int:
-    """Where ``generate`` checkpoints by default: the number of prompt tokens up to and including
-    the last end-of-generation token (``stop_ids``: a chat template's end-of-turn tokens), 0 when
-    the prompt holds none."""
+    """Where a hybrid's prompt cache keeps its checkpoint (``prefix.PromptCache.prefill``): the
+    number of prompt tokens up to and including the last end-of-generation token (``stop_ids``: a
+    chat template's end-of-turn tokens), the end of the last complete message; 0 when none."""
     stops = set(int(t) for t in stop_ids)
     return next((i + 1 for i in range(len(prompt) - 1, -1, -1) if prompt[i] in stops), 0)
 
@@ -133,8 +121,35 @@ def kv_cache_dtype(kv_cache: str):
     return KV_CACHE_DTYPES[kv_cache]
 
 
+def penalize(logits: np.ndarray, history: list[int], sampling: Sampling) -> np.ndarray:
+    """Logits float32 [vocab] after the repetition penalty over the last ``repeat_last_n`` ids of
+    ``history`` (-1: all of them); a new array, or ``logits`` itself when there is none."""
+    n = sampling.repeat_last_n
+    if sampling.repeat_penalty == 1.0 or n == 0 or not history:
+        return logits
+    seen = np.unique(np.asarray(history if n < 0 else history[-n:], dtype=np.int64))
+    seen = seen[(seen >= 0) & (seen < logits.shape[0])]
+    out = logits.copy()
+    v = out[seen]
+    out[seen] = np.where(v > 0, v / np.float32(sampling.repeat_penalty), v * np.float32(sampling.repeat_penalty))
+    return out
+
+
+def top_logprobs(logits: np.ndarray, token: int, n: int) -> dict:
+    """``{"id", "logprob", "top"}`` of ``token`` under log-softmax(logits) (float64), with the
+    ``n`` most likely ids as (id, logprob) pairs, most likely first."""
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    lse = np.log(np.exp(z).sum())
+    top = np.argpartition(-z, n - 1)[:n] if 0 < n < z.shape[0] else np.arange(z.shape[0] if n else 0)
+    top = top[np.lexsort((top, -z[top]))]
+    return {"id": int(token), "logprob": float(z[token] - lse),
+            "top": [(int(i), float(z[i] - lse)) for i in top]}
+
+
 def pick_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
-    """Choose the next id from float32 logits [vocab] under ``sampling``."""
+    """Choose the next id from float32 logits [vocab] under ``sampling`` (the repetition penalty
+    is applied before, by ``penalize``)."""
     if sampling.temperature == 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / max(sampling.temperature, 1e-6)  # tiny temperatures act as greedy
@@ -150,13 +165,35 @@ def pick_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator)
         mask = np.zeros_like(p)
         mask[keep] = p[keep]
         p = mask / mask.sum()
+    if sampling.min_p > 0:
+        p = np.where(p >= sampling.min_p * p.max(), p, 0.0)
+        p /= p.sum()
     return int(rng.choice(p.shape[0], p=p))
 
 
+def context_limit(spec, ctx_size: int | None = None) -> float:
+    """Positions a sequence may fill: ``ctx_size`` when given, else the model's
+    ``max_position_embeddings`` (no limit when a layer rotates with dynamic NTK, which exists to
+    run past it).
+
+    Raises:
+        SterError: ``ctx_size`` below 1, or above the model's maximum.
+    """
+    dynamic = any(layer.rope is not None and layer.rope.dynamic for layer in spec.layers)
+    model = float("inf") if dynamic else spec.max_position_embeddings
+    if ctx_size is None:
+        return model
+    if ctx_size < 1:
+        raise SterError(f"--ctx-size must be 1 or more, got {ctx_size}")
+    if ctx_size > model:
+        raise SterError(f"--ctx-size {ctx_size} exceeds the model's maximum of {model} positions; give at most that")
+    return ctx_size
+
+
 def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] = (),
-             *, on_token: Callable[[int], None] | None = None,
-             layer_hook: LayerHook | None = None, kv_cache: str = "f32",
-             prompt_cache: PromptCache | None = None, checkpoint_at: int | None = None) -> Generation:
+             *, on_token: Callable[[int], bool | None] | None = None,
+             layer_hook: LayerHook | None = None, kv_cache: str = "f32", cache: PromptCache | None = None,
+             cache_key=None, ctx_size: int | None = None) -> Generation:
     """Continue ``prompt_ids`` with the decoder.
 
     Args:
@@ -164,18 +201,18 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         prompt_ids: int token ids (at least one).
         sampling: decoding settings.
         stop_ids: end-of-generation ids; the stop token is kept in ``ids`` but not streamed.
-        on_token: called with each new id as it is chosen (streaming).
+        on_token: called with each new id as it is chosen (streaming); a true return value
+            stops the run after that id (``stop_reason`` "stopped").
         layer_hook: passed to every forward call (steering).
         kv_cache: "f32" (exact, the default) or "f16": the dtype keys and values are cached in.
-        prompt_cache: reuse and keep a prompt checkpoint (``PromptCache``): the prompt's prefix it
-            covers is restored, not prefilled (``Generation.reused_tokens`` counts it), and a new
-            checkpoint is taken at ``checkpoint_at`` when that lies beyond the restored prefix.
-        checkpoint_at: how many prompt tokens the checkpoint covers (0 < checkpoint_at <= len(prompt));
-            default ``last_turn_end(prompt, stop_ids)``, the end of the last complete message.
+        cache: a ``PromptCache`` to reuse across calls (its longest exact shared prefix is not
+            computed again; the reply equals a fresh cache's); None: a fresh cache.
+        cache_key: what ``layer_hook`` is, for ``cache`` (equal keys mean equal hooks).
+        ctx_size: positions the prompt and the reply may fill (default: the model's).
 
     Raises:
-        SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, or a
-            ``checkpoint_at`` outside 0..len(prompt).
+        SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, a
+            ``ctx_size`` above the model's, or a prompt longer than the context.
     """
     sampling.validate()
     kv_dtype = kv_cache_dtype(kv_cache)
@@ -183,36 +220,23 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     if not prompt:
         raise SterError("the prompt encodes to no tokens; give a non-empty prompt")
     stops = set(int(t) for t in stop_ids)
-    if checkpoint_at is not None and (isinstance(checkpoint_at, bool) or not isinstance(checkpoint_at, int)
-                                      or not 0 <= checkpoint_at <= len(prompt)):
-        raise SterError(f"checkpoint_at must be a token count in 0..{len(prompt)} (the prompt's length), "
-                        f"got {checkpoint_at!r}")
     rng = np.random.default_rng(sampling.seed)
     out = Generation(prompt_ids=prompt)
+    context = context_limit(decoder.spec, ctx_size)
+    if len(prompt) > context:
+        raise SterError(f"the prompt is {len(prompt)} tokens, longer than the context of {context} "
+                        "positions; shorten it" + ("" if ctx_size is None else " or raise --ctx-size"))
     if sampling.max_new_tokens == 0:
         return out
-    spec = decoder.spec
-    # Dynamic NTK rotation exists to run past max_position_embeddings: no hard limit then.
-    dynamic = any(layer.rope is not None and layer.rope.dynamic for layer in spec.layers)
-    context = float("inf") if dynamic else spec.max_position_embeddings
-    if len(prompt) > context:
-        raise SterError(f"the prompt is {len(prompt)} tokens, longer than the model's context of {context} "
-                        "positions; shorten it")
-    t0 = time.perf_counter()
-    key = (decoder, kv_cache, layer_hook)
-    cache, start = prompt_cache._resume(key, prompt) if prompt_cache is not None else (None, 0)
     if cache is None:
-        # f32 is new_cache's default: the decoder is asked for a dtype only when it is another one
-        cache = decoder.new_cache() if kv_dtype is np.float32 else decoder.new_cache(kv_dtype)
-    out.reused_tokens = start
-    cut = last_turn_end(prompt, stops) if checkpoint_at is None else checkpoint_at
-    if prompt_cache is not None and cut > start:  # prefill up to the checkpoint, take it, then the rest
-        logits = decoder.forward(prompt[start:cut], cache, layer_hook=layer_hook, last_only=True)[-1]
-        prompt_cache._keep(key, cache, prompt[:cut])
-        start = cut
-    if start < len(prompt):
-        logits = decoder.forward(prompt[start:], cache, layer_hook=layer_hook, last_only=True)[-1]
+        cache = PromptCache(decoder, kv_dtype)
+    elif cache.kv_dtype != kv_dtype:
+        raise SterError(f"the prompt cache holds {cache.kv_dtype} keys and values, not {kv_cache}'s")
+    t0 = time.perf_counter()
+    logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key, checkpoint_at=last_turn_end(prompt, stops))
+    out.reused, out.prefilled = cache.reused, cache.prefilled
     out.prefill_seconds = time.perf_counter() - t0
+    history = list(prompt)
     t0 = time.perf_counter()
     while True:
         if not np.isfinite(logits.sum()):  # any NaN or infinity makes the sum non-finite (no mask array)
@@ -222,18 +246,22 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
                                if kv_cache == "f16" else "")
                             + ("; a steering strength this large may overflow the activations: try a smaller one"
                                if layer_hook is not None else "") + ")")
-        token = pick_token(logits, sampling, rng)
+        token = pick_token(penalize(logits, history, sampling), sampling, rng)
+        if sampling.logprobs is not None:
+            out.logprobs.append(top_logprobs(logits, token, sampling.logprobs))
         out.ids.append(token)
+        history.append(token)
         if token in stops:
             out.stop_reason = "stop_token"
             break
-        if on_token is not None:
-            on_token(token)
+        if on_token is not None and on_token(token):
+            out.stop_reason = "stopped"
+            break
         if len(out.ids) >= sampling.max_new_tokens:
             break
-        if cache.length >= context:
+        if cache.cache.length >= context:
             out.stop_reason = "context"
             break
-        logits = decoder.forward([token], cache, layer_hook=layer_hook, last_only=True)[-1]
+        logits = decoder.forward([token], cache.cache, layer_hook=layer_hook, last_only=True)[-1]
     out.decode_seconds = time.perf_counter() - t0
     return out

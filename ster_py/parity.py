@@ -140,8 +140,8 @@ def transformers_reference(resolved) -> Reference:
     """A reference that runs Transformers on the model ``resolved`` describes.
 
     Raises:
-        SterError: torch or transformers missing (names the extra to install); the
-            model cannot be loaded by Transformers.
+        SterError: torch or transformers missing (names the extra to install); a family
+            Transformers does not implement; the model cannot be loaded by Transformers.
     """
     try:
         import torch
@@ -149,6 +149,14 @@ def transformers_reference(resolved) -> Reference:
     except ImportError:
         raise _missing("torch and transformers", 'install them with: pip install "ster-py[reference]"') from None
     model_type = (resolved.config or {}).get("model_type")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if resolved.gguf_file is None and model_type not in CONFIG_MAPPING_NAMES:
+        # The family's code lives only in its Hub repositories (remote code), which ster never runs.
+        raise SterError(f"transformers {transformers.__version__} has no implementation of model_type "
+                        f"{model_type!r} to compare against (its modelling code lives in the model's Hub "
+                        "repository, which ster does not run); compare a GGUF of the model with "
+                        "--reference llama.cpp instead")
     kwargs = dict(dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION.get(model_type, "eager"))
     if resolved.gguf_file is not None:
         try:

@@ -28,8 +28,8 @@ from .errors import SterError
 
 __all__ = ["Tokenizer", "StreamDecoder", "END_OF_GENERATION_TOKENS"]
 
-#: Vocabulary tokens that end a generation when the tokenizer has them as special
-#: (added) tokens: end-of-turn, end-of-message and end-of-text markers of the
+#: Vocabulary tokens that end a generation when the vocabulary has them (as added tokens
+#: or plain entries): end-of-turn, end-of-message and end-of-text markers of the
 #: common chat formats (list from llama.cpp's end-of-generation detection, seed 000).
 END_OF_GENERATION_TOKENS = (
     "<|eot_id|>",
@@ -246,8 +246,10 @@ class Tokenizer:
         ids = {int(i) for i in (extra or ())}
         if self.eos_token_id is not None:
             ids.add(self.eos_token_id)
-        specials = {t.content: i for i, t in self.tk.get_added_tokens_decoder().items() if t.special}
-        ids.update(specials[name] for name in END_OF_GENERATION_TOKENS if name in specials)
+        # the named end-of-turn tokens present in the vocabulary, special or not (seed 000, as
+        # llama.cpp's vocabulary loader does)
+        found = (self.tk.token_to_id(name) for name in END_OF_GENERATION_TOKENS)
+        ids.update(i for i in found if i is not None)
         return ids
 
     # -------------------------------------------------------------- encoding

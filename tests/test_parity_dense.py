@@ -143,6 +143,7 @@ def test_every_landed_family_has_a_case():
     import test_parity_gemma4
     import test_parity_mla
     import test_parity_moe
+    import test_parity_remote
     import test_parity_ssm
     import test_parity_ssm_b1
     import test_parity_ssm_b2
@@ -156,6 +157,7 @@ def test_every_landed_family_has_a_case():
     tested.add("minimax_text_01")  # test_parity_ssm_b1.test_minimax_text_01_as_minimax_releases_it
     tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 
 

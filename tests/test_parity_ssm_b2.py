@@ -680,62 +680,57 @@ def _turn2(first_answer_cut):
 @pytest.mark.parametrize("case", ["qwen3_5_text", "kimi_linear"])
 def test_prompt_reuse_restarts_from_the_last_message_and_equals_a_cold_run(case, tmp_path):
     """Seed 000's prefix reuse for hybrids: the first call checkpoints after the prompt's last
-    end-of-turn token; the follow-up restores it, prefills only what follows, and gives a cold run's
-    tokens, its recurrent states and keys/values within float32 rounding of a cold run's."""
+    end-of-turn token; the follow-up rolls back to it, prefills only what follows, and gives a cold
+    run's tokens, its recurrent states and keys/values within float32 rounding of a cold run's."""
     from ster_py.decoder.cache import RecurrentState
-    from ster_py.generate import PromptCache, last_turn_end
+    from ster_py.generate import last_turn_end
+    from ster_py.prefix import PromptCache
 
     build(tmp_path, *CASES[case])
-    model = load_model(str(tmp_path))
-    dec = model.decoder
+    dec = load_model(str(tmp_path)).decoder
     greedy = Sampling(max_new_tokens=8)
-    pc = PromptCache()
-    first = generate(dec, TURN1, greedy, [END], prompt_cache=pc)
+    pc = PromptCache(dec)
+    first = generate(dec, TURN1, greedy, [END], cache=pc)
     cut = last_turn_end(TURN1, [END])
-    assert cut == 11 and pc.tokens == tuple(TURN1[:cut]) and first.reused_tokens == 0
+    assert cut == 11 and pc.cache.checkpoint_length() == cut and first.reused == 0
     assert first.ids == generate(dec, TURN1, greedy, [END]).ids  # checkpointing changes nothing
 
     prompt2 = _turn2(cut)
-    warm = generate(dec, prompt2, greedy, [END], prompt_cache=pc)
-    assert warm.reused_tokens == cut  # only len(prompt2) - cut tokens were prefilled
-    assert pc.tokens == tuple(prompt2[:last_turn_end(prompt2, [END])])  # one slot: the new checkpoint
-    cold_cache = dec.new_cache()
+    warm = generate(dec, prompt2, greedy, [END], cache=pc)
+    assert (warm.reused, warm.prefilled) == (cut, len(prompt2) - cut)  # only what follows the checkpoint
+    cut2 = last_turn_end(prompt2, [END])
+    assert pc.cache.checkpoint_length() == cut2  # one slot: the new checkpoint replaced the first
     cold = generate(dec, prompt2, greedy, [END])
     assert warm.ids == cold.ids
     # the state the warm run prefilled equals a cold prefill of the same prompt
-    warm_cache = pc._cache
-    warm_cache.restore(pc._checkpoint)
-    dec.forward(prompt2[:len(pc.tokens)], cold_cache)
-    slots = [(warm_cache.slot(i), cold_cache.slot(i)) for i in range(len(dec.layers))]
-    recurrent = [(a, b) for a, b in slots if isinstance(a, RecurrentState)]
-    assert recurrent and warm_cache.length == cold_cache.length == len(pc.tokens)
+    warm_cache, cold_cache = pc.cache, dec.new_cache()
+    assert warm_cache.rollback(cut2)
+    dec.forward(prompt2[:cut2], cold_cache)
+    recurrent = [(warm_cache.slot(i), cold_cache.slot(i)) for i in range(len(dec.layers))
+                 if isinstance(warm_cache.slot(i), RecurrentState)]
+    assert recurrent and warm_cache.length == cold_cache.length == cut2
     for a, b in recurrent:
         for name in a.names():
             assert np.abs(a[name] - b[name]).max() <= 1e-5 * max(np.abs(b[name]).max(), 1e-30)
-    tail = prompt2[len(pc.tokens):] + warm.ids[:-1]
-    warm_logits, cold_logits = dec.forward(tail, warm_cache), dec.forward(tail, cold_cache)
-    assert rel_err(warm_logits, cold_logits) < 1e-5
+    tail = prompt2[cut2:] + warm.ids[:-1]
+    assert rel_err(dec.forward(tail, warm_cache), dec.forward(tail, cold_cache)) < 1e-5
 
 
 def test_prompt_reuse_runs_cold_when_the_prompt_or_settings_differ(tmp_path):
-    from ster_py.generate import PromptCache
+    from ster_py.prefix import PromptCache
 
     build(tmp_path, *CASES["qwen3_5_text"])
     dec = load_model(str(tmp_path)).decoder
     greedy = Sampling(max_new_tokens=4)
-    pc = PromptCache()
-    generate(dec, TURN1, greedy, [END], prompt_cache=pc)
-    other = [6] + TURN1[1:]  # another first token: not the checkpoint's prefix
-    assert generate(dec, other, greedy, [END], prompt_cache=pc).reused_tokens == 0
-    assert pc.tokens == tuple(other[:11])
-    assert generate(dec, other, greedy, [END], prompt_cache=pc, kv_cache="f16").reused_tokens == 0  # other cache
-    assert generate(dec, pc.tokens, greedy, [END], prompt_cache=pc).reused_tokens == 0  # nothing after it
-    steer = generate(dec, other, greedy, [END], prompt_cache=pc, layer_hook=lambda i, h: h)
-    assert steer.reused_tokens == 0  # a checkpoint taken without the hook is not reused under one
-    assert generate(dec, [9, 9, 9], greedy, [END], prompt_cache=pc).reused_tokens == 0  # no end of turn
-    explicit = generate(dec, other, greedy, [END], prompt_cache=pc, checkpoint_at=4)
-    assert pc.tokens == tuple(other[:4]) and explicit.reused_tokens == 0
-    assert generate(dec, other, greedy, [END], prompt_cache=pc).reused_tokens == 4
-    for bad in (-1, len(other) + 1, 2.5, True):
-        with pytest.raises(SterError, match="checkpoint_at"):
-            generate(dec, other, greedy, [END], prompt_cache=pc, checkpoint_at=bad)
+    pc = PromptCache(dec)
+    generate(dec, TURN1, greedy, [END], cache=pc)
+    other = [6] + TURN1[1:]  # another first token: shares nothing with the checkpoint
+    assert generate(dec, other, greedy, [END], cache=pc).reused == 0
+    assert pc.cache.checkpoint_length() == 11
+    short = other[:8] + [99, 98, END, 40]  # shares 8 tokens, fewer than the checkpoint's 11: cold
+    assert generate(dec, short, greedy, [END], cache=pc).reused == 0
+    assert pc.cache.checkpoint_length() == 11  # short's own last message ends at 11 as well
+    steer = generate(dec, short + [5, 6], greedy, [END], cache=pc, layer_hook=lambda i, h: h, cache_key="hook")
+    assert steer.reused == 0  # positions computed without the hook are not reused under one
+    assert generate(dec, [9, 9, 9], greedy, [END], cache=pc).reused == 0
+    assert pc.cache.checkpoint_length() is None  # no end of turn: no checkpoint in the new cache

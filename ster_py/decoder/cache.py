@@ -91,6 +91,30 @@ class KVCache:
         """Commit ``n`` positions staged by the last forward call."""
         self.length += n
 
+    def rollback(self, length: int) -> bool:
+        """Forget every position from ``length`` on, so the next forward call continues at
+        ``length`` (a prompt cache reusing a shared prefix: ``ster_py.prefix``).
+
+        Keys and values are rows by position: the committed length just moves back (the rows
+        beyond are overwritten). A slot of another kind is asked with its own
+        ``rollback(length)`` (True when it could go back); a slot without that method, such
+        as a recurrent state that holds no checkpoint at ``length``, refuses, and then
+        nothing changes.
+
+        Returns:
+            True when the cache now holds exactly ``length`` positions; False when a slot
+            refused (the caller starts a fresh cache instead).
+        """
+        if not 0 <= length <= self.length:
+            return False
+        slots = [s for s in self._slots if s is not None]
+        if length < self.length and not all(hasattr(s, "rollback") for s in slots):
+            return False
+        if length < self.length and not all(s.rollback(length) for s in slots):
+            return False
+        self.length = length
+        return True
+
     def nbytes_per_position(self) -> int:
         """Bytes one position costs across all layers (keys and values, at the cache dtype, and
         what each other slot's ``nbytes_per_position()`` says)."""
@@ -101,40 +125,23 @@ class KVCache:
         """Bytes the slots hold whatever the length (recurrent states), from their ``nbytes_fixed()``."""
         return sum(s.nbytes_fixed() for s in self._slots if s is not None)
 
-    def checkpoint(self) -> "CacheCheckpoint":
-        """The cache as it stands, to come back to with ``restore``: the committed length and a
-        copy of every recurrent state (``RecurrentState.copy_arrays``; its bytes are
-        ``nbytes_fixed()``). Keys, values and latent rows are not copied: the cache only ever
-        appends, so the rows of the first ``length`` positions stay as they are."""
-        return CacheCheckpoint(self.length, [s.copy_arrays() if isinstance(s, RecurrentState) else None
-                                             for s in self._slots])
+    def checkpoint(self) -> None:
+        """Keep a copy of every recurrent state as it stands at ``length`` (one per state: it
+        replaces the one before), so that ``rollback(length)`` can come back here later (seed 000's
+        prompt reuse for hybrids: ``ster_py.prefix``). Keys, values and latent rows need no copy."""
+        for s in self._slots:
+            if isinstance(s, RecurrentState):
+                s.save(self.length)
 
-    def restore(self, checkpoint: "CacheCheckpoint") -> None:
-        """Return to ``checkpoint`` (taken from this cache by ``checkpoint()``): the length goes back
-        and every recurrent state is copied back; what was staged or committed after it is
-        dropped (its rows are overwritten by the next call).
+    def checkpoint_length(self) -> int | None:
+        """The length every recurrent state holds a checkpoint at (``checkpoint``), or None (no
+        recurrent state, or no common checkpoint)."""
+        at = {s.saved_at for s in self._slots if isinstance(s, RecurrentState)}
+        return at.pop() if len(at) == 1 else None
 
-        Raises:
-            ValueError: a checkpoint of a cache with other slots, or one ahead of this cache.
-        """
-        if len(checkpoint.states) != len(self._slots) or checkpoint.length > self.length:
-            raise ValueError("this checkpoint was not taken from this cache")
-        for slot, arrays in zip(self._slots, checkpoint.states):
-            if isinstance(slot, RecurrentState):
-                slot.load_arrays(arrays)
-        self.length = checkpoint.length
-
-
-class CacheCheckpoint:
-    """What ``KVCache.checkpoint`` keeps: ``length`` (positions committed) and, per layer, a copy
-    of its recurrent state's arrays (None for a layer without one)."""
-
-    def __init__(self, length: int, states: list):
-        self.length, self.states = int(length), states
-
-    def nbytes(self) -> int:
-        """Bytes the copied states hold."""
-        return sum(a.nbytes for st in self.states if st for a in st.values())
+    def has_recurrent_state(self) -> bool:
+        """True when a layer keeps a recurrent state (which cannot roll back without a checkpoint)."""
+        return any(isinstance(s, RecurrentState) for s in self._slots)
 
 
 class RecurrentState:
@@ -166,11 +173,19 @@ class RecurrentState:
         """A recurrent state does not grow with the context: 0."""
         return 0
 
-    def copy_arrays(self) -> dict[str, np.ndarray]:
-        """A copy of every array (name -> float32 array), for ``load_arrays``."""
-        return {name: a.copy() for name, a in self._arrays.items()}
+    saved_at: int | None = None  # the length ``save`` was called at (None: no checkpoint)
 
-    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        """Overwrite the state in place with ``copy_arrays()``'s arrays (same names and shapes)."""
+    def save(self, length: int) -> None:
+        """Keep a copy of the state as it stands after ``length`` positions (``KVCache.checkpoint``);
+        it replaces an earlier copy and costs ``nbytes_fixed()`` more bytes."""
+        self._saved = {name: a.copy() for name, a in self._arrays.items()}
+        self.saved_at = int(length)
+
+    def rollback(self, length: int) -> bool:
+        """Go back to the copy ``save`` kept when it was taken at ``length`` (True); any other length
+        cannot be reached, as the state cannot be truncated (False, nothing changes)."""
+        if self.saved_at is None or length != self.saved_at:
+            return False
         for name, a in self._arrays.items():
-            a[...] = arrays[name]
+            a[...] = self._saved[name]
+        return True

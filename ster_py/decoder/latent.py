@@ -103,6 +103,10 @@ class LatentSlot:
         """Bytes one position costs: width numbers at the cache dtype."""
         return self.width * self.dtype.itemsize
 
+    def rollback(self, length: int) -> bool:
+        """Rows are kept by position: going back to ``length`` needs nothing (``KVCache.rollback``)."""
+        return True
+
     def nbytes_fixed(self) -> int:
         """Bytes held whatever the length: none."""
         return 0

@@ -11,9 +11,21 @@ import numpy as np
 
 from .qlinear import QuantLinear, QuantTensor, matvec_group
 
+#: Products of 2 to MIN_ROWS - 1 rows run as MIN_ROWS (zero rows added, then dropped). BLAS
+#: picks other kernels for a few rows, and their sums round differently: without this, the
+#: logits of a prompt prefilled in two calls (a reused prefix, then the rest) would differ from
+#: one call's by ~1e-4. With it a row's result does not depend on the rows beside it, on OpenBLAS
+#: for products above its small-matrix sizes (M*N*K over about 1e6: every real model's); one row,
+#: a decode step, keeps BLAS's vector product (decoded positions are never reused).
+MIN_ROWS = 16
+
 
 class Linear:
-    """weight [out_features, in_features] (any float dtype), bias [out_features] or None."""
+    """weight [out_features, in_features] (any float dtype), bias [out_features] or None.
+
+    Row-exact for T >= 2: row t of ``x @ W^T`` is the same whether x has 2 rows or 2000
+    (see ``MIN_ROWS`` for the BLAS this holds on), which the prompt cache's reuse relies on (``ster_py.prefix``).
+    """
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None):
         self.weight = weight
@@ -23,7 +35,13 @@ class Linear:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x float32 [T, in_features] -> float32 [T, out_features]."""
         w = self.weight if self.weight.dtype == np.float32 else self.weight.astype(np.float32)
-        y = x @ w.T
+        n = x.shape[0] if x.ndim == 2 else 0
+        if 1 < n < MIN_ROWS:
+            padded = np.zeros((MIN_ROWS, x.shape[1]), np.float32)
+            padded[:n] = x
+            y = (padded @ w.T)[:n]
+        else:
+            y = x @ w.T
         return y + self.bias if self.bias is not None else y
 
 

@@ -324,6 +324,19 @@ class Decoder:
             for m in here:
                 m.set_read_ahead(ahead)
 
+    def _skip(self, i: int, h: np.ndarray, kept: list) -> np.ndarray:
+        """Block skip connections before layer ``i`` (``ModelSpec.residual_skips``): each stream kept
+        here is stored in ``kept``, then each mixed here becomes weight * kept + (1 - weight) * h."""
+        skips = self.spec.residual_skips
+        for j, skip in enumerate(skips):
+            if i in skip.keep:
+                kept[j] = h
+        for j, skip in enumerate(skips):
+            if i in skip.mix:
+                w = np.float32(skip.weight)
+                h = w * kept[j] + (np.float32(1) - w) * h
+        return h
+
     @property
     def weights(self) -> WeightSource:
         """The weight source the decoder was built from."""
@@ -400,7 +413,10 @@ class Decoder:
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
                 and cache.length + 1 <= np.iinfo(np.int32).max)
+        kept: list = [None] * len(s.residual_skips)
         for layer in self.layers:
+            if s.residual_skips:
+                h = self._skip(layer.i, h, kept)
             fused = layer.decode_step() if fuse else None
             if fused is not None:
                 h = layer.step_one(fused, h, cache, positions, tables)

@@ -100,6 +100,10 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     # group SSM-B1
     "lfm2moe": {"norm_topk_prob": True},  # lfm2moe.cpp: the file's gating function, norm_w true
     "minimax-01": {"scoring_func": "softmax", "norm_topk_prob": True},  # minimax-01.cpp: softmax, norm_w true
+    # deepseek.cpp: softmax over all experts, the chosen never renormalised (norm_w false)
+    "deepseek": {"scoring_func": "softmax", "norm_topk_prob": False},
+    # bailingmoe.cpp (Ling 1.x): softmax over all experts, renormalised as expert_weights_norm says
+    "bailingmoe": {"scoring_func": "softmax"},
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.

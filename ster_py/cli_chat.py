@@ -1,0 +1,284 @@
+"""``ster chat``: an interactive conversation in the terminal; ``ster serve``: the HTTP server.
+
+Registered on ``ster_py.cli.app`` when cli.py imports this module (at its end). The library does the
+work (``conversation.Session``; ``server``); these commands read options and draw.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads,
+                  _write, app, err, flag, no_color, progress_bar, show_warnings)
+from .errors import SterError
+
+
+class Thinking(str, Enum):
+    on = "on"
+    off = "off"
+    auto = "auto"
+
+
+def thinking_value(thinking: "Thinking") -> Optional[bool]:
+    return None if thinking == Thinking.auto else thinking == Thinking.on
+
+
+CHAT_COMMANDS = """commands:
+  /system TEXT            set the system prompt (starts the conversation over)
+  /reset                  forget the conversation (the system prompt stays)
+  /save FILE              write the conversation as JSON messages
+  /vector FILE STRENGTH   steer from now on (/vector off: stop steering)
+  /help                   this list
+  /quit                   leave (Ctrl-D too); Ctrl-C stops an answer and keeps the session"""
+
+
+def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
+    from .generate import Sampling
+
+    s = Sampling(max_new_tokens, temperature, top_k, top_p, seed, min_p=min_p, repeat_penalty=repeat_penalty,
+                 repeat_last_n=repeat_last_n)
+    s.validate()
+    return s
+
+
+def _load(model, revision, precision, quiet):
+    from .load import load_model
+
+    with progress_bar(enabled=not quiet) as progress:
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    show_warnings(loaded)
+    return loaded
+
+
+def _steer(loaded, path: Path, strength: float):
+    """(hook, key) of a steering vector file at ``strength`` for ``loaded``."""
+    from .steering import check_vector_for, read_vector, steering_hook
+
+    vec = read_vector(path)
+    check_vector_for(vec, loaded, path)
+    return steering_hook(vec, strength), (str(Path(path).resolve()), float(strength))
+
+
+@app.command()
+def chat(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main)."),
+    system: Optional[str] = typer.Option(None, help="System prompt."),
+    max_new_tokens: int = typer.Option(512, help="Stop each answer after this many new tokens."),
+    temperature: float = typer.Option(0.0, help="0 means greedy; higher values sample more freely."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling threshold (1 = off)."),
+    top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0 = off)."),
+    min_p: float = typer.Option(0.0, help="Drop tokens less likely than this times the most likely one (0 = off)."),
+    repeat_penalty: float = typer.Option(1.0, help="Divide the logits of recent tokens by this (1 = off)."),
+    repeat_last_n: int = typer.Option(64, help="Tokens the repetition penalty looks back over (-1: all)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
+    thinking: Thinking = typer.Option(Thinking.auto, help="on/off: the template's thinking switch "
+                                      "(refused where the template has none); auto: the template's default."),
+    show_thinking: bool = flag(True, "--show-thinking/--hide-thinking", help="Show the model's reasoning, dimmed."),
+    vector: Optional[Path] = typer.Option(None, help="Steering vector JSON to start with (also /vector)."),
+    strength: float = typer.Option(1.0, help="Steering strength of --vector."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
+    ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions the conversation may fill "
+                                           "(default: the model's)."),
+    device: str = typer.Option("cpu", help="Only cpu is available."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Talk with a model in the terminal: streamed answers, the history kept (only new tokens are
+    prefilled each turn). Type /help for the commands."""
+    from .conversation import Session
+    from .generate import kv_cache_dtype
+
+    _check_device(device)
+    kv_cache_dtype(kv_cache)
+    _use_threads(threads)
+    sampling = _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    if vector is not None:
+        from .steering import read_vector
+
+        read_vector(vector)  # a malformed vector is refused before any weight is read
+    loaded = _load(model, revision, precision, quiet)
+    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size)
+    think = thinking_value(thinking)
+    if session.template is None:
+        raise SterError("the model has no chat template, so it cannot hold a conversation; use "
+                        "`ster generate --chat-template off` to continue a raw text")
+    if think is not None:
+        session.render([{"role": "user", "content": "x"}], thinking=think)  # refuses a template without a switch
+    hook, key = _steer(loaded, vector, strength) if vector is not None else (None, None)
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:  # not on every platform
+        pass
+    styled = sys.stdout.isatty() and not no_color()
+    dim, bold, reset = ("\x1b[2m", "\x1b[1m", "\x1b[0m") if styled else ("", "", "")
+    messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
+    if not quiet:
+        err.print(f"[dim]chatting with {loaded.resolved.model}; /help for commands, Ctrl-D to leave[/]",
+                  highlight=False)
+    while True:
+        try:
+            line = input(f"{bold}> {reset}" if styled else "> ")
+        except EOFError:
+            _write("\n")
+            return
+        except KeyboardInterrupt:
+            _write("\n")
+            continue
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            word, _, rest = line.strip().partition(" ")
+            rest = rest.strip()
+            try:
+                if word in ("/quit", "/exit"):
+                    return
+                if word == "/help":
+                    _write(CHAT_COMMANDS + "\n")
+                elif word == "/reset":
+                    messages = [m for m in messages if m["role"] == "system"]
+                    _write("(conversation cleared)\n")
+                elif word == "/system":
+                    if not rest:
+                        raise SterError("/system needs the text of the system prompt")
+                    messages = [{"role": "system", "content": rest}]
+                    _write("(system prompt set; conversation cleared)\n")
+                elif word == "/save":
+                    if not rest:
+                        raise SterError("/save needs a file name")
+                    Path(rest).write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+                    _write(f"(saved {len(messages)} messages to {rest})\n")
+                elif word == "/vector":
+                    parts = rest.split()
+                    if parts == ["off"]:
+                        hook, key = None, None
+                        _write("(steering off)\n")
+                    elif len(parts) == 2:
+                        try:
+                            value = float(parts[1])
+                        except ValueError:
+                            raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
+                        hook, key = _steer(loaded, Path(parts[0]), value)
+                        _write(f"(steering with {parts[0]} at {value:g})\n")
+                    else:
+                        raise SterError("/vector needs FILE STRENGTH (or off)")
+                else:
+                    raise SterError(f"unknown command {word}; /help lists them")
+            except (SterError, OSError) as e:
+                err.print(f"[bold red]error:[/] {e}", highlight=False)
+            continue
+        messages.append({"role": "user", "content": line})
+        interrupted = {"flag": False}
+
+        def on_sigint(signum, frame):
+            interrupted["flag"] = True
+
+        in_thinking = {"on": False}
+
+        def on_event(e) -> None:
+            if e.kind == "thinking":
+                if show_thinking:
+                    _write(dim + e.text + reset)
+                in_thinking["on"] = True
+                return
+            if in_thinking["on"]:
+                in_thinking["on"] = False
+                if show_thinking:
+                    _write("\n")
+            if e.kind == "text":
+                _write(e.text)
+            elif e.kind == "tool_call":
+                _write(f"[tool call {e.call['name']} {json.dumps(e.call['arguments'], ensure_ascii=False)}]")
+            else:
+                _write(f"[{e.text}]")
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            reply = session.reply(messages, sampling, thinking=think, layer_hook=hook, key=key,
+                                  on_event=on_event, cancelled=lambda: interrupted["flag"])
+        except SterError as e:
+            messages.pop()
+            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            continue
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        _write("\n")
+        gen = reply.generation
+        messages.append({"role": "assistant", "content": reply.text})
+        if not quiet:
+            rate = gen.decode_tokens_per_second
+            err.print(f"[dim]prompt {len(reply.prompt_ids)} tokens (reused {gen.reused}, prefilled {gen.prefilled}), "
+                      f"{len(gen.ids)} new tokens ({'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason})"
+                      + (f", {rate:.1f} tok/s" if rate else "") + "[/]", highlight=False)
+        session.prepare(messages, layer_hook=hook, key=key, thinking=think)
+
+
+@app.command()
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (default: this machine only)."),
+    port: int = typer.Option(8080, help="TCP port."),
+    vector: List[str] = typer.Option([], "--vector", help="NAME=FILE: a steering vector requests may name "
+                                     "(\"steering\": {\"vector\": NAME, \"strength\": X}); repeatable."),
+    max_tokens: int = typer.Option(256, help="max_tokens of a request that gives none."),
+    name: Optional[str] = typer.Option(None, "--name", help="The model id /v1/models lists (default: the model "
+                                       "as given)."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
+    ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions a request may fill "
+                                           "(default: the model's)."),
+    device: str = typer.Option("cpu", help="Only cpu is available."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models);
+    one request generates at a time, the others wait their turn."""
+    from .conversation import Session
+    from .generate import kv_cache_dtype
+    from .server import Server, build_app
+    from .steering import check_vector_for, read_vector
+
+    _check_device(device)
+    kv_cache_dtype(kv_cache)
+    _use_threads(threads)
+    if not 0 <= port <= 65535:
+        raise SterError(f"--port must be 0 to 65535, got {port}")
+    if max_tokens < 0:
+        raise SterError(f"--max-tokens must be 0 or more, got {max_tokens}")
+    vectors = {}
+    for item in vector:
+        vname, eq, path = item.partition("=")
+        if not eq or not vname or not path:
+            raise SterError(f"--vector takes NAME=FILE, got {item!r}")
+        if vname in vectors:
+            raise SterError(f"--vector: the name {vname!r} is given twice")
+        vectors[vname] = (read_vector(path), path)  # malformed vectors are refused before any weight is read
+    loaded = _load(model, revision, precision, quiet)
+    for vname, (vec, path) in vectors.items():
+        check_vector_for(vec, loaded, path)
+    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size)
+    server = Server(session, name or _model_or_default(model), {k: v for k, (v, _) in vectors.items()}, max_tokens)
+    import socket
+
+    import uvicorn
+
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as e:
+        raise SterError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
+    bound = sock.getsockname()[1]
+    if not quiet:
+        err.print(f"[dim]serving {server.model_name} on http://{host}:{bound}/v1 (one request at a time; Ctrl-C "
+                  "stops)[/]", highlight=False)
+    print(f"listening on http://{host}:{bound}", flush=True)
+    config = uvicorn.Config(build_app(server), log_level="warning" if not quiet else "error", access_log=False,
+                            timeout_graceful_shutdown=1)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,252 @@
+"""One model answering conversations: render the messages, generate with a prompt cache, parse the reply.
+
+Shared by ``ster chat`` (one conversation, turn after turn) and ``ster serve`` (one request at a time).
+A ``Session`` holds the loaded model, its reply format (``reply.detect_format`` on the chat template and
+the vocabulary) and one ``PromptCache``: consecutive prompts that share a prefix (a conversation's
+history, a server's shared system prompt) prefill only what follows it, and the reply equals a cold
+run's (``prefix`` says where that holds bit for bit).
+
+``Session.reply(messages, sampling, ...)`` renders the messages with the template (tools and the
+thinking switch passed to it), runs ``generate.generate``, cuts the text at the first stop string
+(not part of the output, as llama.cpp and OpenAI do), and parses it into text, thinking and tool-call
+events as they stream. The result is a ``Reply``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from .errors import SterError
+from .generate import Generation, Sampling, generate
+from .prefix import PromptCache
+from .reply import Event, ReplyFormat, ReplyParser, blocks_of, detect_format
+
+#: Longest stop string, in characters (a guard on requests).
+MAX_STOP_CHARS = 256
+#: Most stop strings per request (OpenAI allows 4; llama.cpp more).
+MAX_STOPS = 16
+
+
+def check_stops(stops: Iterable[str], where: str = "--stop") -> tuple[str, ...]:
+    """Stop strings as given, refused when empty, too long or too many.
+
+    Raises:
+        SterError: an empty string, one over ``MAX_STOP_CHARS`` characters, or more than ``MAX_STOPS``.
+    """
+    out = tuple(stops)
+    if len(out) > MAX_STOPS:
+        raise SterError(f"{where}: at most {MAX_STOPS} stop strings, got {len(out)}")
+    for s in out:
+        if not isinstance(s, str) or not s:
+            raise SterError(f"{where}: a stop string must be a non-empty text")
+        if len(s) > MAX_STOP_CHARS:
+            raise SterError(f"{where}: a stop string is {len(s)} characters, more than {MAX_STOP_CHARS}")
+    return out
+
+
+class StopStrings:
+    """Cuts a streamed text at the first of ``stops``: ``feed(piece)`` returns the text that is
+    safe to show (text that may begin a stop string is held back) and whether a stop string
+    ended the text; ``flush()`` returns what was held back at the end."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.held = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        if not self.stops:
+            return piece, False
+        text = self.held + piece
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.held, self.stopped = "", True
+            return text[:cut], True
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), keep, -1):
+                if text.endswith(s[:n]):
+                    keep = n
+                    break
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep], False
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+@dataclass
+class Reply:
+    """What one turn produced.
+
+    Attributes:
+        prompt_text, prompt_ids: the rendered prompt and its ids.
+        generation: ``generate``'s result (ids, stop reason, timings, reused/prefilled counts).
+        events: the parsed reply in order (``reply.Event``: text, thinking, tool_call, error).
+        finish_reason: OpenAI's word: "stop" (an end token or stop string), "length" (the token
+            limit or the context), "tool_calls" (the reply called a tool), "cancelled" (the caller
+            stopped it).
+        reasoning_tokens: new tokens generated inside a reasoning block.
+    """
+
+    prompt_text: str
+    prompt_ids: list[int]
+    generation: Generation
+    events: list[Event] = field(default_factory=list)
+    finish_reason: str = "stop"
+    reasoning_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if e.kind == "text")
+
+    @property
+    def thinking(self) -> str:
+        return "".join(e.text for e in self.events if e.kind == "thinking")
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return [e.call for e in self.events if e.kind == "tool_call"]
+
+    @property
+    def blocks(self) -> list[dict]:
+        return blocks_of(self.events)
+
+
+class Session:
+    """A loaded model ready for conversations (see the module docstring).
+
+    Args:
+        loaded: a ``load.LoadedModel``.
+        kv_cache: "f32" or "f16" (``generate.kv_cache_dtype``).
+        ctx_size: positions a prompt and its reply may fill (default: the model's).
+
+    Raises:
+        SterError: an unknown ``kv_cache``.
+    """
+
+    def __init__(self, loaded, *, kv_cache: str = "f32", ctx_size: int | None = None):
+        from .generate import context_limit, kv_cache_dtype
+
+        self.loaded = loaded
+        self.kv_cache = kv_cache
+        self.ctx_size = ctx_size
+        context_limit(loaded.spec, ctx_size)  # a ctx_size above the model's is refused now
+        self.cache = PromptCache(loaded.decoder, kv_cache_dtype(kv_cache))
+        tok = loaded.tokenizer
+        self.template = tok.chat_template
+        vocab = tok.tk.get_vocab(with_added_tokens=True) if self.template else None
+        self.format = detect_format(self.template, vocab)
+        self.stop_ids = loaded.stop_ids()
+
+    # ------------------------------------------------------------------ prompts
+
+    def render(self, messages: list[dict], *, tools: list[dict] | None = None, thinking: bool | None = None,
+               add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` through the model's chat template.
+
+        Raises:
+            SterError: the model has no chat template; ``thinking`` given but the template cannot
+                switch it; a template error.
+        """
+        if self.template is None:
+            raise SterError("the model has no chat template, so it cannot hold a conversation; use "
+                            "`ster generate --chat-template off` to continue a raw text")
+        extra = {}
+        if thinking is not None:
+            switch = self.format.thinking_switch
+            if switch is None:
+                raise SterError("this model's chat template has no thinking switch (neither enable_thinking nor "
+                                "thinking); leave thinking unset")
+            extra[switch] = thinking
+        return self.loaded.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                                 **extra)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of a rendered prompt (the template writes any BOS itself)."""
+        return self.loaded.tokenizer.encode(text, add_special_tokens=False)
+
+    def prepare(self, messages: list[dict], *, layer_hook=None, key=None, thinking: bool | None = None) -> int:
+        """Prefill a conversation's history ahead of its next turn (``PromptCache.extend``): the
+        messages as rendered without a generation prompt. Returns the tokens computed; 0 when
+        the template cannot render a conversation ending there."""
+        try:
+            text = self.render(messages, thinking=thinking, add_generation_prompt=False)
+        except SterError:
+            return 0
+        return self.cache.extend(self.encode(text), layer_hook=layer_hook, key=key)
+
+    # ------------------------------------------------------------------ a turn
+
+    def reply(self, messages: list[dict], sampling: Sampling, *, tools: list[dict] | None = None,
+              thinking: bool | None = None, stops: tuple[str, ...] = (), layer_hook=None, key=None,
+              on_event: Callable[[Event], None] | None = None,
+              cancelled: Callable[[], bool] | None = None, raw: str | None = None) -> Reply:
+        """Answer ``messages`` (OpenAI-shaped dicts).
+
+        Args:
+            sampling: decoding settings.
+            tools: JSON tool schemas passed to the template; tool calls are parsed only with tools.
+            thinking: the template's thinking switch (None: the template's default).
+            stops: stop strings (``check_stops``); the text ends before the first one.
+            layer_hook, key: a steering hook and what it is (``PromptCache``: positions computed
+                under another key are not reused).
+            on_event: called with each parsed event as the reply streams.
+            cancelled: polled after each token; True stops the reply (finish_reason "cancelled").
+            raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
+                read as plain text); ``messages`` is then unused.
+
+        Raises:
+            SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...).
+        """
+        from .tokenizer import StreamDecoder
+
+        if raw is None:
+            text = self.render(messages, tools=tools, thinking=thinking)
+            ids = self.encode(text)
+            parser = ReplyParser(self.format, thinking=self.format.starts_thinking(text), tools=bool(tools))
+        else:
+            text, ids = raw, self.loaded.tokenizer.encode(raw, add_special_tokens=True)
+            parser = ReplyParser(ReplyFormat(), tools=False)
+        stream = StreamDecoder(self.loaded.tokenizer)
+        cut = StopStrings(stops)
+        events: list[Event] = []
+        state = {"reasoning": 0, "cancelled": False}
+
+        def emit(evs: list[Event]) -> None:
+            for e in evs:
+                if events and events[-1].kind == e.kind and e.kind in ("text", "thinking"):
+                    events[-1] = Event(e.kind, events[-1].text + e.text)
+                else:
+                    events.append(Event(e.kind, e.text, e.call))
+                if on_event is not None:
+                    on_event(e)
+
+        def on_token(token: int) -> bool:
+            piece, stopped = cut.feed(stream.feed(token))
+            if piece:
+                emit(parser.feed(piece))
+            if parser.in_thinking:
+                state["reasoning"] += 1
+            if stopped:
+                return True
+            if cancelled is not None and cancelled():
+                state["cancelled"] = True
+                return True
+            return False
+
+        gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, layer_hook=layer_hook,
+                       kv_cache=self.kv_cache, cache=self.cache, cache_key=key, ctx_size=self.ctx_size)
+        if not cut.stopped:
+            tail, _ = cut.feed(stream.flush())
+            emit(parser.feed(tail + cut.flush()))
+        emit(parser.finish())
+        out = Reply(text, ids, gen, events, reasoning_tokens=state["reasoning"])
+        if state["cancelled"]:
+            out.finish_reason = "cancelled"
+        elif any(e.kind == "tool_call" for e in events):
+            out.finish_reason = "tool_calls"
+        elif gen.stop_reason in ("length", "context"):
+            out.finish_reason = "length"
+        return out

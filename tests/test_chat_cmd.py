@@ -1,0 +1,172 @@
+"""``ster chat`` driven through a pseudo-terminal (pexpect): three turns, each streamed; the second
+and third prefill only their new tokens (counted in the summary line), and every answer equals a
+cold run of the same conversation (a fresh cache, the whole prompt: ``generate.generate``).
+
+The tiny model is tests/tiny.py's random llama with a chat template written in its word-level
+vocabulary (``CHAT_TEMPLATE``), so a turn's text re-encodes to the same ids.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from ster_py.generate import Sampling, generate
+from ster_py.load import load_model
+from tiny import make_checkpoint, one_torch_thread  # noqa: F401 (autouse fixture)
+
+# system w3, user w4, assistant w5, end of a message w6
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' %}w3 {% elif m.role == 'user' %}w4 "
+                 "{% else %}w5 {% endif %}{{ m.content }} w6 {% endfor %}{% if add_generation_prompt %}w5 {% endif %}")
+SUMMARY = re.compile(r"prompt (\d+) tokens \(reused (\d+), prefilled (\d+)\), (\d+) new tokens")
+
+
+def chat_model(path, seed=0):
+    """A tiny llama with ``CHAT_TEMPLATE`` in its tokenizer_config.json."""
+    make_checkpoint(path, "llama", seed=seed)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    return chat_model(tmp_path_factory.mktemp("chat"))
+
+
+def cold_answer(loaded, messages, n):
+    """A cold run: the conversation rendered whole, a fresh cache; the answer's text (special tokens kept,
+    as the chat streams them for the reply parser)."""
+    text = loaded.tokenizer.render_chat(messages, add_generation_prompt=True)
+    ids = loaded.tokenizer.encode(text, add_special_tokens=False)
+    gen = generate(loaded.decoder, ids, Sampling(max_new_tokens=n), loaded.stop_ids())
+    return loaded.tokenizer.decode([t for t in gen.ids if t not in loaded.stop_ids()], skip_special_tokens=False), ids
+
+
+def _spawn(*args, env=None):
+    import pexpect
+
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200", **(env or {}))
+    return pexpect.spawn(sys.executable, ["-c", "from ster_py.cli import main; main()", *args], env=env,
+                         encoding="utf-8", timeout=120, dimensions=(40, 200))
+
+
+def test_three_turns_reuse_the_history_and_equal_cold_runs(tiny_chat, tmp_path):
+    child = _spawn("chat", "--model", str(tiny_chat), "--max-new-tokens", "7", "--system", "w20 w21")
+    turns = ["w10 w11 w12", "w13 w14", "w15 w16 w17 w18"]
+    counts = []
+    for turn in turns:
+        child.expect("> ")
+        child.sendline(turn)
+        child.expect(SUMMARY)
+        counts.append(tuple(int(g) for g in child.match.groups()))
+        printed = child.before
+    saved = tmp_path / "conv.json"
+    child.expect("> ")
+    child.sendline(f"/save {saved}")
+    child.expect("saved 7 messages")
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pytest.importorskip("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 0
+    messages = json.loads(saved.read_text())
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"] * 1 + ["user", "assistant"] * 2
+    loaded = load_model(str(tiny_chat))
+    history_ids = None
+    for k, (prompt_len, reused, prefilled, new) in enumerate(counts):
+        upto = 2 + 2 * k   # the system message and the turns so far, up to this user message
+        answer, ids = cold_answer(loaded, messages[:upto], 7)
+        assert messages[upto]["content"] == answer
+        assert prompt_len == len(ids) and reused + prefilled == len(ids)
+        if k == 0:
+            assert reused == 0
+        else:   # the history was prefilled after the last answer: only this turn's tokens are new
+            assert reused == len(history_ids) and prefilled == len(ids) - len(history_ids) <= len(turns[k].split()) + 3
+        text = loaded.tokenizer.render_chat(messages[:upto + 1], add_generation_prompt=False)
+        history_ids = loaded.tokenizer.encode(text, add_special_tokens=False)
+    assert messages[-1]["content"] in printed
+
+
+def test_commands_and_errors_keep_the_session(tiny_chat, tmp_path):
+    child = _spawn("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "-q")
+    child.expect("> ")
+    child.sendline("/vector")
+    child.expect("error: /vector needs FILE STRENGTH")
+    child.expect("> ")
+    child.sendline(f"/vector {tmp_path / 'missing.json'} 2")
+    child.expect("error: ")
+    child.expect("> ")
+    child.sendline("/nope")
+    child.expect("error: unknown command /nope")
+    child.expect("> ")
+    child.sendline("/help")
+    child.expect("/reset")
+    child.expect("> ")
+    child.sendline("/quit")
+    child.expect(pytest.importorskip("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def test_chat_refuses_a_model_without_a_template(tmp_path):
+    make_checkpoint(tmp_path / "plain", "llama")
+    child = _spawn("chat", "--model", str(tmp_path / "plain"), "-q")
+    child.expect(pytest.importorskip("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 1 and "no chat template" in child.before and "Traceback" not in child.before
+
+
+def test_ctrl_c_stops_the_answer_and_keeps_the_session(tmp_path):
+    """A long context (4096 positions) and no token limit: the answer runs until Ctrl-C stops it."""
+    path = tmp_path / "long"
+    make_checkpoint(path, "llama", max_position_embeddings=4096, eos_token_id=None)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, chat_template=CHAT_TEMPLATE, eos_token=None)))
+    child = _spawn("chat", "--model", str(path), "--max-new-tokens", "100000")
+    child.expect("> ")
+    child.sendline("w10 w11")
+    child.expect(r"w11\r\n")     # the echo
+    child.expect(r"w\d+")         # the answer is streaming
+    child.sendintr()
+    child.expect(SUMMARY.pattern + r" \(interrupted\)")
+    child.expect("> ")
+    child.sendline("w12")       # the session goes on
+    child.expect(r"w12\r\n")
+    child.expect(r"w\d+")
+    child.sendintr()
+    child.expect(SUMMARY)
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pytest.importorskip("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+@pytest.mark.real
+def test_smollm2_three_turns_bit_exact(smollm2_gguf):
+    """The real file through the library the chat runs on: the second and third turns prefill only their
+    own tokens (the history was prefilled after each answer), and every answer's ids equal a cold run's."""
+    from ster_py.conversation import Session
+
+    loaded = load_model(str(smollm2_gguf))
+    session = Session(loaded)
+    assert not session.format.reasons and session.format.tools is None   # SmolLM2 writes plain text
+    messages: list[dict] = []
+    history = None
+    for k, question in enumerate(["What is the capital of France?", "And of Italy?", "Which one is larger?"]):
+        messages.append({"role": "user", "content": question})
+        reply = session.reply(messages, Sampling(max_new_tokens=12))
+        cold = generate(loaded.decoder, reply.prompt_ids, Sampling(max_new_tokens=12), loaded.stop_ids())
+        assert reply.generation.ids == cold.ids and reply.text.strip()
+        assert reply.generation.reused == (0 if k == 0 else len(history))
+        assert reply.generation.prefilled == len(reply.prompt_ids) - reply.generation.reused
+        assert reply.prompt_ids[:reply.generation.reused] == (history or [])[:reply.generation.reused]
+        messages.append({"role": "assistant", "content": reply.text})
+        session.prepare(messages)
+        history = session.cache.ids
+    assert "Paris" in messages[1]["content"]

@@ -1,0 +1,103 @@
+"""`ster generate`'s sampling and output options: the repetition penalty and min-p against
+transformers' logits processors, log-probabilities against torch's log-softmax, stop strings,
+--prompt-file, and the refusals (--logprobs without --json, --thinking where the template has no
+switch, --tools without a template)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from ster_py.generate import Sampling, penalize, pick_token, top_logprobs
+from test_chat_cmd import chat_model
+from tiny import make_checkpoint, one_torch_thread  # noqa: F401 (autouse fixture)
+
+
+def ster(*args, stdin=None):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args], input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    return chat_model(tmp_path_factory.mktemp("gen"))
+
+
+@pytest.mark.parametrize("penalty, last_n", [(1.3, 64), (0.7, 5), (2.0, -1)])
+def test_repetition_penalty_equals_transformers(penalty, last_n):
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50).astype(np.float32) * 3
+    history = [int(t) for t in rng.integers(0, 50, 30)]
+    seen = history if last_n < 0 else history[-last_n:]
+    want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([seen]), torch.tensor(logits)[None])[0].numpy()
+    got = penalize(logits, history, Sampling(repeat_penalty=penalty, repeat_last_n=last_n))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("min_p", [0.05, 0.3])
+def test_min_p_keeps_what_transformers_keeps(min_p):
+    from transformers import MinPLogitsWarper
+
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal(40).astype(np.float32) * 2
+    kept = np.isfinite(MinPLogitsWarper(min_p, min_tokens_to_keep=1)(None, torch.tensor(logits)[None])[0].numpy())
+    s = Sampling(temperature=1.0, min_p=min_p, seed=0)
+    draws = {pick_token(logits, s, np.random.default_rng(i)) for i in range(400)}
+    assert draws <= set(np.flatnonzero(kept)) and len(draws) > 1
+
+
+def test_logprobs_equal_log_softmax():
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal(30).astype(np.float32) * 4
+    want = torch.log_softmax(torch.tensor(logits, dtype=torch.float64), -1).numpy()
+    got = top_logprobs(logits, 7, 5)
+    assert got["logprob"] == pytest.approx(want[7], abs=1e-9)
+    assert [i for i, _ in got["top"]] == list(np.argsort(-want)[:5])
+    assert [lp for _, lp in got["top"]] == pytest.approx(list(np.sort(want)[::-1][:5]), abs=1e-9)
+
+
+def test_stop_string_and_prompt_file(tiny_chat, tmp_path):
+    base = json.loads(ster("generate", "--model", str(tiny_chat), "-p", "w10 w11", "--max-new-tokens", "8", "--json",
+                           "-q").stdout)
+    words = base["text"].split()
+    assert len(words) >= 4
+    stop = words[2]
+    cut = ster("generate", "--model", str(tiny_chat), "--prompt-file", "-", "--max-new-tokens", "8", "--stop", stop,
+               "--json", "-q", stdin="w10 w11")
+    doc = json.loads(cut.stdout)
+    first = base["text"].index(stop)
+    assert doc["text"] == base["text"][:first] and doc["stop"] == [stop] and doc["prompt_ids"] == base["prompt_ids"]
+    streamed = ster("generate", "--model", str(tiny_chat), "-p", "w10 w11", "--max-new-tokens", "8", "--stop", stop,
+                    "-q")
+    assert streamed.stdout == base["text"][:first] + "\n"
+    lp = json.loads(ster("generate", "--model", str(tiny_chat), "-p", "w10 w11", "--max-new-tokens", "3",
+                         "--logprobs", "2", "--json", "-q").stdout)["logprobs"]
+    assert len(lp) == 3 and all(e["top"][0]["id"] == e["id"] for e in lp)   # greedy: the most likely id
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--logprobs", "2"], "--logprobs needs --json"),
+    (["--thinking", "on"], "no thinking switch"),
+    (["--thinking", "maybe"], "--thinking must be on or off"),
+    (["--stop", ""], "non-empty"),
+    (["--min-p", "2"], "--min-p must be in [0, 1]"),
+    (["--repeat-penalty", "0"], "--repeat-penalty must be"),
+])
+def test_refusals(tiny_chat, args, words):
+    r = ster("generate", "--model", str(tiny_chat), "-p", "w10", *args)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_prompt_and_file_exclusive_and_tools_need_a_template(tmp_path):
+    r = ster("generate", "--model", str(tmp_path), "-p", "w1", "--prompt-file", "-")
+    assert r.returncode == 1 and "one of them" in r.stderr
+    make_checkpoint(tmp_path / "plain", "llama")
+    (tmp_path / "tools.json").write_text(json.dumps([{"type": "function", "function": {"name": "f"}}]))
+    r = ster("generate", "--model", str(tmp_path / "plain"), "-p", "w5", "--tools", str(tmp_path / "tools.json"))
+    assert r.returncode == 1 and "--tools needs a chat template" in r.stderr and "Traceback" not in r.stderr

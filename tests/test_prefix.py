@@ -1,0 +1,170 @@
+"""The prompt cache (ster_py/prefix.py): a prompt sharing a prefix with the last one prefills only
+the rest, and its logits equal a cold run's (a fresh cache, the whole prompt in one call), and so do
+its greedy tokens.
+
+The oracle is the cold run itself, which the parity suites check against transformers. "Equal" is
+within 1e-5 of the largest logit: OpenBLAS multiplies matrices this tiny (M*N*K up to about 1e6) with
+small-matrix kernels whose sums depend on the row count, so a prompt cut into two calls rounds its
+last bits differently (about 1e-7 here); products of real models' sizes are row-exact
+(test_real_models.py checks SmolLM2 bit for bit). With a float16 cache such a last-bit difference
+in a key can round it to the neighbouring float16 (a relative 1e-3 step), so there the bound is
+float16's precision, 1e-3 of the largest logit (whole-model float16 rounding moves logits by 1e-4 to
+2e-3 relative, test_kv_cache.py). Cases: a
+float llama (a float16 cache too), the same with Q8_0 projections (gguf-py's blocks), a latent
+attention MoE (DeepSeek-V2), and a hybrid (Jamba) whose recurrent slots cannot go back: it continues
+where its state stands, or falls back to a cold prefill, and answers the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ster_py.decoder.cache import KVCache
+from ster_py.generate import Sampling, generate
+from ster_py.load import load_model
+from ster_py.prefix import PromptCache, common_prefix
+from tiny import build_checkpoint, make_checkpoint, one_torch_thread  # noqa: F401 (autouse fixture)
+
+rng = np.random.default_rng(7)
+BASE = [int(t) for t in rng.integers(3, 128, 40)]
+# a conversation: each prompt extends or rewrites the last one
+PROMPTS = [BASE[:20], BASE[:33], BASE[:34], BASE[:27] + [9, 9, 9, 9, 9], BASE[:27] + [9, 9, 9, 9, 9, 4],
+           BASE[:3], BASE]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    make_checkpoint(path, "llama")
+    return load_model(str(path))
+
+
+def _cold(decoder, ids, kv=np.float32):
+    return decoder.forward(ids, decoder.new_cache(kv), last_only=True)[-1]
+
+
+def _same(got, want, kv=np.float32):
+    """Equal logits, up to the last bits of tiny products (module docstring)."""
+    bound = 1e-3 if np.dtype(kv) == np.float16 else 1e-5
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound * float(np.abs(want).max()))
+
+
+def _check_conversation(decoder, kv=np.float32, expect_reuse=True):
+    cache = PromptCache(decoder, kv)
+    last: list[int] = []
+    for ids in PROMPTS:
+        got = cache.prefill(ids)
+        _same(got, _cold(decoder, ids, kv), kv)
+        assert cache.reused + cache.prefilled == len(ids)
+        if expect_reuse:
+            want = min(common_prefix(last, ids), len(ids) - 1)
+            want -= 1 if len(ids) - want == 1 and want > 0 else 0   # never a one-token prefill
+            assert cache.reused == want
+        else:
+            assert cache.reused == 0
+        last = ids
+
+
+@pytest.mark.parametrize("kv", [np.float32, np.float16])
+def test_float_llama_reuses_exactly(llama, kv):
+    _check_conversation(llama.decoder, kv)
+
+
+def test_quantized_llama_reuses_exactly(tmp_path):
+    from test_step import _quantize
+
+    path = tmp_path / "q"
+    make_checkpoint(path, "llama", seed=3)
+    loaded = load_model(str(path))
+    _quantize(loaded.decoder)
+    _check_conversation(loaded.decoder)
+
+
+def test_latent_attention_moe_reuses_exactly(tmp_path):
+    from test_parity_mla import CASES
+
+    model_type, config = CASES["deepseek_v2"]
+    build_checkpoint(tmp_path / "ds", model_type, config)
+    decoder = load_model(str(tmp_path / "ds")).decoder
+    # its context is 64 positions: a shorter conversation
+    cache = PromptCache(decoder)
+    for ids, reused in ((BASE[:20], 0), (BASE[:33], 20), (BASE[:27] + [9, 9, 9], 27)):
+        _same(cache.prefill(ids), _cold(decoder, ids))
+        assert cache.reused == reused
+
+
+def test_recurrent_slots_fall_back_to_a_cold_prefill(tmp_path):
+    from test_parity_ssm import CASES
+
+    model_type, config = CASES["jamba"]
+    build_checkpoint(tmp_path / "jamba", model_type, config)
+    decoder = load_model(str(tmp_path / "jamba")).decoder
+    cache = PromptCache(decoder)
+    # continuing from where the state stands needs no going back; going back to 27 of 33 does
+    for ids, reused in ((BASE[:20], 0), (BASE[:33], 20), (BASE[:27] + [9, 9, 9], 0)):
+        _same(cache.prefill(ids), _cold(decoder, ids))
+        assert cache.reused == reused and cache.prefilled == len(ids) - reused
+
+
+def test_generate_with_a_prompt_cache_equals_cold_runs(llama):
+    """A chat's turns through one cache: each reply equals a cold generate's; decoded positions
+    are not reused (the next prompt re-prefills the previous reply)."""
+    decoder, sampling = llama.decoder, Sampling(max_new_tokens=6)
+    cache = PromptCache(decoder)
+    history: list[int] = []
+    last: list[int] = []
+    for turn in ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15]):
+        prompt = history + turn
+        got = generate(decoder, prompt, sampling, cache=cache)
+        want = generate(decoder, prompt, sampling)
+        assert got.ids == want.ids and want.reused == 0
+        assert got.reused == len(last) and got.prefilled == len(prompt) - got.reused
+        history, last = prompt + got.ids, prompt
+    # a steering hook is part of the key: another key starts afresh
+    hook = lambda i, h: h + 0.5  # noqa: E731
+    got = generate(decoder, history + [16, 17], sampling, cache=cache, layer_hook=hook, cache_key=("v", 0.5))
+    assert got.reused == 0
+    assert got.ids == generate(decoder, history + [16, 17], sampling, layer_hook=hook).ids
+
+
+def test_rollback_refuses_what_it_cannot_do():
+    class NoRollback:
+        pass
+
+    class Rolls:
+        def __init__(self):
+            self.asked = []
+
+        def rollback(self, n):
+            self.asked.append(n)
+            return True
+
+    cache = KVCache(2, 1, 4)
+    cache.length = 5
+    assert not cache.rollback(6) and not cache.rollback(-1) and cache.length == 5
+    assert cache.rollback(3) and cache.length == 3
+    mixed = KVCache(2, 1, 4, slots=[NoRollback(), Rolls()])
+    mixed.length = 5
+    assert not mixed.rollback(3) and mixed.length == 5
+    assert mixed.rollback(5)   # staying put needs nothing
+    rolls = KVCache(1, 1, 4, slots=[Rolls()])
+    rolls.length = 5
+    assert rolls.rollback(2) and rolls.length == 2 and rolls.slot(0).asked == [2]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("kv", [np.float32, np.float16])
+def test_smollm2_reuse_is_bit_exact(smollm2_gguf, smollm2_hf, kv):
+    """Real sizes leave OpenBLAS's small-matrix kernels: the quantized GGUF and its float32
+    safetensors copy reuse bit for bit, in both cache dtypes."""
+    for path in (smollm2_gguf, smollm2_hf):
+        loaded = load_model(str(path))
+        d = loaded.decoder
+        ids = loaded.tokenizer.encode("The history of astronomy is a long story of people looking up at the night "
+                                      "sky and trying to make sense of what they saw. Ancient farmers tracked the seasons")
+        cache = PromptCache(d, kv)
+        assert len(ids) > 30
+        for n, reused in ((10, 0), (25, 10), (27, 25), (28, 26), (len(ids), 28)):
+            got = cache.prefill(ids[:n])
+            np.testing.assert_array_equal(got, _cold(d, ids[:n], kv))
+            assert cache.reused == reused
