@@ -21,7 +21,8 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from ster_py._kernels.qmatmul import MAX_THREADS, QMatrix, _default_threads, _group_capsule, _pool_capsule
+from ster_py._kernels.qmatmul import (MAX_THREADS, QMatrix, _default_threads, _group_capsule, _multi_capsule,
+                                      _pool_capsule)
 
 ctypedef void (*ster_task_fn)(void* ctx, long chunk, int tid) noexcept nogil
 ctypedef void (*pool_run_t)(long n, ster_task_fn fn, void* ctx, int nthreads) noexcept nogil
@@ -30,6 +31,9 @@ cdef pool_run_t _pool_run = <pool_run_t>PyCapsule_GetPointer(_pool_capsule, b"st
 # qmatmul's driver of decode products (LayerStep's projections).
 ctypedef int (*group_fn)(tuple mats, const float* x, int K, float** ys) except -1
 cdef group_fn _group = <group_fn>PyCapsule_GetPointer(_group_capsule, b"ster_group_rowdots")
+# ... and of several inputs (a token's chosen experts): ys[m] = mats[m] xs[which[m]], up to 16.
+ctypedef int (*multi_fn)(tuple mats, const int* which, const float** xs, float** ys) except -1
+cdef multi_fn _multi = <multi_fn>PyCapsule_GetPointer(_multi_capsule, b"ster_multi_rowdots")
 
 cdef extern from "ster_ops.h" nogil:
     ctypedef struct ster_attn_args:
@@ -417,10 +421,15 @@ cdef class LayerStep:
         eps: the RMSNorm epsilon. rotary_dim: 0 for no RoPE. act: 0 SiLU, 1 tanh GELU.
         scale, window (0: none), softcap (0: none), sinks (None or float32 [H]): attention.
         residual_scale: r above.
+        ffn: None, or a callable that replaces the gated feed-forward: it takes x = ffn_norm(h2)
+            (float32 [1, E], a new array) and returns m (float32 [1, E], C-contiguous), as a
+            routed feed-forward (``ster_py.decoder.moe.MoE``) does; ``mats`` and ``biases``
+            then hold q, k, v, o only, and ``act`` is unused.
 
     Raises ValueError when the shapes do not fit each other.
     """
     cdef tuple qkv, o, gu, down
+    cdef object ffn
     cdef list _keep
     cdef bint _ready
     cdef const float* nw[_N_NORMS]
@@ -432,28 +441,34 @@ cdef class LayerStep:
 
     def __init__(self, tuple mats, tuple biases, dict norms, *, int num_heads, int num_kv_heads, int head_dim,
                  float eps, int qk_norm, bint qk_norm_after_rope, int rotary_dim, bint interleaved, float scale,
-                 int window, float softcap, sinks, int act, float residual_scale):
+                 int window, float softcap, sinks, int act, float residual_scale, ffn=None):
         cdef int i
         if self._keep is not None:   # the pointers below would outlive the arrays they point into
             raise TypeError("a LayerStep is initialised once; build a new one")
-        if len(mats) != 7 or len(biases) != 7 or not all(isinstance(m, QMatrix) for m in mats):
-            raise ValueError("seven QMatrix (q, k, v, o, gate, up, down) and seven biases or None")
+        cdef int n_mats = 4 if ffn is not None else 7
+        if len(mats) != n_mats or len(biases) != n_mats or not all(isinstance(m, QMatrix) for m in mats):
+            raise ValueError("seven QMatrix (q, k, v, o, gate, up, down) and seven biases or None; with ffn, "
+                             "the first four")
+        if ffn is not None and not callable(ffn):
+            raise TypeError("ffn must be callable")
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads or head_dim < 1:
             raise ValueError("head counts do not fit grouped-query attention")
         if qk_norm not in (0, 1, 2) or act not in (0, 1) or rotary_dim < 0 or rotary_dim % 2 \
                 or rotary_dim > head_dim or window < 0:
             raise ValueError("qk_norm, act, rotary_dim or window out of range")
         E, H, KV, D = mats[0].n_cols, num_heads, num_kv_heads, head_dim
-        F = mats[4].n_rows
+        F = mats[4].n_rows if ffn is None else 0
         want = ((H * D, E), (KV * D, E), (KV * D, E), (E, H * D), (F, E), (F, E), (E, F))
-        for i in range(7):
+        for i in range(n_mats):
             if (mats[i].n_rows, mats[i].n_cols) != want[i]:
                 raise ValueError(f"{_MAT_ROLES[i]} is [{mats[i].n_rows}, {mats[i].n_cols}], expected {list(want[i])}")
         self.E, self.H, self.KV, self.D, self.F = E, H, KV, D, F
-        self.qkv, self.o, self.gu, self.down = tuple(mats[:3]), (mats[3],), (mats[4], mats[5]), (mats[6],)
+        self.qkv, self.o = tuple(mats[:3]), (mats[3],)
+        self.gu, self.down = ((mats[4], mats[5]), (mats[6],)) if ffn is None else ((), ())
+        self.ffn = ffn
         self._keep = []
         for i in range(7):
-            self.bias[i] = self._vector(biases[i], want[i][0], _MAT_ROLES[i] + " bias")
+            self.bias[i] = self._vector(biases[i], want[i][0], _MAT_ROLES[i] + " bias") if i < n_mats else NULL
         sizes = (E, E, E, E, D if qk_norm == 1 else H * D, D if qk_norm == 1 else KV * D)
         for i in range(_N_NORMS):
             role = _NORM_ROLES[i]
@@ -576,14 +591,17 @@ cdef class LayerStep:
             for i in range(E):
                 h2[i] = hp[i] + a[i] * self.r
             self._norm(2, h2, E, x)
-            ys[0], ys[1] = gt, up
-            _group(self.gu, x, E, ys)
-            _add(gt, self.bias[4], F)
-            _add(up, self.bias[5], F)
-            ster_glu(gt, up, F, self.act, _simd)
-            ys[0] = a
-            _group(self.down, gt, F, ys)
-            _add(a, self.bias[6], E)
+            if self.ffn is not None:
+                self._call_ffn(x, a)
+            else:
+                ys[0], ys[1] = gt, up
+                _group(self.gu, x, E, ys)
+                _add(gt, self.bias[4], F)
+                _add(up, self.bias[5], F)
+                ster_glu(gt, up, F, self.act, _simd)
+                ys[0] = a
+                _group(self.down, gt, F, ys)
+                _add(a, self.bias[6], E)
             if self.has[3]:
                 self._norm(3, a, E, a)
             for i in range(E):
@@ -591,6 +609,19 @@ cdef class LayerStep:
         finally:
             free(buf)
         return out
+
+    cdef int _call_ffn(self, const float* x, float* out) except -1:
+        # the feed-forward given as a callable (a routed one): float32 [1, E] -> float32 [1, E]
+        cdef cnp.npy_intp dims[2]
+        dims[0], dims[1] = 1, self.E
+        cdef cnp.ndarray xa = cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT32, 0)
+        memcpy(cnp.PyArray_DATA(xa), x, sizeof(float) * self.E)
+        m = self.ffn(xa)
+        if not (cnp.PyArray_Check(m) and cnp.PyArray_TYPE(<cnp.ndarray>m) == cnp.NPY_FLOAT32
+                and cnp.PyArray_SIZE(<cnp.ndarray>m) == self.E and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>m)):
+            raise ValueError(f"the feed-forward must return a C-contiguous float32 array [1, {self.E}]")
+        memcpy(out, cnp.PyArray_DATA(<cnp.ndarray>m), sizeof(float) * self.E)
+        return 0
 
     cdef void _norm(self, int which, const float* src, long n, float* dst) noexcept:
         # norm ``which`` of the block (an absent one copies)
@@ -613,5 +644,95 @@ cdef inline void _add(float* y, const float* b, long n) noexcept nogil:
         for i in range(n):
             y[i] = y[i] + b[i]
 
+def moe_experts(x, ids, weights, tuple gates, tuple ups, tuple downs, int act, out):
+    """A decoded token through its chosen experts: out = sum over i of
+    ``weights[i] * down[e](act(gate[e] x) * up[e] x)`` with e = ids[i], summed in the order of
+    ``ids`` from zero, each product as ``QMatrix.matmul`` computes it (the decode driver of
+    ``qmatmul``), the gate as ``glu`` computes it: the same float32 arithmetic, in the same
+    order, as ``ster_py.decoder.moe.MoE`` over ``DenseFFN`` experts (its reference, compared
+    bit for bit in tests/test_step.py). The gate and up products of (up to eight) experts
+    share one threaded job, their down products another.
+
+    Args:
+        x: float32 [1, E], C-contiguous.
+        ids: int64 [k] expert ids (each below len(gates)); weights: float32 [k].
+        gates, ups: per expert, a ``QMatrix`` [F, E]; downs: per expert, a ``QMatrix`` [E, F].
+        act: 0 SiLU, 1 tanh GELU.
+        out: float32 [1, E], C-contiguous, writable (overwritten).
+
+    Raises ValueError for shapes that do not fit, an expert id out of range or an unknown act.
+    """
+    cdef int n_exp = len(gates)
+    if len(ups) != n_exp or len(downs) != n_exp or n_exp == 0:
+        raise ValueError("one gate, up and down matrix per expert")
+    if act not in (0, 1):
+        raise ValueError("act must be 0 (SiLU) or 1 (tanh GELU)")
+    cdef const long long[::1] idv = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    cdef const float[::1] wv = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)
+    cdef int k = idv.shape[0], i, r, nm
+    if wv.shape[0] != k:
+        raise ValueError("one weight per chosen expert")
+    if not (_f32_2d_row(x) and _f32_2d_row(out) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out)):
+        raise ValueError("x and out must be C-contiguous float32 arrays [1, E] (out writable)")
+    g0 = gates[0]
+    if not isinstance(g0, QMatrix):
+        raise ValueError("gates, ups and downs must hold QMatrix")
+    cdef int E = g0.n_cols, F = g0.n_rows
+    if cnp.PyArray_DIM(<cnp.ndarray>x, 1) != E or cnp.PyArray_DIM(<cnp.ndarray>out, 1) != E:
+        raise ValueError(f"x and out must be [1, {E}]")
+    cdef list chosen = []
+    for i in range(k):
+        if not 0 <= idv[i] < n_exp:
+            raise ValueError(f"expert id {idv[i]} out of range for {n_exp} experts")
+        mg, mu, md = gates[idv[i]], ups[idv[i]], downs[idv[i]]
+        if not (isinstance(mg, QMatrix) and isinstance(mu, QMatrix) and isinstance(md, QMatrix)):
+            raise ValueError("gates, ups and downs must hold QMatrix")
+        if (mg.n_rows, mg.n_cols, mu.n_rows, mu.n_cols, md.n_rows, md.n_cols) != (F, E, F, E, E, F):
+            raise ValueError(f"expert {idv[i]}: gate and up must be [{F}, {E}], down [{E}, {F}]")
+        chosen.append((mg, mu, md))
+    cdef const float* xp = <const float*>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef float* op = <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef float* buf = <float*>malloc(sizeof(float) * (2 * <size_t>k * F + <size_t>k * E + 16))
+    if buf == NULL:
+        raise MemoryError()
+    cdef float* downs_out = buf + 2 * <size_t>k * F   # [k, E]
+    cdef float* y
+    cdef float* ys[16]
+    cdef const float* xs[8]
+    cdef int which[16]
+    cdef int a, b
+    cdef float w
+    try:
+        for a in range(0, k, 8):   # eight experts per job: their gates and ups, then their downs
+            b = min(k, a + 8)
+            for i in range(a, b):
+                ys[2 * (i - a)] = buf + <size_t>(2 * i) * F
+                ys[2 * (i - a) + 1] = ys[2 * (i - a)] + F
+                which[2 * (i - a)] = which[2 * (i - a) + 1] = 0
+            xs[0] = xp
+            _multi(tuple([m for i in range(a, b) for m in chosen[i][:2]]), which, xs, ys)
+            for i in range(a, b):
+                ster_glu(buf + <size_t>(2 * i) * F, buf + <size_t>(2 * i + 1) * F, F, act, _simd)
+                xs[i - a] = buf + <size_t>(2 * i) * F
+                ys[i - a] = downs_out + <size_t>i * E
+                which[i - a] = i - a
+            _multi(tuple([chosen[i][2] for i in range(a, b)]), which, xs, ys)
+        for r in range(E):
+            op[r] = 0.0
+        for i in range(k):
+            w = wv[i]
+            y = downs_out + <size_t>i * E
+            for r in range(E):
+                op[r] = op[r] + y[r] * w
+    finally:
+        free(buf)
+
+
+cdef inline bint _f32_2d_row(object a):
+    return (cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 1
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a))
+
+
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 5
+SOURCE_VERSION = 7

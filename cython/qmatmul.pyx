@@ -355,6 +355,225 @@ def matvec_group(tuple mats, x, tuple outs):
     _group_rowdots(mats, <const float*>cnp.PyArray_DATA(xa), K, ys)
 
 
+# Routed experts over a batch of tokens (prefill): every expert's decoded panels, one pool job.
+ctypedef struct _ExpertJob:
+    int simd, K, nc, n_sets
+    int N[_MAX_GROUP]
+    const uint8_t** W           # [set * n_exp + e]
+    size_t* rb
+    int* typ
+    const int32_t** rows
+    const long* off             # [n_exp + 1] token rows of each expert
+    long* task                  # (set * n_exp + e) * n_chunks + chunk
+    int n_exp, n_chunks
+    const float* X
+    float* Y[_MAX_GROUP]
+    float* pack
+    size_t per_thread
+
+
+cdef void _expert_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _ExpertJob* j = <_ExpertJob*>ctx
+    cdef long t = j.task[c]
+    cdef int chunk = <int>(t % j.n_chunks)
+    cdef int me = <int>(t // j.n_chunks)          # set * n_exp + e
+    cdef int s = me // j.n_exp, e = me % j.n_exp
+    cdef long a = j.off[e]
+    cdef int n0 = chunk * j.nc, N = j.N[s]
+    ster_matmul_range(j.typ[me], j.W[me], j.rb[me], j.rows[me], n0, min(N, n0 + j.nc), j.K, j.X + a * j.K,
+                      <int>(j.off[e + 1] - a), j.Y[s] + a * N, N, j.pack + j.per_thread * tid, j.simd)
+
+
+def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
+    """Routed experts' products over a batch of tokens grouped by expert, in one pool job.
+
+    For each set s (up to 4: e.g. the experts' gate and up matrices) and each expert e with
+    at least ``min_tokens`` rows, ``outs[s][a:b] = x[a:b] @ sets[s][e]^T`` where a, b =
+    ``offsets[e]``, ``offsets[e + 1]``: the decoded panels of ``QMatrix.matmul(force=2)``,
+    with the same arithmetic (each output's sum runs over the inputs in the same order
+    whatever the tiling). Experts with fewer rows are left untouched (the caller multiplies
+    one-token experts by the row dots, as ``QMatrix.matmul`` does for T = 1).
+
+    Args:
+        sets: tuples of ``QMatrix``, one per expert, all of one shape [N_s, K] within a set.
+        x: float32 [R, K], C-contiguous: the tokens' rows sorted by expert.
+        offsets: int64 [n_exp + 1], non-decreasing from 0 to R.
+        outs: float32 [R, N_s] per set, C-contiguous, writable.
+        min_tokens: experts with fewer rows are skipped (>= 1).
+
+    Raises ValueError when the shapes do not fit.
+    """
+    cdef int n_sets = len(sets), s, e, c
+    if n_sets < 1 or n_sets > _MAX_GROUP or len(outs) != n_sets:
+        raise ValueError(f"1 to {_MAX_GROUP} sets of matrices, one output each")
+    if min_tokens < 1:
+        raise ValueError("min_tokens must be at least 1")
+    cdef const float[:, ::1] xv = x
+    cdef const long[::1] ov = np.ascontiguousarray(offsets, dtype=np.int64)
+    cdef int n_exp = len(sets[0]), K = xv.shape[1]
+    cdef long R = xv.shape[0]
+    if ov.shape[0] != n_exp + 1 or ov[0] != 0 or ov[n_exp] != R:
+        raise ValueError("offsets must be [n_experts + 1], from 0 to the number of rows")
+    for e in range(n_exp):
+        if ov[e + 1] < ov[e]:
+            raise ValueError("offsets must not decrease")
+    cdef _ExpertJob j
+    cdef float[:, ::1] yv
+    cdef QMatrix w
+    j.simd, j.K, j.n_sets, j.n_exp = _simd, K, n_sets, n_exp
+    keep = []
+    for s in range(n_sets):
+        if len(sets[s]) != n_exp:
+            raise ValueError("every set holds one matrix per expert")
+        yv = outs[s]
+        keep.append(yv)
+        j.Y[s] = &yv[0, 0] if yv.shape[0] and yv.shape[1] else NULL
+        j.N[s] = (<QMatrix?>sets[s][0]).n_rows
+        if yv.shape[0] != R or yv.shape[1] != j.N[s]:
+            raise ValueError(f"output {s} must be [{R}, {j.N[s]}]")
+        for e in range(n_exp):
+            w = <QMatrix?>sets[s][e]
+            if w.n_rows != j.N[s] or w.n_cols != K:
+                raise ValueError(f"set {s}, expert {e}: [{w.n_rows}, {w.n_cols}], expected [{j.N[s]}, {K}]")
+    if R == 0 or K == 0:
+        return
+    cdef int maxN = 0
+    for s in range(n_sets):
+        maxN = max(maxN, j.N[s])
+    j.nc = 64                                  # rows per task (a multiple of the 16-row panels)
+    j.n_chunks = (maxN + j.nc - 1) // j.nc
+    cdef long work = 0, n_tasks = 0
+    cdef int nt = 1
+    cdef size_t nm = <size_t>n_sets * n_exp
+    j.W = <const uint8_t**>malloc(sizeof(void*) * nm)
+    j.rb = <size_t*>malloc(sizeof(size_t) * nm)
+    j.typ = <int*>malloc(sizeof(int) * nm)
+    j.rows = <const int32_t**>malloc(sizeof(void*) * nm)
+    j.task = <long*>malloc(sizeof(long) * nm * j.n_chunks + 8)
+    j.off = &ov[0]
+    j.X = &xv[0, 0]
+    j.pack = NULL
+    cdef void* block = NULL
+    try:
+        if j.W == NULL or j.rb == NULL or j.typ == NULL or j.rows == NULL or j.task == NULL:
+            raise MemoryError()
+        for s in range(n_sets):
+            for e in range(n_exp):
+                w = <QMatrix>sets[s][e]
+                c = s * n_exp + e
+                j.W[c], j.rb[c], j.typ[c], j.rows[c] = &w.raw[0, 0], w.row_bytes, w.type_id, w._rows
+        # tasks: the largest experts first (their chunks are the longest), each expert's chunks in turn
+        counts = np.diff(np.asarray(ov))
+        for e in np.argsort(-counts, kind="stable"):
+            if counts[e] < min_tokens:
+                continue
+            for s in range(n_sets):
+                for c in range((j.N[s] + j.nc - 1) // j.nc):
+                    j.task[n_tasks] = (<long>(s * n_exp + e)) * j.n_chunks + c
+                    n_tasks += 1
+                work += <long>counts[e] * j.N[s] * K
+        if n_tasks == 0:
+            return
+        nt = _threads if work >= _PARALLEL_MIN_WEIGHTS else 1
+        j.per_thread = <size_t>j.nc * STER_KC
+        block = malloc(sizeof(float) * j.per_thread * nt + 64)
+        if block == NULL:
+            raise MemoryError()
+        j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
+        with nogil:
+            ster_pool_run(n_tasks, _expert_task, &j, nt)
+    finally:
+        free(block)
+        free(j.W)
+        free(j.rb)
+        free(j.typ)
+        free(j.rows)
+        free(j.task)
+
+
+# Decode products of several matrices over several inputs (a token's chosen experts) in one job.
+DEF _MAX_MULTI = 16
+
+ctypedef struct _MultiJob:
+    int n, simd
+    int typ[_MAX_MULTI]
+    int N[_MAX_MULTI]
+    int K[_MAX_MULTI]
+    int chunk[_MAX_MULTI]
+    int use16[_MAX_MULTI]
+    long first[_MAX_MULTI + 1]
+    const uint8_t* W[_MAX_MULTI]
+    size_t rb[_MAX_MULTI]
+    const int32_t* rows[_MAX_MULTI]
+    float* y[_MAX_MULTI]
+    const float* x[_MAX_MULTI]
+    const int16_t* q[_MAX_MULTI]
+    const float* dx[_MAX_MULTI]
+    const float* xs16[_MAX_MULTI]
+
+
+cdef void _multi_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _MultiJob* j = <_MultiJob*>ctx
+    cdef int m = 0
+    while c >= j.first[m + 1]:
+        m += 1
+    cdef int r0 = <int>(c - j.first[m]) * j.chunk[m]
+    cdef int r1 = min(j.N[m], r0 + j.chunk[m])
+    if j.use16[m]:
+        ster_matvec16_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.q[m], j.dx[m], j.xs16[m], j.y[m])
+    else:
+        ster_matvec_range(j.typ[m], j.W[m], j.rb[m], j.rows[m], r0, r1, j.K[m], j.x[m], j.xs16[m], j.y[m], j.simd)
+
+
+cdef int _multi_rowdots(tuple mats, const int* which, const float** xs, float** ys) except -1:
+    """Decode products with inputs of their own: ys[m] = QMatrix mats[m] times xs[which[m]]
+    (len(mats) <= _MAX_MULTI; the inputs' lengths are their matrices' columns), as
+    ``_group_rowdots`` computes each (every distinct input quantized once), all in one pool job."""
+    cdef int n = len(mats), m, i
+    cdef QMatrix w
+    cdef _MultiJob j
+    cdef long weights = 0
+    cdef size_t need = 64
+    if n < 1 or n > _MAX_MULTI:
+        raise ValueError(f"1 to {_MAX_MULTI} matrices")
+    j.n, j.simd = n, _simd
+    j.first[0] = 0
+    for m in range(n):
+        w = <QMatrix>mats[m]
+        j.typ[m], j.N[m], j.K[m], j.W[m], j.rb[m], j.rows[m] = w.type_id, w.n_rows, w.n_cols, &w.raw[0, 0], \
+            w.row_bytes, w._rows
+        j.y[m], j.x[m] = ys[m], xs[which[m]]
+        weights += <long>w.n_rows * w.n_cols
+        need += 2 * w.n_cols + 4 * (w.n_cols // 32 + w.n_cols // 16) + 64
+    cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
+    for m in range(n):   # chunks as _group_rowdots cuts them
+        j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // j.K[m])))
+        j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
+    cdef char* buf = <char*>malloc(need)
+    if buf == NULL:
+        raise MemoryError()
+    cdef char* p = buf
+    with nogil:
+        for m in range(n):
+            for i in range(m):   # an input seen before: its quantized copy
+                if which[i] == which[m]:
+                    j.q[m], j.dx[m], j.xs16[m], j.use16[m] = j.q[i], j.dx[i], j.xs16[i], j.use16[i]
+                    break
+            else:
+                j.q[m] = <int16_t*>p
+                j.dx[m] = <float*>(p + 2 * j.K[m] + 32)
+                j.xs16[m] = j.dx[m] + j.K[m] // 32
+                p += 2 * j.K[m] + 4 * (j.K[m] // 32 + j.K[m] // 16) + 64
+                j.use16[m] = _simd and _int16 and ster_quantize16(j.x[m], j.K[m], <int16_t*>j.q[m], <float*>j.dx[m],
+                                                                  <float*>j.xs16[m])
+                if not j.use16[m]:
+                    ster_sums16(j.x[m], j.K[m], <float*>j.xs16[m])
+        if j.first[n]:
+            ster_pool_run(j.first[n], _multi_task, &j, nt)
+    free(buf)
+    return 0
+
+
 cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1:
     """The one driver of decode products: x float32 [K] times every QMatrix of ``mats``
     (same K, at most _MAX_GROUP) into ys[m] [rows of m]: the input quantized once, one pool
@@ -399,6 +618,7 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
 # The decode products' driver, for the fused decode step of ster_py._kernels.ops (which
 # passes tuples of QMatrix it has checked).
 _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NULL)
+_multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 5
+SOURCE_VERSION = 7

@@ -13,8 +13,9 @@
  * Helpers spin briefly after a job (decode issues hundreds of small jobs per
  * token, a few microseconds apart), then sleep on a condition variable. When
  * helpers stall a job or keep missing whole jobs (their cores are taken), the
- * caller runs the next jobs alone: more runnable threads than free cores only
- * slows the thread that runs the Python between jobs.
+ * caller runs the next jobs alone (256 jobs, or 20 ms when they are long, as a
+ * prefill's are): more runnable threads than free cores only slows the thread
+ * that runs the Python between jobs.
  * POSIX threads + C11 atomics; one job at a time (a second concurrent caller
  * runs its job alone). After fork() the child starts without helpers.
  */
@@ -37,7 +38,8 @@
 #define STER_POOL_SPIN_NS 50000L
 static long ster_pool_spin_ns = -1;
 #define STER_POOL_STALL_NS 100000L    /* a wait this long (or 4 chunks) for a claimed chunk is a stall */
-#define STER_POOL_COOLDOWN 256        /* jobs run alone after a stall or repeated misses */
+#define STER_POOL_COOLDOWN 256        /* jobs run alone after a stall or repeated misses ... */
+#define STER_POOL_COOLDOWN_NS 20000000L /* ... for at most this long: prefill's jobs are long */
 #define STER_POOL_MISSES 8            /* consecutive jobs without helper work that trigger it */
 
 typedef void (*ster_task_fn)(void* ctx, long chunk, int tid);
@@ -77,6 +79,7 @@ static struct {
     _Alignas(STER_LINE) atomic_int sleepers;
     int started;                  /* helpers created */
     int cooldown;                 /* jobs left to run alone (helpers were not getting a core) */
+    long cooldown_end;            /* ... until this time (ster_now_ns) at the latest */
     int misses;                   /* consecutive jobs in which no helper ran a chunk */
     pthread_mutex_t mu;           /* with cv: sleeping helpers */
     pthread_cond_t cv;
@@ -220,6 +223,7 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
         return;
     }
     ster_pool.stat_jobs++;
+    if (ster_pool.cooldown > 0 && ster_now_ns() >= ster_pool.cooldown_end) ster_pool.cooldown = 0;
     if (ster_pool.cooldown > 0) {   /* a helper was recently descheduled mid-chunk: go alone */
         ster_pool.cooldown--;
         ster_pool.stat_alone++;
@@ -253,6 +257,7 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
     if (ster_pool.misses >= STER_POOL_MISSES) {
         ster_pool.misses = 0;
         ster_pool.cooldown = STER_POOL_COOLDOWN;
+        ster_pool.cooldown_end = ster_now_ns() + STER_POOL_COOLDOWN_NS;
     }
     /* Every chunk is claimed; wait for the ones helpers are still running. A wait far longer
      * than a chunk takes here means a helper lost its core mid-chunk: the next jobs then run
@@ -265,7 +270,10 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
         ster_cpu_relax();
         if (++spins % 4096 == 0) {
             if (!t0) t0 = ster_now_ns();
-            else if (ster_now_ns() - t0 > stall) ster_pool.cooldown = STER_POOL_COOLDOWN;
+            else if (ster_now_ns() - t0 > stall) {
+                ster_pool.cooldown = STER_POOL_COOLDOWN;
+                ster_pool.cooldown_end = ster_now_ns() + STER_POOL_COOLDOWN_NS;
+            }
             sched_yield();
         }
     }

@@ -232,3 +232,92 @@ def test_float_to_half_rounds_as_numpy(simd):
     nan = np.isnan(x)
     np.testing.assert_array_equal(out[~nan], want[~nan].view(np.uint16))
     assert np.isnan(out[nan].view(np.float16)).all()
+
+
+# ----------------------------------------------------------------------------- routed blocks (MoE decode)
+
+MOE_FAMILIES = {
+    # plain top-k over SiLU experts, one dense layer among routed ones
+    "qwen3_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      mlp_only_layers=[1]),
+    # shared experts gated by a sigmoid: the routed experts in the kernel, the rest in Python
+    "qwen2_moe": dict(num_experts=5, num_experts_per_tok=3, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64),
+}
+
+
+def _quantize_moe(decoder) -> None:
+    """Every projection Q8_0: attention and dense feed-forwards as ``_quantize`` does, and each
+    routed expert's (and the shared experts') gate/up/down."""
+    from ster_py.decoder.moe import MoE
+
+    for layer in decoder.layers:
+        roles = ROLES[:4] if isinstance(layer.ffn, MoE) else ROLES
+        for role in roles:
+            p = getattr(layer, role)
+            w = np.asarray(p.weight, dtype=np.float32)
+            setattr(layer, role, QuantLinear(QuantTensor(_Tensor(w, f"{role}.{layer.i}")), p.bias))
+        if isinstance(layer.ffn, MoE):
+            for j, f in enumerate(layer.ffn.experts + ([layer.ffn.shared] if layer.ffn.shared else [])):
+                for role in ("gate", "up", "down"):
+                    p = getattr(f, role)
+                    w = np.asarray(p.weight, dtype=np.float32)
+                    setattr(f, role, QuantLinear(QuantTensor(_Tensor(w, f"{role}.{layer.i}.{j}")), p.bias))
+            layer.ffn.experts = list(layer.ffn.experts)   # drops the kernel's view of the old experts
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE_FAMILIES))
+def test_fused_step_of_routed_blocks_equals_python_block(tmp_path, model_type):
+    from ster_py.decoder.moe import MoE
+
+    make_checkpoint(tmp_path / model_type, model_type, **MOE_FAMILIES[model_type])
+    decoder = load_model(str(tmp_path / model_type)).decoder
+    _quantize_moe(decoder)
+    routed = [layer for layer in decoder.layers if isinstance(layer.ffn, MoE)]
+    assert all(layer.decode_step() is not None for layer in decoder.layers)
+    for layer in routed:   # the Python loops over experts (prompt and decode)
+        layer.ffn._fused = False
+    want, want_kv = _run(decoder, False, np.float32)
+    for layer in routed:   # the experts' kernels: grouped prompt, one call per decoded token
+        layer.ffn._fused = None
+    assert routed and all(layer.ffn._fused_experts() for layer in routed)
+    got, got_kv = _run(decoder, True, np.float32)
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
+    for (gk, gv), (wk, wv) in zip(got_kv, want_kv):
+        np.testing.assert_array_equal(gk, wk)
+        np.testing.assert_array_equal(gv, wv)
+    _compare(decoder)   # the step against the Python block, both with the kernels
+
+
+def test_moe_experts_kernel_equals_the_python_loop_and_refuses_misfits(tmp_path):
+    from ster_py.decoder.moe import MoE
+
+    make_checkpoint(tmp_path / "q", "qwen3_moe", **MOE_FAMILIES["qwen3_moe"])
+    decoder = load_model(str(tmp_path / "q")).decoder
+    _quantize_moe(decoder)
+    moe = decoder.layers[0].ffn
+    assert isinstance(moe, MoE)
+    gates, ups, downs, act = moe._fused_experts()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, decoder.spec.hidden_size)).astype(np.float32)
+    # any count of chosen experts, in any order (more than eight: two jobs each; repeats add twice)
+    for ids in ([3, 0], [5], [1, 2, 4, 0, 5, 3], [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]):
+        w = rng.random(len(ids)).astype(np.float32)
+        want = np.zeros_like(x)
+        for e, we in zip(ids, w):
+            want += moe.experts[e](x) * we
+        got = np.full_like(x, np.nan)
+        ops.moe_experts(x, np.array(ids), w, gates, ups, downs, act, got)
+        np.testing.assert_array_equal(got, want)
+    out = np.empty_like(x)
+    for bad in (lambda: ops.moe_experts(x, np.array([6]), np.ones(1, np.float32), gates, ups, downs, act, out),
+                lambda: ops.moe_experts(x, np.array([0, 1]), np.ones(1, np.float32), gates, ups, downs, act, out),
+                lambda: ops.moe_experts(x[:, :-1], np.array([0]), np.ones(1, np.float32), gates, ups, downs, act,
+                                        out),
+                lambda: ops.moe_experts(x, np.array([0]), np.ones(1, np.float32), gates, downs, ups, act, out),
+                lambda: ops.moe_experts(x, np.array([0]), np.ones(1, np.float32), gates, ups, downs, 2, out),
+                lambda: ops.moe_experts(x, np.array([0]), np.ones(1, np.float32), gates, ups, (None,) * 6, act,
+                                        out)):
+        with pytest.raises(ValueError):
+            bad()

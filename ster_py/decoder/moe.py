@@ -37,7 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._fast import ops as _ops
+from .ffn import _GLU_KINDS, DenseFFN
 from .parts import Part
+from .qlinear import QuantLinear
 
 SCORINGS = ("softmax", "sigmoid", "sparsemixer")
 
@@ -122,6 +125,12 @@ class MoESpec:
     latent_size: int = 0
 
 
+def _qmatmul():
+    from .qlinear import _kernels
+
+    return _kernels()
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -130,11 +139,12 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def _top(x: np.ndarray, k: int) -> np.ndarray:
     """int64 [T, k]: the column indices of each row's k largest values, largest first
     (ties keep the lower index, as torch.topk on CPU does)."""
-    if k >= x.shape[1]:
-        return np.argsort(-x, axis=1, kind="stable")
+    if k >= x.shape[1] or x.shape[1] <= 64:  # few columns: one stable sort is the cheaper call
+        return np.argsort(-x, axis=1, kind="stable")[:, :k]
     part = np.argpartition(-x, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(x, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, 1)
+    rows = np.arange(x.shape[0])[:, None]  # (plain indexing: take_along_axis costs more per call)
+    order = np.argsort(-x[rows, part], axis=1, kind="stable")
+    return part[rows, order]
 
 
 def sparsemixer(logits: np.ndarray, top_k: int, jitter_eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +210,7 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         np.put_along_axis(mask, kept, True, axis=1)
         choice = np.where(np.repeat(mask, E // spec.n_group, axis=1), choice, -np.inf)
     ids = _top(choice, spec.top_k)
-    return ids, _weigh(spec, np.take_along_axis(scores, ids, 1))
+    return ids, _weigh(spec, scores[np.arange(ids.shape[0])[:, None], ids])
 
 
 def _weigh(spec: RouterSpec, weights: np.ndarray) -> np.ndarray:
@@ -239,6 +249,81 @@ class MoE(Part):
         self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32).reshape(-1)
         self.shared, self.shared_gate = shared, shared_gate
         self.latent = latent
+        self._fused = None  # (gates, ups, downs, act) for ops.moe_experts, built on first decode
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "experts":  # (an expert's projections are not replaced in place: not adapter targets)
+            object.__setattr__(self, "_fused", None)
+
+    def _fused_experts(self):
+        """The experts as the kernels take them (``ops.moe_experts``, ``qmatmul.expert_matmul``):
+        (gate QMatrix per expert, up ..., down ..., activation kind), or False when the tokens must
+        go through the Python loops: unless each expert is a gated ``DenseFFN`` (SiLU or tanh GELU,
+        no clamp, no scales) of bias-free ``QuantLinear`` projections, all of one shape, and the
+        kernels are built. Built once (again after ``experts`` is set)."""
+        if self._fused is None:
+            ex, m = self.experts, self.spec
+            ok = (_ops is not None and len(ex) > 0 and m.act in _GLU_KINDS and all(
+                type(f) is DenseFFN and f.glu == "standard" and f.limit is None and f.act_name == m.act
+                and f.gate_scale == 1 and f.out_scale == 1
+                and all(type(p) is QuantLinear and p.bias is None for p in (f.gate, f.up, f.down))
+                for f in ex))
+            if ok:
+                shapes = {(f.gate._m.n_rows, f.gate._m.n_cols, f.up._m.n_rows, f.up._m.n_cols,
+                           f.down._m.n_rows, f.down._m.n_cols) for f in ex}
+                ok = len(shapes) == 1
+            object.__setattr__(self, "_fused", (tuple(f.gate._m for f in ex), tuple(f.up._m for f in ex),
+                                                tuple(f.down._m for f in ex), _GLU_KINDS[m.act]) if ok else False)
+        return self._fused
+
+    def _grouped(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, fused: tuple) -> np.ndarray:
+        """The prefill loop of ``__call__`` over every expert at once: float32 [T, d] out.
+
+        The tokens' rows are gathered sorted by expert (the loop's order), each projection
+        runs over all experts in one threaded job (``qmatmul.expert_matmul``; an expert
+        chosen by one token takes the row dots, as ``QuantLinear`` does for one row), and each
+        token sums its experts' weighted outputs from zero in ascending expert order, as the
+        loop's ``out[tokens] += y`` does: the same float32 values, bit for bit."""
+        gates, ups, downs, act = fused
+        T, k = ids.shape
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        counts = np.bincount(flat, minlength=len(gates))
+        offsets = np.zeros(len(gates) + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        w = weights.reshape(-1)[order][:, None]
+        xs = x[order // k]
+        if self.spec.router.on_input:
+            xs = xs * w
+        R, F = xs.shape[0], gates[0].n_rows
+        g = np.empty((R, F), np.float32)
+        u = np.empty((R, F), np.float32)
+        y = np.empty((R, downs[0].n_rows), np.float32)
+        _qmatmul().expert_matmul((gates, ups), xs, offsets, (g, u))
+        singles = np.flatnonzero(counts == 1)
+        for e in singles:  # one token: the row dots (QuantLinear's T = 1 path)
+            r = offsets[e]
+            _qmatmul().matvec_group((gates[e], ups[e]), xs[r:r + 1], (g[r:r + 1], u[r:r + 1]))
+        if F % 8 == 0:  # every expert's rows start on a whole 8-float vector: one call, as per expert
+            _ops.glu(g, u, act)
+        else:
+            for e in np.flatnonzero(counts):
+                _ops.glu(g[offsets[e]:offsets[e + 1]], u[offsets[e]:offsets[e + 1]], act)
+        _qmatmul().expert_matmul((downs,), g, offsets, (y,))
+        for e in singles:
+            r = offsets[e]
+            downs[e].matmul(g[r:r + 1], y[r:r + 1])
+        if not self.spec.router.on_input:
+            y *= w
+        # rows sorted by expert: a token's rows in ascending position are its experts in ascending order
+        where = np.empty(R, np.int64)
+        where[order] = np.arange(R)
+        where = np.sort(where.reshape(T, k), axis=1)
+        out = np.zeros((T, y.shape[1]), np.float32)
+        for j in range(k):
+            out += y[where[:, j]]
+        return out
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(int64 [T, top_k] expert ids, float32 [T, top_k] weights) for x float32 [T, hidden]."""
@@ -250,13 +335,21 @@ class MoE(Part):
         residual = x
         if self.latent is not None:
             x = self.latent[0](x)
-        out = np.zeros(x.shape, np.float32)
         on_input = self.spec.router.on_input
-        if x.shape[0] == 1:  # decoding: the chosen experts in turn
+        fused = (self._fused_experts() if x.__class__ is np.ndarray and x.dtype == np.float32
+                 and x.flags.c_contiguous else False)
+        if fused and x.shape[0] > 1:
+            out = self._grouped(x, ids, weights, fused)  # the prefill loop below, in a few calls
+        elif fused and not on_input:
+            out = np.zeros(x.shape, np.float32)
+            _ops.moe_experts(x, ids[0], weights[0], *fused, out)  # the decode loop below, in one call
+        elif x.shape[0] == 1:  # decoding: the chosen experts in turn
+            out = np.zeros(x.shape, np.float32)
             for e, w in zip(ids[0], weights[0]):
                 y = self.experts[e](x * w) if on_input else self.experts[e](x) * w
                 out += y
         else:  # prefill: each chosen expert once, over the tokens that chose it
+            out = np.zeros(x.shape, np.float32)
             flat = ids.reshape(-1)
             order = np.argsort(flat, kind="stable")
             experts, starts = np.unique(flat[order], return_index=True)

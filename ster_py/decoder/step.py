@@ -9,8 +9,10 @@ in the same order with the same float32 arithmetic, so its output equals
 ``_Layer.__call__``'s (tests/test_step.py compares them on tiny models of several
 families, and the real-model tests run through it).
 
-A block qualifies when its mixer is attention, its feed-forward dense, all of its
-projections quantized (``QuantLinear``), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
+A block qualifies when its mixer is attention, its feed-forward dense or routed, all of its
+projections quantized (``QuantLinear``; a routed feed-forward's are its own affair: the step
+calls the ``MoE`` part itself between the attention half and the residual add, and that part
+runs its chosen experts in one kernel call, ``ops.moe_experts``, when they qualify), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
 ALiBi, q/k/v clipping, query temperature, chunked attention, per-head norm weights, a value
 scale, an output gate, Falcon-H1's multipliers, value norms, layer scalars or per-layer inputs, and the layer has the model's own attention shape (no per-layer head
@@ -25,6 +27,7 @@ from ..config import ModelSpec
 from ._fast import ops as _ops
 from .attention import Attention
 from .ffn import _GLU_KINDS, DenseFFN
+from .moe import MoE
 from .qlinear import QuantLinear
 
 _NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
@@ -58,11 +61,13 @@ def layer_step(layer):
     drops its step when a projection is set).
     """
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
-    if (not spec_allows_step(s) or type(attn) is not Attention or type(ffn) is not DenseFFN or ffn.gate is None
-            or ffn.glu != "standard" or ffn.limit is not None or layer.layer.attention_chunk
-            or layer.layer.residual is not None):
+    routed = type(ffn) is MoE
+    if (not spec_allows_step(s) or type(attn) is not Attention or layer.layer.attention_chunk
+            or layer.layer.residual is not None
+            or not (routed or (type(ffn) is DenseFFN and ffn.gate is not None and ffn.glu == "standard"
+                               and ffn.limit is None))):
         return None
-    parts = [getattr(layer, r) for r in PROJECTIONS]
+    parts = [getattr(layer, r) for r in (PROJECTIONS[:4] if routed else PROJECTIONS)]
     if any(type(p) is not QuantLinear for p in parts):
         return None
     H, KV, D = s.num_attention_heads, s.num_key_value_heads, s.head_dim
@@ -91,4 +96,5 @@ def layer_step(layer):
         qk_norm_after_rope=bool(s.qk_norm_after_rope),
         rotary_dim=0 if rope is None else rope.rotary_dim, interleaved=bool(rope is not None and rope.interleaved),
         scale=float(s.attn_scale), window=int(layer.layer.sliding_window or 0), softcap=float(s.attn_softcap or 0.0),
-        sinks=attn.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(layer._residual_scale))
+        sinks=attn.sinks, act=_GLU_KINDS[s.hidden_act], residual_scale=float(layer._residual_scale),
+        ffn=ffn if routed else None)
