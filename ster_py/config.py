@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .decoder.indexer import IndexerSpec
+from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
@@ -42,7 +43,8 @@ class LayerSpec:
 
     ``mixer`` names the layer's token mixer: ``"attention"``, ``"latent"`` (multi-head latent
     attention, ``ModelSpec.latent``), a state-space scan (``"mamba"``, ``"mamba2"``:
-    ``ModelSpec.ssm``), both side by side (``"hybrid"``, Falcon-H1) or ``"none"`` (a layer that is
+    ``ModelSpec.ssm``), both side by side (``"hybrid"``, Falcon-H1), a delta-rule linear attention
+    (``"gated_delta"``, ``"kda"``: ``ModelSpec.delta``) or ``"none"`` (a layer that is
     only a feed-forward, Nemotron-H's); ``ffn`` its feed-forward:
     ``"dense"``, ``"moe"`` (routed experts, ``ModelSpec.moe``) or ``"none"``.
     ``sliding_window`` counts the key positions a query sees, itself included
@@ -175,7 +177,9 @@ class ModelSpec:
     ``ssm`` describes the state-space scan of the layers whose mixer is one
     (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
     adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
-    (state-space families, seed 002). ``residual_normed``: under a layer's ``LayerSpec.residual``,
+    (state-space families, seed 002). ``delta`` describes the delta-rule layers (``decoder/delta.py``,
+    ``decoder/kda.py``); ``attn_gate_in_q``: each attention head's ``q`` rows are followed by as
+    many output-gate rows (Qwen3-Next's q_proj), read as the ``g`` projection. ``residual_normed``: under a layer's ``LayerSpec.residual``,
     each sublayer's residual is its normed input (MiniMax's postnorm). ``shared_block``: the
     transformer blocks the ``"shared_hybrid"`` layers share (Zamba2, ``decoder/shared_block.py``).
     ``value_norm``: each value head passes a weightless RMS norm before it is cached (Gemma 4).
@@ -243,6 +247,8 @@ class ModelSpec:
     adapters: str = "all"
     indexer: IndexerSpec | None = None
     layers_per_stored: int = 1
+    delta: DeltaSpec | None = None
+    attn_gate_in_q: bool = False
     residual_normed: bool = False
     shared_block: SharedBlockSpec | None = None
     value_norm: bool = False
@@ -261,7 +267,8 @@ class ModelSpec:
 
     def state_bytes(self) -> int:
         """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""
-        return sum(self.ssm.state_bytes() for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        return sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
+                   for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -537,6 +544,44 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
                    gated_norm=family.ssm_gated_norm, norm_eps=float(eps))
 
 
+def delta_spec(r: "_Reader", family: FamilySpec, config_name: str) -> DeltaSpec:
+    """The delta-rule layers of a family whose ``recurrent`` is ``"gated_delta"`` or ``"kda"``, read
+    under its ``delta_*`` keys: key heads and width, value heads (default: the key heads) and width
+    (default: the key width), the convolution's taps, the output norm's epsilon (default: the
+    model's), OLMo Hybrid's doubled write strength and Kimi's safe gate.
+
+    Raises:
+        SterError: a missing or invalid size, value heads that are not a multiple of the key heads,
+            Kimi Delta Attention with value heads unlike its key heads, a convolution activation
+            other than SiLU, a safe-gate bound that is not a negative number.
+    """
+    where = f"invalid model config {config_name}"
+    kind = family.recurrent
+    act = r.get("ssm_act", "silu")
+    if act != "silu":
+        raise SterError(f"{config_name}: the linear attention's convolution activation {act!r} is not supported; "
+                        "ster runs SiLU there, as Transformers does for these families")
+    hk = r.positive_int("delta_k_heads", limit=MAX_HEADS)
+    dk = r.positive_int("delta_k_dim", limit=MAX_HEAD_DIM)
+    hv = r.positive_int("delta_v_heads", hk, limit=MAX_HEADS)
+    dv = r.positive_int("delta_v_dim", dk, limit=MAX_HEAD_DIM)
+    kernel = r.positive_int("delta_conv_kernel", limit=1024)
+    if hv % hk:
+        raise SterError(f"{where}: {hv} linear-attention value heads are not a multiple of its {hk} key heads")
+    if kind == "kda" and (hv, dv) != (hk, dk):
+        raise SterError(f"{where}: Kimi Delta Attention has one head shape for keys and values")
+    eps = r.get("delta_norm_eps", r.get("norm_eps", 1e-6))
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise SterError(f"{where}: the linear attention's norm epsilon must be a number in (0, 1), got "
+                        f"{brief_value(eps)}")
+    bound = r.get("delta_lower_bound")
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                              or not math.isfinite(bound) or bound >= 0):
+        raise SterError(f"{where}: the safe gate's lower bound must be a negative number, got {brief_value(bound)}")
+    return DeltaSpec(kind, num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv, conv_kernel=kernel,
+                     beta_scale=2.0 if r.get("delta_beta_double") else 1.0, norm_eps=float(eps),
+                     gate_act="silu" if kind == "gated_delta" else "sigmoid", safe_gate=bound is not None,
+                     lower_bound=-5.0 if bound is None else float(bound))
 def sublayer_scales(config: Mapping, family: FamilySpec, mixers: list, config_name: str) -> list | None:
     """Per layer, MiniMax's join (``LayerSpec.residual``): (alpha, beta) of its mixer, then of its
     feed-forward, read under the keys ``family.sublayer_scales`` gives each mixer kind and
@@ -1012,6 +1057,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if latent is not None:  # layers whose latent per_layer_config reshapes (Dots3-Note's sliding layers)
         own = [dict(o, latent=m) if m is not None else o
                for o, m in zip(own, layer_latents(config, family, latent, hidden, n_layers, config_name))]
+    if family.recurrent_norms is not None:  # linear-attention layers with their own norms (OLMo Hybrid)
+        own = [dict(o, norms=family.recurrent_norms) if mixer == family.recurrent else o
+               for o, (mixer, _) in zip(own, mixers)]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
     scales = sublayer_scales(config, family, mixers, config_name)
@@ -1064,7 +1112,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
         residual_skips=residual_skips(config, n_layers, config_name),
         latent=latent,
-        ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
+        ssm=(ssm_spec(r, family, hidden, config_name)
+             if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
+        delta=delta_spec(r, family, config_name) if family.recurrent in DELTA_MIXERS else None,
         mup=mup_scales(config, config_name) if family.mup else None,
         indexer=indexer,
         layers_per_stored=2 if family.shortcut_pairs else 1,
@@ -1278,6 +1328,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate=family.attn_gate,
         attn_gate_per_head=family.attn_gate_per_head,
         adapters=family.adapters,
+        attn_gate_in_q=family.attn_gate_in_q,
         value_norm=family.value_norm,
         layer_scalar=family.layer_scalar,
     )

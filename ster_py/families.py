@@ -348,6 +348,10 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
     "ssm_norm_eps": (), "ssm_bcdt_eps": (), "ssm_act": (),
+    # Delta-rule linear attention (read only by families whose ``recurrent`` is gated_delta or kda;
+    # see ``config.delta_spec``).
+    "delta_k_heads": (), "delta_k_dim": (), "delta_v_heads": (), "delta_v_dim": (), "delta_conv_kernel": (),
+    "delta_norm_eps": (), "delta_beta_double": (), "delta_lower_bound": (),
     # Per-layer inputs (Gemma 4's E models): their width, and the rows of their table.
     "per_layer_input": (), "per_layer_vocab": (),
 }
@@ -541,11 +545,15 @@ class FamilySpec:
             ``ster families`` says so until a real checkpoint or its remote code has confirmed it.
         dense_unread: tensor name prefixes (with ``{i}``) a checkpoint stores on its dense layers that
             the forward never reads (A.X-K1's post_mlp_layernorm, used on routed layers only).
-        recurrent: the state-space mixer (``"mamba"`` or ``"mamba2"``) of the layers its
-            ``layer_types`` (written by ``normalize``) call ``linear_attention``; such a family's
-            layer_types may also say ``hybrid`` (attention and the scan side by side), ``mlp`` and
-            ``moe`` (a layer that is only a feed-forward). Its sizes are read under the ``ssm_*``
-            keys (``config.ssm_spec``).
+        recurrent: the recurrent mixer (``"mamba"``, ``"mamba2"``, ``"gated_delta"`` or ``"kda"``) of
+            the layers its ``layer_types`` (written by ``normalize``) call ``linear_attention``; such a
+            family's layer_types may also say ``hybrid`` (attention and the scan side by side), ``mlp``
+            and ``moe`` (a layer that is only a feed-forward). A scan's sizes are read under the
+            ``ssm_*`` keys (``config.ssm_spec``), a delta rule's under ``delta_*`` (``config.delta_spec``).
+        recurrent_norms: the sublayer norms of the ``recurrent`` layers, when they differ from
+            ``norms`` (OLMo Hybrid: pre-norm delta-net layers beside post-norm attention layers).
+        attn_gate_in_q: each attention head's ``q`` rows are followed by as many output-gate rows
+            (Qwen3-Next, Qwen3.5), multiplied in by ``attn_gate``.
         ffn_layers: which layers have a feed-forward: ``"all"``, ``"none"`` (Mamba) or ``"typed"``
             (only the ``mlp`` and ``moe`` layers of layer_types, Nemotron-H).
         ssm_bcdt_norm: Mamba's step, B and C are RMS-normed, ``"weighted"`` or ``"plain"`` (``SSMSpec``).
@@ -657,6 +665,8 @@ class FamilySpec:
     dense_unread: tuple[str, ...] = ()
     unconfirmed: bool = False
     recurrent: str | None = None
+    recurrent_norms: tuple[str, ...] | None = None
+    attn_gate_in_q: bool = False
     ffn_layers: str = "all"
     ssm_bcdt_norm: str | None = None
     ssm_gated_norm: bool = True
@@ -1502,6 +1512,200 @@ def _glm_dsa_config(config: Mapping) -> Mapping:
                 freq = max(freq, 1)
                 c["indexer_types"] = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
     return c
+
+# ----------------------------------------------------------------------------- delta-rule families
+# group SSM-B2 (issue 15, part B2): the gated delta net (Qwen3-Next, Qwen3.5, OLMo Hybrid) and Kimi
+# Delta Attention (Kimi-Linear). Each family's normalize writes layer_types in Transformers 5's words
+# (linear_attention: the family's delta-rule mixer; full_attention).
+
+_LA = _L + "linear_attn."
+_DELTA_COMMON = dict(lin_conv=_LA + "conv1d", lin_dt_bias=_LA + "dt_bias", lin_a_log=_LA + "A_log",
+                     lin_norm=_LA + "norm")
+# Qwen3-Next: in_proj_qkvz / in_proj_ba grouped per key head; Qwen2-MoE's experts and gated shared expert.
+QWEN3_NEXT_NAMES = _with(QWEN2_MOE_NAMES, lin_qkvz=_LA + "in_proj_qkvz", lin_ba=_LA + "in_proj_ba",
+                         lin_out=_LA + "out_proj", **_DELTA_COMMON)
+# Qwen3.5: every query, key, value in in_proj_qkv; the gate, b and a apart.
+_QWEN35_LINEAR = dict(lin_qkv=_LA + "in_proj_qkv", lin_z=_LA + "in_proj_z", lin_b=_LA + "in_proj_b",
+                      lin_a=_LA + "in_proj_a", lin_out=_LA + "out_proj", **_DELTA_COMMON)
+QWEN35_NAMES = _with(LLAMA_NAMES, **_QWEN35_LINEAR)
+QWEN35_MOE_NAMES = _with(QWEN2_MOE_NAMES, **_QWEN35_LINEAR)
+# OLMo Hybrid: OLMo 3's post-norm attention layers; pre-norm delta-net layers with separate projections
+# (OLMo-core's names attention_layer_norm / feedforward_layer_norm, which Transformers renames to
+# input_layernorm / post_attention_layernorm, are read too),
+# g_proj the output gate, o_norm the gated norm, one conv1d or OLMo-core's q/k/v_conv1d.
+OLMO_HYBRID_NAMES = _with(OLMO2_NAMES, attn_norm=(_L + "input_layernorm", _L + "attention_layer_norm"),
+                          attn_post_norm=(_L + "post_attention_layernorm", _L + "feedforward_layer_norm"),
+                          ffn_norm=(_L + "post_attention_layernorm", _L + "feedforward_layer_norm"),
+                          lin_q=_LA + "q_proj", lin_k=_LA + "k_proj", lin_v=_LA + "v_proj", lin_a=_LA + "a_proj",
+                          lin_b=_LA + "b_proj", lin_z=_LA + "g_proj", lin_out=_LA + "o_proj",
+                          lin_q_conv=_LA + "q_conv1d", lin_k_conv=_LA + "k_conv1d", lin_v_conv=_LA + "v_conv1d",
+                          **dict(_DELTA_COMMON, lin_norm=_LA + "o_norm"))
+# Kimi-Linear as its release stores it (and Transformers 5 writes it back): routed layers below
+# block_sparse_moe (gate, its e_score_correction_bias, experts.{e}.w1/w3/w2, shared_experts), the dense
+# ones below mlp (block_sparse_moe too when Transformers writes them), and the KDA layers' q/k/v_conv1d
+# and forget gate (f_a_proj, f_b_proj, dt_bias, A_log) beside their projections.
+_KSA, _KMOE = _L + "self_attn.", _L + "block_sparse_moe."
+KIMI_LINEAR_NAMES = _with(
+    DEEPSEEK_NAMES, gate=(_M + "gate_proj", _KMOE + "gate_proj"), up=(_M + "up_proj", _KMOE + "up_proj"),
+    down=(_M + "down_proj", _KMOE + "down_proj"), router=_KMOE + "gate",
+    router_select_bias=_KMOE + "gate.e_score_correction_bias",
+    exp_gate=_KMOE + "experts.{e}.w1.weight", exp_up=_KMOE + "experts.{e}.w3.weight",
+    exp_down=_KMOE + "experts.{e}.w2.weight", shexp_gate=_KMOE + "shared_experts.gate_proj",
+    shexp_up=_KMOE + "shared_experts.up_proj", shexp_down=_KMOE + "shared_experts.down_proj",
+    lin_q=_KSA + "q_proj", lin_k=_KSA + "k_proj", lin_v=_KSA + "v_proj", lin_b=_KSA + "b_proj",
+    lin_q_conv=_KSA + "q_conv1d", lin_k_conv=_KSA + "k_conv1d", lin_v_conv=_KSA + "v_conv1d",
+    lin_f_a=_KSA + "f_a_proj", lin_f_b=_KSA + "f_b_proj", lin_dt_bias=_KSA + "dt_bias", lin_a_log=_KSA + "A_log",
+    lin_g_a=_KSA + "g_a_proj", lin_g_b=_KSA + "g_b_proj", lin_norm=_KSA + "o_norm", lin_out=_KSA + "o_proj")
+
+# llama.cpp's names (its converter: qwen.py, kimi_linear.py). Qwen3-Next's in_proj_qkvz is written as
+# attn_qkv + attn_gate, its in_proj_ba kept whole (ssm_ba); ssm_a holds -exp(A_log); the norms are stored
+# as 1 + w, post_attention_layernorm as post_attention_norm; attention's gate stays in attn_q's rows.
+_GGUF_DELTA = dict(lin_qkv="blk.{i}.attn_qkv", lin_z="blk.{i}.attn_gate", lin_conv="blk.{i}.ssm_conv1d",
+                   lin_dt_bias="blk.{i}.ssm_dt.bias", lin_ssm_a="blk.{i}.ssm_a", lin_norm="blk.{i}.ssm_norm",
+                   lin_out="blk.{i}.ssm_out")
+GGUF_QWEN3NEXT_NAMES = _with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm", g=None, qkv=None,
+                             lin_ba="blk.{i}.ssm_ba", **_GGUF_DELTA)
+GGUF_QWEN35_NAMES = _with(GGUF_QWEN3NEXT_NAMES, lin_ba=None, lin_b="blk.{i}.ssm_beta", lin_a="blk.{i}.ssm_alpha")
+GGUF_KIMI_LINEAR_NAMES = _with(GGUF_LATENT_NAMES, lin_q="blk.{i}.attn_q", lin_k="blk.{i}.attn_k",
+                               lin_v="blk.{i}.attn_v", lin_q_conv="blk.{i}.ssm_conv1d_q",
+                               lin_k_conv="blk.{i}.ssm_conv1d_k", lin_v_conv="blk.{i}.ssm_conv1d_v",
+                               lin_f_a="blk.{i}.ssm_f_a", lin_f_b="blk.{i}.ssm_f_b", lin_b="blk.{i}.ssm_beta",
+                               lin_ssm_a="blk.{i}.ssm_a", lin_dt_bias="blk.{i}.ssm_dt.bias",
+                               lin_g_a="blk.{i}.ssm_g_a", lin_g_b="blk.{i}.ssm_g_b", lin_norm="blk.{i}.ssm_norm",
+                               lin_out="blk.{i}.attn_output")
+
+_QWEN_DELTA_KEYS = {"delta_k_heads": ("linear_num_key_heads",), "delta_v_heads": ("linear_num_value_heads",),
+                    "delta_k_dim": ("linear_key_head_dim",), "delta_v_dim": ("linear_value_head_dim",),
+                    "delta_conv_kernel": ("linear_conv_kernel_dim",), "ssm_act": ("hidden_act",)}
+_QWEN_LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                      "linear_value_head_dim", "linear_conv_kernel_dim")
+
+
+def _interval_types(c: Mapping, n: int) -> list[str] | None:
+    """Qwen3-Next's layer kinds from full_attention_interval p: every p-th layer attends."""
+    p = c.get("full_attention_interval")
+    if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
+        return None
+    return ["linear_attention" if (i + 1) % p else "full_attention" for i in range(n)]
+
+
+def _qwen_delta_config(config: Mapping) -> Mapping:
+    """Qwen3-Next's and Qwen3.5's layer kinds (layer_types, else full_attention_interval); Qwen3.5-MoE
+    routes every layer."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("layer_types") is None:
+        types = _interval_types(c, n)
+        if types is not None:
+            c["layer_types"] = types
+    if c.get("model_type") == "qwen3_5_moe_text" and c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["sparse"] * n
+    return c
+
+
+def _qwen_layer_types_wrong(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return isinstance(types, list) and any(t not in ("linear_attention", "full_attention") for t in types)
+
+
+_QWEN_DELTA_REFUSALS = (
+    Refusal(lambda c: c.get("layer_types") is None,
+            "a config without layer_types or full_attention_interval (which layers attend) is not supported"),
+    Refusal(_qwen_layer_types_wrong,
+            "a layer type other than linear_attention and full_attention in layer_types is not supported"),
+    Refusal(lambda c: any(c.get(k) is None for k in _QWEN_LINEAR_SIZES),
+            "a config without every linear-attention size (" + ", ".join(_QWEN_LINEAR_SIZES) + ") is not supported"),
+)
+_QWEN_DELTA = dict(recurrent="gated_delta", norm_unit_offset=True, qk_norm="head", attn_gate="sigmoid",
+                   attn_gate_per_head=False, attn_gate_in_q=True, normalize=_qwen_delta_config, unread=("mtp.",),
+                   keys=_QWEN_DELTA_KEYS, config_defaults={"partial_rotary_factor": 0.25},
+                   refusals=_QWEN_DELTA_REFUSALS, adapters="none")
+# Qwen3.5 follows attn_output_gate (on by default); Transformers 5.24 gates whatever it says.
+_QWEN35_VARIANTS = (Variant(lambda c: c.get("attn_output_gate") is False,
+                            {"attn_gate": None, "attn_gate_in_q": False}),)
+
+
+def _olmo_hybrid_config(config: Mapping) -> Mapping:
+    """OLMo Hybrid's defaults as Transformers' OlmoHybridConfig derives them: every fourth layer from the
+    fourth attends (the last one when none would), linear-attention heads as many as the attention
+    heads, keys 0.75 * hidden / heads wide, values twice that; a rope_parameters whose rope_theta is
+    null leaves attention unrotated (``_unrotated``)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("layer_types") is None and n:
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+        if "full_attention" not in types:
+            types[-1] = "full_attention"
+        c["layer_types"] = types
+    heads, hidden = c.get("num_attention_heads"), c.get("hidden_size")
+    for key in ("linear_num_key_heads", "linear_num_value_heads"):
+        if c.get(key) is None:
+            c[key] = heads
+    hk = c.get("linear_num_key_heads")
+    if c.get("linear_key_head_dim") is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                     for v in (hk, hidden)):
+        c["linear_key_head_dim"] = int(0.75 * hidden / hk)
+    if c.get("linear_value_head_dim") is None and isinstance(c.get("linear_key_head_dim"), int):
+        c["linear_value_head_dim"] = 2 * c["linear_key_head_dim"]
+    rp = c.get("rope_parameters")
+    if isinstance(rp, Mapping) and "rope_theta" in rp and rp["rope_theta"] is None:
+        c["rope_parameters"] = {**rp, "rope_theta": 10000.0}
+        c["_unrotated"] = True
+    return c
+
+
+def _kimi_linear_config(config: Mapping) -> Mapping:
+    """Kimi-Linear's layer kinds from linear_attn_config's kda_layers (counted from one; the others attend),
+    when the config lists no layer_types."""
+    c, n = dict(config), _n_layers(config)
+    lac = c.get("linear_attn_config")
+    kda = lac.get("kda_layers") if isinstance(lac, Mapping) else None
+    if c.get("layer_types") is None and isinstance(kda, list):
+        c["layer_types"] = ["linear_attention" if i + 1 in kda else "full_attention" for i in range(n)]
+    return c
+
+
+def _kda_layers_outside(c: Mapping) -> bool:
+    lac, n = c.get("linear_attn_config"), _n_layers(c)
+    kda = lac.get("kda_layers") if isinstance(lac, Mapping) else None
+    return kda is not None and (not isinstance(kda, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= n for x in kda))
+
+
+_KDA_SIZES = ("num_heads", "head_dim", "short_conv_kernel_size")
+_KIMI_KEYS = dict(_LATENT_KEYS, **{
+    "num_experts_per_tok": ("num_experts_per_tok", "num_experts_per_token"),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"), "n_group": ("n_group", "num_expert_group"),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
+    "delta_k_heads": ("linear_attn_config.num_heads", "linear_num_heads"),
+    "delta_v_heads": ("linear_attn_config.num_heads", "linear_num_heads"),
+    "delta_k_dim": ("linear_attn_config.head_dim", "linear_head_dim"),
+    "delta_v_dim": ("linear_attn_config.head_dim", "linear_head_dim"),
+    "delta_conv_kernel": ("linear_attn_config.short_conv_kernel_size", "linear_conv_kernel_dim"),
+    "ssm_act": ("hidden_act",)})
+_KIMI_REFUSALS = (
+    Refusal(lambda c: c.get("kv_lora_rank") is None,
+            "a config without kv_lora_rank (its latent-attention layers' rank) is not supported"),
+    Refusal(lambda c: not isinstance(c.get("linear_attn_config"), Mapping),
+            "a config without linear_attn_config (its Kimi Delta Attention layers) is not supported"),
+    Refusal(lambda c: isinstance(c.get("linear_attn_config"), Mapping)
+            and any(c["linear_attn_config"].get(k) is None for k in _KDA_SIZES),
+            "a linear_attn_config without " + ", ".join(_KDA_SIZES) + " is not supported"),
+    Refusal(_kda_layers_outside, "a linear_attn_config kda_layers entry outside layers 1..num_hidden_layers "
+            "(counted from one) is not supported"),
+    Refusal(_stated_other("moe_router_activation_func", "sigmoid"),
+            "a moe_router_activation_func other than sigmoid is not supported (Transformers' Kimi-Linear router "
+            "scores by sigmoid)"),
+    Refusal(lambda c: c.get("mla_use_nope") is False,
+            "mla_use_nope false is not supported (Transformers' Kimi-Linear never rotates its latent attention)"),
+    Refusal(lambda c: c.get("use_grouped_topk") is False and (c.get("num_expert_group") or 1) > 1,
+            "use_grouped_topk false with num_expert_group above one is not supported (Transformers' "
+            "Kimi-Linear router groups whatever it says)"),
+    Refusal(lambda c: isinstance(c.get("linear_attn_config"), Mapping) and any(
+        c["linear_attn_config"].get(k) not in (None, False) for k in ("gate_lower_bound", "use_full_rank_gate")),
+            "a linear_attn_config gate_lower_bound or use_full_rank_gate is not supported for kimi_linear "
+            "(Transformers' Kimi-Linear reads neither: they are Kimi-K3's)"),
+)
+
+
 # ----------------------------------------------------------------------------- group SSM-B1
 # Issue 15, part B1: LFM2's gated short convolution (lfm2, lfm2_moe), MiniMax's lightning attention
 # (minimax as Transformers spells it, minimax_text_01 as MiniMax's own checkpoints do) and Zamba2's
@@ -2598,6 +2802,42 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("solar", normalize=_solar_config, unconfirmed=True),
         # TeleChat3: Llama with attention and MLP biases (read as stored) and its own YaRN (normalize).
         FamilySpec("telechat3", normalize=_telechat3_config, unconfirmed=True),
+        # ---- group SSM-B2: delta-rule linear attention (issue 15, part B2)
+        # Qwen3-Next: Qwen3-MoE's block, every norm an offset from one, gated attention (q_proj's gate rows),
+        # gated delta nets on the linear_attention layers, Qwen2-MoE's experts with a gated shared expert.
+        FamilySpec("qwen3_next", **dict(_QWEN_DELTA, config_defaults={"partial_rotary_factor": 0.25,
+                                                                      "norm_topk_prob": True}),
+                   moe=True, shared_gated=True, names=QWEN3_NEXT_NAMES,
+                   gguf_arch="qwen3next", gguf_names=GGUF_QWEN3NEXT_NAMES,
+                   moe_defaults={"num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512},
+                   variants=(Variant(lambda c: c.get("num_experts", 512) == 0, {"moe": False}),)),
+        # Qwen3.5 (dense) and Qwen3.5-MoE: Qwen3-Next with in_proj_qkv / z / b / a (also below
+        # model.language_model of the qwen3_5 / qwen3_5_moe wrappers: WRAPPERS).
+        FamilySpec("qwen3_5_text", **_QWEN_DELTA, names=QWEN35_NAMES,
+                   variants=_QWEN35_VARIANTS, gguf_arch="qwen35", gguf_names=GGUF_QWEN35_NAMES),
+        FamilySpec("qwen3_5_moe_text", **dict(_QWEN_DELTA, refusals=_QWEN_DELTA_REFUSALS + (
+            Refusal(lambda c: c.get("norm_topk_prob") is False,
+                    "norm_topk_prob false is not supported (Transformers' Qwen3.5-MoE router always renormalises)"),)),
+                   moe=True, shared_gated=True, names=QWEN35_MOE_NAMES,
+                   fixed={"norm_topk_prob": True}, variants=_QWEN35_VARIANTS,
+                   gguf_arch="qwen35moe", gguf_names=GGUF_QWEN35_NAMES,
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                                 "shared_intermediate_size": 512}),
+        # OLMo Hybrid: OLMo 3's post-norm attention layers, pre-norm gated delta nets elsewhere.
+        FamilySpec("olmo_hybrid", **dict(_OLMO2, names=OLMO_HYBRID_NAMES), recurrent="gated_delta",
+                   recurrent_norms=("attn_norm", "ffn_norm"), normalize=_olmo_hybrid_config, adapters="none",
+                   keys=dict(_QWEN_DELTA_KEYS, delta_beta_double=("linear_allow_neg_eigval",)),
+                   fixed={"delta_norm_eps": 1e-5}, config_defaults={"linear_allow_neg_eigval": True,
+                                                                    "linear_conv_kernel_dim": 4},
+                   variants=(Variant(lambda c: bool(c.get("_unrotated")), {"positions": "none"}),)),
+        # Kimi-Linear: Kimi Delta Attention on linear_attn_config.kda_layers, unrotated latent attention on the
+        # rest, DeepSeek-V3's router (sigmoid, e_score_correction_bias, groups) beside shared experts.
+        FamilySpec("kimi_linear", **dict(_V3_LATENT, names=KIMI_LINEAR_NAMES, variants=(),
+                                         gguf_names=GGUF_KIMI_LINEAR_NAMES), keys=_KIMI_KEYS, gguf_arch="kimi-linear",
+                   recurrent="kda", positions="none", normalize=_kimi_linear_config, adapters="none",
+                   config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
+                   moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
+                   refusals=_KIMI_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -2619,9 +2859,13 @@ FAMILIES_BY_GGUF_ARCH["nemotron_h_moe"] = FAMILIES["nemotron_h"]
 # towers beside the decoder (vision, projector) are never read.
 WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model."),
                                            "gemma4": ("gemma4_text", "model.language_model."),
-                                           "gemma4_unified": ("gemma4_unified_text", "model.language_model.")}
+                                           "gemma4_unified": ("gemma4_unified_text", "model.language_model."),
+                                           # group SSM-B2: Qwen3.5's decoders sit below model.language_model
+                                           "qwen3_5": ("qwen3_5_text", "model.language_model."),
+                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
-# Gemma 4's wrappers keep the text model's layers at model.language_model.layers (not below model.).
+# Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
+# below model.), the head at the root.
 WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model."}
 # What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")

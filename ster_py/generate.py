@@ -98,6 +98,14 @@ class Generation:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
+def last_turn_end(prompt: list[int], stop_ids: Iterable[int]) -> int:
+    """Where a hybrid's prompt cache keeps its checkpoint (``prefix.PromptCache.prefill``): the
+    number of prompt tokens up to and including the last end-of-generation token (``stop_ids``: a
+    chat template's end-of-turn tokens), the end of the last complete message; 0 when none."""
+    stops = set(int(t) for t in stop_ids)
+    return next((i + 1 for i in range(len(prompt) - 1, -1, -1) if prompt[i] in stops), 0)
+
+
 KV_CACHE_DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
@@ -225,7 +233,7 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     elif cache.kv_dtype != kv_dtype:
         raise SterError(f"the prompt cache holds {cache.kv_dtype} keys and values, not {kv_cache}'s")
     t0 = time.perf_counter()
-    logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key)
+    logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key, checkpoint_at=last_turn_end(prompt, stops))
     out.reused, out.prefilled = cache.reused, cache.prefilled
     out.prefill_seconds = time.perf_counter() - t0
     history = list(prompt)

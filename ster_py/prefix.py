@@ -22,6 +22,13 @@ back.
 The cache rolls back through ``KVCache.rollback(length)``; a slot that cannot go back (a
 recurrent state without a checkpoint at that length) refuses, and the prompt is then prefilled
 from a fresh cache.
+
+Hybrids (seed 000): a recurrent state cannot be truncated, so ``prefill(..., checkpoint_at=n)``
+prefills the first n tokens, keeps one copy of every recurrent state there
+(``KVCache.checkpoint``; a new one replaces the last) and then the rest. ``generate`` passes the
+end of the prompt's last complete message (``last_turn_end``: after its last end-of-turn token).
+A later prompt that shares at least those n tokens rolls back to the checkpoint and prefills
+only what follows; sharing fewer, it is prefilled from a fresh cache.
 """
 from __future__ import annotations
 
@@ -76,24 +83,34 @@ class PromptCache:
             keep -= 1  # never a one-token prefill (module docstring)
         if keep > 0 and self.cache.rollback(keep):
             return keep
+        at = self.cache.checkpoint_length() if self.cache is not None else None
+        if at and at <= keep and self.cache.rollback(at):  # a hybrid: back to its checkpoint
+            return at
         new = self.decoder.new_cache
         self.cache = new() if self.kv_dtype == np.float32 else new(self.kv_dtype)
         return 0
 
-    def prefill(self, ids, *, layer_hook=None, key=None) -> np.ndarray:
+    def prefill(self, ids, *, layer_hook=None, key=None, checkpoint_at: int | None = None) -> np.ndarray:
         """Make the cache hold ``ids`` and return the logits of their last position.
 
         Args:
             ids: int token ids (at least one).
             layer_hook: passed to the decoder (steering); ``key`` must name it (equal keys
                 mean equal hooks), as positions computed under another hook are not reused.
+            checkpoint_at: for a cache with recurrent states, the number of tokens after which to
+                keep their checkpoint (used when it lies inside the part to compute).
 
         Returns:
             float32 [vocab_size]: the last position's logits, equal to a fresh cache's.
         """
         ids = [int(t) for t in ids]
         keep = self._start(ids, key)
-        logits = self.decoder.forward(ids[keep:], self.cache, layer_hook=layer_hook, last_only=True)[-1]
+        start = keep
+        if checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state():
+            self.decoder.forward(ids[keep:checkpoint_at], self.cache, layer_hook=layer_hook, last_only=True)
+            self.cache.checkpoint()
+            start = checkpoint_at
+        logits = self.decoder.forward(ids[start:], self.cache, layer_hook=layer_hook, last_only=True)[-1]
         self.ids, self.key = ids, key
         self.reused, self.prefilled = keep, len(ids) - keep
         return logits

@@ -6,7 +6,8 @@ converter once for all cases in one subprocess. The converter's vocabulary step 
 minimal SentencePiece-style vocabulary (the tiny checkpoints' word-level tokenizer is none it
 knows); weights and hyper-parameters go through the converter untouched, except that a config.json
 key ``_llamacpp_drop_keys`` lists hyper-parameters the converter is not shown (the defaults
-Transformers' config class adds for keys a config written before them lacks).
+Transformers' config class adds for keys a config written before them lacks) and ``_llamacpp_args``
+command-line options the converter gets for that checkpoint (``--no-mtp``).
 """
 from __future__ import annotations
 
@@ -72,13 +73,15 @@ def load_hparams_with_legacy(dir_model, *args, **kwargs):
 
 
 DROP = "_llamacpp_drop_keys"
+ARGS = "_llamacpp_args"  # converter options for one checkpoint (--no-mtp)
 conv.get_model_class = get_model_class
 ModelBase.load_hparams = staticmethod(load_hparams_with_legacy)
 logging.disable(logging.WARNING)
 outtype = sys.argv[2]
 for pair in sys.argv[3:]:
     src, out = pair.split("::")
-    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype]
+    extra = json.loads((Path(src) / "config.json").read_text()).get(ARGS, [])
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype, *extra]
     conv.main()
 '''
 

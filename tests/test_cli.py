@@ -169,6 +169,8 @@ def test_families_json_lists_every_model_type():
         "deepseek_v32", "glm_moe_dsa", "dots3_note", "longcat_flash",
         # state-space families of issue 15, part A (tests/test_parity_ssm.py)
         "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
+        # delta-rule families of issue 15, part B2 (tests/test_parity_ssm_b2.py)
+        "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear",
         # short convolutions, lightning attention and shared blocks of issue 15, part B1 (tests/test_parity_ssm_b1.py)
         "lfm2", "lfm2_moe", "minimax", "minimax_text_01", "zamba2",
         # Gemma 4's text decoders of issue 16 (tests/test_parity_gemma4.py)

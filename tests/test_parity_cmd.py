@@ -51,11 +51,12 @@ def _dense_cases() -> dict:
     import test_parity_gemma4 as gemma4
     import test_parity_ssm as ssm
     import test_parity_ssm_b1 as ssm_b1
+    import test_parity_ssm_b2 as ssm_b2
 
     out = {}
     for case, (model_type, config) in dense.CASES.items():
         out.setdefault(model_type, (case, config, dense.ATTN.get(case, "eager")))
-    for suite in (moe, mla, mla_b, ssm, ssm_b1, gemma4):
+    for suite in (moe, mla, mla_b, ssm, ssm_b1, ssm_b2, gemma4):
         for case, (model_type, config) in suite.CASES.items():
             out.setdefault(model_type, (case, config, "eager"))
     for case, (model_type, config) in mla_b.LONGCAT_CASES.items():

@@ -147,6 +147,7 @@ def test_every_landed_family_has_a_case():
     import test_parity_remote
     import test_parity_ssm
     import test_parity_ssm_b1
+    import test_parity_ssm_b2
 
     foundation = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
     tested = {model_type for model_type, _ in CASES.values()}
@@ -158,6 +159,7 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_ssm_b1.CASES.values()}
     tested.add("minimax_text_01")  # test_parity_ssm_b1.test_minimax_text_01_as_minimax_releases_it
     tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 

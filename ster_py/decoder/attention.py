@@ -158,7 +158,7 @@ class Attention(Part):
     projection.
 
     The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
-    ``g_proj``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
+    ``g_proj``, or Qwen3-Next's rows of ``q`` under ``spec.attn_gate_in_q``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
     ``softplus``) of the ``g`` projection of the layer's normed input before ``o`` (gated
     attention: Qiu et al. 2025, arXiv:2505.06708).
 
@@ -189,7 +189,8 @@ class Attention(Part):
         self.k_norm = self._qk_norm("k_norm", load, norm) if self.source is None else None
         self.v_norm = Norm("rms", spec.norm_eps, None, None) if spec.value_norm else None
         self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
-        self.g = make_linear(load("g", required=True)) if spec.attn_gate else None
+        # the gate is a projection of its own, or rows of q (``attn_gate_in_q``: split in ``__call__``)
+        self.g = make_linear(load("g", required=True)) if spec.attn_gate and not spec.attn_gate_in_q else None
 
     def _qk_norm(self, role: str, load, norm):
         """The layer's q or k norm, or None (no q/k norms here, or optional ones the weights lack)."""
@@ -221,13 +222,17 @@ class Attention(Part):
             v = k.copy()  # k is normed and rotated in place below
         else:
             q, k, v = self.project(("q", "k", "v"), x)
+        H, KV, D, Dv = self.shape
+        gate_in = None
+        if s.attn_gate_in_q:  # per head: D query rows, then D gate rows (Qwen3-Next's q_proj)
+            qg = q.reshape(T, H, 2, D)
+            q, gate_in = np.ascontiguousarray(qg[:, :, 0]).reshape(T, H * D), qg[:, :, 1].reshape(T, H * D)
         if s.mup is not None and s.mup.key != 1.0:  # Falcon-H1's key_multiplier
             k = k * np.float32(s.mup.key)
         if s.qk_norm == "proj" and self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if s.clip_qkv is not None:  # after whole-projection norms (OLMoE clamps the normed q/k)
             q, k, v = (np.clip(t, -s.clip_qkv, s.clip_qkv) for t in (q, k, v))
-        H, KV, D, Dv = self.shape
         if T == 1:  # decoding: [1, heads * D] is already [heads, 1, D] in memory
             q, k, v = q.reshape(H, 1, D), k.reshape(KV, 1, D), v.reshape(KV, 1, Dv)
         else:
@@ -249,17 +254,18 @@ class Attention(Part):
         if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
-        return self._attend(x, q, keys, values, positions, bias)
+        return self._attend(x, q, keys, values, positions, bias, gate_in)
 
-    def _attend(self, x, q, keys, values, positions, bias=None) -> np.ndarray:
-        """Queries float32 [H, T, D] over the visible keys/values, through the output gate and ``o``."""
+    def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None) -> np.ndarray:
+        """Queries float32 [H, T, D] over the visible keys/values, through the output gate (``g(x)``, or
+        ``gate_in`` [T, H * D], the gate rows split from ``q``) and ``o``."""
         s, T = self.spec, x.shape[0]
         H, _, _, Dv = self.shape
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks, chunk=self.layer.attention_chunk)
         out = out.reshape(1, H * Dv) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * Dv)
-        if self.g is not None:  # act(g(x)) scales each head's (or element's) output
-            gate = GATES[s.attn_gate](self.g(x))
+        if self.g is not None or gate_in is not None:  # act(g(x)) scales each head's (or element's) output
+            gate = GATES[s.attn_gate](self.g(x) if gate_in is None else gate_in)
             out = (out.reshape(T, H, Dv) * gate[:, :, None]).reshape(T, H * Dv) if s.attn_gate_per_head else out * gate
         return self.o(out)
 

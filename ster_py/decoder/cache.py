@@ -125,6 +125,24 @@ class KVCache:
         """Bytes the slots hold whatever the length (recurrent states), from their ``nbytes_fixed()``."""
         return sum(s.nbytes_fixed() for s in self._slots if s is not None)
 
+    def checkpoint(self) -> None:
+        """Keep a copy of every recurrent state as it stands at ``length`` (one per state: it
+        replaces the one before), so that ``rollback(length)`` can come back here later (seed 000's
+        prompt reuse for hybrids: ``ster_py.prefix``). Keys, values and latent rows need no copy."""
+        for s in self._slots:
+            if isinstance(s, RecurrentState):
+                s.save(self.length)
+
+    def checkpoint_length(self) -> int | None:
+        """The length every recurrent state holds a checkpoint at (``checkpoint``), or None (no
+        recurrent state, or no common checkpoint)."""
+        at = {s.saved_at for s in self._slots if isinstance(s, RecurrentState)}
+        return at.pop() if len(at) == 1 else None
+
+    def has_recurrent_state(self) -> bool:
+        """True when a layer keeps a recurrent state (which cannot roll back without a checkpoint)."""
+        return any(isinstance(s, RecurrentState) for s in self._slots)
+
 
 class RecurrentState:
     """A recurrent mixer's cache slot: named float32 arrays of fixed shapes, zero at the start.
@@ -154,3 +172,20 @@ class RecurrentState:
     def nbytes_per_position(self) -> int:
         """A recurrent state does not grow with the context: 0."""
         return 0
+
+    saved_at: int | None = None  # the length ``save`` was called at (None: no checkpoint)
+
+    def save(self, length: int) -> None:
+        """Keep a copy of the state as it stands after ``length`` positions (``KVCache.checkpoint``);
+        it replaces an earlier copy and costs ``nbytes_fixed()`` more bytes."""
+        self._saved = {name: a.copy() for name, a in self._arrays.items()}
+        self.saved_at = int(length)
+
+    def rollback(self, length: int) -> bool:
+        """Go back to the copy ``save`` kept when it was taken at ``length`` (True); any other length
+        cannot be reached, as the state cannot be truncated (False, nothing changes)."""
+        if self.saved_at is None or length != self.saved_at:
+            return False
+        for name, a in self._arrays.items():
+            a[...] = self._saved[name]
+        return True

@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SterError
+from .delta import DELTA_RESHAPED_ROLES
 from .ssm import RESHAPED_ROLES
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
@@ -75,6 +76,10 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                            ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
     if spec.ssm is not None:
         shapes.update(spec.ssm.tensor_shapes(d))
+    if spec.delta is not None:
+        shapes.update(spec.delta.tensor_shapes(d))
+    if spec.attn_gate_in_q:  # each head's query rows, then its output gate's (Qwen3-Next's q_proj)
+        shapes[("q", "weight")], shapes[("q", "bias")] = (2 * q, d), (2 * q,)
     if getattr(spec, "layer_scalar", False):
         shapes[("layer_scalar", "")] = (1,)
     p = getattr(spec, "per_layer_input", 0)
@@ -196,7 +201,8 @@ class Layout:
               else want is None or tuple(t.shape) == want
               or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:])  # a vector in GGUF files
               or (role == "router_select_bias" and tuple(t.shape) == (1, *want))  # ERNIE 4.5 keeps [1, E]
-              or (role in RESHAPED_ROLES and kind != "bias" and int(np.prod(t.shape)) == int(np.prod(want))))
+              or (role in RESHAPED_ROLES + DELTA_RESHAPED_ROLES and kind != "bias"
+                  and int(np.prod(t.shape)) == int(np.prod(want))))
         if not ok:
             d = self.spec.attention_shape(i)[2] if i is not None else self.spec.head_dim
             shown = list(want) if want is not None else f"[{d}] or [heads, {d}]"

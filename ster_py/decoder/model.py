@@ -8,7 +8,7 @@ This file never names a family.
 
 A block is composed per layer from data: norms (which of the four, ``spec.layer_norms(i)``), a
 mixer (``LayerSpec.mixer``: ``MIXERS``: attention, latent attention, Mamba's or Mamba-2's scan,
-attention and a scan side by side, or none) and a feed-forward
+attention and a scan side by side, a gated delta net, Kimi Delta Attention, or none) and a feed-forward
 (``LayerSpec.ffn``: ``"dense"``, ``ffn.DenseFFN``; ``"moe"``, ``moe.MoE``; or ``"none"``),
 joined sequentially or in parallel. It computes (each norm only where listed,
 r = residual_scale)::
@@ -32,9 +32,11 @@ from ..config import ModelSpec
 from ..errors import SterError
 from .attention import Attention
 from .cache import KVCache
+from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
 from .latent import LatentAttention
 from .hybrid import Hybrid
+from .kda import KimiDeltaAttention
 from .layout import Layout
 from .lightning import Lightning
 from .linear import Linear, make_linear
@@ -67,7 +69,8 @@ _UNBUILT = object()
 #: builds and applies that norm itself (the block leaves it out). ``"none"``: the layer is only a
 #: feed-forward.
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
-          "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid}
+          "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
+          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):

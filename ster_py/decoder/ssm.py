@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: ``LayerSpec.mixer`` kinds that keep a recurrent state (a ``cache.RecurrentState`` slot).
-RECURRENT_MIXERS = ("mamba", "mamba2", "hybrid", "shortconv", "lightning", "shared_hybrid")
+#: ``LayerSpec.mixer`` kinds that keep a recurrent state (a ``cache.RecurrentState`` slot); the
+#: delta-rule kinds (``decoder/delta.py``) are sized by ``ModelSpec.delta``.
+RECURRENT_MIXERS = ("mamba", "mamba2", "hybrid", "shortconv", "lightning", "shared_hybrid", "gated_delta", "kda")
 #: ``LayerSpec.mixer`` kinds that keep keys and values.
 ATTENTION_MIXERS = ("attention", "latent", "hybrid", "shared_hybrid")
 

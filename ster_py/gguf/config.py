@@ -17,6 +17,7 @@ import numpy as np
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
                       yarn_mscale)
 from ..decoder.indexer import IndexerSpec
+from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
 from ..decoder.ssm import ATTENTION_MIXERS, SSMSpec
 from ..decoder.rope import brief_value, make_rope
@@ -92,6 +93,11 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "jamba": {"norm_topk_prob": False},           # jamba.cpp: softmax, norm_w false
     "granitehybrid": {"norm_topk_prob": True},    # granite-hybrid.cpp: softmax, norm_w true
     "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
+    # group SSM-B2: qwen3next.cpp and qwen35moe.cpp: softmax, norm_w true (whatever norm_topk_prob was);
+    # kimi-linear.cpp: the file's gating function, norm_w true
+    "qwen3next": {"scoring_func": "softmax", "norm_topk_prob": True},
+    "qwen35moe": {"scoring_func": "softmax", "norm_topk_prob": True},
+    "kimi-linear": {"norm_topk_prob": True},
     # group SSM-B1
     "lfm2moe": {"norm_topk_prob": True},  # lfm2moe.cpp: the file's gating function, norm_w true
     "minimax-01": {"scoring_func": "softmax", "norm_topk_prob": True},  # minimax-01.cpp: softmax, norm_w true
@@ -161,18 +167,27 @@ LLAMA_CPP_YARN_LOG_MUL = ("deepseek2", "deepseek32")
 # (jamba.cpp, granite-hybrid.cpp); "nemotron" a scan where head_count_kv[i] and
 # feed_forward_length[i] are 0, attention where only the latter is, else a feed-forward alone
 # (nemotron-h.cpp); "hybrid" attention and a scan side by side on every layer (falcon-h1.cpp).
+# The delta-rule architectures: "recurrent" where attention.recurrent_layers[i] holds (else every layer
+# but each full_attention_interval-th, 4 when absent: qwen3next.cpp, qwen35.cpp, qwen35moe.cpp); Kimi-Linear's
+# KDA where head_count_kv[i] is 0 ("kv", kimi-linear.cpp).
 LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehybrid": "kv",
                     "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid",
                     # group SSM-B1: lfm2.cpp / lfm2moe.cpp convolve where head_count_kv[i] is 0; minimax-01.cpp
                     # runs lightning attention on the layers attention.recurrent_layers flags, else on all but
                     # every full_attention_interval-th (8 when the file states neither)
-                    "lfm2": "kv", "lfm2moe": "kv", "minimax-01": "recurrent"}
+                    "lfm2": "kv", "lfm2moe": "kv", "minimax-01": "recurrent",
+                    # group SSM-B2
+                    "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv"}
 # The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
 # qwen3next.cpp and qwen35.cpp).
 LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
 # minimax-01.cpp joins each sublayer as output + residual_scale * its normed input (the converter
 # requires every beta to be 1 and every alpha equal, and stores that alpha as residual_scale).
 LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
+# Which key head a value head reads in llama.cpp's delta-rule graphs: qwen35.cpp / qwen35moe.cpp repeat the
+# key heads tiled (ggml_repeat_4d, the fused op's h % H_k), as their converter reorders the value heads;
+# qwen3next.cpp repeats each key head in place (the checkpoint's grouped order).
+LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped"}
 
 
 def supported_architectures() -> list[str]:
@@ -330,6 +345,32 @@ def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_
     gated = any(f"blk.{i}.ssm_norm.weight" in tensors for i in range(n_layers))
     return SSMSpec("mamba2", di, n, k, num_heads=r, n_groups=groups, dt_min=-math.inf, dt_max=math.inf,
                    gated_norm=gated, norm_eps=eps)
+
+
+def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: float, path: str) -> DeltaSpec:
+    """The delta-rule layers of a ``qwen3next`` / ``qwen35`` / ``qwen35moe`` / ``kimi-linear`` file, as
+    llama.cpp's loaders read them: the gated delta net's key heads are ``ssm.group_count``, their width
+    ``ssm.state_size``, its value heads ``ssm.time_step_rank`` of ``ssm.inner_size`` in all; Kimi's heads
+    are the attention's, ``kda.head_dim`` wide; the convolution ``ssm.conv_kernel`` taps. The L2 and
+    output norms take the model's RMS epsilon (``build_gdn_l2_norm``, ``build_norm``)."""
+    def size(key, limit=1 << 24):
+        v = meta.get(f"{arch}.{key}")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} must be an integer in 1..{limit}, "
+                            f"got {brief_value(v)}")
+        return int(v)
+
+    kernel = size("ssm.conv_kernel", 1024)
+    if family.recurrent == "kda":
+        d = size("kda.head_dim", MAX_HEADS * 64)
+        return DeltaSpec("kda", heads, d, heads, d, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps, l2_eps=eps,
+                         gate_act="sigmoid")
+    hk, dk, hv, inner = size("ssm.group_count"), size("ssm.state_size"), size("ssm.time_step_rank"), size("ssm.inner_size")
+    if hv % hk or inner % hv:
+        raise SterError(f"{path}: {arch}.ssm.time_step_rank ({hv} value heads) must be a multiple of "
+                        f"ssm.group_count ({hk} key heads) and divide ssm.inner_size ({inner})")
+    return DeltaSpec("gated_delta", hk, dk, hv, inner // hv, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps,
+                     l2_eps=eps)
 
 
 def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
@@ -727,12 +768,14 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             mixer = family.recurrent if recurrent[i] else mixer
         elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
+            mixer = "latent" if mixer == "attention" and latent is not None else mixer
         if mixer not in ATTENTION_MIXERS:
             rope = None
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
                                         ("num_key_value_heads", layer_kv[i], kv_heads),
                                         ("v_head_dim", v_head_dim, head_dim)) if v != model}
-        if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads:
+        # (a latent layer's key/value heads are its query heads, expanded: llama.cpp's 1 is its MQA form)
+        if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads and latent is None:
             own["num_key_value_heads"] = kv_list[i]
         if clamps and clamps[i] is not None and clamps[i] != moe:
             own["moe"] = clamps[i]
@@ -815,7 +858,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         indexer=indexer,
         ssm=(SSMSpec("lightning", heads * head_dim, head_dim, 1, num_heads=heads, norm_eps=eps, slope_eps=0.0)
              if family.recurrent == "lightning"  # minimax-01.cpp: its read-out norm takes the model's epsilon
-             else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None),
+             else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path)
+             if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
+        delta=_gguf_delta(meta, arch, family, heads, eps, path) if family.recurrent in DELTA_MIXERS else None,
         residual_normed=arch in LLAMA_CPP_SCALED_JOIN,
         **_per_layer_input(meta, arch, tensors, path),
         **fields,
