@@ -1,0 +1,103 @@
+"""Issue 17: hostile inputs, one test per class of failure found by fuzzing.
+
+Each input must end in one SterError (the CLI: one ``error:`` line, exit 1, no
+traceback), and be refused before memory or time is spent on it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ster_py.errors import SterError
+from tiny import make_checkpoint
+
+
+def ster(*args, timeout=120):
+    return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_clean_refusal(r, words):
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr[-2000:]
+    assert words in r.stderr, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    make_checkpoint(path, "llama", num_hidden_layers=1)
+    return path
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _read_st(path):
+    raw = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def _write_st(path, header: str | dict, data: bytes):
+    text = header if isinstance(header, str) else json.dumps(header)
+    blob = text.encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+# ------------------------------------------------------------------ safetensors headers
+
+def test_inspect_turns_safetensors_header_errors_into_ster_errors_and_agrees_with_loading(llama_dir, tmp_path):
+    from ster_py.inspect import inspect_model
+    from ster_py.load import load_model
+
+    path = _copy(llama_dir, tmp_path / "m")
+    header, data = _read_st(path / "model.safetensors")
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"][1] += 4  # runs past the end / disagrees with the shape
+    _write_st(path / "model.safetensors", header, data)
+    with pytest.raises(SterError, match="model.safetensors"):
+        inspect_model(str(path))
+    assert_clean_refusal(ster("inspect", str(path)), "model.safetensors")
+
+    # Two tensors on the same bytes: the safetensors library (inspect) refuses them, so loading must too.
+    header, data = _read_st(llama_dir / "model.safetensors")
+    a, b = (k for k in header if k != "__metadata__" and header[k]["shape"] == header["model.norm.weight"]["shape"]
+            and k != "model.norm.weight"), "model.norm.weight"
+    b_name = b
+    a_name = next(a)
+    header[a_name]["data_offsets"] = list(header[b_name]["data_offsets"])
+    _write_st(path / "model.safetensors", header, data)
+    with pytest.raises(SterError, match="overlap"):
+        inspect_model(str(path))
+    with pytest.raises(SterError, match="overlap"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("shape", "[Infinity]"), ("shape", "[1e400]"), ("shape", f"[{2**63}]"), ("shape", f"[{2**64 + 16}]"),
+    ("data_offsets", f"[0, {2**63}]"), ("data_offsets", "[0, Infinity]"), ("data_offsets", "[-Infinity, 0]"),
+    ("shape", f"[{2**32}, {2**32}]"),  # the int64 product wraps to 0: must not pass as an empty tensor
+    ("shape", "[1.5]"), ("shape", "[true]"),
+])
+def test_safetensors_header_numbers_out_of_range_are_ster_errors(llama_dir, tmp_path, field, value):
+    from ster_py.inspect import inspect_model
+    from ster_py.load import load_model
+
+    path = _copy(llama_dir, tmp_path / "m")
+    header, data = _read_st(path / "model.safetensors")
+    entry = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+    entry[field] = "@@"
+    text = json.dumps({**header, "zz.extra": entry}).replace('"@@"', value)
+    _write_st(path / "model.safetensors", text, data)
+    for fn in (load_model, inspect_model):
+        with pytest.raises(SterError, match="zz.extra"):
+            fn(str(path))
