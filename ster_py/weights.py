@@ -274,8 +274,16 @@ def unpermute_qk(w, n_head: int):
     them back. w: [n_head * head_dim, in_features] (or [n_head * head_dim]) -> same shape.
     A ``QuantTensor`` is not copied: it gets the row order, so its product's outputs
     come out in Hugging Face order.
+
+    Raises:
+        SterError: ``w`` has more than two dimensions or its rows are not a multiple of
+            2 * n_head (checked before any reshape).
     """
     rows = w.shape[0]
+    if len(w.shape) > 2 or n_head < 1 or rows % (2 * n_head):
+        raise SterError(f"a q/k projection of shape {list(w.shape)} cannot be split into {n_head} heads of "
+                        "rotary pairs: llama.cpp stores it as [heads * head_dim, in] with an even head_dim. "
+                        "The GGUF file is corrupt or does not match its metadata; re-convert the model")
     if isinstance(w, QuantTensor):
         order = np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
         return w.permuted(order)
@@ -326,12 +334,21 @@ class GGUFWeights(_Tracked):
         if gname not in self._names:
             return None
         t = self._tensors[gname]
+        heads = None
+        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias",
+                                                         ".attn_k.bias")):
+            heads = self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1]
+            if len(t.shape) > 2 or heads < 1 or t.shape[0] % (2 * heads):  # before any byte is decoded
+                raise SterError(f"{self.path}: tensor {gname!r} has shape {list(t.shape)}, which cannot be split "
+                                f"into {heads} heads of rotary pairs (llama.cpp stores [heads * head_dim, in] with "
+                                "an even head_dim); the file is corrupt or does not match its metadata. "
+                                "Re-convert the model")
         if self.quantized and len(t.shape) == 2 and t.type_name in QUANT_TYPES:
             w = QuantTensor(t)
         elif self.quantized and len(t.shape) == 3 and t.type_name in QUANT_TYPES:
             return QuantStack(t)  # routed experts, [n_expert, rows, cols]
         else:
             w = t.dequantize()
-        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")):
-            w = unpermute_qk(w, self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1])
+        if heads is not None:
+            w = unpermute_qk(w, heads)
         return w if isinstance(w, QuantTensor) else w.astype(self.dtype, copy=False)

@@ -101,3 +101,27 @@ def test_safetensors_header_numbers_out_of_range_are_ster_errors(llama_dir, tmp_
     for fn in (load_model, inspect_model):
         with pytest.raises(SterError, match="zz.extra"):
             fn(str(path))
+
+
+# ------------------------------------------------------------------ GGUF q/k un-permutation
+
+@pytest.mark.parametrize("shape", [(6, 8), (4, 8, 8), (12, 8)])
+def test_gguf_qk_rows_that_do_not_split_into_heads_are_refused(tmp_path, shape):
+    import gguf
+
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.weights import GGUFWeights, unpermute_qk
+
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_tensor("blk.0.attn_q.weight", np.ones(shape, dtype=np.float32))
+    w.add_tensor("blk.0.attn_k.weight", np.ones((16, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    weights = GGUFWeights(GGUFFile(tmp_path / "m.gguf"), qk_heads=(4, 2))
+    assert weights.get("blk.0.attn_k.weight").shape == (16, 8)  # 2 heads of 4 pairs: fine
+    with pytest.raises(SterError, match="attn_q.weight.*heads of rotary pairs"):
+        weights.get("blk.0.attn_q.weight")
+    with pytest.raises(SterError, match="heads of rotary pairs"):
+        unpermute_qk(np.ones(shape, dtype=np.float32), 4)
