@@ -178,3 +178,44 @@ def test_spm_tokens_sharing_a_hash_stay_on_the_hashed_path():
     want = [(i, cut, vocab[x[:cut]], vocab[x[cut:]]) for i, x in enumerate(tokens) for cut in range(1, len(x))
             if x[:cut] in vocab and x[cut:] in vocab]
     assert [tuple(r) for r in table.tolist()] == want
+
+
+# ------------------------------------------------------------------ tokenizer.json that multiplies text
+
+def child(code: str, memory: int = 3 << 30, timeout: float = 120):
+    """Run ``code`` in a child Python under an address-space limit: a crash there fails the
+    test instead of taking the test run down."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit)
+
+
+@pytest.mark.parametrize("part", ["normalizer", "decoder"])
+def test_tokenizer_json_that_multiplies_the_text_is_refused(llama_dir, tmp_path, part):
+    path = _copy(llama_dir, tmp_path / "m")
+    doc = json.loads((path / "tokenizer.json").read_text())
+    steps = [{"type": "Replace", "pattern": {"String": "h" if part == "normalizer" else "w"}, "content": "hh"}] * 40
+    doc[part] = {"type": "Sequence", ("normalizers" if part == "normalizer" else "decoders"): steps}
+    (path / "tokenizer.json").write_text(json.dumps(doc))
+    r = child(f"""
+from ster_py.tokenizer import Tokenizer
+from ster_py.errors import SterError
+try:
+    t = Tokenizer.from_dir({str(path)!r})
+    print(len(t.encode("hello w5")), len(t.decode([5, 6])))
+except SterError as e:
+    print("SterError:", e)
+""")
+    assert r.returncode == 0, (r.returncode, r.stderr[-1000:])
+    assert r.stdout.startswith("SterError:") and "Replace steps can make a text" in r.stdout, r.stdout
+    # A real tokenizer's Replace (" " -> "\u2581", one character for one) still loads.
+    doc[part][("normalizers" if part == "normalizer" else "decoders")] = [
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
+    (path / "tokenizer.json").write_text(json.dumps(doc))
+    from ster_py.tokenizer import Tokenizer
+
+    Tokenizer.from_dir(path)
