@@ -219,3 +219,30 @@ except SterError as e:
     from ster_py.tokenizer import Tokenizer
 
     Tokenizer.from_dir(path)
+
+
+# ------------------------------------------------------------------ special files in a checkpoint
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+@pytest.mark.parametrize("kind", ["dev_zero", "fifo"])
+def test_config_and_index_that_are_special_files_are_refused(llama_dir, tmp_path, name, kind):
+    import os
+
+    path = _copy(llama_dir, tmp_path / "m")
+    target = path / name
+    target.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    r = child(f"""
+from ster_py.load import load_model
+from ster_py.errors import SterError
+try:
+    load_model({str(path)!r})
+    print("loaded")
+except SterError as e:
+    print("SterError:", e)
+""", memory=2 << 30, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr[-1000:])
+    assert r.stdout.startswith("SterError:") and "not a regular file" in r.stdout, r.stdout
