@@ -190,7 +190,7 @@ def child(code: str, memory: int = 3 << 30, timeout: float = 120):
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=limit)
 
 
@@ -246,3 +246,86 @@ except SterError as e:
 """, memory=2 << 30, timeout=60)
     assert r.returncode == 0, (r.returncode, r.stderr[-1000:])
     assert r.stdout.startswith("SterError:") and "not a regular file" in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------ chat templates
+
+_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("template", [
+    "{% for a in [1] %}" * 21 + "x" + "{% endfor %}" * 21,  # Python: "too many statically nested blocks"
+    "{% if true %}" * 99 + "x" + "{% endif %}" * 99,        # Python: "too many levels of indentation"
+], ids=["for21", "if99"])
+def test_deeply_nested_template_blocks_are_ster_errors(template):
+    from ster_py.chat import render_chat
+
+    with pytest.raises(SterError, match="too deeply nested to compile"):
+        render_chat(template, _MESSAGES)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ '{0:33554431}{0:33554431}'.format(1) }}",   # each width within the budget, their sum not
+    "{{ '%33554431d%33554431d' % (1, 2) }}",
+    "{{ '%33554431d%33554431d'|format(1, 2) }}",
+    "{{ '{0}{0}{0}{0}'.format('x' * 10000000) }}",  # one argument printed four times
+    "{% set ns = namespace(v=1) %}{% for i in range(500) %}{% set ns.v = [ns.v] %}{% endfor %}"
+    "{{ ns.v|tojson(indent=1000) }}",               # 500 levels x 1000 spaces on every line
+    "{{ strftime_now('%Y' * 5000000) }}",           # a 10 M-character format
+], ids=["brace-widths", "percent-widths", "format-filter", "brace-repeat", "tojson-indent", "strftime"])
+def test_template_text_budget_holds_inside_formatting_calls(monkeypatch, template):
+    import tracemalloc
+
+    import ster_py.chat as chat
+
+    monkeypatch.setattr(chat, "_ISOLATE", False)  # the in-process checks themselves, measured
+    tracemalloc.start()
+    try:
+        with pytest.raises(SterError, match="over budget"):
+            chat.render_chat(template, _MESSAGES, time_limit=60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, peak  # refused before the text is built (each is 40 M characters or more)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ('a' * 3000000)|wordwrap(1) }}",
+    "{{ ('www.a.com ' * 3000000)|urlize }}",
+    "{{ (range(100000)|list * 10)|sort|sort(reverse=true)|sort|sort(reverse=true)|sort|length }}",
+    "{% if x %}{% endif %}" * 45000,  # 0.9 MB: compiling alone takes longer than the limit
+], ids=["wordwrap", "urlize", "sort", "compile"])
+def test_template_time_limit_holds_inside_a_single_call_and_compilation(template):
+    import time
+
+    from ster_py.chat import render_chat
+
+    start = time.monotonic()
+    r = child(f"""
+from ster_py.chat import render_chat
+from ster_py.errors import SterError
+try:
+    render_chat({template!r}, [{{"role": "user", "content": "hi"}}], time_limit=0.5)
+    print("rendered")
+except SterError as e:
+    print("SterError:", e)
+""", timeout=60)
+    elapsed = time.monotonic() - start
+    assert r.returncode == 0 and r.stdout.startswith("SterError:") and "time budget" in r.stdout, \
+        (r.stdout[-500:], r.stderr[-1000:])
+    assert elapsed < 15, elapsed  # 0.5 s + the kill grace + starting Python
+
+
+def test_template_size_is_bounded_whatever_its_source(llama_dir, tmp_path):
+    from ster_py.chat import MAX_TEMPLATE_CHARS, render_chat
+    from ster_py.tokenizer import Tokenizer
+
+    big = "x" * (MAX_TEMPLATE_CHARS + 1)
+    with pytest.raises(SterError, match="characters long"):
+        render_chat(big, _MESSAGES)
+    path = _copy(llama_dir, tmp_path / "m")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": big}))
+    tok = Tokenizer.from_dir(path)
+    with pytest.raises(SterError, match="characters long"):
+        render_chat(tok.chat_template, _MESSAGES)
