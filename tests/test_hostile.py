@@ -329,3 +329,43 @@ def test_template_size_is_bounded_whatever_its_source(llama_dir, tmp_path):
     tok = Tokenizer.from_dir(path)
     with pytest.raises(SterError, match="characters long"):
         render_chat(tok.chat_template, _MESSAGES)
+
+
+# ------------------------------------------------------------------ GGUF nested arrays
+
+def test_gguf_of_nested_empty_arrays_is_refused_before_its_objects_are_built(tmp_path):
+    import tracemalloc
+
+    from gguf_craft import ARRAY, U8, Craft
+
+    from ster_py.gguf.reader import GGUFFile
+
+    count = 200_000  # 2.4 MB of 12-byte empty arrays: ~90 MB of Python objects when read
+    raw = struct.pack("<IQ", ARRAY, count) + struct.pack("<IQ", U8, 0) * count
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(Craft().add_kv("x.nested", ARRAY, raw=raw).build())
+    tracemalloc.start()
+    try:
+        with pytest.raises(SterError, match="arrays inside arrays"):
+            GGUFFile(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+# ------------------------------------------------------------------ error lines
+
+def test_error_lines_do_not_echo_unbounded_values(llama_dir, tmp_path):
+    from ster_py.load import load_model
+
+    path = _copy(llama_dir, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "q" * 10_000_000}))
+    with pytest.raises(SterError) as caught:
+        load_model(str(path))
+    message = str(caught.value)
+    assert len(message) < 3000 and "characters cut" in message, len(message)
+    r = ster("inspect", str(path))
+    assert_clean_refusal(r, "characters cut")
+    assert len(r.stderr) < 3000, len(r.stderr)
