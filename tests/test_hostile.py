@@ -369,3 +369,24 @@ def test_error_lines_do_not_echo_unbounded_values(llama_dir, tmp_path):
     r = ster("inspect", str(path))
     assert_clean_refusal(r, "characters cut")
     assert len(r.stderr) < 3000, len(r.stderr)
+
+
+# ------------------------------------------------------------------ the fuzzers, a small fixed sample
+
+def test_fuzz_smoke_run_has_no_traceback_signal_timeout_or_memory_outcome(tmp_path):
+    """scripts/fuzz.py on 75 fixed-seed cases of each kind (the full run: runbook/fuzzing.md)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "fuzz.py"
+    out = tmp_path / "counts.json"
+    r = subprocess.run([sys.executable, str(script), "--cases", "75", "--seed", "17", "--jobs", "2",
+                        "--findings", str(tmp_path / "findings"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    counts = json.loads(out.read_text())
+    assert set(counts) == {"gguf", "safetensors", "checkpoint", "template"}, r.stderr[-2000:]
+    for kind, c in counts.items():
+        assert sum(c[o] for o in ("ok", "refused", "traceback", "memory", "signal", "timeout")) == 75, (kind, c)
+        assert c["traceback"] == c["memory"] == c["signal"] == c["timeout"] == 0, (kind, c["examples"])
+        assert c["refused"] > 0, (kind, c)  # the mutators reach the refusals
+    assert sum(c["ok"] for c in counts.values()) > 0  # and some inputs still load
+    assert r.returncode == 0, r.stdout[-2000:]
