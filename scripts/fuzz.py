@@ -198,17 +198,19 @@ def gguf_seed() -> tuple[list, list]:
 
 
 def _gstr(s) -> bytes:
-    b = s.encode("utf-8", "surrogatepass") if isinstance(s, str) else bytes(s)
+    b = s if isinstance(s, bytes) else str(s).encode("utf-8", "surrogatepass")
     return struct.pack("<Q", len(b)) + b
 
 
 def _gvalue(vtype: int, value, elem) -> bytes:
+    """Encode a value as type ``vtype`` (whatever the mutated value is: never raises)."""
     if vtype == STRING:
         return _gstr(value)
     if vtype == ARRAY:
-        items = list(value)
-        body = b"".join(_gvalue(elem, v, None if elem != ARRAY else U8) for v in items)
-        return struct.pack("<IQ", elem, len(items)) + body
+        items = list(value) if isinstance(value, (list, tuple)) else []
+        elem = elem if isinstance(elem, int) else U8
+        body = b"".join(_gvalue(elem, v, U8) for v in items)
+        return struct.pack("<IQ", elem % 2**32, len(items)) + body
     fmt = _PACK.get(vtype)
     if fmt is None:
         return b""
@@ -325,24 +327,27 @@ def mutate_safetensors(rng: random.Random, raw: bytes) -> bytes:
     for _ in range(rng.randint(1, 3)):
         r = rng.random()
         name = rng.choice(names)
-        entry = header[name]
+        entry = header.get(name)
+        if not isinstance(entry, dict):  # an earlier step replaced or dropped it
+            continue
         if r < 0.2:
             entry["dtype"] = rng.choice(_ST_DTYPES)
         elif r < 0.45:
-            shape = list(entry["shape"])
+            shape = list(entry["shape"]) if isinstance(entry.get("shape"), list) else []
             if shape and rng.random() < 0.7:
                 shape[rng.randrange(len(shape))] = "@@"
             else:
                 shape = rng.choice([[], [0], ["@@", "@@"], [2**32, 2**32], [1] * 70])
             entry["shape"] = shape
         elif r < 0.7:
-            offsets = list(entry["data_offsets"])
+            offsets = list(entry.get("data_offsets") or [0, 0]) if isinstance(entry.get("data_offsets"), list) \
+                else [0, 0]
             op = rng.random()
             if op < 0.5:
                 offsets[rng.randrange(2)] = "@@"
             elif op < 0.8:
-                other = header[rng.choice(names)]["data_offsets"]
-                offsets = list(other)  # overlap
+                other = header.get(rng.choice(names))
+                offsets = list(other["data_offsets"]) if isinstance(other, dict) else [0, 4]  # overlap
             else:
                 offsets = rng.choice([[0], [0, 0, 0], "x", None])
             entry["data_offsets"] = offsets
@@ -410,7 +415,9 @@ def mutate_checkpoint(rng: random.Random, seed_dir: Path, case_dir: Path) -> Non
             elif part == "decoder":
                 doc[part] = {"type": "Sequence", "decoders": [rng.choice(_DECODERS) for _ in range(rng.randint(1, 45))]}
             elif part == "model" and rng.random() < 0.5:
-                doc.setdefault("model", {}).setdefault("vocab", {})[_strings(rng)[:50]] = rng.choice([0, 5, VOCAB + 10, 2**32, -1])
+                if not isinstance(doc.get("model"), dict) or not isinstance(doc["model"].get("vocab"), dict):
+                    doc["model"] = {"type": "WordLevel", "vocab": {}, "unk_token": "<unk>"}
+                doc["model"]["vocab"][_strings(rng)[:50]] = rng.choice([0, 5, VOCAB + 10, 2**32, -1])
             else:
                 doc[part] = _json_value(rng)
             _write(case_dir / "tokenizer.json", _dump(doc))
