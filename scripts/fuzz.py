@@ -607,12 +607,12 @@ def _child(kind: str, case_dir: Path, memory: int, log: int) -> None:
 
 
 def run(kind: str, cases: int, seed: int, jobs: int, memory: int, timeout: float, findings: Path | None,
-        work: Path, seeds: dict, progress: bool = False) -> dict:
+        work: Path, seeds: dict, on_progress=None) -> dict:
     """Run ``cases`` cases of ``kind``; returns {outcome: count, "seconds": s, "examples": {...}}."""
     counts = {o: 0 for o in OUTCOMES}
     examples: dict[str, list[str]] = {o: [] for o in BAD}
     running: dict[int, tuple] = {}
-    next_case, start, last_check = 0, time.monotonic(), 0.0
+    next_case, start, last_check, reported = 0, time.monotonic(), 0.0, 0
 
     def finish(pid: int, status: int) -> None:
         index, case_dir, begun, log_path, timed_out = running.pop(pid)
@@ -661,8 +661,10 @@ def run(kind: str, cases: int, seed: int, jobs: int, memory: int, timeout: float
                     os.kill(pid, signal.SIGKILL)
                     running[pid] = (index, case_dir, begun, log_path, True)
         time.sleep(0.002)
-        if progress and next_case % 500 == 0 and len(running) == 0:
-            print(f"  {kind}: {next_case}/{cases} {counts}", file=sys.stderr, flush=True)
+        done = sum(counts.values())
+        if on_progress is not None and done and done % 250 == 0 and done != reported:
+            reported = done
+            on_progress({**counts, "seconds": round(time.monotonic() - start, 1), "partial": True})
     return {**counts, "seconds": round(time.monotonic() - start, 1),
             "examples": {k: v[:5] for k, v in examples.items() if v}}
 
@@ -707,8 +709,12 @@ def main(argv=None) -> int:
         seeds = build_seeds(work)
         check_seeds(seeds, work)
         for kind in args.kind or KINDS:
+            def partial(counts, kind=kind):  # the counts so far, for a run stopped before its end
+                if args.out:
+                    args.out.write_text(json.dumps({**results, kind: counts}, indent=1))
+
             results[kind] = run(kind, args.cases, args.seed, args.jobs, int(args.memory * (1 << 30)), args.timeout,
-                                args.findings, work, seeds, progress=not args.json)
+                                args.findings, work, seeds, on_progress=partial)
             if not args.json:
                 r = results[kind]
                 print(f"{kind:12s} " + " ".join(f"{o}={r[o]}" for o in OUTCOMES) + f"  ({r['seconds']} s)",
