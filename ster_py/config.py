@@ -17,6 +17,7 @@ from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
+from .decoder.shared_block import SharedBlockSpec
 from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
@@ -55,6 +56,14 @@ class LayerSpec:
     ``ModelSpec.attention_shape``), whether it has attention sinks, and its
     routed feed-forward (``moe``: a layer's own SwiGLU clamps, Step 3.5). ``norms``: the sublayer
     norms of this layer when they are not the model's (A.X-K1's routed layers add ``ffn_post_norm``).
+    ``residual``: MiniMax's join, (alpha, beta) of the mixer then of the feed-forward: each
+    sublayer's output adds as residual * alpha + output * beta (``ModelSpec.residual_normed``
+    says which residual); None: the usual h + output. ``head_dim``: this layer's key (and, unless
+    ``v_head_dim`` says otherwise, value) head width when it is not the model's (Gemma 4's
+    full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
+    projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
+    only its queries and attends over the keys and values another, earlier layer cached
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself.
     """
 
     sliding_window: int | None
@@ -70,6 +79,10 @@ class LayerSpec:
     sinks: bool | None = None
     moe: MoESpec | None = None
     norms: tuple[str, ...] | None = None
+    residual: tuple[float, float, float, float] | None = None
+    head_dim: int | None = None
+    v_from_k: bool = False
+    kv_source: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,13 @@ class ModelSpec:
     ``ssm`` describes the state-space scan of the layers whose mixer is one
     (``decoder/ssm.py``); ``mup`` holds Falcon-H1's multipliers; ``adapters`` says which
     adapter targets the family takes: ``"all"``, ``"ffn"`` (feed-forward only) or ``"none"``
-    (state-space families, seed 002).
+    (state-space families, seed 002). ``residual_normed``: under a layer's ``LayerSpec.residual``,
+    each sublayer's residual is its normed input (MiniMax's postnorm). ``shared_block``: the
+    transformer blocks the ``"shared_hybrid"`` layers share (Zamba2, ``decoder/shared_block.py``).
+    ``value_norm``: each value head passes a weightless RMS norm before it is cached (Gemma 4).
+    ``layer_scalar``: each layer's output is multiplied by its stored ``layer_scalar`` [1] (Gemma 4).
+    ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
+    0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     """
 
     model_type: str
@@ -161,6 +180,12 @@ class ModelSpec:
     ssm: SSMSpec | None = None
     mup: MupScales | None = None
     adapters: str = "all"
+    residual_normed: bool = False
+    shared_block: SharedBlockSpec | None = None
+    value_norm: bool = False
+    layer_scalar: bool = False
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
 
     def has_kv(self, i: int) -> bool:
         """Whether layer ``i`` keeps keys and values (its mixer attends)."""
@@ -175,7 +200,8 @@ class ModelSpec:
         layer = self.layers[i]
         heads = layer.num_attention_heads or self.num_attention_heads
         kv = layer.num_key_value_heads or self.num_key_value_heads
-        return heads, kv, self.head_dim, layer.v_head_dim or self.head_dim
+        d = layer.head_dim or self.head_dim
+        return heads, kv, d, layer.v_head_dim or d
 
     def layer_norms(self, i: int) -> tuple[str, ...]:
         """The sublayer norms of layer ``i`` (its own, else the model's)."""
@@ -187,6 +213,8 @@ class ModelSpec:
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
             return self.latent.cache_width
+        if self.layers[i].kv_source is not None:  # attends over another layer's cache
+            return 0
         _, kv, dk, dv = self.attention_shape(i)
         return kv * (dk + dv)
 
@@ -333,7 +361,7 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
 
 
 #: ``layer_types`` entries that name a layer's mixer rather than its attention (families with
-#: ``FamilySpec.recurrent``): the family's scan, attention and the scan side by side, or a
+#: ``FamilySpec.recurrent``): the family's scan, its hybrid (``FamilySpec.hybrid_mixer``), or a
 #: feed-forward-only layer (dense or routed).
 MIXER_TYPES = {"linear_attention": "recurrent", "hybrid": "hybrid", "mlp": "none", "moe": "none"}
 
@@ -343,7 +371,8 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
 
     Families without ``recurrent`` attend on every layer. Others read ``layer_types``
     (``sliding_layers`` has checked it): ``linear_attention`` is the family's scan, ``hybrid``
-    attention and a Mamba-2 scan side by side, ``mlp`` / ``moe`` a layer that is only a dense /
+    its ``hybrid_mixer`` (attention and a Mamba-2 scan side by side, or a shared block then the
+    scan), ``mlp`` / ``moe`` a layer that is only a dense /
     routed feed-forward; any other entry is attention. A family with ``ffn_layers`` "none" has
     no feed-forward, one with "typed" only on its ``mlp`` and ``moe`` layers.
     """
@@ -352,7 +381,7 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
     for i in range(n_layers):
         t = types[i] if isinstance(types, list) else "full_attention"
         kind = MIXER_TYPES.get(t, "attention")
-        mixer = family.recurrent if kind == "recurrent" else kind
+        mixer = family.recurrent if kind == "recurrent" else family.hybrid_mixer if kind == "hybrid" else kind
         ffn = {"mlp": "dense", "moe": "moe"}.get(t)
         if ffn is None and family.ffn_layers != "all":
             ffn = "none"
@@ -363,6 +392,9 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
 def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
     """The state-space scan of a family with ``recurrent``, read under its ``ssm_*`` keys.
 
+    The short convolution: hidden_size channels and ``ssm_conv_kernel`` taps. Lightning attention:
+    the attention's heads (``num_attention_heads``) of ``head_dim`` channels, its read-out norm's
+    ``ssm_norm_eps``.
     Mamba: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden; ``ssm_dt_rank`` "auto"
     is ceil(hidden / 16). Mamba-2: d_inner from ``ssm_inner_size``, else ``ssm_expand`` * hidden
     (a family that reads neither: the heads' total); ``ssm_head_dim`` "auto" is d_inner over the
@@ -374,6 +406,17 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
     """
     where = f"invalid model config {config_name}"
     kind = family.recurrent
+    if kind == "shortconv":  # LFM2: hidden_size channels, conv_L_cache taps, no scan
+        return SSMSpec("shortconv", hidden, 0, r.positive_int("ssm_conv_kernel", limit=1024))
+    if kind == "lightning":  # the attention's heads and head width, a [D, D] state per head
+        act = r.get("ssm_act", "silu")
+        if act != "silu":
+            raise SterError(f"{config_name}: lightning attention's activation {act!r} is not supported; ster runs "
+                            "SiLU on its queries, keys and values, as MiniMax-Text-01 does")
+        heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
+        d = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
+        eps = r.get("ssm_norm_eps", 1e-6)
+        return SSMSpec("lightning", heads * d, d, 1, num_heads=heads, norm_eps=float(eps))
     act = r.get("ssm_act", "silu")
     if act != "silu":
         raise SterError(f"{config_name}: the state-space convolution's activation {act!r} is not supported; ster "
@@ -420,6 +463,47 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
     eps = r.get("ssm_norm_eps", r.get("norm_eps", 1e-6))
     return SSMSpec("mamba2", di, n, k, num_heads=heads, n_groups=groups, dt_min=lo, dt_max=hi,
                    gated_norm=family.ssm_gated_norm, norm_eps=float(eps))
+
+
+def sublayer_scales(config: Mapping, family: FamilySpec, mixers: list, config_name: str) -> list | None:
+    """Per layer, MiniMax's join (``LayerSpec.residual``): (alpha, beta) of its mixer, then of its
+    feed-forward, read under the keys ``family.sublayer_scales`` gives each mixer kind and
+    ``"ffn"`` (a key absent from the config: 1); None for families without them.
+
+    Raises:
+        SterError: a factor that is not a finite number.
+    """
+    if not family.sublayer_scales:
+        return None
+
+    def pair(kind):
+        out = []
+        for key in family.sublayer_scales.get(kind, (None, None)):
+            v = config.get(key) if key else None
+            v = 1.0 if v is None else v
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise SterError(f"invalid model config {config_name}: {key} must be a finite number, "
+                                f"got {brief_value(v)}")
+            out.append(float(v))
+        return tuple(out)
+
+    ffn = pair("ffn")
+    return [pair(mixer) + ffn for mixer, _ in mixers]
+
+
+def shared_block_spec(r: "_Reader", hidden: int, intermediate: int) -> SharedBlockSpec:
+    """The transformer blocks a family with ``shared_block`` shares between its hybrid layers
+    (Zamba2): ``shared_blocks`` of them (``num_mem_blocks``), 2 * hidden wide at their input,
+    ``intermediate`` wide inside, each hybrid layer's adapters ``adapter_rank`` wide, on q/k/v
+    too under ``shared_attention_adapters``.
+
+    Raises:
+        SterError: a missing or invalid count or rank.
+    """
+    adapters = r.get("shared_attention_adapters", False)
+    return SharedBlockSpec(blocks=r.positive_int("shared_blocks", limit=MAX_LAYERS), width=2 * hidden,
+                           intermediate=intermediate, adapter_rank=r.positive_int("adapter_rank"),
+                           attention_adapters=bool(adapters))
 
 
 def mup_scales(config: Mapping, config_name: str) -> MupScales:
@@ -599,9 +683,9 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
 
 
 def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
-                   config_name: str) -> list[dict[str, int]]:
-    """Per layer, the head counts that differ from the model's: ``num_attention_heads`` and
-    ``num_key_value_heads`` (keys of ``LayerSpec``), from Laguna's
+                   config_name: str, head_dim: int | None = None) -> list[dict[str, int]]:
+    """Per layer, the head counts and width that differ from the model's: ``num_attention_heads``,
+    ``num_key_value_heads`` and ``head_dim`` (keys of ``LayerSpec``), from Laguna's
     ``num_attention_heads_per_layer`` list and Transformers' ``per_layer_config`` (layer index ->
     overrides, Step 3.5; ``FamilySpec.normalize`` writes it for other spellings).
 
@@ -628,18 +712,47 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
             if not 0 <= i < n_layers or not isinstance(entry, Mapping):
                 raise SterError(f"{where}: per_layer_config entry {brief_value(key)} is not a layer index "
                                 "with an object of overrides")
-            out[i].update((k, entry[k]) for k in ("num_attention_heads", "num_key_value_heads")
+            out[i].update((k, entry[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
                           if entry.get(k) is not None)
-    model = {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    model = {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim}
     for i, own in enumerate(out):
         for k, v in list(own.items()):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEADS:
-                raise SterError(f"{where}: layer {i}'s {k} must be an integer in 1..{MAX_HEADS}, got {brief_value(v)}")
+            top = MAX_HEAD_DIM if k == "head_dim" else MAX_HEADS
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= top:
+                raise SterError(f"{where}: layer {i}'s {k} must be an integer in 1..{top}, got {brief_value(v)}")
             if v == model[k]:
                 del own[k]
         h, kv = own.get("num_attention_heads", heads), own.get("num_key_value_heads", kv_heads)
         if h % kv:
             raise SterError(f"{where}: layer {i}'s {h} query heads do not group over its {kv} key/value heads")
+    return out
+
+
+def kv_sources(config: Mapping, family: FamilySpec, sliding: list[bool], config_name: str) -> list[int | None]:
+    """Per layer, the earlier layer whose cached keys and values it attends over, or None: under the
+    family's ``kv_shared_key`` (Gemma 4's num_kv_shared_layers, n), each of the last n layers reuses
+    those of the last layer before them of its own kind (sliding or full attention), as
+    Transformers' ``Gemma4TextConfig.kv_sharing_modes`` assigns them.
+
+    Raises:
+        SterError: n not an integer in 0..layers - 1, or a sharing layer with no earlier layer of its kind.
+    """
+    n_layers = len(sliding)
+    n = config.get(family.kv_shared_key) if family.kv_shared_key else None
+    if not n:
+        return [None] * n_layers
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n < n_layers:
+        raise SterError(f"invalid model config {config_name}: {family.kv_shared_key} must be an integer in "
+                        f"0..{n_layers - 1} (some earlier layers must compute keys and values), got {brief_value(n)}")
+    first = n_layers - n
+    out: list[int | None] = [None] * n_layers
+    for i in range(first, n_layers):
+        same = [j for j in range(first) if sliding[j] == sliding[i]]
+        if not same:
+            kind = "sliding" if sliding[i] else "full"
+            raise SterError(f"invalid model config {config_name}: layer {i} reuses the keys and values of an earlier "
+                            f"{kind}-attention layer ({family.kv_shared_key}), but none of layers 0..{first - 1} is one")
+        out[i] = same[-1]
     return out
 
 
@@ -756,8 +869,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
 
-    def make(params: dict) -> Rope:
-        return make_rope(_fixed_alpha(params, rope_width), head_dim=rope_width, max_position_embeddings=max_pos,
+    def make(params: dict, width: int = rope_width) -> Rope:
+        return make_rope(_fixed_alpha(params, width), head_dim=width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
@@ -777,11 +890,22 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     ropes = [rope if mixer in ATTENTION_MIXERS else None for rope, (mixer, _) in zip(ropes, mixers)]
     window = config.get("sliding_window")
     chunks = chunked_layers(config, family, ropes, config_name)
-    own = layer_geometry(config, n_layers, heads, kv_heads, config_name)
+    own = layer_geometry(config, n_layers, heads, kv_heads, config_name, head_dim)
     v_head_dim = latent.v_head_dim if latent is not None else r.positive_int("v_head_dim", head_dim,
                                                                              limit=MAX_HEAD_DIM)
     if v_head_dim != head_dim:
         own = [dict(o, v_head_dim=v_head_dim) for o in own]
+    if any("head_dim" in o for o in own):  # a layer with its own head width rotates over that width
+        widened: dict = {}
+        ropes = [rope if rope is None or "head_dim" not in o else widened.setdefault(
+                     (s, o["head_dim"]), make(sliding_params if s and sliding_params is not None else full_params,
+                                              o["head_dim"]))
+                 for rope, s, o in zip(ropes, sliding, own)]
+    if family.k_eq_v_key and config.get(family.k_eq_v_key):  # full-attention values are their keys
+        own = [o if s else dict(o, v_from_k=True) for o, s in zip(own, sliding)]
+    for i, src in enumerate(kv_sources(config, family, sliding, config_name)):
+        if src is not None:
+            own[i] = dict(own[i], kv_source=src)
     if family.sinks in ("sliding", "full"):  # sinks on one kind of layer only
         own = [dict(o, sinks=s == (family.sinks == "sliding")) for o, s in zip(own, sliding)]
     moe = moe_spec(r, family, config_name) if family.moe else None
@@ -802,6 +926,11 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         own = [dict(o, norms=family.routed_norms) if m else o for o, m in zip(own, routed)]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    scales = sublayer_scales(config, family, mixers, config_name)
+    if scales is not None:  # MiniMax's join: residual * alpha + output * beta
+        own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
+    normed = family.residual_normed
+    normed = bool(config.get(normed, False)) if isinstance(normed, str) else bool(normed)
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
                              query_temperature=rope is None or not rotated_only, **o)
@@ -842,6 +971,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         latent=latent,
         ssm=ssm_spec(r, family, hidden, config_name) if family.recurrent else None,
         mup=mup_scales(config, config_name) if family.mup else None,
+        residual_normed=normed,
+        shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
+        per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
+        per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -931,4 +1064,6 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate=family.attn_gate,
         attn_gate_per_head=family.attn_gate_per_head,
         adapters=family.adapters,
+        value_norm=family.value_norm,
+        layer_scalar=family.layer_scalar,
     )

@@ -331,6 +331,8 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
     "ssm_norm_eps": (), "ssm_bcdt_eps": (), "ssm_act": (),
+    # Per-layer inputs (Gemma 4's E models): their width, and the rows of their table.
+    "per_layer_input": (), "per_layer_vocab": (),
 }
 # GPT-style spellings, read where Llama's are missing (seed 002, "Families with their own tensor paths").
 GPT_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -520,6 +522,23 @@ class FamilySpec:
         reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
             ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
             one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
+        hybrid_mixer: the mixer of the layers ``layer_types`` calls ``hybrid`` (``"hybrid"``:
+            attention and the scan side by side, Falcon-H1; ``"shared_hybrid"``: a shared
+            transformer block then the scan, Zamba2).
+        sublayer_scales: MiniMax's join: mixer kind (``"attention"``, the family's ``recurrent``)
+            or ``"ffn"`` -> the config keys of (alpha, beta): each sublayer adds as
+            residual * alpha + output * beta (``LayerSpec.residual``; a key left out: 1).
+        residual_normed: with ``sublayer_scales``, the residual is the sublayer's normed input:
+            True, False, or the config key saying so (``postnorm``, false when absent).
+        shared_block: the hybrid layers share transformer blocks (``SharedBlockSpec``, read by
+            ``config.shared_block_spec``).
+        k_eq_v_key: config key that, when true, gives the full-attention layers no value
+            projection: their values are their key projections before the key norm (Gemma 4's
+            attention_k_eq_v; ``LayerSpec.v_from_k``).
+        kv_shared_key: config key of n: the last n layers reuse the keys and values of the last
+            earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
+        value_norm: each value head passes a weightless RMS norm (Gemma 4).
+        layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
     """
 
     model_type: str
@@ -604,17 +623,32 @@ class FamilySpec:
     gguf_folded: bool = False
     adapters: str = "all"
     reference_hidden: str = "embedding"
+    hybrid_mixer: str = "hybrid"
+    sublayer_scales: Mapping[str, tuple[str, str]] | None = None
+    residual_normed: bool | str = False
+    shared_block: bool = False
+    k_eq_v_key: str | None = None
+    kv_shared_key: str | None = None
+    value_norm: bool = False
+    layer_scalar: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
         return replace(self, decoder_prefix=prefix)
 
     def tensor_names(self) -> Mapping[str, Any]:
-        """``names``, below ``decoder_prefix`` when the family is a wrapper's text decoder."""
+        """``names``, below ``decoder_prefix`` when the family is a wrapper's text decoder. A prefix that
+        stands for a stem of the decoder's own names (``WRAPPER_STEMS``: Gemma 4's
+        ``model.language_model.`` for ``model.``) replaces that stem, and names without it (the head)
+        stay as they are."""
         p = self.decoder_prefix
         if not p:
             return self.names
-        return {role: p + n if isinstance(n, str) else tuple(p + x for x in n) for role, n in self.names.items()}
+        stem = WRAPPER_STEMS.get(p, "")
+
+        def under(n: str) -> str:
+            return p + n if not stem else (p + n[len(stem):] if n.startswith(stem) else n)
+        return {role: under(n) if isinstance(n, str) else tuple(map(under, n)) for role, n in self.names.items()}
 
     def for_config(self, config: Mapping) -> "FamilySpec":
         """This family with the variants ``config`` switches on applied."""
@@ -1175,6 +1209,264 @@ _MAMBA2_HYBRID_DEFAULTS = {"ssm_state_size": 256, "ssm_conv_kernel": 4, "ssm_exp
 _BAMBA_WIDTH = Refusal(_mamba2_width_mismatch(None, "mamba_expand", "mamba_n_heads", "mamba_d_head"),
                        "a Mamba-2 width (mamba_expand * hidden_size) other than its heads' total "
                        "(mamba_n_heads * mamba_d_head) is not supported")
+
+
+# ----------------------------------------------------------------------------- group SSM-B1
+# Issue 15, part B1: LFM2's gated short convolution (lfm2, lfm2_moe), MiniMax's lightning attention
+# (minimax as Transformers spells it, minimax_text_01 as MiniMax's own checkpoints do) and Zamba2's
+# shared transformer blocks (zamba2).
+
+# LFM2: operator_norm before the mixer (a short convolution under conv.*, or attention with per-head
+# q_layernorm / k_layernorm and out_proj), ffn_norm before feed_forward.w1 / w3 / w2; embedding_norm is
+# the final norm.
+LFM2_NAMES = _with(LLAMA_NAMES, final_norm="model.embedding_norm", attn_norm=_L + "operator_norm",
+                   ffn_norm=_L + "ffn_norm", o=_L + "self_attn.out_proj", q_norm=_L + "self_attn.q_layernorm",
+                   k_norm=_L + "self_attn.k_layernorm", gate=_L + "feed_forward.w1", up=_L + "feed_forward.w3",
+                   down=_L + "feed_forward.w2", ssm_in=_L + "conv.in_proj", ssm_conv=_L + "conv.conv",
+                   ssm_out=_L + "conv.out_proj")
+_LF = _L + "feed_forward."
+LFM2_MOE_NAMES = _with(LFM2_NAMES, router=_LF + "gate", router_select_bias=_LF + "expert_bias",
+                       exp_gate=_LF + "experts.{e}.w1.weight", exp_up=_LF + "experts.{e}.w3.weight",
+                       exp_down=_LF + "experts.{e}.w2.weight")
+# llama.cpp's lfm2 / lfm2moe: the final norm is token_embd_norm, the convolution's tensors shortconv.*.
+GGUF_LFM2_NAMES = _with(GGUF_NAMES, final_norm="token_embd_norm", ssm_in="blk.{i}.shortconv.in_proj",
+                        ssm_conv="blk.{i}.shortconv.conv", ssm_out="blk.{i}.shortconv.out_proj")
+
+
+def _lfm2_config(config: Mapping) -> Mapping:
+    """LFM2's hub spellings as Transformers reads them: block_ff_dim and tie_embedding win over
+    intermediate_size and tie_word_embeddings; the feed-forward width shrunk to two thirds, then
+    (when block_ffn_dim_multiplier is stated) scaled and rounded up to block_multiple_of under
+    block_auto_adjust_ff_dim (``Lfm2MLP``; written back with the adjustment switched off);
+    layer_types from full_attn_idxs (none stated: every layer attends), a convolution layer
+    ("conv") being the family's scan (linear_attention)."""
+    c = dict(config)
+    if c.get("block_ff_dim") is not None:
+        c["intermediate_size"] = c.pop("block_ff_dim")
+    width, mult, multiple = c.get("intermediate_size"), c.get("block_ffn_dim_multiplier", 1.0), c.get(
+        "block_multiple_of", 256)
+    if c.get("block_auto_adjust_ff_dim", True) and isinstance(width, int) and not isinstance(width, bool):
+        width = int(2 * width / 3)
+        if isinstance(mult, (int, float)) and not isinstance(mult, bool) and isinstance(multiple, int) and multiple > 0:
+            width = int(mult * width)
+            width = multiple * ((width + multiple - 1) // multiple)
+        c["intermediate_size"], c["block_auto_adjust_ff_dim"] = width, False
+    return _lfm2_moe_config(c)
+
+
+def _lfm2_moe_config(config: Mapping) -> Mapping:
+    """LFM2-MoE's layer_types (as LFM2's, from full_attn_idxs when absent) and tie_embedding; its
+    dense feed-forwards are intermediate_size wide as stated (``Lfm2MoeMLP``)."""
+    c, n = dict(config), _n_layers(config)
+    if "tie_embedding" in c:
+        c["tie_word_embeddings"] = c.pop("tie_embedding")
+    if c.get("layer_types") is None:
+        idxs = c.get("full_attn_idxs")
+        idxs = idxs if isinstance(idxs, list) else list(range(n))
+        c["layer_types"] = ["full_attention" if i in idxs else "conv" for i in range(n)]
+    if isinstance(c["layer_types"], list):
+        c["layer_types"] = ["linear_attention" if t == "conv" else t for t in c["layer_types"]]
+    return c
+
+
+def _lfm2_layer_types_wrong(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return not isinstance(types, list) or any(t not in ("linear_attention", "full_attention") for t in types)
+
+
+_LFM2_LAYER_TYPES = Refusal(_lfm2_layer_types_wrong, "a layer type other than conv and full_attention in layer_types "
+                            "is not supported")
+_LFM2 = dict(recurrent="shortconv", qk_norm="head", names=LFM2_NAMES, normalize=_lfm2_config, tie_default=True,
+             adapters="none", keys={"ssm_conv_kernel": ("conv_L_cache",)},
+             defaults={"ssm_conv_kernel": 3, "rope_theta": 1_000_000.0, "norm_eps": 1e-5},
+             gguf_names=GGUF_LFM2_NAMES)
+
+# MiniMax-Text-01: Mixtral's names; lightning layers hold self_attn.qkv_proj, output_gate, norm, out_proj.
+MINIMAX_NAMES = _with(MIXTRAL_NAMES, ssm_in=_L + "self_attn.qkv_proj", ssm_gate=_L + "self_attn.output_gate",
+                      ssm_norm=_L + "self_attn.norm", ssm_out=_L + "self_attn.out_proj")
+# llama.cpp's minimax-01: the lightning layers' qkv, gate, norm (attn_norm_2) and output.
+GGUF_MINIMAX_NAMES = _with(GGUF_NAMES, ssm_in="blk.{i}.attn_qkv", ssm_gate="blk.{i}.attn_gate",
+                           ssm_norm="blk.{i}.attn_norm_2", ssm_out="blk.{i}.attn_output")
+# Transformers' names of the (alpha, beta) of each sublayer's join, by mixer.
+_MINIMAX_SCALES = {"attention": ("full_attn_alpha_factor", "full_attn_beta_factor"),
+                   "lightning": ("linear_attn_alpha_factor", "linear_attn_beta_factor"),
+                   "ffn": ("mlp_alpha_factor", "mlp_beta_factor")}
+# MiniMax's own config names for them (MiniMaxText01Config).
+_MINIMAX_HUB_SCALES = {"layernorm_full_attention_alpha": "full_attn_alpha_factor",
+                       "layernorm_full_attention_beta": "full_attn_beta_factor",
+                       "layernorm_linear_attention_alpha": "linear_attn_alpha_factor",
+                       "layernorm_linear_attention_beta": "linear_attn_beta_factor",
+                       "layernorm_mlp_alpha": "mlp_alpha_factor", "layernorm_mlp_beta": "mlp_beta_factor"}
+
+
+def _minimax_config(config: Mapping) -> Mapping:
+    """Transformers' MiniMax rotates every dimension of each head: its rotary embedding is built over
+    head_dim whatever rotary_dim or partial_rotary_factor say, so neither is read here (MiniMax's own
+    minimax_text_01 config rotates rotary_dim, as llama.cpp's minimax-01 does)."""
+    c = dict(config)
+    c.pop("rotary_dim", None)
+    c.pop("partial_rotary_factor", None)
+    rp = c.get("rope_parameters")
+    if isinstance(rp, Mapping) and "partial_rotary_factor" in rp:
+        c["rope_parameters"] = {k: v for k, v in rp.items() if k != "partial_rotary_factor"}
+    return c
+
+
+def _minimax_hub_config(config: Mapping) -> Mapping:
+    """MiniMax's own spellings (minimax_text_01) as Transformers' minimax reads them: attn_type_list
+    (0 lightning, 1 full attention) as layer_types, layernorm_*_alpha / beta as the join's factors."""
+    c = dict(config)
+    kinds = c.get("attn_type_list")
+    if c.get("layer_types") is None and isinstance(kinds, list):
+        c["layer_types"] = [{0: "linear_attention", 1: "full_attention"}.get(k, f"attn_type {k!r}")
+                            if isinstance(k, int) and not isinstance(k, bool) else repr(k) for k in kinds]
+    for hub, ours in _MINIMAX_HUB_SCALES.items():
+        if c.get(ours) is None and c.get(hub) is not None:
+            c[ours] = c[hub]
+    return c
+
+
+def _minimax_layer_types_wrong(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return isinstance(types, list) and any(t not in ("linear_attention", "full_attention") for t in types)
+
+
+_MINIMAX_REFUSALS = (
+    Refusal(lambda c: c.get("layer_types") is None, "a config without attn_type_list or layer_types (which layers "
+            "run lightning attention) is not supported"),
+    Refusal(_minimax_layer_types_wrong, "a layer kind other than lightning (linear_attention, attn_type 0) and full "
+            "attention (full_attention, attn_type 1) is not supported"),
+    Refusal(lambda c: bool(c.get("shared_intermediate_size")), "shared experts (shared_intermediate_size above 0) are "
+            "not supported"),
+    Refusal(lambda c: c.get("sliding_window") is not None, "a sliding window on the full-attention layers "
+            "(sliding_window) is not supported"),
+)
+_MINIMAX = dict(recurrent="lightning", moe=True, names=MINIMAX_NAMES, adapters="none", sublayer_scales=_MINIMAX_SCALES,
+                keys={"moe_intermediate_size": ("intermediate_size",), "shared_intermediate_size": (),
+                      "n_shared_experts": (), "ssm_act": ("hidden_act",)},
+                fixed={"norm_topk_prob": True, "scoring_func": "softmax", "topk_method": "greedy"},
+                defaults={"rope_theta": 1_000_000.0, "norm_eps": 1e-5, "ssm_norm_eps": 1e-6},
+                moe_defaults={"num_experts": 8, "num_experts_per_tok": 2}, refusals=_MINIMAX_REFUSALS)
+
+# Zamba2: Mamba-2 layers (mamba.*, input_layernorm); a hybrid layer's scan under mamba_decoder.*, its
+# projection linear, and the shared block under shared_transformer.* of the first hybrid layer running it.
+_ZM, _ZD, _ZS = _L + "mamba.", _L + "mamba_decoder.", _L + "shared_transformer."
+ZAMBA2_NAMES: Mapping[str, Any] = {
+    "embed": "model.embed_tokens", "final_norm": "model.final_layernorm", "head": "lm_head",
+    "attn_norm": (_L + "input_layernorm", _ZD + "input_layernorm"),
+    **{role: (_ZM + name, _ZD + "mamba." + name) for role, name in (
+        ("ssm_in", "in_proj"), ("ssm_conv", "conv1d"), ("ssm_dt_bias", "dt_bias"), ("ssm_a_log", "A_log"),
+        ("ssm_d", "D"), ("ssm_norm", "norm"), ("ssm_out", "out_proj"))},
+    "sb_attn_norm": _ZS + "input_layernorm", "sb_ffn_norm": _ZS + "pre_ff_layernorm",
+    "sb_q": _ZS + "self_attn.q_proj", "sb_k": _ZS + "self_attn.k_proj", "sb_v": _ZS + "self_attn.v_proj",
+    "sb_o": _ZS + "self_attn.o_proj", "sb_gate_up": _ZS + "feed_forward.gate_up_proj",
+    "sb_down": _ZS + "feed_forward.down_proj", "sb_linear": _L + "linear",
+    "sb_gate_up_a": _ZS + "feed_forward.gate_up_proj_adapter_list.{k}.0",
+    "sb_gate_up_b": _ZS + "feed_forward.gate_up_proj_adapter_list.{k}.1",
+    **{f"sb_{r}_{p}": _ZS + f"self_attn.linear_{r}_adapter_list.{{k}}.{n}" for r in "qkv" for p, n in (("a", 0), ("b", 1))},
+}
+_ZAMBA2_TYPES = {"mamba": "linear_attention", "linear_attention": "linear_attention", "hybrid": "hybrid"}
+
+
+def _zamba2_config(config: Mapping) -> Mapping:
+    """Zamba2 as Transformers' Zamba2Config derives it: layer_types from layers_block_type (mamba
+    written linear_attention), the attention's head width 2 * hidden_size / heads whatever the config
+    says, scores scaled by the square root of half of it, the scan's head width its width over the heads,
+    the step clamped below at time_step_min, the head tied to the embeddings."""
+    c = _scan_config(config)
+    listed = c.get("layers_block_type")
+    if c.get("layer_types") is None and isinstance(listed, list):
+        c["layer_types"] = [_ZAMBA2_TYPES.get(t, f"type {t!r}") if isinstance(t, str) else repr(t) for t in listed]
+    hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (hidden, heads)):
+        c["attention_head_dim"] = 2 * hidden // heads
+        c["_attention_score_width"] = c["attention_head_dim"] / 2
+    low = c.get("time_step_min", 0.001)
+    c["time_step_limit"] = [low if isinstance(low, (int, float)) and not isinstance(low, bool) else 0.001, None]
+    c["tie_word_embeddings"] = True
+    return c
+
+
+def _zamba2_layer_types_wrong(c: Mapping) -> bool:
+    types = c.get("layer_types")
+    return not isinstance(types, list) or any(t not in ("linear_attention", "hybrid") for t in types)
+
+
+_ZAMBA2_REFUSALS = (
+    Refusal(lambda c: c.get("layers_block_type") is None and c.get("layer_types") is None,
+            "a config without layers_block_type (which layers run the shared block) is not supported"),
+    Refusal(_zamba2_layer_types_wrong, "a layer kind other than mamba and hybrid in layers_block_type is not supported"),
+    Refusal(lambda c: c.get("num_mem_blocks") is None, "a config without num_mem_blocks (how many shared blocks) "
+            "is not supported"),
+    Refusal(lambda c: not c.get("adapter_rank"), "shared blocks with adapters but no adapter_rank are not supported"),
+    Refusal(lambda c: bool(c.get("add_bias_linear")), "biases on the linear layers (add_bias_linear) are not "
+            "supported"),
+    # Transformers' key and value adapters are as wide as the queries: it runs them only without grouped heads
+    Refusal(lambda c: bool(c.get("use_shared_attention_adapter"))
+            and c.get("num_key_value_heads") not in (None, c.get("num_attention_heads")),
+            "attention adapters (use_shared_attention_adapter) with num_key_value_heads other than "
+            "num_attention_heads are not supported"),
+)
+
+
+# ---- g4: Gemma 4's text decoders (gemma4_text, gemma4_unified_text)
+# Gemma 3's sandwich with weight-itself norms, a layer_scalar per layer and, on the E models, the
+# per-layer inputs (decoder/model.py, PerLayerInputs) and their gate, projection and norm per layer.
+GEMMA4_NAMES = _with(GEMMA2_NAMES, layer_scalar=_L + "layer_scalar", per_layer_gate=_L + "per_layer_input_gate",
+                     per_layer_proj=_L + "per_layer_projection", per_layer_post_norm=_L + "post_per_layer_input_norm",
+                     per_layer_embed="model.embed_tokens_per_layer",
+                     per_layer_model_proj="model.per_layer_model_projection",
+                     per_layer_proj_norm="model.per_layer_projection_norm")
+
+
+def _gemma4_config(config: Mapping) -> Mapping:
+    """Gemma 4's config as Transformers' ``Gemma4TextConfig.__post_init__`` completes it: the last
+    layer attends fully whatever ``layer_types`` says, and a hub config's ``global_head_dim`` (and,
+    under attention_k_eq_v, ``num_global_key_value_heads``) becomes the full-attention layers'
+    ``per_layer_config``."""
+    out = dict(config)
+    types = out.get("layer_types")
+    if isinstance(types, list) and types and types[-1] != "full_attention":
+        out["layer_types"] = types[:-1] + ["full_attention"]
+    types = out.get("layer_types")
+    ghd = out.get("global_head_dim")
+    if "per_layer_config" not in out and ghd is not None and isinstance(types, list):
+        own = {"head_dim": ghd}
+        if out.get("attention_k_eq_v") and out.get("num_global_key_value_heads") is not None:
+            own["num_key_value_heads"] = out["num_global_key_value_heads"]
+        out["per_layer_config"] = {str(i): dict(own) for i, t in enumerate(types) if t == "full_attention"}
+    return out
+
+
+def _gemma4_sliding_rope(c: Mapping):
+    rp = c.get("rope_parameters")
+    return rp.get("sliding_attention") if isinstance(rp, Mapping) else None
+
+
+_GEMMA4_REFUSALS = (
+    Refusal(lambda c: c.get("use_bidirectional_attention") == "all",
+            "use_bidirectional_attention: \"all\" (every token attends both ways) is not supported"),
+    Refusal(flag("use_double_wide_mlp"), "use_double_wide_mlp is not supported"),
+    Refusal(flag("enable_moe_block"), "Gemma 4's mixture-of-experts block (enable_moe_block) is not supported yet"),
+    Refusal(lambda c: not isinstance(c.get("layer_types"), list),
+            "a Gemma 4 config without layer_types (which layers slide) is not supported"),
+    Refusal(lambda c: c.get("per_layer_config") is None,
+            "a Gemma 4 config without global_head_dim (the full-attention head width) is not supported"),
+    Refusal(lambda c: not isinstance(_gemma4_sliding_rope(c), Mapping)
+            or _gemma4_sliding_rope(c).get("rope_theta") is None,
+            "a Gemma 4 config without a sliding_attention rotation base (rope_parameters) is not supported"),
+    Refusal(lambda c: isinstance(_gemma4_sliding_rope(c), Mapping)
+            and (_gemma4_sliding_rope(c).get("rope_type") or "default") != "default",
+            "a scaled sliding_attention rotation is not supported"),
+)
+# Norms scale by their weight itself, scores are not scaled, values pass a weightless norm.
+_GEMMA4 = dict(norms=_SANDWICH, names=GEMMA4_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True,
+               default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
+               final_softcap_key="final_logit_softcapping", value_norm=True, layer_scalar=True,
+               k_eq_v_key="attention_k_eq_v", kv_shared_key="num_kv_shared_layers", adapters="ffn",
+               normalize=_gemma4_config, refusals=_GEMMA4_REFUSALS)
+# Transformers' Gemma4TextConfig defaults for keys a config.json may leave out.
+_GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -1836,6 +2128,44 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "(gate, down) are not supported")),
                    gguf_arch="falcon-h1", gguf_names=GGUF_FALCON_H1_NAMES,
                    gguf_changes={"embed_multiplier_key": None, "logit_scale_key": None, "mup": False}),
+        # group SSM-B1 (issue 15, part B1): short convolutions, lightning attention, shared blocks
+        FamilySpec("lfm2", **_LFM2, gguf_arch="lfm2", refusals=(_LFM2_LAYER_TYPES,)),
+        FamilySpec("lfm2_moe", **dict(_LFM2, keys=dict(_LFM2["keys"], num_experts=("num_experts",)),
+                                      names=LFM2_MOE_NAMES, normalize=_lfm2_moe_config), moe=True, gguf_arch="lfm2moe",
+                   fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-6},
+                   moe_defaults={"num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True},
+                   variants=(Variant(unset("use_expert_bias"), {"fixed": {"scoring_func": "sigmoid",
+                                                                          "topk_method": "greedy"}}),),
+                   refusals=(_LFM2_LAYER_TYPES,)),
+        FamilySpec("minimax", **_MINIMAX, normalize=_minimax_config, residual_normed=True),
+        FamilySpec("minimax_text_01", **dict(_MINIMAX, normalize=_minimax_hub_config,
+                                             keys=dict(_MINIMAX["keys"], rotary_dim=("rotary_dim",))),
+                   residual_normed="postnorm",
+                   gguf_arch="minimax-01", gguf_names=GGUF_MINIMAX_NAMES),
+        FamilySpec("zamba2", recurrent="mamba2", hybrid_mixer="shared_hybrid", shared_block=True, ffn_layers="none",
+                   norms=("attn_norm",), positions="none", names=ZAMBA2_NAMES, normalize=_zamba2_config,
+                   adapters="none", tie_default=True, default_act="gelu", ffn_mult=4, reference_hidden="embedding",
+                   attn_scale_key="_attention_score_width",
+                   keys={"ssm_state_size": ("mamba_d_state",), "ssm_conv_kernel": ("mamba_d_conv",),
+                         "ssm_expand": ("mamba_expand",), "ssm_num_heads": ("n_mamba_heads",), "ssm_head_dim": (),
+                         "ssm_groups": ("mamba_ngroups",), "head_dim": ("attention_head_dim",),
+                         "shared_blocks": ("num_mem_blocks",), "adapter_rank": ("adapter_rank",),
+                         "shared_attention_adapters": ("use_shared_attention_adapter",)},
+                   defaults={"ssm_state_size": 64, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_num_heads": 8,
+                             "ssm_head_dim": "auto", "ssm_groups": 1, "ssm_norm_eps": 1e-5, "norm_eps": 1e-5},
+                   variants=(Variant(flag("use_mem_rope"), {"positions": "rope"}),),
+                   refusals=_ZAMBA2_REFUSALS + (Refusal(_mamba2_width_mismatch(None, "mamba_expand", "n_mamba_heads",
+                                                                               "mamba_headdim"),
+                                                        "a Mamba-2 width (mamba_expand * hidden_size) other than its "
+                                                        "heads' total (n_mamba_heads * mamba_headdim) is not supported"),)),
+        # ---- g4: Gemma 4
+        FamilySpec("gemma4_text", **_GEMMA4,
+                   keys={"per_layer_input": ("hidden_size_per_layer_input",),
+                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                   config_defaults={**_GEMMA4_DEFAULTS, "hidden_size_per_layer_input": 256,
+                                    "vocab_size_per_layer_input": 262144}),
+        FamilySpec("gemma4_unified_text", **_GEMMA4,
+                   config_defaults={**_GEMMA4_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262144}),
     )
 }
 
@@ -1850,7 +2180,12 @@ FAMILIES_BY_GGUF_ARCH["nemotron_h_moe"] = FAMILIES["nemotron_h"]
 # Multimodal checkpoints whose text decoder ster runs: the wrapper's model_type -> (the decoder's
 # model_type when its text_config leaves it out, the prefix the decoder's tensors sit below). The
 # towers beside the decoder (vision, projector) are never read.
-WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model.")}
+WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_model."),
+                                           "gemma4": ("gemma4_text", "model.language_model."),
+                                           "gemma4_unified": ("gemma4_unified_text", "model.language_model.")}
+# A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
+# Gemma 4's wrappers keep the text model's layers at model.language_model.layers (not below model.).
+WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model."}
 # What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 

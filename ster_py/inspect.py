@@ -35,10 +35,19 @@ def _ssm_dims(spec) -> dict[str, Any]:
     if spec.ssm is None:
         return {}
     s = spec.ssm
-    out = {"scan_layers": sum(1 for layer in spec.layers if layer.mixer in ("mamba", "mamba2", "hybrid")),
+    from .decoder.ssm import RECURRENT_MIXERS
+
+    out = {"scan_layers": sum(1 for layer in spec.layers if layer.mixer in RECURRENT_MIXERS),
            "attention_layers": sum(1 for i in range(spec.num_hidden_layers) if spec.has_kv(i)),
-           "scan": s.kind, "ssm_inner_size": s.d_inner, "ssm_state_size": s.d_state, "ssm_conv_kernel": s.d_conv}
-    out.update({"ssm_dt_rank": s.dt_rank} if s.kind == "mamba" else {"ssm_heads": s.num_heads, "ssm_groups": s.n_groups})
+           "scan": s.kind, "ssm_inner_size": s.d_inner}
+    if s.kind != "lightning":
+        out["ssm_conv_kernel"] = s.d_conv
+    if s.kind == "mamba":
+        out.update(ssm_state_size=s.d_state, ssm_dt_rank=s.dt_rank)
+    elif s.kind == "mamba2":
+        out.update(ssm_state_size=s.d_state, ssm_heads=s.num_heads, ssm_groups=s.n_groups)
+    elif s.kind == "lightning":
+        out.update(ssm_heads=s.num_heads, ssm_head_dim=s.d_state)
     return out
 
 

@@ -144,11 +144,14 @@ def check_spec(spec: ModelSpec, source: str) -> ModelSpec:
         tables = [rope.inv_freq] + ([rope.long_inv_freq] if rope.long_inv_freq is not None else [])
         for table in tables:
             table = np.asarray(table, dtype=np.float64)
-            if table.shape != (rope.rotary_dim // 2,) or not np.all(np.isfinite(table)) or np.any(table <= 0):
+            # zero: a pair that does not turn (a proportional rotation's unrotated share)
+            if (table.shape != (rope.rotary_dim // 2,) or not np.all(np.isfinite(table)) or np.any(table < 0)
+                    or not np.any(table > 0)):
                 raise SterError(f"invalid model config {source}: layer {i}'s rotary frequencies are not finite "
                                 "and positive (check rope_theta and the rope scaling factors)")
-        if not 0 < rope.rotary_dim <= spec.head_dim or rope.rotary_dim % 2:
+        width = spec.attention_shape(i)[2]  # the layer's own head width (Gemma 4's full-attention layers)
+        if not 0 < rope.rotary_dim <= width or rope.rotary_dim % 2:
             raise SterError(f"invalid model config {source}: the rotary width {rope.rotary_dim} must be even and "
-                            f"within head_dim {spec.head_dim} (check partial_rotary_factor / rotary_dim)")
+                            f"within head_dim {width} (check partial_rotary_factor / rotary_dim)")
         _positive_finite(rope.attention_factor, "the rope attention factor", source)
     return spec

@@ -48,7 +48,11 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 
 # Stored tensors no decoder role reads and that are safe to leave: rotary inverse-frequency
 # buffers and the causal-mask buffers old GPT-2 / GPT-J / GPT-NeoX checkpoints saved.
-HARMLESS_SUFFIXES = (".inv_freq", ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias")
+HARMLESS_SUFFIXES = (".inv_freq", ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias",
+                     # Transformers' MiniMax saves lightning attention's decay tables, which the layer's place
+                     # and head count fix (decoder/lightning.py computes them)
+                     ".self_attn.slope_rate", ".self_attn.query_decay", ".self_attn.key_decay",
+                     ".self_attn.diagonal_decay")
 # llama.cpp's rope_freqs and LongRoPE factors are read with the metadata (gguf/load.py), not as layer weights.
 HARMLESS_NAMES = frozenset({"rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"})
 

@@ -166,7 +166,11 @@ def test_families_json_lists_every_model_type():
         # latent-attention families of issue 14 (tests/test_parity_mla.py)
         "deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "axk1", "sarvam_mla",
         # state-space families of issue 15, part A (tests/test_parity_ssm.py)
-        "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"}
+        "mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
+        # short convolutions, lightning attention and shared blocks of issue 15, part B1 (tests/test_parity_ssm_b1.py)
+        "lfm2", "lfm2_moe", "minimax", "minimax_text_01", "zamba2",
+        # Gemma 4's text decoders of issue 16 (tests/test_parity_gemma4.py)
+        "gemma4_text", "gemma4_unified_text"}
 
 
 @pytest.mark.real

@@ -140,15 +140,20 @@ def test_family_matches_transformers(case, tmp_path):
 
 def test_every_landed_family_has_a_case():
     """No family is registered without a parity case above (or in test_parity_families.py)."""
+    import test_parity_gemma4
     import test_parity_mla
     import test_parity_moe
     import test_parity_ssm
+    import test_parity_ssm_b1
 
     foundation = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text"}
     tested = {model_type for model_type, _ in CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_moe.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_mla.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_ssm_b1.CASES.values()}
+    tested.add("minimax_text_01")  # test_parity_ssm_b1.test_minimax_text_01_as_minimax_releases_it
+    tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
     assert set(FAMILIES) == foundation | tested
 
 

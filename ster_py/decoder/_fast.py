@@ -1,5 +1,5 @@
 """Access to the fused Cython ops (``ster_py._kernels.ops``) and the recurrent mixers'
-kernels (``ster_py._kernels.scan``), each None when it is not built.
+kernels (``ster_py._kernels.scan``, ``ster_py._kernels.lightning``), each None when it is not built.
 
 The numpy functions stay the reference and the fallback: a source checkout without a
 build still runs (slowly) and the tests compare the two.
@@ -19,3 +19,10 @@ try:
     _check(scan)
 except ImportError:  # pragma: no cover - depends on the build (or a stale one)
     scan = None
+
+try:
+    from .._kernels import check_built as _check_lightning, lightning
+
+    _check_lightning(lightning)
+except ImportError:  # pragma: no cover - depends on the build (or a stale one)
+    lightning = None

@@ -176,8 +176,17 @@ class Attention(Part):
     def __init__(self, spec, i: int, load, norm):
         self.spec, self.i, self.layer = spec, i, spec.layers[i]
         self.shape = spec.attention_shape(i)
-        self.q, self.k, self.v, self.o = (make_linear(load(r, required=True), load(r, "bias")) for r in self.ROLES)
-        self.q_norm, self.k_norm = (self._qk_norm(r, load, norm) for r in ("q_norm", "k_norm"))
+        # a layer reading another's cache projects only its queries (LayerSpec.kv_source); one whose
+        # values are its keys has no value projection (LayerSpec.v_from_k)
+        self.source = self.layer.kv_source
+        if self.source is not None:
+            self.KV = False  # it caches nothing: the cache gives it no buffers
+        own = ("q", "o") if self.source is not None else ("q", "k", "o") if self.layer.v_from_k else self.ROLES
+        for r in self.ROLES:
+            object.__setattr__(self, r, make_linear(load(r, required=True), load(r, "bias")) if r in own else None)
+        self.q_norm = self._qk_norm("q_norm", load, norm)
+        self.k_norm = self._qk_norm("k_norm", load, norm) if self.source is None else None
+        self.v_norm = Norm("rms", spec.norm_eps, None, None) if spec.value_norm else None
         self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
         self.g = make_linear(load("g", required=True)) if spec.attn_gate else None
 
@@ -189,7 +198,8 @@ class Attention(Part):
         return norm(role) if s.qk_norm_affine else Norm("rms", s.norm_eps, None, None)
 
     def read_order(self) -> list[tuple]:
-        return [(self.q, self.k, self.v)] + ([(self.g,)] if self.g is not None else []) + [(self.o,)]
+        qkv = tuple(p for p in (self.q, self.k, self.v) if p is not None)
+        return [qkv] + ([(self.g,)] if self.g is not None else []) + [(self.o,)]
 
     def rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
         """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
@@ -203,7 +213,13 @@ class Attention(Part):
         """x float32 [T, hidden_size] (normed) -> float32 [T, hidden_size]; stores this layer's keys
         and values for ``positions`` in ``cache``."""
         s, T = self.spec, x.shape[0]
-        q, k, v = self.project(("q", "k", "v"), x)
+        if self.source is not None:
+            return self._shared(x, cache, positions, tables)
+        if self.v is None:  # values are the key projection, before the key norm
+            q, k = self.project(("q", "k"), x)
+            v = k.copy()  # k is normed and rotated in place below
+        else:
+            q, k, v = self.project(("q", "k", "v"), x)
         if s.mup is not None and s.mup.key != 1.0:  # Falcon-H1's key_multiplier
             k = k * np.float32(s.mup.key)
         if s.qk_norm == "proj" and self.q_norm is not None:
@@ -219,6 +235,8 @@ class Attention(Part):
             v = v.reshape(T, KV, Dv).transpose(1, 0, 2)
         if s.value_scale != 1.0:
             v = v * np.float32(s.value_scale)
+        if self.v_norm is not None:  # a weightless RMS norm over each value head
+            v = self.v_norm(np.ascontiguousarray(v))
         head_norm = s.qk_norm == "head" and self.q_norm is not None
         if head_norm and not s.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -230,6 +248,12 @@ class Attention(Part):
         if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
+        return self._attend(x, q, keys, values, positions, bias)
+
+    def _attend(self, x, q, keys, values, positions, bias=None) -> np.ndarray:
+        """Queries float32 [H, T, D] over the visible keys/values, through the output gate and ``o``."""
+        s, T = self.spec, x.shape[0]
+        H, _, _, Dv = self.shape
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks, chunk=self.layer.attention_chunk)
         out = out.reshape(1, H * Dv) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * Dv)
@@ -237,3 +261,19 @@ class Attention(Part):
             gate = GATES[s.attn_gate](self.g(x))
             out = (out.reshape(T, H, Dv) * gate[:, :, None]).reshape(T, H * Dv) if s.attn_gate_per_head else out * gate
         return self.o(out)
+
+    def _shared(self, x: np.ndarray, cache, positions: np.ndarray, tables: dict) -> np.ndarray:
+        """A layer without keys and values of its own (``LayerSpec.kv_source``): its normed, rotated
+        queries attend over what the source layer, run earlier in this call, cached up to now."""
+        T = x.shape[0]
+        H, _, D, _ = self.shape
+        q = self.q(x)
+        q = q.reshape(H, 1, D) if T == 1 else np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2))
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.layer.rope is not None:
+            cos, sin = self.rope_tables(positions, tables)
+            q = self.layer.rope.apply(np.ascontiguousarray(q), cos, sin)
+        end = int(positions[-1]) + 1
+        keys, values = cache.buffers(self.source, end)
+        return self._attend(x, q, keys[:, :end], values[:, :end], positions)

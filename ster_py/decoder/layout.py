@@ -12,6 +12,8 @@ never knows how a family stores its weights:
   a fused ``shexp_gate_up`` of the shared experts (GraniteMoE-Shared's ``shared_mlp.input_linear``);
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
 - a name holding ``{h}`` is one tensor per head, stacked (StableLM's per-head q/k LayerNorms);
+- a name holding ``{k}`` is read with the slot the caller gives (``get(..., slot=k)``: the k-th
+  layer's adapter of a block shared between layers, Zamba2);
 - a checkpoint saved from the base model, without the family's ``root`` prefix, is read too;
 - a role listed under several names is read under the first one the file holds (Falcon GGUF); a
   name ending in ``#`` is stored without a ``.weight`` suffix (llama.cpp's Falcon-H1 ``ffn_norm``);
@@ -73,6 +75,17 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                            ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
     if spec.ssm is not None:
         shapes.update(spec.ssm.tensor_shapes(d))
+    if getattr(spec, "layer_scalar", False):
+        shapes[("layer_scalar", "")] = (1,)
+    p = getattr(spec, "per_layer_input", 0)
+    if p:  # Gemma 4's per-layer inputs (decoder/model.py, PerLayerInputs)
+        n = spec.num_hidden_layers
+        shapes.update({("per_layer_embed", "weight"): (spec.per_layer_vocab, n * p),
+                       ("per_layer_model_proj", "weight"): (n * p, d), ("per_layer_proj_norm", "weight"): (p,),
+                       ("per_layer_gate", "weight"): (p, d), ("per_layer_proj", "weight"): (d, p),
+                       ("per_layer_post_norm", "weight"): (d,)})
+    if getattr(spec, "shared_block", None) is not None:  # Zamba2's shared transformer blocks
+        shapes.update(spec.shared_block.tensor_shapes(spec))
     if spec.latent is not None:  # multi-head latent attention (decoder/latent.py)
         m = spec.latent
         r, qr, nope, rope, lv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
@@ -122,27 +135,28 @@ class Layout:
             t = self.weights.get(name[len(root):])
         return t
 
-    def _names(self, role: str, i: int | None, kind: str) -> list[str]:
+    def _names(self, role: str, i: int | None, kind: str, slot: int | None = None) -> list[str]:
         """The names a role may be stored under, first found wins (a table entry may list several).
-        ``kind`` "" means the table gives the whole name."""
+        ``kind`` "" means the table gives the whole name; ``slot`` fills a name's ``{k}``."""
         entry = self.spec.names[role]
         suffix = f".{kind}" if kind else ""
+        k = "{k}" if slot is None else slot
         out = []
         for n in (entry,) if isinstance(entry, str) else entry:
             if n.endswith("#"):  # stored without a suffix: it is the weight (llama.cpp's Falcon-H1 ffn_norm)
                 if kind == "weight":
-                    out.append(n[:-1].format(i=i, h="{h}", e="{e}"))
+                    out.append(n[:-1].format(i=i, h="{h}", e="{e}", k=k))
                 continue
-            out.append(f"{n.format(i=i, h='{h}', e='{e}')}{suffix}")
+            out.append(f"{n.format(i=i, h='{h}', e='{e}', k=k)}{suffix}")
         return out
 
-    def _name(self, role: str, i: int | None, kind: str) -> str:
-        names = self._names(role, i, kind)
+    def _name(self, role: str, i: int | None, kind: str, slot: int | None = None) -> str:
+        names = self._names(role, i, kind, slot)
         return names[0] if names else f"{role} {kind} of layer {i}"
 
-    def _read(self, role: str, i: int | None, kind: str) -> np.ndarray | None:
+    def _read(self, role: str, i: int | None, kind: str, slot: int | None = None) -> np.ndarray | None:
         """The stored tensor of a role the names table lists, in the decoder's orientation."""
-        for name in self._names(role, i, kind):
+        for name in self._names(role, i, kind, slot):
             t = self._read_name(role, i, kind, name)
             if t is not None:
                 return t
@@ -190,8 +204,9 @@ class Layout:
         bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + kv) * d + kv * vd)}[role]
         return fused[bounds[0]:bounds[1]]
 
-    def get(self, role: str, i: int | None, kind: str, required: bool = False) -> np.ndarray | None:
-        """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``.
+    def get(self, role: str, i: int | None, kind: str, required: bool = False, slot: int | None = None):
+        """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``; ``slot``
+        fills ``{k}`` in the role's name.
 
         Returns None when the checkpoint does not hold it and ``required`` is false.
 
@@ -199,8 +214,8 @@ class Layout:
             SterError: a required tensor is missing (named), or a shape disagrees with the config.
         """
         names = self.spec.names
-        t = self._read(role, i, kind) if role in names else None
-        where = self._name(role, i, kind) if role in names else None
+        t = self._read(role, i, kind, slot) if role in names else None
+        where = self._name(role, i, kind, slot) if role in names else None
         fused_role = FUSED_INTO.get(role)
         if t is None and fused_role in names:  # stored inside a fused tensor
             fused = self._read(fused_role, i, kind)

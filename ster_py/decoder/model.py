@@ -23,6 +23,7 @@ Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until use
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol
 
 import numpy as np
@@ -31,10 +32,11 @@ from ..config import ModelSpec
 from ..errors import SterError
 from .attention import Attention
 from .cache import KVCache
-from .ffn import DenseFFN
+from .ffn import ACT_FNS, DenseFFN
 from .latent import LatentAttention
 from .hybrid import Hybrid
 from .layout import Layout
+from .lightning import Lightning
 from .linear import make_linear
 from .mamba import Mamba
 from .mamba2 import Mamba2
@@ -42,6 +44,8 @@ from .moe import MoE
 from .norms import Norm
 from .positions import alibi_bias
 from .qlinear import QuantLinear
+from .shared_block import SharedHybrid
+from .shortconv import ShortConv
 from .step import layer_step
 from .xielu import XIELU
 
@@ -59,9 +63,11 @@ _UNBUILT = object()
 #: ``LayerSpec.mixer`` -> the part that mixes tokens on such a layer, built as
 #: ``cls(spec, i, load, norm)``; a mixer that keeps state other than keys and values
 #: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``), and one whose
-#: ``KV`` is true keeps keys and values too. ``"none"``: the layer is only a feed-forward.
+#: ``KV`` is true keeps keys and values too. A mixer whose ``OWN_NORMS`` lists a sublayer norm
+#: builds and applies that norm itself (the block leaves it out). ``"none"``: the layer is only a
+#: feed-forward.
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
-          "hybrid": Hybrid}
+          "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load):
@@ -116,16 +122,25 @@ class _Layer:
         d = self.__dict__  # set directly: __setattr__ below is for changes after load
         d.update(i=i, spec=spec, layer=spec.layers[i], _step=_UNBUILT, _residual_scale=np.float32(spec.residual_scale))
 
-        def load(role, kind="weight", required=False):
-            return layout.get(role, i, kind, required)
+        def load(role, kind="weight", required=False, layer=None, slot=None):
+            # layer: another layer's tensor (a block shared between layers); slot: fills a name's {k}
+            return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
             return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
                         spec.norm_unit_offset)
 
-        d["norms"] = {role: norm(role) for role in spec.layer_norms(i)}
-        d["mixer"] = MIXERS[self.layer.mixer](spec, i, load, norm) if self.layer.mixer != "none" else None
+        cls = MIXERS.get(self.layer.mixer)
+        own = getattr(cls, "OWN_NORMS", ())
+        d["norms"] = {role: norm(role) for role in spec.layer_norms(i) if role not in own}
+        d["mixer"] = cls(spec, i, load, norm) if cls is not None else None
         d["ffn"] = build_ffn(spec, i, layout, load)
+        # Gemma 4: a per-layer input joins after the block, then the block's output is scaled
+        d["per_layer"] = ((make_linear(load("per_layer_gate", required=True)),
+                           make_linear(load("per_layer_proj", required=True)), norm("per_layer_post_norm"))
+                          if spec.per_layer_input else None)
+        d["scalar"] = (np.float32(load("layer_scalar", "", required=True).reshape(-1)[0])
+                       if spec.layer_scalar else None)
 
     def _owner(self, name: str):
         d = self.__dict__
@@ -171,8 +186,26 @@ class _Layer:
     def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None,
                  tables: dict | None = None) -> np.ndarray:
         """One block on h float32 [T, hidden_size]; ``tables`` shares RoPE cos/sin between
-        the layers of one forward call (keyed by the Rope object)."""
+        the layers of one forward call (keyed by the Rope object) and carries the per-layer
+        inputs (``"per_layer"``, float32 [T, layers, width], ``PerLayerInputs``).
+
+        With per-layer inputs (Gemma 4's ``Gemma4TextDecoderLayer``), the block's output h then
+        adds post_norm(proj(act(gate(h)) * input_i)); with a layer scalar, the result is multiplied by it."""
+        if self.per_layer is None and self.scalar is None:
+            return self._block(h, cache, positions, bias, tables)
+        h = self._block(h, cache, positions, bias, tables)
+        if self.per_layer is not None:
+            gate, proj, post = self.per_layer
+            g = ACT_FNS[self.spec.hidden_act](gate(h)) * tables["per_layer"][:, self.i, :]
+            h = h + post(proj(np.ascontiguousarray(g, dtype=np.float32)))
+        return h * self.scalar if self.scalar is not None else h
+
+    def _block(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None,
+               tables: dict | None = None) -> np.ndarray:
+        """The block itself (norms, mixer, feed-forward, join)."""
         n, r = self.norms, self._residual_scale
+        if self.layer.residual is not None:
+            return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
             m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
             return h + (m * r if r != 1 else m)
@@ -189,6 +222,49 @@ class _Layer:
         if self.spec.parallel:
             m = a + m
         return h + (m * r if r != 1 else m)
+
+    def _scaled_join(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """MiniMax's block (``LayerSpec.residual`` = (a1, b1, a2, b2)): each sublayer joins its
+        residual as residual * a + output * b, the residual being the sublayer's normed input
+        when ``ModelSpec.residual_normed`` (Transformers' ``MiniMaxDecoderLayer``), else its input."""
+        n, (a1, b1, a2, b2) = self.norms, self.layer.residual
+        x = n["attn_norm"](h) if "attn_norm" in n else h
+        a = self.mixer(x, cache, positions, bias, {} if tables is None else tables)
+        h = (x if self.spec.residual_normed else h) * np.float32(a1) + a * np.float32(b1)
+        x = n["ffn_norm"](h) if "ffn_norm" in n else h
+        m = self.ffn(x)
+        return (x if self.spec.residual_normed else h) * np.float32(a2) + m * np.float32(b2)
+
+
+class PerLayerInputs:
+    """Gemma 4's per-layer inputs (the E models' per-layer embeddings, ``ModelSpec.per_layer_input``
+    = P wide, over L layers), as Transformers' ``Gemma4TextModel.get_per_layer_inputs`` and
+    ``project_per_layer_inputs`` compute them: the token's row of ``per_layer_embed`` [V', L * P]
+    times sqrt(P), plus ``per_layer_proj_norm`` (an RMS norm over each layer's P) of the scaled
+    embeddings through ``per_layer_model_proj`` [L * P, hidden] times hidden ** -0.5, the sum
+    times 2 ** -0.5.
+
+    Args:
+        spec: the ``ModelSpec``.
+        table: float [per_layer_vocab, L * P]; proj: the projection (a linear); norm: the ``Norm``.
+    """
+
+    def __init__(self, spec: ModelSpec, table, proj, norm):
+        self.spec, self.table, self.proj, self.norm = spec, table, proj, norm
+
+    def __call__(self, ids: np.ndarray, embedded: np.ndarray) -> np.ndarray:
+        """ids int [T], embedded float32 [T, hidden] (the scaled embeddings) -> float32 [T, L, P].
+
+        Raises:
+            SterError: a token id past the per-layer table's rows."""
+        s = self.spec
+        L, P = s.num_hidden_layers, s.per_layer_input
+        if ids.size and ids.max() >= self.table.shape[0]:
+            raise SterError(f"token id {int(ids.max())} is past the {self.table.shape[0]} rows of the per-layer "
+                            "embedding table")
+        tok = np.asarray(self.table[ids], dtype=np.float32).reshape(-1, L, P) * np.float32(math.sqrt(P))
+        ctx = (self.proj(embedded) * np.float32(s.hidden_size ** -0.5)).reshape(-1, L, P)
+        return (self.norm(np.ascontiguousarray(ctx)) + tok) * np.float32(2.0 ** -0.5)
 
 
 class Decoder:
@@ -221,6 +297,10 @@ class Decoder:
                         spec.norm_unit_offset)
 
         self.embed_norm = norm("embed_norm") if spec.embed_norm else None
+        self.per_layer = (PerLayerInputs(spec, top("per_layer_embed", required=True),
+                                         make_linear(top("per_layer_model_proj", required=True)),
+                                         norm("per_layer_proj_norm"))
+                          if spec.per_layer_input else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
         self.final_norm = norm("final_norm")
         head = None if spec.tie_word_embeddings else top("head")
@@ -309,7 +389,11 @@ class Decoder:
                 if s.alibi_slopes is not None else None)
         if hidden_states is not None:
             hidden_states.append(h)
-        tables: dict = {}  # RoPE cos/sin per Rope object, computed once per call
+        # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first
+        # layer (a shared block reads it beside the residual stream, Zamba2)
+        tables: dict = {"embeddings": h}
+        if self.per_layer is not None:
+            tables["per_layer"] = self.per_layer(ids, h)
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
                 and cache.length + 1 <= np.iinfo(np.int32).max)

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import SterError
 from ._fast import ops as _ops
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "deepseek_yarn")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "deepseek_yarn", "proportional")
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,24 @@ def rotary_width(head_dim: int, partial: float, where: str, keys: str = "partial
     return dim
 
 
+def _proportional(params: Mapping, base: float, head_dim: int, number, where: str, interleaved: bool) -> Rope:
+    """Proportional RoPE (Gemma 4's full-attention rotation): the pairs are those of the whole head
+    (j with j + head_dim / 2); only the first floor(p * head_dim / 2) of them turn, at
+    base ** (-2j / head_dim) / factor, and the rest stay put (frequency 0), p being the set's own
+    ``partial_rotary_factor`` (1 when absent), as Transformers' ``_compute_proportional_rope_parameters``."""
+    share = params.get("partial_rotary_factor", 1.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise SterError(f"{where}: partial_rotary_factor of a proportional rotation must be a number in 0..1, "
+                        f"got {brief_value(share)}")
+    if head_dim % 2:
+        raise SterError(f"{where}: a proportional rotation needs an even head width, got {head_dim}")
+    factor = number("factor", 1.0)
+    turning = int(share * head_dim // 2)
+    inv = np.zeros(head_dim // 2, np.float64)
+    inv[:turning] = 1.0 / base ** (np.arange(0, 2 * turning, 2, dtype=np.float64) / head_dim)
+    return Rope(inv / factor, head_dim, interleaved=interleaved)
+
+
 def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
               partial_rotary_factor: float = 1.0, interleaved: bool = False,
               where: str = "invalid rope parameters", partial_keys: str = "partial_rotary_factor") -> Rope:
@@ -234,6 +252,8 @@ def make_rope(params: Mapping, *, head_dim: int, max_position_embeddings: int,
         rope_type = "yarn"
     number = _Numbers(params, rope_type, where)
     base = number("rope_theta", 10000.0)
+    if rope_type == "proportional":
+        return _proportional(params, base, head_dim, number, where, interleaved)
     if "partial_rotary_factor" in params:
         partial_rotary_factor, partial_keys = params["partial_rotary_factor"], "partial_rotary_factor"
     dim = rotary_width(head_dim, partial_rotary_factor, where, partial_keys)

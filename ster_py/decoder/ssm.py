@@ -4,8 +4,12 @@ that have them, and reading their small tensors.
 ``SSMSpec`` describes the scan of every layer whose ``LayerSpec.mixer`` is ``"mamba"``
 (``decoder/mamba.py``: Mamba's selective scan, a diagonal [d_inner, d_state] state) or
 ``"mamba2"`` (``decoder/mamba2.py``: Mamba-2's multi-head scan, [heads, head_dim, d_state]),
-alone or beside attention (``"hybrid"``, ``decoder/hybrid.py``). ``MupScales`` holds
-Falcon-H1's multipliers, which llama.cpp's converter folds into the weights instead.
+alone or beside attention (``"hybrid"``, ``decoder/hybrid.py``), or after a shared transformer
+block (``"shared_hybrid"``, ``decoder/shared_block.py``, Zamba2); ``"shortconv"`` (LFM2's gated
+short convolution, ``decoder/shortconv.py``: only a [d_conv - 1, hidden] state) and
+``"lightning"`` (MiniMax's lightning attention, ``decoder/lightning.py``: a [head_dim, head_dim]
+state per head) are described by the same spec. ``MupScales`` holds Falcon-H1's multipliers,
+which llama.cpp's converter folds into the weights instead.
 """
 from __future__ import annotations
 
@@ -15,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 #: ``LayerSpec.mixer`` kinds that keep a recurrent state (a ``cache.RecurrentState`` slot).
-RECURRENT_MIXERS = ("mamba", "mamba2", "hybrid")
+RECURRENT_MIXERS = ("mamba", "mamba2", "hybrid", "shortconv", "lightning", "shared_hybrid")
 #: ``LayerSpec.mixer`` kinds that keep keys and values.
-ATTENTION_MIXERS = ("attention", "latent", "hybrid")
+ATTENTION_MIXERS = ("attention", "latent", "hybrid", "shared_hybrid")
 
 
 @dataclass(frozen=True)
@@ -25,11 +29,15 @@ class SSMSpec:
     """The shape of a model's state-space scan.
 
     Attributes:
-        kind: ``"mamba"`` (selective scan, per-channel state) or ``"mamba2"`` (multi-head scan).
+        kind: ``"mamba"`` (selective scan, per-channel state), ``"mamba2"`` (multi-head scan),
+            ``"shortconv"`` (LFM2's gated short convolution: d_inner channels, no scan) or
+            ``"lightning"`` (lightning attention: num_heads heads of d_state channels, a
+            [d_state, d_state] state each, no convolution).
         d_inner: the scanned stream's width (``intermediate_size``, ``mamba_expand * hidden``,
-            ``mamba_d_ssm``, heads * head width).
-        d_state: the state width per channel (``state_size``, ``mamba_d_state``).
-        d_conv: the causal convolution's taps (``conv_kernel``, ``mamba_d_conv``).
+            ``mamba_d_ssm``, heads * head width; the short convolution's channels, hidden_size).
+        d_state: the state width per channel (``state_size``, ``mamba_d_state``; lightning: the
+            head width).
+        d_conv: the causal convolution's taps (``conv_kernel``, ``mamba_d_conv``, ``conv_L_cache``).
         dt_rank: Mamba: the step's rank between ``x_proj`` and ``dt_proj`` (``time_step_rank``;
             "auto" is ceil(hidden / 16)).
         num_heads: Mamba-2: the heads (d_inner / num_heads channels each).
@@ -42,7 +50,10 @@ class SSMSpec:
         gated_norm: Mamba-2: the output times SiLU of the gate is RMS-normed over each group's
             share with the stored ``norm`` scale (False: only gated, Falcon-H1 without
             ``mamba_rms_norm``).
-        norm_eps: the gated norm's epsilon.
+        norm_eps: the gated norm's epsilon (lightning: its read-out norm's).
+        slope_eps: lightning: the per-layer factor of the heads' decay rates is
+            1 - i / (layers - 1 + slope_eps) + 1e-5 (Transformers adds 1e-5 in the divisor,
+            llama.cpp does not: 0).
     """
 
     kind: str
@@ -58,6 +69,7 @@ class SSMSpec:
     bcdt_eps: float = 1e-6
     gated_norm: bool = True
     norm_eps: float = 1e-5
+    slope_eps: float = 1e-5
 
     @property
     def head_dim(self) -> int:
@@ -66,16 +78,25 @@ class SSMSpec:
 
     @property
     def conv_dim(self) -> int:
-        """Channels of the convolution: the stream (Mamba), or the stream, B and C (Mamba-2)."""
+        """Channels of the convolution: the stream (Mamba, the short convolution), or the stream, B
+        and C (Mamba-2)."""
         return self.d_inner + (2 * self.n_groups * self.d_state if self.kind == "mamba2" else 0)
 
     @property
     def in_proj_size(self) -> int:
-        """Rows of ``in_proj``: stream and gate (Mamba); gate, stream, B, C and one step per head (Mamba-2)."""
+        """Rows of ``in_proj``: stream and gate (Mamba); gate, stream, B, C and one step per head
+        (Mamba-2); B, C and x (the short convolution); queries, keys and values (lightning)."""
+        if self.kind in ("shortconv", "lightning"):
+            return 3 * self.d_inner
         return 2 * self.d_inner if self.kind == "mamba" else self.d_inner + self.conv_dim + self.num_heads
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The recurrent state of one layer: the convolution's last inputs and the scan's state."""
+        """The recurrent state of one layer: the convolution's last inputs and the scan's state
+        (the short convolution: only its inputs; lightning attention: only [heads, D, D])."""
+        if self.kind == "shortconv":
+            return {"conv": (self.d_conv - 1, self.d_inner)}
+        if self.kind == "lightning":
+            return {"kv": (self.num_heads, self.d_state, self.d_state)}
         ssm = ((self.d_inner, self.d_state) if self.kind == "mamba"
                else (self.num_heads, self.head_dim, self.d_state))
         return {"conv": (self.d_conv - 1, self.conv_dim), "ssm": ssm}
@@ -88,9 +109,15 @@ class SSMSpec:
         """(role, kind) -> shape of the scan's tensors (``layout.expected_shapes``); the roles in
         ``RESHAPED_ROLES`` may be stored in another shape of the same size."""
         di, n, k = self.d_inner, self.d_state, self.d_conv
+        if self.kind == "lightning":
+            return {("ssm_in", "weight"): (3 * di, hidden), ("ssm_in", "bias"): (3 * di,),
+                    ("ssm_gate", "weight"): (di, hidden), ("ssm_norm", "weight"): (di,),
+                    ("ssm_out", "weight"): (hidden, di), ("ssm_out", "bias"): (hidden,)}
         out = {("ssm_in", "weight"): (self.in_proj_size, hidden), ("ssm_in", "bias"): (self.in_proj_size,),
                ("ssm_conv", "weight"): (self.conv_dim, k), ("ssm_conv", "bias"): (self.conv_dim,),
                ("ssm_out", "weight"): (hidden, di), ("ssm_out", "bias"): (hidden,)}
+        if self.kind == "shortconv":
+            return out
         if self.kind == "mamba":
             r = self.dt_rank
             out.update({("ssm_x", "weight"): (r + 2 * n, di), ("ssm_dt", "weight"): (di, r), ("ssm_dt", "bias"): (di,),

@@ -13,7 +13,7 @@ A block qualifies when its mixer is attention, its feed-forward dense, all of it
 projections quantized (``QuantLinear``), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
 ALiBi, q/k/v clipping, query temperature, chunked attention, per-head norm weights, a value
-scale, an output gate or Falcon-H1's multipliers, and the layer has the model's own attention shape (no per-layer head
+scale, an output gate, Falcon-H1's multipliers, value norms, layer scalars or per-layer inputs, and the layer has the model's own attention shape (no per-layer head
 counts or widths, values as wide as keys). Anything else, and prompts (more than one token),
 keep the Python block.
 """
@@ -37,7 +37,7 @@ def spec_allows_step(spec: ModelSpec) -> bool:
     return (_ops is not None and spec.norm == "rms" and not spec.parallel and spec.clip_qkv is None
             and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
             and spec.qk_norm in (None, "head", "proj") and spec.value_scale == 1.0 and spec.attn_gate is None
-            and spec.mup is None)
+            and spec.mup is None and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input)
 
 
 def _norm_weight(norm, size: int):
@@ -59,7 +59,8 @@ def layer_step(layer):
     """
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
     if (not spec_allows_step(s) or type(attn) is not Attention or type(ffn) is not DenseFFN or ffn.gate is None
-            or ffn.glu != "standard" or ffn.limit is not None or layer.layer.attention_chunk):
+            or ffn.glu != "standard" or ffn.limit is not None or layer.layer.attention_chunk
+            or layer.layer.residual is not None):
         return None
     parts = [getattr(layer, r) for r in PROJECTIONS]
     if any(type(p) is not QuantLinear for p in parts):

@@ -91,6 +91,9 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "jamba": {"norm_topk_prob": False},           # jamba.cpp: softmax, norm_w false
     "granitehybrid": {"norm_topk_prob": True},    # granite-hybrid.cpp: softmax, norm_w true
     "nemotron_h_moe": {"scoring_func": "sigmoid"},  # nemotron-h.cpp: sigmoid gating, norm_w from the file
+    # group SSM-B1
+    "lfm2moe": {"norm_topk_prob": True},  # lfm2moe.cpp: the file's gating function, norm_w true
+    "minimax-01": {"scoring_func": "softmax", "norm_topk_prob": True},  # minimax-01.cpp: softmax, norm_w true
 }
 # build_moe_ffn (llama-graph.cpp) divides renormalised weights by their sum clamped to at least this
 # (the smallest normal F16), adding no epsilon.
@@ -127,7 +130,17 @@ GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 # feed_forward_length[i] are 0, attention where only the latter is, else a feed-forward alone
 # (nemotron-h.cpp); "hybrid" attention and a scan side by side on every layer (falcon-h1.cpp).
 LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehybrid": "kv",
-                    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid"}
+                    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron", "falcon-h1": "hybrid",
+                    # group SSM-B1: lfm2.cpp / lfm2moe.cpp convolve where head_count_kv[i] is 0; minimax-01.cpp
+                    # runs lightning attention on the layers attention.recurrent_layers flags, else on all but
+                    # every full_attention_interval-th (8 when the file states neither)
+                    "lfm2": "kv", "lfm2moe": "kv", "minimax-01": "recurrent"}
+# The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
+# qwen3next.cpp and qwen35.cpp).
+LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
+# minimax-01.cpp joins each sublayer as output + residual_scale * its normed input (the converter
+# requires every beta to be 1 and every alpha equal, and stores that alpha as residual_scale).
+LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
 
 
 def supported_architectures() -> list[str]:
@@ -258,7 +271,8 @@ def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_
     ``load_arch_hparams``): Mamba's step rank is ``time_step_rank``, Mamba-2's heads are; Mamba's
     step/B/C norms are scale-free under ``ssm.dt_b_c_rms`` and weighted when the file holds
     them (Jamba); Mamba-2's gated norm applies when the file holds ``ssm_norm``. llama.cpp clamps no
-    step, and its norms use the model's RMS epsilon."""
+    step, and its norms use the model's RMS epsilon. LFM2's short convolution: ``shortconv.l_cache``
+    taps over embedding_length channels."""
     def size(key, default=None, limit=1 << 24):
         v = meta.get(f"{arch}.ssm.{key}", default)
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
@@ -266,6 +280,12 @@ def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_
                             f"got {brief_value(v)}")
         return int(v)
 
+    if family.recurrent == "shortconv":  # lfm2.cpp: hidden_size channels, shortconv.l_cache taps
+        v = meta.get(f"{arch}.shortconv.l_cache")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 1 < v <= 1024:
+            raise SterError(f"{path}: GGUF metadata {arch}.shortconv.l_cache must be an integer in 2..1024, "
+                            f"got {brief_value(v)}")
+        return SSMSpec("shortconv", int(meta[f"{arch}.embedding_length"]), 0, int(v))
     k, di, n, r = size("conv_kernel", limit=1024), size("inner_size"), size("state_size"), size("time_step_rank")
     if family.recurrent == "mamba":
         norm = ("plain" if bool(meta.get(f"{arch}.ssm.dt_b_c_rms", False)) else
@@ -518,6 +538,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             raise SterError(f"{path}: layer {i}'s attention.head_count ({h}) is not a multiple of its "
                             f"head_count_kv ({kv})")
     swa = LLAMA_CPP_SWA_ROPE.get(arch, {})
+    residual = g("residual_scale", float, 1.0) if arch in LLAMA_CPP_SCALED_JOIN else 1.0
 
     def dims(key, default):  # the rotated width sizes the frequency tables: bounded by the head first
         d = g(key, int, default)
@@ -612,6 +633,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             family = replace(family, qk_norm=None)
     no_rope_step = LLAMA_CPP_NO_ROPE_STEP.get(arch)
     rotated = _rope_flags(meta, arch, n_layers, path)
+    recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
@@ -622,7 +644,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         if no_rope_step and (i + 1) % no_rope_step == 0:
             rope = None
         mixer, ffn = ("latent" if latent is not None else "attention"), "moe" if routed[i] else "dense"
-        if layering is not None:
+        if layering == "recurrent":
+            mixer = family.recurrent if recurrent[i] else mixer
+        elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
         if mixer not in ATTENTION_MIXERS:
             rope = None
@@ -633,6 +657,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["num_key_value_heads"] = kv_list[i]
         if clamps and clamps[i] is not None and clamps[i] != moe:
             own["moe"] = clamps[i]
+        if arch in LLAMA_CPP_SCALED_JOIN:
+            own["residual"] = (residual, 1.0, residual, 1.0)
         # llama.cpp reads a layer's sinks when the file holds them (mimo2.cpp)
         if family.sinks and tensors is not None and "sinks" in family.gguf_names:
             own["sinks"] = family.gguf_names["sinks"].format(i=i) in tensors
@@ -694,9 +720,28 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         query_temperature=temperature,
         moe=moe,
         latent=latent,
-        ssm=_gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None,
+        ssm=(SSMSpec("lightning", heads * head_dim, head_dim, 1, num_heads=heads, norm_eps=eps, slope_eps=0.0)
+             if family.recurrent == "lightning"  # minimax-01.cpp: its read-out norm takes the model's epsilon
+             else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path) if family.recurrent else None),
+        residual_normed=arch in LLAMA_CPP_SCALED_JOIN,
         **fields,
     )
+
+
+def _recurrent_flags(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool]:
+    """Which layers run the family's recurrent mixer in a ``"recurrent"`` architecture
+    (``LLAMA_CPP_LAYERS``), as llama.cpp's loaders read them: ``attention.recurrent_layers`` (one flag
+    per block, the prediction blocks' too), else every layer but each ``full_attention_interval``-th
+    (counted from one; ``LLAMA_CPP_FULL_ATTENTION_INTERVAL`` when the file states none)."""
+    flags = meta.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        blocks = int(meta.get(f"{arch}.block_count", n_layers))
+        if isinstance(flags, (str, int, np.integer, bool, np.bool_)) or len(flags) not in (n_layers, blocks):
+            raise SterError(f"{path}: GGUF metadata {arch}.attention.recurrent_layers must hold one flag per layer "
+                            f"({n_layers}), got {brief_value(flags)}")
+        return [bool(x) for x in list(flags)[:n_layers]]
+    interval = _get(meta, f"{arch}.full_attention_interval", int, path, LLAMA_CPP_FULL_ATTENTION_INTERVAL.get(arch, 4))
+    return [(i + 1) % interval != 0 for i in range(n_layers)]
 
 
 def _gguf_layer_kind(layering: str, family: FamilySpec, kv: int, ff: int, routed: bool) -> tuple[str, str]:
