@@ -149,11 +149,13 @@ def atomic_directory(target: Path) -> Iterator[Path]:
 
 def read_json(path: Path, what: str) -> dict:
     """Parse a JSON object from ``path``; SterError naming ``what`` and the path otherwise."""
+    from .files import read_regular
+
+    if not os.path.lexists(path):
+        raise SterError(f"{what} {path} does not exist")
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SterError(f"{what} {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(read_regular(path, what).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SterError(f"{what} {path} is not readable JSON: {e}") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise SterError(f"{what} {path} is not readable JSON: it is nested too deeply (thousands of levels)") \

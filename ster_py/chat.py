@@ -87,6 +87,15 @@ MAX_ITEMS = 1 << 20
 #: Largest integer (bits) a template may build with ``*`` or ``**``.
 MAX_INT_BITS = 1 << 16
 
+#: Longest chat template (characters) compiled, whatever its source (file, tokenizer_config.json,
+#: GGUF metadata): real ones are at most ~100 k; compiling costs time and memory per character.
+MAX_TEMPLATE_CHARS = 1 << 20
+#: Address space (bytes) one render may add to the process: compile and render run in a forked
+#: child under this limit and a kill at its time limit (+ ``_KILL_GRACE`` s), so a single C-level
+#: call (``|sort``, ``|urlize``, a compile of thousands of blocks) cannot overrun the budgets.
+MAX_RENDER_MEMORY = 2 << 30
+_KILL_GRACE = 2.0
+
 # The name Jinja gives a template compiled from a string; tracebacks carry it as the
 # file name of the frames that run template code, which is how a line is found.
 _TEMPLATE_FILENAME = "<template>"
@@ -245,21 +254,54 @@ def _check_int_bits(bits: int) -> None:
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[a-zA-Z%]")
 
 
+def _format_bound(fmt: str, widths: int, values: list) -> None:
+    """Refuse a formatted text that could exceed the text budget: the format's own text, plus
+    every field's width or precision, plus the text of the value each field prints."""
+    budget = _BUDGET.get()
+    memo = budget.weights if budget.weights is not None else {}
+    total = len(fmt) + widths
+    for value in values:
+        total += _weight(value, memo, budget.max_chars)
+        if total > budget.max_chars:
+            break
+    _check_text(total, "a formatted text")
+
+
+def _field_value(name: str, args: tuple, kwargs: dict, auto: int) -> Any:
+    """The argument a str.format field prints (the whole argument when it indexes into it)."""
+    head = re.match(r"[^.\[]*", name).group(0)
+    if head == "":
+        return args[auto] if auto < len(args) else None
+    if head.isdigit():
+        return args[int(head)] if int(head) < len(args) else None
+    return kwargs.get(head)
+
+
 def _check_percent_format(fmt: str, args: Any) -> None:
-    """``fmt % args``: refuse a field width or precision over the text budget."""
+    """``fmt % args``: refuse field widths or precisions, or fields, that add up over the text budget."""
     limit = _BUDGET.get().max_chars
-    star = False
-    for width, precision in _PERCENT_SPEC.findall(fmt):
+    star, widths = False, 0
+    specs = _PERCENT_SPEC.findall(fmt)
+    for width, precision in specs:
         for value in (width, precision):
             if value == "*":
                 star = True
-            elif value and int(value) > limit:
-                raise _too_long("a formatted field", int(value), limit)
+            elif value:
+                if int(value) > limit:
+                    raise _too_long("a formatted field", int(value), limit)
+                widths += int(value)
     if star:
         for value in args if isinstance(args, tuple) else (args,):
-            if _is_int(value) and abs(value) > limit:
-                raise _too_long("a formatted field", abs(value), limit)
+            if _is_int(value):
+                if abs(value) > limit:
+                    raise _too_long("a formatted field", abs(value), limit)
+                widths += abs(value)
     _check_weight(args, "a formatted text")
+    if isinstance(args, dict):  # %(name)s fields: each prints one value
+        values = [args.get(key) for key in re.findall(r"%\(([^)]*)\)", fmt)]
+    else:  # one value per field, in order (a lone argument may be printed once)
+        values = list(args) if isinstance(args, tuple) else [args]
+    _format_bound(fmt, widths, values)
 
 
 def _check_brace_format(fmt: str, args: tuple, kwargs: dict) -> None:
@@ -269,18 +311,26 @@ def _check_brace_format(fmt: str, args: tuple, kwargs: dict) -> None:
         fields = list(string.Formatter().parse(fmt))
     except ValueError:
         return  # malformed: str.format raises the same error itself
-    for _, _, spec, _ in fields:
+    widths, values, auto = 0, [], 0
+    for _, name, spec, _ in fields:
+        if name is not None:
+            values.append(_field_value(name, args, kwargs, auto))
+            auto += name == "" or name[0] in ".["
         if not spec:
             continue
         if "{" in spec:  # the width comes from an argument
             for value in (*args, *kwargs.values()):
-                if _is_int(value) and abs(value) > limit:
-                    raise _too_long("a formatted field", abs(value), limit)
+                if _is_int(value):
+                    if abs(value) > limit:
+                        raise _too_long("a formatted field", abs(value), limit)
+                    widths += abs(value)
         for digits in re.findall(r"\d+", spec):
             if int(digits) > limit:
                 raise _too_long("a formatted field", int(digits), limit)
+            widths += int(digits)
     _check_weight(args, "a formatted text")
     _check_weight(kwargs, "a formatted text")
+    _format_bound(fmt, widths, values)
 
 
 def _replace_size(s: str, old: str, new: str, count: Any = -1) -> int:
@@ -433,8 +483,34 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     if (_is_int(indent) and indent > 1024) or (isinstance(indent, str) and len(indent) > 1024):
         raise _too_long("a JSON indent", indent if _is_int(indent) else len(indent), 1024)
     _check_weight(value, "a JSON text")
+    if indent is not None:  # every line is indented by its depth: a deep value multiplies the indent
+        step = indent if _is_int(indent) else len(indent) if isinstance(indent, str) else 0
+        lines, depth = _lines_and_depth(value)
+        _check_text(lines * max(step, 0) * depth, "an indented JSON text")
     return _check_sized(json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                                    sort_keys=sort_keys))
+
+
+def _lines_and_depth(value: Any, depth: int = 1, memo: dict | None = None) -> tuple[int, int]:
+    """(lines, deepest nesting) of ``json.dumps(value, indent=...)``, counting a shared
+    container once per occurrence only as far as its first walk (memo) reaches."""
+    memo = {} if memo is None else memo
+    if not isinstance(value, (list, tuple, dict)):
+        return 1, depth
+    hit = memo.get(id(value))
+    if hit is not None:
+        return hit[1], hit[2] + depth
+    if depth > 10_000:
+        raise _too_long("an indented JSON text", depth, 10_000, "levels")
+    _tick()
+    lines, deepest = 2, depth
+    for item in (value.values() if isinstance(value, dict) else value):
+        n, d = _lines_and_depth(item, depth + 1, memo)
+        lines, deepest = lines + n, max(deepest, d)
+        if lines > 1 << 40:
+            break
+    memo[id(value)] = (value, lines, deepest - depth)
+    return lines, deepest
 
 
 # Where ``title`` may cut a text: just after a character its word split treats as a delimiter.
@@ -553,6 +629,9 @@ _CLOCK: contextvars.ContextVar[datetime | None] = contextvars.ContextVar("ster_c
 
 
 def _strftime_now(fmt):
+    _tick()
+    if isinstance(fmt, str) and len(fmt) > 1024:  # real templates pass "%d %b %Y"
+        raise _too_long("a strftime_now format", len(fmt), 1024)
     clock = _CLOCK.get()
     return (clock if clock is not None else datetime.now()).strftime(fmt)
 
@@ -714,16 +793,23 @@ def compile_template(template: str, *, source: str = "(inline)") -> jinja2.Templ
     """Compile a chat template in the sandboxed environment (cached per text).
 
     Raises:
-        SterError: the template is not valid Jinja ("chat template SOURCE, line N: syntax error: ...").
+        SterError: the template is not valid Jinja ("chat template SOURCE, line N: syntax error: ..."),
+            is longer than ``MAX_TEMPLATE_CHARS``, or nests deeper than Python can compile.
     """
     if not isinstance(template, str):
         raise SterError(f"chat template {source} is a {type(template).__name__}, not text")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise SterError(f"chat template {source} is {len(template)} characters long; ster compiles templates of "
+                        f"at most {MAX_TEMPLATE_CHARS} (real ones are a few thousand). Use another template")
     try:
         return _compile(template)
     except jinja2.TemplateSyntaxError as exc:
         raise _error(source, exc, "syntax error") from None
-    except RecursionError as exc:  # absurdly deep nesting in the source
-        raise _error(source, exc, "too deeply nested to compile") from None
+    except (RecursionError, SyntaxError, MemoryError, OverflowError, ValueError) as exc:
+        # Python's own compiler refuses what Jinja generates for deep nesting: 21 nested
+        # for loops ("too many statically nested blocks"), 99 nested ifs (indentation).
+        raise SterError(f"chat template {source} is too deeply nested to compile ({type(exc).__name__}: "
+                        f"{str(exc)[:200]}); real templates nest a few levels. Use another template") from None
 
 
 def _resolve_now(now: datetime | str | None) -> datetime:
@@ -838,12 +924,33 @@ def render_chat(
             JSON ``\\ud800`` escape: no UTF-8 text can hold it, so no tokenizer
             can read it); the message names ``source`` and the template line.
 
+    Compilation and rendering run in a forked child process (POSIX) under an address-space
+    limit of ``MAX_RENDER_MEMORY`` more than this process holds, killed at ``time_limit`` +
+    2 s: the checks above stop a render between operations, this stops one inside a single
+    call. The child hands back the text or the SterError.
+
     Source of the conventions: transformers ``render_jinja_template`` /
     ``_compile_jinja_template`` (utils/chat_template_utils.py).
     """
-    compiled = compile_template(template, source=source)
+    if not isinstance(template, str):
+        raise SterError(f"chat template {source} is a {type(template).__name__}, not text")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        compile_template(template, source=source)  # raises the size refusal
     clock = _resolve_now(now)
     time_limit = _resolve_time_limit(time_limit)
+    args = dict(add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, tools=tools,
+                documents=documents, now=clock, source=source, time_limit=time_limit, max_chars=max_chars,
+                max_chars_reason=max_chars_reason, **extra)
+    if _ISOLATE and hasattr(os, "fork"):
+        return _in_child(lambda: _render_here(template, messages, **args), time_limit + _KILL_GRACE, source)
+    return _render_here(template, messages, **args)
+
+
+def _render_here(template, messages, *, add_generation_prompt, bos_token, eos_token, tools, documents, now,
+                 source, time_limit, max_chars, max_chars_reason, **extra) -> str:
+    """``render_chat`` in this process (the in-process budgets only)."""
+    compiled = compile_template(template, source=source)
+    clock = now
     context: dict[str, Any] = {}
     if bos_token is not None:
         context["bos_token"] = bos_token
@@ -880,6 +987,94 @@ def render_chat(
         _CLOCK.reset(clock_token)
     check_surrogates(text, f"chat template {source} rendered a text that")
     return text
+
+
+#: Run compile + render in a forked child (see ``render_chat``); tests may turn it off.
+_ISOLATE = os.environ.get("STER_CHAT_ISOLATE", "1") != "0"
+
+
+def _address_space() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _in_child(work, seconds: float, source: str) -> str:
+    """``work()`` (returns str or raises SterError) in a forked child under a memory limit,
+    killed after ``seconds``; its text or its SterError, raised here."""
+    import pickle
+    import resource
+    import select
+    import signal
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 0
+        try:
+            os.close(read_fd)
+            held = _address_space()
+            if held is not None:
+                soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+                cap = held + MAX_RENDER_MEMORY
+                if soft != resource.RLIM_INFINITY:
+                    cap = min(cap, soft)
+                resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            try:
+                result = ("ok", work())
+            except SterError as exc:
+                result = ("error", str(exc))
+            except MemoryError:
+                result = ("error", f"chat template {source}: over budget: the render needed more than "
+                                   f"{MAX_RENDER_MEMORY >> 20} MiB of memory and was stopped. Use another template")
+            except BaseException:  # noqa: BLE001 - a bug: hand the traceback to the parent
+                result = ("bug", traceback.format_exc())
+            try:
+                data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            except MemoryError:
+                data = pickle.dumps(("error", f"chat template {source}: over budget: the render's result did not "
+                                              "fit in memory. Use another template"))
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+        except BaseException:  # noqa: BLE001
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    chunks, deadline, killed = [], time.monotonic() + seconds, False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+                break
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if ready:
+                chunk = os.read(read_fd, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+        _, status = os.waitpid(pid, 0)
+    if killed:
+        raise SterError(f"chat template {source}: over budget: the template ran longer than its time budget "
+                        f"({seconds - _KILL_GRACE:g} s) inside a single operation and was stopped. Use another "
+                        f"template, or raise the budget (${TIME_LIMIT_ENV}) if the conversation really is that large")
+    try:
+        kind, value = pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - the child died before it could answer
+        why = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+        raise SterError(f"chat template {source}: the render stopped without a result ({why}), likely out of "
+                        f"memory (limit {MAX_RENDER_MEMORY >> 20} MiB). Use another template") from None
+    if kind == "ok":
+        return value
+    if kind == "error":
+        raise SterError(value)
+    raise RuntimeError(f"chat template rendering failed inside its child process:\n{value}")
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

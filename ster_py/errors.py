@@ -1,10 +1,22 @@
 """The one exception type of ster-py."""
 
+#: Longest error message kept whole (characters). A message quoting a value read from a
+#: hostile file (a 10 M-character ``model_type``) keeps its head and tail around a marker.
+MAX_MESSAGE_CHARS = 2000
+
 
 class SterError(Exception):
     """An error a user can act on.
 
     The message says what went wrong and, where there is one, what to do about
     it. The CLI prints it without a traceback and exits with status 1 (status 2
-    for command-line usage errors, as Typer does).
+    for command-line usage errors, as Typer does). A message longer than
+    ``MAX_MESSAGE_CHARS`` (it echoes an unbounded value) is cut in the middle.
     """
+
+    def __init__(self, message="", *args):
+        if isinstance(message, str) and len(message) > MAX_MESSAGE_CHARS:
+            head, tail = MAX_MESSAGE_CHARS * 2 // 3, MAX_MESSAGE_CHARS // 4
+            message = (f"{message[:head]} [... {len(message) - head - tail} characters cut ...] "
+                       f"{message[-tail:]}")
+        super().__init__(message, *args)

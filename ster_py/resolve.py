@@ -263,9 +263,12 @@ def _check_index(root: Path, names: list[str]) -> None:
     """
     if INDEX not in names:
         return
+    from .files import read_regular
+
+    data = read_regular(root / INDEX, "checkpoint index")  # a FIFO or /dev/zero must not block or fill memory
     try:
-        weight_map = json.loads((root / INDEX).read_bytes()).get("weight_map")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        weight_map = json.loads(data).get("weight_map")
+    except (ValueError, AttributeError, RecursionError):
         return
     if not isinstance(weight_map, dict):
         return
@@ -310,14 +313,14 @@ def read_config(path: Path) -> dict:
     """Parse a config.json into a dict.
 
     Raises:
-        SterError: "failed to read PATH: DETAIL" when the file cannot be read;
+        SterError: "failed to read PATH: DETAIL" when the file cannot be read
+            (missing, not a regular file, over 64 MiB);
             "invalid model config PATH: DETAIL" when it is not UTF-8 JSON or
             its top level is not an object.
     """
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise SterError(f"failed to read {path}: {error.strerror or error}") from None
+    from .files import read_regular
+
+    data = read_regular(path, "")
     try:
         config = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError

@@ -185,10 +185,12 @@ class Tokenizer:
                 f"failed to load tokenizer {tokenizer_file}: file not found. "
                 "The model directory needs a tokenizer.json (the Hugging Face fast-tokenizer file)."
             )
+        _check_regular_file(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, "tokenizer")
         _check_precompiled_maps(tokenizer_file)
         failed = (f"failed to load tokenizer {tokenizer_file}", "The file is not a tokenizer.json the tokenizers "
                   "library can read; re-download or re-export it.")
         tk = _guarded(lambda: tokenizers.Tokenizer.from_file(str(tokenizer_file)), *failed)
+        _check_text_growth(tk, tokenizer_file)
 
         config_file = directory / "tokenizer_config.json"
         config = _read_json_object(config_file)
@@ -517,9 +519,82 @@ def _check_precompiled_maps(tokenizer_file: Path) -> None:
         check_precompiled_charsmap(data, f"{tokenizer_file}: the Precompiled normalizer's precompiled_charsmap")
 
 
+#: Largest tokenizer.json read (Gemma 3's is 33 MB) and largest JSON file beside it.
+MAX_TOKENIZER_JSON_BYTES = 256 << 20
+MAX_TOKENIZER_SIDE_FILE_BYTES = 64 << 20
+#: How many times its normalizer's (or decoder's) Replace steps may lengthen a text at most
+#: (real tokenizers: 1, " " -> "▁"; a chain of 40 "h" -> "hh" would make 2**40).
+MAX_TEXT_GROWTH = 16
+
+
+def _check_regular_file(path: Path, limit: int, what: str) -> None:
+    """Refuse a path that is not a regular file (a FIFO blocks, /dev/zero never ends) or is
+    larger than ``limit`` bytes, before anything reads it."""
+    import os
+    import stat as stat_module
+
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise SterError(f"failed to load {what} {path}: {exc.strerror or exc}") from None
+    if not stat_module.S_ISREG(info.st_mode):
+        raise SterError(f"failed to load {what} {path}: not a regular file (a pipe, device or directory)")
+    if info.st_size > limit:
+        raise SterError(f"failed to load {what} {path}: it is {info.st_size} bytes; ster reads at most {limit} "
+                        "bytes for it (real files are far smaller). Re-download or fix it")
+
+
+def _growth(node: Any, depth: int = 0) -> float:
+    """An upper bound on how many times ``node`` (a normalizer or decoder, as tokenizers
+    serializes it) lengthens a text through Replace steps; other steps count as 1 (Prepend
+    and the like add a constant; NFKC and a checked Precompiled map are bounded by Unicode
+    data and do not compound with themselves)."""
+    if not isinstance(node, dict) or depth > 64:
+        return 1.0
+    kind = node.get("type")
+    if kind == "Sequence":
+        total = 1.0
+        for child in node.get("normalizers") or node.get("decoders") or node.get("pretokenizers") or []:
+            total *= _growth(child, depth + 1)
+        return total
+    if kind == "Replace":
+        content = node.get("content")
+        pattern = node.get("pattern") or {}
+        added = len(content) if isinstance(content, str) else 0
+        if isinstance(pattern.get("String"), str) and pattern["String"]:
+            return max(1.0, added / len(pattern["String"]))
+        try:  # a regex that can match the empty string inserts the content between characters
+            import re
+
+            empty = re.fullmatch(pattern.get("Regex", ""), "") is not None
+        except (re.error, TypeError, RecursionError):
+            empty = True
+        return 1.0 + added if empty else max(1.0, float(added))
+    return 1.0
+
+
+def _check_text_growth(tk: Any, tokenizer_file: Path) -> None:
+    """Refuse a normalizer or decoder whose Replace steps would multiply a text more than
+    ``MAX_TEXT_GROWTH`` times (tokenizers would run out of memory and abort the process)."""
+    for part in ("normalizer", "decoder"):
+        obj = getattr(tk, part, None)
+        if obj is None:
+            continue
+        try:
+            node = json.loads(obj.__getstate__())
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            continue
+        growth = _growth(node)
+        if growth > MAX_TEXT_GROWTH:
+            raise SterError(f"failed to load tokenizer {tokenizer_file}: its {part}'s Replace steps can make a "
+                            f"text {growth:.3g} times longer; real tokenizers do not lengthen text (ster refuses "
+                            f"over {MAX_TEXT_GROWTH}x). The file is corrupt or crafted; re-download it")
+
+
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         return None
+    _check_regular_file(path, MAX_TOKENIZER_SIDE_FILE_BYTES, "tokenizer")
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)

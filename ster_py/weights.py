@@ -16,8 +16,10 @@ then the data; offsets are relative to the end of the header.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Iterable
@@ -126,38 +128,92 @@ def resident_dtype(precision: str, stored: np.dtype) -> np.dtype:
     return stored if stored in KEPT_AS_STORED else np.dtype(np.float32)
 
 
+#: Largest safetensors JSON header read (the format's own limit is 100 MB; real headers are a
+#: few MB for the biggest sharded checkpoints).
+MAX_SAFETENSORS_HEADER = 100_000_000
+
+
+def _header_int(value, what: str, name: str) -> int:
+    """A shape dimension or data offset: a JSON integer in 0 .. 2**63 - 1 (not a float,
+    not Infinity, not a boolean)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
+        raise ValueError(f"tensor {name[:200]!r} has {what} {str(value)[:40]}, which is not an integer "
+                         f"from 0 to 2**63 - 1")
+    return value
+
+
+def read_safetensors_header(path: Path, m=None) -> tuple[int, dict[str, tuple[str, tuple[int, ...], int, int]]]:
+    """Parse and validate one safetensors file's header without trusting it.
+
+    Returns (data start, {name: (dtype name, shape, begin, end)}) with ``begin``/``end``
+    relative to the data start. Every dimension and offset is a JSON integer below 2**63,
+    the element count (an exact Python product, no int64 wrap) times the dtype's size is
+    ``end - begin``, every range lies inside the file, and no two tensors' bytes overlap
+    (what the safetensors library also refuses), so ``inspect`` and loading agree.
+
+    Raises ValueError / OSError with the reason (the caller wraps it in a SterError).
+    """
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        size = st.st_size
+        if size < 8:
+            raise ValueError(f"the file is {size} bytes, too short for a safetensors header")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:
+            raise ValueError(f"the header claims {n} bytes but the file has {size - 8} after its length")
+        if n > MAX_SAFETENSORS_HEADER:
+            raise ValueError(f"the header claims {n} bytes; ster reads headers of at most {MAX_SAFETENSORS_HEADER}")
+        raw = f.read(n) if m is None else bytes(m[8:8 + n])
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("its JSON header is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    base, index, spans = 8 + n, {}, []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("shape"), list) \
+                or not isinstance(info.get("data_offsets"), list) or len(info["data_offsets"]) != 2 \
+                or info.get("dtype") not in SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name[:200]!r} has a malformed entry {str(info)[:200]}")
+        dtype = info["dtype"]
+        shape = tuple(_header_int(d, "a dimension", name) for d in info["shape"])
+        begin, end = (_header_int(o, "a data offset", name) for o in info["data_offsets"])
+        count = 1
+        for d in shape:
+            count *= d
+        if not begin <= end <= size - base or end - begin != count * SAFETENSORS_DTYPES[dtype].itemsize:
+            raise ValueError(f"tensor {name[:200]!r} ({dtype} {list(shape)[:8]}) has data offsets {begin}..{end}, "
+                             f"which do not fit its size or the file")
+        index[name] = (dtype, shape, begin, end)
+        if end > begin:
+            spans.append((begin, end, name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise ValueError(f"tensors {first[:200]!r} and {second[:200]!r} share bytes (their data offsets "
+                             "overlap)")
+    return base, index
+
+
 def _map_safetensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[np.dtype, tuple[int, ...], int]]]:
     """Map one file and parse its header: name -> (dtype, shape, absolute byte offset).
 
     Raises ValueError / OSError with the reason (the caller wraps it).
     """
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise ValueError(f"the file is {size} bytes, too short for a safetensors header")
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        if os.fstat(f.fileno()).st_size < 8:
+            raise ValueError(f"the file is {os.fstat(f.fileno()).st_size} bytes, too short for a safetensors header")
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    (n,) = struct.unpack_from("<Q", m, 0)
-    if n > size - 8:
-        raise ValueError(f"the header claims {n} bytes but the file has {size - 8} after its length")
-    header = json.loads(bytes(m[8:8 + n]).decode("utf-8"))
-    if not isinstance(header, dict):
-        raise ValueError("the header is not a JSON object")
-    base, index = 8 + n, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = SAFETENSORS_DTYPES[info["dtype"]]
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"tensor {name!r} has a malformed entry {info!r}") from None
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if min(shape, default=0) < 0 or not 0 <= begin <= end <= size - base or end - begin != count * dtype.itemsize:
-            raise ValueError(f"tensor {name!r} ({info['dtype']} {list(shape)}) has data offsets {begin}..{end}, "
-                             f"which do not fit its size or the file")
-        index[name] = (dtype, shape, base + begin)
-    return m, index
+    base, header = read_safetensors_header(path, m)
+    return m, {name: (SAFETENSORS_DTYPES[dtype], shape, base + begin)
+               for name, (dtype, shape, begin, _) in header.items()}
 
 
 class SafetensorsWeights(_Tracked):
@@ -188,7 +244,8 @@ class SafetensorsWeights(_Tracked):
                 m, index = _map_safetensors(path)
             except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
                 why = "its JSON header is nested too deeply" if isinstance(e, RecursionError) else e
-                raise SterError(f"failed to map {len(files)} model weight files: {path}: {why}") from None
+                raise SterError(f"failed to map {len(files)} model weight files: {path}: {why}; re-download "
+                                "the file") from None
             self._maps.append(m)
             for name, (dtype, shape, offset) in index.items():
                 if name in self._where:
@@ -231,7 +288,7 @@ class SafetensorsWeights(_Tracked):
             raise SterError(f"tensor {name!r} in {self.files[n]} is stored as {stored}, but ster needs "
                             "floating-point weights (F32, F16, BF16, F64, F8); the file is not a "
                             "full-precision checkpoint of this model")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)
         t = np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape)
         return t.astype(resident_dtype(self.precision, dtype), copy=False)
 
@@ -248,8 +305,16 @@ def unpermute_qk(w, n_head: int):
     them back. w: [n_head * head_dim, in_features] (or [n_head * head_dim]) -> same shape.
     A ``QuantTensor`` is not copied: it gets the row order, so its product's outputs
     come out in Hugging Face order.
+
+    Raises:
+        SterError: ``w`` has more than two dimensions or its rows are not a multiple of
+            2 * n_head (checked before any reshape).
     """
     rows = w.shape[0]
+    if len(w.shape) > 2 or n_head < 1 or rows % (2 * n_head):
+        raise SterError(f"a q/k projection of shape {list(w.shape)} cannot be split into {n_head} heads of "
+                        "rotary pairs: llama.cpp stores it as [heads * head_dim, in] with an even head_dim. "
+                        "The GGUF file is corrupt or does not match its metadata; re-convert the model")
     if isinstance(w, QuantTensor):
         order = np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
         return w.permuted(order)
@@ -302,6 +367,15 @@ class GGUFWeights(_Tracked):
         if gname not in self._names:
             return None
         t = self._tensors[gname]
+        heads = None
+        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias",
+                                                         ".attn_k.bias")):
+            heads = self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1]
+            if len(t.shape) > 2 or heads < 1 or t.shape[0] % (2 * heads):  # before any byte is decoded
+                raise SterError(f"{self.path}: tensor {gname!r} has shape {list(t.shape)}, which cannot be split "
+                                f"into {heads} heads of rotary pairs (llama.cpp stores [heads * head_dim, in] with "
+                                "an even head_dim); the file is corrupt or does not match its metadata. "
+                                "Re-convert the model")
         if self.quantized and len(t.shape) == 2 and t.type_name in QUANT_TYPES:
             w = QuantTensor(t)
         elif self.quantized and len(t.shape) == 3 and t.type_name in QUANT_TYPES:
@@ -310,6 +384,6 @@ class GGUFWeights(_Tracked):
             w = t.raw.view(np.float16 if t.type_name == "F16" else ml_dtypes.bfloat16).reshape(t.shape)
         else:
             w = t.dequantize()
-        if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")):
-            w = unpermute_qk(w, self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1])
+        if heads is not None:
+            w = unpermute_qk(w, heads)
         return w if isinstance(w, QuantTensor) else w.astype(resident_dtype(self.precision, w.dtype), copy=False)

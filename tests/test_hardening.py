@@ -482,7 +482,9 @@ def test_title_filter_matches_jinja_and_works_in_pieces(monkeypatch):
         text = "".join(rng.choice("aB -(\t\n{[<xÉé\u00a0ßǆ") for _ in range(rng.randint(0, 60)))
         assert chat._title(text) == jinja2.filters.do_title(text), repr(text)
     monkeypatch.undo()
-    out, peak = _bounded(render_chat, "{{ ('a ' * 1000000) | title }}", [{"role": "user", "content": "x"}])
+    monkeypatch.setattr(chat, "_ISOLATE", False)  # measure the in-process filter itself (tracemalloc sees no child)
+    out, peak = _bounded(render_chat, "{{ ('a ' * 1000000) | title }}", [{"role": "user", "content": "x"}],
+                         time_limit=120)  # tracemalloc slows it several times
     assert out == "A " * 1000000
     assert peak < 24 << 20, peak  # Jinja's one-shot title holds a list of a million words (~60 MB)
 
@@ -567,8 +569,7 @@ def test_gguf_vocabulary_size_is_bounded():
         gt.tokenizer_from_gguf_metadata(meta)
 
 
-@pytest.mark.parametrize("hashed", [True, False])
-def test_gguf_derived_merges_are_bounded(monkeypatch, hashed):
+def test_gguf_derived_merges_are_bounded(monkeypatch):
     import itertools
 
     from ster_py.gguf import tokenizer as gt
@@ -580,8 +581,6 @@ def test_gguf_derived_merges_are_bounded(monkeypatch, hashed):
             "tokenizer.ggml.scores": -np.arange(len(tokens), dtype=np.float32)}
     gt.tokenizer_from_gguf_metadata(meta)  # 676 + 2 * 216 merges: within any sane bound
     monkeypatch.setattr(gt, "MAX_DERIVED_MERGES", 1000)
-    if not hashed:
-        monkeypatch.setattr(gt, "_hashed_splits", lambda *a: None)  # the plain look-up path (a hash collision) counts too
     with pytest.raises(SterError, match="merge pairs"):
         gt.tokenizer_from_gguf_metadata(meta)
 

@@ -43,6 +43,8 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4               # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8      # arrays of arrays...: real files use none; bounds recursion
+MAX_NESTED_ARRAYS = 1 << 12  # arrays inside arrays, in all (llama.cpp reads none): each costs a Python
+                             # object ~38x the 12 bytes it takes in the file
 MAX_NAME_BYTES = 1024      # keys and tensor names (llama.cpp itself caps tensor names at 63)
 INT64_MAX = 2**63 - 1
 
@@ -167,6 +169,7 @@ class _Parser:
 
     def __init__(self, buf: mmap.mmap, size: int, path: str):
         self.buf, self.size, self.path, self.pos = buf, size, path, 0
+        self.nested = 0  # arrays read inside other arrays so far
 
     def fail(self, what: str, hint: str = _CORRUPT) -> SterError:
         return SterError(f"{self.path}: invalid GGUF file: {what}. {hint}")
@@ -234,6 +237,10 @@ class _Parser:
             return out != 0 if elem == BOOL else out
         if elem == STRING:
             return self.strings(key, count)
+        self.nested += count
+        if self.nested > MAX_NESTED_ARRAYS:
+            raise self.fail(f"array {key!r} holds {count} arrays, and the file over {MAX_NESTED_ARRAYS} arrays "
+                            "inside arrays in all; real files hold none (llama.cpp refuses any)")
         return [self.array(f"{key}[{i}]", depth + 1) for i in range(count)]
 
     def strings(self, key: str, count: int) -> list[str]:

@@ -7,13 +7,19 @@ about 1.2 million look-ups for Gemma 3's 262,144 tokens. Here the work is done o
 numpy arrays: the vocabulary becomes one array of code points, every substring gets
 a 64-bit polynomial hash in O(1) from running sums, the parts' hashes are looked up
 among the tokens' hashes, and every hit is confirmed on the texts themselves, so a
-hash collision can cost time but never a wrong merge.
+hash collision can cost time but never a wrong merge. Tokens that share a hash (a
+polynomial hash modulo 2**64 has crafted collisions for every base: two Thue-Morse
+strings of 1,024 characters) all stay candidates, within a bound on the extra work.
+Confirming a hit compares code points for short tokens and Python strings for long ones,
+so the work follows the number of splits, not their total length squared.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
+
+from ..errors import SterError
 
 __all__ = ["hashed_splits"]
 
@@ -25,6 +31,12 @@ _BATCH = 1 << 18
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd; 2**64 / golden ratio (Fibonacci hashing)
 #: A hash bucket fuller than this (only a crafted vocabulary) switches look-ups to binary search.
 _MAX_BUCKET = 32
+#: Candidates confirmed code point by code point per batch (bounds the temporaries, ~50 bytes each).
+_COMPARE_BATCH = 1 << 20
+#: Tokens longer than this are confirmed as Python strings (one C comparison per candidate).
+_LONG = 48
+#: Extra candidates that shared hashes may add in all, before the vocabulary is refused as crafted.
+_MAX_EXTRA = 1 << 22
 
 
 def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.ndarray | None:
@@ -38,8 +50,11 @@ def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.
             a table, so finishing it would be wasted work).
 
     Returns:
-        int64 [rows, 4], or None when two tokens have the same hash (the caller then
-        looks every split up by text).
+        int64 [rows, 4].
+
+    Raises:
+        SterError: tokens sharing hashes would add more than ``_MAX_EXTRA`` candidates (a
+            crafted vocabulary; a real one has no two tokens with the same 64-bit hash).
 
     Source: the polynomial hash of ``s[i:j]`` is ``sum((s[k] + 1) * B**(j-1-k))``, which
     equals ``B**(j-1) * (G[j] - G[i])`` with ``G[k] = sum((s[t] + 1) * B**-t for t < k)``,
@@ -75,11 +90,20 @@ def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.
     keys = np.empty(n, dtype=np.uint64)
     for first, last in ranges:
         keys[first:last] = hasher(first, last)(starts[first:last], starts[first + 1:last + 1])
-    find = _finder(keys)
-    if find is None:
-        return None
+    find, expand = _finder(keys)
     out = [np.zeros((0, 4), dtype=np.int64)]
-    count = 0
+    count, extra = 0, [0]
+
+    def candidates(group: np.ndarray, *rows: np.ndarray):
+        """Rows repeated once per token of their hash group, and those tokens."""
+        rep, ids = expand(group)
+        extra[0] += len(ids) - len(group)
+        if extra[0] > _MAX_EXTRA:
+            raise SterError(f"the vocabulary holds many tokens with equal 64-bit hashes ({extra[0]}+ extra "
+                            "split candidates); real vocabularies have none. The file is crafted; re-convert "
+                            "the model")
+        return (ids, *(r[rep] for r in rows)) if rep is not None else (ids, *rows)
+
     for first, last in ranges:
         hash_of = hasher(first, last)
         per = np.maximum(lengths[first:last] - 1, 0)  # splits of each token
@@ -88,24 +112,48 @@ def hashed_splits(tokens: Sequence[str], lengths: np.ndarray, limit: int) -> np.
         cut = np.arange(1, len(token) + 1) - np.repeat(np.cumsum(per) - per, per)
         begin = starts[token]
         middle = begin + cut
-        left = find(hash_of(begin, middle))
-        hit = np.flatnonzero(left >= 0)
-        token, cut, begin, middle, left = token[hit], cut[hit], begin[hit], middle[hit], left[hit]
-        right = find(hash_of(middle, starts[token + 1]))
-        ok = (right >= 0) & (lengths[left] == cut) & (lengths[right] == lengths[token] - cut)
+        group = find(hash_of(begin, middle))
+        hit = np.flatnonzero(group >= 0)
+        left, token, cut, begin, middle = candidates(group[hit], token[hit], cut[hit], begin[hit], middle[hit])
+        ok = lengths[left] == cut
+        token, cut, left, middle = token[ok], cut[ok], left[ok], middle[ok]
+        group = find(hash_of(middle, starts[token + 1]))
+        hit = np.flatnonzero(group >= 0)
+        right, token, cut, left = candidates(group[hit], token[hit], cut[hit], left[hit])
+        ok = lengths[right] == lengths[token] - cut
         token, cut, left, right = token[ok], cut[ok], left[ok], right[ok]
-        ok = _spells(flat, starts, token, cut, left, right)
+        ok = _spells(tokens, flat, starts, token, cut, left, right)
         out.append(np.stack([token[ok], cut[ok], left[ok], right[ok]], axis=1))
         count += int(ok.sum())
         if count > limit:
             break
-    return np.concatenate(out)
+    table = np.concatenate(out)
+    if extra[0]:  # shared hashes: restore the order by token id, then cut
+        table = table[np.lexsort((table[:, 1], table[:, 0]))]
+    return table
 
 
-def _spells(flat: np.ndarray, starts: np.ndarray, token: np.ndarray, cut: np.ndarray, left: np.ndarray,
-            right: np.ndarray) -> np.ndarray:
-    """bool [k]: whether token[i]'s code points are left[i]'s then right[i]'s (their lengths
-    already add up), compared one by one: a hash match is only a candidate."""
+def _spells(tokens: Sequence[str], flat: np.ndarray, starts: np.ndarray, token: np.ndarray, cut: np.ndarray,
+            left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """bool [k]: whether token[i] is left[i]'s text then right[i]'s (their lengths already
+    add up): a hash match is only a candidate. Short tokens are compared code point by code
+    point in batches of ``_COMPARE_BATCH`` positions; long ones as Python strings, so memory
+    stays bounded and time follows the candidates, whatever the tokens' lengths."""
+    size = starts[token + 1] - starts[token]
+    result = np.empty(len(token), dtype=bool)
+    long = np.flatnonzero(size > _LONG)
+    if len(long):
+        result[long] = [tokens[t].startswith(tokens[a]) and tokens[t].endswith(tokens[b])
+                        for t, a, b in zip(token[long].tolist(), left[long].tolist(), right[long].tolist())]
+    short = np.flatnonzero(size <= _LONG)
+    step = max(1, _COMPARE_BATCH // max(_LONG, 1))
+    for at in range(0, len(short), step):
+        pick = short[at:at + step]
+        result[pick] = _spells_short(flat, starts, token[pick], cut[pick], left[pick], right[pick])
+    return result
+
+
+def _spells_short(flat, starts, token, cut, left, right) -> np.ndarray:
     size = starts[token + 1] - starts[token]
     ends = np.cumsum(size)
     owner = np.repeat(np.arange(len(token)), size)  # candidate of each compared position
@@ -127,24 +175,36 @@ def _powers(base: int, out: np.ndarray) -> np.ndarray:
 
 
 def _finder(keys: np.ndarray):
-    """A look-up of hashes among ``keys`` (uint64 [n], one per token): maps a uint64 array of
-    hashes to the int64 array of matching token ids, -1 where none. None if two keys are equal.
+    """A look-up of hashes among ``keys`` (uint64 [n], one per token).
+
+    Returns (find, expand): ``find`` maps a uint64 array of hashes to int64 group numbers
+    (-1 where no token has that hash); ``expand(groups)`` gives (rep, ids): the token ids of
+    each group, and for each id the index of its group in ``groups`` (rep is None when every
+    group is one token, the normal case: ids then line up with ``groups``).
 
     Keys and queries are first multiplied by an odd constant (a bijection modulo 2**64)
     so that the top bits depend on every bit: a short token's polynomial hash is a small
-    number. The mixed keys are sorted, so the ones sharing their top bits (a bucket; about
-    two buckets per key) are contiguous: a query scans ascending keys from its bucket's
+    number. The distinct mixed keys are sorted, so the ones sharing their top bits (a bucket;
+    about two buckets per key) are contiguous: a query scans ascending keys from its bucket's
     first one until it meets a key not below it, one or two steps where a binary search
     takes eighteen. An empty bucket's "first key" is the next bucket's, larger than the query.
     """
     keys = keys * _MIX
-    order = np.argsort(keys)
-    keys = keys[order]
-    if np.any(keys[1:] == keys[:-1]):
-        return None
-    # A sentinel after the last key ends every scan; it maps to no token.
+    order = np.argsort(keys, kind="stable")
+    keys, group_start, group_size = np.unique(keys[order], return_index=True, return_counts=True)
+    single = bool((group_size == 1).all())
+
+    def expand(groups: np.ndarray):
+        if single:
+            return None, order[group_start[groups]]
+        sizes = group_size[groups]
+        rep = np.repeat(np.arange(len(groups)), sizes)
+        within = np.arange(len(rep)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return rep, order[group_start[groups][rep] + within]
+
+    # A sentinel after the last key ends every scan; it maps to no group.
+    groups = np.append(np.arange(len(keys)), -1)
     keys = np.append(keys, np.uint64(2**64 - 1))
-    order = np.append(order, -1)
     bits = len(keys).bit_length() + 1
     shift = np.uint64(64 - bits)
     counts = np.bincount((keys[:-1] >> shift).astype(np.intp), minlength=1 << bits)
@@ -155,21 +215,21 @@ def _finder(keys: np.ndarray):
         def find(query: np.ndarray) -> np.ndarray:
             query = query * _MIX
             pos = np.searchsorted(keys, query)
-            return np.where(keys[pos] == query, order[pos], -1)
-        return find
+            return np.where(keys[pos] == query, groups[pos], -1)
+        return find, expand
 
     def find(query: np.ndarray) -> np.ndarray:
         query = query * _MIX
         pos = bucket_start[(query >> shift).astype(np.intp)]
         key = keys[pos]
-        found = np.where(key == query, order[pos], -1)
+        found = np.where(key == query, groups[pos], -1)
         scan = np.flatnonzero(key < query)
         while len(scan):
             pos[scan] += 1
             key = keys[pos[scan]]
             hit = key == query[scan]
-            found[scan[hit]] = order[pos[scan[hit]]]
+            found[scan[hit]] = groups[pos[scan[hit]]]
             scan = scan[key < query[scan]]
         return found
 
-    return find
+    return find, expand

@@ -778,12 +778,12 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
     (equal scores) are ordered by token id, then by split point.
 
     The splits are found with vectorised 64-bit polynomial hashes over the whole
-    vocabulary (``spm_splits``), every hit confirmed on the texts; if two tokens
-    share a hash, every split is looked up by text instead.
+    vocabulary (``spm_splits``), every hit confirmed on the texts (tokens that share a
+    hash are all tried, within a bound).
 
     Raises:
         SterError: a token longer than ``MAX_SPM_TOKEN_CHARS``; more than
-            ``MAX_DERIVED_MERGES`` merges.
+            ``MAX_DERIVED_MERGES`` merges; a vocabulary crafted to share hashes.
     """
     n = len(tokens)
     lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
@@ -795,21 +795,6 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
             "The file is corrupt or crafted; re-convert the model"
         )
     table = _hashed_splits(tokens, lengths, MAX_DERIVED_MERGES)
-    if table is None:  # two tokens share a hash: look every split up by text
-        present = set(lengths.tolist())
-        rows = []
-        for i, t in enumerate(tokens):
-            m = len(t)
-            for cut in range(1, m):
-                if cut in present and m - cut in present:
-                    left = vocab.get(t[:cut])
-                    if left is not None:
-                        right = vocab.get(t[cut:])
-                        if right is not None:
-                            rows.append((i, cut, left, right))
-                            if len(rows) > MAX_DERIVED_MERGES:
-                                raise _too_many_merges(len(rows))
-        table = np.array(rows, dtype=np.int64).reshape(-1, 4)
     if len(table) > MAX_DERIVED_MERGES:
         raise _too_many_merges(len(table))
     if not len(table):

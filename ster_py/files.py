@@ -1,0 +1,43 @@
+"""Reading small untrusted files (JSON beside a model, sidecars) without trusting the path.
+
+A config.json may be a symlink to /dev/zero (never ends) or a FIFO (``open`` blocks
+forever); a regular file may be gigabytes. ``read_regular`` checks the kind and size
+with ``os.stat`` before opening, then reads at most ``limit + 1`` bytes, so neither
+memory nor time is spent before the check.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import SterError
+
+#: config.json, generation_config.json, tokenizer_config.json...: real ones are kilobytes
+#: (a few MB with a long label map); the biggest model.safetensors.index.json files are ~10 MB.
+MAX_JSON_FILE_BYTES = 64 << 20
+
+
+def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_FILE_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes (symlinks followed).
+
+    Raises:
+        SterError: "failed to read [WHAT ]PATH: ..." (``what`` may be empty) when it is missing or unreadable, not a
+            regular file (pipe, device, directory), or larger than ``limit``.
+    """
+    what = f"{what} " if what else ""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise SterError(f"failed to read {what}{path}: not a regular file (a pipe, device or directory); "
+                            "replace it with the real file")
+        if info.st_size > limit:
+            raise SterError(f"failed to read {what}{path}: it is {info.st_size} bytes, over ster's limit of "
+                            f"{limit} for it (real ones are far smaller)")
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as error:
+        raise SterError(f"failed to read {what}{path}: {error.strerror or error}") from None
+    if len(data) > limit:
+        raise SterError(f"failed to read {what}{path}: it grew past {limit} bytes while being read")
+    return data
