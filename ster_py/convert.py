@@ -296,7 +296,7 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
         checkpoint's, empty when none), tokenizer_notes, seconds.
 
     Raises:
-        SterError: an unknown type; an existing output; a model ster cannot run or whose family has no
+        SterError: an unknown type; an existing output or one not named *.gguf; a model ster cannot run or whose family has no
             llama.cpp architecture; a model with latent attention or state-space layers (``UNWRITTEN_MIXERS``,
             refused before any weight is read, from a checkpoint or a GGUF file); a checkpoint of an architecture
             in ``UNWRITTEN_ARCHS``; a tokenizer GGUF cannot hold; a write error (nothing is left at
@@ -308,6 +308,8 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
+    if output.suffix.lower() != ".gguf":  # ster (and llama.cpp's tools) recognise a GGUF model by its name
+        raise SterError(f"--output {output} does not end in .gguf; name the GGUF file NAME.gguf")
     t0 = time.perf_counter()
     resolved = resolve(model, revision, progress=progress)
     if resolved.kind in ("gguf", "gguf_dir"):

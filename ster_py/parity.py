@@ -83,7 +83,7 @@ class ParityReport:
 
 
 def _missing(package: str, extra_hint: str) -> SterError:
-    return SterError(f"`ster parity --reference` needs {package}, which is not installed; {extra_hint}")
+    return SterError(f"`ster parity --reference` needs {package}, missing here; {extra_hint}")
 
 
 # Families Transformers runs only as the text model of a multimodal class, with no causal-LM class
@@ -155,7 +155,8 @@ def transformers_reference(resolved) -> Reference:
         import torch
         import transformers
     except ImportError:
-        raise _missing("torch and transformers", 'install them with: pip install "ster-py[reference]"') from None
+        raise _missing("torch and transformers", 'install them with: pip install ".[reference]" from a '
+                       'checkout of ster-py, or pip install torch transformers') from None
     from .decoder.qlinear import get_threads
 
     torch.set_num_threads(get_threads())  # --threads bounds torch's pool too
@@ -173,7 +174,8 @@ def transformers_reference(resolved) -> Reference:
         try:
             import gguf  # noqa: F401  (Transformers reads GGUF through gguf-py)
         except ImportError:
-            raise _missing("gguf (gguf-py)", 'install it with: pip install "ster-py[reference]"') from None
+            raise _missing("gguf (gguf-py)", 'install it with: pip install gguf, or pip install ".[reference]" '
+                           'from a checkout of ster-py') from None
         kwargs["gguf_file"] = resolved.gguf_file.name
     from transformers.utils import logging as hf_logging
 

@@ -362,6 +362,14 @@ def test_cli_convert_refusals(args, words, checkpoints, tmp_path):
     assert out.read_bytes() == b"keep me"
 
 
+def test_cli_convert_refuses_an_output_not_named_gguf(checkpoints, tmp_path):
+    """ster (and llama.cpp's tools) take a file as GGUF by its name: a .bin would be written but not run."""
+    out = tmp_path / "model.bin"
+    r = ster("convert", str(checkpoints / "llama"), "--output", str(out), "--type", "f16")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error:") and "does not end in .gguf" in r.stderr and not out.exists()
+
+
 def test_family_without_a_gguf_architecture_is_refused_before_any_weight(tmp_path):
     from tiny import write_tokenizer
 

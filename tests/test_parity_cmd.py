@@ -172,7 +172,7 @@ def _need_llama_cpp():
     from ster_py import llamacpp
 
     if not llamacpp.available():
-        pytest.fail('llama-cpp-python is not installed; pip install "ster-py[test]" to run this test', pytrace=False)
+        pytest.fail('llama-cpp-python is not installed; pip install ".[test]" from this checkout to run this test', pytrace=False)
 
 
 def test_a_crashing_llamacpp_is_reported_not_fatal(tmp_path, monkeypatch):
