@@ -49,8 +49,7 @@ def convert(
     model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
     output: Path = typer.Option(..., "--output", "-o", help="The .gguf file to write (must not exist); written "
                                 "to a temporary name beside it and renamed when complete."),
-    type_: str = typer.Option("f16", "--type", "-t", metavar="<f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|"
-                              "q6_k|q4_k_m|q5_k_m>", help=TYPE_HELP),
+    type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: every core)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),

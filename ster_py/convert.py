@@ -229,6 +229,8 @@ UNWRITTEN_ARCHS = {
     # compared with llama.cpp's converter as the others are (tests/test_convert.py).
     **{arch: "a check of its metadata and tensors against llama.cpp's converter (not done yet)"
        for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
+    "gemma4": "per-layer head widths and rotations, shared key/value layers and per-layer inputs as llama.cpp's "
+              "converter writes them",
 }
 
 
