@@ -153,7 +153,8 @@ def test_missing_reference_package_names_the_extra(tmp_path, monkeypatch):
     make_checkpoint(tmp_path, "llama")
     loaded = load_model(str(tmp_path))
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
-    with pytest.raises(SterError, match=r'pip install "ster-py\[reference\]"'):
+    # (never the name ster-py on PyPI, which is another project's)
+    with pytest.raises(SterError, match=r'pip install "\.\[reference\]" from a checkout of ster-py'):
         run_parity(loaded, [PROMPT])
 
 
@@ -164,7 +165,7 @@ def test_llamacpp_reference_needs_a_gguf_and_the_package(tmp_path, monkeypatch):
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF")  # resolve lists it without reading it
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(SterError, match=r'pip install "ster-py\[test\]" or pip install llama-cpp-python'):
+    with pytest.raises(SterError, match=r'pip install llama-cpp-python==0\.3\.36, or pip install "\.\[test\]"'):
         llamacpp_reference(resolve(str(fake)), [[1, 2]])
 
 
