@@ -60,7 +60,7 @@ def test_nan_weights_are_refused_at_generation(llama_dir, tmp_path):
 
 def test_prompt_longer_than_the_context_is_refused(llama_dir):
     model = load_model(str(llama_dir))
-    with pytest.raises(SterError, match="longer than the model's context of 256"):
+    with pytest.raises(SterError, match="longer than the context of 256 positions"):
         generate(model.decoder, [5] * 300, Sampling(max_new_tokens=1))
 
 

@@ -229,8 +229,11 @@ def test_family_matches_transformers(case, tmp_path):
 
 
 def test_every_moe_family_has_a_case():
+    import test_parity_remote  # families without a Transformers implementation
+
     moe = {name for name, f in FAMILIES.items() if f.moe and not f.latent and not f.recurrent}  # test_parity_mla, _ssm
-    assert moe == {model_type for model_type, _ in CASES.values()}
+    assert moe == {model_type for model_type, _ in CASES.values()} | {
+        model_type for model_type, _ in test_parity_remote.CASES.values() if FAMILIES[model_type].moe}
 
 
 def test_layers_choose_dense_or_routed_from_the_config(tmp_path):
@@ -941,7 +944,10 @@ def test_llama4_gguf_facts_llamacpp_fixes_in_code(moe_gguf):
 
 
 def test_every_moe_gguf_architecture_has_a_case():
-    converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
+    import test_parity_remote  # families without a Transformers implementation
+
+    converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in
+                 list(GGUF_CASES.values()) + list(test_parity_remote.GGUF_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.moe and f.gguf_arch and not f.latent and not f.recurrent}  # test_parity_mla, _ssm
     assert declared <= converted
