@@ -297,3 +297,191 @@ def test_refusals(over, match, tmp_path):
     write_tokenizer(tmp_path, VOCAB)
     with pytest.raises(SterError, match=match):
         load_model(str(tmp_path))
+
+
+# ------------------------------------------------------------------ tiktoken rank files, against tiktoken
+CORPUS = ("The three primary colors are red, blue, and green. What is the capital of France? Paris! "
+          "It's 2024; they'll say I'd've done 12345 things.\n\n  def f(x):\n\treturn x ** 2  # square\n"
+          "GLM-4 模型 的 中文 分词 测试，北京 是 中国 的 首都。 Ünïcödé naïve café — “quotes” ... "
+          "HELLO World DON'T Stop hello world don't stop\r\n") * 3
+TEXTS = ["The three primary colors are", "a Parisian Answer", "What is the capital of France? Answer in one word.",
+         "DON'T you'LL we'Ve", "  leading spaces and trailing   ", "line\nbreaks\r\n\r\nand\ttabs \n ",
+         "numbers 1234567 and 3.14159", "中文分词：北京是首都！", "emoji 🙂👍🏽 and bytes \x00\x7f",
+         "café naïve Ünïcödé — “ok”", "def g(y):\n    return y[::-1]\n", "hello world[gMASK]<sop>text<|user|>hi",
+         "<|endoftext|>", ""]
+GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+                "<|assistant|>", "<|observation|>"]
+
+
+def _train_ranks(pattern: str, merges: int = 300, extra: tuple[bytes, ...] = ()) -> list[bytes]:
+    """A small byte-level BPE rank list learnt from CORPUS (single bytes in a shuffled order first), then
+    ``extra`` tokens that no merge reaches (kept whole only when a piece is exactly one of them)."""
+    import collections
+
+    import regex
+
+    order = np.random.RandomState(3).permutation(256)
+    tokens = [bytes([int(b)]) for b in order]
+    known = set(tokens)
+    words = collections.Counter(tuple(bytes([b]) for b in piece.encode()) for piece in regex.findall(pattern, CORPUS))
+    for _ in range(merges):
+        pairs = collections.Counter()
+        for word, count in words.items():
+            for a, b in zip(word, word[1:]):
+                pairs[(a, b)] += count
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        if a + b not in known:
+            tokens.append(a + b)
+            known.add(a + b)
+        merged = collections.Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return tokens + [t for t in extra if t not in known]
+
+
+def _write_ranks(path, tokens: list[bytes]) -> None:
+    import base64
+
+    path.write_bytes(b"".join(base64.b64encode(t) + b" " + str(i).encode() + b"\n" for i, t in enumerate(tokens)))
+
+
+def _glm_tokenizer_dir(path, tokens: list[bytes]):
+    path.mkdir(parents=True, exist_ok=True)
+    _write_ranks(path / "tokenizer.model", tokens)
+    n = len(tokens)
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "ChatGLM4Tokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+        "added_tokens_decoder": {str(n + i): {"content": t, "special": True, "normalized": False, "lstrip": False,
+                                              "rstrip": False, "single_word": False}
+                                 for i, t in enumerate(GLM_SPECIALS)}}))
+    return {t: n + i for i, t in enumerate(GLM_SPECIALS)}
+
+
+@pytest.fixture(scope="module")
+def glm_ranks():
+    from ster_py.tiktoken_bpe import GLM4_PATTERN
+
+    return _train_ranks(GLM4_PATTERN, extra=(b" Parisian", b"Answer", b"\xe4\xb8\xad\xe6\x96\x87\xe5"))
+
+
+def _tiktoken(tokens: list[bytes], pattern: str, specials: dict[str, int]):
+    import tiktoken  # the oracle (the test extra installs it)
+
+    return tiktoken.Encoding("test", pat_str=pattern, mergeable_ranks={t: i for i, t in enumerate(tokens)},
+                             special_tokens=specials)
+
+
+def test_glm4_tokenizer_model_encodes_as_tiktoken(glm_ranks, tmp_path):
+    from ster_py.tiktoken_bpe import GLM4_PATTERN
+    from ster_py.tokenizer import Tokenizer
+
+    specials = _glm_tokenizer_dir(tmp_path, glm_ranks)
+    oracle = _tiktoken(glm_ranks, GLM4_PATTERN, specials)
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.vocab_size == len(glm_ranks) + len(GLM_SPECIALS)
+    for piece in (" Parisian", "Answer"):  # pieces that are tokens no merge reaches stay whole
+        assert tok.encode(piece, add_special_tokens=False) == [glm_ranks.index(piece.encode())]
+    for text in TEXTS + [CORPUS]:
+        want = oracle.encode(text, allowed_special="all")
+        assert tok.encode(text, add_special_tokens=False) == want, text
+        assert tok.encode(text) == [specials["[gMASK]"], specials["<sop>"]] + want, text
+        assert tok.decode(want, skip_special_tokens=False) == oracle.decode(want) == text
+    assert tok.eos_token_id == specials["<|endoftext|>"] and specials["<|endoftext|>"] in tok.eos_token_ids
+
+
+def test_kimi_tiktoken_model_encodes_as_tiktoken(tmp_path):
+    from ster_py.tiktoken_bpe import KIMI_PATTERN, KIMI_SPECIAL_COUNT
+    from ster_py.tokenizer import Tokenizer
+
+    ranks = _train_ranks(KIMI_PATTERN, merges=200)
+    n = len(ranks)
+    _write_ranks(tmp_path / "tiktoken.model", ranks)
+    named = {n: "[BOS]", n + 1: "[EOS]", n + 4: "<|im_end|>", n + 5: "<|im_user|>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]",
+        "added_tokens_decoder": {str(i): {"content": t, "special": True} for i, t in named.items()}}))
+    specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + KIMI_SPECIAL_COUNT)}
+    oracle = _tiktoken(ranks, KIMI_PATTERN, specials)
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.vocab_size == n + KIMI_SPECIAL_COUNT
+    assert tok.token_to_id(f"<|reserved_token_{n + 2}|>") == n + 2 and tok.token_to_id("<|im_end|>") == n + 4
+    for text in TEXTS + [CORPUS, "CamelCaseWords and HTTPServer 北京欢迎你<|im_user|>x<|reserved_token_%d|>" % (n + 9)]:
+        want = oracle.encode(text, allowed_special="all")
+        assert tok.encode(text, add_special_tokens=False) == want, text
+        assert tok.decode(want, skip_special_tokens=False) == text
+
+
+def test_chatglm_checkpoint_with_only_tokenizer_model_resolves(glm_ranks, tmp_path):
+    """A local chatglm directory with tokenizer.model (no tokenizer.json) resolves and loads its tokenizer."""
+    from ster_py.resolve import resolve
+
+    config = _chatglm_config(padded_vocab_size=len(glm_ranks) + len(GLM_SPECIALS))
+    state = _random_state(config, seed=1)
+    state["transformer.embedding.word_embeddings.weight"] = np.zeros((config["padded_vocab_size"], HIDDEN), np.float32)
+    state["transformer.output_layer.weight"] = np.zeros((config["padded_vocab_size"], HIDDEN), np.float32)
+    _write(tmp_path, config, state)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer_config.json").unlink()
+    specials = _glm_tokenizer_dir(tmp_path, glm_ranks)
+    assert resolve(str(tmp_path)).tokenizer_path == tmp_path / "tokenizer.model"
+    model = load_model(str(tmp_path))
+    assert model.tokenizer.encode("Paris")[:2] == [specials["[gMASK]"], specials["<sop>"]]
+
+
+def test_other_tokenizer_model_is_refused_by_its_class(glm_ranks, tmp_path):
+    from ster_py.resolve import resolve
+
+    config = _chatglm_config()
+    _write(tmp_path, config, _random_state(config, seed=1))
+    (tmp_path / "tokenizer.json").unlink()
+    _glm_tokenizer_dir(tmp_path, glm_ranks)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(SterError, match="tokenizer is missing.*tokenizer.model.*ChatGLM4Tokenizer"):
+        resolve(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda lines: lines[:5] + [b"not-base64!! 5"] + lines[6:], "line 6 holds no valid base64"),
+    (lambda lines: lines[:5] + [lines[5].split()[0]] + lines[6:], "line 6 is not"),
+    (lambda lines: lines[:5] + [lines[5].split()[0] + b" 7"] + lines[6:], "rank 7"),
+    (lambda lines: [lines[0].split()[0] + b" " + str(i).encode() if i == 3 else line
+                    for i, line in enumerate(lines)], "two ranks"),
+    (lambda lines: [b"YWJj " + str(i).encode() if i == 0 else line for i, line in enumerate(lines)], "single byte"),
+    (lambda lines: lines + [b"QUFB" * 400 + b" " + str(len(lines)).encode()], "bytes"),
+])
+def test_hostile_rank_files_are_refused(damage, match, glm_ranks, tmp_path):
+    from ster_py.tokenizer import Tokenizer
+
+    _glm_tokenizer_dir(tmp_path, glm_ranks)
+    lines = (tmp_path / "tokenizer.model").read_bytes().split(b"\n")[:-1]
+    (tmp_path / "tokenizer.model").write_bytes(b"\n".join(damage(lines)) + b"\n")
+    with pytest.raises(SterError, match=match):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_rank_file_kind_and_size_are_checked_before_reading(tmp_path, monkeypatch):
+    import os
+
+    from ster_py import tiktoken_bpe
+    from ster_py.tokenizer import Tokenizer
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ChatGLM4Tokenizer"}))
+    os.mkfifo(tmp_path / "tokenizer.model")  # would block an open() forever
+    with pytest.raises(SterError, match="not a regular file"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.model").unlink()
+    (tmp_path / "tokenizer.model").write_bytes(b"QQ== 0\n" * 64)
+    monkeypatch.setattr(tiktoken_bpe, "MAX_RANK_FILE_BYTES", 100)
+    with pytest.raises(SterError, match="over ster's limit"):
+        Tokenizer.from_dir(tmp_path)
