@@ -485,3 +485,35 @@ def test_rank_file_kind_and_size_are_checked_before_reading(tmp_path, monkeypatc
     monkeypatch.setattr(tiktoken_bpe, "MAX_RANK_FILE_BYTES", 100)
     with pytest.raises(SterError, match="over ster's limit"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_hub_repository_with_only_tokenizer_model(glm_ranks, tmp_path, monkeypatch):
+    """From the Hub: tokenizer.model (with tokenizer_config.json) is fetched in tokenizer.json's place, before
+    any weight; under another tokenizer class the repository is refused as having no tokenizer."""
+    from test_resolve import FakeRemote, repo_files
+
+    import huggingface_hub
+    from huggingface_hub import constants
+    from ster_py.resolve import resolve
+
+    _glm_tokenizer_dir(tmp_path / "tok", glm_ranks)
+    files = repo_files(config=_chatglm_config())
+    del files["tokenizer.json"]
+    files["tokenizer.model"] = (tmp_path / "tok" / "tokenizer.model").read_bytes()
+    files["tokenizer_config.json"] = (tmp_path / "tok" / "tokenizer_config.json").read_bytes()
+    def install(where: str, served: dict) -> FakeRemote:
+        fake = FakeRemote(tmp_path / where, served)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.HfApi, "model_info",
+                            lambda api, repo_id, **kw: fake.model_info(api, repo_id, **kw))
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake.hf_hub_download)
+        return fake
+
+    fake = install("hub", files)
+    r = resolve("org/glm")
+    assert r.tokenizer_path.name == "tokenizer.model"
+    assert fake.downloads[:3] == ["config.json", "tokenizer.model", "tokenizer_config.json"]
+    fake = install("hub2", dict(files, **{"tokenizer_config.json": b'{"tokenizer_class": "LlamaTokenizer"}'}))
+    with pytest.raises(SterError, match="tokenizer is missing"):
+        resolve("org/glm")
+    assert "tokenizer.model" in fake.downloads and not any(n.endswith(".safetensors") for n in fake.downloads)
