@@ -66,10 +66,11 @@ def _byte_chars() -> list[str]:
 
 
 _BYTE_CHARS = _byte_chars()
+_SPELLING = dict(enumerate(_BYTE_CHARS))  # str.translate table: latin-1 code point -> byte-level character
 
 
 def _spelled(token: bytes) -> str:
-    return "".join(_BYTE_CHARS[b] for b in token)
+    return token.decode("latin-1").translate(_SPELLING)
 
 
 def read_ranks(path: str | Path) -> list[bytes]:
@@ -125,13 +126,20 @@ def _merges(tokens: list[bytes]) -> list[tuple[str, str]]:
     """The merges of a rank list: each split of a token into two tokens, by the token's rank, then by
     the parts' ranks (Transformers' TikTokenConverter's recovery)."""
     rank = {t: i for i, t in enumerate(tokens)}
+    spelled = [_spelled(t) for t in tokens]
+    get = rank.get
     out: list[tuple[str, str]] = []
     for token in tokens:
-        if len(token) < 2:
-            continue
-        local = [(rank[token[:k]], rank[token[k:]]) for k in range(1, len(token))
-                 if token[:k] in rank and token[k:] in rank]
-        out.extend((_spelled(tokens[a]), _spelled(tokens[b])) for a, b in sorted(local))
+        local = []
+        for k in range(1, len(token)):
+            a = get(token[:k])
+            if a is not None:
+                b = get(token[k:])
+                if b is not None:
+                    local.append((a, b))
+        if len(local) > 1:
+            local.sort()
+        out.extend([(spelled[a], spelled[b]) for a, b in local])
     return out
 
 
