@@ -234,6 +234,7 @@ FEATURES = {
     "layernorm": dict(rmsnorm=False),
     "halves": dict(original_rope=False, rope_ratio=2.5),
     "bias-linear": dict(add_bias_linear=True, add_qkv_bias=False),
+    "no-bias": dict(add_qkv_bias=False),
     "all-mha": dict(rmsnorm=False, original_rope=False, add_bias_linear=True, multi_query_attention=False,
                     layernorm_epsilon=1e-6),
 }
@@ -309,6 +310,18 @@ TEXTS = ["The three primary colors are", "a Parisian Answer", "What is the capit
          "numbers 1234567 and 3.14159", "中文分词：北京是首都！", "emoji 🙂👍🏽 and bytes \x00\x7f",
          "café naïve Ünïcödé — “ok”", "def g(y):\n    return y[::-1]\n", "hello world[gMASK]<sop>text<|user|>hi",
          "<|endoftext|>", ""]
+# Characters the split patterns treat differently: cases (titlecase ǅ), contractions, digits, every kind of
+# space and line break, punctuation, Han, kana, Hangul, combining marks, emoji, a lone control byte.
+_ALPHABET = list("aZsStTdDlLmMrReEvV'’ 0123456789  \t\n\r\n.,;:!?-_()[]{}<>/\\\"#@$%^&*+=|~`") + [
+    "ǅ", "é", "\u0301", "\u0308", "中", "文", "北", "京", "の", "カ", "한", "글", "🙂", "👍🏽", "\u00a0", "\u3000", "\x00",
+    "\x7f", "Ω", "ß", "İ", "\u2028"]
+
+
+def _random_texts(count: int, seed: int) -> list[str]:
+    rng = np.random.RandomState(seed)
+    return ["".join(rng.choice(_ALPHABET, size=rng.randint(1, 40))) for _ in range(count)]
+
+
 GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
                 "<|assistant|>", "<|observation|>"]
 
@@ -392,7 +405,7 @@ def test_glm4_tokenizer_model_encodes_as_tiktoken(glm_ranks, tmp_path):
     assert tok.vocab_size == len(glm_ranks) + len(GLM_SPECIALS)
     for piece in (" Parisian", "Answer"):  # pieces that are tokens no merge reaches stay whole
         assert tok.encode(piece, add_special_tokens=False) == [glm_ranks.index(piece.encode())]
-    for text in TEXTS + [CORPUS]:
+    for text in TEXTS + [CORPUS] + _random_texts(300, seed=11):
         want = oracle.encode(text, allowed_special="all")
         assert tok.encode(text, add_special_tokens=False) == want, text
         assert tok.encode(text) == [specials["[gMASK]"], specials["<sop>"]] + want, text
@@ -416,7 +429,7 @@ def test_kimi_tiktoken_model_encodes_as_tiktoken(tmp_path):
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.vocab_size == n + KIMI_SPECIAL_COUNT
     assert tok.token_to_id(f"<|reserved_token_{n + 2}|>") == n + 2 and tok.token_to_id("<|im_end|>") == n + 4
-    for text in TEXTS + [CORPUS, "CamelCaseWords and HTTPServer 北京欢迎你<|im_user|>x<|reserved_token_%d|>" % (n + 9)]:
+    for text in TEXTS + _random_texts(300, seed=12) + [CORPUS, "CamelCaseWords and HTTPServer 北京欢迎你<|im_user|>x<|reserved_token_%d|>" % (n + 9)]:
         want = oracle.encode(text, allowed_special="all")
         assert tok.encode(text, add_special_tokens=False) == want, text
         assert tok.decode(want, skip_special_tokens=False) == text
