@@ -530,3 +530,16 @@ def test_hub_repository_with_only_tokenizer_model(glm_ranks, tmp_path, monkeypat
     with pytest.raises(SterError, match="tokenizer is missing"):
         resolve("org/glm")
     assert "tokenizer.model" in fake.downloads and not any(n.endswith(".safetensors") for n in fake.downloads)
+
+
+def test_merges_are_the_ones_transformers_recovers(glm_ranks, tmp_path):
+    """Seed 002: the merges are recovered from the ranks as Transformers' TikTokenConverter recovers them."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from ster_py.tiktoken_bpe import _merges, _spelled, read_ranks
+
+    _write_ranks(tmp_path / "tokenizer.model", glm_ranks)
+    vocab, merges = TikTokenConverter().extract_vocab_merges_from_model(str(tmp_path / "tokenizer.model"))
+    tokens = read_ranks(tmp_path / "tokenizer.model")
+    assert tokens == glm_ranks and len(merges) > 150
+    assert {_spelled(t): i for i, t in enumerate(tokens)} == vocab and _merges(tokens) == merges
