@@ -246,14 +246,16 @@ def _is_weight_name(name: str) -> bool:
 def _require_tokenizer(root: Path, names: list[str]) -> Path:
     if TOKENIZER in names:
         return root / TOKENIZER
-    from .tokenizer import rank_file_of
+    from .tokenizer import rank_file_of, tokenizer_class_of
 
     ranks = rank_file_of(root)  # GLM-4's / Kimi's tiktoken ranks under the tokenizer class that reads them
     if ranks is not None:
         return ranks
     found = [n for n in ("tokenizer.model", "tokenizer.jsonl", "tiktoken.model", "vocab.json") if n in names]
+    named = tokenizer_class_of(root) if found else None
+    named = f", under tokenizer_class {named[:80]!r}" if named else ""
     hint = (
-        f" (found {', '.join(found)}; only a tokenizers-library tokenizer.json is read, or a tiktoken "
+        f" (found {', '.join(found)}{named}; only a tokenizers-library tokenizer.json is read, or a tiktoken "
         "tokenizer.model / tiktoken.model that tokenizer_config.json names ChatGLM4Tokenizer / TikTokenTokenizer: "
         "use a checkpoint that ships tokenizer.json, or save one with the tokenizers or transformers library)"
         if found

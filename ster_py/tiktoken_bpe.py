@@ -193,7 +193,8 @@ def specials_of(config: Mapping, file: str | Path) -> dict[int, str]:
     out: dict[int, str] = {}
     for key, value in decoder.items():
         text = value.get("content") if isinstance(value, Mapping) else value
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9) or not isinstance(text, str):
+        is_id = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9
+        if not is_id or not isinstance(text, str):
             raise SterError(f"failed to load tokenizer {file}: added_tokens_decoder entry {str(key)[:40]!r} is not "
                             "a token id with its text; fix the file")
         out[int(key)] = text

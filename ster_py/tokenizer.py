@@ -618,11 +618,21 @@ def rank_file_of(directory: Path) -> Path | None:
     Raises:
         SterError: tokenizer_config.json is unreadable or not a JSON object.
     """
-    config = _read_json_object(directory / "tokenizer_config.json")
+    named = tokenizer_class_of(directory)
     for name, cls in RANK_FILES.items():
-        if config.get("tokenizer_class") == cls and (directory / name).exists():
+        if named == cls and (directory / name).exists():
             return directory / name
     return None
+
+
+def tokenizer_class_of(directory: Path) -> str | None:
+    """tokenizer_config.json's ``tokenizer_class`` (None when absent or not a string).
+
+    Raises:
+        SterError: tokenizer_config.json is unreadable or not a JSON object.
+    """
+    named = _read_json_object(directory / "tokenizer_config.json").get("tokenizer_class")
+    return named if isinstance(named, str) else None
 
 
 def _read_json(path: Path) -> Any:

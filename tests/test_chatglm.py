@@ -196,7 +196,8 @@ def test_matches_transformers_glm(equivalent):
 # ------------------------------------------------------------------ each extra against the numpy reference
 def _random_state(config: dict, seed: int) -> dict:
     rng = np.random.RandomState(seed)
-    heads, d, h, f = config["num_attention_heads"], config["kv_channels"], config["hidden_size"], config["ffn_hidden_size"]
+    heads, d = config["num_attention_heads"], config["kv_channels"]
+    h, f = config["hidden_size"], config["ffn_hidden_size"]
     kv = config["multi_query_group_num"] if config.get("multi_query_attention") else heads
     rows = (heads + 2 * kv) * d
     layer_norm = not config.get("rmsnorm", True)
@@ -429,7 +430,8 @@ def test_kimi_tiktoken_model_encodes_as_tiktoken(tmp_path):
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.vocab_size == n + KIMI_SPECIAL_COUNT
     assert tok.token_to_id(f"<|reserved_token_{n + 2}|>") == n + 2 and tok.token_to_id("<|im_end|>") == n + 4
-    for text in TEXTS + _random_texts(300, seed=12) + [CORPUS, "CamelCaseWords and HTTPServer 北京欢迎你<|im_user|>x<|reserved_token_%d|>" % (n + 9)]:
+    mixed = f"CamelCaseWords and HTTPServer 北京欢迎你<|im_user|>x<|reserved_token_{n + 9}|>"
+    for text in TEXTS + _random_texts(300, seed=12) + [CORPUS, mixed]:
         want = oracle.encode(text, allowed_special="all")
         assert tok.encode(text, add_special_tokens=False) == want, text
         assert tok.decode(want, skip_special_tokens=False) == text
@@ -460,7 +462,8 @@ def test_other_tokenizer_model_is_refused_by_its_class(glm_ranks, tmp_path):
     (tmp_path / "tokenizer.json").unlink()
     _glm_tokenizer_dir(tmp_path, glm_ranks)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
-    with pytest.raises(SterError, match="tokenizer is missing.*tokenizer.model.*ChatGLM4Tokenizer"):
+    with pytest.raises(SterError, match="tokenizer is missing.*tokenizer.model, under tokenizer_class "
+                                        ".LlamaTokenizer.*ChatGLM4Tokenizer"):
         resolve(str(tmp_path))
 
 
