@@ -546,3 +546,43 @@ def test_merges_are_the_ones_transformers_recovers(glm_ranks, tmp_path):
     tokens = read_ranks(tmp_path / "tokenizer.model")
     assert tokens == glm_ranks and len(merges) > 150
     assert {_spelled(t): i for i, t in enumerate(tokens)} == vocab and _merges(tokens) == merges
+
+
+def test_mutated_rank_files_fail_only_with_ster_errors(glm_ranks, tmp_path):
+    """Bounded fuzzing: random byte edits, line drops, swaps and duplicates of a rank file either load (and
+    then encode) or raise SterError, never another exception."""
+    import random
+
+    from ster_py.tokenizer import Tokenizer
+
+    _glm_tokenizer_dir(tmp_path, glm_ranks)
+    seed = (tmp_path / "tokenizer.model").read_bytes()
+    rng = random.Random(0)
+    outcomes = {"loaded": 0, "refused": 0}
+    for _ in range(150):
+        data = bytearray(seed)
+        lines = bytes(data).split(b"\n")
+        kind = rng.randrange(5)
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 1:
+            del lines[rng.randrange(len(lines))]
+            data = bytearray(b"\n".join(lines))
+        elif kind == 2:
+            i, j = rng.randrange(len(lines)), rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+            data = bytearray(b"\n".join(lines))
+        elif kind == 3:
+            lines.insert(rng.randrange(len(lines)), lines[rng.randrange(len(lines))])
+            data = bytearray(b"\n".join(lines))
+        else:
+            data = data[:rng.randrange(len(data))]
+        (tmp_path / "tokenizer.model").write_bytes(bytes(data))
+        try:
+            tok = Tokenizer.from_dir(tmp_path)
+            tok.decode(tok.encode("fuzzed text 123 中文"))
+            outcomes["loaded"] += 1
+        except SterError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 50 and outcomes["loaded"] > 0, outcomes
