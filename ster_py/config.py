@@ -187,6 +187,10 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
+    norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
+    as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
+    ``norm_eps`` (Muse Glimmer).
     """
 
     model_type: str
@@ -256,6 +260,9 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    embed_norm_affine: bool = True
+    final_norm_unit_offset: bool | None = None
+    post_norm_eps: float | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1331,4 +1338,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate_in_q=family.attn_gate_in_q,
         value_norm=family.value_norm,
         layer_scalar=family.layer_scalar,
+        embed_norm_affine=family.embed_norm_affine,
+        final_norm_unit_offset=family.final_norm_unit_offset,
+        post_norm_eps=r.number(family.post_norm_eps_key, None),
     )

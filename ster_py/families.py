@@ -582,6 +582,12 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        embed_norm_affine: the embedding norm (``embed_norm``) carries a weight (False: weightless,
+            Muse Glimmer's).
+        final_norm_unit_offset: the final norm's weight is applied as stored (False) or as 1 + w (True)
+            whatever ``norm_unit_offset`` says of the others (None: as they are; Muse Glimmer: False).
+        post_norm_eps_key: config key of the epsilon of the two output norms (``attn_post_norm``,
+            ``ffn_post_norm``) when it differs from the model's (Muse Glimmer's post_norm_eps).
     """
 
     model_type: str
@@ -682,6 +688,9 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    embed_norm_affine: bool = True
+    final_norm_unit_offset: bool | None = None
+    post_norm_eps_key: str | None = None
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -1973,6 +1982,77 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+# ---- group WRAP (issue 16): the wrapped decoders with a Transformers implementation
+def _global_theta(config: Mapping) -> float:
+    """The model-wide rotary base: rope_parameters.rope_theta, else rope_theta, else 10000."""
+    rp = config.get("rope_parameters")
+    theta = (rp.get("rope_theta") if isinstance(rp, Mapping) else None) or config.get("rope_theta")
+    return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 10000.0
+
+
+def _muse_glimmer_config(config: Mapping) -> Mapping:
+    """Muse Glimmer's defaults as Transformers' MuseGlimmerTextConfig derives them, and its query scale.
+
+    Without ``layer_types`` / ``layer_rope_theta``, every 4th layer counted back from the last attends
+    fully and does not rotate, the others slide and rotate by rope_theta. The query's multiplier after its
+    weightless norm is ``scale_query_by`` (the native schema; divided by sqrt(head_dim) when it is at least
+    that) or ``qk_scale_factor``; with the scores' 1/sqrt(head_dim) it is written as the score scale
+    ``_muse_attn_scale`` (a factor on q is one on q.k: rotation is linear)."""
+    import math
+
+    c = dict(config)
+    n = _n_layers(c)
+    nope = [(n - 1 - i) % 4 == 0 for i in range(n)]
+    if c.get("layer_types") is None and n:
+        c["layer_types"] = ["full_attention" if f else "sliding_attention" for f in nope]
+    if c.get("layer_rope_theta") is None and n:
+        c["layer_rope_theta"] = [0 if f else _global_theta(c) for f in nope]
+    hd = c.get("head_dim")
+    if not (isinstance(hd, int) and not isinstance(hd, bool) and hd > 0):
+        heads, hidden = c.get("num_attention_heads"), c.get("hidden_size")
+        hd = hidden // heads if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 else 0
+    if hd > 0:
+        factor = c.get("scale_query_by")
+        if _number(factor):
+            factor = factor / math.sqrt(hd) if factor >= math.sqrt(hd) else factor
+        else:
+            factor = c.get("qk_scale_factor", 3.87)
+        if c.get("use_qk_norm") is False:
+            factor = 1.0
+        if _number(factor):
+            c["_muse_attn_scale"] = float(factor) / math.sqrt(hd)
+    return c
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _layer_bases_unlike_rope_theta(config: Mapping) -> bool:
+    """A layer_rope_theta with a non-zero base other than rope_theta (Transformers 5.24 rotates every
+    non-zero layer by rope_theta itself, whatever base the list gives)."""
+    thetas = config.get("layer_rope_theta")
+    return isinstance(thetas, list) and any(t and t != _global_theta(config) for t in thetas)
+
+
+MUSE_GLIMMER_NAMES = _with(GEMMA2_NAMES, g=_L + "self_attn.gate_proj")
+_MUSE_GLIMMER = FamilySpec(
+    "muse_glimmer_text", norms=_SANDWICH, names=MUSE_GLIMMER_NAMES, norm_unit_offset=True, final_norm_unit_offset=False,
+    embed_norm=True, embed_norm_affine=False, post_norm_eps_key="post_norm_eps", qk_norm="head",
+    qk_norm_affine=False, attn_multiplier_key="_muse_attn_scale", attn_gate="sigmoid", attn_gate_per_head=False,
+    layer_rope_key="layer_rope_theta", logit_scale_key="output_multiplier",
+    final_softcap_key="final_logit_softcapping", normalize=_muse_glimmer_config,
+    config_defaults={"rms_norm_eps": 1e-5, "post_norm_eps": 1e-8, "sliding_window": 2048, "head_dim": 128,
+                     "final_logit_softcapping": 20.0, "output_multiplier": 0.19611613513818404,
+                     "qk_scale_factor": 3.87, "hidden_activation": "silu"},
+    variants=(Variant(lambda c: c.get("use_qk_norm") is False, {"qk_norm": None}),
+              Variant(lambda c: c.get("use_attn_output_gate") is False, {"attn_gate": None})),
+    refusals=(Refusal(_layer_bases_unlike_rope_theta,
+                      "a layer_rope_theta with a non-zero base other than rope_theta is not supported "
+                      "(Transformers 5.24 rotates every such layer by rope_theta)"),
+              Refusal(stated("attention_bias"), "attention_bias is not supported")))
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2838,6 +2918,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group WRAP (issue 16): Muse Glimmer (also below model.language_model of muse_glimmer: WRAPPERS)
+        _MUSE_GLIMMER,
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -2862,7 +2944,9 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "gemma4_unified": ("gemma4_unified_text", "model.language_model."),
                                            # group SSM-B2: Qwen3.5's decoders sit below model.language_model
                                            "qwen3_5": ("qwen3_5_text", "model.language_model."),
-                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.")}
+                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model."),
+                                           # group WRAP: Muse Glimmer's decoder, its head at the root
+                                           "muse_glimmer": ("muse_glimmer_text", "model.language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.

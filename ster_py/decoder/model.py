@@ -135,7 +135,9 @@ class _Layer:
             return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
-            return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
+            eps = (spec.post_norm_eps if spec.post_norm_eps is not None and role in ("attn_post_norm", "ffn_post_norm")
+                   else spec.norm_eps)
+            return Norm(spec.norm, eps, load(role, required=spec.norm_affine), load(role, "bias"),
                         spec.norm_unit_offset)
 
         cls = MIXERS.get(self.layer.mixer)
@@ -308,17 +310,19 @@ class Decoder:
 
         self.embed = top("embed", required=True)
         self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
-        def norm(role):
-            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"),
-                        spec.norm_unit_offset)
+        def norm(role, offset=spec.norm_unit_offset):
+            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"), offset)
 
-        self.embed_norm = norm("embed_norm") if spec.embed_norm else None
+        # a weightless embedding norm (embed_norm_affine False) reads no tensor
+        self.embed_norm = ((norm("embed_norm") if spec.embed_norm_affine else Norm(spec.norm, spec.norm_eps, None, None))
+                           if spec.embed_norm else None)
         self.per_layer = (PerLayerInputs(spec, top("per_layer_embed", required=True),
                                          make_linear(top("per_layer_model_proj", required=True)),
                                          norm("per_layer_proj_norm"))
                           if spec.per_layer_input else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
-        self.final_norm = norm("final_norm")
+        self.final_norm = norm("final_norm", spec.norm_unit_offset if spec.final_norm_unit_offset is None
+                               else spec.final_norm_unit_offset)
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()

@@ -1,0 +1,226 @@
+"""The wrapped decoders with a Transformers implementation (issue 16): Muse Glimmer, MiniMax-M3, Inkling.
+
+The oracle is transformers 5.24 itself. Each family is built once per module as its multimodal wrapper
+(a tiny vision tower beside the text decoder, the head at the wrapper's root) with every weight redrawn;
+the same weights are also written as a text-only checkpoint (the decoder's own model_type, the decoder's
+tensors below ``model.``), and both must give the wrapper's logits on text within 1e-4 (f32), the same 16
+greedy tokens as its cached decoding, the same logits fed in pieces or token by token, and leave no
+decoder tensor unread (the towers are never read). The switches Transformers has no key for (seed 002's
+``use_qk_norm`` / ``use_attn_output_gate`` / ``scale_query_by``) are compared with the Transformers model
+changed to the same math.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ster_py.errors import SterError
+from ster_py.families import FAMILIES, WRAPPERS, gate
+from ster_py.generate import Sampling, generate
+from ster_py.load import load_model
+from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
+from tiny import reference_greedy, rel_err, write_tokenizer
+
+VOCAB = 128
+PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
+SPLIT = 9
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+            pad_token_id=0)
+
+
+def _redraw(model, unit_norms=()):
+    """Every parameter redrawn (matrices 0.15, vectors 0.3 around zero; names ending in ``unit_norms``
+    around one: norms whose weight applies as stored)."""
+    import torch
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.15 if p.ndim > 1 else 0.3) + (1.0 if name.endswith(unit_norms) else 0.0))
+
+
+def _wrapper(path: Path, wrapper: str, text_type: str, text: dict, vision: dict, unit_norms=(), **extra):
+    """The wrapper model (transformers, f32, eval) saved at ``path``, its tokenizer beside it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(wrapper, text_config=dict(text, model_type=text_type), vision_config=vision, **extra)
+    model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="eager").eval()
+    _redraw(model, unit_norms)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    write_tokenizer(path, VOCAB)
+    return model
+
+
+def _text_only(wrapped: Path, path: Path, prefix: str, stem: str = "model.", config_changes: dict | None = None,
+               drop: tuple[str, ...] = (), scale: dict | None = None) -> Path:
+    """The wrapper's decoder as a text-only checkpoint: its text_config at the top, the tensors below
+    ``prefix`` moved below ``stem``, the head kept, the towers left out (``drop``: names left out too;
+    ``scale``: name -> factor applied to that tensor)."""
+    from safetensors.numpy import load_file, save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(str(wrapped / "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith(prefix):
+            name = stem + name[len(prefix):]
+        elif name != "lm_head.weight":
+            continue
+        if not name.endswith(drop):
+            out[name] = t * np.float32((scale or {}).get(name, 1.0))
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((wrapped / "config.json").read_text())
+    text = dict(config["text_config"], **(config_changes or {}))
+    text = {k: v for k, v in text.items() if v is not None or k in ("pad_token_id",)}
+    (path / "config.json").write_text(json.dumps(text))
+    write_tokenizer(path, VOCAB)
+    return path
+
+
+def _reference(model, ids) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([list(ids)])).logits[0].float().numpy()
+
+
+def check_decoder(path: Path, ref_model, ref_logits=None, greedy=True):
+    """Logits within 1e-4 of the wrapper's, the same in pieces and token by token, 16 greedy tokens equal
+    to its cached decoding, every decoder tensor read; returns the loaded model."""
+    ref_logits = _reference(ref_model, PROMPT) if ref_logits is None else ref_logits
+    model = load_model(str(path))
+    dec = model.decoder
+    logits = dec.forward(PROMPT)
+    err = rel_err(logits, ref_logits)
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+    split = dec.new_cache()
+    pieces = np.concatenate([dec.forward(PROMPT[:SPLIT], split), dec.forward(PROMPT[SPLIT:], split)])
+    steps = dec.new_cache()
+    one_by_one = np.concatenate([dec.forward([t], steps) for t in PROMPT])
+    assert rel_err(pieces, logits) < 1e-5 and rel_err(one_by_one, logits) < 1e-5
+    if greedy:
+        ours = generate(dec, PROMPT, Sampling(max_new_tokens=16)).ids
+        assert ours == reference_greedy(ref_model, PROMPT, 16)
+        assert len(set(ours)) > 2  # the continuation is not one token repeated
+    assert dec._weights.unused_tensors(model.spec) == []
+    return model
+
+
+# ----------------------------------------------------------------------------- Muse Glimmer
+
+MUSE_TEXT = dict(BASE, num_hidden_layers=3, sliding_window=4, final_logit_softcapping=5.0, output_multiplier=0.7,
+                 qk_scale_factor=2.5, post_norm_eps=1e-6, rms_norm_eps=1e-5)
+MUSE_VISION = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+MUSE_PREFIX = "model.language_model."
+
+
+@pytest.fixture(scope="module")
+def muse(tmp_path_factory):
+    """(wrapper model, wrapped checkpoint, text-only checkpoint, the wrapper's logits on PROMPT)."""
+    root = tmp_path_factory.mktemp("muse")
+    model = _wrapper(root / "wrapped", "muse_glimmer", "muse_glimmer_text", MUSE_TEXT, MUSE_VISION,
+                     unit_norms=("language_model.norm.weight",), out_hidden_size=64, projector_hidden_size=32)
+    text = _text_only(root / "wrapped", root / "text", MUSE_PREFIX)
+    return model, root / "wrapped", text, _reference(model, PROMPT)
+
+
+def test_muse_glimmer_text_matches_transformers(muse):
+    model, _, text, ref = muse
+    loaded = check_decoder(text, model, ref)
+    spec = loaded.spec
+    assert spec.model_type == "muse_glimmer_text" and spec.decoder_prefix is None
+    # Transformers' defaults for 3 layers: the last attends fully and does not rotate, the others slide
+    assert [(layer.sliding_window, layer.rope is not None) for layer in spec.layers] == [(4, True), (4, True),
+                                                                                         (None, False)]
+    assert spec.attn_scale == pytest.approx(2.5 / 4) and spec.post_norm_eps == 1e-6
+
+
+def test_muse_glimmer_wrapper_runs_its_text_decoder(muse):
+    model, wrapped, _, ref = muse
+    loaded = check_decoder(wrapped, model, ref)
+    assert loaded.spec.model_type == "muse_glimmer_text"
+    assert loaded.spec.names["q"].startswith(MUSE_PREFIX + "layers.") and loaded.spec.names["head"] == "lm_head"
+    names = set(loaded.decoder._weights.names())
+    assert any(n.startswith("model.vision_tower.") for n in names)  # there, and never read
+
+
+def test_muse_glimmer_native_query_scale(muse, tmp_path):
+    """scale_query_by (the native schema) at least sqrt(head_dim) is divided by it: 2.5 * 4 reads as 2.5."""
+    model, wrapped, _, ref = muse
+    text = _text_only(wrapped, tmp_path, MUSE_PREFIX, config_changes={"qk_scale_factor": None, "scale_query_by": 10.0})
+    check_decoder(text, model, ref, greedy=False)
+
+
+def test_muse_glimmer_without_output_gate(muse, tmp_path):
+    """use_attn_output_gate false: Transformers' model with a zero gate_proj (a gate of 1/2 everywhere) is
+    ster's without a gate and with o_proj halved."""
+    import torch
+
+    model, wrapped, _, _ = muse
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in ref_model.model.language_model.layers:
+            layer.self_attn.gate_proj.weight.zero_()
+    halve = {f"model.layers.{i}.self_attn.o_proj.weight": 0.5 for i in range(MUSE_TEXT["num_hidden_layers"])}
+    text = _text_only(wrapped, tmp_path, MUSE_PREFIX, config_changes={"use_attn_output_gate": False},
+                      drop=("self_attn.gate_proj.weight",), scale=halve)
+    check_decoder(text, ref_model)
+
+
+def test_muse_glimmer_without_qk_norm(muse, tmp_path):
+    """use_qk_norm false: no per-head norm and no query multiplier (Transformers' model with its q/k norm
+    made the identity and qk_scale_factor 1)."""
+    import torch
+
+    model, wrapped, _, _ = muse
+    ref_model = copy.deepcopy(model)
+    for layer in ref_model.model.language_model.layers:
+        layer.self_attn.qk_norm = torch.nn.Identity()
+        layer.self_attn.qk_scale_factor = 1.0
+    text = _text_only(wrapped, tmp_path, MUSE_PREFIX, config_changes={"use_qk_norm": False})
+    check_decoder(text, ref_model)
+
+
+def test_muse_glimmer_defaults_follow_transformers_config():
+    """Without layer_types / layer_rope_theta, the layer kinds and rotations are those Transformers'
+    MuseGlimmerTextConfig derives (every 4th layer back from the last: full and unrotated)."""
+    from transformers import AutoConfig
+
+    from ster_py.config import spec_from_config
+
+    config = dict(BASE, model_type="muse_glimmer_text", num_hidden_layers=9, sliding_window=8)
+    ref = AutoConfig.for_model(**config)
+    spec = spec_from_config(config, FAMILIES["muse_glimmer_text"])
+    assert ["sliding_attention" if layer.sliding_window else "full_attention" for layer in spec.layers] \
+        == ref.layer_types
+    for layer, theta in zip(spec.layers, ref.layer_rope_theta):
+        assert (layer.rope is None) == (theta == 0)
+        if theta:
+            np.testing.assert_allclose(layer.rope.inv_freq, 1.0 / theta ** (np.arange(0, 16, 2) / 16), rtol=1e-12)
+    assert spec.final_softcap == ref.final_logit_softcapping and spec.logit_scale == ref.output_multiplier
+    assert spec.attn_scale == pytest.approx(ref.qk_scale_factor / math.sqrt(16))
+    assert spec.post_norm_eps == ref.post_norm_eps and spec.norm_eps == ref.rms_norm_eps
+
+
+def test_muse_glimmer_refusals(tmp_path):
+    """Bases Transformers would not use are refused before any weight is read (no weights here)."""
+    config = dict(BASE, model_type="muse_glimmer_text", num_hidden_layers=2, layer_rope_theta=[10000.0, 5e5])
+    with pytest.raises(SterError, match="layer_rope_theta"):
+        gate(config, tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_tokenizer(tmp_path, VOCAB)
+    with pytest.raises(SterError, match="layer_rope_theta"):
+        load_model(str(tmp_path))
+
+
+def test_wrappers_of_this_group_are_registered():
+    assert WRAPPERS["muse_glimmer"] == ("muse_glimmer_text", MUSE_PREFIX)
