@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.block_sparse import BlockSparseSpec
 from .decoder.indexer import IndexerSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
@@ -190,7 +191,10 @@ class ModelSpec:
     ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
     norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
     as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
-    ``norm_eps`` (Muse Glimmer).
+    ``norm_eps`` (Muse Glimmer). ``block_sparse``: the index branch of the layers whose mixer is
+    ``"block_sparse"`` (``decoder/block_sparse.py``, MiniMax Sparse Attention). ``ffn_glu``, ``ffn_limit``,
+    ``ffn_alpha``: the dense feed-forwards' gated unit (``"oai"``: gpt-oss's clamped one, as MiniMax-M3's
+    swigluoai) and its clamp and sharpness.
     """
 
     model_type: str
@@ -263,6 +267,10 @@ class ModelSpec:
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps: float | None = None
+    block_sparse: BlockSparseSpec | None = None
+    ffn_glu: str = "standard"
+    ffn_limit: float | None = None
+    ffn_alpha: float = 1.702
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -473,6 +481,41 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
             ffn = "none"
         out.append((mixer, ffn))
     return out
+
+
+def block_sparse_spec(config: Mapping, config_name: str, head_dim: int, n_layers: int) -> BlockSparseSpec:
+    """MiniMax Sparse Attention's index branch from ``index_head_dim``, ``index_block_size``,
+    ``index_topk_blocks`` and ``index_local_blocks`` (a family's ``normalize`` writes them from
+    ``sparse_attention_config``), and ``_block_sparse_layers`` (one flag per layer).
+
+    Raises:
+        SterError: a size that is not a positive whole number (local blocks: at least 0, at most the
+            blocks kept), a layer list of the wrong length.
+    """
+    where = f"invalid model config {config_name}"
+    out = {}
+    for name, key, low in (("index_dim", "index_head_dim", 1), ("block_size", "index_block_size", 1),
+                           ("topk_blocks", "index_topk_blocks", 1), ("local_blocks", "index_local_blocks", 0)):
+        v = config.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_DIM:
+            raise SterError(f"{where}: {key} must be a whole number of at least {low}, got {brief_value(v)}")
+        out[name] = v
+    if out["local_blocks"] > out["topk_blocks"]:
+        raise SterError(f"{where}: index_local_blocks ({out['local_blocks']}) is more than the blocks a query "
+                        f"keeps (index_topk_blocks {out['topk_blocks']})")
+    flags = config.get("_block_sparse_layers")
+    if not isinstance(flags, list) or len(flags) != n_layers:
+        raise SterError(f"{where}: the sparse attention layers must be listed once per layer ({n_layers})")
+    return BlockSparseSpec(**out)
+
+
+def ffn_unit(r: "_Reader", family: FamilySpec) -> dict[str, Any]:
+    """The dense feed-forwards' gated unit: ``ffn_glu`` and, for ``"oai"``, its clamp (``swiglu_limit``)
+    and sharpness (``swiglu_alpha``), as ``ModelSpec`` fields."""
+    if family.ffn_glu == "standard":
+        return {}
+    return dict(ffn_glu=family.ffn_glu, ffn_limit=r.number("swiglu_limit", None),
+                ffn_alpha=r.number("swiglu_alpha", 1.702))
 
 
 def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
@@ -1011,6 +1054,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
+    block_sparse = block_sparse_spec(config, config_name, head_dim, n_layers) if family.block_sparse else None
+    if block_sparse is not None:  # the layers MiniMax Sparse Attention runs (normalize wrote which)
+        mixers = [("block_sparse" if on else mixer, ffn)
+                  for on, (mixer, ffn) in zip(config["_block_sparse_layers"], mixers)]
     routed = (moe_layer_flags(config, n_layers, config_name) if family.moe and family.ffn_layers == "all"
               else [ffn == "moe" for _, ffn in mixers])
     ffns = [ffn or ("moe" if m else "dense") for (_, ffn), m in zip(mixers, routed)]
@@ -1127,6 +1174,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         layers_per_stored=2 if family.shortcut_pairs else 1,
         residual_normed=normed,
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
+        block_sparse=block_sparse,
+        **ffn_unit(r, family),
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,

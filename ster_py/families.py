@@ -586,6 +586,11 @@ class FamilySpec:
             Muse Glimmer's).
         final_norm_unit_offset: the final norm's weight is applied as stored (False) or as 1 + w (True)
             whatever ``norm_unit_offset`` says of the others (None: as they are; Muse Glimmer: False).
+        block_sparse: the layers ``normalize`` lists in ``_block_sparse_layers`` run MiniMax Sparse
+            Attention (``decoder/block_sparse.py``), sized by ``index_head_dim``, ``index_block_size``,
+            ``index_topk_blocks`` and ``index_local_blocks`` (``config.block_sparse_spec``).
+        ffn_glu: the dense feed-forwards' gated unit: ``"standard"`` or ``"oai"`` (gpt-oss's clamped unit,
+            clamp ``swiglu_limit``, sharpness ``swiglu_alpha``: MiniMax-M3's swigluoai).
         post_norm_eps_key: config key of the epsilon of the two output norms (``attn_post_norm``,
             ``ffn_post_norm``) when it differs from the model's (Muse Glimmer's post_norm_eps).
     """
@@ -691,6 +696,8 @@ class FamilySpec:
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps_key: str | None = None
+    block_sparse: bool = False
+    ffn_glu: str = "standard"
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2053,6 +2060,123 @@ _MUSE_GLIMMER = FamilySpec(
               Refusal(stated("attention_bias"), "attention_bias is not supported")))
 
 
+
+# MiniMax-M3's decoder as its hub checkpoints store it (vLLM's MiniMaxM3SparseForCausalLM layout, which
+# Transformers' minimax_m3_vl conversion mapping reads): experts one module each under block_sparse_moe,
+# the index branch beside the attention's projections.
+MINIMAX_M3_NAMES = _with(LLAMA_NAMES, router=_SM + "gate", router_select_bias=_SM + "e_score_correction_bias",
+                         exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
+                         exp_down=_SM + "experts.{e}.w2.weight", shexp_gate=_SM + "shared_experts.gate_proj",
+                         shexp_up=_SM + "shared_experts.up_proj", shexp_down=_SM + "shared_experts.down_proj",
+                         index_q=_L + "self_attn.index_q_proj", index_k=_L + "self_attn.index_k_proj",
+                         index_q_norm=_L + "self_attn.index_q_norm", index_k_norm=_L + "self_attn.index_k_norm")
+# sparse_attention_config's spellings -> the flat keys Transformers' MiniMaxM3VLTextConfig reads (they win).
+_M3_SPARSE_KEYS = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_index_dim",
+                   "index_block_size": "sparse_block_size", "index_topk_blocks": "sparse_topk_blocks",
+                   "index_local_blocks": "sparse_local_block"}
+_M3_LAYER_TYPES = ("full_attention", "minimax_m3_sparse")
+
+
+def _m3_sparse(config: Mapping) -> Mapping:
+    sparse = config.get("sparse_attention_config")
+    return sparse if isinstance(sparse, Mapping) else {}
+
+
+def _minimax_m3_config(config: Mapping) -> Mapping:
+    """MiniMax-M3's decoder as Transformers' MiniMaxM3VLTextConfig reads it: the index branch's sizes from
+    ``sparse_attention_config``, ``layer_types`` from its ``sparse_attention_freq`` (else every layer dense
+    attention), ``mlp_layer_types`` from ``moe_layer_freq`` (else every layer routed), a
+    ``rope_parameters.partial_rotary_factor`` read as the rotated share. The sparse layers are written as
+    ``_block_sparse_layers`` (their attention as ``full_attention``); swigluoai is the experts' own unit
+    (the ``oai`` gated unit), read with silu as the activation."""
+    c = dict(config)
+    sparse = _m3_sparse(c)
+    for flat, legacy in _M3_SPARSE_KEYS.items():
+        if legacy in sparse:
+            c[flat] = sparse[legacy]
+    n = _n_layers(c)
+    types = c.get("layer_types")
+    if types is None and isinstance(sparse.get("sparse_attention_freq"), list):
+        types = ["minimax_m3_sparse" if f else "full_attention" for f in sparse["sparse_attention_freq"]]
+    if types is None:
+        types = ["full_attention"] * n
+    c["_m3_layer_types"] = types
+    if isinstance(types, list):
+        c["_block_sparse_layers"] = [t == "minimax_m3_sparse" for t in types]
+        c["layer_types"] = ["full_attention"] * len(types)
+    if c.get("mlp_layer_types") is None:
+        freq = c.get("moe_layer_freq")
+        c["mlp_layer_types"] = (["sparse" if f else "dense" for f in freq] if isinstance(freq, list)
+                                else ["sparse"] * n)
+    rp = c.get("rope_parameters")
+    if isinstance(rp, Mapping) and rp.get("partial_rotary_factor") is not None:
+        c.setdefault("partial_rotary_factor", rp["partial_rotary_factor"])
+    c["_m3_hidden_act"] = c.get("hidden_act")
+    c["hidden_act"] = "silu"
+    return c
+
+
+def _m3_index_value_enabled(config: Mapping) -> bool:
+    """sparse_disable_index_value 0 (or a list with 0) on a layer that runs sparse attention."""
+    v = _m3_sparse(config).get("sparse_disable_index_value", config.get("sparse_disable_index_value"))
+    flags = config.get("_block_sparse_layers") or []
+    if isinstance(v, list):
+        return any(on and not d for on, d in zip(flags, v))
+    return v is not None and not v and any(flags)
+
+
+def _m3_index_too_narrow(config: Mapping) -> bool:
+    """An index head narrower than the rotated share of a head (Transformers would rotate it by a table cut
+    short mid-way)."""
+    d, hd, p = config.get("index_head_dim"), config.get("head_dim"), config.get("partial_rotary_factor") or 1.0
+    return (any(config.get("_block_sparse_layers") or []) and _number(d) and _number(hd) and _number(p)
+            and d < int(hd * p))
+
+
+def _m3_refusal(key: str, why: str, bad: Callable[[Any], bool]) -> Refusal:
+    """Refused when ``key`` (top-level, else in sparse_attention_config) is stated with a value ``bad`` holds for."""
+    def when(config: Mapping) -> bool:
+        v = config.get(key, _m3_sparse(config).get(key))
+        return v is not None and bad(v)
+    return Refusal(when, why)
+
+
+_MINIMAX_M3 = FamilySpec(
+    "minimax_m3_vl_text", names=MINIMAX_M3_NAMES, norm_unit_offset=True, qk_norm="head", moe=True,
+    block_sparse=True, ffn_glu="oai", normalize=_minimax_m3_config,
+    keys={"intermediate_size": ("dense_intermediate_size",), "moe_intermediate_size": ("intermediate_size",),
+          "n_shared_experts": ()},
+    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
+    moe_fields={"select_bias": True, "glu": "oai"},
+    config_defaults={"rms_norm_eps": 1e-6, "head_dim": 128, "rope_theta": 5000000.0, "intermediate_size": 3072,
+                     "dense_intermediate_size": 12288, "shared_intermediate_size": 3072,
+                     "routed_scaling_factor": 2.0, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+                     "num_local_experts": 128, "num_experts_per_tok": 4, "index_n_heads": 4, "index_head_dim": 128,
+                     "index_block_size": 128, "index_topk_blocks": 16, "index_local_blocks": 1},
+    refusals=(
+        Refusal(lambda c: c.get("_m3_hidden_act") not in (None, "swigluoai", "silu"),
+                "a hidden_act other than swigluoai is not supported"),
+        Refusal(lambda c: not isinstance(c.get("_m3_layer_types"), list)
+                or any(t not in _M3_LAYER_TYPES for t in c["_m3_layer_types"]),
+                "layer_types other than full_attention and minimax_m3_sparse are not supported"),
+        _m3_refusal("attention_output_gate", "attention_output_gate is not supported", bool),
+        _m3_refusal("use_gemma_norm", "use_gemma_norm false is not supported", lambda v: v is False),
+        _m3_refusal("use_qk_norm", "use_qk_norm false is not supported", lambda v: v is False),
+        _m3_refusal("qk_norm_type", "a qk_norm_type other than per_head is not supported", lambda v: v != "per_head"),
+        _m3_refusal("scoring_func", "a scoring_func other than sigmoid is not supported", lambda v: v != "sigmoid"),
+        _m3_refusal("sparse_score_type", "a sparse_score_type other than max is not supported", lambda v: v != "max"),
+        _m3_refusal("sparse_init_block", "leading sparse_init_block blocks are not supported", bool),
+        _m3_refusal("n_shared_experts", "n_shared_experts other than 1 is not supported (Transformers runs one "
+                    "shared expert of shared_intermediate_size)", lambda v: v != 1),
+        Refusal(_m3_index_value_enabled, "an enabled index value branch (sparse_disable_index_value 0 on a sparse "
+                "layer) is not supported"),
+        Refusal(lambda c: any(c.get("_block_sparse_layers") or [])
+                and c.get("index_n_heads") != c.get("num_key_value_heads"),
+                "index heads other than one per key-value head (index_n_heads / sparse_num_index_heads) are not "
+                "supported"),
+        Refusal(_m3_index_too_narrow, "an index head narrower than the rotated share of a head is not supported")))
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2920,6 +3044,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=_KIMI_REFUSALS),
         # ---- group WRAP (issue 16): Muse Glimmer (also below model.language_model of muse_glimmer: WRAPPERS)
         _MUSE_GLIMMER,
+        # ---- group WRAP: MiniMax-M3's decoder (also below language_model. of minimax_m3_vl: WRAPPERS)
+        _MINIMAX_M3,
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -2946,7 +3072,8 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "qwen3_5": ("qwen3_5_text", "model.language_model."),
                                            "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model."),
                                            # group WRAP: Muse Glimmer's decoder, its head at the root
-                                           "muse_glimmer": ("muse_glimmer_text", "model.language_model.")}
+                                           "muse_glimmer": ("muse_glimmer_text", "model.language_model."),
+                                           "minimax_m3_vl": ("minimax_m3_vl_text", "language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.
@@ -2958,6 +3085,9 @@ _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantiz
 # model_type values of remote-code configs that name another family's architecture: read as that family
 # (Kimi-K2's config.json says kimi_k2 for DeepseekV3ForCausalLM, as Transformers' Kimi-K2.5 reads it).
 MODEL_TYPE_ALIASES: Mapping[str, str] = {"kimi_k2": "deepseek_v3"}
+# Configs that leave model_type out and name an architecture ster reads as a family (group WRAP: MiniMax-M3's
+# decoder as vLLM's MiniMaxM3SparseForCausalLM).
+ARCHITECTURE_MODEL_TYPES: Mapping[str, str] = {"MiniMaxM3SparseForCausalLM": "minimax_m3_vl_text"}
 
 
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
@@ -2973,6 +3103,12 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
         SterError: a wrapper config without a ``text_config`` object.
     """
     wrapper = config.get("model_type")
+    if "model_type" not in config:  # a config naming only its architecture (vLLM's spelling)
+        arch = config.get("architectures")
+        named = [ARCHITECTURE_MODEL_TYPES[a] for a in arch if a in ARCHITECTURE_MODEL_TYPES] \
+            if isinstance(arch, list) and all(isinstance(a, str) for a in arch) else []
+        if named:
+            return {**config, "model_type": named[0]}, None
     if isinstance(wrapper, str) and wrapper in MODEL_TYPE_ALIASES:
         return {**config, "model_type": MODEL_TYPE_ALIASES[wrapper]}, None
     if not isinstance(wrapper, str) or wrapper not in WRAPPERS:

@@ -31,6 +31,7 @@ import numpy as np
 from ..config import ModelSpec
 from ..errors import SterError
 from .attention import Attention
+from .block_sparse import BlockSparseAttention
 from .cache import KVCache
 from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
@@ -70,7 +71,7 @@ _UNBUILT = object()
 #: feed-forward.
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
           "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
-          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention}
+          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention, "block_sparse": BlockSparseAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
@@ -87,7 +88,8 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
         return DenseFFN(make_linear(gate, load("gate", "bias")) if gate is not None else None,
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
-                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0)
+                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0,
+                        glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
