@@ -222,5 +222,114 @@ def test_muse_glimmer_refusals(tmp_path):
         load_model(str(tmp_path))
 
 
+
+
+# ----------------------------------------------------------------------------- MiniMax-M3
+
+M3_TEXT = dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, dense_intermediate_size=48,
+               shared_intermediate_size=24, partial_rotary_factor=0.5, mlp_layer_types=["dense", "sparse", "sparse"],
+               layer_types=["full_attention", "minimax_m3_sparse", "minimax_m3_sparse"], index_n_heads=2,
+               index_head_dim=16, index_block_size=2, index_topk_blocks=3, index_local_blocks=2, swiglu_limit=0.8,
+               routed_scaling_factor=1.5)
+M3_VISION = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+M3_PREFIX = "language_model."
+
+
+@pytest.fixture(scope="module")
+def minimax_m3(tmp_path_factory):
+    """(wrapper model, wrapped checkpoint, text-only checkpoint, the wrapper's logits on PROMPT); the routers'
+    selection biases (buffers) drawn too. The checkpoints are in the hub's layout, which Transformers' save
+    writes back through its minimax_m3_vl conversion mapping."""
+    import torch
+
+    root = tmp_path_factory.mktemp("m3")
+    model = _wrapper(root / "wrapped", "minimax_m3_vl", "minimax_m3_vl_text", M3_TEXT, M3_VISION,
+                     projector_hidden_size=32)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+    model.save_pretrained(root / "wrapped")
+    text = _text_only(root / "wrapped", root / "text", M3_PREFIX, stem="")
+    return model, root / "wrapped", text, _reference(model, PROMPT)
+
+
+def test_minimax_m3_text_matches_transformers(minimax_m3):
+    from ster_py.decoder.block_sparse import kept_keys
+
+    model, _, text, ref = minimax_m3
+    loaded = check_decoder(text, model, ref)
+    spec = loaded.spec
+    assert [(layer.mixer, layer.ffn) for layer in spec.layers] == [("attention", "dense"), ("block_sparse", "moe"),
+                                                                   ("block_sparse", "moe")]
+    assert {layer.rope.rotary_dim for layer in spec.layers} == {8}
+    assert spec.ffn_glu == spec.moe.glu == "oai" and spec.ffn_limit == spec.moe.limit == 0.8
+    cache = loaded.decoder.new_cache()
+    loaded.decoder.forward(PROMPT, cache)
+    assert cache.nbytes_per_position() == 4 * (3 * 2 * 2 * 16 + 2 * 16)  # keys, values, and 2 index keys
+    # the prompt is long enough for the blocks to be chosen: some visible keys are dropped
+    rng = np.random.default_rng(0)
+    keep = kept_keys(rng.standard_normal((2, 16, 16)).astype(np.float32),
+                     rng.standard_normal((16, 16)).astype(np.float32), np.arange(16), spec.block_sparse)
+    visible = np.tril(np.ones((16, 16), bool))
+    # from the fourth block on, 3 blocks of 2 keys are kept (the query's own block holds 1 visible key at an
+    # even position)
+    assert keep is not None and (keep <= visible).all()
+    assert (keep.sum(-1)[:, 6:] == np.where(np.arange(6, 16) % 2, 6, 5)).all()
+    assert keep[:, np.arange(16), np.arange(16)].all() and keep[:, 15, 12:].all()  # own and local blocks
+
+
+def test_minimax_m3_sparse_choice_matters(minimax_m3, tmp_path):
+    """The same weights with every block kept (index_topk_blocks 64) give other logits: the test above
+    checks the choice, not dense attention."""
+    model, wrapped, _, ref = minimax_m3
+    text = _text_only(wrapped, tmp_path, M3_PREFIX, stem="", config_changes={"index_topk_blocks": 64})
+    assert rel_err(load_model(str(text)).decoder.forward(PROMPT), ref) > 1e-3
+
+
+def test_minimax_m3_wrapper_runs_its_text_decoder(minimax_m3):
+    model, wrapped, _, ref = minimax_m3
+    loaded = check_decoder(wrapped, model, ref, greedy=False)
+    assert loaded.spec.model_type == "minimax_m3_vl_text"
+    assert loaded.spec.names["head"] == "language_model.lm_head"
+    assert loaded.spec.names["index_q"].startswith("language_model.model.layers.")
+    assert any(n.startswith("vision_tower.") for n in loaded.decoder._weights.names())  # there, never read
+
+
+def test_minimax_m3_named_by_architecture_and_sparse_attention_config(minimax_m3, tmp_path):
+    """A config without model_type naming MiniMaxM3SparseForCausalLM, in the hub's spellings
+    (sparse_attention_config, moe_layer_freq, swigluoai), is the same model."""
+    model, wrapped, _, ref = minimax_m3
+    text = _text_only(wrapped, tmp_path, M3_PREFIX, stem="")
+    config = json.loads((text / "config.json").read_text())
+    for key in ("model_type", "layer_types", "mlp_layer_types", *(k for k in config if k.startswith("index_"))):
+        config.pop(key, None)
+    config.update(architectures=["MiniMaxM3SparseForCausalLM"], hidden_act="swigluoai", moe_layer_freq=[0, 1, 1],
+                  use_gemma_norm=True, use_qk_norm=True, qk_norm_type="per_head", scoring_func="sigmoid",
+                  n_shared_experts=1, attention_output_gate=False,
+                  sparse_attention_config=dict(sparse_attention_freq=[0, 1, 1], sparse_num_index_heads=2,
+                                               sparse_index_dim=16, sparse_block_size=2, sparse_topk_blocks=3,
+                                               sparse_local_block=2, sparse_score_type="max",
+                                               sparse_disable_index_value=1, sparse_init_block=0))
+    (text / "config.json").write_text(json.dumps(config))
+    check_decoder(text, model, ref, greedy=False)
+
+
+@pytest.mark.parametrize("change", [
+    {"hidden_act": "gelu"}, {"attention_output_gate": True}, {"use_gemma_norm": False}, {"use_qk_norm": False},
+    {"qk_norm_type": "per_layer"}, {"scoring_func": "softmax"}, {"n_shared_experts": 2},
+    {"sparse_attention_config": {"sparse_score_type": "mean"}}, {"sparse_attention_config": {"sparse_init_block": 1}},
+    {"sparse_attention_config": {"sparse_disable_index_value": 0}}, {"index_n_heads": 1},
+    {"index_head_dim": 4}, {"layer_types": ["full_attention", "sliding_attention", "minimax_m3_sparse"]}])
+def test_minimax_m3_refusals(change, tmp_path):
+    """Each configuration seed 002 refuses by name is refused before any weight is read (none is here)."""
+    config = dict(M3_TEXT, model_type="minimax_m3_vl_text", **change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_tokenizer(tmp_path, VOCAB)
+    with pytest.raises(SterError, match="refuses this configuration before reading any weight"):
+        load_model(str(tmp_path))
+
+
 def test_wrappers_of_this_group_are_registered():
     assert WRAPPERS["muse_glimmer"] == ("muse_glimmer_text", MUSE_PREFIX)
+    assert WRAPPERS["minimax_m3_vl"] == ("minimax_m3_vl_text", M3_PREFIX)
