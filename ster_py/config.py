@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from .decoder.block_sparse import BlockSparseSpec
 from .decoder.indexer import IndexerSpec
+from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
@@ -194,7 +195,11 @@ class ModelSpec:
     ``norm_eps`` (Muse Glimmer). ``block_sparse``: the index branch of the layers whose mixer is
     ``"block_sparse"`` (``decoder/block_sparse.py``, MiniMax Sparse Attention). ``ffn_glu``, ``ffn_limit``,
     ``ffn_alpha``: the dense feed-forwards' gated unit (``"oai"``: gpt-oss's clamped one, as MiniMax-M3's
-    swigluoai) and its clamp and sharpness.
+    swigluoai) and its clamp and sharpness. ``relative``: the relative-bias attention of the layers whose
+    mixer is ``"relative"`` (``decoder/relative.py``, Inkling); ``ffn_out_conv``: each feed-forward's
+    output passes a residual short convolution (``ffn_out_conv`` role); ``gate_up_interleaved``: a fused
+    dense ``gate_up`` alternates gate and up rows; ``logits_kept``: only the first n logits are scored
+    (Inkling's unpadded_vocab_size; 0: all).
     """
 
     model_type: str
@@ -271,6 +276,10 @@ class ModelSpec:
     ffn_glu: str = "standard"
     ffn_limit: float | None = None
     ffn_alpha: float = 1.702
+    relative: RelativeSpec | None = None
+    ffn_out_conv: bool = False
+    gate_up_interleaved: bool = False
+    logits_kept: int = 0
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -507,6 +516,28 @@ def block_sparse_spec(config: Mapping, config_name: str, head_dim: int, n_layers
     if not isinstance(flags, list) or len(flags) != n_layers:
         raise SterError(f"{where}: the sparse attention layers must be listed once per layer ({n_layers})")
     return BlockSparseSpec(**out)
+
+
+def relative_spec(config: Mapping, config_name: str) -> RelativeSpec:
+    """Inkling's relative-bias attention from ``d_rel``, ``rel_extent``, ``conv_kernel_size``,
+    ``log_scaling_n_floor`` and ``log_scaling_alpha``.
+
+    Raises:
+        SterError: a size that is not a positive whole number, a non-numeric alpha."""
+    where = f"invalid model config {config_name}"
+    out = {}
+    for name, key in (("d_rel", "d_rel"), ("rel_extent", "rel_extent"), ("conv_kernel", "conv_kernel_size"),
+                      ("log_floor", "log_scaling_n_floor")):
+        v = config.get(key)
+        if name == "log_floor" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+            raise SterError(f"{where}: {key} must be a positive whole number, got {brief_value(v)}")
+        out[name] = v
+    alpha = config.get("log_scaling_alpha", 0.1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise SterError(f"{where}: log_scaling_alpha must be a number, got {brief_value(alpha)}")
+    return RelativeSpec(**out, log_alpha=float(alpha))
 
 
 def ffn_unit(r: "_Reader", family: FamilySpec) -> dict[str, Any]:
@@ -839,7 +870,8 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
                   renormalize=bool(get("norm_topk_prob")), renorm_min=float(floor), scale=float(scale),
-                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap))
+                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap),
+                  sink=r.positive_int("router_sink", limit=MAX_EXPERTS) if r.get("router_sink") is not None else 0)
     alpha = get("swiglu_alpha")
     limit = None if limit is None else float(limit)
     latent = r.get("moe_latent_size") or 0
@@ -1055,6 +1087,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
     block_sparse = block_sparse_spec(config, config_name, head_dim, n_layers) if family.block_sparse else None
+    relative = relative_spec(config, config_name) if family.relative else None
+    if relative is not None:  # every layer attends with the relative bias (Inkling)
+        mixers = [("relative" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
     if block_sparse is not None:  # the layers MiniMax Sparse Attention runs (normalize wrote which)
         mixers = [("block_sparse" if on else mixer, ffn)
                   for on, (mixer, ffn) in zip(config["_block_sparse_layers"], mixers)]
@@ -1175,6 +1210,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         residual_normed=normed,
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         block_sparse=block_sparse,
+        relative=relative,
+        ffn_out_conv=relative is not None,
+        gate_up_interleaved=family.gate_up_interleaved,
+        logits_kept=r.positive_int("logits_kept") if r.get("logits_kept") else 0,
         **ffn_unit(r, family),
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,

@@ -335,6 +335,8 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
     "swiglu_alpha": ("swiglu_alpha",),
     "router_logit_softcap": (),  # a cap on the router's logits (Laguna's moe_router_logit_softcapping)
+    "router_sink": (),  # shared experts the router scores beside the routed ones (Inkling's n_shared_experts)
+    "logits_kept": (),  # the logits scored, of a head padded past them (Inkling's unpadded_vocab_size)
     # Multi-head latent attention (read only by families with ``latent``; see ``config.latent_spec``).
     "kv_lora_rank": ("kv_lora_rank",),
     "q_lora_rank": ("q_lora_rank",),
@@ -591,6 +593,10 @@ class FamilySpec:
             ``index_topk_blocks`` and ``index_local_blocks`` (``config.block_sparse_spec``).
         ffn_glu: the dense feed-forwards' gated unit: ``"standard"`` or ``"oai"`` (gpt-oss's clamped unit,
             clamp ``swiglu_limit``, sharpness ``swiglu_alpha``: MiniMax-M3's swigluoai).
+        relative: every layer attends with Inkling's relative-position bias and residual short convolutions
+            (``decoder/relative.py``; sizes from ``d_rel``, ``rel_extent``, ``conv_kernel_size``,
+            ``log_scaling_n_floor``, ``log_scaling_alpha``), and each feed-forward's output passes one too.
+        gate_up_interleaved: a fused dense ``gate_up`` stores gate and up rows alternately (Inkling's w13_dn).
         post_norm_eps_key: config key of the epsilon of the two output norms (``attn_post_norm``,
             ``ffn_post_norm``) when it differs from the model's (Muse Glimmer's post_norm_eps).
     """
@@ -698,6 +704,8 @@ class FamilySpec:
     post_norm_eps_key: str | None = None
     block_sparse: bool = False
     ffn_glu: str = "standard"
+    relative: bool = False
+    gate_up_interleaved: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2177,6 +2185,84 @@ _MINIMAX_M3 = FamilySpec(
         Refusal(_m3_index_too_narrow, "an index head narrower than the rotated share of a head is not supported")))
 
 
+
+# Inkling as Thinking Machines stores it below model.llm (Transformers' inkling_mm_model conversion mapping
+# reads these names): attn.w*_*, the short convolutions' weights [channels, 1, taps], dense gate and up rows
+# interleaved in w13_dn, stacked experts (gate and up rows interleaved per expert) and shared experts.
+_K = "model.llm.layers.{i}."
+INKLING_NAMES: Mapping[str, str] = {
+    "embed": "model.llm.embed", "embed_norm": "model.llm.embed_norm", "final_norm": "model.llm.norm",
+    "head": "model.llm.unembed", "attn_norm": _K + "attn_norm", "ffn_norm": _K + "mlp_norm",
+    "q": _K + "attn.wq_du", "k": _K + "attn.wk_dv", "v": _K + "attn.wv_dv", "o": _K + "attn.wo_ud",
+    "rel_r": _K + "attn.wr_du", "rel_profiles": _K + "attn.rel_logits_proj.proj", "q_norm": _K + "attn.q_norm",
+    "k_norm": _K + "attn.k_norm", "k_conv": _K + "attn.k_sconv", "v_conv": _K + "attn.v_sconv",
+    "attn_out_conv": _K + "attn_sconv", "ffn_out_conv": _K + "mlp_sconv",
+    "gate_up": _K + "mlp.w13_dn", "down": _K + "mlp.w2_md", "ffn_scale": _K + "mlp.global_scale",
+    "router": _K + "mlp.gate", "router_select_bias": _K + "mlp.gate.bias", "router_scale": _K + "mlp.gate.global_scale",
+    "exp_gate_up": _K + "mlp.experts.w13_weight", "exp_down": _K + "mlp.experts.w2_weight",
+    "sink_gate_up": _K + "mlp.shared_experts.shared_w13_weight", "sink_down": _K + "mlp.shared_experts.shared_w2_weight",
+}
+
+
+def _inkling_config(config: Mapping) -> Mapping:
+    """Inkling's config as Transformers' InklingTextConfig reads it: ``layer_types`` from ``local_layer_ids``
+    (else every layer but each 6th slides), written as sliding_attention / full_attention with the sliding
+    layers' swa_* head shapes in ``per_layer_config`` and their window as ``sliding_window``;
+    ``mlp_layer_types`` from ``dense_mlp_idx`` (the layers before it dense, else every layer routed);
+    Thinking Machines' ``dense_intermediate_size`` (the dense width; ``intermediate_size`` is then the
+    experts') and ``sconv_kernel_size``."""
+    c = dict(config)
+    n = _n_layers(c)
+    if c.get("dense_intermediate_size") is not None:
+        c["moe_intermediate_size"] = c.get("intermediate_size")
+        c["intermediate_size"] = c["dense_intermediate_size"]
+    if c.get("sconv_kernel_size") is not None:
+        c["conv_kernel_size"] = c["sconv_kernel_size"]
+    types = c.get("layer_types")
+    if types is None:
+        local = c.get("local_layer_ids")
+        local = set(local) if isinstance(local, list) else {i for i in range(n) if (i + 1) % 6}
+        types = ["hybrid_sliding" if i in local else "hybrid" for i in range(n)]
+    c["_inkling_layer_types"] = types
+    if isinstance(types, list):
+        c["layer_types"] = ["sliding_attention" if t == "hybrid_sliding" else "full_attention" for t in types]
+        swa = {k: c.get(f"swa_{k}") for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+        swa = {k: v for k, v in swa.items() if v is not None}
+        if swa:
+            c["per_layer_config"] = {str(i): swa for i, t in enumerate(types) if t == "hybrid_sliding"}
+    if c.get("sliding_window_size") is not None:
+        c["sliding_window"] = c["sliding_window_size"]
+    if c.get("mlp_layer_types") is None:
+        first = c.get("dense_mlp_idx", 0)
+        first = first if isinstance(first, int) and not isinstance(first, bool) else 0
+        c["mlp_layer_types"] = ["dense" if i < first else "sparse" for i in range(n)]
+    return c
+
+
+_INKLING = FamilySpec(
+    "inkling_text", names=INKLING_NAMES, positions="none", qk_norm="head", embed_norm=True, relative=True,
+    gate_up_interleaved=True, moe=True, expert_gate_up_interleaved=True, logit_scale_key="logits_mup_width_multiplier",
+    logit_scale_divides=True, adapters="none", normalize=_inkling_config,
+    keys={"num_experts": ("n_routed_experts",), "routed_scaling_factor": ("route_scale",), "n_shared_experts": (),
+          "shared_intermediate_size": (), "router_sink": ("n_shared_experts",),
+          "logits_kept": ("unpadded_vocab_size",)},
+    fixed={"scoring_func": "sigmoid"},
+    moe_fields={"select_bias": True},
+    config_defaults={"rms_norm_eps": 1e-6, "head_dim": 128, "swa_num_attention_heads": 64,
+                     "swa_num_key_value_heads": 16, "swa_head_dim": 128, "sliding_window_size": 512, "d_rel": 16,
+                     "rel_extent": 1024, "log_scaling_alpha": 0.1, "conv_kernel_size": 4, "intermediate_size": 24576,
+                     "moe_intermediate_size": 3072, "n_routed_experts": 256, "num_experts_per_tok": 6,
+                     "n_shared_experts": 2, "route_scale": 8.0, "logits_mup_width_multiplier": 24.0},
+    refusals=(Refusal(lambda c: not isinstance(c.get("_inkling_layer_types"), list)
+                      or any(t not in ("hybrid", "hybrid_sliding") for t in c["_inkling_layer_types"]),
+                      "layer_types other than hybrid and hybrid_sliding are not supported"),
+              Refusal(lambda c: c.get("shared_expert_sink") is False,
+                      "shared_expert_sink false is not supported (Transformers' router always scores the shared "
+                      "experts)"),
+              Refusal(lambda c: not (isinstance(c.get("n_shared_experts", 2), int) and c.get("n_shared_experts", 2) >= 1),
+                      "n_shared_experts below 1 is not supported")))
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -3046,6 +3132,8 @@ FAMILIES: dict[str, FamilySpec] = {
         _MUSE_GLIMMER,
         # ---- group WRAP: MiniMax-M3's decoder (also below language_model. of minimax_m3_vl: WRAPPERS)
         _MINIMAX_M3,
+        # ---- group WRAP: Inkling's decoder (below model.llm, also of inkling_mm_model: WRAPPERS)
+        _INKLING,
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -3073,11 +3161,14 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model."),
                                            # group WRAP: Muse Glimmer's decoder, its head at the root
                                            "muse_glimmer": ("muse_glimmer_text", "model.language_model."),
-                                           "minimax_m3_vl": ("minimax_m3_vl_text", "language_model.")}
+                                           "minimax_m3_vl": ("minimax_m3_vl_text", "language_model."),
+                                           "inkling_mm_model": ("inkling_text", "model.llm.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.
-WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model."}
+WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model.",
+                                    # Inkling's decoder names already sit below model.llm (its own layout)
+                                    "model.llm.": "model.llm."}
 # What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 
