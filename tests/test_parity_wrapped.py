@@ -330,6 +330,104 @@ def test_minimax_m3_refusals(change, tmp_path):
         load_model(str(tmp_path))
 
 
+
+# ----------------------------------------------------------------------------- Inkling
+
+INK_TEXT = dict(BASE, intermediate_size=48, swa_num_attention_heads=2, swa_num_key_value_heads=1, swa_head_dim=8,
+                sliding_window_size=4, d_rel=3, rel_extent=6, log_scaling_n_floor=4, moe_intermediate_size=24,
+                n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=2, mlp_layer_types=["dense", "sparse", "sparse"],
+                local_layer_ids=[1], route_scale=2.0, logits_mup_width_multiplier=3.0, unpadded_vocab_size=120)
+INK_PREFIX = "model.llm."
+
+
+@pytest.fixture(scope="module")
+def inkling(tmp_path_factory):
+    """(wrapper model, wrapped checkpoint, text-only checkpoint, the wrapper's logits on PROMPT): Thinking
+    Machines' layout below model.llm (Transformers' save writes it back through its conversion mapping),
+    norms and global scales drawn around one, the routers' selection biases drawn too."""
+    import torch
+
+    root = tmp_path_factory.mktemp("inkling")
+    model = _wrapper(root / "wrapped", "inkling_mm_model", "inkling_text", INK_TEXT,
+                     dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=4),
+                     unit_norms=("norm.weight", "global_scale"), audio_config={})
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+    model.save_pretrained(root / "wrapped")
+    text = _text_only(root / "wrapped", root / "text", INK_PREFIX, stem=INK_PREFIX)
+    return model, root / "wrapped", text, _reference(model, PROMPT)
+
+
+def test_inkling_text_matches_transformers(inkling):
+    model, _, text, ref = inkling
+    assert ref.shape == (len(PROMPT), 120)  # the head's padded rows are not scored
+    loaded = check_decoder(text, model, ref)
+    spec = loaded.spec
+    assert [(layer.mixer, layer.ffn, layer.sliding_window) for layer in spec.layers] == [
+        ("relative", "dense", None), ("relative", "moe", 4), ("relative", "moe", None)]
+    assert spec.attention_shape(1) == (2, 1, 8, 8) and spec.attention_shape(0) == (4, 2, 16, 16)
+    assert spec.moe.router.sink == 2 and spec.logits_kept == 120
+    cache = loaded.decoder.new_cache()
+    # K - 1 = 3 rows of float32 each: the two output convolutions (64 wide), keys' and values' (kv * head_dim)
+    assert cache.nbytes_fixed() == 2 * 4 * 3 * (2 * 64 + 2 * 32) + 4 * 3 * (2 * 64 + 2 * 8)
+
+
+def test_inkling_wrapper_runs_its_text_decoder(inkling):
+    model, wrapped, _, ref = inkling
+    loaded = check_decoder(wrapped, model, ref, greedy=False)
+    assert loaded.spec.model_type == "inkling_text" and loaded.spec.names["head"] == "model.llm.unembed"
+    assert any(n.startswith("model.visual.") for n in loaded.decoder._weights.names())  # there, never read
+
+
+def test_inkling_thinking_machines_config_spellings(inkling, tmp_path):
+    """Thinking Machines' own config (dense_intermediate_size the dense width, intermediate_size the experts',
+    sconv_kernel_size, dense_mlp_idx, local_layer_ids without layer_types) reads as Transformers reads it."""
+    model, wrapped, _, ref = inkling
+    text = _text_only(wrapped, tmp_path, INK_PREFIX, stem=INK_PREFIX)
+    config = json.loads((text / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types", "moe_intermediate_size", "conv_kernel_size"):
+        config.pop(key)
+    config.update(dense_intermediate_size=48, intermediate_size=24, sconv_kernel_size=4, dense_mlp_idx=1)
+    (text / "config.json").write_text(json.dumps(config))
+    check_decoder(text, model, ref, greedy=False)
+
+
+def test_inkling_pieces_against_their_definitions():
+    """The relative bias and the log scaling against a direct loop over the seed's words."""
+    from ster_py.decoder.relative import log_scale, relative_bias
+
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    profiles = rng.standard_normal((4, 5)).astype(np.float32)
+    positions = np.array([6, 7, 8])
+    bias = relative_bias(r, profiles, positions, 9)
+    for h in range(2):
+        for t, p in enumerate(positions):
+            for j in range(9):
+                d = p - j
+                want = float(r[t, h] @ profiles[:, d]) if 0 <= d < 5 else 0.0
+                assert bias[h, t, j] == pytest.approx(want, abs=1e-6)
+    np.testing.assert_allclose(log_scale(np.array([0, 3, 9]), 4, 0.5), [1.0, 1.0, 1 + 0.5 * math.log(10 / 4)],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("change", [{"shared_expert_sink": False}, {"n_shared_experts": 0},
+                                    {"layer_types": ["hybrid", "linear", "hybrid"]}])
+def test_inkling_refusals(change, tmp_path):
+    config = dict(INK_TEXT, model_type="inkling_text", **change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_tokenizer(tmp_path, VOCAB)
+    with pytest.raises(SterError, match="refuses this configuration before reading any weight"):
+        load_model(str(tmp_path))
+
+
+def test_inkling_refuses_adapters(inkling):
+    assert FAMILIES["inkling_text"].adapters == "none"
+
+
 def test_wrappers_of_this_group_are_registered():
     assert WRAPPERS["muse_glimmer"] == ("muse_glimmer_text", MUSE_PREFIX)
     assert WRAPPERS["minimax_m3_vl"] == ("minimax_m3_vl_text", M3_PREFIX)
+    assert WRAPPERS["inkling_mm_model"] == ("inkling_text", INK_PREFIX)
