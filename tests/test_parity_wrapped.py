@@ -431,3 +431,13 @@ def test_wrappers_of_this_group_are_registered():
     assert WRAPPERS["muse_glimmer"] == ("muse_glimmer_text", MUSE_PREFIX)
     assert WRAPPERS["minimax_m3_vl"] == ("minimax_m3_vl_text", M3_PREFIX)
     assert WRAPPERS["inkling_mm_model"] == ("inkling_text", INK_PREFIX)
+
+
+def test_parity_command_refuses_the_wrapped_decoders_by_name(muse):
+    """``ster parity --reference transformers`` says why it has no reference for these decoders."""
+    from ster_py.parity import WRAPPED_REFERENCES, transformers_reference
+    from ster_py.resolve import resolve
+
+    assert set(WRAPPED_REFERENCES) == {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
+    with pytest.raises(SterError, match="MuseGlimmerForConditionalGeneration"):
+        transformers_reference(resolve(str(muse[2])))
