@@ -441,3 +441,22 @@ def test_parity_command_refuses_the_wrapped_decoders_by_name(muse):
     assert set(WRAPPED_REFERENCES) == {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
     with pytest.raises(SterError, match="MuseGlimmerForConditionalGeneration"):
         transformers_reference(resolve(str(muse[2])))
+
+
+def test_minimax_m3_fused_decode_step_equals_the_python_block(minimax_m3, tmp_path):
+    """Quantized, MiniMax-M3's routed layers with dense attention take the fused one-token step (its norms
+    are offsets from one, its rotation partial); it must equal the Python block, and the layers it cannot
+    take (the oai dense unit, block-sparse attention) keep the Python block."""
+    _, wrapped, _, _ = minimax_m3
+    text = _text_only(wrapped, tmp_path, M3_PREFIX, stem="",
+                      config_changes={"layer_types": ["full_attention", "full_attention", "minimax_m3_sparse"]})
+    runs = []
+    for fuse in (True, False):
+        dec = load_model(str(text)).decoder
+        dec.quantize("q8_0")
+        dec.fuse_decode = fuse
+        cache = dec.new_cache()
+        runs.append(np.concatenate([dec.forward([t], cache) for t in PROMPT]))
+        if fuse:
+            assert [layer.decode_step() is not None for layer in dec.layers] == [False, True, False]
+    np.testing.assert_array_equal(runs[0], runs[1])
