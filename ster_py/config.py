@@ -290,9 +290,17 @@ class ModelSpec:
         return self.layers[i].mixer in ATTENTION_MIXERS
 
     def state_bytes(self) -> int:
-        """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""
-        return sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
-                   for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        """Bytes of the recurrent state of one sequence over all layers (0 without scans): the scans' and,
+        on relative-bias layers (Inkling), the short convolutions' last inputs."""
+        total = sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
+                    for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        if self.relative is not None:
+            for i, layer in enumerate(self.layers):
+                if layer.mixer == "relative":
+                    _, kv, dk, dv = self.attention_shape(i)
+                    width = kv * (dk + dv) + self.hidden_size * (2 if self.ffn_out_conv else 1)
+                    total += 4 * (self.relative.conv_kernel - 1) * width
+        return total
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -318,7 +326,8 @@ class ModelSpec:
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
-        return kv * (dk + dv)
+        index = self.block_sparse.index_dim if self.layers[i].mixer == "block_sparse" else 0  # its index key
+        return kv * (dk + dv) + index
 
     def layer_sinks(self, i: int) -> bool:
         """Whether layer ``i`` has a learned attention sink per head."""

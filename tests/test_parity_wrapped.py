@@ -267,6 +267,9 @@ def test_minimax_m3_text_matches_transformers(minimax_m3):
     cache = loaded.decoder.new_cache()
     loaded.decoder.forward(PROMPT, cache)
     assert cache.nbytes_per_position() == 4 * (3 * 2 * 2 * 16 + 2 * 16)  # keys, values, and 2 index keys
+    from ster_py.inspect import inspect_model
+
+    assert inspect_model(str(text))["kv_bytes_per_position"] == cache.nbytes_per_position()
     # the prompt is long enough for the blocks to be chosen: some visible keys are dropped
     rng = np.random.default_rng(0)
     keep = kept_keys(rng.standard_normal((2, 16, 16)).astype(np.float32),
@@ -372,6 +375,11 @@ def test_inkling_text_matches_transformers(inkling):
     cache = loaded.decoder.new_cache()
     # K - 1 = 3 rows of float32 each: the two output convolutions (64 wide), keys' and values' (kv * head_dim)
     assert cache.nbytes_fixed() == 2 * 4 * 3 * (2 * 64 + 2 * 32) + 4 * 3 * (2 * 64 + 2 * 8)
+    from ster_py.inspect import inspect_model
+
+    info = inspect_model(str(text))
+    assert info["state_bytes_per_sequence"] == cache.nbytes_fixed() == spec.state_bytes()
+    assert info["kv_bytes_per_position"] == cache.nbytes_per_position()
 
 
 def test_inkling_wrapper_runs_its_text_decoder(inkling):
