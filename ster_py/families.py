@@ -2057,6 +2057,12 @@ _MUSE_GLIMMER = FamilySpec(
     qk_norm_affine=False, attn_multiplier_key="_muse_attn_scale", attn_gate="sigmoid", attn_gate_per_head=False,
     layer_rope_key="layer_rope_theta", logit_scale_key="output_multiplier",
     final_softcap_key="final_logit_softcapping", normalize=_muse_glimmer_config,
+    # llama.cpp's muse-glimmer: the converter undoes the halves rotation's row order (NORM rope), writes the
+    # query scale as the q norm's weight (k norm: ones) and the norms' offsets folded; the graph rotates the
+    # sliding layers only, by rope.freq_base, and its output norms take 1e-8 (gguf/config.py)
+    gguf_arch="muse-glimmer", gguf_qk_permuted=True, gguf_config={"logit_scale": "output_multiplier"},
+    gguf_changes={"qk_norm_affine": True, "attn_multiplier_key": None, "rope_layers": "sliding",
+                  "layer_rope_key": None},
     config_defaults={"rms_norm_eps": 1e-5, "post_norm_eps": 1e-8, "sliding_window": 2048, "head_dim": 128,
                      "final_logit_softcapping": 20.0, "output_multiplier": 0.19611613513818404,
                      "qk_scale_factor": 3.87, "hidden_activation": "silu"},

@@ -121,6 +121,10 @@ MUSE_TEXT = dict(BASE, num_hidden_layers=3, sliding_window=4, final_logit_softca
                  qk_scale_factor=2.5, post_norm_eps=1e-6, rms_norm_eps=1e-5)
 MUSE_VISION = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
 MUSE_PREFIX = "model.language_model."
+#: The GGUF architectures of this group (case -> model_type, config, legacy keys; as the other suites list theirs for
+#: tests/test_convert.py, which checks that ster convert refuses them until its files are compared with llama.cpp's).
+GGUF_CASES = {"muse_glimmer": ("muse_glimmer_text",
+                               {k: v for k, v in MUSE_TEXT.items() if not k.endswith("_token_id")}, {})}
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +226,37 @@ def test_muse_glimmer_refusals(tmp_path):
         load_model(str(tmp_path))
 
 
+
+
+@pytest.fixture(scope="module")
+def muse_gguf(muse, tmp_path_factory):
+    """The wrapped Muse Glimmer checkpoint through llama.cpp's own convert_hf_to_gguf.py (f32)."""
+    import subprocess
+    import sys
+
+    from llamacpp_convert import PREFIX, extract_converter
+
+    root = tmp_path_factory.mktemp("muse_gguf")
+    extract_converter(root)
+    out = root / "muse.gguf"
+    r = subprocess.run([sys.executable, str(root / "convert.py"), str(root / PREFIX), "f32", f"{muse[1]}::{out}"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed: {r.stderr[-2000:]}", pytrace=False)
+    return out
+
+
+def test_muse_glimmer_gguf_from_llamacpps_converter_matches_transformers(muse, muse_gguf):
+    """llama.cpp's muse-glimmer file: the query scale as q-norm weights, the rows reordered for its adjacent-pair
+    rotation (undone at load), the sliding layers alone rotating; its output norms at llama.cpp's fixed 1e-8
+    (the checkpoint says 1e-6: a difference far below the tolerance)."""
+    model, _, _, ref = muse
+    loaded = check_decoder(muse_gguf, model, ref)
+    spec = loaded.spec
+    assert spec.extra["gguf_architecture"] == "muse-glimmer" and spec.qk_norm_affine
+    assert spec.attn_scale == pytest.approx(16 ** -0.5) and spec.post_norm_eps == 1e-8
+    assert [(layer.sliding_window, layer.rope is not None) for layer in spec.layers] == [(4, True), (4, True),
+                                                                                         (None, False)]
 
 
 # ----------------------------------------------------------------------------- MiniMax-M3
