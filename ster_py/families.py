@@ -1973,6 +1973,31 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+# ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
+# LongCat-Flash-Lite: names and readers.
+# openPangu-Ultra-MoE's config spellings -> the DeepSeek-V3 keys config.py reads (seed 002).
+_PANGU_ULTRA_KEYS = (("attention_q_lora_dim", "q_lora_rank"), ("attention_kv_lora_dim", "kv_lora_rank"),
+                     ("attention_qk_dim", "qk_nope_head_dim"), ("attention_qk_rope_dim", "qk_rope_head_dim"),
+                     ("attention_v_dim", "v_head_dim"), ("num_routed_experts", "n_routed_experts"),
+                     ("num_shared_experts", "n_shared_experts"), ("num_dense_layers", "first_k_dense_replace"))
+
+
+def _pangu_ultra_config(config: Mapping) -> Mapping:
+    """openPangu-Ultra-MoE's own key names read as DeepSeek-V3's (its spelling wins where both are stated)."""
+    c = dict(config)
+    for own, theirs in _PANGU_ULTRA_KEYS:
+        if c.get(own) is not None:
+            c[theirs] = c[own]
+    return c
+
+
+# DeepSeek-V3's names with no selection bias; under sandwich_norm post_attention_layernorm is the
+# attention's output norm and the feed-forward reads pre_mlp_layernorm.
+PANGU_ULTRA_NAMES = _with(DEEPSEEK_NAMES, router_select_bias=None)
+PANGU_ULTRA_SANDWICH_NAMES = _with(PANGU_ULTRA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                                   ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2838,6 +2863,16 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group R2 (issue 16; issue 15 for bailing_hybrid), tests/test_parity_remote_c.py
+        # openPangu-Ultra-MoE: DeepSeek-V3's latent attention (adjacent pairs) under its own key names, a
+        # sigmoid router without selection bias or groups (renormalised, norm_topk_prob true by default,
+        # times routed_scaling_factor), sandwich norms under sandwich_norm.
+        FamilySpec("pangu_ultra_moe", keys=_LATENT_KEYS, normalize=_pangu_ultra_config, unconfirmed=True,
+                   **dict(_V3_LATENT, names=PANGU_ULTRA_NAMES,
+                          fixed={"scoring_func": "sigmoid", "topk_method": "greedy"},
+                          variants=(Variant(flag("sandwich_norm"), {"norms": _SANDWICH,
+                                                                    "names": PANGU_ULTRA_SANDWICH_NAMES}),)),
+                   config_defaults={"norm_topk_prob": True}),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
