@@ -897,6 +897,34 @@ def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers
             for i in range(n_layers)]
 
 
+def _layer_moe_shapes(config: Mapping, moe: MoESpec, n_layers: int, config_name: str) -> list[MoESpec | None]:
+    """Each layer's routed feed-forward when the config's ``moe_layer_shapes`` (written by a family's
+    ``normalize``: layer index -> {"num_experts_per_tok": k, "moe_intermediate_size": f}, Nemotron
+    Puzzle's block_configs) gives it its own top-k and expert width; None where the model's applies.
+
+    Raises:
+        SterError: not such a mapping, a layer outside the model, a count that is not a positive
+            integer within bounds (top-k at most the routed experts).
+    """
+    where = f"invalid model config {config_name}"
+    raw = config.get("moe_layer_shapes")
+    if not isinstance(raw, Mapping):
+        raise SterError(f"{where}: the per-layer expert shapes must map layer indices to objects, "
+                        f"got {brief_value(raw)}")
+    out: list[MoESpec | None] = [None] * n_layers
+    for i, shape in raw.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers or not isinstance(shape, Mapping):
+            raise SterError(f"{where}: a per-layer expert shape for layer {brief_value(i)} of {n_layers} layers "
+                            f"({brief_value(shape)})")
+        top_k, size = shape.get("num_experts_per_tok"), shape.get("moe_intermediate_size")
+        for key, v, limit in (("num_experts_per_tok", top_k, moe.router.num_experts),
+                              ("moe_intermediate_size", size, MAX_DIM)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
+                raise SterError(f"{where}: layer {i}'s {key} must be an integer in 1..{limit}, got {brief_value(v)}")
+        out[i] = replace(moe, expert_size=size, router=replace(moe.router, top_k=top_k))
+    return out
+
+
 def _mtp_layers(config: Mapping, family: FamilySpec, n_layers: int) -> tuple[str, ...]:
     """Name prefixes of the ``num_nextn_predict_layers`` multi-token-prediction layers a checkpoint
     stores after its last decoder layer (Step 3.5), which a forward never reads."""
@@ -1036,6 +1064,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if moe is not None and family.expert_limit_keys:
         own = [dict(o, moe=m) if m != moe else o
                for o, m in zip(own, _layer_limits(config, family.expert_limit_keys, moe, n_layers, config_name))]
+    if moe is not None and config.get("moe_layer_shapes") is not None:  # per-layer expert widths and top-k
+        shaped = _layer_moe_shapes(config, moe, n_layers, config_name)
+        own = [dict(o, moe=m) if m is not None and m != moe else o for o, m in zip(own, shaped)]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),

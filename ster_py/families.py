@@ -1998,6 +1998,38 @@ PANGU_ULTRA_SANDWICH_NAMES = _with(PANGU_ULTRA_NAMES, attn_post_norm=_L + "post_
                                    ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
 
 
+# Nemotron Puzzle: Nemotron-H's names below model. rather than backbone.
+NEMOTRON_PUZZLE_NAMES = {role: n.replace("backbone.", "model.") for role, n in NEMOTRON_H_NAMES.items()}
+
+
+def _nemotron_puzzle_config(config: Mapping) -> Mapping:
+    """Nemotron Puzzle's block_configs (one object per layer: block_type and, on moe layers,
+    num_experts_per_tok and moe_intermediate_size) as layers_block_type where that is left out and as
+    ``moe_layer_shapes`` (config.py), the first moe layer's shape standing for the model's; then
+    Nemotron-H's reading."""
+    c = dict(config)
+    blocks = c.get("block_configs")
+    if isinstance(blocks, list) and all(isinstance(b, Mapping) for b in blocks):
+        if c.get("layers_block_type") is None:
+            c["layers_block_type"] = [b.get("block_type") for b in blocks]
+        shapes = {i: {k: b.get(k) for k in ("num_experts_per_tok", "moe_intermediate_size")}
+                  for i, b in enumerate(blocks) if b.get("block_type") == "moe"}
+        if shapes:
+            c["moe_layer_shapes"] = shapes
+            first = shapes[min(shapes)]
+            for k, v in first.items():
+                if c.get(k) is None:
+                    c[k] = v
+    return _nemotron_h_config(c)
+
+
+def _nemotron_puzzle_blocks_wrong(c: Mapping) -> bool:
+    """block_configs absent, not one object per layer, or naming other kinds than layers_block_type."""
+    blocks, types = c.get("block_configs"), c.get("layers_block_type")
+    return (not isinstance(blocks, list) or not isinstance(types, list) or len(blocks) != len(types)
+            or any(not isinstance(b, Mapping) or b.get("block_type") != t for b, t in zip(blocks, types)))
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2880,6 +2912,15 @@ FAMILIES: dict[str, FamilySpec] = {
 # Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
 for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
     FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
+# group R2 (issue 16): Nemotron Puzzle is Nemotron-H below model., its layers in layers_block_type (mamba,
+# attention, mlp, moe) and each moe layer's top-k and expert width in block_configs (config.py gives those
+# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe; not read from GGUF here yet.
+FAMILIES["nemotron_h_puzzle"] = replace(
+    FAMILIES["nemotron_h"], model_type="nemotron_h_puzzle", names=NEMOTRON_PUZZLE_NAMES, unconfirmed=True,
+    normalize=_nemotron_puzzle_config, gguf_arch=None,
+    refusals=FAMILIES["nemotron_h"].refusals + (
+        Refusal(_nemotron_puzzle_blocks_wrong, "a block_configs that does not list one object per layer, each "
+                "with the block_type layers_block_type gives that layer, is not supported"),))
 
 FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():

@@ -12,6 +12,9 @@ unread.
   bias zero and left out of the checkpoint); under sandwich_norm each layer's attention and
   feed-forward outputs pass new RMS norms (post_attention_layernorm, post_mlp_layernorm) and the
   feed-forward reads DeepSeek's second norm, stored as pre_mlp_layernorm.
+- nemotron_h_puzzle: Transformers' Nemotron-H whose later routed layers are Transformers' own
+  NemotronHMoE built at each layer's top-k and expert width (block_configs), saved below model.
+  (Nemotron-H's moe_latent_size is tested in test_parity_ssm.py and in one case here.)
 """
 from __future__ import annotations
 
@@ -128,7 +131,64 @@ def _pangu_ultra(path, config: dict):
     return model
 
 
-BUILD = {"pangu_ultra_moe": _pangu_ultra}
+# ------------------------------------------------------------------ Nemotron Puzzle (Nemotron-H, per-layer experts)
+NEMOTRON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=64, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2,
+                ssm_state_size=8, conv_kernel=4, n_routed_experts=6, moe_shared_expert_intermediate_size=48)
+_PUZZLE_KIND = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def _nemotron_puzzle(path, config: dict):
+    """Transformers' Nemotron-H with the pattern's first E layer at (top_k, size) = shapes[0] and each
+    later one's mixer replaced by Transformers' NemotronHMoE built at its own shape (seed 002: each moe
+    layer's num_experts_per_tok and moe_intermediate_size in block_configs), saved below model. with
+    layers_block_type and block_configs in place of the pattern and the model-wide expert shape."""
+    import copy
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMoE
+
+    c = dict(NEMOTRON, **config)
+    pattern, shapes = c.pop("pattern"), list(c.pop("shapes"))
+    k0, f0 = shapes[0]
+    model = build_checkpoint(path, "nemotron_h", dict(c, hybrid_override_pattern=pattern, num_experts_per_tok=k0,
+                                                     moe_intermediate_size=f0))
+    routed = [i for i, ch in enumerate(pattern) if ch == "E"]
+    torch.manual_seed(11)
+    for i, (k, f) in zip(routed[1:], shapes[1:]):
+        cfg = copy.deepcopy(model.config)
+        cfg.num_experts_per_tok, cfg.moe_intermediate_size = k, f
+        mixer = NemotronHMoE(cfg, layer_idx=i)
+        with torch.no_grad():
+            for p in mixer.parameters():
+                p.copy_(torch.randn_like(p) * 0.15)
+            for name, b in mixer.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(torch.randn_like(b) * 0.1)
+        model.model.layers[i].mixer = mixer.eval()
+    model.save_pretrained(path)
+    from safetensors.torch import load_file
+
+    state = load_file(str(path / "model.safetensors"))
+    state = {(("model." + n[len("backbone."):]) if n.startswith("backbone.") else n): t.contiguous()
+             for n, t in state.items()}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    kinds = [_PUZZLE_KIND[ch] for ch in pattern]
+    blocks, it = [], iter(shapes)
+    for kind in kinds:
+        block = {"block_type": kind}
+        if kind == "moe":
+            k, f = next(it)
+            block.update(num_experts_per_tok=k, moe_intermediate_size=f)
+        blocks.append(block)
+    _rewrite(path, {"model_type": "nemotron_h_puzzle", "architectures": ["NemotronHPuzzleForCausalLM"],
+                    "layers_block_type": kinds, "block_configs": blocks},
+             drop=("hybrid_override_pattern", "num_experts_per_tok", "moe_intermediate_size", "mtp_layers_block_type"))
+    return model
+
+
+BUILD = {"pangu_ultra_moe": _pangu_ultra, "nemotron_h_puzzle": _nemotron_puzzle}
 CASES = {
     "pangu_ultra_moe": ("pangu_ultra_moe", dict(first_k_dense_replace=1, routed_scaling_factor=2.5)),
     "pangu_ultra_moe-sandwich-shared-2": ("pangu_ultra_moe", dict(sandwich_norm=True, first_k_dense_replace=1,
@@ -136,6 +196,10 @@ CASES = {
     "pangu_ultra_moe-sandwich-no-renorm-no-q-lora": ("pangu_ultra_moe", dict(
         sandwich_norm=True, norm_topk_prob=False, q_lora_rank=None, first_k_dense_replace=0, num_experts_per_tok=3,
         qk_rope_head_dim=8)),
+    "nemotron_h_puzzle": ("nemotron_h_puzzle", dict(pattern="ME*-E", shapes=[(2, 32), (3, 24)])),
+    "nemotron_h_puzzle-latent-three-shapes": ("nemotron_h_puzzle", dict(
+        pattern="EM*EE", shapes=[(3, 24), (1, 40), (2, 16)], moe_latent_size=32, n_group=2, topk_group=1,
+        routed_scaling_factor=1.5)),
 }
 
 
@@ -174,6 +238,41 @@ def test_pangu_ultra_router_reads_the_family_defaults(tmp_path):
     router = spec.moe.router
     assert [layer.ffn for layer in spec.layers] == ["dense", "moe", "moe"]
     assert router.renormalize and not router.select_bias and router.n_group == 1 and router.scale == 2.5
+
+
+def test_nemotron_puzzle_layers_take_their_block_configs(tmp_path):
+    build(tmp_path, *CASES["nemotron_h_puzzle-latent-three-shapes"])
+    spec = load_model(str(tmp_path)).spec
+    assert [(layer.mixer, layer.ffn) for layer in spec.layers] == [
+        ("none", "moe"), ("mamba2", "none"), ("attention", "none"), ("none", "moe"), ("none", "moe")]
+    shapes = [((layer.moe or spec.moe).router.top_k, (layer.moe or spec.moe).expert_size)
+              for layer in spec.layers if layer.ffn == "moe"]
+    assert shapes == [(3, 24), (1, 40), (2, 16)] and spec.moe.latent_size == 32
+
+
+_PUZZLE_BASE = {"model_type": "nemotron_h_puzzle", **NEMOTRON, "num_hidden_layers": 2,
+                "layers_block_type": ["mamba", "moe"],
+                "block_configs": [{"block_type": "mamba"},
+                                  {"block_type": "moe", "num_experts_per_tok": 2, "moe_intermediate_size": 32}]}
+
+
+@pytest.mark.parametrize("config,match", [
+    (dict(_PUZZLE_BASE, layers_block_type=["mamba", "moe", "mlp"]), "layers_block_type"),
+    (dict(_PUZZLE_BASE, layers_block_type=["mamba", "conv"], block_configs=[
+        {"block_type": "mamba"}, {"block_type": "conv"}]), "letter other than"),
+    (dict(_PUZZLE_BASE, block_configs=[{"block_type": "mamba"}]), "block_configs"),
+    (dict(_PUZZLE_BASE, block_configs=[{"block_type": "mamba"}, {"block_type": "mlp"}]), "block_configs"),
+    (dict(_PUZZLE_BASE, block_configs=[{"block_type": "mamba"}, {"block_type": "moe", "num_experts_per_tok": 9,
+                                                                 "moe_intermediate_size": 32}]), "num_experts_per_tok"),
+    (dict(_PUZZLE_BASE, block_configs=[{"block_type": "mamba"}, {"block_type": "moe", "num_experts_per_tok": 2}]),
+     "moe_intermediate_size"),
+])
+def test_refusals(config, match):
+    """Refused by the gate or by the config reader, in either case before any weight is read."""
+    from ster_py.config import spec_from_config
+
+    with pytest.raises(SterError, match=match):
+        spec_from_config(config, gate(config, "config.json"), "config.json")
 
 
 def test_these_families_say_they_have_no_reference_here():

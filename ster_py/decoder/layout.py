@@ -255,7 +255,7 @@ class Layout:
         Raises:
             SterError: an expert tensor is missing or its shape disagrees with the config.
         """
-        m = self.spec.moe
+        m = self.spec.layers[i].moe or self.spec.moe  # a layer's own expert width where it has one
         d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
         n, f = m.router.num_experts - m.identity_experts, m.expert_size
         names = self.spec.names
