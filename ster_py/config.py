@@ -187,6 +187,8 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``query_bottleneck``: each attention layer's query is ``q_up(q_inter_norm(q(x)))``, ``q`` narrowing
+    to this width and ``q_up`` widening it to the heads (Step3's share_q_dim, inter_norm and wq); 0: none.
     """
 
     model_type: str
@@ -256,6 +258,7 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    query_bottleneck: int = 0
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -897,6 +900,21 @@ def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers
             for i in range(n_layers)]
 
 
+def _query_bottleneck(config: Mapping, family: FamilySpec, config_name: str) -> int:
+    """The query bottleneck's width (``family.query_bottleneck_key``, Step3's share_q_dim), 0 without one.
+
+    Raises:
+        SterError: the key is not a positive integer within bounds.
+    """
+    if not family.query_bottleneck_key:
+        return 0
+    v = config.get(family.query_bottleneck_key)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+        raise SterError(f"invalid model config {config_name}: {family.query_bottleneck_key} must be an integer in "
+                        f"1..{MAX_DIM}, got {brief_value(v)}")
+    return v
+
+
 def _layer_moe_shapes(config: Mapping, moe: MoESpec, n_layers: int, config_name: str) -> list[MoESpec | None]:
     """Each layer's routed feed-forward when the config's ``moe_layer_shapes`` (written by a family's
     ``normalize``: layer index -> {"num_experts_per_tok": k, "moe_intermediate_size": f}, Nemotron
@@ -1362,4 +1380,5 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate_in_q=family.attn_gate_in_q,
         value_norm=family.value_norm,
         layer_scalar=family.layer_scalar,
+        query_bottleneck=_query_bottleneck(config, family, config_name),
     )

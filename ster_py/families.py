@@ -582,6 +582,8 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        query_bottleneck_key: config key of the query bottleneck's width (Step3's share_q_dim): each query
+            is ``q_up(q_inter_norm(q(x)))`` (``ModelSpec.query_bottleneck``).
     """
 
     model_type: str
@@ -682,6 +684,7 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    query_bottleneck_key: str | None = None
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2030,6 +2033,45 @@ def _nemotron_puzzle_blocks_wrong(c: Mapping) -> bool:
             or any(not isinstance(b, Mapping) or b.get("block_type") != t for b, t in zip(blocks, types)))
 
 
+# Step3's text decoder: Step 3.5's expert layout (moe.gate_proj / up_proj / down_proj stacked per layer,
+# moe.gate, share_expert) without a selection bias, and a query bottleneck (q_proj -> inter_norm -> wq).
+STEP3_NAMES = _with(STEP3P5_NAMES, router_select_bias=None, g=None, q_up=_L + "self_attn.wq",
+                    q_inter_norm=_L + "self_attn.inter_norm")
+
+
+def _step3_routed_layers(config: Mapping) -> list | None:
+    """moe_layers_enum as a list of layer indices (a comma-separated string, as the hub configs state it,
+    or a list), every layer but the first when absent; None when an entry is not a whole number."""
+    enum, n = config.get("moe_layers_enum"), _n_layers(config)
+    if enum is None:
+        return list(range(1, n))
+    items = enum.strip().split(",") if isinstance(enum, str) else list(enum) if isinstance(enum, (list, tuple)) else None
+    if items is None:
+        return None
+    out = []
+    for x in items:
+        if isinstance(x, str) and x.strip().lstrip("-").isdigit():
+            x = int(x.strip())
+        if isinstance(x, bool) or not isinstance(x, int):
+            return None
+        out.append(x)
+    return out
+
+
+def _step3_config(config: Mapping) -> Mapping:
+    """Step3's routed layers (moe_layers_enum) as ``mlp_layer_types``."""
+    c, n = dict(config), _n_layers(config)
+    routed = _step3_routed_layers(c)
+    if c.get("mlp_layer_types") is None and routed is not None and n and all(0 <= i < n for i in routed):
+        c["mlp_layer_types"] = ["sparse" if i in routed else "dense" for i in range(n)]
+    return c
+
+
+def _step3_enum_wrong(c: Mapping) -> bool:
+    routed, n = _step3_routed_layers(c), _n_layers(c)
+    return routed is None or any(not 0 <= i < n for i in routed)
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2905,6 +2947,26 @@ FAMILIES: dict[str, FamilySpec] = {
                           variants=(Variant(flag("sandwich_norm"), {"norms": _SANDWICH,
                                                                     "names": PANGU_ULTRA_SANDWICH_NAMES}),)),
                    config_defaults={"norm_topk_prob": True}),
+        # Step3's text decoder (also from the text_config of a step3_vl checkpoint, its text weights at the
+        # root: WRAPPERS): a query bottleneck (q_proj to share_q_dim, inter_norm, wq), num_attention_groups
+        # key/value heads, softmax-routed experts on the moe_layers_enum layers (renormalised under
+        # norm_expert_weight) beside a shared expert share_expert_dim wide.
+        FamilySpec("step3_text", moe=True, names=STEP3_NAMES, normalize=_step3_config, unconfirmed=True,
+                   query_bottleneck_key="share_q_dim",
+                   unread=("vision_model.", "vit_downsampler", "vit_large_projector"),
+                   keys={"num_key_value_heads": ("num_attention_groups",),
+                         "max_position_embeddings": ("max_position_embedding", "max_seq_len",
+                                                     "max_position_embeddings"),
+                         "num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_top_k",),
+                         "shared_intermediate_size": ("share_expert_dim",), "norm_topk_prob": ("norm_expert_weight",),
+                         "n_shared_experts": ()},
+                   fixed={"scoring_func": "softmax", "topk_method": "greedy"},
+                   config_defaults={"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "norm_expert_weight": False,
+                                    "num_attention_groups": 1, "head_dim": 256},
+                   refusals=(Refusal(lambda c: c.get("share_q_dim") is None,
+                                     "a config without share_q_dim (the query bottleneck's width) is not supported"),
+                             Refusal(_step3_enum_wrong, "a moe_layers_enum entry that names no layer (whole numbers "
+                                     "from 0 to num_hidden_layers - 1) is not supported"))),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -2938,7 +3000,9 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "gemma4_unified": ("gemma4_unified_text", "model.language_model."),
                                            # group SSM-B2: Qwen3.5's decoders sit below model.language_model
                                            "qwen3_5": ("qwen3_5_text", "model.language_model."),
-                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.")}
+                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model."),
+                                           # group R2: Step3-VL keeps its text decoder's weights at the root
+                                           "step3_vl": ("step3_text", "")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.

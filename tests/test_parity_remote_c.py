@@ -15,6 +15,10 @@ unread.
 - nemotron_h_puzzle: Transformers' Nemotron-H whose later routed layers are Transformers' own
   NemotronHMoE built at each layer's top-k and expert width (block_configs), saved below model.
   (Nemotron-H's moe_latent_size is tested in test_parity_ssm.py and in one case here.)
+- step3_text: Transformers' Llama whose q_proj is a Linear to share_q_dim, Llama's RMS norm and a
+  Linear to the heads (wq), and whose moe_layers_enum layers take Transformers' Qwen3-MoE sparse block
+  (softmax, top k, renormalised under norm_expert_weight) plus Llama's MLP as the shared expert; saved
+  under Step3's names (experts stacked under moe), also inside a step3_vl config with a vision tower.
 """
 from __future__ import annotations
 
@@ -188,7 +192,121 @@ def _nemotron_puzzle(path, config: dict):
     return model
 
 
-BUILD = {"pangu_ultra_moe": _pangu_ultra, "nemotron_h_puzzle": _nemotron_puzzle}
+# ------------------------------------------------------------------ Step3's text decoder (Llama + bottleneck + experts)
+STEP3 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             head_dim=16, max_position_embeddings=64, share_q_dim=24, moe_num_experts=6, moe_top_k=2,
+             moe_intermediate_size=32, share_expert_dim=40)
+
+
+def _step3_modules(hidden: int, heads: int, head_dim: int, share_q: int, eps: float, experts: int, top_k: int,
+                   size: int, shared: int, renorm: bool):
+    """Seed 002's Step3 parts from Transformers' modules: the query as wq(inter_norm(q_proj(x))) (two
+    Linears around Llama's RMS norm), and a routed feed-forward as Transformers' Qwen3-MoE sparse block
+    (softmax over every expert, the top k, renormalised under ``renorm``) plus Llama's MLP as the
+    shared expert, ``shared`` wide."""
+    import torch
+    from transformers import LlamaConfig, Qwen3MoeConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    class Query(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.narrow = torch.nn.Linear(hidden, share_q, bias=False)
+            self.inter_norm = LlamaRMSNorm(share_q, eps=eps)
+            self.wq = torch.nn.Linear(share_q, heads * head_dim, bias=False)
+
+        def forward(self, x):
+            return self.wq(self.inter_norm(self.narrow(x)))
+
+    moe_config = Qwen3MoeConfig(hidden_size=hidden, num_experts=experts, num_experts_per_tok=top_k,
+                                moe_intermediate_size=size, norm_topk_prob=renorm, hidden_act="silu")
+
+    class Routed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.routed = Qwen3MoeSparseMoeBlock(moe_config)
+            self.shared = LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=shared))
+
+        def forward(self, x):
+            return self.routed(x) + self.shared(x)
+
+    return Query, Routed
+
+
+def _step3(path, config: dict):
+    """Llama with every query through the bottleneck and the routed layers' MLP swapped (``_step3_modules``),
+    every weight redrawn, saved under Step3's names and config spellings (experts stacked under moe)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tiny import write_tokenizer
+
+    c = dict(STEP3, **config)
+    wrapped, vision = c.pop("wrapped", False), c.pop("vision", False)
+    n, groups = c["num_hidden_layers"], c.get("num_attention_groups", 1)
+    enum, renorm = c.get("moe_layers_enum"), c.get("norm_expert_weight", False)
+    routed = ([int(x) for x in enum.split(",")] if isinstance(enum, str) else list(enum)) if enum is not None \
+        else list(range(1, n))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"], num_hidden_layers=n,
+        num_attention_heads=c["num_attention_heads"], num_key_value_heads=groups, head_dim=c["head_dim"],
+        max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=1e-5, rope_theta=500000.0,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation="eager"))
+    Query, Routed = _step3_modules(c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["share_q_dim"], 1e-5,
+                                   c["moe_num_experts"], c["moe_top_k"], c["moe_intermediate_size"],
+                                   c["share_expert_dim"], renorm)
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.q_proj = Query()
+        if i in routed:
+            layer.mlp = Routed()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + 1.0 if "norm" in name else torch.randn_like(p) * 0.15)
+    model.eval()
+
+    f, out = c["moe_intermediate_size"], {}
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        stem = name.split(".mlp.")[0]
+        if ".self_attn.q_proj." in name:
+            name = name.replace("q_proj.narrow.", "q_proj.").replace("q_proj.inter_norm.", "inter_norm.")
+            name = name.replace("q_proj.wq.", "wq.")
+        elif ".mlp.routed.experts.gate_up_proj" in name:
+            out[stem + ".moe.gate_proj.weight"], out[stem + ".moe.up_proj.weight"] = t[:, :f].contiguous(), \
+                t[:, f:].contiguous()
+            continue
+        elif ".mlp.routed.experts.down_proj" in name:
+            name = stem + ".moe.down_proj.weight"
+        elif ".mlp.routed.gate." in name:
+            name = name.replace(".mlp.routed.gate.", ".moe.gate.")
+        elif ".mlp.shared." in name:
+            name = name.replace(".mlp.shared.", ".share_expert.")
+        out[name] = t
+    if vision:  # a vision tower and projector beside the decoder, as a Step3-VL checkpoint stores them
+        g = torch.Generator().manual_seed(3)
+        out.update({"vision_model.embeddings.patch_embedding.weight": torch.randn(8, 3, 2, 2, generator=g),
+                    "vit_downsampler.weight": torch.randn(8, 8, 2, 2, generator=g),
+                    "vit_large_projector.weight": torch.randn(64, 16, generator=g)})
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    text = {k: c[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "head_dim", "share_q_dim", "moe_num_experts", "moe_top_k",
+                              "moe_intermediate_size", "share_expert_dim")}
+    text |= {"num_attention_groups": groups, "max_position_embedding": c["max_position_embeddings"],
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "bos_token_id": 1, "eos_token_id": 2}
+    text |= {k: c[k] for k in ("moe_layers_enum", "norm_expert_weight") if k in c}
+    own = ({"model_type": "step3_vl", "architectures": ["Step3VLForConditionalGeneration"],
+            "text_config": dict(text, model_type="step3_text"), "vision_config": {"hidden_size": 8}} if wrapped
+           else dict(text, model_type="step3_text", architectures=["Step3TextForCausalLM"]))
+    (path / "config.json").write_text(json.dumps(own))
+    write_tokenizer(path, VOCAB)
+    return model
+
+
+BUILD = {"pangu_ultra_moe": _pangu_ultra, "nemotron_h_puzzle": _nemotron_puzzle, "step3_text": _step3}
 CASES = {
     "pangu_ultra_moe": ("pangu_ultra_moe", dict(first_k_dense_replace=1, routed_scaling_factor=2.5)),
     "pangu_ultra_moe-sandwich-shared-2": ("pangu_ultra_moe", dict(sandwich_norm=True, first_k_dense_replace=1,
@@ -200,6 +318,10 @@ CASES = {
     "nemotron_h_puzzle-latent-three-shapes": ("nemotron_h_puzzle", dict(
         pattern="EM*EE", shapes=[(3, 24), (1, 40), (2, 16)], moe_latent_size=32, n_group=2, topk_group=1,
         routed_scaling_factor=1.5)),
+    "step3_text": ("step3_text", {}),
+    "step3_text-enum-renorm-groups": ("step3_text", dict(num_hidden_layers=4, moe_layers_enum="0,2",
+                                                         norm_expert_weight=True, num_attention_groups=2, moe_top_k=3)),
+    "step3_text-in-step3_vl": ("step3_text", dict(wrapped=True, vision=True, moe_layers_enum="1")),
 }
 
 
@@ -208,7 +330,8 @@ def build(path, model_type: str, config: dict):
 
 
 def _check(path, ref, model_type: str):
-    assert json.loads((path / "config.json").read_text())["model_type"] == model_type
+    saved = json.loads((path / "config.json").read_text())
+    assert saved.get("text_config", saved)["model_type"] == model_type
     model = load_model(str(path))
     assert model.spec.model_type == model_type
     ref_logits, _ = reference_logits(ref, PROMPT)
@@ -256,6 +379,9 @@ _PUZZLE_BASE = {"model_type": "nemotron_h_puzzle", **NEMOTRON, "num_hidden_layer
                                   {"block_type": "moe", "num_experts_per_tok": 2, "moe_intermediate_size": 32}]}
 
 
+_STEP3_BASE = {"model_type": "step3_text", **STEP3}
+
+
 @pytest.mark.parametrize("config,match", [
     (dict(_PUZZLE_BASE, layers_block_type=["mamba", "moe", "mlp"]), "layers_block_type"),
     (dict(_PUZZLE_BASE, layers_block_type=["mamba", "conv"], block_configs=[
@@ -266,6 +392,10 @@ _PUZZLE_BASE = {"model_type": "nemotron_h_puzzle", **NEMOTRON, "num_hidden_layer
                                                                  "moe_intermediate_size": 32}]), "num_experts_per_tok"),
     (dict(_PUZZLE_BASE, block_configs=[{"block_type": "mamba"}, {"block_type": "moe", "num_experts_per_tok": 2}]),
      "moe_intermediate_size"),
+    ({k: v for k, v in _STEP3_BASE.items() if k != "share_q_dim"}, "share_q_dim"),
+    (dict(_STEP3_BASE, moe_layers_enum="1,3"), "moe_layers_enum"),
+    (dict(_STEP3_BASE, moe_layers_enum="1,x"), "moe_layers_enum"),
+    (dict(_STEP3_BASE, moe_layers_enum=[-1]), "moe_layers_enum"),
 ])
 def test_refusals(config, match):
     """Refused by the gate or by the config reader, in either case before any weight is read."""
@@ -273,6 +403,32 @@ def test_refusals(config, match):
 
     with pytest.raises(SterError, match=match):
         spec_from_config(config, gate(config, "config.json"), "config.json")
+
+
+@pytest.mark.parametrize("target,allowed", [("q", False), ("k", True), ("o", True)])
+def test_step3_adapters_skip_the_query(target, allowed, tmp_path):
+    """Seed 002: an adapter on query is refused (wq reads the bottleneck); k and o take one, as LoRA does."""
+    from pathlib import Path
+
+    from ster_py.adapters import LoraAdapter, apply_adapter, check_adapter_for, projection_shapes
+
+    build(tmp_path, *CASES["step3_text"])
+    model = load_model(str(tmp_path))
+    assert model.spec.query_bottleneck == 24
+    rng = np.random.default_rng(0)
+    out, inp = projection_shapes(model.spec)[target]
+    a, b = (rng.standard_normal((2, inp)) * 0.1).astype(np.float32), (rng.standard_normal((out, 2)) * 0.1).astype(
+        np.float32)
+    ad = LoraAdapter(Path("a.lora.safetensors"), "ster", None, None, 2, 4.0, False, 64, {(1, target): (a, b)})
+    first = model.decoder.layers[0]
+    if not allowed:
+        with pytest.raises(SterError, match="bottleneck"):
+            check_adapter_for(ad, None, model.spec, lambda role: getattr(first, role, None) is not None)
+        return
+    check_adapter_for(ad, None, model.spec, lambda role: getattr(first, role, None) is not None)
+    before = model.decoder.forward(PROMPT)
+    apply_adapter(model, ad)
+    assert rel_err(model.decoder.forward(PROMPT), before) > 1e-4
 
 
 def test_these_families_say_they_have_no_reference_here():

@@ -78,6 +78,10 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
         shapes.update(spec.delta.tensor_shapes(d))
+    qb = getattr(spec, "query_bottleneck", 0)
+    if qb:  # q narrows to the bottleneck, q_inter_norm norms it, q_up widens it to the heads (Step3)
+        shapes.update({("q", "weight"): (qb, d), ("q", "bias"): (qb,), ("q_up", "weight"): (q, qb),
+                       ("q_inter_norm", "weight"): (qb,), ("q_inter_norm", "bias"): (qb,)})
     if spec.attn_gate_in_q:  # each head's query rows, then its output gate's (Qwen3-Next's q_proj)
         shapes[("q", "weight")], shapes[("q", "bias")] = (2 * q, d), (2 * q,)
     if getattr(spec, "layer_scalar", False):
