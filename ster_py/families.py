@@ -2072,6 +2072,80 @@ def _step3_enum_wrong(c: Mapping) -> bool:
     return routed is None or any(not 0 <= i < n for i in routed)
 
 
+# Ling 3.0 (bailing_hybrid): both attentions under attention.: DeepSeek's latent attention (dense output,
+# g_proj a head-wise gate) and Kimi Delta Attention with full-rank f_proj / g_proj; Ling 2.0's experts.
+_BA = _L + "attention."
+BAILING_HYBRID_NAMES = _with(
+    DEEPSEEK_NAMES, embed="model.word_embeddings", q=_BA + "q_proj", q_a=_BA + "q_a_proj",
+    q_a_norm=_BA + "q_a_layernorm", q_b=_BA + "q_b_proj", kv_a=_BA + "kv_a_proj_with_mqa",
+    kv_a_norm=_BA + "kv_a_layernorm", kv_b=_BA + "kv_b_proj", o=_BA + "dense", g=_BA + "g_proj",
+    router_select_bias=_M + "gate.expert_bias",
+    lin_q=_BA + "q_proj", lin_k=_BA + "k_proj", lin_v=_BA + "v_proj", lin_b=_BA + "b_proj",
+    lin_q_conv=_BA + "q_conv1d", lin_k_conv=_BA + "k_conv1d", lin_v_conv=_BA + "v_conv1d", lin_f=_BA + "f_proj",
+    lin_g=_BA + "g_proj", lin_dt_bias=_BA + "dt_bias", lin_a_log=_BA + "A_log", lin_norm=_BA + "o_norm",
+    lin_out=_BA + "dense")
+
+
+def _ling3(c: Mapping) -> bool:
+    """Ling 3.0 (Kimi Delta Attention): BailingMoeV3ForCausalLM, or any config stating short_conv_kernel_size."""
+    archs = c.get("architectures")
+    return (isinstance(archs, list) and "BailingMoeV3ForCausalLM" in archs) or c.get("short_conv_kernel_size") is not None
+
+
+def _group_size(c: Mapping) -> int | None:
+    g = c.get("layer_group_size", 6)
+    return g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
+
+
+def _bailing_hybrid_config(config: Mapping) -> Mapping:
+    """Ling 3.0's layer kinds (seed 002): Kimi Delta Attention on every layer that neither closes a
+    layer_group_size group nor follows the last whole group, latent attention on the others; the safe
+    gate's bound (kda_lower_bound, -5 when left out) under kda_safe_gate (on by default); the per-layer
+    SwiGLU clamp lists cut to num_hidden_layers (the rest are multi-token-prediction layers)."""
+    c, n = dict(config), _n_layers(config)
+    g = _group_size(c)
+    if _ling3(c) and c.get("layer_types") is None and g is not None:
+        whole = n // g * g
+        c["layer_types"] = ["full_attention" if (i + 1) % g == 0 or i >= whole else "linear_attention"
+                            for i in range(n)]
+    if c.get("kda_safe_gate", True):
+        bound = c.get("kda_lower_bound")
+        c["_kda_lower_bound"] = -5.0 if bound is None else bound
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        if isinstance(c.get(key), list) and n and len(c[key]) > n:
+            c[key] = c[key][:n]
+    return c
+
+
+_BAILING_HYBRID_KEYS = dict(_LATENT_KEYS, **{
+    "num_experts": ("num_experts", "num_local_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "num_experts_per_token"),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"), "n_group": ("n_group", "num_expert_group"),
+    "n_shared_experts": ("num_shared_experts", "n_shared_experts"),
+    "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
+    "delta_k_heads": ("linear_num_heads", "num_attention_heads"),
+    "delta_v_heads": ("linear_num_heads", "num_attention_heads"),
+    "delta_k_dim": ("linear_head_dim", "head_dim"), "delta_v_dim": ("linear_head_dim", "head_dim"),
+    "delta_conv_kernel": ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+    "delta_lower_bound": ("_kda_lower_bound",), "ssm_act": ("hidden_act",)})
+_BAILING_HYBRID_REFUSALS = (
+    Refusal(lambda c: not _ling3(c), "Ling 2.5's lightning attention (a bailing_hybrid config without "
+            "short_conv_kernel_size) is not supported yet; Ling 3.0 (Kimi Delta Attention) runs"),
+    Refusal(lambda c: _group_size(c) is None, "a layer_group_size that is not a positive integer is not supported"),
+    Refusal(lambda c: c.get("no_kda_lora") is False or bool(c.get("use_kda_lora")),
+            "factored Kimi projections (no_kda_lora false, or use_kda_lora) are not supported"),
+    Refusal(flag("use_nGPT"), "use_nGPT is not supported"),
+    Refusal(flag("value_norm"), "value_norm is not supported"),
+    Refusal(flag("up_proj_norm"), "up_proj_norm is not supported"),
+    Refusal(flag("use_mla_nope"), "use_mla_nope is not supported"),
+    Refusal(_stated_other("gated_attention_proj_granularity_type", "head_wise"),
+            "a gated_attention_proj_granularity_type other than head_wise is not supported"),
+    Refusal(_stated_other("score_function", "sigmoid"), "a router score_function other than sigmoid is not supported"),
+    Refusal(_stated_other("scoring_func", "sigmoid"), "a router scoring_func other than sigmoid is not supported"),
+)
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2967,6 +3041,23 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a config without share_q_dim (the query bottleneck's width) is not supported"),
                              Refusal(_step3_enum_wrong, "a moe_layers_enum entry that names no layer (whole numbers "
                                      "from 0 to num_hidden_layers - 1) is not supported"))),
+        # Ling 3.0 (bailing_hybrid, Transformers' BailingHybrid): Kimi Delta Attention (full-rank f_proj and
+        # g_proj, the safe gate) and head-gated latent attention by layer_group_size, Ling 2.0's router and
+        # experts, Step 3.5's per-layer clamps. Ling 2.5 (lightning attention) is refused until it is tested.
+        FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES,
+                                            moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
+                   keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
+                   attn_gate="sigmoid", attn_gate_per_head=True,
+                   expert_limit_keys=("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"),
+                   # Transformers' BailingHybridConfig defaults (fields with two spellings: under defaults)
+                   config_defaults={"kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+                                    "qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 128, "topk_group": 4,
+                                    "routed_scaling_factor": 2.5, "first_k_dense_replace": 2, "rms_norm_eps": 1e-6,
+                                    "rope_theta": 6_000_000.0, "intermediate_size": 6144},
+                   defaults={"max_position_embeddings": 262144},
+                   moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                                 "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
+                   refusals=_BAILING_HYBRID_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

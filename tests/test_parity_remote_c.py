@@ -19,6 +19,15 @@ unread.
   Linear to the heads (wq), and whose moe_layers_enum layers take Transformers' Qwen3-MoE sparse block
   (softmax, top k, renormalised under norm_expert_weight) plus Llama's MLP as the shared expert; saved
   under Step3's names (experts stacked under moe), also inside a step3_vl config with a vision tower.
+
+bailing_hybrid (Ling 3.0) has a Transformers implementation (BailingHybrid): its tiny random
+checkpoints are checked as test_parity_ssm_b2 checks the delta-rule families (logits, hidden states,
+prefill in pieces and token by token with the same recurrent state, 16 greedy tokens through
+Transformers' cache), with the layer kinds seed 002 states given to Transformers (a group's last layer
+and every layer after the last whole group attend; Transformers' own default makes the trailing layers
+linear) and the config rewritten in the release's spelling; Step 3.5's per-layer clamps (which
+BailingHybrid lacks) are checked against its experts with the clamp written here from the seed's words.
+Ling 2.5 (lightning attention) is refused.
 """
 from __future__ import annotations
 
@@ -306,7 +315,87 @@ def _step3(path, config: dict):
     return model
 
 
-BUILD = {"pangu_ultra_moe": _pangu_ultra, "nemotron_h_puzzle": _nemotron_puzzle, "step3_text": _step3}
+# ------------------------------------------------------------------ Ling 3.0 (bailing_hybrid: Transformers directly)
+LING3 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2, n_group=2,
+             topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4,
+             v_head_dim=12, qk_nope_head_dim=8, head_dim=16, short_conv_kernel_size=3, layer_group_size=2,
+             max_position_embeddings=64)
+# Transformers' spellings (its attribute_map) -> the release's
+_LING3_HUB = {"moe_renormalize": "norm_topk_prob", "num_expert_group": "n_group",
+              "num_experts_per_token": "num_experts_per_tok", "model_max_length": "max_position_embeddings"}
+
+
+def _ling3_layer_types(n: int, group: int) -> list[str]:
+    """Seed 002's layer kinds (written here from its words): latent attention on every layer that closes a
+    group of ``group`` or follows the last whole group, Kimi Delta Attention on the others."""
+    return ["full_attention" if (i + 1) % group == 0 or i >= n // group * group else "linear_attention"
+            for i in range(n)]
+
+
+def _bailing_hybrid(path, config: dict):
+    """Transformers' BailingHybrid (Ling 3.0) given the seed's layer kinds; saved by Transformers (Ling's
+    names) and, unless ``as_saved``, its config.json rewritten in the release's spelling (no layer_types,
+    head_dim the linear heads' width, BailingMoeV3ForCausalLM)."""
+    c = dict(LING3, **config)
+    as_saved = c.pop("as_saved", False)
+    limits = {k: c.pop(k) for k in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list") if k in c}
+    c["layer_types"] = _ling3_layer_types(c["num_hidden_layers"], c["layer_group_size"])
+    model = build_checkpoint(path, "bailing_hybrid", c)
+    if limits:
+        n = c["num_hidden_layers"]
+        _clamp_experts(model, *(limits.get(k, [0.0] * n) for k in ("expert_swiglu_limit_list",
+                                                                    "share_expert_swiglu_limit_list")))
+        _rewrite(path, limits)  # the lists as a release states them, one entry per MTP layer more
+    if as_saved:
+        return model
+    saved = json.loads((path / "config.json").read_text())
+    hub = {_LING3_HUB.get(k, k): v for k, v in saved.items()}
+    for key in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
+                "qk_head_dim", "rope_parameters", "num_local_experts"):
+        hub.pop(key, None)
+    hub.update(architectures=["BailingMoeV3ForCausalLM"], head_dim=c["head_dim"], num_experts=c["num_local_experts"],
+               no_kda_lora=True, gated_attention_proj_granularity_type="head_wise")
+    (path / "config.json").write_text(json.dumps(hub))
+    return model
+
+
+def _clamp_experts(model, routed_limits: list, shared_limits: list) -> None:
+    """Seed 002's Step 3.5 clamp on each routed layer of a Transformers DeepSeek-V3-style model (written here
+    from its words): where a layer's entry is not zero, the routed (``routed_limits``) or shared
+    (``shared_limits``) experts compute min(silu(gate), limit) * clamp(up, -limit, limit)."""
+    import types
+
+    import torch
+
+    def unit(gate, up, limit):
+        act = torch.nn.functional.silu(gate)
+        return act * up if not limit else torch.clamp(act, max=limit) * torch.clamp(up, -limit, limit)
+
+    def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for e in range(self.num_experts):
+            token, slot = torch.where(top_k_index == e)
+            if token.numel() == 0:
+                continue
+            gate, up = torch.nn.functional.linear(hidden_states[token], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = torch.nn.functional.linear(unit(gate, up, self.limit), self.down_proj[e])
+            out.index_add_(0, token, y * top_k_weights[token, slot, None])
+        return out
+
+    def shared_forward(self, x):
+        return self.down_proj(unit(self.gate_proj(x), self.up_proj(x), self.limit))
+
+    for i, layer in enumerate(model.model.layers):
+        if not hasattr(layer.mlp, "experts"):
+            continue
+        layer.mlp.experts.limit, layer.mlp.shared_experts.limit = routed_limits[i], shared_limits[i]
+        layer.mlp.experts.forward = types.MethodType(experts_forward, layer.mlp.experts)
+        layer.mlp.shared_experts.forward = types.MethodType(shared_forward, layer.mlp.shared_experts)
+
+
+BUILD = {"pangu_ultra_moe": _pangu_ultra, "nemotron_h_puzzle": _nemotron_puzzle, "step3_text": _step3,
+         "bailing_hybrid": _bailing_hybrid}
 CASES = {
     "pangu_ultra_moe": ("pangu_ultra_moe", dict(first_k_dense_replace=1, routed_scaling_factor=2.5)),
     "pangu_ultra_moe-sandwich-shared-2": ("pangu_ultra_moe", dict(sandwich_norm=True, first_k_dense_replace=1,
@@ -322,6 +411,17 @@ CASES = {
     "step3_text-enum-renorm-groups": ("step3_text", dict(num_hidden_layers=4, moe_layers_enum="0,2",
                                                          norm_expert_weight=True, num_attention_groups=2, moe_top_k=3)),
     "step3_text-in-step3_vl": ("step3_text", dict(wrapped=True, vision=True, moe_layers_enum="1")),
+}
+# Families with a Transformers implementation: checked as the delta-rule families are (test_parity_ssm_b2.check_delta).
+HYBRID_CASES = {
+    "bailing_hybrid": ("bailing_hybrid", {}),
+    "bailing_hybrid-trailing-q-lora-unsafe-gate": ("bailing_hybrid", dict(
+        num_hidden_layers=5, q_lora_rank=24, kda_safe_gate=False, num_shared_experts=2, routed_scaling_factor=1.5)),
+    "bailing_hybrid-clamps": ("bailing_hybrid", dict(
+        expert_swiglu_limit_list=[0.0, 0.4, 0.0, 0.3, 7.0], share_expert_swiglu_limit_list=[0.0, 0.0, 0.35, 0.5, 7.0])),
+    "bailing_hybrid-as-saved-bound-no-renorm-group3": ("bailing_hybrid", dict(
+        as_saved=True, num_hidden_layers=6, layer_group_size=3, kda_lower_bound=-3.0, norm_topk_prob=False,
+        first_k_dense_replace=0, n_group=1, topk_group=1, num_experts_per_tok=3, short_conv_kernel_size=4)),
 }
 
 
@@ -349,6 +449,19 @@ def _check(path, ref, model_type: str):
 def test_family_matches_its_oracle(case, tmp_path):
     model_type, config = CASES[case]
     _check(tmp_path, build(tmp_path, model_type, config), model_type)
+
+
+@pytest.mark.parametrize("case", list(HYBRID_CASES))
+def test_hybrid_family_matches_transformers(case, tmp_path):
+    from test_parity_ssm_b2 import check_delta
+
+    model_type, config = HYBRID_CASES[case]
+    ref = build(tmp_path, model_type, config)
+    model = check_delta(tmp_path, ref)
+    assert model.spec.model_type == model_type
+    n, g = ref.config.num_hidden_layers, ref.config.layer_group_size
+    assert [layer.mixer for layer in model.spec.layers] == [
+        "latent" if t == "full_attention" else "kda" for t in _ling3_layer_types(n, g)]
 
 
 def test_pangu_ultra_router_reads_the_family_defaults(tmp_path):
@@ -380,6 +493,8 @@ _PUZZLE_BASE = {"model_type": "nemotron_h_puzzle", **NEMOTRON, "num_hidden_layer
 
 
 _STEP3_BASE = {"model_type": "step3_text", **STEP3}
+_LING3_BASE = {"model_type": "bailing_hybrid", **{k: v for k, v in LING3.items() if k != "num_local_experts"},
+               "num_experts": 8}
 
 
 @pytest.mark.parametrize("config,match", [
@@ -396,6 +511,16 @@ _STEP3_BASE = {"model_type": "step3_text", **STEP3}
     (dict(_STEP3_BASE, moe_layers_enum="1,3"), "moe_layers_enum"),
     (dict(_STEP3_BASE, moe_layers_enum="1,x"), "moe_layers_enum"),
     (dict(_STEP3_BASE, moe_layers_enum=[-1]), "moe_layers_enum"),
+    ({k: v for k, v in _LING3_BASE.items() if k != "short_conv_kernel_size"}, "Ling 2.5's lightning attention"),
+    (dict(_LING3_BASE, no_kda_lora=False), "factored Kimi projections"),
+    (dict(_LING3_BASE, use_kda_lora=True), "factored Kimi projections"),
+    (dict(_LING3_BASE, use_nGPT=True), "use_nGPT"),
+    (dict(_LING3_BASE, value_norm=True), "value_norm"),
+    (dict(_LING3_BASE, up_proj_norm=True), "up_proj_norm"),
+    (dict(_LING3_BASE, use_mla_nope=True), "use_mla_nope"),
+    (dict(_LING3_BASE, gated_attention_proj_granularity_type="element_wise"), "granularity"),
+    (dict(_LING3_BASE, layer_group_size=0), "layer_group_size"),
+    (dict(_LING3_BASE, kda_lower_bound=1.0), "lower bound"),
 ])
 def test_refusals(config, match):
     """Refused by the gate or by the config reader, in either case before any weight is read."""
@@ -438,5 +563,7 @@ def test_these_families_say_they_have_no_reference_here():
 
     rows = json.loads(CliRunner().invoke(app, ["families", "--json"]).stdout)
     notes = {r["model_type"]: (r["runs"], r["note"]) for r in rows}
-    for model_type in BUILD:
+    for model_type, _ in CASES.values():
         assert FAMILIES[model_type].unconfirmed and notes[model_type] == (True, "no reference implementation here")
+    for model_type, _ in HYBRID_CASES.values():  # Transformers implements these
+        assert not FAMILIES[model_type].unconfirmed and notes[model_type] == (True, "")
