@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from .decoder.indexer import IndexerSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
+from .decoder.ngram import NgramSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
@@ -189,6 +190,7 @@ class ModelSpec:
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
     ``query_bottleneck``: each attention layer's query is ``q_up(q_inter_norm(q(x)))``, ``q`` narrowing
     to this width and ``q_up`` widening it to the heads (Step3's share_q_dim, inter_norm and wq); 0: none.
+    ``ngram``: hashed n-gram embeddings beside the token embedding (LongCat-Flash-Lite, ``decoder/ngram.py``).
     """
 
     model_type: str
@@ -259,6 +261,7 @@ class ModelSpec:
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
     query_bottleneck: int = 0
+    ngram: NgramSpec | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -900,6 +903,33 @@ def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers
             for i in range(n_layers)]
 
 
+def ngram_spec(config: Mapping, hidden: int, config_name: str) -> NgramSpec:
+    """LongCat-Flash-Lite's n-gram embedding (``decoder/ngram.py``) from emb_neighbor_num (orders 2 to it),
+    emb_split_num (tables per order) and ngram_vocab_size_ratio (rows: ratio * vocab_size + 2 * index + 1);
+    its runs restart after each eos_token_id.
+
+    Raises:
+        SterError: a count that is not a whole number in bounds (emb_neighbor_num at least 2), a ratio that is
+            not a positive number, tables too many or too tall, or a hidden_size smaller than the table count.
+    """
+    where = f"invalid model config {config_name}"
+    n, k, ratio, vocab = (config.get(key) for key in ("emb_neighbor_num", "emb_split_num", "ngram_vocab_size_ratio",
+                                                       "vocab_size"))
+    for key, v, low in (("emb_neighbor_num", n, 2), ("emb_split_num", k, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 64:
+            raise SterError(f"{where}: {key} must be an integer in {low}..64, got {brief_value(v)}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0:
+        raise SterError(f"{where}: ngram_vocab_size_ratio must be a positive number, got {brief_value(ratio)}")
+    tables = k * (n - 1)
+    rows = tuple(int(ratio * vocab + 2 * i + 1) for i in range(tables))
+    if max(rows) > MAX_DIM or hidden < tables:
+        raise SterError(f"{where}: {tables} n-gram tables of up to {max(rows)} rows do not fit (at most {MAX_DIM} "
+                        f"rows, and at least one of the {hidden} hidden_size columns each)")
+    eos = config.get("eos_token_id")
+    eos = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and not isinstance(e, bool)]
+    return NgramSpec(neighbors=n, splits=k, rows=rows, width=hidden // tables, vocab_size=vocab, eos=tuple(eos))
+
+
 def _query_bottleneck(config: Mapping, family: FamilySpec, config_name: str) -> int:
     """The query bottleneck's width (``family.query_bottleneck_key``, Step3's share_q_dim), 0 without one.
 
@@ -1381,4 +1411,5 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         value_norm=family.value_norm,
         layer_scalar=family.layer_scalar,
         query_bottleneck=_query_bottleneck(config, family, config_name),
+        ngram=ngram_spec(config, hidden, config_name) if family.ngram else None,
     )

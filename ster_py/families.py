@@ -584,6 +584,8 @@ class FamilySpec:
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
         query_bottleneck_key: config key of the query bottleneck's width (Step3's share_q_dim): each query
             is ``q_up(q_inter_norm(q(x)))`` (``ModelSpec.query_bottleneck``).
+        ngram: hashed n-gram embeddings beside the token embedding (``config.ngram_spec``; the ``ngram_table``
+            and ``ngram_proj`` roles, ``{k}`` the table index; LongCat-Flash-Lite).
     """
 
     model_type: str
@@ -685,6 +687,7 @@ class FamilySpec:
     value_norm: bool = False
     layer_scalar: bool = False
     query_bottleneck_key: str | None = None
+    ngram: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -3065,6 +3068,15 @@ FAMILIES: dict[str, FamilySpec] = {
 # Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
 for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
     FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
+# group R2 (issue 16): LongCat-Flash-Lite is LongCat-Flash with hashed n-gram embeddings beside the token
+# embedding (decoder/ngram.py), its tables and projections below model.ngram_embeddings.
+FAMILIES["longcat_flash_ngram"] = replace(
+    FAMILIES["longcat_flash"], model_type="longcat_flash_ngram", unconfirmed=True, ngram=True,
+    names=_with(FAMILIES["longcat_flash"].names,
+                embed=("model.ngram_embeddings.word_embeddings", "model.embed_tokens"),
+                ngram_table="model.ngram_embeddings.embedders.{k}", ngram_proj="model.ngram_embeddings.post_projs.{k}"),
+    config_defaults={**FAMILIES["longcat_flash"].config_defaults, "emb_neighbor_num": 4, "emb_split_num": 4,
+                     "ngram_vocab_size_ratio": 78})
 # group R2 (issue 16): Nemotron Puzzle is Nemotron-H below model., its layers in layers_block_type (mamba,
 # attention, mlp, moe) and each moe layer's top-k and expert width in block_configs (config.py gives those
 # layers their own MoESpec). llama.cpp converts it as nemotron_h_moe; not read from GGUF here yet.
@@ -3105,12 +3117,15 @@ _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantiz
 # model_type values of remote-code configs that name another family's architecture: read as that family
 # (Kimi-K2's config.json says kimi_k2 for DeepseekV3ForCausalLM, as Transformers' Kimi-K2.5 reads it).
 MODEL_TYPE_ALIASES: Mapping[str, str] = {"kimi_k2": "deepseek_v3"}
+# Architectures whose configs may leave model_type out (group R2: LongCat-Flash-Lite's), read as that family.
+ARCHITECTURE_MODEL_TYPES: Mapping[str, str] = {"LongcatFlashNgramForCausalLM": "longcat_flash_ngram"}
 
 
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
     """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
 
-    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for.
+    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for; a config without
+    one whose only architecture ``ARCHITECTURE_MODEL_TYPES`` lists, as that architecture's family.
 
     The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
@@ -3120,6 +3135,9 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
         SterError: a wrapper config without a ``text_config`` object.
     """
     wrapper = config.get("model_type")
+    archs = config.get("architectures")
+    if wrapper is None and isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURE_MODEL_TYPES:
+        return {**config, "model_type": ARCHITECTURE_MODEL_TYPES[archs[0]]}, None
     if isinstance(wrapper, str) and wrapper in MODEL_TYPE_ALIASES:
         return {**config, "model_type": MODEL_TYPE_ALIASES[wrapper]}, None
     if not isinstance(wrapper, str) or wrapper not in WRAPPERS:

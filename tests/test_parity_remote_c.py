@@ -19,6 +19,10 @@ unread.
   Linear to the heads (wq), and whose moe_layers_enum layers take Transformers' Qwen3-MoE sparse block
   (softmax, top k, renormalised under norm_expert_weight) plus Llama's MLP as the shared expert; saved
   under Step3's names (experts stacked under moe), also inside a step3_vl config with a vision tower.
+- longcat_flash_ngram: Transformers' LongCat-Flash saved as LongCat-Flash-Lite with zero n-gram tables
+  (the stored token embedding scaled by 1 + k (n - 1), which the average divides back); with random
+  tables, against LongCat-Flash given as inputs_embeds the embedding a numpy reference of the seed's
+  hash computes (``ngram_embeddings_reference``), on a prompt holding an end-of-sequence token.
 
 bailing_hybrid (Ling 3.0) has a Transformers implementation (BailingHybrid): its tiny random
 checkpoints are checked as test_parity_ssm_b2 checks the delta-rule families (logits, hidden states,
@@ -394,8 +398,81 @@ def _clamp_experts(model, routed_limits: list, shared_limits: list) -> None:
         layer.mlp.shared_experts.forward = types.MethodType(shared_forward, layer.mlp.shared_experts)
 
 
+# ------------------------------------------------------------------ LongCat-Flash-Lite (LongCat-Flash + n-grams)
+NGRAM = dict(emb_neighbor_num=3, emb_split_num=2, ngram_vocab_size_ratio=0.5)
+
+
+def _ngram_table_rows(vocab: int, ratio: float, n: int, k: int) -> list[int]:
+    """Seed 002: table index (order - 2) * k + j is ratio * vocab + 2 * index + 1 rows tall."""
+    return [int(ratio * vocab + 2 * i + 1) for i in range(k * (n - 1))]
+
+
+def ngram_embeddings_reference(ids: list[int], word, tables, projs, vocab: int, n: int, k: int, eos: set) -> np.ndarray:
+    """The n-gram embedding as seed 002 words it, one position at a time (independent of ster's code):
+    for order o in 2..n and split j (table i = (o - 2) * k + j, R rows), the token and the o - 1 before it
+    hash to (token + sum_d previous_d * (vocab^d mod R)) mod R, a token before the start of its run (a run
+    restarts after each eos) counting as zero; the token embedding and every table row's projection are
+    averaged. float64 [T, hidden]."""
+    out = []
+    for p, tok in enumerate(ids):
+        start = 0
+        for q in range(p):
+            if ids[q] in eos:
+                start = q + 1
+        acc = np.asarray(word[tok], np.float64).copy()
+        for o in range(2, n + 1):
+            for j in range(k):
+                i = (o - 2) * k + j
+                R = tables[i].shape[0]
+                h = tok
+                for d in range(1, o):
+                    prev = ids[p - d] if p - d >= start else 0
+                    h += prev * ((vocab ** d) % R)
+                acc += projs[i].astype(np.float64) @ tables[i][h % R].astype(np.float64)
+        out.append(acc / (1 + k * (n - 1)))
+    return np.stack(out)
+
+
+def _longcat_ngram(path, config: dict):
+    """Transformers' LongCat-Flash (test_parity_mla_b's tiny case) saved as LongCat-Flash-Lite: the token
+    embedding below model.ngram_embeddings, n-gram tables and projections beside it. With ``zero_tables``
+    the tables are zero, so the embedding is the token's divided by 1 + k (n - 1): the stored token
+    embedding is Transformers' times that. Otherwise the returned oracle's embedding is
+    ``ngram_embeddings_reference`` (the model is given it as inputs_embeds; ``.ngram`` holds the tables)."""
+    import test_parity_mla_b
+
+    c = dict(config)
+    zero, no_type = c.pop("zero_tables", False), c.pop("leave_model_type_out", False)
+    ngram = {key: c.pop(key, v) for key, v in NGRAM.items()}
+    model = build_checkpoint(path, "longcat_flash", dict(test_parity_mla_b.LONGCAT, **c))
+    n, k, ratio = ngram["emb_neighbor_num"], ngram["emb_split_num"], ngram["ngram_vocab_size_ratio"]
+    hidden, count = model.config.hidden_size, k * (n - 1)
+    rng = np.random.RandomState(9)
+    rows = _ngram_table_rows(VOCAB, ratio, n, k)
+    tables = [np.zeros((r, hidden // count), np.float32) if zero else
+              (rng.randn(r, hidden // count) * 0.5).astype(np.float32) for r in rows]
+    projs = [(rng.randn(hidden, hidden // count) * 0.3).astype(np.float32) for _ in rows]
+
+    def tensors(state: dict) -> dict:
+        out = {name: t for name, t in state.items() if name != "model.embed_tokens.weight"}
+        word = state["model.embed_tokens.weight"] * np.float32(1 + count if zero else 1)
+        out["model.ngram_embeddings.word_embeddings.weight"] = word
+        for i, (t, pr) in enumerate(zip(tables, projs)):
+            out[f"model.ngram_embeddings.embedders.{i}.weight"] = t
+            out[f"model.ngram_embeddings.post_projs.{i}.weight"] = pr
+        return out
+
+    own = {"architectures": ["LongcatFlashNgramForCausalLM"], **ngram, "eos_token_id": 2}
+    if not no_type:
+        own["model_type"] = "longcat_flash_ngram"
+    _rewrite(path, own, drop=("model_type",) if no_type else (), tensors=tensors)
+    word = model.model.embed_tokens.weight.detach().numpy()
+    model.ngram = dict(word=word, tables=tables, projs=projs, n=n, k=k)
+    return model
+
+
 BUILD = {"pangu_ultra_moe": _pangu_ultra, "nemotron_h_puzzle": _nemotron_puzzle, "step3_text": _step3,
-         "bailing_hybrid": _bailing_hybrid}
+         "bailing_hybrid": _bailing_hybrid, "longcat_flash_ngram": _longcat_ngram}
 CASES = {
     "pangu_ultra_moe": ("pangu_ultra_moe", dict(first_k_dense_replace=1, routed_scaling_factor=2.5)),
     "pangu_ultra_moe-sandwich-shared-2": ("pangu_ultra_moe", dict(sandwich_norm=True, first_k_dense_replace=1,
@@ -411,6 +488,9 @@ CASES = {
     "step3_text-enum-renorm-groups": ("step3_text", dict(num_hidden_layers=4, moe_layers_enum="0,2",
                                                          norm_expert_weight=True, num_attention_groups=2, moe_top_k=3)),
     "step3_text-in-step3_vl": ("step3_text", dict(wrapped=True, vision=True, moe_layers_enum="1")),
+    "longcat_flash_ngram-zero-tables": ("longcat_flash_ngram", dict(zero_tables=True)),
+    "longcat_flash_ngram-zero-tables-no-model-type": ("longcat_flash_ngram", dict(
+        zero_tables=True, leave_model_type_out=True, emb_neighbor_num=4, emb_split_num=1, ngram_vocab_size_ratio=2)),
 }
 # Families with a Transformers implementation: checked as the delta-rule families are (test_parity_ssm_b2.check_delta).
 HYBRID_CASES = {
@@ -431,7 +511,8 @@ def build(path, model_type: str, config: dict):
 
 def _check(path, ref, model_type: str):
     saved = json.loads((path / "config.json").read_text())
-    assert saved.get("text_config", saved)["model_type"] == model_type
+    assert saved.get("text_config", saved).get("model_type", model_type) == model_type
+    assert "model_type" in saved or saved["architectures"] == ["LongcatFlashNgramForCausalLM"]
     model = load_model(str(path))
     assert model.spec.model_type == model_type
     ref_logits, _ = reference_logits(ref, PROMPT)
@@ -462,6 +543,71 @@ def test_hybrid_family_matches_transformers(case, tmp_path):
     n, g = ref.config.num_hidden_layers, ref.config.layer_group_size
     assert [layer.mixer for layer in model.spec.layers] == [
         "latent" if t == "full_attention" else "kda" for t in _ling3_layer_types(n, g)]
+
+
+@pytest.mark.parametrize("ngram", [NGRAM, dict(emb_neighbor_num=4, emb_split_num=3, ngram_vocab_size_ratio=0.3)])
+def test_longcat_ngram_tables_against_the_seed(ngram, tmp_path):
+    """Non-zero n-gram tables: ster's logits against Transformers' LongCat-Flash given the embedding
+    ``ngram_embeddings_reference`` computes from the seed's words, on a prompt with an end-of-sequence
+    token inside (a run restarts after it); the same through the cache in pieces and token by token (the
+    cache keeps the tokens the n-grams read), and 16 greedy tokens decoded through ster's cache against
+    the oracle's whole-sequence passes."""
+    import torch
+
+    ref = build(tmp_path, "longcat_flash_ngram", dict(ngram))
+    g = ref.ngram
+    prompt = list(PROMPT)
+    prompt[6] = 2  # eos: the tokens after it start a new run
+
+    def ref_logits(ids):
+        e = ngram_embeddings_reference(ids, g["word"], g["tables"], g["projs"], VOCAB, g["n"], g["k"], {2})
+        with torch.no_grad():
+            return ref(inputs_embeds=torch.tensor(e[None], dtype=torch.float32)).logits[0].numpy()
+
+    model = load_model(str(tmp_path))
+    assert model.spec.model_type == "longcat_flash_ngram" and model.spec.ngram.tables == g["k"] * (g["n"] - 1)
+    want = ref_logits(prompt)
+    err = rel_err(model.decoder.forward(prompt), want)
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(prompt[:5], cache), model.decoder.forward(prompt[5:8], cache)]
+                            + [model.decoder.forward([t], cache) for t in prompt[8:]])
+    assert rel_err(pieces, want) < 1e-4
+    ours, theirs, seq = [], [], list(prompt)
+    cache = model.decoder.new_cache()
+    logits = model.decoder.forward(prompt, cache)
+    for _ in range(16):
+        t = int(logits[-1].argmax())
+        ours.append(t)
+        logits = model.decoder.forward([t], cache)
+        theirs.append(int(ref_logits(seq)[-1].argmax()))
+        seq.append(theirs[-1])
+    assert ours == theirs
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+def test_longcat_ngram_rows_match_the_seed_hash():
+    """ster's table rows (decoder/ngram.py) against the seed's hash written here, for context split anywhere."""
+    from ster_py.decoder.ngram import NgramSpec, ngram_rows
+
+    rng = np.random.RandomState(2)
+    vocab, n, k = 1000, 4, 3
+    rows = _ngram_table_rows(vocab, 0.7, n, k)
+    spec = NgramSpec(neighbors=n, splits=k, rows=tuple(rows), width=1, vocab_size=vocab, eos=(2, 5))
+    ids = rng.randint(0, vocab, size=40).tolist()
+    ids[7] = ids[19] = 2
+    ids[20] = 5
+    want = np.zeros((k * (n - 1), len(ids)), np.int64)
+    for p, tok in enumerate(ids):
+        start = max([q + 1 for q in range(p) if ids[q] in (2, 5)], default=0)
+        for o in range(2, n + 1):
+            for j in range(k):
+                i = (o - 2) * k + j
+                h = tok + sum((ids[p - d] if p - d >= start else 0) * (vocab ** d % rows[i]) for d in range(1, o))
+                want[i, p] = h % rows[i]
+    for split in (0, 1, 3, 8, 20, 21, 39):
+        got = ngram_rows(spec, np.asarray(ids[:split]), np.asarray(ids[split:]))
+        np.testing.assert_array_equal(got, want[:, split:])
 
 
 def test_pangu_ultra_router_reads_the_family_defaults(tmp_path):

@@ -78,6 +78,9 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
         shapes.update(spec.delta.tensor_shapes(d))
+    g = getattr(spec, "ngram", None)
+    if g is not None:  # the n-gram projections (their tables' heights differ: decoder/ngram.py checks them)
+        shapes[("ngram_proj", "weight")] = (d, g.width)
     qb = getattr(spec, "query_bottleneck", 0)
     if qb:  # q narrows to the bottleneck, q_inter_norm norms it, q_up widens it to the heads (Step3)
         shapes.update({("q", "weight"): (qb, d), ("q", "bias"): (qb,), ("q_up", "weight"): (q, qb),
