@@ -164,6 +164,7 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote_c.CASES.values()}  # group R2
     tested |= {model_type for model_type, _ in test_parity_remote_c.HYBRID_CASES.values()}
+    tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
     assert set(FAMILIES) == foundation | tested
 
 
