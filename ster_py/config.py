@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.altup import AltUpSpec
 from .decoder.indexer import IndexerSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
@@ -73,7 +74,9 @@ class LayerSpec:
     full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
-    (Gemma 4's num_kv_shared_layers); it caches nothing itself.
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``ffn_sparsity``: above 0, the dense
+    feed-forward's gate keeps only what lies above that share of a normal fitted to it
+    (``ffn.gaussian_top``; Gemma 3n's activation_sparsity_pattern).
     """
 
     sliding_window: int | None
@@ -96,6 +99,7 @@ class LayerSpec:
     head_dim: int | None = None
     v_from_k: bool = False
     kv_source: int | None = None
+    ffn_sparsity: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,12 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``per_layer_clamp``: token ids past the per-layer table read its row 0 instead of being refused
+    (Gemma 3n's multimodal ids). ``altup``: the stream travels as AltUp's copies
+    (``decoder/altup.py``, ``AltUpSpec``; Gemma 3n): the block runs on the first predicted copy, the
+    per-layer input joins every copy but the first, and hooks see the first copy. ``laurel``: each
+    layer adds Laurel's low-rank residual of its normed input to the mixer's join, which is then
+    divided by sqrt(2) (``altup.Laurel``; Gemma 3n).
     """
 
     model_type: str
@@ -256,6 +266,9 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    per_layer_clamp: bool = False
+    altup: AltUpSpec | None = None
+    laurel: bool = False
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1065,6 +1078,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     scales = sublayer_scales(config, family, mixers, config_name)
     if scales is not None:  # MiniMax's join: residual * alpha + output * beta
         own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
+    if family.ffn_sparsity_key:  # Gemma 3n: the feed-forward gates that keep only their top
+        own = [dict(o, ffn_sparsity=p) if p else o
+               for o, p in zip(own, layer_sparsity(config, family.ffn_sparsity_key, n_layers, config_name))]
     normed = family.residual_normed
     normed = bool(config.get(normed, False)) if isinstance(normed, str) else bool(normed)
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
@@ -1122,9 +1138,50 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
+        per_layer_clamp=family.per_layer_clamp,
+        altup=altup_spec(config, config_name) if family.altup else None,
+        laurel=family.laurel,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+#: The most copies of the stream AltUp may carry (Gemma 3n has 4).
+MAX_ALTUP_INPUTS = 64
+
+
+def altup_spec(config: Mapping, config_name: str) -> AltUpSpec:
+    """AltUp's settings from ``altup_num_inputs`` (default 4) and ``altup_correct_scale`` (default true),
+    Transformers' ``Gemma3nTextConfig`` keys.
+
+    Raises:
+        SterError: altup_num_inputs not an integer in 1..64, altup_correct_scale not a boolean.
+    """
+    n = config.get("altup_num_inputs", 4)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_ALTUP_INPUTS:
+        raise SterError(f"invalid model config {config_name}: altup_num_inputs must be an integer in "
+                        f"1..{MAX_ALTUP_INPUTS}, got {brief_value(n)}")
+    scale = config.get("altup_correct_scale", True)
+    if not isinstance(scale, bool):
+        raise SterError(f"invalid model config {config_name}: altup_correct_scale must be true or false, "
+                        f"got {brief_value(scale)}")
+    return AltUpSpec(num_inputs=n, correct_scale=scale)
+
+
+def layer_sparsity(config: Mapping, key: str, n_layers: int, config_name: str) -> list[float]:
+    """Per layer, the activation sparsity ``config[key]`` lists (a number in [0, 1) each; absent: none).
+
+    Raises:
+        SterError: not a list of one such number per layer.
+    """
+    v = config.get(key)
+    if v is None:
+        return [0.0] * n_layers
+    if not isinstance(v, list) or len(v) != n_layers or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1 for p in v):
+        raise SterError(f"invalid model config {config_name}: {key} must list one number in [0, 1) per layer "
+                        f"({n_layers}), got {brief_value(v)}")
+    return [float(p) for p in v]
 
 
 def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,
