@@ -564,7 +564,9 @@ class FamilySpec:
         adapters: the adapter targets the family takes: ``"all"``, ``"ffn"`` or ``"none"``.
         reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
             ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
-            one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
+            one normed), ``"embedding_unnormed"`` (the same, the last one before the final norm:
+            Gemma 3n's, whose entries are AltUp's first copy) or ``"layers"`` (Mamba's: each layer's
+            output, then the final norm's).
         hybrid_mixer: the mixer of the layers ``layer_types`` calls ``hybrid`` (``"hybrid"``:
             attention and the scan side by side, Falcon-H1; ``"shared_hybrid"``: a shared
             transformer block then the scan, Zamba2).
@@ -2910,6 +2912,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    final_softcap_key="final_logit_softcapping", value_norm=True, kv_shared_key="num_kv_shared_layers",
                    adapters="ffn", altup=True, laurel=True, ffn_sparsity_key="activation_sparsity_pattern",
                    per_layer_clamp=True, normalize=_gemma3n_config, refusals=_GEMMA3N_REFUSALS,
+                   reference_hidden="embedding_unnormed",
                    keys={"per_layer_input": ("hidden_size_per_layer_input",),
                          "per_layer_vocab": ("vocab_size_per_layer_input",)},
                    config_defaults={"sliding_window": 512, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,

@@ -1,0 +1,255 @@
+"""Gemma 3n's text decoder (gemma3n_text; issue 16, group g3n) against transformers 5.24.
+
+Two tiny checkpoints made here with transformers (hidden 64, 5 layers, every weight redrawn):
+- ``E``: three AltUp copies, Laurel, activation sparsity on the first two layers (0.9, 0.6), the last
+  two layers reusing earlier layers' keys and values, a per-layer table smaller than the vocabulary
+  (ids past it read row 0, as Transformers does), sliding and full layers at their own bases, a
+  final soft-cap;
+- ``HUB``: two copies without correct_output_scale, no sharing, no sparsity, and config.json rewritten
+  in the hub's spelling (rope_theta / rope_local_base_freq, no layer_types: every fifth layer full).
+Each: logits within 1e-4 of transformers (f32) on a 16-token prompt, the prompt in two pieces through
+the cache equal to the whole pass and to transformers' own split, 16 equal greedy tokens, no stored
+tensor left unread. Then: each feature switched off in ster moves the logits away from transformers'
+(the oracle sees every one of them); the hidden states ster captures are AltUp's first copy
+(transformers' output_hidden_states, and ``ster parity`` layer by layer); the activation sparsity
+against Transformers' own ``Gemma3nTextMLP._gaussian_topk``; the decoder inside its ``gemma3n``
+wrapper; the configurations refused before any weight is read.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ster_py.config import spec_from_config
+from ster_py.errors import SterError
+from ster_py.families import FAMILIES, gate
+from ster_py.generate import Sampling, generate
+from ster_py.load import load_model
+from tiny import build_checkpoint, reference_greedy, reference_logits, reference_split_logits, rel_err
+from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
+
+VOCAB = 128
+PROMPT = np.random.RandomState(4).randint(3, VOCAB, size=16).tolist()
+SPLIT = 9
+S, F = "sliding_attention", "full_attention"
+PER_LAYER_VOCAB = 100  # below VOCAB: the prompt's ids past it read the table's row 0
+
+_BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=5,
+             hidden_size_per_layer_input=8, laurel_rank=6, final_logit_softcapping=3.0)
+E = dict(_BASE, layer_types=[S, F, S, S, F], num_kv_shared_layers=2, vocab_size_per_layer_input=PER_LAYER_VOCAB,
+         altup_num_inputs=3, activation_sparsity_pattern=[0.9, 0.6, 0.0, 0.0, 0.0],
+         rope_parameters={S: {"rope_type": "default", "rope_theta": 100.0},
+                          F: {"rope_type": "default", "rope_theta": 10000.0}})
+HUB = dict(_BASE, num_kv_shared_layers=0, vocab_size_per_layer_input=VOCAB, altup_num_inputs=2,
+           altup_correct_scale=False, activation_sparsity_pattern=[0.0] * 5,
+           rope_parameters={S: {"rope_type": "default", "rope_theta": 50.0},
+                            F: {"rope_type": "default", "rope_theta": 5000.0}})
+
+
+def _hub_spelling(path) -> None:
+    """config.json as the hub's releases spell it: one base per layer kind, no layer_types."""
+    c = json.loads((path / "config.json").read_text())
+    assert c["layer_types"] == [S, S, S, S, F]  # Transformers' default, which ster must rebuild
+    rp = c.pop("rope_parameters")
+    c.update(rope_theta=rp[F]["rope_theta"], rope_local_base_freq=rp[S]["rope_theta"], rope_scaling=None)
+    del c["layer_types"]
+    (path / "config.json").write_text(json.dumps(c, indent=1))
+
+
+@pytest.fixture(scope="module")
+def e_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma3n_e")
+    return path, build_checkpoint(path, "gemma3n_text", E)
+
+
+@pytest.fixture(scope="module")
+def hub_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma3n_hub")
+    ref = build_checkpoint(path, "gemma3n_text", HUB)
+    _hub_spelling(path)
+    return path, ref
+
+
+def _check(path, ref_model, greedy=True):
+    """ster's logits, split pass and greedy tokens against ``ref_model`` (transformers, f32)."""
+    model = load_model(str(path))
+    dec = model.decoder
+    ref, _ = reference_logits(ref_model, PROMPT)
+    whole = dec.forward(PROMPT)
+    assert rel_err(whole, ref) < 1e-4
+    cache = dec.new_cache()
+    split = np.concatenate([dec.forward(PROMPT[:SPLIT], cache), dec.forward(PROMPT[SPLIT:], cache)])
+    assert rel_err(split, whole) < 1e-5
+    assert rel_err(split, reference_split_logits(ref_model, PROMPT, SPLIT)) < 1e-4
+    if greedy:
+        ours = generate(dec, PROMPT, Sampling(max_new_tokens=16)).ids
+        assert ours == reference_greedy(ref_model, PROMPT, 16)
+    assert dec._weights.unused_tensors(model.spec) == []
+    return model
+
+
+def test_e_model_matches_transformers(e_model):
+    path, ref = e_model
+    assert max(PROMPT) >= PER_LAYER_VOCAB  # the clamp to row 0 is on the path
+    spec = _check(path, ref).spec
+    assert spec.altup.num_inputs == 3 and spec.altup.correct_scale and spec.laurel and spec.per_layer_clamp
+    assert [layer.ffn_sparsity for layer in spec.layers] == [0.9, 0.6, 0.0, 0.0, 0.0]
+    assert [layer.kv_source for layer in spec.layers] == [None, None, None, 2, 1]
+    assert [layer.sliding_window for layer in spec.layers] == [5, None, 5, 5, None]
+    assert spec.attn_scale == 1.0 and spec.value_norm and spec.per_layer_input == 8 and spec.adapters == "ffn"
+
+
+def test_hub_spelling_matches_transformers(hub_model):
+    path, ref = hub_model
+    spec = _check(path, ref).spec
+    assert spec.altup.num_inputs == 2 and not spec.altup.correct_scale
+    assert [layer.sliding_window is None for layer in spec.layers] == [False, False, False, False, True]
+    assert [layer.kv_source for layer in spec.layers] == [None] * 5
+    assert spec.intermediate_size == 96  # Transformers saves it once per layer
+
+
+def _switch_off(dec, feature: str) -> None:
+    for layer in dec.layers:
+        if feature == "sparsity":
+            layer.ffn.sparsity = 0.0
+        elif feature == "laurel":
+            layer.laurel = None
+        elif feature == "altup_prediction":
+            layer.altup.prediction = np.zeros_like(layer.altup.prediction)
+        elif feature == "altup_correction":
+            layer.altup.correction = np.zeros_like(layer.altup.correction)
+        elif feature == "correct_output_scale":
+            layer.altup.output_scale = np.ones_like(layer.altup.output_scale)
+        elif feature == "per_layer_input":
+            layer.per_layer = None
+    if feature == "altup_unembed":  # copies brought back without their projections
+        dec.altup = (dec.altup[0], [lambda x: x] * len(dec.altup[1]))
+
+
+@pytest.mark.parametrize("feature", ["sparsity", "laurel", "altup_prediction", "altup_correction",
+                                     "correct_output_scale", "per_layer_input", "altup_unembed"])
+def test_each_feature_is_seen_by_the_oracle(e_model, feature):
+    """Switched off in ster, each feature moves the logits well away from transformers' (so the
+    1e-4 agreement above checks it)."""
+    path, ref_model = e_model
+    dec = load_model(str(path)).decoder
+    ref, _ = reference_logits(ref_model, PROMPT)
+    assert rel_err(dec.forward(PROMPT), ref) < 1e-4
+    _switch_off(dec, feature)
+    assert rel_err(dec.forward(PROMPT), ref) > 1e-3
+
+
+def test_captured_hidden_states_are_the_first_copy(e_model):
+    """Capture and steering see AltUp's first copy: transformers' output_hidden_states (the embedding,
+    then each layer's first copy, the last one before the final norm), and ``ster parity`` layer by layer."""
+    from ster_py.parity import compare
+
+    path, ref_model = e_model
+    loaded = load_model(str(path))
+    ref_logits, ref_hidden = reference_logits(ref_model, PROMPT)
+    hidden: list = []
+    loaded.decoder.forward(PROMPT, hidden_states=hidden)
+    assert len(hidden) == len(ref_hidden) == 6
+    for ours, theirs in zip(hidden, ref_hidden):
+        assert ours.shape == (16, 64) and rel_err(ours, theirs) < 1e-4
+    result = compare(loaded, "tiny", PROMPT, lambda ids: reference_logits(ref_model, ids), 1e-4)
+    assert result.passed and len(result.layers) == 5 and result.first_divergent_layer is None
+
+
+@pytest.mark.parametrize("sparsity", [0.95, 0.6, 0.3])
+def test_gaussian_top_matches_transformers(sparsity):
+    import torch
+    from transformers import Gemma3nTextConfig
+    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nTextMLP
+
+    from ster_py.decoder.ffn import gaussian_top
+
+    cfg = Gemma3nTextConfig(hidden_size=8, intermediate_size=40, num_hidden_layers=1, num_attention_heads=1,
+                            num_key_value_heads=1, head_dim=8, activation_sparsity_pattern=[sparsity],
+                            num_kv_shared_layers=0, layer_types=[F])
+    x = np.random.RandomState(1).randn(6, 40).astype(np.float32) * 3
+    ref = Gemma3nTextMLP(cfg, 0)._gaussian_topk(torch.from_numpy(x)).numpy()
+    ours = gaussian_top(x, sparsity)
+    assert np.abs(ours - ref).max() < 1e-5
+    assert 0 < np.count_nonzero(ours) < ours.size
+
+
+# ----------------------------------------------------------------------------- wrapper
+
+def test_wrapper_runs_its_text_decoder(e_model, tmp_path):
+    """The decoder stored as a gemma3n checkpoint stores it: the text config as text_config, its tensors
+    below model.language_model, the head tied, towers beside it (never read). Transformers' wrapper
+    needs timm for its vision tower (not installed here), so the checkpoint is the text model's own
+    weights renamed as Gemma3nForConditionalGeneration names them, and the oracle is the text model."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path, ref_model = e_model
+    text = json.loads((path / "config.json").read_text())
+    text.pop("architectures", None)
+    config = {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
+              "text_config": text, "vision_config": {"model_type": "gemma3n_vision"},
+              "audio_config": {"model_type": "gemma3n_audio"}, "eos_token_id": 2}
+    state = {("model.language_model." + n.removeprefix("model.")) if n.startswith("model.") else n: t
+             for n, t in load_file(str(path / "model.safetensors")).items()}
+    state.pop("lm_head.weight", None)
+    state["model.embed_vision.embedding.weight"] = torch.zeros(4, 64)
+    state["model.audio_tower.subsample_conv_projection.input_proj_linear.weight"] = torch.zeros(8, 8)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for f in path.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, tmp_path / f.name)
+    model = _check(tmp_path, ref_model, greedy=False)
+    assert model.spec.model_type == "gemma3n_text"
+    assert model.spec.names["altup_in"].startswith("model.language_model.altup_projections")
+
+
+# ----------------------------------------------------------------------------- refusals
+
+def _config(**changes) -> dict:
+    c = {"model_type": "gemma3n_text", **E}
+    c.update(changes)
+    return {k: v for k, v in c.items() if v is not None}
+
+
+REFUSED = {
+    "active-idx": (dict(altup_active_idx=1), "altup_active_idx"),
+    "widths-per-layer": (dict(intermediate_size=[96, 96, 128, 96, 96]), "intermediate_size list"),
+    "scaled-sliding": (dict(rope_parameters={S: {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+                                             F: {"rope_type": "default", "rope_theta": 1e6}}), "scaled"),
+    "no-per-layer-inputs": (dict(hidden_size_per_layer_input=0), "hidden_size_per_layer_input"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_before_any_weight(case, tmp_path):
+    changes, words = REFUSED[case]
+    with pytest.raises(SterError, match=words):
+        gate(_config(**changes), tmp_path / "config.json")
+
+
+INVALID = {
+    "altup-inputs": (dict(altup_num_inputs=0), "altup_num_inputs"),
+    "altup-scale": (dict(altup_correct_scale="yes"), "altup_correct_scale"),
+    "sparsity-length": (dict(activation_sparsity_pattern=[0.9, 0.0]), "activation_sparsity_pattern"),
+    "sparsity-one": (dict(activation_sparsity_pattern=[1.0, 0, 0, 0, 0]), "activation_sparsity_pattern"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_config_named(case):
+    changes, words = INVALID[case]
+    config = _config(**changes)
+    family = gate(config, "config.json")
+    with pytest.raises(SterError, match=words):
+        spec_from_config(config, family, "config.json")
+
+
+def test_uniform_widths_per_layer_read_as_one():
+    spec = spec_from_config(_config(intermediate_size=[96] * 5), FAMILIES["gemma3n_text"], "config.json")
+    assert spec.intermediate_size == 96
