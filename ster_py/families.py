@@ -1996,6 +1996,14 @@ GEMMA3N_NAMES = _with(GEMMA4_NAMES, layer_scalar=None,
                       laurel_left=_L + "laurel.linear_left", laurel_right=_L + "laurel.linear_right",
                       laurel_norm=_L + "laurel.post_laurel_norm",
                       altup_in="model.altup_projections.{k}", altup_out="model.altup_unembed_projections.{k}")
+# llama.cpp's names (src/models/gemma3n.cpp, gguf-py): each AltUp projection set stacked in one
+# [n - 1, hidden, hidden] tensor, the per-layer tensors as Gemma 4's.
+GGUF_GEMMA3N_NAMES = _with(GGUF_GEMMA4_NAMES, layer_scalar=None,
+                           altup_router="blk.{i}.altup_router", altup_router_norm="blk.{i}.altup_router_norm",
+                           altup_predict="blk.{i}.altup_predict_coef", altup_correct="blk.{i}.altup_correct_coef",
+                           altup_output_scale="blk.{i}.altup_correct_scale.weight",
+                           laurel_left="blk.{i}.laurel_l", laurel_right="blk.{i}.laurel_r",
+                           laurel_norm="blk.{i}.laurel_post_norm", altup_in="altup_proj", altup_out="altup_unembd_proj")
 _S3N, _F3N = "sliding_attention", "full_attention"
 
 
@@ -2907,7 +2915,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
         # ---- g3n: Gemma 3n (issue 16)
-        FamilySpec("gemma3n_text", norms=_SANDWICH, names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True,
+        FamilySpec("gemma3n_text", gguf_arch="gemma3n", gguf_names=GGUF_GEMMA3N_NAMES, norms=_SANDWICH, names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True,
                    default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
                    final_softcap_key="final_logit_softcapping", value_norm=True, kv_shared_key="num_kv_shared_layers",
                    adapters="ffn", altup=True, laurel=True, ffn_sparsity_key="activation_sparsity_pattern",

@@ -319,6 +319,21 @@ class PerLayerInputs:
         return (self.norm(np.ascontiguousarray(ctx)) + tok) * np.float32(2.0 ** -0.5)
 
 
+def _altup_projections(layout: Layout, role: str, n: int) -> list:
+    """AltUp's n projections of ``role`` (each [hidden, hidden]): one tensor each (``{k}`` in the
+    name, Transformers' altup_projections.k) or one stack [n, hidden, hidden] (llama.cpp's altup_proj).
+
+    Raises:
+        SterError: a projection missing, or a stack that does not hold n of them."""
+    stacked = layout.get(role, None, "weight") if "{k}" not in layout.spec.names[role] else None
+    if stacked is None:
+        return [make_linear(layout.get(role, None, "weight", True, slot=k)) for k in range(n)]
+    if len(stacked.shape) != 3 or stacked.shape[0] != n:
+        raise SterError(f"the checkpoint's {layout.spec.names[role]!r} has shape {list(stacked.shape)}, but the "
+                        f"configuration implies {n} stacked [hidden, hidden] projections")
+    return [make_linear(stacked[k]) for k in range(n)]
+
+
 class Decoder:
     """A decoder-only transformer built from a ``ModelSpec`` and its weights.
 
@@ -355,8 +370,8 @@ class Decoder:
                           if spec.per_layer_input else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
         # AltUp: the projections that make the extra copies of the stream and bring them back
-        self.altup = (tuple([make_linear(layout.get(role, None, "weight", True, slot=k))
-                             for k in range(spec.altup.num_inputs - 1)] for role in ("altup_in", "altup_out"))
+        self.altup = (tuple(_altup_projections(layout, role, spec.altup.num_inputs - 1)
+                            for role in ("altup_in", "altup_out"))
                       if spec.altup is not None else None)
         self.final_norm = norm("final_norm")
         head = None if spec.tie_word_embeddings else top("head")
