@@ -1125,7 +1125,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
-        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
+        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread
+        + reused_kv_unread(family.tensor_names(), layers),
         residual_skips=residual_skips(config, n_layers, config_name),
         latent=latent,
         ssm=(ssm_spec(r, family, hidden, config_name)
@@ -1144,6 +1145,13 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+def reused_kv_unread(names: Mapping[str, Any], layers) -> tuple[str, ...]:
+    """The key and value tensors (and key norm) a layer that reuses another's cache may still store
+    and never reads (``LayerSpec.kv_source``; Gemma 3n's hub checkpoints keep them), as name prefixes."""
+    return tuple(names[role].format(i=i) for i, layer in enumerate(layers) if layer.kv_source is not None
+                 for role in ("k", "v", "k_norm") if isinstance(names.get(role), str))
 
 
 #: The most copies of the stream AltUp may carry (Gemma 3n has 4).

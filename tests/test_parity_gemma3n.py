@@ -253,3 +253,131 @@ def test_invalid_config_named(case):
 def test_uniform_widths_per_layer_read_as_one():
     spec = spec_from_config(_config(intermediate_size=[96] * 5), FAMILIES["gemma3n_text"], "config.json")
     assert spec.intermediate_size == 96
+
+
+# ----------------------------------------------------------------------------- GGUF (llama.cpp's gemma3n)
+# Two checkpoints stored as the hub stores them (_build_hub_layout), converted by llama.cpp 0.3.36's own
+# converter at F32 (it takes only 4 AltUp copies):
+# - "e": E's shape with 4 copies: sparsity 0.9 / 0.6 on two layers, the last two layers reusing keys and
+#   values (of 1, sliding, and 2, full), a per-layer width of 8; against transformers;
+# - "llama": the shape llama.cpp's gemma3n fixes in code whatever the file says (src/models/gemma3n.cpp,
+#   llama-hparams.h: per-layer inputs 256 wide, Laurel rank 64, the first 10 layers sparse at 0.95, layers
+#   from 20 on reusing keys and values, a final soft-cap of 30), so that llama.cpp is an oracle too.
+GGUF_CASES = {
+    "e": ("gemma3n_text", dict(E, altup_num_inputs=4, layer_types=[S, S, F, S, F], vocab_size_per_layer_input=VOCAB),
+          {}),
+    "llama": ("gemma3n_text", dict(_BASE, hidden_size_per_layer_input=256, laurel_rank=64, altup_num_inputs=4,
+                                   layer_types=[S, S, F, S, F], num_kv_shared_layers=0,
+                                   vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0,
+                                   activation_sparsity_pattern=[0.95] * 5,
+                                   rope_parameters=E["rope_parameters"]), {}),
+}
+LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
+
+
+def _build_hub_layout(path, model_type, config):
+    """The checkpoint as the hub's releases store it: the layers that reuse another's keys and values
+    keep k_proj, v_proj and k_norm, which Transformers ignores (llama.cpp requires them)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = build_checkpoint(path, model_type, config)
+    state = load_file(str(path / "model.safetensors"))
+    g = torch.Generator().manual_seed(11)
+    kv, d, hidden = config["num_key_value_heads"], config["head_dim"], config["hidden_size"]
+    n = config["num_hidden_layers"]
+    for i in range(n - config["num_kv_shared_layers"] if config["num_kv_shared_layers"] else n, n):
+        stem = f"model.layers.{i}.self_attn."
+        for proj in ("k_proj", "v_proj"):
+            state[stem + proj + ".weight"] = torch.randn(kv * d, hidden, generator=g) * 0.15
+        state[stem + "k_norm.weight"] = 1 + torch.randn(d, generator=g) * 0.3
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return model
+
+
+@pytest.fixture(scope="module")
+def gemma3n_gguf(tmp_path_factory):
+    """name -> (converted F32 .gguf, transformers model) for every case of GGUF_CASES."""
+    from llamacpp_convert import convert_cases
+
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_gemma3n"), GGUF_CASES, _build_hub_layout)
+
+
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_gguf_matches_transformers(name, gemma3n_gguf):
+    path, ref_model = gemma3n_gguf[name]
+    model, hf_model = load_model(str(path)), load_model(str(path.parent / "hf" / name))
+    spec, hf = model.spec, hf_model.spec
+    # the hub's layout: the reusing layers' own keys and values are stored, never read
+    assert rel_err(hf_model.decoder.forward(PROMPT), reference_logits(ref_model, PROMPT)[0]) < 1e-4
+    assert hf_model.decoder._weights.unused_tensors(hf) == []
+    assert [(layer.sliding_window, layer.kv_source, round(layer.ffn_sparsity, 6)) for layer in spec.layers] == \
+        [(layer.sliding_window, layer.kv_source, layer.ffn_sparsity) for layer in hf.layers]
+    assert (spec.altup, spec.laurel, spec.per_layer_input, spec.per_layer_vocab, spec.final_softcap) == \
+        (hf.altup, hf.laurel, hf.per_layer_input, hf.per_layer_vocab, hf.final_softcap)
+    dec = model.decoder
+    ours = dec.forward(PROMPT)
+    assert rel_err(ours, reference_logits(ref_model, PROMPT)[0]) < 1e-4
+    cache = dec.new_cache()
+    pieces = np.concatenate([dec.forward(PROMPT[:SPLIT], cache), dec.forward(PROMPT[SPLIT:], cache)])
+    assert rel_err(pieces, ours) < 1e-5
+    assert rel_err(pieces, reference_split_logits(ref_model, PROMPT, SPLIT)) < 1e-4
+    assert dec._weights.unused_tensors(spec) == []
+
+
+def test_gguf_e_file_layers(gemma3n_gguf):
+    spec = load_model(str(gemma3n_gguf["e"][0])).spec
+    assert [layer.kv_source for layer in spec.layers] == [None, None, None, 1, 2]
+    assert [round(layer.ffn_sparsity, 6) for layer in spec.layers] == [0.9, 0.6, 0.0, 0.0, 0.0]
+    assert spec.altup.num_inputs == 4 and spec.per_layer_input == 8
+
+
+def test_gguf_against_llamacpp(gemma3n_gguf, monkeypatch):
+    """llama.cpp on the same file: the same top-1 token at every position of a 32-token prompt, logits
+    within 10 %; the whole difference is one disagreement, recorded here (fails when llama.cpp changes):
+    llama.cpp's gaussian_topk divides by n - 1 (the sample std) where Transformers' takes the population
+    std. With ster's cut-off computed llama.cpp's way, the two agree within 5e-3."""
+    from statistics import NormalDist
+
+    from ster_py import llamacpp
+    from ster_py.decoder import ffn
+
+    path = gemma3n_gguf["llama"][0]
+    (theirs,) = llamacpp.logits(path, [LONG_PROMPT])
+    theirs = theirs[:, :VOCAB]
+    ours = load_model(str(path)).decoder.forward(LONG_PROMPT)
+    assert (ours.argmax(1) == theirs.argmax(1)).all()
+    assert 1e-2 < rel_err(ours, theirs) < 0.1
+
+    def sample_std_cutoff(x, sparsity):
+        z = np.float32(NormalDist().inv_cdf(sparsity))
+        return np.maximum(x - (x.mean(-1, keepdims=True) + x.std(-1, ddof=1, keepdims=True) * z), np.float32(0))
+
+    monkeypatch.setattr(ffn, "gaussian_top", sample_std_cutoff)
+    assert rel_err(load_model(str(path)).decoder.forward(LONG_PROMPT), theirs) < 5e-3
+
+
+def _gguf_spec(path, **meta_changes):
+    from ster_py.gguf.config import spec_from_gguf
+    from ster_py.gguf.reader import GGUFFile
+
+    g = GGUFFile(path)
+    meta = {**g.metadata, **meta_changes}
+    return spec_from_gguf(meta, str(path), vocab_size=VOCAB, has_output="output.weight" in g.tensors,
+                          tensors={n: t.shape for n, t in g.tensors.items()})
+
+
+GGUF_REFUSED = {
+    "active-idx": ({"gemma3n.altup.active_idx": 1}, "active_idx"),
+    "altup-inputs": ({"gemma3n.altup.num_inputs": 0}, "altup.num_inputs"),
+    "sparsity-length": ({"gemma3n.activation_sparsity_scale": [1.0, 2.0]}, "activation_sparsity_scale"),
+    "widths": ({"gemma3n.feed_forward_length": [96] * 4 + [128]}, "different widths"),
+}
+
+
+@pytest.mark.parametrize("case", list(GGUF_REFUSED))
+def test_gguf_refused_by_name(case, gemma3n_gguf):
+    changes, words = GGUF_REFUSED[case]
+    with pytest.raises(SterError, match=words):
+        _gguf_spec(gemma3n_gguf["e"][0], **changes)
+    _gguf_spec(gemma3n_gguf["e"][0])  # the file itself reads

@@ -14,8 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
-                      yarn_mscale)
+from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, reused_kv_unread,
+                      sliding_layers, yarn_mscale)
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
@@ -865,7 +865,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
-        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)),  # multi-token-prediction layers
+        # multi-token-prediction layers; keys and values of the layers that reuse another's
+        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)) + reused_kv_unread(family.gguf_names, layers),
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         query_temperature=temperature,
         moe=moe,
