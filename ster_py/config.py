@@ -196,7 +196,8 @@ class ModelSpec:
     (``decoder/altup.py``, ``AltUpSpec``; Gemma 3n): the block runs on the first predicted copy, the
     per-layer input joins every copy but the first, and hooks see the first copy. ``laurel``: each
     layer adds Laurel's low-rank residual of its normed input to the mixer's join, which is then
-    divided by sqrt(2) (``altup.Laurel``; Gemma 3n).
+    divided by sqrt(2) (``altup.Laurel``; Gemma 3n). ``sparsity_ddof``: the activation sparsity's std
+    divides by n - ddof (0: Transformers'; 1: llama.cpp's gemma3n, set for GGUF files).
     """
 
     model_type: str
@@ -269,6 +270,7 @@ class ModelSpec:
     per_layer_clamp: bool = False
     altup: AltUpSpec | None = None
     laurel: bool = False
+    sparsity_ddof: int = 0
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""

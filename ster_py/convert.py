@@ -231,6 +231,9 @@ UNWRITTEN_ARCHS = {
        for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
     "gemma4": "per-layer head widths and rotations, shared key/value layers and per-layer inputs as llama.cpp's "
               "converter writes them",
+    # group g3n: Gemma 3n (its GGUF is read, tests/test_parity_gemma3n.py)
+    "gemma3n": "AltUp's stacked projections, Laurel, activation sparsity and per-layer inputs as llama.cpp's "
+               "converter writes them",
 }
 
 

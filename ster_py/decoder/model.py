@@ -89,7 +89,7 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
                         gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0,
-                        sparsity=spec.layers[i].ffn_sparsity)
+                        sparsity=spec.layers[i].ffn_sparsity, sparsity_ddof=spec.sparsity_ddof)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
@@ -497,7 +497,8 @@ class Decoder:
             cache: the KV cache (None: a fresh one, discarded after the call).
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
-                (Transformers' ``output_hidden_states`` order, without the final norm).
+                (Transformers' ``output_hidden_states`` order, without the final norm; under
+                AltUp, the stream's first copy).
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
                 it returns is taken as float32 [T, hidden_size].
             last_only: compute logits for the last position only.

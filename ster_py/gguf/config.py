@@ -919,7 +919,8 @@ def _gguf_altup(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, pat
 
     AltUp's copies are ``altup.num_inputs``; the correction scale always applies (gemma3n.cpp, and
     the converter writes no flag). ``activation_sparsity_scale`` holds each layer's normal quantile
-    (the converter's ``icdf`` of activation_sparsity_pattern; -inf: dense), read back as the share.
+    (the converter's ``icdf`` of activation_sparsity_pattern; -inf: dense), read back as the share; its
+    cut-off takes the sample std, as gemma3n.cpp does (``ModelSpec.sparsity_ddof``).
 
     Raises:
         SterError: altup.active_idx other than 0, altup.num_inputs not a whole number in 1..64, or a
@@ -951,8 +952,9 @@ def _gguf_altup(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, pat
             raise SterError(f"{path}: GGUF metadata {arch}.activation_sparsity_scale must hold one number (or -inf) "
                             f"per layer ({n_layers}), got {brief_value(scales)}")
         sparsity = [0.0 if v == -math.inf else NormalDist().cdf(float(v)) for v in values]
+    # gemma3n.cpp's gaussian_topk divides the squared deviations by n - 1 (Transformers: by n)
     return ({"altup": AltUpSpec(num_inputs=int(n), correct_scale=True), "laurel": family.laurel,
-             "per_layer_clamp": family.per_layer_clamp}, sparsity)
+             "per_layer_clamp": family.per_layer_clamp, "sparsity_ddof": 1}, sparsity)
 
 
 def _per_layer_input(meta: Mapping, arch: str, tensors: Mapping | None, path: str) -> dict:
