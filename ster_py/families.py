@@ -13,6 +13,7 @@ weight is mapped.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -2047,6 +2048,40 @@ _GEMMA3N_REFUSALS = (
     Refusal(lambda c: not c.get("hidden_size_per_layer_input", 256),
             "a Gemma 3n config without per-layer inputs (hidden_size_per_layer_input 0) is not supported"),
 )
+# ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (model_type chatglm), below transformer.
+_CG = "transformer.encoder.layers.{i}."
+CHATGLM_NAMES: Mapping[str, str] = {
+    "embed": "transformer.embedding.word_embeddings", "final_norm": "transformer.encoder.final_layernorm",
+    "head": "transformer.output_layer", "attn_norm": _CG + "input_layernorm",
+    "ffn_norm": _CG + "post_attention_layernorm", "qkv": _CG + "self_attention.query_key_value",
+    "o": _CG + "self_attention.dense", "gate_up": _CG + "mlp.dense_h_to_4h", "down": _CG + "mlp.dense_4h_to_h",
+}
+# ChatGLMConfig's defaults for the switches and sizes a config.json may leave out (its remote code).
+CHATGLM_DEFAULTS: Mapping[str, Any] = {
+    "kv_channels": 128, "layernorm_epsilon": 1e-5, "rmsnorm": True, "apply_residual_connection_post_layernorm": False,
+    "post_layer_norm": True, "add_bias_linear": False, "add_qkv_bias": False, "multi_query_attention": False,
+    "multi_query_group_num": 1, "rope_ratio": 1, "original_rope": True, "seq_length": 2048,
+}
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _chatglm_config(config: Mapping) -> Mapping:
+    """ChatGLM's spellings as the keys config.py reads (seed 002): key/value heads are
+    multi_query_group_num under multi_query_attention and one per head otherwise; the first half of
+    each kv_channels-wide head rotates at base 10000 * rope_ratio (the remote code's fixed base;
+    a stated rope_theta or rope_scaling is not read by it, so not here either)."""
+    c = dict(config)
+    heads = c.get("num_attention_heads")
+    c["num_key_value_heads"] = c.get("multi_query_group_num") if c.get("multi_query_attention") else heads
+    ratio = c.get("rope_ratio", 1)
+    c.pop("rope_scaling", None)
+    c["rope_parameters"] = {"rope_type": "default",
+                            "rope_theta": 10000.0 * float(ratio) if _positive_number(ratio) else 10000.0}
+    c["partial_rotary_factor"] = 0.5
+    return c
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -2915,8 +2950,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
         # ---- g3n: Gemma 3n (issue 16)
-        FamilySpec("gemma3n_text", gguf_arch="gemma3n", gguf_names=GGUF_GEMMA3N_NAMES, norms=_SANDWICH, names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True,
-                   default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
+        FamilySpec("gemma3n_text", gguf_arch="gemma3n", gguf_names=GGUF_GEMMA3N_NAMES, norms=_SANDWICH,
+                   names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True, default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
                    final_softcap_key="final_logit_softcapping", value_norm=True, kv_shared_key="num_kv_shared_layers",
                    adapters="ffn", altup=True, laurel=True, ffn_sparsity_key="activation_sparsity_pattern",
                    per_layer_clamp=True, normalize=_gemma3n_config, refusals=_GEMMA3N_REFUSALS,
@@ -2926,6 +2961,38 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"sliding_window": 512, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
                                     "num_kv_shared_layers": 15, "hidden_size_per_layer_input": 256,
                                     "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0}),
+        # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (tests/test_chatglm.py). GLM's block
+        # (fused gate/up with gate rows first, the first half of each head rotated by adjacent pairs) below
+        # transformer.; query, key and value in one query_key_value, all queries then the groups' keys and
+        # values under multi_query_attention, each head's query, key and value in turn otherwise (its
+        # remote code views the rows as [heads, 3 * kv_channels]). Biases are read as stored (add_qkv_bias,
+        # add_bias_linear).
+        FamilySpec("chatglm", names=CHATGLM_NAMES, fused_qkv="concat", rope_interleaved=True, unconfirmed=True,
+                   normalize=_chatglm_config, config_defaults=CHATGLM_DEFAULTS,
+                   keys={"vocab_size": ("padded_vocab_size", "vocab_size"), "intermediate_size": ("ffn_hidden_size",),
+                         "num_hidden_layers": ("num_layers",), "head_dim": ("kv_channels",),
+                         "norm_eps": ("layernorm_epsilon",), "max_position_embeddings": ("seq_length",),
+                         "act": ()},
+                   variants=(Variant(unset("rmsnorm"), {"norm": "layer"}),
+                             Variant(unset("original_rope"), {"rope_interleaved": False}),
+                             Variant(unset("multi_query_attention", False), {"fused_qkv": "grouped"})),
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "a residual taken after the norm (apply_residual_connection_post_layernorm) "
+                                     "is not supported"),
+                             Refusal(unset("post_layer_norm"),
+                                     "a model without its final norm (post_layer_norm: false) is not supported"),
+                             Refusal(lambda c: c.get("position_encoding_2d") is not None
+                                     or c.get("inner_hidden_size") is not None,
+                                     "the first ChatGLM-6B's block (2D positions, position_encoding_2d / "
+                                     "inner_hidden_size) is not supported; ster runs ChatGLM2, ChatGLM3 and GLM-4"),
+                             Refusal(lambda c: not _positive_number(c.get("rope_ratio", 1)),
+                                     "a rope_ratio that is not a positive number is not supported"),
+                             Refusal(lambda c: bool(c.get("multi_query_attention")) and (
+                                 isinstance(c.get("multi_query_group_num"), bool)
+                                 or not isinstance(c.get("multi_query_group_num"), int)
+                                 or c.get("multi_query_group_num") <= 0),
+                                     "multi_query_attention without a positive integer multi_query_group_num "
+                                     "is not supported"))),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

@@ -178,7 +178,9 @@ def test_families_json_lists_every_model_type():
         # Gemma 3n's text decoder of issue 16 (tests/test_parity_gemma3n.py)
         "gemma3n_text",
         # families without a Transformers implementation, issue 16 (tests/test_parity_remote.py)
-        "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar"}
+        "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar",
+        # group GLM of issue 16: ChatGLM2/3 and GLM-4-9B (tests/test_chatglm.py)
+        "chatglm"}
 
 
 @pytest.mark.real
