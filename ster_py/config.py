@@ -73,7 +73,8 @@ class LayerSpec:
     full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
-    (Gemma 4's num_kv_shared_layers); it caches nothing itself.
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``intermediate_size``: this layer's
+    dense feed-forward width when it is not the model's (DeciLM's block_configs).
     """
 
     sliding_window: int | None
@@ -96,6 +97,7 @@ class LayerSpec:
     head_dim: int | None = None
     v_from_k: bool = False
     kv_source: int | None = None
+    intermediate_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,15 @@ INTERNLM2_NAMES: Mapping[str, str] = {
 # openPangu-Embedded under sandwich_norm: the norm after attention keeps Llama's post_attention_layernorm name.
 PANGU_SANDWICH_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
                              ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+# TeleChat2 / TeleChat2.5: Llama's block below transformer.; keys and values in one key_value matrix
+# whose rows hold, per key/value head, its key and then its value (layout's fused "kv").
+_T = "transformer.h.{i}."
+TELECHAT_NAMES: Mapping[str, str] = {
+    "embed": "transformer.word_embeddings", "final_norm": "transformer.ln_f", "head": "lm_head",
+    "attn_norm": _T + "input_layernorm", "ffn_norm": _T + "post_attention_layernorm",
+    "q": _T + "self_attention.query", "kv": _T + "self_attention.key_value", "o": _T + "self_attention.dense",
+    "gate": _T + "mlp.gate_proj", "up": _T + "mlp.up_proj", "down": _T + "mlp.down_proj",
+}
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -2838,6 +2847,19 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group R1 (issue 16, families without a Transformers implementation, second part)
+        # TeleChat2 / TeleChat2.5: Llama's block under TeleChat's names and spellings (biases on
+        # self_attention.dense and mlp.down_proj, read as stored).
+        FamilySpec("telechat", names=TELECHAT_NAMES, unconfirmed=True,
+                   keys={"num_attention_heads": ("n_head", "num_attention_heads"),
+                         "num_hidden_layers": ("n_layer", "num_hidden_layers"),
+                         "intermediate_size": ("ffn_hidden_size", "intermediate_size"),
+                         "max_position_embeddings": ("seq_length", "max_position_embeddings")},
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "adding the residual after the norm (apply_residual_connection_post_layernorm) "
+                                     "is not supported"),
+                             Refusal(flag("embed_layernorm"),
+                                     "a norm over the embeddings (embed_layernorm) is not supported"))),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

@@ -216,6 +216,8 @@ class _Layer:
         if self.layer.residual is not None:
             return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
+            if self.ffn is None:  # neither half (DeciLM's no_op attention and feed-forward)
+                return h
             m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
             return h + (m * r if r != 1 else m)
         tables = {} if tables is None else tables
