@@ -417,6 +417,11 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if spec.adapters == "none" and spec.ssm is None and spec.delta is None and any(
+            layer.intermediate_size is not None or layer.mixer == "none" for layer in spec.layers):
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type}'s layers differ in shape (their own "
+                        "key/value heads and feed-forward widths, halves left out), so no projection has one shape "
+                        "on every layer, and ster refuses adapters on it (steering and capture work on it)")
     if spec.adapters == "none":
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
                         "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "

@@ -852,6 +852,34 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
     return out
 
 
+def layer_halves(config: Mapping, n_layers: int, intermediate: int,
+                 config_name: str) -> list[tuple[bool, bool, int | None]] | None:
+    """Per layer, (has attention, has a feed-forward, that feed-forward's width when not the model's), from
+    ``layer_halves`` (a list of objects ``{"attention": bool, "ffn": bool, "intermediate_size": int | null}``
+    that ``FamilySpec.normalize`` writes: DeciLM's block_configs); None when the config has none. A layer
+    without a half has neither its weights nor its norm; the stream passes through it.
+
+    Raises:
+        SterError: a list of the wrong length, an entry that is not such an object, a width that is not a
+            positive integer within bounds.
+    """
+    halves = config.get("layer_halves")
+    if halves is None:
+        return None
+    where = f"invalid model config {config_name}"
+    if not isinstance(halves, list) or len(halves) != n_layers:
+        raise SterError(f"{where}: layer_halves must list one entry per layer ({n_layers}), got {brief_value(halves)}")
+    out = []
+    for i, e in enumerate(halves):
+        width = e.get("intermediate_size") if isinstance(e, Mapping) else None
+        if not isinstance(e, Mapping) or not isinstance(e.get("attention"), bool) or not isinstance(e.get("ffn"), bool) \
+                or (e["ffn"] and (isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= MAX_DIM)):
+            raise SterError(f"{where}: layer {i}'s block entry must say whether it has attention and a feed-forward, "
+                            f"and the feed-forward's width (1..{MAX_DIM}), got {brief_value(e)}")
+        out.append((e["attention"], e["ffn"], width if e["ffn"] and width != intermediate else None))
+    return out
+
+
 def kv_sources(config: Mapping, family: FamilySpec, sliding: list[bool], config_name: str) -> list[int | None]:
     """Per layer, the earlier layer whose cached keys and values it attends over, or None: under the
     family's ``kv_shared_key`` (Gemma 4's num_kv_shared_layers, n), each of the last n layers reuses
@@ -1006,6 +1034,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
+    halves = layer_halves(config, n_layers, intermediate, config_name)
+    if halves is not None:  # layers without their attention or feed-forward (DeciLM's no_op halves)
+        mixers = [(mixer if att else "none", ffn if has_ffn else "none")
+                  for (mixer, ffn), (att, has_ffn, _) in zip(mixers, halves)]
     routed = (moe_layer_flags(config, n_layers, config_name) if family.moe and family.ffn_layers == "all"
               else [ffn == "moe" for _, ffn in mixers])
     ffns = [ffn or ("moe" if m else "dense") for (_, ffn), m in zip(mixers, routed)]
@@ -1027,6 +1059,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                      (s, o["head_dim"]), make(sliding_params if s and sliding_params is not None else full_params,
                                               o["head_dim"]))
                  for rope, s, o in zip(ropes, sliding, own)]
+    if halves is not None:  # each half's norm goes with it; a feed-forward of its own width
+        own = [dict(o, norms=tuple(n for n in family.norms if (att or not n.startswith("attn"))
+                                   and (has_ffn or not n.startswith("ffn"))), intermediate_size=width)
+               for o, (att, has_ffn, width) in zip(own, halves)]
     if family.k_eq_v_key and config.get(family.k_eq_v_key):  # full-attention values are their keys
         own = [o if s else dict(o, v_from_k=True) for o, s in zip(own, sliding)]
     for i, src in enumerate(kv_sources(config, family, sliding, config_name)):

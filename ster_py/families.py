@@ -761,6 +761,91 @@ def _teleflm_config(config: Mapping) -> Mapping:
     return c
 
 
+def _deci_blocks(config: Mapping) -> list | None:
+    """DeciLM's ``block_configs`` when it is a list of objects each with ``attention`` and ``ffn`` objects."""
+    blocks = config.get("block_configs")
+    if not isinstance(blocks, list) or not all(
+            isinstance(b, Mapping) and isinstance(b.get("attention"), Mapping) and isinstance(b.get("ffn"), Mapping)
+            for b in blocks):
+        return None
+    return blocks
+
+
+def _deci_ffn_width(ffn: Mapping, hidden: Any) -> Any:
+    """A DeciLM feed-forward's width: the entry's intermediate_size, else int(2 * ffn_mult * hidden / 3)
+    rounded up to a multiple of 256 (seed 002; DeciLM's _ffn_mult_to_intermediate_size)."""
+    if ffn.get("intermediate_size") is not None:
+        return ffn["intermediate_size"]
+    mult = ffn.get("ffn_mult")
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult < 1e6 \
+            or isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
+        return None
+    width = int(2 * mult * hidden / 3)
+    return width + (-width) % 256
+
+
+def _deci_config(config: Mapping) -> Mapping:
+    """DeciLM's ``block_configs`` (one entry per layer) in the keys config.py reads: each attending
+    layer's key/value heads (num_attention_heads / n_heads_in_group) in ``per_layer_config``, and
+    ``layer_halves``: per layer, whether it has its attention and its feed-forward (no_op: neither the
+    half nor its norm) and that feed-forward's width; intermediate_size, which DeciLM's configs leave
+    null, is the first feed-forward's."""
+    blocks = _deci_blocks(config)
+    if blocks is None:
+        return config
+    c = dict(config)
+    heads = c.get("num_attention_heads")
+    per_layer, halves = {}, []
+    for i, b in enumerate(blocks):
+        att, ffn = b["attention"], b["ffn"]
+        group = att.get("n_heads_in_group")
+        if not att.get("no_op") and isinstance(group, int) and not isinstance(group, bool) and group > 0 \
+                and isinstance(heads, int) and heads % group == 0:
+            per_layer[str(i)] = {"num_key_value_heads": heads // group}
+        halves.append({"attention": not att.get("no_op"), "ffn": not ffn.get("no_op"),
+                       "intermediate_size": None if ffn.get("no_op") else _deci_ffn_width(ffn, c.get("hidden_size"))})
+    c.setdefault("per_layer_config", per_layer)
+    c["layer_halves"] = halves
+    if c.get("intermediate_size") is None:  # the model's width: the first feed-forward's (each layer has its own)
+        c["intermediate_size"] = next((h["intermediate_size"] for h in halves if h["intermediate_size"]), 1)
+    return c
+
+
+def _deci_refused(why: str):
+    """Predicate over DeciLM's block_configs entries: ``why(attention, ffn, config)`` holds for one of them."""
+    def when(config: Mapping) -> bool:
+        return any(why(b["attention"], b["ffn"], config) for b in _deci_blocks(config) or ())
+    return when
+
+
+def _deci_attention_unsized(att: Mapping, ffn: Mapping, config: Mapping) -> bool:
+    group, heads = att.get("n_heads_in_group"), config.get("num_attention_heads")
+    return not att.get("no_op") and (isinstance(group, bool) or not isinstance(group, int) or group <= 0
+                                     or not isinstance(heads, int) or heads % group != 0)
+
+
+_DECI_REFUSALS = (
+    Refusal(lambda c: _deci_blocks(c) is None or len(_deci_blocks(c)) != _n_layers(c),
+            "a config without block_configs (one object with attention and ffn per layer, num_hidden_layers of "
+            "them) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: bool(a.get("replace_with_linear")) or bool(f.get("replace_with_linear"))),
+            "a block replaced by a linear layer (replace_with_linear) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: a.get("sparsify") is not None or f.get("sparsify") is not None),
+            "sparsified blocks (sparsify) are not supported"),
+    Refusal(_deci_refused(lambda a, f, c: a.get("window_length") is not None),
+            "attention through a window (block_configs' window_length) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: bool(a.get("num_sink_tokens"))),
+            "attention sink tokens (num_sink_tokens) are not supported"),
+    Refusal(_deci_refused(lambda a, f, c: f.get("hidden_act") is not None
+                          and f.get("hidden_act") != c.get("hidden_act", "silu")),
+            "a layer's hidden_act other than the model's is not supported"),
+    Refusal(_deci_refused(_deci_attention_unsized),
+            "an attention entry without an n_heads_in_group that divides num_attention_heads is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: not f.get("no_op") and _deci_ffn_width(f, c.get("hidden_size")) is None),
+            "a feed-forward entry without a positive ffn_mult or intermediate_size is not supported"),
+)
+
+
 def _telechat3_config(config: Mapping) -> Mapping:
     """TeleChat3's rope type telechat3-yarn as the YaRN it is, with its temperature: 0.07 * ln(factor) + 1
     where YaRN's is 0.1 * ln(factor) + 1 (seed 002), stated as YaRN's attention_factor."""
@@ -2860,6 +2945,10 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "is not supported"),
                              Refusal(flag("embed_layernorm"),
                                      "a norm over the embeddings (embed_layernorm) is not supported"))),
+        # Nemotron-NAS (DeciLM: Llama-3.3-Nemotron Super and Ultra): Llama's block, each layer after its own
+        # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
+        FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
+                   refusals=_DECI_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

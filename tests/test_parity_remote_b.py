@@ -113,10 +113,97 @@ def _telechat(path, config: dict):
     return model
 
 
-BUILD = {"telechat": _telechat}
+# ------------------------------------------------------------------ Nemotron-NAS (DeciLM's block_configs)
+def _deci_width(entry: dict, hidden: int) -> int:
+    """Seed 002's feed-forward width: the entry's intermediate_size, else 2 * ffn_mult * hidden / 3 rounded
+    up to a multiple of 256 (DeciLM truncates to an integer first)."""
+    if entry.get("intermediate_size") is not None:
+        return entry["intermediate_size"]
+    n = int(2 * entry["ffn_mult"] * hidden / 3)
+    return -(-n // 256) * 256
+
+
+def _nemotron_nas(path, config: dict):
+    """Transformers' Llama whose layer i gets its block_configs entry's key/value heads
+    (num_attention_heads / n_heads_in_group) and feed-forward width; a no_op half is that half with its
+    output projection zeroed (o_proj or down_proj), so it adds nothing to the stream, as seed 002's
+    absent half does. Saved with DeciLM's names (Llama's) minus every no_op half's weights and norm."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
+
+    from tiny import write_tokenizer
+
+    c = dict(LLAMA, **config)
+    blocks = c.pop("block_configs")
+    c.pop("num_key_value_heads")
+    torch.manual_seed(0)
+    base = LlamaConfig(**c, bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation="eager")
+    model = LlamaForCausalLM(base)
+    for i, (layer, b) in enumerate(zip(model.model.layers, blocks)):
+        att, ffn = b["attention"], b["ffn"]
+        group = att.get("n_heads_in_group") or 1
+        own = LlamaConfig(**dict(c, num_key_value_heads=c["num_attention_heads"] // group,
+                                 intermediate_size=_deci_width(ffn, c["hidden_size"]) if not ffn.get("no_op") else 8),
+                          attn_implementation="eager")
+        layer.self_attn = LlamaAttention(own, layer_idx=i)
+        layer.mlp = LlamaMLP(own)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.3 + 1.0)
+            else:
+                p.copy_(torch.randn_like(p) * 0.15)
+        for layer, b in zip(model.model.layers, blocks):
+            if b["attention"].get("no_op"):
+                layer.self_attn.o_proj.weight.zero_()
+            if b["ffn"].get("no_op"):
+                layer.mlp.down_proj.weight.zero_()
+    model.eval()
+    state = {}
+    for name, t in model.state_dict().items():
+        if name.startswith("model.layers."):
+            i = int(name.split(".")[2])
+            if blocks[i]["attention"].get("no_op") and (".self_attn." in name or ".input_layernorm." in name):
+                continue
+            if blocks[i]["ffn"].get("no_op") and (".mlp." in name or ".post_attention_layernorm." in name):
+                continue
+        state[name] = t.detach().contiguous()
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    full = dict(_DECI_ENTRY)
+    own_blocks = [{"attention": dict(full["attention"], **b["attention"]), "ffn": dict(full["ffn"], **b["ffn"])}
+                  for b in blocks]
+    (path / "config.json").write_text(json.dumps({
+        **{k: v for k, v in c.items() if k != "intermediate_size"}, "model_type": "nemotron-nas",
+        "architectures": ["DeciLMForCausalLM"], "block_configs": own_blocks, "rms_norm_eps": base.rms_norm_eps,
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1,
+        "eos_token_id": 2}))
+    write_tokenizer(path, VOCAB)
+    return model
+
+
+# An entry as the Nemotron Super configs spell every one (the tests override what they change).
+_DECI_ENTRY = {"attention": {"n_heads_in_group": 2, "no_op": False, "num_sink_tokens": None, "replace_with_linear": False,
+                             "sparsify": None, "unshifted_sink": False, "use_prefill_window_in_sink_attention": False,
+                             "window_length": None},
+               "ffn": {"ffn_mult": 1.0, "no_op": False, "replace_with_linear": False, "sparsify": None}}
+_NOOP_ATT = {"n_heads_in_group": None, "no_op": True}
+_NAS_BLOCKS = [
+    {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 2.625}},      # one key/value head, 256 wide
+    {"attention": _NOOP_ATT, "ffn": {"ffn_mult": 7.0}},                         # feed-forward only, 512 wide
+    {"attention": {"n_heads_in_group": 1}, "ffn": {"no_op": True, "ffn_mult": None}},  # attention only, MHA
+    {"attention": _NOOP_ATT, "ffn": {"no_op": True, "ffn_mult": None}},         # neither: the stream passes
+    {"attention": {"n_heads_in_group": 2}, "ffn": {"intermediate_size": 80, "ffn_mult": None}},
+]
+
+
+BUILD = {"telechat": _telechat, "nemotron-nas": _nemotron_nas}
 CASES = {
     "telechat-gqa": ("telechat", {}),
     "telechat-mha": ("telechat", dict(num_key_value_heads=4)),
+    "nemotron-nas-blocks": ("nemotron-nas", dict(num_hidden_layers=5, block_configs=_NAS_BLOCKS)),
 }
 
 
@@ -145,6 +232,44 @@ def test_telechat_key_value_rows_are_split_head_by_head(tmp_path):
     np.testing.assert_array_equal(np.asarray(layer.v.weight), blocks[1::2].reshape(-1, kv.shape[1]))
 
 
+@pytest.fixture(scope="module")
+def nas_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nemotron_nas")
+    _nemotron_nas(path, dict(num_hidden_layers=5, block_configs=_NAS_BLOCKS))
+    return load_model(str(path))
+
+
+def test_nemotron_nas_layers_follow_their_block_configs(nas_model):
+    """Each layer's shape as seed 002 words it (widths by the test's own formula), and a layer with
+    neither half leaves the stream as it found it."""
+    model = nas_model
+    layers = model.spec.layers
+    assert [(layer.mixer, layer.ffn) for layer in layers] == [("attention", "dense"), ("none", "dense"),
+                                                             ("attention", "none"), ("none", "none"),
+                                                             ("attention", "dense")]
+    assert [model.spec.attention_shape(i)[1] for i in (0, 2, 4)] == [1, 4, 2]
+    widths = [np.asarray(model.decoder.layers[i].down.weight).shape[1] for i in (0, 1, 4)]
+    assert widths == [_deci_width({"ffn_mult": 2.625}, 64), _deci_width({"ffn_mult": 7.0}, 64), 80] == [256, 512, 80]
+    assert [model.spec.layer_norms(i) for i in range(4)] == [("attn_norm", "ffn_norm"), ("ffn_norm",), ("attn_norm",), ()]
+    states: list = []
+    model.decoder.forward(PROMPT, hidden_states=states)
+    np.testing.assert_array_equal(states[4], states[3])  # layer 3's output is its input
+    assert not np.allclose(states[3], states[2])
+
+
+def test_nemotron_nas_refuses_adapters(nas_model):
+    """Seed 002: adapter training is refused, since no projection has one shape on every layer."""
+    from pathlib import Path
+
+    from ster_py.adapters import LoraAdapter, check_adapter_for
+
+    model = nas_model
+    ad = LoraAdapter(Path("a"), "ster", None, None, 2, 4.0, False, 64,
+                     {(0, "q"): (np.zeros((2, 64), np.float32), np.zeros((64, 2), np.float32))})
+    with pytest.raises(SterError, match="no projection has one shape on every layer"):
+        check_adapter_for(ad, model.resolved, model.spec, lambda role: True)
+
+
 def test_these_families_say_they_have_no_reference_here():
     from typer.testing import CliRunner
 
@@ -159,6 +284,22 @@ def test_these_families_say_they_have_no_reference_here():
 @pytest.mark.parametrize("model_type,config,match", [
     ("telechat", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
     ("telechat", {"embed_layernorm": True}, "embed_layernorm"),
+    ("nemotron-nas", {}, "block_configs"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2}, "block_configs"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY, _DECI_ENTRY, {**_DECI_ENTRY, "ffn": {
+        "ffn_mult": 1.0, "replace_with_linear": True}}]}, "replace_with_linear"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2 + [{**_DECI_ENTRY, "attention": {
+        "n_heads_in_group": 2, "sparsify": ["x"]}}]}, "sparsify"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2 + [{**_DECI_ENTRY, "attention": {
+        "n_heads_in_group": 2, "window_length": 32}}]}, "window_length"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2 + [{**_DECI_ENTRY, "attention": {
+        "n_heads_in_group": 2, "num_sink_tokens": 4}}]}, "num_sink_tokens"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2 + [{**_DECI_ENTRY, "ffn": {
+        "ffn_mult": 1.0, "hidden_act": "relu"}}]}, "hidden_act"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2 + [{**_DECI_ENTRY, "attention": {
+        "n_heads_in_group": 3}}]}, "n_heads_in_group"),
+    ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2 + [{**_DECI_ENTRY, "ffn": {"ffn_mult": None}}]},
+     "ffn_mult"),
 ])
 def test_refusals(model_type, config, match):
     """Refused by the gate or by the config reader, in either case before any weight is read."""
