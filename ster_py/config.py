@@ -155,7 +155,8 @@ class ModelSpec:
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
     ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
-    (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is Llama 4's
+    (Falcon adds it before the 1/sqrt(head_dim) scale); ``alibi_sqrt``: the bias is
+    -slope * sqrt(query position - key position) (Step1) instead of slope * key position; ``query_temperature`` is Llama 4's
     (beta, divisor, offset): queries at position p are multiplied by
     1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
     ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
@@ -226,6 +227,7 @@ class ModelSpec:
     alibi_slopes: tuple[float, ...] | None = None
     alibi_scale: float = 1.0
     alibi_bf16: bool = False
+    alibi_sqrt: bool = False
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
@@ -1357,6 +1359,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         alibi_slopes=alibi_slopes(heads, r.number("alibi_bias_max", 8.0)) if family.positions == "alibi" else None,
         alibi_scale=attn_scale if family.alibi_scaled else 1.0,
         alibi_bf16=family.alibi_bf16,
+        alibi_sqrt=family.alibi_sqrt,
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
         # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,

@@ -452,6 +452,8 @@ class FamilySpec:
             ``"none"`` (no position signal: Jamba's and Nemotron-H's attention, state-space models).
         alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
+        alibi_sqrt: the ALiBi bias is -slope * sqrt(distance), the distance measured from each query's
+            absolute position (Step1), rather than slope * key position.
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
         rope_layers: which layers rotate: ``"all"``, ``"sliding"`` (only sliding-window layers,
             Cohere 2), ``"sliding_or_dense"`` (those and the dense feed-forward layers, Cohere 2 MoE)
@@ -612,6 +614,7 @@ class FamilySpec:
     position_offset: int = 0
     alibi_scaled: bool = False
     alibi_bf16: bool = False
+    alibi_sqrt: bool = False
     rope_interleaved: bool = False
     rope_layers: str = "all"
     default_act: str = "silu"
@@ -2949,6 +2952,11 @@ FAMILIES: dict[str, FamilySpec] = {
         # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
         FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
                    refusals=_DECI_REFUSALS),
+        # Step1 (Step-Audio's language model): Llama's block with num_attention_groups key/value heads, no
+        # rotation, and ALiBi's slopes times -sqrt(distance) added to the scaled scores.
+        FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,
+                   keys={"num_key_value_heads": ("num_attention_groups", "num_key_value_heads"),
+                         "max_position_embeddings": ("max_seq_len", "max_position_embeddings")}),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

@@ -199,7 +199,106 @@ _NAS_BLOCKS = [
 ]
 
 
+# ------------------------------------------------------------------ Step1 (ALiBi by sqrt(distance))
+def _alibi_paper_slopes(n: int) -> list[float]:
+    """ALiBi's slopes (Press et al., the paper's get_slopes): for a power of two n, 2 ** (-8 i / n) for
+    i = 1..n; otherwise those of the power of two below n, then every other slope of twice that."""
+    def power_of_two(m: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / m) for i in range(1, m + 1)]
+    if math.log2(n).is_integer():
+        return power_of_two(n)
+    below = 2 ** int(math.log2(n))
+    return power_of_two(below) + power_of_two(2 * below)[0::2][:n - below]
+
+
+def step1_bias(heads: int, queries: list[int], keys: int):
+    """Seed 002's Step1 position signal as an additive mask float32 [1, heads, T, keys]: -slope * sqrt(q - k)
+    for every key at or before the query's absolute position q, -inf after it."""
+    import torch
+
+    slopes = torch.tensor(_alibi_paper_slopes(heads), dtype=torch.float64)[:, None, None]
+    q = torch.tensor(queries, dtype=torch.float64)[:, None]
+    k = torch.arange(keys, dtype=torch.float64)[None, :]
+    dist = q - k
+    bias = -slopes * torch.sqrt(dist.clamp(min=0))
+    return torch.where(dist >= 0, bias, torch.tensor(float("-inf"), dtype=torch.float64)).float()[None]
+
+
+class _Step1Oracle:
+    """Transformers' Llama with its rotation made the identity (cos 1, sin 0) and Step1's bias passed as
+    the additive attention mask, which Transformers' eager attention adds to the scaled scores."""
+
+    def __init__(self, model, heads: int):
+        import torch
+
+        class NoRotation(torch.nn.Module):
+            def forward(self, x, position_ids):
+                shape = (*position_ids.shape, model.config.head_dim)
+                return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
+
+        model.model.rotary_emb = NoRotation()
+        self.model, self.heads = model, heads
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            mask = step1_bias(self.heads, list(range(len(ids))), len(ids))
+            return self.model(torch.tensor([ids]), attention_mask=mask).logits[0].numpy()
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        out, ids = [], list(ids)
+        for _ in range(n):
+            out.append(int(self.logits(ids)[-1].argmax()))
+            ids.append(out[-1])
+        return out
+
+
+def _step1(path, config: dict):
+    """Llama's weights under Step1's config spellings (num_attention_groups, max_seq_len); the oracle is
+    ``_Step1Oracle`` around the Transformers model."""
+    c = dict(LLAMA, **config)
+    model = build_checkpoint(path, "llama", c)
+    _rewrite(path, {"model_type": "step1", "architectures": ["Step1ForCausalLM"],
+                    "num_attention_groups": c["num_key_value_heads"], "max_seq_len": c["max_position_embeddings"]},
+             drop=("num_key_value_heads", "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling",
+                   "head_dim"))
+    return _Step1Oracle(model, c["num_attention_heads"])
+
+
+STEP1_CASES = {"step1-gqa": {}, "step1-six-heads": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2)}
+
+
+@pytest.mark.parametrize("case", list(STEP1_CASES))
+def test_step1_matches_llama_with_its_bias(case, tmp_path):
+    """Logits within 1e-4 (whole and through the cache in two pieces), 16 equal greedy tokens, every
+    tensor read; six heads take the paper's slopes for a head count that is not a power of two."""
+    oracle = _step1(tmp_path, STEP1_CASES[case])
+    model = load_model(str(tmp_path))
+    assert model.spec.model_type == "step1" and all(layer.rope is None for layer in model.spec.layers)
+    ref = oracle.logits(PROMPT)
+    err = rel_err(model.decoder.forward(PROMPT), ref)
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
+    assert rel_err(pieces, ref) < 1e-4
+    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == oracle.greedy(PROMPT, 16)
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+def test_step1_bias_is_the_square_root_of_the_distance():
+    """ster's bias table against the seed's words for a decode call at positions 5..6 of 7 keys."""
+    from ster_py.decoder.positions import alibi_slopes, alibi_sqrt_bias
+
+    ours = alibi_sqrt_bias(alibi_slopes(6), np.array([5, 6]), 7)
+    ref = step1_bias(6, [5, 6], 7)[0].numpy()
+    seen = np.isfinite(ref)
+    np.testing.assert_allclose(ours[seen], ref[seen], rtol=1e-6)
+    assert ours[2, 0, 1] == pytest.approx(-(2.0 ** -6) * 2.0)  # head 3, query 5, key 1: -2^-6 * sqrt(4)
+
+
 BUILD = {"telechat": _telechat, "nemotron-nas": _nemotron_nas}
+UNCONFIRMED = tuple(BUILD) + ("step1",)
 CASES = {
     "telechat-gqa": ("telechat", {}),
     "telechat-mha": ("telechat", dict(num_key_value_heads=4)),
@@ -277,7 +376,7 @@ def test_these_families_say_they_have_no_reference_here():
 
     rows = json.loads(CliRunner().invoke(app, ["families", "--json"]).stdout)
     notes = {r["model_type"]: r["note"] for r in rows}
-    for model_type in BUILD:
+    for model_type in UNCONFIRMED:
         assert FAMILIES[model_type].unconfirmed and notes[model_type] == "no reference implementation here"
 
 

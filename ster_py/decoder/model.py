@@ -44,7 +44,7 @@ from .mamba import Mamba
 from .mamba2 import Mamba2
 from .moe import MoE, identity
 from .norms import Norm
-from .positions import alibi_bias
+from .positions import alibi_bias, alibi_sqrt_bias
 from .qlinear import QuantLinear
 from .shared_block import SharedHybrid
 from .shortconv import ShortConv
@@ -461,8 +461,9 @@ class Decoder:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
         h = self._embed(ids, positions)
-        bias = (alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16)
-                if s.alibi_slopes is not None else None)
+        bias = (None if s.alibi_slopes is None
+                else alibi_sqrt_bias(s.alibi_slopes, positions, int(positions[-1]) + 1) if s.alibi_sqrt
+                else alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16))
         if hidden_states is not None:
             hidden_states.append(h)
         # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first
