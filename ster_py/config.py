@@ -228,6 +228,7 @@ class ModelSpec:
     alibi_scale: float = 1.0
     alibi_bf16: bool = False
     alibi_sqrt: bool = False
+    norm_offsets: tuple[tuple[str, float], ...] = ()
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
@@ -284,6 +285,11 @@ class ModelSpec:
             return heads, heads, own.qk_head_dim, own.v_head_dim
         d = layer.head_dim or self.head_dim
         return heads, kv, d, layer.v_head_dim or d
+
+    def norm_offset(self, role: str) -> float | None:
+        """The number added to the stored weight of the norm ``role`` when it is not
+        ``norm_unit_offset``'s (``norm_offsets``; PLaMo 3's post-sublayer norms), else None."""
+        return dict(self.norm_offsets).get(role)
 
     def layer_norms(self, i: int) -> tuple[str, ...]:
         """The sublayer norms of layer ``i`` (its own, else the model's)."""
@@ -1360,6 +1366,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         alibi_scale=attn_scale if family.alibi_scaled else 1.0,
         alibi_bf16=family.alibi_bf16,
         alibi_sqrt=family.alibi_sqrt,
+        norm_offsets=tuple(family.norm_offsets.items()),
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
         # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,

@@ -207,6 +207,16 @@ TELECHAT_NAMES: Mapping[str, str] = {
     "q": _T + "self_attention.query", "kv": _T + "self_attention.key_value", "o": _T + "self_attention.dense",
     "gate": _T + "mlp.gate_proj", "up": _T + "mlp.up_proj", "down": _T + "mlp.down_proj",
 }
+# PLaMo 3: Llama's block under model.layers.layers.{i} with sandwich norms (pre_/post_ mixer and mlp norms),
+# q, k and v stacked in mixer.qkv_proj, gate rows above up rows in mlp.gate_up_proj.
+_P3 = "model.layers.layers.{i}."
+PLAMO3_NAMES: Mapping[str, str] = {
+    "embed": "model.embed_tokens", "final_norm": "model.norm", "head": "lm_head",
+    "attn_norm": _P3 + "pre_mixer_norm", "attn_post_norm": _P3 + "post_mixer_norm",
+    "ffn_norm": _P3 + "pre_mlp_norm", "ffn_post_norm": _P3 + "post_mlp_norm",
+    "qkv": _P3 + "mixer.qkv_proj", "o": _P3 + "mixer.o_proj", "q_norm": _P3 + "mixer.q_norm",
+    "k_norm": _P3 + "mixer.k_norm", "gate_up": _P3 + "mlp.gate_up_proj", "down": _P3 + "mlp.down_proj",
+}
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -452,6 +462,8 @@ class FamilySpec:
             ``"none"`` (no position signal: Jamba's and Nemotron-H's attention, state-space models).
         alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
+        norm_offsets: sublayer norm role -> a number added to its stored weight in place of
+            ``norm_unit_offset``'s one (PLaMo 3's post_mixer_norm 1/5, post_mlp_norm 5 ** -1.5).
         alibi_sqrt: the ALiBi bias is -slope * sqrt(distance), the distance measured from each query's
             absolute position (Step1), rather than slope * key position.
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
@@ -615,6 +627,7 @@ class FamilySpec:
     alibi_scaled: bool = False
     alibi_bf16: bool = False
     alibi_sqrt: bool = False
+    norm_offsets: Mapping[str, float] = field(default_factory=dict)
     rope_interleaved: bool = False
     rope_layers: str = "all"
     default_act: str = "silu"
@@ -847,6 +860,25 @@ _DECI_REFUSALS = (
     Refusal(_deci_refused(lambda a, f, c: not f.get("no_op") and _deci_ffn_width(f, c.get("hidden_size")) is None),
             "a feed-forward entry without a positive ffn_mult or intermediate_size is not supported"),
 )
+
+
+def _plamo3_config(config: Mapping) -> Mapping:
+    """PLaMo 3's spellings in the keys config.py reads: window_size as sliding_window, head width from
+    hidden_size_per_head where head_dim is absent, and the full-attention layers' YaRN (when
+    rope_scaling_factor is not one) over initial_context_length positions with the band 32 to 1
+    unrounded (truncate false), as modeling_plamo.py builds it; the sliding layers rotate at
+    rope_local_theta (FamilySpec.local_rope_key)."""
+    c = dict(config)
+    if c.get("sliding_window") is None and c.get("window_size") is not None:
+        c["sliding_window"] = c["window_size"]
+    if c.get("head_dim") is None and c.get("hidden_size_per_head") is not None:
+        c["head_dim"] = c["hidden_size_per_head"]
+    factor = c.get("rope_scaling_factor", 1)
+    if c.get("rope_parameters") is None and c.get("rope_scaling") is None and factor not in (None, 1, 1.0):
+        c["rope_scaling"] = {"rope_type": "yarn", "factor": factor,
+                             "original_max_position_embeddings": c.get("initial_context_length"),
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    return c
 
 
 def _telechat3_config(config: Mapping) -> Mapping:
@@ -2957,6 +2989,15 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,
                    keys={"num_key_value_heads": ("num_attention_groups", "num_key_value_heads"),
                          "max_position_embeddings": ("max_seq_len", "max_position_embeddings")}),
+        # PLaMo 3: sandwich norms (pre-sublayer and final norms offsets from one, post-sublayer ones from 1/5
+        # and 5 ** -1.5), per-head q/k norms before the rotation, every sliding_window_pattern-th layer full.
+        FamilySpec("plamo3", names=PLAMO3_NAMES, normalize=_plamo3_config, unconfirmed=True, norms=_SANDWICH,
+                   norm_unit_offset=True, norm_offsets={"attn_post_norm": 1 / 5, "ffn_post_norm": 5 ** -1.5},
+                   qk_norm="head", fused_qkv="concat", sliding="pattern", sliding_pattern=8,
+                   local_rope_key="rope_local_theta", tie_default=True,
+                   variants=(Variant(flag("scale_embedding"), {"embed_scale_sqrt_hidden": True}),),
+                   refusals=(Refusal(stated("linear_type", unless="normal"),
+                                     "a linear_type other than normal is not supported"),)),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

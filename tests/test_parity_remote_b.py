@@ -297,12 +297,90 @@ def test_step1_bias_is_the_square_root_of_the_distance():
     assert ours[2, 0, 1] == pytest.approx(-(2.0 ** -6) * 2.0)  # head 3, query 5, key 1: -2^-6 * sqrt(4)
 
 
-BUILD = {"telechat": _telechat, "nemotron-nas": _nemotron_nas}
+# ------------------------------------------------------------------ PLaMo 3 (Gemma 3's block, its own offsets)
+PLAMO3_POST_OFFSETS = {"post_mixer_norm": 1 / 5, "post_mlp_norm": 5 ** -1.5}  # seed 002 (modeling_plamo.py)
+
+
+def _plamo3(path, config: dict):
+    """Transformers' Gemma 3 text model (sandwich norms stored as offsets from one, one-row per-head q/k
+    norms before the rotation, full attention on every p-th layer with its own rotation, sliding layers at
+    their local base, SiLU, scores scaled by head_dim ** -0.5) written in PLaMo 3's layout and spellings:
+    each post-sublayer norm re-stored as an offset from its own base (w + 1 - offset), qkv_proj and
+    gate_up_proj stacked. Without scale_embedding, Gemma's sqrt(hidden) embedding scale is set to one."""
+    import torch
+
+    c = dict(LLAMA, **config)
+    p, window, n = c.pop("sliding_window_pattern"), c.pop("window_size"), c["num_hidden_layers"]
+    factor, local, scaled = c.pop("rope_scaling_factor", 1), c.pop("rope_local_theta"), c.pop("scale_embedding")
+    initial = c.pop("initial_context_length", None)
+    full = {"rope_type": "default", "rope_theta": 10000.0} if factor == 1 else {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": float(factor), "original_max_position_embeddings": initial,
+        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    model = build_checkpoint(path, "gemma3_text", dict(
+        c, head_dim=head_dim, sliding_window=window, layer_types=types, hidden_activation="silu",
+        query_pre_attn_scalar=head_dim, rope_parameters={"full_attention": full, "sliding_attention": {
+            "rope_type": "default", "rope_theta": local}}, final_logit_softcapping=None, attn_logit_softcapping=None,
+        tie_word_embeddings=True))
+    if not scaled:
+        with torch.no_grad():
+            model.model.embed_tokens.embed_scale.fill_(1.0)
+
+    def rename(state: dict) -> dict:
+        out = {}
+        for name, t in state.items():
+            if not name.startswith("model.layers."):
+                out[name] = t
+                continue
+            i, rest = name.split(".")[2], name.split(".", 3)[3]
+            base = f"model.layers.layers.{i}."
+            if rest.startswith("self_attn.q_proj."):
+                out[base + "mixer.qkv_proj.weight"] = np.concatenate(
+                    [state[f"model.layers.{i}.self_attn.{r}_proj.weight"] for r in "qkv"])
+            elif rest.startswith("mlp.gate_proj."):
+                out[base + "mlp.gate_up_proj.weight"] = np.concatenate(
+                    [state[f"model.layers.{i}.mlp.{r}_proj.weight"] for r in ("gate", "up")])
+            elif rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.", "mlp.up_proj.")):
+                continue
+            else:
+                for a, b in (("input_layernorm", "pre_mixer_norm"), ("post_attention_layernorm", "post_mixer_norm"),
+                             ("pre_feedforward_layernorm", "pre_mlp_norm"),
+                             ("post_feedforward_layernorm", "post_mlp_norm"), ("self_attn.", "mixer.")):
+                    rest = rest.replace(a, b)
+                own = rest.split(".")[0]
+                out[base + rest] = t + np.float32(1 - PLAMO3_POST_OFFSETS[own]) if own in PLAMO3_POST_OFFSETS else t
+        return out
+
+    saved = json.loads((path / "config.json").read_text())
+    plamo = {k: saved[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                                   "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")}
+    plamo.update({"model_type": "plamo3", "architectures": ["Plamo3ForCausalLM"], "hidden_size_per_head": head_dim,
+                  "window_size": window, "sliding_window_pattern": p, "rope_theta": 10000.0, "rope_local_theta": local,
+                  "rope_scaling_factor": factor, "scale_embedding": scaled, "hidden_act": "silu",
+                  "linear_type": "normal", "tie_word_embeddings": True})
+    if initial is not None:
+        plamo["initial_context_length"] = initial
+    (path / "config.json").write_text(json.dumps(plamo))
+    from safetensors.numpy import load_file, save_file
+
+    save_file(rename(load_file(str(path / "model.safetensors"))), str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    return model
+
+
+BUILD = {"telechat": _telechat, "nemotron-nas": _nemotron_nas, "plamo3": _plamo3}
 UNCONFIRMED = tuple(BUILD) + ("step1",)
 CASES = {
     "telechat-gqa": ("telechat", {}),
     "telechat-mha": ("telechat", dict(num_key_value_heads=4)),
     "nemotron-nas-blocks": ("nemotron-nas", dict(num_hidden_layers=5, block_configs=_NAS_BLOCKS)),
+    "plamo3-yarn-scaled": ("plamo3", dict(num_hidden_layers=4, sliding_window_pattern=2, window_size=5,
+                                          rope_local_theta=500.0, rope_scaling_factor=4, initial_context_length=8,
+                                          scale_embedding=True)),
+    "plamo3-plain-unscaled": ("plamo3", dict(num_hidden_layers=3, sliding_window_pattern=3, window_size=6,
+                                             rope_local_theta=1000.0, scale_embedding=False)),
 }
 
 
@@ -369,6 +447,23 @@ def test_nemotron_nas_refuses_adapters(nas_model):
         check_adapter_for(ad, model.resolved, model.spec, lambda role: True)
 
 
+def test_plamo3_post_norms_apply_their_offsets(tmp_path):
+    """The offsets against seed 002's words: post_mixer_norm applies its stored w as w + 1/5, post_mlp_norm
+    as w + 5 ** -1.5, pre_mixer_norm as 1 + w (a numpy RMS norm here, not ster's)."""
+    from safetensors.numpy import load_file
+
+    _plamo3(tmp_path, dict(CASES["plamo3-plain-unscaled"][1]))
+    model = load_model(str(tmp_path))
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    eps = json.loads((tmp_path / "config.json").read_text())["rms_norm_eps"]
+    x = np.random.RandomState(1).randn(5, 64).astype(np.float32)
+    rms = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps)
+    for role, name, offset in (("attn_post_norm", "post_mixer_norm", 1 / 5), ("ffn_post_norm", "post_mlp_norm", 5 ** -1.5),
+                               ("attn_norm", "pre_mixer_norm", 1.0), ("ffn_norm", "pre_mlp_norm", 1.0)):
+        w = stored[f"model.layers.layers.1.{name}.weight"].astype(np.float64)
+        np.testing.assert_allclose(model.decoder.layers[1].norms[role](x), rms * (w + offset), rtol=2e-5, atol=1e-6)
+
+
 def test_these_families_say_they_have_no_reference_here():
     from typer.testing import CliRunner
 
@@ -383,6 +478,7 @@ def test_these_families_say_they_have_no_reference_here():
 @pytest.mark.parametrize("model_type,config,match", [
     ("telechat", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
     ("telechat", {"embed_layernorm": True}, "embed_layernorm"),
+    ("plamo3", {"linear_type": "fp8"}, "linear_type"),
     ("nemotron-nas", {}, "block_configs"),
     ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2}, "block_configs"),
     ("nemotron-nas", {"block_configs": [_DECI_ENTRY, _DECI_ENTRY, {**_DECI_ENTRY, "ffn": {

@@ -135,8 +135,9 @@ class _Layer:
             return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
+            offset = spec.norm_offset(role)
             return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
-                        spec.norm_unit_offset)
+                        spec.norm_unit_offset and offset is None, offset or 0.0)
 
         cls = MIXERS.get(self.layer.mixer)
         own = getattr(cls, "OWN_NORMS", ())

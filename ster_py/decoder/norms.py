@@ -81,13 +81,16 @@ class Norm:
         weight, bias: float [d] (or None); a 2-D weight [heads, d] norms each head of an
             x [heads, T, d] with its own row (per-head q/k norms, Cohere, StableLM).
         unit_offset: the weight is stored as ``w`` and applied as ``1 + w`` (Gemma).
+        offset: a number added to the stored weight instead (PLaMo 3's post-sublayer norms:
+            1/5 and 5 ** -1.5, modeling_plamo.py's RMSNorm offsets); 0 with ``unit_offset``'s 1.
 
     Calling it maps float32 [..., d] to a new float32 array of the same shape.
     """
 
-    def __init__(self, kind: str, eps: float, weight, bias, unit_offset: bool = False):
+    def __init__(self, kind: str, eps: float, weight, bias, unit_offset: bool = False, offset: float = 0.0):
         self.kind, self.eps = kind, float(eps)
-        self.weight = None if weight is None else weight.astype(np.float32) + (1.0 if unit_offset else 0.0)
+        shift = np.float32(1.0 if unit_offset else offset)
+        self.weight = None if weight is None else weight.astype(np.float32) + shift
         self.bias = None if bias is None else bias.astype(np.float32)
         if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
             self.weight = self.weight[:, None, :]
