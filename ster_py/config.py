@@ -154,7 +154,8 @@ class ModelSpec:
     weight source (Hugging Face or llama.cpp names); ``fused_qkv``, ``inputs_first`` and
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
-    ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
+    ``norm_groups``: the sublayer and final RMS norms normalise that many equal groups of the
+    hidden width apart, before their weight (K2-Horizon). ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
     (Falcon adds it before the 1/sqrt(head_dim) scale); ``alibi_sqrt``: the bias is
     -slope * sqrt(query position - key position) (Step1) instead of slope * key position; ``query_temperature`` is Llama 4's
     (beta, divisor, offset): queries at position p are multiplied by
@@ -229,6 +230,7 @@ class ModelSpec:
     alibi_bf16: bool = False
     alibi_sqrt: bool = False
     norm_offsets: tuple[tuple[str, float], ...] = ()
+    norm_groups: int = 1
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
@@ -1331,6 +1333,22 @@ def latent_attn_scale(params: Mapping, qk_head_dim: int, max_pos: int) -> float:
     return scale
 
 
+def norm_groups(config: Mapping, family: FamilySpec, hidden: int, config_name: str) -> int:
+    """How many equal groups of the hidden width the sublayer and final RMS norms normalise apart
+    (the family's ``norm_groups_key``: K2-Horizon's layernorm_num_groups); 1 when unstated.
+
+    Raises:
+        SterError: a count that is not a positive integer dividing hidden_size.
+    """
+    g = config.get(family.norm_groups_key) if family.norm_groups_key else None
+    if g is None:
+        return 1
+    if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or hidden % g:
+        raise SterError(f"invalid model config {config_name}: {family.norm_groups_key} must be a positive integer "
+                        f"dividing hidden_size ({hidden}), got {brief_value(g)}")
+    return g
+
+
 def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: int, head_dim: int,
                   config_name: str, attn_scale: float | None = None) -> dict[str, Any]:
     """The ``ModelSpec`` fields a family's flags and scalar config keys decide, shared with the GGUF path.
@@ -1367,6 +1385,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         alibi_bf16=family.alibi_bf16,
         alibi_sqrt=family.alibi_sqrt,
         norm_offsets=tuple(family.norm_offsets.items()),
+        norm_groups=norm_groups(config, family, hidden, config_name),
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
         # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,

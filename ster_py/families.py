@@ -217,6 +217,14 @@ PLAMO3_NAMES: Mapping[str, str] = {
     "qkv": _P3 + "mixer.qkv_proj", "o": _P3 + "mixer.o_proj", "q_norm": _P3 + "mixer.q_norm",
     "k_norm": _P3 + "mixer.k_norm", "gate_up": _P3 + "mlp.gate_up_proj", "down": _P3 + "mlp.down_proj",
 }
+# K2-Horizon: Qwen-MoE's names with the router's selection bias stored as mlp.gate.bias, shared experts under
+# mlp.shared_experts, an output gate at self_attn.gate_proj and MoVA's value experts (self_attn.v_experts.{e},
+# chosen by self_attn.v_router).
+K2_HORIZON_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.bias",
+                         shexp_gate=_M + "shared_experts.gate_proj", shexp_up=_M + "shared_experts.up_proj",
+                         shexp_down=_M + "shared_experts.down_proj", g=_L + "self_attn.gate_proj",
+                         v_router=_L + "self_attn.v_router", v_router_select_bias=_L + "self_attn.v_router.bias",
+                         v_exp=_L + "self_attn.v_experts.{e}")
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -464,6 +472,8 @@ class FamilySpec:
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
         norm_offsets: sublayer norm role -> a number added to its stored weight in place of
             ``norm_unit_offset``'s one (PLaMo 3's post_mixer_norm 1/5, post_mlp_norm 5 ** -1.5).
+        norm_groups_key: config key of the number of equal groups the hidden-width RMS norms normalise
+            apart (K2-Horizon's layernorm_num_groups).
         alibi_sqrt: the ALiBi bias is -slope * sqrt(distance), the distance measured from each query's
             absolute position (Step1), rather than slope * key position.
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
@@ -628,6 +638,7 @@ class FamilySpec:
     alibi_bf16: bool = False
     alibi_sqrt: bool = False
     norm_offsets: Mapping[str, float] = field(default_factory=dict)
+    norm_groups_key: str | None = None
     rope_interleaved: bool = False
     rope_layers: str = "all"
     default_act: str = "silu"
@@ -878,6 +889,15 @@ def _plamo3_config(config: Mapping) -> Mapping:
         c["rope_scaling"] = {"rope_type": "yarn", "factor": factor,
                              "original_max_position_embeddings": c.get("initial_context_length"),
                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    return c
+
+
+def _k2_horizon_config(config: Mapping) -> Mapping:
+    """K2-Horizon's router spellings in the keys config.py reads: router_score_func as scoring_func, and
+    under moe_gate_bias the selection by scores plus mlp.gate.bias (noaux_tc without groups)."""
+    c = dict(config)
+    c.setdefault("scoring_func", c.get("router_score_func") or "softmax")
+    c.setdefault("topk_method", "noaux_tc" if c.get("moe_gate_bias") else "greedy")
     return c
 
 
@@ -2998,6 +3018,25 @@ FAMILIES: dict[str, FamilySpec] = {
                    variants=(Variant(flag("scale_embedding"), {"embed_scale_sqrt_hidden": True}),),
                    refusals=(Refusal(stated("linear_type", unless="normal"),
                                      "a linear_type other than normal is not supported"),)),
+        # K2-Horizon: Llama's block (biases read as stored), Qwen-MoE's choice of routed layers (mlp_only_layers,
+        # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
+        # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.
+        FamilySpec("k2_horizon", moe=True, norm_groups_key="layernorm_num_groups", names=K2_HORIZON_NAMES, normalize=_k2_horizon_config, unconfirmed=True,
+                   keys={"routed_scaling_factor": ("router_scaling_factor",)},
+                   moe_fields={"renorm_eps": 1e-20}, moe_defaults={"norm_topk_prob": False},
+                   variants=(Variant(lambda c: c.get("attention_gate_func") == "silu",
+                                     {"attn_gate": "silu", "attn_gate_per_head": False}),
+                             Variant(lambda c: c.get("attention_gate_func") == "softplus",
+                                     {"attn_gate": "softplus2", "attn_gate_per_head": False})),
+                   refusals=(Refusal(lambda c: c.get("attention_gate_func") not in (None, "silu", "softplus"),
+                                     "an attention_gate_func other than silu or softplus is not supported"),
+                             Refusal(lambda c: c.get("rope_head_dim") is not None and c.get("rope_head_dim") != (
+                                         c.get("head_dim") or (c.get("hidden_size") or 0) // max(
+                                             1, c.get("num_attention_heads") or 1)),
+                                     "a rotation narrower than the head (rope_head_dim) is not supported"),
+                             Refusal(flag("query_key_norm"), "query/key norms (query_key_norm) are not supported"),
+                             Refusal(stated("mova_num_experts", unless=0),
+                                     "value experts (mova_num_experts) are not supported yet"))),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

@@ -370,7 +370,155 @@ def _plamo3(path, config: dict):
     return model
 
 
-BUILD = {"telechat": _telechat, "nemotron-nas": _nemotron_nas, "plamo3": _plamo3}
+# ------------------------------------------------------------------ K2-Horizon (GLM-4.5's / Mixtral's math)
+def _k2_torch_extras():
+    """Seed 002's K2-Horizon extras as torch modules written here: the grouped RMS norm, the output gate
+    and MoVA's value experts."""
+    import torch
+
+    class GroupedRMSNorm(torch.nn.Module):
+        """Each of ``groups`` equal groups of the hidden width normalised apart, then the stored scale."""
+
+        def __init__(self, weight, eps: float, groups: int):
+            super().__init__()
+            self.weight, self.eps, self.groups = torch.nn.Parameter(weight.detach().clone()), eps, groups
+
+        def forward(self, x):
+            g = x.float().reshape(*x.shape[:-1], self.groups, -1)
+            g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * g.reshape(x.shape)
+
+    class GatedOutput(torch.nn.Module):
+        """o_proj(attention output * act(gate_proj(x))), x the attention's input (``seen`` by a pre-hook)."""
+
+        def __init__(self, inner, gate, act: str):
+            super().__init__()
+            self.inner, self.gate_proj, self.act, self.x = inner, gate, act, None
+
+        def forward(self, a):
+            g = self.gate_proj(self.x)
+            g = torch.nn.functional.silu(g) if self.act == "silu" else torch.log2(1 + torch.pow(2.0, g))
+            return self.inner(a * g)
+
+    class ValueExperts(torch.nn.Module):
+        """Each value the router-weighted sum of SiLU(expert(x)) over the chosen value experts, chosen and
+        weighted as the feed-forward's router does (scores, the bias added to choose, renormalised, scaled)."""
+
+        def __init__(self, d: int, width: int, n: int, k: int, score: str, bias: bool, renorm: bool, scale: float):
+            super().__init__()
+            self.v_router = torch.nn.Linear(d, n, bias=bias)
+            self.v_experts = torch.nn.ModuleList(torch.nn.Linear(d, width, bias=False) for _ in range(n))
+            self.k, self.score, self.renorm, self.scale = k, score, renorm, scale
+
+        def forward(self, x):
+            logits = torch.nn.functional.linear(x, self.v_router.weight)
+            scores = logits.sigmoid() if self.score == "sigmoid" else logits.softmax(-1)
+            choose = scores + self.v_router.bias if self.v_router.bias is not None else scores
+            chosen = choose.topk(self.k, dim=-1).indices
+            w = scores.gather(-1, chosen)
+            if self.renorm:
+                w = w / (w.sum(-1, keepdim=True) + 1e-20)
+            w = w * self.scale
+            out = 0
+            for j in range(self.k):
+                e = chosen[..., j]
+                per = torch.stack([torch.nn.functional.silu(ex(x)) for ex in self.v_experts], dim=-2)  # [.., n, width]
+                out = out + w[..., j:j + 1] * per.gather(-2, e[..., None, None].expand(*e.shape, 1, per.shape[-1]))[..., 0, :]
+            return out
+
+    return GroupedRMSNorm, GatedOutput, ValueExperts
+
+
+def _k2_horizon(path, config: dict):
+    """With router_score_func sigmoid: Transformers' GLM-4.5 (glm4_moe: sigmoid scores, a selection bias,
+    renormalised, scaled, shared experts; whole-head rotation, no q/k norms); with softmax: Mixtral (its
+    top-k renormalised, no shared experts). The extras the config switches on (layernorm_num_groups above
+    one, attention_gate_func, mova_num_experts) are put in as ``_k2_torch_extras``' modules; the whole model
+    is saved in K2-Horizon's layout and spellings."""
+    import torch
+    from safetensors.torch import save_file
+
+    c = dict(LLAMA, **config)
+    groups, gate_act = c.pop("layernorm_num_groups", 1), c.pop("attention_gate_func", None)
+    mova_n, mova_k = c.pop("mova_num_experts", None), c.pop("mova_num_experts_per_tok", None)
+    score, n, dense = c.pop("router_score_func"), c["num_hidden_layers"], c.pop("mlp_only_layers", [])
+    experts, k, size = c.pop("num_experts"), c.pop("num_experts_per_tok"), c.pop("moe_intermediate_size")
+    shared, renorm, scale = c.pop("num_shared_experts", 0), c.pop("norm_topk_prob", True), c.pop("router_scaling_factor", 1.0)
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    if score == "sigmoid":
+        assert dense == list(range(len(dense))), "GLM-4.5 keeps its first layers dense"
+        model = build_checkpoint(path, "glm4_moe", dict(
+            c, head_dim=head_dim, n_routed_experts=experts, num_experts_per_tok=k, moe_intermediate_size=size,
+            n_shared_experts=shared, norm_topk_prob=renorm, routed_scaling_factor=scale, first_k_dense_replace=len(dense),
+            partial_rotary_factor=1.0, use_qk_norm=False, attention_bias=c.pop("attention_bias", False)))
+    else:
+        assert not dense and not shared and renorm and scale == 1.0, "Mixtral's router"
+        model = build_checkpoint(path, "mixtral", dict(c, head_dim=head_dim, num_local_experts=experts,
+                                                       num_experts_per_tok=k, intermediate_size=size))
+    eps = model.config.rms_norm_eps
+    GroupedRMSNorm, GatedOutput, ValueExperts = _k2_torch_extras()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        routed = [i not in dense for i in range(n)]
+        for i, layer in enumerate(model.model.layers):
+            if groups > 1:
+                for name in ("input_layernorm", "post_attention_layernorm"):
+                    setattr(layer, name, GroupedRMSNorm(getattr(layer, name).weight, eps, groups))
+            attn = layer.self_attn
+            if gate_act is not None:
+                gate = torch.nn.Linear(c["hidden_size"], c["num_attention_heads"] * head_dim, bias=False)
+                gate.weight.copy_(torch.randn_like(gate.weight) * 0.3)
+                attn.o_proj = GatedOutput(attn.o_proj, gate, gate_act)
+                attn.register_forward_pre_hook(
+                    lambda mod, args, kwargs: setattr(mod.o_proj, "x", kwargs.get("hidden_states", args[0] if args
+                                                                                  else None)), with_kwargs=True)
+            if mova_n and routed[i]:
+                attn.v_proj = ValueExperts(c["hidden_size"], c["num_key_value_heads"] * head_dim, mova_n, mova_k, score,
+                                           score == "sigmoid", renorm, scale)
+                for p in attn.v_proj.parameters():
+                    p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.2))
+        if groups > 1:
+            model.model.norm = GroupedRMSNorm(model.model.norm.weight, eps, groups)
+    model.eval()
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        if name.endswith("mlp.experts.gate_up_proj"):
+            for e in range(experts):
+                out[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = t[e, :size].contiguous()
+                out[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = t[e, size:].contiguous()
+            continue
+        if name.endswith("mlp.experts.down_proj"):
+            for e in range(experts):
+                out[name.replace("down_proj", f"{e}.down_proj.weight")] = t[e].contiguous()
+            continue
+        name = (name.replace("mlp.gate.e_score_correction_bias", "mlp.gate.bias").replace("self_attn.o_proj.inner.",
+                "self_attn.o_proj.").replace("self_attn.o_proj.gate_proj.", "self_attn.gate_proj.")
+                .replace("self_attn.v_proj.v_", "self_attn.v_"))
+        if t.numel() and "rotary" not in name:  # (GLM-4.5 without shared experts keeps them 0 wide)
+            out[name] = t
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    own = {key: c[key] for key in LLAMA} | {
+        "model_type": "k2_horizon", "architectures": ["K2HorizonForCausalLM"], "head_dim": head_dim,
+        "rms_norm_eps": eps, "rope_theta": model.config.rope_parameters["rope_theta"], "hidden_act": "silu",
+        "tie_word_embeddings": False, "num_experts": experts, "num_experts_per_tok": k, "moe_intermediate_size": size, "num_shared_experts": shared,
+        "router_score_func": score, "moe_gate_bias": score == "sigmoid", "norm_topk_prob": renorm,
+        "router_scaling_factor": scale, "mlp_only_layers": dense, "decoder_sparse_step": 1,
+        "attention_bias": config.get("attention_bias", False), "layernorm_num_groups": groups,
+        "bos_token_id": 1, "eos_token_id": 2}
+    if gate_act is not None:
+        own["attention_gate_func"] = gate_act
+    if mova_n:
+        own |= {"mova_num_experts": mova_n, "mova_num_experts_per_tok": mova_k}
+    (path / "config.json").write_text(json.dumps(own))
+    return model
+
+
+_K2 = dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24)
+
+
+BUILD = {"telechat": _telechat, "nemotron-nas": _nemotron_nas, "plamo3": _plamo3, "k2_horizon": _k2_horizon}
 UNCONFIRMED = tuple(BUILD) + ("step1",)
 CASES = {
     "telechat-gqa": ("telechat", {}),
@@ -379,6 +527,15 @@ CASES = {
     "plamo3-yarn-scaled": ("plamo3", dict(num_hidden_layers=4, sliding_window_pattern=2, window_size=5,
                                           rope_local_theta=500.0, rope_scaling_factor=4, initial_context_length=8,
                                           scale_embedding=True)),
+    "k2-sigmoid-bias-shared": ("k2_horizon", dict(_K2, router_score_func="sigmoid", num_shared_experts=1,
+                                                  mlp_only_layers=[0], router_scaling_factor=1.5, attention_bias=True)),
+    "k2-softmax": ("k2_horizon", dict(_K2, router_score_func="softmax")),
+    # the extras, each against its module in _k2_torch_extras
+    "k2-grouped-norms": ("k2_horizon", dict(_K2, router_score_func="sigmoid", layernorm_num_groups=4,
+                                            mlp_only_layers=[0])),
+    "k2-gate-silu": ("k2_horizon", dict(_K2, router_score_func="softmax", attention_gate_func="silu")),
+    "k2-gate-softplus": ("k2_horizon", dict(_K2, router_score_func="sigmoid", attention_gate_func="softplus",
+                                            num_shared_experts=1)),
     "plamo3-plain-unscaled": ("plamo3", dict(num_hidden_layers=3, sliding_window_pattern=3, window_size=6,
                                              rope_local_theta=1000.0, scale_embedding=False)),
 }

@@ -149,7 +149,16 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-GATES = {"sigmoid": sigmoid, "softplus": softplus}
+def softplus2(x: np.ndarray) -> np.ndarray:
+    """log2(1 + 2 ** x): softplus with beta = ln 2 (K2-Horizon's attention gate), float32, without overflow."""
+    return (np.logaddexp2(np.float32(0.0), x)).astype(np.float32, copy=False)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+GATES = {"sigmoid": sigmoid, "softplus": softplus, "softplus2": softplus2, "silu": silu}
 
 
 class Attention(Part):
@@ -159,7 +168,7 @@ class Attention(Part):
 
     The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
     ``g_proj``, or Qwen3-Next's rows of ``q`` under ``spec.attn_gate_in_q``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
-    ``softplus``) of the ``g`` projection of the layer's normed input before ``o`` (gated
+    ``softplus``; K2-Horizon's ``silu`` or ``softplus2``, log2(1 + 2 ** g)) of the ``g`` projection of the layer's normed input before ``o`` (gated
     attention: Qiu et al. 2025, arXiv:2505.06708).
 
     Args:

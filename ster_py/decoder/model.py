@@ -107,9 +107,15 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                    if m.router.select_bias else None)  # absent and optional: chosen by the scores alone
     if m.latent_size:
         latent = tuple(make_linear(load(r, required=True), load(r, "bias")) for r in ("moe_latent_in", "moe_latent_out"))
-    return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
+    # a selection bias stored as the router's own bias (K2-Horizon's mlp.gate.bias) chooses; it is not added
+    router_bias = None if spec.names.get("router_select_bias") == spec.names.get("router", "") + ".bias" \
+        else load("router", "bias")
+    return MoE(m, make_linear(load("router", required=True), router_bias), select_bias, experts,
                shared, shared_gate, latent)
 
+
+#: The sublayer norms, over the hidden width (``ModelSpec.norm_groups`` applies to them and the final norm).
+SUBLAYER_NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
 
 #: The key of a forward call's ``tables`` under which a ``shortcut="open"`` layer holds its routed
 #: feed-forward's output for the ``"close"`` layer after it (``LayerSpec.shortcut``).
@@ -137,7 +143,8 @@ class _Layer:
         def norm(role):
             offset = spec.norm_offset(role)
             return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
-                        spec.norm_unit_offset and offset is None, offset or 0.0)
+                        spec.norm_unit_offset and offset is None, offset or 0.0,
+                        spec.norm_groups if role in SUBLAYER_NORMS else 1)  # (q/k norms are a head wide)
 
         cls = MIXERS.get(self.layer.mixer)
         own = getattr(cls, "OWN_NORMS", ())
@@ -313,7 +320,7 @@ class Decoder:
         self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
         def norm(role):
             return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"),
-                        spec.norm_unit_offset)
+                        spec.norm_unit_offset, groups=spec.norm_groups)
 
         self.embed_norm = norm("embed_norm") if spec.embed_norm else None
         self.per_layer = (PerLayerInputs(spec, top("per_layer_embed", required=True),
