@@ -74,7 +74,9 @@ class LayerSpec:
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
     (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``intermediate_size``: this layer's
-    dense feed-forward width when it is not the model's (DeciLM's block_configs).
+    dense feed-forward width when it is not the model's (DeciLM's block_configs). ``value_experts``:
+    the layer's values come from routed value experts (``ModelSpec.value_router``; K2-Horizon's MoVA),
+    not from a value projection.
     """
 
     sliding_window: int | None
@@ -98,6 +100,7 @@ class LayerSpec:
     v_from_k: bool = False
     kv_source: int | None = None
     intermediate_size: int | None = None
+    value_experts: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ class ModelSpec:
     weight source (Hugging Face or llama.cpp names); ``fused_qkv``, ``inputs_first`` and
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
-    ``norm_groups``: the sublayer and final RMS norms normalise that many equal groups of the
+    ``value_router``: how the layers with ``LayerSpec.value_experts`` choose their value experts
+    (``decoder/mova.py``). ``norm_groups``: the sublayer and final RMS norms normalise that many equal groups of the
     hidden width apart, before their weight (K2-Horizon). ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
     (Falcon adds it before the 1/sqrt(head_dim) scale); ``alibi_sqrt``: the bias is
     -slope * sqrt(query position - key position) (Step1) instead of slope * key position; ``query_temperature`` is Llama 4's
@@ -231,6 +235,7 @@ class ModelSpec:
     alibi_sqrt: bool = False
     norm_offsets: tuple[tuple[str, float], ...] = ()
     norm_groups: int = 1
+    value_router: RouterSpec | None = None
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
@@ -1084,6 +1089,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if moe is not None and family.expert_limit_keys:
         own = [dict(o, moe=m) if m != moe else o
                for o, m in zip(own, _layer_limits(config, family.expert_limit_keys, moe, n_layers, config_name))]
+    value_router = value_router_spec(config, family, moe, config_name)
+    if value_router is not None:  # the routed layers take their values from value experts (MoVA)
+        own = [dict(o, value_experts=True) if m else o for o, m in zip(own, routed)]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -1170,6 +1178,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
+        value_router=value_router,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1331,6 +1340,33 @@ def latent_attn_scale(params: Mapping, qk_head_dim: int, max_pos: int) -> float:
         if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor):
             scale *= yarn_mscale(float(factor), float(m_all)) ** 2
     return scale
+
+
+def value_router_spec(config: Mapping, family: FamilySpec, moe: MoESpec | None,
+                      config_name: str) -> RouterSpec | None:
+    """The value experts' router (K2-Horizon's MoVA, the family's ``value_experts_keys``: the expert count
+    and the experts per token): the feed-forward router's scoring, selection bias, renormalisation and
+    scale over that many experts; None when the config states no count (or 0).
+
+    Raises:
+        SterError: counts that are not positive integers, more per token than experts, value experts
+            in a model without routed feed-forwards (whose router they follow).
+    """
+    if not family.value_experts_keys:
+        return None
+    n_key, k_key = family.value_experts_keys
+    n, k = config.get(n_key), config.get(k_key)
+    if not n:
+        return None
+    where = f"invalid model config {config_name}"
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_EXPERTS:
+        raise SterError(f"{where}: {n_key} must be an integer in 1..{MAX_EXPERTS}, got {brief_value(n)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= n:
+        raise SterError(f"{where}: {k_key} must be an integer in 1..{n_key} ({n}), got {brief_value(k)}")
+    if moe is None:
+        raise SterError(f"{where}: {n_key} needs the routed feed-forward (num_experts) whose router the value "
+                        "experts follow")
+    return replace(moe.router, num_experts=n, top_k=k, n_group=1, topk_group=1)
 
 
 def norm_groups(config: Mapping, family: FamilySpec, hidden: int, config_name: str) -> int:

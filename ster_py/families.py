@@ -224,7 +224,7 @@ K2_HORIZON_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.bia
                          shexp_gate=_M + "shared_experts.gate_proj", shexp_up=_M + "shared_experts.up_proj",
                          shexp_down=_M + "shared_experts.down_proj", g=_L + "self_attn.gate_proj",
                          v_router=_L + "self_attn.v_router", v_router_select_bias=_L + "self_attn.v_router.bias",
-                         v_exp=_L + "self_attn.v_experts.{e}")
+                         v_exp=_L + "self_attn.v_experts.{k}")
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -472,6 +472,8 @@ class FamilySpec:
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
         norm_offsets: sublayer norm role -> a number added to its stored weight in place of
             ``norm_unit_offset``'s one (PLaMo 3's post_mixer_norm 1/5, post_mlp_norm 5 ** -1.5).
+        value_experts_keys: config keys of (the value experts' count, those chosen per token): the routed
+            layers take their values from value experts (K2-Horizon's MoVA; ``config.value_router_spec``).
         norm_groups_key: config key of the number of equal groups the hidden-width RMS norms normalise
             apart (K2-Horizon's layernorm_num_groups).
         alibi_sqrt: the ALiBi bias is -slope * sqrt(distance), the distance measured from each query's
@@ -639,6 +641,7 @@ class FamilySpec:
     alibi_sqrt: bool = False
     norm_offsets: Mapping[str, float] = field(default_factory=dict)
     norm_groups_key: str | None = None
+    value_experts_keys: tuple[str, str] | None = None
     rope_interleaved: bool = False
     rope_layers: str = "all"
     default_act: str = "silu"
@@ -3021,7 +3024,8 @@ FAMILIES: dict[str, FamilySpec] = {
         # K2-Horizon: Llama's block (biases read as stored), Qwen-MoE's choice of routed layers (mlp_only_layers,
         # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
         # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.
-        FamilySpec("k2_horizon", moe=True, norm_groups_key="layernorm_num_groups", names=K2_HORIZON_NAMES, normalize=_k2_horizon_config, unconfirmed=True,
+        FamilySpec("k2_horizon", moe=True, norm_groups_key="layernorm_num_groups",
+                   value_experts_keys=("mova_num_experts", "mova_num_experts_per_tok"), names=K2_HORIZON_NAMES, normalize=_k2_horizon_config, unconfirmed=True,
                    keys={"routed_scaling_factor": ("router_scaling_factor",)},
                    moe_fields={"renorm_eps": 1e-20}, moe_defaults={"norm_topk_prob": False},
                    variants=(Variant(lambda c: c.get("attention_gate_func") == "silu",
@@ -3035,8 +3039,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                              1, c.get("num_attention_heads") or 1)),
                                      "a rotation narrower than the head (rope_head_dim) is not supported"),
                              Refusal(flag("query_key_norm"), "query/key norms (query_key_norm) are not supported"),
-                             Refusal(stated("mova_num_experts", unless=0),
-                                     "value experts (mova_num_experts) are not supported yet"))),
+)),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

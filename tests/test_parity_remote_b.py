@@ -534,6 +534,12 @@ CASES = {
     "k2-grouped-norms": ("k2_horizon", dict(_K2, router_score_func="sigmoid", layernorm_num_groups=4,
                                             mlp_only_layers=[0])),
     "k2-gate-silu": ("k2_horizon", dict(_K2, router_score_func="softmax", attention_gate_func="silu")),
+    "k2-mova-sigmoid-bias": ("k2_horizon", dict(_K2, router_score_func="sigmoid", mova_num_experts=4,
+                                                mova_num_experts_per_tok=2, mlp_only_layers=[0],
+                                                router_scaling_factor=1.3, num_shared_experts=1)),
+    "k2-mova-softmax-all-extras": ("k2_horizon", dict(_K2, router_score_func="softmax", mova_num_experts=3,
+                                                      mova_num_experts_per_tok=2, layernorm_num_groups=2,
+                                                      attention_gate_func="silu")),
     "k2-gate-softplus": ("k2_horizon", dict(_K2, router_score_func="sigmoid", attention_gate_func="softplus",
                                             num_shared_experts=1)),
     "plamo3-plain-unscaled": ("plamo3", dict(num_hidden_layers=3, sliding_window_pattern=3, window_size=6,
@@ -621,6 +627,23 @@ def test_plamo3_post_norms_apply_their_offsets(tmp_path):
         np.testing.assert_allclose(model.decoder.layers[1].norms[role](x), rms * (w + offset), rtol=2e-5, atol=1e-6)
 
 
+def test_value_experts_equal_their_numpy_reference():
+    """decoder/mova.py's grouped loop against its per-token float64 definition, sigmoid scores with a
+    selection bias, renormalised and scaled (the router of the k2-mova-sigmoid-bias case)."""
+    from ster_py.decoder.linear import make_linear
+    from ster_py.decoder.moe import RouterSpec
+    from ster_py.decoder.mova import ValueExperts, value_experts_reference
+
+    rng = np.random.RandomState(3)
+    spec = RouterSpec(num_experts=5, top_k=2, scoring="sigmoid", select_bias=True, renormalize=True,
+                      renorm_eps=1e-20, scale=1.3)
+    router, bias = rng.randn(5, 16).astype(np.float32), rng.randn(5).astype(np.float32)
+    experts = [rng.randn(8, 16).astype(np.float32) for _ in range(5)]
+    x = rng.randn(7, 16).astype(np.float32)
+    ours = ValueExperts(spec, make_linear(router), bias, [make_linear(w) for w in experts])(x)
+    np.testing.assert_allclose(ours, value_experts_reference(spec, router, bias, experts, x), rtol=1e-5, atol=1e-6)
+
+
 def test_these_families_say_they_have_no_reference_here():
     from typer.testing import CliRunner
 
@@ -636,6 +659,11 @@ def test_these_families_say_they_have_no_reference_here():
     ("telechat", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
     ("telechat", {"embed_layernorm": True}, "embed_layernorm"),
     ("plamo3", {"linear_type": "fp8"}, "linear_type"),
+    ("k2_horizon", dict(_K2, rope_head_dim=8), "rope_head_dim"),
+    ("k2_horizon", dict(_K2, query_key_norm=True), "query_key_norm"),
+    ("k2_horizon", dict(_K2, attention_gate_func="tanh"), "attention_gate_func"),
+    ("k2_horizon", dict(_K2, layernorm_num_groups=5), "layernorm_num_groups"),
+    ("k2_horizon", dict(_K2, mova_num_experts=4, mova_num_experts_per_tok=5), "mova_num_experts_per_tok"),
     ("nemotron-nas", {}, "block_configs"),
     ("nemotron-nas", {"block_configs": [_DECI_ENTRY] * 2}, "block_configs"),
     ("nemotron-nas", {"block_configs": [_DECI_ENTRY, _DECI_ENTRY, {**_DECI_ENTRY, "ffn": {

@@ -25,6 +25,7 @@ import numpy as np
 
 from ._fast import ops as _ops
 from .linear import make_linear
+from .mova import ValueExperts
 from .norms import Norm
 from .parts import Part
 from .positions import query_temperature
@@ -191,7 +192,8 @@ class Attention(Part):
         self.source = self.layer.kv_source
         if self.source is not None:
             self.KV = False  # it caches nothing: the cache gives it no buffers
-        own = ("q", "o") if self.source is not None else ("q", "k", "o") if self.layer.v_from_k else self.ROLES
+        own = ("q", "o") if self.source is not None else ("q", "k", "o") if (
+            self.layer.v_from_k or self.layer.value_experts) else self.ROLES
         for r in self.ROLES:
             object.__setattr__(self, r, make_linear(load(r, required=True), load(r, "bias")) if r in own else None)
         self.q_norm = self._qk_norm("q_norm", load, norm)
@@ -200,6 +202,14 @@ class Attention(Part):
         self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
         # the gate is a projection of its own, or rows of q (``attn_gate_in_q``: split in ``__call__``)
         self.g = make_linear(load("g", required=True)) if spec.attn_gate and not spec.attn_gate_in_q else None
+        # values from routed value experts (LayerSpec.value_experts, decoder/mova.py), not from v
+        self.v_experts = None
+        if self.layer.value_experts:
+            r = spec.value_router
+            self.v_experts = ValueExperts(
+                r, make_linear(load("v_router", required=True)),
+                load("v_router_select_bias", "", required=True) if r.select_bias else None,
+                [make_linear(load("v_exp", required=True, slot=e)) for e in range(r.num_experts)])
 
     def _qk_norm(self, role: str, load, norm):
         """The layer's q or k norm, or None (no q/k norms here, or optional ones the weights lack)."""
@@ -226,7 +236,10 @@ class Attention(Part):
         s, T = self.spec, x.shape[0]
         if self.source is not None:
             return self._shared(x, cache, positions, tables)
-        if self.v is None:  # values are the key projection, before the key norm
+        if self.v_experts is not None:  # values from the value experts
+            q, k = self.project(("q", "k"), x)
+            v = self.v_experts(x)
+        elif self.v is None:  # values are the key projection, before the key norm
             q, k = self.project(("q", "k"), x)
             v = k.copy()  # k is normed and rotated in place below
         else:

@@ -79,6 +79,9 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         if m.latent_size:
             shapes.update({("moe_latent_in", "weight"): (m.latent_size, d), ("moe_latent_in", "bias"): (m.latent_size,),
                            ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
+    if spec.value_router is not None:  # value experts (decoder/mova.py)
+        n = spec.value_router.num_experts
+        shapes.update({("v_router", "weight"): (n, d), ("v_router_select_bias", ""): (n,), ("v_exp", "weight"): (v, d)})
     if spec.ssm is not None:
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
