@@ -451,6 +451,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type}'s attention layers differ "
                             "in head counts or widths (or its values are not as wide as its keys), which ster does "
                             "not adapt; adapt the feed-forward projections (gate, up, down) only")
+        if target == "v" and any(getattr(layer, "value_experts", False) for layer in spec.layers):
+            raise SterError(f"adapter {ad.path} targets v, but {spec.model_type}'s routed layers take their values "
+                            "from value experts (MoVA), which ster does not adapt; adapt q, k, o or the dense "
+                            "feed-forward projections")
         if not has_role(target):
             what = "feed-forward has no gate projection" if target == "gate" else f"has no {target} projection"
             raise SterError(f"adapter {ad.path} targets {target}, but this {spec.model_type} model's {what}")

@@ -644,6 +644,23 @@ def test_value_experts_equal_their_numpy_reference():
     np.testing.assert_allclose(ours, value_experts_reference(spec, router, bias, experts, x), rtol=1e-5, atol=1e-6)
 
 
+def test_k2_horizon_value_adapters_are_refused(tmp_path):
+    """Seed 002: under mova_num_experts no value adapter is trained (an adapter on q still fits)."""
+    from pathlib import Path
+
+    from ster_py.adapters import LoraAdapter, check_adapter_for
+
+    _k2_horizon(tmp_path, dict(CASES["k2-mova-sigmoid-bias"][1]))
+    model = load_model(str(tmp_path))
+
+    def adapter(target: str, out: int) -> LoraAdapter:
+        return LoraAdapter(Path("a"), "ster", None, None, 2, 4.0, False, 64,
+                           {(1, target): (np.zeros((2, 64), np.float32), np.zeros((out, 2), np.float32))})
+    check_adapter_for(adapter("q", 64), model.resolved, model.spec, lambda role: True)
+    with pytest.raises(SterError, match="value experts"):
+        check_adapter_for(adapter("v", 32), model.resolved, model.spec, lambda role: True)
+
+
 def test_these_families_say_they_have_no_reference_here():
     from typer.testing import CliRunner
 
