@@ -1,5 +1,5 @@
 """Families without a Transformers implementation, second part (issue 16): telechat,
-nemotron-nas, step1, each against a Transformers model of the same math.
+nemotron-nas, step1, plamo3, k2_horizon, each against a Transformers model of the same math.
 
 As in ``test_parity_remote.py``, the oracle is built, not assumed: a tiny random Transformers
 model whose computation is the family's once its extras are neutral is written in the family's
@@ -7,7 +7,9 @@ own layout and config spellings (seed 002), and ster on that directory must give
 logits within 1e-4 (f32), the same through the cache in two pieces, and 16 equal greedy tokens.
 Each extra switched on is then compared with a small reference of that one feature written here
 from the seed's words (TeleChat's key_value rows head by head; DeciLM's per-layer block_configs
-with no_op halves; Step1's ALiBi by the square root of the distance), not from ster's decoder.
+with no_op halves; Step1's ALiBi by the square root of the distance; PLaMo 3's post-norm offsets;
+K2-Horizon's grouped norms, output gates and value experts, as torch modules put into the
+Transformers model), not from ster's decoder.
 """
 from __future__ import annotations
 
@@ -659,6 +661,21 @@ def test_k2_horizon_value_adapters_are_refused(tmp_path):
     check_adapter_for(adapter("q", 64), model.resolved, model.spec, lambda role: True)
     with pytest.raises(SterError, match="value experts"):
         check_adapter_for(adapter("v", 32), model.resolved, model.spec, lambda role: True)
+
+
+def test_telechat_dynamic_rotation_without_alpha_is_the_plain_one():
+    """Seed 002: TeleChat's dynamic scaling without an alpha changes the base only past
+    max_position_embeddings (seq_length), so within it the rotation is the plain one."""
+    from ster_py.config import spec_from_config
+
+    base = {"model_type": "telechat", "vocab_size": VOCAB, "hidden_size": 64, "n_head": 4, "n_layer": 2,
+            "ffn_hidden_size": 96, "seq_length": 64}
+    plain = spec_from_config(base, gate(base, "config.json")).layers[0].rope
+    dynamic = dict(base, rope_scaling={"type": "dynamic", "factor": 2.0})
+    rope = spec_from_config(dynamic, gate(dynamic, "config.json")).layers[0].rope
+    positions = np.arange(64)
+    for a, b in zip(plain.cos_sin(positions, 64), rope.cos_sin(positions, 64)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_these_families_say_they_have_no_reference_here():
