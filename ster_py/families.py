@@ -13,6 +13,7 @@ weight is mapped.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -2125,6 +2126,42 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+# ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (model_type chatglm), below transformer.
+_CG = "transformer.encoder.layers.{i}."
+CHATGLM_NAMES: Mapping[str, str] = {
+    "embed": "transformer.embedding.word_embeddings", "final_norm": "transformer.encoder.final_layernorm",
+    "head": "transformer.output_layer", "attn_norm": _CG + "input_layernorm",
+    "ffn_norm": _CG + "post_attention_layernorm", "qkv": _CG + "self_attention.query_key_value",
+    "o": _CG + "self_attention.dense", "gate_up": _CG + "mlp.dense_h_to_4h", "down": _CG + "mlp.dense_4h_to_h",
+}
+# ChatGLMConfig's defaults for the switches and sizes a config.json may leave out (its remote code).
+CHATGLM_DEFAULTS: Mapping[str, Any] = {
+    "kv_channels": 128, "layernorm_epsilon": 1e-5, "rmsnorm": True, "apply_residual_connection_post_layernorm": False,
+    "post_layer_norm": True, "add_bias_linear": False, "add_qkv_bias": False, "multi_query_attention": False,
+    "multi_query_group_num": 1, "rope_ratio": 1, "original_rope": True, "seq_length": 2048,
+}
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _chatglm_config(config: Mapping) -> Mapping:
+    """ChatGLM's spellings as the keys config.py reads (seed 002): key/value heads are
+    multi_query_group_num under multi_query_attention and one per head otherwise; the first half of
+    each kv_channels-wide head rotates at base 10000 * rope_ratio (the remote code's fixed base;
+    a stated rope_theta or rope_scaling is not read by it, so not here either)."""
+    c = dict(config)
+    heads = c.get("num_attention_heads")
+    c["num_key_value_heads"] = c.get("multi_query_group_num") if c.get("multi_query_attention") else heads
+    ratio = c.get("rope_ratio", 1)
+    c.pop("rope_scaling", None)
+    c["rope_parameters"] = {"rope_type": "default",
+                            "rope_theta": 10000.0 * float(ratio) if _positive_number(ratio) else 10000.0}
+    c["partial_rotary_factor"] = 0.5
+    return c
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -3040,6 +3077,38 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a rotation narrower than the head (rope_head_dim) is not supported"),
                              Refusal(flag("query_key_norm"), "query/key norms (query_key_norm) are not supported"),
 )),
+        # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (tests/test_chatglm.py). GLM's block
+        # (fused gate/up with gate rows first, the first half of each head rotated by adjacent pairs) below
+        # transformer.; query, key and value in one query_key_value, all queries then the groups' keys and
+        # values under multi_query_attention, each head's query, key and value in turn otherwise (its
+        # remote code views the rows as [heads, 3 * kv_channels]). Biases are read as stored (add_qkv_bias,
+        # add_bias_linear).
+        FamilySpec("chatglm", names=CHATGLM_NAMES, fused_qkv="concat", rope_interleaved=True, unconfirmed=True,
+                   normalize=_chatglm_config, config_defaults=CHATGLM_DEFAULTS,
+                   keys={"vocab_size": ("padded_vocab_size", "vocab_size"), "intermediate_size": ("ffn_hidden_size",),
+                         "num_hidden_layers": ("num_layers",), "head_dim": ("kv_channels",),
+                         "norm_eps": ("layernorm_epsilon",), "max_position_embeddings": ("seq_length",),
+                         "act": ()},
+                   variants=(Variant(unset("rmsnorm"), {"norm": "layer"}),
+                             Variant(unset("original_rope"), {"rope_interleaved": False}),
+                             Variant(unset("multi_query_attention", False), {"fused_qkv": "grouped"})),
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "a residual taken after the norm (apply_residual_connection_post_layernorm) "
+                                     "is not supported"),
+                             Refusal(unset("post_layer_norm"),
+                                     "a model without its final norm (post_layer_norm: false) is not supported"),
+                             Refusal(lambda c: c.get("position_encoding_2d") is not None
+                                     or c.get("inner_hidden_size") is not None,
+                                     "the first ChatGLM-6B's block (2D positions, position_encoding_2d / "
+                                     "inner_hidden_size) is not supported; ster runs ChatGLM2, ChatGLM3 and GLM-4"),
+                             Refusal(lambda c: not _positive_number(c.get("rope_ratio", 1)),
+                                     "a rope_ratio that is not a positive number is not supported"),
+                             Refusal(lambda c: bool(c.get("multi_query_attention")) and (
+                                 isinstance(c.get("multi_query_group_num"), bool)
+                                 or not isinstance(c.get("multi_query_group_num"), int)
+                                 or c.get("multi_query_group_num") <= 0),
+                                     "multi_query_attention without a positive integer multi_query_group_num "
+                                     "is not supported"))),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
