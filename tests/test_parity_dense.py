@@ -164,6 +164,7 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote_b.CASES.values()}
     tested |= {"step1"} if test_parity_remote_b.STEP1_CASES else set()  # its own test there (a bias-masked oracle)
+    tested.add("chatglm")  # tests/test_chatglm.py::test_matches_transformers_glm
     assert set(FAMILIES) == foundation | tested
 
 
