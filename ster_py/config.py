@@ -157,11 +157,13 @@ class ModelSpec:
     weight source (Hugging Face or llama.cpp names); ``fused_qkv``, ``inputs_first`` and
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
-    ``value_router``: how the layers with ``LayerSpec.value_experts`` choose their value experts
-    (``decoder/mova.py``). ``norm_groups``: the sublayer and final RMS norms normalise that many equal groups of the
-    hidden width apart, before their weight (K2-Horizon). ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
+    ``value_router``: how the layers with ``LayerSpec.value_experts`` choose their value
+    experts (``decoder/mova.py``). ``norm_groups``: the sublayer and final RMS norms normalise
+    that many equal groups of the hidden width apart, before their weight (K2-Horizon).
+    ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
     (Falcon adds it before the 1/sqrt(head_dim) scale); ``alibi_sqrt``: the bias is
-    -slope * sqrt(query position - key position) (Step1) instead of slope * key position; ``query_temperature`` is Llama 4's
+    -slope * sqrt(query position - key position) (Step1) instead of slope * key position;
+    ``query_temperature`` is Llama 4's
     (beta, divisor, offset): queries at position p are multiplied by
     1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
     ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
@@ -887,7 +889,8 @@ def layer_halves(config: Mapping, n_layers: int, intermediate: int,
     out = []
     for i, e in enumerate(halves):
         width = e.get("intermediate_size") if isinstance(e, Mapping) else None
-        if not isinstance(e, Mapping) or not isinstance(e.get("attention"), bool) or not isinstance(e.get("ffn"), bool) \
+        if not isinstance(e, Mapping) or not isinstance(e.get("attention"), bool) \
+                or not isinstance(e.get("ffn"), bool) \
                 or (e["ffn"] and (isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= MAX_DIM)):
             raise SterError(f"{where}: layer {i}'s block entry must say whether it has attention and a feed-forward, "
                             f"and the feed-forward's width (1..{MAX_DIM}), got {brief_value(e)}")

@@ -3062,7 +3062,8 @@ FAMILIES: dict[str, FamilySpec] = {
         # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
         # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.
         FamilySpec("k2_horizon", moe=True, norm_groups_key="layernorm_num_groups",
-                   value_experts_keys=("mova_num_experts", "mova_num_experts_per_tok"), names=K2_HORIZON_NAMES, normalize=_k2_horizon_config, unconfirmed=True,
+                   value_experts_keys=("mova_num_experts", "mova_num_experts_per_tok"), names=K2_HORIZON_NAMES,
+                   normalize=_k2_horizon_config, unconfirmed=True,
                    keys={"routed_scaling_factor": ("router_scaling_factor",)},
                    moe_fields={"renorm_eps": 1e-20}, moe_defaults={"norm_topk_prob": False},
                    variants=(Variant(lambda c: c.get("attention_gate_func") == "silu",

@@ -106,7 +106,8 @@ def _telechat(path, config: dict):
             out[name] = t
         return out
 
-    _rewrite(path, {"model_type": "telechat", "architectures": ["TeleChat2ForCausalLM"], "n_head": c["num_attention_heads"],
+    _rewrite(path, {"model_type": "telechat", "architectures": ["TeleChat2ForCausalLM"],
+                    "n_head": c["num_attention_heads"],
                     "n_layer": c["num_hidden_layers"], "ffn_hidden_size": c["intermediate_size"],
                     "layer_norm_epsilon": model.config.rms_norm_eps, "seq_length": c["max_position_embeddings"],
                     "apply_residual_connection_post_layernorm": False, "embed_layernorm": False},
@@ -187,8 +188,9 @@ def _nemotron_nas(path, config: dict):
 
 
 # An entry as the Nemotron Super configs spell every one (the tests override what they change).
-_DECI_ENTRY = {"attention": {"n_heads_in_group": 2, "no_op": False, "num_sink_tokens": None, "replace_with_linear": False,
-                             "sparsify": None, "unshifted_sink": False, "use_prefill_window_in_sink_attention": False,
+_DECI_ENTRY = {"attention": {"n_heads_in_group": 2, "no_op": False, "num_sink_tokens": None,
+                             "replace_with_linear": False, "sparsify": None, "unshifted_sink": False,
+                             "use_prefill_window_in_sink_attention": False,
                              "window_length": None},
                "ffn": {"ffn_mult": 1.0, "no_op": False, "replace_with_linear": False, "sparsify": None}}
 _NOOP_ATT = {"n_heads_in_group": None, "no_op": True}
@@ -316,7 +318,8 @@ def _plamo3(path, config: dict):
     factor, local, scaled = c.pop("rope_scaling_factor", 1), c.pop("rope_local_theta"), c.pop("scale_embedding")
     initial = c.pop("initial_context_length", None)
     full = {"rope_type": "default", "rope_theta": 10000.0} if factor == 1 else {
-        "rope_type": "yarn", "rope_theta": 10000.0, "factor": float(factor), "original_max_position_embeddings": initial,
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": float(factor),
+        "original_max_position_embeddings": initial,
         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
     types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
     head_dim = c["hidden_size"] // c["num_attention_heads"]
@@ -425,7 +428,8 @@ def _k2_torch_extras():
             for j in range(self.k):
                 e = chosen[..., j]
                 per = torch.stack([torch.nn.functional.silu(ex(x)) for ex in self.v_experts], dim=-2)  # [.., n, width]
-                out = out + w[..., j:j + 1] * per.gather(-2, e[..., None, None].expand(*e.shape, 1, per.shape[-1]))[..., 0, :]
+                pick = e[..., None, None].expand(*e.shape, 1, per.shape[-1])
+                out = out + w[..., j:j + 1] * per.gather(-2, pick)[..., 0, :]
             return out
 
     return GroupedRMSNorm, GatedOutput, ValueExperts
@@ -445,13 +449,15 @@ def _k2_horizon(path, config: dict):
     mova_n, mova_k = c.pop("mova_num_experts", None), c.pop("mova_num_experts_per_tok", None)
     score, n, dense = c.pop("router_score_func"), c["num_hidden_layers"], c.pop("mlp_only_layers", [])
     experts, k, size = c.pop("num_experts"), c.pop("num_experts_per_tok"), c.pop("moe_intermediate_size")
-    shared, renorm, scale = c.pop("num_shared_experts", 0), c.pop("norm_topk_prob", True), c.pop("router_scaling_factor", 1.0)
+    shared, renorm = c.pop("num_shared_experts", 0), c.pop("norm_topk_prob", True)
+    scale = c.pop("router_scaling_factor", 1.0)
     head_dim = c["hidden_size"] // c["num_attention_heads"]
     if score == "sigmoid":
         assert dense == list(range(len(dense))), "GLM-4.5 keeps its first layers dense"
         model = build_checkpoint(path, "glm4_moe", dict(
             c, head_dim=head_dim, n_routed_experts=experts, num_experts_per_tok=k, moe_intermediate_size=size,
-            n_shared_experts=shared, norm_topk_prob=renorm, routed_scaling_factor=scale, first_k_dense_replace=len(dense),
+            n_shared_experts=shared, norm_topk_prob=renorm, routed_scaling_factor=scale,
+            first_k_dense_replace=len(dense),
             partial_rotary_factor=1.0, use_qk_norm=False, attention_bias=c.pop("attention_bias", False)))
     else:
         assert not dense and not shared and renorm and scale == 1.0, "Mixtral's router"
@@ -504,7 +510,8 @@ def _k2_horizon(path, config: dict):
     own = {key: c[key] for key in LLAMA} | {
         "model_type": "k2_horizon", "architectures": ["K2HorizonForCausalLM"], "head_dim": head_dim,
         "rms_norm_eps": eps, "rope_theta": model.config.rope_parameters["rope_theta"], "hidden_act": "silu",
-        "tie_word_embeddings": False, "num_experts": experts, "num_experts_per_tok": k, "moe_intermediate_size": size, "num_shared_experts": shared,
+        "tie_word_embeddings": False, "num_experts": experts, "num_experts_per_tok": k, "moe_intermediate_size": size,
+        "num_shared_experts": shared,
         "router_score_func": score, "moe_gate_bias": score == "sigmoid", "norm_topk_prob": renorm,
         "router_scaling_factor": scale, "mlp_only_layers": dense, "decoder_sparse_step": 1,
         "attention_bias": config.get("attention_bias", False), "layernorm_num_groups": groups,
@@ -592,7 +599,8 @@ def test_nemotron_nas_layers_follow_their_block_configs(nas_model):
     assert [model.spec.attention_shape(i)[1] for i in (0, 2, 4)] == [1, 4, 2]
     widths = [np.asarray(model.decoder.layers[i].down.weight).shape[1] for i in (0, 1, 4)]
     assert widths == [_deci_width({"ffn_mult": 2.625}, 64), _deci_width({"ffn_mult": 7.0}, 64), 80] == [256, 512, 80]
-    assert [model.spec.layer_norms(i) for i in range(4)] == [("attn_norm", "ffn_norm"), ("ffn_norm",), ("attn_norm",), ()]
+    assert [model.spec.layer_norms(i) for i in range(4)] == [("attn_norm", "ffn_norm"), ("ffn_norm",), ("attn_norm",),
+                                                             ()]
     states: list = []
     model.decoder.forward(PROMPT, hidden_states=states)
     np.testing.assert_array_equal(states[4], states[3])  # layer 3's output is its input
@@ -623,7 +631,8 @@ def test_plamo3_post_norms_apply_their_offsets(tmp_path):
     eps = json.loads((tmp_path / "config.json").read_text())["rms_norm_eps"]
     x = np.random.RandomState(1).randn(5, 64).astype(np.float32)
     rms = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps)
-    for role, name, offset in (("attn_post_norm", "post_mixer_norm", 1 / 5), ("ffn_post_norm", "post_mlp_norm", 5 ** -1.5),
+    for role, name, offset in (("attn_post_norm", "post_mixer_norm", 1 / 5),
+                               ("ffn_post_norm", "post_mlp_norm", 5 ** -1.5),
                                ("attn_norm", "pre_mixer_norm", 1.0), ("ffn_norm", "pre_mlp_norm", 1.0)):
         w = stored[f"model.layers.layers.1.{name}.weight"].astype(np.float64)
         np.testing.assert_allclose(model.decoder.layers[1].norms[role](x), rms * (w + offset), rtol=2e-5, atol=1e-6)

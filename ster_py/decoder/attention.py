@@ -169,7 +169,8 @@ class Attention(Part):
 
     The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
     ``g_proj``, or Qwen3-Next's rows of ``q`` under ``spec.attn_gate_in_q``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
-    ``softplus``; K2-Horizon's ``silu`` or ``softplus2``, log2(1 + 2 ** g)) of the ``g`` projection of the layer's normed input before ``o`` (gated
+    ``softplus``; K2-Horizon's ``silu`` or ``softplus2``, log2(1 + 2 ** g)) of the ``g``
+    projection of the layer's normed input before ``o`` (gated
     attention: Qiu et al. 2025, arXiv:2505.06708).
 
     Args:
