@@ -180,7 +180,9 @@ def test_families_json_lists_every_model_type():
         # their second part, issue 16 group R1 (tests/test_parity_remote_b.py)
         "telechat", "nemotron-nas", "step1", "plamo3", "k2_horizon",
         # group GLM of issue 16: ChatGLM2/3 and GLM-4-9B (tests/test_chatglm.py)
-        "chatglm"}
+        "chatglm",
+        # the wrapped decoders of issue 16 (tests/test_parity_wrapped.py)
+        "muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
 
 
 @pytest.mark.real
