@@ -79,7 +79,10 @@ class LayerSpec:
     only its queries and attends over the keys and values another, earlier layer cached
     (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``ffn_sparsity``: above 0, the dense
     feed-forward's gate keeps only what lies above that share of a normal fitted to it
-    (``ffn.gaussian_top``; Gemma 3n's activation_sparsity_pattern).
+    (``ffn.gaussian_top``; Gemma 3n's activation_sparsity_pattern). ``intermediate_size``: this layer's
+    dense feed-forward width when it is not the model's (DeciLM's block_configs). ``value_experts``:
+    the layer's values come from routed value experts (``ModelSpec.value_router``; K2-Horizon's MoVA),
+    not from a value projection.
     """
 
     sliding_window: int | None
@@ -103,6 +106,8 @@ class LayerSpec:
     v_from_k: bool = False
     kv_source: int | None = None
     ffn_sparsity: float = 0.0
+    intermediate_size: int | None = None
+    value_experts: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,13 @@ class ModelSpec:
     weight source (Hugging Face or llama.cpp names); ``fused_qkv``, ``inputs_first`` and
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
+    ``value_router``: how the layers with ``LayerSpec.value_experts`` choose their value
+    experts (``decoder/mova.py``). ``norm_groups``: the sublayer and final RMS norms normalise
+    that many equal groups of the hidden width apart, before their weight (K2-Horizon).
     ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
-    (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is Llama 4's
+    (Falcon adds it before the 1/sqrt(head_dim) scale); ``alibi_sqrt``: the bias is
+    -slope * sqrt(query position - key position) (Step1) instead of slope * key position;
+    ``query_temperature`` is Llama 4's
     (beta, divisor, offset): queries at position p are multiplied by
     1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
     ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
@@ -252,6 +262,10 @@ class ModelSpec:
     alibi_slopes: tuple[float, ...] | None = None
     alibi_scale: float = 1.0
     alibi_bf16: bool = False
+    alibi_sqrt: bool = False
+    norm_offsets: tuple[tuple[str, float], ...] = ()
+    norm_groups: int = 1
+    value_router: RouterSpec | None = None
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
@@ -333,6 +347,11 @@ class ModelSpec:
             return heads, heads, own.qk_head_dim, own.v_head_dim
         d = layer.head_dim or self.head_dim
         return heads, kv, d, layer.v_head_dim or d
+
+    def norm_offset(self, role: str) -> float | None:
+        """The number added to the stored weight of the norm ``role`` when it is not
+        ``norm_unit_offset``'s (``norm_offsets``; PLaMo 3's post-sublayer norms), else None."""
+        return dict(self.norm_offsets).get(role)
 
     def layer_norms(self, i: int) -> tuple[str, ...]:
         """The sublayer norms of layer ``i`` (its own, else the model's)."""
@@ -962,6 +981,35 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
     return out
 
 
+def layer_halves(config: Mapping, n_layers: int, intermediate: int,
+                 config_name: str) -> list[tuple[bool, bool, int | None]] | None:
+    """Per layer, (has attention, has a feed-forward, that feed-forward's width when not the model's), from
+    ``layer_halves`` (a list of objects ``{"attention": bool, "ffn": bool, "intermediate_size": int | null}``
+    that ``FamilySpec.normalize`` writes: DeciLM's block_configs); None when the config has none. A layer
+    without a half has neither its weights nor its norm; the stream passes through it.
+
+    Raises:
+        SterError: a list of the wrong length, an entry that is not such an object, a width that is not a
+            positive integer within bounds.
+    """
+    halves = config.get("layer_halves")
+    if halves is None:
+        return None
+    where = f"invalid model config {config_name}"
+    if not isinstance(halves, list) or len(halves) != n_layers:
+        raise SterError(f"{where}: layer_halves must list one entry per layer ({n_layers}), got {brief_value(halves)}")
+    out = []
+    for i, e in enumerate(halves):
+        width = e.get("intermediate_size") if isinstance(e, Mapping) else None
+        if not isinstance(e, Mapping) or not isinstance(e.get("attention"), bool) \
+                or not isinstance(e.get("ffn"), bool) \
+                or (e["ffn"] and (isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= MAX_DIM)):
+            raise SterError(f"{where}: layer {i}'s block entry must say whether it has attention and a feed-forward, "
+                            f"and the feed-forward's width (1..{MAX_DIM}), got {brief_value(e)}")
+        out.append((e["attention"], e["ffn"], width if e["ffn"] and width != intermediate else None))
+    return out
+
+
 def kv_sources(config: Mapping, family: FamilySpec, sliding: list[bool], config_name: str) -> list[int | None]:
     """Per layer, the earlier layer whose cached keys and values it attends over, or None: under the
     family's ``kv_shared_key`` (Gemma 4's num_kv_shared_layers, n), each of the last n layers reuses
@@ -1186,6 +1234,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
+    halves = layer_halves(config, n_layers, intermediate, config_name)
+    if halves is not None:  # layers without their attention or feed-forward (DeciLM's no_op halves)
+        mixers = [(mixer if att else "none", ffn if has_ffn else "none")
+                  for (mixer, ffn), (att, has_ffn, _) in zip(mixers, halves)]
     block_sparse = block_sparse_spec(config, config_name, head_dim, n_layers) if family.block_sparse else None
     relative = relative_spec(config, config_name) if family.relative else None
     if relative is not None:  # every layer attends with the relative bias (Inkling)
@@ -1214,6 +1266,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                      (s, o["head_dim"]), make(sliding_params if s and sliding_params is not None else full_params,
                                               o["head_dim"]))
                  for rope, s, o in zip(ropes, sliding, own)]
+    if halves is not None:  # each half's norm goes with it; a feed-forward of its own width
+        own = [dict(o, norms=tuple(n for n in family.norms if (att or not n.startswith("attn"))
+                                   and (has_ffn or not n.startswith("ffn"))), intermediate_size=width)
+               for o, (att, has_ffn, width) in zip(own, halves)]
     if family.k_eq_v_key and config.get(family.k_eq_v_key):  # full-attention values are their keys
         own = [o if s else dict(o, v_from_k=True) for o, s in zip(own, sliding)]
     for i, src in enumerate(kv_sources(config, family, sliding, config_name)):
@@ -1228,6 +1284,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if moe is not None and config.get("moe_layer_shapes") is not None:  # per-layer expert widths and top-k
         shaped = _layer_moe_shapes(config, moe, n_layers, config_name)
         own = [dict(o, moe=m) if m is not None and m != moe else o for o, m in zip(own, shaped)]
+    value_router = value_router_spec(config, family, moe, config_name)
+    if value_router is not None:  # the routed layers take their values from value experts (MoVA)
+        own = [dict(o, value_experts=True) if m else o for o, m in zip(own, routed)]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -1327,6 +1386,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         per_layer_clamp=family.per_layer_clamp,
         altup=altup_spec(config, config_name) if family.altup else None,
         laurel=family.laurel,
+        value_router=value_router,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1535,6 +1595,49 @@ def latent_attn_scale(params: Mapping, qk_head_dim: int, max_pos: int) -> float:
     return scale
 
 
+def value_router_spec(config: Mapping, family: FamilySpec, moe: MoESpec | None,
+                      config_name: str) -> RouterSpec | None:
+    """The value experts' router (K2-Horizon's MoVA, the family's ``value_experts_keys``: the expert count
+    and the experts per token): the feed-forward router's scoring, selection bias, renormalisation and
+    scale over that many experts; None when the config states no count (or 0).
+
+    Raises:
+        SterError: counts that are not positive integers, more per token than experts, value experts
+            in a model without routed feed-forwards (whose router they follow).
+    """
+    if not family.value_experts_keys:
+        return None
+    n_key, k_key = family.value_experts_keys
+    n, k = config.get(n_key), config.get(k_key)
+    if not n:
+        return None
+    where = f"invalid model config {config_name}"
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_EXPERTS:
+        raise SterError(f"{where}: {n_key} must be an integer in 1..{MAX_EXPERTS}, got {brief_value(n)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= n:
+        raise SterError(f"{where}: {k_key} must be an integer in 1..{n_key} ({n}), got {brief_value(k)}")
+    if moe is None:
+        raise SterError(f"{where}: {n_key} needs the routed feed-forward (num_experts) whose router the value "
+                        "experts follow")
+    return replace(moe.router, num_experts=n, top_k=k, n_group=1, topk_group=1)
+
+
+def norm_groups(config: Mapping, family: FamilySpec, hidden: int, config_name: str) -> int:
+    """How many equal groups of the hidden width the sublayer and final RMS norms normalise apart
+    (the family's ``norm_groups_key``: K2-Horizon's layernorm_num_groups); 1 when unstated.
+
+    Raises:
+        SterError: a count that is not a positive integer dividing hidden_size.
+    """
+    g = config.get(family.norm_groups_key) if family.norm_groups_key else None
+    if g is None:
+        return 1
+    if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or hidden % g:
+        raise SterError(f"invalid model config {config_name}: {family.norm_groups_key} must be a positive integer "
+                        f"dividing hidden_size ({hidden}), got {brief_value(g)}")
+    return g
+
+
 def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: int, head_dim: int,
                   config_name: str, attn_scale: float | None = None) -> dict[str, Any]:
     """The ``ModelSpec`` fields a family's flags and scalar config keys decide, shared with the GGUF path.
@@ -1569,6 +1672,9 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         alibi_slopes=alibi_slopes(heads, r.number("alibi_bias_max", 8.0)) if family.positions == "alibi" else None,
         alibi_scale=attn_scale if family.alibi_scaled else 1.0,
         alibi_bf16=family.alibi_bf16,
+        alibi_sqrt=family.alibi_sqrt,
+        norm_offsets=tuple(family.norm_offsets.items()),
+        norm_groups=norm_groups(config, family, hidden, config_name),
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
         # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,

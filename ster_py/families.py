@@ -199,6 +199,33 @@ INTERNLM2_NAMES: Mapping[str, str] = {
 # openPangu-Embedded under sandwich_norm: the norm after attention keeps Llama's post_attention_layernorm name.
 PANGU_SANDWICH_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
                              ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+# TeleChat2 / TeleChat2.5: Llama's block below transformer.; keys and values in one key_value matrix
+# whose rows hold, per key/value head, its key and then its value (layout's fused "kv").
+_T = "transformer.h.{i}."
+TELECHAT_NAMES: Mapping[str, str] = {
+    "embed": "transformer.word_embeddings", "final_norm": "transformer.ln_f", "head": "lm_head",
+    "attn_norm": _T + "input_layernorm", "ffn_norm": _T + "post_attention_layernorm",
+    "q": _T + "self_attention.query", "kv": _T + "self_attention.key_value", "o": _T + "self_attention.dense",
+    "gate": _T + "mlp.gate_proj", "up": _T + "mlp.up_proj", "down": _T + "mlp.down_proj",
+}
+# PLaMo 3: Llama's block under model.layers.layers.{i} with sandwich norms (pre_/post_ mixer and mlp norms),
+# q, k and v stacked in mixer.qkv_proj, gate rows above up rows in mlp.gate_up_proj.
+_P3 = "model.layers.layers.{i}."
+PLAMO3_NAMES: Mapping[str, str] = {
+    "embed": "model.embed_tokens", "final_norm": "model.norm", "head": "lm_head",
+    "attn_norm": _P3 + "pre_mixer_norm", "attn_post_norm": _P3 + "post_mixer_norm",
+    "ffn_norm": _P3 + "pre_mlp_norm", "ffn_post_norm": _P3 + "post_mlp_norm",
+    "qkv": _P3 + "mixer.qkv_proj", "o": _P3 + "mixer.o_proj", "q_norm": _P3 + "mixer.q_norm",
+    "k_norm": _P3 + "mixer.k_norm", "gate_up": _P3 + "mlp.gate_up_proj", "down": _P3 + "mlp.down_proj",
+}
+# K2-Horizon: Qwen-MoE's names with the router's selection bias stored as mlp.gate.bias, shared experts under
+# mlp.shared_experts, an output gate at self_attn.gate_proj and MoVA's value experts (self_attn.v_experts.{e},
+# chosen by self_attn.v_router).
+K2_HORIZON_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.bias",
+                         shexp_gate=_M + "shared_experts.gate_proj", shexp_up=_M + "shared_experts.up_proj",
+                         shexp_down=_M + "shared_experts.down_proj", g=_L + "self_attn.gate_proj",
+                         v_router=_L + "self_attn.v_router", v_router_select_bias=_L + "self_attn.v_router.bias",
+                         v_exp=_L + "self_attn.v_experts.{k}")
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -446,6 +473,14 @@ class FamilySpec:
             ``"none"`` (no position signal: Jamba's and Nemotron-H's attention, state-space models).
         alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
+        norm_offsets: sublayer norm role -> a number added to its stored weight in place of
+            ``norm_unit_offset``'s one (PLaMo 3's post_mixer_norm 1/5, post_mlp_norm 5 ** -1.5).
+        value_experts_keys: config keys of (the value experts' count, those chosen per token): the routed
+            layers take their values from value experts (K2-Horizon's MoVA; ``config.value_router_spec``).
+        norm_groups_key: config key of the number of equal groups the hidden-width RMS norms normalise
+            apart (K2-Horizon's layernorm_num_groups).
+        alibi_sqrt: the ALiBi bias is -slope * sqrt(distance), the distance measured from each query's
+            absolute position (Step1), rather than slope * key position.
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
         rope_layers: which layers rotate: ``"all"``, ``"sliding"`` (only sliding-window layers,
             Cohere 2), ``"sliding_or_dense"`` (those and the dense feed-forward layers, Cohere 2 MoE)
@@ -632,6 +667,10 @@ class FamilySpec:
     position_offset: int = 0
     alibi_scaled: bool = False
     alibi_bf16: bool = False
+    alibi_sqrt: bool = False
+    norm_offsets: Mapping[str, float] = field(default_factory=dict)
+    norm_groups_key: str | None = None
+    value_experts_keys: tuple[str, str] | None = None
     rope_interleaved: bool = False
     rope_layers: str = "all"
     default_act: str = "silu"
@@ -791,6 +830,119 @@ def _teleflm_config(config: Mapping) -> Mapping:
     if c.get("use_mup") and _teleflm_mup_stated(c):
         c["teleflm_embed_scale"] = c["input_mult"]
         c["teleflm_logit_scale"] = c["output_mult"] / c["mup_scale_factor"]
+    return c
+
+
+def _deci_blocks(config: Mapping) -> list | None:
+    """DeciLM's ``block_configs`` when it is a list of objects each with ``attention`` and ``ffn`` objects."""
+    blocks = config.get("block_configs")
+    if not isinstance(blocks, list) or not all(
+            isinstance(b, Mapping) and isinstance(b.get("attention"), Mapping) and isinstance(b.get("ffn"), Mapping)
+            for b in blocks):
+        return None
+    return blocks
+
+
+def _deci_ffn_width(ffn: Mapping, hidden: Any) -> Any:
+    """A DeciLM feed-forward's width: the entry's intermediate_size, else int(2 * ffn_mult * hidden / 3)
+    rounded up to a multiple of 256 (seed 002; DeciLM's _ffn_mult_to_intermediate_size)."""
+    if ffn.get("intermediate_size") is not None:
+        return ffn["intermediate_size"]
+    mult = ffn.get("ffn_mult")
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult < 1e6 \
+            or isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
+        return None
+    width = int(2 * mult * hidden / 3)
+    return width + (-width) % 256
+
+
+def _deci_config(config: Mapping) -> Mapping:
+    """DeciLM's ``block_configs`` (one entry per layer) in the keys config.py reads: each attending
+    layer's key/value heads (num_attention_heads / n_heads_in_group) in ``per_layer_config``, and
+    ``layer_halves``: per layer, whether it has its attention and its feed-forward (no_op: neither the
+    half nor its norm) and that feed-forward's width; intermediate_size, which DeciLM's configs leave
+    null, is the first feed-forward's."""
+    blocks = _deci_blocks(config)
+    if blocks is None:
+        return config
+    c = dict(config)
+    heads = c.get("num_attention_heads")
+    per_layer, halves = {}, []
+    for i, b in enumerate(blocks):
+        att, ffn = b["attention"], b["ffn"]
+        group = att.get("n_heads_in_group")
+        if not att.get("no_op") and isinstance(group, int) and not isinstance(group, bool) and group > 0 \
+                and isinstance(heads, int) and heads % group == 0:
+            per_layer[str(i)] = {"num_key_value_heads": heads // group}
+        halves.append({"attention": not att.get("no_op"), "ffn": not ffn.get("no_op"),
+                       "intermediate_size": None if ffn.get("no_op") else _deci_ffn_width(ffn, c.get("hidden_size"))})
+    c.setdefault("per_layer_config", per_layer)
+    c["layer_halves"] = halves
+    if c.get("intermediate_size") is None:  # the model's width: the first feed-forward's (each layer has its own)
+        c["intermediate_size"] = next((h["intermediate_size"] for h in halves if h["intermediate_size"]), 1)
+    return c
+
+
+def _deci_refused(why: str):
+    """Predicate over DeciLM's block_configs entries: ``why(attention, ffn, config)`` holds for one of them."""
+    def when(config: Mapping) -> bool:
+        return any(why(b["attention"], b["ffn"], config) for b in _deci_blocks(config) or ())
+    return when
+
+
+def _deci_attention_unsized(att: Mapping, ffn: Mapping, config: Mapping) -> bool:
+    group, heads = att.get("n_heads_in_group"), config.get("num_attention_heads")
+    return not att.get("no_op") and (isinstance(group, bool) or not isinstance(group, int) or group <= 0
+                                     or not isinstance(heads, int) or heads % group != 0)
+
+
+_DECI_REFUSALS = (
+    Refusal(lambda c: _deci_blocks(c) is None or len(_deci_blocks(c)) != _n_layers(c),
+            "a config without block_configs (one object with attention and ffn per layer, num_hidden_layers of "
+            "them) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: bool(a.get("replace_with_linear")) or bool(f.get("replace_with_linear"))),
+            "a block replaced by a linear layer (replace_with_linear) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: a.get("sparsify") is not None or f.get("sparsify") is not None),
+            "sparsified blocks (sparsify) are not supported"),
+    Refusal(_deci_refused(lambda a, f, c: a.get("window_length") is not None),
+            "attention through a window (block_configs' window_length) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: bool(a.get("num_sink_tokens"))),
+            "attention sink tokens (num_sink_tokens) are not supported"),
+    Refusal(_deci_refused(lambda a, f, c: f.get("hidden_act") is not None
+                          and f.get("hidden_act") != c.get("hidden_act", "silu")),
+            "a layer's hidden_act other than the model's is not supported"),
+    Refusal(_deci_refused(_deci_attention_unsized),
+            "an attention entry without an n_heads_in_group that divides num_attention_heads is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: not f.get("no_op") and _deci_ffn_width(f, c.get("hidden_size")) is None),
+            "a feed-forward entry without a positive ffn_mult or intermediate_size is not supported"),
+)
+
+
+def _plamo3_config(config: Mapping) -> Mapping:
+    """PLaMo 3's spellings in the keys config.py reads: window_size as sliding_window, head width from
+    hidden_size_per_head where head_dim is absent, and the full-attention layers' YaRN (when
+    rope_scaling_factor is not one) over initial_context_length positions with the band 32 to 1
+    unrounded (truncate false), as modeling_plamo.py builds it; the sliding layers rotate at
+    rope_local_theta (FamilySpec.local_rope_key)."""
+    c = dict(config)
+    if c.get("sliding_window") is None and c.get("window_size") is not None:
+        c["sliding_window"] = c["window_size"]
+    if c.get("head_dim") is None and c.get("hidden_size_per_head") is not None:
+        c["head_dim"] = c["hidden_size_per_head"]
+    factor = c.get("rope_scaling_factor", 1)
+    if c.get("rope_parameters") is None and c.get("rope_scaling") is None and factor not in (None, 1, 1.0):
+        c["rope_scaling"] = {"rope_type": "yarn", "factor": factor,
+                             "original_max_position_embeddings": c.get("initial_context_length"),
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    return c
+
+
+def _k2_horizon_config(config: Mapping) -> Mapping:
+    """K2-Horizon's router spellings in the keys config.py reads: router_score_func as scoring_func, and
+    under moe_gate_bias the selection by scores plus mlp.gate.bias (noaux_tc without groups)."""
+    c = dict(config)
+    c.setdefault("scoring_func", c.get("router_score_func") or "softmax")
+    c.setdefault("topk_method", "noaux_tc" if c.get("moe_gate_bias") else "greedy")
     return c
 
 
@@ -3422,6 +3574,57 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group R1 (issue 16, families without a Transformers implementation, second part)
+        # TeleChat2 / TeleChat2.5: Llama's block under TeleChat's names and spellings (biases on
+        # self_attention.dense and mlp.down_proj, read as stored).
+        FamilySpec("telechat", names=TELECHAT_NAMES, unconfirmed=True,
+                   keys={"num_attention_heads": ("n_head", "num_attention_heads"),
+                         "num_hidden_layers": ("n_layer", "num_hidden_layers"),
+                         "intermediate_size": ("ffn_hidden_size", "intermediate_size"),
+                         "max_position_embeddings": ("seq_length", "max_position_embeddings")},
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "adding the residual after the norm (apply_residual_connection_post_layernorm) "
+                                     "is not supported"),
+                             Refusal(flag("embed_layernorm"),
+                                     "a norm over the embeddings (embed_layernorm) is not supported"))),
+        # Nemotron-NAS (DeciLM: Llama-3.3-Nemotron Super and Ultra): Llama's block, each layer after its own
+        # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
+        FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
+                   refusals=_DECI_REFUSALS),
+        # Step1 (Step-Audio's language model): Llama's block with num_attention_groups key/value heads, no
+        # rotation, and ALiBi's slopes times -sqrt(distance) added to the scaled scores.
+        FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,
+                   keys={"num_key_value_heads": ("num_attention_groups", "num_key_value_heads"),
+                         "max_position_embeddings": ("max_seq_len", "max_position_embeddings")}),
+        # PLaMo 3: sandwich norms (pre-sublayer and final norms offsets from one, post-sublayer ones from 1/5
+        # and 5 ** -1.5), per-head q/k norms before the rotation, every sliding_window_pattern-th layer full.
+        FamilySpec("plamo3", names=PLAMO3_NAMES, normalize=_plamo3_config, unconfirmed=True, norms=_SANDWICH,
+                   norm_unit_offset=True, norm_offsets={"attn_post_norm": 1 / 5, "ffn_post_norm": 5 ** -1.5},
+                   qk_norm="head", fused_qkv="concat", sliding="pattern", sliding_pattern=8,
+                   local_rope_key="rope_local_theta", tie_default=True,
+                   variants=(Variant(flag("scale_embedding"), {"embed_scale_sqrt_hidden": True}),),
+                   refusals=(Refusal(stated("linear_type", unless="normal"),
+                                     "a linear_type other than normal is not supported"),)),
+        # K2-Horizon: Llama's block (biases read as stored), Qwen-MoE's choice of routed layers (mlp_only_layers,
+        # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
+        # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.
+        FamilySpec("k2_horizon", moe=True, norm_groups_key="layernorm_num_groups",
+                   value_experts_keys=("mova_num_experts", "mova_num_experts_per_tok"), names=K2_HORIZON_NAMES,
+                   normalize=_k2_horizon_config, unconfirmed=True,
+                   keys={"routed_scaling_factor": ("router_scaling_factor",)},
+                   moe_fields={"renorm_eps": 1e-20}, moe_defaults={"norm_topk_prob": False},
+                   variants=(Variant(lambda c: c.get("attention_gate_func") == "silu",
+                                     {"attn_gate": "silu", "attn_gate_per_head": False}),
+                             Variant(lambda c: c.get("attention_gate_func") == "softplus",
+                                     {"attn_gate": "softplus2", "attn_gate_per_head": False})),
+                   refusals=(Refusal(lambda c: c.get("attention_gate_func") not in (None, "silu", "softplus"),
+                                     "an attention_gate_func other than silu or softplus is not supported"),
+                             Refusal(lambda c: c.get("rope_head_dim") is not None and c.get("rope_head_dim") != (
+                                         c.get("head_dim") or (c.get("hidden_size") or 0) // max(
+                                             1, c.get("num_attention_heads") or 1)),
+                                     "a rotation narrower than the head (rope_head_dim) is not supported"),
+                             Refusal(flag("query_key_norm"), "query/key norms (query_key_norm) are not supported"),
+)),
         # ---- group R2 (issue 16; issue 15 for bailing_hybrid), tests/test_parity_remote_c.py
         # openPangu-Ultra-MoE: DeepSeek-V3's latent attention (adjacent pairs) under its own key names, a
         # sigmoid router without selection bias or groups (renormalised, norm_topk_prob true by default,

@@ -179,6 +179,8 @@ def test_families_json_lists_every_model_type():
         "gemma3n_text",
         # families without a Transformers implementation, issue 16 (tests/test_parity_remote.py)
         "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar",
+        # their second part, issue 16 group R1 (tests/test_parity_remote_b.py)
+        "telechat", "nemotron-nas", "step1", "plamo3", "k2_horizon",
         # families of group R2, issue 16 (tests/test_parity_remote_c.py)
         "pangu_ultra_moe", "nemotron_h_puzzle", "step3_text", "bailing_hybrid", "longcat_flash_ngram",
         # group GLM of issue 16: ChatGLM2/3 and GLM-4-9B (tests/test_chatglm.py)

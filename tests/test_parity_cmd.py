@@ -61,6 +61,13 @@ def _dense_cases() -> dict:
             out.setdefault(model_type, (case, config, "eager"))
     for case, (model_type, config) in mla_b.LONGCAT_CASES.items():
         out.setdefault(model_type, (case, config, "eager"))
+    import test_parity_gemma3n as gemma3n
+    import test_parity_remote_c as remote_c
+
+    ling3 = dict(remote_c.LING3)  # Ling 3.0 (Transformers' BailingHybrid) with the seed's layer kinds
+    ling3["layer_types"] = remote_c._ling3_layer_types(ling3["num_hidden_layers"], ling3["layer_group_size"])
+    out.setdefault("bailing_hybrid", ("bailing_hybrid", ling3, "eager"))
+    out.setdefault("gemma3n_text", ("gemma3n", gemma3n.E, "eager"))
     return out
 
 

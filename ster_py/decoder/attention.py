@@ -25,6 +25,7 @@ import numpy as np
 
 from ._fast import ops as _ops
 from .linear import make_linear
+from .mova import ValueExperts
 from .norms import Norm
 from .parts import Part
 from .positions import query_temperature
@@ -149,7 +150,16 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-GATES = {"sigmoid": sigmoid, "softplus": softplus}
+def softplus2(x: np.ndarray) -> np.ndarray:
+    """log2(1 + 2 ** x): softplus with beta = ln 2 (K2-Horizon's attention gate), float32, without overflow."""
+    return (np.logaddexp2(np.float32(0.0), x)).astype(np.float32, copy=False)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+GATES = {"sigmoid": sigmoid, "softplus": softplus, "softplus2": softplus2, "silu": silu}
 
 
 class Attention(Part):
@@ -161,7 +171,8 @@ class Attention(Part):
 
     The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
     ``g_proj``, or Qwen3-Next's rows of ``q`` under ``spec.attn_gate_in_q``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
-    ``softplus``) of the ``g`` projection of the layer's normed input before ``o`` (gated
+    ``softplus``; K2-Horizon's ``silu`` or ``softplus2``, log2(1 + 2 ** g)) of the ``g``
+    projection of the layer's normed input before ``o`` (gated
     attention: Qiu et al. 2025, arXiv:2505.06708).
 
     Args:
@@ -184,7 +195,8 @@ class Attention(Part):
         self.source = self.layer.kv_source
         if self.source is not None:
             self.KV = False  # it caches nothing: the cache gives it no buffers
-        own = ("q", "o") if self.source is not None else ("q", "k", "o") if self.layer.v_from_k else self.ROLES
+        own = ("q", "o") if self.source is not None else ("q", "k", "o") if (
+            self.layer.v_from_k or self.layer.value_experts) else self.ROLES
         for r in self.ROLES:
             object.__setattr__(self, r, make_linear(load(r, required=True), load(r, "bias")) if r in own else None)
         self.q_norm = self._qk_norm("q_norm", load, norm)
@@ -193,6 +205,14 @@ class Attention(Part):
         self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
         # the gate is a projection of its own, or rows of q (``attn_gate_in_q``: split in ``__call__``)
         self.g = make_linear(load("g", required=True)) if spec.attn_gate and not spec.attn_gate_in_q else None
+        # values from routed value experts (LayerSpec.value_experts, decoder/mova.py), not from v
+        self.v_experts = None
+        if self.layer.value_experts:
+            r = spec.value_router
+            self.v_experts = ValueExperts(
+                r, make_linear(load("v_router", required=True)),
+                load("v_router_select_bias", "", required=True) if r.select_bias else None,
+                [make_linear(load("v_exp", required=True, slot=e)) for e in range(r.num_experts)])
         # a query bottleneck (Step3): q narrows, q_inter_norm norms, q_up widens to the heads
         wide = getattr(spec, "query_bottleneck", 0) and "q" in own
         self.q_up = make_linear(load("q_up", required=True)) if wide else None
@@ -224,7 +244,10 @@ class Attention(Part):
         s, T = self.spec, x.shape[0]
         if self.source is not None:
             return self._shared(x, cache, positions, tables)
-        if self.v is None:  # values are the key projection, before the key norm
+        if self.v_experts is not None:  # values from the value experts
+            q, k = self.project(("q", "k"), x)
+            v = self.v_experts(x)
+        elif self.v is None:  # values are the key projection, before the key norm
             q, k = self.project(("q", "k"), x)
             v = k.copy()  # k is normed and rotated in place below
         else:

@@ -8,6 +8,8 @@ never knows how a family stores its weights:
   key rows, then value rows (Phi-3's qkv_proj, GPT-2's c_attn, MPT's Wqkv, every llama.cpp
   attn_qkv); ``grouped`` stores, per key/value head, its queries then its key then its value
   (GPT-NeoX and BLOOM's query_key_value head by head, Falcon's groupings, GPT-BigCode);
+- a fused ``kv`` tensor (keys and values only) stores, per key/value head, its key rows then its
+  value rows (TeleChat's self_attention.key_value);
 - a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM); so is
   a fused ``shexp_gate_up`` of the shared experts (GraniteMoE-Shared's ``shared_mlp.input_linear``);
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
@@ -39,7 +41,7 @@ from ..errors import SterError
 from .delta import DELTA_RESHAPED_ROLES
 from .ssm import RESHAPED_ROLES
 
-LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
+LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "kv")
 FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
               "shexp_gate": "shexp_gate_up", "shexp_up": "shexp_gate_up"}
 #: Roles of the routed experts' weights and biases (whole tensor names).
@@ -50,6 +52,8 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
     """(role, 'weight'|'bias'|'') -> the shape the configuration implies (for layer ``i``'s own
     attention shape, ``ModelSpec.attention_shape``, when given)."""
     d, f = spec.hidden_size, spec.intermediate_size
+    if i is not None and spec.layers[i].intermediate_size is not None:  # a layer's own width (DeciLM)
+        f = spec.layers[i].intermediate_size
     h, kv, hd, vd = (spec.attention_shape(i) if i is not None
                      else (spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.head_dim))
     q, k, v = h * hd, kv * hd, kv * vd
@@ -57,6 +61,7 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
     shapes = {("q", "weight"): (q, d), ("k", "weight"): (k, d), ("v", "weight"): (v, d), ("o", "weight"): (d, h * vd),
               ("q", "bias"): (q,), ("k", "bias"): (k,), ("v", "bias"): (v,), ("o", "bias"): (d,),
               ("qkv", "weight"): (q + k + v, d), ("qkv", "bias"): (q + k + v,), ("g", "weight"): (g, d),
+              ("kv", "weight"): (k + v, d), ("kv", "bias"): (k + v,),
               ("gate", "weight"): (f, d), ("up", "weight"): (f, d), ("down", "weight"): (d, f),
               ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
               ("gate_up", "weight"): (2 * f, d), ("gate_up", "bias"): (2 * f,),
@@ -74,6 +79,9 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         if m.latent_size:
             shapes.update({("moe_latent_in", "weight"): (m.latent_size, d), ("moe_latent_in", "bias"): (m.latent_size,),
                            ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
+    if spec.value_router is not None:  # value experts (decoder/mova.py)
+        n = spec.value_router.num_experts
+        shapes.update({("v_router", "weight"): (n, d), ("v_router_select_bias", ""): (n,), ("v_exp", "weight"): (v, d)})
     if spec.ssm is not None:
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
@@ -225,6 +233,9 @@ class Layout:
             return fused[:half] if role.endswith("gate") else fused[half:]
         s = self.spec
         h, kv, d, vd = s.attention_shape(i)
+        if fused_role == "kv":  # per key/value head: its key rows, then its value rows (TeleChat)
+            pairs = fused.reshape(kv, 2, d, *fused.shape[1:])
+            return np.ascontiguousarray(pairs[:, 0 if role == "k" else 1].reshape(-1, *fused.shape[1:]))
         if s.fused_qkv == "grouped":  # (values as wide as keys: the families that group have no other)
             g = h // kv
             groups = fused.reshape(kv, g + 2, d, *fused.shape[1:])
@@ -246,6 +257,8 @@ class Layout:
         t = self._read(role, i, kind, slot) if role in names else None
         where = self._name(role, i, kind, slot) if role in names else None
         fused_role = FUSED_INTO.get(role)
+        if role in ("k", "v") and "kv" in names and "qkv" not in names:
+            fused_role = "kv"
         if t is None and fused_role in names:  # stored inside a fused tensor
             fused = self._read(fused_role, i, kind)
             t = None if fused is None else self._split(fused, fused_role, role, i)

@@ -49,7 +49,7 @@ from .mamba2 import Mamba2
 from .ngram import NgramEmbedding
 from .moe import MoE, identity
 from .norms import Norm
-from .positions import alibi_bias
+from .positions import alibi_bias, alibi_sqrt_bias
 from .qlinear import QuantLinear
 from .shared_block import SharedHybrid
 from .shortconv import ShortConv
@@ -129,6 +129,9 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                shared, shared_gate, latent)
 
 
+#: The sublayer norms, over the hidden width (``ModelSpec.norm_groups`` applies to them and the final norm).
+SUBLAYER_NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
+
 #: The key of a forward call's ``tables`` under which a ``shortcut="open"`` layer holds its routed
 #: feed-forward's output for the ``"close"`` layer after it (``LayerSpec.shortcut``).
 SHORTCUT = "block.shortcut"
@@ -153,10 +156,12 @@ class _Layer:
             return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
+            offset = spec.norm_offset(role)
             eps = (spec.post_norm_eps if spec.post_norm_eps is not None and role in ("attn_post_norm", "ffn_post_norm")
                    else spec.norm_eps)
             return Norm(spec.norm, eps, load(role, required=spec.norm_affine), load(role, "bias"),
-                        spec.norm_unit_offset)
+                        spec.norm_unit_offset and offset is None, offset or 0.0,
+                        spec.norm_groups if role in SUBLAYER_NORMS else 1)  # (q/k norms are a head wide)
 
         cls = MIXERS.get(self.layer.mixer)
         own = getattr(cls, "OWN_NORMS", ())
@@ -267,6 +272,8 @@ class _Layer:
         if self.layer.residual is not None:
             return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
+            if self.ffn is None:  # neither half (DeciLM's no_op attention and feed-forward)
+                return h
             m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
             return h + (m * r if r != 1 else m)
         tables = {} if tables is None else tables
@@ -382,7 +389,8 @@ class Decoder:
         self.embed = top("embed", required=True)
         self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
         def norm(role, offset=spec.norm_unit_offset):
-            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"), offset)
+            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"), offset,
+                        groups=spec.norm_groups if role == "final_norm" else 1)
 
         # a weightless embedding norm (embed_norm_affine False) reads no tensor
         self.embed_norm = ((norm("embed_norm") if spec.embed_norm_affine else Norm(spec.norm, spec.norm_eps, None, None))
@@ -546,8 +554,9 @@ class Decoder:
         if self.ngram is not None:  # the n-grams read the tokens before these (kept by the cache)
             h = self.ngram(ids, cache.tokens()[-(self.ngram.spec.neighbors - 1):], h)
             cache.store_tokens(ids)
-        bias = (alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16)
-                if s.alibi_slopes is not None else None)
+        bias = (None if s.alibi_slopes is None
+                else alibi_sqrt_bias(s.alibi_slopes, positions, int(positions[-1]) + 1) if s.alibi_sqrt
+                else alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16))
         if hidden_states is not None:
             hidden_states.append(h)
         # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first

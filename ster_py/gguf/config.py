@@ -841,6 +841,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
+    fields["norm_offsets"] = ()  # (and PLaMo 3's other offsets, likewise folded by its converter)
     if arch in LLAMA_CPP_POST_NORM_EPS:
         fields["post_norm_eps"] = LLAMA_CPP_POST_NORM_EPS[arch]
     if family.attn_gate and tensors is not None and "g" in family.gguf_names:
