@@ -417,6 +417,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if getattr(spec, "loop", None) is not None:
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} runs its stored layers on several "
+                        "passes, so one adapter on a stored layer would correct every pass of it; ster refuses "
+                        "adapters on looped models (steering and capture work on them, per executed layer)")
     if spec.adapters == "none":
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
                         "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from .decoder.indexer import IndexerSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
+from .decoder.loops import LoopSpec, repeated
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
@@ -74,6 +75,13 @@ class LayerSpec:
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
     (Gemma 4's num_kv_shared_layers); it caches nothing itself.
+
+    Looped models (``decoder/loops.py``): ``stored`` is the stored layer whose weights this executed
+    layer reads (the ``{i}`` of its tensor names; None: its own index), ``stack`` fills ``{stack}``
+    in its names (None: the names have none). ``loop_global``: on a later pass of IQuest-LoopCoder,
+    the executed layer of the first pass whose keys and values this layer's queries also attend to
+    (the "global" half, causal over all positions), mixed per head with its own attention (the
+    "local" half, within ``sliding_window``) by the stored gate ``loop_gate``; None: plain attention.
     """
 
     sliding_window: int | None
@@ -96,6 +104,9 @@ class LayerSpec:
     head_dim: int | None = None
     v_from_k: bool = False
     kv_source: int | None = None
+    stored: int | None = None
+    stack: str | None = None
+    loop_global: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,8 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``loop``: a looped model's passes (``decoder/loops.py``, ``LoopSpec``); its ``layers`` and
+    ``num_hidden_layers`` are then every pass's executed layers (None: each layer runs once).
     """
 
     model_type: str
@@ -256,6 +269,7 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    loop: LoopSpec | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1071,6 +1085,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
                              query_temperature=rope is None or not rotated_only, **o)
                    for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
+    layers, loop = looped_layers(layers, r, family, config_name) if family.looped else (layers, None)
     # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
     dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
     # identity experts' modules a checkpoint may hold (Transformers writes LongCat-Flash's gate/up rows for them)
@@ -1086,7 +1101,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         vocab_size=r.positive_int("vocab_size"),
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=n_layers,
+        num_hidden_layers=len(layers),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
@@ -1122,9 +1137,42 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
+        loop=loop,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpec,
+                  config_name: str) -> tuple[tuple[LayerSpec, ...], LoopSpec]:
+    """The executed layers of a family whose stored layers run several times (``family.looped``; the
+    pass count is the field ``loops`` under the family's keys), and how its passes join (``loops.LoopSpec``).
+
+    Every pass runs the n stored layers in order as layers j * n .. (j + 1) * n - 1, each reading the
+    weights of its stored layer (``LayerSpec.stored``). The final norm closes each pass but the last
+    when ``family.loop_norm`` is true and the config key ``family.loop_norm_skip_key`` is not (Nanbeige's
+    skip_loop_final_norm). With ``family.loop_gated`` (IQuest-LoopCoder; the window is the field
+    ``loop_window``, its loop_window_size), the
+    layers of every later pass attend both globally, over the first pass's keys and values of their
+    stored layer (``LayerSpec.loop_global``), and locally, over their own within that window, mixed
+    by their gate.
+
+    Raises:
+        SterError: a pass count or window that is not a positive integer, or more executed layers
+            than ``MAX_LAYERS``.
+    """
+    n = len(layers)
+    loops = r.positive_int("loops", 1, limit=MAX_LAYERS)
+    if n * loops > MAX_LAYERS:
+        raise SterError(f"invalid model config {config_name}: {n} layers run {loops} times are more than "
+                        f"{MAX_LAYERS} layers")
+    window = r.positive_int("loop_window", limit=1 << 31) if family.loop_gated else None
+    out = list(replace(layer, stored=i) for i, layer in enumerate(layers))
+    for j in range(1, loops):
+        out += [replace(layer, stored=i, loop_global=i, sliding_window=window) if window is not None
+                else replace(layer, stored=i) for i, layer in enumerate(layers)]
+    skip = bool(r.value(family.loop_norm_skip_key)) if family.loop_norm_skip_key else False
+    return tuple(out), repeated(n, loops, family.loop_norm and not skip)
 
 
 def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,

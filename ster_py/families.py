@@ -582,6 +582,12 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        looped: the stored layers run ``loops`` times (read under ``keys``), each pass its own executed
+            layers with their own cache slots (``config.looped_layers``, ``decoder/loops.py``).
+        loop_norm: the final norm closes every pass but the last (the last gets it anyway), unless the
+            config key ``loop_norm_skip_key`` is true (Nanbeige's skip_loop_final_norm).
+        loop_gated: on every later pass, attention is the gated mix of a global half over the first
+            pass's keys and values and a local half within ``loop_window`` (IQuest-LoopCoder).
     """
 
     model_type: str
@@ -682,6 +688,10 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    looped: bool = False
+    loop_norm: bool = False
+    loop_norm_skip_key: str | None = None
+    loop_gated: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2838,6 +2848,38 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group LOOP: looped decoders (issue 16): stored layers run more than once, each pass its own
+        # executed layers (cache slots, steering and capture indices); adapters refused (one adapter would
+        # correct every pass of its layer). No Transformers implementation: unconfirmed.
+        # Nanbeige: Llama's block (per-head q_layernorm / k_layernorm under qk_layernorm) run num_loops
+        # times, the final norm closing every pass unless skip_loop_final_norm.
+        FamilySpec("nanbeige", unconfirmed=True, looped=True, loop_norm=True, loop_norm_skip_key="skip_loop_final_norm",
+                   keys={"loops": ("num_loops",)}, defaults={"loops": 1}, adapters="none", qk_norm="head",
+                   names=_with(LLAMA_NAMES, q_norm=_L + "self_attn.q_layernorm", k_norm=_L + "self_attn.k_layernorm"),
+                   variants=(Variant(unset("qk_layernorm", False), {"qk_norm": None}),),
+                   refusals=(Refusal(lambda c: c.get("emb_neighbor_num") is not None or bool(c.get("insert_ngram_layer_idx"))
+                                     or bool(c.get("ngram_insert_all_layers")),
+                                     "Nanbeige's n-gram embeddings (emb_neighbor_num, insert_ngram_layer_idx, "
+                                     "ngram_insert_all_layers) are not supported"),
+                             Refusal(lambda c: any(c.get(k) for k in ("enable_hyper_connection", "enable_mhc",
+                                                                      "enable_h_res_identity")),
+                                     "Nanbeige's hyper-connections (enable_hyper_connection, enable_mhc) are not "
+                                     "supported"),
+                             Refusal(lambda c: bool(c.get("enable_double_loop_split")) or bool(c.get("loop_middle_layers")),
+                                     "Nanbeige's split loops (enable_double_loop_split, loop_middle_layers) are not "
+                                     "supported"),
+                             Refusal(flag("loop_share_kv"), "Nanbeige's shared loop caches (loop_share_kv) are not "
+                                     "supported"),
+                             Refusal(flag("enable_depth_attention"), "Nanbeige's depth attention "
+                                     "(enable_depth_attention) is not supported"))),
+        # IQuest-LoopCoder: Llama's block run loop_num times; on every later pass each layer's attention is
+        # g * global (the first pass's keys and values) + (1 - g) * local (its own, within loop_window_size),
+        # g from model.gate_projections.{i} on each rotated query head. (loop_num 2 and loop_window_size 64
+        # when unstated: the defaults the family's serving code takes.)
+        FamilySpec("iquestloopcoder", unconfirmed=True, looped=True, loop_gated=True, adapters="none",
+                   keys={"loops": ("loop_num",), "loop_window": ("loop_window_size",)},
+                   defaults={"loops": 2, "loop_window": 64},
+                   names=_with(LLAMA_NAMES, loop_gate="model.gate_projections.{i}")),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

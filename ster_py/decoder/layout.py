@@ -106,6 +106,8 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
                        ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
                        ("idx_w", "weight"): (x.n_heads, d)})
+    if getattr(spec, "loop", None) is not None:  # a gated loop's per-head gate on the rotated query
+        shapes[("loop_gate", "weight")], shapes[("loop_gate", "bias")] = (h, hd), (h,)
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -148,8 +150,13 @@ class Layout:
 
     def _fill(self, name: str, i: int | None, **kw) -> str:
         """``name`` with layer ``i``'s place: ``{i}`` the stored layer and ``{half}`` the place in it
-        (``ModelSpec.layers_per_stored``); other fields as ``kw`` gives them."""
+        (``ModelSpec.layers_per_stored``), or, for an executed layer of a looped model, the stored layer
+        it reads (``LayerSpec.stored``) and ``{stack}`` its stack; other fields as ``kw`` gives them."""
         n = self.spec.layers_per_stored
+        if i is not None and self.spec.loop is not None:
+            layer = self.spec.layers[i]
+            i = i if layer.stored is None else layer.stored
+            kw.setdefault("stack", layer.stack or "")
         if i is None or n == 1:
             return name.format(i=i, half=0, **kw)
         return name.format(i=i // n, half=i % n, **kw)

@@ -318,6 +318,12 @@ class Decoder:
                                          norm("per_layer_proj_norm"))
                           if spec.per_layer_input else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
+        # a looped model's later streams start from a stored vector (decoder/loops.py), else zeros
+        self.loop_init = None
+        if spec.loop is not None and spec.loop.states > 1:
+            init = top(spec.loop.init, required=True) if spec.loop.init else None
+            self.loop_init = (np.zeros(spec.hidden_size, np.float32) if init is None
+                              else np.asarray(init, np.float32).reshape(spec.hidden_size))
         self.final_norm = norm("final_norm")
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
@@ -472,18 +478,32 @@ class Decoder:
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
                 and cache.length + 1 <= np.iinfo(np.int32).max)
         kept: list = [None] * len(s.residual_skips)
-        for layer in self.layers:
-            if s.residual_skips:
-                h = self._skip(layer.i, h, kept)
-            fused = layer.decode_step() if fuse else None
-            if fused is not None:
-                h = layer.step_one(fused, h, cache, positions, tables)
-            else:
-                h = layer(h, cache, positions, bias, tables)
-            if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
-                h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
-            if hidden_states is not None:
-                hidden_states.append(h)
+
+        def run(layers, h):
+            for layer in layers:
+                if s.residual_skips:
+                    h = self._skip(layer.i, h, kept)
+                fused = layer.decode_step() if fuse else None
+                if fused is not None:
+                    h = layer.step_one(fused, h, cache, positions, tables)
+                else:
+                    h = layer(h, cache, positions, bias, tables)
+                if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
+                    h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
+                if hidden_states is not None:
+                    hidden_states.append(h)
+            return h
+
+        if s.loop is None:
+            h = run(self.layers, h)
+        else:  # passes over the stored layers (decoder/loops.py): each reads the states summed, replaces one
+            states = [h] + [np.broadcast_to(self.loop_init, h.shape) for _ in range(s.loop.states - 1)]
+            for p in s.loop.passes:
+                x = states[0] if len(states) == 1 else np.ascontiguousarray(sum(states[1:], states[0]),
+                                                                            dtype=np.float32)
+                x = run(self.layers[p.start:p.stop], x)
+                states[p.state] = self.final_norm(x) if p.norm else x
+            h = states[0]
         cache.advance(ids.shape[0])
         if last_only:
             h = h[-1:]
