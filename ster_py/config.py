@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from .decoder.indexer import IndexerSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
-from .decoder.loops import LoopSpec, repeated
+from .decoder.loops import LoopSpec, Pass, repeated
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
@@ -200,6 +200,8 @@ class ModelSpec:
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
     ``loop``: a looped model's passes (``decoder/loops.py``, ``LoopSpec``); its ``layers`` and
     ``num_hidden_layers`` are then every pass's executed layers (None: each layer runs once).
+    ``prefix_lm``: a prompt read whole from position zero attends both ways within itself when the
+    caller asks (``Decoder.forward(bidirectional=True)``: generation's prompt; HRM-Text).
     """
 
     model_type: str
@@ -270,6 +272,7 @@ class ModelSpec:
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
     loop: LoopSpec | None = None
+    prefix_lm: bool = False
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1138,6 +1141,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         loop=loop,
+        prefix_lm=bool(config.get(family.prefix_lm_key, True)) if family.prefix_lm_key else False,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1151,7 +1155,12 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
     Every pass runs the n stored layers in order as layers j * n .. (j + 1) * n - 1, each reading the
     weights of its stored layer (``LayerSpec.stored``). The final norm closes each pass but the last
     when ``family.loop_norm`` is true and the config key ``family.loop_norm_skip_key`` is not (Nanbeige's
-    skip_loop_final_norm). With ``family.loop_gated`` (IQuest-LoopCoder; the window is the field
+    skip_loop_final_norm). With ``family.loop_stacks`` (low, high), two stacks stored under those
+    ``{stack}`` names run in cycles (HRM-Text): ``loops`` cycles (H_cycles) of ``inner_loops`` passes
+    (L_cycles) of the low stack, each replacing the low state, then one of the high stack, replacing
+    the high state; every pass reads the two states summed and ends in the (weightless) final norm,
+    the last through the model's own; the low state starts as the stored ``loop_init``. With
+    ``family.loop_gated`` (IQuest-LoopCoder; the window is the field
     ``loop_window``, its loop_window_size), the
     layers of every later pass attend both globally, over the first pass's keys and values of their
     stored layer (``LayerSpec.loop_global``), and locally, over their own within that window, mixed
@@ -1163,9 +1172,19 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
     """
     n = len(layers)
     loops = r.positive_int("loops", 1, limit=MAX_LAYERS)
-    if n * loops > MAX_LAYERS:
-        raise SterError(f"invalid model config {config_name}: {n} layers run {loops} times are more than "
-                        f"{MAX_LAYERS} layers")
+    inner = r.positive_int("inner_loops", 1, limit=MAX_LAYERS) if family.loop_stacks else 0
+    if n * loops * (inner + 1) > MAX_LAYERS:
+        raise SterError(f"invalid model config {config_name}: {n} layers run {loops * max(inner + 1, 1)} times are "
+                        f"more than {MAX_LAYERS} layers")
+    if family.loop_stacks:  # two stacks in cycles: `inner` passes of the low stack, then one of the high
+        low, high = family.loop_stacks
+        out: list[LayerSpec] = []
+        passes = []
+        for c in range(loops):
+            for stack, state, normed in [(low, 1, True)] * inner + [(high, 0, c < loops - 1)]:
+                passes.append(Pass(len(out), len(out) + n, state, normed))
+                out += [replace(layer, stored=i, stack=stack) for i, layer in enumerate(layers)]
+        return tuple(out), LoopSpec(tuple(passes), states=2, init="loop_init")
     window = r.positive_int("loop_window", limit=1 << 31) if family.loop_gated else None
     out = list(replace(layer, stored=i) for i, layer in enumerate(layers))
     for j in range(1, loops):

@@ -100,6 +100,12 @@ HUNYUAN_NAMES = _with(LLAMA_NAMES, q_norm=_L + "self_attn.query_layernorm", k_no
 HYPERCLOVAX_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_norm1", ffn_post_norm=_L + "post_norm2")
 APERTUS_NAMES = _with(LLAMA_NAMES, attn_norm=_L + "attention_layernorm", ffn_norm=_L + "feedforward_layernorm",
                       gate=None, act=_L + "mlp.act_fn")
+# HRM-Text: two stacks ({stack}: L_module, H_module) of layers without norm weights; the attention's output
+# gate rows lead its fused gqkv_proj; the low stack's first state is the stored vector z_L_init.
+_HRM = "model.{stack}.layers.{i}."
+HRM_TEXT_NAMES = {"embed": "model.embed_tokens", "head": "lm_head", "qkv": _HRM + "attn.gqkv_proj",
+                  "o": _HRM + "attn.o_proj", "gate_up": _HRM + "mlp.gate_up_proj", "down": _HRM + "mlp.down_proj",
+                  "loop_init": "model.z_L_init#"}
 # Routed feed-forwards. Expert roles name whole tensors ({e}: the expert); see decoder/layout.py.
 _M = _L + "mlp."
 QWEN_MOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_M + "gate",
@@ -588,6 +594,11 @@ class FamilySpec:
             config key ``loop_norm_skip_key`` is true (Nanbeige's skip_loop_final_norm).
         loop_gated: on every later pass, attention is the gated mix of a global half over the first
             pass's keys and values and a local half within ``loop_window`` (IQuest-LoopCoder).
+        loop_stacks: (low, high): with ``looped``, two stacks stored under these ``{stack}`` names run in
+            cycles: ``loops`` cycles of ``inner_loops`` passes of the low stack and one of the high
+            (HRM-Text; ``config.looped_layers``).
+        prefix_lm_key: config key (true when absent) under which a prompt read whole from position zero
+            attends both ways within itself (``ModelSpec.prefix_lm``).
     """
 
     model_type: str
@@ -692,6 +703,8 @@ class FamilySpec:
     loop_norm: bool = False
     loop_norm_skip_key: str | None = None
     loop_gated: bool = False
+    loop_stacks: tuple[str, str] | None = None
+    prefix_lm_key: str | None = None
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -790,6 +803,20 @@ def _solar_config(config: Mapping) -> Mapping:
         weight = tv[1] if isinstance(tv, list) and len(tv) == 2 else tv
         c["residual_skips"] = [{"keep": c.get(f"bskcn_{a}") or [], "mix": c.get(f"bskcn_{b}") or [], "weight": weight}
                                for a, b in ((1, 3), (2, 4))]
+    return c
+
+
+def _hrm_text_config(config: Mapping) -> Mapping:
+    """HRM-Text's stack length (num_layers_per_stack, else num_hidden_layers: Transformers rewrites
+    num_hidden_layers to every pass's count) as num_hidden_layers, and its embedding_scale, 1 /
+    initializer_range when unstated (Transformers' HrmTextConfig)."""
+    c = dict(config)
+    if c.get("num_layers_per_stack") is not None:
+        c["num_hidden_layers"] = c["num_layers_per_stack"]
+    if c.get("embedding_scale") is None:
+        r = c.get("initializer_range", 0.02)
+        if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0:
+            c["embedding_scale"] = 1.0 / r
     return c
 
 
@@ -2880,6 +2907,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"loops": ("loop_num",), "loop_window": ("loop_window_size",)},
                    defaults={"loops": 2, "loop_window": 64},
                    names=_with(LLAMA_NAMES, loop_gate="model.gate_projections.{i}")),
+        # HRM-Text: two stacks of Llama layers (model.L_module, model.H_module) run in cycles (config.looped_layers);
+        # gqkv_proj holds the sigmoid output gate's rows then q, k, v; a fused gate_up_proj; every norm an RMS
+        # norm without scale; the embedding times embedding_scale; a prompt attends both ways under prefix_lm.
+        FamilySpec("hrm_text", looped=True, loop_stacks=("L_module", "H_module"), prefix_lm_key="prefix_lm",
+                   norm_affine=False, fused_qkv="gate_concat", attn_gate="sigmoid", attn_gate_per_head=False,
+                   embed_multiplier_key="embedding_scale", adapters="none", normalize=_hrm_text_config,
+                   keys={"loops": ("H_cycles",), "inner_loops": ("L_cycles",), "num_key_value_heads": ()},
+                   config_defaults={"head_dim": 128, "H_cycles": 2, "L_cycles": 3, "prefix_lm": True},
+                   names=HRM_TEXT_NAMES,
+                   refusals=(Refusal(flag("attention_bias"), "attention biases (attention_bias) are not supported"),
+                             Refusal(flag("mlp_bias"), "feed-forward biases (mlp_bias) are not supported"))),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

@@ -305,3 +305,67 @@ def test_these_families_say_they_have_no_reference_here():
     notes = {r["model_type"]: r for r in rows}
     for model_type in ("nanbeige", "iquestloopcoder"):
         assert FAMILIES[model_type].unconfirmed and notes[model_type]["note"] == "no reference implementation here"
+
+
+# ------------------------------------------------------------------ HRM-Text (Transformers' own oracle)
+HRM = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+           head_dim=16, max_position_embeddings=64)
+HRM_CASES = {"hrm-2x2-prefix-lm": dict(H_cycles=2, L_cycles=2),
+             "hrm-1x3-causal": dict(H_cycles=1, L_cycles=3, prefix_lm=False)}
+
+
+def _hrm_greedy(ref, ids, n: int, prefix_lm: bool) -> list[int]:
+    """Transformers' greedy continuation, the prompt marked with token_type_ids of ones under prefix_lm
+    (the model card's way: it attends both ways), each decoded token causal through the cache."""
+    import torch
+
+    out, past, feed = [], None, list(ids)
+    with torch.no_grad():
+        for step in range(n):
+            kw = {"token_type_ids": torch.ones(1, len(feed), dtype=torch.long)} if prefix_lm and step == 0 else {}
+            res = ref(torch.tensor([feed]), past_key_values=past, use_cache=True, **kw)
+            past = res.past_key_values
+            feed = [int(res.logits[0, -1].argmax())]
+            out.append(feed[0])
+    return out
+
+
+@pytest.mark.parametrize("case", list(HRM_CASES))
+def test_hrm_text_matches_transformers(case, tmp_path):
+    import torch
+
+    kw = HRM_CASES[case]
+    ref = build_checkpoint(tmp_path, "hrm_text", dict(HRM, **kw))
+    model = load_model(str(tmp_path))
+    n_exec = HRM["num_hidden_layers"] * kw["H_cycles"] * (kw["L_cycles"] + 1)  # 2 stacks' passes, own slots
+    assert model.spec.num_hidden_layers == n_exec == ref.config.num_hidden_layers
+    assert model.spec.prefix_lm == kw.get("prefix_lm", True)
+    # passes that score every position are causal
+    causal = reference_logits(ref, PROMPT)[0]
+    err = rel_err(model.decoder.forward(PROMPT), causal)
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
+    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-4
+    # a prompt read whole from position zero attends both ways (under prefix_lm)
+    with torch.no_grad():
+        both = ref(torch.tensor([PROMPT]), token_type_ids=torch.ones(1, len(PROMPT), dtype=torch.long)).logits[0]
+    ours = model.decoder.forward(PROMPT, bidirectional=True)
+    if model.spec.prefix_lm:
+        assert rel_err(ours, both.numpy()) < 1e-4 and rel_err(both.numpy(), causal) > 1e-2
+    else:
+        assert rel_err(ours, causal) < 1e-4
+    assert (generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids
+            == _hrm_greedy(ref, PROMPT, 16, model.spec.prefix_lm))
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+    # each pass has its own steering/capture layer: hidden states count every pass's layers
+    hidden: list = []
+    model.decoder.forward(PROMPT[:4], hidden_states=hidden)
+    assert len(hidden) == n_exec + 1
+
+
+@pytest.mark.parametrize("config,match", [({"attention_bias": True}, "attention_bias"),
+                                          ({"mlp_bias": True}, "mlp_bias")])
+def test_hrm_text_refusals(config, match):
+    with pytest.raises(SterError, match=match):
+        gate({"model_type": "hrm_text", **HRM, **config}, "config.json")

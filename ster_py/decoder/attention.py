@@ -140,6 +140,12 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
     return out.reshape(H, T, v.shape[-1])
 
 
+#: The key of a forward call's ``tables`` holding the positions attention masks by, when they are not
+#: the tokens' own: int [T], all the prompt's last position for a prefix-LM prompt (every query sees
+#: the whole prompt). Rotations always use the tokens' own positions.
+MASK_POSITIONS = "attention.mask_positions"
+
+
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + exp(x)), float32, without overflow."""
     return np.logaddexp(np.float32(0.0), x)
@@ -258,7 +264,7 @@ class Attention(Part):
         if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
-        return self._attend(x, q, keys, values, positions, bias, gate_in, cache)
+        return self._attend(x, q, keys, values, tables.get(MASK_POSITIONS, positions), bias, gate_in, cache)
 
     def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None, cache=None) -> np.ndarray:
         """Queries float32 [H, T, D] over the visible keys/values (on a later pass of a gated loop, mixed

@@ -6,7 +6,7 @@ never knows how a family stores its weights:
 
 - a fused ``qkv`` tensor is split into q, k and v. ``concat`` stores all query rows, then
   key rows, then value rows (Phi-3's qkv_proj, GPT-2's c_attn, MPT's Wqkv, every llama.cpp
-  attn_qkv); ``grouped`` stores, per key/value head, its queries then its key then its value
+  attn_qkv); ``gate_concat`` the output gate's rows (``g``) before them (HRM-Text's gqkv_proj); ``grouped`` stores, per key/value head, its queries then its key then its value
   (GPT-NeoX and BLOOM's query_key_value head by head, Falcon's groupings, GPT-BigCode);
 - a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM); so is
   a fused ``shexp_gate_up`` of the shared experts (GraniteMoE-Shared's ``shared_mlp.input_linear``);
@@ -40,7 +40,7 @@ from .delta import DELTA_RESHAPED_ROLES
 from .ssm import RESHAPED_ROLES
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
-FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
+FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "g": "qkv", "gate": "gate_up", "up": "gate_up",
               "shexp_gate": "shexp_gate_up", "shexp_up": "shexp_gate_up"}
 #: Roles of the routed experts' weights and biases (whole tensor names).
 EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
@@ -108,6 +108,9 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
                        ("idx_w", "weight"): (x.n_heads, d)})
     if getattr(spec, "loop", None) is not None:  # a gated loop's per-head gate on the rotated query
         shapes[("loop_gate", "weight")], shapes[("loop_gate", "bias")] = (h, hd), (h,)
+        shapes[("loop_init", "weight")] = (d,)  # the vector the later streams start from
+    if spec.fused_qkv == "gate_concat":  # the output gate's rows, then q, k and v (HRM-Text's gqkv_proj)
+        shapes[("qkv", "weight")], shapes[("qkv", "bias")] = (g + q + k + v, d), (g + q + k + v,)
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -228,8 +231,15 @@ class Layout:
             groups = fused.reshape(kv, g + 2, d, *fused.shape[1:])
             part = {"q": groups[:, :g], "k": groups[:, g], "v": groups[:, g + 1]}[role]
             return np.ascontiguousarray(part.reshape(-1, *fused.shape[1:]))
+        g = 0
+        if s.fused_qkv == "gate_concat":  # the output gate's rows come first
+            g = h if s.attn_gate_per_head else h * vd
+            if role == "g":
+                return fused[:g]
+        if role not in ("q", "k", "v"):
+            raise SterError(f"the family of {s.model_type!r} stores no {role!r} rows in its fused attention tensor")
         bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + kv) * d + kv * vd)}[role]
-        return fused[bounds[0]:bounds[1]]
+        return fused[g + bounds[0]:g + bounds[1]]
 
     def get(self, role: str, i: int | None, kind: str, required: bool = False, slot: int | None = None):
         """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``; ``slot``

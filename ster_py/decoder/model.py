@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import ModelSpec
 from ..errors import SterError
-from .attention import Attention
+from .attention import MASK_POSITIONS, Attention
 from .cache import KVCache
 from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
@@ -440,7 +440,8 @@ class Decoder:
         return self.embed_norm(h) if self.embed_norm is not None else h
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
-                layer_hook: LayerHook | None = None, last_only: bool = False) -> np.ndarray:
+                layer_hook: LayerHook | None = None, last_only: bool = False,
+                bidirectional: bool = False) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -452,6 +453,9 @@ class Decoder:
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
                 it returns is taken as float32 [T, hidden_size].
             last_only: compute logits for the last position only.
+            bidirectional: a prompt of a prefix-LM model (``ModelSpec.prefix_lm``) read whole from position
+                zero (``cache`` empty): its tokens attend both ways within it (a generated prompt, as
+                Transformers' HRM-Text does with token_type_ids of ones); ignored otherwise.
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -474,8 +478,11 @@ class Decoder:
         tables: dict = {"embeddings": h}
         if self.per_layer is not None:
             tables["per_layer"] = self.per_layer(ids, h)
+        if bidirectional and s.prefix_lm and cache.length == 0:  # every query sees the whole prompt
+            tables[MASK_POSITIONS] = np.full(ids.shape[0], ids.shape[0] - 1)
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
+                and MASK_POSITIONS not in tables
                 and cache.length + 1 <= np.iinfo(np.int32).max)
         kept: list = [None] * len(s.residual_skips)
 
