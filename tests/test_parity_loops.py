@@ -153,6 +153,21 @@ def test_a_pass_has_its_own_steering_and_capture_layers(tmp_path):
     assert not np.allclose(base, steered)
 
 
+def test_quantized_passes_share_their_blocks_and_take_the_fused_step(tmp_path):
+    """--quantize makes one set of blocks per stored matrix, which every pass reads; decoding through the
+    fused one-token step gives the Python blocks' tokens."""
+    _nanbeige(tmp_path, loops=2)
+    model = load_model(str(tmp_path))
+    counts = model.decoder.quantize("q8_0")
+    assert sum(counts.values()) == 2 * 7 + 1  # the stored layers' q, k, v, o, gate, up, down and the head
+    first, second = model.decoder.layers[0], model.decoder.layers[2]
+    assert first.q._m is second.q._m and first.down._m is second.down._m
+    assert first.decode_step() is not None and second.decode_step() is not None
+    fused = generate(model.decoder, PROMPT, Sampling(max_new_tokens=8)).ids
+    model.decoder.fuse_decode = False
+    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=8)).ids == fused
+
+
 @pytest.mark.parametrize("config,match", [
     ({"emb_neighbor_num": 2}, "n-gram embeddings"),
     ({"insert_ngram_layer_idx": [1]}, "n-gram embeddings"),

@@ -135,6 +135,8 @@ class Layout:
         self.spec, self.weights = spec, weights
         self.expected = expected_shapes(spec)
         self._layer_expected: dict[int, dict] = {}
+        # a looped model's passes read the same stored tensors: one array each, shared by its passes
+        self._seen: dict[str, np.ndarray | None] | None = {} if getattr(spec, "loop", None) is not None else None
 
     def _expected(self, i: int | None) -> dict:
         """The shapes of layer ``i`` (its own attention shape), or the model-wide ones."""
@@ -145,6 +147,14 @@ class Layout:
         return self._layer_expected[i]
 
     def _fetch(self, name: str) -> np.ndarray | None:
+        if self._seen is not None and name in self._seen:  # a stored layer read again by a later pass
+            return self._seen[name]
+        t = self._fetch_stored(name)
+        if self._seen is not None:
+            self._seen[name] = t
+        return t
+
+    def _fetch_stored(self, name: str) -> np.ndarray | None:
         t = self.weights.get(name)
         root = self.spec.root
         if t is None and root and name.startswith(root):

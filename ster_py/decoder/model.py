@@ -376,7 +376,8 @@ class Decoder:
             progress: optional ``progress(event, done, total)``, event "quantize", per matrix.
 
         Returns:
-            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}).
+            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}; a stored matrix that
+            several passes of a looped model run counts once).
 
         Raises:
             SterError: an unknown kind, or a matrix with inf/NaN weights.
@@ -394,13 +395,19 @@ class Decoder:
         counts: dict[str, int] = {}
         todo = [(o, r, p, t) for o, r, p, t in jobs
                 if type(p) is Linear or (type(p) is QuantLinear and is_half(p.weight))]
+        # a stored matrix run by several passes (one array, decoder/layout.py) is quantized once; the
+        # array is kept beside its blocks so that its id is not reused while this runs
+        done: dict[tuple, tuple] = {}
         for n, (owner, role, p, t) in enumerate(todo):
             t = block_type_for(t or kind, p.in_features)
             if t is not None:
                 where = f"layer {owner.i} {role}" if owner is not self else "the output head"
-                blocks = quantize_matrix(p.weight, t, where)
-                setattr(owner, role, QuantLinear(QuantTensor.from_blocks(blocks, t, p.in_features, where), p.bias))
-                counts[t] = counts.get(t, 0) + 1
+                key = (id(p.weight), t)
+                if key not in done:
+                    blocks = quantize_matrix(p.weight, t, where)
+                    done[key] = (p.weight, QuantTensor.from_blocks(blocks, t, p.in_features, where))
+                    counts[t] = counts.get(t, 0) + 1
+                setattr(owner, role, QuantLinear(done[key][1], p.bias))
             if progress:
                 progress("quantize", n + 1, len(todo))
         self._link_read_ahead()
