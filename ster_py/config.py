@@ -1148,7 +1148,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
 
 def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpec,
-                  config_name: str) -> tuple[tuple[LayerSpec, ...], LoopSpec]:
+                  config_name: str, one_range: bool = False) -> tuple[tuple[LayerSpec, ...], LoopSpec]:
     """The executed layers of a family whose stored layers run several times (``family.looped``; the
     pass count is the field ``loops`` under the family's keys), and how its passes join (``loops.LoopSpec``).
 
@@ -1160,6 +1160,8 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
     (L_cycles) of the low stack, each replacing the low state, then one of the high stack, replacing
     the high state; every pass reads the two states summed and ends in the (weightless) final norm,
     the last through the model's own; the low state starts as the stored ``loop_init``. With
+    ``one_range`` the two stacks are stored as one range of layers, the high one after the low one
+    (llama.cpp's blocks): the high stack's layer i reads stored layer n + i, and no ``{stack}``. With
     ``family.loop_gated`` (IQuest-LoopCoder; the window is the field
     ``loop_window``, its loop_window_size), the
     layers of every later pass attend both globally, over the first pass's keys and values of their
@@ -1183,7 +1185,9 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
         for c in range(loops):
             for stack, state, normed in [(low, 1, True)] * inner + [(high, 0, c < loops - 1)]:
                 passes.append(Pass(len(out), len(out) + n, state, normed))
-                out += [replace(layer, stored=i, stack=stack) for i, layer in enumerate(layers)]
+                first = n if one_range and stack == high else 0
+                out += [replace(layer, stored=first + i, stack=None if one_range else stack)
+                        for i, layer in enumerate(layers)]
         return tuple(out), LoopSpec(tuple(passes), states=2, init="loop_init")
     window = r.positive_int("loop_window", limit=1 << 31) if family.loop_gated else None
     out = list(replace(layer, stored=i) for i, layer in enumerate(layers))
@@ -1192,6 +1196,33 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
                 else replace(layer, stored=i) for i, layer in enumerate(layers)]
     skip = bool(r.value(family.loop_norm_skip_key)) if family.loop_norm_skip_key else False
     return tuple(out), repeated(n, loops, family.loop_norm and not skip)
+
+
+def looped_from_gguf(spec: ModelSpec, config: Mapping, family: FamilySpec, path: str) -> ModelSpec:
+    """A looped GGUF file's spec: ``spec`` was built over the first stored stack's layers (``looped_stack``);
+    its executed layers and passes are then ``looped_layers``' over llama.cpp's one range of blocks."""
+    layers, loop = looped_layers(spec.layers, _Reader(config, family, path), family, path, one_range=True)
+    return replace(spec, layers=layers, num_hidden_layers=len(layers), loop=loop, prefix_lm=False)
+
+
+def looped_stack(config: Mapping, family: FamilySpec, block_count: int, path: str) -> int:
+    """The stored stack length of a looped GGUF file (``num_layers_per_stack`` from its metadata), checked
+    against its block_count, which llama.cpp's converter writes as every pass's layers.
+
+    Raises:
+        SterError: a missing or invalid length, or a block_count other than the passes' layers.
+    """
+    r = _Reader(config, family, path)
+    n = config.get("num_layers_per_stack")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+        raise SterError(f"invalid GGUF file {path}: its stack length (layers_per_stack) must be an integer in "
+                        f"1..{MAX_LAYERS}, got {brief_value(n)}")
+    executed = n * r.positive_int("loops", 1, limit=MAX_LAYERS) * (
+        r.positive_int("inner_loops", 1, limit=MAX_LAYERS) + 1 if family.loop_stacks else 1)
+    if executed != block_count:
+        raise SterError(f"{path}: GGUF block_count ({block_count}) is not the {executed} layers its stacks of {n} "
+                        "run in their cycles")
+    return n
 
 
 def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,

@@ -106,6 +106,12 @@ _HRM = "model.{stack}.layers.{i}."
 HRM_TEXT_NAMES = {"embed": "model.embed_tokens", "head": "lm_head", "qkv": _HRM + "attn.gqkv_proj",
                   "o": _HRM + "attn.o_proj", "gate_up": _HRM + "mlp.gate_up_proj", "down": _HRM + "mlp.down_proj",
                   "loop_init": "model.z_L_init#"}
+# llama.cpp's hrm_text: the low stack in blocks 0..n-1, the high stack in n..2n-1 (LayerSpec.stored), the gate
+# rows split out as attn_gate, z_L_init as hrm.z_l_init (no .weight suffix).
+GGUF_HRM_TEXT_NAMES = {"embed": "token_embd", "head": "output", "q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k",
+                       "v": "blk.{i}.attn_v", "g": "blk.{i}.attn_gate", "o": "blk.{i}.attn_output",
+                       "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up", "down": "blk.{i}.ffn_down",
+                       "loop_init": "hrm.z_l_init#"}
 # Routed feed-forwards. Expert roles name whole tensors ({e}: the expert); see decoder/layout.py.
 _M = _L + "mlp."
 QWEN_MOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_M + "gate",
@@ -2915,7 +2921,11 @@ FAMILIES: dict[str, FamilySpec] = {
                    embed_multiplier_key="embedding_scale", adapters="none", normalize=_hrm_text_config,
                    keys={"loops": ("H_cycles",), "inner_loops": ("L_cycles",), "num_key_value_heads": ()},
                    config_defaults={"head_dim": 128, "H_cycles": 2, "L_cycles": 3, "prefix_lm": True},
-                   names=HRM_TEXT_NAMES,
+                   names=HRM_TEXT_NAMES, gguf_arch="hrm_text", gguf_names=GGUF_HRM_TEXT_NAMES,
+                   gguf_config={"hrm.layers_per_stack": "num_layers_per_stack", "hrm.h_cycles": "H_cycles",
+                                "hrm.l_cycles": "L_cycles", "embedding_scale": "embedding_scale"},
+                   # llama.cpp's hrm-text.cpp runs every prompt causally (its prefix-LM is not implemented)
+                   gguf_changes={"prefix_lm_key": None},
                    refusals=(Refusal(flag("attention_bias"), "attention biases (attention_bias) are not supported"),
                              Refusal(flag("mlp_bias"), "feed-forward biases (mlp_bias) are not supported"))),
     )

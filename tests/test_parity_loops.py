@@ -384,3 +384,27 @@ def test_hrm_text_matches_transformers(case, tmp_path):
 def test_hrm_text_refusals(config, match):
     with pytest.raises(SterError, match=match):
         gate({"model_type": "hrm_text", **HRM, **config}, "config.json")
+
+
+def test_hrm_text_gguf_from_llamacpps_converter(tmp_path):
+    """llama.cpp's converter writes the two stacks as one range of blocks (low, then high) and block_count as
+    every pass's layers; ster runs the file as llama.cpp does (causally: its prefix-LM is not implemented)
+    and matches Transformers' causal logits and greedy tokens, and llama.cpp's own logits."""
+    from llamacpp_convert import convert_cases
+    from ster_py import llamacpp
+
+    cases = {"hrm": ("hrm_text", dict(HRM, H_cycles=2, L_cycles=2), {})}
+    path, ref = convert_cases(tmp_path, cases, lambda p, mt, c: build_checkpoint(p, mt, c))["hrm"]
+    model = load_model(str(path))
+    assert model.resolved.kind == "gguf" and model.spec.model_type == "hrm_text" and not model.spec.prefix_lm
+    n = HRM["num_hidden_layers"]
+    assert [layer.stored for layer in model.spec.layers] == ([0, 1] * 2 + [2, 3]) * 2 and model.spec.num_hidden_layers == 6 * n
+    ours = model.decoder.forward(PROMPT)
+    assert rel_err(ours, reference_logits(ref, PROMPT)[0]) < 1e-4
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
+    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-4
+    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref, PROMPT, 16)
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+    (theirs,) = llamacpp.logits(path, [PROMPT])
+    assert rel_err(ours, theirs) < 1e-3 and (ours.argmax(-1) == theirs.argmax(-1)).all()

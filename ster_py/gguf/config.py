@@ -14,8 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
-                      yarn_mscale)
+from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
+                      moe_spec, sliding_layers, yarn_mscale)
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
@@ -618,6 +618,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
                         f"block_count ({n_all}), got {brief_value(n_mtp)}")
     n_layers = n_all - int(n_mtp)
+    if family.looped:  # built over the first stack's blocks, then expanded (config.looped_from_gguf)
+        n_all = n_layers = looped_stack(config, family, n_all, path)
     layering = LLAMA_CPP_LAYERS.get(arch)
     kv_list = ff_list = None
     if layering is None:
@@ -829,7 +831,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             fields["attn_gate"] = None
         else:
             fields["attn_gate_per_head"] = per_head
-    return ModelSpec(
+    spec = ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -865,6 +867,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         **_per_layer_input(meta, arch, tensors, path),
         **fields,
     )
+    return looped_from_gguf(spec, config, family, path) if family.looped else spec
 
 
 def _kv_shared(meta: Mapping, arch: str, sliding: list[bool], n_all: int, path: str) -> list[int | None]:
