@@ -45,6 +45,7 @@ def ster(*args):
 def _arch_cases() -> dict:
     import test_parity_dense as dense
     import test_parity_gemma4_gguf as gemma4
+    import test_parity_loops as loops
     import test_parity_moe as moe
     import test_parity_remote as remote
 
@@ -53,6 +54,7 @@ def _arch_cases() -> dict:
     cases.update({f"moe-{k}": v for k, v in moe.GGUF_CASES.items()})
     cases.update({f"remote-{k}": v for k, v in remote.GGUF_CASES.items()})
     cases.update({f"gemma4-{k}": v for k, v in gemma4.GGUF_CASES.items()})
+    cases.update({f"loops-{k}": v for k, v in loops.GGUF_CASES.items()})
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),

@@ -358,11 +358,14 @@ def test_every_gguf_architecture_has_a_case():
     foundation = {"llama", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3"}
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
     # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm;
-    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote
+    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote;
+    # the looped decoders: test_parity_loops
     from test_parity_gemma4_gguf import GGUF_CASES as GEMMA4_CASES
+    from test_parity_loops import GGUF_CASES as LOOP_CASES
     from test_parity_remote import GGUF_CASES as REMOTE_CASES
 
-    others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values())}
+    others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values(),
+                                                                      *LOOP_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
     assert declared == foundation | converted | (others & declared)

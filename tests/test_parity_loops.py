@@ -386,6 +386,9 @@ def test_hrm_text_refusals(config, match):
         gate({"model_type": "hrm_text", **HRM, **config}, "config.json")
 
 
+GGUF_CASES = {"hrm": ("hrm_text", dict(HRM, H_cycles=2, L_cycles=2), {})}  # name: (model_type, config, legacy keys)
+
+
 def test_hrm_text_gguf_from_llamacpps_converter(tmp_path):
     """llama.cpp's converter writes the two stacks as one range of blocks (low, then high) and block_count as
     every pass's layers; ster runs the file as llama.cpp does (causally: its prefix-LM is not implemented)
@@ -393,8 +396,7 @@ def test_hrm_text_gguf_from_llamacpps_converter(tmp_path):
     from llamacpp_convert import convert_cases
     from ster_py import llamacpp
 
-    cases = {"hrm": ("hrm_text", dict(HRM, H_cycles=2, L_cycles=2), {})}
-    path, ref = convert_cases(tmp_path, cases, lambda p, mt, c: build_checkpoint(p, mt, c))["hrm"]
+    path, ref = convert_cases(tmp_path, GGUF_CASES, lambda p, mt, c: build_checkpoint(p, mt, c))["hrm"]
     model = load_model(str(path))
     assert model.resolved.kind == "gguf" and model.spec.model_type == "hrm_text" and not model.spec.prefix_lm
     n = HRM["num_hidden_layers"]
