@@ -1199,8 +1199,9 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
 
 
 def looped_from_gguf(spec: ModelSpec, config: Mapping, family: FamilySpec, path: str) -> ModelSpec:
-    """A looped GGUF file's spec: ``spec`` was built over the first stored stack's layers (``looped_stack``);
-    its executed layers and passes are then ``looped_layers``' over llama.cpp's one range of blocks."""
+    """A looped GGUF file's spec: ``spec`` was built over its stored blocks (two stacks: the first stack's,
+    ``looped_stack``); its executed layers and passes are then ``looped_layers``' over llama.cpp's one range
+    of blocks (Nanbeige's block_count is its stored layers, as llama.cpp's nanbeige.cpp reads it)."""
     layers, loop = looped_layers(spec.layers, _Reader(config, family, path), family, path, one_range=True)
     return replace(spec, layers=layers, num_hidden_layers=len(layers), loop=loop, prefix_lm=False)
 

@@ -231,6 +231,7 @@ UNWRITTEN_ARCHS = {
        for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
     "gemma4": "per-layer head widths and rotations, shared key/value layers and per-layer inputs as llama.cpp's "
               "converter writes them",
+    "nanbeige": "a check of its loop metadata against llama.cpp's converter (not done yet)",
     "hrm_text": "its two stacks as one range of blocks, the split attention gate and the stacks' cycle counts as "
                 "llama.cpp's converter writes them",
 }

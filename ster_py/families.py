@@ -2887,6 +2887,8 @@ FAMILIES: dict[str, FamilySpec] = {
         # Nanbeige: Llama's block (per-head q_layernorm / k_layernorm under qk_layernorm) run num_loops
         # times, the final norm closing every pass unless skip_loop_final_norm.
         FamilySpec("nanbeige", unconfirmed=True, looped=True, loop_norm=True, loop_norm_skip_key="skip_loop_final_norm",
+                   gguf_arch="nanbeige", gguf_qk_permuted=True,  # llama.cpp's nanbeige.cpp: its stored blocks
+                   gguf_config={"num_loops": "num_loops", "skip_loop_final_norm": "skip_loop_final_norm"},
                    keys={"loops": ("num_loops",)}, defaults={"loops": 1}, adapters="none", qk_norm="head",
                    names=_with(LLAMA_NAMES, q_norm=_L + "self_attn.q_layernorm", k_norm=_L + "self_attn.k_layernorm"),
                    variants=(Variant(unset("qk_layernorm", False), {"qk_norm": None}),),

@@ -618,7 +618,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
                         f"block_count ({n_all}), got {brief_value(n_mtp)}")
     n_layers = n_all - int(n_mtp)
-    if family.looped:  # built over the first stack's blocks, then expanded (config.looped_from_gguf)
+    if family.loop_stacks:  # built over the first stack's blocks, then expanded (config.looped_from_gguf)
         n_all = n_layers = looped_stack(config, family, n_all, path)
     layering = LLAMA_CPP_LAYERS.get(arch)
     kv_list = ff_list = None
