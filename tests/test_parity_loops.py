@@ -374,6 +374,15 @@ def test_hrm_text_matches_transformers(case, tmp_path):
         assert rel_err(ours, causal) < 1e-4
     assert (generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids
             == _hrm_greedy(ref, PROMPT, 16, model.spec.prefix_lm))
+    # a prompt cache reuses nothing of an earlier prompt when prompts attend both ways (a later token changes
+    # the earlier ones' keys); its logits are a fresh prompt's
+    from ster_py.prefix import PromptCache
+
+    pc = PromptCache(model.decoder)
+    pc.prefill(PROMPT[:10])
+    last = pc.prefill(PROMPT)
+    assert pc.reused == (0 if model.spec.prefix_lm else 10)
+    assert rel_err(last[None], ours[-1:]) < 1e-5
     assert model.decoder._weights.unused_tensors(model.spec) == []
     # each pass has its own steering/capture layer: hidden states count every pass's layers
     hidden: list = []
