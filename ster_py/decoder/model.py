@@ -20,6 +20,9 @@ which is Llama's pre-norm block, Gemma 2/3's sandwich, or OLMo 2's post-norm blo
 parallel block (GPT-J, GPT-NeoX, Phi-2, Cohere, Falcon) adds both sublayers to the same
 residual, the feed-forward reading ``ffn_norm(h)``, or the mixer's normed input without one.
 Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until used.
+
+A looped model (``ModelSpec.loop``, ``loops.py``) runs its executed layers in passes that join through
+running states; its layers are every pass's, each reading its stored layer's weights.
 """
 from __future__ import annotations
 
@@ -456,7 +459,8 @@ class Decoder:
             cache: the KV cache (None: a fresh one, discarded after the call).
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
-                (Transformers' ``output_hidden_states`` order, without the final norm).
+                (Transformers' ``output_hidden_states`` order, without the final norm); a looped model's:
+                after each executed layer, every pass's (without the norms that close passes).
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
                 it returns is taken as float32 [T, hidden_size].
             last_only: compute logits for the last position only.
