@@ -264,7 +264,8 @@ class Layout:
         t = self._read(role, i, kind, slot) if role in names else None
         where = self._name(role, i, kind, slot) if role in names else None
         fused_role = FUSED_INTO.get(role)
-        if t is None and fused_role in names:  # stored inside a fused tensor
+        if t is None and fused_role in names and (role != "g" or self.spec.fused_qkv == "gate_concat"):
+            # stored inside a fused tensor (an output gate's rows only where the layout says so)
             fused = self._read(fused_role, i, kind)
             t = None if fused is None else self._split(fused, fused_role, role, i)
             where = where or self._name(fused_role, i, kind)
