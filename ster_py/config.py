@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.block_sparse import BlockSparseSpec
 from .decoder.indexer import IndexerSpec
+from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
 from .decoder.loops import LoopSpec, Pass, repeated
@@ -202,6 +204,17 @@ class ModelSpec:
     ``num_hidden_layers`` are then every pass's executed layers (None: each layer runs once).
     ``prefix_lm``: a prompt read whole from position zero attends both ways within itself when the
     caller asks (``Decoder.forward(bidirectional=True)``: generation's prompt; HRM-Text).
+    ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
+    norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
+    as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
+    ``norm_eps`` (Muse Glimmer). ``block_sparse``: the index branch of the layers whose mixer is
+    ``"block_sparse"`` (``decoder/block_sparse.py``, MiniMax Sparse Attention). ``ffn_glu``, ``ffn_limit``,
+    ``ffn_alpha``: the dense feed-forwards' gated unit (``"oai"``: gpt-oss's clamped one, as MiniMax-M3's
+    swigluoai) and its clamp and sharpness. ``relative``: the relative-bias attention of the layers whose
+    mixer is ``"relative"`` (``decoder/relative.py``, Inkling); ``ffn_out_conv``: each feed-forward's
+    output passes a residual short convolution (``ffn_out_conv`` role); ``gate_up_interleaved``: a fused
+    dense ``gate_up`` alternates gate and up rows; ``logits_kept``: only the first n logits are scored
+    (Inkling's unpadded_vocab_size; 0: all).
     """
 
     model_type: str
@@ -273,6 +286,17 @@ class ModelSpec:
     residual_skips: tuple[ResidualSkip, ...] = ()
     loop: LoopSpec | None = None
     prefix_lm: bool = False
+    embed_norm_affine: bool = True
+    final_norm_unit_offset: bool | None = None
+    post_norm_eps: float | None = None
+    block_sparse: BlockSparseSpec | None = None
+    ffn_glu: str = "standard"
+    ffn_limit: float | None = None
+    ffn_alpha: float = 1.702
+    relative: RelativeSpec | None = None
+    ffn_out_conv: bool = False
+    gate_up_interleaved: bool = False
+    logits_kept: int = 0
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -283,9 +307,17 @@ class ModelSpec:
         return self.layers[i].mixer in ATTENTION_MIXERS
 
     def state_bytes(self) -> int:
-        """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""
-        return sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
-                   for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        """Bytes of the recurrent state of one sequence over all layers (0 without scans): the scans' and,
+        on relative-bias layers (Inkling), the short convolutions' last inputs."""
+        total = sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
+                    for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        if self.relative is not None:
+            for i, layer in enumerate(self.layers):
+                if layer.mixer == "relative":
+                    _, kv, dk, dv = self.attention_shape(i)
+                    width = kv * (dk + dv) + self.hidden_size * (2 if self.ffn_out_conv else 1)
+                    total += 4 * (self.relative.conv_kernel - 1) * width
+        return total
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -311,7 +343,8 @@ class ModelSpec:
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
-        return kv * (dk + dv)
+        index = self.block_sparse.index_dim if self.layers[i].mixer == "block_sparse" else 0  # its index key
+        return kv * (dk + dv) + index
 
     def layer_sinks(self, i: int) -> bool:
         """Whether layer ``i`` has a learned attention sink per head."""
@@ -483,6 +516,63 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
             ffn = "none"
         out.append((mixer, ffn))
     return out
+
+
+def block_sparse_spec(config: Mapping, config_name: str, head_dim: int, n_layers: int) -> BlockSparseSpec:
+    """MiniMax Sparse Attention's index branch from ``index_head_dim``, ``index_block_size``,
+    ``index_topk_blocks`` and ``index_local_blocks`` (a family's ``normalize`` writes them from
+    ``sparse_attention_config``), and ``_block_sparse_layers`` (one flag per layer).
+
+    Raises:
+        SterError: a size that is not a positive whole number (local blocks: at least 0, at most the
+            blocks kept), a layer list of the wrong length.
+    """
+    where = f"invalid model config {config_name}"
+    out = {}
+    for name, key, low in (("index_dim", "index_head_dim", 1), ("block_size", "index_block_size", 1),
+                           ("topk_blocks", "index_topk_blocks", 1), ("local_blocks", "index_local_blocks", 0)):
+        v = config.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_DIM:
+            raise SterError(f"{where}: {key} must be a whole number of at least {low}, got {brief_value(v)}")
+        out[name] = v
+    if out["local_blocks"] > out["topk_blocks"]:
+        raise SterError(f"{where}: index_local_blocks ({out['local_blocks']}) is more than the blocks a query "
+                        f"keeps (index_topk_blocks {out['topk_blocks']})")
+    flags = config.get("_block_sparse_layers")
+    if not isinstance(flags, list) or len(flags) != n_layers:
+        raise SterError(f"{where}: the sparse attention layers must be listed once per layer ({n_layers})")
+    return BlockSparseSpec(**out)
+
+
+def relative_spec(config: Mapping, config_name: str) -> RelativeSpec:
+    """Inkling's relative-bias attention from ``d_rel``, ``rel_extent``, ``conv_kernel_size``,
+    ``log_scaling_n_floor`` and ``log_scaling_alpha``.
+
+    Raises:
+        SterError: a size that is not a positive whole number, a non-numeric alpha."""
+    where = f"invalid model config {config_name}"
+    out = {}
+    for name, key in (("d_rel", "d_rel"), ("rel_extent", "rel_extent"), ("conv_kernel", "conv_kernel_size"),
+                      ("log_floor", "log_scaling_n_floor")):
+        v = config.get(key)
+        if name == "log_floor" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+            raise SterError(f"{where}: {key} must be a positive whole number, got {brief_value(v)}")
+        out[name] = v
+    alpha = config.get("log_scaling_alpha", 0.1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise SterError(f"{where}: log_scaling_alpha must be a number, got {brief_value(alpha)}")
+    return RelativeSpec(**out, log_alpha=float(alpha))
+
+
+def ffn_unit(r: "_Reader", family: FamilySpec) -> dict[str, Any]:
+    """The dense feed-forwards' gated unit: ``ffn_glu`` and, for ``"oai"``, its clamp (``swiglu_limit``)
+    and sharpness (``swiglu_alpha``), as ``ModelSpec`` fields."""
+    if family.ffn_glu == "standard":
+        return {}
+    return dict(ffn_glu=family.ffn_glu, ffn_limit=r.number("swiglu_limit", None),
+                ffn_alpha=r.number("swiglu_alpha", 1.702))
 
 
 def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
@@ -806,7 +896,8 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
                   renormalize=bool(get("norm_topk_prob")), renorm_min=float(floor), scale=float(scale),
-                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap))
+                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap),
+                  sink=r.positive_int("router_sink", limit=MAX_EXPERTS) if r.get("router_sink") is not None else 0)
     alpha = get("swiglu_alpha")
     limit = None if limit is None else float(limit)
     latent = r.get("moe_latent_size") or 0
@@ -1021,6 +1112,13 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
+    block_sparse = block_sparse_spec(config, config_name, head_dim, n_layers) if family.block_sparse else None
+    relative = relative_spec(config, config_name) if family.relative else None
+    if relative is not None:  # every layer attends with the relative bias (Inkling)
+        mixers = [("relative" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    if block_sparse is not None:  # the layers MiniMax Sparse Attention runs (normalize wrote which)
+        mixers = [("block_sparse" if on else mixer, ffn)
+                  for on, (mixer, ffn) in zip(config["_block_sparse_layers"], mixers)]
     routed = (moe_layer_flags(config, n_layers, config_name) if family.moe and family.ffn_layers == "all"
               else [ffn == "moe" for _, ffn in mixers])
     ffns = [ffn or ("moe" if m else "dense") for (_, ffn), m in zip(mixers, routed)]
@@ -1138,6 +1236,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         layers_per_stored=2 if family.shortcut_pairs else 1,
         residual_normed=normed,
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
+        block_sparse=block_sparse,
+        relative=relative,
+        ffn_out_conv=relative is not None,
+        gate_up_interleaved=family.gate_up_interleaved,
+        logits_kept=r.positive_int("logits_kept") if r.get("logits_kept") else 0,
+        **ffn_unit(r, family),
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         loop=loop,
@@ -1430,4 +1534,7 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate_in_q=family.attn_gate_in_q,
         value_norm=family.value_norm,
         layer_scalar=family.layer_scalar,
+        embed_norm_affine=family.embed_norm_affine,
+        final_norm_unit_offset=family.final_norm_unit_offset,
+        post_norm_eps=r.number(family.post_norm_eps_key, None),
     )

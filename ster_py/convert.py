@@ -234,6 +234,9 @@ UNWRITTEN_ARCHS = {
     "nanbeige": "a check of its loop metadata against llama.cpp's converter (not done yet)",
     "hrm_text": "its two stacks as one range of blocks, the split attention gate and the stacks' cycle counts as "
                 "llama.cpp's converter writes them",
+    # group WRAP: read from llama.cpp's converter's files (tests/test_parity_wrapped.py), not written yet
+    "muse-glimmer": "the query scale as q-norm weights, the NORM rotation's row order and the sliding pattern as "
+                    "llama.cpp's converter writes them",
 }
 
 
