@@ -388,6 +388,13 @@ def test_hrm_text_matches_transformers(case, tmp_path):
     hidden: list = []
     model.decoder.forward(PROMPT[:4], hidden_states=hidden)
     assert len(hidden) == n_exec + 1
+    # the passes of a stack read one array per stored matrix (split from gqkv_proj / gate_up_proj too),
+    # quantized once
+    n = HRM["num_hidden_layers"]
+    first, later = model.decoder.layers[0], model.decoder.layers[n]  # the low stack's first two passes
+    assert first.q.weight is later.q.weight and first.gate.weight is later.gate.weight
+    model.decoder.quantize("q8_0")
+    assert first.q._m is later.q._m and first.up._m is later.up._m
 
 
 @pytest.mark.parametrize("config,match", [({"attention_bias": True}, "attention_bias"),

@@ -136,7 +136,7 @@ class Layout:
         self.expected = expected_shapes(spec)
         self._layer_expected: dict[int, dict] = {}
         # a looped model's passes read the same stored tensors: one array each, shared by its passes
-        self._seen: dict[str, np.ndarray | None] | None = {} if getattr(spec, "loop", None) is not None else None
+        self._seen: dict | None = {} if getattr(spec, "loop", None) is not None else None
 
     def _expected(self, i: int | None) -> dict:
         """The shapes of layer ``i`` (its own attention shape), or the model-wide ones."""
@@ -268,9 +268,15 @@ class Layout:
         fused_role = FUSED_INTO.get(role)
         if t is None and fused_role in names and (role != "g" or self.spec.fused_qkv == "gate_concat"):
             # stored inside a fused tensor (an output gate's rows only where the layout says so)
-            fused = self._read(fused_role, i, kind)
-            t = None if fused is None else self._split(fused, fused_role, role, i)
             where = where or self._name(fused_role, i, kind)
+            key = ("split", role, where)
+            if self._seen is not None and key in self._seen:  # one array per split for a looped model's passes
+                t = self._seen[key]
+            else:
+                fused = self._read(fused_role, i, kind)
+                t = None if fused is None else self._split(fused, fused_role, role, i)
+                if self._seen is not None:
+                    self._seen[key] = t
         if t is None and required:
             raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "
                             "model needs; is the config.json from the same checkpoint?")
