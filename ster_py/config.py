@@ -19,6 +19,7 @@ from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
 from .decoder.loops import LoopSpec, Pass, repeated
+from .decoder.ngram import NgramSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
@@ -215,6 +216,9 @@ class ModelSpec:
     output passes a residual short convolution (``ffn_out_conv`` role); ``gate_up_interleaved``: a fused
     dense ``gate_up`` alternates gate and up rows; ``logits_kept``: only the first n logits are scored
     (Inkling's unpadded_vocab_size; 0: all).
+    ``query_bottleneck``: each attention layer's query is ``q_up(q_inter_norm(q(x)))``, ``q`` narrowing
+    to this width and ``q_up`` widening it to the heads (Step3's share_q_dim, inter_norm and wq); 0: none.
+    ``ngram``: hashed n-gram embeddings beside the token embedding (LongCat-Flash-Lite, ``decoder/ngram.py``).
     """
 
     model_type: str
@@ -297,6 +301,8 @@ class ModelSpec:
     ffn_out_conv: bool = False
     gate_up_interleaved: bool = False
     logits_kept: int = 0
+    query_bottleneck: int = 0
+    ngram: NgramSpec | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1005,6 +1011,76 @@ def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers
             for i in range(n_layers)]
 
 
+def ngram_spec(config: Mapping, hidden: int, config_name: str) -> NgramSpec:
+    """LongCat-Flash-Lite's n-gram embedding (``decoder/ngram.py``) from emb_neighbor_num (orders 2 to it),
+    emb_split_num (tables per order) and ngram_vocab_size_ratio (rows: ratio * vocab_size + 2 * index + 1);
+    its runs restart after each eos_token_id.
+
+    Raises:
+        SterError: a count that is not a whole number in bounds (emb_neighbor_num at least 2), a ratio that is
+            not a positive number, tables too many or too tall, or a hidden_size smaller than the table count.
+    """
+    where = f"invalid model config {config_name}"
+    n, k, ratio, vocab = (config.get(key) for key in ("emb_neighbor_num", "emb_split_num", "ngram_vocab_size_ratio",
+                                                       "vocab_size"))
+    for key, v, low in (("emb_neighbor_num", n, 2), ("emb_split_num", k, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 64:
+            raise SterError(f"{where}: {key} must be an integer in {low}..64, got {brief_value(v)}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0:
+        raise SterError(f"{where}: ngram_vocab_size_ratio must be a positive number, got {brief_value(ratio)}")
+    tables = k * (n - 1)
+    rows = tuple(int(ratio * vocab + 2 * i + 1) for i in range(tables))
+    if max(rows) > MAX_DIM or hidden < tables:
+        raise SterError(f"{where}: {tables} n-gram tables of up to {max(rows)} rows do not fit (at most {MAX_DIM} "
+                        f"rows, and at least one of the {hidden} hidden_size columns each)")
+    eos = config.get("eos_token_id")
+    eos = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and not isinstance(e, bool)]
+    return NgramSpec(neighbors=n, splits=k, rows=rows, width=hidden // tables, vocab_size=vocab, eos=tuple(eos))
+
+
+def _query_bottleneck(config: Mapping, family: FamilySpec, config_name: str) -> int:
+    """The query bottleneck's width (``family.query_bottleneck_key``, Step3's share_q_dim), 0 without one.
+
+    Raises:
+        SterError: the key is not a positive integer within bounds.
+    """
+    if not family.query_bottleneck_key:
+        return 0
+    v = config.get(family.query_bottleneck_key)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+        raise SterError(f"invalid model config {config_name}: {family.query_bottleneck_key} must be an integer in "
+                        f"1..{MAX_DIM}, got {brief_value(v)}")
+    return v
+
+
+def _layer_moe_shapes(config: Mapping, moe: MoESpec, n_layers: int, config_name: str) -> list[MoESpec | None]:
+    """Each layer's routed feed-forward when the config's ``moe_layer_shapes`` (written by a family's
+    ``normalize``: layer index -> {"num_experts_per_tok": k, "moe_intermediate_size": f}, Nemotron
+    Puzzle's block_configs) gives it its own top-k and expert width; None where the model's applies.
+
+    Raises:
+        SterError: not such a mapping, a layer outside the model, a count that is not a positive
+            integer within bounds (top-k at most the routed experts).
+    """
+    where = f"invalid model config {config_name}"
+    raw = config.get("moe_layer_shapes")
+    if not isinstance(raw, Mapping):
+        raise SterError(f"{where}: the per-layer expert shapes must map layer indices to objects, "
+                        f"got {brief_value(raw)}")
+    out: list[MoESpec | None] = [None] * n_layers
+    for i, shape in raw.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers or not isinstance(shape, Mapping):
+            raise SterError(f"{where}: a per-layer expert shape for layer {brief_value(i)} of {n_layers} layers "
+                            f"({brief_value(shape)})")
+        top_k, size = shape.get("num_experts_per_tok"), shape.get("moe_intermediate_size")
+        for key, v, limit in (("num_experts_per_tok", top_k, moe.router.num_experts),
+                              ("moe_intermediate_size", size, MAX_DIM)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
+                raise SterError(f"{where}: layer {i}'s {key} must be an integer in 1..{limit}, got {brief_value(v)}")
+        out[i] = replace(moe, expert_size=size, router=replace(moe.router, top_k=top_k))
+    return out
+
+
 def _mtp_layers(config: Mapping, family: FamilySpec, n_layers: int) -> tuple[str, ...]:
     """Name prefixes of the ``num_nextn_predict_layers`` multi-token-prediction layers a checkpoint
     stores after its last decoder layer (Step 3.5), which a forward never reads."""
@@ -1151,6 +1227,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if moe is not None and family.expert_limit_keys:
         own = [dict(o, moe=m) if m != moe else o
                for o, m in zip(own, _layer_limits(config, family.expert_limit_keys, moe, n_layers, config_name))]
+    if moe is not None and config.get("moe_layer_shapes") is not None:  # per-layer expert widths and top-k
+        shaped = _layer_moe_shapes(config, moe, n_layers, config_name)
+        own = [dict(o, moe=m) if m is not None and m != moe else o for o, m in zip(own, shaped)]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -1537,4 +1616,6 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         embed_norm_affine=family.embed_norm_affine,
         final_norm_unit_offset=family.final_norm_unit_offset,
         post_norm_eps=r.number(family.post_norm_eps_key, None),
+        query_bottleneck=_query_bottleneck(config, family, config_name),
+        ngram=ngram_spec(config, hidden, config_name) if family.ngram else None,
     )

@@ -623,6 +623,10 @@ class FamilySpec:
         gate_up_interleaved: a fused dense ``gate_up`` stores gate and up rows alternately (Inkling's w13_dn).
         post_norm_eps_key: config key of the epsilon of the two output norms (``attn_post_norm``,
             ``ffn_post_norm``) when it differs from the model's (Muse Glimmer's post_norm_eps).
+        query_bottleneck_key: config key of the query bottleneck's width (Step3's share_q_dim): each query
+            is ``q_up(q_inter_norm(q(x)))`` (``ModelSpec.query_bottleneck``).
+        ngram: hashed n-gram embeddings beside the token embedding (``config.ngram_spec``; the ``ngram_table``
+            and ``ngram_proj`` roles, ``{k}`` the table index; LongCat-Flash-Lite).
     """
 
     model_type: str
@@ -736,6 +740,8 @@ class FamilySpec:
     ffn_glu: str = "standard"
     relative: bool = False
     gate_up_interleaved: bool = False
+    query_bottleneck_key: str | None = None
+    ngram: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2041,6 +2047,176 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+# ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
+# LongCat-Flash-Lite: names and readers.
+# openPangu-Ultra-MoE's config spellings -> the DeepSeek-V3 keys config.py reads (seed 002).
+_PANGU_ULTRA_KEYS = (("attention_q_lora_dim", "q_lora_rank"), ("attention_kv_lora_dim", "kv_lora_rank"),
+                     ("attention_qk_dim", "qk_nope_head_dim"), ("attention_qk_rope_dim", "qk_rope_head_dim"),
+                     ("attention_v_dim", "v_head_dim"), ("num_routed_experts", "n_routed_experts"),
+                     ("num_shared_experts", "n_shared_experts"), ("num_dense_layers", "first_k_dense_replace"))
+
+
+def _pangu_ultra_config(config: Mapping) -> Mapping:
+    """openPangu-Ultra-MoE's own key names read as DeepSeek-V3's (its spelling wins where both are stated)."""
+    c = dict(config)
+    for own, theirs in _PANGU_ULTRA_KEYS:
+        if c.get(own) is not None:
+            c[theirs] = c[own]
+    return c
+
+
+# DeepSeek-V3's names with no selection bias; under sandwich_norm post_attention_layernorm is the
+# attention's output norm and the feed-forward reads pre_mlp_layernorm.
+PANGU_ULTRA_NAMES = _with(DEEPSEEK_NAMES, router_select_bias=None)
+PANGU_ULTRA_SANDWICH_NAMES = _with(PANGU_ULTRA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                                   ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+
+
+# Nemotron Puzzle: Nemotron-H's names below model. rather than backbone.
+NEMOTRON_PUZZLE_NAMES = {role: n.replace("backbone.", "model.") for role, n in NEMOTRON_H_NAMES.items()}
+
+
+def _nemotron_puzzle_config(config: Mapping) -> Mapping:
+    """Nemotron Puzzle's block_configs (one object per layer: block_type and, on moe layers,
+    num_experts_per_tok and moe_intermediate_size) as layers_block_type where that is left out and as
+    ``moe_layer_shapes`` (config.py), the first moe layer's shape standing for the model's; then
+    Nemotron-H's reading."""
+    c = dict(config)
+    blocks = c.get("block_configs")
+    if isinstance(blocks, list) and all(isinstance(b, Mapping) for b in blocks):
+        if c.get("layers_block_type") is None:
+            c["layers_block_type"] = [b.get("block_type") for b in blocks]
+        shapes = {i: {k: b.get(k) for k in ("num_experts_per_tok", "moe_intermediate_size")}
+                  for i, b in enumerate(blocks) if b.get("block_type") == "moe"}
+        if shapes:
+            c["moe_layer_shapes"] = shapes
+            first = shapes[min(shapes)]
+            for k, v in first.items():
+                if c.get(k) is None:
+                    c[k] = v
+    return _nemotron_h_config(c)
+
+
+def _nemotron_puzzle_blocks_wrong(c: Mapping) -> bool:
+    """block_configs absent, not one object per layer, or naming other kinds than layers_block_type."""
+    blocks, types = c.get("block_configs"), c.get("layers_block_type")
+    return (not isinstance(blocks, list) or not isinstance(types, list) or len(blocks) != len(types)
+            or any(not isinstance(b, Mapping) or b.get("block_type") != t for b, t in zip(blocks, types)))
+
+
+# Step3's text decoder: Step 3.5's expert layout (moe.gate_proj / up_proj / down_proj stacked per layer,
+# moe.gate, share_expert) without a selection bias, and a query bottleneck (q_proj -> inter_norm -> wq).
+STEP3_NAMES = _with(STEP3P5_NAMES, router_select_bias=None, g=None, q_up=_L + "self_attn.wq",
+                    q_inter_norm=_L + "self_attn.inter_norm")
+
+
+def _step3_routed_layers(config: Mapping) -> list | None:
+    """moe_layers_enum as a list of layer indices (a comma-separated string, as the hub configs state it,
+    or a list), every layer but the first when absent; None when an entry is not a whole number."""
+    enum, n = config.get("moe_layers_enum"), _n_layers(config)
+    if enum is None:
+        return list(range(1, n))
+    items = enum.strip().split(",") if isinstance(enum, str) else list(enum) if isinstance(enum, (list, tuple)) else None
+    if items is None:
+        return None
+    out = []
+    for x in items:
+        if isinstance(x, str) and x.strip().lstrip("-").isdigit():
+            x = int(x.strip())
+        if isinstance(x, bool) or not isinstance(x, int):
+            return None
+        out.append(x)
+    return out
+
+
+def _step3_config(config: Mapping) -> Mapping:
+    """Step3's routed layers (moe_layers_enum) as ``mlp_layer_types``."""
+    c, n = dict(config), _n_layers(config)
+    routed = _step3_routed_layers(c)
+    if c.get("mlp_layer_types") is None and routed is not None and n and all(0 <= i < n for i in routed):
+        c["mlp_layer_types"] = ["sparse" if i in routed else "dense" for i in range(n)]
+    return c
+
+
+def _step3_enum_wrong(c: Mapping) -> bool:
+    routed, n = _step3_routed_layers(c), _n_layers(c)
+    return routed is None or any(not 0 <= i < n for i in routed)
+
+
+# Ling 3.0 (bailing_hybrid): both attentions under attention.: DeepSeek's latent attention (dense output,
+# g_proj a head-wise gate) and Kimi Delta Attention with full-rank f_proj / g_proj; Ling 2.0's experts.
+_BA = _L + "attention."
+BAILING_HYBRID_NAMES = _with(
+    DEEPSEEK_NAMES, embed="model.word_embeddings", q=_BA + "q_proj", q_a=_BA + "q_a_proj",
+    q_a_norm=_BA + "q_a_layernorm", q_b=_BA + "q_b_proj", kv_a=_BA + "kv_a_proj_with_mqa",
+    kv_a_norm=_BA + "kv_a_layernorm", kv_b=_BA + "kv_b_proj", o=_BA + "dense", g=_BA + "g_proj",
+    router_select_bias=_M + "gate.expert_bias",
+    lin_q=_BA + "q_proj", lin_k=_BA + "k_proj", lin_v=_BA + "v_proj", lin_b=_BA + "b_proj",
+    lin_q_conv=_BA + "q_conv1d", lin_k_conv=_BA + "k_conv1d", lin_v_conv=_BA + "v_conv1d", lin_f=_BA + "f_proj",
+    lin_g=_BA + "g_proj", lin_dt_bias=_BA + "dt_bias", lin_a_log=_BA + "A_log", lin_norm=_BA + "o_norm",
+    lin_out=_BA + "dense")
+
+
+def _ling3(c: Mapping) -> bool:
+    """Ling 3.0 (Kimi Delta Attention): BailingMoeV3ForCausalLM, or any config stating short_conv_kernel_size."""
+    archs = c.get("architectures")
+    return (isinstance(archs, list) and "BailingMoeV3ForCausalLM" in archs) or c.get("short_conv_kernel_size") is not None
+
+
+def _group_size(c: Mapping) -> int | None:
+    g = c.get("layer_group_size", 6)
+    return g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
+
+
+def _bailing_hybrid_config(config: Mapping) -> Mapping:
+    """Ling 3.0's layer kinds (seed 002): Kimi Delta Attention on every layer that neither closes a
+    layer_group_size group nor follows the last whole group, latent attention on the others; the safe
+    gate's bound (kda_lower_bound, -5 when left out) under kda_safe_gate (on by default); the per-layer
+    SwiGLU clamp lists cut to num_hidden_layers (the rest are multi-token-prediction layers)."""
+    c, n = dict(config), _n_layers(config)
+    g = _group_size(c)
+    if _ling3(c) and c.get("layer_types") is None and g is not None:
+        whole = n // g * g
+        c["layer_types"] = ["full_attention" if (i + 1) % g == 0 or i >= whole else "linear_attention"
+                            for i in range(n)]
+    if c.get("kda_safe_gate", True):
+        bound = c.get("kda_lower_bound")
+        c["_kda_lower_bound"] = -5.0 if bound is None else bound
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        if isinstance(c.get(key), list) and n and len(c[key]) > n:
+            c[key] = c[key][:n]
+    return c
+
+
+_BAILING_HYBRID_KEYS = dict(_LATENT_KEYS, **{
+    "num_experts": ("num_experts", "num_local_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "num_experts_per_token"),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"), "n_group": ("n_group", "num_expert_group"),
+    "n_shared_experts": ("num_shared_experts", "n_shared_experts"),
+    "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
+    "delta_k_heads": ("linear_num_heads", "num_attention_heads"),
+    "delta_v_heads": ("linear_num_heads", "num_attention_heads"),
+    "delta_k_dim": ("linear_head_dim", "head_dim"), "delta_v_dim": ("linear_head_dim", "head_dim"),
+    "delta_conv_kernel": ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+    "delta_lower_bound": ("_kda_lower_bound",), "ssm_act": ("hidden_act",)})
+_BAILING_HYBRID_REFUSALS = (
+    Refusal(lambda c: not _ling3(c), "Ling 2.5's lightning attention (a bailing_hybrid config without "
+            "short_conv_kernel_size) is not supported yet; Ling 3.0 (Kimi Delta Attention) runs"),
+    Refusal(lambda c: _group_size(c) is None, "a layer_group_size that is not a positive integer is not supported"),
+    Refusal(lambda c: c.get("no_kda_lora") is False or bool(c.get("use_kda_lora")),
+            "factored Kimi projections (no_kda_lora false, or use_kda_lora) are not supported"),
+    Refusal(flag("use_nGPT"), "use_nGPT is not supported"),
+    Refusal(flag("value_norm"), "value_norm is not supported"),
+    Refusal(flag("up_proj_norm"), "up_proj_norm is not supported"),
+    Refusal(flag("use_mla_nope"), "use_mla_nope is not supported"),
+    Refusal(_stated_other("gated_attention_proj_granularity_type", "head_wise"),
+            "a gated_attention_proj_granularity_type other than head_wise is not supported"),
+    Refusal(_stated_other("score_function", "sigmoid"), "a router score_function other than sigmoid is not supported"),
+    Refusal(_stated_other("scoring_func", "sigmoid"), "a router scoring_func other than sigmoid is not supported"),
+)
+
+
 # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (model_type chatglm), below transformer.
 _CG = "transformer.encoder.layers.{i}."
 CHATGLM_NAMES: Mapping[str, str] = {
@@ -3263,6 +3439,53 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_changes={"prefix_lm_key": None},
                    refusals=(Refusal(flag("attention_bias"), "attention biases (attention_bias) are not supported"),
                              Refusal(flag("mlp_bias"), "feed-forward biases (mlp_bias) are not supported"))),
+        # ---- group R2 (issue 16; issue 15 for bailing_hybrid), tests/test_parity_remote_c.py
+        # openPangu-Ultra-MoE: DeepSeek-V3's latent attention (adjacent pairs) under its own key names, a
+        # sigmoid router without selection bias or groups (renormalised, norm_topk_prob true by default,
+        # times routed_scaling_factor), sandwich norms under sandwich_norm.
+        FamilySpec("pangu_ultra_moe", keys=_LATENT_KEYS, normalize=_pangu_ultra_config, unconfirmed=True,
+                   **dict(_V3_LATENT, names=PANGU_ULTRA_NAMES,
+                          fixed={"scoring_func": "sigmoid", "topk_method": "greedy"},
+                          variants=(Variant(flag("sandwich_norm"), {"norms": _SANDWICH,
+                                                                    "names": PANGU_ULTRA_SANDWICH_NAMES}),)),
+                   config_defaults={"norm_topk_prob": True}),
+        # Step3's text decoder (also from the text_config of a step3_vl checkpoint, its text weights at the
+        # root: WRAPPERS): a query bottleneck (q_proj to share_q_dim, inter_norm, wq), num_attention_groups
+        # key/value heads, softmax-routed experts on the moe_layers_enum layers (renormalised under
+        # norm_expert_weight) beside a shared expert share_expert_dim wide.
+        FamilySpec("step3_text", moe=True, names=STEP3_NAMES, normalize=_step3_config, unconfirmed=True,
+                   query_bottleneck_key="share_q_dim",
+                   unread=("vision_model.", "vit_downsampler", "vit_large_projector"),
+                   keys={"num_key_value_heads": ("num_attention_groups",),
+                         "max_position_embeddings": ("max_position_embedding", "max_seq_len",
+                                                     "max_position_embeddings"),
+                         "num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_top_k",),
+                         "shared_intermediate_size": ("share_expert_dim",), "norm_topk_prob": ("norm_expert_weight",),
+                         "n_shared_experts": ()},
+                   fixed={"scoring_func": "softmax", "topk_method": "greedy"},
+                   config_defaults={"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "norm_expert_weight": False,
+                                    "num_attention_groups": 1, "head_dim": 256},
+                   refusals=(Refusal(lambda c: c.get("share_q_dim") is None,
+                                     "a config without share_q_dim (the query bottleneck's width) is not supported"),
+                             Refusal(_step3_enum_wrong, "a moe_layers_enum entry that names no layer (whole numbers "
+                                     "from 0 to num_hidden_layers - 1) is not supported"))),
+        # Ling 3.0 (bailing_hybrid, Transformers' BailingHybrid): Kimi Delta Attention (full-rank f_proj and
+        # g_proj, the safe gate) and head-gated latent attention by layer_group_size, Ling 2.0's router and
+        # experts, Step 3.5's per-layer clamps. Ling 2.5 (lightning attention) is refused until it is tested.
+        FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES,
+                                            moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
+                   keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
+                   attn_gate="sigmoid", attn_gate_per_head=True,
+                   expert_limit_keys=("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"),
+                   # Transformers' BailingHybridConfig defaults (fields with two spellings: under defaults)
+                   config_defaults={"kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+                                    "qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 128, "topk_group": 4,
+                                    "routed_scaling_factor": 2.5, "first_k_dense_replace": 2, "rms_norm_eps": 1e-6,
+                                    "rope_theta": 6_000_000.0, "intermediate_size": 6144},
+                   defaults={"max_position_embeddings": 262144},
+                   moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                                 "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
+                   refusals=_BAILING_HYBRID_REFUSALS),
         # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (tests/test_chatglm.py). GLM's block
         # (fused gate/up with gate rows first, the first half of each head rotated by adjacent pairs) below
         # transformer.; query, key and value in one query_key_value, all queries then the groups' keys and
@@ -3308,6 +3531,24 @@ FAMILIES: dict[str, FamilySpec] = {
 # Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
 for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
     FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
+# group R2 (issue 16): LongCat-Flash-Lite is LongCat-Flash with hashed n-gram embeddings beside the token
+# embedding (decoder/ngram.py), its tables and projections below model.ngram_embeddings.
+FAMILIES["longcat_flash_ngram"] = replace(
+    FAMILIES["longcat_flash"], model_type="longcat_flash_ngram", unconfirmed=True, ngram=True,
+    names=_with(FAMILIES["longcat_flash"].names,
+                embed=("model.ngram_embeddings.word_embeddings", "model.embed_tokens"),
+                ngram_table="model.ngram_embeddings.embedders.{k}", ngram_proj="model.ngram_embeddings.post_projs.{k}"),
+    config_defaults={**FAMILIES["longcat_flash"].config_defaults, "emb_neighbor_num": 4, "emb_split_num": 4,
+                     "ngram_vocab_size_ratio": 78})
+# group R2 (issue 16): Nemotron Puzzle is Nemotron-H below model., its layers in layers_block_type (mamba,
+# attention, mlp, moe) and each moe layer's top-k and expert width in block_configs (config.py gives those
+# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe; not read from GGUF here yet.
+FAMILIES["nemotron_h_puzzle"] = replace(
+    FAMILIES["nemotron_h"], model_type="nemotron_h_puzzle", names=NEMOTRON_PUZZLE_NAMES, unconfirmed=True,
+    normalize=_nemotron_puzzle_config, gguf_arch=None,
+    refusals=FAMILIES["nemotron_h"].refusals + (
+        Refusal(_nemotron_puzzle_blocks_wrong, "a block_configs that does not list one object per layer, each "
+                "with the block_type layers_block_type gives that layer, is not supported"),))
 
 FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():
@@ -3329,7 +3570,9 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            # group WRAP: Muse Glimmer's decoder, its head at the root
                                            "muse_glimmer": ("muse_glimmer_text", "model.language_model."),
                                            "minimax_m3_vl": ("minimax_m3_vl_text", "language_model."),
-                                           "inkling_mm_model": ("inkling_text", "model.llm.")}
+                                           "inkling_mm_model": ("inkling_text", "model.llm."),
+                                           # group R2: Step3-VL keeps its text decoder's weights at the root
+                                           "step3_vl": ("step3_text", "")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.
@@ -3343,15 +3586,17 @@ _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantiz
 # model_type values of remote-code configs that name another family's architecture: read as that family
 # (Kimi-K2's config.json says kimi_k2 for DeepseekV3ForCausalLM, as Transformers' Kimi-K2.5 reads it).
 MODEL_TYPE_ALIASES: Mapping[str, str] = {"kimi_k2": "deepseek_v3"}
-# Configs that leave model_type out and name an architecture ster reads as a family (group WRAP: MiniMax-M3's
-# decoder as vLLM's MiniMaxM3SparseForCausalLM).
-ARCHITECTURE_MODEL_TYPES: Mapping[str, str] = {"MiniMaxM3SparseForCausalLM": "minimax_m3_vl_text"}
+# Configs that leave model_type out and name an architecture ster reads as a family: MiniMax-M3's decoder as
+# vLLM's MiniMaxM3SparseForCausalLM (group WRAP), LongCat-Flash-Lite's (group R2).
+ARCHITECTURE_MODEL_TYPES: Mapping[str, str] = {"MiniMaxM3SparseForCausalLM": "minimax_m3_vl_text",
+                                               "LongcatFlashNgramForCausalLM": "longcat_flash_ngram"}
 
 
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
     """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
 
-    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for.
+    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for; a config without
+    one that names an architecture ``ARCHITECTURE_MODEL_TYPES`` lists, as that architecture's family.
 
     The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper

@@ -145,6 +145,7 @@ def test_every_landed_family_has_a_case():
     import test_parity_mla_b
     import test_parity_moe
     import test_parity_remote
+    import test_parity_remote_c
     import test_parity_ssm
     import test_parity_ssm_b1
     import test_parity_ssm_b2
@@ -161,6 +162,9 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_remote_c.CASES.values()}  # group R2
+    tested |= {model_type for model_type, _ in test_parity_remote_c.HYBRID_CASES.values()}
+    tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
     assert set(FAMILIES) == foundation | tested
 
 

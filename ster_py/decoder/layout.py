@@ -78,6 +78,13 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
         shapes.update(spec.delta.tensor_shapes(d))
+    g = getattr(spec, "ngram", None)
+    if g is not None:  # the n-gram projections (their tables' heights differ: decoder/ngram.py checks them)
+        shapes[("ngram_proj", "weight")] = (d, g.width)
+    qb = getattr(spec, "query_bottleneck", 0)
+    if qb:  # q narrows to the bottleneck, q_inter_norm norms it, q_up widens it to the heads (Step3)
+        shapes.update({("q", "weight"): (qb, d), ("q", "bias"): (qb,), ("q_up", "weight"): (q, qb),
+                       ("q_inter_norm", "weight"): (qb,), ("q_inter_norm", "bias"): (qb,)})
     if spec.attn_gate_in_q:  # each head's query rows, then its output gate's (Qwen3-Next's q_proj)
         shapes[("q", "weight")], shapes[("q", "bias")] = (2 * q, d), (2 * q,)
     if getattr(spec, "layer_scalar", False):
@@ -291,7 +298,7 @@ class Layout:
         Raises:
             SterError: an expert tensor is missing or its shape disagrees with the config.
         """
-        m = self.spec.moe
+        m = self.spec.layers[i].moe or self.spec.moe  # a layer's own expert width where it has one
         d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
         n, f = m.router.num_experts - m.identity_experts, m.expert_size
         names = self.spec.names

@@ -48,6 +48,7 @@ from .lightning import Lightning
 from .linear import Linear, make_linear
 from .mamba import Mamba
 from .mamba2 import Mamba2
+from .ngram import NgramEmbedding
 from .moe import MoE, identity
 from .norms import Norm
 from .positions import alibi_bias
@@ -342,6 +343,10 @@ class Decoder:
                                          make_linear(top("per_layer_model_proj", required=True)),
                                          norm("per_layer_proj_norm"))
                           if spec.per_layer_input else None)
+        g = getattr(spec, "ngram", None)  # hashed n-gram embeddings beside the token's (decoder/ngram.py)
+        self.ngram = (NgramEmbedding(g, [layout.get("ngram_table", None, "weight", True, slot=j) for j in range(g.tables)],
+                                     [layout.get("ngram_proj", None, "weight", True, slot=j) for j in range(g.tables)])
+                      if g is not None else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
         # a looped model's later streams start from a stored vector (decoder/loops.py), else zeros
         self.loop_init = None
@@ -448,7 +453,7 @@ class Decoder:
                   for i, layer in enumerate(self.layers)]
         slots = [layer.mixer.new_slot(dtype) if hasattr(layer.mixer, "new_slot") else None for layer in self.layers]
         return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype, layer_shapes=shapes,
-                       slots=slots)
+                       slots=slots, keep_tokens=self.ngram is not None)
 
     def embed_tokens(self, ids: np.ndarray) -> np.ndarray:
         """Token ids int [T] -> float32 [T, hidden_size], scaled as the family scales."""
@@ -503,6 +508,9 @@ class Decoder:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
         h = self._embed(ids, positions)
+        if self.ngram is not None:  # the n-grams read the tokens before these (kept by the cache)
+            h = self.ngram(ids, cache.tokens()[-(self.ngram.spec.neighbors - 1):], h)
+            cache.store_tokens(ids)
         bias = (alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16)
                 if s.alibi_slopes is not None else None)
         if hidden_states is not None:
