@@ -117,7 +117,8 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes[("loop_gate", "weight")], shapes[("loop_gate", "bias")] = (h, hd), (h,)
         shapes[("loop_init", "weight")] = (d,)  # the vector the later streams start from
     if spec.fused_qkv == "gate_concat":  # the output gate's rows, then q, k and v (HRM-Text's gqkv_proj)
-        shapes[("qkv", "weight")], shapes[("qkv", "bias")] = (g + q + k + v, d), (g + q + k + v,)
+        rows = (h if spec.attn_gate_per_head else h * vd) + q + k + v
+        shapes[("qkv", "weight")], shapes[("qkv", "bias")] = (rows, d), (rows,)
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
