@@ -418,6 +418,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if getattr(spec, "loop", None) is not None:
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} runs its stored layers on several "
+                        "passes, so one adapter on a stored layer would correct every pass of it; ster refuses "
+                        "adapters on looped models (steering and capture work on them, per executed layer)")
     if spec.adapters == "none" and spec.ssm is None and spec.delta is None and any(
             layer.intermediate_size is not None or layer.mixer == "none" for layer in spec.layers):
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type}'s layers differ in shape (their own "

@@ -19,6 +19,7 @@ from .decoder.indexer import IndexerSpec
 from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
+from .decoder.loops import LoopSpec, Pass, repeated
 from .decoder.ngram import NgramSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
@@ -83,6 +84,14 @@ class LayerSpec:
     dense feed-forward width when it is not the model's (DeciLM's block_configs). ``value_experts``:
     the layer's values come from routed value experts (``ModelSpec.value_router``; K2-Horizon's MoVA),
     not from a value projection.
+
+
+    Looped models (``decoder/loops.py``): ``stored`` is the stored layer whose weights this executed
+    layer reads (the ``{i}`` of its tensor names; None: its own index), ``stack`` fills ``{stack}``
+    in its names (None: the names have none). ``loop_global``: on a later pass of IQuest-LoopCoder,
+    the executed layer of the first pass whose keys and values this layer's queries also attend to
+    (the "global" half, causal over all positions), mixed per head with its own attention (the
+    "local" half, within ``sliding_window``) by the stored gate ``loop_gate``; None: plain attention.
     """
 
     sliding_window: int | None
@@ -105,6 +114,9 @@ class LayerSpec:
     head_dim: int | None = None
     v_from_k: bool = False
     kv_source: int | None = None
+    stored: int | None = None
+    stack: str | None = None
+    loop_global: int | None = None
     ffn_sparsity: float = 0.0
     intermediate_size: int | None = None
     value_experts: bool = False
@@ -204,6 +216,10 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``loop``: a looped model's passes (``decoder/loops.py``, ``LoopSpec``); its ``layers`` and
+    ``num_hidden_layers`` are then every pass's executed layers (None: each layer runs once).
+    ``prefix_lm``: a prompt read whole from position zero attends both ways within itself when the
+    caller asks (``Decoder.forward(bidirectional=True)``: generation's prompt; HRM-Text).
     ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
     norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
     as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
@@ -298,6 +314,8 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    loop: LoopSpec | None = None
+    prefix_lm: bool = False
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps: float | None = None
@@ -1325,6 +1343,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
                              query_temperature=rope is None or not rotated_only, **o)
                    for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
+    layers, loop = looped_layers(layers, r, family, config_name) if family.looped else (layers, None)
     # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
     dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
     # identity experts' modules a checkpoint may hold (Transformers writes LongCat-Flash's gate/up rows for them)
@@ -1340,7 +1359,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         vocab_size=r.positive_int("vocab_size"),
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=n_layers,
+        num_hidden_layers=len(layers),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
@@ -1383,6 +1402,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         **ffn_unit(r, family),
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
+        loop=loop,
+        prefix_lm=bool(config.get(family.prefix_lm_key, True)) if family.prefix_lm_key else False,
         per_layer_clamp=family.per_layer_clamp,
         altup=altup_spec(config, config_name) if family.altup else None,
         laurel=family.laurel,
@@ -1392,6 +1413,83 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     )
 
 
+def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpec,
+                  config_name: str, one_range: bool = False) -> tuple[tuple[LayerSpec, ...], LoopSpec]:
+    """The executed layers of a family whose stored layers run several times (``family.looped``; the
+    pass count is the field ``loops`` under the family's keys), and how its passes join (``loops.LoopSpec``).
+
+    Every pass runs the n stored layers in order as layers j * n .. (j + 1) * n - 1, each reading the
+    weights of its stored layer (``LayerSpec.stored``). The final norm closes each pass but the last
+    when ``family.loop_norm`` is true and the config key ``family.loop_norm_skip_key`` is not (Nanbeige's
+    skip_loop_final_norm). With ``family.loop_stacks`` (low, high), two stacks stored under those
+    ``{stack}`` names run in cycles (HRM-Text): ``loops`` cycles (H_cycles) of ``inner_loops`` passes
+    (L_cycles) of the low stack, each replacing the low state, then one of the high stack, replacing
+    the high state; every pass reads the two states summed and ends in the (weightless) final norm,
+    the last through the model's own; the low state starts as the stored ``loop_init``. With
+    ``one_range`` the two stacks are stored as one range of layers, the high one after the low one
+    (llama.cpp's blocks): the high stack's layer i reads stored layer n + i, and no ``{stack}``. With
+    ``family.loop_gated`` (IQuest-LoopCoder; the window is the field
+    ``loop_window``, its loop_window_size), the
+    layers of every later pass attend both globally, over the first pass's keys and values of their
+    stored layer (``LayerSpec.loop_global``), and locally, over their own within that window, mixed
+    by their gate.
+
+    Raises:
+        SterError: a pass count or window that is not a positive integer, or more executed layers
+            than ``MAX_LAYERS``.
+    """
+    n = len(layers)
+    loops = r.positive_int("loops", 1, limit=MAX_LAYERS)
+    inner = r.positive_int("inner_loops", 1, limit=MAX_LAYERS) if family.loop_stacks else 0
+    if n * loops * (inner + 1) > MAX_LAYERS:
+        raise SterError(f"invalid model config {config_name}: {n} layers run {loops * max(inner + 1, 1)} times are "
+                        f"more than {MAX_LAYERS} layers")
+    if family.loop_stacks:  # two stacks in cycles: `inner` passes of the low stack, then one of the high
+        low, high = family.loop_stacks
+        out: list[LayerSpec] = []
+        passes = []
+        for c in range(loops):
+            for stack, state, normed in [(low, 1, True)] * inner + [(high, 0, c < loops - 1)]:
+                passes.append(Pass(len(out), len(out) + n, state, normed))
+                first = n if one_range and stack == high else 0
+                out += [replace(layer, stored=first + i, stack=None if one_range else stack)
+                        for i, layer in enumerate(layers)]
+        return tuple(out), LoopSpec(tuple(passes), states=2, init="loop_init")
+    window = r.positive_int("loop_window", limit=1 << 31) if family.loop_gated else None
+    out = list(replace(layer, stored=i) for i, layer in enumerate(layers))
+    for j in range(1, loops):
+        out += [replace(layer, stored=i, loop_global=i, sliding_window=window) if window is not None
+                else replace(layer, stored=i) for i, layer in enumerate(layers)]
+    skip = bool(r.value(family.loop_norm_skip_key)) if family.loop_norm_skip_key else False
+    return tuple(out), repeated(n, loops, family.loop_norm and not skip)
+
+
+def looped_from_gguf(spec: ModelSpec, config: Mapping, family: FamilySpec, path: str) -> ModelSpec:
+    """A looped GGUF file's spec: ``spec`` was built over its stored blocks (two stacks: the first stack's,
+    ``looped_stack``); its executed layers and passes are then ``looped_layers``' over llama.cpp's one range
+    of blocks (Nanbeige's block_count is its stored layers, as llama.cpp's nanbeige.cpp reads it)."""
+    layers, loop = looped_layers(spec.layers, _Reader(config, family, path), family, path, one_range=True)
+    return replace(spec, layers=layers, num_hidden_layers=len(layers), loop=loop, prefix_lm=False)
+
+
+def looped_stack(config: Mapping, family: FamilySpec, block_count: int, path: str) -> int:
+    """The stored stack length of a looped GGUF file (``num_layers_per_stack`` from its metadata), checked
+    against its block_count, which llama.cpp's converter writes as every pass's layers.
+
+    Raises:
+        SterError: a missing or invalid length, or a block_count other than the passes' layers.
+    """
+    r = _Reader(config, family, path)
+    n = config.get("num_layers_per_stack")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+        raise SterError(f"invalid GGUF file {path}: its stack length (layers_per_stack) must be an integer in "
+                        f"1..{MAX_LAYERS}, got {brief_value(n)}")
+    executed = n * r.positive_int("loops", 1, limit=MAX_LAYERS) * (
+        r.positive_int("inner_loops", 1, limit=MAX_LAYERS) + 1 if family.loop_stacks else 1)
+    if executed != block_count:
+        raise SterError(f"{path}: GGUF block_count ({block_count}) is not the {executed} layers its stacks of {n} "
+                        "run in their cycles")
+    return n
 def reused_kv_unread(names: Mapping[str, Any], layers) -> tuple[str, ...]:
     """The key and value tensors (and key norm) a layer that reuses another's cache may still store
     and never reads (``LayerSpec.kv_source``; Gemma 3n's hub checkpoints keep them), as name prefixes."""

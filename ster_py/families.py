@@ -101,6 +101,18 @@ HUNYUAN_NAMES = _with(LLAMA_NAMES, q_norm=_L + "self_attn.query_layernorm", k_no
 HYPERCLOVAX_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_norm1", ffn_post_norm=_L + "post_norm2")
 APERTUS_NAMES = _with(LLAMA_NAMES, attn_norm=_L + "attention_layernorm", ffn_norm=_L + "feedforward_layernorm",
                       gate=None, act=_L + "mlp.act_fn")
+# HRM-Text: two stacks ({stack}: L_module, H_module) of layers without norm weights; the attention's output
+# gate rows lead its fused gqkv_proj; the low stack's first state is the stored vector z_L_init.
+_HRM = "model.{stack}.layers.{i}."
+HRM_TEXT_NAMES = {"embed": "model.embed_tokens", "head": "lm_head", "qkv": _HRM + "attn.gqkv_proj",
+                  "o": _HRM + "attn.o_proj", "gate_up": _HRM + "mlp.gate_up_proj", "down": _HRM + "mlp.down_proj",
+                  "loop_init": "model.z_L_init#"}
+# llama.cpp's hrm_text: the low stack in blocks 0..n-1, the high stack in n..2n-1 (LayerSpec.stored), the gate
+# rows split out as attn_gate, z_L_init as hrm.z_l_init (no .weight suffix).
+GGUF_HRM_TEXT_NAMES = {"embed": "token_embd", "head": "output", "q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k",
+                       "v": "blk.{i}.attn_v", "g": "blk.{i}.attn_gate", "o": "blk.{i}.attn_output",
+                       "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up", "down": "blk.{i}.ffn_down",
+                       "loop_init": "hrm.z_l_init#"}
 # Routed feed-forwards. Expert roles name whole tensors ({e}: the expert); see decoder/layout.py.
 _M = _L + "mlp."
 QWEN_MOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_M + "gate",
@@ -622,6 +634,17 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        looped: the stored layers run ``loops`` times (read under ``keys``), each pass its own executed
+            layers with their own cache slots (``config.looped_layers``, ``decoder/loops.py``).
+        loop_norm: the final norm closes every pass but the last (the last gets it anyway), unless the
+            config key ``loop_norm_skip_key`` is true (Nanbeige's skip_loop_final_norm).
+        loop_gated: on every later pass, attention is the gated mix of a global half over the first
+            pass's keys and values and a local half within ``loop_window`` (IQuest-LoopCoder).
+        loop_stacks: (low, high): with ``looped``, two stacks stored under these ``{stack}`` names run in
+            cycles: ``loops`` cycles of ``inner_loops`` passes of the low stack and one of the high
+            (HRM-Text; ``config.looped_layers``).
+        prefix_lm_key: config key (true when absent) under which a prompt read whole from position zero
+            attends both ways within itself (``ModelSpec.prefix_lm``).
         embed_norm_affine: the embedding norm (``embed_norm``) carries a weight (False: weightless,
             Muse Glimmer's).
         final_norm_unit_offset: the final norm's weight is applied as stored (False) or as 1 + w (True)
@@ -750,6 +773,12 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    looped: bool = False
+    loop_norm: bool = False
+    loop_norm_skip_key: str | None = None
+    loop_gated: bool = False
+    loop_stacks: tuple[str, str] | None = None
+    prefix_lm_key: str | None = None
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps_key: str | None = None
@@ -974,6 +1003,20 @@ def _solar_config(config: Mapping) -> Mapping:
         weight = tv[1] if isinstance(tv, list) and len(tv) == 2 else tv
         c["residual_skips"] = [{"keep": c.get(f"bskcn_{a}") or [], "mix": c.get(f"bskcn_{b}") or [], "weight": weight}
                                for a, b in ((1, 3), (2, 4))]
+    return c
+
+
+def _hrm_text_config(config: Mapping) -> Mapping:
+    """HRM-Text's stack length (num_layers_per_stack, else num_hidden_layers: Transformers rewrites
+    num_hidden_layers to every pass's count) as num_hidden_layers, and its embedding_scale, 1 /
+    initializer_range when unstated (Transformers' HrmTextConfig)."""
+    c = dict(config)
+    if c.get("num_layers_per_stack") is not None:
+        c["num_hidden_layers"] = c["num_layers_per_stack"]
+    if c.get("embedding_scale") is None:
+        r = c.get("initializer_range", 0.02)
+        if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0:
+            c["embedding_scale"] = 1.0 / r
     return c
 
 
@@ -3625,6 +3668,55 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a rotation narrower than the head (rope_head_dim) is not supported"),
                              Refusal(flag("query_key_norm"), "query/key norms (query_key_norm) are not supported"),
 )),
+        # ---- group LOOP: looped decoders (issue 16): stored layers run more than once, each pass its own
+        # executed layers (cache slots, steering and capture indices); adapters refused (one adapter would
+        # correct every pass of its layer). No Transformers implementation: unconfirmed.
+        # Nanbeige: Llama's block (per-head q_layernorm / k_layernorm under qk_layernorm) run num_loops
+        # times, the final norm closing every pass unless skip_loop_final_norm.
+        FamilySpec("nanbeige", unconfirmed=True, looped=True, loop_norm=True, loop_norm_skip_key="skip_loop_final_norm",
+                   gguf_arch="nanbeige", gguf_qk_permuted=True,  # llama.cpp's nanbeige.cpp: its stored blocks
+                   gguf_config={"num_loops": "num_loops", "skip_loop_final_norm": "skip_loop_final_norm"},
+                   keys={"loops": ("num_loops",)}, defaults={"loops": 1}, adapters="none", qk_norm="head",
+                   names=_with(LLAMA_NAMES, q_norm=_L + "self_attn.q_layernorm", k_norm=_L + "self_attn.k_layernorm"),
+                   variants=(Variant(unset("qk_layernorm", False), {"qk_norm": None}),),
+                   refusals=(Refusal(lambda c: c.get("emb_neighbor_num") is not None or bool(c.get("insert_ngram_layer_idx"))
+                                     or bool(c.get("ngram_insert_all_layers")),
+                                     "Nanbeige's n-gram embeddings (emb_neighbor_num, insert_ngram_layer_idx, "
+                                     "ngram_insert_all_layers) are not supported"),
+                             Refusal(lambda c: any(c.get(k) for k in ("enable_hyper_connection", "enable_mhc",
+                                                                      "enable_h_res_identity")),
+                                     "Nanbeige's hyper-connections (enable_hyper_connection, enable_mhc) are not "
+                                     "supported"),
+                             Refusal(lambda c: bool(c.get("enable_double_loop_split")) or bool(c.get("loop_middle_layers")),
+                                     "Nanbeige's split loops (enable_double_loop_split, loop_middle_layers) are not "
+                                     "supported"),
+                             Refusal(flag("loop_share_kv"), "Nanbeige's shared loop caches (loop_share_kv) are not "
+                                     "supported"),
+                             Refusal(flag("enable_depth_attention"), "Nanbeige's depth attention "
+                                     "(enable_depth_attention) is not supported"))),
+        # IQuest-LoopCoder: Llama's block run loop_num times; on every later pass each layer's attention is
+        # g * global (the first pass's keys and values) + (1 - g) * local (its own, within loop_window_size),
+        # g from model.gate_projections.{i} on each rotated query head. (loop_num 2 and loop_window_size 64
+        # when unstated: the defaults the family's serving code takes.)
+        FamilySpec("iquestloopcoder", unconfirmed=True, looped=True, loop_gated=True, adapters="none",
+                   keys={"loops": ("loop_num",), "loop_window": ("loop_window_size",)},
+                   defaults={"loops": 2, "loop_window": 64},
+                   names=_with(LLAMA_NAMES, loop_gate="model.gate_projections.{i}")),
+        # HRM-Text: two stacks of Llama layers (model.L_module, model.H_module) run in cycles (config.looped_layers);
+        # gqkv_proj holds the sigmoid output gate's rows then q, k, v; a fused gate_up_proj; every norm an RMS
+        # norm without scale; the embedding times embedding_scale; a prompt attends both ways under prefix_lm.
+        FamilySpec("hrm_text", looped=True, loop_stacks=("L_module", "H_module"), prefix_lm_key="prefix_lm",
+                   norm_affine=False, fused_qkv="gate_concat", attn_gate="sigmoid", attn_gate_per_head=False,
+                   embed_multiplier_key="embedding_scale", adapters="none", normalize=_hrm_text_config,
+                   keys={"loops": ("H_cycles",), "inner_loops": ("L_cycles",), "num_key_value_heads": ()},
+                   config_defaults={"head_dim": 128, "H_cycles": 2, "L_cycles": 3, "prefix_lm": True},
+                   names=HRM_TEXT_NAMES, gguf_arch="hrm_text", gguf_names=GGUF_HRM_TEXT_NAMES,
+                   gguf_config={"hrm.layers_per_stack": "num_layers_per_stack", "hrm.h_cycles": "H_cycles",
+                                "hrm.l_cycles": "L_cycles", "embedding_scale": "embedding_scale"},
+                   # llama.cpp's hrm-text.cpp runs every prompt causally (its prefix-LM is not implemented)
+                   gguf_changes={"prefix_lm_key": None},
+                   refusals=(Refusal(flag("attention_bias"), "attention biases (attention_bias) are not supported"),
+                             Refusal(flag("mlp_bias"), "feed-forward biases (mlp_bias) are not supported"))),
         # ---- group R2 (issue 16; issue 15 for bailing_hybrid), tests/test_parity_remote_c.py
         # openPangu-Ultra-MoE: DeepSeek-V3's latent attention (adjacent pairs) under its own key names, a
         # sigmoid router without selection bias or groups (renormalised, norm_topk_prob true by default,

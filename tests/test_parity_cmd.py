@@ -68,6 +68,11 @@ def _dense_cases() -> dict:
     ling3["layer_types"] = remote_c._ling3_layer_types(ling3["num_hidden_layers"], ling3["layer_group_size"])
     out.setdefault("bailing_hybrid", ("bailing_hybrid", ling3, "eager"))
     out.setdefault("gemma3n_text", ("gemma3n", gemma3n.E, "eager"))
+    import test_parity_loops as loops
+
+    # HRM-Text, causal (under prefix_lm a prompt attends both ways; Transformers does so only when given
+    # token_type_ids, which the parity reference does not pass)
+    out.setdefault("hrm_text", ("hrm", dict(loops.HRM, H_cycles=2, L_cycles=2, prefix_lm=False), "eager"))
     return out
 
 

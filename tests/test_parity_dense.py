@@ -170,6 +170,7 @@ def test_every_landed_family_has_a_case():
     tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
     tested |= {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}  # tests/test_parity_wrapped.py
     tested.add("gemma3n_text")  # tests/test_parity_gemma3n.py
+    tested |= {"nanbeige", "iquestloopcoder", "hrm_text"}  # tests/test_parity_loops.py
     assert set(FAMILIES) == foundation | tested
 
 
@@ -367,14 +368,18 @@ def test_every_gguf_architecture_has_a_case():
     foundation = {"llama", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3"}
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
     # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm;
-    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote
+    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote;
+    # the looped decoders: test_parity_loops; Gemma 3n: test_parity_gemma3n
+    from test_parity_gemma3n import GGUF_CASES as GEMMA3N_CASES
     from test_parity_gemma4_gguf import GGUF_CASES as GEMMA4_CASES
+    from test_parity_loops import GGUF_CASES as LOOP_CASES
     from test_parity_remote import GGUF_CASES as REMOTE_CASES
     from test_parity_wrapped import GGUF_CASES as WRAPPED_CASES  # Muse Glimmer's, from its wrapper
     from test_parity_gemma3n import GGUF_CASES as GEMMA3N_CASES
 
     others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values(),
-                                                                      *WRAPPED_CASES.values(), *GEMMA3N_CASES.values())}
+                                                                      *WRAPPED_CASES.values(), *LOOP_CASES.values(),
+                                                                      *GEMMA3N_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
     assert declared == foundation | converted | (others & declared)

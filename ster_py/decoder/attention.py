@@ -141,6 +141,12 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
     return out.reshape(H, T, v.shape[-1])
 
 
+#: The key of a forward call's ``tables`` holding the positions attention masks by, when they are not
+#: the tokens' own: int [T], all the prompt's last position for a prefix-LM prompt (every query sees
+#: the whole prompt). Rotations always use the tokens' own positions.
+MASK_POSITIONS = "attention.mask_positions"
+
+
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + exp(x)), float32, without overflow."""
     return np.logaddexp(np.float32(0.0), x)
@@ -213,6 +219,10 @@ class Attention(Part):
                 r, make_linear(load("v_router", required=True)),
                 load("v_router_select_bias", "", required=True) if r.select_bias else None,
                 [make_linear(load("v_exp", required=True, slot=e)) for e in range(r.num_experts)])
+        # a later pass of a gated loop: the gate's [H, D] weight and [H] bias (LayerSpec.loop_global)
+        self.loop_gate = ((load("loop_gate", required=True).astype(np.float32),
+                           load("loop_gate", "bias", required=True).astype(np.float32))
+                          if self.layer.loop_global is not None else None)
         # a query bottleneck (Step3): q narrows, q_inter_norm norms, q_up widens to the heads
         wide = getattr(spec, "query_bottleneck", 0) and "q" in own
         self.q_up = make_linear(load("q_up", required=True)) if wide else None
@@ -286,20 +296,38 @@ class Attention(Part):
         if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
-        return self._attend(x, q, keys, values, positions, bias, gate_in)
+        return self._attend(x, q, keys, values, tables.get(MASK_POSITIONS, positions), bias, gate_in, cache)
 
-    def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None) -> np.ndarray:
-        """Queries float32 [H, T, D] over the visible keys/values, through the output gate (``g(x)``, or
-        ``gate_in`` [T, H * D], the gate rows split from ``q``) and ``o``."""
+    def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None, cache=None) -> np.ndarray:
+        """Queries float32 [H, T, D] over the visible keys/values (on a later pass of a gated loop, mixed
+        with the first pass's: ``_loop_mix``, which reads ``cache``), through the output gate (``g(x)``,
+        or ``gate_in`` [T, H * D], the gate rows split from ``q``) and ``o``."""
         s, T = self.spec, x.shape[0]
         H, _, _, Dv = self.shape
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks, chunk=self.layer.attention_chunk)
+        if self.loop_gate is not None:
+            out = self._loop_mix(q, out, cache, positions, bias)
         out = out.reshape(1, H * Dv) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * Dv)
         if self.g is not None or gate_in is not None:  # act(g(x)) scales each head's (or element's) output
             gate = GATES[s.attn_gate](self.g(x) if gate_in is None else gate_in)
             out = (out.reshape(T, H, Dv) * gate[:, :, None]).reshape(T, H * Dv) if s.attn_gate_per_head else out * gate
         return self.o(out)
+
+    def _loop_mix(self, q: np.ndarray, local: np.ndarray, cache, positions: np.ndarray, bias) -> np.ndarray:
+        """A later pass's attention in a gated loop (``LayerSpec.loop_global``): g * global + (1 - g) * local
+        per head, where ``local`` float32 [H, T, Dv] is this pass's attention over its own keys (within
+        its window), global the same queries over the first pass's keys and values of this stored layer
+        (causal, every earlier position), and g = sigmoid(W_h . q_h + b_h) of each rotated query head
+        (seed 002's IQuest-LoopCoder; W [H, D] and b [H] are the layer's ``loop_gate``)."""
+        s = self.spec
+        end = int(positions[-1]) + 1
+        gk, gv = cache.buffers(self.layer.loop_global, end)
+        glob = attention(q, gk[:, :end], gv[:, :end], positions, scale=s.attn_scale, softcap=s.attn_softcap,
+                         bias=bias, sinks=self.sinks)
+        w, b = self.loop_gate
+        g = sigmoid(np.einsum("htd,hd->ht", q, w) + b[:, None]).astype(np.float32)[:, :, None]
+        return g * glob + (np.float32(1) - g) * local
 
     def _shared(self, x: np.ndarray, cache, positions: np.ndarray, tables: dict) -> np.ndarray:
         """A layer without keys and values of its own (``LayerSpec.kv_source``): its normed, rotated

@@ -6,7 +6,7 @@ never knows how a family stores its weights:
 
 - a fused ``qkv`` tensor is split into q, k and v. ``concat`` stores all query rows, then
   key rows, then value rows (Phi-3's qkv_proj, GPT-2's c_attn, MPT's Wqkv, every llama.cpp
-  attn_qkv); ``grouped`` stores, per key/value head, its queries then its key then its value
+  attn_qkv); ``gate_concat`` the output gate's rows (``g``) before them (HRM-Text's gqkv_proj); ``grouped`` stores, per key/value head, its queries then its key then its value
   (GPT-NeoX and BLOOM's query_key_value head by head, Falcon's groupings, GPT-BigCode);
 - a fused ``kv`` tensor (keys and values only) stores, per key/value head, its key rows then its
   value rows (TeleChat's self_attention.key_value);
@@ -42,7 +42,7 @@ from .delta import DELTA_RESHAPED_ROLES
 from .ssm import RESHAPED_ROLES
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "kv")
-FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
+FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "g": "qkv", "gate": "gate_up", "up": "gate_up",
               "shexp_gate": "shexp_gate_up", "shexp_up": "shexp_gate_up"}
 #: Roles of the routed experts' weights and biases (whole tensor names).
 EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
@@ -121,6 +121,12 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
                        ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
                        ("idx_w", "weight"): (x.n_heads, d)})
+    if getattr(spec, "loop", None) is not None:  # a gated loop's per-head gate on the rotated query
+        shapes[("loop_gate", "weight")], shapes[("loop_gate", "bias")] = (h, hd), (h,)
+        shapes[("loop_init", "weight")] = (d,)  # the vector the later streams start from
+    if spec.fused_qkv == "gate_concat":  # the output gate's rows, then q, k and v (HRM-Text's gqkv_proj)
+        rows = (h if spec.attn_gate_per_head else h * vd) + q + k + v
+        shapes[("qkv", "weight")], shapes[("qkv", "bias")] = (rows, d), (rows,)
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -145,6 +151,8 @@ class Layout:
         self.spec, self.weights = spec, weights
         self.expected = expected_shapes(spec)
         self._layer_expected: dict[int, dict] = {}
+        # a looped model's passes read the same stored tensors: one array each, shared by its passes
+        self._seen: dict | None = {} if getattr(spec, "loop", None) is not None else None
 
     def _expected(self, i: int | None) -> dict:
         """The shapes of layer ``i`` (its own attention shape), or the model-wide ones."""
@@ -155,6 +163,14 @@ class Layout:
         return self._layer_expected[i]
 
     def _fetch(self, name: str) -> np.ndarray | None:
+        if self._seen is not None and name in self._seen:  # a stored layer read again by a later pass
+            return self._seen[name]
+        t = self._fetch_stored(name)
+        if self._seen is not None:
+            self._seen[name] = t
+        return t
+
+    def _fetch_stored(self, name: str) -> np.ndarray | None:
         t = self.weights.get(name)
         root = self.spec.root
         if t is None and root and name.startswith(root):
@@ -163,8 +179,13 @@ class Layout:
 
     def _fill(self, name: str, i: int | None, **kw) -> str:
         """``name`` with layer ``i``'s place: ``{i}`` the stored layer and ``{half}`` the place in it
-        (``ModelSpec.layers_per_stored``); other fields as ``kw`` gives them."""
+        (``ModelSpec.layers_per_stored``), or, for an executed layer of a looped model, the stored layer
+        it reads (``LayerSpec.stored``) and ``{stack}`` its stack; other fields as ``kw`` gives them."""
         n = self.spec.layers_per_stored
+        if i is not None and self.spec.loop is not None:
+            layer = self.spec.layers[i]
+            i = i if layer.stored is None else layer.stored
+            kw.setdefault("stack", layer.stack or "")
         if i is None or n == 1:
             return name.format(i=i, half=0, **kw)
         return name.format(i=i // n, half=i % n, **kw)
@@ -241,8 +262,15 @@ class Layout:
             groups = fused.reshape(kv, g + 2, d, *fused.shape[1:])
             part = {"q": groups[:, :g], "k": groups[:, g], "v": groups[:, g + 1]}[role]
             return np.ascontiguousarray(part.reshape(-1, *fused.shape[1:]))
+        g = 0
+        if s.fused_qkv == "gate_concat":  # the output gate's rows come first
+            g = h if s.attn_gate_per_head else h * vd
+            if role == "g":
+                return fused[:g]
+        if role not in ("q", "k", "v"):
+            raise SterError(f"the family of {s.model_type!r} stores no {role!r} rows in its fused attention tensor")
         bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + kv) * d + kv * vd)}[role]
-        return fused[bounds[0]:bounds[1]]
+        return fused[g + bounds[0]:g + bounds[1]]
 
     def get(self, role: str, i: int | None, kind: str, required: bool = False, slot: int | None = None):
         """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``; ``slot``
@@ -259,10 +287,17 @@ class Layout:
         fused_role = FUSED_INTO.get(role)
         if role in ("k", "v") and "kv" in names and "qkv" not in names:
             fused_role = "kv"
-        if t is None and fused_role in names:  # stored inside a fused tensor
-            fused = self._read(fused_role, i, kind)
-            t = None if fused is None else self._split(fused, fused_role, role, i)
+        if t is None and fused_role in names and (role != "g" or self.spec.fused_qkv == "gate_concat"):
+            # stored inside a fused tensor (an output gate's rows only where the layout says so)
             where = where or self._name(fused_role, i, kind)
+            key = ("split", role, where)
+            if self._seen is not None and key in self._seen:  # one array per split for a looped model's passes
+                t = self._seen[key]
+            else:
+                fused = self._read(fused_role, i, kind)
+                t = None if fused is None else self._split(fused, fused_role, role, i)
+                if self._seen is not None:
+                    self._seen[key] = t
         if t is None and required:
             raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "
                             "model needs; is the config.json from the same checkpoint?")

@@ -20,6 +20,9 @@ which is Llama's pre-norm block, Gemma 2/3's sandwich, or OLMo 2's post-norm blo
 parallel block (GPT-J, GPT-NeoX, Phi-2, Cohere, Falcon) adds both sublayers to the same
 residual, the feed-forward reading ``ffn_norm(h)``, or the mixer's normed input without one.
 Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until used.
+
+A looped model (``ModelSpec.loop``, ``loops.py``) runs its executed layers in passes that join through
+running states; its layers are every pass's, each reading its stored layer's weights.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import numpy as np
 from ..config import ModelSpec
 from ..errors import SterError
 from .altup import AltUp, Laurel, collapse, expand
-from .attention import Attention
+from .attention import MASK_POSITIONS, Attention
 from .block_sparse import BlockSparseAttention
 from .relative import RelativeAttention, residual_conv
 from .cache import KVCache
@@ -404,6 +407,12 @@ class Decoder:
                                      [layout.get("ngram_proj", None, "weight", True, slot=j) for j in range(g.tables)])
                       if g is not None else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
+        # a looped model's later streams start from a stored vector (decoder/loops.py), else zeros
+        self.loop_init = None
+        if spec.loop is not None and spec.loop.states > 1:
+            init = top(spec.loop.init, required=True) if spec.loop.init else None
+            self.loop_init = (np.zeros(spec.hidden_size, np.float32) if init is None
+                              else np.asarray(init, np.float32).reshape(spec.hidden_size))
         # AltUp: the projections that make the extra copies of the stream and bring them back
         self.altup = (tuple(_altup_projections(layout, role, spec.altup.num_inputs - 1)
                             for role in ("altup_in", "altup_out"))
@@ -461,7 +470,8 @@ class Decoder:
             progress: optional ``progress(event, done, total)``, event "quantize", per matrix.
 
         Returns:
-            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}).
+            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}; a stored matrix that
+            several passes of a looped model run counts once).
 
         Raises:
             SterError: an unknown kind, or a matrix with inf/NaN weights.
@@ -479,13 +489,19 @@ class Decoder:
         counts: dict[str, int] = {}
         todo = [(o, r, p, t) for o, r, p, t in jobs
                 if type(p) is Linear or (type(p) is QuantLinear and is_half(p.weight))]
+        # a stored matrix run by several passes (one array, decoder/layout.py) is quantized once; the
+        # array is kept beside its blocks so that its id is not reused while this runs
+        done: dict[tuple, tuple] = {}
         for n, (owner, role, p, t) in enumerate(todo):
             t = block_type_for(t or kind, p.in_features)
             if t is not None:
                 where = f"layer {owner.i} {role}" if owner is not self else "the output head"
-                blocks = quantize_matrix(p.weight, t, where)
-                setattr(owner, role, QuantLinear(QuantTensor.from_blocks(blocks, t, p.in_features, where), p.bias))
-                counts[t] = counts.get(t, 0) + 1
+                key = (id(p.weight), t)
+                if key not in done:
+                    blocks = quantize_matrix(p.weight, t, where)
+                    done[key] = (p.weight, QuantTensor.from_blocks(blocks, t, p.in_features, where))
+                    counts[t] = counts.get(t, 0) + 1
+                setattr(owner, role, QuantLinear(done[key][1], p.bias))
             if progress:
                 progress("quantize", n + 1, len(todo))
         self._link_read_ahead()
@@ -525,7 +541,8 @@ class Decoder:
         return self.embed_norm(h) if self.embed_norm is not None else h
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
-                layer_hook: LayerHook | None = None, last_only: bool = False) -> np.ndarray:
+                layer_hook: LayerHook | None = None, last_only: bool = False,
+                bidirectional: bool = False) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -534,10 +551,14 @@ class Decoder:
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
                 (Transformers' ``output_hidden_states`` order, without the final norm; under
-                AltUp, the stream's first copy).
+                AltUp, the stream's first copy); a looped model's: after each executed layer,
+                every pass's (without the norms that close passes).
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
                 it returns is taken as float32 [T, hidden_size].
             last_only: compute logits for the last position only.
+            bidirectional: a prompt of a prefix-LM model (``ModelSpec.prefix_lm``) read whole from position
+                zero (``cache`` empty): its tokens attend both ways within it (a generated prompt, as
+                Transformers' HRM-Text does with token_type_ids of ones); ignored otherwise.
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -564,24 +585,41 @@ class Decoder:
         tables: dict = {"embeddings": h}
         if self.per_layer is not None:
             tables["per_layer"] = self.per_layer(ids, h)
+        if bidirectional and s.prefix_lm and cache.length == 0:  # every query sees the whole prompt
+            tables[MASK_POSITIONS] = np.full(ids.shape[0], ids.shape[0] - 1)
         if self.altup is not None:  # the stream's extra copies travel beside h, the first copy
             h, *tables["altup"] = expand(h, self.altup[0])
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
+                and MASK_POSITIONS not in tables
                 and cache.length + 1 <= np.iinfo(np.int32).max)
         kept: list = [None] * len(s.residual_skips)
-        for layer in self.layers:
-            if s.residual_skips:
-                h = self._skip(layer.i, h, kept)
-            fused = layer.decode_step() if fuse else None
-            if fused is not None:
-                h = layer.step_one(fused, h, cache, positions, tables)
-            else:
-                h = layer(h, cache, positions, bias, tables)
-            if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
-                h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
-            if hidden_states is not None:
-                hidden_states.append(h)
+
+        def run(layers, h):
+            for layer in layers:
+                if s.residual_skips:
+                    h = self._skip(layer.i, h, kept)
+                fused = layer.decode_step() if fuse else None
+                if fused is not None:
+                    h = layer.step_one(fused, h, cache, positions, tables)
+                else:
+                    h = layer(h, cache, positions, bias, tables)
+                if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
+                    h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
+                if hidden_states is not None:
+                    hidden_states.append(h)
+            return h
+
+        if s.loop is None:
+            h = run(self.layers, h)
+        else:  # passes over the stored layers (decoder/loops.py): each reads the states summed, replaces one
+            states = [h] + [np.broadcast_to(self.loop_init, h.shape) for _ in range(s.loop.states - 1)]
+            for p in s.loop.passes:
+                x = states[0] if len(states) == 1 else np.ascontiguousarray(sum(states[1:], states[0]),
+                                                                            dtype=np.float32)
+                x = run(self.layers[p.start:p.stop], x)
+                states[p.state] = self.final_norm(x) if p.norm else x
+            h = states[0]
         cache.advance(ids.shape[0])
         if self.altup is not None:
             h = collapse([c[-1:] if last_only else c for c in [h] + tables["altup"]], self.altup[1])

@@ -67,7 +67,7 @@ def layer_step(layer):
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
     routed = type(ffn) is MoE
     if (not spec_allows_step(s) or type(attn) is not Attention or layer.layer.attention_chunk
-            or layer.layer.residual is not None
+            or layer.layer.residual is not None or layer.layer.loop_global is not None
             or not (routed or (type(ffn) is DenseFFN and ffn.gate is not None and ffn.glu == "standard"
                                and ffn.limit is None))):
         return None

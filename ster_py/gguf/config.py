@@ -14,8 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, reused_kv_unread,
-                      sliding_layers, yarn_mscale)
+from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
+                      moe_spec, reused_kv_unread, sliding_layers, yarn_mscale)
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
@@ -625,6 +625,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
                         f"block_count ({n_all}), got {brief_value(n_mtp)}")
     n_layers = n_all - int(n_mtp)
+    if family.loop_stacks:  # built over the first stack's blocks, then expanded (config.looped_from_gguf)
+        n_all = n_layers = looped_stack(config, family, n_all, path)
     layering = LLAMA_CPP_LAYERS.get(arch)
     kv_list = ff_list = None
     if layering is None:
@@ -850,7 +852,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             fields["attn_gate"] = None
         else:
             fields["attn_gate_per_head"] = per_head
-    return ModelSpec(
+    spec = ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -888,6 +890,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         **residual_extras,
         **fields,
     )
+    return looped_from_gguf(spec, config, family, path) if family.looped else spec
 
 
 def _kv_shared(meta: Mapping, arch: str, sliding: list[bool], n_all: int, path: str) -> list[int | None]:
