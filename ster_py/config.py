@@ -20,6 +20,7 @@ from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
 from .decoder.shared_block import SharedBlockSpec
+from .decoder.streams import StreamsSpec
 from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
@@ -187,6 +188,8 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``streams``: the residual is several streams joined by hyper-connections (``decoder/streams.py``,
+    DeepSeek-V4, HY V4, GLM-5-Next), or None for one stream.
     """
 
     model_type: str
@@ -256,6 +259,7 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    streams: StreamsSpec | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1122,6 +1126,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
+        streams=streams_spec(r, family, config_name) if family.streams is not None else None,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1207,6 +1212,37 @@ def layer_latents(config: Mapping, family: FamilySpec, latent: LatentSpec, hidde
             own = replace(own, attn_scale=own.qk_head_dim ** -0.5)
         out[int(key)] = own if own != latent else None
     return out
+
+
+def streams_spec(r: "_Reader", family: FamilySpec, config_name: str) -> StreamsSpec:
+    """The residual streams of a family with ``streams`` (``decoder/streams.py``): ``hc_mult`` streams,
+    ``hc_magnitude``, ``hc_eps`` and ``hc_sinkhorn_iters`` under the family's keys (what the family fixes
+    in code from ``family.streams``: ``"model"`` or a number for each), the norm's epsilon the model's.
+
+    Raises:
+        SterError: a stream count that is not a positive integer within bounds, an epsilon or magnitude
+            that is not a finite number (a negative epsilon), rounds that are not a whole number.
+    """
+    where = f"invalid model config {config_name}"
+    fixed = dict(family.streams)
+
+    def number(key: str, default: float, positive: bool = False) -> float:
+        v = fixed.pop(key, "model")
+        v = r.get(key, default) if v == "model" else v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (positive and v == 0):
+            raise SterError(f"{where}: {key} must be a {'positive' if positive else 'non-negative'} number, "
+                            f"got {brief_value(v)}")
+        return float(v)
+
+    n = r.positive_int("hc_mult", limit=64)
+    eps = number("hc_eps", 1e-6)
+    iters = fixed.pop("hc_sinkhorn_iters", 0)
+    iters = r.positive_int("hc_sinkhorn_iters", limit=1000) if iters == "model" else int(iters)
+    post_eps = fixed.pop("post_eps", 0.0)
+    return StreamsSpec(n=n, magnitude=number("hc_magnitude", 2.0, positive=True),
+                       post_eps=eps if post_eps == "hc_eps" else float(post_eps), eps=eps,
+                       norm_eps=float(r.get("norm_eps", 1e-6)), sinkhorn_iters=iters, **fixed)
 
 
 def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, config_name: str) -> IndexerSpec:

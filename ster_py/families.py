@@ -344,6 +344,9 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "identity_experts": (),  # experts returning their input, beside the routed ones (LongCat-Flash)
     # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
     "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
+    # Hyper-connections' residual streams (read only by families with ``streams``; ``config.streams_spec``).
+    "hc_mult": ("hc_mult",), "hc_eps": ("hc_eps",), "hc_magnitude": ("hc_magnitude",),
+    "hc_sinkhorn_iters": ("hc_sinkhorn_iters",),
     # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
@@ -582,6 +585,10 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        streams: the residual is ``hc_mult`` streams joined by hyper-connections (``config.streams_spec``,
+            ``decoder/streams.py``): what the family fixes in code (``hc_sinkhorn_iters``, ``post_eps``:
+            ``"hc_eps"`` or a number, ``head``: ``"weighted"`` / ``"mean"``, ``hc_magnitude``); {} for
+            the config's keys alone.
     """
 
     model_type: str
@@ -682,6 +689,7 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    streams: Mapping[str, Any] | None = None
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -1973,6 +1981,81 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+
+# ---- group HC (issue 14, hyper-connections): several residual streams joined by hyper-connections
+# (decoder/streams.py). The roles name whole tensors; a name the release spells and the one Transformers'
+# writer spells (its hy_v4 renames undone in reverse) are both listed.
+def _hc_names(layer: Mapping[str, tuple[str, ...]], head: tuple[str, ...]) -> dict:
+    """The hyper-connection roles: ``layer[part]`` lists the module names of a layer's attention ("attn") and
+    feed-forward ("ffn") hyper-connection, whose tensors are fn / base / scale (or hc_fn / hc_base / hc_scale);
+    ``head`` the stems of the head's fn / base / scale tensors."""
+    out = {}
+    for part, stems in layer.items():
+        for p in ("fn", "base", "scale"):
+            out[f"hc_{part}_{p}"] = tuple(stem.replace("{p}", p) for stem in stems)
+    for p in ("fn", "base", "scale"):
+        out[f"hc_head_{p}"] = tuple(stem.replace("{p}", p) for stem in head)
+    return out
+
+
+# HY V4: Transformers' module names (attn_hc.fn, self_attn.gate_proj, self_attn.sinks), the release's
+# (hc_attn_layer.hc_pre.hc_fn, learnable_sink_param, linear_gate) and Transformers' writer's
+# (hc_pre.hc_attn_layer.hc_fn, mlp.linear_gate: its `.linear_gate -> .gate_proj` rename reversed on every gate).
+_HY_HC = {"attn": (_L + "attn_hc.{p}", _L + "hc_pre.hc_attn_layer.hc_{p}", _L + "hc_attn_layer.hc_pre.hc_{p}",
+                   _L + "hc_attn_layer.hc_{p}"),
+          "ffn": (_L + "ffn_hc.{p}", _L + "hc_pre.hc_mlp_layer.hc_{p}", _L + "hc_mlp_layer.hc_pre.hc_{p}",
+                  _L + "hc_mlp_layer.hc_{p}")}
+HY_V4_NAMES = _with(DEEPSEEK_DSA_NAMES, gate=(_M + "gate_proj", _M + "linear_gate"),
+                    shexp_gate=(_M + "shared_experts.gate_proj", _M + "shared_experts.linear_gate"),
+                    g=(_SA + "gate_proj", _SA + "linear_gate"), sinks=(_SA + "sinks", _SA + "learnable_sink_param"),
+                    **_hc_names(_HY_HC, ("model.hc_head.hc_{p}", "model.hc_head.hc_head_{p}",
+                                         "model.hc_pre.hc_head.hc_head_{p}")))
+#: HYV4Config's defaults (the release's config may leave any of them out).
+_HY_V4_DEFAULTS = {"vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912, "moe_intermediate_size": 768,
+                   "num_hidden_layers": 34, "num_attention_heads": 32, "max_position_embeddings": 262144,
+                   "rms_norm_eps": 1e-5, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                   "routed_scaling_factor": 2.827, "norm_topk_prob": True, "n_group": 1, "topk_group": 1,
+                   "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+                   "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 16, "hc_mult": 4,
+                   "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0}
+
+
+def _hy_v4_config(config: Mapping) -> Mapping:
+    """HY V4's layer kinds as HYV4Config derives them when the config lists none: the first layer dense
+    (mlp_layer_types), every layer indexed, an indexer of its own on layer 0 and each 4k + 1 (indexer_types)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] * min(1, n) + ["sparse"] * max(n - 1, 0)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["indexed_attention"] * n
+    if c.get("indexer_types") is None:
+        c["indexer_types"] = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
+    return c
+
+
+def _stated_false(key: str) -> Callable[[Mapping], bool]:
+    return lambda c: c.get(key) is False
+
+
+# What Transformers' HYV4 fixes in code: a config stating otherwise describes weights it cannot run.
+_HY_V4_REFUSALS = (
+    Refusal(_stated_false("enable_ihc"), "enable_ihc: false (one residual stream) is not supported (Transformers' "
+                                         "HY V4 always keeps hc_mult streams)"),
+    Refusal(_stated_false("gated_mla"), "gated_mla: false is not supported (Transformers' HY V4 always gates the "
+                                        "attention output)"),
+    Refusal(_stated_false("learnable_sink"), "learnable_sink: false is not supported (Transformers' HY V4 always "
+                                             "has a sink per head)"),
+    Refusal(_stated_other("gating_type", "elementwise"), "a gating_type other than elementwise is not supported"),
+    Refusal(lambda c: bool(c.get("soft_logits_capping")),
+            "soft_logits_capping is not supported (vLLM caps the logits, Transformers' HY V4 never does; the two "
+            "references disagree)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps the routed experts to it, zeroing "
+            "them, where its documentation and vLLM leave them unclamped)"),
+    _MOE_LAYER_FREQ,
+)
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2838,6 +2921,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group HC (issue 14, hyper-connections)
+        # HY V4 (Transformers' HYV4ForCausalLM): DeepSeek-V3.2's latent attention and indexer (rotating halves,
+        # the indexer its last qk_rope_head_dim components), a sink per head, an elementwise sigmoid gate, and
+        # hc_mult streams joined by independent hyper-connections; routed experts clamped by swiglu_limit.
+        FamilySpec("hy_v4", keys=_LATENT_KEYS, normalize=_hy_v4_config, config_defaults=dict(_HY_V4_DEFAULTS),
+                   indexer={"interleaved": False, "rope_last": True, "norm_eps": "model"},
+                   streams={"post_eps": "hc_eps"}, sinks=True, attn_gate="sigmoid", attn_gate_per_head=False,
+                   adapters="none", unread=("model.mtp_layers.",),
+                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=None,
+                          moe_fields={**_V3_ROUTER["moe_fields"], "shared_limit": None}),
+                   refusals=_HY_V4_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

@@ -49,6 +49,7 @@ from .qlinear import QuantLinear
 from .shared_block import SharedHybrid
 from .shortconv import ShortConv
 from .step import layer_step
+from .streams import HyperConnection, HyperHead
 from .xielu import XIELU
 
 
@@ -150,6 +151,10 @@ class _Layer:
                           if spec.per_layer_input else None)
         d["scalar"] = (np.float32(load("layer_scalar", "", required=True).reshape(-1)[0])
                        if spec.layer_scalar else None)
+        # hyper-connections before the mixer and the feed-forward (ModelSpec.streams, decoder/streams.py)
+        d["hc"] = (tuple(HyperConnection(spec.streams, *(load(f"hc_{part}_{p}", "", required=True)
+                                                         for p in ("fn", "base", "scale")))
+                         for part in ("attn", "ffn")) if spec.streams is not None else None)
 
     def _owner(self, name: str):
         d = self.__dict__
@@ -213,6 +218,8 @@ class _Layer:
                tables: dict | None = None) -> np.ndarray:
         """The block itself (norms, mixer, feed-forward, join)."""
         n, r = self.norms, self._residual_scale
+        if self.hc is not None:
+            return self._streams_block(h, cache, positions, bias, tables)
         if self.layer.residual is not None:
             return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
@@ -238,6 +245,21 @@ class _Layer:
         if self.layer.shortcut == "close":
             out = out + tables.pop(SHORTCUT)
         return out
+
+    def _streams_block(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """The block over hyper-connected streams h float32 [T, n, hidden] (``ModelSpec.streams``;
+        Transformers' ``DeepseekV4DecoderLayer`` / ``HYV4DecoderLayer``): each sublayer reads the streams
+        collapsed by its hyper-connection and its output is spread back over them (``HyperConnection.join``)."""
+        n, (attn_hc, ffn_hc) = self.norms, self.hc
+        x, post, comb = attn_hc(h)
+        a = self.mixer(n["attn_norm"](x) if "attn_norm" in n else x, cache, positions, bias,
+                       {} if tables is None else tables)
+        a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
+        h = HyperConnection.join(h, a, post, comb)
+        x, post, comb = ffn_hc(h)
+        m = self.ffn(n["ffn_norm"](x) if "ffn_norm" in n else x)
+        m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
+        return HyperConnection.join(h, m, post, comb)
 
     def _scaled_join(self, h, cache, positions, bias, tables) -> np.ndarray:
         """MiniMax's block (``LayerSpec.residual`` = (a1, b1, a2, b2)): each sublayer joins its
@@ -319,6 +341,9 @@ class Decoder:
                           if spec.per_layer_input else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
         self.final_norm = norm("final_norm")
+        st = spec.streams
+        self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
+                        else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
@@ -442,9 +467,11 @@ class Decoder:
             cache: the KV cache (None: a fresh one, discarded after the call).
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
-                (Transformers' ``output_hidden_states`` order, without the final norm).
+                (Transformers' ``output_hidden_states`` order, without the final norm). With
+                hyper-connections (``ModelSpec.streams``) the streams' mean.
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
-                it returns is taken as float32 [T, hidden_size].
+                it returns is taken as float32 [T, hidden_size]. With hyper-connections it is given
+                the streams' mean, and what it adds to it is added to every stream.
             last_only: compute logits for the last position only.
 
         Returns:
@@ -472,6 +499,8 @@ class Decoder:
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
                 and cache.length + 1 <= np.iinfo(np.int32).max)
         kept: list = [None] * len(s.residual_skips)
+        if s.streams is not None:  # every stream starts as the embedding (decoder/streams.py)
+            h = np.ascontiguousarray(np.repeat(h[:, None, :], s.streams.n, axis=1))
         for layer in self.layers:
             if s.residual_skips:
                 h = self._skip(layer.i, h, kept)
@@ -480,11 +509,20 @@ class Decoder:
                 h = layer.step_one(fused, h, cache, positions, tables)
             else:
                 h = layer(h, cache, positions, bias, tables)
+            if s.streams is not None:
+                if layer_hook is not None:  # the hook sees the streams' mean; what it adds, every stream gets
+                    mean = h.mean(axis=1)
+                    h = h + (np.asarray(layer_hook(layer.i, mean.copy()), np.float32) - mean)[:, None, :]
+                if hidden_states is not None:
+                    hidden_states.append(h.mean(axis=1))
+                continue
             if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
                 h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
             if hidden_states is not None:
                 hidden_states.append(h)
         cache.advance(ids.shape[0])
+        if self.hc_head is not None:
+            h = self.hc_head(h)
         if last_only:
             h = h[-1:]
         logits = self.head(self.final_norm(h))
