@@ -21,6 +21,7 @@ from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
 from .decoder.shared_block import SharedBlockSpec
 from .decoder.streams import StreamsSpec
+from .decoder.compressed import CompressedSpec
 from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
@@ -74,7 +75,9 @@ class LayerSpec:
     full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
-    (Gemma 4's num_kv_shared_layers); it caches nothing itself.
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``compress``: on a compressed-attention
+    layer (``ModelSpec.compressed``, DeepSeek-V4), ``"sparse"`` or ``"heavy"`` entries beside its sliding
+    window, None for the window alone.
     """
 
     sliding_window: int | None
@@ -97,6 +100,7 @@ class LayerSpec:
     head_dim: int | None = None
     v_from_k: bool = False
     kv_source: int | None = None
+    compress: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,7 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``compressed``: the shape of the ``"compressed"`` mixer's layers (``decoder/compressed.py``, DeepSeek-V4).
     ``streams``: the residual is several streams joined by hyper-connections (``decoder/streams.py``,
     DeepSeek-V4, HY V4, GLM-5-Next), or None for one stream.
     """
@@ -260,6 +265,7 @@ class ModelSpec:
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
     streams: StreamsSpec | None = None
+    compressed: CompressedSpec | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1066,6 +1072,14 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                for o, (mixer, _) in zip(own, mixers)]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    compressed = None
+    if family.compressed:  # DeepSeek-V4: compressed attention on every layer, hashed routing on some
+        compressed = compressed_spec(r, config, max_pos, config_name)
+        mixers = [("compressed", ffn) for _, ffn in mixers]
+        own = [dict(o, compress=k) for o, k in zip(own, config["_compress_kinds"])]
+        if moe is not None:
+            hashed = replace(moe, router=replace(moe.router, hashed=True, select_bias=False))
+            own = [dict(o, moe=hashed) if h else o for o, h in zip(own, config["_hash_layers"])]
     scales = sublayer_scales(config, family, mixers, config_name)
     if scales is not None:  # MiniMax's join: residual * alpha + output * beta
         own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
@@ -1127,6 +1141,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         streams=streams_spec(r, family, config_name) if family.streams is not None else None,
+        compressed=compressed,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1212,6 +1227,51 @@ def layer_latents(config: Mapping, family: FamilySpec, latent: LatentSpec, hidde
             own = replace(own, attn_scale=own.qk_head_dim ** -0.5)
         out[int(key)] = own if own != latent else None
     return out
+
+
+def compressed_spec(r: "_Reader", config: Mapping, max_pos: int, config_name: str) -> CompressedSpec:
+    """DeepSeek-V4's compressed attention (``decoder/compressed.py``) from its config (``normalize`` has
+    written ``_compress_rope``, the compressed layers' rotation parameters, and ``compress_rates``).
+
+    Raises:
+        SterError: a width, rank, rate, window or count that is not a positive integer within bounds, heads
+            that do not split into ``o_groups``, a rotated width above the head's or odd, bad rotation parameters.
+    """
+    where = f"invalid model config {config_name}"
+    D = r.positive_int("head_dim", limit=MAX_HEAD_DIM)
+    rope_dim = config.get("qk_rope_head_dim")
+    if rope_dim is None:
+        factor = config.get("partial_rotary_factor", 64 / 512)
+        rope_dim = int(D * factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else None
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or not 0 < rope_dim <= D or rope_dim % 2:
+        raise SterError(f"{where}: qk_rope_head_dim must be an even number in 2..head_dim ({D}), "
+                        f"got {brief_value(rope_dim)}")
+    heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
+    groups = r.positive_int("o_groups", limit=MAX_HEADS)
+    if heads % groups:
+        raise SterError(f"{where}: num_attention_heads ({heads}) is not a multiple of o_groups ({groups})")
+    rates = config.get("compress_rates")
+    rates = rates if isinstance(rates, Mapping) else {}
+
+    def rate(kind: str, default: int) -> int:
+        v = rates.get(kind, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
+            raise SterError(f"{where}: compress_rates[{kind!r}] must be a positive integer, got {brief_value(v)}")
+        return v
+
+    def rope(params: Mapping) -> Rope:
+        params = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+        return make_rope(params, head_dim=rope_dim, max_position_embeddings=max_pos, interleaved=True, where=where)
+
+    return CompressedSpec(head_dim=D, rope_dim=rope_dim, q_lora_rank=r.positive_int("q_lora_rank"),
+                          window=r.positive_int("sliding_window", limit=1 << 31),
+                          sparse_rate=rate("compressed_sparse_attention", 4),
+                          heavy_rate=rate("heavily_compressed_attention", 128), o_groups=groups,
+                          o_lora_rank=r.positive_int("o_lora_rank"),
+                          index_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
+                          index_dim=r.positive_int("index_head_dim", limit=MAX_HEAD_DIM),
+                          index_topk=r.positive_int("index_topk", limit=1 << 31), norm_eps=float(r.get("norm_eps", 1e-6)),
+                          main_rope=rope(config.get("rope_parameters") or {}), compress_rope=rope(config["_compress_rope"]))
 
 
 def streams_spec(r: "_Reader", family: FamilySpec, config_name: str) -> StreamsSpec:

@@ -585,6 +585,9 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        compressed: every layer runs DeepSeek-V4's compressed attention (``config.compressed_spec``,
+            ``decoder/compressed.py``), its kind from ``_compress_kinds`` and its hash routing from
+            ``_hash_layers`` (the family's ``normalize`` writes both).
         streams: the residual is ``hc_mult`` streams joined by hyper-connections (``config.streams_spec``,
             ``decoder/streams.py``): what the family fixes in code (``hc_sinkhorn_iters``, ``post_eps``:
             ``"hc_eps"`` or a number, ``head``: ``"weighted"`` / ``"mean"``, ``hc_magnitude``); {} for
@@ -690,6 +693,7 @@ class FamilySpec:
     value_norm: bool = False
     layer_scalar: bool = False
     streams: Mapping[str, Any] | None = None
+    compressed: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2056,6 +2060,126 @@ _HY_V4_REFUSALS = (
 )
 
 
+
+# DeepSeek-V4: Transformers' module names, and DeepSeek's own layout (embed, head, layers.{i}.attn.wq_a,
+# ffn.experts.{e}.w1, hc_attn_fn; what Transformers' writer produces, below model. or not: ``root``).
+def _v4(module: str, own: str) -> tuple[str, str]:
+    return (_L + module, _L + own)
+
+
+DEEPSEEK_V4_NAMES = {
+    "embed": ("model.embed_tokens", "model.embed"), "final_norm": "model.norm", "head": ("lm_head", "head"),
+    "attn_norm": _v4("input_layernorm", "attn_norm"), "ffn_norm": _v4("post_attention_layernorm", "ffn_norm"),
+    "q_a": _v4("self_attn.q_a_proj", "attn.wq_a"), "q_a_norm": _v4("self_attn.q_a_norm", "attn.q_norm"),
+    "q_b": _v4("self_attn.q_b_proj", "attn.wq_b"), "ckv": _v4("self_attn.kv_proj", "attn.wkv"),
+    "ckv_norm": _v4("self_attn.kv_norm", "attn.norm"), "o_a": _v4("self_attn.o_a_proj", "attn.wo_a"),
+    "o_b": _v4("self_attn.o_b_proj", "attn.wo_b"), "sinks": _v4("self_attn.sinks", "attn.attn_sink"),
+    "cmp_kv": _v4("self_attn.compressor.kv_proj", "attn.compressor.wkv"),
+    "cmp_gate": _v4("self_attn.compressor.gate_proj", "attn.compressor.wgate"),
+    "cmp_bias": _v4("self_attn.compressor.position_bias", "attn.compressor.ape"),
+    "cmp_norm": _v4("self_attn.compressor.kv_norm", "attn.compressor.norm"),
+    "icmp_kv": _v4("self_attn.compressor.indexer.kv_proj", "attn.indexer.compressor.wkv"),
+    "icmp_gate": _v4("self_attn.compressor.indexer.gate_proj", "attn.indexer.compressor.wgate"),
+    "icmp_bias": _v4("self_attn.compressor.indexer.position_bias", "attn.indexer.compressor.ape"),
+    "icmp_norm": _v4("self_attn.compressor.indexer.kv_norm", "attn.indexer.compressor.norm"),
+    "idx_q_b": _v4("self_attn.compressor.indexer.q_b_proj", "attn.indexer.wq_b"),
+    "idx_w": _v4("self_attn.compressor.indexer.scorer.weights_proj", "attn.indexer.weights_proj"),
+    # (a name ending in # is the weight alone: DeepSeek's ffn.gate.bias is the selection bias, not the router's)
+    "router": (_L + "mlp.gate.weight#", _L + "ffn.gate.weight#"),
+    "router_select_bias": _v4("mlp.gate.e_score_correction_bias", "ffn.gate.bias"),
+    "router_hash": _v4("mlp.gate.tid2eid", "ffn.gate.tid2eid"),
+    "exp_gate": _L + "ffn.experts.{e}.w1.weight", "exp_up": _L + "ffn.experts.{e}.w3.weight",
+    "exp_down": _L + "ffn.experts.{e}.w2.weight",
+    "shexp_gate": _v4("mlp.shared_experts.gate_proj", "ffn.shared_experts.w1"),
+    "shexp_up": _v4("mlp.shared_experts.up_proj", "ffn.shared_experts.w3"),
+    "shexp_down": _v4("mlp.shared_experts.down_proj", "ffn.shared_experts.w2"),
+    **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")},
+                ("model.hc_head.hc_{p}", "model.hc_head_{p}")),
+}
+_V4_KINDS = {"sliding_attention": None, "compressed_sparse_attention": "sparse", "heavily_compressed_attention": "heavy"}
+_V4_RATIO_KINDS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+_DEEPSEEK_V4_DEFAULTS = {"vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
+                         "num_hidden_layers": 43, "num_attention_heads": 64, "head_dim": 512, "q_lora_rank": 1024,
+                         "num_experts_per_tok": 6, "n_routed_experts": 256, "routed_scaling_factor": 1.5,
+                         "max_position_embeddings": 1048576, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+                         "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+                         "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64,
+                         "index_head_dim": 128, "index_topk": 512, "rms_norm_eps": 1e-6}
+
+
+def _deepseek_v4_config(config: Mapping) -> Mapping:
+    """DeepSeek-V4's keys as Transformers' DeepseekV4Config reads them (legacy spellings included), in ster's
+    terms: each layer's compression (``_compress_kinds``: None, "sparse", "heavy") from layer_types or
+    compress_ratios (0, 4, 128), else two heavy layers then sparse and heavy by turns; the hash layers
+    (``_hash_layers``) from mlp_layer_types, else the first num_hash_layers (3); the sliding layers' rotation
+    (rope_parameters: rope_theta) and the compressed ones' (``_compress_rope``: compress_rope_theta, with a
+    YaRN block of magnitude one when stated); one shared expert as wide as a routed one."""
+    c, n = dict(config), _n_layers(config)
+    rates = dict(c.get("compress_rates") or {}) if isinstance(c.get("compress_rates", {}) or {}, Mapping) else {}
+    for legacy, kind in (("compress_rate_csa", "compressed_sparse_attention"),
+                         ("compress_rate_hca", "heavily_compressed_attention")):
+        if c.get(legacy) is not None:
+            rates[kind] = c[legacy]
+    c["compress_rates"] = rates
+    types = c.get("layer_types")
+    if types is None and isinstance(c.get("compress_ratios"), list):
+        types = [_V4_RATIO_KINDS.get(r, r) for r in c["compress_ratios"]]
+    if types is None:
+        types = ["heavily_compressed_attention"] * min(n, 2) + [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
+    if isinstance(types, list):
+        c["_layer_kinds"] = list(types[:n])
+        c["_compress_kinds"] = [_V4_KINDS.get(t) for t in types[:n]]
+    c.pop("layer_types", None)
+    mlp = c.get("mlp_layer_types")
+    if mlp is None:
+        k = c.get("num_hash_layers", 3)
+        k = k if isinstance(k, int) and not isinstance(k, bool) else 3
+        mlp = ["hash_moe"] * min(n, k) + ["moe"] * max(0, n - k)
+    if isinstance(mlp, list):
+        c["_mlp_kinds"] = list(mlp[:n])
+        c["_hash_layers"] = [t == "hash_moe" for t in mlp[:n]]
+    c.pop("mlp_layer_types", None)
+    if c.get("partial_rotary_factor") is None and c.get("qk_rope_head_dim") is None:
+        c["partial_rotary_factor"] = 64 / 512
+    rp = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    rp = rp if isinstance(rp, Mapping) else {}
+    if isinstance(rp.get("main"), Mapping) and isinstance(rp.get("compress"), Mapping):
+        main, compress = dict(rp["main"]), dict(rp["compress"])
+    else:
+        main = {"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)}
+        compress = {**{k: v for k, v in rp.items() if k not in ("main", "compress", "rope_theta")},
+                    "rope_theta": c.get("compress_rope_theta", 160000.0)}
+        compress.setdefault("rope_type", compress.pop("type", "default"))
+        if compress["rope_type"] == "yarn":
+            compress.setdefault("attention_factor", 1.0)
+    c["rope_parameters"], c["_compress_rope"] = main, compress
+    c.pop("rope_scaling", None)
+    if c.get("moe_intermediate_size") is not None:  # Transformers' one shared expert: a routed expert's width
+        c["intermediate_size"] = c["shared_intermediate_size"] = c["moe_intermediate_size"]
+    return c
+
+
+def _v4_kinds_wrong(c: Mapping) -> bool:
+    n = _n_layers(c)
+    kinds, mlp = c.get("_layer_kinds"), c.get("_mlp_kinds")
+    return (not isinstance(kinds, list) or len(kinds) != n or any(t not in _V4_KINDS for t in kinds)
+            or not isinstance(mlp, list) or len(mlp) != n or any(t not in ("hash_moe", "moe") for t in mlp))
+
+
+_DEEPSEEK_V4_REFUSALS = (
+    Refusal(_v4_kinds_wrong, "layer_types (or compress_ratios) and mlp_layer_types must list num_hidden_layers "
+                             "entries of sliding_attention / compressed_sparse_attention / heavily_compressed_attention "
+                             "(0 / 4 / 128) and hash_moe / moe"),
+    Refusal(_stated_other("scoring_func", "sqrtsoftplus"),
+            "a scoring_func other than sqrtsoftplus is not supported (DeepSeek-V4's router)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
+    Refusal(lambda c: bool(c.get("mlp_bias")) or bool(c.get("attention_bias")),
+            "mlp_bias / attention_bias is not supported (DeepSeek-V4's projections have no biases)"),
+)
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2932,6 +3056,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=None,
                           moe_fields={**_V3_ROUTER["moe_fields"], "shared_limit": None}),
                    refusals=_HY_V4_REFUSALS),
+        # DeepSeek-V4 (Transformers' DeepseekV4ForCausalLM): hc_mult streams joined by Sinkhorn-normalised
+        # hyper-connections; compressed attention (sliding window, compressed entries, Lightning Indexer) on every
+        # layer; sqrtsoftplus-routed experts, hashed on the first layers, beside one shared expert, all clamped.
+        FamilySpec("deepseek_v4", moe=True, compressed=True, normalize=_deepseek_v4_config, root="model.",
+                   names=DEEPSEEK_V4_NAMES, config_defaults=dict(_DEEPSEEK_V4_DEFAULTS),
+                   keys={"num_key_value_heads": (), "sliding_window": ("sliding_window",), "o_groups": ("o_groups",),
+                         "o_lora_rank": ("o_lora_rank",), "num_experts": ("n_routed_experts",)},
+                   fixed={"scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
+                          "n_group": 1, "topk_group": 1},
+                   moe_fields={"renorm_eps": 1e-20}, streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model"},
+                   adapters="none", unread=("mtp.", "model.mtp."), refusals=_DEEPSEEK_V4_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

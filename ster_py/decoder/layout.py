@@ -106,6 +106,8 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
                        ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
                        ("idx_w", "weight"): (x.n_heads, d)})
+    if getattr(spec, "compressed", None) is not None and i is not None:  # DeepSeek-V4 (decoder/compressed.py)
+        shapes.update(spec.compressed.tensor_shapes(d, h, spec.layers[i].compress))
     if getattr(spec, "streams", None) is not None:  # hyper-connections (decoder/streams.py)
         shapes.update(spec.streams.tensor_shapes(d))
     if spec.qk_norm == "proj":

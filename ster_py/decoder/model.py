@@ -32,6 +32,7 @@ from ..config import ModelSpec
 from ..errors import SterError
 from .attention import Attention
 from .cache import KVCache
+from .compressed import CompressedAttention
 from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
 from .latent import LatentAttention
@@ -71,7 +72,7 @@ _UNBUILT = object()
 #: feed-forward.
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
           "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
-          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention}
+          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention, "compressed": CompressedAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
@@ -108,8 +109,20 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                    if m.router.select_bias else None)  # absent and optional: chosen by the scores alone
     if m.latent_size:
         latent = tuple(make_linear(load(r, required=True), load(r, "bias")) for r in ("moe_latent_in", "moe_latent_out"))
-    return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
-               shared, shared_gate, latent)
+    moe = MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
+              shared, shared_gate, latent)
+    if m.router.hashed:  # DeepSeek-V4's hash layers: the token's row of tid2eid chooses
+        table = np.asarray(load("router_hash", "", required=True))
+        if table.shape != (spec.vocab_size, m.router.top_k) or table.min() < 0 or table.max() >= m.router.num_experts:
+            raise SterError(f"layer {i}'s hash routing table has shape {list(table.shape)} or expert ids outside "
+                            f"0..{m.router.num_experts - 1}; the configuration implies [{spec.vocab_size}, "
+                            f"{m.router.top_k}]: the weights and the config disagree")
+        ordered = np.sort(table, axis=1)
+        if (ordered[:, 1:] == ordered[:, :-1]).any():
+            raise SterError(f"layer {i}'s hash routing table names one expert twice for a token; the checkpoint is "
+                            "damaged or not this model's")
+        moe.hash_table = table.astype(np.int64)
+    return moe
 
 
 #: The key of a forward call's ``tables`` under which a ``shortcut="open"`` layer holds its routed
@@ -251,13 +264,14 @@ class _Layer:
         Transformers' ``DeepseekV4DecoderLayer`` / ``HYV4DecoderLayer``): each sublayer reads the streams
         collapsed by its hyper-connection and its output is spread back over them (``HyperConnection.join``)."""
         n, (attn_hc, ffn_hc) = self.norms, self.hc
+        tables = {} if tables is None else tables
         x, post, comb = attn_hc(h)
-        a = self.mixer(n["attn_norm"](x) if "attn_norm" in n else x, cache, positions, bias,
-                       {} if tables is None else tables)
+        a = self.mixer(n["attn_norm"](x) if "attn_norm" in n else x, cache, positions, bias, tables)
         a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
         h = HyperConnection.join(h, a, post, comb)
         x, post, comb = ffn_hc(h)
-        m = self.ffn(n["ffn_norm"](x) if "ffn_norm" in n else x)
+        x = n["ffn_norm"](x) if "ffn_norm" in n else x
+        m = self.ffn(x, tables["tokens"]) if getattr(self.ffn, "hash_table", None) is not None else self.ffn(x)
         m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
         return HyperConnection.join(h, m, post, comb)
 
@@ -492,7 +506,7 @@ class Decoder:
             hidden_states.append(h)
         # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first
         # layer (a shared block reads it beside the residual stream, Zamba2)
-        tables: dict = {"embeddings": h}
+        tables: dict = {"embeddings": h, "tokens": ids}
         if self.per_layer is not None:
             tables["per_layer"] = self.per_layer(ids, h)
         # the fused step stores keys itself: only into this class's cache, not a subclass's
