@@ -1,7 +1,9 @@
 """Hyper-connection families (issue 14's remainder, group HC) against transformers on tiny checkpoints.
 
-HY V4 (independent hyper-connections over latent attention with DeepSeek Sparse Attention, a sink per
-head, an elementwise output gate, clamped routed experts). Each checkpoint is made here with transformers
+DeepSeek-V4 (Sinkhorn-normalised hyper-connections over compressed attention: a sliding window beside
+heavily compressed and compressed sparse entries chosen by the Lightning Indexer; sqrtsoftplus routing,
+hashed on the first layers) and HY V4 (independent hyper-connections over latent attention with DeepSeek
+Sparse Attention, a sink per head, an elementwise output gate, clamped routed experts). Each checkpoint is made here with transformers
 (``tiny.build_checkpoint``: every weight redrawn, hyper-connection parameters included) and checked as
 ``test_parity_mla_b`` checks the latent descendants: logits within 1e-4 of transformers (f32), the same
 through the cache in two pieces and token by token (absorbed attention), the same 16 greedy tokens, no
@@ -227,3 +229,158 @@ def test_hy_v4_listed_as_running():
 
     assert "hy_v4" in implemented_model_types()
     json.dumps(sorted(implemented_model_types()))
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V4
+# 4 layers: sliding only, compressed sparse (entries of 2 tokens, 3 kept per query by the indexer), heavily
+# compressed (entries of 4), compressed sparse; a window of 6 keys; 3 streams, 5 Sinkhorn rounds; the first layer
+# hash-routed. The 16-token prompt closes 8 sparse and 4 heavy entries, so windows, entries and choices all act.
+V4 = dict(vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16, q_lora_rank=24,
+          qk_rope_head_dim=8, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, sliding_window=6,
+          compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4}, o_groups=2,
+          o_lora_rank=12, index_n_heads=4, index_head_dim=8, index_topk=3, hc_mult=3, hc_sinkhorn_iters=5,
+          max_position_embeddings=64, num_nextn_predict_layers=0,
+          layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                       "compressed_sparse_attention"], mlp_layer_types=["hash_moe", "moe", "moe", "moe"])
+V4_CASES = {
+    "deepseek_v4": V4,
+    # ... DeepseekV4Config's default layer kinds (two heavy, then by turns) and legacy keys (compress_rate_csa /
+    # _hca, num_hash_layers, qk_rope_head_dim), the compressed layers' YaRN (magnitude one), 2 streams, 4 groups.
+    "deepseek_v4-legacy-yarn": dict({k: v for k, v in V4.items() if k not in ("layer_types", "mlp_layer_types",
+                                                                             "compress_rates")},
+                                    num_hidden_layers=5, compress_rate_csa=2, compress_rate_hca=3, num_hash_layers=2,
+                                    hc_mult=2, o_groups=4, o_lora_rank=8, routed_scaling_factor=2.0, swiglu_limit=0.4,
+                                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32,
+                                                     "beta_slow": 1, "original_max_position_embeddings": 16}),
+}
+
+
+def build_v4(path, config, seed: int = 0):
+    """A tiny DeepSeek-V4 checkpoint (``build``) whose hash layers' tid2eid rows are drawn at random, distinct
+    experts per token (transformers initialises them to zeros: every token to expert 0 twice)."""
+    import torch
+
+    ref = build(path, "deepseek_v4", config, seed=seed)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            table = getattr(layer.mlp.gate, "tid2eid", None)
+            if table is not None:
+                rows = [rng.permutation(config["n_routed_experts"])[:table.shape[1]] for _ in range(table.shape[0])]
+                table.copy_(torch.tensor(np.stack(rows)))
+    ref.save_pretrained(path)
+    return ref
+
+
+def _v4_margins(model, ids) -> list[float]:
+    """For every query of every compressed sparse layer that chooses (more visible entries than index_topk): the
+    gap between the last indexer score kept and the first left out, relative to the scores' spread."""
+    from ster_py.decoder.compressed import CompressedAttention
+
+    gaps, original = [], CompressedAttention._choose
+
+    def spy(self, x, c_q, entries, positions, cos_sin):
+        keep = original(self, x, c_q, entries, positions, cos_sin)
+        c = self.c
+        q = self.idx_q_b(c_q).reshape(x.shape[0], c.index_heads, c.index_dim).transpose(1, 0, 2)
+        from ster_py.decoder.compressed import _rotate_tail
+        q = _rotate_tail(c.compress_rope, q, *cos_sin).transpose(1, 0, 2)
+        w = self.idx_w(x) * np.float32(c.index_heads ** -0.5)
+        scores = np.einsum("tn,tne->te", w, np.maximum(q @ entries.T, 0))
+        for t, p in enumerate(positions):
+            visible = (p + 1) // c.sparse_rate
+            if visible > c.index_topk:
+                v = np.sort(scores[t, :visible])[::-1]
+                gaps.append(float(v[c.index_topk - 1] - v[c.index_topk]) / (float(np.ptp(v)) + 1e-30))
+        return keep
+
+    CompressedAttention._choose = spy
+    try:
+        model.decoder.forward(ids)
+    finally:
+        CompressedAttention._choose = original
+    return gaps
+
+
+@pytest.fixture(scope="module")
+def v4(tmp_path_factory):
+    """The first DeepSeek-V4 case: (path, transformers' model, ster's model)."""
+    path = tmp_path_factory.mktemp("deepseek_v4")
+    ref = build_v4(path, V4_CASES["deepseek_v4"])
+    return path, ref, load_model(str(path))
+
+
+@pytest.mark.parametrize("case", list(V4_CASES))
+def test_deepseek_v4_matches_transformers(case, tmp_path, v4):
+    """Logits, stream means, the cache in two pieces, 16 greedy tokens (32 positions: entries close while
+    decoding), every tensor read; token by token from the cache equals the whole prompt; no indexer tie."""
+    from test_parity_mla import reference_steps
+
+    if case == "deepseek_v4":
+        path, ref_model, _ = v4
+    else:
+        path, ref_model = tmp_path, build_v4(tmp_path, V4_CASES[case])
+    model = _check_streams(path, ref_model)
+    gaps = _v4_margins(model, PROMPT)
+    assert gaps and min(gaps) > 1e-4, "an indexer choice rests on (nearly) equal scores: pick another case"
+    ref_logits, _ = reference_logits(ref_model, PROMPT)
+    cache = model.decoder.new_cache()
+    steps = np.concatenate([model.decoder.forward([t], cache) for t in PROMPT])
+    assert rel_err(steps, ref_logits) < 1e-4
+    assert rel_err(steps, reference_steps(ref_model, PROMPT)) < 1e-4
+
+
+def test_deepseek_v4_specs():
+    """The layer kinds, hash layers, rotations and streams as the specs read them."""
+    spec = spec_from_config(dict(V4_CASES["deepseek_v4"], model_type="deepseek_v4"), FAMILIES["deepseek_v4"])
+    assert [layer.compress for layer in spec.layers] == [None, "sparse", "heavy", "sparse"]
+    assert [layer.moe is not None and layer.moe.router.hashed for layer in spec.layers] == [True, False, False, False]
+    assert spec.moe.router.scoring == "sqrtsoftplus" and spec.moe.router.select_bias and spec.moe.limit == 10.0
+    assert spec.moe.shared_size == 32 and spec.moe.shared_limit == 10.0
+    s, c = spec.streams, spec.compressed
+    assert (s.n, s.sinkhorn_iters, s.magnitude, s.post_eps, s.head) == (3, 5, 2.0, 0.0, "weighted")
+    assert (c.rope_dim, c.sparse_rate, c.heavy_rate, c.window) == (8, 2, 4, 6)
+    assert c.main_rope.interleaved and c.main_rope.inv_freq[1] != c.compress_rope.inv_freq[1]
+    legacy = spec_from_config(dict(V4_CASES["deepseek_v4-legacy-yarn"], model_type="deepseek_v4"),
+                              FAMILIES["deepseek_v4"])
+    assert [layer.compress for layer in legacy.layers] == ["heavy", "heavy", "heavy", "sparse", "heavy"]
+    assert [(layer.moe or legacy.moe).router.hashed for layer in legacy.layers] == [True, True, False, False, False]
+    assert (legacy.compressed.sparse_rate, legacy.compressed.heavy_rate) == (2, 3)
+    assert legacy.compressed.compress_rope.attention_factor == 1.0  # YaRN of magnitude one
+
+
+V4_REFUSED = {
+    "kinds": (dict(layer_types=["sliding_attention"] * 3), "layer_types"),
+    "ratio": (dict(layer_types=None, compress_ratios=[0, 4, 64, 4]), "layer_types"),
+    "scoring": (dict(scoring_func="sigmoid"), "scoring_func other than sqrtsoftplus"),
+    "limit": (dict(swiglu_limit=0.0), "swiglu_limit of 0 or less"),
+    "bias": (dict(mlp_bias=True), "mlp_bias"),
+}
+
+
+@pytest.mark.parametrize("case", list(V4_REFUSED))
+def test_deepseek_v4_refusals(case):
+    extra, words = V4_REFUSED[case]
+    config = {k: v for k, v in dict(V4_CASES["deepseek_v4"], model_type="deepseek_v4", **extra).items()
+              if v is not None}
+    with pytest.raises(SterError, match=words):
+        gate(config, "config.json")
+
+
+def test_deepseek_v4_steering_and_capture(v4):
+    """A steering vector at layer 2 is added to every stream (transformers with a forward hook doing so)."""
+    import torch
+
+    _, ref_model, model = v4
+    v = np.random.RandomState(5).randn(model.spec.hidden_size).astype(np.float32) * 0.5
+
+    def add(module, args, output):
+        return output + torch.from_numpy(v)
+
+    handle = ref_model.model.layers[2].register_forward_hook(add)
+    try:
+        ref, _ = reference_logits(ref_model, PROMPT)
+    finally:
+        handle.remove()
+    ours = model.decoder.forward(PROMPT, layer_hook=lambda i, h: h + v if i == 2 else h)
+    assert rel_err(ours, ref) < 1e-4
