@@ -192,6 +192,8 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``ffn_limit``: the dense feed-forwards' SwiGLU clamp (gate below it, up within +-it; GLM-5-Next's
+    ``swiglu_limit``), None for none.
     ``compressed``: the shape of the ``"compressed"`` mixer's layers (``decoder/compressed.py``, DeepSeek-V4).
     ``streams``: the residual is several streams joined by hyper-connections (``decoder/streams.py``,
     DeepSeek-V4, HY V4, GLM-5-Next), or None for one stream.
@@ -266,6 +268,7 @@ class ModelSpec:
     residual_skips: tuple[ResidualSkip, ...] = ()
     streams: StreamsSpec | None = None
     compressed: CompressedSpec | None = None
+    ffn_limit: float | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -300,7 +303,9 @@ class ModelSpec:
         """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
-            return self.latent_of(i).cache_width + (self.indexer.head_dim if self.layers[i].indexer == "full" else 0)
+            return self.latent_of(i).cache_width + (self.indexer.key_width if self.layers[i].indexer == "full" else 0)
+        if self.layers[i].mixer == "compressed":  # one float32 key/value row per position (entries: fewer)
+            return self.compressed.head_dim
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
@@ -1001,13 +1006,15 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
 
-    def make(params: dict, width: int = rope_width) -> Rope:
+    def make(params: dict, width: int = rope_width) -> Rope | None:
+        if width == 0:  # a latent that rotates nothing (GLM-5-Next: positions from the causal order alone)
+            return None
         return make_rope(_fixed_alpha(params, width), head_dim=width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
     full_rope = make(full_params)
-    if latent is not None and full_rope.rotary_dim != rope_width:
+    if latent is not None and full_rope is not None and full_rope.rotary_dim != rope_width:
         raise SterError(f"{config_name}: a rotary share ({partial_keys}) other than the whole qk_rope_head_dim "
                         f"({rope_width}) is not supported for latent attention (Transformers rotates all of it); "
                         "ster refuses this configuration before reading any weight")
@@ -1142,6 +1149,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         streams=streams_spec(r, family, config_name) if family.streams is not None else None,
         compressed=compressed,
+        ffn_limit=float(config["swiglu_limit"]) if family.ffn_limit and config.get("swiglu_limit") is not None else None,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
@@ -1160,7 +1168,10 @@ def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None
     latent = LatentSpec(kv_lora_rank=r.positive_int("kv_lora_rank"),
                         q_lora_rank=None if q_rank is None else r.positive_int("q_lora_rank"),
                         qk_nope_head_dim=r.positive_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
-                        qk_rope_head_dim=r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
+                        # unrotated families may rotate nothing (GLM-5-Next's qk_rope_head_dim 0)
+                        qk_rope_head_dim=0 if (family is not None and family.positions == "none"
+                                               and r.get("qk_rope_head_dim") == 0)
+                        else r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
                         v_head_dim=r.positive_int("v_head_dim", limit=MAX_HEAD_DIM))
     if latent.qk_rope_head_dim % 2:
         raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
@@ -1321,6 +1332,12 @@ def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, co
                         "not supported (the indexer reads the query latent); ster refuses this configuration before "
                         "reading any weight")
     fixed = dict(family.indexer)
+    if fixed.pop("kpool", None) == "model":  # GLM-5-Next's pooled indexer
+        fixed["kpool"] = r.positive_int("index_kpool", limit=1 << 20)
+        tail = r.get("index_kpool_always_select_tail", True)
+        if not isinstance(tail, bool):
+            raise SterError(f"{where}: index_kpool_always_select_tail must be true or false, got {brief_value(tail)}")
+        fixed["tail"] = tail
     eps = fixed.pop("norm_eps", 1e-6)
     eps = float(r.get("norm_eps", 1e-6)) if eps == "model" else float(eps)
     spec = IndexerSpec(n_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),

@@ -344,6 +344,7 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "identity_experts": (),  # experts returning their input, beside the routed ones (LongCat-Flash)
     # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
     "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
+    "index_kpool": ("index_kpool",), "index_kpool_always_select_tail": ("index_kpool_always_select_tail",),
     # Hyper-connections' residual streams (read only by families with ``streams``; ``config.streams_spec``).
     "hc_mult": ("hc_mult",), "hc_eps": ("hc_eps",), "hc_magnitude": ("hc_magnitude",),
     "hc_sinkhorn_iters": ("hc_sinkhorn_iters",),
@@ -588,6 +589,7 @@ class FamilySpec:
         compressed: every layer runs DeepSeek-V4's compressed attention (``config.compressed_spec``,
             ``decoder/compressed.py``), its kind from ``_compress_kinds`` and its hash routing from
             ``_hash_layers`` (the family's ``normalize`` writes both).
+        ffn_limit: the dense feed-forwards are clamped by ``swiglu_limit`` too (``ModelSpec.ffn_limit``).
         streams: the residual is ``hc_mult`` streams joined by hyper-connections (``config.streams_spec``,
             ``decoder/streams.py``): what the family fixes in code (``hc_sinkhorn_iters``, ``post_eps``:
             ``"hc_eps"`` or a number, ``head``: ``"weighted"`` / ``"mean"``, ``hc_magnitude``); {} for
@@ -694,6 +696,7 @@ class FamilySpec:
     layer_scalar: bool = False
     streams: Mapping[str, Any] | None = None
     compressed: bool = False
+    ffn_limit: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2180,6 +2183,77 @@ _DEEPSEEK_V4_REFUSALS = (
 )
 
 
+
+# GLM-5-Next (its text decoder, also below model.language_model of the glm5_next wrapper): latent attention
+# without rotation behind a pooled indexer, Kimi Delta Attention, Sinkhorn hyper-connections averaged at the
+# head. Kimi-Linear's delta-rule names as Transformers' writer spells them and its module names beside them.
+_G5 = _SA
+GLM5_NEXT_NAMES = _with(
+    DEEPSEEK_DSA_NAMES, idx_pool_gate=_G5 + "indexer.index_kpool_compress_gate",
+    idx_pool_ape=_G5 + "indexer.index_kpool_compress_ape",
+    lin_q=_G5 + "q_proj", lin_k=_G5 + "k_proj", lin_v=_G5 + "v_proj", lin_b=_G5 + "b_proj",
+    lin_conv=_G5 + "conv1d", lin_q_conv=_G5 + "q_conv1d", lin_k_conv=_G5 + "k_conv1d", lin_v_conv=_G5 + "v_conv1d",
+    lin_f_a=(_G5 + "f_a_proj", _G5 + "forget_gate.f_a_proj"), lin_f_b=(_G5 + "f_b_proj", _G5 + "forget_gate.f_b_proj"),
+    lin_dt_bias=(_G5 + "dt_bias", _G5 + "forget_gate.dt_bias"), lin_a_log=(_G5 + "A_log", _G5 + "forget_gate.A_log"),
+    lin_g_a=_G5 + "g_a_proj", lin_g_b=_G5 + "g_b_proj", lin_norm=_G5 + "o_norm", lin_out=_G5 + "o_proj",
+    **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")}, ()))
+for _p in ("fn", "base", "scale"):
+    GLM5_NEXT_NAMES.pop(f"hc_head_{_p}")
+_GLM5_NEXT_KEYS = dict(_LATENT_KEYS, **{
+    "delta_k_heads": ("linear_num_heads",), "delta_v_heads": ("linear_num_heads",),
+    "delta_k_dim": ("linear_head_dim",), "delta_v_dim": ("linear_head_dim",),
+    "delta_conv_kernel": ("linear_conv_kernel_dim",), "delta_lower_bound": ("linear_lower_bound",),
+    "ssm_act": ("hidden_act",)})
+#: Glm5NextTextConfig's defaults.
+_GLM5_NEXT_DEFAULTS = {"vocab_size": 154880, "hidden_size": 4096, "intermediate_size": 12288,
+                       "moe_intermediate_size": 2048, "num_hidden_layers": 45, "num_attention_heads": 64,
+                       "n_shared_experts": 1, "n_routed_experts": 288, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+                       "q_lora_rank": 1536, "qk_rope_head_dim": 0, "v_head_dim": 256, "qk_nope_head_dim": 256,
+                       "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                       "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5, "index_topk": 2048,
+                       "index_head_dim": 128, "index_n_heads": 32, "swiglu_limit": 10.0, "linear_head_dim": 128,
+                       "linear_num_heads": 64, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0, "hc_mult": 4,
+                       "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "index_kpool": 16,
+                       "index_kpool_always_select_tail": True}
+
+
+def _glm5_next_config(config: Mapping) -> Mapping:
+    """GLM-5-Next's keys as Glm5NextTextConfig reads them: the first three layers dense (mlp_layer_types), Kimi
+    Delta Attention on all but each fourth layer (layer_types; full_attention read as indexed_attention),
+    indexer_types as GLM-5's, and linear_attn_config's num_heads, head_dim, short_conv_kernel_size and
+    gate_lower_bound (-5 under safe_gate when it states none)."""
+    c, n = dict(_glm_dsa_config(config)), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)
+    types = c.get("layer_types")
+    if types is None:
+        types = ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
+    if isinstance(types, list):
+        c["layer_types"] = ["indexed_attention" if t == "full_attention" else t for t in types]
+    lac = c.get("linear_attn_config")
+    if isinstance(lac, Mapping):
+        for key, own in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                         ("short_conv_kernel_size", "linear_conv_kernel_dim"), ("gate_lower_bound", "linear_lower_bound")):
+            if key in lac:
+                c[own] = lac[key]
+        if lac.get("safe_gate", True) and c.get("linear_lower_bound") is None:
+            c["linear_lower_bound"] = -5.0
+    return c
+
+
+_GLM5_NEXT_REFUSALS = (
+    Refusal(lambda c: c.get("qk_rope_head_dim") not in (None, 0),
+            "a qk_rope_head_dim other than 0 is not supported (GLM-5-Next's attention takes its positions from the "
+            "causal order alone)"),
+    Refusal(lambda c: c.get("index_kpool_always_select_tail") is False,
+            "index_kpool_always_select_tail: false is not supported (Transformers then leaves a query whose pool has "
+            "not closed with no key, and attends to every position, later ones included)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
+    _MOE_LAYER_FREQ,
+)
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -3067,6 +3141,14 @@ FAMILIES: dict[str, FamilySpec] = {
                           "n_group": 1, "topk_group": 1},
                    moe_fields={"renorm_eps": 1e-20}, streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model"},
                    adapters="none", unread=("mtp.", "model.mtp."), refusals=_DEEPSEEK_V4_REFUSALS),
+        # GLM-5-Next's text decoder (Transformers' Glm5NextTextModel, below model.language_model of glm5_next).
+        FamilySpec("glm5_next_text", keys=_GLM5_NEXT_KEYS, normalize=_glm5_next_config, recurrent="kda",
+                   positions="none", config_defaults=dict(_GLM5_NEXT_DEFAULTS),
+                   indexer={"interleaved": True, "kpool": "model"}, ffn_limit=True,
+                   streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model", "head": "mean"}, adapters="none",
+                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=None,
+                          moe_fields={**_V3_ROUTER["moe_fields"]}),
+                   refusals=_GLM5_NEXT_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -3091,7 +3173,9 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "gemma4_unified": ("gemma4_unified_text", "model.language_model."),
                                            # group SSM-B2: Qwen3.5's decoders sit below model.language_model
                                            "qwen3_5": ("qwen3_5_text", "model.language_model."),
-                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.")}
+                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model."),
+                                           # group HC: GLM-5-Next's decoder below model.language_model
+                                           "glm5_next": ("glm5_next_text", "model.language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.

@@ -89,7 +89,8 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
         return DenseFFN(make_linear(gate, load("gate", "bias")) if gate is not None else None,
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
-                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0)
+                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0,
+                        limit=spec.ffn_limit)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
