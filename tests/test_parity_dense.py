@@ -164,6 +164,7 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_hc.CASES.values()}
     tested |= {"deepseek_v4"} if test_parity_hc.V4_CASES else set()
+    tested |= {"glm5_next_text"} if test_parity_hc.G5_CASES else set()
     assert set(FAMILIES) == foundation | tested
 
 

@@ -1,6 +1,8 @@
 """Hyper-connection families (issue 14's remainder, group HC) against transformers on tiny checkpoints.
 
-DeepSeek-V4 (Sinkhorn-normalised hyper-connections over compressed attention: a sliding window beside
+GLM-5-Next (Sinkhorn-normalised hyper-connections averaged at the head, over Kimi Delta Attention and
+unrotated latent attention behind a pooled indexer; built and run as Transformers runs it, inside its
+glm5_next wrapper, text only), DeepSeek-V4 (Sinkhorn-normalised hyper-connections over compressed attention: a sliding window beside
 heavily compressed and compressed sparse entries chosen by the Lightning Indexer; sqrtsoftplus routing,
 hashed on the first layers) and HY V4 (independent hyper-connections over latent attention with DeepSeek
 Sparse Attention, a sink per head, an elementwise output gate, clamped routed experts). Each checkpoint is made here with transformers
@@ -384,3 +386,117 @@ def test_deepseek_v4_steering_and_capture(v4):
         handle.remove()
     ours = model.decoder.forward(PROMPT, layer_hook=lambda i, h: h + v if i == 2 else h)
     assert rel_err(ours, ref) < 1e-4
+
+
+# ----------------------------------------------------------------------------- GLM-5-Next
+# 4 layers (delta rule, latent, delta rule, latent), 3 streams; pools of 4 keys, 2 pools (8 keys) kept per query
+# beside its own unfinished pool: from position 11 on, queries choose. Inside the glm5_next wrapper (a one-layer
+# vision tower beside it, never read), as Transformers runs GLM-5-Next.
+G5_TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=4, max_position_embeddings=64, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
+               qk_rope_head_dim=0, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               index_topk=8, index_head_dim=8, index_n_heads=4, index_kpool=4, hc_mult=3, hc_sinkhorn_iters=4,
+               layer_types=["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"],
+               mlp_layer_types=["dense", "sparse", "sparse", "sparse"], linear_num_heads=2, linear_head_dim=8,
+               linear_conv_kernel_dim=3, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+G5_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
+                 projection_intermediate_size=32)
+G5_CASES = {
+    "glm5_next": G5_TEXT,
+    # ... Glm5NextTextConfig's default layer kinds for 5 layers (delta rule but on layer 3, three dense layers),
+    # grouped routing, two shared experts, no safe gate (linear_lower_bound null), a clamp that bites, 2 streams,
+    # pools of 2 (3 kept) with an indexer on layer 3 only.
+    "glm5_next-defaults-groups": dict({k: v for k, v in G5_TEXT.items() if k not in ("layer_types", "mlp_layer_types")},
+                                      num_hidden_layers=5, n_group=2, topk_group=1, n_shared_experts=2,
+                                      linear_lower_bound=None, swiglu_limit=0.5, hc_mult=2, index_kpool=2,
+                                      index_topk=6, norm_topk_prob=False, routed_scaling_factor=1.5),
+}
+
+
+def _pool_margins(model, ids) -> list[float]:
+    """For every query of every pooled-indexer layer that chooses: the gap between the last pool score kept and
+    the first left out, relative to the scores' spread (a tie would make the choice depend on tie-breaking)."""
+    from ster_py.decoder.indexer import Indexer
+
+    gaps, original = [], Indexer.choose
+
+    def spy(self, x, q_latent, keys, positions, cos_sin):
+        scores, s = self.scores(x, q_latent, keys, cos_sin), self.spec
+        k = s.topk // s.kpool
+        for t, p in enumerate(positions):
+            closed = (p + 1) // s.kpool
+            if closed > k:
+                v = np.sort(scores[t, :closed])[::-1]
+                gaps.append(float(v[k - 1] - v[k]) / (float(np.ptp(v)) + 1e-30))
+        return original(self, x, q_latent, keys, positions, cos_sin)
+
+    Indexer.choose = spy
+    try:
+        model.decoder.forward(ids)
+    finally:
+        Indexer.choose = original
+    return gaps
+
+
+@pytest.mark.parametrize("case", list(G5_CASES))
+def test_glm5_next_matches_transformers(case, tmp_path):
+    """Logits, stream means, the cache in two pieces and token by token (absorbed attention), 16 greedy tokens, every
+    tensor of the decoder read (the vision tower never), no pool choice on a tie."""
+    ref_model = build(tmp_path, "glm5_next", dict(text_config=G5_CASES[case], vision_config=G5_VISION))
+    model = _check_streams(tmp_path, ref_model)
+    assert model.spec.model_type == "glm5_next_text" and model.spec.indexer.kpool == G5_CASES[case]["index_kpool"]
+    gaps = _pool_margins(model, PROMPT)
+    assert gaps and min(gaps) > 1e-4, "a pool choice rests on (nearly) equal scores: pick another case"
+    _steps_and_absorbed(model, ref_model)
+
+
+def test_glm5_next_specs():
+    """Layer kinds, the pooled indexer, the clamps and the streams as the specs read them (the defaults case)."""
+    spec = spec_from_config(dict(G5_CASES["glm5_next-defaults-groups"], model_type="glm5_next_text"),
+                            FAMILIES["glm5_next_text"])
+    assert [layer.mixer for layer in spec.layers] == ["kda", "kda", "kda", "latent", "kda"]
+    assert [layer.ffn for layer in spec.layers] == ["dense", "dense", "dense", "moe", "moe"]
+    assert spec.ffn_limit == 0.5 and spec.moe.limit == 0.5 and spec.moe.shared_limit == 0.5
+    assert not spec.delta.safe_gate and all(layer.rope is None for layer in spec.layers)
+    assert (spec.indexer.kpool, spec.indexer.tail, spec.indexer.key_width) == (2, True, 16)
+    s = spec.streams
+    assert (s.n, s.sinkhorn_iters, s.head, s.post_eps) == (2, 4, "mean", 0.0)
+    linear = spec_from_config(dict(G5_TEXT, model_type="glm5_next_text", linear_lower_bound=None,
+                                   linear_attn_config={"num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 3,
+                                                       "safe_gate": True, "gate_lower_bound": -3.0}),
+                              FAMILIES["glm5_next_text"])
+    assert linear.delta.safe_gate and linear.delta.lower_bound == -3.0
+
+
+def test_select_pools_against_a_loop():
+    """``select_pools`` against a plain loop over queries of the rule Transformers' Glm5NextTextIndexer applies."""
+    from ster_py.decoder.indexer import IndexerSpec, select_pools
+
+    rng = np.random.default_rng(0)
+    for kpool, topk, tail, S in ((4, 8, True, 19), (3, 3, False, 10), (2, 8, True, 7)):
+        spec = IndexerSpec(n_heads=1, head_dim=4, topk=topk, rope_dim=0, kpool=kpool, tail=tail)
+        P = S // kpool
+        scores = rng.standard_normal((S, P)).astype(np.float32)
+        keep = select_pools(scores, np.arange(S), S, spec)
+        keep = np.tril(np.ones((S, S), bool)) if keep is None else keep
+        for p in range(S):
+            closed = (p + 1) // kpool
+            best = sorted(range(closed), key=lambda j: -scores[p, j])[:min(topk // kpool, P)]
+            want = {t for j in best for t in range(j * kpool, (j + 1) * kpool)}
+            if tail:
+                want |= set(range((p + 1) - (p + 1) % kpool, p + 1))
+            assert set(np.nonzero(keep[p])[0]) == want, (kpool, topk, tail, p)
+
+
+G5_REFUSED = {
+    "rope": (dict(qk_rope_head_dim=4), "qk_rope_head_dim other than 0"),
+    "tail": (dict(index_kpool_always_select_tail=False), "index_kpool_always_select_tail: false"),
+    "limit": (dict(swiglu_limit=-1.0), "swiglu_limit of 0 or less"),
+}
+
+
+@pytest.mark.parametrize("case", list(G5_REFUSED))
+def test_glm5_next_refusals(case):
+    extra, words = G5_REFUSED[case]
+    with pytest.raises(SterError, match=words):
+        gate(dict(G5_TEXT, model_type="glm5_next_text", **extra), "config.json")
