@@ -275,8 +275,8 @@ class ModelSpec:
         return self.layers[i].latent or self.latent
 
     def has_kv(self, i: int) -> bool:
-        """Whether layer ``i`` keeps keys and values (its mixer attends)."""
-        return self.layers[i].mixer in ATTENTION_MIXERS
+        """Whether layer ``i`` keeps keys and values (its mixer attends; DeepSeek-V4's compressed attention too)."""
+        return self.layers[i].mixer in ATTENTION_MIXERS or self.layers[i].mixer == "compressed"
 
     def state_bytes(self) -> int:
         """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""

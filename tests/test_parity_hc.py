@@ -343,6 +343,7 @@ def test_deepseek_v4_specs():
     assert (s.n, s.sinkhorn_iters, s.magnitude, s.post_eps, s.head) == (3, 5, 2.0, 0.0, "weighted")
     assert (c.rope_dim, c.sparse_rate, c.heavy_rate, c.window) == (8, 2, 4, 6)
     assert c.main_rope.interleaved and c.main_rope.inv_freq[1] != c.compress_rope.inv_freq[1]
+    assert all(spec.has_kv(i) and spec.cache_width(i) == 16 for i in range(4))  # one key/value row (inspect)
     legacy = spec_from_config(dict(V4_CASES["deepseek_v4-legacy-yarn"], model_type="deepseek_v4"),
                               FAMILIES["deepseek_v4"])
     assert [layer.compress for layer in legacy.layers] == ["heavy", "heavy", "heavy", "sparse", "heavy"]
