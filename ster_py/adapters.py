@@ -413,10 +413,15 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             seed 002); an attention target on a model whose layers have their own head counts
             or widths (MiMo-V2-Flash, seed 002); on latent attention, a target other than o, or q
             without a query bottleneck (seed 002); any adapter on a state-space family, or an
-            attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); a
+            attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); any
+            adapter on a family with hyper-connected residual streams (seed 002); a
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    if spec.adapters == "none" and getattr(spec, "streams", None) is not None:
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} keeps several residual streams joined "
+                        "by hyper-connections, and ster refuses adapters on such families (seed 002; steering and "
+                        "capture work on them, on the streams' mean)")
     if spec.adapters == "none":
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
                         "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "

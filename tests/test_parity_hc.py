@@ -220,10 +220,19 @@ def test_hy_v4_refusals(case):
     assert "before reading any weight" in str(e.value)
 
 
-def test_hy_v4_adapters_refused(hy):
-    """Adapters are refused on hyper-connected models (one adapter per projection would not see the streams)."""
-    _, _, model = hy
-    assert model.spec.adapters == "none"
+@pytest.mark.parametrize("family", ["hy_v4", "deepseek_v4", "glm5_next_text"])
+def test_adapters_refused(family):
+    """Adapters are refused on the hyper-connected families (seed 002), by a message that says why."""
+    from pathlib import Path
+
+    from ster_py.adapters import LoraAdapter, check_adapter_for
+
+    config = {"hy_v4": CASES["hy_v4"][1], "deepseek_v4": V4, "glm5_next_text": G5_TEXT}[family]
+    spec = spec_from_config(dict(config, model_type=family), FAMILIES[family])
+    ad = LoraAdapter(path=Path("lora.safetensors"), layout="ster", model=None, model_revision=None, rank=1, alpha=1.0,
+                     rslora=False, hidden_size=spec.hidden_size)
+    with pytest.raises(SterError, match="hyper-connections"):
+        check_adapter_for(ad, None, spec, lambda role: True)
 
 
 def test_hy_v4_listed_as_running():
