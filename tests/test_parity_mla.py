@@ -118,10 +118,13 @@ def test_every_latent_family_has_a_case():
     test_parity_hc."""
     import test_parity_hc
     import test_parity_mla_b
+    import test_parity_remote_c  # group R2's latent families without a Transformers implementation
 
     latent = {name for name, f in FAMILIES.items() if f.latent and not f.recurrent}  # kimi_linear: test_parity_ssm_b2
     assert latent == {model_type for model_type, _ in list(CASES.values()) + list(test_parity_mla_b.CASES.values())
-                      + list(test_parity_mla_b.LONGCAT_CASES.values()) + list(test_parity_hc.CASES.values())}
+                      + list(test_parity_mla_b.LONGCAT_CASES.values())
+                      + [(m, c) for m, c in test_parity_remote_c.CASES.values() if FAMILIES[m].latent]
+                      + list(test_parity_hc.CASES.values())}
 
 
 def test_specs_show_what_the_cases_switch_on(tmp_path):

@@ -41,7 +41,9 @@ def spec_allows_step(spec: ModelSpec) -> bool:
             and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
             and spec.qk_norm in (None, "head", "proj") and spec.value_scale == 1.0 and spec.attn_gate is None
             and spec.mup is None and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input
-            and spec.streams is None)
+            and spec.streams is None
+            and spec.post_norm_eps is None
+            and not getattr(spec, "query_bottleneck", 0))
 
 
 def _norm_weight(norm, size: int):
