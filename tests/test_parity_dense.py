@@ -169,6 +169,8 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_remote_c.CASES.values()}  # group R2
     tested |= {model_type for model_type, _ in test_parity_remote_c.HYBRID_CASES.values()}
     tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
+    # tests/test_parity_wrapped.py (test_muse_glimmer_text_matches_transformers, ...: one fixture per family)
+    tested |= {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
     assert set(FAMILIES) == foundation | tested
 
 
