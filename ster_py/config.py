@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .decoder.block_sparse import BlockSparseSpec
+from .decoder.altup import AltUpSpec
 from .decoder.indexer import IndexerSpec
 from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
@@ -78,7 +79,9 @@ class LayerSpec:
     full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
-    (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``compress``: on a compressed-attention
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``ffn_sparsity``: above 0, the dense
+    feed-forward's gate keeps only what lies above that share of a normal fitted to it
+    (``ffn.gaussian_top``; Gemma 3n's activation_sparsity_pattern). ``compress``: on a compressed-attention
     layer (``ModelSpec.compressed``, DeepSeek-V4), ``"sparse"`` or ``"heavy"`` entries beside its sliding
     window, None for the window alone.
     """
@@ -104,6 +107,7 @@ class LayerSpec:
     v_from_k: bool = False
     kv_source: int | None = None
     compress: str | None = None
+    ffn_sparsity: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,13 @@ class ModelSpec:
     ``query_bottleneck``: each attention layer's query is ``q_up(q_inter_norm(q(x)))``, ``q`` narrowing
     to this width and ``q_up`` widening it to the heads (Step3's share_q_dim, inter_norm and wq); 0: none.
     ``ngram``: hashed n-gram embeddings beside the token embedding (LongCat-Flash-Lite, ``decoder/ngram.py``).
+    ``per_layer_clamp``: token ids past the per-layer table read its row 0 instead of being refused
+    (Gemma 3n's multimodal ids). ``altup``: the stream travels as AltUp's copies
+    (``decoder/altup.py``, ``AltUpSpec``; Gemma 3n): the block runs on the first predicted copy, the
+    per-layer input joins every copy but the first, and hooks see the first copy. ``laurel``: each
+    layer adds Laurel's low-rank residual of its normed input to the mixer's join, which is then
+    divided by sqrt(2) (``altup.Laurel``; Gemma 3n). ``sparsity_ddof``: the activation sparsity's std
+    divides by n - ddof (0: Transformers'; 1: llama.cpp's gemma3n, set for GGUF files).
     """
 
     model_type: str
@@ -298,6 +309,10 @@ class ModelSpec:
     logits_kept: int = 0
     query_bottleneck: int = 0
     ngram: NgramSpec | None = None
+    per_layer_clamp: bool = False
+    altup: AltUpSpec | None = None
+    laurel: bool = False
+    sparsity_ddof: int = 0
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1266,6 +1281,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     scales = sublayer_scales(config, family, mixers, config_name)
     if scales is not None:  # MiniMax's join: residual * alpha + output * beta
         own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
+    if family.ffn_sparsity_key:  # Gemma 3n: the feed-forward gates that keep only their top
+        own = [dict(o, ffn_sparsity=p) if p else o
+               for o, p in zip(own, layer_sparsity(config, family.ffn_sparsity_key, n_layers, config_name))]
     normed = family.residual_normed
     normed = bool(config.get(normed, False)) if isinstance(normed, str) else bool(normed)
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
@@ -1310,7 +1328,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
-        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
+        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread
+        + reused_kv_unread(family.tensor_names(), layers),
         residual_skips=residual_skips(config, n_layers, config_name),
         latent=latent,
         ssm=(ssm_spec(r, family, hidden, config_name)
@@ -1331,9 +1350,57 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         streams=streams_spec(r, family, config_name) if family.streams is not None else None,
         compressed=compressed,
+        per_layer_clamp=family.per_layer_clamp,
+        altup=altup_spec(config, config_name) if family.altup else None,
+        laurel=family.laurel,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+def reused_kv_unread(names: Mapping[str, Any], layers) -> tuple[str, ...]:
+    """The key and value tensors (and key norm) a layer that reuses another's cache may still store
+    and never reads (``LayerSpec.kv_source``; Gemma 3n's hub checkpoints keep them), as name prefixes."""
+    return tuple(names[role].format(i=i) for i, layer in enumerate(layers) if layer.kv_source is not None
+                 for role in ("k", "v", "k_norm") if isinstance(names.get(role), str))
+
+
+#: The most copies of the stream AltUp may carry (Gemma 3n has 4).
+MAX_ALTUP_INPUTS = 64
+
+
+def altup_spec(config: Mapping, config_name: str) -> AltUpSpec:
+    """AltUp's settings from ``altup_num_inputs`` (default 4) and ``altup_correct_scale`` (default true),
+    Transformers' ``Gemma3nTextConfig`` keys.
+
+    Raises:
+        SterError: altup_num_inputs not an integer in 1..64, altup_correct_scale not a boolean.
+    """
+    n = config.get("altup_num_inputs", 4)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_ALTUP_INPUTS:
+        raise SterError(f"invalid model config {config_name}: altup_num_inputs must be an integer in "
+                        f"1..{MAX_ALTUP_INPUTS}, got {brief_value(n)}")
+    scale = config.get("altup_correct_scale", True)
+    if not isinstance(scale, bool):
+        raise SterError(f"invalid model config {config_name}: altup_correct_scale must be true or false, "
+                        f"got {brief_value(scale)}")
+    return AltUpSpec(num_inputs=n, correct_scale=scale)
+
+
+def layer_sparsity(config: Mapping, key: str, n_layers: int, config_name: str) -> list[float]:
+    """Per layer, the activation sparsity ``config[key]`` lists (a number in [0, 1) each; absent: none).
+
+    Raises:
+        SterError: not a list of one such number per layer.
+    """
+    v = config.get(key)
+    if v is None:
+        return [0.0] * n_layers
+    if not isinstance(v, list) or len(v) != n_layers or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1 for p in v):
+        raise SterError(f"invalid model config {config_name}: {key} must list one number in [0, 1) per layer "
+                        f"({n_layers}), got {brief_value(v)}")
+    return [float(p) for p in v]
 
 
 def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,

@@ -234,6 +234,9 @@ UNWRITTEN_ARCHS = {
     # group WRAP: read from llama.cpp's converter's files (tests/test_parity_wrapped.py), not written yet
     "muse-glimmer": "the query scale as q-norm weights, the NORM rotation's row order and the sliding pattern as "
                     "llama.cpp's converter writes them",
+    # group g3n: Gemma 3n (its GGUF is read, tests/test_parity_gemma3n.py)
+    "gemma3n": "AltUp's stacked projections, Laurel, activation sparsity and per-layer inputs as llama.cpp's "
+               "converter writes them",
 }
 
 

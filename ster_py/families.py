@@ -571,7 +571,9 @@ class FamilySpec:
         adapters: the adapter targets the family takes: ``"all"``, ``"ffn"`` or ``"none"``.
         reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
             ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
-            one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
+            one normed), ``"embedding_unnormed"`` (the same, the last one before the final norm:
+            Gemma 3n's, whose entries are AltUp's first copy) or ``"layers"`` (Mamba's: each layer's
+            output, then the final norm's).
         hybrid_mixer: the mixer of the layers ``layer_types`` calls ``hybrid`` (``"hybrid"``:
             attention and the scan side by side, Falcon-H1; ``"shared_hybrid"``: a shared
             transformer block then the scan, Zamba2).
@@ -616,6 +618,11 @@ class FamilySpec:
             is ``q_up(q_inter_norm(q(x)))`` (``ModelSpec.query_bottleneck``).
         ngram: hashed n-gram embeddings beside the token embedding (``config.ngram_spec``; the ``ngram_table``
             and ``ngram_proj`` roles, ``{k}`` the table index; LongCat-Flash-Lite).
+        altup: the stream travels as AltUp's copies, as many as ``altup_num_inputs`` says
+            (``ModelSpec.altup``; Gemma 3n). laurel: each layer has Laurel's low-rank residual
+            (``ModelSpec.laurel``). ffn_sparsity_key: the config key listing each layer's activation
+            sparsity (``LayerSpec.ffn_sparsity``). per_layer_clamp: ids past the per-layer table read
+            its row 0 (``ModelSpec.per_layer_clamp``).
     """
 
     model_type: str
@@ -728,6 +735,10 @@ class FamilySpec:
     gate_up_interleaved: bool = False
     query_bottleneck_key: str | None = None
     ngram: bool = False
+    altup: bool = False
+    laurel: bool = False
+    ffn_sparsity_key: str | None = None
+    per_layer_clamp: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -2453,6 +2464,70 @@ _BAILING_HYBRID_REFUSALS = (
 )
 
 
+
+# ---- g3n: Gemma 3n's text decoder (gemma3n_text), issue 16
+# Gemma 4's attention (weight-itself q/k norms, the weightless value norm, unscaled scores, shared
+# key/value layers) and per-layer inputs, plus AltUp's copies of the stream (decoder/altup.py), Laurel's
+# low-rank residual and the feed-forward's activation sparsity. Names: Transformers' Gemma3nTextModel.
+GEMMA3N_NAMES = _with(GEMMA4_NAMES, layer_scalar=None,
+                      altup_router=_L + "altup.modality_router", altup_router_norm=_L + "altup.router_norm",
+                      altup_predict=_L + "altup.prediction_coefs",
+                      altup_correct=_L + "altup.correction_coefs",
+                      altup_output_scale=_L + "altup.correct_output_scale",
+                      laurel_left=_L + "laurel.linear_left", laurel_right=_L + "laurel.linear_right",
+                      laurel_norm=_L + "laurel.post_laurel_norm",
+                      altup_in="model.altup_projections.{k}", altup_out="model.altup_unembed_projections.{k}")
+# llama.cpp's names (src/models/gemma3n.cpp, gguf-py): each AltUp projection set stacked in one
+# [n - 1, hidden, hidden] tensor, the per-layer tensors as Gemma 4's.
+GGUF_GEMMA3N_NAMES = _with(GGUF_GEMMA4_NAMES, layer_scalar=None,
+                           altup_router="blk.{i}.altup_router", altup_router_norm="blk.{i}.altup_router_norm",
+                           altup_predict="blk.{i}.altup_predict_coef", altup_correct="blk.{i}.altup_correct_coef",
+                           altup_output_scale="blk.{i}.altup_correct_scale.weight",
+                           laurel_left="blk.{i}.laurel_l", laurel_right="blk.{i}.laurel_r",
+                           laurel_norm="blk.{i}.laurel_post_norm", altup_in="altup_proj", altup_out="altup_unembd_proj")
+_S3N, _F3N = "sliding_attention", "full_attention"
+
+
+def _gemma3n_config(config: Mapping) -> Mapping:
+    """Gemma 3n's config as Transformers' ``Gemma3nTextConfig`` completes it: one intermediate_size
+    stated per layer read as the model's when all agree, layer_types defaulting to every fifth layer
+    attending fully, activation_sparsity_pattern defaulting to 0.95 on the first ten layers (of more
+    than ten), and a hub config's rope_theta / rope_local_base_freq / rope_scaling as the two layer
+    kinds' rope_parameters."""
+    out = dict(config)
+    size, n = out.get("intermediate_size"), out.get("num_hidden_layers")
+    if isinstance(size, list) and size and all(v == size[0] for v in size):
+        out["intermediate_size"] = size[0]
+    counted = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 100_000
+    if out.get("layer_types") is None and counted:
+        out["layer_types"] = [_F3N if (i + 1) % 5 == 0 else _S3N for i in range(n)]
+    if out.get("activation_sparsity_pattern") is None and counted:
+        sparse = 10 if n > 10 else 0
+        out["activation_sparsity_pattern"] = [0.95] * sparse + [0.0] * (n - sparse)
+    if not isinstance(out.get("rope_parameters"), Mapping):
+        full = {"rope_type": "default", **(out.get("rope_scaling") or {})}
+        full.setdefault("rope_theta", out.get("rope_theta") or 1_000_000.0)
+        out["rope_parameters"] = {_F3N: full, _S3N: {"rope_type": "default",
+                                                     "rope_theta": out.get("rope_local_base_freq") or 10_000.0}}
+    return out
+
+
+def _gemma3n_rope(c: Mapping, kind: str):
+    rp = c.get("rope_parameters")
+    return rp.get(kind) if isinstance(rp, Mapping) else None
+
+
+_GEMMA3N_REFUSALS = (
+    Refusal(lambda c: isinstance(c.get("intermediate_size"), list),
+            "feed-forward widths that differ between layers (an intermediate_size list) are not supported"),
+    Refusal(lambda c: c.get("altup_active_idx", 0) != 0,
+            "an AltUp active copy other than the first (altup_active_idx) is not supported"),
+    Refusal(lambda c: not isinstance(_gemma3n_rope(c, _S3N), Mapping)
+            or (_gemma3n_rope(c, _S3N).get("rope_type") or "default") != "default",
+            "a scaled sliding_attention rotation is not supported"),
+    Refusal(lambda c: not c.get("hidden_size_per_layer_input", 256),
+            "a Gemma 3n config without per-layer inputs (hidden_size_per_layer_input 0) is not supported"),
+)
 # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (model_type chatglm), below transformer.
 _CG = "transformer.encoder.layers.{i}."
 CHATGLM_NAMES: Mapping[str, str] = {
@@ -3673,6 +3748,18 @@ FAMILIES: dict[str, FamilySpec] = {
                    moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                                  "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
                    refusals=_BAILING_HYBRID_REFUSALS),
+        # ---- g3n: Gemma 3n (issue 16)
+        FamilySpec("gemma3n_text", gguf_arch="gemma3n", gguf_names=GGUF_GEMMA3N_NAMES, norms=_SANDWICH,
+                   names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True, default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
+                   final_softcap_key="final_logit_softcapping", value_norm=True, kv_shared_key="num_kv_shared_layers",
+                   adapters="ffn", altup=True, laurel=True, ffn_sparsity_key="activation_sparsity_pattern",
+                   per_layer_clamp=True, normalize=_gemma3n_config, refusals=_GEMMA3N_REFUSALS,
+                   reference_hidden="embedding_unnormed",
+                   keys={"per_layer_input": ("hidden_size_per_layer_input",),
+                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                   config_defaults={"sliding_window": 512, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                                    "num_kv_shared_layers": 15, "hidden_size_per_layer_input": 256,
+                                    "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0}),
         # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (tests/test_chatglm.py). GLM's block
         # (fused gate/up with gate rows first, the first half of each head rotated by adjacent pairs) below
         # transformer.; query, key and value in one query_key_value, all queries then the groups' keys and
@@ -3790,6 +3877,8 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "inkling_mm_model": ("inkling_text", "model.llm."),
                                            # group R2: Step3-VL keeps its text decoder's weights at the root
                                            "step3_vl": ("step3_text", ""),
+                                           # group g3n: Gemma 3n's decoder beside its vision and audio towers
+                                           "gemma3n": ("gemma3n_text", "model.language_model."),
                                            # group HC: GLM-5-Next's decoder below model.language_model
                                            "glm5_next": ("glm5_next_text", "model.language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:

@@ -302,7 +302,7 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
             if ref_hidden[i + 1] is None:
                 continue
             mine, last = hidden[i + 1], i == n - 1
-            if last:
+            if last and not (family is not None and family.reference_hidden == "embedding_unnormed"):
                 mine = loaded.decoder.final_norm(mine)
             result.layers.append(LayerError(i, _rel(mine, ref_hidden[i + 1]), last))
         result.first_divergent_layer = next((e.layer for e in result.layers if not e.rel_error <= tolerance), None)

@@ -175,6 +175,8 @@ def test_families_json_lists_every_model_type():
         "lfm2", "lfm2_moe", "minimax", "minimax_text_01", "zamba2",
         # Gemma 4's text decoders of issue 16 (tests/test_parity_gemma4.py)
         "gemma4_text", "gemma4_unified_text",
+        # Gemma 3n's text decoder of issue 16 (tests/test_parity_gemma3n.py)
+        "gemma3n_text",
         # families without a Transformers implementation, issue 16 (tests/test_parity_remote.py)
         "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar",
         # families of group R2, issue 16 (tests/test_parity_remote_c.py)

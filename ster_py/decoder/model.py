@@ -31,6 +31,7 @@ import numpy as np
 
 from ..config import ModelSpec
 from ..errors import SterError
+from .altup import AltUp, Laurel, collapse, expand
 from .attention import Attention
 from .block_sparse import BlockSparseAttention
 from .relative import RelativeAttention, residual_conv
@@ -97,7 +98,8 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
                         gate_scale=mup.ffn_gate if mup else 1.0, out_scale=out_scale,
-                        glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha)
+                        glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha,
+                        sparsity=spec.layers[i].ffn_sparsity, sparsity_ddof=spec.sparsity_ddof)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
@@ -188,6 +190,15 @@ class _Layer:
         d["hc"] = (tuple(HyperConnection(spec.streams, *(load(f"hc_{part}_{p}", "", required=True)
                                                          for p in ("fn", "base", "scale")))
                          for part in ("attn", "ffn")) if spec.streams is not None else None)
+        # Gemma 3n: AltUp's prediction and correction around the block, Laurel's residual inside it
+        d["altup"] = (AltUp(spec.altup, spec.hidden_size, make_linear(load("altup_router", required=True)),
+                            norm("altup_router_norm"), load("altup_predict", required=True),
+                            load("altup_correct", required=True),
+                            load("altup_output_scale", "", required=spec.altup.correct_scale))
+                      if spec.altup is not None else None)
+        d["laurel"] = (Laurel(make_linear(load("laurel_left", required=True)),
+                              make_linear(load("laurel_right", required=True)), norm("laurel_norm"))
+                       if spec.laurel else None)
 
     def _owner(self, name: str):
         d = self.__dict__
@@ -237,7 +248,14 @@ class _Layer:
         inputs (``"per_layer"``, float32 [T, layers, width], ``PerLayerInputs``).
 
         With per-layer inputs (Gemma 4's ``Gemma4TextDecoderLayer``), the block's output h then
-        adds post_norm(proj(act(gate(h)) * input_i)); with a layer scalar, the result is multiplied by it."""
+        adds post_norm(proj(act(gate(h)) * input_i)); with a layer scalar, the result is multiplied by it.
+
+        Under AltUp (``ModelSpec.altup``; Gemma 3n's ``Gemma3nTextDecoderLayer``), h is the first of
+        the stream's copies and ``tables["altup"]`` holds the others (float32 [T, hidden] each): all are
+        predicted, the block runs on the first prediction, all are corrected by its change, and the
+        per-layer input, gated by the first corrected copy, joins every copy but the first."""
+        if self.altup is not None:
+            return self._altup_call(h, cache, positions, bias, tables)
         if self.per_layer is None and self.scalar is None:
             return self._block(h, cache, positions, bias, tables)
         h = self._block(h, cache, positions, bias, tables)
@@ -246,6 +264,19 @@ class _Layer:
             g = ACT_FNS[self.spec.hidden_act](gate(h)) * tables["per_layer"][:, self.i, :]
             h = h + post(proj(np.ascontiguousarray(g, dtype=np.float32)))
         return h * self.scalar if self.scalar is not None else h
+
+    def _altup_call(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """``__call__`` under AltUp: returns the first corrected copy, the others into ``tables``."""
+        predicted = self.altup.predict([h] + tables["altup"])
+        corrected = self.altup.correct(predicted, self._block(predicted[0], cache, positions, bias, tables))
+        if self.per_layer is not None:
+            gate, proj, post = self.per_layer
+            g = ACT_FNS[self.spec.hidden_act](gate(self.altup.scaled_first(corrected[0])))
+            g = g * tables["per_layer"][:, self.i, :]
+            joined = post(proj(np.ascontiguousarray(g, dtype=np.float32)))
+            corrected[1:] = [c + joined for c in corrected[1:]]
+        tables["altup"] = corrected[1:]
+        return corrected[0] * self.scalar if self.scalar is not None else corrected[0]
 
     def _block(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None,
                tables: dict | None = None) -> np.ndarray:
@@ -266,6 +297,8 @@ class _Layer:
             return h + (a * r if r != 1 else a)
         if not self.spec.parallel:
             h = h + (a * r if r != 1 else a)
+            if self.laurel is not None:  # Laurel's residual of the normed input joins, the sum / sqrt(2)
+                h = (h + self.laurel(x)) * np.float32(2.0 ** -0.5)
             x = h
         f = n["ffn_norm"](h) if "ffn_norm" in n else x
         m = self.ffn(f)
@@ -330,15 +363,33 @@ class PerLayerInputs:
         """ids int [T], embedded float32 [T, hidden] (the scaled embeddings) -> float32 [T, L, P].
 
         Raises:
-            SterError: a token id past the per-layer table's rows."""
+            SterError: a token id past the per-layer table's rows (unless ``per_layer_clamp``: such
+                ids read row 0, as Transformers' ``Gemma3nTextModel.get_per_layer_inputs`` does)."""
         s = self.spec
         L, P = s.num_hidden_layers, s.per_layer_input
-        if ids.size and ids.max() >= self.table.shape[0]:
+        if s.per_layer_clamp:
+            ids = np.where(ids < self.table.shape[0], ids, 0)
+        elif ids.size and ids.max() >= self.table.shape[0]:
             raise SterError(f"token id {int(ids.max())} is past the {self.table.shape[0]} rows of the per-layer "
                             "embedding table")
         tok = np.asarray(self.table[ids], dtype=np.float32).reshape(-1, L, P) * np.float32(math.sqrt(P))
         ctx = (self.proj(embedded) * np.float32(s.hidden_size ** -0.5)).reshape(-1, L, P)
         return (self.norm(np.ascontiguousarray(ctx)) + tok) * np.float32(2.0 ** -0.5)
+
+
+def _altup_projections(layout: Layout, role: str, n: int) -> list:
+    """AltUp's n projections of ``role`` (each [hidden, hidden]): one tensor each (``{k}`` in the
+    name, Transformers' altup_projections.k) or one stack [n, hidden, hidden] (llama.cpp's altup_proj).
+
+    Raises:
+        SterError: a projection missing, or a stack that does not hold n of them."""
+    stacked = layout.get(role, None, "weight") if "{k}" not in layout.spec.names[role] else None
+    if stacked is None:
+        return [make_linear(layout.get(role, None, "weight", True, slot=k)) for k in range(n)]
+    if len(stacked.shape) != 3 or stacked.shape[0] != n:
+        raise SterError(f"the checkpoint's {layout.spec.names[role]!r} has shape {list(stacked.shape)}, but the "
+                        f"configuration implies {n} stacked [hidden, hidden] projections")
+    return [make_linear(stacked[k]) for k in range(n)]
 
 
 class Decoder:
@@ -381,6 +432,10 @@ class Decoder:
                                      [layout.get("ngram_proj", None, "weight", True, slot=j) for j in range(g.tables)])
                       if g is not None else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
+        # AltUp: the projections that make the extra copies of the stream and bring them back
+        self.altup = (tuple(_altup_projections(layout, role, spec.altup.num_inputs - 1)
+                            for role in ("altup_in", "altup_out"))
+                      if spec.altup is not None else None)
         self.final_norm = norm("final_norm", spec.norm_unit_offset if spec.final_norm_unit_offset is None
                                else spec.final_norm_unit_offset)
         st = spec.streams
@@ -509,8 +564,9 @@ class Decoder:
             cache: the KV cache (None: a fresh one, discarded after the call).
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
-                (Transformers' ``output_hidden_states`` order, without the final norm). With
-                hyper-connections (``ModelSpec.streams``) the streams' mean.
+                (Transformers' ``output_hidden_states`` order, without the final norm; under
+                AltUp, the stream's first copy; with hyper-connections
+                (``ModelSpec.streams``) the streams' mean).
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
                 it returns is taken as float32 [T, hidden_size]. With hyper-connections it is given
                 the streams' mean, and what it adds to it is added to every stream.
@@ -540,6 +596,8 @@ class Decoder:
         tables: dict = {"embeddings": h, "tokens": ids}
         if self.per_layer is not None:
             tables["per_layer"] = self.per_layer(ids, h)
+        if self.altup is not None:  # the stream's extra copies travel beside h, the first copy
+            h, *tables["altup"] = expand(h, self.altup[0])
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
                 and cache.length + 1 <= np.iinfo(np.int32).max)
@@ -568,7 +626,9 @@ class Decoder:
         cache.advance(ids.shape[0])
         if self.hc_head is not None:
             h = self.hc_head(h)
-        if last_only:
+        if self.altup is not None:
+            h = collapse([c[-1:] if last_only else c for c in [h] + tables["altup"]], self.altup[1])
+        elif last_only:
             h = h[-1:]
         logits = self.head(self.final_norm(h))
         if s.logit_scale != 1.0:

@@ -15,7 +15,7 @@ calls the ``MoE`` part itself between the attention half and the residual add, a
 runs its chosen experts in one kernel call, ``ops.moe_experts``, when they qualify), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
 ALiBi, q/k/v clipping, query temperature, chunked attention, per-head norm weights, a value
-scale, an output gate, Falcon-H1's multipliers, value norms, layer scalars or per-layer inputs, and the layer has the model's own attention shape (no per-layer head
+scale, an output gate, Falcon-H1's multipliers, value norms, layer scalars, per-layer inputs, AltUp, Laurel or activation sparsity, and the layer has the model's own attention shape (no per-layer head
 counts or widths, values as wide as keys). Anything else, and prompts (more than one token),
 keep the Python block.
 """
@@ -43,7 +43,8 @@ def spec_allows_step(spec: ModelSpec) -> bool:
             and spec.mup is None and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input
             and spec.streams is None
             and spec.post_norm_eps is None
-            and not getattr(spec, "query_bottleneck", 0))
+            and not getattr(spec, "query_bottleneck", 0)
+            and spec.altup is None and not spec.laurel and not any(layer.ffn_sparsity for layer in spec.layers))
 
 
 def _norm_weight(norm, size: int):
