@@ -171,6 +171,7 @@ def test_every_landed_family_has_a_case():
     tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
     # tests/test_parity_wrapped.py (test_muse_glimmer_text_matches_transformers, ...: one fixture per family)
     tested |= {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
+    tested.add("gemma3n_text")  # tests/test_parity_gemma3n.py (test_e_model_matches_transformers, ...)
     assert set(FAMILIES) == foundation | tested
 
 
