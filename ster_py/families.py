@@ -2254,6 +2254,11 @@ HY_V4_NAMES = _with(DEEPSEEK_DSA_NAMES, gate=(_M + "gate_proj", _M + "linear_gat
                     g=(_SA + "gate_proj", _SA + "linear_gate"), sinks=(_SA + "sinks", _SA + "learnable_sink_param"),
                     **_hc_names(_HY_HC, ("model.hc_head.hc_{p}", "model.hc_head.hc_head_{p}",
                                          "model.hc_pre.hc_head.hc_head_{p}")))
+# ... and as llama.cpp's converter writes them (conversion/hy_v4.py): DeepSeek Sparse Attention's names, kv_b split
+# per head (attn_k_b / attn_v_b), the hyper-connections as whole names (blk.N.hc_attn_fn.weight, output_hc_fn.weight).
+GGUF_HY_V4_NAMES = _with(GGUF_DSA_NAMES, **{f"hc_{part}_{p}": f"blk.{{i}}.hc_{part}_{p}.weight"
+                                             for part in ("attn", "ffn") for p in ("fn", "base", "scale")},
+                         **{f"hc_head_{p}": f"output_hc_{p}.weight" for p in ("fn", "base", "scale")})
 #: HYV4Config's defaults (the release's config may leave any of them out).
 _HY_V4_DEFAULTS = {"vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912, "moe_intermediate_size": 768,
                    "num_hidden_layers": 34, "num_attention_heads": 32, "max_position_embeddings": 262144,
@@ -4101,9 +4106,15 @@ FAMILIES: dict[str, FamilySpec] = {
                    indexer={"interleaved": False, "rope_last": True, "norm_eps": "model"},
                    streams={"post_eps": "hc_eps"}, sinks=True, attn_gate="sigmoid", attn_gate_per_head=False,
                    adapters="none", unread=("model.mtp_layers.",),
-                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=None,
+                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=GGUF_HY_V4_NAMES,
                           moe_fields={**_V3_ROUTER["moe_fields"], "shared_limit": None}),
-                   refusals=_HY_V4_REFUSALS),
+                   refusals=_HY_V4_REFUSALS,
+                   # llama.cpp's hy_v4 (src/models/hy-v4.cpp): the converter keeps the rows as they are and the
+                   # graph rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM), the latent attention's and the indexer's
+                   # (gguf/config.py's LLAMA_CPP_INDEXER); the streams from the hyper_connection keys.
+                   gguf_arch="hy_v4", gguf_changes={"rope_interleaved": True},
+                   gguf_config={"hyper_connection.count": "hc_mult", "hyper_connection.epsilon": "hc_eps",
+                                "hyper_connection.magnitude": "hc_magnitude"}),
         # DeepSeek-V4 (Transformers' DeepseekV4ForCausalLM): hc_mult streams joined by Sinkhorn-normalised
         # hyper-connections; compressed attention (sliding window, compressed entries, Lightning Indexer) on every
         # layer; sqrtsoftplus-routed experts, hashed on the first layers, beside one shared expert, all clamped.

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
-                      moe_spec, reused_kv_unread, sliding_layers, yarn_mscale)
+                      moe_spec, reused_kv_unread, sliding_layers, streams_spec, yarn_mscale)
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
@@ -114,7 +114,7 @@ LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
                             "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
-                            "laguna": "sigmoid", "step35": "sigmoid",
+                            "laguna": "sigmoid", "step35": "sigmoid", "hy_v4": None,
                             "exaone-moe": None, "bailingmoe2": None}
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
@@ -163,8 +163,15 @@ GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 #   types: which layers index is read from attention.indexer.types (True: full), else every layer does;
 #         without the key, glm-dsa.cpp takes every layer of a file whose context_length is below
 #         1048576 (GLM-5, 5.1) as full, and GLM-5.2's pattern otherwise (two full, then one in four).
+#   (group GHC) hy-v4.cpp: pairs, the model's epsilon ("model": f_norm_eps = f_norm_rms_eps), the last
+#         rope.dimension_count components rotating (rope_last: ggml_rope_set_offset past the position-free
+#         ones); without attention.indexer.types its loader stops (layer 0 must own an indexer): "required".
 LLAMA_CPP_INDEXER = {"deepseek32": {"interleaved": False, "norm_eps": 1e-6, "types": False},
-                     "glm-dsa": {"interleaved": True, "norm_eps": 0.0, "types": True}}
+                     "glm-dsa": {"interleaved": True, "norm_eps": 0.0, "types": True},
+                     "hy_v4": {"interleaved": True, "norm_eps": "model", "types": "required", "rope_last": True}}
+# Architectures whose routed SwiGLU clamp is ggml_swiglu_clamp (src/llama-graph.cpp's build_moe_ffn): the gate
+# at most the limit before silu, up within [-limit, limit] (MoESpec.clamp_act False), not the common clamp.
+LLAMA_CPP_CLAMP_GATE = ("hy_v4", "deepseek4", "glm5-next")
 GLM_5_2 = {"context": 1048576, "lead": 2, "period": 4}
 # Latent architectures whose loader reads rope.scaling.yarn_log_multiplier (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX);
 # glm-dsa.cpp's does not (its kq_scale then has no mscale_all_dim term).
@@ -281,8 +288,8 @@ def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int,
     def bound(values, i):
         return float(values[i]) if values is not None and values[i] > 1e-6 else None  # llama.cpp's eps
 
-    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i), clamp_act=True)
-            if r else None for i, r in enumerate(routed)]
+    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i),
+                    clamp_act=arch not in LLAMA_CPP_CLAMP_GATE) if r else None for i, r in enumerate(routed)]
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -530,13 +537,18 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
         return _get(meta, f"{arch}.attention.indexer.{key}", int, path)
 
     spec = IndexerSpec(n_heads=g("head_count"), head_dim=g("key_length"), topk=g("top_k"),
-                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"], norm_eps=how["norm_eps"])
+                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"],
+                       norm_eps=latent.norm_eps if how["norm_eps"] == "model" else how["norm_eps"],
+                       rope_last=how.get("rope_last", False))
     if spec.rope_dim > spec.head_dim:
         raise SterError(f"{path}: {arch}.rope.dimension_count ({spec.rope_dim}) must not exceed "
                         f"{arch}.attention.indexer.key_length ({spec.head_dim})")
     full = [True] * n_layers
     if how["types"]:
         types = meta.get(f"{arch}.attention.indexer.types")
+        if types is None and how["types"] == "required":
+            raise SterError(f"{path}: GGUF metadata lacks {arch}.attention.indexer.types, which llama.cpp requires "
+                            f"for architecture {arch!r} (which layers own an indexer)")
         if types is None and max_pos >= GLM_5_2["context"]:
             full = [i < GLM_5_2["lead"] or (i - GLM_5_2["lead"]) % GLM_5_2["period"] == 0 for i in range(n_layers)]
         elif types is not None:
@@ -886,6 +898,10 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
              if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
         delta=_gguf_delta(meta, arch, family, heads, eps, path) if family.recurrent in DELTA_MIXERS else None,
         residual_normed=arch in LLAMA_CPP_SCALED_JOIN,
+        # hyper-connections (hy-v4.cpp): hyper_connection.count / epsilon / magnitude as the family's config keys
+        # (gguf_config), the streams' norm taking the model's epsilon
+        streams=(streams_spec(_Reader(dict(config, norm_eps=eps, rms_norm_eps=eps), family, path), family, path)
+                 if family.streams is not None else None),
         **_per_layer_input(meta, arch, tensors, path),
         **residual_extras,
         **fields,
