@@ -390,3 +390,26 @@ def test_fuzz_smoke_run_has_no_traceback_signal_timeout_or_memory_outcome(tmp_pa
         assert c["refused"] > 0, (kind, c)  # the mutators reach the refusals
     assert sum(c["ok"] for c in counts.values()) > 0  # and some inputs still load
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+# ------------------------------------------------------------------ s7-fixb: issue 17's second round
+
+def test_serve_bounds_json_depth_without_recursion_and_names_the_param():
+    from ster_py.server import MAX_JSON_DEPTH, RequestError, json_depth, normalize_messages, sampling_of
+
+    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+    assert json_depth(b'{"a": "[[[[{{{", "b": [[1], {"c": "]]]\\"["}]}') == 3   # brackets inside strings not counted
+    assert json_depth(b"5") == 0
+    # a tool call's arguments nested past the bound stay the text they were (no RecursionError)
+    deep = "[" * 100_000 + "]" * 100_000
+    calls = normalize_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}])
+    assert calls[0]["tool_calls"][0]["function"]["arguments"] == deep
+    assert MAX_JSON_DEPTH >= 32
+    for body, param, words in [({"max_tokens": -1}, "max_tokens", "max_tokens must be 0 or more, got -1"),
+                               ({"seed": 2**63}, "seed", "seed must be in 0..2**63-1"),
+                               ({"top_p": 0.0}, "top_p", "top_p must be in (0, 1]"),
+                               ({"min_p": 2.0}, "min_p", "min_p must be in [0, 1]"),
+                               ({"repeat_penalty": 0.0}, "repeat_penalty", "repeat_penalty must be")]:
+        with pytest.raises(RequestError) as caught:
+            sampling_of(body, 16)
+        assert caught.value.param == param and str(caught.value).startswith(words), (body, str(caught.value))
