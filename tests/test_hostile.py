@@ -6,6 +6,7 @@ traceback), and be refused before memory or time is spent on it.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -413,3 +414,31 @@ def test_serve_bounds_json_depth_without_recursion_and_names_the_param():
         with pytest.raises(RequestError) as caught:
             sampling_of(body, 16)
         assert caught.value.param == param and str(caught.value).startswith(words), (body, str(caught.value))
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"model_type": "mistral", "sliding_window": 10**30}, "sliding_window"),
+    ({"model_type": "muse_glimmer", "text_config": {"sliding_window": 10**30}}, "text_config.sliding_window"),
+    ({"model_type": "inkling_text", "sliding_window_size": 2**40}, "sliding_window_size"),
+    ({"model_type": "inkling_text", "conv_kernel_size": 10**6}, "conv_kernel_size"),
+    ({"model_type": "inkling_text", "d_rel": 2**31}, "d_rel"),
+    ({"model_type": "minimax_m3_vl_text", "index_head_dim": 10**20}, "index_head_dim"),
+    ({"model_type": "llama", "num_key_value_heads": -(2**63)}, "num_key_value_heads"),
+])
+def test_config_integers_read_into_c_are_bounded_by_name(config, key):
+    from ster_py.validate import check_config
+
+    with pytest.raises(SterError, match=f"{re.escape(key)} is .* beyond the limit of"):
+        check_config(config, "config.json")
+
+
+def test_huge_sliding_window_is_refused_by_inspect_and_load(llama_dir, tmp_path):
+    """Was: inspect exits 0, generate dies with OverflowError inside the attention kernel."""
+    from ster_py.load import load_model
+
+    path = _copy(llama_dir, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "mistral", "sliding_window": 10**30}))
+    with pytest.raises(SterError, match="sliding_window is"):
+        load_model(str(path))
+    assert_clean_refusal(ster("inspect", str(path)), "sliding_window is")
