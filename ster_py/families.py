@@ -3941,7 +3941,8 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             whole list); a listed family this build does not implement yet (names it and the
             implemented ones); a ``quantization_config`` (quantized checkpoints are not run);
             a configuration the family refuses (its ``refusals``, e.g. GPT-2's
-            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln).
+            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln); a value
+            ``validate.check_config`` refuses (a switch that is not a boolean, a size beyond its bound).
     """
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in KNOWN_MODEL_TYPES:
@@ -3964,6 +3965,9 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             "unquantized safetensors checkpoints (f32/f16/bf16) and llama.cpp GGUF files; "
             "use the full-precision checkpoint or a GGUF of the model"
         )
+    from .validate import check_config
+
+    check_config(config, str(config_path))  # switches that must be booleans, sizes the kernels take as C ints
     family = FAMILIES[model_type]
     if family.normalize is not None:
         config = family.normalize(config)

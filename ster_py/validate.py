@@ -36,7 +36,11 @@ def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
 # config.json keys that must be JSON booleans when present ("false" as a string is truthy in Python).
 BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias", "use_qkv_bias",
                 "use_parallel_residual", "qk_layernorm", "use_qk_norm", "parallel_attn", "bias", "multi_query",
-                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave")
+                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave",
+                # ChatGLM's switches (its remote code's ChatGLMConfig)
+                "multi_query_attention", "rmsnorm", "original_rope", "post_layer_norm", "add_bias_linear",
+                "add_qkv_bias", "apply_residual_connection_post_layernorm", "apply_query_key_layer_scaling",
+                "attention_softmax_in_fp32", "fp32_residual_connection")
 
 
 # config.json special-token ids: an integer id, a list of them (eos_token_id of chat models), or null.
@@ -73,7 +77,7 @@ CONFIG_INT_LIMITS = {
                               "linear_num_key_heads", "linear_num_value_heads", "n_heads", "n_head", "n_kv_heads",
                               "multi_query_group_num", "num_experts_per_tok")},
     **{k: MAX_HEAD_DIM for k in ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "qk_head_dim",
-                                 "index_head_dim", "rotary_dim", "rope_head_dim", "swa_head_dim",
+                                 "index_head_dim", "rope_head_dim", "swa_head_dim",
                                  "linear_key_head_dim", "linear_value_head_dim", "d_rel", "kv_channels",
                                  "swa_qk_rope_head_dim", "swa_qk_nope_head_dim")},
     **{k: 1024 for k in ("conv_kernel_size", "sconv_kernel_size", "short_conv_kernel_size", "conv_kernel",
