@@ -2749,7 +2749,21 @@ _INKLING = FamilySpec(
                       "shared_expert_sink false is not supported (Transformers' router always scores the shared "
                       "experts)"),
               Refusal(lambda c: not (isinstance(c.get("n_shared_experts", 2), int) and c.get("n_shared_experts", 2) >= 1),
-                      "n_shared_experts below 1 is not supported")))
+                      "n_shared_experts below 1 is not supported"),
+              Refusal(lambda c: not _inkling_unpadded_ok(c),
+                      "unpadded_vocab_size must be an integer in 1..vocab_size (the logits kept of the padded "
+                      "vocabulary)"),
+              Refusal(lambda c: isinstance(c.get("local_layer_ids"), list) and not all(
+                  isinstance(i, int) and not isinstance(i, bool) and 0 <= i < _n_layers(c) for i in c["local_layer_ids"]),
+                      "local_layer_ids must list layer indices in 0..num_hidden_layers-1")))
+
+
+def _inkling_unpadded_ok(c: Mapping) -> bool:
+    kept, vocab = c.get("unpadded_vocab_size"), c.get("vocab_size")
+    if kept is None:
+        return True
+    return (isinstance(kept, int) and not isinstance(kept, bool) and isinstance(vocab, int)
+            and not isinstance(vocab, bool) and 0 < kept <= vocab)
 
 
 FAMILIES: dict[str, FamilySpec] = {

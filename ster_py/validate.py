@@ -169,6 +169,11 @@ def check_spec(spec: ModelSpec, source: str) -> ModelSpec:
     _positive_finite(spec.logit_scale, "the logit scale (logit_scale / logits_scaling)", source)
     _positive_finite(spec.clip_qkv, "clip_qkv (the q/k/v clamp bound)", source, allow_none=True)
     _positive_finite(spec.value_scale, "the value scale (attention_value_scale)", source)
+    _positive_finite(spec.post_norm_eps, "post_norm_eps (the output norms' epsilon)", source, allow_none=True)
+    _positive_finite(spec.ffn_limit, "swiglu_limit (the gated unit's clamp)", source, allow_none=True)
+    for moe in {id(m): m for m in [spec.moe, *(layer.moe for layer in spec.layers)] if m is not None}.values():
+        _positive_finite(moe.limit, "swiglu_limit (the experts' clamp)", source, allow_none=True)
+        _positive_finite(moe.shared_limit, "the shared experts' swiglu_limit", source, allow_none=True)
     if not isinstance(spec.tie_word_embeddings, bool):
         raise SterError(f"invalid model config {source}: tie_word_embeddings must be true or false, "
                         f"got {spec.tie_word_embeddings!r}")

@@ -457,13 +457,33 @@ def test_inkling_pieces_against_their_definitions():
 
 
 @pytest.mark.parametrize("change", [{"shared_expert_sink": False}, {"n_shared_experts": 0},
-                                    {"layer_types": ["hybrid", "linear", "hybrid"]}])
+                                    {"layer_types": ["hybrid", "linear", "hybrid"]},
+                                    # issue 17: were accepted
+                                    {"unpadded_vocab_size": VOCAB + 1}, {"unpadded_vocab_size": 0},
+                                    {"local_layer_ids": [3]}, {"local_layer_ids": [-1]}, {"local_layer_ids": ["1"]}])
 def test_inkling_refusals(change, tmp_path):
     config = dict(INK_TEXT, model_type="inkling_text", **change)
     (tmp_path / "config.json").write_text(json.dumps(config))
     write_tokenizer(tmp_path, VOCAB)
-    with pytest.raises(SterError, match="refuses this configuration before reading any weight"):
+    with pytest.raises(SterError, match="refuses this configuration before reading any weight") as caught:
         load_model(str(tmp_path))
+    assert next(iter(change)) in str(caught.value)
+
+
+# issue 17: numbers that must be positive, refused by name when the spec is checked (before any weight is read)
+@pytest.mark.parametrize("base, model_type, key, value, words", [
+    ("MUSE", "muse_glimmer_text", "post_norm_eps", 0.0, "post_norm_eps"),
+    ("MUSE", "muse_glimmer_text", "post_norm_eps", -1e-6, "post_norm_eps"),
+    ("M3", "minimax_m3_vl_text", "swiglu_limit", 0.0, "swiglu_limit"),
+    ("M3", "minimax_m3_vl_text", "swiglu_limit", -7.0, "swiglu_limit"),
+])
+def test_positive_numbers_of_the_wrapped_families(base, model_type, key, value, words):
+    from ster_py.config import spec_from_config
+    from ster_py.validate import check_spec
+
+    config = dict(MUSE_TEXT if base == "MUSE" else M3_TEXT, model_type=model_type, **{key: value})
+    with pytest.raises(SterError, match=f"{words}.* must be a finite number above 0"):
+        check_spec(spec_from_config(config, FAMILIES[model_type]), "config.json")
 
 
 def test_inkling_refuses_adapters(inkling):
