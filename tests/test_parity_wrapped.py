@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -523,3 +524,60 @@ def test_minimax_m3_fused_decode_step_equals_the_python_block(minimax_m3, tmp_pa
         if fuse:
             assert [layer.decode_step() is not None for layer in dec.layers] == [False, True, False]
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+# ----------------------------------------------------------------------------- issue 17: load-time shapes
+def _with_tensor(src: Path, dst: Path, name: str, change) -> Path:
+    """A copy of checkpoint ``src`` whose tensor ``name`` is ``change(array)``."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        if name in tensors:
+            tensors[name] = np.ascontiguousarray(change(tensors[name]))
+            save_file(tensors, str(f), metadata={"format": "pt"})
+            return dst
+    raise AssertionError(f"{name} not in {src}")
+
+
+@pytest.mark.parametrize("name, change", [
+    ("model.language_model.layers.1.self_attn.index_q_proj.weight", lambda t: t[:-1]),
+    ("model.language_model.layers.1.self_attn.index_k_proj.weight", lambda t: t[:, :-1]),
+    ("model.language_model.layers.2.self_attn.index_q_norm.weight", lambda t: np.concatenate([t, t])),
+])
+def test_minimax_m3_index_branch_shapes_are_checked_at_load(minimax_m3, tmp_path, name, change):
+    text = minimax_m3[2]
+    if not any(name in n for n in _tensor_names(text)):
+        name = name.replace("model.language_model.", "model.")
+    path = _with_tensor(text, tmp_path / "m", name, change)
+    with pytest.raises(SterError, match=rf"tensor '{re.escape(name)}' has shape .* but the configuration implies"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("name, change", [
+    ("model.llm.layers.0.attn.wr_du.weight", lambda t: t[:-1]),
+    ("model.llm.layers.1.attn.rel_logits_proj.proj", lambda t: np.concatenate([t, t], axis=1)),  # a sliding layer
+    ("model.llm.layers.0.attn.rel_logits_proj.proj", lambda t: t[:-1]),
+    ("model.llm.layers.0.attn.k_sconv.weight", lambda t: t[..., :-1]),
+    ("model.llm.layers.2.attn.v_sconv.weight", lambda t: t[:-1]),
+    ("model.llm.layers.0.attn_sconv.weight", lambda t: np.concatenate([t, t], axis=-1)),
+    ("model.llm.layers.1.mlp.gate.global_scale", lambda t: np.concatenate([t, t])),
+    ("model.llm.layers.0.mlp.global_scale", lambda t: np.concatenate([t, t])),
+])
+def test_inkling_relative_and_convolution_shapes_are_checked_at_load(inkling, tmp_path, name, change):
+    path = _with_tensor(inkling[2], tmp_path / "m", name, change)
+    with pytest.raises(SterError, match=rf"tensor '{re.escape(name)}' has shape .* but the configuration implies"):
+        load_model(str(path))
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    out = []
+    for f in path.glob("*.safetensors"):
+        with safe_open(str(f), "np") as h:
+            out += list(h.keys())
+    return out
