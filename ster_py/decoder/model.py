@@ -434,7 +434,8 @@ class Decoder:
         return self.embed_norm(h) if self.embed_norm is not None else h
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
-                layer_hook: LayerHook | None = None, last_only: bool = False) -> np.ndarray:
+                layer_hook: LayerHook | None = None, last_only: bool = False,
+                normed: list | None = None) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -446,6 +447,9 @@ class Decoder:
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
                 it returns is taken as float32 [T, hidden_size].
             last_only: compute logits for the last position only.
+            normed: if a list is given, it receives the final norm's output, float32 [T, hidden_size]
+                (or [1, hidden_size] with ``last_only``): the head's input, which a drafter reading
+                the model's state takes (``ster_py.speculative``).
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -487,7 +491,10 @@ class Decoder:
         cache.advance(ids.shape[0])
         if last_only:
             h = h[-1:]
-        logits = self.head(self.final_norm(h))
+        h = self.final_norm(h)
+        if normed is not None:
+            normed.append(h)
+        logits = self.head(h)
         if s.logit_scale != 1.0:
             logits = logits * np.float32(s.logit_scale)
         if s.final_softcap:

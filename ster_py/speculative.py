@@ -1,0 +1,266 @@
+"""Speculative decoding with a drafter: greedy output of the target, fewer target calls.
+
+A drafter (a smaller model of the same vocabulary) proposes up to ``n_draft`` next tokens; the
+target runs once over the pending token and the proposals (one forward call of k + 1 rows, its
+cache growing by k + 1 positions) and, row by row, chooses its own next token exactly as plain
+greedy decoding would (``generate.penalize`` then argmax). Each proposal equal to the target's
+choice is accepted and the next row is read; at the first disagreement the target's own choice is
+kept and the rest is dropped (the cache rolls back to the accepted positions). Every emitted token
+is therefore the target's greedy choice given the tokens before it (Leviathan et al. 2023,
+arXiv:2211.17192, Algorithm 1 at temperature 0; Chen et al. 2023, arXiv:2302.01318), and a round
+emits between 1 and k + 1 tokens for one target call.
+
+The rows of one verification call are computed together rather than one token at a time, so their
+logits can differ from single-token decoding's in the last float32 bits (the row-exactness note in
+``prefix.py``); only an exact near-tie between two tokens could make the two outputs part.
+
+Drafters (``Drafter``):
+- ``ModelDrafter``: any model ster runs, with its own cache, fed the accepted tokens;
+- ``ReaderDrafter``: a drafter without keys and values of its own that reads the target's cache,
+  its embedding table and its last hidden state (llama.cpp's ``gemma4-assistant``, Transformers'
+  ``Gemma4AssistantForCausalLM``; ``decoder.reader.CacheReader``).
+
+A target whose cache keeps a recurrent state (which cannot be cut back) is checkpointed before each
+verification and, after a disagreement, rolled back to the checkpoint and advanced over the accepted
+tokens again.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from .errors import SterError
+
+#: Proposals per round when ``--draft-max`` is not given (llama.cpp's server drafts up to 16).
+DEFAULT_DRAFT = 8
+
+
+class Drafter(Protocol):
+    """What proposes tokens. ``propose`` returns at most ``k`` ids (fewer is allowed)."""
+
+    name: str
+
+    def propose(self, history: list[int], k: int, hidden: np.ndarray | None, cache) -> list[int]:
+        """Up to ``k`` ids to follow ``history`` (the prompt and every emitted id; the last one is
+        pending: the target's ``cache`` holds ``len(history) - 1`` positions). ``hidden`` float32
+        [hidden_size]: the target's final-norm output at the last cached position (the row that chose
+        the pending id)."""
+        ...
+
+
+def _greedy(logits: np.ndarray, vocab: int) -> int:
+    """argmax over the first ``vocab`` logits (a drafter's padded rows are never proposed)."""
+    return int(np.argmax(logits[:vocab]))
+
+
+class ModelDrafter:
+    """A model ster runs, drafting greedily with its own cache.
+
+    The cache keeps the positions of the ids it was last fed; each ``propose`` rolls it back to the
+    part ``history`` shares with them, feeds the rest in one call, then decodes ``k`` tokens one at a
+    time. A cache that cannot roll back (a recurrent state) starts afresh (correct, slower).
+
+    Args:
+        decoder: the drafter's ``decoder.model.Decoder``.
+        vocab: ids the target knows (proposals are chosen among the first ``vocab`` logits).
+        name: for messages and ``--json``.
+    """
+
+    kind = "model"
+
+    def __init__(self, decoder, vocab: int, name: str = "drafter"):
+        self.decoder, self.vocab, self.name = decoder, vocab, name
+        self.cache = None
+        self.ids: list[int] = []
+
+    def propose(self, history: list[int], k: int, hidden=None, cache=None) -> list[int]:
+        from .prefix import common_prefix
+
+        if k <= 0:
+            return []
+        keep = common_prefix(self.ids, history) if self.cache is not None else 0
+        keep = min(keep, len(history) - 1)
+        if self.cache is None or not self.cache.rollback(keep):
+            self.cache, keep = self.decoder.new_cache(), 0
+        logits = self.decoder.forward(history[keep:], self.cache, last_only=True)[-1]
+        drafts: list[int] = []
+        limit = self.decoder.spec.max_position_embeddings
+        while True:
+            t = _greedy(logits, self.vocab)
+            drafts.append(t)
+            if len(drafts) >= k or self.cache.length >= limit:
+                break
+            logits = self.decoder.forward([t], self.cache, last_only=True)[-1]
+        self.ids = list(history) + drafts[:-1]
+        return drafts
+
+
+class ReaderDrafter:
+    """A drafter that reads the target's state (``decoder.reader.CacheReader``): every draft step
+    sits at the pending token's position p, attends over the target's keys and values at positions
+    0..p-1, and takes [target embedding of the last id; hidden] through its pre-projection; the next
+    step's hidden is its own post-projected output (Transformers' ``SinglePositionMultiTokenCandidate
+    Generator``; llama.cpp's ``common/speculative.cpp`` with a shared memory).
+
+    Args:
+        reader: the ``CacheReader``, already bound to the target (``reader.bind``).
+        vocab: ids the target knows.
+    """
+
+    kind = "reader"
+
+    def __init__(self, reader, vocab: int, name: str = "drafter"):
+        self.reader, self.vocab, self.name = reader, vocab, name
+
+    def propose(self, history: list[int], k: int, hidden: np.ndarray | None, cache) -> list[int]:
+        if k <= 0:
+            return []
+        if hidden is None:
+            raise SterError("this drafter reads the target's last hidden state, which the target did not give")
+        token, h = history[-1], hidden
+        drafts: list[int] = []
+        for _ in range(k):
+            logits, h = self.reader.step(token, h, cache)
+            token = _greedy(logits, self.vocab)
+            drafts.append(token)
+        return drafts
+
+
+def check_draft_sampling(sampling) -> None:
+    """Refuse sampling settings a greedy drafter cannot keep exact.
+
+    Raises:
+        SterError: a temperature above 0 (rejection sampling is not implemented).
+    """
+    if sampling.temperature != 0:
+        raise SterError("--draft decodes greedily (its output equals plain greedy decoding): use --temperature 0, "
+                        "or drop --draft to sample")
+
+
+def check_pair(target_tokenizer, target_spec, drafter_tokenizer, drafter_name: str) -> None:
+    """Refuse a drafter whose vocabulary is not the target's: the same token -> id map (added tokens
+    included).
+
+    Raises:
+        SterError: the maps differ (names the first difference).
+    """
+    a = target_tokenizer.tk.get_vocab(with_added_tokens=True)
+    b = drafter_tokenizer.tk.get_vocab(with_added_tokens=True)
+    if a == b:
+        return
+    only_t = sorted(set(a) - set(b))
+    only_d = sorted(set(b) - set(a))
+    moved = sorted(t for t in set(a) & set(b) if a[t] != b[t])
+    detail = (f"{len(a)} tokens against {len(b)}" if len(a) != len(b) else
+              f"token {moved[0]!r} is id {a[moved[0]]} in the target and {b[moved[0]]} in the drafter" if moved else
+              f"token {(only_t or only_d)[0]!r} is in one vocabulary only")
+    raise SterError(f"the drafter {drafter_name} does not share the target's vocabulary ({detail}); "
+                    "use a drafter from the same model family and tokenizer")
+
+
+def speculate(decoder, cache, logits: np.ndarray, hidden: np.ndarray | None, history: list[int], drafter: Drafter,
+              n_draft: int, out, *, choose, emit, layer_hook, context) -> None:
+    """The verification loop after the prompt's prefill (``generate.generate`` calls it).
+
+    Args:
+        decoder: the target; cache: its ``KVCache`` holding ``history`` (the prompt).
+        logits: float32 [vocab], the last prompt position's; hidden: that row's final-norm output.
+        history: the prompt ids (grows with every emitted id).
+        drafter: the ``Drafter``; n_draft: proposals per round at most.
+        out: the ``generate.Generation`` (``drafted`` / ``accepted`` counted here).
+        choose: ``choose(logits, history) -> id`` (the target's greedy choice, penalty included).
+        emit: ``emit(logits, id) -> str | None``: records the id; a stop reason ends the run.
+        layer_hook: the target's steering hook; context: positions the run may fill.
+    """
+    token = choose(logits, history)
+    if (reason := emit(logits, token)) is not None:
+        out.stop_reason = reason
+        return
+    while True:
+        if cache.length >= context:
+            out.stop_reason = "context"
+            return
+        base = cache.length  # positions before the pending token
+        k = int(min(n_draft, out.remaining(), context - base - 1))
+        drafts = drafter.propose(history, k, hidden, cache)[:max(k, 0)]
+        recurrent = cache.has_recurrent_state()
+        if recurrent and drafts:
+            cache.checkpoint()
+        normed: list = []
+        rows = decoder.forward([token] + drafts, cache, layer_hook=layer_hook, normed=normed)
+        out.drafted += len(drafts)
+        accepted, stop = 0, None
+        for j in range(len(drafts) + 1):
+            t = choose(rows[j], history)
+            stop = emit(rows[j], t)
+            if j < len(drafts) and t == drafts[j]:
+                accepted += 1
+                if stop is None:
+                    continue
+            token = t
+            break
+        out.accepted += accepted
+        keep = base + 1 + accepted
+        if keep < cache.length and not cache.rollback(keep):
+            # a recurrent state: back to the checkpoint before the call, then over the accepted ids again
+            if not cache.rollback(base):
+                raise SterError("the target's cache could not return to its state before the verification")
+            decoder.forward([history[base]] + drafts[:accepted], cache, layer_hook=layer_hook, last_only=True)
+        hidden = normed[0][accepted]
+        if stop is not None:
+            out.stop_reason = stop
+            return
+
+
+def load_drafter(model: str, target, *, precision: str = "f32", progress=None):
+    """The ``Drafter`` for ``--draft MODEL`` beside the loaded ``target`` (a ``load.LoadedModel``).
+
+    A Gemma 4 assistant (config.json ``model_type`` gemma4_assistant, or a GGUF file of llama.cpp's
+    ``gemma4-assistant`` architecture) becomes a ``ReaderDrafter`` over the target; any other model
+    ster runs becomes a ``ModelDrafter``. Steering vectors and adapters given with the target apply to
+    the target only.
+
+    Raises:
+        SterError: what loading the drafter raises; a vocabulary other than the target's; an
+            assistant beside a target it cannot read (``decoder.reader``).
+    """
+    from .load import load_model
+
+    reader = _reader_source(model)
+    if reader is not None:
+        from .decoder.reader import load_reader
+
+        r = load_reader(reader, target, precision=precision)
+        return ReaderDrafter(r, target.spec.vocab_size, model)
+    from .load import load_tokenizer
+
+    check_pair(target.tokenizer, target.spec, load_tokenizer(model, progress=progress), model)  # before its weights
+    loaded = load_model(model, precision=precision, progress=progress)
+    return ModelDrafter(loaded.decoder, target.spec.vocab_size, model)
+
+
+def _reader_source(model: str):
+    """(kind, path) when ``model`` names a local drafter that reads its target's state, else None."""
+    from pathlib import Path
+
+    p = Path(model)
+    if p.is_dir() and (p / "config.json").is_file():
+        from .resolve import read_config
+
+        config = read_config(p / "config.json")
+        if config.get("model_type") in READER_MODEL_TYPES:
+            return ("config", p)
+    ggufs = [p] if p.is_file() and p.suffix == ".gguf" else sorted(p.glob("*.gguf")) if p.is_dir() else []
+    if len(ggufs) == 1:
+        from .gguf.reader import GGUFFile
+
+        arch = GGUFFile(ggufs[0]).metadata.get("general.architecture")
+        if arch in READER_GGUF_ARCHS:
+            return ("gguf", ggufs[0])
+    return None
+
+
+#: Drafters that read their target's state: config.json model_type and llama.cpp architecture names.
+READER_MODEL_TYPES = ("gemma4_assistant",)
+READER_GGUF_ARCHS = ("gemma4-assistant",)

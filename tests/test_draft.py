@@ -1,0 +1,175 @@
+"""Speculative decoding with a drafter (issue 16): the output equals plain greedy decoding.
+
+Oracles: transformers' greedy continuation of the tiny target (``reference_greedy``), which plain
+greedy decoding by ster must equal first; then speculative decoding must give the same ids with a
+drafter that always agrees, one that never agrees, a random drafter of another size, and the target
+itself as its own drafter (every proposal accepted). Refusals: a drafter of another vocabulary, a
+temperature above 0.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tiny import make_checkpoint, one_torch_thread, reference_greedy  # noqa: F401 (autouse fixture)
+
+from ster_py.errors import SterError
+from ster_py.generate import Sampling, generate
+from ster_py.load import load_model
+from ster_py.speculative import ModelDrafter
+
+PROMPT = [1, 17, 42, 9, 88, 5, 23]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny llama target, a smaller random llama drafter of the same vocabulary, and the target's
+    greedy continuation from transformers."""
+    root = tmp_path_factory.mktemp("draft")
+    ref = make_checkpoint(root / "target", "llama", seed=1)
+    make_checkpoint(root / "drafter", "llama", seed=2, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1)
+    greedy = reference_greedy(ref, PROMPT, N)
+    target = load_model(str(root / "target"))
+    drafter = load_model(str(root / "drafter"))
+    return root, target, drafter, greedy
+
+
+class _Scripted:
+    """A test drafter that proposes the known greedy continuation (``agree``) or, at every place,
+    an id other than it."""
+
+    name = "scripted"
+
+    def __init__(self, greedy: list[int], agree: bool, vocab: int):
+        self.greedy, self.agree, self.vocab, self.calls = greedy, agree, vocab, 0
+
+    def propose(self, history, k, hidden, cache):
+        self.calls += 1
+        done = len(history) - len(PROMPT)
+        nxt = self.greedy[done:done + k]
+        return list(nxt) if self.agree else [(t + 1) % self.vocab for t in nxt]
+
+
+def test_plain_greedy_is_the_oracle(pair):
+    _, target, _, greedy = pair
+    assert generate(target.decoder, PROMPT, Sampling(max_new_tokens=N)).ids == greedy
+
+
+@pytest.mark.parametrize("n_draft", [1, 4, 16])
+def test_random_drafter_gives_greedy_output(pair, n_draft):
+    _, target, drafter, greedy = pair
+    d = ModelDrafter(drafter.decoder, target.spec.vocab_size)
+    g = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=n_draft)
+    assert g.ids == greedy
+    assert 0 < g.drafted and 0 <= g.accepted <= g.drafted
+
+
+def test_drafter_that_always_agrees(pair):
+    _, target, _, greedy = pair
+    d = _Scripted(greedy, True, target.spec.vocab_size)
+    g = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=5)
+    assert g.ids == greedy
+    assert g.accepted == g.drafted > 0
+    # the first id comes from the prefill; each round then emits its 5 proposals and one id more
+    assert d.calls == -(-(N - 1) // 6)
+
+
+def test_drafter_that_never_agrees(pair):
+    _, target, _, greedy = pair
+    d = _Scripted(greedy, False, target.spec.vocab_size)
+    g = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=3)
+    assert g.ids == greedy
+    assert g.accepted == 0 and g.drafted > 0
+    assert d.calls == N - 1  # one id per round: the target's own
+
+
+def test_target_as_its_own_drafter_is_always_accepted(pair):
+    _, target, _, greedy = pair
+    d = ModelDrafter(target.decoder, target.spec.vocab_size)
+    g = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=4)
+    assert g.ids == greedy
+    assert g.accepted == g.drafted > 0
+
+
+def test_stops_and_limits_match_plain_decoding(pair):
+    _, target, drafter, greedy = pair
+    d = ModelDrafter(drafter.decoder, target.spec.vocab_size)
+    stop = greedy[10]
+    plain = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), stop_ids=[stop])
+    spec = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), stop_ids=[stop], draft=d, n_draft=6)
+    assert spec.ids == plain.ids and spec.stop_reason == plain.stop_reason == "stop_token"
+    ctx = len(PROMPT) + 9
+    plain = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), ctx_size=ctx)
+    spec = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), ctx_size=ctx, draft=_Scripted(
+        greedy, True, target.spec.vocab_size), n_draft=4)
+    assert spec.ids == plain.ids and spec.stop_reason == plain.stop_reason == "context"
+    seen = []
+    spec = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=_Scripted(
+        greedy, True, target.spec.vocab_size), n_draft=8, on_token=lambda t: seen.append(t) or len(seen) == 5)
+    assert spec.ids == greedy[:5] and spec.stop_reason == "stopped"
+
+
+def test_repetition_penalty_and_logprobs_follow_the_target(pair):
+    _, target, drafter, _ = pair
+    s = Sampling(max_new_tokens=N, repeat_penalty=1.3, logprobs=2)
+    plain = generate(target.decoder, PROMPT, s)
+    spec = generate(target.decoder, PROMPT, s, draft=ModelDrafter(drafter.decoder, target.spec.vocab_size))
+    assert spec.ids == plain.ids
+    assert [e["id"] for e in spec.logprobs] == plain.ids
+    np.testing.assert_allclose([e["logprob"] for e in spec.logprobs], [e["logprob"] for e in plain.logprobs],
+                               atol=1e-4)
+
+
+def test_sampling_is_refused(pair):
+    _, target, drafter, _ = pair
+    with pytest.raises(SterError, match="--temperature 0"):
+        generate(target.decoder, PROMPT, Sampling(max_new_tokens=4, temperature=0.7),
+                 draft=ModelDrafter(drafter.decoder, target.spec.vocab_size))
+
+
+def test_cli_draft_json_counts(pair):
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    root, _, _, greedy = pair
+    text = " ".join(f"w{i}" for i in PROMPT[1:])
+    r = CliRunner().invoke(app, ["generate", "-m", str(root / "target"), "--draft", str(root / "drafter"), "-p", text,
+                                 "--chat-template", "off", "--max-new-tokens", "12", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["prompt_ids"][-len(PROMPT) + 1:] == PROMPT[1:]
+    plain = CliRunner().invoke(app, ["generate", "-m", str(root / "target"), "-p", text, "--chat-template", "off",
+                                     "--max-new-tokens", "12", "--json", "-q"])
+    assert doc["ids"] == json.loads(plain.stdout)["ids"]
+    if doc["prompt_ids"] == PROMPT:
+        assert doc["ids"] == greedy[:12]
+    assert doc["draft"]["model"] == str(root / "drafter")
+    assert 0 <= doc["draft"]["accepted"] <= doc["draft"]["drafted"]
+
+
+def test_cli_refusals(pair, tmp_path):
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    root = pair[0]
+    other = tmp_path / "other"
+    make_checkpoint(other, "llama", seed=3, vocab_size=96)
+    base = ["generate", "-m", str(root / "target"), "-p", "w3 w4", "--chat-template", "off", "--max-new-tokens", "4"]
+    r = CliRunner().invoke(app, base + ["--draft", str(other)])
+    assert isinstance(r.exception, SterError) and "does not share the target's vocabulary" in str(r.exception)
+    r = CliRunner().invoke(app, base + ["--draft", str(root / "drafter"), "--temperature", "0.8"])
+    assert isinstance(r.exception, SterError) and "--temperature 0" in str(r.exception)
+    r = CliRunner().invoke(app, base + ["--draft-max", "4"])
+    assert isinstance(r.exception, SterError) and "--draft-max needs --draft" in str(r.exception)
+    # the console script: one line, exit 1, no traceback
+    p = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *base, "--draft", str(other)],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and p.stderr.startswith("error: the drafter") and "Traceback" not in p.stderr
