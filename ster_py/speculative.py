@@ -229,9 +229,9 @@ def load_drafter(model: str, target, *, precision: str = "f32", progress=None):
 
     reader = _reader_source(model)
     if reader is not None:
-        from .decoder.reader import load_reader
-
-        r = load_reader(reader, target, precision=precision)
+        kind, path = reader
+        r = _assistant_from_config(path, target, precision) if kind == "config" else \
+            _assistant_from_gguf(path, target, precision)
         return ReaderDrafter(r, target.spec.vocab_size, model)
     from .load import load_tokenizer
 
@@ -264,3 +264,102 @@ def _reader_source(model: str):
 #: Drafters that read their target's state: config.json model_type and llama.cpp architecture names.
 READER_MODEL_TYPES = ("gemma4_assistant",)
 READER_GGUF_ARCHS = ("gemma4-assistant",)
+
+#: Targets a Gemma 4 assistant reads (seed 000: it pairs only with a gemma4 model).
+ASSISTANT_TARGETS = ("gemma4_text", "gemma4_unified_text")
+
+
+def _assistant_from_config(path, target, precision: str):
+    """A Gemma 4 assistant checkpoint (Transformers' ``Gemma4AssistantForCausalLM``: config.json with
+    a gemma4_text ``text_config``, ``backbone_hidden_size``; tensors ``model.*`` as gemma4_text's
+    without keys and values, ``pre_projection``, ``post_projection``) as a ``CacheReader`` over the
+    target.
+
+    Raises:
+        SterError: a config that is not an assistant's, the ordered-embedding head, or a target the
+            assistant cannot read (``_check_assistant``).
+    """
+    from collections.abc import Mapping
+    from dataclasses import replace
+
+    from .config import spec_from_config
+    from .decoder.model import Decoder
+    from .decoder.reader import CacheReader
+    from .families import gate
+    from .resolve import read_config
+    from .validate import check_config, check_spec, interpret
+    from .weights import SafetensorsWeights
+
+    source = str(path / "config.json")
+    config = read_config(path / "config.json")
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise SterError(f"{source}: a gemma4_assistant config needs a text_config object (the drafter's layers)")
+    if config.get("use_ordered_embeddings"):
+        raise SterError(f"{source}: the assistant's ordered-embedding head (use_ordered_embeddings: centroids "
+                        "choosing which logits to compute) is not supported; use an assistant without it")
+    if text.get("hidden_size_per_layer_input"):
+        raise SterError(f"{source}: an assistant with per-layer inputs (hidden_size_per_layer_input) is not valid")
+    backbone = config.get("backbone_hidden_size", 1536)
+    # every layer reads the target's keys and values: none of its own (set below, per layer)
+    text = {"model_type": "gemma4_text", **text, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+            "final_logit_softcapping": None}
+    check_config(text, source)
+    family = gate(text, source)
+    spec = check_spec(interpret(source, spec_from_config, text, family, source), source)
+    sources = _check_assistant(spec, backbone, target, source)
+    spec = replace(spec, layers=tuple(replace(layer, kv_source=i) for i, layer in enumerate(spec.layers)))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SterError(f"{path} holds no .safetensors file (the assistant's weights)")
+    weights = SafetensorsWeights(files, precision)
+    pre, post = weights.get("pre_projection.weight"), weights.get("post_projection.weight")
+    if pre is None or post is None:
+        raise SterError(f"{path}: the assistant's pre_projection or post_projection tensor is missing")
+    if pre.shape != (spec.hidden_size, 2 * backbone) or post.shape != (backbone, spec.hidden_size):
+        raise SterError(f"{path}: pre_projection {tuple(pre.shape)} / post_projection {tuple(post.shape)} do not "
+                        f"map between the target's width {backbone} and the assistant's {spec.hidden_size}")
+    return CacheReader(Decoder(spec, weights), pre, post, target.decoder, sources)
+
+
+def _check_assistant(spec, backbone: int, target, source: str) -> list[int]:
+    """Per assistant layer, the target layer whose keys and values it reads: the last target layer of
+    its kind (sliding or full attention), through that layer's own ``kv_source`` (Transformers'
+    ``kv_sharing_modes`` "store" layers; llama.cpp reads the target's last two layers, which are
+    those in every Gemma 4).
+
+    Raises:
+        SterError: a target that is not Gemma 4, another width or vocabulary, no target layer of a
+            kind the assistant reads, or head widths that differ.
+    """
+    t = target.spec
+    if t.model_type not in ASSISTANT_TARGETS:
+        raise SterError(f"{source} is a Gemma 4 assistant, which drafts only for a Gemma 4 model (it reads the "
+                        f"target's keys and values), not for {t.model_type}")
+    if backbone != t.hidden_size:
+        raise SterError(f"{source}: the assistant was made for a target {backbone} wide, and this model is "
+                        f"{t.hidden_size} wide; use the assistant released with this model")
+    if spec.vocab_size != t.vocab_size:
+        raise SterError(f"{source}: the assistant's vocabulary of {spec.vocab_size} is not the target's "
+                        f"{t.vocab_size}; use the assistant released with this model")
+    last: dict[bool, int] = {}
+    for i, layer in enumerate(t.layers):
+        last[layer.sliding_window is not None] = layer.kv_source if layer.kv_source is not None else i
+    sources = []
+    for i, layer in enumerate(spec.layers):
+        kind = layer.sliding_window is not None
+        if kind not in last:
+            raise SterError(f"{source}: assistant layer {i} reads a {'sliding' if kind else 'full'}-attention layer "
+                            "of the target, which has none")
+        j = last[kind]
+        mine, theirs = spec.attention_shape(i), t.attention_shape(j)
+        if mine[2] != theirs[2] or mine[0] % theirs[1]:
+            raise SterError(f"{source}: assistant layer {i}'s {mine[0]} heads of width {mine[2]} cannot attend over "
+                            f"target layer {j}'s {theirs[1]} key/value heads of width {theirs[2]}")
+        sources.append(j)
+    return sources
+
+
+def _assistant_from_gguf(path, target, precision: str):
+    raise SterError(f"{path}: a gemma4-assistant GGUF file is not supported yet; use the assistant's safetensors "
+                    "checkpoint (config.json model_type gemma4_assistant)")

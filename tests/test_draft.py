@@ -173,3 +173,115 @@ def test_cli_refusals(pair, tmp_path):
     p = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *base, "--draft", str(other)],
                        capture_output=True, text=True)
     assert p.returncode == 1 and p.stderr.startswith("error: the drafter") and "Traceback" not in p.stderr
+
+
+# ----------------------------------------------------------------------------- Gemma 4's assistant
+# A tiny gemma4_text target (sliding and full layers with their own head widths, values from keys on
+# the full layers, the last two layers reusing layers 2 and 1's keys and values, per-layer inputs) and
+# a tiny Gemma4AssistantForCausalLM of another width and depth that reads its state. Oracle: the
+# assistant's own forward in transformers, fed the target's shared_kv_states, last hidden state and
+# embedding as SinglePositionMultiTokenCandidateGenerator feeds it.
+
+S, F = "sliding_attention", "full_attention"
+G4_PROMPT = np.random.RandomState(4).randint(3, 128, size=10).tolist()
+G4_TARGET = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=256,
+                 sliding_window=16, layer_types=[S, F, S, S, F], attention_k_eq_v=True, num_global_key_value_heads=1,
+                 num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
+                 final_logit_softcapping=3.0)
+
+
+def _randomize(model, seed: int) -> None:
+    """Every norm weight and layer scalar drawn away from its initial value, so that each matters."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + 1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+
+
+@pytest.fixture(scope="module")
+def gemma4_pair(tmp_path_factory):
+    import torch
+    from transformers import AutoConfig, Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    from tiny import build_checkpoint
+
+    root = tmp_path_factory.mktemp("g4draft")
+    ref = build_checkpoint(root / "target", "gemma4_text", G4_TARGET)
+    _randomize(ref, 11)
+    ref.save_pretrained(root / "target")
+    text = AutoConfig.for_model("gemma4_text", vocab_size=128, hidden_size=48, intermediate_size=64,
+                                num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                global_head_dim=32, sliding_window=16, layer_types=[F, S, F],
+                                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, attention_k_eq_v=True,
+                                num_global_key_value_heads=1, num_kv_shared_layers=3, max_position_embeddings=256,
+                                rope_parameters={S: {"rope_type": "default", "rope_theta": 100.0},
+                                                 F: {"rope_type": "proportional", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5}})
+    torch.manual_seed(5)
+    assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=text, backbone_hidden_size=64)).eval()
+    _randomize(assistant, 12)
+    assistant.save_pretrained(root / "assistant")
+    target = load_model(str(root / "target"))
+    return root, ref, assistant, target
+
+
+def test_assistant_steps_match_transformers(gemma4_pair):
+    import torch
+
+    from ster_py.speculative import load_drafter
+
+    root, ref, assistant, target = gemma4_pair
+    drafter = load_drafter(str(root / "assistant"), target)
+    assert drafter.kind == "reader" and drafter.reader.sources == [1, 2, 1]
+    with torch.no_grad():
+        out = ref(torch.tensor([G4_PROMPT]), output_hidden_states=True, return_shared_kv_states=True, use_cache=True)
+    cache, normed = target.decoder.new_cache(), []
+    logits = target.decoder.forward(G4_PROMPT, cache, normed=normed)
+    token = int(out.logits[0, -1].argmax())
+    assert token == int(np.argmax(logits[-1]))
+    np.testing.assert_allclose(normed[0][-1], out.hidden_states[-1][0, -1].numpy(), rtol=1e-4, atol=1e-5)
+    h_ref, h = out.hidden_states[-1][:, -1:], normed[0][-1]
+    embed = ref.get_input_embeddings()
+    mask = torch.ones(1, len(G4_PROMPT) + 1, dtype=torch.long)
+    for step in range(3):
+        with torch.no_grad():
+            a = assistant(inputs_embeds=torch.cat([embed(torch.tensor([[token]])), h_ref], dim=-1),
+                          attention_mask=mask, position_ids=torch.tensor([[len(G4_PROMPT)]]),
+                          shared_kv_states=out.shared_kv_states, use_cache=False)
+        ours, h = drafter.reader.step(token, h, cache)
+        want = a.logits[0, -1].numpy()
+        assert np.linalg.norm(ours - want) / np.linalg.norm(want) < 1e-4, step
+        np.testing.assert_allclose(h, a.last_hidden_state[0, -1].numpy(), rtol=1e-4, atol=1e-5)
+        token, h_ref = int(np.argmax(ours)), a.last_hidden_state
+        assert token == int(want.argmax())
+
+
+def test_assistant_drafts_greedy_output(gemma4_pair):
+    from ster_py.speculative import load_drafter
+
+    root, ref, _, target = gemma4_pair
+    prompt = G4_PROMPT + G4_PROMPT  # past the sliding window of 16 as it grows
+    greedy = reference_greedy(ref, prompt, 20)
+    assert generate(target.decoder, prompt, Sampling(max_new_tokens=20)).ids == greedy
+    drafter = load_drafter(str(root / "assistant"), target)
+    for n_draft in (1, 3, 8):
+        g = generate(target.decoder, prompt, Sampling(max_new_tokens=20), draft=drafter, n_draft=n_draft)
+        assert g.ids == greedy and g.drafted > 0
+
+
+def test_assistant_beside_another_target_is_refused(gemma4_pair, pair):
+    from ster_py.speculative import load_drafter
+
+    root = gemma4_pair[0]
+    llama = pair[1]
+    with pytest.raises(SterError, match="drafts only for a Gemma 4 model"):
+        load_drafter(str(root / "assistant"), llama)
