@@ -344,14 +344,9 @@ def generate(
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, min_p=min_p, repeat_penalty=repeat_penalty,
                         repeat_last_n=repeat_last_n, logprobs=logprobs)
     sampling.validate()
-    if draft_max is not None and draft is None:
-        raise SterError("--draft-max needs --draft (a drafter model)")
-    if draft is not None:  # before any weight is read
-        from .speculative import check_draft_sampling
+    from .speculative import check_draft_options
 
-        check_draft_sampling(sampling)
-        if draft_max is not None and not 1 <= draft_max <= 64:
-            raise SterError(f"--draft-max must be 1 to 64, got {draft_max}")
+    check_draft_options(draft, draft_max, sampling)  # before any weight is read
     if vector is not None:  # a malformed vector is refused before any weight is read
         from .steering import check_vector_fit, read_vector, steering_hook
 

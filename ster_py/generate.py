@@ -87,6 +87,7 @@ class Generation:
     prefilled: int = 0
     drafted: int = 0   # with a drafter: ids it proposed, and how many of them the target accepted
     accepted: int = 0
+    draft_rounds: int = 0  # target calls that verified proposals (each emits 1 to k + 1 ids)
     max_new_tokens: int = 0
 
     def remaining(self) -> int:

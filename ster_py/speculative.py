@@ -138,6 +138,22 @@ def check_draft_sampling(sampling) -> None:
                         "or drop --draft to sample")
 
 
+def check_draft_options(draft: str | None, draft_max: int | None, sampling) -> None:
+    """The command line's ``--draft`` / ``--draft-max`` against the sampling settings, before any
+    weight is read.
+
+    Raises:
+        SterError: ``--draft-max`` without ``--draft`` or outside 1..64; ``--draft`` with sampling.
+    """
+    if draft_max is not None and draft is None:
+        raise SterError("--draft-max needs --draft (a drafter model)")
+    if draft is None:
+        return
+    check_draft_sampling(sampling)
+    if draft_max is not None and not 1 <= draft_max <= 64:
+        raise SterError(f"--draft-max must be 1 to 64, got {draft_max}")
+
+
 def check_pair(target_tokenizer, target_spec, drafter_tokenizer, drafter_name: str) -> None:
     """Refuse a drafter whose vocabulary is not the target's: the same token -> id map (added tokens
     included).
@@ -190,6 +206,7 @@ def speculate(decoder, cache, logits: np.ndarray, hidden: np.ndarray | None, his
         normed: list = []
         rows = decoder.forward([token] + drafts, cache, layer_hook=layer_hook, normed=normed)
         out.drafted += len(drafts)
+        out.draft_rounds += 1
         accepted, stop = 0, None
         for j in range(len(drafts) + 1):
             t = choose(rows[j], history)

@@ -169,6 +169,11 @@ def test_cli_refusals(pair, tmp_path):
     assert isinstance(r.exception, SterError) and "--temperature 0" in str(r.exception)
     r = CliRunner().invoke(app, base + ["--draft-max", "4"])
     assert isinstance(r.exception, SterError) and "--draft-max needs --draft" in str(r.exception)
+    r = CliRunner().invoke(app, ["chat", "-m", str(root / "target"), "--draft-max", "4"])
+    assert isinstance(r.exception, SterError) and "--draft-max needs --draft" in str(r.exception)
+    r = CliRunner().invoke(app, ["chat", "-m", str(root / "target"), "--draft", str(root / "drafter"),
+                                 "--temperature", "0.5"])
+    assert isinstance(r.exception, SterError) and "--temperature 0" in str(r.exception)
     # the console script: one line, exit 1, no traceback
     p = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *base, "--draft", str(other)],
                        capture_output=True, text=True)
