@@ -378,5 +378,48 @@ def _check_assistant(spec, backbone: int, target, source: str) -> list[int]:
 
 
 def _assistant_from_gguf(path, target, precision: str):
-    raise SterError(f"{path}: a gemma4-assistant GGUF file is not supported yet; use the assistant's safetensors "
-                    "checkpoint (config.json model_type gemma4_assistant)")
+    """A llama.cpp ``gemma4-assistant`` GGUF file (``src/models/gemma4-assistant.cpp``: the gemma4
+    layer keys under its own architecture name, ``embedding_length_out`` = the target's width,
+    ``nextn.pre_projection`` / ``nextn.post_projection``, no key or value tensors) as a
+    ``CacheReader`` over the target. Its layers are read as gemma4's (``gguf.config.spec_from_gguf``).
+
+    Raises:
+        SterError: a malformed file, a missing tensor, or a target the assistant cannot read.
+    """
+    from dataclasses import replace
+
+    from .decoder.model import Decoder
+    from .decoder.reader import CacheReader
+    from .gguf.config import spec_from_gguf
+    from .gguf.reader import GGUFFile
+    from .validate import check_spec, interpret
+    from .weights import GGUFWeights
+
+    source = str(path)
+    gguf = GGUFFile(path)
+    arch = gguf.metadata["general.architecture"]
+    meta = {("gemma4." + k[len(arch) + 1:] if k.startswith(arch + ".") else k): v for k, v in gguf.metadata.items()}
+    meta["general.architecture"] = "gemma4"
+    meta["gemma4.attention.shared_kv_layers"] = 0  # every layer reads the target (set below, per layer)
+    meta.pop("gemma4.nextn_predict_layers", None)  # all of its layers: the assistant is only these
+    backbone = meta.get("gemma4.embedding_length_out")
+    if not isinstance(backbone, (int, np.integer)) or backbone <= 0:
+        raise SterError(f"{source}: a gemma4-assistant file needs {arch}.embedding_length_out (the target's width)")
+    names = set(gguf.tensor_names())
+    for need in ("token_embd.weight", "nextn.pre_projection.weight", "nextn.post_projection.weight"):
+        if need not in names:
+            raise SterError(f"{source} has no {need} tensor, which a gemma4-assistant file holds")
+    rope_freqs = gguf.tensor("rope_freqs.weight").dequantize() if "rope_freqs.weight" in names else None
+    spec = check_spec(interpret(source, spec_from_gguf, meta, source, rope_freqs=rope_freqs,
+                                vocab_size=gguf.tensor("token_embd.weight").shape[0], has_output=False,
+                                tensors={n: t.shape for n, t in gguf.tensors.items()}), source)
+    sources = _check_assistant(spec, int(backbone), target, source)
+    spec = replace(spec, final_softcap=None,
+                   layers=tuple(replace(layer, kv_source=i) for i, layer in enumerate(spec.layers)))
+    weights = GGUFWeights(gguf, precision)
+    pre, post = weights.get("nextn.pre_projection.weight"), weights.get("nextn.post_projection.weight")
+    if tuple(pre.shape) != (spec.hidden_size, 2 * backbone) or tuple(post.shape) != (backbone, spec.hidden_size):
+        raise SterError(f"{source}: nextn.pre_projection {tuple(pre.shape)} / nextn.post_projection "
+                        f"{tuple(post.shape)} do not map between the target's width {backbone} and the "
+                        f"assistant's {spec.hidden_size}")
+    return CacheReader(Decoder(spec, weights), pre, post, target.decoder, sources)

@@ -191,7 +191,7 @@ S, F = "sliding_attention", "full_attention"
 G4_PROMPT = np.random.RandomState(4).randint(3, 128, size=10).tolist()
 G4_TARGET = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=256,
-                 sliding_window=16, layer_types=[S, F, S, S, F], attention_k_eq_v=True, num_global_key_value_heads=1,
+                 sliding_window=16, layer_types=[S, S, F, S, F], attention_k_eq_v=True, num_global_key_value_heads=1,
                  num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
                  final_logit_softcapping=3.0)
 
@@ -212,31 +212,45 @@ def _randomize(model, seed: int) -> None:
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
 
 
-@pytest.fixture(scope="module")
-def gemma4_pair(tmp_path_factory):
+G4_ASSISTANT = dict(vocab_size=128, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=16, layer_types=[F, S, F],
+                    hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, attention_k_eq_v=True,
+                    num_global_key_value_heads=1, num_kv_shared_layers=3, max_position_embeddings=256,
+                    rope_parameters={S: {"rope_type": "default", "rope_theta": 100.0},
+                                     F: {"rope_type": "proportional", "rope_theta": 10000.0,
+                                         "partial_rotary_factor": 0.5}})
+
+
+def _build_g4(path, model_type, config):
+    """The target (gemma4_text) or its assistant, saved with the tests' tokenizer; returns transformers' model."""
     import torch
     from transformers import AutoConfig, Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
-    from tiny import build_checkpoint
+    from tiny import build_checkpoint, write_tokenizer
+
+    if model_type == "gemma4_text":
+        model = build_checkpoint(path, model_type, config)
+        _randomize(model, 11)
+    else:
+        torch.manual_seed(5)
+        text = AutoConfig.for_model("gemma4_text", **config)
+        model = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=text, backbone_hidden_size=64)).eval()
+        _randomize(model, 12)
+    model.save_pretrained(path)
+    write_tokenizer(path, 128)
+    return model
+
+
+@pytest.fixture(scope="module")
+def gemma4_pair(tmp_path_factory):
+    """(directory, transformers target, transformers assistant, ster's target): the checkpoints under
+    DIR/hf/{target,assistant}, llama.cpp's F32 conversions at DIR/{target,assistant}.gguf."""
+    from llamacpp_convert import convert_cases
 
     root = tmp_path_factory.mktemp("g4draft")
-    ref = build_checkpoint(root / "target", "gemma4_text", G4_TARGET)
-    _randomize(ref, 11)
-    ref.save_pretrained(root / "target")
-    text = AutoConfig.for_model("gemma4_text", vocab_size=128, hidden_size=48, intermediate_size=64,
-                                num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-                                global_head_dim=32, sliding_window=16, layer_types=[F, S, F],
-                                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, attention_k_eq_v=True,
-                                num_global_key_value_heads=1, num_kv_shared_layers=3, max_position_embeddings=256,
-                                rope_parameters={S: {"rope_type": "default", "rope_theta": 100.0},
-                                                 F: {"rope_type": "proportional", "rope_theta": 10000.0,
-                                                     "partial_rotary_factor": 0.5}})
-    torch.manual_seed(5)
-    assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=text, backbone_hidden_size=64)).eval()
-    _randomize(assistant, 12)
-    assistant.save_pretrained(root / "assistant")
-    target = load_model(str(root / "target"))
-    return root, ref, assistant, target
+    out = convert_cases(root, {"target": ("gemma4_text", G4_TARGET, {}),
+                               "assistant": ("gemma4_assistant", G4_ASSISTANT, {})}, _build_g4)
+    return root, out["target"][1], out["assistant"][1], load_model(str(root / "hf" / "target"))
 
 
 def test_assistant_steps_match_transformers(gemma4_pair):
@@ -245,8 +259,8 @@ def test_assistant_steps_match_transformers(gemma4_pair):
     from ster_py.speculative import load_drafter
 
     root, ref, assistant, target = gemma4_pair
-    drafter = load_drafter(str(root / "assistant"), target)
-    assert drafter.kind == "reader" and drafter.reader.sources == [1, 2, 1]
+    drafter = load_drafter(str(root / "hf" / "assistant"), target)
+    assert drafter.kind == "reader" and drafter.reader.sources == [2, 1, 2]
     with torch.no_grad():
         out = ref(torch.tensor([G4_PROMPT]), output_hidden_states=True, return_shared_kv_states=True, use_cache=True)
     cache, normed = target.decoder.new_cache(), []
@@ -277,10 +291,35 @@ def test_assistant_drafts_greedy_output(gemma4_pair):
     prompt = G4_PROMPT + G4_PROMPT  # past the sliding window of 16 as it grows
     greedy = reference_greedy(ref, prompt, 20)
     assert generate(target.decoder, prompt, Sampling(max_new_tokens=20)).ids == greedy
-    drafter = load_drafter(str(root / "assistant"), target)
+    drafter = load_drafter(str(root / "hf" / "assistant"), target)
     for n_draft in (1, 3, 8):
         g = generate(target.decoder, prompt, Sampling(max_new_tokens=20), draft=drafter, n_draft=n_draft)
         assert g.ids == greedy and g.drafted > 0
+
+
+def test_gguf_assistant_beside_a_gguf_target(gemma4_pair):
+    """llama.cpp's gemma4-assistant file drafts as its checkpoint does (same steps over the same
+    cache), and beside llama.cpp's gemma4 file of the target gives that file's greedy output."""
+    from ster_py.speculative import load_drafter
+
+    root, _, _, target = gemma4_pair
+    hf = load_drafter(str(root / "hf" / "assistant"), target)
+    gg = load_drafter(str(root / "assistant.gguf"), target)
+    assert gg.reader.sources == hf.reader.sources
+    cache, normed = target.decoder.new_cache(), []
+    token = int(np.argmax(target.decoder.forward(G4_PROMPT, cache, normed=normed)[-1]))
+    h1 = h2 = normed[0][-1]
+    for _ in range(3):
+        (a, h1), (b, h2) = hf.reader.step(token, h1, cache), gg.reader.step(token, h2, cache)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(h2, h1, rtol=1e-5, atol=1e-5)
+        token = int(np.argmax(a))
+    gtarget = load_model(str(root / "target.gguf"))
+    prompt = G4_PROMPT + G4_PROMPT
+    plain = generate(gtarget.decoder, prompt, Sampling(max_new_tokens=20)).ids
+    g = generate(gtarget.decoder, prompt, Sampling(max_new_tokens=20), draft=load_drafter(
+        str(root / "assistant.gguf"), gtarget), n_draft=4)
+    assert g.ids == plain and g.drafted > 0
 
 
 def test_assistant_beside_another_target_is_refused(gemma4_pair, pair):
@@ -289,4 +328,4 @@ def test_assistant_beside_another_target_is_refused(gemma4_pair, pair):
     root = gemma4_pair[0]
     llama = pair[1]
     with pytest.raises(SterError, match="drafts only for a Gemma 4 model"):
-        load_drafter(str(root / "assistant"), llama)
+        load_drafter(str(root / "hf" / "assistant"), llama)
