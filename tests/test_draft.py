@@ -244,13 +244,26 @@ def _build_g4(path, model_type, config):
 @pytest.fixture(scope="module")
 def gemma4_pair(tmp_path_factory):
     """(directory, transformers target, transformers assistant, ster's target): the checkpoints under
-    DIR/hf/{target,assistant}, llama.cpp's F32 conversions at DIR/{target,assistant}.gguf."""
-    from llamacpp_convert import convert_cases
-
+    DIR/hf/{target,assistant}."""
     root = tmp_path_factory.mktemp("g4draft")
-    out = convert_cases(root, {"target": ("gemma4_text", G4_TARGET, {}),
-                               "assistant": ("gemma4_assistant", G4_ASSISTANT, {})}, _build_g4)
-    return root, out["target"][1], out["assistant"][1], load_model(str(root / "hf" / "target"))
+    ref = _build_g4(root / "hf" / "target", "gemma4_text", G4_TARGET)
+    assistant = _build_g4(root / "hf" / "assistant", "gemma4_assistant", G4_ASSISTANT)
+    return root, ref, assistant, load_model(str(root / "hf" / "target"))
+
+
+@pytest.fixture(scope="module")
+def gemma4_gguf(gemma4_pair):
+    """llama.cpp's F32 conversions of the pair's checkpoints: DIR/{target,assistant}.gguf."""
+    from llamacpp_convert import extract_converter
+
+    root = gemma4_pair[0]
+    conv = extract_converter(root)
+    r = subprocess.run([sys.executable, str(root / "convert.py"), str(conv), "f32",
+                        *(f"{root / 'hf' / n}::{root / (n + '.gguf')}" for n in ("target", "assistant"))],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed: {r.stderr[-2000:]}", pytrace=False)
+    return root
 
 
 def test_assistant_steps_match_transformers(gemma4_pair):
@@ -297,7 +310,7 @@ def test_assistant_drafts_greedy_output(gemma4_pair):
         assert g.ids == greedy and g.drafted > 0
 
 
-def test_gguf_assistant_beside_a_gguf_target(gemma4_pair):
+def test_gguf_assistant_beside_a_gguf_target(gemma4_pair, gemma4_gguf):
     """llama.cpp's gemma4-assistant file drafts as its checkpoint does (same steps over the same
     cache), and beside llama.cpp's gemma4 file of the target gives that file's greedy output."""
     from ster_py.speculative import load_drafter
