@@ -74,10 +74,12 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
+    from ster_py.decoder.qlinear import get_threads, set_threads
     from ster_py.generate import Sampling, generate
     from ster_py.load import load_model
     from ster_py.speculative import ModelDrafter
 
+    set_threads(a.threads or get_threads())  # ster's pool, and numpy's BLAS/OpenMP pools (threadpoolctl)
     with tempfile.TemporaryDirectory() as tmp:
         t_dir, d_dir = build(Path(tmp), a.layers, a.keep, a.damp)
         target, drafter = load_model(str(t_dir)), load_model(str(d_dir))

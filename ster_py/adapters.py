@@ -413,7 +413,8 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             seed 002); an attention target on a model whose layers have their own head counts
             or widths (MiMo-V2-Flash, seed 002); on latent attention, a target other than o, or q
             without a query bottleneck (seed 002); any adapter on a state-space family, or an
-            attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); a
+            attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); q on a
+            model whose queries pass a bottleneck (Step3, seed 002); a
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
@@ -436,6 +437,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
         if target in ("q", "k", "v", "o") and spec.adapters == "ffn":
             raise SterError(f"adapter {ad.path} targets {target}, but {spec.model_type} mixes most layers with a "
                             "state-space scan and ster adapts only its feed-forward projections (gate, up, down)")
+        if target == "q" and getattr(spec, "query_bottleneck", 0):  # seed 002: wq reads the bottleneck
+            raise SterError(f"adapter {ad.path} targets q, but {spec.model_type}'s queries pass a bottleneck "
+                            "(q_proj, inter_norm, wq): wq reads the bottleneck, not the hidden state, so ster does "
+                            "not adapt q there; adapt k, v, o or the feed-forward projections")
         latent = getattr(spec, "latent", None)
         if latent is not None and target in ("q", "k", "v"):  # seed 002: o, and q without a bottleneck
             if target != "q" or latent.q_lora_rank is not None:

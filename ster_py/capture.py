@@ -205,12 +205,15 @@ def check_capture_output(path: str | Path) -> None:
     sidecar name (NAME.json) may already hold something else (a prompts or chat file).
 
     Raises:
-        SterError: ``path`` ends in .json; the sidecar exists and is not a capture
+        SterError: ``path`` does not end in .safetensors; the sidecar exists and is not a capture
             sidecar; or ``path`` exists without a capture sidecar beside it.
     """
     path = Path(path)
     if path.suffix == ".json":
         raise SterError(f"--output {path}: give the .safetensors name; the JSON sidecar is written beside it")
+    if path.suffix != ".safetensors":
+        raise SterError(f"--output {path}: a capture is written as safetensors; name it "
+                        f"{path.with_suffix('.safetensors').name if path.suffix else path.name + '.safetensors'}")
     side = sidecar_path(path)
     if side.exists():
         try:

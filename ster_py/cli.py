@@ -397,11 +397,13 @@ def generate(
                         "model ships none")
     styled = sys.stdout.isatty() and not no_color()
     dim, reset = ("\x1b[2m", "\x1b[0m") if styled else ("", "")
-    state = {"thinking": False}
+    state = {"thinking": False, "wrote": False}
 
     def on_event(e) -> None:
         if as_json:
             return
+        if e.kind in ("thinking", "text", "tool_call"):
+            state["wrote"] = True
         if e.kind == "thinking":
             _write(dim + e.text + reset)
             state["thinking"] = True
@@ -464,7 +466,8 @@ def generate(
                                         for i, lp in e["top"]]} for e in result.logprobs]
         print(json.dumps(doc, ensure_ascii=False, indent=2))
         return
-    _write("\n")
+    if state["wrote"]:  # close the streamed line; an empty reply leaves stdout empty
+        _write("\n")
     # a phase that did not run (no new tokens; one token, which the prefill gives) has no rate
     if quiet:
         return

@@ -30,8 +30,12 @@ METAVARS = {
     "--negative": "CAPTURE", "--trait": "NAME", "--text": "TEXT", "--file": "FILE", "ids": "IDS",
     "--template": "FILE", "--template-name": "NAME", "--messages": "FILE", "--tools": "FILE",
     "--bos-token": "TEXT", "--eos-token": "TEXT", "--var": "NAME=VALUE", "--now": "ISO-TIME", "--device": "DEVICE",
-    "--kv-cache": "f32|f16",
+    "--kv-cache": "f32|f16", "--thinking": "on|off", "--prompt-file": "FILE",
 }
+
+#: typer validates through pydantic and passes its error text on ("Value error, 'x' is not
+#: one of ..."); the prefix names pydantic's error class, not anything the user typed.
+_PYDANTIC_PREFIX = "Value error, "
 
 
 def _value_name(param) -> str:
@@ -69,6 +73,14 @@ class _Tidy:
             elif p.metavar is None:
                 p.metavar = _value_name(p)
         return params
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as e:
+            if isinstance(e.message, str) and e.message.startswith(_PYDANTIC_PREFIX):
+                e.message = e.message[len(_PYDANTIC_PREFIX):]
+            raise
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

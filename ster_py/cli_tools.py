@@ -185,8 +185,9 @@ def vector_caa(
     mean negative activation.
     """
     from .capture import load_capture, parse_layers
-    from .steering import caa, write_vector
+    from .steering import caa, check_vector_output, write_vector
 
+    check_vector_output(output)  # before reading the captures
     pos, neg = load_capture(positive), load_capture(negative)
     chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
     vec = caa(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))

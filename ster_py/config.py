@@ -13,9 +13,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .decoder.block_sparse import BlockSparseSpec
 from .decoder.indexer import IndexerSpec
+from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
+from .decoder.ngram import NgramSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
@@ -187,6 +190,20 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
+    norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
+    as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
+    ``norm_eps`` (Muse Glimmer). ``block_sparse``: the index branch of the layers whose mixer is
+    ``"block_sparse"`` (``decoder/block_sparse.py``, MiniMax Sparse Attention). ``ffn_glu``, ``ffn_limit``,
+    ``ffn_alpha``: the dense feed-forwards' gated unit (``"oai"``: gpt-oss's clamped one, as MiniMax-M3's
+    swigluoai) and its clamp and sharpness. ``relative``: the relative-bias attention of the layers whose
+    mixer is ``"relative"`` (``decoder/relative.py``, Inkling); ``ffn_out_conv``: each feed-forward's
+    output passes a residual short convolution (``ffn_out_conv`` role); ``gate_up_interleaved``: a fused
+    dense ``gate_up`` alternates gate and up rows; ``logits_kept``: only the first n logits are scored
+    (Inkling's unpadded_vocab_size; 0: all).
+    ``query_bottleneck``: each attention layer's query is ``q_up(q_inter_norm(q(x)))``, ``q`` narrowing
+    to this width and ``q_up`` widening it to the heads (Step3's share_q_dim, inter_norm and wq); 0: none.
+    ``ngram``: hashed n-gram embeddings beside the token embedding (LongCat-Flash-Lite, ``decoder/ngram.py``).
     """
 
     model_type: str
@@ -256,6 +273,19 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    embed_norm_affine: bool = True
+    final_norm_unit_offset: bool | None = None
+    post_norm_eps: float | None = None
+    block_sparse: BlockSparseSpec | None = None
+    ffn_glu: str = "standard"
+    ffn_limit: float | None = None
+    ffn_alpha: float = 1.702
+    relative: RelativeSpec | None = None
+    ffn_out_conv: bool = False
+    gate_up_interleaved: bool = False
+    logits_kept: int = 0
+    query_bottleneck: int = 0
+    ngram: NgramSpec | None = None
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -266,9 +296,17 @@ class ModelSpec:
         return self.layers[i].mixer in ATTENTION_MIXERS
 
     def state_bytes(self) -> int:
-        """Bytes of the recurrent state of one sequence over all layers (0 without scans)."""
-        return sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
-                   for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        """Bytes of the recurrent state of one sequence over all layers (0 without scans): the scans' and,
+        on relative-bias layers (Inkling), the short convolutions' last inputs."""
+        total = sum((self.delta if layer.mixer in DELTA_MIXERS else self.ssm).state_bytes()
+                    for layer in self.layers if layer.mixer in RECURRENT_MIXERS)
+        if self.relative is not None:
+            for i, layer in enumerate(self.layers):
+                if layer.mixer == "relative":
+                    _, kv, dk, dv = self.attention_shape(i)
+                    width = kv * (dk + dv) + self.hidden_size * (2 if self.ffn_out_conv else 1)
+                    total += 4 * (self.relative.conv_kernel - 1) * width
+        return total
 
     def attention_shape(self, i: int) -> tuple[int, int, int, int]:
         """Layer ``i``'s (query heads, key/value heads, key head width, value head width)."""
@@ -294,7 +332,8 @@ class ModelSpec:
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
-        return kv * (dk + dv)
+        index = self.block_sparse.index_dim if self.layers[i].mixer == "block_sparse" else 0  # its index key
+        return kv * (dk + dv) + index
 
     def layer_sinks(self, i: int) -> bool:
         """Whether layer ``i`` has a learned attention sink per head."""
@@ -466,6 +505,63 @@ def layer_mixers(config: Mapping, family: FamilySpec, n_layers: int) -> list[tup
             ffn = "none"
         out.append((mixer, ffn))
     return out
+
+
+def block_sparse_spec(config: Mapping, config_name: str, head_dim: int, n_layers: int) -> BlockSparseSpec:
+    """MiniMax Sparse Attention's index branch from ``index_head_dim``, ``index_block_size``,
+    ``index_topk_blocks`` and ``index_local_blocks`` (a family's ``normalize`` writes them from
+    ``sparse_attention_config``), and ``_block_sparse_layers`` (one flag per layer).
+
+    Raises:
+        SterError: a size that is not a positive whole number (local blocks: at least 0, at most the
+            blocks kept), a layer list of the wrong length.
+    """
+    where = f"invalid model config {config_name}"
+    out = {}
+    for name, key, low in (("index_dim", "index_head_dim", 1), ("block_size", "index_block_size", 1),
+                           ("topk_blocks", "index_topk_blocks", 1), ("local_blocks", "index_local_blocks", 0)):
+        v = config.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_DIM:
+            raise SterError(f"{where}: {key} must be a whole number of at least {low}, got {brief_value(v)}")
+        out[name] = v
+    if out["local_blocks"] > out["topk_blocks"]:
+        raise SterError(f"{where}: index_local_blocks ({out['local_blocks']}) is more than the blocks a query "
+                        f"keeps (index_topk_blocks {out['topk_blocks']})")
+    flags = config.get("_block_sparse_layers")
+    if not isinstance(flags, list) or len(flags) != n_layers:
+        raise SterError(f"{where}: the sparse attention layers must be listed once per layer ({n_layers})")
+    return BlockSparseSpec(**out)
+
+
+def relative_spec(config: Mapping, config_name: str) -> RelativeSpec:
+    """Inkling's relative-bias attention from ``d_rel``, ``rel_extent``, ``conv_kernel_size``,
+    ``log_scaling_n_floor`` and ``log_scaling_alpha``.
+
+    Raises:
+        SterError: a size that is not a positive whole number, a non-numeric alpha."""
+    where = f"invalid model config {config_name}"
+    out = {}
+    for name, key in (("d_rel", "d_rel"), ("rel_extent", "rel_extent"), ("conv_kernel", "conv_kernel_size"),
+                      ("log_floor", "log_scaling_n_floor")):
+        v = config.get(key)
+        if name == "log_floor" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+            raise SterError(f"{where}: {key} must be a positive whole number, got {brief_value(v)}")
+        out[name] = v
+    alpha = config.get("log_scaling_alpha", 0.1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise SterError(f"{where}: log_scaling_alpha must be a number, got {brief_value(alpha)}")
+    return RelativeSpec(**out, log_alpha=float(alpha))
+
+
+def ffn_unit(r: "_Reader", family: FamilySpec) -> dict[str, Any]:
+    """The dense feed-forwards' gated unit: ``ffn_glu`` and, for ``"oai"``, its clamp (``swiglu_limit``)
+    and sharpness (``swiglu_alpha``), as ``ModelSpec`` fields."""
+    if family.ffn_glu == "standard":
+        return {}
+    return dict(ffn_glu=family.ffn_glu, ffn_limit=r.number("swiglu_limit", None),
+                ffn_alpha=r.number("swiglu_alpha", 1.702))
 
 
 def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) -> SSMSpec:
@@ -789,7 +885,8 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
     router = dict(num_experts=experts, top_k=top_k, scoring=scoring, select_bias=method == "noaux_tc",
                   n_group=n_group, topk_group=topk_group, group_rank="top2" if method == "noaux_tc" else "max",
                   renormalize=bool(get("norm_topk_prob")), renorm_min=float(floor), scale=float(scale),
-                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap))
+                  jitter_eps=float(jitter), logit_softcap=None if cap is None else float(cap),
+                  sink=r.positive_int("router_sink", limit=MAX_EXPERTS) if r.get("router_sink") is not None else 0)
     alpha = get("swiglu_alpha")
     limit = None if limit is None else float(limit)
     latent = r.get("moe_latent_size") or 0
@@ -895,6 +992,76 @@ def _layer_limits(config: Mapping, keys: tuple[str, str], moe: MoESpec, n_layers
     return [replace(moe, limit=float(routed[i]) if routed and routed[i] else (None if routed else moe.limit),
                     shared_limit=float(shared[i]) if shared and shared[i] else (None if shared else moe.shared_limit))
             for i in range(n_layers)]
+
+
+def ngram_spec(config: Mapping, hidden: int, config_name: str) -> NgramSpec:
+    """LongCat-Flash-Lite's n-gram embedding (``decoder/ngram.py``) from emb_neighbor_num (orders 2 to it),
+    emb_split_num (tables per order) and ngram_vocab_size_ratio (rows: ratio * vocab_size + 2 * index + 1);
+    its runs restart after each eos_token_id.
+
+    Raises:
+        SterError: a count that is not a whole number in bounds (emb_neighbor_num at least 2), a ratio that is
+            not a positive number, tables too many or too tall, or a hidden_size smaller than the table count.
+    """
+    where = f"invalid model config {config_name}"
+    n, k, ratio, vocab = (config.get(key) for key in ("emb_neighbor_num", "emb_split_num", "ngram_vocab_size_ratio",
+                                                       "vocab_size"))
+    for key, v, low in (("emb_neighbor_num", n, 2), ("emb_split_num", k, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 64:
+            raise SterError(f"{where}: {key} must be an integer in {low}..64, got {brief_value(v)}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0:
+        raise SterError(f"{where}: ngram_vocab_size_ratio must be a positive number, got {brief_value(ratio)}")
+    tables = k * (n - 1)
+    rows = tuple(int(ratio * vocab + 2 * i + 1) for i in range(tables))
+    if max(rows) > MAX_DIM or hidden < tables:
+        raise SterError(f"{where}: {tables} n-gram tables of up to {max(rows)} rows do not fit (at most {MAX_DIM} "
+                        f"rows, and at least one of the {hidden} hidden_size columns each)")
+    eos = config.get("eos_token_id")
+    eos = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and not isinstance(e, bool)]
+    return NgramSpec(neighbors=n, splits=k, rows=rows, width=hidden // tables, vocab_size=vocab, eos=tuple(eos))
+
+
+def _query_bottleneck(config: Mapping, family: FamilySpec, config_name: str) -> int:
+    """The query bottleneck's width (``family.query_bottleneck_key``, Step3's share_q_dim), 0 without one.
+
+    Raises:
+        SterError: the key is not a positive integer within bounds.
+    """
+    if not family.query_bottleneck_key:
+        return 0
+    v = config.get(family.query_bottleneck_key)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+        raise SterError(f"invalid model config {config_name}: {family.query_bottleneck_key} must be an integer in "
+                        f"1..{MAX_DIM}, got {brief_value(v)}")
+    return v
+
+
+def _layer_moe_shapes(config: Mapping, moe: MoESpec, n_layers: int, config_name: str) -> list[MoESpec | None]:
+    """Each layer's routed feed-forward when the config's ``moe_layer_shapes`` (written by a family's
+    ``normalize``: layer index -> {"num_experts_per_tok": k, "moe_intermediate_size": f}, Nemotron
+    Puzzle's block_configs) gives it its own top-k and expert width; None where the model's applies.
+
+    Raises:
+        SterError: not such a mapping, a layer outside the model, a count that is not a positive
+            integer within bounds (top-k at most the routed experts).
+    """
+    where = f"invalid model config {config_name}"
+    raw = config.get("moe_layer_shapes")
+    if not isinstance(raw, Mapping):
+        raise SterError(f"{where}: the per-layer expert shapes must map layer indices to objects, "
+                        f"got {brief_value(raw)}")
+    out: list[MoESpec | None] = [None] * n_layers
+    for i, shape in raw.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers or not isinstance(shape, Mapping):
+            raise SterError(f"{where}: a per-layer expert shape for layer {brief_value(i)} of {n_layers} layers "
+                            f"({brief_value(shape)})")
+        top_k, size = shape.get("num_experts_per_tok"), shape.get("moe_intermediate_size")
+        for key, v, limit in (("num_experts_per_tok", top_k, moe.router.num_experts),
+                              ("moe_intermediate_size", size, MAX_DIM)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
+                raise SterError(f"{where}: layer {i}'s {key} must be an integer in 1..{limit}, got {brief_value(v)}")
+        out[i] = replace(moe, expert_size=size, router=replace(moe.router, top_k=top_k))
+    return out
 
 
 def _mtp_layers(config: Mapping, family: FamilySpec, n_layers: int) -> tuple[str, ...]:
@@ -1004,6 +1171,13 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
+    block_sparse = block_sparse_spec(config, config_name, head_dim, n_layers) if family.block_sparse else None
+    relative = relative_spec(config, config_name) if family.relative else None
+    if relative is not None:  # every layer attends with the relative bias (Inkling)
+        mixers = [("relative" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    if block_sparse is not None:  # the layers MiniMax Sparse Attention runs (normalize wrote which)
+        mixers = [("block_sparse" if on else mixer, ffn)
+                  for on, (mixer, ffn) in zip(config["_block_sparse_layers"], mixers)]
     routed = (moe_layer_flags(config, n_layers, config_name) if family.moe and family.ffn_layers == "all"
               else [ffn == "moe" for _, ffn in mixers])
     ffns = [ffn or ("moe" if m else "dense") for (_, ffn), m in zip(mixers, routed)]
@@ -1036,6 +1210,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if moe is not None and family.expert_limit_keys:
         own = [dict(o, moe=m) if m != moe else o
                for o, m in zip(own, _layer_limits(config, family.expert_limit_keys, moe, n_layers, config_name))]
+    if moe is not None and config.get("moe_layer_shapes") is not None:  # per-layer expert widths and top-k
+        shaped = _layer_moe_shapes(config, moe, n_layers, config_name)
+        own = [dict(o, moe=m) if m is not None and m != moe else o for o, m in zip(own, shaped)]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -1120,6 +1297,12 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         layers_per_stored=2 if family.shortcut_pairs else 1,
         residual_normed=normed,
         shared_block=shared_block_spec(r, hidden, intermediate) if family.shared_block else None,
+        block_sparse=block_sparse,
+        relative=relative,
+        ffn_out_conv=relative is not None,
+        gate_up_interleaved=family.gate_up_interleaved,
+        logits_kept=r.positive_int("logits_kept") if r.get("logits_kept") else 0,
+        **ffn_unit(r, family),
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
@@ -1331,4 +1514,9 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         attn_gate_in_q=family.attn_gate_in_q,
         value_norm=family.value_norm,
         layer_scalar=family.layer_scalar,
+        embed_norm_affine=family.embed_norm_affine,
+        final_norm_unit_offset=family.final_norm_unit_offset,
+        post_norm_eps=r.number(family.post_norm_eps_key, None),
+        query_bottleneck=_query_bottleneck(config, family, config_name),
+        ngram=ngram_spec(config, hidden, config_name) if family.ngram else None,
     )

@@ -231,6 +231,9 @@ UNWRITTEN_ARCHS = {
        for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
     "gemma4": "per-layer head widths and rotations, shared key/value layers and per-layer inputs as llama.cpp's "
               "converter writes them",
+    # group WRAP: read from llama.cpp's converter's files (tests/test_parity_wrapped.py), not written yet
+    "muse-glimmer": "the query scale as q-norm weights, the NORM rotation's row order and the sliding pattern as "
+                    "llama.cpp's converter writes them",
 }
 
 

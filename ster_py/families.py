@@ -13,6 +13,7 @@ weight is mapped.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -335,6 +336,8 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "renorm_min": (),  # a floor under the renormalising sum (ERNIE 4.5's moe_norm_min)
     "swiglu_alpha": ("swiglu_alpha",),
     "router_logit_softcap": (),  # a cap on the router's logits (Laguna's moe_router_logit_softcapping)
+    "router_sink": (),  # shared experts the router scores beside the routed ones (Inkling's n_shared_experts)
+    "logits_kept": (),  # the logits scored, of a head padded past them (Inkling's unpadded_vocab_size)
     # Multi-head latent attention (read only by families with ``latent``; see ``config.latent_spec``).
     "kv_lora_rank": ("kv_lora_rank",),
     "q_lora_rank": ("q_lora_rank",),
@@ -582,6 +585,25 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        embed_norm_affine: the embedding norm (``embed_norm``) carries a weight (False: weightless,
+            Muse Glimmer's).
+        final_norm_unit_offset: the final norm's weight is applied as stored (False) or as 1 + w (True)
+            whatever ``norm_unit_offset`` says of the others (None: as they are; Muse Glimmer: False).
+        block_sparse: the layers ``normalize`` lists in ``_block_sparse_layers`` run MiniMax Sparse
+            Attention (``decoder/block_sparse.py``), sized by ``index_head_dim``, ``index_block_size``,
+            ``index_topk_blocks`` and ``index_local_blocks`` (``config.block_sparse_spec``).
+        ffn_glu: the dense feed-forwards' gated unit: ``"standard"`` or ``"oai"`` (gpt-oss's clamped unit,
+            clamp ``swiglu_limit``, sharpness ``swiglu_alpha``: MiniMax-M3's swigluoai).
+        relative: every layer attends with Inkling's relative-position bias and residual short convolutions
+            (``decoder/relative.py``; sizes from ``d_rel``, ``rel_extent``, ``conv_kernel_size``,
+            ``log_scaling_n_floor``, ``log_scaling_alpha``), and each feed-forward's output passes one too.
+        gate_up_interleaved: a fused dense ``gate_up`` stores gate and up rows alternately (Inkling's w13_dn).
+        post_norm_eps_key: config key of the epsilon of the two output norms (``attn_post_norm``,
+            ``ffn_post_norm``) when it differs from the model's (Muse Glimmer's post_norm_eps).
+        query_bottleneck_key: config key of the query bottleneck's width (Step3's share_q_dim): each query
+            is ``q_up(q_inter_norm(q(x)))`` (``ModelSpec.query_bottleneck``).
+        ngram: hashed n-gram embeddings beside the token embedding (``config.ngram_spec``; the ``ngram_table``
+            and ``ngram_proj`` roles, ``{k}`` the table index; LongCat-Flash-Lite).
     """
 
     model_type: str
@@ -682,6 +704,15 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    embed_norm_affine: bool = True
+    final_norm_unit_offset: bool | None = None
+    post_norm_eps_key: str | None = None
+    block_sparse: bool = False
+    ffn_glu: str = "standard"
+    relative: bool = False
+    gate_up_interleaved: bool = False
+    query_bottleneck_key: str | None = None
+    ngram: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -1973,6 +2004,484 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+# ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
+# LongCat-Flash-Lite: names and readers.
+# openPangu-Ultra-MoE's config spellings -> the DeepSeek-V3 keys config.py reads (seed 002).
+_PANGU_ULTRA_KEYS = (("attention_q_lora_dim", "q_lora_rank"), ("attention_kv_lora_dim", "kv_lora_rank"),
+                     ("attention_qk_dim", "qk_nope_head_dim"), ("attention_qk_rope_dim", "qk_rope_head_dim"),
+                     ("attention_v_dim", "v_head_dim"), ("num_routed_experts", "n_routed_experts"),
+                     ("num_shared_experts", "n_shared_experts"), ("num_dense_layers", "first_k_dense_replace"))
+
+
+def _pangu_ultra_config(config: Mapping) -> Mapping:
+    """openPangu-Ultra-MoE's own key names read as DeepSeek-V3's (its spelling wins where both are stated)."""
+    c = dict(config)
+    for own, theirs in _PANGU_ULTRA_KEYS:
+        if c.get(own) is not None:
+            c[theirs] = c[own]
+    return c
+
+
+# DeepSeek-V3's names with no selection bias; under sandwich_norm post_attention_layernorm is the
+# attention's output norm and the feed-forward reads pre_mlp_layernorm.
+PANGU_ULTRA_NAMES = _with(DEEPSEEK_NAMES, router_select_bias=None)
+PANGU_ULTRA_SANDWICH_NAMES = _with(PANGU_ULTRA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
+                                   ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+
+
+# Nemotron Puzzle: Nemotron-H's names below model. rather than backbone.
+NEMOTRON_PUZZLE_NAMES = {role: n.replace("backbone.", "model.") for role, n in NEMOTRON_H_NAMES.items()}
+
+
+def _nemotron_puzzle_config(config: Mapping) -> Mapping:
+    """Nemotron Puzzle's block_configs (one object per layer: block_type and, on moe layers,
+    num_experts_per_tok and moe_intermediate_size) as layers_block_type where that is left out and as
+    ``moe_layer_shapes`` (config.py), the first moe layer's shape standing for the model's; then
+    Nemotron-H's reading."""
+    c = dict(config)
+    blocks = c.get("block_configs")
+    if isinstance(blocks, list) and all(isinstance(b, Mapping) for b in blocks):
+        if c.get("layers_block_type") is None:
+            c["layers_block_type"] = [b.get("block_type") for b in blocks]
+        shapes = {i: {k: b.get(k) for k in ("num_experts_per_tok", "moe_intermediate_size")}
+                  for i, b in enumerate(blocks) if b.get("block_type") == "moe"}
+        if shapes:
+            c["moe_layer_shapes"] = shapes
+            first = shapes[min(shapes)]
+            for k, v in first.items():
+                if c.get(k) is None:
+                    c[k] = v
+    return _nemotron_h_config(c)
+
+
+def _nemotron_puzzle_blocks_wrong(c: Mapping) -> bool:
+    """block_configs absent, not one object per layer, or naming other kinds than layers_block_type."""
+    blocks, types = c.get("block_configs"), c.get("layers_block_type")
+    return (not isinstance(blocks, list) or not isinstance(types, list) or len(blocks) != len(types)
+            or any(not isinstance(b, Mapping) or b.get("block_type") != t for b, t in zip(blocks, types)))
+
+
+# Step3's text decoder: Step 3.5's expert layout (moe.gate_proj / up_proj / down_proj stacked per layer,
+# moe.gate, share_expert) without a selection bias, and a query bottleneck (q_proj -> inter_norm -> wq).
+STEP3_NAMES = _with(STEP3P5_NAMES, router_select_bias=None, g=None, q_up=_L + "self_attn.wq",
+                    q_inter_norm=_L + "self_attn.inter_norm")
+
+
+def _step3_routed_layers(config: Mapping) -> list | None:
+    """moe_layers_enum as a list of layer indices (a comma-separated string, as the hub configs state it,
+    or a list), every layer but the first when absent; None when an entry is not a whole number."""
+    enum, n = config.get("moe_layers_enum"), _n_layers(config)
+    if enum is None:
+        return list(range(1, n))
+    items = enum.strip().split(",") if isinstance(enum, str) else list(enum) if isinstance(enum, (list, tuple)) else None
+    if items is None:
+        return None
+    out = []
+    for x in items:
+        if isinstance(x, str) and x.strip().lstrip("-").isdigit():
+            x = int(x.strip())
+        if isinstance(x, bool) or not isinstance(x, int):
+            return None
+        out.append(x)
+    return out
+
+
+def _step3_config(config: Mapping) -> Mapping:
+    """Step3's routed layers (moe_layers_enum) as ``mlp_layer_types``."""
+    c, n = dict(config), _n_layers(config)
+    routed = _step3_routed_layers(c)
+    if c.get("mlp_layer_types") is None and routed is not None and n and all(0 <= i < n for i in routed):
+        c["mlp_layer_types"] = ["sparse" if i in routed else "dense" for i in range(n)]
+    return c
+
+
+def _step3_enum_wrong(c: Mapping) -> bool:
+    routed, n = _step3_routed_layers(c), _n_layers(c)
+    return routed is None or any(not 0 <= i < n for i in routed)
+
+
+# Ling 3.0 (bailing_hybrid): both attentions under attention.: DeepSeek's latent attention (dense output,
+# g_proj a head-wise gate) and Kimi Delta Attention with full-rank f_proj / g_proj; Ling 2.0's experts.
+_BA = _L + "attention."
+BAILING_HYBRID_NAMES = _with(
+    DEEPSEEK_NAMES, embed="model.word_embeddings", q=_BA + "q_proj", q_a=_BA + "q_a_proj",
+    q_a_norm=_BA + "q_a_layernorm", q_b=_BA + "q_b_proj", kv_a=_BA + "kv_a_proj_with_mqa",
+    kv_a_norm=_BA + "kv_a_layernorm", kv_b=_BA + "kv_b_proj", o=_BA + "dense", g=_BA + "g_proj",
+    router_select_bias=_M + "gate.expert_bias",
+    lin_q=_BA + "q_proj", lin_k=_BA + "k_proj", lin_v=_BA + "v_proj", lin_b=_BA + "b_proj",
+    lin_q_conv=_BA + "q_conv1d", lin_k_conv=_BA + "k_conv1d", lin_v_conv=_BA + "v_conv1d", lin_f=_BA + "f_proj",
+    lin_g=_BA + "g_proj", lin_dt_bias=_BA + "dt_bias", lin_a_log=_BA + "A_log", lin_norm=_BA + "o_norm",
+    lin_out=_BA + "dense")
+
+
+def _ling3(c: Mapping) -> bool:
+    """Ling 3.0 (Kimi Delta Attention): BailingMoeV3ForCausalLM, or any config stating short_conv_kernel_size."""
+    archs = c.get("architectures")
+    return (isinstance(archs, list) and "BailingMoeV3ForCausalLM" in archs) or c.get("short_conv_kernel_size") is not None
+
+
+def _group_size(c: Mapping) -> int | None:
+    g = c.get("layer_group_size", 6)
+    return g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
+
+
+def _bailing_hybrid_config(config: Mapping) -> Mapping:
+    """Ling 3.0's layer kinds (seed 002): Kimi Delta Attention on every layer that neither closes a
+    layer_group_size group nor follows the last whole group, latent attention on the others; the safe
+    gate's bound (kda_lower_bound, -5 when left out) under kda_safe_gate (on by default); the per-layer
+    SwiGLU clamp lists cut to num_hidden_layers (the rest are multi-token-prediction layers)."""
+    c, n = dict(config), _n_layers(config)
+    g = _group_size(c)
+    if _ling3(c) and c.get("layer_types") is None and g is not None:
+        whole = n // g * g
+        c["layer_types"] = ["full_attention" if (i + 1) % g == 0 or i >= whole else "linear_attention"
+                            for i in range(n)]
+    if c.get("kda_safe_gate", True):
+        bound = c.get("kda_lower_bound")
+        c["_kda_lower_bound"] = -5.0 if bound is None else bound
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        if isinstance(c.get(key), list) and n and len(c[key]) > n:
+            c[key] = c[key][:n]
+    return c
+
+
+_BAILING_HYBRID_KEYS = dict(_LATENT_KEYS, **{
+    "num_experts": ("num_experts", "num_local_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "num_experts_per_token"),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"), "n_group": ("n_group", "num_expert_group"),
+    "n_shared_experts": ("num_shared_experts", "n_shared_experts"),
+    "shared_intermediate_size": ("moe_shared_expert_intermediate_size",),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
+    "delta_k_heads": ("linear_num_heads", "num_attention_heads"),
+    "delta_v_heads": ("linear_num_heads", "num_attention_heads"),
+    "delta_k_dim": ("linear_head_dim", "head_dim"), "delta_v_dim": ("linear_head_dim", "head_dim"),
+    "delta_conv_kernel": ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+    "delta_lower_bound": ("_kda_lower_bound",), "ssm_act": ("hidden_act",)})
+_BAILING_HYBRID_REFUSALS = (
+    Refusal(lambda c: not _ling3(c), "Ling 2.5's lightning attention (a bailing_hybrid config without "
+            "short_conv_kernel_size) is not supported yet; Ling 3.0 (Kimi Delta Attention) runs"),
+    Refusal(lambda c: _group_size(c) is None, "a layer_group_size that is not a positive integer is not supported"),
+    Refusal(lambda c: c.get("no_kda_lora") is False or bool(c.get("use_kda_lora")),
+            "factored Kimi projections (no_kda_lora false, or use_kda_lora) are not supported"),
+    Refusal(flag("use_nGPT"), "use_nGPT is not supported"),
+    Refusal(flag("value_norm"), "value_norm is not supported"),
+    Refusal(flag("up_proj_norm"), "up_proj_norm is not supported"),
+    Refusal(flag("use_mla_nope"), "use_mla_nope is not supported"),
+    Refusal(_stated_other("gated_attention_proj_granularity_type", "head_wise"),
+            "a gated_attention_proj_granularity_type other than head_wise is not supported"),
+    Refusal(_stated_other("score_function", "sigmoid"), "a router score_function other than sigmoid is not supported"),
+    Refusal(_stated_other("scoring_func", "sigmoid"), "a router scoring_func other than sigmoid is not supported"),
+)
+
+
+# ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (model_type chatglm), below transformer.
+_CG = "transformer.encoder.layers.{i}."
+CHATGLM_NAMES: Mapping[str, str] = {
+    "embed": "transformer.embedding.word_embeddings", "final_norm": "transformer.encoder.final_layernorm",
+    "head": "transformer.output_layer", "attn_norm": _CG + "input_layernorm",
+    "ffn_norm": _CG + "post_attention_layernorm", "qkv": _CG + "self_attention.query_key_value",
+    "o": _CG + "self_attention.dense", "gate_up": _CG + "mlp.dense_h_to_4h", "down": _CG + "mlp.dense_4h_to_h",
+}
+# ChatGLMConfig's defaults for the switches and sizes a config.json may leave out (its remote code).
+CHATGLM_DEFAULTS: Mapping[str, Any] = {
+    "kv_channels": 128, "layernorm_epsilon": 1e-5, "rmsnorm": True, "apply_residual_connection_post_layernorm": False,
+    "post_layer_norm": True, "add_bias_linear": False, "add_qkv_bias": False, "multi_query_attention": False,
+    "multi_query_group_num": 1, "rope_ratio": 1, "original_rope": True, "seq_length": 2048,
+}
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _chatglm_config(config: Mapping) -> Mapping:
+    """ChatGLM's spellings as the keys config.py reads (seed 002): key/value heads are
+    multi_query_group_num under multi_query_attention and one per head otherwise; the first half of
+    each kv_channels-wide head rotates at base 10000 * rope_ratio (the remote code's fixed base;
+    a stated rope_theta or rope_scaling is not read by it, so not here either)."""
+    c = dict(config)
+    heads = c.get("num_attention_heads")
+    c["num_key_value_heads"] = c.get("multi_query_group_num") if c.get("multi_query_attention") else heads
+    ratio = c.get("rope_ratio", 1)
+    c.pop("rope_scaling", None)
+    c["rope_parameters"] = {"rope_type": "default",
+                            "rope_theta": 10000.0 * float(ratio) if _positive_number(ratio) else 10000.0}
+    c["partial_rotary_factor"] = 0.5
+    return c
+
+
+# ---- group WRAP (issue 16): the wrapped decoders with a Transformers implementation
+def _global_theta(config: Mapping) -> float:
+    """The model-wide rotary base: rope_parameters.rope_theta, else rope_theta, else 10000."""
+    rp = config.get("rope_parameters")
+    theta = (rp.get("rope_theta") if isinstance(rp, Mapping) else None) or config.get("rope_theta")
+    return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 10000.0
+
+
+def _muse_glimmer_config(config: Mapping) -> Mapping:
+    """Muse Glimmer's defaults as Transformers' MuseGlimmerTextConfig derives them, and its query scale.
+
+    Without ``layer_types`` / ``layer_rope_theta``, every 4th layer counted back from the last attends
+    fully and does not rotate, the others slide and rotate by rope_theta. The query's multiplier after its
+    weightless norm is ``scale_query_by`` (the native schema; divided by sqrt(head_dim) when it is at least
+    that) or ``qk_scale_factor``; with the scores' 1/sqrt(head_dim) it is written as the score scale
+    ``_muse_attn_scale`` (a factor on q is one on q.k: rotation is linear)."""
+    import math
+
+    c = dict(config)
+    n = _n_layers(c)
+    nope = [(n - 1 - i) % 4 == 0 for i in range(n)]
+    if c.get("layer_types") is None and n:
+        c["layer_types"] = ["full_attention" if f else "sliding_attention" for f in nope]
+    if c.get("layer_rope_theta") is None and n:
+        c["layer_rope_theta"] = [0 if f else _global_theta(c) for f in nope]
+    hd = c.get("head_dim")
+    if not (isinstance(hd, int) and not isinstance(hd, bool) and hd > 0):
+        heads, hidden = c.get("num_attention_heads"), c.get("hidden_size")
+        hd = hidden // heads if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 else 0
+    if hd > 0:
+        factor = c.get("scale_query_by")
+        if _number(factor):
+            factor = factor / math.sqrt(hd) if factor >= math.sqrt(hd) else factor
+        else:
+            factor = c.get("qk_scale_factor", 3.87)
+        if c.get("use_qk_norm") is False:
+            factor = 1.0
+        if _number(factor):
+            c["_muse_attn_scale"] = float(factor) / math.sqrt(hd)
+    return c
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _layer_bases_unlike_rope_theta(config: Mapping) -> bool:
+    """A layer_rope_theta with a non-zero base other than rope_theta (Transformers 5.24 rotates every
+    non-zero layer by rope_theta itself, whatever base the list gives)."""
+    thetas = config.get("layer_rope_theta")
+    return isinstance(thetas, list) and any(t and t != _global_theta(config) for t in thetas)
+
+
+MUSE_GLIMMER_NAMES = _with(GEMMA2_NAMES, g=_L + "self_attn.gate_proj")
+_MUSE_GLIMMER = FamilySpec(
+    "muse_glimmer_text", norms=_SANDWICH, names=MUSE_GLIMMER_NAMES, norm_unit_offset=True, final_norm_unit_offset=False,
+    embed_norm=True, embed_norm_affine=False, post_norm_eps_key="post_norm_eps", qk_norm="head",
+    qk_norm_affine=False, attn_multiplier_key="_muse_attn_scale", attn_gate="sigmoid", attn_gate_per_head=False,
+    layer_rope_key="layer_rope_theta", logit_scale_key="output_multiplier",
+    final_softcap_key="final_logit_softcapping", normalize=_muse_glimmer_config,
+    # llama.cpp's muse-glimmer: the converter undoes the halves rotation's row order (NORM rope), writes the
+    # query scale as the q norm's weight (k norm: ones) and the norms' offsets folded; the graph rotates the
+    # sliding layers only, by rope.freq_base, and its output norms take 1e-8 (gguf/config.py)
+    gguf_arch="muse-glimmer", gguf_qk_permuted=True, gguf_config={"logit_scale": "output_multiplier"},
+    gguf_changes={"qk_norm_affine": True, "attn_multiplier_key": None, "rope_layers": "sliding",
+                  "layer_rope_key": None},
+    config_defaults={"rms_norm_eps": 1e-5, "post_norm_eps": 1e-8, "sliding_window": 2048, "head_dim": 128,
+                     "final_logit_softcapping": 20.0, "output_multiplier": 0.19611613513818404,
+                     "qk_scale_factor": 3.87, "hidden_activation": "silu"},
+    variants=(Variant(lambda c: c.get("use_qk_norm") is False, {"qk_norm": None}),
+              Variant(lambda c: c.get("use_attn_output_gate") is False, {"attn_gate": None})),
+    refusals=(Refusal(_layer_bases_unlike_rope_theta,
+                      "a layer_rope_theta with a non-zero base other than rope_theta is not supported "
+                      "(Transformers 5.24 rotates every such layer by rope_theta)"),
+              Refusal(stated("attention_bias"), "attention_bias is not supported")))
+
+
+
+# MiniMax-M3's decoder as its hub checkpoints store it (vLLM's MiniMaxM3SparseForCausalLM layout, which
+# Transformers' minimax_m3_vl conversion mapping reads): experts one module each under block_sparse_moe,
+# the index branch beside the attention's projections.
+MINIMAX_M3_NAMES = _with(LLAMA_NAMES, router=_SM + "gate", router_select_bias=_SM + "e_score_correction_bias",
+                         exp_gate=_SM + "experts.{e}.w1.weight", exp_up=_SM + "experts.{e}.w3.weight",
+                         exp_down=_SM + "experts.{e}.w2.weight", shexp_gate=_SM + "shared_experts.gate_proj",
+                         shexp_up=_SM + "shared_experts.up_proj", shexp_down=_SM + "shared_experts.down_proj",
+                         index_q=_L + "self_attn.index_q_proj", index_k=_L + "self_attn.index_k_proj",
+                         index_q_norm=_L + "self_attn.index_q_norm", index_k_norm=_L + "self_attn.index_k_norm")
+# sparse_attention_config's spellings -> the flat keys Transformers' MiniMaxM3VLTextConfig reads (they win).
+_M3_SPARSE_KEYS = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_index_dim",
+                   "index_block_size": "sparse_block_size", "index_topk_blocks": "sparse_topk_blocks",
+                   "index_local_blocks": "sparse_local_block"}
+_M3_LAYER_TYPES = ("full_attention", "minimax_m3_sparse")
+
+
+def _m3_sparse(config: Mapping) -> Mapping:
+    sparse = config.get("sparse_attention_config")
+    return sparse if isinstance(sparse, Mapping) else {}
+
+
+def _minimax_m3_config(config: Mapping) -> Mapping:
+    """MiniMax-M3's decoder as Transformers' MiniMaxM3VLTextConfig reads it: the index branch's sizes from
+    ``sparse_attention_config``, ``layer_types`` from its ``sparse_attention_freq`` (else every layer dense
+    attention), ``mlp_layer_types`` from ``moe_layer_freq`` (else every layer routed), a
+    ``rope_parameters.partial_rotary_factor`` read as the rotated share. The sparse layers are written as
+    ``_block_sparse_layers`` (their attention as ``full_attention``); swigluoai is the experts' own unit
+    (the ``oai`` gated unit), read with silu as the activation."""
+    c = dict(config)
+    sparse = _m3_sparse(c)
+    for flat, legacy in _M3_SPARSE_KEYS.items():
+        if legacy in sparse:
+            c[flat] = sparse[legacy]
+    n = _n_layers(c)
+    types = c.get("layer_types")
+    if types is None and isinstance(sparse.get("sparse_attention_freq"), list):
+        types = ["minimax_m3_sparse" if f else "full_attention" for f in sparse["sparse_attention_freq"]]
+    if types is None:
+        types = ["full_attention"] * n
+    c["_m3_layer_types"] = types
+    if isinstance(types, list):
+        c["_block_sparse_layers"] = [t == "minimax_m3_sparse" for t in types]
+        c["layer_types"] = ["full_attention"] * len(types)
+    if c.get("mlp_layer_types") is None:
+        freq = c.get("moe_layer_freq")
+        c["mlp_layer_types"] = (["sparse" if f else "dense" for f in freq] if isinstance(freq, list)
+                                else ["sparse"] * n)
+    rp = c.get("rope_parameters")
+    if isinstance(rp, Mapping) and rp.get("partial_rotary_factor") is not None:
+        c.setdefault("partial_rotary_factor", rp["partial_rotary_factor"])
+    c["_m3_hidden_act"] = c.get("hidden_act")
+    c["hidden_act"] = "silu"
+    return c
+
+
+def _m3_index_value_enabled(config: Mapping) -> bool:
+    """sparse_disable_index_value 0 (or a list with 0) on a layer that runs sparse attention."""
+    v = _m3_sparse(config).get("sparse_disable_index_value", config.get("sparse_disable_index_value"))
+    flags = config.get("_block_sparse_layers") or []
+    if isinstance(v, list):
+        return any(on and not d for on, d in zip(flags, v))
+    return v is not None and not v and any(flags)
+
+
+def _m3_index_too_narrow(config: Mapping) -> bool:
+    """An index head narrower than the rotated share of a head (Transformers would rotate it by a table cut
+    short mid-way)."""
+    d, hd, p = config.get("index_head_dim"), config.get("head_dim"), config.get("partial_rotary_factor") or 1.0
+    return (any(config.get("_block_sparse_layers") or []) and _number(d) and _number(hd) and _number(p)
+            and d < int(hd * p))
+
+
+def _m3_refusal(key: str, why: str, bad: Callable[[Any], bool]) -> Refusal:
+    """Refused when ``key`` (top-level, else in sparse_attention_config) is stated with a value ``bad`` holds for."""
+    def when(config: Mapping) -> bool:
+        v = config.get(key, _m3_sparse(config).get(key))
+        return v is not None and bad(v)
+    return Refusal(when, why)
+
+
+_MINIMAX_M3 = FamilySpec(
+    "minimax_m3_vl_text", names=MINIMAX_M3_NAMES, norm_unit_offset=True, qk_norm="head", moe=True,
+    block_sparse=True, ffn_glu="oai", normalize=_minimax_m3_config,
+    keys={"intermediate_size": ("dense_intermediate_size",), "moe_intermediate_size": ("intermediate_size",),
+          "n_shared_experts": ()},
+    fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
+    moe_fields={"select_bias": True, "glu": "oai"},
+    config_defaults={"rms_norm_eps": 1e-6, "head_dim": 128, "rope_theta": 5000000.0, "intermediate_size": 3072,
+                     "dense_intermediate_size": 12288, "shared_intermediate_size": 3072,
+                     "routed_scaling_factor": 2.0, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+                     "num_local_experts": 128, "num_experts_per_tok": 4, "index_n_heads": 4, "index_head_dim": 128,
+                     "index_block_size": 128, "index_topk_blocks": 16, "index_local_blocks": 1},
+    refusals=(
+        Refusal(lambda c: c.get("_m3_hidden_act") not in (None, "swigluoai", "silu"),
+                "a hidden_act other than swigluoai is not supported"),
+        Refusal(lambda c: not isinstance(c.get("_m3_layer_types"), list)
+                or any(t not in _M3_LAYER_TYPES for t in c["_m3_layer_types"]),
+                "layer_types other than full_attention and minimax_m3_sparse are not supported"),
+        _m3_refusal("attention_output_gate", "attention_output_gate is not supported", bool),
+        _m3_refusal("use_gemma_norm", "use_gemma_norm false is not supported", lambda v: v is False),
+        _m3_refusal("use_qk_norm", "use_qk_norm false is not supported", lambda v: v is False),
+        _m3_refusal("qk_norm_type", "a qk_norm_type other than per_head is not supported", lambda v: v != "per_head"),
+        _m3_refusal("scoring_func", "a scoring_func other than sigmoid is not supported", lambda v: v != "sigmoid"),
+        _m3_refusal("sparse_score_type", "a sparse_score_type other than max is not supported", lambda v: v != "max"),
+        _m3_refusal("sparse_init_block", "leading sparse_init_block blocks are not supported", bool),
+        _m3_refusal("n_shared_experts", "n_shared_experts other than 1 is not supported (Transformers runs one "
+                    "shared expert of shared_intermediate_size)", lambda v: v != 1),
+        Refusal(_m3_index_value_enabled, "an enabled index value branch (sparse_disable_index_value 0 on a sparse "
+                "layer) is not supported"),
+        Refusal(lambda c: any(c.get("_block_sparse_layers") or [])
+                and c.get("index_n_heads") != c.get("num_key_value_heads"),
+                "index heads other than one per key-value head (index_n_heads / sparse_num_index_heads) are not "
+                "supported"),
+        Refusal(_m3_index_too_narrow, "an index head narrower than the rotated share of a head is not supported")))
+
+
+
+# Inkling as Thinking Machines stores it below model.llm (Transformers' inkling_mm_model conversion mapping
+# reads these names): attn.w*_*, the short convolutions' weights [channels, 1, taps], dense gate and up rows
+# interleaved in w13_dn, stacked experts (gate and up rows interleaved per expert) and shared experts.
+_K = "model.llm.layers.{i}."
+INKLING_NAMES: Mapping[str, str] = {
+    "embed": "model.llm.embed", "embed_norm": "model.llm.embed_norm", "final_norm": "model.llm.norm",
+    "head": "model.llm.unembed", "attn_norm": _K + "attn_norm", "ffn_norm": _K + "mlp_norm",
+    "q": _K + "attn.wq_du", "k": _K + "attn.wk_dv", "v": _K + "attn.wv_dv", "o": _K + "attn.wo_ud",
+    "rel_r": _K + "attn.wr_du", "rel_profiles": _K + "attn.rel_logits_proj.proj", "q_norm": _K + "attn.q_norm",
+    "k_norm": _K + "attn.k_norm", "k_conv": _K + "attn.k_sconv", "v_conv": _K + "attn.v_sconv",
+    "attn_out_conv": _K + "attn_sconv", "ffn_out_conv": _K + "mlp_sconv",
+    "gate_up": _K + "mlp.w13_dn", "down": _K + "mlp.w2_md", "ffn_scale": _K + "mlp.global_scale",
+    "router": _K + "mlp.gate", "router_select_bias": _K + "mlp.gate.bias", "router_scale": _K + "mlp.gate.global_scale",
+    "exp_gate_up": _K + "mlp.experts.w13_weight", "exp_down": _K + "mlp.experts.w2_weight",
+    "sink_gate_up": _K + "mlp.shared_experts.shared_w13_weight", "sink_down": _K + "mlp.shared_experts.shared_w2_weight",
+}
+
+
+def _inkling_config(config: Mapping) -> Mapping:
+    """Inkling's config as Transformers' InklingTextConfig reads it: ``layer_types`` from ``local_layer_ids``
+    (else every layer but each 6th slides), written as sliding_attention / full_attention with the sliding
+    layers' swa_* head shapes in ``per_layer_config`` and their window as ``sliding_window``;
+    ``mlp_layer_types`` from ``dense_mlp_idx`` (the layers before it dense, else every layer routed);
+    Thinking Machines' ``dense_intermediate_size`` (the dense width; ``intermediate_size`` is then the
+    experts') and ``sconv_kernel_size``."""
+    c = dict(config)
+    n = _n_layers(c)
+    if c.get("dense_intermediate_size") is not None:
+        c["moe_intermediate_size"] = c.get("intermediate_size")
+        c["intermediate_size"] = c["dense_intermediate_size"]
+    if c.get("sconv_kernel_size") is not None:
+        c["conv_kernel_size"] = c["sconv_kernel_size"]
+    types = c.get("layer_types")
+    if types is None:
+        local = c.get("local_layer_ids")
+        local = set(local) if isinstance(local, list) else {i for i in range(n) if (i + 1) % 6}
+        types = ["hybrid_sliding" if i in local else "hybrid" for i in range(n)]
+    c["_inkling_layer_types"] = types
+    if isinstance(types, list):
+        c["layer_types"] = ["sliding_attention" if t == "hybrid_sliding" else "full_attention" for t in types]
+        swa = {k: c.get(f"swa_{k}") for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+        swa = {k: v for k, v in swa.items() if v is not None}
+        if swa:
+            c["per_layer_config"] = {str(i): swa for i, t in enumerate(types) if t == "hybrid_sliding"}
+    if c.get("sliding_window_size") is not None:
+        c["sliding_window"] = c["sliding_window_size"]
+    if c.get("mlp_layer_types") is None:
+        first = c.get("dense_mlp_idx", 0)
+        first = first if isinstance(first, int) and not isinstance(first, bool) else 0
+        c["mlp_layer_types"] = ["dense" if i < first else "sparse" for i in range(n)]
+    return c
+
+
+_INKLING = FamilySpec(
+    "inkling_text", names=INKLING_NAMES, positions="none", qk_norm="head", embed_norm=True, relative=True,
+    gate_up_interleaved=True, moe=True, expert_gate_up_interleaved=True, logit_scale_key="logits_mup_width_multiplier",
+    logit_scale_divides=True, adapters="none", normalize=_inkling_config,
+    keys={"num_experts": ("n_routed_experts",), "routed_scaling_factor": ("route_scale",), "n_shared_experts": (),
+          "shared_intermediate_size": (), "router_sink": ("n_shared_experts",),
+          "logits_kept": ("unpadded_vocab_size",)},
+    fixed={"scoring_func": "sigmoid"},
+    moe_fields={"select_bias": True},
+    config_defaults={"rms_norm_eps": 1e-6, "head_dim": 128, "swa_num_attention_heads": 64,
+                     "swa_num_key_value_heads": 16, "swa_head_dim": 128, "sliding_window_size": 512, "d_rel": 16,
+                     "rel_extent": 1024, "log_scaling_alpha": 0.1, "conv_kernel_size": 4, "intermediate_size": 24576,
+                     "moe_intermediate_size": 3072, "n_routed_experts": 256, "num_experts_per_tok": 6,
+                     "n_shared_experts": 2, "route_scale": 8.0, "logits_mup_width_multiplier": 24.0},
+    refusals=(Refusal(lambda c: not isinstance(c.get("_inkling_layer_types"), list)
+                      or any(t not in ("hybrid", "hybrid_sliding") for t in c["_inkling_layer_types"]),
+                      "layer_types other than hybrid and hybrid_sliding are not supported"),
+              Refusal(lambda c: c.get("shared_expert_sink") is False,
+                      "shared_expert_sink false is not supported (Transformers' router always scores the shared "
+                      "experts)"),
+              Refusal(lambda c: not (isinstance(c.get("n_shared_experts", 2), int) and c.get("n_shared_experts", 2) >= 1),
+                      "n_shared_experts below 1 is not supported")))
+
+
 FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
@@ -2838,6 +3347,91 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group R2 (issue 16; issue 15 for bailing_hybrid), tests/test_parity_remote_c.py
+        # openPangu-Ultra-MoE: DeepSeek-V3's latent attention (adjacent pairs) under its own key names, a
+        # sigmoid router without selection bias or groups (renormalised, norm_topk_prob true by default,
+        # times routed_scaling_factor), sandwich norms under sandwich_norm.
+        FamilySpec("pangu_ultra_moe", keys=_LATENT_KEYS, normalize=_pangu_ultra_config, unconfirmed=True,
+                   **dict(_V3_LATENT, names=PANGU_ULTRA_NAMES,
+                          fixed={"scoring_func": "sigmoid", "topk_method": "greedy"},
+                          variants=(Variant(flag("sandwich_norm"), {"norms": _SANDWICH,
+                                                                    "names": PANGU_ULTRA_SANDWICH_NAMES}),)),
+                   config_defaults={"norm_topk_prob": True}),
+        # Step3's text decoder (also from the text_config of a step3_vl checkpoint, its text weights at the
+        # root: WRAPPERS): a query bottleneck (q_proj to share_q_dim, inter_norm, wq), num_attention_groups
+        # key/value heads, softmax-routed experts on the moe_layers_enum layers (renormalised under
+        # norm_expert_weight) beside a shared expert share_expert_dim wide.
+        FamilySpec("step3_text", moe=True, names=STEP3_NAMES, normalize=_step3_config, unconfirmed=True,
+                   query_bottleneck_key="share_q_dim",
+                   unread=("vision_model.", "vit_downsampler", "vit_large_projector"),
+                   keys={"num_key_value_heads": ("num_attention_groups",),
+                         "max_position_embeddings": ("max_position_embedding", "max_seq_len",
+                                                     "max_position_embeddings"),
+                         "num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_top_k",),
+                         "shared_intermediate_size": ("share_expert_dim",), "norm_topk_prob": ("norm_expert_weight",),
+                         "n_shared_experts": ()},
+                   fixed={"scoring_func": "softmax", "topk_method": "greedy"},
+                   config_defaults={"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "norm_expert_weight": False,
+                                    "num_attention_groups": 1, "head_dim": 256},
+                   refusals=(Refusal(lambda c: c.get("share_q_dim") is None,
+                                     "a config without share_q_dim (the query bottleneck's width) is not supported"),
+                             Refusal(_step3_enum_wrong, "a moe_layers_enum entry that names no layer (whole numbers "
+                                     "from 0 to num_hidden_layers - 1) is not supported"))),
+        # Ling 3.0 (bailing_hybrid, Transformers' BailingHybrid): Kimi Delta Attention (full-rank f_proj and
+        # g_proj, the safe gate) and head-gated latent attention by layer_group_size, Ling 2.0's router and
+        # experts, Step 3.5's per-layer clamps. Ling 2.5 (lightning attention) is refused until it is tested.
+        FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES,
+                                            moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
+                   keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
+                   attn_gate="sigmoid", attn_gate_per_head=True,
+                   expert_limit_keys=("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"),
+                   # Transformers' BailingHybridConfig defaults (fields with two spellings: under defaults)
+                   config_defaults={"kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+                                    "qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 128, "topk_group": 4,
+                                    "routed_scaling_factor": 2.5, "first_k_dense_replace": 2, "rms_norm_eps": 1e-6,
+                                    "rope_theta": 6_000_000.0, "intermediate_size": 6144},
+                   defaults={"max_position_embeddings": 262144},
+                   moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                                 "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
+                   refusals=_BAILING_HYBRID_REFUSALS),
+        # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (tests/test_chatglm.py). GLM's block
+        # (fused gate/up with gate rows first, the first half of each head rotated by adjacent pairs) below
+        # transformer.; query, key and value in one query_key_value, all queries then the groups' keys and
+        # values under multi_query_attention, each head's query, key and value in turn otherwise (its
+        # remote code views the rows as [heads, 3 * kv_channels]). Biases are read as stored (add_qkv_bias,
+        # add_bias_linear).
+        FamilySpec("chatglm", names=CHATGLM_NAMES, fused_qkv="concat", rope_interleaved=True, unconfirmed=True,
+                   normalize=_chatglm_config, config_defaults=CHATGLM_DEFAULTS,
+                   keys={"vocab_size": ("padded_vocab_size", "vocab_size"), "intermediate_size": ("ffn_hidden_size",),
+                         "num_hidden_layers": ("num_layers",), "head_dim": ("kv_channels",),
+                         "norm_eps": ("layernorm_epsilon",), "max_position_embeddings": ("seq_length",),
+                         "act": ()},
+                   variants=(Variant(unset("rmsnorm"), {"norm": "layer"}),
+                             Variant(unset("original_rope"), {"rope_interleaved": False}),
+                             Variant(unset("multi_query_attention", False), {"fused_qkv": "grouped"})),
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "a residual taken after the norm (apply_residual_connection_post_layernorm) "
+                                     "is not supported"),
+                             Refusal(unset("post_layer_norm"),
+                                     "a model without its final norm (post_layer_norm: false) is not supported"),
+                             Refusal(lambda c: c.get("position_encoding_2d") is not None
+                                     or c.get("inner_hidden_size") is not None,
+                                     "the first ChatGLM-6B's block (2D positions, position_encoding_2d / "
+                                     "inner_hidden_size) is not supported; ster runs ChatGLM2, ChatGLM3 and GLM-4"),
+                             Refusal(lambda c: not _positive_number(c.get("rope_ratio", 1)),
+                                     "a rope_ratio that is not a positive number is not supported"),
+                             Refusal(lambda c: bool(c.get("multi_query_attention")) and (
+                                 isinstance(c.get("multi_query_group_num"), bool)
+                                 or not isinstance(c.get("multi_query_group_num"), int)
+                                 or c.get("multi_query_group_num") <= 0),
+                                     "multi_query_attention without a positive integer multi_query_group_num "
+                                     "is not supported"))),
+        # ---- group WRAP (issue 16): Muse Glimmer (also below model.language_model of muse_glimmer: WRAPPERS)
+        _MUSE_GLIMMER,
+        # ---- group WRAP: MiniMax-M3's decoder (also below language_model. of minimax_m3_vl: WRAPPERS)
+        _MINIMAX_M3,
+        # ---- group WRAP: Inkling's decoder (below model.llm, also of inkling_mm_model: WRAPPERS)
+        _INKLING,
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -2845,6 +3439,24 @@ FAMILIES: dict[str, FamilySpec] = {
 # Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
 for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
     FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
+# group R2 (issue 16): LongCat-Flash-Lite is LongCat-Flash with hashed n-gram embeddings beside the token
+# embedding (decoder/ngram.py), its tables and projections below model.ngram_embeddings.
+FAMILIES["longcat_flash_ngram"] = replace(
+    FAMILIES["longcat_flash"], model_type="longcat_flash_ngram", unconfirmed=True, ngram=True,
+    names=_with(FAMILIES["longcat_flash"].names,
+                embed=("model.ngram_embeddings.word_embeddings", "model.embed_tokens"),
+                ngram_table="model.ngram_embeddings.embedders.{k}", ngram_proj="model.ngram_embeddings.post_projs.{k}"),
+    config_defaults={**FAMILIES["longcat_flash"].config_defaults, "emb_neighbor_num": 4, "emb_split_num": 4,
+                     "ngram_vocab_size_ratio": 78})
+# group R2 (issue 16): Nemotron Puzzle is Nemotron-H below model., its layers in layers_block_type (mamba,
+# attention, mlp, moe) and each moe layer's top-k and expert width in block_configs (config.py gives those
+# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe; not read from GGUF here yet.
+FAMILIES["nemotron_h_puzzle"] = replace(
+    FAMILIES["nemotron_h"], model_type="nemotron_h_puzzle", names=NEMOTRON_PUZZLE_NAMES, unconfirmed=True,
+    normalize=_nemotron_puzzle_config, gguf_arch=None,
+    refusals=FAMILIES["nemotron_h"].refusals + (
+        Refusal(_nemotron_puzzle_blocks_wrong, "a block_configs that does not list one object per layer, each "
+                "with the block_type layers_block_type gives that layer, is not supported"),))
 
 FAMILIES_BY_GGUF_ARCH: dict[str, FamilySpec] = {}
 for _f in FAMILIES.values():
@@ -2862,11 +3474,19 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "gemma4_unified": ("gemma4_unified_text", "model.language_model."),
                                            # group SSM-B2: Qwen3.5's decoders sit below model.language_model
                                            "qwen3_5": ("qwen3_5_text", "model.language_model."),
-                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.")}
+                                           "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model."),
+                                           # group WRAP: Muse Glimmer's decoder, its head at the root
+                                           "muse_glimmer": ("muse_glimmer_text", "model.language_model."),
+                                           "minimax_m3_vl": ("minimax_m3_vl_text", "language_model."),
+                                           "inkling_mm_model": ("inkling_text", "model.llm."),
+                                           # group R2: Step3-VL keeps its text decoder's weights at the root
+                                           "step3_vl": ("step3_text", "")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.
-WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model."}
+WRAPPER_STEMS: Mapping[str, str] = {"model.language_model.": "model.",
+                                    # Inkling's decoder names already sit below model.llm (its own layout)
+                                    "model.llm.": "model.llm."}
 # What a text_config may leave to the wrapper's config (architectures: what the checkpoint says it is).
 _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantization_config", "architectures")
 
@@ -2874,12 +3494,17 @@ _FROM_WRAPPER = ("eos_token_id", "bos_token_id", "tie_word_embeddings", "quantiz
 # model_type values of remote-code configs that name another family's architecture: read as that family
 # (Kimi-K2's config.json says kimi_k2 for DeepseekV3ForCausalLM, as Transformers' Kimi-K2.5 reads it).
 MODEL_TYPE_ALIASES: Mapping[str, str] = {"kimi_k2": "deepseek_v3"}
+# Configs that leave model_type out and name an architecture ster reads as a family: MiniMax-M3's decoder as
+# vLLM's MiniMaxM3SparseForCausalLM (group WRAP), LongCat-Flash-Lite's (group R2).
+ARCHITECTURE_MODEL_TYPES: Mapping[str, str] = {"MiniMaxM3SparseForCausalLM": "minimax_m3_vl_text",
+                                               "LongcatFlashNgramForCausalLM": "longcat_flash_ngram"}
 
 
 def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | None]:
     """A wrapper config's text decoder: (its config, the prefix of its tensors); (config, None) otherwise.
 
-    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for.
+    A ``model_type`` listed in ``MODEL_TYPE_ALIASES`` is read as the family it stands for; a config without
+    one that names an architecture ``ARCHITECTURE_MODEL_TYPES`` lists, as that architecture's family.
 
     The decoder's config is the wrapper's ``text_config``, with ``eos_token_id``, ``bos_token_id``,
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
@@ -2889,6 +3514,12 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
         SterError: a wrapper config without a ``text_config`` object.
     """
     wrapper = config.get("model_type")
+    if "model_type" not in config:  # a config naming only its architecture (vLLM's spelling)
+        arch = config.get("architectures")
+        named = [ARCHITECTURE_MODEL_TYPES[a] for a in arch if a in ARCHITECTURE_MODEL_TYPES] \
+            if isinstance(arch, list) and all(isinstance(a, str) for a in arch) else []
+        if named:
+            return {**config, "model_type": named[0]}, None
     if isinstance(wrapper, str) and wrapper in MODEL_TYPE_ALIASES:
         return {**config, "model_type": MODEL_TYPE_ALIASES[wrapper]}, None
     if not isinstance(wrapper, str) or wrapper not in WRAPPERS:

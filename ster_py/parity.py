@@ -144,6 +144,13 @@ def _text_model_reference(root, model_type: str, torch, attn: str):
     return model
 
 
+# Decoders Transformers runs only inside their multimodal wrapper (group WRAP: checked against those
+# wrappers in tests/test_parity_wrapped.py): the wrapper class each needs.
+WRAPPED_REFERENCES = {"muse_glimmer_text": "MuseGlimmerForConditionalGeneration",
+                      "minimax_m3_vl_text": "MiniMaxM3VLForConditionalGeneration",
+                      "inkling_text": "InklingForConditionalGeneration"}
+
+
 def transformers_reference(resolved) -> Reference:
     """A reference that runs Transformers on the model ``resolved`` describes.
 
@@ -169,6 +176,10 @@ def transformers_reference(resolved) -> Reference:
                         f"{model_type!r} to compare against (its modelling code lives in the model's Hub "
                         "repository, which ster does not run); compare a GGUF of the model with "
                         "--reference llama.cpp instead")
+    if resolved.gguf_file is None and model_type in WRAPPED_REFERENCES:
+        raise SterError(f"`ster parity --reference transformers` does not load model_type {model_type!r} yet: "
+                        f"Transformers runs it only inside {WRAPPED_REFERENCES[model_type]}, in a tensor layout "
+                        "its causal-LM class does not read; no reference is available for it here")
     kwargs = dict(dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION.get(model_type, "eager"))
     if resolved.gguf_file is not None:
         try:

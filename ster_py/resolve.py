@@ -27,6 +27,8 @@ Progress = Callable[[str, int, "int | None"], None]
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
+#: tiktoken rank files read when there is no tokenizer.json (tokenizer.rank_file_of says under which class).
+RANK_FILE_NAMES = ("tokenizer.model", "tiktoken.model")
 # Small files that travel with the tokenizer and config when a repository has them:
 # chat template, special tokens and generation defaults are read from them later.
 # The index is fetched so that a cache-only (offline) resolution can tell a
@@ -244,10 +246,18 @@ def _is_weight_name(name: str) -> bool:
 def _require_tokenizer(root: Path, names: list[str]) -> Path:
     if TOKENIZER in names:
         return root / TOKENIZER
+    from .tokenizer import rank_file_of, tokenizer_class_of
+
+    ranks = rank_file_of(root)  # GLM-4's / Kimi's tiktoken ranks under the tokenizer class that reads them
+    if ranks is not None:
+        return ranks
     found = [n for n in ("tokenizer.model", "tokenizer.jsonl", "tiktoken.model", "vocab.json") if n in names]
+    named = tokenizer_class_of(root) if found else None
+    named = f", under tokenizer_class {named[:80]!r}" if named else ""
     hint = (
-        f" (found {', '.join(found)}; only a tokenizers-library tokenizer.json is read: use a checkpoint "
-        "that ships tokenizer.json, or save one with the tokenizers or transformers library)"
+        f" (found {', '.join(found)}{named}; only a tokenizers-library tokenizer.json is read, or a tiktoken "
+        "tokenizer.model / tiktoken.model that tokenizer_config.json names ChatGLM4Tokenizer / TikTokenTokenizer: "
+        "use a checkpoint that ships tokenizer.json, or save one with the tokenizers or transformers library)"
         if found
         else ""
     )
@@ -374,16 +384,21 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
         if "params.json" in sizes:
             raise _mistral_format(f"model {model} at revision {sha}")
         raise SterError(f"model config is missing: {model} publishes no config.json at revision {sha}")
-    if TOKENIZER not in sizes:
+    # without tokenizer.json, a tiktoken rank file read under its tokenizer_config.json's class (checked below)
+    tok_name = TOKENIZER if TOKENIZER in sizes else next(
+        (n for n in RANK_FILE_NAMES if n in sizes and "tokenizer_config.json" in sizes), None)
+    if tok_name is None:
         raise SterError(f"tokenizer is missing: {model} publishes no tokenizer.json at revision {sha}")
 
-    small = [CONFIG, TOKENIZER] + [n for n in SIDE_FILES if n in sizes]
+    small = [CONFIG, tok_name] + [n for n in SIDE_FILES if n in sizes]
     # config.json is fetched at the user's revision, not the SHA: that is how
     # huggingface_hub records "revision -> commit" in the cache, which a later
     # HF_HUB_OFFLINE run needs to find the snapshot. Its snapshot folder names the
     # commit it came from; the other files are fetched at the SHA itself.
     paths = _download(hub, model, sha, small, sizes, progress, "config", first_at=rev)
-    config_path, tokenizer_path = paths[CONFIG], paths[TOKENIZER]
+    config_path, tokenizer_path = paths[CONFIG], paths[tok_name]
+    if tok_name != TOKENIZER:
+        tokenizer_path = _require_tokenizer(tokenizer_path.parent, [tok_name])
     sha = sha or config_path.parent.name  # model_info always states it; the snapshot folder names it too
     if config_path.parent.name != sha:
         raise SterError(
@@ -531,16 +546,18 @@ def _resolve_cache(model: str, rev: str, with_weights: bool = True) -> Resolved:
         ) from None
     root = config_path.parent  # snapshots/<commit sha>
     names = _list_dir(root)
-    if TOKENIZER not in names:
-        raise SterError(f"tokenizer is missing: {root / TOKENIZER} ({where} lacks it; {todo})")
+    try:
+        tokenizer_path = _require_tokenizer(root, names)
+    except SterError:
+        raise SterError(f"tokenizer is missing: {root / TOKENIZER} ({where} lacks it; {todo})") from None
     config = read_config(config_path)
     config, family = _gate(config, config_path)
     if not with_weights:
-        return Resolved(model, "safetensors", root, config, config_path, root / TOKENIZER, (), None, root.name, family)
+        return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, (), None, root.name, family)
     weights = _safetensors_in(root, names)
     if not weights:
         raise SterError(
             f"model {model} has no safetensors weights in the local cache at {root}: {where} lacks them; {todo}"
         )
     _check_index(root, names)
-    return Resolved(model, "safetensors", root, config, config_path, root / TOKENIZER, weights, None, root.name, family)
+    return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, weights, None, root.name, family)

@@ -70,9 +70,34 @@ class SteeringVector:
                 "metadata": self.metadata}
 
 
-def write_vector(vec: SteeringVector, path: str | Path) -> Path:
-    """Write ``vec`` as JSON at ``path`` atomically (temporary file, then rename)."""
+def check_vector_output(path: str | Path) -> None:
+    """Refuse an output that would overwrite anything but an earlier steering vector.
+
+    Raises:
+        SterError: ``path`` is a directory, or an existing file that is not a steering vector
+            (a capture sidecar, prompts, an adapter, anything else).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise SterError(f"--output {path} is a directory; give the steering vector's file name (NAME.json)")
+    if path.exists():
+        try:
+            doc = read_json(path, "steering vector")
+        except SterError:
+            doc = None
+        if not (isinstance(doc, dict) and sniff(doc, path) == "steering"):
+            raise SterError(f"--output {path} exists and is not a steering vector; choose another --output name "
+                            "or move that file")
+
+
+def write_vector(vec: SteeringVector, path: str | Path) -> Path:
+    """Write ``vec`` as JSON at ``path`` atomically (temporary file, then rename).
+
+    An earlier steering vector at ``path`` is replaced; anything else is refused
+    (:func:`check_vector_output`).
+    """
+    path = Path(path)
+    check_vector_output(path)
     with atomic_outputs(path) as (tmp,):
         tmp.write_text(json.dumps(vec.to_json(), ensure_ascii=False) + "\n", encoding="utf-8")
     return path

@@ -164,6 +164,10 @@ class Tokenizer:
         - generation_config.json and config.json (``eos_token_id``, int or list,
           also ``text_config.eos_token_id``): end-of-generation ids.
 
+        Without tokenizer.json, a tiktoken rank file is read (``rank_file_of``: GLM-4's
+        tokenizer.model under ChatGLM4Tokenizer, Kimi's tiktoken.model under TikTokenTokenizer;
+        ``tiktoken_bpe.from_rank_file``), with the same side files.
+
         BOS/EOS addition follows tokenizer.json's post-processor:
         tokenizer_config.json's ``add_bos_token``/``add_eos_token`` are ignored
         when tokenizer.json exists, as transformers 5 does
@@ -174,26 +178,34 @@ class Tokenizer:
 
         Raises:
             SterError: "failed to load tokenizer <PATH>: <DETAIL>" when
-                tokenizer.json is missing or unreadable, or a JSON file beside it
-                is malformed.
+                tokenizer.json (or the rank file) is missing, unreadable or invalid, or
+                a JSON file beside it is malformed.
         """
         path = Path(path)
         directory = path.parent if path.is_file() else path
         tokenizer_file = path if path.is_file() else directory / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise SterError(
-                f"failed to load tokenizer {tokenizer_file}: file not found. "
-                "The model directory needs a tokenizer.json (the Hugging Face fast-tokenizer file)."
-            )
-        _check_regular_file(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, "tokenizer")
-        _check_precompiled_maps(tokenizer_file)
-        failed = (f"failed to load tokenizer {tokenizer_file}", "The file is not a tokenizer.json the tokenizers "
-                  "library can read; re-download or re-export it.")
-        tk = _guarded(lambda: tokenizers.Tokenizer.from_file(str(tokenizer_file)), *failed)
-        _check_text_growth(tk, tokenizer_file)
-
         config_file = directory / "tokenizer_config.json"
-        config = _read_json_object(config_file)
+        rank_file = None if tokenizer_file.is_file() else rank_file_of(directory)
+        if rank_file is not None:  # GLM-4's or Kimi's tiktoken ranks (tiktoken_bpe.py)
+            from .tiktoken_bpe import from_rank_file
+
+            config = _read_json_object(config_file)
+            tk = from_rank_file(rank_file, config.get("tokenizer_class"), config, config_file)
+            tokenizer_file = rank_file
+            failed = (f"failed to load tokenizer {rank_file}", "re-download its tokenizer_config.json.")
+        else:
+            if not tokenizer_file.is_file():
+                raise SterError(
+                    f"failed to load tokenizer {tokenizer_file}: file not found. "
+                    "The model directory needs a tokenizer.json (the Hugging Face fast-tokenizer file)."
+                )
+            _check_regular_file(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, "tokenizer")
+            _check_precompiled_maps(tokenizer_file)
+            failed = (f"failed to load tokenizer {tokenizer_file}", "The file is not a tokenizer.json the "
+                      "tokenizers library can read; re-download or re-export it.")
+            tk = _guarded(lambda: tokenizers.Tokenizer.from_file(str(tokenizer_file)), *failed)
+            _check_text_growth(tk, tokenizer_file)
+            config = _read_json_object(config_file)
         named: dict[str, Any] = {k: config[k] for k in _NAMED_SPECIAL_TOKENS if config.get(k) is not None}
         if "added_tokens_decoder" not in config:
             legacy_file = directory / "special_tokens_map.json"
@@ -589,6 +601,38 @@ def _check_text_growth(tk: Any, tokenizer_file: Path) -> None:
             raise SterError(f"failed to load tokenizer {tokenizer_file}: its {part}'s Replace steps can make a "
                             f"text {growth:.3g} times longer; real tokenizers do not lengthen text (ster refuses "
                             f"over {MAX_TEXT_GROWTH}x). The file is corrupt or crafted; re-download it")
+
+
+#: Rank files read when a checkpoint has no tokenizer.json: file -> the tokenizer class
+#: tokenizer_config.json must name (seed 002, "Local directory").
+RANK_FILES = {"tokenizer.model": "ChatGLM4Tokenizer", "tiktoken.model": "TikTokenTokenizer"}
+
+
+def rank_file_of(directory: Path) -> Path | None:
+    """The tiktoken rank file a directory without tokenizer.json is read from, or None.
+
+    ``tokenizer.model`` when tokenizer_config.json names ``ChatGLM4Tokenizer``, ``tiktoken.model`` when it
+    names ``TikTokenTokenizer``; None when neither holds (any other tokenizer.model, e.g. SentencePiece's,
+    is not read).
+
+    Raises:
+        SterError: tokenizer_config.json is unreadable or not a JSON object.
+    """
+    named = tokenizer_class_of(directory)
+    for name, cls in RANK_FILES.items():
+        if named == cls and (directory / name).exists():
+            return directory / name
+    return None
+
+
+def tokenizer_class_of(directory: Path) -> str | None:
+    """tokenizer_config.json's ``tokenizer_class`` (None when absent or not a string).
+
+    Raises:
+        SterError: tokenizer_config.json is unreadable or not a JSON object.
+    """
+    named = _read_json_object(directory / "tokenizer_config.json").get("tokenizer_class")
+    return named if isinstance(named, str) else None
 
 
 def _read_json(path: Path) -> Any:

@@ -176,7 +176,13 @@ def test_families_json_lists_every_model_type():
         # Gemma 4's text decoders of issue 16 (tests/test_parity_gemma4.py)
         "gemma4_text", "gemma4_unified_text",
         # families without a Transformers implementation, issue 16 (tests/test_parity_remote.py)
-        "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar"}
+        "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar",
+        # families of group R2, issue 16 (tests/test_parity_remote_c.py)
+        "pangu_ultra_moe", "nemotron_h_puzzle", "step3_text", "bailing_hybrid", "longcat_flash_ngram",
+        # group GLM of issue 16: ChatGLM2/3 and GLM-4-9B (tests/test_chatglm.py)
+        "chatglm",
+        # the wrapped decoders of issue 16 (tests/test_parity_wrapped.py)
+        "muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
 
 
 @pytest.mark.real

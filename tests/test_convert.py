@@ -47,12 +47,14 @@ def _arch_cases() -> dict:
     import test_parity_gemma4_gguf as gemma4
     import test_parity_moe as moe
     import test_parity_remote as remote
+    import test_parity_wrapped as wrapped
 
     llama = dict(dense.LLAMA)
     cases = dict(dense.GGUF_CASES)
     cases.update({f"moe-{k}": v for k, v in moe.GGUF_CASES.items()})
     cases.update({f"remote-{k}": v for k, v in remote.GGUF_CASES.items()})
     cases.update({f"gemma4-{k}": v for k, v in gemma4.GGUF_CASES.items()})
+    cases.update({f"wrapped-{k}": v for k, v in wrapped.GGUF_CASES.items()})
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),

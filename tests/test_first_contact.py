@@ -541,3 +541,51 @@ def test_no_color_turns_off_every_style_on_a_terminal(tiny):
 def test_stdout_that_is_not_a_terminal_gets_no_styles(tiny):
     status, _, piped = on_a_terminal("inspect", str(tiny), stdout_pipe=True)
     assert status == 0 and b"chat_template" in piped and not SGR.search(piped)
+
+
+# --------------------------------------------------------------------------- small frictions
+
+
+@pytest.mark.parametrize("args, option", [
+    (("generate", "--precision", "fp8"), "--precision"), (("generate", "--quantize", "q3"), "--quantize"),
+    (("generate", "--chat-template", "yes"), "--chat-template"), (("capture", "--position", "first"), "--position"),
+])
+def test_a_bad_choice_is_one_line_in_the_clis_words(tiny, args, option):
+    """click's usage error (exit 2), with no pydantic class name in it."""
+    r = ster(*args, "-m", str(tiny), "-p", "w5")
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert last.startswith(f"Error: Invalid value for '{option}': ") and "is not one of" in last, last
+    assert "Value error" not in r.stderr
+
+
+def test_zero_new_tokens_leave_stdout_empty(tiny):
+    r = ster("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "0")
+    assert r.returncode == 0 and r.stdout == "" and "0 new tokens" in r.stderr
+    two = ster("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "2", "-q")
+    assert two.returncode == 0 and two.stdout.endswith("\n") and two.stdout.strip()
+
+
+def test_capture_output_must_be_named_safetensors(tiny, tmp_path):
+    for name, hint in (("c.npy", "c.safetensors"), ("c", "c.safetensors")):
+        r = ster("capture", "-m", str(tiny), "-p", "w5 w6", "-o", str(tmp_path / name))
+        assert r.returncode == 1 and f"name it {hint}" in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_vector_output_never_overwrites_another_file(tiny, tmp_path):
+    for side, text in (("pos", "w5 w6 w7"), ("neg", "w9 w10 w11")):
+        r = ster("capture", "-m", str(tiny), "-p", text, "--layers", "0", "-o", str(tmp_path / f"{side}.safetensors"))
+        assert r.returncode == 0, r.stderr
+    caa = ("vector", "caa", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+           str(tmp_path / "neg.safetensors"), "-q", "-o")
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}')
+    r = ster(*caa, str(notes))
+    assert r.returncode == 1 and "is not a steering vector" in r.stderr and notes.read_text() == '{"mine": true}'
+    r = ster(*caa, str(tmp_path))
+    assert r.returncode == 1 and "is a directory" in r.stderr
+    out = tmp_path / "v.json"
+    assert ster(*caa, str(out)).returncode == 0
+    first = out.read_text()
+    assert ster(*caa, str(out)).returncode == 0 and out.read_text() == first  # an earlier vector is replaced

@@ -145,6 +145,7 @@ def test_every_landed_family_has_a_case():
     import test_parity_mla_b
     import test_parity_moe
     import test_parity_remote
+    import test_parity_remote_c
     import test_parity_ssm
     import test_parity_ssm_b1
     import test_parity_ssm_b2
@@ -161,6 +162,9 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_remote_c.CASES.values()}  # group R2
+    tested |= {model_type for model_type, _ in test_parity_remote_c.HYBRID_CASES.values()}
+    tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
     assert set(FAMILIES) == foundation | tested
 
 
@@ -361,8 +365,10 @@ def test_every_gguf_architecture_has_a_case():
     # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote
     from test_parity_gemma4_gguf import GGUF_CASES as GEMMA4_CASES
     from test_parity_remote import GGUF_CASES as REMOTE_CASES
+    from test_parity_wrapped import GGUF_CASES as WRAPPED_CASES  # Muse Glimmer's, from its wrapper
 
-    others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values())}
+    others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values(),
+                                                                      *WRAPPED_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
     assert declared == foundation | converted | (others & declared)

@@ -230,10 +230,12 @@ def test_family_matches_transformers(case, tmp_path):
 
 def test_every_moe_family_has_a_case():
     import test_parity_remote  # families without a Transformers implementation
+    import test_parity_remote_c  # group R2's
 
     moe = {name for name, f in FAMILIES.items() if f.moe and not f.latent and not f.recurrent}  # test_parity_mla, _ssm
     assert moe == {model_type for model_type, _ in CASES.values()} | {
-        model_type for model_type, _ in test_parity_remote.CASES.values() if FAMILIES[model_type].moe}
+        model_type for model_type, _ in list(test_parity_remote.CASES.values()) + list(test_parity_remote_c.CASES.values())
+        if FAMILIES[model_type].moe and not FAMILIES[model_type].latent and not FAMILIES[model_type].recurrent}
 
 
 def test_layers_choose_dense_or_routed_from_the_config(tmp_path):

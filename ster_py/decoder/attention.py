@@ -157,6 +157,8 @@ class Attention(Part):
     rotation, value scale, the cache, ``attention``, an optional output gate and the output
     projection.
 
+    A query bottleneck (``spec.query_bottleneck``, Step3) makes each query ``q_up(q_inter_norm(q(x)))``.
+
     The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
     ``g_proj``, or Qwen3-Next's rows of ``q`` under ``spec.attn_gate_in_q``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
     ``softplus``) of the ``g`` projection of the layer's normed input before ``o`` (gated
@@ -191,6 +193,10 @@ class Attention(Part):
         self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
         # the gate is a projection of its own, or rows of q (``attn_gate_in_q``: split in ``__call__``)
         self.g = make_linear(load("g", required=True)) if spec.attn_gate and not spec.attn_gate_in_q else None
+        # a query bottleneck (Step3): q narrows, q_inter_norm norms, q_up widens to the heads
+        wide = getattr(spec, "query_bottleneck", 0) and "q" in own
+        self.q_up = make_linear(load("q_up", required=True)) if wide else None
+        self.q_inter_norm = norm("q_inter_norm") if wide else None
 
     def _qk_norm(self, role: str, load, norm):
         """The layer's q or k norm, or None (no q/k norms here, or optional ones the weights lack)."""
@@ -201,7 +207,8 @@ class Attention(Part):
 
     def read_order(self) -> list[tuple]:
         qkv = tuple(p for p in (self.q, self.k, self.v) if p is not None)
-        return [qkv] + ([(self.g,)] if self.g is not None else []) + [(self.o,)]
+        wide = [(self.q_up,)] if self.q_up is not None else []
+        return [qkv] + wide + ([(self.g,)] if self.g is not None else []) + [(self.o,)]
 
     def rope_tables(self, positions: np.ndarray, tables: dict) -> tuple:
         """This layer's RoPE cos/sin at ``positions``, computed once per forward call (``tables``
@@ -224,6 +231,8 @@ class Attention(Part):
             q, k, v = self.project(("q", "k", "v"), x)
         H, KV, D, Dv = self.shape
         gate_in = None
+        if self.q_up is not None:  # the query bottleneck: [T, share_q_dim] -> normed -> [T, H * D]
+            q = self.q_up(self.q_inter_norm(q))
         if s.attn_gate_in_q:  # per head: D query rows, then D gate rows (Qwen3-Next's q_proj)
             qg = q.reshape(T, H, 2, D)
             q, gate_in = np.ascontiguousarray(qg[:, :, 0]).reshape(T, H * D), qg[:, :, 1].reshape(T, H * D)
@@ -275,6 +284,8 @@ class Attention(Part):
         T = x.shape[0]
         H, _, D, _ = self.shape
         q = self.q(x)
+        if self.q_up is not None:
+            q = self.q_up(self.q_inter_norm(q))
         q = q.reshape(H, 1, D) if T == 1 else np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2))
         if self.q_norm is not None:
             q = self.q_norm(q)

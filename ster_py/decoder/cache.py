@@ -40,6 +40,8 @@ class KVCache:
             (0, 0, 0) for a layer without keys and values.
         slots: per layer, the slot object of a mixer that keeps its own state, or None. Without
             ``layer_shapes``, a layer with a slot gets no key/value buffers.
+        keep_tokens: also keep the token id of every committed position (``tokens``; a model whose
+            embedding reads the tokens before each one, LongCat-Flash-Lite's n-grams).
 
     Raises:
         ValueError: ``dtype`` is neither float32 nor float16.
@@ -47,7 +49,7 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int = 256,
                  dtype=np.float32, layer_shapes: list[tuple[int, int, int]] | None = None,
-                 slots: list | None = None):
+                 slots: list | None = None, keep_tokens: bool = False):
         dtype = np.dtype(dtype)
         if dtype not in _DTYPES:
             raise ValueError(f"the KV cache holds float32 or float16 keys and values, not {dtype}")
@@ -58,6 +60,23 @@ class KVCache:
                         [(0, 0, 0) if slot is not None else (num_kv_heads, head_dim, head_dim) for slot in self._slots])
         self._k = [np.empty((kv, capacity if kv else 0, dk), dtype) for kv, dk, _ in self._shapes]
         self._v = [np.empty((kv, capacity if kv else 0, dv), dtype) for kv, _, dv in self._shapes]
+        self._tokens = np.zeros(capacity, np.int64) if keep_tokens else None
+
+    def tokens(self) -> np.ndarray:
+        """The committed positions' token ids, int64 [length] (empty when the cache keeps none)."""
+        return self._tokens[:self.length] if self._tokens is not None else np.zeros(0, np.int64)
+
+    def store_tokens(self, ids: np.ndarray) -> None:
+        """Stage the token ids of the positions the current forward call adds (committed by ``advance``);
+        nothing when the cache keeps no tokens."""
+        if self._tokens is None:
+            return
+        end = self.length + len(ids)
+        if end > len(self._tokens):
+            grown = np.zeros(max(end, 2 * len(self._tokens)), np.int64)
+            grown[:self.length] = self._tokens[:self.length]
+            self._tokens = grown
+        self._tokens[self.length:end] = ids
 
     def slot(self, layer: int):
         """The state slot of a layer whose mixer keeps its own (None for an attention layer)."""
@@ -119,7 +138,8 @@ class KVCache:
         """Bytes one position costs across all layers (keys and values, at the cache dtype, and
         what each other slot's ``nbytes_per_position()`` says)."""
         return (sum(kv * (dk + dv) for kv, dk, dv in self._shapes) * self.dtype.itemsize
-                + sum(s.nbytes_per_position() for s in self._slots if s is not None))
+                + sum(s.nbytes_per_position() for s in self._slots if s is not None)
+                + (8 if self._tokens is not None else 0))
 
     def nbytes_fixed(self) -> int:
         """Bytes the slots hold whatever the length (recurrent states), from their ``nbytes_fixed()``."""

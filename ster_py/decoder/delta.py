@@ -118,7 +118,8 @@ class DeltaSpec:
                ("lin_dt_bias", ""): (per_head,), ("lin_a_log", ""): (hv,), ("lin_ssm_a", ""): (hv,),
                ("lin_norm", "weight"): (self.head_v_dim,), ("lin_out", "weight"): (hidden, vd),
                ("lin_f_a", "weight"): (self.head_k_dim, hidden), ("lin_f_b", "weight"): (vd, self.head_k_dim),
-               ("lin_g_a", "weight"): (self.head_v_dim, hidden), ("lin_g_b", "weight"): (vd, self.head_v_dim)}
+               ("lin_g_a", "weight"): (self.head_v_dim, hidden), ("lin_g_b", "weight"): (vd, self.head_v_dim),
+               ("lin_f", "weight"): (vd, hidden), ("lin_g", "weight"): (vd, hidden)}
         return out
 
 

@@ -7,11 +7,13 @@ the gated delta net (``decoder/delta.py``) with, for x float32 [T, hidden] and H
 
 1. separate ``q_proj``, ``k_proj``, ``v_proj`` (H * D each) through one causal depthwise
    convolution and SiLU (stored whole, or as Kimi's own ``q_conv1d``, ``k_conv1d``, ``v_conv1d``);
-2. a decay per key channel from the low-rank forget gate f = f_b(f_a(x)) [T, H * D]:
+2. a decay per key channel from the low-rank forget gate f = f_b(f_a(x)) [T, H * D] (or a full-rank
+   ``f_proj``, Ling 3.0's):
    g = -exp(A_log[h]) * softplus(f + dt_bias), or under the safe gate
    g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)); write strength sigmoid(b_proj(x));
 3. the delta rule over each head's [D, D] state with that per-channel decay;
-4. the read-out RMS-normalised per head (``o_norm``) times the sigmoid of g_b(g_a(x)), then ``o_proj``.
+4. the read-out RMS-normalised per head (``o_norm``) times the sigmoid of g_b(g_a(x)) (or of a
+   full-rank ``g_proj``, Ling 3.0's), then ``o_proj``.
 
 The state slot is the same as the gated delta net's (``DeltaSpec.state_shapes``).
 """
@@ -47,8 +49,8 @@ class KimiDeltaAttention(Part):
         i: the layer.
         load: ``load(role, kind="weight", required=False)`` -> the layer's array: ``lin_q``,
             ``lin_k``, ``lin_v``, the convolution (``lin_conv`` or ``lin_q_conv`` / ``lin_k_conv`` /
-            ``lin_v_conv``), ``lin_f_a``, ``lin_f_b``, ``lin_dt_bias``, ``lin_a_log`` (or llama.cpp's
-            ``lin_ssm_a`` = -exp(A_log)), ``lin_b``, ``lin_g_a``, ``lin_g_b``, ``lin_norm``, ``lin_out``.
+            ``lin_v_conv``), ``lin_f_a`` and ``lin_f_b`` (or the full-rank ``lin_f``), ``lin_dt_bias``, ``lin_a_log`` (or llama.cpp's
+            ``lin_ssm_a`` = -exp(A_log)), ``lin_b``, ``lin_g_a`` and ``lin_g_b`` (or ``lin_g``), ``lin_norm``, ``lin_out``.
         norm: unused.
 
     Calling it maps float32 [T, hidden] to float32 [T, hidden] and advances the layer's
@@ -64,9 +66,15 @@ class KimiDeltaAttention(Part):
         s = self.delta = spec.delta
         self.i = i
         h, d = s.num_v_heads, s.head_k_dim
-        self.in_q, self.in_k, self.in_v, self.in_b, self.f_a, self.g_a = (
-            make_linear(load(r, required=True)) for r in ("lin_q", "lin_k", "lin_v", "lin_b", "lin_f_a", "lin_g_a"))
-        self.f_b, self.g_b = (make_linear(load(r, required=True)) for r in ("lin_f_b", "lin_g_b"))
+        self.in_q, self.in_k, self.in_v, self.in_b = (
+            make_linear(load(r, required=True)) for r in ("lin_q", "lin_k", "lin_v", "lin_b"))
+        # each gate's projection: full rank (lin_f / lin_g, Ling 3.0) or Kimi's two factors (f_b is then
+        # applied to f_a's output, g_b to g_a's)
+        f_full, g_full = load("lin_f"), load("lin_g")
+        self.f_a = make_linear(f_full if f_full is not None else load("lin_f_a", required=True))
+        self.g_a = make_linear(g_full if g_full is not None else load("lin_g_a", required=True))
+        self.f_b = make_linear(load("lin_f_b", required=True)) if f_full is None else None
+        self.g_b = make_linear(load("lin_g_b", required=True)) if g_full is None else None
         self.conv_w, self.conv_b = conv_weights(load, s)
         self.dt_bias = vector(load("lin_dt_bias", "", required=True), (h * d,))
         a_log = load("lin_a_log", "")
@@ -80,8 +88,8 @@ class KimiDeltaAttention(Part):
         return RecurrentState(self.delta.state_shapes())
 
     def read_order(self) -> list[tuple]:
-        return [(self.in_q, self.in_k, self.in_v, self.in_b), (self.f_a, self.g_a), (self.f_b,), (self.g_b,),
-                (self.out_proj,)]
+        factors = [(p,) for p in (self.f_b, self.g_b) if p is not None]
+        return [(self.in_q, self.in_k, self.in_v, self.in_b), (self.f_a, self.g_a)] + factors + [(self.out_proj,)]
 
     def __call__(self, x: np.ndarray, cache, positions, bias=None, tables=None) -> np.ndarray:
         s, state = self.delta, cache.slot(self.i)
@@ -91,6 +99,8 @@ class KimiDeltaAttention(Part):
         mixed = causal_conv1d(np.concatenate([q, k, v], axis=1), self.conv_w, self.conv_b, state["conv"])
         q = l2_heads(mixed[:, :h * d], h, s.l2_eps) * np.float32(d ** -0.5)
         k = l2_heads(mixed[:, h * d:2 * h * d], h, s.l2_eps)
-        g = kda_log_decay(self.f_b(f_low), self.dt_bias, self.a_log, d, s.safe_gate, s.lower_bound)
+        f = f_low if self.f_b is None else self.f_b(f_low)
+        gate_in = g_low if self.g_b is None else self.g_b(g_low)
+        g = kda_log_decay(f, self.dt_bias, self.a_log, d, s.safe_gate, s.lower_bound)
         y = delta_rule(q, k, mixed[:, 2 * h * d:], np.exp(g), sigmoid(b), state["ssm"], s.kv_map)
-        return self.out_proj(gated_head_norm(y, self.g_b(g_low), self.norm_w, s.head_v_dim, s.norm_eps, "sigmoid"))
+        return self.out_proj(gated_head_norm(y, gate_in, self.norm_w, s.head_v_dim, s.norm_eps, "sigmoid"))

@@ -67,7 +67,7 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
     if spec.moe is not None:
         m = spec.moe
         e, s = m.router.num_experts, m.shared_size
-        shapes.update({("router", "weight"): (e, d), ("router", "bias"): (e,), ("router_select_bias", ""): (e,),
+        shapes.update({("router", "weight"): (e + m.router.sink, d), ("router", "bias"): (e + m.router.sink,), ("router_select_bias", ""): (e,),
                        ("shexp_gate", "weight"): (s, d), ("shexp_up", "weight"): (s, d),
                        ("shexp_down", "weight"): (d, s), ("shexp_gate_inp", "weight"): (1, d),
                        ("shexp_gate_up", "weight"): (2 * s, d), ("shexp_gate_up", "bias"): (2 * s,)})
@@ -78,6 +78,13 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
         shapes.update(spec.delta.tensor_shapes(d))
+    g = getattr(spec, "ngram", None)
+    if g is not None:  # the n-gram projections (their tables' heights differ: decoder/ngram.py checks them)
+        shapes[("ngram_proj", "weight")] = (d, g.width)
+    qb = getattr(spec, "query_bottleneck", 0)
+    if qb:  # q narrows to the bottleneck, q_inter_norm norms it, q_up widens it to the heads (Step3)
+        shapes.update({("q", "weight"): (qb, d), ("q", "bias"): (qb,), ("q_up", "weight"): (q, qb),
+                       ("q_inter_norm", "weight"): (qb,), ("q_inter_norm", "bias"): (qb,)})
     if spec.attn_gate_in_q:  # each head's query rows, then its output gate's (Qwen3-Next's q_proj)
         shapes[("q", "weight")], shapes[("q", "bias")] = (2 * q, d), (2 * q,)
     if getattr(spec, "layer_scalar", False):
@@ -211,6 +218,8 @@ class Layout:
 
     def _split(self, fused, fused_role: str, role: str, i: int | None):
         """Rows of ``role`` in a fused tensor (a weight [rows, in] or a bias [rows])."""
+        if fused_role == "gate_up" and self.spec.gate_up_interleaved:  # gate and up rows alternate
+            return np.ascontiguousarray(fused[0::2] if role.endswith("gate") else fused[1::2])
         if fused_role in ("gate_up", "shexp_gate_up"):
             half = fused.shape[0] // 2
             return fused[:half] if role.endswith("gate") else fused[half:]
@@ -255,7 +264,7 @@ class Layout:
         Raises:
             SterError: an expert tensor is missing or its shape disagrees with the config.
         """
-        m = self.spec.moe
+        m = self.spec.layers[i].moe or self.spec.moe  # a layer's own expert width where it has one
         d = m.latent_size or self.spec.hidden_size  # experts working in a latent width read and write it
         n, f = m.router.num_experts - m.identity_experts, m.expert_size
         names = self.spec.names
@@ -277,6 +286,17 @@ class Layout:
                 per_role[role] = ([self._half(x, k) for x in w], None if b is None else [self._half(x, k) for x in b])
         return [[(per_role[r][0][e], None if per_role[r][1] is None else per_role[r][1][e])
                  for r in ("exp_gate", "exp_up", "exp_down")] for e in range(n)]
+
+    def sink_experts(self, i: int, n: int) -> list:
+        """Layer ``i``'s ``n`` shared experts that its router weighs (``RouterSpec.sink``), stacked like the
+        routed ones under ``sink_gate_up`` [n, 2 * width, hidden] (gate and up as the experts' are) and
+        ``sink_down`` [n, hidden, width]: per expert [(gate, None), (up, None), (down, None)]."""
+        m = self.spec.moe
+        d, f = m.latent_size or self.spec.hidden_size, m.expert_size
+        names = {"exp_gate_up": self.spec.names["sink_gate_up"], "exp_down": self.spec.names["sink_down"]}
+        gate_up = self._expert_stack("exp_gate_up", i, n, (2 * f, d), "weight", required=True, names=names)
+        down = self._expert_stack("exp_down", i, n, (d, f), "weight", required=True, names=names)
+        return [[(self._half(gu, 0), None), (self._half(gu, 1), None), (dn, None)] for gu, dn in zip(gate_up, down)]
 
     def _transformers5_stack(self, i: int) -> dict | None:
         """For a family that names one module per expert (``...experts.{e}.gate_proj.weight``): the names

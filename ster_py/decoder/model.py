@@ -24,6 +24,7 @@ Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until use
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -31,6 +32,8 @@ import numpy as np
 from ..config import ModelSpec
 from ..errors import SterError
 from .attention import Attention
+from .block_sparse import BlockSparseAttention
+from .relative import RelativeAttention, residual_conv
 from .cache import KVCache
 from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
@@ -42,6 +45,7 @@ from .lightning import Lightning
 from .linear import Linear, make_linear
 from .mamba import Mamba
 from .mamba2 import Mamba2
+from .ngram import NgramEmbedding
 from .moe import MoE, identity
 from .norms import Norm
 from .positions import alibi_bias
@@ -70,7 +74,8 @@ _UNBUILT = object()
 #: feed-forward.
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
           "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
-          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention}
+          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention, "block_sparse": BlockSparseAttention,
+          "relative": RelativeAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
@@ -84,10 +89,13 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
         act = (XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
                if spec.hidden_act == "xielu" else None)
         mup = spec.mup
+        scale = load("ffn_scale", "") if "ffn_scale" in spec.names else None  # Inkling's mlp.global_scale
+        out_scale = mup.ffn_down if mup else float(np.asarray(scale).reshape(-1)[0]) if scale is not None else 1.0
         return DenseFFN(make_linear(gate, load("gate", "bias")) if gate is not None else None,
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
-                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=mup.ffn_down if mup else 1.0)
+                        gate_scale=mup.ffn_gate if mup else 1.0, out_scale=out_scale,
+                        glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
@@ -95,6 +103,11 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
         return DenseFFN(gate, up, down, m.act, glu=m.glu, limit=limit, alpha=m.alpha, clamp_act=m.clamp_act)
 
     experts = [ffn(parts, m.limit) for parts in layout.experts(i)] + [identity] * m.identity_experts
+    if m.router.sink:  # shared experts the router weighs beside the chosen ones (RouterSpec.sink)
+        experts += [ffn(parts, m.limit) for parts in layout.sink_experts(i, m.router.sink)]
+    scale = load("router_scale", "") if "router_scale" in spec.names else None  # a stored factor on the weights
+    if scale is not None:
+        m = replace(m, router=replace(m.router, scale=m.router.scale * float(np.asarray(scale).reshape(-1)[0])))
     shared = shared_gate = latent = None
     if m.shared_size:
         gated = any(r in spec.names for r in ("shexp_gate", "shexp_gate_up"))  # Nemotron-H's have no gate
@@ -107,7 +120,10 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                    if m.router.select_bias else None)  # absent and optional: chosen by the scores alone
     if m.latent_size:
         latent = tuple(make_linear(load(r, required=True), load(r, "bias")) for r in ("moe_latent_in", "moe_latent_out"))
-    return MoE(m, make_linear(load("router", required=True), load("router", "bias")), select_bias, experts,
+    # a selection bias stored as the router's own bias (Inkling's mlp.gate.bias) is not a bias on its logits
+    bias_is_select = m.router.select_bias and spec.names.get("router_select_bias") == f'{spec.names.get("router")}.bias'
+    router_bias = None if bias_is_select else load("router", "bias")
+    return MoE(m, make_linear(load("router", required=True), router_bias), select_bias, experts,
                shared, shared_gate, latent)
 
 
@@ -135,7 +151,9 @@ class _Layer:
             return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
-            return Norm(spec.norm, spec.norm_eps, load(role, required=spec.norm_affine), load(role, "bias"),
+            eps = (spec.post_norm_eps if spec.post_norm_eps is not None and role in ("attn_post_norm", "ffn_post_norm")
+                   else spec.norm_eps)
+            return Norm(spec.norm, eps, load(role, required=spec.norm_affine), load(role, "bias"),
                         spec.norm_unit_offset)
 
         cls = MIXERS.get(self.layer.mixer)
@@ -143,6 +161,8 @@ class _Layer:
         d["norms"] = {role: norm(role) for role in spec.layer_norms(i) if role not in own}
         d["mixer"] = cls(spec, i, load, norm) if cls is not None else None
         d["ffn"] = build_ffn(spec, i, layout, load)
+        d["ffn_conv"] = (np.ascontiguousarray(np.asarray(load("ffn_out_conv", required=True), np.float32)
+                                              .reshape(spec.hidden_size, -1)) if spec.ffn_out_conv else None)
         d["shortcut"] = build_ffn(spec, i, layout, load, "moe") if self.layer.shortcut == "open" else None
         # Gemma 4: a per-layer input joins after the block, then the block's output is scaled
         d["per_layer"] = ((make_linear(load("per_layer_gate", required=True)),
@@ -229,6 +249,8 @@ class _Layer:
             x = h
         f = n["ffn_norm"](h) if "ffn_norm" in n else x
         m = self.ffn(f)
+        if self.ffn_conv is not None:  # a residual short convolution over the feed-forward's outputs
+            m = residual_conv(m, self.ffn_conv, cache.slot(self.i)["ffn_out"])
         m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
         if self.spec.parallel:
             m = a + m
@@ -308,17 +330,23 @@ class Decoder:
 
         self.embed = top("embed", required=True)
         self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
-        def norm(role):
-            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"),
-                        spec.norm_unit_offset)
+        def norm(role, offset=spec.norm_unit_offset):
+            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"), offset)
 
-        self.embed_norm = norm("embed_norm") if spec.embed_norm else None
+        # a weightless embedding norm (embed_norm_affine False) reads no tensor
+        self.embed_norm = ((norm("embed_norm") if spec.embed_norm_affine else Norm(spec.norm, spec.norm_eps, None, None))
+                           if spec.embed_norm else None)
         self.per_layer = (PerLayerInputs(spec, top("per_layer_embed", required=True),
                                          make_linear(top("per_layer_model_proj", required=True)),
                                          norm("per_layer_proj_norm"))
                           if spec.per_layer_input else None)
+        g = getattr(spec, "ngram", None)  # hashed n-gram embeddings beside the token's (decoder/ngram.py)
+        self.ngram = (NgramEmbedding(g, [layout.get("ngram_table", None, "weight", True, slot=j) for j in range(g.tables)],
+                                     [layout.get("ngram_proj", None, "weight", True, slot=j) for j in range(g.tables)])
+                      if g is not None else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
-        self.final_norm = norm("final_norm")
+        self.final_norm = norm("final_norm", spec.norm_unit_offset if spec.final_norm_unit_offset is None
+                               else spec.final_norm_unit_offset)
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
@@ -409,7 +437,7 @@ class Decoder:
                   for i, layer in enumerate(self.layers)]
         slots = [layer.mixer.new_slot(dtype) if hasattr(layer.mixer, "new_slot") else None for layer in self.layers]
         return KVCache(s.num_hidden_layers, s.num_key_value_heads, s.head_dim, dtype=dtype, layer_shapes=shapes,
-                       slots=slots)
+                       slots=slots, keep_tokens=self.ngram is not None)
 
     def embed_tokens(self, ids: np.ndarray) -> np.ndarray:
         """Token ids int [T] -> float32 [T, hidden_size], scaled as the family scales."""
@@ -463,6 +491,9 @@ class Decoder:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
         h = self._embed(ids, positions)
+        if self.ngram is not None:  # the n-grams read the tokens before these (kept by the cache)
+            h = self.ngram(ids, cache.tokens()[-(self.ngram.spec.neighbors - 1):], h)
+            cache.store_tokens(ids)
         bias = (alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16)
                 if s.alibi_slopes is not None else None)
         if hidden_states is not None:
@@ -499,4 +530,6 @@ class Decoder:
             logits = logits * np.float32(s.logit_scale)
         if s.final_softcap:
             logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
+        if s.logits_kept and s.logits_kept < logits.shape[-1]:  # a head padded past the vocabulary it scores
+            logits = np.ascontiguousarray(logits[:, :s.logits_kept])
         return logits

@@ -67,6 +67,11 @@ class RouterSpec:
         jitter_eps: ``sparsemixer``'s relative closeness bound (PhiMoE's ``router_jitter_noise``).
         logit_softcap: the router's logits are soft-capped to ``cap * tanh(logits / cap)``
             before scoring (None: not capped).
+        sink: the router's last ``sink`` logits score that many shared experts (Inkling's
+            ``shared_expert_sink``): the top-k are chosen among the first ``num_experts`` by sigmoid
+            plus the selection bias, and every chosen and shared expert is weighed by its sigmoid over
+            the sum of theirs, times ``scale``; the shared experts come after the routed ones
+            (expert ids num_experts..num_experts + sink - 1, chosen by every token).
     """
 
     num_experts: int
@@ -83,6 +88,7 @@ class RouterSpec:
     on_input: bool = False
     jitter_eps: float = 0.0
     logit_softcap: float | None = None
+    sink: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,8 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
     if spec.scoring == "sparsemixer":
         ids, weights = sparsemixer(logits, spec.top_k, spec.jitter_eps)
         return ids, _weigh(spec, weights)
+    if spec.sink:
+        return _route_with_sink(spec, logits, select_bias)
     scores = _softmax(logits) if spec.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
     choice = scores + select_bias.astype(np.float32) if spec.select_bias and select_bias is not None else scores
     if spec.n_group > 1:
@@ -219,6 +227,21 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         choice = np.where(np.repeat(mask, E // spec.n_group, axis=1), choice, -np.inf)
     ids = _top(choice, spec.top_k)
     return ids, _weigh(spec, scores[np.arange(ids.shape[0])[:, None], ids])
+
+
+def _route_with_sink(spec: RouterSpec, logits: np.ndarray, select_bias) -> tuple[np.ndarray, np.ndarray]:
+    """``route`` for a router scoring shared experts beside the routed ones (``RouterSpec.sink``):
+    (int64 [T, top_k + sink] ids, the shared experts last; float32 [T, top_k + sink] weights).
+    Transformers' ``InklingTopkRouter``: exp(logsigmoid - logsumexp(logsigmoid)) is sigmoid over the sum."""
+    E, T = spec.num_experts, logits.shape[0]
+    scores = 1.0 / (1.0 + np.exp(-logits))
+    routed = scores[:, :E]
+    choice = routed + select_bias.astype(np.float32) if spec.select_bias and select_bias is not None else routed
+    ids = _top(choice, spec.top_k)
+    kept = np.concatenate([routed[np.arange(T)[:, None], ids], scores[:, E:E + spec.sink]], axis=1)
+    weights = kept / kept.sum(axis=1, keepdims=True) * np.float32(spec.scale)
+    ids = np.concatenate([ids, np.broadcast_to(np.arange(E, E + spec.sink), (T, spec.sink))], axis=1)
+    return ids, weights.astype(np.float32, copy=False)
 
 
 def _weigh(spec: RouterSpec, weights: np.ndarray) -> np.ndarray:

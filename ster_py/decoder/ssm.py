@@ -22,7 +22,7 @@ import numpy as np
 #: delta-rule kinds (``decoder/delta.py``) are sized by ``ModelSpec.delta``.
 RECURRENT_MIXERS = ("mamba", "mamba2", "hybrid", "shortconv", "lightning", "shared_hybrid", "gated_delta", "kda")
 #: ``LayerSpec.mixer`` kinds that keep keys and values.
-ATTENTION_MIXERS = ("attention", "latent", "hybrid", "shared_hybrid")
+ATTENTION_MIXERS = ("attention", "latent", "hybrid", "shared_hybrid", "block_sparse", "relative")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,9 @@ def spec_allows_step(spec: ModelSpec) -> bool:
     return (_ops is not None and spec.norm == "rms" and not spec.parallel and spec.clip_qkv is None
             and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
             and spec.qk_norm in (None, "head", "proj") and spec.value_scale == 1.0 and spec.attn_gate is None
-            and spec.mup is None and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input)
+            and spec.mup is None and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input
+            and spec.post_norm_eps is None
+            and not getattr(spec, "query_bottleneck", 0))
 
 
 def _norm_weight(norm, size: int):

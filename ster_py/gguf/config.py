@@ -140,6 +140,9 @@ LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
 # "reuse" for Gemma 3n / Gemma 4): the metadata key counting them, n. Layer il >= first = block_count - n
 # attends over the cache of layer first - 2 if it slides, else of layer first - 1 (first must be >= 2).
 LLAMA_CPP_KV_SHARED = {"gemma4": "attention.shared_kv_layers"}
+# The epsilon llama.cpp's graph fixes for the norms over each sublayer's output (muse-glimmer.cpp's
+# post_norm_eps; the converter writes no key for it).
+LLAMA_CPP_POST_NORM_EPS = {"muse-glimmer": 1e-8}
 # Architectures whose layers with keys but no attn_v take each value from its key projection
 # (gemma4.cpp: "if v_proj is not present, use Kcur as Vcur").
 LLAMA_CPP_V_FROM_K = ("gemma4",)
@@ -823,6 +826,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
+    if arch in LLAMA_CPP_POST_NORM_EPS:
+        fields["post_norm_eps"] = LLAMA_CPP_POST_NORM_EPS[arch]
     if family.attn_gate and tensors is not None and "g" in family.gguf_names:
         per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
         if per_head is None:
