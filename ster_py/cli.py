@@ -503,8 +503,13 @@ def inspect(
         print(json.dumps({**version_fields(), **info}, indent=2))
         return
     keys = max(map(len, info)) + 2
-    for key, value in info.items():  # plain lines, wrapped (a long hash folded, never cut) to the width
-        lines = textwrap.wrap(inspect_value(key, value), max(out.width - keys, 20), break_on_hyphens=False) or [""]
+    for key, value in info.items():  # plain lines wrapped to the width; a word (a hash) is never split
+        text, width = inspect_value(key, value), max(out.width - keys, 20)
+        if " " not in text and len(text) > width:  # whole on the next line, where it fits to copy
+            out.print(f"[bold]{key}[/]")
+            out.print("  " + escape(text))
+            continue
+        lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
         out.print(f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0]))
         for line in lines[1:]:
             out.print(" " * keys + escape(line))

@@ -14,15 +14,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .decoder.block_sparse import BlockSparseSpec
+from .decoder.altup import AltUpSpec
 from .decoder.indexer import IndexerSpec
 from .decoder.relative import RelativeSpec
 from .decoder.delta import DELTA_MIXERS, DeltaSpec
 from .decoder.latent import LatentSpec
+from .decoder.loops import LoopSpec, Pass, repeated
 from .decoder.ngram import NgramSpec
 from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
 from .decoder.shared_block import SharedBlockSpec
+from .decoder.streams import StreamsSpec
+from .decoder.compressed import CompressedSpec
 from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
@@ -76,7 +80,21 @@ class LayerSpec:
     full-attention layers). ``v_from_k``: the layer has no value projection; each value is its key
     projection before the key norm (Gemma 4's attention_k_eq_v). ``kv_source``: the layer projects
     only its queries and attends over the keys and values another, earlier layer cached
-    (Gemma 4's num_kv_shared_layers); it caches nothing itself.
+    (Gemma 4's num_kv_shared_layers); it caches nothing itself. ``ffn_sparsity``: above 0, the dense
+    feed-forward's gate keeps only what lies above that share of a normal fitted to it
+    (``ffn.gaussian_top``; Gemma 3n's activation_sparsity_pattern). ``intermediate_size``: this layer's
+    dense feed-forward width when it is not the model's (DeciLM's block_configs). ``value_experts``:
+    the layer's values come from routed value experts (``ModelSpec.value_router``; K2-Horizon's MoVA),
+    not from a value projection. ``compress``: on a compressed-attention
+    layer (``ModelSpec.compressed``, DeepSeek-V4), ``"sparse"`` or ``"heavy"`` entries beside its sliding
+    window, None for the window alone.
+
+    Looped models (``decoder/loops.py``): ``stored`` is the stored layer whose weights this executed
+    layer reads (the ``{i}`` of its tensor names; None: its own index), ``stack`` fills ``{stack}``
+    in its names (None: the names have none). ``loop_global``: on a later pass of IQuest-LoopCoder,
+    the executed layer of the first pass whose keys and values this layer's queries also attend to
+    (the "global" half, causal over all positions), mixed per head with its own attention (the
+    "local" half, within ``sliding_window``) by the stored gate ``loop_gate``; None: plain attention.
     """
 
     sliding_window: int | None
@@ -99,6 +117,13 @@ class LayerSpec:
     head_dim: int | None = None
     v_from_k: bool = False
     kv_source: int | None = None
+    stored: int | None = None
+    stack: str | None = None
+    loop_global: int | None = None
+    compress: str | None = None
+    ffn_sparsity: float = 0.0
+    intermediate_size: int | None = None
+    value_experts: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,8 +180,13 @@ class ModelSpec:
     weight source (Hugging Face or llama.cpp names); ``fused_qkv``, ``inputs_first`` and
     ``root`` say how those tensors are laid out (``decoder/layout.py``). The fields
     after ``names`` have the Llama defaults; ``families.FamilySpec`` documents each.
+    ``value_router``: how the layers with ``LayerSpec.value_experts`` choose their value
+    experts (``decoder/mova.py``). ``norm_groups``: the sublayer and final RMS norms normalise
+    that many equal groups of the hidden width apart, before their weight (K2-Horizon).
     ``alibi_slopes`` holds one slope per head; ``alibi_scale`` multiplies the bias
-    (Falcon adds it before the 1/sqrt(head_dim) scale); ``query_temperature`` is Llama 4's
+    (Falcon adds it before the 1/sqrt(head_dim) scale); ``alibi_sqrt``: the bias is
+    -slope * sqrt(query position - key position) (Step1) instead of slope * key position;
+    ``query_temperature`` is Llama 4's
     (beta, divisor, offset): queries at position p are multiplied by
     1 + beta * ln(1 + floor((p + offset) / divisor)) on the layers whose ``LayerSpec`` says so.
     ``qk_norm_affine`` False: the q/k norms are RMS norms without a weight (Llama 4's L2
@@ -190,6 +220,13 @@ class ModelSpec:
     ``per_layer_input``: the width of the per-layer inputs (Gemma 4's hidden_size_per_layer_input,
     0: none), from a table of ``per_layer_vocab`` rows (``decoder/model.py``, ``PerLayerInputs``).
     ``residual_skips``: block skip connections, one ``ResidualSkip`` per kept stream (Solar Pro).
+    ``loop``: a looped model's passes (``decoder/loops.py``, ``LoopSpec``); its ``layers`` and
+    ``num_hidden_layers`` are then every pass's executed layers (None: each layer runs once).
+    ``prefix_lm``: a prompt read whole from position zero attends both ways within itself when the
+    caller asks (``Decoder.forward(bidirectional=True)``: generation's prompt; HRM-Text).
+    ``compressed``: the shape of the ``"compressed"`` mixer's layers (``decoder/compressed.py``, DeepSeek-V4).
+    ``streams``: the residual is several streams joined by hyper-connections (``decoder/streams.py``,
+    DeepSeek-V4, HY V4, GLM-5-Next), or None for one stream.
     ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
     norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
     as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
@@ -204,6 +241,13 @@ class ModelSpec:
     ``query_bottleneck``: each attention layer's query is ``q_up(q_inter_norm(q(x)))``, ``q`` narrowing
     to this width and ``q_up`` widening it to the heads (Step3's share_q_dim, inter_norm and wq); 0: none.
     ``ngram``: hashed n-gram embeddings beside the token embedding (LongCat-Flash-Lite, ``decoder/ngram.py``).
+    ``per_layer_clamp``: token ids past the per-layer table read its row 0 instead of being refused
+    (Gemma 3n's multimodal ids). ``altup``: the stream travels as AltUp's copies
+    (``decoder/altup.py``, ``AltUpSpec``; Gemma 3n): the block runs on the first predicted copy, the
+    per-layer input joins every copy but the first, and hooks see the first copy. ``laurel``: each
+    layer adds Laurel's low-rank residual of its normed input to the mixer's join, which is then
+    divided by sqrt(2) (``altup.Laurel``; Gemma 3n). ``sparsity_ddof``: the activation sparsity's std
+    divides by n - ddof (0: Transformers'; 1: llama.cpp's gemma3n, set for GGUF files).
     """
 
     model_type: str
@@ -241,6 +285,10 @@ class ModelSpec:
     alibi_slopes: tuple[float, ...] | None = None
     alibi_scale: float = 1.0
     alibi_bf16: bool = False
+    alibi_sqrt: bool = False
+    norm_offsets: tuple[tuple[str, float], ...] = ()
+    norm_groups: int = 1
+    value_router: RouterSpec | None = None
     residual_scale: float = 1.0
     logit_scale: float = 1.0
     clip_qkv: float | None = None
@@ -273,6 +321,10 @@ class ModelSpec:
     per_layer_input: int = 0
     per_layer_vocab: int = 0
     residual_skips: tuple[ResidualSkip, ...] = ()
+    loop: LoopSpec | None = None
+    prefix_lm: bool = False
+    streams: StreamsSpec | None = None
+    compressed: CompressedSpec | None = None
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps: float | None = None
@@ -286,14 +338,18 @@ class ModelSpec:
     logits_kept: int = 0
     query_bottleneck: int = 0
     ngram: NgramSpec | None = None
+    per_layer_clamp: bool = False
+    altup: AltUpSpec | None = None
+    laurel: bool = False
+    sparsity_ddof: int = 0
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
         return self.layers[i].latent or self.latent
 
     def has_kv(self, i: int) -> bool:
-        """Whether layer ``i`` keeps keys and values (its mixer attends)."""
-        return self.layers[i].mixer in ATTENTION_MIXERS
+        """Whether layer ``i`` keeps keys and values (its mixer attends; DeepSeek-V4's compressed attention too)."""
+        return self.layers[i].mixer in ATTENTION_MIXERS or self.layers[i].mixer == "compressed"
 
     def state_bytes(self) -> int:
         """Bytes of the recurrent state of one sequence over all layers (0 without scans): the scans' and,
@@ -319,6 +375,11 @@ class ModelSpec:
         d = layer.head_dim or self.head_dim
         return heads, kv, d, layer.v_head_dim or d
 
+    def norm_offset(self, role: str) -> float | None:
+        """The number added to the stored weight of the norm ``role`` when it is not
+        ``norm_unit_offset``'s (``norm_offsets``; PLaMo 3's post-sublayer norms), else None."""
+        return dict(self.norm_offsets).get(role)
+
     def layer_norms(self, i: int) -> tuple[str, ...]:
         """The sublayer norms of layer ``i`` (its own, else the model's)."""
         own = self.layers[i].norms
@@ -328,7 +389,9 @@ class ModelSpec:
         """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
-            return self.latent_of(i).cache_width + (self.indexer.head_dim if self.layers[i].indexer == "full" else 0)
+            return self.latent_of(i).cache_width + (self.indexer.key_width if self.layers[i].indexer == "full" else 0)
+        if self.layers[i].mixer == "compressed":  # one float32 key/value row per position (entries: fewer)
+            return self.compressed.head_dim
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
@@ -558,8 +621,8 @@ def relative_spec(config: Mapping, config_name: str) -> RelativeSpec:
 def ffn_unit(r: "_Reader", family: FamilySpec) -> dict[str, Any]:
     """The dense feed-forwards' gated unit: ``ffn_glu`` and, for ``"oai"``, its clamp (``swiglu_limit``)
     and sharpness (``swiglu_alpha``), as ``ModelSpec`` fields."""
-    if family.ffn_glu == "standard":
-        return {}
+    if family.ffn_glu == "standard":  # clamped by swiglu_limit where the family says so (GLM-5-Next)
+        return {"ffn_limit": r.number("swiglu_limit", None)} if family.ffn_limit else {}
     return dict(ffn_glu=family.ffn_glu, ffn_limit=r.number("swiglu_limit", None),
                 ffn_alpha=r.number("swiglu_alpha", 1.702))
 
@@ -947,6 +1010,35 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
     return out
 
 
+def layer_halves(config: Mapping, n_layers: int, intermediate: int,
+                 config_name: str) -> list[tuple[bool, bool, int | None]] | None:
+    """Per layer, (has attention, has a feed-forward, that feed-forward's width when not the model's), from
+    ``layer_halves`` (a list of objects ``{"attention": bool, "ffn": bool, "intermediate_size": int | null}``
+    that ``FamilySpec.normalize`` writes: DeciLM's block_configs); None when the config has none. A layer
+    without a half has neither its weights nor its norm; the stream passes through it.
+
+    Raises:
+        SterError: a list of the wrong length, an entry that is not such an object, a width that is not a
+            positive integer within bounds.
+    """
+    halves = config.get("layer_halves")
+    if halves is None:
+        return None
+    where = f"invalid model config {config_name}"
+    if not isinstance(halves, list) or len(halves) != n_layers:
+        raise SterError(f"{where}: layer_halves must list one entry per layer ({n_layers}), got {brief_value(halves)}")
+    out = []
+    for i, e in enumerate(halves):
+        width = e.get("intermediate_size") if isinstance(e, Mapping) else None
+        if not isinstance(e, Mapping) or not isinstance(e.get("attention"), bool) \
+                or not isinstance(e.get("ffn"), bool) \
+                or (e["ffn"] and (isinstance(width, bool) or not isinstance(width, int) or not 0 < width <= MAX_DIM)):
+            raise SterError(f"{where}: layer {i}'s block entry must say whether it has attention and a feed-forward, "
+                            f"and the feed-forward's width (1..{MAX_DIM}), got {brief_value(e)}")
+        out.append((e["attention"], e["ffn"], width if e["ffn"] and width != intermediate else None))
+    return out
+
+
 def kv_sources(config: Mapping, family: FamilySpec, sliding: list[bool], config_name: str) -> list[int | None]:
     """Per layer, the earlier layer whose cached keys and values it attends over, or None: under the
     family's ``kv_shared_key`` (Gemma 4's num_kv_shared_layers, n), each of the last n layers reuses
@@ -1158,19 +1250,25 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
 
-    def make(params: dict, width: int = rope_width) -> Rope:
+    def make(params: dict, width: int = rope_width) -> Rope | None:
+        if width == 0:  # a latent that rotates nothing (GLM-5-Next: positions from the causal order alone)
+            return None
         return make_rope(_fixed_alpha(params, width), head_dim=width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
     full_rope = make(full_params)
-    if latent is not None and full_rope.rotary_dim != rope_width:
+    if latent is not None and full_rope is not None and full_rope.rotary_dim != rope_width:
         raise SterError(f"{config_name}: a rotary share ({partial_keys}) other than the whole qk_rope_head_dim "
                         f"({rope_width}) is not supported for latent attention (Transformers rotates all of it); "
                         "ster refuses this configuration before reading any weight")
     sliding_rope = full_rope if sliding_params is None else make(sliding_params)
     sliding = sliding_layers(config, family, n_layers, config_name)
     mixers = layer_mixers(config, family, n_layers)
+    halves = layer_halves(config, n_layers, intermediate, config_name)
+    if halves is not None:  # layers without their attention or feed-forward (DeciLM's no_op halves)
+        mixers = [(mixer if att else "none", ffn if has_ffn else "none")
+                  for (mixer, ffn), (att, has_ffn, _) in zip(mixers, halves)]
     block_sparse = block_sparse_spec(config, config_name, head_dim, n_layers) if family.block_sparse else None
     relative = relative_spec(config, config_name) if family.relative else None
     if relative is not None:  # every layer attends with the relative bias (Inkling)
@@ -1199,6 +1297,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                      (s, o["head_dim"]), make(sliding_params if s and sliding_params is not None else full_params,
                                               o["head_dim"]))
                  for rope, s, o in zip(ropes, sliding, own)]
+    if halves is not None:  # each half's norm goes with it; a feed-forward of its own width
+        own = [dict(o, norms=tuple(n for n in family.norms if (att or not n.startswith("attn"))
+                                   and (has_ffn or not n.startswith("ffn"))), intermediate_size=width)
+               for o, (att, has_ffn, width) in zip(own, halves)]
     if family.k_eq_v_key and config.get(family.k_eq_v_key):  # full-attention values are their keys
         own = [o if s else dict(o, v_from_k=True) for o, s in zip(own, sliding)]
     for i, src in enumerate(kv_sources(config, family, sliding, config_name)):
@@ -1213,6 +1315,9 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
     if moe is not None and config.get("moe_layer_shapes") is not None:  # per-layer expert widths and top-k
         shaped = _layer_moe_shapes(config, moe, n_layers, config_name)
         own = [dict(o, moe=m) if m is not None and m != moe else o for o, m in zip(own, shaped)]
+    value_router = value_router_spec(config, family, moe, config_name)
+    if value_router is not None:  # the routed layers take their values from value experts (MoVA)
+        own = [dict(o, value_experts=True) if m else o for o, m in zip(own, routed)]
     temperature = None
     if family.query_temperature == "rope_parameters" and full_params.get("llama_4_scaling_beta") is not None:
         temperature = (float(full_params["llama_4_scaling_beta"]),
@@ -1239,15 +1344,27 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                for o, (mixer, _) in zip(own, mixers)]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    compressed = None
+    if family.compressed:  # DeepSeek-V4: compressed attention on every layer, hashed routing on some
+        compressed = compressed_spec(r, config, max_pos, config_name)
+        mixers = [("compressed", ffn) for _, ffn in mixers]
+        own = [dict(o, compress=k) for o, k in zip(own, config["_compress_kinds"])]
+        if moe is not None:
+            hashed = replace(moe, router=replace(moe.router, hashed=True, select_bias=False))
+            own = [dict(o, moe=hashed) if h else o for o, h in zip(own, config["_hash_layers"])]
     scales = sublayer_scales(config, family, mixers, config_name)
     if scales is not None:  # MiniMax's join: residual * alpha + output * beta
         own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
+    if family.ffn_sparsity_key:  # Gemma 3n: the feed-forward gates that keep only their top
+        own = [dict(o, ffn_sparsity=p) if p else o
+               for o, p in zip(own, layer_sparsity(config, family.ffn_sparsity_key, n_layers, config_name))]
     normed = family.residual_normed
     normed = bool(config.get(normed, False)) if isinstance(normed, str) else bool(normed)
     layers = tuple(LayerSpec(sliding_window=window if s else None, rope=rope, mixer=mixer, ffn=ffn,
                              attention_chunk=c, qk_norm=rope is not None or family.qk_norm_layers == "all",
                              query_temperature=rope is None or not rotated_only, **o)
                    for s, rope, (mixer, _), ffn, c, o in zip(sliding, ropes, mixers, ffns, chunks, own))
+    layers, loop = looped_layers(layers, r, family, config_name) if family.looped else (layers, None)
     # tensors a checkpoint keeps on its dense layers that nothing reads (A.X-K1's post_mlp_layernorm)
     dense_unread = tuple(p.format(i=i) for i, m in enumerate(routed) if not m for p in family.dense_unread)
     # identity experts' modules a checkpoint may hold (Transformers writes LongCat-Flash's gate/up rows for them)
@@ -1263,7 +1380,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         vocab_size=r.positive_int("vocab_size"),
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=n_layers,
+        num_hidden_layers=len(layers),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
@@ -1286,7 +1403,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         moe=moe,
         expert_inputs_first=family.expert_inputs_first,
         expert_gate_up_interleaved=family.expert_gate_up_interleaved,
-        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread,
+        unread=family.unread + _mtp_layers(config, family, n_layers) + dense_unread
+        + reused_kv_unread(family.tensor_names(), layers),
         residual_skips=residual_skips(config, n_layers, config_name),
         latent=latent,
         ssm=(ssm_spec(r, family, hidden, config_name)
@@ -1305,9 +1423,139 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         **ffn_unit(r, family),
         per_layer_input=r.positive_int("per_layer_input") if r.get("per_layer_input") else 0,
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
+        loop=loop,
+        prefix_lm=bool(config.get(family.prefix_lm_key, True)) if family.prefix_lm_key else False,
+        streams=streams_spec(r, family, config_name) if family.streams is not None else None,
+        compressed=compressed,
+        per_layer_clamp=family.per_layer_clamp,
+        altup=altup_spec(config, config_name) if family.altup else None,
+        laurel=family.laurel,
+        value_router=value_router,
         **family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=config_name,
                         attn_scale=None if latent is None else latent_attn_scale(full_params, head_dim, max_pos)),
     )
+
+
+def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpec,
+                  config_name: str, one_range: bool = False) -> tuple[tuple[LayerSpec, ...], LoopSpec]:
+    """The executed layers of a family whose stored layers run several times (``family.looped``; the
+    pass count is the field ``loops`` under the family's keys), and how its passes join (``loops.LoopSpec``).
+
+    Every pass runs the n stored layers in order as layers j * n .. (j + 1) * n - 1, each reading the
+    weights of its stored layer (``LayerSpec.stored``). The final norm closes each pass but the last
+    when ``family.loop_norm`` is true and the config key ``family.loop_norm_skip_key`` is not (Nanbeige's
+    skip_loop_final_norm). With ``family.loop_stacks`` (low, high), two stacks stored under those
+    ``{stack}`` names run in cycles (HRM-Text): ``loops`` cycles (H_cycles) of ``inner_loops`` passes
+    (L_cycles) of the low stack, each replacing the low state, then one of the high stack, replacing
+    the high state; every pass reads the two states summed and ends in the (weightless) final norm,
+    the last through the model's own; the low state starts as the stored ``loop_init``. With
+    ``one_range`` the two stacks are stored as one range of layers, the high one after the low one
+    (llama.cpp's blocks): the high stack's layer i reads stored layer n + i, and no ``{stack}``. With
+    ``family.loop_gated`` (IQuest-LoopCoder; the window is the field
+    ``loop_window``, its loop_window_size), the
+    layers of every later pass attend both globally, over the first pass's keys and values of their
+    stored layer (``LayerSpec.loop_global``), and locally, over their own within that window, mixed
+    by their gate.
+
+    Raises:
+        SterError: a pass count or window that is not a positive integer, or more executed layers
+            than ``MAX_LAYERS``.
+    """
+    n = len(layers)
+    loops = r.positive_int("loops", 1, limit=MAX_LAYERS)
+    inner = r.positive_int("inner_loops", 1, limit=MAX_LAYERS) if family.loop_stacks else 0
+    if n * loops * (inner + 1) > MAX_LAYERS:
+        raise SterError(f"invalid model config {config_name}: {n} layers run {loops * max(inner + 1, 1)} times are "
+                        f"more than {MAX_LAYERS} layers")
+    if family.loop_stacks:  # two stacks in cycles: `inner` passes of the low stack, then one of the high
+        low, high = family.loop_stacks
+        out: list[LayerSpec] = []
+        passes = []
+        for c in range(loops):
+            for stack, state, normed in [(low, 1, True)] * inner + [(high, 0, c < loops - 1)]:
+                passes.append(Pass(len(out), len(out) + n, state, normed))
+                first = n if one_range and stack == high else 0
+                out += [replace(layer, stored=first + i, stack=None if one_range else stack)
+                        for i, layer in enumerate(layers)]
+        return tuple(out), LoopSpec(tuple(passes), states=2, init="loop_init")
+    window = r.positive_int("loop_window", limit=1 << 31) if family.loop_gated else None
+    out = list(replace(layer, stored=i) for i, layer in enumerate(layers))
+    for j in range(1, loops):
+        out += [replace(layer, stored=i, loop_global=i, sliding_window=window) if window is not None
+                else replace(layer, stored=i) for i, layer in enumerate(layers)]
+    skip = bool(r.value(family.loop_norm_skip_key)) if family.loop_norm_skip_key else False
+    return tuple(out), repeated(n, loops, family.loop_norm and not skip)
+
+
+def looped_from_gguf(spec: ModelSpec, config: Mapping, family: FamilySpec, path: str) -> ModelSpec:
+    """A looped GGUF file's spec: ``spec`` was built over its stored blocks (two stacks: the first stack's,
+    ``looped_stack``); its executed layers and passes are then ``looped_layers``' over llama.cpp's one range
+    of blocks (Nanbeige's block_count is its stored layers, as llama.cpp's nanbeige.cpp reads it)."""
+    layers, loop = looped_layers(spec.layers, _Reader(config, family, path), family, path, one_range=True)
+    return replace(spec, layers=layers, num_hidden_layers=len(layers), loop=loop, prefix_lm=False)
+
+
+def looped_stack(config: Mapping, family: FamilySpec, block_count: int, path: str) -> int:
+    """The stored stack length of a looped GGUF file (``num_layers_per_stack`` from its metadata), checked
+    against its block_count, which llama.cpp's converter writes as every pass's layers.
+
+    Raises:
+        SterError: a missing or invalid length, or a block_count other than the passes' layers.
+    """
+    r = _Reader(config, family, path)
+    n = config.get("num_layers_per_stack")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+        raise SterError(f"invalid GGUF file {path}: its stack length (layers_per_stack) must be an integer in "
+                        f"1..{MAX_LAYERS}, got {brief_value(n)}")
+    executed = n * r.positive_int("loops", 1, limit=MAX_LAYERS) * (
+        r.positive_int("inner_loops", 1, limit=MAX_LAYERS) + 1 if family.loop_stacks else 1)
+    if executed != block_count:
+        raise SterError(f"{path}: GGUF block_count ({block_count}) is not the {executed} layers its stacks of {n} "
+                        "run in their cycles")
+    return n
+def reused_kv_unread(names: Mapping[str, Any], layers) -> tuple[str, ...]:
+    """The key and value tensors (and key norm) a layer that reuses another's cache may still store
+    and never reads (``LayerSpec.kv_source``; Gemma 3n's hub checkpoints keep them), as name prefixes."""
+    return tuple(names[role].format(i=i) for i, layer in enumerate(layers) if layer.kv_source is not None
+                 for role in ("k", "v", "k_norm") if isinstance(names.get(role), str))
+
+
+#: The most copies of the stream AltUp may carry (Gemma 3n has 4).
+MAX_ALTUP_INPUTS = 64
+
+
+def altup_spec(config: Mapping, config_name: str) -> AltUpSpec:
+    """AltUp's settings from ``altup_num_inputs`` (default 4) and ``altup_correct_scale`` (default true),
+    Transformers' ``Gemma3nTextConfig`` keys.
+
+    Raises:
+        SterError: altup_num_inputs not an integer in 1..64, altup_correct_scale not a boolean.
+    """
+    n = config.get("altup_num_inputs", 4)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_ALTUP_INPUTS:
+        raise SterError(f"invalid model config {config_name}: altup_num_inputs must be an integer in "
+                        f"1..{MAX_ALTUP_INPUTS}, got {brief_value(n)}")
+    scale = config.get("altup_correct_scale", True)
+    if not isinstance(scale, bool):
+        raise SterError(f"invalid model config {config_name}: altup_correct_scale must be true or false, "
+                        f"got {brief_value(scale)}")
+    return AltUpSpec(num_inputs=n, correct_scale=scale)
+
+
+def layer_sparsity(config: Mapping, key: str, n_layers: int, config_name: str) -> list[float]:
+    """Per layer, the activation sparsity ``config[key]`` lists (a number in [0, 1) each; absent: none).
+
+    Raises:
+        SterError: not a list of one such number per layer.
+    """
+    v = config.get(key)
+    if v is None:
+        return [0.0] * n_layers
+    if not isinstance(v, list) or len(v) != n_layers or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1 for p in v):
+        raise SterError(f"invalid model config {config_name}: {key} must list one number in [0, 1) per layer "
+                        f"({n_layers}), got {brief_value(v)}")
+    return [float(p) for p in v]
 
 
 def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None,
@@ -1323,7 +1571,10 @@ def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None
     latent = LatentSpec(kv_lora_rank=r.positive_int("kv_lora_rank"),
                         q_lora_rank=None if q_rank is None else r.positive_int("q_lora_rank"),
                         qk_nope_head_dim=r.positive_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
-                        qk_rope_head_dim=r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
+                        # unrotated families may rotate nothing (GLM-5-Next's qk_rope_head_dim 0)
+                        qk_rope_head_dim=0 if (family is not None and family.positions == "none"
+                                               and r.get("qk_rope_head_dim") == 0)
+                        else r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
                         v_head_dim=r.positive_int("v_head_dim", limit=MAX_HEAD_DIM))
     if latent.qk_rope_head_dim % 2:
         raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
@@ -1392,6 +1643,82 @@ def layer_latents(config: Mapping, family: FamilySpec, latent: LatentSpec, hidde
     return out
 
 
+def compressed_spec(r: "_Reader", config: Mapping, max_pos: int, config_name: str) -> CompressedSpec:
+    """DeepSeek-V4's compressed attention (``decoder/compressed.py``) from its config (``normalize`` has
+    written ``_compress_rope``, the compressed layers' rotation parameters, and ``compress_rates``).
+
+    Raises:
+        SterError: a width, rank, rate, window or count that is not a positive integer within bounds, heads
+            that do not split into ``o_groups``, a rotated width above the head's or odd, bad rotation parameters.
+    """
+    where = f"invalid model config {config_name}"
+    D = r.positive_int("head_dim", limit=MAX_HEAD_DIM)
+    rope_dim = config.get("qk_rope_head_dim")
+    if rope_dim is None:
+        factor = config.get("partial_rotary_factor", 64 / 512)
+        rope_dim = int(D * factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else None
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or not 0 < rope_dim <= D or rope_dim % 2:
+        raise SterError(f"{where}: qk_rope_head_dim must be an even number in 2..head_dim ({D}), "
+                        f"got {brief_value(rope_dim)}")
+    heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
+    groups = r.positive_int("o_groups", limit=MAX_HEADS)
+    if heads % groups:
+        raise SterError(f"{where}: num_attention_heads ({heads}) is not a multiple of o_groups ({groups})")
+    rates = config.get("compress_rates")
+    rates = rates if isinstance(rates, Mapping) else {}
+
+    def rate(kind: str, default: int) -> int:
+        v = rates.get(kind, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
+            raise SterError(f"{where}: compress_rates[{kind!r}] must be a positive integer, got {brief_value(v)}")
+        return v
+
+    def rope(params: Mapping) -> Rope:
+        params = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+        return make_rope(params, head_dim=rope_dim, max_position_embeddings=max_pos, interleaved=True, where=where)
+
+    return CompressedSpec(head_dim=D, rope_dim=rope_dim, q_lora_rank=r.positive_int("q_lora_rank"),
+                          window=r.positive_int("sliding_window", limit=1 << 31),
+                          sparse_rate=rate("compressed_sparse_attention", 4),
+                          heavy_rate=rate("heavily_compressed_attention", 128), o_groups=groups,
+                          o_lora_rank=r.positive_int("o_lora_rank"),
+                          index_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
+                          index_dim=r.positive_int("index_head_dim", limit=MAX_HEAD_DIM),
+                          index_topk=r.positive_int("index_topk", limit=1 << 31), norm_eps=float(r.get("norm_eps", 1e-6)),
+                          main_rope=rope(config.get("rope_parameters") or {}), compress_rope=rope(config["_compress_rope"]))
+
+
+def streams_spec(r: "_Reader", family: FamilySpec, config_name: str) -> StreamsSpec:
+    """The residual streams of a family with ``streams`` (``decoder/streams.py``): ``hc_mult`` streams,
+    ``hc_magnitude``, ``hc_eps`` and ``hc_sinkhorn_iters`` under the family's keys (what the family fixes
+    in code from ``family.streams``: ``"model"`` or a number for each), the norm's epsilon the model's.
+
+    Raises:
+        SterError: a stream count that is not a positive integer within bounds, an epsilon or magnitude
+            that is not a finite number (a negative epsilon), rounds that are not a whole number.
+    """
+    where = f"invalid model config {config_name}"
+    fixed = dict(family.streams)
+
+    def number(key: str, default: float, positive: bool = False) -> float:
+        v = fixed.pop(key, "model")
+        v = r.get(key, default) if v == "model" else v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (positive and v == 0):
+            raise SterError(f"{where}: {key} must be a {'positive' if positive else 'non-negative'} number, "
+                            f"got {brief_value(v)}")
+        return float(v)
+
+    n = r.positive_int("hc_mult", limit=64)
+    eps = number("hc_eps", 1e-6)
+    iters = fixed.pop("hc_sinkhorn_iters", 0)
+    iters = r.positive_int("hc_sinkhorn_iters", limit=1000) if iters == "model" else int(iters)
+    post_eps = fixed.pop("post_eps", 0.0)
+    return StreamsSpec(n=n, magnitude=number("hc_magnitude", 2.0, positive=True),
+                       post_eps=eps if post_eps == "hc_eps" else float(post_eps), eps=eps,
+                       norm_eps=float(r.get("norm_eps", 1e-6)), sinkhorn_iters=iters, **fixed)
+
+
 def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, config_name: str) -> IndexerSpec:
     """DeepSeek Sparse Attention's indexer of a family with ``indexer``: ``index_n_heads``,
     ``index_head_dim`` and ``index_topk`` under the family's keys, rotating the latent's
@@ -1408,6 +1735,12 @@ def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, co
                         "not supported (the indexer reads the query latent); ster refuses this configuration before "
                         "reading any weight")
     fixed = dict(family.indexer)
+    if fixed.pop("kpool", None) == "model":  # GLM-5-Next's pooled indexer
+        fixed["kpool"] = r.positive_int("index_kpool", limit=1 << 20)
+        tail = r.get("index_kpool_always_select_tail", True)
+        if not isinstance(tail, bool):
+            raise SterError(f"{where}: index_kpool_always_select_tail must be true or false, got {brief_value(tail)}")
+        fixed["tail"] = tail
     eps = fixed.pop("norm_eps", 1e-6)
     eps = float(r.get("norm_eps", 1e-6)) if eps == "model" else float(eps)
     spec = IndexerSpec(n_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
@@ -1468,6 +1801,49 @@ def latent_attn_scale(params: Mapping, qk_head_dim: int, max_pos: int) -> float:
     return scale
 
 
+def value_router_spec(config: Mapping, family: FamilySpec, moe: MoESpec | None,
+                      config_name: str) -> RouterSpec | None:
+    """The value experts' router (K2-Horizon's MoVA, the family's ``value_experts_keys``: the expert count
+    and the experts per token): the feed-forward router's scoring, selection bias, renormalisation and
+    scale over that many experts; None when the config states no count (or 0).
+
+    Raises:
+        SterError: counts that are not positive integers, more per token than experts, value experts
+            in a model without routed feed-forwards (whose router they follow).
+    """
+    if not family.value_experts_keys:
+        return None
+    n_key, k_key = family.value_experts_keys
+    n, k = config.get(n_key), config.get(k_key)
+    if not n:
+        return None
+    where = f"invalid model config {config_name}"
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_EXPERTS:
+        raise SterError(f"{where}: {n_key} must be an integer in 1..{MAX_EXPERTS}, got {brief_value(n)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= n:
+        raise SterError(f"{where}: {k_key} must be an integer in 1..{n_key} ({n}), got {brief_value(k)}")
+    if moe is None:
+        raise SterError(f"{where}: {n_key} needs the routed feed-forward (num_experts) whose router the value "
+                        "experts follow")
+    return replace(moe.router, num_experts=n, top_k=k, n_group=1, topk_group=1)
+
+
+def norm_groups(config: Mapping, family: FamilySpec, hidden: int, config_name: str) -> int:
+    """How many equal groups of the hidden width the sublayer and final RMS norms normalise apart
+    (the family's ``norm_groups_key``: K2-Horizon's layernorm_num_groups); 1 when unstated.
+
+    Raises:
+        SterError: a count that is not a positive integer dividing hidden_size.
+    """
+    g = config.get(family.norm_groups_key) if family.norm_groups_key else None
+    if g is None:
+        return 1
+    if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or hidden % g:
+        raise SterError(f"invalid model config {config_name}: {family.norm_groups_key} must be a positive integer "
+                        f"dividing hidden_size ({hidden}), got {brief_value(g)}")
+    return g
+
+
 def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: int, head_dim: int,
                   config_name: str, attn_scale: float | None = None) -> dict[str, Any]:
     """The ``ModelSpec`` fields a family's flags and scalar config keys decide, shared with the GGUF path.
@@ -1502,6 +1878,9 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         alibi_slopes=alibi_slopes(heads, r.number("alibi_bias_max", 8.0)) if family.positions == "alibi" else None,
         alibi_scale=attn_scale if family.alibi_scaled else 1.0,
         alibi_bf16=family.alibi_bf16,
+        alibi_sqrt=family.alibi_sqrt,
+        norm_offsets=tuple(family.norm_offsets.items()),
+        norm_groups=norm_groups(config, family, hidden, config_name),
         residual_scale=r.number(family.residual_multiplier_key, 1.0),
         # A zero divisor becomes an infinite scale, which validate.check_spec refuses by name.
         logit_scale=(1.0 / logit_scale if logit_scale else math.inf) if family.logit_scale_divides else logit_scale,

@@ -231,9 +231,15 @@ UNWRITTEN_ARCHS = {
        for arch in ("minicpm", "orion", "internlm2", "deepseek", "bailingmoe", "pangu-embedded")},
     "gemma4": "per-layer head widths and rotations, shared key/value layers and per-layer inputs as llama.cpp's "
               "converter writes them",
+    "nanbeige": "a check of its loop metadata against llama.cpp's converter (not done yet)",
+    "hrm_text": "its two stacks as one range of blocks, the split attention gate and the stacks' cycle counts as "
+                "llama.cpp's converter writes them",
     # group WRAP: read from llama.cpp's converter's files (tests/test_parity_wrapped.py), not written yet
     "muse-glimmer": "the query scale as q-norm weights, the NORM rotation's row order and the sliding pattern as "
                     "llama.cpp's converter writes them",
+    # group g3n: Gemma 3n (its GGUF is read, tests/test_parity_gemma3n.py)
+    "gemma3n": "AltUp's stacked projections, Laurel, activation sparsity and per-layer inputs as llama.cpp's "
+               "converter writes them",
 }
 
 

@@ -101,6 +101,18 @@ HUNYUAN_NAMES = _with(LLAMA_NAMES, q_norm=_L + "self_attn.query_layernorm", k_no
 HYPERCLOVAX_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_norm1", ffn_post_norm=_L + "post_norm2")
 APERTUS_NAMES = _with(LLAMA_NAMES, attn_norm=_L + "attention_layernorm", ffn_norm=_L + "feedforward_layernorm",
                       gate=None, act=_L + "mlp.act_fn")
+# HRM-Text: two stacks ({stack}: L_module, H_module) of layers without norm weights; the attention's output
+# gate rows lead its fused gqkv_proj; the low stack's first state is the stored vector z_L_init.
+_HRM = "model.{stack}.layers.{i}."
+HRM_TEXT_NAMES = {"embed": "model.embed_tokens", "head": "lm_head", "qkv": _HRM + "attn.gqkv_proj",
+                  "o": _HRM + "attn.o_proj", "gate_up": _HRM + "mlp.gate_up_proj", "down": _HRM + "mlp.down_proj",
+                  "loop_init": "model.z_L_init#"}
+# llama.cpp's hrm_text: the low stack in blocks 0..n-1, the high stack in n..2n-1 (LayerSpec.stored), the gate
+# rows split out as attn_gate, z_L_init as hrm.z_l_init (no .weight suffix).
+GGUF_HRM_TEXT_NAMES = {"embed": "token_embd", "head": "output", "q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k",
+                       "v": "blk.{i}.attn_v", "g": "blk.{i}.attn_gate", "o": "blk.{i}.attn_output",
+                       "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up", "down": "blk.{i}.ffn_down",
+                       "loop_init": "hrm.z_l_init#"}
 # Routed feed-forwards. Expert roles name whole tensors ({e}: the expert); see decoder/layout.py.
 _M = _L + "mlp."
 QWEN_MOE_NAMES = _with(LLAMA_NAMES, gate=None, up=None, down=None, router=_M + "gate",
@@ -199,6 +211,33 @@ INTERNLM2_NAMES: Mapping[str, str] = {
 # openPangu-Embedded under sandwich_norm: the norm after attention keeps Llama's post_attention_layernorm name.
 PANGU_SANDWICH_NAMES = _with(LLAMA_NAMES, attn_post_norm=_L + "post_attention_layernorm",
                              ffn_norm=_L + "pre_mlp_layernorm", ffn_post_norm=_L + "post_mlp_layernorm")
+# TeleChat2 / TeleChat2.5: Llama's block below transformer.; keys and values in one key_value matrix
+# whose rows hold, per key/value head, its key and then its value (layout's fused "kv").
+_T = "transformer.h.{i}."
+TELECHAT_NAMES: Mapping[str, str] = {
+    "embed": "transformer.word_embeddings", "final_norm": "transformer.ln_f", "head": "lm_head",
+    "attn_norm": _T + "input_layernorm", "ffn_norm": _T + "post_attention_layernorm",
+    "q": _T + "self_attention.query", "kv": _T + "self_attention.key_value", "o": _T + "self_attention.dense",
+    "gate": _T + "mlp.gate_proj", "up": _T + "mlp.up_proj", "down": _T + "mlp.down_proj",
+}
+# PLaMo 3: Llama's block under model.layers.layers.{i} with sandwich norms (pre_/post_ mixer and mlp norms),
+# q, k and v stacked in mixer.qkv_proj, gate rows above up rows in mlp.gate_up_proj.
+_P3 = "model.layers.layers.{i}."
+PLAMO3_NAMES: Mapping[str, str] = {
+    "embed": "model.embed_tokens", "final_norm": "model.norm", "head": "lm_head",
+    "attn_norm": _P3 + "pre_mixer_norm", "attn_post_norm": _P3 + "post_mixer_norm",
+    "ffn_norm": _P3 + "pre_mlp_norm", "ffn_post_norm": _P3 + "post_mlp_norm",
+    "qkv": _P3 + "mixer.qkv_proj", "o": _P3 + "mixer.o_proj", "q_norm": _P3 + "mixer.q_norm",
+    "k_norm": _P3 + "mixer.k_norm", "gate_up": _P3 + "mlp.gate_up_proj", "down": _P3 + "mlp.down_proj",
+}
+# K2-Horizon: Qwen-MoE's names with the router's selection bias stored as mlp.gate.bias, shared experts under
+# mlp.shared_experts, an output gate at self_attn.gate_proj and MoVA's value experts (self_attn.v_experts.{e},
+# chosen by self_attn.v_router).
+K2_HORIZON_NAMES = _with(QWEN_MOE_DENSE_NAMES, router_select_bias=_M + "gate.bias",
+                         shexp_gate=_M + "shared_experts.gate_proj", shexp_up=_M + "shared_experts.up_proj",
+                         shexp_down=_M + "shared_experts.down_proj", g=_L + "self_attn.gate_proj",
+                         v_router=_L + "self_attn.v_router", v_router_select_bias=_L + "self_attn.v_router.bias",
+                         v_exp=_L + "self_attn.v_experts.{k}")
 # DeepSeek-MoE (model_type deepseek): Qwen-MoE's names, shared experts under mlp.shared_experts, no selection bias.
 DEEPSEEK_MOE_NAMES = _with(GLM4_MOE_NAMES, router_select_bias=None)
 _H = "transformer.h.{i}."
@@ -347,6 +386,10 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "identity_experts": (),  # experts returning their input, beside the routed ones (LongCat-Flash)
     # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
     "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
+    "index_kpool": ("index_kpool",), "index_kpool_always_select_tail": ("index_kpool_always_select_tail",),
+    # Hyper-connections' residual streams (read only by families with ``streams``; ``config.streams_spec``).
+    "hc_mult": ("hc_mult",), "hc_eps": ("hc_eps",), "hc_magnitude": ("hc_magnitude",),
+    "hc_sinkhorn_iters": ("hc_sinkhorn_iters",),
     # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
@@ -446,6 +489,14 @@ class FamilySpec:
             ``"none"`` (no position signal: Jamba's and Nemotron-H's attention, state-space models).
         alibi_scaled: the ALiBi bias is added before the scores' 1/sqrt(head_dim) scale (Falcon).
         alibi_bf16: the ALiBi bias is computed in bfloat16, as the family's reference does (Falcon).
+        norm_offsets: sublayer norm role -> a number added to its stored weight in place of
+            ``norm_unit_offset``'s one (PLaMo 3's post_mixer_norm 1/5, post_mlp_norm 5 ** -1.5).
+        value_experts_keys: config keys of (the value experts' count, those chosen per token): the routed
+            layers take their values from value experts (K2-Horizon's MoVA; ``config.value_router_spec``).
+        norm_groups_key: config key of the number of equal groups the hidden-width RMS norms normalise
+            apart (K2-Horizon's layernorm_num_groups).
+        alibi_sqrt: the ALiBi bias is -slope * sqrt(distance), the distance measured from each query's
+            absolute position (Step1), rather than slope * key position.
         rope_interleaved: rotary pairs are adjacent (GPT-J, Cohere, GLM) rather than halves.
         rope_layers: which layers rotate: ``"all"``, ``"sliding"`` (only sliding-window layers,
             Cohere 2), ``"sliding_or_dense"`` (those and the dense feed-forward layers, Cohere 2 MoE)
@@ -567,7 +618,9 @@ class FamilySpec:
         adapters: the adapter targets the family takes: ``"all"``, ``"ffn"`` or ``"none"``.
         reference_hidden: how Transformers lists ``output_hidden_states`` for the family (for
             ``ster parity``): ``"embedding"`` (the embedding, then each layer's output, the last
-            one normed) or ``"layers"`` (Mamba's: each layer's output, then the final norm's).
+            one normed), ``"embedding_unnormed"`` (the same, the last one before the final norm:
+            Gemma 3n's, whose entries are AltUp's first copy) or ``"layers"`` (Mamba's: each layer's
+            output, then the final norm's).
         hybrid_mixer: the mixer of the layers ``layer_types`` calls ``hybrid`` (``"hybrid"``:
             attention and the scan side by side, Falcon-H1; ``"shared_hybrid"``: a shared
             transformer block then the scan, Zamba2).
@@ -585,6 +638,25 @@ class FamilySpec:
             earlier layer of their kind (Gemma 4's num_kv_shared_layers; ``config.kv_sources``).
         value_norm: each value head passes a weightless RMS norm (Gemma 4).
         layer_scalar: each layer's output is multiplied by its ``layer_scalar`` tensor (Gemma 4).
+        looped: the stored layers run ``loops`` times (read under ``keys``), each pass its own executed
+            layers with their own cache slots (``config.looped_layers``, ``decoder/loops.py``).
+        loop_norm: the final norm closes every pass but the last (the last gets it anyway), unless the
+            config key ``loop_norm_skip_key`` is true (Nanbeige's skip_loop_final_norm).
+        loop_gated: on every later pass, attention is the gated mix of a global half over the first
+            pass's keys and values and a local half within ``loop_window`` (IQuest-LoopCoder).
+        loop_stacks: (low, high): with ``looped``, two stacks stored under these ``{stack}`` names run in
+            cycles: ``loops`` cycles of ``inner_loops`` passes of the low stack and one of the high
+            (HRM-Text; ``config.looped_layers``).
+        prefix_lm_key: config key (true when absent) under which a prompt read whole from position zero
+            attends both ways within itself (``ModelSpec.prefix_lm``).
+        compressed: every layer runs DeepSeek-V4's compressed attention (``config.compressed_spec``,
+            ``decoder/compressed.py``), its kind from ``_compress_kinds`` and its hash routing from
+            ``_hash_layers`` (the family's ``normalize`` writes both).
+        ffn_limit: the dense feed-forwards are clamped by ``swiglu_limit`` too (``ModelSpec.ffn_limit``).
+        streams: the residual is ``hc_mult`` streams joined by hyper-connections (``config.streams_spec``,
+            ``decoder/streams.py``): what the family fixes in code (``hc_sinkhorn_iters``, ``post_eps``:
+            ``"hc_eps"`` or a number, ``head``: ``"weighted"`` / ``"mean"``, ``hc_magnitude``); {} for
+            the config's keys alone.
         embed_norm_affine: the embedding norm (``embed_norm``) carries a weight (False: weightless,
             Muse Glimmer's).
         final_norm_unit_offset: the final norm's weight is applied as stored (False) or as 1 + w (True)
@@ -604,6 +676,11 @@ class FamilySpec:
             is ``q_up(q_inter_norm(q(x)))`` (``ModelSpec.query_bottleneck``).
         ngram: hashed n-gram embeddings beside the token embedding (``config.ngram_spec``; the ``ngram_table``
             and ``ngram_proj`` roles, ``{k}`` the table index; LongCat-Flash-Lite).
+        altup: the stream travels as AltUp's copies, as many as ``altup_num_inputs`` says
+            (``ModelSpec.altup``; Gemma 3n). laurel: each layer has Laurel's low-rank residual
+            (``ModelSpec.laurel``). ffn_sparsity_key: the config key listing each layer's activation
+            sparsity (``LayerSpec.ffn_sparsity``). per_layer_clamp: ids past the per-layer table read
+            its row 0 (``ModelSpec.per_layer_clamp``).
     """
 
     model_type: str
@@ -625,6 +702,10 @@ class FamilySpec:
     position_offset: int = 0
     alibi_scaled: bool = False
     alibi_bf16: bool = False
+    alibi_sqrt: bool = False
+    norm_offsets: Mapping[str, float] = field(default_factory=dict)
+    norm_groups_key: str | None = None
+    value_experts_keys: tuple[str, str] | None = None
     rope_interleaved: bool = False
     rope_layers: str = "all"
     default_act: str = "silu"
@@ -704,6 +785,15 @@ class FamilySpec:
     kv_shared_key: str | None = None
     value_norm: bool = False
     layer_scalar: bool = False
+    looped: bool = False
+    loop_norm: bool = False
+    loop_norm_skip_key: str | None = None
+    loop_gated: bool = False
+    loop_stacks: tuple[str, str] | None = None
+    prefix_lm_key: str | None = None
+    streams: Mapping[str, Any] | None = None
+    compressed: bool = False
+    ffn_limit: bool = False
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps_key: str | None = None
@@ -713,6 +803,10 @@ class FamilySpec:
     gate_up_interleaved: bool = False
     query_bottleneck_key: str | None = None
     ngram: bool = False
+    altup: bool = False
+    laurel: bool = False
+    ffn_sparsity_key: str | None = None
+    per_layer_clamp: bool = False
 
     def stored_under(self, prefix: str) -> "FamilySpec":
         """This family as a wrapper stores it: every tensor name below ``prefix`` (``tensor_names``)."""
@@ -783,6 +877,119 @@ def _teleflm_config(config: Mapping) -> Mapping:
     return c
 
 
+def _deci_blocks(config: Mapping) -> list | None:
+    """DeciLM's ``block_configs`` when it is a list of objects each with ``attention`` and ``ffn`` objects."""
+    blocks = config.get("block_configs")
+    if not isinstance(blocks, list) or not all(
+            isinstance(b, Mapping) and isinstance(b.get("attention"), Mapping) and isinstance(b.get("ffn"), Mapping)
+            for b in blocks):
+        return None
+    return blocks
+
+
+def _deci_ffn_width(ffn: Mapping, hidden: Any) -> Any:
+    """A DeciLM feed-forward's width: the entry's intermediate_size, else int(2 * ffn_mult * hidden / 3)
+    rounded up to a multiple of 256 (seed 002; DeciLM's _ffn_mult_to_intermediate_size)."""
+    if ffn.get("intermediate_size") is not None:
+        return ffn["intermediate_size"]
+    mult = ffn.get("ffn_mult")
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult < 1e6 \
+            or isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
+        return None
+    width = int(2 * mult * hidden / 3)
+    return width + (-width) % 256
+
+
+def _deci_config(config: Mapping) -> Mapping:
+    """DeciLM's ``block_configs`` (one entry per layer) in the keys config.py reads: each attending
+    layer's key/value heads (num_attention_heads / n_heads_in_group) in ``per_layer_config``, and
+    ``layer_halves``: per layer, whether it has its attention and its feed-forward (no_op: neither the
+    half nor its norm) and that feed-forward's width; intermediate_size, which DeciLM's configs leave
+    null, is the first feed-forward's."""
+    blocks = _deci_blocks(config)
+    if blocks is None:
+        return config
+    c = dict(config)
+    heads = c.get("num_attention_heads")
+    per_layer, halves = {}, []
+    for i, b in enumerate(blocks):
+        att, ffn = b["attention"], b["ffn"]
+        group = att.get("n_heads_in_group")
+        if not att.get("no_op") and isinstance(group, int) and not isinstance(group, bool) and group > 0 \
+                and isinstance(heads, int) and heads % group == 0:
+            per_layer[str(i)] = {"num_key_value_heads": heads // group}
+        halves.append({"attention": not att.get("no_op"), "ffn": not ffn.get("no_op"),
+                       "intermediate_size": None if ffn.get("no_op") else _deci_ffn_width(ffn, c.get("hidden_size"))})
+    c.setdefault("per_layer_config", per_layer)
+    c["layer_halves"] = halves
+    if c.get("intermediate_size") is None:  # the model's width: the first feed-forward's (each layer has its own)
+        c["intermediate_size"] = next((h["intermediate_size"] for h in halves if h["intermediate_size"]), 1)
+    return c
+
+
+def _deci_refused(why: str):
+    """Predicate over DeciLM's block_configs entries: ``why(attention, ffn, config)`` holds for one of them."""
+    def when(config: Mapping) -> bool:
+        return any(why(b["attention"], b["ffn"], config) for b in _deci_blocks(config) or ())
+    return when
+
+
+def _deci_attention_unsized(att: Mapping, ffn: Mapping, config: Mapping) -> bool:
+    group, heads = att.get("n_heads_in_group"), config.get("num_attention_heads")
+    return not att.get("no_op") and (isinstance(group, bool) or not isinstance(group, int) or group <= 0
+                                     or not isinstance(heads, int) or heads % group != 0)
+
+
+_DECI_REFUSALS = (
+    Refusal(lambda c: _deci_blocks(c) is None or len(_deci_blocks(c)) != _n_layers(c),
+            "a config without block_configs (one object with attention and ffn per layer, num_hidden_layers of "
+            "them) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: bool(a.get("replace_with_linear")) or bool(f.get("replace_with_linear"))),
+            "a block replaced by a linear layer (replace_with_linear) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: a.get("sparsify") is not None or f.get("sparsify") is not None),
+            "sparsified blocks (sparsify) are not supported"),
+    Refusal(_deci_refused(lambda a, f, c: a.get("window_length") is not None),
+            "attention through a window (block_configs' window_length) is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: bool(a.get("num_sink_tokens"))),
+            "attention sink tokens (num_sink_tokens) are not supported"),
+    Refusal(_deci_refused(lambda a, f, c: f.get("hidden_act") is not None
+                          and f.get("hidden_act") != c.get("hidden_act", "silu")),
+            "a layer's hidden_act other than the model's is not supported"),
+    Refusal(_deci_refused(_deci_attention_unsized),
+            "an attention entry without an n_heads_in_group that divides num_attention_heads is not supported"),
+    Refusal(_deci_refused(lambda a, f, c: not f.get("no_op") and _deci_ffn_width(f, c.get("hidden_size")) is None),
+            "a feed-forward entry without a positive ffn_mult or intermediate_size is not supported"),
+)
+
+
+def _plamo3_config(config: Mapping) -> Mapping:
+    """PLaMo 3's spellings in the keys config.py reads: window_size as sliding_window, head width from
+    hidden_size_per_head where head_dim is absent, and the full-attention layers' YaRN (when
+    rope_scaling_factor is not one) over initial_context_length positions with the band 32 to 1
+    unrounded (truncate false), as modeling_plamo.py builds it; the sliding layers rotate at
+    rope_local_theta (FamilySpec.local_rope_key)."""
+    c = dict(config)
+    if c.get("sliding_window") is None and c.get("window_size") is not None:
+        c["sliding_window"] = c["window_size"]
+    if c.get("head_dim") is None and c.get("hidden_size_per_head") is not None:
+        c["head_dim"] = c["hidden_size_per_head"]
+    factor = c.get("rope_scaling_factor", 1)
+    if c.get("rope_parameters") is None and c.get("rope_scaling") is None and factor not in (None, 1, 1.0):
+        c["rope_scaling"] = {"rope_type": "yarn", "factor": factor,
+                             "original_max_position_embeddings": c.get("initial_context_length"),
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    return c
+
+
+def _k2_horizon_config(config: Mapping) -> Mapping:
+    """K2-Horizon's router spellings in the keys config.py reads: router_score_func as scoring_func, and
+    under moe_gate_bias the selection by scores plus mlp.gate.bias (noaux_tc without groups)."""
+    c = dict(config)
+    c.setdefault("scoring_func", c.get("router_score_func") or "softmax")
+    c.setdefault("topk_method", "noaux_tc" if c.get("moe_gate_bias") else "greedy")
+    return c
+
+
 def _telechat3_config(config: Mapping) -> Mapping:
     """TeleChat3's rope type telechat3-yarn as the YaRN it is, with its temperature: 0.07 * ln(factor) + 1
     where YaRN's is 0.1 * ln(factor) + 1 (seed 002), stated as YaRN's attention_factor."""
@@ -811,6 +1018,20 @@ def _solar_config(config: Mapping) -> Mapping:
         weight = tv[1] if isinstance(tv, list) and len(tv) == 2 else tv
         c["residual_skips"] = [{"keep": c.get(f"bskcn_{a}") or [], "mix": c.get(f"bskcn_{b}") or [], "weight": weight}
                                for a, b in ((1, 3), (2, 4))]
+    return c
+
+
+def _hrm_text_config(config: Mapping) -> Mapping:
+    """HRM-Text's stack length (num_layers_per_stack, else num_hidden_layers: Transformers rewrites
+    num_hidden_layers to every pass's count) as num_hidden_layers, and its embedding_scale, 1 /
+    initializer_range when unstated (Transformers' HrmTextConfig)."""
+    c = dict(config)
+    if c.get("num_layers_per_stack") is not None:
+        c["num_hidden_layers"] = c["num_layers_per_stack"]
+    if c.get("embedding_scale") is None:
+        r = c.get("initializer_range", 0.02)
+        if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0:
+            c["embedding_scale"] = 1.0 / r
     return c
 
 
@@ -2004,6 +2225,270 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+
+# ---- group HC (issue 14, hyper-connections): several residual streams joined by hyper-connections
+# (decoder/streams.py). The roles name whole tensors; a name the release spells and the one Transformers'
+# writer spells (its hy_v4 renames undone in reverse) are both listed.
+def _hc_names(layer: Mapping[str, tuple[str, ...]], head: tuple[str, ...]) -> dict:
+    """The hyper-connection roles: ``layer[part]`` lists the module names of a layer's attention ("attn") and
+    feed-forward ("ffn") hyper-connection, whose tensors are fn / base / scale (or hc_fn / hc_base / hc_scale);
+    ``head`` the stems of the head's fn / base / scale tensors."""
+    out = {}
+    for part, stems in layer.items():
+        for p in ("fn", "base", "scale"):
+            out[f"hc_{part}_{p}"] = tuple(stem.replace("{p}", p) for stem in stems)
+    for p in ("fn", "base", "scale"):
+        out[f"hc_head_{p}"] = tuple(stem.replace("{p}", p) for stem in head)
+    return out
+
+
+# HY V4: Transformers' module names (attn_hc.fn, self_attn.gate_proj, self_attn.sinks), the release's
+# (hc_attn_layer.hc_pre.hc_fn, learnable_sink_param, linear_gate) and Transformers' writer's
+# (hc_pre.hc_attn_layer.hc_fn, mlp.linear_gate: its `.linear_gate -> .gate_proj` rename reversed on every gate).
+_HY_HC = {"attn": (_L + "attn_hc.{p}", _L + "hc_pre.hc_attn_layer.hc_{p}", _L + "hc_attn_layer.hc_pre.hc_{p}",
+                   _L + "hc_attn_layer.hc_{p}"),
+          "ffn": (_L + "ffn_hc.{p}", _L + "hc_pre.hc_mlp_layer.hc_{p}", _L + "hc_mlp_layer.hc_pre.hc_{p}",
+                  _L + "hc_mlp_layer.hc_{p}")}
+HY_V4_NAMES = _with(DEEPSEEK_DSA_NAMES, gate=(_M + "gate_proj", _M + "linear_gate"),
+                    shexp_gate=(_M + "shared_experts.gate_proj", _M + "shared_experts.linear_gate"),
+                    g=(_SA + "gate_proj", _SA + "linear_gate"), sinks=(_SA + "sinks", _SA + "learnable_sink_param"),
+                    **_hc_names(_HY_HC, ("model.hc_head.hc_{p}", "model.hc_head.hc_head_{p}",
+                                         "model.hc_pre.hc_head.hc_head_{p}")))
+#: HYV4Config's defaults (the release's config may leave any of them out).
+_HY_V4_DEFAULTS = {"vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912, "moe_intermediate_size": 768,
+                   "num_hidden_layers": 34, "num_attention_heads": 32, "max_position_embeddings": 262144,
+                   "rms_norm_eps": 1e-5, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                   "routed_scaling_factor": 2.827, "norm_topk_prob": True, "n_group": 1, "topk_group": 1,
+                   "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+                   "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 16, "hc_mult": 4,
+                   "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0}
+
+
+def _hy_v4_config(config: Mapping) -> Mapping:
+    """HY V4's layer kinds as HYV4Config derives them when the config lists none: the first layer dense
+    (mlp_layer_types), every layer indexed, an indexer of its own on layer 0 and each 4k + 1 (indexer_types)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] * min(1, n) + ["sparse"] * max(n - 1, 0)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["indexed_attention"] * n
+    if c.get("indexer_types") is None:
+        c["indexer_types"] = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
+    return c
+
+
+def _stated_false(key: str) -> Callable[[Mapping], bool]:
+    return lambda c: c.get(key) is False
+
+
+# What Transformers' HYV4 fixes in code: a config stating otherwise describes weights it cannot run.
+_HY_V4_REFUSALS = (
+    Refusal(_stated_false("enable_ihc"), "enable_ihc: false (one residual stream) is not supported (Transformers' "
+                                         "HY V4 always keeps hc_mult streams)"),
+    Refusal(_stated_false("gated_mla"), "gated_mla: false is not supported (Transformers' HY V4 always gates the "
+                                        "attention output)"),
+    Refusal(_stated_false("learnable_sink"), "learnable_sink: false is not supported (Transformers' HY V4 always "
+                                             "has a sink per head)"),
+    Refusal(_stated_other("gating_type", "elementwise"), "a gating_type other than elementwise is not supported"),
+    Refusal(lambda c: bool(c.get("soft_logits_capping")),
+            "soft_logits_capping is not supported (vLLM caps the logits, Transformers' HY V4 never does; the two "
+            "references disagree)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps the routed experts to it, zeroing "
+            "them, where its documentation and vLLM leave them unclamped)"),
+    _MOE_LAYER_FREQ,
+)
+
+
+
+# DeepSeek-V4: Transformers' module names, and DeepSeek's own layout (embed, head, layers.{i}.attn.wq_a,
+# ffn.experts.{e}.w1, hc_attn_fn; what Transformers' writer produces, below model. or not: ``root``).
+def _v4(module: str, own: str) -> tuple[str, str]:
+    return (_L + module, _L + own)
+
+
+DEEPSEEK_V4_NAMES = {
+    "embed": ("model.embed_tokens", "model.embed"), "final_norm": "model.norm", "head": ("lm_head", "head"),
+    "attn_norm": _v4("input_layernorm", "attn_norm"), "ffn_norm": _v4("post_attention_layernorm", "ffn_norm"),
+    "q_a": _v4("self_attn.q_a_proj", "attn.wq_a"), "q_a_norm": _v4("self_attn.q_a_norm", "attn.q_norm"),
+    "q_b": _v4("self_attn.q_b_proj", "attn.wq_b"), "ckv": _v4("self_attn.kv_proj", "attn.wkv"),
+    "ckv_norm": _v4("self_attn.kv_norm", "attn.norm"), "o_a": _v4("self_attn.o_a_proj", "attn.wo_a"),
+    "o_b": _v4("self_attn.o_b_proj", "attn.wo_b"), "sinks": _v4("self_attn.sinks", "attn.attn_sink"),
+    "cmp_kv": _v4("self_attn.compressor.kv_proj", "attn.compressor.wkv"),
+    "cmp_gate": _v4("self_attn.compressor.gate_proj", "attn.compressor.wgate"),
+    "cmp_bias": _v4("self_attn.compressor.position_bias", "attn.compressor.ape"),
+    "cmp_norm": _v4("self_attn.compressor.kv_norm", "attn.compressor.norm"),
+    "icmp_kv": _v4("self_attn.compressor.indexer.kv_proj", "attn.indexer.compressor.wkv"),
+    "icmp_gate": _v4("self_attn.compressor.indexer.gate_proj", "attn.indexer.compressor.wgate"),
+    "icmp_bias": _v4("self_attn.compressor.indexer.position_bias", "attn.indexer.compressor.ape"),
+    "icmp_norm": _v4("self_attn.compressor.indexer.kv_norm", "attn.indexer.compressor.norm"),
+    "idx_q_b": _v4("self_attn.compressor.indexer.q_b_proj", "attn.indexer.wq_b"),
+    "idx_w": _v4("self_attn.compressor.indexer.scorer.weights_proj", "attn.indexer.weights_proj"),
+    # (a name ending in # is the weight alone: DeepSeek's ffn.gate.bias is the selection bias, not the router's)
+    "router": (_L + "mlp.gate.weight#", _L + "ffn.gate.weight#"),
+    "router_select_bias": _v4("mlp.gate.e_score_correction_bias", "ffn.gate.bias"),
+    "router_hash": _v4("mlp.gate.tid2eid", "ffn.gate.tid2eid"),
+    "exp_gate": _L + "ffn.experts.{e}.w1.weight", "exp_up": _L + "ffn.experts.{e}.w3.weight",
+    "exp_down": _L + "ffn.experts.{e}.w2.weight",
+    "shexp_gate": _v4("mlp.shared_experts.gate_proj", "ffn.shared_experts.w1"),
+    "shexp_up": _v4("mlp.shared_experts.up_proj", "ffn.shared_experts.w3"),
+    "shexp_down": _v4("mlp.shared_experts.down_proj", "ffn.shared_experts.w2"),
+    **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")},
+                ("model.hc_head.hc_{p}", "model.hc_head_{p}")),
+}
+_V4_KINDS = {"sliding_attention": None, "compressed_sparse_attention": "sparse", "heavily_compressed_attention": "heavy"}
+_V4_RATIO_KINDS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+_DEEPSEEK_V4_DEFAULTS = {"vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
+                         "num_hidden_layers": 43, "num_attention_heads": 64, "head_dim": 512, "q_lora_rank": 1024,
+                         "num_experts_per_tok": 6, "n_routed_experts": 256, "routed_scaling_factor": 1.5,
+                         "max_position_embeddings": 1048576, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+                         "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+                         "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64,
+                         "index_head_dim": 128, "index_topk": 512, "rms_norm_eps": 1e-6}
+
+
+def _deepseek_v4_config(config: Mapping) -> Mapping:
+    """DeepSeek-V4's keys as Transformers' DeepseekV4Config reads them (legacy spellings included), in ster's
+    terms: each layer's compression (``_compress_kinds``: None, "sparse", "heavy") from layer_types or
+    compress_ratios (0, 4, 128), else two heavy layers then sparse and heavy by turns; the hash layers
+    (``_hash_layers``) from mlp_layer_types, else the first num_hash_layers (3); the sliding layers' rotation
+    (rope_parameters: rope_theta) and the compressed ones' (``_compress_rope``: compress_rope_theta, with a
+    YaRN block of magnitude one when stated); one shared expert as wide as a routed one."""
+    c, n = dict(config), _n_layers(config)
+    rates = dict(c.get("compress_rates") or {}) if isinstance(c.get("compress_rates", {}) or {}, Mapping) else {}
+    for legacy, kind in (("compress_rate_csa", "compressed_sparse_attention"),
+                         ("compress_rate_hca", "heavily_compressed_attention")):
+        if c.get(legacy) is not None:
+            rates[kind] = c[legacy]
+    c["compress_rates"] = rates
+    types = c.get("layer_types")
+    if types is None and isinstance(c.get("compress_ratios"), list):
+        types = [_V4_RATIO_KINDS.get(r, r) for r in c["compress_ratios"]]
+    if types is None:
+        types = ["heavily_compressed_attention"] * min(n, 2) + [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
+    if isinstance(types, list):
+        c["_layer_kinds"] = list(types[:n])
+        c["_compress_kinds"] = [_V4_KINDS.get(t) for t in types[:n]]
+    c.pop("layer_types", None)
+    mlp = c.get("mlp_layer_types")
+    if mlp is None:
+        k = c.get("num_hash_layers", 3)
+        k = k if isinstance(k, int) and not isinstance(k, bool) else 3
+        mlp = ["hash_moe"] * min(n, k) + ["moe"] * max(0, n - k)
+    if isinstance(mlp, list):
+        c["_mlp_kinds"] = list(mlp[:n])
+        c["_hash_layers"] = [t == "hash_moe" for t in mlp[:n]]
+    c.pop("mlp_layer_types", None)
+    if c.get("partial_rotary_factor") is None and c.get("qk_rope_head_dim") is None:
+        c["partial_rotary_factor"] = 64 / 512
+    rp = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    rp = rp if isinstance(rp, Mapping) else {}
+    if isinstance(rp.get("main"), Mapping) and isinstance(rp.get("compress"), Mapping):
+        main, compress = dict(rp["main"]), dict(rp["compress"])
+    else:
+        main = {"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)}
+        compress = {**{k: v for k, v in rp.items() if k not in ("main", "compress", "rope_theta")},
+                    "rope_theta": c.get("compress_rope_theta", 160000.0)}
+        compress.setdefault("rope_type", compress.pop("type", "default"))
+        if compress["rope_type"] == "yarn":
+            compress.setdefault("attention_factor", 1.0)
+    c["rope_parameters"], c["_compress_rope"] = main, compress
+    c.pop("rope_scaling", None)
+    if c.get("moe_intermediate_size") is not None:  # Transformers' one shared expert: a routed expert's width
+        c["intermediate_size"] = c["shared_intermediate_size"] = c["moe_intermediate_size"]
+    return c
+
+
+def _v4_kinds_wrong(c: Mapping) -> bool:
+    n = _n_layers(c)
+    kinds, mlp = c.get("_layer_kinds"), c.get("_mlp_kinds")
+    return (not isinstance(kinds, list) or len(kinds) != n or any(t not in _V4_KINDS for t in kinds)
+            or not isinstance(mlp, list) or len(mlp) != n or any(t not in ("hash_moe", "moe") for t in mlp))
+
+
+_DEEPSEEK_V4_REFUSALS = (
+    Refusal(_v4_kinds_wrong, "layer_types (or compress_ratios) and mlp_layer_types must list num_hidden_layers "
+                             "entries of sliding_attention / compressed_sparse_attention / heavily_compressed_attention "
+                             "(0 / 4 / 128) and hash_moe / moe"),
+    Refusal(_stated_other("scoring_func", "sqrtsoftplus"),
+            "a scoring_func other than sqrtsoftplus is not supported (DeepSeek-V4's router)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
+    Refusal(lambda c: bool(c.get("mlp_bias")) or bool(c.get("attention_bias")),
+            "mlp_bias / attention_bias is not supported (DeepSeek-V4's projections have no biases)"),
+)
+
+
+
+# GLM-5-Next (its text decoder, also below model.language_model of the glm5_next wrapper): latent attention
+# without rotation behind a pooled indexer, Kimi Delta Attention, Sinkhorn hyper-connections averaged at the
+# head. Kimi-Linear's delta-rule names as Transformers' writer spells them and its module names beside them.
+_G5 = _SA
+GLM5_NEXT_NAMES = _with(
+    DEEPSEEK_DSA_NAMES, idx_pool_gate=_G5 + "indexer.index_kpool_compress_gate",
+    idx_pool_ape=_G5 + "indexer.index_kpool_compress_ape",
+    lin_q=_G5 + "q_proj", lin_k=_G5 + "k_proj", lin_v=_G5 + "v_proj", lin_b=_G5 + "b_proj",
+    lin_conv=_G5 + "conv1d", lin_q_conv=_G5 + "q_conv1d", lin_k_conv=_G5 + "k_conv1d", lin_v_conv=_G5 + "v_conv1d",
+    lin_f_a=(_G5 + "f_a_proj", _G5 + "forget_gate.f_a_proj"), lin_f_b=(_G5 + "f_b_proj", _G5 + "forget_gate.f_b_proj"),
+    lin_dt_bias=(_G5 + "dt_bias", _G5 + "forget_gate.dt_bias"), lin_a_log=(_G5 + "A_log", _G5 + "forget_gate.A_log"),
+    lin_g_a=_G5 + "g_a_proj", lin_g_b=_G5 + "g_b_proj", lin_norm=_G5 + "o_norm", lin_out=_G5 + "o_proj",
+    **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")}, ()))
+for _p in ("fn", "base", "scale"):
+    GLM5_NEXT_NAMES.pop(f"hc_head_{_p}")
+_GLM5_NEXT_KEYS = dict(_LATENT_KEYS, **{
+    "delta_k_heads": ("linear_num_heads",), "delta_v_heads": ("linear_num_heads",),
+    "delta_k_dim": ("linear_head_dim",), "delta_v_dim": ("linear_head_dim",),
+    "delta_conv_kernel": ("linear_conv_kernel_dim",), "delta_lower_bound": ("linear_lower_bound",),
+    "ssm_act": ("hidden_act",)})
+#: Glm5NextTextConfig's defaults.
+_GLM5_NEXT_DEFAULTS = {"vocab_size": 154880, "hidden_size": 4096, "intermediate_size": 12288,
+                       "moe_intermediate_size": 2048, "num_hidden_layers": 45, "num_attention_heads": 64,
+                       "n_shared_experts": 1, "n_routed_experts": 288, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+                       "q_lora_rank": 1536, "qk_rope_head_dim": 0, "v_head_dim": 256, "qk_nope_head_dim": 256,
+                       "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                       "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5, "index_topk": 2048,
+                       "index_head_dim": 128, "index_n_heads": 32, "swiglu_limit": 10.0, "linear_head_dim": 128,
+                       "linear_num_heads": 64, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0, "hc_mult": 4,
+                       "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "index_kpool": 16,
+                       "index_kpool_always_select_tail": True}
+
+
+def _glm5_next_config(config: Mapping) -> Mapping:
+    """GLM-5-Next's keys as Glm5NextTextConfig reads them: the first three layers dense (mlp_layer_types), Kimi
+    Delta Attention on all but each fourth layer (layer_types; full_attention read as indexed_attention),
+    indexer_types as GLM-5's, and linear_attn_config's num_heads, head_dim, short_conv_kernel_size and
+    gate_lower_bound (-5 under safe_gate when it states none)."""
+    c, n = dict(_glm_dsa_config(config)), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)
+    types = c.get("layer_types")
+    if types is None:
+        types = ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
+    if isinstance(types, list):
+        c["layer_types"] = ["indexed_attention" if t == "full_attention" else t for t in types]
+    lac = c.get("linear_attn_config")
+    if isinstance(lac, Mapping):
+        for key, own in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                         ("short_conv_kernel_size", "linear_conv_kernel_dim"), ("gate_lower_bound", "linear_lower_bound")):
+            if key in lac:
+                c[own] = lac[key]
+        if lac.get("safe_gate", True) and c.get("linear_lower_bound") is None:
+            c["linear_lower_bound"] = -5.0
+    return c
+
+
+_GLM5_NEXT_REFUSALS = (
+    Refusal(lambda c: c.get("qk_rope_head_dim") not in (None, 0),
+            "a qk_rope_head_dim other than 0 is not supported (GLM-5-Next's attention takes its positions from the "
+            "causal order alone)"),
+    Refusal(lambda c: c.get("index_kpool_always_select_tail") is False,
+            "index_kpool_always_select_tail: false is not supported (Transformers then leaves a query whose pool has "
+            "not closed with no key, and attends to every position, later ones included)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
+    _MOE_LAYER_FREQ,
+)
 # ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
 # LongCat-Flash-Lite: names and readers.
 # openPangu-Ultra-MoE's config spellings -> the DeepSeek-V3 keys config.py reads (seed 002).
@@ -2174,6 +2659,70 @@ _BAILING_HYBRID_REFUSALS = (
 )
 
 
+
+# ---- g3n: Gemma 3n's text decoder (gemma3n_text), issue 16
+# Gemma 4's attention (weight-itself q/k norms, the weightless value norm, unscaled scores, shared
+# key/value layers) and per-layer inputs, plus AltUp's copies of the stream (decoder/altup.py), Laurel's
+# low-rank residual and the feed-forward's activation sparsity. Names: Transformers' Gemma3nTextModel.
+GEMMA3N_NAMES = _with(GEMMA4_NAMES, layer_scalar=None,
+                      altup_router=_L + "altup.modality_router", altup_router_norm=_L + "altup.router_norm",
+                      altup_predict=_L + "altup.prediction_coefs",
+                      altup_correct=_L + "altup.correction_coefs",
+                      altup_output_scale=_L + "altup.correct_output_scale",
+                      laurel_left=_L + "laurel.linear_left", laurel_right=_L + "laurel.linear_right",
+                      laurel_norm=_L + "laurel.post_laurel_norm",
+                      altup_in="model.altup_projections.{k}", altup_out="model.altup_unembed_projections.{k}")
+# llama.cpp's names (src/models/gemma3n.cpp, gguf-py): each AltUp projection set stacked in one
+# [n - 1, hidden, hidden] tensor, the per-layer tensors as Gemma 4's.
+GGUF_GEMMA3N_NAMES = _with(GGUF_GEMMA4_NAMES, layer_scalar=None,
+                           altup_router="blk.{i}.altup_router", altup_router_norm="blk.{i}.altup_router_norm",
+                           altup_predict="blk.{i}.altup_predict_coef", altup_correct="blk.{i}.altup_correct_coef",
+                           altup_output_scale="blk.{i}.altup_correct_scale.weight",
+                           laurel_left="blk.{i}.laurel_l", laurel_right="blk.{i}.laurel_r",
+                           laurel_norm="blk.{i}.laurel_post_norm", altup_in="altup_proj", altup_out="altup_unembd_proj")
+_S3N, _F3N = "sliding_attention", "full_attention"
+
+
+def _gemma3n_config(config: Mapping) -> Mapping:
+    """Gemma 3n's config as Transformers' ``Gemma3nTextConfig`` completes it: one intermediate_size
+    stated per layer read as the model's when all agree, layer_types defaulting to every fifth layer
+    attending fully, activation_sparsity_pattern defaulting to 0.95 on the first ten layers (of more
+    than ten), and a hub config's rope_theta / rope_local_base_freq / rope_scaling as the two layer
+    kinds' rope_parameters."""
+    out = dict(config)
+    size, n = out.get("intermediate_size"), out.get("num_hidden_layers")
+    if isinstance(size, list) and size and all(v == size[0] for v in size):
+        out["intermediate_size"] = size[0]
+    counted = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 100_000
+    if out.get("layer_types") is None and counted:
+        out["layer_types"] = [_F3N if (i + 1) % 5 == 0 else _S3N for i in range(n)]
+    if out.get("activation_sparsity_pattern") is None and counted:
+        sparse = 10 if n > 10 else 0
+        out["activation_sparsity_pattern"] = [0.95] * sparse + [0.0] * (n - sparse)
+    if not isinstance(out.get("rope_parameters"), Mapping):
+        full = {"rope_type": "default", **(out.get("rope_scaling") or {})}
+        full.setdefault("rope_theta", out.get("rope_theta") or 1_000_000.0)
+        out["rope_parameters"] = {_F3N: full, _S3N: {"rope_type": "default",
+                                                     "rope_theta": out.get("rope_local_base_freq") or 10_000.0}}
+    return out
+
+
+def _gemma3n_rope(c: Mapping, kind: str):
+    rp = c.get("rope_parameters")
+    return rp.get(kind) if isinstance(rp, Mapping) else None
+
+
+_GEMMA3N_REFUSALS = (
+    Refusal(lambda c: isinstance(c.get("intermediate_size"), list),
+            "feed-forward widths that differ between layers (an intermediate_size list) are not supported"),
+    Refusal(lambda c: c.get("altup_active_idx", 0) != 0,
+            "an AltUp active copy other than the first (altup_active_idx) is not supported"),
+    Refusal(lambda c: not isinstance(_gemma3n_rope(c, _S3N), Mapping)
+            or (_gemma3n_rope(c, _S3N).get("rope_type") or "default") != "default",
+            "a scaled sliding_attention rotation is not supported"),
+    Refusal(lambda c: not c.get("hidden_size_per_layer_input", 256),
+            "a Gemma 3n config without per-layer inputs (hidden_size_per_layer_input 0) is not supported"),
+)
 # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (model_type chatglm), below transformer.
 _CG = "transformer.encoder.layers.{i}."
 CHATGLM_NAMES: Mapping[str, str] = {
@@ -3347,6 +3896,106 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
+        # ---- group R1 (issue 16, families without a Transformers implementation, second part)
+        # TeleChat2 / TeleChat2.5: Llama's block under TeleChat's names and spellings (biases on
+        # self_attention.dense and mlp.down_proj, read as stored).
+        FamilySpec("telechat", names=TELECHAT_NAMES, unconfirmed=True,
+                   keys={"num_attention_heads": ("n_head", "num_attention_heads"),
+                         "num_hidden_layers": ("n_layer", "num_hidden_layers"),
+                         "intermediate_size": ("ffn_hidden_size", "intermediate_size"),
+                         "max_position_embeddings": ("seq_length", "max_position_embeddings")},
+                   refusals=(Refusal(flag("apply_residual_connection_post_layernorm"),
+                                     "adding the residual after the norm (apply_residual_connection_post_layernorm) "
+                                     "is not supported"),
+                             Refusal(flag("embed_layernorm"),
+                                     "a norm over the embeddings (embed_layernorm) is not supported"))),
+        # Nemotron-NAS (DeciLM: Llama-3.3-Nemotron Super and Ultra): Llama's block, each layer after its own
+        # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
+        FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
+                   refusals=_DECI_REFUSALS),
+        # Step1 (Step-Audio's language model): Llama's block with num_attention_groups key/value heads, no
+        # rotation, and ALiBi's slopes times -sqrt(distance) added to the scaled scores.
+        FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,
+                   keys={"num_key_value_heads": ("num_attention_groups", "num_key_value_heads"),
+                         "max_position_embeddings": ("max_seq_len", "max_position_embeddings")}),
+        # PLaMo 3: sandwich norms (pre-sublayer and final norms offsets from one, post-sublayer ones from 1/5
+        # and 5 ** -1.5), per-head q/k norms before the rotation, every sliding_window_pattern-th layer full.
+        FamilySpec("plamo3", names=PLAMO3_NAMES, normalize=_plamo3_config, unconfirmed=True, norms=_SANDWICH,
+                   norm_unit_offset=True, norm_offsets={"attn_post_norm": 1 / 5, "ffn_post_norm": 5 ** -1.5},
+                   qk_norm="head", fused_qkv="concat", sliding="pattern", sliding_pattern=8,
+                   local_rope_key="rope_local_theta", tie_default=True,
+                   variants=(Variant(flag("scale_embedding"), {"embed_scale_sqrt_hidden": True}),),
+                   refusals=(Refusal(stated("linear_type", unless="normal"),
+                                     "a linear_type other than normal is not supported"),)),
+        # K2-Horizon: Llama's block (biases read as stored), Qwen-MoE's choice of routed layers (mlp_only_layers,
+        # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
+        # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.
+        FamilySpec("k2_horizon", moe=True, norm_groups_key="layernorm_num_groups",
+                   value_experts_keys=("mova_num_experts", "mova_num_experts_per_tok"), names=K2_HORIZON_NAMES,
+                   normalize=_k2_horizon_config, unconfirmed=True,
+                   keys={"routed_scaling_factor": ("router_scaling_factor",)},
+                   moe_fields={"renorm_eps": 1e-20}, moe_defaults={"norm_topk_prob": False},
+                   variants=(Variant(lambda c: c.get("attention_gate_func") == "silu",
+                                     {"attn_gate": "silu", "attn_gate_per_head": False}),
+                             Variant(lambda c: c.get("attention_gate_func") == "softplus",
+                                     {"attn_gate": "softplus2", "attn_gate_per_head": False})),
+                   refusals=(Refusal(lambda c: c.get("attention_gate_func") not in (None, "silu", "softplus"),
+                                     "an attention_gate_func other than silu or softplus is not supported"),
+                             Refusal(lambda c: c.get("rope_head_dim") is not None and c.get("rope_head_dim") != (
+                                         c.get("head_dim") or (c.get("hidden_size") or 0) // max(
+                                             1, c.get("num_attention_heads") or 1)),
+                                     "a rotation narrower than the head (rope_head_dim) is not supported"),
+                             Refusal(flag("query_key_norm"), "query/key norms (query_key_norm) are not supported"),
+)),
+        # ---- group LOOP: looped decoders (issue 16): stored layers run more than once, each pass its own
+        # executed layers (cache slots, steering and capture indices); adapters refused (one adapter would
+        # correct every pass of its layer). No Transformers implementation: unconfirmed.
+        # Nanbeige: Llama's block (per-head q_layernorm / k_layernorm under qk_layernorm) run num_loops
+        # times, the final norm closing every pass unless skip_loop_final_norm.
+        FamilySpec("nanbeige", unconfirmed=True, looped=True, loop_norm=True, loop_norm_skip_key="skip_loop_final_norm",
+                   gguf_arch="nanbeige", gguf_qk_permuted=True,  # llama.cpp's nanbeige.cpp: its stored blocks
+                   gguf_config={"num_loops": "num_loops", "skip_loop_final_norm": "skip_loop_final_norm"},
+                   keys={"loops": ("num_loops",)}, defaults={"loops": 1}, adapters="none", qk_norm="head",
+                   names=_with(LLAMA_NAMES, q_norm=_L + "self_attn.q_layernorm", k_norm=_L + "self_attn.k_layernorm"),
+                   variants=(Variant(unset("qk_layernorm", False), {"qk_norm": None}),),
+                   refusals=(Refusal(lambda c: c.get("emb_neighbor_num") is not None or bool(c.get("insert_ngram_layer_idx"))
+                                     or bool(c.get("ngram_insert_all_layers")),
+                                     "Nanbeige's n-gram embeddings (emb_neighbor_num, insert_ngram_layer_idx, "
+                                     "ngram_insert_all_layers) are not supported"),
+                             Refusal(lambda c: any(c.get(k) for k in ("enable_hyper_connection", "enable_mhc",
+                                                                      "enable_h_res_identity")),
+                                     "Nanbeige's hyper-connections (enable_hyper_connection, enable_mhc) are not "
+                                     "supported"),
+                             Refusal(lambda c: bool(c.get("enable_double_loop_split")) or bool(c.get("loop_middle_layers")),
+                                     "Nanbeige's split loops (enable_double_loop_split, loop_middle_layers) are not "
+                                     "supported"),
+                             Refusal(flag("loop_share_kv"), "Nanbeige's shared loop caches (loop_share_kv) are not "
+                                     "supported"),
+                             Refusal(flag("enable_depth_attention"), "Nanbeige's depth attention "
+                                     "(enable_depth_attention) is not supported"))),
+        # IQuest-LoopCoder: Llama's block run loop_num times; on every later pass each layer's attention is
+        # g * global (the first pass's keys and values) + (1 - g) * local (its own, within loop_window_size),
+        # g from model.gate_projections.{i} on each rotated query head. (loop_num 2 and loop_window_size 64
+        # when unstated: the defaults the family's serving code takes.)
+        FamilySpec("iquestloopcoder", unconfirmed=True, looped=True, loop_gated=True, adapters="none",
+                   keys={"loops": ("loop_num",), "loop_window": ("loop_window_size",)},
+                   defaults={"loops": 2, "loop_window": 64},
+                   names=_with(LLAMA_NAMES, loop_gate="model.gate_projections.{i}")),
+        # HRM-Text: two stacks of Llama layers (model.L_module, model.H_module) run in cycles (config.looped_layers);
+        # gqkv_proj holds the sigmoid output gate's rows then q, k, v; a fused gate_up_proj; every norm an RMS
+        # norm without scale; the embedding times embedding_scale; a prompt attends both ways under prefix_lm.
+        FamilySpec("hrm_text", looped=True, loop_stacks=("L_module", "H_module"), prefix_lm_key="prefix_lm",
+                   norm_affine=False, fused_qkv="gate_concat", attn_gate="sigmoid", attn_gate_per_head=False,
+                   embed_multiplier_key="embedding_scale", adapters="none", normalize=_hrm_text_config,
+                   keys={"loops": ("H_cycles",), "inner_loops": ("L_cycles",), "num_key_value_heads": ()},
+                   config_defaults={"head_dim": 128, "H_cycles": 2, "L_cycles": 3, "prefix_lm": True},
+                   names=HRM_TEXT_NAMES, gguf_arch="hrm_text", gguf_names=GGUF_HRM_TEXT_NAMES,
+                   gguf_config={"hrm.layers_per_stack": "num_layers_per_stack", "hrm.h_cycles": "H_cycles",
+                                "hrm.l_cycles": "L_cycles", "embedding_scale": "embedding_scale"},
+                   # llama.cpp's hrm-text.cpp runs every prompt causally (its prefix-LM is not implemented)
+                   gguf_changes={"prefix_lm_key": None},
+                   refusals=(Refusal(flag("attention_bias"), "attention biases (attention_bias) are not supported"),
+                             Refusal(flag("mlp_bias"), "feed-forward biases (mlp_bias) are not supported"))),
         # ---- group R2 (issue 16; issue 15 for bailing_hybrid), tests/test_parity_remote_c.py
         # openPangu-Ultra-MoE: DeepSeek-V3's latent attention (adjacent pairs) under its own key names, a
         # sigmoid router without selection bias or groups (renormalised, norm_topk_prob true by default,
@@ -3394,6 +4043,18 @@ FAMILIES: dict[str, FamilySpec] = {
                    moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                                  "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
                    refusals=_BAILING_HYBRID_REFUSALS),
+        # ---- g3n: Gemma 3n (issue 16)
+        FamilySpec("gemma3n_text", gguf_arch="gemma3n", gguf_names=GGUF_GEMMA3N_NAMES, norms=_SANDWICH,
+                   names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True, default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
+                   final_softcap_key="final_logit_softcapping", value_norm=True, kv_shared_key="num_kv_shared_layers",
+                   adapters="ffn", altup=True, laurel=True, ffn_sparsity_key="activation_sparsity_pattern",
+                   per_layer_clamp=True, normalize=_gemma3n_config, refusals=_GEMMA3N_REFUSALS,
+                   reference_hidden="embedding_unnormed",
+                   keys={"per_layer_input": ("hidden_size_per_layer_input",),
+                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                   config_defaults={"sliding_window": 512, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                                    "num_kv_shared_layers": 15, "hidden_size_per_layer_input": 256,
+                                    "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0}),
         # ---- group GLM (issue 16): ChatGLM2, ChatGLM3 and GLM-4-9B (tests/test_chatglm.py). GLM's block
         # (fused gate/up with gate rows first, the first half of each head rotated by adjacent pairs) below
         # transformer.; query, key and value in one query_key_value, all queries then the groups' keys and
@@ -3432,6 +4093,36 @@ FAMILIES: dict[str, FamilySpec] = {
         _MINIMAX_M3,
         # ---- group WRAP: Inkling's decoder (below model.llm, also of inkling_mm_model: WRAPPERS)
         _INKLING,
+        # ---- group HC (issue 14, hyper-connections)
+        # HY V4 (Transformers' HYV4ForCausalLM): DeepSeek-V3.2's latent attention and indexer (rotating halves,
+        # the indexer its last qk_rope_head_dim components), a sink per head, an elementwise sigmoid gate, and
+        # hc_mult streams joined by independent hyper-connections; routed experts clamped by swiglu_limit.
+        FamilySpec("hy_v4", keys=_LATENT_KEYS, normalize=_hy_v4_config, config_defaults=dict(_HY_V4_DEFAULTS),
+                   indexer={"interleaved": False, "rope_last": True, "norm_eps": "model"},
+                   streams={"post_eps": "hc_eps"}, sinks=True, attn_gate="sigmoid", attn_gate_per_head=False,
+                   adapters="none", unread=("model.mtp_layers.",),
+                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=None,
+                          moe_fields={**_V3_ROUTER["moe_fields"], "shared_limit": None}),
+                   refusals=_HY_V4_REFUSALS),
+        # DeepSeek-V4 (Transformers' DeepseekV4ForCausalLM): hc_mult streams joined by Sinkhorn-normalised
+        # hyper-connections; compressed attention (sliding window, compressed entries, Lightning Indexer) on every
+        # layer; sqrtsoftplus-routed experts, hashed on the first layers, beside one shared expert, all clamped.
+        FamilySpec("deepseek_v4", moe=True, compressed=True, normalize=_deepseek_v4_config, root="model.",
+                   names=DEEPSEEK_V4_NAMES, config_defaults=dict(_DEEPSEEK_V4_DEFAULTS),
+                   keys={"num_key_value_heads": (), "sliding_window": ("sliding_window",), "o_groups": ("o_groups",),
+                         "o_lora_rank": ("o_lora_rank",), "num_experts": ("n_routed_experts",)},
+                   fixed={"scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
+                          "n_group": 1, "topk_group": 1},
+                   moe_fields={"renorm_eps": 1e-20}, streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model"},
+                   adapters="none", unread=("mtp.", "model.mtp."), refusals=_DEEPSEEK_V4_REFUSALS),
+        # GLM-5-Next's text decoder (Transformers' Glm5NextTextModel, below model.language_model of glm5_next).
+        FamilySpec("glm5_next_text", keys=_GLM5_NEXT_KEYS, normalize=_glm5_next_config, recurrent="kda",
+                   positions="none", config_defaults=dict(_GLM5_NEXT_DEFAULTS),
+                   indexer={"interleaved": True, "kpool": "model"}, ffn_limit=True,
+                   streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model", "head": "mean"}, adapters="none",
+                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=None,
+                          moe_fields={**_V3_ROUTER["moe_fields"]}),
+                   refusals=_GLM5_NEXT_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -3480,7 +4171,11 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "minimax_m3_vl": ("minimax_m3_vl_text", "language_model."),
                                            "inkling_mm_model": ("inkling_text", "model.llm."),
                                            # group R2: Step3-VL keeps its text decoder's weights at the root
-                                           "step3_vl": ("step3_text", "")}
+                                           "step3_vl": ("step3_text", ""),
+                                           # group g3n: Gemma 3n's decoder beside its vision and audio towers
+                                           "gemma3n": ("gemma3n_text", "model.language_model."),
+                                           # group HC: GLM-5-Next's decoder below model.language_model
+                                           "glm5_next": ("glm5_next_text", "model.language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.

@@ -78,6 +78,8 @@ class PromptCache:
     def _start(self, ids: list[int], key) -> int:
         """Roll the cache back to the part of ``ids`` it can reuse; returns that length."""
         keep = common_prefix(self.ids, ids) if self.cache is not None and key == self.key else 0
+        if getattr(self.decoder.spec, "prefix_lm", False):
+            keep = 0  # a prefix-LM prompt attends both ways within itself: no part of it can be reused
         keep = min(keep, len(ids) - 1)  # at least one token is computed: the last row's logits
         if len(ids) - keep == 1 and keep > 0:
             keep -= 1  # never a one-token prefill (module docstring)
@@ -114,6 +116,7 @@ class PromptCache:
             self.cache.checkpoint()
             start = checkpoint_at
         logits = self.decoder.forward(ids[start:], self.cache, layer_hook=layer_hook, last_only=True,
+                                      bidirectional=start == 0,
                                       **({} if normed is None else {"normed": normed}))[-1]
         self.ids, self.key = ids, key
         self.reused, self.prefilled = keep, len(ids) - keep

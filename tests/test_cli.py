@@ -175,14 +175,22 @@ def test_families_json_lists_every_model_type():
         "lfm2", "lfm2_moe", "minimax", "minimax_text_01", "zamba2",
         # Gemma 4's text decoders of issue 16 (tests/test_parity_gemma4.py)
         "gemma4_text", "gemma4_unified_text",
+        # Gemma 3n's text decoder of issue 16 (tests/test_parity_gemma3n.py)
+        "gemma3n_text",
         # families without a Transformers implementation, issue 16 (tests/test_parity_remote.py)
         "minicpm", "orion", "internlm2", "mimo", "deepseek", "bailing_moe", "PanguEmbedded", "TeleFLM", "mimo_v2", "param2moe", "telechat3", "solar",
+        # their second part, issue 16 group R1 (tests/test_parity_remote_b.py)
+        "telechat", "nemotron-nas", "step1", "plamo3", "k2_horizon",
         # families of group R2, issue 16 (tests/test_parity_remote_c.py)
         "pangu_ultra_moe", "nemotron_h_puzzle", "step3_text", "bailing_hybrid", "longcat_flash_ngram",
         # group GLM of issue 16: ChatGLM2/3 and GLM-4-9B (tests/test_chatglm.py)
         "chatglm",
         # the wrapped decoders of issue 16 (tests/test_parity_wrapped.py)
-        "muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
+        "muse_glimmer_text", "minimax_m3_vl_text", "inkling_text",
+        # looped decoders of issue 16 (tests/test_parity_loops.py)
+        "nanbeige", "iquestloopcoder", "hrm_text",
+        # hyper-connection families, issue 14's remainder (tests/test_parity_hc.py)
+        "hy_v4", "deepseek_v4", "glm5_next_text"}
 
 
 @pytest.mark.real

@@ -44,7 +44,9 @@ def ster(*args):
 
 def _arch_cases() -> dict:
     import test_parity_dense as dense
+    import test_parity_gemma3n as gemma3n
     import test_parity_gemma4_gguf as gemma4
+    import test_parity_loops as loops
     import test_parity_moe as moe
     import test_parity_remote as remote
     import test_parity_wrapped as wrapped
@@ -55,6 +57,8 @@ def _arch_cases() -> dict:
     cases.update({f"remote-{k}": v for k, v in remote.GGUF_CASES.items()})
     cases.update({f"gemma4-{k}": v for k, v in gemma4.GGUF_CASES.items()})
     cases.update({f"wrapped-{k}": v for k, v in wrapped.GGUF_CASES.items()})
+    cases.update({f"gemma3n-{k}": v for k, v in gemma3n.GGUF_CASES.items()})  # group g3n: refused
+    cases.update({f"loops-{k}": v for k, v in loops.GGUF_CASES.items()})
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),

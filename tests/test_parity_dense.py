@@ -141,10 +141,12 @@ def test_family_matches_transformers(case, tmp_path):
 def test_every_landed_family_has_a_case():
     """No family is registered without a parity case above (or in test_parity_families.py)."""
     import test_parity_gemma4
+    import test_parity_hc
     import test_parity_mla
     import test_parity_mla_b
     import test_parity_moe
     import test_parity_remote
+    import test_parity_remote_b
     import test_parity_remote_c
     import test_parity_ssm
     import test_parity_ssm_b1
@@ -162,9 +164,17 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_hc.CASES.values()}
+    tested |= {"deepseek_v4"} if test_parity_hc.V4_CASES else set()
+    tested |= {"glm5_next_text"} if test_parity_hc.G5_CASES else set()
+    tested |= {model_type for model_type, _ in test_parity_remote_b.CASES.values()}
+    tested |= {"step1"} if test_parity_remote_b.STEP1_CASES else set()  # its own test there (a bias-masked oracle)
     tested |= {model_type for model_type, _ in test_parity_remote_c.CASES.values()}  # group R2
     tested |= {model_type for model_type, _ in test_parity_remote_c.HYBRID_CASES.values()}
     tested.add("chatglm")  # tests/test_chatglm.py (its own equivalence and per-feature cases)
+    tested |= {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}  # tests/test_parity_wrapped.py
+    tested.add("gemma3n_text")  # tests/test_parity_gemma3n.py
+    tested |= {"nanbeige", "iquestloopcoder", "hrm_text"}  # tests/test_parity_loops.py
     assert set(FAMILIES) == foundation | tested
 
 
@@ -362,13 +372,18 @@ def test_every_gguf_architecture_has_a_case():
     foundation = {"llama", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3"}
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
     # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm;
-    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote
+    # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote;
+    # the looped decoders: test_parity_loops; Gemma 3n: test_parity_gemma3n
+    from test_parity_gemma3n import GGUF_CASES as GEMMA3N_CASES
     from test_parity_gemma4_gguf import GGUF_CASES as GEMMA4_CASES
+    from test_parity_loops import GGUF_CASES as LOOP_CASES
     from test_parity_remote import GGUF_CASES as REMOTE_CASES
     from test_parity_wrapped import GGUF_CASES as WRAPPED_CASES  # Muse Glimmer's, from its wrapper
+    from test_parity_gemma3n import GGUF_CASES as GEMMA3N_CASES
 
     others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values(),
-                                                                      *WRAPPED_CASES.values())}
+                                                                      *WRAPPED_CASES.values(), *LOOP_CASES.values(),
+                                                                      *GEMMA3N_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
     assert declared == foundation | converted | (others & declared)

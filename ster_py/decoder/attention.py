@@ -25,6 +25,7 @@ import numpy as np
 
 from ._fast import ops as _ops
 from .linear import make_linear
+from .mova import ValueExperts
 from .norms import Norm
 from .parts import Part
 from .positions import query_temperature
@@ -140,6 +141,12 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
     return out.reshape(H, T, v.shape[-1])
 
 
+#: The key of a forward call's ``tables`` holding the positions attention masks by, when they are not
+#: the tokens' own: int [T], all the prompt's last position for a prefix-LM prompt (every query sees
+#: the whole prompt). Rotations always use the tokens' own positions.
+MASK_POSITIONS = "attention.mask_positions"
+
+
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + exp(x)), float32, without overflow."""
     return np.logaddexp(np.float32(0.0), x)
@@ -149,7 +156,16 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-GATES = {"sigmoid": sigmoid, "softplus": softplus}
+def softplus2(x: np.ndarray) -> np.ndarray:
+    """log2(1 + 2 ** x): softplus with beta = ln 2 (K2-Horizon's attention gate), float32, without overflow."""
+    return (np.logaddexp2(np.float32(0.0), x)).astype(np.float32, copy=False)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+GATES = {"sigmoid": sigmoid, "softplus": softplus, "softplus2": softplus2, "silu": silu}
 
 
 class Attention(Part):
@@ -161,7 +177,8 @@ class Attention(Part):
 
     The output gate (``spec.attn_gate``: AFMoE's ``self_attn.gate_proj``, Laguna's and Step 3.5's
     ``g_proj``, or Qwen3-Next's rows of ``q`` under ``spec.attn_gate_in_q``) multiplies the heads' output, per element or per head, by ``sigmoid`` (or
-    ``softplus``) of the ``g`` projection of the layer's normed input before ``o`` (gated
+    ``softplus``; K2-Horizon's ``silu`` or ``softplus2``, log2(1 + 2 ** g)) of the ``g``
+    projection of the layer's normed input before ``o`` (gated
     attention: Qiu et al. 2025, arXiv:2505.06708).
 
     Args:
@@ -184,7 +201,8 @@ class Attention(Part):
         self.source = self.layer.kv_source
         if self.source is not None:
             self.KV = False  # it caches nothing: the cache gives it no buffers
-        own = ("q", "o") if self.source is not None else ("q", "k", "o") if self.layer.v_from_k else self.ROLES
+        own = ("q", "o") if self.source is not None else ("q", "k", "o") if (
+            self.layer.v_from_k or self.layer.value_experts) else self.ROLES
         for r in self.ROLES:
             object.__setattr__(self, r, make_linear(load(r, required=True), load(r, "bias")) if r in own else None)
         self.q_norm = self._qk_norm("q_norm", load, norm)
@@ -193,6 +211,18 @@ class Attention(Part):
         self.sinks = load("sinks", "", required=True).astype(np.float32) if spec.layer_sinks(i) else None
         # the gate is a projection of its own, or rows of q (``attn_gate_in_q``: split in ``__call__``)
         self.g = make_linear(load("g", required=True)) if spec.attn_gate and not spec.attn_gate_in_q else None
+        # values from routed value experts (LayerSpec.value_experts, decoder/mova.py), not from v
+        self.v_experts = None
+        if self.layer.value_experts:
+            r = spec.value_router
+            self.v_experts = ValueExperts(
+                r, make_linear(load("v_router", required=True)),
+                load("v_router_select_bias", "", required=True) if r.select_bias else None,
+                [make_linear(load("v_exp", required=True, slot=e)) for e in range(r.num_experts)])
+        # a later pass of a gated loop: the gate's [H, D] weight and [H] bias (LayerSpec.loop_global)
+        self.loop_gate = ((load("loop_gate", required=True).astype(np.float32),
+                           load("loop_gate", "bias", required=True).astype(np.float32))
+                          if self.layer.loop_global is not None else None)
         # a query bottleneck (Step3): q narrows, q_inter_norm norms, q_up widens to the heads
         wide = getattr(spec, "query_bottleneck", 0) and "q" in own
         self.q_up = make_linear(load("q_up", required=True)) if wide else None
@@ -224,7 +254,10 @@ class Attention(Part):
         s, T = self.spec, x.shape[0]
         if self.source is not None:
             return self._shared(x, cache, positions, tables)
-        if self.v is None:  # values are the key projection, before the key norm
+        if self.v_experts is not None:  # values from the value experts
+            q, k = self.project(("q", "k"), x)
+            v = self.v_experts(x)
+        elif self.v is None:  # values are the key projection, before the key norm
             q, k = self.project(("q", "k"), x)
             v = k.copy()  # k is normed and rotated in place below
         else:
@@ -263,20 +296,38 @@ class Attention(Part):
         if s.query_temperature is not None and self.layer.query_temperature:
             q = q * query_temperature(positions, *s.query_temperature)
         keys, values = cache.append(self.i, k, v)
-        return self._attend(x, q, keys, values, positions, bias, gate_in)
+        return self._attend(x, q, keys, values, tables.get(MASK_POSITIONS, positions), bias, gate_in, cache)
 
-    def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None) -> np.ndarray:
-        """Queries float32 [H, T, D] over the visible keys/values, through the output gate (``g(x)``, or
-        ``gate_in`` [T, H * D], the gate rows split from ``q``) and ``o``."""
+    def _attend(self, x, q, keys, values, positions, bias=None, gate_in=None, cache=None) -> np.ndarray:
+        """Queries float32 [H, T, D] over the visible keys/values (on a later pass of a gated loop, mixed
+        with the first pass's: ``_loop_mix``, which reads ``cache``), through the output gate (``g(x)``,
+        or ``gate_in`` [T, H * D], the gate rows split from ``q``) and ``o``."""
         s, T = self.spec, x.shape[0]
         H, _, _, Dv = self.shape
         out = attention(q, keys, values, positions, scale=s.attn_scale, window=self.layer.sliding_window,
                         softcap=s.attn_softcap, bias=bias, sinks=self.sinks, chunk=self.layer.attention_chunk)
+        if self.loop_gate is not None:
+            out = self._loop_mix(q, out, cache, positions, bias)
         out = out.reshape(1, H * Dv) if T == 1 else out.transpose(1, 0, 2).reshape(T, H * Dv)
         if self.g is not None or gate_in is not None:  # act(g(x)) scales each head's (or element's) output
             gate = GATES[s.attn_gate](self.g(x) if gate_in is None else gate_in)
             out = (out.reshape(T, H, Dv) * gate[:, :, None]).reshape(T, H * Dv) if s.attn_gate_per_head else out * gate
         return self.o(out)
+
+    def _loop_mix(self, q: np.ndarray, local: np.ndarray, cache, positions: np.ndarray, bias) -> np.ndarray:
+        """A later pass's attention in a gated loop (``LayerSpec.loop_global``): g * global + (1 - g) * local
+        per head, where ``local`` float32 [H, T, Dv] is this pass's attention over its own keys (within
+        its window), global the same queries over the first pass's keys and values of this stored layer
+        (causal, every earlier position), and g = sigmoid(W_h . q_h + b_h) of each rotated query head
+        (seed 002's IQuest-LoopCoder; W [H, D] and b [H] are the layer's ``loop_gate``)."""
+        s = self.spec
+        end = int(positions[-1]) + 1
+        gk, gv = cache.buffers(self.layer.loop_global, end)
+        glob = attention(q, gk[:, :end], gv[:, :end], positions, scale=s.attn_scale, softcap=s.attn_softcap,
+                         bias=bias, sinks=self.sinks)
+        w, b = self.loop_gate
+        g = sigmoid(np.einsum("htd,hd->ht", q, w) + b[:, None]).astype(np.float32)[:, :, None]
+        return g * glob + (np.float32(1) - g) * local
 
     def _shared(self, x: np.ndarray, cache, positions: np.ndarray, tables: dict) -> np.ndarray:
         """A layer without keys and values of its own (``LayerSpec.kv_source``): its normed, rotated

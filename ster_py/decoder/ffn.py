@@ -6,6 +6,8 @@ Transformers calls gelu_pytorch_tanh / gelu_new / gelu_fast); SiLU: Elfwing et a
 """
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 from ._fast import ops as _ops
@@ -86,6 +88,17 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> 
     return (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.exp(-np.float32(alpha) * g)))
 
 
+def gaussian_top(x: np.ndarray, sparsity: float, ddof: int = 0) -> np.ndarray:
+    """relu(x - (mean + std * z)) per row of x float32 [T, n], z the standard normal's quantile at
+    ``sparsity`` (in (0, 1)): keeps what lies above the share ``sparsity`` of a normal fitted to the row.
+    Gemma 3n's activation sparsity: Transformers' ``Gemma3nTextMLP._gaussian_topk`` takes the population
+    std (``ddof`` 0), llama.cpp's gemma3n.cpp ``gaussian_topk`` the sample std (``ddof`` 1)."""
+    z = np.float32(NormalDist().inv_cdf(sparsity))
+    cutoff = np.mean(x, axis=-1, keepdims=True, dtype=np.float32) + np.std(x, axis=-1, keepdims=True,
+                                                                           dtype=np.float32, ddof=ddof) * z
+    return np.maximum(x - cutoff, np.float32(0))
+
+
 class DenseFFN(Part):
     """A feed-forward: ``down(act(gate(x)) * up(x))`` (gated) or ``down(act(up(x)))`` (plain).
 
@@ -101,6 +114,8 @@ class DenseFFN(Part):
         alpha: the ``"oai"`` unit's sigmoid sharpness.
         gate_scale, out_scale: the gate's pre-activation and the output are multiplied by them
             (Falcon-H1's ``mlp_multipliers``).
+        sparsity: above 0, the gate's pre-activation keeps only what ``gaussian_top`` keeps
+            (Gemma 3n's activation_sparsity_pattern entry of the layer), its std taken with ``sparsity_ddof``.
 
     Calling it maps float32 [T, hidden_size] to float32 [T, hidden_size].
     """
@@ -109,8 +124,10 @@ class DenseFFN(Part):
 
     def __init__(self, gate, up, down, act_name: str, act=None, *, glu: str = "standard",
                  limit: float | None = None, alpha: float = 1.702, clamp_act: bool = False,
-                 gate_scale: float = 1.0, out_scale: float = 1.0):
+                 gate_scale: float = 1.0, out_scale: float = 1.0, sparsity: float = 0.0,
+                 sparsity_ddof: int = 0):
         self.gate, self.up, self.down = gate, up, down
+        self.sparsity, self.sparsity_ddof = sparsity, sparsity_ddof
         self.act_name, self.act = act_name, act if act is not None else ACT_FNS.get(act_name)
         self.glu, self.limit, self.alpha, self.clamp_act = glu, limit, alpha, clamp_act
         self.gate_scale, self.out_scale = np.float32(gate_scale), np.float32(out_scale)
@@ -129,6 +146,8 @@ class DenseFFN(Part):
         if self.act_name not in ACT_FNS:  # an activation with parameters of its own (xIELU)
             return self.down(self.act(self.gate(x)) * self.up(x))
         g, u = self.project(("gate", "up"), x)
+        if self.sparsity > 0:
+            g = gaussian_top(g, self.sparsity, self.sparsity_ddof)
         if self.limit is not None and self.clamp_act:
             lim = np.float32(self.limit)
             return self.down(np.minimum(self.act(g), lim) * np.clip(u, -lim, lim))

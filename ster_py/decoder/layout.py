@@ -6,8 +6,10 @@ never knows how a family stores its weights:
 
 - a fused ``qkv`` tensor is split into q, k and v. ``concat`` stores all query rows, then
   key rows, then value rows (Phi-3's qkv_proj, GPT-2's c_attn, MPT's Wqkv, every llama.cpp
-  attn_qkv); ``grouped`` stores, per key/value head, its queries then its key then its value
+  attn_qkv); ``gate_concat`` the output gate's rows (``g``) before them (HRM-Text's gqkv_proj); ``grouped`` stores, per key/value head, its queries then its key then its value
   (GPT-NeoX and BLOOM's query_key_value head by head, Falcon's groupings, GPT-BigCode);
+- a fused ``kv`` tensor (keys and values only) stores, per key/value head, its key rows then its
+  value rows (TeleChat's self_attention.key_value);
 - a fused ``gate_up`` tensor is split into gate (first half of the rows) and up (Phi-3, GLM); so is
   a fused ``shexp_gate_up`` of the shared experts (GraniteMoE-Shared's ``shared_mlp.input_linear``);
 - ``inputs_first`` weights (GPT-2's Conv1D, [in, out]) are transposed once to [out, in];
@@ -39,8 +41,8 @@ from ..errors import SterError
 from .delta import DELTA_RESHAPED_ROLES
 from .ssm import RESHAPED_ROLES
 
-LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up")
-FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up",
+LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "kv")
+FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "g": "qkv", "gate": "gate_up", "up": "gate_up",
               "shexp_gate": "shexp_gate_up", "shexp_up": "shexp_gate_up"}
 #: Roles of the routed experts' weights and biases (whole tensor names).
 EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
@@ -50,6 +52,8 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
     """(role, 'weight'|'bias'|'') -> the shape the configuration implies (for layer ``i``'s own
     attention shape, ``ModelSpec.attention_shape``, when given)."""
     d, f = spec.hidden_size, spec.intermediate_size
+    if i is not None and spec.layers[i].intermediate_size is not None:  # a layer's own width (DeciLM)
+        f = spec.layers[i].intermediate_size
     h, kv, hd, vd = (spec.attention_shape(i) if i is not None
                      else (spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.head_dim))
     q, k, v = h * hd, kv * hd, kv * vd
@@ -57,6 +61,7 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
     shapes = {("q", "weight"): (q, d), ("k", "weight"): (k, d), ("v", "weight"): (v, d), ("o", "weight"): (d, h * vd),
               ("q", "bias"): (q,), ("k", "bias"): (k,), ("v", "bias"): (v,), ("o", "bias"): (d,),
               ("qkv", "weight"): (q + k + v, d), ("qkv", "bias"): (q + k + v,), ("g", "weight"): (g, d),
+              ("kv", "weight"): (k + v, d), ("kv", "bias"): (k + v,),
               ("gate", "weight"): (f, d), ("up", "weight"): (f, d), ("down", "weight"): (d, f),
               ("gate", "bias"): (f,), ("up", "bias"): (f,), ("down", "bias"): (d,),
               ("gate_up", "weight"): (2 * f, d), ("gate_up", "bias"): (2 * f,),
@@ -74,6 +79,9 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         if m.latent_size:
             shapes.update({("moe_latent_in", "weight"): (m.latent_size, d), ("moe_latent_in", "bias"): (m.latent_size,),
                            ("moe_latent_out", "weight"): (d, m.latent_size), ("moe_latent_out", "bias"): (d,)})
+    if spec.value_router is not None:  # value experts (decoder/mova.py)
+        n = spec.value_router.num_experts
+        shapes.update({("v_router", "weight"): (n, d), ("v_router_select_bias", ""): (n,), ("v_exp", "weight"): (v, d)})
     if spec.ssm is not None:
         shapes.update(spec.ssm.tensor_shapes(d))
     if spec.delta is not None:
@@ -112,7 +120,18 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         qr = (spec.latent_of(i) if i is not None else spec.latent).q_lora_rank or 0
         shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
                        ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
-                       ("idx_w", "weight"): (x.n_heads, d)})
+                       ("idx_w", "weight"): (x.n_heads, d), ("idx_pool_gate", ""): (x.head_dim, d),
+                       ("idx_pool_ape", ""): (x.kpool, x.head_dim)})
+    if getattr(spec, "compressed", None) is not None and i is not None:  # DeepSeek-V4 (decoder/compressed.py)
+        shapes.update(spec.compressed.tensor_shapes(d, h, spec.layers[i].compress))
+    if getattr(spec, "streams", None) is not None:  # hyper-connections (decoder/streams.py)
+        shapes.update(spec.streams.tensor_shapes(d))
+    if getattr(spec, "loop", None) is not None:  # a gated loop's per-head gate on the rotated query
+        shapes[("loop_gate", "weight")], shapes[("loop_gate", "bias")] = (h, hd), (h,)
+        shapes[("loop_init", "weight")] = (d,)  # the vector the later streams start from
+    if spec.fused_qkv == "gate_concat":  # the output gate's rows, then q, k and v (HRM-Text's gqkv_proj)
+        rows = (h if spec.attn_gate_per_head else h * vd) + q + k + v
+        shapes[("qkv", "weight")], shapes[("qkv", "bias")] = (rows, d), (rows,)
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
     return shapes
@@ -137,6 +156,8 @@ class Layout:
         self.spec, self.weights = spec, weights
         self.expected = expected_shapes(spec)
         self._layer_expected: dict[int, dict] = {}
+        # a looped model's passes read the same stored tensors: one array each, shared by its passes
+        self._seen: dict | None = {} if getattr(spec, "loop", None) is not None else None
 
     def _expected(self, i: int | None) -> dict:
         """The shapes of layer ``i`` (its own attention shape), or the model-wide ones."""
@@ -147,6 +168,14 @@ class Layout:
         return self._layer_expected[i]
 
     def _fetch(self, name: str) -> np.ndarray | None:
+        if self._seen is not None and name in self._seen:  # a stored layer read again by a later pass
+            return self._seen[name]
+        t = self._fetch_stored(name)
+        if self._seen is not None:
+            self._seen[name] = t
+        return t
+
+    def _fetch_stored(self, name: str) -> np.ndarray | None:
         t = self.weights.get(name)
         root = self.spec.root
         if t is None and root and name.startswith(root):
@@ -155,8 +184,13 @@ class Layout:
 
     def _fill(self, name: str, i: int | None, **kw) -> str:
         """``name`` with layer ``i``'s place: ``{i}`` the stored layer and ``{half}`` the place in it
-        (``ModelSpec.layers_per_stored``); other fields as ``kw`` gives them."""
+        (``ModelSpec.layers_per_stored``), or, for an executed layer of a looped model, the stored layer
+        it reads (``LayerSpec.stored``) and ``{stack}`` its stack; other fields as ``kw`` gives them."""
         n = self.spec.layers_per_stored
+        if i is not None and self.spec.loop is not None:
+            layer = self.spec.layers[i]
+            i = i if layer.stored is None else layer.stored
+            kw.setdefault("stack", layer.stack or "")
         if i is None or n == 1:
             return name.format(i=i, half=0, **kw)
         return name.format(i=i // n, half=i % n, **kw)
@@ -225,13 +259,23 @@ class Layout:
             return fused[:half] if role.endswith("gate") else fused[half:]
         s = self.spec
         h, kv, d, vd = s.attention_shape(i)
+        if fused_role == "kv":  # per key/value head: its key rows, then its value rows (TeleChat)
+            pairs = fused.reshape(kv, 2, d, *fused.shape[1:])
+            return np.ascontiguousarray(pairs[:, 0 if role == "k" else 1].reshape(-1, *fused.shape[1:]))
         if s.fused_qkv == "grouped":  # (values as wide as keys: the families that group have no other)
             g = h // kv
             groups = fused.reshape(kv, g + 2, d, *fused.shape[1:])
             part = {"q": groups[:, :g], "k": groups[:, g], "v": groups[:, g + 1]}[role]
             return np.ascontiguousarray(part.reshape(-1, *fused.shape[1:]))
+        g = 0
+        if s.fused_qkv == "gate_concat":  # the output gate's rows come first
+            g = h if s.attn_gate_per_head else h * vd
+            if role == "g":
+                return fused[:g]
+        if role not in ("q", "k", "v"):
+            raise SterError(f"the family of {s.model_type!r} stores no {role!r} rows in its fused attention tensor")
         bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + kv) * d + kv * vd)}[role]
-        return fused[bounds[0]:bounds[1]]
+        return fused[g + bounds[0]:g + bounds[1]]
 
     def get(self, role: str, i: int | None, kind: str, required: bool = False, slot: int | None = None):
         """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``; ``slot``
@@ -246,10 +290,19 @@ class Layout:
         t = self._read(role, i, kind, slot) if role in names else None
         where = self._name(role, i, kind, slot) if role in names else None
         fused_role = FUSED_INTO.get(role)
-        if t is None and fused_role in names:  # stored inside a fused tensor
-            fused = self._read(fused_role, i, kind)
-            t = None if fused is None else self._split(fused, fused_role, role, i)
+        if role in ("k", "v") and "kv" in names and "qkv" not in names:
+            fused_role = "kv"
+        if t is None and fused_role in names and (role != "g" or self.spec.fused_qkv == "gate_concat"):
+            # stored inside a fused tensor (an output gate's rows only where the layout says so)
             where = where or self._name(fused_role, i, kind)
+            key = ("split", role, where)
+            if self._seen is not None and key in self._seen:  # one array per split for a looped model's passes
+                t = self._seen[key]
+            else:
+                fused = self._read(fused_role, i, kind)
+                t = None if fused is None else self._split(fused, fused_role, role, i)
+                if self._seen is not None:
+                    self._seen[key] = t
         if t is None and required:
             raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "
                             "model needs; is the config.json from the same checkpoint?")

@@ -20,6 +20,9 @@ which is Llama's pre-norm block, Gemma 2/3's sandwich, or OLMo 2's post-norm blo
 parallel block (GPT-J, GPT-NeoX, Phi-2, Cohere, Falcon) adds both sublayers to the same
 residual, the feed-forward reading ``ffn_norm(h)``, or the mixer's normed input without one.
 Compute is float32; weights keep their stored dtype (f32, f16 or bf16) until used.
+
+A looped model (``ModelSpec.loop``, ``loops.py``) runs its executed layers in passes that join through
+running states; its layers are every pass's, each reading its stored layer's weights.
 """
 from __future__ import annotations
 
@@ -31,10 +34,12 @@ import numpy as np
 
 from ..config import ModelSpec
 from ..errors import SterError
-from .attention import Attention
+from .altup import AltUp, Laurel, collapse, expand
+from .attention import MASK_POSITIONS, Attention
 from .block_sparse import BlockSparseAttention
 from .relative import RelativeAttention, residual_conv
 from .cache import KVCache
+from .compressed import CompressedAttention
 from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
 from .latent import LatentAttention
@@ -48,11 +53,12 @@ from .mamba2 import Mamba2
 from .ngram import NgramEmbedding
 from .moe import MoE, identity
 from .norms import Norm
-from .positions import alibi_bias
+from .positions import alibi_bias, alibi_sqrt_bias
 from .qlinear import QuantLinear
 from .shared_block import SharedHybrid
 from .shortconv import ShortConv
 from .step import layer_step
+from .streams import HyperConnection, HyperHead
 from .xielu import XIELU
 
 
@@ -75,7 +81,7 @@ _UNBUILT = object()
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
           "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
           "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention, "block_sparse": BlockSparseAttention,
-          "relative": RelativeAttention}
+          "relative": RelativeAttention, "compressed": CompressedAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
@@ -95,7 +101,8 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                         make_linear(load("up", required=True), load("up", "bias")),
                         make_linear(load("down", required=True), load("down", "bias")), spec.hidden_act, act,
                         gate_scale=mup.ffn_gate if mup else 1.0, out_scale=out_scale,
-                        glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha)
+                        glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha,
+                        sparsity=spec.layers[i].ffn_sparsity, sparsity_ddof=spec.sparsity_ddof)
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
@@ -123,9 +130,24 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
     # a selection bias stored as the router's own bias (Inkling's mlp.gate.bias) is not a bias on its logits
     bias_is_select = m.router.select_bias and spec.names.get("router_select_bias") == f'{spec.names.get("router")}.bias'
     router_bias = None if bias_is_select else load("router", "bias")
-    return MoE(m, make_linear(load("router", required=True), router_bias), select_bias, experts,
-               shared, shared_gate, latent)
+    moe = MoE(m, make_linear(load("router", required=True), router_bias), select_bias, experts,
+              shared, shared_gate, latent)
+    if m.router.hashed:  # DeepSeek-V4's hash layers: the token's row of tid2eid chooses
+        table = np.asarray(load("router_hash", "", required=True))
+        if table.shape != (spec.vocab_size, m.router.top_k) or table.min() < 0 or table.max() >= m.router.num_experts:
+            raise SterError(f"layer {i}'s hash routing table has shape {list(table.shape)} or expert ids outside "
+                            f"0..{m.router.num_experts - 1}; the configuration implies [{spec.vocab_size}, "
+                            f"{m.router.top_k}]: the weights and the config disagree")
+        ordered = np.sort(table, axis=1)
+        if (ordered[:, 1:] == ordered[:, :-1]).any():
+            raise SterError(f"layer {i}'s hash routing table names one expert twice for a token; the checkpoint is "
+                            "damaged or not this model's")
+        moe.hash_table = table.astype(np.int64)
+    return moe
 
+
+#: The sublayer norms, over the hidden width (``ModelSpec.norm_groups`` applies to them and the final norm).
+SUBLAYER_NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
 
 #: The key of a forward call's ``tables`` under which a ``shortcut="open"`` layer holds its routed
 #: feed-forward's output for the ``"close"`` layer after it (``LayerSpec.shortcut``).
@@ -151,10 +173,12 @@ class _Layer:
             return layout.get(role, i if layer is None else layer, kind, required, slot=slot)
 
         def norm(role):
+            offset = spec.norm_offset(role)
             eps = (spec.post_norm_eps if spec.post_norm_eps is not None and role in ("attn_post_norm", "ffn_post_norm")
                    else spec.norm_eps)
             return Norm(spec.norm, eps, load(role, required=spec.norm_affine), load(role, "bias"),
-                        spec.norm_unit_offset)
+                        spec.norm_unit_offset and offset is None, offset or 0.0,
+                        spec.norm_groups if role in SUBLAYER_NORMS else 1)  # (q/k norms are a head wide)
 
         cls = MIXERS.get(self.layer.mixer)
         own = getattr(cls, "OWN_NORMS", ())
@@ -170,6 +194,19 @@ class _Layer:
                           if spec.per_layer_input else None)
         d["scalar"] = (np.float32(load("layer_scalar", "", required=True).reshape(-1)[0])
                        if spec.layer_scalar else None)
+        # hyper-connections before the mixer and the feed-forward (ModelSpec.streams, decoder/streams.py)
+        d["hc"] = (tuple(HyperConnection(spec.streams, *(load(f"hc_{part}_{p}", "", required=True)
+                                                         for p in ("fn", "base", "scale")))
+                         for part in ("attn", "ffn")) if spec.streams is not None else None)
+        # Gemma 3n: AltUp's prediction and correction around the block, Laurel's residual inside it
+        d["altup"] = (AltUp(spec.altup, spec.hidden_size, make_linear(load("altup_router", required=True)),
+                            norm("altup_router_norm"), load("altup_predict", required=True),
+                            load("altup_correct", required=True),
+                            load("altup_output_scale", "", required=spec.altup.correct_scale))
+                      if spec.altup is not None else None)
+        d["laurel"] = (Laurel(make_linear(load("laurel_left", required=True)),
+                              make_linear(load("laurel_right", required=True)), norm("laurel_norm"))
+                       if spec.laurel else None)
 
     def _owner(self, name: str):
         d = self.__dict__
@@ -219,7 +256,14 @@ class _Layer:
         inputs (``"per_layer"``, float32 [T, layers, width], ``PerLayerInputs``).
 
         With per-layer inputs (Gemma 4's ``Gemma4TextDecoderLayer``), the block's output h then
-        adds post_norm(proj(act(gate(h)) * input_i)); with a layer scalar, the result is multiplied by it."""
+        adds post_norm(proj(act(gate(h)) * input_i)); with a layer scalar, the result is multiplied by it.
+
+        Under AltUp (``ModelSpec.altup``; Gemma 3n's ``Gemma3nTextDecoderLayer``), h is the first of
+        the stream's copies and ``tables["altup"]`` holds the others (float32 [T, hidden] each): all are
+        predicted, the block runs on the first prediction, all are corrected by its change, and the
+        per-layer input, gated by the first corrected copy, joins every copy but the first."""
+        if self.altup is not None:
+            return self._altup_call(h, cache, positions, bias, tables)
         if self.per_layer is None and self.scalar is None:
             return self._block(h, cache, positions, bias, tables)
         h = self._block(h, cache, positions, bias, tables)
@@ -229,13 +273,30 @@ class _Layer:
             h = h + post(proj(np.ascontiguousarray(g, dtype=np.float32)))
         return h * self.scalar if self.scalar is not None else h
 
+    def _altup_call(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """``__call__`` under AltUp: returns the first corrected copy, the others into ``tables``."""
+        predicted = self.altup.predict([h] + tables["altup"])
+        corrected = self.altup.correct(predicted, self._block(predicted[0], cache, positions, bias, tables))
+        if self.per_layer is not None:
+            gate, proj, post = self.per_layer
+            g = ACT_FNS[self.spec.hidden_act](gate(self.altup.scaled_first(corrected[0])))
+            g = g * tables["per_layer"][:, self.i, :]
+            joined = post(proj(np.ascontiguousarray(g, dtype=np.float32)))
+            corrected[1:] = [c + joined for c in corrected[1:]]
+        tables["altup"] = corrected[1:]
+        return corrected[0] * self.scalar if self.scalar is not None else corrected[0]
+
     def _block(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, bias=None,
                tables: dict | None = None) -> np.ndarray:
         """The block itself (norms, mixer, feed-forward, join)."""
         n, r = self.norms, self._residual_scale
+        if self.hc is not None:
+            return self._streams_block(h, cache, positions, bias, tables)
         if self.layer.residual is not None:
             return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
+            if self.ffn is None:  # neither half (DeciLM's no_op attention and feed-forward)
+                return h
             m = self.ffn(n["ffn_norm"](h) if "ffn_norm" in n else h)
             return h + (m * r if r != 1 else m)
         tables = {} if tables is None else tables
@@ -246,6 +307,8 @@ class _Layer:
             return h + (a * r if r != 1 else a)
         if not self.spec.parallel:
             h = h + (a * r if r != 1 else a)
+            if self.laurel is not None:  # Laurel's residual of the normed input joins, the sum / sqrt(2)
+                h = (h + self.laurel(x)) * np.float32(2.0 ** -0.5)
             x = h
         f = n["ffn_norm"](h) if "ffn_norm" in n else x
         m = self.ffn(f)
@@ -260,6 +323,22 @@ class _Layer:
         if self.layer.shortcut == "close":
             out = out + tables.pop(SHORTCUT)
         return out
+
+    def _streams_block(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """The block over hyper-connected streams h float32 [T, n, hidden] (``ModelSpec.streams``;
+        Transformers' ``DeepseekV4DecoderLayer`` / ``HYV4DecoderLayer``): each sublayer reads the streams
+        collapsed by its hyper-connection and its output is spread back over them (``HyperConnection.join``)."""
+        n, (attn_hc, ffn_hc) = self.norms, self.hc
+        tables = {} if tables is None else tables
+        x, post, comb = attn_hc(h)
+        a = self.mixer(n["attn_norm"](x) if "attn_norm" in n else x, cache, positions, bias, tables)
+        a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
+        h = HyperConnection.join(h, a, post, comb)
+        x, post, comb = ffn_hc(h)
+        x = n["ffn_norm"](x) if "ffn_norm" in n else x
+        m = self.ffn(x, tables["tokens"]) if getattr(self.ffn, "hash_table", None) is not None else self.ffn(x)
+        m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
+        return HyperConnection.join(h, m, post, comb)
 
     def _scaled_join(self, h, cache, positions, bias, tables) -> np.ndarray:
         """MiniMax's block (``LayerSpec.residual`` = (a1, b1, a2, b2)): each sublayer joins its
@@ -294,15 +373,33 @@ class PerLayerInputs:
         """ids int [T], embedded float32 [T, hidden] (the scaled embeddings) -> float32 [T, L, P].
 
         Raises:
-            SterError: a token id past the per-layer table's rows."""
+            SterError: a token id past the per-layer table's rows (unless ``per_layer_clamp``: such
+                ids read row 0, as Transformers' ``Gemma3nTextModel.get_per_layer_inputs`` does)."""
         s = self.spec
         L, P = s.num_hidden_layers, s.per_layer_input
-        if ids.size and ids.max() >= self.table.shape[0]:
+        if s.per_layer_clamp:
+            ids = np.where(ids < self.table.shape[0], ids, 0)
+        elif ids.size and ids.max() >= self.table.shape[0]:
             raise SterError(f"token id {int(ids.max())} is past the {self.table.shape[0]} rows of the per-layer "
                             "embedding table")
         tok = np.asarray(self.table[ids], dtype=np.float32).reshape(-1, L, P) * np.float32(math.sqrt(P))
         ctx = (self.proj(embedded) * np.float32(s.hidden_size ** -0.5)).reshape(-1, L, P)
         return (self.norm(np.ascontiguousarray(ctx)) + tok) * np.float32(2.0 ** -0.5)
+
+
+def _altup_projections(layout: Layout, role: str, n: int) -> list:
+    """AltUp's n projections of ``role`` (each [hidden, hidden]): one tensor each (``{k}`` in the
+    name, Transformers' altup_projections.k) or one stack [n, hidden, hidden] (llama.cpp's altup_proj).
+
+    Raises:
+        SterError: a projection missing, or a stack that does not hold n of them."""
+    stacked = layout.get(role, None, "weight") if "{k}" not in layout.spec.names[role] else None
+    if stacked is None:
+        return [make_linear(layout.get(role, None, "weight", True, slot=k)) for k in range(n)]
+    if len(stacked.shape) != 3 or stacked.shape[0] != n:
+        raise SterError(f"the checkpoint's {layout.spec.names[role]!r} has shape {list(stacked.shape)}, but the "
+                        f"configuration implies {n} stacked [hidden, hidden] projections")
+    return [make_linear(stacked[k]) for k in range(n)]
 
 
 class Decoder:
@@ -331,7 +428,8 @@ class Decoder:
         self.embed = top("embed", required=True)
         self.pos_embed = top("pos_embed", required=True) if spec.positions == "learned" else None
         def norm(role, offset=spec.norm_unit_offset):
-            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"), offset)
+            return Norm(spec.norm, spec.norm_eps, top(role, required=spec.norm_affine), top(role, "bias"), offset,
+                        groups=spec.norm_groups if role == "final_norm" else 1)
 
         # a weightless embedding norm (embed_norm_affine False) reads no tensor
         self.embed_norm = ((norm("embed_norm") if spec.embed_norm_affine else Norm(spec.norm, spec.norm_eps, None, None))
@@ -345,8 +443,21 @@ class Decoder:
                                      [layout.get("ngram_proj", None, "weight", True, slot=j) for j in range(g.tables)])
                       if g is not None else None)
         self.layers = [_Layer(spec, i, layout) for i in range(spec.num_hidden_layers)]
+        # a looped model's later streams start from a stored vector (decoder/loops.py), else zeros
+        self.loop_init = None
+        if spec.loop is not None and spec.loop.states > 1:
+            init = top(spec.loop.init, required=True) if spec.loop.init else None
+            self.loop_init = (np.zeros(spec.hidden_size, np.float32) if init is None
+                              else np.asarray(init, np.float32).reshape(spec.hidden_size))
+        # AltUp: the projections that make the extra copies of the stream and bring them back
+        self.altup = (tuple(_altup_projections(layout, role, spec.altup.num_inputs - 1)
+                            for role in ("altup_in", "altup_out"))
+                      if spec.altup is not None else None)
         self.final_norm = norm("final_norm", spec.norm_unit_offset if spec.final_norm_unit_offset is None
                                else spec.final_norm_unit_offset)
+        st = spec.streams
+        self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
+                        else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
@@ -398,7 +509,8 @@ class Decoder:
             progress: optional ``progress(event, done, total)``, event "quantize", per matrix.
 
         Returns:
-            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}).
+            matrices quantized per block type ({"Q4_K": 30, "Q5_0": 150, ...}; a stored matrix that
+            several passes of a looped model run counts once).
 
         Raises:
             SterError: an unknown kind, or a matrix with inf/NaN weights.
@@ -416,13 +528,19 @@ class Decoder:
         counts: dict[str, int] = {}
         todo = [(o, r, p, t) for o, r, p, t in jobs
                 if type(p) is Linear or (type(p) is QuantLinear and is_half(p.weight))]
+        # a stored matrix run by several passes (one array, decoder/layout.py) is quantized once; the
+        # array is kept beside its blocks so that its id is not reused while this runs
+        done: dict[tuple, tuple] = {}
         for n, (owner, role, p, t) in enumerate(todo):
             t = block_type_for(t or kind, p.in_features)
             if t is not None:
                 where = f"layer {owner.i} {role}" if owner is not self else "the output head"
-                blocks = quantize_matrix(p.weight, t, where)
-                setattr(owner, role, QuantLinear(QuantTensor.from_blocks(blocks, t, p.in_features, where), p.bias))
-                counts[t] = counts.get(t, 0) + 1
+                key = (id(p.weight), t)
+                if key not in done:
+                    blocks = quantize_matrix(p.weight, t, where)
+                    done[key] = (p.weight, QuantTensor.from_blocks(blocks, t, p.in_features, where))
+                    counts[t] = counts.get(t, 0) + 1
+                setattr(owner, role, QuantLinear(done[key][1], p.bias))
             if progress:
                 progress("quantize", n + 1, len(todo))
         self._link_read_ahead()
@@ -463,7 +581,7 @@ class Decoder:
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
                 layer_hook: LayerHook | None = None, last_only: bool = False,
-                normed: list | None = None) -> np.ndarray:
+                bidirectional: bool = False, normed: list | None = None) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -471,10 +589,17 @@ class Decoder:
             cache: the KV cache (None: a fresh one, discarded after the call).
             hidden_states: if a list is given, it receives float32 [T, hidden_size] arrays:
                 the embedding output, then the residual stream after each layer
-                (Transformers' ``output_hidden_states`` order, without the final norm).
+                (Transformers' ``output_hidden_states`` order, without the final norm; under
+                AltUp, the stream's first copy); a looped model's: after each executed layer,
+                every pass's (without the norms that close passes); with hyper-connections
+                (``ModelSpec.streams``) the streams' mean.
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
-                it returns is taken as float32 [T, hidden_size].
+                it returns is taken as float32 [T, hidden_size]. With hyper-connections it is given
+                the streams' mean, and what it adds to it is added to every stream.
             last_only: compute logits for the last position only.
+            bidirectional: a prompt of a prefix-LM model (``ModelSpec.prefix_lm``) read whole from position
+                zero (``cache`` empty): its tokens attend both ways within it (a generated prompt, as
+                Transformers' HRM-Text does with token_type_ids of ones); ignored otherwise.
             normed: if a list is given, it receives the final norm's output, float32 [T, hidden_size]
                 (or [1, hidden_size] with ``last_only``): the head's input, which a drafter reading
                 the model's state takes (``ster_py.speculative``).
@@ -494,33 +619,66 @@ class Decoder:
         if self.ngram is not None:  # the n-grams read the tokens before these (kept by the cache)
             h = self.ngram(ids, cache.tokens()[-(self.ngram.spec.neighbors - 1):], h)
             cache.store_tokens(ids)
-        bias = (alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16)
-                if s.alibi_slopes is not None else None)
+        bias = (None if s.alibi_slopes is None
+                else alibi_sqrt_bias(s.alibi_slopes, positions, int(positions[-1]) + 1) if s.alibi_sqrt
+                else alibi_bias(s.alibi_slopes, int(positions[-1]) + 1, scale=s.alibi_scale, bf16=s.alibi_bf16))
         if hidden_states is not None:
             hidden_states.append(h)
         # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first
         # layer (a shared block reads it beside the residual stream, Zamba2)
-        tables: dict = {"embeddings": h}
+        tables: dict = {"embeddings": h, "tokens": ids}
         if self.per_layer is not None:
             tables["per_layer"] = self.per_layer(ids, h)
+        if bidirectional and s.prefix_lm and cache.length == 0:  # every query sees the whole prompt
+            tables[MASK_POSITIONS] = np.full(ids.shape[0], ids.shape[0] - 1)
+        if self.altup is not None:  # the stream's extra copies travel beside h, the first copy
+            h, *tables["altup"] = expand(h, self.altup[0])
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache
+                and MASK_POSITIONS not in tables
                 and cache.length + 1 <= np.iinfo(np.int32).max)
         kept: list = [None] * len(s.residual_skips)
-        for layer in self.layers:
-            if s.residual_skips:
-                h = self._skip(layer.i, h, kept)
-            fused = layer.decode_step() if fuse else None
-            if fused is not None:
-                h = layer.step_one(fused, h, cache, positions, tables)
-            else:
-                h = layer(h, cache, positions, bias, tables)
-            if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
-                h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
-            if hidden_states is not None:
-                hidden_states.append(h)
+        if s.streams is not None:  # every stream starts as the embedding (decoder/streams.py)
+            h = np.ascontiguousarray(np.repeat(h[:, None, :], s.streams.n, axis=1))
+
+        def run(layers, h):
+            for layer in layers:
+                if s.residual_skips:
+                    h = self._skip(layer.i, h, kept)
+                fused = layer.decode_step() if fuse else None
+                if fused is not None:
+                    h = layer.step_one(fused, h, cache, positions, tables)
+                else:
+                    h = layer(h, cache, positions, bias, tables)
+                if s.streams is not None:
+                    if layer_hook is not None:  # the hook sees the streams' mean; what it adds, every stream gets
+                        mean = h.mean(axis=1)
+                        h = h + (np.asarray(layer_hook(layer.i, mean.copy()), np.float32) - mean)[:, None, :]
+                    if hidden_states is not None:
+                        hidden_states.append(h.mean(axis=1))
+                    continue
+                if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
+                    h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
+                if hidden_states is not None:
+                    hidden_states.append(h)
+            return h
+
+        if s.loop is None:
+            h = run(self.layers, h)
+        else:  # passes over the stored layers (decoder/loops.py): each reads the states summed, replaces one
+            states = [h] + [np.broadcast_to(self.loop_init, h.shape) for _ in range(s.loop.states - 1)]
+            for p in s.loop.passes:
+                x = states[0] if len(states) == 1 else np.ascontiguousarray(sum(states[1:], states[0]),
+                                                                            dtype=np.float32)
+                x = run(self.layers[p.start:p.stop], x)
+                states[p.state] = self.final_norm(x) if p.norm else x
+            h = states[0]
         cache.advance(ids.shape[0])
-        if last_only:
+        if self.hc_head is not None:
+            h = self.hc_head(h)
+        if self.altup is not None:
+            h = collapse([c[-1:] if last_only else c for c in [h] + tables["altup"]], self.altup[1])
+        elif last_only:
             h = h[-1:]
         h = self.final_norm(h)
         if normed is not None:

@@ -81,19 +81,25 @@ class Norm:
         weight, bias: float [d] (or None); a 2-D weight [heads, d] norms each head of an
             x [heads, T, d] with its own row (per-head q/k norms, Cohere, StableLM).
         unit_offset: the weight is stored as ``w`` and applied as ``1 + w`` (Gemma).
+        offset: a number added to the stored weight instead (PLaMo 3's post-sublayer norms:
+            1/5 and 5 ** -1.5, modeling_plamo.py's RMSNorm offsets); 0 with ``unit_offset``'s 1.
+        groups: an RMS norm over each of that many equal groups of the last axis apart, before
+            the weight (K2-Horizon's layernorm_num_groups); 1: over the whole axis.
 
     Calling it maps float32 [..., d] to a new float32 array of the same shape.
     """
 
-    def __init__(self, kind: str, eps: float, weight, bias, unit_offset: bool = False):
-        self.kind, self.eps = kind, float(eps)
-        self.weight = None if weight is None else weight.astype(np.float32) + (1.0 if unit_offset else 0.0)
+    def __init__(self, kind: str, eps: float, weight, bias, unit_offset: bool = False, offset: float = 0.0,
+                 groups: int = 1):
+        self.kind, self.eps, self.groups = kind, float(eps), int(groups)
+        shift = np.float32(1.0 if unit_offset else offset)
+        self.weight = None if weight is None else weight.astype(np.float32) + shift
         self.bias = None if bias is None else bias.astype(np.float32)
         if self.weight is not None and self.weight.ndim == 2:  # [heads, d] against x [heads, T, d]
             self.weight = self.weight[:, None, :]
             self.bias = None if self.bias is None else self.bias.reshape(self.weight.shape)
         # RMS over a [d] float32 weight, no bias: straight to the kernel (rms_norm's checks, done once)
-        self._kernel = (_ops is not None and kind == "rms" and self.bias is None and
+        self._kernel = (_ops is not None and kind == "rms" and self.bias is None and self.groups == 1 and
                         (self.weight is None or (self.weight.ndim == 1 and self.weight.flags.c_contiguous)))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -104,5 +110,11 @@ class Norm:
             return out
         if self.kind == "layer":
             return layer_norm(x, self.weight, self.bias, self.eps)
+        if self.groups > 1:  # each group apart, then the weight over the whole width
+            d = x.shape[-1]
+            out = rms_norm(np.ascontiguousarray(x, np.float32).reshape(*x.shape[:-1], self.groups, d // self.groups),
+                           None, self.eps).reshape(x.shape)
+            out = out if self.weight is None else out * self.weight
+            return out if self.bias is None else out + self.bias
         out = rms_norm(x, self.weight, self.eps)
         return out if self.bias is None else out + self.bias

@@ -7,7 +7,9 @@ power of two p, head h (from 1) gets 2 ** (-8 h / p); the remaining heads take e
 other slope of the 2p-head series. For a power-of-two head count this equals MPT's
 ``build_mpt_alibi_tensor`` with alibi_bias_max 8. A bias by the key's absolute position
 differs from the paper's -(query - key) by a constant per query row, which softmax
-ignores.
+ignores. Step1 (Step-Audio's language model, seed 002) adds -slope * sqrt(query - key) instead,
+measured from each query's absolute position; a square root is not shift-invariant, so that bias
+is built per query row (``alibi_sqrt_bias``).
 
 Query temperature: Llama 4 / Ministral 3 multiply each query by
 1 + beta * ln(1 + floor((position + offset) / divisor)): Ministral 3 with llama_4_scaling_beta
@@ -51,6 +53,15 @@ def alibi_bias(slopes: tuple[float, ...], num_keys: int, *, scale: float = 1.0, 
     else:
         bias = s * pos
     return bias * np.float32(scale) if scale != 1.0 else bias
+
+
+def alibi_sqrt_bias(slopes: tuple[float, ...], query_positions: np.ndarray, num_keys: int) -> np.ndarray:
+    """Step1's score bias float32 [num_heads, T, num_keys]: -slope * sqrt(query position - key position)
+    for int query positions [T] (absolute, from 0), 0 where the key lies after the query (the causal
+    mask hides those). Added to the scaled scores (seed 002)."""
+    s = np.asarray(slopes, np.float64)[:, None, None]
+    dist = np.asarray(query_positions, np.float64)[:, None] - np.arange(num_keys, dtype=np.float64)[None, :]
+    return (-s * np.sqrt(np.maximum(dist, 0.0))[None]).astype(np.float32)
 
 
 def query_temperature(positions: np.ndarray, beta: float, divisor: int, offset: int = 0) -> np.ndarray:

@@ -15,7 +15,7 @@ calls the ``MoE`` part itself between the attention half and the residual add, a
 runs its chosen experts in one kernel call, ``ops.moe_experts``, when they qualify), its norms are RMSNorm with a [d] weight (or none), its feed-forward is gated with SiLU or
 the tanh GELU, and the family needs nothing the step does not do: no parallel block,
 ALiBi, q/k/v clipping, query temperature, chunked attention, per-head norm weights, a value
-scale, an output gate, Falcon-H1's multipliers, value norms, layer scalars or per-layer inputs, and the layer has the model's own attention shape (no per-layer head
+scale, an output gate, Falcon-H1's multipliers, value norms, layer scalars, per-layer inputs, AltUp, Laurel or activation sparsity, and the layer has the model's own attention shape (no per-layer head
 counts or widths, values as wide as keys). Anything else, and prompts (more than one token),
 keep the Python block.
 """
@@ -40,9 +40,12 @@ def spec_allows_step(spec: ModelSpec) -> bool:
     return (_ops is not None and spec.norm == "rms" and not spec.parallel and spec.clip_qkv is None
             and spec.query_temperature is None and spec.alibi_slopes is None and spec.hidden_act in _GLU_KINDS
             and spec.qk_norm in (None, "head", "proj") and spec.value_scale == 1.0 and spec.attn_gate is None
-            and spec.mup is None and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input
+            and spec.mup is None and spec.norm_groups == 1 and spec.value_router is None
+            and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input
+            and spec.streams is None
             and spec.post_norm_eps is None
-            and not getattr(spec, "query_bottleneck", 0))
+            and not getattr(spec, "query_bottleneck", 0)
+            and spec.altup is None and not spec.laurel and not any(layer.ffn_sparsity for layer in spec.layers))
 
 
 def _norm_weight(norm, size: int):
@@ -65,7 +68,7 @@ def layer_step(layer):
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
     routed = type(ffn) is MoE
     if (not spec_allows_step(s) or type(attn) is not Attention or layer.layer.attention_chunk
-            or layer.layer.residual is not None
+            or layer.layer.residual is not None or layer.layer.loop_global is not None
             or not (routed or (type(ffn) is DenseFFN and ffn.gate is not None and ffn.glu == "standard"
                                and ffn.limit is None))):
         return None

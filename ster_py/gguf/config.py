@@ -14,8 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, moe_spec, sliding_layers,
-                      yarn_mscale)
+from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
+                      moe_spec, reused_kv_unread, sliding_layers, yarn_mscale)
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
@@ -139,7 +139,10 @@ LLAMA_CPP_SWA_ROPE: dict[str, dict] = {
 # Architectures whose last layers reuse earlier layers' keys and values (llama-model.cpp's kv-cache
 # "reuse" for Gemma 3n / Gemma 4): the metadata key counting them, n. Layer il >= first = block_count - n
 # attends over the cache of layer first - 2 if it slides, else of layer first - 1 (first must be >= 2).
-LLAMA_CPP_KV_SHARED = {"gemma4": "attention.shared_kv_layers"}
+LLAMA_CPP_KV_SHARED = {"gemma4": "attention.shared_kv_layers",
+                       # gemma3n.cpp fixes the first reusing layer at 20 (Gemma 3n E2B's and E4B's
+                       # block_count - shared_kv_layers); ster reads the key the converter writes
+                       "gemma3n": "attention.shared_kv_layers"}
 # The epsilon llama.cpp's graph fixes for the norms over each sublayer's output (muse-glimmer.cpp's
 # post_norm_eps; the converter writes no key for it).
 LLAMA_CPP_POST_NORM_EPS = {"muse-glimmer": 1e-8}
@@ -147,7 +150,8 @@ LLAMA_CPP_POST_NORM_EPS = {"muse-glimmer": 1e-8}
 # (gemma4.cpp: "if v_proj is not present, use Kcur as Vcur").
 LLAMA_CPP_V_FROM_K = ("gemma4",)
 # Architectures with per-layer inputs (gemma4.cpp): the width key; the table's rows are its vocabulary.
-LLAMA_CPP_PER_LAYER_INPUT = {"gemma4": "embedding_length_per_layer_input"}
+LLAMA_CPP_PER_LAYER_INPUT = {"gemma4": "embedding_length_per_layer_input",
+                             "gemma3n": "embedding_length_per_layer_input"}
 # deepseek2.cpp's loader takes a file without expert_gating_func for softmax (the DeepSeek-V2 files
 # before the key), except GLM-4.7-Flash, which it tells by its 47 or 48 layers and 154880 tokens.
 GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
@@ -621,6 +625,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         raise SterError(f"{path}: GGUF metadata {arch}.nextn_predict_layers must be a whole number below "
                         f"block_count ({n_all}), got {brief_value(n_mtp)}")
     n_layers = n_all - int(n_mtp)
+    if family.loop_stacks:  # built over the first stack's blocks, then expanded (config.looped_from_gguf)
+        n_all = n_layers = looped_stack(config, family, n_all, path)
     layering = LLAMA_CPP_LAYERS.get(arch)
     kv_list = ff_list = None
     if layering is None:
@@ -723,6 +729,14 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
                             f"({brief_value(ff_list)}); ster runs feed-forwards of one width")
         dense_width = widths.pop() if widths else None
+    elif isinstance(meta.get(f"{arch}.feed_forward_length"), (list, tuple, np.ndarray)):
+        # one width per layer (Gemma 3n's converter): read when all agree
+        widths = set(_layer_values(meta, f"{arch}.feed_forward_length", n_all, path))
+        if len(widths) != 1 or not min(widths):
+            raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
+                            f"({brief_value(meta[f'{arch}.feed_forward_length'])}); ster runs feed-forwards of one "
+                            "width")
+        dense_width = widths.pop()
     else:
         dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
@@ -757,6 +771,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     if family.indexer is not None:
         indexer, index_kinds = _gguf_indexer(meta, arch, latent, n_layers, max_pos, path)
     recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
+    residual_extras, sparsity = _gguf_altup(meta, arch, family, n_layers, path)
     layers = []
     for i in range(n_layers):
         rope = sliding_rope if sliding[i] else full
@@ -792,6 +807,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["v_head_dim"] = swa_v_head
         elif sliding[i] and swa_head != head_dim:
             own.pop("v_head_dim", None)
+        if sparsity[i]:
+            own["ffn_sparsity"] = sparsity[i]
         if shared[i] is not None:
             own["kv_source"] = shared[i]
         elif (arch in LLAMA_CPP_V_FROM_K and tensors is not None
@@ -826,6 +843,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                            attn_scale=scale)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
+    fields["norm_offsets"] = ()  # (and PLaMo 3's other offsets, likewise folded by its converter)
     if arch in LLAMA_CPP_POST_NORM_EPS:
         fields["post_norm_eps"] = LLAMA_CPP_POST_NORM_EPS[arch]
     if family.attn_gate and tensors is not None and "g" in family.gguf_names:
@@ -834,7 +852,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             fields["attn_gate"] = None
         else:
             fields["attn_gate_per_head"] = per_head
-    return ModelSpec(
+    spec = ModelSpec(
         model_type=family.model_type,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -855,7 +873,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         extra={"gguf_architecture": arch},
-        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)),  # multi-token-prediction layers
+        # multi-token-prediction layers; keys and values of the layers that reuse another's
+        unread=tuple(f"blk.{i}." for i in range(n_layers, n_all)) + reused_kv_unread(family.gguf_names, layers),
         fused_qkv="concat",  # llama.cpp's converter reorders every fused qkv to [q | k | v]
         query_temperature=temperature,
         moe=moe,
@@ -868,8 +887,10 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         delta=_gguf_delta(meta, arch, family, heads, eps, path) if family.recurrent in DELTA_MIXERS else None,
         residual_normed=arch in LLAMA_CPP_SCALED_JOIN,
         **_per_layer_input(meta, arch, tensors, path),
+        **residual_extras,
         **fields,
     )
+    return looped_from_gguf(spec, config, family, path) if family.looped else spec
 
 
 def _kv_shared(meta: Mapping, arch: str, sliding: list[bool], n_all: int, path: str) -> list[int | None]:
@@ -899,6 +920,50 @@ def _kv_shared(meta: Mapping, arch: str, sliding: list[bool], n_all: int, path: 
                             "fully); ster does not run this file")
         out[i] = src
     return out
+
+
+def _gguf_altup(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, path: str) -> tuple[dict, list[float]]:
+    """Gemma 3n's residual extras from a file, for a family with ``altup``: (``ModelSpec`` fields
+    ``altup``, ``laurel``, ``per_layer_clamp``; each layer's activation sparsity), else ({}, zeros).
+
+    AltUp's copies are ``altup.num_inputs``; the correction scale always applies (gemma3n.cpp, and
+    the converter writes no flag). ``activation_sparsity_scale`` holds each layer's normal quantile
+    (the converter's ``icdf`` of activation_sparsity_pattern; -inf: dense), read back as the share; its
+    cut-off takes the sample std, as gemma3n.cpp does (``ModelSpec.sparsity_ddof``).
+
+    Raises:
+        SterError: altup.active_idx other than 0, altup.num_inputs not a whole number in 1..64, or a
+            sparsity array that is not one number per layer.
+    """
+    if not family.altup:
+        return {}, [0.0] * n_layers
+    from statistics import NormalDist
+
+    from ..config import MAX_ALTUP_INPUTS
+    from ..decoder.altup import AltUpSpec
+
+    n = meta.get(f"{arch}.altup.num_inputs", 4)
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 0 < n <= MAX_ALTUP_INPUTS:
+        raise SterError(f"{path}: GGUF metadata {arch}.altup.num_inputs must be a whole number in "
+                        f"1..{MAX_ALTUP_INPUTS}, got {brief_value(n)}")
+    active = meta.get(f"{arch}.altup.active_idx", 0)
+    if active != 0:
+        raise SterError(f"{path}: an AltUp active copy other than the first ({arch}.altup.active_idx = "
+                        f"{brief_value(active)}) is not supported")
+    scales = meta.get(f"{arch}.activation_sparsity_scale")
+    if scales is None:
+        sparsity = [0.0] * n_layers
+    else:
+        values = list(scales) if isinstance(scales, (list, tuple, np.ndarray)) else None
+        if values is None or len(values) != n_layers or any(
+                isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating))
+                or math.isnan(v) or v == math.inf for v in values):
+            raise SterError(f"{path}: GGUF metadata {arch}.activation_sparsity_scale must hold one number (or -inf) "
+                            f"per layer ({n_layers}), got {brief_value(scales)}")
+        sparsity = [0.0 if v == -math.inf else NormalDist().cdf(float(v)) for v in values]
+    # gemma3n.cpp's gaussian_topk divides the squared deviations by n - 1 (Transformers: by n)
+    return ({"altup": AltUpSpec(num_inputs=int(n), correct_scale=True), "laurel": family.laurel,
+             "per_layer_clamp": family.per_layer_clamp, "sparsity_ddof": 1}, sparsity)
 
 
 def _per_layer_input(meta: Mapping, arch: str, tensors: Mapping | None, path: str) -> dict:
