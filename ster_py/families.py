@@ -2306,6 +2306,18 @@ _HY_V4_REFUSALS = (
 
 
 
+# What ster has not checked against llama.cpp's hy-v4.cpp (tests/test_parity_hc_gguf.py): its rotation scaled
+# (the graph's score scale takes no YaRN term) and files of full attention only (no indexer keys: no
+# indexer_top_k, the graph's other branch).
+_HY_V4_GGUF_REFUSALS = (
+    Refusal(_stated_other("_rope_scaling", "none"), "rope scaling (rope.scaling.type other than none) is not "
+                                                    "supported (not checked against llama.cpp's hy_v4 graph)"),
+    Refusal(lambda c: not c.get("_index_topk"), "a file without DeepSeek Sparse Attention (no "
+                                                "attention.indexer.top_k: full attention on every layer) is not "
+                                                "supported (not checked against llama.cpp's hy_v4 graph)"),
+)
+
+
 # DeepSeek-V4: Transformers' module names, and DeepSeek's own layout (embed, head, layers.{i}.attn.wq_a,
 # ffn.experts.{e}.w1, hc_attn_fn; what Transformers' writer produces, below model. or not: ``root``).
 def _v4(module: str, own: str) -> tuple[str, str]:
@@ -4128,7 +4140,9 @@ FAMILIES: dict[str, FamilySpec] = {
                    # (gguf/config.py's LLAMA_CPP_INDEXER); the streams from the hyper_connection keys.
                    gguf_arch="hy_v4", gguf_changes={"rope_interleaved": True},
                    gguf_config={"hyper_connection.count": "hc_mult", "hyper_connection.epsilon": "hc_eps",
-                                "hyper_connection.magnitude": "hc_magnitude"}),
+                                "hyper_connection.magnitude": "hc_magnitude", "rope.scaling.type": "_rope_scaling",
+                                "attention.indexer.top_k": "_index_topk"},
+                   gguf_refusals=_HY_V4_GGUF_REFUSALS),
         # DeepSeek-V4 (Transformers' DeepseekV4ForCausalLM): hc_mult streams joined by Sinkhorn-normalised
         # hyper-connections; compressed attention (sliding window, compressed entries, Lightning Indexer) on every
         # layer; sqrtsoftplus-routed experts, hashed on the first layers, beside one shared expert, all clamped.

@@ -229,3 +229,16 @@ def test_gguf_without_indexer_types_is_refused():
                                 latent, 3, 64, "x.gguf")
     assert kinds == ["full", "shared", "full"]
     assert spec.interleaved and spec.rope_last and spec.norm_eps == 1e-5
+
+
+@pytest.mark.parametrize("extra, match", [({"hy_v4.rope.scaling.type": "yarn"}, "rope scaling"),
+                                          ({"hy_v4.attention.indexer.top_k": None}, "without DeepSeek Sparse")])
+def test_unchecked_hy_v4_files_are_refused(extra, match):
+    """A hy_v4 file with scaled rotation, or without an indexer, is refused by name from its metadata."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    meta = {"general.architecture": "hy_v4", "hy_v4.block_count": 3, "hy_v4.embedding_length": 64,
+            "hy_v4.attention.head_count": 4, "hy_v4.attention.indexer.top_k": 8}
+    meta = {k: v for k, v in dict(meta, **extra).items() if v is not None}
+    with pytest.raises(SterError, match=match):
+        spec_from_gguf(meta, "x.gguf", vocab_size=128)
