@@ -605,6 +605,32 @@ def test_gguf_special_id_of_wrong_type_names_the_key(key, value):
     assert parts.eos_token_ids == {2} and parts.pad_token_id is None
 
 
+@pytest.mark.parametrize("bos", [99999, 2**32 - 1])
+def test_gguf_special_id_outside_the_vocabulary_warns_and_keeps_the_default_as_llamacpp(bos, tmp_path):
+    """llama.cpp (llama-vocab.cpp, load_vocab) ignores an out-of-range tokenizer.ggml.bos_token_id with a
+    warning and keeps its default id (1 for SentencePiece): the oracle's ids with BOS added, and a visible note."""
+    import gguf
+
+    from ster_py import llamacpp
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    path = tmp_path / "vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64), w.add_embedding_length(8), w.add_block_count(1), w.add_feed_forward_length(8)
+    w.add_head_count(1), w.add_layer_norm_rms_eps(1e-5), w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>", "\u2581a", "\u2581b", "a", "b", "\u2581"])
+    w.add_token_scores([0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]), w.add_token_types([2, 3, 3, 1, 1, 1, 1, 1])
+    w.add_uint32("tokenizer.ggml.bos_token_id", bos), w.add_eos_token_id(2), w.add_add_bos_token(True)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    parts = tokenizer_from_gguf_metadata(dict(GGUFFile(str(path), allow_unsupported=True).metadata),
+                                         for_generation=False)
+    tok = parts.to_tokenizer()
+    want = llamacpp.tokenize(path, ["a b"], add_special=True)[0]
+    assert want[0] == 1 and tok.encode("a b", add_special_tokens=True) == want
+    assert len(tok.notes) == 1 and f"tokenizer.ggml.bos_token_id = {bos} is outside the vocabulary" in tok.notes[0]
+
+
 @pytest.mark.parametrize("key, value", [
     ("add_space_prefix", "false"), ("add_bos_token", "no"), ("add_eos_token", 0), ("remove_extra_whitespaces", 1),
 ])
