@@ -13,7 +13,13 @@ leading_dense_block_count on (the routed ones; the converter does not store spar
 index head per key/value head. Its loader also sizes the shared expert as expert_feed_forward_length times
 expert_shared_count, so the checkpoint's shared_intermediate_size equals intermediate_size.
 
-dots3_note (dots3note): not done in this session (see the report); it stays without a GGUF case here.
+dots3_note (dots3note) is not read yet (no GGUF case here; its architecture stays unsupported). Found so far: the
+pinned converter writes test_parity_mla_b's tiny case once swa_q_lora_rank equals q_lora_rank (it refuses two
+query ranks), swa_qk_rope_head_dim and scoring_func are stated; the file carries per-layer head counts,
+*_swa latent widths, sliding_window_pattern, indexer.types, attn_gate, attn_k_norm (the rotated key's norm),
+attn_k_b / attn_v_b, but no rope.freq_base when the checkpoint's rope_parameters are per layer type (llama.cpp
+then rotates the full layers at 10000); dots3note.cpp rotates the index query and key by halves (NEOX), where
+Transformers rotates Dots3-Note's indexer by adjacent pairs.
 """
 from __future__ import annotations
 
