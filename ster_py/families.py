@@ -2937,6 +2937,11 @@ def _m3_refusal(key: str, why: str, bad: Callable[[Any], bool]) -> Refusal:
 _MINIMAX_M3 = FamilySpec(
     "minimax_m3_vl_text", names=MINIMAX_M3_NAMES, norm_unit_offset=True, qk_norm="head", moe=True,
     block_sparse=True, ffn_glu="oai", normalize=_minimax_m3_config,
+    # llama.cpp's minimax-m3 (conversion/minimax.py): every norm stored as 1 + w, the index branch below
+    # blk.N.indexer. (gguf/config.py: LLAMA_CPP_BLOCK_SPARSE)
+    gguf_arch="minimax-m3",
+    gguf_names=_with(GGUF_NAMES, index_q="blk.{i}.indexer.q_proj", index_k="blk.{i}.indexer.k_proj",
+                     index_q_norm="blk.{i}.indexer.q_norm", index_k_norm="blk.{i}.indexer.k_norm"),
     keys={"intermediate_size": ("dense_intermediate_size",), "moe_intermediate_size": ("intermediate_size",),
           "n_shared_experts": ()},
     fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},

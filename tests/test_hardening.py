@@ -328,7 +328,10 @@ def _gguf_meta(**changes):
     ({"rope__dimension_count": 15}, "llama.rope.dimension_count (15) must be even"),
     ({"attention__key_length": 8, "rope__dimension_count": 16}, "attention.key_length"),
     ({"rope__freq_base": -1.0}, "llama.rope.freq_base must be a finite number above 0"),
-    ({"feed_forward_length": np.array([128, 128])}, "llama.feed_forward_length is an array of 2 values"),
+    # one width per layer is read when all agree (llama.cpp's gemma3n writes them so); others are named
+    ({"feed_forward_length": np.array([128, 256])}, "llama.feed_forward_length lists different widths per layer"),
+    ({"feed_forward_length": np.array([128, 128, 128])}, "llama.feed_forward_length must be a whole number or one "
+                                                          "per layer (2), got a list of 3 values"),
     # head counts may be stated per layer (llama.cpp's get_key_or_arr), one per layer of block_count
     ({"attention__head_count_kv": [2, 2, 2]}, "llama.attention.head_count_kv must list a count in 1..4096 for "
                                               "each of the 2 layers"),

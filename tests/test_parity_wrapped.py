@@ -502,7 +502,7 @@ def test_parity_command_refuses_the_wrapped_decoders_by_name(muse):
     from ster_py.parity import WRAPPED_REFERENCES, transformers_reference
     from ster_py.resolve import resolve
 
-    assert set(WRAPPED_REFERENCES) == {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
+    assert set(WRAPPED_REFERENCES) == {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text", "glm5_next_text"}
     with pytest.raises(SterError, match="MuseGlimmerForConditionalGeneration"):
         transformers_reference(resolve(str(muse[2])))
 
