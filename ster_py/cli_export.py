@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, out, progress_bar,
-                  show_warnings, version_fields)
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, inspect_value, out,
+                  progress_bar, show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -29,12 +29,12 @@ def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
     for key, value in report.items():
         if key in skip:
             continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        elif isinstance(value, list):
+        if isinstance(value, list):
             value = ", ".join(map(str, value)) or "-"
         elif isinstance(value, float):
             value = f"{value:.6g}"
+        else:  # separators, yes/no, sizes in bytes as ster inspect prints them
+            value = inspect_value(f"{key}_bytes" if key == "bytes" else key, value)
         table.add_row(f"[bold]{key}[/]", escape(str(value)))
     out.print(table)
 
