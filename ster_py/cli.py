@@ -453,7 +453,8 @@ def generate(
         return
     rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
                                                           ("decode", result.decode_tokens_per_second)) if rate]
-    err.print(f"[dim]{len(reply.prompt_ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
+    err.print(f"[dim]{plural(len(reply.prompt_ids), 'prompt token')}, {plural(len(result.ids), 'new token')} "
+              f"({result.stop_reason})"
               + (f"; {', '.join(rates)}" if rates else "") + "[/]")
 
 
@@ -486,6 +487,11 @@ def inspect(
         out.print(f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0]))
         for line in lines[1:]:
             out.print(" " * keys + escape(line))
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an ``s`` unless n is 1: ``1 token``, ``0 tokens``, ``1,024 tokens``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def plain(value) -> str:

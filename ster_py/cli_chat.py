@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads,
-                  _write, app, err, flag, no_color, progress_bar, show_warnings)
+                  _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
 from .errors import SterError
 
 
@@ -214,8 +214,9 @@ def chat(
         messages.append({"role": "assistant", "content": reply.text})
         if not quiet:
             rate = gen.decode_tokens_per_second
-            err.print(f"[dim]prompt {len(reply.prompt_ids)} tokens (reused {gen.reused}, prefilled {gen.prefilled}), "
-                      f"{len(gen.ids)} new tokens ({'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason})"
+            why = 'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason
+            err.print(f"[dim]prompt {plural(len(reply.prompt_ids), 'token')} (reused {gen.reused}, prefilled "
+                      f"{gen.prefilled}), {plural(len(gen.ids), 'new token')} ({why})"
                       + (f", {rate:.1f} tok/s" if rate else "") + "[/]", highlight=False)
         session.prepare(messages, layer_hook=hook, key=key, thinking=think)
 

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, inspect_value, out,
-                  progress_bar, show_warnings, version_fields)
+                  plural, progress_bar, show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -132,7 +132,7 @@ def vector_pca(
 ) -> None:
     """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
     positive_j - negative_j, signed so that the positive prompts project positive."""
-    from .capture import load_capture, parse_layers
+    from .capture import format_layers, load_capture, parse_layers
     from .steering import pca, write_vector
 
     pos, neg = load_capture(positive), load_capture(negative)
@@ -140,8 +140,8 @@ def vector_pca(
     vec = pca(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
     write_vector(vec, output)
     if not quiet:
-        err.print(f"[dim]steering vector (pca, {vec.metadata['pairs']} pairs) for {escape(str(vec.model))}: "
-                  f"layers {sorted(vec.directions)}; wrote {escape(str(output))}[/]")
+        err.print(f"[dim]steering vector (pca, {plural(vec.metadata['pairs'], 'pair')}) for "
+                  f"{escape(str(vec.model))}: layers {format_layers(vec.directions)}; wrote {escape(str(output))}[/]")
 
 
 @vector_app.command("export")
@@ -157,14 +157,16 @@ def vector_export(
 ) -> None:
     """Write a steering vector as llama.cpp's control-vector GGUF (direction.N tensors; layer N is the output of
     decoder layer N, as in ster; llama.cpp never steers layer 0, so it is left out)."""
-    from .steering import export_control_vector, read_vector
+    from .capture import format_layers
+    from .steering import check_control_vector_output, export_control_vector, read_vector
 
+    check_control_vector_output(output)  # before reading the vector
     vec = read_vector(vector)
     report = export_control_vector(vec, output, strength=strength, model_hint=model_hint)
+    if report["skipped"]:
+        _warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])
     if as_json:
         print(json.dumps({**version_fields(), **report}, indent=2))
     elif not quiet:
-        err.print(f"[dim]control vector: layers {report['layers']} at strength {strength:g}; wrote "
+        err.print(f"[dim]control vector: layers {format_layers(report['layers'])} at strength {strength:g}; wrote "
                   f"{escape(str(output))}[/]")
-    if report["skipped"]:
-        _warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])

@@ -589,3 +589,117 @@ def test_vector_output_never_overwrites_another_file(tiny, tmp_path):
     assert ster(*caa, str(out)).returncode == 0
     first = out.read_text()
     assert ster(*caa, str(out)).returncode == 0 and out.read_text() == first  # an earlier vector is replaced
+
+
+# --------------------------------------------------------------------------- issues 17 and 23: follow-ups (s7-fixa)
+
+
+def cli(*args):
+    """Run the CLI in-process; returns click's Result (SterError as ``exception``; stderr kept apart)."""
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
+
+
+@pytest.fixture(scope="module")
+def captures(tiny, tmp_path_factory):
+    """Two captures of every layer of the tiny llama, and the CAA vector between them."""
+    root = tmp_path_factory.mktemp("captures")
+    for side, text in (("pos", "w5 w6 w7"), ("neg", "w9 w10 w11")):
+        r = cli("capture", "-m", tiny, "-p", text, "-q", "-o", root / f"{side}.safetensors")
+        assert r.exit_code == 0, r.exception
+    r = cli("vector", "caa", "--positive", root / "pos.safetensors", "--negative", root / "neg.safetensors",
+            "-o", root / "v.json")
+    assert r.exit_code == 0, r.exception
+    return root
+
+
+def test_vector_commands_print_layers_as_capture_does(captures, tiny, tmp_path):
+    n = json.loads((tiny / "config.json").read_text())["num_hidden_layers"]
+    r = cli("vector", "caa", "--positive", captures / "pos.safetensors", "--negative", captures / "neg.safetensors",
+            "-o", tmp_path / "c.json")
+    assert r.exit_code == 0 and f"layers 0..{n - 1} ({n});" in r.stderr and "[" not in r.stderr, r.stderr
+    r = cli("vector", "pca", "--positive", captures / "pos.safetensors", "--negative", captures / "neg.safetensors",
+            "-o", tmp_path / "p.json")
+    assert r.exit_code == 0 and f"layers 0..{n - 1} ({n});" in r.stderr and "(pca, 1 pair)" in r.stderr, r.stderr
+    r = cli("vector", "export", captures / "v.json", "-o", tmp_path / "x.gguf")
+    assert r.exit_code == 0, r.exception
+    lines = r.stderr.splitlines()  # the warning comes before the line that says what was written
+    assert lines[0].startswith("warning: layer 0") and lines[-1].startswith(f"control vector: layers 1..{n - 1} "
+                                                                           f"({n - 1}) at"), lines
+
+
+def test_vector_export_never_overwrites_another_file(captures, tmp_path):
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.gguf.writer import TensorEntry, write_gguf
+
+    vector = captures / "v.json"
+    before = {p.name: p.read_bytes() for p in captures.iterdir()}
+    for target, words in ((vector, "name it v.gguf"), (captures / "pos.safetensors", "name it pos.gguf"),
+                          (tmp_path, "is a directory")):
+        r = cli("vector", "export", vector, "-o", target)
+        assert isinstance(r.exception, SterError) and words in str(r.exception), (target, r.exception)
+    not_gguf, model = tmp_path / "notes.gguf", tmp_path / "model.gguf"
+    not_gguf.write_text('{"mine": true}')
+    write_gguf(model, {"general.architecture": "llama"},
+               [TensorEntry("token_embd.weight", (4,), "F32", lambda: np.zeros(4, np.float32).view(np.uint8))])
+    kept = model.read_bytes()
+    for target in (not_gguf, model):
+        r = cli("vector", "export", vector, "-o", target)
+        assert isinstance(r.exception, SterError) and "is not a control-vector GGUF" in str(r.exception)
+    assert not_gguf.read_text() == '{"mine": true}' and model.read_bytes() == kept
+    assert {p.name: p.read_bytes() for p in captures.iterdir()} == before
+    out = tmp_path / "cv.gguf"
+    assert cli("vector", "export", vector, "-o", out, "-q").exit_code == 0
+    assert cli("vector", "export", vector, "-o", out, "-q", "--strength", "2").exit_code == 0  # replaces our own
+    assert GGUFFile(out).metadata["general.architecture"] == "controlvector"
+
+
+@pytest.mark.parametrize("layers", ["0..99999999999999999999", "99999999999999999999", "0..100000000000",
+                                    "-99999999999999999999..1"])
+def test_huge_layer_numbers_are_named_not_overflowed(captures, tiny, tmp_path, layers):
+    from ster_py.capture import parse_layers
+
+    with pytest.raises(SterError, match=r"does not exist; this model has layers 0\.\.2"):
+        parse_layers(layers, 3)
+    for args in (("capture", "-m", tiny, "-p", "w5", "-o", tmp_path / "c.safetensors"),
+                 ("vector", "caa", "--positive", captures / "pos.safetensors", "--negative",
+                  captures / "neg.safetensors", "-o", tmp_path / "v.json")):
+        r = cli(*args, "--layers", layers)
+        assert isinstance(r.exception, SterError) and "does not exist; this model has layers 0.." in str(r.exception)
+
+
+def test_unwritable_output_directories_are_one_error(captures, tiny, tmp_path):
+    """The temporary file beside an output cannot be made (no permission, no such directory, a read-only
+    file system): one "cannot write" error, from the one place every atomic output goes through."""
+    from ster_py.artifacts import atomic_directory, atomic_outputs
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: a file where the directory should be
+            locked.chmod(0o700)
+            locked.rmdir()
+            locked.write_text("a file")
+        for make in (lambda: atomic_outputs(locked / "x.json"), lambda: atomic_directory(locked / "d")):
+            with pytest.raises(SterError, match=r"^cannot write .*locked/"):
+                with make():
+                    pass
+        for args in (("capture", "-m", tiny, "-p", "w5", "-o", locked / "c.safetensors"),
+                     ("vector", "caa", "--positive", captures / "pos.safetensors", "--negative",
+                      captures / "neg.safetensors", "-o", locked / "v.json")):
+            r = cli(*args)
+            assert isinstance(r.exception, SterError) and str(r.exception).startswith("cannot write "), r.exception
+    finally:
+        if locked.is_dir():
+            locked.chmod(0o700)
+
+
+def test_counts_are_singular_for_one(tiny):
+    r = cli("tokenize", "-m", tiny, "--text", "w5")
+    assert r.exit_code == 0 and r.stderr.strip().endswith("1 token"), r.stderr
+    r = cli("generate", "-m", tiny, "-p", "w5", "--max-new-tokens", "1", "--chat-template", "off")
+    assert r.exit_code == 0 and "1 prompt token, 1 new token (" in r.stderr, r.stderr
