@@ -6,6 +6,7 @@ work (``conversation.Session``; ``server``); these commands read options and dra
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from enum import Enum
@@ -17,6 +18,32 @@ import typer
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads,
                   _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
 from .errors import SterError
+
+
+def save_conversation(messages: list[dict], path: Path) -> None:
+    """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``).
+
+    An earlier saved conversation at ``path`` is replaced; any other existing file is kept.
+
+    Raises:
+        SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
+            string ``role``); "cannot write PATH: ..." when its directory cannot take the file.
+    """
+    from .artifacts import atomic_outputs
+    from .files import read_regular
+
+    if path.is_dir():
+        raise SterError(f"/save {path}: that is a directory; give a file name (for example chat.json)")
+    if os.path.lexists(path):
+        try:
+            doc = json.loads(read_regular(path, "conversation").decode("utf-8"))
+        except (SterError, UnicodeDecodeError, ValueError, RecursionError):
+            doc = None
+        if not (isinstance(doc, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in doc)):
+            raise SterError(f"/save {path}: that file exists and is not a saved conversation; give another name or "
+                            "move that file")
+    with atomic_outputs(path) as (tmp,):
+        tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 class Thinking(str, Enum):
@@ -153,7 +180,7 @@ def chat(
                 elif word == "/save":
                     if not rest:
                         raise SterError("/save needs a file name")
-                    Path(rest).write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+                    save_conversation(messages, Path(rest))
                     _write(f"(saved {len(messages)} messages to {rest})\n")
                 elif word == "/vector":
                     parts = rest.split()

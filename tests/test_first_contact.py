@@ -594,13 +594,13 @@ def test_vector_output_never_overwrites_another_file(tiny, tmp_path):
 # --------------------------------------------------------------------------- issues 17 and 23: follow-ups (s7-fixa)
 
 
-def cli(*args):
+def cli(*args, input=None):
     """Run the CLI in-process; returns click's Result (SterError as ``exception``; stderr kept apart)."""
     from typer.testing import CliRunner
 
     from ster_py.cli import app
 
-    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
+    return CliRunner().invoke(app, [str(a) for a in args], input=input, terminal_width=200)
 
 
 @pytest.fixture(scope="module")
@@ -703,3 +703,23 @@ def test_counts_are_singular_for_one(tiny):
     assert r.exit_code == 0 and r.stderr.strip().endswith("1 token"), r.stderr
     r = cli("generate", "-m", tiny, "-p", "w5", "--max-new-tokens", "1", "--chat-template", "off")
     assert r.exit_code == 0 and "1 prompt token, 1 new token (" in r.stderr, r.stderr
+
+
+def test_chat_save_keeps_other_files_and_names_a_directory(tiny_chat, tmp_path):
+    from ster_py.cli_chat import save_conversation
+
+    turn = [{"role": "user", "content": "w5"}]
+    notes, saved = tmp_path / "notes.json", tmp_path / "chat.json"
+    notes.write_text('{"mine": true}')
+    with pytest.raises(SterError, match="is not a saved conversation"):
+        save_conversation(turn, notes)
+    with pytest.raises(SterError, match="is a directory"):
+        save_conversation(turn, tmp_path)
+    save_conversation(turn, saved)
+    save_conversation(turn * 2, saved)  # an earlier conversation is replaced
+    assert json.loads(saved.read_text()) == turn * 2 and notes.read_text() == '{"mine": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json", "notes.json"]  # no temporary left
+    r = cli("chat", "-m", tiny_chat, "-q", "--max-new-tokens", "1", input=f"/save {notes}\n/save {tmp_path}\n")
+    assert r.exit_code == 0, r.exception
+    assert "is not a saved conversation" in r.stderr and "is a directory" in r.stderr and "Errno" not in r.stderr
+    assert notes.read_text() == '{"mine": true}'
