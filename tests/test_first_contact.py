@@ -723,3 +723,27 @@ def test_chat_save_keeps_other_files_and_names_a_directory(tiny_chat, tmp_path):
     assert r.exit_code == 0, r.exception
     assert "is not a saved conversation" in r.stderr and "is a directory" in r.stderr and "Errno" not in r.stderr
     assert notes.read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize("alpha, words", [("NaN", "must be a finite number"), ("Infinity", "must be a finite number"),
+                                          ("1" + "0" * 400, "must be a finite number"),
+                                          ("1e39", "overflows float32"), ('"8"', "must be a finite number")])
+def test_lora_alpha_must_be_finite_and_fit_float32(tiny, tmp_path, alpha, words):
+    """PEFT's adapter_config.json and ster's sidecar, through `generate --adapter` and `tune merge`: refused
+    when the adapter is read, with nothing written."""
+    hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+    side = write_ster_adapter(tmp_path / "a.lora.json", str(tiny), hidden, 0, hidden)
+    side.write_text(side.read_text().replace('"alpha": 4', f'"alpha": {alpha}'))
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(
+        f'{{"peft_type": "LORA", "r": 2, "lora_alpha": {alpha}, "target_modules": ["q_proj"], '
+        f'"base_model_name_or_path": "{tiny}"}}')
+    (peft / "adapter_model.safetensors").write_bytes((side.with_name("a.lora.safetensors")).read_bytes())
+    for adapter, name in ((side, "alpha"), (peft, "lora_alpha")):
+        r = cli("generate", "-m", tiny, "-p", "w5", "--max-new-tokens", "1", "--adapter", adapter)
+        assert isinstance(r.exception, SterError) and f": {name} " in str(r.exception), r.exception
+        assert words in str(r.exception), r.exception
+        r = cli("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", tmp_path / "merged")
+        assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
+    assert not (tmp_path / "merged").exists()
