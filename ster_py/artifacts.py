@@ -109,7 +109,7 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
     temps = []
     try:
         for p in paths:
-            with _writing(p):
+            with writing(p):
                 p.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
             os.close(fd)
@@ -117,7 +117,7 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
         yield temps
         mode = 0o666 & ~_umask()  # mkstemp makes 0600; outputs get the usual permissions
         for tmp, p in zip(temps, paths):
-            with _writing(p):
+            with writing(p):
                 os.chmod(tmp, mode)
                 os.replace(tmp, p)
     finally:
@@ -127,7 +127,7 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
 
 
 @contextmanager
-def _writing(path: Path) -> Iterator[None]:
+def writing(path: Path) -> Iterator[None]:
     """Turn an OSError of creating, or renaming onto, the output ``path`` into one SterError.
 
     Raises:
@@ -152,14 +152,14 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     target = Path(target)
     if target.exists():
         raise SterError(f"{target} already exists; choose a new --output directory or remove it first")
-    with _writing(target):
+    with writing(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
         if target.exists():
             raise SterError(f"{target} appeared while writing; nothing was overwritten")
-        with _writing(target):
+        with writing(target):
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a new directory gets the usual permissions
             os.rename(tmp, target)
     finally:

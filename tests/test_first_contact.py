@@ -688,9 +688,13 @@ def test_unwritable_output_directories_are_one_error(captures, tiny, tmp_path):
             with pytest.raises(SterError, match=r"^cannot write .*locked/"):
                 with make():
                     pass
+        hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+        adapter = write_ster_adapter(tmp_path / "a.lora.json", str(tiny), hidden, 0, hidden)
         for args in (("capture", "-m", tiny, "-p", "w5", "-o", locked / "c.safetensors"),
                      ("vector", "caa", "--positive", captures / "pos.safetensors", "--negative",
-                      captures / "neg.safetensors", "-o", locked / "v.json")):
+                      captures / "neg.safetensors", "-o", locked / "v.json"),
+                     ("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", locked / "merged"),
+                     ("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", locked / "merged.gguf")):
             r = cli(*args)
             assert isinstance(r.exception, SterError) and str(r.exception).startswith("cannot write "), r.exception
     finally:
