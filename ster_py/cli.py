@@ -333,6 +333,9 @@ def generate(
             tool_list = check_tools(json.loads(read_input_file(tools, "tools file", 8 << 20)), str(tools))
         except ValueError as e:
             raise SterError(f"the tools file {tools} is not valid JSON ({e})") from None
+        except RecursionError:  # the parser (and the schema check) recurse once per level of nesting
+            raise SterError(f"{tools}: the tools file's JSON is nested too deeply to read (thousands of "
+                            "levels)") from None
     if (tool_list is not None or think is not None) and chat_template.value == "off":
         raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs the chat template; "
                         "drop --chat-template off")

@@ -751,3 +751,10 @@ def test_lora_alpha_must_be_finite_and_fit_float32(tiny, tmp_path, alpha, words)
         r = cli("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", tmp_path / "merged")
         assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
     assert not (tmp_path / "merged").exists()
+
+
+def test_deeply_nested_tools_file_is_refused(tiny_chat, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    r = cli("generate", "-m", tiny_chat, "-p", "w5", "--max-new-tokens", "1", "--tools", deep)
+    assert isinstance(r.exception, SterError) and "nested too deeply" in str(r.exception), r.exception
