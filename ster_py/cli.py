@@ -205,11 +205,17 @@ def _model_or_default(model: Optional[str]) -> str:
     return DEFAULT_PRESET
 
 
+#: Whether streamed text left stdout's line open (no final newline yet): Ctrl-C then closes it.
+_STREAM = {"open": False}
+
+
 def _write(text: str) -> None:
     """Write streamed text to stdout; if the reader went away (``| head``), stop quietly with status 0."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
+        if text:
+            _STREAM["open"] = not text.endswith("\n")
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
         raise typer.Exit(0) from None
@@ -586,6 +592,22 @@ def main() -> None:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        _interrupted()
         sys.exit(130)
+    except SystemExit as e:
+        if e.code == 130:  # typer's own answer to Ctrl-C inside a command: exit 130 without a word
+            _interrupted()
+        raise
+
+
+def _interrupted() -> None:
+    """Ctrl-C: close a streamed line (so the shell prompt starts on its own line), then say so on stderr."""
+    if _STREAM["open"]:
+        _STREAM["open"] = False
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError:  # the reader is gone
+            pass
+    err.print("interrupted", highlight=False)
 

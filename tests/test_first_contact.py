@@ -758,3 +758,42 @@ def test_deeply_nested_tools_file_is_refused(tiny_chat, tmp_path):
     deep.write_text("[" * 5000 + "]" * 5000)
     r = cli("generate", "-m", tiny_chat, "-p", "w5", "--max-new-tokens", "1", "--tools", deep)
     assert isinstance(r.exception, SterError) and "nested too deeply" in str(r.exception), r.exception
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_word(tmp_path):
+    """The console script (pyproject's [project.scripts]) imports the CLI under a Ctrl-C guard: a
+    KeyboardInterrupt raised by the import of typer stands for Ctrl-C pressed in the first second."""
+    import tomllib
+
+    script = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]["ster"]
+    module, _, func = script.partition(":")
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'typer':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            f"from {module} import {func}\n{func}()\n")
+    r = subprocess.run([sys.executable, "-c", code, "generate", "-p", "hi"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 130 and r.stderr == "interrupted\n" and r.stdout == "", r
+
+
+def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
+    import shutil
+    import signal
+    import time
+
+    long = tmp_path / "long"
+    shutil.copytree(tiny, long)
+    cfg = json.loads((long / "config.json").read_text())
+    (long / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 17}))
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m",
+                             str(long), "-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", str(1 << 16)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.read(1)  # the answer is streaming
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    rest, errors = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and first and (first + rest).endswith(b"\n"), (proc.returncode, rest[-40:])
+    assert errors.decode().endswith("interrupted\n") and b"Traceback" not in errors, errors
