@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, inspect_value, out,
-                  plural, progress_bar, show_warnings, version_fields)
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
+                  inspect_value, out, plural, progress_bar, show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -71,7 +71,9 @@ def convert(
 
 @app.command()
 def perplexity(
-    model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help="The same, as an option (like the other "
+                                            "commands)."),
     file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB)."),
     ctx: int = typer.Option(512, "--ctx", help="Window length in tokens; the second half of each window is scored "
                             "(llama-perplexity's windows)."),
@@ -91,6 +93,9 @@ def perplexity(
     from .load import load_model
     from .perplexity import perplexity as run
 
+    if model is not None and model_opt is not None and model != model_opt:
+        raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
+    model = _model_or_default(model if model is not None else model_opt)
     _use_threads(threads)
     try:
         if not file.is_file():

@@ -797,3 +797,37 @@ def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
     rest, errors = proc.communicate(timeout=120)
     assert proc.returncode == 130 and first and (first + rest).endswith(b"\n"), (proc.returncode, rest[-40:])
     assert errors.decode().endswith("interrupted\n") and b"Traceback" not in errors, errors
+
+
+@pytest.mark.parametrize("args, words", [(["--temperature", "abc"], "'abc' is not a number"),
+                                         (["--max-new-tokens", "1.5"], "'1.5' is not an integer"),
+                                         (["--top-k=x"], "'x' is not an integer")])
+def test_unparsable_numbers_are_said_plainly(tiny, args, words):
+    r = cli("generate", "-m", tiny, "-p", "w5", *args)
+    assert r.exit_code == 2 and words in r.stderr and "Input should be" not in r.stderr, r.stderr
+
+
+def test_perplexity_takes_the_model_as_the_other_commands_do(tiny, tmp_path, monkeypatch):
+    """-m/--model or the argument, the two agreeing; without either, the default preset (as generate)."""
+    import ster_py.load
+    from ster_py.presets import DEFAULT_PRESET
+
+    text = tmp_path / "t.txt"
+    text.write_text("w5 w6 w7 w8 w9 w10 " * 8)
+    docs = []
+    for how in (["-m", tiny], [tiny], [tiny, "--model", tiny]):
+        r = cli("perplexity", *how, "-f", text, "--ctx", "16", "--json", "-q")
+        assert r.exit_code == 0, r.exception
+        docs.append(json.loads(r.stdout))
+    assert docs[0]["ppl"] == docs[1]["ppl"] == docs[2]["ppl"] and docs[0]["model"] == str(tiny)
+    r = cli("perplexity", tiny, "-m", tmp_path, "-f", text)
+    assert isinstance(r.exception, SterError) and "two models given" in str(r.exception)
+    asked = []
+
+    def no_fetch(model, *a, **k):
+        asked.append(model)
+        raise SterError("not fetched in this test")
+
+    monkeypatch.setattr(ster_py.load, "load_model", no_fetch)
+    r = cli("perplexity", "-f", text)
+    assert asked == [DEFAULT_PRESET] and "not fetched" in str(r.exception)
