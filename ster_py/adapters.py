@@ -439,7 +439,8 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             or widths (MiMo-V2-Flash, seed 002); on latent attention, a target other than o, or q
             without a query bottleneck (seed 002); any adapter on a state-space family, or an
             attention target on one that takes feed-forward adapters only (Granite 4.0, seed 002); q on a
-            model whose queries pass a bottleneck (Step3, seed 002); a
+            model whose queries pass a bottleneck (Step3, seed 002); any
+            adapter on a family with hyper-connected residual streams (seed 002); a
             factor whose shape does not fit the projection.
     """
     check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
@@ -452,6 +453,10 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type}'s layers differ in shape (their own "
                         "key/value heads and feed-forward widths, halves left out), so no projection has one shape "
                         "on every layer, and ster refuses adapters on it (steering and capture work on it)")
+    if spec.adapters == "none" and getattr(spec, "streams", None) is not None:
+        raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} keeps several residual streams joined "
+                        "by hyper-connections, and ster refuses adapters on such families (seed 002; steering and "
+                        "capture work on them, on the streams' mean)")
     if spec.adapters == "none":
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} is a state-space model, whose scan "
                         "layers have no attention or feed-forward projection to adapt, and ster refuses adapters on "

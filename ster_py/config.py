@@ -25,6 +25,8 @@ from .decoder.moe import SCORINGS, MoESpec, RouterSpec
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
 from .decoder.shared_block import SharedBlockSpec
+from .decoder.streams import StreamsSpec
+from .decoder.compressed import CompressedSpec
 from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
@@ -83,8 +85,9 @@ class LayerSpec:
     (``ffn.gaussian_top``; Gemma 3n's activation_sparsity_pattern). ``intermediate_size``: this layer's
     dense feed-forward width when it is not the model's (DeciLM's block_configs). ``value_experts``:
     the layer's values come from routed value experts (``ModelSpec.value_router``; K2-Horizon's MoVA),
-    not from a value projection.
-
+    not from a value projection. ``compress``: on a compressed-attention
+    layer (``ModelSpec.compressed``, DeepSeek-V4), ``"sparse"`` or ``"heavy"`` entries beside its sliding
+    window, None for the window alone.
 
     Looped models (``decoder/loops.py``): ``stored`` is the stored layer whose weights this executed
     layer reads (the ``{i}`` of its tensor names; None: its own index), ``stack`` fills ``{stack}``
@@ -117,6 +120,7 @@ class LayerSpec:
     stored: int | None = None
     stack: str | None = None
     loop_global: int | None = None
+    compress: str | None = None
     ffn_sparsity: float = 0.0
     intermediate_size: int | None = None
     value_experts: bool = False
@@ -220,6 +224,9 @@ class ModelSpec:
     ``num_hidden_layers`` are then every pass's executed layers (None: each layer runs once).
     ``prefix_lm``: a prompt read whole from position zero attends both ways within itself when the
     caller asks (``Decoder.forward(bidirectional=True)``: generation's prompt; HRM-Text).
+    ``compressed``: the shape of the ``"compressed"`` mixer's layers (``decoder/compressed.py``, DeepSeek-V4).
+    ``streams``: the residual is several streams joined by hyper-connections (``decoder/streams.py``,
+    DeepSeek-V4, HY V4, GLM-5-Next), or None for one stream.
     ``embed_norm_affine`` False: the embedding norm has no weight; ``final_norm_unit_offset``: the final
     norm's weight applies as 1 + w (True) or as stored (False) whatever ``norm_unit_offset`` says (None:
     as the others); ``post_norm_eps``: the epsilon of ``attn_post_norm`` / ``ffn_post_norm`` when not
@@ -316,6 +323,8 @@ class ModelSpec:
     residual_skips: tuple[ResidualSkip, ...] = ()
     loop: LoopSpec | None = None
     prefix_lm: bool = False
+    streams: StreamsSpec | None = None
+    compressed: CompressedSpec | None = None
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps: float | None = None
@@ -339,8 +348,8 @@ class ModelSpec:
         return self.layers[i].latent or self.latent
 
     def has_kv(self, i: int) -> bool:
-        """Whether layer ``i`` keeps keys and values (its mixer attends)."""
-        return self.layers[i].mixer in ATTENTION_MIXERS
+        """Whether layer ``i`` keeps keys and values (its mixer attends; DeepSeek-V4's compressed attention too)."""
+        return self.layers[i].mixer in ATTENTION_MIXERS or self.layers[i].mixer == "compressed"
 
     def state_bytes(self) -> int:
         """Bytes of the recurrent state of one sequence over all layers (0 without scans): the scans' and,
@@ -380,7 +389,9 @@ class ModelSpec:
         """Numbers one position costs in layer ``i``'s cache: the latent and the rotated key part of
         a latent layer (``LatentSpec.cache_width``), keys and values of an attention layer."""
         if self.layers[i].mixer == "latent":
-            return self.latent_of(i).cache_width + (self.indexer.head_dim if self.layers[i].indexer == "full" else 0)
+            return self.latent_of(i).cache_width + (self.indexer.key_width if self.layers[i].indexer == "full" else 0)
+        if self.layers[i].mixer == "compressed":  # one float32 key/value row per position (entries: fewer)
+            return self.compressed.head_dim
         if self.layers[i].kv_source is not None:  # attends over another layer's cache
             return 0
         _, kv, dk, dv = self.attention_shape(i)
@@ -610,8 +621,8 @@ def relative_spec(config: Mapping, config_name: str) -> RelativeSpec:
 def ffn_unit(r: "_Reader", family: FamilySpec) -> dict[str, Any]:
     """The dense feed-forwards' gated unit: ``ffn_glu`` and, for ``"oai"``, its clamp (``swiglu_limit``)
     and sharpness (``swiglu_alpha``), as ``ModelSpec`` fields."""
-    if family.ffn_glu == "standard":
-        return {}
+    if family.ffn_glu == "standard":  # clamped by swiglu_limit where the family says so (GLM-5-Next)
+        return {"ffn_limit": r.number("swiglu_limit", None)} if family.ffn_limit else {}
     return dict(ffn_glu=family.ffn_glu, ffn_limit=r.number("swiglu_limit", None),
                 ffn_alpha=r.number("swiglu_alpha", 1.702))
 
@@ -1239,13 +1250,15 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     rope_width = latent.qk_rope_head_dim if latent is not None else head_dim  # latent: only q_pe / k_pe rotate
 
-    def make(params: dict, width: int = rope_width) -> Rope:
+    def make(params: dict, width: int = rope_width) -> Rope | None:
+        if width == 0:  # a latent that rotates nothing (GLM-5-Next: positions from the causal order alone)
+            return None
         return make_rope(_fixed_alpha(params, width), head_dim=width, max_position_embeddings=max_pos,
                          partial_rotary_factor=partial, interleaved=family.rope_interleaved, where=where,
                          partial_keys=partial_keys)
 
     full_rope = make(full_params)
-    if latent is not None and full_rope.rotary_dim != rope_width:
+    if latent is not None and full_rope is not None and full_rope.rotary_dim != rope_width:
         raise SterError(f"{config_name}: a rotary share ({partial_keys}) other than the whole qk_rope_head_dim "
                         f"({rope_width}) is not supported for latent attention (Transformers rotates all of it); "
                         "ster refuses this configuration before reading any weight")
@@ -1331,6 +1344,14 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                for o, (mixer, _) in zip(own, mixers)]
     if latent is not None:  # the attending layers attend through the latent
         mixers = [("latent" if mixer == "attention" else mixer, ffn) for mixer, ffn in mixers]
+    compressed = None
+    if family.compressed:  # DeepSeek-V4: compressed attention on every layer, hashed routing on some
+        compressed = compressed_spec(r, config, max_pos, config_name)
+        mixers = [("compressed", ffn) for _, ffn in mixers]
+        own = [dict(o, compress=k) for o, k in zip(own, config["_compress_kinds"])]
+        if moe is not None:
+            hashed = replace(moe, router=replace(moe.router, hashed=True, select_bias=False))
+            own = [dict(o, moe=hashed) if h else o for o, h in zip(own, config["_hash_layers"])]
     scales = sublayer_scales(config, family, mixers, config_name)
     if scales is not None:  # MiniMax's join: residual * alpha + output * beta
         own = [dict(o, residual=sc) for o, sc in zip(own, scales)]
@@ -1404,6 +1425,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         per_layer_vocab=r.positive_int("per_layer_vocab") if r.get("per_layer_input") else 0,
         loop=loop,
         prefix_lm=bool(config.get(family.prefix_lm_key, True)) if family.prefix_lm_key else False,
+        streams=streams_spec(r, family, config_name) if family.streams is not None else None,
+        compressed=compressed,
         per_layer_clamp=family.per_layer_clamp,
         altup=altup_spec(config, config_name) if family.altup else None,
         laurel=family.laurel,
@@ -1548,7 +1571,10 @@ def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None
     latent = LatentSpec(kv_lora_rank=r.positive_int("kv_lora_rank"),
                         q_lora_rank=None if q_rank is None else r.positive_int("q_lora_rank"),
                         qk_nope_head_dim=r.positive_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
-                        qk_rope_head_dim=r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
+                        # unrotated families may rotate nothing (GLM-5-Next's qk_rope_head_dim 0)
+                        qk_rope_head_dim=0 if (family is not None and family.positions == "none"
+                                               and r.get("qk_rope_head_dim") == 0)
+                        else r.positive_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
                         v_head_dim=r.positive_int("v_head_dim", limit=MAX_HEAD_DIM))
     if latent.qk_rope_head_dim % 2:
         raise SterError(f"invalid model config {config_name}: qk_rope_head_dim ({latent.qk_rope_head_dim}) must be "
@@ -1617,6 +1643,82 @@ def layer_latents(config: Mapping, family: FamilySpec, latent: LatentSpec, hidde
     return out
 
 
+def compressed_spec(r: "_Reader", config: Mapping, max_pos: int, config_name: str) -> CompressedSpec:
+    """DeepSeek-V4's compressed attention (``decoder/compressed.py``) from its config (``normalize`` has
+    written ``_compress_rope``, the compressed layers' rotation parameters, and ``compress_rates``).
+
+    Raises:
+        SterError: a width, rank, rate, window or count that is not a positive integer within bounds, heads
+            that do not split into ``o_groups``, a rotated width above the head's or odd, bad rotation parameters.
+    """
+    where = f"invalid model config {config_name}"
+    D = r.positive_int("head_dim", limit=MAX_HEAD_DIM)
+    rope_dim = config.get("qk_rope_head_dim")
+    if rope_dim is None:
+        factor = config.get("partial_rotary_factor", 64 / 512)
+        rope_dim = int(D * factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else None
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or not 0 < rope_dim <= D or rope_dim % 2:
+        raise SterError(f"{where}: qk_rope_head_dim must be an even number in 2..head_dim ({D}), "
+                        f"got {brief_value(rope_dim)}")
+    heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
+    groups = r.positive_int("o_groups", limit=MAX_HEADS)
+    if heads % groups:
+        raise SterError(f"{where}: num_attention_heads ({heads}) is not a multiple of o_groups ({groups})")
+    rates = config.get("compress_rates")
+    rates = rates if isinstance(rates, Mapping) else {}
+
+    def rate(kind: str, default: int) -> int:
+        v = rates.get(kind, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
+            raise SterError(f"{where}: compress_rates[{kind!r}] must be a positive integer, got {brief_value(v)}")
+        return v
+
+    def rope(params: Mapping) -> Rope:
+        params = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+        return make_rope(params, head_dim=rope_dim, max_position_embeddings=max_pos, interleaved=True, where=where)
+
+    return CompressedSpec(head_dim=D, rope_dim=rope_dim, q_lora_rank=r.positive_int("q_lora_rank"),
+                          window=r.positive_int("sliding_window", limit=1 << 31),
+                          sparse_rate=rate("compressed_sparse_attention", 4),
+                          heavy_rate=rate("heavily_compressed_attention", 128), o_groups=groups,
+                          o_lora_rank=r.positive_int("o_lora_rank"),
+                          index_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
+                          index_dim=r.positive_int("index_head_dim", limit=MAX_HEAD_DIM),
+                          index_topk=r.positive_int("index_topk", limit=1 << 31), norm_eps=float(r.get("norm_eps", 1e-6)),
+                          main_rope=rope(config.get("rope_parameters") or {}), compress_rope=rope(config["_compress_rope"]))
+
+
+def streams_spec(r: "_Reader", family: FamilySpec, config_name: str) -> StreamsSpec:
+    """The residual streams of a family with ``streams`` (``decoder/streams.py``): ``hc_mult`` streams,
+    ``hc_magnitude``, ``hc_eps`` and ``hc_sinkhorn_iters`` under the family's keys (what the family fixes
+    in code from ``family.streams``: ``"model"`` or a number for each), the norm's epsilon the model's.
+
+    Raises:
+        SterError: a stream count that is not a positive integer within bounds, an epsilon or magnitude
+            that is not a finite number (a negative epsilon), rounds that are not a whole number.
+    """
+    where = f"invalid model config {config_name}"
+    fixed = dict(family.streams)
+
+    def number(key: str, default: float, positive: bool = False) -> float:
+        v = fixed.pop(key, "model")
+        v = r.get(key, default) if v == "model" else v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (positive and v == 0):
+            raise SterError(f"{where}: {key} must be a {'positive' if positive else 'non-negative'} number, "
+                            f"got {brief_value(v)}")
+        return float(v)
+
+    n = r.positive_int("hc_mult", limit=64)
+    eps = number("hc_eps", 1e-6)
+    iters = fixed.pop("hc_sinkhorn_iters", 0)
+    iters = r.positive_int("hc_sinkhorn_iters", limit=1000) if iters == "model" else int(iters)
+    post_eps = fixed.pop("post_eps", 0.0)
+    return StreamsSpec(n=n, magnitude=number("hc_magnitude", 2.0, positive=True),
+                       post_eps=eps if post_eps == "hc_eps" else float(post_eps), eps=eps,
+                       norm_eps=float(r.get("norm_eps", 1e-6)), sinkhorn_iters=iters, **fixed)
+
+
 def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, config_name: str) -> IndexerSpec:
     """DeepSeek Sparse Attention's indexer of a family with ``indexer``: ``index_n_heads``,
     ``index_head_dim`` and ``index_topk`` under the family's keys, rotating the latent's
@@ -1633,6 +1735,12 @@ def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, co
                         "not supported (the indexer reads the query latent); ster refuses this configuration before "
                         "reading any weight")
     fixed = dict(family.indexer)
+    if fixed.pop("kpool", None) == "model":  # GLM-5-Next's pooled indexer
+        fixed["kpool"] = r.positive_int("index_kpool", limit=1 << 20)
+        tail = r.get("index_kpool_always_select_tail", True)
+        if not isinstance(tail, bool):
+            raise SterError(f"{where}: index_kpool_always_select_tail must be true or false, got {brief_value(tail)}")
+        fixed["tail"] = tail
     eps = fixed.pop("norm_eps", 1e-6)
     eps = float(r.get("norm_eps", 1e-6)) if eps == "model" else float(eps)
     spec = IndexerSpec(n_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),

@@ -386,6 +386,10 @@ DEFAULT_KEYS: Mapping[str, tuple[str, ...]] = {
     "identity_experts": (),  # experts returning their input, beside the routed ones (LongCat-Flash)
     # DeepSeek Sparse Attention's indexer (read only by families with ``indexer``; ``config.indexer_spec``).
     "index_n_heads": ("index_n_heads",), "index_head_dim": ("index_head_dim",), "index_topk": ("index_topk",),
+    "index_kpool": ("index_kpool",), "index_kpool_always_select_tail": ("index_kpool_always_select_tail",),
+    # Hyper-connections' residual streams (read only by families with ``streams``; ``config.streams_spec``).
+    "hc_mult": ("hc_mult",), "hc_eps": ("hc_eps",), "hc_magnitude": ("hc_magnitude",),
+    "hc_sinkhorn_iters": ("hc_sinkhorn_iters",),
     # State-space scans (read only by families with ``recurrent``; see ``config.ssm_spec``).
     "ssm_state_size": (), "ssm_conv_kernel": (), "ssm_expand": (), "ssm_inner_size": (), "ssm_dt_rank": (),
     "ssm_num_heads": (), "ssm_head_dim": (), "ssm_groups": (), "ssm_dt_limit": ("time_step_limit",),
@@ -645,6 +649,14 @@ class FamilySpec:
             (HRM-Text; ``config.looped_layers``).
         prefix_lm_key: config key (true when absent) under which a prompt read whole from position zero
             attends both ways within itself (``ModelSpec.prefix_lm``).
+        compressed: every layer runs DeepSeek-V4's compressed attention (``config.compressed_spec``,
+            ``decoder/compressed.py``), its kind from ``_compress_kinds`` and its hash routing from
+            ``_hash_layers`` (the family's ``normalize`` writes both).
+        ffn_limit: the dense feed-forwards are clamped by ``swiglu_limit`` too (``ModelSpec.ffn_limit``).
+        streams: the residual is ``hc_mult`` streams joined by hyper-connections (``config.streams_spec``,
+            ``decoder/streams.py``): what the family fixes in code (``hc_sinkhorn_iters``, ``post_eps``:
+            ``"hc_eps"`` or a number, ``head``: ``"weighted"`` / ``"mean"``, ``hc_magnitude``); {} for
+            the config's keys alone.
         embed_norm_affine: the embedding norm (``embed_norm``) carries a weight (False: weightless,
             Muse Glimmer's).
         final_norm_unit_offset: the final norm's weight is applied as stored (False) or as 1 + w (True)
@@ -779,6 +791,9 @@ class FamilySpec:
     loop_gated: bool = False
     loop_stacks: tuple[str, str] | None = None
     prefix_lm_key: str | None = None
+    streams: Mapping[str, Any] | None = None
+    compressed: bool = False
+    ffn_limit: bool = False
     embed_norm_affine: bool = True
     final_norm_unit_offset: bool | None = None
     post_norm_eps_key: str | None = None
@@ -2210,6 +2225,270 @@ GGUF_GEMMA4_NAMES = _with(GGUF_NAMES, layer_scalar="blk.{i}.layer_output_scale.w
 _GEMMA4_DEFAULTS = {"sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6}
 
 
+
+# ---- group HC (issue 14, hyper-connections): several residual streams joined by hyper-connections
+# (decoder/streams.py). The roles name whole tensors; a name the release spells and the one Transformers'
+# writer spells (its hy_v4 renames undone in reverse) are both listed.
+def _hc_names(layer: Mapping[str, tuple[str, ...]], head: tuple[str, ...]) -> dict:
+    """The hyper-connection roles: ``layer[part]`` lists the module names of a layer's attention ("attn") and
+    feed-forward ("ffn") hyper-connection, whose tensors are fn / base / scale (or hc_fn / hc_base / hc_scale);
+    ``head`` the stems of the head's fn / base / scale tensors."""
+    out = {}
+    for part, stems in layer.items():
+        for p in ("fn", "base", "scale"):
+            out[f"hc_{part}_{p}"] = tuple(stem.replace("{p}", p) for stem in stems)
+    for p in ("fn", "base", "scale"):
+        out[f"hc_head_{p}"] = tuple(stem.replace("{p}", p) for stem in head)
+    return out
+
+
+# HY V4: Transformers' module names (attn_hc.fn, self_attn.gate_proj, self_attn.sinks), the release's
+# (hc_attn_layer.hc_pre.hc_fn, learnable_sink_param, linear_gate) and Transformers' writer's
+# (hc_pre.hc_attn_layer.hc_fn, mlp.linear_gate: its `.linear_gate -> .gate_proj` rename reversed on every gate).
+_HY_HC = {"attn": (_L + "attn_hc.{p}", _L + "hc_pre.hc_attn_layer.hc_{p}", _L + "hc_attn_layer.hc_pre.hc_{p}",
+                   _L + "hc_attn_layer.hc_{p}"),
+          "ffn": (_L + "ffn_hc.{p}", _L + "hc_pre.hc_mlp_layer.hc_{p}", _L + "hc_mlp_layer.hc_pre.hc_{p}",
+                  _L + "hc_mlp_layer.hc_{p}")}
+HY_V4_NAMES = _with(DEEPSEEK_DSA_NAMES, gate=(_M + "gate_proj", _M + "linear_gate"),
+                    shexp_gate=(_M + "shared_experts.gate_proj", _M + "shared_experts.linear_gate"),
+                    g=(_SA + "gate_proj", _SA + "linear_gate"), sinks=(_SA + "sinks", _SA + "learnable_sink_param"),
+                    **_hc_names(_HY_HC, ("model.hc_head.hc_{p}", "model.hc_head.hc_head_{p}",
+                                         "model.hc_pre.hc_head.hc_head_{p}")))
+#: HYV4Config's defaults (the release's config may leave any of them out).
+_HY_V4_DEFAULTS = {"vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912, "moe_intermediate_size": 768,
+                   "num_hidden_layers": 34, "num_attention_heads": 32, "max_position_embeddings": 262144,
+                   "rms_norm_eps": 1e-5, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                   "routed_scaling_factor": 2.827, "norm_topk_prob": True, "n_group": 1, "topk_group": 1,
+                   "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+                   "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 16, "hc_mult": 4,
+                   "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0}
+
+
+def _hy_v4_config(config: Mapping) -> Mapping:
+    """HY V4's layer kinds as HYV4Config derives them when the config lists none: the first layer dense
+    (mlp_layer_types), every layer indexed, an indexer of its own on layer 0 and each 4k + 1 (indexer_types)."""
+    c, n = dict(config), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] * min(1, n) + ["sparse"] * max(n - 1, 0)
+    if c.get("layer_types") is None:
+        c["layer_types"] = ["indexed_attention"] * n
+    if c.get("indexer_types") is None:
+        c["indexer_types"] = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
+    return c
+
+
+def _stated_false(key: str) -> Callable[[Mapping], bool]:
+    return lambda c: c.get(key) is False
+
+
+# What Transformers' HYV4 fixes in code: a config stating otherwise describes weights it cannot run.
+_HY_V4_REFUSALS = (
+    Refusal(_stated_false("enable_ihc"), "enable_ihc: false (one residual stream) is not supported (Transformers' "
+                                         "HY V4 always keeps hc_mult streams)"),
+    Refusal(_stated_false("gated_mla"), "gated_mla: false is not supported (Transformers' HY V4 always gates the "
+                                        "attention output)"),
+    Refusal(_stated_false("learnable_sink"), "learnable_sink: false is not supported (Transformers' HY V4 always "
+                                             "has a sink per head)"),
+    Refusal(_stated_other("gating_type", "elementwise"), "a gating_type other than elementwise is not supported"),
+    Refusal(lambda c: bool(c.get("soft_logits_capping")),
+            "soft_logits_capping is not supported (vLLM caps the logits, Transformers' HY V4 never does; the two "
+            "references disagree)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps the routed experts to it, zeroing "
+            "them, where its documentation and vLLM leave them unclamped)"),
+    _MOE_LAYER_FREQ,
+)
+
+
+
+# DeepSeek-V4: Transformers' module names, and DeepSeek's own layout (embed, head, layers.{i}.attn.wq_a,
+# ffn.experts.{e}.w1, hc_attn_fn; what Transformers' writer produces, below model. or not: ``root``).
+def _v4(module: str, own: str) -> tuple[str, str]:
+    return (_L + module, _L + own)
+
+
+DEEPSEEK_V4_NAMES = {
+    "embed": ("model.embed_tokens", "model.embed"), "final_norm": "model.norm", "head": ("lm_head", "head"),
+    "attn_norm": _v4("input_layernorm", "attn_norm"), "ffn_norm": _v4("post_attention_layernorm", "ffn_norm"),
+    "q_a": _v4("self_attn.q_a_proj", "attn.wq_a"), "q_a_norm": _v4("self_attn.q_a_norm", "attn.q_norm"),
+    "q_b": _v4("self_attn.q_b_proj", "attn.wq_b"), "ckv": _v4("self_attn.kv_proj", "attn.wkv"),
+    "ckv_norm": _v4("self_attn.kv_norm", "attn.norm"), "o_a": _v4("self_attn.o_a_proj", "attn.wo_a"),
+    "o_b": _v4("self_attn.o_b_proj", "attn.wo_b"), "sinks": _v4("self_attn.sinks", "attn.attn_sink"),
+    "cmp_kv": _v4("self_attn.compressor.kv_proj", "attn.compressor.wkv"),
+    "cmp_gate": _v4("self_attn.compressor.gate_proj", "attn.compressor.wgate"),
+    "cmp_bias": _v4("self_attn.compressor.position_bias", "attn.compressor.ape"),
+    "cmp_norm": _v4("self_attn.compressor.kv_norm", "attn.compressor.norm"),
+    "icmp_kv": _v4("self_attn.compressor.indexer.kv_proj", "attn.indexer.compressor.wkv"),
+    "icmp_gate": _v4("self_attn.compressor.indexer.gate_proj", "attn.indexer.compressor.wgate"),
+    "icmp_bias": _v4("self_attn.compressor.indexer.position_bias", "attn.indexer.compressor.ape"),
+    "icmp_norm": _v4("self_attn.compressor.indexer.kv_norm", "attn.indexer.compressor.norm"),
+    "idx_q_b": _v4("self_attn.compressor.indexer.q_b_proj", "attn.indexer.wq_b"),
+    "idx_w": _v4("self_attn.compressor.indexer.scorer.weights_proj", "attn.indexer.weights_proj"),
+    # (a name ending in # is the weight alone: DeepSeek's ffn.gate.bias is the selection bias, not the router's)
+    "router": (_L + "mlp.gate.weight#", _L + "ffn.gate.weight#"),
+    "router_select_bias": _v4("mlp.gate.e_score_correction_bias", "ffn.gate.bias"),
+    "router_hash": _v4("mlp.gate.tid2eid", "ffn.gate.tid2eid"),
+    "exp_gate": _L + "ffn.experts.{e}.w1.weight", "exp_up": _L + "ffn.experts.{e}.w3.weight",
+    "exp_down": _L + "ffn.experts.{e}.w2.weight",
+    "shexp_gate": _v4("mlp.shared_experts.gate_proj", "ffn.shared_experts.w1"),
+    "shexp_up": _v4("mlp.shared_experts.up_proj", "ffn.shared_experts.w3"),
+    "shexp_down": _v4("mlp.shared_experts.down_proj", "ffn.shared_experts.w2"),
+    **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")},
+                ("model.hc_head.hc_{p}", "model.hc_head_{p}")),
+}
+_V4_KINDS = {"sliding_attention": None, "compressed_sparse_attention": "sparse", "heavily_compressed_attention": "heavy"}
+_V4_RATIO_KINDS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+_DEEPSEEK_V4_DEFAULTS = {"vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
+                         "num_hidden_layers": 43, "num_attention_heads": 64, "head_dim": 512, "q_lora_rank": 1024,
+                         "num_experts_per_tok": 6, "n_routed_experts": 256, "routed_scaling_factor": 1.5,
+                         "max_position_embeddings": 1048576, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+                         "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+                         "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64,
+                         "index_head_dim": 128, "index_topk": 512, "rms_norm_eps": 1e-6}
+
+
+def _deepseek_v4_config(config: Mapping) -> Mapping:
+    """DeepSeek-V4's keys as Transformers' DeepseekV4Config reads them (legacy spellings included), in ster's
+    terms: each layer's compression (``_compress_kinds``: None, "sparse", "heavy") from layer_types or
+    compress_ratios (0, 4, 128), else two heavy layers then sparse and heavy by turns; the hash layers
+    (``_hash_layers``) from mlp_layer_types, else the first num_hash_layers (3); the sliding layers' rotation
+    (rope_parameters: rope_theta) and the compressed ones' (``_compress_rope``: compress_rope_theta, with a
+    YaRN block of magnitude one when stated); one shared expert as wide as a routed one."""
+    c, n = dict(config), _n_layers(config)
+    rates = dict(c.get("compress_rates") or {}) if isinstance(c.get("compress_rates", {}) or {}, Mapping) else {}
+    for legacy, kind in (("compress_rate_csa", "compressed_sparse_attention"),
+                         ("compress_rate_hca", "heavily_compressed_attention")):
+        if c.get(legacy) is not None:
+            rates[kind] = c[legacy]
+    c["compress_rates"] = rates
+    types = c.get("layer_types")
+    if types is None and isinstance(c.get("compress_ratios"), list):
+        types = [_V4_RATIO_KINDS.get(r, r) for r in c["compress_ratios"]]
+    if types is None:
+        types = ["heavily_compressed_attention"] * min(n, 2) + [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
+    if isinstance(types, list):
+        c["_layer_kinds"] = list(types[:n])
+        c["_compress_kinds"] = [_V4_KINDS.get(t) for t in types[:n]]
+    c.pop("layer_types", None)
+    mlp = c.get("mlp_layer_types")
+    if mlp is None:
+        k = c.get("num_hash_layers", 3)
+        k = k if isinstance(k, int) and not isinstance(k, bool) else 3
+        mlp = ["hash_moe"] * min(n, k) + ["moe"] * max(0, n - k)
+    if isinstance(mlp, list):
+        c["_mlp_kinds"] = list(mlp[:n])
+        c["_hash_layers"] = [t == "hash_moe" for t in mlp[:n]]
+    c.pop("mlp_layer_types", None)
+    if c.get("partial_rotary_factor") is None and c.get("qk_rope_head_dim") is None:
+        c["partial_rotary_factor"] = 64 / 512
+    rp = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    rp = rp if isinstance(rp, Mapping) else {}
+    if isinstance(rp.get("main"), Mapping) and isinstance(rp.get("compress"), Mapping):
+        main, compress = dict(rp["main"]), dict(rp["compress"])
+    else:
+        main = {"rope_type": "default", "rope_theta": c.get("rope_theta", 10000.0)}
+        compress = {**{k: v for k, v in rp.items() if k not in ("main", "compress", "rope_theta")},
+                    "rope_theta": c.get("compress_rope_theta", 160000.0)}
+        compress.setdefault("rope_type", compress.pop("type", "default"))
+        if compress["rope_type"] == "yarn":
+            compress.setdefault("attention_factor", 1.0)
+    c["rope_parameters"], c["_compress_rope"] = main, compress
+    c.pop("rope_scaling", None)
+    if c.get("moe_intermediate_size") is not None:  # Transformers' one shared expert: a routed expert's width
+        c["intermediate_size"] = c["shared_intermediate_size"] = c["moe_intermediate_size"]
+    return c
+
+
+def _v4_kinds_wrong(c: Mapping) -> bool:
+    n = _n_layers(c)
+    kinds, mlp = c.get("_layer_kinds"), c.get("_mlp_kinds")
+    return (not isinstance(kinds, list) or len(kinds) != n or any(t not in _V4_KINDS for t in kinds)
+            or not isinstance(mlp, list) or len(mlp) != n or any(t not in ("hash_moe", "moe") for t in mlp))
+
+
+_DEEPSEEK_V4_REFUSALS = (
+    Refusal(_v4_kinds_wrong, "layer_types (or compress_ratios) and mlp_layer_types must list num_hidden_layers "
+                             "entries of sliding_attention / compressed_sparse_attention / heavily_compressed_attention "
+                             "(0 / 4 / 128) and hash_moe / moe"),
+    Refusal(_stated_other("scoring_func", "sqrtsoftplus"),
+            "a scoring_func other than sqrtsoftplus is not supported (DeepSeek-V4's router)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
+    Refusal(lambda c: bool(c.get("mlp_bias")) or bool(c.get("attention_bias")),
+            "mlp_bias / attention_bias is not supported (DeepSeek-V4's projections have no biases)"),
+)
+
+
+
+# GLM-5-Next (its text decoder, also below model.language_model of the glm5_next wrapper): latent attention
+# without rotation behind a pooled indexer, Kimi Delta Attention, Sinkhorn hyper-connections averaged at the
+# head. Kimi-Linear's delta-rule names as Transformers' writer spells them and its module names beside them.
+_G5 = _SA
+GLM5_NEXT_NAMES = _with(
+    DEEPSEEK_DSA_NAMES, idx_pool_gate=_G5 + "indexer.index_kpool_compress_gate",
+    idx_pool_ape=_G5 + "indexer.index_kpool_compress_ape",
+    lin_q=_G5 + "q_proj", lin_k=_G5 + "k_proj", lin_v=_G5 + "v_proj", lin_b=_G5 + "b_proj",
+    lin_conv=_G5 + "conv1d", lin_q_conv=_G5 + "q_conv1d", lin_k_conv=_G5 + "k_conv1d", lin_v_conv=_G5 + "v_conv1d",
+    lin_f_a=(_G5 + "f_a_proj", _G5 + "forget_gate.f_a_proj"), lin_f_b=(_G5 + "f_b_proj", _G5 + "forget_gate.f_b_proj"),
+    lin_dt_bias=(_G5 + "dt_bias", _G5 + "forget_gate.dt_bias"), lin_a_log=(_G5 + "A_log", _G5 + "forget_gate.A_log"),
+    lin_g_a=_G5 + "g_a_proj", lin_g_b=_G5 + "g_b_proj", lin_norm=_G5 + "o_norm", lin_out=_G5 + "o_proj",
+    **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")}, ()))
+for _p in ("fn", "base", "scale"):
+    GLM5_NEXT_NAMES.pop(f"hc_head_{_p}")
+_GLM5_NEXT_KEYS = dict(_LATENT_KEYS, **{
+    "delta_k_heads": ("linear_num_heads",), "delta_v_heads": ("linear_num_heads",),
+    "delta_k_dim": ("linear_head_dim",), "delta_v_dim": ("linear_head_dim",),
+    "delta_conv_kernel": ("linear_conv_kernel_dim",), "delta_lower_bound": ("linear_lower_bound",),
+    "ssm_act": ("hidden_act",)})
+#: Glm5NextTextConfig's defaults.
+_GLM5_NEXT_DEFAULTS = {"vocab_size": 154880, "hidden_size": 4096, "intermediate_size": 12288,
+                       "moe_intermediate_size": 2048, "num_hidden_layers": 45, "num_attention_heads": 64,
+                       "n_shared_experts": 1, "n_routed_experts": 288, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+                       "q_lora_rank": 1536, "qk_rope_head_dim": 0, "v_head_dim": 256, "qk_nope_head_dim": 256,
+                       "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                       "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5, "index_topk": 2048,
+                       "index_head_dim": 128, "index_n_heads": 32, "swiglu_limit": 10.0, "linear_head_dim": 128,
+                       "linear_num_heads": 64, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0, "hc_mult": 4,
+                       "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "index_kpool": 16,
+                       "index_kpool_always_select_tail": True}
+
+
+def _glm5_next_config(config: Mapping) -> Mapping:
+    """GLM-5-Next's keys as Glm5NextTextConfig reads them: the first three layers dense (mlp_layer_types), Kimi
+    Delta Attention on all but each fourth layer (layer_types; full_attention read as indexed_attention),
+    indexer_types as GLM-5's, and linear_attn_config's num_heads, head_dim, short_conv_kernel_size and
+    gate_lower_bound (-5 under safe_gate when it states none)."""
+    c, n = dict(_glm_dsa_config(config)), _n_layers(config)
+    if c.get("mlp_layer_types") is None:
+        c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)
+    types = c.get("layer_types")
+    if types is None:
+        types = ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
+    if isinstance(types, list):
+        c["layer_types"] = ["indexed_attention" if t == "full_attention" else t for t in types]
+    lac = c.get("linear_attn_config")
+    if isinstance(lac, Mapping):
+        for key, own in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                         ("short_conv_kernel_size", "linear_conv_kernel_dim"), ("gate_lower_bound", "linear_lower_bound")):
+            if key in lac:
+                c[own] = lac[key]
+        if lac.get("safe_gate", True) and c.get("linear_lower_bound") is None:
+            c["linear_lower_bound"] = -5.0
+    return c
+
+
+_GLM5_NEXT_REFUSALS = (
+    Refusal(lambda c: c.get("qk_rope_head_dim") not in (None, 0),
+            "a qk_rope_head_dim other than 0 is not supported (GLM-5-Next's attention takes its positions from the "
+            "causal order alone)"),
+    Refusal(lambda c: c.get("index_kpool_always_select_tail") is False,
+            "index_kpool_always_select_tail: false is not supported (Transformers then leaves a query whose pool has "
+            "not closed with no key, and attends to every position, later ones included)"),
+    Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
+            "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
+    _MOE_LAYER_FREQ,
+)
 # ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
 # LongCat-Flash-Lite: names and readers.
 # openPangu-Ultra-MoE's config spellings -> the DeepSeek-V3 keys config.py reads (seed 002).
@@ -3814,6 +4093,36 @@ FAMILIES: dict[str, FamilySpec] = {
         _MINIMAX_M3,
         # ---- group WRAP: Inkling's decoder (below model.llm, also of inkling_mm_model: WRAPPERS)
         _INKLING,
+        # ---- group HC (issue 14, hyper-connections)
+        # HY V4 (Transformers' HYV4ForCausalLM): DeepSeek-V3.2's latent attention and indexer (rotating halves,
+        # the indexer its last qk_rope_head_dim components), a sink per head, an elementwise sigmoid gate, and
+        # hc_mult streams joined by independent hyper-connections; routed experts clamped by swiglu_limit.
+        FamilySpec("hy_v4", keys=_LATENT_KEYS, normalize=_hy_v4_config, config_defaults=dict(_HY_V4_DEFAULTS),
+                   indexer={"interleaved": False, "rope_last": True, "norm_eps": "model"},
+                   streams={"post_eps": "hc_eps"}, sinks=True, attn_gate="sigmoid", attn_gate_per_head=False,
+                   adapters="none", unread=("model.mtp_layers.",),
+                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=None,
+                          moe_fields={**_V3_ROUTER["moe_fields"], "shared_limit": None}),
+                   refusals=_HY_V4_REFUSALS),
+        # DeepSeek-V4 (Transformers' DeepseekV4ForCausalLM): hc_mult streams joined by Sinkhorn-normalised
+        # hyper-connections; compressed attention (sliding window, compressed entries, Lightning Indexer) on every
+        # layer; sqrtsoftplus-routed experts, hashed on the first layers, beside one shared expert, all clamped.
+        FamilySpec("deepseek_v4", moe=True, compressed=True, normalize=_deepseek_v4_config, root="model.",
+                   names=DEEPSEEK_V4_NAMES, config_defaults=dict(_DEEPSEEK_V4_DEFAULTS),
+                   keys={"num_key_value_heads": (), "sliding_window": ("sliding_window",), "o_groups": ("o_groups",),
+                         "o_lora_rank": ("o_lora_rank",), "num_experts": ("n_routed_experts",)},
+                   fixed={"scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
+                          "n_group": 1, "topk_group": 1},
+                   moe_fields={"renorm_eps": 1e-20}, streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model"},
+                   adapters="none", unread=("mtp.", "model.mtp."), refusals=_DEEPSEEK_V4_REFUSALS),
+        # GLM-5-Next's text decoder (Transformers' Glm5NextTextModel, below model.language_model of glm5_next).
+        FamilySpec("glm5_next_text", keys=_GLM5_NEXT_KEYS, normalize=_glm5_next_config, recurrent="kda",
+                   positions="none", config_defaults=dict(_GLM5_NEXT_DEFAULTS),
+                   indexer={"interleaved": True, "kpool": "model"}, ffn_limit=True,
+                   streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model", "head": "mean"}, adapters="none",
+                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=None,
+                          moe_fields={**_V3_ROUTER["moe_fields"]}),
+                   refusals=_GLM5_NEXT_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
@@ -3863,9 +4172,10 @@ WRAPPERS: Mapping[str, tuple[str, str]] = {"llama4": ("llama4_text", "language_m
                                            "inkling_mm_model": ("inkling_text", "model.llm."),
                                            # group R2: Step3-VL keeps its text decoder's weights at the root
                                            "step3_vl": ("step3_text", ""),
-
                                            # group g3n: Gemma 3n's decoder beside its vision and audio towers
-                                           "gemma3n": ("gemma3n_text", "model.language_model.")}
+                                           "gemma3n": ("gemma3n_text", "model.language_model."),
+                                           # group HC: GLM-5-Next's decoder below model.language_model
+                                           "glm5_next": ("glm5_next_text", "model.language_model.")}
 # A wrapper prefix that replaces a stem of the decoder's names rather than going before them:
 # Gemma 4's and Qwen3.5's wrappers keep the text model's layers at model.language_model.layers (not
 # below model.), the head at the root.

@@ -148,7 +148,8 @@ def _text_model_reference(root, model_type: str, torch, attn: str):
 # wrappers in tests/test_parity_wrapped.py): the wrapper class each needs.
 WRAPPED_REFERENCES = {"muse_glimmer_text": "MuseGlimmerForConditionalGeneration",
                       "minimax_m3_vl_text": "MiniMaxM3VLForConditionalGeneration",
-                      "inkling_text": "InklingForConditionalGeneration"}
+                      "inkling_text": "InklingForConditionalGeneration",
+                      "glm5_next_text": "Glm5NextForConditionalGeneration"}
 
 
 def transformers_reference(resolved) -> Reference:
@@ -259,7 +260,10 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
     Hidden states (when the reference gives them) are compared layer by layer: ours are
     the residual stream after each decoder layer; Transformers' last entry has the
     final norm applied, so our final norm is applied to the last layer before comparing
-    (Transformers' Mamba models list no embedding: ``FamilySpec.reference_hidden``).
+    (Transformers' Mamba models list no embedding: ``FamilySpec.reference_hidden``). With
+    hyper-connections (``ModelSpec.streams``) ours is the streams' mean, compared with the mean of
+    the reference's streams; the last layer, whose reference entry is after the head's collapse, is
+    not compared (the logits are).
     """
     hidden: list[np.ndarray] = []
     ours = loaded.decoder.forward(list(ids), hidden_states=hidden)
@@ -290,6 +294,10 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
             ref_hidden = [ref_hidden[0]] + [ref_hidden[(i + 1) // k] if (i + 1) % k == 0 else None for i in range(n)]
         if len(ref_hidden) != n + 1:
             raise SterError(f"the reference returned {len(ref_hidden)} hidden states for {n} layers")
+        if loaded.spec.streams is not None:
+            # hyper-connections: Transformers lists the streams [T, n, hidden], ours is their mean; its last
+            # entry is after the head's collapse and the final norm, which no mean of ours is
+            ref_hidden = [None if h is None or h.ndim != 3 else h.mean(axis=-2) for h in ref_hidden]
         result.layers = []
         for i in range(n):
             if ref_hidden[i + 1] is None:

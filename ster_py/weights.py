@@ -273,7 +273,8 @@ class SafetensorsWeights(_Tracked):
         A tensor already at the precision is a writable copy-on-write view of the file.
 
         Raises:
-            SterError: the tensor is stored as integers or booleans. Every weight the
+            SterError: the tensor is stored as integers or booleans (but an index table,
+                ``INTEGER_TABLES``, read as int64). Every weight the
                 decoder reads is a float; ster runs no integer-quantized safetensors
                 scheme (``families.gate`` refuses a quantization_config), so such a
                 tensor is a mislabelled or foreign file, not something to compute with.
@@ -283,6 +284,9 @@ class SafetensorsWeights(_Tracked):
         if entry is None:
             return None
         n, dtype, shape, offset = entry
+        if name.endswith(INTEGER_TABLES) and dtype.kind in "iu":  # an index table, read as integers
+            count = math.prod(shape)
+            return np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape).astype(np.int64)
         if not _is_float(dtype):
             stored = next(k for k, v in SAFETENSORS_DTYPES.items() if v == dtype)
             raise SterError(f"tensor {name!r} in {self.files[n]} is stored as {stored}, but ster needs "
@@ -291,6 +295,10 @@ class SafetensorsWeights(_Tracked):
         count = math.prod(shape)
         t = np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape)
         return t.astype(resident_dtype(self.precision, dtype), copy=False)
+
+
+#: Tensors stored as integers that are tables, not weights (DeepSeek-V4's hash routing ``tid2eid``).
+INTEGER_TABLES = ("tid2eid",)
 
 
 def _is_float(dtype: np.dtype) -> bool:

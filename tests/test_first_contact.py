@@ -481,7 +481,12 @@ def test_inspect_prints_yes_no_and_separated_counts(tiny):
     assert r.returncode == 0
     lines = r.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines)
-    row = {line.split()[0]: line.split(None, 1)[1] for line in lines if not line.startswith(" ")}
+    row = {line.split()[0]: line.split(None, 1)[1] for line in lines if not line.startswith(" ") and " " in line}
+    # a value too long for the line (a SHA-256 revision) is printed whole on the next one, never split
+    for i, line in enumerate(lines):
+        if line and " " not in line:
+            assert lines[i + 1].startswith("  ") and " " not in lines[i + 1].strip()
+            assert str(info[line]) == lines[i + 1].strip()
     assert row["chat_template"] == ("yes" if info["chat_template"] else "no")
     assert row["parameters"].startswith(f"{info['parameters']:,}") and "," in row["parameters"]
     assert f"vocab_size={info['dimensions']['vocab_size']:,}" in r.stdout
@@ -589,6 +594,21 @@ def test_vector_output_never_overwrites_another_file(tiny, tmp_path):
     assert ster(*caa, str(out)).returncode == 0
     first = out.read_text()
     assert ster(*caa, str(out)).returncode == 0 and out.read_text() == first  # an earlier vector is replaced
+
+
+def test_inspect_keeps_a_long_revision_whole_on_its_own_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    import ster_py.cli as cli
+    import ster_py.inspect as inspect_module
+
+    sha = "sha256:" + "0123456789abcdef" * 4
+    monkeypatch.setattr(inspect_module, "inspect_model", lambda *a, **k: {"model": "m", "model_revision": sha,
+                                                                          "kind": "gguf"})
+    r = CliRunner().invoke(cli.app, ["inspect", "x"], terminal_width=80, prog_name="ster", color=False)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[1] == "model_revision" and lines[2] == "  " + sha and all(len(x) <= 80 for x in lines)
 
 
 # --------------------------------------------------------------------------- issues 17 and 23: follow-ups (s7-fixa)

@@ -88,7 +88,11 @@ def test_every_implemented_family_has_a_parity_case():
     # (parity.WRAPPED_REFERENCES; compared with those wrappers in test_parity_wrapped.py).
     from ster_py.parity import WRAPPED_REFERENCES
 
-    assert {f for f in IMPLEMENTED if f in CONFIG_MAPPING_NAMES} - set(WRAPPED_REFERENCES) \
+    # Hyper-connection families: parity's layer-by-layer comparison of the streams' mean is tested in
+    # test_parity_hc.py (test_parity_compares_stream_means; the last layer's reference entry is after
+    # the head's collapse, so the generic case here does not fit them).
+    own_tests = {"hy_v4", "deepseek_v4"}
+    assert {f for f in IMPLEMENTED if f in CONFIG_MAPPING_NAMES} - set(WRAPPED_REFERENCES) - own_tests \
         <= set(FAMILIES) | set(_dense_cases())
 
 

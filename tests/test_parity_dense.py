@@ -141,6 +141,7 @@ def test_family_matches_transformers(case, tmp_path):
 def test_every_landed_family_has_a_case():
     """No family is registered without a parity case above (or in test_parity_families.py)."""
     import test_parity_gemma4
+    import test_parity_hc
     import test_parity_mla
     import test_parity_mla_b
     import test_parity_moe
@@ -163,6 +164,9 @@ def test_every_landed_family_has_a_case():
     tested |= {model_type for model_type, _ in test_parity_gemma4.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_ssm_b2.CASES.values()}
     tested |= {model_type for model_type, _ in test_parity_remote.CASES.values()}
+    tested |= {model_type for model_type, _ in test_parity_hc.CASES.values()}
+    tested |= {"deepseek_v4"} if test_parity_hc.V4_CASES else set()
+    tested |= {"glm5_next_text"} if test_parity_hc.G5_CASES else set()
     tested |= {model_type for model_type, _ in test_parity_remote_b.CASES.values()}
     tested |= {"step1"} if test_parity_remote_b.STEP1_CASES else set()  # its own test there (a bias-masked oracle)
     tested |= {model_type for model_type, _ in test_parity_remote_c.CASES.values()}  # group R2

@@ -114,14 +114,17 @@ def test_family_matches_transformers(case, tmp_path):
 
 
 def test_every_latent_family_has_a_case():
-    """Part A's families here, part B's (the descendants) in test_parity_mla_b."""
+    """Part A's families here, part B's (the descendants) in test_parity_mla_b, the hyper-connected ones in
+    test_parity_hc."""
+    import test_parity_hc
     import test_parity_mla_b
     import test_parity_remote_c  # group R2's latent families without a Transformers implementation
 
     latent = {name for name, f in FAMILIES.items() if f.latent and not f.recurrent}  # kimi_linear: test_parity_ssm_b2
     assert latent == {model_type for model_type, _ in list(CASES.values()) + list(test_parity_mla_b.CASES.values())
                       + list(test_parity_mla_b.LONGCAT_CASES.values())
-                      + [(m, c) for m, c in test_parity_remote_c.CASES.values() if FAMILIES[m].latent]}
+                      + [(m, c) for m, c in test_parity_remote_c.CASES.values() if FAMILIES[m].latent]
+                      + list(test_parity_hc.CASES.values())}
 
 
 def test_specs_show_what_the_cases_switch_on(tmp_path):

@@ -87,6 +87,10 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
                                pad_token_id=0, **config)
     if model_type == "step3p5":
         model = step3p5_causal_lm(cfg, attn).eval()
+    elif model_type in CONDITIONAL_GENERATION:  # a wrapper whose only language-model class also holds a vision tower
+        import transformers
+
+        model = getattr(transformers, CONDITIONAL_GENERATION[model_type])(cfg).eval()
     else:
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
     with torch.no_grad():
@@ -122,6 +126,11 @@ def build_checkpoint(path: Path, model_type: str, config: dict, *, attn="eager",
 # (Transformers' Dots3NoteConfig reads such a config as its text_config): built from the text config and
 # causal LM Transformers registers, saved under the release's model_type.
 TEXT_CONFIG_TYPES = {"dots3_note": "dots3_note_text"}
+
+
+# Wrappers Transformers runs only through a conditional-generation class (text and vision): ``config`` holds
+# their text_config and a (tiny) vision_config; the text-only forward pass is the oracle.
+CONDITIONAL_GENERATION = {"glm5_next": "Glm5NextForConditionalGeneration"}
 
 
 # A key of a ``build_checkpoint`` config: write config.json as given (a hub spelling Transformers

@@ -49,6 +49,12 @@ class IndexerSpec:
         rope_last: the rotated components are the last ``rope_dim`` (HY V4), not the first.
         interleaved: the rotation pairs adjacent components (GLM-5, Dots3-Note), not halves.
         norm_eps: epsilon of the key's LayerNorm.
+        kpool: 0, or the keys per pool of a pooled indexer (GLM-5-Next's ``index_kpool``): each ``kpool``
+            consecutive keys (from the first) form a pool whose key is their sum weighted per channel by the
+            softmax over the pool of ``idx_pool_gate`` (x) + ``idx_pool_ape``; a query scores the pools that
+            closed at or before it and keeps the keys of its ``topk // kpool`` best (``select_pools``).
+        tail: with ``kpool``, a query also keeps the keys of its own unfinished pool
+            (``index_kpool_always_select_tail``).
     """
 
     n_heads: int
@@ -58,10 +64,17 @@ class IndexerSpec:
     rope_last: bool = False
     interleaved: bool = False
     norm_eps: float = 1e-6
+    kpool: int = 0
+    tail: bool = True
+
+    @property
+    def key_width(self) -> int:
+        """Numbers cached per position: the key, and a pooled indexer's gate logits beside it."""
+        return self.head_dim * (2 if self.kpool else 1)
 
     def nbytes_per_position(self) -> int:
         """Bytes one position's cached index key costs (float32)."""
-        return self.head_dim * 4
+        return self.key_width * 4
 
 
 class Indexer(Part):
@@ -82,6 +95,10 @@ class Indexer(Part):
         self.k = make_linear(load("idx_k", required=True))
         self.k_norm = Norm("layer", spec.norm_eps, load("idx_k_norm", required=True), load("idx_k_norm", "bias"))
         self.w = make_linear(load("idx_w", required=True))
+        self.pool_gate = self.pool_ape = None
+        if spec.kpool:  # GLM-5-Next's pooled keys
+            self.pool_gate = make_linear(np.asarray(load("idx_pool_gate", "", required=True)))
+            self.pool_ape = np.asarray(load("idx_pool_ape", "", required=True), np.float32)
         self.rope = None if rope is None else replace(rope, interleaved=spec.interleaved, rotary_dim=spec.rope_dim)
 
     def read_order(self) -> list[tuple]:
@@ -105,12 +122,16 @@ class Indexer(Part):
         k = self.k_norm(self.k(x))[None]
         if cos_sin is not None:
             k = self._rotate(k, *cos_sin)
+        if self.pool_gate is not None:  # [key | the pool gate's logits], both cached
+            return np.ascontiguousarray(np.concatenate([k[0], self.pool_gate(x)], axis=1), np.float32)
         return np.ascontiguousarray(k[0], np.float32)
 
     def scores(self, x: np.ndarray, q_latent: np.ndarray, keys: np.ndarray, cos_sin) -> np.ndarray:
         """float32 [T, S]: every query's score for every cached key (future ones included; ``choose``
         masks them). x float32 [T, hidden], q_latent float32 [T, q_lora_rank], keys float32 [S, d]."""
         s, T = self.spec, x.shape[0]
+        if self.pool_ape is not None:
+            keys = self.pooled(keys)
         q = self.q_b(q_latent).reshape(T, s.n_heads, s.head_dim).transpose(1, 0, 2)  # [n, T, d]
         if cos_sin is not None:
             q = self._rotate(q, *cos_sin)
@@ -137,7 +158,18 @@ class Indexer(Part):
             positions: int [T], the queries' positions.
             cos_sin: the layer's rotation tables at ``positions``, or None.
         """
+        if self.spec.kpool:
+            return select_pools(self.scores(x, q_latent, keys, cos_sin), positions, keys.shape[0], self.spec)
         return select_top(self.scores(x, q_latent, keys, cos_sin), positions, self.spec.topk)
+
+    def pooled(self, cached: np.ndarray) -> np.ndarray:
+        """float32 [P, d]: the keys of the P whole pools among the cached rows [S, 2d] ([key | gate logits])."""
+        s = self.spec
+        P = cached.shape[0] // s.kpool
+        rows = cached[:P * s.kpool].reshape(P, s.kpool, 2 * s.head_dim)
+        logits = rows[..., s.head_dim:] + self.pool_ape
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return ((e / e.sum(axis=1, keepdims=True)) * rows[..., :s.head_dim]).sum(axis=1).astype(np.float32)
 
 
 def select_top(scores: np.ndarray, positions: np.ndarray, topk: int) -> np.ndarray | None:
@@ -157,6 +189,33 @@ def select_top(scores: np.ndarray, positions: np.ndarray, topk: int) -> np.ndarr
     np.put_along_axis(chosen, best, True, axis=1)
     keep[rows] = chosen
     return keep
+
+
+def select_pools(scores: np.ndarray, positions: np.ndarray, S: int, spec: IndexerSpec) -> np.ndarray | None:
+    """bool [T, S]: a pooled indexer's choice (GLM-5-Next, Transformers' ``Glm5NextTextIndexer``). scores [T, P]
+    are every query's scores of the P whole pools among the S keys; a query at p sees the pools that closed by
+    then (pool j: keys j*kpool .. (j+1)*kpool - 1 <= p) and keeps the keys of the best min(topk // kpool, P) of
+    them (equal scores: the earlier pool), and under ``tail`` the keys of its own unfinished pool. None when
+    every query keeps every key up to itself."""
+    positions = np.asarray(positions, np.int64)
+    T, P = scores.shape
+    k = spec.kpool
+    seen = np.arange(P)[None, :] < ((positions + 1) // k)[:, None]
+    masked = np.where(seen, scores, -np.inf)
+    n = min(spec.topk // k, P)
+    chosen = np.zeros((T, P), bool)
+    if n:
+        best = np.argsort(-masked, axis=1, kind="stable")[:, :n]
+        np.put_along_axis(chosen, best, True, axis=1)
+    chosen &= seen
+    keep = np.zeros((T, S), bool)
+    keep[:, :P * k] = np.repeat(chosen, k, axis=1)
+    if spec.tail:
+        start = (positions + 1) - (positions + 1) % k
+        cols = np.arange(S)[None, :]
+        keep |= (cols >= start[:, None]) & (cols <= positions[:, None])
+    visible = np.arange(S)[None, :] <= positions[:, None]
+    return None if np.array_equal(keep, visible) else keep
 
 
 def choice_bias(keep: np.ndarray | None) -> np.ndarray | None:

@@ -275,7 +275,7 @@ class LatentAttention(Part):
         """This layer's cache: ``LatentSlot`` rows of r + rope numbers at ``dtype`` (and the float32
         index keys of an indexed layer)."""
         return LatentSlot(self.m.cache_width, dtype,
-                          index_width=self.spec.indexer.head_dim if self.indexer is not None else 0)
+                          index_width=self.spec.indexer.key_width if self.indexer is not None else 0)
 
     def read_order(self) -> list[tuple]:
         first = (self.q_a, self.kv_a) if self.q is None else (self.q, self.kv_a)

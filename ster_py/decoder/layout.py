@@ -120,7 +120,12 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         qr = (spec.latent_of(i) if i is not None else spec.latent).q_lora_rank or 0
         shapes.update({("idx_q_b", "weight"): (x.n_heads * x.head_dim, qr), ("idx_k", "weight"): (x.head_dim, d),
                        ("idx_k_norm", "weight"): (x.head_dim,), ("idx_k_norm", "bias"): (x.head_dim,),
-                       ("idx_w", "weight"): (x.n_heads, d)})
+                       ("idx_w", "weight"): (x.n_heads, d), ("idx_pool_gate", ""): (x.head_dim, d),
+                       ("idx_pool_ape", ""): (x.kpool, x.head_dim)})
+    if getattr(spec, "compressed", None) is not None and i is not None:  # DeepSeek-V4 (decoder/compressed.py)
+        shapes.update(spec.compressed.tensor_shapes(d, h, spec.layers[i].compress))
+    if getattr(spec, "streams", None) is not None:  # hyper-connections (decoder/streams.py)
+        shapes.update(spec.streams.tensor_shapes(d))
     if getattr(spec, "loop", None) is not None:  # a gated loop's per-head gate on the rotated query
         shapes[("loop_gate", "weight")], shapes[("loop_gate", "bias")] = (h, hd), (h,)
         shapes[("loop_init", "weight")] = (d,)  # the vector the later streams start from

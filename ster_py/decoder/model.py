@@ -39,6 +39,7 @@ from .attention import MASK_POSITIONS, Attention
 from .block_sparse import BlockSparseAttention
 from .relative import RelativeAttention, residual_conv
 from .cache import KVCache
+from .compressed import CompressedAttention
 from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
 from .latent import LatentAttention
@@ -57,6 +58,7 @@ from .qlinear import QuantLinear
 from .shared_block import SharedHybrid
 from .shortconv import ShortConv
 from .step import layer_step
+from .streams import HyperConnection, HyperHead
 from .xielu import XIELU
 
 
@@ -79,7 +81,7 @@ _UNBUILT = object()
 MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
           "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
           "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention, "block_sparse": BlockSparseAttention,
-          "relative": RelativeAttention}
+          "relative": RelativeAttention, "compressed": CompressedAttention}
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
@@ -128,8 +130,20 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
     # a selection bias stored as the router's own bias (Inkling's mlp.gate.bias) is not a bias on its logits
     bias_is_select = m.router.select_bias and spec.names.get("router_select_bias") == f'{spec.names.get("router")}.bias'
     router_bias = None if bias_is_select else load("router", "bias")
-    return MoE(m, make_linear(load("router", required=True), router_bias), select_bias, experts,
-               shared, shared_gate, latent)
+    moe = MoE(m, make_linear(load("router", required=True), router_bias), select_bias, experts,
+              shared, shared_gate, latent)
+    if m.router.hashed:  # DeepSeek-V4's hash layers: the token's row of tid2eid chooses
+        table = np.asarray(load("router_hash", "", required=True))
+        if table.shape != (spec.vocab_size, m.router.top_k) or table.min() < 0 or table.max() >= m.router.num_experts:
+            raise SterError(f"layer {i}'s hash routing table has shape {list(table.shape)} or expert ids outside "
+                            f"0..{m.router.num_experts - 1}; the configuration implies [{spec.vocab_size}, "
+                            f"{m.router.top_k}]: the weights and the config disagree")
+        ordered = np.sort(table, axis=1)
+        if (ordered[:, 1:] == ordered[:, :-1]).any():
+            raise SterError(f"layer {i}'s hash routing table names one expert twice for a token; the checkpoint is "
+                            "damaged or not this model's")
+        moe.hash_table = table.astype(np.int64)
+    return moe
 
 
 #: The sublayer norms, over the hidden width (``ModelSpec.norm_groups`` applies to them and the final norm).
@@ -180,6 +194,10 @@ class _Layer:
                           if spec.per_layer_input else None)
         d["scalar"] = (np.float32(load("layer_scalar", "", required=True).reshape(-1)[0])
                        if spec.layer_scalar else None)
+        # hyper-connections before the mixer and the feed-forward (ModelSpec.streams, decoder/streams.py)
+        d["hc"] = (tuple(HyperConnection(spec.streams, *(load(f"hc_{part}_{p}", "", required=True)
+                                                         for p in ("fn", "base", "scale")))
+                         for part in ("attn", "ffn")) if spec.streams is not None else None)
         # Gemma 3n: AltUp's prediction and correction around the block, Laurel's residual inside it
         d["altup"] = (AltUp(spec.altup, spec.hidden_size, make_linear(load("altup_router", required=True)),
                             norm("altup_router_norm"), load("altup_predict", required=True),
@@ -272,6 +290,8 @@ class _Layer:
                tables: dict | None = None) -> np.ndarray:
         """The block itself (norms, mixer, feed-forward, join)."""
         n, r = self.norms, self._residual_scale
+        if self.hc is not None:
+            return self._streams_block(h, cache, positions, bias, tables)
         if self.layer.residual is not None:
             return self._scaled_join(h, cache, positions, bias, tables)
         if self.mixer is None:  # a feed-forward-only layer (Nemotron-H's)
@@ -303,6 +323,22 @@ class _Layer:
         if self.layer.shortcut == "close":
             out = out + tables.pop(SHORTCUT)
         return out
+
+    def _streams_block(self, h, cache, positions, bias, tables) -> np.ndarray:
+        """The block over hyper-connected streams h float32 [T, n, hidden] (``ModelSpec.streams``;
+        Transformers' ``DeepseekV4DecoderLayer`` / ``HYV4DecoderLayer``): each sublayer reads the streams
+        collapsed by its hyper-connection and its output is spread back over them (``HyperConnection.join``)."""
+        n, (attn_hc, ffn_hc) = self.norms, self.hc
+        tables = {} if tables is None else tables
+        x, post, comb = attn_hc(h)
+        a = self.mixer(n["attn_norm"](x) if "attn_norm" in n else x, cache, positions, bias, tables)
+        a = n["attn_post_norm"](a) if "attn_post_norm" in n else a
+        h = HyperConnection.join(h, a, post, comb)
+        x, post, comb = ffn_hc(h)
+        x = n["ffn_norm"](x) if "ffn_norm" in n else x
+        m = self.ffn(x, tables["tokens"]) if getattr(self.ffn, "hash_table", None) is not None else self.ffn(x)
+        m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
+        return HyperConnection.join(h, m, post, comb)
 
     def _scaled_join(self, h, cache, positions, bias, tables) -> np.ndarray:
         """MiniMax's block (``LayerSpec.residual`` = (a1, b1, a2, b2)): each sublayer joins its
@@ -419,6 +455,9 @@ class Decoder:
                       if spec.altup is not None else None)
         self.final_norm = norm("final_norm", spec.norm_unit_offset if spec.final_norm_unit_offset is None
                                else spec.final_norm_unit_offset)
+        st = spec.streams
+        self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
+                        else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
         head = None if spec.tie_word_embeddings else top("head")
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
@@ -542,7 +581,7 @@ class Decoder:
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
                 layer_hook: LayerHook | None = None, last_only: bool = False,
-                bidirectional: bool = False) -> np.ndarray:
+                bidirectional: bool = False, normed: list | None = None) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -552,13 +591,18 @@ class Decoder:
                 the embedding output, then the residual stream after each layer
                 (Transformers' ``output_hidden_states`` order, without the final norm; under
                 AltUp, the stream's first copy); a looped model's: after each executed layer,
-                every pass's (without the norms that close passes).
+                every pass's (without the norms that close passes); with hyper-connections
+                (``ModelSpec.streams``) the streams' mean.
             layer_hook: called as ``h = layer_hook(i, h)`` after layer ``i`` (steering); what
-                it returns is taken as float32 [T, hidden_size].
+                it returns is taken as float32 [T, hidden_size]. With hyper-connections it is given
+                the streams' mean, and what it adds to it is added to every stream.
             last_only: compute logits for the last position only.
             bidirectional: a prompt of a prefix-LM model (``ModelSpec.prefix_lm``) read whole from position
                 zero (``cache`` empty): its tokens attend both ways within it (a generated prompt, as
                 Transformers' HRM-Text does with token_type_ids of ones); ignored otherwise.
+            normed: if a list is given, it receives the final norm's output, float32 [T, hidden_size]
+                (or [1, hidden_size] with ``last_only``): the head's input, which a drafter reading
+                the model's state takes (``ster_py.speculative``).
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -582,7 +626,7 @@ class Decoder:
             hidden_states.append(h)
         # RoPE cos/sin per Rope object, computed once per call; "embeddings": the stream before the first
         # layer (a shared block reads it beside the residual stream, Zamba2)
-        tables: dict = {"embeddings": h}
+        tables: dict = {"embeddings": h, "tokens": ids}
         if self.per_layer is not None:
             tables["per_layer"] = self.per_layer(ids, h)
         if bidirectional and s.prefix_lm and cache.length == 0:  # every query sees the whole prompt
@@ -594,6 +638,8 @@ class Decoder:
                 and MASK_POSITIONS not in tables
                 and cache.length + 1 <= np.iinfo(np.int32).max)
         kept: list = [None] * len(s.residual_skips)
+        if s.streams is not None:  # every stream starts as the embedding (decoder/streams.py)
+            h = np.ascontiguousarray(np.repeat(h[:, None, :], s.streams.n, axis=1))
 
         def run(layers, h):
             for layer in layers:
@@ -604,6 +650,13 @@ class Decoder:
                     h = layer.step_one(fused, h, cache, positions, tables)
                 else:
                     h = layer(h, cache, positions, bias, tables)
+                if s.streams is not None:
+                    if layer_hook is not None:  # the hook sees the streams' mean; what it adds, every stream gets
+                        mean = h.mean(axis=1)
+                        h = h + (np.asarray(layer_hook(layer.i, mean.copy()), np.float32) - mean)[:, None, :]
+                    if hidden_states is not None:
+                        hidden_states.append(h.mean(axis=1))
+                    continue
                 if layer_hook is not None:  # the stream stays float32 [T, hidden] whatever the hook returns
                     h = np.ascontiguousarray(layer_hook(layer.i, h), dtype=np.float32)
                 if hidden_states is not None:
@@ -621,11 +674,16 @@ class Decoder:
                 states[p.state] = self.final_norm(x) if p.norm else x
             h = states[0]
         cache.advance(ids.shape[0])
+        if self.hc_head is not None:
+            h = self.hc_head(h)
         if self.altup is not None:
             h = collapse([c[-1:] if last_only else c for c in [h] + tables["altup"]], self.altup[1])
         elif last_only:
             h = h[-1:]
-        logits = self.head(self.final_norm(h))
+        h = self.final_norm(h)
+        if normed is not None:
+            normed.append(h)
+        logits = self.head(h)
         if s.logit_scale != 1.0:
             logits = logits * np.float32(s.logit_scale)
         if s.final_softcap:

@@ -37,12 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import SterError
 from ._fast import ops as _ops
 from .ffn import _GLU_KINDS, DenseFFN
 from .parts import Part
 from .qlinear import QuantLinear
 
-SCORINGS = ("softmax", "sigmoid", "sparsemixer")
+SCORINGS = ("softmax", "sigmoid", "sparsemixer", "sqrtsoftplus")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class RouterSpec:
         jitter_eps: ``sparsemixer``'s relative closeness bound (PhiMoE's ``router_jitter_noise``).
         logit_softcap: the router's logits are soft-capped to ``cap * tanh(logits / cap)``
             before scoring (None: not capped).
+        hashed: the experts are the token's row of a fixed table (the ``router_hash`` role, [vocab, top_k]:
+            DeepSeek-V4's ``tid2eid``), the scores only weigh them.
         sink: the router's last ``sink`` logits score that many shared experts (Inkling's
             ``shared_expert_sink``): the top-k are chosen among the first ``num_experts`` by sigmoid
             plus the selection bias, and every chosen and shared expert is weighed by its sigmoid over
@@ -88,6 +91,7 @@ class RouterSpec:
     on_input: bool = False
     jitter_eps: float = 0.0
     logit_softcap: float | None = None
+    hashed: bool = False
     sink: int = 0
 
 
@@ -211,7 +215,7 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         return ids, _weigh(spec, weights)
     if spec.sink:
         return _route_with_sink(spec, logits, select_bias)
-    scores = _softmax(logits) if spec.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
+    scores = _score(spec.scoring, logits)
     choice = scores + select_bias.astype(np.float32) if spec.select_bias and select_bias is not None else scores
     if spec.n_group > 1:
         T, E = choice.shape
@@ -226,6 +230,23 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
         np.put_along_axis(mask, kept, True, axis=1)
         choice = np.where(np.repeat(mask, E // spec.n_group, axis=1), choice, -np.inf)
     ids = _top(choice, spec.top_k)
+    return ids, _weigh(spec, scores[np.arange(ids.shape[0])[:, None], ids])
+
+
+def _score(scoring: str, logits: np.ndarray) -> np.ndarray:
+    """float32 scores of float32 logits [T, E]: softmax, sigmoid, or sqrt(softplus) (DeepSeek-V4's ``sqrtsoftplus``)."""
+    if scoring == "softmax":
+        return _softmax(logits)
+    if scoring == "sqrtsoftplus":
+        return np.sqrt(np.logaddexp(np.float32(0), logits)).astype(np.float32)
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
+def route_hashed(spec: RouterSpec, logits: np.ndarray, table: np.ndarray, tokens: np.ndarray):
+    """Hash routing (``RouterSpec.hashed``): (int64 [T, top_k] = table[tokens], float32 [T, top_k] their scores,
+    weighed as ``route`` weighs). tokens int [T]; table int [vocab, top_k]."""
+    ids = np.asarray(table[np.asarray(tokens, np.int64)], np.int64)
+    scores = _score(spec.scoring, logits.astype(np.float32, copy=False))
     return ids, _weigh(spec, scores[np.arange(ids.shape[0])[:, None], ids])
 
 
@@ -280,6 +301,7 @@ class MoE(Part):
         self.select_bias = None if select_bias is None else np.asarray(select_bias, np.float32).reshape(-1)
         self.shared, self.shared_gate = shared, shared_gate
         self.latent = latent
+        self.hash_table = None  # int [vocab, top_k] of a hashed router (RouterSpec.hashed), set by the builder
         self._fused = None  # (gates, ups, downs, act) for ops.moe_experts, built on first decode
 
     def __setattr__(self, name, value):
@@ -356,13 +378,18 @@ class MoE(Part):
             out += y[where[:, j]]
         return out
 
-    def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(int64 [T, top_k] expert ids, float32 [T, top_k] weights) for x float32 [T, hidden]."""
+    def route(self, x: np.ndarray, tokens=None) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 [T, top_k] expert ids, float32 [T, top_k] weights) for x float32 [T, hidden]
+        (``tokens``: the token ids int [T], which a hashed router reads)."""
+        if self.hash_table is not None:
+            if tokens is None:
+                raise SterError("a hash-routed layer needs the token ids")
+            return route_hashed(self.spec.router, self.router(x), self.hash_table, tokens)
         return route(self.spec.router, self.router(x), self.select_bias)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x float32 [T, hidden_size] -> float32 [T, hidden_size]."""
-        ids, weights = self.route(x)
+    def __call__(self, x: np.ndarray, tokens=None) -> np.ndarray:
+        """x float32 [T, hidden_size] -> float32 [T, hidden_size] (``tokens``: ``route``'s)."""
+        ids, weights = self.route(x, tokens)
         residual = x
         if self.latent is not None:
             x = self.latent[0](x)

@@ -42,6 +42,7 @@ def spec_allows_step(spec: ModelSpec) -> bool:
             and spec.qk_norm in (None, "head", "proj") and spec.value_scale == 1.0 and spec.attn_gate is None
             and spec.mup is None and spec.norm_groups == 1 and spec.value_router is None
             and not spec.value_norm and not spec.layer_scalar and not spec.per_layer_input
+            and spec.streams is None
             and spec.post_norm_eps is None
             and not getattr(spec, "query_bottleneck", 0)
             and spec.altup is None and not spec.laurel and not any(layer.ffn_sparsity for layer in spec.layers))
