@@ -751,7 +751,8 @@ def test_chat_save_keeps_other_files_and_names_a_directory(tiny_chat, tmp_path):
 
 @pytest.mark.parametrize("alpha, words", [("NaN", "must be a finite number"), ("Infinity", "must be a finite number"),
                                           ("1" + "0" * 400, "must be a finite number"),
-                                          ("1e39", "overflows float32"), ('"8"', "must be a finite number")])
+                                          ("1e39", "overflows float32"), ('"8"', "must be a finite number")],
+                         ids=["nan", "inf", "10**400", "1e39", "string"])
 def test_lora_alpha_must_be_finite_and_fit_float32(tiny, tmp_path, alpha, words):
     """PEFT's adapter_config.json and ster's sidecar, through `generate --adapter` and `tune merge`: refused
     when the adapter is read, with nothing written."""
