@@ -335,9 +335,11 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
     types = Counter(e.type_name for e in entries)
     from . import __version__
 
+    arch = meta["general.architecture"]
+    arch = arch.value if isinstance(arch, Typed) else arch  # a GGUF input keeps its keys typed
     return {"ster_version": __version__, "model": resolved.model, "model_revision": resolved.model_revision,
             "output": str(output),
-            "type": ft.name, "architecture": meta["general.architecture"], "tensors": len(entries),
+            "type": ft.name, "architecture": arch, "tensors": len(entries),
             "types": dict(sorted(types.items())), "bytes": output.stat().st_size,
             "parameters": int(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)),
             "differences": info.get("differences", []), "tokenizer_notes": info.get("tokenizer_notes", []),
