@@ -3911,8 +3911,9 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a norm over the embeddings (embed_layernorm) is not supported"))),
         # Nemotron-NAS (DeciLM: Llama-3.3-Nemotron Super and Ultra): Llama's block, each layer after its own
         # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
+        # GGUF: llama.cpp's deci (per-layer head counts and feed-forward widths, 0 where a half is absent).
         FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
-                   refusals=_DECI_REFUSALS),
+                   refusals=_DECI_REFUSALS, gguf_arch="deci", gguf_qk_permuted=True),
         # Step1 (Step-Audio's language model): Llama's block with num_attention_groups key/value heads, no
         # rotation, and ALiBi's slopes times -sqrt(distance) added to the scaled scores.
         FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,

@@ -102,6 +102,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
     if check is not None:
         check(resolved, spec)
     qk = (spec.num_attention_heads, spec.num_key_value_heads) if family.gguf_qk_permuted else None
-    weights = GGUFWeights(gguf, precision, qk_heads=qk)
+    # (layers with their own counts, DeciLM's: the converter reorders each by its own)
+    own = ({i: spec.attention_shape(i)[:2] for i in range(spec.num_hidden_layers) if spec.layers[i].stored is None}
+           if qk is not None else {})
+    weights = GGUFWeights(gguf, precision, qk_heads=qk, qk_layers={i: c for i, c in own.items() if c != qk})
     decoder = Decoder(spec, weights)
     return LoadedModel(resolved, spec, decoder, tokenizer, precision)
