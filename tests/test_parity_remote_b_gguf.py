@@ -77,3 +77,96 @@ def test_deci_gguf_matches_the_oracle(gguf_models):
     pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
     assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-3
     assert model.decoder._weights.unused_tensors(spec) == []
+
+
+def _near_tie_top1(ours: np.ndarray, ref: np.ndarray) -> None:
+    """ster's top-1 is llama.cpp's at every position but near-ties: llama.cpp's own top two closer than three
+    times the rms difference of the two implementations' logits, taken for a difference of two logits (the
+    rule of test_parity_gemma3n.py / test_parity_gemma4_gguf.py)."""
+    mine, theirs = ours.argmax(1), ref.argmax(1)
+    rows = np.arange(len(mine))
+    margin = ref[rows, theirs] - ref[rows, mine]
+    noise = np.sqrt(2 * np.mean((ours - ref) ** 2))
+    assert np.all((mine == theirs) | (margin <= 3 * noise)), (np.nonzero(mine != theirs), margin, noise)
+    assert (mine == theirs).mean() >= 0.8
+
+
+def test_deci_gguf_against_llamacpp(gguf_models):
+    """llama.cpp's deci.cpp on the same files. Where every attending layer keeps its feed-forward, its logits
+    are ster's (and the oracle's) with the same top-1 at every position of a 32-token prompt. On an
+    attention-only layer (feed_forward_length 0, heads > 0) its graph skips the rest of the layer before the
+    attention's output joins the stream (``if (n_ff == 0) continue;`` ahead of ``inpL = cur``), so the
+    attention is dropped: llama.cpp's logits are then ster's with that layer's attention removed, and far from
+    the oracle's (recorded here; fails when llama.cpp changes)."""
+    import dataclasses
+
+    from ster_py import llamacpp
+    from ster_py.decoder.model import Decoder
+
+    kept, blocks = gguf_models["nas-ffn-kept"][0], gguf_models["nas-blocks"][0]
+    theirs_kept, theirs_blocks = llamacpp.logits_of_files([kept, blocks], LONG_PROMPT)
+    ours = load_model(str(kept)).decoder.forward(LONG_PROMPT)
+    assert rel_err(ours, theirs_kept) < 5e-3 and (ours.argmax(1) == theirs_kept.argmax(1)).all()
+    model = load_model(str(blocks))
+    assert rel_err(model.decoder.forward(LONG_PROMPT), theirs_blocks) > 0.05
+    layers = list(model.spec.layers)
+    layers[2] = dataclasses.replace(layers[2], mixer="none", rope=None, norms=())
+    dropped = Decoder(dataclasses.replace(model.spec, layers=tuple(layers)), model.decoder.weights)
+    assert rel_err(dropped.forward(LONG_PROMPT), theirs_blocks) < 5e-3
+
+
+def test_deci_q8_0_gives_llamacpps_top1(gguf_models, tmp_path):
+    """The nas-ffn-kept file quantized by llama.cpp's quantizer to Q8_0: ster keeps the matrices in their blocks
+    and computes what they define (the same weights dequantized, within 1e-4); llama.cpp's top-1 at every
+    position but near-ties."""
+    from ster_py import llamacpp
+    from ster_py.decoder.model import Decoder
+    from ster_py.decoder.qlinear import QuantTensor
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.weights import GGUFWeights
+
+    q = llamacpp.quantize(gguf_models["nas-ffn-kept"][0], tmp_path / "nas-Q8_0.gguf", "Q8_0")
+    model = load_model(str(q))
+    assert all(type(layer.ffn.gate.weight) is QuantTensor for layer in model.decoder.layers)
+    ours = model.decoder.forward(LONG_PROMPT)
+    g = GGUFFile(q)
+    qk = (model.spec.num_attention_heads, model.spec.num_key_value_heads)
+    exact = Decoder(model.spec, GGUFWeights(g, "f32", qk_heads=qk, quantized=False,
+                                            qk_layers={i: model.spec.attention_shape(i)[:2] for i in range(3)}))
+    assert rel_err(ours, exact.forward(LONG_PROMPT)) < 1e-4
+    (ref,) = llamacpp.logits(q, [LONG_PROMPT])
+    assert rel_err(ours, ref) < 0.15
+    _near_tie_top1(ours, ref[:, :VOCAB])
+
+
+def _gguf_spec(path, **meta_changes):
+    from ster_py.gguf.config import spec_from_gguf
+    from ster_py.gguf.reader import GGUFFile
+
+    g = GGUFFile(path)
+    meta = {**g.metadata, **meta_changes}
+    return spec_from_gguf(meta, str(path), vocab_size=VOCAB, has_output="output.weight" in g.tensors,
+                          tensors={n: t.shape for n, t in g.tensors.items()})
+
+
+DECI_REFUSED = {
+    # what the converter writes for test_parity_remote_b.py's last entry ({"intermediate_size": 80, "ffn_mult": None})
+    "width-by-intermediate-size": ({"deci.feed_forward_length": np.array([256, 512, 0], np.int32)},
+                                   "feed_forward_length is 0 .* holds blk.2.ffn_"),
+    "linear-attention": ({"deci.attention.head_count_kv": np.array([1, 0, 0], np.int32)},
+                         "linear replacement of attention"),
+    "kv-without-heads": ({"deci.attention.head_count": np.array([4, 0, 0], np.int32),
+                          "deci.attention.head_count_kv": np.array([1, 0, 4], np.int32)}, "no query heads"),
+    "no-attention": ({"deci.attention.head_count": np.array([0, 0, 0], np.int32),
+                      "deci.attention.head_count_kv": np.array([0, 0, 0], np.int32)}, "no layer .* has attention"),
+    "length": ({"deci.feed_forward_length": np.array([256, 512], np.int32)}, "one per block"),
+    "attention-weights": ({"deci.attention.head_count": np.array([4, 0, 0], np.int32),
+                           "deci.attention.head_count_kv": np.array([1, 0, 0], np.int32)}, "holds blk.2.attn_"),
+}
+
+
+@pytest.mark.parametrize("case", list(DECI_REFUSED))
+def test_deci_refused_by_name(case, gguf_models):
+    changes, words = DECI_REFUSED[case]
+    with pytest.raises(SterError, match=words):
+        _gguf_spec(gguf_models["nas-ffn-kept"][0], **changes)

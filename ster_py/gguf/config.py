@@ -349,6 +349,9 @@ def _gguf_halves(meta: Mapping, arch: str, tensors: Mapping[str, tuple], n_all: 
 
     heads, kv, widths = (values("attention.head_count", MAX_HEADS), values("attention.head_count_kv", MAX_HEADS),
                          values("feed_forward_length", MAX_DIM))
+    if not any(heads):
+        raise SterError(f"{path}: no layer of this {arch} file has attention ({arch}.attention.head_count all 0); "
+                        "ster does not run it")
     for i, (h, k, w) in enumerate(zip(heads, kv, widths)):
         if h and not k:
             raise SterError(f"{path}: layer {i} has {h} heads and no key/value heads ({arch}.attention.head_count_kv "
@@ -356,16 +359,16 @@ def _gguf_halves(meta: Mapping, arch: str, tensors: Mapping[str, tuple], n_all: 
         if k and not h:
             raise SterError(f"{path}: layer {i} has {k} key/value heads but no query heads ({arch}.attention."
                             "head_count 0)")
-        for absent, key, prefix in ((not h, "attention.head_count", "attn_"), (not w, "feed_forward_length", "ffn_")):
+        for absent, key, prefix, why in (
+                (not h, "attention.head_count", "attn_", "the file does not match its metadata; re-convert the model"),
+                (not w, "feed_forward_length", "ffn_",
+                 "llama.cpp's converter writes 0 for a DeciLM feed-forward sized by intermediate_size rather than "
+                 "ffn_mult, and llama.cpp cannot load the file either. Re-convert with the layer's width in "
+                 "feed_forward_length, or load the checkpoint's directory")):
             held = sorted(n for n in tensors if n.startswith(f"blk.{i}.{prefix}"))
             if absent and held:
-                raise SterError(f"{path}: layer {i}'s {arch}.{key} is 0 (no such half) but the file holds {held[0]}; "
-                                "llama.cpp's converter writes 0 for a DeciLM feed-forward sized by intermediate_size "
-                                "rather than ffn_mult, and llama.cpp cannot load the file either. Re-convert with the "
-                                "layer's width in feed_forward_length, or load the checkpoint's directory")
-    if not any(heads):
-        raise SterError(f"{path}: no layer of this {arch} file has attention ({arch}.attention.head_count all 0); "
-                        "ster does not run it")
+                raise SterError(f"{path}: layer {i}'s {arch}.{key} is 0 (no such half) but the file holds "
+                                f"{held[0]}: {why}")
     return list(zip(heads, kv, widths))
 
 
