@@ -20,7 +20,7 @@ import pytest
 
 from ster_py.errors import SterError
 from ster_py.load import load_model
-from test_parity_remote_b import _DECI_ENTRY, _NAS_BLOCKS, _NOOP_ATT, PROMPT, VOCAB, _nemotron_nas
+from test_parity_remote_b import _NAS_BLOCKS, _NOOP_ATT, PROMPT, VOCAB, _nemotron_nas, _plamo3
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, reference_split_logits, rel_err
 
@@ -41,12 +41,20 @@ _NAS_GGUF = _NAS_BLOCKS[:4] + [{"attention": {"n_heads_in_group": 2}, "ffn": {"f
 GGUF_CASES = {  # name: (model_type, config, legacy config.json keys)
     "nas-blocks": ("nemotron-nas", dict(num_hidden_layers=5, block_configs=_NAS_GGUF), {}),
     "nas-ffn-kept": ("nemotron-nas", dict(num_hidden_layers=3, block_configs=_NAS_KEPT), {}),
+    # test_parity_remote_b.py's plamo3 cases (no embedding scale: below)
+    "plamo3-plain": ("plamo3", dict(num_hidden_layers=3, sliding_window_pattern=3, window_size=6,
+                                    rope_local_theta=1000.0, scale_embedding=False), {}),
+    "plamo3-yarn": ("plamo3", dict(num_hidden_layers=4, sliding_window_pattern=2, window_size=5,
+                                   rope_local_theta=500.0, rope_scaling_factor=4, initial_context_length=8,
+                                   scale_embedding=False), {}),
 }
 
 
 def _build(path, model_type: str, config: dict):
     if model_type == "nemotron-nas":
         return _nemotron_nas(path, config)
+    if model_type == "plamo3":
+        return _plamo3(path, dict(config))
     raise AssertionError(model_type)
 
 
@@ -170,3 +178,25 @@ def test_deci_refused_by_name(case, gguf_models):
     changes, words = DECI_REFUSED[case]
     with pytest.raises(SterError, match=words):
         _gguf_spec(gguf_models["nas-ffn-kept"][0], **changes)
+
+
+# ------------------------------------------------------------------ plamo3
+PLAMO3 = ("plamo3-plain", "plamo3-yarn")
+
+
+@pytest.mark.parametrize("name", PLAMO3)
+def test_plamo3_gguf_matches_the_oracle(name, gguf_models):
+    """The file read alone: which layers slide (the file's sliding_window_pattern), their base
+    (rope.freq_base_swa), the norms' offsets folded in by the converter, fused qkv and gate/up."""
+    path, ref = gguf_models[name]
+    model = load_model(str(path))
+    assert model.resolved.kind == "gguf" and model.spec.model_type == "plamo3"
+    hf = load_model(str(path.parent / "hf" / name)).spec
+    assert [layer.sliding_window for layer in model.spec.layers] == [layer.sliding_window for layer in hf.layers]
+    ref_logits, _ = reference_logits(ref, PROMPT)
+    err = rel_err(model.decoder.forward(PROMPT), ref_logits)
+    assert err < 1e-3, f"logits rel err {err:.2e}"
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
+    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-3
+    assert model.decoder._weights.unused_tensors(model.spec) == []

@@ -455,7 +455,18 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
     if not window:
         return [False] * n_layers
     flags = _pattern_array(meta, arch, n_layers, path)
-    return flags if flags is not None else sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+    if flags is not None:
+        return flags
+    # one period for all layers (load_swa_pattern reads it over the architecture's default; PLaMo 3's converter
+    # writes the checkpoint's sliding_window_pattern)
+    period = meta.get(f"{arch}.attention.sliding_window_pattern")
+    config = {"sliding_window": int(window)}
+    if period is not None:
+        if isinstance(period, (bool, np.bool_)) or not isinstance(period, (int, np.integer)) or not 0 < period <= 1 << 16:
+            raise SterError(f"{path}: GGUF metadata {arch}.attention.sliding_window_pattern must be a positive whole "
+                            f"number or one flag per layer, got {brief_value(period)}")
+        config["_sliding_window_pattern"] = int(period)
+    return sliding_layers(config, family, n_layers, path)
 
 
 def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool] | None:
