@@ -243,6 +243,8 @@ UNWRITTEN_ARCHS = {
     # group gdp: read from llama.cpp's converter's files (tests/test_parity_remote_b_gguf.py), not written yet
     "deci": "per-layer head counts and feed-forward widths (0 for a block_configs half that is absent) as "
             "llama.cpp's converter writes them",
+    "plamo3": "its norms with their offsets folded in, fused q/k/v and gate/up and suffix-less post-norm names as "
+              "llama.cpp's converter writes them",
 }
 
 

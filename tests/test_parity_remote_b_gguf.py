@@ -200,3 +200,39 @@ def test_plamo3_gguf_matches_the_oracle(name, gguf_models):
     pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
     assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-3
     assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+def test_plamo3_gguf_against_llamacpp(gguf_models):
+    """llama.cpp's plamo3.cpp on both files: logits within 5e-3 of ster's and the same top-1 at every position
+    of a 32-token prompt (past the 5- and 6-token windows, and the YaRN case past its 8-position original
+    context)."""
+    from ster_py import llamacpp
+
+    files = [gguf_models[n][0] for n in PLAMO3]
+    for path, theirs in zip(files, llamacpp.logits_of_files(files, LONG_PROMPT)):
+        ours = load_model(str(path)).decoder.forward(LONG_PROMPT)
+        assert theirs is not None, f"llama.cpp refused {path.name}"
+        assert rel_err(ours, theirs[:, :VOCAB]) < 5e-3, path.name
+        assert (ours.argmax(1) == theirs[:, :VOCAB].argmax(1)).all(), path.name
+
+
+def test_plamo3_q8_0_gives_llamacpps_top1(gguf_models, tmp_path):
+    """The YaRN file quantized by llama.cpp's quantizer to Q8_0: ster keeps the fused matrices in their blocks
+    and computes what they define (within 1e-4 of the same weights dequantized); llama.cpp's top-1 at every
+    position but near-ties."""
+    from ster_py import llamacpp
+    from ster_py.decoder.model import Decoder
+    from ster_py.decoder.qlinear import QuantTensor
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.weights import GGUFWeights
+
+    q = llamacpp.quantize(gguf_models["plamo3-yarn"][0], tmp_path / "plamo3-Q8_0.gguf", "Q8_0")
+    model = load_model(str(q))
+    assert all(type(getattr(layer, role).weight) is QuantTensor for layer in model.decoder.layers
+               for role in ("q", "k", "v", "o", "gate", "up", "down"))  # the fused rows split in their blocks
+    ours = model.decoder.forward(LONG_PROMPT)
+    exact = Decoder(model.spec, GGUFWeights(GGUFFile(q), "f32", quantized=False)).forward(LONG_PROMPT)
+    assert rel_err(ours, exact) < 1e-4
+    (ref,) = llamacpp.logits(q, [LONG_PROMPT])
+    assert rel_err(ours, ref[:, :VOCAB]) < 0.15
+    _near_tie_top1(ours, ref[:, :VOCAB])
