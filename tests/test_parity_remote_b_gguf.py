@@ -236,3 +236,23 @@ def test_plamo3_q8_0_gives_llamacpps_top1(gguf_models, tmp_path):
     (ref,) = llamacpp.logits(q, [LONG_PROMPT])
     assert rel_err(ours, ref[:, :VOCAB]) < 0.15
     _near_tie_top1(ours, ref[:, :VOCAB])
+
+
+@pytest.mark.parametrize("name", ["nas-blocks", "plamo3-yarn"])
+def test_gguf_dir_matches_the_oracle(name, gguf_models, tmp_path):
+    """config.json beside the converted .gguf: the config decides the model (DeciLM's block_configs; PLaMo 3's
+    offsets, which the converter folded into the stored norms, are not added twice), the file holds the weights
+    (q/k rows unpermuted by each layer's own key/value heads)."""
+    import shutil
+
+    path, ref = gguf_models[name]
+    hf = path.parent / "hf" / name
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (hf / f).is_file():
+            shutil.copy(hf / f, tmp_path / f)
+    (tmp_path / "model.gguf").symlink_to(path)
+    model = load_model(str(tmp_path))
+    assert model.resolved.kind == "gguf_dir"
+    err = rel_err(model.decoder.forward(PROMPT), reference_logits(ref, PROMPT)[0])
+    assert err < 1e-3, f"logits rel err {err:.2e}"
+    assert model.decoder._weights.unused_tensors(model.spec) == []

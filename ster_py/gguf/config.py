@@ -447,8 +447,8 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
                    n_all: int | None = None) -> list[bool]:
     """Which layers attend through the sliding window, as llama.cpp places them.
 
-    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
-    otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
+    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4); a single
+    number is the rule's period (PLaMo 3; llama.cpp's ``load_swa_pattern``); otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
     (``set_swa_pattern``: Gemma 2 every other layer, Gemma 3 five of six, Cohere 2 three of four).
     """
     window = meta.get(f"{arch}.attention.sliding_window")

@@ -32,13 +32,13 @@ def gguf_layout(spec, family, config):
     transposed), experts as separate [n_expert, out, in] gate / up / down stacks (gpt-oss's
     and Llama 4's fused, inputs-first ones split and transposed), no base-model prefix,
     per-head q/k norms as one [heads, head_dim] tensor, and norms kept as offsets from one
-    (Gemma, Nemotron) as 1 + w; where it folds a family's multipliers into the weights
+    (Gemma, Nemotron) as 1 + w (PLaMo 3's from 1/5 and 5 ** -1.5 as w + those); where it folds a family's multipliers into the weights
     (Falcon-H1's muP, embedding and head multipliers), they are 1 here.
     """
     gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
     folded = dict(mup=None, embed_scale=1.0, logit_scale=1.0) if family.gguf_folded else {}
     return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
-                               root=None, norm_unit_offset=False, expert_inputs_first=(),
+                               root=None, norm_unit_offset=False, norm_offsets=(), expert_inputs_first=(),
                                expert_gate_up_interleaved=False, **folded)
 
 
