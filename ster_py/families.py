@@ -3033,7 +3033,21 @@ _INKLING = FamilySpec(
                       "shared_expert_sink false is not supported (Transformers' router always scores the shared "
                       "experts)"),
               Refusal(lambda c: not (isinstance(c.get("n_shared_experts", 2), int) and c.get("n_shared_experts", 2) >= 1),
-                      "n_shared_experts below 1 is not supported")))
+                      "n_shared_experts below 1 is not supported"),
+              Refusal(lambda c: not _inkling_unpadded_ok(c),
+                      "unpadded_vocab_size must be an integer in 1..vocab_size (the logits kept of the padded "
+                      "vocabulary)"),
+              Refusal(lambda c: isinstance(c.get("local_layer_ids"), list) and not all(
+                  isinstance(i, int) and not isinstance(i, bool) and 0 <= i < _n_layers(c) for i in c["local_layer_ids"]),
+                      "local_layer_ids must list layer indices in 0..num_hidden_layers-1")))
+
+
+def _inkling_unpadded_ok(c: Mapping) -> bool:
+    kept, vocab = c.get("unpadded_vocab_size"), c.get("vocab_size")
+    if kept is None:
+        return True
+    return (isinstance(kept, int) and not isinstance(kept, bool) and isinstance(vocab, int)
+            and not isinstance(vocab, bool) and 0 < kept <= vocab)
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -4259,7 +4273,8 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             whole list); a listed family this build does not implement yet (names it and the
             implemented ones); a ``quantization_config`` (quantized checkpoints are not run);
             a configuration the family refuses (its ``refusals``, e.g. GPT-2's
-            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln).
+            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln); a value
+            ``validate.check_config`` refuses (a switch that is not a boolean, a size beyond its bound).
     """
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in KNOWN_MODEL_TYPES:
@@ -4282,6 +4297,9 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             "unquantized safetensors checkpoints (f32/f16/bf16) and llama.cpp GGUF files; "
             "use the full-precision checkpoint or a GGUF of the model"
         )
+    from .validate import check_config
+
+    check_config(config, str(config_path))  # switches that must be booleans, sizes the kernels take as C ints
     family = FAMILIES[model_type]
     if family.normalize is not None:
         config = family.normalize(config)
