@@ -319,6 +319,11 @@ GGUF_NAMES: Mapping[str, str] = {
     "sinks": "blk.{i}.attn_sinks.weight", "g": "blk.{i}.attn_gate",
 }
 GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
+# llama.cpp's plamo3: q, k, v fused in attn_qkv, gate rows above up rows in ffn_up, and the post-sublayer norms
+# under whole names without a suffix (its loader's tn(LLM_TENSOR_ATTN_POST_NORM, i); "#": stored without one).
+GGUF_PLAMO3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up",
+                          attn_post_norm=("blk.{i}.post_attention_norm#", "blk.{i}.post_attention_norm"),
+                          ffn_post_norm=("blk.{i}.post_ffw_norm#", "blk.{i}.post_ffw_norm"))
 # gpt-oss: the norm before the feed-forward is stored as post_attention_norm (llama.cpp's attn_post_norm).
 GGUF_GPT_OSS_NAMES = _with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")
 GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
@@ -3947,8 +3952,9 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a norm over the embeddings (embed_layernorm) is not supported"))),
         # Nemotron-NAS (DeciLM: Llama-3.3-Nemotron Super and Ultra): Llama's block, each layer after its own
         # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
+        # GGUF: llama.cpp's deci (per-layer head counts and feed-forward widths, 0 where a half is absent).
         FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
-                   refusals=_DECI_REFUSALS),
+                   refusals=_DECI_REFUSALS, gguf_arch="deci", gguf_qk_permuted=True),
         # Step1 (Step-Audio's language model): Llama's block with num_attention_groups key/value heads, no
         # rotation, and ALiBi's slopes times -sqrt(distance) added to the scaled scores.
         FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,
@@ -3962,7 +3968,9 @@ FAMILIES: dict[str, FamilySpec] = {
                    local_rope_key="rope_local_theta", tie_default=True,
                    variants=(Variant(flag("scale_embedding"), {"embed_scale_sqrt_hidden": True}),),
                    refusals=(Refusal(stated("linear_type", unless="normal"),
-                                     "a linear_type other than normal is not supported"),)),
+                                     "a linear_type other than normal is not supported"),),
+                   # GGUF: llama.cpp's plamo3 (its graph never scales the embeddings; the file does not say)
+                   gguf_arch="plamo3", gguf_names=GGUF_PLAMO3_NAMES),
         # K2-Horizon: Llama's block (biases read as stored), Qwen-MoE's choice of routed layers (mlp_only_layers,
         # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
         # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.

@@ -50,6 +50,7 @@ def _arch_cases() -> dict:
     import test_parity_loops as loops
     import test_parity_moe as moe
     import test_parity_remote as remote
+    import test_parity_remote_b_gguf as remote_b
     import test_parity_wrapped as wrapped
 
     llama = dict(dense.LLAMA)
@@ -60,6 +61,7 @@ def _arch_cases() -> dict:
     cases.update({f"wrapped-{k}": v for k, v in wrapped.GGUF_CASES.items()})
     cases.update({f"gemma3n-{k}": v for k, v in gemma3n.GGUF_CASES.items()})  # group g3n: refused
     cases.update({f"loops-{k}": v for k, v in loops.GGUF_CASES.items()})
+    cases.update({f"remote-b-{k}": v for k, v in remote_b.GGUF_CASES.items()})  # group gdp: refused
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),

@@ -199,6 +199,10 @@ LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehy
 # The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
 # qwen3next.cpp and qwen35.cpp).
 LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
+# Architectures whose per-layer attention.head_count and feed_forward_length say which half each layer has
+# (src/models/deci.cpp): head_count 0, no attention (nor its norm); feed_forward_length 0, no feed-forward
+# (nor its norm); a layer with heads but head_count_kv 0 is DeciLM's linear replacement of attention.
+LLAMA_CPP_HALVES = ("deci",)
 # minimax-01.cpp joins each sublayer as output + residual_scale * its normed input (the converter
 # requires every beta to be 1 and every alpha equal, and stores that alpha as residual_scale).
 LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
@@ -336,6 +340,55 @@ def _layer_values(meta: Mapping, key: str, n_layers: int, path: str, default=Non
     return [int(v) for v in values]
 
 
+def _gguf_halves(meta: Mapping, arch: str, tensors: Mapping[str, tuple], n_all: int, n_layers: int,
+                 path: str) -> list[tuple[int, int, int]]:
+    """Per layer, (query heads, key/value heads, feed-forward width) of a ``LLAMA_CPP_HALVES`` file, as
+    llama.cpp's deci loader reads them: ``attention.head_count``, ``head_count_kv`` and
+    ``feed_forward_length``, each one value or one per block, 0 where the layer lacks that half.
+
+    Raises:
+        SterError: a value that is not a whole number in range or a list of the wrong length; a layer
+            with heads but no key/value heads (DeciLM's linear replacement of attention, not supported),
+            key/value heads without heads, no attending layer at all, or a half the metadata leaves out
+            whose weights the file holds (llama.cpp's converter writes 0 for a feed-forward sized by
+            intermediate_size rather than ffn_mult; llama.cpp does not load such a file either).
+    """
+    def values(key: str, limit: int) -> list[int]:
+        v = meta.get(f"{arch}.{key}")
+        got = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_all
+        if len(got) != n_all or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                                    or not 0 <= x <= limit for x in got):
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} must be a whole number in 0..{limit} or one per "
+                            f"block ({n_all}; 0: the layer has no such half), got {brief_value(v)}")
+        return [int(x) for x in got[:n_layers]]
+
+    from ..config import MAX_DIM
+
+    heads, kv, widths = (values("attention.head_count", MAX_HEADS), values("attention.head_count_kv", MAX_HEADS),
+                         values("feed_forward_length", MAX_DIM))
+    if not any(heads):
+        raise SterError(f"{path}: no layer of this {arch} file has attention ({arch}.attention.head_count all 0); "
+                        "ster does not run it")
+    for i, (h, k, w) in enumerate(zip(heads, kv, widths)):
+        if h and not k:
+            raise SterError(f"{path}: layer {i} has {h} heads and no key/value heads ({arch}.attention.head_count_kv "
+                            "0): DeciLM's linear replacement of attention (replace_with_linear) is not supported")
+        if k and not h:
+            raise SterError(f"{path}: layer {i} has {k} key/value heads but no query heads ({arch}.attention."
+                            "head_count 0)")
+        for absent, key, prefix, why in (
+                (not h, "attention.head_count", "attn_", "the file does not match its metadata; re-convert the model"),
+                (not w, "feed_forward_length", "ffn_",
+                 "llama.cpp's converter writes 0 for a DeciLM feed-forward sized by intermediate_size rather than "
+                 "ffn_mult, and llama.cpp cannot load the file either. Re-convert with the layer's width in "
+                 "feed_forward_length, or load the checkpoint's directory")):
+            held = sorted(n for n in tensors if n.startswith(f"blk.{i}.{prefix}"))
+            if absent and held:
+                raise SterError(f"{path}: layer {i}'s {arch}.{key} is 0 (no such half) but the file holds "
+                                f"{held[0]}: {why}")
+    return list(zip(heads, kv, widths))
+
+
 def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_layers: int, eps: float,
               path: str) -> SSMSpec:
     """The scan of a state-space architecture from its ``ssm.*`` metadata (llama.cpp's
@@ -411,15 +464,26 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
                    n_all: int | None = None) -> list[bool]:
     """Which layers attend through the sliding window, as llama.cpp places them.
 
-    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
-    otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
+    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4); a single
+    number is the rule's period (PLaMo 3; llama.cpp's ``load_swa_pattern``); otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
     (``set_swa_pattern``: Gemma 2 every other layer, Gemma 3 five of six, Cohere 2 three of four).
     """
     window = meta.get(f"{arch}.attention.sliding_window")
     if not window:
         return [False] * n_layers
     flags = _pattern_array(meta, arch, n_layers, path)
-    return flags if flags is not None else sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+    if flags is not None:
+        return flags
+    # one period for all layers (load_swa_pattern reads it over the architecture's default; PLaMo 3's converter
+    # writes the checkpoint's sliding_window_pattern)
+    period = meta.get(f"{arch}.attention.sliding_window_pattern")
+    config = {"sliding_window": int(window)}
+    if period is not None:
+        if isinstance(period, (bool, np.bool_)) or not isinstance(period, (int, np.integer)) or not 0 < period <= 1 << 16:
+            raise SterError(f"{path}: GGUF metadata {arch}.attention.sliding_window_pattern must be a positive whole "
+                            f"number or one flag per layer, got {brief_value(period)}")
+        config["_sliding_window_pattern"] = int(period)
+    return sliding_layers(config, family, n_layers, path)
 
 
 def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool] | None:
@@ -687,7 +751,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         n_all = n_layers = looped_stack(config, family, n_all, path)
     layering = LLAMA_CPP_LAYERS.get(arch)
     kv_list = ff_list = None
-    if layering is None:
+    halves = _gguf_halves(meta, arch, tensors or {}, n_all, n_layers, path) if arch in LLAMA_CPP_HALVES else None
+    if halves is not None:  # a layer without attention takes the model's counts (it has no weights to size)
+        first = next(h for h in halves if h[0])
+        layer_heads = [h or first[0] for h, _, _ in halves]
+    elif layering is None:
         layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
     else:  # state-space architectures: per-layer head and width arrays say which layer is which
         layer_heads = [g("attention.head_count", int) if layering != "scan" else 1] * n_layers
@@ -706,7 +774,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         head_dim = g("attention.key_length", int, hidden // heads)
         v_head_dim = g("attention.value_length", int, head_dim)
     else:
-        layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
+        layer_kv = ([k or first[1] for _, k, _ in halves] if halves is not None else
+                    _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path))
         head_dim = g("attention.key_length", int, hidden // heads)
         v_head_dim = g("attention.value_length", int, head_dim)
     kv_heads = layer_kv[0]
@@ -781,7 +850,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     # A model whose every layer routes may state only the experts' width.
-    if ff_list is not None:  # per layer (0: none); the layers with one share it
+    if halves is not None:  # per layer (0: none), each its own: the model's is the first layer's
+        dense_width = next((w for _, _, w in halves if w), hidden)
+    elif ff_list is not None:  # per layer (0: none); the layers with one share it
         widths = {v for v in ff_list if v}
         if len(widths) > 1:
             raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
@@ -850,6 +921,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
             mixer = "latent" if mixer == "attention" and latent is not None else mixer
+        if halves is not None:
+            mixer, ffn = mixer if halves[i][0] else "none", ffn if halves[i][2] else "none"
         if mixer not in ATTENTION_MIXERS:
             rope = None
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
@@ -870,6 +943,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["v_head_dim"] = swa_v_head
         elif sliding[i] and swa_head != head_dim:
             own.pop("v_head_dim", None)
+        if halves is not None:  # each half's norm goes with it; a feed-forward of its own width
+            own["norms"] = tuple(n for n in family.norms if (halves[i][0] or not n.startswith("attn"))
+                                 and (halves[i][2] or not n.startswith("ffn")))
+            if halves[i][2] and halves[i][2] != dense_width:
+                own["intermediate_size"] = halves[i][2]
         if sparsity[i]:
             own["ffn_sparsity"] = sparsity[i]
         if shared[i] is not None:
