@@ -59,6 +59,7 @@ def convert(
     ster's own quantizers with llama.cpp's type rules. A GGUF input is re-quantized."""
     from .convert import convert_model
 
+    _use_threads(threads)  # checked (1..1024) as every command checks it, before anything is read
     with progress_bar(enabled=not quiet, what="converting") as progress:
         report = convert_model(model, output, type_, revision=revision, threads=threads, progress=progress)
     if as_json:

@@ -382,6 +382,7 @@ def test_cli_reconvert_gguf_report_is_plain(checkpoints, tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--type", "q3_k"], "unknown --type 'q3_k'"),
     (["--type", "f16"], "already exists"),
+    (["--type", "f16", "--threads", "0"], "--threads must be a whole number from 1 to 1024, got 0"),
 ])
 def test_cli_convert_refusals(args, words, checkpoints, tmp_path):
     out = tmp_path / "exists.gguf"
