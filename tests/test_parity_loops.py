@@ -28,6 +28,7 @@ from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
+from tiny import check_against
 from tiny import build_checkpoint, rel_err, reference_greedy, reference_logits, reference_split_logits
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -111,13 +112,7 @@ NANBEIGE = {"nanbeige-one-loop": dict(loops=1), "nanbeige-two-loops": dict(loops
 def _check(model, ref, n_exec: int) -> None:
     """ster against a Transformers oracle: logits, split cache, greedy tokens, tensors, cache slots."""
     assert model.spec.num_hidden_layers == n_exec and len(model.decoder.layers) == n_exec
-    err = rel_err(model.decoder.forward(PROMPT), reference_logits(ref, PROMPT)[0])
-    assert err < 1e-4, f"logits rel err {err:.2e}"
-    cache = model.decoder.new_cache()
-    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
-    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-4
-    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref, PROMPT, 16)
-    assert model.decoder._weights.unused_tensors(model.spec) == []
+    check_against(model, ref, PROMPT)
 
 
 @pytest.mark.parametrize("case", list(NANBEIGE))

@@ -22,11 +22,11 @@ import pytest
 
 from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
-from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
+from tiny import check_against, rewrite_checkpoint
 from tiny import build_checkpoint
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
-from tiny import reference_logits, reference_split_logits, reference_greedy, rel_err
+from tiny import reference_logits, reference_split_logits, rel_err
 
 VOCAB = 128
 PROMPT = np.random.RandomState(5).randint(3, VOCAB, size=16).tolist()
@@ -34,19 +34,6 @@ LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_
              num_key_value_heads=2, max_position_embeddings=64)
 
 
-def _rewrite(path, config: dict, drop: tuple[str, ...] = (), tensors=None) -> None:
-    """Replace config.json by the family's own (``config`` over the saved one, ``drop`` removed)
-    and, with ``tensors`` (a function of the saved state dict), the weights by its result."""
-    saved = json.loads((path / "config.json").read_text())
-    for key in drop:
-        saved.pop(key, None)
-    saved.update(config)
-    (path / "config.json").write_text(json.dumps(saved))
-    if tensors is not None:
-        from safetensors.numpy import load_file, save_file
-
-        state = load_file(str(path / "model.safetensors"))
-        save_file(tensors(state), str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 # ------------------------------------------------------------------ MiniCPM (Granite's multipliers)
@@ -63,7 +50,7 @@ def _minicpm(path, config: dict):
         tie_word_embeddings=tied_by_default or c.get("tie_word_embeddings", False)))
     own = {"model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "scale_emb": scale_emb,
            "scale_depth": scale_depth, "dim_model_base": base}
-    _rewrite(path, own, drop=("embedding_multiplier", "residual_multiplier", "logits_scaling",
+    rewrite_checkpoint(path, own, drop=("embedding_multiplier", "residual_multiplier", "logits_scaling",
                               "attention_multiplier") + (("tie_word_embeddings",) if tied_by_default else ()))
     return model
 
@@ -76,7 +63,7 @@ def _orion(path, config: dict):
                                                     use_parallel_residual=False, qk_layernorm=False,
                                                     layer_norm_eps=eps))
     # Orion's config states its LayerNorms' epsilon under rms_norm_eps.
-    _rewrite(path, {"model_type": "orion", "architectures": ["OrionForCausalLM"], "rms_norm_eps": eps},
+    rewrite_checkpoint(path, {"model_type": "orion", "architectures": ["OrionForCausalLM"], "rms_norm_eps": eps},
              drop=("layer_norm_eps", "partial_rotary_factor", "use_qkv_bias", "use_parallel_residual",
                    "qk_layernorm"))
     return model
@@ -117,7 +104,7 @@ def _internlm2(path, config: dict):
             out[name] = t
         return out
 
-    _rewrite(path, {"model_type": "internlm2", "architectures": ["InternLM2ForCausalLM"], "bias": bias},
+    rewrite_checkpoint(path, {"model_type": "internlm2", "architectures": ["InternLM2ForCausalLM"], "bias": bias},
              drop=("attention_bias", "mlp_bias", "head_dim"), tensors=rename)
     return model
 
@@ -135,7 +122,7 @@ def _mimo(path, config: dict):
                  "model.mtp_layers.0.self_attn.q_proj.weight": (d, d), "model.mtp_layers.0.final_layernorm.weight": (d,)}
         return {**state, **{k: rng.randn(*s).astype(np.float32) for k, s in extra.items()}}
 
-    _rewrite(path, {"model_type": "mimo", "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": 1},
+    rewrite_checkpoint(path, {"model_type": "mimo", "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": 1},
              tensors=add_mtp)
     return model
 
@@ -296,7 +283,7 @@ def _pangu(path, config: dict):
     sandwich = c.pop("sandwich_norm", False)
     if not sandwich:
         model = build_checkpoint(path, "llama", dict(c, attention_bias=True, mlp_bias=True))
-        _rewrite(path, {"model_type": "PanguEmbedded", "architectures": ["PanguEmbeddedForCausalLM"]},
+        rewrite_checkpoint(path, {"model_type": "PanguEmbedded", "architectures": ["PanguEmbeddedForCausalLM"]},
                  drop=("attention_bias", "mlp_bias"))
         return model
     head_dim = c["hidden_size"] // c["num_attention_heads"]
@@ -316,7 +303,7 @@ def _pangu(path, config: dict):
             out[name] = t
         return out
 
-    _rewrite(path, {"model_type": "PanguEmbedded", "architectures": ["PanguEmbeddedForCausalLM"], "sandwich_norm": True},
+    rewrite_checkpoint(path, {"model_type": "PanguEmbedded", "architectures": ["PanguEmbeddedForCausalLM"], "sandwich_norm": True},
              drop=("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier",
                    "use_post_norm", "attention_bias", "mlp_bias"), tensors=rename)
     return model
@@ -332,7 +319,7 @@ def _teleflm(path, config: dict):
         c, embedding_multiplier=mup["input_mult"] if on else 1.0, residual_multiplier=1.0,
         logits_scaling=mup["mup_scale_factor"] / mup["output_mult"] if on else 1.0,
         attention_multiplier=head_dim ** -0.5))
-    _rewrite(path, {"model_type": "TeleFLM", "architectures": ["TeleFLMForCausalLM"], **mup},
+    rewrite_checkpoint(path, {"model_type": "TeleFLM", "architectures": ["TeleFLMForCausalLM"], **mup},
              drop=("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier"))
     return model
 
@@ -344,7 +331,7 @@ def _renamed(of: str, case: str):
         import test_parity_moe
 
         model = build_checkpoint(path, of, dict(test_parity_moe.CASES[case][1]))
-        _rewrite(path, {"model_type": config["model_type"]})
+        rewrite_checkpoint(path, {"model_type": config["model_type"]})
         return model
     return build_it
 
@@ -358,7 +345,7 @@ def _telechat3(path, config: dict):
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": factor,
             "original_max_position_embeddings": original, "attention_factor": 0.07 * math.log(factor) + 1.0}
     model = build_checkpoint(path, "llama", dict(c, attention_bias=True, mlp_bias=True, rope_parameters=rope))
-    _rewrite(path, {"model_type": "telechat3", "architectures": ["TeleChat3ForCausalLM"], "rope_theta": 10000.0,
+    rewrite_checkpoint(path, {"model_type": "telechat3", "architectures": ["TeleChat3ForCausalLM"], "rope_theta": 10000.0,
                     "rope_scaling": {"type": "telechat3-yarn", "factor": factor,
                                      "original_max_position_embeddings": original}},
              drop=("rope_parameters",))
@@ -393,7 +380,7 @@ def _solar(path, config: dict):
             return self.layer(hidden_states, *args, **kwargs)
 
     model.model.layers = torch.nn.ModuleList([Skip(layer, i) for i, layer in enumerate(model.model.layers)])
-    _rewrite(path, {"model_type": "solar", "architectures": ["SolarForCausalLM"], "bskcn_tv": tv,
+    rewrite_checkpoint(path, {"model_type": "solar", "architectures": ["SolarForCausalLM"], "bskcn_tv": tv,
                     **{f"bskcn_{k}": v for k, v in skips.items()}})
     return model
 
@@ -450,14 +437,7 @@ def test_family_matches_its_oracle(case, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == model_type
     model = load_model(str(tmp_path))
     assert model.spec.model_type == model_type
-    ref_logits, _ = reference_logits(ref, PROMPT)
-    err = rel_err(model.decoder.forward(PROMPT), ref_logits)
-    assert err < 1e-4, f"logits rel err {err:.2e}"
-    cache = model.decoder.new_cache()
-    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
-    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-4
-    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref, PROMPT, 16)
-    assert model.decoder._weights.unused_tensors(model.spec) == []
+    check_against(model, ref, PROMPT)
 
 
 def test_minicpm_scales_are_read(tmp_path):

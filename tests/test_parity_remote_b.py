@@ -23,9 +23,10 @@ from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
+from tiny import check_against, rewrite_checkpoint
 from tiny import build_checkpoint
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
-from tiny import reference_logits, reference_split_logits, reference_greedy, rel_err
+from tiny import rel_err
 
 VOCAB = 128
 PROMPT = np.random.RandomState(7).randint(3, VOCAB, size=16).tolist()
@@ -33,32 +34,12 @@ LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_
              num_key_value_heads=2, max_position_embeddings=64)
 
 
-def _rewrite(path, config: dict, drop: tuple[str, ...] = (), tensors=None) -> None:
-    """Replace config.json by the family's own (``config`` over the saved one, ``drop`` removed)
-    and, with ``tensors`` (a function of the saved state dict), the weights by its result."""
-    saved = json.loads((path / "config.json").read_text())
-    for key in drop:
-        saved.pop(key, None)
-    saved.update(config)
-    (path / "config.json").write_text(json.dumps(saved))
-    if tensors is not None:
-        from safetensors.numpy import load_file, save_file
-
-        state = load_file(str(path / "model.safetensors"))
-        save_file(tensors(state), str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _check_against(model, ref) -> None:
     """ster's ``model`` against Transformers' ``ref``: logits whole and in two pieces, 16 greedy tokens,
     every stored tensor read."""
-    ref_logits, _ = reference_logits(ref, PROMPT)
-    err = rel_err(model.decoder.forward(PROMPT), ref_logits)
-    assert err < 1e-4, f"logits rel err {err:.2e}"
-    cache = model.decoder.new_cache()
-    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
-    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-4
-    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref, PROMPT, 16)
-    assert model.decoder._weights.unused_tensors(model.spec) == []
+    check_against(model, ref, PROMPT)
 
 
 # ------------------------------------------------------------------ TeleChat (Llama, key_value by head)
@@ -106,7 +87,7 @@ def _telechat(path, config: dict):
             out[name] = t
         return out
 
-    _rewrite(path, {"model_type": "telechat", "architectures": ["TeleChat2ForCausalLM"],
+    rewrite_checkpoint(path, {"model_type": "telechat", "architectures": ["TeleChat2ForCausalLM"],
                     "n_head": c["num_attention_heads"],
                     "n_layer": c["num_hidden_layers"], "ffn_hidden_size": c["intermediate_size"],
                     "layer_norm_epsilon": model.config.rms_norm_eps, "seq_length": c["max_position_embeddings"],
@@ -263,7 +244,7 @@ def _step1(path, config: dict):
     ``_Step1Oracle`` around the Transformers model."""
     c = dict(LLAMA, **config)
     model = build_checkpoint(path, "llama", c)
-    _rewrite(path, {"model_type": "step1", "architectures": ["Step1ForCausalLM"],
+    rewrite_checkpoint(path, {"model_type": "step1", "architectures": ["Step1ForCausalLM"],
                     "num_attention_groups": c["num_key_value_heads"], "max_seq_len": c["max_position_embeddings"]},
              drop=("num_key_value_heads", "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling",
                    "head_dim"))

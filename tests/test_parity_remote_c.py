@@ -42,29 +42,16 @@ import pytest
 
 from ster_py.errors import SterError
 from ster_py.families import FAMILIES, gate
-from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
+from tiny import check_against, rewrite_checkpoint
 from tiny import build_checkpoint
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
-from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err
+from tiny import rel_err
 
 VOCAB = 128
 PROMPT = np.random.RandomState(5).randint(3, VOCAB, size=16).tolist()
 
 
-def _rewrite(path, config: dict, drop: tuple[str, ...] = (), tensors=None) -> None:
-    """Replace config.json by the family's own (``config`` over the saved one, ``drop`` removed)
-    and, with ``tensors`` (a function of the saved state dict), the weights by its result."""
-    saved = json.loads((path / "config.json").read_text())
-    for key in drop:
-        saved.pop(key, None)
-    saved.update(config)
-    (path / "config.json").write_text(json.dumps(saved))
-    if tensors is not None:
-        from safetensors.numpy import load_file, save_file
-
-        state = load_file(str(path / "model.safetensors"))
-        save_file(tensors(state), str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _output_normed(module, norm):
@@ -143,7 +130,7 @@ def _pangu_ultra(path, config: dict):
            **{theirs: saved[ours] for ours, theirs in _PANGU_KEYS.items()}}
     drop = tuple(_PANGU_KEYS) + ("n_group", "topk_group", "rope_interleave", "rope_parameters", "head_dim",
                                  "qk_head_dim", "num_nextn_predict_layers") + (() if state_renorm else ("norm_topk_prob",))
-    _rewrite(path, own, drop=drop, tensors=tensors)
+    rewrite_checkpoint(path, own, drop=drop, tensors=tensors)
     model.eval()
     return model
 
@@ -199,7 +186,7 @@ def _nemotron_puzzle(path, config: dict):
             k, f = next(it)
             block.update(num_experts_per_tok=k, moe_intermediate_size=f)
         blocks.append(block)
-    _rewrite(path, {"model_type": "nemotron_h_puzzle", "architectures": ["NemotronHPuzzleForCausalLM"],
+    rewrite_checkpoint(path, {"model_type": "nemotron_h_puzzle", "architectures": ["NemotronHPuzzleForCausalLM"],
                     "layers_block_type": kinds, "block_configs": blocks},
              drop=("hybrid_override_pattern", "num_experts_per_tok", "moe_intermediate_size", "mtp_layers_block_type"))
     return model
@@ -350,7 +337,7 @@ def _bailing_hybrid(path, config: dict):
         n = c["num_hidden_layers"]
         _clamp_experts(model, *(limits.get(k, [0.0] * n) for k in ("expert_swiglu_limit_list",
                                                                     "share_expert_swiglu_limit_list")))
-        _rewrite(path, limits)  # the lists as a release states them, one entry per MTP layer more
+        rewrite_checkpoint(path, limits)  # the lists as a release states them, one entry per MTP layer more
     if as_saved:
         return model
     saved = json.loads((path / "config.json").read_text())
@@ -465,7 +452,7 @@ def _longcat_ngram(path, config: dict):
     own = {"architectures": ["LongcatFlashNgramForCausalLM"], **ngram, "eos_token_id": 2}
     if not no_type:
         own["model_type"] = "longcat_flash_ngram"
-    _rewrite(path, own, drop=("model_type",) if no_type else (), tensors=tensors)
+    rewrite_checkpoint(path, own, drop=("model_type",) if no_type else (), tensors=tensors)
     word = model.model.embed_tokens.weight.detach().numpy()
     model.ngram = dict(word=word, tables=tables, projs=projs, n=n, k=k)
     return model
@@ -515,14 +502,7 @@ def _check(path, ref, model_type: str):
     assert "model_type" in saved or saved["architectures"] == ["LongcatFlashNgramForCausalLM"]
     model = load_model(str(path))
     assert model.spec.model_type == model_type
-    ref_logits, _ = reference_logits(ref, PROMPT)
-    err = rel_err(model.decoder.forward(PROMPT), ref_logits)
-    assert err < 1e-4, f"logits rel err {err:.2e}"
-    cache = model.decoder.new_cache()
-    pieces = np.concatenate([model.decoder.forward(PROMPT[:9], cache), model.decoder.forward(PROMPT[9:], cache)])
-    assert rel_err(pieces, reference_split_logits(ref, PROMPT, 9)) < 1e-4
-    assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref, PROMPT, 16)
-    assert model.decoder._weights.unused_tensors(model.spec) == []
+    check_against(model, ref, PROMPT)
     return model
 
 

@@ -247,5 +247,38 @@ def reference_split_logits(model, ids, split: int) -> np.ndarray:
     return np.concatenate([first.logits[0].float().numpy(), second.logits[0].float().numpy()])
 
 
+def rewrite_checkpoint(path, config: dict, drop: tuple[str, ...] = (), tensors=None) -> None:
+    """Replace config.json by a family's own (``config`` over the saved one, ``drop`` removed) and, with
+    ``tensors`` (a function of the saved state dict), the weights by its result: a Transformers checkpoint
+    rewritten into the layout and spellings of a family Transformers does not implement."""
+    saved = json.loads((Path(path) / "config.json").read_text())
+    for key in drop:
+        saved.pop(key, None)
+    saved.update(config)
+    (Path(path) / "config.json").write_text(json.dumps(saved))
+    if tensors is not None:
+        from safetensors.numpy import load_file, save_file
+
+        state = load_file(str(Path(path) / "model.safetensors"))
+        save_file(tensors(state), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
+
+
+def check_against(model, ref, prompt, split: int = 9, tol: float = 1e-4) -> np.ndarray:
+    """ster's loaded ``model`` against the Transformers model ``ref`` on ``prompt``: logits whole and through
+    the cache in two pieces (at ``split``) within ``tol``, 16 equal greedy tokens, every stored tensor read.
+    Returns the reference logits [T, vocab]."""
+    from ster_py.generate import Sampling, generate
+
+    ref_logits, _ = reference_logits(ref, prompt)
+    err = rel_err(model.decoder.forward(prompt), ref_logits)
+    assert err < tol, f"logits rel err {err:.2e}"
+    cache = model.decoder.new_cache()
+    pieces = np.concatenate([model.decoder.forward(prompt[:split], cache), model.decoder.forward(prompt[split:], cache)])
+    assert rel_err(pieces, reference_split_logits(ref, prompt, split)) < tol
+    assert generate(model.decoder, prompt, Sampling(max_new_tokens=16)).ids == reference_greedy(ref, prompt, 16)
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+    return ref_logits
+
+
 # The clock chat templates see in tests (strftime_now), for ster and for transformers alike.
 PINNED = __import__("datetime").datetime(2026, 10, 18, 9, 30, 5)
