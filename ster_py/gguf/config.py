@@ -110,12 +110,12 @@ LLAMA_CPP_MOE: dict[str, dict] = {
 # (the smallest normal F16), adding no epsilon.
 LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp, afmoe.cpp,
-# cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp
+# cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp, bailingmoe2.cpp and bailingmoe3.cpp
 # require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
                             "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
                             "laguna": "sigmoid", "step35": "sigmoid",
-                            "exaone-moe": None, "bailingmoe2": None}
+                            "exaone-moe": None, "bailingmoe2": None, "bailingmoe3": None}
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
 # "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
@@ -184,7 +184,9 @@ LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehy
                     # every full_attention_interval-th (8 when the file states neither)
                     "lfm2": "kv", "lfm2moe": "kv", "minimax-01": "recurrent",
                     # group SSM-B2
-                    "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv"}
+                    "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv",
+                    # group GBL: bailingmoe3.cpp (Ling 3.0) runs KDA where head_count_kv[i] is 0
+                    "bailingmoe3": "kv"}
 # The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
 # qwen3next.cpp and qwen35.cpp).
 LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
@@ -194,7 +196,8 @@ LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
 # Which key head a value head reads in llama.cpp's delta-rule graphs: qwen35.cpp / qwen35moe.cpp repeat the
 # key heads tiled (ggml_repeat_4d, the fused op's h % H_k), as their converter reorders the value heads;
 # qwen3next.cpp repeats each key head in place (the checkpoint's grouped order).
-LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped"}
+LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped",
+                    "bailingmoe3": "grouped"}
 
 
 def supported_architectures() -> list[str]:
@@ -226,13 +229,15 @@ def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_lay
 
 
 def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int,
-               path: str) -> bool | None:
+               path: str, skip: frozenset = frozenset()) -> bool | None:
     """The attention output gate as llama.cpp reads it from the file (``laguna.cpp``, ``step35.cpp``):
     None when no layer holds one, else whether it holds one value per head (else one per element),
-    told by its width. Every layer must hold the same kind.
+    told by its width. Every layer but those in ``skip`` (a hybrid's recurrent layers) must hold the same kind.
     """
     kinds = set()
     for i, h in enumerate(heads):
+        if i in skip:
+            continue
         shape = tensors.get(name.format(i=i) + ".weight")
         if shape is None:
             kinds.add(None)
@@ -370,8 +375,16 @@ def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: f
     kernel = size("ssm.conv_kernel", 1024)
     if family.recurrent == "kda":
         d = size("kda.head_dim", MAX_HEADS * 64)
+        # the safe gate (lower_bound * sigmoid(...)) where the file states its bound (bailingmoe3.cpp, which
+        # takes kda.safe_gate as true when absent and requires a negative bound); Kimi's files state neither
+        bound = meta.get(f"{arch}.kda.gate_lower_bound")
+        safe = bound is not None and bool(meta.get(f"{arch}.kda.safe_gate", True))
+        if safe and (isinstance(bound, (bool, np.bool_)) or not isinstance(bound, (float, int, np.floating, np.integer))
+                     or not -1e4 < float(bound) < 0):
+            raise SterError(f"{path}: GGUF metadata {arch}.kda.gate_lower_bound must be a negative number, "
+                            f"got {brief_value(bound)}")
         return DeltaSpec("kda", heads, d, heads, d, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps, l2_eps=eps,
-                         gate_act="sigmoid")
+                         gate_act="sigmoid", safe_gate=safe, lower_bound=float(bound) if safe else -5.0)
     hk, dk, hv, inner = size("ssm.group_count"), size("ssm.state_size"), size("ssm.time_step_rank"), size("ssm.inner_size")
     if hv % hk or inner % hv:
         raise SterError(f"{path}: {arch}.ssm.time_step_rank ({hv} value heads) must be a multiple of "
@@ -847,7 +860,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     if arch in LLAMA_CPP_POST_NORM_EPS:
         fields["post_norm_eps"] = LLAMA_CPP_POST_NORM_EPS[arch]
     if family.attn_gate and tensors is not None and "g" in family.gguf_names:
-        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
+        recurrent = frozenset(i for i, kv in enumerate(kv_list or ()) if kv == 0) if layering == "kv" else frozenset()
+        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path, recurrent)
         if per_head is None:
             fields["attn_gate"] = None
         else:
