@@ -4152,10 +4152,11 @@ FAMILIES["longcat_flash_ngram"] = replace(
                      "ngram_vocab_size_ratio": 78})
 # group R2 (issue 16): Nemotron Puzzle is Nemotron-H below model., its layers in layers_block_type (mamba,
 # attention, mlp, moe) and each moe layer's top-k and expert width in block_configs (config.py gives those
-# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe; not read from GGUF here yet.
+# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe (per-layer expert_used_count and
+# expert_feed_forward_length), which FAMILIES_BY_GGUF_ARCH reads as Nemotron-H (tests/test_parity_remote_c_gguf.py).
 FAMILIES["nemotron_h_puzzle"] = replace(
     FAMILIES["nemotron_h"], model_type="nemotron_h_puzzle", names=NEMOTRON_PUZZLE_NAMES, unconfirmed=True,
-    normalize=_nemotron_puzzle_config, gguf_arch=None,
+    normalize=_nemotron_puzzle_config, gguf_arch="nemotron_h_moe",
     refusals=FAMILIES["nemotron_h"].refusals + (
         Refusal(_nemotron_puzzle_blocks_wrong, "a block_configs that does not list one object per layer, each "
                 "with the block_type layers_block_type gives that layer, is not supported"),))

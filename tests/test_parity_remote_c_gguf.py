@@ -38,18 +38,28 @@ GGUF_CASES = {
         # the release states these (Transformers' config class has them under other names or derives them)
         {"score_function": "sigmoid", "kda_safe_gate": True, "moe_shared_expert_intermediate_size": 32,
          "_llamacpp_raw_config": True, "_llamacpp_args": ["--no-mtp"]}),
+    # each routed block its own top-k and expert width (block_configs), experts in a latent width, groups
+    "nemotron_h_moe": ("nemotron_h_puzzle", dict(
+        pattern="EM*EE", shapes=[(3, 24), (1, 40), (2, 16)], moe_latent_size=32, n_group=2, topk_group=1,
+        routed_scaling_factor=1.5), {}),
 }
-
-# For the quantized comparison the same checkpoint routes every token to all its experts (converted in the same
-# run of the converter): a top-2 choice flips where rounding reorders two router scores, a jump no two
-# implementations agree on (measured on this model at Q8_0: ster's and llama.cpp's logits 17-20 % apart with
-# top-2, 3 % with every expert). Selection (the selection bias, top 2) is checked by the F32 file.
-QUANT_CASES = {f"{name}-every-expert": (model_type, dict(config, num_experts_per_tok=8), legacy)
-               for name, (model_type, config, legacy) in GGUF_CASES.items()}
+# Each case's routed layers as (top-k, expert width) and their (routed, shared) SwiGLU clamps, as the config says.
+ROUTED = {"bailingmoe3": ([(2, 32)] * 4, [(0.4, None), (None, 0.35), (0.3, 0.5), (7.0, 7.0)]),
+          "nemotron_h_moe": ([(3, 24), (1, 40), (2, 16)], [(None, None)] * 3)}
+# For the quantized comparison the same checkpoints route every token to all their experts (converted in the
+# same run of the converter): a top-k choice flips where rounding reorders two router scores, a jump no two
+# implementations agree on (measured on Ling 3.0's model at Q8_0: ster's and llama.cpp's logits 17-20 % apart
+# with top-2, 3 % with every expert). Selection (the selection bias, top k) is checked by the F32 files.
+QUANT_CASES = {
+    "bailingmoe3-every-expert": ("bailing_hybrid", dict(GGUF_CASES["bailingmoe3"][1], num_experts_per_tok=8),
+                                 GGUF_CASES["bailingmoe3"][2]),
+    "nemotron_h_moe-every-expert": ("nemotron_h_puzzle", dict(GGUF_CASES["nemotron_h_moe"][1],
+                                                              shapes=[(6, 24), (6, 40), (6, 16)]), {}),
+}
 
 
 def _aligned(path, model_type, config):
-    """The checkpoint of ``build`` with each KDA layer's keys aligned with its queries (test_parity_ssm_b2's
+    """The checkpoint of ``build`` with each KDA layer's (Ling 3.0's) keys aligned with its queries (test_parity_ssm_b2's
     ``align_keys``: k_proj and the key channels of the convolution made the query's plus 0.3 of their own),
     so that Q8_0's rounding does not swamp the read-out of unrelated random q and k; saved again under the
     config.json the builder wrote."""
@@ -57,14 +67,15 @@ def _aligned(path, model_type, config):
 
     model = build(path, model_type, config)
     written = (path / "config.json").read_text()
+    kda = [layer.self_attn for layer in model.model.layers if hasattr(getattr(layer, "self_attn", None), "forget_gate")]
+    if not kda:
+        return model
     with torch.no_grad():
-        for layer in model.model.layers:
-            attn = layer.self_attn
-            if hasattr(attn, "forget_gate"):
-                n = attn.q_proj.weight.shape[0]
-                attn.k_proj.weight.copy_(attn.q_proj.weight + 0.3 * attn.k_proj.weight)
-                conv = attn.conv1d.weight  # channels [q, k, v]
-                conv[n:2 * n] = conv[:n] + 0.3 * conv[n:2 * n]
+        for attn in kda:
+            n = attn.q_proj.weight.shape[0]
+            attn.k_proj.weight.copy_(attn.q_proj.weight + 0.3 * attn.k_proj.weight)
+            conv = attn.conv1d.weight  # channels [q, k, v]
+            conv[n:2 * n] = conv[:n] + 0.3 * conv[n:2 * n]
     model.save_pretrained(path)
     (path / "config.json").write_text(written)
     return model
@@ -89,14 +100,22 @@ def test_gguf_matches_transformers_and_llamacpp(name, r2_gguf):
     model = load_model(str(path))
     hf = load_model(str(path.parent / "hf" / name)).spec
     assert [(layer.mixer, layer.ffn) for layer in model.spec.layers] == [(layer.mixer, layer.ffn) for layer in hf.layers]
-    assert {layer.mixer for layer in model.spec.layers} == {"kda", "latent"}
-    assert model.spec.delta.safe_gate and model.spec.delta.lower_bound == hf.delta.lower_bound
-    assert model.spec.layers[1].rope.interleaved and hf.layers[1].rope.interleaved and model.spec.attn_gate_per_head
-    def clamps(spec):  # each routed layer's (routed, shared) SwiGLU bound
-        return [(layer.moe.limit, layer.moe.shared_limit) for layer in spec.layers if layer.ffn == "moe"]
 
-    assert clamps(hf) == [(0.4, None), (None, 0.35), (0.3, 0.5), (7.0, 7.0)]
-    assert [tuple(None if b is None else round(b, 6) for b in pair) for pair in clamps(model.spec)] == clamps(hf)
+    def routed(spec):  # each routed layer's (top-k, expert width, latent width, routed clamp, shared clamp)
+        return [(m.router.top_k, m.expert_size, m.latent_size,
+                 *(None if b is None else round(b, 6) for b in (m.limit, m.shared_limit)))
+                for m in (layer.moe or spec.moe for layer in spec.layers if layer.ffn == "moe")]
+
+    assert routed(model.spec) == routed(hf)
+    shapes, clamps = ROUTED[name]
+    assert [r[:2] for r in routed(hf)] == shapes and [r[3:] for r in routed(hf)] == clamps
+    if name == "bailingmoe3":
+        assert {layer.mixer for layer in model.spec.layers} == {"kda", "latent"}
+        assert model.spec.delta.safe_gate and model.spec.delta.lower_bound == hf.delta.lower_bound
+        assert model.spec.layers[1].rope.interleaved and hf.layers[1].rope.interleaved
+        assert model.spec.attn_gate_per_head
+    else:
+        assert model.spec.moe.latent_size == 32
     ours = model.decoder.forward(PROMPT)
     err = rel_err(ours, reference_logits(ref_model, PROMPT)[0])
     assert err < 1e-3, f"logits rel err {err:.2e}"

@@ -252,6 +252,38 @@ def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head
     return kinds.pop()
 
 
+# Expert metadata a file may give one value per layer (NVIDIA Puzzle's nemotron_h_moe: conversion/nemotron.py
+# writes each block's top-k and expert width) -> the MoESpec field it sets.
+LAYER_MOE_KEYS = {"expert_used_count": "top_k", "expert_feed_forward_length": "expert_size"}
+
+
+def _layer_moe_shapes(meta: Mapping, arch: str, moe, routed: list[bool], n_layers: int, path: str) -> list:
+    """Each layer's routed feed-forward where the file lists ``LAYER_MOE_KEYS`` per layer (llama.cpp's loaders
+    read them with get_key_or_arr), else [] (every routed layer is ``moe``).
+
+    Raises:
+        SterError: a list of the wrong length, or a routed layer whose count or width is not positive.
+    """
+    if moe is None or not any(isinstance(meta.get(f"{arch}.{k}"), (list, tuple, np.ndarray)) for k in LAYER_MOE_KEYS):
+        return []
+    out = []
+    for i, r in enumerate(routed):
+        if not r:
+            out.append(None)
+            continue
+        top_k, size = moe.router.top_k, moe.expert_size
+        for key, field in LAYER_MOE_KEYS.items():
+            if isinstance(meta.get(f"{arch}.{key}"), (list, tuple, np.ndarray)):
+                v = _layer_values(meta, f"{arch}.{key}", n_layers, path)[i]
+                limit = moe.router.num_experts if field == "top_k" else 1 << 24
+                if not 0 < v <= limit:
+                    raise SterError(f"{path}: GGUF metadata {arch}.{key} gives routed layer {i} {v}; it must be "
+                                    f"in 1..{limit}")
+                top_k, size = (v, size) if field == "top_k" else (top_k, v)
+        out.append(replace(moe, router=replace(moe.router, top_k=top_k), expert_size=size))
+    return out
+
+
 def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int, path: str) -> list:
     """Each layer's routed feed-forward with llama.cpp's per-layer SwiGLU clamps (``{arch}.swiglu_clamp_exp``
     on the routed experts, ``swiglu_clamp_shexp`` on the shared ones; 0: none), or [] without them. The
@@ -459,6 +491,10 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     if not any(routed):
         return routed, None
     config = {key: meta[f"{arch}.{k}"] for k, key in GGUF_MOE_KEYS.items() if meta.get(f"{arch}.{k}") is not None}
+    first = routed.index(True)
+    for k in LAYER_MOE_KEYS:  # one value per layer (NVIDIA Puzzle's nemotron_h_moe): the first routed layer's here
+        if isinstance(config.get(GGUF_MOE_KEYS[k]), (list, tuple, np.ndarray)):
+            config[GGUF_MOE_KEYS[k]] = _layer_values(meta, f"{arch}.{k}", n_layers, path)[first]
     config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
     gating = meta.get(f"{arch}.expert_gating_func")
     if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
@@ -493,7 +529,9 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     elif shexp is None:
         config["shared_intermediate_size"] = 0
     gated = any(f"blk.{i}.ffn_gate_inp_shexp.weight" in tensors for i in range(n_layers))
-    reader_family = replace(family, keys={}, fixed={}, moe_defaults={}, shared_gated=gated,
+    # (moe_latent_size: the experts' latent width, which nemotron-h.cpp reads; no other file states it)
+    reader_family = replace(family, keys={"moe_latent_size": ("moe_latent_size",)}, fixed={}, moe_defaults={},
+                            shared_gated=gated,
                             moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2",
                                         "renorm_eps": 0.0, "renorm_min": LLAMA_CPP_RENORM_MIN})
     return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
@@ -736,8 +774,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     # A model whose every layer routes may state only the experts' width.
-    if ff_list is not None:  # per layer (0: none); the layers with one share it
-        widths = {v for v in ff_list if v}
+    if ff_list is not None:  # per layer (0: none); the layers with one share it (a routed layer's: its experts')
+        widths = {v for i, v in enumerate(ff_list) if v and f"blk.{i}.ffn_gate_inp.weight" not in (tensors or {})}
         if len(widths) > 1:
             raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
                             f"({brief_value(ff_list)}); ster runs feed-forwards of one width")
@@ -754,6 +792,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
     clamps = _layer_clamps(meta, arch, moe, routed, n_all, path)
+    shapes = _layer_moe_shapes(meta, arch, moe, routed, n_layers, path)
     if dense_width is None and moe is None:
         dense_width = g("feed_forward_length", int) if layering is None else hidden  # (missing: refused by name)
     window = meta.get(f"{arch}.attention.sliding_window")
@@ -808,8 +847,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         # (a latent layer's key/value heads are its query heads, expanded: llama.cpp's 1 is its MQA form)
         if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads and latent is None:
             own["num_key_value_heads"] = kv_list[i]
-        if clamps and clamps[i] is not None and clamps[i] != moe:
-            own["moe"] = clamps[i]
+        layer_moe = shapes[i] if shapes else moe
+        if clamps and clamps[i] is not None:
+            layer_moe = replace(layer_moe, limit=clamps[i].limit, shared_limit=clamps[i].shared_limit,
+                                clamp_act=clamps[i].clamp_act)
+        if layer_moe is not None and layer_moe != moe:
+            own["moe"] = layer_moe
         if index_kinds[i] is not None:
             own["indexer"] = index_kinds[i]
         if arch in LLAMA_CPP_SCALED_JOIN:
