@@ -774,8 +774,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     # A model whose every layer routes may state only the experts' width.
-    if ff_list is not None:  # per layer (0: none); the layers with one share it (a routed layer's: its experts')
-        widths = {v for i, v in enumerate(ff_list) if v and f"blk.{i}.ffn_gate_inp.weight" not in (tensors or {})}
+    if ff_list is not None:  # per layer (0: none); the layers with one share it
+        # (where the experts' widths are listed per layer, a routed layer's entry is its experts' width: Puzzle)
+        per_layer_experts = isinstance(meta.get(f"{arch}.expert_feed_forward_length"), (list, tuple, np.ndarray))
+        widths = {v for i, v in enumerate(ff_list) if v and not (
+            per_layer_experts and f"blk.{i}.ffn_gate_inp.weight" in (tensors or {}))}
         if len(widths) > 1:
             raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
                             f"({brief_value(ff_list)}); ster runs feed-forwards of one width")
