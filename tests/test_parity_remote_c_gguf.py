@@ -10,13 +10,16 @@
   (--no-mtp), the file must give Transformers' logits within 1e-3 and llama.cpp's own (llama-cpp-python
   0.3.36) too; quantized to Q8_0 by llama.cpp's quantizer, llama.cpp's top-1 token at every position of a
   32-token prompt but near-ties (test_parity_ssm_b2's rule).
-- nemotron_h_puzzle: llama.cpp's converter (conversion/nemotron.py, NemotronHPuzzleForCausalLM) writes it
-  as ``nemotron_h_moe`` with per-layer expert counts; not done here (see the report of group GBL).
+- nemotron_h_puzzle -> llama.cpp's ``nemotron_h_moe`` (conversion/nemotron.py, NemotronHPuzzleForCausalLM):
+  the same builder's checkpoint (Transformers' Nemotron-H whose routed layers each have their own top-k and
+  expert width, latent-width experts, expert groups), which the converter writes with per-layer
+  expert_used_count and expert_feed_forward_length; ster reads the file as Nemotron-H, each routed layer
+  with its own shape. The same comparisons as Ling 3.0's.
 - step3_text: the pinned converter has no class for Step3's text decoder (conversion/step3.py converts
   StepVL's Qwen3-shaped decoder and Step 3.5), so there is no GGUF of it to read.
 
-``ster convert`` keeps refusing bailing_hybrid (latent attention and KDA layers are llama.cpp's converter's
-business: tests/test_convert.py).
+``ster convert`` keeps refusing both (latent attention, KDA and scan layers are llama.cpp's converter's business:
+tests/test_convert.py).
 """
 from __future__ import annotations
 
@@ -159,3 +162,22 @@ def test_q8_0_gguf_gives_llamacpps_top1(name, r2_gguf, tmp_path):
     cache = model.decoder.new_cache()
     steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
     assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+
+
+@pytest.mark.parametrize("name, key, value, match", [
+    ("bailingmoe3", "kda.gate_lower_bound", 0.5, "kda.gate_lower_bound must be a negative number"),
+    ("nemotron_h_moe", "expert_used_count", np.array([3, 0, 0, 7, 2]), "expert_used_count gives routed layer 3 7"),
+    ("nemotron_h_moe", "expert_feed_forward_length", np.array([24, 0, 0, 40]), "expert_feed_forward_length"),
+])
+def test_bad_metadata_is_refused(name, key, value, match, r2_gguf):
+    """A bound the safe gate cannot take, a per-layer expert count above the experts, a per-layer list of the
+    wrong length: one SterError naming the key."""
+    from ster_py.errors import SterError
+    from ster_py.gguf.config import spec_from_gguf
+    from ster_py.gguf.reader import GGUFFile
+
+    path, _ = r2_gguf[name]
+    f = GGUFFile(path)
+    meta = dict(f.metadata, **{f"{name}.{key}": value})
+    with pytest.raises(SterError, match=match):
+        spec_from_gguf(meta, str(path), vocab_size=VOCAB, tensors={n: t.shape for n, t in f.tensors.items()})
