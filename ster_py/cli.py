@@ -295,6 +295,11 @@ def generate(
                                          "template; the model's tool calls are parsed."),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on or off: the template's thinking switch "
                                            "(enable_thinking or thinking); refused where it has none."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Speculative decoding: a smaller model of the same "
+                                        "vocabulary (or a gemma4-assistant for a Gemma 4 target) proposes tokens the "
+                                        "model checks; the output equals greedy decoding's. Greedy only."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="With --draft: tokens proposed per round "
+                                            "(1 to 64, default 8)."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Generate text, streamed to stdout; a summary follows on stderr."""
@@ -339,6 +344,9 @@ def generate(
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, min_p=min_p, repeat_penalty=repeat_penalty,
                         repeat_last_n=repeat_last_n, logprobs=logprobs)
     sampling.validate()
+    from .speculative import check_draft_options
+
+    check_draft_options(draft, draft_max, sampling)  # before any weight is read
     if vector is not None:  # a malformed vector is refused before any weight is read
         from .steering import check_vector_fit, read_vector, steering_hook
 
@@ -377,7 +385,13 @@ def generate(
                             context=prompt_context(loaded.spec))
     if prompt_.chat_template == "absent" and not quiet:
         err.print("note: the model has no chat template; the prompt is sent as raw text", style="dim")
-    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size)
+    drafter = None
+    if draft is not None:
+        from .speculative import load_drafter
+
+        with progress_bar(enabled=not quiet) as progress:
+            drafter = load_drafter(draft, loaded, precision=precision.value, progress=progress)
+    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
     if prompt_.chat_template != "applied" and (tool_list is not None or think is not None):
         raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs a chat template, and the "
                         "model ships none")
@@ -438,6 +452,12 @@ def generate(
             doc["reply_format"] = fmt.describe()
         if stops:
             doc["stop"] = list(stops)
+        if drafter is not None:
+            from .speculative import DEFAULT_DRAFT
+
+            doc["draft"] = {"model": draft, "kind": drafter.kind, "draft_max": draft_max or DEFAULT_DRAFT,
+                            "drafted": result.drafted, "accepted": result.accepted,
+                            "acceptance_rate": result.acceptance_rate}
         if logprobs is not None:
             tok = loaded.tokenizer
             doc["logprobs"] = [{"id": e["id"], "token": tok.decode([e["id"]], skip_special_tokens=False),
@@ -453,6 +473,8 @@ def generate(
         return
     rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
                                                           ("decode", result.decode_tokens_per_second)) if rate]
+    if drafter is not None:
+        rates.append(f"{result.accepted} of {result.drafted} drafted tokens accepted")
     err.print(f"[dim]{len(reply.prompt_ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
               + (f"; {', '.join(rates)}" if rates else "") + "[/]")
 

@@ -89,6 +89,10 @@ def chat(
                                            "(default: the model's)."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Speculative decoding with this drafter (a smaller "
+                                        "model of the same vocabulary, or a Gemma 4 assistant); greedy only."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="With --draft: tokens proposed per round "
+                                            "(1 to 64, default 8)."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Talk with a model in the terminal: streamed answers, the history kept (only new tokens are
@@ -104,8 +108,16 @@ def chat(
         from .steering import read_vector
 
         read_vector(vector)  # a malformed vector is refused before any weight is read
+    from .speculative import check_draft_options
+
+    check_draft_options(draft, draft_max, sampling)  # before any weight is read
     loaded = _load(model, revision, precision, quiet)
-    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size)
+    drafter = None
+    if draft is not None:
+        from .speculative import load_drafter
+
+        drafter = load_drafter(draft, loaded, precision=precision.value)
+    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
     think = thinking_value(thinking)
     if session.template is None:
         raise SterError("the model has no chat template, so it cannot hold a conversation; use "

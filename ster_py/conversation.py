@@ -121,15 +121,18 @@ class Session:
         loaded: a ``load.LoadedModel``.
         kv_cache: "f32" or "f16" (``generate.kv_cache_dtype``).
         ctx_size: positions a prompt and its reply may fill (default: the model's).
+        draft, n_draft: a ``speculative.Drafter`` and its proposals per round (``generate.generate``).
 
     Raises:
         SterError: an unknown ``kv_cache``.
     """
 
-    def __init__(self, loaded, *, kv_cache: str = "f32", ctx_size: int | None = None):
+    def __init__(self, loaded, *, kv_cache: str = "f32", ctx_size: int | None = None, draft=None,
+                 n_draft: int | None = None):
         from .generate import context_limit, kv_cache_dtype
 
         self.loaded = loaded
+        self.draft, self.n_draft = draft, n_draft  # a speculative.Drafter (greedy replies only)
         self.kv_cache = kv_cache
         self.ctx_size = ctx_size
         context_limit(loaded.spec, ctx_size)  # a ctx_size above the model's is refused now
@@ -237,7 +240,8 @@ class Session:
             return False
 
         gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, layer_hook=layer_hook,
-                       kv_cache=self.kv_cache, cache=self.cache, cache_key=key, ctx_size=self.ctx_size)
+                       kv_cache=self.kv_cache, cache=self.cache, cache_key=key, ctx_size=self.ctx_size,
+                       draft=self.draft, n_draft=self.n_draft)
         if not cut.stopped:
             tail, _ = cut.feed(stream.flush())
             emit(parser.feed(tail + cut.flush()))

@@ -209,6 +209,8 @@ def _family_mixers(family) -> list[str]:
     """The mixers a family's layers may use, from the family alone (for a GGUF source, before its tensors)."""
     if family.latent:
         return ["latent"]
+    if family.block_sparse:  # MiniMax Sparse Attention's layers (its leading dense ones attend plainly)
+        return ["block_sparse"]
     return [family.recurrent] if family.recurrent else []
 
 

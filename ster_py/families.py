@@ -2927,6 +2927,11 @@ def _m3_refusal(key: str, why: str, bad: Callable[[Any], bool]) -> Refusal:
 _MINIMAX_M3 = FamilySpec(
     "minimax_m3_vl_text", names=MINIMAX_M3_NAMES, norm_unit_offset=True, qk_norm="head", moe=True,
     block_sparse=True, ffn_glu="oai", normalize=_minimax_m3_config,
+    # llama.cpp's minimax-m3 (conversion/minimax.py): every norm stored as 1 + w, the index branch below
+    # blk.N.indexer. (gguf/config.py: LLAMA_CPP_BLOCK_SPARSE)
+    gguf_arch="minimax-m3",
+    gguf_names=_with(GGUF_NAMES, index_q="blk.{i}.indexer.q_proj", index_k="blk.{i}.indexer.k_proj",
+                     index_q_norm="blk.{i}.indexer.q_norm", index_k_norm="blk.{i}.indexer.k_norm"),
     keys={"intermediate_size": ("dense_intermediate_size",), "moe_intermediate_size": ("intermediate_size",),
           "n_shared_experts": ()},
     fixed={"scoring_func": "sigmoid", "norm_topk_prob": True},
@@ -3035,7 +3040,21 @@ _INKLING = FamilySpec(
                       "shared_expert_sink false is not supported (Transformers' router always scores the shared "
                       "experts)"),
               Refusal(lambda c: not (isinstance(c.get("n_shared_experts", 2), int) and c.get("n_shared_experts", 2) >= 1),
-                      "n_shared_experts below 1 is not supported")))
+                      "n_shared_experts below 1 is not supported"),
+              Refusal(lambda c: not _inkling_unpadded_ok(c),
+                      "unpadded_vocab_size must be an integer in 1..vocab_size (the logits kept of the padded "
+                      "vocabulary)"),
+              Refusal(lambda c: isinstance(c.get("local_layer_ids"), list) and not all(
+                  isinstance(i, int) and not isinstance(i, bool) and 0 <= i < _n_layers(c) for i in c["local_layer_ids"]),
+                      "local_layer_ids must list layer indices in 0..num_hidden_layers-1")))
+
+
+def _inkling_unpadded_ok(c: Mapping) -> bool:
+    kept, vocab = c.get("unpadded_vocab_size"), c.get("vocab_size")
+    if kept is None:
+        return True
+    return (isinstance(kept, int) and not isinstance(kept, bool) and isinstance(vocab, int)
+            and not isinstance(vocab, bool) and 0 < kept <= vocab)
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -4263,7 +4282,8 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             whole list); a listed family this build does not implement yet (names it and the
             implemented ones); a ``quantization_config`` (quantized checkpoints are not run);
             a configuration the family refuses (its ``refusals``, e.g. GPT-2's
-            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln).
+            scale_attn_by_inverse_layer_idx, OPT's post-norm blocks, MPT's qk_ln); a value
+            ``validate.check_config`` refuses (a switch that is not a boolean, a size beyond its bound).
     """
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in KNOWN_MODEL_TYPES:
@@ -4286,6 +4306,9 @@ def gate(config: Mapping, config_path: Path | str) -> FamilySpec:
             "unquantized safetensors checkpoints (f32/f16/bf16) and llama.cpp GGUF files; "
             "use the full-precision checkpoint or a GGUF of the model"
         )
+    from .validate import check_config
+
+    check_config(config, str(config_path))  # switches that must be booleans, sizes the kernels take as C ints
     family = FAMILIES[model_type]
     if family.normalize is not None:
         config = family.normalize(config)

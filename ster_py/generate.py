@@ -85,6 +85,19 @@ class Generation:
     logprobs: list[dict] = field(default_factory=list)
     reused: int = 0
     prefilled: int = 0
+    drafted: int = 0   # with a drafter: ids it proposed, and how many of them the target accepted
+    accepted: int = 0
+    draft_rounds: int = 0  # target calls that verified proposals (each emits 1 to k + 1 ids)
+    max_new_tokens: int = 0
+
+    def remaining(self) -> int:
+        """New ids the run may still add."""
+        return max(self.max_new_tokens - len(self.ids), 0)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -193,7 +206,7 @@ def context_limit(spec, ctx_size: int | None = None) -> float:
 def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] = (),
              *, on_token: Callable[[int], bool | None] | None = None,
              layer_hook: LayerHook | None = None, kv_cache: str = "f32", cache: PromptCache | None = None,
-             cache_key=None, ctx_size: int | None = None) -> Generation:
+             cache_key=None, ctx_size: int | None = None, draft=None, n_draft: int | None = None) -> Generation:
     """Continue ``prompt_ids`` with the decoder.
 
     Args:
@@ -209,19 +222,30 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
             computed again; the reply equals a fresh cache's); None: a fresh cache.
         cache_key: what ``layer_hook`` is, for ``cache`` (equal keys mean equal hooks).
         ctx_size: positions the prompt and the reply may fill (default: the model's).
+        draft: a ``speculative.Drafter``: speculative decoding, whose ids equal greedy decoding's
+            (``speculative.py``); ``Generation.drafted`` / ``accepted`` count its proposals.
+        n_draft: proposals per round with ``draft`` (default ``speculative.DEFAULT_DRAFT``).
 
     Raises:
         SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, a
-            ``ctx_size`` above the model's, or a prompt longer than the context.
+            ``ctx_size`` above the model's, a prompt longer than the context, or ``draft`` with a
+            temperature above 0 or ``n_draft`` below 1.
     """
     sampling.validate()
+    if draft is not None:
+        from .speculative import DEFAULT_DRAFT, check_draft_sampling
+
+        check_draft_sampling(sampling)
+        n_draft = DEFAULT_DRAFT if n_draft is None else n_draft
+        if not 1 <= n_draft <= 64:
+            raise SterError(f"--draft-max must be 1 to 64, got {n_draft}")
     kv_dtype = kv_cache_dtype(kv_cache)
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise SterError("the prompt encodes to no tokens; give a non-empty prompt")
     stops = set(int(t) for t in stop_ids)
     rng = np.random.default_rng(sampling.seed)
-    out = Generation(prompt_ids=prompt)
+    out = Generation(prompt_ids=prompt, max_new_tokens=sampling.max_new_tokens)
     context = context_limit(decoder.spec, ctx_size)
     if len(prompt) > context:
         raise SterError(f"the prompt is {len(prompt)} tokens, longer than the context of {context} "
@@ -233,12 +257,14 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     elif cache.kv_dtype != kv_dtype:
         raise SterError(f"the prompt cache holds {cache.kv_dtype} keys and values, not {kv_cache}'s")
     t0 = time.perf_counter()
-    logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key, checkpoint_at=last_turn_end(prompt, stops))
+    normed: list | None = [] if draft is not None else None
+    logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key, checkpoint_at=last_turn_end(prompt, stops),
+                           normed=normed)
     out.reused, out.prefilled = cache.reused, cache.prefilled
     out.prefill_seconds = time.perf_counter() - t0
     history = list(prompt)
-    t0 = time.perf_counter()
-    while True:
+
+    def choose(logits: np.ndarray, history: list[int]) -> int:
         if not np.isfinite(logits.sum()):  # any NaN or infinity makes the sum non-finite (no mask array)
             raise SterError("the model produced non-finite logits (NaN or infinity): its weights or configuration "
                             "hold non-finite or out-of-range values (with --precision f16, try f32 or bf16"
@@ -246,18 +272,35 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
                                if kv_cache == "f16" else "")
                             + ("; a steering strength this large may overflow the activations: try a smaller one"
                                if layer_hook is not None else "") + ")")
-        token = pick_token(penalize(logits, history, sampling), sampling, rng)
+        return pick_token(penalize(logits, history, sampling), sampling, rng)
+
+    def emit(logits: np.ndarray, token: int) -> str | None:
+        """Record ``token``; the reason to stop after it, or None."""
         if sampling.logprobs is not None:
             out.logprobs.append(top_logprobs(logits, token, sampling.logprobs))
         out.ids.append(token)
         history.append(token)
         if token in stops:
-            out.stop_reason = "stop_token"
-            break
+            return "stop_token"
         if on_token is not None and on_token(token):
-            out.stop_reason = "stopped"
-            break
+            return "stopped"
         if len(out.ids) >= sampling.max_new_tokens:
+            return "length"
+        return None
+
+    t0 = time.perf_counter()
+    if draft is not None:
+        from .speculative import speculate
+
+        speculate(decoder, cache.cache, logits, normed[-1][-1], history, draft, n_draft, out, choose=choose,
+                  emit=emit, layer_hook=layer_hook, context=context)
+        out.decode_seconds = time.perf_counter() - t0
+        return out
+    while True:
+        token = choose(logits, history)
+        reason = emit(logits, token)
+        if reason is not None:
+            out.stop_reason = reason
             break
         if cache.cache.length >= context:
             out.stop_reason = "context"

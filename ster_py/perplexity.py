@@ -116,9 +116,16 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
         fractions, not percent).
 
     Raises:
-        SterError: a text too short for two windows, a bad ``n_ctx``, or a reference whose tokenizer gives other
+        SterError: a text too short for two windows, a bad ``n_ctx`` or one past a model's
+            ``max_position_embeddings``, or a reference whose tokenizer gives other
             ids for the text or whose vocabulary differs in size.
     """
+    from .generate import context_limit
+
+    for model in (loaded, reference):  # as generate's --ctx-size: no window past the model's positions
+        if model is not None and n_ctx > context_limit(model.spec):
+            raise SterError(f"--ctx {n_ctx} exceeds the{' reference' if model is reference else ''} model's maximum "
+                            f"of {model.spec.max_position_embeddings} positions; give at most that")
     tok = loaded.tokenizer
     ids = text_ids(tok, text)
     add_bos = _adds_bos(tok)

@@ -92,7 +92,8 @@ class PromptCache:
         self.cache = new() if self.kv_dtype == np.float32 else new(self.kv_dtype)
         return 0
 
-    def prefill(self, ids, *, layer_hook=None, key=None, checkpoint_at: int | None = None) -> np.ndarray:
+    def prefill(self, ids, *, layer_hook=None, key=None, checkpoint_at: int | None = None,
+                normed: list | None = None) -> np.ndarray:
         """Make the cache hold ``ids`` and return the logits of their last position.
 
         Args:
@@ -101,6 +102,8 @@ class PromptCache:
                 mean equal hooks), as positions computed under another hook are not reused.
             checkpoint_at: for a cache with recurrent states, the number of tokens after which to
                 keep their checkpoint (used when it lies inside the part to compute).
+            normed: if a list is given, it receives the last position's final-norm output, float32
+                [1, hidden_size] (``Decoder.forward``'s ``normed``).
 
         Returns:
             float32 [vocab_size]: the last position's logits, equal to a fresh cache's.
@@ -113,7 +116,8 @@ class PromptCache:
             self.cache.checkpoint()
             start = checkpoint_at
         logits = self.decoder.forward(ids[start:], self.cache, layer_hook=layer_hook, last_only=True,
-                                      bidirectional=start == 0)[-1]
+                                      bidirectional=start == 0,
+                                      **({} if normed is None else {"normed": normed}))[-1]
         self.ids, self.key = ids, key
         self.reused, self.prefilled = keep, len(ids) - keep
         return logits

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import threading
 import time
 import uuid
@@ -34,6 +35,9 @@ from .generate import MAX_LOGPROBS, Sampling
 
 #: Largest request body read, in bytes (a conversation's text; refused above with 413).
 MAX_BODY_BYTES = 8 << 20
+#: The deepest nesting of arrays/objects a request body may have (OpenAI tool schemas nest a few
+#: tens of levels; Python's parser and the chat templates recurse once per level).
+MAX_JSON_DEPTH = 64
 
 
 class RequestError(Exception):
@@ -60,8 +64,27 @@ def _number(body: dict, name: str, default, *, kind=float, low=None, high=None):
         raise RequestError(f"{name} must be finite", name)
     value = kind(value)
     if (low is not None and value < low) or (high is not None and value > high):
+        if high is None:
+            raise RequestError(f"{name} must be {low} or more, got {value}", name)
         raise RequestError(f"{name} must be in [{low}, {high}], got {value}", name)
     return value
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text ``raw`` (brackets inside strings not
+    counted), computed without recursion so that it is safe on any input.
+
+    Args:
+        raw: the JSON text, bytes (UTF-8).
+    Returns:
+        int, 0 for a scalar.
+    """
+    import numpy as np
+
+    text = re.sub(rb'"(?:[^"\\]|\\.)*"?', b"", raw)
+    b = np.frombuffer(text, dtype=np.uint8)
+    step = np.isin(b, (ord("["), ord("{"))).astype(np.int64) - np.isin(b, (ord("]"), ord("}")))
+    return int(np.cumsum(step).max(initial=0))
 
 
 def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
@@ -89,7 +112,11 @@ def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
     try:
         s.validate()
     except SterError as e:
-        raise RequestError(str(e).replace("--", "").replace("-", "_", 1)) from None
+        # "--top-p must ..." -> "top_p must ...", param "top_p"
+        option, _, rest = str(e).removeprefix("--").partition(" ")
+        name = option.replace("-", "_")
+        name = {"max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}.get(name, name)
+        raise RequestError(f"{name} {rest}", name) from None
     return s
 
 
@@ -119,10 +146,12 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             for c in calls:
                 if isinstance(c, dict) and isinstance(c.get("function"), dict) and \
                         isinstance(c["function"].get("arguments"), str):
-                    try:
-                        args = json.loads(c["function"]["arguments"])
-                    except ValueError:
-                        args = c["function"]["arguments"]
+                    args = c["function"]["arguments"]
+                    if json_depth(args.encode("utf-8", "replace")) <= MAX_JSON_DEPTH:
+                        try:
+                            args = json.loads(args)
+                        except (ValueError, RecursionError):
+                            pass
                     c = {**c, "function": {**c["function"], "arguments": args}}
                 fixed.append(c)
             m = {**m, "tool_calls": fixed}
@@ -287,9 +316,11 @@ def build_app(server: Server):
             raw += chunk
             if len(raw) > MAX_BODY_BYTES:
                 raise RequestError(f"the request body is more than {MAX_BODY_BYTES} bytes", status=413)
+        if json_depth(raw) > MAX_JSON_DEPTH:
+            raise RequestError(f"the request body nests arrays/objects more than {MAX_JSON_DEPTH} deep")
         try:
             return json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise RequestError(f"the request body is not valid JSON ({e})") from None
 
     async def models(request: Request) -> JSONResponse:

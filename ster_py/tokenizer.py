@@ -96,6 +96,7 @@ class Tokenizer:
     ):
         self.tk = tk
         self.source = source
+        self.notes: list[str] = []  # warning lines for the user (LoadedModel.warnings)
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.add_bos = add_bos

@@ -36,7 +36,11 @@ def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
 # config.json keys that must be JSON booleans when present ("false" as a string is truthy in Python).
 BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias", "use_qkv_bias",
                 "use_parallel_residual", "qk_layernorm", "use_qk_norm", "parallel_attn", "bias", "multi_query",
-                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave")
+                "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave",
+                # ChatGLM's switches (its remote code's ChatGLMConfig)
+                "multi_query_attention", "rmsnorm", "original_rope", "post_layer_norm", "add_bias_linear",
+                "add_qkv_bias", "apply_residual_connection_post_layernorm", "apply_query_key_layer_scaling",
+                "attention_softmax_in_fp32", "fp32_residual_connection")
 
 
 # config.json special-token ids: an integer id, a list of them (eos_token_id of chat models), or null.
@@ -59,8 +63,42 @@ def _check_token_ids(config, source: str, prefix: str = "") -> None:
                                 f"got {shown}")
 
 
+# config.json integer sizes that reach the kernels as C integers (windows, head counts and widths,
+# ranks, convolution taps), whatever family reads them: a value above its bound (far above any
+# released model; the same bounds as GGUF_SIZE_KEYS') is refused by name before a spec is built.
+CONFIG_INT_LIMITS = {
+    **{k: MAX_DIM for k in ("sliding_window", "sliding_window_size", "window_size", "attention_window_size",
+                            "kv_lora_rank", "q_lora_rank", "rel_extent", "max_position_embeddings",
+                            "original_max_position_embeddings", "index_topk", "block_size", "chunk_size",
+                            "attention_chunk_size", "moe_intermediate_size", "dense_intermediate_size",
+                            "shared_intermediate_size", "unpadded_vocab_size", "max_window_layers")},
+    **{k: MAX_HEADS for k in ("num_attention_heads", "num_key_value_heads", "index_n_heads",
+                              "swa_num_attention_heads", "swa_num_key_value_heads", "num_sliding_attention_heads",
+                              "linear_num_key_heads", "linear_num_value_heads", "n_heads", "n_head", "n_kv_heads",
+                              "multi_query_group_num", "num_experts_per_tok")},
+    **{k: MAX_HEAD_DIM for k in ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "qk_head_dim",
+                                 "index_head_dim", "rope_head_dim", "swa_head_dim",
+                                 "linear_key_head_dim", "linear_value_head_dim", "d_rel", "kv_channels",
+                                 "swa_qk_rope_head_dim", "swa_qk_nope_head_dim")},
+    **{k: 1024 for k in ("conv_kernel_size", "sconv_kernel_size", "short_conv_kernel_size", "conv_kernel",
+                         "conv_L_cache", "d_conv", "linear_conv_kernel_dim")},
+}
+
+
+def _check_int_limits(config, source: str, prefix: str = "") -> None:
+    for key, limit in CONFIG_INT_LIMITS.items():
+        v = config.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > limit:
+            raise SterError(f"invalid model config {source}: {prefix}{key} is {brief_value(v)}, beyond the limit of "
+                            f"{limit} (far above any released model); the config is corrupt or not one ster can run")
+
+
 def check_config(config, source: str) -> None:
-    """Type checks on raw config.json values that the family readers coerce. Raises SterError."""
+    """Type checks on raw config.json values that the family readers coerce, and upper bounds on
+    the integer sizes the kernels take as C integers (``CONFIG_INT_LIMITS``). Raises SterError."""
+    _check_int_limits(config, source)
+    if isinstance(config.get("text_config"), dict):
+        _check_int_limits(config["text_config"], source, "text_config.")
     for key in BOOLEAN_KEYS:
         if key in config and config[key] is not None and not isinstance(config[key], bool):
             raise SterError(f"invalid model config {source}: {key} must be true or false, "
@@ -131,6 +169,11 @@ def check_spec(spec: ModelSpec, source: str) -> ModelSpec:
     _positive_finite(spec.logit_scale, "the logit scale (logit_scale / logits_scaling)", source)
     _positive_finite(spec.clip_qkv, "clip_qkv (the q/k/v clamp bound)", source, allow_none=True)
     _positive_finite(spec.value_scale, "the value scale (attention_value_scale)", source)
+    _positive_finite(spec.post_norm_eps, "post_norm_eps (the output norms' epsilon)", source, allow_none=True)
+    _positive_finite(spec.ffn_limit, "swiglu_limit (the gated unit's clamp)", source, allow_none=True)
+    for moe in {id(m): m for m in [spec.moe, *(layer.moe for layer in spec.layers)] if m is not None}.values():
+        _positive_finite(moe.limit, "swiglu_limit (the experts' clamp)", source, allow_none=True)
+        _positive_finite(moe.shared_limit, "the shared experts' swiglu_limit", source, allow_none=True)
     if not isinstance(spec.tie_word_embeddings, bool):
         raise SterError(f"invalid model config {source}: tie_word_embeddings must be true or false, "
                         f"got {spec.tie_word_embeddings!r}")

@@ -301,6 +301,16 @@ def test_refusals(over, match, tmp_path):
         load_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("key, value", [("multi_query_attention", "false"), ("rmsnorm", "yes"),
+                                        ("original_rope", 0), ("add_qkv_bias", "true")])
+def test_switches_must_be_booleans(key, value, tmp_path):
+    """A string "false" is truthy in Python: a switch that is not a JSON boolean is refused by name (issue 17)."""
+    (tmp_path / "config.json").write_text(json.dumps(_chatglm_config(**{key: value})))
+    write_tokenizer(tmp_path, VOCAB)
+    with pytest.raises(SterError, match=f"{key} must be true or false"):
+        load_model(str(tmp_path))
+
+
 # ------------------------------------------------------------------ tiktoken rank files, against tiktoken
 CORPUS = ("The three primary colors are red, blue, and green. What is the capital of France? Paris! "
           "It's 2024; they'll say I'd've done 12345 things.\n\n  def f(x):\n\treturn x ** 2  # square\n"

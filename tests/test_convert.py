@@ -129,12 +129,12 @@ def arch_files(tmp_path_factory):
 
 
 def _unwritten_cases() -> dict:
-    """The GGUF cases of the latent-attention and state-space (and other recurrent-mixer) families, which ster
-    convert refuses."""
+    """The GGUF cases of the latent-attention, state-space (and other recurrent-mixer) and block-sparse
+    families, which ster convert refuses."""
     import importlib
 
     out = {}
-    for module in ("test_parity_mla", "test_parity_ssm", "test_parity_ssm_b1"):
+    for module in ("test_parity_mla", "test_parity_ssm", "test_parity_ssm_b1", "test_parity_wrapped_gguf"):
         try:
             cases = importlib.import_module(module).GGUF_CASES
         except ModuleNotFoundError:
@@ -145,11 +145,11 @@ def _unwritten_cases() -> dict:
 
 UNWRITTEN_CASES = _unwritten_cases()
 #: GGUF architecture -> the layer kind its refusal names (every architecture of a latent or state-space family).
-UNWRITTEN_ARCHS = {a: "multi-head latent attention" if f.latent else f.recurrent for a, f in
-                   sorted(FAMILIES_BY_GGUF_ARCH.items()) if f.latent or f.recurrent}
+UNWRITTEN_ARCHS = {a: "multi-head latent attention" if f.latent else f.recurrent or "block_sparse" for a, f in
+                   sorted(FAMILIES_BY_GGUF_ARCH.items()) if f.latent or f.recurrent or f.block_sparse}
 #: A recurrent mixer -> words its refusal must use.
 KIND_WORDS = {"mamba": "Mamba state-space", "mamba2": "Mamba-2 state-space", "shortconv": "short convolution",
-              "lightning": "lightning attention"}
+              "lightning": "lightning attention", "block_sparse": "'block_sparse' mixer"}
 
 
 def test_every_gguf_architecture_has_a_case():
@@ -422,7 +422,8 @@ def test_unwritten_models_are_refused_before_any_weight(name, tmp_path):
         assert UNWRITTEN_ARCHS[arch]
     else:
         family = FAMILIES[model_type]
-        kind = "multi-head latent attention" if family.latent else KIND_WORDS[family.recurrent]
+        kind = ("multi-head latent attention" if family.latent
+                else KIND_WORDS[family.recurrent or ("block_sparse" if family.block_sparse else None)])
         match = f"ster convert does not write model_type '{model_type}' yet: .*{kind}"
     with pytest.raises(SterError, match=match):
         convert_model(str(d), tmp_path / "x.gguf", "f16")

@@ -328,7 +328,10 @@ def _gguf_meta(**changes):
     ({"rope__dimension_count": 15}, "llama.rope.dimension_count (15) must be even"),
     ({"attention__key_length": 8, "rope__dimension_count": 16}, "attention.key_length"),
     ({"rope__freq_base": -1.0}, "llama.rope.freq_base must be a finite number above 0"),
-    ({"feed_forward_length": np.array([128, 128])}, "llama.feed_forward_length is an array of 2 values"),
+    # one width per layer is read when all agree (llama.cpp's gemma3n writes them so); others are named
+    ({"feed_forward_length": np.array([128, 256])}, "llama.feed_forward_length lists different widths per layer"),
+    ({"feed_forward_length": np.array([128, 128, 128])}, "llama.feed_forward_length must be a whole number or one "
+                                                          "per layer (2), got a list of 3 values"),
     # head counts may be stated per layer (llama.cpp's get_key_or_arr), one per layer of block_count
     ({"attention__head_count_kv": [2, 2, 2]}, "llama.attention.head_count_kv must list a count in 1..4096 for "
                                               "each of the 2 layers"),
@@ -603,6 +606,32 @@ def test_gguf_special_id_of_wrong_type_names_the_key(key, value):
     parts = tokenizer_from_gguf_metadata(_spm_meta(**{"tokenizer.ggml.eot_token_id": np.uint32(2),
                                                       "tokenizer.ggml.padding_token_id": 99}))
     assert parts.eos_token_ids == {2} and parts.pad_token_id is None
+
+
+@pytest.mark.parametrize("bos", [99999, 2**32 - 1])
+def test_gguf_special_id_outside_the_vocabulary_warns_and_keeps_the_default_as_llamacpp(bos, tmp_path):
+    """llama.cpp (llama-vocab.cpp, load_vocab) ignores an out-of-range tokenizer.ggml.bos_token_id with a
+    warning and keeps its default id (1 for SentencePiece): the oracle's ids with BOS added, and a visible note."""
+    import gguf
+
+    from ster_py import llamacpp
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.gguf.tokenizer import tokenizer_from_gguf_metadata
+
+    path = tmp_path / "vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64), w.add_embedding_length(8), w.add_block_count(1), w.add_feed_forward_length(8)
+    w.add_head_count(1), w.add_layer_norm_rms_eps(1e-5), w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>", "\u2581a", "\u2581b", "a", "b", "\u2581"])
+    w.add_token_scores([0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]), w.add_token_types([2, 3, 3, 1, 1, 1, 1, 1])
+    w.add_uint32("tokenizer.ggml.bos_token_id", bos), w.add_eos_token_id(2), w.add_add_bos_token(True)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    parts = tokenizer_from_gguf_metadata(dict(GGUFFile(str(path), allow_unsupported=True).metadata),
+                                         for_generation=False)
+    tok = parts.to_tokenizer()
+    want = llamacpp.tokenize(path, ["a b"], add_special=True)[0]
+    assert want[0] == 1 and tok.encode("a b", add_special_tokens=True) == want
+    assert len(tok.notes) == 1 and f"tokenizer.ggml.bos_token_id = {bos} is outside the vocabulary" in tok.notes[0]
 
 
 @pytest.mark.parametrize("key, value", [

@@ -6,6 +6,7 @@ traceback), and be refused before memory or time is spent on it.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -390,3 +391,54 @@ def test_fuzz_smoke_run_has_no_traceback_signal_timeout_or_memory_outcome(tmp_pa
         assert c["refused"] > 0, (kind, c)  # the mutators reach the refusals
     assert sum(c["ok"] for c in counts.values()) > 0  # and some inputs still load
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+# ------------------------------------------------------------------ s7-fixb: issue 17's second round
+
+def test_serve_bounds_json_depth_without_recursion_and_names_the_param():
+    from ster_py.server import MAX_JSON_DEPTH, RequestError, json_depth, normalize_messages, sampling_of
+
+    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+    assert json_depth(b'{"a": "[[[[{{{", "b": [[1], {"c": "]]]\\"["}]}') == 3   # brackets inside strings not counted
+    assert json_depth(b"5") == 0
+    # a tool call's arguments nested past the bound stay the text they were (no RecursionError)
+    deep = "[" * 100_000 + "]" * 100_000
+    calls = normalize_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}])
+    assert calls[0]["tool_calls"][0]["function"]["arguments"] == deep
+    assert MAX_JSON_DEPTH >= 32
+    for body, param, words in [({"max_tokens": -1}, "max_tokens", "max_tokens must be 0 or more, got -1"),
+                               ({"seed": 2**63}, "seed", "seed must be in 0..2**63-1"),
+                               ({"top_p": 0.0}, "top_p", "top_p must be in (0, 1]"),
+                               ({"min_p": 2.0}, "min_p", "min_p must be in [0, 1]"),
+                               ({"repeat_penalty": 0.0}, "repeat_penalty", "repeat_penalty must be")]:
+        with pytest.raises(RequestError) as caught:
+            sampling_of(body, 16)
+        assert caught.value.param == param and str(caught.value).startswith(words), (body, str(caught.value))
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"model_type": "mistral", "sliding_window": 10**30}, "sliding_window"),
+    ({"model_type": "muse_glimmer", "text_config": {"sliding_window": 10**30}}, "text_config.sliding_window"),
+    ({"model_type": "inkling_text", "sliding_window_size": 2**40}, "sliding_window_size"),
+    ({"model_type": "inkling_text", "conv_kernel_size": 10**6}, "conv_kernel_size"),
+    ({"model_type": "inkling_text", "d_rel": 2**31}, "d_rel"),
+    ({"model_type": "minimax_m3_vl_text", "index_head_dim": 10**20}, "index_head_dim"),
+    ({"model_type": "llama", "num_key_value_heads": -(2**63)}, "num_key_value_heads"),
+])
+def test_config_integers_read_into_c_are_bounded_by_name(config, key):
+    from ster_py.validate import check_config
+
+    with pytest.raises(SterError, match=f"{re.escape(key)} is .* beyond the limit of"):
+        check_config(config, "config.json")
+
+
+def test_huge_sliding_window_is_refused_by_inspect_and_load(llama_dir, tmp_path):
+    """Was: inspect exits 0, generate dies with OverflowError inside the attention kernel."""
+    from ster_py.load import load_model
+
+    path = _copy(llama_dir, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "mistral", "sliding_window": 10**30}))
+    with pytest.raises(SterError, match="sliding_window is"):
+        load_model(str(path))
+    assert_clean_refusal(ster("inspect", str(path)), "sliding_window is")

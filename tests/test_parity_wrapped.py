@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -457,13 +458,33 @@ def test_inkling_pieces_against_their_definitions():
 
 
 @pytest.mark.parametrize("change", [{"shared_expert_sink": False}, {"n_shared_experts": 0},
-                                    {"layer_types": ["hybrid", "linear", "hybrid"]}])
+                                    {"layer_types": ["hybrid", "linear", "hybrid"]},
+                                    # issue 17: were accepted
+                                    {"unpadded_vocab_size": VOCAB + 1}, {"unpadded_vocab_size": 0},
+                                    {"local_layer_ids": [3]}, {"local_layer_ids": [-1]}, {"local_layer_ids": ["1"]}])
 def test_inkling_refusals(change, tmp_path):
     config = dict(INK_TEXT, model_type="inkling_text", **change)
     (tmp_path / "config.json").write_text(json.dumps(config))
     write_tokenizer(tmp_path, VOCAB)
-    with pytest.raises(SterError, match="refuses this configuration before reading any weight"):
+    with pytest.raises(SterError, match="refuses this configuration before reading any weight") as caught:
         load_model(str(tmp_path))
+    assert next(iter(change)) in str(caught.value)
+
+
+# issue 17: numbers that must be positive, refused by name when the spec is checked (before any weight is read)
+@pytest.mark.parametrize("base, model_type, key, value, words", [
+    ("MUSE", "muse_glimmer_text", "post_norm_eps", 0.0, "post_norm_eps"),
+    ("MUSE", "muse_glimmer_text", "post_norm_eps", -1e-6, "post_norm_eps"),
+    ("M3", "minimax_m3_vl_text", "swiglu_limit", 0.0, "swiglu_limit"),
+    ("M3", "minimax_m3_vl_text", "swiglu_limit", -7.0, "swiglu_limit"),
+])
+def test_positive_numbers_of_the_wrapped_families(base, model_type, key, value, words):
+    from ster_py.config import spec_from_config
+    from ster_py.validate import check_spec
+
+    config = dict(MUSE_TEXT if base == "MUSE" else M3_TEXT, model_type=model_type, **{key: value})
+    with pytest.raises(SterError, match=f"{words}.* must be a finite number above 0"):
+        check_spec(spec_from_config(config, FAMILIES[model_type]), "config.json")
 
 
 def test_inkling_refuses_adapters(inkling):
@@ -481,7 +502,7 @@ def test_parity_command_refuses_the_wrapped_decoders_by_name(muse):
     from ster_py.parity import WRAPPED_REFERENCES, transformers_reference
     from ster_py.resolve import resolve
 
-    assert set(WRAPPED_REFERENCES) == {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text"}
+    assert set(WRAPPED_REFERENCES) == {"muse_glimmer_text", "minimax_m3_vl_text", "inkling_text", "glm5_next_text"}
     with pytest.raises(SterError, match="MuseGlimmerForConditionalGeneration"):
         transformers_reference(resolve(str(muse[2])))
 
@@ -503,3 +524,60 @@ def test_minimax_m3_fused_decode_step_equals_the_python_block(minimax_m3, tmp_pa
         if fuse:
             assert [layer.decode_step() is not None for layer in dec.layers] == [False, True, False]
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+# ----------------------------------------------------------------------------- issue 17: load-time shapes
+def _with_tensor(src: Path, dst: Path, name: str, change) -> Path:
+    """A copy of checkpoint ``src`` whose tensor ``name`` is ``change(array)``."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        if name in tensors:
+            tensors[name] = np.ascontiguousarray(change(tensors[name]))
+            save_file(tensors, str(f), metadata={"format": "pt"})
+            return dst
+    raise AssertionError(f"{name} not in {src}")
+
+
+@pytest.mark.parametrize("name, change", [
+    ("model.language_model.layers.1.self_attn.index_q_proj.weight", lambda t: t[:-1]),
+    ("model.language_model.layers.1.self_attn.index_k_proj.weight", lambda t: t[:, :-1]),
+    ("model.language_model.layers.2.self_attn.index_q_norm.weight", lambda t: np.concatenate([t, t])),
+])
+def test_minimax_m3_index_branch_shapes_are_checked_at_load(minimax_m3, tmp_path, name, change):
+    text = minimax_m3[2]
+    if not any(name in n for n in _tensor_names(text)):
+        name = name.replace("model.language_model.", "model.")
+    path = _with_tensor(text, tmp_path / "m", name, change)
+    with pytest.raises(SterError, match=rf"tensor '{re.escape(name)}' has shape .* but the configuration implies"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("name, change", [
+    ("model.llm.layers.0.attn.wr_du.weight", lambda t: t[:-1]),
+    ("model.llm.layers.1.attn.rel_logits_proj.proj", lambda t: np.concatenate([t, t], axis=1)),  # a sliding layer
+    ("model.llm.layers.0.attn.rel_logits_proj.proj", lambda t: t[:-1]),
+    ("model.llm.layers.0.attn.k_sconv.weight", lambda t: t[..., :-1]),
+    ("model.llm.layers.2.attn.v_sconv.weight", lambda t: t[:-1]),
+    ("model.llm.layers.0.attn_sconv.weight", lambda t: np.concatenate([t, t], axis=-1)),
+    ("model.llm.layers.1.mlp.gate.global_scale", lambda t: np.concatenate([t, t])),
+    ("model.llm.layers.0.mlp.global_scale", lambda t: np.concatenate([t, t])),
+])
+def test_inkling_relative_and_convolution_shapes_are_checked_at_load(inkling, tmp_path, name, change):
+    path = _with_tensor(inkling[2], tmp_path / "m", name, change)
+    with pytest.raises(SterError, match=rf"tensor '{re.escape(name)}' has shape .* but the configuration implies"):
+        load_model(str(path))
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    out = []
+    for f in path.glob("*.safetensors"):
+        with safe_open(str(f), "np") as h:
+            out += list(h.keys())
+    return out

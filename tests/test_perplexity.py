@@ -103,4 +103,6 @@ def test_cli_json(files, tmp_path):
     assert doc["chunks"] == 2 and doc["tokens"] == 30 and doc["kld_mean"] > 0 and 0 < doc["same_top"] <= 1
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["f16"],
                         "--file", str(tmp_path / "t.txt"), "--ctx", "4096"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 1 and r.stderr.startswith("error:") and "needs at least 8192" in r.stderr
+    # a window past the model's 128 positions is refused as generate's --ctx-size (issue 17: it ran silently)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+    assert "--ctx 4096 exceeds the model's maximum of 128 positions" in r.stderr, r.stderr

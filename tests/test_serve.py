@@ -155,6 +155,9 @@ def test_per_request_steering_equals_generate_vector(client, served, loaded):
      "no thinking switch"),
     (json.dumps({"messages": [{"role": "user", "content": " ".join(["w5"] * 400)}]}).encode(), 400,
      "longer than the context"),
+    (b"[" * 100000 + b"]" * 100000, 400, "more than 64 deep"),     # issue 17: was a RecursionError, HTTP 500
+    (b'{"messages": [{"role": "user", "content": "w5"}], "tools": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400,
+     "more than 64 deep"),
 ])
 def test_bad_requests_get_openai_shaped_errors(served, body, status, words):
     code, doc = _request(served[0], "POST", "/v1/chat/completions", body)

@@ -48,6 +48,10 @@ FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "g": "qkv", "gate": "gate_up",
 EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
 
 
+#: Depthwise convolution weights stored [channels, 1, taps] (PyTorch's Conv1d) or [channels, taps].
+CONV_ROLES = ("k_conv", "v_conv", "attn_out_conv", "ffn_out_conv")
+
+
 def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[int, ...]]:
     """(role, 'weight'|'bias'|'') -> the shape the configuration implies (for layer ``i``'s own
     attention shape, ``ModelSpec.attention_shape``, when given)."""
@@ -134,6 +138,21 @@ def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[i
         shapes[("qkv", "weight")], shapes[("qkv", "bias")] = (rows, d), (rows,)
     if spec.qk_norm == "proj":
         shapes[("q_norm", "weight")], shapes[("k_norm", "weight")] = (q,), (k,)
+    bs = getattr(spec, "block_sparse", None)
+    if bs is not None:  # MiniMax Sparse Attention's index branch (decoder/block_sparse.py): one query per group
+        shapes.update({("index_q", "weight"): (kv * bs.index_dim, d), ("index_k", "weight"): (bs.index_dim, d),
+                       ("index_q_norm", "weight"): (bs.index_dim,), ("index_k_norm", "weight"): (bs.index_dim,)})
+    rel = getattr(spec, "relative", None)
+    if rel is not None:  # Inkling's relative bias and short convolutions (decoder/relative.py)
+        window = spec.layers[i].sliding_window if i is not None else None
+        K = rel.conv_kernel
+        shapes.update({("rel_r", "weight"): (h * rel.d_rel, d), ("rel_profiles", ""): (rel.d_rel, window or rel.rel_extent),
+                       ("k_conv", "weight"): (k, 1, K), ("v_conv", "weight"): (v, 1, K),
+                       ("attn_out_conv", "weight"): (d, 1, K), ("ffn_out_conv", "weight"): (d, 1, K)})
+    if "ffn_scale" in spec.names:  # a stored factor on the dense feed-forward's output (Inkling's mlp.global_scale)
+        shapes[("ffn_scale", "")] = (1,)
+    if "router_scale" in spec.names:  # a stored factor on the router's weights (Inkling's mlp.gate.global_scale)
+        shapes[("router_scale", "")] = (1,)
     return shapes
 
 
@@ -242,6 +261,8 @@ class Layout:
               else want is None or tuple(t.shape) == want
               or (role == "shexp_gate_inp" and tuple(t.shape) == want[1:])  # a vector in GGUF files
               or (role == "router_select_bias" and tuple(t.shape) == (1, *want))  # ERNIE 4.5 keeps [1, E]
+              or (role in CONV_ROLES and len(want) == 3 and tuple(t.shape) == (want[0], want[2]))  # [C, K] as [C, 1, K]
+              or (role in ("ffn_scale", "router_scale") and tuple(t.shape) == ())  # a scalar as [1]
               or (role in RESHAPED_ROLES + DELTA_RESHAPED_ROLES and kind != "bias"
                   and int(np.prod(t.shape)) == int(np.prod(want))))
         if not ok:

@@ -581,7 +581,7 @@ class Decoder:
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
                 layer_hook: LayerHook | None = None, last_only: bool = False,
-                bidirectional: bool = False) -> np.ndarray:
+                bidirectional: bool = False, normed: list | None = None) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -600,6 +600,9 @@ class Decoder:
             bidirectional: a prompt of a prefix-LM model (``ModelSpec.prefix_lm``) read whole from position
                 zero (``cache`` empty): its tokens attend both ways within it (a generated prompt, as
                 Transformers' HRM-Text does with token_type_ids of ones); ignored otherwise.
+            normed: if a list is given, it receives the final norm's output, float32 [T, hidden_size]
+                (or [1, hidden_size] with ``last_only``): the head's input, which a drafter reading
+                the model's state takes (``ster_py.speculative``).
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -677,7 +680,10 @@ class Decoder:
             h = collapse([c[-1:] if last_only else c for c in [h] + tables["altup"]], self.altup[1])
         elif last_only:
             h = h[-1:]
-        logits = self.head(self.final_norm(h))
+        h = self.final_norm(h)
+        if normed is not None:
+            normed.append(h)
+        logits = self.head(h)
         if s.logit_scale != 1.0:
             logits = logits * np.float32(s.logit_scale)
         if s.final_softcap:

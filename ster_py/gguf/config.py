@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
                       moe_spec, reused_kv_unread, sliding_layers, yarn_mscale)
+from ..decoder.block_sparse import BlockSparseSpec
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
 from ..decoder.latent import LatentSpec
@@ -98,6 +99,9 @@ LLAMA_CPP_MOE: dict[str, dict] = {
     "qwen3next": {"scoring_func": "softmax", "norm_topk_prob": True},
     "qwen35moe": {"scoring_func": "softmax", "norm_topk_prob": True},
     "kimi-linear": {"norm_topk_prob": True},
+    # group WRAP: minimax-m3.cpp: the file's gating function and norm_w; SWIGLU_OAI_MOE's fixed alpha 1.702 and
+    # limit 7.0 (llama-graph.cpp; the converter stores no swiglu_limit)
+    "minimax-m3": {"swiglu_limit": 7.0, "swiglu_alpha": 1.702},
     # group SSM-B1
     "lfm2moe": {"norm_topk_prob": True},  # lfm2moe.cpp: the file's gating function, norm_w true
     "minimax-01": {"scoring_func": "softmax", "norm_topk_prob": True},  # minimax-01.cpp: softmax, norm_w true
@@ -198,6 +202,12 @@ LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
 # qwen3next.cpp repeats each key head in place (the checkpoint's grouped order).
 LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped",
                     "bailingmoe3": "grouped"}
+
+# group WRAP. MiniMax Sparse Attention as minimax-m3.cpp runs it: every layer from
+# leading_dense_block_count on (the routed ones) selects blocks with its index branch (indexer.q_proj,
+# k_proj, q_norm, k_norm; one index head per key/value group), the leading dense layers attend densely; the
+# dense and routed feed-forwards use SWIGLU_OAI_MOE's fixed alpha 1.702 and limit 7.0 (llama-graph.cpp).
+LLAMA_CPP_BLOCK_SPARSE = {"minimax-m3": {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}}
 
 
 def supported_architectures() -> list[str]:
@@ -602,6 +612,42 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
     return spec, ["full" if f else "shared" for f in full]
 
 
+def _gguf_block_sparse(meta: Mapping, arch: str, kv_heads: int, n_layers: int,
+                       path: str) -> tuple[BlockSparseSpec, list[bool]]:
+    """(the index branch, each layer's flag) of a MiniMax Sparse Attention file (``LLAMA_CPP_BLOCK_SPARSE``), as
+    minimax-m3.cpp's loader reads it: ``attention.indexer.head_count`` (one per key/value head, which its graph
+    asserts), ``key_length``, ``top_k`` (blocks kept), ``block_size``, ``local_blocks``; the layers from
+    ``leading_dense_block_count`` on are sparse.
+
+    Raises:
+        SterError: a missing or non-positive size, an index head count other than head_count_kv, more local
+            blocks than blocks kept, a leading dense count beyond block_count.
+    """
+    def g(key, default=None, low=1):
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+                or not low <= value <= MAX_HEADS * 1024:
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} must be a whole number of at least {low}, got "
+                            f"{brief_value(value)}")
+        return int(value)
+
+    heads = g("attention.indexer.head_count")
+    if heads != kv_heads:
+        raise SterError(f"{path}: {arch}.attention.indexer.head_count ({heads}) must equal "
+                        f"{arch}.attention.head_count_kv ({kv_heads}): llama.cpp's {arch} runs one index head per "
+                        "key/value head")
+    spec = BlockSparseSpec(index_dim=g("attention.indexer.key_length"), block_size=g("attention.indexer.block_size"),
+                           topk_blocks=g("attention.indexer.top_k"),
+                           local_blocks=g("attention.indexer.local_blocks", low=0))
+    if not 0 <= spec.local_blocks <= spec.topk_blocks:
+        raise SterError(f"{path}: {arch}.attention.indexer.local_blocks ({spec.local_blocks}) must be between 0 "
+                        f"and {arch}.attention.indexer.top_k ({spec.topk_blocks})")
+    lead = g("leading_dense_block_count", 0, low=0)
+    if lead > n_layers:
+        raise SterError(f"{path}: {arch}.leading_dense_block_count ({lead}) must be between 0 and {n_layers}")
+    return spec, [i >= lead for i in range(n_layers)]
+
+
 def _deepseek2_yarn(meta: Mapping, arch: str, params: dict, qk_head_dim: int, path: str) -> float:
     """llama.cpp's YaRN for ``deepseek2`` (src/llama-context.cpp, src/models/deepseek2.cpp): fills in the
     rotation's attention factor and returns the softmax scale.
@@ -826,6 +872,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     if family.indexer is not None:
         indexer, index_kinds = _gguf_indexer(meta, arch, latent, n_layers, max_pos, path)
     recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
+    block_sparse, sparse = None, [False] * n_layers
+    if arch in LLAMA_CPP_BLOCK_SPARSE:
+        block_sparse, sparse = _gguf_block_sparse(meta, arch, kv_heads, n_layers, path)
     residual_extras, sparsity = _gguf_altup(meta, arch, family, n_layers, path)
     layers = []
     for i in range(n_layers):
@@ -839,6 +888,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         mixer, ffn = ("latent" if latent is not None else "attention"), "moe" if routed[i] else "dense"
         if layering == "recurrent":
             mixer = family.recurrent if recurrent[i] else mixer
+        elif sparse[i]:
+            mixer = "block_sparse"
         elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
             mixer = "latent" if mixer == "attention" and latent is not None else mixer
@@ -905,6 +956,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     fields["norm_offsets"] = ()  # (and PLaMo 3's other offsets, likewise folded by its converter)
     if arch in LLAMA_CPP_POST_NORM_EPS:
         fields["post_norm_eps"] = LLAMA_CPP_POST_NORM_EPS[arch]
+    if arch in LLAMA_CPP_BLOCK_SPARSE:  # the dense feed-forwards' unit, as llama.cpp fixes it
+        unit = LLAMA_CPP_BLOCK_SPARSE[arch]
+        fields.update(ffn_glu=family.ffn_glu, ffn_limit=unit["swiglu_limit"], ffn_alpha=unit["swiglu_alpha"])
     if family.attn_gate and tensors is not None and "g" in family.gguf_names:
         recurrent = frozenset(i for i, kv in enumerate(kv_list or ()) if kv == 0) if layering == "kv" else frozenset()
         per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path, recurrent)
@@ -940,6 +994,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         moe=moe,
         latent=latent,
         indexer=indexer,
+        block_sparse=block_sparse,
         ssm=(SSMSpec("lightning", heads * head_dim, head_dim, 1, num_heads=heads, norm_eps=eps, slope_eps=0.0)
              if family.recurrent == "lightning"  # minimax-01.cpp: its read-out norm takes the model's epsilon
              else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path)

@@ -150,6 +150,7 @@ class GGUFTokenizerParts:
             metadata plus every ``END_OF_GENERATION_TEXTS`` token the vocabulary has.
         chat_template: ``tokenizer.chat_template``, or None.
         sep_token_id, add_sep: WordPiece's separator and whether a prompt ends with it.
+        notes: warning lines for the user (a special id outside the vocabulary, ignored).
         clean_spaces: llama.cpp's detokenizer (``llama_detokenize``) tidies the spaces
             before ``?!.,`` and apostrophe contractions for this vocabulary; see
             ``clean_up_spaces``. ``tokenizer.decode`` does not (it gives the token pieces
@@ -173,6 +174,7 @@ class GGUFTokenizerParts:
     sep_token_id: int | None = None
     add_sep: bool = False
     clean_spaces: bool = False
+    notes: tuple[str, ...] = ()
 
     def to_tokenizer(self, source: str = "GGUF metadata") -> "Tokenizer":
         """The ``ster_py.tokenizer.Tokenizer`` wrapper over these parts.
@@ -187,7 +189,7 @@ class GGUFTokenizerParts:
         for name, token_id in (("unk_token", self.unk_token_id), ("pad_token", self.pad_token_id)):
             if token_id is not None:
                 special[name] = self.tokenizer.id_to_token(token_id)
-        return Tokenizer(
+        tok = Tokenizer(
             self.tokenizer,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
@@ -196,6 +198,8 @@ class GGUFTokenizerParts:
             special_tokens=special,
             source=source,
         )
+        tok.notes = list(self.notes)  # LoadedModel.warnings shows them
+        return tok
 
 
 # ------------------------------------------------------------------------ build
@@ -280,7 +284,8 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
             raise SterError(f"tokenizer.ggml.pre must be a string, not {type(pre).__name__}; the file is corrupt")
         spec = pre_tokenizer_spec(pre)
 
-    ids = _special_ids(meta, model, n, spec)
+    notes: list[str] = []
+    ids = _special_ids(meta, model, n, spec, notes)
     add_space_prefix = _flag(meta, "tokenizer.ggml.add_space_prefix", model == "llama")
     if model not in ("llama", "t5"):
         add_space_prefix = False
@@ -342,6 +347,7 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
         sep_token_id=ids["sep"],
         add_sep=add_sep,
         clean_spaces=spec.clean_spaces if spec is not None else model == "bert",
+        notes=tuple(notes),
     )
 
 
@@ -416,8 +422,12 @@ def _float_array(meta: Mapping[str, Any], key: str, n: int) -> np.ndarray:
     return arr[:n].astype(np.float64)
 
 
-def _special_ids(meta: Mapping[str, Any], model: str, n: int, spec: PreTokenizerSpec | None
-                 ) -> dict[str, int | None]:
+def _special_ids(meta: Mapping[str, Any], model: str, n: int, spec: PreTokenizerSpec | None,
+                 notes: list[str] | None = None) -> dict[str, int | None]:
+    """The special ids (bos, eos, eot, eom, unk, pad, sep, FIM) of a vocabulary of ``n`` tokens:
+    the file's ``tokenizer.ggml.*_token_id``, else llama.cpp's default for ``model``; an id outside
+    the vocabulary keeps the default and appends a warning line to ``notes`` (llama-vocab.cpp's
+    load_vocab). Raises SterError for an id that is not an integer."""
     # llama.cpp's defaults per scheme when a key is absent: BPE's is id 11 for BOS and EOS
     # (Falcon's <|endoftext|>), except the gemma4 model (none) and the ChatGLM names (no BOS).
     defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0},
@@ -443,9 +453,14 @@ def _special_ids(meta: Mapping[str, Any], model: str, n: int, spec: PreTokenizer
                 # llama.cpp refuses a key of the wrong type too; 1.5 or "3" is no token id.
                 raise SterError(f"tokenizer.ggml.{key} must be an integer token id, not {type(given).__name__} "
                                 f"{_short(given)}; the GGUF file is corrupt, re-convert it")
-            # An id outside the vocabulary is ignored, as llama.cpp does (it warns and keeps the default).
+            # An id outside the vocabulary is ignored with a warning, as llama.cpp's load_vocab does
+            # ("bad special token ... using default id"): the default stays.
             if 0 <= int(given) < n:
                 value = int(given)
+            elif notes is not None:
+                notes.append(f"tokenizer.ggml.{key} = {int(given)} is outside the vocabulary of {n} tokens; "
+                             f"ignored, {'using the default id ' + str(value) if value is not None else 'none is used'}"
+                             " (as llama.cpp does); the GGUF file is inconsistent")
         ids[name] = value
     return ids
 
