@@ -4055,7 +4055,8 @@ FAMILIES: dict[str, FamilySpec] = {
         # Ling 3.0 (bailing_hybrid, Transformers' BailingHybrid): Kimi Delta Attention (full-rank f_proj and
         # g_proj, the safe gate) and head-gated latent attention by layer_group_size, Ling 2.0's router and
         # experts, Step 3.5's per-layer clamps. Ling 2.5 (lightning attention) is refused until it is tested.
-        FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES, gguf_names=GGUF_BAILING_HYBRID_NAMES,
+        FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES,
+                                            gguf_names=GGUF_BAILING_HYBRID_NAMES,
                                             moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
                    keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
                    attn_gate="sigmoid", attn_gate_per_head=True,

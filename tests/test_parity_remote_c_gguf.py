@@ -62,8 +62,9 @@ QUANT_CASES = {
 
 
 def _aligned(path, model_type, config):
-    """The checkpoint of ``build`` with each KDA layer's (Ling 3.0's) keys aligned with its queries (test_parity_ssm_b2's
-    ``align_keys``: k_proj and the key channels of the convolution made the query's plus 0.3 of their own),
+    """The checkpoint of ``build`` with each KDA layer's (Ling 3.0's) keys aligned with its queries
+    (test_parity_ssm_b2's ``align_keys``: k_proj and the key channels of the convolution made the query's
+    plus 0.3 of their own),
     so that Q8_0's rounding does not swamp the read-out of unrelated random q and k; saved again under the
     config.json the builder wrote."""
     import torch
@@ -102,7 +103,8 @@ def test_gguf_matches_transformers_and_llamacpp(name, r2_gguf):
     assert GGUFFile(path).architecture == name  # the architecture llama.cpp's converter chose
     model = load_model(str(path))
     hf = load_model(str(path.parent / "hf" / name)).spec
-    assert [(layer.mixer, layer.ffn) for layer in model.spec.layers] == [(layer.mixer, layer.ffn) for layer in hf.layers]
+    kinds = [(layer.mixer, layer.ffn) for layer in hf.layers]
+    assert [(layer.mixer, layer.ffn) for layer in model.spec.layers] == kinds
 
     def routed(spec):  # each routed layer's (top-k, expert width, latent width, routed clamp, shared clamp)
         return [(m.router.top_k, m.expert_size, m.latent_size,
@@ -127,7 +129,8 @@ def test_gguf_matches_transformers_and_llamacpp(name, r2_gguf):
     assert rel_err(ours, ref) < 1e-3
     assert (ours.argmax(1) == ref.argmax(1)).all()
     cache = model.decoder.new_cache()
-    pieces = np.concatenate([model.decoder.forward(PROMPT[:SPLIT], cache), model.decoder.forward(PROMPT[SPLIT:], cache)])
+    pieces = np.concatenate([model.decoder.forward(PROMPT[:SPLIT], cache),
+                             model.decoder.forward(PROMPT[SPLIT:], cache)])
     assert rel_err(pieces, ours) < 1e-5
     assert model.decoder._weights.unused_tensors(model.spec) == []
 

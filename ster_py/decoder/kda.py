@@ -49,8 +49,10 @@ class KimiDeltaAttention(Part):
         i: the layer.
         load: ``load(role, kind="weight", required=False)`` -> the layer's array: ``lin_q``,
             ``lin_k``, ``lin_v``, the convolution (``lin_conv`` or ``lin_q_conv`` / ``lin_k_conv`` /
-            ``lin_v_conv``), ``lin_f_a`` and ``lin_f_b`` (or the full-rank ``lin_f``), ``lin_dt_bias``, ``lin_a_log`` (or llama.cpp's
-            ``lin_ssm_a`` = -exp(A_log) of kimi-linear files, or ``lin_exp_a`` = exp(A_log) of bailingmoe3 files), ``lin_b``, ``lin_g_a`` and ``lin_g_b`` (or ``lin_g``), ``lin_norm``, ``lin_out``.
+            ``lin_v_conv``), ``lin_f_a`` and ``lin_f_b`` (or the full-rank ``lin_f``), ``lin_dt_bias``,
+            ``lin_a_log`` (or llama.cpp's ``lin_ssm_a`` = -exp(A_log) of kimi-linear files, or
+            ``lin_exp_a`` = exp(A_log) of bailingmoe3 files), ``lin_b``, ``lin_g_a`` and ``lin_g_b``
+            (or ``lin_g``), ``lin_norm``, ``lin_out``.
         norm: unused.
 
     Calling it maps float32 [T, hidden] to float32 [T, hidden] and advances the layer's
