@@ -144,6 +144,29 @@ def _check_factor(path: Path, where: str, a: np.ndarray, b: np.ndarray, rank: in
     return a, b
 
 
+def _check_alpha(alpha, rank: int, rslora: bool, where: str) -> float:
+    """``alpha`` as a float, checked before any weight is read: a finite number whose scale (alpha / rank, or
+    alpha / sqrt(rank) with rsLoRA) fits in float32, the type the delta is computed in.
+
+    Raises:
+        SterError: "WHERE must be a finite number, got ..." (a string, a bool, NaN, infinity, an integer too large
+            for a float) or "... overflows float32" (alpha 1e39: the merged weights would be infinite).
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise SterError(f"{where} must be a finite number, got {str(alpha)[:40]!r}")
+    try:
+        value = float(alpha)
+    except OverflowError:  # an integer beyond float64
+        value = math.inf
+    if not math.isfinite(value):
+        raise SterError(f"{where} must be a finite number, got {str(alpha)[:40]}")
+    scale = value / math.sqrt(rank) if rslora else value / rank
+    if abs(scale) > float(np.finfo(np.float32).max):
+        raise SterError(f"{where} {value:g} gives a LoRA scale of {scale:g}, which overflows float32 (the type the "
+                        "weights are merged in); real adapters use an alpha near their rank")
+    return value
+
+
 def _read_ster(side: Path, weights: Path) -> LoraAdapter:
     doc = read_json(side, "adapter sidecar")
     for key in ("rank", "alpha", "targets", "layers", "hidden_size"):
@@ -152,8 +175,7 @@ def _read_ster(side: Path, weights: Path) -> LoraAdapter:
     rank, alpha = doc["rank"], doc["alpha"]
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SterError(f"adapter sidecar {side}: rank must be a positive integer, got {rank!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-        raise SterError(f"adapter sidecar {side}: alpha must be a finite number, got {alpha!r}")
+    alpha = _check_alpha(alpha, rank, bool(doc.get("rslora", False)), f"adapter sidecar {side}: alpha")
     targets = []
     for t in doc["targets"]:
         if t not in ALIASES:
@@ -290,8 +312,7 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SterError(f"PEFT adapter {config_path}: r must be a positive integer, got {rank!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise SterError(f"PEFT adapter {config_path}: lora_alpha must be a number, got {alpha!r}")
+    alpha = _check_alpha(alpha, rank, bool(cfg.get("use_rslora", False)), f"PEFT adapter {config_path}: lora_alpha")
     tensors = _load_tensors(weights)
     ad = LoraAdapter(config_path, "peft", cfg.get("base_model_name_or_path"), cfg.get("revision"), rank,
                      float(alpha), bool(cfg.get("use_rslora", False)), None)
@@ -377,8 +398,12 @@ def check_adapter_early(path: str | Path, resolved, spec) -> LoraAdapter | None:
     layout, side, _, doc = _open(path)
     if layout == "peft":
         model, revision, width = doc.get("base_model_name_or_path"), doc.get("revision"), None
+        rank, alpha, rslora, where = doc.get("r"), doc.get("lora_alpha"), doc.get("use_rslora"), "lora_alpha"
     else:
         model, revision, width = doc.get("model"), doc.get("model_revision"), doc.get("hidden_size")
+        rank, alpha, rslora, where = doc.get("rank"), doc.get("alpha"), doc.get("rslora"), "alpha"
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:  # the rank itself is checked on reading
+        _check_alpha(alpha, rank, bool(rslora), f"adapter {side}: {where}")
     check_model(side, "adapter", model if isinstance(model, str) else None,
                 revision if isinstance(revision, str) else None, resolved)
     if spec is not None and isinstance(width, int) and not isinstance(width, bool) and width != spec.hidden_size:

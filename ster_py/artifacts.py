@@ -109,19 +109,37 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
     temps = []
     try:
         for p in paths:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+            with writing(p):
+                p.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
             os.close(fd)
             temps.append(Path(tmp))
         yield temps
         mode = 0o666 & ~_umask()  # mkstemp makes 0600; outputs get the usual permissions
         for tmp, p in zip(temps, paths):
-            os.chmod(tmp, mode)
-            os.replace(tmp, p)
+            with writing(p):
+                os.chmod(tmp, mode)
+                os.replace(tmp, p)
     finally:
         for tmp in temps:
             if tmp.exists():
                 tmp.unlink()
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError of creating, or renaming onto, the output ``path`` into one SterError.
+
+    Raises:
+        SterError: "cannot write PATH: <reason>" (an unwritable or missing directory, a read-only file system,
+            a name that is a directory, ...).
+    """
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, IsADirectoryError) or Path(path).is_dir():
+            raise SterError(f"cannot write {path}: it is a directory; give a file name") from None
+        raise SterError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 @contextmanager
@@ -134,14 +152,16 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     target = Path(target)
     if target.exists():
         raise SterError(f"{target} already exists; choose a new --output directory or remove it first")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
         if target.exists():
             raise SterError(f"{target} appeared while writing; nothing was overwritten")
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a new directory gets the usual permissions
-        os.rename(tmp, target)
+        with writing(target):
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a new directory gets the usual permissions
+            os.rename(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

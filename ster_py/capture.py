@@ -39,6 +39,16 @@ SCHEMA_VERSION = 1
 Progress = Callable[[str, int, "int | None"], None]
 
 
+def format_layers(layers) -> str:
+    """Layer indices as the CLI prints them: ``0..29 (30)`` when contiguous, else ``0,4,9 (3)``."""
+    chosen = sorted(layers)
+    if not chosen:
+        return "none (0)"
+    contiguous = len(chosen) > 1 and chosen == list(range(chosen[0], chosen[-1] + 1))
+    shown = f"{chosen[0]}..{chosen[-1]}" if contiguous else ",".join(map(str, chosen))
+    return f"{shown} ({len(chosen)})"
+
+
 def parse_layers(text: str, num_layers: int) -> list[int]:
     """Parse a layer selection: ``all``, ``N``, ``a..b`` (inclusive) or ``a,b,c``.
 
@@ -56,6 +66,10 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
             lo, hi = int(a), int(b)
             if lo > hi:
                 raise SterError(f"--layers {t}: the range is empty ({lo} > {hi}); write low..high")
+            for end in (lo, hi):  # before the range is built: 0..10**20 would not fit in memory
+                if not 0 <= end < num_layers:
+                    raise SterError(f"--layers {t}: layer {end} does not exist; this model has layers "
+                                    f"0..{num_layers - 1}")
             out = list(range(lo, hi + 1))
         else:
             out = [int(x) for x in t.split(",") if x.strip() != ""]

@@ -205,11 +205,17 @@ def _model_or_default(model: Optional[str]) -> str:
     return DEFAULT_PRESET
 
 
+#: Whether streamed text left stdout's line open (no final newline yet): Ctrl-C then closes it.
+_STREAM = {"open": False}
+
+
 def _write(text: str) -> None:
     """Write streamed text to stdout; if the reader went away (``| head``), stop quietly with status 0."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
+        if text:
+            _STREAM["open"] = not text.endswith("\n")
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
         raise typer.Exit(0) from None
@@ -338,6 +344,9 @@ def generate(
             tool_list = check_tools(json.loads(read_input_file(tools, "tools file", 8 << 20)), str(tools))
         except ValueError as e:
             raise SterError(f"the tools file {tools} is not valid JSON ({e})") from None
+        except RecursionError:  # the parser (and the schema check) recurse once per level of nesting
+            raise SterError(f"{tools}: the tools file's JSON is nested too deeply to read (thousands of "
+                            "levels)") from None
     if (tool_list is not None or think is not None) and chat_template.value == "off":
         raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs the chat template; "
                         "drop --chat-template off")
@@ -474,8 +483,9 @@ def generate(
     rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
                                                           ("decode", result.decode_tokens_per_second)) if rate]
     if drafter is not None:
-        rates.append(f"{result.accepted} of {result.drafted} drafted tokens accepted")
-    err.print(f"[dim]{len(reply.prompt_ids)} prompt tokens, {len(result.ids)} new tokens ({result.stop_reason})"
+        rates.append(f"{result.accepted} of {plural(result.drafted, 'drafted token')} accepted")
+    err.print(f"[dim]{plural(len(reply.prompt_ids), 'prompt token')}, {plural(len(result.ids), 'new token')} "
+              f"({result.stop_reason})"
               + (f"; {', '.join(rates)}" if rates else "") + "[/]")
 
 
@@ -513,6 +523,11 @@ def inspect(
         out.print(f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0]))
         for line in lines[1:]:
             out.print(" " * keys + escape(line))
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an ``s`` unless n is 1: ``1 token``, ``0 tokens``, ``1,024 tokens``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def plain(value) -> str:
@@ -604,6 +619,22 @@ def main() -> None:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        _interrupted()
         sys.exit(130)
+    except SystemExit as e:
+        if e.code == 130:  # typer's own answer to Ctrl-C inside a command: exit 130 without a word
+            _interrupted()
+        raise
+
+
+def _interrupted() -> None:
+    """Ctrl-C: close a streamed line (so the shell prompt starts on its own line), then say so on stderr."""
+    if _STREAM["open"]:
+        _STREAM["open"] = False
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError:  # the reader is gone
+            pass
+    err.print("interrupted", highlight=False)
 

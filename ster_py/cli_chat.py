@@ -6,6 +6,7 @@ work (``conversation.Session``; ``server``); these commands read options and dra
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from enum import Enum
@@ -15,8 +16,34 @@ from typing import List, Optional
 import typer
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads,
-                  _write, app, err, flag, no_color, progress_bar, show_warnings)
+                  _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
 from .errors import SterError
+
+
+def save_conversation(messages: list[dict], path: Path) -> None:
+    """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``).
+
+    An earlier saved conversation at ``path`` is replaced; any other existing file is kept.
+
+    Raises:
+        SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
+            string ``role``); "cannot write PATH: ..." when its directory cannot take the file.
+    """
+    from .artifacts import atomic_outputs
+    from .files import read_regular
+
+    if path.is_dir():
+        raise SterError(f"/save {path}: that is a directory; give a file name (for example chat.json)")
+    if os.path.lexists(path):
+        try:
+            doc = json.loads(read_regular(path, "conversation").decode("utf-8"))
+        except (SterError, UnicodeDecodeError, ValueError, RecursionError):
+            doc = None
+        if not (isinstance(doc, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in doc)):
+            raise SterError(f"/save {path}: that file exists and is not a saved conversation; give another name or "
+                            "move that file")
+    with atomic_outputs(path) as (tmp,):
+        tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 class Thinking(str, Enum):
@@ -165,7 +192,7 @@ def chat(
                 elif word == "/save":
                     if not rest:
                         raise SterError("/save needs a file name")
-                    Path(rest).write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+                    save_conversation(messages, Path(rest))
                     _write(f"(saved {len(messages)} messages to {rest})\n")
                 elif word == "/vector":
                     parts = rest.split()
@@ -226,8 +253,9 @@ def chat(
         messages.append({"role": "assistant", "content": reply.text})
         if not quiet:
             rate = gen.decode_tokens_per_second
-            err.print(f"[dim]prompt {len(reply.prompt_ids)} tokens (reused {gen.reused}, prefilled {gen.prefilled}), "
-                      f"{len(gen.ids)} new tokens ({'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason})"
+            why = 'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason
+            err.print(f"[dim]prompt {plural(len(reply.prompt_ids), 'token')} (reused {gen.reused}, prefilled "
+                      f"{gen.prefilled}), {plural(len(gen.ids), 'new token')} ({why})"
                       + (f", {rate:.1f} tok/s" if rate else "") + "[/]", highlight=False)
         session.prepare(messages, layer_hook=hook, key=key, thinking=think)
 

@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag, out, progress_bar,
-                  show_warnings, version_fields)
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
+                  inspect_value, out, plural, progress_bar, show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -29,12 +29,12 @@ def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
     for key, value in report.items():
         if key in skip:
             continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        elif isinstance(value, list):
+        if isinstance(value, list):
             value = ", ".join(map(str, value)) or "-"
         elif isinstance(value, float):
             value = f"{value:.6g}"
+        else:  # separators, yes/no, sizes in bytes as ster inspect prints them
+            value = inspect_value(f"{key}_bytes" if key == "bytes" else key, value)
         table.add_row(f"[bold]{key}[/]", escape(str(value)))
     out.print(table)
 
@@ -71,7 +71,9 @@ def convert(
 
 @app.command()
 def perplexity(
-    model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help="The same, as an option (like the other "
+                                            "commands)."),
     file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB)."),
     ctx: int = typer.Option(512, "--ctx", help="Window length in tokens; the second half of each window is scored "
                             "(llama-perplexity's windows)."),
@@ -91,6 +93,9 @@ def perplexity(
     from .load import load_model
     from .perplexity import perplexity as run
 
+    if model is not None and model_opt is not None and model != model_opt:
+        raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
+    model = _model_or_default(model if model is not None else model_opt)
     _use_threads(threads)
     try:
         if not file.is_file():
@@ -132,7 +137,7 @@ def vector_pca(
 ) -> None:
     """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
     positive_j - negative_j, signed so that the positive prompts project positive."""
-    from .capture import load_capture, parse_layers
+    from .capture import format_layers, load_capture, parse_layers
     from .steering import pca, write_vector
 
     pos, neg = load_capture(positive), load_capture(negative)
@@ -140,8 +145,8 @@ def vector_pca(
     vec = pca(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
     write_vector(vec, output)
     if not quiet:
-        err.print(f"[dim]steering vector (pca, {vec.metadata['pairs']} pairs) for {escape(str(vec.model))}: "
-                  f"layers {sorted(vec.directions)}; wrote {escape(str(output))}[/]")
+        err.print(f"[dim]steering vector (pca, {plural(vec.metadata['pairs'], 'pair')}) for "
+                  f"{escape(str(vec.model))}: layers {format_layers(vec.directions)}; wrote {escape(str(output))}[/]")
 
 
 @vector_app.command("export")
@@ -157,14 +162,16 @@ def vector_export(
 ) -> None:
     """Write a steering vector as llama.cpp's control-vector GGUF (direction.N tensors; layer N is the output of
     decoder layer N, as in ster; llama.cpp never steers layer 0, so it is left out)."""
-    from .steering import export_control_vector, read_vector
+    from .capture import format_layers
+    from .steering import check_control_vector_output, export_control_vector, read_vector
 
+    check_control_vector_output(output)  # before reading the vector
     vec = read_vector(vector)
     report = export_control_vector(vec, output, strength=strength, model_hint=model_hint)
+    if report["skipped"]:
+        _warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])
     if as_json:
         print(json.dumps({**version_fields(), **report}, indent=2))
     elif not quiet:
-        err.print(f"[dim]control vector: layers {report['layers']} at strength {strength:g}; wrote "
+        err.print(f"[dim]control vector: layers {format_layers(report['layers'])} at strength {strength:g}; wrote "
                   f"{escape(str(output))}[/]")
-    if report["skipped"]:
-        _warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])

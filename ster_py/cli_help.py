@@ -56,6 +56,20 @@ def _value_name(param) -> str:
     return {int: "N", float: "X"}.get(annotation, "TEXT")
 
 
+def _given(param, args: list[str]) -> str | None:
+    """The text given for option ``param`` in ``args`` (its last use: ``--opt VALUE`` or ``--opt=VALUE``)."""
+    opts = set(getattr(param, "opts", ()) or ()) | set(getattr(param, "secondary_opts", ()) or ())
+    found = None
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a in opts and i + 1 < len(args):
+            found = args[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in opts:
+            found = a.split("=", 1)[1]
+    return None if found is None else found[:40]
+
+
 class _Tidy:
     """Mixed into typer's command and group classes (see the module docstring)."""
 
@@ -75,11 +89,18 @@ class _Tidy:
         return params
 
     def parse_args(self, ctx, args):
+        given = list(args)  # click's parser consumes ``args``
         try:
             return super().parse_args(ctx, args)
         except typer.BadParameter as e:
             if isinstance(e.message, str) and e.message.startswith(_PYDANTIC_PREFIX):
                 e.message = e.message[len(_PYDANTIC_PREFIX):]
+            if isinstance(e.message, str):
+                for start, kind in (("Input should be a valid number", "a number"),
+                                    ("Input should be a valid integer", "an integer")):
+                    if e.message.startswith(start):  # pydantic's words for a value that does not parse
+                        value = _given(e.param, given)
+                        e.message = f"{value!r} is not {kind}" if value is not None else f"it is not {kind}"
             raise
 
     def collect_usage_pieces(self, ctx) -> list[str]:

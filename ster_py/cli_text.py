@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from .cli import MODEL_HELP, QUIET_HELP, _model_or_default, _write, app, err, flag, progress_bar, version_fields
+from .cli import (MODEL_HELP, QUIET_HELP, _model_or_default, _write, app, err, flag, plural, progress_bar,
+                  version_fields)
 from .errors import SterError
 
 
@@ -131,7 +132,7 @@ def tokenize(
     else:
         _write(" ".join(map(str, ids)) + "\n")
     if not quiet:
-        err.print(f"[dim]{len(ids)} tokens[/]")
+        err.print(f"[dim]{plural(len(ids), 'token')}[/]")
 
 
 @app.command()

@@ -146,7 +146,8 @@ def capture(
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar)."""
-    from .capture import capture as run, check_capture_output, parse_layers, read_prompts, save_capture
+    from .capture import (capture as run, check_capture_output, format_layers, parse_layers, read_prompts,
+                          save_capture)
     from .load import load_model
 
     _check_device(device)
@@ -162,9 +163,7 @@ def capture(
     written = save_capture(cap, output)
     if quiet:
         return
-    contiguous = list(chosen) == list(range(chosen[0], chosen[-1] + 1))
-    shown = f"{chosen[0]}..{chosen[-1]}" if contiguous else ",".join(map(str, chosen))
-    err.print(f"[dim]{len(texts)} prompt(s), layers {shown} ({len(chosen)}), position "
+    err.print(f"[dim]{len(texts)} prompt(s), layers {format_layers(chosen)}, position "
               f"{position.value}, chat template {cap.meta['chat_template']}: wrote "
               f"{escape(', '.join(map(str, written)))}[/]")
 
@@ -184,7 +183,7 @@ def vector_caa(
     Per layer, the direction is the normalized difference between the mean positive and the
     mean negative activation.
     """
-    from .capture import load_capture, parse_layers
+    from .capture import format_layers, load_capture, parse_layers
     from .steering import caa, check_vector_output, write_vector
 
     check_vector_output(output)  # before reading the captures
@@ -194,8 +193,8 @@ def vector_caa(
     write_vector(vec, output)
     if quiet:
         return
-    err.print(f"[dim]steering vector for {escape(str(vec.model))}: layers {sorted(vec.directions)}; wrote "
-              f"{escape(str(output))}[/]")
+    err.print(f"[dim]steering vector for {escape(str(vec.model))}: layers {format_layers(vec.directions)}; "
+              f"wrote {escape(str(output))}[/]")
 
 
 @tune_app.command("merge")

@@ -242,6 +242,11 @@ UNWRITTEN_ARCHS = {
     # group g3n: Gemma 3n (its GGUF is read, tests/test_parity_gemma3n.py)
     "gemma3n": "AltUp's stacked projections, Laurel, activation sparsity and per-layer inputs as llama.cpp's "
                "converter writes them",
+    # group gdp: read from llama.cpp's converter's files (tests/test_parity_remote_b_gguf.py), not written yet
+    "deci": "per-layer head counts and feed-forward widths (0 for a block_configs half that is absent) as "
+            "llama.cpp's converter writes them",
+    "plamo3": "its norms with their offsets folded in, fused q/k/v and gate/up and suffix-less post-norm names as "
+              "llama.cpp's converter writes them",
 }
 
 
@@ -335,9 +340,11 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
     types = Counter(e.type_name for e in entries)
     from . import __version__
 
+    arch = meta["general.architecture"]
+    arch = arch.value if isinstance(arch, Typed) else arch  # a GGUF input keeps its keys typed
     return {"ster_version": __version__, "model": resolved.model, "model_revision": resolved.model_revision,
             "output": str(output),
-            "type": ft.name, "architecture": meta["general.architecture"], "tensors": len(entries),
+            "type": ft.name, "architecture": arch, "tensors": len(entries),
             "types": dict(sorted(types.items())), "bytes": output.stat().st_size,
             "parameters": int(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)),
             "differences": info.get("differences", []), "tokenizer_notes": info.get("tokenizer_notes", []),
@@ -360,8 +367,8 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     where = str(resolved.config_path)
     check_config(config, where)
     spec = check_spec(interpret(where, spec_from_config, config, family, where), where)
-    _refuse_unwritten([layer.mixer for layer in spec.layers], f"model_type {spec.model_type!r}", where)
     _refuse_unwritten_arch(family.gguf_arch, f"model_type {spec.model_type!r}", where)
+    _refuse_unwritten([layer.mixer for layer in spec.layers], f"model_type {spec.model_type!r}", where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
     tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
     sources = checkpoint_sources(resolved, spec, family, config, progress)

@@ -319,6 +319,11 @@ GGUF_NAMES: Mapping[str, str] = {
     "sinks": "blk.{i}.attn_sinks.weight", "g": "blk.{i}.attn_gate",
 }
 GGUF_PLAIN_MLP_NAMES = _with(GGUF_NAMES, gate=None)
+# llama.cpp's plamo3: q, k, v fused in attn_qkv, gate rows above up rows in ffn_up, and the post-sublayer norms
+# under whole names without a suffix (its loader's tn(LLM_TENSOR_ATTN_POST_NORM, i); "#": stored without one).
+GGUF_PLAMO3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up",
+                          attn_post_norm=("blk.{i}.post_attention_norm#", "blk.{i}.post_attention_norm"),
+                          ffn_post_norm=("blk.{i}.post_ffw_norm#", "blk.{i}.post_ffw_norm"))
 # gpt-oss: the norm before the feed-forward is stored as post_attention_norm (llama.cpp's attn_post_norm).
 GGUF_GPT_OSS_NAMES = _with(GGUF_NAMES, ffn_norm="blk.{i}.post_attention_norm")
 GGUF_PHI3_NAMES = _with(GGUF_NAMES, q=None, k=None, v=None, gate=None, up=None, gate_up="blk.{i}.ffn_up")
@@ -2254,6 +2259,11 @@ HY_V4_NAMES = _with(DEEPSEEK_DSA_NAMES, gate=(_M + "gate_proj", _M + "linear_gat
                     g=(_SA + "gate_proj", _SA + "linear_gate"), sinks=(_SA + "sinks", _SA + "learnable_sink_param"),
                     **_hc_names(_HY_HC, ("model.hc_head.hc_{p}", "model.hc_head.hc_head_{p}",
                                          "model.hc_pre.hc_head.hc_head_{p}")))
+# ... and as llama.cpp's converter writes them (conversion/hy_v4.py): DeepSeek Sparse Attention's names, kv_b split
+# per head (attn_k_b / attn_v_b), the hyper-connections as whole names (blk.N.hc_attn_fn.weight, output_hc_fn.weight).
+GGUF_HY_V4_NAMES = _with(GGUF_DSA_NAMES, **{f"hc_{part}_{p}": f"blk.{{i}}.hc_{part}_{p}.weight"
+                                             for part in ("attn", "ffn") for p in ("fn", "base", "scale")},
+                         **{f"hc_head_{p}": f"output_hc_{p}.weight" for p in ("fn", "base", "scale")})
 #: HYV4Config's defaults (the release's config may leave any of them out).
 _HY_V4_DEFAULTS = {"vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912, "moe_intermediate_size": 768,
                    "num_hidden_layers": 34, "num_attention_heads": 32, "max_position_embeddings": 262144,
@@ -2299,6 +2309,18 @@ _HY_V4_REFUSALS = (
     _MOE_LAYER_FREQ,
 )
 
+
+
+# What ster has not checked against llama.cpp's hy-v4.cpp (tests/test_parity_hc_gguf.py): its rotation scaled
+# (the graph's score scale takes no YaRN term) and files of full attention only (no indexer keys: no
+# indexer_top_k, the graph's other branch).
+_HY_V4_GGUF_REFUSALS = (
+    Refusal(_stated_other("_rope_scaling", "none"), "rope scaling (rope.scaling.type other than none) is not "
+                                                    "supported (not checked against llama.cpp's hy_v4 graph)"),
+    Refusal(lambda c: not c.get("_index_topk"), "a file without DeepSeek Sparse Attention (no "
+                                                "attention.indexer.top_k: full attention on every layer) is not "
+                                                "supported (not checked against llama.cpp's hy_v4 graph)"),
+)
 
 
 # DeepSeek-V4: Transformers' module names, and DeepSeek's own layout (embed, head, layers.{i}.attn.wq_a,
@@ -3937,8 +3959,9 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a norm over the embeddings (embed_layernorm) is not supported"))),
         # Nemotron-NAS (DeciLM: Llama-3.3-Nemotron Super and Ultra): Llama's block, each layer after its own
         # block_configs entry (key/value heads, feed-forward width, no_op halves); normalize writes them.
+        # GGUF: llama.cpp's deci (per-layer head counts and feed-forward widths, 0 where a half is absent).
         FamilySpec("nemotron-nas", normalize=_deci_config, unconfirmed=True, adapters="none",
-                   refusals=_DECI_REFUSALS),
+                   refusals=_DECI_REFUSALS, gguf_arch="deci", gguf_qk_permuted=True),
         # Step1 (Step-Audio's language model): Llama's block with num_attention_groups key/value heads, no
         # rotation, and ALiBi's slopes times -sqrt(distance) added to the scaled scores.
         FamilySpec("step1", positions="alibi", alibi_sqrt=True, unconfirmed=True,
@@ -3952,7 +3975,9 @@ FAMILIES: dict[str, FamilySpec] = {
                    local_rope_key="rope_local_theta", tie_default=True,
                    variants=(Variant(flag("scale_embedding"), {"embed_scale_sqrt_hidden": True}),),
                    refusals=(Refusal(stated("linear_type", unless="normal"),
-                                     "a linear_type other than normal is not supported"),)),
+                                     "a linear_type other than normal is not supported"),),
+                   # GGUF: llama.cpp's plamo3 (its graph never scales the embeddings; the file does not say)
+                   gguf_arch="plamo3", gguf_names=GGUF_PLAMO3_NAMES),
         # K2-Horizon: Llama's block (biases read as stored), Qwen-MoE's choice of routed layers (mlp_only_layers,
         # decoder_sparse_step) under router_score_func scores, mlp.gate.bias choosing under moe_gate_bias,
         # renormalised under norm_topk_prob, scaled by router_scaling_factor, beside shared experts.
@@ -4132,9 +4157,17 @@ FAMILIES: dict[str, FamilySpec] = {
                    indexer={"interleaved": False, "rope_last": True, "norm_eps": "model"},
                    streams={"post_eps": "hc_eps"}, sinks=True, attn_gate="sigmoid", attn_gate_per_head=False,
                    adapters="none", unread=("model.mtp_layers.",),
-                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=None,
+                   **dict(_V3_LATENT, names=HY_V4_NAMES, rope_interleaved=False, variants=(), gguf_names=GGUF_HY_V4_NAMES,
                           moe_fields={**_V3_ROUTER["moe_fields"], "shared_limit": None}),
-                   refusals=_HY_V4_REFUSALS),
+                   refusals=_HY_V4_REFUSALS,
+                   # llama.cpp's hy_v4 (src/models/hy-v4.cpp): the converter keeps the rows as they are and the
+                   # graph rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM), the latent attention's and the indexer's
+                   # (gguf/config.py's LLAMA_CPP_INDEXER); the streams from the hyper_connection keys.
+                   gguf_arch="hy_v4", gguf_changes={"rope_interleaved": True},
+                   gguf_config={"hyper_connection.count": "hc_mult", "hyper_connection.epsilon": "hc_eps",
+                                "hyper_connection.magnitude": "hc_magnitude", "rope.scaling.type": "_rope_scaling",
+                                "attention.indexer.top_k": "_index_topk"},
+                   gguf_refusals=_HY_V4_GGUF_REFUSALS),
         # DeepSeek-V4 (Transformers' DeepseekV4ForCausalLM): hc_mult streams joined by Sinkhorn-normalised
         # hyper-connections; compressed attention (sliding window, compressed entries, Lightning Indexer) on every
         # layer; sqrtsoftplus-routed experts, hashed on the first layers, beside one shared expert, all clamped.

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -334,6 +335,35 @@ def control_vector_hint(vec: SteeringVector) -> str:
     return (family.gguf_arch if family is not None and family.gguf_arch else model_type) or ""
 
 
+def check_control_vector_output(path: str | Path) -> None:
+    """Refuse a control-vector output that would overwrite anything but an earlier control vector.
+
+    The name must end in ``.gguf`` (llama.cpp's ``--control-vector`` takes a GGUF file); an existing file is
+    replaced only when it is a GGUF file whose ``general.architecture`` is ``controlvector``.
+
+    Raises:
+        SterError: ``path`` does not end in .gguf, is a directory, or exists and is not a control-vector GGUF
+            (the steering vector itself, a capture, a model, anything else).
+    """
+    from .gguf.reader import GGUFFile
+
+    path = Path(path)
+    if path.is_dir():
+        raise SterError(f"--output {path} is a directory; give the control vector's file name (NAME.gguf)")
+    if path.suffix != ".gguf":
+        raise SterError(f"--output {path}: a control vector is written as GGUF; name it "
+                        f"{path.with_suffix('.gguf').name if path.suffix else path.name + '.gguf'}")
+    if os.path.lexists(path):
+        try:
+            with GGUFFile(path, allow_unsupported=True) as g:
+                arch = g.metadata.get("general.architecture")
+        except (SterError, OSError, ValueError):
+            arch = None
+        if arch != "controlvector":
+            raise SterError(f"--output {path} exists and is not a control-vector GGUF; choose another --output "
+                            "name or move that file")
+
+
 def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: float = 1.0,
                           model_hint: str | None = None) -> dict:
     """Write ``vec`` as llama.cpp's control-vector GGUF, atomically.
@@ -348,10 +378,13 @@ def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: fl
         "strength", "model_hint"}.
 
     Raises:
-        SterError: a non-finite strength or one that overflows float32; a vector covering no layer but 0.
+        SterError: an output that is not a new or earlier control vector's .gguf name
+            (:func:`check_control_vector_output`); a non-finite strength or one that overflows float32; a vector
+            covering no layer but 0.
     """
     from .gguf.writer import TensorEntry, Typed, write_gguf
 
+    check_control_vector_output(path)
     if not math.isfinite(strength):
         raise SterError(f"--strength must be a finite number, got {strength}")
     layers = sorted(i for i in vec.directions if i >= 1)

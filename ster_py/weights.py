@@ -343,6 +343,8 @@ class GGUFWeights(_Tracked):
             tensors as stored (views of the map) and decodes the rest to float32.
         qk_heads: (num_attention_heads, num_key_value_heads) when the file's architecture
             had its q/k rows reordered by llama.cpp's converter (undone here), else None.
+        qk_layers: layer index -> that layer's own (query heads, key/value heads) where they are not
+            ``qk_heads`` (llama.cpp's deci converter reorders each layer's rows by its own counts).
         rename: optional map from the names the decoder asks for to GGUF tensor names
             (a "GGUF directory" asks under Hugging Face names).
         quantized: keep quantized matrices in their blocks (default); False dequantizes
@@ -352,8 +354,10 @@ class GGUFWeights(_Tracked):
     """
 
     def __init__(self, gguf, precision: str = "f32", qk_heads: tuple[int, int] | None = None,
-                 rename: dict[str, str] | None = None, quantized: bool = True):
+                 rename: dict[str, str] | None = None, quantized: bool = True,
+                 qk_layers: dict[int, tuple[int, int]] | None = None):
         self.dtype, self.qk_heads, self.rename = precision_dtype(precision), qk_heads, rename
+        self.qk_layers = qk_layers or {}
         self.precision = precision
         self.quantized = quantized
         self.path = gguf.path
@@ -378,7 +382,10 @@ class GGUFWeights(_Tracked):
         heads = None
         if self.qk_heads is not None and gname.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias",
                                                          ".attn_k.bias")):
-            heads = self.qk_heads[0] if ".attn_q." in gname else self.qk_heads[1]
+            counts = self.qk_heads
+            if self.qk_layers and gname.startswith("blk.") and gname.split(".")[1].isdigit():
+                counts = self.qk_layers.get(int(gname.split(".")[1]), counts)
+            heads = counts[0] if ".attn_q." in gname else counts[1]
             if len(t.shape) > 2 or heads < 1 or t.shape[0] % (2 * heads):  # before any byte is decoded
                 raise SterError(f"{self.path}: tensor {gname!r} has shape {list(t.shape)}, which cannot be split "
                                 f"into {heads} heads of rotary pairs (llama.cpp stores [heads * head_dim, in] with "

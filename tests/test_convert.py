@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,7 @@ def _arch_cases() -> dict:
     import test_parity_loops as loops
     import test_parity_moe as moe
     import test_parity_remote as remote
+    import test_parity_remote_b_gguf as remote_b
     import test_parity_wrapped as wrapped
 
     llama = dict(dense.LLAMA)
@@ -59,6 +61,7 @@ def _arch_cases() -> dict:
     cases.update({f"wrapped-{k}": v for k, v in wrapped.GGUF_CASES.items()})
     cases.update({f"gemma3n-{k}": v for k, v in gemma3n.GGUF_CASES.items()})  # group g3n: refused
     cases.update({f"loops-{k}": v for k, v in loops.GGUF_CASES.items()})
+    cases.update({f"remote-b-{k}": v for k, v in remote_b.GGUF_CASES.items()})  # group gdp: refused
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),
@@ -355,6 +358,25 @@ def test_cli_convert_json(checkpoints, tmp_path):
     assert doc["output"] == str(out) and doc["type"] == "q8_0" and doc["architecture"] == "gpt2"
     assert doc["types"] == {"F32": 35, "Q8_0": 17} and doc["bytes"] == out.stat().st_size
     assert GGUFFile(out).metadata["general.file_type"] == 7
+
+
+def test_cli_reconvert_gguf_report_is_plain(checkpoints, tmp_path):
+    """Issue 23: a GGUF input keeps its metadata typed; the report (JSON and table) shows plain values."""
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    f16 = convert_model(str(checkpoints / "llama"), tmp_path / "a.gguf", "f16")["output"]
+    r = CliRunner().invoke(app, ["convert", f16, "-o", str(tmp_path / "b.gguf"), "-t", "q4_0", "--json", "-q"])
+    assert r.exit_code == 0, r.exception
+    doc = json.loads(r.stdout)
+    assert doc["architecture"] == GGUFFile(f16).metadata["general.architecture"] == "llama"
+    assert doc["bytes"] == (tmp_path / "b.gguf").stat().st_size
+    r = CliRunner().invoke(app, ["convert", f16, "-o", str(tmp_path / "c.gguf"), "-t", "q4_0"], terminal_width=200)
+    assert r.exit_code == 0, r.exception
+    size = (tmp_path / "c.gguf").stat().st_size
+    assert re.search(r"architecture\s+llama *\n", r.stdout) and "Typed" not in r.stdout
+    assert f"{size:,} bytes" in r.stdout
 
 
 @pytest.mark.parametrize("args, words", [

@@ -609,3 +609,246 @@ def test_inspect_keeps_a_long_revision_whole_on_its_own_line(monkeypatch):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[1] == "model_revision" and lines[2] == "  " + sha and all(len(x) <= 80 for x in lines)
+
+
+# --------------------------------------------------------------------------- issues 17 and 23: follow-ups (s7-fixa)
+
+
+def cli(*args, input=None):
+    """Run the CLI in-process; returns click's Result (SterError as ``exception``; stderr kept apart)."""
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], input=input, terminal_width=200)
+
+
+@pytest.fixture(scope="module")
+def captures(tiny, tmp_path_factory):
+    """Two captures of every layer of the tiny llama, and the CAA vector between them."""
+    root = tmp_path_factory.mktemp("captures")
+    for side, text in (("pos", "w5 w6 w7"), ("neg", "w9 w10 w11")):
+        r = cli("capture", "-m", tiny, "-p", text, "-q", "-o", root / f"{side}.safetensors")
+        assert r.exit_code == 0, r.exception
+    r = cli("vector", "caa", "--positive", root / "pos.safetensors", "--negative", root / "neg.safetensors",
+            "-o", root / "v.json")
+    assert r.exit_code == 0, r.exception
+    return root
+
+
+def test_vector_commands_print_layers_as_capture_does(captures, tiny, tmp_path):
+    n = json.loads((tiny / "config.json").read_text())["num_hidden_layers"]
+    r = cli("vector", "caa", "--positive", captures / "pos.safetensors", "--negative", captures / "neg.safetensors",
+            "-o", tmp_path / "c.json")
+    assert r.exit_code == 0 and f"layers 0..{n - 1} ({n});" in r.stderr and "[" not in r.stderr, r.stderr
+    r = cli("vector", "pca", "--positive", captures / "pos.safetensors", "--negative", captures / "neg.safetensors",
+            "-o", tmp_path / "p.json")
+    assert r.exit_code == 0 and f"layers 0..{n - 1} ({n});" in r.stderr and "(pca, 1 pair)" in r.stderr, r.stderr
+    r = cli("vector", "export", captures / "v.json", "-o", tmp_path / "x.gguf")
+    assert r.exit_code == 0, r.exception
+    lines = r.stderr.splitlines()  # the warning comes before the line that says what was written
+    assert lines[0].startswith("warning: layer 0") and lines[-1].startswith(f"control vector: layers 1..{n - 1} "
+                                                                           f"({n - 1}) at"), lines
+
+
+def test_vector_export_never_overwrites_another_file(captures, tmp_path):
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.gguf.writer import TensorEntry, write_gguf
+
+    vector = captures / "v.json"
+    before = {p.name: p.read_bytes() for p in captures.iterdir()}
+    for target, words in ((vector, "name it v.gguf"), (captures / "pos.safetensors", "name it pos.gguf"),
+                          (tmp_path, "is a directory")):
+        r = cli("vector", "export", vector, "-o", target)
+        assert isinstance(r.exception, SterError) and words in str(r.exception), (target, r.exception)
+    not_gguf, model = tmp_path / "notes.gguf", tmp_path / "model.gguf"
+    not_gguf.write_text('{"mine": true}')
+    write_gguf(model, {"general.architecture": "llama"},
+               [TensorEntry("token_embd.weight", (4,), "F32", lambda: np.zeros(4, np.float32).view(np.uint8))])
+    kept = model.read_bytes()
+    for target in (not_gguf, model):
+        r = cli("vector", "export", vector, "-o", target)
+        assert isinstance(r.exception, SterError) and "is not a control-vector GGUF" in str(r.exception)
+    assert not_gguf.read_text() == '{"mine": true}' and model.read_bytes() == kept
+    assert {p.name: p.read_bytes() for p in captures.iterdir()} == before
+    out = tmp_path / "cv.gguf"
+    assert cli("vector", "export", vector, "-o", out, "-q").exit_code == 0
+    assert cli("vector", "export", vector, "-o", out, "-q", "--strength", "2").exit_code == 0  # replaces our own
+    assert GGUFFile(out).metadata["general.architecture"] == "controlvector"
+
+
+@pytest.mark.parametrize("layers", ["0..99999999999999999999", "99999999999999999999", "0..100000000000",
+                                    "-99999999999999999999..1"])
+def test_huge_layer_numbers_are_named_not_overflowed(captures, tiny, tmp_path, layers):
+    from ster_py.capture import parse_layers
+
+    with pytest.raises(SterError, match=r"does not exist; this model has layers 0\.\.2"):
+        parse_layers(layers, 3)
+    for args in (("capture", "-m", tiny, "-p", "w5", "-o", tmp_path / "c.safetensors"),
+                 ("vector", "caa", "--positive", captures / "pos.safetensors", "--negative",
+                  captures / "neg.safetensors", "-o", tmp_path / "v.json")):
+        r = cli(*args, "--layers", layers)
+        assert isinstance(r.exception, SterError) and "does not exist; this model has layers 0.." in str(r.exception)
+
+
+def test_unwritable_output_directories_are_one_error(captures, tiny, tmp_path):
+    """The temporary file beside an output cannot be made (no permission, no such directory, a read-only
+    file system): one "cannot write" error, from the one place every atomic output goes through."""
+    from ster_py.artifacts import atomic_directory, atomic_outputs
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: a file where the directory should be
+            locked.chmod(0o700)
+            locked.rmdir()
+            locked.write_text("a file")
+        for make in (lambda: atomic_outputs(locked / "x.json"), lambda: atomic_directory(locked / "d")):
+            with pytest.raises(SterError, match=r"^cannot write .*locked/"):
+                with make():
+                    pass
+        hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+        adapter = write_ster_adapter(tmp_path / "a.lora.json", str(tiny), hidden, 0, hidden)
+        for args in (("capture", "-m", tiny, "-p", "w5", "-o", locked / "c.safetensors"),
+                     ("vector", "caa", "--positive", captures / "pos.safetensors", "--negative",
+                      captures / "neg.safetensors", "-o", locked / "v.json"),
+                     ("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", locked / "merged"),
+                     ("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", locked / "merged.gguf")):
+            r = cli(*args)
+            assert isinstance(r.exception, SterError) and str(r.exception).startswith("cannot write "), r.exception
+    finally:
+        if locked.is_dir():
+            locked.chmod(0o700)
+
+
+def test_counts_are_singular_for_one(tiny):
+    r = cli("tokenize", "-m", tiny, "--text", "w5")
+    assert r.exit_code == 0 and r.stderr.strip().endswith("1 token"), r.stderr
+    r = cli("generate", "-m", tiny, "-p", "w5", "--max-new-tokens", "1", "--chat-template", "off")
+    assert r.exit_code == 0 and "1 prompt token, 1 new token (" in r.stderr, r.stderr
+
+
+def test_chat_save_keeps_other_files_and_names_a_directory(tiny_chat, tmp_path):
+    from ster_py.cli_chat import save_conversation
+
+    turn = [{"role": "user", "content": "w5"}]
+    notes, saved = tmp_path / "notes.json", tmp_path / "chat.json"
+    notes.write_text('{"mine": true}')
+    with pytest.raises(SterError, match="is not a saved conversation"):
+        save_conversation(turn, notes)
+    with pytest.raises(SterError, match="is a directory"):
+        save_conversation(turn, tmp_path)
+    save_conversation(turn, saved)
+    save_conversation(turn * 2, saved)  # an earlier conversation is replaced
+    assert json.loads(saved.read_text()) == turn * 2 and notes.read_text() == '{"mine": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json", "notes.json"]  # no temporary left
+    r = cli("chat", "-m", tiny_chat, "-q", "--max-new-tokens", "1", input=f"/save {notes}\n/save {tmp_path}\n")
+    assert r.exit_code == 0, r.exception
+    assert "is not a saved conversation" in r.stderr and "is a directory" in r.stderr and "Errno" not in r.stderr
+    assert notes.read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize("alpha, words", [("NaN", "must be a finite number"), ("Infinity", "must be a finite number"),
+                                          ("1" + "0" * 400, "must be a finite number"),
+                                          ("1e39", "overflows float32"), ('"8"', "must be a finite number")],
+                         ids=["nan", "inf", "10**400", "1e39", "string"])
+def test_lora_alpha_must_be_finite_and_fit_float32(tiny, tmp_path, alpha, words):
+    """PEFT's adapter_config.json and ster's sidecar, through `generate --adapter` and `tune merge`: refused
+    when the adapter is read, with nothing written."""
+    hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+    side = write_ster_adapter(tmp_path / "a.lora.json", str(tiny), hidden, 0, hidden)
+    side.write_text(side.read_text().replace('"alpha": 4', f'"alpha": {alpha}'))
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(
+        f'{{"peft_type": "LORA", "r": 2, "lora_alpha": {alpha}, "target_modules": ["q_proj"], '
+        f'"base_model_name_or_path": "{tiny}"}}')
+    (peft / "adapter_model.safetensors").write_bytes((side.with_name("a.lora.safetensors")).read_bytes())
+    for adapter, name in ((side, "alpha"), (peft, "lora_alpha")):
+        r = cli("generate", "-m", tiny, "-p", "w5", "--max-new-tokens", "1", "--adapter", adapter)
+        assert isinstance(r.exception, SterError) and f": {name} " in str(r.exception), r.exception
+        assert words in str(r.exception), r.exception
+        r = cli("tune", "merge", "--adapter", adapter, "-m", tiny, "-o", tmp_path / "merged")
+        assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
+    assert not (tmp_path / "merged").exists()
+
+
+def test_deeply_nested_tools_file_is_refused(tiny_chat, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    r = cli("generate", "-m", tiny_chat, "-p", "w5", "--max-new-tokens", "1", "--tools", deep)
+    assert isinstance(r.exception, SterError) and "nested too deeply" in str(r.exception), r.exception
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_word(tmp_path):
+    """The console script (pyproject's [project.scripts]) imports the CLI under a Ctrl-C guard: a
+    KeyboardInterrupt raised by the import of typer stands for Ctrl-C pressed in the first second."""
+    import tomllib
+
+    script = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]["ster"]
+    module, _, func = script.partition(":")
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'typer':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            f"from {module} import {func}\n{func}()\n")
+    r = subprocess.run([sys.executable, "-c", code, "generate", "-p", "hi"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 130 and r.stderr == "interrupted\n" and r.stdout == "", r
+
+
+def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
+    import shutil
+    import signal
+    import time
+
+    long = tmp_path / "long"
+    shutil.copytree(tiny, long)
+    cfg = json.loads((long / "config.json").read_text())
+    (long / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 17}))
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m",
+                             str(long), "-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", str(1 << 16)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.read(1)  # the answer is streaming
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    rest, errors = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and first and (first + rest).endswith(b"\n"), (proc.returncode, rest[-40:])
+    assert errors.decode().endswith("interrupted\n") and b"Traceback" not in errors, errors
+
+
+@pytest.mark.parametrize("args, words", [(["--temperature", "abc"], "'abc' is not a number"),
+                                         (["--max-new-tokens", "1.5"], "'1.5' is not an integer"),
+                                         (["--top-k=x"], "'x' is not an integer")])
+def test_unparsable_numbers_are_said_plainly(tiny, args, words):
+    r = cli("generate", "-m", tiny, "-p", "w5", *args)
+    assert r.exit_code == 2 and words in r.stderr and "Input should be" not in r.stderr, r.stderr
+
+
+def test_perplexity_takes_the_model_as_the_other_commands_do(tiny, tmp_path, monkeypatch):
+    """-m/--model or the argument, the two agreeing; without either, the default preset (as generate)."""
+    import ster_py.load
+    from ster_py.presets import DEFAULT_PRESET
+
+    text = tmp_path / "t.txt"
+    text.write_text("w5 w6 w7 w8 w9 w10 " * 8)
+    docs = []
+    for how in (["-m", tiny], [tiny], [tiny, "--model", tiny]):
+        r = cli("perplexity", *how, "-f", text, "--ctx", "16", "--json", "-q")
+        assert r.exit_code == 0, r.exception
+        docs.append(json.loads(r.stdout))
+    assert docs[0]["ppl"] == docs[1]["ppl"] == docs[2]["ppl"] and docs[0]["model"] == str(tiny)
+    r = cli("perplexity", tiny, "-m", tmp_path, "-f", text)
+    assert isinstance(r.exception, SterError) and "two models given" in str(r.exception)
+    asked = []
+
+    def no_fetch(model, *a, **k):
+        asked.append(model)
+        raise SterError("not fetched in this test")
+
+    monkeypatch.setattr(ster_py.load, "load_model", no_fetch)
+    r = cli("perplexity", "-f", text)
+    assert asked == [DEFAULT_PRESET] and "not fetched" in str(r.exception)

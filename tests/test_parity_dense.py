@@ -373,17 +373,20 @@ def test_every_gguf_architecture_has_a_case():
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in GGUF_CASES.values()}
     # MoE: test_parity_moe; latent attention: test_parity_mla; state-space families: test_parity_ssm;
     # Gemma 4: test_parity_gemma4_gguf; the families without a Transformers implementation: test_parity_remote;
-    # the looped decoders: test_parity_loops; Gemma 3n: test_parity_gemma3n
+    # the looped decoders: test_parity_loops; Gemma 3n: test_parity_gemma3n; nemotron-nas and plamo3:
+    # test_parity_remote_b_gguf
     from test_parity_gemma3n import GGUF_CASES as GEMMA3N_CASES
     from test_parity_gemma4_gguf import GGUF_CASES as GEMMA4_CASES
     from test_parity_loops import GGUF_CASES as LOOP_CASES
     from test_parity_remote import GGUF_CASES as REMOTE_CASES
+    from test_parity_remote_b_gguf import GGUF_CASES as REMOTE_B_CASES  # nemotron-nas's deci, plamo3
     from test_parity_wrapped import GGUF_CASES as WRAPPED_CASES  # Muse Glimmer's, from its wrapper
     from test_parity_gemma3n import GGUF_CASES as GEMMA3N_CASES
 
     others = {FAMILIES[model_type].gguf_arch for model_type, _, _ in (*GEMMA4_CASES.values(), *REMOTE_CASES.values(),
                                                                       *WRAPPED_CASES.values(), *LOOP_CASES.values(),
-                                                                      *GEMMA3N_CASES.values())}
+                                                                      *GEMMA3N_CASES.values(),
+                                                                      *REMOTE_B_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.gguf_arch and not f.moe and not f.latent and not f.recurrent}
     assert declared == foundation | converted | (others & declared)

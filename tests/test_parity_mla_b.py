@@ -325,7 +325,7 @@ QUANT_CASES = {
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 
 
-def _decisive_dsa(path, model_type, config):
+def _decisive_dsa(path, model_type, config, components=None):
     """``test_parity_mla._decisive`` (decisive routing, 256-wide weights scaled by 0.25), plus a decisive
     indexer: every index query and key points along one rotary pair of frequency 10000 ** (-8 / 32)
     (0.1 rad per position), and every index head's weight is positive, so a key's score falls with its
@@ -342,6 +342,7 @@ def _decisive_dsa(path, model_type, config):
     col = config["n_routed_experts"]  # the columns before it carry _decisive's routing features
     pair, rope = 4, config["qk_rope_head_dim"]
     a = (2 * pair, 2 * pair + 1) if FAMILIES[model_type].indexer["interleaved"] else (pair, pair + rope // 2)
+    a = components or a  # (another rotation's pair: test_parity_hc_gguf)
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
         emb[:, col] = 20 * float(emb.std())

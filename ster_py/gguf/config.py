@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
-                      moe_spec, reused_kv_unread, sliding_layers, yarn_mscale)
+                      moe_spec, reused_kv_unread, sliding_layers, streams_spec, yarn_mscale)
 from ..decoder.block_sparse import BlockSparseSpec
 from ..decoder.indexer import IndexerSpec
 from ..decoder.delta import DELTA_MIXERS, DeltaSpec
@@ -118,7 +118,7 @@ LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
                             "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
-                            "laguna": "sigmoid", "step35": "sigmoid",
+                            "laguna": "sigmoid", "step35": "sigmoid", "hy_v4": None,
                             "exaone-moe": None, "bailingmoe2": None, "bailingmoe3": None}
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
@@ -167,8 +167,15 @@ GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 #   types: which layers index is read from attention.indexer.types (True: full), else every layer does;
 #         without the key, glm-dsa.cpp takes every layer of a file whose context_length is below
 #         1048576 (GLM-5, 5.1) as full, and GLM-5.2's pattern otherwise (two full, then one in four).
+#   (group GHC) hy-v4.cpp: pairs, the model's epsilon ("model": f_norm_eps = f_norm_rms_eps), the last
+#         rope.dimension_count components rotating (rope_last: ggml_rope_set_offset past the position-free
+#         ones); without attention.indexer.types its loader stops (layer 0 must own an indexer): "required".
 LLAMA_CPP_INDEXER = {"deepseek32": {"interleaved": False, "norm_eps": 1e-6, "types": False},
-                     "glm-dsa": {"interleaved": True, "norm_eps": 0.0, "types": True}}
+                     "glm-dsa": {"interleaved": True, "norm_eps": 0.0, "types": True},
+                     "hy_v4": {"interleaved": True, "norm_eps": "model", "types": "required", "rope_last": True}}
+# Architectures whose routed SwiGLU clamp is ggml_swiglu_clamp (src/llama-graph.cpp's build_moe_ffn): the gate
+# at most the limit before silu, up within [-limit, limit] (MoESpec.clamp_act False), not the common clamp.
+LLAMA_CPP_CLAMP_GATE = ("hy_v4", "deepseek4", "glm5-next")
 GLM_5_2 = {"context": 1048576, "lead": 2, "period": 4}
 # Latent architectures whose loader reads rope.scaling.yarn_log_multiplier (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX);
 # glm-dsa.cpp's does not (its kq_scale then has no mscale_all_dim term).
@@ -194,6 +201,10 @@ LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehy
 # The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
 # qwen3next.cpp and qwen35.cpp).
 LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
+# Architectures whose per-layer attention.head_count and feed_forward_length say which half each layer has
+# (src/models/deci.cpp): head_count 0, no attention (nor its norm); feed_forward_length 0, no feed-forward
+# (nor its norm); a layer with heads but head_count_kv 0 is DeciLM's linear replacement of attention.
+LLAMA_CPP_HALVES = ("deci",)
 # minimax-01.cpp joins each sublayer as output + residual_scale * its normed input (the converter
 # requires every beta to be 1 and every alpha equal, and stores that alpha as residual_scale).
 LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
@@ -328,8 +339,8 @@ def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int,
     def bound(values, i):
         return float(values[i]) if values is not None and values[i] > 1e-6 else None  # llama.cpp's eps
 
-    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i), clamp_act=True)
-            if r else None for i, r in enumerate(routed)]
+    return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i),
+                    clamp_act=arch not in LLAMA_CPP_CLAMP_GATE) if r else None for i, r in enumerate(routed)]
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -364,6 +375,55 @@ def _layer_values(meta: Mapping, key: str, n_layers: int, path: str, default=Non
         raise SterError(f"{path}: GGUF metadata {key} must be a whole number or one per layer ({n_layers}), "
                         f"got {brief_value(value)}")
     return [int(v) for v in values]
+
+
+def _gguf_halves(meta: Mapping, arch: str, tensors: Mapping[str, tuple], n_all: int, n_layers: int,
+                 path: str) -> list[tuple[int, int, int]]:
+    """Per layer, (query heads, key/value heads, feed-forward width) of a ``LLAMA_CPP_HALVES`` file, as
+    llama.cpp's deci loader reads them: ``attention.head_count``, ``head_count_kv`` and
+    ``feed_forward_length``, each one value or one per block, 0 where the layer lacks that half.
+
+    Raises:
+        SterError: a value that is not a whole number in range or a list of the wrong length; a layer
+            with heads but no key/value heads (DeciLM's linear replacement of attention, not supported),
+            key/value heads without heads, no attending layer at all, or a half the metadata leaves out
+            whose weights the file holds (llama.cpp's converter writes 0 for a feed-forward sized by
+            intermediate_size rather than ffn_mult; llama.cpp does not load such a file either).
+    """
+    def values(key: str, limit: int) -> list[int]:
+        v = meta.get(f"{arch}.{key}")
+        got = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_all
+        if len(got) != n_all or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                                    or not 0 <= x <= limit for x in got):
+            raise SterError(f"{path}: GGUF metadata {arch}.{key} must be a whole number in 0..{limit} or one per "
+                            f"block ({n_all}; 0: the layer has no such half), got {brief_value(v)}")
+        return [int(x) for x in got[:n_layers]]
+
+    from ..config import MAX_DIM
+
+    heads, kv, widths = (values("attention.head_count", MAX_HEADS), values("attention.head_count_kv", MAX_HEADS),
+                         values("feed_forward_length", MAX_DIM))
+    if not any(heads):
+        raise SterError(f"{path}: no layer of this {arch} file has attention ({arch}.attention.head_count all 0); "
+                        "ster does not run it")
+    for i, (h, k, w) in enumerate(zip(heads, kv, widths)):
+        if h and not k:
+            raise SterError(f"{path}: layer {i} has {h} heads and no key/value heads ({arch}.attention.head_count_kv "
+                            "0): DeciLM's linear replacement of attention (replace_with_linear) is not supported")
+        if k and not h:
+            raise SterError(f"{path}: layer {i} has {k} key/value heads but no query heads ({arch}.attention."
+                            "head_count 0)")
+        for absent, key, prefix, why in (
+                (not h, "attention.head_count", "attn_", "the file does not match its metadata; re-convert the model"),
+                (not w, "feed_forward_length", "ffn_",
+                 "llama.cpp's converter writes 0 for a DeciLM feed-forward sized by intermediate_size rather than "
+                 "ffn_mult, and llama.cpp cannot load the file either. Re-convert with the layer's width in "
+                 "feed_forward_length, or load the checkpoint's directory")):
+            held = sorted(n for n in tensors if n.startswith(f"blk.{i}.{prefix}"))
+            if absent and held:
+                raise SterError(f"{path}: layer {i}'s {arch}.{key} is 0 (no such half) but the file holds "
+                                f"{held[0]}: {why}")
+    return list(zip(heads, kv, widths))
 
 
 def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_layers: int, eps: float,
@@ -449,15 +509,26 @@ def _sliding_flags(meta: Mapping, arch: str, family: FamilySpec, n_layers: int, 
                    n_all: int | None = None) -> list[bool]:
     """Which layers attend through the sliding window, as llama.cpp places them.
 
-    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4);
-    otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
+    A per-layer ``sliding_window_pattern`` array in the file wins (OLMo 3, EXAONE 4); a single
+    number is the rule's period (PLaMo 3; llama.cpp's ``load_swa_pattern``); otherwise the family's rule applies, which is the pattern llama.cpp fixes in code
     (``set_swa_pattern``: Gemma 2 every other layer, Gemma 3 five of six, Cohere 2 three of four).
     """
     window = meta.get(f"{arch}.attention.sliding_window")
     if not window:
         return [False] * n_layers
     flags = _pattern_array(meta, arch, n_layers, path)
-    return flags if flags is not None else sliding_layers({"sliding_window": int(window)}, family, n_layers, path)
+    if flags is not None:
+        return flags
+    # one period for all layers (load_swa_pattern reads it over the architecture's default; PLaMo 3's converter
+    # writes the checkpoint's sliding_window_pattern)
+    period = meta.get(f"{arch}.attention.sliding_window_pattern")
+    config = {"sliding_window": int(window)}
+    if period is not None:
+        if isinstance(period, (bool, np.bool_)) or not isinstance(period, (int, np.integer)) or not 0 < period <= 1 << 16:
+            raise SterError(f"{path}: GGUF metadata {arch}.attention.sliding_window_pattern must be a positive whole "
+                            f"number or one flag per layer, got {brief_value(period)}")
+        config["_sliding_window_pattern"] = int(period)
+    return sliding_layers(config, family, n_layers, path)
 
 
 def _pattern_array(meta: Mapping, arch: str, n_layers: int, path: str) -> list[bool] | None:
@@ -591,13 +662,18 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
         return _get(meta, f"{arch}.attention.indexer.{key}", int, path)
 
     spec = IndexerSpec(n_heads=g("head_count"), head_dim=g("key_length"), topk=g("top_k"),
-                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"], norm_eps=how["norm_eps"])
+                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"],
+                       norm_eps=latent.norm_eps if how["norm_eps"] == "model" else how["norm_eps"],
+                       rope_last=how.get("rope_last", False))
     if spec.rope_dim > spec.head_dim:
         raise SterError(f"{path}: {arch}.rope.dimension_count ({spec.rope_dim}) must not exceed "
                         f"{arch}.attention.indexer.key_length ({spec.head_dim})")
     full = [True] * n_layers
     if how["types"]:
         types = meta.get(f"{arch}.attention.indexer.types")
+        if types is None and how["types"] == "required":
+            raise SterError(f"{path}: GGUF metadata lacks {arch}.attention.indexer.types, which llama.cpp requires "
+                            f"for architecture {arch!r} (which layers own an indexer)")
         if types is None and max_pos >= GLM_5_2["context"]:
             full = [i < GLM_5_2["lead"] or (i - GLM_5_2["lead"]) % GLM_5_2["period"] == 0 for i in range(n_layers)]
         elif types is not None:
@@ -726,7 +802,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         n_all = n_layers = looped_stack(config, family, n_all, path)
     layering = LLAMA_CPP_LAYERS.get(arch)
     kv_list = ff_list = None
-    if layering is None:
+    halves = _gguf_halves(meta, arch, tensors or {}, n_all, n_layers, path) if arch in LLAMA_CPP_HALVES else None
+    if halves is not None:  # a layer without attention takes the model's counts (it has no weights to size)
+        first = next(h for h in halves if h[0])
+        layer_heads = [h or first[0] for h, _, _ in halves]
+    elif layering is None:
         layer_heads = _layer_counts(meta, arch, "attention.head_count", None, n_all, n_layers, path)
     else:  # state-space architectures: per-layer head and width arrays say which layer is which
         layer_heads = [g("attention.head_count", int) if layering != "scan" else 1] * n_layers
@@ -745,7 +825,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         head_dim = g("attention.key_length", int, hidden // heads)
         v_head_dim = g("attention.value_length", int, head_dim)
     else:
-        layer_kv = _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path)
+        layer_kv = ([k or first[1] for _, k, _ in halves] if halves is not None else
+                    _layer_counts(meta, arch, "attention.head_count_kv", layer_heads, n_all, n_layers, path))
         head_dim = g("attention.key_length", int, hidden // heads)
         v_head_dim = g("attention.value_length", int, head_dim)
     kv_heads = layer_kv[0]
@@ -820,7 +901,9 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         full = replace(full, inv_freq=full.inv_freq / rope_freqs.astype(np.float64))
 
     # A model whose every layer routes may state only the experts' width.
-    if ff_list is not None:  # per layer (0: none); the layers with one share it
+    if halves is not None:  # per layer (0: none), each its own: the model's is the first layer's
+        dense_width = next((w for _, _, w in halves if w), hidden)
+    elif ff_list is not None:  # per layer (0: none); the layers with one share it
         # (where the experts' widths are listed per layer, a routed layer's entry is its experts' width: Puzzle)
         per_layer_experts = isinstance(meta.get(f"{arch}.expert_feed_forward_length"), (list, tuple, np.ndarray))
         widths = {v for i, v in enumerate(ff_list) if v and not (
@@ -893,6 +976,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         elif layering is not None:
             mixer, ffn = _gguf_layer_kind(layering, family, kv_list[i], ff_list[i], routed[i])
             mixer = "latent" if mixer == "attention" and latent is not None else mixer
+        if halves is not None:
+            mixer, ffn = mixer if halves[i][0] else "none", ffn if halves[i][2] else "none"
         if mixer not in ATTENTION_MIXERS:
             rope = None
         own = {k: v for k, v, model in (("num_attention_heads", layer_heads[i], heads),
@@ -917,6 +1002,11 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["v_head_dim"] = swa_v_head
         elif sliding[i] and swa_head != head_dim:
             own.pop("v_head_dim", None)
+        if halves is not None:  # each half's norm goes with it; a feed-forward of its own width
+            own["norms"] = tuple(n for n in family.norms if (halves[i][0] or not n.startswith("attn"))
+                                 and (halves[i][2] or not n.startswith("ffn")))
+            if halves[i][2] and halves[i][2] != dense_width:
+                own["intermediate_size"] = halves[i][2]
         if sparsity[i]:
             own["ffn_sparsity"] = sparsity[i]
         if shared[i] is not None:
@@ -1001,6 +1091,10 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
              if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
         delta=_gguf_delta(meta, arch, family, heads, eps, path) if family.recurrent in DELTA_MIXERS else None,
         residual_normed=arch in LLAMA_CPP_SCALED_JOIN,
+        # hyper-connections (hy-v4.cpp): hyper_connection.count / epsilon / magnitude as the family's config keys
+        # (gguf_config), the streams' norm taking the model's epsilon
+        streams=(streams_spec(_Reader(dict(config, norm_eps=eps, rms_norm_eps=eps), family, path), family, path)
+                 if family.streams is not None else None),
         **_per_layer_input(meta, arch, tensors, path),
         **residual_extras,
         **fields,

@@ -32,13 +32,13 @@ def gguf_layout(spec, family, config):
     transposed), experts as separate [n_expert, out, in] gate / up / down stacks (gpt-oss's
     and Llama 4's fused, inputs-first ones split and transposed), no base-model prefix,
     per-head q/k norms as one [heads, head_dim] tensor, and norms kept as offsets from one
-    (Gemma, Nemotron) as 1 + w; where it folds a family's multipliers into the weights
+    (Gemma, Nemotron) as 1 + w (PLaMo 3's from 1/5 and 5 ** -1.5 as w + those); where it folds a family's multipliers into the weights
     (Falcon-H1's muP, embedding and head multipliers), they are 1 here.
     """
     gguf_family = dataclasses.replace(family.for_config(config), **family.gguf_changes)
     folded = dict(mup=None, embed_scale=1.0, logit_scale=1.0) if family.gguf_folded else {}
     return dataclasses.replace(spec, names=gguf_family.gguf_names, fused_qkv="concat", inputs_first=False,
-                               root=None, norm_unit_offset=False, expert_inputs_first=(),
+                               root=None, norm_unit_offset=False, norm_offsets=(), expert_inputs_first=(),
                                expert_gate_up_interleaved=False, **folded)
 
 
@@ -102,6 +102,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
     if check is not None:
         check(resolved, spec)
     qk = (spec.num_attention_heads, spec.num_key_value_heads) if family.gguf_qk_permuted else None
-    weights = GGUFWeights(gguf, precision, qk_heads=qk)
+    # (layers with their own counts, DeciLM's: the converter reorders each by its own)
+    own = ({i: spec.attention_shape(i)[:2] for i in range(spec.num_hidden_layers) if spec.layers[i].stored is None}
+           if qk is not None else {})
+    weights = GGUFWeights(gguf, precision, qk_heads=qk, qk_layers={i: c for i, c in own.items() if c != qk})
     decoder = Decoder(spec, weights)
     return LoadedModel(resolved, spec, decoder, tokenizer, precision)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import __version__
 from ..adapters import WeightMap, check_adapter_for, read_adapter
-from ..artifacts import ST_DTYPES, atomic_directory, write_safetensors
+from ..artifacts import ST_DTYPES, atomic_directory, write_safetensors, writing
 from ..errors import SterError
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -244,11 +244,15 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{output.name}.", suffix=".merge", dir=output.parent) as tmp:
+    with writing(output):  # an unwritable directory: one "cannot write" error
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".merge", dir=output.parent)
+    try:
         merged = Path(tmp) / "merged"
         report = merge_adapter(model, adapter, merged, revision=revision, progress=progress)
         gguf = convert_model(str(merged), output, type_name, progress=progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     gguf["model"] = report["model"]
     report.update(output=str(output), files=[output.name], gguf=gguf)
     return report
