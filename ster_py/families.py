@@ -2621,6 +2621,13 @@ BAILING_HYBRID_NAMES = _with(
     lin_out=_BA + "dense")
 
 
+# llama.cpp's bailingmoe3 files (conversion/bailingmoe3.py): the Kimi names of kimi-linear with the full-rank
+# gates in ssm_f_a / ssm_g_a, exp(A_log) (not its negative) in ssm_a, the latent layers' head gate in attn_gate.
+GGUF_BAILING_HYBRID_NAMES = _with(GGUF_KIMI_LINEAR_NAMES, lin_f="blk.{i}.ssm_f_a", lin_g="blk.{i}.ssm_g_a",
+                                  lin_f_a=None, lin_f_b=None, lin_g_a=None, lin_g_b=None, lin_ssm_a=None,
+                                  lin_exp_a="blk.{i}.ssm_a", g="blk.{i}.attn_gate")
+
+
 def _ling3(c: Mapping) -> bool:
     """Ling 3.0 (Kimi Delta Attention): BailingMoeV3ForCausalLM, or any config stating short_conv_kernel_size."""
     archs = c.get("architectures")
@@ -4074,6 +4081,7 @@ FAMILIES: dict[str, FamilySpec] = {
         # g_proj, the safe gate) and head-gated latent attention by layer_group_size, Ling 2.0's router and
         # experts, Step 3.5's per-layer clamps. Ling 2.5 (lightning attention) is refused until it is tested.
         FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES,
+                                            gguf_names=GGUF_BAILING_HYBRID_NAMES,
                                             moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
                    keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
                    attn_gate="sigmoid", attn_gate_per_head=True,
@@ -4086,7 +4094,11 @@ FAMILIES: dict[str, FamilySpec] = {
                    defaults={"max_position_embeddings": 262144},
                    moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                                  "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
-                   refusals=_BAILING_HYBRID_REFUSALS),
+                   refusals=_BAILING_HYBRID_REFUSALS,
+                   # llama.cpp's bailingmoe3: its converter writes safe gates only (kda.safe_gate,
+                   # kda.gate_lower_bound: _gguf_delta); its graph rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM)
+                   gguf_arch="bailingmoe3",
+                   gguf_changes={"rope_interleaved": True}),
         # ---- g3n: Gemma 3n (issue 16)
         FamilySpec("gemma3n_text", gguf_arch="gemma3n", gguf_names=GGUF_GEMMA3N_NAMES, norms=_SANDWICH,
                    names=GEMMA3N_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True, default_act="gelu_pytorch_tanh", tie_default=True, attn_unscaled=True,
@@ -4193,10 +4205,11 @@ FAMILIES["longcat_flash_ngram"] = replace(
                      "ngram_vocab_size_ratio": 78})
 # group R2 (issue 16): Nemotron Puzzle is Nemotron-H below model., its layers in layers_block_type (mamba,
 # attention, mlp, moe) and each moe layer's top-k and expert width in block_configs (config.py gives those
-# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe; not read from GGUF here yet.
+# layers their own MoESpec). llama.cpp converts it as nemotron_h_moe (per-layer expert_used_count and
+# expert_feed_forward_length), which FAMILIES_BY_GGUF_ARCH reads as Nemotron-H (tests/test_parity_remote_c_gguf.py).
 FAMILIES["nemotron_h_puzzle"] = replace(
     FAMILIES["nemotron_h"], model_type="nemotron_h_puzzle", names=NEMOTRON_PUZZLE_NAMES, unconfirmed=True,
-    normalize=_nemotron_puzzle_config, gguf_arch=None,
+    normalize=_nemotron_puzzle_config, gguf_arch="nemotron_h_moe",
     refusals=FAMILIES["nemotron_h"].refusals + (
         Refusal(_nemotron_puzzle_blocks_wrong, "a block_configs that does not list one object per layer, each "
                 "with the block_type layers_block_type gives that layer, is not supported"),))

@@ -7,7 +7,8 @@ minimal SentencePiece-style vocabulary (the tiny checkpoints' word-level tokeniz
 knows); weights and hyper-parameters go through the converter untouched, except that a config.json
 key ``_llamacpp_drop_keys`` lists hyper-parameters the converter is not shown (the defaults
 Transformers' config class adds for keys a config written before them lacks) and ``_llamacpp_args``
-command-line options the converter gets for that checkpoint (``--no-mtp``).
+command-line options the converter gets for that checkpoint (``--no-mtp``); under ``_llamacpp_raw_config``
+the converter reads config.json as it stands (a model_type its pinned Transformers 4.57 lacks).
 """
 from __future__ import annotations
 
@@ -63,8 +64,10 @@ load_hparams = ModelBase.load_hparams
 
 
 def load_hparams_with_legacy(dir_model, *args, **kwargs):
-    hparams = load_hparams(dir_model, *args, **kwargs)
     config = json.loads((Path(dir_model) / "config.json").read_text())
+    if config.get(RAW):  # the config.json llama.cpp's pinned Transformers (4.57) reads as it stands
+        return {k: v for k, v in config.items() if not k.startswith("_llamacpp")}
+    hparams = load_hparams(dir_model, *args, **kwargs)
     for key, value in config.items():
         hparams.setdefault(key, value)  # Transformers 5 drops keys the converter still reads
     for key in config.get(DROP, ()):  # ... and adds defaults a config written before them lacks
@@ -74,6 +77,10 @@ def load_hparams_with_legacy(dir_model, *args, **kwargs):
 
 DROP = "_llamacpp_drop_keys"
 ARGS = "_llamacpp_args"  # converter options for one checkpoint (--no-mtp)
+# the converter reads config.json itself, as it does where its pinned Transformers (4.57.6,
+# requirements-convert_hf_to_gguf.txt) has no class for the model_type (bailing_hybrid): Transformers 5's
+# BailingHybridConfig rewrites head_dim to the rotated width, which the converter would write as kda.head_dim
+RAW = "_llamacpp_raw_config"
 conv.get_model_class = get_model_class
 ModelBase.load_hparams = staticmethod(load_hparams_with_legacy)
 logging.disable(logging.WARNING)

@@ -42,8 +42,8 @@ from .ssm import silu, softplus, vector
 #: ``LayerSpec.mixer`` kinds of the delta-rule mixers.
 DELTA_MIXERS = ("gated_delta", "kda")
 #: Roles stored in more than one shape of the same size (a convolution as [C, 1, K] or [C, K];
-#: Kimi's A_log as [1, 1, H, 1]).
-DELTA_RESHAPED_ROLES = ("lin_conv", "lin_a_log", "lin_ssm_a", "lin_dt_bias")
+#: Kimi's A_log as [1, 1, H, 1]; llama.cpp's ssm_a as [H, 1]).
+DELTA_RESHAPED_ROLES = ("lin_conv", "lin_a_log", "lin_ssm_a", "lin_exp_a", "lin_dt_bias")
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class DeltaSpec:
                ("lin_q", "weight"): (kd, hidden), ("lin_k", "weight"): (kd, hidden), ("lin_v", "weight"): (vd, hidden),
                ("lin_conv", "weight"): (c, k), ("lin_conv", "bias"): (c,),
                ("lin_dt_bias", ""): (per_head,), ("lin_a_log", ""): (hv,), ("lin_ssm_a", ""): (hv,),
+               ("lin_exp_a", ""): (hv,),
                ("lin_norm", "weight"): (self.head_v_dim,), ("lin_out", "weight"): (hidden, vd),
                ("lin_f_a", "weight"): (self.head_k_dim, hidden), ("lin_f_b", "weight"): (vd, self.head_k_dim),
                ("lin_g_a", "weight"): (self.head_v_dim, hidden), ("lin_g_b", "weight"): (vd, self.head_v_dim),

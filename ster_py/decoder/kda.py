@@ -49,8 +49,10 @@ class KimiDeltaAttention(Part):
         i: the layer.
         load: ``load(role, kind="weight", required=False)`` -> the layer's array: ``lin_q``,
             ``lin_k``, ``lin_v``, the convolution (``lin_conv`` or ``lin_q_conv`` / ``lin_k_conv`` /
-            ``lin_v_conv``), ``lin_f_a`` and ``lin_f_b`` (or the full-rank ``lin_f``), ``lin_dt_bias``, ``lin_a_log`` (or llama.cpp's
-            ``lin_ssm_a`` = -exp(A_log)), ``lin_b``, ``lin_g_a`` and ``lin_g_b`` (or ``lin_g``), ``lin_norm``, ``lin_out``.
+            ``lin_v_conv``), ``lin_f_a`` and ``lin_f_b`` (or the full-rank ``lin_f``), ``lin_dt_bias``,
+            ``lin_a_log`` (or llama.cpp's ``lin_ssm_a`` = -exp(A_log) of kimi-linear files, or
+            ``lin_exp_a`` = exp(A_log) of bailingmoe3 files), ``lin_b``, ``lin_g_a`` and ``lin_g_b``
+            (or ``lin_g``), ``lin_norm``, ``lin_out``.
         norm: unused.
 
     Calling it maps float32 [T, hidden] to float32 [T, hidden] and advances the layer's
@@ -77,9 +79,13 @@ class KimiDeltaAttention(Part):
         self.g_b = make_linear(load("lin_g_b", required=True)) if g_full is None else None
         self.conv_w, self.conv_b = conv_weights(load, s)
         self.dt_bias = vector(load("lin_dt_bias", "", required=True), (h * d,))
-        a_log = load("lin_a_log", "")
-        self.a_log = (vector(a_log, (h,)) if a_log is not None
-                      else np.log(-vector(load("lin_ssm_a", "", required=True), (h,))).astype(np.float32))
+        a_log, exp_a = load("lin_a_log", ""), load("lin_exp_a", "")
+        if a_log is not None:
+            self.a_log = vector(a_log, (h,))
+        elif exp_a is not None:  # exp(A_log), as llama.cpp's bailingmoe3 converter stores it
+            self.a_log = np.log(vector(exp_a, (h,))).astype(np.float32)
+        else:  # -exp(A_log), as its kimi-linear converter stores it
+            self.a_log = np.log(-vector(load("lin_ssm_a", "", required=True), (h,))).astype(np.float32)
         self.norm_w = vector(load("lin_norm", required=True), (s.head_v_dim,))
         self.out_proj = make_linear(load("lin_out", required=True))
 

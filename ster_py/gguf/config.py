@@ -114,12 +114,12 @@ LLAMA_CPP_MOE: dict[str, dict] = {
 # (the smallest normal F16), adding no epsilon.
 LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 # What llama.cpp assumes when the file leaves expert_gating_func out (glm4-moe.cpp, hy-v3.cpp, afmoe.cpp,
-# cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp and bailingmoe2.cpp
+# cohere2moe.cpp, laguna.cpp, step35.cpp: sigmoid); exaone-moe.cpp, bailingmoe2.cpp and bailingmoe3.cpp
 # require the key (None).
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
                             "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
                             "laguna": "sigmoid", "step35": "sigmoid", "hy_v4": None,
-                            "exaone-moe": None, "bailingmoe2": None}
+                            "exaone-moe": None, "bailingmoe2": None, "bailingmoe3": None}
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
 # "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
@@ -195,7 +195,9 @@ LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehy
                     # every full_attention_interval-th (8 when the file states neither)
                     "lfm2": "kv", "lfm2moe": "kv", "minimax-01": "recurrent",
                     # group SSM-B2
-                    "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv"}
+                    "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv",
+                    # group GBL: bailingmoe3.cpp (Ling 3.0) runs KDA where head_count_kv[i] is 0
+                    "bailingmoe3": "kv"}
 # The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
 # qwen3next.cpp and qwen35.cpp).
 LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
@@ -209,7 +211,8 @@ LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
 # Which key head a value head reads in llama.cpp's delta-rule graphs: qwen35.cpp / qwen35moe.cpp repeat the
 # key heads tiled (ggml_repeat_4d, the fused op's h % H_k), as their converter reorders the value heads;
 # qwen3next.cpp repeats each key head in place (the checkpoint's grouped order).
-LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped"}
+LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped",
+                    "bailingmoe3": "grouped"}
 
 # group WRAP. MiniMax Sparse Attention as minimax-m3.cpp runs it: every layer from
 # leading_dense_block_count on (the routed ones) selects blocks with its index branch (indexer.q_proj,
@@ -247,13 +250,15 @@ def _layer_counts(meta: Mapping, arch: str, key: str, default, n_all: int, n_lay
 
 
 def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head_dim: int,
-               path: str) -> bool | None:
+               path: str, skip: frozenset = frozenset()) -> bool | None:
     """The attention output gate as llama.cpp reads it from the file (``laguna.cpp``, ``step35.cpp``):
     None when no layer holds one, else whether it holds one value per head (else one per element),
-    told by its width. Every layer must hold the same kind.
+    told by its width. Every layer but those in ``skip`` (a hybrid's recurrent layers) must hold the same kind.
     """
     kinds = set()
     for i, h in enumerate(heads):
+        if i in skip:
+            continue
         shape = tensors.get(name.format(i=i) + ".weight")
         if shape is None:
             kinds.add(None)
@@ -266,6 +271,38 @@ def _gate_kind(tensors: Mapping[str, tuple], name: str, heads: list[int], v_head
         raise SterError(f"{path}: attention output gates on some layers only, or per head on some layers and "
                         "per element on others, are not supported")
     return kinds.pop()
+
+
+# Expert metadata a file may give one value per layer (NVIDIA Puzzle's nemotron_h_moe: conversion/nemotron.py
+# writes each block's top-k and expert width) -> the MoESpec field it sets.
+LAYER_MOE_KEYS = {"expert_used_count": "top_k", "expert_feed_forward_length": "expert_size"}
+
+
+def _layer_moe_shapes(meta: Mapping, arch: str, moe, routed: list[bool], n_layers: int, path: str) -> list:
+    """Each layer's routed feed-forward where the file lists ``LAYER_MOE_KEYS`` per layer (llama.cpp's loaders
+    read them with get_key_or_arr), else [] (every routed layer is ``moe``).
+
+    Raises:
+        SterError: a list of the wrong length, or a routed layer whose count or width is not positive.
+    """
+    if moe is None or not any(isinstance(meta.get(f"{arch}.{k}"), (list, tuple, np.ndarray)) for k in LAYER_MOE_KEYS):
+        return []
+    out = []
+    for i, r in enumerate(routed):
+        if not r:
+            out.append(None)
+            continue
+        top_k, size = moe.router.top_k, moe.expert_size
+        for key, field in LAYER_MOE_KEYS.items():
+            if isinstance(meta.get(f"{arch}.{key}"), (list, tuple, np.ndarray)):
+                v = _layer_values(meta, f"{arch}.{key}", n_layers, path)[i]
+                limit = moe.router.num_experts if field == "top_k" else 1 << 24
+                if not 0 < v <= limit:
+                    raise SterError(f"{path}: GGUF metadata {arch}.{key} gives routed layer {i} {v}; it must be "
+                                    f"in 1..{limit}")
+                top_k, size = (v, size) if field == "top_k" else (top_k, v)
+        out.append(replace(moe, router=replace(moe.router, top_k=top_k), expert_size=size))
+    return out
 
 
 def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int, path: str) -> list:
@@ -440,8 +477,16 @@ def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: f
     kernel = size("ssm.conv_kernel", 1024)
     if family.recurrent == "kda":
         d = size("kda.head_dim", MAX_HEADS * 64)
+        # the safe gate (lower_bound * sigmoid(...)) where the file states its bound (bailingmoe3.cpp, which
+        # takes kda.safe_gate as true when absent and requires a negative bound); Kimi's files state neither
+        bound = meta.get(f"{arch}.kda.gate_lower_bound")
+        safe = bound is not None and bool(meta.get(f"{arch}.kda.safe_gate", True))
+        if safe and (isinstance(bound, (bool, np.bool_)) or not isinstance(bound, (float, int, np.floating, np.integer))
+                     or not -1e4 < float(bound) < 0):
+            raise SterError(f"{path}: GGUF metadata {arch}.kda.gate_lower_bound must be a negative number, "
+                            f"got {brief_value(bound)}")
         return DeltaSpec("kda", heads, d, heads, d, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps, l2_eps=eps,
-                         gate_act="sigmoid")
+                         gate_act="sigmoid", safe_gate=safe, lower_bound=float(bound) if safe else -5.0)
     hk, dk, hv, inner = size("ssm.group_count"), size("ssm.state_size"), size("ssm.time_step_rank"), size("ssm.inner_size")
     if hv % hk or inner % hv:
         raise SterError(f"{path}: {arch}.ssm.time_step_rank ({hv} value heads) must be a multiple of "
@@ -527,6 +572,10 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     if not any(routed):
         return routed, None
     config = {key: meta[f"{arch}.{k}"] for k, key in GGUF_MOE_KEYS.items() if meta.get(f"{arch}.{k}") is not None}
+    first = routed.index(True)
+    for k in LAYER_MOE_KEYS:  # one value per layer (NVIDIA Puzzle's nemotron_h_moe): the first routed layer's here
+        if isinstance(config.get(GGUF_MOE_KEYS[k]), (list, tuple, np.ndarray)):
+            config[GGUF_MOE_KEYS[k]] = _layer_values(meta, f"{arch}.{k}", n_layers, path)[first]
     config = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
     gating = meta.get(f"{arch}.expert_gating_func")
     if gating is None and arch in LLAMA_CPP_GATING_DEFAULT:
@@ -561,7 +610,9 @@ def _gguf_moe(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping[str
     elif shexp is None:
         config["shared_intermediate_size"] = 0
     gated = any(f"blk.{i}.ffn_gate_inp_shexp.weight" in tensors for i in range(n_layers))
-    reader_family = replace(family, keys={}, fixed={}, moe_defaults={}, shared_gated=gated,
+    # (moe_latent_size: the experts' latent width, which nemotron-h.cpp reads; no other file states it)
+    reader_family = replace(family, keys={"moe_latent_size": ("moe_latent_size",)}, fixed={}, moe_defaults={},
+                            shared_gated=gated,
                             moe_fields={**family.moe_fields, "select_bias": select_bias, "group_rank": "top2",
                                         "renorm_eps": 0.0, "renorm_min": LLAMA_CPP_RENORM_MIN})
     return routed, moe_spec(_Reader(config, reader_family, path), reader_family, path)
@@ -853,7 +904,10 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     if halves is not None:  # per layer (0: none), each its own: the model's is the first layer's
         dense_width = next((w for _, _, w in halves if w), hidden)
     elif ff_list is not None:  # per layer (0: none); the layers with one share it
-        widths = {v for v in ff_list if v}
+        # (where the experts' widths are listed per layer, a routed layer's entry is its experts' width: Puzzle)
+        per_layer_experts = isinstance(meta.get(f"{arch}.expert_feed_forward_length"), (list, tuple, np.ndarray))
+        widths = {v for i, v in enumerate(ff_list) if v and not (
+            per_layer_experts and f"blk.{i}.ffn_gate_inp.weight" in (tensors or {}))}
         if len(widths) > 1:
             raise SterError(f"{path}: {arch}.feed_forward_length lists different widths per layer "
                             f"({brief_value(ff_list)}); ster runs feed-forwards of one width")
@@ -870,6 +924,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         dense_width = g("feed_forward_length", int) if meta.get(f"{arch}.feed_forward_length") is not None else None
     routed, moe = _gguf_moe(meta, arch, family, tensors or {}, n_layers, dense_width or 0, path)
     clamps = _layer_clamps(meta, arch, moe, routed, n_all, path)
+    shapes = _layer_moe_shapes(meta, arch, moe, routed, n_layers, path)
     if dense_width is None and moe is None:
         dense_width = g("feed_forward_length", int) if layering is None else hidden  # (missing: refused by name)
     window = meta.get(f"{arch}.attention.sliding_window")
@@ -931,8 +986,12 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         # (a latent layer's key/value heads are its query heads, expanded: llama.cpp's 1 is its MQA form)
         if mixer in ATTENTION_MIXERS and kv_list is not None and kv_list[i] != kv_heads and latent is None:
             own["num_key_value_heads"] = kv_list[i]
-        if clamps and clamps[i] is not None and clamps[i] != moe:
-            own["moe"] = clamps[i]
+        layer_moe = shapes[i] if shapes else moe
+        if clamps and clamps[i] is not None:
+            layer_moe = replace(layer_moe, limit=clamps[i].limit, shared_limit=clamps[i].shared_limit,
+                                clamp_act=clamps[i].clamp_act)
+        if layer_moe is not None and layer_moe != moe:
+            own["moe"] = layer_moe
         if index_kinds[i] is not None:
             own["indexer"] = index_kinds[i]
         if arch in LLAMA_CPP_SCALED_JOIN:
@@ -991,7 +1050,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         unit = LLAMA_CPP_BLOCK_SPARSE[arch]
         fields.update(ffn_glu=family.ffn_glu, ffn_limit=unit["swiglu_limit"], ffn_alpha=unit["swiglu_alpha"])
     if family.attn_gate and tensors is not None and "g" in family.gguf_names:
-        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path)
+        recurrent = frozenset(i for i, kv in enumerate(kv_list or ()) if kv == 0) if layering == "kv" else frozenset()
+        per_head = _gate_kind(tensors, family.gguf_names["g"], layer_heads, v_head_dim, path, recurrent)
         if per_head is None:
             fields["attn_gate"] = None
         else:
