@@ -173,10 +173,17 @@ def read_json(path: Path, what: str) -> dict:
 
     if not os.path.lexists(path):
         raise SterError(f"{what} {path} does not exist")
+    raw = read_regular(path, what)
+    if raw[:4] == b"GGUF":  # a llama.cpp file (a control vector from `ster vector export`, or a model)
+        raise SterError(f"{what} {path} is a GGUF file, not JSON; give the JSON file ster wrote (a steering vector "
+                        "from `ster vector caa` / `pca`, not its llama.cpp export)")
     try:
-        doc = json.loads(read_regular(path, what).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SterError(f"{what} {path} is not readable JSON: {e}") from None
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SterError(f"{what} {path} is not readable JSON: it is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise SterError(f"{what} {path} is not readable JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
+            from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise SterError(f"{what} {path} is not readable JSON: it is nested too deeply (thousands of levels)") \
             from None

@@ -56,7 +56,8 @@ def windows(ids: list[int], n_ctx: int, bos: int | None, max_chunks: int | None 
     if n_ctx < 8 or n_ctx % 2:
         raise SterError(f"--ctx {n_ctx} must be an even number of at least 8 tokens")
     if len(ids) < 2 * n_ctx:
-        raise SterError(f"the text tokenizes to {len(ids)} tokens; perplexity over windows of --ctx {n_ctx} needs "
+        count = f"{len(ids)} token" + ("" if len(ids) == 1 else "s")
+        raise SterError(f"the text tokenizes to {count}; perplexity over windows of --ctx {n_ctx} needs "
                         f"at least {2 * n_ctx} (two windows, as llama-perplexity); give a longer text or a smaller "
                         "--ctx")
     n = len(ids) // n_ctx

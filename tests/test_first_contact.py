@@ -852,3 +852,29 @@ def test_perplexity_takes_the_model_as_the_other_commands_do(tiny, tmp_path, mon
     monkeypatch.setattr(ster_py.load, "load_model", no_fetch)
     r = cli("perplexity", "-f", text)
     assert asked == [DEFAULT_PRESET] and "not fetched" in str(r.exception)
+
+
+def test_a_vector_that_is_not_json_is_named_plainly(tmp_path):
+    from ster_py.steering import read_vector
+
+    gguf = tmp_path / "happy.gguf.json"  # any name: the bytes say what it is
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)))
+    with pytest.raises(SterError, match="is a GGUF file, not JSON; give the JSON file ster wrote"):
+        read_vector(gguf)
+    text = tmp_path / "notes.json"
+    text.write_text("not json")
+    with pytest.raises(SterError, match=r"is not readable JSON \(Expecting value at line 1, column 1\)"):
+        read_vector(text)
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xfe\xff\x00")
+    with pytest.raises(SterError, match="it is not UTF-8 text"):
+        read_vector(binary)
+
+
+def test_perplexity_counts_read_in_the_singular():
+    from ster_py.perplexity import windows
+
+    with pytest.raises(SterError, match="the text tokenizes to 1 token; "):
+        windows([5], 8, None)
+    with pytest.raises(SterError, match="the text tokenizes to 3 tokens; "):
+        windows([5, 6, 7], 8, None)
