@@ -29,6 +29,7 @@ from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
 from test_parity_dense import PROMPT, _check
 from test_parity_mla import EXPERTS, MLA, VOCAB, _decisive, reference_steps
+from tiny import check_llamacpp_top1, check_token_steps
 from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err
@@ -420,17 +421,8 @@ def test_quantized_gguf_gives_llamacpps_logits(name, ftype, converted, tmp_path)
     ours = model.decoder.forward(LONG_PROMPT)
     (ref,) = llamacpp.logits(q, [LONG_PROMPT])
     ref = ref[:, :ours.shape[1]]
-    rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
-    assert rel < 0.05, rel
-    mine, theirs = ours.argmax(1), ref.argmax(1)
-    rows = np.arange(len(mine))
-    margin = ref[rows, theirs] - ref[rows, mine]
-    noise = np.sqrt(np.mean((ours - ref) ** 2))
-    assert np.all((mine == theirs) | (margin <= 3 * np.sqrt(2) * noise)), (np.nonzero(mine != theirs), margin, noise)
-    assert (mine == theirs).sum() >= len(mine) - 3
-    cache = model.decoder.new_cache()
-    steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
-    assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+    check_llamacpp_top1(ours, ref)  # a routing flip would move a whole row far more than a near-tie
+    check_token_steps(model, LONG_PROMPT, ours)
 
 
 def test_gguf_glm_dsa_indexer_types_without_the_key():

@@ -280,5 +280,27 @@ def check_against(model, ref, prompt, split: int = 9, tol: float = 1e-4) -> np.n
     return ref_logits
 
 
+def check_llamacpp_top1(ours: np.ndarray, ref: np.ndarray, rel_tol: float = 0.05, flips: int = 3) -> None:
+    """ster's logits ``ours`` [T, V] against llama.cpp's ``ref`` on a quantized file: relative error within
+    ``rel_tol``, and llama.cpp's top-1 token at every position except where llama.cpp's own top two lie closer
+    than three standard deviations of the difference of two logits' errors (sqrt(2) times their rms over the
+    prompt) -- a tie neither side's arithmetic can settle -- and at most ``flips`` such positions."""
+    rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+    assert rel < rel_tol, rel
+    mine, theirs = ours.argmax(1), ref.argmax(1)
+    rows = np.arange(len(mine))
+    margin = ref[rows, theirs] - ref[rows, mine]
+    noise = np.sqrt(np.mean((ours - ref) ** 2))
+    assert np.all((mine == theirs) | (margin <= 3 * np.sqrt(2) * noise)), (np.nonzero(mine != theirs), margin, noise)
+    assert (mine == theirs).sum() >= len(mine) - flips
+
+
+def check_token_steps(model, prompt, ours: np.ndarray) -> None:
+    """Decoding ``prompt`` one token at a time through the cache gives the whole-prompt logits ``ours``."""
+    cache = model.decoder.new_cache()
+    steps = np.concatenate([model.decoder.forward([t], cache) for t in prompt])
+    assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+
+
 # The clock chat templates see in tests (strftime_now), for ster and for transformers alike.
 PINNED = __import__("datetime").datetime(2026, 10, 18, 9, 30, 5)
