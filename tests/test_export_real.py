@@ -15,7 +15,8 @@ perplexity, each against llama.cpp.
   tokens ``ster generate --vector`` gives, which differ from the unsteered ones.
 - Merged adapter: ``tune merge --output FILE.gguf`` runs in llama.cpp with the greedy tokens of the checkpoint
   with that adapter.
-- Perplexity: ``ster perplexity`` and llama.cpp's llama-perplexity computation agree within 1 %.
+- Perplexity: ``ster perplexity`` and llama.cpp's llama-perplexity computation agree within 1e-3 on the F16 file
+  and on the exact weights of the Q4_K_M file (see the test for llama.cpp's 8-bit activations).
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from ster_py.gguf.reader import GGUFFile
 pytestmark = pytest.mark.real
 
 PLAIN = "The three primary colours are"
-README = Path(__file__).resolve().parent.parent / "README.md"
+# a fixed English text (not README.md, which changes with the project)
+PERPLEXITY_TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 
 
 @pytest.fixture(scope="module")
@@ -200,14 +202,20 @@ def test_merged_adapter_gguf_runs_in_llamacpp_with_the_adapted_models_tokens(hf,
     assert llamacpp.greedy(out, ids, 32) == adapted
 
 
-@pytest.mark.parametrize("ftype", ["f16", "q4_k_m"])
-def test_perplexity_agrees_with_llamacpp(ftype, converted, smollm2_q4_k_m):
+def test_perplexity_agrees_with_llamacpp(converted, smollm2_q4_k_m, tmp_path):
+    """F16: llama.cpp's computation on the same file agrees within 1e-3. Q4_K_M: ster decodes the blocks inside
+    float32 products, so its perplexity is that of the file's exact weights: llama.cpp on the file's float32
+    dequantization agrees within 1e-3. llama.cpp on the Q4_K_M file itself rounds each activation row to 8 bits
+    first (q8_K / q8_0 dot products); on 252 scored tokens that moved its perplexity by -1.5 % to +0.9 % across
+    three texts, hence its 3 % bound."""
     from ster_py.load import load_model
     from ster_py.perplexity import perplexity
 
-    path = converted("smollm2", "f16")[1] if ftype == "f16" else smollm2_q4_k_m
-    text = README.read_text(encoding="utf-8")
-    ours = perplexity(load_model(str(path)), text, 128, max_chunks=4)
-    theirs = llamacpp.perplexity(path, text, 128, max_chunks=4)
-    assert ours["tokens"] == len(theirs["nll"]) == 4 * 63
-    assert abs(ours["ppl"] / theirs["ppl"] - 1) < 0.01, (ours["ppl"], theirs["ppl"])
+    text = PERPLEXITY_TEXT.read_text(encoding="utf-8")
+    _, f16 = converted("smollm2", "f16")
+    exact = Path(convert_model(str(smollm2_q4_k_m), tmp_path / "q4_k_m-dequantized.gguf", "f32")["output"])
+    for path, reference, bound in ((f16, f16, 1e-3), (smollm2_q4_k_m, exact, 1e-3), (smollm2_q4_k_m, None, 0.03)):
+        ours = perplexity(load_model(str(path)), text, 128, max_chunks=4)
+        theirs = llamacpp.perplexity(reference or path, text, 128, max_chunks=4)
+        assert ours["tokens"] == len(theirs["nll"]) == 4 * 63
+        assert abs(ours["ppl"] / theirs["ppl"] - 1) < bound, (path.name, ours["ppl"], theirs["ppl"])
