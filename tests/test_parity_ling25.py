@@ -303,3 +303,14 @@ def test_refusals(config, match):
 
     with pytest.raises(SterError, match=match):
         spec_from_config(config, gate(config, "config.json"), "config.json")
+
+
+def test_parity_against_transformers_refuses_ling25(built):
+    """`ster parity --reference transformers` names what Transformers lacks instead of running Ling 3.0's class on
+    a Ling 2.5 checkpoint."""
+    from ster_py.parity import transformers_reference
+    from ster_py.resolve import resolve
+
+    case, path, ref, model = built
+    with pytest.raises(SterError, match="Ling 2.5"):
+        transformers_reference(resolve(str(path)))
