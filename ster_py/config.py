@@ -663,7 +663,8 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
             raise SterError(f"{where}: group_norm_size must be a positive whole number dividing the lightning "
                             f"heads' width ({heads} x {d}), got {brief_value(groups)}")
         return SSMSpec("lightning", heads * d, d, 1, num_heads=heads, norm_eps=float(eps),
-                       slope_eps=float(extras.get("slope_eps", 1e-5)), qkv_layout=extras.get("qkv_layout", "per_head"),
+                       slope_eps=float(extras.get("slope_eps", 1e-5)), slopes=extras.get("slopes", "minimax"),
+                       slope_layer_offset=int(extras.get("slope_layer_offset", 0)), qkv_layout=extras.get("qkv_layout", "per_head"),
                        qkv_silu=bool(extras.get("silu", True)), qk_norm=bool(extras.get("qk_norm", False)),
                        q_scaled=bool(extras.get("q_scaled", False)), norm_groups=groups)
     act = r.get("ssm_act", "silu")

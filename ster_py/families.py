@@ -2662,7 +2662,8 @@ def _bailing_hybrid_config(config: Mapping) -> Mapping:
     if not _ling3(c):  # Ling 2.5: lightning attention's extras (decoder/lightning.py), the release's defaults
         c = {**_LING25_DEFAULTS, **c}
         c["_lightning"] = dict(qkv_layout="concat", silu=bool(c["linear_silu"]), qk_norm=bool(c["use_qk_norm"]),
-                               q_scaled=True, slope_eps=0.0, norm_groups=c["group_norm_size"],
+                               q_scaled=True, slope_eps=0.0, slopes="alibi", slope_layer_offset=-1,
+                               norm_groups=c["group_norm_size"],
                                rope_dim=_ling25_rope_dim(c))
     if c.get("layer_types") is None and g is not None:
         whole = n // g * g

@@ -7,9 +7,11 @@ router and experts, norms and head, all saved by Transformers in Ling's names; e
 ``MiniMaxLightningAttention`` (its chunked prefill, read-out norm, sigmoid output gate, out_proj) with Ling 2.5's
 extras wired in from seed 002's words:
 
-- its slopes are MiniMax's, scaled by 1 - layer / (layers - 1) + 1e-5 (seed 002; the release's remote code
-  writes layer - 1 there, see the report), the decay tables rebuilt from them by the module's own
-  ``decay_factors``;
+- its slopes are those of the release's code (inclusionAI's modeling_bailing_moe_v2_5.py, and every port of
+  it: vLLM, SGLang, MLX): Lightning Attention-2's ALiBi series (for a power-of-two head count MiniMax's
+  2 ** (-8 / heads) to the powers 1..heads, which seed 002 names) scaled by 1 - (layer - 1) / (layers - 1)
+  + 1e-5, where seed 002 writes 1 - layer / (layers - 1) + 1e-5 (the weights were trained with the
+  release's), the decay tables rebuilt from them by the module's own ``decay_factors``;
 - between qkv_proj and the recurrence (the module's ``act_fn``): SiLU under linear_silu, each head's query and
   key through Transformers' ``LlamaRMSNorm`` under use_qk_norm, their leading head_dim x partial_rotary_factor
   channels rotated by halves with Transformers' Llama ``apply_rotary_pos_emb`` at the model's own cos/sin
@@ -54,9 +56,9 @@ CASES = {
     # MiniMax's own read-out: SiLU, no q/k norms, one norm group
     "silu-one-group": dict(use_qk_norm=False, linear_silu=True, group_norm_size=1),
     # the release's defaults: q/k norms, no SiLU, four norm groups, half of each head rotating
-    "release-defaults": {},
-    "five-layers-q-lora-two-groups-shared-2-eps-half": dict(
-        num_hidden_layers=5, q_lora_rank=24, use_qk_norm=True, linear_silu=True, group_norm_size=2,
+    "release-defaults-mtp": dict(mtp=True),
+    "five-layers-six-heads-q-lora-two-groups-shared-2-eps-half": dict(
+        num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6, q_lora_rank=24, use_qk_norm=True, linear_silu=True, group_norm_size=2,
         num_shared_experts=2, routed_scaling_factor=1.5, rms_norm_eps=0.5),
 }
 _RELEASE = {"use_qk_norm": True, "linear_silu": False, "group_norm_size": 4, "partial_rotary_factor": 0.5}
@@ -70,9 +72,13 @@ def layer_kinds(n: int, group: int) -> list[str]:
 
 
 def ling25_slopes(heads: int, layer: int, layers: int) -> np.ndarray:
-    """Seed 002: MiniMax's slopes (2 ** (-8 / heads) to the head's number from one) times
-    1 - layer / (layers - 1) + 1e-5."""
-    return (2.0 ** (-8.0 / heads)) ** np.arange(1, heads + 1) * (1 - layer / (layers - 1) + 1e-5)
+    """The release's slopes: for p the head count rounded down to a power of two, 2 ** (-8 / p) to the powers
+    1..p, then (past p heads) 2 ** (-8 / 2p) to the odd powers 1, 3, 5, ...; times
+    1 - (layer - 1) / (layers - 1) + 1e-5."""
+    p = 2 ** int(np.floor(np.log2(heads)))
+    base = [(2.0 ** (-8.0 / p)) ** k for k in range(1, p + 1)]
+    base += [(2.0 ** (-8.0 / (2 * p))) ** k for k in range(1, 2 * p, 2)][:heads - p]
+    return np.asarray(base) * (1 - (layer - 1) / (layers - 1) + 1e-5)
 
 
 class _Open:
@@ -164,7 +170,7 @@ def build_ling25(path, case: dict):
     """The oracle (module docstring) and its checkpoint in Ling 2.5's layout at ``path``."""
     import torch
 
-    c = dict(LING25, **{k: v for k, v in case.items() if k not in EXTRAS})
+    c = dict(LING25, **{k: v for k, v in case.items() if k not in EXTRAS and k != "mtp"})
     extras = {k: case.get(k, _RELEASE[k]) for k in EXTRAS}
     extras["head_dim"] = c["head_dim"]
     n, g = c["num_hidden_layers"], c["layer_group_size"]
@@ -207,6 +213,11 @@ def build_ling25(path, case: dict):
         "num_local_experts", "architectures", "num_mtp_layers")]
     own = dict(architectures=["BailingMoeV2_5ForCausalLM"], head_dim=D, num_experts=c["num_local_experts"],
                rope_theta=c["rope_theta"], **{k: case[k] for k in EXTRAS if k in case})
+    if case.get("mtp"):  # a multi-token-prediction layer after the last, which a forward never reads
+        own["num_nextn_predict_layers"] = 1
+        mtp = tensors
+        tensors = lambda state: dict(mtp(state), **{  # noqa: E731
+            f"model.layers.{n}.{name}.weight": np.ones(c["hidden_size"], np.float32) for name in ("enorm", "hnorm")})
     rewrite_checkpoint(path, own, drop=tuple(drop), tensors=tensors)
     model.kinds = kinds
     return model
@@ -254,10 +265,12 @@ def test_logits_cache_and_greedy_match_the_oracle(built):
 def test_layers_and_lightning_extras_are_read(built):
     case, path, ref, model = built
     spec, extras = model.spec, {**_RELEASE, **CASES[case]}
+    assert len(spec.layers) == ref.config.num_hidden_layers
     assert [layer.mixer for layer in spec.layers] == [
         "latent" if k == "full_attention" else "lightning" for k in ref.kinds]
     s = spec.ssm
-    assert (s.kind, s.qkv_layout, s.q_scaled, s.slope_eps) == ("lightning", "concat", True, 0.0)
+    assert (s.kind, s.qkv_layout, s.q_scaled, s.slope_eps, s.slopes, s.slope_layer_offset) == (
+        "lightning", "concat", True, 0.0, "alibi", -1)
     assert (s.qk_norm, s.qkv_silu, s.norm_groups) == (extras["use_qk_norm"], extras["linear_silu"],
                                                         extras["group_norm_size"])
     assert s.rope.rotary_dim == int(LING25["head_dim"] * extras["partial_rotary_factor"]) and not s.rope.interleaved
@@ -274,7 +287,9 @@ def test_each_extra_is_needed_for_the_match(built):
 
     case, path, ref, model = built
     want, s = _oracle_logits(ref, PROMPT), model.spec.ssm
-    changes = [dict(qkv_layout="per_head"), dict(rope=None), dict(qkv_silu=not s.qkv_silu)]
+    changes = [dict(qkv_layout="per_head"), dict(rope=None), dict(qkv_silu=not s.qkv_silu),
+               dict(slope_layer_offset=0)]
+    changes += [dict(slopes="minimax")] if s.num_heads & (s.num_heads - 1) else []  # not a power of two
     # the query's scale reaches the logits only through the read-out norm's epsilon (the norm undoes the rest):
     # the case with a large epsilon shows it
     changes += [dict(q_scaled=False)] if s.norm_eps >= 0.5 else []

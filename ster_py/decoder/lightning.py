@@ -22,8 +22,10 @@ same recurrence with its extras as ``SSMSpec`` data: ``query_key_value`` holds e
 every key head, then every value head (``qkv_layout`` "concat"), SiLU only under linear_silu
 (``qkv_silu``), per-head query and key RMS norms (``qk_norm``: ``ssm_q_norm`` / ``ssm_k_norm``, the
 model's epsilon), the leading partial_rotary_factor share of each head rotated by halves at
-rope_theta (``rope``), the query scaled by head_dim ** -0.5 (``q_scaled``), the slopes' per-layer
-factor 1 - i / (layers - 1) + 1e-5 (``slope_eps`` 0), and the read-out RMS-normed over
+rope_theta (``rope``), the query scaled by head_dim ** -0.5 (``q_scaled``), ALiBi's slopes (``slopes``
+"alibi": MiniMax's for a power-of-two head count) with the per-layer factor 1 - (i - 1) / (layers - 1) + 1e-5
+(``slope_eps`` 0, ``slope_layer_offset`` -1: the release's code and every port of it; seed 002 words it
+1 - i / (layers - 1) + 1e-5), and the read-out RMS-normed over
 group_norm_size equal groups (``norm_groups``) by ``g_norm``, times sigmoid(g_proj(x)), through dense.
 
 Step 2 runs the Cython kernel ``ster_py._kernels.lightning.lightning_scan``;
@@ -37,18 +39,27 @@ from ._fast import lightning as _kernel
 from .cache import RecurrentState
 from .linear import make_linear
 from .parts import Part
+from .positions import alibi_slopes
 from .ssm import silu, vector
 
 
-def lightning_decay(heads: int, layer: int, layers: int, slope_eps: float = 1e-5) -> np.ndarray:
-    """Each head's decay per token, float32 [heads]: exp(-slope_h * factor) with slope_h =
-    2 ** (-8 / heads * (h + 1)) and factor = 1 - layer / (layers - 1 + slope_eps) + 1e-5
-    (Transformers' ``get_slope_rate``; llama.cpp's with slope_eps 0). A one-layer model's factor
-    is 1 + 1e-5."""
-    slopes = 2.0 ** (-8.0 / heads * np.arange(1, heads + 1, dtype=np.float64))
+def lightning_decay(heads: int, layer: int, layers: int, slope_eps: float = 1e-5, slopes: str = "minimax",
+                    layer_offset: int = 0) -> np.ndarray:
+    """Each head's decay per token, float32 [heads]: exp(-slope_h * factor) with
+    factor = 1 - (layer + layer_offset) / (layers - 1 + slope_eps) + 1e-5.
+
+    ``slopes`` "minimax": slope_h = 2 ** (-8 / heads * (h + 1)) (Transformers' ``get_slope_rate``;
+    llama.cpp's with slope_eps 0). "alibi": ALiBi's series (``positions.alibi_slopes``), the same for a
+    power-of-two head count, else the nearest power's followed by every other one of its double's
+    (Lightning Attention-2's ``build_slope_tensor``, which Ling 2.5's release computes, with layer_offset
+    -1). A one-layer model's factor is 1 + 1e-5."""
+    if slopes == "alibi":
+        base = np.asarray(alibi_slopes(heads), np.float64)
+    else:
+        base = 2.0 ** (-8.0 / heads * np.arange(1, heads + 1, dtype=np.float64))
     span = layers - 1 + slope_eps
-    factor = (1.0 - layer / span if span else 1.0) + 1e-5
-    return np.exp(-(slopes * factor)).astype(np.float32)
+    factor = (1.0 - (layer + layer_offset) / span if span else 1.0) + 1e-5
+    return np.exp(-(base * factor)).astype(np.float32)
 
 
 def lightning_scan(q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, state: np.ndarray) -> np.ndarray:
@@ -114,7 +125,7 @@ class Lightning(Part):
         self.gate = make_linear(load("ssm_gate", required=True))
         self.norm_w = vector(load("ssm_norm", required=True), (s.d_inner,))
         self.out_proj = make_linear(load("ssm_out", required=True), load("ssm_out", "bias"))
-        self.decay = lightning_decay(s.num_heads, i, spec.num_hidden_layers, s.slope_eps)
+        self.decay = lightning_decay(s.num_heads, i, spec.num_hidden_layers, s.slope_eps, s.slopes, s.slope_layer_offset)
         self.q_norm = vector(load("ssm_q_norm", required=True), (s.d_state,)) if s.qk_norm else None
         self.k_norm = vector(load("ssm_k_norm", required=True), (s.d_state,)) if s.qk_norm else None
 

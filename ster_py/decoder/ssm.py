@@ -55,7 +55,11 @@ class SSMSpec:
         norm_eps: the gated norm's epsilon (lightning: its read-out norm's).
         slope_eps: lightning: the per-layer factor of the heads' decay rates is
             1 - i / (layers - 1 + slope_eps) + 1e-5 (Transformers adds 1e-5 in the divisor,
-            llama.cpp does not: 0; Ling 2.5 as seed 002 words it: 0).
+            llama.cpp does not: 0; Ling 2.5's release: 0).
+        slopes: lightning: the heads' base slopes, ``"minimax"`` (2 ** (-8 / heads) to the powers 1..heads)
+            or ``"alibi"`` (ALiBi's series, Ling 2.5's; the same for a power-of-two head count).
+        slope_layer_offset: lightning: added to the layer's index in the per-layer factor (Ling 2.5's
+            release: -1).
         qkv_layout: lightning: how ``ssm_in``'s rows hold the heads' queries, keys and values:
             ``"per_head"`` ([q_h | k_h | v_h] head after head, MiniMax) or ``"concat"`` (every
             query head, then every key head, then every value head: Ling 2.5's query_key_value).
@@ -85,6 +89,8 @@ class SSMSpec:
     gated_norm: bool = True
     norm_eps: float = 1e-5
     slope_eps: float = 1e-5
+    slopes: str = "minimax"
+    slope_layer_offset: int = 0
     qkv_layout: str = "per_head"
     qkv_silu: bool = True
     qk_norm: bool = False
