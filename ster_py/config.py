@@ -658,6 +658,9 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
             raise SterError(f"{where}: lightning attention's norm epsilon must be a number in (0, 1), "
                             f"got {brief_value(eps)}")
         extras = r.config.get("_lightning") or {}  # a family's extras its normalize states (Ling 2.5)
+        if not isinstance(extras, Mapping) or extras.get("qkv_layout", "per_head") not in ("per_head", "concat") \
+                or extras.get("slopes", "minimax") not in ("minimax", "alibi"):
+            raise SterError(f"{where}: lightning attention's extras are not understood: {brief_value(extras)}")
         groups = extras.get("norm_groups", 1)
         if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0 or (heads * d) % groups:
             raise SterError(f"{where}: group_norm_size must be a positive whole number dividing the lightning "

@@ -311,6 +311,11 @@ _BASE = {"model_type": "bailing_hybrid", "architectures": ["BailingMoeV2_5ForCau
     (dict(_BASE, num_kv_heads_for_linear_attn=2), "num_kv_heads_for_linear_attn"),
     (dict(_BASE, group_norm_size=3), "group_norm_size"),
     (dict(_BASE, use_nGPT=True), "use_nGPT"),
+    (dict(_BASE, linear_silu="false"), "linear_silu must be true or false"),
+    (dict(_BASE, use_qk_norm=1), "use_qk_norm must be true or false"),
+    (dict(_BASE, group_norm_size="4"), "group_norm_size"),
+    (dict(_BASE, partial_rotary_factor="half"), "different width"),
+    (dict(_BASE, group_norm_size=0), "group_norm_size"),
 ])
 def test_refusals(config, match):
     """Refused by the gate or by the config reader, before any weight is read."""
@@ -318,6 +323,21 @@ def test_refusals(config, match):
 
     with pytest.raises(SterError, match=match):
         spec_from_config(config, gate(config, "config.json"), "config.json")
+
+
+def test_inspect_reports_the_lightning_state(built):
+    """ster inspect: the lightning layers' [heads, D, D] states per sequence, the latent layers' bytes per
+    position."""
+    from ster_py.inspect import inspect_model
+
+    case, path, ref, model = built
+    info = inspect_model(str(path))
+    s, dims = model.spec.ssm, info["dimensions"]
+    lightning = sum(1 for k in ref.kinds if k == "linear_attention")
+    assert (dims["scan"], dims["scan_layers"], dims["ssm_heads"], dims["ssm_head_dim"]) == (
+        "lightning", lightning, s.num_heads, s.d_state)
+    assert info["state_bytes_per_sequence"] == lightning * s.num_heads * s.d_state ** 2 * 4
+    assert info["kv_bytes_per_position"] > 0
 
 
 def test_parity_against_transformers_refuses_ling25(built):
