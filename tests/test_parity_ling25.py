@@ -349,3 +349,14 @@ def test_parity_against_transformers_refuses_ling25(built):
     case, path, ref, model = built
     with pytest.raises(SterError, match="Ling 2.5"):
         transformers_reference(resolve(str(path)))
+
+
+def test_convert_refuses_ling25(built, tmp_path):
+    """ster convert does not write Ling 2.5 (llama.cpp has no architecture for it): refused by its layer kinds,
+    no file left."""
+    from ster_py.convert import convert_model
+
+    case, path, ref, model = built
+    with pytest.raises(SterError, match="does not write model_type 'bailing_hybrid'"):
+        convert_model(str(path), tmp_path / "x.gguf", "f16")
+    assert not (tmp_path / "x.gguf").exists()
