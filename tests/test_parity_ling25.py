@@ -59,9 +59,13 @@ CASES = {
     "release-defaults-mtp": dict(mtp=True),
     "five-layers-six-heads-q-lora-two-groups-shared-2-eps-half": dict(
         num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6, q_lora_rank=24, use_qk_norm=True, linear_silu=True, group_norm_size=2,
-        num_shared_experts=2, routed_scaling_factor=1.5, rms_norm_eps=0.5),
+        num_shared_experts=2, routed_scaling_factor=1.5, rms_norm_eps=0.5, use_qkv_bias=True, use_bias=True),
 }
-_RELEASE = {"use_qk_norm": True, "linear_silu": False, "group_norm_size": 4, "partial_rotary_factor": 0.5}
+_RELEASE = {"use_qk_norm": True, "linear_silu": False, "group_norm_size": 4, "partial_rotary_factor": 0.5,
+            "use_qkv_bias": False, "use_bias": False}
+# Keys of a case that are not BailingHybrid's: Ling 2.5's biases (use_qkv_bias: the latent layers' q_a / kv_a /
+# dense and the lightning query_key_value; use_bias: the lightning dense) and a multi-token-prediction layer.
+_OWN_KEYS = ("use_qkv_bias", "use_bias", "mtp")
 
 
 def layer_kinds(n: int, group: int) -> list[str]:
@@ -106,6 +110,8 @@ def _lightning_oracle(config, layer: int, extras: dict, rng):
     mm_cfg = MiniMaxConfig(hidden_size=config.hidden_size, num_attention_heads=H, head_dim=D, num_hidden_layers=n,
                            layer_types=["linear_attention"] * n, block_size=5, hidden_act="silu")
     mm = MiniMaxLightningAttention(mm_cfg, layer).eval()
+    mm.qkv_proj = torch.nn.Linear(config.hidden_size, 3 * H * D, bias=extras["use_qkv_bias"])
+    mm.out_proj = torch.nn.Linear(H * D, config.hidden_size, bias=extras["use_bias"])
     slope = torch.tensor(ling25_slopes(H, layer, n), dtype=torch.float32)[:, None, None]
     q_decay, k_decay, diag = mm.decay_factors(slope)
     mm.slope_rate, mm.query_decay, mm.key_decay, mm.diagonal_decay = slope, q_decay, k_decay, diag
@@ -113,6 +119,8 @@ def _lightning_oracle(config, layer: int, extras: dict, rng):
     with torch.no_grad():
         for lin in (mm.qkv_proj, mm.output_gate, mm.out_proj):
             lin.weight.copy_(torch.from_numpy(rng.randn(*lin.weight.shape).astype(np.float32) * 0.15))
+            if lin.bias is not None:
+                lin.bias.copy_(torch.from_numpy(rng.randn(*lin.bias.shape).astype(np.float32) * 0.1))
         for w in (mm.norm.weight, q_norm.weight, k_norm.weight):
             w.copy_(torch.from_numpy(rng.randn(*w.shape).astype(np.float32) * 0.3 + 1.0))
     tables = {}
@@ -170,8 +178,9 @@ def build_ling25(path, case: dict):
     """The oracle (module docstring) and its checkpoint in Ling 2.5's layout at ``path``."""
     import torch
 
-    c = dict(LING25, **{k: v for k, v in case.items() if k not in EXTRAS and k != "mtp"})
-    extras = {k: case.get(k, _RELEASE[k]) for k in EXTRAS}
+    c = dict(LING25, **{k: v for k, v in case.items() if k not in EXTRAS + _OWN_KEYS})
+    c["attention_bias"] = case.get("use_qkv_bias", False)  # the latent layers' q_a / kv_a / dense biases
+    extras = {k: case.get(k, _RELEASE[k]) for k in EXTRAS + ("use_qkv_bias", "use_bias")}
     extras["head_dim"] = c["head_dim"]
     n, g = c["num_hidden_layers"], c["layer_group_size"]
     kinds = layer_kinds(n, g)
@@ -202,6 +211,10 @@ def build_ling25(path, case: dict):
             out[p + "g_proj.weight"] = mm.output_gate.weight.detach().numpy()
             out[p + "g_norm.weight"] = mm.norm.weight.detach().numpy()
             out[p + "dense.weight"] = mm.out_proj.weight.detach().numpy()
+            if extras["use_qkv_bias"]:
+                out[p + "query_key_value.bias"] = _qkv_concat(mm.qkv_proj.bias.detach().numpy()[:, None], H, D)[:, 0]
+            if extras["use_bias"]:
+                out[p + "dense.bias"] = mm.out_proj.bias.detach().numpy()
             if extras["use_qk_norm"]:
                 out[p + "query_layernorm.weight"] = att.q_norm.weight.detach().numpy()
                 out[p + "key_layernorm.weight"] = att.k_norm.weight.detach().numpy()
@@ -210,9 +223,9 @@ def build_ling25(path, case: dict):
     saved = json.loads((path / "config.json").read_text())
     drop = [k for k in saved if k.startswith(("linear_", "kda_")) or k in (
         "layer_types", "mlp_layer_types", "short_conv_kernel_size", "qk_head_dim", "rope_parameters",
-        "num_local_experts", "architectures", "num_mtp_layers")]
+        "num_local_experts", "architectures", "num_mtp_layers", "attention_bias")]
     own = dict(architectures=["BailingMoeV2_5ForCausalLM"], head_dim=D, num_experts=c["num_local_experts"],
-               rope_theta=c["rope_theta"], **{k: case[k] for k in EXTRAS if k in case})
+               rope_theta=c["rope_theta"], **{k: case[k] for k in EXTRAS + ("use_qkv_bias", "use_bias") if k in case})
     if case.get("mtp"):  # a multi-token-prediction layer after the last, which a forward never reads
         own["num_nextn_predict_layers"] = 1
         mtp = tensors
