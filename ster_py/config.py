@@ -667,7 +667,8 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
                             f"heads' width ({heads} x {d}), got {brief_value(groups)}")
         return SSMSpec("lightning", heads * d, d, 1, num_heads=heads, norm_eps=float(eps),
                        slope_eps=float(extras.get("slope_eps", 1e-5)), slopes=extras.get("slopes", "minimax"),
-                       slope_layer_offset=int(extras.get("slope_layer_offset", 0)), qkv_layout=extras.get("qkv_layout", "per_head"),
+                       slope_layer_offset=int(extras.get("slope_layer_offset", 0)),
+                       qkv_layout=extras.get("qkv_layout", "per_head"),
                        qkv_silu=bool(extras.get("silu", True)), qk_norm=bool(extras.get("qk_norm", False)),
                        q_scaled=bool(extras.get("q_scaled", False)), norm_groups=groups)
     act = r.get("ssm_act", "silu")
@@ -1390,7 +1391,8 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                               for e in range(moe.router.num_experts - moe.identity_experts, moe.router.num_experts))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
-    ssm = ssm_spec(r, family, hidden, config_name) if family.recurrent and family.recurrent not in DELTA_MIXERS else None
+    scan = family.recurrent and family.recurrent not in DELTA_MIXERS
+    ssm = ssm_spec(r, family, hidden, config_name) if scan else None
     rope_dim = (config.get("_lightning") or {}).get("rope_dim") if ssm is not None and ssm.kind == "lightning" else None
     if rope_dim:  # lightning heads that rotate their leading channels by halves (Ling 2.5), at the model's base
         ssm = replace(ssm, rope=make_rope(_fixed_alpha(full_params, ssm.d_state), head_dim=ssm.d_state,

@@ -58,7 +58,8 @@ CASES = {
     # the release's defaults: q/k norms, no SiLU, four norm groups, half of each head rotating
     "release-defaults-mtp": dict(mtp=True),
     "five-layers-six-heads-q-lora-two-groups-shared-2-eps-half": dict(
-        num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6, q_lora_rank=24, use_qk_norm=True, linear_silu=True, group_norm_size=2,
+        num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6, q_lora_rank=24, use_qk_norm=True,
+        linear_silu=True, group_norm_size=2,
         num_shared_experts=2, routed_scaling_factor=1.5, rms_norm_eps=0.5, use_qkv_bias=True, use_bias=True),
 }
 _RELEASE = {"use_qk_norm": True, "linear_silu": False, "group_norm_size": 4, "partial_rotary_factor": 0.5,

@@ -125,7 +125,8 @@ class Lightning(Part):
         self.gate = make_linear(load("ssm_gate", required=True))
         self.norm_w = vector(load("ssm_norm", required=True), (s.d_inner,))
         self.out_proj = make_linear(load("ssm_out", required=True), load("ssm_out", "bias"))
-        self.decay = lightning_decay(s.num_heads, i, spec.num_hidden_layers, s.slope_eps, s.slopes, s.slope_layer_offset)
+        self.decay = lightning_decay(s.num_heads, i, spec.num_hidden_layers, s.slope_eps, s.slopes,
+                                     s.slope_layer_offset)
         self.q_norm = vector(load("ssm_q_norm", required=True), (s.d_state,)) if s.qk_norm else None
         self.k_norm = vector(load("ssm_k_norm", required=True), (s.d_state,)) if s.qk_norm else None
 
