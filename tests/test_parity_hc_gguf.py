@@ -27,9 +27,15 @@ agree within 2e-6. A layer whose indexer is shared after a delta-rule layer reus
 llama.cpp, where Transformers 5.24 stops ("Shared DSA layers require top-k indices from a previous full indexer
 layer"): no case has one.
 
-Not here: DeepSeek-V4 (``deepseek4``, conversion/deepseek.py), which the pinned converter writes too (the release's
-tensor names and its experts packed as MXFP4 with E8M0 scales); ster refuses its files by architecture until they
-are checked. Q4_K of the GLM-5-Next case: ster's logits are 5.3 % from llama.cpp's (Q8_0: 2.7 %), past the 5 %
+Not here: DeepSeek-V4 (``deepseek4``, conversion/deepseek.py), which the pinned converter writes too; ster refuses
+its files by architecture until they are checked. Found so far (from the converter and deepseek4.cpp, not run): the
+converter maps only the release's names (embed, layers.N.attn.wq_a, ffn.experts.E.w1, hc_attn_fn, hc_head_fn) and
+requires every routed expert as MXFP4 (w1/w2/w3 packed uint8 [rows, cols/2] beside an E8M0 ``.scale`` [rows,
+cols/32]), so a tiny checkpoint needs its experts drawn on the MXFP4 grid and packed; it reads compress_ratios,
+compress_rope_theta, num_hash_layers, hc_eps, swiglu_limit, n_shared_experts and scoring_func (sqrtsoftplus, which
+the loader requires) from config.json; the hash layers' tid2eid is written as I32; llama.cpp's graph asserts 4
+streams and knows only compression ratios 4 (with the indexer) and 128, so a case needs a prompt past 128 tokens
+for a heavily compressed entry to close. Q4_K of the GLM-5-Next case: ster's logits are 5.3 % from llama.cpp's (Q8_0: 2.7 %), past the 5 %
 the near-tie rule allows, so it is not claimed.
 """
 from __future__ import annotations
