@@ -178,12 +178,14 @@ LLAMA_CPP_INDEXER = {"deepseek32": {"interleaved": False, "norm_eps": 1e-6, "typ
                      # attention.layer_norm_epsilon (f_norm_eps, 0 when absent); every layer full unless
                      # attention.indexer.types says otherwise ("all"); pools of attention.indexer.kpool
                      # keys, the unfinished one kept under kpool_select_tail (true when absent)
-                     "glm5-next": {"interleaved": True, "norm_eps": "layer_norm_epsilon", "types": "all", "kpool": True}}
+                     "glm5-next": {"interleaved": True, "norm_eps": "layer_norm_epsilon", "types": "all",
+                                   "kpool": True}}
 # Architectures whose routed SwiGLU clamp is ggml_swiglu_clamp (src/llama-graph.cpp's build_moe_ffn): the gate
 # at most the limit before silu, up within [-limit, limit] (MoESpec.clamp_act False), not the common clamp.
 LLAMA_CPP_CLAMP_GATE = ("hy_v4", "deepseek4", "glm5-next")
 # (group GDS) Architectures whose dense feed-forwards are clamped too: build_ffn clamps every gated feed-forward of
-# layer i by swiglu_clamp_shexp[i] (ggml_swiglu_clamp for these), the leading dense layers' as well (ModelSpec.ffn_limit).
+# layer i by swiglu_clamp_shexp[i] (ggml_swiglu_clamp for these), the leading dense layers' as well
+# (ModelSpec.ffn_limit).
 LLAMA_CPP_DENSE_CLAMP = ("glm5-next",)
 # (group GDS) Latent architectures whose graph rotates no part of the query/key (rope.dimension_count 0).
 LLAMA_CPP_UNROTATED_LATENT = ("glm5-next",)
