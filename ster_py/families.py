@@ -2458,6 +2458,16 @@ GLM5_NEXT_NAMES = _with(
     **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")}, ()))
 for _p in ("fn", "base", "scale"):
     GLM5_NEXT_NAMES.pop(f"hc_head_{_p}")
+# ... and as llama.cpp's converter writes them (conversion/glm.py, GLM-5-Next): Kimi-Linear's delta-rule names,
+# DeepSeek Sparse Attention's indexer with the pool's gate and position terms (indexer_compressor_gate / _ape),
+# kv_b split per head (attn_k_b / attn_v_b), the hyper-connections as whole names (blk.N.hc_attn_fn.weight); no
+# head hyper-connection (the streams are averaged).
+GGUF_GLM5_NEXT_NAMES = _with(GGUF_KIMI_LINEAR_NAMES, idx_q_b="blk.{i}.indexer.attn_q_b", idx_k="blk.{i}.indexer.attn_k",
+                             idx_k_norm="blk.{i}.indexer.k_norm", idx_w="blk.{i}.indexer.proj",
+                             idx_pool_gate="blk.{i}.indexer_compressor_gate.weight",
+                             idx_pool_ape="blk.{i}.indexer_compressor_ape.weight",
+                             **{f"hc_{part}_{p}": f"blk.{{i}}.hc_{part}_{p}.weight"
+                                for part in ("attn", "ffn") for p in ("fn", "base", "scale")})
 _GLM5_NEXT_KEYS = dict(_LATENT_KEYS, **{
     "delta_k_heads": ("linear_num_heads",), "delta_v_heads": ("linear_num_heads",),
     "delta_k_dim": ("linear_head_dim",), "delta_v_dim": ("linear_head_dim",),
@@ -2510,6 +2520,12 @@ _GLM5_NEXT_REFUSALS = (
     Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
             "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
     _MOE_LAYER_FREQ,
+)
+# (group GDS) glm5-next files ster refuses by name: the graph's branch without the tail (llama.cpp appends no
+# unfinished pool, Transformers then attends everywhere) was not checked against either.
+_GLM5_NEXT_GGUF_REFUSALS = (
+    Refusal(lambda c: c.get("index_kpool_always_select_tail") is False,
+            "attention.indexer.kpool_select_tail false is not supported (not checked against llama.cpp's graph)"),
 )
 # ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
 # LongCat-Flash-Lite: names and readers.
@@ -4243,9 +4259,18 @@ FAMILIES: dict[str, FamilySpec] = {
                    positions="none", config_defaults=dict(_GLM5_NEXT_DEFAULTS),
                    indexer={"interleaved": True, "kpool": "model"}, ffn_limit=True,
                    streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model", "head": "mean"}, adapters="none",
-                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=None,
+                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=GGUF_GLM5_NEXT_NAMES,
                           moe_fields={**_V3_ROUTER["moe_fields"]}),
-                   refusals=_GLM5_NEXT_REFUSALS),
+                   refusals=_GLM5_NEXT_REFUSALS,
+                   # (group GDS) llama.cpp's glm5-next (src/models/glm5-next.cpp): KDA where head_count_kv[i] is 0,
+                   # the streams, the pooled indexer and the kda gate bound from the file; every gated
+                   # feed-forward (dense ones too) clamped by ggml_swiglu_clamp (gguf/config.py)
+                   gguf_arch="glm5-next",
+                   gguf_config={"hyper_connection.count": "hc_mult", "hyper_connection.epsilon": "hc_eps",
+                                "hyper_connection.sinkhorn_iterations": "hc_sinkhorn_iters",
+                                "attention.indexer.kpool": "index_kpool",
+                                "attention.indexer.kpool_select_tail": "index_kpool_always_select_tail"},
+                   gguf_refusals=_GLM5_NEXT_GGUF_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as
