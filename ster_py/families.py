@@ -1607,6 +1607,9 @@ def _indexer_pairs(interleaved: bool) -> Refusal:
 
 # Dots3-Note: DeepSeek-V3.2's block with a second latent attention on its sliding-window layers.
 DOTS3_NAMES = _with(DEEPSEEK_DSA_NAMES, g=_SA + "g_proj", k_rope_norm=_SA + "k_rope_only_layernorm")
+#: llama.cpp's dots3note tensors (conversion/dots3.py, src/models/dots3note.cpp): the head-wise gate and the
+#: rotated key part's norm.
+GGUF_DOTS3_NAMES = _with(GGUF_DSA_NAMES, g="blk.{i}.attn_gate", k_rope_norm="blk.{i}.attn_k_norm")
 #: Dots3NoteTextConfig's defaults for the sliding-window layers' latent (its swa_* keys).
 _DOTS3_SWA = {"num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1024, "kv_lora_rank": 1024,
               "head_dim": 256, "qk_nope_head_dim": 192, "v_head_dim": 128}
@@ -3834,8 +3837,11 @@ FAMILIES: dict[str, FamilySpec] = {
                    indexer={"interleaved": True}, latent_rescale=True, latent_k_rope_norm=True,
                    latent_model_eps=True, attn_gate="sigmoid", attn_gate_per_head=True, adapters="ffn",
                    unread=("vision_encoder.", "audio_encoder.", "audio_adapter.", "model.mtp."),
-                   **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
-                   refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS),
+                   **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DOTS3_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS,
+                   # group DOTS: llama.cpp's dots3note. Its converter folds the bottlenecks' sqrt(hidden / rank)
+                   # into their norms' weights (apply_mla_qkv_lora_rescale), so the file's norms apply as they are.
+                   gguf_arch="dots3note", gguf_changes={"latent_rescale": False}),
         # LongCat-Flash: each stored layer runs as two latent-attention layers with dense feed-forwards;
         # softmax-routed experts (identity ones among them) read the first's feed-forward input and join
         # the stream after the second.
