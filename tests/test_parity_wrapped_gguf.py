@@ -221,17 +221,27 @@ def dots3_release_keys(config: dict) -> dict:
 
 
 GGUF_CASES["dots3_note"] = (DOTS3_TYPE, DOTS3_GGUF, dots3_release_keys(DOTS3_GGUF))
+#: For llama.cpp's Q8_0 (built by test_parity_hc_gguf._decisive_spread: routing decided by features no 8-bit rounding
+#: moves): an index_topk of 32 keeps every key of the 32-token prompt (the F32 file tests the choice: a random
+#: indexer's scores lie within a few thousandths of their spread somewhere, where llama.cpp's 8-bit activations
+#: choose other keys than ster's float32 ones, as test_parity_hc_gguf.py's GLM-5-Next found)
+DOTS3_QUANT = dict(DOTS3_GGUF, index_topk=32)
 
 
 @pytest.fixture(scope="module")
 def dots3_gguf(tmp_path_factory):
-    """(the converted F32 .gguf, transformers' Dots3-Note model)."""
+    """(the converted F32 .gguf, transformers' Dots3-Note model); under "quant", the DOTS3_QUANT file's."""
     from llamacpp_convert import convert_cases
+    from test_parity_hc_gguf import _decisive_spread
     from tiny import build_checkpoint
 
-    out = convert_cases(tmp_path_factory.mktemp("llama_cpp_dots3"), {"dots3_note": GGUF_CASES["dots3_note"]},
-                        build_checkpoint)
-    return out["dots3_note"]
+    def make(path, model_type, config):
+        return (_decisive_spread if path.name.startswith("q-") else build_checkpoint)(path, model_type, config)
+
+    out = convert_cases(tmp_path_factory.mktemp("llama_cpp_dots3"), {
+        "dots3_note": GGUF_CASES["dots3_note"],
+        "q-dots3_note": (DOTS3_TYPE, DOTS3_QUANT, dots3_release_keys(DOTS3_QUANT))}, make)
+    return out["dots3_note"] + (out["q-dots3_note"][0],)
 
 
 def _pairs(spec):
@@ -248,7 +258,7 @@ def test_dots3_note_gguf_reads_both_latents(dots3_gguf):
     from ster_py.config import spec_from_config
     from ster_py.families import FAMILIES
 
-    path, _ = dots3_gguf
+    path, _, _ = dots3_gguf
     model = load_model(str(path))
     s = model.spec
     source = spec_from_config(dict(DOTS3_GGUF, model_type=DOTS3_TYPE), FAMILIES[DOTS3_TYPE])
@@ -277,7 +287,7 @@ def test_dots3_note_gguf_matches_transformers(dots3_gguf):
     from test_parity_mla_b import _indexer_margins
     from tiny import check_against, reference_logits
 
-    path, ref_model = dots3_gguf
+    path, ref_model, _ = dots3_gguf
     model = load_model(str(path))
     read = model.decoder
     model.decoder = Decoder(_pairs(model.spec), read._weights)
@@ -303,7 +313,7 @@ def test_dots3_note_gguf_against_llamacpp(dots3_gguf):
     from ster_py.decoder.model import Decoder
     from test_parity_mla_b import _indexer_margins
 
-    path, _ = dots3_gguf
+    path, _, _ = dots3_gguf
     model = load_model(str(path))
     gaps = _indexer_margins(model, DOTS3_PROMPT)
     assert gaps and min(gaps) > 1e-3, "an index choice rests on (nearly) equal scores: pick another case"
@@ -319,7 +329,7 @@ def test_dots3_note_gguf_against_llamacpp(dots3_gguf):
 
 
 def test_dots3_note_q8_0_gives_llamacpps_top1(dots3_gguf, tmp_path):
-    """Quantized by llama.cpp's quantizer to Q8_0 (the projections 32 wide or more; the narrower stay F32): ster
+    """The DOTS3_QUANT file quantized by llama.cpp to Q8_0 (the projections 32 wide or more; the narrower stay F32): ster
     computes what the blocks define (within 1e-4 of the file dequantized), llama.cpp's top-1 at every position of
     a 32-token prompt but near-ties (tiny.check_llamacpp_top1), token-by-token decoding equal to the whole."""
     from ster_py import llamacpp
@@ -328,7 +338,7 @@ def test_dots3_note_q8_0_gives_llamacpps_top1(dots3_gguf, tmp_path):
     from ster_py.weights import GGUFWeights
     from tiny import check_llamacpp_top1, check_token_steps
 
-    path, _ = dots3_gguf
+    _, _, path = dots3_gguf
     q = llamacpp.quantize(path, tmp_path / "dots3-Q8_0.gguf", "Q8_0")
     types = {n: t.type_name for n, t in GGUFFile(str(q)).tensors.items()}
     assert types["blk.1.ffn_up_exps.weight"] == "Q8_0" and types["blk.0.attn_q_a.weight"] == "Q8_0"
