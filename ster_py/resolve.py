@@ -29,6 +29,8 @@ CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 #: tiktoken rank files read when there is no tokenizer.json (tokenizer.rank_file_of says under which class).
 RANK_FILE_NAMES = ("tokenizer.model", "tiktoken.model")
+#: PLaMo's vocabulary, read when there is no tokenizer.json (plamo_tokenizer.py).
+PLAMO_TOKENIZER = "tokenizer.jsonl"
 # Small files that travel with the tokenizer and config when a repository has them:
 # chat template, special tokens and generation defaults are read from them later.
 # The index is fetched so that a cache-only (offline) resolution can tell a
@@ -251,13 +253,16 @@ def _require_tokenizer(root: Path, names: list[str]) -> Path:
     ranks = rank_file_of(root)  # GLM-4's / Kimi's tiktoken ranks under the tokenizer class that reads them
     if ranks is not None:
         return ranks
+    if PLAMO_TOKENIZER in names:  # PLaMo's own vocabulary (plamo_tokenizer.py)
+        return root / PLAMO_TOKENIZER
     found = [n for n in ("tokenizer.model", "tokenizer.jsonl", "tiktoken.model", "vocab.json") if n in names]
     named = tokenizer_class_of(root) if found else None
     named = f", under tokenizer_class {named[:80]!r}" if named else ""
     hint = (
         f" (found {', '.join(found)}{named}; only a tokenizers-library tokenizer.json is read, or a tiktoken "
-        "tokenizer.model / tiktoken.model that tokenizer_config.json names ChatGLM4Tokenizer / TikTokenTokenizer: "
-        "use a checkpoint that ships tokenizer.json, or save one with the tokenizers or transformers library)"
+        "tokenizer.model / tiktoken.model that tokenizer_config.json names ChatGLM4Tokenizer / TikTokenTokenizer, "
+        "or PLaMo's tokenizer.jsonl: use a checkpoint that ships tokenizer.json, or save one with the tokenizers or "
+        "transformers library)"
         if found
         else ""
     )
@@ -386,7 +391,8 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
         raise SterError(f"model config is missing: {model} publishes no config.json at revision {sha}")
     # without tokenizer.json, a tiktoken rank file read under its tokenizer_config.json's class (checked below)
     tok_name = TOKENIZER if TOKENIZER in sizes else next(
-        (n for n in RANK_FILE_NAMES if n in sizes and "tokenizer_config.json" in sizes), None)
+        (n for n in RANK_FILE_NAMES if n in sizes and "tokenizer_config.json" in sizes),
+        PLAMO_TOKENIZER if PLAMO_TOKENIZER in sizes else None)
     if tok_name is None:
         raise SterError(f"tokenizer is missing: {model} publishes no tokenizer.json at revision {sha}")
 
