@@ -203,7 +203,7 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
     ggufs = sorted(n for n in names if n.endswith(".gguf") and (root / n).is_file())
     if CONFIG not in names:
         if "params.json" in names:
-            raise _mistral_format(str(root / "params.json"))
+            return _resolve_mistral_dir(model, root, names, revision)
         if len(ggufs) == 1:
             gguf = root / ggufs[0]
             return Resolved(model, "gguf", root, None, None, None, (gguf,), gguf, revision, None)
@@ -227,6 +227,30 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
     if len(ggufs) > 1:
         raise _too_many_ggufs(root, ggufs)
     raise SterError(f"model directory contains no safetensors weights: {root}{_weights_hint(names)}")
+
+
+def _resolve_mistral_dir(model: str, root: Path, names: list[str], revision: str | None) -> Resolved:
+    """A directory in Mistral's own format: params.json (put in the Transformers shape by
+    ``mistral_format.config_from_params``, then gated), the consolidated* weights, and a tokenizer.json
+    beside them (tekken.json and a SentencePiece tokenizer.model are refused by name)."""
+    from .mistral_format import PARAMS, config_from_params, weight_names
+
+    params_path = root / PARAMS
+    params = read_config(params_path)
+    config = config_from_params(params, params_path)
+    if TOKENIZER not in names:
+        found = [n for n in names if n == "tekken.json" or n.startswith("tokenizer.model")]
+        hint = (f" (found {', '.join(found)}: ster reads neither Mistral's tekken.json nor a SentencePiece "
+                "tokenizer.model; use the Transformers-format checkpoint's tokenizer.json, or write one beside "
+                "params.json, e.g. with transformers' AutoTokenizer(...).save_pretrained)" if found else "")
+        raise SterError(f"tokenizer is missing: {root / TOKENIZER}{hint}")
+    config, family = _gate(config, params_path)
+    weights = tuple(root / n for n in weight_names(names) if (root / n).is_file())
+    if not weights:
+        raise SterError(f"model directory {root} in Mistral's own format (params.json) holds no "
+                        "consolidated*.safetensors weights; download them")
+    return Resolved(model, "safetensors", root, config, params_path, root / TOKENIZER, weights, None, revision,
+                    family)
 
 
 def _list_dir(root: Path) -> list[str]:
