@@ -125,3 +125,25 @@ def test_missing_pieces_are_named(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(SterError, match="no consolidated.*safetensors weights"):
         resolve(str(tmp_path))
+
+
+def test_convert_writes_the_rows_llama_cpp_rotates(tmp_path):
+    """``ster convert`` of a params.json directory: the q/k rows are already in the adjacent-pair order llama.cpp
+    rotates, so they are written as they are (not permuted as a Transformers checkpoint's are); llama.cpp's
+    logits on the file and ster's from it equal Transformers' on the original, and the read-back finds no
+    difference."""
+    from export_helpers import write_bpe_tokenizer
+
+    from ster_py import llamacpp
+    from ster_py.convert import convert_model
+    from tiny import reference_logits, rel_err
+
+    config = dict(CONFIG, vocab_size=300)  # the byte-level BPE tokenizer convert writes needs 259+ ids
+    ref = build_checkpoint(tmp_path / "hf", "mistral", config)
+    _to_mistral_format(tmp_path / "hf", tmp_path / "native", config)
+    write_bpe_tokenizer(tmp_path / "native", 300)
+    report = convert_model(str(tmp_path / "native"), tmp_path / "m.gguf", "f32")
+    assert report["differences"] == []
+    want = reference_logits(ref, PROMPT)[0]
+    assert rel_err(load_model(str(tmp_path / "m.gguf")).decoder.forward(PROMPT), want) < 1e-4
+    assert rel_err(llamacpp.logits(tmp_path / "m.gguf", [PROMPT])[0], want) < 1e-3
