@@ -147,3 +147,14 @@ def test_convert_writes_the_rows_llama_cpp_rotates(tmp_path):
     want = reference_logits(ref, PROMPT)[0]
     assert rel_err(load_model(str(tmp_path / "m.gguf")).decoder.forward(PROMPT), want) < 1e-4
     assert rel_err(llamacpp.logits(tmp_path / "m.gguf", [PROMPT])[0], want) < 1e-3
+
+
+def test_tune_merge_refuses_the_format_before_reading_weights(tmp_path):
+    from ster_py.tune.merge import merge_adapter
+
+    (tmp_path / "params.json").write_text(json.dumps({"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 96,
+                                                      "norm_eps": 1e-5, "vocab_size": VOCAB}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "consolidated.safetensors").write_bytes(b"not read")
+    with pytest.raises(SterError, match="does not write Mistral's own format yet.*Transformers-format"):
+        merge_adapter(str(tmp_path), tmp_path / "no-adapter", tmp_path / "out")
