@@ -324,9 +324,14 @@ def _check_index(root: Path, names: list[str]) -> None:
 
 
 def _weights_hint(names: list[str]) -> str:
-    ignored = [n for n in names if n.endswith(".safetensors") and not _is_weight_name(n)]
+    ignored = [n for n in names if n.endswith(".safetensors") and not _is_weight_name(n)
+               and not n.startswith("consolidated")]
     other = [n for n in names if n.endswith(OTHER_WEIGHT_SUFFIXES)]
+    native = [n for n in names if n.startswith("consolidated") and n.endswith(".safetensors")]
     parts = []
+    if native:
+        parts.append(f"found {', '.join(native)}, Mistral's own format, which is read only from a directory with "
+                     "params.json and no config.json")
     if other:
         parts.append(f"found {', '.join(other)}, which is not a format ster reads; convert it to safetensors")
     if ignored:

@@ -158,3 +158,13 @@ def test_tune_merge_refuses_the_format_before_reading_weights(tmp_path):
     (tmp_path / "consolidated.safetensors").write_bytes(b"not read")
     with pytest.raises(SterError, match="does not write Mistral's own format yet.*Transformers-format"):
         merge_adapter(str(tmp_path), tmp_path / "no-adapter", tmp_path / "out")
+
+
+def test_consolidated_weights_beside_a_transformers_config_are_named(tmp_path):
+    from tiny import write_tokenizer
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(CONFIG, model_type="mistral")))
+    write_tokenizer(tmp_path)
+    (tmp_path / "consolidated.safetensors").write_bytes(b"not read")
+    with pytest.raises(SterError, match="no safetensors weights.*consolidated.safetensors, Mistral's own format"):
+        resolve(str(tmp_path))
