@@ -820,3 +820,13 @@ def test_gate_errors_name_the_config(sealed, tmp_path):
               "layer_types": ["sliding_attention", "full_attention"]}  # a list where a rotary base belongs
     root = write_model(tmp_path / "m", config=config)
     assert refusal(str(root)).startswith(f"invalid model config {root / 'config.json'}: TypeError")
+
+
+def test_hub_plamo_tokenizer_jsonl_stands_in_for_tokenizer_json(remote):
+    files = repo_files()
+    del files["tokenizer.json"]
+    files["tokenizer.jsonl"] = b'["<|plamo:unk|>", 0.0, "UNKNOWN"]\n'
+    fake = remote(files)
+    r = resolve("pfnet/some-plamo")
+    assert fake.downloads[:3] == ["config.json", "tokenizer.jsonl", "tokenizer_config.json"]
+    assert r.tokenizer_path == fake.snapshot / "tokenizer.jsonl"
