@@ -217,3 +217,14 @@ def test_missing_byte_and_duplicate_piece_are_refused(tmp_path):
     (tmp_path / "tokenizer.jsonl").write_bytes(b"\xff\xfe not utf-8\n")
     with pytest.raises(SterError, match="not UTF-8"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_tokenize_command_reads_a_jsonl_only_directory(plamo, llama_ids, tmp_path):
+    import subprocess
+    import sys
+
+    _write_tokenizer(tmp_path, _rows())
+    r = subprocess.run([sys.executable, "-m", "ster_py.entry", "tokenize", "-m", str(tmp_path), "-t", TEXTS[1],
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ids"] == llama_ids[1]
