@@ -65,12 +65,15 @@ def _to_mistral_format(hf_dir, out, config: dict, reorder: bool = True) -> None:
               "vocab_size": config["vocab_size"], "rope_theta": config["rope_theta"], "max_seq_len": 64}
     if config.get("sliding_window"):
         params["sliding_window"] = config["sliding_window"]
+    if config.get("tie_word_embeddings"):
+        params["tied_embeddings"] = True
+        assert "output.weight" not in tensors
     (out / "params.json").write_text(json.dumps(params))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(hf_dir / name, out / name)
 
 
-CASES = {"gqa": {}, "sliding": dict(sliding_window=5, num_key_value_heads=4)}
+CASES = {"gqa": {}, "sliding": dict(sliding_window=5, num_key_value_heads=4), "tied": dict(tie_word_embeddings=True)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
