@@ -81,7 +81,7 @@ def read_jsonl(path: str | Path) -> tuple[list[str], list[float], list[str]]:
     pieces: list[str] = []
     scores: list[float] = []
     kinds: list[str] = []
-    bad = f"is not a [piece, score, kind] row of PLaMo's tokenizer.jsonl; re-download it"
+    bad = "is not a [piece, score, kind] row of PLaMo's tokenizer.jsonl; re-download it"
     for n, line in lines:
         if len(line) > 4 * MAX_PIECE_CHARS + 4096:
             raise SterError(f"{where}: line {n} is {len(line)} characters long; {bad}")
