@@ -172,3 +172,24 @@ def test_consolidated_weights_beside_a_transformers_config_are_named(tmp_path):
     (tmp_path / "consolidated.safetensors").write_bytes(b"not read")
     with pytest.raises(SterError, match="no safetensors weights.*consolidated.safetensors, Mistral's own format"):
         resolve(str(tmp_path))
+
+
+def test_vision_tower_beside_the_decoder_is_never_read(tmp_path):
+    """A multimodal Mistral checkpoint in this format (params.json's vision_encoder block, the tower's and the
+    adapter's tensors in the same file): the text decoder runs as Transformers' and the tower stays unread."""
+    from safetensors.numpy import load_file, save_file
+
+    from tiny import reference_logits, rel_err
+
+    ref = build_checkpoint(tmp_path / "hf", "mistral", CONFIG)
+    native = tmp_path / "native"
+    _to_mistral_format(tmp_path / "hf", native, CONFIG)
+    state = load_file(str(native / "consolidated.safetensors"))
+    tower = {"vision_encoder.transformer.layers.0.attention.wq.weight": np.ones((8, 8), np.float32),
+             "vision_language_adapter.w_in.weight": np.ones((8, 8), np.float32)}
+    save_file({**state, **tower}, str(native / "consolidated.safetensors"))
+    params = json.loads((native / "params.json").read_text())
+    (native / "params.json").write_text(json.dumps({**params, "vision_encoder": {"hidden_size": 8}}))
+    model = load_model(str(native))
+    assert rel_err(model.decoder.forward(PROMPT), reference_logits(ref, PROMPT)[0]) < 1e-4
+    assert sorted(model.decoder._weights.unused_tensors(model.spec)) == sorted(tower)
