@@ -15,7 +15,8 @@ with ``mistral_format`` set, which makes the family table's variant read Mistral
 adjacent pairs (seed 002). What this build does not run is refused by name before any weight is read:
 experts (``moe``: Mistral Large 3's latent attention with experts, Mixtral's layout), latent attention
 (``q_lora_rank`` / ``kv_lora_rank``), a ``yarn`` rotation or Llama 4's ``llama_4_scaling``, a
-``quantization`` block.
+``quantization`` block. A ``vision_encoder`` block is ignored: the tower's and the adapter's tensors
+(``vision_encoder.*``, ``vision_language_adapter.*``) stay unread beside the text decoder.
 """
 from __future__ import annotations
 
