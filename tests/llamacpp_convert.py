@@ -13,10 +13,13 @@ reads config.json as it stands (a model_type its pinned Transformers 4.57 lacks)
 """
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -116,14 +119,24 @@ def _sdist(tmp_dir) -> Path:
     return Path(tmp_dir) / SDIST
 
 
+_UNPACKED: list[Path] = []  # the sdist's converter files, unpacked once per test process
+
+
 def extract_converter(root: Path) -> Path:
     """Unpack llama.cpp's converter (and its gguf-py) from the sdist into ``root`` and write the
-    driver ``root/convert.py``; returns the llama.cpp directory the driver takes first."""
-    with tarfile.open(_sdist(root)) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
-            m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
-                                                                              PREFIX + "gguf-py/")))]
-        tar.extractall(root, members=members, filter="data")
+    driver ``root/convert.py``; returns the llama.cpp directory the driver takes first.
+
+    The sdist (77 MB, gzip) is read once per test process; later calls copy the unpacked files."""
+    if not _UNPACKED:
+        cache = Path(tempfile.mkdtemp(prefix="ster-llamacpp-converter-"))
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        with tarfile.open(_sdist(root)) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
+                m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
+                                                                                  PREFIX + "gguf-py/")))]
+            tar.extractall(cache, members=members, filter="data")
+        _UNPACKED.append(cache)
+    shutil.copytree(_UNPACKED[0] / PREFIX, root / PREFIX, dirs_exist_ok=True)
     (root / "convert.py").write_text(CONVERT)
     return root / PREFIX
 
