@@ -336,10 +336,10 @@ def test_dots3_note_gguf_against_llamacpp(dots3_gguf):
 
 
 def test_dots3_note_q8_0_gives_llamacpps_top1(dots3_gguf, tmp_path):
-    """The DOTS3_QUANT file quantized by llama.cpp to Q8_0 (the projections 32 wide or more; the narrower stay F32): ster
-    computes what the blocks define (within 1e-4 of the file dequantized), llama.cpp's top-1 at every position of
-    a 32-token prompt but near-ties (tiny.check_llamacpp_top1; measured 7e-3 apart, 31 of 32 equal, with flash
-    attention off or on), token-by-token decoding equal to the whole."""
+    """The DOTS3_QUANT file quantized by llama.cpp to Q8_0 (the projections 32 wide or more; the narrower stay
+    F32): ster computes what the blocks define (within 1e-4 of the file dequantized), llama.cpp's top-1 at every
+    position of a 32-token prompt but near-ties (tiny.check_llamacpp_top1; measured 7e-3 apart, 31 of 32 equal,
+    with flash attention off or on), token-by-token decoding equal to the whole."""
     from ster_py import llamacpp
     from ster_py.decoder.model import Decoder
     from ster_py.gguf.reader import GGUFFile
