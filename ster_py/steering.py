@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifacts import KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_model, read_json, sniff
+from .artifacts import (KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_folder, check_model, read_json,
+                        sniff)
 from .errors import SterError
 
 SCHEMA_VERSION = 1
@@ -81,6 +82,7 @@ def check_vector_output(path: str | Path) -> None:
     path = Path(path)
     if path.is_dir():
         raise SterError(f"--output {path} is a directory; give the steering vector's file name (NAME.json)")
+    check_folder(path)
     if path.exists():
         try:
             doc = read_json(path, "steering vector")
@@ -353,6 +355,7 @@ def check_control_vector_output(path: str | Path) -> None:
     if path.suffix != ".gguf":
         raise SterError(f"--output {path}: a control vector is written as GGUF; name it "
                         f"{path.with_suffix('.gguf').name if path.suffix else path.name + '.gguf'}")
+    check_folder(path)
     if os.path.lexists(path):
         try:
             with GGUFFile(path, allow_unsupported=True) as g:
