@@ -367,6 +367,36 @@ def check_control_vector_output(path: str | Path) -> None:
                             "name or move that file")
 
 
+def refuse_control_vector(g, path) -> None:
+    """Refuse a llama.cpp control vector (``general.architecture`` controlvector) given where a model is wanted,
+    saying what the file is: its ``direction.N`` tensors' count, layers and width.
+
+    Args:
+        g: the open ``GGUFFile``; path: the name to show.
+
+    Raises:
+        SterError: the file is a control vector (returns quietly for any other GGUF).
+    """
+    if g.metadata.get("general.architecture") != "controlvector":
+        return
+    from .capture import format_layers
+
+    numbers = [n.split(".", 1)[1] for n in g.tensors if n.startswith("direction.")]
+    layers = sorted(int(k) for k in numbers if k.isdigit() and len(k) <= 9)
+    widths = sorted({int(g.tensors[f"direction.{k}"].shape[-1]) for k in numbers if k.isdigit() and len(k) <= 9})
+    hint = g.metadata.get("controlvector.model_hint")
+    size = (f"of hidden size {widths[0]}" if len(widths) == 1 else
+            f"of hidden sizes {', '.join(map(str, widths[:3]))}{', ...' if len(widths) > 3 else ''}" if widths
+            else "(no direction.N tensors)")
+    shown = f" ({format_layers(layers).rsplit(' (', 1)[0]})" if layers else ""
+    what = (f"a llama.cpp control vector (as `ster vector export` writes) for {len(layers)} "
+            f"layer{'' if len(layers) == 1 else 's'}{shown} {size}"
+            + (f", made for a {str(hint)[:40]!r} model" if hint else ""))
+    raise SterError(f"{path} is not a model: it is {what}; llama.cpp loads it with --control-vector beside the "
+                    "model, and ster steers with the JSON vector it was exported from "
+                    "(ster generate --vector FILE.json)")
+
+
 def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: float = 1.0,
                           model_hint: str | None = None) -> dict:
     """Write ``vec`` as llama.cpp's control-vector GGUF, atomically.
