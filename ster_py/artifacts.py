@@ -109,7 +109,7 @@ def check_folder(path: Path) -> None:
     Raises:
         SterError: "folder X does not exist; create it first ..." (or "X is not a folder").
     """
-    parent = Path(path).expanduser().parent
+    parent = Path(path).parent  # the folder the writer uses, as given
     if parent.is_dir():
         return
     if os.path.lexists(parent):
