@@ -4270,8 +4270,11 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
     where it leaves them out.
 
+    A text_config's own ``model_type`` must be the wrapper's decoder: one naming another family ster knows
+    is refused; one ster does not know is read as the wrapper's decoder (``wrapper_text_type_note`` warns).
+
     Raises:
-        SterError: a wrapper config without a ``text_config`` object.
+        SterError: a wrapper config without a ``text_config`` object; a text_config naming another family.
     """
     wrapper = config.get("model_type")
     if "model_type" not in config:  # a config naming only its architecture (vLLM's spelling)

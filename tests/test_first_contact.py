@@ -963,13 +963,15 @@ def test_parity_measures_a_one_token_prompt_as_a_longer_one(tiny):
 
 
 @pytest.mark.real
-def test_default_model_passes_parity_on_a_one_token_prompt(smollm2_gguf):
-    """`ster parity -p x` on the default model (SmolLM2-135M Q4_1) against Transformers on the same GGUF:
-    1.5e-4 before, when the one token took the int16 decode path."""
+def test_default_model_passes_parity_on_a_one_token_prompt(smollm2_gguf, smollm2_hf):
+    """`ster parity -p x` on the default model (SmolLM2-135M Q4_1) against Transformers' reading of the same
+    GGUF (the session fixture's saved copy): 1.5e-4 before, when the one token took the int16 decode path."""
     from ster_py.load import load_model
-    from ster_py.parity import run_parity
+    from ster_py.parity import run_parity, transformers_reference
+    from ster_py.resolve import resolve
 
-    report = run_parity(load_model(str(smollm2_gguf)), ["x"], tolerance=1e-4)
+    reference = transformers_reference(resolve(str(smollm2_hf), weights=False))
+    report = run_parity(load_model(str(smollm2_gguf)), ["x"], tolerance=1e-4, reference_fn=reference)
     assert report.passed and report.prompts[0].rel_error < 2e-5, report.prompts[0]
 
 
