@@ -94,7 +94,7 @@ def test_round_trip(model, ftype, hf, converted):
             want = gguf.quants.quantize(rows, getattr(gguf.GGMLQuantizationType, t.type_name))  # the first rows
             assert np.array_equal(t.raw_rows[:len(rows)], np.ascontiguousarray(want).view(np.uint8)
                                   .reshape(len(rows), -1)), n
-    loaded = load_model(str(path))
+    loaded = load_model(str(path), precision="auto")  # as `ster` loads it: F16 rows read as stored
     ids = loaded.tokenizer.encode(PLAIN)
     theirs = llamacpp.greedy(path, ids, 32)
     if ftype == "f16":
@@ -156,7 +156,7 @@ def test_control_vector_steers_llamacpp_like_ster(converted, tmp_path):
     from ster_py.steering import export_control_vector, pca, steering_hook
 
     _, path = converted("smollm2", "f16")
-    model = load_model(str(path))
+    model = load_model(str(path), precision="auto")
     happy = ["I love this! What a wonderful, happy day.", "This is fantastic, I am so glad.",
              "Great news, everything is perfect."]
     sad = ["I hate this. What a terrible, sad day.", "This is awful, I am so upset.", "Bad news, everything is ruined."]
@@ -215,8 +215,8 @@ def test_perplexity_agrees_with_llamacpp(converted, smollm2_q4_k_m, tmp_path):
     text = PERPLEXITY_TEXT.read_text(encoding="utf-8")
     _, f16 = converted("smollm2", "f16")
     exact = Path(convert_model(str(smollm2_q4_k_m), tmp_path / "q4_k_m-dequantized.gguf", "f32")["output"])
+    ours = {path: perplexity(load_model(str(path), precision="auto"), text, 128, max_chunks=4) for path in (f16, smollm2_q4_k_m)}
     for path, reference, bound in ((f16, f16, 1e-3), (smollm2_q4_k_m, exact, 1e-3), (smollm2_q4_k_m, None, 0.03)):
-        ours = perplexity(load_model(str(path)), text, 128, max_chunks=4)
         theirs = llamacpp.perplexity(reference or path, text, 128, max_chunks=4)
-        assert ours["tokens"] == len(theirs["nll"]) == 4 * 63
-        assert abs(ours["ppl"] / theirs["ppl"] - 1) < bound, (path.name, ours["ppl"], theirs["ppl"])
+        assert ours[path]["tokens"] == len(theirs["nll"]) == 4 * 63
+        assert abs(ours[path]["ppl"] / theirs["ppl"] - 1) < bound, (path.name, ours[path]["ppl"], theirs["ppl"])
