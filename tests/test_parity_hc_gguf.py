@@ -449,3 +449,105 @@ def _decisive_spread(path, model_type, config, width: int = 4):
                 p[:, :cols] = 0.0
     model.save_pretrained(path)
     return model
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V4 (group DS4)
+# llama.cpp's deepseek4 (conversion/deepseek.py, src/models/deepseek4.cpp). Its loader asserts 4 streams and
+# sqrtsoftplus routing, and knows only the compression ratios 0 (sliding window only), 4 (compressed sparse, with
+# the Lightning Indexer) and 128 (heavily compressed): the case is test_parity_hc's DeepSeek-V4 with those, 4
+# streams and a prompt past 128 tokens (the heavy layer's first entry closes at position 127). The converter reads
+# only the release's tensor names and its config keys (compress_ratios, num_hash_layers), and every routed expert as
+# MXFP4 (packed e2m1 codes beside an E8M0 scale per 32 inputs): the experts are drawn on that grid, so the
+# conversion is lossless and Transformers runs the very weights the file holds.
+from test_parity_hc import V4, build_v4  # noqa: E402
+
+_V4_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+DS4_GGUF = dict(V4, hc_mult=4, max_position_embeddings=256, index_head_dim=64,
+                compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128})
+#: E2M1's values by their 4-bit code (OCP microscaling formats: sign bit, 2 exponent bits, 1 mantissa bit).
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def ds4_release_keys(config: dict) -> dict:
+    """The release's config keys conversion/deepseek.py reads, meaning what Transformers' config means: each
+    layer's compress_ratios (0 / 4 / 128 by layer kind) and num_hash_layers (the leading hash_moe layers)."""
+    mlp = config["mlp_layer_types"]
+    hashed = mlp.index("moe")
+    assert set(mlp[hashed:]) == {"moe"}
+    assert config["compress_rates"] == {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    return {"compress_ratios": [_V4_RATIO[t] for t in config["layer_types"]], "num_hash_layers": hashed}
+
+
+def _mxfp4_grid(shape, rng) -> np.ndarray:
+    """Random weights [..., cols] exactly representable in MXFP4: e2m1 values times 2^e, e in {-5, -4} per block
+    of 32 consecutive inputs (cols a multiple of 32)."""
+    *lead, cols = shape
+    codes = rng.integers(0, 16, size=(*lead, cols // 32, 32))
+    scale = np.exp2(rng.integers(-5, -3, size=(*lead, cols // 32, 1))).astype(np.float32)
+    return (E2M1[codes] * scale).reshape(shape)
+
+
+def mxfp4_pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A float matrix [rows, cols] on the MXFP4 grid as the release stores it: codes uint8 [rows, cols/2] (element
+    2i in the low nibble, 2i+1 in the high one) and E8M0 biased exponents uint8 [rows, cols/32]. Raises
+    AssertionError on a value off the grid."""
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // 32, 32).astype(np.float32)
+    exps = np.zeros((rows, cols // 32), np.int64)
+    codes = np.zeros(blocks.shape, np.uint8)
+    for r in range(rows):
+        for b in range(cols // 32):
+            for e in range(-12, 4):  # the first exponent whose grid holds the whole block
+                q = blocks[r, b] / np.float32(2.0 ** e)
+                idx = np.abs(q[:, None] - E2M1[None, :]).argmin(1)
+                if np.array_equal(E2M1[idx] * np.float32(2.0 ** e), blocks[r, b]) and np.all(np.abs(q) <= 6):
+                    idx = np.where(np.signbit(blocks[r, b]) & (blocks[r, b] != 0), idx | 8, idx & 7)
+                    codes[r, b], exps[r, b] = idx, e
+                    break
+            else:
+                raise AssertionError(f"row {r} block {b} is off the MXFP4 grid")
+    flat = codes.reshape(rows, cols)
+    return (flat[:, 0::2] | (flat[:, 1::2] << 4)).astype(np.uint8), (exps + 127).astype(np.uint8)
+
+
+def _ds4_release(state: dict) -> dict:
+    """Transformers' DeepSeek-V4 state dict in the release's names and layout: no model. prefix, embed / head /
+    hc_head_fn, attn.kv_norm, every routed expert MXFP4-packed (weight codes and scale)."""
+    out = {}
+    for name, t in state.items():
+        name = name.removeprefix("model.")
+        name = {"embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight"}.get(name, name)
+        name = name.replace("hc_head.hc_", "hc_head_").replace(".attn.norm.", ".attn.kv_norm.")
+        if ".ffn.experts." in name:
+            packed, scale = mxfp4_pack(t)
+            out[name], out[name.removesuffix(".weight") + ".scale"] = packed, scale
+        else:
+            out[name] = t
+    return out
+
+
+def build_ds4(path, config, seed: int = 0):
+    """``test_parity_hc.build_v4`` with every routed expert redrawn on the MXFP4 grid, then rewritten as the
+    release (``_ds4_release``, ``ds4_release_keys``); returns Transformers' model."""
+    import torch
+
+    from tiny import rewrite_checkpoint
+
+    ref = build_v4(path, config, seed=seed)
+    rng = np.random.default_rng(seed + 7)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if ".mlp.experts." in name:
+                p.copy_(torch.from_numpy(_mxfp4_grid(tuple(p.shape), rng)))
+    ref.save_pretrained(path)
+    rewrite_checkpoint(path, ds4_release_keys(config), tensors=_ds4_release)
+    return ref
+
+
+@pytest.fixture(scope="module")
+def ds4_converted(tmp_path_factory):
+    """name -> (converted F32 .gguf, experts MXFP4; transformers model) for the DeepSeek-V4 case."""
+    from llamacpp_convert import convert_cases
+
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_ds4"),
+                         {"deepseek_v4": ("deepseek_v4", DS4_GGUF, {})}, lambda p, _, c: build_ds4(p, c))
