@@ -526,6 +526,27 @@ def _ds4_release(state: dict) -> dict:
     return out
 
 
+def _positive_index_weights(model, cols: int = 4, strength: float = 3.0):
+    """Make every indexer head's weight positive for every token, so that no indexer choice rests on a tie of
+    relu's zeros (with weights of either sign the kept entries may score exactly 0, where Transformers, ster and
+    llama.cpp each break the tie their own way): the first ``cols`` columns of the residual stream hold a positive
+    constant (the embedding's; nothing writes there: those rows of every output projection are zero, and the
+    hyper-connections mix streams with positive weights), the norms before attention keep its sign, and the
+    indexer's weights_proj reads mostly those columns."""
+    emb = model.get_input_embeddings().weight
+    emb[:, :cols] = strength * float(emb.std())
+    for name, p in model.named_parameters():
+        if name.endswith(("o_b_proj.weight", "shared_experts.down_proj.weight")):
+            p[:cols] = 0.0
+        elif name.endswith("experts.down_proj"):  # stacked [experts, hidden, width]
+            p[:, :cols] = 0.0
+        elif name.endswith("input_layernorm.weight"):
+            p[:cols] = p[:cols].abs()
+        elif name.endswith("weights_proj.weight"):
+            p.mul_(0.1)
+            p[:, :cols] = 1.0
+
+
 def build_ds4(path, config, seed: int = 0):
     """``test_parity_hc.build_v4`` with every routed expert redrawn on the MXFP4 grid, then rewritten as the
     release (``_ds4_release``, ``ds4_release_keys``); returns Transformers' model."""
@@ -539,6 +560,7 @@ def build_ds4(path, config, seed: int = 0):
         for name, p in ref.named_parameters():
             if ".mlp.experts." in name:
                 p.copy_(torch.from_numpy(_mxfp4_grid(tuple(p.shape), rng)))
+        _positive_index_weights(ref)
     ref.save_pretrained(path)
     rewrite_checkpoint(path, ds4_release_keys(config), tensors=_ds4_release)
     return ref
