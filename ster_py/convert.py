@@ -247,6 +247,9 @@ UNWRITTEN_ARCHS = {
             "llama.cpp's converter writes them",
     "plamo3": "its norms with their offsets folded in, fused q/k/v and gate/up and suffix-less post-norm names as "
               "llama.cpp's converter writes them",
+    # group DS4: DeepSeek-V4's GGUF is read (tests/test_parity_hc_gguf.py), not written
+    "deepseek4": "its routed experts in MXFP4, the compressors, the hash routing table and the hyper-connections as "
+                 "llama.cpp's converter writes them",
 }
 
 

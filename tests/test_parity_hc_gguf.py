@@ -573,3 +573,85 @@ def ds4_converted(tmp_path_factory):
 
     return convert_cases(tmp_path_factory.mktemp("llama_cpp_ds4"),
                          {"deepseek_v4": ("deepseek_v4", DS4_GGUF, {})}, lambda p, _, c: build_ds4(p, c))
+
+
+def experts_in_f32(src, dst):
+    """A copy of the GGUF ``src`` at ``dst`` with its MXFP4 tensors decoded to F32 by gguf-py (the same numbers:
+    llama.cpp then runs every matrix product in float32 rather than against 8-bit activations)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        writer.add_key_value(name, f.contents(), vtype,
+                             sub_type=f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        data = np.array(t.data)
+        if t.tensor_type == gguf.GGMLQuantizationType.MXFP4:
+            data = gguf.quants.dequantize(data, t.tensor_type)
+        writer.add_tensor(t.name, np.ascontiguousarray(data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+#: 136 tokens: the heavily compressed layer's first entry closes at position 127; no indexer choice of the case
+#: rests on a near-tie (test_deepseek4_gguf_matches_transformers_and_llamacpp checks).
+DS4_PROMPT = [int(t) for t in np.random.default_rng(2).integers(3, 128, 136)]
+
+
+def test_deepseek4_gguf_matches_transformers_and_llamacpp(ds4_converted, tmp_path):
+    """The converter's file (F32, routed experts MXFP4 as it requires): logits within 1e-3 of Transformers over
+    136 tokens, whole and through the cache (120 tokens, then one by one past the heavy entry's close); every
+    tensor read; the layer kinds, hash layers, streams and clamp of the checkpoint's config; no indexer choice on a
+    near-tie. llama.cpp's runtime on the same numbers (the experts decoded to F32, ``experts_in_f32``): logits
+    within 1e-3, its top-1 at every position. (On the MXFP4 file itself llama.cpp's CPU multiplies the experts
+    against activations rounded to Q8_0 blocks, ggml_vec_dot_mxfp4_q8_0: measured 10 % from the exact logits,
+    top-1 flips included; not an F32 comparison.)"""
+    from ster_py import llamacpp
+    from ster_py.config import spec_from_config
+    from ster_py.families import FAMILIES
+    from test_parity_hc import _v4_margins
+
+    path, ref_model = ds4_converted["deepseek_v4"]
+    types = {n: t.type_name for n, t in GGUFFile(str(path)).tensors.items()}
+    assert {types[f"blk.{i}.ffn_{p}_exps.weight"] for i in range(4) for p in ("gate", "up", "down")} == {"MXFP4"}
+    assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32"
+    model = load_model(str(path))
+    assert model.resolved.kind == "gguf" and model.spec.extra["gguf_architecture"] == "deepseek4"
+    ref_logits, _ = reference_logits(ref_model, DS4_PROMPT)
+    ours = model.decoder.forward(DS4_PROMPT)
+    assert rel_err(ours, ref_logits) < 1e-3, rel_err(ours, ref_logits)
+    cache = model.decoder.new_cache()
+    steps = np.concatenate([model.decoder.forward(DS4_PROMPT[:120], cache)]
+                           + [model.decoder.forward([t], cache) for t in DS4_PROMPT[120:]])
+    assert rel_err(steps, ref_logits) < 1e-3
+    assert model.decoder._weights.unused_tensors(model.spec) == []
+    gaps = _v4_margins(model, DS4_PROMPT)
+    assert gaps and min(gaps) > 1e-4, "an indexer choice rests on (nearly) equal scores: pick another case"
+
+    source = spec_from_config(dict(DS4_GGUF, model_type="deepseek_v4"), FAMILIES["deepseek_v4"])
+    s = model.spec
+    assert [(layer.mixer, layer.ffn, layer.compress, layer.moe) for layer in s.layers] == [
+        (layer.mixer, layer.ffn, layer.compress, layer.moe) for layer in source.layers]
+    from dataclasses import replace
+    assert replace(s.streams, eps=1e-6, norm_eps=1e-6) == source.streams  # (the file's epsilons are float32)
+    assert s.streams.eps == pytest.approx(1e-6) and s.streams.norm_eps == pytest.approx(1e-6)
+    assert s.moe == source.moe
+    c, d = s.compressed, source.compressed
+    assert replace(c, norm_eps=1e-6, main_rope=None, compress_rope=None) == replace(d, main_rope=None,
+                                                                                    compress_rope=None)
+    for ours_rope, their_rope in ((c.main_rope, d.main_rope), (c.compress_rope, d.compress_rope)):
+        assert np.allclose(ours_rope.inv_freq, their_rope.inv_freq, rtol=1e-6)
+
+    f32 = experts_in_f32(path, tmp_path / "experts-f32.gguf")
+    (theirs,) = llamacpp.logits(f32, [DS4_PROMPT])
+    theirs = theirs[:, :ours.shape[1]]
+    assert rel_err(ours, theirs) < 1e-3, rel_err(ours, theirs)
+    assert np.array_equal(ours.argmax(1), theirs.argmax(1))
