@@ -464,6 +464,13 @@ from test_parity_hc import V4, build_v4  # noqa: E402
 _V4_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 DS4_GGUF = dict(V4, hc_mult=4, max_position_embeddings=256, index_head_dim=64,
                 compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128})
+DS4_GGUF_CASES = {"deepseek_v4": ("deepseek_v4", DS4_GGUF, {})}
+# Every projection in whole Q8_0 blocks (widths multiples of 32), routing decisive (``_decisive_routing``), an
+# index_topk keeping every entry of the prompt (the F32 case tests the choice; llama.cpp's 8-bit activations may
+# move a near choice)
+DS4_QUANT_CASES = {"q-deepseek_v4": ("deepseek_v4", dict(DS4_GGUF, hidden_size=128, q_lora_rank=32, head_dim=32,
+                                                         o_lora_rank=32, moe_intermediate_size=64, index_topk=64),
+                                     {})}
 #: E2M1's values by their 4-bit code (OCP microscaling formats: sign bit, 2 exponent bits, 1 mantissa bit).
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
@@ -547,9 +554,39 @@ def _positive_index_weights(model, cols: int = 4, strength: float = 3.0):
             p[:, :cols] = 1.0
 
 
+def _decisive_routing(model, width: int = 4):
+    """``_decisive_spread`` on a built model, in place: each token's two routing features spread over ``width``
+    columns of the residual stream (nothing writes there), the routers reading them; every other matrix scaled
+    by 1/4 (a power of two: the experts stay on the MXFP4 grid)."""
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if p.ndim > 1 and "norm" not in name:
+            p.mul_(0.25)
+    routers = [p for name, p in params.items() if name.endswith("mlp.gate.weight") and p.ndim == 2]
+    n = routers[0].shape[0]
+    cols = n * width
+    emb = model.get_input_embeddings().weight
+    sigma = float(emb.std())
+    emb[:, :cols] = 0.0
+    for t in range(emb.shape[0]):
+        for e, strength in ((t % n, 12), ((3 * t + 1) % n, 8)):
+            emb[t, e * width:(e + 1) * width] += strength / width * sigma
+    for p in routers:
+        p.mul_(0.02)
+        for e in range(n):
+            p[e, e * width:(e + 1) * width] += 2.0
+    for name, p in params.items():
+        if name.endswith(("o_b_proj.weight", "shared_experts.down_proj.weight")):
+            p[:cols] = 0.0
+        elif name.endswith("experts.down_proj"):  # stacked [experts, hidden, width]
+            p[:, :cols] = 0.0
+
+
 def build_ds4(path, config, seed: int = 0):
     """``test_parity_hc.build_v4`` with every routed expert redrawn on the MXFP4 grid, then rewritten as the
-    release (``_ds4_release``, ``ds4_release_keys``); returns Transformers' model."""
+    release (``_ds4_release``, ``ds4_release_keys``); returns Transformers' model. The quantized case's routing
+    is made decisive (``_decisive_routing``: it keeps every entry, no indexer choice), the F32 case's indexer
+    (``_positive_index_weights``)."""
     import torch
 
     from tiny import rewrite_checkpoint
@@ -560,7 +597,7 @@ def build_ds4(path, config, seed: int = 0):
         for name, p in ref.named_parameters():
             if ".mlp.experts." in name:
                 p.copy_(torch.from_numpy(_mxfp4_grid(tuple(p.shape), rng)))
-        _positive_index_weights(ref)
+        (_decisive_routing if path.name in DS4_QUANT_CASES else _positive_index_weights)(ref)
     ref.save_pretrained(path)
     rewrite_checkpoint(path, ds4_release_keys(config), tensors=_ds4_release)
     return ref
@@ -571,8 +608,8 @@ def ds4_converted(tmp_path_factory):
     """name -> (converted F32 .gguf, experts MXFP4; transformers model) for the DeepSeek-V4 case."""
     from llamacpp_convert import convert_cases
 
-    return convert_cases(tmp_path_factory.mktemp("llama_cpp_ds4"),
-                         {"deepseek_v4": ("deepseek_v4", DS4_GGUF, {})}, lambda p, _, c: build_ds4(p, c))
+    return convert_cases(tmp_path_factory.mktemp("llama_cpp_ds4"), {**DS4_GGUF_CASES, **DS4_QUANT_CASES},
+                         lambda p, _, c: build_ds4(p, c))
 
 
 def experts_in_f32(src, dst):
@@ -655,3 +692,29 @@ def test_deepseek4_gguf_matches_transformers_and_llamacpp(ds4_converted, tmp_pat
     theirs = theirs[:, :ours.shape[1]]
     assert rel_err(ours, theirs) < 1e-3, rel_err(ours, theirs)
     assert np.array_equal(ours.argmax(1), theirs.argmax(1))
+
+
+def test_deepseek4_q8_0_gives_llamacpps_top1(ds4_converted, tmp_path):
+    """llama.cpp's Q8_0 of the wide case (its quantizer does not requantize MXFP4: the experts decoded to F32
+    first, then quantized to Q8_0 like every projection), run by ster (projections and experts kept in their
+    blocks) and by llama.cpp: logits within 5 %, llama.cpp's top-1 token at every position of the first 32 tokens and
+    of the whole 136-token prompt but near-ties, token-by-token decoding equal to the whole prompt."""
+    from ster_py import llamacpp
+    from ster_py.decoder.qlinear import QuantLinear
+
+    path, ref_model = ds4_converted["q-deepseek_v4"]
+    assert rel_err(load_model(str(path)).decoder.forward(DS4_PROMPT[:40]),
+                   reference_logits(ref_model, DS4_PROMPT[:40])[0]) < 1e-3  # the wide case's F32 file
+    q = llamacpp.quantize(experts_in_f32(path, tmp_path / "f32.gguf"), tmp_path / "q8_0.gguf", "Q8_0")
+    types = {n: t.type_name for n, t in GGUFFile(str(q)).tensors.items()}
+    assert types["blk.1.ffn_up_exps.weight"] == types["blk.1.attn_q_b.weight"] == "Q8_0"
+    model = load_model(str(q))
+    assert type(model.decoder.layers[1].mixer.q_b) is QuantLinear
+    ours = model.decoder.forward(DS4_PROMPT)
+    (ref,) = llamacpp.logits(q, [DS4_PROMPT])
+    ref = ref[:, :ours.shape[1]]
+    check_llamacpp_top1(ours[:32], ref[:32])  # a 32-token prompt's logits (causal: the same rows)
+    # the whole prompt, past the heavy entry: every disagreement a near-tie, at most 3 per 32 positions (measured:
+    # 2.0 % from llama.cpp's logits, its 8-bit activations' rounding, 4 near-tie flips of 136)
+    check_llamacpp_top1(ours, ref, flips=3 * len(ours) // 32)
+    check_token_steps(model, DS4_PROMPT, ours)
