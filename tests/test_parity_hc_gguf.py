@@ -462,7 +462,7 @@ def _decisive_spread(path, model_type, config, width: int = 4):
 from test_parity_hc import V4, build_v4  # noqa: E402
 
 _V4_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-DS4_GGUF = dict(V4, hc_mult=4, max_position_embeddings=256, index_head_dim=64,
+DS4_GGUF = dict(V4, hc_mult=4, max_position_embeddings=256, index_head_dim=64, swiglu_limit=0.5,
                 compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128})
 DS4_GGUF_CASES = {"deepseek_v4": ("deepseek_v4", DS4_GGUF, {})}
 # Every projection in whole Q8_0 blocks (widths multiples of 32), routing decisive (``_decisive_routing``), an
@@ -640,7 +640,7 @@ def experts_in_f32(src, dst):
 
 #: 136 tokens: the heavily compressed layer's first entry closes at position 127; no indexer choice of the case
 #: rests on a near-tie (test_deepseek4_gguf_matches_transformers_and_llamacpp checks).
-DS4_PROMPT = [int(t) for t in np.random.default_rng(2).integers(3, 128, 136)]
+DS4_PROMPT = [int(t) for t in np.random.default_rng(9).integers(3, 128, 136)]
 
 
 def test_deepseek4_gguf_matches_transformers_and_llamacpp(ds4_converted, tmp_path):
@@ -718,3 +718,63 @@ def test_deepseek4_q8_0_gives_llamacpps_top1(ds4_converted, tmp_path):
     # 2.0 % from llama.cpp's logits, its 8-bit activations' rounding, 4 near-tie flips of 136)
     check_llamacpp_top1(ours, ref, flips=3 * len(ours) // 32)
     check_token_steps(model, DS4_PROMPT, ours)
+
+
+def test_deepseek4_clamp_bites(ds4_converted):
+    """The F32 case's clamp (swiglu_limit 0.5, every expert) changes its logits: the match above tests
+    llama.cpp's clamps, routed and shared."""
+    from dataclasses import replace
+
+    from ster_py.decoder.model import Decoder
+
+    path, _ = ds4_converted["deepseek_v4"]
+    model = load_model(str(path))
+    spec = model.spec
+    assert spec.moe.limit == 0.5 and spec.moe.shared_limit == 0.5
+    free = replace(spec, moe=replace(spec.moe, limit=None, shared_limit=None), layers=tuple(
+        replace(layer, moe=replace(layer.moe, limit=None, shared_limit=None)) if layer.moe is not None else layer
+        for layer in spec.layers))
+    ours = model.decoder.forward(DS4_PROMPT[:40])
+    assert rel_err(Decoder(free, model.decoder._weights).forward(DS4_PROMPT[:40]), ours) > 1e-3
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"deepseek4.attention.compress_ratios": [0, 4, 64, 4]}, "ratios of 0, 4 or 128"),
+    ({"deepseek4.attention.compress_ratios": [0, 4]}, "ratios of 0, 4 or 128"),
+    ({"deepseek4.expert_gating_func": 2}, "sqrtsoftplus"),
+    ({"deepseek4.rope.scaling.type": "yarn"}, "rope scaling"),
+    ({"deepseek4.swiglu_clamp_shexp": [0.5, 0.5, 7.0, 0.5]}, "clamps that differ"),
+    ({"deepseek4.expert_shared_count": 2}, "expert_shared_count"),
+    ({"deepseek4.expert_weights_norm": False}, "expert_weights_norm"),
+    ({"deepseek4.nextn_predict_layers": 1}, "multi-token-prediction"),
+    ({"deepseek4.hyper_connection.count": 3}, None)])
+def test_deepseek4_gguf_metadata_checks(extra, match, ds4_converted):
+    """What llama.cpp's deepseek4 loader refuses, or ster has not checked against its graph, is refused by name
+    from the metadata alone; the rest reads as the config it states (3 streams: the family's own reading, which
+    llama.cpp's graph would stop on, GGML_ASSERT(hc == 4))."""
+    from ster_py.gguf.config import spec_from_gguf
+
+    path, _ = ds4_converted["deepseek_v4"]
+    f = GGUFFile(str(path))
+    meta, tensors = {**f.metadata, **extra}, {n: t.shape for n, t in f.tensors.items()}
+    if match is None:
+        assert spec_from_gguf(meta, "x.gguf", tensors=tensors).streams.n == 3
+        return
+    with pytest.raises(SterError, match=match):
+        spec_from_gguf(meta, "x.gguf", tensors=tensors)
+
+
+def test_i32_integer_tables():
+    """I32 tensors read as exact float32 integer tables (the hash routing's expert ids); values float32 cannot
+    hold exactly, or a byte count off the shape, are refused."""
+    from ster_py.gguf import quants
+
+    table = np.array([[3, 0], [7, 2], [-1, 1 << 24]], np.int32)
+    got = quants.integer_table(table.view(np.uint8).reshape(-1), "I32", (3, 2))
+    assert got.dtype == np.float32 and np.array_equal(got, table)
+    with pytest.raises(SterError, match="2\\*\\*24"):
+        quants.integer_table(np.array([1 << 25], np.int32).view(np.uint8), "I32", (1,))
+    with pytest.raises(SterError, match="needs 24 bytes"):
+        quants.integer_table(table.view(np.uint8).reshape(-1)[:20], "I32", (3, 2))
+    with pytest.raises(SterError, match="not an integer table"):
+        quants.integer_table(np.zeros(4, np.uint8), "F32", (1,))
