@@ -29,15 +29,19 @@ test_parity_mla._decisive's outlying routing features, Q4_K_M's was 5.3 %). A la
 after a delta-rule layer reuses the last full layer's choice in llama.cpp, where Transformers 5.24 stops ("Shared
 DSA layers require top-k indices from a previous full indexer layer"): no case has one.
 
-Not here: DeepSeek-V4 (``deepseek4``, conversion/deepseek.py), which the pinned converter writes too; ster refuses
-its files by architecture until they are checked. Found so far (from the converter and deepseek4.cpp, not run): the
-converter maps only the release's names (embed, layers.N.attn.wq_a, ffn.experts.E.w1, hc_attn_fn, hc_head_fn) and
-requires every routed expert as MXFP4 (w1/w2/w3 packed uint8 [rows, cols/2] beside an E8M0 ``.scale`` [rows,
-cols/32]), so a tiny checkpoint needs its experts drawn on the MXFP4 grid and packed; it reads compress_ratios,
-compress_rope_theta, num_hash_layers, hc_eps, swiglu_limit, n_shared_experts and scoring_func (sqrtsoftplus, which
-the loader requires) from config.json; the hash layers' tid2eid is written as I32; llama.cpp's graph asserts 4
-streams and knows only compression ratios 4 (with the indexer) and 128, so a case needs a prompt past 128 tokens
-for a heavily compressed entry to close.
+DeepSeek-V4 (``deepseek4``, conversion/deepseek.py and src/models/deepseek4.cpp; group DS4, the last block). The
+converter maps only the release's names (embed, layers.N.attn.wq_a, attn.kv_norm, hc_head_fn, ...) and requires
+every routed expert as MXFP4 (packed e2m1 codes [rows, cols/2] beside E8M0 scales [rows, cols/32]): the tiny
+experts are drawn on that grid and packed, so the conversion is lossless and Transformers runs the file's very
+numbers. It reads compress_ratios and num_hash_layers from config.json (added: ``ds4_release_keys``). llama.cpp's
+loader requires 4 streams, sqrtsoftplus routing and compression ratios 0 / 4 / 128, and its lightning indexer
+always applies a Hadamard rotation of at least 64 (index_head_dim 64 here); the case's prompt runs past 128
+tokens so the heavy entry closes. The F32 file (experts MXFP4) matches Transformers and, its experts decoded to
+F32, llama.cpp's runtime (within 1e-3, top-1 at every position; on the MXFP4 experts themselves llama.cpp's CPU
+rounds the activations to Q8_0, ggml_vec_dot_mxfp4_q8_0, 10 % away on the tiny case). llama.cpp's quantizer
+does not requantize MXFP4 ("requantizing from type mxfp4 is disabled"): the Q8_0 file is made from the decoded
+copy. Where llama.cpp and Transformers could differ (the clamps, routed and shared, biting at 0.5; the
+compressors; the hash routing), they agree on the case.
 """
 from __future__ import annotations
 
