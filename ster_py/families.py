@@ -77,6 +77,16 @@ def _with(base: Mapping[str, str], **roles: str | None) -> Mapping[str, str]:
     return out
 
 
+# Mistral's own format (params.json + consolidated*.safetensors): the reference code's names; w1 is the gate,
+# w3 the up projection, w2 the down one.
+MISTRAL_FORMAT_NAMES = {
+    "embed": "tok_embeddings", "final_norm": "norm", "head": "output",
+    "attn_norm": "layers.{i}.attention_norm", "ffn_norm": "layers.{i}.ffn_norm",
+    "q": "layers.{i}.attention.wq", "k": "layers.{i}.attention.wk", "v": "layers.{i}.attention.wv",
+    "o": "layers.{i}.attention.wo", "gate": "layers.{i}.feed_forward.w1", "up": "layers.{i}.feed_forward.w3",
+    "down": "layers.{i}.feed_forward.w2",
+}
+
 # Gemma 2 and 3 wrap both sublayers in norms: the Llama name "post_attention_layernorm"
 # is the norm *after* attention there, and the FFN's input norm has its own name.
 GEMMA2_NAMES = _with(LLAMA_NAMES, attn_post_norm="model.layers.{i}.post_attention_layernorm",
@@ -3165,7 +3175,10 @@ FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
         FamilySpec("llama", gguf_arch="llama", gguf_qk_permuted=True),
-        FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all"),
+        FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all",
+                   # Mistral's own format (params.json, read by mistral_format.py): its names, adjacent pairs
+                   variants=(Variant(flag("mistral_format"), {"names": MISTRAL_FORMAT_NAMES,
+                                                              "rope_interleaved": True}),)),
         FamilySpec("qwen2", gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
         FamilySpec("phi", norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",

@@ -735,12 +735,12 @@ def test_unknown_pre_tokenizer_is_refused_with_the_supported_list():
         split_pre_tokenizer("nope")
 
 
-@pytest.mark.parametrize("model", ["rwkv", "plamo2", "hybriddna", "none"])
+@pytest.mark.parametrize("model", ["rwkv", "hybriddna", "none"])  # plamo2: test_plamo_tokenizer.py
 def test_other_llama_cpp_tokenizer_models_are_refused_with_the_reason(model):
     meta = _byte_level_meta("default")
     meta["tokenizer.ggml.model"] = model
     with pytest.raises(SterError, match=rf"unsupported tokenizer model '{model}' \(tokenizer.ggml.model\): .+; "
-                                        "supported: gpt2, llama, gemma4, whitespace, bert, t5"):
+                                        "supported: gpt2, llama, gemma4, whitespace, bert, t5, plamo2"):
         tokenizer_from_gguf_metadata(meta)
 
 
