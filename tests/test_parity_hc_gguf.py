@@ -782,3 +782,16 @@ def test_i32_integer_tables():
         quants.integer_table(table.view(np.uint8).reshape(-1)[:20], "I32", (3, 2))
     with pytest.raises(SterError, match="not an integer table"):
         quants.integer_table(np.zeros(4, np.uint8), "F32", (1,))
+
+
+def test_deepseek4_gguf_is_not_requantized(tmp_path):
+    """ster convert refuses a deepseek4 GGUF source (it would rewrite the I32 table and MXFP4 experts by dense
+    rules), from its metadata alone: the file holds no tensor; nothing is written."""
+    from ster_py.convert import convert_model
+    from ster_py.gguf.writer import Typed, write_gguf
+
+    src = write_gguf(tmp_path / "src.gguf", {"general.architecture": "deepseek4",
+                                             "deepseek4.block_count": Typed("uint32", 2)}, [])
+    with pytest.raises(SterError, match="does not write GGUF architecture 'deepseek4' yet: .*compressed attention"):
+        convert_model(str(src), tmp_path / "x.gguf", "q8_0")
+    assert not (tmp_path / "x.gguf").exists()
