@@ -795,3 +795,19 @@ def test_deepseek4_gguf_is_not_requantized(tmp_path):
     with pytest.raises(SterError, match="does not write GGUF architecture 'deepseek4' yet: .*compressed attention"):
         convert_model(str(src), tmp_path / "x.gguf", "q8_0")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_deepseek4_gguf_dir(ds4_converted, tmp_path):
+    """The release's config.json and tokenizer beside the .gguf (a GGUF directory): the config decides the model,
+    the file holds the weights under llama.cpp's names; the same logits as the file alone, every tensor read."""
+    import shutil
+
+    path, _ = ds4_converted["deepseek_v4"]
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(path.parent / "hf" / "deepseek_v4" / f, tmp_path / f)
+    (tmp_path / "model.gguf").symlink_to(path)
+    model = load_model(str(tmp_path))
+    assert model.resolved.kind == "gguf_dir"
+    ids = DS4_PROMPT[:40]
+    assert rel_err(model.decoder.forward(ids), load_model(str(path)).decoder.forward(ids)) < 1e-6
+    assert model.decoder._weights.unused_tensors(model.spec) == []
