@@ -24,6 +24,8 @@ every product and attention call of the process.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import ml_dtypes
 import numpy as np
 
@@ -45,6 +47,19 @@ def _kernels():
                         "`python setup.py build_ext --inplace` in the source tree or reinstall ster-py "
                         f"({e})") from None
     return qmatmul
+
+
+@contextmanager
+def float_activations():
+    """Within the block, one-token (T = 1) products with block-quantized weights take float32 inputs as
+    every T > 1 product does, instead of the inputs rounded to int16 per 32-block (``QuantLinear``); the
+    int16 rounding (the default) is on again after it. Not for concurrent use by several threads."""
+    qmatmul = _kernels()
+    qmatmul.set_int16_activations(False)
+    try:
+        yield
+    finally:
+        qmatmul.set_int16_activations(True)
 
 
 #: GGML type ids of the 16-bit float rows the kernels multiply as stored.
