@@ -204,6 +204,8 @@ UNWRITTEN_MIXERS = {
     "shortconv": "a gated short convolution (LFM2)",
     "lightning": "lightning attention (MiniMax-Text-01)",
     "shared_hybrid": "a Mamba-2 state-space scan beside shared transformer blocks (Zamba2)",
+    "compressed": "compressed attention (DeepSeek-V4: compressors, Lightning Indexer, MXFP4 experts, an I32 hash "
+                  "routing table)",
 }
 
 
@@ -213,6 +215,8 @@ def _family_mixers(family) -> list[str]:
         return ["latent"]
     if family.block_sparse:  # MiniMax Sparse Attention's layers (its leading dense ones attend plainly)
         return ["block_sparse"]
+    if family.compressed:  # (group DS4) DeepSeek-V4's deepseek4
+        return ["compressed"]
     return [family.recurrent] if family.recurrent else []
 
 
@@ -249,6 +253,9 @@ UNWRITTEN_ARCHS = {
             "llama.cpp's converter writes them",
     "plamo3": "its norms with their offsets folded in, fused q/k/v and gate/up and suffix-less post-norm names as "
               "llama.cpp's converter writes them",
+    # group DS4: DeepSeek-V4's GGUF is read (tests/test_parity_hc_gguf.py), not written
+    "deepseek4": "its routed experts in MXFP4, the compressors, the hash routing table and the hyper-connections as "
+                 "llama.cpp's converter writes them",
 }
 
 

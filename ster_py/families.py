@@ -2371,6 +2371,21 @@ DEEPSEEK_V4_NAMES = {
     **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")},
                 ("model.hc_head.hc_{p}", "model.hc_head_{p}")),
 }
+# (group DS4) DeepSeek-V4 as llama.cpp's converter writes it (conversion/deepseek.py): the compressor and indexer
+# under attn_compressor_* / indexer_compressor_* / indexer.*, the experts as [n_expert, out, in] stacks, the hash
+# layers' table as I32 ffn_gate_tid2eid, the hyper-connections as whole names (output_hc_* at the head).
+_W = ".weight"
+GGUF_DEEPSEEK_V4_NAMES = _with(
+    GGUF_NAMES, q=None, k=None, v=None, o=None, q_a="blk.{i}.attn_q_a", q_a_norm="blk.{i}.attn_q_a_norm",
+    q_b="blk.{i}.attn_q_b", ckv="blk.{i}.attn_kv", ckv_norm="blk.{i}.attn_kv_a_norm", o_a="blk.{i}.attn_output_a",
+    o_b="blk.{i}.attn_output_b", sinks="blk.{i}.attn_sinks" + _W, cmp_kv="blk.{i}.attn_compressor_kv",
+    cmp_gate="blk.{i}.attn_compressor_gate", cmp_bias="blk.{i}.attn_compressor_ape" + _W,
+    cmp_norm="blk.{i}.attn_compressor_norm", icmp_kv="blk.{i}.indexer_compressor_kv",
+    icmp_gate="blk.{i}.indexer_compressor_gate", icmp_bias="blk.{i}.indexer_compressor_ape" + _W,
+    icmp_norm="blk.{i}.indexer_compressor_norm", idx_q_b="blk.{i}.indexer.attn_q_b", idx_w="blk.{i}.indexer.proj",
+    router_hash="blk.{i}.ffn_gate_tid2eid" + _W,
+    **{f"hc_{part}_{p}": f"blk.{{i}}.hc_{part}_{p}" + _W for part in ("attn", "ffn") for p in ("fn", "base", "scale")},
+    **{f"hc_head_{p}": f"output_hc_{p}" + _W for p in ("fn", "base", "scale")})
 _V4_KINDS = {"sliding_attention": None, "compressed_sparse_attention": "sparse", "heavily_compressed_attention": "heavy"}
 _V4_RATIO_KINDS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 _DEEPSEEK_V4_DEFAULTS = {"vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
@@ -4272,7 +4287,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    fixed={"scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
                           "n_group": 1, "topk_group": 1},
                    moe_fields={"renorm_eps": 1e-20}, streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model"},
-                   adapters="none", unread=("mtp.", "model.mtp."), refusals=_DEEPSEEK_V4_REFUSALS),
+                   adapters="none", unread=("mtp.", "model.mtp."), refusals=_DEEPSEEK_V4_REFUSALS,
+                   # (group DS4) llama.cpp's deepseek4 (src/models/deepseek4.cpp): its metadata names every key of
+                   # the config (gguf/config.py's deepseek4_config); experts in the map as stored (MXFP4)
+                   gguf_arch="deepseek4", gguf_names=GGUF_DEEPSEEK_V4_NAMES),
         # GLM-5-Next's text decoder (Transformers' Glm5NextTextModel, below model.language_model of glm5_next).
         FamilySpec("glm5_next_text", keys=_GLM5_NEXT_KEYS, normalize=_glm5_next_config, recurrent="kda",
                    positions="none", config_defaults=dict(_GLM5_NEXT_DEFAULTS),

@@ -48,6 +48,7 @@ def _arch_cases() -> dict:
     import test_parity_dense as dense
     import test_parity_gemma3n as gemma3n
     import test_parity_gemma4_gguf as gemma4
+    import test_parity_hc_gguf as hc_gguf
     import test_parity_loops as loops
     import test_parity_moe as moe
     import test_parity_remote as remote
@@ -63,6 +64,7 @@ def _arch_cases() -> dict:
     cases.update({f"gemma3n-{k}": v for k, v in gemma3n.GGUF_CASES.items()})  # group g3n: refused
     cases.update({f"loops-{k}": v for k, v in loops.GGUF_CASES.items()})
     cases.update({f"remote-b-{k}": v for k, v in remote_b.GGUF_CASES.items()})  # group gdp: refused
+    cases["hc-deepseek_v4"] = ("deepseek_v4", hc_gguf.DS4_GGUF, {})  # group DS4: refused (read only)
     cases.update({
         "llama": ("llama", dict(llama, head_dim=16), {}),
         "mistral": ("mistral", dict(llama, sliding_window=5), {}),

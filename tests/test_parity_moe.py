@@ -950,12 +950,14 @@ def test_llama4_gguf_facts_llamacpp_fixes_in_code(moe_gguf):
 
 
 def test_every_moe_gguf_architecture_has_a_case():
+    import test_parity_hc_gguf  # group DS4: DeepSeek-V4's deepseek4
     import test_parity_remote  # families without a Transformers implementation
     import test_parity_wrapped_gguf  # MiniMax-M3's minimax-m3
 
     converted = {FAMILIES[model_type].gguf_arch for model_type, _, _ in
                  list(GGUF_CASES.values()) + list(test_parity_remote.GGUF_CASES.values())
-                 + list(test_parity_wrapped_gguf.GGUF_CASES.values())}
+                 + list(test_parity_wrapped_gguf.GGUF_CASES.values())
+                 + list(test_parity_hc_gguf.DS4_GGUF_CASES.values())}
     declared = {f.gguf_arch for f in FAMILIES.values()
                 if f.moe and f.gguf_arch and not f.latent and not f.recurrent}  # test_parity_mla, _ssm
     assert declared <= converted

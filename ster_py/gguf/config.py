@@ -865,6 +865,10 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     check_gguf_sizes(meta, path)  # sizes are bounded before any per-layer table is built
     arch = meta.get("general.architecture")
     family = family_for_architecture(arch, path)
+    if arch in LLAMA_CPP_VIA_CONFIG:  # (group DS4)
+        vocab = vocab_size or len(meta.get("tokenizer.ggml.tokens") or ()) or _get(meta, f"{arch}.vocab_size", int,
+                                                                                      path)
+        return spec_via_config(meta, arch, family, path, vocab_size=vocab, has_output=has_output)
     config = _gguf_config(meta, arch, family)
     family = replace(family.for_config(config), **family.gguf_changes)
     for refusal in family.gguf_refusals:
@@ -1317,3 +1321,96 @@ def _gguf_layer_kind(layering: str, family: FamilySpec, kv: int, ff: int, routed
     if ff == 0:  # nemotron: a mixer alone
         return (family.recurrent if kv == 0 else "attention"), "none"
     return "none", ffn
+
+
+# (group DS4) Architectures whose metadata names every hyper-parameter of the family's config.json one to one: the
+# file's spec is the family's spec of that config, read under llama.cpp's tensor names (``gguf_layout``). DeepSeek-V4
+# (src/models/deepseek4.cpp): per-layer compression ratios 0 / 4 / 128, hash-routed leading layers, 4 streams.
+_DEEPSEEK4_KEYS = {  # GGUF key (after "deepseek4.") -> DeepseekV4Config key
+    "embedding_length": "hidden_size", "attention.head_count": "num_attention_heads",
+    "attention.key_length": "head_dim", "attention.q_lora_rank": "q_lora_rank",
+    "rope.dimension_count": "qk_rope_head_dim", "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_count": "n_routed_experts", "expert_used_count": "num_experts_per_tok",
+    "attention.sliding_window": "sliding_window", "attention.output_group_count": "o_groups",
+    "attention.output_lora_rank": "o_lora_rank", "attention.indexer.head_count": "index_n_heads",
+    "attention.indexer.key_length": "index_head_dim", "attention.indexer.top_k": "index_topk",
+    "hyper_connection.count": "hc_mult", "hyper_connection.sinkhorn_iterations": "hc_sinkhorn_iters",
+    "hash_layer_count": "num_hash_layers", "context_length": "max_position_embeddings"}
+_DEEPSEEK4_FLOATS = {"rope.freq_base": "rope_theta", "attention.compress_rope_freq_base": "compress_rope_theta",
+                     "expert_weights_scale": "routed_scaling_factor", "hyper_connection.epsilon": "hc_eps",
+                     "attention.layer_norm_rms_epsilon": "rms_norm_eps"}
+#: llama.cpp's expert_gating_func value for sqrtsoftplus (LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS).
+LLAMA_CPP_GATING_SQRT_SOFTPLUS = 4
+
+
+def deepseek4_config(meta: Mapping, arch: str, path: str, *, vocab_size: int, has_output: bool) -> dict:
+    """The DeepseekV4Config (config.json keys) a ``deepseek4`` file's metadata states, as deepseek4.cpp's loader
+    reads it: the sizes one to one (``_DEEPSEEK4_KEYS``), ``attention.compress_ratios`` per layer (0, 4 or 128),
+    one clamp for every expert (``swiglu_clamp_exp`` and ``_shexp`` alike on every layer), sqrtsoftplus routing,
+    one shared expert, weights renormalised.
+
+    Raises:
+        SterError: a missing or invalid key, or what ster has not checked against llama.cpp's graph (rope
+            scaling, several clamps, other routing, unnormalised weights, multi-token-prediction layers).
+    """
+    def g(key, kind, default=None):
+        return _get(meta, f"{arch}.{key}", kind, path, default, positive=kind is not bool)
+
+    def refuse(what):
+        return SterError(f"{path}: {what} in a GGUF file of architecture {arch!r} is not supported (not checked "
+                         "against llama.cpp's deepseek4 graph)")
+
+    n = g("block_count", int)
+    if meta.get(f"{arch}.nextn_predict_layers"):
+        raise refuse("nextn_predict_layers (multi-token-prediction layers)")
+    if meta.get(f"{arch}.rope.scaling.type", "none") != "none":
+        raise refuse(f"rope scaling ({arch}.rope.scaling.type {brief_value(meta[f'{arch}.rope.scaling.type'])})")
+    if g("expert_gating_func", int) != LLAMA_CPP_GATING_SQRT_SOFTPLUS:
+        raise SterError(f"{path}: {arch}.expert_gating_func must be {LLAMA_CPP_GATING_SQRT_SOFTPLUS} (sqrtsoftplus, "
+                        "which llama.cpp's deepseek4 loader requires)")
+    if g("expert_shared_count", int) != 1:
+        raise refuse(f"{arch}.expert_shared_count other than 1")
+    if meta.get(f"{arch}.expert_weights_norm") is not True:
+        raise refuse(f"{arch}.expert_weights_norm other than true")
+    if g("attention.head_count_kv", int, 1) != 1 or g("attention.value_length", int) != g("attention.key_length", int):
+        raise refuse("head_count_kv other than 1 or value_length other than key_length")
+    config = {c: g(k, int) for k, c in _DEEPSEEK4_KEYS.items()}
+    config.update({c: g(k, float) for k, c in _DEEPSEEK4_FLOATS.items()})
+    ratios = meta.get(f"{arch}.attention.compress_ratios")
+    if (not isinstance(ratios, (list, tuple, np.ndarray)) or len(ratios) < n
+            or any(isinstance(r, (bool, np.bool_)) or r not in (0, 4, 128) for r in ratios)):
+        raise SterError(f"{path}: GGUF metadata {arch}.attention.compress_ratios must list block_count ({n}) ratios "
+                        f"of 0, 4 or 128 (llama.cpp's deepseek4 loader knows no others), got {brief_value(ratios)}")
+    clamps = [meta.get(f"{arch}.swiglu_clamp_{k}") for k in ("exp", "shexp")]
+    if any(not isinstance(c, (list, tuple, np.ndarray)) or len(c) < n for c in clamps):
+        raise SterError(f"{path}: GGUF metadata {arch}.swiglu_clamp_exp and swiglu_clamp_shexp must list block_count "
+                        f"({n}) clamps")
+    limits = {float(v) for c in clamps for v in list(c)[:n]}
+    if len(limits) != 1 or not min(limits) > 0:
+        raise refuse(f"clamps that differ by layer or expert kind, or are not above 0 ({sorted(limits)})")
+    config.update(model_type="deepseek_v4", vocab_size=int(vocab_size), num_hidden_layers=n,
+                  compress_ratios=[int(r) for r in list(ratios)[:n]], swiglu_limit=limits.pop(),
+                  scoring_func="sqrtsoftplus", norm_topk_prob=True, n_shared_experts=1,
+                  partial_rotary_factor=config["qk_rope_head_dim"] / config["head_dim"],
+                  tie_word_embeddings=not has_output, num_nextn_predict_layers=0)
+    return config
+
+
+def spec_via_config(meta: Mapping, arch: str, family: FamilySpec, path: str, *, vocab_size: int,
+                    has_output: bool) -> ModelSpec:
+    """The spec of a file of an architecture in ``LLAMA_CPP_VIA_CONFIG``: the family's spec of the config.json its
+    metadata states (``families.gate`` applied: the family's refusals hold), read under llama.cpp's names."""
+    from ..config import spec_from_config
+    from ..families import gate
+    from .load import gguf_layout
+
+    config = LLAMA_CPP_VIA_CONFIG[arch](meta, arch, path, vocab_size=vocab_size, has_output=has_output)
+    gate(config, path)
+    spec = gguf_layout(spec_from_config(config, family, path), family, config)
+    eos, bos = meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.bos_token_id")
+    return replace(spec, extra={**spec.extra, "gguf_architecture": arch},
+                   bos_token_id=int(bos) if bos is not None else None,
+                   eos_token_ids=(int(eos),) if eos is not None else ())
+
+
+LLAMA_CPP_VIA_CONFIG = {"deepseek4": deepseek4_config}

@@ -60,6 +60,31 @@ GGML_TYPES: dict[int, GGMLType] = {
 }
 GGML_TYPE_IDS: dict[str, int] = {t.name: t.id for t in GGML_TYPES.values()}
 SUPPORTED_TYPE_NAMES = tuple(t.name for t in GGML_TYPES.values() if t.supported)
+#: Integer types read only as small tables, never as weights (DeepSeek-V4's hash routing ``ffn_gate_tid2eid``,
+#: written as I32 by llama.cpp's converter): ``integer_table`` decodes them.
+TABLE_TYPE_NAMES = ("I32",)
+
+
+def integer_table(raw: np.ndarray, ggml_type_id: int | str, shape: tuple[int, ...]) -> np.ndarray:
+    """An I32 tensor's bytes as float32 ``shape`` (exact: small integers such as expert ids).
+
+    Raises:
+        SterError: another type, a byte count that does not match the shape, or a value beyond 2 ** 24 in
+            magnitude (float32 could not hold it exactly).
+    """
+    t = ggml_type(ggml_type_id)
+    if t.name not in TABLE_TYPE_NAMES:
+        raise SterError(f"{t.name} is not an integer table type ({', '.join(TABLE_TYPE_NAMES)})")
+    shape = tuple(int(s) for s in shape)
+    flat = np.asarray(raw).reshape(-1)
+    if flat.dtype != np.uint8 or any(s < 0 for s in shape) or flat.size != 4 * int(np.prod(shape, dtype=np.int64)):
+        raise SterError(f"an I32 tensor of shape {list(shape)} needs {4 * int(np.prod(shape))} bytes, got "
+                        f"{flat.size} {flat.dtype} values")
+    values = np.ascontiguousarray(flat).view("<i4")
+    if values.size and int(np.abs(values.astype(np.int64)).max()) > 1 << 24:
+        raise SterError("an I32 tensor holds integers beyond 2**24 in magnitude; ster reads I32 tensors only as "
+                        "small integer tables (expert ids)")
+    return values.astype(np.float32).reshape(shape)
 
 
 def ggml_type(type_id_or_name: int | str) -> GGMLType:

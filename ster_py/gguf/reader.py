@@ -158,6 +158,8 @@ class GGUFTensor:
 
         Raises SterError if ster cannot decode this tensor's type.
         """
+        if self.type_name in quants.TABLE_TYPE_NAMES:
+            return quants.integer_table(self.raw, self.ggml_type, self.shape)
         if not quants.GGML_TYPES[self.ggml_type].supported:
             raise SterError(f"tensor {self.name!r} has type {self.type_name} (id {self.ggml_type}), which ster "
                             f"cannot dequantize; supported: {', '.join(quants.SUPPORTED_TYPE_NAMES)}")
@@ -382,7 +384,7 @@ class GGUFFile:
                 raise p.fail(f"tensor {name!r} ({t.name}, {nbytes} bytes at offset {offset} of the data "
                              f"section, file offset {start}) extends past the end of the "
                              f"{self.file_size}-byte file")
-            if not t.supported:
+            if not t.supported and t.name not in quants.TABLE_TYPE_NAMES:
                 unsupported.append((name, t))
             raw = np.frombuffer(self._map, dtype=np.uint8, count=nbytes, offset=start)
             self.tensors[name] = GGUFTensor(name, type_id, t.name, dims, tuple(reversed(dims)),
