@@ -174,6 +174,14 @@ def test_cli_refusals(pair, tmp_path):
     r = CliRunner().invoke(app, ["chat", "-m", str(root / "target"), "--draft", str(root / "drafter"),
                                  "--temperature", "0.5"])
     assert isinstance(r.exception, SterError) and "--temperature 0" in str(r.exception)
+    # ster serve --draft: the same refusals, before it listens (requests with a temperature: test_serve.py)
+    r = CliRunner().invoke(app, ["serve", "-m", str(root / "target"), "--port", "0", "--draft", str(other)])
+    assert isinstance(r.exception, SterError) and "does not share the target's vocabulary" in str(r.exception)
+    r = CliRunner().invoke(app, ["serve", "-m", str(root / "target"), "--draft-max", "4"])
+    assert isinstance(r.exception, SterError) and "--draft-max needs --draft" in str(r.exception)
+    r = CliRunner().invoke(app, ["serve", "-m", str(root / "absent"), "--draft", str(root / "drafter"),
+                                 "--draft-max", "65"])
+    assert isinstance(r.exception, SterError) and "--draft-max must be 1 to 64" in str(r.exception)
     # the console script: one line, exit 1, no traceback
     p = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *base, "--draft", str(other)],
                        capture_output=True, text=True)
