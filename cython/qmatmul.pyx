@@ -9,7 +9,11 @@ of the memory-mapped file) and computes y = x W^T for float32 x [T, cols]:
   relative error <= 2^-16 of the block's largest input) so that a block is two
   integer multiply-adds (vpmaddwd); the portable path multiplies in float;
 - T > 1 (prefill): panels of 16 rows x 256 inputs are decoded to float32 once
-  and a 6 x 16 register tile runs every token over them.
+  and a 6 x 16 register tile runs every token over them;
+- 2 to 16 rows on request (``matmul(..., force=3)``, speculative verification): the
+  T = 1 row dots of every input row over each block of weight rows while it is in the
+  first-level cache, so the weights stream from memory once and each result equals
+  that row's one-token product.
 
 Work is split over output rows into chunks run by ``ster_pool.h``'s threads (the
 caller works too and never waits for a helper that is not running, so a busy

@@ -203,13 +203,19 @@ def speculate(decoder, cache, logits: np.ndarray, hidden: np.ndarray | None, his
 
 
 def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choose, emit, layer_hook, context):
-    """``speculate``'s rounds after the first emitted id ``token``."""
+    """``speculate``'s rounds after the first emitted id ``token``.
+
+    Proposals per round adapt as Transformers' assisted generation does (its "heuristic" schedule):
+    two more after a round whose proposals were all accepted, one fewer after a rejection, between 1
+    and ``n_draft``. A drafter that keeps missing then costs one proposal per round instead of
+    ``n_draft`` (each is a row the target verifies); the emitted ids do not depend on it."""
+    budget = n_draft
     while True:
         if cache.length >= context:
             out.stop_reason = "context"
             return
         base = cache.length  # positions before the pending token
-        k = int(min(n_draft, out.remaining(), context - base - 1))
+        k = int(min(budget, out.remaining(), context - base - 1))
         drafts = drafter.propose(history, k, hidden, cache)[:max(k, 0)]
         recurrent = cache.has_recurrent_state()
         if recurrent and drafts:
@@ -229,6 +235,7 @@ def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choos
             token = t
             break
         out.accepted += accepted
+        budget = min(n_draft, budget + 2) if accepted == len(drafts) else max(1, budget - 1)
         keep = base + 1 + accepted
         if keep < cache.length and not cache.rollback(keep):
             # a recurrent state: back to the checkpoint before the call, then over the accepted ids again

@@ -102,6 +102,8 @@ def test_scripted_drafters_every_round_size(pair, n_draft, agree):
     assert g.ids == greedy
     assert g.accepted == (g.drafted if agree else 0) and g.drafted > 0
     assert g.draft_rounds == (-(-(N - 1) // (n_draft + 1)) if agree else N - 1)
+    if not agree:  # proposals per round: one fewer after each rejection, down to one (speculative._rounds)
+        assert g.drafted == sum(max(1, n_draft - r) for r in range(N - 1))
 
 
 @pytest.mark.parametrize("agree", [True, False, None], ids=["agrees", "disagrees", "model"])
