@@ -654,7 +654,23 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
         heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
         d = r.positive_int("head_dim", hidden // heads if hidden % heads == 0 else None, limit=MAX_HEAD_DIM)
         eps = r.get("ssm_norm_eps", 1e-6)
-        return SSMSpec("lightning", heads * d, d, 1, num_heads=heads, norm_eps=float(eps))
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise SterError(f"{where}: lightning attention's norm epsilon must be a number in (0, 1), "
+                            f"got {brief_value(eps)}")
+        extras = r.config.get("_lightning") or {}  # a family's extras its normalize states (Ling 2.5)
+        if not isinstance(extras, Mapping) or extras.get("qkv_layout", "per_head") not in ("per_head", "concat") \
+                or extras.get("slopes", "minimax") not in ("minimax", "alibi"):
+            raise SterError(f"{where}: lightning attention's extras are not understood: {brief_value(extras)}")
+        groups = extras.get("norm_groups", 1)
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0 or (heads * d) % groups:
+            raise SterError(f"{where}: group_norm_size must be a positive whole number dividing the lightning "
+                            f"heads' width ({heads} x {d}), got {brief_value(groups)}")
+        return SSMSpec("lightning", heads * d, d, 1, num_heads=heads, norm_eps=float(eps),
+                       slope_eps=float(extras.get("slope_eps", 1e-5)), slopes=extras.get("slopes", "minimax"),
+                       slope_layer_offset=int(extras.get("slope_layer_offset", 0)),
+                       qkv_layout=extras.get("qkv_layout", "per_head"),
+                       qkv_silu=bool(extras.get("silu", True)), qk_norm=bool(extras.get("qk_norm", False)),
+                       q_scaled=bool(extras.get("q_scaled", False)), norm_groups=groups)
     act = r.get("ssm_act", "silu")
     if act != "silu":
         raise SterError(f"{config_name}: the state-space convolution's activation {act!r} is not supported; ster "
@@ -1375,6 +1391,13 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
                               for e in range(moe.router.num_experts - moe.identity_experts, moe.router.num_experts))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    scan = family.recurrent and family.recurrent not in DELTA_MIXERS
+    ssm = ssm_spec(r, family, hidden, config_name) if scan else None
+    rope_dim = (config.get("_lightning") or {}).get("rope_dim") if ssm is not None and ssm.kind == "lightning" else None
+    if rope_dim:  # lightning heads that rotate their leading channels by halves (Ling 2.5), at the model's base
+        ssm = replace(ssm, rope=make_rope(_fixed_alpha(full_params, ssm.d_state), head_dim=ssm.d_state,
+                                          max_position_embeddings=max_pos, partial_rotary_factor=rope_dim / ssm.d_state,
+                                          where=where, partial_keys="partial_rotary_factor"))
     return ModelSpec(
         model_type=config["model_type"],
         vocab_size=r.positive_int("vocab_size"),
@@ -1407,8 +1430,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         + reused_kv_unread(family.tensor_names(), layers),
         residual_skips=residual_skips(config, n_layers, config_name),
         latent=latent,
-        ssm=(ssm_spec(r, family, hidden, config_name)
-             if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
+        ssm=ssm,
         delta=delta_spec(r, family, config_name) if family.recurrent in DELTA_MIXERS else None,
         mup=mup_scales(config, config_name) if family.mup else None,
         indexer=indexer,

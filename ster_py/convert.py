@@ -112,7 +112,9 @@ def checkpoint_sources(resolved, spec, family, config, progress: Progress | None
     hf_names = spec.names
     fuse_qkv = "qkv" in gnames and ("q" not in gnames or "qkv" in hf_names)
     fuse_gate_up = "gate_up" in gnames and ("gate" not in gnames or "gate_up" in hf_names)
-    permuted = FAMILIES_BY_GGUF_ARCH[arch].gguf_qk_permuted
+    # llama.cpp's adjacent-pair rows: a source stored for the half-split rotation is permuted to them; one
+    # already rotating adjacent pairs (Mistral's own format) is written as it is
+    permuted = FAMILIES_BY_GGUF_ARCH[arch].gguf_qk_permuted and not family.for_config(config).rope_interleaved
     weights = SafetensorsWeights(resolved.weight_files, "f32")
     layout = Layout(spec, weights)
     offset = spec.norm_unit_offset
@@ -360,6 +362,7 @@ def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tu
 
 def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, list[TensorEntry], dict]:
     from .config import spec_from_config
+    from .families import FAMILIES_BY_GGUF_ARCH
     from .gguf.export import architecture_metadata, read_back_differences, tokenizer_metadata
     from .validate import check_config, check_spec, interpret
 
@@ -375,7 +378,14 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     if rope_freqs is not None:
         sources.append(_Source("rope_freqs.weight", tuple(rope_freqs.shape), lambda: rope_freqs))
     shapes = {s.name: s.shape for s in sources}
-    differences = read_back_differences(spec, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},
+    written = spec
+    if family.for_config(config).rope_interleaved and FAMILIES_BY_GGUF_ARCH[family.gguf_arch].gguf_qk_permuted:
+        # rows written as they are (checkpoint_sources): the adjacent pairs llama.cpp rotates, which a reader
+        # of this architecture turns back into halves, so the rotation it reports is the half-split one
+        written = dataclasses.replace(spec, layers=tuple(
+            dataclasses.replace(layer, rope=dataclasses.replace(layer.rope, interleaved=False))
+            if layer.rope is not None else layer for layer in spec.layers))
+    differences = read_back_differences(written, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},
                                         shapes, rope_freqs, where)
     facts = _facts_from_spec(family.gguf_arch, spec)
     types = choose_types([(s.name, shapes[s.name]) for s in sources], ft, facts)

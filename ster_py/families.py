@@ -77,6 +77,16 @@ def _with(base: Mapping[str, str], **roles: str | None) -> Mapping[str, str]:
     return out
 
 
+# Mistral's own format (params.json + consolidated*.safetensors): the reference code's names; w1 is the gate,
+# w3 the up projection, w2 the down one.
+MISTRAL_FORMAT_NAMES = {
+    "embed": "tok_embeddings", "final_norm": "norm", "head": "output",
+    "attn_norm": "layers.{i}.attention_norm", "ffn_norm": "layers.{i}.ffn_norm",
+    "q": "layers.{i}.attention.wq", "k": "layers.{i}.attention.wk", "v": "layers.{i}.attention.wv",
+    "o": "layers.{i}.attention.wo", "gate": "layers.{i}.feed_forward.w1", "up": "layers.{i}.feed_forward.w3",
+    "down": "layers.{i}.feed_forward.w2",
+}
+
 # Gemma 2 and 3 wrap both sublayers in norms: the Llama name "post_attention_layernorm"
 # is the norm *after* attention there, and the FFN's input norm has its own name.
 GEMMA2_NAMES = _with(LLAMA_NAMES, attn_post_norm="model.layers.{i}.post_attention_layernorm",
@@ -2458,6 +2468,16 @@ GLM5_NEXT_NAMES = _with(
     **_hc_names({"attn": (_L + "attn_hc.{p}", _L + "hc_attn_{p}"), "ffn": (_L + "ffn_hc.{p}", _L + "hc_ffn_{p}")}, ()))
 for _p in ("fn", "base", "scale"):
     GLM5_NEXT_NAMES.pop(f"hc_head_{_p}")
+# ... and as llama.cpp's converter writes them (conversion/glm.py, GLM-5-Next): Kimi-Linear's delta-rule names,
+# DeepSeek Sparse Attention's indexer with the pool's gate and position terms (indexer_compressor_gate / _ape),
+# kv_b split per head (attn_k_b / attn_v_b), the hyper-connections as whole names (blk.N.hc_attn_fn.weight); no
+# head hyper-connection (the streams are averaged).
+GGUF_GLM5_NEXT_NAMES = _with(GGUF_KIMI_LINEAR_NAMES, idx_q_b="blk.{i}.indexer.attn_q_b", idx_k="blk.{i}.indexer.attn_k",
+                             idx_k_norm="blk.{i}.indexer.k_norm", idx_w="blk.{i}.indexer.proj",
+                             idx_pool_gate="blk.{i}.indexer_compressor_gate.weight",
+                             idx_pool_ape="blk.{i}.indexer_compressor_ape.weight",
+                             **{f"hc_{part}_{p}": f"blk.{{i}}.hc_{part}_{p}.weight"
+                                for part in ("attn", "ffn") for p in ("fn", "base", "scale")})
 _GLM5_NEXT_KEYS = dict(_LATENT_KEYS, **{
     "delta_k_heads": ("linear_num_heads",), "delta_v_heads": ("linear_num_heads",),
     "delta_k_dim": ("linear_head_dim",), "delta_v_dim": ("linear_head_dim",),
@@ -2510,6 +2530,12 @@ _GLM5_NEXT_REFUSALS = (
     Refusal(lambda c: isinstance(c.get("swiglu_limit"), (int, float)) and c["swiglu_limit"] <= 0,
             "a swiglu_limit of 0 or less is not supported (Transformers clamps every SwiGLU to it)"),
     _MOE_LAYER_FREQ,
+)
+# (group GDS) glm5-next files ster refuses by name: the graph's branch without the tail (llama.cpp appends no
+# unfinished pool, Transformers then attends everywhere) was not checked against either.
+_GLM5_NEXT_GGUF_REFUSALS = (
+    Refusal(lambda c: c.get("index_kpool_always_select_tail") is False,
+            "attention.indexer.kpool_select_tail false is not supported (not checked against llama.cpp's graph)"),
 )
 # ---- group R2 (issue 16): openPangu-Ultra-MoE, Nemotron Puzzle, Step3's text decoder, Ling 2.5 / 3.0,
 # LongCat-Flash-Lite: names and readers.
@@ -2628,6 +2654,19 @@ GGUF_BAILING_HYBRID_NAMES = _with(GGUF_KIMI_LINEAR_NAMES, lin_f="blk.{i}.ssm_f_a
                                   lin_exp_a="blk.{i}.ssm_a", g="blk.{i}.attn_gate")
 
 
+# Ling 2.5 (bailing_hybrid without Kimi Delta Attention): the same latent layers without a head gate, and
+# lightning attention under attention.: query_key_value (query, key, value heads in turn), query_layernorm /
+# key_layernorm, g_proj (the output gate), g_norm (the grouped read-out norm), dense.
+LING25_NAMES = _with(BAILING_HYBRID_NAMES, g=None, ssm_in=_BA + "query_key_value", ssm_q_norm=_BA + "query_layernorm",
+                     ssm_k_norm=_BA + "key_layernorm", ssm_gate=_BA + "g_proj", ssm_norm=_BA + "g_norm",
+                     ssm_out=_BA + "dense", **{role: None for role in (
+                         "lin_q", "lin_k", "lin_v", "lin_b", "lin_q_conv", "lin_k_conv", "lin_v_conv", "lin_f",
+                         "lin_g", "lin_dt_bias", "lin_a_log", "lin_norm", "lin_out")})
+# The release's BailingMoeV2_5Config defaults of the keys only Ling 2.5 reads (inclusionAI's Ring-V2.5).
+_LING25_DEFAULTS = {"use_qk_norm": True, "linear_silu": False, "group_norm_size": 4, "partial_rotary_factor": 0.5,
+                    "layer_group_size": 5}
+
+
 def _ling3(c: Mapping) -> bool:
     """Ling 3.0 (Kimi Delta Attention): BailingMoeV3ForCausalLM, or any config stating short_conv_kernel_size."""
     archs = c.get("architectures")
@@ -2635,7 +2674,7 @@ def _ling3(c: Mapping) -> bool:
 
 
 def _group_size(c: Mapping) -> int | None:
-    g = c.get("layer_group_size", 6)
+    g = c.get("layer_group_size", 6 if _ling3(c) else _LING25_DEFAULTS["layer_group_size"])
     return g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
 
 
@@ -2646,7 +2685,13 @@ def _bailing_hybrid_config(config: Mapping) -> Mapping:
     SwiGLU clamp lists cut to num_hidden_layers (the rest are multi-token-prediction layers)."""
     c, n = dict(config), _n_layers(config)
     g = _group_size(c)
-    if _ling3(c) and c.get("layer_types") is None and g is not None:
+    if not _ling3(c):  # Ling 2.5: lightning attention's extras (decoder/lightning.py), the release's defaults
+        c = {**_LING25_DEFAULTS, **c}
+        c["_lightning"] = dict(qkv_layout="concat", silu=bool(c["linear_silu"]), qk_norm=bool(c["use_qk_norm"]),
+                               q_scaled=True, slope_eps=0.0, slopes="alibi", slope_layer_offset=-1,
+                               norm_groups=c["group_norm_size"],
+                               rope_dim=_ling25_rope_dim(c))
+    if c.get("layer_types") is None and g is not None:
         whole = n // g * g
         c["layer_types"] = ["full_attention" if (i + 1) % g == 0 or i >= whole else "linear_attention"
                             for i in range(n)]
@@ -2657,6 +2702,31 @@ def _bailing_hybrid_config(config: Mapping) -> Mapping:
         if isinstance(c.get(key), list) and n and len(c[key]) > n:
             c[key] = c[key][:n]
     return c
+
+
+def _ling25_head_dim(c: Mapping):
+    heads, hidden = c.get("num_attention_heads"), c.get("hidden_size")
+    d = c.get("head_dim")
+    if d is None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        d = hidden // heads
+    return d
+
+
+def _ling25_rope_dim(c: Mapping):
+    """The leading channels of each lightning head that rotate: head_dim x partial_rotary_factor (None when
+    either is not a number)."""
+    d, f = _ling25_head_dim(c), c.get("partial_rotary_factor")
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (d, f))
+    return int(d * f) if ok else None
+
+
+def _ling25_rope_differs(c: Mapping) -> bool:
+    return not _ling3(c) and _ling25_rope_dim(c) != c.get("qk_rope_head_dim")
+
+
+def _ling25_kv_heads_differ(c: Mapping) -> bool:
+    kv = c.get("num_kv_heads_for_linear_attn")
+    return not _ling3(c) and kv is not None and kv != c.get("num_attention_heads")
 
 
 _BAILING_HYBRID_KEYS = dict(_LATENT_KEYS, **{
@@ -2671,9 +2741,16 @@ _BAILING_HYBRID_KEYS = dict(_LATENT_KEYS, **{
     "delta_k_dim": ("linear_head_dim", "head_dim"), "delta_v_dim": ("linear_head_dim", "head_dim"),
     "delta_conv_kernel": ("short_conv_kernel_size", "linear_conv_kernel_dim"),
     "delta_lower_bound": ("_kda_lower_bound",), "ssm_act": ("hidden_act",)})
+# Ling 2.5's lightning layers: the attention's heads of head_dim (not the latent's widths), the read-out
+# norm at the model's epsilon; the latent layers rotate all of qk_rope_head_dim (partial_rotary_factor is the
+# lightning heads' share).
+_LING25_KEYS = dict(_BAILING_HYBRID_KEYS, head_dim=("head_dim",), partial_rotary_factor=(),
+                    ssm_norm_eps=("rms_norm_eps",))
 _BAILING_HYBRID_REFUSALS = (
-    Refusal(lambda c: not _ling3(c), "Ling 2.5's lightning attention (a bailing_hybrid config without "
-            "short_conv_kernel_size) is not supported yet; Ling 3.0 (Kimi Delta Attention) runs"),
+    Refusal(_ling25_rope_differs, "Ling 2.5 lightning heads that rotate a different width (head_dim x "
+            "partial_rotary_factor) than the latent heads (qk_rope_head_dim) are not supported"),
+    Refusal(_ling25_kv_heads_differ, "Ling 2.5 lightning attention with num_kv_heads_for_linear_attn other than "
+            "num_attention_heads is not supported"),
     Refusal(lambda c: _group_size(c) is None, "a layer_group_size that is not a positive integer is not supported"),
     Refusal(lambda c: c.get("no_kda_lora") is False or bool(c.get("use_kda_lora")),
             "factored Kimi projections (no_kda_lora false, or use_kda_lora) are not supported"),
@@ -3083,7 +3160,10 @@ FAMILIES: dict[str, FamilySpec] = {
     f.model_type: f
     for f in (
         FamilySpec("llama", gguf_arch="llama", gguf_qk_permuted=True),
-        FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all"),
+        FamilySpec("mistral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all",
+                   # Mistral's own format (params.json, read by mistral_format.py): its names, adjacent pairs
+                   variants=(Variant(flag("mistral_format"), {"names": MISTRAL_FORMAT_NAMES,
+                                                              "rope_interleaved": True}),)),
         FamilySpec("qwen2", gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
         FamilySpec("phi", norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
@@ -4079,9 +4159,15 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "from 0 to num_hidden_layers - 1) is not supported"))),
         # Ling 3.0 (bailing_hybrid, Transformers' BailingHybrid): Kimi Delta Attention (full-rank f_proj and
         # g_proj, the safe gate) and head-gated latent attention by layer_group_size, Ling 2.0's router and
-        # experts, Step 3.5's per-layer clamps. Ling 2.5 (lightning attention) is refused until it is tested.
+        # experts, Step 3.5's per-layer clamps. Ling 2.5: lightning attention (MiniMax's recurrence with Ling's
+        # extras) on the linear layers, tests/test_parity_ling25.py.
+        # Ling 2.5 (a config that is not Ling 3.0's): lightning attention on the linear layers
+        # (decoder/lightning.py, its extras from _bailing_hybrid_config), latent layers without a gate
         FamilySpec("bailing_hybrid", **dict(_V3_LATENT, names=BAILING_HYBRID_NAMES,
-                                            gguf_names=GGUF_BAILING_HYBRID_NAMES,
+                                            gguf_names=GGUF_BAILING_HYBRID_NAMES, variants=(
+                                                *_V3_LATENT["variants"], Variant(lambda c: not _ling3(c), {
+                                                    "recurrent": "lightning", "names": LING25_NAMES,
+                                                    "attn_gate": None, "keys": _LING25_KEYS})),
                                             moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
                    keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
                    attn_gate="sigmoid", attn_gate_per_head=True,
@@ -4095,6 +4181,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    moe_defaults={"num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                                  "n_group": 8, "norm_topk_prob": True, "n_shared_experts": 1},
                    refusals=_BAILING_HYBRID_REFUSALS,
+                   # Ling 2.5 (a config that is not Ling 3.0's): lightning attention on the linear layers
+                   # (decoder/lightning.py, its extras from _bailing_hybrid_config), latent layers without a gate
                    # llama.cpp's bailingmoe3: its converter writes safe gates only (kda.safe_gate,
                    # kda.gate_lower_bound: _gguf_delta); its graph rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM)
                    gguf_arch="bailingmoe3",
@@ -4184,9 +4272,18 @@ FAMILIES: dict[str, FamilySpec] = {
                    positions="none", config_defaults=dict(_GLM5_NEXT_DEFAULTS),
                    indexer={"interleaved": True, "kpool": "model"}, ffn_limit=True,
                    streams={"hc_magnitude": 2.0, "hc_sinkhorn_iters": "model", "head": "mean"}, adapters="none",
-                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=None,
+                   **dict(_V3_LATENT, names=GLM5_NEXT_NAMES, variants=(), gguf_names=GGUF_GLM5_NEXT_NAMES,
                           moe_fields={**_V3_ROUTER["moe_fields"]}),
-                   refusals=_GLM5_NEXT_REFUSALS),
+                   refusals=_GLM5_NEXT_REFUSALS,
+                   # (group GDS) llama.cpp's glm5-next (src/models/glm5-next.cpp): KDA where head_count_kv[i] is 0,
+                   # the streams, the pooled indexer and the kda gate bound from the file; every gated
+                   # feed-forward (dense ones too) clamped by ggml_swiglu_clamp (gguf/config.py)
+                   gguf_arch="glm5-next",
+                   gguf_config={"hyper_connection.count": "hc_mult", "hyper_connection.epsilon": "hc_eps",
+                                "hyper_connection.sinkhorn_iterations": "hc_sinkhorn_iters",
+                                "attention.indexer.kpool": "index_kpool",
+                                "attention.indexer.kpool_select_tail": "index_kpool_always_select_tail"},
+                   gguf_refusals=_GLM5_NEXT_GGUF_REFUSALS),
     )
 }
 # Families that are another family's spec under their own model_type (group G16A): MiMo-V2.5 is read as

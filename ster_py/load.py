@@ -131,7 +131,7 @@ def _spec_of(resolved: Resolved) -> ModelSpec:
 def load_tokenizer(model: str, revision: str | None = None, *, progress: Progress | None = None) -> Tokenizer:
     """Resolve ``model`` and build only its tokenizer (and chat template): no weight is mapped or read.
 
-    A directory with tokenizer.json is read as it is (no config.json, weights or
+    A directory with tokenizer.json (or PLaMo's tokenizer.jsonl) is read as it is (no config.json, weights or
     runnable family needed); a .gguf file, or a directory holding one, is
     tokenized from its ``tokenizer.ggml.*`` metadata alone, so a vocabulary-only
     GGUF (no tensors) works and the architecture is never gated. Presets and Hub
@@ -150,8 +150,8 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
     from pathlib import Path
 
     path = Path(model).expanduser()
-    if path.is_dir() and (path / "tokenizer.json").is_file():
-        return Tokenizer.from_dir(path)
+    if path.is_dir() and ((path / "tokenizer.json").is_file() or (path / "tokenizer.jsonl").is_file()):
+        return Tokenizer.from_dir(path)  # tokenizer.json, or PLaMo's tokenizer.jsonl (plamo_tokenizer.py)
     if not (path.is_file() and path.name.endswith(".gguf")):
         resolved = resolve(model, revision, progress=progress, weights=False)
         if resolved.tokenizer_path is not None:

@@ -183,6 +183,19 @@ def _wrapped_reference(resolved, model_type: str, transformers, kwargs: dict):
     return cls.from_pretrained(str(resolved.root), config=config, key_mapping=mapping, **kwargs)
 
 
+# Configurations of a model_type Transformers implements that its class does not compute: (predicate over
+# config.json, what Transformers lacks). bailing_hybrid's class is Ling 3.0; a Ling 2.5 config (lightning
+# attention) would build Kimi Delta Attention layers from it (tests/test_parity_ling25.py builds its oracle).
+def _ling25(config) -> bool:
+    from .families import _ling3
+
+    return not _ling3(config)
+
+
+UNREFERENCED_VARIANTS = {"bailing_hybrid": (_ling25, "Ling 2.5 (lightning attention): Transformers' bailing_hybrid "
+                                                     "is Ling 3.0, with Kimi Delta Attention in those layers")}
+
+
 def transformers_reference(resolved) -> Reference:
     """A reference that runs Transformers on the model ``resolved`` describes.
 
@@ -208,6 +221,10 @@ def transformers_reference(resolved) -> Reference:
                         f"{model_type!r} to compare against (its modelling code lives in the model's Hub "
                         "repository, which ster does not run); compare a GGUF of the model with "
                         "--reference llama.cpp instead")
+    variant = UNREFERENCED_VARIANTS.get(model_type)
+    if resolved.gguf_file is None and variant is not None and variant[0](resolved.config or {}):
+        raise SterError(f"transformers {transformers.__version__} has no implementation of this {model_type} "
+                        f"checkpoint to compare against: {variant[1]}; ster does not run the model's Hub code")
     kwargs = dict(dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION.get(model_type, "eager"))
     if resolved.gguf_file is not None:
         try:

@@ -29,6 +29,8 @@ CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 #: tiktoken rank files read when there is no tokenizer.json (tokenizer.rank_file_of says under which class).
 RANK_FILE_NAMES = ("tokenizer.model", "tiktoken.model")
+#: PLaMo's vocabulary, read when there is no tokenizer.json (plamo_tokenizer.py).
+PLAMO_TOKENIZER = "tokenizer.jsonl"
 # Small files that travel with the tokenizer and config when a repository has them:
 # chat template, special tokens and generation defaults are read from them later.
 # The index is fetched so that a cache-only (offline) resolution can tell a
@@ -148,7 +150,7 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
     Raises:
         SterError: for every refusal: missing or ambiguous files, unreadable
             or invalid config.json, an architecture the gate refuses (raised by
-            ``ster_py.families.gate``), Mistral's own params.json format, an
+            ``ster_py.families.gate``), a Mistral params.json this build does not run, an
             unreachable/missing/gated repository or revision, a cache that
             lacks the model under ``HF_HUB_OFFLINE``, or a failed download.
     """
@@ -201,7 +203,7 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
     ggufs = sorted(n for n in names if n.endswith(".gguf") and (root / n).is_file())
     if CONFIG not in names:
         if "params.json" in names:
-            raise _mistral_format(str(root / "params.json"))
+            return _resolve_mistral_dir(model, root, names, revision)
         if len(ggufs) == 1:
             gguf = root / ggufs[0]
             return Resolved(model, "gguf", root, None, None, None, (gguf,), gguf, revision, None)
@@ -227,6 +229,31 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
     raise SterError(f"model directory contains no safetensors weights: {root}{_weights_hint(names)}")
 
 
+def _resolve_mistral_dir(model: str, root: Path, names: list[str], revision: str | None,
+                         with_weights: bool = True) -> Resolved:
+    """A directory in Mistral's own format: params.json (put in the Transformers shape by
+    ``mistral_format.config_from_params``, then gated), the consolidated* weights, and a tokenizer.json
+    beside them (tekken.json and a SentencePiece tokenizer.model are refused by name)."""
+    from .mistral_format import PARAMS, config_from_params, weight_names
+
+    params_path = root / PARAMS
+    params = read_config(params_path)
+    config = config_from_params(params, params_path)
+    if TOKENIZER not in names:
+        found = [n for n in names if n == "tekken.json" or n.startswith("tokenizer.model")]
+        hint = (f" (found {', '.join(found)}: ster reads neither Mistral's tekken.json nor a SentencePiece "
+                "tokenizer.model; use the Transformers-format checkpoint's tokenizer.json, or write one beside "
+                "params.json, e.g. with transformers' AutoTokenizer(...).save_pretrained)" if found else "")
+        raise SterError(f"tokenizer is missing: {root / TOKENIZER}{hint}")
+    config, family = _gate(config, params_path)
+    weights = tuple(root / n for n in weight_names(names) if (root / n).is_file())
+    if not weights and with_weights:
+        raise SterError(f"model directory {root} in Mistral's own format (params.json) holds no "
+                        "consolidated*.safetensors weights; download them")
+    return Resolved(model, "safetensors", root, config, params_path, root / TOKENIZER, weights, None, revision,
+                    family)
+
+
 def _list_dir(root: Path) -> list[str]:
     try:
         return sorted(os.listdir(root))
@@ -240,7 +267,10 @@ def _safetensors_in(root: Path, names: list[str]) -> tuple[Path, ...]:
 
 
 def _is_weight_name(name: str) -> bool:
-    return name.endswith(".safetensors") and not any(w in name for w in EXCLUDED_WEIGHT_WORDS)
+    """A Transformers-format weight file: Mistral's consolidated* files (its own format, published beside the
+    Transformers shards by repositories that carry both) are not."""
+    return (name.endswith(".safetensors") and not any(w in name for w in EXCLUDED_WEIGHT_WORDS)
+            and not name.startswith("consolidated"))
 
 
 def _require_tokenizer(root: Path, names: list[str]) -> Path:
@@ -251,13 +281,16 @@ def _require_tokenizer(root: Path, names: list[str]) -> Path:
     ranks = rank_file_of(root)  # GLM-4's / Kimi's tiktoken ranks under the tokenizer class that reads them
     if ranks is not None:
         return ranks
+    if PLAMO_TOKENIZER in names:  # PLaMo's own vocabulary (plamo_tokenizer.py)
+        return root / PLAMO_TOKENIZER
     found = [n for n in ("tokenizer.model", "tokenizer.jsonl", "tiktoken.model", "vocab.json") if n in names]
     named = tokenizer_class_of(root) if found else None
     named = f", under tokenizer_class {named[:80]!r}" if named else ""
     hint = (
         f" (found {', '.join(found)}{named}; only a tokenizers-library tokenizer.json is read, or a tiktoken "
-        "tokenizer.model / tiktoken.model that tokenizer_config.json names ChatGLM4Tokenizer / TikTokenTokenizer: "
-        "use a checkpoint that ships tokenizer.json, or save one with the tokenizers or transformers library)"
+        "tokenizer.model / tiktoken.model that tokenizer_config.json names ChatGLM4Tokenizer / TikTokenTokenizer, "
+        "or PLaMo's tokenizer.jsonl: use a checkpoint that ships tokenizer.json, or save one with the tokenizers or "
+        "transformers library)"
         if found
         else ""
     )
@@ -291,9 +324,14 @@ def _check_index(root: Path, names: list[str]) -> None:
 
 
 def _weights_hint(names: list[str]) -> str:
-    ignored = [n for n in names if n.endswith(".safetensors") and not _is_weight_name(n)]
+    ignored = [n for n in names if n.endswith(".safetensors") and not _is_weight_name(n)
+               and not n.startswith("consolidated")]
     other = [n for n in names if n.endswith(OTHER_WEIGHT_SUFFIXES)]
+    native = [n for n in names if n.startswith("consolidated") and n.endswith(".safetensors")]
     parts = []
+    if native:
+        parts.append(f"found {', '.join(native)}, Mistral's own format, which is read only from a directory with "
+                     "params.json and no config.json")
     if other:
         parts.append(f"found {', '.join(other)}, which is not a format ster reads; convert it to safetensors")
     if ignored:
@@ -305,14 +343,6 @@ def _too_many_ggufs(root: Path, ggufs: list[str]) -> SterError:
     return SterError(
         f"model directory {root} holds {len(ggufs)} .gguf files ({', '.join(ggufs)}); "
         "keep exactly one, or pass the path of the .gguf file to use"
-    )
-
-
-def _mistral_format(where: str) -> SterError:
-    return SterError(
-        f"{where} is a checkpoint in Mistral's own format (params.json, no config.json), which is "
-        "not supported yet; use the Transformers-format checkpoint of the same model "
-        "(config.json, tokenizer.json, model*.safetensors)"
     )
 
 
@@ -380,23 +410,28 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
         raise SterError(_repository_error(model, rev, error)) from None
     sha = info.sha  # the resolved commit; branch names never reach model_revision
     sizes = {s.rfilename: s.size for s in (info.siblings or [])}
-    if CONFIG not in sizes:
-        if "params.json" in sizes:
-            raise _mistral_format(f"model {model} at revision {sha}")
+    # Mistral's own format only when the repository publishes no Transformers config (seed 002)
+    native = CONFIG not in sizes and "params.json" in sizes
+    config_name = "params.json" if native else CONFIG
+    if config_name not in sizes:
         raise SterError(f"model config is missing: {model} publishes no config.json at revision {sha}")
     # without tokenizer.json, a tiktoken rank file read under its tokenizer_config.json's class (checked below)
-    tok_name = TOKENIZER if TOKENIZER in sizes else next(
-        (n for n in RANK_FILE_NAMES if n in sizes and "tokenizer_config.json" in sizes), None)
+    tok_name = TOKENIZER if TOKENIZER in sizes else None if native else next(
+        (n for n in RANK_FILE_NAMES if n in sizes and "tokenizer_config.json" in sizes),
+        PLAMO_TOKENIZER if PLAMO_TOKENIZER in sizes else None)
     if tok_name is None:
-        raise SterError(f"tokenizer is missing: {model} publishes no tokenizer.json at revision {sha}")
+        found = [n for n in sorted(sizes) if native and (n == "tekken.json" or n.startswith("tokenizer.model"))]
+        hint = (f" (it publishes {', '.join(found)}, which ster does not read; write a tokenizer.json beside "
+                "params.json in a local copy, or use the Transformers-format checkpoint)" if found else "")
+        raise SterError(f"tokenizer is missing: {model} publishes no tokenizer.json at revision {sha}{hint}")
 
-    small = [CONFIG, tok_name] + [n for n in SIDE_FILES if n in sizes]
+    small = [config_name, tok_name] + [n for n in SIDE_FILES if n in sizes]
     # config.json is fetched at the user's revision, not the SHA: that is how
     # huggingface_hub records "revision -> commit" in the cache, which a later
     # HF_HUB_OFFLINE run needs to find the snapshot. Its snapshot folder names the
     # commit it came from; the other files are fetched at the SHA itself.
     paths = _download(hub, model, sha, small, sizes, progress, "config", first_at=rev)
-    config_path, tokenizer_path = paths[CONFIG], paths[tok_name]
+    config_path, tokenizer_path = paths[config_name], paths[tok_name]
     if tok_name != TOKENIZER:
         tokenizer_path = _require_tokenizer(tokenizer_path.parent, [tok_name])
     sha = sha or config_path.parent.name  # model_info always states it; the snapshot folder names it too
@@ -406,12 +441,21 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
             f"{config_path.parent.name}); run again, or pass a commit SHA as the revision"
         )
     config = read_config(config_path)
+    if native:
+        from .mistral_format import config_from_params
+
+        config = config_from_params(config, config_path)
     config, family = _gate(config, config_path)
     if not with_weights:
         return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, (), None, sha,
                         family)
 
-    weights = sorted(n for n in sizes if "/" not in n and _is_weight_name(n))
+    if native:
+        from .mistral_format import weight_names
+
+        weights = weight_names([n for n in sizes if "/" not in n])
+    else:
+        weights = sorted(n for n in sizes if "/" not in n and _is_weight_name(n))
     if not weights:
         other = sorted(n for n in sizes if "/" not in n and n.endswith(OTHER_WEIGHT_SUFFIXES + (".gguf",)))
         hint = f" (it has {', '.join(other)})" if other else ""
@@ -538,8 +582,9 @@ def _resolve_cache(model: str, rev: str, with_weights: bool = True) -> Resolved:
         raise SterError(_repository_error(model, rev, error)) from None
     except (OSError, errors.EntryNotFoundError):  # LocalEntryNotFoundError and kin: not cached
         params = hub.try_to_load_from_cache(model, "params.json", revision=rev)
-        if isinstance(params, str):
-            raise _mistral_format(params) from None
+        if isinstance(params, str):  # a snapshot in Mistral's own format
+            snapshot = Path(params).parent
+            return _resolve_mistral_dir(model, snapshot, _list_dir(snapshot), snapshot.name, with_weights)
         raise SterError(
             f"failed to read model repository {model} at revision {rev}: {where} has no config.json "
             f"for it; {todo}"

@@ -167,7 +167,8 @@ class Tokenizer:
 
         Without tokenizer.json, a tiktoken rank file is read (``rank_file_of``: GLM-4's
         tokenizer.model under ChatGLM4Tokenizer, Kimi's tiktoken.model under TikTokenTokenizer;
-        ``tiktoken_bpe.from_rank_file``), with the same side files.
+        ``tiktoken_bpe.from_rank_file``), with the same side files; else PLaMo's tokenizer.jsonl
+        (``plamo_tokenizer.from_jsonl``).
 
         BOS/EOS addition follows tokenizer.json's post-processor:
         tokenizer_config.json's ``add_bos_token``/``add_eos_token`` are ignored
@@ -187,7 +188,15 @@ class Tokenizer:
         tokenizer_file = path if path.is_file() else directory / "tokenizer.json"
         config_file = directory / "tokenizer_config.json"
         rank_file = None if tokenizer_file.is_file() else rank_file_of(directory)
-        if rank_file is not None:  # GLM-4's or Kimi's tiktoken ranks (tiktoken_bpe.py)
+        plamo_file = directory / "tokenizer.jsonl"
+        if rank_file is None and not tokenizer_file.is_file() and plamo_file.exists():
+            from .plamo_tokenizer import from_jsonl  # PLaMo's own vocabulary
+
+            config = _read_json_object(config_file)
+            tk = from_jsonl(plamo_file, config, config_file)
+            tokenizer_file = plamo_file
+            failed = (f"failed to load tokenizer {plamo_file}", "re-download its tokenizer_config.json.")
+        elif rank_file is not None:  # GLM-4's or Kimi's tiktoken ranks (tiktoken_bpe.py)
             from .tiktoken_bpe import from_rank_file
 
             config = _read_json_object(config_file)

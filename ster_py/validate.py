@@ -37,6 +37,7 @@ def interpret(source: str, build: Callable[..., T], *args, **kwargs) -> T:
 BOOLEAN_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias", "use_qkv_bias",
                 "use_parallel_residual", "qk_layernorm", "use_qk_norm", "parallel_attn", "bias", "multi_query",
                 "new_decoder_architecture", "alibi", "use_bias", "use_post_norm", "rope_interleave",
+                "linear_silu",  # Ling 2.5's lightning attention
                 # ChatGLM's switches (its remote code's ChatGLMConfig)
                 "multi_query_attention", "rmsnorm", "original_rope", "post_layer_norm", "add_bias_linear",
                 "add_qkv_bias", "apply_residual_connection_post_layernorm", "apply_query_key_layer_scaling",

@@ -4,18 +4,22 @@
 writes the config.json keys a converter still reads in Transformers 4 spellings, and runs the
 converter once for all cases in one subprocess. The converter's vocabulary step is replaced by a
 minimal SentencePiece-style vocabulary (the tiny checkpoints' word-level tokenizer is none it
-knows); weights and hyper-parameters go through the converter untouched, except that a config.json
-key ``_llamacpp_drop_keys`` lists hyper-parameters the converter is not shown (the defaults
-Transformers' config class adds for keys a config written before them lacks) and ``_llamacpp_args``
-command-line options the converter gets for that checkpoint (``--no-mtp``); under ``_llamacpp_raw_config``
-the converter reads config.json as it stands (a model_type its pinned Transformers 4.57 lacks).
+knows) unless config.json's ``_llamacpp_own_vocab`` is true (PLaMo's tokenizer.jsonl); weights and
+hyper-parameters go through the converter untouched, except that a config.json key
+``_llamacpp_drop_keys`` lists hyper-parameters the converter is not shown (the defaults Transformers'
+config class adds for keys a config written before them lacks) and ``_llamacpp_args`` command-line
+options the converter gets for that checkpoint (``--no-mtp``); under ``_llamacpp_raw_config`` the converter
+reads config.json as it stands (a model_type its pinned Transformers 4.57 lacks).
 """
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,13 +54,21 @@ def minimal_vocab(self):
 
 
 get_class = conv.get_model_class
+OWN_VOCAB = [False]  # the checkpoint's own vocabulary files, through the converter's own set_vocab
+
+
+def _vocab_of(own):
+    def set_vocab(self):
+        return own(self) if OWN_VOCAB[0] else minimal_vocab(self)
+    set_vocab.patched = True
+    return set_vocab
 
 
 def get_model_class(*args, **kwargs):
     cls = get_class(*args, **kwargs)
     for c in cls.__mro__:
-        if "set_vocab" in c.__dict__:
-            c.set_vocab = minimal_vocab
+        if "set_vocab" in c.__dict__ and not getattr(c.set_vocab, "patched", False):
+            c.set_vocab = _vocab_of(c.set_vocab)
     return cls
 
 
@@ -77,6 +89,7 @@ def load_hparams_with_legacy(dir_model, *args, **kwargs):
 
 DROP = "_llamacpp_drop_keys"
 ARGS = "_llamacpp_args"  # converter options for one checkpoint (--no-mtp)
+OWN = "_llamacpp_own_vocab"  # true: the converter's own vocabulary step on the checkpoint's files (PLaMo's jsonl)
 # the converter reads config.json itself, as it does where its pinned Transformers (4.57.6,
 # requirements-convert_hf_to_gguf.txt) has no class for the model_type (bailing_hybrid): Transformers 5's
 # BailingHybridConfig rewrites head_dim to the rotated width, which the converter would write as kda.head_dim
@@ -88,6 +101,7 @@ outtype = sys.argv[2]
 for pair in sys.argv[3:]:
     src, out = pair.split("::")
     extra = json.loads((Path(src) / "config.json").read_text()).get(ARGS, [])
+    OWN_VOCAB[0] = bool(json.loads((Path(src) / "config.json").read_text()).get(OWN))
     sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype, *extra]
     conv.main()
 '''
@@ -105,14 +119,24 @@ def _sdist(tmp_dir) -> Path:
     return Path(tmp_dir) / SDIST
 
 
+_UNPACKED: list[Path] = []  # the sdist's converter files, unpacked once per test process
+
+
 def extract_converter(root: Path) -> Path:
     """Unpack llama.cpp's converter (and its gguf-py) from the sdist into ``root`` and write the
-    driver ``root/convert.py``; returns the llama.cpp directory the driver takes first."""
-    with tarfile.open(_sdist(root)) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
-            m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
-                                                                              PREFIX + "gguf-py/")))]
-        tar.extractall(root, members=members, filter="data")
+    driver ``root/convert.py``; returns the llama.cpp directory the driver takes first.
+
+    The sdist (77 MB, gzip) is read once per test process; later calls copy the unpacked files."""
+    if not _UNPACKED:
+        cache = Path(tempfile.mkdtemp(prefix="ster-llamacpp-converter-"))
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        with tarfile.open(_sdist(root)) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(PREFIX) and m.isfile() and (
+                m.name == PREFIX + "convert_hf_to_gguf.py" or m.name.startswith((PREFIX + "conversion/",
+                                                                                  PREFIX + "gguf-py/")))]
+            tar.extractall(cache, members=members, filter="data")
+        _UNPACKED.append(cache)
+    shutil.copytree(_UNPACKED[0] / PREFIX, root / PREFIX, dirs_exist_ok=True)
     (root / "convert.py").write_text(CONVERT)
     return root / PREFIX
 

@@ -244,9 +244,9 @@ GEMMA_STYLE_TEMPLATE = (
 
 
 def smollm2_gguf_template(path) -> str:
-    from gguf import GGUFReader
+    from tiny import gguf_py_reader
 
-    return GGUFReader(str(path)).fields["tokenizer.chat_template"].contents()
+    return gguf_py_reader(path).fields["tokenizer.chat_template"].contents()
 
 
 @pytest.mark.real

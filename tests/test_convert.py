@@ -34,6 +34,7 @@ from ster_py.gguf.export import architecture_metadata, read_back_differences
 from ster_py.gguf.reader import GGUFFile
 from ster_py.gguf.writer import TensorEntry, Typed, write_gguf
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
+from tiny import gguf_py_reader
 
 
 def ster(*args):
@@ -257,7 +258,7 @@ def test_round_trip(name, ftype, checkpoints, tmp_path):
     assert report["differences"] == [] and report["tokenizer_notes"] == []
     path = report["output"]
     # (a) gguf-py reads it
-    reader = gguf.GGUFReader(path)
+    reader = gguf_py_reader(path)
     ours = GGUFFile(path)
     assert [t.name for t in reader.tensors] == list(ours.tensors)
     assert all(t.tensor_type.name == ours.tensors[t.name].type_name for t in reader.tensors)

@@ -31,6 +31,7 @@ from ster_py import llamacpp
 from ster_py.convert import checkpoint_sources, convert_model
 from ster_py.generate import Sampling, generate
 from ster_py.gguf.reader import GGUFFile
+from tiny import gguf_py_reader
 
 pytestmark = pytest.mark.real
 
@@ -81,7 +82,7 @@ def test_round_trip(model, ftype, hf, converted):
 
     report, path = converted(model, ftype)
     assert report["differences"] == [] and report["tokenizer_notes"] == []
-    reader = gguf.GGUFReader(path)
+    reader = gguf_py_reader(path)
     ours = GGUFFile(path)
     assert [(t.name, t.tensor_type.name) for t in reader.tensors] == [(n, t.type_name) for n, t in ours.tensors.items()]
     sources = _sources(str(hf[model]))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from ster_py.errors import SterError
 from ster_py.gguf import quants
 from ster_py.gguf.reader import GGUFFile, open_gguf
+from tiny import gguf_py_reader
 
 Q8_0, Q4_K, IQ2_XXS, TQ1_0 = 8, 12, 16, 34
 
@@ -163,7 +164,7 @@ _GGUF_PY_READERS: dict = {}
 
 def _gguf_py(path):
     if path not in _GGUF_PY_READERS:  # gguf-py takes seconds to parse the tokenizer arrays
-        _GGUF_PY_READERS[path] = gguf.GGUFReader(path)
+        _GGUF_PY_READERS[path] = gguf_py_reader(path)
     return _GGUF_PY_READERS[path]
 
 

@@ -1,8 +1,8 @@
 """ster_py.gguf.tokenizer against its oracles.
 
 - Real files (SmolLM2: gpt2/smollm; Gemma 3: SentencePiece): token ids equal
-  transformers' GGUF tokenizer (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``)
-  on 40 texts, with and without special tokens.
+  transformers' GGUF tokenizer (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``, as the session
+  fixture saved it) on 40 texts, with and without special tokens.
 - llama.cpp's own tokenizer test vectors (``models/ggml-vocab-*.gguf`` with their
   ``.inp``/``.out`` files, shipped in the llama-cpp-python 0.3.36 sdist): ids equal
   llama.cpp's for all 14 vocabularies there (gpt-2, llama-bpe, qwen2, qwen35,
@@ -114,17 +114,24 @@ def _encode_unparsed(tk, text: str, add_special_tokens: bool = False) -> list[in
         tk.encode_special_tokens = False
 
 
+# GGUF path -> the session fixture's Hugging Face copy of it, whose tokenizer files are transformers' GGUF
+# tokenizer (``from_pretrained(dir, gguf_file=...)``) as saved by ``save_pretrained`` when the fixture was built
+# (scripts/real_models.build_hf_copy); loading them skips rebuilding it from the 262k-token metadata per run.
+_READING: dict[str, Path] = {}
+
+
 @functools.lru_cache(maxsize=None)
 def _transformers_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    p = Path(path)
-    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return AutoTokenizer.from_pretrained(str(_READING[path]))
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def real_gguf(request) -> str:
-    return str(request.getfixturevalue(f"{request.param}_gguf"))
+    path = str(request.getfixturevalue(f"{request.param}_gguf"))
+    _READING[path] = request.getfixturevalue(f"{request.param}_hf")
+    return path
 
 
 # ------------------------------------------------------------- real files vs HF
@@ -728,12 +735,12 @@ def test_unknown_pre_tokenizer_is_refused_with_the_supported_list():
         split_pre_tokenizer("nope")
 
 
-@pytest.mark.parametrize("model", ["rwkv", "plamo2", "hybriddna", "none"])
+@pytest.mark.parametrize("model", ["rwkv", "hybriddna", "none"])  # plamo2: test_plamo_tokenizer.py
 def test_other_llama_cpp_tokenizer_models_are_refused_with_the_reason(model):
     meta = _byte_level_meta("default")
     meta["tokenizer.ggml.model"] = model
     with pytest.raises(SterError, match=rf"unsupported tokenizer model '{model}' \(tokenizer.ggml.model\): .+; "
-                                        "supported: gpt2, llama, gemma4, whitespace, bert, t5"):
+                                        "supported: gpt2, llama, gemma4, whitespace, bert, t5, plamo2"):
         tokenizer_from_gguf_metadata(meta)
 
 

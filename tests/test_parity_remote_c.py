@@ -31,7 +31,7 @@ Transformers' cache), with the layer kinds seed 002 states given to Transformers
 and every layer after the last whole group attend; Transformers' own default makes the trailing layers
 linear) and the config rewritten in the release's spelling; Step 3.5's per-layer clamps (which
 BailingHybrid lacks) are checked against its experts with the clamp written here from the seed's words.
-Ling 2.5 (lightning attention) is refused.
+Ling 2.5 (lightning attention) is tested in tests/test_parity_ling25.py.
 """
 from __future__ import annotations
 
@@ -637,7 +637,9 @@ _LING3_BASE = {"model_type": "bailing_hybrid", **{k: v for k, v in LING3.items()
     (dict(_STEP3_BASE, moe_layers_enum="1,3"), "moe_layers_enum"),
     (dict(_STEP3_BASE, moe_layers_enum="1,x"), "moe_layers_enum"),
     (dict(_STEP3_BASE, moe_layers_enum=[-1]), "moe_layers_enum"),
-    ({k: v for k, v in _LING3_BASE.items() if k != "short_conv_kernel_size"}, "Ling 2.5's lightning attention"),
+    # without short_conv_kernel_size the config is Ling 2.5's (tests/test_parity_ling25.py): its lightning heads
+    # (head_dim 16, half rotating) and latent heads (qk_rope_head_dim 4) rotate different widths
+    ({k: v for k, v in _LING3_BASE.items() if k != "short_conv_kernel_size"}, "different width"),
     (dict(_LING3_BASE, no_kda_lora=False), "factored Kimi projections"),
     (dict(_LING3_BASE, use_kda_lora=True), "factored Kimi projections"),
     (dict(_LING3_BASE, use_nGPT=True), "use_nGPT"),

@@ -212,12 +212,17 @@ def test_config_missing(sealed, tmp_path):
     assert "model config is missing" in msg and str(root / "config.json") in msg
 
 
-def test_mistral_params_json_is_refused_by_name(sealed, tmp_path):
-    root = write_model(tmp_path / "m", config=None, files=["consolidated.safetensors"])
+def test_mistral_params_json_is_read_as_mistral(sealed, tmp_path):
+    """Mistral's own format (tests/test_mistral_params.py runs it against Transformers): an incomplete
+    params.json is named, a complete one resolves to mistral with the consolidated weights only."""
+    root = write_model(tmp_path / "m", config=None, files=["consolidated.safetensors", "model.safetensors"])
     (root / "params.json").write_text(json.dumps({"dim": 8}))
     msg = refusal(str(root))
-    assert "Mistral's own format" in msg and "not supported yet" in msg
-    assert "Transformers-format" in msg and str(root / "params.json") in msg
+    assert "invalid Mistral params.json" in msg and "lacks n_layers" in msg and str(root / "params.json") in msg
+    (root / "params.json").write_text(json.dumps(MISTRAL_PARAMS))
+    r = resolve(str(root))
+    assert (r.config["model_type"], r.config_path, r.weight_files) == ("mistral", root / "params.json",
+                                                                         (root / "consolidated.safetensors",))
 
 
 def test_tokenizer_missing(sealed, tmp_path):
@@ -475,12 +480,33 @@ def test_hub_publishes_no_safetensors(remote):
     assert "optimizer.safetensors" not in fake.downloads
 
 
-def test_hub_mistral_format_refused_before_any_download(remote):
-    fake = remote({"params.json": b"{}", "tekken.json": b"{}", "consolidated.safetensors": WEIGHT_BYTES})
+MISTRAL_PARAMS = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "hidden_dim": 96,
+                  "norm_eps": 1e-5, "vocab_size": 128}
+
+
+def test_hub_mistral_format_without_tokenizer_json_refused_before_any_download(remote):
+    fake = remote({"params.json": json.dumps(MISTRAL_PARAMS).encode(), "tekken.json": b"{}",
+                   "consolidated.safetensors": WEIGHT_BYTES})
     with pytest.raises(SterError) as e:
         resolve("mistralai/Some-Model")
-    assert "Mistral's own format" in str(e.value) and "Transformers-format" in str(e.value)
+    assert "tokenizer is missing" in str(e.value) and "tekken.json" in str(e.value)
     assert fake.downloads == []
+
+
+def test_hub_mistral_format_downloads_params_then_the_consolidated_weights(remote):
+    fake = remote({"params.json": json.dumps(MISTRAL_PARAMS).encode(), "tokenizer.json": b'{"version": "1.0"}',
+                   "consolidated.safetensors": WEIGHT_BYTES, "README.md": b"# card"})
+    r = resolve("mistralai/Some-Model")
+    assert fake.downloads == ["params.json", "tokenizer.json", "consolidated.safetensors"]
+    assert (r.config["model_type"], r.config_path.name, r.model_revision) == ("mistral", "params.json", SHA)
+    assert r.weight_files == (fake.snapshot / "consolidated.safetensors",)
+
+
+def test_hub_repository_with_both_formats_is_read_as_transformers(remote):
+    fake = remote(repo_files(extra=("params.json", "consolidated.safetensors")))
+    r = resolve("org/model")
+    assert "consolidated.safetensors" not in fake.downloads and "params.json" not in fake.downloads
+    assert r.weight_files == (fake.snapshot / "model.safetensors",)
 
 
 def test_hub_missing_config_or_tokenizer(remote):
@@ -794,3 +820,13 @@ def test_gate_errors_name_the_config(sealed, tmp_path):
               "layer_types": ["sliding_attention", "full_attention"]}  # a list where a rotary base belongs
     root = write_model(tmp_path / "m", config=config)
     assert refusal(str(root)).startswith(f"invalid model config {root / 'config.json'}: TypeError")
+
+
+def test_hub_plamo_tokenizer_jsonl_stands_in_for_tokenizer_json(remote):
+    files = repo_files()
+    del files["tokenizer.json"]
+    files["tokenizer.jsonl"] = b'["<|plamo:unk|>", 0.0, "UNKNOWN"]\n'
+    fake = remote(files)
+    r = resolve("pfnet/some-plamo")
+    assert fake.downloads[:3] == ["config.json", "tokenizer.jsonl", "tokenizer_config.json"]
+    assert r.tokenizer_path == fake.snapshot / "tokenizer.jsonl"

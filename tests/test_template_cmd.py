@@ -154,9 +154,9 @@ def test_hf_dir_model(hf_dir, files):
 @pytest.mark.real
 def test_gguf_model(smollm2_gguf, files):
     """The template and BOS/EOS texts as gguf-py reads them from the file."""
-    from gguf import GGUFReader
+    from tiny import gguf_py_reader
 
-    reader = GGUFReader(str(smollm2_gguf))
+    reader = gguf_py_reader(smollm2_gguf)
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     specials = {name: tokens[reader.fields[f"tokenizer.ggml.{name}_id"].contents()]
                 for name in ("bos_token", "eos_token")}

@@ -17,6 +17,17 @@ pieces or token by token leaves the same state. Transformers' prefill computes t
 recurrence block by block (an intra-block decayed product plus the inter-block state); the
 recurrent form here is the one its decode step and llama.cpp's state use.
 
+Ling 2.5's lightning attention (seed 002, ``bailing_hybrid`` without Kimi Delta Attention) is the
+same recurrence with its extras as ``SSMSpec`` data: ``query_key_value`` holds every query head, then
+every key head, then every value head (``qkv_layout`` "concat"), SiLU only under linear_silu
+(``qkv_silu``), per-head query and key RMS norms (``qk_norm``: ``ssm_q_norm`` / ``ssm_k_norm``, the
+model's epsilon), the leading partial_rotary_factor share of each head rotated by halves at
+rope_theta (``rope``), the query scaled by head_dim ** -0.5 (``q_scaled``), ALiBi's slopes (``slopes``
+"alibi": MiniMax's for a power-of-two head count) with the per-layer factor 1 - (i - 1) / (layers - 1) + 1e-5
+(``slope_eps`` 0, ``slope_layer_offset`` -1: the release's code and every port of it; seed 002 words it
+1 - i / (layers - 1) + 1e-5), and the read-out RMS-normed over
+group_norm_size equal groups (``norm_groups``) by ``g_norm``, times sigmoid(g_proj(x)), through dense.
+
 Step 2 runs the Cython kernel ``ster_py._kernels.lightning.lightning_scan``;
 ``lightning_scan_reference`` is its numpy definition.
 """
@@ -28,18 +39,27 @@ from ._fast import lightning as _kernel
 from .cache import RecurrentState
 from .linear import make_linear
 from .parts import Part
+from .positions import alibi_slopes
 from .ssm import silu, vector
 
 
-def lightning_decay(heads: int, layer: int, layers: int, slope_eps: float = 1e-5) -> np.ndarray:
-    """Each head's decay per token, float32 [heads]: exp(-slope_h * factor) with slope_h =
-    2 ** (-8 / heads * (h + 1)) and factor = 1 - layer / (layers - 1 + slope_eps) + 1e-5
-    (Transformers' ``get_slope_rate``; llama.cpp's with slope_eps 0). A one-layer model's factor
-    is 1 + 1e-5."""
-    slopes = 2.0 ** (-8.0 / heads * np.arange(1, heads + 1, dtype=np.float64))
+def lightning_decay(heads: int, layer: int, layers: int, slope_eps: float = 1e-5, slopes: str = "minimax",
+                    layer_offset: int = 0) -> np.ndarray:
+    """Each head's decay per token, float32 [heads]: exp(-slope_h * factor) with
+    factor = 1 - (layer + layer_offset) / (layers - 1 + slope_eps) + 1e-5.
+
+    ``slopes`` "minimax": slope_h = 2 ** (-8 / heads * (h + 1)) (Transformers' ``get_slope_rate``;
+    llama.cpp's with slope_eps 0). "alibi": ALiBi's series (``positions.alibi_slopes``), the same for a
+    power-of-two head count, else the nearest power's followed by every other one of its double's
+    (Lightning Attention-2's ``build_slope_tensor``, which Ling 2.5's release computes, with layer_offset
+    -1). A one-layer model's factor is 1 + 1e-5."""
+    if slopes == "alibi":
+        base = np.asarray(alibi_slopes(heads), np.float64)
+    else:
+        base = 2.0 ** (-8.0 / heads * np.arange(1, heads + 1, dtype=np.float64))
     span = layers - 1 + slope_eps
-    factor = (1.0 - layer / span if span else 1.0) + 1e-5
-    return np.exp(-(slopes * factor)).astype(np.float32)
+    factor = (1.0 - (layer + layer_offset) / span if span else 1.0) + 1e-5
+    return np.exp(-(base * factor)).astype(np.float32)
 
 
 def lightning_scan(q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, state: np.ndarray) -> np.ndarray:
@@ -83,11 +103,12 @@ class Lightning(Part):
 
     Args:
         spec: the ``ModelSpec`` (its ``ssm``: ``SSMSpec`` of kind ``"lightning"``: num_heads heads
-            of d_state channels, the read-out norm's ``norm_eps``, ``slope_eps``).
+            of d_state channels, the read-out norm's ``norm_eps`` and ``norm_groups``, ``slope_eps``,
+            and Ling 2.5's ``qkv_layout``, ``qkv_silu``, ``qk_norm``, ``rope``, ``q_scaled``).
         i: the layer (its place in the stack scales the heads' decay rates).
         load: ``load(role, kind="weight", required=False)`` -> the layer's array: ``ssm_in``
-            ([3 * H * D, hidden]), ``ssm_gate`` ([H * D, hidden]), ``ssm_norm`` ([H * D]) and
-            ``ssm_out`` ([hidden, H * D]).
+            ([3 * H * D, hidden]), ``ssm_gate`` ([H * D, hidden]), ``ssm_norm`` ([H * D]),
+            ``ssm_out`` ([hidden, H * D]) and, under ``qk_norm``, ``ssm_q_norm`` / ``ssm_k_norm`` ([D]).
         norm: unused.
 
     Calling it maps float32 [T, hidden] to float32 [T, hidden] and advances the layer's
@@ -104,7 +125,10 @@ class Lightning(Part):
         self.gate = make_linear(load("ssm_gate", required=True))
         self.norm_w = vector(load("ssm_norm", required=True), (s.d_inner,))
         self.out_proj = make_linear(load("ssm_out", required=True), load("ssm_out", "bias"))
-        self.decay = lightning_decay(s.num_heads, i, spec.num_hidden_layers, s.slope_eps)
+        self.decay = lightning_decay(s.num_heads, i, spec.num_hidden_layers, s.slope_eps, s.slopes,
+                                     s.slope_layer_offset)
+        self.q_norm = vector(load("ssm_q_norm", required=True), (s.d_state,)) if s.qk_norm else None
+        self.k_norm = vector(load("ssm_k_norm", required=True), (s.d_state,)) if s.qk_norm else None
 
     def new_slot(self, dtype=None) -> RecurrentState:
         """The layer's recurrent state: [heads, D, D] (float32 whatever ``dtype``)."""
@@ -116,10 +140,36 @@ class Lightning(Part):
     def __call__(self, x: np.ndarray, cache, positions, bias=None, tables=None) -> np.ndarray:
         s = self.ssm
         T, H, D = x.shape[0], s.num_heads, s.d_state
-        qkv = silu(self.qkv(x)).reshape(T, H, 3, D)
-        q, k, v = (np.ascontiguousarray(qkv[:, :, j]).reshape(T, H * D) for j in range(3))
+        qkv = self.qkv(x)
+        if s.qkv_silu:
+            qkv = silu(qkv)
+        if s.qkv_layout == "concat":  # [q heads | k heads | v heads]
+            qkv = qkv.reshape(T, 3, H, D)
+            q, k, v = (np.array(qkv[:, j], np.float32) for j in range(3))
+        else:  # [q_h | k_h | v_h] head after head
+            qkv = qkv.reshape(T, H, 3, D)
+            q, k, v = (np.array(qkv[:, :, j], np.float32) for j in range(3))
+        eps = np.float32(s.norm_eps)
+        if self.q_norm is not None:
+            q = q / np.sqrt(np.mean(np.square(q), axis=-1, keepdims=True) + eps) * self.q_norm
+            k = k / np.sqrt(np.mean(np.square(k), axis=-1, keepdims=True) + eps) * self.k_norm
+        if s.rope is not None:  # [T, H, D] -> [H, T, D] for the rotation
+            key = ("lightning", id(s.rope))
+            tables = {} if tables is None else tables
+            if key not in tables:
+                tables[key] = s.rope.cos_sin(np.asarray(positions), int(positions[-1]) + 1)
+            cos, sin = tables[key]
+            qh, kh = (np.ascontiguousarray(a.transpose(1, 0, 2), np.float32) for a in (q, k))
+            s.rope.apply_pair(qh, kh, cos, sin)
+            q, k = qh.transpose(1, 0, 2), kh.transpose(1, 0, 2)
+        if s.q_scaled:
+            q = q * np.float32(D ** -0.5)
+        q, k, v = (np.ascontiguousarray(a, np.float32).reshape(T, H * D) for a in (q, k, v))
         o = lightning_scan(q, k, v, self.decay, cache.slot(self.i)["kv"])
-        o = o * (1.0 / np.sqrt(np.mean(np.square(o), axis=-1, keepdims=True) + np.float32(s.norm_eps))) * self.norm_w
-        g = self.gate(x)
-        o = o * (np.float32(1.0) / (np.float32(1.0) + np.exp(-g)))
+        g = s.norm_groups
+        og = o.reshape(T, g, H * D // g)
+        og = og * (1.0 / np.sqrt(np.mean(np.square(og), axis=-1, keepdims=True) + eps))
+        o = og.reshape(T, H * D) * self.norm_w
+        gate = self.gate(x)
+        o = o * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate)))
         return self.out_proj(o.astype(np.float32, copy=False))

@@ -14,7 +14,8 @@ which llama.cpp's converter folds into the weights instead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,24 @@ class SSMSpec:
         norm_eps: the gated norm's epsilon (lightning: its read-out norm's).
         slope_eps: lightning: the per-layer factor of the heads' decay rates is
             1 - i / (layers - 1 + slope_eps) + 1e-5 (Transformers adds 1e-5 in the divisor,
-            llama.cpp does not: 0).
+            llama.cpp does not: 0; Ling 2.5's release: 0).
+        slopes: lightning: the heads' base slopes, ``"minimax"`` (2 ** (-8 / heads) to the powers 1..heads)
+            or ``"alibi"`` (ALiBi's series, Ling 2.5's; the same for a power-of-two head count).
+        slope_layer_offset: lightning: added to the layer's index in the per-layer factor (Ling 2.5's
+            release: -1).
+        qkv_layout: lightning: how ``ssm_in``'s rows hold the heads' queries, keys and values:
+            ``"per_head"`` ([q_h | k_h | v_h] head after head, MiniMax) or ``"concat"`` (every
+            query head, then every key head, then every value head: Ling 2.5's query_key_value).
+        qkv_silu: lightning: the queries, keys and values pass SiLU (MiniMax; Ling 2.5 under
+            linear_silu).
+        qk_norm: lightning: each head's query and key pass an RMS norm of ``norm_eps`` with the
+            per-head weights ``ssm_q_norm`` / ``ssm_k_norm`` ([d_state]; Ling 2.5's use_qk_norm).
+        q_scaled: lightning: the query is multiplied by d_state ** -0.5 (Ling 2.5).
+        norm_groups: lightning: the read-out RMS norm normalises this many equal groups of the
+            d_inner channels apart (Ling 2.5's group_norm_size; MiniMax: 1, all heads together).
+        rope: lightning: the ``Rope`` rotating each head's query and key after the norm (its
+            leading ``rotary_dim`` channels, by halves; Ling 2.5's partial_rotary_factor); None: no
+            rotation (MiniMax).
     """
 
     kind: str
@@ -71,6 +89,14 @@ class SSMSpec:
     gated_norm: bool = True
     norm_eps: float = 1e-5
     slope_eps: float = 1e-5
+    slopes: str = "minimax"
+    slope_layer_offset: int = 0
+    qkv_layout: str = "per_head"
+    qkv_silu: bool = True
+    qk_norm: bool = False
+    q_scaled: bool = False
+    norm_groups: int = 1
+    rope: Any = field(default=None, compare=False, repr=False)
 
     @property
     def head_dim(self) -> int:
@@ -113,7 +139,8 @@ class SSMSpec:
         if self.kind == "lightning":
             return {("ssm_in", "weight"): (3 * di, hidden), ("ssm_in", "bias"): (3 * di,),
                     ("ssm_gate", "weight"): (di, hidden), ("ssm_norm", "weight"): (di,),
-                    ("ssm_out", "weight"): (hidden, di), ("ssm_out", "bias"): (hidden,)}
+                    ("ssm_out", "weight"): (hidden, di), ("ssm_out", "bias"): (hidden,),
+                    ("ssm_q_norm", "weight"): (n,), ("ssm_k_norm", "weight"): (n,)}
         out = {("ssm_in", "weight"): (self.in_proj_size, hidden), ("ssm_in", "bias"): (self.in_proj_size,),
                ("ssm_conv", "weight"): (self.conv_dim, k), ("ssm_conv", "bias"): (self.conv_dim,),
                ("ssm_out", "weight"): (hidden, di), ("ssm_out", "bias"): (hidden,)}

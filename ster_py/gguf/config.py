@@ -119,7 +119,8 @@ LLAMA_CPP_RENORM_MIN = 6.103515625e-5
 LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "sigmoid", "cohere2moe": "sigmoid",
                             "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
                             "laguna": "sigmoid", "step35": "sigmoid", "hy_v4": None,
-                            "exaone-moe": None, "bailingmoe2": None, "bailingmoe3": None}
+                            "exaone-moe": None, "bailingmoe2": None, "bailingmoe3": None,
+                            "glm5-next": "sigmoid"}  # (group GDS) glm5-next.cpp: NONE read as sigmoid
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
 # "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
@@ -172,10 +173,25 @@ GLM_LITE_SHAPE = {"layers": (47, 48), "vocab": 154880}
 #         ones); without attention.indexer.types its loader stops (layer 0 must own an indexer): "required".
 LLAMA_CPP_INDEXER = {"deepseek32": {"interleaved": False, "norm_eps": 1e-6, "types": False},
                      "glm-dsa": {"interleaved": True, "norm_eps": 0.0, "types": True},
-                     "hy_v4": {"interleaved": True, "norm_eps": "model", "types": "required", "rope_last": True}}
+                     "hy_v4": {"interleaved": True, "norm_eps": "model", "types": "required", "rope_last": True},
+                     # (group GDS) glm5-next.cpp: nothing rotates; the key's LayerNorm (with its bias) takes
+                     # attention.layer_norm_epsilon (f_norm_eps, 0 when absent); every layer full unless
+                     # attention.indexer.types says otherwise ("all"); pools of attention.indexer.kpool
+                     # keys, the unfinished one kept under kpool_select_tail (true when absent)
+                     "glm5-next": {"interleaved": True, "norm_eps": "layer_norm_epsilon", "types": "all",
+                                   "kpool": True}}
 # Architectures whose routed SwiGLU clamp is ggml_swiglu_clamp (src/llama-graph.cpp's build_moe_ffn): the gate
 # at most the limit before silu, up within [-limit, limit] (MoESpec.clamp_act False), not the common clamp.
 LLAMA_CPP_CLAMP_GATE = ("hy_v4", "deepseek4", "glm5-next")
+# (group GDS) Architectures whose dense feed-forwards are clamped too: build_ffn clamps every gated feed-forward of
+# layer i by swiglu_clamp_shexp[i] (ggml_swiglu_clamp for these), the leading dense layers' as well
+# (ModelSpec.ffn_limit).
+LLAMA_CPP_DENSE_CLAMP = ("glm5-next",)
+# (group GDS) Latent architectures whose graph rotates no part of the query/key (rope.dimension_count 0).
+LLAMA_CPP_UNROTATED_LATENT = ("glm5-next",)
+# (group GDS) The L2 norm's epsilon of the KDA query and key where the graph fixes it (glm5-next.cpp: 1e-6, "Match
+# FLA l2 norm"); elsewhere the model's.
+LLAMA_CPP_KDA_L2_EPS = {"glm5-next": 1e-6}
 GLM_5_2 = {"context": 1048576, "lead": 2, "period": 4}
 # Latent architectures whose loader reads rope.scaling.yarn_log_multiplier (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX);
 # glm-dsa.cpp's does not (its kq_scale then has no mscale_all_dim term).
@@ -197,7 +213,9 @@ LLAMA_CPP_LAYERS = {"mamba": "scan", "mamba2": "scan", "jamba": "kv", "granitehy
                     # group SSM-B2
                     "qwen3next": "recurrent", "qwen35": "recurrent", "qwen35moe": "recurrent", "kimi-linear": "kv",
                     # group GBL: bailingmoe3.cpp (Ling 3.0) runs KDA where head_count_kv[i] is 0
-                    "bailingmoe3": "kv"}
+                    "bailingmoe3": "kv",
+                    # group GDS: glm5-next.cpp runs KDA where head_count_kv[i] is 0, latent attention elsewhere
+                    "glm5-next": "kv"}
 # The interval when a "recurrent" file states neither flags nor interval: 8 in minimax-01.cpp (4 in
 # qwen3next.cpp and qwen35.cpp).
 LLAMA_CPP_FULL_ATTENTION_INTERVAL = {"minimax-01": 8}
@@ -212,7 +230,7 @@ LLAMA_CPP_SCALED_JOIN = ("minimax-01",)
 # key heads tiled (ggml_repeat_4d, the fused op's h % H_k), as their converter reorders the value heads;
 # qwen3next.cpp repeats each key head in place (the checkpoint's grouped order).
 LLAMA_CPP_KV_MAP = {"qwen3next": "grouped", "qwen35": "tiled", "qwen35moe": "tiled", "kimi-linear": "grouped",
-                    "bailingmoe3": "grouped"}
+                    "bailingmoe3": "grouped", "glm5-next": "grouped"}
 
 # group WRAP. MiniMax Sparse Attention as minimax-m3.cpp runs it: every layer from
 # leading_dense_block_count on (the routed ones) selects blocks with its index branch (indexer.q_proj,
@@ -330,7 +348,7 @@ def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int,
     if routed_limits is None and shared_limits is None:
         return []
     for i, r in enumerate(routed):
-        if not r and shared_limits is not None and shared_limits[i] > 1e-6:
+        if not r and shared_limits is not None and shared_limits[i] > 1e-6 and arch not in LLAMA_CPP_DENSE_CLAMP:
             raise SterError(f"{path}: a SwiGLU clamp on a dense layer ({arch}.swiglu_clamp_shexp, layer {i}) "
                             "is not supported")
     if moe is None:
@@ -341,6 +359,24 @@ def _layer_clamps(meta: Mapping, arch: str, moe, routed: list[bool], n_all: int,
 
     return [replace(moe, limit=bound(routed_limits, i), shared_limit=bound(shared_limits, i),
                     clamp_act=arch not in LLAMA_CPP_CLAMP_GATE) if r else None for i, r in enumerate(routed)]
+
+
+def _dense_clamp(meta: Mapping, arch: str, routed: list[bool], path: str) -> float | None:
+    """The dense layers' SwiGLU clamp of an architecture in ``LLAMA_CPP_DENSE_CLAMP`` (``ModelSpec.ffn_limit``):
+    ``swiglu_clamp_shexp[i]`` of each dense layer i (validated by ``_layer_clamps``; 1e-6 or less: none).
+
+    Raises:
+        SterError: dense layers with different clamps (ster runs one dense feed-forward unit).
+    """
+    values = meta.get(f"{arch}.swiglu_clamp_shexp")
+    if values is None:
+        return None
+    values = list(values) if isinstance(values, (list, tuple, np.ndarray)) else [values] * len(routed)
+    limits = {float(values[i]) if values[i] > 1e-6 else None for i, r in enumerate(routed) if not r}
+    if len(limits) > 1:
+        raise SterError(f"{path}: {arch}.swiglu_clamp_shexp gives the dense layers different clamps "
+                        f"({brief_value(values)}); ster runs dense feed-forwards of one clamp")
+    return limits.pop() if limits else None
 
 
 def _get(meta: Mapping, key: str, kind, path: str, default=None, positive: bool = False):
@@ -485,7 +521,8 @@ def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: f
                      or not -1e4 < float(bound) < 0):
             raise SterError(f"{path}: GGUF metadata {arch}.kda.gate_lower_bound must be a negative number, "
                             f"got {brief_value(bound)}")
-        return DeltaSpec("kda", heads, d, heads, d, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps, l2_eps=eps,
+        return DeltaSpec("kda", heads, d, heads, d, kernel, kv_map=LLAMA_CPP_KV_MAP[arch], norm_eps=eps,
+                         l2_eps=LLAMA_CPP_KDA_L2_EPS.get(arch, eps),
                          gate_act="sigmoid", safe_gate=safe, lower_bound=float(bound) if safe else -5.0)
     hk, dk, hv, inner = size("ssm.group_count"), size("ssm.state_size"), size("ssm.time_step_rank"), size("ssm.inner_size")
     if hv % hk or inner % hv:
@@ -633,7 +670,11 @@ def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, 
     def g(key, default=None):
         return _get(meta, f"{arch}.{key}", int, path, default)
 
-    rope = g("rope.dimension_count")
+    # (group GDS) glm5-next's latent attention rotates nothing: rope.dimension_count 0 (glm5-next.cpp asserts it)
+    rope = 0 if arch in LLAMA_CPP_UNROTATED_LATENT else g("rope.dimension_count")
+    if rope == 0 and meta.get(f"{arch}.rope.dimension_count", 0) != 0:
+        raise SterError(f"{path}: GGUF metadata {arch}.rope.dimension_count must be 0 (llama.cpp's {arch} rotates "
+                        f"no part of its latent attention), got {brief_value(meta[f'{arch}.rope.dimension_count'])}")
     if meta.get(f"{arch}.attention.key_length_mla") is not None or meta.get(f"{arch}.attention.value_length_mla"):
         qk, v = g("attention.key_length_mla"), g("attention.value_length_mla")
     else:
@@ -661,10 +702,21 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
     def g(key):
         return _get(meta, f"{arch}.attention.indexer.{key}", int, path)
 
+    norm_eps = how["norm_eps"]
+    if norm_eps == "model":
+        norm_eps = latent.norm_eps
+    elif norm_eps == "layer_norm_epsilon":
+        norm_eps = _get(meta, f"{arch}.attention.layer_norm_epsilon", float, path, 0.0)
+    pools = {}
+    if how.get("kpool"):  # glm5-next.cpp's loader asserts kpool > 1 and top_k a multiple of it
+        kpool, topk = g("kpool"), g("top_k")
+        if kpool < 2 or topk % kpool:
+            raise SterError(f"{path}: {arch}.attention.indexer.kpool ({kpool}) must be at least 2 and divide "
+                            f"{arch}.attention.indexer.top_k ({topk}), as llama.cpp requires")
+        pools = {"kpool": kpool, "tail": bool(meta.get(f"{arch}.attention.indexer.kpool_select_tail", True))}
     spec = IndexerSpec(n_heads=g("head_count"), head_dim=g("key_length"), topk=g("top_k"),
-                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"],
-                       norm_eps=latent.norm_eps if how["norm_eps"] == "model" else how["norm_eps"],
-                       rope_last=how.get("rope_last", False))
+                       rope_dim=latent.qk_rope_head_dim, interleaved=how["interleaved"], norm_eps=float(norm_eps),
+                       rope_last=how.get("rope_last", False), **pools)
     if spec.rope_dim > spec.head_dim:
         raise SterError(f"{path}: {arch}.rope.dimension_count ({spec.rope_dim}) must not exceed "
                         f"{arch}.attention.indexer.key_length ({spec.head_dim})")
@@ -674,7 +726,7 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
         if types is None and how["types"] == "required":
             raise SterError(f"{path}: GGUF metadata lacks {arch}.attention.indexer.types, which llama.cpp requires "
                             f"for architecture {arch!r} (which layers own an indexer)")
-        if types is None and max_pos >= GLM_5_2["context"]:
+        if types is None and max_pos >= GLM_5_2["context"] and how["types"] is True:
             full = [i < GLM_5_2["lead"] or (i - GLM_5_2["lead"]) % GLM_5_2["period"] == 0 for i in range(n_layers)]
         elif types is not None:
             flags = [types] * n_layers if isinstance(types, (bool, int, np.integer, np.bool_)) else list(types)
@@ -883,7 +935,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
                          partial_rotary_factor=rotated / width, interleaved=family.rope_interleaved,
                          where=path, partial_keys=f"{arch}.rope.dimension_count")
 
-    full = make(params)
+    full = make(params) if rope_width else None  # (a latent attention rotating nothing: glm5-next)
     if rope_factors is not None:  # LongRoPE from the file (MiniCPM3): per-pair divisors, short and long
         short, long = (np.asarray(f, np.float64).reshape(-1) for f in rope_factors)
         if short.shape != full.inv_freq.shape or long.shape != full.inv_freq.shape:
@@ -1041,6 +1093,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     bos = meta.get("tokenizer.ggml.bos_token_id")
     fields = family_fields(config, family, hidden=hidden, heads=heads, head_dim=head_dim, config_name=path,
                            attn_scale=scale)
+    if arch in LLAMA_CPP_DENSE_CLAMP:
+        fields["ffn_limit"] = _dense_clamp(meta, arch, routed, path)
     # llama.cpp's converter stores norms kept as offsets from one (Gemma, Nemotron) as 1 + w, so they apply as is.
     fields["norm_unit_offset"] = False
     fields["norm_offsets"] = ()  # (and PLaMo 3's other offsets, likewise folded by its converter)

@@ -27,6 +27,9 @@ does, which is the behaviour reference for GGUF files:
   split, then the longest vocabulary match; [CLS] text [SEP] as special tokens.
 - ``t5``: SentencePiece Unigram (llama.cpp's UGM session): the precompiled
   character map, ▁ for spaces, then the best-scoring segmentation; EOS at the end.
+- ``plamo2``: PLaMo's Unigram (llama.cpp's ``llm_tokenizer_plamo2``): the raw text's
+  best-scoring segmentation, scores to 1e-4, an uncovered character as its UTF-8
+  ``<0xHH>`` byte tokens (``ster_py.plamo_tokenizer.build``).
 
 Control, unknown and user-defined tokens are added as added tokens so they
 are cut out of the text (longest first) before the scheme runs; control and
@@ -36,7 +39,7 @@ fill-in-the-middle role is control whatever its ``token_type`` (``_token_kinds``
 BOS/EOS are added by the post-processor when ``add_bos_token``/``add_eos_token``
 (or the scheme's or name's llama.cpp default) says so.
 
-The other models llama.cpp reads (``rwkv``, ``plamo2``, ``hybriddna``, ``none``) are
+The other models llama.cpp reads (``rwkv``, ``hybriddna``, ``none``) are
 refused with the reason (``REFUSED_MODELS``): no family ster runs from GGUF needs them.
 """
 from __future__ import annotations
@@ -78,15 +81,13 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE_MARK = "\u2581"  # ▁, SentencePiece's visible space
 
 #: tokenizer.ggml.model values: byte-level or raw-UTF-8 BPE ("gpt2", "gemma4", "whitespace"),
-#: SentencePiece BPE ("llama"), WordPiece ("bert") and Unigram ("t5").
-SUPPORTED_MODELS = ("gpt2", "llama", "gemma4", "whitespace", "bert", "t5")
+#: SentencePiece BPE ("llama"), WordPiece ("bert") and Unigram ("t5", PLaMo's "plamo2").
+SUPPORTED_MODELS = ("gpt2", "llama", "gemma4", "whitespace", "bert", "t5", "plamo2")
 _BPE_MODELS = ("gpt2", "gemma4", "whitespace")
 
 #: The other models llama.cpp 0.3.36 reads, refused with the reason.
 REFUSED_MODELS = {
     "rwkv": "RWKV's trie tokenizer; no family ster runs uses it (RWKV is refused at the architecture gate)",
-    "plamo2": "PLaMo's tokenizer; no family ster runs from GGUF uses it (PLaMo 2 is refused at the architecture "
-              "gate; a PLaMo 3 checkpoint brings its tokenizer.jsonl)",
     "hybriddna": "the DNA k-mer tokenizer; no family ster runs uses it",
     "none": "no vocabulary at all (the file holds weights only)",
     "no_vocab": "no vocabulary at all (the file holds weights only)",
@@ -302,6 +303,8 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
         tk = _sentencepiece_bpe(vocab, tokens, scores, add_space_prefix, unk)
     elif model == "bert":
         tk = _wordpiece(meta, tokens, types, ids["unk"])  # llama.cpp ignores the pre name for WordPiece
+    elif model == "plamo2":
+        tk = _plamo2(tokens, types, _float_array(meta, "tokenizer.ggml.scores", n), ids["unk"])
     else:
         tk = _unigram(meta, tokens, types, _float_array(meta, "tokenizer.ggml.scores", n), ids["unk"],
                       add_space_prefix)
@@ -433,6 +436,7 @@ def _special_ids(meta: Mapping[str, Any], model: str, n: int, spec: PreTokenizer
     defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0},
                 "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0},
                 "t5": {"eos": 1, "unk": 2, "pad": 0},
+                "plamo2": {"bos": 1, "eos": 2, "unk": 0, "pad": 3},
                 "gpt2": {"bos": 11, "eos": 11},
                 "whitespace": {"bos": 11, "eos": 11}}.get(model, {})
     if spec is not None and not spec.default_bos:
@@ -702,6 +706,28 @@ def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, 
         steps.append(decoders.Strip(" ", 1, 0))
     tk.decoder = decoders.Sequence(steps)
     return tk
+
+
+_KIND_NAMES = {NORMAL: "NORMAL", UNKNOWN: "UNKNOWN", CONTROL: "CONTROL", USER_DEFINED: "USER_DEFINED",
+               UNUSED: "UNUSED", BYTE: "BYTE"}
+
+
+def _plamo2(tokens: Sequence[str], types: np.ndarray, scores: np.ndarray, unk: int | None) -> tokenizers.Tokenizer:
+    """PLaMo's Unigram as llama.cpp's ``llm_tokenizer_plamo2`` runs it (``ster_py.plamo_tokenizer.build``):
+    every piece but the byte ones searched in the raw text, no marker or break-around split (llama.cpp has
+    none). Raises SterError for a vocabulary without the 256 byte tokens or an unknown token."""
+    from ster_py.plamo_tokenizer import build
+
+    if unk is None:
+        raise SterError("this plamo2 GGUF has no unknown token (tokenizer.ggml.unknown_token_id); it cannot be "
+                        "tokenized")
+    if not np.all(np.isfinite(scores)):
+        raise SterError("tokenizer.ggml.scores holds a NaN or infinite score; the GGUF file is corrupt")
+    kinds = [_KIND_NAMES.get(int(t), "NORMAL") for t in types]
+    bytes_ok = [t for t, k in zip(tokens, kinds) if k == "BYTE" and len(t) == 6 and t.startswith("<0x")]
+    if len(bytes_ok) != sum(k == "BYTE" for k in kinds):
+        raise SterError("a plamo2 byte token is not spelled <0xXX>; the GGUF file is corrupt, re-convert it")
+    return build(tokens, scores.tolist(), kinds, unk)
 
 
 def _charsmap_bytes(value: Any) -> bytes:

@@ -112,6 +112,11 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
             where = resolved.gguf_file or f"preset {resolved.model}"
             raise SterError(f"ster tune merge refuses a GGUF base ({where}): a merge writes the base's tensors "
                             "back and a GGUF's are quantized; merge into the safetensors checkpoint instead")
+        if (resolved.config or {}).get("mistral_format"):
+            raise SterError(f"ster tune merge does not write Mistral's own format yet ({resolved.config_path}: "
+                            "params.json, consolidated weights, query/key rows for adjacent-pair rotation); merge "
+                            "into the Transformers-format checkpoint of the same model (config.json, "
+                            "model*.safetensors)")
         spec = spec_from_config(resolved.config, resolved.family, str(resolved.config_path))
         wmap = WeightMap.of_spec(spec)
         ad = read_adapter(adapter, wmap)
