@@ -133,7 +133,7 @@ def test_bf16_target_verifies_with_few_row_products(pair, agree):
         target.decoder.forward = forward
     assert g.ids == plain
     assert seen[0] == (len(PROMPT), 0)  # the prompt's prefill keeps the panels
-    assert all(rows <= 5 and few == 16 for rows, few in seen[1:]) and any(rows > 1 for rows, _ in seen[1:])
+    assert all(rows <= 5 and few == 12 for rows, few in seen[1:]) and any(rows > 1 for rows, _ in seen[1:])
     assert qlinear._few_rows == 0
 
 

@@ -42,12 +42,14 @@ _few_rows = 0
 
 
 @contextlib.contextmanager
-def few_rows(limit: int = 16):
+def few_rows(limit: int = 12):
     """Within this block, products of 2 to ``limit`` (at most 16) input rows over quantized or
     16-bit weights run as row dots over each weight row while it is cached
     (``qmatmul.QMatrix.matmul`` force=3): each output equals that row's one-token product, and
     the weights are read from memory once for all the rows. Decoded panels (the prefill path)
-    cost more than they save for so few rows. Speculative verification runs under it
+    cost more than they save for so few rows (measured on [1536, 512] bf16, Q8_0, Q4_0 and Q4_K
+    matrices: row dots cost ~1/T-th of the panels' time per row up to ~9 rows and the two cross
+    between 9 and 16 rows; hence 12 by default). Speculative verification runs under it
     (``ster_py.speculative``); prefill does not (its rows keep the panel path's arithmetic,
     which the prompt cache's reuse relies on).
     """
