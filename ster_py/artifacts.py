@@ -99,18 +99,41 @@ def _umask() -> int:
     return mask
 
 
+def check_folder(path: Path) -> None:
+    """Refuse an output whose folder does not exist (nothing is created for it).
+
+    A mistyped folder (``--output ~/vecs/a.gguf`` with no ``~/vecs``) is far likelier than a wish
+    for a new one, and a folder made silently hides the typo; the user makes it with ``mkdir``.
+    Call before any work is done for the output (the commands call it before reading weights).
+
+    Raises:
+        SterError: "folder X does not exist; create it first ..." (or "X is not a folder").
+    """
+    parent = Path(path).parent  # the folder the writer uses, as given
+    if parent.is_dir():
+        return
+    if os.path.lexists(parent):
+        raise SterError(f"cannot write {path}: {parent} is not a folder")
+    raise SterError(f"cannot write {path}: folder {parent} does not exist; create it first (mkdir -p {parent}) "
+                    "or give another path")
+
+
 @contextmanager
 def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
     """Yield temporary paths beside ``paths``; on success rename each onto its target.
 
     On any exception the temporaries are removed and nothing at ``paths`` changes,
     so a failed run leaves no partial file.
+
+    Raises:
+        SterError: a target's folder does not exist (``check_folder``: no folder is created), or cannot be
+            written (``writing``).
     """
     temps = []
     try:
         for p in paths:
+            check_folder(p)
             with writing(p):
-                p.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
             os.close(fd)
             temps.append(Path(tmp))
@@ -147,13 +170,14 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``target``; rename it to ``target`` on success.
 
     Raises:
-        SterError: ``target`` already exists (nothing is overwritten).
+        SterError: ``target`` already exists (nothing is overwritten); its parent folder does not exist
+            (``check_folder``: only ``target`` itself is created).
     """
     target = Path(target)
     if target.exists():
         raise SterError(f"{target} already exists; choose a new --output directory or remove it first")
+    check_folder(target)
     with writing(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp

@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .artifacts import CAPTURE_FORMAT, atomic_outputs, model_identity, read_json, sniff, write_safetensors
+from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, model_identity, read_json, sniff,
+                        write_safetensors)
 from .errors import SterError
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
 
@@ -220,7 +221,7 @@ def check_capture_output(path: str | Path) -> None:
 
     Raises:
         SterError: ``path`` does not end in .safetensors; the sidecar exists and is not a capture
-            sidecar; or ``path`` exists without a capture sidecar beside it.
+            sidecar; or ``path`` exists without a capture sidecar beside it; its folder does not exist.
     """
     path = Path(path)
     if path.suffix == ".json":
@@ -228,6 +229,7 @@ def check_capture_output(path: str | Path) -> None:
     if path.suffix != ".safetensors":
         raise SterError(f"--output {path}: a capture is written as safetensors; name it "
                         f"{path.with_suffix('.safetensors').name if path.suffix else path.name + '.safetensors'}")
+    check_folder(path)
     side = sidecar_path(path)
     if side.exists():
         try:

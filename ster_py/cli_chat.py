@@ -15,8 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads,
-                  _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
+from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, _STREAM, Precision, _check_device, _model_or_default,
+                  _use_threads, _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
 from .errors import SterError
 
 
@@ -157,11 +157,23 @@ def chat(
     except ImportError:  # not on every platform
         pass
     styled = sys.stdout.isatty() and not no_color()
-    dim, bold, reset = ("\x1b[2m", "\x1b[1m", "\x1b[0m") if styled else ("", "", "")
     messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
     if not quiet:
         err.print(f"[dim]chatting with {loaded.resolved.model}; /help for commands, Ctrl-D to leave[/]",
                   highlight=False)
+    try:
+        _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet)
+    finally:
+        # Piped, stdin's lines are not echoed: the prompt's line (or an answer cut by an error) would stay
+        # open, and the shell's next prompt would follow the last answer on its line.
+        if _STREAM["open"]:
+            _write("\n")
+
+
+def _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet) -> None:
+    """The read-answer loop of ``ster chat`` (see ``chat``); returns on /quit, /exit or end of input."""
+    dim, bold, reset = ("\x1b[2m", "\x1b[1m", "\x1b[0m") if styled else ("", "", "")
+    echoed = sys.stdin.isatty()  # a terminal echoes the user's Enter, which closes the prompt's line
     while True:
         try:
             line = input(f"{bold}> {reset}" if styled else "> ")
@@ -171,6 +183,7 @@ def chat(
         except KeyboardInterrupt:
             _write("\n")
             continue
+        _STREAM["open"] = not echoed
         if not line.strip():
             continue
         if line.startswith("/"):
@@ -244,6 +257,8 @@ def chat(
                                   on_event=on_event, cancelled=lambda: interrupted["flag"])
         except SterError as e:
             messages.pop()
+            if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
+                _write("\n")
             err.print(f"[bold red]error:[/] {e}", highlight=False)
             continue
         finally:

@@ -78,7 +78,8 @@ def perplexity(
     file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB)."),
     ctx: int = typer.Option(512, "--ctx", help="Window length in tokens; the second half of each window is scored "
                             "(llama-perplexity's windows)."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="A second model of the same vocabulary (for "
+    reference: Optional[str] = typer.Option(None, "--reference", metavar="MODEL",
+                                            help="A second model of the same vocabulary (for "
                                             "example the F16 file a quantization came from): adds KL divergence, "
                                             "Δp and top-1 agreement against it."),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Score at most this many windows."),

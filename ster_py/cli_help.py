@@ -16,26 +16,32 @@ Presentation only: parsing is typer's, unchanged.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-#: Value names by long option (or argument name); an option not listed here is named
-#: from its type: choices as ``a|b|c``, numbers as ``N`` / ``X``, text as ``TEXT``.
+#: Value names by long option (or argument name), saying what the value is; an option not listed here
+#: (and given no ``metavar=``) is named from its type: choices as ``a|b|c``, numbers as ``N`` / ``X``, a
+#: path as ``FILE``, anything else as ``VALUE`` (never a type name such as TEXT, INTEGER or PATH).
 METAVARS = {
-    "--model": "MODEL", "model": "MODEL", "--revision": "REV", "--prompt": "TEXT", "--prompts": "FILE",
-    "--system": "TEXT", "--max-new-tokens": "N", "--temperature": "T", "--top-p": "P", "--top-k": "K",
-    "--seed": "N", "--threads": "N", "--vector": "FILE", "--strength": "X", "--adapter": "PATH",
-    "--output": "PATH", "--layers": "LAYERS", "--tolerance": "TOL", "--positive": "CAPTURE",
-    "--negative": "CAPTURE", "--trait": "NAME", "--text": "TEXT", "--file": "FILE", "ids": "IDS",
+    "--model": "MODEL", "model": "MODEL", "--revision": "REV", "--prompt": "PROMPT", "--prompts": "FILE",
+    "--system": "PROMPT", "--max-new-tokens": "N", "--temperature": "T", "--top-p": "P", "--top-k": "K",
+    "--seed": "N", "--threads": "N", "--vector": "FILE", "--strength": "X", "--adapter": "ADAPTER",
+    "--output": "FILE", "--layers": "LAYERS", "--tolerance": "TOL", "--positive": "CAPTURE",
+    "--negative": "CAPTURE", "--trait": "NAME", "--text": "STRING", "--file": "FILE", "ids": "IDS",
     "--template": "FILE", "--template-name": "NAME", "--messages": "FILE", "--tools": "FILE",
-    "--bos-token": "TEXT", "--eos-token": "TEXT", "--var": "NAME=VALUE", "--now": "ISO-TIME", "--device": "DEVICE",
-    "--kv-cache": "f32|f16", "--thinking": "on|off", "--prompt-file": "FILE",
+    "--bos-token": "TOKEN", "--eos-token": "TOKEN", "--var": "NAME=VALUE", "--now": "ISO-TIME", "--device": "DEVICE",
+    "--kv-cache": "f32|f16", "--thinking": "on|off", "--prompt-file": "FILE", "--stop": "STRING", "--draft": "MODEL",
+    "--host": "ADDRESS", "--name": "NAME", "--model-hint": "NAME",
 }
 
 #: typer validates through pydantic and passes its error text on ("Value error, 'x' is not
 #: one of ..."); the prefix names pydantic's error class, not anything the user typed.
 _PYDANTIC_PREFIX = "Value error, "
+
+#: The usage error class of the click copy typer carries (typer exports only its subclass BadParameter).
+_UsageError = typer.BadParameter.__base__
 
 
 def _value_name(param) -> str:
@@ -53,7 +59,7 @@ def _value_name(param) -> str:
     if choices:
         return "|".join(str(getattr(c, "value", c)) for c in choices)
     annotation = getattr(desc, "annotation", None)
-    return {int: "N", float: "X"}.get(annotation, "TEXT")
+    return {int: "N", float: "X", Path: "FILE"}.get(annotation, "VALUE")
 
 
 def _given(param, args: list[str]) -> str | None:
@@ -101,6 +107,12 @@ class _Tidy:
                     if e.message.startswith(start):  # pydantic's words for a value that does not parse
                         value = _given(e.param, given)
                         e.message = f"{value!r} is not {kind}" if value is not None else f"it is not {kind}"
+            raise
+        except _UsageError as e:
+            # click's parser raises "Option '-m' requires an argument." without the context, and click prints
+            # the Usage line only for an error that has one: give it this command's, as every other usage error has
+            if e.ctx is None:
+                e.ctx = ctx
             raise
 
     def collect_usage_pieces(self, ctx) -> list[str]:

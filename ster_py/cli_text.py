@@ -60,7 +60,7 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
 
 def _read_text(text: Optional[str], file: Optional[Path]) -> str:
     if (text is None) == (file is None):
-        raise SterError("give the text to tokenize with exactly one of --text TEXT or --file FILE")
+        raise SterError("give the text to tokenize with exactly one of --text STRING or --file FILE")
     if text is not None:
         return text
     data = read_input_file(file, "text file", MAX_TEXT_FILE_BYTES)

@@ -79,14 +79,33 @@ def parity(
         out.print(parity_table(report, tolerance))
         for p in report.prompts:
             if p.layers and p.first_divergent_layer is not None:
-                errs = ", ".join(f"{e.layer}: {e.rel_error:.1e}" for e in p.layers)
-                out.print(f"[dim]per-layer relative error ({escape(p.prompt[:30])}...): {errs}[/]", soft_wrap=False)
+                for line in layer_error_lines(p):
+                    out.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
     if not report.passed:
         worst = max(report.prompts, key=lambda p: p.rel_error)
         where = "" if worst.first_divergent_layer is None else f"; first divergent layer {worst.first_divergent_layer}"
         err.print(f"[bold red]parity failed:[/] relative logit error {worst.rel_error:.3e} > tolerance "
                   f"{tolerance:g}{where}", highlight=False)
         raise typer.Exit(1)
+
+
+def layer_error_lines(p, width: Optional[int] = None) -> list[str]:
+    """The per-layer relative errors of one prompt as lines of at most ``width`` columns (default: the
+    console's; 80 when piped), broken between "layer: error" pairs, never inside one; the lines after
+    the first are indented by two spaces. A pair longer than the width stands alone on its line."""
+    width = width or out.width
+    short = p.prompt.replace("\n", "\\n")
+    short = short if len(short) <= 30 else short[:27] + "..."
+    pairs = [f"{e.layer}: {e.rel_error:.1e}" for e in p.layers]
+    lines, line = [], f"per-layer relative error ({short}):"
+    for k, pair in enumerate(pairs):
+        piece = pair + ("," if k < len(pairs) - 1 else "")
+        if len(line) + 1 + len(piece) > width and line.strip():
+            lines.append(line)
+            line = "  " + piece
+        else:
+            line += " " + piece
+    return lines + [line]
 
 
 def parity_table(report, tolerance: float, width: Optional[int] = None):
@@ -201,12 +220,14 @@ def vector_caa(
 def tune_merge(
     adapter: str = typer.Option(..., "--adapter", "-a", help="Ster's NAME.lora.json (or .lora.safetensors) or a "
                                 "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."),
-    output: Path = typer.Option(..., "--output", "-o", help="New directory for the merged checkpoint, or a new "
+    output: Path = typer.Option(..., "--output", "-o", metavar="DIR|FILE.gguf", help="New directory for the merged "
+                                "checkpoint, or a new "
                                 "FILE.gguf: the merged model written as GGUF (as `ster convert` writes it)."),
     model: str = typer.Option(..., "--model", "-m", help="The base model: a safetensors checkpoint directory or "
                               "Hub id (a GGUF base is refused, so there is no default)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
-    type_: str = typer.Option("f16", "--type", "-t", help="GGUF file type when --output ends in .gguf (see `ster "
+    type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE",
+                              help="GGUF file type when --output ends in .gguf (see `ster "
                               "convert --help`)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),

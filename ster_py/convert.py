@@ -330,6 +330,9 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
     if output.suffix.lower() != ".gguf":  # ster (and llama.cpp's tools) recognise a GGUF model by its name
         raise SterError(f"--output {output} does not end in .gguf; name the GGUF file NAME.gguf")
+    from .artifacts import check_folder
+
+    check_folder(output)  # before the model is resolved or read
     t0 = time.perf_counter()
     resolved = resolve(model, revision, progress=progress)
     if resolved.kind in ("gguf", "gguf_dir"):

@@ -1617,6 +1617,9 @@ def _indexer_pairs(interleaved: bool) -> Refusal:
 
 # Dots3-Note: DeepSeek-V3.2's block with a second latent attention on its sliding-window layers.
 DOTS3_NAMES = _with(DEEPSEEK_DSA_NAMES, g=_SA + "g_proj", k_rope_norm=_SA + "k_rope_only_layernorm")
+#: llama.cpp's dots3note tensors (conversion/dots3.py, src/models/dots3note.cpp): the head-wise gate and the
+#: rotated key part's norm.
+GGUF_DOTS3_NAMES = _with(GGUF_DSA_NAMES, g="blk.{i}.attn_gate", k_rope_norm="blk.{i}.attn_k_norm")
 #: Dots3NoteTextConfig's defaults for the sliding-window layers' latent (its swa_* keys).
 _DOTS3_SWA = {"num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1024, "kv_lora_rank": 1024,
               "head_dim": 256, "qk_nope_head_dim": 192, "v_head_dim": 128}
@@ -3847,8 +3850,11 @@ FAMILIES: dict[str, FamilySpec] = {
                    indexer={"interleaved": True}, latent_rescale=True, latent_k_rope_norm=True,
                    latent_model_eps=True, attn_gate="sigmoid", attn_gate_per_head=True, adapters="ffn",
                    unread=("vision_encoder.", "audio_encoder.", "audio_adapter.", "model.mtp."),
-                   **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DSA_NAMES, variants=()),
-                   refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS),
+                   **dict(_V3_LATENT, names=DOTS3_NAMES, gguf_names=GGUF_DOTS3_NAMES, variants=()),
+                   refusals=_V3_REFUSALS + (_indexer_pairs(True),) + _DOTS3_REFUSALS,
+                   # group DOTS: llama.cpp's dots3note. Its converter folds the bottlenecks' sqrt(hidden / rank)
+                   # into their norms' weights (apply_mla_qkv_lora_rescale), so the file's norms apply as they are.
+                   gguf_arch="dots3note", gguf_changes={"latent_rescale": False}),
         # LongCat-Flash: each stored layer runs as two latent-attention layers with dense feed-forwards;
         # softmax-routed experts (identity ones among them) read the first's feed-forward input and join
         # the stream after the second.
@@ -4367,8 +4373,11 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
     ``tie_word_embeddings``, ``quantization_config`` and ``architectures`` taken from the wrapper
     where it leaves them out.
 
+    A text_config's own ``model_type`` must be the wrapper's decoder: one naming another family ster knows
+    is refused; one ster does not know is read as the wrapper's decoder (``wrapper_text_type_note`` warns).
+
     Raises:
-        SterError: a wrapper config without a ``text_config`` object.
+        SterError: a wrapper config without a ``text_config`` object; a text_config naming another family.
     """
     wrapper = config.get("model_type")
     if "model_type" not in config:  # a config naming only its architecture (vLLM's spelling)
@@ -4386,11 +4395,37 @@ def unwrap(config: Mapping, config_path: Path | str) -> tuple[Mapping, str | Non
         raise SterError(f"model architecture {wrapper!r} in {config_path} is not supported without a text_config "
                         f"object: ster runs the text decoder a {wrapper} config describes there")
     inner_type, prefix = WRAPPERS[wrapper]
-    inner = {"model_type": inner_type, **text}
+    named = text.get("model_type")
+    if named is not None and named != inner_type and wrapper_text_type_note(config, config_path) is None:
+        # The checkpoint says what it is twice: a known wrapper stores its own decoder's tensors, so a
+        # text_config naming another family would run that family's math on them (most of them unread).
+        raise SterError(f"{config_path}: model_type {wrapper!r} is a multimodal checkpoint whose text decoder is "
+                        f"{inner_type!r}, but its text_config.model_type says {named!r}, another family; the two "
+                        f"cannot both be right: set text_config.model_type to {inner_type!r} (or remove it) if the "
+                        f"weights are {wrapper}'s, or use the {named} checkpoint itself")
+    inner = {**text, "model_type": inner_type}
     for key in _FROM_WRAPPER:
         if inner.get(key) is None and config.get(key) is not None:
             inner[key] = config[key]
     return inner, prefix
+
+
+def wrapper_text_type_note(config: Mapping, config_path: Path | str) -> str | None:
+    """The warning for a known wrapper whose ``text_config.model_type`` is no model_type ster knows (another
+    spelling, a newer name): the wrapper's own decoder is read (``unwrap``), and the user is told so.
+    None for every other config, including a text_config naming another known family (``unwrap`` refuses it)."""
+    wrapper = config.get("model_type")
+    if not isinstance(wrapper, str) or wrapper not in WRAPPERS or not isinstance(config.get("text_config"), Mapping):
+        return None
+    named = config["text_config"].get("model_type")
+    inner_type = WRAPPERS[wrapper][0]
+    known = set(KNOWN_MODEL_TYPES) | set(WRAPPERS) | set(MODEL_TYPE_ALIASES)
+    if named is None or named == inner_type or (isinstance(named, str) and named in known):
+        return None
+    from .decoder.rope import brief_value
+
+    return (f"{config_path}: text_config.model_type {brief_value(named)} is not a model_type ster knows; read as "
+            f"{inner_type!r}, the text decoder of a {wrapper!r} checkpoint")
 
 
 def implemented_model_types() -> list[str]:

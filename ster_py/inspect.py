@@ -97,6 +97,9 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         from .gguf.config import spec_from_gguf
         from .gguf.tokenizer import tokenizer_from_gguf_metadata
 
+        from .steering import refuse_control_vector
+
+        refuse_control_vector(g, r.gguf_file)
         if "token_embd.weight" not in g.tensors:
             raise SterError(f"{r.gguf_file} holds no model weights (no token_embd.weight)")
         path = str(r.gguf_file)

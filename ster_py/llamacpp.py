@@ -106,7 +106,7 @@ def _command(request: Path) -> list[str]:
 
 
 def logits(gguf_file: str | os.PathLike, prompts: Sequence[Sequence[int]], *, threads: int | None = None,
-           timeout: float = DEFAULT_TIMEOUT) -> list[np.ndarray]:
+           timeout: float = DEFAULT_TIMEOUT, flash_attn: bool | None = None) -> list[np.ndarray]:
     """llama.cpp's logits for each prompt, every position: float32 [len(ids), n_vocab] each.
 
     Each prompt is decoded from an empty cache as one batch (positions 0..T-1, one
@@ -119,6 +119,8 @@ def logits(gguf_file: str | os.PathLike, prompts: Sequence[Sequence[int]], *, th
         prompts: token ids per prompt (each non-empty).
         threads: llama.cpp's threads (default: its own default).
         timeout: seconds before the child is stopped.
+        flash_attn: llama.cpp's flash attention on (True) or off (False); None: its default
+            (auto, on for the CPU), whose kernel rounds the attention's operands to F16.
 
     Raises:
         SterError: llama-cpp-python is missing; llama.cpp cannot load the file, fails to
@@ -132,7 +134,7 @@ def logits(gguf_file: str | os.PathLike, prompts: Sequence[Sequence[int]], *, th
     with tempfile.TemporaryDirectory(prefix="ster-llamacpp-out-") as tmp:
         out = Path(tmp) / "logits.npz"
         _run({"job": "logits", "model": str(Path(gguf_file).resolve()), "prompts": prompts, "threads": threads,
-              "out": str(out)}, f"evaluating {gguf_file}", timeout)
+              "flash_attn": flash_attn, "out": str(out)}, f"evaluating {gguf_file}", timeout)
         with np.load(out) as z:
             return [z[f"p{i}"] for i in range(len(prompts))]
 
@@ -277,6 +279,8 @@ def _child_logits(L, req: dict) -> None:
     cparams = L.llama_context_default_params()
     cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = max(longest, 8)
     cparams.type_k = cparams.type_v = 0  # GGML_TYPE_F32: keys and values as computed, like ster's default cache
+    if req.get("flash_attn") is not None:  # llama_flash_attn_type: 0 disabled, 1 enabled (default -1, auto)
+        cparams.flash_attn_type = int(bool(req["flash_attn"]))
     if req.get("threads"):
         cparams.n_threads = cparams.n_threads_batch = int(req["threads"])
     ctx = L.llama_init_from_model(model, cparams)

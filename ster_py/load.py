@@ -37,12 +37,13 @@ class LoadedModel:
 
     @property
     def warnings(self) -> list[str]:
-        """Notes on what was loaded that the user should see (stored tensors this
-        configuration never reads; a GGUF special token id outside the vocabulary, ignored as
-        llama.cpp does), one line each; empty for a consistent checkpoint."""
+        """Notes on what was loaded that the user should see (a config the resolver read with a warning,
+        ``Resolved.notes``; stored tensors this configuration never reads; a GGUF special token id outside the
+        vocabulary, ignored as llama.cpp does), one line each; empty for a consistent checkpoint."""
         from .weights import unused_tensor_warnings
 
-        return [*getattr(self.tokenizer, "notes", ()), *unused_tensor_warnings(self.spec, self.decoder.weights)]
+        return [*getattr(self.resolved, "notes", ()), *getattr(self.tokenizer, "notes", ()),
+                *unused_tensor_warnings(self.spec, self.decoder.weights)]
 
     def stop_ids(self) -> set[int]:
         """End-of-generation ids: the config's eos_token_id(s) and the tokenizer's end tokens."""

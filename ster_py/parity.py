@@ -314,9 +314,21 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
     hyper-connections (``ModelSpec.streams``) ours is the streams' mean, compared with the mean of
     the reference's streams; the last layer, whose reference entry is after the head's collapse, is
     not compared (the logits are).
+
+    Ours runs with float inputs to every product (``qlinear.float_activations``): the int16 rounding of
+    the one-token decode path is a speed trade of generation, not part of the model's math.
     """
+    from .decoder.qlinear import float_activations
+
     hidden: list[np.ndarray] = []
-    ours = loaded.decoder.forward(list(ids), hidden_states=hidden)
+    # Float inputs for every product, whatever the prompt's length. A one-token forward would otherwise take
+    # the decode path, which rounds each product's inputs to int16 per 32-block (QuantLinear; tested against
+    # its own definition in tests/test_qmatmul.py): on SmolLM2-135M Q4_1 that alone moves the logits of a
+    # one-token prompt by 1.5e-4 relative, where the same token inside a longer prompt (float inputs) is
+    # within 2e-6 of Transformers' float32 run on the dequantized weights. Parity measures the model's
+    # arithmetic, the same for every prompt, so a prompt's length no longer decides what it measures.
+    with float_activations():
+        ours = loaded.decoder.forward(list(ids), hidden_states=hidden)
     ref, ref_hidden = reference(ids)
     if ref.shape != ours.shape:
         if ref.ndim == 2 and ref.shape[0] == ours.shape[0] and ref.shape[1] > ours.shape[1]:

@@ -73,6 +73,7 @@ class Resolved:
             40-hex commit SHA, never a branch name.
         family: the FamilySpec the gate returned for a config.json source, None
             for a bare GGUF (its family comes from the GGUF metadata later).
+        notes: warnings about the config (shown with the loaded model's warnings).
     """
 
     model: str
@@ -85,6 +86,8 @@ class Resolved:
     gguf_file: Path | None
     model_revision: str | None
     family: "FamilySpec | None"
+    #: warnings about the config the user should see (``families.wrapper_text_type_note``), one line each
+    notes: tuple[str, ...] = ()
 
 
 def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
@@ -216,14 +219,16 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
     config_path = root / CONFIG
     tokenizer_path = _require_tokenizer(root, names)
     config = read_config(config_path)
-    config, family = _gate(config, config_path)
+    config, family, notes = _gate(config, config_path)
     weights = _safetensors_in(root, names)
     if weights:
         _check_index(root, names)
-        return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, weights, None, revision, family)
+        return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, weights, None, revision,
+                        family, notes)
     if len(ggufs) == 1:
         gguf = root / ggufs[0]
-        return Resolved(model, "gguf_dir", root, config, config_path, tokenizer_path, (gguf,), gguf, revision, family)
+        return Resolved(model, "gguf_dir", root, config, config_path, tokenizer_path, (gguf,), gguf, revision,
+                        family, notes)
     if len(ggufs) > 1:
         raise _too_many_ggufs(root, ggufs)
     raise SterError(f"model directory contains no safetensors weights: {root}{_weights_hint(names)}")
@@ -245,13 +250,13 @@ def _resolve_mistral_dir(model: str, root: Path, names: list[str], revision: str
                 "tokenizer.model; use the Transformers-format checkpoint's tokenizer.json, or write one beside "
                 "params.json, e.g. with transformers' AutoTokenizer(...).save_pretrained)" if found else "")
         raise SterError(f"tokenizer is missing: {root / TOKENIZER}{hint}")
-    config, family = _gate(config, params_path)
+    config, family, notes = _gate(config, params_path)
     weights = tuple(root / n for n in weight_names(names) if (root / n).is_file())
     if not weights and with_weights:
         raise SterError(f"model directory {root} in Mistral's own format (params.json) holds no "
                         "consolidated*.safetensors weights; download them")
     return Resolved(model, "safetensors", root, config, params_path, root / TOKENIZER, weights, None, revision,
-                    family)
+                    family, notes)
 
 
 def _list_dir(root: Path) -> list[str]:
@@ -373,17 +378,18 @@ def read_config(path: Path) -> dict:
     return config
 
 
-def _gate(config: dict, config_path: Path) -> tuple[dict, "FamilySpec"]:
-    """(the decoder's config, its family): a multimodal wrapper's config becomes its text
+def _gate(config: dict, config_path: Path) -> tuple[dict, "FamilySpec", tuple[str, ...]]:
+    """(the decoder's config, its family, warnings): a multimodal wrapper's config becomes its text
     decoder's (``families.unwrap``), whose tensors the family then names below the wrapper's prefix."""
     # Imported here so that the family table loads only when a config is gated.
     from ster_py import families
     from ster_py.validate import interpret
 
     # The family's refusal rules read untrusted values: a Python error in one is the config's fault.
+    note = interpret(str(config_path), families.wrapper_text_type_note, config, config_path)
     config, prefix = interpret(str(config_path), families.unwrap, config, config_path)
     family = interpret(str(config_path), families.gate, config, config_path)
-    return config, family.stored_under(prefix) if prefix else family
+    return config, family.stored_under(prefix) if prefix else family, (note,) if note else ()
 
 
 # --------------------------------------------------------------------------- Hub
@@ -445,10 +451,10 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
         from .mistral_format import config_from_params
 
         config = config_from_params(config, config_path)
-    config, family = _gate(config, config_path)
+    config, family, notes = _gate(config, config_path)
     if not with_weights:
         return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, (), None, sha,
-                        family)
+                        family, notes)
 
     if native:
         from .mistral_format import weight_names
@@ -463,10 +469,11 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
         raise SterError(f"model {model} publishes no safetensors weights at revision {sha}{hint}{advice}")
     if before_weights is not None:
         before_weights(Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, (),
-                                None, sha, family))
+                                None, sha, family, notes))
     paths = _download(hub, model, sha, weights, sizes, progress, "weights")
     files = tuple(paths[n] for n in weights)
-    return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, files, None, sha, family)
+    return Resolved(model, "safetensors", config_path.parent, config, config_path, tokenizer_path, files, None, sha,
+                    family, notes)
 
 
 def _download(hub, model: str, sha: str, names: list[str], sizes: dict, progress, phase: str,
@@ -596,13 +603,15 @@ def _resolve_cache(model: str, rev: str, with_weights: bool = True) -> Resolved:
     except SterError:
         raise SterError(f"tokenizer is missing: {root / TOKENIZER} ({where} lacks it; {todo})") from None
     config = read_config(config_path)
-    config, family = _gate(config, config_path)
+    config, family, notes = _gate(config, config_path)
     if not with_weights:
-        return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, (), None, root.name, family)
+        return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, (), None, root.name,
+                        family, notes)
     weights = _safetensors_in(root, names)
     if not weights:
         raise SterError(
             f"model {model} has no safetensors weights in the local cache at {root}: {where} lacks them; {todo}"
         )
     _check_index(root, names)
-    return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, weights, None, root.name, family)
+    return Resolved(model, "safetensors", root, config, config_path, tokenizer_path, weights, None, root.name,
+                    family, notes)

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifacts import KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_model, read_json, sniff
+from .artifacts import (KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_folder, check_model, read_json,
+                        sniff)
 from .errors import SterError
 
 SCHEMA_VERSION = 1
@@ -81,6 +82,7 @@ def check_vector_output(path: str | Path) -> None:
     path = Path(path)
     if path.is_dir():
         raise SterError(f"--output {path} is a directory; give the steering vector's file name (NAME.json)")
+    check_folder(path)
     if path.exists():
         try:
             doc = read_json(path, "steering vector")
@@ -353,6 +355,7 @@ def check_control_vector_output(path: str | Path) -> None:
     if path.suffix != ".gguf":
         raise SterError(f"--output {path}: a control vector is written as GGUF; name it "
                         f"{path.with_suffix('.gguf').name if path.suffix else path.name + '.gguf'}")
+    check_folder(path)
     if os.path.lexists(path):
         try:
             with GGUFFile(path, allow_unsupported=True) as g:
@@ -362,6 +365,36 @@ def check_control_vector_output(path: str | Path) -> None:
         if arch != "controlvector":
             raise SterError(f"--output {path} exists and is not a control-vector GGUF; choose another --output "
                             "name or move that file")
+
+
+def refuse_control_vector(g, path) -> None:
+    """Refuse a llama.cpp control vector (``general.architecture`` controlvector) given where a model is wanted,
+    saying what the file is: its ``direction.N`` tensors' count, layers and width.
+
+    Args:
+        g: the open ``GGUFFile``; path: the name to show.
+
+    Raises:
+        SterError: the file is a control vector (returns quietly for any other GGUF).
+    """
+    if g.metadata.get("general.architecture") != "controlvector":
+        return
+    from .capture import format_layers
+
+    numbers = [n.split(".", 1)[1] for n in g.tensors if n.startswith("direction.")]
+    layers = sorted(int(k) for k in numbers if k.isdigit() and len(k) <= 9)
+    widths = sorted({int(g.tensors[f"direction.{k}"].shape[-1]) for k in numbers if k.isdigit() and len(k) <= 9})
+    hint = g.metadata.get("controlvector.model_hint")
+    size = (f"of hidden size {widths[0]}" if len(widths) == 1 else
+            f"of hidden sizes {', '.join(map(str, widths[:3]))}{', ...' if len(widths) > 3 else ''}" if widths
+            else "(no direction.N tensors)")
+    shown = f" ({format_layers(layers).rsplit(' (', 1)[0]})" if layers else ""
+    what = (f"a llama.cpp control vector (as `ster vector export` writes) for {len(layers)} "
+            f"layer{'' if len(layers) == 1 else 's'}{shown} {size}"
+            + (f", made for a {str(hint)[:40]!r} model" if hint else ""))
+    raise SterError(f"{path} is not a model: it is {what}; llama.cpp loads it with --control-vector beside the "
+                    "model, and ster steers with the JSON vector it was exported from "
+                    "(ster generate --vector FILE.json)")
 
 
 def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: float = 1.0,

@@ -145,6 +145,7 @@ def test_failed_write_leaves_no_file(tiny, tmp_path, monkeypatch):
         raise SterError("disk full")
 
     monkeypatch.setattr(capture_mod, "write_safetensors", broken)
+    (tmp_path / "out").mkdir()  # outputs never create their folder
     with pytest.raises(SterError, match="disk full"):
         save_capture(cap, tmp_path / "out" / "c.safetensors")
     assert list((tmp_path / "out").iterdir()) == []

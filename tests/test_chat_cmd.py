@@ -21,7 +21,7 @@ from tiny import make_checkpoint, one_torch_thread  # noqa: F401 (autouse fixtur
 # system w3, user w4, assistant w5, end of a message w6
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' %}w3 {% elif m.role == 'user' %}w4 "
                  "{% else %}w5 {% endif %}{{ m.content }} w6 {% endfor %}{% if add_generation_prompt %}w5 {% endif %}")
-SUMMARY = re.compile(r"prompt (\d+) tokens \(reused (\d+), prefilled (\d+)\), (\d+) new tokens")
+SUMMARY = re.compile(r"prompt (\d+) tokens \(reused (\d+), prefilled (\d+)\), (\d+) new tokens?")  # "1 new token"
 
 
 def chat_model(path, seed=0):

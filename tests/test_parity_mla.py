@@ -594,10 +594,12 @@ def test_quantized_gguf_gives_llamacpps_logits(name, ftype, mla_gguf, tmp_path):
 def test_every_latent_gguf_architecture_has_a_case():
     import test_parity_hc_gguf  # the hyper-connection families' files
     import test_parity_mla_b
+    import test_parity_wrapped_gguf  # Dots3-Note's dots3note
 
     converted = {FAMILIES[model_type].gguf_arch
                  for model_type, _, _ in list(GGUF_CASES.values()) + list(test_parity_mla_b.GGUF_CASES.values())
-                 + list(test_parity_hc_gguf.GGUF_CASES.values())}
+                 + list(test_parity_hc_gguf.GGUF_CASES.values())
+                 + list(test_parity_wrapped_gguf.GGUF_CASES.values())}
     assert {f.gguf_arch for f in FAMILIES.values() if f.latent and f.gguf_arch and not f.recurrent} <= converted
 
 

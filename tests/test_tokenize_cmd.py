@@ -167,8 +167,8 @@ def test_errors_are_one_line(llama_vocab_dir, tmp_path):
     unknown_pre.write_bytes(edit_metadata((llama_vocab_dir / "ggml-vocab-falcon.gguf").read_bytes(),
                                           {"tokenizer.ggml.pre": (STRING, "falcon9")}))
     cases = [
-        (("tokenize", "-m", path), "exactly one of --text TEXT or --file FILE"),
-        (("tokenize", "-m", path, "-t", "a", "-f", path), "exactly one of --text TEXT or --file FILE"),
+        (("tokenize", "-m", path), "exactly one of --text STRING or --file FILE"),
+        (("tokenize", "-m", path, "-t", "a", "-f", path), "exactly one of --text STRING or --file FILE"),
         (("tokenize", "-m", str(tmp_path / "missing.gguf"), "-t", "a"), "no such file or directory"),
         (("detokenize", "-m", path, "1", "x2"), "'x2' is not a token id"),
         (("detokenize", "-m", path, "1", "32000"), "token id 32000 is outside this vocabulary (ids 0..31999)"),

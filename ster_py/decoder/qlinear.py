@@ -24,7 +24,7 @@ every product and attention call of the process.
 """
 from __future__ import annotations
 
-import contextlib
+from contextlib import contextmanager
 
 import ml_dtypes
 import numpy as np
@@ -41,7 +41,7 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "
 _few_rows = 0
 
 
-@contextlib.contextmanager
+@contextmanager
 def few_rows(limit: int = 12):
     """Within this block, products of 2 to ``limit`` (at most 16) input rows over quantized or
     16-bit weights run as row dots over each weight row while it is cached
@@ -51,7 +51,8 @@ def few_rows(limit: int = 12):
     matrices: row dots cost ~1/T-th of the panels' time per row up to ~9 rows and the two cross
     between 9 and 16 rows; hence 12 by default). Speculative verification runs under it
     (``ster_py.speculative``); prefill does not (its rows keep the panel path's arithmetic,
-    which the prompt cache's reuse relies on).
+    which the prompt cache's reuse relies on). Process-wide, like ``float_activations``: not for
+    concurrent use by several threads (``ster serve`` runs one generation at a time).
     """
     global _few_rows
     before, _few_rows = _few_rows, max(0, min(int(limit), 16))
@@ -71,6 +72,19 @@ def _kernels():
                         "`python setup.py build_ext --inplace` in the source tree or reinstall ster-py "
                         f"({e})") from None
     return qmatmul
+
+
+@contextmanager
+def float_activations():
+    """Within the block, one-token (T = 1) products with block-quantized weights take float32 inputs as
+    every T > 1 product does, instead of the inputs rounded to int16 per 32-block (``QuantLinear``); the
+    int16 rounding (the default) is on again after it. Not for concurrent use by several threads."""
+    qmatmul = _kernels()
+    qmatmul.set_int16_activations(False)
+    try:
+        yield
+    finally:
+        qmatmul.set_int16_activations(True)
 
 
 #: GGML type ids of the 16-bit float rows the kernels multiply as stored.

@@ -120,7 +120,8 @@ LLAMA_CPP_GATING_DEFAULT = {"glm4moe": "sigmoid", "hy_v3": "sigmoid", "afmoe": "
                             "deepseek2": "softmax", "glm-dsa": "sigmoid", "deepseek32": None,
                             "laguna": "sigmoid", "step35": "sigmoid", "hy_v4": None,
                             "exaone-moe": None, "bailingmoe2": None, "bailingmoe3": None,
-                            "glm5-next": "sigmoid"}  # (group GDS) glm5-next.cpp: NONE read as sigmoid
+                            "glm5-next": "sigmoid",  # (group GDS) glm5-next.cpp: NONE read as sigmoid
+                            "dots3note": None}  # (group DOTS) dots3note.cpp requires the key
 
 # How llama.cpp's graph rotates the sliding-window layers of an architecture, where that is not
 # "rope.freq_base_swa, unscaled, over the full layers' width" (src/models/<arch>.cpp):
@@ -179,7 +180,16 @@ LLAMA_CPP_INDEXER = {"deepseek32": {"interleaved": False, "norm_eps": 1e-6, "typ
                      # attention.indexer.types says otherwise ("all"); pools of attention.indexer.kpool
                      # keys, the unfinished one kept under kpool_select_tail (true when absent)
                      "glm5-next": {"interleaved": True, "norm_eps": "layer_norm_epsilon", "types": "all",
-                                   "kpool": True}}
+                                   "kpool": True},
+                     # (group DOTS) dots3note.cpp: halves (LLAMA_ROPE_TYPE_NEOX; Transformers' Dots3-Note indexer
+                     # rotates adjacent pairs, the converter permutes nothing), the key's LayerNorm at 1e-6,
+                     # attention.indexer.types required, its false layers (the sliding ones) without an indexer
+                     # ("unflagged": None; the graph indexes exactly the layers outside sliding_window_pattern)
+                     "dots3note": {"interleaved": False, "norm_eps": 1e-6, "types": "required", "unflagged": None}}
+# (group DOTS) Latent architectures whose sliding-window layers attend through a latent of their own (dots3note.cpp):
+# attention.kv_lora_rank_swa, key_length_mla_swa (their nope + rope width, scored at its inverse square root) and
+# value_length_mla_swa; the query rank and the rotated width are the full layers'.
+LLAMA_CPP_SWA_LATENT = ("dots3note",)
 # Architectures whose routed SwiGLU clamp is ggml_swiglu_clamp (src/llama-graph.cpp's build_moe_ffn): the gate
 # at most the limit before silu, up within [-limit, limit] (MoESpec.clamp_act False), not the common clamp.
 LLAMA_CPP_CLAMP_GATE = ("hy_v4", "deepseek4", "glm5-next")
@@ -687,6 +697,27 @@ def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, 
                       else None, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v, norm_eps=eps)
 
 
+def _gguf_swa_latent(meta: Mapping, arch: str, latent: LatentSpec, path: str) -> LatentSpec | None:
+    """The sliding-window layers' own latent attention (``LLAMA_CPP_SWA_LATENT``, dots3note.cpp's loader):
+    ``attention.kv_lora_rank_swa``, ``key_length_mla_swa`` (nope + rope) and ``value_length_mla_swa``, with
+    the full layers' query rank, rotated width and norms; scored at key_length_mla_swa ** -0.5 (dots3note.cpp's
+    kq_scale). None when it equals the full layers' latent.
+
+    Raises:
+        SterError: a missing or invalid width, a key width not above the rotated width.
+    """
+    def g(key):
+        return _get(meta, f"{arch}.attention.{key}", int, path, positive=True)
+
+    rank, qk, v = g("kv_lora_rank_swa"), g("key_length_mla_swa"), g("value_length_mla_swa")
+    if qk <= latent.qk_rope_head_dim:
+        raise SterError(f"{path}: GGUF metadata {arch}.attention.key_length_mla_swa ({qk}) must exceed "
+                        f"{arch}.rope.dimension_count ({latent.qk_rope_head_dim}), the rotated part it holds")
+    own = replace(latent, kv_lora_rank=rank, qk_nope_head_dim=qk - latent.qk_rope_head_dim, v_head_dim=v,
+                  attn_scale=qk ** -0.5 if qk != latent.qk_head_dim else None)
+    return own if own != latent else None
+
+
 def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, max_pos: int,
                   path: str) -> tuple[IndexerSpec, list[str]]:
     """(the indexer, each layer's ``LayerSpec.indexer``) of a DeepSeek Sparse Attention file, as llama.cpp's
@@ -734,6 +765,8 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
                 raise SterError(f"{path}: {arch}.attention.indexer.types has {len(flags)} entries for {n_layers} "
                                 "layers")
             full = [bool(f) for f in flags[:n_layers]]
+    if "unflagged" in how:  # the unflagged layers attend without an indexer
+        return spec, ["full" if f else how["unflagged"] for f in full]
     if not full[0]:
         raise SterError(f"{path}: {arch}.attention.indexer.types marks layer 0 shared; a shared layer reuses an "
                         "earlier layer's choice, and there is none")
@@ -870,6 +903,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         eps_key = "attention.layer_norm_epsilon"
     eps = g(eps_key, float, 1e-6)
     latent = _gguf_latent(meta, arch, hidden, heads, eps, path) if family.latent else None
+    if latent is not None and family.latent_k_rope_norm:  # (group DOTS) the rotated key part's norm
+        latent = replace(latent, k_rope_norm=True)
     if latent is not None:  # expanded, one key/value head per head; only the rope part rotates
         layer_kv, head_dim, v_head_dim = list(layer_heads), latent.qk_head_dim, latent.v_head_dim
     elif kv_list is not None:  # state-space architectures: the attention layers' count (others hold 0)
@@ -1006,6 +1041,13 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     indexer, index_kinds = None, [None] * n_layers
     if family.indexer is not None:
         indexer, index_kinds = _gguf_indexer(meta, arch, latent, n_layers, max_pos, path)
+    swa_latent = None
+    if arch in LLAMA_CPP_SWA_LATENT:
+        swa_latent = _gguf_swa_latent(meta, arch, latent, path)
+        if any((kind is None) != flag for kind, flag in zip(index_kinds, sliding)):
+            raise SterError(f"{path}: {arch}.attention.indexer.types must flag exactly the layers "
+                            f"{arch}.attention.sliding_window_pattern leaves full (llama.cpp's {arch} indexes its "
+                            "full-attention layers and no other)")
     recurrent = _recurrent_flags(meta, arch, n_layers, path) if layering == "recurrent" else None
     block_sparse, sparse = None, [False] * n_layers
     if arch in LLAMA_CPP_BLOCK_SPARSE:
@@ -1046,6 +1088,8 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
             own["moe"] = layer_moe
         if index_kinds[i] is not None:
             own["indexer"] = index_kinds[i]
+        if swa_latent is not None and sliding[i] and mixer == "latent":
+            own["latent"] = swa_latent
         if arch in LLAMA_CPP_SCALED_JOIN:
             own["residual"] = (residual, 1.0, residual, 1.0)
         if sliding[i] and swa_head != head_dim:

@@ -65,6 +65,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
                         if {"rope_factors_short.weight", "rope_factors_long.weight"} <= names else None)
         embd = gguf.tensor("token_embd.weight") if "token_embd.weight" in names else None
         if embd is None:
+            from ..steering import refuse_control_vector
+
+            refuse_control_vector(gguf, path)
             raise SterError(f"{path} has no token_embd.weight tensor: it holds no model weights "
                             "(a vocabulary-only GGUF can tokenize but not generate)")
         spec = check_spec(interpret(path, spec_from_gguf, meta, path, rope_freqs=rope_freqs,

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import __version__
 from ..adapters import WeightMap, check_adapter_for, read_adapter
-from ..artifacts import ST_DTYPES, atomic_directory, write_safetensors, writing
+from ..artifacts import ST_DTYPES, atomic_directory, check_folder, write_safetensors, writing
 from ..errors import SterError
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -105,6 +105,7 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new directory or remove it first")
+    check_folder(output)  # a mistyped folder is refused before the base model is resolved
 
     def fit(resolved, check: bool = True):
         """(spec, storage map, adapter) once the base's config is known; refuses before any weight is read."""
@@ -249,8 +250,8 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
+    check_folder(output)
     with writing(output):  # an unwritable directory: one "cannot write" error
-        output.parent.mkdir(parents=True, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".merge", dir=output.parent)
     try:
         merged = Path(tmp) / "merged"
