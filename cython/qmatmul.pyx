@@ -9,7 +9,11 @@ of the memory-mapped file) and computes y = x W^T for float32 x [T, cols]:
   relative error <= 2^-16 of the block's largest input) so that a block is two
   integer multiply-adds (vpmaddwd); the portable path multiplies in float;
 - T > 1 (prefill): panels of 16 rows x 256 inputs are decoded to float32 once
-  and a 6 x 16 register tile runs every token over them.
+  and a 6 x 16 register tile runs every token over them;
+- 2 to 16 rows on request (``matmul(..., force=3)``, speculative verification): the
+  T = 1 row dots of every input row over each block of weight rows while it is in the
+  first-level cache, so the weights stream from memory once and each result equals
+  that row's one-token product.
 
 Work is split over output rows into chunks run by ``ster_pool.h``'s threads (the
 caller works too and never waits for a helper that is not running, so a busy
@@ -134,6 +138,47 @@ ctypedef struct _PanelJob:
     float* Y
     float* pack
     size_t per_thread
+
+
+# A few rows (speculative verification): every row of the input dotted with each weight row while
+# that row is in the first-level cache. The arithmetic of each (row, output) is the decode step's.
+cdef enum:
+    _MAX_FEW = 16
+
+#: Input rows ``QMatrix.matmul(..., force=3)`` takes at most.
+FEW_ROWS = _MAX_FEW
+
+ctypedef struct _FewJob:
+    int typ, simd, K, N, T, chunk, sub
+    const uint8_t* W
+    size_t rb
+    const int32_t* rows
+    const float* X
+    float* Y
+    const int16_t* q
+    const float* dx
+    const float* xs16
+    const uint16_t* xbf   # [T, 2K] the inputs' bfloat16 halves, or NULL
+    int use16[_MAX_FEW]
+
+
+cdef void _few_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _FewJob* j = <_FewJob*>ctx
+    cdef int r0 = <int>c * j.chunk
+    cdef int r1 = min(j.N, r0 + j.chunk)
+    cdef int s0, s1, t, K = j.K
+    s0 = r0
+    while s0 < r1:
+        s1 = min(r1, s0 + j.sub)
+        for t in range(j.T):
+            if j.use16[t] and not ster_is_half(j.typ):
+                ster_matvec16_range(j.typ, j.W, j.rb, j.rows, s0, s1, K, j.q + <size_t>t * K, j.dx + <size_t>t * (K // 32),
+                                    j.xs16 + <size_t>t * (K // 16), j.Y + <size_t>t * j.N, j.simd)
+            else:
+                ster_matvec_range(j.typ, j.W, j.rb, j.rows, s0, s1, K, j.X + <size_t>t * K,
+                                  j.xs16 + <size_t>t * (K // 16), j.Y + <size_t>t * j.N, j.simd,
+                                  j.xbf + <size_t>t * 2 * K if j.xbf != NULL else NULL)
+        s0 = s1
 
 
 cdef void _panel_task(void* ctx, long c, int tid) noexcept nogil:
@@ -315,7 +360,10 @@ cdef class QMatrix:
         """out[T, rows] = x[T, cols] @ W^T (float32 ndarrays, C-contiguous; ``out`` is overwritten).
 
         force: 0 chooses by T (fused row dots for T = 1, decoded panels for T > 1);
-        1 forces the row dots, 2 the panels (tests).
+        1 forces the row dots, 2 the panels (tests); 3: the row dots of every input row
+        while each weight row is cached (``FEW_ROWS`` rows at most: each result equals
+        the T = 1 product of that row, and the weights are read from memory once; for
+        verifying a few drafted tokens, where decoded panels cost more than they save).
         """
         # numpy's C API instead of typed memoryviews: decoding makes hundreds of these calls
         # per token, and acquiring two buffers costs more than a small product.
@@ -337,7 +385,11 @@ cdef class QMatrix:
             return
         cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
         cdef float* op = <float*>cnp.PyArray_DATA(oa)
-        if (force == 0 and T == 1) or force == 1:
+        if force == 3 and T > 1:
+            if T > _MAX_FEW:
+                raise ValueError(f"force=3 takes at most {_MAX_FEW} rows, got {T}")
+            self._few(xp, T, op)
+        elif (force == 0 and T == 1) or force == 1 or force == 3:
             self._rowdots(xp, T, op)
         else:
             self._panels(xp, T, op)
@@ -348,6 +400,43 @@ cdef class QMatrix:
         for t in range(T):
             y = out + <size_t>t * self.n_rows
             _group_rowdots((self,), x + <size_t>t * self.n_cols, self.n_cols, &y)
+        return 0
+
+    cdef int _few(self, const float* x, int T, float* out) except -1:
+        cdef int K = self.n_cols, N = self.n_rows, t
+        cdef int nt = _threads if <long>N * K >= _PARALLEL_MIN_WEIGHTS else 1
+        cdef _FewJob j
+        j.typ, j.simd, j.K, j.N, j.T = self.type_id, _simd, K, N, T
+        j.W, j.rb, j.rows, j.X, j.Y = &self.raw[0, 0], self.row_bytes, self._rows, x, out
+        # Tasks as the decode step's (about eight per thread); within one, blocks of rows of at
+        # most 16 KiB stay in the first-level cache while every input row passes over them.
+        j.chunk = max(8, min((N + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
+        j.sub = max(1, min(j.chunk, 16384 // <int>self.row_bytes))
+        cdef size_t per = 2 * K + 4 * (K // 32 + K // 16) + 64   # int16 codes, scales, sums (one row)
+        cdef char* buf = <char*>malloc(per * T + 4 * K * T + 128)
+        if buf == NULL:
+            raise MemoryError()
+        cdef int16_t* q = <int16_t*>buf
+        cdef float* dx = <float*>(buf + 2 * K * T + 32)
+        cdef float* xs16 = dx + (K // 32) * T
+        cdef uint16_t* xbf = <uint16_t*>((<uintptr_t>(xs16 + (K // 16) * T) + 63) & ~(<uintptr_t>63))
+        cdef int half = ster_is_half(self.type_id), ok = 1
+        j.q, j.dx, j.xs16, j.xbf = q, dx, xs16, NULL
+        with nogil:
+            for t in range(T):
+                j.use16[t] = 0
+                if not half:
+                    j.use16[t] = _simd and _int16 and ster_quantize16(x + <size_t>t * K, K, q + <size_t>t * K,
+                                                                    dx + <size_t>t * (K // 32), xs16 + <size_t>t * (K // 16))
+                    if not j.use16[t]:
+                        ster_sums16(x + <size_t>t * K, K, xs16 + <size_t>t * (K // 16))
+                elif self.type_id == 30 and _simd >= 4:
+                    ok = ok and ster_split_bf16(x + <size_t>t * K, K, xbf + <size_t>t * 2 * K,
+                                                xbf + <size_t>t * 2 * K + K)
+            if half and self.type_id == 30 and _simd >= 4 and ok:
+                j.xbf = xbf
+            ster_pool_run((N + j.chunk - 1) // j.chunk, _few_task, &j, nt)
+        free(buf)
         return 0
 
     cdef int _panels(self, const float* x, int T, float* out) except -1:
@@ -688,4 +777,4 @@ _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NUL
 _multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 8
+SOURCE_VERSION = 9

@@ -2,8 +2,9 @@
 
 A benchmark, not a test: it prints figures and checks only that both runs give the same ids.
 
-The pair: a Llama-shaped target with random weights (hidden 512, ``--layers`` 12, 8 heads of 64,
-4 key/value heads, feed-forward 1536, vocabulary 8,000, f32 safetensors), whose layers from
+The pair: a Llama-shaped target with random weights (``--hidden`` 512, ``--layers`` 12, hidden/64 heads
+of 64, half as many key/value heads, feed-forward 3 x hidden, vocabulary 8,000, ``--dtype`` safetensors read as stored:
+bfloat16 by default), whose layers from
 ``--keep`` on have their output projections (o_proj, down_proj) scaled by ``--damp``; the drafter
 is the target cut after its first ``--keep`` layers (the same embedding, layers, final norm and
 head). ``--damp`` sets how often the two agree: 0 would make them equal, 1 leaves the deep layers
@@ -16,6 +17,7 @@ seconds of each, the speed-up (plain / drafted), drafted and accepted counts and
 rate, the CPU and the load average at the start and after each round.
 
     python scripts/draft_bench.py --threads 2 --rounds 3
+    python scripts/draft_bench.py --threads 2 --layers 20 --keep 1 --damp 0   # target ~9x the drafter, always agreeing
     python scripts/draft_bench.py --damp 1.0     # a drafter that rarely agrees: the overhead
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build(out: Path, layers: int, keep: int, damp: float) -> tuple[Path, Path]:
+def build(out: Path, layers: int, keep: int, damp: float, dtype: str = "bfloat16", hidden: int = 512) -> tuple[Path, Path]:
     """Write the target and the drafter checkpoints under ``out``; return their directories."""
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
@@ -38,8 +40,8 @@ def build(out: Path, layers: int, keep: int, damp: float) -> tuple[Path, Path]:
 
     from tiny import write_tokenizer
 
-    cfg = dict(vocab_size=8000, hidden_size=512, intermediate_size=1536, num_attention_heads=8,
-               num_key_value_heads=4, head_dim=64, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+    cfg = dict(vocab_size=8000, hidden_size=hidden, intermediate_size=3 * hidden, num_attention_heads=hidden // 64,
+               num_key_value_heads=hidden // 128, head_dim=64, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
                tie_word_embeddings=False)
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **cfg)).eval()
@@ -52,7 +54,7 @@ def build(out: Path, layers: int, keep: int, damp: float) -> tuple[Path, Path]:
                              if not k.startswith("model.layers.") or int(k.split(".")[2]) < keep})
     paths = out / "target", out / "drafter"
     for model, path in zip((target, drafter), paths):
-        model.save_pretrained(path)
+        model.to(getattr(torch, dtype)).save_pretrained(path)
         write_tokenizer(path, cfg["vocab_size"])
     return paths
 
@@ -67,6 +69,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--hidden", type=int, default=512, help="width (heads of 64, feed-forward 3x, a multiple of 128)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                    help="the checkpoints' weights, read as stored (bfloat16/float16: the Cython products)")
+    ap.add_argument("--quantize", default=None, help="quantize both models' projections at load: q8_0, q4_0 or q4_k")
     a = ap.parse_args()
     if a.threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -81,8 +87,8 @@ def main() -> None:
 
     set_threads(a.threads or get_threads())  # ster's pool, and numpy's BLAS/OpenMP pools (threadpoolctl)
     with tempfile.TemporaryDirectory() as tmp:
-        t_dir, d_dir = build(Path(tmp), a.layers, a.keep, a.damp)
-        target, drafter = load_model(str(t_dir)), load_model(str(d_dir))
+        t_dir, d_dir = build(Path(tmp), a.layers, a.keep, a.damp, a.dtype, a.hidden)
+        target, drafter = (load_model(str(p), precision="auto", quantize=a.quantize) for p in (t_dir, d_dir))
         prompt = np.random.RandomState(0).randint(3, 8000, size=a.prompt_tokens).tolist()
         sampling = Sampling(max_new_tokens=a.new_tokens)
         ks = [int(k) for k in a.draft_max.split(",")]
@@ -103,7 +109,8 @@ def main() -> None:
     base = statistics.median(plain_s)
     print(f"CPU: {cpu}; threads: {a.threads or 'default'}; load average (1 min) at the start and after each round: "
           + " | ".join(f"{x:.2f}" for x in loads))
-    print(f"target {a.layers} layers, drafter its first {a.keep}, deeper outputs x {a.damp}; prompt {a.prompt_tokens}, "
+    print(f"target {a.layers} layers ({a.dtype}, quantize {a.quantize}), drafter its first {a.keep}, deeper outputs "
+          f"x {a.damp}; prompt {a.prompt_tokens}, "
           f"{a.new_tokens} new ids, {a.rounds} rounds (medians)")
     print(f"plain greedy: decode {base:.3f} s ({(a.new_tokens - 1) / base:.1f} tok/s)")
     for k in ks:

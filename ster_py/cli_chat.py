@@ -292,6 +292,11 @@ def serve(
                                            "(default: the model's)."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Speculative decoding with this drafter (a smaller "
+                                        "model of the same vocabulary, or a Gemma 4 assistant); requests must "
+                                        "then decode greedily (temperature 0)."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="With --draft: tokens proposed per round "
+                                            "(1 to 64, default 8)."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models);
@@ -316,10 +321,19 @@ def serve(
         if vname in vectors:
             raise SterError(f"--vector: the name {vname!r} is given twice")
         vectors[vname] = (read_vector(path), path)  # malformed vectors are refused before any weight is read
+    from .generate import Sampling
+    from .speculative import check_draft_options
+
+    check_draft_options(draft, draft_max, Sampling())  # before any weight is read (requests are checked each)
     loaded = _load(model, revision, precision, quiet)
     for vname, (vec, path) in vectors.items():
         check_vector_for(vec, loaded, path)
-    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size)
+    drafter = None
+    if draft is not None:
+        from .speculative import load_drafter
+
+        drafter = load_drafter(draft, loaded, precision=precision.value)
+    session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
     server = Server(session, name or _model_or_default(model), {k: v for k, (v, _) in vectors.items()}, max_tokens)
     import socket
 
@@ -331,8 +345,9 @@ def serve(
         raise SterError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
     bound = sock.getsockname()[1]
     if not quiet:
-        err.print(f"[dim]serving {server.model_name} on http://{host}:{bound}/v1 (one request at a time; Ctrl-C "
-                  "stops)[/]", highlight=False)
+        err.print(f"[dim]serving {server.model_name} on http://{host}:{bound}/v1 (one request at a time"
+                  + (f"; drafter {draft}, greedy requests only" if drafter is not None else "")
+                  + "; Ctrl-C stops)[/]", highlight=False)
     print(f"listening on http://{host}:{bound}", flush=True)
     config = uvicorn.Config(build_app(server), log_level="warning" if not quiet else "error", access_log=False,
                             timeout_graceful_shutdown=1)

@@ -145,11 +145,42 @@ def _text_model_reference(root, model_type: str, torch, attn: str):
 
 
 # Decoders Transformers runs only inside their multimodal wrapper (group WRAP: checked against those
-# wrappers in tests/test_parity_wrapped.py): the wrapper class each needs.
-WRAPPED_REFERENCES = {"muse_glimmer_text": "MuseGlimmerForConditionalGeneration",
-                      "minimax_m3_vl_text": "MiniMaxM3VLForConditionalGeneration",
-                      "inkling_text": "InklingForConditionalGeneration",
-                      "glm5_next_text": "Glm5NextForConditionalGeneration"}
+# wrappers in tests/test_parity_wrapped.py and test_parity_hc.py): text model_type -> (the wrapper's
+# model_type, (pattern, replacement) taking a text-only checkpoint's tensor names to the wrapper's (None:
+# the same names), the wrapper's other settings for a text-only checkpoint given its text config: towers
+# as small as their configs allow, built because the class holds them, never run on text).
+_TOWER = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+WRAPPED_REFERENCES = {
+    "muse_glimmer_text": ("muse_glimmer", (r"^model\.", "model.language_model."),
+                          lambda text: dict(vision_config=_TOWER, out_hidden_size=text.get("hidden_size"),
+                                            projector_hidden_size=32)),
+    "minimax_m3_vl_text": ("minimax_m3_vl", (r"^(?!lm_head\.)", "language_model."),
+                           lambda text: dict(vision_config=_TOWER, projector_hidden_size=32)),
+    "inkling_text": ("inkling_mm_model", None,
+                     lambda text: dict(vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                          patch_size=4), audio_config={})),
+    "glm5_next_text": ("glm5_next", (r"^model\.", "model.language_model."),
+                       lambda text: dict(vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32,
+                                                            out_hidden_size=text.get("hidden_size"),
+                                                            projection_intermediate_size=32))),
+}
+
+
+def _wrapped_reference(resolved, model_type: str, transformers, kwargs: dict):
+    """Transformers' wrapper class (``WRAPPED_REFERENCES``) on the checkpoint at ``resolved.root``: a
+    wrapper checkpoint as saved, or a text-only one (the decoder's model_type at the top) inside a
+    wrapper config around its text config, its tensors renamed into the wrapper's layout as they are
+    read (``from_pretrained``'s ``key_mapping``; the wrapper's own conversion mapping then applies)."""
+    from .resolve import read_config
+
+    wrapper, rename, extra = WRAPPED_REFERENCES[model_type]
+    cls = transformers.AutoModelForImageTextToText
+    if read_config(resolved.config_path).get("model_type") == wrapper:
+        return cls.from_pretrained(str(resolved.root), **kwargs)
+    text = {k: v for k, v in resolved.config.items() if k != "architectures"}
+    config = transformers.AutoConfig.for_model(wrapper, text_config=text, **extra(text))
+    mapping = {rename[0]: rename[1]} if rename else None
+    return cls.from_pretrained(str(resolved.root), config=config, key_mapping=mapping, **kwargs)
 
 
 # Configurations of a model_type Transformers implements that its class does not compute: (predicate over
@@ -194,10 +225,6 @@ def transformers_reference(resolved) -> Reference:
     if resolved.gguf_file is None and variant is not None and variant[0](resolved.config or {}):
         raise SterError(f"transformers {transformers.__version__} has no implementation of this {model_type} "
                         f"checkpoint to compare against: {variant[1]}; ster does not run the model's Hub code")
-    if resolved.gguf_file is None and model_type in WRAPPED_REFERENCES:
-        raise SterError(f"`ster parity --reference transformers` does not load model_type {model_type!r} yet: "
-                        f"Transformers runs it only inside {WRAPPED_REFERENCES[model_type]}, in a tensor layout "
-                        "its causal-LM class does not read; no reference is available for it here")
     kwargs = dict(dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION.get(model_type, "eager"))
     if resolved.gguf_file is not None:
         try:
@@ -210,9 +237,14 @@ def transformers_reference(resolved) -> Reference:
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # nothing below the CLI prints; restored right after
+    verbosity = hf_logging.get_verbosity()
+    if model_type in WRAPPED_REFERENCES:
+        hf_logging.set_verbosity_error()  # its load report lists the towers' weights a text-only checkpoint lacks
     try:  # Transformers' GGUF conversion draws its own tqdm bar on stderr: keep it off the terminal
         with contextlib.redirect_stderr(io.StringIO()):
-            if model_type in TEXT_MODEL_REFERENCES and resolved.gguf_file is None:
+            if model_type in WRAPPED_REFERENCES and resolved.gguf_file is None:
+                model = _wrapped_reference(resolved, model_type, transformers, kwargs).eval()
+            elif model_type in TEXT_MODEL_REFERENCES and resolved.gguf_file is None:
                 model = _text_model_reference(resolved.root, model_type, torch, kwargs["attn_implementation"])
             elif model_type in TEXT_CONFIG_REFERENCES and resolved.gguf_file is None:
                 config = {k: v for k, v in resolved.config.items() if k not in ("model_type", "architectures")}
@@ -227,6 +259,7 @@ def transformers_reference(resolved) -> Reference:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+        hf_logging.set_verbosity(verbosity)
 
     def run(ids):
         with torch.no_grad():

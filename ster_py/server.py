@@ -218,6 +218,10 @@ class Server:
         if not isinstance(body.get("stream", False), bool):
             raise RequestError("stream must be a boolean", "stream")
         args: dict = {"sampling": sampling_of(body, self.max_tokens), "stops": stops_of(body)}
+        if self.session.draft is not None and args["sampling"].temperature != 0:
+            raise RequestError("temperature must be 0: this server decodes speculatively with a drafter (ster serve "
+                               "--draft), whose output is greedy decoding's; omit temperature or send 0, or serve "
+                               "without --draft to sample", "temperature")
         args["layer_hook"], args["key"] = self.steering(body)
         if chat:
             try:
@@ -270,6 +274,8 @@ class Server:
                "prompt_tokens_details": {"cached_tokens": gen.reused}}
         if self.session.format.reasons:
             out["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+        if self.session.draft is not None:  # ster's extension: the drafter's proposals and the accepted ones
+            out["draft_tokens_details"] = {"drafted": gen.drafted, "accepted": gen.accepted}
         return out
 
     def logprobs(self, reply) -> dict | None:

@@ -10,9 +10,12 @@ is therefore the target's greedy choice given the tokens before it (Leviathan et
 arXiv:2211.17192, Algorithm 1 at temperature 0; Chen et al. 2023, arXiv:2302.01318), and a round
 emits between 1 and k + 1 tokens for one target call.
 
-The rows of one verification call are computed together rather than one token at a time, so their
-logits can differ from single-token decoding's in the last float32 bits (the row-exactness note in
-``prefix.py``); only an exact near-tie between two tokens could make the two outputs part.
+The rows of one verification call are computed together rather than one token at a time. Over
+quantized and 16-bit weights their products run as the one-token row dots, each weight row read
+once for all the rows (``decoder.qlinear.few_rows``), so those products equal decoding's; the rest
+of the block (attention over several rows, float32 weights through BLAS) can differ from
+single-token decoding's in the last float32 bits (the row-exactness note in ``prefix.py``); only an
+exact near-tie between two tokens could make the two outputs part.
 
 Drafters (``Drafter``):
 - ``ModelDrafter``: any model ster runs, with its own cache, fed the accepted tokens;
@@ -189,16 +192,30 @@ def speculate(decoder, cache, logits: np.ndarray, hidden: np.ndarray | None, his
         emit: ``emit(logits, id) -> str | None``: records the id; a stop reason ends the run.
         layer_hook: the target's steering hook; context: positions the run may fill.
     """
+    from .decoder.qlinear import few_rows
+
     token = choose(logits, history)
     if (reason := emit(logits, token)) is not None:
         out.stop_reason = reason
         return
+    with few_rows():  # the verification's k + 1 rows read each weight once (qlinear.few_rows)
+        _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choose, emit, layer_hook, context)
+
+
+def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choose, emit, layer_hook, context):
+    """``speculate``'s rounds after the first emitted id ``token``.
+
+    Proposals per round adapt as Transformers' assisted generation does (its "heuristic" schedule):
+    two more after a round whose proposals were all accepted, one fewer after a rejection, between 1
+    and ``n_draft``. A drafter that keeps missing then costs one proposal per round instead of
+    ``n_draft`` (each is a row the target verifies); the emitted ids do not depend on it."""
+    budget = n_draft
     while True:
         if cache.length >= context:
             out.stop_reason = "context"
             return
         base = cache.length  # positions before the pending token
-        k = int(min(n_draft, out.remaining(), context - base - 1))
+        k = int(min(budget, out.remaining(), context - base - 1))
         drafts = drafter.propose(history, k, hidden, cache)[:max(k, 0)]
         recurrent = cache.has_recurrent_state()
         if recurrent and drafts:
@@ -218,6 +235,7 @@ def speculate(decoder, cache, logits: np.ndarray, hidden: np.ndarray | None, his
             token = t
             break
         out.accepted += accepted
+        budget = min(n_draft, budget + 2) if accepted == len(drafts) else max(1, budget - 1)
         keep = base + 1 + accepted
         if keep < cache.length and not cache.rollback(keep):
             # a recurrent state: back to the checkpoint before the call, then over the accepted ids again

@@ -2,9 +2,11 @@
 
 Oracles: transformers' greedy continuation of the tiny target (``reference_greedy``), which plain
 greedy decoding by ster must equal first; then speculative decoding must give the same ids with a
-drafter that always agrees, one that never agrees, a random drafter of another size, and the target
-itself as its own drafter (every proposal accepted). Refusals: a drafter of another vocabulary, a
-temperature above 0.
+drafter that always agrees, one that never agrees (k = 1..8 proposals per round), a random drafter
+of another size, and the target itself as its own drafter (every proposal accepted); on a bfloat16
+target (the few-row verification products) and on a hybrid target whose recurrent state is
+restored after a rejection. Refusals: a drafter of another vocabulary, a temperature above 0
+(generate, chat, serve).
 """
 from __future__ import annotations
 
@@ -87,6 +89,91 @@ def test_drafter_that_never_agrees(pair):
     assert g.ids == greedy
     assert g.accepted == 0 and g.drafted > 0
     assert d.calls == N - 1  # one id per round: the target's own
+
+
+@pytest.mark.parametrize("agree", [True, False], ids=["agrees", "disagrees"])
+@pytest.mark.parametrize("n_draft", range(1, 9))
+def test_scripted_drafters_every_round_size(pair, n_draft, agree):
+    """k = 1..8 proposals per round, all accepted or all rejected: greedy output, and the rounds a
+    verification of k + 1 rows (the few-row products) makes: ceil((N - 1) / (k + 1)) or N - 1."""
+    _, target, _, greedy = pair
+    d = _Scripted(greedy, agree, target.spec.vocab_size)
+    g = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=n_draft)
+    assert g.ids == greedy
+    assert g.accepted == (g.drafted if agree else 0) and g.drafted > 0
+    assert g.draft_rounds == (-(-(N - 1) // (n_draft + 1)) if agree else N - 1)
+    if not agree:  # proposals per round: one fewer after each rejection, down to one (speculative._rounds)
+        assert g.drafted == sum(max(1, n_draft - r) for r in range(N - 1))
+
+
+@pytest.mark.parametrize("agree", [True, False, None], ids=["agrees", "disagrees", "model"])
+def test_bf16_target_verifies_with_few_row_products(pair, agree):
+    """The target's weights read as stored in bfloat16 (the Cython products): its verification calls run
+    under qlinear.few_rows (each weight row read once for the k + 1 rows), and the output is still that
+    model's plain greedy decoding, id for id."""
+    from ster_py.decoder import qlinear
+
+    root, _, drafter, _ = pair
+    target = load_model(str(root / "target"), precision="bf16")
+    assert isinstance(target.decoder.head, qlinear.QuantLinear)
+    plain = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N)).ids
+    seen = []
+    forward = target.decoder.forward
+
+    def spy(ids, *a, **k):
+        seen.append((len(ids), qlinear._few_rows))
+        return forward(ids, *a, **k)
+
+    target.decoder.forward = spy
+    try:
+        d = ModelDrafter(drafter.decoder, target.spec.vocab_size) if agree is None else \
+            _Scripted(plain, agree, target.spec.vocab_size)
+        g = generate(target.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=4)
+    finally:
+        target.decoder.forward = forward
+    assert g.ids == plain
+    assert seen[0] == (len(PROMPT), 0)  # the prompt's prefill keeps the panels
+    assert all(rows <= 5 and few == 12 for rows, few in seen[1:]) and any(rows > 1 for rows, _ in seen[1:])
+    assert qlinear._few_rows == 0
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """A tiny Qwen3.5 target (gated delta-rule layers, whose recurrent state cannot be cut back, beside
+    attention layers), loaded, and transformers' greedy continuation."""
+    from test_parity_ssm_b2 import CASES
+    from tiny import build_checkpoint
+
+    root = tmp_path_factory.mktemp("hybrid")
+    model_type, config = CASES["qwen3_5_text"]
+    ref = build_checkpoint(root, model_type, config)
+    loaded = load_model(str(root))
+    return loaded, reference_greedy(ref, PROMPT, N)
+
+
+@pytest.mark.parametrize("agree, n_draft", [(True, 1), (True, 4), (True, 8), (False, 3), (None, 5)])
+def test_hybrid_target_rolls_its_recurrent_state_back(hybrid, agree, n_draft):
+    """A target whose cache holds a recurrent state: checkpointed before each verification and, after a
+    rejection, restored and advanced over the accepted ids again; the output stays greedy decoding's.
+    agree None: a drafter right on every other round (some proposals accepted, then one rejected)."""
+    loaded, greedy = hybrid
+    assert loaded.decoder.new_cache().has_recurrent_state()
+    assert generate(loaded.decoder, PROMPT, Sampling(max_new_tokens=N)).ids == greedy  # the oracle first
+    if agree is None:
+        class _Half(_Scripted):
+            def propose(self, history, k, hidden, cache):
+                out = super().propose(history, k, hidden, cache)
+                return out if self.calls % 2 else out[:1] + [(t + 1) % self.vocab for t in out[1:]]
+
+        d = _Half(greedy, True, loaded.spec.vocab_size)
+    else:
+        d = _Scripted(greedy, agree, loaded.spec.vocab_size)
+    g = generate(loaded.decoder, PROMPT, Sampling(max_new_tokens=N), draft=d, n_draft=n_draft)
+    assert g.ids == greedy
+    if agree is None:
+        assert 0 < g.accepted < g.drafted
+    else:
+        assert g.accepted == (g.drafted if agree else 0)
 
 
 def test_target_as_its_own_drafter_is_always_accepted(pair):
@@ -174,6 +261,14 @@ def test_cli_refusals(pair, tmp_path):
     r = CliRunner().invoke(app, ["chat", "-m", str(root / "target"), "--draft", str(root / "drafter"),
                                  "--temperature", "0.5"])
     assert isinstance(r.exception, SterError) and "--temperature 0" in str(r.exception)
+    # ster serve --draft: the same refusals, before it listens (requests with a temperature: test_serve.py)
+    r = CliRunner().invoke(app, ["serve", "-m", str(root / "target"), "--port", "0", "--draft", str(other)])
+    assert isinstance(r.exception, SterError) and "does not share the target's vocabulary" in str(r.exception)
+    r = CliRunner().invoke(app, ["serve", "-m", str(root / "target"), "--draft-max", "4"])
+    assert isinstance(r.exception, SterError) and "--draft-max needs --draft" in str(r.exception)
+    r = CliRunner().invoke(app, ["serve", "-m", str(root / "absent"), "--draft", str(root / "drafter"),
+                                 "--draft-max", "65"])
+    assert isinstance(r.exception, SterError) and "--draft-max must be 1 to 64" in str(r.exception)
     # the console script: one line, exit 1, no traceback
     p = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *base, "--draft", str(other)],
                        capture_output=True, text=True)

@@ -62,13 +62,15 @@ def test_half_rows_match_numpy_every_level(kind, cols):
             qmatmul.set_simd_level(level)
             for threads in (1, 2):
                 qmatmul.set_threads(threads)
-                for force in (0, 1, 2):
-                    out = np.full((T, rows), np.nan, np.float32)
+                outs = {}
+                for force in (0, 1, 2, 3):  # by T, row dots, decoded panels, few rows
+                    out = outs[force] = np.full((T, rows), np.nan, np.float32)
                     lin._m.matmul(x, out, force)
-                    rowdots = force == 1 or (force == 0 and T == 1)
+                    rowdots = force in (1, 3) or (force == 0 and T == 1)
                     ref = want_split if (kind == "bf16" and level == "avx512_bf16" and rowdots) else want
                     excess = np.abs(out - ref) / b
                     assert excess.max() <= 1.0, (kind, cols, T, level, threads, force, excess.max())
+                np.testing.assert_array_equal(outs[3], outs[1])  # each row's one-token product
 
 
 def test_bf16_split_follows_its_definition():

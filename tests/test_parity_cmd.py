@@ -84,8 +84,8 @@ def test_every_implemented_family_has_a_parity_case():
     # A model_type Transformers does not know (families without its implementation, checked against built
     # oracles in test_parity_remote.py; MiniMax's own minimax_text_01 spelling, checked as Transformers'
     # minimax in test_parity_ssm_b1.py) is refused by `ster parity --reference transformers` by name.
-    # The decoders Transformers runs only inside their multimodal wrappers are refused by name too
-    # (parity.WRAPPED_REFERENCES; compared with those wrappers in test_parity_wrapped.py).
+    # The decoders Transformers runs only inside their multimodal wrappers (parity.WRAPPED_REFERENCES) have
+    # their own parity case below (test_parity_of_a_wrapped_only_decoder).
     from ster_py.parity import WRAPPED_REFERENCES
 
     # Hyper-connection families: parity's layer-by-layer comparison of the streams' mean is tested in
@@ -247,3 +247,65 @@ def test_parity_cli_llamacpp_table(smollm2_gguf):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["reference"] == "llama.cpp" and all(p["top1_agreement"] == 1.0 for p in doc["prompts"])
+
+
+# ----------------------------------------------------------------------------- wrapped-only decoders
+# Decoders Transformers runs only inside their multimodal wrapper (parity.WRAPPED_REFERENCES): the reference is
+# the wrapper class, built from a text-only checkpoint (its tensors renamed into the wrapper's layout as they
+# are read) or loaded as the wrapper checkpoint. Oracle: the wrapper model the test built, run here.
+
+def _wrapped_case(family: str, root):
+    """(the wrapper model, the wrapper checkpoint, the text-only checkpoint), as test_parity_wrapped.py and
+    test_parity_hc.py build them."""
+    import torch
+
+    import test_parity_wrapped as w
+
+    if family == "glm5_next_text":
+        from test_parity_hc import G5_TEXT, G5_VISION
+
+        model = build_checkpoint(root / "wrapped", "glm5_next", dict(text_config=G5_TEXT, vision_config=G5_VISION))
+        w.write_tokenizer(root / "wrapped", w.VOCAB)
+        return model, root / "wrapped", w._text_only(root / "wrapped", root / "text", "model.language_model.")
+    if family == "muse_glimmer_text":
+        model = w._wrapper(root / "wrapped", "muse_glimmer", family, w.MUSE_TEXT, w.MUSE_VISION,
+                           unit_norms=("language_model.norm.weight",), out_hidden_size=64, projector_hidden_size=32)
+        return model, root / "wrapped", w._text_only(root / "wrapped", root / "text", w.MUSE_PREFIX)
+    if family == "minimax_m3_vl_text":
+        model = w._wrapper(root / "wrapped", "minimax_m3_vl", family, w.M3_TEXT, w.M3_VISION, projector_hidden_size=32)
+        stem, prefix = "", w.M3_PREFIX
+    else:
+        model = w._wrapper(root / "wrapped", "inkling_mm_model", family, w.INK_TEXT,
+                           dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=4),
+                           unit_norms=("norm.weight", "global_scale"), audio_config={})
+        stem = prefix = w.INK_PREFIX
+    with torch.no_grad():  # the routers' selection biases (buffers) drawn too
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+    model.save_pretrained(root / "wrapped")
+    return model, root / "wrapped", w._text_only(root / "wrapped", root / "text", prefix, stem=stem)
+
+
+@pytest.mark.parametrize("family", ["muse_glimmer_text", "minimax_m3_vl_text", "inkling_text", "glm5_next_text"])
+def test_parity_of_a_wrapped_only_decoder(family, tmp_path):
+    from ster_py.parity import WRAPPED_REFERENCES
+
+    assert family in WRAPPED_REFERENCES
+    model, wrapped, text = _wrapped_case(family, tmp_path)
+    ids = IDS
+    ref_logits, _ = reference_logits(model, ids)
+    for path in (text, wrapped):
+        resolved = resolve(str(path))
+        assert resolved.config["model_type"] == family
+        logits, hidden = transformers_reference(resolved)(ids)
+        # the wrapper class on the same weights, run here (GLM-5-Next's delta-rule reference in torch is not
+        # bit-reproducible between two builds of the model: ~1e-6)
+        assert rel_err(logits, ref_logits) < 1e-5
+        assert len(hidden) == model.config.text_config.num_hidden_layers + 1
+        loaded = load_model(str(path))
+        report = run_parity(loaded, [PROMPT], reference="transformers", tolerance=1e-4)
+        (p,) = report.prompts
+        assert report.passed and p.ids == ids and p.top1_agreement == 1.0
+        ours = rel_err(loaded.decoder.forward(ids), ref_logits)
+        assert ours < 1e-4 and p.rel_error == pytest.approx(ours, rel=0.05)  # (the reference's own 1e-6 noise)

@@ -112,13 +112,16 @@ def check_every_path(name: str, raw: np.ndarray, rows: int, cols: int, rng) -> N
             qmatmul.set_int16_activations(int16)
             for threads in (1, 2):
                 qmatmul.set_threads(threads)
-                for force in (0, 1, 2):  # by T, row dots, decoded panels
-                    out = np.full((T, rows), np.nan, np.float32)
+                outs = {}
+                for force in (0, 1, 2, 3):  # by T, row dots, decoded panels, few rows (row dots per weight row)
+                    out = outs[force] = np.full((T, rows), np.nan, np.float32)
                     m.matmul(x, out, force)
-                    rowdots = force == 1 or (force == 0 and T == 1)
+                    rowdots = force in (1, 3) or (force == 0 and T == 1)
                     ref = want16 if (simd and int16 and rowdots) else want
                     excess = np.abs(out - ref) / bound
                     assert excess.max() <= 1.0, (name, T, level, int16, threads, force, excess.max())
+                # the few-row product is each row's one-token product, bit for bit
+                np.testing.assert_array_equal(outs[3], outs[1])
 
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
@@ -668,3 +671,29 @@ def test_built_kernels_are_from_these_sources():
         check_built(module)
     with pytest.raises(ImportError, match="rebuild"):
         check_built(types.ModuleType("ster_py._kernels.stale"))
+
+
+def test_few_rows_product_limits_and_switch():
+    """force=3 takes 2..16 rows (each equal to its one-token product); ``qlinear.few_rows`` switches
+    QuantLinear to it for that many rows only, and prefill keeps the decoded panels outside it."""
+    import ml_dtypes
+
+    from ster_py.decoder.qlinear import few_rows
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((40, 64)).astype(ml_dtypes.bfloat16)
+    lin = QuantLinear(w)
+    x = rng.standard_normal((17, 64)).astype(np.float32)
+    rowdots, panels = np.empty((17, 40), np.float32), np.empty((17, 40), np.float32)
+    lin._m.matmul(x, rowdots, 1)
+    lin._m.matmul(x, panels, 2)
+    out = np.empty((16, 40), np.float32)
+    lin._m.matmul(x[:16], out, 3)
+    np.testing.assert_array_equal(out, rowdots[:16])
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        lin._m.matmul(x, np.empty((17, 40), np.float32), 3)
+    assert not np.array_equal(rowdots, panels)  # the two paths round differently: the switch is visible
+    with few_rows(8):
+        np.testing.assert_array_equal(lin(x[:8]), rowdots[:8])
+        np.testing.assert_array_equal(lin(x[:9]), panels[:9])  # above the limit: panels
+    np.testing.assert_array_equal(lin(x[:8]), panels[:8])

@@ -348,9 +348,46 @@ def test_smollm2_served_plain_text(smollm2_gguf):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
 
 
+@pytest.fixture(scope="module")
+def served_draft(tmp_path_factory):
+    """(base url, target dir) of ``ster serve --draft`` beside a drafter of the same vocabulary and other
+    weights and depth."""
+    root = tmp_path_factory.mktemp("serve_draft")
+    target = chat_model(root / "target")
+    drafter = root / "drafter"
+    make_checkpoint(drafter, "llama", seed=5, num_hidden_layers=1)
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "--model",
+                             str(target), "--port", "0", "-q", "--name", "tiny", "--draft", str(drafter),
+                             "--draft-max", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    yield line.split()[-1], target
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_served_with_a_drafter_equals_greedy_decoding(served_draft):
+    """``ster serve --draft``: replies equal plain greedy decoding of the target (cold runs), the usage
+    counts the drafter's proposals, and a request with a temperature is refused (400, param temperature)."""
+    base, target = served_draft
+    loaded = load_model(str(target))
+    for prompt in PROMPTS[:2]:
+        status, doc = _request(base, "POST", "/v1/chat/completions", json.dumps(
+            {"model": "tiny", "messages": _messages(prompt), "max_tokens": 10}).encode())
+        assert status == 200, doc
+        answer, ids = cold_answer(loaded, _messages(prompt), 10)
+        assert doc["choices"][0]["message"]["content"] == answer and doc["usage"]["prompt_tokens"] == len(ids)
+        details = doc["usage"]["draft_tokens_details"]
+        assert details["drafted"] > 0 and 0 <= details["accepted"] <= details["drafted"]
+    status, doc = _request(base, "POST", "/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": "w3 w4", "max_tokens": 4, "temperature": 0.7}).encode())
+    assert status == 400 and doc["error"]["param"] == "temperature" and "--draft" in doc["error"]["message"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--vector", "calm"], "--vector takes NAME=FILE"),
     (["--port", "70000"], "--port must be 0 to 65535"),
+    (["--draft-max", "4"], "--draft-max needs --draft"),
     (["--vector", "a=/nonexistent/v.json"], "/nonexistent/v.json"),
 ])
 def test_serve_refusals_before_loading(args, words, tmp_path):

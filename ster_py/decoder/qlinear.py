@@ -37,6 +37,31 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "
                "IQ4_NL", "IQ4_XS", "MXFP4")
 
 
+#: Input rows up to which ``QuantLinear`` takes the few-row product (``few_rows``); 0: never.
+_few_rows = 0
+
+
+@contextmanager
+def few_rows(limit: int = 12):
+    """Within this block, products of 2 to ``limit`` (at most 16) input rows over quantized or
+    16-bit weights run as row dots over each weight row while it is cached
+    (``qmatmul.QMatrix.matmul`` force=3): each output equals that row's one-token product, and
+    the weights are read from memory once for all the rows. Decoded panels (the prefill path)
+    cost more than they save for so few rows (measured on [1536, 512] bf16, Q8_0, Q4_0 and Q4_K
+    matrices: row dots cost ~1/T-th of the panels' time per row up to ~9 rows and the two cross
+    between 9 and 16 rows; hence 12 by default). Speculative verification runs under it
+    (``ster_py.speculative``); prefill does not (its rows keep the panel path's arithmetic,
+    which the prompt cache's reuse relies on). Process-wide, like ``float_activations``: not for
+    concurrent use by several threads (``ster serve`` runs one generation at a time).
+    """
+    global _few_rows
+    before, _few_rows = _few_rows, max(0, min(int(limit), 16))
+    try:
+        yield
+    finally:
+        _few_rows = before
+
+
 def _kernels():
     try:
         from .._kernels import check_built, qmatmul
@@ -298,7 +323,7 @@ class QuantLinear:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.__class__ is np.ndarray and x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous:
             out = np.empty((x.shape[0], self.out_features), np.float32)  # the common case, no copies
-            self._m.matmul(x, out)
+            self._m.matmul(x, out, 3 if 1 < x.shape[0] <= _few_rows else 0)
             if self.bias is not None:
                 out += self.bias
             return out
@@ -307,7 +332,7 @@ class QuantLinear:
         if x2.ndim != 2:
             x2 = x2.reshape(-1, self.in_features)
         out = np.empty((x2.shape[0], self.out_features), np.float32)
-        self._m.matmul(x2, out)
+        self._m.matmul(x2, out, 3 if 1 < x2.shape[0] <= _few_rows else 0)
         if self.bias is not None:
             out += self.bias
         return out[0] if vector else out.reshape(*x.shape[:-1], self.out_features)
