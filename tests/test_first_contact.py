@@ -1128,3 +1128,23 @@ def test_a_wrapper_with_an_unknown_text_type_runs_its_decoder_with_a_warning(qwe
         assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-4
     r = cli("generate", "-m", tmp_path / "m", "-p", "w5", "--max-new-tokens", "1", "--chat-template", "off")
     assert r.exit_code == 0 and "warning: " in r.stderr and "qwen3_5_text_v2" in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------------- issue 23: newuser3's report (s8-nu)
+
+
+def test_chat_save_refuses_a_messages_file_of_another_conversation(tiny_chat, tmp_path):
+    """newuser3 #1: a messages list that is not an earlier save of this conversation stays as it was."""
+    theirs = tmp_path / "chat.json"
+    text = '[{"role":"user","content":"Hi"}]\n'
+    theirs.write_text(text)
+    r = cli("chat", "-m", tiny_chat, "-q", "--max-new-tokens", "1", input=f"/save {theirs}\nw5\n/save {theirs}\n")
+    assert r.exit_code == 0, r.exception
+    assert r.stderr.count(f"{theirs} holds another conversation (1 message); /save to a new name") == 2, r.stderr
+    assert theirs.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]
+    ours = tmp_path / "ours.json"  # an earlier save of this conversation is replaced as it grows
+    r = cli("chat", "-m", tiny_chat, "-q", "--max-new-tokens", "1", input=f"/save {ours}\nw5\n/save {ours}\n"
+                                                                           f"w6\n/save {ours}\n")
+    assert r.exit_code == 0 and "holds another" not in r.stderr, r.stderr
+    saved = json.loads(ours.read_text())
+    assert [m["role"] for m in saved] == ["user", "assistant", "user", "assistant"] and saved[0]["content"] == "w5"
