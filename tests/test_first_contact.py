@@ -497,6 +497,7 @@ def test_inspect_prints_yes_no_and_separated_counts(tiny):
 def test_parity_table_keeps_every_number_and_fits_80_columns():
     from rich.console import Console
 
+    import ster_py.cli  # noqa: F401  (cli_tools is imported by cli, its commands' home)
     from ster_py.cli_tools import parity_table
     from ster_py.parity import ParityReport, PromptParity
 
@@ -1148,3 +1149,31 @@ def test_chat_save_refuses_a_messages_file_of_another_conversation(tiny_chat, tm
     assert r.exit_code == 0 and "holds another" not in r.stderr, r.stderr
     saved = json.loads(ours.read_text())
     assert [m["role"] for m in saved] == ["user", "assistant", "user", "assistant"] and saved[0]["content"] == "w5"
+
+
+def test_parity_failure_line_and_table_fit_80_columns(tiny):
+    """newuser3 #2 and #5: the closing "parity failed" line wraps within 80 columns; the header's column
+    names are one word each; no trailing spaces; a cut prompt ends with ..., a whole one as it is."""
+    import ster_py.cli  # noqa: F401  (cli_tools is imported by cli, its commands' home)
+    from ster_py.cli_tools import parity_failed_lines
+
+    long = "w5 w6 w7 " * 12
+    r = cli("parity", "-m", tiny, "-p", "w5 w6", "--tolerance", "0", "-q")  # every layer "diverges"
+    assert r.exit_code == 1, r.exception
+    failed = r.stderr.splitlines()
+    assert failed[0].startswith("parity failed: relative logit error ") and failed[1] == "  first divergent layer 0"
+    assert all(len(x) <= 80 for x in failed), failed
+    assert parity_failed_lines(1.444e-6, 1e-7, 0, 80) == [
+        "parity failed: relative logit error 1.444e-06 > tolerance 1e-07;", "  first divergent layer 0"]
+    assert parity_failed_lines(1.444e-6, 1e-7, 0, 100) == [
+        "parity failed: relative logit error 1.444e-06 > tolerance 1e-07; first divergent layer 0"]
+    assert parity_failed_lines(1.444e-6, 1e-7, None, 40) == [
+        "parity failed: relative logit error 1.444e-06 > tolerance 1e-07"]
+    r = cli("parity", "-m", tiny, "-p", long.strip(), "-q")
+    assert r.exit_code == 0, r.exception
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["tokens", "rel-err", "max-abs", "mean-cos", "top-1", "diverges", "result", "prompt"]
+    assert all(len(x) <= 80 and x == x.rstrip() for x in lines), lines
+    assert lines[2].endswith("...") and " w5 w6 w7" in lines[2], lines
+    r = cli("parity", "-m", tiny, "-p", "w5 w6", "-q")
+    assert r.exit_code == 0 and re.search(r" pass +w5 w6$", r.stdout.splitlines()[2]), r.stdout
