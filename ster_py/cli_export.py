@@ -22,6 +22,17 @@ TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter w
              "as llama-quantize --pure).")
 
 
+def _check_type(value: str) -> str:
+    """``--type``'s callback: an unknown name is a usage error (exit 2) naming the choices and a close one."""
+    from .gguf.recipe import FILE_TYPES, close_file_types
+
+    if str(value).lower() in FILE_TYPES:
+        return value
+    near = close_file_types(value)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    raise typer.BadParameter(f"{value!r} is not one of {', '.join(repr(n) for n in FILE_TYPES)}{hint}")
+
+
 def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
     from rich.table import Table
 
@@ -49,7 +60,7 @@ def convert(
     model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
     output: Path = typer.Option(..., "--output", "-o", help="The .gguf file to write (must not exist); written "
                                 "to a temporary name beside it and renamed when complete."),
-    type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP),
+    type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP, callback=_check_type),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: every core)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),

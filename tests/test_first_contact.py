@@ -1177,3 +1177,21 @@ def test_parity_failure_line_and_table_fit_80_columns(tiny):
     assert lines[2].endswith("...") and " w5 w6 w7" in lines[2], lines
     r = cli("parity", "-m", tiny, "-p", "w5 w6", "-q")
     assert r.exit_code == 0 and re.search(r" pass +w5 w6$", r.stdout.splitlines()[2]), r.stdout
+
+
+def test_convert_type_outside_the_choices_is_a_usage_error(tmp_path):
+    """newuser3 #4: as --precision f8 is: Usage, exit 2, the choices named, and the close one suggested;
+    nothing is read (the model does not exist) and nothing written."""
+    from ster_py.gguf.recipe import FILE_TYPES, file_type
+
+    for value, hint in (("q4km", "; did you mean q4_k_m?"), ("Q8-0", "; did you mean q8_0?"), ("zz", "")):
+        r = cli("convert", tmp_path / "missing", "-o", tmp_path / "o.gguf", "-t", value)
+        assert r.exit_code == 2 and "Usage: " in r.output, r.output
+        message = " ".join(r.output.split())  # click may wrap it
+        assert f"'{value}' is not one of " in message and all(f"'{n}'" in message for n in FILE_TYPES), message
+        assert message.endswith(f"'q5_k_m'{hint}") or hint and hint in message, message
+        assert ("did you mean" in message) == bool(hint), message
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SterError, match=r"unknown --type 'q4km'; use one of .*; did you mean q4_k_m\?"):
+        file_type("q4km")
+    assert file_type("Q4_K_M") is FILE_TYPES["q4_k_m"]
