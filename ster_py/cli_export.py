@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
-                  inspect_value, out, plural, progress_bar, show_warnings, version_fields)
+                  inspect_value, out, plural, print_fields, progress_bar, show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -34,9 +34,8 @@ def _check_type(value: str) -> str:
 
 
 def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
-    from rich.table import Table
-
-    table = Table(show_header=False, box=None)
+    """A report as ``ster inspect`` prints a model: key and value, wrapped to the width, a hash whole."""
+    fields = []
     for key, value in report.items():
         if key in skip:
             continue
@@ -46,8 +45,8 @@ def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
             value = f"{value:.6g}"
         else:  # separators, yes/no, sizes in bytes as ster inspect prints them
             value = inspect_value(f"{key}_bytes" if key == "bytes" else key, value)
-        table.add_row(f"[bold]{key}[/]", escape(str(value)))
-    out.print(table)
+        fields.append((key, str(value)))
+    print_fields(fields)
 
 
 def _warn(lines) -> None:

@@ -1195,3 +1195,26 @@ def test_convert_type_outside_the_choices_is_a_usage_error(tmp_path):
     with pytest.raises(SterError, match=r"unknown --type 'q4km'; use one of .*; did you mean q4_k_m\?"):
         file_type("q4km")
     assert file_type("Q4_K_M") is FILE_TYPES["q4_k_m"]
+
+
+def test_convert_report_has_no_padding_and_the_whole_sha(tmp_path, monkeypatch):
+    """newuser3 #2: the report prints as `ster inspect` does: no trailing spaces, nothing cut with an ellipsis,
+    the model's revision (a sha256, as a Hub preset's is) whole on a line of its own."""
+    import ster_py.convert as convert_module
+    from export_helpers import tiny_bpe_checkpoint
+
+    tiny = tmp_path / "bpe"  # a tiny llama with a tokenizer ster writes to GGUF
+    tiny_bpe_checkpoint(tiny, "llama", dict(vocab_size=320, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    r = cli("convert", tiny, "-o", tmp_path / "t.gguf", "-t", "q8_0", "--json", "-q")
+    assert r.exit_code == 0, r.exception
+    report = json.loads(r.stdout)
+    assert "model_revision" in report  # a local directory has none; a preset's is the GGUF's sha256
+    sha = "sha256:" + "b179c9523d0e6a0f" * 4
+    monkeypatch.setattr(convert_module, "convert_model", lambda *a, **k: {**report, "model_revision": sha})
+    r = cli("convert", tiny, "-o", tmp_path / "u.gguf", "-t", "q8_0")
+    assert r.exit_code == 0, r.exception
+    lines = r.stdout.splitlines()
+    assert all(line == line.rstrip() and len(line) <= 80 for line in lines), lines
+    assert "…" not in r.stdout and lines[lines.index("model_revision") + 1] == "  " + sha, lines
+    assert re.search(r"^architecture +llama$", r.stdout, re.M) and f"{report['bytes']:,} bytes" in r.stdout
