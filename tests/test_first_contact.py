@@ -1218,3 +1218,19 @@ def test_convert_report_has_no_padding_and_the_whole_sha(tmp_path, monkeypatch):
     assert all(line == line.rstrip() and len(line) <= 80 for line in lines), lines
     assert "…" not in r.stdout and lines[lines.index("model_revision") + 1] == "  " + sha, lines
     assert re.search(r"^architecture +llama$", r.stdout, re.M) and f"{report['bytes']:,} bytes" in r.stdout
+
+
+def test_help_keeps_each_default_whole():
+    """newuser3 #3: `[default: no-parse-special]` was split after `no-`; `[default:` ended a line."""
+    seen = 0
+    for path, _ in all_commands():
+        text = help_text(path)
+        for line in text.splitlines():
+            assert not line.rstrip().endswith(("[default:", "no-")), (path, line)
+            for note in re.findall(r"\[default:[^\]]*(?:\]|$)", line):
+                assert note.endswith("]"), (path, line)
+                seen += 1
+        assert all(len(line) <= 80 for line in text.splitlines()), path
+    assert "[default: no-parse-special]" in help_text(("tokenize",))
+    assert "[default: generation-prompt]" in help_text(("template", "render"))
+    assert seen > 20
