@@ -1234,3 +1234,26 @@ def test_help_keeps_each_default_whole():
     assert "[default: no-parse-special]" in help_text(("tokenize",))
     assert "[default: generation-prompt]" in help_text(("template", "render"))
     assert seen > 20
+
+
+def test_a_missing_drafter_is_named_as_the_drafter(tiny, tmp_path, monkeypatch):
+    """newuser3 #8: `--draft nonexist.gguf` said what a missing `-m` says; now it names --draft, before any
+    weight is read (generate and chat check it with the other draft options)."""
+    import ster_py.load as load_module
+
+    def no_load(*a, **k):
+        raise AssertionError("a weight was read before the drafter was checked")
+
+    missing = tmp_path / "nonexist.gguf"
+    with monkeypatch.context() as m:
+        m.setattr(load_module, "load_model", no_load)
+        for command in (("generate", "-p", "w5"), ("chat",)):
+            r = cli(*command, "-m", tiny, "--draft", missing, input="w5\n")
+            assert isinstance(r.exception, SterError), r.exception
+            assert str(r.exception) == f"no such file or directory: {missing} (given as the drafter, --draft)"
+    r = cli("generate", "-m", missing, "-p", "w5")  # the model's own message is unchanged
+    assert isinstance(r.exception, SterError) and str(r.exception) == f"no such file or directory: {missing}"
+    empty = tmp_path / "empty"  # found, but not a model: refused while the drafter loads, named as the drafter
+    empty.mkdir()
+    r = cli("generate", "-m", tiny, "-p", "w5", "--draft", empty, "--chat-template", "off")
+    assert isinstance(r.exception, SterError) and str(r.exception).startswith(f"the drafter (--draft {empty}): ")
