@@ -231,7 +231,6 @@ def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choos
             cache.checkpoint()
         normed: list = []
         rows = decoder.forward([token] + drafts, cache, layer_hook=layer_hook, normed=normed)
-        out.drafted += len(drafts)
         out.draft_rounds += 1
         accepted, stop = 0, None
         for j in range(len(drafts) + 1):
@@ -243,6 +242,9 @@ def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choos
                     continue
             token = t
             break
+        # proposals past a stop (the drafter does not know where the answer ends) were never checked
+        # against an emitted id: counted neither drafted nor rejected
+        out.drafted += len(drafts) if stop is None else min(len(drafts), j + 1)
         out.accepted += accepted
         budget = min(n_draft, budget + 2) if accepted == len(drafts) else max(1, budget - 1)
         keep = base + 1 + accepted

@@ -1257,3 +1257,28 @@ def test_a_missing_drafter_is_named_as_the_drafter(tiny, tmp_path, monkeypatch):
     empty.mkdir()
     r = cli("generate", "-m", tiny, "-p", "w5", "--draft", empty, "--chat-template", "off")
     assert isinstance(r.exception, SterError) and str(r.exception).startswith(f"the drafter (--draft {empty}): ")
+
+
+def test_self_drafting_counts_no_proposal_past_the_stop(tiny, tmp_path):
+    """newuser3 #9: the model as its own drafter accepts every proposal it verified; those past the stop token
+    (the drafter runs on past the end of the answer) are neither drafted nor rejected."""
+    import shutil
+
+    args = ("-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", "12", "--json", "-q")
+    r = cli("generate", "-m", tiny, *args)
+    assert r.exit_code == 0, r.exception
+    ids = json.loads(r.stdout)["ids"]
+    stop = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])  # a stop token mid-answer
+    model = tmp_path / "stops"
+    shutil.copytree(tiny, model)
+    for name in ("config.json", "generation_config.json"):
+        doc = json.loads((model / name).read_text())
+        (model / name).write_text(json.dumps({**doc, "eos_token_id": ids[stop]}))
+    r = cli("generate", "-m", model, *args, "--draft", model, "--draft-max", "8")
+    assert r.exit_code == 0, r.exception
+    doc = json.loads(r.stdout)
+    assert doc["ids"] == ids[:stop + 1] and doc["stop_reason"] == "stop_token", doc
+    # the first id comes from the prefill; the first round's 8 proposals run past the stop
+    assert stop < 8 and doc["draft"]["drafted"] == doc["draft"]["accepted"] == stop, doc["draft"]
+    r = cli("generate", "-m", model, *args[:-2], "--draft", model, "--draft-max", "8")
+    assert r.exit_code == 0 and f"{stop} of {stop} drafted tokens accepted" in r.stderr, r.stderr
