@@ -1282,3 +1282,16 @@ def test_self_drafting_counts_no_proposal_past_the_stop(tiny, tmp_path):
     assert stop < 8 and doc["draft"]["drafted"] == doc["draft"]["accepted"] == stop, doc["draft"]
     r = cli("generate", "-m", model, *args[:-2], "--draft", model, "--draft-max", "8")
     assert r.exit_code == 0 and f"{stop} of {stop} drafted tokens accepted" in r.stderr, r.stderr
+
+
+def test_readme_shows_capture_layers_as_optional_and_names_device():
+    """newuser3 #6 and #12: the README's capture synopsis brackets --layers (it defaults to all layers, as
+    --help says), and --device, which --help shows on generate, chat, serve and capture, is in the README."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    synopsis = readme[readme.index("    ster capture "):]
+    synopsis = synopsis[:synopsis.index("\n\n")]
+    assert "[--layers all|N|a..b|a,b,c]" in synopsis and " --layers" not in synopsis.replace("[--layers", ""), synopsis
+    assert "[default: all]" in " ".join(help_text(("capture",)).split())
+    for path in (("generate",), ("chat",), ("serve",), ("capture",)):
+        assert "--device DEVICE" in help_text(path), path
+    assert "`--device cpu` (on `generate`, `chat`, `serve` and `capture`)" in " ".join(readme.split())
