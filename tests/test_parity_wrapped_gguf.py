@@ -5,7 +5,7 @@ routers' selection biases too; the decoder saved text-only in the hub's spelling
 sparse_attention_config, moe_layer_freq, rotary_dim) goes through the pinned convert_hf_to_gguf.py once, at F32.
 The file must give transformers' logits (1e-3; measured below 1e-6), its cached decoding and 16 greedy tokens;
 llama.cpp's own runtime on the same file its top-1 token at every position of a 32-token prompt long enough for
-the sparse layers to drop blocks; and the file quantized by llama.cpp to Q8_0 llama.cpp's top-1 but near-ties (Dots3-Note's to Q4_K_M too).
+the sparse layers to drop blocks; and the file quantized by llama.cpp to Q8_0 llama.cpp's top-1 but near-ties.
 
 What llama.cpp's minimax-m3 fixes that the checkpoint could say otherwise: SWIGLU_OAI's limit 7.0 and alpha 1.702
 (the converter stores neither; the checkpoint here uses them), the sparse layers are those from
@@ -14,20 +14,19 @@ index head per key/value head. Its loader also sizes the shared expert as expert
 expert_shared_count, so the checkpoint's shared_intermediate_size equals intermediate_size.
 
 Dots3-Note's ``dots3note`` (group DOTS, the block at the end): test_parity_mla_b's tiny case through the pinned
-converter once, at F32, beside a decisively routed, 256-wide twin for Q8_0 and Q4_K_M. What the converter and
-graph require of it: one q_lora_rank for both layer kinds (it refuses swa_q_lora_rank otherwise),
-swa_qk_rope_head_dim equal to qk_rope_head_dim, scoring_func stated sigmoid, n_group 1, use_dsa; it folds sqrt(hidden / rank) into the
-bottleneck norms only under a stated apply_mla_qkv_lora_rescale: true (Transformers always rescales, and the
-file does not say whether it was folded); it writes rope.freq_base only from top-level rope_theta /
-swa_rope_theta (Transformers' per-kind rope_parameters give none, and llama.cpp then rotates the full layers at
-10000). The loader sizes the shared experts as expert_feed_forward_length times expert_shared_count (the case's
-shared width equals the routed one), and the graph rotates the index queries and keys by a Hadamard matrix of
-at least 64 x 64 (index heads narrower than 64 stop it at GGML_ASSERT(ggml_can_mul_mat)). Seed-vs-oracle: the
-graph rotates the indexer by halves (NEOX) where Transformers rotates Dots3-Note's by adjacent pairs, and the
-converter permutes nothing, so ster reads the file as llama.cpp runs it: with the indexer by pairs it gives
-Transformers' logits (1e-3; measured 1.1e-6: the rest of the model is the same; by halves 0.8 away), as read it
-gives llama.cpp's (1e-6 with its flash attention off; its flash-attention kernel's F16 operands alone differ by
-1.2e-3).
+converter once, at F32, beside a decisively routed, 256-wide twin for Q8_0 and Q4_K_M. What the converter and graph
+require of it: one q_lora_rank for both layer kinds (it refuses swa_q_lora_rank otherwise), swa_qk_rope_head_dim
+equal to qk_rope_head_dim, scoring_func stated sigmoid, n_group 1, use_dsa; it folds sqrt(hidden / rank) into the
+bottleneck norms only under a stated apply_mla_qkv_lora_rescale: true (Transformers always rescales, and the file
+does not say whether it was folded); it writes rope.freq_base only from top-level rope_theta / swa_rope_theta
+(Transformers' per-kind rope_parameters give none, and llama.cpp then rotates the full layers at 10000). The loader
+sizes the shared experts as expert_feed_forward_length times expert_shared_count (the case's shared width equals the
+routed one), and the graph rotates the index queries and keys by a Hadamard matrix of at least 64 x 64 (index heads
+narrower than 64 stop it at GGML_ASSERT(ggml_can_mul_mat)). Seed-vs-oracle: the graph rotates the indexer by halves
+(NEOX) where Transformers rotates Dots3-Note's by adjacent pairs, and the converter permutes nothing, so ster reads
+the file as llama.cpp runs it: with the indexer by pairs it gives Transformers' logits (1e-3; measured 1.1e-6: the
+rest of the model is the same; by halves 0.8 away), as read it gives llama.cpp's (1e-6 with its flash attention off;
+its flash-attention kernel's F16 operands alone differ by 1.2e-3).
 """
 from __future__ import annotations
 
