@@ -431,28 +431,7 @@ def _decisive_spread(path, model_type, config, width: int = 4):
 
     model = build(path, model_type, config)
     with torch.no_grad():
-        params = dict(model.named_parameters())
-        for name, p in params.items():
-            if p.ndim > 1 and "norm" not in name:
-                p.mul_(0.25)
-        routers = [p for name, p in params.items() if name.endswith("mlp.gate.weight") and p.ndim == 2]
-        n = routers[0].shape[0]
-        cols = n * width
-        emb = model.get_input_embeddings().weight
-        sigma = float(emb.std())
-        emb[:, :cols] = 0.0
-        for t in range(emb.shape[0]):
-            for e, strength in ((t % n, 12), ((3 * t + 1) % n, 8)):
-                emb[t, e * width:(e + 1) * width] += strength / width * sigma
-        for p in routers:
-            p.mul_(0.02)
-            for e in range(n):
-                p[e, e * width:(e + 1) * width] += 2.0
-        for name, p in params.items():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                p[:cols] = 0.0
-            elif name.endswith("experts.down_proj"):  # stacked [experts, hidden, width]
-                p[:, :cols] = 0.0
+        _decisive_routing(model, width, writers=("o_proj.weight", "down_proj.weight"))
     model.save_pretrained(path)
     return model
 
@@ -563,10 +542,12 @@ def _positive_index_weights(model, cols: int = 4, strength: float = 3.0):
             p[:, :cols] = 1.0
 
 
-def _decisive_routing(model, width: int = 4):
-    """``_decisive_spread`` on a built model, in place: each token's two routing features spread over ``width``
-    columns of the residual stream (nothing writes there), the routers reading them; every other matrix scaled
-    by 1/4 (a power of two: the experts stay on the MXFP4 grid)."""
+def _decisive_routing(model, width: int = 4,
+                      writers: tuple[str, ...] = ("o_b_proj.weight", "shared_experts.down_proj.weight")):
+    """A built model made to route decisively, in place: each token's two routing features spread over ``width``
+    columns of the residual stream (the matrices named by ``writers`` and the stacked experts write nothing
+    there), the routers reading them; every other matrix scaled by 1/4 (a power of two: MXFP4 experts stay on
+    their grid)."""
     params = dict(model.named_parameters())
     for name, p in params.items():
         if p.ndim > 1 and "norm" not in name:
@@ -585,7 +566,7 @@ def _decisive_routing(model, width: int = 4):
         for e in range(n):
             p[e, e * width:(e + 1) * width] += 2.0
     for name, p in params.items():
-        if name.endswith(("o_b_proj.weight", "shared_experts.down_proj.weight")):
+        if name.endswith(writers):
             p[:cols] = 0.0
         elif name.endswith("experts.down_proj"):  # stacked [experts, hidden, width]
             p[:, :cols] = 0.0
