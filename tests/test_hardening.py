@@ -800,3 +800,59 @@ def test_generate_refuses_a_template_that_renders_past_the_context_before_tokeni
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
     assert "over budget" in r.stderr and "context of 64" in r.stderr
     assert time.perf_counter() - t < 30
+
+
+# Issue 17/23 (breaker3): a Unigram vocabulary of long pieces makes tokenizers' trie take ~350 bytes per piece
+# character and abort the process; the pieces are bounded (total and each) before the tokenizer is built.
+
+_LONG = [f"{i:05d}" + "x" * 1000 for i in range(4300)]  # 4.3 M characters, each piece 1005
+
+
+def test_gguf_unigram_vocabulary_characters_are_bounded():
+    from ster_py.gguf.tokenizer import MAX_UNIGRAM_CHARS, tokenizer_from_gguf_metadata
+
+    assert sum(map(len, _LONG)) > MAX_UNIGRAM_CHARS
+    meta = _t5_meta(b"")
+    del meta["tokenizer.ggml.precompiled_charsmap"]
+    n = len(_LONG) + 5
+    meta.update({"tokenizer.ggml.tokens": meta["tokenizer.ggml.tokens"] + _LONG,
+                 "tokenizer.ggml.scores": np.full(n, -3.0, dtype=np.float32),
+                 "tokenizer.ggml.token_type": np.array([3, 3, 2] + [1] * (n - 3), dtype=np.int32)})
+    with pytest.raises(SterError, match=r"tokenizer.ggml.tokens: its 4305 pieces hold \d+ characters"):
+        tokenizer_from_gguf_metadata(meta)
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"][:6] + ["y" * 1025] + meta["tokenizer.ggml.tokens"][7:]
+    with pytest.raises(SterError, match="piece 6 holds 1025 characters"):
+        tokenizer_from_gguf_metadata(meta)
+
+
+def _plamo_rows(extra):
+    rows = [["<|plamo:unk|>", 0.0, "UNKNOWN"]] + [[f"<0x{b:02X}>", 0.0, "BYTE"] for b in range(256)]
+    return rows + extra
+
+
+def test_plamo_jsonl_long_pieces_huge_scores_and_surrogates_are_refused(tmp_path):
+    from ster_py.plamo_tokenizer import build, read_jsonl
+
+    def write(rows):
+        path = tmp_path / "tokenizer.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    pieces, scores, kinds = read_jsonl(write(_plamo_rows([[p, -5.0, "NORMAL"] for p in _LONG])))
+    with pytest.raises(SterError, match="failed to build PLaMo's tokenizer: its 4557 pieces hold"):
+        build(pieces, scores, kinds, 0)
+    with pytest.raises(SterError, match="line 258's score 1e\\+308 is out of range"):
+        read_jsonl(write(_plamo_rows([["zz", 1e308, "NORMAL"]])))
+    with pytest.raises(SterError, match="line 258's piece holds a lone surrogate"):
+        read_jsonl(write(_plamo_rows([["\ud800", 0.0, "NORMAL"]])))  # json.dumps writes "\ud800" escaped
+
+
+def test_tokenizer_json_unigram_vocabulary_characters_are_bounded(tmp_path):
+    from ster_py.tokenizer import Tokenizer
+
+    path = _unigram_dir(tmp_path, None)
+    doc = json.loads((path / "tokenizer.json").read_text())
+    doc["model"]["vocab"] += [[p, -5.0] for p in _LONG]
+    (path / "tokenizer.json").write_text(json.dumps(doc))
+    with pytest.raises(SterError, match="tokenizer.json: its 4304 pieces hold"):
+        Tokenizer.from_dir(path)
