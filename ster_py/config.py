@@ -472,7 +472,11 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     elif isinstance(rp, Mapping):
         full, sliding = dict(rp), None
     else:
-        full = dict(config.get("rope_scaling") or {})
+        scaling = config.get("rope_scaling") or {}
+        if not isinstance(scaling, Mapping):
+            raise SterError(f"{r.config_name}: rope_scaling is {str(scaling)[:60]}, not an object of rope parameters "
+                            "(null, or {\"rope_type\": ..., \"factor\": ...}); fix config.json")
+        full = dict(scaling)
         if "rope_type" not in full and "type" in full:
             full["rope_type"] = full.pop("type")
         full.setdefault("rope_theta", r.get("rope_theta", 10000.0))
@@ -1228,6 +1232,11 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         config = family.normalize(config)
     family = family.for_config(config)
     r = _Reader(config, family, config_name)
+    eps = r.get("norm_eps")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))):
+        keys = " / ".join(family.keys.get("norm_eps", DEFAULT_KEYS["norm_eps"]))
+        raise SterError(f"invalid model config {config_name}: {keys} must be a number (the normalization "
+                        f"epsilon, e.g. 1e-06), got {str(eps)[:40]!r}")
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
     latent = latent_spec(r, config_name, family, hidden) if family.latent else None

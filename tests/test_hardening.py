@@ -856,3 +856,27 @@ def test_tokenizer_json_unigram_vocabulary_characters_are_bounded(tmp_path):
     (path / "tokenizer.json").write_text(json.dumps(doc))
     with pytest.raises(SterError, match="tokenizer.json: its 4304 pieces hold"):
         Tokenizer.from_dir(path)
+
+
+# Issue 17/23 (breaker3): config values whose error lines carried Python exception names (ValueError,
+# OverflowError, TypeError from the gate's catch-all) are checked by name.
+
+@pytest.mark.parametrize("changes, words", [
+    ({"rope_scaling": [1]}, "rope_scaling is \\[1\\], not an object of rope parameters"),
+    ({"rms_norm_eps": "abc"}, "rms_norm_eps / .* must be a number .*got 'abc'"),  # also Mistral's norm_eps
+])
+def test_config_values_of_the_wrong_kind_are_named(llama_dir, changes, words):
+    config = {**json.loads((llama_dir / "config.json").read_text()), **changes}
+    config.pop("rope_parameters", None)
+    with pytest.raises(SterError, match=words) as info:
+        _spec_of(config)
+    assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
+
+
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), -0.5])
+def test_ling25_partial_rotary_factor_must_be_a_fraction(factor):
+    from test_parity_ling25 import _BASE
+
+    with pytest.raises(SterError, match="partial_rotary_factor is .*a number in \\(0, 1\\]") as info:
+        _spec_of(dict(_BASE, partial_rotary_factor=factor))
+    assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
