@@ -248,6 +248,8 @@ class ModelSpec:
     layer adds Laurel's low-rank residual of its normed input to the mixer's join, which is then
     divided by sqrt(2) (``altup.Laurel``; Gemma 3n). ``sparsity_ddof``: the activation sparsity's std
     divides by n - ddof (0: Transformers'; 1: llama.cpp's gemma3n, set for GGUF files).
+    ``head_required``: the config states the head is not tied (tie_word_embeddings false), so a missing
+    head tensor is refused instead of falling back to the embedding (False: the fallback).
     """
 
     model_type: str
@@ -342,6 +344,7 @@ class ModelSpec:
     altup: AltUpSpec | None = None
     laurel: bool = False
     sparsity_ddof: int = 0
+    head_required: bool = False
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -1423,6 +1426,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         attn_softcap=config.get(family.attn_softcap_key) if family.attn_softcap_key else None,
         final_softcap=config.get(family.final_softcap_key) if family.final_softcap_key else None,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", family.tie_default)),
+        head_required=config.get("tie_word_embeddings") is False,
         layers=layers,
         names=family.tensor_names(),
         decoder_prefix=family.decoder_prefix,

@@ -880,3 +880,46 @@ def test_ling25_partial_rotary_factor_must_be_a_fraction(factor):
     with pytest.raises(SterError, match="partial_rotary_factor is .*a number in \\(0, 1\\]") as info:
         _spec_of(dict(_BASE, partial_rotary_factor=factor))
     assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
+
+
+# Issue 17/23 (breaker3): a config that says the head is not tied, without the head tensor, ran with the embedding
+# as its head; it is refused naming the tensor, in the Transformers and the Mistral format (whose params.json
+# unties by default). A config silent on tying keeps the fallback.
+
+def _drop_head(src, dst, config_changes, drop_key=False):
+    from safetensors.numpy import load_file, save_file
+
+    path = _with_config(src, dst, **config_changes)
+    cfg = json.loads((path / "config.json").read_text())
+    if drop_key:
+        cfg.pop("tie_word_embeddings", None)
+        (path / "config.json").write_text(json.dumps(cfg))
+    state = load_file(str(path / "model.safetensors"))
+    state.pop("lm_head.weight", None)
+    save_file(state, str(path / "model.safetensors"))
+    return path
+
+
+def test_missing_untied_head_is_refused_by_name(llama_dir, tmp_path):
+    from test_mistral_params import _to_mistral_format
+    from ster_py.resolve import resolve
+
+    hf = _drop_head(llama_dir, tmp_path / "hf", {"tie_word_embeddings": False})
+    with pytest.raises(SterError, match="no tensor 'lm_head.weight'.*tie_word_embeddings is false.*config.json"):
+        load_model(str(hf))
+    silent = _drop_head(llama_dir, tmp_path / "silent", {}, drop_key=True)
+    assert load_model(str(silent)).decoder.head is not None  # the family's default (untied) falls back as before
+
+    cfg = json.loads((llama_dir / "config.json").read_text())
+    cfg.setdefault("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    mt = tmp_path / "mt"
+    _to_mistral_format(llama_dir, mt, cfg)
+    from safetensors.numpy import load_file, save_file
+    state = load_file(str(mt / "consolidated.safetensors"))
+    del state["output.weight"]
+    save_file(state, str(mt / "consolidated.safetensors"))
+    assert "tied_embeddings" not in json.loads((mt / "params.json").read_text())
+    resolve(str(mt))
+    with pytest.raises(SterError, match="no tensor 'output.weight'.*tie_word_embeddings is false.*params.json"):
+        load_model(str(mt))

@@ -464,7 +464,7 @@ class Decoder:
         st = spec.streams
         self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
                         else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
-        head = None if spec.tie_word_embeddings else top("head")
+        head = None if spec.tie_word_embeddings else top("head", required=spec.head_required)
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
 
