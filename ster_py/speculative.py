@@ -260,6 +260,20 @@ def load_drafter(model: str, target, *, precision: str = "f32", progress=None):
         SterError: what loading the drafter raises; a vocabulary other than the target's; an
             assistant beside a target it cannot read (``decoder.reader``).
     """
+    from .errors import SterError
+
+    if not isinstance(model, str) or not model.strip():
+        raise SterError(f"no drafter given (--draft is {model!r}); pass a local directory, a .gguf file, a preset "
+                        "name or a Hugging Face Hub id of a small model with the target's vocabulary")
+    try:
+        return _load_drafter(model, target, precision, progress)
+    except SterError as e:
+        text = str(e)
+        named = text.startswith("--draft") or "drafter" in text.replace(model, "")  # check_pair's messages name it already
+        raise SterError(text if named else f"--draft {model}: {text}") from None
+
+
+def _load_drafter(model: str, target, precision: str, progress):
     from .load import load_model
 
     reader = _reader_source(model)
@@ -290,7 +304,11 @@ def _reader_source(model: str):
     if len(ggufs) == 1:
         from .gguf.reader import GGUFFile
 
-        arch = GGUFFile(ggufs[0]).metadata.get("general.architecture")
+        from .steering import refuse_control_vector
+
+        g = GGUFFile(ggufs[0])
+        refuse_control_vector(g, ggufs[0])
+        arch = g.metadata.get("general.architecture")
         if arch in READER_GGUF_ARCHS:
             return ("gguf", ggufs[0])
     return None

@@ -464,3 +464,21 @@ def test_file_names_over_name_max_are_refused_by_option(tmp_path):
         with pytest.raises(SterError, match=f"cannot use {what} .*File name too long"):
             call()
     assert list(tmp_path.iterdir()) == []
+
+
+# Issue 17/23 (breaker3): errors about the drafter name it (--draft), not the target's --model.
+
+def test_drafter_errors_name_the_drafter(tmp_path):
+    from types import SimpleNamespace
+
+    from ster_py.speculative import load_drafter
+    from ster_py.steering import SteeringVector, export_control_vector
+
+    with pytest.raises(SterError, match="no drafter given \\(--draft is ''\\)"):
+        load_drafter("", None)
+    cv = tmp_path / "cv.gguf"
+    export_control_vector(SteeringVector("m", None, 8, "t", "caa", {1: np.ones(8, np.float32)}), cv)
+    with pytest.raises(SterError, match=f"--draft {re.escape(str(cv))}: .*is not a model: it is a llama.cpp control"):
+        load_drafter(str(cv), None)
+    with pytest.raises(SterError, match="--draft .*absent"):
+        load_drafter(str(tmp_path / "absent"), SimpleNamespace(tokenizer=None, spec=None))  # fails before both
