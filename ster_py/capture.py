@@ -28,6 +28,7 @@ import numpy as np
 from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, model_identity, read_json, sniff,
                         write_safetensors)
 from .errors import SterError
+from .files import check_path_name
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
 
 POSITIONS = ("last", "mean", "all")
@@ -223,6 +224,7 @@ def check_capture_output(path: str | Path) -> None:
         SterError: ``path`` does not end in .safetensors; the sidecar exists and is not a capture
             sidecar; or ``path`` exists without a capture sidecar beside it; its folder does not exist.
     """
+    check_path_name(path, "--output")
     path = Path(path)
     if path.suffix == ".json":
         raise SterError(f"--output {path}: give the .safetensors name; the JSON sidecar is written beside it")

@@ -248,6 +248,8 @@ class ModelSpec:
     layer adds Laurel's low-rank residual of its normed input to the mixer's join, which is then
     divided by sqrt(2) (``altup.Laurel``; Gemma 3n). ``sparsity_ddof``: the activation sparsity's std
     divides by n - ddof (0: Transformers'; 1: llama.cpp's gemma3n, set for GGUF files).
+    ``head_required``: the config states the head is not tied (tie_word_embeddings false), so a missing
+    head tensor is refused instead of falling back to the embedding (False: the fallback).
     """
 
     model_type: str
@@ -342,6 +344,7 @@ class ModelSpec:
     altup: AltUpSpec | None = None
     laurel: bool = False
     sparsity_ddof: int = 0
+    head_required: bool = False
 
     def latent_of(self, i: int) -> LatentSpec | None:
         """Layer ``i``'s latent attention (its own, else the model's)."""
@@ -472,7 +475,11 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     elif isinstance(rp, Mapping):
         full, sliding = dict(rp), None
     else:
-        full = dict(config.get("rope_scaling") or {})
+        scaling = config.get("rope_scaling") or {}
+        if not isinstance(scaling, Mapping):
+            raise SterError(f"{r.config_name}: rope_scaling is {str(scaling)[:60]}, not an object of rope parameters "
+                            "(null, or {\"rope_type\": ..., \"factor\": ...}); fix config.json")
+        full = dict(scaling)
         if "rope_type" not in full and "type" in full:
             full["rope_type"] = full.pop("type")
         full.setdefault("rope_theta", r.get("rope_theta", 10000.0))
@@ -1228,6 +1235,11 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         config = family.normalize(config)
     family = family.for_config(config)
     r = _Reader(config, family, config_name)
+    eps = r.get("norm_eps")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))):
+        keys = " / ".join(family.keys.get("norm_eps", DEFAULT_KEYS["norm_eps"]))
+        raise SterError(f"invalid model config {config_name}: {keys} must be a number (the normalization "
+                        f"epsilon, e.g. 1e-06), got {str(eps)[:40]!r}")
     hidden = r.positive_int("hidden_size")
     heads = r.positive_int("num_attention_heads", limit=MAX_HEADS)
     latent = latent_spec(r, config_name, family, hidden) if family.latent else None
@@ -1414,6 +1426,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         attn_softcap=config.get(family.attn_softcap_key) if family.attn_softcap_key else None,
         final_softcap=config.get(family.final_softcap_key) if family.final_softcap_key else None,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", family.tie_default)),
+        head_required=config.get("tie_word_embeddings") is False,
         layers=layers,
         names=family.tensor_names(),
         decoder_prefix=family.decoder_prefix,

@@ -331,7 +331,10 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
     """
     from .resolve import resolve
 
+    from .files import check_path_name
+
     ft = file_type(type_name)
+    check_path_name(output, "--output")
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")

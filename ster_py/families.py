@@ -2734,6 +2734,9 @@ def _ling25_rope_dim(c: Mapping):
     """The leading channels of each lightning head that rotate: head_dim x partial_rotary_factor (None when
     either is not a number)."""
     d, f = _ling25_head_dim(c), c.get("partial_rotary_factor")
+    if isinstance(f, float) and not (math.isfinite(f) and 0 < f <= 1):
+        raise SterError(f"config.json: partial_rotary_factor is {f}; it is the rotated fraction of each head, a "
+                        "number in (0, 1]: fix config.json")
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (d, f))
     return int(d * f) if ok else None
 

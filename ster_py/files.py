@@ -41,3 +41,29 @@ def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_FILE_
     if len(data) > limit:
         raise SterError(f"failed to read {what}{path}: it grew past {limit} bytes while being read")
     return data
+
+
+#: POSIX limits every Linux file system ster writes to uses (NAME_MAX, PATH_MAX), in bytes.
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def check_path_name(path: str | os.PathLike, what: str) -> None:
+    """Refuse a path the operating system cannot name, before it is looked at.
+
+    ``os.stat`` on a name of more than ``NAME_MAX`` bytes raises ``OSError`` (ENAMETOOLONG), which
+    ``pathlib``'s ``exists``/``is_dir`` pass on; this turns it into a message naming the option.
+
+    Args:
+        path: the path as given (str or os.PathLike).
+        what: the option or role for the message, e.g. ``"--output"``.
+
+    Raises:
+        SterError: a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8).
+    """
+    raw = os.fsencode(path)
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > NAME_MAX or len(raw) > PATH_MAX:
+        shown = os.fsdecode(raw[:60]) + "..."
+        raise SterError(f"cannot use {what} {shown}: File name too long (a name may hold at most {NAME_MAX} "
+                        f"bytes, a path {PATH_MAX}); choose a shorter name")

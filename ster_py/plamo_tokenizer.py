@@ -43,6 +43,8 @@ from .files import read_regular
 MAX_JSONL_BYTES = 64 << 20
 MAX_PIECES = 1 << 21
 MAX_PIECE_CHARS = 1024
+#: Scores are log-probabilities (PLaMo 2's lie in -30..0); a bound keeps ``round(score * 1e4)`` finite.
+MAX_ABS_SCORE = 1e30
 #: The kinds a row may name (llama.cpp's token types by name).
 KINDS = ("NORMAL", "CONTROL", "UNKNOWN", "BYTE", "USER_DEFINED", "UNUSED")
 #: The score given to byte pieces and the floor of every other: tokenizers' unknown cost is the
@@ -95,8 +97,13 @@ def read_jsonl(path: str | Path) -> tuple[list[str], list[float], list[str]]:
         kind = row[2] if len(row) > 2 else "NORMAL"
         if not isinstance(piece, str) or not 0 < len(piece) <= MAX_PIECE_CHARS:
             raise SterError(f"{where}: line {n}'s piece is not a string of 1..{MAX_PIECE_CHARS} characters; {bad}")
+        if any("\ud800" <= c <= "\udfff" for c in piece):
+            raise SterError(f"{where}: line {n}'s piece holds a lone surrogate (not a Unicode character); {bad}")
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
             raise SterError(f"{where}: line {n}'s score {str(score)[:40]!r} is not a finite number; {bad}")
+        if abs(score) > MAX_ABS_SCORE:
+            raise SterError(f"{where}: line {n}'s score {score:g} is out of range (a log-probability, "
+                            f"|score| <= {MAX_ABS_SCORE:g}); {bad}")
         if kind not in KINDS:
             raise SterError(f"{where}: line {n}'s kind {str(kind)[:40]!r} is none of {', '.join(KINDS)}; {bad}")
         if kind == "BYTE" and _byte_of(piece) is None:
@@ -146,9 +153,13 @@ def build(pieces: Sequence[str], scores: Sequence[float], kinds: Sequence[str], 
             least that many equal characters / spaces is split off and tokenized on its own.
 
     Raises:
-        SterError: fewer than 256 byte pieces, or a threshold that is not a positive integer.
+        SterError: fewer than 256 byte pieces, pieces over ``check_unigram_pieces``' bounds, or a
+            threshold that is not a positive integer.
     """
+    from .gguf.tokenizer import check_unigram_pieces
+
     where = "failed to build PLaMo's tokenizer"
+    check_unigram_pieces(pieces, where)
     _byte_ids(pieces, kinds, where)
     lattice = [BYTE_SCORE if k == "BYTE" else max(round(s * 1e4) / 1e4, BYTE_SCORE) for s, k in zip(scores, kinds)]
     tk = tokenizers.Tokenizer(models.Unigram(list(zip(pieces, lattice)), unk_id=unk_id, byte_fallback=True))

@@ -272,12 +272,15 @@ def load_drafter(model: str, target, *, precision: str = "f32", progress=None):
             MODEL): ...") when the message does not already name it; a vocabulary other than the
             target's; an assistant beside a target it cannot read (``decoder.reader``).
     """
+    if not isinstance(model, str) or not model.strip():
+        raise SterError(f"no drafter given (--draft is {model!r}); pass a local directory, a .gguf file, a preset "
+                        "name or a Hugging Face Hub id of a small model with the target's vocabulary")
     try:
         return _load_drafter(model, target, precision=precision, progress=progress)
     except SterError as e:
-        if str(e).startswith("the drafter") or "--draft" in str(e):
+        if str(e).startswith("the drafter") or "--draft" in str(e):  # check_pair's messages name it already
             raise
-        raise SterError(f"the drafter (--draft {model}): {e}") from e
+        raise SterError(f"the drafter (--draft {model}): {e}") from None
 
 
 def _load_drafter(model: str, target, *, precision: str, progress):
@@ -311,7 +314,11 @@ def _reader_source(model: str):
     if len(ggufs) == 1:
         from .gguf.reader import GGUFFile
 
-        arch = GGUFFile(ggufs[0]).metadata.get("general.architecture")
+        from .steering import refuse_control_vector
+
+        g = GGUFFile(ggufs[0])
+        refuse_control_vector(g, ggufs[0])
+        arch = g.metadata.get("general.architecture")
         if arch in READER_GGUF_ARCHS:
             return ("gguf", ggufs[0])
     return None

@@ -44,6 +44,7 @@ import numpy as np
 from .artifacts import (KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_folder, check_model, read_json,
                         sniff)
 from .errors import SterError
+from .files import check_path_name
 
 SCHEMA_VERSION = 1
 UNIT_TOLERANCE = 1e-3  # directions are stored as unit vectors; JSON floats keep ~1e-16
@@ -79,6 +80,7 @@ def check_vector_output(path: str | Path) -> None:
         SterError: ``path`` is a directory, or an existing file that is not a steering vector
             (a capture sidecar, prompts, an adapter, anything else).
     """
+    check_path_name(path, "--output")
     path = Path(path)
     if path.is_dir():
         raise SterError(f"--output {path} is a directory; give the steering vector's file name (NAME.json)")
@@ -349,6 +351,7 @@ def check_control_vector_output(path: str | Path) -> None:
     """
     from .gguf.reader import GGUFFile
 
+    check_path_name(path, "--output")
     path = Path(path)
     if path.is_dir():
         raise SterError(f"--output {path} is a directory; give the control vector's file name (NAME.gguf)")

@@ -211,6 +211,7 @@ class Tokenizer:
                 )
             _check_regular_file(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, "tokenizer")
             _check_precompiled_maps(tokenizer_file)
+            _check_unigram_vocab(tokenizer_file)
             failed = (f"failed to load tokenizer {tokenizer_file}", "The file is not a tokenizer.json the "
                       "tokenizers library can read; re-download or re-export it.")
             tk = _guarded(lambda: tokenizers.Tokenizer.from_file(str(tokenizer_file)), *failed)
@@ -493,6 +494,33 @@ def _guarded(call, what: str, advice: str = "") -> Any:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise SterError(f"{what}: {exc}" + (f". {advice}" if advice else "")) from None
+
+
+def _check_unigram_vocab(tokenizer_file: Path) -> None:
+    """Bound a Unigram tokenizer.json's pieces before tokenizers builds its trie (about 350
+    bytes per piece character; ``ster_py.gguf.tokenizer.check_unigram_pieces``).
+
+    Only files that mention ``"Unigram"`` are parsed here; malformed JSON is left to tokenizers.
+
+    Raises:
+        SterError: pieces over ``check_unigram_pieces``' bounds.
+    """
+    from .gguf.tokenizer import check_unigram_pieces
+
+    try:
+        raw = tokenizer_file.read_bytes()
+    except OSError:
+        return  # tokenizers reports it
+    if b'"Unigram"' not in raw:
+        return
+    try:
+        model = json.loads(raw).get("model")
+    except (ValueError, RecursionError, AttributeError):
+        return  # tokenizers reports malformed JSON
+    if not isinstance(model, dict) or model.get("type") != "Unigram" or not isinstance(model.get("vocab"), list):
+        return
+    pieces = [row[0] for row in model["vocab"] if isinstance(row, list) and row and isinstance(row[0], str)]
+    check_unigram_pieces(pieces, f"failed to load tokenizer {tokenizer_file}")
 
 
 def _check_precompiled_maps(tokenizer_file: Path) -> None:

@@ -800,3 +800,126 @@ def test_generate_refuses_a_template_that_renders_past_the_context_before_tokeni
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
     assert "over budget" in r.stderr and "context of 64" in r.stderr
     assert time.perf_counter() - t < 30
+
+
+# Issue 17/23 (breaker3): a Unigram vocabulary of long pieces makes tokenizers' trie take ~350 bytes per piece
+# character and abort the process; the pieces are bounded (total and each) before the tokenizer is built.
+
+_LONG = [f"{i:05d}" + "x" * 1000 for i in range(4300)]  # 4.3 M characters, each piece 1005
+
+
+def test_gguf_unigram_vocabulary_characters_are_bounded():
+    from ster_py.gguf.tokenizer import MAX_UNIGRAM_CHARS, tokenizer_from_gguf_metadata
+
+    assert sum(map(len, _LONG)) > MAX_UNIGRAM_CHARS
+    meta = _t5_meta(b"")
+    del meta["tokenizer.ggml.precompiled_charsmap"]
+    n = len(_LONG) + 5
+    meta.update({"tokenizer.ggml.tokens": meta["tokenizer.ggml.tokens"] + _LONG,
+                 "tokenizer.ggml.scores": np.full(n, -3.0, dtype=np.float32),
+                 "tokenizer.ggml.token_type": np.array([3, 3, 2] + [1] * (n - 3), dtype=np.int32)})
+    with pytest.raises(SterError, match=r"tokenizer.ggml.tokens: its 4305 pieces hold \d+ characters"):
+        tokenizer_from_gguf_metadata(meta)
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"][:6] + ["y" * 1025] + meta["tokenizer.ggml.tokens"][7:]
+    with pytest.raises(SterError, match="piece 6 holds 1025 characters"):
+        tokenizer_from_gguf_metadata(meta)
+
+
+def _plamo_rows(extra):
+    rows = [["<|plamo:unk|>", 0.0, "UNKNOWN"]] + [[f"<0x{b:02X}>", 0.0, "BYTE"] for b in range(256)]
+    return rows + extra
+
+
+def test_plamo_jsonl_long_pieces_huge_scores_and_surrogates_are_refused(tmp_path):
+    from ster_py.plamo_tokenizer import build, read_jsonl
+
+    def write(rows):
+        path = tmp_path / "tokenizer.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    pieces, scores, kinds = read_jsonl(write(_plamo_rows([[p, -5.0, "NORMAL"] for p in _LONG])))
+    with pytest.raises(SterError, match="failed to build PLaMo's tokenizer: its 4557 pieces hold"):
+        build(pieces, scores, kinds, 0)
+    with pytest.raises(SterError, match="line 258's score 1e\\+308 is out of range"):
+        read_jsonl(write(_plamo_rows([["zz", 1e308, "NORMAL"]])))
+    with pytest.raises(SterError, match="line 258's piece holds a lone surrogate"):
+        read_jsonl(write(_plamo_rows([["\ud800", 0.0, "NORMAL"]])))  # json.dumps writes "\ud800" escaped
+
+
+def test_tokenizer_json_unigram_vocabulary_characters_are_bounded(tmp_path):
+    from ster_py.tokenizer import Tokenizer
+
+    path = _unigram_dir(tmp_path, None)
+    doc = json.loads((path / "tokenizer.json").read_text())
+    doc["model"]["vocab"] += [[p, -5.0] for p in _LONG]
+    (path / "tokenizer.json").write_text(json.dumps(doc))
+    with pytest.raises(SterError, match="tokenizer.json: its 4304 pieces hold"):
+        Tokenizer.from_dir(path)
+
+
+# Issue 17/23 (breaker3): config values whose error lines carried Python exception names (ValueError,
+# OverflowError, TypeError from the gate's catch-all) are checked by name.
+
+@pytest.mark.parametrize("changes, words", [
+    ({"rope_scaling": [1]}, "rope_scaling is \\[1\\], not an object of rope parameters"),
+    ({"rms_norm_eps": "abc"}, "rms_norm_eps / .* must be a number .*got 'abc'"),  # also Mistral's norm_eps
+])
+def test_config_values_of_the_wrong_kind_are_named(llama_dir, changes, words):
+    config = {**json.loads((llama_dir / "config.json").read_text()), **changes}
+    config.pop("rope_parameters", None)
+    with pytest.raises(SterError, match=words) as info:
+        _spec_of(config)
+    assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
+
+
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), -0.5])
+def test_ling25_partial_rotary_factor_must_be_a_fraction(factor):
+    from test_parity_ling25 import _BASE
+
+    with pytest.raises(SterError, match="partial_rotary_factor is .*a number in \\(0, 1\\]") as info:
+        _spec_of(dict(_BASE, partial_rotary_factor=factor))
+    assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
+
+
+# Issue 17/23 (breaker3): a config that says the head is not tied, without the head tensor, ran with the embedding
+# as its head; it is refused naming the tensor, in the Transformers and the Mistral format (whose params.json
+# unties by default). A config silent on tying keeps the fallback.
+
+def _drop_head(src, dst, config_changes, drop_key=False):
+    from safetensors.numpy import load_file, save_file
+
+    path = _with_config(src, dst, **config_changes)
+    cfg = json.loads((path / "config.json").read_text())
+    if drop_key:
+        cfg.pop("tie_word_embeddings", None)
+        (path / "config.json").write_text(json.dumps(cfg))
+    state = load_file(str(path / "model.safetensors"))
+    state.pop("lm_head.weight", None)
+    save_file(state, str(path / "model.safetensors"))
+    return path
+
+
+def test_missing_untied_head_is_refused_by_name(llama_dir, tmp_path):
+    from test_mistral_params import _to_mistral_format
+    from ster_py.resolve import resolve
+
+    hf = _drop_head(llama_dir, tmp_path / "hf", {"tie_word_embeddings": False})
+    with pytest.raises(SterError, match="no tensor 'lm_head.weight'.*tie_word_embeddings is false.*config.json"):
+        load_model(str(hf))
+    silent = _drop_head(llama_dir, tmp_path / "silent", {}, drop_key=True)
+    assert load_model(str(silent)).decoder.head is not None  # the family's default (untied) falls back as before
+
+    cfg = json.loads((llama_dir / "config.json").read_text())
+    cfg.setdefault("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    mt = tmp_path / "mt"
+    _to_mistral_format(llama_dir, mt, cfg)
+    from safetensors.numpy import load_file, save_file
+    state = load_file(str(mt / "consolidated.safetensors"))
+    del state["output.weight"]
+    save_file(state, str(mt / "consolidated.safetensors"))
+    assert "tied_embeddings" not in json.loads((mt / "params.json").read_text())
+    resolve(str(mt))
+    with pytest.raises(SterError, match="no tensor 'output.weight'.*tie_word_embeddings is false.*params.json"):
+        load_model(str(mt))

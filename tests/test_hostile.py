@@ -442,3 +442,43 @@ def test_huge_sliding_window_is_refused_by_inspect_and_load(llama_dir, tmp_path)
     with pytest.raises(SterError, match="sliding_window is"):
         load_model(str(path))
     assert_clean_refusal(ster("inspect", str(path)), "sliding_window is")
+
+
+# Issue 17/23 (breaker3): a name longer than NAME_MAX made pathlib's stat raise OSError (Errno 36) out of every
+# output check and the model resolver; each is one SterError naming the option, before anything is looked at.
+
+def test_file_names_over_name_max_are_refused_by_option(tmp_path):
+    from ster_py.capture import check_capture_output
+    from ster_py.convert import convert_model
+    from ster_py.resolve import resolve
+    from ster_py.steering import check_control_vector_output, check_vector_output
+
+    long = str(tmp_path / ("a" * 300))
+    with pytest.raises(OSError):  # the failure the check stands in front of
+        (tmp_path / ("a" * 300)).exists()
+    for call, what in ((lambda: check_capture_output(long + ".safetensors"), "--output"),
+                       (lambda: check_vector_output(long + ".json"), "--output"),
+                       (lambda: check_control_vector_output(long + ".gguf"), "--output"),
+                       (lambda: convert_model(str(tmp_path), long + ".gguf", "q8_0"), "--output"),
+                       (lambda: resolve(long), "the model path")):
+        with pytest.raises(SterError, match=f"cannot use {what} .*File name too long"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+# Issue 17/23 (breaker3): errors about the drafter name it (--draft), not the target's --model.
+
+def test_drafter_errors_name_the_drafter(tmp_path):
+    from types import SimpleNamespace
+
+    from ster_py.speculative import load_drafter
+    from ster_py.steering import SteeringVector, export_control_vector
+
+    with pytest.raises(SterError, match="no drafter given \\(--draft is ''\\)"):
+        load_drafter("", None)
+    cv = tmp_path / "cv.gguf"
+    export_control_vector(SteeringVector("m", None, 8, "t", "caa", {1: np.ones(8, np.float32)}), cv)
+    with pytest.raises(SterError, match=f"\\(--draft {re.escape(str(cv))}\\): .*is not a model: it is a llama.cpp control"):
+        load_drafter(str(cv), None)
+    with pytest.raises(SterError, match="--draft .*absent"):
+        load_drafter(str(tmp_path / "absent"), SimpleNamespace(tokenizer=None, spec=None))  # fails before both

@@ -833,3 +833,53 @@ def test_deepseek4_gguf_dir(ds4_converted, tmp_path):
     ids = DS4_PROMPT[:40]
     assert rel_err(model.decoder.forward(ids), load_model(str(path)).decoder.forward(ids)) < 1e-6
     assert model.decoder._weights.unused_tensors(model.spec) == []
+
+
+# Issue 17/23 (breaker3): a hash routing table that is not whole expert ids (an F32 table holding NaN or 0.5), or ids
+# outside the expert count, is refused by name at load, not an IndexError or a silent truncation.
+
+def _with_tid2eid(src, dst, table):
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        writer.add_key_value(name, f.contents(), vtype,
+                             sub_type=f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        if t.name == "blk.0.ffn_gate_tid2eid.weight":
+            writer.add_tensor(t.name, table(np.array(t.data)))
+        elif t.tensor_type == gguf.GGMLQuantizationType.MXFP4:
+            writer.add_tensor(t.name, np.array(t.data), raw_shape=None, raw_dtype=t.tensor_type)
+        else:
+            writer.add_tensor(t.name, np.array(t.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def _nan_first(t):
+    t = t.astype(np.float32)
+    t[0, 0] = np.nan
+    return t
+
+
+@pytest.mark.parametrize("table, match", [
+    (_nan_first, "not whole numbers"),
+    (lambda t: np.full(t.shape, 0.5, np.float32), "not whole numbers"),
+    (lambda t: np.full(t.shape, 8, np.int32), "expert ids 8..8, outside 0..7"),
+    (lambda t: np.full(t.shape, -1, np.int32), "expert ids -1..-1, outside 0..7"),
+    (lambda t: t.astype(np.float32), None)])  # whole numbers stored as F32: the same table
+def test_deepseek4_hash_table_values_are_checked(table, match, ds4_converted, tmp_path):
+    path, _ = ds4_converted["deepseek_v4"]
+    bad = _with_tid2eid(path, tmp_path / "t.gguf", table)
+    if match is None:
+        assert load_model(str(bad)).decoder.forward(DS4_PROMPT[:4]).shape[0] == 4
+        return
+    with pytest.raises(SterError, match=f"layer 0's hash routing table holds .*{match}"):
+        load_model(str(bad)).decoder.forward(DS4_PROMPT[:4])

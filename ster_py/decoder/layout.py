@@ -298,6 +298,16 @@ class Layout:
         bounds = {"q": (0, h * d), "k": (h * d, (h + kv) * d), "v": ((h + kv) * d, (h + kv) * d + kv * vd)}[role]
         return fused[g + bounds[0]:g + bounds[1]]
 
+    def _missing(self, name: str, role: str = "") -> str:
+        """The message for a required tensor ``name`` the checkpoint lacks, naming what to check: a GGUF's
+        own metadata, or the configuration file (config.json, or params.json in the Mistral format)."""
+        why = " (tie_word_embeddings is false: the head is not the embedding)" if role == "head" else ""
+        if self.spec.extra.get("gguf_architecture"):
+            hint = "the GGUF file's metadata and tensors disagree: it is damaged or incomplete"
+        else:
+            hint = "is the configuration (config.json or params.json) from the same checkpoint?"
+        return f"the checkpoint has no tensor {name!r}, which a {self.spec.model_type} model needs{why}; {hint}"
+
     def get(self, role: str, i: int | None, kind: str, required: bool = False, slot: int | None = None):
         """The array of ``role`` (layer ``i``, or None for model-wide roles) and ``kind``; ``slot``
         fills ``{k}`` in the role's name.
@@ -325,8 +335,7 @@ class Layout:
                 if self._seen is not None:
                     self._seen[key] = t
         if t is None and required:
-            raise SterError(f"the checkpoint has no tensor {where or role!r}, which a {self.spec.model_type} "
-                            "model needs; is the config.json from the same checkpoint?")
+            raise SterError(self._missing(where or role, role))
         return t
 
     def experts(self, i: int) -> list[list[tuple]]:
@@ -411,8 +420,7 @@ class Layout:
             missing = [name.format(e=e) for e, t in zip(range(n), parts) if t is None]
             if missing:
                 if required or len(missing) < n:
-                    raise SterError(f"the checkpoint has no tensor {missing[0]!r}, which a {self.spec.model_type} "
-                                    "model needs; is the config.json from the same checkpoint?")
+                    raise SterError(self._missing(missing[0]))
                 return None
             for e, t in enumerate(parts):
                 self._check_expert(name.format(e=e), t, stored)
@@ -420,8 +428,7 @@ class Layout:
             t = self._fetch(name)
             if t is None:
                 if required:
-                    raise SterError(f"the checkpoint has no tensor {name!r}, which a {self.spec.model_type} "
-                                    "model needs; is the config.json from the same checkpoint?")
+                    raise SterError(self._missing(name))
                 return None
             if len(t.shape) == len(stored) and t.shape[0] == n * stored[0]:  # stacked by rows (DBRX)
                 t = t.reshape(n, *stored) if isinstance(t, np.ndarray) else t

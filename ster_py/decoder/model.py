@@ -134,10 +134,16 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
               shared, shared_gate, latent)
     if m.router.hashed:  # DeepSeek-V4's hash layers: the token's row of tid2eid chooses
         table = np.asarray(load("router_hash", "", required=True))
-        if table.shape != (spec.vocab_size, m.router.top_k) or table.min() < 0 or table.max() >= m.router.num_experts:
-            raise SterError(f"layer {i}'s hash routing table has shape {list(table.shape)} or expert ids outside "
-                            f"0..{m.router.num_experts - 1}; the configuration implies [{spec.vocab_size}, "
-                            f"{m.router.top_k}]: the weights and the config disagree")
+        if table.shape != (spec.vocab_size, m.router.top_k):
+            raise SterError(f"layer {i}'s hash routing table has shape {list(table.shape)}; the configuration "
+                            f"implies [{spec.vocab_size}, {m.router.top_k}]: the weights and the config disagree")
+        if table.dtype.kind == "f" and not (np.isfinite(table).all() and (table == np.round(table)).all()):
+            raise SterError(f"layer {i}'s hash routing table holds values that are not whole numbers (NaN, infinite "
+                            "or fractional); expert ids are integers (stored as I32): the checkpoint is damaged")
+        if table.size and (table.min() < 0 or table.max() >= m.router.num_experts):
+            raise SterError(f"layer {i}'s hash routing table holds expert ids {int(table.min())}..{int(table.max())}, "
+                            f"outside 0..{m.router.num_experts - 1} (the config's expert count): the weights and "
+                            "the config disagree")
         ordered = np.sort(table, axis=1)
         if (ordered[:, 1:] == ordered[:, :-1]).any():
             raise SterError(f"layer {i}'s hash routing table names one expert twice for a token; the checkpoint is "
@@ -458,7 +464,7 @@ class Decoder:
         st = spec.streams
         self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
                         else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
-        head = None if spec.tie_word_embeddings else top("head")
+        head = None if spec.tie_word_embeddings else top("head", required=spec.head_required)
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
 

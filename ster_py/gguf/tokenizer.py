@@ -672,6 +672,7 @@ def _unigram(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, 
     lattice = np.where((types == CONTROL) | (types == UNKNOWN) | (types == BYTE), floor, lattice)
     if not np.all(np.isfinite(lattice)):
         raise SterError("tokenizer.ggml.scores holds a NaN or infinite score; the GGUF file is corrupt")
+    check_unigram_pieces(tokens, "tokenizer.ggml.tokens")
     tk = tokenizers.Tokenizer(models.Unigram(list(zip(tokens, lattice.tolist())), unk_id=unk, byte_fallback=False))
 
     steps = []
@@ -738,6 +739,39 @@ def _charsmap_bytes(value: Any) -> bytes:
         raise SterError(f"tokenizer.ggml.precompiled_charsmap must be an array of bytes (uint8); got {arr.dtype} of "
                         f"shape {arr.shape}. The GGUF file is corrupt or from an unknown converter")
     return arr.astype(np.uint8).tobytes()
+
+
+#: Unigram vocabularies are bounded before ``tokenizers`` builds its trie, which takes about
+#: 350 bytes per character of piece text (measured; a 15 M-character vocabulary aborts the
+#: process at 4 GB). Real ones are far smaller: Gemma 3's 262,144 pieces hold 1.48 M
+#: characters (longest 31), so 4 Mi characters (~1.4 GB of trie) leaves room; a piece is at
+#: most 1024 characters (PLaMo's own reader's bound).
+MAX_UNIGRAM_CHARS = 4 << 20
+MAX_UNIGRAM_PIECE_CHARS = 1024
+
+
+def check_unigram_pieces(pieces: Sequence[str], where: str) -> None:
+    """Refuse a Unigram vocabulary too large for ``tokenizers`` to build without aborting.
+
+    Args:
+        pieces: the vocabulary's piece texts (str), in id order.
+        where: the start of the error message, naming the file.
+
+    Raises:
+        SterError: a piece over ``MAX_UNIGRAM_PIECE_CHARS`` characters, or all pieces together
+            over ``MAX_UNIGRAM_CHARS`` characters.
+    """
+    total = 0
+    for i, piece in enumerate(pieces):
+        n = len(piece)
+        if n > MAX_UNIGRAM_PIECE_CHARS:
+            raise SterError(f"{where}: piece {i} holds {n} characters; a Unigram piece may hold at most "
+                            f"{MAX_UNIGRAM_PIECE_CHARS} (real vocabularies: under 100)")
+        total += n
+    if total > MAX_UNIGRAM_CHARS:
+        raise SterError(f"{where}: its {len(pieces)} pieces hold {total} characters; a Unigram vocabulary may "
+                        f"hold at most {MAX_UNIGRAM_CHARS} (Gemma 3's 262,144 pieces hold 1.5 M); the file is "
+                        "not a real vocabulary")
 
 
 def check_precompiled_charsmap(data: bytes, where: str) -> None:
