@@ -358,3 +358,19 @@ def test_invalid_tekken_is_refused(tmp_path, edit, match):
     (tmp_path / "tekken.json").write_text("{not json")
     with pytest.raises(SterError, match="not valid JSON"):
         from_tekken(tmp_path / "tekken.json")
+
+
+def test_tekken_checkpoint_converts_for_llama_cpp(tekken, tmp_path):
+    """``ster convert`` of the tekken.json checkpoint: llama.cpp's ids on the GGUF equal tiktoken's (plus the
+    special offset, <s> first) and its logits Transformers'."""
+    from ster_py import llamacpp
+    from ster_py.convert import convert_model
+    from tiny import reference_logits, rel_err
+
+    path, ref, enc, _ = tekken
+    report = convert_model(str(path), tmp_path / "m.gguf", "f32")
+    assert report["differences"] == []
+    texts = [t for t in TEXTS if t]
+    got = llamacpp.tokenize(tmp_path / "m.gguf", texts, add_special=True)
+    assert got == [[1] + [i + N_SPECIAL for i in enc.encode(t, disallowed_special=())] for t in texts]
+    assert rel_err(llamacpp.logits(tmp_path / "m.gguf", [PROMPT])[0], reference_logits(ref, PROMPT)[0]) < 1e-3
