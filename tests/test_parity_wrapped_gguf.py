@@ -14,20 +14,19 @@ index head per key/value head. Its loader also sizes the shared expert as expert
 expert_shared_count, so the checkpoint's shared_intermediate_size equals intermediate_size.
 
 Dots3-Note's ``dots3note`` (group DOTS, the block at the end): test_parity_mla_b's tiny case through the pinned
-converter once, at F32, beside a decisively routed twin for Q8_0. What the converter and graph require of it:
-one q_lora_rank for both layer kinds (it refuses swa_q_lora_rank otherwise), swa_qk_rope_head_dim equal to
-qk_rope_head_dim, scoring_func stated sigmoid, n_group 1, use_dsa; it folds sqrt(hidden / rank) into the
-bottleneck norms only under a stated apply_mla_qkv_lora_rescale: true (Transformers always rescales, and the
-file does not say whether it was folded); it writes rope.freq_base only from top-level rope_theta /
-swa_rope_theta (Transformers' per-kind rope_parameters give none, and llama.cpp then rotates the full layers at
-10000). The loader sizes the shared experts as expert_feed_forward_length times expert_shared_count (the case's
-shared width equals the routed one), and the graph rotates the index queries and keys by a Hadamard matrix of
-at least 64 x 64 (index heads narrower than 64 stop it at GGML_ASSERT(ggml_can_mul_mat)). Seed-vs-oracle: the
-graph rotates the indexer by halves (NEOX) where Transformers rotates Dots3-Note's by adjacent pairs, and the
-converter permutes nothing, so ster reads the file as llama.cpp runs it: with the indexer by pairs it gives
-Transformers' logits (1e-3; measured 1.1e-6: the rest of the model is the same; by halves 0.8 away), as read it
-gives llama.cpp's (1e-6 with its flash attention off; its flash-attention kernel's F16 operands alone differ by
-1.2e-3).
+converter once, at F32, beside a decisively routed, 256-wide twin for Q8_0 and Q4_K_M. What the converter and graph
+require of it: one q_lora_rank for both layer kinds (it refuses swa_q_lora_rank otherwise), swa_qk_rope_head_dim
+equal to qk_rope_head_dim, scoring_func stated sigmoid, n_group 1, use_dsa; it folds sqrt(hidden / rank) into the
+bottleneck norms only under a stated apply_mla_qkv_lora_rescale: true (Transformers always rescales, and the file
+does not say whether it was folded); it writes rope.freq_base only from top-level rope_theta / swa_rope_theta
+(Transformers' per-kind rope_parameters give none, and llama.cpp then rotates the full layers at 10000). The loader
+sizes the shared experts as expert_feed_forward_length times expert_shared_count (the case's shared width equals the
+routed one), and the graph rotates the index queries and keys by a Hadamard matrix of at least 64 x 64 (index heads
+narrower than 64 stop it at GGML_ASSERT(ggml_can_mul_mat)). Seed-vs-oracle: the graph rotates the indexer by halves
+(NEOX) where Transformers rotates Dots3-Note's by adjacent pairs, and the converter permutes nothing, so ster reads
+the file as llama.cpp runs it: with the indexer by pairs it gives Transformers' logits (1e-3; measured 1.1e-6: the
+rest of the model is the same; by halves 0.8 away), as read it gives llama.cpp's (1e-6 with its flash attention off;
+its flash-attention kernel's F16 operands alone differ by 1.2e-3).
 """
 from __future__ import annotations
 
@@ -229,11 +228,14 @@ def dots3_release_keys(config: dict) -> dict:
 
 
 GGUF_CASES["dots3_note"] = (DOTS3_TYPE, DOTS3_GGUF, dots3_release_keys(DOTS3_GGUF))
-#: For llama.cpp's Q8_0 (built by test_parity_hc_gguf._decisive_spread: routing decided by features no 8-bit rounding
-#: moves): an index_topk of 32 keeps every key of the 32-token prompt (the F32 file tests the choice: a random
-#: indexer's scores lie within a few thousandths of their spread somewhere, where llama.cpp's 8-bit activations
-#: choose other keys than ster's float32 ones, as test_parity_hc_gguf.py's GLM-5-Next found)
-DOTS3_QUANT = dict(DOTS3_GGUF, index_topk=32)
+#: For llama.cpp's Q8_0 and Q4_K_M (built by test_parity_hc_gguf._decisive_spread: routing decided by features no 8-bit
+#: rounding moves): a 256-wide residual stream, so that the projections reading it hold whole Q4_K super-blocks (on
+#: 64-wide rows llama.cpp's Q4_K_M falls back to Q5_0 throughout; widening the feed-forwards to 256 as well flattened
+#: the logits into four near-tie flips at Q8_0, past check_llamacpp_top1's three); an index_topk of 32 keeps every
+#: key of the 32-token prompt (the F32 file tests the choice: a random indexer's scores lie within a few thousandths
+#: of their spread somewhere, where llama.cpp's 8-bit activations choose other keys than ster's float32 ones, as
+#: test_parity_hc_gguf.py's GLM-5-Next found)
+DOTS3_QUANT = dict(DOTS3_GGUF, index_topk=32, hidden_size=256)
 
 
 @pytest.fixture(scope="module")
@@ -336,11 +338,13 @@ def test_dots3_note_gguf_against_llamacpp(dots3_gguf):
     assert rel_err(pairs, theirs) > 1e-2
 
 
-def test_dots3_note_q8_0_gives_llamacpps_top1(dots3_gguf, tmp_path):
-    """The DOTS3_QUANT file quantized by llama.cpp to Q8_0 (the projections 32 wide or more; the narrower stay
-    F32): ster computes what the blocks define (within 1e-4 of the file dequantized), llama.cpp's top-1 at every
-    position of a 32-token prompt but near-ties (tiny.check_llamacpp_top1; measured 7e-3 apart, 31 of 32 equal,
-    with flash attention off or on), token-by-token decoding equal to the whole."""
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_dots3_note_quantized_gives_llamacpps_top1(ftype, dots3_gguf, tmp_path):
+    """The DOTS3_QUANT file quantized by llama.cpp to Q8_0 / Q4_K_M (the projections reading the 256-wide residual
+    stream in Q8_0 / Q4_K blocks; Q4_K_M's narrower rows fall back to Q5_0 / Q8_0; the rest stay F16 / F32): ster
+    computes what the blocks define (within 1e-4 of the file dequantized), llama.cpp's top-1 at every position of a
+    32-token prompt but near-ties (tiny.check_llamacpp_top1; measured 2.0 % / 2.5 % apart, 30 of 32 equal each),
+    token-by-token decoding equal to the whole."""
     from ster_py import llamacpp
     from ster_py.decoder.model import Decoder
     from ster_py.gguf.reader import GGUFFile
@@ -348,9 +352,10 @@ def test_dots3_note_q8_0_gives_llamacpps_top1(dots3_gguf, tmp_path):
     from tiny import check_llamacpp_top1, check_token_steps
 
     _, _, path = dots3_gguf
-    q = llamacpp.quantize(path, tmp_path / "dots3-Q8_0.gguf", "Q8_0")
+    q = llamacpp.quantize(path, tmp_path / f"dots3-{ftype}.gguf", ftype)
     types = {n: t.type_name for n, t in GGUFFile(str(q)).tensors.items()}
-    assert types["blk.1.ffn_up_exps.weight"] == "Q8_0" and types["blk.0.attn_q_a.weight"] == "Q8_0"
+    base = ftype[:4]  # Q4_K_M: llama.cpp's mix, Q4_K where rows are 256-wide (Q5_0 / Q8_0 for the 96- and 32-wide)
+    assert types["blk.1.ffn_up_exps.weight"] == base and types["blk.0.attn_q_a.weight"] == base
     model = load_model(str(q))
     ours = model.decoder.forward(DOTS3_PROMPT)
     exact = Decoder(model.spec, GGUFWeights(GGUFFile(q), "f32", qk_heads=None, quantized=False)).forward(DOTS3_PROMPT)
