@@ -291,7 +291,7 @@ def test_tekken_ids_match_tiktoken_and_transformers(tekken):
     assert tok.decode(ids, skip_special_tokens=True) == "Hi"
 
 
-def test_tekken_tokenize_cli_and_model_load(tekken):
+def test_tekken_tokenize_cli_and_model_load(tekken, tmp_path):
     import subprocess
     import sys
 
@@ -303,6 +303,13 @@ def test_tekken_tokenize_cli_and_model_load(tekken):
     assert json.loads(r.stdout)["ids"] == [1] + [i + N_SPECIAL for i in enc.encode(text, disallowed_special=())]
     resolved = resolve(str(path))
     assert resolved.tokenizer_path.name == "tekken.json"
+    from ster_py.load import load_tokenizer
+
+    bare = tmp_path / "bare"  # the tokenizer is read without the weights being present
+    bare.mkdir()
+    for name in ("params.json", "tekken.json"):
+        shutil.copy(path / name, bare / name)
+    assert load_tokenizer(str(bare)).encode(text) == json.loads(r.stdout)["ids"]
     model = load_model(str(path))
     check_against(model, ref, PROMPT)  # the same logits as with tokenizer.json: the tokenizer changes no weight
     assert model.tokenizer.eos_token == "</s>" and model.tokenizer.bos_token_id == 1
