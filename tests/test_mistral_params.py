@@ -309,7 +309,10 @@ def test_tekken_tokenize_cli_and_model_load(tekken, tmp_path):
     bare.mkdir()
     for name in ("params.json", "tekken.json"):
         shutil.copy(path / name, bare / name)
-    assert load_tokenizer(str(bare)).encode(text) == json.loads(r.stdout)["ids"]
+    tok = load_tokenizer(str(bare))
+    assert tok.encode(text)[-1] == 1  # "<s>" in the text read as the special token by default
+    tok.tk.encode_special_tokens = True  # as the CLI's default --no-parse-special
+    assert tok.encode(text) == json.loads(r.stdout)["ids"]
     model = load_model(str(path))
     check_against(model, ref, PROMPT)  # the same logits as with tokenizer.json: the tokenizer changes no weight
     assert model.tokenizer.eos_token == "</s>" and model.tokenizer.bos_token_id == 1
