@@ -512,15 +512,23 @@ def inspect(
     if as_json:
         print(json.dumps({**version_fields(), **info}, indent=2))
         return
-    keys = max(map(len, info)) + 2
-    for key, value in info.items():  # plain lines wrapped to the width; a word (a hash) is never split
-        text, width = inspect_value(key, value), max(out.width - keys, 20)
+    print_fields((key, inspect_value(key, value)) for key, value in info.items())
+
+
+def print_fields(fields) -> None:
+    """Print ``(key, text)`` pairs as two columns on stdout (the key bold): the text wrapped to the
+    console's width (80 when piped) under its column; a word longer than that (a hash) is never split
+    but printed whole on the next line, indented by two; no trailing spaces."""
+    fields = list(fields)
+    keys = max((len(k) for k, _ in fields), default=0) + 2
+    for key, text in fields:
+        width = max(out.width - keys, 20)
         if " " not in text and len(text) > width:  # whole on the next line, where it fits to copy
             out.print(f"[bold]{key}[/]")
             out.print("  " + escape(text))
             continue
         lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
-        out.print(f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0]))
+        out.print((f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0])).rstrip())
         for line in lines[1:]:
             out.print(" " * keys + escape(line))
 

@@ -23,11 +23,13 @@ from .errors import SterError
 def save_conversation(messages: list[dict], path: Path) -> None:
     """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``).
 
-    An earlier saved conversation at ``path`` is replaced; any other existing file is kept.
+    An earlier save of this conversation at ``path`` (a JSON array of messages that is a prefix of ``messages``)
+    is replaced; any other existing file is kept, including a messages list of another conversation.
 
     Raises:
         SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
-            string ``role``); "cannot write PATH: ..." when its directory cannot take the file.
+            string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
+            "cannot write PATH: ..." when its directory cannot take the file. Nothing is written then.
     """
     from .artifacts import atomic_outputs
     from .files import read_regular
@@ -42,6 +44,9 @@ def save_conversation(messages: list[dict], path: Path) -> None:
         if not (isinstance(doc, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in doc)):
             raise SterError(f"/save {path}: that file exists and is not a saved conversation; give another name or "
                             "move that file")
+        if doc != messages[:len(doc)]:
+            raise SterError(f"{path} holds another conversation ({plural(len(doc), 'message')}); /save to a new "
+                            "name")
     with atomic_outputs(path) as (tmp,):
         tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
-                  inspect_value, out, plural, progress_bar, show_warnings, version_fields)
+                  inspect_value, out, plural, print_fields, progress_bar, show_warnings, version_fields)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -22,10 +22,20 @@ TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter w
              "as llama-quantize --pure).")
 
 
-def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
-    from rich.table import Table
+def _check_type(value: str) -> str:
+    """``--type``'s callback: an unknown name is a usage error (exit 2) naming the choices and a close one."""
+    from .gguf.recipe import FILE_TYPES, close_file_types
 
-    table = Table(show_header=False, box=None)
+    if str(value).lower() in FILE_TYPES:
+        return value
+    near = close_file_types(value)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    raise typer.BadParameter(f"{value!r} is not one of {', '.join(repr(n) for n in FILE_TYPES)}{hint}")
+
+
+def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
+    """A report as ``ster inspect`` prints a model: key and value, wrapped to the width, a hash whole."""
+    fields = []
     for key, value in report.items():
         if key in skip:
             continue
@@ -35,8 +45,8 @@ def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
             value = f"{value:.6g}"
         else:  # separators, yes/no, sizes in bytes as ster inspect prints them
             value = inspect_value(f"{key}_bytes" if key == "bytes" else key, value)
-        table.add_row(f"[bold]{key}[/]", escape(str(value)))
-    out.print(table)
+        fields.append((key, str(value)))
+    print_fields(fields)
 
 
 def _warn(lines) -> None:
@@ -49,7 +59,7 @@ def convert(
     model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
     output: Path = typer.Option(..., "--output", "-o", help="The .gguf file to write (must not exist); written "
                                 "to a temporary name beside it and renamed when complete."),
-    type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP),
+    type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP, callback=_check_type),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: every core)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),

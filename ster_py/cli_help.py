@@ -16,9 +16,12 @@ Presentation only: parsing is typer's, unchanged.
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import typer
+from typer._click.core import Context
+from typer._click.formatting import HelpFormatter
 from typer.core import TyperCommand, TyperGroup
 
 #: Value names by long option (or argument name), saying what the value is; an option not listed here
@@ -76,8 +79,34 @@ def _given(param, args: list[str]) -> str | None:
     return None if found is None else found[:40]
 
 
+#: A bracketed note click appends to an option's help: ``[default: no-parse-special]``, ``[required]``.
+_NOTE = re.compile(r"\[(?:default|env var|required)[^\[\]]*\]")
+#: Stand-ins for a note's spaces and hyphens while the text is wrapped (no wrapper breaks at them).
+_KEEP = {" ": "\x00", "-": "\x01"}
+
+
+class _Formatter(HelpFormatter):
+    """click's help formatter, except that a bracketed note (``[default: no-parse-special]``) is never
+    broken across lines: it moves whole to the next line when it does not fit."""
+
+    def write_dl(self, rows, col_max: int = 30, col_spacing: int = 2) -> None:
+        def keep(text: str) -> str:
+            return _NOTE.sub(lambda m: m.group(0).translate(str.maketrans(_KEEP)), text)
+
+        start = len(self.buffer)
+        super().write_dl([(first, keep(second)) for first, second in rows], col_max, col_spacing)
+        back = str.maketrans({v: k for k, v in _KEEP.items()})
+        self.buffer[start:] = [piece.translate(back) for piece in self.buffer[start:]]
+
+
+class _Context(Context):
+    formatter_class = _Formatter
+
+
 class _Tidy:
     """Mixed into typer's command and group classes (see the module docstring)."""
+
+    context_class = _Context
 
     def get_params(self, ctx):
         params = super().get_params(ctx)

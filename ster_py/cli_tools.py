@@ -83,10 +83,25 @@ def parity(
                     out.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
     if not report.passed:
         worst = max(report.prompts, key=lambda p: p.rel_error)
-        where = "" if worst.first_divergent_layer is None else f"; first divergent layer {worst.first_divergent_layer}"
-        err.print(f"[bold red]parity failed:[/] relative logit error {worst.rel_error:.3e} > tolerance "
-                  f"{tolerance:g}{where}", highlight=False)
+        lines = parity_failed_lines(worst.rel_error, tolerance, worst.first_divergent_layer)
+        head = lines[0][len("parity failed:"):]
+        err.print(f"[bold red]parity failed:[/]{escape(head)}", highlight=False)
+        for line in lines[1:]:
+            err.print(escape(line), highlight=False)
         raise typer.Exit(1)
+
+
+def parity_failed_lines(rel_error: float, tolerance: float, layer: Optional[int],
+                        width: Optional[int] = None) -> list[str]:
+    """The closing "parity failed: ..." message of ``ster parity`` as lines of at most ``width`` columns
+    (default: the error console's; 80 when piped): one line when it fits, else broken after the ``;``
+    with the first divergent layer on an indented second line."""
+    width = width or err.width
+    first = f"parity failed: relative logit error {rel_error:.3e} > tolerance {tolerance:g}"
+    if layer is None:
+        return [first]
+    where = f"first divergent layer {layer}"
+    return [f"{first}; {where}"] if len(first) + 2 + len(where) <= width else [first + ";", "  " + where]
 
 
 def layer_error_lines(p, width: Optional[int] = None) -> list[str]:
@@ -108,18 +123,17 @@ def layer_error_lines(p, width: Optional[int] = None) -> list[str]:
     return lines + [line]
 
 
-def parity_table(report, tolerance: float, width: Optional[int] = None):
-    """The per-prompt table of ``ster parity``: the numbers never cut, the prompt last and
-    shortened to what ``width`` (default: the console's) leaves, one line each, so it fits
-    80 columns when piped.
+def parity_table(report, tolerance: float, width: Optional[int] = None) -> str:
+    """The per-prompt table of ``ster parity`` as rich markup: the numbers never cut, one-word
+    column names (``rel-err``, ``max-abs``, ``mean-cos``) one space apart, the prompt last (newlines
+    shown as ``\\n``), every cut one ending with ``...``, to what ``width`` (default: the console's;
+    80 when piped) leaves, one line each, no trailing spaces.
 
-    Columns: tokens; rel err (||ours - ref|| / ||ref|| of the logits); max abs; mean cos;
+    Columns: tokens; rel-err (||ours - ref|| / ||ref|| of the logits); max-abs; mean-cos;
     top-1 (agreement of the greedy token); diverges (the first layer whose hidden-state error
     passes the tolerance, ``no`` when none does, ``-`` without per-layer data); result.
     """
-    from rich.table import Table
-
-    names = ("tokens", "rel err", "max abs", "mean cos", "top-1", "diverges", "result")
+    names = ("tokens", "rel-err", "max-abs", "mean-cos", "top-1", "diverges", "result")
     rows = []
     for p in report.prompts:
         first = "-" if p.layers is None else ("no" if p.first_divergent_layer is None
@@ -127,21 +141,22 @@ def parity_table(report, tolerance: float, width: Optional[int] = None):
         rows.append((f"{len(p.ids):,}", f"{p.rel_error:.2e}", f"{p.max_abs_error:.2e}", f"{p.mean_cosine:.6f}",
                      f"{p.top1_agreement:.0%}", first, "pass" if p.passed else "FAIL"))
     widths = [max([len(name)] + [len(r[i]) for r in rows]) for i, name in enumerate(names)]
-    # one space between columns; the prompt gets what the console width leaves (at least 12)
-    longest = max([len("prompt")] + [len(p.prompt.replace("\n", "\\n")) for p in report.prompts])
-    room = min(max((width or out.width) - sum(widths) - len(widths), 12), longest)
+    quoted = [p.prompt.replace("\n", "\\n") for p in report.prompts]
+    # the prompt gets what the console width leaves (at least 12)
+    room = min(max((width or out.width) - sum(widths) - len(widths), 12), max(map(len, quoted), default=0))
+
+    def line(cells: tuple, prompt: str, result: str) -> str:
+        parts = [c.rjust(w) for c, w in zip(cells[:-1], widths)] + [result + " " * (widths[-1] - len(cells[-1]))]
+        return (" ".join(parts) + " " + prompt).rstrip()
+
     ours = report.precision + (f", --quantize {report.quantize}" if report.quantize else "")
-    table = Table(title=f"ster vs {report.reference} ({ours}, tolerance {tolerance:g})",
-                  box=None, pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
-    for name, w in zip(names, widths):
-        table.add_column(name, justify="left" if name == "result" else "right", no_wrap=True, width=w)
-    table.add_column("prompt", no_wrap=True, width=room)
-    for p, row in zip(report.prompts, rows):
+    lines = [escape(f"ster vs {report.reference} ({ours}, tolerance {tolerance:g})"),
+             "[bold]" + line(names, "prompt", "result") + "[/]"]
+    for p, row, text in zip(report.prompts, rows, quoted):
         result = f"[green]{row[-1]}[/]" if p.passed else f"[red]{row[-1]}[/]"
-        text = p.prompt.replace("\n", "\\n")
         text = text if len(text) <= room else text[:room - 3] + "..."
-        table.add_row(*row[:-1], result, escape(text))
-    return table
+        lines.append(line(row, escape(text), result))
+    return "\n".join(lines)
 
 
 @app.command()

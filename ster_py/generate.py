@@ -85,7 +85,7 @@ class Generation:
     logprobs: list[dict] = field(default_factory=list)
     reused: int = 0
     prefilled: int = 0
-    drafted: int = 0   # with a drafter: ids it proposed, and how many of them the target accepted
+    drafted: int = 0   # with a drafter: ids it proposed (up to the stop), and how many the target accepted
     accepted: int = 0
     draft_rounds: int = 0  # target calls that verified proposals (each emits 1 to k + 1 ids)
     max_new_tokens: int = 0

@@ -146,8 +146,14 @@ def check_draft_options(draft: str | None, draft_max: int | None, sampling) -> N
     weight is read.
 
     Raises:
-        SterError: ``--draft-max`` without ``--draft`` or outside 1..64; ``--draft`` with sampling.
+        SterError: ``--draft-max`` without ``--draft`` or outside 1..64; ``--draft`` with sampling; a
+            ``--draft`` that names a local path (as ``resolve.resolve`` tells one) that does not exist.
     """
+    import os
+    from pathlib import Path
+
+    from .resolve import _looks_like_path
+
     if draft_max is not None and draft is None:
         raise SterError("--draft-max needs --draft (a drafter model)")
     if draft is None:
@@ -155,6 +161,9 @@ def check_draft_options(draft: str | None, draft_max: int | None, sampling) -> N
     check_draft_sampling(sampling)
     if draft_max is not None and not 1 <= draft_max <= 64:
         raise SterError(f"--draft-max must be 1 to 64, got {draft_max}")
+    path = Path(draft).expanduser()
+    if not (path.is_file() or path.is_dir()) and (_looks_like_path(draft) or os.path.lexists(path)):
+        raise SterError(f"no such file or directory: {draft} (given as the drafter, --draft)")
 
 
 def check_pair(target_tokenizer, target_spec, drafter_tokenizer, drafter_name: str) -> None:
@@ -222,7 +231,6 @@ def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choos
             cache.checkpoint()
         normed: list = []
         rows = decoder.forward([token] + drafts, cache, layer_hook=layer_hook, normed=normed)
-        out.drafted += len(drafts)
         out.draft_rounds += 1
         accepted, stop = 0, None
         for j in range(len(drafts) + 1):
@@ -234,6 +242,9 @@ def _rounds(decoder, cache, hidden, history, drafter, n_draft, out, token, choos
                     continue
             token = t
             break
+        # proposals past a stop (the drafter does not know where the answer ends) were never checked
+        # against an emitted id: counted neither drafted nor rejected
+        out.drafted += len(drafts) if stop is None else min(len(drafts), j + 1)
         out.accepted += accepted
         budget = min(n_draft, budget + 2) if accepted == len(drafts) else max(1, budget - 1)
         keep = base + 1 + accepted
@@ -257,9 +268,19 @@ def load_drafter(model: str, target, *, precision: str = "f32", progress=None):
     the target only.
 
     Raises:
-        SterError: what loading the drafter raises; a vocabulary other than the target's; an
-            assistant beside a target it cannot read (``decoder.reader``).
+        SterError: what loading the drafter raises, said of the drafter ("the drafter (--draft
+            MODEL): ...") when the message does not already name it; a vocabulary other than the
+            target's; an assistant beside a target it cannot read (``decoder.reader``).
     """
+    try:
+        return _load_drafter(model, target, precision=precision, progress=progress)
+    except SterError as e:
+        if str(e).startswith("the drafter") or "--draft" in str(e):
+            raise
+        raise SterError(f"the drafter (--draft {model}): {e}") from e
+
+
+def _load_drafter(model: str, target, *, precision: str, progress):
     from .load import load_model
 
     reader = _reader_source(model)

@@ -497,6 +497,7 @@ def test_inspect_prints_yes_no_and_separated_counts(tiny):
 def test_parity_table_keeps_every_number_and_fits_80_columns():
     from rich.console import Console
 
+    import ster_py.cli  # noqa: F401  (cli_tools is imported by cli, its commands' home)
     from ster_py.cli_tools import parity_table
     from ster_py.parity import ParityReport, PromptParity
 
@@ -1128,3 +1129,169 @@ def test_a_wrapper_with_an_unknown_text_type_runs_its_decoder_with_a_warning(qwe
         assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-4
     r = cli("generate", "-m", tmp_path / "m", "-p", "w5", "--max-new-tokens", "1", "--chat-template", "off")
     assert r.exit_code == 0 and "warning: " in r.stderr and "qwen3_5_text_v2" in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------------- issue 23: newuser3's report (s8-nu)
+
+
+def test_chat_save_refuses_a_messages_file_of_another_conversation(tiny_chat, tmp_path):
+    """newuser3 #1: a messages list that is not an earlier save of this conversation stays as it was."""
+    theirs = tmp_path / "chat.json"
+    text = '[{"role":"user","content":"Hi"}]\n'
+    theirs.write_text(text)
+    r = cli("chat", "-m", tiny_chat, "-q", "--max-new-tokens", "1", input=f"/save {theirs}\nw5\n/save {theirs}\n")
+    assert r.exit_code == 0, r.exception
+    assert r.stderr.count(f"{theirs} holds another conversation (1 message); /save to a new name") == 2, r.stderr
+    assert theirs.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]
+    ours = tmp_path / "ours.json"  # an earlier save of this conversation is replaced as it grows
+    r = cli("chat", "-m", tiny_chat, "-q", "--max-new-tokens", "1", input=f"/save {ours}\nw5\n/save {ours}\n"
+                                                                           f"w6\n/save {ours}\n")
+    assert r.exit_code == 0 and "holds another" not in r.stderr, r.stderr
+    saved = json.loads(ours.read_text())
+    assert [m["role"] for m in saved] == ["user", "assistant", "user", "assistant"] and saved[0]["content"] == "w5"
+
+
+def test_parity_failure_line_and_table_fit_80_columns(tiny):
+    """newuser3 #2 and #5: the closing "parity failed" line wraps within 80 columns; the header's column
+    names are one word each; no trailing spaces; a cut prompt ends with ..., a whole one as it is."""
+    import ster_py.cli  # noqa: F401  (cli_tools is imported by cli, its commands' home)
+    from ster_py.cli_tools import parity_failed_lines
+
+    long = "w5 w6 w7 " * 12
+    r = cli("parity", "-m", tiny, "-p", "w5 w6", "--tolerance", "0", "-q")  # every layer "diverges"
+    assert r.exit_code == 1, r.exception
+    failed = r.stderr.splitlines()
+    assert failed[0].startswith("parity failed: relative logit error ") and failed[1] == "  first divergent layer 0"
+    assert all(len(x) <= 80 for x in failed), failed
+    assert parity_failed_lines(1.444e-6, 1e-7, 0, 80) == [
+        "parity failed: relative logit error 1.444e-06 > tolerance 1e-07;", "  first divergent layer 0"]
+    assert parity_failed_lines(1.444e-6, 1e-7, 0, 100) == [
+        "parity failed: relative logit error 1.444e-06 > tolerance 1e-07; first divergent layer 0"]
+    assert parity_failed_lines(1.444e-6, 1e-7, None, 40) == [
+        "parity failed: relative logit error 1.444e-06 > tolerance 1e-07"]
+    r = cli("parity", "-m", tiny, "-p", long.strip(), "-q")
+    assert r.exit_code == 0, r.exception
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["tokens", "rel-err", "max-abs", "mean-cos", "top-1", "diverges", "result", "prompt"]
+    assert all(len(x) <= 80 and x == x.rstrip() for x in lines), lines
+    assert lines[2].endswith("...") and " w5 w6 w7" in lines[2], lines
+    r = cli("parity", "-m", tiny, "-p", "w5 w6", "-q")
+    assert r.exit_code == 0 and re.search(r" pass +w5 w6$", r.stdout.splitlines()[2]), r.stdout
+
+
+def test_convert_type_outside_the_choices_is_a_usage_error(tmp_path):
+    """newuser3 #4: as --precision f8 is: Usage, exit 2, the choices named, and the close one suggested;
+    nothing is read (the model does not exist) and nothing written."""
+    from ster_py.gguf.recipe import FILE_TYPES, file_type
+
+    for value, hint in (("q4km", "; did you mean q4_k_m?"), ("Q8-0", "; did you mean q8_0?"), ("zz", "")):
+        r = cli("convert", tmp_path / "missing", "-o", tmp_path / "o.gguf", "-t", value)
+        assert r.exit_code == 2 and "Usage: " in r.output, r.output
+        message = " ".join(r.output.split())  # click may wrap it
+        assert f"'{value}' is not one of " in message and all(f"'{n}'" in message for n in FILE_TYPES), message
+        assert message.endswith(f"'q5_k_m'{hint}") or hint and hint in message, message
+        assert ("did you mean" in message) == bool(hint), message
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SterError, match=r"unknown --type 'q4km'; use one of .*; did you mean q4_k_m\?"):
+        file_type("q4km")
+    assert file_type("Q4_K_M") is FILE_TYPES["q4_k_m"]
+
+
+def test_convert_report_has_no_padding_and_the_whole_sha(tmp_path, monkeypatch):
+    """newuser3 #2: the report prints as `ster inspect` does: no trailing spaces, nothing cut with an ellipsis,
+    the model's revision (a sha256, as a Hub preset's is) whole on a line of its own."""
+    import ster_py.convert as convert_module
+    from export_helpers import tiny_bpe_checkpoint
+
+    tiny = tmp_path / "bpe"  # a tiny llama with a tokenizer ster writes to GGUF
+    tiny_bpe_checkpoint(tiny, "llama", dict(vocab_size=320, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    r = cli("convert", tiny, "-o", tmp_path / "t.gguf", "-t", "q8_0", "--json", "-q")
+    assert r.exit_code == 0, r.exception
+    report = json.loads(r.stdout)
+    assert "model_revision" in report  # a local directory has none; a preset's is the GGUF's sha256
+    sha = "sha256:" + "b179c9523d0e6a0f" * 4
+    monkeypatch.setattr(convert_module, "convert_model", lambda *a, **k: {**report, "model_revision": sha})
+    r = cli("convert", tiny, "-o", tmp_path / "u.gguf", "-t", "q8_0")
+    assert r.exit_code == 0, r.exception
+    lines = r.stdout.splitlines()
+    assert all(line == line.rstrip() and len(line) <= 80 for line in lines), lines
+    assert "…" not in r.stdout and lines[lines.index("model_revision") + 1] == "  " + sha, lines
+    assert re.search(r"^architecture +llama$", r.stdout, re.M) and f"{report['bytes']:,} bytes" in r.stdout
+
+
+def test_help_keeps_each_default_whole():
+    """newuser3 #3: `[default: no-parse-special]` was split after `no-`; `[default:` ended a line."""
+    seen = 0
+    for path, _ in all_commands():
+        text = help_text(path)
+        for line in text.splitlines():
+            assert not line.rstrip().endswith(("[default:", "no-")), (path, line)
+            for note in re.findall(r"\[default:[^\]]*(?:\]|$)", line):
+                assert note.endswith("]"), (path, line)
+                seen += 1
+        assert all(len(line) <= 80 for line in text.splitlines()), path
+    assert "[default: no-parse-special]" in help_text(("tokenize",))
+    assert "[default: generation-prompt]" in help_text(("template", "render"))
+    assert seen > 20
+
+
+def test_a_missing_drafter_is_named_as_the_drafter(tiny, tmp_path, monkeypatch):
+    """newuser3 #8: `--draft nonexist.gguf` said what a missing `-m` says; now it names --draft, before any
+    weight is read (generate and chat check it with the other draft options)."""
+    import ster_py.load as load_module
+
+    def no_load(*a, **k):
+        raise AssertionError("a weight was read before the drafter was checked")
+
+    missing = tmp_path / "nonexist.gguf"
+    with monkeypatch.context() as m:
+        m.setattr(load_module, "load_model", no_load)
+        for command in (("generate", "-p", "w5"), ("chat",)):
+            r = cli(*command, "-m", tiny, "--draft", missing, input="w5\n")
+            assert isinstance(r.exception, SterError), r.exception
+            assert str(r.exception) == f"no such file or directory: {missing} (given as the drafter, --draft)"
+    r = cli("generate", "-m", missing, "-p", "w5")  # the model's own message is unchanged
+    assert isinstance(r.exception, SterError) and str(r.exception) == f"no such file or directory: {missing}"
+    empty = tmp_path / "empty"  # found, but not a model: refused while the drafter loads, named as the drafter
+    empty.mkdir()
+    r = cli("generate", "-m", tiny, "-p", "w5", "--draft", empty, "--chat-template", "off")
+    assert isinstance(r.exception, SterError) and str(r.exception).startswith(f"the drafter (--draft {empty}): ")
+
+
+def test_self_drafting_counts_no_proposal_past_the_stop(tiny, tmp_path):
+    """newuser3 #9: the model as its own drafter accepts every proposal it verified; those past the stop token
+    (the drafter runs on past the end of the answer) are neither drafted nor rejected."""
+    import shutil
+
+    args = ("-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", "12", "--json", "-q")
+    r = cli("generate", "-m", tiny, *args)
+    assert r.exit_code == 0, r.exception
+    ids = json.loads(r.stdout)["ids"]
+    stop = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])  # a stop token mid-answer
+    model = tmp_path / "stops"
+    shutil.copytree(tiny, model)
+    for name in ("config.json", "generation_config.json"):
+        doc = json.loads((model / name).read_text())
+        (model / name).write_text(json.dumps({**doc, "eos_token_id": ids[stop]}))
+    r = cli("generate", "-m", model, *args, "--draft", model, "--draft-max", "8")
+    assert r.exit_code == 0, r.exception
+    doc = json.loads(r.stdout)
+    assert doc["ids"] == ids[:stop + 1] and doc["stop_reason"] == "stop_token", doc
+    # the first id comes from the prefill; the first round's 8 proposals run past the stop
+    assert stop < 8 and doc["draft"]["drafted"] == doc["draft"]["accepted"] == stop, doc["draft"]
+    r = cli("generate", "-m", model, *args[:-2], "--draft", model, "--draft-max", "8")
+    assert r.exit_code == 0 and f"{stop} of {stop} drafted tokens accepted" in r.stderr, r.stderr
+
+
+def test_readme_shows_capture_layers_as_optional_and_names_device():
+    """newuser3 #6 and #12: the README's capture synopsis brackets --layers (it defaults to all layers, as
+    --help says), and --device, which --help shows on generate, chat, serve and capture, is in the README."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    synopsis = readme[readme.index("    ster capture "):]
+    synopsis = synopsis[:synopsis.index("\n\n")]
+    assert "[--layers all|N|a..b|a,b,c]" in synopsis and " --layers" not in synopsis.replace("[--layers", ""), synopsis
+    assert "[default: all]" in " ".join(help_text(("capture",)).split())
+    for path in (("generate",), ("chat",), ("serve",), ("capture",)):
+        assert "--device DEVICE" in help_text(path), path
+    assert "`--device cpu` (on `generate`, `chat`, `serve` and `capture`)" in " ".join(readme.split())

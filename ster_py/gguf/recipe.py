@@ -52,11 +52,29 @@ FILE_TYPES: dict[str, FileType] = {t.name: t for t in (
 )}
 
 
+def close_file_types(name: str) -> list[str]:
+    """The ``--type`` names a mistyped ``name`` most likely meant (at most two; empty when none is close):
+    the one equal to it once ``_``/``-`` are dropped (``q4km`` -> ``q4_k_m``), else difflib's closest."""
+    import difflib
+
+    key = str(name).lower()
+    bare = {n.replace("_", ""): n for n in FILE_TYPES}
+    if key.replace("_", "").replace("-", "") in bare:
+        return [bare[key.replace("_", "").replace("-", "")]]
+    return difflib.get_close_matches(key, list(FILE_TYPES), n=2, cutoff=0.6)
+
+
 def file_type(name: str) -> FileType:
-    """The ``FileType`` of a ``--type`` name; SterError listing the names otherwise."""
+    """The ``FileType`` of a ``--type`` name (any case).
+
+    Raises:
+        SterError: an unknown name; the message lists the names and a close one ("did you mean q4_k_m?").
+    """
     t = FILE_TYPES.get(str(name).lower())
     if t is None:
-        raise SterError(f"unknown --type {name!r}; use one of {', '.join(FILE_TYPES)}")
+        near = close_file_types(name)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        raise SterError(f"unknown --type {name!r}; use one of {', '.join(FILE_TYPES)}{hint}")
     return t
 
 
