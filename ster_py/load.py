@@ -151,8 +151,8 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
     from pathlib import Path
 
     path = Path(model).expanduser()
-    if path.is_dir() and ((path / "tokenizer.json").is_file() or (path / "tokenizer.jsonl").is_file()):
-        return Tokenizer.from_dir(path)  # tokenizer.json, or PLaMo's tokenizer.jsonl (plamo_tokenizer.py)
+    if path.is_dir() and any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.jsonl", "tekken.json")):
+        return Tokenizer.from_dir(path)  # tokenizer.json, PLaMo's tokenizer.jsonl or Mistral's tekken.json
     if not (path.is_file() and path.name.endswith(".gguf")):
         resolved = resolve(model, revision, progress=progress, weights=False)
         if resolved.tokenizer_path is not None:

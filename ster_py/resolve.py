@@ -240,24 +240,26 @@ def _resolve_mistral_dir(model: str, root: Path, names: list[str], revision: str
                          with_weights: bool = True) -> Resolved:
     """A directory in Mistral's own format: params.json (put in the Transformers shape by
     ``mistral_format.config_from_params``, then gated), the consolidated* weights, and a tokenizer.json
-    beside them (tekken.json and a SentencePiece tokenizer.model are refused by name)."""
+    or Mistral's tekken.json beside them (a SentencePiece tokenizer.model alone is refused by name)."""
     from .mistral_format import PARAMS, config_from_params, weight_names
+    from .tiktoken_bpe import TEKKEN
 
     params_path = root / PARAMS
     params = read_config(params_path)
     config = config_from_params(params, params_path)
-    if TOKENIZER not in names:
-        found = [n for n in names if n == "tekken.json" or n.startswith("tokenizer.model")]
-        hint = (f" (found {', '.join(found)}: ster reads neither Mistral's tekken.json nor a SentencePiece "
-                "tokenizer.model; use the Transformers-format checkpoint's tokenizer.json, or write one beside "
-                "params.json, e.g. with transformers' AutoTokenizer(...).save_pretrained)" if found else "")
-        raise SterError(f"tokenizer is missing: {root / TOKENIZER}{hint}")
+    tokenizer = TOKENIZER if TOKENIZER in names else TEKKEN if TEKKEN in names else None
+    if tokenizer is None:
+        found = [n for n in names if n.startswith("tokenizer.model")]
+        hint = (f" (found {', '.join(found)}: ster does not read a SentencePiece tokenizer.model; use the "
+                "Transformers-format checkpoint's tokenizer.json, or write one beside params.json, e.g. with "
+                "transformers' AutoTokenizer(...).save_pretrained)" if found else "")
+        raise SterError(f"tokenizer is missing: {root / TOKENIZER} (or Mistral's {TEKKEN}){hint}")
     config, family, notes = _gate(config, params_path)
     weights = tuple(root / n for n in weight_names(names) if (root / n).is_file())
     if not weights and with_weights:
         raise SterError(f"model directory {root} in Mistral's own format (params.json) holds no "
                         "consolidated*.safetensors weights; download them")
-    return Resolved(model, "safetensors", root, config, params_path, root / TOKENIZER, weights, None, revision,
+    return Resolved(model, "safetensors", root, config, params_path, root / tokenizer, weights, None, revision,
                     family, notes)
 
 
@@ -424,11 +426,12 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
     if config_name not in sizes:
         raise SterError(f"model config is missing: {model} publishes no config.json at revision {sha}")
     # without tokenizer.json, a tiktoken rank file read under its tokenizer_config.json's class (checked below)
-    tok_name = TOKENIZER if TOKENIZER in sizes else None if native else next(
+    tekken = "tekken.json" if "tekken.json" in sizes else None  # Mistral's own tokenizer (tiktoken_bpe.py)
+    tok_name = TOKENIZER if TOKENIZER in sizes else tekken if native else next(
         (n for n in RANK_FILE_NAMES if n in sizes and "tokenizer_config.json" in sizes),
         PLAMO_TOKENIZER if PLAMO_TOKENIZER in sizes else None)
     if tok_name is None:
-        found = [n for n in sorted(sizes) if native and (n == "tekken.json" or n.startswith("tokenizer.model"))]
+        found = [n for n in sorted(sizes) if native and n.startswith("tokenizer.model")]
         hint = (f" (it publishes {', '.join(found)}, which ster does not read; write a tokenizer.json beside "
                 "params.json in a local copy, or use the Transformers-format checkpoint)" if found else "")
         raise SterError(f"tokenizer is missing: {model} publishes no tokenizer.json at revision {sha}{hint}")
@@ -440,7 +443,7 @@ def _resolve_hub(model: str, revision: str | None, progress: Progress | None, wi
     # commit it came from; the other files are fetched at the SHA itself.
     paths = _download(hub, model, sha, small, sizes, progress, "config", first_at=rev)
     config_path, tokenizer_path = paths[config_name], paths[tok_name]
-    if tok_name != TOKENIZER:
+    if tok_name not in (TOKENIZER, tekken):
         tokenizer_path = _require_tokenizer(tokenizer_path.parent, [tok_name])
     sha = sha or config_path.parent.name  # model_info always states it; the snapshot folder names it too
     if config_path.parent.name != sha:

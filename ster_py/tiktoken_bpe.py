@@ -226,3 +226,156 @@ def from_rank_file(path: Path, tokenizer_class: str, config: Mapping, config_fil
     raise SterError(f"failed to load tokenizer {path}: tokenizer_config.json names the tokenizer class "
                     f"{tokenizer_class!r}; ster reads a rank file only for ChatGLM4Tokenizer (tokenizer.model) and "
                     "TikTokenTokenizer (tiktoken.model). Use a checkpoint that ships tokenizer.json")
+
+
+# ---------------------------------------------------------------- Mistral's tekken.json
+
+#: Mistral's tokenizer file in its own checkpoint format (Mistral NeMo and later; mistral_common's Tekkenizer).
+TEKKEN = "tekken.json"
+#: Real tekken.json files are ~15-20 MB (131,072 ranks as base64 and text, plus the special tokens).
+MAX_TEKKEN_BYTES = 128 << 20
+MAX_SPECIALS = 1 << 16
+
+
+def read_tekken(path: str | Path) -> tuple[list[bytes], str, list[tuple[str, bool]]]:
+    """The parts of a Mistral ``tekken.json``: the ranks kept, the split pattern, the special tokens.
+
+    A tekken.json holds ``vocab`` (objects ``{rank, token_bytes (base64), token_str}``), ``config``
+    (``pattern``, ``default_vocab_size``, ``default_num_special_tokens``, ...) and ``special_tokens``
+    (objects ``{rank, token_str, is_control}``; an older file without this list is refused, its specials
+    being mistral_common's own). mistral_common's Tekkenizer (read by llama.cpp's converter,
+    ``gguf-py`` ``MistralVocab``) gives the special tokens ids ``0..n_special-1`` (those the list does not
+    name are ``<SPECIAL_{i}>``; n_special defaults to the list's length) and rank r the id ``r + n_special``,
+    keeping the first ``default_vocab_size - n_special`` ranks (all when the size is absent), as Transformers'
+    ``MistralConverter`` also does.
+
+    Args:
+        path: the tekken.json file (untrusted: its kind and size are checked before it is parsed).
+
+    Returns:
+        (tokens, pattern, specials): ``tokens[r]`` the bytes of rank r (list[bytes], cut as above),
+        ``pattern`` the split regex, ``specials[i]`` = (text, is_control) for id i, ``n_special`` entries.
+
+    Raises:
+        SterError: not a regular file, over ``MAX_TEKKEN_BYTES``, not JSON, a missing or mistyped field,
+            invalid base64, ranks that are not 0..n-1 once each, a repeated or over-long token, a vocabulary
+            smaller than its sizes say, or one of the 256 single bytes missing from the ranks kept.
+    """
+    import json
+
+    where = f"failed to load tokenizer {path}"
+    data = read_regular(path, "", MAX_TEKKEN_BYTES)
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        raise SterError(f"{where}: it is not valid JSON; re-download it") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("vocab"), list) or not isinstance(doc.get("config"), dict):
+        raise SterError(f"{where}: it is not a Mistral tekken.json (an object with a 'vocab' list and a 'config' "
+                        "object); re-download it")
+    config, vocab = doc["config"], doc["vocab"]
+
+    def size(key: str, low: int, high: int) -> int:
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SterError(f"{where}: config.{key} is {repr(value)[:40]}, not an integer in {low}..{high}; "
+                            "re-download it")
+        return value
+
+    listed = doc.get("special_tokens")
+    if not isinstance(listed, list) or len(listed) > MAX_SPECIALS:
+        raise SterError(f"{where}: it has no special_tokens list (an older tekken.json, whose special tokens only "
+                        "mistral_common knows), which ster does not read; use the model's tokenizer.json")
+    if config.get("default_num_special_tokens") is None:  # mistral_common: as many as listed
+        config["default_num_special_tokens"] = len(listed)
+    n_special = size("default_num_special_tokens", len(listed), MAX_SPECIALS)
+    if config.get("default_vocab_size") is None:  # every rank is used
+        config["default_vocab_size"] = len(vocab) + n_special
+    total = size("default_vocab_size", n_special + 256, MAX_RANKS + n_special)
+    pattern = config.get("pattern")
+    if not isinstance(pattern, str) or not pattern or len(pattern) > 4096:
+        raise SterError(f"{where}: config.pattern is not the split regex (a non-empty string); re-download it")
+    keep = total - n_special
+    if len(vocab) < keep or len(vocab) > MAX_RANKS:
+        raise SterError(f"{where}: its vocab lists {len(vocab)} tokens, but config.default_vocab_size - "
+                        f"default_num_special_tokens = {keep} are used (at most {MAX_RANKS}); re-download it")
+    tokens: list[bytes | None] = [None] * len(vocab)
+    for n, entry in enumerate(vocab):
+        rank = entry.get("rank") if isinstance(entry, dict) else None
+        text = entry.get("token_bytes") if isinstance(entry, dict) else None
+        if isinstance(rank, bool) or not isinstance(rank, int) or not isinstance(text, str):
+            raise SterError(f"{where}: vocab entry {n} is not {{rank: integer, token_bytes: base64 string}}; "
+                            "re-download it")
+        if not 0 <= rank < len(vocab) or tokens[rank] is not None:
+            raise SterError(f"{where}: vocab entry {n} gives rank {rank}, but the ranks must be 0..{len(vocab) - 1}, "
+                            "each once; re-download it")
+        try:
+            token = binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            raise SterError(f"{where}: vocab entry {n} holds no valid base64 token_bytes; re-download it") from None
+        if not token or len(token) > MAX_TOKEN_BYTES:
+            raise SterError(f"{where}: vocab entry {n} holds a token of {len(token)} bytes "
+                            f"(1..{MAX_TOKEN_BYTES} allowed); re-download it")
+        tokens[rank] = token
+    kept: list[bytes] = tokens[:keep]  # type: ignore[assignment]
+    if len(set(kept)) != len(kept):
+        raise SterError(f"{where}: a token is listed under two ranks; re-download it")
+    have = {t for t in kept if len(t) == 1}
+    if len(have) != 256:
+        missing = next(b for b in range(256) if bytes([b]) not in have)
+        raise SterError(f"{where}: the single byte {missing:#04x} is not among the {keep} ranks used, so byte-level "
+                        "BPE cannot encode every text; re-download it")
+    specials: list[tuple[str, bool] | None] = [None] * n_special
+    for n, entry in enumerate(listed):
+        rank = entry.get("rank") if isinstance(entry, dict) else None
+        text = entry.get("token_str") if isinstance(entry, dict) else None
+        control = entry.get("is_control", True) if isinstance(entry, dict) else None
+        if (isinstance(rank, bool) or not isinstance(rank, int) or not isinstance(text, str) or not text
+                or len(text) > MAX_TOKEN_BYTES or not isinstance(control, bool)):
+            raise SterError(f"{where}: special_tokens entry {n} is not {{rank: integer, token_str: text, "
+                            "is_control: boolean}; re-download it")
+        if not 0 <= rank < len(listed) or specials[rank] is not None:
+            raise SterError(f"{where}: special_tokens entry {n} gives rank {rank}, but the special ranks must be "
+                            f"0..{len(listed) - 1}, each once; re-download it")
+        specials[rank] = (text, control)
+    for i in range(len(listed), n_special):  # mistral_common's filler names for the ids the list leaves
+        specials[i] = (f"<SPECIAL_{i}>", True)
+    if len({s[0] for s in specials}) != n_special:  # type: ignore[index]
+        raise SterError(f"{where}: two special tokens have the same text; re-download it")
+    return kept, pattern, specials  # type: ignore[return-value]
+
+
+def from_tekken(path: str | Path) -> tokenizers.Tokenizer:
+    """A ``tokenizers.Tokenizer`` that encodes as mistral_common's Tekkenizer (tiktoken with ``read_tekken``'s
+    ranks and pattern, ids offset by the special count) and adds ``<s>`` before every sequence encoded with
+    special tokens when that token exists (llama.cpp's converter writes ``add_bos`` true for tekken).
+
+    The special tokens are added tokens at their own ids 0..n_special-1 (control tokens special, the others
+    plain added tokens), so their text in a prompt (``[INST]``, ``<s>``) is that id, as a chat template needs.
+    They are entries of the BPE vocabulary too (tokenizers gives an added token the id its model has for the
+    text), as Transformers' ``MistralConverter`` writes them: a rank whose bytes spell a special token's text
+    exactly is then encoded as that special (Transformers' conversion does the same).
+
+    Raises:
+        SterError: a file ``read_tekken`` refuses, or a pattern the regex engine rejects.
+    """
+    tokens, pattern, specials = read_tekken(path)
+    offset = len(specials)
+    vocab = {_spelled(t): i + offset for i, t in enumerate(tokens)}
+    vocab.update({text: i for i, (text, _) in enumerate(specials)})
+    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=_merges(tokens), ignore_merges=True))
+    try:
+        split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    except Exception as error:  # the regex engine's own message
+        raise SterError(f"failed to load tokenizer {path}: config.pattern is not a regex the tokenizers library "
+                        f"reads ({str(error)[:200]}); re-download it") from None
+    tk.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                 use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    for text, control in specials:
+        added = AddedToken(text, special=control, normalized=False)
+        tk.add_special_tokens([added]) if control else tk.add_tokens([added])
+    bos = tk.token_to_id("<s>")
+    if bos is not None and bos < offset:
+        tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
+                                                          special_tokens=[("<s>", bos)])
+    return tk

@@ -168,7 +168,8 @@ class Tokenizer:
         Without tokenizer.json, a tiktoken rank file is read (``rank_file_of``: GLM-4's
         tokenizer.model under ChatGLM4Tokenizer, Kimi's tiktoken.model under TikTokenTokenizer;
         ``tiktoken_bpe.from_rank_file``), with the same side files; else PLaMo's tokenizer.jsonl
-        (``plamo_tokenizer.from_jsonl``).
+        (``plamo_tokenizer.from_jsonl``); else Mistral's tekken.json (``tiktoken_bpe.from_tekken``: BOS
+        ``<s>``, EOS ``</s>`` from its special tokens unless tokenizer_config.json names others).
 
         BOS/EOS addition follows tokenizer.json's post-processor:
         tokenizer_config.json's ``add_bos_token``/``add_eos_token`` are ignored
@@ -203,6 +204,18 @@ class Tokenizer:
             tk = from_rank_file(rank_file, config.get("tokenizer_class"), config, config_file)
             tokenizer_file = rank_file
             failed = (f"failed to load tokenizer {rank_file}", "re-download its tokenizer_config.json.")
+        elif not tokenizer_file.is_file() and (directory / "tekken.json").is_file():  # Mistral's own format
+            from .tiktoken_bpe import from_tekken
+
+            tekken = directory / "tekken.json"
+            tk = from_tekken(tekken)
+            config = _read_json_object(config_file)
+            added = {t.content for t in tk.get_added_tokens_decoder().values()}
+            for key, text in (("bos_token", "<s>"), ("eos_token", "</s>"), ("unk_token", "<unk>")):
+                if text in added:  # Tekkenizer's bos/eos/unk are these special tokens
+                    config.setdefault(key, text)
+            tokenizer_file = tekken
+            failed = (f"failed to load tokenizer {tekken}", "re-download it.")
         else:
             if not tokenizer_file.is_file():
                 raise SterError(

@@ -123,8 +123,8 @@ def test_missing_pieces_are_named(tmp_path):
         resolve(str(tmp_path))
     (tmp_path / "params.json").write_text(json.dumps({"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 96,
                                                       "norm_eps": 1e-5, "vocab_size": VOCAB}))
-    (tmp_path / "tekken.json").write_text("{}")
-    with pytest.raises(SterError, match="tokenizer is missing.*found tekken.json.*tokenizer.json"):
+    (tmp_path / "tokenizer.model").write_text("{}")
+    with pytest.raises(SterError, match="tokenizer is missing.*tekken.json.*found tokenizer.model.*tokenizer.json"):
         resolve(str(tmp_path))
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(SterError, match="no consolidated.*safetensors weights"):
@@ -193,3 +193,194 @@ def test_vision_tower_beside_the_decoder_is_never_read(tmp_path):
     model = load_model(str(native))
     assert rel_err(model.decoder.forward(PROMPT), reference_logits(ref, PROMPT)[0]) < 1e-4
     assert sorted(model.decoder._weights.unused_tensors(model.spec)) == sorted(tower)
+
+
+# ---------------------------------------------------------------- tekken.json (Mistral's own tokenizer file)
+# The oracles: the tiktoken library on the same ranks and pattern (ids offset by the special count, as
+# mistral_common's Tekkenizer lays them out) and Transformers' own tekken converter
+# (transformers.integrations.mistral.convert_tekken_tokenizer) for the special tokens' ids.
+
+#: The split pattern of Mistral's tekken.json files (as llama.cpp's src/llama-vocab.cpp quotes it).
+TEKKEN_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+                  r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEKKEN_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
+N_SPECIAL = 10  # five named, five <SPECIAL_i> fillers
+N_UNUSED = 7  # ranks past default_vocab_size - N_SPECIAL, which the tokenizer must not use
+CORPUS = ("The quick brown fox jumps over the lazy dog. def tokenize(text):\n    return [x for x in text]\n"
+          "Les élèves ont mangé 12 crêpes à 9h30! 东京和北京 1234567 HTTPServer isUpperCase ünïcödé\n\t\n")
+TEXTS = ["Hello world", "  leading and   inner spaces  ", "digits 0123456789 and 3.14159", "def f(x):\n\treturn x**2\n",
+         "Les élèves à l'école — naïve façade", "东京 and 北京", "emoji 🦊🐶 and 👍🏽!", "HTTPServer isUpperCase",
+         "literal <s> and [INST] stay text", "zqaxw zqbxw", "\n\n\nnewlines\r\n", ""]
+
+
+def _tekken_ranks() -> list[bytes]:
+    """Byte-level BPE ranks trained on CORPUS: the 256 bytes, then each merge's token in merge order."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.train_from_iterator([CORPUS] * 4, trainers.BpeTrainer(
+        vocab_size=256 + 160, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    back = {c: b for b, c in bytes_to_unicode().items()}
+    ranks = [bytes([b]) for b in range(256)]
+    for merge in json.loads(tk.to_str())["model"]["merges"]:
+        a, b = merge.split(" ") if isinstance(merge, str) else merge
+        token = bytes(back[c] for c in a + b)
+        if token not in ranks:
+            ranks.append(token)
+    return ranks
+
+
+def _write_tekken(path, ranks: list[bytes], **edit) -> dict:
+    import base64
+
+    unused = [b"zq" + bytes([97 + i]) + b"xw" for i in range(N_UNUSED)]  # "zqaxw", ...: in TEXTS
+    doc = {"config": {"pattern": TEKKEN_PATTERN, "num_vocab_tokens": len(ranks) + N_UNUSED,
+                      "default_vocab_size": len(ranks) + N_SPECIAL, "default_num_special_tokens": N_SPECIAL,
+                      "version": "v7"},
+           "vocab": [{"rank": i, "token_bytes": base64.b64encode(t).decode(), "token_str": t.decode("utf-8", "replace")}
+                     for i, t in enumerate(ranks + unused)],
+           "special_tokens": [{"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(TEKKEN_SPECIALS)]}
+    doc.update(edit)
+    (path / "tekken.json").write_text(json.dumps(doc))
+    return doc
+
+
+@pytest.fixture(scope="module")
+def tekken(tmp_path_factory):
+    """A Mistral-format checkpoint whose only tokenizer is a tiny tekken.json, its Transformers original, the
+    tiktoken encoding of the same ranks and the ranks."""
+    import tiktoken
+
+    ranks = _tekken_ranks()
+    root = tmp_path_factory.mktemp("tekken")
+    config = dict(CONFIG, vocab_size=len(ranks) + N_SPECIAL)
+    ref = build_checkpoint(root / "hf", "mistral", config)
+    _to_mistral_format(root / "hf", root / "native", config)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (root / "native" / name).unlink()
+    _write_tekken(root / "native", ranks)
+    enc = tiktoken.Encoding("tekken-tiny", pat_str=TEKKEN_PATTERN,
+                            mergeable_ranks={t: i for i, t in enumerate(ranks)}, special_tokens={})
+    return root / "native", ref, enc, ranks
+
+
+def test_tekken_ids_match_tiktoken_and_transformers(tekken):
+    from transformers.integrations.mistral import convert_tekken_tokenizer
+
+    from ster_py.tokenizer import Tokenizer
+
+    path, _, enc, ranks = tekken
+    tok = Tokenizer.from_dir(path)
+    hf = convert_tekken_tokenizer(str(path / "tekken.json"))
+    assert tok.vocab_size == len(ranks) + N_SPECIAL == hf.vocab_size  # len(hf) also counts the <pad> it adds
+    tok.tk.encode_special_tokens = True  # special texts as plain text, as tiktoken with no specials
+    for text in TEXTS + [CORPUS]:
+        want = [i + N_SPECIAL for i in enc.encode(text, disallowed_special=())]
+        assert tok.encode(text, add_special_tokens=False) == want, text
+        assert tok.encode(text, add_special_tokens=True) == [1] + want, text  # <s> first (llama.cpp's add_bos)
+        assert tok.decode(want) == text
+    tok.tk.encode_special_tokens = False
+    for i, s in enumerate(TEKKEN_SPECIALS + [f"<SPECIAL_{i}>" for i in range(5, N_SPECIAL)]):
+        assert tok.token_to_id(s) == hf.convert_tokens_to_ids(s) == i
+    assert (tok.bos_token, tok.eos_token, tok.bos_token_id, tok.eos_token_id) == ("<s>", "</s>", 1, 2)
+    ids = tok.encode("[INST]Hi[/INST]", add_special_tokens=False)
+    assert ids == hf.encode("[INST]Hi[/INST]", add_special_tokens=False) and ids[0] == 3 and ids[-1] == 4
+    assert tok.decode(ids, skip_special_tokens=True) == "Hi"
+
+
+def test_tekken_tokenize_cli_and_model_load(tekken, tmp_path):
+    import subprocess
+    import sys
+
+    path, ref, enc, _ = tekken
+    text = "The élèves 🦊 1234 <s>"
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "tokenize", "-m", str(path),
+                        "--text", text, "--json", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ids"] == [1] + [i + N_SPECIAL for i in enc.encode(text, disallowed_special=())]
+    resolved = resolve(str(path))
+    assert resolved.tokenizer_path.name == "tekken.json"
+    from ster_py.load import load_tokenizer
+
+    bare = tmp_path / "bare"  # the tokenizer is read without the weights being present
+    bare.mkdir()
+    for name in ("params.json", "tekken.json"):
+        shutil.copy(path / name, bare / name)
+    tok = load_tokenizer(str(bare))
+    assert tok.encode(text)[-1] == 1  # "<s>" in the text read as the special token by default
+    tok.tk.encode_special_tokens = True  # as the CLI's default --no-parse-special
+    assert tok.encode(text) == json.loads(r.stdout)["ids"]
+    model = load_model(str(path))
+    check_against(model, ref, PROMPT)  # the same logits as with tokenizer.json: the tokenizer changes no weight
+    assert model.tokenizer.eos_token == "</s>" and model.tokenizer.bos_token_id == 1
+
+
+def _bad(doc: dict, **edit) -> dict:
+    out = json.loads(json.dumps(doc))
+    for key, value in edit.items():
+        where, _, field = key.partition("__")
+        if field:
+            out[where][field] = value
+        else:
+            out[where] = value
+    return out
+
+
+@pytest.mark.parametrize("edit,match", [
+    (dict(vocab="x"), "not a Mistral tekken.json"),
+    (dict(special_tokens=None), "no special_tokens list"),
+    (dict(config__default_num_special_tokens=-1), "default_num_special_tokens is -1"),
+    (dict(config__default_vocab_size=10 ** 9), "default_vocab_size is 1000000000"),
+    (dict(config__pattern=""), "config.pattern is not the split regex"),
+    (dict(config__pattern="(unclosed"), "not a regex the tokenizers library reads"),
+    ("base64", "vocab entry 300 holds no valid base64"),
+    ("rank", "vocab entry 300 gives rank 299"),
+    ("dup", "a token is listed under two ranks"),
+    ("byte", "the single byte 0x41 is not among"),
+    ("short", "its vocab lists"),
+    ("special", "special_tokens entry 1 gives rank 0"),
+])
+def test_invalid_tekken_is_refused(tmp_path, edit, match):
+    from ster_py.tiktoken_bpe import from_tekken
+
+    ranks = [bytes([b]) for b in range(256)] + [b"ab", b"abc", b"the", b" the"] + [bytes([b, b]) for b in range(40)]
+    doc = _write_tekken(tmp_path, ranks)
+    if isinstance(edit, dict):
+        doc = _bad(doc, **edit)
+    elif edit == "base64":
+        doc["vocab"][300]["token_bytes"] = "!!not base64"
+    elif edit == "rank":
+        doc["vocab"][300]["rank"] = 299
+    elif edit == "dup":
+        doc["vocab"][299]["token_bytes"] = doc["vocab"][298]["token_bytes"]  # both kept
+    elif edit == "byte":
+        doc["vocab"][0x41]["token_bytes"] = "WlpaWg=="  # b"ZZZZ" in place of b"A"
+    elif edit == "short":
+        doc["vocab"] = doc["vocab"][:280]
+    elif edit == "special":
+        doc["special_tokens"][1]["rank"] = 0
+    (tmp_path / "tekken.json").write_text(json.dumps(doc))
+    with pytest.raises(SterError, match=match):
+        from_tekken(tmp_path / "tekken.json")
+    (tmp_path / "tekken.json").write_text("{not json")
+    with pytest.raises(SterError, match="not valid JSON"):
+        from_tekken(tmp_path / "tekken.json")
+
+
+def test_tekken_checkpoint_converts_for_llama_cpp(tekken, tmp_path):
+    """``ster convert`` of the tekken.json checkpoint: llama.cpp's ids on the GGUF equal tiktoken's (plus the
+    special offset, <s> first) and its logits Transformers'."""
+    from ster_py import llamacpp
+    from ster_py.convert import convert_model
+    from tiny import reference_logits, rel_err
+
+    path, ref, enc, _ = tekken
+    report = convert_model(str(path), tmp_path / "m.gguf", "f32")
+    assert report["differences"] == []
+    texts = [t for t in TEXTS if t]
+    got = llamacpp.tokenize(tmp_path / "m.gguf", texts, add_special=True)
+    assert got == [[1] + [i + N_SPECIAL for i in enc.encode(t, disallowed_special=())] for t in texts]
+    assert rel_err(llamacpp.logits(tmp_path / "m.gguf", [PROMPT])[0], reference_logits(ref, PROMPT)[0]) < 1e-3

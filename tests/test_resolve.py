@@ -485,12 +485,20 @@ MISTRAL_PARAMS = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head
 
 
 def test_hub_mistral_format_without_tokenizer_json_refused_before_any_download(remote):
-    fake = remote({"params.json": json.dumps(MISTRAL_PARAMS).encode(), "tekken.json": b"{}",
+    fake = remote({"params.json": json.dumps(MISTRAL_PARAMS).encode(), "tokenizer.model": b"{}",
                    "consolidated.safetensors": WEIGHT_BYTES})
     with pytest.raises(SterError) as e:
         resolve("mistralai/Some-Model")
-    assert "tokenizer is missing" in str(e.value) and "tekken.json" in str(e.value)
+    assert "tokenizer is missing" in str(e.value) and "tokenizer.model" in str(e.value)
     assert fake.downloads == []
+
+
+def test_hub_mistral_format_reads_tekken_json_without_tokenizer_json(remote):
+    fake = remote({"params.json": json.dumps(MISTRAL_PARAMS).encode(), "tekken.json": b"{}",
+                   "consolidated.safetensors": WEIGHT_BYTES})
+    r = resolve("mistralai/Some-Model")
+    assert fake.downloads == ["params.json", "tekken.json", "consolidated.safetensors"]
+    assert r.tokenizer_path.name == "tekken.json"
 
 
 def test_hub_mistral_format_downloads_params_then_the_consolidated_weights(remote):

@@ -293,6 +293,10 @@ PROBE_TEXT = ("Hello world!  It's 12 o'clock; I'VE 3 cats, 33 dogs and 1234567 a
 
 def _tokenizer_json(root: Path) -> dict:
     path = root / "tokenizer.json"
+    if not path.is_file() and (root / "tekken.json").is_file():  # Mistral's own format: its tekken.json as BPE
+        from ..tiktoken_bpe import from_tekken
+
+        return json.loads(from_tekken(root / "tekken.json").to_str())
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -466,6 +470,8 @@ def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None
     want = hf.encode(PROBE_TEXT, add_special_tokens=False)
     notes: list[str] = []
     candidates = ["gpt-2", "smollm", "llama-bpe", "qwen2", "default", "gpt-4o", "qwen35", "stablelm2"]
+    if not (root / "tokenizer.json").is_file() and (root / "tekken.json").is_file():
+        candidates.insert(0, "tekken")  # Mistral's tekken.json: llama.cpp's converter names its split so
     candidates = [c for c in candidates if c in PRE_TOKENIZERS] if byte_level else ["default"]
     best = None
     for name in candidates:
