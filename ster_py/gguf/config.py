@@ -542,9 +542,15 @@ def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: f
                      l2_eps=eps)
 
 
+# The config.json ``architectures`` an architecture stands for, where a family's variants tell its generations
+# apart by it and no metadata key does: llama.cpp's bailingmoe3 is Ling 3.0 (Kimi Delta Attention), never the
+# lightning-attention Ling 2.5 that shares its model_type.
+ARCH_CLASSES = {"bailingmoe3": ["BailingMoeV3ForCausalLM"]}
+
+
 def _gguf_config(meta: Mapping, arch: str, family: FamilySpec) -> dict:
     """The metadata a family reads, renamed to the config.json keys it stands for (``gguf_config``)."""
-    out = {}
+    out = {"architectures": list(ARCH_CLASSES[arch])} if arch in ARCH_CLASSES else {}
     for key, config_key in family.gguf_config.items():
         value = meta.get(f"{arch}.{key}")
         if value is not None:
