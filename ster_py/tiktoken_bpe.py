@@ -112,14 +112,23 @@ def read_ranks(path: str | Path) -> list[bytes]:
             raise SterError(f"{where}: line {n} gives rank {rank}, but the ranks must be the token ids "
                             f"0..{len(lines) - 1}, each once; re-download it")
         tokens[rank] = token
+    _check_byte_level(tokens, where, "is not a token")  # type: ignore[arg-type]
+    return tokens  # type: ignore[return-value]
+
+
+def _check_byte_level(tokens: list[bytes], where: str, absent: str) -> None:
+    """Ranked tokens byte-level BPE can use: none listed twice, every single byte among them.
+
+    Raises:
+        SterError: naming the file (``where``) and the first missing byte (``absent`` says where it is not).
+    """
     if len(set(tokens)) != len(tokens):
         raise SterError(f"{where}: a token is listed under two ranks; re-download it")
     have = {t for t in tokens if len(t) == 1}
     if len(have) != 256:
         missing = next(b for b in range(256) if bytes([b]) not in have)
-        raise SterError(f"{where}: the single byte {missing:#04x} is not a token, so byte-level BPE cannot encode "
+        raise SterError(f"{where}: the single byte {missing:#04x} {absent}, so byte-level BPE cannot encode "
                         "every text; re-download it")
-    return tokens  # type: ignore[return-value]
 
 
 def _merges(tokens: list[bytes]) -> list[tuple[str, str]]:
@@ -317,13 +326,7 @@ def read_tekken(path: str | Path) -> tuple[list[bytes], str, list[tuple[str, boo
                             f"(1..{MAX_TOKEN_BYTES} allowed); re-download it")
         tokens[rank] = token
     kept: list[bytes] = tokens[:keep]  # type: ignore[assignment]
-    if len(set(kept)) != len(kept):
-        raise SterError(f"{where}: a token is listed under two ranks; re-download it")
-    have = {t for t in kept if len(t) == 1}
-    if len(have) != 256:
-        missing = next(b for b in range(256) if bytes([b]) not in have)
-        raise SterError(f"{where}: the single byte {missing:#04x} is not among the {keep} ranks used, so byte-level "
-                        "BPE cannot encode every text; re-download it")
+    _check_byte_level(kept, where, f"is not among the {keep} ranks used")
     specials: list[tuple[str, bool] | None] = [None] * n_special
     for n, entry in enumerate(listed):
         rank = entry.get("rank") if isinstance(entry, dict) else None
