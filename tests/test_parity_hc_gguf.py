@@ -602,14 +602,13 @@ def ds4_converted(tmp_path_factory):
                          lambda p, _, c: build_ds4(p, c))
 
 
-def experts_in_f32(src, dst):
-    """A copy of the GGUF ``src`` at ``dst`` with its MXFP4 tensors decoded to F32 by gguf-py (the same numbers:
-    llama.cpp then runs every matrix product in float32 rather than against 8-bit activations)."""
+def _rewrite_gguf(src, dst, replace):
+    """A copy of the GGUF ``src`` at ``dst`` made by gguf-py: every metadata entry, and every tensor as stored
+    (MXFP4 blocks raw) unless ``replace(tensor)`` gives an array to write in its place."""
     import gguf
 
     reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch)
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for name, f in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
@@ -617,15 +616,28 @@ def experts_in_f32(src, dst):
         writer.add_key_value(name, f.contents(), vtype,
                              sub_type=f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None)
     for t in reader.tensors:
-        data = np.array(t.data)
-        if t.tensor_type == gguf.GGMLQuantizationType.MXFP4:
-            data = gguf.quants.dequantize(data, t.tensor_type)
-        writer.add_tensor(t.name, np.ascontiguousarray(data))
+        data = replace(t)
+        if data is not None:
+            writer.add_tensor(t.name, np.ascontiguousarray(data))
+        elif t.tensor_type == gguf.GGMLQuantizationType.MXFP4:
+            writer.add_tensor(t.name, np.array(t.data), raw_shape=None, raw_dtype=t.tensor_type)
+        else:
+            writer.add_tensor(t.name, np.array(t.data))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def experts_in_f32(src, dst):
+    """A copy of the GGUF ``src`` at ``dst`` with its MXFP4 tensors decoded to F32 by gguf-py (the same numbers:
+    llama.cpp then runs every matrix product in float32 rather than against 8-bit activations)."""
+    import gguf
+
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    return _rewrite_gguf(src, dst, lambda t: gguf.quants.dequantize(np.array(t.data), mxfp4)
+                         if t.tensor_type == mxfp4 else None)
 
 
 #: 136 tokens: the heavily compressed layer's first entry closes at position 127; no indexer choice of the case
@@ -839,28 +851,8 @@ def test_deepseek4_gguf_dir(ds4_converted, tmp_path):
 # outside the expert count, is refused by name at load, not an IndexError or a silent truncation.
 
 def _with_tid2eid(src, dst, table):
-    import gguf
-
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = f.types[0]
-        writer.add_key_value(name, f.contents(), vtype,
-                             sub_type=f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    for t in reader.tensors:
-        if t.name == "blk.0.ffn_gate_tid2eid.weight":
-            writer.add_tensor(t.name, table(np.array(t.data)))
-        elif t.tensor_type == gguf.GGMLQuantizationType.MXFP4:
-            writer.add_tensor(t.name, np.array(t.data), raw_shape=None, raw_dtype=t.tensor_type)
-        else:
-            writer.add_tensor(t.name, np.array(t.data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    return _rewrite_gguf(src, dst, lambda t: table(np.array(t.data)) if t.name == "blk.0.ffn_gate_tid2eid.weight"
+                         else None)
 
 
 def _nan_first(t):
