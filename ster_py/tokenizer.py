@@ -223,8 +223,7 @@ class Tokenizer:
                     "The model directory needs a tokenizer.json (the Hugging Face fast-tokenizer file)."
                 )
             _check_regular_file(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, "tokenizer")
-            _check_precompiled_maps(tokenizer_file)
-            _check_unigram_vocab(tokenizer_file)
+            _check_before_tokenizers(tokenizer_file)
             failed = (f"failed to load tokenizer {tokenizer_file}", "The file is not a tokenizer.json the "
                       "tokenizers library can read; re-download or re-export it.")
             tk = _guarded(lambda: tokenizers.Tokenizer.from_file(str(tokenizer_file)), *failed)
@@ -509,52 +508,54 @@ def _guarded(call, what: str, advice: str = "") -> Any:
         raise SterError(f"{what}: {exc}" + (f". {advice}" if advice else "")) from None
 
 
-def _check_unigram_vocab(tokenizer_file: Path) -> None:
-    """Bound a Unigram tokenizer.json's pieces before tokenizers builds its trie (about 350
-    bytes per piece character; ``ster_py.gguf.tokenizer.check_unigram_pieces``).
+def _check_before_tokenizers(tokenizer_file: Path) -> None:
+    """The checks tokenizer.json gets before tokenizers reads it, on one read of the file, parsed only when it
+    mentions what they look at (``Precompiled`` normalizers, a ``Unigram`` model); malformed JSON and unreadable
+    files are left to tokenizers to report.
 
-    Only files that mention ``"Unigram"`` are parsed here; malformed JSON is left to tokenizers.
+    Raises:
+        SterError: what ``_check_precompiled_maps`` or ``_check_unigram_vocab`` raises.
+    """
+    try:
+        raw = tokenizer_file.read_bytes()
+    except OSError:
+        return
+    precompiled, unigram = b'"Precompiled"' in raw, b'"Unigram"' in raw
+    if not (precompiled or unigram):
+        return
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        return
+    if not isinstance(document, dict):
+        return
+    if precompiled:
+        _check_precompiled_maps(document, tokenizer_file)
+    if unigram:
+        _check_unigram_vocab(document, tokenizer_file)
+
+
+def _check_unigram_vocab(document: dict, tokenizer_file: Path) -> None:
+    """Bound a Unigram tokenizer.json's pieces (``document``, the parsed file) before tokenizers builds its
+    trie (about 350 bytes per piece character; ``ster_py.gguf.tokenizer.check_unigram_pieces``).
 
     Raises:
         SterError: pieces over ``check_unigram_pieces``' bounds.
     """
     from .gguf.tokenizer import check_unigram_pieces
 
-    try:
-        raw = tokenizer_file.read_bytes()
-    except OSError:
-        return  # tokenizers reports it
-    if b'"Unigram"' not in raw:
-        return
-    try:
-        model = json.loads(raw).get("model")
-    except (ValueError, RecursionError, AttributeError):
-        return  # tokenizers reports malformed JSON
+    model = document.get("model")
     if not isinstance(model, dict) or model.get("type") != "Unigram" or not isinstance(model.get("vocab"), list):
         return
     pieces = [row[0] for row in model["vocab"] if isinstance(row, list) and row and isinstance(row[0], str)]
     check_unigram_pieces(pieces, f"failed to load tokenizer {tokenizer_file}")
 
 
-def _check_precompiled_maps(tokenizer_file: Path) -> None:
-    """Check every ``Precompiled`` normalizer's character map in tokenizer.json before
-    tokenizers reads it (a crafted size inside the map aborts the process there).
-
-    Only files that mention ``Precompiled`` are parsed here (SentencePiece Unigram
-    exports, a few MB); the others go straight to tokenizers.
-    """
+def _check_precompiled_maps(document: dict, tokenizer_file: Path) -> None:
+    """Check every ``Precompiled`` normalizer's character map in tokenizer.json (``document``, the parsed file)
+    before tokenizers reads it (a crafted size inside the map aborts the process there)."""
     from .gguf.tokenizer import check_precompiled_charsmap
 
-    try:
-        raw = tokenizer_file.read_bytes()
-    except OSError:
-        return  # tokenizers reports it
-    if b'"Precompiled"' not in raw:
-        return
-    try:
-        document = json.loads(raw)
-    except (ValueError, RecursionError):
-        return  # tokenizers reports malformed JSON
     found: list[Any] = []
 
     def walk(node: Any, depth: int) -> None:
@@ -569,8 +570,7 @@ def _check_precompiled_maps(tokenizer_file: Path) -> None:
             for child in node:
                 walk(child, depth + 1)
 
-    if isinstance(document, dict):
-        walk(document.get("normalizer"), 0)
+    walk(document.get("normalizer"), 0)
     for value in found:
         if not isinstance(value, str):
             continue  # tokenizers reports a missing or mistyped map
