@@ -54,6 +54,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux reports KiB; MB = 1e6 bytes
 
 
+def _rss_mb() -> float:
+    """The resident set now (Linux /proc/self/statm; NaN elsewhere). Taken once the engine's
+    modules are imported, so that peak minus it is what the model, its tokenizer and the run add
+    (the weights' share is compared with the file's size)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
 def _prompt_ids(encode, n: int, vocab_size: int, kind: str = "text") -> list[int]:
     """n prompt ids: the tokenized astronomy text, or (``kind`` "random", for synthetic models
     whose vocabulary is no language) the same seeded random ids for every engine."""
@@ -79,6 +90,7 @@ def run_ster(args) -> dict:
     from ster_py.generate import Sampling, generate
     from ster_py.load import load_model
 
+    base_rss = _rss_mb()
     set_threads(args.threads)
     m = load_model(args.model, precision=args.precision, quantize=args.quantize)
     load_s = time.perf_counter() - t0
@@ -89,6 +101,7 @@ def run_ster(args) -> dict:
     kv_bytes = m.decoder.new_cache(dtype).nbytes_per_position() * (len(ids) + args.new_tokens)
     return {"load_s": load_s, "prefill_tok_s": g.prefill_tokens_per_second,
             "decode_tok_s": g.decode_tokens_per_second, "peak_rss_mb": _peak_rss_mb(),
+            "added_rss_mb": _peak_rss_mb() - base_rss,
             "kv_mb": kv_bytes / 1e6, "tokens": len(g.ids), "first_ids": g.ids[:8],
             "numpy": np.__version__, "simd": _ster_simd()}
 
@@ -105,6 +118,7 @@ def run_llama_cpp(args) -> dict:
     t0 = time.perf_counter()
     import llama_cpp
 
+    base_rss = _rss_mb()
     llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads,
                           n_ctx=args.prompt_tokens + args.new_tokens + 16, n_batch=args.prompt_tokens,
                           verbose=False)
@@ -127,7 +141,7 @@ def run_llama_cpp(args) -> dict:
     decode_s = time.perf_counter() - t0
     return {"load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
             "decode_tok_s": (len(out) - 1) / decode_s, "peak_rss_mb": _peak_rss_mb(), "tokens": len(out),
-            "first_ids": out[:8], "llama_cpp": llama_cpp.__version__}
+            "added_rss_mb": _peak_rss_mb() - base_rss, "first_ids": out[:8], "llama_cpp": llama_cpp.__version__}
 
 
 def run_transformers(args) -> dict:
@@ -135,6 +149,7 @@ def run_transformers(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    base_rss = _rss_mb()
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if args.dtype == "bf16"
@@ -157,7 +172,8 @@ def run_transformers(args) -> dict:
         decode_s = time.perf_counter() - t0
     return {"load_s": load_s, "prefill_tok_s": len(ids) / prefill_s,
             "decode_tok_s": (len(out) - 1) / decode_s, "peak_rss_mb": _peak_rss_mb(), "tokens": len(out),
-            "first_ids": out[:8], "torch": torch.__version__, "dtype": str(model.dtype)}
+            "added_rss_mb": _peak_rss_mb() - base_rss, "first_ids": out[:8], "torch": torch.__version__,
+            "dtype": str(model.dtype)}
 
 
 def run_llama_bench(args) -> dict:
@@ -175,7 +191,7 @@ def run_llama_bench(args) -> dict:
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
     tg = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
     return {"load_s": float("nan"), "prefill_tok_s": pp, "decode_tok_s": tg, "peak_rss_mb": float("nan"),
-            "tokens": args.new_tokens, "build": rows[0].get("build_commit"), "cpu": rows[0].get("cpu_info")}
+            "added_rss_mb": float("nan"), "tokens": args.new_tokens, "build": rows[0].get("build_commit"), "cpu": rows[0].get("cpu_info")}
 
 
 WORKERS = {"ster": run_ster, "llama.cpp": run_llama_cpp, "transformers": run_transformers,
@@ -341,17 +357,19 @@ def show(args) -> None:
             res["loadavg"] = _loadavg()
             runs[label].append(res)
             print(f"round {r + 1} {label:22s} load {res['load_s']:6.2f} s  prefill {res['prefill_tok_s']:7.1f} tok/s  "
-                  f"decode {res['decode_tok_s']:6.1f} tok/s  peak RSS {res['peak_rss_mb']:6.0f} MB  "
+                  f"decode {res['decode_tok_s']:6.1f} tok/s  peak RSS {res['peak_rss_mb']:6.0f} MB "
+                  f"(+{res['added_rss_mb']:.0f} over the engine's imports)  "
                   f"(loadavg {res['loadavg']})", flush=True)
         loads.append(_loadavg())
-    figures = ("load_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb")
+    figures = ("load_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb", "added_rss_mb")
     med = {c: {f: statistics.median(run[f] for run in runs[c]) for f in figures} for c in runs}
     print(f"\nmodel {args.model}  threads {args.threads}  prompt {args.prompt_tokens}  new {args.new_tokens}  "
           f"rounds {args.rounds}  load average at start and after each round: {' | '.join(loads)}")
-    print(f"{'':24s}{'load s':>9s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'peak RSS MB':>13s}")
+    print(f"{'':24s}{'load s':>9s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'peak RSS MB':>13s}{'added MB':>10s}")
     for c in runs:
         m = med[c]
-        print(f"{c:24s}{m['load_s']:9.2f}{m['prefill_tok_s']:15.1f}{m['decode_tok_s']:14.1f}{m['peak_rss_mb']:13.0f}")
+        print(f"{c:24s}{m['load_s']:9.2f}{m['prefill_tok_s']:15.1f}{m['decode_tok_s']:14.1f}{m['peak_rss_mb']:13.0f}"
+              f"{m['added_rss_mb']:10.0f}")
     ratios = [("ster f32 / transformers f32", "ster f32", "transformers f32"),
               ("ster bf16 / transformers bf16", "ster bf16", "transformers bf16"),
               ("ster q8_0 / transformers bf16", "ster bf16 q8_0", "transformers bf16"),

@@ -51,6 +51,8 @@ FEATURES = (
     (("avx512f", "avx512_vnni"), "GGML_AVX512_VNNI"),
     (("avx512f", "avx512_bf16"), "GGML_AVX512_BF16"),
 )
+# What an AVX2-only x86-64 CPU (Haswell to Zen 3) offers ggml.
+AVX2_ERA = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
 ALWAYS_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16", "GGML_NATIVE", "GGML_CPU_ALL_VARIANTS",
               "GGML_BACKEND_DL", "LLAMA_CURL", "LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_BUILD_SERVER",
               "LLAMA_BUILD_APP", "GGML_CUDA", "GGML_VULKAN", "GGML_METAL", "GGML_BLAS", "LLAMA_OPENSSL")
@@ -108,9 +110,14 @@ def main() -> None:
     p.add_argument("--out", required=True, help="work directory (sources unpacked and built here)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--print-flags", action="store_true", help="print the CMake options and stop")
+    p.add_argument("--as-avx2", action="store_true",
+                   help="use only the AVX2-era features (SSE4.2, AVX, AVX2, FMA, F16C, BMI2) even on an AVX-512 "
+                        "host: llama.cpp as it runs on an AVX2-only CPU, next to ster at STER_SIMD_LEVEL=avx2")
     args = p.parse_args()
 
     model, flags = cpu_info()
+    if args.as_avx2:
+        flags &= AVX2_ERA
     opts = cmake_options(flags)
     print(f"CPU: {model}")
     print("options: " + " ".join(f"-D{k}={v}" for k, v in sorted(opts.items())), flush=True)
@@ -129,7 +136,7 @@ def main() -> None:
     if not (bindir / "llama-bench").is_file():
         sys.exit(f"the build finished without {bindir / 'llama-bench'}")
     (bindir / "ster-build.json").write_text(json.dumps(
-        {"sources": str(src), "sdist": args.sdist, "cpu": model, "cmake_options": opts,
+        {"sources": str(src), "sdist": args.sdist, "cpu": model, "as_avx2": args.as_avx2, "cmake_options": opts,
          "host_flags_used": sorted(f for need, _ in FEATURES for f in need if f in flags)}, indent=1))
     print(bindir)
 

@@ -23,7 +23,6 @@ from typing import Any, Iterable
 import tokenizers
 from tokenizers import AddedToken
 
-from .chat import render_chat
 from .errors import SterError
 
 __all__ = ["Tokenizer", "StreamDecoder", "END_OF_GENERATION_TOKENS"]
@@ -415,6 +414,9 @@ class Tokenizer:
         else:
             text, source = self.get_chat_template(tools=tools), f"of {self.source}"
         variables = {**self.special_tokens, **extra}
+        # jinja2 is imported when a conversation is first rendered, not at every model load.
+        from .chat import render_chat
+
         return render_chat(
             text,
             messages,
