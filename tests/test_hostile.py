@@ -482,3 +482,76 @@ def test_drafter_errors_name_the_drafter(tmp_path):
         load_drafter(str(cv), None)
     with pytest.raises(SterError, match="--draft .*absent"):
         load_drafter(str(tmp_path / "absent"), SimpleNamespace(tokenizer=None, spec=None))  # fails before both
+
+
+# ------------------------------------------------------------------ s9-left: the attacker's leftovers
+
+def _stub_server(vocab: int = 128):
+    from types import SimpleNamespace
+
+    from ster_py.server import Server
+
+    loaded = SimpleNamespace(decoder=SimpleNamespace(spec=SimpleNamespace(vocab_size=vocab)))
+    return Server(SimpleNamespace(draft=None, loaded=loaded), "stub")
+
+
+USER = [{"role": "user", "content": "w5"}]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"logit_bias": {"128": 1}}, "logit_bias", 'key "128" is not a token id of this model (0 to 127)'),
+    ({"logit_bias": {"-1": 1}}, "logit_bias", 'key "-1" is not a token id'),
+    ({"logit_bias": {"x": 1}}, "logit_bias", 'key "x" is not a token id'),
+    ({"logit_bias": {"9" * 40: 1}}, "logit_bias", "is not a token id"),
+    ({"logit_bias": {"5": "high"}}, "logit_bias", 'bias of id 5 must be a finite number in -100..100, got "high"'),
+    ({"logit_bias": {"5": 100.5}}, "logit_bias", "got 100.5"),
+    ({"logit_bias": {"5": True}}, "logit_bias", "got true"),
+    ({"logit_bias": [5]}, "logit_bias", "logit_bias must be an object"),
+    ({"response_format": {"type": "json_object"}}, "response_format", 'response_format "json_object" is not supported'),
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format", "not supported"),
+    ({"response_format": "json"}, "response_format", "not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "w5"},
+                                                {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages", 'message 0 has a content part of type "image_url"; only text parts'),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "messages",
+     '"input_audio"'),
+])
+def test_serve_refuses_bad_logit_bias_and_unsupported_formats_and_parts(body, param, words):
+    """Out-of-range or non-numeric logit_bias entries, response_format other than text and
+    non-text content parts are refused with the field named (were ignored)."""
+    from ster_py.server import RequestError
+
+    server = _stub_server()
+    with pytest.raises(RequestError) as caught:
+        server.parse({"messages": USER, **body}, chat=True)
+    assert caught.value.param == param and words in str(caught.value) and caught.value.status == 400, str(caught.value)
+    # a request without the bad field passes
+    args = server.parse({"messages": USER, "response_format": {"type": "text"}, "logit_bias": {"5": -100, "127": 2.5},
+                         **({"messages": [{"role": "user", "content": [{"type": "text", "text": "w5"}]}]}
+                            if param != "messages" else {})}, chat=True)
+    assert args["sampling"].logit_bias == ((5, -100.0), (127, 2.5))
+
+
+def test_logit_bias_steers_generation_as_transformers_sequence_bias(llama_dir):
+    """ster's logit_bias against transformers' SequenceBiasLogitsProcessor (applied before the
+    repetition penalty in both), greedy."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ster_py.generate import Sampling, generate
+    from ster_py.load import load_model
+
+    loaded = load_model(str(llama_dir))
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    prompt = [1, 17, 33, 48]
+    plain = generate(loaded.decoder, prompt, Sampling(max_new_tokens=6)).ids
+    bias = ((plain[0], -100.0), (plain[1], -7.5), (40, 3.0), (41, 2.0))
+    sampling = Sampling(max_new_tokens=6, repeat_penalty=1.3, logit_bias=bias)
+    got = generate(loaded.decoder, prompt, sampling).ids
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, repetition_penalty=1.3,
+                           sequence_bias={(t,): b for t, b in bias}, eos_token_id=None,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+    assert got == want and got[0] != plain[0]
+    with pytest.raises(SterError, match="past the model's"):
+        generate(loaded.decoder, prompt, Sampling(max_new_tokens=1, logit_bias=((10**6, 1.0),)))
