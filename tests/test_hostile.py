@@ -555,3 +555,40 @@ def test_logit_bias_steers_generation_as_transformers_sequence_bias(llama_dir):
     assert got == want and got[0] != plain[0]
     with pytest.raises(SterError, match="past the model's"):
         generate(loaded.decoder, prompt, Sampling(max_new_tokens=1, logit_bias=((10**6, 1.0),)))
+
+
+def test_a_huge_prompt_is_refused_after_tokenizing_about_twice_the_context(llama_dir, monkeypatch):
+    """A 9 MB prompt (generate's encode_prompt and chat/serve's Session.reply) is refused after a
+    bounded part of it is tokenized (was: all of it, 1.5 GB and 7 s); a long text that fits (one
+    unknown word of 200k characters: one token) is not refused by its length."""
+    from ster_py.conversation import Session
+    from ster_py.generate import Sampling
+    from ster_py.load import load_model
+    from ster_py.prompt import PIECE_CHARS, encode_prompt
+    from ster_py.tokenizer import Tokenizer
+
+    loaded = load_model(str(llama_dir))
+    loaded.tokenizer = Tokenizer(loaded.tokenizer.tk, chat_template="{% for m in messages %}{{ m.content }} "
+                                 "{% endfor %}w5")
+    seen = []
+    original = Tokenizer._backend_encode
+
+    def counting(self, text, add_special_tokens):
+        seen.append(len(text))
+        return original(self, text, add_special_tokens)
+
+    monkeypatch.setattr(Tokenizer, "_backend_encode", counting)
+    huge = "w7 w8 " * (9_000_000 // 6)
+    context = loaded.spec.max_position_embeddings
+    for call in (lambda: encode_prompt(loaded.tokenizer, huge, chat_template="off", context=context),
+                 lambda: encode_prompt(loaded.tokenizer, huge, context=context),
+                 lambda: Session(loaded).reply([{"role": "user", "content": huge}], Sampling(max_new_tokens=1)),
+                 lambda: Session(loaded).reply([], Sampling(max_new_tokens=1), raw=huge)):
+        seen.clear()
+        with pytest.raises(SterError, match=f"is 900000[0-9] characters, far more than the context of {context} tokens"):
+            call()
+        assert 0 < sum(seen) <= 2 * PIECE_CHARS, seen
+    word = "q" * 200_000   # not in the vocabulary: one <unk>
+    assert Session(loaded).reply([], Sampling(max_new_tokens=1), raw=word).prompt_ids == loaded.tokenizer.encode(word)
+    assert encode_prompt(loaded.tokenizer, word, chat_template="off", context=context).ids == \
+        loaded.tokenizer.encode(word)
