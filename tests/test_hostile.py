@@ -592,3 +592,58 @@ def test_a_huge_prompt_is_refused_after_tokenizing_about_twice_the_context(llama
     assert Session(loaded).reply([], Sampling(max_new_tokens=1), raw=word).prompt_ids == loaded.tokenizer.encode(word)
     assert encode_prompt(loaded.tokenizer, word, chat_template="off", context=context).ids == \
         loaded.tokenizer.encode(word)
+
+
+@pytest.mark.parametrize("failure, kind, words", [
+    (SterError("the prompt is 9 tokens, longer than the context"), "invalid_request_error", "longer than the context"),
+    (MemoryError("out of memory"), "server_error", "internal error: MemoryError: out of memory"),
+])
+def test_a_stream_that_fails_after_its_headers_ends_with_an_sse_error_event(failure, kind, words):
+    """A streamed request that fails once the 200 and the first chunks are sent gets OpenAI's
+    error event (``data: {"error": {...}}``) as its last event, no ``[DONE]``; the official
+    client raises it."""
+    import http.client
+    import socket
+    import threading
+    import time
+
+    import openai
+    import uvicorn
+
+    from ster_py.reply import Event
+    from ster_py.server import build_app
+
+    server = _stub_server()
+
+    def reply(messages, sampling, *, on_event=None, **kw):
+        on_event(Event("text", "w9"))
+        raise failure
+
+    server.session.reply = reply
+    sock = socket.create_server(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(build_app(server), log_level="error"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not srv.started:
+            time.sleep(0.02)
+        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        conn = http.client.HTTPConnection("127.0.0.1", sock.getsockname()[1], timeout=30)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"messages": USER, "stream": True}),
+                     headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
+        events = [e for e in r.read().decode().split("\n\n") if e]
+        conn.close()
+        assert all(e.startswith("data: ") for e in events) and "[DONE]" not in events[-1]
+        chunks = [json.loads(e.removeprefix("data: ")) for e in events]
+        assert chunks[1]["choices"][0]["delta"] == {"content": "w9"}          # the answer began...
+        err = chunks[-1]["error"]                                             # ...and the error ends it
+        assert set(chunks[-1]) == {"error"} and err["type"] == kind and words in err["message"], chunks[-1]
+        client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIError, match=words.split(":")[0]):
+            for _ in client.chat.completions.create(model="stub", messages=USER, stream=True):
+                pass
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
