@@ -1302,3 +1302,58 @@ def test_readme_shows_capture_layers_as_optional_and_names_device():
     for path in (("generate",), ("chat",), ("serve",), ("capture",)):
         assert "--device DEVICE" in help_text(path), path
     assert "`--device cpu` (on `generate`, `chat`, `serve` and `capture`)" in " ".join(readme.split())
+
+
+# --------------------------------------------------------------------------- s9-left: the attacker's leftovers
+
+
+def test_outputs_that_are_symbolic_links_are_refused_by_every_writer(captures, tiny, tmp_path):
+    """``-o LINK`` (dangling, or to a file of the right kind) is one error from the one output check
+    (``artifacts.check_folder``) of every writing command: the link is neither replaced nor
+    written through (``vector caa -o`` replaced a dangling link)."""
+    import os
+    import shutil
+
+    from ster_py.artifacts import atomic_directory, atomic_outputs
+
+    hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+    adapter = write_ster_adapter(tmp_path / "a.lora.json", str(tiny), hidden, 0, hidden)
+    shutil.copy(captures / "v.json", tmp_path / "old.json")
+    links = {}
+    for name in ("c.safetensors", "c.json", "v.json", "v.gguf", "m.gguf", "merged", "merged.gguf", "chat.json"):
+        links[name] = tmp_path / ("link-" + name)
+        os.symlink(tmp_path / "nowhere" / name, links[name])     # dangling
+    live = tmp_path / "live.json"
+    os.symlink(tmp_path / "old.json", live)                      # to an earlier vector
+    before = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
+    for make in (lambda: atomic_outputs(links["v.json"]), lambda: atomic_directory(links["merged"])):
+        with pytest.raises(SterError, match="is a symbolic link, a dangling one"):
+            with make():
+                pass
+    pair = ("--positive", captures / "pos.safetensors", "--negative", captures / "neg.safetensors")
+    for args, link in ((("capture", "-m", tiny, "-p", "w5", "-o"), links["c.safetensors"]),
+                       (("vector", "caa", *pair, "-o"), links["v.json"]),
+                       (("vector", "caa", *pair, "-o"), live),
+                       (("vector", "pca", *pair, "-o"), links["v.json"]),
+                       (("vector", "export", captures / "v.json", "-o"), links["v.gguf"]),
+                       (("convert", tiny, "-o"), links["m.gguf"]),
+                       (("tune", "merge", "--adapter", adapter, "-m", tiny, "-o"), links["merged"]),
+                       (("tune", "merge", "--adapter", adapter, "-m", tiny, "-o"), links["merged.gguf"])):
+        r = cli(*args, link)
+        assert isinstance(r.exception, SterError), (args, r.exception, r.output)
+        assert f"cannot write {link}: it is a symbolic link" in str(r.exception), (args, r.exception)
+    # the capture's sidecar name is checked too
+    side_link = tmp_path / "side.json"
+    os.symlink(tmp_path / "nowhere" / "side.json", side_link)
+    r = cli("capture", "-m", tiny, "-p", "w5", "-o", tmp_path / "side.safetensors")
+    assert isinstance(r.exception, SterError) and f"cannot write {side_link}: it is a symbolic link" in \
+        str(r.exception), r.exception
+    os.unlink(side_link)
+    r = cli("chat", "-m", tiny_chat_dir(tiny, tmp_path / "chatdir"), "-q", input=f"/save {links['chat.json']}\n")
+    assert r.exit_code == 0 and "/save" in r.stderr and str(links["chat.json"]) in r.stderr, r.stderr
+    for link in [*links.values(), live]:
+        assert link.is_symlink()
+    assert not (tmp_path / "nowhere").exists() and (tmp_path / "old.json").read_bytes() == \
+        (captures / "v.json").read_bytes()
+    _no_new_files(tmp_path, before | {p.relative_to(tmp_path) for p in (tmp_path / "chatdir").rglob("*")}
+                  | {Path("chatdir")})
