@@ -1032,11 +1032,22 @@ def test_no_value_name_is_a_type_name():
 
 
 def test_piped_chat_ends_with_a_newline(tiny, tmp_path):
+    """Piped input: stdout holds the answers alone, one line each (no "> " prompts: s9-left), ending with
+    a newline; the answers are greedy decoding's through the template."""
+    from ster_py.conversation import Session
+    from ster_py.generate import Sampling
+    from ster_py.load import load_model
+
     chat = tiny_chat_dir(tiny, tmp_path / "chat")
-    for stdin in ("w5\n/quit\n", "w5\n", "w5", "/quit\n"):
+    session = Session(load_model(str(chat)))
+    first = session.reply([{"role": "user", "content": "w5"}], Sampling(max_new_tokens=2)).text
+    second = session.reply([{"role": "user", "content": "w5"}, {"role": "assistant", "content": first},
+                            {"role": "user", "content": "w9"}], Sampling(max_new_tokens=2)).text
+    for stdin, want in (("w5\n/quit\n", first + "\n"), ("w5\n", first + "\n"), ("w5", first + "\n"),
+                        ("/quit\n", ""), ("w5\n\nw9\n", first + "\n" + second + "\n")):
         r = cli("chat", "-m", chat, "-q", "--max-new-tokens", "2", input=stdin)
         assert r.exit_code == 0, r.exception
-        assert r.stdout.endswith("\n") and r.stdout.startswith("> "), (stdin, r.stdout)
+        assert r.stdout == want and ">" not in r.stderr, (stdin, r.stdout, r.stderr)
 
 
 def test_inspect_names_a_control_vector(captures, tiny, tmp_path):
