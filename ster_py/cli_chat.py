@@ -362,11 +362,11 @@ def serve(
     except OSError as e:
         raise SterError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
     bound = sock.getsockname()[1]
-    if not quiet:
-        err.print(f"[dim]serving {server.model_name} on http://{host}:{bound}/v1 (one request at a time"
-                  + (f"; drafter {draft}, greedy requests only" if drafter is not None else "")
-                  + "; Ctrl-C stops)[/]", highlight=False)
-    print(f"listening on http://{host}:{bound}", flush=True)
+    # One start line, on stdout (scripts read the address from its third word: --port 0 picks a free port)
+    print(f"listening on http://{host}:{bound}" + ("" if quiet else
+          " (OpenAI API at /v1" + ("; greedy requests only: --draft" if drafter is not None else "")
+          + "; Ctrl-C stops)"),
+          flush=True)
     config = uvicorn.Config(build_app(server), log_level="warning" if not quiet else "error", access_log=False,
                             timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[sock])

@@ -1057,10 +1057,23 @@ def test_inspect_names_a_control_vector(captures, tiny, tmp_path):
     assert r.exit_code == 0, r.exception
     words = (f"is not a model: it is a llama.cpp control vector (as `ster vector export` writes) for {n - 1} "
              f"layers (1..{n - 1}) of hidden size {hidden}, made for a 'llama' model")
-    for args in (("inspect", tmp_path / "v.gguf"), ("generate", "-m", tmp_path / "v.gguf", "-p", "w5")):
-        r = cli(*args)
-        assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
-        assert "--control-vector" in str(r.exception)
+    r = cli("generate", "-m", tmp_path / "v.gguf", "-p", "w5")
+    assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
+    assert "--control-vector" in str(r.exception)
+    # inspect describes it (s9-left: `--json` printed an error line, not JSON), read back with gguf-py
+    import gguf
+
+    reader = gguf.GGUFReader(str(tmp_path / "v.gguf"))
+    layers = sorted(int(t.name.split(".")[1]) for t in reader.tensors)
+    widths = {int(t.shape[0]) for t in reader.tensors}
+    r = cli("inspect", tmp_path / "v.gguf", "--json", "-q")
+    assert r.exit_code == 0, r.exception
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "control_vector" and doc["layers"] == layers == list(range(1, n))
+    assert widths == {hidden} and doc["hidden_size"] == hidden and doc["model_hint"] == "llama"
+    assert doc["file_bytes"] == (tmp_path / "v.gguf").stat().st_size and doc["note"].startswith("not a model")
+    r = cli("inspect", tmp_path / "v.gguf", "-q")
+    assert r.exit_code == 0 and "control_vector" in r.stdout and "not a model" in r.stdout, (r.exception, r.stdout)
 
 
 # ------------------------------------------------------------- a wrapper whose text_config names another family
@@ -1368,3 +1381,30 @@ def test_outputs_that_are_symbolic_links_are_refused_by_every_writer(captures, t
         (captures / "v.json").read_bytes()
     _no_new_files(tmp_path, before | {p.relative_to(tmp_path) for p in (tmp_path / "chatdir").rglob("*")}
                   | {Path("chatdir")})
+
+
+def test_serve_prints_one_start_line(tiny):
+    """``ster serve`` says it started in one line on stdout, the address as its third word (was two lines:
+    one on stderr, one on stdout); -q keeps the address alone."""
+    import signal
+    import subprocess
+    import sys
+
+    for quiet in ((), ("-q",)):
+        proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "-m",
+                                 str(tiny), "--port", "0", "--name", "tiny", *quiet],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("listening on http://127.0.0.1:"), (line, proc.stderr.read())
+            url = line.split()[2]
+            from urllib.request import urlopen
+
+            assert json.loads(urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"] == "tiny"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            rest, stderr = proc.communicate(timeout=30)
+        assert rest == "" and "http://" not in stderr, (rest, stderr)
+        assert (line.strip() == f"listening on {url}") == bool(quiet), line
+        if not quiet:
+            assert line.rstrip("\n").endswith(" (OpenAI API at /v1; Ctrl-C stops)") and len(line) < 80, line
