@@ -68,7 +68,7 @@ class Sampling:
             raise SterError(f"--top-p must be in (0, 1], got {self.top_p}")
         for token, bias in self.logit_bias:
             if not (isinstance(token, int) and token >= 0 and math.isfinite(bias) and -100 <= bias <= 100):
-                raise SterError(f"--logit-bias {token}: ids must be 0 or more and biases finite in -100..100, "
+                raise SterError(f"logit_bias {token}: ids must be 0 or more and biases finite in -100..100, "
                                 f"got {bias}")
 
 
