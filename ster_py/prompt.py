@@ -164,7 +164,6 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
         refuse_if_too_long(tokenizer, prompt, context, add_special_tokens=True)
         return Prompt(prompt, tokenizer.encode(prompt, add_special_tokens=True),
                       "off" if chat_template == "off" else "absent")
-    refuse_if_too_long(tokenizer, prompt, context, add_special_tokens=False)
     text = tokenizer.render_chat(build_messages(prompt, system), add_generation_prompt=True, max_chars=limit,
                                  max_chars_reason=why)
     refuse_if_too_long(tokenizer, text, context, add_special_tokens=False)
