@@ -47,7 +47,7 @@ def main() -> int:
         if not line.startswith("listening on "):
             print("the server did not start", file=sys.stderr)
             return 1
-        client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="unused", max_retries=0, timeout=a.time_limit)
+        client = openai.OpenAI(base_url=line.split()[2] + "/v1", api_key="unused", max_retries=0, timeout=a.time_limit)
         questions = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?",
                      "Say hello in Spanish.", "What do bees make?", "Which planet is the largest?",
                      "What is ice made of?", "How many legs does a spider have?"]

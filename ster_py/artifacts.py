@@ -100,15 +100,27 @@ def _umask() -> int:
 
 
 def check_folder(path: Path) -> None:
-    """Refuse an output whose folder does not exist (nothing is created for it).
+    """The one check of an output path every writing command makes: refuse an output whose folder
+    does not exist (nothing is created for it), or that is a symbolic link.
 
     A mistyped folder (``--output ~/vecs/a.gguf`` with no ``~/vecs``) is far likelier than a wish
     for a new one, and a folder made silently hides the typo; the user makes it with ``mkdir``.
+    A link (dangling or not) is refused: outputs are written to a temporary file renamed onto the
+    name, which would replace the link itself, and following it would write wherever it points.
     Call before any work is done for the output (the commands call it before reading weights).
 
     Raises:
-        SterError: "folder X does not exist; create it first ..." (or "X is not a folder").
+        SterError: "folder X does not exist; create it first ..." (or "X is not a folder"), or
+            "PATH is a symbolic link ...".
     """
+    if os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        state = "" if os.path.exists(path) else ", a dangling one"
+        raise SterError(f"cannot write {path}: it is a symbolic link{state} (to {target[:200]}); ster neither "
+                        "replaces a link nor writes through it: give the real path, or remove the link")
     parent = Path(path).parent  # the folder the writer uses, as given
     if parent.is_dir():
         return

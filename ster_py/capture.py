@@ -233,6 +233,7 @@ def check_capture_output(path: str | Path) -> None:
                         f"{path.with_suffix('.safetensors').name if path.suffix else path.name + '.safetensors'}")
     check_folder(path)
     side = sidecar_path(path)
+    check_folder(side)
     if side.exists():
         try:
             doc = json.loads(side.read_text(encoding="utf-8"))

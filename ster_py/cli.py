@@ -556,6 +556,8 @@ def inspect_value(key: str, value) -> str:
     millions or billions, dictionaries as ``key=value`` lists (see :func:`plain`)."""
     if isinstance(value, dict):
         return ", ".join(f"{k}={plain(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(plain(v) for v in value)
     if isinstance(value, int) and not isinstance(value, bool) and (key.endswith("_bytes") or key.startswith(
             ("kv_bytes_per_position", "state_bytes_per"))):
         return f"{value:,} bytes ({value / 2**20:,.1f} MiB)" if value >= 2**20 else f"{value:,} bytes"

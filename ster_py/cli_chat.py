@@ -178,17 +178,30 @@ def chat(
 def _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet) -> None:
     """The read-answer loop of ``ster chat`` (see ``chat``); returns on /quit, /exit or end of input."""
     dim, bold, reset = ("\x1b[2m", "\x1b[1m", "\x1b[0m") if styled else ("", "", "")
-    echoed = sys.stdin.isatty()  # a terminal echoes the user's Enter, which closes the prompt's line
+    # Prompts only for a person at a terminal: piped input gets none, so stdout carries the answers alone.
+    # A terminal echoes the user's Enter, which closes the prompt's line; with stdout piped the prompt goes
+    # to stderr, the terminal's.
+    typed = sys.stdin.isatty()
+    prompt = (f"{bold}> {reset}" if styled else "> ") if typed else ""
+    to_stdout = typed and sys.stdout.isatty()
     while True:
         try:
-            line = input(f"{bold}> {reset}" if styled else "> ")
+            if prompt and not to_stdout:
+                sys.stderr.write(prompt)
+                sys.stderr.flush()
+            line = input(prompt if to_stdout else "")
         except EOFError:
-            _write("\n")
+            if to_stdout:  # Ctrl-D on the prompt's line
+                _write("\n")
+            elif typed:
+                sys.stderr.write("\n")
             return
         except KeyboardInterrupt:
-            _write("\n")
+            if to_stdout:
+                _write("\n")
+            elif typed:
+                sys.stderr.write("\n")
             continue
-        _STREAM["open"] = not echoed
         if not line.strip():
             continue
         if line.startswith("/"):
@@ -349,11 +362,11 @@ def serve(
     except OSError as e:
         raise SterError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
     bound = sock.getsockname()[1]
-    if not quiet:
-        err.print(f"[dim]serving {server.model_name} on http://{host}:{bound}/v1 (one request at a time"
-                  + (f"; drafter {draft}, greedy requests only" if drafter is not None else "")
-                  + "; Ctrl-C stops)[/]", highlight=False)
-    print(f"listening on http://{host}:{bound}", flush=True)
+    # One start line, on stdout (scripts read the address from its third word: --port 0 picks a free port)
+    print(f"listening on http://{host}:{bound}" + ("" if quiet else
+          " (OpenAI API at /v1" + ("; greedy requests only: --draft" if drafter is not None else "")
+          + "; Ctrl-C stops)"),
+          flush=True)
     config = uvicorn.Config(build_app(server), log_level="warning" if not quiet else "error", access_log=False,
                             timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[sock])

@@ -205,11 +205,17 @@ class Session:
         """
         from .tokenizer import StreamDecoder
 
+        from .generate import context_limit
+        from .prompt import refuse_if_too_long
+
+        context = context_limit(self.loaded.spec, self.ctx_size)
         if raw is None:
             text = self.render(messages, tools=tools, thinking=thinking)
+            refuse_if_too_long(self.loaded.tokenizer, text, context, add_special_tokens=False)
             ids = self.encode(text)
             parser = ReplyParser(self.format, thinking=self.format.starts_thinking(text), tools=bool(tools))
         else:
+            refuse_if_too_long(self.loaded.tokenizer, raw, context, add_special_tokens=True)
             text, ids = raw, self.loaded.tokenizer.encode(raw, add_special_tokens=True)
             parser = ReplyParser(ReplyFormat(), tools=False)
         stream = StreamDecoder(self.loaded.tokenizer)

@@ -16,6 +16,7 @@ float16 one (half the memory and the bytes read per token; logits move by about
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -40,6 +41,9 @@ class Sampling:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     logprobs: int | None = None  # None: none; N >= 0: the chosen id's and the N most likely ids'
+    #: (id, bias) pairs added to the logits before the penalty and the choice (OpenAI's
+    #: ``logit_bias``: -100..100, ids in the vocabulary); logprobs stay the model's own.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def validate(self) -> None:
         """Raises SterError for values outside their ranges."""
@@ -62,6 +66,23 @@ class Sampling:
             raise SterError(f"--top-k must be 0 (off) or more, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise SterError(f"--top-p must be in (0, 1], got {self.top_p}")
+        for token, bias in self.logit_bias:
+            if not (isinstance(token, int) and token >= 0 and math.isfinite(bias) and -100 <= bias <= 100):
+                raise SterError(f"logit_bias {token}: ids must be 0 or more and biases finite in -100..100, "
+                                f"got {bias}")
+
+
+def bias_logits(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
+    """Logits float32 [vocab] plus ``sampling.logit_bias`` (a new array, or ``logits`` itself when
+    there is none). Ids at or past the vocabulary raise SterError (callers check them first)."""
+    if not sampling.logit_bias:
+        return logits
+    ids = np.fromiter((t for t, _ in sampling.logit_bias), dtype=np.int64)
+    if ids.max() >= logits.shape[0]:
+        raise SterError(f"logit_bias names id {int(ids.max())}, past the model's {logits.shape[0]} ids")
+    out = logits.copy()
+    np.add.at(out, ids, np.fromiter((b for _, b in sampling.logit_bias), dtype=np.float32))
+    return out
 
 
 #: The most alternatives ``logprobs`` may ask for per token (OpenAI's top_logprobs allows 20).
@@ -272,7 +293,7 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
                                if kv_cache == "f16" else "")
                             + ("; a steering strength this large may overflow the activations: try a smaller one"
                                if layer_hook is not None else "") + ")")
-        return pick_token(penalize(logits, history, sampling), sampling, rng)
+        return pick_token(penalize(bias_logits(logits, sampling), history, sampling), sampling, rng)
 
     def emit(logits: np.ndarray, token: int) -> str | None:
         """Record ``token``; the reason to stop after it, or None."""

@@ -6,6 +6,7 @@ headers); no weight is dequantized.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from typing import Any
 
@@ -97,9 +98,15 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         from .gguf.config import spec_from_gguf
         from .gguf.tokenizer import tokenizer_from_gguf_metadata
 
-        from .steering import refuse_control_vector
+        from .steering import CONTROL_VECTOR_USE, describe_control_vector
 
-        refuse_control_vector(g, r.gguf_file)
+        cv = describe_control_vector(g)
+        if cv is not None:  # described, as a model is (``ster inspect --json`` prints JSON for it too)
+            info.update(kind="control_vector", architecture="controlvector", layers=cv["layers"],
+                        hidden_size=cv["hidden_sizes"][0] if len(cv["hidden_sizes"]) == 1 else cv["hidden_sizes"],
+                        model_hint=cv["model_hint"], file_bytes=os.path.getsize(r.gguf_file),
+                        note=f"not a model: {CONTROL_VECTOR_USE}")
+            return info
         if "token_embd.weight" not in g.tensors:
             raise SterError(f"{r.gguf_file} holds no model weights (no token_embd.weight)")
         path = str(r.gguf_file)

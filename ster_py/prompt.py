@@ -5,6 +5,7 @@ same flags.
 """
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 
@@ -54,18 +55,54 @@ def prompt_context(spec) -> int | None:
     return spec.max_position_embeddings
 
 
-def max_prompt_chars(tokenizer: Tokenizer, context: int) -> int:
-    """The longest prompt text (characters) that could encode into ``context`` tokens.
+#: Texts up to this many characters are tokenized whole (the exact count; cheap). Longer ones are
+#: counted in pieces of about this size first (``refuse_if_too_long``).
+PIECE_CHARS = 1 << 16
 
-    A token covers at most the characters of its own text, and the vocabulary's
-    longest text bounds that: byte-level BPE stores one character per byte, and a
-    text character is at least one byte; SentencePiece stores its characters (and
-    byte-fallback tokens as six-character ``<0xNN>``). So ``context x longest``
-    characters can never be refused for a prompt that fits the context. (A tokenizer
-    that drops text, such as BERT's whitespace splitting, could pack more; no decoder
-    family ster runs has one.) Capped at the renderer's own ``DEFAULT_MAX_CHARS``.
+
+def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *, add_special_tokens: bool,
+                       what: str = "the prompt") -> None:
+    """Refuse a text far too long for ``context`` tokens without tokenizing all of it.
+
+    Why not a bound on characters: no count of characters or UTF-8 bytes proves a text too
+    long for every tokenizer. A normalizer may delete or shrink text (``Replace`` to "",
+    ``Strip``, NFKC composing three jamo into one syllable), a pre-tokenizer may drop it
+    (``WhitespaceSplit``), and a model may cover an unbounded run with one id (WordLevel's
+    unknown word, BPE/Unigram ``fuse_unk`` runs): "x" * 10**7 can be one token. So the only
+    proof is the count itself, and the tokenizer must be run.
+
+    What is bounded instead is the work: a text longer than ``PIECE_CHARS`` is tokenized in
+    pieces of about that size, cut where a whitespace follows a non-whitespace character, and
+    counting stops once the pieces' ids pass ``2 * context + 8`` -- the cost is that of about
+    twice the context, whatever the text's size. The pieces' count is not the whole text's
+    (a cut may change the ids next to it: a prefix space, a merge across it, special tokens
+    added per piece), hence the margin: for the whole text to fit, the cuts would have to
+    halve the count, while a cut at a pre-token boundary (the regex pre-tokenizers of
+    byte-level BPE split there) changes at most the ids next to it. A text that passes is
+    tokenized whole and its exact count checked by ``generate.generate``.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        text: the prompt text (rendered, if a template applies), str.
+        context: the positions it may fill (tokens); None or infinity: no check.
+        add_special_tokens: as the caller will encode the text.
+        what: how the error names the text.
+    Raises:
+        SterError: the text is far longer than ``context`` tokens.
     """
-    return min(context * longest_token_chars(tokenizer), DEFAULT_MAX_CHARS)
+    if context is None or context == float("inf") or len(text) <= PIECE_CHARS:
+        return
+    budget, count, start = 2 * int(context) + 8, 0, 0
+    while start < len(text) and count <= budget:
+        end = min(start + PIECE_CHARS, len(text))
+        if end < len(text):   # cut before the next whitespace that follows a non-whitespace character
+            m = re.compile(r"\S\s").search(text, end - 1, min(end + PIECE_CHARS, len(text)))
+            end = m.start() + 1 if m is not None else min(end + PIECE_CHARS, len(text))
+        count += len(tokenizer.encode(text[start:end], add_special_tokens=add_special_tokens and start == 0))
+        start = end
+    if count > budget:
+        raise SterError(f"{what} is {len(text)} characters, far more than the context of {int(context)} tokens "
+                        f"holds (its first {start} characters are already more than {budget} tokens); shorten it")
 
 
 def check_prompt_text(text: str, what: str = "--prompt") -> None:
@@ -93,10 +130,12 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
     as Transformers' ``apply_chat_template(tokenize=True)`` does (the template
     writes BOS itself). Raw text is encoded with the tokenizer's own BOS rule.
 
-    With ``context`` (the model's positions, ``prompt_context(spec)``), a text longer
-    than ``max_prompt_chars`` is refused before it is tokenized, and the template is
-    stopped as soon as it builds one: a gigantic prompt costs no tokenizing time or
-    memory (the token count is still checked by ``generate``).
+    With ``context`` (the model's positions, ``prompt_context(spec)``), a text far longer
+    than the context is refused after tokenizing about twice the context's worth of it
+    (``refuse_if_too_long``), and the template is stopped once its text passes
+    ``context x`` the longest token's characters (a template that runs away): a gigantic
+    prompt costs no more tokenizing time or memory than a long one (the exact count is
+    still checked by ``generate``).
 
     Raises:
         SterError: an unknown mode; an empty or whitespace-only prompt (``check_prompt_text``);
@@ -111,8 +150,10 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
         check_surrogates(system, "the system prompt")
     limit, why = DEFAULT_MAX_CHARS, None
     if context is not None:
-        limit = max_prompt_chars(tokenizer, context)
-        why = (f"a prompt for the model's context of {context} tokens, each at most "
+        # the template's own text (what it adds around the messages) is bounded by the context:
+        # a template that runs away stops early; the user's texts are judged by their tokens
+        limit = min(len(prompt) + len(system or "") + context * longest_token_chars(tokenizer), DEFAULT_MAX_CHARS)
+        why = (f"the prompt's text and the model's context of {context} tokens, each at most "
                f"{longest_token_chars(tokenizer)} characters")
     template = tokenizer.chat_template if chat_template == "auto" else None
     if template is None:
@@ -120,16 +161,10 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
             raise SterError("--system needs a chat template, and this run has none "
                             f"({'--chat-template off' if chat_template == 'off' else 'the model ships no template'}); "
                             "put the instructions in --prompt instead")
-        _check_length(prompt, limit, why)
+        refuse_if_too_long(tokenizer, prompt, context, add_special_tokens=True)
         return Prompt(prompt, tokenizer.encode(prompt, add_special_tokens=True),
                       "off" if chat_template == "off" else "absent")
-    _check_length(prompt, limit, why)
     text = tokenizer.render_chat(build_messages(prompt, system), add_generation_prompt=True, max_chars=limit,
                                  max_chars_reason=why)
+    refuse_if_too_long(tokenizer, text, context, add_special_tokens=False)
     return Prompt(text, tokenizer.encode(text, add_special_tokens=False), "applied")
-
-
-def _check_length(text: str, limit: int, why: str | None) -> None:
-    if why is not None and len(text) > limit:
-        raise SterError(f"the prompt is {len(text)} characters, more than could fit ({limit} characters: {why}); "
-                        "shorten it")

@@ -22,6 +22,7 @@ fails to send it (a request waiting for its turn notices when its turn comes).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import re
@@ -118,6 +119,68 @@ def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
         name = {"max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}.get(name, name)
         raise RequestError(f"{name} {rest}", name) from None
     return s
+
+
+def logit_bias_of(body: dict, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: an object mapping token ids (as strings, or integers) to biases in
+    -100..100, added to the logits before sampling.
+
+    Args:
+        body: the request body.
+        vocab_size: the model's number of ids (logit rows); ids must be below it.
+    Returns:
+        ((id, bias float), ...) in the request's order; () when absent or null.
+    Raises:
+        RequestError: not an object, an id that is not a whole number in [0, vocab_size), a bias
+            that is not a finite number in [-100, 100]; param ``logit_bias``.
+    """
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise RequestError('logit_bias must be an object mapping token ids to biases, such as {"50256": -100}',
+                           "logit_bias")
+    out = []
+    for key, value in bias.items():
+        shown = json.dumps(key)[:40]
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 19) \
+                or int(key) >= vocab_size:
+            raise RequestError(f"logit_bias: key {shown} is not a token id of this model (0 to {vocab_size - 1})",
+                               "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not -100 <= value <= 100:
+            raise RequestError(f"logit_bias: the bias of id {key} must be a finite number in -100..100, got "
+                               f"{json.dumps(value)[:40]}", "logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
+def check_unsupported(body: dict, chat: bool) -> None:
+    """Refuse request fields this server cannot honour rather than ignore them: a
+    ``response_format`` other than text, and chat content parts other than text.
+
+    Raises:
+        RequestError: naming the field (``response_format`` or ``messages``).
+    """
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind != "text":
+            raise RequestError(f"response_format {json.dumps(kind if kind is not None else fmt)[:60]} is not "
+                               'supported: this server writes plain text only; omit it or send {"type": "text"}',
+                               "response_format")
+    if not chat or not isinstance(body.get("messages"), list):
+        return
+    for i, m in enumerate(body["messages"]):
+        parts = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(parts, list):
+            continue
+        for part in parts:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"messages: message {i} has a content part of type "
+                                   f"{json.dumps(kind)[:60]}; only text parts ({{\"type\": \"text\", \"text\": "
+                                   f"...}}) are supported (the model reads text only)", "messages")
 
 
 def stops_of(body: dict) -> tuple[str, ...]:
@@ -217,7 +280,10 @@ class Server:
             raise RequestError("n must be 1 (one choice per request)", "n")
         if not isinstance(body.get("stream", False), bool):
             raise RequestError("stream must be a boolean", "stream")
+        check_unsupported(body, chat)
         args: dict = {"sampling": sampling_of(body, self.max_tokens), "stops": stops_of(body)}
+        args["sampling"] = dataclasses.replace(
+            args["sampling"], logit_bias=logit_bias_of(body, self.session.loaded.decoder.spec.vocab_size))
         if self.session.draft is not None and args["sampling"].temperature != 0:
             raise RequestError("temperature must be 0: this server decodes speculatively with a drafter (ster serve "
                                "--draft), whose output is greedy decoding's; omit temperature or send 0, or serve "

@@ -370,9 +370,42 @@ def check_control_vector_output(path: str | Path) -> None:
                             "name or move that file")
 
 
+def describe_control_vector(g) -> dict | None:
+    """What a llama.cpp control vector (``general.architecture`` controlvector) holds, or None for any other GGUF.
+
+    Args:
+        g: the open ``GGUFFile``.
+    Returns:
+        {"layers": sorted layer numbers of its ``direction.N`` tensors, "hidden_sizes": sorted widths,
+        "model_hint": ``controlvector.model_hint`` or None, "text": one phrase saying all of it}.
+    """
+    if g.metadata.get("general.architecture") != "controlvector":
+        return None
+    from .capture import format_layers
+
+    numbers = [n.split(".", 1)[1] for n in g.tensors if n.startswith("direction.")]
+    layers = sorted(int(k) for k in numbers if k.isdigit() and len(k) <= 9)
+    widths = sorted({int(g.tensors[f"direction.{k}"].shape[-1]) for k in numbers if k.isdigit() and len(k) <= 9})
+    hint = g.metadata.get("controlvector.model_hint")
+    hint = str(hint)[:200] if hint is not None else None
+    size = (f"of hidden size {widths[0]}" if len(widths) == 1 else
+            f"of hidden sizes {', '.join(map(str, widths[:3]))}{', ...' if len(widths) > 3 else ''}" if widths
+            else "(no direction.N tensors)")
+    shown = f" ({format_layers(layers).rsplit(' (', 1)[0]})" if layers else ""
+    text = (f"a llama.cpp control vector (as `ster vector export` writes) for {len(layers)} "
+            f"layer{'' if len(layers) == 1 else 's'}{shown} {size}"
+            + (f", made for a {hint[:40]!r} model" if hint else ""))
+    return {"layers": layers, "hidden_sizes": widths, "model_hint": hint, "text": text}
+
+
+#: How a control vector is used, said where one is given in place of a model.
+CONTROL_VECTOR_USE = ("llama.cpp loads it with --control-vector beside the model, and ster steers with the JSON "
+                      "vector it was exported from (ster generate --vector FILE.json)")
+
+
 def refuse_control_vector(g, path) -> None:
     """Refuse a llama.cpp control vector (``general.architecture`` controlvector) given where a model is wanted,
-    saying what the file is: its ``direction.N`` tensors' count, layers and width.
+    saying what the file is: its ``direction.N`` tensors' count, layers and width (``describe_control_vector``).
 
     Args:
         g: the open ``GGUFFile``; path: the name to show.
@@ -380,24 +413,9 @@ def refuse_control_vector(g, path) -> None:
     Raises:
         SterError: the file is a control vector (returns quietly for any other GGUF).
     """
-    if g.metadata.get("general.architecture") != "controlvector":
-        return
-    from .capture import format_layers
-
-    numbers = [n.split(".", 1)[1] for n in g.tensors if n.startswith("direction.")]
-    layers = sorted(int(k) for k in numbers if k.isdigit() and len(k) <= 9)
-    widths = sorted({int(g.tensors[f"direction.{k}"].shape[-1]) for k in numbers if k.isdigit() and len(k) <= 9})
-    hint = g.metadata.get("controlvector.model_hint")
-    size = (f"of hidden size {widths[0]}" if len(widths) == 1 else
-            f"of hidden sizes {', '.join(map(str, widths[:3]))}{', ...' if len(widths) > 3 else ''}" if widths
-            else "(no direction.N tensors)")
-    shown = f" ({format_layers(layers).rsplit(' (', 1)[0]})" if layers else ""
-    what = (f"a llama.cpp control vector (as `ster vector export` writes) for {len(layers)} "
-            f"layer{'' if len(layers) == 1 else 's'}{shown} {size}"
-            + (f", made for a {str(hint)[:40]!r} model" if hint else ""))
-    raise SterError(f"{path} is not a model: it is {what}; llama.cpp loads it with --control-vector beside the "
-                    "model, and ster steers with the JSON vector it was exported from "
-                    "(ster generate --vector FILE.json)")
+    cv = describe_control_vector(g)
+    if cv is not None:
+        raise SterError(f"{path} is not a model: it is {cv['text']}; {CONTROL_VECTOR_USE}")
 
 
 def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: float = 1.0,

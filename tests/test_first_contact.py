@@ -1032,11 +1032,22 @@ def test_no_value_name_is_a_type_name():
 
 
 def test_piped_chat_ends_with_a_newline(tiny, tmp_path):
+    """Piped input: stdout holds the answers alone, one line each (no "> " prompts: s9-left), ending with
+    a newline; the answers are greedy decoding's through the template."""
+    from ster_py.conversation import Session
+    from ster_py.generate import Sampling
+    from ster_py.load import load_model
+
     chat = tiny_chat_dir(tiny, tmp_path / "chat")
-    for stdin in ("w5\n/quit\n", "w5\n", "w5", "/quit\n"):
+    session = Session(load_model(str(chat)))
+    first = session.reply([{"role": "user", "content": "w5"}], Sampling(max_new_tokens=2)).text
+    second = session.reply([{"role": "user", "content": "w5"}, {"role": "assistant", "content": first},
+                            {"role": "user", "content": "w9"}], Sampling(max_new_tokens=2)).text
+    for stdin, want in (("w5\n/quit\n", first + "\n"), ("w5\n", first + "\n"), ("w5", first + "\n"),
+                        ("/quit\n", ""), ("w5\n\nw9\n", first + "\n" + second + "\n")):
         r = cli("chat", "-m", chat, "-q", "--max-new-tokens", "2", input=stdin)
         assert r.exit_code == 0, r.exception
-        assert r.stdout.endswith("\n") and r.stdout.startswith("> "), (stdin, r.stdout)
+        assert r.stdout == want and ">" not in r.stderr, (stdin, r.stdout, r.stderr)
 
 
 def test_inspect_names_a_control_vector(captures, tiny, tmp_path):
@@ -1046,10 +1057,23 @@ def test_inspect_names_a_control_vector(captures, tiny, tmp_path):
     assert r.exit_code == 0, r.exception
     words = (f"is not a model: it is a llama.cpp control vector (as `ster vector export` writes) for {n - 1} "
              f"layers (1..{n - 1}) of hidden size {hidden}, made for a 'llama' model")
-    for args in (("inspect", tmp_path / "v.gguf"), ("generate", "-m", tmp_path / "v.gguf", "-p", "w5")):
-        r = cli(*args)
-        assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
-        assert "--control-vector" in str(r.exception)
+    r = cli("generate", "-m", tmp_path / "v.gguf", "-p", "w5")
+    assert isinstance(r.exception, SterError) and words in str(r.exception), r.exception
+    assert "--control-vector" in str(r.exception)
+    # inspect describes it (s9-left: `--json` printed an error line, not JSON), read back with gguf-py
+    import gguf
+
+    reader = gguf.GGUFReader(str(tmp_path / "v.gguf"))
+    layers = sorted(int(t.name.split(".")[1]) for t in reader.tensors)
+    widths = {int(t.shape[0]) for t in reader.tensors}
+    r = cli("inspect", tmp_path / "v.gguf", "--json", "-q")
+    assert r.exit_code == 0, r.exception
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "control_vector" and doc["layers"] == layers == list(range(1, n))
+    assert widths == {hidden} and doc["hidden_size"] == hidden and doc["model_hint"] == "llama"
+    assert doc["file_bytes"] == (tmp_path / "v.gguf").stat().st_size and doc["note"].startswith("not a model")
+    r = cli("inspect", tmp_path / "v.gguf", "-q")
+    assert r.exit_code == 0 and "control_vector" in r.stdout and "not a model" in r.stdout, (r.exception, r.stdout)
 
 
 # ------------------------------------------------------------- a wrapper whose text_config names another family
@@ -1302,3 +1326,85 @@ def test_readme_shows_capture_layers_as_optional_and_names_device():
     for path in (("generate",), ("chat",), ("serve",), ("capture",)):
         assert "--device DEVICE" in help_text(path), path
     assert "`--device cpu` (on `generate`, `chat`, `serve` and `capture`)" in " ".join(readme.split())
+
+
+# --------------------------------------------------------------------------- s9-left: the attacker's leftovers
+
+
+def test_outputs_that_are_symbolic_links_are_refused_by_every_writer(captures, tiny, tmp_path):
+    """``-o LINK`` (dangling, or to a file of the right kind) is one error from the one output check
+    (``artifacts.check_folder``) of every writing command: the link is neither replaced nor
+    written through (``vector caa -o`` replaced a dangling link)."""
+    import os
+    import shutil
+
+    from ster_py.artifacts import atomic_directory, atomic_outputs
+
+    hidden = json.loads((tiny / "config.json").read_text())["hidden_size"]
+    adapter = write_ster_adapter(tmp_path / "a.lora.json", str(tiny), hidden, 0, hidden)
+    shutil.copy(captures / "v.json", tmp_path / "old.json")
+    links = {}
+    for name in ("c.safetensors", "c.json", "v.json", "v.gguf", "m.gguf", "merged", "merged.gguf", "chat.json"):
+        links[name] = tmp_path / ("link-" + name)
+        os.symlink(tmp_path / "nowhere" / name, links[name])     # dangling
+    live = tmp_path / "live.json"
+    os.symlink(tmp_path / "old.json", live)                      # to an earlier vector
+    before = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
+    for make in (lambda: atomic_outputs(links["v.json"]), lambda: atomic_directory(links["merged"])):
+        with pytest.raises(SterError, match="is a symbolic link, a dangling one"):
+            with make():
+                pass
+    pair = ("--positive", captures / "pos.safetensors", "--negative", captures / "neg.safetensors")
+    for args, link in ((("capture", "-m", tiny, "-p", "w5", "-o"), links["c.safetensors"]),
+                       (("vector", "caa", *pair, "-o"), links["v.json"]),
+                       (("vector", "caa", *pair, "-o"), live),
+                       (("vector", "pca", *pair, "-o"), links["v.json"]),
+                       (("vector", "export", captures / "v.json", "-o"), links["v.gguf"]),
+                       (("convert", tiny, "-o"), links["m.gguf"]),
+                       (("tune", "merge", "--adapter", adapter, "-m", tiny, "-o"), links["merged"]),
+                       (("tune", "merge", "--adapter", adapter, "-m", tiny, "-o"), links["merged.gguf"])):
+        r = cli(*args, link)
+        assert isinstance(r.exception, SterError), (args, r.exception, r.output)
+        assert f"cannot write {link}: it is a symbolic link" in str(r.exception), (args, r.exception)
+    # the capture's sidecar name is checked too
+    side_link = tmp_path / "side.json"
+    os.symlink(tmp_path / "nowhere" / "side.json", side_link)
+    r = cli("capture", "-m", tiny, "-p", "w5", "-o", tmp_path / "side.safetensors")
+    assert isinstance(r.exception, SterError) and f"cannot write {side_link}: it is a symbolic link" in \
+        str(r.exception), r.exception
+    os.unlink(side_link)
+    r = cli("chat", "-m", tiny_chat_dir(tiny, tmp_path / "chatdir"), "-q", input=f"/save {links['chat.json']}\n")
+    assert r.exit_code == 0 and "/save" in r.stderr and str(links["chat.json"]) in r.stderr, r.stderr
+    for link in [*links.values(), live]:
+        assert link.is_symlink()
+    assert not (tmp_path / "nowhere").exists() and (tmp_path / "old.json").read_bytes() == \
+        (captures / "v.json").read_bytes()
+    _no_new_files(tmp_path, before | {p.relative_to(tmp_path) for p in (tmp_path / "chatdir").rglob("*")}
+                  | {Path("chatdir")})
+
+
+def test_serve_prints_one_start_line(tiny):
+    """``ster serve`` says it started in one line on stdout, the address as its third word (was two lines:
+    one on stderr, one on stdout); -q keeps the address alone."""
+    import signal
+    import subprocess
+    import sys
+
+    for quiet in ((), ("-q",)):
+        proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "-m",
+                                 str(tiny), "--port", "0", "--name", "tiny", *quiet],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("listening on http://127.0.0.1:"), (line, proc.stderr.read())
+            url = line.split()[2]
+            from urllib.request import urlopen
+
+            assert json.loads(urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"] == "tiny"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            rest, stderr = proc.communicate(timeout=30)
+        assert rest == "" and "http://" not in stderr, (rest, stderr)
+        assert (line.strip() == f"listening on {url}") == bool(quiet), line
+        if not quiet:
+            assert line.rstrip("\n").endswith(" (OpenAI API at /v1; Ctrl-C stops)") and len(line) < 80, line

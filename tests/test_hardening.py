@@ -456,21 +456,23 @@ def test_lone_surrogates_in_rendered_text_are_refused():
 
 
 def test_prompt_is_bounded_by_the_context_before_tokenizing(llama_dir):
-    from ster_py.prompt import encode_prompt, longest_token_chars, max_prompt_chars
+    from ster_py.prompt import PIECE_CHARS, encode_prompt, longest_token_chars
     from ster_py.tokenizer import Tokenizer
+
+    def max_prompt_chars_of(tok, context):  # the bound used before: context x the longest token
+        return max(context * longest_token_chars(tok), PIECE_CHARS)
 
     tok = Tokenizer(Tokenizer.from_dir(llama_dir).tk, chat_template="{{ 'a' * 30000000 }}")
     out, peak = _bounded(encode_prompt, tok, "hi", context=64)
     assert isinstance(out, SterError) and "over its budget" in str(out) and "context of 64 tokens" in str(out), out
     assert peak < 8 << 20
-    # Raw text: refused by length before encoding; a text that fits the context is never refused.
-    limit = max_prompt_chars(tok, 64)
-    with pytest.raises(SterError, match="more than could fit"):
-        encode_prompt(tok, "a" * (limit + 1), chat_template="off", context=64)
+    # Raw text: no character count proves a text too long (here "a" * N is one unknown word, one
+    # token): it is refused by its tokens, counted in pieces (s9-left), and a text that fits is never refused.
+    long_word = "a" * (max_prompt_chars_of(tok, 64) + 1)
+    fits = encode_prompt(tok, long_word, chat_template="off", context=64)
+    assert fits.ids == tok.encode(long_word) and len(fits.ids) <= 64
     longest = max(tok.tk.get_vocab(with_added_tokens=True), key=len)
     assert len(longest) == longest_token_chars(tok)
-    fits = encode_prompt(tok, "a" * limit, chat_template="off")  # no context: no bound
-    assert len(fits.text) == limit
     with pytest.raises(SterError, match="lone surrogate"):
         encode_prompt(tok, "x\udc80", chat_template="off", context=64)
 

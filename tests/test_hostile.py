@@ -482,3 +482,168 @@ def test_drafter_errors_name_the_drafter(tmp_path):
         load_drafter(str(cv), None)
     with pytest.raises(SterError, match="--draft .*absent"):
         load_drafter(str(tmp_path / "absent"), SimpleNamespace(tokenizer=None, spec=None))  # fails before both
+
+
+# ------------------------------------------------------------------ s9-left: the attacker's leftovers
+
+def _stub_server(vocab: int = 128):
+    from types import SimpleNamespace
+
+    from ster_py.server import Server
+
+    loaded = SimpleNamespace(decoder=SimpleNamespace(spec=SimpleNamespace(vocab_size=vocab)))
+    return Server(SimpleNamespace(draft=None, loaded=loaded), "stub")
+
+
+USER = [{"role": "user", "content": "w5"}]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"logit_bias": {"128": 1}}, "logit_bias", 'key "128" is not a token id of this model (0 to 127)'),
+    ({"logit_bias": {"-1": 1}}, "logit_bias", 'key "-1" is not a token id'),
+    ({"logit_bias": {"x": 1}}, "logit_bias", 'key "x" is not a token id'),
+    ({"logit_bias": {"9" * 40: 1}}, "logit_bias", "is not a token id"),
+    ({"logit_bias": {"5": "high"}}, "logit_bias", 'bias of id 5 must be a finite number in -100..100, got "high"'),
+    ({"logit_bias": {"5": 100.5}}, "logit_bias", "got 100.5"),
+    ({"logit_bias": {"5": True}}, "logit_bias", "got true"),
+    ({"logit_bias": [5]}, "logit_bias", "logit_bias must be an object"),
+    ({"response_format": {"type": "json_object"}}, "response_format", 'response_format "json_object" is not supported'),
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format", "not supported"),
+    ({"response_format": "json"}, "response_format", "not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "w5"},
+                                                {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages", 'message 0 has a content part of type "image_url"; only text parts'),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "messages",
+     '"input_audio"'),
+])
+def test_serve_refuses_bad_logit_bias_and_unsupported_formats_and_parts(body, param, words):
+    """Out-of-range or non-numeric logit_bias entries, response_format other than text and
+    non-text content parts are refused with the field named (were ignored)."""
+    from ster_py.server import RequestError
+
+    server = _stub_server()
+    with pytest.raises(RequestError) as caught:
+        server.parse({"messages": USER, **body}, chat=True)
+    assert caught.value.param == param and words in str(caught.value) and caught.value.status == 400, str(caught.value)
+    # a request without the bad field passes
+    args = server.parse({"messages": USER, "response_format": {"type": "text"}, "logit_bias": {"5": -100, "127": 2.5},
+                         **({"messages": [{"role": "user", "content": [{"type": "text", "text": "w5"}]}]}
+                            if param != "messages" else {})}, chat=True)
+    assert args["sampling"].logit_bias == ((5, -100.0), (127, 2.5))
+
+
+def test_logit_bias_steers_generation_as_transformers_sequence_bias(llama_dir):
+    """ster's logit_bias against transformers' SequenceBiasLogitsProcessor (applied before the
+    repetition penalty in both), greedy."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ster_py.generate import Sampling, generate
+    from ster_py.load import load_model
+
+    loaded = load_model(str(llama_dir))
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    prompt = [1, 17, 33, 48]
+    plain = generate(loaded.decoder, prompt, Sampling(max_new_tokens=6)).ids
+    bias = ((plain[0], -100.0), (plain[1], -7.5), (40, 3.0), (41, 2.0))
+    sampling = Sampling(max_new_tokens=6, repeat_penalty=1.3, logit_bias=bias)
+    got = generate(loaded.decoder, prompt, sampling).ids
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, repetition_penalty=1.3,
+                           sequence_bias={(t,): b for t, b in bias}, eos_token_id=None,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+    assert got == want and got[0] != plain[0]
+    with pytest.raises(SterError, match="past the model's"):
+        generate(loaded.decoder, prompt, Sampling(max_new_tokens=1, logit_bias=((10**6, 1.0),)))
+
+
+def test_a_huge_prompt_is_refused_after_tokenizing_about_twice_the_context(llama_dir, monkeypatch):
+    """A 9 MB prompt (generate's encode_prompt and chat/serve's Session.reply) is refused after a
+    bounded part of it is tokenized (was: all of it, 1.5 GB and 7 s); a long text that fits (one
+    unknown word of 200k characters: one token) is not refused by its length."""
+    from ster_py.conversation import Session
+    from ster_py.generate import Sampling
+    from ster_py.load import load_model
+    from ster_py.prompt import PIECE_CHARS, encode_prompt
+    from ster_py.tokenizer import Tokenizer
+
+    loaded = load_model(str(llama_dir))
+    loaded.tokenizer = Tokenizer(loaded.tokenizer.tk, chat_template="{% for m in messages %}{{ m.content }} "
+                                 "{% endfor %}w5")
+    seen = []
+    original = Tokenizer._backend_encode
+
+    def counting(self, text, add_special_tokens):
+        seen.append(len(text))
+        return original(self, text, add_special_tokens)
+
+    monkeypatch.setattr(Tokenizer, "_backend_encode", counting)
+    huge = "w7 w8 " * (9_000_000 // 6)
+    context = loaded.spec.max_position_embeddings
+    for call in (lambda: encode_prompt(loaded.tokenizer, huge, chat_template="off", context=context),
+                 lambda: encode_prompt(loaded.tokenizer, huge, context=context),
+                 lambda: Session(loaded).reply([{"role": "user", "content": huge}], Sampling(max_new_tokens=1)),
+                 lambda: Session(loaded).reply([], Sampling(max_new_tokens=1), raw=huge)):
+        seen.clear()
+        with pytest.raises(SterError, match=f"is 900000[0-9] characters, far more than the context of {context} tokens"):
+            call()
+        assert 0 < sum(seen) <= 2 * PIECE_CHARS, seen
+    word = "q" * 200_000   # not in the vocabulary: one <unk>
+    assert Session(loaded).reply([], Sampling(max_new_tokens=1), raw=word).prompt_ids == loaded.tokenizer.encode(word)
+    assert encode_prompt(loaded.tokenizer, word, chat_template="off", context=context).ids == \
+        loaded.tokenizer.encode(word)
+
+
+@pytest.mark.parametrize("failure, kind, words", [
+    (SterError("the prompt is 9 tokens, longer than the context"), "invalid_request_error", "longer than the context"),
+    (MemoryError("out of memory"), "server_error", "internal error: MemoryError: out of memory"),
+])
+def test_a_stream_that_fails_after_its_headers_ends_with_an_sse_error_event(failure, kind, words):
+    """A streamed request that fails once the 200 and the first chunks are sent gets OpenAI's
+    error event (``data: {"error": {...}}``) as its last event, no ``[DONE]``; the official
+    client raises it."""
+    import http.client
+    import socket
+    import threading
+    import time
+
+    import openai
+    import uvicorn
+
+    from ster_py.reply import Event
+    from ster_py.server import build_app
+
+    server = _stub_server()
+
+    def reply(messages, sampling, *, on_event=None, **kw):
+        on_event(Event("text", "w9"))
+        raise failure
+
+    server.session.reply = reply
+    sock = socket.create_server(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(build_app(server), log_level="error"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not srv.started:
+            time.sleep(0.02)
+        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        conn = http.client.HTTPConnection("127.0.0.1", sock.getsockname()[1], timeout=30)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"messages": USER, "stream": True}),
+                     headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
+        events = [e for e in r.read().decode().split("\n\n") if e]
+        conn.close()
+        assert all(e.startswith("data: ") for e in events) and "[DONE]" not in events[-1]
+        chunks = [json.loads(e.removeprefix("data: ")) for e in events]
+        assert chunks[1]["choices"][0]["delta"] == {"content": "w9"}          # the answer began...
+        err = chunks[-1]["error"]                                             # ...and the error ends it
+        assert set(chunks[-1]) == {"error"} and err["type"] == kind and words in err["message"], chunks[-1]
+        client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIError, match=words.split(":")[0]):
+            for _ in client.chat.completions.create(model="stub", messages=USER, stream=True):
+                pass
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)

@@ -785,6 +785,7 @@ def test_deepseek4_clamp_bites(ds4_converted):
     ({"deepseek4.expert_shared_count": 2}, "expert_shared_count"),
     ({"deepseek4.expert_weights_norm": False}, "expert_weights_norm"),
     ({"deepseek4.nextn_predict_layers": 1}, "multi-token-prediction"),
+    ({"deepseek4.hash_layer_count": 5}, "hash_layer_count is 5, more than the block count \\(4\\)"),  # s9-left
     ({"deepseek4.hyper_connection.count": 3}, None)])
 def test_deepseek4_gguf_metadata_checks(extra, match, ds4_converted):
     """What llama.cpp's deepseek4 loader refuses, or ster has not checked against its graph, is refused by name
@@ -861,17 +862,21 @@ def _nan_first(t):
     return t
 
 
+# s9-left: a table in any type but I32 is refused as llama.cpp's graph would (ggml_get_rows takes and gives I32
+# ids; an F32 table's rows would reach its I32-only id checks), whole numbers or not.
 @pytest.mark.parametrize("table, match", [
-    (_nan_first, "not whole numbers"),
-    (lambda t: np.full(t.shape, 0.5, np.float32), "not whole numbers"),
-    (lambda t: np.full(t.shape, 8, np.int32), "expert ids 8..8, outside 0..7"),
-    (lambda t: np.full(t.shape, -1, np.int32), "expert ids -1..-1, outside 0..7"),
-    (lambda t: t.astype(np.float32), None)])  # whole numbers stored as F32: the same table
+    (_nan_first, "is stored as F32; this table holds expert ids"),
+    (lambda t: np.full(t.shape, 0.5, np.float32), "is stored as F32; this table holds expert ids"),
+    (lambda t: t.astype(np.float32), "is stored as F32; this table holds expert ids"),  # whole numbers: still F32
+    (lambda t: np.full(t.shape, 8, np.int32), "layer 0's hash routing table holds expert ids 8..8, outside 0..7"),
+    (lambda t: np.full(t.shape, -1, np.int32), "layer 0's hash routing table holds expert ids -1..-1, outside 0..7"),
+    (lambda t: t, None)])   # the converter's own I32 table, rewritten: loads
 def test_deepseek4_hash_table_values_are_checked(table, match, ds4_converted, tmp_path):
     path, _ = ds4_converted["deepseek_v4"]
     bad = _with_tid2eid(path, tmp_path / "t.gguf", table)
     if match is None:
+        assert GGUFFile(str(bad)).tensors["blk.0.ffn_gate_tid2eid.weight"].type_name == "I32"
         assert load_model(str(bad)).decoder.forward(DS4_PROMPT[:4]).shape[0] == 4
         return
-    with pytest.raises(SterError, match=f"layer 0's hash routing table holds .*{match}"):
+    with pytest.raises(SterError, match=match):
         load_model(str(bad)).decoder.forward(DS4_PROMPT[:4])

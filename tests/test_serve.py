@@ -63,7 +63,7 @@ def served(tmp_path_factory):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
-    yield line.split()[-1], model_dir, vectors
+    yield line.split()[2], model_dir, vectors
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -334,7 +334,7 @@ def test_smollm2_served_plain_text(smollm2_gguf):
     try:
         line = proc.stdout.readline()
         assert line.startswith("listening on ")
-        client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="unused", max_retries=0, timeout=300)
+        client = openai.OpenAI(base_url=line.split()[2] + "/v1", api_key="unused", max_retries=0, timeout=300)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         whole = client.chat.completions.create(model="x", messages=messages, max_tokens=12)
         chunks = list(client.chat.completions.create(model="x", messages=messages, max_tokens=12, stream=True))
@@ -361,7 +361,7 @@ def served_draft(tmp_path_factory):
                              "--draft-max", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
-    yield line.split()[-1], target
+    yield line.split()[2], target
     proc.terminate()
     proc.wait(timeout=30)
 

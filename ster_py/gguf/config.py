@@ -1382,6 +1382,10 @@ def deepseek4_config(meta: Mapping, arch: str, path: str, *, vocab_size: int, ha
         raise refuse("head_count_kv other than 1 or value_length other than key_length")
     config = {c: g(k, int) for k, c in _DEEPSEEK4_KEYS.items()}
     config.update({c: g(k, float) for k, c in _DEEPSEEK4_FLOATS.items()})
+    if config["num_hash_layers"] > n:  # the leading layers that route by the token's table row
+        raise SterError(f"{path}: GGUF metadata {arch}.hash_layer_count is {config['num_hash_layers']}, more than "
+                        f"the block count ({n}): it counts the leading hash-routed layers (llama.cpp's converter "
+                        "writes the config's num_hash_layers); the file is damaged or was not written by it")
     ratios = meta.get(f"{arch}.attention.compress_ratios")
     if (not isinstance(ratios, (list, tuple, np.ndarray)) or len(ratios) < n
             or any(isinstance(r, (bool, np.bool_)) or r not in (0, 4, 128) for r in ratios)):

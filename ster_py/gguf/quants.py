@@ -63,6 +63,10 @@ SUPPORTED_TYPE_NAMES = tuple(t.name for t in GGML_TYPES.values() if t.supported)
 #: Integer types read only as small tables, never as weights (DeepSeek-V4's hash routing ``ffn_gate_tid2eid``,
 #: written as I32 by llama.cpp's converter): ``integer_table`` decodes them.
 TABLE_TYPE_NAMES = ("I32",)
+#: Tensors llama.cpp's graph uses as ids, which must be stored as I32: DeepSeek-V4's ``ffn_gate_tid2eid`` is read
+#: by ``ggml_get_rows`` (I32 in, I32 out) and its rows index the experts (``ggml_get_rows`` / ``mul_mat_id``
+#: assert I32 ids; an F32 table would stop llama.cpp's graph), so any other type is refused, as llama.cpp would.
+ID_TABLE_SUFFIXES = ("ffn_gate_tid2eid.weight",)
 
 
 def integer_table(raw: np.ndarray, ggml_type_id: int | str, shape: tuple[int, ...]) -> np.ndarray:

@@ -158,6 +158,11 @@ class GGUFTensor:
 
         Raises SterError if ster cannot decode this tensor's type.
         """
+        if self.name.endswith(quants.ID_TABLE_SUFFIXES) and self.type_name not in quants.TABLE_TYPE_NAMES:
+            raise SterError(f"tensor {self.name!r} is stored as {self.type_name}; this table holds expert ids, which "
+                            f"llama.cpp's converter writes and its graph reads as I32 only (an {self.type_name} "
+                            "table stops llama.cpp's graph): the file is damaged or was not written by llama.cpp's "
+                            "converter")
         if self.type_name in quants.TABLE_TYPE_NAMES:
             return quants.integer_table(self.raw, self.ggml_type, self.shape)
         if not quants.GGML_TYPES[self.ggml_type].supported:
