@@ -5,7 +5,8 @@ a prompt of ``--prompt-tokens`` ids (512) and ``--new-tokens`` greedy tokens (12
 end-of-generation ignored) on each engine with the same thread count, alternating
 the engines for ``--rounds`` rounds (3) so a change in machine load hits both. Each
 run is its own subprocess, so its peak RSS is its own. Printed per engine: load
-seconds, prefill tok/s, decode tok/s, peak RSS (medians over rounds), and the ratio
+seconds, prefill tok/s, decode tok/s, peak RSS and (``--show``) the RSS added over the
+engine's imported modules (medians over rounds), and the ratio
 ster / reference of each median; plus the machine's load average before and after,
 and ster's RSS budget (1.15 x file size + KV cache + 150 MB).
 
