@@ -810,11 +810,20 @@ def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
     shutil.copytree(tiny, long)
     cfg = json.loads((long / "config.json").read_text())
     (long / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 17}))
-    # PYTHONFAULTHANDLER: should the child outlive the interrupt (seen twice in ~15 whole-suite runs, never in
-    # hundreds of runs of this test alone), SIGABRT makes it print every thread's stack into the failure.
+    # The child starts with Ctrl-C's default action, as a command typed at a terminal does. A test run
+    # started in the background (``pytest &`` from a script, ``nohup``) has SIGINT ignored, children inherit
+    # that, and a Python started so never turns SIGINT into KeyboardInterrupt: the child then streamed on
+    # until the timeout (the whole-suite runs that hung here were all started that way).
+    def terminal_like_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+    # PYTHONFAULTHANDLER: should the child still outlive the interrupt, SIGABRT makes it print every thread's
+    # stack into the failure.
     proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m",
                              str(long), "-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", str(1 << 16)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                            preexec_fn=terminal_like_sigint)
     first = proc.stdout.read(1)  # the answer is streaming
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
