@@ -801,6 +801,17 @@ def test_ctrl_c_while_the_cli_imports_is_one_word(tmp_path):
     assert r.returncode == 130 and r.stderr == "interrupted\n" and r.stdout == "", r
 
 
+def sigint_as_at_a_terminal():
+    """``preexec_fn`` of a child the test interrupts: Ctrl-C's default action, as a command typed at a
+    terminal has. A test run started in the background (``pytest &`` from a script, ``nohup``) has SIGINT
+    ignored, children inherit that, and a Python started so never turns SIGINT into KeyboardInterrupt (the
+    Ctrl-C test's child then streamed on until its timeout: the whole-suite runs that hung were started so)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
     import shutil
     import signal
@@ -810,20 +821,12 @@ def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
     shutil.copytree(tiny, long)
     cfg = json.loads((long / "config.json").read_text())
     (long / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 17}))
-    # The child starts with Ctrl-C's default action, as a command typed at a terminal does. A test run
-    # started in the background (``pytest &`` from a script, ``nohup``) has SIGINT ignored, children inherit
-    # that, and a Python started so never turns SIGINT into KeyboardInterrupt: the child then streamed on
-    # until the timeout (the whole-suite runs that hung here were all started that way).
-    def terminal_like_sigint():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-
     # PYTHONFAULTHANDLER: should the child still outlive the interrupt, SIGABRT makes it print every thread's
     # stack into the failure.
     proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m",
                              str(long), "-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", str(1 << 16)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-                            preexec_fn=terminal_like_sigint)
+                            preexec_fn=sigint_as_at_a_terminal)
     first = proc.stdout.read(1)  # the answer is streaming
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -1402,7 +1405,8 @@ def test_serve_prints_one_start_line(tiny):
     for quiet in ((), ("-q",)):
         proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "-m",
                                  str(tiny), "--port", "0", "--name", "tiny", *quiet],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=sigint_as_at_a_terminal)
         try:
             line = proc.stdout.readline()
             assert line.startswith("listening on http://127.0.0.1:"), (line, proc.stderr.read())
