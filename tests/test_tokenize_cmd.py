@@ -25,8 +25,15 @@ def ster(*args):
 
 
 def tokenize_json(*args) -> dict:
-    done = ster("tokenize", "--json", *args)
-    assert done.returncode == 0, done.stderr
+    """``ster tokenize --json ARGS`` run in this process (the command's own code through Typer's runner;
+    a new interpreter per call cost ~1 s of imports, 45 calls here); the command-line tests of exit
+    statuses and error lines below keep their own process (``ster``)."""
+    from typer.testing import CliRunner
+
+    from ster_py.cli import app
+
+    done = CliRunner().invoke(app, ["tokenize", "--json", *map(str, args)])
+    assert done.exit_code == 0, (done.exception, done.stderr)
     return json.loads(done.stdout)
 
 
