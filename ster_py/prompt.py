@@ -58,6 +58,8 @@ def prompt_context(spec) -> int | None:
 #: Texts up to this many characters are tokenized whole (the exact count; cheap). Longer ones are
 #: counted in pieces of about this size first (``refuse_if_too_long``).
 PIECE_CHARS = 1 << 16
+#: A non-space character followed by a space: where a long prompt is cut into pieces.
+_WORD_END = re.compile(r"\S\s")
 
 
 def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *, add_special_tokens: bool,
@@ -96,7 +98,7 @@ def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *
     while start < len(text) and count <= budget:
         end = min(start + PIECE_CHARS, len(text))
         if end < len(text):   # cut before the next whitespace that follows a non-whitespace character
-            m = re.compile(r"\S\s").search(text, end - 1, min(end + PIECE_CHARS, len(text)))
+            m = _WORD_END.search(text, end - 1, min(end + PIECE_CHARS, len(text)))
             end = m.start() + 1 if m is not None else min(end + PIECE_CHARS, len(text))
         count += len(tokenizer.encode(text[start:end], add_special_tokens=add_special_tokens and start == 0))
         start = end

@@ -58,6 +58,17 @@ def gemma3_hf() -> Path:
 
 
 @pytest.fixture
+def chat_in_process(monkeypatch):
+    """Chat templates rendered in the test process (``chat._ISOLATE`` off), for tests of the rendering
+    itself: the forked child that guards a render (tested in test_hostile) costs a fork of the test
+    process per render -- late in a whole-suite run, gigabytes of fixtures' pages (~26 ms a render at
+    3 GB). In process, a template that edited the caller's messages would also show."""
+    from ster_py import chat
+
+    monkeypatch.setattr(chat, "_ISOLATE", False)
+
+
+@pytest.fixture
 def pinned_clock(monkeypatch):
     """Pin transformers' strftime_now (it calls datetime.now() of its module) to tiny.PINNED."""
     from datetime import datetime

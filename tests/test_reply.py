@@ -57,15 +57,8 @@ THINKING_RENDERED = ["Bielik-11B-v3.0-Instruct", "GLM-4.6", "GLM-4.7-Flash", "LF
                      "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2"]
 
 
-@pytest.fixture(autouse=True)
-def _render_in_this_process(monkeypatch):
-    """Render in the test process (``chat._ISOLATE`` off): these tests compare the rendering itself,
-    and the forked child that guards it (tested in test_hostile) costs a fork of the test process
-    per render -- late in a whole-suite run, gigabytes of fixtures' pages (~26 ms a render at 3 GB,
-    over a minute over this module). In process, a template that edited the caller's messages would show."""
-    from ster_py import chat
-
-    monkeypatch.setattr(chat, "_ISOLATE", False)
+# Rendered in this process (conftest.chat_in_process): these tests compare the rendering itself.
+pytestmark = pytest.mark.usefixtures("chat_in_process")
 
 
 def render(template: str, messages, add_generation_prompt: bool, **extra) -> str:

@@ -149,15 +149,8 @@ def _source(directory: Path, name: str) -> str:
     return (directory / f"{name}.jinja").read_text(encoding="utf-8")
 
 
-@pytest.fixture(autouse=True)
-def _render_in_this_process(monkeypatch):
-    """Render in the test process (``chat._ISOLATE`` off): these tests compare the rendering itself,
-    and the forked child that guards it (tested in test_hostile) costs a fork of the test process
-    per render -- late in a whole-suite run, gigabytes of fixtures' pages (~26 ms a render at 3 GB,
-    ~65 s over this module). In process, a template that edited the caller's messages would show."""
-    from ster_py import chat
-
-    monkeypatch.setattr(chat, "_ISOLATE", False)
+# Rendered in this process (conftest.chat_in_process): these tests compare the rendering itself.
+pytestmark = pytest.mark.usefixtures("chat_in_process")
 
 
 @functools.lru_cache(maxsize=1)
