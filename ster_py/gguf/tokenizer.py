@@ -14,9 +14,11 @@ does, which is the behaviour reference for GGUF files:
 - ``llama``: SentencePiece BPE. Spaces become U+2581 (▁), a ▁ is put in front
   of every text run (the start, and after each special token) when
   ``add_space_prefix`` (default true), and pieces are merged best score first;
-  characters left without a token fall back to ``<0xHH>`` byte tokens. The
-  merge list is derived from the scores (a pair's rank is the score of the
-  token it makes), as transformers' GGUF converter does.
+  characters left without a token fall back to ``<0xHH>`` byte tokens. This one
+  runs on the ``sentencepiece`` library, which merges by score natively
+  (``sentencepiece_bpe.SentencePieceBPE``, a stand-in with the part of
+  ``tokenizers.Tokenizer``'s interface ster uses): a merge list derived from the
+  scores made ``tokenizers`` take longer than llama.cpp's whole load.
 - ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``, ``granite-embed-multi-311m``
   or ``sarvam-moe``): BPE with ranked merges over ▁-escaped UTF-8 (not the byte
   alphabet), split only at newline runs, with ``<0xHH>`` byte fallback.
@@ -60,7 +62,7 @@ from ster_py.gguf.pretokenizers import (
     pre_tokenizer_spec,
     split_pre_tokenizer,
 )
-from ster_py.gguf.spm_splits import hashed_splits as _hashed_splits
+from ster_py.gguf.sentencepiece_bpe import SentencePieceBPE
 
 if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
     from ster_py.tokenizer import Tokenizer
@@ -158,7 +160,7 @@ class GGUFTokenizerParts:
             as llama.cpp prints them while generating).
     """
 
-    tokenizer: tokenizers.Tokenizer
+    tokenizer: tokenizers.Tokenizer | SentencePieceBPE
     model: str
     pre: str | None
     bos_token_id: int | None
@@ -298,9 +300,8 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
         lowercase = model == "whitespace" and _flag(meta, "tokenizer.ggml.normalizer.lowercase", pre != "whitespace")
         tk = _bpe(vocab, merges, spec, drop_spaces=model == "whitespace", lowercase=lowercase)
     elif model == "llama":
+        _check_spm_token_lengths(tokens)
         scores = _float_array(meta, "tokenizer.ggml.scores", n)
-        unk = tokens[ids["unk"]] if ids["unk"] is not None else None
-        tk = _sentencepiece_bpe(vocab, tokens, scores, add_space_prefix, unk)
     elif model == "bert":
         tk = _wordpiece(meta, tokens, types, ids["unk"])  # llama.cpp ignores the pre name for WordPiece
     elif model == "plamo2":
@@ -310,7 +311,11 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
                       add_space_prefix)
 
     kinds = _token_kinds(meta, tokens, types, vocab, ids)
-    _add_special_tokens(tk, tokens, kinds)
+    if model == "llama":  # its added tokens are given at construction
+        tk = SentencePieceBPE(tokens, scores, ids["unk"], add_space_prefix, special=kinds.special, plain=kinds.plain,
+                              lstrip=kinds.lstrip, rstrip=kinds.rstrip, vocab=vocab)
+    else:
+        _add_special_tokens(tk, tokens, kinds)
     if spec is not None and spec.byte_level:
         _keep_added_texts_raw(tk, [tokens[i] for i in sorted(kinds.special | kinds.plain)])
 
@@ -323,7 +328,10 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
             )
     # WordPiece's [CLS] text [SEP]: llama.cpp appends the separator where other schemes append EOS.
     tail = ids["sep"] if add_sep else (ids["eos"] if add_eos else None)
-    tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
+    if isinstance(tk, SentencePieceBPE):
+        tk.ends = (ids["bos"] if add_bos else None, tail)
+    else:
+        tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
 
     if not kinds.end_of_generation and for_generation:
         raise SterError(
@@ -385,7 +393,6 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
 #: characters and 514,847 merges derived from its scores.
 MAX_GGUF_TOKENS = 1 << 20
 MAX_GGUF_VOCAB_CHARS = 16 << 20
-MAX_DERIVED_MERGES = 1 << 21
 
 
 def _vocab(tokens: Sequence[str]) -> dict[str, int]:
@@ -588,22 +595,6 @@ def _gpt2_byte_alphabet() -> list[str]:
 
 
 _BYTE_ALPHABET = _gpt2_byte_alphabet()
-
-
-def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: np.ndarray, add_space_prefix: bool,
-                       unk: str | None) -> tokenizers.Tokenizer:
-    bpe = models.BPE(vocab=vocab, merges=_merges_from_scores(tokens, scores, vocab), byte_fallback=True,
-                     unk_token=unk)
-    tk = tokenizers.Tokenizer(bpe)
-    # The normalizer runs on each text run between added tokens, so the prefix ▁ lands at
-    # the start and after every special token, as llama.cpp's SPM session does.
-    steps = [normalizers.Prepend(SPACE_MARK)] if add_space_prefix else []
-    tk.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE_MARK)])
-    steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if add_space_prefix:
-        steps.append(decoders.Strip(" ", 1, 0))
-    tk.decoder = decoders.Sequence(steps)
-    return tk
 
 
 def _wordpiece(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, unk: int | None
@@ -847,24 +838,9 @@ def _trie_problem(units: np.ndarray, normalized: bytes) -> str | None:
     return None
 
 
-def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
-    """SentencePiece BPE as ranked merges: every split of a token into two tokens,
-    ranked by the score of the token it makes (best first).
-
-    llama.cpp's SPM session repeatedly merges the adjacent pair whose concatenation
-    is the best-scored token; with these ranks tokenizers' BPE does the same. Ties
-    (equal scores) are ordered by token id, then by split point.
-
-    The splits are found with vectorised 64-bit polynomial hashes over the whole
-    vocabulary (``spm_splits``), every hit confirmed on the texts (tokens that share a
-    hash are all tried, within a bound).
-
-    Raises:
-        SterError: a token longer than ``MAX_SPM_TOKEN_CHARS``; more than
-            ``MAX_DERIVED_MERGES`` merges; a vocabulary crafted to share hashes.
-    """
-    n = len(tokens)
-    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
+def _check_spm_token_lengths(tokens: Sequence[str]) -> None:
+    """Refuse a SentencePiece token over ``MAX_SPM_TOKEN_CHARS`` characters (before any table is built)."""
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
     longest = int(lengths.argmax())
     if lengths[longest] > MAX_SPM_TOKEN_CHARS:
         raise SterError(
@@ -872,24 +848,6 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
             f"vocabularies hold tokens of a few dozen characters and ster refuses any over {MAX_SPM_TOKEN_CHARS}. "
             "The file is corrupt or crafted; re-convert the model"
         )
-    table = _hashed_splits(tokens, lengths, MAX_DERIVED_MERGES)
-    if len(table) > MAX_DERIVED_MERGES:
-        raise _too_many_merges(len(table))
-    if not len(table):
-        return []
-    token, cut, left, right = table.T
-    # The rows come by token id, cuts ascending, so a stable sort by score alone ranks them.
-    rank = np.argsort(-scores[token], kind="stable")
-    # An object array gathers the vocabulary's own string objects in C (no per-pair Python call).
-    texts = np.empty(n, dtype=object)
-    texts[:] = tokens
-    return list(zip(texts[left[rank]].tolist(), texts[right[rank]].tolist()))
-
-
-def _too_many_merges(count: int) -> SterError:
-    return SterError(f"the SentencePiece scores of this GGUF make {count}+ merge pairs; real vocabularies make "
-                     f"well under a million (Gemma 3: 514,847) and ster refuses more than {MAX_DERIVED_MERGES}. "
-                     "The file is corrupt or crafted; re-convert the model")
 
 
 #: SentencePiece tokens longer than this are refused (real vocabularies stay under ~50).
