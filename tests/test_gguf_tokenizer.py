@@ -743,6 +743,21 @@ def _byte_level_meta(pre: str) -> dict:
     }
 
 
+def test_merges_outside_the_vocabulary_are_dropped():
+    # A merge naming or making a token outside the vocabulary, or a line without a cut, can never
+    # yield an id: the tokenizer is the one without those lines (llama.cpp skips them the same way).
+    meta = _byte_level_meta("gpt-2")
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + ["ab", "abc", " a"]
+    meta["tokenizer.ggml.token_type"] = np.concatenate([meta["tokenizer.ggml.token_type"], [1, 1, 1]])
+    clean = ["a b", "ab c"]
+    want = tokenizer_from_gguf_metadata({**meta, "tokenizer.ggml.merges": clean}).tokenizer
+    for extra in (["a x"], ["ab d"], ["abc"], ["", "a b"], [" a b"], ["q\u0120 b"]):
+        got = tokenizer_from_gguf_metadata({**meta, "tokenizer.ggml.merges": clean + extra}).tokenizer
+        for text in ("abc", "ab", "xabcd", " a b"):
+            assert got.encode(text).ids == want.encode(text).ids, (extra, text)
+    assert want.encode("abc").tokens == ["abc"]
+
+
 @pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
 def test_every_name_builds_and_loses_nothing(pre):
     # With no merges the ids are the bytes of the text (or its characters' <0xHH> tokens),

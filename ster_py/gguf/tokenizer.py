@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import gc
 import re
+from itertools import repeat
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -295,7 +297,7 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
     add_bos, add_eos, add_sep = _bos_eos_flags(meta, model, spec)
 
     if spec is not None:
-        merges = _file_merges(meta, vocab, required=pre != "kimi-k2")  # llama.cpp lets Kimi K2 have none
+        merges = _file_merges(meta, required=pre != "kimi-k2")  # llama.cpp lets Kimi K2 have none
         # The whitespace model drops white space and (unless the file says otherwise) lower-cases.
         lowercase = model == "whitespace" and _flag(meta, "tokenizer.ggml.normalizer.lowercase", pre != "whitespace")
         tk = _bpe(vocab, merges, spec, drop_spaces=model == "whitespace", lowercase=lowercase)
@@ -507,24 +509,28 @@ def _bos_eos_flags(meta: Mapping[str, Any], model: str, spec: PreTokenizerSpec |
     return add_bos, add_eos, add_sep
 
 
-def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int], required: bool = True
-                 ) -> list[tuple[str, str]]:
+def _file_merges(meta: Mapping[str, Any], required: bool = True) -> list[tuple[str, str]]:
     raw = meta.get("tokenizer.ggml.merges")
     if raw is None and not required:
         return []
     if raw is None or isinstance(raw, (str, bytes)):
         raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
-    if not all(type(line) is str for line in raw):
+    if len(raw) and set(map(type, raw)) != {str}:
         i = next(i for i, line in enumerate(raw) if type(line) is not str)
         raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt")
     # llama.cpp splits at the first space after the first character, so a pair may start with
-    # a space; str.partition (in C, the load-time path of 50k-500k lines) is that split for the
-    # others, and the few lines that start with a space are cut by hand.
-    pairs = [line.partition(" ") if line[:1] != " " else _cut_after_first(line) for line in raw]
-    # A merge that names or makes a token outside the vocabulary can never yield a token id;
-    # tokenizers refuses such a list, so it is dropped (as is a line with no cut).
-    return [(left, right) for left, cut, right in pairs
-            if cut and left in vocab and right in vocab and left + right in vocab]
+    # a space; str.partition mapped in C (the load-time path of 50k-500k lines) is that split
+    # for the others, and the few lines that start with a space are cut by hand.
+    pairs = list(map(str.partition, raw, repeat(" ")))
+    if "" in map(itemgetter(0), pairs):
+        pairs = [p if p[0] else _cut_after_first(line) for p, line in zip(pairs, raw)]
+    # A line without a cut has "" on its right, which is no token: _bpe drops it.
+    return list(map(itemgetter(0, 2), pairs))
+
+
+def _known_merges(merges: list[tuple[str, str]], vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """The merges whose two parts and result are all tokens (the others can never yield a token id)."""
+    return [(left, right) for left, right in merges if left in vocab and right in vocab and left + right in vocab]
 
 
 def _cut_after_first(line: str) -> tuple[str, str, str]:
@@ -546,8 +552,17 @@ def _bpe(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenize
     merging (ggml-org/llama.cpp#21343); Gemma 4's merges build every such run anyway,
     so the plain merge gives the same ids (checked against llama.cpp on runs of 1..69).
     """
-    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges,
-                                         byte_fallback=not spec.byte_level))
+    def model(merges: list[tuple[str, str]]) -> models.BPE:
+        return models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges,
+                          byte_fallback=not spec.byte_level)
+
+    # tokenizers refuses a merge that names or makes a token outside the vocabulary; real files
+    # have none, so the list is only filtered (a Python pass over every line) when it is refused.
+    try:
+        bpe = model(merges)
+    except Exception:  # noqa: BLE001 - tokenizers' bare Exception for an unknown token
+        bpe = model(_known_merges(merges, vocab))
+    tk = tokenizers.Tokenizer(bpe)
     steps = []
     if lowercase:
         steps.append(normalizers.Lowercase())
