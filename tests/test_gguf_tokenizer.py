@@ -664,6 +664,63 @@ def test_sentencepiece_model_proto_parses_back():
     assert [p.piece for p in proto.pieces] == ["a", "b", "<unk>"] and not proto.trainer_spec.byte_fallback
 
 
+# ---------------------------- hostile SentencePiece BPE vocabularies (s10-break: found by crafting, fixed)
+
+def _llama_cpp_ids(path: Path, texts, parse_special: bool) -> list[list[int]]:
+    """llama.cpp's ids (no BOS) in a child process: a crafted vocabulary may abort it."""
+    from ster_py import llamacpp
+
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is the oracle here")
+    return llamacpp.tokenize(path, texts, parse_special=parse_special, timeout=120)
+
+
+def test_sentencepiece_bpe_nan_score_is_refused():
+    # llama.cpp's merge queue compares scores with < and ==, which a NaN breaks (no strict weak order), and
+    # sentencepiece orders it otherwise: crafted texts came out differently. Refused, as the Unigram path does.
+    tokens, scores, types = _crafted_spm("ties", 0)
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": np.array(scores[:-1] + [float("nan")], dtype=np.float32),
+            "tokenizer.ggml.token_type": np.array(types, dtype=np.int32)}
+    with pytest.raises(SterError, match=r"tokenizer.ggml.scores\[%d\] is NaN" % (len(tokens) - 1)):
+        tokenizer_from_gguf_metadata(meta)
+    meta["tokenizer.ggml.scores"] = np.array(scores[:-2] + [float("inf"), float("-inf")], dtype=np.float32)
+    assert tokenizer_from_gguf_metadata(meta).tokenizer.encode("abc").ids  # infinities are ordered: kept
+
+
+def test_sentencepiece_bpe_overlapping_added_tokens_equal_llama_cpp(tmp_path):
+    # A user-defined token overlapping a control token ("<s>" / "><", "</s>" / "s>x"): with special texts
+    # not parsed, llama.cpp never looks for the control token, so the user-defined one is cut where it
+    # starts inside it. (tokenizers matched both and then read the control token as text, hiding it.)
+    head = ["<unk>", "<s>", "</s>"]
+    tokens = head + [f"<0x{b:02X}>" for b in range(256)] + ["><", "s>x", "\u2581", "a", "<", ">", "s", "x"]
+    types = [2, 3, 3] + [6] * 256 + [4, 4] + [1] * 6
+    scores = [0.0] * len(tokens)
+    _spm_vocab_file(tmp_path / "v.gguf", tokens, scores, types, True)
+    tk = tokenizer_from_gguf_metadata(_read_metadata(tmp_path / "v.gguf")).tokenizer
+    texts = ["<s><>", "a<s><a", "</s>x", "</s>><", "x<s>x</s>x", "<s>", "><<s>"]
+    for parse_special in (True, False):
+        want = _llama_cpp_ids(tmp_path / "v.gguf", texts, parse_special)
+        tk.encode_special_tokens = not parse_special
+        got = [tk.encode(t, add_special_tokens=False).ids for t in texts]
+        assert got == want, parse_special
+
+
+def test_sentencepiece_bpe_partial_byte_tokens_equal_llama_cpp(tmp_path):
+    # Only <0x00>..<0x7F>: llama.cpp looks each byte token up by its text, so an ASCII character without
+    # a piece still becomes its byte token (sentencepiece falls back to bytes only with all 256).
+    head = ["<unk>", "<s>", "</s>"]
+    tokens = head + [f"<0x{b:02X}>" for b in range(128)] + ["\u2581", "a", "b", "ab", "\u2581a"]
+    types = [2, 3, 3] + [6] * 128 + [1] * 5
+    scores = [0.0] * (len(tokens) - 5) + [-1.0, -2.0, -2.0, -3.0, -4.0]
+    _spm_vocab_file(tmp_path / "v.gguf", tokens, scores, types, True)
+    tk = tokenizer_from_gguf_metadata(_read_metadata(tmp_path / "v.gguf")).tokenizer
+    texts = ["hello", "a\x01b", "zz ab", "ab", "\x00", " a\tz"]
+    want = _llama_cpp_ids(tmp_path / "v.gguf", texts, True)
+    assert [tk.encode(t, add_special_tokens=False).ids for t in texts] == want
+    assert [tk.decode(ids) for ids in want] == ["hello", "a\x01b", "zz ab", "ab", "\x00", " a\tz"]
+
+
 def test_unigram_and_wordpiece_refusals():
     meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>"],
             "tokenizer.ggml.scores": np.array([0.0, 0.0], dtype=np.float32),

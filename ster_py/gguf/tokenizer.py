@@ -304,6 +304,10 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
     elif model == "llama":
         _check_spm_token_lengths(tokens)
         scores = _float_array(meta, "tokenizer.ggml.scores", n)
+        if np.isnan(scores).any():
+            # llama.cpp's merge queue orders by < and ==, which a NaN breaks: no defined merge order.
+            raise SterError(f"tokenizer.ggml.scores[{int(np.flatnonzero(np.isnan(scores))[0])}] is NaN; a "
+                            "SentencePiece merge order needs ordered scores. The GGUF file is corrupt, re-convert it")
     elif model == "bert":
         tk = _wordpiece(meta, tokens, types, ids["unk"])  # llama.cpp ignores the pre name for WordPiece
     elif model == "plamo2":
