@@ -209,33 +209,41 @@ class SentencePieceBPE:
         self._added = {i: AddedToken(self._tokens[i], special=i in self._special, normalized=False,
                                      lstrip=i in lstrip, rstrip=i in rstrip)
                        for i in sorted(self._special | plain)}
-        self._splitter, self._split_ids = self._added_token_splitter()
+        # With special texts not parsed, llama.cpp does not look for control/unknown tokens at all, so a
+        # user-defined token overlapping one is still cut: a second splitter holds only the user-defined ones
+        # (tokenizers' ``encode_special_tokens`` would match the control token and then read it as text).
+        self._splitter, self._split_ids = self._added_token_splitter(self._added.values())
+        self._plain_splitter, self._plain_split_ids = self._added_token_splitter(
+            t for t in self._added.values() if not t.special)
+        self._encode_special = False
 
     # ------------------------------------------------------------------ added tokens
 
-    def _added_token_splitter(self) -> tuple[tokenizers.Tokenizer, dict[int, int]]:
-        """A ``tokenizers`` model holding only the added tokens: encoding a text with it gives the added
-        tokens' spans (its ids) and every run between them as one unknown id (``_RUN``)."""
+    def _added_token_splitter(self, added: Iterable[AddedToken]) -> tuple[tokenizers.Tokenizer, dict[int, int]]:
+        """A ``tokenizers`` model holding only the ``added`` tokens: encoding a text with it gives those
+        tokens' spans (its ids, mapped to vocabulary ids by the returned dict) and every run between them
+        as id 0."""
         run = "[text]"
         while run in self._vocab:
             run = "[" + run + "]"
         splitter = tokenizers.Tokenizer(models.WordLevel({run: 0}, unk_token=run))
-        specials = [t for t in self._added.values() if t.special]
-        plain = [t for t in self._added.values() if not t.special]
+        added = list(added)
+        specials = [t for t in added if t.special]
+        plain = [t for t in added if not t.special]
         if specials:
             splitter.add_special_tokens(specials)
         if plain:
             splitter.add_tokens(plain)
-        return splitter, {splitter.token_to_id(t.content): i for i, t in self._added.items()}
+        return splitter, {splitter.token_to_id(t.content): self._vocab[t.content] for t in added}
 
     @property
     def encode_special_tokens(self) -> bool:
         """True: special (control/unknown) token texts in the text are tokenized as plain text."""
-        return self._splitter.encode_special_tokens
+        return self._encode_special
 
     @encode_special_tokens.setter
     def encode_special_tokens(self, value: bool) -> None:
-        self._splitter.encode_special_tokens = value
+        self._encode_special = bool(value)
 
     def get_added_tokens_decoder(self) -> dict[int, AddedToken]:
         """id -> ``AddedToken`` for the control, unknown and user-defined tokens."""
@@ -261,7 +269,9 @@ class SentencePieceBPE:
     def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
         """Token ids of ``text`` (valid Unicode, no lone surrogates); BOS/EOS per ``ends`` when
         ``add_special_tokens``."""
-        found = self._splitter.encode(text, add_special_tokens=False) if text else None
+        splitter, split_ids = ((self._plain_splitter, self._plain_split_ids) if self._encode_special
+                               else (self._splitter, self._split_ids))
+        found = splitter.encode(text, add_special_tokens=False) if text else None
         ids: list[int] = []
         if found is not None:
             runs = [self._prefix + text[a:b].replace(" ", SPACE_MARK)
@@ -271,7 +281,7 @@ class SentencePieceBPE:
                 if i == 0:
                     ids.extend(next(pieces))
                 else:
-                    ids.append(self._split_ids[i])
+                    ids.append(split_ids[i])
             if self._n in ids:  # the placeholder unknown piece of a vocabulary without one
                 ids = [i for i in ids if i != self._n]
         if add_special_tokens:
