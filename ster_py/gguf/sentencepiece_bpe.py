@@ -39,7 +39,7 @@ from tokenizers import AddedToken, models
 
 from ster_py.errors import SterError
 
-__all__ = ["SentencePieceBPE", "sentencepiece_model_proto"]
+__all__ = ["SentencePieceBPE", "placeholder_pieces", "sentencepiece_model_proto"]
 
 SPACE_MARK = "\u2581"
 
@@ -77,6 +77,11 @@ def sentencepiece_model_proto(pieces: Sequence[str], scores: np.ndarray, unk_id:
             (sentencepiece needs one; ``SentencePieceBPE`` drops that id from its output).
         vocab: text -> id of ``pieces`` when the caller has it (saves building it here).
 
+    Pieces past the n given (``placeholder_pieces`` lists them): the UNKNOWN placeholder, then, when
+    the vocabulary holds some but not all of the 256 ``<0xHH>`` byte pieces, the missing ones typed
+    BYTE in byte order (sentencepiece falls back to bytes only with all 256; llama.cpp looks each one
+    up by its text, so the present ones must still be used).
+
     Returns:
         bytes for ``sentencepiece.SentencePieceProcessor(model_proto=...)``.
 
@@ -89,22 +94,19 @@ def sentencepiece_model_proto(pieces: Sequence[str], scores: np.ndarray, unk_id:
     index = vocab if vocab is not None else dict(zip(texts, range(len(texts))))
     types = np.full(len(texts), _NORMAL, dtype=np.uint8)
     score32 = np.asarray(scores, dtype=np.float32)[: len(texts)]
-    if unk_id is None:
-        placeholder = "<unk>"
-        while placeholder in index:
-            placeholder = "<" + placeholder + ">"
-        texts.append(placeholder)
-        types = np.append(types, np.uint8(_UNKNOWN))
-        score32 = np.append(score32, np.float32(0))
-    else:
+    if unk_id is not None:
         types[unk_id] = _UNKNOWN
+    extra = placeholder_pieces(index, unk_id)
+    texts += [text for text, _ in extra]
+    types = np.append(types, np.array([kind for _, kind in extra], dtype=np.uint8))
+    score32 = np.append(score32, np.zeros(len(extra), dtype=np.float32))
     # sentencepiece falls back to bytes only with all 256 <0xHH> pieces typed BYTE (which it then
     # never forms by merging; llama.cpp could, from pieces such as "<0" and "x41>", which no real
     # vocabulary holds).
     byte_ids = [index.get(f"<0x{b:02X}>") for b in range(256)]
-    byte_fallback = None not in byte_ids
+    byte_fallback = any(i is not None for i in byte_ids)
     if byte_fallback:
-        types[byte_ids] = _BYTE
+        types[[i for i in byte_ids if i is not None]] = _BYTE
     n = len(texts)
     flat = np.frombuffer("".join(texts).encode("utf-8"), dtype=np.uint8)
     blen = _utf8_lengths(texts)
@@ -141,6 +143,24 @@ def sentencepiece_model_proto(pieces: Sequence[str], scores: np.ndarray, unk_id:
     out[r + 6] = types
     out[int(total.sum()):] = np.frombuffer(specs, dtype=np.uint8)
     return out.tobytes()
+
+
+def placeholder_pieces(vocab: Mapping[str, int], unk_id: int | None) -> list[tuple[str, int]]:
+    """(text, sentencepiece type) of the pieces ``sentencepiece_model_proto`` appends after the vocabulary.
+
+    The UNKNOWN placeholder when ``unk_id`` is None (a text not in ``vocab``), then the ``<0xHH>`` byte
+    pieces missing from a vocabulary that holds some of them, typed BYTE, in byte order.
+    """
+    extra: list[tuple[str, int]] = []
+    if unk_id is None:
+        placeholder = "<unk>"
+        while placeholder in vocab:
+            placeholder = "<" + placeholder + ">"
+        extra.append((placeholder, _UNKNOWN))
+    missing = [f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in vocab]
+    if len(missing) < 256:
+        extra += [(text, _BYTE) for text in missing]
+    return extra
 
 
 def _utf8_lengths(texts: Sequence[str]) -> np.ndarray:
@@ -196,6 +216,16 @@ class SentencePieceBPE:
         self._prefix = SPACE_MARK if add_space_prefix else ""
         self._strip_space = add_space_prefix
         self._sp = sentencepiece.SentencePieceProcessor()
+        # Ids sentencepiece may give past the vocabulary (see ``placeholder_pieces``) -> the ids they stand
+        # for: none for the unknown placeholder; for a missing byte piece, llama.cpp's second look-up (the
+        # byte as a one-character text), else the unknown token (where llama.cpp aborts), else none.
+        self._extra: dict[int, tuple[int, ...]] = {}
+        for j, (text, kind) in enumerate(placeholder_pieces(self._vocab, unk_id), start=self._n):
+            byte = int(text[3:5], 16) if kind == _BYTE else None
+            if byte is not None and byte < 0x80 and chr(byte) in self._vocab:
+                self._extra[j] = (self._vocab[chr(byte)],)
+            else:
+                self._extra[j] = (unk_id,) if byte is not None and unk_id is not None else ()
         try:
             self._sp.LoadFromSerializedProto(sentencepiece_model_proto(self._tokens, scores, unk_id, self._vocab))
         except (RuntimeError, OSError) as e:
@@ -282,8 +312,8 @@ class SentencePieceBPE:
                     ids.extend(next(pieces))
                 else:
                     ids.append(split_ids[i])
-            if self._n in ids:  # the placeholder unknown piece of a vocabulary without one
-                ids = [i for i in ids if i != self._n]
+            if ids and max(ids) >= self._n:  # placeholder pieces (see ``_extra``)
+                ids = [k for i in ids for k in ((i,) if i < self._n else self._extra[i])]
         if add_special_tokens:
             bos, eos = self.ends
             ids = ([bos] if bos is not None else []) + ids + ([eos] if eos is not None else [])
