@@ -721,6 +721,24 @@ def test_sentencepiece_bpe_partial_byte_tokens_equal_llama_cpp(tmp_path):
     assert [tk.decode(ids) for ids in want] == ["hello", "a\x01b", "zz ab", "ab", "\x00", " a\tz"]
 
 
+def test_sentencepiece_bpe_token_with_nul_equals_llama_cpp(tmp_path):
+    # llama.cpp reads a token text as a C string: "x\0y" is the token "x", and "\0" an empty one (renamed
+    # [EMPTY_i]). The sentencepiece library refuses a piece holding NUL, which refused the whole vocabulary.
+    head = ["<unk>", "<s>", "</s>"]
+    tokens = head + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "x\x00y", "\x00", "a", "\u2581a\x00"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 5
+    _spm_vocab_file(tmp_path / "v.gguf", tokens, [0.0] * len(tokens), types, True)
+    parts = tokenizer_from_gguf_metadata(_read_metadata(tmp_path / "v.gguf"))
+    texts = ["x", "xy", "a x", "\x00", "x\x00y", " a"]
+    assert [parts.tokenizer.encode(t, add_special_tokens=False).ids for t in texts] == _llama_cpp_ids(
+        tmp_path / "v.gguf", texts, True)
+    assert parts.tokenizer.id_to_token(261) == "[EMPTY_261]"
+    tokens[-1] = "a\x00b"  # "a" twice once cut: llama.cpp aborts on the duplicate
+    _spm_vocab_file(tmp_path / "d.gguf", tokens, [0.0] * len(tokens), types, True)
+    with pytest.raises(SterError, match="duplicate token"):
+        tokenizer_from_gguf_metadata(_read_metadata(tmp_path / "d.gguf"))
+
+
 def test_unigram_and_wordpiece_refusals():
     meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>"],
             "tokenizer.ggml.scores": np.array([0.0, 0.0], dtype=np.float32),

@@ -387,6 +387,10 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
         raise SterError(f"tokenizer.ggml.tokens holds {chars} characters of token text; real vocabularies hold a "
                         f"few million at most and ster refuses more than {MAX_GGUF_VOCAB_CHARS}. The file is corrupt "
                         "or crafted; re-convert the model")
+    if "\x00" in "".join(tokens):
+        # llama.cpp reads each token text as a C string (gguf_get_arr_str), so it ends at a NUL: "x\0y" is
+        # the token "x" there (and a duplicate, then refused below, where llama.cpp aborts).
+        tokens = [t.partition("\x00")[0] for t in tokens]
     if "" in tokens:
         # llama.cpp renames empty tokens so that every text maps to one id.
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
