@@ -13,11 +13,17 @@ What runs where (the behaviour is llama.cpp's ``llm_tokenizer_spm_session`` in
 - the text is first cut at added tokens (control and unknown ones when special
   texts are parsed, user-defined ones always; leftmost-longest, with the tokens'
   lstrip/rstrip): a small ``tokenizers`` model that holds only the added tokens
-  finds the cuts, so they follow the same rules as every other GGUF vocabulary;
+  finds the cuts, so they follow the same rules as every other GGUF vocabulary
+  (llama.cpp cuts the longest token text first wherever it is: the two differ
+  only where two added tokens' texts overlap in the text); with special texts not
+  parsed, that model holds only the user-defined tokens, as llama.cpp looks for
+  no other;
 - each text run between them gets a leading ▁ (``add_space_prefix``) and its spaces
   written as ▁, then ``sentencepiece`` merges adjacent symbols best score first (ties:
   leftmost), and a character left without a piece becomes its UTF-8 ``<0xHH>``
-  byte tokens. Every piece of the vocabulary is a merge target, as in llama.cpp
+  byte tokens (those the vocabulary has: llama.cpp looks each up by its text, so
+  a vocabulary with only some of the 256 still uses them). Every piece of the
+  vocabulary is a merge target, as in llama.cpp
   (the model is given all pieces as NORMAL, only the unknown token as UNKNOWN);
 - decoding is done here from the token texts (▁ to space, byte tokens to bytes, one
   leading space dropped with ``add_space_prefix``), as the ``tokenizers`` decoder

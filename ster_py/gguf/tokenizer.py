@@ -233,8 +233,9 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], *, for_generation: boo
     Raises:
         SterError: unsupported ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre``
             (the message names it and lists the supported ones); missing or
-            malformed tokens/merges/scores; a duplicated token text; a SentencePiece
-            token over ``MAX_SPM_TOKEN_CHARS`` characters; BOS, EOS or SEP to be
+            malformed tokens/merges/scores; a duplicated token text (a text ends at its
+            first NUL, as llama.cpp reads it); a SentencePiece token over
+            ``MAX_SPM_TOKEN_CHARS`` characters, or a NaN SentencePiece score; BOS, EOS or SEP to be
             added without its id; no end-of-generation token (``for_generation``).
 
     Source: llama.cpp ``src/llama-vocab.cpp`` (llama_vocab::impl::load, the
