@@ -739,6 +739,31 @@ def test_sentencepiece_bpe_token_with_nul_equals_llama_cpp(tmp_path):
         tokenizer_from_gguf_metadata(_read_metadata(tmp_path / "d.gguf"))
 
 
+def test_sentencepiece_model_proto_in_chunks_parses_back():
+    # The piece texts are placed a chunk of pieces at a time (bounded index arrays: a crafted 64 MB
+    # vocabulary peaked at 1.6 GB): more pieces than one chunk, empty and 4-byte ones at its edges.
+    pytest.importorskip("google.protobuf")
+    from sentencepiece import sentencepiece_model_pb2
+
+    from ster_py.gguf import sentencepiece_bpe
+
+    n = sentencepiece_bpe._SCATTER_PIECES * 2 + 5
+    tokens = [chr(0x10000 + i) * (1 + i % 3) if i % 7 else "\u00e9" * (i % 50) for i in range(n)]
+    tokens[sentencepiece_bpe._SCATTER_PIECES - 1: sentencepiece_bpe._SCATTER_PIECES + 1] = ["", "\U0010FFFF" * 30]
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(sentencepiece_bpe.sentencepiece_model_proto(tokens, np.arange(n, dtype=np.float32), 1))
+    assert [p.piece for p in proto.pieces][:n] == tokens
+    assert [p.score for p in proto.pieces][:n] == list(range(n))
+
+
+def test_sentencepiece_piece_not_unicode_is_a_ster_error():
+    # Metadata given as a dict (the reader never yields one): a lone surrogate was a UnicodeEncodeError.
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a\udc80"],
+            "tokenizer.ggml.scores": np.zeros(4, dtype=np.float32)}
+    with pytest.raises(SterError, match="not valid Unicode"):
+        tokenizer_from_gguf_metadata(meta)
+
+
 def test_unigram_and_wordpiece_refusals():
     meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>"],
             "tokenizer.ggml.scores": np.array([0.0, 0.0], dtype=np.float32),

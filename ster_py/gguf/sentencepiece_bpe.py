@@ -57,6 +57,8 @@ _TRAINER_SPEC = {True: bytes([0x18, 0x02, 0x98, 0x02, 0x01]), False: bytes([0x18
 # NormalizerSpec: name (1) "identity", add_dummy_prefix (3), remove_extra_whitespaces (4) and
 # escape_whitespaces (5) all false: the text arrives already escaped, nothing else may change it.
 _NORMALIZER_SPEC = b"\x0a\x08identity" + bytes([0x18, 0x00, 0x20, 0x00, 0x28, 0x00])
+#: Pieces whose text bytes are placed in one numpy scatter (bounds its index arrays).
+_SCATTER_PIECES = 1 << 15
 #: A piece's UTF-8 length must fit a two-byte varint (the caller bounds pieces at 1,024 characters).
 _MAX_PIECE_BYTES = (1 << 14) - 16
 
@@ -114,8 +116,12 @@ def sentencepiece_model_proto(pieces: Sequence[str], scores: np.ndarray, unk_id:
     if byte_fallback:
         types[[i for i in byte_ids if i is not None]] = _BYTE
     n = len(texts)
-    flat = np.frombuffer("".join(texts).encode("utf-8"), dtype=np.uint8)
-    blen = _utf8_lengths(texts)
+    try:
+        flat = np.frombuffer("".join(texts).encode("utf-8"), dtype=np.uint8)
+    except UnicodeEncodeError as e:
+        raise SterError(f"a SentencePiece piece is not valid Unicode ({e.reason}); the tokenizer.ggml.tokens "
+                        "given are corrupt") from None
+    blen = _utf8_lengths(texts, flat)
     if n and int(blen.max()) > _MAX_PIECE_BYTES:
         i = int(blen.argmax())
         raise SterError(f"tokenizer.ggml.tokens[{i}] is {int(blen[i])} bytes long; ster refuses SentencePiece "
@@ -139,9 +145,14 @@ def sentencepiece_model_proto(pieces: Sequence[str], scores: np.ndarray, unk_id:
     two = vsize == 2
     out[p[two] + 2] = v1[two]
     q = p + 1 + vsize  # the text's first byte
-    if flat.size:
-        src = np.cumsum(blen) - blen
-        out[np.repeat(q - src, blen) + np.arange(flat.size)] = flat
+    src = np.cumsum(blen) - blen
+    # Text bytes are scattered a chunk of pieces at a time: one int64 index per byte of the whole
+    # vocabulary would be 8x its UTF-8 size three times over (1.5 GB for 64 MB of crafted pieces).
+    for a in range(0, n, _SCATTER_PIECES):
+        b = min(a + _SCATTER_PIECES, n)
+        lo, hi = int(src[a]), int(src[b - 1] + blen[b - 1])
+        if hi > lo:
+            out[np.repeat(q[a:b] - src[a:b], blen[a:b]) + np.arange(lo, hi)] = flat[lo:hi]
     r = q + blen
     out[r] = 0x15
     out[r[:, None] + np.arange(1, 5)] = score32.astype("<f4").view(np.uint8).reshape(n, 4)
@@ -169,14 +180,14 @@ def placeholder_pieces(vocab: Mapping[str, int], unk_id: int | None) -> list[tup
     return extra
 
 
-def _utf8_lengths(texts: Sequence[str]) -> np.ndarray:
-    """int64 [len(texts)]: each text's UTF-8 length in bytes, from its code points (no per-text encode)."""
+def _utf8_lengths(texts: Sequence[str], flat: np.ndarray) -> np.ndarray:
+    """int64 [len(texts)]: each text's UTF-8 length in bytes, given ``flat``, the UTF-8 bytes of all of
+    them joined: a text ends where its last character does, and characters start at the bytes that are
+    not continuation bytes (10xxxxxx). No per-text encode, and one int64 per character at most."""
     chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    points = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    size = 1 + (points >= 0x80).astype(np.int64) + (points >= 0x800) + (points >= 0x10000)
-    ends = np.cumsum(chars)
-    total = np.concatenate(([0], np.cumsum(size)))
-    return total[ends] - total[ends - chars]
+    starts = np.append(np.flatnonzero((flat & 0xC0) != 0x80), flat.size)
+    ends = starts[np.cumsum(chars)]
+    return np.diff(ends, prepend=0)
 
 
 @dataclass(frozen=True)
