@@ -37,6 +37,8 @@ typedef struct {
 #define STER_TILE_Q256 6
 #define STER_TILE_KB512 32
 #define STER_TILE_KB256 16
+#define STER_REP6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+#define STER_REP12(M) STER_REP6(M) M(6) M(7) M(8) M(9) M(10) M(11)
 
 /* Kt[b][d][kk] = K[k0 + b * KB + kk][d] (element stride ldk; float16 when f16) for the
  * blocks b covering keys [k0, k1), keys past k1 zero. Kt: ceil((k1 - k0) / KB) * D * KB floats. */
@@ -164,19 +166,28 @@ STER_OPS_X512_INLINE void ster_attn_tile512_nq(const ster_attn_qrow* r, const fl
         }
     }
     if (jlo >= jhi) return;
+    float qt[D * NQ];   /* the queries interleaved, qt[d * NQ + i]: one pointer for the broadcasts */
+    for (i = 0; i < NQ; i++) for (d = 0; d < D; d++) qt[d * NQ + i] = r[i].q[d];
     for (j0 = k0 + (jlo - k0) / KB * KB; j0 < jhi; j0 += KB) {
         const float* kt = Kt + (long)(j0 - k0) * D;
         const int nb = jhi - j0 < KB ? jhi - j0 : KB;
-        __m512 s0[STER_TILE_Q512], s1[STER_TILE_Q512];
-        for (i = 0; i < NQ; i++) s0[i] = s1[i] = _mm512_setzero_ps();
+        /* the accumulators are named registers (arrays of vectors indexed in a loop were
+         * stored to the stack at every step by GCC) */
+#define STER_DECL(k) __m512 s0_##k = _mm512_setzero_ps(), s1_##k = _mm512_setzero_ps();
+        STER_REP12(STER_DECL)
+#undef STER_DECL
         for (d = 0; d < D; d++) {
             const __m512 ka = _mm512_loadu_ps(kt + (long)d * KB), kb = _mm512_loadu_ps(kt + (long)d * KB + 16);
-            for (i = 0; i < NQ; i++) {
-                const __m512 qb = _mm512_set1_ps(r[i].q[d]);
-                s0[i] = _mm512_fmadd_ps(qb, ka, s0[i]);
-                s1[i] = _mm512_fmadd_ps(qb, kb, s1[i]);
-            }
+            const float* qd = qt + d * NQ;
+#define STER_QK(k) if (k < NQ) { const __m512 qb = _mm512_set1_ps(qd[k]); \
+            s0_##k = _mm512_fmadd_ps(qb, ka, s0_##k); s1_##k = _mm512_fmadd_ps(qb, kb, s1_##k); }
+            STER_REP12(STER_QK)
+#undef STER_QK
         }
+        __m512 s0[STER_TILE_Q512], s1[STER_TILE_Q512];
+#define STER_PUT(k) if (k < NQ) { s0[k] = s0_##k; s1[k] = s1_##k; }
+        STER_REP12(STER_PUT)
+#undef STER_PUT
         for (i = 0; i < NQ; i++) {
             __m512 x0 = ster_tile_score16(s0[i], &r[i], j0, 0, scale, cap);
             __m512 x1 = ster_tile_score16(s1[i], &r[i], j0, 16, scale, cap);
@@ -201,21 +212,24 @@ STER_OPS_X512_INLINE void ster_attn_tile512_nq(const ster_attn_qrow* r, const fl
             const int w = D - c0;
             const __mmask16 ma = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1u);
             const __mmask16 mb = w >= 32 ? (__mmask16)0xffff : (w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1u));
-            __m512 a0[STER_TILE_Q512], a1[STER_TILE_Q512];
-            for (i = 0; i < NQ; i++) {
-                const __m512 al = _mm512_set1_ps(alpha[i]);
-                a0[i] = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(ma, r[i].out + c0));
-                a1[i] = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(mb, r[i].out + c0 + 16));
-            }
+#define STER_DECL(k) __m512 a0_##k = _mm512_setzero_ps(), a1_##k = _mm512_setzero_ps(); \
+            if (k < NQ) { const __m512 al = _mm512_set1_ps(alpha[k]); \
+                a0_##k = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(ma, r[k].out + c0)); \
+                a1_##k = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(mb, r[k].out + c0 + 16)); }
+            STER_REP12(STER_DECL)
+#undef STER_DECL
             for (jj = 0; jj < nb; jj++) {
                 const float* v = V + (long)(j0 + jj - k0) * ldv + c0;
                 const __m512 va = _mm512_maskz_loadu_ps(ma, v), vb = _mm512_maskz_loadu_ps(mb, v + 16);
-                for (i = 0; i < NQ; i++) {
-                    const __m512 pb = _mm512_set1_ps(p[i][jj]);
-                    a0[i] = _mm512_fmadd_ps(pb, va, a0[i]);
-                    a1[i] = _mm512_fmadd_ps(pb, vb, a1[i]);
-                }
+#define STER_PV(k) if (k < NQ) { const __m512 pb = _mm512_set1_ps(p[k][jj]); \
+                a0_##k = _mm512_fmadd_ps(pb, va, a0_##k); a1_##k = _mm512_fmadd_ps(pb, vb, a1_##k); }
+                STER_REP12(STER_PV)
+#undef STER_PV
             }
+            __m512 a0[STER_TILE_Q512], a1[STER_TILE_Q512];
+#define STER_PUT(k) if (k < NQ) { a0[k] = a0_##k; a1[k] = a1_##k; }
+            STER_REP12(STER_PUT)
+#undef STER_PUT
             for (i = 0; i < NQ; i++) {
                 _mm512_mask_storeu_ps(r[i].out + c0, ma, a0[i]);
                 _mm512_mask_storeu_ps(r[i].out + c0 + 16, mb, a1[i]);
@@ -277,19 +291,26 @@ STER_OPS_INLINE void ster_attn_tile256_nq(const ster_attn_qrow* r, const float* 
         }
     }
     if (jlo >= jhi) return;
+    float qt[D * NQ];   /* the queries interleaved, qt[d * NQ + i]: one pointer for the broadcasts */
+    for (i = 0; i < NQ; i++) for (d = 0; d < D; d++) qt[d * NQ + i] = r[i].q[d];
     for (j0 = k0 + (jlo - k0) / KB * KB; j0 < jhi; j0 += KB) {
         const float* kt = Kt + (long)(j0 - k0) * D;
         const int nb = jhi - j0 < KB ? jhi - j0 : KB;
-        __m256 s0[STER_TILE_Q256], s1[STER_TILE_Q256];
-        for (i = 0; i < NQ; i++) s0[i] = s1[i] = _mm256_setzero_ps();
+#define STER_DECL(k) __m256 s0_##k = _mm256_setzero_ps(), s1_##k = _mm256_setzero_ps();
+        STER_REP6(STER_DECL)
+#undef STER_DECL
         for (d = 0; d < D; d++) {
             const __m256 ka = _mm256_loadu_ps(kt + (long)d * KB), kb = _mm256_loadu_ps(kt + (long)d * KB + 8);
-            for (i = 0; i < NQ; i++) {
-                const __m256 qb = _mm256_broadcast_ss(r[i].q + d);
-                s0[i] = _mm256_fmadd_ps(qb, ka, s0[i]);
-                s1[i] = _mm256_fmadd_ps(qb, kb, s1[i]);
-            }
+            const float* qd = qt + d * NQ;
+#define STER_QK(k) if (k < NQ) { const __m256 qb = _mm256_broadcast_ss(qd + k); \
+            s0_##k = _mm256_fmadd_ps(qb, ka, s0_##k); s1_##k = _mm256_fmadd_ps(qb, kb, s1_##k); }
+            STER_REP6(STER_QK)
+#undef STER_QK
         }
+        __m256 s0[STER_TILE_Q256], s1[STER_TILE_Q256];
+#define STER_PUT(k) if (k < NQ) { s0[k] = s0_##k; s1[k] = s1_##k; }
+        STER_REP6(STER_PUT)
+#undef STER_PUT
         for (i = 0; i < NQ; i++) {
             __m256 x0 = ster_tile_score8(s0[i], &r[i], j0, 0, scale, cap);
             __m256 x1 = ster_tile_score8(s1[i], &r[i], j0, 8, scale, cap);
@@ -311,21 +332,24 @@ STER_OPS_INLINE void ster_attn_tile256_nq(const ster_attn_qrow* r, const float* 
             m[i] = mn;
         }
         for (c0 = 0; c0 + 16 <= D; c0 += 16) {
-            __m256 a0[STER_TILE_Q256], a1[STER_TILE_Q256];
-            for (i = 0; i < NQ; i++) {
-                const __m256 al = _mm256_set1_ps(alpha[i]);
-                a0[i] = _mm256_mul_ps(al, _mm256_loadu_ps(r[i].out + c0));
-                a1[i] = _mm256_mul_ps(al, _mm256_loadu_ps(r[i].out + c0 + 8));
-            }
+#define STER_DECL(k) __m256 a0_##k = _mm256_setzero_ps(), a1_##k = _mm256_setzero_ps(); \
+            if (k < NQ) { const __m256 al = _mm256_set1_ps(alpha[k]); \
+                a0_##k = _mm256_mul_ps(al, _mm256_loadu_ps(r[k].out + c0)); \
+                a1_##k = _mm256_mul_ps(al, _mm256_loadu_ps(r[k].out + c0 + 8)); }
+            STER_REP6(STER_DECL)
+#undef STER_DECL
             for (jj = 0; jj < nb; jj++) {
                 const float* v = V + (long)(j0 + jj - k0) * ldv + c0;
                 const __m256 va = _mm256_loadu_ps(v), vb = _mm256_loadu_ps(v + 8);
-                for (i = 0; i < NQ; i++) {
-                    const __m256 pb = _mm256_broadcast_ss(&p[i][jj]);
-                    a0[i] = _mm256_fmadd_ps(pb, va, a0[i]);
-                    a1[i] = _mm256_fmadd_ps(pb, vb, a1[i]);
-                }
+#define STER_PV(k) if (k < NQ) { const __m256 pb = _mm256_broadcast_ss(&p[k][jj]); \
+                a0_##k = _mm256_fmadd_ps(pb, va, a0_##k); a1_##k = _mm256_fmadd_ps(pb, vb, a1_##k); }
+                STER_REP6(STER_PV)
+#undef STER_PV
             }
+            __m256 a0[STER_TILE_Q256], a1[STER_TILE_Q256];
+#define STER_PUT(k) if (k < NQ) { a0[k] = a0_##k; a1[k] = a1_##k; }
+            STER_REP6(STER_PUT)
+#undef STER_PUT
             for (i = 0; i < NQ; i++) {
                 _mm256_storeu_ps(r[i].out + c0, a0[i]);
                 _mm256_storeu_ps(r[i].out + c0 + 8, a1[i]);
