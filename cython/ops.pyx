@@ -82,6 +82,8 @@ cdef int _level = _level_max
 # Query rows from which attention runs in tiles (_attend_tiled): the transposed key copy
 # costs one pass over the keys, shared by every row.
 cdef int _TILE_MIN_ROWS = 8
+# Calls that ran in tiles (tests check that the tiled path is the one they exercise).
+cdef long _tile_calls = 0
 cdef int _f16c_ok = ster_ops_cpu_f16c()
 # Attention work (query rows x keys x head_dim) below which one thread does it all.
 cdef long _PARALLEL_MIN_WORK = 131072
@@ -119,6 +121,11 @@ def set_tile_min_rows(int n) -> int:
     cdef int old = _TILE_MIN_ROWS
     _TILE_MIN_ROWS = max(1, n)
     return old
+
+
+def tile_calls() -> int:
+    """How many attention calls of this process ran in tiles (``_attend_tiled``)."""
+    return _tile_calls
 
 
 def simd_level() -> int:
@@ -509,7 +516,9 @@ cdef int _attend_tiled(_Attn* j, int KV, int level) noexcept nogil:
 
 cdef int _attend(_Attn* j, int KV) noexcept nogil:
     """Run the attention described by j (inputs, shapes, strides, masks set; the split and
-    the scratch are chosen here) on the pool. Returns -1 when scratch memory is short."""
+    the scratch are chosen here) on the pool: in tiles (_attend_tiled) from _TILE_MIN_ROWS
+    query rows on a SIMD level, else row by row. Returns -1 when scratch memory is short."""
+    global _tile_calls
     cdef int T = j.T, G = j.G, S = j.S, D = j.D, H = G * KV
     cdef long rows = <long>KV * T
     cdef long work = <long>H * T * S * D
@@ -517,6 +526,8 @@ cdef int _attend(_Attn* j, int KV) noexcept nogil:
     cdef int rc
     if T >= _TILE_MIN_ROWS and _level and (_f16c_ok or not j.f16) and (_level >= 2 or D % 8 == 0):
         rc = _attend_tiled(j, KV, _level)
+        if rc == 0:
+            _tile_calls += 1
         if rc <= 0:
             return rc
     # Heads sharing a key/value head go together (up to 4: each key/value row is read once
