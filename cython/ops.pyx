@@ -65,6 +65,7 @@ cdef extern from "ster_ops.h" nogil:
         float* out
     int ster_ops_cpu_avx512()
     float ster_half_to_float(uint16_t h)
+    int ster_rows_finite(const void* rows, long n, long ld, int D, int f16)
     void ster_attn_kt_fill(const void* K, long ldk, int f16, int D, int k0, int k1, int KB, float* Kt)
     void ster_attn_tile512(int nq, const ster_attn_qrow* r, const float* Kt, int k0, const float* V, long ldv,
                            int D, float scale, float cap)
@@ -454,8 +455,8 @@ cdef int _attend_tiled(_Attn* j, int KV, int level) noexcept nogil:
     """Prefill attention in tiles (ster_attn_tile.h): each item is up to 12 (AVX-512; 6 with
     AVX2) query rows -- consecutive rows of heads sharing a key/value head -- over blocks of
     a transposed float32 copy of that head's keys, made here for the keys any row sees.
-    Returns -1 when memory is short, 1 when the copy would pass _TILE_MAX_BYTES (the caller
-    then runs row by row)."""
+    Returns -1 when memory is short, 1 when the copy would pass _TILE_MAX_BYTES or a value
+    is not finite (the caller then runs row by row)."""
     cdef int T = j.T, G = j.G, D = j.D, t, d, s
     cdef int qmax = 12 if level >= 2 else 6
     cdef int KB = 32 if level >= 2 else 16
@@ -475,6 +476,10 @@ cdef int _attend_tiled(_Attn* j, int KV, int level) noexcept nogil:
     cdef size_t vf_floats = <size_t>KV * (k1 - k0) * D if j.f16 else 0
     if (kt_floats + vf_floats) * sizeof(float) > _TILE_MAX_BYTES:
         return 1
+    cdef int g
+    for g in range(KV):   # an infinite or NaN value: row by row (see ster_rows_finite)
+        if not ster_rows_finite(j.vp + g * j.vvs + k0 * j.ldv * (2 if j.f16 else 4), k1 - k0, j.ldv, D, j.f16):
+            return 1
     # heads per item: a divisor of G (so that every item is full) giving the most rows per tile
     cdef int sg = 1, best = 0, c
     for c in range(1, min(G, qmax) + 1):
@@ -484,7 +489,6 @@ cdef int _attend_tiled(_Attn* j, int KV, int level) noexcept nogil:
     cdef float* kt = <float*>malloc(sizeof(float) * (kt_floats + vf_floats + 1))
     if kt == NULL:
         return -1
-    cdef int g
     cdef long key
     for g in range(KV):
         ster_attn_kt_fill(j.kp + g * j.kvs + k0 * j.ldk * (2 if j.f16 else 4), j.ldk, j.f16, D, 0,

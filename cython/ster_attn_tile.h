@@ -64,6 +64,27 @@ static void ster_attn_kt_fill(const void* K, long ldk, int f16, int D, int k0, i
     }
 }
 
+/* 1 when the n rows of D elements at element stride ld (float32, or float16 when f16) are all
+ * finite. The tiles add every value row of a block times its weight, 0 for keys a row does
+ * not see, and 0 * inf is NaN: a call whose values hold an infinity or NaN runs row by row,
+ * which reads only the rows each query sees. */
+static int ster_rows_finite(const void* rows, long n, long ld, int D, int f16) {
+    long r;
+    int d;
+    unsigned bad = 0;
+    for (r = 0; r < n; r++) {
+        if (f16) {
+            const uint16_t* x = (const uint16_t*)rows + r * ld;
+            for (d = 0; d < D; d++) bad |= (x[d] & 0x7c00u) == 0x7c00u;
+        } else {
+            const uint32_t* x = (const uint32_t*)rows + r * ld;
+            for (d = 0; d < D; d++) bad |= (x[d] & 0x7f800000u) == 0x7f800000u;
+        }
+        if (bad) return 0;
+    }
+    return 1;
+}
+
 /* The running max/denominator update shared by both instances, for one query row: bm is
  * the block's max, bad whether a score is NaN. Returns the new max; a NaN or +inf score
  * makes it NaN (the row is then NaN, as the reference's inf - inf makes it). */
