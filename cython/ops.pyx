@@ -288,6 +288,81 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
                     j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd, NULL)
 
 
+# --- float32 products on the pool ----------------------------------------------------------
+# cblas_sgemm of the OpenBLAS numpy loaded, ILP64 (64-bit integer arguments: numpy's wheels'
+# scipy_openblas64_); set by ster_py.decoder.linear (set_blas_sgemm) when that library is found.
+ctypedef void (*sgemm64_t)(int order, int ta, int tb, long long M, long long N, long long K, float alpha,
+                           const float* A, long long lda, const float* B, long long ldb, float beta,
+                           float* C, long long ldc) noexcept nogil
+cdef sgemm64_t _sgemm = NULL
+# Products smaller than this (M x N/threads x K multiply-adds) run as one call: OpenBLAS's
+# small-matrix kernels (below about 1e6) sum in another order, and a row's result must not
+# depend on the rows beside it (see ster_py.decoder.linear.MIN_ROWS).
+cdef long long _GEMM_SPLIT_MIN = 1 << 21
+
+
+def set_blas_sgemm(size_t address) -> None:
+    """Use the ILP64 ``cblas_sgemm`` at ``address`` (0: none) for ``gemm_nt``. The caller keeps
+    that library at one thread of its own: the pool's threads call it side by side."""
+    global _sgemm
+    _sgemm = <sgemm64_t>address
+
+
+def blas_sgemm_set() -> bool:
+    """True when ``gemm_nt`` has a ``cblas_sgemm`` to call."""
+    return _sgemm != NULL
+
+
+ctypedef struct _Gemm:
+    const float* x
+    const float* w
+    float* y
+    long long M, N, K, ldx, ldw, ldy, cw
+
+
+cdef void _gemm_task(void* ctx, long chunk, int tid) noexcept nogil:
+    cdef _Gemm* g = <_Gemm*>ctx
+    cdef long long n0 = chunk * g.cw, n1 = min(g.N, (chunk + 1) * g.cw)
+    if n1 > n0:
+        _sgemm(101, 111, 112, g.M, n1 - n0, g.K, 1.0, g.x, g.ldx, g.w + n0 * g.ldw, g.ldw, 0.0, g.y + n0, g.ldy)
+
+
+def gemm_nt(x, w, out) -> None:
+    """out = x @ w.T for float32 x [M, K], w [N, K], out [M, N] (each with contiguous rows and a
+    positive row stride), by the BLAS ``cblas_sgemm`` given to ``set_blas_sgemm``, its output
+    columns split over the pool's threads (one call per thread: each packs x once): OpenBLAS's
+    own threads stay idle, so that they do not spin beside the pool's between products, and
+    a thread that does not start in time leaves its share to the caller instead of holding
+    the product up. Raises ValueError for arrays that do not fit, RuntimeError when no
+    ``cblas_sgemm`` was set."""
+    if _sgemm == NULL:
+        raise RuntimeError("no cblas_sgemm set (set_blas_sgemm)")
+    cdef const float[:, :] xv = x
+    cdef const float[:, :] wv = w
+    cdef float[:, :] ov = out
+    if xv.strides[1] != 4 or wv.strides[1] != 4 or ov.strides[1] != 4 or xv.strides[0] <= 0 \
+            or wv.strides[0] <= 0 or ov.strides[0] <= 0:
+        raise ValueError("gemm_nt needs rows with contiguous elements")
+    if wv.shape[1] != xv.shape[1] or ov.shape[0] != xv.shape[0] or ov.shape[1] != wv.shape[0]:
+        raise ValueError("gemm_nt: x [M, K], w [N, K] and out [M, N] do not fit")
+    cdef _Gemm g
+    g.M, g.N, g.K = xv.shape[0], wv.shape[0], xv.shape[1]
+    if g.M == 0 or g.N == 0:
+        return
+    if g.K == 0:
+        out[...] = 0
+        return
+    g.x, g.w, g.y = &xv[0, 0], &wv[0, 0], &ov[0, 0]
+    g.ldx, g.ldw, g.ldy = xv.strides[0] // 4, wv.strides[0] // 4, ov.strides[0] // 4
+    cdef int nt = _threads
+    if nt > 1 and g.M * ((g.N + nt - 1) // nt) * g.K < _GEMM_SPLIT_MIN:
+        nt = 1
+    g.cw = ((g.N + nt - 1) // nt + 15) // 16 * 16   # column chunks, 16-column aligned
+    cdef long chunks = <long>((g.N + g.cw - 1) // g.cw)
+    with nogil:
+        _pool_run(chunks, _gemm_task, &g, nt if chunks > 1 else 1)
+
+
 cdef inline bint _f32_3d(object a):
     return cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32 \
         and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
