@@ -294,18 +294,23 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
 ctypedef void (*sgemm64_t)(int order, int ta, int tb, long long M, long long N, long long K, float alpha,
                            const float* A, long long lda, const float* B, long long ldb, float beta,
                            float* C, long long ldc) noexcept nogil
+ctypedef void (*sgemv64_t)(int order, int ta, long long M, long long N, float alpha, const float* A, long long lda,
+                           const float* x, long long incx, float beta, float* y, long long incy) noexcept nogil
 cdef sgemm64_t _sgemm = NULL
+cdef sgemv64_t _sgemv = NULL
 # Products smaller than this (M x N/threads x K multiply-adds) run as one call: OpenBLAS's
 # small-matrix kernels (below about 1e6) sum in another order, and a row's result must not
 # depend on the rows beside it (see ster_py.decoder.linear.MIN_ROWS).
 cdef long long _GEMM_SPLIT_MIN = 1 << 21
 
 
-def set_blas_sgemm(size_t address) -> None:
-    """Use the ILP64 ``cblas_sgemm`` at ``address`` (0: none) for ``gemm_nt``. The caller keeps
-    that library at one thread of its own: the pool's threads call it side by side."""
-    global _sgemm
+def set_blas_sgemm(size_t address, size_t gemv_address) -> None:
+    """Use the ILP64 ``cblas_sgemm`` and ``cblas_sgemv`` at these addresses (0: none) for
+    ``gemm_nt``. The caller keeps that library at one thread of its own: the pool's threads
+    call it side by side."""
+    global _sgemm, _sgemv
     _sgemm = <sgemm64_t>address
+    _sgemv = <sgemv64_t>gemv_address
 
 
 def blas_sgemm_set() -> bool:
@@ -323,20 +328,23 @@ ctypedef struct _Gemm:
 cdef void _gemm_task(void* ctx, long chunk, int tid) noexcept nogil:
     cdef _Gemm* g = <_Gemm*>ctx
     cdef long long n0 = chunk * g.cw, n1 = min(g.N, (chunk + 1) * g.cw)
-    if n1 > n0:
+    if n1 > n0 and g.M == 1:   # y[n0:n1] = w[n0:n1] x: the vector product numpy calls for one row
+        _sgemv(101, 111, n1 - n0, g.K, 1.0, g.w + n0 * g.ldw, g.ldw, g.x, 1, 0.0, g.y + n0, 1)
+    elif n1 > n0:
         _sgemm(101, 111, 112, g.M, n1 - n0, g.K, 1.0, g.x, g.ldx, g.w + n0 * g.ldw, g.ldw, 0.0, g.y + n0, g.ldy)
 
 
 def gemm_nt(x, w, out) -> None:
     """out = x @ w.T for float32 x [M, K], w [N, K], out [M, N] (each with contiguous rows and a
-    positive row stride), by the BLAS ``cblas_sgemm`` given to ``set_blas_sgemm``, its output
+    positive row stride), by the BLAS ``cblas_sgemm`` given to ``set_blas_sgemm`` (``cblas_sgemv``
+    for one row, as numpy's matmul), its output
     columns split over the pool's threads (one call per thread: each packs x once): OpenBLAS's
     own threads stay idle, so that they do not spin beside the pool's between products, and
     a thread that does not start in time leaves its share to the caller instead of holding
     the product up. Raises ValueError for arrays that do not fit, RuntimeError when no
     ``cblas_sgemm`` was set."""
-    if _sgemm == NULL:
-        raise RuntimeError("no cblas_sgemm set (set_blas_sgemm)")
+    if _sgemm == NULL or _sgemv == NULL:
+        raise RuntimeError("no cblas_sgemm / cblas_sgemv set (set_blas_sgemm)")
     cdef const float[:, :] xv = x
     cdef const float[:, :] wv = w
     cdef float[:, :] ov = out
@@ -355,7 +363,7 @@ def gemm_nt(x, w, out) -> None:
     g.x, g.w, g.y = &xv[0, 0], &wv[0, 0], &ov[0, 0]
     g.ldx, g.ldw, g.ldy = xv.strides[0] // 4, wv.strides[0] // 4, ov.strides[0] // 4
     cdef int nt = _threads
-    if nt > 1 and g.M * ((g.N + nt - 1) // nt) * g.K < _GEMM_SPLIT_MIN:
+    if nt > 1 and g.M > 1 and g.M * ((g.N + nt - 1) // nt) * g.K < _GEMM_SPLIT_MIN:
         nt = 1
     g.cw = ((g.N + nt - 1) // nt + 15) // 16 * 16   # column chunks, 16-column aligned
     cdef long chunks = <long>((g.N + g.cw - 1) // g.cw)

@@ -144,8 +144,8 @@ _POOL_BLAS_LOOKED = False
 
 
 def pool_blas() -> bool:
-    """Find the ILP64 ``cblas_sgemm`` of the OpenBLAS numpy loaded (numpy's wheels:
-    ``scipy_cblas_sgemm64_``) and give it to ``ops.gemm_nt``, once; True when found, so that
+    """Find the ILP64 ``cblas_sgemm`` and ``cblas_sgemv`` of the OpenBLAS numpy loaded (numpy's
+    wheels: ``scipy_cblas_sgemm64_``) and give them to ``ops.gemm_nt``, once; True when found, so that
     ``Linear`` runs float32 products on the kernels' pool. $STER_POOL_BLAS=0 turns it off (numpy's
     matmul on OpenBLAS's threads, as before). Other BLAS libraries (MKL, BLIS, an OpenMP or
     LP64 OpenBLAS) are left to numpy."""
@@ -170,10 +170,10 @@ def pool_blas() -> bool:
             lib = ctypes.CDLL(info["filepath"])
         except OSError:
             continue
-        for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                ops.set_blas_sgemm(ctypes.cast(fn, ctypes.c_void_p).value)
+        for prefix in ("scipy_cblas_", "cblas_"):
+            gemm, gemv = getattr(lib, prefix + "sgemm64_", None), getattr(lib, prefix + "sgemv64_", None)
+            if gemm is not None and gemv is not None:
+                ops.set_blas_sgemm(ctypes.cast(gemm, ctypes.c_void_p).value, ctypes.cast(gemv, ctypes.c_void_p).value)
                 POOL_BLAS = True
                 return True
     return False
