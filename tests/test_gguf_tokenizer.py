@@ -538,6 +538,132 @@ def test_unigram_equals_llama_cpp_and_sentencepiece(tmp_path, add_space_prefix, 
             assert tk.decode(ids) == sp.decode(ids)
 
 
+# ------------------------------------------- SentencePiece BPE on crafted vocabularies
+
+def _crafted_spm(kind: str, seed: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece BPE vocabulary (tokens, scores, token types) made to stress the merge order.
+
+    "ties": pieces grown by concatenating pieces, scores drawn from six values (so most merges tie and
+    the leftmost pair must win), 256 byte tokens, control and user-defined tokens (▁ runs among them).
+    "one-char": "c" * 1..300, the vocabulary whose merge list was largest for its size.
+    """
+    rng = np.random.default_rng(seed)
+    head = ["<unk>", "<s>", "</s>"]
+    if kind == "one-char":
+        tokens = head + ["\u2581"] + ["c" * k for k in range(1, 301)]
+        scores = [0.0] * 3 + [-1.0] + [-float(k % 7) for k in range(1, 301)]
+        return tokens, scores, [2, 3, 3] + [1] * 301
+    tokens = head + [f"<0x{b:02X}>" for b in range(256)] + ["<start_of_turn>", "<end_of_turn>"]
+    types = [2, 3, 3] + [6] * 256 + [3, 3]
+    tokens += ["\u2581\u2581", "\u2581\u2581\u2581", "<custom>"]
+    types += [4, 4, 4]
+    normal = list("abcx\u2581\u00e9\u65e5\n<>")
+    seen = set(tokens) | set(normal)
+    while len(normal) < 400:
+        piece = normal[rng.integers(len(normal))] + normal[rng.integers(len(normal))]
+        if len(piece) <= 7 and piece not in seen:
+            seen.add(piece)
+            normal.append(piece)
+    tokens += normal
+    types += [1] * len(normal)
+    scores = [0.0] * (len(tokens) - len(normal)) + [-float(v) for v in rng.integers(0, 6, size=len(normal))]
+    return tokens, scores, types
+
+
+def _spm_vocab_file(path: Path, tokens, scores, types, add_space_prefix: bool) -> dict:
+    """A vocabulary-only "llama" GGUF llama.cpp loads, and the same metadata as a dict."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    for add, value in ((w.add_context_length, 512), (w.add_embedding_length, 64), (w.add_block_count, 1),
+                       (w.add_feed_forward_length, 64), (w.add_head_count, 1)):
+        add(value)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(add_space_prefix)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": np.array(scores, dtype=np.float32),
+            "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+            "tokenizer.ggml.add_space_prefix": add_space_prefix, "tokenizer.ggml.unknown_token_id": 0,
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+
+
+@pytest.mark.parametrize("kind, seed, add_space_prefix", [("ties", 0, True), ("ties", 1, False),
+                                                          ("one-char", 0, True)])
+def test_sentencepiece_bpe_equals_llama_cpp_on_crafted_vocabularies(tmp_path, kind, seed, add_space_prefix):
+    # The merge order (best score first, the leftmost pair among equals), byte fallback, the ▁ prefix of
+    # every text run, and added tokens cut out of the raw text, each against llama.cpp's SPM session.
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here")
+    import random
+
+    tokens, scores, types = _crafted_spm(kind, seed)
+    meta = _spm_vocab_file(tmp_path / "spm.gguf", tokens, scores, types, add_space_prefix)
+    tk = tokenizer_from_gguf_metadata(meta).tokenizer
+    model = llama_cpp.Llama(str(tmp_path / "spm.gguf"), vocab_only=True, verbose=False)
+    rng = random.Random(seed)
+    if kind == "one-char":
+        # (no character outside the vocabulary: without byte tokens llama.cpp aborts on one)
+        texts = ["c" * k for k in (1, 2, 3, 7, 64, 299, 300, 301, 1200)] + ["cc cc", " c", "c  c"]
+    else:
+        alphabet = list("abcx  \u00e9\u65e5\n<>\u2581\u00fc") + ["\U0001f600", "<start_of_turn>", "<end_of_turn>",
+                                                             "<custom>", "<s>", "</s>", "<0x41>"]
+        texts = ["", " ", "  ", "a", "abc abc", "   x"]
+        texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(400)]
+    for text in texts:
+        raw = text.encode()
+        want = model.tokenize(raw, add_bos=False, special=True)
+        assert tk.encode(text, add_special_tokens=False).ids == want, text
+        assert tk.encode(text).ids == model.tokenize(raw, add_bos=True, special=True), text
+        assert _encode_unparsed(tk, text) == model.tokenize(raw, add_bos=False, special=False), text
+
+
+def test_sentencepiece_library_refusal_is_a_ster_error(monkeypatch):
+    # Whatever the sentencepiece library refuses becomes one SterError, not its RuntimeError.
+    from ster_py.gguf import sentencepiece_bpe
+
+    monkeypatch.setattr(sentencepiece_bpe, "sentencepiece_model_proto", lambda *a, **k: b"\x0a\x03\x0a\x01")
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a"],
+            "tokenizer.ggml.scores": np.zeros(4, dtype=np.float32)}
+    with pytest.raises(SterError, match="sentencepiece library refused this GGUF's vocabulary"):
+        tokenizer_from_gguf_metadata(meta)
+
+
+def test_sentencepiece_model_proto_parses_back():
+    # The proto written with numpy reads back with protobuf's own parser: pieces, scores, types, specs.
+    pytest.importorskip("google.protobuf")
+    from sentencepiece import sentencepiece_model_pb2
+
+    from ster_py.gguf.sentencepiece_bpe import sentencepiece_model_proto
+
+    tokens, scores, _ = _crafted_spm("ties", 2)
+    tokens = tokens + ["x" * 200, "\u65e5" * 50, "\x00nul"]  # two-byte length varints, a NUL inside
+    scores = scores + [-1.5, 2.25, 0.0]
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(sentencepiece_model_proto(tokens, np.array(scores), unk_id=0))
+    assert [p.piece for p in proto.pieces] == tokens
+    assert [p.score for p in proto.pieces] == pytest.approx(scores)
+    kinds = [p.type for p in proto.pieces]
+    assert kinds[0] == proto.pieces[0].UNKNOWN and kinds[3:259] == [proto.pieces[0].BYTE] * 256
+    assert set(kinds[259:]) == {proto.pieces[0].NORMAL}  # control/user-defined ones are merge targets too
+    assert proto.trainer_spec.model_type == proto.trainer_spec.BPE and proto.trainer_spec.byte_fallback
+    spec = proto.normalizer_spec
+    assert (spec.add_dummy_prefix, spec.remove_extra_whitespaces, spec.escape_whitespaces) == (False, False, False)
+    assert spec.precompiled_charsmap == b""
+    # No unknown token: a placeholder is appended (its id is dropped from the output).
+    proto.ParseFromString(sentencepiece_model_proto(["a", "b"], np.zeros(2), unk_id=None))
+    assert [p.piece for p in proto.pieces] == ["a", "b", "<unk>"] and not proto.trainer_spec.byte_fallback
+
+
 def test_unigram_and_wordpiece_refusals():
     meta = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<pad>", "</s>"],
             "tokenizer.ggml.scores": np.array([0.0, 0.0], dtype=np.float32),
@@ -585,64 +711,6 @@ def test_long_sentencepiece_token_is_refused_quickly():
         tokenizer_from_gguf_metadata(meta)
 
 
-def _plain_merges(tokens, scores, vocab):
-    # The definition, spelled out: every split into two vocabulary tokens, best score first,
-    # then token id, then split point.
-    ranked = sorted((-float(scores[i]), i, cut) for i, t in enumerate(tokens) for cut in range(1, len(t))
-                    if t[:cut] in vocab and t[cut:] in vocab)
-    return [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in ranked]
-
-
-def test_sentencepiece_merges_follow_the_definition(monkeypatch):
-    from ster_py.gguf import tokenizer as module
-    from ster_py.gguf.tokenizer import _merges_from_scores
-
-    rng = np.random.default_rng(0)
-    alphabet = list("ab\u2581\u00e9\u65e5\x00") + ["\U0001f999"]
-    tokens = sorted({"".join(rng.choice(alphabet, size=int(k))) for k in rng.integers(1, 9, size=3000)})
-    tokens += ["x" * 70, "x" * 35, "y" * 200]  # beyond the hashed lengths, and a split of one
-    scores = rng.normal(size=len(tokens)).round(1)  # many ties
-    vocab = {t: i for i, t in enumerate(tokens)}
-    want = _plain_merges(tokens, scores, vocab)
-    assert _merges_from_scores(tokens, scores, vocab) == want
-    # Long tokens are confirmed as Python strings: all of them that way must agree too.
-    from ster_py.gguf import spm_splits
-
-    monkeypatch.setattr(spm_splits, "_LONG", 0)
-    assert _merges_from_scores(tokens, scores, vocab) == want
-
-
-@pytest.mark.parametrize("batch, max_bucket", [(1, 32), (7, 0), (300, 1)])
-def test_sentencepiece_merges_in_batches_and_by_binary_search(monkeypatch, batch, max_bucket):
-    # The split search works on ranges of about `batch` code points, and looks hashes up by
-    # binary search when a bucket holds over `max_bucket` keys (a crafted vocabulary); both
-    # must give the definition's merges. A lone surrogate counts as one character.
-    from ster_py.gguf import spm_splits
-    from ster_py.gguf.tokenizer import _merges_from_scores
-
-    rng = np.random.default_rng(1)
-    alphabet = list("ab\u2581\u00e9\u65e5\x00\ud800") + ["\U0001f999"]
-    tokens = sorted({"".join(rng.choice(alphabet, size=int(k))) for k in rng.integers(1, 9, size=2000)})
-    tokens += ["x" * 70, "x" * 35]
-    scores = rng.normal(size=len(tokens)).round(1)
-    vocab = {t: i for i, t in enumerate(tokens)}
-    monkeypatch.setattr(spm_splits, "_BATCH", batch)
-    monkeypatch.setattr(spm_splits, "_MAX_BUCKET", max_bucket)
-    assert _merges_from_scores(tokens, scores, vocab) == _plain_merges(tokens, scores, vocab)
-
-
-@pytest.mark.real
-def test_sentencepiece_merges_of_real_vocabularies(llama_vocab_dir):
-    from ster_py.gguf.tokenizer import _merges_from_scores, _token_texts
-
-    for name in ("llama-spm", "phi-3", "baichuan"):
-        meta = _read_metadata(str(llama_vocab_dir / f"ggml-vocab-{name}.gguf"))
-        tokens = _token_texts(meta)
-        vocab = {t: i for i, t in enumerate(tokens)}
-        scores = np.asarray(meta["tokenizer.ggml.scores"], dtype=np.float64)
-        assert _merges_from_scores(tokens, scores, vocab) == _plain_merges(tokens, scores, vocab), name
-
-
 # -------------------------------------------------------------- llama.cpp itself
 
 @pytest.mark.real
@@ -673,6 +741,21 @@ def _byte_level_meta(pre: str) -> dict:
         "tokenizer.ggml.bos_token_id": len(byte_tokens),
         "tokenizer.ggml.eos_token_id": len(byte_tokens),
     }
+
+
+def test_merges_outside_the_vocabulary_are_dropped():
+    # A merge naming or making a token outside the vocabulary, or a line without a cut, can never
+    # yield an id: the tokenizer is the one without those lines (llama.cpp skips them the same way).
+    meta = _byte_level_meta("gpt-2")
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + ["ab", "abc", " a"]
+    meta["tokenizer.ggml.token_type"] = np.concatenate([meta["tokenizer.ggml.token_type"], [1, 1, 1]])
+    clean = ["a b", "ab c"]
+    want = tokenizer_from_gguf_metadata({**meta, "tokenizer.ggml.merges": clean}).tokenizer
+    for extra in (["a x"], ["ab d"], ["abc"], ["", "a b"], [" a b"], ["q\u0120 b"]):
+        got = tokenizer_from_gguf_metadata({**meta, "tokenizer.ggml.merges": clean + extra}).tokenizer
+        for text in ("abc", "ab", "xabcd", " a b"):
+            assert got.encode(text).ids == want.encode(text).ids, (extra, text)
+    assert want.encode("abc").tokens == ["abc"]
 
 
 @pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
@@ -846,12 +929,11 @@ def test_tokenizers_panic_while_building_is_a_ster_error(monkeypatch):
     def panic(*args, **kwargs):
         raise PanicLike("index out of bounds")
 
-    monkeypatch.setattr(gt, "_sentencepiece_bpe", panic)
-    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a"],
-            "tokenizer.ggml.scores": np.zeros(4, dtype=np.float32)}
-    with pytest.raises(SterError, match="could not build this GGUF's llama tokenizer"):
+    monkeypatch.setattr(gt, "_bpe", panic)
+    meta = _byte_level_meta("gpt-2")
+    with pytest.raises(SterError, match="could not build this GGUF's gpt2 tokenizer"):
         tokenizer_from_gguf_metadata(meta)
-    monkeypatch.setattr(gt, "_sentencepiece_bpe", lambda *a, **k: 1 / 0)  # a bug here stays a traceback
+    monkeypatch.setattr(gt, "_bpe", lambda *a, **k: 1 / 0)  # a bug here stays a traceback
     with pytest.raises(ZeroDivisionError):
         tokenizer_from_gguf_metadata(meta)
 

@@ -128,59 +128,6 @@ def test_gguf_qk_rows_that_do_not_split_into_heads_are_refused(tmp_path, shape):
         unpermute_qk(np.ones(shape, dtype=np.float32), 4)
 
 
-# ------------------------------------------------------------------ SentencePiece split finder
-
-def _plain_merges(tokens, scores):
-    vocab = {t: i for i, t in enumerate(tokens)}
-    ranked = sorted((-float(scores[i]), i, cut) for i, t in enumerate(tokens) for cut in range(1, len(t))
-                    if t[:cut] in vocab and t[cut:] in vocab)
-    return [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in ranked]
-
-
-def test_spm_vocabulary_of_one_repeated_character_costs_memory_linear_in_its_splits():
-    import tracemalloc
-
-    from ster_py.gguf.tokenizer import _merges_from_scores
-
-    tokens = ["<unk>", "<s>", "</s>", *("c" * k for k in range(1, 501))]  # 125 kB of token text
-    scores = -np.arange(len(tokens), dtype=np.float32)
-    tracemalloc.start()
-    try:
-        merges = _merges_from_scores(tokens, scores, {t: i for i, t in enumerate(tokens)})
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert merges == _plain_merges(tokens, scores)  # 124,750 merges
-    assert peak < 100 << 20, peak  # was ~2 GB (> 8 GB at 1,000 tokens): one array of k**3 / 3 positions
-
-
-def _thue_morse(n):
-    return "".join("ab"[bin(i).count("1") % 2] for i in range(n))
-
-
-def test_spm_tokens_sharing_a_hash_stay_on_the_hashed_path():
-    from ster_py.gguf import spm_splits
-
-    t = _thue_morse(1024)
-    c = t.translate(str.maketrans("ab", "ba"))
-
-    def poly(s):  # the module's hash (see spm_splits' docstring)
-        h = 0
-        for ch in s:
-            h = (h * spm_splits._BASE + ord(ch) + 1) % (1 << 64)
-        return h
-
-    assert t != c and poly(t) == poly(c)  # Thue-Morse: equal for every odd base modulo 2**64
-    tokens = ["<unk>", "a", "b", t[:512], c[:512], t, c, "ab", "ba", t[:2], "x" * 30]
-    lengths = np.array([len(x) for x in tokens], dtype=np.int64)
-    table = spm_splits.hashed_splits(tokens, lengths, 1 << 21)
-    assert table is not None  # was None: the caller then sliced every split of every token
-    vocab = {x: i for i, x in enumerate(tokens)}
-    want = [(i, cut, vocab[x[:cut]], vocab[x[cut:]]) for i, x in enumerate(tokens) for cut in range(1, len(x))
-            if x[:cut] in vocab and x[cut:] in vocab]
-    assert [tuple(r) for r in table.tolist()] == want
-
-
 # ------------------------------------------------------------------ tokenizer.json that multiplies text
 
 def child(code: str, memory: int = 3 << 30, timeout: float = 120):

@@ -14,9 +14,11 @@ does, which is the behaviour reference for GGUF files:
 - ``llama``: SentencePiece BPE. Spaces become U+2581 (▁), a ▁ is put in front
   of every text run (the start, and after each special token) when
   ``add_space_prefix`` (default true), and pieces are merged best score first;
-  characters left without a token fall back to ``<0xHH>`` byte tokens. The
-  merge list is derived from the scores (a pair's rank is the score of the
-  token it makes), as transformers' GGUF converter does.
+  characters left without a token fall back to ``<0xHH>`` byte tokens. This one
+  runs on the ``sentencepiece`` library, which merges by score natively
+  (``sentencepiece_bpe.SentencePieceBPE``, a stand-in with the part of
+  ``tokenizers.Tokenizer``'s interface ster uses): a merge list derived from the
+  scores made ``tokenizers`` take longer than llama.cpp's whole load.
 - ``gemma4`` (or ``gpt2`` with ``pre`` = ``gemma4``, ``granite-embed-multi-311m``
   or ``sarvam-moe``): BPE with ranked merges over ▁-escaped UTF-8 (not the byte
   alphabet), split only at newline runs, with ``<0xHH>`` byte fallback.
@@ -46,6 +48,8 @@ from __future__ import annotations
 
 import gc
 import re
+from itertools import repeat
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -60,7 +64,7 @@ from ster_py.gguf.pretokenizers import (
     pre_tokenizer_spec,
     split_pre_tokenizer,
 )
-from ster_py.gguf.spm_splits import hashed_splits as _hashed_splits
+from ster_py.gguf.sentencepiece_bpe import SentencePieceBPE
 
 if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
     from ster_py.tokenizer import Tokenizer
@@ -158,7 +162,7 @@ class GGUFTokenizerParts:
             as llama.cpp prints them while generating).
     """
 
-    tokenizer: tokenizers.Tokenizer
+    tokenizer: tokenizers.Tokenizer | SentencePieceBPE
     model: str
     pre: str | None
     bos_token_id: int | None
@@ -293,14 +297,13 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
     add_bos, add_eos, add_sep = _bos_eos_flags(meta, model, spec)
 
     if spec is not None:
-        merges = _file_merges(meta, vocab, required=pre != "kimi-k2")  # llama.cpp lets Kimi K2 have none
+        merges = _file_merges(meta, required=pre != "kimi-k2")  # llama.cpp lets Kimi K2 have none
         # The whitespace model drops white space and (unless the file says otherwise) lower-cases.
         lowercase = model == "whitespace" and _flag(meta, "tokenizer.ggml.normalizer.lowercase", pre != "whitespace")
         tk = _bpe(vocab, merges, spec, drop_spaces=model == "whitespace", lowercase=lowercase)
     elif model == "llama":
+        _check_spm_token_lengths(tokens)
         scores = _float_array(meta, "tokenizer.ggml.scores", n)
-        unk = tokens[ids["unk"]] if ids["unk"] is not None else None
-        tk = _sentencepiece_bpe(vocab, tokens, scores, add_space_prefix, unk)
     elif model == "bert":
         tk = _wordpiece(meta, tokens, types, ids["unk"])  # llama.cpp ignores the pre name for WordPiece
     elif model == "plamo2":
@@ -310,7 +313,11 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
                       add_space_prefix)
 
     kinds = _token_kinds(meta, tokens, types, vocab, ids)
-    _add_special_tokens(tk, tokens, kinds)
+    if model == "llama":  # its added tokens are given at construction
+        tk = SentencePieceBPE(tokens, scores, ids["unk"], add_space_prefix, special=kinds.special, plain=kinds.plain,
+                              lstrip=kinds.lstrip, rstrip=kinds.rstrip, vocab=vocab)
+    else:
+        _add_special_tokens(tk, tokens, kinds)
     if spec is not None and spec.byte_level:
         _keep_added_texts_raw(tk, [tokens[i] for i in sorted(kinds.special | kinds.plain)])
 
@@ -323,7 +330,10 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
             )
     # WordPiece's [CLS] text [SEP]: llama.cpp appends the separator where other schemes append EOS.
     tail = ids["sep"] if add_sep else (ids["eos"] if add_eos else None)
-    tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
+    if isinstance(tk, SentencePieceBPE):
+        tk.ends = (ids["bos"] if add_bos else None, tail)
+    else:
+        tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
 
     if not kinds.end_of_generation and for_generation:
         raise SterError(
@@ -385,7 +395,6 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
 #: characters and 514,847 merges derived from its scores.
 MAX_GGUF_TOKENS = 1 << 20
 MAX_GGUF_VOCAB_CHARS = 16 << 20
-MAX_DERIVED_MERGES = 1 << 21
 
 
 def _vocab(tokens: Sequence[str]) -> dict[str, int]:
@@ -500,24 +509,28 @@ def _bos_eos_flags(meta: Mapping[str, Any], model: str, spec: PreTokenizerSpec |
     return add_bos, add_eos, add_sep
 
 
-def _file_merges(meta: Mapping[str, Any], vocab: Mapping[str, int], required: bool = True
-                 ) -> list[tuple[str, str]]:
+def _file_merges(meta: Mapping[str, Any], required: bool = True) -> list[tuple[str, str]]:
     raw = meta.get("tokenizer.ggml.merges")
     if raw is None and not required:
         return []
     if raw is None or isinstance(raw, (str, bytes)):
         raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
-    if not all(type(line) is str for line in raw):
+    if len(raw) and set(map(type, raw)) != {str}:
         i = next(i for i, line in enumerate(raw) if type(line) is not str)
         raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt")
     # llama.cpp splits at the first space after the first character, so a pair may start with
-    # a space; str.partition (in C, the load-time path of 50k-500k lines) is that split for the
-    # others, and the few lines that start with a space are cut by hand.
-    pairs = [line.partition(" ") if line[:1] != " " else _cut_after_first(line) for line in raw]
-    # A merge that names or makes a token outside the vocabulary can never yield a token id;
-    # tokenizers refuses such a list, so it is dropped (as is a line with no cut).
-    return [(left, right) for left, cut, right in pairs
-            if cut and left in vocab and right in vocab and left + right in vocab]
+    # a space; str.partition mapped in C (the load-time path of 50k-500k lines) is that split
+    # for the others, and the few lines that start with a space are cut by hand.
+    pairs = list(map(str.partition, raw, repeat(" ")))
+    if "" in map(itemgetter(0), pairs):
+        pairs = [p if p[0] else _cut_after_first(line) for p, line in zip(pairs, raw)]
+    # A line without a cut has "" on its right, which is no token: _bpe drops it.
+    return list(map(itemgetter(0, 2), pairs))
+
+
+def _known_merges(merges: list[tuple[str, str]], vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """The merges whose two parts and result are all tokens (the others can never yield a token id)."""
+    return [(left, right) for left, right in merges if left in vocab and right in vocab and left + right in vocab]
 
 
 def _cut_after_first(line: str) -> tuple[str, str, str]:
@@ -539,8 +552,17 @@ def _bpe(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenize
     merging (ggml-org/llama.cpp#21343); Gemma 4's merges build every such run anyway,
     so the plain merge gives the same ids (checked against llama.cpp on runs of 1..69).
     """
-    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges,
-                                         byte_fallback=not spec.byte_level))
+    def model(merges: list[tuple[str, str]]) -> models.BPE:
+        return models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges,
+                          byte_fallback=not spec.byte_level)
+
+    # tokenizers refuses a merge that names or makes a token outside the vocabulary; real files
+    # have none, so the list is only filtered (a Python pass over every line) when it is refused.
+    try:
+        bpe = model(merges)
+    except Exception:  # noqa: BLE001 - tokenizers' bare Exception for an unknown token
+        bpe = model(_known_merges(merges, vocab))
+    tk = tokenizers.Tokenizer(bpe)
     steps = []
     if lowercase:
         steps.append(normalizers.Lowercase())
@@ -588,22 +610,6 @@ def _gpt2_byte_alphabet() -> list[str]:
 
 
 _BYTE_ALPHABET = _gpt2_byte_alphabet()
-
-
-def _sentencepiece_bpe(vocab: dict[str, int], tokens: Sequence[str], scores: np.ndarray, add_space_prefix: bool,
-                       unk: str | None) -> tokenizers.Tokenizer:
-    bpe = models.BPE(vocab=vocab, merges=_merges_from_scores(tokens, scores, vocab), byte_fallback=True,
-                     unk_token=unk)
-    tk = tokenizers.Tokenizer(bpe)
-    # The normalizer runs on each text run between added tokens, so the prefix ▁ lands at
-    # the start and after every special token, as llama.cpp's SPM session does.
-    steps = [normalizers.Prepend(SPACE_MARK)] if add_space_prefix else []
-    tk.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE_MARK)])
-    steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if add_space_prefix:
-        steps.append(decoders.Strip(" ", 1, 0))
-    tk.decoder = decoders.Sequence(steps)
-    return tk
 
 
 def _wordpiece(meta: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray, unk: int | None
@@ -847,24 +853,9 @@ def _trie_problem(units: np.ndarray, normalized: bytes) -> str | None:
     return None
 
 
-def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
-    """SentencePiece BPE as ranked merges: every split of a token into two tokens,
-    ranked by the score of the token it makes (best first).
-
-    llama.cpp's SPM session repeatedly merges the adjacent pair whose concatenation
-    is the best-scored token; with these ranks tokenizers' BPE does the same. Ties
-    (equal scores) are ordered by token id, then by split point.
-
-    The splits are found with vectorised 64-bit polynomial hashes over the whole
-    vocabulary (``spm_splits``), every hit confirmed on the texts (tokens that share a
-    hash are all tried, within a bound).
-
-    Raises:
-        SterError: a token longer than ``MAX_SPM_TOKEN_CHARS``; more than
-            ``MAX_DERIVED_MERGES`` merges; a vocabulary crafted to share hashes.
-    """
-    n = len(tokens)
-    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
+def _check_spm_token_lengths(tokens: Sequence[str]) -> None:
+    """Refuse a SentencePiece token over ``MAX_SPM_TOKEN_CHARS`` characters (before any table is built)."""
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
     longest = int(lengths.argmax())
     if lengths[longest] > MAX_SPM_TOKEN_CHARS:
         raise SterError(
@@ -872,24 +863,6 @@ def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Mappin
             f"vocabularies hold tokens of a few dozen characters and ster refuses any over {MAX_SPM_TOKEN_CHARS}. "
             "The file is corrupt or crafted; re-convert the model"
         )
-    table = _hashed_splits(tokens, lengths, MAX_DERIVED_MERGES)
-    if len(table) > MAX_DERIVED_MERGES:
-        raise _too_many_merges(len(table))
-    if not len(table):
-        return []
-    token, cut, left, right = table.T
-    # The rows come by token id, cuts ascending, so a stable sort by score alone ranks them.
-    rank = np.argsort(-scores[token], kind="stable")
-    # An object array gathers the vocabulary's own string objects in C (no per-pair Python call).
-    texts = np.empty(n, dtype=object)
-    texts[:] = tokens
-    return list(zip(texts[left[rank]].tolist(), texts[right[rank]].tolist()))
-
-
-def _too_many_merges(count: int) -> SterError:
-    return SterError(f"the SentencePiece scores of this GGUF make {count}+ merge pairs; real vocabularies make "
-                     f"well under a million (Gemma 3: 514,847) and ster refuses more than {MAX_DERIVED_MERGES}. "
-                     "The file is corrupt or crafted; re-convert the model")
 
 
 #: SentencePiece tokens longer than this are refused (real vocabularies stay under ~50).
