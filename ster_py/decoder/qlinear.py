@@ -135,12 +135,13 @@ def limit_library_threads(n: int) -> None:
         # float32 products run on the kernels' pool, one OpenBLAS call per thread
         # (ops.gemm_nt): OpenBLAS itself stays at one thread, so that its helpers neither
         # spin beside the pool's between products nor hold a product up when a core is taken
-        threadpool_limits(limits=1, user_api="blas")
+        threadpool_limits(limits={_POOL_BLAS_PREFIX: 1})
 
 
 #: True once numpy's OpenBLAS ``cblas_sgemm`` was handed to the kernels (``pool_blas``).
 POOL_BLAS = False
 _POOL_BLAS_LOOKED = False
+_POOL_BLAS_PREFIX = ""   # threadpoolctl's prefix of that library (only it is kept at one thread)
 
 
 def pool_blas() -> bool:
@@ -149,7 +150,7 @@ def pool_blas() -> bool:
     ``Linear`` runs float32 products on the kernels' pool. $STER_POOL_BLAS=0 turns it off (numpy's
     matmul on OpenBLAS's threads, as before). Other BLAS libraries (MKL, BLIS, an OpenMP or
     LP64 OpenBLAS) are left to numpy."""
-    global POOL_BLAS, _POOL_BLAS_LOOKED
+    global POOL_BLAS, _POOL_BLAS_LOOKED, _POOL_BLAS_PREFIX
     import os
 
     if _POOL_BLAS_LOOKED:
@@ -174,7 +175,7 @@ def pool_blas() -> bool:
             gemm, gemv = getattr(lib, prefix + "sgemm64_", None), getattr(lib, prefix + "sgemv64_", None)
             if gemm is not None and gemv is not None:
                 ops.set_blas_sgemm(ctypes.cast(gemm, ctypes.c_void_p).value, ctypes.cast(gemv, ctypes.c_void_p).value)
-                POOL_BLAS = True
+                POOL_BLAS, _POOL_BLAS_PREFIX = True, info["prefix"]
                 return True
     return False
 
