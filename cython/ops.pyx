@@ -611,7 +611,8 @@ cdef int _attend(_Attn* j, int KV) noexcept nogil:
     cdef long work = <long>H * T * S * D
     cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
     cdef int rc
-    if T >= _TILE_MIN_ROWS and _level and (_f16c_ok or not j.f16) and (_level >= 2 or D % 8 == 0):
+    # (D <= 1024: the tile packs its queries on the stack, D x 12 floats)
+    if T >= _TILE_MIN_ROWS and _level and (_f16c_ok or not j.f16) and (_level >= 2 or D % 8 == 0) and D <= 1024:
         rc = _attend_tiled(j, KV, _level)
         if rc == 0:
             _tile_calls += 1
