@@ -169,7 +169,7 @@ def test_rows_below_the_tile_threshold_and_portable_level_do_not_tile():
                                rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.skipif(2 not in TILE_LEVELS, reason="the CPU has no AVX-512: there is nothing to cap")
+@pytest.mark.skipif(2 not in TILE_LEVELS, reason="no AVX-512 here (CPU or $STER_SIMD_LEVEL): nothing to cap")
 def test_simd_level_env_caps_the_tiles_at_avx2():
     """$STER_SIMD_LEVEL=avx2 on an AVX-512 CPU: the AVX2 tiles run (level 1)."""
     code = "from ster_py._kernels import ops; print(ops.simd_level())"
