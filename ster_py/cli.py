@@ -496,8 +496,8 @@ def inspect(
                                             "other commands)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     precision: Precision = typer.Option(Precision.auto, help="Precision the resident size is estimated for "
-                                        "(GGUF-quantized matrices count as stored; auto as `ster run` holds "
-                                        "them: f32, f16 and bf16 tensors as stored)."),
+                                        "(GGUF-quantized matrices count as stored; auto as generate, chat "
+                                        "and serve hold them by default: f32, f16 and bf16 tensors as stored)."),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:

@@ -15,8 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, _STREAM, Precision, _check_device, _model_or_default,
-                  _use_threads, _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
+from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, THREADS_HELP, _STREAM, Precision, _check_device,
+                  _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
 from .errors import SterError
 
 
@@ -115,7 +115,7 @@ def chat(
     show_thinking: bool = flag(True, "--show-thinking/--hide-thinking", help="Show the model's reasoning, dimmed."),
     vector: Optional[Path] = typer.Option(None, help="Steering vector JSON to start with (also /vector)."),
     strength: float = typer.Option(1.0, help="Steering strength of --vector."),
-    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
     ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions the conversation may fill "
                                            "(default: the model's)."),
@@ -184,6 +184,15 @@ def _converse(session, loaded, messages, sampling, think, hook, key, styled, sho
     typed = sys.stdin.isatty()
     prompt = (f"{bold}> {reset}" if styled else "> ") if typed else ""
     to_stdout = typed and sys.stdout.isatty()
+
+    def note(text: str) -> None:
+        """A command's reply: beside the answers at a terminal, on stderr when stdout is piped."""
+        if to_stdout:
+            _write(text)
+        else:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
     while True:
         try:
             if prompt and not to_stdout:
@@ -211,32 +220,32 @@ def _converse(session, loaded, messages, sampling, think, hook, key, styled, sho
                 if word in ("/quit", "/exit"):
                     return
                 if word == "/help":
-                    _write(CHAT_COMMANDS + "\n")
+                    note(CHAT_COMMANDS + "\n")
                 elif word == "/reset":
                     messages = [m for m in messages if m["role"] == "system"]
-                    _write("(conversation cleared)\n")
+                    note("(conversation cleared)\n")
                 elif word == "/system":
                     if not rest:
                         raise SterError("/system needs the text of the system prompt")
                     messages = [{"role": "system", "content": rest}]
-                    _write("(system prompt set; conversation cleared)\n")
+                    note("(system prompt set; conversation cleared)\n")
                 elif word == "/save":
                     if not rest:
                         raise SterError("/save needs a file name")
                     save_conversation(messages, Path(rest))
-                    _write(f"(saved {len(messages)} messages to {rest})\n")
+                    note(f"(saved {len(messages)} messages to {rest})\n")
                 elif word == "/vector":
                     parts = rest.split()
                     if parts == ["off"]:
                         hook, key = None, None
-                        _write("(steering off)\n")
+                        note("(steering off)\n")
                     elif len(parts) == 2:
                         try:
                             value = float(parts[1])
                         except ValueError:
                             raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
                         hook, key = _steer(loaded, Path(parts[0]), value)
-                        _write(f"(steering with {parts[0]} at {value:g})\n")
+                        note(f"(steering with {parts[0]} at {value:g})\n")
                     else:
                         raise SterError("/vector needs FILE STRENGTH (or off)")
                 else:
@@ -304,7 +313,7 @@ def serve(
     max_tokens: int = typer.Option(256, help="max_tokens of a request that gives none."),
     name: Optional[str] = typer.Option(None, "--name", help="The model id /v1/models lists (default: the model "
                                        "as given)."),
-    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
     ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions a request may fill "
                                            "(default: the model's)."),

@@ -27,7 +27,7 @@ The sidecar records the size and modification time the hash was computed
 for. A later fetch trusts a file whose size and mtime still match the sidecar
 and rehashes otherwise. Hashing costs about 0.07 s for the 98 MB SmolLM2 file
 and 0.19 s for the 253 MB Gemma file on a core with SHA extensions (1.3 GB/s
-measured), several times more without them, so the sidecar keeps a `ster run`
+measured), several times more without them, so the sidecar keeps a `ster generate`
 from paying that on every start. A cached file that fails verification is
 deleted and fetched again; if no source then yields the pinned bytes,
 `fetch_preset` raises `SterError`.

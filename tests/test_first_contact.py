@@ -1060,6 +1060,12 @@ def test_piped_chat_ends_with_a_newline(tiny, tmp_path):
         r = cli("chat", "-m", chat, "-q", "--max-new-tokens", "2", input=stdin)
         assert r.exit_code == 0, r.exception
         assert r.stdout == want and ">" not in r.stderr, (stdin, r.stdout, r.stderr)
+    # Replies to commands go to stderr (newuser s10): stdout still holds the answers alone.
+    saved = tmp_path / "c.json"
+    r = cli("chat", "-m", chat, "-q", "--max-new-tokens", "2", input=f"/help\n/reset\nw5\n/save {saved}\n")
+    assert r.exit_code == 0, r.exception
+    assert r.stdout == first + "\n", r.stdout
+    assert "/save FILE" in r.stderr and "(conversation cleared)" in r.stderr and "saved 2 messages" in r.stderr
 
 
 def test_inspect_names_a_control_vector(captures, tiny, tmp_path):
