@@ -55,12 +55,36 @@ cdef extern from "ster_ops.h" nogil:
     void ster_attn_merge(int P, int D, const float* acc, long acc_stride, const float* ml, long ml_stride,
                          int has_sink, float sink, float* out)
     void ster_store_kv_row(const float* x, void* row, int n, int f16, int simd)
+    ctypedef struct ster_attn_qrow:
+        const float* q
+        const float* bias
+        int lo
+        int hi
+        int has_sink
+        float sink
+        float* out
+    int ster_ops_cpu_avx512()
+    float ster_half_to_float(uint16_t h)
+    int ster_rows_finite(const void* rows, long n, long ld, int D, int f16)
+    void ster_attn_kt_fill(const void* K, long ldk, int f16, int D, int k0, int k1, int KB, float* Kt)
+    void ster_attn_tile512(int nq, const ster_attn_qrow* r, const float* Kt, int k0, const float* V, long ldv,
+                           int D, float scale, float cap)
+    void ster_attn_tile256(int nq, const ster_attn_qrow* r, const float* Kt, int k0, const float* V, long ldv,
+                           int D, float scale, float cap)
 
 
 cdef int _threads = _default_threads()
-# $STER_SIMD_LEVEL=portable turns the AVX2 paths off (see qmatmul._level_cap).
-cdef int _simd_ok = ster_ops_cpu_avx2() and _level_cap() > 0
+# $STER_SIMD_LEVEL=portable turns the AVX2 paths off, =avx2 the AVX-512 ones (see qmatmul._level_cap).
+# Levels here: 0 portable, 1 AVX2, 2 AVX-512 (only the prefill attention tiles have a third).
+cdef int _level_max = min((2 if ster_ops_cpu_avx512() else 1) if ster_ops_cpu_avx2() else 0, _level_cap())
+cdef int _simd_ok = _level_max > 0
 cdef int _simd = _simd_ok
+cdef int _level = _level_max
+# Query rows from which attention runs in tiles (_attend_tiled): the transposed key copy
+# costs one pass over the keys, shared by every row.
+cdef int _TILE_MIN_ROWS = 8
+# Calls that ran in tiles (tests check that the tiled path is the one they exercise).
+cdef long _tile_calls = 0
 cdef int _f16c_ok = ster_ops_cpu_f16c()
 # Attention work (query rows x keys x head_dim) below which one thread does it all.
 cdef long _PARALLEL_MIN_WORK = 131072
@@ -75,9 +99,39 @@ def set_threads(n):
 
 
 def set_simd(bint on):
-    """Use the AVX2 paths (when the CPU has them) or force the portable ones (tests)."""
-    global _simd
-    _simd = 1 if (on and _simd_ok) else 0
+    """Use the SIMD paths (the highest level the CPU and $STER_SIMD_LEVEL allow) or force the
+    portable ones (tests)."""
+    global _simd, _level
+    _level = _level_max if on else 0
+    _simd = 1 if _level else 0
+
+
+def set_simd_level(int level) -> int:
+    """Use at most ``level`` (0 portable, 1 AVX2, 2 AVX-512) from now on, as far as the CPU and
+    $STER_SIMD_LEVEL allow (tests force each level this way). Returns the level in effect."""
+    global _simd, _level
+    _level = max(0, min(level, _level_max))
+    _simd = 1 if _level else 0
+    return _level
+
+
+def set_tile_min_rows(int n) -> int:
+    """Query rows from which attention runs in tiles (``_attend_tiled``; default 8); returns the
+    previous value. Tests and probes set a huge value to run the row-by-row kernel instead."""
+    global _TILE_MIN_ROWS
+    cdef int old = _TILE_MIN_ROWS
+    _TILE_MIN_ROWS = max(1, n)
+    return old
+
+
+def tile_calls() -> int:
+    """How many attention calls of this process ran in tiles (``_attend_tiled``)."""
+    return _tile_calls
+
+
+def simd_level() -> int:
+    """The level in use: 0 portable, 1 AVX2, 2 AVX-512 (see ``set_simd_level``)."""
+    return _level
 
 
 def simd_enabled() -> bool:
@@ -179,6 +233,11 @@ ctypedef struct _Attn:
     float* scratch
     float* acc      # n_part > 1: [base][part][sg][D] partial sums
     float* ml       # n_part > 1: [base][part][sg][2] (max, sum of exp)
+    # tiled prefill (level > 0, see _attend_tiled): R query rows x sg heads per item
+    int level, KV, R, n_rt, k0, n_vk
+    float* kt       # [KV][blocks][D][KB] transposed float32 keys from key k0
+    long kt_stride  # floats per key/value head
+    float* vf       # float16 values widened: [KV][k1 - k0][D], or NULL (values read in place)
 
 
 cdef void _attn_task(void* ctx, long chunk, int tid) noexcept nogil:
@@ -227,6 +286,89 @@ cdef inline void _one(const _Attn* j, long item, float* sc) noexcept nogil:
     ster_attn_group(nh, j.qp + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.kp + g * j.kvs, j.ldk,
                     j.vp + g * j.vvs, j.ldv, j.f16, <int>lo, <int>hi, a, sc,
                     j.op + (<long>h0 * j.T + t) * j.D, <long>j.T * j.D, j.simd, NULL)
+
+
+# --- float32 products on the pool ----------------------------------------------------------
+# cblas_sgemm of the OpenBLAS numpy loaded, ILP64 (64-bit integer arguments: numpy's wheels'
+# scipy_openblas64_); set by ster_py.decoder.linear (set_blas_sgemm) when that library is found.
+ctypedef void (*sgemm64_t)(int order, int ta, int tb, long long M, long long N, long long K, float alpha,
+                           const float* A, long long lda, const float* B, long long ldb, float beta,
+                           float* C, long long ldc) noexcept nogil
+ctypedef void (*sgemv64_t)(int order, int ta, long long M, long long N, float alpha, const float* A, long long lda,
+                           const float* x, long long incx, float beta, float* y, long long incy) noexcept nogil
+cdef sgemm64_t _sgemm = NULL
+cdef sgemv64_t _sgemv = NULL
+# Products smaller than this (M x N/threads x K multiply-adds) run as one call: OpenBLAS's
+# small-matrix kernels (below about 1e6) sum in another order, and a row's result must not
+# depend on the rows beside it (see ster_py.decoder.linear.MIN_ROWS).
+cdef long long _GEMM_SPLIT_MIN = 1 << 21
+
+
+def set_blas_sgemm(size_t address, size_t gemv_address) -> None:
+    """Use the ILP64 ``cblas_sgemm`` and ``cblas_sgemv`` at these addresses (0: none) for
+    ``gemm_nt``. The caller keeps that library at one thread of its own: the pool's threads
+    call it side by side."""
+    global _sgemm, _sgemv
+    _sgemm = <sgemm64_t>address
+    _sgemv = <sgemv64_t>gemv_address
+
+
+def blas_sgemm_set() -> bool:
+    """True when ``gemm_nt`` has a ``cblas_sgemm`` to call."""
+    return _sgemm != NULL
+
+
+ctypedef struct _Gemm:
+    const float* x
+    const float* w
+    float* y
+    long long M, N, K, ldx, ldw, ldy, cw
+
+
+cdef void _gemm_task(void* ctx, long chunk, int tid) noexcept nogil:
+    cdef _Gemm* g = <_Gemm*>ctx
+    cdef long long n0 = chunk * g.cw, n1 = min(g.N, (chunk + 1) * g.cw)
+    if n1 > n0 and g.M == 1:   # y[n0:n1] = w[n0:n1] x: the vector product numpy calls for one row
+        _sgemv(101, 111, n1 - n0, g.K, 1.0, g.w + n0 * g.ldw, g.ldw, g.x, 1, 0.0, g.y + n0, 1)
+    elif n1 > n0:
+        _sgemm(101, 111, 112, g.M, n1 - n0, g.K, 1.0, g.x, g.ldx, g.w + n0 * g.ldw, g.ldw, 0.0, g.y + n0, g.ldy)
+
+
+def gemm_nt(x, w, out) -> None:
+    """out = x @ w.T for float32 x [M, K], w [N, K], out [M, N] (each with contiguous rows and a
+    positive row stride), by the BLAS ``cblas_sgemm`` given to ``set_blas_sgemm`` (``cblas_sgemv``
+    for one row, as numpy's matmul), its output
+    columns split over the pool's threads (one call per thread: each packs x once): OpenBLAS's
+    own threads stay idle, so that they do not spin beside the pool's between products, and
+    a thread that does not start in time leaves its share to the caller instead of holding
+    the product up. Raises ValueError for arrays that do not fit, RuntimeError when no
+    ``cblas_sgemm`` was set."""
+    if _sgemm == NULL or _sgemv == NULL:
+        raise RuntimeError("no cblas_sgemm / cblas_sgemv set (set_blas_sgemm)")
+    cdef const float[:, :] xv = x
+    cdef const float[:, :] wv = w
+    cdef float[:, :] ov = out
+    if xv.strides[1] != 4 or wv.strides[1] != 4 or ov.strides[1] != 4 or xv.strides[0] <= 0 \
+            or wv.strides[0] <= 0 or ov.strides[0] <= 0:
+        raise ValueError("gemm_nt needs rows with contiguous elements")
+    if wv.shape[1] != xv.shape[1] or ov.shape[0] != xv.shape[0] or ov.shape[1] != wv.shape[0]:
+        raise ValueError("gemm_nt: x [M, K], w [N, K] and out [M, N] do not fit")
+    cdef _Gemm g
+    g.M, g.N, g.K = xv.shape[0], wv.shape[0], xv.shape[1]
+    if g.M == 0 or g.N == 0:
+        return
+    if g.K == 0:
+        out[...] = 0
+        return
+    g.x, g.w, g.y = &xv[0, 0], &wv[0, 0], &ov[0, 0]
+    g.ldx, g.ldw, g.ldy = xv.strides[0] // 4, wv.strides[0] // 4, ov.strides[0] // 4
+    cdef int nt = _threads
+    if nt > 1 and g.M > 1 and g.M * ((g.N + nt - 1) // nt) * g.K < _GEMM_SPLIT_MIN:
+        nt = 1
+    g.cw = ((g.N + nt - 1) // nt + 15) // 16 * 16   # column chunks, 16-column aligned
+    cdef long chunks = <long>((g.N + g.cw - 1) // g.cw)
+    with nogil:
+        _pool_run(chunks, _gemm_task, &g, nt if chunks > 1 else 1)
 
 
 cdef inline bint _f32_3d(object a):
@@ -327,13 +469,155 @@ def attention(q, k, v, positions, float scale, int window, float softcap, bias, 
     return out
 
 
+# ... and the most memory that copy (and the widened float16 values) may take.
+cdef size_t _TILE_MAX_BYTES = <size_t>256 << 20
+
+
+cdef inline void _rows_of(const _Attn* j, int t, long long* lo, long long* hi) noexcept nogil:
+    # the keys [lo, hi) query row t sees: causal, sliding window, within the cache
+    cdef long long p = j.pos[t]
+    lo[0] = 0
+    hi[0] = p + 1
+    if j.window > 0 and p - j.window + 1 > 0:
+        lo[0] = p - j.window + 1
+    if hi[0] > j.S:
+        hi[0] = j.S
+    if hi[0] < 0:
+        hi[0] = 0
+    if lo[0] > hi[0]:
+        lo[0] = hi[0]
+
+
+cdef void _tile_task(void* ctx, long chunk, int tid) noexcept nogil:
+    cdef _Attn* j = <_Attn*>ctx
+    cdef long item
+    for item in range(chunk * j.per_chunk, min((chunk + 1) * j.per_chunk, j.total)):
+        _tile_one(j, item)
+
+
+cdef inline void _tile_one(const _Attn* j, long item) noexcept nogil:
+    # item = (k * KV + g) * n_sub + sub: row tile n_rt - 1 - k (the last rows, which see the
+    # most keys, go first), heads sub*sg.. of group g
+    cdef int sub = <int>(item % j.n_sub)
+    cdef long rest = item // j.n_sub
+    cdef int g = <int>(rest % j.KV)
+    cdef int rt = j.n_rt - 1 - <int>(rest // j.KV)
+    cdef int t0 = rt * j.R, nr = min(j.R, j.T - rt * j.R)
+    cdef int h0 = g * j.G + sub * j.sg, nh = min(j.sg, j.G - sub * j.sg)
+    cdef ster_attn_qrow r[12]
+    cdef int ri, hh, i, t, head
+    cdef long long lo, hi
+    for ri in range(nr):
+        t = t0 + ri
+        _rows_of(j, t, &lo, &hi)
+        for hh in range(nh):
+            i = ri * nh + hh
+            head = h0 + hh
+            r[i].q = j.qp + (<long>head * j.T + t) * j.D
+            r[i].bias = j.bias + head * j.bsh + t * j.bst if j.bias != NULL else NULL
+            r[i].lo = <int>lo
+            r[i].hi = <int>hi
+            r[i].has_sink = j.sinks != NULL
+            r[i].sink = j.sinks[head] if j.sinks != NULL else 0
+            r[i].out = j.op + (<long>head * j.T + t) * j.D
+    cdef const float* V
+    cdef long ldv
+    if j.vf != NULL:
+        V = j.vf + <long>g * j.n_vk * j.D
+        ldv = j.D
+    else:
+        V = <const float*>(j.vp + g * j.vvs) + <long>j.k0 * j.ldv
+        ldv = j.ldv
+    if j.level >= 2:
+        ster_attn_tile512(nr * nh, r, j.kt + g * j.kt_stride, j.k0, V, ldv, j.D, j.scale, j.softcap)
+    else:
+        ster_attn_tile256(nr * nh, r, j.kt + g * j.kt_stride, j.k0, V, ldv, j.D, j.scale, j.softcap)
+
+
+cdef int _attend_tiled(_Attn* j, int KV, int level) noexcept nogil:
+    """Prefill attention in tiles (ster_attn_tile.h): each item is up to 12 (AVX-512; 6 with
+    AVX2) query rows -- consecutive rows of heads sharing a key/value head -- over blocks of
+    a transposed float32 copy of that head's keys, made here for the keys any row sees.
+    Returns -1 when memory is short, 1 when the copy would pass _TILE_MAX_BYTES or a value
+    is not finite (the caller then runs row by row)."""
+    cdef int T = j.T, G = j.G, D = j.D, t, d, s
+    cdef int qmax = 12 if level >= 2 else 6
+    cdef int KB = 32 if level >= 2 else 16
+    cdef long long lo, hi, k0 = -1, k1 = 0
+    for t in range(T):
+        _rows_of(j, t, &lo, &hi)
+        if lo < hi:
+            if k0 < 0 or lo < k0:
+                k0 = lo
+            if hi > k1:
+                k1 = hi
+    if k0 < 0:
+        k0 = k1 = 0
+    k0 = k0 // KB * KB
+    cdef long nblk = (k1 - k0 + KB - 1) // KB
+    cdef size_t kt_floats = <size_t>KV * nblk * D * KB
+    cdef size_t vf_floats = <size_t>KV * (k1 - k0) * D if j.f16 else 0
+    if (kt_floats + vf_floats) * sizeof(float) > _TILE_MAX_BYTES:
+        return 1
+    cdef int g
+    for g in range(KV):   # an infinite or NaN value: row by row (see ster_rows_finite)
+        if not ster_rows_finite(j.vp + g * j.vvs + k0 * j.ldv * (2 if j.f16 else 4), k1 - k0, j.ldv, D, j.f16):
+            return 1
+    # heads per item: a divisor of G (so that every item is full) giving the most rows per tile
+    cdef int sg = 1, best = 0, c
+    for c in range(1, min(G, qmax) + 1):
+        if G % c == 0 and c * min(qmax // c, T) >= best:
+            best = c * min(qmax // c, T)
+            sg = c
+    cdef float* kt = <float*>malloc(sizeof(float) * (kt_floats + vf_floats + 1))
+    if kt == NULL:
+        return -1
+    cdef long key
+    for g in range(KV):
+        ster_attn_kt_fill(j.kp + g * j.kvs + k0 * j.ldk * (2 if j.f16 else 4), j.ldk, j.f16, D, 0,
+                          <int>(k1 - k0), KB, kt + g * nblk * D * KB)
+    j.vf = NULL
+    j.n_vk = <int>(k1 - k0)
+    if j.f16:
+        j.vf = kt + kt_floats
+        for g in range(KV):
+            for key in range(k0, k1):
+                for d in range(D):
+                    j.vf[(g * (k1 - k0) + key - k0) * D + d] = ster_half_to_float(
+                        (<const uint16_t*>(j.vp + g * j.vvs))[key * j.ldv + d])
+    j.level = level
+    j.KV = KV
+    j.kt = kt
+    j.kt_stride = nblk * D * KB
+    j.k0 = <int>k0
+    j.sg = sg
+    j.n_sub = G // sg
+    j.R = max(1, qmax // sg)
+    j.n_rt = (T + j.R - 1) // j.R
+    j.total = <long>j.n_rt * KV * j.n_sub
+    j.per_chunk = 1
+    _pool_run(j.total, _tile_task, j, _threads if <long>G * KV * T * (k1 - k0) * D >= _PARALLEL_MIN_WORK else 1)
+    free(kt)
+    return 0
+
+
 cdef int _attend(_Attn* j, int KV) noexcept nogil:
     """Run the attention described by j (inputs, shapes, strides, masks set; the split and
-    the scratch are chosen here) on the pool. Returns -1 when scratch memory is short."""
+    the scratch are chosen here) on the pool: in tiles (_attend_tiled) from _TILE_MIN_ROWS
+    query rows on a SIMD level, else row by row. Returns -1 when scratch memory is short."""
+    global _tile_calls
     cdef int T = j.T, G = j.G, S = j.S, D = j.D, H = G * KV
     cdef long rows = <long>KV * T
     cdef long work = <long>H * T * S * D
     cdef int nt = _threads if work >= _PARALLEL_MIN_WORK and H * T > 1 else 1
+    cdef int rc
+    # (D <= 1024: the tile packs its queries on the stack, D x 12 floats)
+    if T >= _TILE_MIN_ROWS and _level and (_f16c_ok or not j.f16) and (_level >= 2 or D % 8 == 0) and D <= 1024:
+        rc = _attend_tiled(j, KV, _level)
+        if rc == 0:
+            _tile_calls += 1
+        if rc <= 0:
+            return rc
     # Heads sharing a key/value head go together (up to 4: each key/value row is read once
     # for all of them). Too few items to keep every thread busy (decoding with few key/value
     # heads): split each row's keys into parts merged afterwards, so that the threads share
@@ -742,4 +1026,4 @@ cdef inline bint _f32_2d_row(object a):
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 9
+SOURCE_VERSION = 10

@@ -509,6 +509,8 @@ static int ster_ops_cpu_avx2(void) { return 0; }
 static int ster_ops_cpu_f16c(void) { return 0; }
 #endif
 
+#include "ster_attn_tile.h"
+
 /* ------------------------------------------------------------------------- */
 /* Gated activations in place: g = act(g) * u, for act = SiLU (kind 0) or the tanh
  * GELU (kind 1). Both are x * sigmoid(z): z = x for SiLU (Elfwing et al. 2017), and

@@ -53,7 +53,8 @@ import numpy as np
 
 from .attention import GATES, attention
 from .indexer import Indexer, choice_bias
-from .linear import make_linear
+from . import qlinear
+from .linear import Linear, make_linear
 from .norms import Norm
 from .parts import Part
 from .qlinear import QuantTensor
@@ -171,6 +172,10 @@ class PerHead:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.stack is not None:
+            if qlinear.POOL_BLAS and x.dtype == np.float32 and x.ndim == 3:
+                # per head on the kernels' pool: OpenBLAS is kept at one thread (qlinear.pool_blas)
+                return np.stack([Linear._product(np.ascontiguousarray(x[h]), self.stack[h])
+                                 for h in range(self.stack.shape[0])])
             return np.matmul(x, self.stack.transpose(0, 2, 1))
         return np.stack([p(np.ascontiguousarray(x[h])) for h, p in enumerate(self.parts)])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import qlinear
 from .qlinear import QuantLinear, QuantTensor, is_half, matvec_group
 
 #: Products of 2 to MIN_ROWS - 1 rows run as MIN_ROWS (zero rows added, then dropped). BLAS
@@ -40,10 +41,27 @@ class Linear:
         if 1 < n < MIN_ROWS:
             padded = np.zeros((MIN_ROWS, x.shape[1]), np.float32)
             padded[:n] = x
-            y = (padded @ w.T)[:n]
+            y = self._product(padded, w)[:n]
         else:
-            y = x @ w.T
+            y = self._product(x, w)
         return y + self.bias if self.bias is not None else y
+
+
+    @staticmethod
+    def _product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """x @ w.T: on the kernels' pool (``ops.gemm_nt``) once ``set_threads`` found numpy's
+        OpenBLAS (``qlinear.pool_blas``), else numpy's matmul. Same BLAS routine either way."""
+        if qlinear.POOL_BLAS and x.ndim == 2 and x.dtype == np.float32 and w.ndim == 2 and x.shape[0]:
+            y = np.empty((x.shape[0], w.shape[0]), np.float32)
+            _ops().gemm_nt(x if x.strides[1] == 4 else np.ascontiguousarray(x), w, y)
+            return y
+        return x @ w.T
+
+
+def _ops():
+    from .._kernels import ops
+
+    return ops
 
 
 def make_linear(weight, bias: np.ndarray | None = None):

@@ -131,6 +131,53 @@ def limit_library_threads(n: int) -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(n)
     threadpool_limits(limits=n)  # applied now, kept (not used as a context manager)
+    if pool_blas():
+        # float32 products run on the kernels' pool, one OpenBLAS call per thread
+        # (ops.gemm_nt): OpenBLAS itself stays at one thread, so that its helpers neither
+        # spin beside the pool's between products nor hold a product up when a core is taken
+        threadpool_limits(limits={_POOL_BLAS_PREFIX: 1})
+
+
+#: True once numpy's OpenBLAS ``cblas_sgemm`` was handed to the kernels (``pool_blas``).
+POOL_BLAS = False
+_POOL_BLAS_LOOKED = False
+_POOL_BLAS_PREFIX = ""   # threadpoolctl's prefix of that library (only it is kept at one thread)
+
+
+def pool_blas() -> bool:
+    """Find the ILP64 ``cblas_sgemm`` and ``cblas_sgemv`` of the OpenBLAS numpy loaded (numpy's
+    wheels: ``scipy_cblas_sgemm64_``) and give them to ``ops.gemm_nt``, once; True when found, so that
+    ``Linear`` runs float32 products on the kernels' pool. $STER_POOL_BLAS=0 turns it off (numpy's
+    matmul on OpenBLAS's threads, as before). Other BLAS libraries (MKL, BLIS, an OpenMP or
+    LP64 OpenBLAS) are left to numpy."""
+    global POOL_BLAS, _POOL_BLAS_LOOKED, _POOL_BLAS_PREFIX
+    import os
+
+    if _POOL_BLAS_LOOKED:
+        return POOL_BLAS
+    _POOL_BLAS_LOOKED = True
+    if os.environ.get("STER_POOL_BLAS", "").strip() == "0":
+        return False
+    import ctypes
+
+    from threadpoolctl import threadpool_info
+
+    from .._kernels import ops
+
+    for info in threadpool_info():
+        if info.get("internal_api") != "openblas" or info.get("threading_layer") != "pthreads":
+            continue
+        try:
+            lib = ctypes.CDLL(info["filepath"])
+        except OSError:
+            continue
+        for prefix in ("scipy_cblas_", "cblas_"):
+            gemm, gemv = getattr(lib, prefix + "sgemm64_", None), getattr(lib, prefix + "sgemv64_", None)
+            if gemm is not None and gemv is not None:
+                ops.set_blas_sgemm(ctypes.cast(gemm, ctypes.c_void_p).value, ctypes.cast(gemv, ctypes.c_void_p).value)
+                POOL_BLAS, _POOL_BLAS_PREFIX = True, info["prefix"]
+                return True
+    return False
 
 
 def threads_from_env() -> int | None:
