@@ -399,9 +399,8 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
 
 
 #: Bounds on a GGUF vocabulary, so a small crafted file cannot make the tokenizer build
-#: gigabytes of tables (each token and derived merge costs ~100-200 bytes in Python and
-#: again in tokenizers). Real ones stay far below: Gemma 3 has 262,144 tokens of ~2 M
-#: characters and 514,847 merges derived from its scores.
+#: gigabytes of tables (each token costs ~100-200 bytes in Python and again in the tokenizer
+#: library). Real ones stay far below: Gemma 3 has 262,144 tokens of ~2 M characters.
 MAX_GGUF_TOKENS = 1 << 20
 MAX_GGUF_VOCAB_CHARS = 16 << 20
 
