@@ -80,9 +80,12 @@ cdef int _level_max = min((2 if ster_ops_cpu_avx512() else 1) if ster_ops_cpu_av
 cdef int _simd_ok = _level_max > 0
 cdef int _simd = _simd_ok
 cdef int _level = _level_max
-# Query rows from which attention runs in tiles (_attend_tiled): the transposed key copy
-# costs one pass over the keys, shared by every row.
-cdef int _TILE_MIN_ROWS = 8
+# Query rows from which attention runs in tiles (_attend_tiled): every call of more than one
+# row (a prompt or a part of one), so that a position's output does not depend on how the
+# prompt was cut into calls (ster_py/prefix.py reuses a cache bit for bit; it never prefills a
+# single token, which is a decode step's row-by-row kernel). The transposed key copy costs one
+# pass over the keys, shared by every row.
+cdef int _TILE_MIN_ROWS = 2
 # Calls that ran in tiles (tests check that the tiled path is the one they exercise).
 cdef long _tile_calls = 0
 cdef int _f16c_ok = ster_ops_cpu_f16c()
@@ -116,7 +119,7 @@ def set_simd_level(int level) -> int:
 
 
 def set_tile_min_rows(int n) -> int:
-    """Query rows from which attention runs in tiles (``_attend_tiled``; default 8); returns the
+    """Query rows from which attention runs in tiles (``_attend_tiled``; default 2); returns the
     previous value. Tests and probes set a huge value to run the row-by-row kernel instead."""
     global _TILE_MIN_ROWS
     cdef int old = _TILE_MIN_ROWS

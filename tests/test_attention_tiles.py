@@ -1,7 +1,7 @@
 """Prefill attention in tiles (cython/ster_attn_tile.h, ``ops._attend_tiled``) against the numpy
 definition (``attention_reference`` in ster_py/decoder/attention.py).
 
-From ``ops.set_tile_min_rows`` query rows (8) on a SIMD level, attention runs several query
+From ``ops.set_tile_min_rows`` query rows (default 2: every prompt call) on a SIMD level, attention runs several query
 rows of one key/value group per item against blocks of a transposed key copy. Every case
 here runs at each SIMD level this CPU has (AVX2, AVX-512; forced with
 ``ops.set_simd_level``), with 1 and 2 threads, and checks through ``ops.tile_calls`` that the
@@ -30,7 +30,7 @@ def _restore():
     yield
     ops.set_simd(True)
     ops.set_threads(2)
-    ops.set_tile_min_rows(8)
+    ops.set_tile_min_rows(2)
 
 
 def _run(level, threads, q, k, v, positions, tiled=True, **kw):
@@ -86,6 +86,26 @@ def test_tiles_match_numpy(level, kv_dtype, shape):
              dict(bias=masked), dict(softcap=3.0, window=6, sinks=rng.standard_normal(H).astype(np.float32))]
     for kw in cases:
         _check(level, q, k, v, positions, scale=D ** -0.5, **kw)
+
+
+@pytest.mark.parametrize("level", TILE_LEVELS)
+def test_a_row_does_not_depend_on_how_the_prompt_was_cut(level):
+    """A prompt cache reuses keys bit for bit (ster_py/prefix.py): a position's output must be the
+    same whether its row came in one call with the whole prompt or in a later call of 2+ rows (the
+    default tile threshold sends both through the tiles)."""
+    rng = np.random.default_rng(11)
+    H, KV, S, D = 9, 3, 41, 64
+    q = rng.standard_normal((H, S, D)).astype(np.float32)
+    k, v = (rng.standard_normal((KV, S, D)).astype(np.float32) for _ in range(2))
+    assert ops.set_simd_level(level) == level
+    whole = attention_mod.attention(q, k, v, np.arange(S), scale=D ** -0.5)
+    for start in (0, 10, 25, 27, 39):
+        for stop in (start + 2, start + 13, S):
+            if stop > S:
+                continue
+            part = attention_mod.attention(q[:, start:stop], k[:, :stop], v[:, :stop], np.arange(start, stop),
+                                           scale=D ** -0.5)
+            np.testing.assert_array_equal(part, whole[:, start:stop], err_msg=str((start, stop)))
 
 
 @pytest.mark.parametrize("level", TILE_LEVELS)
