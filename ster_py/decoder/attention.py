@@ -12,8 +12,9 @@ Float32 queries over float32 or float16 keys/values run the fused Cython kernel
 (``ster_py._kernels.ops.attention``: one pass per query row over only the keys
 it may see, with an online softmax, threaded over heads and rows and, when
 decoding with few key/value heads, over parts of the keys merged afterwards;
-float16 rows are widened to float32 as they are read, never the whole cache). From 8
-query rows (a prompt) on an AVX2 or AVX-512 CPU it runs in tiles instead: up to 12
+float16 rows are widened to float32 as they are read, never the whole cache). From 2
+query rows (a prompt, or a part of one: a row's result must not depend on how its prompt
+was cut into calls, see ster_py/prefix.py) on an AVX2 or AVX-512 CPU it runs in tiles instead: up to 12
 query rows of one key/value group per item against blocks of a transposed float32
 copy of the keys they see (``cython/ster_attn_tile.h``), every key and value loaded
 serving all of them;
