@@ -316,28 +316,32 @@ class SentencePieceBPE:
     def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
         """Token ids of ``text`` (valid Unicode, no lone surrogates); BOS/EOS per ``ends`` when
         ``add_special_tokens``."""
+        return self.encode_batch([text], add_special_tokens)[0]
+
+    def encode_batch(self, texts: Iterable[str], add_special_tokens: bool = True) -> list[_Encoding]:
+        """``encode`` of each text; the added-token cuts and the merges each run once for the batch."""
+        texts = list(texts)
         splitter, split_ids = ((self._plain_splitter, self._plain_split_ids) if self._encode_special
                                else (self._splitter, self._split_ids))
-        found = splitter.encode(text, add_special_tokens=False) if text else None
-        ids: list[int] = []
-        if found is not None:
-            runs = [self._prefix + text[a:b].replace(" ", SPACE_MARK)
-                    for i, (a, b) in zip(found.ids, found.offsets) if i == 0]
-            pieces = iter(self._sp.encode(runs) if runs else ())
-            for i in found.ids:
+        found = splitter.encode_batch(texts, add_special_tokens=False) if texts else []
+        runs = [self._prefix + text[a:b].replace(" ", SPACE_MARK)
+                for text, enc in zip(texts, found) if text for i, (a, b) in zip(enc.ids, enc.offsets) if i == 0]
+        pieces = iter(self._sp.encode(runs) if runs else ())
+        bos, eos = self.ends if add_special_tokens else (None, None)
+        out = []
+        for text, enc in zip(texts, found):
+            ids: list[int] = [bos] if bos is not None else []
+            for i in (enc.ids if text else ()):
                 if i == 0:
                     ids.extend(next(pieces))
                 else:
                     ids.append(split_ids[i])
             if ids and max(ids) >= self._n:  # placeholder pieces (see ``_extra``)
                 ids = [k for i in ids for k in ((i,) if i < self._n else self._extra[i])]
-        if add_special_tokens:
-            bos, eos = self.ends
-            ids = ([bos] if bos is not None else []) + ids + ([eos] if eos is not None else [])
-        return _Encoding(ids, self._tokens)
-
-    def encode_batch(self, texts: Iterable[str], add_special_tokens: bool = True) -> list[_Encoding]:
-        return [self.encode(t, add_special_tokens) for t in texts]
+            if eos is not None:
+                ids.append(eos)
+            out.append(_Encoding(ids, self._tokens))
+        return out
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``: ▁ read as a space, runs of byte tokens as UTF-8 (a run that is not valid
