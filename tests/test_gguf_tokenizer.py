@@ -858,6 +858,21 @@ def test_merges_outside_the_vocabulary_are_dropped():
     assert want.encode("abc").tokens == ["abc"]
 
 
+def test_merge_lines_cut_in_c_as_in_the_python_reference():
+    # The kernel that cuts tokenizer.ggml.merges lines at load equals the reference cut (the first
+    # space after the first character, as llama.cpp's loader; the reference's ids are checked against
+    # llama.cpp by the vocabulary tests), on lines with leading, doubled, trailing and other spaces.
+    from ster_py._kernels.quants import merge_pairs
+    from ster_py.gguf.tokenizer import _split_merges
+
+    lines = ["a b", " a b", "  ab", "a  b", "ab", "", " ", "  ", "a ", " a", "\u00e9 \u00fc", "x y z",
+             "\u3000 a", "a\u3000b", "\u0120 \u0120\u0120", "\U0001F600 b", "a\tb c", "\x00 a"]
+    assert merge_pairs(lines) == _split_merges(lines)
+    assert merge_pairs(lines)[:4] == [("a", "b"), (" a", "b"), (" ", "ab"), ("a", " b")]
+    with pytest.raises(TypeError):
+        merge_pairs(["a b", b"a b"])
+
+
 @pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
 def test_every_name_builds_and_loses_nothing(pre):
     # With no merges the ids are the bytes of the text (or its characters' <0xHH> tokens),

@@ -66,6 +66,11 @@ from ster_py.gguf.pretokenizers import (
 )
 from ster_py.gguf.sentencepiece_bpe import SentencePieceBPE
 
+try:  # the merge lines' cut in C (a build from older sources lacks it: the Python reference runs)
+    from ster_py._kernels.quants import merge_pairs as _kernel_merge_pairs
+except ImportError:
+    _kernel_merge_pairs = None
+
 if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
     from ster_py.tokenizer import Tokenizer
 
@@ -526,13 +531,18 @@ def _file_merges(meta: Mapping[str, Any], required: bool = True) -> list[tuple[s
     if len(raw) and set(map(type, raw)) != {str}:
         i = next(i for i, line in enumerate(raw) if type(line) is not str)
         raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt")
-    # llama.cpp splits at the first space after the first character, so a pair may start with
-    # a space; str.partition mapped in C (the load-time path of 50k-500k lines) is that split
-    # for the others, and the few lines that start with a space are cut by hand.
-    pairs = list(map(str.partition, raw, repeat(" ")))
-    if "" in map(itemgetter(0), pairs):
-        pairs = [p if p[0] else _cut_after_first(line) for p, line in zip(pairs, raw)]
     # A line without a cut has "" on its right, which is no token: _bpe drops it.
+    return (_kernel_merge_pairs or _split_merges)(list(raw))
+
+
+def _split_merges(lines: list[str]) -> list[tuple[str, str]]:
+    """Each merge line cut at its first space after the first character, as llama.cpp cuts it (so a
+    pair may start with a space): [(left, right)], (line, "") for a line without one. The reference of
+    the kernel ``ster_py._kernels.quants.merge_pairs``, and the path where it is not built."""
+    # str.partition mapped in C is that cut for lines that do not start with a space
+    pairs = list(map(str.partition, lines, repeat(" ")))
+    if "" in map(itemgetter(0), pairs):
+        pairs = [p if p[0] else _cut_after_first(line) for p, line in zip(pairs, lines)]
     return list(map(itemgetter(0, 2), pairs))
 
 
