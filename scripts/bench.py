@@ -268,8 +268,8 @@ def main() -> None:
     p.add_argument("--llama-bench", help="directory of llama-bench (scripts/build_llama_bench.py)")
     p.add_argument("--show", action="store_true",
                    help="the issue's side-by-side table for a preset: transformers f32/bf16, ster on the f32 and "
-                        "bf16 checkpoints, --quantize q8_0/q4_k, the GGUF under ster, llama-cpp-python and "
-                        "llama-bench, and ster's decode with one busy core (--busy-configs), alternating rounds")
+                        "bf16 checkpoints, --quantize q8_0/q4_k, the GGUF under ster (its f32 KV cache, and "
+                        "float16 as llama.cpp keeps it), llama-cpp-python and llama-bench, and ster's decode with one busy core (--busy-configs), alternating rounds")
     p.add_argument("--configs", help="--show: only these labels, comma-separated (e.g. 'ster gguf,llama-bench gguf')")
     p.add_argument("--precision", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
@@ -332,11 +332,13 @@ def show_configs(preset: str, llama_bench: str | None) -> list[tuple[str, str, s
                ("ster bf16 q8_0", "ster", bf16, ("--quantize", "q8_0"), 0),
                ("ster bf16 q4_k", "ster", bf16, ("--quantize", "q4_k"), 0),
                ("ster gguf", "ster", gguf, (), 0),
+               ("ster gguf f16 kv", "ster", gguf, ("--kv-cache", "f16"), 0),   # llama.cpp's own KV dtype
                ("llama-cpp-python gguf", "llama.cpp", gguf, (), 0),
                ("ster gguf +1 busy", "ster", gguf, (), 1),
                ("ster bf16 +1 busy", "ster", bf16, (), 1)]
     if llama_bench:
-        configs.insert(8, ("llama-bench gguf", "llama-bench", gguf, (), 0))
+        at = [c[0] for c in configs].index("llama-cpp-python gguf") + 1
+        configs.insert(at, ("llama-bench gguf", "llama-bench", gguf, (), 0))
     return configs
 
 
@@ -377,6 +379,7 @@ def show(args) -> None:
               ("ster q4_k / transformers bf16", "ster bf16 q4_k", "transformers bf16"),
               ("ster gguf / llama-cpp-python", "ster gguf", "llama-cpp-python gguf"),
               ("ster gguf / llama-bench", "ster gguf", "llama-bench gguf"),
+              ("ster gguf f16 kv / llama-bench", "ster gguf f16 kv", "llama-bench gguf"),
               ("ster gguf busy / quiet", "ster gguf +1 busy", "ster gguf"),
               ("ster bf16 busy / quiet", "ster bf16 +1 busy", "ster bf16")]
     print(f"\n{'ratio (medians)':32s}{'load':>8s}{'prefill':>9s}{'decode':>8s}")
