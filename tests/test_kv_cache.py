@@ -104,11 +104,11 @@ def _check(path, decode_bound, greedy_prompts):
 
 @pytest.mark.real
 def test_smollm2_f16_cache_moves_logits_little(smollm2_gguf):
-    # decode rows measured 3.3e-4 .. 1.9e-3 (mean 9e-4). Greedy: the chat prompt's smallest
-    # top-1/top-2 gap (0.08) is 5x the largest logit change (0.015); a raw-text prompt
-    # ("The three primary colours are") also kept its 32 tokens but with a gap of 0.008
-    # against changes of 0.02, so it is not asserted.
-    _check(smollm2_gguf, 4e-3, ["What is the capital of France?"])
+    # decode rows measured 3.3e-4 .. 1.9e-3 (mean 9e-4) on an Intel Xeon (AVX-512), up to 6.1e-3 on an
+    # AMD EPYC (AVX2 kernels). Greedy: the chat prompt's smallest top-1/top-2 gap (0.08) is 5x the
+    # largest logit change measured on the Xeon (0.015); a raw-text prompt ("The three primary colours
+    # are") also kept its 32 tokens but with a gap of 0.008 against changes of 0.02, so it is not asserted.
+    _check(smollm2_gguf, 1e-2, ["What is the capital of France?"])
 
 
 @pytest.mark.real

@@ -117,12 +117,15 @@ def test_parity_passes_at_f32(family, tmp_path):
     assert report.passed
     (p,) = report.prompts
     assert p.ids == IDS
-    # The reported numbers are the oracle's: recompute them from transformers' own outputs.
+    # The reported numbers are the oracle's: recompute them from transformers' own outputs. Its float32
+    # logits are not always the same bits from one run to the next (on an AMD EPYC its routed-expert
+    # products moved a ~5e-7 error by ~1 % between the report's run and this one, and the largest
+    # difference, ~1.3e-6, by 1.2e-7), so the report must agree to that jitter, not to its last bit.
     ref_logits, ref_hidden = reference_logits(ref_model, IDS)
     ours = loaded.decoder.forward(IDS)
-    assert p.rel_error == pytest.approx(rel_err(ours, ref_logits), rel=1e-6, abs=1e-12)
+    assert p.rel_error == pytest.approx(rel_err(ours, ref_logits), rel=0.05, abs=1e-12)
     assert p.rel_error < 1e-4 and p.top1_agreement == 1.0 and p.mean_cosine > 1 - 1e-8
-    assert p.max_abs_error == pytest.approx(float(np.abs(ours - ref_logits).max()), abs=1e-12)
+    assert p.max_abs_error == pytest.approx(float(np.abs(ours - ref_logits).max()), rel=0.05, abs=5e-7)
     k = loaded.spec.layers_per_stored  # LongCat-Flash: compared at the end of each stored layer
     assert [e.layer for e in p.layers] == list(range(k - 1, loaded.spec.num_hidden_layers, k))
     assert p.first_divergent_layer is None

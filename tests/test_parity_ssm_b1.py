@@ -285,7 +285,9 @@ def check_family(path, ref_model, greedy=reference_greedy):
     steps = dec.new_cache()
     one_by_one = np.concatenate([dec.forward([t], steps) for t in PROMPT])
     for other, cache in ((pieces, split), (one_by_one, steps)):
-        assert rel_err(other, logits) < 1e-5
+        # (float32 products of another row count round otherwise: up to 1.24e-5 through Zamba2's two
+        # shared blocks on OpenBLAS's Haswell/Zen kernels, measured on an AMD EPYC)
+        assert rel_err(other, logits) < 3e-5
         assert cache.length == whole.length == len(PROMPT)
         for a, b in zip(_states(cache, model.spec), _states(whole, model.spec)):
             # float32 rounding of different summation orders, relative to the state's scale

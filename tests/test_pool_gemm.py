@@ -1,13 +1,15 @@
 """float32 products on ster's pool (``ops.gemm_nt``, used by ``Linear`` once ``set_threads`` found
 numpy's OpenBLAS: ``qlinear.pool_blas``) against numpy: the same BLAS routine called per column
-chunk, so equal to numpy's own ``x @ w.T`` bit for bit, and to the float64 product within float32
-rounding; a row's result does not depend on the rows beside it."""
+chunk: on one thread equal to numpy's own ``x @ w.T`` bit for bit (on more, OpenBLAS's Haswell/Zen
+kernels round a column by where it falls in its call, and numpy's call orders the operands its own
+way), and always to the float64 product within float32 rounding; a row's result does not depend on
+the rows beside it."""
 import numpy as np
 import pytest
 
 from ster_py._kernels import ops
 from ster_py.decoder import qlinear
-from ster_py.decoder.linear import MIN_ROWS, Linear
+from ster_py.decoder.linear import MIN_ROWS, Linear, blas_rows_exact
 from ster_py.decoder.qlinear import set_threads
 
 pytestmark = pytest.mark.skipif(not (set_threads(2) or qlinear.POOL_BLAS),
@@ -29,7 +31,8 @@ def test_gemm_nt_equals_numpy(threads):
         w = rng.standard_normal((N, K), dtype=np.float32)
         y = np.empty((M, N), np.float32)
         ops.gemm_nt(x, w, y)
-        np.testing.assert_array_equal(y, x @ w.T)
+        if threads == 1:   # one call of the same routine (more threads: a call per column chunk, see above)
+            np.testing.assert_array_equal(y, x @ w.T)
         ref = x.astype(np.float64) @ w.T.astype(np.float64)
         bound = 2 * K * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64))
         assert np.all(np.abs(y - ref) <= bound)
@@ -61,7 +64,11 @@ def test_linear_runs_on_the_pool_and_rows_do_not_depend_on_their_neighbours(monk
     lin = Linear(w)
     full = lin(x)
     assert calls and calls[0] == (600, 576)
-    np.testing.assert_array_equal(full, x @ w.T)
     for n in (2, MIN_ROWS - 1, MIN_ROWS, 37, 300):
-        np.testing.assert_array_equal(lin(x[:n]), full[:n])
+        if blas_rows_exact():
+            np.testing.assert_array_equal(lin(x[:n]), full[:n])
+            np.testing.assert_array_equal(lin(x[n:]), full[n:])
+        else:   # OpenBLAS's Haswell/Zen kernels round a row by its place in its tile of rows
+            for got, want in ((lin(x[:n]), full[:n]), (lin(x[n:]), full[n:])):
+                assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     np.testing.assert_array_equal(lin(x[:1]), x[:1] @ w.T)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from ster_py.decoder.cache import KVCache
+from ster_py.decoder.linear import blas_rows_exact
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
 from ster_py.prefix import PromptCache, common_prefix
@@ -155,8 +156,9 @@ def test_rollback_refuses_what_it_cannot_do():
 @pytest.mark.real
 @pytest.mark.parametrize("kv", [np.float32, np.float16])
 def test_smollm2_reuse_is_bit_exact(smollm2_gguf, smollm2_hf, kv):
-    """Real sizes leave OpenBLAS's small-matrix kernels: the quantized GGUF and its float32
-    safetensors copy reuse bit for bit, in both cache dtypes."""
+    """Real sizes leave OpenBLAS's small-matrix kernels: the quantized GGUF reuses bit for bit in both
+    cache dtypes, and so does its float32 safetensors copy where OpenBLAS's kernels are row-exact
+    (``blas_rows_exact``: AVX-512 CPUs); on its Haswell/Zen kernels that copy agrees to float32 rounding."""
     for path in (smollm2_gguf, smollm2_hf):
         loaded = load_model(str(path))
         d = loaded.decoder
@@ -164,7 +166,14 @@ def test_smollm2_reuse_is_bit_exact(smollm2_gguf, smollm2_hf, kv):
                                       "sky and trying to make sense of what they saw. Ancient farmers tracked the seasons")
         cache = PromptCache(d, kv)
         assert len(ids) > 30
+        exact = path == smollm2_gguf or blas_rows_exact()   # float32 rows: bit for bit where the BLAS is
         for n, reused in ((10, 0), (25, 10), (27, 25), (28, 26), (len(ids), 28)):
-            got = cache.prefill(ids[:n])
-            np.testing.assert_array_equal(got, _cold(d, ids[:n], kv))
+            got, cold = cache.prefill(ids[:n]), _cold(d, ids[:n], kv)
+            if exact:
+                np.testing.assert_array_equal(got, cold)
+            else:   # OpenBLAS's Haswell/Zen kernels, measured on an AMD EPYC: 1e-6 of the largest logit with
+                # float32 keys/values; 1e-4 with float16 ones (a key near a float16 rounding boundary may round
+                # the other way: one float16 step, 2^-11 relative)
+                bound = 1e-5 if kv == np.float32 else 1e-3
+                assert np.abs(got - cold).max() <= bound * np.abs(cold).max()
             assert cache.reused == reused

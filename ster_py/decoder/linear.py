@@ -25,8 +25,9 @@ class Linear:
     """weight [out_features, in_features] (float32, or any float dtype widened per call), bias
     [out_features] or None.
 
-    Row-exact for T >= 2: row t of ``x @ W^T`` is the same whether x has 2 rows or 2000
-    (see ``MIN_ROWS`` for the BLAS this holds on), which the prompt cache's reuse relies on (``ster_py.prefix``).
+    Row-exact for T >= 2 where the BLAS is (``blas_rows_exact``): row t of ``x @ W^T`` is then the
+    same whether x has 2 rows or 2000 (see ``MIN_ROWS``), which the prompt cache's bit-for-bit reuse
+    relies on (``ster_py.prefix``).
     """
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None):
@@ -56,6 +57,25 @@ class Linear:
             _ops().gemm_nt(x if x.strides[1] == 4 else np.ascontiguousarray(x), w, y)
             return y
         return x @ w.T
+
+
+_ROWS_EXACT: bool | None = None
+
+
+def blas_rows_exact() -> bool:
+    """Whether this process's float32 products give a row the same bits whatever rows share the call
+    (``Linear``'s row-exactness, which the prompt cache's bit-for-bit reuse of float32 checkpoints
+    needs; quantized and 16-bit weights use ster's own kernels and do not depend on it). Probed once
+    on real-model sizes: a 576-wide product of 40 rows against its rows 10.. alone. True on OpenBLAS's
+    SkylakeX kernels (AVX-512 CPUs); False on its Haswell/Zen kernels (AVX2 CPUs, measured on an AMD
+    EPYC), whose tiles of rows round a row by its place in the tile (~1e-5 relative)."""
+    global _ROWS_EXACT
+    if _ROWS_EXACT is None:
+        rng = np.random.default_rng(0)
+        lin = Linear(rng.standard_normal((1536, 576), dtype=np.float32))
+        x = rng.standard_normal((40, 576), dtype=np.float32)
+        _ROWS_EXACT = bool(np.array_equal(lin(x)[10:], lin(x[10:])) and np.array_equal(lin(x)[:5], lin(x[:5])))
+    return _ROWS_EXACT
 
 
 def _ops():
