@@ -8,19 +8,19 @@ the rest.
 The reuse is exact where the matrix products are row-exact: a position's keys and values do not
 depend on how the prompt was cut into calls (quantized products work token by token; float products
 of a few rows are padded, ``decoder.linear.MIN_ROWS``; attention reads each query's own rows). On
-OpenBLAS's SkylakeX kernels (AVX-512 CPUs), products of real models' sizes are row-exact and a reply equals a cold run's (a fresh
-cache, the whole prompt in one call) bit for bit (SmolLM2, test_real_models.py); products as tiny
-as the test models' (M*N*K up to about 1e6) go through its small-matrix kernels, whose sums depend on
-the row count, and differ in the last bits (test_prefix.py). On its Haswell/Zen kernels (AVX2
-CPUs) a float32 row is rounded by its place among the rows of its call, so a float32 checkpoint's
-reuse agrees with a cold run to ~1e-5 relative, not bit for bit (``decoder.linear.blas_rows_exact``
-says which this process has); quantized weights go through ster's own kernels either way. Decoded positions are not reused: a
-one-token step takes other kernels (int16 activations in the quantized products, BLAS's vector
-product) whose sums round differently, so after a reply the cache's exact part ends where its
-prompt ended, and ``extend`` can prefill a history's known continuation (a chat's last answer, as
-the template renders it) while the user reads. For the same reason the part after the reused
-prefix is never a single token (one token would take the decode path): the prefix then gives one
-back.
+OpenBLAS's SkylakeX kernels (AVX-512 CPUs), products of real models' sizes are row-exact and a reply
+equals a cold run's (a fresh cache, the whole prompt in one call) bit for bit (SmolLM2,
+test_real_models.py); products as tiny as the test models' (M*N*K up to about 1e6) go through its
+small-matrix kernels, whose sums depend on the row count, and differ in the last bits
+(test_prefix.py). On its Haswell/Zen kernels (AVX2 CPUs) a float32 row is rounded by its place among
+the rows of its call, so a float32 checkpoint's reuse agrees with a cold run to ~1e-5 relative, not
+bit for bit (``decoder.linear.blas_rows_exact`` says which this process has); quantized weights go
+through ster's own kernels either way. Decoded positions are not reused: a one-token step takes
+other kernels (int16 activations in the quantized products, BLAS's vector product) whose sums round
+differently, so after a reply the cache's exact part ends where its prompt ended, and ``extend`` can
+prefill a history's known continuation (a chat's last answer, as the template renders it) while the
+user reads. For the same reason the part after the reused prefix is never a single token (one token
+would take the decode path): the prefix then gives one back.
 
 The cache rolls back through ``KVCache.rollback(length)``; a slot that cannot go back (a
 recurrent state without a checkpoint at that length) refuses, and the prompt is then prefilled
