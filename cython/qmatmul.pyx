@@ -26,6 +26,8 @@ import os
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from posix.mman cimport MADV_DONTNEED, madvise
+from posix.unistd cimport _SC_PAGESIZE, sysconf
 
 import numpy as np
 
@@ -57,6 +59,12 @@ cdef extern from "ster_qkernels.h" nogil:
                            int K, const float* x, const float* xs16, float* y, int simd, const uint16_t* xbf)
     void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
                            int K, const float* X, int T, float* Y, int ldy, float* pack, int simd)
+    int STER_IL
+    int STER_ILG
+    int STER_IL_MAX_BLOCKS
+    int ster_il_type(int type)
+    void ster_il_pack(int type, const uint8_t* src, size_t rb, const int32_t* rows, int n_rows, int g0, int g1,
+                      uint8_t* dst)
 
 MAX_THREADS = 1024  # more than any machine this runs on; the pool itself stops at 64 helpers
 
@@ -88,6 +96,8 @@ cdef int _simd_ok = min(ster_cpu_level(), _level_cap())
 cdef int _simd = _simd_ok
 cdef int _int16 = 1
 cdef int _read_ahead = 1
+# $STER_INTERLEAVE=0 keeps quantized rows where they are (A/B benchmarks; see set_interleave)
+cdef int _interleave = os.environ.get("STER_INTERLEAVE", "1").strip() != "0"
 # Below this many weights a product runs on one thread: waking the team costs more.
 cdef long _PARALLEL_MIN_WEIGHTS = 65536
 
@@ -258,6 +268,45 @@ def split_bf16(const float[::1] x):
     return ((hi.astype(np.uint32) << 16).view(np.float32), (lo.astype(np.uint32) << 16).view(np.float32))
 
 
+def set_interleave(bint on):
+    """Whether ``QMatrix`` objects built from now on store Q4_0 / Q4_1 / Q8_0 rows interleaved
+    in groups of 16 (``cython/ster_il16.h``; the default, on CPUs with AVX2), whose decode
+    products take 16 rows per vector. Off: the rows as given (for tests and A/B benchmarks)."""
+    global _interleave
+    _interleave = on
+
+
+ctypedef struct _PackJob:
+    int typ, n_rows, g0, g1
+    const uint8_t* src
+    size_t rb
+    const int32_t* rows
+    uint8_t* dst
+
+
+cdef void _pack_task(void* ctx, long c, int tid) noexcept nogil:
+    cdef _PackJob* j = <_PackJob*>ctx
+    cdef int g0 = j.g0 + <int>c * 16
+    cdef int g1 = min(g0 + 16, j.g1)
+    ster_il_pack(j.typ, j.src, j.rb, j.rows, j.n_rows, g0, g1, j.dst)
+
+
+cdef void _pack_slice(_PackJob* j, int g0, int g1, int nt) noexcept nogil:
+    # groups [g0, g1) interleaved, 16 groups per pool task
+    j.g0, j.g1 = g0, g1
+    ster_pool_run((g1 - g0 + 15) // 16, _pack_task, j, nt)
+
+
+cdef void _release_pages(const uint8_t* p, size_t n) noexcept nogil:
+    # madvise(MADV_DONTNEED) on the whole pages of [p, p + n) of a read-only file mapping: they
+    # leave the resident set, the page cache keeps them. Advice: a failure changes no result.
+    cdef uintptr_t page = <uintptr_t>sysconf(_SC_PAGESIZE)
+    cdef uintptr_t lo = (<uintptr_t>p + page - 1) // page * page
+    cdef uintptr_t hi = (<uintptr_t>p + n) // page * page
+    if hi > lo:
+        madvise(<void*>lo, hi - lo, MADV_DONTNEED)
+
+
 def set_int16_activations(bint on):
     """Decode (T = 1) with int16-quantized inputs (default, AVX2 only) or in float32 (exact)."""
     global _int16
@@ -303,6 +352,15 @@ cdef class QMatrix:
         cols: weights per row (a whole number of blocks).
         rows: int32-convertible [rows] or None: output i is raw row ``rows[i]`` (a gather
             of rows, e.g. to undo llama.cpp's q/k permutation without copying the weights).
+        interleave: None follows ``set_interleave`` (on by default); False keeps the rows
+            where they are. When on, a Q4_0 / Q4_1 / Q8_0 matrix of at least 16 rows on a CPU
+            with AVX2 is copied into the 16-row interleaved layout of ``ster_il16.h`` (the row
+            order applied) by its first product, and ``raw`` is read no more (``interleaved``):
+            loading a model copies nothing, the first prompt pays for it.
+        release: ``raw`` views a read-only file mapping: once copied, its whole pages are
+            dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
+            and a later read, e.g. an embedding's row lookup, maps them again), so that a
+            model's memory stays about its file size.
     """
 
     cdef const uint8_t[:, ::1] raw
@@ -314,9 +372,13 @@ cdef class QMatrix:
     cdef const char* _hint_ptr[4]
     cdef long _hint_len[4]
     cdef readonly int type_id, n_rows, n_cols
+    # the type id the drivers see: type_id, with STER_IL when the rows are interleaved
+    cdef int _kt
+    cdef object _packed
+    cdef bint _pending, _release
     cdef size_t row_bytes
 
-    def __cinit__(self, raw, int type_id, int cols, rows=None):
+    def __cinit__(self, raw, int type_id, int cols, rows=None, interleave=None, bint release=False):
         cdef int bs = ster_block_size(type_id)
         if bs == 0:
             raise ValueError(f"no quantized product for GGML type id {type_id}")
@@ -340,21 +402,84 @@ cdef class QMatrix:
             self.n_rows = arr.shape[0]
             if arr.shape[0]:
                 self._rows = <const int32_t*><uintptr_t>arr.ctypes.data
+        self._kt = type_id
+        self._packed = None
+        self._release = release
+        self._pending = ((_interleave if interleave is None else interleave) and ster_cpu_avx2()
+                         and ster_il_type(type_id) and self.n_rows >= STER_ILG and cols // bs <= STER_IL_MAX_BLOCKS)
+
+    cdef inline int _prepare(self) except -1:
+        # Every product calls this first: the interleaved copy is made on first use.
+        if self._pending:
+            self._interleave_rows()
+        return 0
+
+    cdef int _interleave_rows(self) except -1:
+        # A copy of the weights in groups of 16 rows (the row order applied), in a 64-byte
+        # aligned buffer; the source (a view of the file, usually) is no longer read. With
+        # ``release`` and the rows in order, the copy runs in slices of ~4 MB of the source,
+        # each slice's pages released after it, so the copy and its source are not both
+        # resident at once.
+        cdef int groups = (self.n_rows + STER_ILG - 1) // STER_ILG
+        cdef size_t nbytes = <size_t>groups * STER_ILG * self.row_bytes
+        buf = np.empty(nbytes + 64, np.uint8)
+        cdef size_t skip = (-<Py_ssize_t>(<uintptr_t>cnp.PyArray_DATA(buf))) & 63
+        packed = buf[skip:skip + nbytes].reshape(groups * STER_ILG, self.row_bytes)
+        cdef uint8_t[:, ::1] pv = packed
+        cdef _PackJob j
+        cdef const uint8_t* src = &self.raw[0, 0]
+        cdef size_t src_bytes = <size_t>self.raw.shape[0] * self.row_bytes
+        j.typ, j.n_rows, j.rb, j.rows, j.dst = self.type_id, self.n_rows, self.row_bytes, self._rows, &pv[0, 0]
+        cdef int nt = _threads if nbytes >= 1 << 20 else 1
+        # slices: whole pool tasks (16 groups each) of about 4 MB together
+        cdef int step = groups if (not self._release or self._rows != NULL) else \
+            max(16, <int>((4 << 20) // (STER_ILG * self.row_bytes)) // 16 * 16)
+        cdef int g0 = 0, g1
+        while g0 < groups:
+            g1 = min(groups, g0 + step)
+            j.src = src
+            j.n_rows = min(self.n_rows, g1 * STER_ILG)
+            with nogil:
+                _pack_slice(&j, g0, g1, nt)
+            if self._release and g1 < groups:
+                _release_pages(src + <size_t>g0 * STER_ILG * self.row_bytes,
+                               <size_t>(g1 - g0) * STER_ILG * self.row_bytes)
+            g0 = g1
+        if self._release:
+            _release_pages(src, src_bytes)
+        self._packed = buf
+        self.raw = packed
+        self._rows = NULL
+        self._rows_arr = None
+        self._kt = self.type_id | STER_IL
+        self._pending = 0
+        return 0
+
+    @property
+    def interleaved(self) -> bool:
+        """True when the rows are (or, from the first product on, will be) stored interleaved in
+        groups of 16 (``set_interleave``)."""
+        return bool(self._kt & STER_IL) or bool(self._pending)
 
     def set_read_ahead(self, tuple following):
         """Name the (up to 4) matrices a decode step multiplies after this one. While a
         one-token product on this matrix runs, idle helper threads prefetch their blocks
         (``ster_pool.h`` read-ahead hints); arithmetic is unchanged. () clears it."""
-        cdef QMatrix m
-        cdef int i
         if len(following) > 4:
             raise ValueError("at most 4 matrices to read ahead")
-        for i in range(len(following)):
-            m = <QMatrix?>following[i]
-            self._hint_ptr[i] = <const char*>&m.raw[0, 0] if m.raw.shape[0] else NULL
-            self._hint_len[i] = <long>m.raw.shape[0] * <long>m.row_bytes
-        self._ahead = following  # keeps them (and their memory) alive
+        for m in following:
+            <QMatrix?>m
+        self._ahead = following  # keeps them (and their memory) alive; _hints reads where they are
         self._hint_n = len(following)
+
+    cdef void _hints(self):
+        # The read-ahead matrices' bytes where they are now (an interleaved copy moves them).
+        cdef QMatrix m
+        cdef int i
+        for i in range(self._hint_n):
+            m = <QMatrix>self._ahead[i]
+            self._hint_ptr[i] = <const char*>&m.raw[0, 0] if m.raw.shape[0] and not m._pending else NULL
+            self._hint_len[i] = <long>m.raw.shape[0] * <long>m.row_bytes if self._hint_ptr[i] != NULL else 0
 
     def matmul(self, x, out, int force=0):
         """out[T, rows] = x[T, cols] @ W^T (float32 ndarrays, C-contiguous; ``out`` is overwritten).
@@ -383,6 +508,7 @@ cdef class QMatrix:
             raise ValueError(f"output must be [{T}, {N}], got [{cnp.PyArray_DIM(oa, 0)}, {cnp.PyArray_DIM(oa, 1)}]")
         if T == 0 or N == 0:
             return
+        self._prepare()
         cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
         cdef float* op = <float*>cnp.PyArray_DATA(oa)
         if force == 3 and T > 1:
@@ -406,12 +532,14 @@ cdef class QMatrix:
         cdef int K = self.n_cols, N = self.n_rows, t
         cdef int nt = _threads if <long>N * K >= _PARALLEL_MIN_WEIGHTS else 1
         cdef _FewJob j
-        j.typ, j.simd, j.K, j.N, j.T = self.type_id, _simd, K, N, T
+        j.typ, j.simd, j.K, j.N, j.T = self._kt, _simd, K, N, T
         j.W, j.rb, j.rows, j.X, j.Y = &self.raw[0, 0], self.row_bytes, self._rows, x, out
         # Tasks as the decode step's (about eight per thread); within one, blocks of rows of at
         # most 16 KiB stay in the first-level cache while every input row passes over them.
-        j.chunk = max(8, min((N + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
+        j.chunk = _chunk_rows(N, K, nt, self._kt)
         j.sub = max(1, min(j.chunk, 16384 // <int>self.row_bytes))
+        if self._kt & STER_IL:   # whole groups of 16 rows
+            j.sub = max(STER_ILG, j.sub // STER_ILG * STER_ILG)
         cdef size_t per = 2 * K + 4 * (K // 32 + K // 16) + 64   # int16 codes, scales, sums (one row)
         cdef char* buf = <char*>malloc(per * T + 4 * K * T + 128)
         if buf == NULL:
@@ -443,7 +571,7 @@ cdef class QMatrix:
         cdef int K = self.n_cols, N = self.n_rows
         cdef int nt = _threads if <long>N * K * T >= _PARALLEL_MIN_WEIGHTS else 1
         cdef _PanelJob j
-        j.typ, j.simd, j.K, j.N, j.T = self.type_id, _simd, K, N, T
+        j.typ, j.simd, j.K, j.N, j.T = self._kt, _simd, K, N, T
         j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
         j.X, j.Y = x, out
         # Tasks of nc rows (a multiple of 16): about four per thread, 16..128 rows each.
@@ -574,6 +702,7 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
             raise ValueError(f"output {s} must be [{R}, {j.N[s]}]")
         for e in range(n_exp):
             w = <QMatrix?>sets[s][e]
+            w._prepare()
             if w.n_rows != j.N[s] or w.n_cols != K:
                 raise ValueError(f"set {s}, expert {e}: [{w.n_rows}, {w.n_cols}], expected [{j.N[s]}, {K}]")
     if R == 0 or K == 0:
@@ -602,7 +731,7 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
             for e in range(n_exp):
                 w = <QMatrix>sets[s][e]
                 c = s * n_exp + e
-                j.W[c], j.rb[c], j.typ[c], j.rows[c] = &w.raw[0, 0], w.row_bytes, w.type_id, w._rows
+                j.W[c], j.rb[c], j.typ[c], j.rows[c] = &w.raw[0, 0], w.row_bytes, w._kt, w._rows
         # tasks: the largest experts first (their chunks are the longest), each expert's chunks in turn
         counts = np.diff(np.asarray(ov))
         for e in np.argsort(-counts, kind="stable"):
@@ -683,14 +812,15 @@ cdef int _multi_rowdots(tuple mats, const int* which, const float** xs, float** 
     j.first[0] = 0
     for m in range(n):
         w = <QMatrix>mats[m]
-        j.typ[m], j.N[m], j.K[m], j.W[m], j.rb[m], j.rows[m] = w.type_id, w.n_rows, w.n_cols, &w.raw[0, 0], \
+        w._prepare()
+        j.typ[m], j.N[m], j.K[m], j.W[m], j.rb[m], j.rows[m] = w._kt, w.n_rows, w.n_cols, &w.raw[0, 0], \
             w.row_bytes, w._rows
         j.y[m], j.x[m] = ys[m], xs[which[m]]
         weights += <long>w.n_rows * w.n_cols
         need += 2 * w.n_cols + 4 * (w.n_cols // 32 + w.n_cols // 16) + 64
     cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
     for m in range(n):   # chunks as _group_rowdots cuts them
-        j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // j.K[m])))
+        j.chunk[m] = _chunk_rows(j.N[m], j.K[m], nt, j.typ[m])
         j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
     cdef char* buf = <char*>malloc(need)
     if buf == NULL:
@@ -717,6 +847,16 @@ cdef int _multi_rowdots(tuple mats, const int* which, const float** xs, float** 
     return 0
 
 
+cdef inline int _chunk_rows(int N, int K, int nt, int kt) noexcept nogil:
+    # Rows per task of a decode product: about eight tasks per thread (a short tail when one
+    # thread starts late), at most ~128k weights each (so big matrices still split finely), at
+    # least 8 rows; whole groups of 16 for interleaved rows.
+    cdef int c = max(8, min((N + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
+    if kt & STER_IL:
+        c = (c + STER_ILG - 1) // STER_ILG * STER_ILG
+    return c
+
+
 cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1:
     """The one driver of decode products: x float32 [K] times every QMatrix of ``mats``
     (same K, at most _MAX_GROUP) into ys[m] [rows of m]: the input quantized once, one pool
@@ -729,7 +869,8 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
     j.first[0] = 0
     for m in range(n):
         w = <QMatrix>mats[m]
-        j.typ[m], j.N[m], j.W[m], j.rb[m], j.rows[m] = w.type_id, w.n_rows, &w.raw[0, 0], w.row_bytes, w._rows
+        w._prepare()
+        j.typ[m], j.N[m], j.W[m], j.rb[m], j.rows[m] = w._kt, w.n_rows, &w.raw[0, 0], w.row_bytes, w._rows
         j.y[m] = ys[m]
         weights += <long>w.n_rows * K
     cdef int nt = _threads if weights >= _PARALLEL_MIN_WEIGHTS else 1
@@ -740,9 +881,7 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
         else:
             blocks = 1
     for m in range(n):
-        # Chunks: about eight per thread (a short tail when one thread starts late), at most
-        # ~128k weights each (so big matrices still split finely), at least 8 rows.
-        j.chunk[m] = max(8, min((j.N[m] + 8 * nt - 1) // (8 * nt), max(16, 131072 // K)))
+        j.chunk[m] = _chunk_rows(j.N[m], K, nt, j.typ[m])
         j.first[m + 1] = j.first[m] + (j.N[m] + j.chunk[m] - 1) // j.chunk[m]
     # One scratch block: int16 inputs [K], their scales [K/32], sums [K/16], then the two
     # bfloat16 halves of the input [2K].
@@ -756,6 +895,8 @@ cdef int _group_rowdots(tuple mats, const float* x, int K, float** ys) except -1
     j.xbf = NULL
     j.use16 = 0
     cdef uint16_t* xbf = <uint16_t*>((<uintptr_t>(j.xs16 + K // 16) + 63) & ~(<uintptr_t>63))
+    if nt > 1 and w._hint_n and _read_ahead:
+        w._hints()
     with nogil:
         if blocks:
             j.use16 = _simd and _int16 and ster_quantize16(j.x, K, <int16_t*>j.q, <float*>j.dx, <float*>j.xs16)
@@ -777,4 +918,4 @@ _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NUL
 _multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 10
+SOURCE_VERSION = 11

@@ -1346,6 +1346,8 @@ static int ster_cpu_level(void) { return 0; }
 static void ster_init_tables(void) {}
 #endif /* STER_HAVE_X86 */
 
+#include "ster_il16.h"
+
 /* ------------------------------------------------------------------------- */
 /* Drivers (called by qmatmul.pyx, one call per thread task)                 */
 
@@ -1458,6 +1460,10 @@ static STER_AVX2 int ster_quantize16_avx2(const float* x, int K, int16_t* q, flo
 static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
                                 int K, const int16_t* q, const float* dx, const float* xs16, float* y, int level) {
 #if STER_HAVE_X86
+    if (type & STER_IL) {
+        ster_il_matvec16(type & ~STER_IL, W, row_bytes, r0, r1, K, q, dx, xs16, y, level);
+        return;
+    }
     int nb = K / ster_block_size(type), r;
     size_t c;
     ster_dot16_fn vnni = level >= STER_ISA_VNNI ? ster_dot16_vnni_for(type) : 0;
@@ -1489,6 +1495,21 @@ static void ster_matvec16_range(int type, const uint8_t* W, size_t row_bytes, co
  * vdpbf16ps row dots multiply instead of x. */
 static void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
                               int K, const float* x, const float* xs16, float* y, int simd, const uint16_t* xbf) {
+    if (type & STER_IL) {   /* each row back in the file layout, then its row dot as below */
+        uint8_t* buf = (uint8_t*)malloc(row_bytes);
+        int r;
+        type &= ~STER_IL;
+        if (!buf) {   /* out of memory: NaN rather than a wrong number */
+            for (r = r0; r < r1; r++) y[r] = NAN;
+            return;
+        }
+        for (r = r0; r < r1; r++) {
+            ster_il_row(type, W, row_bytes, r, 0, (int)(row_bytes / (size_t)ster_type_size(type)), buf);
+            ster_matvec_range(type, buf, row_bytes, 0, 0, 1, K, x, xs16, y + r, simd, xbf);
+        }
+        free(buf);
+        return;
+    }
     int nb = K / ster_block_size(type), r;
 #if STER_HAVE_X86
     if (type == STER_BF16 && xbf && simd >= STER_ISA_BF16) {
@@ -1524,7 +1545,10 @@ static void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, cons
  * ceil((n1 - n0) / 16) * STER_KC * 16 floats (32-byte aligned). */
 static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
                               int K, const float* X, int T, float* Y, int ldy, float* pack, int simd) {
+    const int il = type & STER_IL;
+    type &= ~STER_IL;
     const int bs = ster_block_size(type), ts = ster_type_size(type);
+    uint8_t ilbuf[(STER_KC / 32) * 34];   /* an interleaved row's blocks of one panel, in the file layout */
     const int npanel = (n1 - n0 + STER_NR - 1) / STER_NR;
     float tmp[STER_KC];
     int kc0, kcl, p, rr, k, t0;
@@ -1543,6 +1567,10 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
                 int n = n0 + STER_NR * p + rr;
                 if (n < n1) {
                     const uint8_t* src = W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)(kc0 / bs) * ts;
+                    if (il) {
+                        ster_il_row(type, W, row_bytes, n, kc0 / bs, kcl / bs, ilbuf);
+                        src = ilbuf;
+                    }
 #if STER_HAVE_X86
                     if (dec) dec(src, kcl / bs, tmp); else
 #endif

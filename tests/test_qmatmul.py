@@ -7,11 +7,15 @@
   AVX512_VNNI, AVX512_BF16: each forced with the ones above it off), and an output-row
   order. The SIMD row dots (one token) quantize the input to int16 per 32-block first;
   their reference multiplies the same quantized input (``qmatmul.quantize_activations``),
-  which is itself checked against its definition.
+  which is itself checked against its definition. Q4_0 / Q4_1 / Q8_0 matrices of 16 rows
+  or more run from their interleaved copy (16 rows per vector): the same bounds, and the
+  bits of the rows in place wherever the row layout is read back.
 - The fused norms, RoPE and attention equal their numpy definitions.
 - ``real``: both GGUF files, kept quantized, give logits within relative error 1e-3 of
   the same model dequantized to float32 at load, and the same greedy tokens.
 """
+import mmap
+import os
 import zlib
 
 import gguf
@@ -49,6 +53,7 @@ def _restore_kernel_settings():
     qmatmul.set_threads(2)
     ops.set_threads(2)
     qmatmul.set_int16_activations(True)
+    qmatmul.set_interleave(True)
 
 
 def quantized_input(x: np.ndarray) -> np.ndarray:
@@ -149,12 +154,14 @@ def test_mxfp4_every_code_and_a_wide_range_of_scales():
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"])
 def test_paired_row_dots_equal_single_rows(name):
-    """The legacy types' (and MXFP4's) decode takes rows two at a time; each row's result must be the
-    bits the one-row kernel gives (the same summation order), whatever the pairing: odd
-    block and row counts, a row order, 1 and 2 threads (which split the rows unevenly)."""
+    """The legacy types' (and MXFP4's) decode takes rows two at a time, or for Q4_0 / Q4_1 from 16
+    rows on sixteen at a time in their interleaved layout; each row's result must be the bits
+    its kernel gives that row alone (the same summation order), whatever rows share the
+    computation: odd block and row counts, a row order, 1 and 2 threads (which split the rows
+    unevenly, cutting interleaved groups), and for interleaved rows, 16 copies of the row."""
     rng = np.random.default_rng(5)
     t = quants.ggml_type(name)
-    for rows, nblocks in ((9, 3), (17, 17), (2, 1)):
+    for rows, nblocks in ((9, 3), (17, 17), (2, 1), (45, 5)):
         cols = nblocks * t.block_size
         raw = random_blocks(name, rows, cols, rng)
         order = rng.permutation(rows).astype(np.int32)
@@ -163,12 +170,16 @@ def test_paired_row_dots_equal_single_rows(name):
             qmatmul.set_threads(threads)
             for rows_order in (None, order):
                 whole = np.empty((1, rows), np.float32)
-                qmatmul.QMatrix(raw, t.id, cols, rows_order).matmul(x, whole)
+                m = qmatmul.QMatrix(raw, t.id, cols, rows_order)
+                assert m.interleaved == (rows >= 16 and name in ("Q4_0", "Q4_1") and qmatmul.simd_available())
+                m.matmul(x, whole)
+                copies = 16 if m.interleaved else 1
                 for r in range(rows):
-                    one = np.empty((1, 1), np.float32)
+                    alone = np.empty((1, copies), np.float32)
                     src = r if rows_order is None else int(rows_order[r])
-                    qmatmul.QMatrix(raw[src:src + 1], t.id, cols).matmul(x, one)
-                    assert one[0, 0].tobytes() == whole[0, r].tobytes(), (name, rows, nblocks, threads, r)
+                    qmatmul.QMatrix(raw[[src] * copies], t.id, cols).matmul(x, alone)
+                    assert (alone[0].view(np.uint32) == whole[0, r:r + 1].view(np.uint32)).all(), \
+                        (name, rows, nblocks, threads, r)
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
@@ -291,6 +302,110 @@ def test_int16_activations_follow_their_definition():
     assert (q[1, :32] == 0).all()
     with pytest.raises(ValueError):
         qmatmul.quantize_activations(np.full((1, 32), np.inf, np.float32))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_interleaved_rows_give_the_row_layout_results(name):
+    """Q4_0 / Q4_1 / Q8_0 matrices of 16 rows or more are copied into 16-row groups by their first
+    product (ster_il16.h). The float-input row dots and the decoded panels read each row back in
+    the file layout: the same bits as the rows left in place. The int16 row dots (16 rows per
+    vector) agree with gguf-py's dequantized weights to float32 rounding, at every level; rows
+    cut off by the last group, a row order and both thread counts included."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()) + 1)
+    t = quants.ggml_type(name)
+    for rows, cols in ((16, 32), (45, 17 * 32), (300, 8 * 32)):
+        raw = random_blocks(name, rows, cols, rng)
+        order = rng.permutation(rows).astype(np.int32)
+        for rows_order in (None, order):
+            w = oracle_weights(raw if rows_order is None else raw[rows_order], name, rows, cols)
+            il = qmatmul.QMatrix(raw, t.id, cols, rows_order)
+            flat = qmatmul.QMatrix(raw, t.id, cols, rows_order, False)
+            assert il.interleaved == qmatmul.simd_available() and not flat.interleaved
+            for T in (1, 4):
+                x = rng.standard_normal((T, cols)).astype(np.float32)
+                bound = rounding_bound(x, w, 32)
+                want16 = quantized_input(x) @ w.T
+                for level in LEVELS:
+                    qmatmul.set_simd_level(level)
+                    for threads in (1, 2):
+                        qmatmul.set_threads(threads)
+                        for int16 in (True, False):
+                            qmatmul.set_int16_activations(int16)
+                            for force in (1, 2, 3):
+                                a = np.full((T, rows), np.nan, np.float32)
+                                b = np.full((T, rows), np.nan, np.float32)
+                                il.matmul(x, a, force)
+                                flat.matmul(x, b, force)
+                                if force == 2 or not int16 or level == "portable":
+                                    np.testing.assert_array_equal(a, b)
+                                else:
+                                    assert (np.abs(a - want16) / bound).max() <= 1.0, (rows, level, threads, force)
+    # NaN inputs reach every output (the int16 path hands such inputs to the float one)
+    raw = random_blocks(name, 45, 64, rng)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    x[0, 5] = np.nan
+    out = np.zeros((1, 45), np.float32)
+    qmatmul.QMatrix(raw, t.id, 64).matmul(x, out)
+    assert np.isnan(out).all()
+
+
+def test_interleaving_is_for_its_types_and_sizes():
+    rng = np.random.default_rng(8)
+    for name, rows, want in (("Q4_1", 15, False), ("Q4_1", 16, True), ("Q6_K", 64, False), ("Q5_0", 64, False)):
+        cols = quants.ggml_type(name).block_size * 2
+        m = qmatmul.QMatrix(random_blocks(name, rows, cols, rng), quants.ggml_type(name).id, cols)
+        assert m.interleaved == (want and qmatmul.simd_available()), name
+    qmatmul.set_interleave(False)
+    try:
+        assert not qmatmul.QMatrix(random_blocks("Q8_0", 32, 64, rng), quants.ggml_type("Q8_0").id, 64).interleaved
+    finally:
+        qmatmul.set_interleave(True)
+
+
+def _resident_kib(addr: int) -> int:
+    """Rss (KiB) of the mapping of this process that holds address ``addr`` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "Rss:":
+            return int(line.split()[1])
+    raise AssertionError("no mapping holds the address")
+
+
+@pytest.mark.skipif(not qmatmul.simd_available() or not os.path.exists("/proc/self/smaps"),
+                    reason="the interleaved copy needs AVX2; resident pages are read from Linux's /proc")
+def test_interleaved_copy_releases_the_file_pages(tmp_path):
+    """A matrix read from a file mapping (``release``): once copied by its first product, the
+    mapping's pages leave the resident set (the copy and the file are not both held), and what
+    the mapping reads afterwards (an embedding's rows) is still the file's bytes."""
+    rng = np.random.default_rng(9)
+    rows, cols = 2048, 1024
+    raw = random_blocks("Q8_0", rows, cols, rng)
+    path = tmp_path / "w.bin"
+    raw.tofile(path)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        view = np.frombuffer(mapped, np.uint8).reshape(rows, -1)
+        assert int(view.sum(dtype=np.int64)) == int(raw.sum(dtype=np.int64))  # every page resident
+        before = _resident_kib(view.ctypes.data)
+        assert before >= raw.nbytes // 1024 - 8
+        m = qmatmul.QMatrix(view, quants.ggml_type("Q8_0").id, cols, None, None, True)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        out = np.empty((1, rows), np.float32)
+        m.matmul(x, out)
+        assert _resident_kib(view.ctypes.data) <= 8  # at most the pages the tensor shares with others
+        np.testing.assert_array_equal(view, raw)
+        flat = np.empty((1, rows), np.float32)
+        qmatmul.QMatrix(raw, quants.ggml_type("Q8_0").id, cols, None, False).matmul(x, flat)
+        w = oracle_weights(raw, "Q8_0", rows, cols)
+        assert (np.abs(out - quantized_input(x) @ w.T) / rounding_bound(x, w, 32)).max() <= 1.0
+        del view, m
+    finally:
+        mapped.close()
 
 
 def test_non_finite_inputs_propagate():

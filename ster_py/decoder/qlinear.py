@@ -24,6 +24,7 @@ every product and attention call of the process.
 """
 from __future__ import annotations
 
+import mmap
 from contextlib import contextmanager
 
 import ml_dtypes
@@ -330,10 +331,29 @@ class QuantTensor:
         return self.dequantize().astype(dtype, copy=False)
 
     def qmatrix(self):
-        """The kernel's view of this matrix (built once)."""
+        """The kernel's view of this matrix (built once).
+
+        Blocks in a file mapping may be copied into the kernels' interleaved layout by the
+        first product (``qmatmul.QMatrix``); their pages then leave the resident set (the row
+        lookups of an embedding read them back from the page cache), so a model's memory
+        stays about its file size. Blocks made in memory (``from_blocks``) are used where
+        they are: a copy of them would double the memory they take.
+        """
         if self._qmatrix is None:
-            self._qmatrix = _kernels().QMatrix(self._raw, self.ggml_type, self.shape[1], self._order)
+            mapped = _file_mapping(self._raw)
+            self._qmatrix = _kernels().QMatrix(self._raw, self.ggml_type, self.shape[1], self._order,
+                                               None if mapped else False, mapped)
         return self._qmatrix
+
+
+def _file_mapping(arr: np.ndarray) -> bool:
+    """Whether ``arr`` views the memory of an ``mmap.mmap`` (a GGUF file's tensors do)."""
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return isinstance(base, mmap.mmap)
 
 
 class QuantLinear:
