@@ -45,6 +45,7 @@ extensions = [
         f"ster_py._kernels.{os.path.splitext(os.path.basename(path))[0]}",
         [path],
         include_dirs=[np.get_include(), "cython"],
+        depends=sorted(glob("cython/*.h")),  # headers include each other: any change rebuilds
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for path in sorted(glob("cython/*.pyx"))
