@@ -26,8 +26,6 @@ import os
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from posix.mman cimport MADV_DONTNEED, madvise
-from posix.unistd cimport _SC_PAGESIZE, sysconf
 
 import numpy as np
 
@@ -63,8 +61,17 @@ cdef extern from "ster_qkernels.h" nogil:
     int STER_ILG
     int STER_IL_MAX_BLOCKS
     int ster_il_type(int type)
-    void ster_il_pack(int type, const uint8_t* src, size_t rb, const int32_t* rows, int n_rows, int g0, int g1,
-                      uint8_t* dst)
+    ctypedef struct ster_il_job:
+        int type, n_rows, release
+        const uint8_t* src
+        size_t rb
+        const int32_t* rows
+        uint8_t* dst
+        int state
+    int STER_IL_IDLE
+    int ster_il_submit(ster_il_job* j)
+    void ster_il_finish(ster_il_job* j)
+    void ster_il_cancel(ster_il_job* j)
 
 MAX_THREADS = 1024  # more than any machine this runs on; the pool itself stops at 64 helpers
 
@@ -276,37 +283,6 @@ def set_interleave(bint on):
     _interleave = on
 
 
-ctypedef struct _PackJob:
-    int typ, n_rows, g0, g1
-    const uint8_t* src
-    size_t rb
-    const int32_t* rows
-    uint8_t* dst
-
-
-cdef void _pack_task(void* ctx, long c, int tid) noexcept nogil:
-    cdef _PackJob* j = <_PackJob*>ctx
-    cdef int g0 = j.g0 + <int>c * 16
-    cdef int g1 = min(g0 + 16, j.g1)
-    ster_il_pack(j.typ, j.src, j.rb, j.rows, j.n_rows, g0, g1, j.dst)
-
-
-cdef void _pack_slice(_PackJob* j, int g0, int g1, int nt) noexcept nogil:
-    # groups [g0, g1) interleaved, 16 groups per pool task
-    j.g0, j.g1 = g0, g1
-    ster_pool_run((g1 - g0 + 15) // 16, _pack_task, j, nt)
-
-
-cdef void _release_pages(const uint8_t* p, size_t n) noexcept nogil:
-    # madvise(MADV_DONTNEED) on the whole pages of [p, p + n) of a read-only file mapping: they
-    # leave the resident set, the page cache keeps them. Advice: a failure changes no result.
-    cdef uintptr_t page = <uintptr_t>sysconf(_SC_PAGESIZE)
-    cdef uintptr_t lo = (<uintptr_t>p + page - 1) // page * page
-    cdef uintptr_t hi = (<uintptr_t>p + n) // page * page
-    if hi > lo:
-        madvise(<void*>lo, hi - lo, MADV_DONTNEED)
-
-
 def set_int16_activations(bint on):
     """Decode (T = 1) with int16-quantized inputs (default, AVX2 only) or in float32 (exact)."""
     global _int16
@@ -355,10 +331,12 @@ cdef class QMatrix:
         interleave: None follows ``set_interleave`` (on by default); False keeps the rows
             where they are. When on, a Q4_0 / Q4_1 / Q8_0 matrix of at least 16 rows on a CPU
             with AVX2 is copied into the 16-row interleaved layout of ``ster_il16.h`` (the row
-            order applied) by its first product, and ``raw`` is read no more (``interleaved``):
-            loading a model copies nothing, the first prompt pays for it.
-        release: ``raw`` views a read-only file mapping: once copied, its whole pages are
-            dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
+            order applied), and its products read only that copy (``interleaved``). From 1 MB
+            on, a background thread copies it while the rest of the model loads; a product
+            that comes first waits for it (or makes a copy not yet started itself), so every
+            product of the matrix runs on the copy.
+        release: ``raw`` views a read-only file mapping: as they are copied, its whole pages
+            are dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
             and a later read, e.g. an embedding's row lookup, maps them again), so that a
             model's memory stays about its file size.
     """
@@ -374,8 +352,10 @@ cdef class QMatrix:
     cdef readonly int type_id, n_rows, n_cols
     # the type id the drivers see: type_id, with STER_IL when the rows are interleaved
     cdef int _kt
-    cdef object _packed
-    cdef bint _pending, _release
+    cdef object _packed           # the interleaved copy's buffer, and its [rows, row_bytes] view
+    cdef object _packed_rows
+    cdef bint _pending
+    cdef ster_il_job _job
     cdef size_t row_bytes
 
     def __cinit__(self, raw, int type_id, int cols, rows=None, interleave=None, bint release=False):
@@ -403,57 +383,46 @@ cdef class QMatrix:
             if arr.shape[0]:
                 self._rows = <const int32_t*><uintptr_t>arr.ctypes.data
         self._kt = type_id
-        self._packed = None
-        self._release = release
+        self._packed = self._packed_rows = None
         self._pending = ((_interleave if interleave is None else interleave) and ster_cpu_avx2()
                          and ster_il_type(type_id) and self.n_rows >= STER_ILG and cols // bs <= STER_IL_MAX_BLOCKS)
-
-    cdef inline int _prepare(self) except -1:
-        # Every product calls this first: the interleaved copy is made on first use.
         if self._pending:
-            self._interleave_rows()
-        return 0
+            self._queue_copy(release)
 
-    cdef int _interleave_rows(self) except -1:
-        # A copy of the weights in groups of 16 rows (the row order applied), in a 64-byte
-        # aligned buffer; the source (a view of the file, usually) is no longer read. With
-        # ``release`` and the rows in order, the copy runs in slices of ~4 MB of the source,
-        # each slice's pages released after it, so the copy and its source are not both
-        # resident at once.
+    cdef int _queue_copy(self, bint release) except -1:
+        # The interleaved copy's buffer (64-byte aligned; no page is touched before the copy),
+        # and its job: matrices of 1 MB or more go to the background worker now.
         cdef int groups = (self.n_rows + STER_ILG - 1) // STER_ILG
         cdef size_t nbytes = <size_t>groups * STER_ILG * self.row_bytes
         buf = np.empty(nbytes + 64, np.uint8)
         cdef size_t skip = (-<Py_ssize_t>(<uintptr_t>cnp.PyArray_DATA(buf))) & 63
-        packed = buf[skip:skip + nbytes].reshape(groups * STER_ILG, self.row_bytes)
-        cdef uint8_t[:, ::1] pv = packed
-        cdef _PackJob j
-        cdef const uint8_t* src = &self.raw[0, 0]
-        cdef size_t src_bytes = <size_t>self.raw.shape[0] * self.row_bytes
-        j.typ, j.n_rows, j.rb, j.rows, j.dst = self.type_id, self.n_rows, self.row_bytes, self._rows, &pv[0, 0]
-        cdef int nt = _threads if nbytes >= 1 << 20 else 1
-        # slices: whole pool tasks (16 groups each) of about 4 MB together
-        cdef int step = groups if (not self._release or self._rows != NULL) else \
-            max(16, <int>((4 << 20) // (STER_ILG * self.row_bytes)) // 16 * 16)
-        cdef int g0 = 0, g1
-        while g0 < groups:
-            g1 = min(groups, g0 + step)
-            j.src = src
-            j.n_rows = min(self.n_rows, g1 * STER_ILG)
-            with nogil:
-                _pack_slice(&j, g0, g1, nt)
-            if self._release and g1 < groups:
-                _release_pages(src + <size_t>g0 * STER_ILG * self.row_bytes,
-                               <size_t>(g1 - g0) * STER_ILG * self.row_bytes)
-            g0 = g1
-        if self._release:
-            _release_pages(src, src_bytes)
         self._packed = buf
-        self.raw = packed
-        self._rows = NULL
-        self._rows_arr = None
-        self._kt = self.type_id | STER_IL
-        self._pending = 0
+        self._packed_rows = buf[skip:skip + nbytes].reshape(groups * STER_ILG, self.row_bytes)
+        self._job.type, self._job.n_rows, self._job.release = self.type_id, self.n_rows, release
+        self._job.src, self._job.rb, self._job.rows = &self.raw[0, 0], self.row_bytes, self._rows
+        self._job.dst = <uint8_t*>cnp.PyArray_DATA(buf) + skip
+        self._job.state = STER_IL_IDLE
+        if nbytes >= 1 << 20:
+            ster_il_submit(&self._job)
         return 0
+
+    cdef inline int _prepare(self) except -1:
+        # Every product calls this first: from then on the matrix is its interleaved copy
+        # (waited for, or made here, if the worker has not finished it).
+        if self._pending:
+            with nogil:
+                ster_il_finish(&self._job)
+            self.raw = self._packed_rows
+            self._rows = NULL
+            self._rows_arr = None
+            self._kt = self.type_id | STER_IL
+            self._pending = 0
+        return 0
+
+    def __dealloc__(self):
+        if self._pending:   # the worker may be reading the source and writing the buffer
+            with nogil:
+                ster_il_cancel(&self._job)
 
     @property
     def interleaved(self) -> bool:

@@ -81,6 +81,163 @@ static void ster_il_row(int type, const uint8_t* P, size_t rb, int n, int b0, in
     }
 }
 
+/* ------------------------------------------------------------------------- */
+/* The copy, in the background                                               */
+/*
+ * A model's matrices are copied by one worker thread while the rest of the model loads (the
+ * tokenizer's construction holds Python's lock on one core; the copy takes the other), so
+ * neither loading nor the first prompt waits for it. A product that needs a matrix whose copy
+ * has not finished waits for it (or makes it itself if the worker has not started on it):
+ * a matrix's products always run on one layout, so its results do not depend on timing.
+ * The source's pages are released slice by slice as they are copied (release): another
+ * thread reading them meanwhile (an embedding's row lookup) maps them again from the page
+ * cache, so this is safe while they are in use.
+ */
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+enum { STER_IL_IDLE = 0, STER_IL_QUEUED = 1, STER_IL_RUNNING = 2, STER_IL_DONE = 3 };
+
+typedef struct ster_il_job {
+    int type, n_rows, release;
+    const uint8_t* src;           /* the rows as given (row order rows, or NULL) */
+    size_t rb;
+    const int32_t* rows;
+    uint8_t* dst;                 /* ceil(n_rows / 16) * 16 * rb bytes */
+    int state;                    /* STER_IL_*, under ster_il_mu */
+    struct ster_il_job* next;
+} ster_il_job;
+
+static pthread_mutex_t ster_il_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ster_il_cv = PTHREAD_COND_INITIALIZER;   /* the queue or a job's state changed */
+static ster_il_job* ster_il_first = 0;
+static ster_il_job* ster_il_last = 0;
+static int ster_il_worker_up = 0;
+static ster_il_job* ster_il_current = 0;   /* the job the worker is copying */
+
+/* fork(): the child has no worker. Its queued jobs, and the one the worker was on, are made by
+ * ster_il_finish when first needed (the lock is held across the fork, so the queue is whole). */
+static void ster_il_before_fork(void) { pthread_mutex_lock(&ster_il_mu); }
+static void ster_il_after_fork_parent(void) { pthread_mutex_unlock(&ster_il_mu); }
+static void ster_il_after_fork_child(void) {
+    ster_il_job* j;
+    for (j = ster_il_first; j; j = j->next) j->state = STER_IL_IDLE;
+    if (ster_il_current) ster_il_current->state = STER_IL_IDLE;
+    ster_il_first = ster_il_last = ster_il_current = 0;
+    ster_il_worker_up = 0;
+    pthread_mutex_unlock(&ster_il_mu);
+}
+
+/* madvise(MADV_DONTNEED) on the whole pages of [p, p + n): advice, a failure changes nothing. */
+static void ster_il_release(const uint8_t* p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
+    if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* The whole copy of a job, on the calling thread: in slices of about 4 MB of the source, each
+ * slice's pages released after it when the rows are in order (else all of them at the end). */
+static void ster_il_run(ster_il_job* j) {
+    const int groups = (j->n_rows + STER_ILG - 1) / STER_ILG;
+    const size_t gbytes = (size_t)STER_ILG * j->rb;
+    int step = (int)((4u << 20) / gbytes), g0, g1;
+    if (step < 1) step = 1;
+    if (!j->release || j->rows) step = groups;
+    for (g0 = 0; g0 < groups; g0 = g1) {
+        g1 = g0 + step < groups ? g0 + step : groups;
+        ster_il_pack(j->type, j->src, j->rb, j->rows, j->n_rows, g0, g1, j->dst);
+        if (j->release && !j->rows) ster_il_release(j->src + (size_t)g0 * gbytes, (size_t)(g1 - g0) * gbytes);
+    }
+    if (j->release) ster_il_release(j->src, (size_t)j->n_rows * j->rb);
+}
+
+static void* ster_il_worker(void* arg) {
+    (void)arg;
+    pthread_mutex_lock(&ster_il_mu);
+    for (;;) {
+        ster_il_job* j;
+        while (!ster_il_first) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
+        j = ster_il_first;
+        ster_il_first = j->next;
+        if (!ster_il_first) ster_il_last = 0;
+        j->state = STER_IL_RUNNING;
+        ster_il_current = j;
+        pthread_mutex_unlock(&ster_il_mu);
+        ster_il_run(j);
+        pthread_mutex_lock(&ster_il_mu);
+        ster_il_current = 0;
+        j->state = STER_IL_DONE;
+        pthread_cond_broadcast(&ster_il_cv);
+    }
+    return 0;
+}
+
+/* Take a queued job off the queue (under ster_il_mu); it becomes idle. */
+static void ster_il_unqueue(ster_il_job* j) {
+    ster_il_job** p = &ster_il_first;
+    ster_il_job* prev = 0;
+    while (*p && *p != j) { prev = *p; p = &(*p)->next; }
+    if (*p) *p = j->next;
+    if (ster_il_last == j) ster_il_last = prev;
+    j->state = STER_IL_IDLE;
+}
+
+/* Queue a job for the worker (started on first use). Returns 0 when no worker can be
+ * started: the caller then copies on first use (ster_il_finish does). */
+static int ster_il_submit(ster_il_job* j) {
+    int ok = 1;
+    pthread_mutex_lock(&ster_il_mu);
+    if (!ster_il_worker_up) {
+        static int forks_handled = 0;
+        pthread_t t;
+        pthread_attr_t at;
+        if (!forks_handled)
+            forks_handled = pthread_atfork(ster_il_before_fork, ster_il_after_fork_parent, ster_il_after_fork_child) == 0;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        ster_il_worker_up = pthread_create(&t, &at, ster_il_worker, 0) == 0;
+        pthread_attr_destroy(&at);
+        ok = ster_il_worker_up;
+    }
+    if (ok) {
+        j->next = 0;
+        j->state = STER_IL_QUEUED;
+        if (ster_il_last) ster_il_last->next = j; else ster_il_first = j;
+        ster_il_last = j;
+        pthread_cond_broadcast(&ster_il_cv);
+    }
+    pthread_mutex_unlock(&ster_il_mu);
+    return ok;
+}
+
+/* Return once the job's copy exists: made here if it is still queued or was never submitted
+ * (then it leaves the queue), waited for if the worker is on it. (After a fork the worker is
+ * gone from the child; queued jobs are then made here.) */
+static void ster_il_finish(ster_il_job* j) {
+    pthread_mutex_lock(&ster_il_mu);
+    if (j->state == STER_IL_QUEUED) ster_il_unqueue(j);
+    if (j->state == STER_IL_IDLE) {
+        j->state = STER_IL_RUNNING;
+        pthread_mutex_unlock(&ster_il_mu);
+        ster_il_run(j);
+        pthread_mutex_lock(&ster_il_mu);
+        j->state = STER_IL_DONE;
+        pthread_cond_broadcast(&ster_il_cv);
+    }
+    while (j->state != STER_IL_DONE) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
+    pthread_mutex_unlock(&ster_il_mu);
+}
+
+/* Take a job out of the worker's hands without making it: unqueued if queued, waited for if
+ * the worker is on it (its memory is about to be freed). */
+static void ster_il_cancel(ster_il_job* j) {
+    pthread_mutex_lock(&ster_il_mu);
+    if (j->state == STER_IL_QUEUED) ster_il_unqueue(j);
+    while (j->state == STER_IL_RUNNING) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
+    pthread_mutex_unlock(&ster_il_mu);
+}
+
 #if STER_HAVE_X86
 
 /* Sums of the int16 inputs of each 32-block (Q4_0 subtracts 8 times it, exactly in int32). */

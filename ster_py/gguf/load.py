@@ -77,8 +77,9 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
         from ..families import FAMILIES
 
         family = FAMILIES[spec.model_type]
-        parts = interpret(path, tokenizer_from_gguf_metadata, meta)
-        tokenizer = parts.to_tokenizer(path)
+
+        def make_tokenizer():
+            return interpret(path, tokenizer_from_gguf_metadata, meta).to_tokenizer(path)
     else:
         family = resolved.family
         source = str(resolved.config_path)
@@ -97,7 +98,8 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
         if isinstance(nextn, (int, np.integer)) and 0 < nextn <= MAX_LAYERS:  # the file's NextN blocks, after
             n = spec.num_hidden_layers                                  # the decoder's: never read
             spec = dataclasses.replace(spec, unread=spec.unread + tuple(f"blk.{i}." for i in range(n, n + int(nextn))))
-        tokenizer = Tokenizer.from_dir(resolved.root)
+        def make_tokenizer():
+            return Tokenizer.from_dir(resolved.root)
         # The q/k row order is the converter's, chosen by architecture (InternLM3 goes through llama's).
         from ..families import FAMILIES_BY_GGUF_ARCH
 
@@ -110,4 +112,6 @@ def load_gguf_model(resolved, *, precision: str = "f32", progress=None, check=No
            if qk is not None else {})
     weights = GGUFWeights(gguf, precision, qk_heads=qk, qk_layers={i: c for i, c in own.items() if c != qk})
     decoder = Decoder(spec, weights)
-    return LoadedModel(resolved, spec, decoder, tokenizer, precision)
+    # The tokenizer last: the quantized matrices' interleaved copies (qmatmul.QMatrix) are made
+    # on another thread meanwhile, while building it holds Python's lock on this one.
+    return LoadedModel(resolved, spec, decoder, make_tokenizer(), precision)
