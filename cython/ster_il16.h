@@ -1,5 +1,5 @@
-/* Q4_0, Q4_1 and Q8_0 matrices stored with their rows interleaved in groups of 16 ("IL16"),
- * for the one-token (decode) product. Included by ster_qkernels.h after its kernels.
+/* Q4_0, Q4_1, Q8_0 and Q4_K matrices stored with their rows interleaved in groups of 16
+ * ("IL16"), for the one-token (decode) product. Included by ster_qkernels.h after its kernels.
  *
  * Why: the row-at-a-time kernels spend most of each 32-weight block on one row's scale
  * work and on reducing one row's vector to a number (~14 instructions per block and row
@@ -12,13 +12,18 @@
  *
  * Layout: a matrix of N rows becomes ceil(N / 16) groups of 16 rows (rows past N are zero);
  * group g takes 16 * row_bytes bytes at g * 16 * row_bytes and holds its rows' block b at
- * b * 16 * type_size within the group, as
- *     16 scales d (float16, row r at 2r),
- *     [Q4_1 only] 16 minimums m (float16),
- *     chunks of 32 bytes: chunk c holds bytes 2c and 2c + 1 of every row's codes (row r at 2r)
- * (8 chunks for the 16 nibble bytes of Q4_0 / Q4_1, 16 for Q8_0's 32 code bytes). A
- * nibble byte l holds weights l and l + 16 (ggml-common.h), so the low nibbles of chunk c
- * are weights 2c, 2c + 1 and the high nibbles weights 2c + 16, 2c + 17.
+ * b * 16 * type_size within the group. A block's bytes are cut into "planes" (ster_il_planes):
+ * runs of equal pieces (e.g. the float16 scale, or the code bytes two at a time); piece p of
+ * a plane holds that piece of every row side by side (row r at r * piece size), so
+ *     Q4_0:  16 scales d, then 8 chunks of 32 bytes (chunk c: code bytes 2c, 2c + 1 of each row);
+ *     Q4_1:  16 d, 16 minimums m, 8 chunks;
+ *     Q8_0:  16 d, 16 chunks (the 32 code bytes);
+ *     Q4_K:  16 d, 16 dmin, 12 planes of 16 bytes (the packed 6-bit scales, byte k of each
+ *            row in plane k), 64 chunks (the 128 nibble bytes).
+ * A legacy nibble byte l holds weights l and l + 16 (ggml-common.h): the low nibbles of chunk c
+ * are weights 2c, 2c + 1 and the high nibbles weights 2c + 16, 2c + 17. Q4_K's bytes 32j..32j+31
+ * hold sub-block 2j in their low nibbles and 2j + 1 in their high ones: chunk 16j + c has
+ * weights 2c, 2c + 1 of both.
  *
  * A type id with STER_IL set names the layout to the drivers; ster_il_row gives any row's
  * blocks back in the file layout (the float-input row dots and the prefill panels read
@@ -33,53 +38,66 @@
 #define STER_IL_MAX_BLOCKS 4096   /* rows of at most 131072 weights are interleaved */
 
 /* The types with an interleaved layout. */
-static inline int ster_il_type(int type) { return type == STER_Q4_0 || type == STER_Q4_1 || type == STER_Q8_0; }
+static inline int ster_il_type(int type) {
+    return type == STER_Q4_0 || type == STER_Q4_1 || type == STER_Q8_0 || type == STER_Q4_K;
+}
 
-/* Bytes of scales per row in a block: d, and for Q4_1 m. */
-static inline int ster_il_head(int type) { return type == STER_Q4_1 ? 4 : 2; }
+/* A block's planes, in order: {piece bytes, pieces}; 0-terminated. They cover the block. */
+static const int* ster_il_planes(int type) {
+    static const int q4_0[] = {2, 1, 2, 8, 0}, q4_1[] = {2, 2, 2, 8, 0}, q8_0[] = {2, 1, 2, 16, 0};
+    static const int q4_k[] = {2, 2, 1, 12, 2, 64, 0};
+    switch (type) {
+    case STER_Q4_0: return q4_0; case STER_Q4_1: return q4_1; case STER_Q8_0: return q8_0;
+    }
+    return q4_k;
+}
+
+/* Between one row's block (in the file layout) and its place in a block of 16 rows: to the
+ * group (to_group) or back. row_blk NULL writes zeros (the rows past the matrix's end). */
+static void ster_il_block(int type, uint8_t* grp_blk, uint8_t* row_blk, int r, int to_group) {
+    const int* pl = ster_il_planes(type);
+    size_t at = 0, off = 0;   /* in the group block; in the row's block */
+    int i, p;
+    for (i = 0; pl[i]; i += 2) {
+        const int sz = pl[i], n = pl[i + 1];
+        for (p = 0; p < n; p++, off += (size_t)sz) {
+            uint8_t* g = grp_blk + at + ((size_t)p * STER_ILG + (size_t)r) * sz;
+            if (!to_group) memcpy(row_blk + off, g, (size_t)sz);
+            else if (row_blk) memcpy(g, row_blk + off, (size_t)sz);
+            else memset(g, 0, (size_t)sz);
+        }
+        at += (size_t)n * STER_ILG * sz;
+    }
+}
 
 /* Interleave groups [g0, g1) of a matrix: src row n is raw row rows[n] (rows NULL: n) of
  * row_bytes bytes, for n < n_rows; dst as described above. */
 static void ster_il_pack(int type, const uint8_t* src, size_t rb, const int32_t* rows, int n_rows, int g0, int g1,
                          uint8_t* dst) {
-    const int ts = ster_type_size(type), hb = ster_il_head(type), nc = (ts - hb) / 2;
-    const int nb = (int)(rb / (size_t)ts);
-    int g, b, r, c;
+    const int ts = ster_type_size(type), nb = (int)(rb / (size_t)ts);
+    int g, b, r;
     for (g = g0; g < g1; g++) {
         uint8_t* grp = dst + (size_t)g * STER_ILG * rb;
         for (r = 0; r < STER_ILG; r++) {
             const int n = STER_ILG * g + r;
             const uint8_t* row = n < n_rows ? src + (size_t)(rows ? rows[n] : n) * rb : 0;
-            for (b = 0; b < nb; b++) {
-                uint8_t* o = grp + (size_t)b * STER_ILG * ts;
-                if (!row) {
-                    memset(o + 2 * r, 0, 2);
-                    if (hb == 4) memset(o + 32 + 2 * r, 0, 2);
-                    for (c = 0; c < nc; c++) memset(o + 16 * hb + 32 * c + 2 * r, 0, 2);
-                    continue;
-                }
-                const uint8_t* blk = row + (size_t)b * ts;
-                memcpy(o + 2 * r, blk, 2);
-                if (hb == 4) memcpy(o + 32 + 2 * r, blk + 2, 2);
-                for (c = 0; c < nc; c++) memcpy(o + 16 * hb + 32 * c + 2 * r, blk + hb + 2 * c, 2);
-            }
+            for (b = 0; b < nb; b++)
+                ster_il_block(type, grp + (size_t)b * STER_ILG * ts, row ? (uint8_t*)row + (size_t)b * ts : 0, r, 1);
         }
     }
 }
 
 /* Blocks [b0, b0 + cnt) of row n of an interleaved matrix, in the file layout, to out. */
 static void ster_il_row(int type, const uint8_t* P, size_t rb, int n, int b0, int cnt, uint8_t* out) {
-    const int ts = ster_type_size(type), hb = ster_il_head(type), nc = (ts - hb) / 2;
-    const int r = n % STER_ILG;
+    const int ts = ster_type_size(type);
     const uint8_t* grp = P + (size_t)(n / STER_ILG) * STER_ILG * rb;
-    int b, c;
-    for (b = b0; b < b0 + cnt; b++, out += ts) {
-        const uint8_t* o = grp + (size_t)b * STER_ILG * ts;
-        memcpy(out, o + 2 * r, 2);
-        if (hb == 4) memcpy(out + 2, o + 32 + 2 * r, 2);
-        for (c = 0; c < nc; c++) memcpy(out + hb + 2 * c, o + 16 * hb + 32 * c + 2 * r, 2);
-    }
+    int b;
+    for (b = b0; b < b0 + cnt; b++, out += ts)
+        ster_il_block(type, (uint8_t*)grp + (size_t)b * STER_ILG * ts, out, n % STER_ILG, 0);
 }
+
+/* Bytes of scales per row before a legacy block's codes: d, and for Q4_1 m. */
+static inline int ster_il_head(int type) { return type == STER_Q4_1 ? 4 : 2; }
 
 /* ------------------------------------------------------------------------- */
 /* The copy, in the background                                               */
@@ -366,6 +384,115 @@ void ster_il_group_vnni(const int type, const uint8_t* G, const uint8_t* next, i
     _mm512_storeu_ps(y, _mm512_add_ps(f, m));
 }
 
+/* Q4_K: the 16 rows' 6-bit scale (want_min 0) or minimum (1) of sub-block j, from the 12
+ * scale planes at S (ggml's get_scale_min_k4, for 16 rows at once; bytes, 0..63). */
+STER_AVX2_INLINE __m128i ster_il_k4_scale(const uint8_t* S, int j, int want_min) {
+    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+#define STER_PL(k) _mm_loadu_si128((const __m128i*)(S + 16 * (k)))
+    if (j < 4) return _mm_and_si128(STER_PL(want_min ? j + 4 : j), m63);
+    __m128i low = want_min ? _mm_and_si128(_mm_srli_epi16(STER_PL(j + 4), 4), m15) : _mm_and_si128(STER_PL(j + 4), m15);
+    __m128i high = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(STER_PL(want_min ? j : j - 4), 6), m3), 4);
+#undef STER_PL
+    return _mm_or_si128(low, high);
+}
+
+/* Bytes 0..7 (half 0) or 8..15 (half 1) of v as 8 floats. */
+STER_AVX2_INLINE __m256 ster_il_u8f(__m128i v, int half) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(half ? _mm_srli_si128(v, 8) : v));
+}
+
+/* One group of Q4_K rows, AVX2. Per 256-block: d * sum_s sc_s dx_s (q . x)_s - dmin * sum_s m_s
+ * sum(x)_s, the sums over s in float32 per row (rows 0..7 in L, 8..15 in H). */
+static STER_AVX2 void ster_il_q4_k_avx2(const uint8_t* G, const uint8_t* next, int nb, const int16_t* x,
+                                        const float* dx, const float* xs16, const int32_t* xsum, float* y) {
+    const int bstride = STER_ILG * 144;
+    const __m256i m15 = _mm256_set1_epi16(15);
+    __m256 fL = _mm256_setzero_ps(), fH = _mm256_setzero_ps(), mL = _mm256_setzero_ps(), mH = _mm256_setzero_ps();
+    int b, j, c;
+    (void)xsum;
+    for (b = 0; b < nb; b++, G += bstride, x += 256, dx += 8, xs16 += 16) {
+        const uint8_t *S = G + 64, *Q = G + 256;
+        __m256 sL = _mm256_setzero_ps(), sH = _mm256_setzero_ps(), nL = _mm256_setzero_ps(), nH = _mm256_setzero_ps();
+        next = ster_il_prefetch(next, bstride);
+        for (j = 0; j < 4; j++) {
+            __m256i aL = _mm256_setzero_si256(), aH = _mm256_setzero_si256();   /* sub-block 2j */
+            __m256i bL = _mm256_setzero_si256(), bH = _mm256_setzero_si256();   /* sub-block 2j + 1 */
+            for (c = 0; c < 16; c++) {
+                const uint8_t* ch = Q + (size_t)(16 * j + c) * 32;
+                __m256i wl = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)ch));
+                __m256i wh = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(ch + 16)));
+                __m256i xa = ster_bcast32(x + 64 * j + 2 * c), xb = ster_bcast32(x + 64 * j + 32 + 2 * c);
+                aL = _mm256_add_epi32(aL, _mm256_madd_epi16(_mm256_and_si256(wl, m15), xa));
+                aH = _mm256_add_epi32(aH, _mm256_madd_epi16(_mm256_and_si256(wh, m15), xa));
+                bL = _mm256_add_epi32(bL, _mm256_madd_epi16(_mm256_srli_epi16(wl, 4), xb));
+                bH = _mm256_add_epi32(bH, _mm256_madd_epi16(_mm256_srli_epi16(wh, 4), xb));
+            }
+            const __m128i sa = ster_il_k4_scale(S, 2 * j, 0), sb = ster_il_k4_scale(S, 2 * j + 1, 0);
+            const __m128i ma = ster_il_k4_scale(S, 2 * j, 1), mb = ster_il_k4_scale(S, 2 * j + 1, 1);
+            const __m256 da = _mm256_set1_ps(dx[2 * j]), db = _mm256_set1_ps(dx[2 * j + 1]);
+            const __m256 xa = _mm256_set1_ps(xs16[4 * j] + xs16[4 * j + 1]), xb = _mm256_set1_ps(xs16[4 * j + 2] + xs16[4 * j + 3]);
+            sL = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aL), _mm256_mul_ps(ster_il_u8f(sa, 0), da), sL);
+            sH = _mm256_fmadd_ps(_mm256_cvtepi32_ps(aH), _mm256_mul_ps(ster_il_u8f(sa, 1), da), sH);
+            sL = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bL), _mm256_mul_ps(ster_il_u8f(sb, 0), db), sL);
+            sH = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bH), _mm256_mul_ps(ster_il_u8f(sb, 1), db), sH);
+            nL = _mm256_fmadd_ps(ster_il_u8f(ma, 0), xa, nL);
+            nH = _mm256_fmadd_ps(ster_il_u8f(ma, 1), xa, nH);
+            nL = _mm256_fmadd_ps(ster_il_u8f(mb, 0), xb, nL);
+            nH = _mm256_fmadd_ps(ster_il_u8f(mb, 1), xb, nH);
+        }
+        fL = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)G)), sL, fL);
+        fH = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(G + 16))), sH, fH);
+        mL = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(G + 32))), nL, mL);
+        mH = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(G + 48))), nH, mH);
+    }
+    _mm256_storeu_ps(y, _mm256_sub_ps(fL, mL));
+    _mm256_storeu_ps(y + 8, _mm256_sub_ps(fH, mH));
+}
+
+/* The same with AVX512_VNNI: 16 rows per zmm, two vpdpwssd chains per sub-block. */
+static STER_VNNI void ster_il_q4_k_vnni(const uint8_t* G, const uint8_t* next, int nb, const int16_t* x,
+                                        const float* dx, const float* xs16, const int32_t* xsum, float* y) {
+    const int bstride = STER_ILG * 144;
+    const __m512i m15 = _mm512_set1_epi16(15);
+    __m512 f = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+    int b, j, c;
+    (void)xsum;
+    for (b = 0; b < nb; b++, G += bstride, x += 256, dx += 8, xs16 += 16) {
+        const uint8_t *S = G + 64, *Q = G + 256;
+        __m512 sc = _mm512_setzero_ps(), mn = _mm512_setzero_ps();
+        next = ster_il_prefetch(next, bstride);
+        for (j = 0; j < 4; j++) {
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+            __m512i b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+            for (c = 0; c < 16; c += 2) {
+                int32_t u0, u1, v0, v1;
+                const uint8_t* ch = Q + (size_t)(16 * j + c) * 32;
+                memcpy(&u0, x + 64 * j + 2 * c, 4);
+                memcpy(&u1, x + 64 * j + 2 * c + 2, 4);
+                memcpy(&v0, x + 64 * j + 32 + 2 * c, 4);
+                memcpy(&v1, x + 64 * j + 32 + 2 * c + 2, 4);
+                __m512i w0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)ch));
+                __m512i w1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(ch + 32)));
+                a0 = _mm512_dpwssd_epi32(a0, _mm512_and_si512(w0, m15), _mm512_set1_epi32(u0));
+                a1 = _mm512_dpwssd_epi32(a1, _mm512_and_si512(w1, m15), _mm512_set1_epi32(u1));
+                b0 = _mm512_dpwssd_epi32(b0, _mm512_srli_epi16(w0, 4), _mm512_set1_epi32(v0));
+                b1 = _mm512_dpwssd_epi32(b1, _mm512_srli_epi16(w1, 4), _mm512_set1_epi32(v1));
+            }
+            const __m512 sa = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ster_il_k4_scale(S, 2 * j, 0)));
+            const __m512 sb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ster_il_k4_scale(S, 2 * j + 1, 0)));
+            const __m512 ma = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ster_il_k4_scale(S, 2 * j, 1)));
+            const __m512 mb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ster_il_k4_scale(S, 2 * j + 1, 1)));
+            sc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), _mm512_mul_ps(sa, _mm512_set1_ps(dx[2 * j])), sc);
+            sc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(b0, b1)), _mm512_mul_ps(sb, _mm512_set1_ps(dx[2 * j + 1])), sc);
+            mn = _mm512_fmadd_ps(ma, _mm512_set1_ps(xs16[4 * j] + xs16[4 * j + 1]), mn);
+            mn = _mm512_fmadd_ps(mb, _mm512_set1_ps(xs16[4 * j + 2] + xs16[4 * j + 3]), mn);
+        }
+        f = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)G)), sc, f);
+        m = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(G + 32))), mn, m);
+    }
+    _mm512_storeu_ps(y, _mm512_sub_ps(f, m));
+}
+
 typedef void (*ster_il_group_fn)(const uint8_t*, const uint8_t*, int, const int16_t*, const float*, const float*,
                                  const int32_t*, float*);
 #define STER_IL_FN(NAME, IMPL, TARGET, TYPE) \
@@ -386,6 +513,7 @@ static ster_il_group_fn ster_il_group_for(int type, int level) {
     case STER_Q4_0: return vnni ? ster_il_q4_0_vnni : ster_il_q4_0_avx2;
     case STER_Q4_1: return vnni ? ster_il_q4_1_vnni : ster_il_q4_1_avx2;
     case STER_Q8_0: return vnni ? ster_il_q8_0_vnni : ster_il_q8_0_avx2;
+    case STER_Q4_K: return vnni ? ster_il_q4_k_vnni : ster_il_q4_k_avx2;
     }
     return 0;
 }
@@ -394,7 +522,7 @@ static ster_il_group_fn ster_il_group_for(int type, int level) {
  * (level >= STER_ISA_AVX2). A group cut by the range is computed whole into a scratch. */
 static void ster_il_matvec16(int type, const uint8_t* W, size_t rb, int r0, int r1, int K, const int16_t* q,
                              const float* dx, const float* xs16, float* y, int level) {
-    const int nb = K / 32, g1 = (r1 + STER_ILG - 1) / STER_ILG;
+    const int nb = K / ster_block_size(type), g1 = (r1 + STER_ILG - 1) / STER_ILG;
     const size_t gbytes = STER_ILG * rb;
     ster_il_group_fn fn = ster_il_group_for(type, level);
     int32_t xsum[STER_IL_MAX_BLOCKS];   /* QMatrix interleaves rows of at most this many blocks */

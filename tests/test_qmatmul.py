@@ -7,7 +7,7 @@
   AVX512_VNNI, AVX512_BF16: each forced with the ones above it off), and an output-row
   order. The SIMD row dots (one token) quantize the input to int16 per 32-block first;
   their reference multiplies the same quantized input (``qmatmul.quantize_activations``),
-  which is itself checked against its definition. Q4_0 / Q4_1 / Q8_0 matrices of 16 rows
+  which is itself checked against its definition. Q4_0 / Q4_1 / Q8_0 / Q4_K matrices of 16 rows
   or more run from their interleaved copy (16 rows per vector): the same bounds, and the
   bits of the rows in place wherever the row layout is read back.
 - The fused norms, RoPE and attention equal their numpy definitions.
@@ -304,16 +304,17 @@ def test_int16_activations_follow_their_definition():
         qmatmul.quantize_activations(np.full((1, 32), np.inf, np.float32))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
 def test_interleaved_rows_give_the_row_layout_results(name):
-    """Q4_0 / Q4_1 / Q8_0 matrices of 16 rows or more are copied into 16-row groups by their first
-    product (ster_il16.h). The float-input row dots and the decoded panels read each row back in
+    """Q4_0 / Q4_1 / Q8_0 / Q4_K matrices of 16 rows or more run from a copy in 16-row groups
+    (ster_il16.h). The float-input row dots and the decoded panels read each row back in
     the file layout: the same bits as the rows left in place. The int16 row dots (16 rows per
     vector) agree with gguf-py's dequantized weights to float32 rounding, at every level; rows
     cut off by the last group, a row order and both thread counts included."""
     rng = np.random.default_rng(zlib.crc32(name.encode()) + 1)
     t = quants.ggml_type(name)
-    for rows, cols in ((16, 32), (45, 17 * 32), (300, 8 * 32)):
+    for rows, nblocks in ((16, 1), (45, 17), (300, 8)):
+        cols = nblocks * t.block_size
         raw = random_blocks(name, rows, cols, rng)
         order = rng.permutation(rows).astype(np.int32)
         for rows_order in (None, order):
@@ -323,7 +324,7 @@ def test_interleaved_rows_give_the_row_layout_results(name):
             assert il.interleaved == qmatmul.simd_available() and not flat.interleaved
             for T in (1, 4):
                 x = rng.standard_normal((T, cols)).astype(np.float32)
-                bound = rounding_bound(x, w, 32)
+                bound = rounding_bound(x, w, t.block_size)
                 want16 = quantized_input(x) @ w.T
                 for level in LEVELS:
                     qmatmul.set_simd_level(level)
@@ -341,17 +342,18 @@ def test_interleaved_rows_give_the_row_layout_results(name):
                                 else:
                                     assert (np.abs(a - want16) / bound).max() <= 1.0, (rows, level, threads, force)
     # NaN inputs reach every output (the int16 path hands such inputs to the float one)
-    raw = random_blocks(name, 45, 64, rng)
-    x = rng.standard_normal((1, 64)).astype(np.float32)
+    raw = random_blocks(name, 45, 2 * t.block_size, rng)
+    x = rng.standard_normal((1, 2 * t.block_size)).astype(np.float32)
     x[0, 5] = np.nan
     out = np.zeros((1, 45), np.float32)
-    qmatmul.QMatrix(raw, t.id, 64).matmul(x, out)
+    qmatmul.QMatrix(raw, t.id, 2 * t.block_size).matmul(x, out)
     assert np.isnan(out).all()
 
 
 def test_interleaving_is_for_its_types_and_sizes():
     rng = np.random.default_rng(8)
-    for name, rows, want in (("Q4_1", 15, False), ("Q4_1", 16, True), ("Q6_K", 64, False), ("Q5_0", 64, False)):
+    for name, rows, want in (("Q4_1", 15, False), ("Q4_1", 16, True), ("Q4_K", 16, True), ("Q6_K", 64, False),
+                             ("Q5_0", 64, False)):
         cols = quants.ggml_type(name).block_size * 2
         m = qmatmul.QMatrix(random_blocks(name, rows, cols, rng), quants.ggml_type(name).id, cols)
         assert m.interleaved == (want and qmatmul.simd_available()), name
