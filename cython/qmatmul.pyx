@@ -24,6 +24,7 @@ machine degrades the product to fewer threads instead of stalling it). The arith
 import os
 
 from cpython.pycapsule cimport PyCapsule_New
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
@@ -62,13 +63,14 @@ cdef extern from "ster_qkernels.h" nogil:
     int STER_IL_MAX_BLOCKS
     int ster_il_type(int type)
     ctypedef struct ster_il_job:
-        int type, n_rows, release
+        int type, n_rows, release, src_rows
         const uint8_t* src
         size_t rb
         const int32_t* rows
         uint8_t* dst
         int state
     int STER_IL_IDLE
+    int ster_il_init()
     int ster_il_submit(ster_il_job* j)
     void ster_il_finish(ster_il_job* j)
     void ster_il_cancel(ster_il_job* j)
@@ -86,6 +88,7 @@ def _default_threads() -> int:
 
 
 ster_init_tables()
+ster_il_init()   # the interleaved copies' fork handlers, once, before any thread can hold their lock
 cdef int _threads = _default_threads()
 # Instruction-set levels (ster_qkernels.h STER_ISA_*): each includes the ones before it.
 SIMD_LEVELS = ("portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
@@ -329,7 +332,8 @@ cdef class QMatrix:
         rows: int32-convertible [rows] or None: output i is raw row ``rows[i]`` (a gather
             of rows, e.g. to undo llama.cpp's q/k permutation without copying the weights).
         interleave: None follows ``set_interleave`` (on by default); False keeps the rows
-            where they are. When on, a Q4_0 / Q4_1 / Q8_0 matrix of at least 16 rows on a CPU
+            where they are. ``raw`` must not change while the matrix lives: it may be read by
+            a background copy at any time before the first product. When on, a Q4_0 / Q4_1 / Q8_0 matrix of at least 16 rows on a CPU
             with AVX2 is copied into the 16-row interleaved layout of ``ster_il16.h`` (the row
             order applied), and its products read only that copy (``interleaved``). From 1 MB
             on, a background thread copies it while the rest of the model loads; a product
@@ -354,8 +358,12 @@ cdef class QMatrix:
     cdef int _kt
     cdef object _packed           # the interleaved copy's buffer, and its [rows, row_bytes] view
     cdef object _packed_rows
+    cdef object _source           # raw as given (the copy's source)
     cdef bint _pending
     cdef ster_il_job _job
+    # what the copy reads and writes (source, row order, buffer), held by the job itself: the
+    # garbage collector may clear this object's attributes before __dealloc__ cancels the job
+    cdef PyObject* _job_keep
     cdef size_t row_bytes
 
     def __cinit__(self, raw, int type_id, int cols, rows=None, interleave=None, bint release=False):
@@ -365,6 +373,7 @@ cdef class QMatrix:
         if cols <= 0 or cols % bs:
             raise ValueError(f"{cols} columns are not a whole number of {bs}-weight blocks")
         self.raw = raw
+        self._source = raw
         self.type_id, self.n_cols = type_id, cols
         self.row_bytes = <size_t>(cols // bs) * ster_type_size(type_id)
         if self.raw.shape[1] != <Py_ssize_t>self.row_bytes:
@@ -398,7 +407,11 @@ cdef class QMatrix:
         cdef size_t skip = (-<Py_ssize_t>(<uintptr_t>cnp.PyArray_DATA(buf))) & 63
         self._packed = buf
         self._packed_rows = buf[skip:skip + nbytes].reshape(groups * STER_ILG, self.row_bytes)
+        keep = (self._source, self._rows_arr, buf)
+        Py_INCREF(keep)
+        self._job_keep = <PyObject*>keep
         self._job.type, self._job.n_rows, self._job.release = self.type_id, self.n_rows, release
+        self._job.src_rows = self.raw.shape[0]
         self._job.src, self._job.rb, self._job.rows = &self.raw[0, 0], self.row_bytes, self._rows
         self._job.dst = <uint8_t*>cnp.PyArray_DATA(buf) + skip
         self._job.state = STER_IL_IDLE
@@ -412,6 +425,9 @@ cdef class QMatrix:
         if self._pending:
             with nogil:
                 ster_il_finish(&self._job)
+            Py_XDECREF(self._job_keep)
+            self._job_keep = NULL
+            self._source = None
             self.raw = self._packed_rows
             self._rows = NULL
             self._rows_arr = None
@@ -423,6 +439,7 @@ cdef class QMatrix:
         if self._pending:   # the worker may be reading the source and writing the buffer
             with nogil:
                 ster_il_cancel(&self._job)
+        Py_XDECREF(self._job_keep)
 
     @property
     def interleaved(self) -> bool:

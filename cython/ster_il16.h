@@ -119,12 +119,14 @@ enum { STER_IL_IDLE = 0, STER_IL_QUEUED = 1, STER_IL_RUNNING = 2, STER_IL_DONE =
 
 typedef struct ster_il_job {
     int type, n_rows, release;
+    int src_rows;                 /* rows of src (with a row order, not n_rows) */
     const uint8_t* src;           /* the rows as given (row order rows, or NULL) */
     size_t rb;
     const int32_t* rows;
     uint8_t* dst;                 /* ceil(n_rows / 16) * 16 * rb bytes */
     int state;                    /* STER_IL_*, under ster_il_mu */
-    struct ster_il_job* next;
+    struct ster_il_job* next;     /* in the queue */
+    struct ster_il_job* next_running;
 } ster_il_job;
 
 static pthread_mutex_t ster_il_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -132,19 +134,42 @@ static pthread_cond_t ster_il_cv = PTHREAD_COND_INITIALIZER;   /* the queue or a
 static ster_il_job* ster_il_first = 0;
 static ster_il_job* ster_il_last = 0;
 static int ster_il_worker_up = 0;
-static ster_il_job* ster_il_current = 0;   /* the job the worker is copying */
+static ster_il_job* ster_il_running = 0;   /* the jobs some thread is copying now */
 
-/* fork(): the child has no worker. Its queued jobs, and the one the worker was on, are made by
- * ster_il_finish when first needed (the lock is held across the fork, so the queue is whole). */
+/* Under ster_il_mu: a job starts or stops being copied by the calling thread. */
+static void ster_il_start(ster_il_job* j) {
+    j->state = STER_IL_RUNNING;
+    j->next_running = ster_il_running;
+    ster_il_running = j;
+}
+static void ster_il_stop(ster_il_job* j) {
+    ster_il_job** p = &ster_il_running;
+    while (*p && *p != j) p = &(*p)->next_running;
+    if (*p) *p = j->next_running;
+    j->state = STER_IL_DONE;
+    pthread_cond_broadcast(&ster_il_cv);
+}
+
+/* fork(): the child has only the forking thread. Its queued jobs, and those other threads were
+ * copying, are made again by ster_il_finish when first needed (the lock is held across the
+ * fork, so the lists are whole). */
 static void ster_il_before_fork(void) { pthread_mutex_lock(&ster_il_mu); }
 static void ster_il_after_fork_parent(void) { pthread_mutex_unlock(&ster_il_mu); }
 static void ster_il_after_fork_child(void) {
     ster_il_job* j;
     for (j = ster_il_first; j; j = j->next) j->state = STER_IL_IDLE;
-    if (ster_il_current) ster_il_current->state = STER_IL_IDLE;
-    ster_il_first = ster_il_last = ster_il_current = 0;
+    for (j = ster_il_running; j; j = j->next_running) j->state = STER_IL_IDLE;
+    ster_il_first = ster_il_last = ster_il_running = 0;
     ster_il_worker_up = 0;
     pthread_mutex_unlock(&ster_il_mu);
+}
+
+/* Once per process, before any job: the fork handlers. Returns 0 if they cannot be set (then
+ * no job goes to a worker: each is made by the thread that needs it). */
+static int ster_il_init(void) {
+    static int state = -1;
+    if (state < 0) state = pthread_atfork(ster_il_before_fork, ster_il_after_fork_parent, ster_il_after_fork_child) == 0;
+    return state;
 }
 
 /* madvise(MADV_DONTNEED) on the whole pages of [p, p + n): advice, a failure changes nothing. */
@@ -155,19 +180,23 @@ static void ster_il_release(const uint8_t* p, size_t n) {
 }
 
 /* The whole copy of a job, on the calling thread: in slices of about 4 MB of the source, each
- * slice's pages released after it when the rows are in order (else all of them at the end). */
+ * slice's pages released after it when the rows are in order (else all of them at the end);
+ * never a page past the source's src_rows rows. */
 static void ster_il_run(ster_il_job* j) {
     const int groups = (j->n_rows + STER_ILG - 1) / STER_ILG;
-    const size_t gbytes = (size_t)STER_ILG * j->rb;
+    const size_t gbytes = (size_t)STER_ILG * j->rb, src_bytes = (size_t)j->src_rows * j->rb;
     int step = (int)((4u << 20) / gbytes), g0, g1;
     if (step < 1) step = 1;
     if (!j->release || j->rows) step = groups;
     for (g0 = 0; g0 < groups; g0 = g1) {
         g1 = g0 + step < groups ? g0 + step : groups;
         ster_il_pack(j->type, j->src, j->rb, j->rows, j->n_rows, g0, g1, j->dst);
-        if (j->release && !j->rows) ster_il_release(j->src + (size_t)g0 * gbytes, (size_t)(g1 - g0) * gbytes);
+        if (j->release && !j->rows) {
+            const size_t a = (size_t)g0 * gbytes, b = (size_t)g1 * gbytes < src_bytes ? (size_t)g1 * gbytes : src_bytes;
+            if (b > a) ster_il_release(j->src + a, b - a);
+        }
     }
-    if (j->release) ster_il_release(j->src, (size_t)j->n_rows * j->rb);
+    if (j->release) ster_il_release(j->src, src_bytes);
 }
 
 static void* ster_il_worker(void* arg) {
@@ -179,14 +208,11 @@ static void* ster_il_worker(void* arg) {
         j = ster_il_first;
         ster_il_first = j->next;
         if (!ster_il_first) ster_il_last = 0;
-        j->state = STER_IL_RUNNING;
-        ster_il_current = j;
+        ster_il_start(j);
         pthread_mutex_unlock(&ster_il_mu);
         ster_il_run(j);
         pthread_mutex_lock(&ster_il_mu);
-        ster_il_current = 0;
-        j->state = STER_IL_DONE;
-        pthread_cond_broadcast(&ster_il_cv);
+        ster_il_stop(j);
     }
     return 0;
 }
@@ -205,13 +231,11 @@ static void ster_il_unqueue(ster_il_job* j) {
  * started: the caller then copies on first use (ster_il_finish does). */
 static int ster_il_submit(ster_il_job* j) {
     int ok = 1;
+    if (!ster_il_init()) return 0;
     pthread_mutex_lock(&ster_il_mu);
     if (!ster_il_worker_up) {
-        static int forks_handled = 0;
         pthread_t t;
         pthread_attr_t at;
-        if (!forks_handled)
-            forks_handled = pthread_atfork(ster_il_before_fork, ster_il_after_fork_parent, ster_il_after_fork_child) == 0;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         ster_il_worker_up = pthread_create(&t, &at, ster_il_worker, 0) == 0;
@@ -236,12 +260,11 @@ static void ster_il_finish(ster_il_job* j) {
     pthread_mutex_lock(&ster_il_mu);
     if (j->state == STER_IL_QUEUED) ster_il_unqueue(j);
     if (j->state == STER_IL_IDLE) {
-        j->state = STER_IL_RUNNING;
+        ster_il_start(j);
         pthread_mutex_unlock(&ster_il_mu);
         ster_il_run(j);
         pthread_mutex_lock(&ster_il_mu);
-        j->state = STER_IL_DONE;
-        pthread_cond_broadcast(&ster_il_cv);
+        ster_il_stop(j);
     }
     while (j->state != STER_IL_DONE) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
     pthread_mutex_unlock(&ster_il_mu);

@@ -14,8 +14,11 @@
 - ``real``: both GGUF files, kept quantized, give logits within relative error 1e-3 of
   the same model dequantized to float32 at load, and the same greedy tokens.
 """
+import gc
 import mmap
 import os
+import threading
+import time
 import zlib
 
 import gguf
@@ -405,6 +408,59 @@ def test_interleaved_copy_releases_the_file_pages(tmp_path):
         qmatmul.QMatrix(raw, quants.ggml_type("Q8_0").id, cols, None, False).matmul(x, flat)
         w = oracle_weights(raw, "Q8_0", rows, cols)
         assert (np.abs(out - quantized_input(x) @ w.T) / rounding_bound(x, w, 32)).max() <= 1.0
+        del view, m
+    finally:
+        mapped.close()
+
+
+def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path):
+    """Matrices of 1 MB or more are copied by a background thread. A matrix collected in a
+    reference cycle while its copy runs does not crash the process (the job holds what it
+    reads and writes); a child forked while another thread makes a copy makes it again
+    itself; with a row order longer than the file mapping it reads (repeated rows), released
+    pages stay within that mapping."""
+    rng = np.random.default_rng(12)
+    tid = quants.ggml_type("Q8_0").id
+    zeros = np.zeros((8192, 4352), np.uint8)      # 35 MB of Q8_0 blocks: a background copy
+    for _ in range(30):
+        m = qmatmul.QMatrix(zeros, tid, 4096)
+        m.set_read_ahead((m,))                     # a cycle: only the collector frees it
+        del m
+        gc.collect()
+    raw = random_blocks("Q8_0", 2048, 4096, rng)   # 8.9 MB
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    w = oracle_weights(raw, "Q8_0", 2048, 4096)
+    want = quantized_input(x) @ w.T
+    bound = rounding_bound(x, w, 32)
+    mats = [qmatmul.QMatrix(raw, tid, 4096) for _ in range(3)]
+    busy = threading.Thread(target=lambda: mats[-1].matmul(x, np.empty((1, 2048), np.float32)))
+    busy.start()
+    pid = os.fork()
+    if pid == 0:  # the child: the copy the parent's thread was making is made here
+        out = np.empty((1, 2048), np.float32)
+        mats[-1].matmul(x, out)
+        os._exit(0 if (np.abs(out - want) / bound).max() <= 1.0 else 3)
+    busy.join()
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    # a row order of 4096 rows over a 16-row file mapping, released after the copy
+    path = tmp_path / "w.bin"
+    raw[:16].tofile(path)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        view = np.frombuffer(mapped, np.uint8).reshape(16, -1)
+        order = np.arange(4096, dtype=np.int32) % 16
+        m = qmatmul.QMatrix(view, tid, 4096, order, None, True)
+        out = np.empty((1, 4096), np.float32)
+        m.matmul(x, out)
+        assert (np.abs(out - want[:, order]) / bound[:, order]).max() <= 1.0
+        np.testing.assert_array_equal(view, raw[:16])
         del view, m
     finally:
         mapped.close()
