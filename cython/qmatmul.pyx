@@ -356,8 +356,7 @@ cdef class QMatrix:
     cdef readonly int type_id, n_rows, n_cols
     # the type id the drivers see: type_id, with STER_IL when the rows are interleaved
     cdef int _kt
-    cdef object _packed           # the interleaved copy's buffer, and its [rows, row_bytes] view
-    cdef object _packed_rows
+    cdef object _packed_rows      # the interleaved copy: a [rows, row_bytes] view of its buffer
     cdef object _source           # raw as given (the copy's source)
     cdef bint _pending
     cdef ster_il_job _job
@@ -392,7 +391,7 @@ cdef class QMatrix:
             if arr.shape[0]:
                 self._rows = <const int32_t*><uintptr_t>arr.ctypes.data
         self._kt = type_id
-        self._packed = self._packed_rows = None
+        self._packed_rows = None
         self._pending = ((_interleave if interleave is None else interleave) and ster_cpu_avx2()
                          and ster_il_type(type_id) and self.n_rows >= STER_ILG and cols // bs <= STER_IL_MAX_BLOCKS)
         if self._pending:
@@ -405,7 +404,6 @@ cdef class QMatrix:
         cdef size_t nbytes = <size_t>groups * STER_ILG * self.row_bytes
         buf = np.empty(nbytes + 64, np.uint8)
         cdef size_t skip = (-<Py_ssize_t>(<uintptr_t>cnp.PyArray_DATA(buf))) & 63
-        self._packed = buf
         self._packed_rows = buf[skip:skip + nbytes].reshape(groups * STER_ILG, self.row_bytes)
         keep = (self._source, self._rows_arr, buf)
         Py_INCREF(keep)
