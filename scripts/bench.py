@@ -52,7 +52,16 @@ PROMPT_TEXT = ("The history of astronomy is a long story of people looking up at
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux reports KiB; MB = 1e6 bytes
+    """This process's peak resident set, MB (1e6 bytes): Linux's VmHWM, which starts afresh at exec.
+    (ru_maxrss does not: a worker started by vfork + exec from a parent that once held a model
+    reported the parent's peak as its own.) Elsewhere ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux reports KiB
 
 
 def _rss_mb() -> float:
