@@ -104,7 +104,7 @@ QUANTIZED = ["e"]
 def test_quantized_gguf_gives_llamacpps_top1(name, ftype, gemma4_gguf, tmp_path):
     from ster_py import llamacpp
     from ster_py.decoder.model import Decoder
-    from ster_py.decoder.qlinear import QuantTensor
+    from ster_py.decoder.qlinear import QuantTensor, float_activations
     from ster_py.gguf.reader import GGUFFile
     from ster_py.weights import GGUFWeights
 
@@ -133,9 +133,18 @@ def test_quantized_gguf_gives_llamacpps_top1(name, ftype, gemma4_gguf, tmp_path)
     noise = np.sqrt(2 * np.mean((ours - ref) ** 2))
     assert np.all((mine == theirs) | (margin <= 3 * noise)), (np.nonzero(mine != theirs), margin, noise)
     assert (mine == theirs).mean() >= 0.8
+    # One token at a time over the cache: on float inputs, the prompt's logits (measured 7e-6 / 1.3e-5 of
+    # the largest, Q8_0 / Q4_K_M); as generation runs them, each product's input rounded to int16 per
+    # 32-block, which this random model's layers amplify to 8e-4 / 1.3e-3 (the Q4_K kernel's 16-row
+    # layout and the row layout differ only in float32 summation order, 4e-7 per product, yet give
+    # 1.3e-3 and 8e-4 here: the spread is the model's, not the kernel's)
+    with float_activations():
+        cache = model.decoder.new_cache()
+        steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
+    assert np.abs(steps - ours).max() <= 1e-4 * np.abs(ours).max()
     cache = model.decoder.new_cache()
     steps = np.concatenate([model.decoder.forward([t], cache) for t in LONG_PROMPT])
-    assert np.abs(steps - ours).max() <= 1e-3 * np.abs(ours).max()
+    assert np.abs(steps - ours).max() <= 3e-3 * np.abs(ours).max()
 
 
 def test_plain_case_llamacpp_disagreement(gemma4_gguf):
