@@ -4,6 +4,7 @@
     python scripts/bench_kernels.py --against /path/to/other/tree Q4_K Q6_K
     python scripts/bench_kernels.py --levels avx2,avx512_vnni Q4_0 Q8_0 BF16   # instruction sets
     python scripts/bench_kernels.py --tokens 512 --levels avx2,avx512 Q4_K BF16  # mat-mat (prefill)
+    python scripts/bench_kernels.py --layouts Q4_1 Q8_0 Q4_K     # rows in place vs 16-row interleaved
 
 For each type: a random [rows, cols] matrix (gguf-py quantizes the legacy types, the rest
 are random blocks with finite scales, as in tests/test_qmatmul.py), one token's product
@@ -12,7 +13,9 @@ the other tree's built ``qmatmul`` runs in the same process, the two alternating
 round (this machine's speed drifts too much for separate runs to compare), and the
 speed ratio ours / theirs is printed with the largest relative difference of the outputs.
 With ``--levels A,B``, this build runs at instruction-set level A and B (names of
-``qmatmul.SIMD_LEVELS``, capped at what the CPU runs) in the same way, B / A printed.
+``qmatmul.SIMD_LEVELS``, capped at what the CPU runs) in the same way, B / A printed. With
+``--layouts``, A is the matrix with its rows in place and B its 16-row interleaved copy
+(``cython/ster_il16.h``; the types that have one), at the CPU's level (or STER_SIMD_LEVEL's).
 BF16 and F16 are 16-bit float rows (safetensors weights used as stored). ``--tokens T``
 times the T-token product (decoded panels and the register tile) instead of one token,
 in GFLOP/s.
@@ -60,13 +63,14 @@ def main() -> None:
     p.add_argument("--against", type=Path, help="another source tree with built kernels (paired A/B)")
     p.add_argument("--levels", help="two instruction-set levels of this build to compare, e.g. avx2,avx512_vnni")
     p.add_argument("--tokens", type=int, default=1, help="tokens per product (1: decode row dots)")
+    p.add_argument("--layouts", action="store_true", help="rows in place (A) vs the interleaved copy (B)")
     args = p.parse_args()
     kinds = tuple(QUANT_TYPES) + HALF
     bad = [t for t in args.types if t not in kinds]
     if bad:
         p.error(f"unknown type(s) {', '.join(bad)}; choose from {', '.join(kinds)}")
-    if args.against and args.levels:
-        p.error("--against and --levels compare different things; give one")
+    if sum(map(bool, (args.against, args.levels, args.layouts))) > 1:
+        p.error("--against, --levels and --layouts compare different things; give one")
     if args.rows < 1 or args.cols < 256 or args.cols % 256 or args.threads < 1 or args.rounds < 1:
         p.error("--rows, --threads and --rounds must be at least 1, --cols a positive multiple of 256")
 
@@ -83,6 +87,9 @@ def main() -> None:
             p.error(f"--levels takes two of {', '.join(ours.SIMD_LEVELS)}")
         mods = [ours, ours]
         print("levels: " + " vs ".join(ours.set_simd_level(lv) for lv in levels) + f" (CPU: {ours.cpu_simd_level()})")
+    if args.layouts:
+        mods = [ours, ours]
+        print(f"layouts: rows in place vs interleaved, at {ours.simd_level()}")
     for m in mods:
         m.set_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -96,7 +103,10 @@ def main() -> None:
             raw, type_id = w.view(np.uint8).reshape(args.rows, -1), HALF_IDS[name]
         else:
             raw, type_id = np.ascontiguousarray(random_blocks(name, args.rows, args.cols, rng)), quants.ggml_type(name).id
-        mats = [m.QMatrix(raw, type_id, args.cols, None) for m in mods]
+        if args.layouts:
+            mats = [ours.QMatrix(raw, type_id, args.cols, None, False), ours.QMatrix(raw, type_id, args.cols)]
+        else:
+            mats = [m.QMatrix(raw, type_id, args.cols, None) for m in mods]
         outs = [np.empty((args.tokens, args.rows), np.float32) for _ in mods]
         best = [float("inf")] * len(mods)
         for _ in range(args.rounds):
@@ -111,9 +121,10 @@ def main() -> None:
         line = f"{name:7s} {scale * n / best[0] / 1e9:7.2f} {unit}"
         if len(mods) == 2:
             diff = float(np.abs(outs[0] - outs[1]).max() / max(np.abs(outs[1]).max(), 1e-30))
-            tag = "B" if args.levels else "theirs"
-            line += (f"  {tag} {scale * n / best[1] / 1e9:7.2f}  {'B/A' if args.levels else 'ours/theirs'} "
-                     f"{(best[0] / best[1]) if args.levels else (best[1] / best[0]):5.2f}  max rel diff {diff:.1e}")
+            ab = bool(args.levels or args.layouts)
+            tag = "B" if ab else "theirs"
+            line += (f"  {tag} {scale * n / best[1] / 1e9:7.2f}  {'B/A' if ab else 'ours/theirs'} "
+                     f"{(best[0] / best[1]) if ab else (best[1] / best[0]):5.2f}  max rel diff {diff:.1e}")
         print(line)
 
 
