@@ -237,8 +237,9 @@ def flag(default: Optional[bool], *names: str, help: str):
 
 def _use_threads(threads: Optional[int]) -> None:
     """Apply --threads (None: $STER_THREADS, checked, else every core) before any kernel runs."""
-    from .decoder.qlinear import get_threads, set_threads, threads_from_env
+    from .decoder.qlinear import check_kernel_env, get_threads, set_threads, threads_from_env
 
+    check_kernel_env()
     env = threads_from_env()
     # Always applied: the default (every core) also bounds BLAS and OpenMP pools to it.
     set_threads(threads if threads is not None else env if env is not None else get_threads())

@@ -215,6 +215,20 @@ def test_inspect_counts_quantized_matrices_as_stored(smollm2_gguf):
     assert both.returncode == 1 and "two models given" in both.stderr
 
 
+@pytest.mark.parametrize("name,value", [("STER_SIMD_LEVEL", "avx9000"), ("STER_INTERLEAVE", "maybe")])
+def test_unknown_kernel_settings_are_refused_by_the_cli(tiny_llama, name, value):
+    """The kernels would ignore these values (no cap; interleaving on): the CLI says so instead."""
+    import os
+
+    path, _ = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5", "--max-new-tokens", "1", env={**os.environ, name: value})
+    assert r.returncode == 1 and r.stderr.startswith("error:") and name in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    ok = ster("generate", "--model", str(path), "--prompt", "w5", "--max-new-tokens", "1",
+              env={**os.environ, name: "AVX2" if name == "STER_SIMD_LEVEL" else "0"})
+    assert ok.returncode == 0, ok.stderr
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", "99999999999999999999"])
 def test_bad_ster_threads_is_refused_by_the_cli(tiny_llama, value):
     import os

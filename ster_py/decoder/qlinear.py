@@ -199,6 +199,24 @@ def threads_from_env() -> int | None:
     return int(env)
 
 
+def check_kernel_env() -> None:
+    """Refuse a $STER_SIMD_LEVEL or $STER_INTERLEAVE the kernels would not understand (they would
+    ignore it: no cap, or interleaving on), so that a typo does not pass for a setting.
+
+    Raises SterError naming the variable and the values it takes.
+    """
+    import os
+
+    levels = _kernels().SIMD_LEVELS
+    level = os.environ.get("STER_SIMD_LEVEL", "").strip()
+    if level and level.lower() not in levels:
+        raise SterError(f"STER_SIMD_LEVEL must be one of {', '.join(levels)}, got {level[:20]!r}; fix or unset it")
+    inter = os.environ.get("STER_INTERLEAVE", "").strip()
+    if inter and inter not in ("0", "1"):
+        raise SterError(f"STER_INTERLEAVE must be 0 (rows in place) or 1 (interleaved, the default), got "
+                        f"{inter[:20]!r}; fix or unset it")
+
+
 def get_threads() -> int:
     """Threads the quantized products use."""
     return _kernels().get_threads()
