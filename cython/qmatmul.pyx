@@ -279,7 +279,7 @@ def split_bf16(const float[::1] x):
 
 
 def set_interleave(bint on):
-    """Whether ``QMatrix`` objects built from now on store Q4_0 / Q4_1 / Q8_0 rows interleaved
+    """Whether ``QMatrix`` objects built from now on store Q4_0 / Q4_1 / Q8_0 / Q4_K rows interleaved
     in groups of 16 (``cython/ster_il16.h``; the default, on CPUs with AVX2), whose decode
     products take 16 rows per vector. Off: the rows as given (for tests and A/B benchmarks)."""
     global _interleave
@@ -333,12 +333,12 @@ cdef class QMatrix:
             of rows, e.g. to undo llama.cpp's q/k permutation without copying the weights).
         interleave: None follows ``set_interleave`` (on by default); False keeps the rows
             where they are. ``raw`` must not change while the matrix lives: it may be read by
-            a background copy at any time before the first product. When on, a Q4_0 / Q4_1 / Q8_0 matrix of at least 16 rows on a CPU
-            with AVX2 is copied into the 16-row interleaved layout of ``ster_il16.h`` (the row
-            order applied), and its products read only that copy (``interleaved``). From 1 MB
-            on, a background thread copies it while the rest of the model loads; a product
-            that comes first waits for it (or makes a copy not yet started itself), so every
-            product of the matrix runs on the copy.
+            a background copy at any time before the first product. When on, a Q4_0 / Q4_1 /
+            Q8_0 / Q4_K matrix of at least 16 rows on a CPU with AVX2 is copied into the 16-row
+            interleaved layout of ``ster_il16.h`` (the row order applied), and its products
+            read only that copy (``interleaved``). From 1 MB on, a background thread copies it
+            while the rest of the model loads; a product that comes first waits for it (or
+            makes a copy not yet started itself), so every product of the matrix runs on it.
         release: ``raw`` views a read-only file mapping: as they are copied, its whole pages
             are dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
             and a later read, e.g. an embedding's row lookup, maps them again), so that a
@@ -357,7 +357,6 @@ cdef class QMatrix:
     # the type id the drivers see: type_id, with STER_IL when the rows are interleaved
     cdef int _kt
     cdef object _packed_rows      # the interleaved copy: a [rows, row_bytes] view of its buffer
-    cdef object _source           # raw as given (the copy's source)
     cdef bint _pending
     cdef ster_il_job _job
     # what the copy reads and writes (source, row order, buffer), held by the job itself: the
@@ -372,7 +371,6 @@ cdef class QMatrix:
         if cols <= 0 or cols % bs:
             raise ValueError(f"{cols} columns are not a whole number of {bs}-weight blocks")
         self.raw = raw
-        self._source = raw
         self.type_id, self.n_cols = type_id, cols
         self.row_bytes = <size_t>(cols // bs) * ster_type_size(type_id)
         if self.raw.shape[1] != <Py_ssize_t>self.row_bytes:
@@ -395,9 +393,9 @@ cdef class QMatrix:
         self._pending = ((_interleave if interleave is None else interleave) and ster_cpu_avx2()
                          and ster_il_type(type_id) and self.n_rows >= STER_ILG and cols // bs <= STER_IL_MAX_BLOCKS)
         if self._pending:
-            self._queue_copy(release)
+            self._queue_copy(raw, release)
 
-    cdef int _queue_copy(self, bint release) except -1:
+    cdef int _queue_copy(self, raw, bint release) except -1:
         # The interleaved copy's buffer (64-byte aligned; no page is touched before the copy),
         # and its job: matrices of 1 MB or more go to the background worker now.
         cdef int groups = (self.n_rows + STER_ILG - 1) // STER_ILG
@@ -405,7 +403,7 @@ cdef class QMatrix:
         buf = np.empty(nbytes + 64, np.uint8)
         cdef size_t skip = (-<Py_ssize_t>(<uintptr_t>cnp.PyArray_DATA(buf))) & 63
         self._packed_rows = buf[skip:skip + nbytes].reshape(groups * STER_ILG, self.row_bytes)
-        keep = (self._source, self._rows_arr, buf)
+        keep = (raw, self._rows_arr, buf)
         Py_INCREF(keep)
         self._job_keep = <PyObject*>keep
         self._job.type, self._job.n_rows, self._job.release = self.type_id, self.n_rows, release
@@ -425,7 +423,6 @@ cdef class QMatrix:
                 ster_il_finish(&self._job)
             Py_XDECREF(self._job_keep)
             self._job_keep = NULL
-            self._source = None
             self.raw = self._packed_rows
             self._rows = NULL
             self._rows_arr = None

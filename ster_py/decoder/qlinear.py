@@ -351,10 +351,10 @@ class QuantTensor:
     def qmatrix(self):
         """The kernel's view of this matrix (built once).
 
-        Blocks in a file mapping may be copied into the kernels' interleaved layout by the
-        first product (``qmatmul.QMatrix``); their pages then leave the resident set (the row
-        lookups of an embedding read them back from the page cache), so a model's memory
-        stays about its file size. Blocks made in memory (``from_blocks``) are used where
+        Blocks in a file mapping may be copied into the kernels' interleaved layout (by a
+        background thread from here on, ``qmatmul.QMatrix``); their pages then leave the
+        resident set (the row lookups of an embedding read them back from the page cache),
+        so a model's memory stays about its file size. Blocks made in memory (``from_blocks``) are used where
         they are: a copy of them would double the memory they take.
         """
         if self._qmatrix is None:
