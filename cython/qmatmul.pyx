@@ -899,4 +899,4 @@ _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NUL
 _multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 11
+SOURCE_VERSION = 12

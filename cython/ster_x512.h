@@ -2,8 +2,8 @@
  * includes this inside its x86 section; ster_cpu_level says what the CPU runs):
  *
  *   - STER_ISA_AVX512 (F/BW/VL/DQ): 16-bit float row dots sixteen weights per FMA, and the
- *     mat-mat register tile of 12 tokens x 16 outputs in zmm registers (the AVX2 tile is
- *     6 x 16 in ymm);
+ *     mat-mat register tiles of 12 tokens x 32 outputs (two panels) and 12 x 16 (a last odd
+ *     panel) in zmm registers (the AVX2 tile is 6 x 16 in ymm);
  *   - STER_ISA_VNNI (+ AVX512_VNNI): Q6_K's int16-activation row dot with vpdpwssd: 32
  *     weights' codes (widened to words) times 32 int16 inputs summed in pairs into 16 int32
  *     lanes in one instruction, where AVX2 needs two vpmaddwd and an add (1.2x). The other
@@ -191,6 +191,47 @@ static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, c
             __m512 r = acc[t];
             if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, ct));
             _mm512_mask_storeu_ps(ct, m, r);
+        }
+    }
+}
+
+/* The same over two adjacent panels (32 outputs): 24 accumulators, and per k two panel loads
+ * and 12 broadcasts for 24 FMAs where the one-panel tile takes 1 + 12 for 12. With two
+ * 512-bit loads per cycle against two FMAs (Intel server cores), the one-panel tile waits on
+ * its loads; this one does not. Each output's sum is the one-panel tile's, term for term.
+ * B1 is the second panel (nv1 of its outputs valid, 0 < nv1 <= 16). */
+static STER_X512 void ster_micro_x512x2(int kc, const float* A, int lda, int mt, const float* B0, const float* B1,
+                                        float* C, int ldc, int nv1, int accumulate) {
+#define STER_AROW(i) const float* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
+    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
+    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
+#undef STER_AROW
+#define STER_Z2(i) __m512 c##i = _mm512_setzero_ps(), d##i = _mm512_setzero_ps();
+    STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5)
+    STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
+#undef STER_Z2
+    int k, t;
+    for (k = 0; k < kc; k++) {
+        const __m512 b = _mm512_loadu_ps(B0 + STER_NR * k), e = _mm512_loadu_ps(B1 + STER_NR * k);
+        __m512 s;
+#define STER_F2(i) s = _mm512_set1_ps(a##i[k]); c##i = _mm512_fmadd_ps(s, b, c##i); d##i = _mm512_fmadd_ps(s, e, d##i);
+        STER_F2(0) STER_F2(1) STER_F2(2) STER_F2(3) STER_F2(4) STER_F2(5)
+        STER_F2(6) STER_F2(7) STER_F2(8) STER_F2(9) STER_F2(10) STER_F2(11)
+#undef STER_F2
+    }
+    {
+        const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+        const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
+        const __mmask16 m = nv1 >= STER_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << nv1) - 1u);
+        for (t = 0; t < mt; t++) {
+            float* ct = C + (size_t)t * ldc;
+            __m512 r0 = acc0[t], r1 = acc1[t];
+            if (accumulate) {
+                r0 = _mm512_add_ps(r0, _mm512_loadu_ps(ct));
+                r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(m, ct + STER_NR));
+            }
+            _mm512_storeu_ps(ct, r0);
+            _mm512_mask_storeu_ps(ct + STER_NR, m, r1);
         }
     }
 }

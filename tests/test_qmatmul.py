@@ -22,6 +22,7 @@ import time
 import zlib
 
 import gguf
+import ml_dtypes
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -203,6 +204,38 @@ def test_large_matrices_split_over_threads(name):
             out = np.empty((40, rows), np.float32)
             m.matmul(x, out, force)
             assert (np.abs(out - ref) / bound).max() <= 1.0
+
+
+@pytest.mark.parametrize("name", ["Q5_0", "Q4_K", "BF16"])
+def test_panels_taken_in_pairs_equal_panels_alone(name):
+    """At AVX-512 the prefill tile takes two adjacent 16-row panels at once; each output must
+    keep the bits the one-panel tile gives it (a 16-row matrix has one panel only), for a
+    last panel that is full or partial, tokens that fill the tile or not, and 1 or 2 threads."""
+    if "avx512" not in LEVELS:
+        pytest.skip("the paired tile is the AVX-512 level's; this CPU has no AVX-512")
+    rng = np.random.default_rng(17)
+    qmatmul.set_simd_level("avx512")
+    for rows in (80, 72):
+        if name == "BF16":
+            cols = 600
+            w = rng.standard_normal((rows, cols)).astype(ml_dtypes.bfloat16)
+            raw, type_id = w.view(np.uint8).reshape(rows, -1), 30
+        else:
+            t = quants.ggml_type(name)
+            cols = 3 * t.block_size if t.block_size == 256 else 19 * t.block_size
+            raw, type_id = random_blocks(name, rows, cols, rng), t.id
+        for T in (13, 24):
+            x = rng.standard_normal((T, cols)).astype(np.float32)
+            for threads in (1, 2):
+                qmatmul.set_threads(threads)
+                whole = np.empty((T, rows), np.float32)
+                qmatmul.QMatrix(raw, type_id, cols).matmul(x, whole, 2)
+                for r0 in range(0, rows, 16):
+                    part = raw[r0:r0 + 16]
+                    alone = np.empty((T, len(part)), np.float32)
+                    qmatmul.QMatrix(np.ascontiguousarray(part), type_id, cols).matmul(x, alone, 2)
+                    np.testing.assert_array_equal(alone.view(np.uint32), whole[:, r0:r0 + 16].view(np.uint32),
+                                                  err_msg=f"{name} rows {rows} T {T} threads {threads} at {r0}")
 
 
 @pytest.mark.parametrize("int16", [True, False])
