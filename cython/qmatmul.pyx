@@ -9,7 +9,8 @@ of the memory-mapped file) and computes y = x W^T for float32 x [T, cols]:
   relative error <= 2^-16 of the block's largest input) so that a block is two
   integer multiply-adds (vpmaddwd); the portable path multiplies in float;
 - T > 1 (prefill): panels of 16 rows x 256 inputs are decoded to float32 once
-  and a 6 x 16 register tile runs every token over them;
+  and a register tile runs every token over them (6 tokens x 16 rows with AVX2, 12 x 32,
+  two panels, with AVX-512);
 - 2 to 16 rows on request (``matmul(..., force=3)``, speculative verification): the
   T = 1 row dots of every input row over each block of weight rows while it is in the
   first-level cache, so the weights stream from memory once and each result equals
@@ -555,9 +556,11 @@ cdef class QMatrix:
         j.typ, j.simd, j.K, j.N, j.T = self._kt, _simd, K, N, T
         j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
         j.X, j.Y = x, out
-        # Tasks of nc rows (a multiple of 16): about four per thread, 16..128 rows each.
+        # Tasks of nc rows, a multiple of the register tile's outputs (32 at AVX-512, whose tile
+        # takes two 16-row panels; else 16): about four per thread, up to 128 rows each.
+        cdef int tile = 2 * STER_NR if _simd >= 2 else STER_NR
         cdef int nc = (N + 4 * nt - 1) // (4 * nt)
-        j.nc = min(128, max(STER_NR, (nc + STER_NR - 1) // STER_NR * STER_NR))
+        j.nc = min(128, max(tile, (nc + tile - 1) // tile * tile))
         cdef long n_tasks = (N + j.nc - 1) // j.nc
         j.per_thread = <size_t>j.nc * STER_KC  # floats: nc/16 panels of STER_KC x 16
         cdef void* block = malloc(sizeof(float) * j.per_thread * nt + 64)

@@ -1590,14 +1590,13 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
                 const float* P = pack + (size_t)p * STER_KC * STER_NR;
                 if (nv > STER_NR) nv = STER_NR;
 #if STER_HAVE_X86
-                if (simd >= STER_ISA_AVX512 && nv == STER_NR && p + 1 < npanel) {   /* two panels at once */
-                    int nv1 = n1 - n0 - STER_NR * (p + 1);
-                    ster_micro_x512x2(kcl, A, K, mt, P, P + STER_KC * STER_NR, C, ldy, nv1 > STER_NR ? STER_NR : nv1,
-                                      kc0 > 0);
-                    p++;
+                if (simd >= STER_ISA_AVX512) {   /* panels p and p + 1 at once (p alone if last) */
+                    const int two = p + 1 < npanel, nv1 = two ? n1 - n0 - STER_NR * (p + 1) : 0;
+                    ster_micro_x512(kcl, A, K, mt, P, two ? P + STER_KC * STER_NR : P, C, ldy, nv,
+                                    nv1 > STER_NR ? STER_NR : nv1, kc0 > 0);
+                    p += two;
                     continue;
                 }
-                if (simd >= STER_ISA_AVX512) { ster_micro_x512(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0); continue; }
                 if (simd) { ster_micro_avx2(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0); continue; }
 #endif
                 ster_micro_scalar(kcl, A, K, mt, P, C, ldy, nv, kc0 > 0);

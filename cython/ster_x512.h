@@ -2,8 +2,8 @@
  * includes this inside its x86 section; ster_cpu_level says what the CPU runs):
  *
  *   - STER_ISA_AVX512 (F/BW/VL/DQ): 16-bit float row dots sixteen weights per FMA, and the
- *     mat-mat register tiles of 12 tokens x 32 outputs (two panels) and 12 x 16 (a last odd
- *     panel) in zmm registers (the AVX2 tile is 6 x 16 in ymm);
+ *     mat-mat register tile of 12 tokens x 32 outputs (two panels) in zmm registers (the AVX2
+ *     tile is 6 x 16 in ymm);
  *   - STER_ISA_VNNI (+ AVX512_VNNI): Q6_K's int16-activation row dot with vpdpwssd: 32
  *     weights' codes (widened to words) times 32 int16 inputs summed in pairs into 16 int32
  *     lanes in one instruction, where AVX2 needs two vpmaddwd and an add (1.2x). The other
@@ -150,58 +150,19 @@ static ster_dot16_fn ster_dot16_vnni_for(int type) {
 }
 
 /* ------------------------------------------------------------------------- */
-/* Mat-mat register tile: 12 tokens x 16 outputs                             */
+/* Mat-mat register tile: 12 tokens x 32 outputs                             */
 
 #define STER_MR512 12
 
-/* C[t, n] (+)= sum_k A[t, k] * B[k, n] for t < mt (<= 12), n < nv over a packed panel
- * B [kc][16], as ster_micro_avx2 does with 6 tokens: one zmm accumulator per token, the
- * panel row loaded once per k and each token's input broadcast from memory. Rows t >= mt
- * repeat row mt - 1 and are dropped. */
-static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, const float* B, float* C, int ldc,
-                                      int nv, int accumulate) {
-#define STER_AROW(i) const float* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
-    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
-    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
-#undef STER_AROW
-    __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(), c3 = _mm512_setzero_ps();
-    __m512 c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps(), c6 = _mm512_setzero_ps(), c7 = _mm512_setzero_ps();
-    __m512 c8 = _mm512_setzero_ps(), c9 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(), c11 = _mm512_setzero_ps();
-    int k, t;
-    for (k = 0; k < kc; k++) {
-        const __m512 b = _mm512_loadu_ps(B + STER_NR * k);
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a0[k]), b, c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a1[k]), b, c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a2[k]), b, c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a3[k]), b, c3);
-        c4 = _mm512_fmadd_ps(_mm512_set1_ps(a4[k]), b, c4);
-        c5 = _mm512_fmadd_ps(_mm512_set1_ps(a5[k]), b, c5);
-        c6 = _mm512_fmadd_ps(_mm512_set1_ps(a6[k]), b, c6);
-        c7 = _mm512_fmadd_ps(_mm512_set1_ps(a7[k]), b, c7);
-        c8 = _mm512_fmadd_ps(_mm512_set1_ps(a8[k]), b, c8);
-        c9 = _mm512_fmadd_ps(_mm512_set1_ps(a9[k]), b, c9);
-        c10 = _mm512_fmadd_ps(_mm512_set1_ps(a10[k]), b, c10);
-        c11 = _mm512_fmadd_ps(_mm512_set1_ps(a11[k]), b, c11);
-    }
-    {
-        const __m512 acc[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
-        const __mmask16 m = nv >= STER_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << nv) - 1u);
-        for (t = 0; t < mt; t++) {
-            float* ct = C + (size_t)t * ldc;
-            __m512 r = acc[t];
-            if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, ct));
-            _mm512_mask_storeu_ps(ct, m, r);
-        }
-    }
-}
-
-/* The same over two adjacent panels (32 outputs): 24 accumulators, and per k two panel loads
- * and 12 broadcasts for 24 FMAs where the one-panel tile takes 1 + 12 for 12. With two
- * 512-bit loads per cycle against two FMAs (Intel server cores), the one-panel tile waits on
- * its loads; this one does not. Each output's sum is the one-panel tile's, term for term.
- * B1 is the second panel (nv1 of its outputs valid, 0 < nv1 <= 16). */
-static STER_X512 void ster_micro_x512x2(int kc, const float* A, int lda, int mt, const float* B0, const float* B1,
-                                        float* C, int ldc, int nv1, int accumulate) {
+/* C[t, n] (+)= sum_k A[t, k] * B[k, n] for t < mt (<= 12) over two adjacent packed panels
+ * B0, B1 ([kc][16] each; outputs 0..15 from B0, 16..31 from B1), as ster_micro_avx2 does
+ * with 6 tokens and one panel: 24 zmm accumulators, per k two panel loads and 12 broadcasts
+ * for 24 FMAs. (A one-panel tile, 13 loads for 12 FMAs, waited on the two 512-bit loads an
+ * Intel core issues per cycle: 1.12-1.32x slower, runbook/performance.md.) nv0 (1..16) and
+ * nv1 (0..16) outputs of each panel are stored; a lone last panel passes B1 = B0, nv1 = 0.
+ * Rows t >= mt repeat row mt - 1 and are dropped. Each output is one FMA chain over k. */
+static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, const float* B0, const float* B1,
+                                      float* C, int ldc, int nv0, int nv1, int accumulate) {
 #define STER_AROW(i) const float* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
     STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
     STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
@@ -222,16 +183,16 @@ static STER_X512 void ster_micro_x512x2(int kc, const float* A, int lda, int mt,
     {
         const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
         const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
-        const __mmask16 m = nv1 >= STER_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << nv1) - 1u);
+        const __mmask16 m0 = (__mmask16)((1u << nv0) - 1u), m1 = (__mmask16)((1u << nv1) - 1u);
         for (t = 0; t < mt; t++) {
             float* ct = C + (size_t)t * ldc;
             __m512 r0 = acc0[t], r1 = acc1[t];
             if (accumulate) {
-                r0 = _mm512_add_ps(r0, _mm512_loadu_ps(ct));
-                r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(m, ct + STER_NR));
+                r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(m0, ct));
+                r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(m1, ct + STER_NR));
             }
-            _mm512_storeu_ps(ct, r0);
-            _mm512_mask_storeu_ps(ct + STER_NR, m, r1);
+            _mm512_mask_storeu_ps(ct, m0, r0);
+            _mm512_mask_storeu_ps(ct + STER_NR, m1, r1);
         }
     }
 }
