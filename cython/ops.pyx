@@ -376,12 +376,13 @@ def gemm_nt(x, w, out) -> None:
 
 cdef inline bint _f32_3d(object a):
     return cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32 \
-        and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+        and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
 
 
 cdef inline int _kv_type(object a):
     # 4 for a float32 3-D array, 2 for float16, 0 otherwise
-    if not (cnp.PyArray_Check(a) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3):
+    if not (cnp.PyArray_Check(a) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
         return 0
     cdef int t = cnp.PyArray_TYPE(<cnp.ndarray>a)
     return 4 if t == cnp.NPY_FLOAT32 else (2 if t == cnp.NPY_FLOAT16 else 0)
@@ -801,7 +802,8 @@ cdef class LayerStep:
         cdef int E = self.E, H = self.H, KV = self.KV, D = self.D, F = self.F, i, g
         if not (cnp.PyArray_Check(h) and cnp.PyArray_TYPE(<cnp.ndarray>h) == cnp.NPY_FLOAT32
                 and cnp.PyArray_NDIM(<cnp.ndarray>h) == 2 and cnp.PyArray_DIM(<cnp.ndarray>h, 0) == 1
-                and cnp.PyArray_DIM(<cnp.ndarray>h, 1) == E and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>h)):
+                and cnp.PyArray_DIM(<cnp.ndarray>h, 1) == E and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>h)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>h)):
             raise ValueError(f"h must be a C-contiguous float32 array [1, {E}]")
         cdef int esz = _kv_type(k_cache)
         if not (esz and _kv_type(v_cache) == esz):
@@ -912,7 +914,8 @@ cdef class LayerStep:
         memcpy(cnp.PyArray_DATA(xa), x, sizeof(float) * self.E)
         m = self.ffn(xa)
         if not (cnp.PyArray_Check(m) and cnp.PyArray_TYPE(<cnp.ndarray>m) == cnp.NPY_FLOAT32
-                and cnp.PyArray_SIZE(<cnp.ndarray>m) == self.E and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>m)):
+                and cnp.PyArray_SIZE(<cnp.ndarray>m) == self.E and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>m)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>m)):
             raise ValueError(f"the feed-forward must return a C-contiguous float32 array [1, {self.E}]")
         memcpy(out, cnp.PyArray_DATA(<cnp.ndarray>m), sizeof(float) * self.E)
         return 0
@@ -1025,7 +1028,7 @@ def moe_experts(x, ids, weights, tuple gates, tuple ups, tuple downs, int act, o
 cdef inline bint _f32_2d_row(object a):
     return (cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32
             and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 1
-            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a))
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a) and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).

@@ -382,7 +382,12 @@ cdef class QMatrix:
         self._hint_n = 0
         self.n_rows = self.raw.shape[0]
         if rows is not None:
-            arr = np.ascontiguousarray(rows, dtype=np.int32)
+            given = np.asarray(rows)
+            if given.size and given.dtype.kind not in "iu":
+                raise ValueError(f"row order must hold integers, got {given.dtype}")
+            if given.size and (given.min() < 0 or given.max() >= self.raw.shape[0]):
+                raise ValueError("row order must be a 1-D array of raw row indices")
+            arr = np.ascontiguousarray(given, dtype=np.int32)
             if arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= self.raw.shape[0])):
                 raise ValueError("row order must be a 1-D array of raw row indices")
             self._rows_arr = arr
@@ -481,8 +486,10 @@ cdef class QMatrix:
         if (cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(oa) != cnp.NPY_FLOAT32
                 or cnp.PyArray_NDIM(xa) != 2 or cnp.PyArray_NDIM(oa) != 2
                 or not cnp.PyArray_IS_C_CONTIGUOUS(xa) or not cnp.PyArray_IS_C_CONTIGUOUS(oa)
-                or not cnp.PyArray_ISWRITEABLE(oa)):
-            raise ValueError("x and out must be 2-D C-contiguous float32 arrays (out writable)")
+                or not cnp.PyArray_ISWRITEABLE(oa)
+                or not cnp.PyArray_ISNOTSWAPPED(xa) or not cnp.PyArray_ISNOTSWAPPED(oa)):
+            raise ValueError("x and out must be 2-D C-contiguous float32 arrays in this CPU's byte order "
+                             "(out writable)")
         cdef int T = <int>cnp.PyArray_DIM(xa, 0), K = self.n_cols, N = self.n_rows
         if cnp.PyArray_DIM(xa, 1) != K:
             raise ValueError(f"input has {cnp.PyArray_DIM(xa, 1)} features, the matrix {K}")
@@ -493,6 +500,9 @@ cdef class QMatrix:
         self._prepare()
         cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
         cdef float* op = <float*>cnp.PyArray_DATA(oa)
+        # the products read x while they write out: the two must not share a byte
+        if <const char*>xp < <const char*>(op + <size_t>T * N) and <const char*>op < <const char*>(xp + <size_t>T * K):
+            raise ValueError("x and out overlap in memory; pass an output array of its own")
         if force == 3 and T > 1:
             if T > _MAX_FEW:
                 raise ValueError(f"force=3 takes at most {_MAX_FEW} rows, got {T}")
@@ -589,8 +599,8 @@ def matvec_group(tuple mats, x, tuple outs):
         raise TypeError("x must be a numpy array")
     cdef cnp.ndarray xa = <cnp.ndarray>x
     if (cnp.PyArray_TYPE(xa) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(xa) != 2 or cnp.PyArray_DIM(xa, 0) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(xa)):
-        raise ValueError("x must be a C-contiguous float32 array [1, K]")
+            or not cnp.PyArray_IS_C_CONTIGUOUS(xa) or not cnp.PyArray_ISNOTSWAPPED(xa)):
+        raise ValueError("x must be a C-contiguous float32 array [1, K] in this CPU's byte order")
     cdef int K = <int>cnp.PyArray_DIM(xa, 1)
     cdef QMatrix w
     cdef cnp.ndarray oa
@@ -602,9 +612,13 @@ def matvec_group(tuple mats, x, tuple outs):
             raise ValueError(f"matrix {m} has {w.n_cols} columns, the input {K}")
         if (cnp.PyArray_TYPE(oa) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(oa) != 2 or cnp.PyArray_DIM(oa, 0) != 1
                 or cnp.PyArray_DIM(oa, 1) != w.n_rows or not cnp.PyArray_IS_C_CONTIGUOUS(oa)
-                or not cnp.PyArray_ISWRITEABLE(oa)):
-            raise ValueError(f"output {m} must be a writable C-contiguous float32 array [1, {w.n_rows}]")
+                or not cnp.PyArray_ISWRITEABLE(oa) or not cnp.PyArray_ISNOTSWAPPED(oa)):
+            raise ValueError(f"output {m} must be a writable C-contiguous float32 array [1, {w.n_rows}] in this "
+                             "CPU's byte order")
         ys[m] = <float*>cnp.PyArray_DATA(oa)
+        if (<const char*>cnp.PyArray_DATA(xa) < <const char*>(ys[m] + w.n_rows)
+                and <const char*>ys[m] < <const char*>cnp.PyArray_DATA(xa) + 4 * <size_t>K):
+            raise ValueError(f"x and output {m} overlap in memory; pass an output array of its own")
     _group_rowdots(mats, <const float*>cnp.PyArray_DATA(xa), K, ys)
 
 

@@ -512,6 +512,34 @@ def test_non_finite_inputs_propagate():
     assert np.isnan(out).all()
 
 
+def test_products_refuse_swapped_overlapping_and_non_integer_inputs():
+    """Arrays numpy calls float32 but stored in the other byte order, an output that overlaps the
+    input (the kernels read one while writing the other) and a row order of floats are refused
+    with a ValueError, before anything is computed; the same arrays in order are accepted."""
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((64, 64)).astype(np.float16)
+    raw = w.view(np.uint8).reshape(64, -1)
+    m = qmatmul.QMatrix(raw, 1, 64)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    out = np.empty((5, 64), np.float32)
+    for bad_x, bad_out in ((x.astype(">f4"), out), (x, np.empty((5, 64), ">f4"))):
+        with pytest.raises(ValueError, match="byte order"):
+            m.matmul(bad_x, bad_out)
+        with pytest.raises(ValueError, match="byte order"):
+            qmatmul.matvec_group((m,), bad_x[:1], (bad_out[:1],))
+    buf = x.copy()
+    for force in (0, 1, 2):
+        with pytest.raises(ValueError, match="overlap"):
+            m.matmul(buf, buf, force)
+    np.testing.assert_array_equal(buf, x)   # refused before anything was written
+    with pytest.raises(ValueError, match="overlap"):
+        qmatmul.matvec_group((m,), buf[:1], (buf[:1],))
+    with pytest.raises(ValueError, match="integers"):
+        qmatmul.QMatrix(raw, 1, 64, np.array([0.9, 2.99]))
+    m.matmul(x, out, 2)   # in order, apart: fine
+    assert np.isfinite(out).all()
+
+
 def test_row_order_permutes_outputs_without_copying():
     rng = np.random.default_rng(3)
     rows, cols = 48, 256
