@@ -315,7 +315,9 @@ def generate(
     from .load import load_model
     from .prompt import check_prompt_text, encode_prompt, prompt_context
 
-    if (prompt is None) == (prompt_file is None):
+    if prompt is not None and prompt_file is not None:
+        raise SterError("both --prompt and --prompt-file were given; keep one of them")
+    if prompt is None and prompt_file is None:
         raise SterError("give the text with --prompt or --prompt-file (one of them)")
     if prompt_file is not None:
         from .cli_text import read_input_file

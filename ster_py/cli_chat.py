@@ -308,7 +308,7 @@ def serve(
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main)."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (default: this machine only)."),
     port: int = typer.Option(8080, help="TCP port."),
-    vector: List[str] = typer.Option([], "--vector", help="NAME=FILE: a steering vector requests may name "
+    vector: List[str] = typer.Option([], "--vector", metavar="NAME=FILE", help="A steering vector requests may name "
                                      "(\"steering\": {\"vector\": NAME, \"strength\": X}); repeatable."),
     max_tokens: int = typer.Option(256, help="max_tokens of a request that gives none."),
     name: Optional[str] = typer.Option(None, "--name", help="The model id /v1/models lists (default: the model "

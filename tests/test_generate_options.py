@@ -96,7 +96,9 @@ def test_refusals(tiny_chat, args, words):
 
 def test_prompt_and_file_exclusive_and_tools_need_a_template(tmp_path):
     r = ster("generate", "--model", str(tmp_path), "-p", "w1", "--prompt-file", "-")
-    assert r.returncode == 1 and "one of them" in r.stderr
+    assert r.returncode == 1 and "both --prompt and --prompt-file were given" in r.stderr
+    r = ster("generate", "--model", str(tmp_path))
+    assert r.returncode == 1 and "give the text with --prompt or --prompt-file" in r.stderr
     make_checkpoint(tmp_path / "plain", "llama")
     (tmp_path / "tools.json").write_text(json.dumps([{"type": "function", "function": {"name": "f"}}]))
     r = ster("generate", "--model", str(tmp_path / "plain"), "-p", "w5", "--tools", str(tmp_path / "tools.json"))
