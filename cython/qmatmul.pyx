@@ -58,7 +58,9 @@ cdef extern from "ster_qkernels.h" nogil:
     void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int r0, int r1,
                            int K, const float* x, const float* xs16, float* y, int simd, const uint16_t* xbf)
     void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
-                           int K, const float* X, int T, float* Y, int ldy, float* pack, int simd)
+                           int K, const float* X, int T, float* Y, int ldy, float* pack, int simd,
+                           const uint16_t* Xb)
+    void ster_round_inputs_bf16(const float* X, int T, int K, uint16_t* Xb)
     int STER_IL
     int STER_ILG
     int STER_IL_MAX_BLOCKS
@@ -109,6 +111,10 @@ cdef int _int16 = 1
 cdef int _read_ahead = 1
 # $STER_INTERLEAVE=0 keeps quantized rows where they are (A/B benchmarks; see set_interleave)
 cdef int _interleave = os.environ.get("STER_INTERLEAVE", "1").strip() != "0"
+# $STER_BF16_INPUTS=0 keeps float32 inputs for bfloat16 matrices' prefill (see set_bf16_inputs)
+cdef int _bf16_inputs = os.environ.get("STER_BF16_INPUTS", "1").strip() != "0"
+#: Whether ``set_bf16_inputs`` starts on in this process ($STER_BF16_INPUTS).
+BF16_INPUTS_DEFAULT = bool(_bf16_inputs)
 # Below this many weights a product runs on one thread: waking the team costs more.
 cdef long _PARALLEL_MIN_WEIGHTS = 65536
 
@@ -159,6 +165,7 @@ ctypedef struct _PanelJob:
     float* Y
     float* pack
     size_t per_thread
+    const uint16_t* Xb    # [T, K + (K & 1)] the inputs in bfloat16 (ster_matmul_range), or NULL
 
 
 # A few rows (speculative verification): every row of the input dotted with each weight row while
@@ -206,7 +213,7 @@ cdef void _panel_task(void* ctx, long c, int tid) noexcept nogil:
     cdef _PanelJob* j = <_PanelJob*>ctx
     cdef int n0 = <int>c * j.nc
     ster_matmul_range(j.typ, j.W, j.rb, j.rows, n0, min(j.N, n0 + j.nc), j.K, j.X, j.T, j.Y, j.N,
-                      j.pack + j.per_thread * tid, j.simd)
+                      j.pack + j.per_thread * tid, j.simd, j.Xb)
 
 
 def pool_stats() -> dict:
@@ -287,10 +294,55 @@ def set_interleave(bint on):
     _interleave = on
 
 
+def set_bf16_inputs(bint on):
+    """Whether products of a bfloat16 matrix over several tokens (prefill, routed experts) round
+    their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps (the default where
+    the CPU has it: twice the products per instruction), as llama.cpp does for its BF16 tensors and
+    transformers for a bf16 model. Off, or below that level: float32 inputs on the float32 tile.
+    The one-token products keep 16 of the inputs' 24 bits either way (``split_bf16``).
+    Returns the setting before."""
+    global _bf16_inputs
+    before = bool(_bf16_inputs)
+    _bf16_inputs = 1 if on else 0
+    return before
+
+
+def bf16_inputs() -> bool:
+    """Whether a bfloat16 matrix's several-token products run on bfloat16 inputs now (the switch
+    of ``set_bf16_inputs`` and a CPU with AVX512_BF16, not capped by ``set_simd_level``)."""
+    return bool(_bf16_inputs and _simd >= 4)
+
+
+cdef uint16_t* _round_inputs(int type_id, const float* x, int T, int K) except? NULL:
+    """The bfloat16 copy of x [T, K] for ster_matmul_range's vdpbf16ps tile ([T, K + (K & 1)],
+    64-byte aligned inside a malloc block whose address is stored in the word before it;
+    ``_free_inputs`` frees it), or NULL when
+    the float32 tile serves this product."""
+    if type_id != 30 or not _bf16_inputs or _simd < 4:
+        return NULL
+    cdef size_t n = <size_t>T * (K + (K & 1))
+    cdef void* block = malloc(2 * n + 128)
+    if block == NULL:
+        raise MemoryError()
+    cdef uintptr_t a = (<uintptr_t>block + 64 + 63) & ~(<uintptr_t>63)
+    (<void**>(a - sizeof(void*)))[0] = block
+    with nogil:
+        ster_round_inputs_bf16(x, T, K, <uint16_t*>a)
+    return <uint16_t*>a
+
+
+cdef inline void _free_inputs(uint16_t* xb) noexcept:
+    if xb != NULL:
+        free((<void**>(<uintptr_t>xb - sizeof(void*)))[0])
+
+
 def set_int16_activations(bint on):
-    """Decode (T = 1) with int16-quantized inputs (default, AVX2 only) or in float32 (exact)."""
+    """Decode (T = 1) with int16-quantized inputs (default, AVX2 only) or in float32 (exact).
+    Returns the setting before."""
     global _int16
+    before = bool(_int16)
     _int16 = 1 if on else 0
+    return before
 
 
 def enable_read_ahead(bint on):
@@ -577,8 +629,14 @@ cdef class QMatrix:
         if block == NULL:
             raise MemoryError()
         j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
+        try:
+            j.Xb = _round_inputs(self.type_id, x, T, K)
+        except MemoryError:
+            free(block)
+            raise
         with nogil:
             ster_pool_run(n_tasks, _panel_task, &j, nt)
+        _free_inputs(<uint16_t*>j.Xb)
         free(block)
         return 0
 
@@ -637,6 +695,7 @@ ctypedef struct _ExpertJob:
     float* Y[_MAX_GROUP]
     float* pack
     size_t per_thread
+    const uint16_t* Xb          # [R, K + (K & 1)] the rows in bfloat16 for BF16 experts, or NULL
 
 
 cdef void _expert_task(void* ctx, long c, int tid) noexcept nogil:
@@ -648,7 +707,8 @@ cdef void _expert_task(void* ctx, long c, int tid) noexcept nogil:
     cdef long a = j.off[e]
     cdef int n0 = chunk * j.nc, N = j.N[s]
     ster_matmul_range(j.typ[me], j.W[me], j.rb[me], j.rows[me], n0, min(N, n0 + j.nc), j.K, j.X + a * j.K,
-                      <int>(j.off[e + 1] - a), j.Y[s] + a * N, N, j.pack + j.per_thread * tid, j.simd)
+                      <int>(j.off[e + 1] - a), j.Y[s] + a * N, N, j.pack + j.per_thread * tid, j.simd,
+                      j.Xb + a * (j.K + (j.K & 1)) if j.Xb != NULL else NULL)
 
 
 def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
@@ -721,7 +781,9 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
     j.off = &ov[0]
     j.X = &xv[0, 0]
     j.pack = NULL
+    j.Xb = NULL
     cdef void* block = NULL
+    cdef int any_bf16 = 0
     try:
         if j.W == NULL or j.rb == NULL or j.typ == NULL or j.rows == NULL or j.task == NULL:
             raise MemoryError()
@@ -730,6 +792,7 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
                 w = <QMatrix>sets[s][e]
                 c = s * n_exp + e
                 j.W[c], j.rb[c], j.typ[c], j.rows[c] = &w.raw[0, 0], w.row_bytes, w._kt, w._rows
+                any_bf16 |= w.type_id == 30
         # tasks: the largest experts first (their chunks are the longest), each expert's chunks in turn
         counts = np.diff(np.asarray(ov))
         for e in np.argsort(-counts, kind="stable"):
@@ -748,9 +811,12 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
         if block == NULL:
             raise MemoryError()
         j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
+        if any_bf16:
+            j.Xb = _round_inputs(30, j.X, <int>R, K)
         with nogil:
             ster_pool_run(n_tasks, _expert_task, &j, nt)
     finally:
+        _free_inputs(<uint16_t*>j.Xb)
         free(block)
         free(j.W)
         free(j.rb)
@@ -916,4 +982,4 @@ _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NUL
 _multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 12
+SOURCE_VERSION = 13

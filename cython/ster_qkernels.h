@@ -1540,11 +1540,49 @@ static void ster_matvec_range(int type, const uint8_t* W, size_t row_bytes, cons
         y[r] = ster_row_dot_scalar(type, W + (size_t)(rows ? rows[r] : r) * row_bytes, nb, x);
 }
 
+#if STER_HAVE_X86
+/* Panel p's pairs for ster_micro_bf16dp: lane rr of pair j = row n0 + 16p + rr's bfloat16
+ * weights kc0 + 2j, kc0 + 2j + 1 as one 32-bit word; rows past n1 and an odd last input
+ * are zero. */
+static void ster_pack_bf16_pairs(const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1, int p,
+                                 int kc0, int kcl, uint32_t* P) {
+    const int kp = (kcl + 1) / 2;
+    int rr, j;
+    for (rr = 0; rr < STER_NR; rr++) {
+        const int n = n0 + STER_NR * p + rr;
+        if (n < n1) {
+            const uint8_t* src = W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)kc0 * 2;
+            for (j = 0; j < kcl / 2; j++) memcpy(P + (size_t)j * STER_NR + rr, src + 4 * j, 4);
+            if (kcl & 1) {
+                uint16_t last;
+                memcpy(&last, src + 2 * (kcl - 1), 2);
+                P[(size_t)(kp - 1) * STER_NR + rr] = last;   /* weight 2j (low half), 0 for 2j + 1 */
+            }
+        } else {
+            for (j = 0; j < kp; j++) P[(size_t)j * STER_NR + rr] = 0;
+        }
+    }
+}
+#endif
+
+/* The inputs of ster_matmul_range's bfloat16 tile: X [T, K] -> Xb [T, Kp] rounded to nearest
+ * even (Kp = K + (K & 1), the pad zero). Only called at STER_ISA_BF16. */
+static void ster_round_inputs_bf16(const float* X, int T, int K, uint16_t* Xb) {
+#if STER_HAVE_X86
+    ster_round_bf16_rows(X, T, K, Xb);
+#else
+    (void)X; (void)T; (void)K; (void)Xb;
+#endif
+}
+
 /* Y[t, n] = sum_k X[t, k] W[rows[n], k] for t < T and n in [n0, n1).
  * X: [T, K] (row stride K); Y: row stride ldy; pack: scratch of
- * ceil((n1 - n0) / 16) * STER_KC * 16 floats (32-byte aligned). */
+ * ceil((n1 - n0) / 16) * STER_KC * 16 floats (32-byte aligned). Xb: NULL, or for a BF16
+ * matrix at STER_ISA_BF16 the inputs rounded to bfloat16 by ster_round_bf16_rows ([T, Kp],
+ * Kp = K + (K & 1)), which the vdpbf16ps tile then multiplies instead of X. */
 static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
-                              int K, const float* X, int T, float* Y, int ldy, float* pack, int simd) {
+                              int K, const float* X, int T, float* Y, int ldy, float* pack, int simd,
+                              const uint16_t* Xb) {
     const int il = type & STER_IL;
     type &= ~STER_IL;
     const int bs = ster_block_size(type), ts = ster_type_size(type);
@@ -1558,6 +1596,31 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
 #else
     const int mr = STER_MR;
     (void)simd;
+#endif
+#if STER_HAVE_X86
+    if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_BF16) {
+        const int Kp = K + (K & 1);
+        for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
+            kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
+            for (p = 0; p < npanel; p++)
+                ster_pack_bf16_pairs(W, row_bytes, rows, n0, n1, p, kc0, kcl, (uint32_t*)(pack + (size_t)p * STER_KC * STER_NR));
+            for (t0 = 0; t0 < T; t0 += STER_MR512) {
+                const int mt = T - t0 < STER_MR512 ? T - t0 : STER_MR512;
+                for (p = 0; p < npanel; p += 2) {   /* panels p and p + 1 at once (p alone if last) */
+                    const int two = p + 1 < npanel, nv = n1 - n0 - STER_NR * p;
+                    const int nv1 = two ? n1 - n0 - STER_NR * (p + 1) : 0;
+                    const uint16_t* P0 = (const uint16_t*)(pack + (size_t)p * STER_KC * STER_NR);
+                    ster_micro_bf16dp((kcl + 1) / 2, Xb + (size_t)t0 * Kp + kc0, Kp, mt, P0,
+                                      two ? P0 + 2 * STER_KC * STER_NR : P0, Y + (size_t)t0 * ldy + n0 + STER_NR * p,
+                                      ldy, nv > STER_NR ? STER_NR : nv, nv1 > STER_NR ? STER_NR : nv1, kc0 > 0);
+                    if (!two) break;
+                }
+            }
+        }
+        return;
+    }
+#else
+    (void)Xb;
 #endif
     for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
         kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;

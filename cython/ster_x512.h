@@ -11,7 +11,8 @@
  *     (ster_dot16_vnni_for);
  *   - STER_ISA_BF16 (+ AVX512_BF16): bfloat16 row dots with vdpbf16ps, the input split
  *     into two bfloat16 halves (ster_split_bf16) so that it keeps 16 of float32's 24 bits:
- *     two vdpbf16ps per 32 weights, no widening of the weights.
+ *     two vdpbf16ps per 32 weights, no widening of the weights; and, for prefill, the
+ *     register tile on bfloat16 inputs (ster_micro_bf16dp), when the caller rounds them.
  *
  * Every function computes what its AVX2 counterpart computes (same codes, scales and
  * inputs), with float32 sums in another order; tests/test_qmatmul.py checks each level
@@ -154,6 +155,24 @@ static ster_dot16_fn ster_dot16_vnni_for(int type) {
 
 #define STER_MR512 12
 
+/* Rows t < mt of a 12 x 32 tile's sums to C (row stride ldc): outputs 0..nv0-1 from acc0,
+ * 16..16+nv1-1 from acc1, added to what C holds when accumulate. */
+STER_X512_INLINE void ster_store_tile512(const __m512* acc0, const __m512* acc1, int mt, float* C, int ldc,
+                                         int nv0, int nv1, int accumulate) {
+    const __mmask16 m0 = (__mmask16)((1u << nv0) - 1u), m1 = (__mmask16)((1u << nv1) - 1u);
+    int t;
+    for (t = 0; t < mt; t++) {
+        float* ct = C + (size_t)t * ldc;
+        __m512 r0 = acc0[t], r1 = acc1[t];
+        if (accumulate) {
+            r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(m0, ct));
+            r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(m1, ct + STER_NR));
+        }
+        _mm512_mask_storeu_ps(ct, m0, r0);
+        _mm512_mask_storeu_ps(ct + STER_NR, m1, r1);
+    }
+}
+
 /* C[t, n] (+)= sum_k A[t, k] * B[k, n] for t < mt (<= 12) over two adjacent packed panels
  * B0, B1 ([kc][16] each; outputs 0..15 from B0, 16..31 from B1), as ster_micro_avx2 does
  * with 6 tokens and one panel: 24 zmm accumulators, per k two panel loads and 12 broadcasts
@@ -171,7 +190,7 @@ static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, c
     STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5)
     STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
 #undef STER_Z2
-    int k, t;
+    int k;
     for (k = 0; k < kc; k++) {
         const __m512 b = _mm512_loadu_ps(B0 + STER_NR * k), e = _mm512_loadu_ps(B1 + STER_NR * k);
         __m512 s;
@@ -183,17 +202,63 @@ static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, c
     {
         const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
         const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
-        const __mmask16 m0 = (__mmask16)((1u << nv0) - 1u), m1 = (__mmask16)((1u << nv1) - 1u);
-        for (t = 0; t < mt; t++) {
-            float* ct = C + (size_t)t * ldc;
-            __m512 r0 = acc0[t], r1 = acc1[t];
-            if (accumulate) {
-                r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(m0, ct));
-                r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(m1, ct + STER_NR));
-            }
-            _mm512_mask_storeu_ps(ct, m0, r0);
-            _mm512_mask_storeu_ps(ct + STER_NR, m1, r1);
+        ster_store_tile512(acc0, acc1, mt, C, ldc, nv0, nv1, accumulate);
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* bfloat16 weights on bfloat16 inputs: 12 tokens x 32 outputs with vdpbf16ps */
+
+/* X [T, K] float32 -> Xb [T, Kp] bfloat16 (Kp = K + (K & 1), the pad zero), rounded to
+ * nearest even by vcvtneps2bf16 (which reads subnormal inputs as zero). */
+static STER_X512BF16 void ster_round_bf16_rows(const float* X, int T, int K, uint16_t* Xb) {
+    const int Kp = K + (K & 1);
+    int t, k;
+    for (t = 0; t < T; t++) {
+        const float* x = X + (size_t)t * K;
+        uint16_t* y = Xb + (size_t)t * Kp;
+        for (k = 0; k + 16 <= K; k += 16)
+            _mm256_storeu_si256((__m256i*)(y + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
+        if (k < Kp) {
+            const __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+            _mm256_mask_storeu_epi16(y + k, (__mmask16)((1u << (Kp - k)) - 1u),
+                                     (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + k)));
         }
+    }
+}
+
+/* C[t, n] (+)= sum_k A[t, k] * B[k, n] as ster_micro_x512, on bfloat16: A rows of bfloat16
+ * (row stride lda elements, pairs k, k + 1 adjacent), panels B0, B1 of kp pairs [kp][16][2]
+ * (lane n of pair j holds rows n's weights 2j, 2j + 1). Per pair two panel loads and 12
+ * 32-bit broadcasts feed 24 vdpbf16ps: 768 products where the float32 tile's 24 FMAs make
+ * 384. Each lane adds its two products to its sum per instruction (exact products, the sum
+ * rounded to nearest even, subnormals read and written as zero). */
+static STER_X512BF16 void ster_micro_bf16dp(int kp, const uint16_t* A, int lda, int mt, const uint16_t* B0,
+                                            const uint16_t* B1, float* C, int ldc, int nv0, int nv1, int accumulate) {
+#define STER_AROW(i) const uint16_t* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
+    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
+    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
+#undef STER_AROW
+#define STER_Z2(i) __m512 c##i = _mm512_setzero_ps(), d##i = _mm512_setzero_ps();
+    STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5)
+    STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
+#undef STER_Z2
+    int k;
+    for (k = 0; k < kp; k++) {
+        const __m512bh b = (__m512bh)_mm512_loadu_si512((const void*)(B0 + 2 * STER_NR * k));
+        const __m512bh e = (__m512bh)_mm512_loadu_si512((const void*)(B1 + 2 * STER_NR * k));
+        __m512bh s;
+        uint32_t w;
+#define STER_F2(i) memcpy(&w, a##i + 2 * k, 4); s = (__m512bh)_mm512_set1_epi32((int)w); \
+                   c##i = _mm512_dpbf16_ps(c##i, s, b); d##i = _mm512_dpbf16_ps(d##i, s, e);
+        STER_F2(0) STER_F2(1) STER_F2(2) STER_F2(3) STER_F2(4) STER_F2(5)
+        STER_F2(6) STER_F2(7) STER_F2(8) STER_F2(9) STER_F2(10) STER_F2(11)
+#undef STER_F2
+    }
+    {
+        const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+        const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
+        ster_store_tile512(acc0, acc1, mt, C, ldc, nv0, nv1, accumulate);
     }
 }
 

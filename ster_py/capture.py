@@ -27,6 +27,7 @@ import numpy as np
 
 from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, model_identity, read_json, sniff,
                         write_safetensors)
+from .decoder.qlinear import float_activations
 from .errors import SterError
 from .files import check_path_name
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
@@ -174,7 +175,10 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         if not p.ids:
             raise SterError(f"prompt {n} encodes to no tokens; give a non-empty prompt")
         hidden: list[np.ndarray] = []
-        loaded.decoder.forward(p.ids, hidden_states=hidden, last_only=True)
+        # Float inputs to every product (as parity): the int16 / bfloat16 roundings of a product's inputs are
+        # generation's speed trades, and a captured state must not depend on the prompt's length or the CPU.
+        with float_activations():
+            loaded.decoder.forward(p.ids, hidden_states=hidden, last_only=True)
         for i in layers:
             h = hidden[i + 1]  # hidden[0] is the embedding output
             if position == "last":

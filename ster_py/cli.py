@@ -223,7 +223,9 @@ def _write(text: str) -> None:
 
 THREADS_HELP = ("Threads for the matrix products and attention, and the most any library's thread pool "
                 "(BLAS, OpenMP) may use (default: $STER_THREADS, else every core).")
-PRECISION_HELP = ("Weight dtype in memory; compute is always f32. auto keeps each tensor as stored (f32, f16, "
+PRECISION_HELP = ("Weight dtype in memory; compute is f32 (with bf16 weights on a CPU with AVX512_BF16, a "
+                  "prompt's products round their inputs to bf16, as transformers and llama.cpp do; "
+                  "STER_BF16_INPUTS=0 keeps f32). auto keeps each tensor as stored (f32, f16, "
                   "bf16: a bf16 checkpoint stays bf16, read in place by the 16-bit kernels).")
 QUANTIZE_HELP = ("Quantize a safetensors checkpoint's projections as it loads into llama.cpp's blocks (q4_k: "
                  "Q5_0 for rows that are not whole 256-blocks; the output head Q8_0), run by the GGUF kernels. "

@@ -94,7 +94,7 @@ def perplexity(
                                             "Δp and top-1 agreement against it."),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Score at most this many windows."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
-    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is f32."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),

@@ -174,7 +174,7 @@ def capture(
                                                "chat template when it has one; off: raw text."),
     system: Optional[str] = typer.Option(None, help="System prompt (needs a chat template)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
-    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is always f32."),
+    precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is f32."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),

@@ -7,7 +7,8 @@
   instruction-set level this CPU runs (portable, AVX2, AVX-512, AVX512_BF16), each forced
   with the ones above it off. The AVX512_BF16 row dots multiply the input split in two
   bfloat16 halves; their reference multiplies that split (``qmatmul.split_bf16``), itself
-  checked against its definition with ml_dtypes.
+  checked against its definition with ml_dtypes. The AVX512_BF16 panels (several tokens)
+  multiply the inputs rounded to bfloat16 (``qmatmul.set_bf16_inputs``, on by default).
 - A checkpoint saved in bf16 (and one in f16) by transformers runs with ``precision="auto"``:
   its matrices stay views of the file, every projection is a 16-bit ``QuantLinear``, the
   fused decode step takes every block, and logits match transformers on the same weights.
@@ -18,7 +19,7 @@ import pytest
 
 import ml_dtypes
 from ster_py._kernels import qmatmul
-from ster_py.decoder.qlinear import QuantLinear, reference_matmul, set_threads
+from ster_py.decoder.qlinear import QuantLinear, float_activations, reference_matmul, set_threads
 from ster_py.errors import SterError
 
 from tiny import make_checkpoint, one_torch_thread, reference_logits  # noqa: F401  (autouse fixture)
@@ -57,6 +58,8 @@ def test_half_rows_match_numpy_every_level(kind, cols):
         x = rng.standard_normal((T, cols)).astype(np.float32)
         want = reference_matmul(x, w)
         want_split = split_input(x) @ w.astype(np.float64).T
+        xr = x.astype(ml_dtypes.bfloat16).astype(np.float32)   # the vdpbf16ps tile's inputs
+        want_round, b_round = reference_matmul(xr, w), bound(xr, w)
         b = bound(x, w)
         for level in LEVELS:
             qmatmul.set_simd_level(level)
@@ -67,10 +70,83 @@ def test_half_rows_match_numpy_every_level(kind, cols):
                     out = outs[force] = np.full((T, rows), np.nan, np.float32)
                     lin._m.matmul(x, out, force)
                     rowdots = force in (1, 3) or (force == 0 and T == 1)
-                    ref = want_split if (kind == "bf16" and level == "avx512_bf16" and rowdots) else want
-                    excess = np.abs(out - ref) / b
+                    ref, bb = want, b
+                    if kind == "bf16" and level == "avx512_bf16":
+                        ref, bb = (want_split, b) if rowdots else (want_round, b_round) if qmatmul.bf16_inputs() else (want, b)
+                    excess = np.abs(out - ref) / bb
                     assert excess.max() <= 1.0, (kind, cols, T, level, threads, force, excess.max())
                 np.testing.assert_array_equal(outs[3], outs[1])  # each row's one-token product
+
+
+def test_bf16_input_tile_follows_its_definition():
+    """With ``set_bf16_inputs`` on at AVX512_BF16, a bfloat16 matrix's several-token products
+    (decoded panels and routed experts) multiply the inputs rounded to bfloat16 (nearest even,
+    as ml_dtypes rounds) by vdpbf16ps: equal to that rounded product within the float32 bound,
+    the same bits at 1 and 2 threads and whatever the tiling (odd rows of inputs, a lone or
+    partial last panel, token counts that fill the 12-token tile or not); one-token products
+    and lower levels keep the float32 inputs; off, the float32 tile serves."""
+    if "avx512_bf16" not in LEVELS:
+        pytest.skip("the vdpbf16ps tile runs only on a CPU with AVX512_BF16; this one has none")
+    rng = np.random.default_rng(5)
+    try:
+        qmatmul.set_bf16_inputs(True)
+        for rows, cols in ((80, 600), (37, 577), (16, 33), (9, 1024)):
+            w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2.0, (rows, 1))).astype(ml_dtypes.bfloat16)
+            m = QuantLinear(w)._m
+            for T in (2, 13, 24):
+                x = rng.standard_normal((T, cols)).astype(np.float32)
+                xr = x.astype(ml_dtypes.bfloat16)
+                want, want32 = reference_matmul(xr.astype(np.float32), w), reference_matmul(x, w)
+                b = bound(xr.astype(np.float32), w)
+                outs = []
+                for threads in (1, 2):
+                    qmatmul.set_threads(threads)
+                    out = np.full((T, rows), np.nan, np.float32)
+                    m.matmul(x, out, 2)
+                    assert (np.abs(out - want) / b).max() <= 1.0, (rows, cols, T, threads)
+                    outs.append(out)
+                np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+                assert np.abs(outs[0] - want32).max() > 0        # the inputs really were rounded
+                qmatmul.set_simd_level("avx512_vnni")            # below the level: float32 inputs
+                out = np.empty((T, rows), np.float32)
+                m.matmul(x, out, 2)
+                assert (np.abs(out - want32) / bound(x, w)).max() <= 1.0
+                qmatmul.set_simd(True)
+        # routed experts: the rows of each expert on the same tile (one expert has no rows)
+        ws = [rng.standard_normal((48, 96)).astype(ml_dtypes.bfloat16) for _ in range(3)]
+        x = rng.standard_normal((20, 96)).astype(np.float32)
+        offsets = np.array([0, 7, 7, 20])
+        y = np.full((20, 48), np.nan, np.float32)
+        qmatmul.expert_matmul((tuple(QuantLinear(w)._m for w in ws),), x, offsets, (y,))
+        for e in (0, 2):
+            a, z = offsets[e], offsets[e + 1]
+            xr = x[a:z].astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert (np.abs(y[a:z] - reference_matmul(xr, ws[e])) / bound(xr, ws[e])).max() <= 1.0
+        qmatmul.set_bf16_inputs(False)
+        w = ws[0]
+        out = np.empty((20, 48), np.float32)
+        QuantLinear(w)._m.matmul(x, out, 2)
+        assert (np.abs(out - reference_matmul(x, w)) / bound(x, w)).max() <= 1.0
+    finally:
+        qmatmul.set_bf16_inputs(qmatmul.BF16_INPUTS_DEFAULT)
+
+
+def test_bf16_inputs_env_turns_the_rounding_off():
+    """$STER_BF16_INPUTS=0 starts a process with the bfloat16 rounding off (A/B runs); unset, it is on
+    wherever the CPU has AVX512_BF16; ``float_activations`` turns it off and restores it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from ster_py._kernels import qmatmul; from ster_py.decoder.qlinear import float_activations\n"
+            "a = qmatmul.bf16_inputs()\nwith float_activations(): b = qmatmul.bf16_inputs()\n"
+            "print(a, b, qmatmul.bf16_inputs())")
+    has = qmatmul.cpu_simd_level() == "avx512_bf16"
+    for value, want in (("0", "False False False"), ("1", f"{has} False {has}")):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "STER_BF16_INPUTS": value})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.strip() == want, (value, r.stdout)
 
 
 def test_bf16_split_follows_its_definition():
@@ -130,8 +206,13 @@ def test_half_checkpoint_runs_as_stored(tmp_path, kind):
         assert layer.decode_step() is not None
     ids = [1, 5, 9, 33, 7, 100, 64, 3]
     ref, _ = reference_logits(model, ids)
-    ours = d.forward(ids)
+    with float_activations():   # the model's math: every product on float32 inputs
+        ours = d.forward(ids)
     assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-5
+    # generation's default: where the CPU has AVX512_BF16, a bf16 prompt's products round their inputs to
+    # bfloat16 (as transformers' bf16 and llama.cpp's BF16 do); still well within bf16's own error
+    err = np.linalg.norm(d.forward(ids) - ref) / np.linalg.norm(ref)
+    assert err < (2e-2 if kind == "bf16" and qmatmul.bf16_inputs() else 1e-5), err
     # greedy decoding: the fused step and the Python blocks give the same tokens and logits
     fused = generate(d, ids, Sampling(max_new_tokens=6), stop_ids=())
     d.fuse_decode = False
@@ -188,7 +269,11 @@ def test_simd_level_env_caps_every_kernel_module():
             "ops.set_simd(True); scan.set_simd(True); lightning.set_simd(True)\n"
             "print(qmatmul.cpu_simd_level(), qmatmul.simd_level(), qmatmul.set_simd_level('avx512_bf16'), "
             "ops.simd_enabled(), scan.simd_enabled(), lightning.simd_enabled())")
-    want_top = qmatmul.cpu_simd_level()
+    # the CPU's own top level (this process's may be capped by $STER_SIMD_LEVEL)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "STER_SIMD_LEVEL"}
+    want_top = subprocess.run([sys.executable, "-c", "from ster_py._kernels import qmatmul; "
+                               "print(qmatmul.cpu_simd_level())"], capture_output=True, text=True, timeout=120,
+                              env=env).stdout.strip()
     for cap in ("portable", "avx2", "avx512"):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                            env={**__import__("os").environ, "STER_SIMD_LEVEL": cap})

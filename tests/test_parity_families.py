@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ster_py.decoder.qlinear import float_activations
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
 from tiny import make_checkpoint, reference_greedy, reference_logits, reference_split_logits, rel_err
@@ -102,7 +103,8 @@ def test_half_precision_storage(precision, tmp_path):
     ref_logits, _ = reference_logits(ref_model, PROMPT)
     model = load_model(str(tmp_path), precision=precision)
     assert all(t.weight.dtype.itemsize == 2 for t in (model.decoder.layers[0].q, model.decoder.head))
-    assert rel_err(model.decoder.forward(PROMPT), ref_logits) < 1e-4
+    with float_activations():   # the model's math (generation may round a bf16 prompt's inputs to bf16)
+        assert rel_err(model.decoder.forward(PROMPT), ref_logits) < 1e-4
     assert generate(model.decoder, PROMPT, Sampling(max_new_tokens=16)).ids == reference_greedy(ref_model, PROMPT, 16)
 
 

@@ -77,15 +77,19 @@ def _kernels():
 
 @contextmanager
 def float_activations():
-    """Within the block, one-token (T = 1) products with block-quantized weights take float32 inputs as
-    every T > 1 product does, instead of the inputs rounded to int16 per 32-block (``QuantLinear``); the
-    int16 rounding (the default) is on again after it. Not for concurrent use by several threads."""
+    """Within the block, every product takes its float32 inputs as they are: one-token (T = 1) products
+    with block-quantized weights no longer round them to int16 per 32-block, and a bfloat16 matrix's
+    several-token products no longer round them to bfloat16 for AVX512_BF16's vdpbf16ps
+    (``qmatmul.set_bf16_inputs``). Those roundings are speed trades of generation (the defaults),
+    restored as they were after the block. Not for concurrent use by several threads."""
     qmatmul = _kernels()
-    qmatmul.set_int16_activations(False)
+    int16 = qmatmul.set_int16_activations(False)
+    bf16 = qmatmul.set_bf16_inputs(False)
     try:
         yield
     finally:
-        qmatmul.set_int16_activations(True)
+        qmatmul.set_int16_activations(int16)
+        qmatmul.set_bf16_inputs(bf16)
 
 
 #: GGML type ids of the 16-bit float rows the kernels multiply as stored.
@@ -429,7 +433,8 @@ def reference_matmul(x: np.ndarray, weight) -> np.ndarray:
 
     (For the int16 decode path, pass the quantized input ``dx * q`` from
     ``qmatmul.quantize_activations``; for the AVX512_BF16 decode path, hi + lo from
-    ``qmatmul.split_bf16``.)
+    ``qmatmul.split_bf16``; for a bfloat16 W's several-token products on bfloat16 inputs
+    (``qmatmul.bf16_inputs``), x rounded to bfloat16.)
     """
     if is_half(weight):
         return np.asarray(x, dtype=np.float64) @ weight.astype(np.float64).T
