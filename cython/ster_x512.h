@@ -155,6 +155,17 @@ static ster_dot16_fn ster_dot16_vnni_for(int type) {
 
 #define STER_MR512 12
 
+/* A 12 x 32 tile's start: row pointers a0..a11 into A (row stride lda; rows t >= mt repeat row
+ * mt - 1, computed and dropped) and its 24 accumulators c0..c11 (outputs 0..15), d0..d11 (16..31). */
+#define STER_AROW(i) const ELEM_T_* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
+#define STER_Z2(i) __m512 c##i = _mm512_setzero_ps(), d##i = _mm512_setzero_ps();
+#define STER_TILE512_BEGIN(ELEM) \
+    typedef ELEM ELEM_T_; \
+    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5) \
+    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11) \
+    STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5) \
+    STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
+
 /* Rows t < mt of a 12 x 32 tile's sums to C (row stride ldc): outputs 0..nv0-1 from acc0,
  * 16..16+nv1-1 from acc1, added to what C holds when accumulate. */
 STER_X512_INLINE void ster_store_tile512(const __m512* acc0, const __m512* acc1, int mt, float* C, int ldc,
@@ -182,14 +193,7 @@ STER_X512_INLINE void ster_store_tile512(const __m512* acc0, const __m512* acc1,
  * Rows t >= mt repeat row mt - 1 and are dropped. Each output is one FMA chain over k. */
 static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, const float* B0, const float* B1,
                                       float* C, int ldc, int nv0, int nv1, int accumulate) {
-#define STER_AROW(i) const float* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
-    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
-    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
-#undef STER_AROW
-#define STER_Z2(i) __m512 c##i = _mm512_setzero_ps(), d##i = _mm512_setzero_ps();
-    STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5)
-    STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
-#undef STER_Z2
+    STER_TILE512_BEGIN(float)
     int k;
     for (k = 0; k < kc; k++) {
         const __m512 b = _mm512_loadu_ps(B0 + STER_NR * k), e = _mm512_loadu_ps(B1 + STER_NR * k);
@@ -235,14 +239,7 @@ static STER_X512BF16 void ster_round_bf16_rows(const float* X, int T, int K, uin
  * rounded to nearest even, subnormals read and written as zero). */
 static STER_X512BF16 void ster_micro_bf16dp(int kp, const uint16_t* A, int lda, int mt, const uint16_t* B0,
                                             const uint16_t* B1, float* C, int ldc, int nv0, int nv1, int accumulate) {
-#define STER_AROW(i) const uint16_t* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
-    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5)
-    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11)
-#undef STER_AROW
-#define STER_Z2(i) __m512 c##i = _mm512_setzero_ps(), d##i = _mm512_setzero_ps();
-    STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5)
-    STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
-#undef STER_Z2
+    STER_TILE512_BEGIN(uint16_t)
     int k;
     for (k = 0; k < kp; k++) {
         const __m512bh b = (__m512bh)_mm512_loadu_si512((const void*)(B0 + 2 * STER_NR * k));
