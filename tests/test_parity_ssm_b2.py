@@ -265,7 +265,10 @@ def check_delta(path, ref_model, greedy=reference_greedy):
         assert rel_err(other, logits) < 1e-5
         assert cache.length == whole.length == len(PROMPT)
         for a, b in zip(_states(cache, model.spec), _states(whole, model.spec)):
-            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+            # 2e-5: the chunked (prefill) and one-token (recurrent) updates sum in different orders; on an
+            # AMD EPYC Zen 5 olmo_hybrid's state moved 1.2e-5 of its largest entry (numpy's exp / log
+            # dispatch differs by CPU), 1e-5 had passed elsewhere
+            assert np.abs(a - b).max() <= 2e-5 * np.abs(b).max()
     assert whole.nbytes_fixed() == model.spec.state_bytes() > 0
     assert generate(dec, PROMPT, Sampling(max_new_tokens=16)).ids == greedy(ref_model, PROMPT, 16)
     assert dec._weights.unused_tensors(model.spec) == []
