@@ -215,7 +215,8 @@ def test_inspect_counts_quantized_matrices_as_stored(smollm2_gguf):
     assert both.returncode == 1 and "two models given" in both.stderr
 
 
-@pytest.mark.parametrize("name,value", [("STER_SIMD_LEVEL", "avx9000"), ("STER_INTERLEAVE", "maybe")])
+@pytest.mark.parametrize("name,value", [("STER_SIMD_LEVEL", "avx9000"), ("STER_INTERLEAVE", "maybe"),
+                                        ("STER_BF16_INPUTS", "off")])
 def test_unknown_kernel_settings_are_refused_by_the_cli(tiny_llama, name, value):
     """The kernels would ignore these values (no cap; interleaving on): the CLI says so instead."""
     import os

@@ -204,8 +204,8 @@ def threads_from_env() -> int | None:
 
 
 def check_kernel_env() -> None:
-    """Refuse a $STER_SIMD_LEVEL or $STER_INTERLEAVE the kernels would not understand (they would
-    ignore it: no cap, or interleaving on), so that a typo does not pass for a setting.
+    """Refuse a $STER_SIMD_LEVEL, $STER_INTERLEAVE or $STER_BF16_INPUTS the kernels would not understand
+    (they would ignore it: no cap, interleaving or rounding on), so that a typo does not pass for a setting.
 
     Raises SterError naming the variable and the values it takes.
     """
@@ -215,10 +215,12 @@ def check_kernel_env() -> None:
     level = os.environ.get("STER_SIMD_LEVEL", "").strip()
     if level and level.lower() not in levels:
         raise SterError(f"STER_SIMD_LEVEL must be one of {', '.join(levels)}, got {level[:20]!r}; fix or unset it")
-    inter = os.environ.get("STER_INTERLEAVE", "").strip()
-    if inter and inter not in ("0", "1"):
-        raise SterError(f"STER_INTERLEAVE must be 0 (rows in place) or 1 (interleaved, the default), got "
-                        f"{inter[:20]!r}; fix or unset it")
+    for name, meaning in (("STER_INTERLEAVE", "0 (rows in place) or 1 (interleaved, the default)"),
+                          ("STER_BF16_INPUTS", "0 (float32 inputs) or 1 (a bf16 prompt's inputs rounded to bf16 "
+                                               "where the CPU has AVX512_BF16, the default)")):
+        value = os.environ.get(name, "").strip()
+        if value and value not in ("0", "1"):
+            raise SterError(f"{name} must be {meaning}, got {value[:20]!r}; fix or unset it")
 
 
 def get_threads() -> int:
