@@ -583,8 +583,6 @@ def _family_note(family) -> str:
 @app.command()
 def families(as_json: bool = flag(False, "--json", help="Print one JSON document.")) -> None:
     """Every model_type ster knows, whether it runs, and its GGUF architecture."""
-    from rich.table import Table
-
     from .families import FAMILIES, KNOWN_MODEL_TYPES
 
     rows = [{"model_type": m, "runs": m in FAMILIES,
@@ -593,17 +591,22 @@ def families(as_json: bool = flag(False, "--json", help="Print one JSON document
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("model_type", "runs", "GGUF architecture", "note")
+    table = _table("model_type", "runs", "GGUF architecture", "note")
     for r in rows:
         table.add_row(r["model_type"], "yes" if r["runs"] else "no", r["gguf_architecture"] or "-", r["note"])
     out.print(table)
 
 
+def _table(*columns: str):
+    """A rich table for ``out``: boxed on a terminal, plain columns (no box-drawing characters) when piped."""
+    from rich.table import Table
+
+    return Table(*columns, box=Table().box if out.is_terminal else None)
+
+
 @app.command()
 def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.")) -> None:
     """Named models pinned by SHA-256 (usable as --model NAME), and whether they are cached."""
-    from rich.table import Table
-
     from .presets import DEFAULT_PRESET, PRESETS, cached_path
 
     rows = [{"name": p.name, "default": p.name == DEFAULT_PRESET, "file": p.filename, "sha256": p.sha256,
@@ -612,7 +615,7 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("name", "size", "cached", "description")
+    table = _table("name", "size", "cached", "description")
     for r in rows:
         table.add_row(r["name"] + (" (default)" if r["default"] else ""), f"{r['size'] / 2**20:.0f} MiB",
                       "yes" if r["cached"] else "no", r["description"])

@@ -47,8 +47,10 @@ FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1"
 #: (no ``-march=native``, no AMX, no AVX-512): the README's test command uses them.
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 
-_INSTALL_HINT = ('install it with: pip install llama-cpp-python==0.3.36, or pip install ".[test]" from a checkout '
-                 'of ster-py (it compiles llama.cpp from source, so the "reference" extra leaves it out)')
+_INSTALL_HINT = (f'install it with: CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" pip install llama-cpp-python==0.3.36 '
+                 '(a portable build: a native one can crash on virtual machines that advertise AMX), or the '
+                 'same CMAKE_ARGS with pip install ".[test]" from a checkout of ster-py (it compiles llama.cpp '
+                 'from source, so the "reference" extra leaves it out)')
 
 
 def _missing() -> SterError:

@@ -82,8 +82,8 @@ class ParityReport:
         return d
 
 
-def _missing(package: str, extra_hint: str) -> SterError:
-    return SterError(f"`ster parity --reference` needs {package}, missing here; {extra_hint}")
+def _missing(package: str, extra_hint: str, reference: str = "transformers") -> SterError:
+    return SterError(f"`ster parity` with the {reference} reference needs {package}, missing here; {extra_hint}")
 
 
 # Families Transformers runs only as the text model of a multimodal class, with no causal-LM class
@@ -196,6 +196,16 @@ UNREFERENCED_VARIANTS = {"bailing_hybrid": (_ling25, "Ling 2.5 (lightning attent
                                                      "is Ling 3.0, with Kimi Delta Attention in those layers")}
 
 
+def _require_transformers() -> None:
+    """Raise SterError (naming what to install) unless torch and transformers import."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise _missing("torch and transformers", 'install them with: pip install ".[reference]" from a '
+                       'checkout of ster-py, or pip install torch transformers') from None
+
+
 def transformers_reference(resolved) -> Reference:
     """A reference that runs Transformers on the model ``resolved`` describes.
 
@@ -203,12 +213,10 @@ def transformers_reference(resolved) -> Reference:
         SterError: torch or transformers missing (names the extra to install); a family
             Transformers does not implement; the model cannot be loaded by Transformers.
     """
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        raise _missing("torch and transformers", 'install them with: pip install ".[reference]" from a '
-                       'checkout of ster-py, or pip install torch transformers') from None
+    _require_transformers()
+    import torch
+    import transformers
+
     from .decoder.qlinear import get_threads
 
     torch.set_num_threads(get_threads())  # --threads bounds torch's pool too
@@ -404,6 +412,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         if not p.ids:
             raise SterError(f"the prompt {p.text!r} encodes to no tokens")
     if reference_fn is None:
+        if reference == "transformers":
+            _require_transformers()   # before the progress line: a missing package is said first
         if progress:  # loading transformers and its copy of the model takes tens of seconds
             progress("loading the reference", 0, None)
         if reference == "transformers":

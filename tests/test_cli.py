@@ -146,6 +146,14 @@ def test_inspect_json(tiny_llama):
     assert info["parameters"] == sum(p.numel() for p in model.state_dict().values())
 
 
+def test_piped_tables_are_plain_text():
+    """README: piped, the tables are plain text (no box-drawing characters)."""
+    for command in ("families", "presets"):
+        r = ster(command)
+        assert r.returncode == 0 and ("model_type" if command == "families" else "name") in r.stdout
+        assert not any(0x2500 <= ord(c) <= 0x257F for c in r.stdout), command
+
+
 def test_families_json_lists_every_model_type():
     from ster_py.families import KNOWN_MODEL_TYPES
 

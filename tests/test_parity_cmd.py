@@ -189,7 +189,7 @@ def test_llamacpp_reference_needs_a_gguf_and_the_package(tmp_path, monkeypatch):
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF")  # resolve lists it without reading it
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(SterError, match=r'pip install llama-cpp-python==0\.3\.36, or pip install "\.\[test\]"'):
+    with pytest.raises(SterError, match=r'CMAKE_ARGS="-DGGML_NATIVE=OFF[^"]*" pip install llama-cpp-python==0\.3\.36 .*pip install "\.\[test\]"'):
         llamacpp_reference(resolve(str(fake)), [[1, 2]])
 
 
