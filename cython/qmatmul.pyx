@@ -308,6 +308,16 @@ def set_bf16_inputs(bint on):
     return before
 
 
+cdef long _bf16_rounded = 0
+
+
+def bf16_rounded_products() -> int:
+    """How many products so far (in this process) rounded their inputs to bfloat16: a run that
+    wants to say whether its numbers went through ``set_bf16_inputs``'s rounding compares it
+    before and after."""
+    return _bf16_rounded
+
+
 def bf16_inputs() -> bool:
     """Whether a bfloat16 matrix's several-token products run on bfloat16 inputs now (the switch
     of ``set_bf16_inputs`` and a CPU with AVX512_BF16, not capped by ``set_simd_level``)."""
@@ -319,8 +329,10 @@ cdef uint16_t* _round_inputs(int type_id, const float* x, int T, int K) except? 
     64-byte aligned inside a malloc block whose address is stored in the word before it;
     ``_free_inputs`` frees it), or NULL when
     the float32 tile serves this product."""
+    global _bf16_rounded
     if type_id != 30 or not _bf16_inputs or _simd < 4:
         return NULL
+    _bf16_rounded += 1
     cdef size_t n = <size_t>T * (K + (K & 1))
     cdef void* block = malloc(2 * n + 128)
     if block == NULL:

@@ -434,7 +434,9 @@ def generate(
             err.print(f"[yellow]warning:[/] {escape(e.text)}", highlight=False)
 
     from .chat import build_messages
+    from .decoder.qlinear import bf16_rounded_products
 
+    rounded_before = bf16_rounded_products()
     if prompt_.chat_template == "applied":
         reply = session.reply(build_messages(prompt, system), sampling, tools=tool_list, thinking=think, stops=stops,
                               layer_hook=hook, on_event=on_event)
@@ -452,6 +454,8 @@ def generate(
         doc = {
             **version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
             "precision": loaded.precision, "quantize": loaded.quantize, "kv_cache": kv_cache,
+            # whether some product rounded its inputs to bf16 (bf16 weights, a CPU with AVX512_BF16)
+            "bf16_inputs": bf16_rounded_products() > rounded_before,
             "chat_template": prompt_.chat_template,
             "text": text, "ids": result.ids, "prompt_ids": reply.prompt_ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},

@@ -146,6 +146,24 @@ def test_inspect_json(tiny_llama):
     assert info["parameters"] == sum(p.numel() for p in model.state_dict().values())
 
 
+def test_generate_json_says_whether_inputs_were_rounded_to_bf16(tmp_path, tiny_llama):
+    """``bf16_inputs`` in generate --json: true for a bf16 checkpoint's prompt on a CPU with AVX512_BF16
+    (``qmatmul.bf16_inputs``), false with STER_BF16_INPUTS=0 and for a float32 checkpoint."""
+    import os
+
+    import torch
+
+    from ster_py._kernels import qmatmul
+
+    make_checkpoint(tmp_path, "llama", dtype=torch.bfloat16)
+    args = ("--prompt", "w5 w6 w7 w8", "--max-new-tokens", "2", "--json", "--precision", "auto")
+    for path, env, want in ((tmp_path, {}, qmatmul.bf16_inputs()), (tmp_path, {"STER_BF16_INPUTS": "0"}, False),
+                            (tiny_llama[0], {}, False)):
+        r = ster("generate", "--model", str(path), *args, env={**os.environ, **env})
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["bf16_inputs"] is want, (path, env)
+
+
 def test_piped_tables_are_plain_text():
     """README: piped, the tables are plain text (no box-drawing characters)."""
     for command in ("families", "presets"):

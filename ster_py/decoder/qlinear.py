@@ -92,6 +92,11 @@ def float_activations():
         qmatmul.set_bf16_inputs(bf16)
 
 
+def bf16_rounded_products() -> int:
+    """Products so far in this process whose inputs were rounded to bfloat16 (``qmatmul.set_bf16_inputs``)."""
+    return _kernels().bf16_rounded_products()
+
+
 #: GGML type ids of the 16-bit float rows the kernels multiply as stored.
 HALF_TYPE_IDS = {np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 30}
 
