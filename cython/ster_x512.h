@@ -159,12 +159,15 @@ static ster_dot16_fn ster_dot16_vnni_for(int type) {
  * mt - 1, computed and dropped) and its 24 accumulators c0..c11 (outputs 0..15), d0..d11 (16..31). */
 #define STER_AROW(i) const ELEM_T_* a##i = A + (size_t)((i) < mt ? (i) : mt - 1) * lda;
 #define STER_Z2(i) __m512 c##i = _mm512_setzero_ps(), d##i = _mm512_setzero_ps();
+#define STER_EACH12(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
+/* ... and its end: the accumulators' rows t < mt stored (ster_store_tile512). */
+#define STER_TILE512_END { \
+        const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11}; \
+        const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11}; \
+        ster_store_tile512(acc0, acc1, mt, C, ldc, nv0, nv1, accumulate); }
 #define STER_TILE512_BEGIN(ELEM) \
     typedef ELEM ELEM_T_; \
-    STER_AROW(0) STER_AROW(1) STER_AROW(2) STER_AROW(3) STER_AROW(4) STER_AROW(5) \
-    STER_AROW(6) STER_AROW(7) STER_AROW(8) STER_AROW(9) STER_AROW(10) STER_AROW(11) \
-    STER_Z2(0) STER_Z2(1) STER_Z2(2) STER_Z2(3) STER_Z2(4) STER_Z2(5) \
-    STER_Z2(6) STER_Z2(7) STER_Z2(8) STER_Z2(9) STER_Z2(10) STER_Z2(11)
+    STER_EACH12(STER_AROW) STER_EACH12(STER_Z2)
 
 /* Rows t < mt of a 12 x 32 tile's sums to C (row stride ldc): outputs 0..nv0-1 from acc0,
  * 16..16+nv1-1 from acc1, added to what C holds when accumulate. */
@@ -199,15 +202,10 @@ static STER_X512 void ster_micro_x512(int kc, const float* A, int lda, int mt, c
         const __m512 b = _mm512_loadu_ps(B0 + STER_NR * k), e = _mm512_loadu_ps(B1 + STER_NR * k);
         __m512 s;
 #define STER_F2(i) s = _mm512_set1_ps(a##i[k]); c##i = _mm512_fmadd_ps(s, b, c##i); d##i = _mm512_fmadd_ps(s, e, d##i);
-        STER_F2(0) STER_F2(1) STER_F2(2) STER_F2(3) STER_F2(4) STER_F2(5)
-        STER_F2(6) STER_F2(7) STER_F2(8) STER_F2(9) STER_F2(10) STER_F2(11)
+        STER_EACH12(STER_F2)
 #undef STER_F2
     }
-    {
-        const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
-        const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
-        ster_store_tile512(acc0, acc1, mt, C, ldc, nv0, nv1, accumulate);
-    }
+    STER_TILE512_END
 }
 
 /* ------------------------------------------------------------------------- */
@@ -248,15 +246,10 @@ static STER_X512BF16 void ster_micro_bf16dp(int kp, const uint16_t* A, int lda, 
         uint32_t w;
 #define STER_F2(i) memcpy(&w, a##i + 2 * k, 4); s = (__m512bh)_mm512_set1_epi32((int)w); \
                    c##i = _mm512_dpbf16_ps(c##i, s, b); d##i = _mm512_dpbf16_ps(d##i, s, e);
-        STER_F2(0) STER_F2(1) STER_F2(2) STER_F2(3) STER_F2(4) STER_F2(5)
-        STER_F2(6) STER_F2(7) STER_F2(8) STER_F2(9) STER_F2(10) STER_F2(11)
+        STER_EACH12(STER_F2)
 #undef STER_F2
     }
-    {
-        const __m512 acc0[STER_MR512] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
-        const __m512 acc1[STER_MR512] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
-        ster_store_tile512(acc0, acc1, mt, C, ldc, nv0, nv1, accumulate);
-    }
+    STER_TILE512_END
 }
 
 #endif /* STER_X512_H */
