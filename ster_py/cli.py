@@ -603,9 +603,10 @@ def families(as_json: bool = flag(False, "--json", help="Print one JSON document
 
 def _table(*columns: str):
     """A rich table for ``out``: boxed on a terminal, plain columns (no box-drawing characters) when piped."""
+    from rich import box
     from rich.table import Table
 
-    return Table(*columns, box=Table().box if out.is_terminal else None)
+    return Table(*columns, box=box.HEAVY_HEAD if out.is_terminal else None)   # HEAVY_HEAD: rich's default
 
 
 @app.command()
