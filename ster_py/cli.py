@@ -243,8 +243,14 @@ def _use_threads(threads: Optional[int]) -> None:
 
     check_kernel_env()
     env = threads_from_env()
+    n = threads if threads is not None else env if env is not None else get_threads()
     # Always applied: the default (every core) also bounds BLAS and OpenMP pools to it.
-    set_threads(threads if threads is not None else env if env is not None else get_threads())
+    set_threads(n)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if n > cores and (threads is not None or env is not None):   # the user's number, not the default
+        err.print(f"[yellow]warning:[/] {n} threads on {cores} core(s) this process may use: the threads take "
+                  f"turns on the cores, which is slower than {cores}; pass --threads {cores} (or fewer)",
+                  highlight=False)
 
 
 def show_warnings(loaded) -> None:

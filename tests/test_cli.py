@@ -164,6 +164,21 @@ def test_generate_json_says_whether_inputs_were_rounded_to_bf16(tmp_path, tiny_l
         assert json.loads(r.stdout)["bf16_inputs"] is want, (path, env)
 
 
+def test_more_threads_than_cores_is_a_warning(tiny_llama):
+    """--threads (or $STER_THREADS) above the cores this process may use runs, with a warning naming both."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    path, _ = tiny_llama
+    args = ("generate", "--model", str(path), "--prompt", "w5", "--max-new-tokens", "1", "-q")
+    r = ster(*args, "--threads", str(cores + 1))
+    assert r.returncode == 0 and f"warning: {cores + 1} threads on {cores} core(s)" in r.stderr, r.stderr
+    r = ster(*args, env={**os.environ, "STER_THREADS": str(cores + 3)})
+    assert r.returncode == 0 and f"warning: {cores + 3} threads" in r.stderr, r.stderr
+    r = ster(*args, "--threads", str(cores))
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
 def test_piped_tables_are_plain_text():
     """README: piped, the tables are plain text (no box-drawing characters)."""
     for command in ("families", "presets"):
