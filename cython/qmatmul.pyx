@@ -77,6 +77,8 @@ cdef extern from "ster_qkernels.h" nogil:
     int ster_il_submit(ster_il_job* j)
     void ster_il_finish(ster_il_job* j)
     void ster_il_cancel(ster_il_job* j)
+    int ster_il_done(ster_il_job* j)
+    void ster_il_release(const uint8_t* p, size_t n)
 
 MAX_THREADS = 1024  # more than any machine this runs on; the pool itself stops at 64 helpers
 
@@ -424,6 +426,7 @@ cdef class QMatrix:
     cdef int _kt
     cdef object _packed_rows      # the interleaved copy: a [rows, row_bytes] view of its buffer
     cdef bint _pending
+    cdef bint _source_read     # a product read the source rows while the copy was pending
     cdef ster_il_job _job
     # what the copy reads and writes (source, row order, buffer), held by the job itself: the
     # garbage collector may clear this object's attributes before __dealloc__ cancels the job
@@ -461,6 +464,7 @@ cdef class QMatrix:
                 self._rows = <const int32_t*><uintptr_t>arr.ctypes.data
         self._kt = type_id
         self._packed_rows = None
+        self._source_read = 0
         self._pending = ((_interleave if interleave is None else interleave) and ster_cpu_avx2()
                          and ster_il_type(type_id) and self.n_rows >= STER_ILG and cols // bs <= STER_IL_MAX_BLOCKS)
         if self._pending:
@@ -492,6 +496,8 @@ cdef class QMatrix:
         if self._pending:
             with nogil:
                 ster_il_finish(&self._job)
+                if self._source_read and self._job.release:   # pages a product mapped again after the copy's release
+                    ster_il_release(self._job.src, <size_t>self._job.src_rows * self.row_bytes)
             Py_XDECREF(self._job_keep)
             self._job_keep = NULL
             self.raw = self._packed_rows
@@ -562,7 +568,13 @@ cdef class QMatrix:
             raise ValueError(f"output must be [{T}, {N}], got [{cnp.PyArray_DIM(oa, 0)}, {cnp.PyArray_DIM(oa, 1)}]")
         if T == 0 or N == 0:
             return
-        self._prepare()
+        cdef bint panels = not (force == 3 or force == 1 or (force == 0 and T == 1))
+        if self._pending and panels and not ster_il_done(&self._job):
+            # The copy is not made yet: decoded panels read the rows where they are, with the same bits as
+            # from the copy (ster_il_row gives them back in this layout), so a prompt need not wait for it.
+            self._source_read = 1
+        else:
+            self._prepare()
         cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
         cdef float* op = <float*>cnp.PyArray_DATA(oa)
         # the products read x while they write out: the two must not share a byte

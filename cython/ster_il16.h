@@ -177,7 +177,6 @@ typedef struct ster_il_job {
 static pthread_mutex_t ster_il_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ster_il_cv = PTHREAD_COND_INITIALIZER;   /* the queue or a job's state changed */
 static ster_il_job* ster_il_first = 0;
-static ster_il_job* ster_il_last = 0;
 static int ster_il_worker_up = 0;
 static ster_il_job* ster_il_running = 0;   /* the jobs some thread is copying now */
 
@@ -204,7 +203,7 @@ static void ster_il_after_fork_child(void) {
     ster_il_job* j;
     for (j = ster_il_first; j; j = j->next) j->state = STER_IL_IDLE;
     for (j = ster_il_running; j; j = j->next_running) j->state = STER_IL_IDLE;
-    ster_il_first = ster_il_last = ster_il_running = 0;
+    ster_il_first = ster_il_running = 0;
     ster_il_worker_up = 0;
     pthread_mutex_unlock(&ster_il_mu);
 }
@@ -252,7 +251,6 @@ static void* ster_il_worker(void* arg) {
         while (!ster_il_first) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
         j = ster_il_first;
         ster_il_first = j->next;
-        if (!ster_il_first) ster_il_last = 0;
         ster_il_start(j);
         pthread_mutex_unlock(&ster_il_mu);
         ster_il_run(j);
@@ -265,10 +263,8 @@ static void* ster_il_worker(void* arg) {
 /* Take a queued job off the queue (under ster_il_mu); it becomes idle. */
 static void ster_il_unqueue(ster_il_job* j) {
     ster_il_job** p = &ster_il_first;
-    ster_il_job* prev = 0;
-    while (*p && *p != j) { prev = *p; p = &(*p)->next; }
+    while (*p && *p != j) p = &(*p)->next;
     if (*p) *p = j->next;
-    if (ster_il_last == j) ster_il_last = prev;
     j->state = STER_IL_IDLE;
 }
 
@@ -288,10 +284,12 @@ static int ster_il_submit(ster_il_job* j) {
         ok = ster_il_worker_up;
     }
     if (ok) {
-        j->next = 0;
+        /* Last in, first copied: a model's matrices are made in the order a pass uses them, the
+         * output head last, and a prompt's first product that must wait for a copy is that head's
+         * (its panels read the rows where they are until their copy exists). */
+        j->next = ster_il_first;
         j->state = STER_IL_QUEUED;
-        if (ster_il_last) ster_il_last->next = j; else ster_il_first = j;
-        ster_il_last = j;
+        ster_il_first = j;
         pthread_cond_broadcast(&ster_il_cv);
     }
     pthread_mutex_unlock(&ster_il_mu);
@@ -313,6 +311,15 @@ static void ster_il_finish(ster_il_job* j) {
     }
     while (j->state != STER_IL_DONE) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
     pthread_mutex_unlock(&ster_il_mu);
+}
+
+/* Whether the job's copy exists now (no waiting). */
+static int ster_il_done(ster_il_job* j) {
+    int done;
+    pthread_mutex_lock(&ster_il_mu);
+    done = j->state == STER_IL_DONE;
+    pthread_mutex_unlock(&ster_il_mu);
+    return done;
 }
 
 /* Take a job out of the worker's hands without making it: unqueued if queued, waited for if

@@ -448,6 +448,39 @@ def test_interleaved_copy_releases_the_file_pages(tmp_path):
         mapped.close()
 
 
+def test_prompt_products_do_not_wait_for_the_interleaved_copy(tmp_path):
+    """Before a matrix's interleaved copy exists, decoded panels (a prompt's products) read the
+    rows where they are instead of waiting for it: the same bits as from the copy and as from
+    a matrix never interleaved. The first one-token product then makes the copy, and the file
+    pages the panels mapped again are released once more."""
+    rng = np.random.default_rng(21)
+    rows, cols = 256, 1024                        # 278 KB of Q8_0: below the background copy's 1 MB
+    raw = random_blocks("Q8_0", rows, cols, rng)
+    path = tmp_path / "w.bin"
+    raw.tofile(path)
+    tid = quants.ggml_type("Q8_0").id
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    flat = np.empty((5, rows), np.float32)
+    qmatmul.QMatrix(raw, tid, cols, None, False).matmul(x, flat)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        view = np.frombuffer(mapped, np.uint8).reshape(rows, -1)
+        m = qmatmul.QMatrix(view, tid, cols, None, True, True)
+        before = np.empty((5, rows), np.float32)
+        m.matmul(x, before)                       # the copy was never started: the file's rows
+        assert m.interleaved and _resident_kib(view.ctypes.data) >= raw.nbytes // 1024 - 8
+        m.matmul(x[:1], np.empty((1, rows), np.float32))   # makes the copy, releases the pages
+        assert _resident_kib(view.ctypes.data) <= 8
+        after = np.empty((5, rows), np.float32)
+        m.matmul(x, after)
+        np.testing.assert_array_equal(before.view(np.uint32), flat.view(np.uint32))
+        np.testing.assert_array_equal(after.view(np.uint32), flat.view(np.uint32))
+        del view, m
+    finally:
+        mapped.close()
+
+
 def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path):
     """Matrices of 1 MB or more are copied by a background thread. A matrix collected in a
     reference cycle while its copy runs does not crash the process (the job holds what it
