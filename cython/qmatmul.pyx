@@ -403,10 +403,12 @@ cdef class QMatrix:
             where they are. ``raw`` must not change while the matrix lives: it may be read by
             a background copy at any time before the first product. When on, a Q4_0 / Q4_1 /
             Q8_0 / Q4_K matrix of at least 16 rows on a CPU with AVX2 is copied into the 16-row
-            interleaved layout of ``ster_il16.h`` (the row order applied), and its products
-            read only that copy (``interleaved``). From 1 MB on, a background thread copies it
-            while the rest of the model loads; a product that comes first waits for it (or
-            makes a copy not yet started itself), so every product of the matrix runs on it.
+            interleaved layout of ``ster_il16.h`` (the row order applied), and once it exists
+            its products read only that copy (``interleaved``). From 1 MB on, a background
+            thread copies it while the rest of the model loads;
+            a row-dot product that comes first waits for it (or makes a copy not yet started
+            itself), so every row-dot product of the matrix runs on it, while decoded panels
+            read the rows where they are until the copy exists (the same bits either way).
         release: ``raw`` views a read-only file mapping: as they are copied, its whole pages
             are dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
             and a later read, e.g. an embedding's row lookup, maps them again), so that a

@@ -149,9 +149,11 @@ static inline int ster_il_head(int type) { return type == STER_Q4_1 ? 4 : 2; }
 /*
  * A model's matrices are copied by one worker thread while the rest of the model loads (the
  * tokenizer's construction holds Python's lock on one core; the copy takes the other), so
- * neither loading nor the first prompt waits for it. A product that needs a matrix whose copy
+ * loading does not wait for it. A row-dot product (one token) that needs a matrix whose copy
  * has not finished waits for it (or makes it itself if the worker has not started on it):
- * a matrix's products always run on one layout, so its results do not depend on timing.
+ * a matrix's row dots always run on one layout, so their results do not depend on timing.
+ * Decoded panels (a prompt) give the same bits from either layout, so until the copy exists
+ * they read the rows where they are.
  * The source's pages are released slice by slice as they are copied (release): another
  * thread reading them meanwhile (an embedding's row lookup) maps them again from the page
  * cache, so this is safe while they are in use.
@@ -284,12 +286,11 @@ static int ster_il_submit(ster_il_job* j) {
         ok = ster_il_worker_up;
     }
     if (ok) {
-        /* Last in, first copied: a model's matrices are made in the order a pass uses them, the
-         * output head last, and a prompt's first product that must wait for a copy is that head's
-         * (its panels read the rows where they are until their copy exists). */
-        j->next = ster_il_first;
+        ster_il_job** p = &ster_il_first;
+        while (*p) p = &(*p)->next;   /* first in, first copied: the order a pass uses them */
+        j->next = 0;
         j->state = STER_IL_QUEUED;
-        ster_il_first = j;
+        *p = j;
         pthread_cond_broadcast(&ster_il_cv);
     }
     pthread_mutex_unlock(&ster_il_mu);
