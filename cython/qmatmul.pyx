@@ -571,9 +571,13 @@ cdef class QMatrix:
         if T == 0 or N == 0:
             return
         cdef bint panels = not (force == 3 or force == 1 or (force == 0 and T == 1))
+        source = None
         if self._pending and panels and not ster_il_done(&self._job):
             # The copy is not made yet: decoded panels read the rows where they are, with the same bits as
             # from the copy (ster_il_row gives them back in this layout), so a prompt need not wait for it.
+            # The rows and their order stay referenced here: another thread's one-token product may switch
+            # the matrix to its copy (and drop them) while these panels run.
+            source = (self.raw, self._rows_arr)
             self._source_read = 1
         else:
             self._prepare()
