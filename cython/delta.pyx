@@ -163,4 +163,4 @@ def delta_rule(q, k, v, decay, beta, state, out, int kv_map=0, int threads=0):
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14

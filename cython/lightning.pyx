@@ -137,4 +137,4 @@ def lightning_scan(q, k, v, decay, state, out, int threads=0):
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14

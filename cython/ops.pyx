@@ -1032,4 +1032,4 @@ cdef inline bint _f32_2d_row(object a):
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14

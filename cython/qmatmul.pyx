@@ -113,6 +113,7 @@ cdef int _int16 = 1
 cdef int _read_ahead = 1
 # $STER_INTERLEAVE=0 keeps quantized rows where they are (A/B benchmarks; see set_interleave)
 cdef int _interleave = os.environ.get("STER_INTERLEAVE", "1").strip() != "0"
+cdef int _background_copies = 1
 # $STER_BF16_INPUTS=0 keeps float32 inputs for bfloat16 matrices' prefill (see set_bf16_inputs)
 cdef int _bf16_inputs = os.environ.get("STER_BF16_INPUTS", "1").strip() != "0"
 #: Whether ``set_bf16_inputs`` starts on in this process ($STER_BF16_INPUTS).
@@ -296,6 +297,16 @@ def set_interleave(bint on):
     _interleave = on
 
 
+def set_background_copies(bint on) -> bool:
+    """Whether the interleaved copies of ``QMatrix`` objects built from now on are queued for the
+    background thread (the default) or each made by its matrix's first one-token product (tests
+    that need a copy not yet made; A/B benchmarks). Returns the previous setting."""
+    global _background_copies
+    previous = bool(_background_copies)
+    _background_copies = on
+    return previous
+
+
 def set_bf16_inputs(bint on):
     """Whether products of a bfloat16 matrix over several tokens (prefill, routed experts) round
     their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps (the default where
@@ -404,8 +415,8 @@ cdef class QMatrix:
             a background copy at any time before the first product. When on, a Q4_0 / Q4_1 /
             Q8_0 / Q4_K matrix of at least 16 rows on a CPU with AVX2 is copied into the 16-row
             interleaved layout of ``ster_il16.h`` (the row order applied), and once it exists
-            its products read only that copy (``interleaved``). From 1 MB on, a background
-            thread copies it while the rest of the model loads;
+            its products read only that copy (``interleaved``). A background thread copies
+            it while the rest of the model loads;
             a row-dot product that comes first waits for it (or makes a copy not yet started
             itself), so every row-dot product of the matrix runs on it, while decoded panels
             read the rows where they are until the copy exists (the same bits either way).
@@ -474,7 +485,8 @@ cdef class QMatrix:
 
     cdef int _queue_copy(self, raw, bint release) except -1:
         # The interleaved copy's buffer (64-byte aligned; no page is touched before the copy),
-        # and its job: matrices of 1 MB or more go to the background worker now.
+        # and its job, queued for the background worker now (whatever its size: a model's small
+        # matrices left to their first product cost a prompt's first token their copy).
         cdef int groups = (self.n_rows + STER_ILG - 1) // STER_ILG
         cdef size_t nbytes = <size_t>groups * STER_ILG * self.row_bytes
         buf = np.empty(nbytes + 64, np.uint8)
@@ -488,7 +500,7 @@ cdef class QMatrix:
         self._job.src, self._job.rb, self._job.rows = &self.raw[0, 0], self.row_bytes, self._rows
         self._job.dst = <uint8_t*>cnp.PyArray_DATA(buf) + skip
         self._job.state = STER_IL_IDLE
-        if nbytes >= 1 << 20:
+        if _background_copies:
             ster_il_submit(&self._job)
         return 0
 
@@ -520,6 +532,12 @@ cdef class QMatrix:
         """True when the rows are (or, from the first product on, will be) stored interleaved in
         groups of 16 (``set_interleave``)."""
         return bool(self._kt & STER_IL) or bool(self._pending)
+
+    @property
+    def copy_pending(self) -> bool:
+        """True while the interleaved copy is queued or being made (a background thread's
+        progress: False once it exists, or when the matrix makes none)."""
+        return bool(self._pending) and not ster_il_done(&self._job)
 
     def set_read_ahead(self, tuple following):
         """Name the (up to 4) matrices a decode step multiplies after this one. While a
@@ -1013,4 +1031,4 @@ _group_capsule = PyCapsule_New(<void*>_group_rowdots, b"ster_group_rowdots", NUL
 _multi_capsule = PyCapsule_New(<void*>_multi_rowdots, b"ster_multi_rowdots", NULL)
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14

@@ -10,7 +10,7 @@ The numpy reference each kernel is tested against is ster_py/gguf/quantize.py.
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t, uint16_t
 
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14
 
 cdef extern from "ster_quantize.h" nogil:
     ctypedef void (*sq_fn)(const float* x, uint8_t* y, int64_t nb)

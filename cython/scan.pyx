@@ -313,4 +313,4 @@ def multihead_scan(x, dt, dt_bias, A, B, C, D, state, out, float lo=0.0, float h
 
 
 # ster_py._kernels.SOURCE_VERSION these sources implement (see ster_py/_kernels/__init__.py).
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14

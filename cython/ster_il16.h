@@ -149,9 +149,13 @@ static inline int ster_il_head(int type) { return type == STER_Q4_1 ? 4 : 2; }
 /*
  * A model's matrices are copied by one worker thread while the rest of the model loads (the
  * tokenizer's construction holds Python's lock on one core; the copy takes the other), so
- * loading does not wait for it. A row-dot product (one token) that needs a matrix whose copy
- * has not finished waits for it (or makes it itself if the worker has not started on it):
- * a matrix's row dots always run on one layout, so their results do not depend on timing.
+ * loading does not wait for it. The worker takes the largest queued matrix first: a prompt
+ * needs no copy but the output head's (its last product is one token's), and the head is
+ * nearly always a model's largest matrix; equal sizes go in the order they came.
+ * A row-dot product (one token) that needs a matrix whose copy has not finished makes it, or
+ * joins the threads already making it (a copy is cut in slices of about 4 MB, each taken by
+ * one thread), and returns when it exists: a matrix's row dots always run on one layout, so
+ * their results do not depend on timing, and no thread sits idle while a copy it needs is made.
  * Decoded panels (a prompt) give the same bits from either layout, so until the copy exists
  * they read the rows where they are.
  * The source's pages are released slice by slice as they are copied (release): another
@@ -171,7 +175,9 @@ typedef struct ster_il_job {
     size_t rb;
     const int32_t* rows;
     uint8_t* dst;                 /* ceil(n_rows / 16) * 16 * rb bytes */
-    int state;                    /* STER_IL_*, under ster_il_mu */
+    int state;                    /* STER_IL_*, under ster_il_mu (as the next three) */
+    int next_group;               /* the first group no thread has taken (RUNNING) */
+    int copiers;                  /* threads copying a slice of it or about to take one */
     struct ster_il_job* next;     /* in the queue */
     struct ster_il_job* next_running;
 } ster_il_job;
@@ -182,9 +188,11 @@ static ster_il_job* ster_il_first = 0;
 static int ster_il_worker_up = 0;
 static ster_il_job* ster_il_running = 0;   /* the jobs some thread is copying now */
 
-/* Under ster_il_mu: a job starts or stops being copied by the calling thread. */
+/* Under ster_il_mu: a job starts being copied (by the calling thread, which others may join). */
 static void ster_il_start(ster_il_job* j) {
     j->state = STER_IL_RUNNING;
+    j->next_group = 0;
+    j->copiers = 1;
     j->next_running = ster_il_running;
     ster_il_running = j;
 }
@@ -225,24 +233,50 @@ static void ster_il_release(const uint8_t* p, size_t n) {
     if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* The whole copy of a job, on the calling thread: in slices of about 4 MB of the source, each
- * slice's pages released after it when the rows are in order (else all of them at the end);
- * never a page past the source's src_rows rows. */
-static void ster_il_run(ster_il_job* j) {
+/* Copy slices of a RUNNING job the calling thread counts among its copiers, until none is left
+ * to take; the last copier out releases the source and marks the job done. Called and returns
+ * under ster_il_mu. Slices are about 4 MB of the source, each one's pages released after it
+ * when the rows are in order (else all of them at the end); never a page past the source's
+ * src_rows rows. */
+static void ster_il_work(ster_il_job* j) {
     const int groups = (j->n_rows + STER_ILG - 1) / STER_ILG;
     const size_t gbytes = (size_t)STER_ILG * j->rb, src_bytes = (size_t)j->src_rows * j->rb;
+    const int each = j->release && !j->rows;
     int step = (int)((4u << 20) / gbytes), g0, g1;
     if (step < 1) step = 1;
-    if (!j->release || j->rows) step = groups;
-    for (g0 = 0; g0 < groups; g0 = g1) {
+    while (j->next_group < groups) {
+        g0 = j->next_group;
         g1 = g0 + step < groups ? g0 + step : groups;
+        j->next_group = g1;
+        pthread_mutex_unlock(&ster_il_mu);
         ster_il_pack(j->type, j->src, j->rb, j->rows, j->n_rows, g0, g1, j->dst);
-        if (j->release && !j->rows) {
+        if (each) {
             const size_t a = (size_t)g0 * gbytes, b = (size_t)g1 * gbytes < src_bytes ? (size_t)g1 * gbytes : src_bytes;
             if (b > a) ster_il_release(j->src + a, b - a);
         }
+        pthread_mutex_lock(&ster_il_mu);
     }
-    if (j->release) ster_il_release(j->src, src_bytes);
+    if (--j->copiers == 0) {
+        if (j->release) {   /* whole pages shared by two slices, or every page of a row order's source */
+            pthread_mutex_unlock(&ster_il_mu);
+            ster_il_release(j->src, src_bytes);
+            pthread_mutex_lock(&ster_il_mu);
+        }
+        ster_il_stop(j);
+    }
+}
+
+/* Under ster_il_mu: the largest queued job (the first of equal ones), taken off the queue. */
+static ster_il_job* ster_il_take_largest(void) {
+    ster_il_job **p, **best = &ster_il_first, *j;
+    size_t most = 0;
+    for (p = &ster_il_first; *p; p = &(*p)->next) {
+        const size_t n = (size_t)(*p)->n_rows * (*p)->rb;
+        if (n > most) most = n, best = p;
+    }
+    j = *best;
+    *best = j->next;
+    return j;
 }
 
 static void* ster_il_worker(void* arg) {
@@ -251,13 +285,9 @@ static void* ster_il_worker(void* arg) {
     for (;;) {
         ster_il_job* j;
         while (!ster_il_first) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
-        j = ster_il_first;
-        ster_il_first = j->next;
+        j = ster_il_take_largest();
         ster_il_start(j);
-        pthread_mutex_unlock(&ster_il_mu);
-        ster_il_run(j);
-        pthread_mutex_lock(&ster_il_mu);
-        ster_il_stop(j);
+        ster_il_work(j);
     }
     return 0;
 }
@@ -287,7 +317,7 @@ static int ster_il_submit(ster_il_job* j) {
     }
     if (ok) {
         ster_il_job** p = &ster_il_first;
-        while (*p) p = &(*p)->next;   /* first in, first copied: the order a pass uses them */
+        while (*p) p = &(*p)->next;   /* at the end: equal sizes are taken in the order they came */
         j->next = 0;
         j->state = STER_IL_QUEUED;
         *p = j;
@@ -298,17 +328,18 @@ static int ster_il_submit(ster_il_job* j) {
 }
 
 /* Return once the job's copy exists: made here if it is still queued or was never submitted
- * (then it leaves the queue), waited for if the worker is on it. (After a fork the worker is
- * gone from the child; queued jobs are then made here.) */
+ * (then it leaves the queue), joined if other threads are making it and slices are left,
+ * else waited for. (After a fork the worker is gone from the child; queued jobs are then made
+ * here.) */
 static void ster_il_finish(ster_il_job* j) {
     pthread_mutex_lock(&ster_il_mu);
     if (j->state == STER_IL_QUEUED) ster_il_unqueue(j);
     if (j->state == STER_IL_IDLE) {
         ster_il_start(j);
-        pthread_mutex_unlock(&ster_il_mu);
-        ster_il_run(j);
-        pthread_mutex_lock(&ster_il_mu);
-        ster_il_stop(j);
+        ster_il_work(j);
+    } else if (j->state == STER_IL_RUNNING && j->next_group < (j->n_rows + STER_ILG - 1) / STER_ILG) {
+        j->copiers++;
+        ster_il_work(j);
     }
     while (j->state != STER_IL_DONE) pthread_cond_wait(&ster_il_cv, &ster_il_mu);
     pthread_mutex_unlock(&ster_il_mu);
@@ -324,7 +355,7 @@ static int ster_il_done(ster_il_job* j) {
 }
 
 /* Take a job out of the worker's hands without making it: unqueued if queued, waited for if
- * the worker is on it (its memory is about to be freed). */
+ * threads are on it (its memory is about to be freed). */
 static void ster_il_cancel(ster_il_job* j) {
     pthread_mutex_lock(&ster_il_mu);
     if (j->state == STER_IL_QUEUED) ster_il_unqueue(j);

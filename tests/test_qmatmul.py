@@ -14,6 +14,7 @@
 - ``real``: both GGUF files, kept quantized, give logits within relative error 1e-3 of
   the same model dequantized to float32 at load, and the same greedy tokens.
 """
+import contextlib
 import gc
 import mmap
 import os
@@ -415,6 +416,20 @@ def _resident_kib(addr: int) -> int:
     raise AssertionError("no mapping holds the address")
 
 
+@contextlib.contextmanager
+def _file_rows(raw: np.ndarray, path):
+    """``raw`` written to ``path`` and mapped back read-only: a uint8 view of its shape, as a GGUF
+    tensor is seen (the block deletes every view of it and every matrix on it before it ends,
+    so the mapping can close)."""
+    raw.tofile(path)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield np.frombuffer(mapped, np.uint8).reshape(raw.shape)
+    finally:
+        mapped.close()
+
+
 @pytest.mark.skipif(not qmatmul.simd_available() or not os.path.exists("/proc/self/smaps"),
                     reason="the interleaved copy needs AVX2; resident pages are read from Linux's /proc")
 def test_interleaved_copy_releases_the_file_pages(tmp_path):
@@ -424,12 +439,7 @@ def test_interleaved_copy_releases_the_file_pages(tmp_path):
     rng = np.random.default_rng(9)
     rows, cols = 2048, 1024
     raw = random_blocks("Q8_0", rows, cols, rng)
-    path = tmp_path / "w.bin"
-    raw.tofile(path)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        view = np.frombuffer(mapped, np.uint8).reshape(rows, -1)
+    with _file_rows(raw, tmp_path / "w.bin") as view:
         assert int(view.sum(dtype=np.int64)) == int(raw.sum(dtype=np.int64))  # every page resident
         before = _resident_kib(view.ctypes.data)
         assert before >= raw.nbytes // 1024 - 8
@@ -444,8 +454,6 @@ def test_interleaved_copy_releases_the_file_pages(tmp_path):
         w = oracle_weights(raw, "Q8_0", rows, cols)
         assert (np.abs(out - quantized_input(x) @ w.T) / rounding_bound(x, w, 32)).max() <= 1.0
         del view, m
-    finally:
-        mapped.close()
 
 
 def test_prompt_products_do_not_wait_for_the_interleaved_copy(tmp_path):
@@ -454,35 +462,33 @@ def test_prompt_products_do_not_wait_for_the_interleaved_copy(tmp_path):
     a matrix never interleaved. The first one-token product then makes the copy, and the file
     pages the panels mapped again are released once more."""
     rng = np.random.default_rng(21)
-    rows, cols = 256, 1024                        # 278 KB of Q8_0: below the background copy's 1 MB
+    rows, cols = 256, 1024
     raw = random_blocks("Q8_0", rows, cols, rng)
-    path = tmp_path / "w.bin"
-    raw.tofile(path)
     tid = quants.ggml_type("Q8_0").id
     x = rng.standard_normal((5, cols)).astype(np.float32)
     flat = np.empty((5, rows), np.float32)
     qmatmul.QMatrix(raw, tid, cols, None, False).matmul(x, flat)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        view = np.frombuffer(mapped, np.uint8).reshape(rows, -1)
-        m = qmatmul.QMatrix(view, tid, cols, None, True, True)
+    with _file_rows(raw, tmp_path / "w.bin") as view:
+        queued = qmatmul.set_background_copies(False)   # the copy waits for the first one-token product
+        try:
+            m = qmatmul.QMatrix(view, tid, cols, None, True, True)
+        finally:
+            qmatmul.set_background_copies(queued)
+        assert m.copy_pending
         before = np.empty((5, rows), np.float32)
         m.matmul(x, before)                       # the copy was never started: the file's rows
         assert m.interleaved and _resident_kib(view.ctypes.data) >= raw.nbytes // 1024 - 8
         m.matmul(x[:1], np.empty((1, rows), np.float32))   # makes the copy, releases the pages
-        assert _resident_kib(view.ctypes.data) <= 8
+        assert not m.copy_pending and _resident_kib(view.ctypes.data) <= 8
         after = np.empty((5, rows), np.float32)
         m.matmul(x, after)
         np.testing.assert_array_equal(before.view(np.uint32), flat.view(np.uint32))
         np.testing.assert_array_equal(after.view(np.uint32), flat.view(np.uint32))
         del view, m
-    finally:
-        mapped.close()
 
 
 def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path):
-    """Matrices of 1 MB or more are copied by a background thread. A matrix collected in a
+    """Matrices are copied by a background thread. A matrix collected in a
     reference cycle while its copy runs does not crash the process (the job holds what it
     reads and writes); a child forked while another thread makes a copy makes it again
     itself; with a row order longer than the file mapping it reads (repeated rows), released
@@ -517,12 +523,7 @@ def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path)
         os.waitpid(pid, 0)
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
     # a row order of 4096 rows over a 16-row file mapping, released after the copy
-    path = tmp_path / "w.bin"
-    raw[:16].tofile(path)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        view = np.frombuffer(mapped, np.uint8).reshape(16, -1)
+    with _file_rows(raw[:16], tmp_path / "w.bin") as view:
         order = np.arange(4096, dtype=np.int32) % 16
         m = qmatmul.QMatrix(view, tid, 4096, order, None, True)
         out = np.empty((1, 4096), np.float32)
@@ -530,8 +531,42 @@ def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path)
         assert (np.abs(out - want[:, order]) / bound[:, order]).max() <= 1.0
         np.testing.assert_array_equal(view, raw[:16])
         del view, m
+
+
+def test_copies_made_by_several_threads_are_the_copy_one_thread_makes(tmp_path):
+    """A one-token product that needs a copy the background thread is making joins it (slices of
+    about 4 MB, each copied by one thread): its products then give the bits of a copy made by
+    one thread alone, for a 35 MB matrix read from a file mapping (its pages released slice by
+    slice) and under a row order."""
+    rng = np.random.default_rng(33)
+    tid = quants.ggml_type("Q8_0").id
+    rows, cols = 8192, 4096
+    raw = rng.integers(-127, 128, (rows * cols // 32, 34), dtype=np.int8).view(np.uint8)
+    raw[:, 0:2] = rng.uniform(-0.05, 0.05, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    order = rng.permutation(rows).astype(np.int32)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    queued = qmatmul.set_background_copies(False)
+    try:
+        alone = [qmatmul.QMatrix(raw, tid, cols, o) for o in (None, order)]
     finally:
-        mapped.close()
+        qmatmul.set_background_copies(queued)
+    want = []
+    for m in alone:
+        want.append(np.empty((1, rows), np.float32))
+        m.matmul(x, want[-1])
+    with _file_rows(raw, tmp_path / "w.bin") as view:
+        for _ in range(3):
+            for src, m_order, w in ((view, None, want[0]), (raw, order, want[1])):
+                m = qmatmul.QMatrix(src, tid, cols, m_order, None, src is view)
+                assert m.copy_pending == qmatmul.simd_available()
+                out = np.empty((1, rows), np.float32)
+                m.matmul(x, out)        # joins the worker's copy (or makes it, if still queued)
+                assert not m.copy_pending
+                np.testing.assert_array_equal(out.view(np.uint32), w.view(np.uint32))
+                del m
+        np.testing.assert_array_equal(view, raw)
+        del view
 
 
 def test_non_finite_inputs_propagate():

@@ -8,7 +8,7 @@ a plain numpy reference in the module that calls it, and a test against it.
 # written for; a build from older sources (an editable checkout updated without
 # `python setup.py build_ext --inplace`) then fails its import check instead of failing
 # later on a missing function.
-SOURCE_VERSION = 13
+SOURCE_VERSION = 14
 
 
 def check_built(module) -> None:
