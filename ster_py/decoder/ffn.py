@@ -6,8 +6,6 @@ Transformers calls gelu_pytorch_tanh / gelu_new / gelu_fast); SiLU: Elfwing et a
 """
 from __future__ import annotations
 
-from statistics import NormalDist
-
 import numpy as np
 
 from ._fast import ops as _ops
@@ -93,6 +91,8 @@ def gaussian_top(x: np.ndarray, sparsity: float, ddof: int = 0) -> np.ndarray:
     ``sparsity`` (in (0, 1)): keeps what lies above the share ``sparsity`` of a normal fitted to the row.
     Gemma 3n's activation sparsity: Transformers' ``Gemma3nTextMLP._gaussian_topk`` takes the population
     std (``ddof`` 0), llama.cpp's gemma3n.cpp ``gaussian_topk`` the sample std (``ddof`` 1)."""
+    from statistics import NormalDist   # here: one family uses it, and importing statistics costs every load ~2 ms
+
     z = np.float32(NormalDist().inv_cdf(sparsity))
     cutoff = np.mean(x, axis=-1, keepdims=True, dtype=np.float32) + np.std(x, axis=-1, keepdims=True,
                                                                            dtype=np.float32, ddof=ddof) * z
