@@ -423,7 +423,7 @@ cdef class QMatrix:
         release: ``raw`` views a read-only file mapping: as they are copied, its whole pages
             are dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
             and a later read, e.g. an embedding's row lookup, maps them again), so that a
-            model's memory stays about its file size.
+            model's memory stays about its file size. Refused (ValueError) on a writable array.
     """
 
     cdef const uint8_t[:, ::1] raw
@@ -457,6 +457,9 @@ cdef class QMatrix:
         self.row_bytes = <size_t>(cols // bs) * ster_type_size(type_id)
         if self.raw.shape[1] != <Py_ssize_t>self.row_bytes:
             raise ValueError(f"rows of {cols} weights take {self.row_bytes} bytes, the raw array has {self.raw.shape[1]}")
+        if release and not memoryview(raw).readonly:
+            # dropping the pages of memory the caller may write would zero it (anonymous memory)
+            raise ValueError("release is for a read-only file mapping; this array is writable")
         self._rows = NULL
         self._rows_arr = None
         self._ahead = None

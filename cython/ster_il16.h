@@ -206,16 +206,21 @@ static void ster_il_stop(ster_il_job* j) {
 
 /* fork(): the child has only the forking thread. Its queued jobs, and those other threads were
  * copying, are made again by ster_il_finish when first needed (the lock is held across the
- * fork, so the lists are whole). */
+ * fork, so the lists are whole). The lock and the condition are made anew in the child: the
+ * condition still counts the parent's waiting worker, which the child does not have, and a
+ * broadcast there would wait for it forever (glibc 2.36; a breaker's finding). */
 static void ster_il_before_fork(void) { pthread_mutex_lock(&ster_il_mu); }
 static void ster_il_after_fork_parent(void) { pthread_mutex_unlock(&ster_il_mu); }
 static void ster_il_after_fork_child(void) {
+    const pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    const pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     ster_il_job* j;
     for (j = ster_il_first; j; j = j->next) j->state = STER_IL_IDLE;
     for (j = ster_il_running; j; j = j->next_running) j->state = STER_IL_IDLE;
     ster_il_first = ster_il_running = 0;
     ster_il_worker_up = 0;
-    pthread_mutex_unlock(&ster_il_mu);
+    ster_il_cv = cv;
+    ster_il_mu = mu;
 }
 
 /* Once per process, before any job: the fork handlers. Returns 0 if they cannot be set (then

@@ -416,6 +416,19 @@ def _resident_kib(addr: int) -> int:
     raise AssertionError("no mapping holds the address")
 
 
+def _child_exit_code(pid: int, timeout: float) -> int | None:
+    """The exit code of forked child ``pid``, or None if it has not ended within ``timeout``
+    seconds (it is then killed)."""
+    deadline = time.monotonic() + timeout
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return None
+    return os.waitstatus_to_exitcode(done[1])
+
+
 @contextlib.contextmanager
 def _file_rows(raw: np.ndarray, path):
     """``raw`` written to ``path`` and mapped back read-only: a uint8 view of its shape, as a GGUF
@@ -515,13 +528,7 @@ def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path)
         mats[-1].matmul(x, out)
         os._exit(0 if (np.abs(out - want) / bound).max() <= 1.0 else 3)
     busy.join()
-    deadline = time.monotonic() + 60
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if done[0] == 0:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    assert _child_exit_code(pid, 60) == 0
     # a row order of 4096 rows over a 16-row file mapping, released after the copy
     with _file_rows(raw[:16], tmp_path / "w.bin") as view:
         order = np.arange(4096, dtype=np.int32) % 16
@@ -531,6 +538,36 @@ def test_background_copies_survive_collection_fork_and_long_row_orders(tmp_path)
         assert (np.abs(out - want[:, order]) / bound[:, order]).max() <= 1.0
         np.testing.assert_array_equal(view, raw[:16])
         del view, m
+
+
+def test_a_child_forked_beside_an_idle_copier_makes_copies():
+    """Forked while the background copier waits for work (a loaded model's usual state), a child
+    that builds matrices and multiplies by them finishes with the right results (it used to
+    wait forever: the condition the copier waited on was inherited with that waiter counted);
+    release is refused on memory the caller may write (dropping its pages would zero it)."""
+    rng = np.random.default_rng(34)
+    tid = quants.ggml_type("Q8_0").id
+    raw = random_blocks("Q8_0", 64, 256, rng)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    want = np.empty((1, 64), np.float32)
+    m = qmatmul.QMatrix(raw, tid, 256)
+    deadline = time.monotonic() + 10
+    while m.copy_pending and time.monotonic() < deadline:   # made by the copier
+        time.sleep(0.01)
+    m.matmul(x, want)
+    for _ in range(5):   # the wait for a copier that is not there hung ~half of the children
+        time.sleep(0.2)  # the copier is back waiting for work
+        pid = os.fork()
+        if pid == 0:
+            ok = True
+            for _ in range(3):
+                out = np.empty((1, 64), np.float32)
+                qmatmul.QMatrix(raw.copy(), tid, 256).matmul(x, out)
+                ok &= bool(np.array_equal(out.view(np.uint32), want.view(np.uint32)))
+            os._exit(0 if ok else 3)
+        assert _child_exit_code(pid, 30) == 0
+    with pytest.raises(ValueError, match="read-only file mapping"):
+        qmatmul.QMatrix(raw, tid, 256, None, None, True)
 
 
 def test_copies_made_by_several_threads_are_the_copy_one_thread_makes(tmp_path):
@@ -559,7 +596,7 @@ def test_copies_made_by_several_threads_are_the_copy_one_thread_makes(tmp_path):
         for _ in range(3):
             for src, m_order, w in ((view, None, want[0]), (raw, order, want[1])):
                 m = qmatmul.QMatrix(src, tid, cols, m_order, None, src is view)
-                assert m.copy_pending == qmatmul.simd_available()
+                assert m.interleaved == qmatmul.simd_available()
                 out = np.empty((1, rows), np.float32)
                 m.matmul(x, out)        # joins the worker's copy (or makes it, if still queued)
                 assert not m.copy_pending
