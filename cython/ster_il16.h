@@ -26,8 +26,8 @@
  * weights 2c, 2c + 1 of both.
  *
  * A type id with STER_IL set names the layout to the drivers; ster_il_row gives any row's
- * blocks back in the file layout (the float-input row dots and the prefill panels read
- * those, so their arithmetic is unchanged). Each row's decode result is computed in its
+ * blocks back in the file layout (the float-input row dots read those) and ster_il_ungroup a
+ * whole group's (a prefill panel is one group), so their arithmetic is unchanged. Each row's decode result is computed in its
  * own lane, the same whichever rows are computed beside it.
  */
 #ifndef STER_IL16_H
@@ -65,6 +65,24 @@ static void ster_il_unblock(int type, const uint8_t* grp_blk, int r, uint8_t* ro
     }
 }
 
+#if STER_HAVE_X86
+/* An 8 x 8 transpose of 16-bit words: v[i] word k becomes v[k] word i. */
+static inline void ster_il_tr8x8(__m128i v[8]) {
+    const __m128i t0 = _mm_unpacklo_epi16(v[0], v[1]), t1 = _mm_unpackhi_epi16(v[0], v[1]);
+    const __m128i t2 = _mm_unpacklo_epi16(v[2], v[3]), t3 = _mm_unpackhi_epi16(v[2], v[3]);
+    const __m128i t4 = _mm_unpacklo_epi16(v[4], v[5]), t5 = _mm_unpackhi_epi16(v[4], v[5]);
+    const __m128i t6 = _mm_unpacklo_epi16(v[6], v[7]), t7 = _mm_unpackhi_epi16(v[6], v[7]);
+    const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+    const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+    const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+    const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+    v[0] = _mm_unpacklo_epi64(u0, u4); v[1] = _mm_unpackhi_epi64(u0, u4);
+    v[2] = _mm_unpacklo_epi64(u1, u5); v[3] = _mm_unpackhi_epi64(u1, u5);
+    v[4] = _mm_unpacklo_epi64(u2, u6); v[5] = _mm_unpackhi_epi64(u2, u6);
+    v[6] = _mm_unpacklo_epi64(u3, u7); v[7] = _mm_unpackhi_epi64(u3, u7);
+}
+#endif
+
 /* Eight 2-byte pieces of 16 rows (16 bytes at rows[r] + off) to eight 32-byte chunks at out
  * (chunk k: piece k of rows 0..15): two 8 x 8 transposes of 16-bit words in SSE2 registers.
  * (Copying the pieces one by one took ~0.3 s for SmolLM2's 96 MB, the transposes ~0.05 s.) */
@@ -72,27 +90,31 @@ static void ster_il_transpose16x8(const uint8_t* const* rows, size_t off, uint8_
     int h, k;
     for (h = 0; h < 2; h++) {
 #if STER_HAVE_X86
-        const uint8_t* const* r8 = rows + 8 * h;
-#define STER_LD(i) _mm_loadu_si128((const __m128i*)(r8[i] + off))
-        __m128i a0 = STER_LD(0), a1 = STER_LD(1), a2 = STER_LD(2), a3 = STER_LD(3);
-        __m128i a4 = STER_LD(4), a5 = STER_LD(5), a6 = STER_LD(6), a7 = STER_LD(7);
-#undef STER_LD
-        __m128i t0 = _mm_unpacklo_epi16(a0, a1), t1 = _mm_unpackhi_epi16(a0, a1);
-        __m128i t2 = _mm_unpacklo_epi16(a2, a3), t3 = _mm_unpackhi_epi16(a2, a3);
-        __m128i t4 = _mm_unpacklo_epi16(a4, a5), t5 = _mm_unpackhi_epi16(a4, a5);
-        __m128i t6 = _mm_unpacklo_epi16(a6, a7), t7 = _mm_unpackhi_epi16(a6, a7);
-        __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
-        __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
-        __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
-        __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
-        const __m128i c[8] = {_mm_unpacklo_epi64(u0, u4), _mm_unpackhi_epi64(u0, u4), _mm_unpacklo_epi64(u1, u5),
-                              _mm_unpackhi_epi64(u1, u5), _mm_unpacklo_epi64(u2, u6), _mm_unpackhi_epi64(u2, u6),
-                              _mm_unpacklo_epi64(u3, u7), _mm_unpackhi_epi64(u3, u7)};
-        for (k = 0; k < 8; k++) _mm_storeu_si128((__m128i*)(out + 32 * k + 16 * h), c[k]);
+        __m128i v[8];
+        for (k = 0; k < 8; k++) v[k] = _mm_loadu_si128((const __m128i*)(rows[8 * h + k] + off));
+        ster_il_tr8x8(v);
+        for (k = 0; k < 8; k++) _mm_storeu_si128((__m128i*)(out + 32 * k + 16 * h), v[k]);
 #else
         int r;
         for (k = 0; k < 8; k++)
             for (r = 0; r < 8; r++) memcpy(out + 32 * k + 16 * h + 2 * r, rows[8 * h + r] + off + 2 * k, 2);
+#endif
+    }
+}
+
+/* The inverse: eight 32-byte chunks at in back to eight 2-byte pieces of each of 16 rows. */
+static void ster_il_untranspose16x8(const uint8_t* in, uint8_t* const* rows, size_t off) {
+    int h, k;
+    for (h = 0; h < 2; h++) {
+#if STER_HAVE_X86
+        __m128i v[8];
+        for (k = 0; k < 8; k++) v[k] = _mm_loadu_si128((const __m128i*)(in + 32 * k + 16 * h));
+        ster_il_tr8x8(v);
+        for (k = 0; k < 8; k++) _mm_storeu_si128((__m128i*)(rows[8 * h + k] + off), v[k]);
+#else
+        int r;
+        for (k = 0; k < 8; k++)
+            for (r = 0; r < 8; r++) memcpy(rows[8 * h + r] + off + 2 * k, in + 32 * k + 16 * h + 2 * r, 2);
 #endif
     }
 }
@@ -139,6 +161,31 @@ static void ster_il_row(int type, const uint8_t* P, size_t rb, int n, int b0, in
     int b;
     for (b = b0; b < b0 + cnt; b++, out += ts)
         ster_il_unblock(type, grp + (size_t)b * STER_ILG * ts, n % STER_ILG, out);
+}
+
+/* Blocks [b0, b0 + cnt) of the 16 rows of one group (grp: its 16 * row_bytes bytes), back in
+ * the file layout: row r's at out + r * stride (a decoded prefill panel is one group). */
+static void ster_il_ungroup(int type, const uint8_t* grp, int b0, int cnt, uint8_t* out, size_t stride) {
+    const int ts = ster_type_size(type);
+    const int* pl = ster_il_planes(type);
+    uint8_t* row[STER_ILG];
+    int r, b, i, p;
+    for (r = 0; r < STER_ILG; r++) row[r] = out + (size_t)r * stride;
+    for (b = 0; b < cnt; b++) {
+        const uint8_t* g = grp + (size_t)(b0 + b) * STER_ILG * ts;
+        size_t at = 0, off = (size_t)b * ts;
+        for (i = 0; pl[i]; i += 2) {
+            const int sz = pl[i], n = pl[i + 1];
+            p = 0;
+            if (sz == 2)   /* the codes: eight pieces of every row at a time */
+                for (; p + 8 <= n; p += 8) ster_il_untranspose16x8(g + at + (size_t)p * 32, row, off + 2 * (size_t)p);
+            for (; p < n; p++)
+                for (r = 0; r < STER_ILG; r++)
+                    memcpy(row[r] + off + (size_t)p * sz, g + at + ((size_t)p * STER_ILG + (size_t)r) * sz, (size_t)sz);
+            at += (size_t)n * STER_ILG * sz;
+            off += (size_t)n * sz;
+        }
+    }
 }
 
 /* Bytes of scales per row before a legacy block's codes: d, and for Q4_1 m. */

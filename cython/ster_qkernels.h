@@ -1576,6 +1576,7 @@ static void ster_round_inputs_bf16(const float* X, int T, int K, uint16_t* Xb) {
 }
 
 /* Y[t, n] = sum_k X[t, k] W[rows[n], k] for t < T and n in [n0, n1).
+ * With STER_IL on type (rows interleaved, ster_il16.h; rows NULL), n0 is a multiple of 16.
  * X: [T, K] (row stride K); Y: row stride ldy; pack: scratch of
  * ceil((n1 - n0) / 16) * STER_KC * 16 floats (32-byte aligned). Xb: NULL, or for a BF16
  * matrix at STER_ISA_BF16 the inputs rounded to bfloat16 by ster_round_bf16_rows ([T, Kp],
@@ -1586,7 +1587,7 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
     const int il = type & STER_IL;
     type &= ~STER_IL;
     const int bs = ster_block_size(type), ts = ster_type_size(type);
-    uint8_t ilbuf[(STER_KC / 32) * 34];   /* an interleaved row's blocks of one panel, in the file layout */
+    uint8_t ilgrp[STER_ILG][(STER_KC / 32) * 34];   /* an interleaved panel's rows (one group), file layout */
     const int npanel = (n1 - n0 + STER_NR - 1) / STER_NR;
     float tmp[STER_KC];
     int kc0, kcl, p, rr, k, t0;
@@ -1626,14 +1627,14 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
         kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
         for (p = 0; p < npanel; p++) {
             float* P = pack + (size_t)p * STER_KC * STER_NR;
+            const int first = n0 + STER_NR * p;
+            if (il)   /* the panel is one group: its 16 rows back in the file layout at once */
+                ster_il_ungroup(type, W + (size_t)first * row_bytes, kc0 / bs, kcl / bs, ilgrp[0], sizeof ilgrp[0]);
             for (rr = 0; rr < STER_NR; rr++) {
-                int n = n0 + STER_NR * p + rr;
+                int n = first + rr;
                 if (n < n1) {
                     const uint8_t* src = W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)(kc0 / bs) * ts;
-                    if (il) {
-                        ster_il_row(type, W, row_bytes, n, kc0 / bs, kcl / bs, ilbuf);
-                        src = ilbuf;
-                    }
+                    if (il) src = ilgrp[rr];
 #if STER_HAVE_X86
                     if (dec) dec(src, kcl / bs, tmp); else
 #endif
