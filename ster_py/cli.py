@@ -221,6 +221,7 @@ def _write(text: str) -> None:
         raise typer.Exit(0) from None
 
 
+REPEAT_PENALTY_HELP = "Divide positive logits of recent tokens by this, multiply negative ones (1 = off)."
 THREADS_HELP = ("Threads for the matrix products and attention, and the most any library's thread pool "
                 "(BLAS, OpenMP) may use (default: $STER_THREADS, else every core).")
 PRECISION_HELP = ("Weight dtype in memory; compute is f32 (with bf16 weights on a CPU with AVX512_BF16, a "
@@ -297,8 +298,7 @@ def generate(
                                  "computed; f16 halves the cache's memory and the bytes read per token "
                                  "(llama.cpp's default) and moves logits by about 1e-4 to 2e-3 relative."),
     min_p: float = typer.Option(0.0, help="Drop tokens less likely than this times the most likely one (0 = off)."),
-    repeat_penalty: float = typer.Option(1.0, help="Divide positive logits of recent tokens by this, multiply "
-                                         "negative ones (1 = off)."),
+    repeat_penalty: float = typer.Option(1.0, help=REPEAT_PENALTY_HELP),
     repeat_last_n: int = typer.Option(64, help="Tokens the repetition penalty looks back over, prompt included "
                                       "(-1: all, 0: off)."),
     stop: List[str] = typer.Option([], "--stop", help="End the answer before this text (repeatable; not printed)."),

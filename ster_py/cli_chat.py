@@ -15,8 +15,9 @@ from typing import List, Optional
 
 import typer
 
-from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, THREADS_HELP, _STREAM, Precision, _check_device,
-                  _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar, show_warnings)
+from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THREADS_HELP, _STREAM, Precision,
+                  _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
+                  show_warnings)
 from .errors import SterError
 
 
@@ -107,7 +108,7 @@ def chat(
     top_p: float = typer.Option(1.0, help="Nucleus sampling threshold (1 = off)."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0 = off)."),
     min_p: float = typer.Option(0.0, help="Drop tokens less likely than this times the most likely one (0 = off)."),
-    repeat_penalty: float = typer.Option(1.0, help="Divide the logits of recent tokens by this (1 = off)."),
+    repeat_penalty: float = typer.Option(1.0, help=REPEAT_PENALTY_HELP),
     repeat_last_n: int = typer.Option(64, help="Tokens the repetition penalty looks back over (-1: all)."),
     seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
     thinking: Thinking = typer.Option(Thinking.auto, help="on/off: the template's thinking switch "

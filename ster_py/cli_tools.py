@@ -52,8 +52,10 @@ def parity(
                                            "quantized model's logit error against the float32 reference."),
     reference: Reference = typer.Option(Reference.transformers, help="transformers (same directory, or the same "
                                         "GGUF via gguf_file=) or llama.cpp (llama-cpp-python on the GGUF)."),
-    tolerance: float = typer.Option(1e-4, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; "
-                                    "also the threshold for the first divergent layer."),
+    tolerance: Optional[float] = typer.Option(
+        None, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; also the threshold for the "
+        "first divergent layer. Default: 1e-4 against transformers, 0.1 against llama.cpp (which rounds "
+        "activations to 8 bits inside its quantized products)."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
@@ -64,9 +66,11 @@ def parity(
     """
     from .capture import read_prompts
     from .load import load_model
-    from .parity import DEFAULT_PROMPTS, run_parity
+    from .parity import DEFAULT_PROMPTS, DEFAULT_TOLERANCES, run_parity
 
     _use_threads(threads)
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCES[reference.value]
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
     with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,

@@ -27,6 +27,9 @@ import numpy as np
 from .errors import SterError
 
 REFERENCES = ("transformers", "llama.cpp")
+#: --tolerance when none is given, per reference: float32 against float32 agrees to ~1e-6; llama.cpp
+#: rounds activations to 8 bits inside its quantized products (relative errors of a few 1e-2).
+DEFAULT_TOLERANCES = {"transformers": 1e-4, "llama.cpp": 0.1}
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n")
 
 # The reference runs eager attention (exact soft-capping and windows), except where
@@ -380,7 +383,7 @@ def compare(loaded, prompt: str, ids: Sequence[int], reference: Reference, toler
     return result
 
 
-def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers", tolerance: float = 1e-4,
+def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers", tolerance: float | None = None,
                reference_fn: Reference | None = None, progress: Progress | None = None) -> ParityReport:
     """Compare ``loaded`` with a reference implementation on each prompt.
 
@@ -392,7 +395,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         prompts: texts.
         reference: "transformers" or "llama.cpp".
         tolerance: a prompt passes when its relative logit error is at most this; it is also
-            the threshold that decides the first divergent layer.
+            the threshold that decides the first divergent layer. None: the reference's
+            ``DEFAULT_TOLERANCES`` entry.
         reference_fn: use this reference instead of building one (tests, reuse).
         progress: optional ``progress(event, done, total)`` callback: ``("loading the
             reference", 0, None)`` once before the reference loads, then ``("parity", done, total)``.
@@ -404,6 +408,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
 
     if reference not in REFERENCES:
         raise SterError(f"--reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCES[reference]
     if not tolerance >= 0:
         raise SterError(f"--tolerance must be 0 or more, got {tolerance}")
     context = prompt_context(loaded.spec)
