@@ -417,8 +417,8 @@ cdef class QMatrix:
             interleaved layout of ``ster_il16.h`` (the row order applied), and once it exists
             its products read only that copy (``interleaved``). A background thread copies
             it while the rest of the model loads;
-            a row-dot product that comes first waits for it (or makes a copy not yet started
-            itself), so every row-dot product of the matrix runs on it, while decoded panels
+            a row-dot product that comes first makes it with the threads already on it (or alone,
+            if none is), so every row-dot product of the matrix runs on it, while decoded panels
             read the rows where they are until the copy exists (the same bits either way).
         release: ``raw`` views a read-only file mapping: as they are copied, its whole pages
             are dropped from the resident set (madvise MADV_DONTNEED; the page cache keeps them
@@ -538,8 +538,8 @@ cdef class QMatrix:
 
     @property
     def copy_pending(self) -> bool:
-        """True while the interleaved copy is queued or being made (a background thread's
-        progress: False once it exists, or when the matrix makes none)."""
+        """True while the interleaved copy does not exist yet (queued, being made, or left to the
+        first one-token product); False once it exists, or when the matrix makes none."""
         return bool(self._pending) and not ster_il_done(&self._job)
 
     def set_read_ahead(self, tuple following):
