@@ -31,7 +31,9 @@ What is timed: prefill = one forward pass over the prompt, keeping the KV cache
 (llama.cpp ``Llama.eval``; ster ``Decoder.forward``; transformers ``model(...)``);
 decode = the remaining ``new_tokens - 1`` steps of one token each, including the
 greedy argmax over the vocabulary (the first new token comes from the prefill).
-Load = opening the model until it can run (tokenizer included).
+Load = opening the model until it can run (tokenizer included). The ster and llama-cpp-python
+runs time the first prompt after load; llama-bench times its prompt after a warmup run, as
+``--show``'s "ster gguf warm" does (a GGUF's interleaved copies are made by then).
 """
 from __future__ import annotations
 
@@ -110,6 +112,8 @@ def run_ster(args) -> dict:
     load_s = time.perf_counter() - t0
     ids = _prompt_ids(lambda t: m.tokenizer.encode(t, add_special_tokens=False), args.prompt_tokens,
                       m.spec.vocab_size, args.prompt_ids)
+    if args.warmup:   # as llama-bench does before its timed runs: the same prompt and one token, untimed
+        generate(m.decoder, ids, Sampling(max_new_tokens=1), stop_ids=(), kv_cache=args.kv_cache)
     g = generate(m.decoder, ids, Sampling(max_new_tokens=args.new_tokens), stop_ids=(), kv_cache=args.kv_cache)
     dtype = np.float16 if args.kv_cache == "f16" else np.float32
     kv_bytes = m.decoder.new_cache(dtype).nbytes_per_position() * (len(ids) + args.new_tokens)
@@ -288,6 +292,7 @@ def main() -> None:
     p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="f32", help=argparse.SUPPRESS)
     p.add_argument("--float-inputs", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -348,6 +353,8 @@ def show_configs(preset: str, llama_bench: str | None) -> list[tuple[str, str, s
                ("ster bf16 q8_0", "ster", bf16, ("--quantize", "q8_0"), 0),
                ("ster bf16 q4_k", "ster", bf16, ("--quantize", "q4_k"), 0),
                ("ster gguf", "ster", gguf, (), 0),
+               # after one untimed run of the prompt, as llama-bench times (its warmup): the copies exist
+               ("ster gguf warm", "ster", gguf, ("--warmup",), 0),
                ("ster gguf f16 kv", "ster", gguf, ("--kv-cache", "f16"), 0),   # llama.cpp's own KV dtype
                ("llama-cpp-python gguf", "llama.cpp", gguf, (), 0),
                ("ster gguf +1 busy", "ster", gguf, (), 1),
@@ -395,6 +402,7 @@ def show(args) -> None:
               ("ster q4_k / transformers bf16", "ster bf16 q4_k", "transformers bf16"),
               ("ster gguf / llama-cpp-python", "ster gguf", "llama-cpp-python gguf"),
               ("ster gguf / llama-bench", "ster gguf", "llama-bench gguf"),
+              ("ster gguf warm / llama-bench", "ster gguf warm", "llama-bench gguf"),
               ("ster gguf f16 kv / llama-bench", "ster gguf f16 kv", "llama-bench gguf"),
               ("ster gguf busy / quiet", "ster gguf +1 busy", "ster gguf"),
               ("ster bf16 busy / quiet", "ster bf16 +1 busy", "ster bf16")]
