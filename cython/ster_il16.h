@@ -27,8 +27,8 @@
  *
  * A type id with STER_IL set names the layout to the drivers; ster_il_row gives any row's
  * blocks back in the file layout (the float-input row dots read those) and ster_il_ungroup a
- * whole group's (a prefill panel is one group), so their arithmetic is unchanged. Each row's decode result is computed in its
- * own lane, the same whichever rows are computed beside it.
+ * whole group's (a prefill panel is one group), so their arithmetic is unchanged. Each row's
+ * decode result is computed in its own lane, the same whichever rows are computed beside it.
  */
 #ifndef STER_IL16_H
 #define STER_IL16_H
