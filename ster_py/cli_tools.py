@@ -66,17 +66,16 @@ def parity(
     """
     from .capture import read_prompts
     from .load import load_model
-    from .parity import DEFAULT_PROMPTS, DEFAULT_TOLERANCES, run_parity
+    from .parity import DEFAULT_PROMPTS, run_parity
 
     _use_threads(threads)
-    if tolerance is None:
-        tolerance = DEFAULT_TOLERANCES[reference.value]
     texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
     with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
                             quantize=quantize.value if quantize is not None else None)
         show_warnings(loaded)
         report = run_parity(loaded, texts, reference=reference.value, tolerance=tolerance, progress=progress)
+    tolerance = report.tolerance   # the reference's default when none was given
     if as_json:
         print(json.dumps({**version_fields(), **report.to_json()}, ensure_ascii=False, indent=2))
     else:
