@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .decoder.block_sparse import BlockSparseSpec
-from .decoder.altup import AltUpSpec
-from .decoder.indexer import IndexerSpec
-from .decoder.relative import RelativeSpec
-from .decoder.delta import DELTA_MIXERS, DeltaSpec
-from .decoder.latent import LatentSpec
-from .decoder.loops import LoopSpec, Pass, repeated
-from .decoder.ngram import NgramSpec
-from .decoder.moe import SCORINGS, MoESpec, RouterSpec
+from .decoder.kinds import ATTENTION_MIXERS, DELTA_MIXERS, RECURRENT_MIXERS
 from .decoder.positions import alibi_slopes
 from .decoder.rope import Rope, brief_value, make_rope
-from .decoder.shared_block import SharedBlockSpec
-from .decoder.streams import StreamsSpec
-from .decoder.compressed import CompressedSpec
-from .decoder.ssm import ATTENTION_MIXERS, RECURRENT_MIXERS, MupScales, SSMSpec
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
+
+if TYPE_CHECKING:  # the parts' specs are imported where a config builds one: a dense model imports none
+    from .decoder.altup import AltUpSpec
+    from .decoder.block_sparse import BlockSparseSpec
+    from .decoder.compressed import CompressedSpec
+    from .decoder.delta import DeltaSpec
+    from .decoder.indexer import IndexerSpec
+    from .decoder.latent import LatentSpec
+    from .decoder.loops import LoopSpec
+    from .decoder.moe import MoESpec, RouterSpec
+    from .decoder.ngram import NgramSpec
+    from .decoder.relative import RelativeSpec
+    from .decoder.shared_block import SharedBlockSpec
+    from .decoder.ssm import MupScales, SSMSpec
+    from .decoder.streams import StreamsSpec
 
 # Bounds on the counts read from a config, far above any released model. They are
 # checked where a count is read, because per-layer and per-head tables are built from
@@ -600,6 +603,7 @@ def block_sparse_spec(config: Mapping, config_name: str, head_dim: int, n_layers
     flags = config.get("_block_sparse_layers")
     if not isinstance(flags, list) or len(flags) != n_layers:
         raise SterError(f"{where}: the sparse attention layers must be listed once per layer ({n_layers})")
+    from .decoder.block_sparse import BlockSparseSpec
     return BlockSparseSpec(**out)
 
 
@@ -622,6 +626,7 @@ def relative_spec(config: Mapping, config_name: str) -> RelativeSpec:
     alpha = config.get("log_scaling_alpha", 0.1)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise SterError(f"{where}: log_scaling_alpha must be a number, got {brief_value(alpha)}")
+    from .decoder.relative import RelativeSpec
     return RelativeSpec(**out, log_alpha=float(alpha))
 
 
@@ -649,6 +654,7 @@ def ssm_spec(r: "_Reader", family: FamilySpec, hidden: int, config_name: str) ->
         SterError: a missing or invalid size, heads that do not make up the width or split over
             the groups, a convolution activation other than SiLU, a bad step limit.
     """
+    from .decoder.ssm import SSMSpec
     where = f"invalid model config {config_name}"
     kind = family.recurrent
     if kind == "shortconv":  # LFM2: hidden_size channels, conv_L_cache taps, no scan
@@ -760,6 +766,7 @@ def delta_spec(r: "_Reader", family: FamilySpec, config_name: str) -> DeltaSpec:
     if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
                               or not math.isfinite(bound) or bound >= 0):
         raise SterError(f"{where}: the safe gate's lower bound must be a negative number, got {brief_value(bound)}")
+    from .decoder.delta import DeltaSpec
     return DeltaSpec(kind, num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv, conv_kernel=kernel,
                      beta_scale=2.0 if r.get("delta_beta_double") else 1.0, norm_eps=float(eps),
                      gate_act="silu" if kind == "gated_delta" else "sigmoid", safe_gate=bound is not None,
@@ -800,6 +807,7 @@ def shared_block_spec(r: "_Reader", hidden: int, intermediate: int) -> SharedBlo
         SterError: a missing or invalid count or rank.
     """
     adapters = r.get("shared_attention_adapters", False)
+    from .decoder.shared_block import SharedBlockSpec
     return SharedBlockSpec(blocks=r.positive_int("shared_blocks", limit=MAX_LAYERS), width=2 * hidden,
                            intermediate=intermediate, adapter_rank=r.positive_int("adapter_rank"),
                            attention_adapters=bool(adapters))
@@ -819,6 +827,7 @@ def mup_scales(config: Mapping, config_name: str) -> MupScales:
 
     ssm = config.get("ssm_multipliers") or [1.0] * 5
     mlp = config.get("mlp_multipliers") or [1.0] * 2
+    from .decoder.ssm import MupScales
     return MupScales(attn_in=one("attention_in_multiplier"), attn_out=one("attention_out_multiplier"),
                      key=one("key_multiplier"), ssm_in=one("ssm_in_multiplier"),
                      ssm_parts=tuple(float(x) for x in ssm), ssm_out=one("ssm_out_multiplier"),
@@ -921,6 +930,7 @@ def moe_spec(r: "_Reader", family: FamilySpec, config_name: str) -> MoESpec:
             an unknown scoring function or selection method, top-k above the expert count,
             experts not divisible into groups.
     """
+    from .decoder.moe import SCORINGS, MoESpec, RouterSpec
     where = f"invalid model config {config_name}"
     d = family.moe_defaults
 
@@ -1133,6 +1143,7 @@ def ngram_spec(config: Mapping, hidden: int, config_name: str) -> NgramSpec:
                         f"rows, and at least one of the {hidden} hidden_size columns each)")
     eos = config.get("eos_token_id")
     eos = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and not isinstance(e, bool)]
+    from .decoder.ngram import NgramSpec
     return NgramSpec(neighbors=n, splits=k, rows=rows, width=hidden // tables, vocab_size=vocab, eos=tuple(eos))
 
 
@@ -1496,6 +1507,7 @@ def looped_layers(layers: tuple[LayerSpec, ...], r: "_Reader", family: FamilySpe
         SterError: a pass count or window that is not a positive integer, or more executed layers
             than ``MAX_LAYERS``.
     """
+    from .decoder.loops import LoopSpec, Pass, repeated
     n = len(layers)
     loops = r.positive_int("loops", 1, limit=MAX_LAYERS)
     inner = r.positive_int("inner_loops", 1, limit=MAX_LAYERS) if family.loop_stacks else 0
@@ -1574,6 +1586,7 @@ def altup_spec(config: Mapping, config_name: str) -> AltUpSpec:
     if not isinstance(scale, bool):
         raise SterError(f"invalid model config {config_name}: altup_correct_scale must be true or false, "
                         f"got {brief_value(scale)}")
+    from .decoder.altup import AltUpSpec
     return AltUpSpec(num_inputs=n, correct_scale=scale)
 
 
@@ -1603,6 +1616,7 @@ def latent_spec(r: "_Reader", config_name: str, family: FamilySpec | None = None
         SterError: a width that is not a positive integer within bounds, an odd rotated width.
     """
     q_rank = r.get("q_lora_rank")
+    from .decoder.latent import LatentSpec
     latent = LatentSpec(kv_lora_rank=r.positive_int("kv_lora_rank"),
                         q_lora_rank=None if q_rank is None else r.positive_int("q_lora_rank"),
                         qk_nope_head_dim=r.positive_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
@@ -1712,6 +1726,7 @@ def compressed_spec(r: "_Reader", config: Mapping, max_pos: int, config_name: st
         params = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
         return make_rope(params, head_dim=rope_dim, max_position_embeddings=max_pos, interleaved=True, where=where)
 
+    from .decoder.compressed import CompressedSpec
     return CompressedSpec(head_dim=D, rope_dim=rope_dim, q_lora_rank=r.positive_int("q_lora_rank"),
                           window=r.positive_int("sliding_window", limit=1 << 31),
                           sparse_rate=rate("compressed_sparse_attention", 4),
@@ -1749,6 +1764,7 @@ def streams_spec(r: "_Reader", family: FamilySpec, config_name: str) -> StreamsS
     iters = fixed.pop("hc_sinkhorn_iters", 0)
     iters = r.positive_int("hc_sinkhorn_iters", limit=1000) if iters == "model" else int(iters)
     post_eps = fixed.pop("post_eps", 0.0)
+    from .decoder.streams import StreamsSpec
     return StreamsSpec(n=n, magnitude=number("hc_magnitude", 2.0, positive=True),
                        post_eps=eps if post_eps == "hc_eps" else float(post_eps), eps=eps,
                        norm_eps=float(r.get("norm_eps", 1e-6)), sinkhorn_iters=iters, **fixed)
@@ -1778,6 +1794,7 @@ def indexer_spec(r: "_Reader", family: FamilySpec, latent: LatentSpec | None, co
         fixed["tail"] = tail
     eps = fixed.pop("norm_eps", 1e-6)
     eps = float(r.get("norm_eps", 1e-6)) if eps == "model" else float(eps)
+    from .decoder.indexer import IndexerSpec
     spec = IndexerSpec(n_heads=r.positive_int("index_n_heads", limit=MAX_HEADS),
                        head_dim=r.positive_int("index_head_dim", limit=MAX_HEAD_DIM),
                        topk=r.positive_int("index_topk", limit=1 << 31), rope_dim=latent.qk_rope_head_dim,

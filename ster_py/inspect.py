@@ -38,7 +38,7 @@ def _ssm_dims(spec) -> dict[str, Any]:
     if spec.ssm is None:
         return {}
     s = spec.ssm
-    from .decoder.ssm import RECURRENT_MIXERS
+    from .decoder.kinds import RECURRENT_MIXERS
 
     out = {"scan_layers": sum(1 for layer in spec.layers if layer.mixer in RECURRENT_MIXERS),
            "attention_layers": sum(1 for i in range(spec.num_hidden_layers) if spec.has_kv(i)),

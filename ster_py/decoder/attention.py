@@ -30,7 +30,6 @@ import numpy as np
 
 from ._fast import ops as _ops
 from .linear import make_linear
-from .mova import ValueExperts
 from .norms import Norm
 from .parts import Part
 from .positions import query_temperature
@@ -219,6 +218,8 @@ class Attention(Part):
         # values from routed value experts (LayerSpec.value_experts, decoder/mova.py), not from v
         self.v_experts = None
         if self.layer.value_experts:
+            from .mova import ValueExperts
+
             r = spec.value_router
             self.v_experts = ValueExperts(
                 r, make_linear(load("v_router", required=True)),

@@ -39,11 +39,6 @@ from .linear import make_linear
 from .parts import Part
 from .ssm import silu, softplus, vector
 
-#: ``LayerSpec.mixer`` kinds of the delta-rule mixers.
-DELTA_MIXERS = ("gated_delta", "kda")
-#: Roles stored in more than one shape of the same size (a convolution as [C, 1, K] or [C, K];
-#: Kimi's A_log as [1, 1, H, 1]; llama.cpp's ssm_a as [H, 1]).
-DELTA_RESHAPED_ROLES = ("lin_conv", "lin_a_log", "lin_ssm_a", "lin_exp_a", "lin_dt_bias")
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,7 @@ class DeltaSpec:
 
     def tensor_shapes(self, hidden: int) -> dict[tuple[str, str], tuple[int, ...]]:
         """(role, kind) -> shape of the mixer's tensors (``layout.expected_shapes``); the roles in
-        ``DELTA_RESHAPED_ROLES`` may be stored in another shape of the same size."""
+        ``layout.RESHAPED_ROLES`` may be stored in another shape of the same size."""
         kd, vd, hv, hk, c, k = (self.key_dim, self.value_dim, self.num_v_heads, self.num_k_heads, self.conv_dim,
                                 self.conv_kernel)
         per_head = hv if self.kind == "gated_delta" else self.value_dim  # KDA: one per key channel

@@ -38,8 +38,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SterError
-from .delta import DELTA_RESHAPED_ROLES
-from .ssm import RESHAPED_ROLES
 
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "kv")
 FUSED_INTO = {"q": "qkv", "k": "qkv", "v": "qkv", "g": "qkv", "gate": "gate_up", "up": "gate_up",
@@ -50,6 +48,11 @@ EXPERT_ROLES = ("exp_gate", "exp_up", "exp_down", "exp_gate_up")
 
 #: Depthwise convolution weights stored [channels, 1, taps] (PyTorch's Conv1d) or [channels, taps].
 CONV_ROLES = ("k_conv", "v_conv", "attn_out_conv", "ffn_out_conv")
+#: State-space and delta-rule roles stored in more than one shape of the same size (a convolution as
+#: [C, 1, K] or [C, K]; llama.cpp's [H, 1] vectors and [groups, d_inner / groups] norm; Kimi's A_log as
+#: [1, 1, H, 1]).
+RESHAPED_ROLES = ("ssm_conv", "ssm_a_log", "ssm_a", "ssm_d", "ssm_dt_bias", "ssm_norm",
+                  "lin_conv", "lin_a_log", "lin_ssm_a", "lin_exp_a", "lin_dt_bias")
 
 
 def expected_shapes(spec, i: int | None = None) -> dict[tuple[str, str], tuple[int, ...]]:
@@ -263,7 +266,7 @@ class Layout:
               or (role == "router_select_bias" and tuple(t.shape) == (1, *want))  # ERNIE 4.5 keeps [1, E]
               or (role in CONV_ROLES and len(want) == 3 and tuple(t.shape) == (want[0], want[2]))  # [C, K] as [C, 1, K]
               or (role in ("ffn_scale", "router_scale") and tuple(t.shape) == ())  # a scalar as [1]
-              or (role in RESHAPED_ROLES + DELTA_RESHAPED_ROLES and kind != "bias"
+              or (role in RESHAPED_ROLES and kind != "bias"
                   and int(np.prod(t.shape)) == int(np.prod(want))))
         if not ok:
             d = self.spec.attention_shape(i)[2] if i is not None else self.spec.head_dim

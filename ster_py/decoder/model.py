@@ -28,38 +28,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from importlib import import_module
 from typing import Callable, Protocol
 
 import numpy as np
 
 from ..config import ModelSpec
 from ..errors import SterError
-from .altup import AltUp, Laurel, collapse, expand
-from .attention import MASK_POSITIONS, Attention
-from .block_sparse import BlockSparseAttention
-from .relative import RelativeAttention, residual_conv
+from .attention import MASK_POSITIONS
 from .cache import KVCache
-from .compressed import CompressedAttention
-from .delta import GatedDeltaNet
 from .ffn import ACT_FNS, DenseFFN
-from .latent import LatentAttention
-from .hybrid import Hybrid
-from .kda import KimiDeltaAttention
 from .layout import Layout
-from .lightning import Lightning
 from .linear import Linear, make_linear
-from .mamba import Mamba
-from .mamba2 import Mamba2
-from .ngram import NgramEmbedding
-from .moe import MoE, identity
 from .norms import Norm
 from .positions import alibi_bias, alibi_sqrt_bias
 from .qlinear import QuantLinear
-from .shared_block import SharedHybrid
-from .shortconv import ShortConv
 from .step import layer_step
-from .streams import HyperConnection, HyperHead
-from .xielu import XIELU
 
 
 class WeightSource(Protocol):
@@ -77,11 +61,21 @@ _UNBUILT = object()
 #: gives the cache its slot (``new_slot(dtype)``, see ``cache.KVCache``), and one whose
 #: ``KV`` is true keeps keys and values too. A mixer whose ``OWN_NORMS`` lists a sublayer norm
 #: builds and applies that norm itself (the block leaves it out). ``"none"``: the layer is only a
-#: feed-forward.
-MIXERS = {"attention": Attention, "latent": LatentAttention, "mamba": Mamba, "mamba2": Mamba2,
-          "hybrid": Hybrid, "shortconv": ShortConv, "lightning": Lightning, "shared_hybrid": SharedHybrid,
-          "gated_delta": GatedDeltaNet, "kda": KimiDeltaAttention, "block_sparse": BlockSparseAttention,
-          "relative": RelativeAttention, "compressed": CompressedAttention}
+#: feed-forward. Named by (module, class) and imported by ``mixer_class`` when a model has such a
+#: layer, so that a model imports only its own mixers (a dense model's load skips the rest).
+MIXERS = {"attention": ("attention", "Attention"), "latent": ("latent", "LatentAttention"),
+          "mamba": ("mamba", "Mamba"), "mamba2": ("mamba2", "Mamba2"), "hybrid": ("hybrid", "Hybrid"),
+          "shortconv": ("shortconv", "ShortConv"), "lightning": ("lightning", "Lightning"),
+          "shared_hybrid": ("shared_block", "SharedHybrid"), "gated_delta": ("delta", "GatedDeltaNet"),
+          "kda": ("kda", "KimiDeltaAttention"), "block_sparse": ("block_sparse", "BlockSparseAttention"),
+          "relative": ("relative", "RelativeAttention"), "compressed": ("compressed", "CompressedAttention")}
+
+
+def mixer_class(kind: str) -> type | None:
+    """The part class of ``LayerSpec.mixer`` ``kind`` (``MIXERS``), imported on first use; None for
+    ``"none"`` (a layer that is only a feed-forward) or a kind no part implements."""
+    where = MIXERS.get(kind)
+    return None if where is None else getattr(import_module(f"{__package__}.{where[0]}"), where[1])
 
 
 def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = None):
@@ -92,8 +86,11 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
         return None
     if kind == "dense":
         gate = load("gate")
-        act = (XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
-               if spec.hidden_act == "xielu" else None)
+        act = None
+        if spec.hidden_act == "xielu":
+            from .xielu import XIELU
+
+            act = XIELU(*(load("act", p, required=True) for p in ("alpha_p", "alpha_n", "beta", "eps")))
         mup = spec.mup
         scale = load("ffn_scale", "") if "ffn_scale" in spec.names else None  # Inkling's mlp.global_scale
         out_scale = mup.ffn_down if mup else float(np.asarray(scale).reshape(-1)[0]) if scale is not None else 1.0
@@ -103,6 +100,8 @@ def build_ffn(spec: ModelSpec, i: int, layout: Layout, load, kind: str | None = 
                         gate_scale=mup.ffn_gate if mup else 1.0, out_scale=out_scale,
                         glu=spec.ffn_glu, limit=spec.ffn_limit, alpha=spec.ffn_alpha,
                         sparsity=spec.layers[i].ffn_sparsity, sparsity_ddof=spec.sparsity_ddof)
+    from .moe import MoE, identity
+
     m = spec.layers[i].moe or spec.moe
 
     def ffn(parts, limit):
@@ -186,7 +185,7 @@ class _Layer:
                         spec.norm_unit_offset and offset is None, offset or 0.0,
                         spec.norm_groups if role in SUBLAYER_NORMS else 1)  # (q/k norms are a head wide)
 
-        cls = MIXERS.get(self.layer.mixer)
+        cls = mixer_class(self.layer.mixer)
         own = getattr(cls, "OWN_NORMS", ())
         d["norms"] = {role: norm(role) for role in spec.layer_norms(i) if role not in own}
         d["mixer"] = cls(spec, i, load, norm) if cls is not None else None
@@ -201,6 +200,10 @@ class _Layer:
         d["scalar"] = (np.float32(load("layer_scalar", "", required=True).reshape(-1)[0])
                        if spec.layer_scalar else None)
         # hyper-connections before the mixer and the feed-forward (ModelSpec.streams, decoder/streams.py)
+        if spec.streams is not None:
+            from .streams import HyperConnection
+        if spec.altup is not None or spec.laurel:
+            from .altup import AltUp, Laurel
         d["hc"] = (tuple(HyperConnection(spec.streams, *(load(f"hc_{part}_{p}", "", required=True)
                                                          for p in ("fn", "base", "scale")))
                          for part in ("attn", "ffn")) if spec.streams is not None else None)
@@ -319,6 +322,8 @@ class _Layer:
         f = n["ffn_norm"](h) if "ffn_norm" in n else x
         m = self.ffn(f)
         if self.ffn_conv is not None:  # a residual short convolution over the feed-forward's outputs
+            from .relative import residual_conv
+
             m = residual_conv(m, self.ffn_conv, cache.slot(self.i)["ffn_out"])
         m = n["ffn_post_norm"](m) if "ffn_post_norm" in n else m
         if self.spec.parallel:
@@ -334,6 +339,8 @@ class _Layer:
         """The block over hyper-connected streams h float32 [T, n, hidden] (``ModelSpec.streams``;
         Transformers' ``DeepseekV4DecoderLayer`` / ``HYV4DecoderLayer``): each sublayer reads the streams
         collapsed by its hyper-connection and its output is spread back over them (``HyperConnection.join``)."""
+        from .streams import HyperConnection
+
         n, (attn_hc, ffn_hc) = self.norms, self.hc
         tables = {} if tables is None else tables
         x, post, comb = attn_hc(h)
@@ -445,6 +452,8 @@ class Decoder:
                                          norm("per_layer_proj_norm"))
                           if spec.per_layer_input else None)
         g = getattr(spec, "ngram", None)  # hashed n-gram embeddings beside the token's (decoder/ngram.py)
+        if g is not None:
+            from .ngram import NgramEmbedding
         self.ngram = (NgramEmbedding(g, [layout.get("ngram_table", None, "weight", True, slot=j) for j in range(g.tables)],
                                      [layout.get("ngram_proj", None, "weight", True, slot=j) for j in range(g.tables)])
                       if g is not None else None)
@@ -462,6 +471,8 @@ class Decoder:
         self.final_norm = norm("final_norm", spec.norm_unit_offset if spec.final_norm_unit_offset is None
                                else spec.final_norm_unit_offset)
         st = spec.streams
+        if st is not None:
+            from .streams import HyperHead
         self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
                         else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
         head = None if spec.tie_word_embeddings else top("head", required=spec.head_required)
@@ -638,6 +649,8 @@ class Decoder:
         if bidirectional and s.prefix_lm and cache.length == 0:  # every query sees the whole prompt
             tables[MASK_POSITIONS] = np.full(ids.shape[0], ids.shape[0] - 1)
         if self.altup is not None:  # the stream's extra copies travel beside h, the first copy
+            from .altup import collapse, expand
+
             h, *tables["altup"] = expand(h, self.altup[0])
         # the fused step stores keys itself: only into this class's cache, not a subclass's
         fuse = (self.fuse_decode and ids.shape[0] == 1 and bias is None and type(cache) is KVCache

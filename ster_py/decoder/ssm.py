@@ -19,12 +19,6 @@ from typing import Any
 
 import numpy as np
 
-#: ``LayerSpec.mixer`` kinds that keep a recurrent state (a ``cache.RecurrentState`` slot); the
-#: delta-rule kinds (``decoder/delta.py``) are sized by ``ModelSpec.delta``.
-RECURRENT_MIXERS = ("mamba", "mamba2", "hybrid", "shortconv", "lightning", "shared_hybrid", "gated_delta", "kda")
-#: ``LayerSpec.mixer`` kinds that keep keys and values.
-ATTENTION_MIXERS = ("attention", "latent", "hybrid", "shared_hybrid", "block_sparse", "relative")
-
 
 @dataclass(frozen=True)
 class SSMSpec:
@@ -134,7 +128,7 @@ class SSMSpec:
 
     def tensor_shapes(self, hidden: int) -> dict[tuple[str, str], tuple[int, ...]]:
         """(role, kind) -> shape of the scan's tensors (``layout.expected_shapes``); the roles in
-        ``RESHAPED_ROLES`` may be stored in another shape of the same size."""
+        ``layout.RESHAPED_ROLES`` may be stored in another shape of the same size."""
         di, n, k = self.d_inner, self.d_state, self.d_conv
         if self.kind == "lightning":
             return {("ssm_in", "weight"): (3 * di, hidden), ("ssm_in", "bias"): (3 * di,),
@@ -157,11 +151,6 @@ class SSMSpec:
             out.update({("ssm_dt_bias", ""): (h,), ("ssm_a_log", ""): (h,), ("ssm_a", ""): (h,), ("ssm_d", ""): (h,),
                         ("ssm_norm", "weight"): (di,)})
         return out
-
-
-#: Roles whose tensors are stored in more than one shape of the same size (a convolution as
-#: [C, 1, K] or [C, K], llama.cpp's [H, 1] vectors and [groups, d_inner / groups] norm).
-RESHAPED_ROLES = ("ssm_conv", "ssm_a_log", "ssm_a", "ssm_d", "ssm_dt_bias", "ssm_norm")
 
 
 @dataclass(frozen=True)

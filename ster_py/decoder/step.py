@@ -27,7 +27,6 @@ from ..config import ModelSpec
 from ._fast import ops as _ops
 from .attention import Attention
 from .ffn import _GLU_KINDS, DenseFFN
-from .moe import MoE
 from .qlinear import QuantLinear
 
 _NORMS = ("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")
@@ -66,7 +65,11 @@ def layer_step(layer):
     drops its step when a projection is set).
     """
     s, attn, ffn = layer.spec, layer.mixer, layer.ffn
-    routed = type(ffn) is MoE
+    routed = False
+    if ffn is not None and type(ffn) is not DenseFFN:
+        from .moe import MoE  # (imported only by a model that routes)
+
+        routed = type(ffn) is MoE
     if (not spec_allows_step(s) or type(attn) is not Attention or layer.layer.attention_chunk
             or layer.layer.residual is not None or layer.layer.loop_global is not None
             or not (routed or (type(ffn) is DenseFFN and ffn.gate is not None and ffn.glu == "standard"

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from ..config import (MAX_HEADS, LayerSpec, ModelSpec, _Reader, family_fields, looped_from_gguf, looped_stack,
                       moe_spec, reused_kv_unread, sliding_layers, streams_spec, yarn_mscale)
-from ..decoder.block_sparse import BlockSparseSpec
-from ..decoder.indexer import IndexerSpec
-from ..decoder.delta import DELTA_MIXERS, DeltaSpec
-from ..decoder.latent import LatentSpec
-from ..decoder.ssm import ATTENTION_MIXERS, SSMSpec
+from ..decoder.kinds import ATTENTION_MIXERS, DELTA_MIXERS
 from ..decoder.rope import brief_value, make_rope
 from ..errors import SterError
 from ..families import FAMILIES_BY_GGUF_ARCH, FamilySpec
+
+if TYPE_CHECKING:  # the parts' specs are imported where the metadata describes one
+    from ..decoder.block_sparse import BlockSparseSpec
+    from ..decoder.delta import DeltaSpec
+    from ..decoder.indexer import IndexerSpec
+    from ..decoder.latent import LatentSpec
+    from ..decoder.ssm import SSMSpec
 
 # Hyper-parameters llama.cpp sets in src/llama-model.cpp instead of reading them from the file.
 LLAMA_CPP_FIXED = {
@@ -480,6 +483,8 @@ def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_
     them (Jamba); Mamba-2's gated norm applies when the file holds ``ssm_norm``. llama.cpp clamps no
     step, and its norms use the model's RMS epsilon. LFM2's short convolution: ``shortconv.l_cache``
     taps over embedding_length channels."""
+    from ..decoder.ssm import SSMSpec
+
     def size(key, default=None, limit=1 << 24):
         v = meta.get(f"{arch}.ssm.{key}", default)
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
@@ -507,12 +512,22 @@ def _gguf_ssm(meta: Mapping, arch: str, family: FamilySpec, tensors: Mapping, n_
                    gated_norm=gated, norm_eps=eps)
 
 
+def _gguf_lightning(heads: int, head_dim: int, eps: float) -> SSMSpec:
+    """MiniMax's lightning attention: its heads and head width are the attention's (minimax-01.cpp), its
+    read-out norm takes the model's epsilon; no slope offset."""
+    from ..decoder.ssm import SSMSpec
+
+    return SSMSpec("lightning", heads * head_dim, head_dim, 1, num_heads=heads, norm_eps=eps, slope_eps=0.0)
+
+
 def _gguf_delta(meta: Mapping, arch: str, family: FamilySpec, heads: int, eps: float, path: str) -> DeltaSpec:
     """The delta-rule layers of a ``qwen3next`` / ``qwen35`` / ``qwen35moe`` / ``kimi-linear`` file, as
     llama.cpp's loaders read them: the gated delta net's key heads are ``ssm.group_count``, their width
     ``ssm.state_size``, its value heads ``ssm.time_step_rank`` of ``ssm.inner_size`` in all; Kimi's heads
     are the attention's, ``kda.head_dim`` wide; the convolution ``ssm.conv_kernel`` taps. The L2 and
     output norms take the model's RMS epsilon (``build_gdn_l2_norm``, ``build_norm``)."""
+    from ..decoder.delta import DeltaSpec
+
     def size(key, limit=1 << 24):
         v = meta.get(f"{arch}.{key}")
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
@@ -683,6 +698,8 @@ def _gguf_latent(meta: Mapping, arch: str, hidden: int, heads: int, eps: float, 
     Raises:
         SterError: a missing or invalid width, a rotated width not below the query/key head's.
     """
+    from ..decoder.latent import LatentSpec
+
     def g(key, default=None):
         return _get(meta, f"{arch}.{key}", int, path, default)
 
@@ -734,6 +751,7 @@ def _gguf_indexer(meta: Mapping, arch: str, latent: LatentSpec, n_layers: int, m
         SterError: a missing or invalid count, a rotated width above the index head's, a types array of
             the wrong length or with a shared layer before the first full one.
     """
+    from ..decoder.indexer import IndexerSpec
     how = LLAMA_CPP_INDEXER[arch]
 
     def g(key):
@@ -790,6 +808,8 @@ def _gguf_block_sparse(meta: Mapping, arch: str, kv_heads: int, n_layers: int,
         SterError: a missing or non-positive size, an index head count other than head_count_kv, more local
             blocks than blocks kept, a leading dense count beyond block_count.
     """
+    from ..decoder.block_sparse import BlockSparseSpec
+
     def g(key, default=None, low=1):
         value = meta.get(f"{arch}.{key}", default)
         if value is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
@@ -1193,8 +1213,7 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
         latent=latent,
         indexer=indexer,
         block_sparse=block_sparse,
-        ssm=(SSMSpec("lightning", heads * head_dim, head_dim, 1, num_heads=heads, norm_eps=eps, slope_eps=0.0)
-             if family.recurrent == "lightning"  # minimax-01.cpp: its read-out norm takes the model's epsilon
+        ssm=(_gguf_lightning(heads, head_dim, eps) if family.recurrent == "lightning"
              else _gguf_ssm(meta, arch, family, tensors or {}, n_layers, eps, path)
              if family.recurrent and family.recurrent not in DELTA_MIXERS else None),
         delta=_gguf_delta(meta, arch, family, heads, eps, path) if family.recurrent in DELTA_MIXERS else None,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from tokenizers import Regex, pre_tokenizers
 
@@ -288,75 +288,100 @@ def _spec(kind: str, **flags) -> PreTokenizerSpec:
 _NO_CLEAN = {"clean_spaces": False}
 _RAW_UTF8 = {"byte_level": False}
 
+def _recipe(kind: str, **flags) -> tuple[str, dict]:
+    return kind, flags
+
+
+class _Specs(Mapping):
+    """name -> ``PreTokenizerSpec``, each made on first use from its (kind, flags): narrowing the
+    patterns of all 91 names took ~3-5 ms of every import, for the one name a file uses."""
+
+    def __init__(self, recipes: dict[str, tuple[str, dict]]):
+        self._recipes, self._made = recipes, {}
+
+    def __getitem__(self, name: str) -> PreTokenizerSpec:
+        spec = self._made.get(name)
+        if spec is None:
+            kind, flags = self._recipes[name]
+            spec = self._made[name] = _spec(kind, **flags)
+        return spec
+
+    def __iter__(self):
+        return iter(self._recipes)
+
+    def __len__(self) -> int:
+        return len(self._recipes)
+
+
 #: ``tokenizer.ggml.pre`` -> what llama.cpp 0.3.36 does for it (``llama_vocab::impl::load``).
-PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
-    "default": _spec("default"),
-    **{n: _spec("llama3", ignore_merges=True, add_bos=True)
+PRE_TOKENIZERS: Mapping[str, PreTokenizerSpec] = _Specs({
+    "default": _recipe("default"),
+    **{n: _recipe("llama3", ignore_merges=True, add_bos=True)
        for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
                  "jina-v5-nano")},
-    "minicpm5": _spec("minicpm5", ignore_merges=True),
-    "deepseek-llm": _spec("deepseek_llm", **_NO_CLEAN),
-    "deepseek-coder": _spec("deepseek_coder", **_NO_CLEAN),
-    "deepseek-v3": _spec("deepseek3_llm", **_NO_CLEAN),
-    "spark2_5": _spec("spark2_5", **_NO_CLEAN),
-    "youtu": _spec("youtu", ignore_merges=True, **_NO_CLEAN),
-    "falcon": _spec("falcon"),
-    "mpt": _spec("mpt"),
-    "starcoder": _spec("starcoder"),
-    **{n: _spec("gpt2") for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
+    "minicpm5": _recipe("minicpm5", ignore_merges=True),
+    "deepseek-llm": _recipe("deepseek_llm", **_NO_CLEAN),
+    "deepseek-coder": _recipe("deepseek_coder", **_NO_CLEAN),
+    "deepseek-v3": _recipe("deepseek3_llm", **_NO_CLEAN),
+    "spark2_5": _recipe("spark2_5", **_NO_CLEAN),
+    "youtu": _recipe("youtu", ignore_merges=True, **_NO_CLEAN),
+    "falcon": _recipe("falcon"),
+    "mpt": _recipe("mpt"),
+    "starcoder": _recipe("starcoder"),
+    **{n: _recipe("gpt2") for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
                                   "a.x-4.0", "mellum", "modern-bert", "exaone4")},
-    "jais-2": _spec("jais2"),
-    **{n: _spec("gemma4", escape_spaces=True, force_bos=True, **_RAW_UTF8)
+    "jais-2": _recipe("jais2"),
+    **{n: _recipe("gemma4", escape_spaces=True, force_bos=True, **_RAW_UTF8)
        for n in ("gemma4", "granite-embed-multi-311m")},
-    "sarvam-moe": _spec("sarvam_moe", escape_spaces=True, **_RAW_UTF8, **_NO_CLEAN),
+    "sarvam-moe": _recipe("sarvam_moe", escape_spaces=True, **_RAW_UTF8, **_NO_CLEAN),
     # llama.cpp also sets add_sep for these three; its BPE tokenizer never appends SEP.
-    **{n: _spec("gpt2") for n in ("jina-v1-en", "jina-v2-code", "roberta-bpe")},
-    "whitespace": _spec("whitespace", **_RAW_UTF8),
-    "refact": _spec("refact"),
-    "command-r": _spec("command_r", **_NO_CLEAN),
-    **{n: _spec("qwen2", **_NO_CLEAN) for n in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2")},
-    "qwen35": _spec("qwen35", **_NO_CLEAN),
-    "stablelm2": _spec("stablelm2"),
-    "olmo": _spec("olmo"),
-    "dbrx": _spec("dbrx"),
-    "smaug-bpe": _spec("smaug"),
-    "poro-chat": _spec("poro", **_NO_CLEAN),
-    "chatglm-bpe": _spec("chatglm4", default_bos=False),
-    "glm4": _spec("chatglm4", default_bos=False, ignore_merges=True),
-    "glm5": _spec("chatglm4", default_bos=False, ignore_merges=True),
-    "viking": _spec("viking", **_NO_CLEAN),
-    "jais": _spec("jais"),
-    "tekken": _spec("tekken", ignore_merges=True, add_bos=True, **_NO_CLEAN),
-    "smollm": _spec("smollm", **_NO_CLEAN),
-    "codeshell": _spec("codeshell"),
-    "bloom": _spec("bloom"),
-    "gpt3-finnish": _spec("gpt3_finnish"),
-    "exaone": _spec("exaone"),
-    "exaone-moe": _spec("exaone_moe"),
-    "chameleon": _spec("chameleon", add_bos=True, **_NO_CLEAN),
-    "minerva-7b": _spec("minerva"),
-    "megrez": _spec("qwen2"),
-    **{n: _spec("gpt4o", **_NO_CLEAN) for n in ("gpt-4o", "llama4", "kanana2", "talkie")},
-    "granite-embed-multi-97m": _spec("granite_emb_multi", ignore_merges=True, **_NO_CLEAN),
-    **{n: _spec("tiny_aya", **_NO_CLEAN) for n in ("tiny_aya", "cohere2moe")},
-    "superbpe": _spec("superbpe", **_NO_CLEAN),
-    "trillion": _spec("trillion", **_NO_CLEAN),
-    "granite-docling": _spec("granite_docling", **_NO_CLEAN),
-    **{n: _spec("bailingmoe", **_NO_CLEAN) for n in ("bailingmoe", "bailingmoe2", "llada-moe")},
-    "seed-coder": _spec("seed_coder", **_NO_CLEAN),
-    "hunyuan": _spec("hunyuan", **_NO_CLEAN),
-    "hunyuan-dense": _spec("hunyuan_dense", **_NO_CLEAN),
-    "hy_v4": _spec("hy_v4", **_NO_CLEAN),
-    "joyai-llm": _spec("joyai_llm", **_NO_CLEAN),
-    "kimi-k2": _spec("kimi_k2", **_NO_CLEAN),
-    "ufakzeka": _spec("ufakzeka", **_NO_CLEAN),
-    "grok-2": _spec("grok_2", **_NO_CLEAN),
-    "afmoe": _spec("afmoe", **_NO_CLEAN),
-    "laguna": _spec("laguna", **_NO_CLEAN),
-    "minimax-m2": _spec("minimax_m2", **_NO_CLEAN),
-    "solar-open": _spec("solar_open", **_NO_CLEAN),
-    "mellum2": _spec("mellum2"),
-}
+    **{n: _recipe("gpt2") for n in ("jina-v1-en", "jina-v2-code", "roberta-bpe")},
+    "whitespace": _recipe("whitespace", **_RAW_UTF8),
+    "refact": _recipe("refact"),
+    "command-r": _recipe("command_r", **_NO_CLEAN),
+    **{n: _recipe("qwen2", **_NO_CLEAN) for n in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2")},
+    "qwen35": _recipe("qwen35", **_NO_CLEAN),
+    "stablelm2": _recipe("stablelm2"),
+    "olmo": _recipe("olmo"),
+    "dbrx": _recipe("dbrx"),
+    "smaug-bpe": _recipe("smaug"),
+    "poro-chat": _recipe("poro", **_NO_CLEAN),
+    "chatglm-bpe": _recipe("chatglm4", default_bos=False),
+    "glm4": _recipe("chatglm4", default_bos=False, ignore_merges=True),
+    "glm5": _recipe("chatglm4", default_bos=False, ignore_merges=True),
+    "viking": _recipe("viking", **_NO_CLEAN),
+    "jais": _recipe("jais"),
+    "tekken": _recipe("tekken", ignore_merges=True, add_bos=True, **_NO_CLEAN),
+    "smollm": _recipe("smollm", **_NO_CLEAN),
+    "codeshell": _recipe("codeshell"),
+    "bloom": _recipe("bloom"),
+    "gpt3-finnish": _recipe("gpt3_finnish"),
+    "exaone": _recipe("exaone"),
+    "exaone-moe": _recipe("exaone_moe"),
+    "chameleon": _recipe("chameleon", add_bos=True, **_NO_CLEAN),
+    "minerva-7b": _recipe("minerva"),
+    "megrez": _recipe("qwen2"),
+    **{n: _recipe("gpt4o", **_NO_CLEAN) for n in ("gpt-4o", "llama4", "kanana2", "talkie")},
+    "granite-embed-multi-97m": _recipe("granite_emb_multi", ignore_merges=True, **_NO_CLEAN),
+    **{n: _recipe("tiny_aya", **_NO_CLEAN) for n in ("tiny_aya", "cohere2moe")},
+    "superbpe": _recipe("superbpe", **_NO_CLEAN),
+    "trillion": _recipe("trillion", **_NO_CLEAN),
+    "granite-docling": _recipe("granite_docling", **_NO_CLEAN),
+    **{n: _recipe("bailingmoe", **_NO_CLEAN) for n in ("bailingmoe", "bailingmoe2", "llada-moe")},
+    "seed-coder": _recipe("seed_coder", **_NO_CLEAN),
+    "hunyuan": _recipe("hunyuan", **_NO_CLEAN),
+    "hunyuan-dense": _recipe("hunyuan_dense", **_NO_CLEAN),
+    "hy_v4": _recipe("hy_v4", **_NO_CLEAN),
+    "joyai-llm": _recipe("joyai_llm", **_NO_CLEAN),
+    "kimi-k2": _recipe("kimi_k2", **_NO_CLEAN),
+    "ufakzeka": _recipe("ufakzeka", **_NO_CLEAN),
+    "grok-2": _recipe("grok_2", **_NO_CLEAN),
+    "afmoe": _recipe("afmoe", **_NO_CLEAN),
+    "laguna": _recipe("laguna", **_NO_CLEAN),
+    "minimax-m2": _recipe("minimax_m2", **_NO_CLEAN),
+    "solar-open": _recipe("solar_open", **_NO_CLEAN),
+    "mellum2": _recipe("mellum2"),
+})
 
 
 def pre_tokenizer_spec(name: str) -> PreTokenizerSpec:

@@ -64,7 +64,6 @@ from ster_py.gguf.pretokenizers import (
     pre_tokenizer_spec,
     split_pre_tokenizer,
 )
-from ster_py.gguf.sentencepiece_bpe import SentencePieceBPE
 
 try:  # the merge lines' cut in C (a build from older sources lacks it: the Python reference runs)
     from ster_py._kernels.quants import merge_pairs as _kernel_merge_pairs
@@ -72,6 +71,7 @@ except ImportError:
     _kernel_merge_pairs = None
 
 if TYPE_CHECKING:  # the wrapper imports nothing from here; avoid a cycle at import time
+    from ster_py.gguf.sentencepiece_bpe import SentencePieceBPE  # (imported where a SentencePiece GGUF needs it)
     from ster_py.tokenizer import Tokenizer
 
 __all__ = [
@@ -324,6 +324,8 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
 
     kinds = _token_kinds(meta, tokens, types, vocab, ids)
     if model == "llama":  # its added tokens are given at construction
+        from ster_py.gguf.sentencepiece_bpe import SentencePieceBPE
+
         tk = SentencePieceBPE(tokens, scores, ids["unk"], add_space_prefix, special=kinds.special, plain=kinds.plain,
                               lstrip=kinds.lstrip, rstrip=kinds.rstrip, vocab=vocab)
     else:
@@ -340,7 +342,7 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
             )
     # WordPiece's [CLS] text [SEP]: llama.cpp appends the separator where other schemes append EOS.
     tail = ids["sep"] if add_sep else (ids["eos"] if add_eos else None)
-    if isinstance(tk, SentencePieceBPE):
+    if model == "llama":  # (the SentencePieceBPE built above)
         tk.ends = (ids["bos"] if add_bos else None, tail)
     else:
         tk.post_processor = _post_processor(tokens, ids["bos"] if add_bos else None, tail)
