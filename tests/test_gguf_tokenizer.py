@@ -964,6 +964,14 @@ def test_malformed_metadata_is_refused():
         tokenizer_from_gguf_metadata(meta)
     with pytest.raises(SterError, match="no tokenizer.ggml.tokens"):
         tokenizer_from_gguf_metadata({"tokenizer.ggml.model": "gpt2"})
+    meta = _spm_meta()
+    meta["tokenizer.ggml.tokens"] = [*meta["tokenizer.ggml.tokens"][:3], 7, *meta["tokenizer.ggml.tokens"][4:]]
+    with pytest.raises(SterError, match=r"tokenizer.ggml.tokens\[3\] is int, not a string"):
+        tokenizer_from_gguf_metadata(meta)
+    meta = _byte_level_meta("gpt-2")
+    meta["tokenizer.ggml.merges"] = ["a b", b"c d"]
+    with pytest.raises(SterError, match=r"tokenizer.ggml.merges\[1\] is not a string"):
+        tokenizer_from_gguf_metadata(meta)
     with pytest.raises(SterError, match="token_type must be"):
         tokenizer_from_gguf_metadata(_spm_meta(**{"tokenizer.ggml.token_type": [1, 2]}))
 

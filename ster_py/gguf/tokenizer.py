@@ -387,15 +387,17 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
                         f"hundred thousand (Gemma 3: 262144) and ster refuses more than {MAX_GGUF_TOKENS}. The file "
                         "is corrupt or crafted; re-convert the model")
     tokens = list(tokens)
-    if set(map(type, tokens)) != {str}:
+    try:  # one pass that refuses a token that is not a string and counts the characters
+        text = "".join(tokens)
+    except TypeError:
         i = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
-        raise SterError(f"tokenizer.ggml.tokens[{i}] is {type(tokens[i]).__name__}, not a string; the file is corrupt")
-    chars = sum(map(len, tokens))
-    if chars > MAX_GGUF_VOCAB_CHARS:
-        raise SterError(f"tokenizer.ggml.tokens holds {chars} characters of token text; real vocabularies hold a "
-                        f"few million at most and ster refuses more than {MAX_GGUF_VOCAB_CHARS}. The file is corrupt "
+        raise SterError(f"tokenizer.ggml.tokens[{i}] is {type(tokens[i]).__name__}, not a string; the file is "
+                        "corrupt") from None
+    if len(text) > MAX_GGUF_VOCAB_CHARS:
+        raise SterError(f"tokenizer.ggml.tokens holds {len(text)} characters of token text; real vocabularies hold "
+                        f"a few million at most and ster refuses more than {MAX_GGUF_VOCAB_CHARS}. The file is corrupt "
                         "or crafted; re-convert the model")
-    if "\x00" in "".join(tokens):
+    if "\x00" in text:
         # llama.cpp reads each token text as a C string (gguf_get_arr_str), so it ends at a NUL: "x\0y" is
         # the token "x" there (and a duplicate, then refused below, where llama.cpp aborts).
         tokens = [t.partition("\x00")[0] for t in tokens]
@@ -530,11 +532,12 @@ def _file_merges(meta: Mapping[str, Any], required: bool = True) -> list[tuple[s
         return []
     if raw is None or isinstance(raw, (str, bytes)):
         raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
-    if len(raw) and set(map(type, raw)) != {str}:
-        i = next(i for i, line in enumerate(raw) if type(line) is not str)
-        raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt")
     # A line without a cut has "" on its right, which is no token: _bpe drops it.
-    return (_kernel_merge_pairs or _split_merges)(list(raw))
+    try:
+        return (_kernel_merge_pairs or _split_merges)(list(raw))
+    except TypeError:  # (both cut str lines only)
+        i = next(i for i, line in enumerate(raw) if type(line) is not str)
+        raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt") from None
 
 
 def _split_merges(lines: list[str]) -> list[tuple[str, str]]:
