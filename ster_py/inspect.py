@@ -142,7 +142,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
                        else t.n_elements * resident_dtype(precision, _GGUF_FLOATS.get(t.type_name, np.float32)).itemsize
                        for t in tensors)
     else:
-        from .weights import SAFETENSORS_DTYPES, read_safetensors_header
+        from .weights import read_safetensors_header, safetensors_dtypes
 
         types: Counter = Counter()
         n_params = resident = 0
@@ -155,7 +155,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
                 types[dtype] += 1
                 n = math.prod(shape)
                 n_params += n
-                resident += n * resident_dtype(precision, SAFETENSORS_DTYPES.get(dtype, np.float32)).itemsize
+                resident += n * resident_dtype(precision, safetensors_dtypes().get(dtype, np.float32)).itemsize
         info["tensors"] = dict(types)
         info["file_bytes"] = sum(f.stat().st_size for f in r.weight_files)
     info["dimensions"] = _spec_dims(spec)

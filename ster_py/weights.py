@@ -15,6 +15,7 @@ then the data; offsets are relative to the end of the header.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
@@ -24,29 +25,39 @@ import struct
 from pathlib import Path
 from typing import Iterable
 
-import ml_dtypes
 import numpy as np
 
 from .decoder.qlinear import QUANT_TYPES, QuantStack, QuantTensor
 from .errors import SterError
 
-PRECISIONS: dict[str, np.dtype | None] = {
-    "auto": None,   # every tensor as stored when float32/float16/bfloat16, else widened to float32
-    "f32": np.dtype(np.float32),
-    "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-}
-#: Stored dtypes 'auto' keeps as they are (the kernels multiply 16-bit rows in place).
-KEPT_AS_STORED = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+#: The precisions a model is held at: "auto" keeps every tensor as stored when float32, float16 or
+#: bfloat16 and widens the others to float32 (``resident_dtype``); the others are one dtype each.
+PRECISIONS = ("auto", "f32", "f16", "bf16")
+#: Stored dtypes 'auto' keeps as they are (the kernels multiply 16-bit rows in place), by name.
+KEPT_AS_STORED = ("float32", "float16", "bfloat16")
 
-# safetensors dtype names -> numpy (little-endian).
-SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
-    "BOOL": np.dtype("?"),
-}
+
+@functools.cache
+def _ml_dtypes() -> dict[str, np.dtype]:
+    """bfloat16 and the float8 kinds, numpy dtypes from ml_dtypes, imported on first use: a quantized
+    GGUF's load needs none of them (the import was ~4 ms of it)."""
+    import ml_dtypes
+
+    return {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+            "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+
+
+@functools.cache
+def safetensors_dtypes() -> dict[str, np.dtype]:
+    """safetensors dtype names -> numpy dtypes (little-endian)."""
+    ml = _ml_dtypes()
+    return {
+        "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": ml["bfloat16"],
+        "F8_E4M3": ml["float8_e4m3fn"], "F8_E5M2": ml["float8_e5m2"],
+        "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+        "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+        "BOOL": np.dtype("?"),
+    }
 
 
 # Stored tensors no decoder role reads and that are safe to leave: rotary inverse-frequency
@@ -109,10 +120,11 @@ def unused_tensor_warnings(spec, weights) -> list[str]:
 def precision_dtype(precision: str) -> np.dtype | None:
     """'f32' | 'f16' | 'bf16' -> numpy dtype; 'auto' -> None (each tensor as stored, see
     ``resident_dtype``). Raises SterError for anything else."""
-    try:
-        return PRECISIONS[precision]
-    except KeyError:
-        raise SterError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}") from None
+    if precision not in PRECISIONS:
+        raise SterError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if precision == "bf16":
+        return _ml_dtypes()["bfloat16"]
+    return {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}.get(precision)
 
 
 def resident_dtype(precision: str, stored: np.dtype) -> np.dtype:
@@ -125,7 +137,7 @@ def resident_dtype(precision: str, stored: np.dtype) -> np.dtype:
     if dtype is not None:
         return dtype
     stored = np.dtype(stored)
-    return stored if stored in KEPT_AS_STORED else np.dtype(np.float32)
+    return stored if stored.isnative and stored.name in KEPT_AS_STORED else np.dtype(np.float32)
 
 
 #: Largest safetensors JSON header read (the format's own limit is 100 MB; real headers are a
@@ -178,7 +190,7 @@ def read_safetensors_header(path: Path, m=None) -> tuple[int, dict[str, tuple[st
             continue
         if not isinstance(info, dict) or not isinstance(info.get("shape"), list) \
                 or not isinstance(info.get("data_offsets"), list) or len(info["data_offsets"]) != 2 \
-                or info.get("dtype") not in SAFETENSORS_DTYPES:
+                or info.get("dtype") not in safetensors_dtypes():
             raise ValueError(f"tensor {name[:200]!r} has a malformed entry {str(info)[:200]}")
         dtype = info["dtype"]
         shape = tuple(_header_int(d, "a dimension", name) for d in info["shape"])
@@ -186,7 +198,7 @@ def read_safetensors_header(path: Path, m=None) -> tuple[int, dict[str, tuple[st
         count = 1
         for d in shape:
             count *= d
-        if not begin <= end <= size - base or end - begin != count * SAFETENSORS_DTYPES[dtype].itemsize:
+        if not begin <= end <= size - base or end - begin != count * safetensors_dtypes()[dtype].itemsize:
             raise ValueError(f"tensor {name[:200]!r} ({dtype} {list(shape)[:8]}) has data offsets {begin}..{end}, "
                              f"which do not fit its size or the file")
         index[name] = (dtype, shape, begin, end)
@@ -212,7 +224,7 @@ def _map_safetensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[np.dtype, t
             raise ValueError(f"the file is {os.fstat(f.fileno()).st_size} bytes, too short for a safetensors header")
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     base, header = read_safetensors_header(path, m)
-    return m, {name: (SAFETENSORS_DTYPES[dtype], shape, base + begin)
+    return m, {name: (safetensors_dtypes()[dtype], shape, base + begin)
                for name, (dtype, shape, begin, _) in header.items()}
 
 
@@ -288,7 +300,7 @@ class SafetensorsWeights(_Tracked):
             count = math.prod(shape)
             return np.frombuffer(self._maps[n], dtype=dtype, count=count, offset=offset).reshape(shape).astype(np.int64)
         if not _is_float(dtype):
-            stored = next(k for k, v in SAFETENSORS_DTYPES.items() if v == dtype)
+            stored = next(k for k, v in safetensors_dtypes().items() if v == dtype)
             raise SterError(f"tensor {name!r} in {self.files[n]} is stored as {stored}, but ster needs "
                             "floating-point weights (F32, F16, BF16, F64, F8); the file is not a "
                             "full-precision checkpoint of this model")
@@ -302,7 +314,7 @@ INTEGER_TABLES = ("tid2eid",)
 
 
 def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
+    return dtype.kind == "f" or dtype in _ml_dtypes().values()
 
 
 def unpermute_qk(w, n_head: int):
@@ -396,7 +408,7 @@ class GGUFWeights(_Tracked):
         elif self.quantized and len(t.shape) == 3 and t.type_name in QUANT_TYPES:
             return QuantStack(t)  # routed experts, [n_expert, rows, cols]
         elif self.dtype is None and t.type_name in ("F16", "BF16"):  # 'auto': as stored, a view
-            w = t.raw.view(np.float16 if t.type_name == "F16" else ml_dtypes.bfloat16).reshape(t.shape)
+            w = t.raw.view(np.float16 if t.type_name == "F16" else _ml_dtypes()["bfloat16"]).reshape(t.shape)
         else:
             w = t.dequantize()
         if heads is not None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 
@@ -48,6 +47,8 @@ def alibi_bias(slopes: tuple[float, ...], num_keys: int, *, scale: float = 1.0, 
     s = np.asarray(slopes, np.float32)[:, None, None]
     pos = np.arange(num_keys, dtype=np.float32)[None, None, :]
     if bf16:
+        import ml_dtypes
+
         bf = ml_dtypes.bfloat16
         bias = (s.astype(bf).astype(np.float32) * pos.astype(bf).astype(np.float32)).astype(bf).astype(np.float32)
     else:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import mmap
 from contextlib import contextmanager
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import SterError
@@ -97,13 +96,15 @@ def bf16_rounded_products() -> int:
     return _kernels().bf16_rounded_products()
 
 
-#: GGML type ids of the 16-bit float rows the kernels multiply as stored.
-HALF_TYPE_IDS = {np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 30}
+#: GGML type ids of the 16-bit float rows the kernels multiply as stored, by dtype name (bfloat16 is
+#: ml_dtypes', which a quantized model's load never imports).
+HALF_TYPE_IDS = {"float16": 1, "bfloat16": 30}
 
 
 def is_half(weight) -> bool:
     """True for a 2-D float16 / bfloat16 numpy array (a weight ``QuantLinear`` reads as stored)."""
-    return isinstance(weight, np.ndarray) and weight.ndim == 2 and weight.dtype in HALF_TYPE_IDS
+    return (isinstance(weight, np.ndarray) and weight.ndim == 2 and weight.dtype.isnative
+            and weight.dtype.name in HALF_TYPE_IDS)
 
 
 def set_threads(n: int) -> None:
@@ -409,7 +410,7 @@ class QuantLinear:
             self._m = weight.qmatrix()
         elif is_half(weight):
             rows = np.ascontiguousarray(weight)  # a view of the file when stored contiguously
-            self._m = _kernels().QMatrix(rows.view(np.uint8).reshape(rows.shape[0], -1), HALF_TYPE_IDS[rows.dtype],
+            self._m = _kernels().QMatrix(rows.view(np.uint8).reshape(rows.shape[0], -1), HALF_TYPE_IDS[rows.dtype.name],
                                          rows.shape[1])
             self._rows = rows  # the QMatrix reads these bytes
         else:
