@@ -106,9 +106,9 @@ def tokenize(
     special: bool = flag(True, "--special/--no-special", help="Add the model's own special tokens around "
                                  "the text (BOS, EOS, BERT's [CLS]/[SEP]), as a prompt gets them."),
     parse_special: bool = flag(False, "--parse-special/--no-parse-special", help="Read special-token "
-                                       "texts in the input (<|im_end|>, <s>) as those tokens; by default they "
-                                       "are tokenized as plain text (llama.cpp's parse_special, transformers' "
-                                       "split_special_tokens=False)."),
+                                       "texts in the input (<|im_end|>, <s>) as those tokens (llama.cpp's "
+                                       "parse_special, transformers' split_special_tokens=False); by default "
+                                       "they are tokenized as plain text."),
     pieces: bool = flag(False, "--pieces", help="Print one id and its vocabulary piece per line."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     as_json: bool = flag(False, "--json", help='Print {"ids": [...], "tokens": [...], "count": n}.'),

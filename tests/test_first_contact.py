@@ -1346,6 +1346,20 @@ def test_readme_shows_capture_layers_as_optional_and_names_device():
     assert "`--device cpu` (on `generate`, `chat`, `serve` and `capture`)" in " ".join(readme.split())
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_readme_synopses_name_every_option_of_help(command):
+    """newuser (sixteenth session) #7: the README's generate and chat synopses left out options their --help
+    lists (chat: --repeat-last-n, --precision, --draft; generate: --vector, --adapter, --revision...)."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    synopsis = readme[readme.index(f"    ster {command} "):]
+    synopsis = synopsis[:synopsis.index("\n\n")]
+    shown = set(re.findall(r"--[a-z][a-z-]*", synopsis))
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text((command,)))) - {"--help"}
+    assert listed <= shown, (command, sorted(listed - shown))
+
+
 # --------------------------------------------------------------------------- s9-left: the attacker's leftovers
 
 
