@@ -497,12 +497,12 @@ def merge_pairs(list lines):
     after the first character (llama.cpp's llama_vocab load), so a pair may start with a space; a line
     without such a space gives (line, ""). The load-time path of 50k-500k lines, which a Python loop
     (or ``str.partition`` mapped in C and a fix-up pass) runs 2-3x slower. ster_py/gguf/tokenizer.py's
-    ``_split_merges`` is the reference; TypeError for an item that is not a str."""
+    ``_split_merges`` is the reference; TypeError for an item that is not a str (a subclass is one)."""
     cdef list out = []
     cdef Py_ssize_t n, cut
     cdef object line
     for line in lines:
-        if type(line) is not str:
+        if not isinstance(line, str):
             raise TypeError("merge lines must be str")
         n = len(<str>line)
         cut = PyUnicode_FindChar(line, 32, 1, n, 1) if n > 1 else -1

@@ -84,6 +84,8 @@ def check_vector_output(path: str | Path) -> None:
     path = Path(path)
     if path.is_dir():
         raise SterError(f"--output {path} is a directory; give the steering vector's file name (NAME.json)")
+    if path.suffix == ".safetensors":  # read_vector refuses the name: the vector would be written unusable
+        raise SterError(f"--output {path}: a steering vector is a JSON file; name it {path.with_suffix('.json').name}")
     check_folder(path)
     if path.exists():
         try:

@@ -591,6 +591,9 @@ def test_vector_output_never_overwrites_another_file(tiny, tmp_path):
     assert r.returncode == 1 and "is not a steering vector" in r.stderr and notes.read_text() == '{"mine": true}'
     r = ster(*caa, str(tmp_path))
     assert r.returncode == 1 and "is a directory" in r.stderr
+    # a breaker's finding: a .safetensors name was written, then refused by --vector
+    r = ster(*caa, str(tmp_path / "v.safetensors"))
+    assert r.returncode == 1 and "name it v.json" in r.stderr and not (tmp_path / "v.safetensors").exists()
     out = tmp_path / "v.json"
     assert ster(*caa, str(out)).returncode == 0
     first = out.read_text()

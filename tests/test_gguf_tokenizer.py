@@ -871,6 +871,9 @@ def test_merge_lines_cut_in_c_as_in_the_python_reference():
     assert merge_pairs(lines)[:4] == [("a", "b"), (" a", "b"), (" ", "ab"), ("a", " b")]
     with pytest.raises(TypeError):
         merge_pairs(["a b", b"a b"])
+    # str subclasses (numpy's str_) are lines on both paths (the kernel refused them, the reference not)
+    sub = [np.str_(x) for x in lines]
+    assert merge_pairs(sub) == _split_merges(sub) == _split_merges(lines)
 
 
 @pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
@@ -972,6 +975,10 @@ def test_malformed_metadata_is_refused():
     meta["tokenizer.ggml.merges"] = ["a b", b"c d"]
     with pytest.raises(SterError, match=r"tokenizer.ggml.merges\[1\] is not a string"):
         tokenizer_from_gguf_metadata(meta)
+    # (a breaker's findings, through the Python API: scalars were raw TypeErrors)
+    for key in ("tokenizer.ggml.merges", "tokenizer.ggml.tokens"):
+        with pytest.raises(SterError, match=f"{key} must be an array of strings, not int"):
+            tokenizer_from_gguf_metadata({**_byte_level_meta("gpt-2"), key: 5})
     with pytest.raises(SterError, match="token_type must be"):
         tokenizer_from_gguf_metadata(_spm_meta(**{"tokenizer.ggml.token_type": [1, 2]}))
 

@@ -380,6 +380,9 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
 
 def _token_texts(meta: Mapping[str, Any]) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is not None and not isinstance(tokens, (list, tuple, np.ndarray, str, bytes)):
+        raise SterError(f"tokenizer.ggml.tokens must be an array of strings, not {type(tokens).__name__}; the file "
+                        "is corrupt")
     if tokens is None or isinstance(tokens, (str, bytes)) or len(tokens) == 0:
         raise SterError("the GGUF has no tokenizer.ggml.tokens (the vocabulary); it cannot be tokenized")
     if len(tokens) > MAX_GGUF_TOKENS:
@@ -532,11 +535,16 @@ def _file_merges(meta: Mapping[str, Any], required: bool = True) -> list[tuple[s
         return []
     if raw is None or isinstance(raw, (str, bytes)):
         raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
+    if not isinstance(raw, (list, tuple, np.ndarray)):
+        raise SterError(f"tokenizer.ggml.merges must be an array of strings, not {type(raw).__name__}; the file is "
+                        "corrupt")
     # A line without a cut has "" on its right, which is no token: _bpe drops it.
     try:
         return (_kernel_merge_pairs or _split_merges)(list(raw))
     except TypeError:  # (both cut str lines only)
-        i = next(i for i, line in enumerate(raw) if type(line) is not str)
+        i = next((i for i, line in enumerate(raw) if not isinstance(line, str)), None)
+        if i is None:
+            raise
         raise SterError(f"tokenizer.ggml.merges[{i}] is not a string; the file is corrupt") from None
 
 
