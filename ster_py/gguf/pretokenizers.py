@@ -288,7 +288,9 @@ def _spec(kind: str, **flags) -> PreTokenizerSpec:
 _NO_CLEAN = {"clean_spaces": False}
 _RAW_UTF8 = {"byte_level": False}
 
+
 def _recipe(kind: str, **flags) -> tuple[str, dict]:
+    """A name's (kind, flags), made into its spec by ``_Specs`` when the name is first read."""
     return kind, flags
 
 
