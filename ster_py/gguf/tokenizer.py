@@ -380,9 +380,8 @@ def _build(meta: Mapping[str, Any], model: str, for_generation: bool) -> GGUFTok
 
 def _token_texts(meta: Mapping[str, Any]) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
-    if tokens is not None and not isinstance(tokens, (list, tuple, np.ndarray, str, bytes)):
-        raise SterError(f"tokenizer.ggml.tokens must be an array of strings, not {type(tokens).__name__}; the file "
-                        "is corrupt")
+    if not isinstance(tokens, (str, bytes)):
+        _check_array(tokens, "tokenizer.ggml.tokens")
     if tokens is None or isinstance(tokens, (str, bytes)) or len(tokens) == 0:
         raise SterError("the GGUF has no tokenizer.ggml.tokens (the vocabulary); it cannot be tokenized")
     if len(tokens) > MAX_GGUF_TOKENS:
@@ -415,6 +414,13 @@ def _token_texts(meta: Mapping[str, Any]) -> list[str]:
 #: library). Real ones stay far below: Gemma 3 has 262,144 tokens of ~2 M characters.
 MAX_GGUF_TOKENS = 1 << 20
 MAX_GGUF_VOCAB_CHARS = 16 << 20
+
+
+def _check_array(value: Any, key: str) -> None:
+    """SterError unless ``value`` (present) is an array (what a reader makes of a GGUF array; through the
+    Python API, a scalar would otherwise fail as a bare TypeError)."""
+    if value is not None and not isinstance(value, (list, tuple, np.ndarray)):
+        raise SterError(f"{key} must be an array of strings, not {type(value).__name__}; the file is corrupt")
 
 
 def _vocab(tokens: Sequence[str]) -> dict[str, int]:
@@ -535,9 +541,7 @@ def _file_merges(meta: Mapping[str, Any], required: bool = True) -> list[tuple[s
         return []
     if raw is None or isinstance(raw, (str, bytes)):
         raise SterError("this BPE GGUF has no tokenizer.ggml.merges; it cannot be tokenized (re-convert the model)")
-    if not isinstance(raw, (list, tuple, np.ndarray)):
-        raise SterError(f"tokenizer.ggml.merges must be an array of strings, not {type(raw).__name__}; the file is "
-                        "corrupt")
+    _check_array(raw, "tokenizer.ggml.merges")
     # A line without a cut has "" on its right, which is no token: _bpe drops it.
     try:
         return (_kernel_merge_pairs or _split_merges)(list(raw))
