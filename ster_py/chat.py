@@ -49,7 +49,7 @@ import re
 import string
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -1259,13 +1259,45 @@ def load_model_template(model: str, revision: str | None = None, *, progress=Non
                         f"({len(ggufs)} found); give the model's directory or its .gguf file")
     from .presets import PRESETS, fetch_preset
 
-    if model in PRESETS:
-        return _gguf_template(fetch_preset(model, progress))
+    if model in PRESETS:  # messages name the preset, not its file in the cache
+        return replace(_gguf_template(fetch_preset(model, progress)), source=model)
     from .load import load_tokenizer
 
     tok = load_tokenizer(model, revision, progress=progress)  # refuses a path that names nothing
     return ModelTemplate(dict(tok.chat_templates), tok.bos_token, tok.eos_token, dict(tok.special_tokens),
                          tok.source)
+
+
+def surely_lacks_chat_template(model: str) -> bool:
+    """True when a local ``model`` certainly has no default chat template, told from its metadata or
+    tokenizer_config.json alone (no tokenizer built, no weight mapped), so that ``ster chat`` refuses a base
+    model before loading it.
+
+    ``model`` as ``load_model_template`` takes it. Only what is cheap to read is looked at: a .gguf file, a
+    directory holding tokenizer.json (its chat_template.jinja, additional_chat_templates/ and
+    tokenizer_config.json, as ``Tokenizer.from_dir`` reads them) or one .gguf, and a preset already in the
+    cache. Anything else (a Hub id, a preset not fetched yet, another tokenizer format, an unreadable file)
+    gives False: the load that follows tells what is wrong, or the template it finds.
+    """
+    from .presets import PRESETS, cached_path
+
+    path = Path(model).expanduser()
+    if not path.exists() and model in PRESETS:
+        path = cached_path(model)
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            return "default" not in _gguf_template(path).templates
+        if path.is_dir() and (path / "tokenizer.json").is_file():
+            from .tokenizer import _read_chat_templates, _read_json_object
+
+            templates, error = _read_chat_templates(path, _read_json_object(path / "tokenizer_config.json"))
+            return error is None and "default" not in templates
+        if path.is_dir():
+            ggufs = sorted(path.glob("*.gguf"))
+            return len(ggufs) == 1 and "default" not in _gguf_template(ggufs[0]).templates
+    except SterError:
+        pass
+    return False
 
 
 def _gguf_template(path: Path) -> ModelTemplate:

@@ -130,7 +130,7 @@ def chat(
 ) -> None:
     """Talk with a model in the terminal: streamed answers, the history kept (only new tokens are
     prefilled each turn). Type /help for the commands."""
-    from .conversation import Session
+    from .conversation import NO_TEMPLATE, Session
     from .generate import kv_cache_dtype
 
     _check_device(device)
@@ -144,6 +144,10 @@ def chat(
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, sampling)  # before any weight is read
+    from .chat import surely_lacks_chat_template
+
+    if surely_lacks_chat_template(_model_or_default(model)):  # a base model, told before it loads
+        raise SterError(NO_TEMPLATE)
     loaded = _load(model, revision, precision, quiet)
     drafter = None
     if draft is not None:
@@ -153,8 +157,7 @@ def chat(
     session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
     think = thinking_value(thinking)
     if session.template is None:
-        raise SterError("the model has no chat template, so it cannot hold a conversation; use "
-                        "`ster generate --chat-template off` to continue a raw text")
+        raise SterError(NO_TEMPLATE)
     if think is not None:
         session.render([{"role": "user", "content": "x"}], thinking=think)  # refuses a template without a switch
     hook, key = _steer(loaded, vector, strength) if vector is not None else (None, None)
@@ -329,7 +332,7 @@ def serve(
 ) -> None:
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models);
     one request generates at a time, the others wait their turn."""
-    from .conversation import Session
+    from .conversation import NO_TEMPLATE, Session
     from .generate import kv_cache_dtype
     from .server import Server, build_app
     from .steering import check_vector_for, read_vector

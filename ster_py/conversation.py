@@ -114,6 +114,11 @@ class Reply:
         return blocks_of(self.events)
 
 
+# Said wherever a conversation meets a model without a chat template (a base model).
+NO_TEMPLATE = ("the model has no chat template, so it cannot hold a conversation; use "
+               "`ster generate --chat-template off` to continue a raw text")
+
+
 class Session:
     """A loaded model ready for conversations (see the module docstring).
 
@@ -154,8 +159,7 @@ class Session:
                 switch it; a template error.
         """
         if self.template is None:
-            raise SterError("the model has no chat template, so it cannot hold a conversation; use "
-                            "`ster generate --chat-template off` to continue a raw text")
+            raise SterError(NO_TEMPLATE)
         extra = {}
         if thinking is not None:
             switch = self.format.thinking_switch

@@ -121,6 +121,36 @@ def test_chat_refuses_a_model_without_a_template(tmp_path):
     assert child.exitstatus == 1 and "no chat template" in child.before and "Traceback" not in child.before
 
 
+def test_chat_refuses_a_base_model_before_loading_it(tmp_path):
+    """The template is read from tokenizer_config.json alone: the refusal comes before any weight is read
+    (the weights here are not even a safetensors file, which a load would refuse first)."""
+    plain = tmp_path / "plain"
+    make_checkpoint(plain, "llama")
+    (plain / "model.safetensors").write_bytes(b"not safetensors")
+    child = _spawn("chat", "--model", str(plain), "-q")
+    child.expect(pytest.importorskip("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 1 and "no chat template" in child.before and "Traceback" not in child.before
+
+
+def test_surely_lacks_chat_template(tmp_path, smollm2_gguf, gemma3_gguf):
+    """True only where the metadata or tokenizer_config.json says so; False where a load must tell."""
+    from ster_py.chat import surely_lacks_chat_template
+
+    assert surely_lacks_chat_template(str(gemma3_gguf)) and not surely_lacks_chat_template(str(smollm2_gguf))
+    assert surely_lacks_chat_template(str(gemma3_gguf.parent))  # a directory holding one .gguf
+    assert surely_lacks_chat_template("gemma3-270m-q4_k_m")  # a preset in the cache (the fixture put it there)
+    assert not surely_lacks_chat_template("smollm2-135m-instruct-q4_1")
+    plain = tmp_path / "plain"
+    make_checkpoint(plain, "llama")
+    assert surely_lacks_chat_template(str(plain))
+    assert not surely_lacks_chat_template(str(chat_model(tmp_path / "chat")))
+    (plain / "tokenizer_config.json").write_text("[not json")  # the load says what is wrong
+    assert not surely_lacks_chat_template(str(plain))
+    assert not surely_lacks_chat_template("someone/some-model")  # a Hub id: nothing local to read
+    assert not surely_lacks_chat_template(str(tmp_path / "missing.gguf"))
+
+
 def test_ctrl_c_stops_the_answer_and_keeps_the_session(tmp_path):
     """A long context (4096 positions) and no token limit: the answer runs until Ctrl-C stops it."""
     path = tmp_path / "long"

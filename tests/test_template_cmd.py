@@ -212,6 +212,12 @@ def test_refusals(tmp_path, files):
         ster("--model", str(no_template), "--messages", m))
 
 
+def test_a_preset_is_named_as_given(files, gemma3_gguf):
+    """A preset's refusal names the preset the user typed, not its file in the cache."""
+    msg = refused(ster("--model", "gemma3-270m-q4_k_m", "--messages", str(files["messages"])))
+    assert msg.startswith("error: gemma3-270m-q4_k_m has no chat template") and str(gemma3_gguf) not in msg
+
+
 def test_as_a_process(files, tmp_path):
     """The console script itself: exact bytes on stdout, one error line on a refusal."""
     t, m = str(files["template"]), str(files["messages"])
