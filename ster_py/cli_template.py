@@ -15,7 +15,7 @@ import typer
 
 from .cli_help import SterTyper
 
-from .cli import QUIET_HELP, app, flag, progress_bar, version_fields
+from .cli import QUIET_HELP, app, err, flag, progress_bar, version_fields
 from .errors import SterError
 
 template_app = SterTyper(help="Chat templates: see the exact prompt a conversation becomes.", no_args_is_help=True)
@@ -169,6 +169,14 @@ def render(
     if enable_thinking is not None:
         extra["enable_thinking"] = enable_thinking
 
+    if not quiet:  # what the template leaves out, said rather than dropped in silence
+        from .reply import template_variables
+
+        read = template_variables(text)
+        given = (["tools"] if tool_list is not None else []) + list(extra)  # extra holds enable_thinking too
+        for name in [name for name in given if name not in read]:
+            err.print(f"note: the template never reads {name}; the value given does not reach the text",
+                      style="dim", highlight=False)
     prompt = render_chat(text, conversation, add_generation_prompt=generation_prompt, bos_token=bos,
                          eos_token=eos, tools=tool_list, now=now, source=source, **{**special, **extra})
     if as_json:

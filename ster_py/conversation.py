@@ -160,6 +160,7 @@ class Session:
         """
         if self.template is None:
             raise SterError(NO_TEMPLATE)
+        self.check_tools(tools)
         extra = {}
         if thinking is not None:
             switch = self.format.thinking_switch
@@ -169,6 +170,18 @@ class Session:
             extra[switch] = thinking
         return self.loaded.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                                  **extra)
+
+    def check_tools(self, tools: list[dict] | None) -> list[dict] | None:
+        """``tools``, refused when there are some and the chat template never reads its ``tools``
+        variable (they would not reach the model, and no call could be asked for).
+
+        Raises:
+            SterError: tools given to such a template.
+        """
+        if tools and not self.format.takes_tools:
+            raise SterError("this model's chat template never reads tools, so they would not reach the model; "
+                            "send no tools (or give a template that takes them)")
+        return tools
 
     def encode(self, text: str) -> list[int]:
         """Ids of a rendered prompt (the template writes any BOS itself)."""

@@ -155,13 +155,62 @@ def logit_bias_of(body: dict, vocab_size: int) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+#: The request fields each endpoint reads: OpenAI's and ster's extensions (``steering``, ``top_k``, ``min_p``,
+#: ``repeat_penalty``, ``thinking``). Any other field is refused, as OpenAI refuses an unrecognized argument.
+_COMMON_FIELDS = frozenset({
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
+    "stream_options", "n", "logprobs", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty",
+    "user", "steering", "top_k", "min_p", "repeat_penalty"})
+CHAT_FIELDS = _COMMON_FIELDS | {"messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                                "thinking", "chat_template_kwargs", "metadata", "store", "service_tier"}
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+
+#: OpenAI fields of which this server honours only the value that changes nothing: name -> (that value's test,
+#: what to do instead). null is always taken as the default.
+_DEFAULT_ONLY = {
+    "frequency_penalty": (lambda v: v == 0 and not isinstance(v, bool),
+                          "send 0, or use ster's repeat_penalty (llama.cpp's multiplicative penalty, e.g. 1.1)"),
+    "presence_penalty": (lambda v: v == 0 and not isinstance(v, bool),
+                         "send 0, or use ster's repeat_penalty (llama.cpp's multiplicative penalty, e.g. 1.1)"),
+    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "one sequence is generated per request: send 1"),
+    "echo": (lambda v: v is False, "the reply does not repeat the prompt: send false"),
+    "suffix": (lambda v: v == "", "text after an insertion point is not supported: continue a prompt instead"),
+    "tool_choice": (lambda v: v in ("auto", "none"),
+                    'the model decides whether to call a tool: send "auto" (or "none": no tools reach it)'),
+    "parallel_tool_calls": (lambda v: v is True, "the reply may call several tools: send true or omit it"),
+}
+
+
 def check_unsupported(body: dict, chat: bool) -> None:
-    """Refuse request fields this server cannot honour rather than ignore them: a
-    ``response_format`` other than text, and chat content parts other than text.
+    """Refuse request fields this server cannot honour rather than ignore them: a field the endpoint
+    does not read, a value other than the neutral one of ``_DEFAULT_ONLY``'s fields, a
+    ``response_format`` other than text, ``chat_template_kwargs`` other than ``enable_thinking``, and
+    chat content parts other than text.
 
     Raises:
-        RequestError: naming the field (``response_format`` or ``messages``).
+        RequestError: naming the field.
     """
+    known = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    for name in body:
+        if name not in known:
+            other = ("/v1/completions" if chat else "/v1/chat/completions") \
+                if name in (COMPLETION_FIELDS if chat else CHAT_FIELDS) else None
+            raise RequestError(f"unrecognized request field {json.dumps(name)[:60]}"
+                               + (f" (it belongs to {other})" if other else "")
+                               + f"; {'chat' if chat else 'text'} completions read "
+                               + ", ".join(sorted(known)),
+                               name[:60])
+    for name, (neutral, advice) in _DEFAULT_ONLY.items():
+        value = body.get(name)
+        if value is not None and name in known and not neutral(value):
+            raise RequestError(f"{name} {json.dumps(value)[:60]} is not supported: {advice}", name)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        extra = sorted(set(kwargs) - {"enable_thinking"}) if isinstance(kwargs, dict) else None
+        if extra is None or extra:
+            raise RequestError("chat_template_kwargs: only enable_thinking is read"
+                               + (f", not {json.dumps(extra[0])[:60]}" if extra else " (send an object)"),
+                               "chat_template_kwargs")
     fmt = body.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -293,12 +342,10 @@ class Server:
             try:
                 args["messages"] = normalize_messages(check_messages(body.get("messages"), "messages"))
                 tools = body.get("tools")
-                if tools is not None and tools != []:
-                    args["tools"] = check_tools(tools, "tools")
+                if tools is not None and tools != [] and body.get("tool_choice") != "none":
+                    args["tools"] = self.session.check_tools(check_tools(tools, "tools"))
             except SterError as e:
                 raise RequestError(str(e), "messages" if str(e).startswith("messages") else "tools") from None
-            if body.get("tool_choice") == "none":
-                args.pop("tools", None)
             thinking = body.get("thinking", (body.get("chat_template_kwargs") or {}).get("enable_thinking")
                                 if isinstance(body.get("chat_template_kwargs"), dict) else None)
             if thinking is not None and not isinstance(thinking, bool):
@@ -344,15 +391,29 @@ class Server:
             out["draft_tokens_details"] = {"drafted": gen.drafted, "accepted": gen.accepted}
         return out
 
-    def logprobs(self, reply) -> dict | None:
+    def logprobs(self, reply, chat: bool) -> dict | None:
+        """A reply's ``logprobs`` in its endpoint's shape, or None when none were asked for: chat's
+        ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``, or the completions'
+        ``{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}`` (offsets in
+        characters of the prompt and completion, the first at the prompt's length)."""
         gen = reply.generation
         if reply.generation is None or not gen.logprobs:
             return None
         tok = self.session.loaded.tokenizer
 
+        def text(i: int) -> str:
+            return tok.decode([i], skip_special_tokens=False)
+
+        if not chat:
+            tokens = [text(e["id"]) for e in gen.logprobs]
+            offsets = [len(reply.prompt_text) + sum(map(len, tokens[:k])) for k in range(len(tokens))]
+            return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in gen.logprobs],
+                    "top_logprobs": [{text(i): lp for i, lp in e["top"]} for e in gen.logprobs],
+                    "text_offset": offsets}
+
         def entry(i: int, lp: float) -> dict:
-            text = tok.decode([i], skip_special_tokens=False)
-            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+            piece = text(i)
+            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
 
         return {"content": [{**entry(e["id"], e["logprob"]), "top_logprobs": [entry(i, lp) for i, lp in e["top"]]}
                             for e in gen.logprobs]}
@@ -428,10 +489,10 @@ def build_app(server: Server):
             errors = [e.text for e in reply.events if e.kind == "error"]
             if errors:
                 message["content"] = (message["content"] or "") + "".join(f"\n[{m}]" for m in errors)
-            choice = {"index": 0, "message": message, "logprobs": server.logprobs(reply),
+            choice = {"index": 0, "message": message, "logprobs": server.logprobs(reply, True),
                       "finish_reason": _finish(reply.finish_reason)}
         else:
-            choice = {"index": 0, "text": reply.text, "logprobs": server.logprobs(reply),
+            choice = {"index": 0, "text": reply.text, "logprobs": server.logprobs(reply, False),
                       "finish_reason": _finish(reply.finish_reason)}
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": server.model_name,
                              "choices": [choice], "usage": usage})
@@ -476,7 +537,7 @@ def build_app(server: Server):
                 if reply is None:
                     loop.call_soon_threadsafe(queue.put_nowait, None)
                     return
-                end = [chunk({} if chat else "", _finish(reply.finish_reason), logprobs=server.logprobs(reply))]
+                end = [chunk({} if chat else "", _finish(reply.finish_reason), logprobs=server.logprobs(reply, chat))]
                 if include_usage:
                     end.append(chunk(None, usage=server.usage(reply)))
                 end.append("data: [DONE]\n\n")

@@ -103,3 +103,10 @@ def test_prompt_and_file_exclusive_and_tools_need_a_template(tmp_path):
     (tmp_path / "tools.json").write_text(json.dumps([{"type": "function", "function": {"name": "f"}}]))
     r = ster("generate", "--model", str(tmp_path / "plain"), "-p", "w5", "--tools", str(tmp_path / "tools.json"))
     assert r.returncode == 1 and "--tools needs a chat template" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tools_a_template_never_reads_are_refused(tiny_chat, tmp_path):
+    """tiny_chat's template has no ``tools`` variable: the tools would be dropped from the prompt."""
+    (tmp_path / "tools.json").write_text(json.dumps([{"type": "function", "function": {"name": "f"}}]))
+    r = ster("generate", "--model", str(tiny_chat), "-p", "w5", "--tools", str(tmp_path / "tools.json"))
+    assert r.returncode == 1 and "chat template never reads tools" in r.stderr and "Traceback" not in r.stderr

@@ -115,6 +115,12 @@ def test_text_completion_and_logprobs(client, loaded):
     gen = generate(loaded.decoder, ids, Sampling(max_new_tokens=5, logprobs=3), loaded.stop_ids())
     want = loaded.tokenizer.decode([t for t in gen.ids if t not in loaded.stop_ids()], skip_special_tokens=False)
     assert reply.choices[0].text == want
+    # the completions' own logprobs shape (the openai client reads tokens / token_logprobs / top_logprobs)
+    lp = reply.choices[0].logprobs
+    pieces = [loaded.tokenizer.decode([e["id"]], skip_special_tokens=False) for e in gen.logprobs]
+    assert lp.tokens == pieces and lp.token_logprobs == pytest.approx([e["logprob"] for e in gen.logprobs])
+    assert [len(top) for top in lp.top_logprobs] == [3] * len(pieces)
+    assert lp.text_offset == [len("w7 w8 w9") + len("".join(pieces[:k])) for k in range(len(pieces))]
     chat = client.chat.completions.create(model="tiny", messages=_messages(PROMPTS[3]), max_tokens=4, logprobs=True,
                                           top_logprobs=2)
     content = chat.choices[0].logprobs.content
@@ -141,6 +147,35 @@ def test_per_request_steering_equals_generate_vector(client, served, loaded):
         assert got[name] == loaded.tokenizer.decode(ids, skip_special_tokens=False)
     assert got["calm"] != got["bold"]   # each request got its own vector
     assert got[None] in (got["calm"], got["bold"]) or len(set(got.values())) == 3
+
+
+@pytest.mark.parametrize("path, extra, words", [
+    ("/v1/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty 0.5 is not supported"),
+    ("/v1/chat/completions", {"presence_penalty": 2}, "presence_penalty 2 is not supported"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, 'tool_choice "required" is not supported'),
+    ("/v1/chat/completions", {"parallel_tool_calls": False}, "parallel_tool_calls false is not supported"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "never reads tools"),
+    ("/v1/chat/completions", {"chat_template_kwargs": {"add_vision_id": True}}, 'not "add_vision_id"'),
+    ("/v1/chat/completions", {"temprature": 0.5}, 'unrecognized request field "temprature"'),
+    ("/v1/chat/completions", {"echo": True}, "it belongs to /v1/completions"),
+    ("/v1/completions", {"echo": True}, "echo true is not supported"),
+    ("/v1/completions", {"suffix": "w9"}, 'suffix "w9" is not supported'),
+    ("/v1/completions", {"best_of": 3}, "best_of 3 is not supported"),
+    ("/v1/completions", {"messages": []}, "it belongs to /v1/chat/completions"),
+])
+def test_fields_it_cannot_honour_are_refused(served, path, extra, words):
+    """A field the server would otherwise ignore gets a 400 naming it; the neutral values pass."""
+    base = {"messages": [{"role": "user", "content": "w5"}]} if path.endswith("chat/completions") else \
+        {"prompt": "w5 w6"}
+    code, doc = _request(served[0], "POST", path, json.dumps({**base, **extra, "max_tokens": 2}).encode())
+    assert code == 400 and words in doc["error"]["message"], doc
+    assert doc["error"]["param"] == next(iter(extra)) and doc["error"]["type"] == "invalid_request_error"
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "user": "u", "tool_choice": "auto",
+               "parallel_tool_calls": True, "chat_template_kwargs": {}, "metadata": {"k": "v"}} \
+        if path.endswith("chat/completions") else {"echo": False, "suffix": "", "best_of": 1, "frequency_penalty": 0}
+    code, doc = _request(served[0], "POST", path, json.dumps({**base, **neutral, "max_tokens": 2}).encode())
+    assert code == 200, doc
 
 
 @pytest.mark.parametrize("body, status, words", [

@@ -133,6 +133,21 @@ def test_tools_and_tool_calls(files):
     assert "[thinking=False]" in got and "Zürich" in got  # tojson keeps non-ASCII, as transformers'
 
 
+def test_what_the_template_never_reads_is_noted(files, tmp_path):
+    """Tools, the thinking switch and --var values a template never reads are named on stderr (the
+    text is still exactly the template's); -q keeps stderr empty."""
+    plain = tmp_path / "plain.jinja"
+    plain.write_text("{% for m in messages %}{{ m.content }}|{% endfor %}{{ effort }}")
+    args = ("-t", str(plain), "--messages", str(files["messages"]), "--tools", str(files["tools"]),
+            "--enable-thinking", "--var", "effort=high", "--var", "mood=calm")
+    got = ster(*args)
+    assert ok(got) == bare_oracle(plain.read_text(), MESSAGES, tools=TOOLS, add_generation_prompt=True,
+                                  enable_thinking=True, effort="high", mood="calm")
+    notes = got.stderr.decode()
+    assert sorted(line.split()[5] for line in notes.splitlines()) == ["enable_thinking;", "mood;", "tools;"], notes
+    assert ster(*args, "-q").stderr == b""
+
+
 def test_hf_dir_model(hf_dir, files):
     hf = hf_tokenizer(hf_dir)
     got = ok(ster("--model", str(hf_dir), "--messages", str(files["messages"])))
