@@ -71,6 +71,8 @@ class LoraAdapter:
     rslora: bool
     hidden_size: int | None
     factors: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: what the user should see about the fit (a PEFT adapter naming another base model), one line each
+    notes: list[str] = field(default_factory=list)
 
     @property
     def scale(self) -> float:
@@ -405,7 +407,7 @@ def check_adapter_early(path: str | Path, resolved, spec) -> LoraAdapter | None:
     if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:  # the rank itself is checked on reading
         _check_alpha(alpha, rank, bool(rslora), f"adapter {side}: {where}")
     check_model(side, "adapter", model if isinstance(model, str) else None,
-                revision if isinstance(revision, str) else None, resolved)
+                revision if isinstance(revision, str) else None, resolved, hint=layout == "peft")
     if spec is not None and isinstance(width, int) and not isinstance(width, bool) and width != spec.hidden_size:
         raise SterError(f"adapter {side} was made for hidden_size {width}, but this model's is {spec.hidden_size}")
     return None
@@ -443,7 +445,9 @@ def check_adapter_for(ad: LoraAdapter, resolved, spec, has_role: Callable[[str],
             adapter on a family with hyper-connected residual streams (seed 002); a
             factor whose shape does not fit the projection.
     """
-    check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved)
+    note = check_model(ad.path, "adapter", ad.model, ad.model_revision, resolved, hint=ad.layout == "peft")
+    if note is not None and note not in ad.notes:
+        ad.notes.append(note)
     if getattr(spec, "loop", None) is not None:
         raise SterError(f"adapter {ad.path} cannot be used: {spec.model_type} runs its stored layers on several "
                         "passes, so one adapter on a stored layer would correct every pass of it; ster refuses "
@@ -550,8 +554,10 @@ def load_adapter_for(path: str | Path, loaded) -> LoraAdapter:
 def apply_adapter(loaded, ad: LoraAdapter) -> None:
     """Wrap ``loaded.decoder``'s projections so every forward pass adds the adapter's delta.
 
-    Call :func:`load_adapter_for` first (it checks the fit). Applying twice stacks.
+    Call :func:`load_adapter_for` first (it checks the fit). Applying twice stacks. The adapter's
+    ``notes`` join ``loaded.warnings``.
     """
+    loaded.notes.extend(note for note in ad.notes if note not in loaded.notes)
     for (layer, target), (a, b) in ad.factors.items():
         obj = loaded.decoder.layers[layer]
         setattr(obj, target, LoraLinear(getattr(obj, target), a, b, ad.scale))

@@ -309,7 +309,8 @@ def model_identity(resolved) -> str:
     return str(local) if local is not None else resolved.model
 
 
-def check_model(path: Path, what: str, claimed: str | None, claimed_revision: str | None, resolved) -> None:
+def check_model(path: Path, what: str, claimed: str | None, claimed_revision: str | None, resolved, *,
+                hint: bool = False) -> str | None:
     """Refuse an artifact made for another model.
 
     The artifact's ``model`` matches when it is the same string as the loaded
@@ -322,12 +323,19 @@ def check_model(path: Path, what: str, claimed: str | None, claimed_revision: st
         what: "steering vector", "adapter", ...
         claimed, claimed_revision: the model and model_revision the artifact records.
         resolved: the loaded model's ``Resolved``.
+        hint: ``claimed`` names the model only loosely (PEFT's ``base_model_name_or_path``: the Hub id
+            or path its trainer loaded, while the same weights are often run from a local copy); a
+            different name is then returned as a note instead of refused (the caller's shape
+            checks still refuse what does not fit).
+
+    Returns:
+        None, or with ``hint`` the note on a different name.
 
     Raises:
         SterError: a different model or revision, naming both.
     """
     if claimed is None:
-        return
+        return None
     same = claimed == resolved.model
     if not same:
         mine = {p for p in (_as_path(resolved.model), Path(resolved.root).resolve(),
@@ -337,7 +345,10 @@ def check_model(path: Path, what: str, claimed: str | None, claimed_revision: st
     if not same:
         same = _same_gguf_content(claimed, claimed_revision, resolved)
         if same:
-            return  # the same file under another name (a preset and its path): revisions say nothing more
+            return None  # the same file under another name (a preset and its path): revisions say nothing more
+    if not same and hint:
+        return (f"{what} {path} names its base model {claimed!r}, and this run loads {resolved.model!r}: it is "
+                f"applied because its shapes fit; make sure this is the same model")
     if not same:
         raise SterError(f"{what} {path} was made for model {claimed!r}, but this run loads {resolved.model!r}; "
                         f"use it with {claimed!r} or make a new one for this model")
@@ -345,3 +356,4 @@ def check_model(path: Path, what: str, claimed: str | None, claimed_revision: st
     if claimed_revision is not None and rev is not None and claimed_revision != rev:
         raise SterError(f"{what} {path} was made for {claimed!r} at revision {claimed_revision}, but this run "
                         f"loads revision {rev}; pass --revision {claimed_revision} or make a new one")
+    return None

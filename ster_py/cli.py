@@ -254,10 +254,15 @@ def _use_threads(threads: Optional[int]) -> None:
                   highlight=False)
 
 
+def warn(lines) -> None:
+    """Print each line as a ``warning:`` on stderr."""
+    for line in lines:
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+
+
 def show_warnings(loaded) -> None:
     """Print a loaded model's warnings (``LoadedModel.warnings``) on stderr."""
-    for w in loaded.warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    warn(loaded.warnings)
 
 
 def _check_device(device: str) -> None:
@@ -398,6 +403,7 @@ def generate(
             first = loaded.decoder.layers[0]
             check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
         apply_adapter(loaded, ad)
+        warn(ad.notes)
     if vector is not None:
         strength = 1.0 if strength is None else strength
         hook = steering_hook(steer, strength)
@@ -546,6 +552,23 @@ def print_fields(fields) -> None:
         out.print((f"[bold]{key}[/]" + " " * (keys - len(key)) + escape(lines[0])).rstrip())
         for line in lines[1:]:
             out.print(" " * keys + escape(line))
+
+
+def print_report(report: dict, skip: tuple[str, ...] = ()) -> None:
+    """A command's report as ``ster inspect`` prints a model: key and value, wrapped to the width, a hash whole
+    (lists joined, ``-`` for nothing, separators and sizes as :func:`inspect_value` writes them)."""
+    fields = []
+    for key, value in report.items():
+        if key in skip:
+            continue
+        if isinstance(value, list):
+            value = ", ".join(map(str, value)) or "-"
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        else:
+            value = inspect_value(f"{key}_bytes" if key == "bytes" else key, value)
+        fields.append((key, str(value)))
+    print_fields(fields)
 
 
 def plural(n: int, word: str) -> str:

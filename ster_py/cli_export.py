@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
-                  inspect_value, out, plural, print_fields, progress_bar, show_warnings, version_fields)
+                  out, plural, print_report, progress_bar, show_warnings, version_fields, warn)
 from .cli_tools import vector_app
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
@@ -31,27 +31,6 @@ def _check_type(value: str) -> str:
     near = close_file_types(value)
     hint = f"; did you mean {' or '.join(near)}?" if near else ""
     raise typer.BadParameter(f"{value!r} is not one of {', '.join(repr(n) for n in FILE_TYPES)}{hint}")
-
-
-def _report_table(report: dict, skip: tuple[str, ...] = ()) -> None:
-    """A report as ``ster inspect`` prints a model: key and value, wrapped to the width, a hash whole."""
-    fields = []
-    for key, value in report.items():
-        if key in skip:
-            continue
-        if isinstance(value, list):
-            value = ", ".join(map(str, value)) or "-"
-        elif isinstance(value, float):
-            value = f"{value:.6g}"
-        else:  # separators, yes/no, sizes in bytes as ster inspect prints them
-            value = inspect_value(f"{key}_bytes" if key == "bytes" else key, value)
-        fields.append((key, str(value)))
-    print_fields(fields)
-
-
-def _warn(lines) -> None:
-    for line in lines:
-        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
 
 
 @app.command()
@@ -75,9 +54,9 @@ def convert(
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
     elif not quiet:
-        _report_table(report, skip=("differences", "tokenizer_notes"))
-    _warn(f"llama.cpp will run this GGUF differently from the checkpoint: {d}" for d in report["differences"])
-    _warn(report["tokenizer_notes"])
+        print_report(report, skip=("differences", "tokenizer_notes"))
+    warn(f"llama.cpp will run this GGUF differently from the checkpoint: {d}" for d in report["differences"])
+    warn(report["tokenizer_notes"])
 
 
 @app.command()
@@ -181,7 +160,7 @@ def vector_export(
     vec = read_vector(vector)
     report = export_control_vector(vec, output, strength=strength, model_hint=model_hint)
     if report["skipped"]:
-        _warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])
+        warn(["layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"])
     if as_json:
         print(json.dumps({**version_fields(), **report}, indent=2))
     elif not quiet:

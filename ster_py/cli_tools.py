@@ -17,8 +17,8 @@ from .cli_help import SterTyper
 
 from .capture import LAYER_HELP
 from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
-                  _check_device, _model_or_default, _use_threads, app, err, flag, out, progress_bar, show_warnings,
-                  version_fields)
+                  _check_device, _model_or_default, _use_threads, app, err, flag, out, print_report, progress_bar,
+                  show_warnings, version_fields, warn)
 
 vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -251,8 +251,6 @@ def tune_merge(
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Fold a LoRA adapter into the weights: W + (alpha / rank) * B @ A, written as a new checkpoint (or GGUF)."""
-    from rich.table import Table
-
     from .tune.merge import merge_adapter, merge_adapter_to_gguf
 
     with progress_bar(enabled=not quiet) as progress:
@@ -263,8 +261,6 @@ def tune_merge(
             report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
-        return
-    table = Table(show_header=False, box=None)
-    for key, value in report.items():
-        table.add_row(f"[bold]{key}[/]", escape(", ".join(map(str, value)) if isinstance(value, list) else str(value)))
-    out.print(table)
+    else:
+        print_report(report, skip=("warnings",))
+    warn(report["warnings"])

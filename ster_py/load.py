@@ -5,7 +5,7 @@ safetensors paths meet here in the same ``LoadedModel``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import ModelSpec, spec_from_config
@@ -30,6 +30,8 @@ class LoadedModel:
     precision: str
     #: --quantize kind the projections were quantized to as the model loaded, or None
     quantize: str | None = None
+    #: notes added after loading (an applied adapter's, ``adapters.apply_adapter``), part of ``warnings``
+    notes: list[str] = field(default_factory=list)
 
     @property
     def model_revision(self) -> str | None:
@@ -43,7 +45,7 @@ class LoadedModel:
         from .weights import unused_tensor_warnings
 
         return [*getattr(self.resolved, "notes", ()), *getattr(self.tokenizer, "notes", ()),
-                *unused_tensor_warnings(self.spec, self.decoder.weights)]
+                *unused_tensor_warnings(self.spec, self.decoder.weights), *self.notes]
 
     def stop_ids(self) -> set[int]:
         """End-of-generation ids: the config's eos_token_id(s) and the tokenizer's end tokens."""

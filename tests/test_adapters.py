@@ -135,6 +135,33 @@ def test_merge_peft_adapter_equals_peft_f32(f32_case, tmp_path):
     assert (out / "config.json").read_bytes() == (base_dir / "config.json").read_bytes()
 
 
+def test_peft_adapter_naming_a_hub_id_applies_to_a_local_copy_with_a_warning(f32_case, tmp_path):
+    """PEFT's base_model_name_or_path is what its trainer loaded (often a Hub id) while the same weights run
+    from a local directory: a different name is a warning, not a refusal (shapes are still checked)."""
+    import shutil
+
+    base_dir, adapter_dir, state, _, _ = f32_case
+    hub = tmp_path / "hub-adapter"
+    shutil.copytree(adapter_dir, hub)
+    cfg = json.loads((hub / "adapter_config.json").read_text())
+    (hub / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "org/tiny-llama"}))
+    r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(hub), "--output", str(tmp_path / "m"), "-q")
+    assert r.returncode == 0, r.stderr
+    assert "warning: adapter" in r.stderr and "names its base model 'org/tiny-llama'" in r.stderr
+    check_against_peft(tmp_path / "m", state, bf16=False, base=base_dir)
+    report = json.loads((tmp_path / "m" / "ster-merge.json").read_text())
+    assert len(report["warnings"]) == 1 and "org/tiny-llama" in report["warnings"][0]
+    r = ster("generate", "--model", str(base_dir), "--adapter", str(hub), "-p", "w5 w6", "--max-new-tokens", "2",
+             "--chat-template", "off", "--json", "-q")
+    assert r.returncode == 0, r.stderr
+    assert any("org/tiny-llama" in w for w in json.loads(r.stdout)["warnings"]) and "warning: adapter" in r.stderr
+    # a PEFT adapter whose factors do not fit is still refused
+    (hub / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "org/tiny-llama",
+                                                          "r": cfg["r"] * 2}))
+    r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(hub), "--output", str(tmp_path / "n"), "-q")
+    assert r.returncode == 1 and "error:" in r.stderr and not (tmp_path / "n").exists()
+
+
 def test_merge_rslora_and_bf16_equal_peft(tmp_path):
     base_dir, adapter_dir, state, _, _ = peft_case(tmp_path / "rs", rslora=True, r=4, alpha=6)
     report = merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "rs-out")

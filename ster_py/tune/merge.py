@@ -222,6 +222,7 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
             "copied_tensors": len(order) - len(targets),
             "total_tensors": len(order), "parameters": int(sum(np.prod(index[n][2], dtype=np.int64) for n in order)),
             "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "files": report_files + [REPORT],
+            "warnings": list(ad.notes),
         }
         (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
