@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THREADS_HELP, _STREAM, Precision,
                   _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
@@ -168,7 +169,7 @@ def chat(
     styled = sys.stdout.isatty() and not no_color()
     messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
     if not quiet:
-        err.print(f"[dim]chatting with {loaded.resolved.model}; /help for commands, Ctrl-D to leave[/]",
+        err.print(f"[dim]chatting with {escape(loaded.resolved.model)}; /help for commands, Ctrl-D to leave[/]",
                   highlight=False)
     try:
         _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet)
@@ -255,7 +256,7 @@ def _converse(session, loaded, messages, sampling, think, hook, key, styled, sho
                 else:
                     raise SterError(f"unknown command {word}; /help lists them")
             except (SterError, OSError) as e:
-                err.print(f"[bold red]error:[/] {e}", highlight=False)
+                err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
             continue
         messages.append({"role": "user", "content": line})
         interrupted = {"flag": False}
@@ -290,7 +291,7 @@ def _converse(session, loaded, messages, sampling, think, hook, key, styled, sho
             messages.pop()
             if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
                 _write("\n")
-            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
             continue
         finally:
             signal.signal(signal.SIGINT, previous)

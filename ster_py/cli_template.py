@@ -176,7 +176,7 @@ def render(
         given = (["tools"] if tool_list is not None else []) + list(extra)  # extra holds enable_thinking too
         for name in [name for name in given if name not in read]:
             err.print(f"note: the template never reads {name}; the value given does not reach the text",
-                      style="dim", highlight=False)
+                      style="dim", highlight=False, markup=False)
     prompt = render_chat(text, conversation, add_generation_prompt=generation_prompt, bos_token=bos,
                          eos_token=eos, tools=tool_list, now=now, source=source, **{**special, **extra})
     if as_json:

@@ -164,8 +164,11 @@ def penalize(logits: np.ndarray, history: list[int], sampling: Sampling) -> np.n
     seen = np.unique(np.asarray(history if n < 0 else history[-n:], dtype=np.int64))
     seen = seen[(seen >= 0) & (seen < logits.shape[0])]
     out = logits.copy()
-    v = out[seen]
-    out[seen] = np.where(v > 0, v / np.float32(sampling.repeat_penalty), v * np.float32(sampling.repeat_penalty))
+    # In float64, rounded once to float32 (the same bits as float32 arithmetic for any penalty float32 holds): a
+    # penalty beyond float32's range (1e-300, 1e300) sends logits to +-inf, never to NaN; pick_token takes those.
+    v, penalty = out[seen].astype(np.float64), float(sampling.repeat_penalty)
+    with np.errstate(over="ignore"):
+        out[seen] = np.where(v > 0, v / penalty, v * penalty)
     return out
 
 
@@ -187,6 +190,9 @@ def pick_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator)
     if sampling.temperature == 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / max(sampling.temperature, 1e-6)  # tiny temperatures act as greedy
+    top = z.max()
+    if not np.isfinite(top):  # an extreme repeat_penalty overflowed: the ids at +inf (or all, at -inf) share the mass
+        return int(rng.choice(np.flatnonzero(z == top)))
     if sampling.top_k and sampling.top_k < z.shape[0]:
         kth = np.partition(z, -sampling.top_k)[-sampling.top_k]
         z = np.where(z >= kth, z, -np.inf)

@@ -54,13 +54,27 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+#: The largest magnitude of a JSON number a request field may hold: every field's range lies far inside it, and
+#: Python reads integers of any length, which float() would overflow.
+_MAX_MAGNITUDE = 2**63
+
+
+def _shown(value) -> str:
+    """A request value for a message: its JSON, cut to 40 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _number(body: dict, name: str, default, *, kind=float, low=None, high=None):
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
-        raise RequestError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {json.dumps(value)}",
-                           name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, int) and abs(value) > _MAX_MAGNITUDE) or (kind is int and not float(value).is_integer()):
+        what = "an integer" if kind is int else "a number"
+        raise RequestError(f"{name} must be {what} of at most 2**63 in magnitude, got {_shown(value)}"
+                           if isinstance(value, int) and not isinstance(value, bool) else
+                           f"{name} must be {what}, got {_shown(value)}", name)
     if isinstance(value, float) and not math.isfinite(value):
         raise RequestError(f"{name} must be finite", name)
     value = kind(value)
@@ -104,8 +118,8 @@ def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
         if isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool):
             logprobs = _number(body, "logprobs", 0, kind=int, low=0, high=MAX_LOGPROBS)  # /v1/completions' form
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise RequestError("seed must be a non-negative integer", "seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise RequestError(f"seed must be an integer in 0..2**63-1, got {_shown(seed)}", "seed")
     s = Sampling(max_new_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, low=0.0, high=100.0),
                  top_k=_number(body, "top_k", 0, kind=int, low=0), top_p=_number(body, "top_p", 1.0),
                  seed=seed, min_p=_number(body, "min_p", 0.0), repeat_penalty=_number(body, "repeat_penalty", 1.0),
@@ -147,8 +161,8 @@ def logit_bias_of(body: dict, vocab_size: int) -> tuple[tuple[int, float], ...]:
                 or int(key) >= vocab_size:
             raise RequestError(f"logit_bias: key {shown} is not a token id of this model (0 to {vocab_size - 1})",
                                "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not -100 <= value <= 100:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100 \
+                or not math.isfinite(value):  # the range first: isfinite overflows on a huge integer
             raise RequestError(f"logit_bias: the bias of id {key} must be a finite number in -100..100, got "
                                f"{json.dumps(value)[:40]}", "logit_bias")
         out.append((int(key), float(value)))
@@ -248,10 +262,14 @@ def stops_of(body: dict) -> tuple[str, ...]:
 
 
 def normalize_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI messages as chat templates read them: an assistant's tool call ``arguments`` given as
-    a JSON text becomes the object it holds (templates write it with ``tojson``)."""
+    """OpenAI messages as chat templates read them: content given as a list of text parts becomes their
+    texts joined by newlines (most templates add ``content`` to a string; ``check_unsupported`` refused
+    any other part), and an assistant's tool call ``arguments`` given as a JSON text becomes the object
+    it holds (templates write it with ``tojson``)."""
     out = []
     for m in messages:
+        if isinstance(m.get("content"), list):
+            m = {**m, "content": "\n".join(part["text"] for part in m["content"])}
         calls = m.get("tool_calls")
         if isinstance(calls, list):
             fixed = []
@@ -305,7 +323,10 @@ class Server:
         if name not in self.vectors:
             have = ", ".join(sorted(self.vectors)) or "none (start the server with --vector NAME=FILE)"
             raise RequestError(f"steering: no vector named {name!r}; loaded: {have}", "steering.vector")
-        strength = _number(spec, "strength", 1.0)
+        try:
+            strength = _number(spec, "strength", 1.0)
+        except RequestError as e:
+            raise RequestError(f"steering.{e}", "steering.strength") from None
         try:
             return steering_hook(self.vectors[name], strength), (name, strength)
         except SterError as e:
@@ -325,8 +346,8 @@ class Server:
         if model is not None and not isinstance(model, str):
             raise RequestError("model must be a string", "model")
         n = body.get("n", 1)
-        if n != 1:
-            raise RequestError("n must be 1 (one choice per request)", "n")
+        if n is not None and (type(n) is not int or n != 1):
+            raise RequestError(f"n must be 1 (one choice per request), got {_shown(n)}", "n")
         if not isinstance(body.get("stream", False), bool):
             raise RequestError("stream must be a boolean", "stream")
         check_unsupported(body, chat)
@@ -474,11 +495,30 @@ def build_app(server: Server):
             return StreamingResponse(_stream(args, rid, created, obj, chat, bool(include_usage)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         from starlette.concurrency import run_in_threadpool
+        from starlette.responses import Response
 
+        # A client that goes away stops its generation (and frees the lock) as a streamed one does: polled
+        # here, since only the event loop can read the connection.
+        gone = threading.Event()
+
+        async def watch() -> None:
+            while not gone.is_set():
+                if await request.is_disconnected():
+                    gone.set()
+                    return
+                await asyncio.sleep(0.2)
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            reply = await run_in_threadpool(server.run, args)
+            reply = await run_in_threadpool(server.run, args, None, gone.is_set)
         except RequestError as e:
             return fail(e)
+        finally:
+            stopped = gone.is_set()
+            gone.set()
+            watcher.cancel()
+        if reply is None or stopped:  # nobody is listening
+            return Response(status_code=499)
         usage = server.usage(reply)
         if chat:
             message: dict = {"role": "assistant", "content": reply.text if reply.text or not reply.tool_calls else None}

@@ -121,6 +121,21 @@ def test_chat_refuses_a_model_without_a_template(tmp_path):
     assert child.exitstatus == 1 and "no chat template" in child.before and "Traceback" not in child.before
 
 
+def test_markup_in_commands_and_paths_is_printed_as_text(tiny_chat, tmp_path):
+    """rich markup in what the user typed (an unknown /command, a model path) is text, not a crash that loses
+    the conversation (a breaker's finding: rich.errors.MarkupError)."""
+    import shutil
+    import subprocess
+
+    odd = tmp_path / "mk[/b]"
+    shutil.copytree(tiny_chat, odd)
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "chat", "--model", str(odd),
+                        "--max-new-tokens", "2"], input="/x[/]\n/save nodir[/]/x.json\n/quit\n", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"chatting with {odd}" in r.stderr and "/x[/]" in r.stderr and "nodir[/]" in r.stderr
+
+
 def test_chat_refuses_a_base_model_before_loading_it(tmp_path):
     """The template is read from tokenizer_config.json alone: the refusal comes before any weight is read
     (the weights here are not even a safetensors file, which a load would refuse first)."""

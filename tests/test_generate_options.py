@@ -40,6 +40,23 @@ def test_repetition_penalty_equals_transformers(penalty, last_n):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("penalty", [1e-40, 1e-300, 1e40, 1e300])
+def test_extreme_repetition_penalties_sample_without_nan(penalty):
+    """A penalty beyond float32's range sends the seen logits to +-inf (as float32 arithmetic would, never to
+    NaN), and sampling then draws among the ids at +inf: below 1 a seen id, above 1 an unseen one."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(50).astype(np.float32) * 3
+    logits[:3] = (2.0, -2.0, 0.0)
+    history = [0, 1, 2]
+    got = penalize(logits, history, Sampling(repeat_penalty=penalty))
+    assert not np.isnan(got).any() and got[2] == 0.0
+    s = Sampling(temperature=1.0, seed=0, repeat_penalty=penalty)
+    draws = {pick_token(got, s, np.random.default_rng(i)) for i in range(50)}
+    assert draws == {0} if penalty < 1 else not draws & {0, 1}
+    # every logit at -inf: all equally likely rather than NaN probabilities
+    assert pick_token(np.full(8, -np.inf, np.float32), s, np.random.default_rng(0)) in range(8)
+
+
 @pytest.mark.parametrize("min_p", [0.05, 0.3])
 def test_min_p_keeps_what_transformers_keeps(min_p):
     from transformers import MinPLogitsWarper

@@ -191,6 +191,17 @@ def test_fields_it_cannot_honour_are_refused(served, path, extra, words):
     (json.dumps({"messages": [{"role": "user", "content": " ".join(["w5"] * 400)}]}).encode(), 400,
      "longer than the context"),
     (b"[" * 100000 + b"]" * 100000, 400, "more than 64 deep"),     # issue 17: was a RecursionError, HTTP 500
+    # integers longer than a float holds were an OverflowError, HTTP 500 (a breaker, seventeenth session)
+    (b'{"messages": [{"role": "user", "content": "w5"}], "top_k": 1' + b"0" * 400 + b"}", 400,
+     "top_k must be an integer of at most 2**63"),
+    (b'{"messages": [{"role": "user", "content": "w5"}], "temperature": 1' + b"0" * 400 + b"}", 400, "temperature"),
+    (b'{"messages": [{"role": "user", "content": "w5"}], "logit_bias": {"5": 1' + b"0" * 400 + b"}}", 400,
+     "logit_bias: the bias of id 5"),
+    (b'{"messages": [{"role": "user", "content": "w5"}], "steering": {"vector": "calm", "strength": 1' + b"0" * 400
+     + b"}}", 400, "steering.strength must be a number"),
+    (b'{"messages": [{"role": "user", "content": "w5"}], "seed": 1' + b"0" * 400 + b"}", 400, "seed must be"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "n": True}).encode(), 400, "n must be 1"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "n": 1.0}).encode(), 400, "n must be 1"),
     (b'{"messages": [{"role": "user", "content": "w5"}], "tools": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400,
      "more than 64 deep"),
 ])
@@ -198,7 +209,15 @@ def test_bad_requests_get_openai_shaped_errors(served, body, status, words):
     code, doc = _request(served[0], "POST", "/v1/chat/completions", body)
     assert code == status, doc
     err = doc["error"]
-    assert words in err["message"] and err["type"] == "invalid_request_error"
+    assert words in err["message"] and err["type"] == "invalid_request_error" and len(err["message"]) < 1000
+
+
+def test_text_parts_are_read_as_their_text(client, loaded):
+    """content as a list of text parts (OpenAI's other form) is the parts' texts joined by newlines."""
+    parts = [{"type": "text", "text": "w11 w12"}, {"type": "text", "text": "w13"}]
+    got = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=4)
+    answer, ids = cold_answer(loaded, [{"role": "user", "content": "w11 w12\nw13"}], 4)
+    assert got.choices[0].message.content == answer and got.usage.prompt_tokens == len(ids)
 
 
 def test_unknown_paths_and_methods(served):
@@ -355,6 +374,51 @@ def test_disconnect_mid_stream_stops_the_generation(in_process):
         code, doc = _request(url, "POST", "/v1/chat/completions", json.dumps(dict(body, stream=False, max_tokens=3)).encode())
         assert code == 200 and doc["choices"][0]["finish_reason"] == "length"
     finally:
+        server.session.reply = original
+        script.clear()
+        script.update(saved)
+
+
+def test_disconnect_before_a_whole_reply_stops_the_generation(in_process):
+    """Not streamed: the server polls the connection while the reply is made, so a client that gives up
+    (a timeout) stops its generation and frees the one-at-a-time lock for the next request."""
+    url, server = in_process
+    seen = []
+    original = server.session.reply
+
+    def recording(*args, **kw):
+        reply = original(*args, **kw)
+        seen.append(reply)
+        return reply
+
+    server.session.reply = recording
+    decoder = server.session.loaded.decoder
+    script = decoder.follow
+    saved = dict(script)
+    script.clear()
+    script.update({5: 107, 107: 107})   # w_loop after the generation prompt, forever
+
+    def slow(*args, **kw):   # 3000 tokens take 6 s or more: the client's 1 s timeout comes first
+        time.sleep(0.002)
+        return Scripted.forward(decoder, *args, **kw)
+
+    decoder.forward = slow
+    try:
+        body = {"model": "tools", "messages": [{"role": "user", "content": "w9"}], "max_tokens": 3000}
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=1)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        with pytest.raises(TimeoutError):
+            conn.getresponse()
+        conn.close()
+        t0 = time.time()
+        while not seen and time.time() - t0 < 60:
+            time.sleep(0.05)
+        assert seen and seen[0].finish_reason == "cancelled" and len(seen[0].generation.ids) < 3000
+        code, doc = _request(url, "POST", "/v1/chat/completions", json.dumps(dict(body, max_tokens=3)).encode())
+        assert code == 200 and doc["choices"][0]["finish_reason"] == "length"
+    finally:
+        del decoder.forward
         server.session.reply = original
         script.clear()
         script.update(saved)
