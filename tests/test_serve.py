@@ -9,6 +9,7 @@ reply parser and the response shapes are the real ones.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -341,24 +342,54 @@ def test_tool_call_parsed_into_tool_calls(in_process):
     assert plain.choices[0].message.content.startswith("<tool_call>") and not plain.choices[0].message.tool_calls
 
 
-def test_disconnect_mid_stream_stops_the_generation(in_process):
-    url, server = in_process
+@contextlib.contextmanager
+def looping(server, delay: float = 0.0):
+    """The in-process model writes w_loop forever (for 3000 tokens, ``delay`` seconds per step); yields the
+    list of replies the session made, restored after."""
     seen = []
     original = server.session.reply
+    decoder = server.session.loaded.decoder
 
     def recording(*args, **kw):
         reply = original(*args, **kw)
         seen.append(reply)
         return reply
 
+    def slow(*args, **kw):
+        time.sleep(delay)
+        return Scripted.forward(decoder, *args, **kw)
+
     server.session.reply = recording
-    script = server.session.loaded.decoder.follow
-    saved = dict(script)
-    script.clear()
-    script.update({5: 107, 107: 107})   # w_loop after the generation prompt, forever
+    saved = dict(decoder.follow)
+    decoder.follow.clear()
+    decoder.follow.update({5: 107, 107: 107})   # w_loop after the generation prompt, forever
+    decoder.forward = slow
     try:
-        body = {"model": "tools", "messages": [{"role": "user", "content": "w9"}], "max_tokens": 3000,
-                "stream": True}
+        yield seen
+    finally:
+        del decoder.forward
+        server.session.reply = original
+        decoder.follow.clear()
+        decoder.follow.update(saved)
+
+
+def _cancelled_then_served(url: str, seen: list, body: dict) -> None:
+    """The abandoned reply stopped early ("cancelled"), and the server answers the next request."""
+    t0 = time.time()
+    while not seen and time.time() - t0 < 60:
+        time.sleep(0.05)
+    assert seen and seen[0].finish_reason == "cancelled" and len(seen[0].generation.ids) < 3000
+    code, doc = _request(url, "POST", "/v1/chat/completions", json.dumps(dict(body, stream=False, max_tokens=3)).encode())
+    assert code == 200 and doc["choices"][0]["finish_reason"] == "length"
+
+
+LOOP_REQUEST = {"model": "tools", "messages": [{"role": "user", "content": "w9"}], "max_tokens": 3000}
+
+
+def test_disconnect_mid_stream_stops_the_generation(in_process):
+    url, server = in_process
+    with looping(server) as seen:
+        body = dict(LOOP_REQUEST, stream=True)
         host, port = url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
@@ -366,62 +397,22 @@ def test_disconnect_mid_stream_stops_the_generation(in_process):
         got = [r.fp.readline().decode() for _ in range(12)]   # the answer streams...
         conn.close()
         assert any("w_loop" in line for line in got)
-        t0 = time.time()   # ...and the client went away: the generation stops
-        while not seen and time.time() - t0 < 60:
-            time.sleep(0.05)
-        assert seen and seen[0].finish_reason == "cancelled" and len(seen[0].generation.ids) < 3000
-        # the server goes on serving
-        code, doc = _request(url, "POST", "/v1/chat/completions", json.dumps(dict(body, stream=False, max_tokens=3)).encode())
-        assert code == 200 and doc["choices"][0]["finish_reason"] == "length"
-    finally:
-        server.session.reply = original
-        script.clear()
-        script.update(saved)
+        _cancelled_then_served(url, seen, body)   # ...and the client went away: the generation stops
 
 
 def test_disconnect_before_a_whole_reply_stops_the_generation(in_process):
     """Not streamed: the server polls the connection while the reply is made, so a client that gives up
     (a timeout) stops its generation and frees the one-at-a-time lock for the next request."""
     url, server = in_process
-    seen = []
-    original = server.session.reply
-
-    def recording(*args, **kw):
-        reply = original(*args, **kw)
-        seen.append(reply)
-        return reply
-
-    server.session.reply = recording
-    decoder = server.session.loaded.decoder
-    script = decoder.follow
-    saved = dict(script)
-    script.clear()
-    script.update({5: 107, 107: 107})   # w_loop after the generation prompt, forever
-
-    def slow(*args, **kw):   # 3000 tokens take 6 s or more: the client's 1 s timeout comes first
-        time.sleep(0.002)
-        return Scripted.forward(decoder, *args, **kw)
-
-    decoder.forward = slow
-    try:
-        body = {"model": "tools", "messages": [{"role": "user", "content": "w9"}], "max_tokens": 3000}
+    with looping(server, delay=0.002) as seen:   # 3000 tokens take 6 s or more: the 1 s timeout comes first
         host, port = url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=1)
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(LOOP_REQUEST),
+                     headers={"content-type": "application/json"})
         with pytest.raises(TimeoutError):
             conn.getresponse()
         conn.close()
-        t0 = time.time()
-        while not seen and time.time() - t0 < 60:
-            time.sleep(0.05)
-        assert seen and seen[0].finish_reason == "cancelled" and len(seen[0].generation.ids) < 3000
-        code, doc = _request(url, "POST", "/v1/chat/completions", json.dumps(dict(body, max_tokens=3)).encode())
-        assert code == 200 and doc["choices"][0]["finish_reason"] == "length"
-    finally:
-        del decoder.forward
-        server.session.reply = original
-        script.clear()
-        script.update(saved)
+        _cancelled_then_served(url, seen, LOOP_REQUEST)
 
 
 @pytest.mark.real
