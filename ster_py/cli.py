@@ -635,7 +635,11 @@ def _table(*columns: str):
     from rich import box
     from rich.table import Table
 
-    return Table(*columns, box=box.HEAVY_HEAD if out.is_terminal else None)   # HEAVY_HEAD: rich's default
+    table = Table(*columns, box=box.HEAVY_HEAD if out.is_terminal else None)   # HEAVY_HEAD: rich's default
+    # The first column holds what the user types next (a preset name, a model_type): on a narrow terminal it
+    # folds onto more lines rather than being cut with an ellipsis.
+    table.columns[0].overflow = "fold"
+    return table
 
 
 @app.command()

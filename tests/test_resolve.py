@@ -771,6 +771,10 @@ def test_real_client_unreachable_endpoint(tmp_path):
     msg = r["error"]
     assert msg.startswith("failed to read model repository org/model")
     assert f"127.0.0.1:{port}" in msg and "HF_HUB_OFFLINE=1" in msg
+    # a bare name is first of all a local directory that is not there (a merge's output not made yet)
+    (r,) = run_resolve([["merged", None]], hf_home=tmp_path / "hf_home", endpoint=f"http://127.0.0.1:{port}",
+                       offline=False)
+    assert r["error"].startswith("no local file or directory named merged here, and read as a Hugging Face Hub id")
 
 
 def test_offline_with_empty_hf_home_says_the_cache_lacks_the_repo(tmp_path):
