@@ -31,6 +31,7 @@ from .decoder.qlinear import float_activations
 from .errors import SterError
 from .files import check_path_name
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
+from .steering import json_value
 
 POSITIONS = ("last", "mean", "all")
 LAYER_HELP = ("Layer i (0-based) is the residual stream after decoder layer i, before the next layer; "
@@ -269,12 +270,102 @@ def save_capture(cap: Capture, path: str | Path) -> list[Path]:
     return [path, side]
 
 
+RECAPTURE = "capture again with `ster capture`"
+
+
+def _positive_int(meta: dict, key: str, where: str) -> int:
+    value = meta[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SterError(f"{where}: {key} must be a positive integer, got {json_value(value)}; {RECAPTURE}")
+    return value
+
+
+def check_sidecar(meta: dict, where: str) -> None:
+    """Refuse a capture sidecar (or an in-memory ``Capture.meta``) that vector building cannot trust.
+
+    Checks the fields the readers use: ``position`` (one of POSITIONS), ``hidden_size`` and
+    ``num_hidden_layers`` (positive integers), ``layers`` (a non-empty list of distinct layer numbers
+    below num_hidden_layers), ``prompts`` (a non-empty list of objects), ``model`` and
+    ``model_revision`` (a string or null).
+
+    Args:
+        meta: the parsed sidecar.
+        where: how the messages name it ("capture sidecar PATH").
+
+    Raises:
+        SterError (naming ``where`` and the field): a missing field or one of the wrong type or range.
+    """
+    for key in ("position", "hidden_size", "num_hidden_layers", "layers", "prompts"):
+        if key not in meta:
+            raise SterError(f"{where} lacks the field {key!r}; {RECAPTURE}")
+    if meta["position"] not in POSITIONS:
+        raise SterError(f"{where}: position must be one of {', '.join(POSITIONS)}, got {json_value(meta['position'])}; "
+                        f"{RECAPTURE}")
+    _positive_int(meta, "hidden_size", where)
+    n_layers = _positive_int(meta, "num_hidden_layers", where)
+    layers = meta["layers"]
+    if not isinstance(layers, list) or not layers:
+        raise SterError(f"{where}: layers must be a non-empty list of layer numbers, got {json_value(layers)}; "
+                        f"{RECAPTURE}")
+    seen = set()
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers:
+            raise SterError(f"{where}: layers holds {json_value(i)}, not a layer number 0..{n_layers - 1} "
+                            f"(num_hidden_layers is {n_layers}); {RECAPTURE}")
+        if i in seen:  # its tensor would be read twice, the second replacing the first
+            raise SterError(f"{where}: layers lists layer {i} twice; {RECAPTURE}")
+        seen.add(i)
+    prompts = meta["prompts"]
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(x, dict) for x in prompts):
+        raise SterError(f"{where}: prompts must be a non-empty list of objects (one per prompt); {RECAPTURE}")
+    for key in ("model", "model_revision"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise SterError(f"{where}: {key} must be a string or null, got {json_value(meta[key])}; {RECAPTURE}")
+
+
+def check_states(cap: Capture, where: str) -> None:
+    """Refuse captured states that do not match their sidecar or are not finite.
+
+    ``cap.meta`` must have passed :func:`check_sidecar`. Each listed layer must hold, for position
+    ``last``/``mean``, one [prompts, hidden_size] array, for ``all`` one [tokens, hidden_size] array per
+    prompt; every value must be finite (a NaN row would be averaged into a NaN direction, and numpy's SVD
+    never returns on NaN or infinity).
+
+    Raises:
+        SterError (naming ``where``, the tensor and, for a non-finite value, the row): a missing layer, a
+            wrong shape or count, a NaN or infinity.
+    """
+    meta = cap.meta
+    width, n_prompts, every = meta["hidden_size"], len(meta["prompts"]), meta["position"] == "all"
+    for i in meta["layers"]:
+        s = cap.states.get(i)
+        if s is None:
+            raise SterError(f"{where} holds no states for layer {i}, which its sidecar lists; {RECAPTURE}")
+        if every != isinstance(s, list) or (every and len(s) != n_prompts):
+            raise SterError(f"{where}: layer {i} does not hold one array per prompt as position "
+                            f"{meta['position']!r} says; {RECAPTURE}")
+        for p, t in enumerate(s if every else [s]):
+            name = f"layers.{i}.prompt.{p}" if every else f"layers.{i}"
+            rows = "tokens" if every else f"prompts ({n_prompts})"
+            t = np.asarray(t)
+            if t.ndim != 2 or t.shape[1] != width or not t.shape[0] or (not every and t.shape[0] != n_prompts):
+                raise SterError(f"{where}: {name} has shape {list(t.shape)}, but a capture's {name} is "
+                                f"[{rows}, hidden_size {width}]; {RECAPTURE}")
+            finite = np.isfinite(t).all(axis=1)
+            if not finite.all():
+                row = int(np.flatnonzero(~finite)[0])
+                which = f"row {row} (token {row} of prompt {p})" if every else f"row {row} (prompt {row})"
+                raise SterError(f"{where}: {name} {which} holds NaN or infinity, which no direction can be built "
+                                f"from; {RECAPTURE} (leave that prompt out if it happens again)")
+
+
 def load_capture(path: str | Path) -> Capture:
     """Read a capture written by :func:`save_capture` (give the .safetensors or the .json).
 
     Raises:
-        SterError: missing files, another kind of artifact, an unknown schema version, or
-            tensors that disagree with the sidecar.
+        SterError: missing files, another kind of artifact, an unknown schema version, a sidecar
+            field missing or malformed (:func:`check_sidecar`), tensors that are not floats or
+            disagree with the sidecar, or hold NaN or infinity (:func:`check_states`).
     """
     from safetensors import safe_open
 
@@ -292,6 +383,7 @@ def load_capture(path: str | Path) -> Capture:
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise SterError(f"capture {side} has schema_version {meta.get('schema_version')!r}; "
                         f"this ster reads version {SCHEMA_VERSION}")
+    check_sidecar(meta, f"capture sidecar {side}")  # the tensor names below come from its fields
     if not path.is_file():
         raise SterError(f"capture tensors {path} are missing (the sidecar {side} is there)")
     cap = Capture(meta)
@@ -300,10 +392,11 @@ def load_capture(path: str | Path) -> Capture:
             for name, i, p in _tensor_names(meta):
                 if name not in f.keys():
                     raise SterError(f"capture {path} lacks tensor {name!r} that its sidecar lists")
-                t = f.get_tensor(name).astype(np.float32, copy=False)
-                if t.shape[-1] != meta["hidden_size"]:
-                    raise SterError(f"capture {path}: {name} is {t.shape[-1]} wide, the sidecar says "
-                                    f"hidden_size {meta['hidden_size']}")
+                t = f.get_tensor(name)
+                if t.dtype.kind != "f":
+                    raise SterError(f"capture {path}: {name} holds {t.dtype} values, not floats; {RECAPTURE}")
+                with np.errstate(over="ignore"):  # a float64 beyond float32's range: refused as infinity below
+                    t = t.astype(np.float32, copy=False)
                 if p is None:
                     cap.states[i] = t
                 else:
@@ -312,4 +405,5 @@ def load_capture(path: str | Path) -> Capture:
         raise
     except Exception as e:  # safetensors raises several types for a damaged file
         raise SterError(f"capture {path} is not a readable safetensors file: {e}") from None
+    check_states(cap, f"capture {path}")
     return cap

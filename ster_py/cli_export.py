@@ -129,8 +129,9 @@ def vector_pca(
     """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
     positive_j - negative_j, signed so that the positive prompts project positive."""
     from .capture import format_layers, load_capture, parse_layers
-    from .steering import pca, write_vector
+    from .steering import check_vector_output, pca, write_vector
 
+    check_vector_output(output)  # before reading the captures
     pos, neg = load_capture(positive), load_capture(negative)
     chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
     vec = pca(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,20 @@ from .files import check_path_name
 
 SCHEMA_VERSION = 1
 UNIT_TOLERANCE = 1e-3  # directions are stored as unit vectors; JSON floats keep ~1e-16
+# A layer key as write_vector writes it: ASCII digits without a leading zero, so that two keys never name one
+# layer ("0" and "00" would, the last silently winning) and int() never sees "²" or 5,000 digits.
+LAYER_KEY = re.compile(r"0|[1-9][0-9]{0,8}")
+REBUILD = "build the vector again with `ster vector caa` or `ster vector pca`"
+
+
+def json_value(value) -> str:
+    """``value`` as a message quotes it, with its JSON type when that is the point: ``'576' (a string)``
+    (a long value is cut: it may come from a hostile file)."""
+    kinds = {str: "a string", float: "a number", bool: "a boolean", list: "a list", dict: "an object"}
+    kind = kinds.get(type(value))
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:50] + "..."
+    return f"{shown} ({kind})" if kind else shown
 
 
 @dataclass
@@ -115,9 +130,11 @@ def read_vector(path: str | Path) -> SteeringVector:
 
     Raises:
         SterError (naming the path): not JSON; an adapter sidecar, reward or capture
-            artifact instead; a wrong format or schema_version; a missing field; a layer key
-            that is not a non-negative integer; a direction that is not hidden_size finite
-            numbers of unit norm.
+            artifact instead; a wrong format or schema_version; a missing field; a field of the
+            wrong type (model / model_revision not a string or null, method or trait not a
+            string, metadata not an object); a layer key other than ASCII digits without a
+            leading zero (two keys would name one layer); a direction that is not hidden_size
+            finite numbers of unit norm.
     """
     path = Path(path)
     if path.suffix == ".safetensors" or path.is_dir():
@@ -138,17 +155,35 @@ def read_vector(path: str | Path) -> SteeringVector:
             raise SterError(f"steering vector {path} lacks the field {key!r}")
     width = doc["hidden_size"]
     if isinstance(width, bool) or not isinstance(width, int) or width <= 0:
-        raise SterError(f"steering vector {path}: hidden_size must be a positive integer, got {width!r}")
+        raise SterError(f"steering vector {path}: hidden_size must be a positive integer, got {json_value(width)}")
+    for key in ("model", "model_revision"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise SterError(f"steering vector {path}: {key} must be a string or null, got {json_value(doc[key])}; "
+                            f"{REBUILD}")
+    if not isinstance(doc["method"], str):
+        raise SterError(f"steering vector {path}: method must be a string, got {json_value(doc['method'])}; "
+                        f"{REBUILD}")
+    if doc.get("trait") is not None and not isinstance(doc["trait"], str):
+        raise SterError(f"steering vector {path}: trait must be a string, got {json_value(doc['trait'])}; {REBUILD}")
+    if doc.get("metadata") is not None and not isinstance(doc["metadata"], dict):
+        raise SterError(f"steering vector {path}: metadata must be an object, got {json_value(doc['metadata'])}; "
+                        f"{REBUILD}")
     if not isinstance(doc["directions"], dict) or not doc["directions"]:
         raise SterError(f"steering vector {path}: directions must be a non-empty object of layer -> vector")
     directions = {}
     for key, values in doc["directions"].items():
-        if not (isinstance(key, str) and key.isdigit()):
-            raise SterError(f"steering vector {path}: layer key {key!r} is not a non-negative integer")
+        if not LAYER_KEY.fullmatch(key):
+            raise SterError(f"steering vector {path}: layer key {key[:50]!r}{'...' if len(key) > 50 else ''} is not "
+                            "a non-negative integer as ster writes it (ASCII digits, no leading zero, at most 9 "
+                            f"digits); {REBUILD}")
         if not isinstance(values, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                    for x in values):
             raise SterError(f"steering vector {path}: layer {key} is not a list of numbers")
-        v = np.asarray(values, dtype=np.float64)
+        try:
+            v = np.asarray(values, dtype=np.float64)
+        except OverflowError:  # an integer beyond float64 (10**400)
+            raise SterError(f"steering vector {path}: layer {key} holds a number beyond float range (a direction's "
+                            f"values lie in -1..1); {REBUILD}") from None
         if v.shape != (width,):
             raise SterError(f"steering vector {path}: layer {key} has {v.size} values, but hidden_size is {width}")
         if not np.isfinite(v).all():
@@ -158,8 +193,8 @@ def read_vector(path: str | Path) -> SteeringVector:
             raise SterError(f"steering vector {path}: layer {key} has norm {norm:.6g}; directions must be unit "
                             "vectors (the strength is given with --strength)")
         directions[int(key)] = v.astype(np.float32)
-    return SteeringVector(doc.get("model"), doc.get("model_revision"), width, str(doc.get("trait", "")),
-                          str(doc["method"]), directions, dict(doc.get("metadata") or {}))
+    return SteeringVector(doc.get("model"), doc.get("model_revision"), width, doc.get("trait") or "",
+                          doc["method"], directions, doc.get("metadata") or {})
 
 
 def check_vector_for(vec: SteeringVector, loaded, path: str | Path) -> None:
@@ -212,6 +247,20 @@ def steering_hook(vec: SteeringVector, strength: float):
     return hook
 
 
+def _check_captures(positive, negative, sources: tuple[str, str], *, states: bool) -> None:
+    """Refuse a capture whose sidecar fields (``states`` False) or states (True) are malformed or hold NaN or
+    infinity (numpy's SVD never returns on those): ``load_capture`` refuses such files, this covers captures
+    built in memory."""
+    from .capture import check_sidecar, check_states
+
+    for cap, side, source in ((positive, "positive", sources[0]), (negative, "negative", sources[1])):
+        where = f"the {side} capture" + (f" {source}" if source else "")
+        if states:
+            check_states(cap, where)
+        else:
+            check_sidecar(cap.meta, where)
+
+
 def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str, str] = ("", "")) -> SteeringVector:
     """Build a steering vector by contrastive activation addition from two captures.
 
@@ -228,9 +277,11 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         residual norm, the position rule and the prompt counts.
 
     Raises:
-        SterError: captures of different models, widths or position rules; no common layer; a
+        SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
+            its states); captures of different models, widths or position rules; no common layer; a
             zero difference (identical sides).
     """
+    _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
     for key in ("model", "model_revision", "hidden_size"):
         if pm.get(key) != nm.get(key):
@@ -247,12 +298,13 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         common = sorted(set(layers))
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
+    _check_captures(positive, negative, sources, states=True)
     directions, raw, resid = {}, {}, {}
     for i in common:
         p, n = positive.rows(i).astype(np.float64), negative.rows(i).astype(np.float64)
         d = p.mean(axis=0) - n.mean(axis=0)
         norm = float(np.linalg.norm(d))
-        if not np.isfinite(norm) or norm == 0.0:
+        if norm == 0.0:
             raise SterError(f"layer {i}: the positive and negative captures have the same mean; "
                             "use prompts that differ in the trait")
         directions[i] = (d / norm).astype(np.float32)
@@ -285,9 +337,11 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         of the differences' squared norm the axis explains and the share of pairs on its positive side.
 
     Raises:
-        SterError: captures of different models, widths or position rules; ``all``-position captures (no
+        SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
+            its states); captures of different models, widths or position rules; ``all``-position captures (no
             pairing); unequal prompt counts; no common layer; a layer whose differences are all zero.
     """
+    _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
     for key in ("model", "model_revision", "hidden_size", "position"):
         if pm.get(key) != nm.get(key):
@@ -308,6 +362,7 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         common = sorted(set(layers))
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
+    _check_captures(positive, negative, sources, states=True)
     directions, explained, agree = {}, {}, {}
     for i in common:
         d = positive.rows(i).astype(np.float64) - negative.rows(i).astype(np.float64)

@@ -179,3 +179,99 @@ def test_help_states_the_layer_numbering():
     text = " ".join(r.stdout.split()).replace("│ ", "").replace(" │", "")
     for words in ("0-based", "hidden_states[i + 1]", "before the final norm"):
         assert words in text, text
+
+
+def _saved_capture(tmp_path, position="last", name="c"):
+    """A capture written by save_capture without a model: 3 prompts, layers 0 and 1, hidden size 8."""
+    from ster_py.capture import Capture
+
+    rng = np.random.default_rng(0)
+    meta = {"format": "ster.capture", "schema_version": 1, "model": "m", "model_revision": None, "hidden_size": 8,
+            "num_hidden_layers": 3, "layers": [0, 1], "position": position, "chat_template": "off",
+            "precision": "f32", "prompts": [{"text": f"p{j}", "token_ids": list(range(j + 2))} for j in range(3)]}
+    if position == "all":
+        states = {i: [rng.standard_normal((j + 2, 8)).astype(np.float32) for j in range(3)] for i in (0, 1)}
+    else:
+        states = {i: rng.standard_normal((3, 8)).astype(np.float32) for i in (0, 1)}
+    out = tmp_path / f"{name}.safetensors"
+    save_capture(Capture(meta, states), out)
+    return out
+
+
+def _edit_sidecar(path, change):
+    side = path.with_suffix(".json")
+    meta = json.loads(side.read_text())
+    change(meta)
+    side.write_text(json.dumps(meta))
+
+
+def _edit_tensor(path, name, change):
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="numpy") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors[name] = change(tensors[name])
+    save_file(tensors, str(path))
+
+
+def _set(a, index, value):
+    a = a.copy()
+    a[index] = value
+    return a
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda m: m.pop("position"), "capture sidecar .*c.json lacks the field 'position'"),
+    (lambda m: m.pop("layers"), "capture sidecar .*c.json lacks the field 'layers'"),
+    (lambda m: m.update(hidden_size="8"), "hidden_size must be a positive integer, got '8' \\(a string\\)"),
+    (lambda m: m.update(num_hidden_layers="abc"), "num_hidden_layers must be a positive integer"),
+    (lambda m: m.update(position="zzz"), "position must be one of last, mean, all, got 'zzz'"),
+    (lambda m: m.update(layers=5), "layers must be a non-empty list"),
+    (lambda m: m.update(layers=[0.5]), "layers holds 0.5 \\(a number\\), not a layer number 0..2"),
+    (lambda m: m.update(layers=[0, 3]), "layers holds 3, not a layer number 0..2"),
+    (lambda m: m.update(layers=[0, 0]), "layer 0 twice"),
+    (lambda m: m.update(prompts=3), "prompts must be a non-empty list of objects"),
+    (lambda m: m.update(model={"a": 1}), "model must be a string or null"),
+])
+def test_malformed_sidecars_are_refused_naming_the_field(tmp_path, change, words):
+    path = _saved_capture(tmp_path)
+    _edit_sidecar(path, change)
+    with pytest.raises(SterError, match=words) as e:
+        load_capture(path)
+    assert "ster capture" in str(e.value)
+
+
+@pytest.mark.parametrize("position, name, change, words", [
+    ("last", "layers.1", lambda a: a[0], r"layers.1 has shape \[8\], but a capture's layers.1 is \[prompts \(3\), "
+                                          r"hidden_size 8\]"),
+    ("last", "layers.1", lambda a: a[None], r"layers.1 has shape \[1, 3, 8\]"),
+    ("last", "layers.1", lambda a: a[:2], r"layers.1 has shape \[2, 8\]"),
+    ("last", "layers.1", lambda a: a[:, :7], r"layers.1 has shape \[3, 7\]"),
+    ("last", "layers.1", lambda a: a.astype(np.int32), "layers.1 holds int32 values, not floats"),
+    ("last", "layers.1", lambda a: _set(a, (2, 5), np.inf), r"layers.1 row 2 \(prompt 2\) holds NaN or infinity"),
+    ("mean", "layers.0", lambda a: _set(a, (0, 0), np.nan), r"layers.0 row 0 \(prompt 0\) holds NaN or infinity"),
+    ("last", "layers.0", lambda a: _set(a.astype(np.float64), (1, 1), 1e300),  # infinite as float32
+     r"layers.0 row 1 \(prompt 1\) holds NaN or infinity"),
+    ("all", "layers.1.prompt.2", lambda a: _set(a, (1, 3), -np.inf),
+     r"layers.1.prompt.2 row 1 \(token 1 of prompt 2\) holds NaN or infinity"),
+    ("all", "layers.0.prompt.1", lambda a: a[:, None], r"layers.0.prompt.1 has shape \[3, 1, 8\]"),
+])
+def test_malformed_or_non_finite_states_are_refused_naming_tensor_and_row(tmp_path, position, name, change, words):
+    path = _saved_capture(tmp_path, position)
+    _edit_tensor(path, name, change)
+    with pytest.raises(SterError, match=words) as e:
+        load_capture(path)
+    assert str(path) in str(e.value)
+
+
+def test_cli_vectors_refuse_a_capture_holding_infinity(tmp_path):
+    """vector pca hung in numpy's SVD on an infinity, and caa called it "the same mean": both now refuse the file
+    when reading it, naming it, the tensor and the row, and write nothing."""
+    pos, neg = _saved_capture(tmp_path, name="pos"), _saved_capture(tmp_path, name="neg")
+    _edit_tensor(pos, "layers.1", lambda a: _set(a, (0, 0), np.inf))
+    for method in ("caa", "pca"):
+        out = tmp_path / f"{method}.json"
+        r = ster("vector", method, "--positive", str(pos), "--negative", str(neg), "--output", str(out))
+        assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+        assert f"{pos}: layers.1 row 0 (prompt 0) holds NaN or infinity" in " ".join(r.stderr.split())
+        assert not out.exists()

@@ -19,7 +19,7 @@ import pytest
 from ster_py.adapters import load_adapter_for
 from ster_py.errors import SterError
 from ster_py.load import load_model
-from ster_py.steering import SteeringVector, check_vector_for, read_vector, steering_hook, write_vector
+from ster_py.steering import SteeringVector, caa, check_vector_for, read_vector, steering_hook, write_vector
 from tiny import make_checkpoint, rel_err
 
 PROMPT_IDS = [5, 9, 17, 33, 65, 3]
@@ -160,12 +160,50 @@ def _artifact(tmp_path, name="v.json", **changes):
     ({"directions": {"1": [1, 0, 0]}}, "3 values, but hidden_size is 4"),
     ({"directions": {"1": [2, 0, 0, 0]}}, "unit vectors"),
     ({"directions": {"one": [1, 0, 0, 0]}}, "not a non-negative integer"),
+    # int() accepts what str.isdigit() does not promise: "²" fails, 5,000 digits pass its limit; "00" and "0" would
+    # name one layer, the last silently winning
+    ({"directions": {"\u00b2": [1, 0, 0, 0]}}, "layer key '\u00b2' is not a non-negative integer"),
+    ({"directions": {"\u0661": [1, 0, 0, 0]}}, "layer key '\u0661' is not a non-negative integer"),
+    ({"directions": {"9" * 5000: [1, 0, 0, 0]}}, "layer key '9{50}'... is not a non-negative integer"),
+    ({"directions": {"0": [1, 0, 0, 0], "00": [0, 1, 0, 0]}}, "layer key '00' is not .*no leading zero"),
+    ({"directions": {"1": [10 ** 400, 0, 0, 0]}}, "layer 1 holds a number beyond float range"),
+    ({"metadata": "abc"}, "metadata must be an object, got 'abc' \\(a string\\)"),
+    ({"metadata": 5}, "metadata must be an object, got 5"),
+    ({"metadata": [[1, 2, 3]]}, "metadata must be an object"),
+    ({"model": {"a": 1}}, "model must be a string or null, got \\{'a': 1\\} \\(an object\\)"),
+    ({"model_revision": [1]}, "model_revision must be a string or null"),
+    ({"method": {"x": 1}}, "method must be a string"),
+    ({"trait": 5}, "trait must be a string"),
 ])
 def test_malformed_vectors_are_refused_naming_the_path(tmp_path, changes, words):
     p = _artifact(tmp_path, **changes)
     with pytest.raises(SterError, match=words) as e:
         read_vector(p)
     assert str(p) in str(e.value)
+
+
+def test_malformed_vector_is_one_error_line_in_generate(tiny, tmp_path):
+    path, _ = tiny
+    for i, changes in enumerate(({"directions": {"\u00b2": [1, 0, 0, 0]}}, {"metadata": "abc"},
+                                 {"model": {"a": 1}})):
+        p = _artifact(tmp_path, f"v{i}.json", **changes)
+        r = ster("generate", "--model", str(path), "--prompt", PROMPT, "--vector", str(p))
+        assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+        assert str(p) in r.stderr
+
+
+def test_caa_refuses_non_finite_states_instead_of_calling_them_the_same_mean():
+    from ster_py.capture import Capture
+
+    rng = np.random.default_rng(0)
+    meta = {"model": "m", "model_revision": None, "hidden_size": 4, "num_hidden_layers": 2, "layers": [0, 1],
+            "position": "last", "prompts": [{"text": "a"}, {"text": "b"}]}
+    pos = Capture(dict(meta), {i: rng.standard_normal((2, 4)).astype(np.float32) for i in (0, 1)})
+    neg = Capture(dict(meta), {i: rng.standard_normal((2, 4)).astype(np.float32) for i in (0, 1)})
+    for bad in (np.nan, np.inf):
+        pos.states[1][1, 2] = bad
+        with pytest.raises(SterError, match=r"positive capture p.safetensors: layers.1 row 1 \(prompt 1\) holds NaN"):
+            caa(pos, neg, sources=("p.safetensors", "n.safetensors"))
 
 
 def test_vector_for_another_model_width_or_layer_is_refused(tiny, tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,6 +70,25 @@ def test_pca_refusals(change, match):
         pca(p, n)
 
 
+def test_pca_refuses_a_nan_row_instead_of_dropping_the_pair():
+    p, n = _captures(np.random.default_rng(4))
+    p.states[2][3, 5] = np.nan  # was dropped with the all-zero rows: a vector from one pair fewer
+    with pytest.raises(SterError, match=r"positive capture: layers.2 row 3 \(prompt 3\) holds NaN or infinity"):
+        pca(p, n)
+
+
+def test_pca_refuses_an_infinity_instead_of_hanging():
+    """numpy's SVD never returns on an infinity: run in a child, so that a regression fails instead of hanging."""
+    code = (f"import numpy as np, sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from test_vector_export import _captures\n"
+            "from ster_py.errors import SterError; from ster_py.steering import pca\n"
+            "p, n = _captures(np.random.default_rng(5)); n.states[0][1, 2] = -np.inf\n"
+            "try:\n    pca(p, n)\nexcept SterError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "negative capture: layers.0 row 1 (prompt 1) holds NaN or infinity" in r.stdout
+
+
 def _vector(hidden=16, layers=(0, 3, 5), seed=2, model_type="llama"):
     rng = np.random.default_rng(seed)
     dirs = {}
@@ -107,6 +127,29 @@ def test_export_refuses_a_vector_of_layer_0_only(tmp_path):
     with pytest.raises(SterError, match="finite"):
         export_control_vector(_vector(), tmp_path / "v.gguf", strength=float("nan"))
     assert not (tmp_path / "v.gguf").exists()
+
+
+def test_cli_export_refuses_a_malformed_vector_in_one_line(tmp_path):
+    doc = _vector().to_json()
+    cases = {"superscript": {"directions": {"\u00b2": doc["directions"]["3"]}}, "metadata": {"metadata": "abc"},
+             "leading_zero": {"directions": {"3": doc["directions"]["3"], "03": doc["directions"]["5"]}},
+             "huge": {"directions": {"3": [10 ** 400] + doc["directions"]["3"][1:]}}}
+    for name, changes in cases.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({**doc, **changes}))
+        out = tmp_path / f"{name}.gguf"
+        r = ster("vector", "export", str(p), "--output", str(out))
+        assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+        assert str(p) in " ".join(r.stderr.split()) and not out.exists()
+
+
+def test_cli_pca_checks_its_output_before_reading_the_captures(tmp_path):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"todo": 1}')
+    r = ster("vector", "pca", "--positive", str(tmp_path / "none.safetensors"), "--negative",
+             str(tmp_path / "none.safetensors"), "--output", str(notes))
+    assert r.returncode == 1 and "exists and is not a steering vector" in r.stderr, r.stderr
+    assert notes.read_text() == '{"todo": 1}'
 
 
 def test_cli_pca_from_captures(tmp_path):
