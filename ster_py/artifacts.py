@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import SterError
+from .files import sync_to_disk, write_error
 
 # numpy dtype -> safetensors dtype string.
 ST_DTYPES: dict[np.dtype, str] = {
@@ -78,6 +79,8 @@ def write_safetensors(path: Path, specs: list[tuple[str, np.dtype, tuple[int, ..
 
     Raises:
         SterError: an array whose dtype or shape differs from its spec, or too few arrays.
+        OSError: the file cannot be written (a full disk: ``atomic_outputs`` / ``atomic_directory``, which
+            callers write through, turn it into one "cannot write" SterError).
     """
     head, sizes = safetensors_header(specs, metadata)
     it = iter(arrays)
@@ -90,7 +93,9 @@ def write_safetensors(path: Path, specs: list[tuple[str, np.dtype, tuple[int, ..
             if a.dtype != np.dtype(dtype) or tuple(a.shape) != tuple(shape):
                 raise SterError(f"internal: tensor {name!r} is {a.dtype}{list(a.shape)}, "
                                 f"expected {np.dtype(dtype)}{list(shape)}")
-            np.ascontiguousarray(a).reshape(-1).view(np.uint8).tofile(f)  # x86/arm hosts are little-endian
+            # f.write, not ndarray.tofile: tofile passes small arrays through a C stdio buffer whose failed flush
+            # (ENOSPC) numpy never reports, leaving a short file that looks written. x86/arm are little-endian.
+            f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
 
 
 def _umask() -> int:
@@ -135,11 +140,13 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
     """Yield temporary paths beside ``paths``; on success rename each onto its target.
 
     On any exception the temporaries are removed and nothing at ``paths`` changes,
-    so a failed run leaves no partial file.
+    so a failed run leaves no partial file. The temporaries are flushed to the disk (``sync_to_disk``)
+    before the renames.
 
     Raises:
         SterError: a target's folder does not exist (``check_folder``: no folder is created), or cannot be
-            written (``writing``).
+            written (``writing``); an ``OSError`` of the body (a full disk) or of the flush, as one
+            "cannot write PATH: ...; nothing was written" (``files.write_error``).
     """
     temps = []
     try:
@@ -149,7 +156,12 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
             os.close(fd)
             temps.append(Path(tmp))
-        yield temps
+        try:
+            yield temps
+            for tmp in temps:
+                sync_to_disk(tmp)
+        except OSError as e:
+            raise write_error(" and ".join(str(p) for p in paths), e, temps) from None
         mode = 0o666 & ~_umask()  # mkstemp makes 0600; outputs get the usual permissions
         for tmp, p in zip(temps, paths):
             with writing(p):
@@ -166,24 +178,27 @@ def writing(path: Path) -> Iterator[None]:
     """Turn an OSError of creating, or renaming onto, the output ``path`` into one SterError.
 
     Raises:
-        SterError: "cannot write PATH: <reason>" (an unwritable or missing directory, a read-only file system,
-            a name that is a directory, ...).
+        SterError: "cannot write PATH: <reason>..." (an unwritable or missing directory, a read-only file system,
+            a full disk (``files.write_error``), a name that is a directory, ...).
     """
     try:
         yield
     except OSError as e:
         if isinstance(e, IsADirectoryError) or Path(path).is_dir():
             raise SterError(f"cannot write {path}: it is a directory; give a file name") from None
-        raise SterError(f"cannot write {path}: {e.strerror or e}") from None
+        raise write_error(path, e) from None
 
 
 @contextmanager
 def atomic_directory(target: Path) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``target``; rename it to ``target`` on success.
 
+    Its files are flushed to the disk (``sync_to_disk``) before the rename.
+
     Raises:
         SterError: ``target`` already exists (nothing is overwritten); its parent folder does not exist
-            (``check_folder``: only ``target`` itself is created).
+            (``check_folder``: only ``target`` itself is created); an ``OSError`` of the body (a full disk)
+            or of the flush, as one "cannot write TARGET: ...; nothing was written" (``files.write_error``).
     """
     target = Path(target)
     if target.exists():
@@ -192,7 +207,11 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     with writing(target):
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+            sync_to_disk(tmp)
+        except OSError as e:
+            raise write_error(target, e, [tmp]) from None
         if target.exists():
             raise SterError(f"{target} appeared while writing; nothing was overwritten")
         with writing(target):

@@ -1,14 +1,21 @@
-"""Reading small untrusted files (JSON beside a model, sidecars) without trusting the path.
+"""Reading small untrusted files (JSON beside a model, sidecars) without trusting the path, and
+the one message for a failing write.
 
 A config.json may be a symlink to /dev/zero (never ends) or a FIFO (``open`` blocks
 forever); a regular file may be gigabytes. ``read_regular`` checks the kind and size
 with ``os.stat`` before opening, then reads at most ``limit + 1`` bytes, so neither
 memory nor time is spent before the check.
+
+Writing: every output goes through ``artifacts.atomic_outputs`` / ``atomic_directory`` (a
+temporary name, then a rename); ``write_error`` is the message they give for an ``OSError`` (a
+full disk, a quota, an I/O error) and ``sync_to_disk`` the flush they make before the rename.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
+from typing import Sequence
 from pathlib import Path
 
 from .errors import SterError
@@ -67,3 +74,75 @@ def check_path_name(path: str | os.PathLike, what: str) -> None:
         shown = os.fsdecode(raw[:60]) + "..."
         raise SterError(f"cannot use {what} {shown}: File name too long (a name may hold at most {NAME_MAX} "
                         f"bytes, a path {PATH_MAX}); choose a shorter name")
+
+
+#: What to do about a failed write, by errno (nothing is added for the others).
+_WRITE_ADVICE = {
+    errno.ENOSPC: "free space or choose another place",
+    errno.EDQUOT: "free space (the disk quota is used up) or choose another place",
+    errno.EFBIG: "choose a file system that holds larger files, or raise the file size limit (ulimit -f)",
+    errno.EROFS: "choose another place",
+    errno.EACCES: "choose a folder you can write to",
+    errno.EPERM: "choose a folder you can write to",
+    errno.EIO: "the disk or file system failed: check it, or choose another place",
+}
+
+
+def write_error(target: str | os.PathLike, error: OSError,
+                inside: Sequence[str | os.PathLike] | None = None) -> SterError:
+    """The one ``SterError`` for an ``OSError`` met while writing the output ``target``.
+
+    "cannot write TARGET: REASON[ (FILE)][; ADVICE]; nothing was written": the callers
+    (``artifacts.atomic_outputs``, ``atomic_directory``, ``writing``) remove their temporaries, so
+    the last words hold.
+
+    Args:
+        target: the output as the user named it (or several, joined by the caller).
+        error: the ``OSError`` (``strerror`` is used when it has one).
+        inside: the temporaries being written; an error about another file only (a weight being read)
+            names that file. None: never name one (the error is about ``target``).
+    """
+    reason = error.strerror or str(error) or type(error).__name__
+    where = ""
+    # a copy's error carries the source as filename and the destination as filename2 (shutil.copyfile)
+    names = [os.fsdecode(n) for n in (error.filename, error.filename2) if isinstance(n, (str, bytes, os.PathLike))]
+    if inside is not None and names and not any(_within(n, t) for n in names for t in inside):
+        where = f" ({names[0]})"
+    advice = _WRITE_ADVICE.get(error.errno)
+    return SterError(f"cannot write {target}: {reason}{where}{'; ' + advice if advice else ''}; nothing was written")
+
+
+def _within(name: str, folder: str | os.PathLike) -> bool:
+    """``name`` is ``folder`` or a path below it (compared as absolute paths, links not followed)."""
+    name, folder = os.path.abspath(name), os.path.abspath(folder)
+    return name == folder or name.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def sync_to_disk(path: str | os.PathLike) -> None:
+    """Flush ``path`` (a file, or every file below a directory and the directory) to the disk.
+
+    Called on a temporary before it is renamed into place: a write the kernel accepted can still
+    fail on its way to the disk (delayed allocation on a full disk, an I/O error, a network file
+    system's quota), and ``fsync`` is where that is reported; a crash after the rename then cannot
+    leave the name pointing at data never written. Symbolic links are not followed.
+
+    Raises:
+        OSError: the flush failed (the callers turn it into ``write_error``).
+    """
+    if not os.path.isdir(path) or os.path.islink(path):
+        _fsync(path)
+        return
+    for folder, _, names in os.walk(path):
+        for name in names:
+            file = os.path.join(folder, name)
+            if not os.path.islink(file):
+                _fsync(file)
+    _fsync(path)  # its entries: the names written into it
+
+
+def _fsync(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

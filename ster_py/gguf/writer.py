@@ -245,27 +245,26 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any], tensors: It
     head, _ = header_bytes(meta, tensors, alignment)
     total = len(head) + sum(t.nbytes + _pad(t.nbytes, alignment) for t in tensors)
     done = 0
-    try:
-        with atomic_outputs(path) as (tmp,):
-            with open(tmp, "wb") as f:
-                f.write(head)
-                done = len(head)
+    # atomic_outputs turns an OSError here (a full disk) into one "cannot write" SterError, flushes the
+    # temporary to the disk and removes it on any failure
+    with atomic_outputs(path) as (tmp,):
+        with open(tmp, "wb") as f:
+            f.write(head)
+            done = len(head)
+            if progress:
+                progress("write", done, total)
+            for t in tensors:
+                data = np.ascontiguousarray(t.data())
+                if data.dtype != np.uint8:
+                    data = data.view(np.uint8)
+                if data.size != t.nbytes:
+                    raise SterError(f"internal: tensor {t.name!r} ({t.type_name} {list(t.shape)}) produced "
+                                    f"{data.size} bytes, expected {t.nbytes}")
+                # f.write, not ndarray.tofile: tofile passes small arrays through a C stdio buffer whose failed
+                # flush (ENOSPC) numpy never reports, leaving a short file that looks written. Hosts are little-endian.
+                f.write(memoryview(data.reshape(-1)))
+                f.write(b"\0" * _pad(t.nbytes, alignment))
+                done += t.nbytes + _pad(t.nbytes, alignment)
                 if progress:
                     progress("write", done, total)
-                for t in tensors:
-                    data = np.ascontiguousarray(t.data())
-                    if data.dtype != np.uint8:
-                        data = data.view(np.uint8)
-                    if data.size != t.nbytes:
-                        raise SterError(f"internal: tensor {t.name!r} ({t.type_name} {list(t.shape)}) produced "
-                                        f"{data.size} bytes, expected {t.nbytes}")
-                    data.reshape(-1).tofile(f)  # x86/arm hosts are little-endian
-                    f.write(b"\0" * _pad(t.nbytes, alignment))
-                    done += t.nbytes + _pad(t.nbytes, alignment)
-                    if progress:
-                        progress("write", done, total)
-                f.flush()
-                os.fsync(f.fileno())
-    except OSError as e:
-        raise SterError(f"cannot write {path}: {e.strerror or e}") from None
     return path
