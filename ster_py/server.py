@@ -119,7 +119,7 @@ def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
             logprobs = _number(body, "logprobs", 0, kind=int, low=0, high=MAX_LOGPROBS)  # /v1/completions' form
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise RequestError(f"seed must be an integer in 0..2**63-1, got {_shown(seed)}", "seed")
+        raise RequestError(f"seed must be in 0..2**63-1, got {_shown(seed)}", "seed")
     s = Sampling(max_new_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, low=0.0, high=100.0),
                  top_k=_number(body, "top_k", 0, kind=int, low=0), top_p=_number(body, "top_p", 1.0),
                  seed=seed, min_p=_number(body, "min_p", 0.0), repeat_penalty=_number(body, "repeat_penalty", 1.0),
