@@ -52,6 +52,12 @@ PEFT_UNSUPPORTED = {
     "velora_config": "velora_config", "monteclora_config": "MonteCLoRA (monteclora_config)",
     "megatron_config": "megatron_config",
 }
+# LoraConfig's boolean switches that change the math, read as JSON booleans only: PEFT tests them by truthiness,
+# so a hand-written "false" (a string) would silently mean true.
+PEFT_SWITCHES = ("use_rslora", "use_dora", "fan_in_fan_out", "lora_bias", "use_qalora")
+# The safetensors dtypes PEFT and ster save factors in (PEFT keeps adapter weights in float32 by default, or in
+# the model's float type); anything else (integers, booleans, complex numbers, float8) is not a trained LoRA.
+FACTOR_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 @dataclass
@@ -125,25 +131,95 @@ def _locate(path: Path) -> tuple[str, Path, Path]:
 
 
 def _load_tensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of an adapter's safetensors file; refuses a factor that is not floating point by its header,
+    before reading it (a complex one would lose its imaginary part to a mere warning, an integer one be widened)."""
     from safetensors import safe_open
 
     if not path.is_file():
         raise SterError(f"adapter weights {path} are missing")
     try:
         with safe_open(str(path), framework="numpy") as f:
+            for k in f.keys():
+                dtype = f.get_slice(k).get_dtype()
+                if dtype not in FACTOR_DTYPES:
+                    raise SterError(f"adapter weights {path}: tensor {k!r} is stored as {dtype}; LoRA factors must "
+                                    f"be floating point ({', '.join(FACTOR_DTYPES)}, as PEFT and ster save them); "
+                                    "save the adapter's factors as float32")
             return {k: f.get_tensor(k) for k in f.keys()}
+    except SterError:
+        raise
     except Exception as e:  # safetensors raises several types for a damaged file
         raise SterError(f"adapter weights {path} are not a readable safetensors file: {e}") from None
+
+
+def _switch(doc: dict, key: str, where: str) -> bool:
+    """A boolean switch of an adapter's JSON (absent or null: off).
+
+    Raises:
+        SterError: "WHERE: KEY must be true or false (a JSON boolean), got ..." for a string, a number, ...
+    """
+    value = doc.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise SterError(f"{where}: {key} must be true or false (a JSON boolean), got {str(value)[:40]!r}; "
+                        "fix the adapter's JSON file")
+    return value
+
+
+def _peft_switches(cfg: dict, config_path: Path) -> dict[str, bool]:
+    """PEFT_SWITCHES of an adapter_config.json, each refused unless a JSON boolean (or absent)."""
+    return {key: _switch(cfg, key, f"PEFT adapter {config_path}") for key in PEFT_SWITCHES}
+
+
+def _put_factor(pairs: dict, key: tuple[int, str], side: str, name: str, t: np.ndarray, weights: Path,
+                what: str) -> None:
+    """Record tensor ``name`` as factor ``side`` of ``key``; a second tensor for the same factor is refused."""
+    slot = pairs.setdefault(key, {})
+    if side in slot:  # e.g. "...q_proj.lora_A.weight" and "...q_proj.lora_A.other.weight": two adapters' factors
+        raise SterError(f"adapter weights {weights}: tensors {slot[side][0]!r} and {name!r} are both the {what} of "
+                        f"layer {key[0]} {key[1]}; a file must hold one adapter (PEFT's save_pretrained writes "
+                        "each named adapter to its own directory), so keep one of them")
+    slot[side] = (name, t)
 
 
 def _check_factor(path: Path, where: str, a: np.ndarray, b: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
         raise SterError(f"adapter {path}: {where} has factors A {list(a.shape)} and B {list(b.shape)}; "
                         f"expected A [rank={rank}, in] and B [out, rank={rank}]")
-    a, b = a.astype(np.float32), b.astype(np.float32)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise SterError(f"adapter {path}: {where} holds non-finite values (NaN or infinity)")
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # float64 values beyond float32's range
+        raise SterError(f"adapter {path}: {where} holds values beyond float32's range (the type the adapter is "
+                        "applied and merged in)")
     return a, b
+
+
+def _check_deltas(ad: LoraAdapter) -> None:
+    """Refuse an adapter whose delta ``scale * B @ A`` (float32) is not finite for some projection.
+
+    Each |(B @ A)[i, j]| is at most sum_k max_i |B[i, k]| * max_j |A[k, j]|; a delta this bound keeps well inside
+    float32 is finite without being computed (every real adapter), otherwise the delta itself is computed.
+
+    Raises:
+        SterError: naming the projection, the scale and the largest factors.
+    """
+    limit, scale = float(np.finfo(np.float32).max), abs(ad.scale)
+    for (layer, target), (a, b) in sorted(ad.factors.items()):
+        if a.size == 0 or b.size == 0:
+            continue  # an empty product is zeros; its shape is refused against the model
+        bound = float(np.abs(b).max(axis=0).astype(np.float64) @ np.abs(a).max(axis=1).astype(np.float64))
+        # B @ A must fit as well as its scaled value; half the range leaves room for float32's rounding
+        if bound * max(scale, 1.0) < limit / 2:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by name just below
+            if np.isfinite(ad.delta(layer, target)).all():
+                continue
+        raise SterError(f"adapter {ad.path}: the delta of layer {layer} {target} (scale {ad.scale:g} * B @ A, "
+                        f"largest |A| {float(np.abs(a).max()):g}, |B| {float(np.abs(b).max()):g}) overflows "
+                        "float32, the type it is applied and merged in: the adapter's scale or factors are too "
+                        "large; real adapters have small factors and an alpha near their rank")
 
 
 def _check_alpha(alpha, rank: int, rslora: bool, where: str) -> float:
@@ -177,7 +253,8 @@ def _read_ster(side: Path, weights: Path) -> LoraAdapter:
     rank, alpha = doc["rank"], doc["alpha"]
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SterError(f"adapter sidecar {side}: rank must be a positive integer, got {rank!r}")
-    alpha = _check_alpha(alpha, rank, bool(doc.get("rslora", False)), f"adapter sidecar {side}: alpha")
+    rslora = _switch(doc, "rslora", f"adapter sidecar {side}")
+    alpha = _check_alpha(alpha, rank, rslora, f"adapter sidecar {side}: alpha")
     targets = []
     for t in doc["targets"]:
         if t not in ALIASES:
@@ -185,21 +262,24 @@ def _read_ster(side: Path, weights: Path) -> LoraAdapter:
         targets.append(ALIASES[t])
     tensors = _load_tensors(weights)
     ad = LoraAdapter(side, "ster", doc.get("model"), doc.get("model_revision"), rank, float(alpha),
-                     bool(doc.get("rslora", False)), doc["hidden_size"])
+                     rslora, doc["hidden_size"])
     pattern = re.compile(r"layers\.(\d+)\.([a-z_]+)\.(a|b)")
-    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    pairs: dict[tuple[int, str], dict[str, tuple[str, np.ndarray]]] = {}
     for name, t in tensors.items():
         m = pattern.fullmatch(name)
         if not m or m.group(2) not in ALIASES:
             raise SterError(f"adapter {weights}: tensor {name!r} is not layers.{{layer}}.{{target}}.a or .b")
-        pairs.setdefault((int(m.group(1)), ALIASES[m.group(2)]), {})[m.group(3)] = t
+        # q and q_proj name one projection
+        _put_factor(pairs, (int(m.group(1)), ALIASES[m.group(2)]), m.group(3), name, t, weights,
+                    f".{m.group(3)} factor")
     for (layer, target), ab in sorted(pairs.items()):
         if set(ab) != {"a", "b"}:
             raise SterError(f"adapter {weights}: layers.{layer}.{target} has only its .{next(iter(ab))} factor")
         if target not in targets or layer not in doc["layers"]:
             raise SterError(f"adapter {weights}: layers.{layer}.{target} is not among the sidecar's targets "
                             f"{doc['targets']} and layers {doc['layers']}")
-        ad.factors[(layer, target)] = _check_factor(weights, f"layers.{layer}.{target}", ab["a"], ab["b"], rank)
+        ad.factors[(layer, target)] = _check_factor(weights, f"layers.{layer}.{target}", ab["a"][1], ab["b"][1],
+                                                    rank)
     if not ad.factors:
         raise SterError(f"adapter {weights} holds no LoRA factors")
     return ad
@@ -295,6 +375,7 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     if ptype != "LORA":
         raise SterError(f"PEFT adapter {config_path} is {ptype or 'of no peft_type'}; ster applies and merges "
                         "plain LoRA and rsLoRA adapters only")
+    switches = _peft_switches(cfg, config_path)
     for key, what in PEFT_UNSUPPORTED.items():
         if key == "fan_in_fan_out" and wmap.inputs_first:
             continue  # PEFT's flag for [in, out] (Conv1D) weights: the factors keep their orientation
@@ -314,12 +395,12 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SterError(f"PEFT adapter {config_path}: r must be a positive integer, got {rank!r}")
-    alpha = _check_alpha(alpha, rank, bool(cfg.get("use_rslora", False)), f"PEFT adapter {config_path}: lora_alpha")
+    alpha = _check_alpha(alpha, rank, switches["use_rslora"], f"PEFT adapter {config_path}: lora_alpha")
     tensors = _load_tensors(weights)
     ad = LoraAdapter(config_path, "peft", cfg.get("base_model_name_or_path"), cfg.get("revision"), rank,
-                     float(alpha), bool(cfg.get("use_rslora", False)), None)
+                     float(alpha), switches["use_rslora"], None)
     regexes = wmap.module_regexes()
-    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    pairs: dict[tuple[int, str], dict[str, tuple[str, np.ndarray]]] = {}
     suffix = re.compile(r"(.+)\.lora_([AB])(?:\.[A-Za-z0-9_]+)?\.weight")
     for name, t in tensors.items():
         m = suffix.fullmatch(name)
@@ -331,7 +412,9 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
             mm = rx.fullmatch(module)
             if mm:
                 layer = int(next(g for g in mm.groups() if g is not None))
-                pairs.setdefault((layer, target), {})[m.group(2)] = t
+                # an adapter name in the key ("lora_A.other.weight") or a module matched with and without the
+                # root prefix must not silently replace a factor already read
+                _put_factor(pairs, (layer, target), m.group(2), name, t, weights, f"lora_{m.group(2)}")
                 break
         else:
             known = ", ".join(wmap.names[t] for t in TARGETS + ("qkv", "gate_up") if t in wmap.names)
@@ -340,7 +423,7 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     for (layer, stored), ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
             raise SterError(f"PEFT adapter {weights}: layer {layer} {stored} has only its lora_{next(iter(ab))}")
-        a, b = _check_factor(weights, f"layer {layer} {stored}", ab["A"], ab["B"], rank)
+        a, b = _check_factor(weights, f"layer {layer} {stored}", ab["A"][1], ab["B"][1], rank)
         for role, rows in wmap.split(stored, b).items():  # a fused module: one LoRA per role, A shared
             ad.factors[(layer, role)] = (a, np.ascontiguousarray(rows))
     if not ad.factors:
@@ -359,13 +442,19 @@ def read_adapter(path: str | Path, wmap: WeightMap) -> LoraAdapter:
 
     Raises:
         SterError (naming the path): a steering vector, capture or reward artifact instead of
-            an adapter; an unsupported PEFT method or option; missing or malformed factors;
-            non-finite values.
+            an adapter; an unsupported PEFT method or option; a switch (use_rslora, rslora, use_dora,
+            ...) that is not a JSON boolean; missing or malformed factors; factors that are not
+            floating point, or two for one projection (two adapters in one file); non-finite
+            values; a delta (scale * B @ A) that overflows float32.
     """
     layout, side, weights, _ = _open(path)
-    if layout == "peft":
-        return _read_peft(side, weights, wmap)
-    return _read_ster(side, weights)
+    ad = _read_peft(side, weights, wmap) if layout == "peft" else _read_ster(side, weights)
+    _check_deltas(ad)
+    if ad.alpha == 0:  # legal, and a merge of it is a copy: worth a warning, not a refusal
+        key = "lora_alpha" if layout == "peft" else "alpha"
+        ad.notes.append(f"adapter {side} has {key} 0, so its scale is 0 and it changes nothing (the result is the "
+                        f"base model); set {key} to the value it was trained with")
+    return ad
 
 
 def _open(path: str | Path) -> tuple[str, Path, Path, dict]:
@@ -400,12 +489,14 @@ def check_adapter_early(path: str | Path, resolved, spec) -> LoraAdapter | None:
     layout, side, _, doc = _open(path)
     if layout == "peft":
         model, revision, width = doc.get("base_model_name_or_path"), doc.get("revision"), None
-        rank, alpha, rslora, where = doc.get("r"), doc.get("lora_alpha"), doc.get("use_rslora"), "lora_alpha"
+        rank, alpha, where = doc.get("r"), doc.get("lora_alpha"), "lora_alpha"
+        rslora = _peft_switches(doc, side)["use_rslora"]
     else:
         model, revision, width = doc.get("model"), doc.get("model_revision"), doc.get("hidden_size")
-        rank, alpha, rslora, where = doc.get("rank"), doc.get("alpha"), doc.get("rslora"), "alpha"
+        rank, alpha, where = doc.get("rank"), doc.get("alpha"), "alpha"
+        rslora = _switch(doc, "rslora", f"adapter sidecar {side}")
     if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:  # the rank itself is checked on reading
-        _check_alpha(alpha, rank, bool(rslora), f"adapter {side}: {where}")
+        _check_alpha(alpha, rank, rslora, f"adapter {side}: {where}")
     check_model(side, "adapter", model if isinstance(model, str) else None,
                 revision if isinstance(revision, str) else None, resolved, hint=layout == "peft")
     if spec is not None and isinstance(width, int) and not isinstance(width, bool) and width != spec.hidden_size:

@@ -289,7 +289,7 @@ def test_failed_merge_leaves_no_output_directory(f32_case, tmp_path, monkeypatch
         real(path, specs, some(), metadata)
 
     monkeypatch.setattr(merge_mod, "write_safetensors", fail_midway)
-    with pytest.raises(OSError):
+    with pytest.raises((OSError, SterError)):  # atomic_directory may word a full disk as "cannot write ..."
         merge_adapter(str(base_dir), str(adapter_dir), tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary sibling
 
@@ -386,3 +386,136 @@ def test_adapter_on_quantized_gguf_matches_its_f32_copy(smollm2_gguf, smollm2_hf
     (g_plain, g_lora), (h_plain, h_lora) = results
     assert rel_err(g_lora - g_plain, h_lora - h_plain) < 1e-3 and rel_err(g_lora, g_plain) > 1e-3
     assert rel_err(g_lora, h_lora) < 1e-4
+
+
+def _peft_copy(adapter_dir: Path, dest: Path, config=None, tensors=None) -> Path:
+    """A copy of a PEFT adapter directory with its config's fields replaced and/or its tensors rewritten."""
+    dest.mkdir(parents=True)
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    (dest / "adapter_config.json").write_text(json.dumps({**cfg, **(config or {})}))
+    save_file(tensors if tensors is not None else load_file(str(adapter_dir / "adapter_model.safetensors")),
+              str(dest / "adapter_model.safetensors"))
+    return dest
+
+
+def test_merge_refuses_weights_that_overflow_their_dtype(f32_case, tmp_path):
+    """A float16 weight stops at 65504: lora_alpha 4e6 makes the merged q/v weights infinite. PEFT's own
+    safe_merge refuses the merge too; ster refuses it by tensor name and leaves nothing at --output."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    f16 = tmp_path / "f16"
+    make_checkpoint(f16, "llama", dtype=torch.float16)
+    big = _peft_copy(adapter_dir, tmp_path / "big", {"lora_alpha": 4e6, "base_model_name_or_path": str(f16)})
+    hf = AutoModelForCausalLM.from_pretrained(str(f16), dtype=torch.float16)
+    with pytest.raises(ValueError, match="NaNs detected"):  # PEFT checks isfinite under that message
+        PeftModel.from_pretrained(hf, str(big)).merge_and_unload(safe_merge=True)
+    _refused(tmp_path, f16, big, r"into 'model\.layers\.0\.mlp\.down_proj\.weight' gives non-finite weights: "
+                                 r"the merged values overflow F16 .*scale \(1e\+06\) or factors are too large")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "f16"]  # no temporary sibling either
+    gguf = tmp_path / "m.gguf"
+    r = ster("tune", "merge", "--model", str(f16), "--adapter", str(big), "--output", str(gguf))
+    assert r.returncode == 1 and r.stderr.startswith("error: merging adapter") and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "f16"]
+    # the same adapter at its trained alpha merges into the float16 base
+    fine = _peft_copy(adapter_dir, tmp_path / "fine", {"base_model_name_or_path": str(f16)})
+    assert merge_adapter(str(f16), str(fine), tmp_path / "ok")["dtype"] == "F16"
+
+
+def test_delta_overflowing_float32_is_refused_for_merge_and_generate(f32_case, tmp_path):
+    """Finite factors of 1e19 with alpha 4 make B @ A infinite in float32: refused on reading the adapter, so
+    before a merge writes anything and before generate applies it."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    q = "base_model.model.model.layers.1.self_attn.q_proj.lora_{}.weight"
+    tensors[q.format("A")] = np.full_like(tensors[q.format("A")], 1e19)
+    tensors[q.format("B")] = np.full_like(tensors[q.format("B")], 1e19)
+    huge = _peft_copy(adapter_dir, tmp_path / "huge", {"lora_alpha": 4}, tensors)
+    words = r"the delta of layer 1 q \(scale 1 \* B @ A, largest \|A\| 1e\+19, \|B\| 1e\+19\) overflows float32"
+    _refused(tmp_path, base_dir, huge, words)
+    loaded = load_model(str(base_dir))
+    with pytest.raises(SterError, match=words):
+        load_adapter_for(str(huge), loaded)
+    r = ster("generate", "--model", str(base_dir), "--adapter", str(huge), "-p", "w5", "--max-new-tokens", "1",
+             "--chat-template", "off", "-q")
+    assert r.returncode == 1 and r.stderr.startswith("error: adapter") and "overflows float32" in r.stderr
+    assert "Traceback" not in r.stderr and "Warning" not in r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "int64", "bool"])
+def test_factors_that_are_not_floating_point_are_refused(f32_case, tmp_path, dtype):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    tensors = {k: v.astype(dtype) for k, v in load_file(str(adapter_dir / "adapter_model.safetensors")).items()}
+    bad = _peft_copy(adapter_dir, tmp_path / "bad", tensors=tensors)
+    st = {"complex64": "C64", "int64": "I64", "bool": "BOOL"}[dtype]
+    _refused(tmp_path, base_dir, bad, f"is stored as {st}; LoRA factors must be floating point")
+    side = ster_layout_from_peft(bad, tmp_path / "ster", str(base_dir))  # Ster's layout too
+    _refused(tmp_path, base_dir, side, f"is stored as {st}; LoRA factors must be floating point")
+
+
+def test_float64_and_half_factors_are_accepted(f32_case, tmp_path):
+    """PEFT saves factors in float32 or the model's float type: float64 factors of the same values merge as
+    PEFT's float32 ones did, float16 and bfloat16 ones are read too."""
+    base_dir, adapter_dir, state, _, _ = f32_case
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    wide = _peft_copy(adapter_dir, tmp_path / "f64", tensors={k: v.astype(np.float64) for k, v in tensors.items()})
+    merge_adapter(str(base_dir), str(wide), tmp_path / "m64")
+    check_against_peft(tmp_path / "m64", state, bf16=False, base=base_dir)
+    loaded = load_model(str(base_dir))
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        half = _peft_copy(adapter_dir, tmp_path / np.dtype(dt).name, tensors={k: v.astype(dt) for k, v in
+                                                                            tensors.items()})
+        assert len(load_adapter_for(str(half), loaded).factors) == 21
+
+
+def test_two_factors_for_one_projection_are_refused(f32_case, tmp_path):
+    """A second adapter name in one file ("lora_A.other.weight") used to replace the default one silently."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    k = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    two = _peft_copy(adapter_dir, tmp_path / "two",
+                     tensors={**tensors, k.replace(".weight", ".other.weight"): tensors[k] * 100})
+    _refused(tmp_path, base_dir, two, r"tensors '.*q_proj\.lora_A(\.other)?\.weight' and '.*q_proj\.lora_A"
+                                      r"(\.other)?\.weight' are both the lora_A of layer 0 q; a file must hold one")
+    # Ster's layout: q and q_proj name one projection
+    side = ster_layout_from_peft(adapter_dir, tmp_path / "ster", str(base_dir))
+    weights = side.with_name("mine.lora.safetensors")
+    st = load_file(str(weights))
+    save_file({**st, "layers.0.q_proj.a": st["layers.0.q.a"] * 100}, str(weights))
+    _refused(tmp_path, base_dir, side, r"are both the \.a factor of layer 0 q")
+
+
+@pytest.mark.parametrize("key, value", [("use_rslora", "false"), ("use_rslora", 1), ("use_dora", "false"),
+                                        ("fan_in_fan_out", 0), ("lora_bias", "no")])
+def test_peft_switches_must_be_json_booleans(f32_case, tmp_path, key, value):
+    """PEFT reads these switches by truthiness: "false" (a string) would mean rsLoRA, scale 4 instead of 2."""
+    from ster_py.adapters import check_adapter_early
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    bad = _peft_copy(adapter_dir, tmp_path / "bad", {key: value})
+    words = f"{key} must be true or false \\(a JSON boolean\\), got {str(value)!r}"
+    _refused(tmp_path, base_dir, bad, words)
+    with pytest.raises(SterError, match=words):  # the early check (a GGUF model, a preset) too
+        check_adapter_early(str(bad), None, None)
+
+
+def test_ster_sidecar_rslora_must_be_a_json_boolean(f32_case, tmp_path):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    side = ster_layout_from_peft(adapter_dir, tmp_path / "ad", str(base_dir), rslora="false")
+    _refused(tmp_path, base_dir, side, "rslora must be true or false")
+
+
+def test_alpha_zero_merges_with_a_warning(f32_case, tmp_path):
+    """lora_alpha 0 is legal (scale 0) but makes the adapter a no-op: merged, with a warning in the report."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    zero = _peft_copy(adapter_dir, tmp_path / "zero", {"lora_alpha": 0})
+    report = merge_adapter(str(base_dir), str(zero), tmp_path / "m")
+    assert report["scale"] == 0.0 and len(report["warnings"]) == 1
+    assert "has lora_alpha 0, so its scale is 0 and it changes nothing" in report["warnings"][0]
+    merged, base = load_file(str(tmp_path / "m" / "model.safetensors")), load_file(str(base_dir / "model.safetensors"))
+    assert all(np.array_equal(merged[n], base[n]) for n in base)
+    r = ster("generate", "--model", str(base_dir), "--adapter", str(zero), "-p", "w5", "--max-new-tokens", "1",
+             "--chat-template", "off", "-q")
+    assert r.returncode == 0 and "warning: adapter" in r.stderr and "lora_alpha 0" in r.stderr

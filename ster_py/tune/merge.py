@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from .. import __version__
@@ -97,7 +98,8 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         SterError: a GGUF base; a reward artifact, a steering vector or an unsupported PEFT
             method as the adapter; an adapter for another model, another width, or a
             projection the checkpoint lacks; shards naming one tensor twice; an existing
-            ``output``.
+            ``output``; a merged tensor that is not finite in its stored dtype where the base's was
+            (the adapter's scale or factors overflow it: a float16 weight stops at 65504).
     """
     from ..config import spec_from_config
     from ..resolve import resolve
@@ -178,14 +180,31 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         if name not in targets:
             return w
         merged = (w.T if wmap.inputs_first else w).astype(np.float32)  # [out, in], a fresh f32 copy
-        for layer, role, rows in targets[name]:
-            delta = ad.delta(layer, role)
-            if rows is None:
-                merged += delta
-            else:
-                merged[rows] += delta
-        merged = merged.astype(w.dtype)
+        with np.errstate(over="ignore"):  # an overflow is refused by name just below, not warned about
+            for layer, role, rows in targets[name]:
+                delta = ad.delta(layer, role)
+                if rows is None:
+                    merged += delta
+                else:
+                    merged[rows] += delta
+            wide, merged = merged, merged.astype(w.dtype)
+        check_finite(name, w, wide, merged)
         return np.ascontiguousarray(merged.T) if wmap.inputs_first else merged
+
+    def check_finite(name: str, w: np.ndarray, wide: np.ndarray, merged: np.ndarray) -> None:
+        """Refuse a merged tensor with non-finite values where the base's were finite: the sum overflowed float32
+        or the stored dtype (f16 stops at 65504). Raised while writing, so the temporary output is removed."""
+        if np.isfinite(merged).all():
+            return
+        base = (w.T if wmap.inputs_first else w).astype(np.float32)
+        if not (np.isfinite(merged) | ~np.isfinite(base)).all():
+            st = index[name][1]
+            biggest = float(np.abs(wide[np.isfinite(wide)]).max(initial=0.0))
+            reach = f", they reach {biggest:g}" if np.isfinite(wide).all() else ""
+            raise SterError(f"merging adapter {ad.path} into {name!r} gives non-finite weights: the merged values "
+                            f"overflow {st} (largest {float(ml_dtypes.finfo(w.dtype).max):g}{reach}), so the "
+                            f"adapter's scale ({ad.scale:g}) or factors are too large for it; nothing was written. "
+                            "Real adapters have small factors and an alpha near their rank")
 
     done = 0
     report_files = []
