@@ -222,6 +222,22 @@ def atomic_directory(target: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object naming one key twice (its text, cut to 40 characters, is the message)."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``json.loads``' object hook: the object, refusing a key given twice (``json`` keeps the last)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(json.dumps(key)[:40])
+            seen.add(key)
+    return doc
+
+
 def read_json(path: Path, what: str) -> dict:
     """Parse a JSON object from ``path``; SterError naming ``what`` and the path otherwise."""
     from .files import read_regular
@@ -233,12 +249,17 @@ def read_json(path: Path, what: str) -> dict:
         raise SterError(f"{what} {path} is a GGUF file, not JSON; give the JSON file ster wrote (a steering vector "
                         "from `ster vector caa` / `pca`, not its llama.cpp export)")
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except UnicodeDecodeError:
         raise SterError(f"{what} {path} is not readable JSON: it is not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise SterError(f"{what} {path} is not readable JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
             from None
+    except _DuplicateKey as e:
+        raise SterError(f"{what} {path} names the key {e} twice in one object; a JSON reader keeps one of "
+                        "them silently, so fix the file (or make it again)") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise SterError(f"{what} {path} is not readable JSON ({e})") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise SterError(f"{what} {path} is not readable JSON: it is nested too deeply (thousands of levels)") \
             from None

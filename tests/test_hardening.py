@@ -422,6 +422,26 @@ def test_deeply_nested_json_is_refused_everywhere(tmp_path):
             read()
 
 
+def test_numbers_too_long_for_python_and_repeated_keys(tmp_path):
+    """A JSON integer of 5,000 digits (past Python's conversion limit) is one SterError in every JSON reader (a
+    traceback in template render's --messages and --var); ster's own artifacts also refuse a key given twice in
+    one object, which json would keep the last of in silence ("0" and "0" of a vector's directions)."""
+    from ster_py.artifacts import read_json
+    from ster_py.cli_template import _read_json, _variables
+    from ster_py.resolve import read_config
+
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"a": 1' + "0" * 5000 + "}")
+    for read in (lambda: read_config(huge), lambda: read_json(huge, "steering vector"),
+                 lambda: _read_json(str(huge), "messages"), lambda: _variables(["x=" + huge.read_text()])):
+        with pytest.raises(SterError, match="4300 digits"):
+            read()
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"directions": {"0": [1.0], "0": [2.0]}}')
+    with pytest.raises(SterError, match='names the key "0" twice'):
+        read_json(twice, "steering vector")
+
+
 def test_template_render_cli_refuses_deep_json_and_surrogates(tmp_path):
     from typer.testing import CliRunner
 
