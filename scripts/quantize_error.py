@@ -3,9 +3,9 @@
 For a preset (scripts/real_models.py: its Hugging Face f32 copy), on a few English prompts:
 
 - the reference: transformers' float32 logits at every position;
-- ster ``load_model(dir, quantize=q8_0 | q4_k)`` on that checkpoint;
+- ster ``load_model(dir, quantize=q8_0 | q4_0 | q4_k)`` on that checkpoint;
 - llama.cpp: its converter (convert_hf_to_gguf.py of the pinned sources) writes the checkpoint as
-  an F32 GGUF, its quantizer (``llamacpp.quantize``) makes Q8_0 and Q4_K_S / Q4_K_M files of
+  an F32 GGUF, its quantizer (``llamacpp.quantize``) makes Q8_0, Q4_0 and Q4_K_S / Q4_K_M files of
   it, and llama.cpp evaluates them (``llamacpp.logits``, its own CPU kernels).
 
 Printed per engine and type: relative error ||ours - ref|| / ||ref|| over all positions' logits
@@ -80,12 +80,12 @@ def main() -> None:
         return {"name": name, "rel_error": err, "argmax_agreement": agree}
 
     rows = [score("llama.cpp F32 (converted)", llamacpp.logits(f32, prompts, threads=args.threads))]
-    for ftype in ("Q8_0", "Q4_K_S", "Q4_K_M"):
+    for ftype in ("Q8_0", "Q4_0", "Q4_K_S", "Q4_K_M"):
         q = work / f"{ftype}.gguf"
         if not q.is_file():
             llamacpp.quantize(f32, q, ftype, threads=args.threads)
         rows.append(score(f"llama.cpp {ftype}", llamacpp.logits(q, prompts, threads=args.threads)))
-    for kind in ("q8_0", "q4_k"):
+    for kind in ("q8_0", "q4_0", "q4_k"):
         m = load_model(str(hf), quantize=kind)
         rows.append(score(f"ster --quantize {kind}", [m.decoder.forward(ids) for ids in prompts]))
     m = load_model(str(hf))

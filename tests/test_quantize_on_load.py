@@ -213,6 +213,13 @@ def test_parity_reports_quantized_error(converted):
     doc = json.loads(r.stdout)
     assert doc["quantize"] == "q8_0" and doc["precision"] == "f32" and doc["passed"]
     assert 0 < doc["prompts"][0]["rel_error"] < 0.05
+    # without --tolerance, a quantized model is judged against its type's default (not float32's 1e-4)
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "parity", "--model", str(hf),
+                        "--prompt", "w5 w6 w7 w8 w9", "--quantize", "q8_0", "--json", "--threads", "2", "-q"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["tolerance"] == 0.1 and doc["passed"]
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "--model",
                         str(f32_gguf), "--prompt", "hi", "--quantize", "q4_k"], capture_output=True, text=True,
                        timeout=300)
