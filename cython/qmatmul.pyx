@@ -27,6 +27,7 @@ import os
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uintptr_t
+from libc.limits cimport INT_MAX
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -44,6 +45,7 @@ cdef extern from "ster_pool.h" nogil:
 cdef extern from "ster_qkernels.h" nogil:
     int STER_KC
     int STER_NR
+    int STER_F32
     int ster_block_size(int type)
     int ster_type_size(int type)
     int ster_cpu_avx2()
@@ -664,33 +666,75 @@ cdef class QMatrix:
         return 0
 
     cdef int _panels(self, const float* x, int T, float* out) except -1:
-        cdef int K = self.n_cols, N = self.n_rows
-        cdef int nt = _threads if <long>N * K * T >= _PARALLEL_MIN_WEIGHTS else 1
-        cdef _PanelJob j
-        j.typ, j.simd, j.K, j.N, j.T = self._kt, _simd, K, N, T
-        j.W, j.rb, j.rows = &self.raw[0, 0], self.row_bytes, self._rows
-        j.X, j.Y = x, out
-        # Tasks of nc rows, a multiple of the register tile's outputs (32 at AVX-512, whose tile
-        # takes two 16-row panels; else 16): about four per thread, up to 128 rows each.
-        cdef int tile = 2 * STER_NR if _simd >= 2 else STER_NR
-        cdef int nc = (N + 4 * nt - 1) // (4 * nt)
-        j.nc = min(128, max(tile, (nc + tile - 1) // tile * tile))
-        cdef long n_tasks = (N + j.nc - 1) // j.nc
-        j.per_thread = <size_t>j.nc * STER_KC  # floats: nc/16 panels of STER_KC x 16
-        cdef void* block = malloc(sizeof(float) * j.per_thread * nt + 64)
-        if block == NULL:
-            raise MemoryError()
-        j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
-        try:
-            j.Xb = _round_inputs(self.type_id, x, T, K)
-        except MemoryError:
-            free(block)
-            raise
-        with nogil:
-            ster_pool_run(n_tasks, _panel_task, &j, nt)
-        _free_inputs(<uint16_t*>j.Xb)
+        return _run_panels(self._kt, &self.raw[0, 0], self.row_bytes, self._rows, self.n_cols, self.n_rows, x, T, out,
+                           self.type_id)
+
+
+cdef int _run_panels(int typ, const uint8_t* W, size_t rb, const int32_t* rows, int K, int N, const float* x, int T,
+                     float* out, int type_id) except -1:
+    """out[T, N] = x[T, K] times the N rows of W (type ``typ``: a block type, with STER_IL for interleaved
+    rows, or STER_F32) through ster_matmul_range's decoded panels, on the pool. ``type_id`` decides whether
+    the inputs are rounded to bfloat16 (``_round_inputs``)."""
+    cdef int nt = _threads if <long>N * K * T >= _PARALLEL_MIN_WEIGHTS else 1
+    cdef _PanelJob j
+    j.typ, j.simd, j.K, j.N, j.T = typ, _simd, K, N, T
+    j.W, j.rb, j.rows = W, rb, rows
+    j.X, j.Y = x, out
+    # Tasks of nc rows, a multiple of the register tile's outputs (32 at AVX-512, whose tile
+    # takes two 16-row panels; else 16): about four per thread, up to 128 rows each.
+    cdef int tile = 2 * STER_NR if _simd >= 2 else STER_NR
+    cdef int nc = (N + 4 * nt - 1) // (4 * nt)
+    j.nc = min(128, max(tile, (nc + tile - 1) // tile * tile))
+    cdef long n_tasks = (N + j.nc - 1) // j.nc
+    j.per_thread = <size_t>j.nc * STER_KC  # floats: nc/16 panels of STER_KC x 16
+    cdef void* block = malloc(sizeof(float) * j.per_thread * nt + 64)
+    if block == NULL:
+        raise MemoryError()
+    j.pack = <float*>((<uintptr_t>block + 63) & ~(<uintptr_t>63))
+    try:
+        j.Xb = _round_inputs(type_id, x, T, K)
+    except MemoryError:
         free(block)
-        return 0
+        raise
+    with nogil:
+        ster_pool_run(n_tasks, _panel_task, &j, nt)
+    _free_inputs(<uint16_t*>j.Xb)
+    free(block)
+    return 0
+
+
+def f32_matmul(x, w, out) -> None:
+    """out = x @ w.T for float32 x [T, K], w [N, K] (a checkpoint's float32 weight, read in place) and
+    out [T, N], through the decoded-panel register tile the quantized products use (ster_matmul_range
+    with the weights' rows copied into its panels instead of decoded): each output the same sum, term
+    by term over K in 256-input chunks, whatever rows share the call (row-exact). ``Linear`` uses it
+    where numpy's OpenBLAS runs narrower kernels than this CPU has (``qlinear.f32_panels``).
+
+    Raises:
+        ValueError: arrays that are not float32, C-contiguous and in this CPU's byte order, or whose
+            shapes do not fit ([T, K] x [N, K] -> [T, N]); an empty product is left as is.
+    """
+    cdef cnp.ndarray xa, wa, oa
+    for name, a in (("x", x), ("w", w), ("out", out)):
+        if (not cnp.PyArray_Check(a) or cnp.PyArray_TYPE(<cnp.ndarray>a) != cnp.NPY_FLOAT32
+                or cnp.PyArray_NDIM(<cnp.ndarray>a) != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
+                or not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
+            raise ValueError(f"f32_matmul: {name} must be a C-contiguous 2-D float32 array in this CPU's byte order")
+    xa, wa, oa = <cnp.ndarray>x, <cnp.ndarray>w, <cnp.ndarray>out
+    if not cnp.PyArray_ISWRITEABLE(oa):
+        raise ValueError("f32_matmul: out must be writable")
+    cdef Py_ssize_t T = cnp.PyArray_DIM(xa, 0), K = cnp.PyArray_DIM(xa, 1), N = cnp.PyArray_DIM(wa, 0)
+    if cnp.PyArray_DIM(wa, 1) != K or cnp.PyArray_DIM(oa, 0) != T or cnp.PyArray_DIM(oa, 1) != N:
+        raise ValueError(f"f32_matmul: x [T, K], w [N, K] and out [T, N] do not fit")
+    if K > INT_MAX // 4 or N > INT_MAX or T > INT_MAX:
+        raise ValueError("f32_matmul: dimensions past the kernels' int range")
+    if T == 0 or N == 0:
+        return
+    if K == 0:
+        out[...] = 0
+        return
+    _run_panels(STER_F32, <const uint8_t*>cnp.PyArray_DATA(wa), <size_t>K * 4, NULL, <int>K, <int>N,
+                <const float*>cnp.PyArray_DATA(xa), <int>T, <float*>cnp.PyArray_DATA(oa), STER_F32)
 
 
 def matvec_group(tuple mats, x, tuple outs):

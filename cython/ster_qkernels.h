@@ -39,6 +39,7 @@
 #endif
 
 enum {
+    STER_F32 = 0,   /* float32 rows: only ster_matmul_range's panels read them (a checkpoint's multi-row products) */
     STER_F16 = 1, STER_BF16 = 30,   /* 16-bit floats as stored (safetensors bf16 / f16 weights) */
     STER_Q4_0 = 2, STER_Q4_1 = 3, STER_Q5_0 = 6, STER_Q5_1 = 7, STER_Q8_0 = 8,
     STER_Q2_K = 10, STER_Q3_K = 11, STER_Q4_K = 12, STER_Q5_K = 13, STER_Q6_K = 14,
@@ -1586,7 +1587,8 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
                               const uint16_t* Xb) {
     const int il = type & STER_IL;
     type &= ~STER_IL;
-    const int bs = ster_block_size(type), ts = ster_type_size(type);
+    const int f32 = type == STER_F32;   /* not a block type: ster_block_size knows nothing of it */
+    const int bs = f32 ? 1 : ster_block_size(type), ts = f32 ? 4 : ster_type_size(type);
     uint8_t ilgrp[STER_ILG][(STER_KC / 32) * 34];   /* an interleaved panel's rows (one group), file layout */
     const int npanel = (n1 - n0 + STER_NR - 1) / STER_NR;
     float tmp[STER_KC];
@@ -1635,6 +1637,7 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
                 if (n < n1) {
                     const uint8_t* src = W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)(kc0 / bs) * ts;
                     if (il) src = ilgrp[rr];
+                    if (f32) memcpy(tmp, src, sizeof(float) * (size_t)kcl); else
 #if STER_HAVE_X86
                     if (dec) dec(src, kcl / bs, tmp); else
 #endif

@@ -54,18 +54,30 @@ def test_gemm_nt_takes_row_strided_views_and_refuses_misfits():
         ops.gemm_nt(big[:100, :128:2], w, np.empty((100, 190), np.float32))   # elements not contiguous
 
 
-def test_linear_runs_on_the_pool_and_rows_do_not_depend_on_their_neighbours(monkeypatch):
+@pytest.mark.parametrize("panels", [False, True])
+def test_linear_runs_on_the_pool_and_rows_do_not_depend_on_their_neighbours(monkeypatch, panels):
+    """On OpenBLAS through the pool (``ops.gemm_nt``), or on the kernels' register tile (``qmatmul.f32_matmul``,
+    where ``qlinear.f32_panels`` prefers it), whose rows never depend on their neighbours; one row (a decode
+    step) stays on BLAS's vector product either way."""
+    from ster_py._kernels import qmatmul
+    from ster_py.decoder import linear
+
+    monkeypatch.setattr(linear, "_F32_PANELS", panels)
+    monkeypatch.setattr(linear, "_ROWS_EXACT", None)   # probed again on the path this case takes
     rng = np.random.default_rng(6)
     w = rng.standard_normal((1536, 576), dtype=np.float32)
     x = rng.standard_normal((600, 576), dtype=np.float32)
     calls = []
-    real = ops.gemm_nt
-    monkeypatch.setattr(ops, "gemm_nt", lambda *a: (calls.append(a[0].shape), real(*a))[1])
+    real = qmatmul.f32_matmul if panels else ops.gemm_nt
+    monkeypatch.setattr(qmatmul if panels else ops, "f32_matmul" if panels else "gemm_nt",
+                        lambda *a: (calls.append(a[0].shape), real(*a))[1])
     lin = Linear(w)
     full = lin(x)
     assert calls and calls[0] == (600, 576)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.all(np.abs(full - ref) <= 2 * 576 * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(w).T))
     for n in (2, MIN_ROWS - 1, MIN_ROWS, 37, 300):
-        if blas_rows_exact():
+        if panels or blas_rows_exact():
             np.testing.assert_array_equal(lin(x[:n]), full[:n])
         else:   # OpenBLAS's Haswell/Zen kernels round a row by its place in its tile of rows
             for got, want in ((lin(x[:n]), full[:n]), (lin(x[n:]), full[n:])):

@@ -241,6 +241,39 @@ def test_avx512_tile_gives_the_avx2_tile_bits(name):
                                               err_msg=f"{name} rows {rows} T {T} {key}")
 
 
+def test_f32_matmul_is_row_exact_within_rounding_of_float64():
+    """``qmatmul.f32_matmul`` (float32 weights copied into the decoded-panel tile) against float64 numpy: within
+    the float32 rounding bound at every level, 1 and 2 threads, odd shapes (a partial last panel, K not a
+    multiple of 256, a one-row product); each output's bits do not depend on the rows beside it; the AVX-512
+    tile gives the AVX2 tile's bits; bad arrays are a ValueError."""
+    rng = np.random.default_rng(23)
+    for rows, cols in ((77, 300), (16, 256), (9, 40)):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        x = rng.standard_normal((29, cols)).astype(np.float32)
+        want = x.astype(np.float64) @ w.T.astype(np.float64)
+        bound = rounding_bound(x, w, 1)
+        outs = {}
+        for level in LEVELS:
+            qmatmul.set_simd_level(level)
+            for threads in (1, 2):
+                qmatmul.set_threads(threads)
+                out = outs[level, threads] = np.full((29, rows), np.nan, np.float32)
+                qmatmul.f32_matmul(x, w, out)
+                assert (np.abs(out - want) / bound).max() <= 1.0, (rows, cols, level, threads)
+                part = np.full((12, rows), np.nan, np.float32)
+                qmatmul.f32_matmul(np.ascontiguousarray(x[17:]), w, part)   # the same rows, others beside them
+                np.testing.assert_array_equal(part.view(np.uint32), out[17:].view(np.uint32))
+                one = np.full((1, rows), np.nan, np.float32)
+                qmatmul.f32_matmul(np.ascontiguousarray(x[5:6]), w, one)
+                np.testing.assert_array_equal(one.view(np.uint32), out[5:6].view(np.uint32))
+        if "avx512" in LEVELS:
+            np.testing.assert_array_equal(outs["avx512", 2].view(np.uint32), outs["avx2", 1].view(np.uint32))
+    out = np.empty((29, 9), np.float32)
+    for bad in ((x.astype(np.float64), w, out), (x, w.T, out), (x, w, out[:, :5]), (x, w, out.T)):
+        with pytest.raises(ValueError, match="f32_matmul"):
+            qmatmul.f32_matmul(*bad)
+
+
 @pytest.mark.parametrize("int16", [True, False])
 def test_matvec_group_equals_products_one_by_one(int16):
     """q/k/v-style groups of mixed types: one job gives each product's own result, bit for bit,

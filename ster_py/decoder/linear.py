@@ -50,11 +50,15 @@ class Linear:
 
     @staticmethod
     def _product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """x @ w.T: on the kernels' pool (``ops.gemm_nt``) once ``set_threads`` found numpy's
-        OpenBLAS (``qlinear.pool_blas``), else numpy's matmul. Same BLAS routine either way."""
+        """x @ w.T: several rows on the kernels' register tile where it beats numpy's OpenBLAS
+        (``qlinear.f32_panels``); else on the kernels' pool (``ops.gemm_nt``) once ``set_threads``
+        found numpy's OpenBLAS (``qlinear.pool_blas``), else numpy's matmul (the same BLAS routine)."""
         if qlinear.POOL_BLAS and x.ndim == 2 and x.dtype == np.float32 and w.ndim == 2 and x.shape[0]:
             y = np.empty((x.shape[0], w.shape[0]), np.float32)
-            _ops().gemm_nt(x if x.strides[1] == 4 else np.ascontiguousarray(x), w, y)
+            if x.shape[0] > 1 and _f32_panels() and w.flags.c_contiguous and w.dtype.isnative:
+                _qmatmul().f32_matmul(np.ascontiguousarray(x), w, y)
+            else:
+                _ops().gemm_nt(x if x.strides[1] == 4 else np.ascontiguousarray(x), w, y)
             return y
         return x @ w.T
 
@@ -82,6 +86,23 @@ def _ops():
     from .._kernels import ops
 
     return ops
+
+
+def _qmatmul():
+    from .._kernels import qmatmul
+
+    return qmatmul
+
+
+_F32_PANELS: bool | None = None
+
+
+def _f32_panels() -> bool:
+    """``qlinear.f32_panels()``, decided once per process (it reads the CPU and numpy's BLAS)."""
+    global _F32_PANELS
+    if _F32_PANELS is None:
+        _F32_PANELS = qlinear.f32_panels()
+    return _F32_PANELS
 
 
 def make_linear(weight, bias: np.ndarray | None = None):

@@ -153,6 +153,11 @@ def limit_library_threads(n: int) -> None:
 POOL_BLAS = False
 _POOL_BLAS_LOOKED = False
 _POOL_BLAS_PREFIX = ""   # threadpoolctl's prefix of that library (only it is kept at one thread)
+#: The kernel family OpenBLAS chose for this CPU (threadpoolctl's "architecture": Haswell, SkylakeX...), once
+#: ``pool_blas`` found it; "" before or without one.
+BLAS_CORE = ""
+#: OpenBLAS's kernel families that run AVX-512 float32 products (the rest run AVX2 or less).
+_AVX512_BLAS_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
 
 
 def pool_blas() -> bool:
@@ -161,7 +166,7 @@ def pool_blas() -> bool:
     ``Linear`` runs float32 products on the kernels' pool. $STER_POOL_BLAS=0 turns it off (numpy's
     matmul on OpenBLAS's threads, as before). Other BLAS libraries (MKL, BLIS, an OpenMP or
     LP64 OpenBLAS) are left to numpy."""
-    global POOL_BLAS, _POOL_BLAS_LOOKED, _POOL_BLAS_PREFIX
+    global POOL_BLAS, _POOL_BLAS_LOOKED, _POOL_BLAS_PREFIX, BLAS_CORE
     import os
 
     if _POOL_BLAS_LOOKED:
@@ -187,8 +192,25 @@ def pool_blas() -> bool:
             if gemm is not None and gemv is not None:
                 ops.set_blas_sgemm(ctypes.cast(gemm, ctypes.c_void_p).value, ctypes.cast(gemv, ctypes.c_void_p).value)
                 POOL_BLAS, _POOL_BLAS_PREFIX = True, info["prefix"]
+                BLAS_CORE = str(info.get("architecture") or "")
                 return True
     return False
+
+
+def f32_panels() -> bool:
+    """Whether ``Linear``'s float32 products of several rows run on the kernels' own register tile
+    (``qmatmul.f32_matmul``) instead of OpenBLAS: where the kernels run AVX-512 and numpy's OpenBLAS chose
+    narrower kernels for this CPU (its build does not know it: an AMD EPYC Zen 5 gets OpenBLAS's Haswell
+    kernels). Measured on that CPU, 2 threads, [512, 576] x [1536, 576] and five other model shapes: the tile
+    1.57-1.84x OpenBLAS's Haswell kernels, 0.89-1.04x its SkylakeX ones (forced by OPENBLAS_CORETYPE), and at
+    AVX2 0.88-1.00x the Haswell ones, hence only there (runbook/performance.md). The tile is row-exact, so the
+    prompt cache's reuse of float32 checkpoints holds there too. $STER_F32_PANELS=0/1 overrides."""
+    import os
+
+    forced = os.environ.get("STER_F32_PANELS", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return pool_blas() and _kernels().simd_level().startswith("avx512") and BLAS_CORE.lower() not in _AVX512_BLAS_CORES
 
 
 def threads_from_env() -> int | None:
@@ -210,7 +232,7 @@ def threads_from_env() -> int | None:
 
 
 def check_kernel_env() -> None:
-    """Refuse a $STER_SIMD_LEVEL, $STER_INTERLEAVE or $STER_BF16_INPUTS the kernels would not understand
+    """Refuse a $STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS or $STER_BF16_INPUTS the kernels would not understand
     (they would ignore it: no cap, interleaving or rounding on), so that a typo does not pass for a setting.
 
     Raises SterError naming the variable and the values it takes.
@@ -222,6 +244,8 @@ def check_kernel_env() -> None:
     if level and level.lower() not in levels:
         raise SterError(f"STER_SIMD_LEVEL must be one of {', '.join(levels)}, got {level[:20]!r}; fix or unset it")
     for name, meaning in (("STER_INTERLEAVE", "0 (rows in place) or 1 (interleaved, the default)"),
+                          ("STER_F32_PANELS", "0 (float32 products on OpenBLAS) or 1 (on ster's register tile; "
+                                              "unset: where OpenBLAS runs narrower kernels than the CPU has)"),
                           ("STER_BF16_INPUTS", "0 (float32 inputs) or 1 (a bf16 prompt's inputs rounded to bf16 "
                                                "where the CPU has AVX512_BF16, the default)")):
         value = os.environ.get(name, "").strip()
