@@ -54,9 +54,10 @@ def convert(
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
     elif not quiet:
-        print_report(report, skip=("differences", "tokenizer_notes"))
+        print_report(report, skip=("differences", "tokenizer_notes", "notes"))
     warn(f"llama.cpp will run this GGUF differently from the checkpoint: {d}" for d in report["differences"])
     warn(report["tokenizer_notes"])
+    warn(report["notes"])
 
 
 @app.command()

@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import SterError
+from .gguf import quants
 from .gguf.quantize import quantize
 from .gguf.recipe import FileType, ModelFacts, choose_types, file_type
 from .gguf.writer import DEFAULT_ALIGNMENT, TensorEntry, Typed, write_gguf
@@ -320,7 +321,8 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
     Returns:
         The report: ster_version (the writer's), model, model_revision, output, type, architecture, tensors, types (count per
         type), bytes, parameters, differences (how a GGUF runtime's model differs from the
-        checkpoint's, empty when none), tokenizer_notes, seconds.
+        checkpoint's, empty when none), tokenizer_notes, notes (a GGUF source's tensors written with more bits
+        than they have), seconds.
 
     Raises:
         SterError: an unknown type; an existing output or one not named *.gguf; a model ster cannot run or whose family has no
@@ -363,7 +365,7 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
             "types": dict(sorted(types.items())), "bytes": output.stat().st_size,
             "parameters": int(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)),
             "differences": info.get("differences", []), "tokenizer_notes": info.get("tokenizer_notes", []),
-            "seconds": round(time.perf_counter() - t0, 2)}
+            "notes": info.get("notes", []), "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tuple], threads) -> list[TensorEntry]:
@@ -440,4 +442,23 @@ def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntr
         return lambda: quantize(t.dequantize(), new, n_threads=threads)
 
     entries = [TensorEntry(t.name, t.shape, types[t.name], data(t, types[t.name])) for t in tensors]
-    return meta, entries, {"alignment": g.alignment}
+    return meta, entries, {"alignment": g.alignment, "notes": _widening_notes(tensors, types)}
+
+
+def _bits(type_name: str) -> float:
+    """Bits per weight of a GGML type (Q4_1: 5.0, Q8_0: 8.5, F16: 16)."""
+    t = quants.ggml_type(type_name)
+    return 8 * t.type_size / t.block_size
+
+
+def _widening_notes(tensors, types: dict[str, str]) -> list[str]:
+    """A note when tensors of a GGUF source are written at a type of more bits than they have: their values keep
+    the source's rounding (a Q4_1 file written as Q8_0 is the Q4_1 model in a larger file), which a user asking
+    for a "better" type may not expect."""
+    wider = Counter((t.type_name, types[t.name]) for t in tensors
+                    if types[t.name] != t.type_name and _bits(types[t.name]) > _bits(t.type_name))
+    if not wider:
+        return []
+    pairs = ", ".join(f"{n} from {old} to {new}" for (old, new), n in sorted(wider.items()))
+    return [f"tensors written with more bits than the source file gives them ({pairs}) keep the source's rounding: "
+            "the file grows, its precision does not (convert the original checkpoint for a more precise file)"]

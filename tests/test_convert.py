@@ -301,6 +301,19 @@ def test_convert_from_a_gguf_keeps_metadata_and_copies_unchanged_tensors(checkpo
     assert all(np.array_equal(a.tensors[n].raw, b.tensors[n].raw) for n in a.tensors)
 
 
+def test_a_gguf_written_with_more_bits_says_its_precision_does_not_grow(checkpoints, tmp_path):
+    """Re-quantizing a Q4_0 file to Q8_0 keeps the Q4_0 rounding in a larger file: the report says so (a new
+    user expected a more precise file); to fewer bits, or to the same types, there is no such note."""
+    q4 = convert_model(str(checkpoints / "llama"), tmp_path / "q4.gguf", "q4_0")
+    assert q4["notes"] == []
+    up = convert_model(q4["output"], tmp_path / "up.gguf", "q8_0")
+    (note,) = up["notes"]
+    moved = sum(1 for name, t in GGUFFile(q4["output"]).tensors.items()
+                if t.type_name == "Q4_0" and GGUFFile(up["output"]).tensors[name].type_name == "Q8_0")
+    assert f"{moved} from Q4_0 to Q8_0" in note and "its precision does not" in note and moved > 0
+    assert convert_model(up["output"], tmp_path / "down.gguf", "q4_0")["notes"] == []
+
+
 # ----------------------------------------------------------------------------- 3. merged adapter
 
 def test_merged_adapter_gguf_is_the_merged_checkpoint_in_llamacpp(checkpoints, tmp_path):
