@@ -190,10 +190,11 @@ def writing(path: Path) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_directory(target: Path) -> Iterator[Path]:
+def atomic_directory(target: Path, shown_as: Path | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``target``; rename it to ``target`` on success.
 
-    Its files are flushed to the disk (``sync_to_disk``) before the rename.
+    Its files are flushed to the disk (``sync_to_disk``) before the rename. ``shown_as``: the output a
+    write error names when ``target`` is a step towards it (default ``target``).
 
     Raises:
         SterError: ``target`` already exists (nothing is overwritten); its parent folder does not exist
@@ -211,7 +212,7 @@ def atomic_directory(target: Path) -> Iterator[Path]:
             yield tmp
             sync_to_disk(tmp)
         except OSError as e:
-            raise write_error(target, e, [tmp]) from None
+            raise write_error(shown_as or target, e, [tmp]) from None
         if target.exists():
             raise SterError(f"{target} appeared while writing; nothing was overwritten")
         with writing(target):

@@ -157,19 +157,24 @@ def test_vector_export_on_a_full_disk_fails_and_leaves_nothing(made, tmp_path):
         assert list(tmp_path.iterdir()) == [], limit
 
 
-@pytest.mark.parametrize("command", ["capture", "vector caa", "tune merge"])
+@pytest.mark.parametrize("command", ["capture", "vector caa", "tune merge", "tune merge gguf"])
 def test_a_full_disk_is_one_error_line_for_every_writer(made, tmp_path, command):
     """F11: capture, vector caa and tune merge printed a traceback (convert, already through write_gguf, did not);
-    now each says "error: cannot write OUTPUT: ..." and leaves nothing."""
+    now each says "error: cannot write OUTPUT: ..." and leaves nothing. A merge into a .gguf names that file,
+    not the temporary merged checkpoint on its way."""
     base, root = str(made["base"]), made["root"]
-    out = tmp_path / {"capture": "c.safetensors", "vector caa": "v.json", "tune merge": "m"}[command]
+    out = tmp_path / {"capture": "c.safetensors", "vector caa": "v.json", "tune merge": "m",
+                      "tune merge gguf": "m.gguf"}[command]
+    merge = ["tune", "merge", "-m", base, "-a", str(made["adapter"]), "-o", str(out)]
     args = {"capture": ["capture", "-m", base, "-p", "w5 w6", "-o", str(out)],
             "vector caa": ["vector", "caa", "--positive", str(root / "pos.safetensors"),
                            "--negative", str(root / "neg.safetensors"), "-o", str(out)],
-            "tune merge": ["tune", "merge", "-m", base, "-a", str(made["adapter"]), "-o", str(out)]}[command]
+            "tune merge": merge, "tune merge gguf": merge}[command]
     line = _one_error_line(_limited(256, *args, "-q"), out)
     if command == "capture":
         assert line.startswith(f"error: cannot write {out} and {out.with_suffix('.json')}: ")
+    else:
+        assert line.startswith(f"error: cannot write {out}: "), line
     assert list(tmp_path.iterdir()) == []
 
 

@@ -78,7 +78,8 @@ def _shards(names: list[str], sizes: dict[str, int], limit: int) -> list[list[st
 
 
 def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revision: str | None = None,
-                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Progress | None = None) -> dict:
+                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Progress | None = None,
+                  shown_as: str | Path | None = None) -> dict:
     """Merge ``adapter`` into ``model`` and write the result to the new directory ``output``.
 
     Args:
@@ -88,6 +89,8 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
         revision: as for every command (recorded, or selects the Hub commit).
         max_shard_bytes: write several shards when the weights are larger than this.
         progress: optional ``progress("merge", done, total)`` callback (tensors).
+        shown_as: the output a write error names (``merge_adapter_to_gguf``'s .gguf file, whose merged
+            checkpoint ``output`` is a temporary step); default ``output``.
 
     Returns:
         The report: ster_version (the writer's), model, model_revision, adapter, output, rank, alpha, scale, targets,
@@ -208,7 +211,7 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
 
     done = 0
     report_files = []
-    with atomic_directory(output) as tmp:
+    with atomic_directory(output, shown_as) as tmp:
         for shard, group in zip(shard_names, groups):
             specs = [(n, _NP_DTYPES[index[n][1]], index[n][2]) for n in group]
 
@@ -275,7 +278,7 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
         tmp = tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".merge", dir=output.parent)
     try:
         merged = Path(tmp) / "merged"
-        report = merge_adapter(model, adapter, merged, revision=revision, progress=progress)
+        report = merge_adapter(model, adapter, merged, revision=revision, progress=progress, shown_as=output)
         gguf = convert_model(str(merged), output, type_name, progress=progress)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
