@@ -31,7 +31,7 @@ from .decoder.qlinear import float_activations
 from .errors import SterError
 from .files import check_path_name
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
-from .steering import json_value
+from .steering import check_model_fields, json_value
 
 POSITIONS = ("last", "mean", "all")
 LAYER_HELP = ("Layer i (0-based) is the residual stream after decoder layer i, before the next layer; "
@@ -318,9 +318,7 @@ def check_sidecar(meta: dict, where: str) -> None:
     prompts = meta["prompts"]
     if not isinstance(prompts, list) or not prompts or not all(isinstance(x, dict) for x in prompts):
         raise SterError(f"{where}: prompts must be a non-empty list of objects (one per prompt); {RECAPTURE}")
-    for key in ("model", "model_revision"):
-        if meta.get(key) is not None and not isinstance(meta[key], str):
-            raise SterError(f"{where}: {key} must be a string or null, got {json_value(meta[key])}; {RECAPTURE}")
+    check_model_fields(meta, where, RECAPTURE)
 
 
 def check_states(cap: Capture, where: str) -> None:

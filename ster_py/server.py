@@ -209,21 +209,21 @@ def check_unsupported(body: dict, chat: bool) -> None:
         if name not in known:
             other = ("/v1/completions" if chat else "/v1/chat/completions") \
                 if name in (COMPLETION_FIELDS if chat else CHAT_FIELDS) else None
-            raise RequestError(f"unrecognized request field {json.dumps(name)[:60]}"
+            raise RequestError(f"unrecognized request field {_shown(name)}"
                                + (f" (it belongs to {other})" if other else "")
                                + f"; {'chat' if chat else 'text'} completions read "
                                + ", ".join(sorted(known)),
-                               name[:60])
+                               name[:40])
     for name, (neutral, advice) in _DEFAULT_ONLY.items():
         value = body.get(name)
         if value is not None and name in known and not neutral(value):
-            raise RequestError(f"{name} {json.dumps(value)[:60]} is not supported: {advice}", name)
+            raise RequestError(f"{name} {_shown(value)} is not supported: {advice}", name)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         extra = sorted(set(kwargs) - {"enable_thinking"}) if isinstance(kwargs, dict) else None
         if extra is None or extra:
             raise RequestError("chat_template_kwargs: only enable_thinking is read"
-                               + (f", not {json.dumps(extra[0])[:60]}" if extra else " (send an object)"),
+                               + (f", not {_shown(extra[0])}" if extra else " (send an object)"),
                                "chat_template_kwargs")
     fmt = body.get("response_format")
     if fmt is not None:

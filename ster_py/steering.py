@@ -65,6 +65,14 @@ def json_value(value) -> str:
     return f"{shown} ({kind})" if kind else shown
 
 
+def check_model_fields(doc: dict, where: str, advice: str) -> None:
+    """Refuse an artifact whose ``model`` or ``model_revision`` is neither a string nor null (what
+    ``artifacts.check_model`` compares); the message names ``where`` and ends with ``advice``."""
+    for key in ("model", "model_revision"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise SterError(f"{where}: {key} must be a string or null, got {json_value(doc[key])}; {advice}")
+
+
 @dataclass
 class SteeringVector:
     """A steering artifact in memory. ``directions[layer]`` is float32 [hidden_size], unit norm."""
@@ -156,10 +164,7 @@ def read_vector(path: str | Path) -> SteeringVector:
     width = doc["hidden_size"]
     if isinstance(width, bool) or not isinstance(width, int) or width <= 0:
         raise SterError(f"steering vector {path}: hidden_size must be a positive integer, got {json_value(width)}")
-    for key in ("model", "model_revision"):
-        if doc.get(key) is not None and not isinstance(doc[key], str):
-            raise SterError(f"steering vector {path}: {key} must be a string or null, got {json_value(doc[key])}; "
-                            f"{REBUILD}")
+    check_model_fields(doc, f"steering vector {path}", REBUILD)
     if not isinstance(doc["method"], str):
         raise SterError(f"steering vector {path}: method must be a string, got {json_value(doc['method'])}; "
                         f"{REBUILD}")
