@@ -294,6 +294,16 @@ def test_duplicate_names(tmp_path):
     refused(tmp_path, c.build(), "tensor 'w' appears twice")
 
 
+def test_tensors_sharing_bytes_are_refused(tmp_path):
+    # llama.cpp refuses such a file; read as is, 'b' would silently run 'a''s weights.
+    c = one_q8_tensor(one_q8_tensor(Craft(), "a"), "b", offset=0)
+    refused(tmp_path, c.build(), "'a'", "'b'", "share bytes")
+    c = one_q8_tensor(one_q8_tensor(Craft(), "a", rows=4), "b", offset=64)  # 'a' is 136 bytes: 'b' starts inside it
+    refused(tmp_path, c.build(), "'a'", "'b'", "share bytes")
+    # Empty tensors occupy no bytes, so they share none.
+    GGUFFile(write(tmp_path, one_q8_tensor(Craft(), "a").add_tensor("e", b"", (32, 0), Q8_0, offset=0).build()))
+
+
 def test_row_not_whole_blocks(tmp_path):
     c = Craft().add_tensor("blk.0.ffn_down.weight", bytes(144 * 2), (100, 2), Q4_K)
     refused(tmp_path, c.build(), "'blk.0.ffn_down.weight'", "100 weights", "Q4_K", "256")

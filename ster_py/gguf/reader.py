@@ -394,6 +394,13 @@ class GGUFFile:
             raw = np.frombuffer(self._map, dtype=np.uint8, count=nbytes, offset=start)
             self.tensors[name] = GGUFTensor(name, type_id, t.name, dims, tuple(reversed(dims)),
                                             offset, nbytes, raw)
+        # Two tensors on the same bytes: llama.cpp refuses the file (each offset must follow the
+        # previous tensor's end); read as is, one tensor would silently run the other's weights.
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
+        for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+            if begin < end:
+                raise p.fail(f"tensors {first!r} and {second!r} share bytes (tensor {second!r} starts at offset "
+                             f"{begin} of the data section, before {first!r} ends at {end})")
         if unsupported and not allow_unsupported:
             name, t = unsupported[0]
             n_more = len(unsupported) - 1
