@@ -143,6 +143,9 @@ def resident_dtype(precision: str, stored: np.dtype) -> np.dtype:
 #: Largest safetensors JSON header read (the format's own limit is 100 MB; real headers are a
 #: few MB for the biggest sharded checkpoints).
 MAX_SAFETENSORS_HEADER = 100_000_000
+#: Dimensions of one tensor: model weights have at most 5 (a video patch embedding's Conv3d);
+#: numpy refuses arrays of over 64, which a header may claim.
+MAX_SAFETENSORS_DIMS = 8
 
 
 def _header_int(value, what: str, name: str) -> int:
@@ -193,6 +196,9 @@ def read_safetensors_header(path: Path, m=None) -> tuple[int, dict[str, tuple[st
                 or info.get("dtype") not in safetensors_dtypes():
             raise ValueError(f"tensor {name[:200]!r} has a malformed entry {str(info)[:200]}")
         dtype = info["dtype"]
+        if len(info["shape"]) > MAX_SAFETENSORS_DIMS:
+            raise ValueError(f"tensor {name[:200]!r} has {len(info['shape'])} dimensions; model weights have at most "
+                             f"{MAX_SAFETENSORS_DIMS}")
         shape = tuple(_header_int(d, "a dimension", name) for d in info["shape"])
         begin, end = (_header_int(o, "a data offset", name) for o in info["data_offsets"])
         count = 1
