@@ -88,6 +88,7 @@ def test_inspect_turns_safetensors_header_errors_into_ster_errors_and_agrees_wit
     ("data_offsets", f"[0, {2**63}]"), ("data_offsets", "[0, Infinity]"), ("data_offsets", "[-Infinity, 0]"),
     ("shape", f"[{2**32}, {2**32}]"),  # the int64 product wraps to 0: must not pass as an empty tensor
     ("shape", "[1.5]"), ("shape", "[true]"),
+    ("shape", "[" + ", ".join(["0"] + ["1"] * 64) + "]"),  # an empty tensor of 65 dimensions: numpy allows 64
 ])
 def test_safetensors_header_numbers_out_of_range_are_ster_errors(llama_dir, tmp_path, field, value):
     from ster_py.inspect import inspect_model
@@ -126,6 +127,36 @@ def test_gguf_qk_rows_that_do_not_split_into_heads_are_refused(tmp_path, shape):
         weights.get("blk.0.attn_q.weight")
     with pytest.raises(SterError, match="heads of rotary pairs"):
         unpermute_qk(np.ones(shape, dtype=np.float32), 4)
+
+
+@pytest.mark.parametrize("n", [280, 301])
+def test_gguf_token_list_that_disagrees_with_the_embedding_is_refused(tmp_path, n):
+    """Fewer tokens than token_embd rows ran and printed nothing for the ids past the list; more
+    reached rows the embedding lacks. llama.cpp refuses both (it sizes token_embd by the list)."""
+    from export_helpers import write_bpe_tokenizer
+    from gguf_craft import ARRAY, F32, I32, STRING, edit_metadata
+
+    from ster_py.convert import convert_model
+    from ster_py.gguf.reader import GGUFFile
+    from ster_py.inspect import inspect_model
+    from ster_py.load import load_model, load_tokenizer
+
+    make_checkpoint(tmp_path / "m", "llama", num_hidden_layers=1, vocab_size=300)
+    write_bpe_tokenizer(tmp_path / "m", 300)  # (byte-level BPE needs 259 ids at least)
+    good = tmp_path / "good.gguf"
+    convert_model(str(tmp_path / "m"), good, "f32")
+    tokens = GGUFFile(good).metadata["tokenizer.ggml.tokens"]
+    assert len(tokens) == 300
+    tokens = (tokens + [f"x{i}" for i in range(300, n)])[:n]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(edit_metadata(good.read_bytes(), {"tokenizer.ggml.tokens": (ARRAY, tokens, STRING),
+                                                      "tokenizer.ggml.scores": (ARRAY, [0.0] * n, F32),
+                                                      "tokenizer.ggml.token_type": (ARRAY, [1] * n, I32)}))
+    for fn in (load_model, inspect_model):
+        with pytest.raises(SterError, match=f"tokenizer.ggml.tokens holds {n} tokens, but token_embd.weight has 300"):
+            fn(str(bad))
+    assert_clean_refusal(ster("generate", "-m", str(bad), "-p", "hi", "--max-new-tokens", "1"), "token_embd.weight")
+    assert load_tokenizer(str(bad)).vocab_size == n  # tokenizing reads no weights: still allowed
 
 
 # ------------------------------------------------------------------ tokenizer.json that multiplies text

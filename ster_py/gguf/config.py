@@ -889,6 +889,14 @@ def spec_from_gguf(meta: Mapping, path: str, *, rope_freqs: np.ndarray | None = 
     from ..validate import check_gguf_sizes  # (validate imports config; late import)
 
     check_gguf_sizes(meta, path)  # sizes are bounded before any per-layer table is built
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if vocab_size is not None and tokens is not None and len(tokens) != vocab_size:
+        # llama.cpp sizes token_embd by the token list and refuses the file; run as is, the head
+        # would sample ids the tokenizer cannot print (fewer tokens) or a prompt would reach
+        # rows the embedding lacks (more). Converters pad the list ([PADi]) to the rows.
+        raise SterError(f"{path}: tokenizer.ggml.tokens holds {len(tokens)} tokens, but token_embd.weight has "
+                        f"{vocab_size} rows; the file is damaged or its vocabulary is not this model's "
+                        "(llama.cpp refuses it too): download it again or re-convert the model")
     arch = meta.get("general.architecture")
     family = family_for_architecture(arch, path)
     if arch in LLAMA_CPP_VIA_CONFIG:  # (group DS4)
