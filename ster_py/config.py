@@ -463,6 +463,15 @@ class _Reader:
         return float(v)
 
 
+def _rope_object(value, name: str, r: _Reader) -> Mapping:
+    """``value`` if it is an object of rope parameters; else a SterError naming ``name``."""
+    if not isinstance(value, Mapping):
+        null = "null, or " if "." not in name else ""  # (one layer type's set cannot be null)
+        raise SterError(f"{r.config_name}: {name} is {str(value)[:60]}, not an object of rope parameters "
+                        f"({null}{{\"rope_type\": ..., \"factor\": ...}}); fix config.json")
+    return value
+
+
 def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     """The (full-attention, sliding-attention or None) rope parameter sets of a config.
 
@@ -472,17 +481,20 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     for a LongRoPE set that lacks it.
     """
     rp = config.get("rope_parameters")
-    if isinstance(rp, Mapping) and ("full_attention" in rp or "sliding_attention" in rp):
-        full = dict(rp.get("full_attention") or rp.get("sliding_attention"))
+    # A rope_parameters that is not an object once fell through to the defaults (the model ran
+    # with rope_theta 10000) and a per-type list of pairs was read as an object: both refused.
+    if rp is not None:
+        _rope_object(rp, "rope_parameters", r)
+        for kind in ("full_attention", "sliding_attention"):
+            if kind in rp:
+                _rope_object(rp[kind], f"rope_parameters.{kind}", r)
+    if rp is not None and ("full_attention" in rp or "sliding_attention" in rp):
+        full = dict(rp.get("full_attention") or rp.get("sliding_attention") or {})
         sliding = dict(rp["sliding_attention"]) if "sliding_attention" in rp else None
-    elif isinstance(rp, Mapping):
+    elif rp is not None:
         full, sliding = dict(rp), None
     else:
-        scaling = config.get("rope_scaling") or {}
-        if not isinstance(scaling, Mapping):
-            raise SterError(f"{r.config_name}: rope_scaling is {str(scaling)[:60]}, not an object of rope parameters "
-                            "(null, or {\"rope_type\": ..., \"factor\": ...}); fix config.json")
-        full = dict(scaling)
+        full = dict(_rope_object(config.get("rope_scaling") or {}, "rope_scaling", r))
         if "rope_type" not in full and "type" in full:
             full["rope_type"] = full.pop("type")
         full.setdefault("rope_theta", r.get("rope_theta", 10000.0))

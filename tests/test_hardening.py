@@ -899,6 +899,23 @@ def test_config_values_of_the_wrong_kind_are_named(llama_dir, changes, words):
     assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
 
 
+# s18 breaker (mutation fuzzing): a rope_parameters that is not an object ran with the default
+# rotation (rope_theta 10000), a per-type list of pairs was read as an object, and a per-type
+# number or null ended in a TypeError's words.
+@pytest.mark.parametrize("rope, words", [
+    (-1, "rope_parameters is -1, not an object"), ("x", "rope_parameters is x, not an object"),
+    ([1], "rope_parameters is \\[1\\], not an object"),
+    ({"full_attention": [["rope_theta", 5e5]]}, "rope_parameters.full_attention is \\[\\['rope_theta'"),
+    ({"full_attention": {"rope_theta": 5e5}, "sliding_attention": None}, "rope_parameters.sliding_attention is None"),
+    ({"full_attention": {"rope_theta": 5e5}, "sliding_attention": 5}, "rope_parameters.sliding_attention is 5"),
+])
+def test_rope_parameters_that_are_not_objects_are_refused(llama_dir, rope, words):
+    config = {**json.loads((llama_dir / "config.json").read_text()), "rope_parameters": rope}
+    with pytest.raises(SterError, match=words) as info:
+        _spec_of(config)
+    assert not re.search(r"(Value|Type|Overflow)Error", str(info.value))
+
+
 @pytest.mark.parametrize("factor", [float("nan"), float("inf"), -0.5])
 def test_ling25_partial_rotary_factor_must_be_a_fraction(factor):
     from test_parity_ling25 import _BASE
