@@ -36,6 +36,7 @@ import numpy as np
 
 from .artifacts import KIND_WORDS, check_model, read_json, sniff
 from .errors import SterError
+from .steering import check_model_fields
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ALIASES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
@@ -253,6 +254,7 @@ def _read_ster(side: Path, weights: Path) -> LoraAdapter:
     rank, alpha = doc["rank"], doc["alpha"]
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SterError(f"adapter sidecar {side}: rank must be a positive integer, got {rank!r}")
+    check_model_fields(doc, f"adapter sidecar {side}", "fix the adapter's JSON file")  # (compared as paths)
     rslora = _switch(doc, "rslora", f"adapter sidecar {side}")
     alpha = _check_alpha(alpha, rank, rslora, f"adapter sidecar {side}: alpha")
     targets = []
@@ -395,6 +397,9 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SterError(f"PEFT adapter {config_path}: r must be a positive integer, got {rank!r}")
+    # A number here ended in a TypeError where the base model's name is compared as a path.
+    check_model_fields(cfg, f"PEFT adapter {config_path}", "fix adapter_config.json",
+                       keys=("base_model_name_or_path", "revision"))
     alpha = _check_alpha(alpha, rank, switches["use_rslora"], f"PEFT adapter {config_path}: lora_alpha")
     tensors = _load_tensors(weights)
     ad = LoraAdapter(config_path, "peft", cfg.get("base_model_name_or_path"), cfg.get("revision"), rank,

@@ -65,10 +65,11 @@ def json_value(value) -> str:
     return f"{shown} ({kind})" if kind else shown
 
 
-def check_model_fields(doc: dict, where: str, advice: str) -> None:
-    """Refuse an artifact whose ``model`` or ``model_revision`` is neither a string nor null (what
-    ``artifacts.check_model`` compares); the message names ``where`` and ends with ``advice``."""
-    for key in ("model", "model_revision"):
+def check_model_fields(doc: dict, where: str, advice: str, keys=("model", "model_revision")) -> None:
+    """Refuse an artifact whose ``model`` or ``model_revision`` (PEFT's adapter_config.json: ``keys``
+    base_model_name_or_path, revision) is neither a string nor null (what ``artifacts.check_model``
+    compares); the message names ``where`` and ends with ``advice``."""
+    for key in keys:
         if doc.get(key) is not None and not isinstance(doc[key], str):
             raise SterError(f"{where}: {key} must be a string or null, got {json_value(doc[key])}; {advice}")
 

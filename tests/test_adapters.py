@@ -507,6 +507,27 @@ def test_ster_sidecar_rslora_must_be_a_json_boolean(f32_case, tmp_path):
     _refused(tmp_path, base_dir, side, "rslora must be true or false")
 
 
+@pytest.mark.parametrize("key, value", [("base_model_name_or_path", 0), ("revision", ["main"])])
+def test_peft_base_model_and_revision_must_be_strings(f32_case, tmp_path, key, value):
+    """A number as the base model's name ended generate and merge in a TypeError traceback (s18 fuzzing)."""
+    from ster_py.adapters import load_adapter_for
+    from ster_py.load import load_model
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    bad = _peft_copy(adapter_dir, tmp_path / "bad", {key: value})
+    words = f"{key} must be a string or null"
+    _refused(tmp_path, base_dir, bad, words)
+    with pytest.raises(SterError, match=words):
+        load_adapter_for(str(bad), load_model(str(base_dir)))
+
+
+@pytest.mark.parametrize("key, value", [("model", 0), ("model_revision", 5)])
+def test_ster_sidecar_model_and_revision_must_be_strings(f32_case, tmp_path, key, value):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    side = ster_layout_from_peft(adapter_dir, tmp_path / "ad", **{"model": str(base_dir), key: value})
+    _refused(tmp_path, base_dir, side, f"{key} must be a string or null")
+
+
 def test_alpha_zero_merges_with_a_warning(f32_case, tmp_path):
     """lora_alpha 0 is legal (scale 0) but makes the adapter a no-op: merged, with a warning in the report."""
     base_dir, adapter_dir, _, _, _ = f32_case
