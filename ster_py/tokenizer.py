@@ -247,9 +247,10 @@ class Tokenizer:
         eos_ids: list[int] = []
         for name in ("generation_config.json", "config.json"):
             data = _read_json_object(directory / name)
-            eos_ids += _as_id_list(data.get("eos_token_id"))
+            eos_ids += _as_id_list(data.get("eos_token_id"), directory / name, "eos_token_id")
             if isinstance(data.get("text_config"), dict):
-                eos_ids += _as_id_list(data["text_config"].get("eos_token_id"))
+                eos_ids += _as_id_list(data["text_config"].get("eos_token_id"), directory / name,
+                                       "text_config.eos_token_id")
 
         tokenizer = cls(
             tk,
@@ -827,11 +828,14 @@ def _read_chat_templates(directory: Path, config: dict) -> tuple[dict[str, str],
     return {}, None
 
 
-def _as_id_list(value: Any) -> list[int]:
-    if isinstance(value, bool) or value is None:
+def _as_id_list(value: Any, path: Path, key: str) -> list[int]:
+    """An ``eos_token_id``: an id, a list of ids, or null. Anything else ("2", 2.5, [[2]], true) was
+    once dropped in silence, and generation ran past the model's end token; now refused by name."""
+    if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SterError(f"failed to load tokenizer {path}: {key} must be a token id (an integer) or a list "
+                            f"of them, got {json.dumps(v)[:40]}; fix the file")
+    return values

@@ -709,6 +709,12 @@ def _hf_copy(llama_dir, dst, **files):
     ({"special_tokens_map__json": {"eos_token": {"content": None}}}, "special_tokens_map.json: eos_token.content"),
     ({"special_tokens_map__json": "text"}, "special_tokens_map.json: it holds a JSON str"),
     ({"generation_config__json": [1, 2]}, "generation_config.json: it holds a JSON list"),
+    # s18 fuzzing: these eos ids were dropped in silence (generation ran past the end token)
+    ({"generation_config__json": {"eos_token_id": "2"}}, 'eos_token_id must be a token id (an integer) or a list '
+                                                         'of them, got "2"'),
+    ({"generation_config__json": {"eos_token_id": [2, [3]]}}, "eos_token_id must be a token id"),
+    ({"generation_config__json": {"eos_token_id": 2.5}}, "eos_token_id must be a token id"),
+    ({"config__json": {"text_config": {"eos_token_id": True}}}, "text_config.eos_token_id must be a token id"),
 ])
 def test_malformed_files_beside_tokenizer_json(llama_dir, tmp_path, files, words):
     from ster_py.tokenizer import Tokenizer
