@@ -1922,7 +1922,13 @@ def family_fields(config: Mapping, family: FamilySpec, *, hidden: int, heads: in
         elif family.attn_multiplier_key:
             attn_scale = r.number(family.attn_multiplier_key, head_dim ** -0.5)
         else:
-            attn_scale = (r.number(family.attn_scale_key, None) or head_dim) ** -0.5
+            # 0 once fell back to head_dim in silence (transformers divides by zero) and a negative
+            # value was named as a complex attention scale: the key is checked by name.
+            scalar = r.number(family.attn_scale_key, None)
+            if scalar is not None and scalar <= 0:
+                raise SterError(f"invalid model config {config_name}: {family.attn_scale_key} must be a number "
+                                f"above 0 (the scores are scaled by its inverse square root), got {scalar:g}")
+            attn_scale = (scalar or head_dim) ** -0.5
     logit_scale = r.number(family.logit_scale_key, 1.0)
     return dict(
         norm_unit_offset=family.norm_unit_offset,

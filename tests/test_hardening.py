@@ -173,6 +173,9 @@ def test_layer_types_must_match_the_layers(llama_dir, tmp_path, layer_types, wor
     ("cohere", {"logit_scale": -0.0625}, "logit scale"),
     ("olmo", {"clip_qkv": 0}, "clip_qkv"),
     ("olmo", {"clip_qkv": -8.0}, "clip_qkv"),
+    # s18 fuzzing: 0 ran with head_dim in its place; -4 was shown as a complex attention scale
+    ("gemma2", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a number above 0 .*got 0$"),
+    ("gemma2", {"query_pre_attn_scalar": -4}, "query_pre_attn_scalar must be a number above 0 .*got -4$"),
 ])
 def test_scales_must_be_positive(model_type, changes, words):
     from ster_py.config import spec_from_config
