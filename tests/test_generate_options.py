@@ -101,7 +101,6 @@ def test_stop_string_and_prompt_file(tiny_chat, tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--logprobs", "2"], "--logprobs needs --json"),
     (["--thinking", "on"], "no thinking switch"),
-    (["--thinking", "maybe"], "--thinking must be on or off"),
     (["--stop", ""], "non-empty"),
     (["--min-p", "2"], "--min-p must be in [0, 1]"),
     (["--repeat-penalty", "0"], "--repeat-penalty must be"),
@@ -109,6 +108,16 @@ def test_stop_string_and_prompt_file(tiny_chat, tmp_path):
 def test_refusals(tiny_chat, args, words):
     r = ster("generate", "--model", str(tiny_chat), "-p", "w10", *args)
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_thinking_takes_on_off_auto_as_chat_does(tiny_chat):
+    """generate's --thinking is chat's: auto (the default) leaves the template's switch alone."""
+    r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--thinking", "maybe")
+    assert r.returncode == 2 and "'maybe' is not one of 'on', 'off', 'auto'" in r.stderr
+    plain = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--max-new-tokens", "3", "--json", "-q")
+    auto = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--max-new-tokens", "3", "--json", "-q",
+                "--thinking", "auto")
+    assert auto.returncode == 0 and json.loads(auto.stdout)["ids"] == json.loads(plain.stdout)["ids"]
 
 
 def test_prompt_and_file_exclusive_and_tools_need_a_template(tmp_path):
