@@ -67,6 +67,12 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def require() -> None:
+    """Raise SterError (naming the portable install) unless llama-cpp-python is installed."""
+    if not available():
+        raise _missing()
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -128,8 +134,7 @@ def logits(gguf_file: str | os.PathLike, prompts: Sequence[Sequence[int]], *, th
         SterError: llama-cpp-python is missing; llama.cpp cannot load the file, fails to
             decode, crashes (names the signal and the portable reinstall) or times out.
     """
-    if not available():
-        raise _missing()
+    require()
     prompts = [[int(t) for t in p] for p in prompts]
     if not prompts or any(not p for p in prompts):
         raise SterError("llama.cpp needs at least one token per prompt")
@@ -150,8 +155,7 @@ def logits_of_files(gguf_files: Sequence[str | os.PathLike], prompt: Sequence[in
     Raises:
         SterError: as ``logits`` (a crash, a decode failure).
     """
-    if not available():
-        raise _missing()
+    require()
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise SterError("llama.cpp needs at least one token per prompt")
@@ -176,8 +180,7 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, thre
     """
     if ftype not in FTYPES:
         raise SterError(f"unknown llama.cpp file type {ftype!r}; one of {', '.join(FTYPES)}")
-    if not available():
-        raise _missing()
+    require()
     dst = Path(dst)
     _run({"job": "quantize", "model": str(Path(src).resolve()), "ftype": FTYPES[ftype], "threads": threads,
           "pure": bool(pure), "out": str(dst.resolve())}, f"quantizing {src} to {ftype}", timeout)
@@ -200,8 +203,7 @@ def greedy(gguf_file: str | os.PathLike, prompt: Sequence[int], n: int, *,
     Raises:
         SterError: as ``logits``; a control vector llama.cpp's rules refuse.
     """
-    if not available():
-        raise _missing()
+    require()
     prompt = [int(t) for t in prompt]
     if not prompt or n < 0:
         raise SterError("llama.cpp's greedy decode needs a non-empty prompt and n >= 0")
@@ -221,8 +223,7 @@ def tokenize(gguf_file: str | os.PathLike, texts: Sequence[str], *, add_special:
     Raises:
         SterError: as ``logits``.
     """
-    if not available():
-        raise _missing()
+    require()
     with tempfile.TemporaryDirectory(prefix="ster-llamacpp-out-") as tmp:
         out = Path(tmp) / "tokens.npz"
         _run({"job": "tokenize", "model": str(Path(gguf_file).resolve()), "texts": list(texts),
@@ -249,8 +250,7 @@ def perplexity(gguf_file: str | os.PathLike, text: str, n_ctx: int = 512, *, max
     Raises:
         SterError: as ``logits``; a text shorter than two windows.
     """
-    if not available():
-        raise _missing()
+    require()
     with tempfile.TemporaryDirectory(prefix="ster-llamacpp-out-") as tmp:
         out = Path(tmp) / "ppl.npz"
         _run({"job": "perplexity", "model": str(Path(gguf_file).resolve()), "text": text, "n_ctx": int(n_ctx),

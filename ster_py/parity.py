@@ -214,6 +214,17 @@ def _require_transformers() -> None:
                        'checkout of ster-py, or pip install torch transformers') from None
 
 
+def _require_llamacpp(resolved) -> None:
+    """Raise SterError unless llama.cpp can be the reference for ``resolved``: a GGUF model, and
+    llama-cpp-python installed (looked up, not imported)."""
+    from . import llamacpp
+
+    if resolved.gguf_file is None:
+        raise SterError(f"--reference llama.cpp needs a GGUF model, and {resolved.model} is a safetensors "
+                        "checkpoint; use --reference transformers, or pass the .gguf file")
+    llamacpp.require()
+
+
 def transformers_reference(resolved) -> Reference:
     """A reference that runs Transformers on the model ``resolved`` describes.
 
@@ -298,9 +309,7 @@ def llamacpp_reference(resolved, prompts: Sequence[Sequence[int]]) -> Reference:
     """
     from . import llamacpp
 
-    if resolved.gguf_file is None:
-        raise SterError(f"--reference llama.cpp needs a GGUF model, and {resolved.model} is a safetensors "
-                        "checkpoint; use --reference transformers, or pass the .gguf file")
+    _require_llamacpp(resolved)
     keys = [tuple(int(t) for t in ids) for ids in prompts]
     results = dict(zip(keys, llamacpp.logits(resolved.gguf_file, keys)))
 
@@ -425,8 +434,11 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         if not p.ids:
             raise SterError(f"the prompt {p.text!r} encodes to no tokens")
     if reference_fn is None:
+        # before the progress line: a missing package, or a model the reference cannot take, is said first
         if reference == "transformers":
-            _require_transformers()   # before the progress line: a missing package is said first
+            _require_transformers()
+        else:
+            _require_llamacpp(loaded.resolved)
         if progress:  # loading transformers and its copy of the model takes tens of seconds
             progress("loading the reference", 0, None)
         if reference == "transformers":

@@ -193,6 +193,24 @@ def test_llamacpp_reference_needs_a_gguf_and_the_package(tmp_path, monkeypatch):
         llamacpp_reference(resolve(str(fake)), [[1, 2]])
 
 
+@pytest.mark.real
+def test_llamacpp_refusals_come_before_the_reference_is_announced(tmp_path, smollm2_gguf, monkeypatch):
+    """A safetensors model, or a missing llama-cpp-python, is refused before 'loading the reference...'
+    (a new user saw that line announce a reference that could not run)."""
+    events = []
+
+    def progress(event, done, total):
+        events.append(event)
+
+    make_checkpoint(tmp_path, "llama")
+    with pytest.raises(SterError, match="needs a GGUF model"):
+        run_parity(load_model(str(tmp_path)), [PROMPT], reference="llama.cpp", progress=progress)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(SterError, match="needs llama-cpp-python"):
+        run_parity(load_model(str(smollm2_gguf)), ["Hello"], reference="llama.cpp", progress=progress)
+    assert "loading the reference" not in events
+
+
 def _need_llama_cpp():
     from ster_py import llamacpp
 
