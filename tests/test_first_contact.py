@@ -334,7 +334,7 @@ def test_every_library_progress_event_is_labelled_with_its_unit():
     from ster_py.cli import progress_event
 
     units = {"verify": "bytes", "hub": "bytes", "extract": "bytes", "download model.safetensors": "bytes",
-             "downloaded weights": "bytes", "pip": "wheels", "map weights": "files", "capture": "prompts",
+             "downloaded weights": "bytes", "pip": "bytes", "map weights": "files", "capture": "prompts",
              "parity": "prompts", "merge": "tensors", "loading the reference": None}
     for event, unit in units.items():
         assert progress_event(event)[2] == unit, event

