@@ -31,7 +31,22 @@ def _compiler_has_openmp(compiler) -> bool:
     return True
 
 
+def _cores() -> int:
+    """The cores this process may run on (a container's share, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 class BuildExt(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        # pip passes no -j: the seven kernels compile side by side, one per core (the install's
+        # wait is mostly this compile; a new user measured 2:36 serial against 2:09 on 2 busy cores).
+        if not self.parallel:
+            self.parallel = _cores()
+
     def build_extensions(self):
         openmp = _compiler_has_openmp(self.compiler)
         for ext in self.extensions:
@@ -54,6 +69,7 @@ extensions = [
 setup(
     ext_modules=cythonize(
         extensions,
+        nthreads=_cores(),  # .pyx -> .c, one per core (the generated C is not in the repository)
         compiler_directives={"language_level": 3, "boundscheck": False, "wraparound": False,
                              "cdivision": True, "initializedcheck": False},
     ),
