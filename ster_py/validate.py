@@ -137,12 +137,18 @@ GGUF_SIZE_KEYS = {"block_count": MAX_LAYERS, "attention.head_count": MAX_HEADS,
 def check_gguf_sizes(meta, source: str) -> None:
     """Refuse GGUF size metadata beyond ``SIZE_LIMITS`` before per-layer tables are built from it.
 
-    A size that is not a plain integer is left to the spec builder, which names it. Raises SterError.
+    A size that is a number but not an integer (a float, a boolean: llama.cpp reads these keys as
+    integers and refuses other types) is refused by name; one of another kind (a per-layer array) is
+    left to the spec builder, which names it. Raises SterError.
     """
     arch = meta.get("general.architecture")
     for key, limit in GGUF_SIZE_KEYS.items():
         v = meta.get(f"{arch}.{key}")
-        if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > limit:
+        # (a float sliding_window was truncated by int(), or, at 1e30, overflowed the attention kernel's C long)
+        if isinstance(v, (float, np.floating, bool, np.bool_)):
+            raise SterError(f"{source}: GGUF metadata {arch}.{key} must be a whole number, got {brief_value(v)}; "
+                            "the file is corrupt or not a model ster can run")
+        if isinstance(v, (int, np.integer)) and v > limit:
             raise SterError(f"{source}: GGUF metadata {arch}.{key} is {int(v)}, above the limit of {limit}; "
                             "the file is corrupt or not a model ster can run")
 

@@ -341,6 +341,12 @@ def _gguf_meta(**changes):
     # head counts may be stated per layer (llama.cpp's get_key_or_arr), one per layer of block_count
     ({"attention__head_count_kv": [2, 2, 2]}, "llama.attention.head_count_kv must list a count in 1..4096 for "
                                               "each of the 2 layers"),
+    # s18 fuzzing: a float window was truncated by int() (2.5 ran as 2) or, at 1e30, overflowed the attention
+    # kernel's C long in a traceback; sizes are whole numbers (llama.cpp reads them as integers)
+    ({"attention__sliding_window": 2.5}, "llama.attention.sliding_window must be a whole number, got 2.5"),
+    ({"attention__sliding_window": 1e30}, "llama.attention.sliding_window must be a whole number, got 1e+30"),
+    ({"block_count": 2.0}, "llama.block_count must be a whole number, got 2.0"),
+    ({"context_length": True}, "llama.context_length must be a whole number, got True"),
 ])
 def test_gguf_rotary_and_per_layer_metadata_are_named(changes, words):
     from ster_py.gguf.config import spec_from_gguf
