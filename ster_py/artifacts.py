@@ -307,8 +307,14 @@ KIND_WORDS = {
 
 
 def _as_path(s: str) -> Path | None:
-    p = Path(s).expanduser()
-    return p.resolve() if p.exists() else None
+    """The existing file or directory a model name denotes, resolved; None for a name that is none (a
+    Hub id), including one no path can be: too long for the file system, or holding a NUL (an artifact's
+    ``model`` comes from a file a user was handed)."""
+    try:
+        p = Path(s).expanduser()
+        return p.resolve() if p.exists() else None
+    except (OSError, ValueError, RuntimeError):   # ENAMETOOLONG, EACCES; embedded NUL; a ~user that is none
+        return None
 
 
 def _sha256_of(path: Path) -> str:
@@ -338,7 +344,10 @@ def _same_gguf_content(claimed: str, claimed_revision: str | None, resolved) -> 
         return _sha256_of(Path(mine)) == claimed_revision
     theirs = _as_path(claimed)
     if rev and rev.startswith("sha256:") and theirs is not None and theirs.is_file():
-        return _sha256_of(theirs) == rev
+        try:
+            return _sha256_of(theirs) == rev
+        except OSError:   # a file this user cannot read is not shown to be the same
+            return False
     return False
 
 

@@ -540,3 +540,23 @@ def test_alpha_zero_merges_with_a_warning(f32_case, tmp_path):
     r = ster("generate", "--model", str(base_dir), "--adapter", str(zero), "-p", "w5", "--max-new-tokens", "1",
              "--chat-template", "off", "-q")
     assert r.returncode == 0 and "warning: adapter" in r.stderr and "lora_alpha 0" in r.stderr
+
+
+def test_a_base_model_name_no_path_can_be_is_a_name(f32_case, tmp_path):
+    """A base_model_name_or_path too long to be a file name (over 255 bytes) ended generate --adapter and
+    tune merge in OSError 'File name too long' (s18's adapter fuzzing): it is a name, like a Hub id, so the
+    adapter applies with the different-name warning; a steering vector naming such a model is refused by name."""
+    from ster_py.adapters import load_adapter_for
+    from ster_py.artifacts import check_model
+    from ster_py.load import load_model
+    from ster_py.resolve import resolve
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    long = "q" * 5000
+    named = _peft_copy(adapter_dir, tmp_path / "long", {"base_model_name_or_path": long})
+    loaded = load_model(str(base_dir))
+    assert any("names its base model" in n for n in load_adapter_for(str(named), loaded).notes)
+    report = merge_adapter(str(base_dir), str(named), tmp_path / "merged")
+    assert len(report["warnings"]) == 1
+    with pytest.raises(SterError, match="was made for model"):
+        check_model(tmp_path / "v.json", "steering vector", "/" + long, None, resolve(str(base_dir)))
