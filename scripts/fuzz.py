@@ -12,7 +12,11 @@ Four kinds of input, each mutated from a small valid seed built here (no network
   the index (values replaced, keys dropped, normalizers and decoders stacked, special
   files: symlinks to /dev/zero, FIFOs, directories, empty files);
 - ``template``: chat templates assembled from fragments (loops, nesting, filters with
-  extreme arguments, format strings, big numbers, repeats).
+  extreme arguments, format strings, big numbers, repeats);
+- ``adapter``: a PEFT LoRA adapter of the tiny checkpoint: its adapter_config.json (values
+  replaced, keys dropped or added, other targets, ranks, alphas, bases) and the JSON header
+  of its adapter_model.safetensors (as ``safetensors``); a case applies it at run time
+  (``generate --adapter``'s steps, one token) and merges it (``tune merge``).
 
 Each case runs ``inspect``, ``load``, a tokenize/render and one generated token (for the
 kinds that make a model) in a forked child under an address-space limit
@@ -49,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-KINDS = ("gguf", "safetensors", "checkpoint", "template")
+KINDS = ("gguf", "safetensors", "checkpoint", "template", "adapter")
 OUTCOMES = ("ok", "refused", "traceback", "memory", "signal", "timeout")
 BAD = ("traceback", "memory", "signal", "timeout")
 _EXIT = {"ok": 0, "refused": 10, "traceback": 11, "memory": 12}
@@ -155,6 +159,59 @@ def write_checkpoint(path: Path) -> None:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": TEMPLATE}))
+
+
+ADAPTER_RANK = 2
+ADAPTER_TARGETS = ("q_proj", "v_proj", "down_proj")
+
+
+def write_adapter(path: Path) -> None:
+    """A PEFT LoRA adapter for ``write_checkpoint``'s model (the files PEFT saves; no torch needed)."""
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    shapes = {k: v.shape for k, v in _weights(np.random.default_rng(0)).items()}
+    rng = np.random.default_rng(1)
+    tensors = {}
+    for i in range(DIMS["layers"]):
+        for target in ADAPTER_TARGETS:
+            part = "mlp" if target == "down_proj" else "self_attn"
+            out, inp = shapes[f"model.layers.{i}.{part}.{target}.weight"]
+            stem = f"base_model.model.model.layers.{i}.{part}.{target}"
+            tensors[stem + ".lora_A.weight"] = (rng.standard_normal((ADAPTER_RANK, inp)) * 0.1).astype(np.float32)
+            tensors[stem + ".lora_B.weight"] = (rng.standard_normal((out, ADAPTER_RANK)) * 0.1).astype(np.float32)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": ADAPTER_RANK, "lora_alpha": 4,
+         "target_modules": list(ADAPTER_TARGETS), "base_model_name_or_path": None, "revision": None,
+         "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "bias": "none",
+         "modules_to_save": None, "layers_to_transform": None}))
+
+
+def mutate_adapter(rng: random.Random, seed_dir: Path, case_dir: Path) -> None:
+    """The seed adapter with its config's values and / or its weights' header mutated."""
+    shutil.copytree(seed_dir, case_dir)
+    if rng.random() < 0.5:
+        path = case_dir / "adapter_model.safetensors"
+        path.write_bytes(mutate_safetensors(rng, path.read_bytes()))
+        if rng.random() < 0.5:
+            return
+    cfg = _load(case_dir / "adapter_config.json")
+    keys = list(cfg) + ["layers_pattern", "rank_pattern", "alpha_pattern", "init_lora_weights", "lora_bias"]
+    for _ in range(rng.randint(1, 3)):
+        key, r = rng.choice(keys), rng.random()
+        if r < 0.15:
+            cfg.pop(key, None)
+        elif r < 0.3:
+            cfg[key] = rng.choice([["q_proj"], ["o_proj", "gate_proj"], "all-linear", [], ["lm_head"], ".*q_proj",
+                                   {"q_proj": 1}, ["q_proj"] * 3])
+        elif r < 0.45:
+            cfg[key] = rng.choice([0, 1, 2, 3, -1, 64, 2 ** 40, 0.5, -0.0, True, "2", None])
+        elif r < 0.55:
+            cfg[key] = rng.choice(["LORA", "LOHA", "IA3", "lora", "", "PROMPT_TUNING", "ADALORA"])
+        else:
+            cfg[key] = _json_value(rng)
+    _write(case_dir / "adapter_config.json", _dump(cfg))
 
 
 # GGUF value types
@@ -343,8 +400,8 @@ def mutate_safetensors(rng: random.Random, raw: bytes) -> bytes:
             offsets = list(entry.get("data_offsets") or [0, 0]) if isinstance(entry.get("data_offsets"), list) \
                 else [0, 0]
             op = rng.random()
-            if op < 0.5:
-                offsets[rng.randrange(2)] = "@@"
+            if op < 0.5 and offsets:   # (an earlier step may have left fewer than two)
+                offsets[rng.randrange(len(offsets))] = "@@"
             elif op < 0.8:
                 other = header.get(rng.choice(names))
                 offsets = list(other["data_offsets"]) if isinstance(other, dict) else [0, 4]  # overlap
@@ -533,9 +590,35 @@ def _use_model(model: str, loaded_ok: list, seconds: float | None = None) -> Non
     generate(loaded.decoder, ids[: 32] or [1], Sampling(max_new_tokens=1))
 
 
+def _use_adapter(model: str, adapter: str, out: Path) -> None:
+    """``generate --adapter``'s steps (read and check against the loaded model, apply, one token), then
+    ``tune merge``; the first refusal is raised after both ran."""
+    from ster_py.adapters import apply_adapter, load_adapter_for
+    from ster_py.errors import SterError
+    from ster_py.generate import Sampling, generate
+    from ster_py.load import load_model
+    from ster_py.tune.merge import merge_adapter
+
+    def at_run_time():
+        loaded = load_model(model)
+        apply_adapter(loaded, load_adapter_for(adapter, loaded))
+        generate(loaded.decoder, [1, 5, 6], Sampling(max_new_tokens=1))
+
+    refusals = []
+    for step in (at_run_time, lambda: merge_adapter(model, adapter, out)):
+        try:
+            step()
+        except SterError as e:
+            refusals.append(e)
+    if refusals:
+        raise refusals[0]
+
+
 def run_case(kind: str, case_dir: Path) -> None:
     """The work of one case (in the child)."""
-    if kind == "gguf":
+    if kind == "adapter":
+        _use_adapter(str(case_dir / "base"), str(case_dir / "a"), case_dir / "merged")
+    elif kind == "gguf":
         _use_model(str(case_dir / "m.gguf"), [])
     elif kind in ("safetensors", "checkpoint"):
         _use_model(str(case_dir / "m"), [])
@@ -556,6 +639,9 @@ def make_case(kind: str, rng: random.Random, seeds: dict, case_dir: Path) -> Non
         (case_dir / "m" / "model.safetensors").write_bytes(mutate_safetensors(rng, seeds["safetensors"]))
     elif kind == "checkpoint":
         mutate_checkpoint(rng, seeds["dir"], case_dir / "m")
+    elif kind == "adapter":
+        (case_dir / "base").symlink_to(seeds["dir"], target_is_directory=True)   # the base is not mutated
+        mutate_adapter(rng, seeds["adapter"], case_dir / "a")
     else:
         (case_dir / "t.jinja").write_text(random_template(rng), encoding="utf-8", errors="surrogatepass")
 
@@ -672,7 +758,9 @@ def run(kind: str, cases: int, seed: int, jobs: int, memory: int, timeout: float
 def build_seeds(work: Path) -> dict:
     seed_dir = work / "seed-checkpoint"
     write_checkpoint(seed_dir)
-    return {"dir": seed_dir, "safetensors": (seed_dir / "model.safetensors").read_bytes(), "gguf": gguf_seed()}
+    write_adapter(work / "seed-adapter")
+    return {"dir": seed_dir, "safetensors": (seed_dir / "model.safetensors").read_bytes(), "gguf": gguf_seed(),
+            "adapter": work / "seed-adapter"}
 
 
 def check_seeds(seeds: dict, work: Path) -> None:
@@ -680,6 +768,7 @@ def check_seeds(seeds: dict, work: Path) -> None:
     (work / "seed.gguf").write_bytes(gguf_bytes(*seeds["gguf"]))
     _use_model(str(work / "seed.gguf"), [], seconds=120)  # a loaded machine must not fail the seeds
     _use_model(str(seeds["dir"]), [], seconds=120)
+    _use_adapter(str(seeds["dir"]), str(seeds["adapter"]), work / "seed-merged")
 
 
 def main(argv=None) -> int:
@@ -702,6 +791,7 @@ def main(argv=None) -> int:
     import ster_py.generate  # noqa: F401
     import ster_py.inspect  # noqa: F401
     import ster_py.load  # noqa: F401
+    import ster_py.tune.merge  # noqa: F401
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="ster-fuzz-") as tmp:

@@ -362,7 +362,7 @@ def test_fuzz_smoke_run_has_no_traceback_signal_timeout_or_memory_outcome(tmp_pa
                         "--findings", str(tmp_path / "findings"), "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     counts = json.loads(out.read_text())
-    assert set(counts) == {"gguf", "safetensors", "checkpoint", "template"}, r.stderr[-2000:]
+    assert set(counts) == {"gguf", "safetensors", "checkpoint", "template", "adapter"}, r.stderr[-2000:]
     for kind, c in counts.items():
         assert sum(c[o] for o in ("ok", "refused", "traceback", "memory", "signal", "timeout")) == 75, (kind, c)
         assert c["traceback"] == c["memory"] == c["signal"] == c["timeout"] == 0, (kind, c["examples"])
