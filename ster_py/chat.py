@@ -65,6 +65,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from .errors import SterError
+from .files import expand_user
 
 __all__ = ["render_chat", "check_surrogates", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
            "load_model_template", "NOW_ENV", "TIME_LIMIT_ENV", "DEFAULT_TIME_LIMIT", "DEFAULT_MAX_CHARS",
@@ -1239,7 +1240,7 @@ def load_model_template(model: str, revision: str | None = None, *, progress=Non
         SterError: nothing readable there, an unreadable file, or any refusal of
             ``load_tokenizer`` for a Hub id.
     """
-    path = Path(model).expanduser()
+    path = expand_user(model, "model")
     if path.is_file():
         if path.suffix != ".gguf":
             raise SterError(f"{model} is a file but not a .gguf file; give a .gguf file or a model directory "
@@ -1281,7 +1282,7 @@ def surely_lacks_chat_template(model: str) -> bool:
     """
     from .presets import PRESETS, cached_path
 
-    path = Path(model).expanduser()
+    path = expand_user(model, "model")
     if not path.exists() and model in PRESETS:
         path = cached_path(model)
     try:

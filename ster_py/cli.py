@@ -664,10 +664,10 @@ def _table(*columns: str):
 @app.command()
 def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.")) -> None:
     """Named models pinned by SHA-256 (usable as --model NAME), and whether they are cached."""
-    from .presets import DEFAULT_PRESET, PRESETS, cached_path
+    from .presets import DEFAULT_PRESET, PRESETS, is_cached
 
     rows = [{"name": p.name, "default": p.name == DEFAULT_PRESET, "file": p.filename, "sha256": p.sha256,
-             "size": p.size, "hub": f"{p.hub.repo_id}/{p.hub.filename}", "cached": cached_path(p.name).is_file(),
+             "size": p.size, "hub": f"{p.hub.repo_id}/{p.hub.filename}", "cached": is_cached(p.name),
              "description": p.description} for p in PRESETS.values()]
     if as_json:
         print(json.dumps(rows, indent=2))

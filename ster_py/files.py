@@ -55,6 +55,19 @@ NAME_MAX = 255
 PATH_MAX = 4096
 
 
+def expand_user(text: str | os.PathLike, what: str) -> Path:
+    """``Path(text)`` with a leading ``~`` or ``~name`` made the home folder, as a shell does.
+
+    Raises:
+        SterError: ``~name`` names no user here (pathlib raises RuntimeError, which ended commands
+            given ``--model ~nosuchuser/x`` in a traceback).
+    """
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise SterError(f"{what} {str(text)!r}: its ~ names no home folder here; give the full path") from None
+
+
 def check_path_name(path: str | os.PathLike, what: str) -> None:
     """Refuse a path the operating system cannot name, before it is looked at.
 

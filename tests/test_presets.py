@@ -398,3 +398,32 @@ def test_pip_download_reports_bytes_as_they_arrive(tmp_path, monkeypatch):
     size = wheel.stat().st_size
     assert any(0 < n < size for n in seen), seen   # seen on its way, not only at the end
     assert seen == sorted(seen)
+
+
+def test_cache_settings_no_path_can_be_are_errors_not_tracebacks(tiny, tmp_path, monkeypatch):
+    """s18 breaker: '~nosuchuser/x' (pathlib's RuntimeError), a 5,000-character folder (ENAMETOOLONG) and a
+    folder where the cached file belongs (IsADirectoryError) ended commands in tracebacks."""
+    from ster_py.resolve import resolve
+
+    monkeypatch.setenv("STER_PRESET_CACHE", "~nosuchuser-s18/x")
+    with pytest.raises(SterError, match="STER_PRESET_CACHE '~nosuchuser-s18/x': its ~ names no home folder"):
+        fetch_preset(tiny.name)
+    with pytest.raises(SterError, match="model '~nosuchuser-s18/m': its ~ names no home folder"):
+        resolve("~nosuchuser-s18/m")
+    monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / ("a" * 5000)))
+    assert not presets.is_cached(tiny.name)
+    with pytest.raises(SterError, match="cannot use the preset cache's entry .*File name too long"):
+        fetch_preset(tiny.name)
+    monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / "cache"))
+    presets.cached_path(tiny.name).mkdir(parents=True)
+    with pytest.raises(SterError, match="cannot use the preset cache's entry .*Is a directory"):
+        fetch_preset(tiny.name)
+
+
+def test_wheelhouse_setting_expands_its_tilde_as_pip_does(tiny, tmp_path, monkeypatch):
+    """pip expands '~' in its -d folder; ster looked in ./~/wheels for what pip had put in the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("STER_WHEELHOUSE", "~/wh")
+    _write_wheels(tmp_path / "wh", tiny)
+    monkeypatch.setattr(presets, "_pip_download", _no_source)   # the wheels are there, in the home folder
+    assert fetch_preset(tiny.name).read_bytes() == CONTENT
