@@ -328,3 +328,23 @@ def test_captures_record_local_models_by_absolute_path(tiny, tmp_path, monkeypat
     mask = os.umask(0)
     os.umask(mask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_model_file_of_another_size_is_not_hashed(tmp_path, monkeypatch):
+    """A vector naming a local file as its model is matched with a preset by SHA-256 only when the file has the
+    loaded GGUF's size: one made for a 40 GB GGUF, tried with the default preset, was hashed whole first."""
+    from ster_py import artifacts
+    from ster_py.resolve import resolve
+
+    loaded = tmp_path / "m.gguf"
+    loaded.write_bytes(b"GGUF" + bytes(60))
+    big = tmp_path / "big.gguf"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)   # sparse: 1 GiB that takes no disk
+    resolved = resolve(str(loaded), "sha256:" + "0" * 64)
+
+    def no_hash(path):
+        raise AssertionError(f"{path} was hashed")
+
+    monkeypatch.setattr(artifacts, "_sha256_of", no_hash)
+    assert not artifacts._same_gguf_content(str(big), None, resolved)
