@@ -672,6 +672,12 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    if out.width < 60:   # too narrow for a table: each name whole on its own line, the rest below it
+        for r in rows:
+            out.print(escape(r["name"]), highlight=False)
+            out.print(f"  {r['size'] / 2**20:.0f} MiB, {'cached' if r['cached'] else 'not cached'}"
+                      + (", the default" if r["default"] else ""), highlight=False)
+        return
     table = _table("name", "size", "cached", "description")
     for r in rows:
         table.add_row(r["name"], f"{r['size'] / 2**20:.0f} MiB", "yes" if r["cached"] else "no",
