@@ -231,7 +231,9 @@ def vector_caa(
     write_vector(vec, output)
     if quiet:
         return
-    err.print(f"[dim]steering vector for {escape(str(vec.model))}: layers {format_layers(vec.directions)}; "
+    # the model name comes from the captures' sidecars: terminal escapes in it are shown, not obeyed
+    model = str(vec.model) if str(vec.model).isprintable() else repr(vec.model)
+    err.print(f"[dim]steering vector for {escape(model)}: layers {format_layers(vec.directions)}; "
               f"wrote {escape(str(output))}[/]")
 
 

@@ -348,3 +348,21 @@ def test_a_model_file_of_another_size_is_not_hashed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(artifacts, "_sha256_of", no_hash)
     assert not artifacts._same_gguf_content(str(big), None, resolved)
+
+
+def test_vector_caa_shows_a_model_name_with_terminal_escapes_and_does_not_send_them(tiny, tmp_path):
+    """The model name comes from the captures' sidecars: ESC sequences in it were written to the terminal raw."""
+    path, _ = tiny
+    (tmp_path / "pos.txt").write_text("w5 w6\n")
+    (tmp_path / "neg.txt").write_text("w50 w51\n")
+    for side in ("pos", "neg"):
+        r = ster("capture", "--model", str(path), "--prompts", str(tmp_path / f"{side}.txt"), "--layers", "0",
+                 "--output", str(tmp_path / f"{side}.safetensors"))
+        assert r.returncode == 0, r.stderr
+        sidecar = tmp_path / f"{side}.json"
+        doc = json.loads(sidecar.read_text())
+        sidecar.write_text(json.dumps({**doc, "model": "\x1b[31mRED\x1b]0;title\x07"}))
+    r = ster("vector", "caa", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+             str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stderr and "\\x1b[31mRED" in r.stderr
