@@ -65,7 +65,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from .errors import SterError
-from .files import expand_user
+from .files import check_path_name, expand_user
 
 __all__ = ["render_chat", "check_surrogates", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
            "load_model_template", "NOW_ENV", "TIME_LIMIT_ENV", "DEFAULT_TIME_LIMIT", "DEFAULT_MAX_CHARS",
@@ -1241,6 +1241,7 @@ def load_model_template(model: str, revision: str | None = None, *, progress=Non
             ``load_tokenizer`` for a Hub id.
     """
     path = expand_user(model, "model")
+    check_path_name(path, "model")   # a name too long to be a path is an error line, not OSError's traceback
     if path.is_file():
         if path.suffix != ".gguf":
             raise SterError(f"{model} is a file but not a .gguf file; give a .gguf file or a model directory "
@@ -1283,9 +1284,9 @@ def surely_lacks_chat_template(model: str) -> bool:
     from .presets import PRESETS, cached_path
 
     path = expand_user(model, "model")
-    if not path.exists() and model in PRESETS:
-        path = cached_path(model)
     try:
+        if not path.exists() and model in PRESETS:
+            path = cached_path(model)
         if path.is_file() and path.suffix == ".gguf":
             return "default" not in _gguf_template(path).templates
         if path.is_dir() and (path / "tokenizer.json").is_file():
@@ -1296,7 +1297,7 @@ def surely_lacks_chat_template(model: str) -> bool:
         if path.is_dir():
             ggufs = sorted(path.glob("*.gguf"))
             return len(ggufs) == 1 and "default" not in _gguf_template(ggufs[0]).templates
-    except SterError:
+    except (SterError, OSError):   # (a name too long to be a path: the load that follows says so)
         pass
     return False
 

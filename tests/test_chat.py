@@ -482,3 +482,13 @@ def test_errors_name_template_and_line(tiny, name):
         render_chat(template, CONVERSATIONS["plain"], source="my.jinja")
     assert str(info.value).startswith(f"chat template my.jinja, line {line}")
     assert words in str(info.value)
+
+
+def test_a_model_name_too_long_to_be_a_path_is_an_error_line_in_chat_and_template_render():
+    """ster chat's early template check and template render stat()ed a 5,000-character --model: OSError
+    ENAMETOOLONG, a traceback (the breaker's finding); the load that follows (chat) or the render itself says so."""
+    from ster_py.chat import load_model_template, surely_lacks_chat_template
+
+    assert surely_lacks_chat_template("a" * 5000) is False
+    with pytest.raises(SterError, match="File name too long"):
+        load_model_template("a" * 5000)
