@@ -65,7 +65,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from .errors import SterError
-from .files import check_path_name, expand_user
+from .files import expand_user, user_path
 
 __all__ = ["render_chat", "check_surrogates", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
            "load_model_template", "NOW_ENV", "TIME_LIMIT_ENV", "DEFAULT_TIME_LIMIT", "DEFAULT_MAX_CHARS",
@@ -1240,8 +1240,7 @@ def load_model_template(model: str, revision: str | None = None, *, progress=Non
         SterError: nothing readable there, an unreadable file, or any refusal of
             ``load_tokenizer`` for a Hub id.
     """
-    path = expand_user(model, "model")
-    check_path_name(path, "model")   # a name too long to be a path is an error line, not OSError's traceback
+    path = user_path(model, "the model path")   # (a name too long to be a path: an error line, not OSError's)
     if path.is_file():
         if path.suffix != ".gguf":
             raise SterError(f"{model} is a file but not a .gguf file; give a .gguf file or a model directory "

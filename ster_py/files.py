@@ -68,6 +68,16 @@ def expand_user(text: str | os.PathLike, what: str) -> Path:
         raise SterError(f"{what} {str(text)!r}: its ~ names no home folder here; give the full path") from None
 
 
+def user_path(text: str | os.PathLike, what: str) -> Path:
+    """A path the user typed, ready to be looked at: ``check_path_name``, then ``expand_user``.
+
+    Raises:
+        SterError: as those two (a name too long to be a path, a ``~name`` of no user).
+    """
+    check_path_name(text, what)
+    return expand_user(text, what)
+
+
 def check_path_name(path: str | os.PathLike, what: str) -> None:
     """Refuse a path the operating system cannot name, before it is looked at.
 

@@ -11,7 +11,7 @@ from typing import Callable
 from .config import ModelSpec, spec_from_config
 from .decoder.model import Decoder
 from .errors import SterError
-from .files import expand_user
+from .files import user_path
 from .resolve import Resolved, resolve
 from .tokenizer import Tokenizer
 from .validate import check_config, check_spec, interpret
@@ -153,7 +153,7 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
     """
     from pathlib import Path
 
-    path = expand_user(model, "model")
+    path = user_path(model, "the model path")
     if path.is_dir() and any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.jsonl", "tekken.json")):
         return Tokenizer.from_dir(path)  # tokenizer.json, PLaMo's tokenizer.jsonl or Mistral's tekken.json
     if not (path.is_file() and path.name.endswith(".gguf")):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ster_py.errors import SterError
-from ster_py.files import check_path_name, expand_user
+from ster_py.files import user_path
 
 if TYPE_CHECKING:  # families imports nothing from here; the annotation is for readers
     from ster_py.families import FamilySpec
@@ -162,8 +162,7 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
         # An empty or blank --model is a mistake, never a request for the default preset or the Hub.
         raise SterError(f"no model given (--model is {model!r}); pass a local directory, a .gguf file, "
                         "a preset name or a Hugging Face Hub id")
-    check_path_name(model, "the model path")
-    path = expand_user(model, "model")
+    path = user_path(model, "the model path")
     if path.is_dir():
         return _resolve_dir(model, path.absolute(), revision)
     if path.is_file():

@@ -280,3 +280,13 @@ def test_bad_ster_threads_is_refused_by_the_cli(tiny_llama, value):
              env={**os.environ, "STER_THREADS": value})
     assert r.returncode == 1 and r.stderr.startswith("error:") and "STER_THREADS" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_tokenize_a_model_name_too_long_to_be_a_path_is_an_error_line():
+    """load_tokenizer stat()ed the name first: OSError ENAMETOOLONG, a traceback (files.user_path now checks it,
+    as resolve and template render do)."""
+    from ster_py.errors import SterError
+    from ster_py.load import load_tokenizer
+
+    with pytest.raises(SterError, match="cannot use the model path a+\\.\\.\\.: File name too long"):
+        load_tokenizer("a" * 5000)

@@ -409,7 +409,7 @@ def test_cache_settings_no_path_can_be_are_errors_not_tracebacks(tiny, tmp_path,
     monkeypatch.setenv("STER_PRESET_CACHE", "~nosuchuser-s18/x")
     with pytest.raises(SterError, match="STER_PRESET_CACHE '~nosuchuser-s18/x': its ~ names no home folder"):
         fetch_preset(tiny.name)
-    with pytest.raises(SterError, match="model '~nosuchuser-s18/m': its ~ names no home folder"):
+    with pytest.raises(SterError, match="the model path '~nosuchuser-s18/m': its ~ names no home folder"):
         resolve("~nosuchuser-s18/m")
     monkeypatch.setenv("STER_PRESET_CACHE", str(tmp_path / ("a" * 5000)))
     assert not presets.is_cached(tiny.name)
