@@ -164,7 +164,8 @@ def read_safetensors_header(path: Path, m=None) -> tuple[int, dict[str, tuple[st
     relative to the data start. Every dimension and offset is a JSON integer below 2**63,
     the element count (an exact Python product, no int64 wrap) times the dtype's size is
     ``end - begin``, every range lies inside the file, and no two tensors' bytes overlap
-    (what the safetensors library also refuses), so ``inspect`` and loading agree.
+    (what the safetensors library also refuses), and ``__metadata__`` is null or an object of
+    strings (likewise), so ``inspect`` and loading agree.
 
     Raises ValueError / OSError with the reason (the caller wraps it in a SterError).
     """
@@ -190,6 +191,10 @@ def read_safetensors_header(path: Path, m=None) -> tuple[int, dict[str, tuple[st
     base, index, spans = 8 + n, {}, []
     for name, info in header.items():
         if name == "__metadata__":
+            # a map of strings or null, as the safetensors library reads it (it refuses the rest)
+            if info is not None and (not isinstance(info, dict)
+                                     or not all(isinstance(v, str) for v in info.values())):
+                raise ValueError(f"its __metadata__ {str(info)[:200]} is not an object of strings")
             continue
         if not isinstance(info, dict) or not isinstance(info.get("shape"), list) \
                 or not isinstance(info.get("data_offsets"), list) or len(info["data_offsets"]) != 2 \

@@ -105,6 +105,32 @@ def test_safetensors_header_numbers_out_of_range_are_ster_errors(llama_dir, tmp_
             fn(str(path))
 
 
+@pytest.mark.parametrize("metadata", ['null', '{"a": "x"}', '{"a": 1}', '{"a": null}', '"text"', '[]',
+                                      '{"a": {"b": "c"}}'])
+def test_safetensors_metadata_is_read_as_the_safetensors_library_reads_it(llama_dir, tmp_path, metadata):
+    # The oracle: the safetensors library accepts __metadata__ only as null or an object of strings.
+    from safetensors.numpy import load_file
+
+    from ster_py.load import load_model
+
+    path = _copy(llama_dir, tmp_path / "m")
+    header, data = _read_st(path / "model.safetensors")
+    header.pop("__metadata__", None)
+    text = json.dumps({"__metadata__": "@@", **header}).replace('"@@"', metadata)
+    _write_st(path / "model.safetensors", text, data)
+    try:
+        load_file(str(path / "model.safetensors"))
+        library_reads = True
+    except Exception:
+        library_reads = False
+    if library_reads:
+        load_model(str(path))
+    else:
+        with pytest.raises(SterError, match="__metadata__"):
+            load_model(str(path))
+        assert_clean_refusal(ster("inspect", str(path)), "__metadata__")
+
+
 # ------------------------------------------------------------------ GGUF q/k un-permutation
 
 @pytest.mark.parametrize("shape", [(6, 8), (4, 8, 8), (12, 8)])
