@@ -170,7 +170,7 @@ def detect_format(template: str | None, vocabulary: Collection[str] | None = Non
         tools, close = "granite", GRANITE[1] if GRANITE[1] in template else None
     elif "tool_calls" in template and '"parameters"' in template:
         tools = "bare_json"
-    return ReplyFormat(think=think, think_header=header, thinking_switch=switch if think else None, tools=tools,
+    return ReplyFormat(think=think, think_header=header, thinking_switch=switch, tools=tools,
                        tool_close=close, takes_tools="tools" in variables)
 
 

@@ -195,6 +195,22 @@ def test_thinking_switch_and_starting_state_follow_the_template(templates_dir, n
         assert fmt.starts_thinking(on)
 
 
+@pytest.mark.parametrize("name", TEMPLATE_NAMES)
+def test_a_switch_that_changes_the_prompt_is_detected(templates_dir, name):  # noqa: F811
+    """Whether or not the template writes <think> markers (Apertus, Command R7B and Kimi K3 mark
+    reasoning otherwise), a variable that changes the rendered prompt is the switch --thinking sets."""
+    template = _source(templates_dir, name)
+    changes = []
+    for var in ("enable_thinking", "thinking"):
+        try:
+            if render(template, [USER], True, **{var: True}) != render(template, [USER], True, **{var: False}):
+                changes.append(var)
+        except Exception:  # noqa: BLE001 - this template refuses a plain turn (tests/test_templates.py)
+            return
+    if changes:
+        assert detect_format(template).thinking_switch in changes
+
+
 # ------------------------------------------------------------------ synthetic replies per syntax
 
 TAGGED = ReplyFormat(think=("<think>", "</think>"), tools="tagged_json", tool_close="</tool_call>")
