@@ -104,6 +104,11 @@ def _run(request: dict, what: str, timeout: float) -> None:
         raise SterError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"llama.cpp failed {what}")
     if proc.returncode == 4:
         raise _missing()
+    if proc.returncode == 5:
+        reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason given"
+        raise SterError(f"llama-cpp-python is installed but does not import ({reason}); reinstall it: "
+                        f'CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" pip install --force-reinstall --no-cache-dir --no-deps '
+                        "llama-cpp-python==0.3.36")
     raise SterError(f"llama.cpp failed while {what} (exit status {proc.returncode})"
                     + (f":\n{tail}" if tail else ""))
 
@@ -481,8 +486,16 @@ def _child(request_path: str) -> None:
     req = json.loads(Path(request_path).read_text())
     try:
         import llama_cpp as L
-    except ImportError:
-        sys.exit(4)
+    except Exception as e:  # noqa: BLE001 - any failure to import is reported to the parent
+        import importlib.util
+
+        if isinstance(e, ImportError) and importlib.util.find_spec("llama_cpp") is None:
+            sys.exit(4)
+        # Installed but broken (a shared library that does not load, a wrong build): the reason
+        # is the last line the parent shows.
+        print(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:500],
+              file=sys.stderr)
+        sys.exit(5)
     L.llama_backend_init()
     jobs = {"logits": _child_logits, "quantize": _child_quantize, "greedy": _child_greedy,
             "logits_of_files": _child_logits_of_files,

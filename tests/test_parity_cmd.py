@@ -7,6 +7,7 @@ layer that must diverge first is known by construction.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,22 @@ def test_a_crashing_llamacpp_is_reported_not_fatal(tmp_path, monkeypatch):
     fake.write_bytes(b"GGUF")
     with pytest.raises(SterError, match=r"llama.cpp crashed \(SIGSEGV\).*GGML_NATIVE=OFF"):
         llamacpp_reference(resolve(str(fake)), [[1, 2, 3]])
+
+
+def test_a_llamacpp_that_does_not_import_is_not_called_missing(tmp_path, monkeypatch):
+    """Installed but broken (its shared library does not load): the error gives import's reason and the
+    reinstall, not 'missing' with the first install's command."""
+    _need_llama_cpp()
+    broken = tmp_path / "site" / "llama_cpp"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise OSError("libllama.so: cannot open shared object file")\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF")
+    with pytest.raises(SterError, match=r"installed but does not import \(OSError: libllama.so: cannot open shared "
+                                        r"object file\); reinstall it: CMAKE_ARGS=.*--force-reinstall") as e:
+        llamacpp_reference(resolve(str(fake)), [[1, 2, 3]])
+    assert "missing" not in str(e.value)
 
 
 def test_llamacpp_refusing_a_file_is_an_error_line(tmp_path):
