@@ -485,7 +485,7 @@ def generate(
             "precision": loaded.precision, "quantize": loaded.quantize, "kv_cache": kv_cache,
             # whether some product rounded its inputs to bf16 (bf16 weights, a CPU with AVX512_BF16)
             "bf16_inputs": bf16_rounded_products() > rounded_before,
-            "chat_template": prompt_.chat_template,
+            "chat_template": prompt_.chat_template, "thinking": thinking.value,
             "text": text, "ids": result.ids, "prompt_ids": reply.prompt_ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
             "adapter": adapter, "warnings": loaded.warnings,

@@ -118,6 +118,7 @@ def test_thinking_takes_on_off_auto_as_chat_does(tiny_chat):
     auto = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--max-new-tokens", "3", "--json", "-q",
                 "--thinking", "auto")
     assert auto.returncode == 0 and json.loads(auto.stdout)["ids"] == json.loads(plain.stdout)["ids"]
+    assert json.loads(plain.stdout)["thinking"] == json.loads(auto.stdout)["thinking"] == "auto"   # what was asked
 
 
 def test_prompt_and_file_exclusive_and_tools_need_a_template(tmp_path):
