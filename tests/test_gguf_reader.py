@@ -294,14 +294,52 @@ def test_duplicate_names(tmp_path):
     refused(tmp_path, c.build(), "tensor 'w' appears twice")
 
 
-def test_tensors_sharing_bytes_are_refused(tmp_path):
-    # llama.cpp refuses such a file; read as is, 'b' would silently run 'a''s weights.
-    c = one_q8_tensor(one_q8_tensor(Craft(), "a"), "b", offset=0)
-    refused(tmp_path, c.build(), "'a'", "'b'", "share bytes")
-    c = one_q8_tensor(one_q8_tensor(Craft(), "a", rows=4), "b", offset=64)  # 'a' is 136 bytes: 'b' starts inside it
-    refused(tmp_path, c.build(), "'a'", "'b'", "share bytes")
-    # Empty tensors occupy no bytes, so they share none.
-    GGUFFile(write(tmp_path, one_q8_tensor(Craft(), "a").add_tensor("e", b"", (32, 0), Q8_0, offset=0).build()))
+def _llama_cpp_opens(path: str) -> bool:
+    """llama.cpp's own GGUF reader (gguf_init_from_file, without allocating tensor data) opens the file."""
+    import ctypes
+
+    lib = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle here").llama_cpp._lib
+
+    class Params(ctypes.Structure):
+        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+    lib.gguf_init_from_file.restype = ctypes.c_void_p
+    lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, Params]
+    lib.gguf_free.argtypes = [ctypes.c_void_p]
+    ctx = lib.gguf_init_from_file(path.encode(), Params(True, None))
+    if ctx:
+        lib.gguf_free(ctx)
+    return bool(ctx)
+
+
+@pytest.mark.parametrize("layout, fragments", [
+    ("packed", None),
+    ("empty last", None),
+    ("share", ("'a'", "'b'", "share bytes")),
+    ("inside", ("'a'", "'b'", "share bytes")),   # 'a' is 136 bytes: 'b' starts inside it
+    ("gap", ("'b'", "offset 128", "not at 96", "'a'")),
+    ("reversed", ("'a'", "offset 96", "not at 0")),
+    ("first not at 0", ("'a'", "offset 32", "not at 0")),
+    ("empty at 0", ("'e'", "offset 0", "not at 96")),
+])
+def test_tensor_layout_is_read_as_llama_cpp_reads_it(tmp_path, layout, fragments):
+    # Tensors one after another in the listed order, each padded to the alignment, is the only
+    # layout llama.cpp opens: overlaps (a tensor silently running another's weights), gaps and
+    # reorderings are refused by both.
+    c = {"packed": lambda: one_q8_tensor(one_q8_tensor(Craft(), "a"), "b"),
+         "empty last": lambda: one_q8_tensor(Craft(), "a").add_tensor("e", b"", (32, 0), Q8_0),
+         "share": lambda: one_q8_tensor(one_q8_tensor(Craft(), "a"), "b", offset=0),
+         "inside": lambda: one_q8_tensor(one_q8_tensor(Craft(), "a", rows=4), "b", offset=64),
+         "gap": lambda: one_q8_tensor(one_q8_tensor(Craft(), "a"), "b", offset=128),
+         "reversed": lambda: one_q8_tensor(one_q8_tensor(Craft(), "a", offset=96), "b", offset=0),
+         "first not at 0": lambda: one_q8_tensor(Craft(), "a", offset=32),
+         "empty at 0": lambda: one_q8_tensor(Craft(), "a").add_tensor("e", b"", (32, 0), Q8_0, offset=0)}[layout]()
+    path = write(tmp_path, c.build())
+    assert _llama_cpp_opens(path) == (fragments is None)
+    if fragments is None:
+        GGUFFile(path)
+    else:
+        refused(tmp_path, c.build(), *fragments)
 
 
 def test_row_not_whole_blocks(tmp_path):

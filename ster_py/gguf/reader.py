@@ -394,13 +394,24 @@ class GGUFFile:
             raw = np.frombuffer(self._map, dtype=np.uint8, count=nbytes, offset=start)
             self.tensors[name] = GGUFTensor(name, type_id, t.name, dims, tuple(reversed(dims)),
                                             offset, nbytes, raw)
-        # Two tensors on the same bytes: llama.cpp refuses the file (each offset must follow the
-        # previous tensor's end); read as is, one tensor would silently run the other's weights.
-        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
-        for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-            if begin < end:
-                raise p.fail(f"tensors {first!r} and {second!r} share bytes (tensor {second!r} starts at offset "
-                             f"{begin} of the data section, before {first!r} ends at {end})")
+        # llama.cpp opens a file only when its tensors lie one after another in the listed order,
+        # each starting where the one before ends, padded to the alignment (gguf_init_from_file).
+        # Read as is, a tensor on another's bytes would silently run its weights; a gap or a
+        # reordering means the file was damaged or written by something llama.cpp cannot read.
+        expected, before = 0, None
+        for t in self.tensors.values():
+            if t.offset != expected:
+                if before is not None and t.nbytes and t.offset < before.offset + before.nbytes:
+                    raise p.fail(f"tensors {before.name!r} and {t.name!r} share bytes (tensor {t.name!r} starts at "
+                                 f"offset {t.offset} of the data section, before {before.name!r} ends at "
+                                 f"{before.offset + before.nbytes})")
+                where = (f"where {before.name!r}, listed before it, ends, padded to the alignment {self.alignment}"
+                         if before is not None else "the first tensor listed starts the data section")
+                raise p.fail(f"tensor {t.name!r} starts at offset {t.offset} of the data section, not at {expected} "
+                             f"({where}); llama.cpp reads only tensors stored one after another in the order "
+                             "the file lists them")
+            expected += -(-t.nbytes // self.alignment) * self.alignment
+            before = t
         if unsupported and not allow_unsupported:
             name, t = unsupported[0]
             n_more = len(unsupported) - 1
