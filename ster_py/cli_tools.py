@@ -56,7 +56,8 @@ def parity(
         None, help="Largest relative logit error ||ours - ref|| / ||ref|| that passes; also the threshold for the "
         "first divergent layer. Default: 1e-4 against transformers, 0.1 against llama.cpp (which rounds "
         "activations to 8 bits inside its quantized products); with --quantize, q8_0 0.1, q4_0 0.8, q4_k 0.3 "
-        "(about three times the error llama.cpp's own files of that type show)."),
+        "(about three times the error llama.cpp's own files of that type show); with a --precision that rounds "
+        "the stored weights (a float32 checkpoint as f16 or bf16), f16 4e-3, bf16 2e-2."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),

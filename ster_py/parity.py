@@ -35,6 +35,10 @@ DEFAULT_TOLERANCES = {"transformers": 1e-4, "llama.cpp": 0.1}
 #: (scripts/quantize_error.py on SmolLM2 and Gemma 3: Q8_0 0.023-0.034, Q4_0 0.25-0.27, Q4_K_S 0.09-0.10), since
 #: short prompts scatter more than those runs' 45 positions (runbook/performance.md).
 QUANTIZED_TOLERANCES = {"q8_0": 0.1, "q4_0": 0.8, "q4_k": 0.3}
+#: --tolerance when none is given for a --precision that rounds the stored weights (a float32 checkpoint held
+#: as f16 or bf16), against transformers' float32 on the stored weights: about four times the largest error
+#: of the two default prompts on SmolLM2-135M and Gemma 3 270M (f16 5e-4 to 1.0e-3, bf16 2.2e-3 to 4.7e-3).
+ROUNDED_TOLERANCES = {"f16": 4e-3, "bf16": 2e-2}
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n")
 
 # The reference runs eager attention (exact soft-capping and windows), except where
@@ -410,7 +414,8 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         reference: "transformers" or "llama.cpp".
         tolerance: a prompt passes when its relative logit error is at most this; it is also
             the threshold that decides the first divergent layer. None: ``QUANTIZED_TOLERANCES``'
-            entry for a model quantized on load, else the reference's ``DEFAULT_TOLERANCES`` entry.
+            entry for a model quantized on load, ``ROUNDED_TOLERANCES``' for a precision that rounds
+            the stored weights (against transformers), else the reference's ``DEFAULT_TOLERANCES`` entry.
         reference_fn: use this reference instead of building one (tests, reuse).
         progress: optional ``progress(event, done, total)`` callback: ``("loading the
             reference", 0, None)`` once before the reference loads, then ``("parity", done, total)``.
@@ -424,8 +429,13 @@ def run_parity(loaded, prompts: Sequence[str], *, reference: str = "transformers
         raise SterError(f"--reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     if tolerance is None:
         quantize = getattr(loaded, "quantize", None)
-        tolerance = QUANTIZED_TOLERANCES.get(quantize, DEFAULT_TOLERANCES[reference]) if quantize else \
-            DEFAULT_TOLERANCES[reference]
+        rounds = getattr(loaded.decoder.weights, "rounds_weights", lambda: False)()
+        if quantize:
+            tolerance = QUANTIZED_TOLERANCES.get(quantize, DEFAULT_TOLERANCES[reference])
+        elif reference == "transformers" and rounds:   # the reference runs the stored, unrounded weights
+            tolerance = ROUNDED_TOLERANCES.get(loaded.precision, DEFAULT_TOLERANCES[reference])
+        else:
+            tolerance = DEFAULT_TOLERANCES[reference]
     if not tolerance >= 0:
         raise SterError(f"--tolerance must be 0 or more, got {tolerance}")
     context = prompt_context(loaded.spec)

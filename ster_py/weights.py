@@ -320,6 +320,20 @@ class SafetensorsWeights(_Tracked):
         return t.astype(resident_dtype(self.precision, dtype), copy=False)
 
 
+    def rounds_weights(self) -> bool:
+        """Whether the precision holds some floating tensor the decoder read in a dtype that cannot
+        keep all its values (float32 held as f16 or bf16, bf16 as f16 and the reverse): the model
+        then differs from the stored one by that rounding."""
+        for name in self._asked:
+            entry = self._where.get(name)
+            if entry is None or not _is_float(entry[1]):
+                continue
+            stored, held = entry[1], resident_dtype(self.precision, entry[1])
+            if held.itemsize < stored.itemsize or (held.itemsize == stored.itemsize and held != stored):
+                return True
+        return False
+
+
 #: Tensors stored as integers that are tables, not weights (DeepSeek-V4's hash routing ``tid2eid``).
 INTEGER_TABLES = ("tid2eid",)
 

@@ -183,6 +183,26 @@ def test_missing_reference_package_names_the_extra(tmp_path, monkeypatch):
         run_parity(loaded, [PROMPT])
 
 
+def test_a_precision_that_rounds_the_weights_has_its_own_default_tolerance(tmp_path):
+    """--precision f16 / bf16 on a float32 checkpoint failed parity at 1e-4 by design (the rounding alone is
+    ~1e-3 / ~5e-3 on the real models): the default is then the rounding's. A bf16 checkpoint held as bf16
+    rounds nothing and keeps float32's default."""
+    import torch
+
+    from ster_py.parity import DEFAULT_TOLERANCES, ROUNDED_TOLERANCES
+
+    make_checkpoint(tmp_path / "f32", "llama")
+    make_checkpoint(tmp_path / "bf16", "llama", dtype=torch.bfloat16)
+    for kind in ("f16", "bf16"):
+        report = run_parity(load_model(str(tmp_path / "f32"), precision=kind), [PROMPT])
+        assert report.tolerance == ROUNDED_TOLERANCES[kind] and report.passed, report.to_json()
+        assert max(p.rel_error for p in report.prompts) > DEFAULT_TOLERANCES["transformers"] / 100  # it rounded
+        assert run_parity(load_model(str(tmp_path / "f32"), precision=kind), [PROMPT], tolerance=1e-9).tolerance == 1e-9
+    assert run_parity(load_model(str(tmp_path / "f32")), [PROMPT]).tolerance == DEFAULT_TOLERANCES["transformers"]
+    report = run_parity(load_model(str(tmp_path / "bf16"), precision="bf16"), [PROMPT])
+    assert report.tolerance == DEFAULT_TOLERANCES["transformers"] and report.passed
+
+
 def test_llamacpp_reference_needs_a_gguf_and_the_package(tmp_path, monkeypatch):
     make_checkpoint(tmp_path / "st", "llama")
     with pytest.raises(SterError, match="needs a GGUF model"):
