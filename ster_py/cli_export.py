@@ -40,7 +40,7 @@ def convert(
                                 "to a temporary name beside it and renamed when complete."),
     type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP, callback=_check_type),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: every core)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Threads for the quantizers (default: $STER_THREADS, else every core)."),
     as_json: bool = flag(False, "--json", help="Print the report as one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -102,7 +102,10 @@ def perplexity(
         show_warnings(loaded)
         ref = load_model(reference, revision, precision=precision.value, progress=progress) if reference else None
         result = run(loaded, text, ctx, reference=ref, max_chunks=chunks, progress=progress)
-    result = {**version_fields(), "model": loaded.resolved.model, "reference": reference, "file": str(file), **result}
+    result = {**version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
+              "precision": loaded.precision, "reference": reference,
+              "reference_revision": ref.model_revision if ref is not None else None, "file": str(file),
+              "warnings": loaded.warnings + (ref.warnings if ref is not None else []), **result}
     if as_json:
         print(json.dumps(result, indent=2))
         return

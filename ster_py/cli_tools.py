@@ -265,6 +265,6 @@ def tune_merge(
             report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
-    else:
+    elif not quiet:
         print_report(report, skip=("warnings",))
     warn(report["warnings"])

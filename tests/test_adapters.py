@@ -147,6 +147,7 @@ def test_peft_adapter_naming_a_hub_id_applies_to_a_local_copy_with_a_warning(f32
     (hub / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "org/tiny-llama"}))
     r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(hub), "--output", str(tmp_path / "m"), "-q")
     assert r.returncode == 0, r.stderr
+    assert r.stdout == ""   # -q: no report (as convert -q); the warning still prints
     assert "warning: adapter" in r.stderr and "names its base model 'org/tiny-llama'" in r.stderr
     check_against_peft(tmp_path / "m", state, bf16=False, base=base_dir)
     report = json.loads((tmp_path / "m" / "ster-merge.json").read_text())

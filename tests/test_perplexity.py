@@ -101,6 +101,9 @@ def test_cli_json(files, tmp_path):
 
     assert doc["ster_version"] == __version__
     assert doc["chunks"] == 2 and doc["tokens"] == 30 and doc["kld_mean"] > 0 and 0 < doc["same_top"] <= 1
+    # what the other commands' documents record about the model (a new user's finding: these were missing)
+    assert doc["precision"] == "f32" and doc["warnings"] == []
+    assert doc["model_revision"] is None and doc["reference_revision"] is None   # local files: no revision
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["f16"],
                         "--file", str(tmp_path / "t.txt"), "--ctx", "4096"], capture_output=True, text=True, timeout=600)
     # a window past the model's 128 positions is refused as generate's --ctx-size (issue 17: it ran silently)
