@@ -134,7 +134,14 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
     if reference is not None:
         ref_ids = text_ids(reference.tokenizer, text)
         if ref_ids != ids:
-            raise SterError("the reference model tokenizes the text differently; KL divergence compares models of "
+            at = next((i for i, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
+
+            def shown(t, ids_):   # the pieces from the first difference on, as the two tokenizers cut them
+                return " ".join(repr(t.decode([i], skip_special_tokens=False)) for i in ids_[at:at + 4])
+
+            raise SterError(f"the reference model tokenizes the text differently ({len(ids)} tokens against "
+                            f"{len(ref_ids)}; from token {at}: {shown(tok, ids) or 'the end'} against "
+                            f"{shown(reference.tokenizer, ref_ids) or 'the end'}); KL divergence compares models of "
                             "one vocabulary (for example two quantizations of one model)")
         if reference.spec.vocab_size != loaded.spec.vocab_size:
             raise SterError(f"the reference model's vocabulary has {reference.spec.vocab_size} entries, this "

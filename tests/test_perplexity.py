@@ -8,6 +8,7 @@ NLL, KL divergence, Δp and top-1 agreement.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -109,3 +110,18 @@ def test_cli_json(files, tmp_path):
     # a window past the model's 128 positions is refused as generate's --ctx-size (issue 17: it ran silently)
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
     assert "--ctx 4096 exceeds the model's maximum of 128 positions" in r.stderr, r.stderr
+
+
+def test_a_reference_that_tokenizes_otherwise_is_shown_where(files, monkeypatch):
+    """The refusal said only 'tokenizes the text differently'; it now gives both counts and the pieces from the
+    first difference on, so a user sees whether it is the vocabulary or a whitespace rule (a new user's finding)."""
+    from ster_py.load import load_model
+
+    model, ref = load_model(files["q4_0"]), load_model(files["f16"])
+    ids = text_ids(model.tokenizer, TEXT)
+    changed = ids[:5] + [ids[5] + 1] + ids[6:]
+    monkeypatch.setattr(ref.tokenizer, "encode", lambda text, add_special_tokens=True: list(changed))
+    piece = repr(model.tokenizer.decode([ids[5]], skip_special_tokens=False))
+    with pytest.raises(SterError, match=rf"tokenizes the text differently \({len(ids)} tokens against {len(ids)}; "
+                                        rf"from token 5: {re.escape(piece)}"):
+        perplexity(model, TEXT, 32, reference=ref, max_chunks=1)
