@@ -823,7 +823,7 @@ def _resolve_now(now: datetime | str | None) -> datetime:
         return datetime.fromisoformat(text)
     except ValueError:
         raise SterError(
-            f"cannot read the pinned clock {text!r} (from {'now=' if now is not None else NOW_ENV}); "
+            f"cannot read the pinned clock {text!r} (from {'--now' if now is not None else NOW_ENV}); "
             "give an ISO-8601 date-time such as 2026-10-18T09:30:00"
         ) from None
 

@@ -48,6 +48,7 @@ def _read_input_text(path, what: str) -> str:
 def _read_json(path: str, what: str):
     """The JSON document in ``path`` ("-" is stdin)."""
     text = _read_input_text(path, what)
+    path = "stdin" if str(path) == "-" else path   # named as the other messages name it
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -57,6 +58,24 @@ def _read_json(path: str, what: str):
         raise SterError(f"{path} is not valid JSON ({exc}); the {what} file must hold one JSON document") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise SterError(f"{path}: the {what} JSON is nested too deeply to read (thousands of levels)") from None
+
+
+def read_messages(path: str, *, empty_ok: bool = False) -> list[dict]:
+    """The conversation in a --messages file ("-" is stdin), as ``chat.check_messages`` accepts it.
+
+    Args:
+        empty_ok: accept ``[]`` (``ster chat``'s /save writes it for a conversation not begun).
+
+    Raises:
+        SterError: as ``_read_json`` (unreadable, too large, not UTF-8, not JSON) and ``check_messages``
+            (not a list of messages; the first bad message named).
+    """
+    from .chat import check_messages
+
+    doc = _read_json(path, "messages")
+    if empty_ok and doc == []:
+        return doc
+    return check_messages(doc, where="stdin" if path == "-" else path)
 
 
 def _variables(pairs: List[str]) -> dict:
@@ -146,7 +165,7 @@ def render(
     variables are undefined (render as empty text) unless --bos-token/--eos-token
     give them.
     """
-    from .chat import check_messages, check_tools, load_model_template, render_chat
+    from .chat import check_tools, load_model_template, render_chat
 
     if model is None and template is None:
         raise SterError("give --model (its chat template and BOS/EOS texts) or --template FILE, or both")
@@ -154,7 +173,7 @@ def render(
         raise SterError("--template-name picks one of the model's templates: use it with --model and without "
                         "--template")
     extra = _variables(var)
-    conversation = check_messages(_read_json(messages, "messages"), where="stdin" if messages == "-" else messages)
+    conversation = read_messages(messages)
     tool_list = check_tools(_read_json(tools, "tools"), where=tools) if tools is not None else None
 
     bos = eos = None

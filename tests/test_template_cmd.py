@@ -202,6 +202,10 @@ def test_bad_messages(tmp_path, files, content, expected):
 
 def test_refusals(tmp_path, files):
     t, m = str(files["template"]), str(files["messages"])
+    # the options named as the user typed them (a new user saw "from now=" and "-" here)
+    assert "cannot read the pinned clock 'tomorrow' (from --now)" in refused(ster("-t", t, "--messages", m,
+                                                                                   "--now", "tomorrow"))
+    assert "stdin is not valid JSON" in refused(ster("-t", t, "--messages", "-", stdin="[{"))
     assert "messages file not found: /nonexistent/m.json" in refused(ster("-t", t, "--messages", "/nonexistent/m.json"))
     assert "template file not found" in refused(ster("-t", str(tmp_path / "none.jinja"), "--messages", m))
     assert "give --model" in refused(ster("--messages", m))
