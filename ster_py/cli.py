@@ -689,7 +689,8 @@ from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector c
 from . import cli_text  # noqa: E402,F401  (registers tokenize, detokenize)
 from . import cli_template  # noqa: E402,F401  (registers template render)
 from . import cli_export  # noqa: E402,F401  (registers convert, perplexity, vector pca, vector export)
-from . import cli_chat  # noqa: E402,F401  (registers chat, serve)
+from . import cli_chat  # noqa: E402,F401  (registers chat)
+from . import cli_serve  # noqa: E402,F401  (registers serve)
 
 
 def main() -> None:
