@@ -170,6 +170,15 @@ def chat(
             _write("\n")
 
 
+def turn_summary(reply) -> str:
+    """The dim line after an answer: prompt tokens reused and prefilled, new tokens, why it stopped, speed."""
+    gen = reply.generation
+    rate = gen.decode_tokens_per_second
+    why = 'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason
+    return (f"prompt {plural(len(reply.prompt_ids), 'token')} (reused {gen.reused:,}, prefilled {gen.prefilled:,}), "
+            f"{plural(len(gen.ids), 'new token')} ({why})" + (f", {rate:.1f} tok/s" if rate else ""))
+
+
 def _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet) -> None:
     """The read-answer loop of ``ster chat`` (see ``chat``); returns on /quit, /exit or end of input."""
     dim, bold, reset = ("\x1b[2m", "\x1b[1m", "\x1b[0m") if styled else ("", "", "")
@@ -286,12 +295,7 @@ def _converse(session, loaded, messages, sampling, think, hook, key, styled, sho
         finally:
             signal.signal(signal.SIGINT, previous)
         _write("\n")
-        gen = reply.generation
         messages.append({"role": "assistant", "content": reply.text})
         if not quiet:
-            rate = gen.decode_tokens_per_second
-            why = 'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason
-            err.print(f"[dim]prompt {plural(len(reply.prompt_ids), 'token')} (reused {gen.reused}, prefilled "
-                      f"{gen.prefilled}), {plural(len(gen.ids), 'new token')} ({why})"
-                      + (f", {rate:.1f} tok/s" if rate else "") + "[/]", highlight=False)
+            err.print(f"[dim]{escape(turn_summary(reply))}[/]", highlight=False)
         session.prepare(messages, layer_hook=hook, key=key, thinking=think)

@@ -215,3 +215,29 @@ def test_smollm2_three_turns_bit_exact(smollm2_gguf):
         session.prepare(messages)
         history = session.cache.ids
     assert "Paris" in messages[1]["content"]
+
+
+def _piped(*args, stdin: str):
+    """``ster ARGS`` with ``stdin`` piped in: (exit status, stdout, stderr)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args], input=stdin,
+                       capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_summary_writes_every_count_with_thousands_separators(tmp_path):
+    """A long first turn: the second's summary has four-digit counts, each written 1,234 (the reused and
+    prefilled counts were written 1234 beside a prompt of 1,234)."""
+    path = tmp_path / "long"
+    make_checkpoint(path, "llama", max_position_embeddings=4096)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, chat_template=CHAT_TEMPLATE)))
+    first = " ".join(f"w{10 + i % 100}" for i in range(1100))
+    status, _, err = _piped("chat", "--model", str(path), "--max-new-tokens", "2", stdin=f"{first}\n{first}\n")
+    assert status == 0
+    lines = [line for line in err.splitlines() if line.startswith("prompt ")]
+    assert re.fullmatch(r"prompt 1,103 tokens \(reused 0, prefilled 1,103\), 2 new tokens \(length\).*", lines[0])
+    assert re.fullmatch(r"prompt 2,2\d\d tokens \(reused 1,10\d, prefilled 1,1\d\d\), 2 new tokens \(length\).*",
+                        lines[1]), lines
