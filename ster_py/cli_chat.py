@@ -20,7 +20,7 @@ from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, T
                   Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
                   show_warnings, thinking_value)
-from .errors import SterError
+from .errors import ContextFull, SterError
 
 
 def save_conversation(messages: list[dict], path: Path) -> None:
@@ -170,6 +170,25 @@ def chat(
             _write("\n")
 
 
+def context_full_advice(session, messages: list[dict]) -> str:
+    """What a chat user can do when ``messages`` (the last one the user's new message) outgrow the context.
+
+    The conversation never fits again (it only grows), so the way on is a shorter history: /reset, or a
+    shorter message when the message alone is too long; a larger --ctx-size only in a new session.
+    """
+    from .generate import context_limit
+
+    context = context_limit(session.loaded.spec, session.ctx_size)
+    model = context_limit(session.loaded.spec)
+    larger = (f"; next time, a larger --ctx-size (the model takes up to {int(model):,}) holds more"
+              if context < model else "")
+    if any(m["role"] != "system" for m in messages[:-1]):
+        return (f"the conversation has outgrown the context of {int(context):,} positions, so this message was "
+                f"not sent: /reset to start over (the system prompt stays){larger}")
+    return (f"this message does not fit the context of {int(context):,} positions (with the system prompt, if "
+            f"any), so it was not sent: send a shorter one{larger}")
+
+
 def turn_summary(reply) -> str:
     """The dim line after an answer: prompt tokens reused and prefilled, new tokens, why it stopped, speed."""
     gen = reply.generation
@@ -287,6 +306,8 @@ def _converse(session, loaded, messages, sampling, think, hook, key, styled, sho
             reply = session.reply(messages, sampling, thinking=think, layer_hook=hook, key=key,
                                   on_event=on_event, cancelled=lambda: interrupted["flag"])
         except SterError as e:
+            if isinstance(e, ContextFull):  # the history is in the prompt: "shorten it" is no help here
+                e = SterError(context_full_advice(session, messages))
             messages.pop()
             if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
                 _write("\n")

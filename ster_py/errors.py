@@ -1,4 +1,4 @@
-"""The one exception type of ster-py."""
+"""The one exception type of ster-py (``SterError``), and its one subclass (``ContextFull``)."""
 
 #: Longest error message kept whole (characters). A message quoting a value read from a
 #: hostile file (a 10 M-character ``model_type``) keeps its head and tail around a marker.
@@ -20,3 +20,12 @@ class SterError(Exception):
             message = (f"{message[:head]} [... {len(message) - head - tail} characters cut ...] "
                        f"{message[-tail:]}")
         super().__init__(message, *args)
+
+
+class ContextFull(SterError):
+    """A prompt longer than the context holds (``generate.generate``, ``prompt.refuse_if_too_long``).
+
+    Its own type because what to do depends on who built the prompt: a command's user shortens
+    the prompt they gave, while ``ster chat``'s user never wrote the prompt (the history is in it)
+    and is told to ``/reset`` instead.
+    """

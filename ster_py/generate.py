@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .decoder.model import Decoder, LayerHook
-from .errors import SterError
+from .errors import ContextFull, SterError
 from .prefix import PromptCache
 
 
@@ -255,8 +255,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
 
     Raises:
         SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, a
-            ``ctx_size`` above the model's, a prompt longer than the context, or ``draft`` with a
-            temperature above 0 or ``n_draft`` below 1.
+            ``ctx_size`` above the model's, a prompt longer than the context (``ContextFull``), or
+            ``draft`` with a temperature above 0 or ``n_draft`` below 1.
     """
     sampling.validate()
     if draft is not None:
@@ -275,8 +275,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     out = Generation(prompt_ids=prompt, max_new_tokens=sampling.max_new_tokens)
     context = context_limit(decoder.spec, ctx_size)
     if len(prompt) > context:
-        raise SterError(f"the prompt is {len(prompt)} tokens, longer than the context of {context} "
-                        "positions; shorten it" + ("" if ctx_size is None else " or raise --ctx-size"))
+        raise ContextFull(f"the prompt is {len(prompt)} tokens, longer than the context of {context} "
+                          "positions; shorten it" + ("" if ctx_size is None else " or raise --ctx-size"))
     if sampling.max_new_tokens == 0:
         return out
     if cache is None:

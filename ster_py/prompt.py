@@ -10,7 +10,7 @@ import weakref
 from dataclasses import dataclass
 
 from .chat import DEFAULT_MAX_CHARS, build_messages, check_surrogates
-from .errors import SterError
+from .errors import ContextFull, SterError
 from .tokenizer import Tokenizer
 
 CHAT_TEMPLATE_MODES = ("auto", "off")
@@ -90,7 +90,7 @@ def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *
         add_special_tokens: as the caller will encode the text.
         what: how the error names the text.
     Raises:
-        SterError: the text is far longer than ``context`` tokens.
+        ContextFull: the text is far longer than ``context`` tokens.
     """
     if context is None or context == float("inf") or len(text) <= PIECE_CHARS:
         return
@@ -105,8 +105,8 @@ def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *
     if count > budget:
         counted = f"about {count:,} tokens" if start >= len(text) else \
             f"its first {start:,} characters alone are {count:,} tokens"
-        raise SterError(f"{what} is {len(text):,} characters, far more than the context of {int(context):,} tokens "
-                        f"holds ({counted}); shorten it")
+        raise ContextFull(f"{what} is {len(text):,} characters, far more than the context of {int(context):,} "
+                          f"tokens holds ({counted}); shorten it")
 
 
 def check_prompt_text(text: str, what: str = "--prompt") -> None:

@@ -241,3 +241,30 @@ def test_summary_writes_every_count_with_thousands_separators(tmp_path):
     assert re.fullmatch(r"prompt 1,103 tokens \(reused 0, prefilled 1,103\), 2 new tokens \(length\).*", lines[0])
     assert re.fullmatch(r"prompt 2,2\d\d tokens \(reused 1,10\d, prefilled 1,1\d\d\), 2 new tokens \(length\).*",
                         lines[1]), lines
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_conversation_past_the_context_says_reset_and_goes_on(tiny_chat, tmp_path):
+    """The turn that does not fit is not sent and not kept; the error says what a chat user can do (/reset,
+    a larger --ctx-size next time), not 'shorten it' (the history is in the prompt); after /reset the chat goes
+    on. A first message longer than the context alone asks for a shorter one (a short one and a huge one, whose
+    refusal comes from another place)."""
+    saved = tmp_path / "conv.json"
+    turn = " ".join(f"w{i}" for i in range(10, 20)) + "\n"
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "30", "-q", "--ctx-size", "120",
+                              stdin=turn * 4 + f"/save {saved}\n/reset\nw10\n")
+    assert status == 0 and len(out.splitlines()) == 4
+    assert _errors(err) == ["error: the conversation has outgrown the context of 120 positions, so this message was "
+                            "not sent: /reset to start over (the system prompt stays); next time, a larger --ctx-size "
+                            "(the model takes up to 256) holds more"]
+    assert [m["role"] for m in json.loads(saved.read_text())] == ["user", "assistant"] * 3
+    long_turn = " ".join(f"w{i}" for i in range(10, 40)) + "\n"
+    huge_turn = "w10 " * 20000 + "\n"   # refused by a count of its first pieces (prompt.refuse_if_too_long)
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "-q", "--ctx-size", "20",
+                              stdin=long_turn + huge_turn)
+    assert status == 0 and out == "" and len(_errors(err)) == 2
+    assert all("this message does not fit the context of 20 positions" in e and "send a shorter one" in e
+               for e in _errors(err))
