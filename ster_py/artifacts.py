@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
-import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
@@ -25,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import SterError
-from .files import sync_to_disk, write_error
+from .files import signals_held, sync_to_disk, temporary, write_error
 
 # numpy dtype -> safetensors dtype string.
 ST_DTYPES: dict[np.dtype, str] = {
@@ -148,14 +146,13 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
             written (``writing``); an ``OSError`` of the body (a full disk) or of the flush, as one
             "cannot write PATH: ...; nothing was written" (``files.write_error``).
     """
-    temps = []
-    try:
+    with ExitStack() as stack:
+        temps = []
         for p in paths:
             check_folder(p)
-            with writing(p):
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-            os.close(fd)
-            temps.append(Path(tmp))
+            with signals_held():   # made and put on the stack in one step (files.temporary)
+                temps.append(stack.enter_context(temporary(p.parent, f".{p.name}.", ".tmp", directory=False,
+                                                           target=p)))
         try:
             yield temps
             for tmp in temps:
@@ -167,10 +164,6 @@ def atomic_outputs(*paths: Path) -> Iterator[list[Path]]:
             with writing(p):
                 os.chmod(tmp, mode)
                 os.replace(tmp, p)
-    finally:
-        for tmp in temps:
-            if tmp.exists():
-                tmp.unlink()
 
 
 @contextmanager
@@ -205,9 +198,7 @@ def atomic_directory(target: Path, shown_as: Path | None = None) -> Iterator[Pat
     if target.exists():
         raise SterError(f"{target} already exists; choose a new --output directory or remove it first")
     check_folder(target)
-    with writing(target):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
+    with temporary(target.parent, f".{target.name}.", ".tmp", target=target) as tmp:
         try:
             yield tmp
             sync_to_disk(tmp)
@@ -218,9 +209,6 @@ def atomic_directory(target: Path, shown_as: Path | None = None) -> Iterator[Pat
         with writing(target):
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a new directory gets the usual permissions
             os.rename(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class _DuplicateKey(Exception):

@@ -9,14 +9,21 @@ memory nor time is spent before the check.
 Writing: every output goes through ``artifacts.atomic_outputs`` / ``atomic_directory`` (a
 temporary name, then a rename); ``write_error`` is the message they give for an ``OSError`` (a
 full disk, a quota, an I/O error) and ``sync_to_disk`` the flush they make before the rename.
+Every temporary they (and the merge and preset fetches) make comes from ``temporary``, which makes
+it and takes charge of its removal in one step that Ctrl-C cannot split.
 """
 from __future__ import annotations
 
 import errno
 import os
+import shutil
+import signal
 import stat
-from typing import Sequence
+import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, Sequence
 
 from .errors import SterError
 
@@ -169,3 +176,71 @@ def _fsync(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends: one that arrives meanwhile is acted on right after
+    (its handler as it was, or its default action). Python runs signal handlers in the main thread
+    whichever thread the kernel picks, so the handlers are swapped rather than the thread's signal
+    mask blocked; in other threads, which no handler interrupts, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    before = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            before[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)   # None: set outside Python
+        for sig in dict.fromkeys(arrived):
+            handler = before[sig]
+            if callable(handler):
+                handler(sig, None)          # Python's KeyboardInterrupt, or ster's own handler
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(sig)    # the default action: the process ends as it would have
+
+
+@contextmanager
+def temporary(folder: str | os.PathLike, prefix: str, suffix: str = "", *, directory: bool = True,
+              target: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A new temporary directory (or empty file, mode 0600) in ``folder``, removed when the block
+    ends if it is still there (the block may have renamed it into place).
+
+    It is made, and this function put in charge of removing it, with SIGINT and SIGTERM held: a
+    Ctrl-C landing between the two left an empty ``.NAME.xxxx.tmp`` folder beside an interrupted
+    output. Use it in a ``with`` statement (no Python code runs between its making and the block);
+    through an ``ExitStack``, enter it inside ``signals_held``.
+
+    Raises:
+        SterError: the temporary cannot be made, as ``write_error(target, ...)`` when ``target`` (the
+            output it stands for) is given.
+        OSError: the same, when no ``target`` is given.
+    """
+    path = None
+    try:
+        with signals_held():
+            try:
+                if directory:
+                    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=folder))
+                else:
+                    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+                    os.close(fd)
+                    path = Path(name)
+            except OSError as e:
+                if target is None:
+                    raise
+                raise write_error(target, e) from None
+        yield path
+    finally:
+        if path is not None:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass

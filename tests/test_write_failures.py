@@ -240,3 +240,28 @@ def test_serve_stops_promptly_on_sigterm(tmp_path):
         proc.kill()
     assert proc.returncode == 143 and time.monotonic() - start < 10, (proc.returncode, err)
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("maker", ["mkdtemp", "mkstemp"])
+def test_ctrl_c_right_after_a_temporary_is_made_leaves_nothing(tmp_path, monkeypatch, maker):
+    """A tester's interrupted `tune merge` once left an empty .NAME.xxxx.tmp folder: the Ctrl-C landed between
+    making the temporary and the code that removes it. Here SIGINT arrives the moment it exists."""
+    import tempfile
+
+    real = getattr(tempfile, maker)
+
+    def make_then_interrupt(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)   # the signal has arrived (held, or acted on at the next instruction)
+        return made
+
+    monkeypatch.setattr(tempfile, maker, make_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        if maker == "mkdtemp":
+            with atomic_directory(tmp_path / "out") as d:
+                (d / "f").write_text("x")
+        else:
+            with atomic_outputs(tmp_path / "out.json") as (tmp,):
+                tmp.write_text("x")
+    assert list(tmp_path.iterdir()) == []

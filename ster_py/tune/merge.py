@@ -28,8 +28,9 @@ import numpy as np
 
 from .. import __version__
 from ..adapters import WeightMap, check_adapter_for, read_adapter
-from ..artifacts import ST_DTYPES, atomic_directory, check_folder, write_safetensors, writing
+from ..artifacts import ST_DTYPES, atomic_directory, check_folder, write_safetensors
 from ..errors import SterError
+from ..files import temporary
 
 Progress = Callable[[str, int, "int | None"], None]
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # Transformers' save_pretrained default is 5 GB too
@@ -264,8 +265,6 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
     Raises:
         SterError: anything ``merge_adapter`` or ``convert_model`` refuses; an existing ``output``.
     """
-    import tempfile
-
     from ..convert import convert_model
     from ..gguf.recipe import file_type
 
@@ -274,14 +273,11 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
     check_folder(output)
-    with writing(output):  # an unwritable directory: one "cannot write" error
-        tmp = tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".merge", dir=output.parent)
-    try:
-        merged = Path(tmp) / "merged"
+    # an unwritable directory: one "cannot write" error
+    with temporary(output.parent, f".{output.name}.", ".merge", target=output) as tmp:
+        merged = tmp / "merged"
         report = merge_adapter(model, adapter, merged, revision=revision, progress=progress, shown_as=output)
         gguf = convert_model(str(merged), output, type_name, progress=progress)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     gguf["model"] = report["model"]
     report.update(output=str(output), files=[output.name], gguf=gguf)
     return report
