@@ -120,6 +120,9 @@ PROGRESS_EVENTS = {
     "parity": ("comparing", "prompts"),
     "merge": ("merging", "tensors"),
     "quantize": ("quantizing", "matrices"),
+    "perplexity": ("scoring", "windows"),
+    "read tensors": ("reading tensors", "layers"),
+    "write": ("writing", "bytes"),
 }
 
 

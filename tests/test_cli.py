@@ -290,3 +290,17 @@ def test_tokenize_a_model_name_too_long_to_be_a_path_is_an_error_line():
 
     with pytest.raises(SterError, match="cannot use the model path a+\\.\\.\\.: File name too long"):
         load_tokenizer("a" * 5000)
+
+
+def test_every_progress_event_has_a_label_and_a_unit():
+    """A new user saw perplexity's bar without a count: its event had no entry. Every event the library
+    reports (``progress("NAME", ...)`` in ster_py) is named, and counted in its unit, unless it has no amount."""
+    import re
+    from pathlib import Path
+
+    from ster_py.cli import PROGRESS_EVENTS
+
+    root = Path(__file__).resolve().parents[1] / "ster_py"
+    events = {m for p in root.rglob("*.py") for m in re.findall(r'progress\("([^"]+)"', p.read_text())}
+    assert events and events <= set(PROGRESS_EVENTS), sorted(events - set(PROGRESS_EVENTS))
+    assert all(unit for event, (label, unit) in PROGRESS_EVENTS.items() if event != "loading the reference")
