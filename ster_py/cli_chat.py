@@ -1,14 +1,15 @@
 """``ster chat``: an interactive conversation in the terminal (``ster serve`` is in cli_serve.py).
 
 Registered on ``ster_py.cli.app`` when cli.py imports this module (at its end). The library does the
-work (``conversation.Session``); this command reads options and draws.
+work (``conversation.Session``); this command reads options and draws (the files it reads and writes:
+``chat_files``).
 """
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -20,41 +21,16 @@ from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, T
                   Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
                   show_warnings, thinking_value)
-from .errors import ContextFull, SterError
+from .chat_files import read_message_file, save_conversation
+from .errors import SterError
 
 
-def save_conversation(messages: list[dict], path: Path) -> None:
-    """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``).
+#: A line of only this opens a message of several lines; the next such line closes it.
+BLOCK = '"""'
 
-    An earlier save of this conversation at ``path`` (a JSON array of messages that is a prefix of ``messages``)
-    is replaced; any other existing file is kept, including a messages list of another conversation.
-
-    Raises:
-        SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
-            string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
-            "cannot write PATH: ..." when its directory cannot take the file. Nothing is written then.
-    """
-    from .artifacts import atomic_outputs
-    from .files import read_regular
-
-    if path.is_dir():
-        raise SterError(f"/save {path}: that is a directory; give a file name (for example chat.json)")
-    if os.path.lexists(path):
-        try:
-            doc = json.loads(read_regular(path, "conversation").decode("utf-8"))
-        except (SterError, UnicodeDecodeError, ValueError, RecursionError):
-            doc = None
-        if not (isinstance(doc, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in doc)):
-            raise SterError(f"/save {path}: that file exists and is not a saved conversation; give another name or "
-                            "move that file")
-        if doc != messages[:len(doc)]:
-            raise SterError(f"{path} holds another conversation ({plural(len(doc), 'message')}); /save to a new "
-                            "name")
-    with atomic_outputs(path) as (tmp,):
-        tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-
-
-CHAT_COMMANDS = """commands:
+CHAT_COMMANDS = f"""commands:
+  {BLOCK}                     alone on a line: the lines up to the next {BLOCK} line are one message
+  /file FILE              send the text in FILE as your message
   /system TEXT            set the system prompt (starts the conversation over)
   /reset                  forget the conversation (the system prompt stays)
   /save FILE              write the conversation as JSON messages
@@ -162,12 +138,117 @@ def chat(
         err.print(f"[dim]chatting with {escape(loaded.resolved.model)}; /help for commands, Ctrl-D to leave[/]",
                   highlight=False)
     try:
-        _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet)
+        _converse(session, loaded, _State(messages, hook, key), sampling, think, styled, show_thinking, quiet)
     finally:
         # Piped, stdin's lines are not echoed: the prompt's line (or an answer cut by an error) would stay
         # open, and the shell's next prompt would follow the last answer on its line.
         if _STREAM["open"]:
             _write("\n")
+
+
+def _error(e: Exception) -> None:
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+
+
+class _Input:
+    """The user's lines, typed or piped. Prompts only for a person at a terminal: piped input gets none, so
+    stdout carries the answers alone. A terminal echoes the user's Enter, which closes the prompt's line;
+    with stdout piped the prompt goes to stderr, the terminal's."""
+
+    def __init__(self, styled: bool):
+        self.typed = sys.stdin.isatty()
+        bold, reset = ("\x1b[1m", "\x1b[0m") if styled else ("", "")
+        self.prompt = f"{bold}> {reset}" if self.typed else ""
+        self.more = "... " if self.typed else ""  # inside a block
+        self.to_stdout = self.typed and sys.stdout.isatty()
+
+    def note(self, text: str) -> None:
+        """A command's reply: beside the answers at a terminal, on stderr when stdout is piped."""
+        if self.to_stdout:
+            _write(text)
+        else:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    def end_line(self) -> None:
+        """Close the prompt's line after Ctrl-C or Ctrl-D (the terminal echoed no Enter)."""
+        if self.to_stdout:
+            _write("\n")
+        elif self.typed:
+            sys.stderr.write("\n")
+
+    def line(self, prompt: str) -> Optional[str]:
+        """The next line; None at the end of the input (Ctrl-D). KeyboardInterrupt passes on."""
+        if prompt and not self.to_stdout:
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+        try:
+            return input(prompt if self.to_stdout else "")
+        except EOFError:
+            self.end_line()
+            return None
+
+    def block(self) -> Optional[str]:
+        """The lines after a ``BLOCK`` line up to the next one, joined; None when the input ends first."""
+        lines = []
+        while (line := self.line(self.more)) is not None:
+            if line.strip() == BLOCK:
+                return "\n".join(lines)
+            lines.append(line)
+        return None
+
+
+@dataclass
+class _State:
+    """What commands change between turns: the conversation, and the steering hook and its key."""
+
+    messages: list[dict]
+    hook: object = None
+    key: object = None
+
+
+def _command(line: str, state: _State, loaded, note) -> Optional[str]:
+    """Run a /command (not /quit); returns the text of a message to send (``/file``), else None.
+
+    Raises:
+        SterError, OSError: the command failed; ``state`` is unchanged then.
+    """
+    word, _, rest = line.strip().partition(" ")
+    rest = rest.strip()
+    if word == "/help":
+        note(CHAT_COMMANDS + "\n")
+    elif word == "/reset":
+        state.messages = [m for m in state.messages if m["role"] == "system"]
+        note("(conversation cleared)\n")
+    elif word == "/system":
+        if not rest:
+            raise SterError("/system needs the text of the system prompt")
+        state.messages = [{"role": "system", "content": rest}]
+        note("(system prompt set; conversation cleared)\n")
+    elif word in ("/save", "/file"):
+        if not rest:
+            raise SterError(f"{word} needs a file name")
+        if word == "/file":
+            return read_message_file(rest)
+        save_conversation(state.messages, Path(rest))
+        note(f"(saved {plural(len(state.messages), 'message')} to {rest})\n")
+    elif word == "/vector":
+        parts = rest.split()
+        if parts == ["off"]:
+            state.hook, state.key = None, None
+            note("(steering off)\n")
+        elif len(parts) == 2:
+            try:
+                value = float(parts[1])
+            except ValueError:
+                raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
+            state.hook, state.key = _steer(loaded, Path(parts[0]), value)
+            note(f"(steering with {parts[0]} at {value:g})\n")
+        else:
+            raise SterError("/vector needs FILE STRENGTH (or off)")
+    else:
+        raise SterError(f"unknown command {word}; /help lists them")
+    return None
 
 
 def context_full_advice(session, messages: list[dict]) -> str:
@@ -198,125 +279,77 @@ def turn_summary(reply) -> str:
             f"{plural(len(gen.ids), 'new token')} ({why})" + (f", {rate:.1f} tok/s" if rate else ""))
 
 
-def _converse(session, loaded, messages, sampling, think, hook, key, styled, show_thinking, quiet) -> None:
+def _converse(session, loaded, state: _State, sampling, think, styled, show_thinking, quiet) -> None:
     """The read-answer loop of ``ster chat`` (see ``chat``); returns on /quit, /exit or end of input."""
-    dim, bold, reset = ("\x1b[2m", "\x1b[1m", "\x1b[0m") if styled else ("", "", "")
-    # Prompts only for a person at a terminal: piped input gets none, so stdout carries the answers alone.
-    # A terminal echoes the user's Enter, which closes the prompt's line; with stdout piped the prompt goes
-    # to stderr, the terminal's.
-    typed = sys.stdin.isatty()
-    prompt = (f"{bold}> {reset}" if styled else "> ") if typed else ""
-    to_stdout = typed and sys.stdout.isatty()
-
-    def note(text: str) -> None:
-        """A command's reply: beside the answers at a terminal, on stderr when stdout is piped."""
-        if to_stdout:
-            _write(text)
-        else:
-            sys.stderr.write(text)
-            sys.stderr.flush()
-
+    inp = _Input(styled)
     while True:
         try:
-            if prompt and not to_stdout:
-                sys.stderr.write(prompt)
-                sys.stderr.flush()
-            line = input(prompt if to_stdout else "")
-        except EOFError:
-            if to_stdout:  # Ctrl-D on the prompt's line
-                _write("\n")
-            elif typed:
-                sys.stderr.write("\n")
+            line = inp.line(inp.prompt)
+            opened = line is not None and line.strip() == BLOCK
+            text = inp.block() if opened else line
+        except KeyboardInterrupt:  # at the prompt or inside a block (whose lines are dropped)
+            inp.end_line()
+            continue
+        if text is None:
+            if opened:
+                _error(SterError(f"the input ended inside a message opened with {BLOCK}, so it was not sent; "
+                                 f"close a message with a line of only {BLOCK}"))
             return
-        except KeyboardInterrupt:
-            if to_stdout:
-                _write("\n")
-            elif typed:
-                sys.stderr.write("\n")
-            continue
-        if not line.strip():
-            continue
-        if line.startswith("/"):
-            word, _, rest = line.strip().partition(" ")
-            rest = rest.strip()
-            try:
-                if word in ("/quit", "/exit"):
-                    return
-                if word == "/help":
-                    note(CHAT_COMMANDS + "\n")
-                elif word == "/reset":
-                    messages = [m for m in messages if m["role"] == "system"]
-                    note("(conversation cleared)\n")
-                elif word == "/system":
-                    if not rest:
-                        raise SterError("/system needs the text of the system prompt")
-                    messages = [{"role": "system", "content": rest}]
-                    note("(system prompt set; conversation cleared)\n")
-                elif word == "/save":
-                    if not rest:
-                        raise SterError("/save needs a file name")
-                    save_conversation(messages, Path(rest))
-                    note(f"(saved {len(messages)} messages to {rest})\n")
-                elif word == "/vector":
-                    parts = rest.split()
-                    if parts == ["off"]:
-                        hook, key = None, None
-                        note("(steering off)\n")
-                    elif len(parts) == 2:
-                        try:
-                            value = float(parts[1])
-                        except ValueError:
-                            raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
-                        hook, key = _steer(loaded, Path(parts[0]), value)
-                        note(f"(steering with {parts[0]} at {value:g})\n")
-                    else:
-                        raise SterError("/vector needs FILE STRENGTH (or off)")
-                else:
-                    raise SterError(f"unknown command {word}; /help lists them")
-            except (SterError, OSError) as e:
-                err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-            continue
-        messages.append({"role": "user", "content": line})
-        interrupted = {"flag": False}
-
-        def on_sigint(signum, frame):
-            interrupted["flag"] = True
-
-        in_thinking = {"on": False}
-
-        def on_event(e) -> None:
-            if e.kind == "thinking":
-                if show_thinking:
-                    _write(dim + e.text + reset)
-                in_thinking["on"] = True
+        if not opened and text.startswith("/"):  # a command (a block's lines never are)
+            if text.strip().partition(" ")[0] in ("/quit", "/exit"):
                 return
-            if in_thinking["on"]:
-                in_thinking["on"] = False
-                if show_thinking:
-                    _write("\n")
-            if e.kind == "text":
-                _write(e.text)
-            elif e.kind == "tool_call":
-                _write(f"[tool call {e.call['name']} {json.dumps(e.call['arguments'], ensure_ascii=False)}]")
-            else:
-                _write(f"[{e.text}]")
+            try:
+                text = _command(text, state, loaded, inp.note)
+            except (SterError, OSError) as e:
+                _error(e)
+                continue
+        if text and text.strip():
+            _turn(session, state, text, sampling, think, styled, show_thinking, quiet)
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            reply = session.reply(messages, sampling, thinking=think, layer_hook=hook, key=key,
-                                  on_event=on_event, cancelled=lambda: interrupted["flag"])
-        except SterError as e:
-            if isinstance(e, ContextFull):  # the history is in the prompt: "shorten it" is no help here
-                e = SterError(context_full_advice(session, messages))
-            messages.pop()
-            if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
+
+def _turn(session, state: _State, text: str, sampling, think, styled, show_thinking, quiet) -> None:
+    """Send ``text`` as the user's message and stream the answer; a failed turn leaves no trace in the history."""
+    from .errors import ContextFull
+
+    dim, reset = ("\x1b[2m", "\x1b[0m") if styled else ("", "")
+    messages = state.messages + [{"role": "user", "content": text}]
+    interrupted = {"flag": False}
+
+    def on_sigint(signum, frame):
+        interrupted["flag"] = True
+
+    in_thinking = {"on": False}
+
+    def on_event(e) -> None:
+        if e.kind == "thinking":
+            if show_thinking:
+                _write(dim + e.text + reset)
+            in_thinking["on"] = True
+            return
+        if in_thinking["on"]:
+            in_thinking["on"] = False
+            if show_thinking:
                 _write("\n")
-            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-            continue
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        _write("\n")
-        messages.append({"role": "assistant", "content": reply.text})
-        if not quiet:
-            err.print(f"[dim]{escape(turn_summary(reply))}[/]", highlight=False)
-        session.prepare(messages, layer_hook=hook, key=key, thinking=think)
+        if e.kind == "text":
+            _write(e.text)
+        elif e.kind == "tool_call":
+            _write(f"[tool call {e.call['name']} {json.dumps(e.call['arguments'], ensure_ascii=False)}]")
+        else:
+            _write(f"[{e.text}]")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        reply = session.reply(messages, sampling, thinking=think, layer_hook=state.hook, key=state.key,
+                              on_event=on_event, cancelled=lambda: interrupted["flag"])
+    except SterError as e:
+        if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
+            _write("\n")
+        _error(SterError(context_full_advice(session, messages)) if isinstance(e, ContextFull) else e)
+        return
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    _write("\n")
+    state.messages = messages + [{"role": "assistant", "content": reply.text}]
+    if not quiet:
+        err.print(f"[dim]{escape(turn_summary(reply))}[/]", highlight=False)
+    session.prepare(state.messages, layer_hook=state.hook, key=state.key, thinking=think)

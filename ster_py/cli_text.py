@@ -31,7 +31,7 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
     file (a FIFO would block, /dev/zero never ends) and anything over ``limit`` bytes.
 
     Raises:
-        SterError: missing, unreadable, not a regular file, or larger than ``limit``.
+        SterError: missing, unreadable, a directory, not a regular file, or larger than ``limit``.
     """
     too_big = (f"the {what} {path} is larger than {limit} bytes ({limit >> 20} MiB), ster's limit for it; "
                "give a smaller file")
@@ -42,6 +42,8 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
         return data
     try:
         info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise SterError(f"the {what} {path} is a directory; give a file in it")
         if not stat.S_ISREG(info.st_mode):
             raise SterError(f"the {what} {path} is not a regular file (a pipe, device or directory); "
                             "save the content to a file and give that")

@@ -268,3 +268,62 @@ def test_a_conversation_past_the_context_says_reset_and_goes_on(tiny_chat, tmp_p
     assert status == 0 and out == "" and len(_errors(err)) == 2
     assert all("this message does not fit the context of 20 positions" in e and "send a shorter one" in e
                for e in _errors(err))
+
+
+def test_a_block_between_quote_lines_is_one_message(tiny_chat, tmp_path):
+    """A line of only \"\"\" opens a message of several lines (a /command among them is text), at a terminal
+    (with a "... " prompt) and piped; input that ends inside a block sends nothing and says why."""
+    saved, piped = tmp_path / "conv.json", tmp_path / "piped.json"
+    child = _spawn("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q")
+    child.expect("> ")
+    child.sendline('"""')
+    for line in ["w10 w11", "/help", '"""']:
+        child.expect(r"\.\.\. ")
+        child.sendline(line)
+    child.expect("> ")
+    child.sendline('"""')   # Ctrl-C drops an unfinished block
+    child.expect(r"\.\.\. ")
+    child.sendline("w12")
+    child.expect(r"\.\.\. ")
+    child.sendintr()
+    child.expect("> ")
+    child.sendline(f"/save {saved}")
+    child.expect("saved 2 messages")
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pytest.importorskip("pexpect").EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+    assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["w10 w11\n/help"]
+
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
+                              stdin=f'w13\n"""\nw14\n\n  w15\n """ \n/save {piped}\n"""\nw16\n')
+    assert status == 0 and len(out.splitlines()) == 2
+    assert [m["content"] for m in json.loads(piped.read_text())][::2] == ["w13", "w14\n\n  w15"]
+    assert _errors(err) == ['error: the input ended inside a message opened with """, so it was not sent; close '
+                            'a message with a line of only """']
+
+
+def test_file_sends_a_text_file_and_refuses_what_is_not_one(tiny_chat, tmp_path):
+    """/file sends a file's text as the message; a missing file, a directory, a binary file (bytes that are not
+    UTF-8, or NUL bytes), an empty one or one over the bound is one error line, and nothing is sent."""
+    from ster_py.chat_files import MAX_MESSAGE_FILE_BYTES
+
+    (tmp_path / "note.txt").write_text("w10 w11\nw12\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    (tmp_path / "utf16.txt").write_bytes("w10".encode("utf-16-le"))
+    (tmp_path / "empty.txt").write_text(" \n")
+    with open(tmp_path / "huge.txt", "wb") as f:
+        f.truncate(MAX_MESSAGE_FILE_BYTES + 1)   # sparse: refused by its size, never read
+    saved = tmp_path / "conv.json"
+    bad = ["missing.txt", ".", "image.png", "utf16.txt", "empty.txt", "huge.txt", "-", ""]
+    stdin = "".join(f"/file {tmp_path / name if name not in ('-', '') else name}\n" for name in bad)
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
+                              stdin=stdin + f"/file {tmp_path / 'note.txt'}\n/save {saved}\n")
+    assert status == 0 and len(out.splitlines()) == 1
+    assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["w10 w11\nw12\n"]
+    errors = _errors(err)
+    assert len(errors) == len(bad), err
+    for line, words in zip(errors, ["not found", "is a directory", "not UTF-8 text", "NUL bytes", "only whitespace",
+                                    "larger than", "reads your messages from stdin", "needs a file name"]):
+        assert words in line

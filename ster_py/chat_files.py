@@ -1,0 +1,75 @@
+"""The files ``ster chat`` reads and writes: a conversation (``/save``) and a text sent as a message
+(``/file``).
+
+Reading reuses the bounded reader of the other commands (``cli_text.read_input_file``, as
+``--prompt-file``), so a FIFO, a device or a huge file is refused before anything is read; writing goes through
+``artifacts.atomic_outputs``, so a failed /save leaves no half-written file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import SterError
+
+
+def save_conversation(messages: list[dict], path: Path) -> None:
+    """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``).
+
+    An earlier save of this conversation at ``path`` (a JSON array of messages that is a prefix of ``messages``)
+    is replaced; any other existing file is kept, including a messages list of another conversation.
+
+    Raises:
+        SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
+            string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
+            "cannot write PATH: ..." when its directory cannot take the file. Nothing is written then.
+    """
+    from .artifacts import atomic_outputs
+    from .cli import plural  # here: cli imports cli_chat, which imports this module
+    from .files import read_regular
+
+    if path.is_dir():
+        raise SterError(f"/save {path}: that is a directory; give a file name (for example chat.json)")
+    if os.path.lexists(path):
+        try:
+            doc = json.loads(read_regular(path, "conversation").decode("utf-8"))
+        except (SterError, UnicodeDecodeError, ValueError, RecursionError):
+            doc = None
+        if not (isinstance(doc, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in doc)):
+            raise SterError(f"/save {path}: that file exists and is not a saved conversation; give another name or "
+                            "move that file")
+        if doc != messages[:len(doc)]:
+            raise SterError(f"{path} holds another conversation ({plural(len(doc), 'message')}); /save to a new "
+                            "name")
+    with atomic_outputs(path) as (tmp,):
+        tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+#: /file reads at most this many bytes, as --prompt-file does; the context refuses a long text far sooner.
+MAX_MESSAGE_FILE_BYTES = 32 << 20
+
+
+def read_message_file(name: str) -> str:
+    """The text ``/file NAME`` sends: a UTF-8 file of at most ``MAX_MESSAGE_FILE_BYTES``, not blank.
+
+    Raises:
+        SterError: missing or unreadable, a directory (or a pipe, a device), too large, binary (not UTF-8,
+            or holding NUL bytes), empty or only whitespace.
+    """
+    from .cli_text import read_input_file
+
+    if name == "-":
+        raise SterError("/file -: the chat reads your messages from stdin; give a file name")
+    data = read_input_file(name, "file", MAX_MESSAGE_FILE_BYTES)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SterError(f"/file {name}: not UTF-8 text (invalid byte at offset {e.start}), so a binary file or "
+                        "another encoding; give a text file (convert it to UTF-8)") from None
+    if "\0" in text:  # valid UTF-8, yet no text holds NUL: an image, an archive, UTF-16
+        raise SterError(f"/file {name}: it holds NUL bytes, so it is a binary file (or UTF-16); give a UTF-8 "
+                        "text file")
+    if not text.strip():
+        raise SterError(f"/file {name}: the file is {'empty' if not text else 'only whitespace'}; nothing was sent")
+    return text
