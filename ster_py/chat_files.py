@@ -1,8 +1,9 @@
-"""The files ``ster chat`` reads and writes: a conversation (``/save``) and a text sent as a message
-(``/file``).
+"""The files ``ster chat`` reads and writes: a conversation (``/save``, ``/load``, ``--messages``) and a
+text sent as a message (``/file``).
 
-Reading reuses the bounded reader of the other commands (``cli_text.read_input_file``, as
-``--prompt-file``), so a FIFO, a device or a huge file is refused before anything is read; writing goes through
+Reading reuses the bounded readers of the other commands (``cli_text.read_input_file``, as
+``--prompt-file``; ``cli_template.read_messages``, as ``ster template render --messages``), so a FIFO,
+a device or a huge file is refused before anything is read; writing goes through
 ``artifacts.atomic_outputs``, so a failed /save leaves no half-written file.
 """
 from __future__ import annotations
@@ -73,3 +74,20 @@ def read_message_file(name: str) -> str:
     if not text.strip():
         raise SterError(f"/file {name}: the file is {'empty' if not text else 'only whitespace'}; nothing was sent")
     return text
+
+
+def load_conversation(name: str, what: str) -> list[dict]:
+    """The messages in a file ``/save`` wrote (``what``: the command or option, for the messages).
+
+    Read as ``ster template render --messages`` reads its file (``cli_template.read_messages``); ``[]``, a
+    conversation saved before its first turn, is accepted.
+
+    Raises:
+        SterError: "-" (stdin holds the chat's own input), and as ``read_messages``: the file missing, too
+            large, not JSON, or not a list of {role, content} messages (the first bad one named).
+    """
+    from .cli_template import read_messages
+
+    if name == "-":
+        raise SterError(f"{what} -: the chat reads your messages from stdin; give a file name")
+    return read_messages(name, empty_ok=True)

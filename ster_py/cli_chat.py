@@ -21,7 +21,7 @@ from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, T
                   Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
                   show_warnings, thinking_value)
-from .chat_files import read_message_file, save_conversation
+from .chat_files import load_conversation, read_message_file, save_conversation
 from .errors import SterError
 
 
@@ -34,6 +34,7 @@ CHAT_COMMANDS = f"""commands:
   /system TEXT            set the system prompt (starts the conversation over)
   /reset                  forget the conversation (the system prompt stays)
   /save FILE              write the conversation as JSON messages
+  /load FILE              go on from a conversation /save wrote (it replaces this one)
   /vector FILE STRENGTH   steer from now on (/vector off: stop steering)
   /help                   this list
   /quit                   leave (Ctrl-D too); Ctrl-C stops an answer and keeps the session"""
@@ -71,6 +72,8 @@ def chat(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main)."),
     system: Optional[str] = typer.Option(None, help="System prompt."),
+    messages_file: Optional[str] = typer.Option(None, "--messages", help="Go on from a conversation /save wrote "
+                                                "(a JSON list of {\"role\": ..., \"content\": ...} messages)."),
     max_new_tokens: int = typer.Option(512, help="Stop each answer after this many new tokens."),
     temperature: float = typer.Option(0.0, help="0 means greedy; higher values sample more freely."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling threshold (1 = off)."),
@@ -111,6 +114,7 @@ def chat(
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, sampling)  # before any weight is read
+    messages = _first_messages(system, messages_file)  # a bad file too
     from .chat import surely_lacks_chat_template
 
     if surely_lacks_chat_template(_model_or_default(model)):  # a base model, told before it loads
@@ -133,7 +137,6 @@ def chat(
     except ImportError:  # not on every platform
         pass
     styled = sys.stdout.isatty() and not no_color()
-    messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
     if not quiet:
         err.print(f"[dim]chatting with {escape(loaded.resolved.model)}; /help for commands, Ctrl-D to leave[/]",
                   highlight=False)
@@ -144,6 +147,21 @@ def chat(
         # open, and the shell's next prompt would follow the last answer on its line.
         if _STREAM["open"]:
             _write("\n")
+
+
+def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list[dict]:
+    """The conversation ``ster chat`` starts from: --messages FILE's, after --system's prompt when given.
+
+    Raises:
+        SterError: as ``load_conversation``; --system with a file that has its own system prompt.
+    """
+    messages = [] if messages_file is None else load_conversation(messages_file, "--messages")
+    if system is not None:
+        if any(m["role"] == "system" for m in messages):
+            raise SterError(f"--messages {messages_file} has its own system prompt; leave out --system (or change "
+                            "that message in the file)")
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
 
 
 def _error(e: Exception) -> None:
@@ -225,13 +243,18 @@ def _command(line: str, state: _State, loaded, note) -> Optional[str]:
             raise SterError("/system needs the text of the system prompt")
         state.messages = [{"role": "system", "content": rest}]
         note("(system prompt set; conversation cleared)\n")
-    elif word in ("/save", "/file"):
+    elif word in ("/save", "/load", "/file"):
         if not rest:
             raise SterError(f"{word} needs a file name")
         if word == "/file":
             return read_message_file(rest)
-        save_conversation(state.messages, Path(rest))
-        note(f"(saved {plural(len(state.messages), 'message')} to {rest})\n")
+        if word == "/save":
+            save_conversation(state.messages, Path(rest))
+            note(f"(saved {plural(len(state.messages), 'message')} to {rest})\n")
+        else:
+            state.messages = load_conversation(rest, "/load")
+            note(f"(loaded {plural(len(state.messages), 'message')} from {rest}; the next answer reads them "
+                 "all)\n")
     elif word == "/vector":
         parts = rest.split()
         if parts == ["off"]:

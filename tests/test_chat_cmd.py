@@ -327,3 +327,50 @@ def test_file_sends_a_text_file_and_refuses_what_is_not_one(tiny_chat, tmp_path)
     for line, words in zip(errors, ["not found", "is a directory", "not UTF-8 text", "NUL bytes", "only whitespace",
                                     "larger than", "reads your messages from stdin", "needs a file name"]):
         assert words in line
+
+
+def test_load_and_messages_go_on_from_a_saved_conversation(tiny_chat, tmp_path):
+    """/load and --messages read what /save wrote; the next answer is a cold run's of the whole history. A bad
+    file is one error naming what is wrong and changes nothing (the conversation, then /saved, is the same)."""
+    first = tmp_path / "first.json"
+    status, _, _ = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "-q", "--system", "w20",
+                          stdin=f"w10 w11\n/save {first}\n")
+    assert status == 0 and len(json.loads(first.read_text())) == 3
+    (tmp_path / "object.json").write_text('{"role": "user", "content": "w1"}')
+    (tmp_path / "norole.json").write_text('[{"content": "w1"}]')
+    (tmp_path / "broken.json").write_text('[{"role": "user",')
+    with open(tmp_path / "huge.json", "wb") as f:
+        f.truncate((8 << 20) + 1)   # sparse: refused by its size, never read
+    bad = {"missing.json": "not found", "object.json": "got a JSON object", "norole.json": 'message 0 has no "role"',
+           "broken.json": "not valid JSON", ".": "is a directory", "huge.json": "larger than"}
+    second = tmp_path / "second.json"
+    stdin = "".join(f"/load {tmp_path / name}\n" for name in bad) + "/load\n/load -\n"
+    stdin += f"/save {second}\n/load {first}\nw12\n/save {first}\n"
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "--system", "w21",
+                              stdin=stdin)
+    assert status == 0 and len(out.splitlines()) == 1
+    errors = _errors(err)
+    assert len(errors) == len(bad) + 2, err
+    for line, words in zip(errors, [*bad.values(), "/load needs a file name", "reads your messages from stdin"]):
+        assert words in line
+    assert json.loads(second.read_text()) == [{"role": "system", "content": "w21"}]   # untouched by the bad files
+    assert "loaded 3 messages" in err
+    messages = json.loads(first.read_text())
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    answer, ids = cold_answer(load_model(str(tiny_chat)), messages[:4], 3)
+    assert messages[4]["content"] == answer and SUMMARY.search(err).group(1) == str(len(ids))
+
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "-q",
+                              "--messages", str(first), stdin=f"w13\n/save {first}\n")
+    assert status == 0 and [m["role"] for m in json.loads(first.read_text())][5:] == ["user", "assistant"]
+    (tmp_path / "none.json").write_text("[]\n")   # what /save writes before the first turn
+    third = tmp_path / "third.json"
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "--system", "w22",
+                              "--messages", str(tmp_path / "none.json"), stdin=f"/save {third}\n/load {third}\n")
+    assert status == 0 and "loaded 1 message from" in err and not _errors(err)
+    # refused before any model is looked at: the model here does not exist
+    for args, words in [(["--messages", str(tmp_path / "norole.json")], 'message 0 has no "role"'),
+                        (["--messages", "-"], "reads your messages from stdin"),
+                        (["--messages", str(first), "--system", "w2"], "has its own system prompt")]:
+        status, _, err = _piped("chat", "--model", str(tmp_path / "nomodel"), *args, stdin="")
+        assert status == 1 and len(_errors(err)) == 1 and words in err, err
