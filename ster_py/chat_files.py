@@ -24,12 +24,19 @@ def save_conversation(messages: list[dict], path: Path) -> None:
     Raises:
         SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
             string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
-            "cannot write PATH: ..." when its directory cannot take the file. Nothing is written then.
+            the JSON is larger than ``/load`` and ``--messages`` read (``MAX_INPUT_FILE_BYTES``); "cannot write
+            PATH: ..." when its directory cannot take the file. Nothing is written then.
     """
     from .artifacts import atomic_outputs
     from .cli import plural  # here: cli imports cli_chat, which imports this module
+    from .cli_template import MAX_INPUT_FILE_BYTES
     from .files import read_regular
 
+    data = (json.dumps(messages, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+    if len(data) > MAX_INPUT_FILE_BYTES:  # a file /load would refuse: the conversation would be lost all the same
+        raise SterError(f"/save {path}: the conversation is {len(data):,} bytes as JSON, over the "
+                        f"{MAX_INPUT_FILE_BYTES:,} that /load and --messages read back, so nothing was written; "
+                        "/reset starts a new one")
     if path.is_dir():
         raise SterError(f"/save {path}: that is a directory; give a file name (for example chat.json)")
     if os.path.lexists(path):
@@ -44,7 +51,7 @@ def save_conversation(messages: list[dict], path: Path) -> None:
             raise SterError(f"{path} holds another conversation ({plural(len(doc), 'message')}); /save to a new "
                             "name")
     with atomic_outputs(path) as (tmp,):
-        tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        tmp.write_bytes(data)
 
 
 #: /file reads at most this many bytes, as --prompt-file does; the context refuses a long text far sooner.
@@ -84,10 +91,15 @@ def load_conversation(name: str, what: str) -> list[dict]:
 
     Raises:
         SterError: "-" (stdin holds the chat's own input), and as ``read_messages``: the file missing, too
-            large, not JSON, or not a list of {role, content} messages (the first bad one named).
+            large, not JSON, or not a list of {role, content} messages (the first bad one named); a message
+            holding a lone surrogate (JSON's unpaired ``\\udcff`` escape), which UTF-8 cannot encode.
     """
+    from .chat import check_surrogates
     from .cli_template import read_messages
 
     if name == "-":
         raise SterError(f"{what} -: the chat reads your messages from stdin; give a file name")
-    return read_messages(name, empty_ok=True)
+    messages = read_messages(name, empty_ok=True)
+    for i, message in enumerate(messages):  # refused here, not by the template at the next turn or by /save
+        check_surrogates(json.dumps(message, ensure_ascii=False), f"{name}: message {i}")
+    return messages

@@ -214,8 +214,26 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
         yield update
 
 
+def terminal_text(text: str, keep: str = "") -> str:
+    """``text`` with every character a terminal would act on rather than show (ESC, BEL, the other control
+    and format characters, a lone surrogate) written as its Python escape (``\\x1b``); those in ``keep`` stay.
+
+    For text ster did not write (a path or a command typed or piped into chat, a name read from a file)
+    before it is printed: an escape sequence in it would otherwise clear or retitle the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def error_line(message: str) -> None:
+    """Print ``error: MESSAGE`` on stderr: the message as text (rich markup and terminal escapes shown,
+    not obeyed; its own line breaks kept)."""
+    err.print(f"[bold red]error:[/] {escape(terminal_text(message, keep=chr(10)))}", highlight=False)
+
+
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    error_line(message)
     raise typer.Exit(code)
 
 
@@ -280,12 +298,62 @@ def _use_threads(threads: Optional[int]) -> None:
 def warn(lines) -> None:
     """Print each line as a ``warning:`` on stderr."""
     for line in lines:
-        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(terminal_text(line, keep=chr(10)))}", highlight=False)
 
 
 def show_warnings(loaded) -> None:
     """Print a loaded model's warnings (``LoadedModel.warnings``) on stderr."""
     warn(loaded.warnings)
+
+
+ADAPTER_HELP = "A LoRA adapter applied at run time: Ster's NAME.lora.json or a PEFT adapter directory."
+
+
+def load_for_run(model: Optional[str], revision: Optional[str], precision: Precision, quiet: bool, *,
+                 quantize: Optional[Quantize] = None, vector: Optional[Path] = None, steer=None,
+                 adapter: Optional[str] = None):
+    """The model ``generate`` and ``chat`` run: loaded with a progress bar, its warnings printed, and ``adapter``
+    applied (its notes printed as warnings).
+
+    The steering vector ``steer`` (read from ``vector``) and the adapter are checked against the model's config
+    or metadata before any weight is fetched, so one made for another model costs no download.
+
+    Raises:
+        SterError: as ``load_model``; the vector or the adapter does not fit the model (``check_vector_fit``,
+            ``check_adapter_early`` / ``check_adapter_for``), or the adapter is malformed.
+    """
+    from .load import load_model
+
+    early: dict = {}
+
+    def fits(resolved, spec) -> None:
+        """Vector and adapter against the model's config or metadata, before its weights are fetched."""
+        if steer is not None:
+            from .steering import check_vector_fit
+
+            check_vector_fit(steer, resolved, spec, vector)
+        if adapter is not None:
+            from .adapters import check_adapter_early
+
+            early["adapter"] = check_adapter_early(adapter, resolved, spec)
+
+    with progress_bar(enabled=not quiet) as progress:
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
+                            check=fits if steer is not None or adapter is not None else None,
+                            quantize=quantize.value if quantize is not None else None)
+    show_warnings(loaded)
+    if adapter is not None:
+        from .adapters import apply_adapter, check_adapter_for, load_adapter_for
+
+        ad = early.get("adapter")
+        if ad is None:
+            ad = load_adapter_for(adapter, loaded)
+        else:  # read and checked against the config already; the built layers say which roles exist
+            first = loaded.decoder.layers[0]
+            check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
+        apply_adapter(loaded, ad)
+        warn(ad.notes)
+    return loaded
 
 
 def _check_device(device: str) -> None:
@@ -320,8 +388,7 @@ def generate(
                                           "--strength x the layer's direction after each layer it covers."),
     strength: Optional[float] = typer.Option(None, help="Steering strength, in residual-stream units "
                                              "(default 1; 0 = no effect)."),
-    adapter: Optional[str] = typer.Option(None, help="A LoRA adapter applied at run time: Ster's NAME.lora.json "
-                                          "or a PEFT adapter directory."),
+    adapter: Optional[str] = typer.Option(None, help=ADAPTER_HELP),
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype. f32 keeps keys and values as "
                                  "computed; f16 halves the cache's memory and the bytes read per token "
                                  "(llama.cpp's default) and moves logits by about 1e-4 to 2e-3 relative."),
@@ -347,7 +414,6 @@ def generate(
     """Generate text, streamed to stdout; a summary follows on stderr."""
     from .conversation import Session, check_stops
     from .generate import Sampling, kv_cache_dtype
-    from .load import load_model
     from .prompt import check_prompt_text, encode_prompt, prompt_context
 
     if prompt is not None and prompt_file is not None:
@@ -392,38 +458,14 @@ def generate(
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, sampling)  # before any weight is read
+    steer = None
     if vector is not None:  # a malformed vector is refused before any weight is read
-        from .steering import check_vector_fit, read_vector, steering_hook
+        from .steering import read_vector, steering_hook
 
         steer = read_vector(vector)
-    early: dict = {}
-
-    def fits(resolved, spec) -> None:
-        """Vector and adapter against the model's config or metadata, before its weights are fetched."""
-        if vector is not None:
-            check_vector_fit(steer, resolved, spec, vector)
-        if adapter is not None:
-            from .adapters import check_adapter_early
-
-            early["adapter"] = check_adapter_early(adapter, resolved, spec)
-
-    with progress_bar(enabled=not quiet) as progress:
-        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
-                            check=fits if vector is not None or adapter is not None else None,
-                            quantize=quantize.value if quantize is not None else None)
-    show_warnings(loaded)
+    loaded = load_for_run(model, revision, precision, quiet, quantize=quantize, vector=vector, steer=steer,
+                          adapter=adapter)
     hook = None
-    if adapter is not None:
-        from .adapters import apply_adapter, check_adapter_for, load_adapter_for
-
-        ad = early.get("adapter")
-        if ad is None:
-            ad = load_adapter_for(adapter, loaded)
-        else:  # read and checked against the config already; the built layers say which roles exist
-            first = loaded.decoder.layers[0]
-            check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
-        apply_adapter(loaded, ad)
-        warn(ad.notes)
     if vector is not None:
         strength = 1.0 if strength is None else strength
         hook = steering_hook(steer, strength)
@@ -701,7 +743,7 @@ def main() -> None:
     try:
         app(prog_name="ster")
     except SterError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        error_line(str(e))
         sys.exit(1)
     except KeyboardInterrupt:
         _interrupted()

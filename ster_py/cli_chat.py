@@ -17,12 +17,13 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM,
-                  Precision, Thinking,
-                  _check_device, _model_or_default, _use_threads, _write, app, err, flag, no_color, plural, progress_bar,
-                  show_warnings, thinking_value)
+from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP,
+                  THREADS_HELP, _STREAM, Precision, Thinking,
+                  _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
+                  no_color, plural, terminal_text, thinking_value)
 from .chat_files import load_conversation, read_message_file, save_conversation
 from .errors import SterError
+from .files import user_path
 
 
 #: A line of only this opens a message of several lines; the next such line closes it.
@@ -50,12 +51,8 @@ def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, 
 
 
 def _load(model, revision, precision, quiet):
-    from .load import load_model
-
-    with progress_bar(enabled=not quiet) as progress:
-        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
-    show_warnings(loaded)
-    return loaded
+    """The model ``ster serve`` runs (cli_serve imports this): ``load_for_run`` without a vector or adapter."""
+    return load_for_run(model, revision, precision, quiet)
 
 
 def _steer(loaded, path: Path, strength: float):
@@ -86,6 +83,7 @@ def chat(
     show_thinking: bool = flag(True, "--show-thinking/--hide-thinking", help="Show the model's reasoning, dimmed."),
     vector: Optional[Path] = typer.Option(None, help="Steering vector JSON to start with (also /vector)."),
     strength: float = typer.Option(1.0, help="Steering strength of --vector."),
+    adapter: Optional[str] = typer.Option(None, help=ADAPTER_HELP),
     precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
     ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions the conversation may fill "
@@ -107,10 +105,11 @@ def chat(
     kv_cache_dtype(kv_cache)
     _use_threads(threads)
     sampling = _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    steer = None
     if vector is not None:
         from .steering import read_vector
 
-        read_vector(vector)  # a malformed vector is refused before any weight is read
+        steer = read_vector(vector)  # a malformed vector is refused before any weight is read
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, sampling)  # before any weight is read
@@ -119,7 +118,8 @@ def chat(
 
     if surely_lacks_chat_template(_model_or_default(model)):  # a base model, told before it loads
         raise SterError(NO_TEMPLATE)
-    loaded = _load(model, revision, precision, quiet)
+    # as generate loads it: the vector and the adapter checked before any weight is fetched, the adapter applied
+    loaded = load_for_run(model, revision, precision, quiet, vector=vector, steer=steer, adapter=adapter)
     drafter = None
     if draft is not None:
         from .speculative import load_drafter
@@ -138,7 +138,8 @@ def chat(
         pass
     styled = sys.stdout.isatty() and not no_color()
     if not quiet:
-        err.print(f"[dim]chatting with {escape(loaded.resolved.model)}; /help for commands, Ctrl-D to leave[/]",
+        err.print(f"[dim]chatting with {escape(terminal_text(loaded.resolved.model))}; /help for commands, Ctrl-D "
+                  "to leave[/]",
                   highlight=False)
     try:
         _converse(session, loaded, _State(messages, hook, key), sampling, think, styled, show_thinking, quiet)
@@ -153,10 +154,14 @@ def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list
     """The conversation ``ster chat`` starts from: --messages FILE's, after --system's prompt when given.
 
     Raises:
-        SterError: as ``load_conversation``; --system with a file that has its own system prompt.
+        SterError: as ``load_conversation``; --system with a file that has its own system prompt, or holding bytes
+            that are not UTF-8 (a lone surrogate, which the template and /save would fail on later).
     """
+    from .chat import check_surrogates
+
     messages = [] if messages_file is None else load_conversation(messages_file, "--messages")
     if system is not None:
+        check_surrogates(system, "--system")
         if any(m["role"] == "system" for m in messages):
             raise SterError(f"--messages {messages_file} has its own system prompt; leave out --system (or change "
                             "that message in the file)")
@@ -165,7 +170,25 @@ def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list
 
 
 def _error(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+    error_line(str(e))
+
+
+def check_utf8(text: str, what: str) -> None:
+    """Refuse an input line (or block) that is not UTF-8 text: ``_Input`` reads each byte that is not as a lone
+    surrogate (U+DC80..U+DCFF), which the chat template, the tokenizer and /save's UTF-8 file would each fail on
+    later (/save in a traceback that lost the session). ``what``: "message" or "command".
+
+    Raises:
+        SterError: naming the first such byte and where it is; nothing of the line is sent or run.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        found = f"the byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise SterError(f"this {what} is not UTF-8 text ({found} at character {e.start}), so it was not "
+                        f"{'run' if what == 'command' else 'sent'}; give UTF-8 text (a file in another encoding: "
+                        "convert it, e.g. with iconv -t UTF-8)") from None
 
 
 class _Input:
@@ -175,6 +198,8 @@ class _Input:
 
     def __init__(self, styled: bool):
         self.typed = sys.stdin.isatty()
+        if hasattr(sys.stdin, "reconfigure"):  # bytes that do not decode reach check_utf8 (strict: a traceback)
+            sys.stdin.reconfigure(errors="surrogateescape")
         bold, reset = ("\x1b[1m", "\x1b[0m") if styled else ("", "")
         self.prompt = f"{bold}> {reset}" if self.typed else ""
         self.more = "... " if self.typed else ""  # inside a block
@@ -246,15 +271,16 @@ def _command(line: str, state: _State, loaded, note) -> Optional[str]:
     elif word in ("/save", "/load", "/file"):
         if not rest:
             raise SterError(f"{word} needs a file name")
+        path = user_path(rest, word)  # ~ as a shell expands it; a NUL byte or a name too long is one error
         if word == "/file":
-            return read_message_file(rest)
+            return read_message_file(str(path))
         if word == "/save":
-            save_conversation(state.messages, Path(rest))
-            note(f"(saved {plural(len(state.messages), 'message')} to {rest})\n")
+            save_conversation(state.messages, path)
+            note(f"(saved {plural(len(state.messages), 'message')} to {terminal_text(rest)})\n")
         else:
-            state.messages = load_conversation(rest, "/load")
-            note(f"(loaded {plural(len(state.messages), 'message')} from {rest}; the next answer reads them "
-                 "all)\n")
+            state.messages = load_conversation(str(path), "/load")
+            note(f"(loaded {plural(len(state.messages), 'message')} from {terminal_text(rest)}; the next answer "
+                 "reads them all)\n")
     elif word == "/vector":
         parts = rest.split()
         if parts == ["off"]:
@@ -265,8 +291,8 @@ def _command(line: str, state: _State, loaded, note) -> Optional[str]:
                 value = float(parts[1])
             except ValueError:
                 raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
-            state.hook, state.key = _steer(loaded, Path(parts[0]), value)
-            note(f"(steering with {parts[0]} at {value:g})\n")
+            state.hook, state.key = _steer(loaded, user_path(parts[0], "/vector"), value)
+            note(f"(steering with {terminal_text(parts[0])} at {value:g})\n")
         else:
             raise SterError("/vector needs FILE STRENGTH (or off)")
     else:
@@ -318,7 +344,13 @@ def _converse(session, loaded, state: _State, sampling, think, styled, show_thin
                 _error(SterError(f"the input ended inside a message opened with {BLOCK}, so it was not sent; "
                                  f"close a message with a line of only {BLOCK}"))
             return
-        if not opened and text.startswith("/"):  # a command (a block's lines never are)
+        command = not opened and text.startswith("/")  # a block's lines never are one
+        try:
+            check_utf8(text, "command" if command else "message")
+        except SterError as e:
+            _error(e)
+            continue
+        if command:
             if text.strip().partition(" ")[0] in ("/quit", "/exit"):
                 return
             try:

@@ -18,7 +18,7 @@ from .cli_help import SterTyper
 from .capture import LAYER_HELP
 from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
                   _check_device, _model_or_default, _use_threads, app, err, flag, out, print_report, progress_bar,
-                  show_warnings, version_fields, warn)
+                  show_warnings, terminal_text, version_fields, warn)
 
 vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).",
                          no_args_is_help=True)
@@ -233,9 +233,8 @@ def vector_caa(
     if quiet:
         return
     # the model name comes from the captures' sidecars: terminal escapes in it are shown, not obeyed
-    model = str(vec.model) if str(vec.model).isprintable() else repr(vec.model)
-    err.print(f"[dim]steering vector for {escape(model)}: layers {format_layers(vec.directions)}; "
-              f"wrote {escape(str(output))}[/]")
+    err.print(f"[dim]steering vector for {escape(terminal_text(str(vec.model)))}: layers "
+              f"{format_layers(vec.directions)}; wrote {escape(terminal_text(str(output)))}[/]")
 
 
 @tune_app.command("merge")

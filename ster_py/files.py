@@ -79,7 +79,7 @@ def user_path(text: str | os.PathLike, what: str) -> Path:
     """A path the user typed, ready to be looked at: ``check_path_name``, then ``expand_user``.
 
     Raises:
-        SterError: as those two (a name too long to be a path, a ``~name`` of no user).
+        SterError: as those two (a name too long to be a path or holding a NUL byte, a ``~name`` of no user).
     """
     check_path_name(text, what)
     return expand_user(text, what)
@@ -96,12 +96,16 @@ def check_path_name(path: str | os.PathLike, what: str) -> None:
         what: the option or role for the message, e.g. ``"--output"``.
 
     Raises:
-        SterError: a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8).
+        SterError: a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8); a NUL
+            byte (no path holds one: ``os.stat`` and ``open`` raise ValueError, which no caller expects; a
+            command line cannot carry one, but a line piped into ``ster chat`` can).
     """
     raw = os.fsencode(path)
+    shown = os.fsdecode(raw[:60]) + ("..." if len(raw) > 60 else "")
+    if b"\0" in raw:
+        raise SterError(f"cannot use {what} {shown}: a path cannot hold a NUL byte; give the file's name")
     longest = max((len(part) for part in raw.split(b"/")), default=0)
     if longest > NAME_MAX or len(raw) > PATH_MAX:
-        shown = os.fsdecode(raw[:60]) + "..."
         raise SterError(f"cannot use {what} {shown}: File name too long (a name may hold at most {NAME_MAX} "
                         f"bytes, a path {PATH_MAX}); choose a shorter name")
 

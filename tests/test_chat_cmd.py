@@ -217,14 +217,16 @@ def test_smollm2_three_turns_bit_exact(smollm2_gguf):
     assert "Paris" in messages[1]["content"]
 
 
-def _piped(*args, stdin: str):
-    """``ster ARGS`` with ``stdin`` piped in: (exit status, stdout, stderr)."""
+def _piped(*args, stdin: str | bytes, env=None):
+    """``ster ARGS`` with ``stdin`` piped in (text as UTF-8, or bytes as they are): (exit status, stdout, stderr)."""
     import subprocess
 
-    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args], input=stdin,
-                       capture_output=True, text=True, timeout=120)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r.returncode, r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                       input=stdin if isinstance(stdin, bytes) else stdin.encode(), capture_output=True, timeout=120,
+                       env=None if env is None else dict(os.environ, **env))
+    out, err = r.stdout.decode(errors="backslashreplace"), r.stderr.decode(errors="backslashreplace")
+    assert "Traceback" not in err, err
+    return r.returncode, out, err
 
 
 def test_summary_writes_every_count_with_thousands_separators(tmp_path):
@@ -374,3 +376,111 @@ def test_load_and_messages_go_on_from_a_saved_conversation(tiny_chat, tmp_path):
                         (["--messages", str(first), "--system", "w2"], "has its own system prompt")]:
         status, _, err = _piped("chat", "--model", str(tmp_path / "nomodel"), *args, stdin="")
         assert status == 1 and len(_errors(err)) == 1 and words in err, err
+
+
+def _peft_adapter(path, base: str, hidden: int, inner: int, rank: int = 4):
+    """A PEFT LoRA directory on every layer's q_proj and down_proj, its factors random (large enough to change the
+    answer), made for the model ``base``."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for layer in range(3):
+        for module, width in (("self_attn.q_proj", hidden), ("mlp.down_proj", inner)):
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{key}.lora_A.weight"] = rng.standard_normal((rank, width)).astype(np.float32) * 0.5
+            tensors[f"{key}.lora_B.weight"] = rng.standard_normal((hidden, rank)).astype(np.float32) * 0.5
+    path.mkdir()
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "down_proj"],
+        "base_model_name_or_path": base}))
+    return path
+
+
+def test_adapter_answers_as_generate_adapter_does(tiny_chat, tmp_path):
+    """chat --adapter loads the model as generate --adapter does: the same greedy answer to the same prompt (not the
+    base model's), the same warning (a PEFT adapter naming another base model), and the same refusal of an adapter
+    for another width, before the model's weights are read."""
+    cfg = json.loads((tiny_chat / "config.json").read_text())
+    adapter = _peft_adapter(tmp_path / "peft", "someone/other-model", cfg["hidden_size"], cfg["intermediate_size"])
+    common = ["--model", str(tiny_chat), "--max-new-tokens", "8", "-q"]
+    status, out, err = _piped("generate", *common, "--adapter", str(adapter), "--json", "-p", "w10 w11", stdin="")
+    assert status == 0, err
+    expected, warnings = json.loads(out)["text"], [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "someone/other-model" in warnings[0]
+    status, out, err = _piped("chat", *common, "--adapter", str(adapter), stdin="w10 w11\n")
+    assert status == 0 and out == expected + "\n", (out, expected, err)
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == warnings
+    status, base, _ = _piped("chat", *common, stdin="w10 w11\n")
+    assert status == 0 and base != out   # the adapter changes the answer
+
+    import shutil
+
+    unread = tmp_path / "unread"   # weights a load would refuse: the adapter's refusal comes first
+    shutil.copytree(tiny_chat, unread)
+    (unread / "model.safetensors").write_bytes(b"not safetensors")
+    wide = _peft_adapter(tmp_path / "wide", str(unread), 2 * cfg["hidden_size"], cfg["intermediate_size"])
+    errors = []
+    for command, stdin in (("generate", ""), ("chat", "w10\n")):
+        status, _, err = _piped(command, "--model", str(unread), "-q", "--adapter", str(wide),
+                                *(["-p", "w10"] * (command == "generate")), stdin=stdin)
+        assert status == 1 and len(_errors(err)) == 1, err
+        errors.append(_errors(err)[0])
+    assert errors[0] == errors[1] and "made for another model width" in errors[0], errors
+
+
+def test_hostile_input_lines_are_one_error_each_and_the_session_goes_on(tiny_chat, tmp_path):
+    """A tester's piped input: a NUL byte in a /save, /load, /file or /vector path, bytes that are not UTF-8 in a
+    /system line, a message or a block, a name of 5,000 characters, ESC sequences in a command or a path. Each is
+    one error line (before: tracebacks that lost the session, the whole name printed, escapes sent raw to the
+    terminal); ~ is the home folder; the good turn and the /save after them work."""
+    long_name = "a" * 5000
+    lines = [b"/save a\0b.json", b"/load a\0b.json", b"/file \0", b"/vector a\0b 1", b"/system be \xff nice",
+             b"w10 \xff", b'"""', b"w11", b"\xfe", b'"""', b"/save " + long_name.encode(), b"/bogus\x1b[2J",
+             b"/save /nonexist\x1b]0;PWNED\x07/x.json", b"w12", b"/save ~/c.json"]
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
+                              stdin=b"\n".join(lines) + b"\n", env={"HOME": str(tmp_path)})
+    assert status == 0 and len(out.splitlines()) == 1 and "\x1b" not in err and "\x07" not in err, err
+    errors = _errors(err)
+    expected = ["cannot use /save a\\x00b.json: a path cannot hold a NUL byte",
+                "cannot use /load a\\x00b.json: a path cannot hold a NUL byte",
+                "cannot use /file \\x00: a path cannot hold a NUL byte",
+                "cannot use /vector a\\x00b: a path cannot hold a NUL byte",
+                "this command is not UTF-8 text (the byte 0xFF at character 11), so it was not run",
+                "this message is not UTF-8 text (the byte 0xFF at character 4), so it was not sent",
+                "this message is not UTF-8 text (the byte 0xFE at character 4), so it was not sent",
+                f"cannot use /save {'a' * 60}...: File name too long",
+                "unknown command /bogus\\x1b[2J;",
+                "cannot write /nonexist\\x1b]0;PWNED\\x07/x.json:"]
+    assert len(errors) == len(expected), err
+    for line, words in zip(errors, expected):
+        assert words in line and len(line) < 300, (line, words)
+    assert [m["content"] for m in json.loads((tmp_path / "c.json").read_text())][:1] == ["w12"]   # no system prompt
+
+    # text that is not Unicode from the other ways in: --system's bytes, a saved file's unpaired \\udcff escape
+    (tmp_path / "odd.json").write_text('[{"role": "user", "content": "w10 \\udcff"}]')
+    for args, stdin, words in [(["--system", b"be \xff"], "", "--system holds the lone surrogate U+DCFF"),
+                               (["--messages", str(tmp_path / "odd.json")], "", "message 0 holds the lone surrogate"),
+                               ([], f"/load {tmp_path / 'odd.json'}\n/save {tmp_path / 'odd2.json'}\n",
+                                "message 0 holds the lone surrogate")]:
+        status, _, err = _piped("chat", "--model", str(tiny_chat), "-q", *args, stdin=stdin)
+        assert len(_errors(err)) == 1 and words in err, err
+    assert json.loads((tmp_path / "odd2.json").read_text()) == []
+
+
+def test_save_refuses_a_conversation_load_could_not_read_back(tiny_chat, tmp_path):
+    """/load and --messages read at most 8 MiB; /save wrote any size. 200,000 short messages (6.4 MB as compact
+    JSON, 10 MB as /save's indented JSON): /save is one error and writes nothing; after /reset it saves."""
+    from ster_py.cli_template import MAX_INPUT_FILE_BYTES
+
+    messages = [{"role": "user", "content": "w10"}] * 200_000
+    (tmp_path / "many.json").write_text(json.dumps(messages, separators=(",", ":")))
+    status, _, err = _piped("chat", "--model", str(tiny_chat), "-q", "--messages", str(tmp_path / "many.json"),
+                            stdin=f"/save {tmp_path / 'big.json'}\n/reset\n/save {tmp_path / 'small.json'}\n")
+    assert status == 0 and _errors(err) == [f"error: /save {tmp_path / 'big.json'}: the conversation is 10,000,003 "
+                                            f"bytes as JSON, over the {MAX_INPUT_FILE_BYTES:,} that /load and "
+                                            "--messages read back, so nothing was written; /reset starts a new one"]
+    assert not (tmp_path / "big.json").exists() and json.loads((tmp_path / "small.json").read_text()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.json", "small.json"]   # no temporary left
