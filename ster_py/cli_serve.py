@@ -5,12 +5,16 @@ work (``conversation.Session``; ``server``); this command reads options, binds t
 """
 from __future__ import annotations
 
+import logging
+import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
-from .cli import MODEL_HELP, PRECISION_HELP, QUIET_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, \
-    _use_threads, app, flag
+from .cli import MODEL_HELP, PRECISION_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads, \
+    app, err, flag
 from .cli_chat import _load
 from .errors import SterError
 
@@ -19,7 +23,8 @@ from .errors import SterError
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main)."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (default: this machine only)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (default: this machine only; 0.0.0.0: "
+                             "every interface, anyone on the network can use it)."),
     port: int = typer.Option(8080, help="TCP port."),
     vector: List[str] = typer.Option([], "--vector", metavar="NAME=FILE", help="A steering vector requests may name "
                                      "(\"steering\": {\"vector\": NAME, \"strength\": X}); repeatable."),
@@ -37,13 +42,20 @@ def serve(
                                         "then decode greedily (temperature 0)."),
     draft_max: Optional[int] = typer.Option(None, "--draft-max", help="With --draft: tokens proposed per round "
                                             "(1 to 64, default 8)."),
-    quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
+    max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait while one generates; one more "
+                                  "gets a 503 with Retry-After."),
+    allow_origin: List[str] = typer.Option([], "--allow-origin", metavar="ORIGIN", help="A web page origin "
+                                           "(https://app.example; * for any) whose scripts may call the server "
+                                           "(CORS); other pages are refused. Repeatable."),
+    quiet: bool = flag(False, "--quiet", "-q", help="No progress display, start-up notes or request log on stderr "
+                       "(warnings and errors still print)."),
 ) -> None:
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models);
-    one request generates at a time, the others wait their turn."""
+    one request generates at a time, the others wait their turn. Each request is logged on stderr
+    (without -q)."""
     from .conversation import Session
     from .generate import kv_cache_dtype
-    from .server import Server, build_app
+    from .server import Server, build_app, is_loopback, uvicorn_server
     from .steering import check_vector_for, read_vector
 
     _check_device(device)
@@ -51,8 +63,16 @@ def serve(
     _use_threads(threads)
     if not 0 <= port <= 65535:
         raise SterError(f"--port must be 0 to 65535, got {port}")
+    if not host.strip():  # the socket layer reads "" as every interface, and the start line would say http://:PORT
+        raise SterError("--host is empty; give 127.0.0.1 (this machine only) or, to listen on every interface, "
+                        "0.0.0.0 (or :: for IPv6) explicitly")
     if max_tokens < 0:
         raise SterError(f"--max-tokens must be 0 or more, got {max_tokens}")
+    if max_queue < 0:
+        raise SterError(f"--max-queue must be 0 or more, got {max_queue}")
+    origins = tuple(_origin(o) for o in allow_origin)
+    model_id = _check_name(name, "--name") if name is not None else \
+        _check_name(_model_or_default(model), "the model's name (give --name)")
     vectors = {}
     for item in vector:
         vname, eq, path = item.partition("=")
@@ -74,21 +94,116 @@ def serve(
 
         drafter = load_drafter(draft, loaded, precision=precision.value)
     session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
-    server = Server(session, name or _model_or_default(model), {k: v for k, (v, _) in vectors.items()}, max_tokens)
+    server = Server(session, model_id, {k: v for k, (v, _) in vectors.items()}, max_tokens, max_queue=max_queue)
+    import signal
     import socket
 
-    import uvicorn
-
     try:
-        sock = socket.create_server((host, port))
-    except OSError as e:
-        raise SterError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
-    bound = sock.getsockname()[1]
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except (OSError, UnicodeError) as e:
+        raise SterError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}; choose another --port "
+                        "or --host") from None
+    address, bound = sock.getsockname()[:2]
+    local = is_loopback(address)
+    shown = f"[{host}]" if ":" in host else host
     # One start line, on stdout (scripts read the address from its third word: --port 0 picks a free port)
-    print(f"listening on http://{host}:{bound}" + ("" if quiet else
+    print(f"listening on http://{shown}:{bound}" + ("" if quiet else
           " (OpenAI API at /v1" + ("; greedy requests only: --draft" if drafter is not None else "")
           + "; Ctrl-C stops)"),
           flush=True)
-    config = uvicorn.Config(build_app(server), log_level="warning" if not quiet else "error", access_log=False,
-                            timeout_graceful_shutdown=1)
-    uvicorn.Server(config).run(sockets=[sock])
+    if not local:
+        err.print(f"[bold yellow]warning:[/] listening on {escape(host)}, not loopback: anyone who can reach this "
+                  f"machine on port {bound} can use the server (it has no authentication)", highlight=False)
+    if session.template is None and not quiet:
+        err.print("note: the model has no chat template (a base model): /v1/chat/completions refuses requests; "
+                  "send raw text to /v1/completions", highlight=False)
+
+    def log_request(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    _log_to_stderr()
+    app = build_app(server, loopback=local, allow_origins=origins, log=None if quiet else log_request)
+    runner = uvicorn_server(server, app, log_level="warning" if not quiet else "error")
+    runner.run(sockets=[sock])
+    if runner.stopped_by == signal.SIGINT:
+        raise SystemExit(130)   # ster's main prints "interrupted"
+    if runner.stopped_by == signal.SIGTERM:
+        from .entry import TERMINATED
+
+        err.print("terminated", highlight=False)
+        raise SystemExit(TERMINATED)
+
+
+def _check_name(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode: every reply names the model, and a lone surrogate (a non-UTF-8 byte of an
+    argument) cannot be written in one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SterError(f"{what} {ascii(text)} is not valid UTF-8 text; give a name of valid characters") from None
+    return text
+
+
+def _origin(text: str) -> str:
+    """An --allow-origin value: ``*`` or scheme://host[:port], as a browser sends it in ``Origin``."""
+    from urllib.parse import urlsplit
+
+    if text == "*":
+        return text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment \
+            or text != f"{parts.scheme}://{parts.netloc}":
+        raise SterError(f"--allow-origin takes an origin such as https://app.example or http://localhost:3000 "
+                        f"(scheme and host, no path), or *; got {text!r}")
+    return text
+
+
+class _OneLine(logging.Handler):
+    """uvicorn's and asyncio's log records on stderr as one line each: never a traceback (the exception's type,
+    message and innermost place instead), and the same message at most once per ``EVERY`` seconds, then with
+    the count of those left out (a flood of failed accepts or bad requests is not thousands of lines)."""
+
+    EVERY = 10.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict = {}   # (logger, message template) -> [time printed, left out since]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import time
+        import traceback
+
+        now = time.monotonic()
+        key = (record.name, str(record.msg))
+        last = self.seen.get(key)
+        if last is not None and now - last[0] < self.EVERY:
+            last[1] += 1
+            return
+        more = f" ({last[1]} more like it)" if last is not None and last[1] else ""
+        self.seen[key] = [now, 0]
+        if len(self.seen) > 1000:   # messages with varying text: forget the old ones
+            self.seen = {k: v for k, v in self.seen.items() if now - v[0] < self.EVERY}
+        try:
+            text = record.getMessage().splitlines()[0] if record.getMessage() else ""
+        except Exception:  # noqa: BLE001 - a malformed record must not take the server down
+            text = str(record.msg)
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+            text += f": {type(exc).__name__}" + (f": {exc}" if str(exc) else "") + "".join(
+                f" ({Path(f.filename).name}:{f.lineno})" for f in where)
+        try:
+            sys.stderr.write(f"{record.levelname.lower()}: {text[:1000]}{more}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _log_to_stderr() -> None:
+    """Route uvicorn's and asyncio's loggers through ``_OneLine`` (and not to the root logger)."""
+    handler = _OneLine()
+    for logger_name in ("uvicorn", "uvicorn.error", "uvicorn.access", "asyncio"):
+        logger = logging.getLogger(logger_name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False

@@ -202,7 +202,8 @@ class Session:
     def reply(self, messages: list[dict], sampling: Sampling, *, tools: list[dict] | None = None,
               thinking: bool | None = None, stops: tuple[str, ...] = (), layer_hook=None, key=None,
               on_event: Callable[[Event], None] | None = None,
-              cancelled: Callable[[], bool] | None = None, raw: str | None = None) -> Reply:
+              cancelled: Callable[[], bool] | None = None, raw: str | None = None,
+              on_logprobs: Callable[[dict], None] | None = None) -> Reply:
         """Answer ``messages`` (OpenAI-shaped dicts).
 
         Args:
@@ -214,6 +215,8 @@ class Session:
                 under another key are not reused).
             on_event: called with each parsed event as the reply streams.
             cancelled: polled after each token; True stops the reply (finish_reason "cancelled").
+            on_logprobs: with ``sampling.logprobs``, called with each new token's logprobs entry
+                before its text is parsed (``generate.generate``'s).
             raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
                 read as plain text); ``messages`` is then unused.
 
@@ -262,9 +265,9 @@ class Session:
                 return True
             return False
 
-        gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, layer_hook=layer_hook,
-                       kv_cache=self.kv_cache, cache=self.cache, cache_key=key, ctx_size=self.ctx_size,
-                       draft=self.draft, n_draft=self.n_draft)
+        gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, on_logprobs=on_logprobs,
+                       layer_hook=layer_hook, kv_cache=self.kv_cache, cache=self.cache, cache_key=key,
+                       ctx_size=self.ctx_size, draft=self.draft, n_draft=self.n_draft)
         if not cut.stopped:
             tail, _ = cut.feed(stream.flush())
             emit(parser.feed(tail + cut.flush()))

@@ -10,7 +10,8 @@ the spot, leaving the temporary file or directory of an output being written (``
 Here it raises ``SystemExit(143)`` in the main thread instead, so every ``finally`` and context
 manager runs (``artifacts.atomic_outputs`` removes its temporaries) and the status is the shell's
 128 + 15; "terminated" goes to stderr. ``ster serve`` is unaffected: uvicorn installs its own
-handler while it runs, and after its graceful shutdown raises the signal again, which lands here.
+handler while it runs, and after its graceful shutdown the command exits 143 with "terminated"
+itself (``server.uvicorn_server``).
 """
 from __future__ import annotations
 

@@ -232,6 +232,7 @@ def context_limit(spec, ctx_size: int | None = None) -> float:
 
 def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] = (),
              *, on_token: Callable[[int], bool | None] | None = None,
+             on_logprobs: Callable[[dict], None] | None = None,
              layer_hook: LayerHook | None = None, kv_cache: str = "f32", cache: PromptCache | None = None,
              cache_key=None, ctx_size: int | None = None, draft=None, n_draft: int | None = None) -> Generation:
     """Continue ``prompt_ids`` with the decoder.
@@ -243,6 +244,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         stop_ids: end-of-generation ids; the stop token is kept in ``ids`` but not streamed.
         on_token: called with each new id as it is chosen (streaming); a true return value
             stops the run after that id (``stop_reason`` "stopped").
+        on_logprobs: with ``sampling.logprobs``, called with each new id's ``logprobs`` entry as it
+            is recorded, before ``on_token`` (a stream that sends each piece's logprobs with it).
         layer_hook: passed to every forward call (steering).
         kv_cache: "f32" (exact, the default) or "f16": the dtype keys and values are cached in.
         cache: a ``PromptCache`` to reuse across calls (its longest exact shared prefix is not
@@ -305,6 +308,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         """Record ``token``; the reason to stop after it, or None."""
         if sampling.logprobs is not None:
             out.logprobs.append(top_logprobs(logits, token, sampling.logprobs))
+            if on_logprobs is not None:
+                on_logprobs(out.logprobs[-1])
         out.ids.append(token)
         history.append(token)
         if token in stops:

@@ -1,23 +1,30 @@
 """``ster serve``: an OpenAI-compatible HTTP server for one model (Starlette on uvicorn).
 
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (messages through the chat template;
-``stream`` as server-sent events; ``tools`` parsed into ``tool_calls``; reasoning into
-``reasoning_content``), ``POST /v1/completions`` (a raw text continued). One model per process, and
-one request generates at a time: the others wait in arrival order (a lock), so a server on a
-machine's cores never runs two models' worth of threads. Consecutive requests reuse the prompt
-cache's shared prefix (``conversation.Session``); ``usage.prompt_tokens_details.cached_tokens``
-says how many prompt tokens were reused.
+Endpoints: ``GET /v1/models`` and ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
+through the chat template; ``stream`` as server-sent events; ``tools`` parsed into ``tool_calls``;
+reasoning into ``reasoning_content``), ``POST /v1/completions`` (a raw text continued). One model per
+process, and one request generates at a time: the others wait their turn (a lock), so a server on a
+machine's cores never runs two models' worth of threads. At most ``max_queue`` requests wait; one
+more gets a 503 with ``Retry-After``. Consecutive requests reuse the prompt cache's shared prefix
+(``conversation.Session``); ``usage.prompt_tokens_details.cached_tokens`` says how many prompt tokens
+were reused. The ``model`` a request names is not checked (clients send their own defaults): the one
+model answers, and replies name it.
 
 Extensions to OpenAI's request: ``steering: {"vector": NAME, "strength": X}`` names a vector loaded
-at start (``--vector NAME=FILE``), applied to this request only; ``top_k``, ``min_p``,
-``repeat_penalty``; ``thinking`` (or ``chat_template_kwargs.enable_thinking``) sets the template's
-thinking switch. ``logprobs``/``top_logprobs`` follow OpenAI's shape (natural logarithms of the
-model's own distribution).
+at start (``--vector NAME=FILE``), applied to this request only (``strength`` defaults to 1);
+``top_k``, ``min_p``, ``repeat_penalty``; ``thinking`` (or ``chat_template_kwargs.enable_thinking``)
+sets the template's thinking switch. ``logprobs``/``top_logprobs`` follow OpenAI's shape (natural
+logarithms of the model's own distribution); a streamed reply carries each chunk's tokens' logprobs.
 
 Errors have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a request
-that is not JSON or breaks a rule, 404 for an unknown path, 405 for a wrong method. A client that
-disconnects while its reply streams stops the generation at the next piece of text the server
-fails to send it (a request waiting for its turn notices when its turn comes).
+that is not JSON or breaks a rule, 403 for a browser page of another origin or (on loopback) a Host
+that is not this machine's, 404 for an unknown path or model, 405 for a wrong method, 408 for a
+body that does not arrive in time, 413 for a body over 8 MiB, 415 for a body not sent as
+``application/json``, 503 when the queue is full or the server is stopping. A client that
+disconnects stops its generation at the next token (a request waiting for its turn leaves the queue
+within a quarter of a second). The bounds against abusive clients (a connection's headers and body
+must arrive in time, a body's size, nesting and item count, the queue, the connections) are the
+constants below and ``uvicorn_server``'s.
 """
 from __future__ import annotations
 
@@ -39,14 +46,41 @@ MAX_BODY_BYTES = 8 << 20
 #: The deepest nesting of arrays/objects a request body may have (OpenAI tool schemas nest a few
 #: tens of levels; Python's parser and the chat templates recurse once per level).
 MAX_JSON_DEPTH = 64
+#: The most items (array elements and object members, an empty array or object counting one) a body
+#: may hold. A parsed item costs a Python object of 50 to 250 bytes, so 8 MiB of ``{}`` would be
+#: ~200 MB while it waits its turn; a long conversation with tools holds a few thousand.
+MAX_JSON_ITEMS = 1 << 16
+#: Seconds a request's body may take to arrive once its headers have (408 after; a slow client holds
+#: a connection no longer). 8 MiB in 30 s is 280 kB/s.
+BODY_TIMEOUT = 30.0
+#: Seconds a connection may take to send a request's headers, from its opening or the end of its
+#: previous reply; it is closed after (uvicorn itself only times out an idle kept-alive connection).
+HEADER_TIMEOUT = 10.0
+#: Seconds an idle kept-alive connection stays open between requests (uvicorn's timeout_keep_alive).
+KEEP_ALIVE_TIMEOUT = 5.0
+#: The most bytes of a request line + headers held while they are incomplete (h11's
+#: max_incomplete_event_size; uvicorn answers a plain 400 past it).
+MAX_HEADER_BYTES = 16 << 10
+#: Connections kept open beyond the queue's requests: the one generating, /v1/models polls, idle
+#: kept-alive clients (``uvicorn_server``).
+SPARE_CONNECTIONS = 64
+#: Retry-After (seconds) of a 503: the queue is full or the server is stopping.
+RETRY_AFTER = 5
+#: OpenAI's bounds of ``metadata`` (an object of strings) and a bound of ``user`` (a string): both are
+#: accepted and change nothing, so they must not be a place to park memory.
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS, USER_CHARS = 16, 64, 512, 256
 
 
 class RequestError(Exception):
-    """A request the server refuses: HTTP status, message, and the parameter at fault."""
+    """A request the server refuses: HTTP status, message, the parameter at fault, and OpenAI's
+    error ``type`` / ``code`` (the type defaults to invalid_request_error, server_error from 500 on),
+    with extra response ``headers`` (``Retry-After``, ``Connection: close``)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, *, kind: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code, self.headers = param, status, code, dict(headers or {})
+        self.kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -69,8 +103,10 @@ def _number(body: dict, name: str, default, *, kind=float, low=None, high=None):
     value = body.get(name, default)
     if value is None:
         return default
+    # An integer field takes JSON integers only, as OpenAI's: 1e300 or 2.0 is a client's mistake (and 1e300
+    # would pass as a whole number, past any range).
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, int) and abs(value) > _MAX_MAGNITUDE) or (kind is int and not float(value).is_integer()):
+            isinstance(value, int) and abs(value) > _MAX_MAGNITUDE) or (kind is int and isinstance(value, float)):
         what = "an integer" if kind is int else "a number"
         raise RequestError(f"{name} must be {what} of at most 2**63 in magnitude, got {_shown(value)}"
                            if isinstance(value, int) and not isinstance(value, bool) else
@@ -85,38 +121,120 @@ def _number(body: dict, name: str, default, *, kind=float, low=None, high=None):
     return value
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in a JSON text ``raw`` (brackets inside strings not
-    counted), computed without recursion so that it is safe on any input.
+def json_shape(raw: bytes) -> tuple[int, int]:
+    """The deepest nesting of ``[``/``{`` in a JSON text ``raw`` and its number of items (array
+    elements and object members, an empty array or object counting one: ``[`` + ``{`` + ``,``),
+    brackets and commas inside strings not counted; computed without recursion or parsing, so that
+    it is safe and cheap on any input.
 
     Args:
         raw: the JSON text, bytes (UTF-8).
     Returns:
-        int, 0 for a scalar.
+        (depth int, 0 for a scalar; items int).
     """
     import numpy as np
 
     text = re.sub(rb'"(?:[^"\\]|\\.)*"?', b"", raw)
     b = np.frombuffer(text, dtype=np.uint8)
-    step = np.isin(b, (ord("["), ord("{"))).astype(np.int64) - np.isin(b, (ord("]"), ord("}")))
-    return int(np.cumsum(step).max(initial=0))
+    opens = (b == ord("[")) | (b == ord("{"))
+    step = opens.view(np.int8) - ((b == ord("]")) | (b == ord("}"))).view(np.int8)
+    return int(np.cumsum(step, dtype=np.int32).max(initial=0)), int(np.count_nonzero(opens) + np.count_nonzero(b == ord(",")))
 
 
-def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
-    """Sampling settings from a request body (OpenAI's names and ster's extensions).
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text (``json_shape``'s first number)."""
+    return json_shape(raw)[0]
+
+
+def check_unicode(body: Any) -> None:
+    """Refuse a lone UTF-16 surrogate (``"\\ud800"``) anywhere in a parsed body, key or value: JSON's
+    escapes can write one, but it is no character, so no reply, template or tokenizer can carry it.
 
     Raises:
-        RequestError: a value of the wrong type or out of its range.
+        RequestError: naming the first place (``messages[0].role``, or the key).
     """
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", default_max_tokens, kind=int, low=0)
+    def valid(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+
+    def refuse(place: str, where: str) -> RequestError:
+        field = re.match(r"[A-Za-z_]+", where)   # the top-level field, when its name is plain
+        return RequestError(f"the request holds a lone UTF-16 surrogate (an escape such as \\ud800 that is no "
+                            f"character) in {place[:100]}; send valid Unicode text", field and field.group(0)[:40])
+
+    todo: list[tuple[Any, str]] = [(body, "")]
+    while todo:
+        value, where = todo.pop()
+        if isinstance(value, str):
+            if not valid(value):
+                raise refuse(where or "the body", where)
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                if not valid(key):
+                    raise refuse(f"the key {ascii(key)}" + (f" of {where}" if where else ""), where)
+                todo.append((child, f"{where}.{key}" if where else key))
+        elif isinstance(value, list):
+            todo.extend((child, f"{where}[{i}]") for i, child in enumerate(value))
+
+
+def check_ignored_fields(body: dict) -> None:
+    """The fields accepted and unused (``user``, ``metadata``, ``store``, ``service_tier``) in their
+    OpenAI types and bounds, so that they cannot park memory while a request waits.
+
+    Raises:
+        RequestError: naming the field.
+    """
+    user = body.get("user")
+    if user is not None and not (isinstance(user, str) and len(user) <= USER_CHARS):
+        raise RequestError(f"user must be a string of at most {USER_CHARS} characters (an id of the end user), "
+                           f"got {_shown(user)}", "user")
+    meta = body.get("metadata")
+    if meta is not None:
+        shape = (f"metadata must be an object of at most {METADATA_KEYS} string values, keys of at most "
+                 f"{METADATA_KEY_CHARS} characters and values of at most {METADATA_VALUE_CHARS} (as OpenAI's)")
+        if not isinstance(meta, dict) or len(meta) > METADATA_KEYS:
+            raise RequestError(f"{shape}; got {_shown(meta)}", "metadata")
+        for key, value in meta.items():
+            if len(key) > METADATA_KEY_CHARS or not isinstance(value, str) or len(value) > METADATA_VALUE_CHARS:
+                raise RequestError(f"{shape}; the key {_shown(key)} holds {_shown(value)}", "metadata")
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        raise RequestError(f"store must be a boolean, got {_shown(body['store'])}", "store")
+    tier = body.get("service_tier")
+    if tier is not None and not (isinstance(tier, str) and len(tier) <= 64):
+        raise RequestError(f"service_tier must be a string such as \"auto\", got {_shown(tier)}", "service_tier")
+
+
+def sampling_of(body: dict, default_max_tokens: int, chat: bool = True) -> Sampling:
+    """Sampling settings from a request body (OpenAI's names and ster's extensions). Chat's
+    ``logprobs`` is a boolean and ``top_logprobs`` the number of alternatives; the completions'
+    ``logprobs`` is that number (or ``true`` with ``top_logprobs``, as chat's).
+
+    Raises:
+        RequestError: a value of the wrong type or out of its range, naming the field as sent
+            (``max_completion_tokens`` or ``max_tokens``); ``top_logprobs`` without ``logprobs: true``.
+    """
+    sent = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
+    if len(sent) == 2 and body["max_tokens"] != body["max_completion_tokens"]:
+        raise RequestError("max_tokens and max_completion_tokens differ; send one of them (max_completion_tokens is "
+                           "OpenAI's newer name)", "max_tokens")
+    limit_name = sent[0] if sent else "max_tokens"
+    max_tokens = _number(body, limit_name, default_max_tokens, kind=int, low=0)
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if top is not None and asked is not True:
+        raise RequestError('top_logprobs needs "logprobs": true' + (
+            "" if chat or asked is None or asked is False else f" (here logprobs {_shown(asked)} already asks for that many "
+            "alternatives; send one of them)"), "top_logprobs")
     logprobs = None
-    if body.get("logprobs") not in (None, False):
-        if body.get("logprobs") is not True and not isinstance(body.get("logprobs"), int):
-            raise RequestError("logprobs must be a boolean", "logprobs")
+    if asked is True:
         logprobs = _number(body, "top_logprobs", 0, kind=int, low=0, high=MAX_LOGPROBS)
-        if isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool):
-            logprobs = _number(body, "logprobs", 0, kind=int, low=0, high=MAX_LOGPROBS)  # /v1/completions' form
+    elif asked is not None and asked is not False:
+        if chat:
+            raise RequestError(f"logprobs must be true or false on /v1/chat/completions, got {_shown(asked)}; the "
+                               f"number of alternatives per token is top_logprobs (0 to {MAX_LOGPROBS})", "logprobs")
+        logprobs = _number(body, "logprobs", 0, kind=int, low=0, high=MAX_LOGPROBS)  # /v1/completions' form
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise RequestError(f"seed must be in 0..2**63-1, got {_shown(seed)}", "seed")
@@ -130,9 +248,34 @@ def sampling_of(body: dict, default_max_tokens: int) -> Sampling:
         # "--top-p must ..." -> "top_p must ...", param "top_p"
         option, _, rest = str(e).removeprefix("--").partition(" ")
         name = option.replace("-", "_")
-        name = {"max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}.get(name, name)
+        name = {"max_new_tokens": limit_name, "logprobs": "top_logprobs" if asked is True else "logprobs"}.get(name, name)
         raise RequestError(f"{name} {rest}", name) from None
     return s
+
+
+def stream_options_of(body: dict) -> bool:
+    """``include_usage`` of a request's ``stream_options`` (False when absent).
+
+    Raises:
+        RequestError: ``stream_options`` without ``"stream": true``, not an object, with a key other than
+            include_usage, or an include_usage that is not a boolean.
+    """
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if body.get("stream") is not True:
+        raise RequestError('stream_options applies to streamed replies only: send "stream": true, or omit '
+                           "stream_options", "stream_options")
+    if not isinstance(options, dict):
+        raise RequestError(f'stream_options must be an object such as {{"include_usage": true}}, got '
+                           f"{_shown(options)}", "stream_options")
+    extra = sorted(set(options) - {"include_usage"})
+    if extra:
+        raise RequestError(f"stream_options: only include_usage is read, not {_shown(extra[0])}", "stream_options")
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise RequestError(f"stream_options.include_usage must be a boolean, got {_shown(usage)}", "stream_options")
+    return bool(usage)
 
 
 def logit_bias_of(body: dict, vocab_size: int) -> tuple[tuple[int, float], ...]:
@@ -238,12 +381,16 @@ def check_unsupported(body: dict, chat: bool) -> None:
         parts = m.get("content") if isinstance(m, dict) else None
         if not isinstance(parts, list):
             continue
-        for part in parts:
+        for j, part in enumerate(parts):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
+            if kind != "text":
                 raise RequestError(f"messages: message {i} has a content part of type "
-                                   f"{json.dumps(kind)[:60]}; only text parts ({{\"type\": \"text\", \"text\": "
+                                   f"{_shown(kind)}; only text parts ({{\"type\": \"text\", \"text\": "
                                    f"...}}) are supported (the model reads text only)", "messages")
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"messages: message {i}'s content part {j} is of type \"text\" but its \"text\" "
+                                   + ("is missing" if part.get("text") is None else f"is {_shown(part['text'])}")
+                                   + '; give the text as a string: {"type": "text", "text": "..."}', "messages")
 
 
 def stops_of(body: dict) -> tuple[str, ...]:
@@ -264,10 +411,20 @@ def stops_of(body: dict) -> tuple[str, ...]:
 def normalize_messages(messages: list[dict]) -> list[dict]:
     """OpenAI messages as chat templates read them: content given as a list of text parts becomes their
     texts joined by newlines (most templates add ``content`` to a string; ``check_unsupported`` refused
-    any other part), and an assistant's tool call ``arguments`` given as a JSON text becomes the object
-    it holds (templates write it with ``tojson``)."""
+    any other part), null content of an assistant message with ``tool_calls`` (OpenAI's form) becomes
+    "" (templates add it to strings too), and an assistant's tool call ``arguments`` given as a JSON
+    text becomes the object it holds (templates write it with ``tojson``).
+
+    Raises:
+        RequestError: null (or no) content on any other message.
+    """
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
+        if m.get("content") is None:
+            if m.get("role") != "assistant" or not m.get("tool_calls"):
+                raise RequestError(f"messages: message {i} ({_shown(m.get('role'))}) has null content; give its "
+                                   "text (null content is for an assistant message with tool_calls)", "messages")
+            m = {**m, "content": ""}
         if isinstance(m.get("content"), list):
             m = {**m, "content": "\n".join(part["text"] for part in m["content"])}
         calls = m.get("tool_calls")
@@ -289,40 +446,107 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+#: How often (seconds) a request waiting for the lock checks whether its client is gone or the server stops.
+_WAIT_POLL = 0.25
+
+
+class Turn:
+    """A request's place among those admitted (``Server.admit``): released once, when the request ends,
+    or when it never got to run."""
+
+    def __init__(self, server: "Server"):
+        self.server, self.released = server, False
+        self.started = False   # a streamed reply's worker took charge of releasing it
+
+    def release(self) -> None:
+        with self.server._count_lock:
+            if not self.released:
+                self.released = True
+                self.server.admitted -= 1
+
+
 class Server:
-    """The state behind the app: the session, the vectors, the one-at-a-time lock.
+    """The state behind the app: the session, the vectors, the one-at-a-time lock and its queue.
 
     Args:
         session: a ``conversation.Session``.
         model_name: the id ``/v1/models`` lists and replies name.
         vectors: name -> ``steering.SteeringVector`` (loaded and checked at start).
         max_tokens: the default ``max_tokens`` of a request that gives none.
+        max_queue: the most requests waiting while one generates; one more gets a 503.
     """
 
-    def __init__(self, session, model_name: str, vectors: dict | None = None, max_tokens: int = 256):
+    def __init__(self, session, model_name: str, vectors: dict | None = None, max_tokens: int = 256,
+                 max_queue: int = 64):
         self.session = session
         self.model_name = model_name
         self.vectors = dict(vectors or {})
         self.max_tokens = max_tokens
+        self.max_queue = max_queue
         self.lock = threading.Lock()
         self.created = int(time.time())
         self.served = 0
+        self.admitted = 0   # requests admitted and not yet done (the one generating and those waiting)
+        self._count_lock = threading.Lock()
+        #: Set when the server stops (a signal): replies end at their next token, waiting ones leave.
+        self.closing = threading.Event()
+
+    # ------------------------------------------------------------------ the queue
+
+    def _busy(self, coming: int) -> RequestError | None:
+        """The 503 for one more request when ``coming`` more would count (0: it is counted already)."""
+        if self.closing.is_set():
+            return RequestError("the server is shutting down; retry on another or after it restarts", status=503,
+                                code="server_shutting_down", headers={"Retry-After": str(RETRY_AFTER)})
+        if self.admitted + coming > self.max_queue + 1:  # the one generating and max_queue waiting
+            return RequestError(f"the server is busy: {self.max_queue} requests are waiting for their turn (ster serve "
+                                "--max-queue); retry later", status=503, code="queue_full",
+                                headers={"Retry-After": str(RETRY_AFTER)})
+        return None
+
+    def check_room(self) -> None:
+        """Refuse early (before a body is read) when the queue is full or the server stops.
+
+        Raises:
+            RequestError: 503 with Retry-After.
+        """
+        busy = self._busy(1)
+        if busy is not None:
+            raise busy
+
+    def admit(self) -> Turn:
+        """A place for a parsed request: the one generating and ``max_queue`` waiting fit.
+
+        Raises:
+            RequestError: 503 with Retry-After: the queue is full, or the server stops.
+        """
+        with self._count_lock:
+            self.admitted += 1
+            busy = self._busy(0)
+            if busy is not None:
+                self.admitted -= 1
+                raise busy
+        return Turn(self)
 
     # ------------------------------------------------------------------ a request
 
     def steering(self, body: dict):
-        """(hook, key) of a request's ``steering`` extension, or (None, None)."""
+        """(hook, key) of a request's ``steering`` extension, or (None, None); ``strength`` defaults to 1."""
         from .steering import steering_hook
 
         spec = body.get("steering")
         if spec is None:
             return None, None
+        shape = 'steering must be an object {"vector": NAME, "strength": X} (strength defaults to 1)'
         if not isinstance(spec, dict) or not isinstance(spec.get("vector"), str):
-            raise RequestError('steering must be an object {"vector": NAME, "strength": X}', "steering")
+            raise RequestError(shape, "steering")
+        extra = sorted(set(spec) - {"vector", "strength"})
+        if extra:
+            raise RequestError(f"steering: unknown key {_shown(extra[0])}; {shape}", "steering")
         name = spec["vector"]
         if name not in self.vectors:
             have = ", ".join(sorted(self.vectors)) or "none (start the server with --vector NAME=FILE)"
-            raise RequestError(f"steering: no vector named {name!r}; loaded: {have}", "steering.vector")
+            raise RequestError(f"steering: no vector named {ascii(name)[:60]}; loaded: {have}", "steering.vector")
         try:
             strength = _number(spec, "strength", 1.0)
         except RequestError as e:
@@ -342,6 +566,11 @@ class Server:
 
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
+        if chat and self.session.template is None:
+            raise RequestError("this model has no chat template (a base model), so /v1/chat/completions cannot "
+                               "format a conversation for it; send the raw text to /v1/completions as \"prompt\"",
+                               "messages")
+        check_unicode(body)
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise RequestError("model must be a string", "model")
@@ -351,7 +580,8 @@ class Server:
         if not isinstance(body.get("stream", False), bool):
             raise RequestError("stream must be a boolean", "stream")
         check_unsupported(body, chat)
-        args: dict = {"sampling": sampling_of(body, self.max_tokens), "stops": stops_of(body)}
+        check_ignored_fields(body)
+        args: dict = {"sampling": sampling_of(body, self.max_tokens, chat), "stops": stops_of(body)}
         args["sampling"] = dataclasses.replace(
             args["sampling"], logit_bias=logit_bias_of(body, self.session.loaded.decoder.spec.vocab_size))
         if self.session.draft is not None and args["sampling"].temperature != 0:
@@ -359,6 +589,7 @@ class Server:
                                "--draft), whose output is greedy decoding's; omit temperature or send 0, or serve "
                                "without --draft to sample", "temperature")
         args["layer_hook"], args["key"] = self.steering(body)
+        stream_options_of(body)
         if chat:
             try:
                 args["messages"] = normalize_messages(check_messages(body.get("messages"), "messages"))
@@ -376,27 +607,50 @@ class Server:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
                 prompt = prompt[0]
+            if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+                raise RequestError(f"prompt: a batch of {len(prompt)} prompts is not supported (one reply per "
+                                   "request); send each prompt as a string in a request of its own", "prompt")
+            if isinstance(prompt, list) and prompt and all(
+                    isinstance(p, int) and not isinstance(p, bool) or isinstance(p, list) for p in prompt):
+                raise RequestError("prompt: token-id prompts are not supported; send the text as a string", "prompt")
             if not isinstance(prompt, str) or not prompt:
                 raise RequestError("prompt must be a non-empty string", "prompt")
             args["raw"], args["messages"] = prompt, []
         return args
 
-    def run(self, args: dict, on_event=None, cancelled=None):
-        """Generate one reply, waiting for the lock; None when cancelled before its turn.
+    def private(self, message: str) -> str:
+        """An error message fit for a client: the server's model path (in the tokenizer's and the chat
+        template's names) becomes "the model"."""
+        source = str(getattr(self.session.loaded.tokenizer, "source", "") or "")
+        if not source:
+            return message
+        return message.replace(f"chat template of {source}", "the model's chat template").replace(source, "the model")
+
+    def run(self, args: dict, on_event=None, cancelled=None, on_logprobs=None):
+        """Generate one reply once it has the lock; None when cancelled (or the server stops) before its
+        turn. ``on_logprobs`` is called with each new token's logprobs entry before its text is parsed.
 
         Raises:
             RequestError: a request the model refuses (a prompt longer than the context...).
         """
-        with self.lock:
-            if cancelled is not None and cancelled():
+        def stop() -> bool:
+            return self.closing.is_set() or (cancelled is not None and cancelled())
+
+        while not self.lock.acquire(timeout=_WAIT_POLL):  # a client that leaves the queue frees its place soon
+            if stop():
+                return None
+        try:
+            if stop():
                 return None
             try:
                 reply = self.session.reply(args.pop("messages"), args.pop("sampling"), on_event=on_event,
-                                           cancelled=cancelled, **args)
+                                           cancelled=stop, on_logprobs=on_logprobs, **args)
             except SterError as e:
-                raise RequestError(str(e)) from None
+                raise RequestError(self.private(str(e))) from None
             self.served += 1
             return reply
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------------ shapes
 
@@ -413,12 +667,19 @@ class Server:
         return out
 
     def logprobs(self, reply, chat: bool) -> dict | None:
-        """A reply's ``logprobs`` in its endpoint's shape, or None when none were asked for: chat's
-        ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``, or the completions'
-        ``{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}`` (offsets in
-        characters of the prompt and completion, the first at the prompt's length)."""
+        """A reply's ``logprobs`` in its endpoint's shape, or None when none were asked for
+        (``logprobs_of`` over all its tokens)."""
         gen = reply.generation
-        if reply.generation is None or not gen.logprobs:
+        if gen is None or not gen.logprobs:
+            return None
+        return self.logprobs_of(gen.logprobs, chat, len(reply.prompt_text))
+
+    def logprobs_of(self, entries: list[dict], chat: bool, offset: int = 0) -> dict | None:
+        """Tokens' logprobs entries (``generate.Generation.logprobs``) in an endpoint's shape, or None for
+        none: chat's ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``, or the
+        completions' ``{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}``
+        (offsets in characters of the prompt and completion, the first at ``offset``)."""
+        if not entries:
             return None
         tok = self.session.loaded.tokenizer
 
@@ -426,10 +687,10 @@ class Server:
             return tok.decode([i], skip_special_tokens=False)
 
         if not chat:
-            tokens = [text(e["id"]) for e in gen.logprobs]
-            offsets = [len(reply.prompt_text) + sum(map(len, tokens[:k])) for k in range(len(tokens))]
-            return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in gen.logprobs],
-                    "top_logprobs": [{text(i): lp for i, lp in e["top"]} for e in gen.logprobs],
+            tokens = [text(e["id"]) for e in entries]
+            offsets = [offset + sum(map(len, tokens[:k])) for k in range(len(tokens))]
+            return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+                    "top_logprobs": [{text(i): lp for i, lp in e["top"]} for e in entries],
                     "text_offset": offsets}
 
         def entry(i: int, lp: float) -> dict:
@@ -437,7 +698,7 @@ class Server:
             return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
 
         return {"content": [{**entry(e["id"], e["logprob"]), "top_logprobs": [entry(i, lp) for i, lp in e["top"]]}
-                            for e in gen.logprobs]}
+                            for e in entries]}
 
 
 def _tool_call(call: dict, index: int | None = None) -> dict:
@@ -450,52 +711,171 @@ def _finish(reason: str) -> str:
     return "stop" if reason == "cancelled" else reason
 
 
-def build_app(server: Server):
-    """The Starlette application serving ``server``."""
+class _Gone(Exception):
+    """The client closed its connection while its request was being read: nobody to answer."""
+
+
+_CLOSE = {"Connection": "close"}   # a reply sent before the body was read: the connection cannot carry another
+
+
+def _hostname(host: str) -> str:
+    """A Host header's name or address without its port: ``[::1]:8080`` -> ``::1``."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` (and ``*.localhost``, RFC 6761) and loopback addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """``text`` for a log line: control and non-ASCII characters escaped (a client cannot forge log lines or
+    terminal escapes through its path), cut to ``limit``."""
+    out = "".join(c if " " <= c < "\x7f" else ascii(c)[1:-1] for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")
+
+
+def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str, ...] = (), log=None):
+    """The ASGI application serving ``server``.
+
+    Args:
+        loopback: the server listens on a loopback address: a request whose Host header names
+            anything but this machine (``localhost``, 127.0.0.0/8, ``[::1]``) is refused (403), so
+            that a web page cannot reach it through DNS rebinding.
+        allow_origins: origins (``https://app.example``; ``*``: any) whose web pages may call the
+            server; CORS headers and preflights answer them. A request with another Origin header
+            than the server's own is refused (403): a browser sends one with every cross-site POST.
+        log: called with one line per request when it ends (client, method, path, status, prompt and
+            new tokens, seconds); None logs nothing.
+    """
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.datastructures import Headers
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    def fail(err: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(str(err), param=err.param), status_code=err.status)
+    class ErrorResponse(JSONResponse):
+        """An error document in ASCII: whatever it quotes of a request encodes."""
+
+        def render(self, content: Any) -> bytes:
+            return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+    def fail(err: RequestError) -> Response:
+        return ErrorResponse(error_body(str(err), err.kind, err.param, err.code), status_code=err.status,
+                             headers=err.headers)
+
+    def refusal(headers: Headers) -> RequestError | None:
+        """A request's Host and Origin checked (see ``loopback`` and ``allow_origins``)."""
+        host = headers.get("host")
+        if loopback and host is not None and not is_loopback(_hostname(host)):
+            return RequestError(f"the Host header {ascii(host)[:80]} does not name this machine: the server listens on "
+                                "loopback and answers requests to localhost, 127.0.0.1 or [::1] only (a guard against "
+                                "DNS rebinding); to serve a network, start it with --host 0.0.0.0", status=403,
+                                kind="permission_error", code="host_not_allowed", headers=_CLOSE)
+        origin = headers.get("origin")
+        if origin is not None and "*" not in allow_origins and origin not in allow_origins and \
+                (host is None or origin.lower() != f"http://{host.lower()}"):
+            return RequestError(f"requests from web pages of other origins are refused ({ascii(origin)[:80]}); to let "
+                                "that page use this server, start it with --allow-origin ORIGIN", status=403,
+                                kind="permission_error", code="origin_not_allowed", headers=_CLOSE)
+        return None
+
+    def check_json(request: Request) -> None:
+        # A browser page can POST text/plain or a form to any address without asking (no CORS preflight):
+        # a JSON body sent as JSON is what a web page cannot send unasked.
+        kind = request.headers.get("content-type", "")
+        if kind.partition(";")[0].strip().lower() != "application/json":
+            raise RequestError(f"send the request body as JSON with the header Content-Type: application/json (got "
+                               f"{ascii(kind)[:60] if kind else 'none'}; curl: -H 'Content-Type: application/json')",
+                               status=415, headers=_CLOSE)
 
     async def read_body(request: Request) -> Any:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-            raise RequestError(f"the request body is {int(size)} bytes, more than {MAX_BODY_BYTES}", status=413)
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise RequestError(f"the request body is more than {MAX_BODY_BYTES} bytes", status=413)
-        if json_depth(raw) > MAX_JSON_DEPTH:
+            raise RequestError(f"the request body is {int(size)} bytes, more than {MAX_BODY_BYTES}", status=413,
+                               headers=_CLOSE)
+        raw = bytearray()
+
+        async def read() -> None:
+            async for chunk in request.stream():
+                raw.extend(chunk)
+                if len(raw) > MAX_BODY_BYTES:
+                    raise RequestError(f"the request body is more than {MAX_BODY_BYTES} bytes", status=413,
+                                       headers=_CLOSE)
+
+        try:
+            await asyncio.wait_for(read(), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the request body did not arrive within {BODY_TIMEOUT:g} s of its headers; send it "
+                               "whole and promptly", status=408, headers=_CLOSE) from None
+        except ClientDisconnect:
+            raise _Gone() from None
+        return await run_in_threadpool(parse_json, bytes(raw))   # 8 MiB take half a second: not on the event loop
+
+    def parse_json(raw: bytes) -> Any:
+        depth, items = json_shape(raw)
+        if depth > MAX_JSON_DEPTH:
             raise RequestError(f"the request body nests arrays/objects more than {MAX_JSON_DEPTH} deep")
+        if items > MAX_JSON_ITEMS:
+            raise RequestError(f"the request body holds {items} array elements and object members, more than "
+                               f"{MAX_JSON_ITEMS}; send fewer messages, tools or logit_bias entries")
         try:
             return json.loads(raw)
         except (ValueError, RecursionError) as e:
             raise RequestError(f"the request body is not valid JSON ({e})") from None
 
+    def model_card() -> dict:
+        return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "ster"}
+
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": server.model_name, "object": "model",
-                                                         "created": server.created, "owned_by": "ster"}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name != server.model_name:
+            return fail(RequestError(f"the model {ascii(name)[:80]} does not exist: this server serves "
+                                     f"{ascii(server.model_name)} (GET /v1/models lists it)", "model", 404,
+                                     code="model_not_found"))
+        return JSONResponse(model_card())
+
+    def stopping(cut: bool) -> RequestError:
+        return RequestError("the server is shutting down" + ("; the reply was cut short" if cut else "")
+                            + "; retry after it restarts", status=503, code="server_shutting_down",
+                            headers={"Retry-After": str(RETRY_AFTER)})
 
     async def completions(request: Request, chat: bool):
         try:
+            check_json(request)
+            server.check_room()   # a full queue is told before the body is read
             body = await read_body(request)
             args = server.parse(body, chat)
+            streamed, include_usage = body.get("stream") is True, stream_options_of(body)
+            del body   # what waits for its turn is what the reply needs
+            turn = server.admit()
         except RequestError as e:
             return fail(e)
+        except _Gone:
+            # Nothing was done for it, and slow clients the connection cap closes would flood the log.
+            request.scope["ster.unlogged"] = True
+            return Response(status_code=499)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        if body.get("stream"):
-            include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
-            return StreamingResponse(_stream(args, rid, created, obj, chat, bool(include_usage)),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        from starlette.concurrency import run_in_threadpool
-        from starlette.responses import Response
+        if streamed:
+            return TurnStream(turn, stream(args, rid, created, obj, chat, include_usage, turn, request.scope),
+                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
         # A client that goes away stops its generation (and frees the lock) as a streamed one does: polled
         # here, since only the event loop can read the connection.
@@ -514,11 +894,16 @@ def build_app(server: Server):
         except RequestError as e:
             return fail(e)
         finally:
+            turn.release()
             stopped = gone.is_set()
             gone.set()
             watcher.cancel()
-        if reply is None or stopped:  # nobody is listening
+        if reply is not None:
+            request.scope["ster.tokens"] = (len(reply.prompt_ids), len(reply.generation.ids))
+        if stopped:  # nobody is listening
             return Response(status_code=499)
+        if reply is None or (reply.finish_reason == "cancelled" and server.closing.is_set()):
+            return fail(stopping(reply is not None))
         usage = server.usage(reply)
         if chat:
             message: dict = {"role": "assistant", "content": reply.text if reply.text or not reply.tool_calls else None}
@@ -537,11 +922,39 @@ def build_app(server: Server):
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": server.model_name,
                              "choices": [choice], "usage": usage})
 
-    async def _stream(args, rid, created, obj, chat, include_usage):
+    class TurnStream(StreamingResponse):
+        """A streamed reply that gives its request's place back if its worker never started (the client
+        left before the first chunk); a started worker gives it back when it ends."""
+
+        def __init__(self, turn: Turn, *args, **kw):
+            super().__init__(*args, **kw)
+            self.turn = turn
+
+        async def __call__(self, scope, receive, send) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                if not self.turn.started:
+                    self.turn.release()
+
+    async def stream(args, rid, created, obj, chat, include_usage, turn, scope):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()
         obj_chunk = "chat.completion.chunk" if chat else "text_completion"
+        pending: list[dict] = []          # logprobs entries of the tokens not yet sent (the worker's)
+        offset = [len(args.get("raw") or "")]
+
+        def put(data) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, data)
+
+        def take() -> dict | None:
+            """The logprobs of the tokens since the last chunk: each chunk carries its own tokens'."""
+            out = server.logprobs_of(pending, chat, offset[0])
+            pending.clear()
+            if out is not None and not chat:
+                offset[0] = out["text_offset"][-1] + len(out["tokens"][-1])
+            return out
 
         def chunk(delta_or_text, finish=None, usage=None, logprobs=None) -> str:
             if chat:
@@ -554,46 +967,53 @@ def build_app(server: Server):
                 doc["usage"] = usage
             return "data: " + json.dumps(doc, ensure_ascii=False) + "\n\n"
 
+        def error_event(err: RequestError) -> str:
+            return "data: " + json.dumps(error_body(str(err), err.kind, err.param, err.code)) + "\n\n"
+
         calls = {"n": 0}
 
         def on_event(e) -> None:
             if chat:
                 if e.kind == "text":
-                    data = chunk({"content": e.text})
+                    delta = {"content": e.text}
                 elif e.kind == "thinking":
-                    data = chunk({"reasoning_content": e.text})
+                    delta = {"reasoning_content": e.text}
                 elif e.kind == "tool_call":
-                    data = chunk({"tool_calls": [_tool_call(e.call, calls["n"])]})
+                    delta = {"tool_calls": [_tool_call(e.call, calls["n"])]}
                     calls["n"] += 1
                 else:
-                    data = chunk({"content": f"\n[{e.text}]"})
+                    delta = {"content": f"\n[{e.text}]"}
+                put(chunk(delta, logprobs=take()))
             else:
-                data = chunk(e.text)
-            loop.call_soon_threadsafe(queue.put_nowait, data)
+                put(chunk(e.text, logprobs=take()))
 
         def work() -> None:
             try:
-                reply = server.run(args, on_event=on_event, cancelled=gone.is_set)
-                if reply is None:
-                    loop.call_soon_threadsafe(queue.put_nowait, None)
+                reply = server.run(args, on_event=on_event, cancelled=gone.is_set, on_logprobs=pending.append)
+                if reply is not None:
+                    scope["ster.tokens"] = (len(reply.prompt_ids), len(reply.generation.ids))
+                if gone.is_set():
                     return
-                end = [chunk({} if chat else "", _finish(reply.finish_reason), logprobs=server.logprobs(reply, chat))]
+                if reply is None or (reply.finish_reason == "cancelled" and server.closing.is_set()):
+                    put(error_event(stopping(reply is not None)))
+                    return
+                put(chunk({} if chat else "", _finish(reply.finish_reason), logprobs=take()))
                 if include_usage:
-                    end.append(chunk(None, usage=server.usage(reply)))
-                end.append("data: [DONE]\n\n")
-                for data in end:
-                    loop.call_soon_threadsafe(queue.put_nowait, data)
+                    put(chunk(None, usage=server.usage(reply)))
+                put("data: [DONE]\n\n")
             except RequestError as e:
-                loop.call_soon_threadsafe(queue.put_nowait, "data: " + json.dumps(error_body(str(e))) + "\n\n")
+                put(error_event(e))
             except Exception as e:  # noqa: BLE001 - the stream must end; the message says what failed
-                loop.call_soon_threadsafe(queue.put_nowait, "data: " + json.dumps(
-                    error_body(f"internal error: {type(e).__name__}: {e}", "server_error")) + "\n\n")
-            loop.call_soon_threadsafe(queue.put_nowait, None)
+                put(error_event(RequestError(server.private(f"internal error: {type(e).__name__}: {e}"), status=500)))
+            finally:
+                turn.release()
+                put(None)
 
         thread = threading.Thread(target=work, daemon=True)
         try:
             if chat:
                 yield chunk({"role": "assistant", "content": ""})
+            turn.started = True
             thread.start()
             while True:
                 data = await queue.get()
@@ -609,13 +1029,180 @@ def build_app(server: Server):
     async def text_completions(request: Request):
         return await completions(request, False)
 
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        text = {404: f"no such endpoint: {request.method} {request.url.path}",
-                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        return JSONResponse(error_body(text, kind), status_code=exc.status_code)
+        text = {404: f"no such endpoint: {request.method} {_printable(request.url.path, 80)}",
+                405: f"{request.method} is not allowed on {_printable(request.url.path, 80)}"}.get(
+                    exc.status_code, str(exc.detail))
+        return ErrorResponse(error_body(text, kind), status_code=exc.status_code)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return ErrorResponse(error_body(server.private(f"internal error: {type(exc).__name__}: {exc}"),
+                                        "server_error"), status_code=500)
 
     routes = [Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{model_id:path}", model, methods=["GET"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", text_completions, methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+    if allow_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app = CORSMiddleware(app, allow_origins=list(allow_origins), allow_methods=["GET", "POST"],
+                             allow_headers=["*"], max_age=600)
+
+    async def guarded(scope, receive, send) -> None:
+        if scope["type"] == "http":
+            refused = refusal(Headers(scope=scope))
+            if refused is not None:
+                await fail(refused)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    if log is None:
+        return guarded
+
+    async def logged(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await guarded(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = ["-"]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await guarded(scope, receive, sending)
+        finally:
+            if not scope.get("ster.unlogged"):
+                tokens = scope.get("ster.tokens")
+                client = (scope.get("client") or ("-",))[0]
+                log(f"{client} {scope['method']} {_printable(scope['path'])} {status[0]}"
+                    + (f" {tokens[0]}+{tokens[1]} tokens" if tokens else "") + f" {time.perf_counter() - t0:.2f} s")
+
+    return logged
+
+
+def uvicorn_server(server: Server, app, *, max_connections: int | None = None, log_level: str = "warning"):
+    """A ``uvicorn.Server`` running ``app`` (``build_app(server)``), hardened against slow and many clients,
+    whose ``stopped_by`` is the signal that stopped it (None otherwise).
+
+    - A connection must send a request's headers within ``HEADER_TIMEOUT`` s of opening or of its
+      previous reply, or it is closed (uvicorn itself waits forever for a request's first byte and,
+      after it, for the rest); headers are at most ``MAX_HEADER_BYTES``; an idle kept-alive connection
+      closes after ``KEEP_ALIVE_TIMEOUT`` s; a body must arrive within ``BODY_TIMEOUT`` s (the app).
+    - At most ``max_connections`` (default: ``server.max_queue + SPARE_CONNECTIONS``) are open: one
+      more closes the connection that has waited longest for a request's headers or body, or, when
+      none is waiting, is answered 503 and closed, so that slow clients can neither exhaust the
+      process's file descriptors nor keep others out. (uvicorn's own ``limit_concurrency`` counts only
+      connections that have sent their headers, and keeps the others forever.) The listen backlog, the
+      most connections accepted in one turn of the event loop, is the cap too.
+    - A signal (SIGINT, SIGTERM) sets ``server.closing``: replies end at their next token (a streamed
+      one with an error event), waiting requests leave with a 503, and the server stops without
+      cancelling a task. The signal is not raised again after (uvicorn's habit): the caller exits.
+
+    Logging is the caller's (uvicorn's loggers, ``log_config`` None).
+    """
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    cap = max_connections if max_connections is not None else server.max_queue + SPARE_CONNECTIONS
+    body = json.dumps(error_body("the server has too many open connections; retry later", "server_error",
+                                 code="too_many_connections")).encode()
+    busy = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: %d\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n" % (RETRY_AFTER, len(body))) + body
+
+    class Protocol(H11Protocol):
+        """uvicorn's h11 protocol with a time limit on a request's headers and a cap on the connections."""
+
+        _timer = None
+        _waiting = False   # for a request's headers (at the start, or after a reply)
+        _since = 0.0       # when the present wait (for headers, or for a body) began
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._since = self.loop.time()
+            self._waiting = True
+            if len(self.connections) > cap and not self._evict():
+                self._waiting = False
+                transport.write(busy)
+                transport.close()
+                return
+            self._arm()
+
+        def _slow(self) -> bool:
+            """Waiting for a request's headers or for the rest of its body: where a slow client stays, and a
+            working one only passes."""
+            if self.transport.is_closing():
+                return False
+            cycle = self.cycle
+            return self._waiting or (cycle is not None and getattr(cycle, "more_body", False)
+                                     and not getattr(cycle, "response_started", True))
+
+        def _evict(self) -> bool:
+            """Close the other connection that has waited longest for a request's headers or body, if any."""
+            idle = [c for c in self.connections if c is not self and isinstance(c, Protocol) and c._slow()]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c._since)
+            oldest._waiting = False
+            oldest.transport.close()
+            return True
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._armed_for = self.cycle
+            self._timer = self.loop.call_later(HEADER_TIMEOUT, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _too_slow(self) -> None:
+            self._timer = None
+            if self.cycle is self._armed_for and not self.transport.is_closing():  # no new request began
+                self._waiting = False
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._timer is not None and self.cycle is not self._armed_for:  # a request's headers came
+                self._disarm()
+                self._waiting = False
+                self._since = self.loop.time()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._since = self.loop.time()
+                self._waiting = True
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            self._waiting = False
+            super().connection_lost(exc)
+
+    class Uvicorn(uvicorn.Server):
+        stopped_by = None
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.stopped_by is None:
+                self.stopped_by = sig
+            server.closing.set()
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)
+            getattr(self, "_captured_signals", []).clear()
+
+    # Replies stop at their next token once closing is set; the grace covers a prefill under way.
+    config = uvicorn.Config(app, http=Protocol, ws="none", lifespan="off", log_config=None, log_level=log_level,
+                            access_log=False, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=30,
+                            backlog=cap)
+    return Uvicorn(config)

@@ -495,8 +495,9 @@ def _stub_server(vocab: int = 128):
 
     from ster_py.server import Server
 
-    loaded = SimpleNamespace(decoder=SimpleNamespace(spec=SimpleNamespace(vocab_size=vocab)))
-    return Server(SimpleNamespace(draft=None, loaded=loaded), "stub")
+    loaded = SimpleNamespace(decoder=SimpleNamespace(spec=SimpleNamespace(vocab_size=vocab)),
+                             tokenizer=SimpleNamespace(source="/models/stub"))
+    return Server(SimpleNamespace(draft=None, loaded=loaded, template="{{ messages }}"), "stub")
 
 
 USER = [{"role": "user", "content": "w5"}]

@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
+import os
+import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -35,15 +39,18 @@ import openai  # noqa: E402  (the test extra: the official client)
 PROMPTS = [f"w{10 + i} w{20 + i} w{30 + i}" for i in range(8)]
 
 
-def _request(base: str, method: str, path: str, body: bytes | None = None):
-    """(status, JSON document) of a raw HTTP request (http.client: bytes as given)."""
+def _request(base: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+             timeout: float = 120, response: bool = False):
+    """(status, JSON document) of a raw HTTP request (http.client: bytes as given); with ``response``, the
+    response's headers too."""
     host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    conn.request(method, path, body=body, headers={"content-type": "application/json"} if body is not None else {})
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn.request(method, path, body=body, headers={**({"content-type": "application/json"} if body is not None
+                                                      else {}), **(headers or {})})
     r = conn.getresponse()
     doc = json.loads(r.read())
     conn.close()
-    return r.status, doc
+    return (r.status, doc, r.headers) if response else (r.status, doc)
 
 
 def _vector(model_dir: Path, path: Path, seed: int) -> Path:
@@ -205,12 +212,151 @@ def test_fields_it_cannot_honour_are_refused(served, path, extra, words):
     (json.dumps({"messages": [{"role": "user", "content": "w5"}], "n": 1.0}).encode(), 400, "n must be 1"),
     (b'{"messages": [{"role": "user", "content": "w5"}], "tools": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400,
      "more than 64 deep"),
+    # a lone surrogate echoed back was a 500 with a traceback (a tester's finding)
+    (b'{"messages": [{"role": "user", "content": "w5"}], "\\ud800": 1}', 400,
+     "lone UTF-16 surrogate (an escape such as \\ud800 that is no character) in the key '\\ud800'"),
+    (b'{"messages": [{"role": "x\\ud800", "content": "w5"}]}', 400,
+     "no character) in messages[0].role; send valid Unicode text"),
+    # ignored fields were a place to park memory while queued (8 MiB of {} is ~200 MB of objects)
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "metadata": [{}] * 70000}).encode(), 400,
+     "more than 65536"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "metadata": {"k": [{}]}}).encode(), 400,
+     "metadata must be an object of at most 16 string values"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}],
+                 "metadata": {str(i): "v" for i in range(17)}}).encode(), 400, "metadata must be"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "user": [{}]}).encode(), 400,
+     "user must be a string"),
+    # fields that were ignored silently
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2}).encode(), 400,
+     'top_logprobs needs "logprobs": true'),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "logprobs": 3}).encode(), 400,
+     "logprobs must be true or false on /v1/chat/completions"),
+    (b'{"messages": [{"role": "user", "content": "w5"}], "max_tokens": 1e300}', 400, "max_tokens must be an integer"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "max_completion_tokens": -5}).encode(), 400,
+     "max_completion_tokens must be 0 or more"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "stream_options": {"include_usage": True}}).encode(),
+     400, 'stream_options applies to streamed replies only: send "stream": true'),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "stream": True, "stream_options": []}).encode(), 400,
+     "stream_options must be an object"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}], "stream": True,
+                 "stream_options": {"include_usage": 1}}).encode(), 400, "include_usage must be a boolean"),
+    (json.dumps({"messages": [{"role": "user", "content": "w5"}],
+                 "steering": {"vector": "calm", "strenght": 2}}).encode(), 400, 'steering: unknown key "strenght"'),
+    # null content where OpenAI refuses it too; a text part without its text
+    (json.dumps({"messages": [{"role": "user", "content": None}]}).encode(), 400,
+     'message 0 ("user") has null content'),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}).encode(), 400,
+     'is of type "text" but its "text" is missing'),
 ])
 def test_bad_requests_get_openai_shaped_errors(served, body, status, words):
     code, doc = _request(served[0], "POST", "/v1/chat/completions", body)
     assert code == status, doc
     err = doc["error"]
     assert words in err["message"] and err["type"] == "invalid_request_error" and len(err["message"]) < 1000
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"prompt": ["w5", "w6"]}, "a batch of 2 prompts is not supported"),
+    ({"prompt": [504, 3575]}, "token-id prompts are not supported"),
+    ({"prompt": [[5, 6]]}, "token-id prompts are not supported"),
+    ({"prompt": "w5", "logprobs": 2, "top_logprobs": 2}, 'top_logprobs needs "logprobs": true'),
+])
+def test_completions_prompts_it_cannot_take(served, extra, words):
+    """A batch or token ids were told 'prompt must be a non-empty string' (a new user's finding)."""
+    code, doc = _request(served[0], "POST", "/v1/completions", json.dumps({"max_tokens": 2, **extra}).encode())
+    assert code == 400 and words in doc["error"]["message"], doc
+    assert doc["error"]["param"] == list(extra)[-1]
+
+
+def test_models_retrieve(client):
+    """GET /v1/models/{id} (the openai client's models.retrieve) was a 404 for every id."""
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("other")
+    assert e.value.body["code"] == "model_not_found" and "'tiny'" in e.value.body["message"]
+
+
+def test_null_content_of_a_tool_calling_assistant_is_empty_text(tmp_path):
+    """OpenAI's assistant message with tool_calls and content null is read as empty text: a template that
+    adds content to a string failed on it with a raw template error (a new user's finding)."""
+    from ster_py.conversation import Session
+    from ster_py.server import Server
+
+    path = chat_model(tmp_path / "model")
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}w4 {{ m.content + ' ' }}w6 {% endfor %}"
+                            "{% if add_generation_prompt %}w5 {% endif %}")
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    loaded = load_model(str(path))
+    server = Server(Session(loaded), "m")
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [{"role": "user", "content": "w11"}, {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "c1", "content": "w12"}]
+    reply = server.run(server.parse({"messages": messages, "max_tokens": 3}, True))
+    answer, ids = cold_answer(loaded, [dict(m, content=m["content"] or "") for m in messages], 3)
+    assert reply.text == answer and reply.prompt_ids == ids
+
+
+@pytest.mark.parametrize("headers, status, words", [
+    ({"content-type": "text/plain"}, 415, "Content-Type: application/json"),
+    ({"content-type": "application/x-www-form-urlencoded"}, 415, "Content-Type: application/json"),
+    ({"origin": "http://evil.example"}, 403, "--allow-origin"),
+    ({"host": "evil.example:8080"}, 403, "DNS rebinding"),
+])
+def test_browser_pages_and_rebinding_are_refused(served, headers, status, words):
+    """Any web page could POST text/plain to the local server, and read its replies through DNS rebinding
+    (a tester's finding); the server's own origin and JSON pass."""
+    body = json.dumps({"messages": [{"role": "user", "content": "w5"}], "max_tokens": 2}).encode()
+    code, doc = _request(served[0], "POST", "/v1/chat/completions", body, headers)
+    assert code == status and words in doc["error"]["message"], doc
+    code, doc = _request(served[0], "POST", "/v1/chat/completions", body,
+                         {"origin": served[0], "content-type": "application/json; charset=utf-8"})
+    assert code == 200, doc
+
+
+def test_streamed_logprobs_come_with_their_chunks(client):
+    """Each streamed chunk carries its own tokens' logprobs (they were null on every chunk and all in the
+    last one); together they are the whole reply's."""
+    kw = dict(model="tiny", messages=_messages(PROMPTS[5]), max_tokens=6, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    got = []
+    for c in client.chat.completions.create(stream=True, **kw):
+        if not c.choices:
+            continue
+        entries = c.choices[0].logprobs.content if c.choices[0].logprobs is not None else []
+        if c.choices[0].delta.content:
+            assert [e.token for e in entries] == c.choices[0].delta.content.split()   # one word, one token
+        got += entries
+    assert [e.token for e in got] == [e.token for e in whole]
+    assert [e.logprob for e in got] == pytest.approx([e.logprob for e in whole], abs=1e-4)
+    assert all(len(e.top_logprobs) == 2 for e in got)
+    kw = dict(model="tiny", prompt="w7 w8 w9", max_tokens=5, logprobs=2)
+    whole = client.completions.create(**kw).choices[0].logprobs
+    tokens, offsets = [], []
+    for c in client.completions.create(stream=True, **kw):
+        lp = c.choices[0].logprobs
+        if c.choices[0].text:
+            assert lp is not None and lp.tokens == c.choices[0].text.split()
+        if lp is not None:
+            tokens += lp.tokens
+            offsets += lp.text_offset
+    assert tokens == whole.tokens and offsets == whole.text_offset
+
+
+def test_template_errors_do_not_show_the_model_path(tmp_path):
+    """A template error told the client the server's model path ("chat template of /root/.cache/...")."""
+    from ster_py.conversation import Session
+    from ster_py.server import RequestError, Server
+
+    path = chat_model(tmp_path / "model")
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% if messages[0].role == 'boom' %}{{ raise_exception('no boom') }}{% endif %}" + \
+        CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    server = Server(Session(load_model(str(path))), "m")
+    with pytest.raises(RequestError) as e:
+        server.run(server.parse({"messages": [{"role": "boom", "content": "w5"}]}, True))
+    assert str(e.value) == "the model's chat template, line 1 refused the conversation: no boom"
 
 
 def test_text_parts_are_read_as_their_text(client, loaded):
@@ -479,8 +625,235 @@ def test_served_with_a_drafter_equals_greedy_decoding(served_draft):
     (["--port", "70000"], "--port must be 0 to 65535"),
     (["--draft-max", "4"], "--draft-max needs --draft"),
     (["--vector", "a=/nonexistent/v.json"], "/nonexistent/v.json"),
+    (["--host", ""], "--host is empty; give 127.0.0.1 (this machine only) or, to listen on every interface, 0.0.0.0"),
+    (["--name", os.fsdecode(b"caf\xe9")], "--name 'caf\\udce9' is not valid UTF-8 text"),   # every reply was a 500
+    (["--allow-origin", "evil.example"], "--allow-origin takes an origin such as https://app.example"),
+    (["--allow-origin", "http://app.example/page"], "no path"),
+    (["--max-queue", "-1"], "--max-queue must be 0 or more"),
 ])
 def test_serve_refusals_before_loading(args, words, tmp_path):
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "--model",
                         str(tmp_path / "absent"), *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+
+
+# --- limits against abusive clients, and the command's start and stop ----------------------------
+
+
+@contextlib.contextmanager
+def _hardened(server, **options):
+    """``server`` (a ``Server``) behind ``uvicorn_server`` in a thread, as ``ster serve`` runs it; yields
+    its base url. ``max_connections`` goes to uvicorn_server, the rest to build_app."""
+    from ster_py.server import build_app, uvicorn_server
+
+    cap = options.pop("max_connections", None)
+    runner = uvicorn_server(server, build_app(server, **options), max_connections=cap, log_level="error")
+    sock = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not runner.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        runner.should_exit = True
+        thread.join(timeout=30)
+
+
+def _connect(url: str, data: bytes = b"") -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(data)
+    return s
+
+
+def _closed(s: socket.socket) -> bytes | None:
+    """What the server sent before closing ``s`` (b"" for nothing), or None while it stays open."""
+    s.settimeout(0.2)
+    got = b""
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return got
+            got += chunk
+    except (TimeoutError, socket.timeout):
+        return None
+    except ConnectionResetError:
+        return got
+
+
+def test_slow_clients_and_many_connections_are_bounded(in_process, monkeypatch):
+    """A connection that sends its headers or body slowly was held forever, and ~10k of them starved every
+    other client (a tester's finding): headers and body must come in time, and past the connection cap
+    the longest-waiting connection is closed for a new one."""
+    import ster_py.server as module
+
+    monkeypatch.setattr(module, "HEADER_TIMEOUT", 0.5)
+    monkeypatch.setattr(module, "BODY_TIMEOUT", 0.5)
+    _, server = in_process
+    with _hardened(server, max_connections=3) as url:
+        partial = _connect(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        body = _connect(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                             b"application/json\r\nContent-Length: 1000\r\n\r\n{\"messages\":")
+        time.sleep(1.5)
+        assert _closed(partial) == b""
+        reply = _closed(body)
+        assert reply is not None and reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in reply
+        monkeypatch.setattr(module, "HEADER_TIMEOUT", 60.0)
+        idle = [_connect(url) for _ in range(8)]
+        time.sleep(0.5)
+        code, doc = _request(url, "GET", "/v1/models", timeout=10)
+        assert code == 200 and doc["data"][0]["id"] == "tools"
+        states = [_closed(s) for s in idle]
+        assert states[:6] == [b""] * 6 and states[7] is None   # the oldest made room; the newest stay
+        for s in [partial, body, *idle]:
+            s.close()
+
+
+def test_the_queue_is_bounded(in_process):
+    """Requests waiting for their turn were unbounded (each holding its body; 20 bodies of 8 MiB took the
+    process from 0.8 to 4.7 GB): past max_queue a request gets a 503 in OpenAI's shape with Retry-After."""
+    url, server = in_process
+    saved = server.max_queue
+    server.max_queue = 0
+    try:
+        with looping(server, delay=0.002) as seen:
+            host, port = url.removeprefix("http://").split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(LOOP_REQUEST, stream=True)),
+                         headers={"content-type": "application/json"})
+            r = conn.getresponse()
+            r.fp.readline()   # generating: the lock is held
+            code, doc, headers = _request(url, "POST", "/v1/chat/completions", json.dumps(
+                dict(LOOP_REQUEST, max_tokens=2)).encode(), timeout=5, response=True)
+            assert code == 503 and headers["Retry-After"] == "5", doc
+            assert doc["error"]["code"] == "queue_full" and "--max-queue" in doc["error"]["message"]
+            conn.close()
+            _cancelled_then_served(url, seen, LOOP_REQUEST)
+        assert server.admitted == 0
+    finally:
+        server.max_queue = saved
+
+
+def test_a_client_leaving_mid_upload_is_not_an_error(in_process):
+    """A client that closed while sending its body logged 'Exception in ASGI application' and a
+    ClientDisconnect traceback."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        s = _connect(in_process[0], b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                                    b"application/json\r\nContent-Length: 100000\r\n\r\n{\"messages\":")
+        time.sleep(0.3)
+        s.close()
+        time.sleep(0.5)
+        code, _ = _request(in_process[0], "GET", "/v1/models")
+    finally:
+        logger.removeHandler(handler)
+    assert code == 200 and [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+
+
+def test_allowed_origins_get_cors(in_process):
+    """--allow-origin lets a web page of that origin call the server (preflight and CORS headers); other
+    origins stay refused."""
+    _, server = in_process
+    with _hardened(server, allow_origins=("http://app.example",)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("OPTIONS", "/v1/chat/completions", headers={
+            "origin": "http://app.example", "access-control-request-method": "POST",
+            "access-control-request-headers": "content-type, authorization"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200 and r.headers["access-control-allow-origin"] == "http://app.example"
+        body = json.dumps({"messages": [{"role": "user", "content": "w9"}], "max_tokens": 2}).encode()
+        code, doc, headers = _request(url, "POST", "/v1/chat/completions", body, {"origin": "http://app.example"},
+                                      response=True)
+        assert code == 200 and headers["access-control-allow-origin"] == "http://app.example", doc
+        code, doc = _request(url, "POST", "/v1/chat/completions", body, {"origin": "http://other.example"})
+        assert code == 403 and "'http://other.example'" in doc["error"]["message"]
+
+
+def test_log_lines_are_one_each_and_not_a_flood(capsys):
+    """uvicorn and asyncio logged a traceback per failed accept in a tight loop (483k in 40 s with
+    'Too many open files'): one line per message, no traceback, repeats within 10 s counted, not printed."""
+    from ster_py.cli_serve import _OneLine
+
+    logger = logging.getLogger("test_serve.one_line")
+    logger.propagate = False
+    logger.addHandler(_OneLine())
+    try:
+        try:
+            raise OSError(24, "Too many open files")
+        except OSError:
+            for _ in range(1000):
+                logger.error("socket.accept() out of system resource", exc_info=True)
+    finally:
+        logger.handlers.clear()
+    err = capsys.readouterr().err
+    assert err.startswith("error: socket.accept() out of system resource: OSError: [Errno 24] Too many open files (")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def _serve_process(model_dir: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "--model",
+                             str(model_dir), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, "http://127.0.0.1:" + line.split()[2].rpartition(":")[2]
+
+
+def test_base_model_on_every_interface_with_a_request_log(tmp_path):
+    """A base model on /v1/chat/completions got CLI advice (ster generate --chat-template off); the start
+    names the chat endpoint as unavailable, warns of a non-loopback address, and each request is a line
+    on stderr (nothing was logged); SIGTERM ends it with "terminated" and status 143."""
+    make_checkpoint(tmp_path / "base", "llama")
+    proc, url = _serve_process(tmp_path / "base", "--host", "0.0.0.0", "--name", "base")
+    try:
+        code, doc = _request(url, "POST", "/v1/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": "w5"}]}).encode())
+        assert code == 400 and "send the raw text to /v1/completions" in doc["error"]["message"], doc
+        assert "ster generate" not in doc["error"]["message"]
+        code, doc = _request(url, "POST", "/v1/completions", json.dumps({"prompt": "w5 w6", "max_tokens": 2}).encode(),
+                             {"host": "elsewhere.example"})   # not on loopback: any Host name
+        assert code == 200, doc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.splitlines()[-1] == "terminated", err
+    assert "warning: listening on 0.0.0.0, not loopback: anyone who can reach this machine" in err
+    assert "note: the model has no chat template (a base model): /v1/chat/completions refuses requests" in err
+    assert re.search(r"^127\.0\.0\.1 POST /v1/chat/completions 400 \d+\.\d\d s$", err, re.M), err
+    assert re.search(r"^127\.0\.0\.1 POST /v1/completions 200 2\+2 tokens \d+\.\d\d s$", err, re.M), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("sig, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_stopping_mid_stream(tmp_path, sig, status, word):
+    """Ctrl-C or SIGTERM during a stream printed 'Cancel 1 running task(s)' and a CancelledError traceback,
+    and exited 0: the stream ends with an error event, then the one line and 128 + the signal."""
+    path = chat_model(tmp_path / "model")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(cfg, max_position_embeddings=4096)))
+    proc, url = _serve_process(path, "-q")
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/chat/completions", headers={"content-type": "application/json"}, body=json.dumps(
+            {"messages": [{"role": "user", "content": "w9"}], "max_tokens": 4000, "stream": True,
+             "logit_bias": {"2": -100}}))
+        r = conn.getresponse()
+        assert r.status == 200 and all(r.readline() for _ in range(6))   # streaming
+        proc.send_signal(sig)
+        rest = r.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    last = [line for line in rest.splitlines() if line.startswith("data: ")][-1]
+    assert json.loads(last.removeprefix("data: "))["error"]["code"] == "server_shutting_down"
+    assert proc.returncode == status and err == word + "\n", err
