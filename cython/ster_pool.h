@@ -15,7 +15,10 @@
  * helpers stall a job or keep missing whole jobs (their cores are taken), the
  * caller runs the next jobs alone (256 jobs, or 20 ms when they are long, as a
  * prefill's are): more runnable threads than free cores only slows the thread
- * that runs the Python between jobs.
+ * that runs the Python between jobs. Sharing is also weighed as it goes: over each
+ * window of 64 shared jobs, the time they took against what the caller alone would
+ * have taken (its own time per chunk times the chunks); a window that sharing lost
+ * starts a cooldown twice as long as the last one in a row (up to 32 times).
  * POSIX threads + C11 atomics; one job at a time (a second concurrent caller
  * runs its job alone). After fork() the child starts without helpers.
  */
@@ -41,6 +44,8 @@ static long ster_pool_spin_ns = -1;
 #define STER_POOL_COOLDOWN 256        /* jobs run alone after a stall or repeated misses ... */
 #define STER_POOL_COOLDOWN_NS 20000000L /* ... for at most this long: prefill's jobs are long */
 #define STER_POOL_MISSES 8            /* consecutive jobs without helper work that trigger it */
+#define STER_POOL_WINDOW 64           /* shared jobs whose time is weighed against going alone */
+#define STER_POOL_MAX_MULT 32         /* the longest cooldown, in multiples of the first */
 
 typedef void (*ster_task_fn)(void* ctx, long chunk, int tid);
 
@@ -81,6 +86,11 @@ static struct {
     int cooldown;                 /* jobs left to run alone (helpers were not getting a core) */
     long cooldown_end;            /* ... until this time (ster_now_ns) at the latest */
     int misses;                   /* consecutive jobs in which no helper ran a chunk */
+    /* throughput of sharing, measured: over a window of shared jobs, the time they took against
+     * the time the caller alone would have taken (its own time per chunk in each job, times the
+     * job's chunks). A window that sharing lost starts a cooldown, longer each time in a row. */
+    long win_alone_ns, win_shared_ns;
+    int win_jobs, mult;
     pthread_mutex_t mu;           /* with cv: sleeping helpers */
     pthread_cond_t cv;
     pthread_mutex_t caller;       /* one job at a time */
@@ -224,7 +234,7 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
     }
     ster_pool.stat_jobs++;
     if (ster_pool.cooldown > 0 && ster_now_ns() >= ster_pool.cooldown_end) ster_pool.cooldown = 0;
-    if (ster_pool.cooldown > 0) {   /* a helper was recently descheduled mid-chunk: go alone */
+    if (ster_pool.cooldown > 0) {   /* helpers were not getting a core: go alone */
         ster_pool.cooldown--;
         ster_pool.stat_alone++;
         pthread_mutex_unlock(&ster_pool.caller);
@@ -277,7 +287,24 @@ static void ster_pool_run(long n, ster_task_fn fn, void* ctx, int nthreads) {
             sched_yield();
         }
     }
-    ster_pool.stat_wait_ns += ster_now_ns() - t_wait;
+    long t_end = ster_now_ns();
+    ster_pool.stat_wait_ns += t_end - t_wait;
+    if (mine > 0 && mine < n) {   /* the caller and helpers both ran chunks */
+        ster_pool.win_alone_ns += n * (t_mine / mine);
+        ster_pool.win_shared_ns += t_end - t_start;
+        if (++ster_pool.win_jobs >= STER_POOL_WINDOW) {
+            if (ster_pool.mult < 1) ster_pool.mult = 1;
+            if (ster_pool.win_alone_ns < ster_pool.win_shared_ns) {   /* sharing lost: go alone, longer */
+                ster_pool.cooldown = STER_POOL_COOLDOWN * ster_pool.mult;
+                ster_pool.cooldown_end = t_end + STER_POOL_COOLDOWN_NS * ster_pool.mult;
+                if (ster_pool.mult < STER_POOL_MAX_MULT) ster_pool.mult *= 2;
+            } else {
+                ster_pool.mult = 1;
+            }
+            ster_pool.win_alone_ns = ster_pool.win_shared_ns = 0;
+            ster_pool.win_jobs = 0;
+        }
+    }
     pthread_mutex_unlock(&ster_pool.caller);
 }
 
