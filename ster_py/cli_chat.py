@@ -50,11 +50,6 @@ def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, 
     return s
 
 
-def _load(model, revision, precision, quiet):
-    """The model ``ster serve`` runs (cli_serve imports this): ``load_for_run`` without a vector or adapter."""
-    return load_for_run(model, revision, precision, quiet)
-
-
 def _steer(loaded, path: Path, strength: float):
     """(hook, key) of a steering vector file at ``strength`` for ``loaded``."""
     from .steering import check_vector_for, read_vector, steering_hook

@@ -13,9 +13,8 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from .cli import MODEL_HELP, PRECISION_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, _use_threads, \
-    app, err, flag
-from .cli_chat import _load
+from .cli import ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, \
+    _use_threads, app, err, flag, load_for_run
 from .errors import SterError
 
 
@@ -28,6 +27,7 @@ def serve(
     port: int = typer.Option(8080, help="TCP port."),
     vector: List[str] = typer.Option([], "--vector", metavar="NAME=FILE", help="A steering vector requests may name "
                                      "(\"steering\": {\"vector\": NAME, \"strength\": X}); repeatable."),
+    adapter: Optional[str] = typer.Option(None, help=ADAPTER_HELP),
     max_tokens: int = typer.Option(256, help="max_tokens of a request that gives none."),
     name: Optional[str] = typer.Option(None, "--name", help="The model id /v1/models lists (default: the model "
                                        "as given)."),
@@ -85,7 +85,8 @@ def serve(
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, Sampling())  # before any weight is read (requests are checked each)
-    loaded = _load(model, revision, precision, quiet)
+    # as generate and chat load it: the adapter checked before any weight is fetched, then applied to every request
+    loaded = load_for_run(model, revision, precision, quiet, adapter=adapter)
     for vname, (vec, path) in vectors.items():
         check_vector_for(vec, loaded, path)
     drafter = None

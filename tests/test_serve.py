@@ -857,3 +857,33 @@ def test_stopping_mid_stream(tmp_path, sig, status, word):
     last = [line for line in rest.splitlines() if line.startswith("data: ")][-1]
     assert json.loads(last.removeprefix("data: "))["error"]["code"] == "server_shutting_down"
     assert proc.returncode == status and err == word + "\n", err
+
+
+def test_served_with_an_adapter_answers_as_generate_adapter_does(tmp_path):
+    """serve --adapter loads the model as generate and chat do (a new user had to tune merge first to serve a
+    LoRA): a chat completion is generate --adapter's greedy answer to the same message, not the base model's."""
+    from test_chat_cmd import _peft_adapter
+
+    model_dir = chat_model(tmp_path / "model")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    adapter = _peft_adapter(tmp_path / "peft", str(model_dir), cfg["hidden_size"], cfg["intermediate_size"])
+    ster = [sys.executable, "-c", "from ster_py.cli import main; main()"]
+    answers = []
+    for extra in (["--adapter", str(adapter)], []):
+        r = subprocess.run([*ster, "generate", "--model", str(model_dir), "-p", "w10 w11", "--max-new-tokens", "6",
+                            "--json", "-q", *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        answers.append(json.loads(r.stdout)["text"])
+    assert answers[0] != answers[1]   # the adapter changes the answer
+    proc = subprocess.Popen([*ster, "serve", "--model", str(model_dir), "--port", "0", "-q", "--adapter", str(adapter)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        client = openai.OpenAI(base_url=line.split()[2] + "/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w10 w11"}],
+                                               max_tokens=6, temperature=0)
+        assert reply.choices[0].message.content == answers[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
