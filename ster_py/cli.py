@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Te
 from rich.text import Text
 
 from .cli_help import SterTyper
-from .errors import SterError
+from .errors import SterError, terminal_text
 
 app = SterTyper(
     name="ster",
@@ -30,6 +30,12 @@ app = SterTyper(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+# The command groups live here with the app: the modules that fill them (cli_tools, cli_export) import
+# them from this module, never from each other, so any of them may be imported first.
+vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).", no_args_is_help=True)
+tune_app = SterTyper(help="Adapt model weights.", no_args_is_help=True)
+app.add_typer(vector_app, name="vector")
+app.add_typer(tune_app, name="tune")
 
 
 def no_color() -> bool:
@@ -212,18 +218,6 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
             bars.update(tasks[key], description=label, completed=done, total=total)
 
         yield update
-
-
-def terminal_text(text: str, keep: str = "") -> str:
-    """``text`` with every character a terminal would act on rather than show (ESC, BEL, the other control
-    and format characters, a lone surrogate) written as its Python escape (``\\x1b``); those in ``keep`` stay.
-
-    For text ster did not write (a path or a command typed or piped into chat, a name read from a file)
-    before it is printed: an escape sequence in it would otherwise clear or retitle the terminal.
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
 def error_line(message: str) -> None:

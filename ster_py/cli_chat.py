@@ -20,9 +20,9 @@ from rich.markup import escape
 from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP,
                   THREADS_HELP, _STREAM, Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
-                  no_color, plural, terminal_text, thinking_value)
+                  no_color, plural, thinking_value)
 from .chat_files import load_conversation, read_message_file, save_conversation
-from .errors import SterError
+from .errors import SterError, terminal_text
 from .files import user_path
 
 

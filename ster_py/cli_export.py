@@ -13,8 +13,7 @@ import typer
 from rich.markup import escape
 
 from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
-                  out, plural, print_report, progress_bar, show_warnings, version_fields, warn)
-from .cli_tools import vector_app
+                  out, plural, print_report, progress_bar, show_warnings, vector_app, version_fields, warn)
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
              "q5_0, q5_1, q6_k, q4_k_m, q5_k_m (llama.cpp's quantizer mixes: Q4_K_M keeps the output, and "

@@ -13,18 +13,12 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli_help import SterTyper
-
 from .capture import LAYER_HELP
 from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
                   _check_device, _model_or_default, _use_threads, app, err, flag, out, print_report, progress_bar,
-                  show_warnings, terminal_text, version_fields, warn)
+                  show_warnings, tune_app, vector_app, version_fields, warn)
+from .errors import terminal_text
 
-vector_app = SterTyper(help="Build steering vectors (use them with `ster generate --vector`).",
-                         no_args_is_help=True)
-tune_app = SterTyper(help="Adapt model weights.", no_args_is_help=True)
-app.add_typer(vector_app, name="vector")
-app.add_typer(tune_app, name="tune")
 
 
 class Reference(str, Enum):

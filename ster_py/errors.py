@@ -1,4 +1,5 @@
-"""The one exception type of ster-py (``SterError``), and its one subclass (``ContextFull``)."""
+"""The one exception type of ster-py (``SterError``), its one subclass (``ContextFull``), and how a message
+shows text ster did not write (``terminal_text``)."""
 
 #: Longest error message kept whole (characters). A message quoting a value read from a
 #: hostile file (a 10 M-character ``model_type``) keeps its head and tail around a marker.
@@ -29,3 +30,15 @@ class ContextFull(SterError):
     the prompt they gave, while ``ster chat``'s user never wrote the prompt (the history is in it)
     and is told to ``/reset`` instead.
     """
+
+
+def terminal_text(text: str, keep: str = "") -> str:
+    """``text`` with every character a terminal would act on rather than show (ESC, BEL, the other control
+    and format characters, a lone surrogate) written as its Python escape (``\\x1b``); those in ``keep`` stay.
+
+    For text ster did not write (a path or a command typed or piped into chat, a name read from a file)
+    before it is printed: an escape sequence in it would otherwise clear or retitle the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)

@@ -38,7 +38,7 @@ import time
 import uuid
 from typing import Any
 
-from .errors import SterError
+from .errors import SterError, terminal_text
 from .generate import MAX_LOGPROBS, Sampling
 
 #: Largest request body read, in bytes (a conversation's text; refused above with 413).
@@ -739,10 +739,9 @@ def is_loopback(host: str) -> bool:
 
 
 def _printable(text: str, limit: int = 200) -> str:
-    """``text`` for a log line: control and non-ASCII characters escaped (a client cannot forge log lines or
-    terminal escapes through its path), cut to ``limit``."""
-    out = "".join(c if " " <= c < "\x7f" else ascii(c)[1:-1] for c in text[:limit])
-    return out + ("..." if len(text) > limit else "")
+    """``text`` for a log line or a message: what a terminal would act on escaped (a client cannot forge log
+    lines or terminal escapes through its path, ``errors.terminal_text``), cut to ``limit``."""
+    return terminal_text(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str, ...] = (), log=None):

@@ -304,3 +304,14 @@ def test_every_progress_event_has_a_label_and_a_unit():
     events = {m for p in root.rglob("*.py") for m in re.findall(r'progress\("([^"]+)"', p.read_text())}
     assert events and events <= set(PROGRESS_EVENTS), sorted(events - set(PROGRESS_EVENTS))
     assert all(unit for event, (label, unit) in PROGRESS_EVENTS.items() if event != "loading the reference")
+
+
+@pytest.mark.parametrize("module", ["cli_tools", "cli_export", "cli_chat", "cli_serve", "cli_template"])
+def test_every_command_module_imports_first(module):
+    """The command modules register on cli's app and take its shared parts from cli alone: imported before cli (a
+    test selection can do that), cli_tools and cli_chat each ended in a circular ImportError."""
+    r = subprocess.run([sys.executable, "-c", f"import ster_py.{module}, ster_py.cli; "
+                        "print(sorted(c.name or c.callback.__name__ for c in ster_py.cli.app.registered_commands))"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'serve'" in r.stdout and "'convert'" in r.stdout and "'chat'" in r.stdout
