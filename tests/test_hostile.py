@@ -400,7 +400,7 @@ def test_fuzz_smoke_run_has_no_traceback_signal_timeout_or_memory_outcome(tmp_pa
 # ------------------------------------------------------------------ s7-fixb: issue 17's second round
 
 def test_serve_bounds_json_depth_without_recursion_and_names_the_param():
-    from ster_py.server import MAX_JSON_DEPTH, RequestError, json_depth, normalize_messages, sampling_of
+    from ster_py.server_request import MAX_JSON_DEPTH, RequestError, json_depth, normalize_messages, sampling_of
 
     assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
     assert json_depth(b'{"a": "[[[[{{{", "b": [[1], {"c": "]]]\\"["}]}') == 3   # brackets inside strings not counted
@@ -524,7 +524,7 @@ USER = [{"role": "user", "content": "w5"}]
 def test_serve_refuses_bad_logit_bias_and_unsupported_formats_and_parts(body, param, words):
     """Out-of-range or non-numeric logit_bias entries, response_format other than text and
     non-text content parts are refused with the field named (were ignored)."""
-    from ster_py.server import RequestError
+    from ster_py.server_request import RequestError
 
     server = _stub_server()
     with pytest.raises(RequestError) as caught:

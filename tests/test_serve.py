@@ -346,7 +346,8 @@ def test_streamed_logprobs_come_with_their_chunks(client):
 def test_template_errors_do_not_show_the_model_path(tmp_path):
     """A template error told the client the server's model path ("chat template of /root/.cache/...")."""
     from ster_py.conversation import Session
-    from ster_py.server import RequestError, Server
+    from ster_py.server import Server
+    from ster_py.server_request import RequestError
 
     path = chat_model(tmp_path / "model")
     cfg = json.loads((path / "tokenizer_config.json").read_text())
