@@ -16,7 +16,7 @@ import pytest
 
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
-from tiny import make_checkpoint, one_torch_thread  # noqa: F401 (autouse fixture)
+from tiny import make_checkpoint, one_torch_thread, sigint_as_at_a_terminal  # noqa: F401 (autouse fixture)
 
 # system w3, user w4, assistant w5, end of a message w6
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' %}w3 {% elif m.role == 'user' %}w4 "
@@ -52,7 +52,7 @@ def _spawn(*args, env=None):
 
     env = dict(os.environ, NO_COLOR="1", COLUMNS="200", **(env or {}))
     return pexpect.spawn(sys.executable, ["-c", "from ster_py.cli import main; main()", *args], env=env,
-                         encoding="utf-8", timeout=120, dimensions=(40, 200))
+                         encoding="utf-8", timeout=120, dimensions=(40, 200), preexec_fn=sigint_as_at_a_terminal)
 
 
 def test_three_turns_reuse_the_history_and_equal_cold_runs(tiny_chat, tmp_path):

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from ster_py.errors import SterError
-from tiny import make_checkpoint
+from tiny import make_checkpoint, sigint_as_at_a_terminal
 
 SGR = re.compile(rb"\x1b\[[0-9;]*m")  # a colour / bold / dim escape sequence
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }} {% endfor %}"
@@ -802,17 +802,6 @@ def test_ctrl_c_while_the_cli_imports_is_one_word(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, "generate", "-p", "hi"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 130 and r.stderr == "interrupted\n" and r.stdout == "", r
-
-
-def sigint_as_at_a_terminal():
-    """``preexec_fn`` of a child the test interrupts: Ctrl-C's default action, as a command typed at a
-    terminal has. A test run started in the background (``pytest &`` from a script, ``nohup``) has SIGINT
-    ignored, children inherit that, and a Python started so never turns SIGINT into KeyboardInterrupt (the
-    Ctrl-C test's child then streamed on until its timeout: the whole-suite runs that hung were started so)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):

@@ -257,11 +257,16 @@ def test_ctrl_c_right_after_a_temporary_is_made_leaves_nothing(tmp_path, monkeyp
         return made
 
     monkeypatch.setattr(tempfile, maker, make_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        if maker == "mkdtemp":
-            with atomic_directory(tmp_path / "out") as d:
-                (d / "f").write_text("x")
-        else:
-            with atomic_outputs(tmp_path / "out.json") as (tmp,):
-                tmp.write_text("x")
+    # Ctrl-C's own handler, whatever this run inherited (a suite started in the background ignores SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if maker == "mkdtemp":
+                with atomic_directory(tmp_path / "out") as d:
+                    (d / "f").write_text("x")
+            else:
+                with atomic_outputs(tmp_path / "out.json") as (tmp,):
+                    tmp.write_text("x")
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert list(tmp_path.iterdir()) == []

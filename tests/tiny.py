@@ -322,3 +322,14 @@ def gguf_py_reader(path):
     data = np.fromfile(str(path), dtype=np.uint8)
     with mock.patch.object(gguf_reader.np, "memmap", lambda *args, **kwargs: data):
         return gguf.GGUFReader(str(path))
+
+
+def sigint_as_at_a_terminal():
+    """``preexec_fn`` of a child the test interrupts: Ctrl-C's default action, as a command typed at a
+    terminal has. A test run started in the background (``pytest &`` from a script, ``nohup``) has SIGINT
+    ignored, children inherit that, and a Python started so never turns SIGINT into KeyboardInterrupt (the
+    Ctrl-C test's child then streamed on until its timeout: the whole-suite runs that hung were started so)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
