@@ -7,9 +7,7 @@ mapped, so a vocabulary-only GGUF works.
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -40,24 +38,20 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
         if len(data) > limit:
             raise SterError(too_big.replace(f" {path} ", " on stdin "))
         return data
+    from .files import FileTooLarge, NotRegularFile, read_bounded
     try:
-        info = os.stat(path)
-        if stat.S_ISDIR(info.st_mode):
-            raise SterError(f"the {what} {path} is a directory; give a file in it")
-        if not stat.S_ISREG(info.st_mode):
-            raise SterError(f"the {what} {path} is not a regular file (a pipe, device or directory); "
-                            "save the content to a file and give that")
-        if info.st_size > limit:
-            raise SterError(too_big)
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
+        return read_bounded(path, limit)
+    except NotRegularFile as e:
+        if e.directory:
+            raise SterError(f"the {what} {path} is a directory; give a file in it") from None
+        raise SterError(f"the {what} {path} is not a regular file (a pipe, device or directory); "
+                        "save the content to a file and give that") from None
+    except FileTooLarge:
+        raise SterError(too_big) from None
     except FileNotFoundError:
         raise SterError(f"{what} not found: {path} (cannot read it: no such file)") from None
     except OSError as e:
         raise SterError(f"cannot read the {what} {path}: {e.strerror or e}") from None
-    if len(data) > limit:  # grew since stat
-        raise SterError(too_big)
-    return data
 
 
 def _read_text(text: Optional[str], file: Optional[Path]) -> str:

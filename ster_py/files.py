@@ -2,9 +2,10 @@
 the one message for a failing write.
 
 A config.json may be a symlink to /dev/zero (never ends) or a FIFO (``open`` blocks
-forever); a regular file may be gigabytes. ``read_regular`` checks the kind and size
-with ``os.stat`` before opening, then reads at most ``limit + 1`` bytes, so neither
-memory nor time is spent before the check.
+forever); a regular file may be gigabytes. ``read_bounded`` (which ``read_regular`` and
+``cli_text.read_input_file`` share) opens without blocking, checks the kind and size on the open
+descriptor (a path checked with ``os.stat`` first can be swapped for a FIFO before ``open``), then
+reads at most ``limit + 1`` bytes, so neither memory nor time is spent before the check.
 
 Writing: every output goes through ``artifacts.atomic_outputs`` / ``atomic_directory`` (a
 temporary name, then a rename); ``write_error`` is the message they give for an ``OSError`` (a
@@ -32,8 +33,57 @@ from .errors import SterError
 MAX_JSON_FILE_BYTES = 64 << 20
 
 
-def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_FILE_BYTES) -> bytes:
+class NotRegularFile(Exception):
+    """``read_bounded``: the path is a directory (``directory``) or a pipe, device or socket."""
+
+    def __init__(self, directory: bool):
+        super().__init__("a directory" if directory else "not a regular file")
+        self.directory = directory
+
+
+class FileTooLarge(Exception):
+    """``read_bounded``: the file holds more than the limit (``size``: its size when opened, or None when
+    it grew past the limit while being read)."""
+
+    def __init__(self, size: int | None):
+        super().__init__("too large")
+        self.size = size
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of ``path``, a regular file of at most ``limit`` bytes (symlinks followed).
+
+    Opened with O_NONBLOCK (a FIFO opens at once instead of waiting for a writer) and O_NOCTTY, then
+    checked with ``fstat`` on the descriptor: the file read is the file checked, whatever the path
+    becomes meanwhile. Only a regular file is read (with O_NONBLOCK cleared), at most ``limit + 1`` bytes.
+
+    Raises:
+        NotRegularFile: a directory, pipe, device or socket.
+        FileTooLarge: over ``limit`` bytes when opened, or grown past it while being read.
+        OSError: it cannot be opened or read (missing, no permission...).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(stat.S_ISDIR(info.st_mode))
+        if info.st_size > limit:
+            raise FileTooLarge(info.st_size)
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")   # closes fd from here on
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(None)
+    return data
+
+
+def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_FILE_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes (symlinks followed), read by
+    ``read_bounded``.
 
     Raises:
         SterError: "failed to read [WHAT ]PATH: ..." (``what`` may be empty) when it is missing or unreadable, not a
@@ -41,20 +91,17 @@ def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_FILE_
     """
     what = f"{what} " if what else ""
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise SterError(f"failed to read {what}{path}: not a regular file (a pipe, device or directory); "
-                            "replace it with the real file")
-        if info.st_size > limit:
-            raise SterError(f"failed to read {what}{path}: it is {info.st_size} bytes, over ster's limit of "
-                            f"{limit} for it (real ones are far smaller)")
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
+        return read_bounded(path, limit)
+    except NotRegularFile:
+        raise SterError(f"failed to read {what}{path}: not a regular file (a pipe, device or directory); "
+                        "replace it with the real file") from None
+    except FileTooLarge as e:
+        if e.size is None:
+            raise SterError(f"failed to read {what}{path}: it grew past {limit} bytes while being read") from None
+        raise SterError(f"failed to read {what}{path}: it is {e.size} bytes, over ster's limit of "
+                        f"{limit} for it (real ones are far smaller)") from None
     except OSError as error:
         raise SterError(f"failed to read {what}{path}: {error.strerror or error}") from None
-    if len(data) > limit:
-        raise SterError(f"failed to read {what}{path}: it grew past {limit} bytes while being read")
-    return data
 
 
 #: POSIX limits every Linux file system ster writes to uses (NAME_MAX, PATH_MAX), in bytes.

@@ -789,6 +789,41 @@ def test_read_input_file_size_bound(tmp_path):
         read_input_file(tmp_path / "missing", "text file", 100)
 
 
+@pytest.mark.parametrize("reader", ["read_input_file", "read_regular"])
+def test_a_path_swapped_for_a_fifo_after_its_check_does_not_block(tmp_path, monkeypatch, reader):
+    """A path that is a regular file when looked at and a FIFO when opened (swapped in between): the reader
+    checks the open descriptor, so it refuses at once instead of blocking in open() for a writer."""
+    import os
+    import threading
+
+    from ster_py import cli_text, files
+
+    regular, fifo = tmp_path / "regular", tmp_path / "fifo"
+    regular.write_bytes(b"hi")
+    os.mkfifo(fifo)
+    real_stat = os.stat
+    # the swap lands right after any look at the path: stat sees the regular file
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: real_stat(regular if str(p) == str(fifo) else p, *a, **k))
+    read = (lambda: cli_text.read_input_file(fifo, "file", 100)) if reader == "read_input_file" else \
+        (lambda: files.read_regular(fifo, "conversation", 100))
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_raised(read)), daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():   # blocked in open(): give it a writer that ends at once, so the thread ends
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+    monkeypatch.undo()
+    assert outcome and isinstance(outcome[0], SterError) and "not a regular file" in str(outcome[0]), outcome
+
+
+def _raised(call):
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - the test looks at what it was
+        return e
+
+
 def test_detokenize_ids_are_ascii_decimal():
     from ster_py.cli_text import _parse_ids
 
