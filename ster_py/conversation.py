@@ -214,7 +214,8 @@ class Session:
             layer_hook, key: a steering hook and what it is (``PromptCache``: positions computed
                 under another key are not reused).
             on_event: called with each parsed event as the reply streams.
-            cancelled: polled after each token; True stops the reply (finish_reason "cancelled").
+            cancelled: polled between the decoder's layers during the prompt's prefill and after each
+                token; True stops the reply (finish_reason "cancelled").
             on_logprobs: with ``sampling.logprobs``, called with each new token's logprobs entry
                 before its text is parsed (``generate.generate``'s).
             raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
@@ -267,7 +268,9 @@ class Session:
 
         gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, on_logprobs=on_logprobs,
                        layer_hook=layer_hook, kv_cache=self.kv_cache, cache=self.cache, cache_key=key,
-                       ctx_size=self.ctx_size, draft=self.draft, n_draft=self.n_draft)
+                       ctx_size=self.ctx_size, draft=self.draft, n_draft=self.n_draft, cancelled=cancelled)
+        if gen.stop_reason == "cancelled":  # during the prefill
+            state["cancelled"] = True
         if not cut.stopped:
             tail, _ = cut.feed(stream.flush())
             emit(parser.feed(tail + cut.flush()))

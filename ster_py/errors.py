@@ -32,6 +32,12 @@ class ContextFull(SterError):
     """
 
 
+class Cancelled(Exception):
+    """A forward call stopped between layers because its ``cancelled`` callback said so (a chat's
+    Ctrl-C or a server client gone during a long prompt's prefill). Not an error: ``PromptCache.prefill``
+    leaves its cache consistent and ``generate`` ends the run with stop_reason "cancelled"."""
+
+
 def terminal_text(text: str, keep: str = "") -> str:
     """``text`` with every character a terminal would act on rather than show (ESC, BEL, the other control
     and format characters, a lone surrogate) written as its Python escape (``\\x1b``); those in ``keep`` stay.

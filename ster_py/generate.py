@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .decoder.model import Decoder, LayerHook
-from .errors import ContextFull, SterError
+from .errors import Cancelled, ContextFull, SterError
 from .prefix import PromptCache
 
 
@@ -101,6 +101,7 @@ class Generation:
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
     stop_reason: str = "length"  # "stop_token" | "length" | "context" (full) | "stopped" (on_token said so)
+    #                              | "cancelled" (``cancelled`` said so during the prefill: no ids)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     logprobs: list[dict] = field(default_factory=list)
@@ -234,7 +235,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
              *, on_token: Callable[[int], bool | None] | None = None,
              on_logprobs: Callable[[dict], None] | None = None,
              layer_hook: LayerHook | None = None, kv_cache: str = "f32", cache: PromptCache | None = None,
-             cache_key=None, ctx_size: int | None = None, draft=None, n_draft: int | None = None) -> Generation:
+             cache_key=None, ctx_size: int | None = None, draft=None, n_draft: int | None = None,
+             cancelled: Callable[[], bool] | None = None) -> Generation:
     """Continue ``prompt_ids`` with the decoder.
 
     Args:
@@ -255,6 +257,10 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         draft: a ``speculative.Drafter``: speculative decoding, whose ids equal greedy decoding's
             (``speculative.py``); ``Generation.drafted`` / ``accepted`` count its proposals.
         n_draft: proposals per round with ``draft`` (default ``speculative.DEFAULT_DRAFT``).
+        cancelled: polled between the decoder's layers during the prefill; True ends the run there
+            with no ids and ``stop_reason`` "cancelled" (within a layer's time, not after a long
+            prompt's whole prefill), the prompt cache left consistent (``PromptCache.prefill``).
+            After the prefill, ``on_token`` is how a caller stops the run.
 
     Raises:
         SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, a
@@ -288,8 +294,13 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         raise SterError(f"the prompt cache holds {cache.kv_dtype} keys and values, not {kv_cache}'s")
     t0 = time.perf_counter()
     normed: list | None = [] if draft is not None else None
-    logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key, checkpoint_at=last_turn_end(prompt, stops),
-                           normed=normed)
+    try:
+        logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key,
+                               checkpoint_at=last_turn_end(prompt, stops), normed=normed, cancelled=cancelled)
+    except Cancelled:
+        out.stop_reason = "cancelled"
+        out.prefill_seconds = time.perf_counter() - t0
+        return out
     out.reused, out.prefilled = cache.reused, cache.prefilled
     out.prefill_seconds = time.perf_counter() - t0
     history = list(prompt)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .decoder.cache import KVCache
+from .errors import Cancelled
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -96,7 +97,7 @@ class PromptCache:
         return 0
 
     def prefill(self, ids, *, layer_hook=None, key=None, checkpoint_at: int | None = None,
-                normed: list | None = None) -> np.ndarray:
+                normed: list | None = None, cancelled=None) -> np.ndarray:
         """Make the cache hold ``ids`` and return the logits of their last position.
 
         Args:
@@ -107,20 +108,38 @@ class PromptCache:
                 keep their checkpoint (used when it lies inside the part to compute).
             normed: if a list is given, it receives the last position's final-norm output, float32
                 [1, hidden_size] (``Decoder.forward``'s ``normed``).
+            cancelled: polled between the decoder's layers (``Decoder.forward``); True stops the
+                prefill and raises ``Cancelled``. The cache then holds what it held before the call
+                that was cut (keys and values are rows by position, and the cut call's were never
+                committed), so the next prompt reuses that and its reply equals a cold run's; a cache
+                with other per-layer state (recurrent, latent...) is dropped instead, as a cut call may
+                have changed it.
 
         Returns:
             float32 [vocab_size]: the last position's logits, equal to a fresh cache's.
+
+        Raises:
+            Cancelled: ``cancelled()`` returned True before the prefill ended.
         """
         ids = [int(t) for t in ids]
         keep = self._start(ids, key)
         start = keep
-        if checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state():
-            self.decoder.forward(ids[keep:checkpoint_at], self.cache, layer_hook=layer_hook, last_only=True)
-            self.cache.checkpoint()
-            start = checkpoint_at
-        logits = self.decoder.forward(ids[start:], self.cache, layer_hook=layer_hook, last_only=True,
-                                      bidirectional=start == 0,
-                                      **({} if normed is None else {"normed": normed}))[-1]
+        try:
+            if checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state():
+                self.decoder.forward(ids[keep:checkpoint_at], self.cache, layer_hook=layer_hook, last_only=True,
+                                     cancelled=cancelled)
+                self.cache.checkpoint()
+                start = checkpoint_at
+            logits = self.decoder.forward(ids[start:], self.cache, layer_hook=layer_hook, last_only=True,
+                                          bidirectional=start == 0, cancelled=cancelled,
+                                          **({} if normed is None else {"normed": normed}))[-1]
+        except Cancelled:
+            if self.cache.has_slots():
+                self.reset()
+            else:  # the committed rows are ids[:length]; the cut call's staged rows get overwritten
+                self.ids, self.key = ids[:self.cache.length], key
+            self.reused = self.prefilled = 0
+            raise
         self.ids, self.key = ids, key
         self.reused, self.prefilled = keep, len(ids) - keep
         return logits

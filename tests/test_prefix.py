@@ -21,6 +21,7 @@ import pytest
 
 from ster_py.decoder.cache import KVCache
 from ster_py.decoder.linear import blas_rows_exact
+from ster_py.errors import Cancelled
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
 from ster_py.prefix import PromptCache, common_prefix
@@ -177,3 +178,60 @@ def test_smollm2_reuse_is_bit_exact(smollm2_gguf, smollm2_hf, kv):
                 bound = 1e-5 if kv == np.float32 else 1e-3
                 assert np.abs(got - cold).max() <= bound * np.abs(cold).max()
             assert cache.reused == reused
+
+
+def _cancel_after(n: int):
+    """A ``cancelled`` callback that says True from its (n + 1)-th poll on; ``polls`` counts them."""
+    polls = [0]
+
+    def cancelled() -> bool:
+        polls[0] += 1
+        return polls[0] > n
+    return cancelled, polls
+
+
+def test_a_cancelled_prefill_stops_between_layers_and_leaves_the_cache_consistent(llama):
+    """A cancellation during the prefill (a chat's Ctrl-C, a server client gone during a long prompt)
+    stops it at the next layer, not after the whole prompt; the run ends with no ids ("cancelled"),
+    and the cache keeps what it held before: the next run reuses that and equals a cold run."""
+    decoder, sampling = llama.decoder, Sampling(max_new_tokens=5)
+    layers = len(decoder.layers)
+    assert layers >= 2
+    cache = PromptCache(decoder)
+    first = generate(decoder, BASE[:20], sampling, cache=cache)
+    prompt = BASE + [7, 8, 9]
+    cancelled, polls = _cancel_after(1)
+    got = generate(decoder, prompt, sampling, cache=cache, cancelled=cancelled)
+    assert got.stop_reason == "cancelled" and got.ids == [] and polls[0] == 2   # one layer ran, of several
+    assert cache.cache.length == 20 and cache.ids == BASE[:20]
+    again = generate(decoder, prompt, sampling, cache=cache)
+    cold = generate(decoder, prompt, sampling)
+    assert again.ids == cold.ids and again.reused == 20 and again.prefilled == len(prompt) - 20
+    # not cancelled: polled once per layer, the same logits as without a callback
+    cancelled, polls = _cancel_after(10 ** 9)
+    _same(PromptCache(decoder).prefill(prompt, cancelled=cancelled), _cold(decoder, prompt))
+    assert polls[0] == layers
+    assert generate(decoder, prompt, sampling, cancelled=cancelled).ids == cold.ids
+    # cancelled before the first layer: nothing is computed, the cache is as it was
+    got = generate(decoder, BASE[:20] + [4, 4], sampling, cache=cache, cancelled=lambda: True)
+    assert got.stop_reason == "cancelled" and got.ids == [] and first.ids
+    assert generate(decoder, BASE[:20] + [4, 4], sampling, cache=cache).ids == generate(
+        decoder, BASE[:20] + [4, 4], sampling).ids
+
+
+def test_a_cancelled_prefill_drops_a_recurrent_cache(tmp_path):
+    """A hybrid's recurrent states are updated in place layer by layer: a cut prefill may have changed
+    some, so the cache starts afresh and the next prompt's logits equal a cold run's."""
+    from test_parity_ssm import CASES
+
+    model_type, config = CASES["jamba"]
+    build_checkpoint(tmp_path / "jamba", model_type, config)
+    decoder = load_model(str(tmp_path / "jamba")).decoder
+    cache = PromptCache(decoder)
+    cache.prefill(BASE[:20])
+    cancelled, polls = _cancel_after(1)
+    with pytest.raises(Cancelled):
+        cache.prefill(BASE[:33], cancelled=cancelled)
+    assert polls[0] == 2 and cache.cache is None and cache.ids == []
+    _same(cache.prefill(BASE[:33]), _cold(decoder, BASE[:33]))
+    assert cache.reused == 0

@@ -159,6 +159,10 @@ class KVCache:
         at = {s.saved_at for s in self._slots if isinstance(s, RecurrentState)}
         return at.pop() if len(at) == 1 else None
 
+    def has_slots(self) -> bool:
+        """True when a layer keeps a state of its own (``slot``) beside plain keys and values."""
+        return any(s is not None for s in self._slots)
+
     def has_recurrent_state(self) -> bool:
         """True when a layer keeps a recurrent state (which cannot roll back without a checkpoint)."""
         return any(isinstance(s, RecurrentState) for s in self._slots)

@@ -34,7 +34,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..config import ModelSpec
-from ..errors import SterError
+from ..errors import Cancelled, SterError
 from .attention import MASK_POSITIONS
 from .cache import KVCache
 from .ffn import ACT_FNS, DenseFFN
@@ -598,7 +598,8 @@ class Decoder:
 
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
                 layer_hook: LayerHook | None = None, last_only: bool = False,
-                bidirectional: bool = False, normed: list | None = None) -> np.ndarray:
+                bidirectional: bool = False, normed: list | None = None,
+                cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -620,6 +621,12 @@ class Decoder:
             normed: if a list is given, it receives the final norm's output, float32 [T, hidden_size]
                 (or [1, hidden_size] with ``last_only``): the head's input, which a drafter reading
                 the model's state takes (``ster_py.speculative``).
+            cancelled: polled before each layer; True raises ``Cancelled`` (a long prompt's prefill
+                stops within one layer's time: a layer over thousands of positions takes about a
+                second on two cores). The arithmetic is the same as without it. The cache's committed
+                length is unchanged then (the staged rows are dropped), but a slot that keeps its own
+                state (``KVCache.slot``) may hold part of the call: ``PromptCache.prefill`` starts
+                such a cache afresh.
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -627,6 +634,7 @@ class Decoder:
         Raises:
             SterError: a token id outside the vocabulary, or (learned positions) a position
                 past the model's table.
+            Cancelled: ``cancelled()`` returned True.
         """
         s = self.spec
         cache = cache if cache is not None else self.new_cache()
@@ -662,6 +670,8 @@ class Decoder:
 
         def run(layers, h):
             for layer in layers:
+                if cancelled is not None and cancelled():
+                    raise Cancelled()
                 if s.residual_skips:
                     h = self._skip(layer.i, h, kept)
                 fused = layer.decode_step() if fuse else None
