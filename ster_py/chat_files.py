@@ -92,14 +92,31 @@ def load_conversation(name: str, what: str) -> list[dict]:
     Raises:
         SterError: "-" (stdin holds the chat's own input), and as ``read_messages``: the file missing, too
             large, not JSON, or not a list of {role, content} messages (the first bad one named); a message
-            holding a lone surrogate (JSON's unpaired ``\\udcff`` escape), which UTF-8 cannot encode.
+            holding a lone surrogate (JSON's unpaired ``\\udcff`` escape), which UTF-8 cannot encode, or NaN or
+            Infinity (no JSON number); content the server would refuse (a part other than text, null content
+            but beside an assistant's ``tool_calls``).
+
+    Returns:
+        The messages as ``server_request.normalize_messages`` gives them to a template (an assistant's null
+        content beside ``tool_calls`` made "", text parts joined).
     """
     from .chat import check_surrogates
     from .cli_template import read_messages
 
     if name == "-":
         raise SterError(f"{what} -: the chat reads your messages from stdin; give a file name")
+    from .server_request import RequestError, check_unsupported, normalize_messages
+
     messages = read_messages(name, empty_ok=True)
     for i, message in enumerate(messages):  # refused here, not by the template at the next turn or by /save
-        check_surrogates(json.dumps(message, ensure_ascii=False), f"{name}: message {i}")
-    return messages
+        try:
+            text = json.dumps(message, ensure_ascii=False, allow_nan=False)
+        except ValueError:  # NaN, Infinity: Python's json reads them, /save would write JSON no other reader takes
+            raise SterError(f"{what} {name}: message {i} holds NaN or Infinity, which JSON has no number for; "
+                            "give a number or a string there") from None
+        check_surrogates(text, f"{name}: message {i}")
+    try:  # as the server takes a request's messages: text parts only; null content only beside tool_calls
+        check_unsupported({"messages": messages}, chat=True)
+        return normalize_messages(messages)
+    except RequestError as e:
+        raise SterError(f"{what} {name}: {str(e).removeprefix('messages: ')}") from None

@@ -126,6 +126,8 @@ def chat(
         raise SterError(NO_TEMPLATE)
     if think is not None:
         session.render([{"role": "user", "content": "x"}], thinking=think)  # refuses a template without a switch
+    if messages_file is not None:
+        check_renders(session, messages, think, f"--messages {messages_file}")
     hook, key = _steer(loaded, vector, strength) if vector is not None else (None, None)
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -162,6 +164,20 @@ def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list
                             "that message in the file)")
         messages.insert(0, {"role": "system", "content": system})
     return messages
+
+
+def check_renders(session, messages: list[dict], think, what: str) -> None:
+    """Refuse a loaded conversation the model's chat template cannot render, as the next turn renders it
+    (``messages`` and a user message): once accepted, every turn would fail on it with the same error.
+
+    Raises:
+        SterError: "WHAT: this model's chat template cannot render that conversation, so it was not loaded: ...".
+    """
+    try:
+        session.render(messages + [{"role": "user", "content": "x"}], thinking=think)
+    except SterError as e:
+        raise SterError(f"{what}: this model's chat template cannot render that conversation, so it was not "
+                        f"loaded: {e}") from None
 
 
 def _error(e: Exception) -> None:
@@ -245,7 +261,7 @@ class _State:
     key: object = None
 
 
-def _command(line: str, state: _State, loaded, note) -> Optional[str]:
+def _command(line: str, state: _State, session, think, note) -> Optional[str]:
     """Run a /command (not /quit); returns the text of a message to send (``/file``), else None.
 
     Raises:
@@ -273,7 +289,9 @@ def _command(line: str, state: _State, loaded, note) -> Optional[str]:
             save_conversation(state.messages, path)
             note(f"(saved {plural(len(state.messages), 'message')} to {terminal_text(rest)})\n")
         else:
-            state.messages = load_conversation(str(path), "/load")
+            messages = load_conversation(str(path), "/load")
+            check_renders(session, messages, think, f"/load {rest}")
+            state.messages = messages
             note(f"(loaded {plural(len(state.messages), 'message')} from {terminal_text(rest)}; the next answer "
                  "reads them all)\n")
     elif word == "/vector":
@@ -286,7 +304,7 @@ def _command(line: str, state: _State, loaded, note) -> Optional[str]:
                 value = float(parts[1])
             except ValueError:
                 raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
-            state.hook, state.key = _steer(loaded, user_path(parts[0], "/vector"), value)
+            state.hook, state.key = _steer(session.loaded, user_path(parts[0], "/vector"), value)
             note(f"(steering with {terminal_text(parts[0])} at {value:g})\n")
         else:
             raise SterError("/vector needs FILE STRENGTH (or off)")
@@ -349,7 +367,7 @@ def _converse(session, loaded, state: _State, sampling, think, styled, show_thin
             if text.strip().partition(" ")[0] in ("/quit", "/exit"):
                 return
             try:
-                text = _command(text, state, loaded, inp.note)
+                text = _command(text, state, session, think, inp.note)
             except (SterError, OSError) as e:
                 _error(e)
                 continue

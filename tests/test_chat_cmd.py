@@ -484,3 +484,46 @@ def test_save_refuses_a_conversation_load_could_not_read_back(tiny_chat, tmp_pat
                                             "--messages read back, so nothing was written; /reset starts a new one"]
     assert not (tmp_path / "big.json").exists() and json.loads((tmp_path / "small.json").read_text()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["many.json", "small.json"]   # no temporary left
+
+
+def test_load_refuses_what_the_template_cannot_render_and_normalizes_openai_forms(tmp_path):
+    """/load and --messages took conversations the template could not render (null content, a list of numbers,
+    an image part, a role it refuses), and every later turn failed on them; now each is one error at load and
+    changes nothing. An assistant's null content beside tool_calls (OpenAI's form) is loaded as "", text parts
+    as their text; NaN (which /save would write as invalid JSON) is refused."""
+    path = chat_model(tmp_path / "strict")
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant'] %}"
+                            "{{ raise_exception('no role ' + m.role) }}{% endif %}"
+                            + CHAT_TEMPLATE[len("{% for m in messages %}"):])
+    cfg["chat_template"] = cfg["chat_template"].replace("{{ m.content }}", "{{ m.content | trim }}")
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    files = {"nullc.json": ([{"role": "user", "content": None}], "null content"),
+             "numbers.json": ([{"role": "user", "content": [1, 2]}], "content part"),
+             "image.json": ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                            "content part"),
+             "robot.json": ([{"role": "robot", "content": "w10"}], "cannot render that conversation"),
+             "nan.json": ([{"role": "user", "content": "w10", "x": float("nan")}], "NaN or Infinity")}
+    for name, (messages, _) in files.items():
+        (tmp_path / name).write_text(json.dumps(messages))
+    good = [{"role": "user", "content": [{"type": "text", "text": "w10"}, {"type": "text", "text": "w11"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]}]
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    saved = tmp_path / "saved.json"
+    stdin = "".join(f"/load {tmp_path / name}\n" for name in files) + f"/save {saved}\n/load {tmp_path / 'good.json'}\n"
+    stdin += f"w12\n/save {tmp_path / 'after.json'}\n"
+    status, out, err = _piped("chat", "--model", str(path), "--max-new-tokens", "2", "-q", "--system", "w20",
+                              stdin=stdin)
+    errors = _errors(err)
+    assert status == 0 and len(errors) == len(files), err
+    for line, (_, words) in zip(errors, files.values()):
+        assert words in line, line
+    assert json.loads(saved.read_text()) == [{"role": "system", "content": "w20"}]   # no bad file changed it
+    after = json.loads((tmp_path / "after.json").read_text())
+    assert after[0] == {"role": "user", "content": "w10\nw11"} and after[1]["content"] == ""
+    assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
+    for name, (_, words) in files.items():   # --messages: one error, before any turn
+        status, out, err = _piped("chat", "--model", str(path), "-q", "--messages", str(tmp_path / name),
+                                  stdin="w10\n")
+        assert status == 1 and len(_errors(err)) == 1 and words in err and not out, err
