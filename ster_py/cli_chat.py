@@ -21,7 +21,7 @@ from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_P
                   THREADS_HELP, _STREAM, Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
                   no_color, plural, thinking_value)
-from .chat_files import load_conversation, read_message_file, save_conversation
+from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, terminal_text
 from .files import user_path
 
@@ -243,12 +243,25 @@ class _Input:
             return None
 
     def block(self) -> Optional[str]:
-        """The lines after a ``BLOCK`` line up to the next one, joined; None when the input ends first."""
-        lines = []
+        """The lines after a ``BLOCK`` line up to the next one, joined; None when the input ends first.
+
+        Raises:
+            SterError: the lines hold more than ``MAX_MESSAGE_FILE_BYTES`` (UTF-8), /file's bound; the rest up
+                to the closing line is read and dropped, keeping nothing.
+        """
+        lines, size = [], 0
         while (line := self.line(self.more)) is not None:
             if line.strip() == BLOCK:
+                if size > MAX_MESSAGE_FILE_BYTES:
+                    raise SterError(f"this message is longer than {MAX_MESSAGE_FILE_BYTES:,} bytes "
+                                    f"({MAX_MESSAGE_FILE_BYTES >> 20} MiB, as /file reads), so it was not sent; "
+                                    "send a shorter one")
                 return "\n".join(lines)
-            lines.append(line)
+            if size <= MAX_MESSAGE_FILE_BYTES:
+                size += len(line.encode("utf-8", "surrogateescape")) + 1
+                lines.append(line)
+                if size > MAX_MESSAGE_FILE_BYTES:
+                    lines = []   # too long: dropped up to the closing line
         return None
 
 
@@ -351,6 +364,9 @@ def _converse(session, loaded, state: _State, sampling, think, styled, show_thin
             text = inp.block() if opened else line
         except KeyboardInterrupt:  # at the prompt or inside a block (whose lines are dropped)
             inp.end_line()
+            continue
+        except SterError as e:   # a block too long
+            _error(e)
             continue
         if text is None:
             if opened:

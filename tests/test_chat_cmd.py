@@ -527,3 +527,19 @@ def test_load_refuses_what_the_template_cannot_render_and_normalizes_openai_form
         status, out, err = _piped("chat", "--model", str(path), "-q", "--messages", str(tmp_path / name),
                                   stdin="w10\n")
         assert status == 1 and len(_errors(err)) == 1 and words in err and not out, err
+
+
+def test_a_block_over_the_file_bound_is_one_error_and_is_dropped(tiny_chat, tmp_path):
+    """A \"\"\" block had no bound (400 MB piped took 1.7 GB, then failed in the template): past /file's bound
+    (32 MiB) it is dropped up to its closing line with one error, and the chat goes on."""
+    from ster_py.chat_files import MAX_MESSAGE_FILE_BYTES
+
+    saved = tmp_path / "conv.json"
+    line = "w10 " * (1 << 18)   # 1 MiB
+    big = "\n".join([line] * ((MAX_MESSAGE_FILE_BYTES >> 20) + 1))
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
+                              stdin=f'"""\n{big}\n"""\nw11\n/save {saved}\n')
+    assert status == 0 and len(out.splitlines()) == 1
+    assert _errors(err) == [f"error: this message is longer than {MAX_MESSAGE_FILE_BYTES:,} bytes (32 MiB, as /file "
+                            "reads), so it was not sent; send a shorter one"]
+    assert [m["content"] for m in json.loads(saved.read_text())][::2] == ["w11"]
