@@ -16,7 +16,8 @@ from .errors import SterError
 
 
 def save_conversation(messages: list[dict], path: Path) -> None:
-    """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``).
+    """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``):
+    indented, or compact when the indented form is over what ``/load`` reads.
 
     An earlier save of this conversation at ``path`` (a JSON array of messages that is a prefix of ``messages``)
     is replaced; any other existing file is kept, including a messages list of another conversation.
@@ -24,7 +25,7 @@ def save_conversation(messages: list[dict], path: Path) -> None:
     Raises:
         SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
             string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
-            the JSON is larger than ``/load`` and ``--messages`` read (``MAX_INPUT_FILE_BYTES``); "cannot write
+            the compact JSON is larger than ``/load`` and ``--messages`` read (``MAX_INPUT_FILE_BYTES``); "cannot write
             PATH: ..." when its directory cannot take the file. Nothing is written then.
     """
     from .artifacts import atomic_outputs
@@ -33,6 +34,8 @@ def save_conversation(messages: list[dict], path: Path) -> None:
     from .files import read_regular
 
     data = (json.dumps(messages, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+    if len(data) > MAX_INPUT_FILE_BYTES:  # compact, as a file /load took may be: it is read back all the same
+        data = (json.dumps(messages, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
     if len(data) > MAX_INPUT_FILE_BYTES:  # a file /load would refuse: the conversation would be lost all the same
         raise SterError(f"/save {path}: the conversation is {len(data):,} bytes as JSON, over the "
                         f"{MAX_INPUT_FILE_BYTES:,} that /load and --messages read back, so nothing was written; "

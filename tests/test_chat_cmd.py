@@ -472,18 +472,28 @@ def test_hostile_input_lines_are_one_error_each_and_the_session_goes_on(tiny_cha
 
 def test_save_refuses_a_conversation_load_could_not_read_back(tiny_chat, tmp_path):
     """/load and --messages read at most 8 MiB; /save wrote any size. 200,000 short messages (6.4 MB as compact
-    JSON, 10 MB as /save's indented JSON): /save is one error and writes nothing; after /reset it saves."""
+    JSON, 10 MB as /save's indented JSON) are saved compact, so /save takes what /load took (it refused them);
+    a conversation over 8 MiB even compact is one error and nothing written; after /reset it saves."""
     from ster_py.cli_template import MAX_INPUT_FILE_BYTES
 
     messages = [{"role": "user", "content": "w10"}] * 200_000
     (tmp_path / "many.json").write_text(json.dumps(messages, separators=(",", ":")))
     status, _, err = _piped("chat", "--model", str(tiny_chat), "-q", "--messages", str(tmp_path / "many.json"),
+                            stdin=f"/save {tmp_path / 'back.json'}\n/load {tmp_path / 'back.json'}\n")
+    assert status == 0 and not _errors(err) and json.loads((tmp_path / "back.json").read_text()) == messages
+    messages = [{"role": "user", "content": "w10 " * 1000}] * 2_060   # 8,281,201 bytes compact
+    (tmp_path / "most.json").write_text(json.dumps(messages, separators=(",", ":")))
+    size = len(json.dumps([{"role": "system", "content": "w11 " * 30_000}, *messages], separators=(",", ":"))) + 1
+    assert size > MAX_INPUT_FILE_BYTES
+    status, _, err = _piped("chat", "--model", str(tiny_chat), "-q", "--messages", str(tmp_path / "most.json"),
+                            "--system", "w11 " * 30_000,
                             stdin=f"/save {tmp_path / 'big.json'}\n/reset\n/save {tmp_path / 'small.json'}\n")
-    assert status == 0 and _errors(err) == [f"error: /save {tmp_path / 'big.json'}: the conversation is 10,000,003 "
+    assert status == 0 and _errors(err) == [f"error: /save {tmp_path / 'big.json'}: the conversation is {size:,} "
                                             f"bytes as JSON, over the {MAX_INPUT_FILE_BYTES:,} that /load and "
                                             "--messages read back, so nothing was written; /reset starts a new one"]
-    assert not (tmp_path / "big.json").exists() and json.loads((tmp_path / "small.json").read_text()) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.json", "small.json"]   # no temporary left
+    assert not (tmp_path / "big.json").exists()
+    assert json.loads((tmp_path / "small.json").read_text()) == [{"role": "system", "content": "w11 " * 30_000}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back.json", "many.json", "most.json", "small.json"]
 
 
 def test_load_refuses_what_the_template_cannot_render_and_normalizes_openai_forms(tmp_path):
