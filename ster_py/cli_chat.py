@@ -156,7 +156,8 @@ def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list
     """
     from .chat import check_surrogates
 
-    messages = [] if messages_file is None else load_conversation(messages_file, "--messages")
+    messages = [] if messages_file is None else \
+        load_conversation(str(user_path(messages_file, "--messages")), "--messages")   # ~ as a shell expands it
     if system is not None:
         check_surrogates(system, "--system")
         if any(m["role"] == "system" for m in messages):

@@ -553,3 +553,12 @@ def test_a_block_over_the_file_bound_is_one_error_and_is_dropped(tiny_chat, tmp_
     assert _errors(err) == [f"error: this message is longer than {MAX_MESSAGE_FILE_BYTES:,} bytes (32 MiB, as /file "
                             "reads), so it was not sent; send a shorter one"]
     assert [m["content"] for m in json.loads(saved.read_text())][::2] == ["w11"]
+
+
+def test_messages_expands_a_leading_tilde(tiny_chat, tmp_path):
+    """--messages ~/FILE reads FILE in the home folder, as the README says a FILE takes (it was "not found")."""
+    (tmp_path / "conv.json").write_text('[{"role": "user", "content": "w10"}, {"role": "assistant", "content": "w11"}]')
+    status, _, err = _piped("chat", "--model", str(tiny_chat), "-q", "--messages", "~/conv.json",
+                            stdin=f"/save {tmp_path / 'out.json'}\n", env={"HOME": str(tmp_path)})
+    assert status == 0 and not _errors(err), err
+    assert len(json.loads((tmp_path / "out.json").read_text())) == 2
