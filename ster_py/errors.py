@@ -1,5 +1,6 @@
-"""The one exception type of ster-py (``SterError``), its one subclass (``ContextFull``), and how a message
-shows text ster did not write (``terminal_text``)."""
+"""The one error type of ster-py (``SterError``) and its one subclass (``ContextFull``); ``Cancelled``, which
+is not an error (a forward pass stopped on request); and how a message shows text ster did not write
+(``terminal_text``)."""
 
 #: Longest error message kept whole (characters). A message quoting a value read from a
 #: hostile file (a 10 M-character ``model_type``) keeps its head and tail around a marker.
