@@ -88,6 +88,8 @@ class Reply:
             limit or the context), "tool_calls" (the reply called a tool), "cancelled" (the caller
             stopped it).
         reasoning_tokens: new tokens generated inside a reasoning block.
+        logprobs: with ``sampling.logprobs``, the entries (``Generation.logprobs``) of the new tokens whose
+            text is in the reply: not the end token, nor tokens cut off at a stop string.
     """
 
     prompt_text: str
@@ -96,6 +98,7 @@ class Reply:
     events: list[Event] = field(default_factory=list)
     finish_reason: str = "stop"
     reasoning_tokens: int = 0
+    logprobs: list[dict] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -216,8 +219,9 @@ class Session:
             on_event: called with each parsed event as the reply streams.
             cancelled: polled between the decoder's layers during the prompt's prefill and after each
                 token; True stops the reply (finish_reason "cancelled").
-            on_logprobs: with ``sampling.logprobs``, called with each new token's logprobs entry
-                before its text is parsed (``generate.generate``'s).
+            on_logprobs: with ``sampling.logprobs``, called with the logprobs entry
+                (``generate.generate``'s) of each new token whose text is in the reply, before that
+                text is parsed (``Reply.logprobs``).
             raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
                 read as plain text); ``messages`` is then unused.
 
@@ -242,7 +246,18 @@ class Session:
         stream = StreamDecoder(self.loaded.tokenizer)
         cut = StopStrings(stops)
         events: list[Event] = []
-        state = {"reasoning": 0, "cancelled": False}
+        state = {"reasoning": 0, "cancelled": False, "fed": 0, "shown": 0}
+        entries: list[dict] = []   # the new tokens' logprobs entries
+        starts: list[int] = []     # where each new token's text begins in the decoded reply
+        shown: list[dict] = []     # the entries of the tokens whose text passed the stop strings
+
+        def show(piece: str) -> None:
+            """Count ``piece`` as shown, then pass on the entries of the tokens whose text it reaches."""
+            state["shown"] += len(piece)
+            while len(shown) < min(len(starts), len(entries)) and starts[len(shown)] < state["shown"]:
+                shown.append(entries[len(shown)])
+                if on_logprobs is not None:
+                    on_logprobs(shown[-1])
 
         def emit(evs: list[Event]) -> None:
             for e in evs:
@@ -254,7 +269,11 @@ class Session:
                     on_event(e)
 
         def on_token(token: int) -> bool:
-            piece, stopped = cut.feed(stream.feed(token))
+            decoded = stream.feed(token)
+            starts.append(state["fed"])
+            state["fed"] += len(decoded)
+            piece, stopped = cut.feed(decoded)
+            show(piece)
             if piece:
                 emit(parser.feed(piece))
             if parser.in_thinking:
@@ -266,16 +285,18 @@ class Session:
                 return True
             return False
 
-        gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, on_logprobs=on_logprobs,
+        gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, on_logprobs=entries.append,
                        layer_hook=layer_hook, kv_cache=self.kv_cache, cache=self.cache, cache_key=key,
                        ctx_size=self.ctx_size, draft=self.draft, n_draft=self.n_draft, cancelled=cancelled)
         if gen.stop_reason == "cancelled":  # during the prefill
             state["cancelled"] = True
         if not cut.stopped:
             tail, _ = cut.feed(stream.flush())
-            emit(parser.feed(tail + cut.flush()))
+            tail += cut.flush()
+            show(tail)
+            emit(parser.feed(tail))
         emit(parser.finish())
-        out = Reply(text, ids, gen, events, reasoning_tokens=state["reasoning"])
+        out = Reply(text, ids, gen, events, reasoning_tokens=state["reasoning"], logprobs=shown)
         if state["cancelled"]:
             out.finish_reason = "cancelled"
         elif any(e.kind == "tool_call" for e in events):

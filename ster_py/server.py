@@ -17,7 +17,8 @@ sets the template's thinking switch. ``logprobs``/``top_logprobs`` follow OpenAI
 logarithms of the model's own distribution); a streamed reply carries each chunk's tokens' logprobs.
 
 Errors have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a request
-that is not JSON or breaks a rule, 403 for a browser page of another origin or (on loopback) a Host
+that is not JSON or breaks a rule (or whose Host header is not one host[:port], or that has more than one
+Host or Origin header), 403 for a browser page of another origin or (on loopback) a Host
 that is not this machine's, 404 for an unknown path or model, 405 for a wrong method, 408 for a
 body that does not arrive in time, 413 for a body over 8 MiB, 415 for a body not sent as
 ``application/json``, 503 when the queue is full or the server is stopping. A client that
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import threading
 import time
 import uuid
@@ -113,8 +115,9 @@ class Server:
             return RequestError("the server is shutting down; retry on another or after it restarts", status=503,
                                 code="server_shutting_down", headers={"Retry-After": str(RETRY_AFTER)})
         if self.admitted + coming > self.max_queue + 1:  # the one generating and max_queue waiting
-            return RequestError(f"the server is busy: {self.max_queue} requests are waiting for their turn (ster serve "
-                                "--max-queue); retry later", status=503, code="queue_full",
+            waiting = "1 request is" if self.max_queue == 1 else f"{self.max_queue} requests are"
+            return RequestError(f"the server is busy: {waiting} waiting for their turn (ster serve --max-queue); "
+                                "retry later", status=503, code="queue_full",
                                 headers={"Retry-After": str(RETRY_AFTER)})
         return None
 
@@ -242,7 +245,8 @@ class Server:
 
     def run(self, args: dict, on_event=None, cancelled=None, on_logprobs=None):
         """Generate one reply once it has the lock; None when cancelled (or the server stops) before its
-        turn. ``on_logprobs`` is called with each new token's logprobs entry before its text is parsed.
+        turn. ``on_logprobs`` is called with the logprobs entry of each new token whose text is in the reply,
+        before that text is parsed (``Session.reply``'s).
 
         Raises:
             RequestError: a request the model refuses (a prompt longer than the context...).
@@ -282,11 +286,10 @@ class Server:
 
     def logprobs(self, reply, chat: bool) -> dict | None:
         """A reply's ``logprobs`` in its endpoint's shape, or None when none were asked for
-        (``logprobs_of`` over all its tokens)."""
-        gen = reply.generation
-        if gen is None or not gen.logprobs:
+        (``logprobs_of`` over the tokens whose text is in it: not the end token, nor text cut at a stop string)."""
+        if reply.generation is None or not reply.logprobs:
             return None
-        return self.logprobs_of(gen.logprobs, chat, len(reply.prompt_text))
+        return self.logprobs_of(reply.logprobs, chat, len(reply.prompt_text))
 
     def logprobs_of(self, entries: list[dict], chat: bool, offset: int = 0) -> dict | None:
         """Tokens' logprobs entries (``generate.Generation.logprobs``) in an endpoint's shape, or None for
@@ -309,7 +312,7 @@ class Server:
 
         def entry(i: int, lp: float) -> dict:
             piece = text(i)
-            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+            return {"token": piece, "logprob": lp, "bytes": list(tok.token_bytes(i))}
 
         return {"content": [{**entry(e["id"], e["logprob"]), "top_logprobs": [entry(i, lp) for i, lp in e["top"]]}
                             for e in entries]}
@@ -330,6 +333,10 @@ class _Gone(Exception):
 
 
 _CLOSE = {"Connection": "close"}   # a reply sent before the body was read: the connection cannot carry another
+
+
+#: A Host header's form: one name or IPv4 address, or a bracketed IPv6 address, and an optional port.
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)(?::[0-9]{1,5})?")
 
 
 def _hostname(host: str) -> str:
@@ -390,8 +397,16 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
                              headers=err.headers)
 
     def refusal(headers: Headers) -> RequestError | None:
-        """A request's Host and Origin checked (see ``loopback`` and ``allow_origins``)."""
+        """A request's Host and Origin checked (see ``loopback`` and ``allow_origins``): one of each at most, the
+        Host one host[:port]."""
+        for name in ("Host", "Origin"):
+            if len(headers.getlist(name)) > 1:
+                return RequestError(f"the request has {len(headers.getlist(name))} {name} headers; send one",
+                                    status=400, code=f"bad_{name.lower()}", headers=_CLOSE)
         host = headers.get("host")
+        if host is not None and not _HOST.fullmatch(host):
+            return RequestError(f"the Host header {ascii(host)[:80]} is not one host[:port]", status=400,
+                                code="bad_host", headers=_CLOSE)
         if loopback and host is not None and not is_loopback(_hostname(host)):
             return RequestError(f"the Host header {ascii(host)[:80]} does not name this machine: the server listens on "
                                 "loopback and answers requests to localhost, 127.0.0.1 or [::1] only (a guard against "
@@ -662,7 +677,7 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
         from starlette.middleware.cors import CORSMiddleware
 
         app = CORSMiddleware(app, allow_origins=list(allow_origins), allow_methods=["GET", "POST"],
-                             allow_headers=["*"], max_age=600)
+                             allow_headers=["*"], allow_private_network=True, max_age=600)
 
     async def guarded(scope, receive, send) -> None:
         if scope["type"] == "http":

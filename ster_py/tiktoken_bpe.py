@@ -67,6 +67,8 @@ def _byte_chars() -> list[str]:
 
 _BYTE_CHARS = _byte_chars()
 _SPELLING = dict(enumerate(_BYTE_CHARS))  # str.translate table: latin-1 code point -> byte-level character
+#: A byte-level BPE spelling's character -> the byte it stands for (``_BYTE_CHARS`` inverted).
+BYTE_OF = {c: b for b, c in enumerate(_BYTE_CHARS)}
 
 
 def _spelled(token: bytes) -> str:

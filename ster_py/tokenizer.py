@@ -352,6 +352,22 @@ class Tokenizer:
         """
         return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw UTF-8 bytes of one token (OpenAI's logprobs ``bytes``): its decoded text's, but for a token
+        that is part of a multi-byte character (``decode`` gives U+FFFD) the byte of a byte-fallback token
+        (``<0xE2>``) or the bytes a byte-level BPE spelling stands for."""
+        text = self.decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode("utf-8")
+        if int(token_id) in self.byte_token_ids:
+            return bytes([int(self.id_to_token(token_id)[3:5], 16)])
+        from .tiktoken_bpe import BYTE_OF
+
+        spelling = self.id_to_token(token_id) or ""
+        if spelling and all(c in BYTE_OF for c in spelling):
+            return bytes(BYTE_OF[c] for c in spelling)
+        return text.encode("utf-8")
+
     def stream_decoder(self, skip_special_tokens: bool = False) -> "StreamDecoder":
         """A fresh incremental detokenizer for one generated sequence."""
         return StreamDecoder(self, skip_special_tokens=skip_special_tokens)

@@ -888,3 +888,84 @@ def test_served_with_an_adapter_answers_as_generate_adapter_does(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_logprobs_cover_only_the_content(in_process):
+    """The end token that ended a reply (</s>, not in its content) had a logprobs entry, and so had tokens
+    cut off at a stop string: the entries are those of the tokens whose text is (at least in part) in the
+    content, streamed or not. (A token's text in the reply here begins with its space.)"""
+    client = openai.OpenAI(base_url=in_process[0] + "/v1", api_key="unused", max_retries=0)
+    for stop, n, tokens in ((None, 7, 8), ([" </tool_call>"], 6, 7), ([' "Paris"}}'], 5, 6), (["Paris"], 6, 6)):
+        kw = dict(model="tools", messages=[{"role": "user", "content": "w9"}], max_tokens=20, logprobs=True,
+                  stop=stop)
+        reply = client.chat.completions.create(**kw)
+        assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == tokens
+        entries = reply.choices[0].logprobs.content
+        assert [e.token.strip() for e in entries] == TOOL_WORDS[:n], reply
+        streamed = [e.token.strip() for c in client.chat.completions.create(stream=True, **kw)
+                    if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        assert streamed == TOOL_WORDS[:n]
+        text = client.completions.create(model="tools", prompt="w5", max_tokens=20, logprobs=1, stop=stop)
+        assert [t.strip() for t in text.choices[0].logprobs.tokens] == TOOL_WORDS[:n]
+
+
+def test_private_network_preflights_are_answered(in_process):
+    """A preflight with Access-Control-Request-Private-Network (Chrome's, for a page calling a local
+    server) got a plain-text 400 'Disallowed CORS private-network': an allowed origin's is answered as
+    its other preflights, with Access-Control-Allow-Private-Network; another origin's is refused (403)."""
+    _, server = in_process
+    with _hardened(server, allow_origins=("http://app.example",)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        for origin, status in (("http://app.example", 200), ("http://other.example", 403)):
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("OPTIONS", "/v1/chat/completions", headers={
+                "origin": origin, "access-control-request-method": "POST",
+                "access-control-request-headers": "content-type", "access-control-request-private-network": "true"})
+            r = conn.getresponse()
+            body = r.read()
+            conn.close()
+            assert r.status == status, body
+            if status == 200:
+                assert r.headers["access-control-allow-private-network"] == "true"
+                assert r.headers["access-control-allow-origin"] == origin
+            else:
+                assert json.loads(body)["error"]["code"] == "origin_not_allowed"
+
+
+def test_a_full_queue_of_one_says_request_is(in_process):
+    """The 503 of a queue of one said '1 requests are waiting'."""
+    _, server = in_process
+    saved = server.max_queue, server.admitted
+    server.max_queue, server.admitted = 1, 2
+    try:
+        assert "the server is busy: 1 request is waiting for their turn" in str(server._busy(1))
+        server.max_queue, server.admitted = 2, 3
+        assert "the server is busy: 2 requests are waiting" in str(server._busy(1))
+    finally:
+        server.max_queue, server.admitted = saved
+
+
+@pytest.mark.parametrize("headers, words", [
+    ([("Host", "localhost:8080, evil.example")], "is not one host[:port]"),
+    ([("Host", "localhost:8080 evil.example")], "is not one host[:port]"),
+    ([("Host", "127.0.0.1"), ("Origin", "http://127.0.0.1"), ("Origin", "http://evil.example")],
+     "2 Origin headers"),
+    ([("Host", "127.0.0.1"), ("Origin", "http://evil.example"), ("Origin", "http://127.0.0.1")],
+     "2 Origin headers"),
+])
+def test_a_host_header_list_and_repeated_origins_are_refused(in_process, headers, words):
+    """'Host: localhost:PORT, evil' passed the loopback check (its name was read as 'localhost') and of two
+    Origin headers only the first was checked: a Host header that is not one host[:port], and more than one
+    Host or Origin header, are a 400."""
+    host, port = in_process[0].removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("GET", "/v1/models", skip_host=True, skip_accept_encoding=True)
+    for name, value in headers:
+        conn.putheader(name, value)
+    conn.endheaders()
+    r = conn.getresponse()
+    doc = json.loads(r.read())
+    conn.close()
+    assert r.status == 400 and words in doc["error"]["message"], doc
+    code, doc = _request(in_process[0], "GET", "/v1/models", headers={"host": f"localhost:{port}"})
+    assert code == 200, doc

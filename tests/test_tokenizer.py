@@ -373,6 +373,20 @@ def test_stream_byte_fallback_run_is_held(tiny_pair):
     assert "€" not in "".join(out)
 
 
+def test_token_bytes_are_the_raw_bytes_of_a_partial_character(tiny_pair):
+    """A token that is part of a multi-byte character has its own bytes (OpenAI's logprobs ``bytes``), not
+    the UTF-8 of the U+FFFD it decodes to: a byte-fallback token and a byte-level BPE token; whole
+    tokens' bytes are their text's."""
+    sp, bl = tiny_pair
+    assert sp.token_bytes(sp.token_to_id("<0xE2>")) == b"\xe2" and sp.decode([sp.token_to_id("<0xE2>")]) == "\ufffd"
+    for tok in (sp, bl):
+        word = tok.encode(" fox", add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in word) == tok.decode(word).encode("utf-8")
+    euro = bl.encode("€", add_special_tokens=False)   # three bytes, no merge: one token each
+    assert len(euro) > 1 and all(bl.decode([i]) == "\ufffd" for i in euro)
+    assert b"".join(bl.token_bytes(i) for i in euro) == "€".encode("utf-8")
+
+
 # ------------------------------------------------------------------ real tokenizers
 
 REAL_TEXTS = TEXTS + [
