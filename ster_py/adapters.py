@@ -36,6 +36,7 @@ import numpy as np
 
 from .artifacts import KIND_WORDS, check_model, read_json, sniff
 from .errors import SterError
+from .files import file_kind
 from .steering import check_model_fields
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -103,13 +104,16 @@ def _locate(path: Path) -> tuple[str, Path, Path]:
     """(layout, JSON file, weights file) for an adapter given as a file, a NAME prefix or a directory."""
     p = Path(path)
     if p.is_dir():
-        if (p / "adapter_config.json").is_file():
+        if (p / "adapter_config.json").exists():  # a FIFO there too: read_json says what it is
             return "peft", p / "adapter_config.json", p / PEFT_WEIGHTS[0]
         loras = sorted(p.glob("*.lora.json"))
         if len(loras) == 1:
             return "ster", loras[0], loras[0].with_name(loras[0].name[: -len(".json")] + ".safetensors")
         raise SterError(f"--adapter {p} is a directory without adapter_config.json (PEFT) or one NAME.lora.json "
                         "(Ster); pass the adapter directory or its .lora.json file")
+    if (kind := file_kind(p)) is not None:   # a FIFO, a device: said so, not called missing or "not an adapter"
+        raise SterError(f"--adapter {p} is {kind}, not a regular file; pass the adapter's .lora.json file or its "
+                        "directory")
     name = p.name
     if ".reward." in name:
         raise SterError(f"--adapter {p} is {KIND_WORDS['reward']}; only LoRA adapters can be applied or merged")
@@ -121,7 +125,7 @@ def _locate(path: Path) -> tuple[str, Path, Path]:
         return "ster", p, p.with_name(name[: -len(".json")] + ".safetensors")
     if name.endswith(".lora.safetensors"):
         return "ster", p.with_name(name[: -len(".safetensors")] + ".json"), p
-    if not p.exists() and Path(str(p) + ".lora.json").is_file():
+    if not p.exists() and Path(str(p) + ".lora.json").exists():
         return "ster", Path(str(p) + ".lora.json"), Path(str(p) + ".lora.safetensors")
     if p.suffix == ".json" and p.is_file():
         return "json", p, p  # sniffed below: say what it is rather than "not an adapter"
@@ -137,7 +141,9 @@ def _load_tensors(path: Path) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
     if not path.is_file():
-        raise SterError(f"adapter weights {path} are missing")
+        kind = file_kind(path)
+        raise SterError(f"adapter weights {path} are missing" if kind is None else
+                        f"adapter weights {path} are {kind}, not a regular file; put the safetensors file there")
     try:
         with safe_open(str(path), framework="numpy") as f:
             for k in f.keys():

@@ -104,6 +104,23 @@ def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_FILE_
         raise SterError(f"failed to read {what}{path}: {error.strerror or error}") from None
 
 
+def file_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (symlinks followed): "a directory",
+    "a FIFO (named pipe)", "a character device", "a block device" or "a socket"; None for a regular file
+    or a path that does not exist (or cannot be looked at). For a message that says what was given instead of
+    calling it missing."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return None
+
+
 #: POSIX limits every Linux file system ster writes to uses (NAME_MAX, PATH_MAX), in bytes.
 NAME_MAX = 255
 PATH_MAX = 4096

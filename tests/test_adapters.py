@@ -561,3 +561,31 @@ def test_a_base_model_name_no_path_can_be_is_a_name(f32_case, tmp_path):
     assert len(report["warnings"]) == 1
     with pytest.raises(SterError, match="was made for model"):
         check_model(tmp_path / "v.json", "steering vector", "/" + long, None, resolve(str(base_dir)))
+
+
+def test_an_adapter_path_that_is_a_fifo_or_a_device_says_so(tmp_path):
+    """--adapter naming a FIFO or a device was "not a LoRA adapter" (or "does not exist" as a NAME prefix), and a
+    PEFT directory whose weights file is a FIFO had its weights "missing": each now says what the path is, as
+    files.read_regular says for other files, before any weight is read."""
+    import os
+
+    make_checkpoint(tmp_path / "m", "llama")
+    os.mkfifo(tmp_path / "pipe")
+    os.mkfifo(tmp_path / "named.lora.json")
+    (tmp_path / "peft").mkdir()
+    (tmp_path / "peft" / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}))
+    os.mkfifo(tmp_path / "peft" / "adapter_model.safetensors")
+    (tmp_path / "peft2").mkdir()
+    os.mkfifo(tmp_path / "peft2" / "adapter_config.json")
+    cases = {tmp_path / "pipe": f"--adapter {tmp_path / 'pipe'} is a FIFO (named pipe), not a regular file",
+             tmp_path / "named.lora.json": f"--adapter {tmp_path / 'named.lora.json'} is a FIFO (named pipe), not a "
+                                          "regular file",
+             tmp_path / "named": f"{tmp_path / 'named.lora.json'}: not a regular file",
+             Path("/dev/null"): "--adapter /dev/null is a character device, not a regular file",
+             tmp_path / "peft": f"adapter weights {tmp_path / 'peft' / 'adapter_model.safetensors'} are a FIFO (named "
+                                "pipe), not a regular file",
+             tmp_path / "peft2": f"{tmp_path / 'peft2' / 'adapter_config.json'}: not a regular file"}
+    for adapter, words in cases.items():
+        r = ster("generate", "--model", str(tmp_path / "m"), "-q", "-p", "w10", "--adapter", str(adapter))
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and words in r.stderr, (adapter, r.stderr)
