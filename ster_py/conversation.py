@@ -190,15 +190,21 @@ class Session:
         """Ids of a rendered prompt (the template writes any BOS itself)."""
         return self.loaded.tokenizer.encode(text, add_special_tokens=False)
 
-    def prepare(self, messages: list[dict], *, layer_hook=None, key=None, thinking: bool | None = None) -> int:
+    def prepare(self, messages: list[dict], *, layer_hook=None, key=None, thinking: bool | None = None,
+                cancelled: Callable[[], bool] | None = None) -> int:
         """Prefill a conversation's history ahead of its next turn (``PromptCache.extend``): the
         messages as rendered without a generation prompt. Returns the tokens computed; 0 when
-        the template cannot render a conversation ending there."""
+        the template cannot render a conversation ending there.
+
+        Raises:
+            Cancelled: ``cancelled()`` returned True between the decoder's layers (``PromptCache.extend``:
+                the cache keeps what it held before).
+        """
         try:
             text = self.render(messages, thinking=thinking, add_generation_prompt=False)
         except SterError:
             return 0
-        return self.cache.extend(self.encode(text), layer_hook=layer_hook, key=key)
+        return self.cache.extend(self.encode(text), layer_hook=layer_hook, key=key, cancelled=cancelled)
 
     # ------------------------------------------------------------------ a turn
 

@@ -144,12 +144,20 @@ class PromptCache:
         self.reused, self.prefilled = keep, len(ids) - keep
         return logits
 
-    def extend(self, ids, *, layer_hook=None, key=None) -> int:
+    def extend(self, ids, *, layer_hook=None, key=None, cancelled=None) -> int:
         """Prefill ``ids`` ahead of the next call (a history the next prompt will start with),
         reusing what the cache shares with them. Returns the tokens computed (0 when nothing
-        was new, or ``ids`` holds fewer than two tokens)."""
+        was new, or ``ids`` holds fewer than two tokens).
+
+        ``cancelled`` is polled between the decoder's layers as ``prefill`` polls it, with its guarantee:
+        the cache then holds what it held before the call that was cut (a cache with other per-layer state
+        is dropped).
+
+        Raises:
+            Cancelled: ``cancelled()`` returned True before the prefill ended.
+        """
         ids = [int(t) for t in ids]
         if len(ids) < 2 or (key == self.key and self.cache is not None and common_prefix(self.ids, ids) == len(ids)):
             return 0
-        self.prefill(ids, layer_hook=layer_hook, key=key)
+        self.prefill(ids, layer_hook=layer_hook, key=key, cancelled=cancelled)
         return self.prefilled

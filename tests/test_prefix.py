@@ -235,3 +235,23 @@ def test_a_cancelled_prefill_drops_a_recurrent_cache(tmp_path):
     assert polls[0] == 2 and cache.cache is None and cache.ids == []
     _same(cache.prefill(BASE[:33]), _cold(decoder, BASE[:33]))
     assert cache.reused == 0
+
+
+def test_a_cancelled_extend_stops_between_layers_and_leaves_the_cache_consistent(llama):
+    """``extend`` (a chat's history prefilled after an answer) took no ``cancelled``: a Ctrl-C was seen only
+    after the whole history. It now stops at the next layer, as ``prefill`` does, and the cache keeps what it
+    held before the cut call: the next prompt reuses that and equals a cold run."""
+    decoder = llama.decoder
+    layers = len(decoder.layers)
+    cache = PromptCache(decoder)
+    cache.prefill(BASE[:20])
+    cancelled, polls = _cancel_after(1)
+    with pytest.raises(Cancelled):
+        cache.extend(BASE[:33], cancelled=cancelled)
+    assert polls[0] == 2 and layers >= 2   # one layer ran, of several
+    assert cache.cache.length == 20 and cache.ids == BASE[:20]
+    _same(cache.prefill(BASE), _cold(decoder, BASE))
+    assert cache.reused == 20
+    cancelled, polls = _cancel_after(10 ** 9)   # not cancelled: polled once per layer
+    assert cache.extend(BASE + [5, 6, 7], cancelled=cancelled) == 3 and polls[0] == layers
+    assert cache.ids == BASE + [5, 6, 7]
