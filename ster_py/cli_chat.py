@@ -7,6 +7,7 @@ work (``conversation.Session``); this command reads options and draws (the files
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -138,13 +139,16 @@ def chat(
         err.print(f"[dim]chatting with {escape(terminal_text(loaded.resolved.model))}; /help for commands, Ctrl-D "
                   "to leave[/]",
                   highlight=False)
+    state = _State(messages, hook, key)
     try:
-        _converse(session, loaded, _State(messages, hook, key), sampling, think, styled, show_thinking, quiet)
+        _converse(session, loaded, state, sampling, think, styled, show_thinking, quiet)
     finally:
         # Piped, stdin's lines are not echoed: the prompt's line (or an answer cut by an error) would stay
         # open, and the shell's next prompt would follow the last answer on its line.
         if _STREAM["open"]:
             _write("\n")
+    if state.errors and not sys.stdin.isatty():  # a script learns that some of its lines failed
+        raise typer.Exit(1)
 
 
 def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list[dict]:
@@ -172,17 +176,32 @@ def check_renders(session, messages: list[dict], think, what: str) -> None:
     (``messages`` and a user message): once accepted, every turn would fail on it with the same error.
 
     Raises:
-        SterError: "WHAT: this model's chat template cannot render that conversation, so it was not loaded: ...".
+        SterError: "WHAT: this model's chat template cannot render that conversation, so it was not loaded: PROBLEM"
+            (``template_problem``: the file is named, the model's path is not).
     """
     try:
         session.render(messages + [{"role": "user", "content": "x"}], thinking=think)
     except SterError as e:
         raise SterError(f"{what}: this model's chat template cannot render that conversation, so it was not "
-                        f"loaded: {e}") from None
+                        f"loaded: {template_problem(str(e), session.loaded.tokenizer.source)}") from None
 
 
-def _error(e: Exception) -> None:
+def template_problem(message: str, source: str) -> str:
+    """The problem alone in a chat template's error (``chat.render_chat``'s "chat template of SOURCE, line N:
+    PROBLEM. The template cannot render this conversation; check ..."): SOURCE is the model's path and the advice
+    is for one who can change the template; a chat user loading a file needs what in it the template refused."""
+    where = re.match(re.escape(f"chat template of {source}") + r"(?:, line (\d+))?:? ", message)
+    if where is None:
+        return message
+    problem = message[where.end():].removeprefix("refused the conversation: ")
+    problem = problem.split(". The template cannot render this conversation")[0]
+    return problem + (f" (template line {where.group(1)})" if where.group(1) else "")
+
+
+def _error(e: Exception, state: _State) -> None:
+    """Print a failed line's error; the session goes on (``state.errors`` counts them for the exit status)."""
     error_line(str(e))
+    state.errors += 1
 
 
 def check_utf8(text: str, what: str) -> None:
@@ -268,11 +287,13 @@ class _Input:
 
 @dataclass
 class _State:
-    """What commands change between turns: the conversation, and the steering hook and its key."""
+    """What commands change between turns: the conversation, and the steering hook and its key; and how many
+    lines failed."""
 
     messages: list[dict]
     hook: object = None
     key: object = None
+    errors: int = 0   # error lines printed: piped input that had some exits 1
 
 
 def _command(line: str, state: _State, session, think, note) -> Optional[str]:
@@ -367,18 +388,18 @@ def _converse(session, loaded, state: _State, sampling, think, styled, show_thin
             inp.end_line()
             continue
         except SterError as e:   # a block too long
-            _error(e)
+            _error(e, state)
             continue
         if text is None:
             if opened:
                 _error(SterError(f"the input ended inside a message opened with {BLOCK}, so it was not sent; "
-                                 f"close a message with a line of only {BLOCK}"))
+                                 f"close a message with a line of only {BLOCK}"), state)
             return
         command = not opened and text.startswith("/")  # a block's lines never are one
         try:
             check_utf8(text, "command" if command else "message")
         except SterError as e:
-            _error(e)
+            _error(e, state)
             continue
         if command:
             if text.strip().partition(" ")[0] in ("/quit", "/exit"):
@@ -386,7 +407,7 @@ def _converse(session, loaded, state: _State, sampling, think, styled, show_thin
             try:
                 text = _command(text, state, session, think, inp.note)
             except (SterError, OSError) as e:
-                _error(e)
+                _error(e, state)
                 continue
         if text and text.strip():
             _turn(session, state, text, sampling, think, styled, show_thinking, quiet)
@@ -394,7 +415,7 @@ def _converse(session, loaded, state: _State, sampling, think, styled, show_thin
 
 def _turn(session, state: _State, text: str, sampling, think, styled, show_thinking, quiet) -> None:
     """Send ``text`` as the user's message and stream the answer; a failed turn leaves no trace in the history."""
-    from .errors import ContextFull
+    from .errors import Cancelled, ContextFull
 
     dim, reset = ("\x1b[2m", "\x1b[0m") if styled else ("", "")
     messages = state.messages + [{"role": "user", "content": text}]
@@ -429,7 +450,7 @@ def _turn(session, state: _State, text: str, sampling, think, styled, show_think
     except SterError as e:
         if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
             _write("\n")
-        _error(SterError(context_full_advice(session, messages)) if isinstance(e, ContextFull) else e)
+        _error(SterError(context_full_advice(session, messages)) if isinstance(e, ContextFull) else e, state)
         return
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -437,4 +458,12 @@ def _turn(session, state: _State, text: str, sampling, think, styled, show_think
     state.messages = messages + [{"role": "assistant", "content": reply.text}]
     if not quiet:
         err.print(f"[dim]{escape(turn_summary(reply))}[/]", highlight=False)
-    session.prepare(state.messages, layer_hook=state.hook, key=state.key, thinking=think)
+    interrupted["flag"] = False
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:  # Ctrl-C while the history is prefilled stops that, not the session
+        session.prepare(state.messages, layer_hook=state.hook, key=state.key, thinking=think,
+                        cancelled=lambda: interrupted["flag"])
+    except Cancelled:  # the cache keeps what it held: the next turn prefills the rest
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)

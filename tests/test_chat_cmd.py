@@ -132,7 +132,7 @@ def test_markup_in_commands_and_paths_is_printed_as_text(tiny_chat, tmp_path):
     r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "chat", "--model", str(odd),
                         "--max-new-tokens", "2"], input="/x[/]\n/save nodir[/]/x.json\n/quit\n", capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr   # piped, and two lines failed
     assert f"chatting with {odd}" in r.stderr and "/x[/]" in r.stderr and "nodir[/]" in r.stderr
 
 
@@ -258,7 +258,7 @@ def test_a_conversation_past_the_context_says_reset_and_goes_on(tiny_chat, tmp_p
     turn = " ".join(f"w{i}" for i in range(10, 20)) + "\n"
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "30", "-q", "--ctx-size", "120",
                               stdin=turn * 4 + f"/save {saved}\n/reset\nw10\n")
-    assert status == 0 and len(out.splitlines()) == 4
+    assert status == 1 and len(out.splitlines()) == 4
     assert _errors(err) == ["error: the conversation has outgrown the context of 120 positions, so this message was "
                             "not sent: /reset to start over (the system prompt stays); next time, a larger --ctx-size "
                             "(the model takes up to 256) holds more"]
@@ -267,7 +267,7 @@ def test_a_conversation_past_the_context_says_reset_and_goes_on(tiny_chat, tmp_p
     huge_turn = "w10 " * 20000 + "\n"   # refused by a count of its first pieces (prompt.refuse_if_too_long)
     status, out, err = _piped("chat", "--model", str(tiny_chat), "-q", "--ctx-size", "20",
                               stdin=long_turn + huge_turn)
-    assert status == 0 and out == "" and len(_errors(err)) == 2
+    assert status == 1 and out == "" and len(_errors(err)) == 2
     assert all("this message does not fit the context of 20 positions" in e and "send a shorter one" in e
                for e in _errors(err))
 
@@ -300,7 +300,7 @@ def test_a_block_between_quote_lines_is_one_message(tiny_chat, tmp_path):
 
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
                               stdin=f'w13\n"""\nw14\n\n  w15\n """ \n/save {piped}\n"""\nw16\n')
-    assert status == 0 and len(out.splitlines()) == 2
+    assert status == 1 and len(out.splitlines()) == 2
     assert [m["content"] for m in json.loads(piped.read_text())][::2] == ["w13", "w14\n\n  w15"]
     assert _errors(err) == ['error: the input ended inside a message opened with """, so it was not sent; close '
                             'a message with a line of only """']
@@ -322,7 +322,7 @@ def test_file_sends_a_text_file_and_refuses_what_is_not_one(tiny_chat, tmp_path)
     stdin = "".join(f"/file {tmp_path / name if name not in ('-', '') else name}\n" for name in bad)
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
                               stdin=stdin + f"/file {tmp_path / 'note.txt'}\n/save {saved}\n")
-    assert status == 0 and len(out.splitlines()) == 1
+    assert status == 1 and len(out.splitlines()) == 1
     assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["w10 w11\nw12\n"]
     errors = _errors(err)
     assert len(errors) == len(bad), err
@@ -350,7 +350,7 @@ def test_load_and_messages_go_on_from_a_saved_conversation(tiny_chat, tmp_path):
     stdin += f"/save {second}\n/load {first}\nw12\n/save {first}\n"
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "--system", "w21",
                               stdin=stdin)
-    assert status == 0 and len(out.splitlines()) == 1
+    assert status == 1 and len(out.splitlines()) == 1
     errors = _errors(err)
     assert len(errors) == len(bad) + 2, err
     for line, words in zip(errors, [*bad.values(), "/load needs a file name", "reads your messages from stdin"]):
@@ -442,7 +442,7 @@ def test_hostile_input_lines_are_one_error_each_and_the_session_goes_on(tiny_cha
              b"/save /nonexist\x1b]0;PWNED\x07/x.json", b"w12", b"/save ~/c.json"]
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
                               stdin=b"\n".join(lines) + b"\n", env={"HOME": str(tmp_path)})
-    assert status == 0 and len(out.splitlines()) == 1 and "\x1b" not in err and "\x07" not in err, err
+    assert status == 1 and len(out.splitlines()) == 1 and "\x1b" not in err and "\x07" not in err, err
     errors = _errors(err)
     expected = ["cannot use /save a\\x00b.json: a path cannot hold a NUL byte",
                 "cannot use /load a\\x00b.json: a path cannot hold a NUL byte",
@@ -488,7 +488,7 @@ def test_save_refuses_a_conversation_load_could_not_read_back(tiny_chat, tmp_pat
     status, _, err = _piped("chat", "--model", str(tiny_chat), "-q", "--messages", str(tmp_path / "most.json"),
                             "--system", "w11 " * 30_000,
                             stdin=f"/save {tmp_path / 'big.json'}\n/reset\n/save {tmp_path / 'small.json'}\n")
-    assert status == 0 and _errors(err) == [f"error: /save {tmp_path / 'big.json'}: the conversation is {size:,} "
+    assert status == 1 and _errors(err) == [f"error: /save {tmp_path / 'big.json'}: the conversation is {size:,} "
                                             f"bytes as JSON, over the {MAX_INPUT_FILE_BYTES:,} that /load and "
                                             "--messages read back, so nothing was written; /reset starts a new one"]
     assert not (tmp_path / "big.json").exists()
@@ -526,9 +526,12 @@ def test_load_refuses_what_the_template_cannot_render_and_normalizes_openai_form
     status, out, err = _piped("chat", "--model", str(path), "--max-new-tokens", "2", "-q", "--system", "w20",
                               stdin=stdin)
     errors = _errors(err)
-    assert status == 0 and len(errors) == len(files), err
+    assert status == 1 and len(errors) == len(files), err
     for line, (_, words) in zip(errors, files.values()):
         assert words in line, line
+    # the file and the template's own words, not the model's path nor advice to use another template
+    assert errors[3] == (f"error: /load {tmp_path / 'robot.json'}: this model's chat template cannot render that "
+                         "conversation, so it was not loaded: no role robot (template line 1)")
     assert json.loads(saved.read_text()) == [{"role": "system", "content": "w20"}]   # no bad file changed it
     after = json.loads((tmp_path / "after.json").read_text())
     assert after[0] == {"role": "user", "content": "w10\nw11"} and after[1]["content"] == ""
@@ -537,6 +540,7 @@ def test_load_refuses_what_the_template_cannot_render_and_normalizes_openai_form
         status, out, err = _piped("chat", "--model", str(path), "-q", "--messages", str(tmp_path / name),
                                   stdin="w10\n")
         assert status == 1 and len(_errors(err)) == 1 and words in err and not out, err
+        assert str(path) not in err, err
 
 
 def test_a_block_over_the_file_bound_is_one_error_and_is_dropped(tiny_chat, tmp_path):
@@ -549,7 +553,7 @@ def test_a_block_over_the_file_bound_is_one_error_and_is_dropped(tiny_chat, tmp_
     big = "\n".join([line] * ((MAX_MESSAGE_FILE_BYTES >> 20) + 1))
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
                               stdin=f'"""\n{big}\n"""\nw11\n/save {saved}\n')
-    assert status == 0 and len(out.splitlines()) == 1
+    assert status == 1 and len(out.splitlines()) == 1
     assert _errors(err) == [f"error: this message is longer than {MAX_MESSAGE_FILE_BYTES:,} bytes (32 MiB, as /file "
                             "reads), so it was not sent; send a shorter one"]
     assert [m["content"] for m in json.loads(saved.read_text())][::2] == ["w11"]
@@ -562,3 +566,19 @@ def test_messages_expands_a_leading_tilde(tiny_chat, tmp_path):
                             stdin=f"/save {tmp_path / 'out.json'}\n", env={"HOME": str(tmp_path)})
     assert status == 0 and not _errors(err), err
     assert len(json.loads((tmp_path / "out.json").read_text())) == 2
+
+
+def test_piped_input_with_a_failed_line_exits_1_after_going_on(tiny_chat, tmp_path):
+    """Piped, a chat whose lines failed (a bad command, a failed /load, a message too long) exited 0, so a script
+    could not tell; it now goes on through the input as before, then exits 1. With no error it exits 0; at a
+    terminal it exits 0 whatever failed (test_commands_and_errors_keep_the_session)."""
+    saved = tmp_path / "conv.json"
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
+                              stdin=f"/nope\n/load {tmp_path / 'missing.json'}\nw10\n/save {saved}\n")
+    assert status == 1 and len(_errors(err)) == 2 and len(out.splitlines()) == 1, err
+    assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["w10"]   # the lines after them ran
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q", "--ctx-size", "8",
+                              stdin="w10 w11 w12 w13 w14 w15 w16 w17 w18\n")
+    assert status == 1 and len(_errors(err)) == 1 and "does not fit the context" in err
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q", stdin="w10\n/help\n")
+    assert status == 0 and not _errors(err) and len(out.splitlines()) == 1
