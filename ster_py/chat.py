@@ -64,7 +64,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from .errors import SterError
+from .errors import SterError, TemplateError
 from .files import expand_user, user_path
 
 __all__ = ["render_chat", "check_surrogates", "build_messages", "compile_template", "check_messages", "check_tools", "ModelTemplate",
@@ -768,26 +768,25 @@ def _template_line(exc: BaseException) -> int | None:
     return line
 
 
-def _error(source: str, exc: BaseException, what: str) -> SterError:
+def _error(source: str, exc: BaseException, what: str) -> TemplateError:
     line = _template_line(exc)
     where = f"chat template {source}" + (f", line {line}" if line else "")
     detail = str(exc).rstrip(". ")
     if isinstance(exc, _RaisedByTemplate):
-        return SterError(f"{where} refused the conversation: {detail}")
+        return TemplateError(f"{where} refused the conversation: {detail}", detail, line)
     if isinstance(exc, jinja2.TemplateSyntaxError):
-        return SterError(f"{where}: syntax error: {detail}. The template is not valid Jinja; "
-                         "fix it or use another one.")
+        return TemplateError(f"{where}: syntax error: {detail}. The template is not valid Jinja; "
+                             "fix it or use another one.", f"syntax error: {detail}", line)
     if isinstance(exc, _OverBudget) and getattr(exc, "why", None):
-        return SterError(f"{where}: over budget: {detail}. The prompt could not fit; shorten the conversation "
-                         "or use another template.")
+        return TemplateError(f"{where}: over budget: {detail}. The prompt could not fit; shorten the conversation "
+                             "or use another template.", f"over budget: {detail}", line)
     if isinstance(exc, _OverBudget):
-        return SterError(f"{where}: over budget: {detail}. Use another template, or raise the budget "
-                         f"(${TIME_LIMIT_ENV}, or render_chat's time_limit / max_chars) if the conversation "
-                         "really is that large.")
-    return SterError(
+        return TemplateError(f"{where}: over budget: {detail}. Use another template, or raise the budget "
+                             f"(${TIME_LIMIT_ENV}, or render_chat's time_limit / max_chars) if the conversation "
+                             "really is that large.", f"over budget: {detail}", line)
+    return TemplateError(
         f"{where}: {what}: {detail}. The template cannot render this conversation; "
-        "check the messages' roles and fields, or use another template."
-    )
+        "check the messages' roles and fields, or use another template.", f"{what}: {detail}", line)
 
 
 def compile_template(template: str, *, source: str = "(inline)") -> jinja2.Template:
@@ -1025,18 +1024,19 @@ def _in_child(work, seconds: float, source: str) -> str:
                 resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
             try:
                 result = ("ok", work())
-            except SterError as exc:
-                result = ("error", str(exc))
+            except SterError as exc:   # a TemplateError's parts cross too (an exception's own pickle drops them)
+                result = ("error", (str(exc), getattr(exc, "problem", None), getattr(exc, "line", None)))
             except MemoryError:
-                result = ("error", f"chat template {source}: over budget: the render needed more than "
-                                   f"{MAX_RENDER_MEMORY >> 20} MiB of memory and was stopped. Use another template")
+                result = ("error", (f"chat template {source}: over budget: the render needed more than "
+                                    f"{MAX_RENDER_MEMORY >> 20} MiB of memory and was stopped. Use another template",
+                                    None, None))
             except BaseException:  # noqa: BLE001 - a bug: hand the traceback to the parent
                 result = ("bug", traceback.format_exc())
             try:
                 data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
             except MemoryError:
-                data = pickle.dumps(("error", f"chat template {source}: over budget: the render's result did not "
-                                              "fit in memory. Use another template"))
+                data = pickle.dumps(("error", (f"chat template {source}: over budget: the render's result did not "
+                                               "fit in memory. Use another template", None, None)))
             with os.fdopen(write_fd, "wb") as out:
                 out.write(data)
         except BaseException:  # noqa: BLE001
@@ -1074,7 +1074,8 @@ def _in_child(work, seconds: float, source: str) -> str:
     if kind == "ok":
         return value
     if kind == "error":
-        raise SterError(value)
+        message, problem, line = value
+        raise SterError(message) if problem is None else TemplateError(message, problem, line)
     raise RuntimeError(f"chat template rendering failed inside its child process:\n{value}")
 
 

@@ -7,7 +7,6 @@ work (``conversation.Session``); this command reads options and draws (the files
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_P
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
                   no_color, plural, thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
-from .errors import SterError, terminal_text
+from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
 
 
@@ -177,25 +176,16 @@ def check_renders(session, messages: list[dict], think, what: str) -> None:
 
     Raises:
         SterError: "WHAT: this model's chat template cannot render that conversation, so it was not loaded: PROBLEM"
-            (``template_problem``: the file is named, the model's path is not).
+            (``TemplateError.problem``: the file is named, the model's path is not).
     """
     try:
         session.render(messages + [{"role": "user", "content": "x"}], thinking=think)
     except SterError as e:
+        # a template's problem alone: its message names the model's path and advises the template's author
+        problem = (e.problem + (f" (template line {e.line})" if e.line else "")
+                   if isinstance(e, TemplateError) else str(e))
         raise SterError(f"{what}: this model's chat template cannot render that conversation, so it was not "
-                        f"loaded: {template_problem(str(e), session.loaded.tokenizer.source)}") from None
-
-
-def template_problem(message: str, source: str) -> str:
-    """The problem alone in a chat template's error (``chat.render_chat``'s "chat template of SOURCE, line N:
-    PROBLEM. The template cannot render this conversation; check ..."): SOURCE is the model's path and the advice
-    is for one who can change the template; a chat user loading a file needs what in it the template refused."""
-    where = re.match(re.escape(f"chat template of {source}") + r"(?:, line (\d+))?:? ", message)
-    if where is None:
-        return message
-    problem = message[where.end():].removeprefix("refused the conversation: ")
-    problem = problem.split(". The template cannot render this conversation")[0]
-    return problem + (f" (template line {where.group(1)})" if where.group(1) else "")
+                        f"loaded: {problem}") from None
 
 
 def _error(e: Exception, state: _State) -> None:

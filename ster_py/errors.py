@@ -1,4 +1,4 @@
-"""The one error type of ster-py (``SterError``) and its one subclass (``ContextFull``); ``Cancelled``, which
+"""The one error type of ster-py (``SterError``) and its subclasses (``ContextFull``, ``TemplateError``); ``Cancelled``, which
 is not an error (a forward pass stopped on request); and how a message shows text ster did not write
 (``terminal_text``)."""
 
@@ -31,6 +31,17 @@ class ContextFull(SterError):
     the prompt they gave, while ``ster chat``'s user never wrote the prompt (the history is in it)
     and is told to ``/reset`` instead.
     """
+
+
+class TemplateError(SterError):
+    """A chat template failed on a conversation (``chat.render_chat``). The message names the template's
+    source (a model's path) and advises its author; ``problem`` is what went wrong alone and ``line`` the
+    template line (or None), for callers whose user can only change the conversation (``ster chat``'s
+    ``/load``)."""
+
+    def __init__(self, message: str, problem: str, line: "int | None" = None):
+        super().__init__(message)
+        self.problem, self.line = problem, line
 
 
 class Cancelled(Exception):
