@@ -50,6 +50,7 @@ cdef extern from "ster_qkernels.h" nogil:
     int ster_type_size(int type)
     int ster_cpu_avx2()
     int ster_cpu_level()
+    int ster_cpu_fast_bf16_dot()
     int ster_is_half(int type)
     void ster_init_tables()
     void ster_sums16(const float* x, int K, float* xs16)
@@ -116,9 +117,11 @@ cdef int _read_ahead = 1
 # $STER_INTERLEAVE=0 keeps quantized rows where they are (A/B benchmarks; see set_interleave)
 cdef int _interleave = os.environ.get("STER_INTERLEAVE", "1").strip() != "0"
 cdef int _background_copies = 1
-# $STER_BF16_INPUTS=0 keeps float32 inputs for bfloat16 matrices' prefill (see set_bf16_inputs)
-cdef int _bf16_inputs = os.environ.get("STER_BF16_INPUTS", "1").strip() != "0"
-#: Whether ``set_bf16_inputs`` starts on in this process ($STER_BF16_INPUTS).
+# $STER_BF16_INPUTS=0 keeps float32 inputs for bfloat16 matrices' prefill, =1 rounds them; unset, they are
+# rounded where vdpbf16ps beats the float32 tile (see set_bf16_inputs)
+_env_bf16 = os.environ.get("STER_BF16_INPUTS", "").strip()
+cdef int _bf16_inputs = (_env_bf16 != "0") if _env_bf16 else ster_cpu_fast_bf16_dot()
+#: Whether ``set_bf16_inputs`` starts on in this process ($STER_BF16_INPUTS, or the CPU).
 BF16_INPUTS_DEFAULT = bool(_bf16_inputs)
 # Below this many weights a product runs on one thread: waking the team costs more.
 cdef long _PARALLEL_MIN_WEIGHTS = 65536
@@ -311,9 +314,11 @@ def set_background_copies(bint on) -> bool:
 
 def set_bf16_inputs(bint on):
     """Whether products of a bfloat16 matrix over several tokens (prefill, routed experts) round
-    their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps (the default where
-    the CPU has it: twice the products per instruction), as llama.cpp does for its BF16 tensors and
-    transformers for a bf16 model. Off, or below that level: float32 inputs on the float32 tile.
+    their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps, as llama.cpp does for
+    its BF16 tensors and transformers for a bf16 model. On by default where that is faster than the
+    float32 tile (AMD's AVX512_BF16 cores: twice the products per instruction at an FMA's rate; not
+    Intel's, where it issues at half that rate: ``ster_cpu_fast_bf16_dot``), or as $STER_BF16_INPUTS
+    says. Off, or below that level: float32 inputs on the float32 tile.
     The one-token products keep 16 of the inputs' 24 bits either way (``split_bf16``).
     On this path subnormal inputs (|x| < 2^-126), products and partial sums count as zero, as the
     instructions define them (an error of at most ~1e-38 per term). Returns the setting before."""
