@@ -106,7 +106,7 @@ def serve(
                         "or --host") from None
     address, bound = sock.getsockname()[:2]
     local = is_loopback(address)
-    shown = f"[{host}]" if ":" in host else host
+    shown = f"[{address}]" if ":" in address else address   # what was bound: --host localhost is 127.0.0.1 only
     # One start line, on stdout (scripts read the address from its third word: --port 0 picks a free port)
     print(f"listening on http://{shown}:{bound}" + ("" if quiet else
           " (OpenAI API at /v1" + ("; greedy requests only: --draft" if drafter is not None else "")
@@ -147,17 +147,17 @@ def _check_name(text: str, what: str) -> str:
 
 
 def _origin(text: str) -> str:
-    """An --allow-origin value: ``*`` or scheme://host[:port], as a browser sends it in ``Origin``."""
-    from urllib.parse import urlsplit
+    """An --allow-origin value: ``*``, or scheme://host[:port] written as a browser sends it in ``Origin``
+    (``server.normalize_origin``: ``https://App.Example:443`` -> ``https://app.example``)."""
+    from .server import normalize_origin
 
     if text == "*":
         return text
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment \
-            or text != f"{parts.scheme}://{parts.netloc}":
+    try:
+        return normalize_origin(text)
+    except SterError as e:
         raise SterError(f"--allow-origin takes an origin such as https://app.example or http://localhost:3000 "
-                        f"(scheme and host, no path), or *; got {text!r}")
-    return text
+                        f"(scheme, host and port, as a browser's Origin header has it), or *; {text!r}: {e}") from None
 
 
 class _OneLine(logging.Handler):

@@ -18,10 +18,10 @@ logarithms of the model's own distribution); a streamed reply carries each chunk
 
 Errors have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a request
 that is not JSON or breaks a rule (or whose Host header is not one host[:port], or that has more than one
-Host or Origin header), 403 for a browser page of another origin or (on loopback) a Host
-that is not this machine's, 404 for an unknown path or model, 405 for a wrong method, 408 for a
-body that does not arrive in time, 413 for a body over 8 MiB, 415 for a body not sent as
-``application/json``, 503 when the queue is full or the server is stopping. A client that
+Host or Origin header), 403 for a browser page of another origin (or an allowed page's preflight for a
+method other than GET or POST) or (on loopback) a Host that is not this machine's, 404 for an unknown
+path or model, 405 for a wrong method, 408 for a body that does not arrive in time, 413 for a body
+over 8 MiB, 415 for a body not sent as ``application/json``, 503 when the queue is full or the server is stopping. A client that
 disconnects stops its generation at the next token (a request waiting for its turn leaves the queue
 within a quarter of a second). The bounds against abusive clients (a connection's headers and body
 must arrive in time, a body's size, the queue, the connections) are the constants below and
@@ -359,6 +359,72 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: An origin's parts: scheme "://" authority, then whatever follows (a path, query or fragment).
+_ORIGIN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.S)
+_DEFAULT_PORT = {"http": 80, "https": 443}
+
+
+def normalize_origin(text: str) -> str:
+    """``text`` as a browser serializes an origin in its ``Origin`` header (RFC 6454 section 6.1):
+    ``HTTPS://App.Example:443`` -> ``https://app.example``. The scheme and host are lowercased, the
+    scheme's default port (80, 443) is dropped, an IPv6 address is compressed (``[0:0::1]`` -> ``[::1]``).
+
+    Raises:
+        SterError: ``text`` is no origin a browser sends (its message says why, without ``text``): not
+            http:// or https://, a user name (``user@``), a path (``/`` too), query or fragment, no host, a
+            port outside 1-65535, a host not in ASCII (browsers send its punycode: the message gives
+            Python's IDNA encoding of it), or a host of other characters.
+    """
+    import ipaddress
+
+    match = _ORIGIN.fullmatch(text)
+    if match is None or match[1].lower() not in _DEFAULT_PORT:
+        raise SterError("it is not http:// or https:// followed by a host")
+    scheme, authority, rest = match[1].lower(), match[2], match[3]
+    if rest:
+        raise SterError(f"it has a path, query or fragment ({rest!r}); an origin has no path, not even /")
+    if "@" in authority:
+        raise SterError(f"it has a user name ({authority.rpartition('@')[0]!r} before @); a browser's Origin never does")
+    if authority.startswith("["):
+        host, bracket, port = authority[1:].partition("]")
+        if not bracket:
+            raise SterError("its [IPv6 address] has no closing ]")
+        try:
+            host = f"[{ipaddress.IPv6Address(host).compressed}]"
+        except ValueError:
+            raise SterError("its host in brackets is not an IPv6 address") from None
+    else:
+        host, colon, port = authority.partition(":")
+        port = colon + port
+    if port[:1] not in ("", ":"):
+        raise SterError("it is not host[:port]")
+    port = port[1:]
+    if not host:
+        raise SterError("it has no host")
+    if not host.isascii():
+        try:
+            ascii_form = f" ({scheme}://{host.encode('idna').decode()}" + (f":{port}" if port else "") + \
+                ", Python's IDNA encoding of it)"
+        except UnicodeError:
+            ascii_form = ""
+        raise SterError(f"its host is not ASCII; browsers send the punycode (xn--) form: give that{ascii_form}")
+    if not re.fullmatch(r"\[[0-9a-f:.]+\]|[A-Za-z0-9._~-]+", host):
+        raise SterError(f"its host {host!r} holds characters a host name cannot")
+    if port and not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
+        raise SterError(f"its port {port!r} is not a number from 1 to 65535")
+    port = "" if not port or int(port) == _DEFAULT_PORT[scheme] else f":{int(port)}"
+    return f"{scheme}://{host.lower()}{port}"
+
+
+def _origin_key(text: str) -> str | None:
+    """A request's ``Origin`` header normalized (``normalize_origin``) for comparison; None when it is none a
+    browser sends (``null``, a page of an opaque origin, among them): it matches no allowed origin."""
+    try:
+        return normalize_origin(text)
+    except SterError:
+        return None
+
+
 def _printable(text: str, limit: int = 200) -> str:
     """``text`` for a log line or a message: what a terminal would act on escaped (a client cannot forge log
     lines or terminal escapes through its path, ``errors.terminal_text``), cut to ``limit``."""
@@ -375,6 +441,9 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
         allow_origins: origins (``https://app.example``; ``*``: any) whose web pages may call the
             server; CORS headers and preflights answer them. A request with another Origin header
             than the server's own is refused (403): a browser sends one with every cross-site POST.
+            Origins are compared as ``normalize_origin`` writes them (``https://App.Example:443`` is
+            ``https://app.example``). A preflight that asks for a method other than GET or POST is refused
+            (403) in OpenAI's error shape, as a preflight of another origin is.
         log: called with one line per request when it ends (client, method, path, status, prompt and
             new tokens, seconds); None logs nothing.
     """
@@ -385,6 +454,8 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
+
+    allowed = {o if o == "*" else normalize_origin(o) for o in allow_origins}
 
     class ErrorResponse(JSONResponse):
         """An error document in ASCII: whatever it quotes of a request encodes."""
@@ -413,8 +484,9 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
                                 "DNS rebinding); to serve a network, start it with --host 0.0.0.0", status=403,
                                 kind="permission_error", code="host_not_allowed", headers=_CLOSE)
         origin = headers.get("origin")
-        if origin is not None and "*" not in allow_origins and origin not in allow_origins and \
-                (host is None or origin.lower() != f"http://{host.lower()}"):
+        key = _origin_key(origin) if origin is not None else None
+        own = _origin_key(f"http://{host}") if host is not None else None
+        if origin is not None and "*" not in allowed and (key is None or key not in allowed and key != own):
             return RequestError(f"requests from web pages of other origins are refused ({ascii(origin)[:80]}); to let "
                                 "that page use this server, start it with --allow-origin ORIGIN", status=403,
                                 kind="permission_error", code="origin_not_allowed", headers=_CLOSE)
@@ -676,8 +748,29 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
     if allow_origins:
         from starlette.middleware.cors import CORSMiddleware
 
-        app = CORSMiddleware(app, allow_origins=list(allow_origins), allow_methods=["GET", "POST"],
-                             allow_headers=["*"], allow_private_network=True, max_age=600)
+        class CORS(CORSMiddleware):
+            """starlette's CORS with origins compared normalized (``normalize_origin``) and a refused preflight
+            answered in OpenAI's error shape (starlette's is a plain-text 400 "Disallowed CORS method"), 403 as
+            ``refusal`` answers another origin's preflight: the browser asked for a permission it is denied."""
+
+            def is_allowed_origin(self, origin: str) -> bool:
+                return self.allow_all_origins or _origin_key(origin) in self.allow_origins
+
+            def preflight_response(self, request_headers: Headers) -> Response:
+                response = super().preflight_response(request_headers)
+                if response.status_code < 400:
+                    return response
+                method = request_headers["access-control-request-method"]
+                if method not in self.allow_methods:
+                    text, code = (f"a web page asked (CORS preflight) to send {ascii(method)[:40]} requests; the "
+                                  "server answers GET and POST only"), "method_not_allowed"
+                else:  # what starlette refused: "Disallowed CORS headers" ...
+                    text, code = f"the CORS preflight is refused: {bytes(response.body).decode()}", "cors_refused"
+                headers = {k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")}
+                return fail(RequestError(text, status=403, kind="permission_error", code=code, headers=headers))
+
+        app = CORS(app, allow_origins=allowed, allow_methods=["GET", "POST"], allow_headers=["*"],
+                   allow_private_network=True, max_age=600)
 
     async def guarded(scope, receive, send) -> None:
         if scope["type"] == "http":

@@ -630,6 +630,13 @@ def test_served_with_a_drafter_equals_greedy_decoding(served_draft):
     (["--name", os.fsdecode(b"caf\xe9")], "--name 'caf\\udce9' is not valid UTF-8 text"),   # every reply was a 500
     (["--allow-origin", "evil.example"], "--allow-origin takes an origin such as https://app.example"),
     (["--allow-origin", "http://app.example/page"], "no path"),
+    # origins no browser sends were accepted, and their pages refused (403) for ever
+    (["--allow-origin", "https://user@app.example"], "'https://user@app.example': it has a user name ('user' before @)"),
+    (["--allow-origin", "https://app.example:99999"], "its port '99999' is not a number from 1 to 65535"),
+    (["--allow-origin", "https://app.example:0"], "its port '0' is not a number from 1 to 65535"),
+    (["--allow-origin", "https://\u00fc.example"], "browsers send the punycode (xn--) form: give that "
+                                                     "(https://xn--tda.example, Python's IDNA encoding of it)"),
+    (["--allow-origin", "https://app.example/"], "no path, not even /"),
     (["--max-queue", "-1"], "--max-queue must be 0 or more"),
 ])
 def test_serve_refusals_before_loading(args, words, tmp_path):
@@ -969,3 +976,55 @@ def test_a_host_header_list_and_repeated_origins_are_refused(in_process, headers
     assert r.status == 400 and words in doc["error"]["message"], doc
     code, doc = _request(in_process[0], "GET", "/v1/models", headers={"host": f"localhost:{port}"})
     assert code == 200, doc
+
+
+def test_allow_origin_is_compared_as_browsers_send_origins(in_process):
+    """--allow-origin https://App.Example (or :443, or http://...:80) was compared as written with the
+    Origin a browser sends (lowercase host, no default port), so the page was refused (403) for ever:
+    both sides are normalized (scheme and host lowercased, the default port dropped)."""
+    from ster_py.cli_serve import _origin
+
+    _, server = in_process
+    body = json.dumps({"messages": [{"role": "user", "content": "w9"}], "max_tokens": 1}).encode()
+    with _hardened(server, allow_origins=("https://App.Example:443", "http://Other.Example:80")) as url:
+        for origin, status in (("https://app.example", 200), ("https://APP.example", 200), ("http://other.example", 200),
+                               ("https://app.example:443", 200), ("http://app.example", 403),
+                               ("https://app.example:8443", 403), ("null", 403)):
+            code, doc, headers = _request(url, "POST", "/v1/chat/completions", body, {"origin": origin}, response=True)
+            assert code == status, (origin, doc)
+            if status == 200:   # the browser compares it with its own Origin: the header as sent
+                assert headers["access-control-allow-origin"] == origin
+            else:
+                assert doc["error"]["code"] == "origin_not_allowed"
+    assert [_origin(o) for o in ("HTTPS://App.Example:443", "http://app.example:80", "http://[0:0::1]:3000", "*")] == \
+        ["https://app.example", "http://app.example", "http://[::1]:3000", "*"]
+
+
+def test_preflights_for_other_methods_are_refused_in_openai_shape(in_process):
+    """A preflight of an allowed origin for a method other than GET/POST got starlette's plain-text 400
+    'Disallowed CORS method': a 403 in OpenAI's error shape, as another origin's preflight gets."""
+    _, server = in_process
+    with _hardened(server, allow_origins=("http://app.example",)) as url:
+        code, doc, headers = _request(url, "OPTIONS", "/v1/chat/completions", headers={
+            "origin": "http://app.example", "access-control-request-method": "PUT",
+            "access-control-request-headers": "content-type"}, response=True)
+    assert code == 403 and headers["content-type"] == "application/json", doc
+    assert doc["error"]["type"] == "permission_error" and doc["error"]["code"] == "method_not_allowed"
+    assert "send 'PUT' requests; the server answers GET and POST only" in doc["error"]["message"]
+
+
+def test_the_start_line_names_the_address_bound(tmp_path):
+    """--host localhost listens on 127.0.0.1 only, and the start line said http://localhost:PORT (a client
+    trying ::1 first was refused): it names the address bound."""
+    make_checkpoint(tmp_path / "base", "llama")
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "serve", "--model",
+                             str(tmp_path / "base"), "--port", "0", "--host", "localhost", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = line.split()[2]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert _request(url, "GET", "/v1/models")[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
