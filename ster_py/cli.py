@@ -5,6 +5,7 @@ printed as one red line on stderr (no traceback) and exits with status 1.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -242,6 +243,56 @@ def _model_or_default(model: Optional[str]) -> str:
 
 #: Whether streamed text left stdout's line open (no final newline yet): Ctrl-C then closes it.
 _STREAM = {"open": False}
+
+
+class StdoutFailed(Exception):
+    """Standard output could not be written (full disk, I/O error, closed), a broken pipe aside: ``main`` prints the
+    message as one error line and exits 1. Not a ``SterError`` nor an ``OSError``, so the handlers that keep a chat
+    going after a failed turn or command let it through."""
+
+
+class _StdoutFile(io.FileIO):
+    """File descriptor 1 under ``sys.stdout`` (``guard_stdout``): a failed write raises ``StdoutFailed`` (a broken
+    pipe stays ``BrokenPipeError``); ``closed_at_start`` (no stdout was given, descriptor 1 now /dev/null) fails
+    every write; ``discard`` (set once the error is reported) drops what is left, so the flush at exit is quiet."""
+
+    closed_at_start = False
+    discard = False
+
+    def write(self, data) -> int:
+        if self.discard:
+            return len(memoryview(data))
+        if self.closed_at_start:
+            raise StdoutFailed("cannot write to standard output: it is closed; give ster a standard output "
+                               "(>/dev/null to drop it)")
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutFailed(f"cannot write to standard output: {e.strerror or e}") from None
+
+
+def guard_stdout() -> _StdoutFile:
+    """Put ``sys.stdout`` on a ``_StdoutFile``, keeping its encoding, error handler and buffering, so every write to
+    it (print, rich, input's prompt, ``sys.stdout.buffer``) fails as ``StdoutFailed``. A stdout closed at start
+    (``>&-``: Python leaves ``sys.stdout`` None) gets /dev/null as descriptor 1, which a file opened later would
+    otherwise take, and fails on its first write."""
+    old = sys.stdout
+    if old is None:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+    raw = _StdoutFile(1, "wb", closefd=False)
+    raw.closed_at_start = old is None
+    buffered = old is None or not isinstance(getattr(old, "buffer", None), io.RawIOBase)
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw) if buffered else raw,
+                                  encoding=getattr(old, "encoding", None) or "utf-8",
+                                  errors=getattr(old, "errors", None) or "strict",
+                                  line_buffering=bool(getattr(old, "line_buffering", False)),
+                                  write_through=bool(getattr(old, "write_through", False)))
+    return raw
 
 
 def _write(text: str) -> None:
@@ -733,19 +784,42 @@ from . import cli_serve  # noqa: E402,F401  (registers serve)
 
 
 def main() -> None:
-    """Console-script entry point: run the app, turning SterError into a clean exit."""
+    """Console-script entry point: run the app, turning SterError into a clean exit, and a failed write to
+    stdout (``StdoutFailed``, also at the final flush) into one error line with status 1."""
+    raw = guard_stdout()
     try:
-        app(prog_name="ster")
+        try:
+            app(prog_name="ster")
+        except SystemExit as e:
+            if e.code == 130:  # typer's own answer to Ctrl-C inside a command: exit 130 without a word
+                _interrupted()
+            _flush_stdout()
+            raise
+        _flush_stdout()
     except SterError as e:
+        error_line(str(e))
+        sys.exit(1)
+    except StdoutFailed as e:
         error_line(str(e))
         sys.exit(1)
     except KeyboardInterrupt:
         _interrupted()
         sys.exit(130)
-    except SystemExit as e:
-        if e.code == 130:  # typer's own answer to Ctrl-C inside a command: exit 130 without a word
-            _interrupted()
-        raise
+    finally:  # after an error, what stdout still holds goes out if it can; nothing is left for the exit's flush
+        try:
+            sys.stdout.flush()
+        except (OSError, StdoutFailed):
+            pass
+        raw.discard = True
+
+
+def _flush_stdout() -> None:
+    """Flush stdout at the end of a command, so that a failure there is ``StdoutFailed``, not Python's note at
+    shutdown; a reader gone (``| head``) stays quiet, as in ``_write``."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
 
 
 def _interrupted() -> None:
@@ -755,7 +829,7 @@ def _interrupted() -> None:
         try:
             sys.stdout.write("\n")
             sys.stdout.flush()
-        except OSError:  # the reader is gone
+        except (OSError, StdoutFailed):  # the reader is gone, or stdout failed
             pass
     err.print("interrupted", highlight=False)
 

@@ -270,3 +270,62 @@ def test_ctrl_c_right_after_a_temporary_is_made_leaves_nothing(tmp_path, monkeyp
     finally:
         signal.signal(signal.SIGINT, before)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- standard output that cannot be written ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_tiny(tmp_path_factory):
+    """A tiny llama with a chat template (``test_chat_cmd.chat_model``)."""
+    from test_chat_cmd import chat_model
+
+    return chat_model(tmp_path_factory.mktemp("stdout") / "m")
+
+
+def _stdout_run(args, stdout, stdin_text="", preexec_fn=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*ENTRY, *args], input=stdin_text, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=300, preexec_fn=preexec_fn, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+
+
+STDOUT_CASES = {"generate": (["generate", "-p", "w5 w6", "--max-new-tokens", "3", "-q"], ""),
+                "generate --json": (["generate", "-p", "w5 w6", "--max-new-tokens", "3", "-q", "--json"], ""),
+                "chat": (["chat", "--max-new-tokens", "3", "-q"], "w7 w8\n"),
+                "tokenize": (["tokenize", "-t", "w5 w6"], "")}
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command", list(STDOUT_CASES))
+def test_a_full_stdout_is_one_error_line(chat_tiny, command):
+    """A tester's `ster chat -q > /dev/full` and `ster generate > /dev/full` ended in an OSError traceback (from
+    input's prompt, cli._write, print); now every write to stdout fails as one error line with status 1."""
+    args, stdin_text = STDOUT_CASES[command]
+    with open("/dev/full", "w") as full:
+        r = _stdout_run([*args, "-m", str(chat_tiny)], full, stdin_text)
+    assert (r.returncode, r.stderr) == (1, "error: cannot write to standard output: No space left on device\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_closed_stdout_is_one_error_line(chat_tiny, command):
+    """`ster generate ... >&-` ended in "AttributeError: 'NoneType' object has no attribute 'isatty'" (Python
+    leaves sys.stdout None); now the first write says stdout is closed."""
+    args, stdin_text = STDOUT_CASES[command]
+    r = _stdout_run([*args, "-m", str(chat_tiny)], None, stdin_text, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot write to standard output: it is closed; "), \
+        r.stderr
+    assert len(r.stderr.splitlines()) == 1
+
+
+def test_a_reader_gone_stays_quiet(chat_tiny):
+    """`ster generate ... | head -c 1`: no error and status 0, as before the guard on stdout."""
+    proc = subprocess.Popen([*ENTRY, "generate", "-m", str(chat_tiny), "-p", "w5", "--max-new-tokens", "40", "-q",
+                             "--temperature", "1", "--seed", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert len(proc.stdout.read(1)) == 1
+        proc.stdout.close()
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (0, b"")
