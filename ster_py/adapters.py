@@ -36,7 +36,7 @@ import numpy as np
 
 from .artifacts import KIND_WORDS, check_model, read_json, sniff
 from .errors import SterError
-from .files import file_kind
+from .files import check_path_name, file_kind
 from .steering import check_model_fields
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -469,7 +469,9 @@ def read_adapter(path: str | Path, wmap: WeightMap) -> LoraAdapter:
 
 
 def _open(path: str | Path) -> tuple[str, Path, Path, dict]:
-    """(layout, JSON file, weights file, the JSON document) of an adapter; refuses other artifacts."""
+    """(layout, JSON file, weights file, the JSON document) of an adapter; refuses other artifacts (and an empty
+    path, which ``Path`` would read as the current directory)."""
+    check_path_name(path, "--adapter")
     layout, side, weights = _locate(Path(path))
     doc = read_json(side, "adapter file")
     kind = sniff(doc, side)

@@ -11,7 +11,9 @@ Help is typer's plain (click) layout rather than its rich panels: at 80 columns
 the panels' seven columns leave the descriptions a third of the width and cut
 long words ("tokenizer_config…", "--no-enable-thin…"); the plain layout wraps
 descriptions under long option names and cuts nothing.
-Presentation only: parsing is typer's, unchanged.
+Presentation, and one check: an option or argument that takes a path (annotated ``Path``, or named FILE or
+ADAPTER) refuses an empty value (``files.check_path_name``) before its command runs, since ``Path("")`` is the
+current directory. Parsing is otherwise typer's, unchanged.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import typer
 from typer._click.core import Context
 from typer._click.formatting import HelpFormatter
 from typer.core import TyperCommand, TyperGroup
+
+from .files import check_path_name
 
 #: Value names by long option (or argument name), saying what the value is; an option not listed here
 #: (and given no ``metavar=``) is named from its type: choices as ``a|b|c``, numbers as ``N`` / ``X``, a
@@ -79,6 +83,24 @@ def _given(param, args: list[str]) -> str | None:
     return None if found is None else found[:40]
 
 
+def _refuse_empty(param) -> None:
+    """Make ``param`` (one taking a path) refuse an empty value as ``check_path_name`` does, naming its option.
+
+    Raises (when parsed):
+        SterError: "--adapter is empty; ..." (``--adapter "$ADAPTER"`` with the variable unset).
+    """
+    process = param.process_value
+    long = [o for o in param.opts if o.startswith("--")]
+    name = long[0] if long else f"the {param.metavar} argument"
+
+    def process_value(ctx, value):
+        if isinstance(value, str) and not value:
+            check_path_name(value, name)
+        return process(ctx, value)
+
+    param.process_value = process_value
+
+
 #: A bracketed note click appends to an option's help: ``[default: no-parse-special]``, ``[required]``.
 _NOTE = re.compile(r"\[(?:default|env var|required)[^\[\]]*\]")
 #: Stand-ins for a note's spaces and hyphens while the text is wrapped (no wrapper breaks at them).
@@ -121,6 +143,9 @@ class _Tidy:
                 p.display_type_rich = lambda ctx: None
             elif p.metavar is None:
                 p.metavar = _value_name(p)
+            desc = getattr(p, "type_descriptor", None)
+            if getattr(desc, "annotation", None) is Path or p.metavar in ("FILE", "ADAPTER"):
+                _refuse_empty(p)
         return params
 
     def parse_args(self, ctx, args):

@@ -160,11 +160,15 @@ def check_path_name(path: str | os.PathLike, what: str) -> None:
         what: the option or role for the message, e.g. ``"--output"``.
 
     Raises:
-        SterError: a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8); a NUL
-            byte (no path holds one: ``os.stat`` and ``open`` raise ValueError, which no caller expects; a
+        SterError: an empty path (``Path("")`` is the current directory: ``--adapter "$UNSET"`` applied whatever
+            adapter was there); a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8); a
+            NUL byte (no path holds one: ``os.stat`` and ``open`` raise ValueError, which no caller expects; a
             command line cannot carry one, but a line piped into ``ster chat`` can).
     """
     raw = os.fsencode(path)
+    if not raw:
+        raise SterError(f"{what} is empty; give a path (an unset shell variable gives an empty value; "
+                        ". names the current directory)")
     shown = os.fsdecode(raw[:60]) + ("..." if len(raw) > 60 else "")
     if b"\0" in raw:
         raise SterError(f"cannot use {what} {shown}: a path cannot hold a NUL byte; give the file's name")

@@ -19,7 +19,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from ster_py.adapters import apply_adapter, load_adapter_for
+from ster_py.adapters import apply_adapter, load_adapter_for, read_adapter
 from ster_py.errors import SterError
 from ster_py.load import load_model
 from ster_py.tune.merge import merge_adapter
@@ -589,3 +589,19 @@ def test_an_adapter_path_that_is_a_fifo_or_a_device_says_so(tmp_path):
     for adapter, words in cases.items():
         r = ster("generate", "--model", str(tmp_path / "m"), "-q", "-p", "w10", "--adapter", str(adapter))
         assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and words in r.stderr, (adapter, r.stderr)
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", PROMPT, "--max-new-tokens", "2"], ["chat"], ["serve"],
+                                     ["tune", "merge", "--output", "merged"]])
+def test_an_empty_adapter_is_refused_not_read_as_the_current_directory(f32_case, command):
+    """`--adapter "$ADAPTER"` with the variable unset was Path("") = the current directory: run there, generate
+    applied the adapter it held without a word (and tune merge merged it). Now "--adapter is empty" before
+    anything loads."""
+    base_dir, adapter_dir, *_ = f32_case
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *command,
+                        "--model", str(base_dir), "--adapter", ""], input="w5\n", cwd=adapter_dir,
+                       capture_output=True, text=True, timeout=120)   # serve, given the adapter, serves on
+    assert r.returncode == 1 and r.stderr.startswith("error: --adapter is empty; give a path"), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (adapter_dir / "merged").exists()
+    with pytest.raises(SterError, match="--adapter is empty"):   # the library's own check
+        read_adapter("", None)

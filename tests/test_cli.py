@@ -315,3 +315,49 @@ def test_every_command_module_imports_first(module):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "'serve'" in r.stdout and "'convert'" in r.stdout and "'chat'" in r.stdout
+
+
+@pytest.mark.parametrize("args, option", [
+    (["chat", "-m", "MODEL", "--messages", ""], "--messages"),
+    (["template", "render", "-m", "MODEL", "--messages", ""], "--messages"),
+    (["template", "render", "-m", "MODEL", "--messages", "-", "--tools", ""], "--tools"),
+    (["generate", "-m", "MODEL", "-p", "w5", "--tools", ""], "--tools"),
+    (["generate", "-m", "MODEL", "--prompt-file", ""], "--prompt-file"),
+    (["tokenize", "-m", "MODEL", "--file", ""], "--file"),
+    (["capture", "-m", "MODEL", "-p", "w5", "--output", ""], "--output"),
+    (["vector", "export", "", "--output", "v.gguf"], "the VECTOR argument"),
+])
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(tiny_llama, tmp_path, args, option):
+    """``--messages ""`` said "the messages file . is a directory": an unset shell variable became the current
+    directory. Every option taking a path now refuses an empty value in one place (cli_help), naming it."""
+    args = [str(tiny_llama[0]) if a == "MODEL" else a for a in args]
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, input="[]")
+    assert r.returncode == 1 and r.stderr == f"error: {option} is empty; give a path (an unset shell variable " \
+        "gives an empty value; . names the current directory)\n", r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_path_option_refuses_an_empty_value():
+    """Each option or argument annotated Path, or named FILE or ADAPTER, in every command."""
+    from pathlib import Path
+
+    import typer
+    from typer._click.core import Context
+
+    from ster_py.cli import app
+    from ster_py.errors import SterError
+
+    def commands(group):
+        for sub in group.commands.values():
+            yield from commands(sub) if hasattr(sub, "commands") else [sub]
+
+    seen = []
+    for cmd in commands(typer.main.get_command(app)):
+        for p in cmd.get_params(Context(cmd)):
+            desc = getattr(p, "type_descriptor", None)
+            if getattr(desc, "annotation", None) is Path or p.metavar in ("FILE", "ADAPTER"):
+                seen.append(p.name)
+                with pytest.raises(SterError, match="is empty; give a path"):
+                    p.process_value(Context(cmd), "")
+    assert {"adapter", "messages", "tools", "output", "vector", "prompt_file", "positive"} <= set(seen)
