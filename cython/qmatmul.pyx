@@ -114,13 +114,15 @@ cdef int _simd_ok = min(ster_cpu_level(), _level_cap())
 cdef int _simd = _simd_ok
 cdef int _int16 = 1
 cdef int _read_ahead = 1
-# $STER_INTERLEAVE=0 keeps quantized rows where they are (A/B benchmarks; see set_interleave)
+# $STER_INTERLEAVE=0 keeps quantized rows where they are (A/B benchmarks; see set_interleave); any other value is
+# the default, on (check_kernel_env refuses values but 0 and 1)
 cdef int _interleave = os.environ.get("STER_INTERLEAVE", "1").strip() != "0"
 cdef int _background_copies = 1
-# $STER_BF16_INPUTS=0 keeps float32 inputs for bfloat16 matrices' prefill, =1 rounds them; unset, they are
-# rounded where vdpbf16ps beats the float32 tile (see set_bf16_inputs)
+# $STER_BF16_INPUTS=0 keeps float32 inputs for bfloat16 matrices' prefill, =1 rounds them; unset (or any other
+# value, which check_kernel_env refuses before a model loads), they are rounded where vdpbf16ps beats the float32
+# tile (see set_bf16_inputs). "false" or "off" once turned the rounding on.
 _env_bf16 = os.environ.get("STER_BF16_INPUTS", "").strip()
-cdef int _bf16_inputs = (_env_bf16 != "0") if _env_bf16 else ster_cpu_fast_bf16_dot()
+cdef int _bf16_inputs = 1 if _env_bf16 == "1" else 0 if _env_bf16 == "0" else ster_cpu_fast_bf16_dot()
 #: Whether ``set_bf16_inputs`` starts on in this process ($STER_BF16_INPUTS, or the CPU).
 BF16_INPUTS_DEFAULT = bool(_bf16_inputs)
 # Below this many weights a product runs on one thread: waking the team costs more.

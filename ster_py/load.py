@@ -81,10 +81,13 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
 
     Raises:
         SterError: anything the user can fix: a refused model, a missing file, a bad tensor;
-            whatever ``check`` raises; ``quantize`` for a GGUF model or of an unknown kind.
+            whatever ``check`` raises; ``quantize`` for a GGUF model or of an unknown kind; a kernel
+            setting ($STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS, $STER_BF16_INPUTS) the kernels
+            would not understand (``check_kernel_env``).
     """
-    from .decoder.qlinear import QUANTIZE_TYPES
+    from .decoder.qlinear import QUANTIZE_TYPES, check_kernel_env
 
+    check_kernel_env()  # STER_BF16_INPUTS=false would otherwise pass for a setting (it is the CPU's default)
     precision_dtype(precision)  # refuse a bad precision before touching anything
     if quantize is not None and quantize not in QUANTIZE_TYPES:
         raise SterError(f"--quantize must be one of {', '.join(QUANTIZE_TYPES)}, got {quantize!r}")

@@ -271,6 +271,16 @@ def test_unknown_kernel_settings_are_refused_by_the_cli(tiny_llama, name, value)
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.parametrize("name,value", [("STER_SIMD_LEVEL", "avx9000"), ("STER_INTERLEAVE", "maybe"),
+                                        ("STER_F32_PANELS", "yes"), ("STER_BF16_INPUTS", "false")])
+def test_unknown_kernel_settings_are_refused_by_load_model(tiny_llama, monkeypatch, name, value):
+    """The library read STER_BF16_INPUTS=false (or off, or 2) as on; load_model now refuses what the CLI refuses."""
+    path, _ = tiny_llama
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SterError, match=f"^{name} must be "):
+        load_model(str(path))
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", "99999999999999999999"])
 def test_bad_ster_threads_is_refused_by_the_cli(tiny_llama, value):
     import os

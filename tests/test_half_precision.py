@@ -134,8 +134,8 @@ def test_bf16_input_tile_follows_its_definition():
 def test_bf16_inputs_env_turns_the_rounding_off():
     """$STER_BF16_INPUTS=0 starts a process with the bfloat16 rounding off (A/B runs) and =1 with it on wherever
     the CPU has AVX512_BF16; unset, it is on where vdpbf16ps outruns the float32 tile: AMD's cores, not Intel's
-    (the vendor read here from /proc/cpuinfo, not from the kernels' own check). ``float_activations`` turns it
-    off and restores it."""
+    (the vendor read here from /proc/cpuinfo, not from the kernels' own check); any other value as unset.
+    ``float_activations`` turns it off and restores it."""
     import os
     import subprocess
     import sys
@@ -147,7 +147,10 @@ def test_bf16_inputs_env_turns_the_rounding_off():
     with open("/proc/cpuinfo") as f:
         amd = any(line.split(":")[-1].strip() == "AuthenticAMD" for line in f if line.startswith("vendor_id"))
     fast = has and amd
-    for value, want in (("0", "False False False"), ("1", f"{has} False {has}"), (None, f"{fast} False {fast}")):
+    # a value check_kernel_env refuses is the default here (the library read "false", "off" and "2" as on)
+    for value, want in (("0", "False False False"), ("1", f"{has} False {has}"), (None, f"{fast} False {fast}"),
+                        ("false", f"{fast} False {fast}"), ("off", f"{fast} False {fast}"),
+                        ("2", f"{fast} False {fast}")):
         env = {k: v for k, v in os.environ.items() if k != "STER_BF16_INPUTS"}
         if value is not None:
             env["STER_BF16_INPUTS"] = value
