@@ -597,10 +597,13 @@ def generate(
                             "acceptance_rate": result.acceptance_rate}
         if logprobs is not None:
             tok = loaded.tokenizer
-            doc["logprobs"] = [{"id": e["id"], "token": tok.decode([e["id"]], skip_special_tokens=False),
-                                "logprob": e["logprob"],
-                                "top": [{"id": i, "token": tok.decode([i], skip_special_tokens=False), "logprob": lp}
-                                        for i, lp in e["top"]]} for e in result.logprobs]
+
+            def token(i: int, lp: float) -> dict:  # the token's own piece (Tokenizer.token_bytes) and its text
+                return {"id": i, "token": tok.token_text(i), "bytes": list(tok.token_bytes(i)), "logprob": lp}
+
+            # one entry per generated id (``ids``), the end token and tokens cut at --stop included
+            doc["logprobs"] = [{**token(e["id"], e["logprob"]), "top": [token(i, lp) for i, lp in e["top"]]}
+                               for e in result.logprobs]
         print(json.dumps(doc, ensure_ascii=False, indent=2))
         return
     if state["wrote"]:  # close the streamed line; an empty reply leaves stdout empty

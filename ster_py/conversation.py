@@ -13,6 +13,7 @@ events as they stream. The result is a ``Reply``.
 """
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -89,7 +90,11 @@ class Reply:
             stopped it).
         reasoning_tokens: new tokens generated inside a reasoning block.
         logprobs: with ``sampling.logprobs``, the entries (``Generation.logprobs``) of the new tokens whose
-            text is in the reply: not the end token, nor tokens cut off at a stop string.
+            text is in the reply's content: not the end token, nor tokens cut off at a stop string, nor
+            reasoning (its markers included) or tool-call tokens. Each entry also has ``offset``: where the
+            token's piece (``Tokenizer.token_bytes``) begins in the decoded reply, in characters (a token
+            inside a multi-byte character: that character's; a space the decoder drops at the reply's
+            start is not counted).
     """
 
     prompt_text: str
@@ -226,8 +231,8 @@ class Session:
             cancelled: polled between the decoder's layers during the prompt's prefill and after each
                 token; True stops the reply (finish_reason "cancelled").
             on_logprobs: with ``sampling.logprobs``, called with the logprobs entry
-                (``generate.generate``'s) of each new token whose text is in the reply, before that
-                text is parsed (``Reply.logprobs``).
+                (``generate.generate``'s, with ``offset``) of each new token whose text is in the reply's
+                content, before that text's events are passed on (``Reply.logprobs``).
             raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
                 read as plain text); ``messages`` is then unused.
 
@@ -252,18 +257,30 @@ class Session:
         stream = StreamDecoder(self.loaded.tokenizer)
         cut = StopStrings(stops)
         events: list[Event] = []
-        state = {"reasoning": 0, "cancelled": False, "fed": 0, "shown": 0}
+        state = {"reasoning": 0, "cancelled": False, "fed": 0, "shown": 0, "chars": 0, "strip": None, "head": ""}
         entries: list[dict] = []   # the new tokens' logprobs entries
         starts: list[int] = []     # where each new token's text begins in the decoded reply
-        shown: list[dict] = []     # the entries of the tokens whose text passed the stop strings
+        counts: list[int] = []     # the characters the pieces before each new token make (see Reply.logprobs)
+        passed: list[bool] = []    # for each token whose text passed the stop strings: is it content?
+        shown: list[dict] = []     # the entries of the content tokens among those
+        pieces = codecs.getincrementaldecoder("utf-8")("replace")
+        tok = self.loaded.tokenizer
 
-        def show(piece: str) -> None:
-            """Count ``piece`` as shown, then pass on the entries of the tokens whose text it reaches."""
+        def settle(decoded: str) -> None:
+            """Once the reply's text begins: does its decoder drop the space its first piece begins with?"""
+            if state["strip"] is None and decoded:
+                state["strip"] = int(state["head"].startswith(" ") and not decoded.startswith(" "))
+
+        def show(piece: str, content: bool) -> None:
+            """Count ``piece`` as shown, then pass on the entries of the content tokens whose text it reaches."""
             state["shown"] += len(piece)
-            while len(shown) < min(len(starts), len(entries)) and starts[len(shown)] < state["shown"]:
-                shown.append(entries[len(shown)])
-                if on_logprobs is not None:
-                    on_logprobs(shown[-1])
+            while len(passed) < min(len(starts), len(entries)) and starts[len(passed)] < state["shown"]:
+                passed.append(content)
+                if content:
+                    k = len(passed) - 1
+                    shown.append({**entries[k], "offset": max(0, counts[k] - (state["strip"] or 0))})
+                    if on_logprobs is not None:
+                        on_logprobs(shown[-1])
 
         def emit(evs: list[Event]) -> None:
             for e in evs:
@@ -278,10 +295,18 @@ class Session:
             decoded = stream.feed(token)
             starts.append(state["fed"])
             state["fed"] += len(decoded)
+            if entries:  # logprobs asked for: the pieces' character counts
+                counts.append(state["chars"])
+                text = pieces.decode(tok.token_bytes(token))
+                state["chars"] += len(text)
+                if state["strip"] is None:
+                    state["head"] += text
+                settle(decoded)
             piece, stopped = cut.feed(decoded)
-            show(piece)
-            if piece:
-                emit(parser.feed(piece))
+            was_text = parser.in_text
+            evs = parser.feed(piece) if piece else []
+            show(piece, was_text and parser.in_content)
+            emit(evs)
             if parser.in_thinking:
                 state["reasoning"] += 1
             if stopped:
@@ -297,10 +322,14 @@ class Session:
         if gen.stop_reason == "cancelled":  # during the prefill
             state["cancelled"] = True
         if not cut.stopped:
-            tail, _ = cut.feed(stream.flush())
+            flushed = stream.flush()
+            settle(flushed)
+            tail, _ = cut.feed(flushed)
             tail += cut.flush()
-            show(tail)
-            emit(parser.feed(tail))
+            was_text = parser.in_text
+            evs = parser.feed(tail)
+            show(tail, was_text and parser.in_content)
+            emit(evs)
         emit(parser.finish())
         out = Reply(text, ids, gen, events, reasoning_tokens=state["reasoning"], logprobs=shown)
         if state["cancelled"]:

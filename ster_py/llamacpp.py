@@ -16,7 +16,7 @@ every CPU has in common, and the logits compared against are the same ones whate
 the host.
 
 Protocol: ``python -m ster_py.llamacpp REQUEST.json``; the request names the job
-(``logits``, ``logits_of_files``, ``quantize``, ``greedy``, ``tokenize`` or ``perplexity``) and a result path; the
+(``logits``, ``logits_of_files``, ``quantize``, ``greedy``, ``tokenize``, ``pieces`` or ``perplexity``) and a result path; the
 child writes the result there (an ``.npz`` of arrays, or the quantized file) and exits 0. Its stderr (llama.cpp's log) is
 kept and its last lines are quoted when it fails.
 """
@@ -238,6 +238,23 @@ def tokenize(gguf_file: str | os.PathLike, texts: Sequence[str], *, add_special:
             return [[int(t) for t in z[f"t{i}"]] for i in range(len(texts))]
 
 
+def pieces(gguf_file: str | os.PathLike, ids: Sequence[int], *, timeout: float = DEFAULT_TIMEOUT
+           ) -> list[bytes]:
+    """llama.cpp's piece of each id (``llama_token_to_piece`` with ``special`` on, no ``lstrip``) with the
+    vocabulary of ``gguf_file``.
+
+    Raises:
+        SterError: as ``logits``.
+    """
+    require()
+    with tempfile.TemporaryDirectory(prefix="ster-llamacpp-out-") as tmp:
+        out = Path(tmp) / "pieces.npz"
+        _run({"job": "pieces", "model": str(Path(gguf_file).resolve()), "ids": [int(i) for i in ids],
+              "out": str(out)}, f"reading the pieces of {gguf_file}", timeout)
+        with np.load(out) as z:
+            return [bytes(z[f"p{k}"]) for k in range(len(ids))]
+
+
 def perplexity(gguf_file: str | os.PathLike, text: str, n_ctx: int = 512, *, max_chunks: int | None = None,
                threads: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> dict:
     """llama-perplexity's computation, run by llama.cpp on ``text``.
@@ -435,14 +452,35 @@ def _tokens(L, vocab, text: str, add_special: bool, parse_special: bool) -> np.n
     return np.asarray(buf[:n], np.int64)
 
 
-def _child_tokenize(L, req: dict) -> None:
+def _load_vocab(L, path: str):
+    """(model, vocabulary) of a GGUF file loaded with ``vocab_only`` (no weights); the model is to be freed."""
     params = L.llama_model_default_params()
     params.vocab_only = True
-    model = L.llama_model_load_from_file(req["model"].encode(), params)
+    model = L.llama_model_load_from_file(path.encode(), params)
     if not model:
-        _fail(f"llama.cpp could not load the vocabulary of {req['model']}")
-    vocab = L.llama_model_get_vocab(model)
+        _fail(f"llama.cpp could not load the vocabulary of {path}")
+    return model, L.llama_model_get_vocab(model)
+
+
+def _child_tokenize(L, req: dict) -> None:
+    model, vocab = _load_vocab(L, req["model"])
     out = {f"t{i}": _tokens(L, vocab, t, req["add_special"], req["parse_special"]) for i, t in enumerate(req["texts"])}
+    L.llama_model_free(model)
+    np.savez(req["out"], **out)
+
+
+def _child_pieces(L, req: dict) -> None:
+    import ctypes
+
+    model, vocab = _load_vocab(L, req["model"])
+    out = {}
+    for k, token in enumerate(req["ids"]):
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+        out[f"p{k}"] = np.frombuffer(buf.raw[:n], np.uint8)
     L.llama_model_free(model)
     np.savez(req["out"], **out)
 
@@ -499,7 +537,7 @@ def _child(request_path: str) -> None:
     L.llama_backend_init()
     jobs = {"logits": _child_logits, "quantize": _child_quantize, "greedy": _child_greedy,
             "logits_of_files": _child_logits_of_files,
-            "tokenize": _child_tokenize, "perplexity": _child_perplexity}
+            "tokenize": _child_tokenize, "pieces": _child_pieces, "perplexity": _child_perplexity}
     jobs[req["job"]](L, req)
 
 

@@ -248,6 +248,17 @@ class ReplyParser:
         """The reply is inside a reasoning block now (what was fed so far)."""
         return self._state == _THINK
 
+    @property
+    def in_text(self) -> bool:
+        """The reply is in its text now: not inside a reasoning block or a tool call."""
+        return self._state == _TEXT
+
+    @property
+    def in_content(self) -> bool:
+        """``in_text``, and past the white space a marker's end drops (``</think>\\n\\n``): what is fed now
+        is the reply's content."""
+        return self._state == _TEXT and not self._lstrip
+
     # -- emission with whitespace trimmed next to markers
 
     def _emit(self, kind: str, text: str) -> None:

@@ -292,30 +292,47 @@ class Server:
         return self.logprobs_of(reply.logprobs, chat, len(reply.prompt_text))
 
     def logprobs_of(self, entries: list[dict], chat: bool, offset: int = 0) -> dict | None:
-        """Tokens' logprobs entries (``generate.Generation.logprobs``) in an endpoint's shape, or None for
-        none: chat's ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``, or the
-        completions' ``{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}``
-        (offsets in characters of the prompt and completion, the first at ``offset``)."""
+        """Tokens' logprobs entries (``Reply.logprobs``) in an endpoint's shape, or None for none: chat's
+        ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``, or the completions'
+        ``{"tokens", "token_logprobs", "top_logprobs": [{key: logprob}], "text_offset"}``. A token's
+        ``bytes`` are its own piece (``Tokenizer.token_bytes``: ``▁world`` is b" world"), its ``token`` that
+        piece's text (U+FFFD for bytes that are not UTF-8); ``text_offset`` is ``offset`` (the prompt's
+        length) plus the entry's character offset in the reply; a ``top_logprobs`` key is ``logprob_key``'s."""
         if not entries:
             return None
         tok = self.session.loaded.tokenizer
 
-        def text(i: int) -> str:
-            return tok.decode([i], skip_special_tokens=False)
-
         if not chat:
-            tokens = [text(e["id"]) for e in entries]
-            offsets = [offset + sum(map(len, tokens[:k])) for k in range(len(tokens))]
-            return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-                    "top_logprobs": [{text(i): lp for i, lp in e["top"]} for e in entries],
-                    "text_offset": offsets}
+            return {"tokens": [tok.token_text(e["id"]) for e in entries],
+                    "token_logprobs": [e["logprob"] for e in entries],
+                    "top_logprobs": [top_logprobs_by_key(tok, e["top"]) for e in entries],
+                    "text_offset": [offset + e.get("offset", 0) for e in entries]}
 
         def entry(i: int, lp: float) -> dict:
-            piece = text(i)
-            return {"token": piece, "logprob": lp, "bytes": list(tok.token_bytes(i))}
+            return {"token": tok.token_text(i), "logprob": lp, "bytes": list(tok.token_bytes(i))}
 
         return {"content": [{**entry(e["id"], e["logprob"]), "top_logprobs": [entry(i, lp) for i, lp in e["top"]]}
                             for e in entries]}
+
+
+def logprob_key(piece: bytes) -> str:
+    """A completions ``top_logprobs`` key: the piece's text, or, for bytes that are not UTF-8 (part of a
+    character), OpenAI's ``bytes:\\xe3\\x81`` form, so that such alternatives do not all read U+FFFD."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
+
+
+def top_logprobs_by_key(tok, top: list[tuple[int, float]]) -> dict[str, float]:
+    """``{logprob_key(piece): logprob}`` of (id, logprob) alternatives; of distinct tokens with the same key
+    (an added token spelled as a piece is) the higher logprob is kept."""
+    out: dict[str, float] = {}
+    for i, lp in top:
+        key = logprob_key(tok.token_bytes(i))
+        if key not in out or lp > out[key]:
+            out[key] = lp
+    return out
 
 
 def _tool_call(call: dict, index: int | None = None) -> dict:
@@ -643,17 +660,15 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
         gone = threading.Event()
         obj_chunk = "chat.completion.chunk" if chat else "text_completion"
         pending: list[dict] = []          # logprobs entries of the tokens not yet sent (the worker's)
-        offset = [len(args.get("raw") or "")]
+        prompt_length = len(args.get("raw") or "")   # the completions' text_offset counts from the prompt's end
 
         def put(data) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, data)
 
         def take() -> dict | None:
             """The logprobs of the tokens since the last chunk: each chunk carries its own tokens'."""
-            out = server.logprobs_of(pending, chat, offset[0])
+            out = server.logprobs_of(pending, chat, prompt_length)
             pending.clear()
-            if out is not None and not chat:
-                offset[0] = out["text_offset"][-1] + len(out["tokens"][-1])
             return out
 
         def chunk(delta_or_text, finish=None, usage=None, logprobs=None) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import tokenizers
 from tokenizers import AddedToken
@@ -125,6 +125,8 @@ class Tokenizer:
             self.bos_token_id is not None and len(probe) > 0 and probe[0] == self.bos_token_id
         )
         self._byte_token_ids: frozenset[int] | None = None
+        self._piece_rule: Callable[[str], bytes] | None = None  # token_bytes' spelling -> piece
+        self._added_texts: dict[int, str] = {}
 
     @property
     def chat_templates(self) -> dict[str, str]:
@@ -353,20 +355,31 @@ class Tokenizer:
         return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The raw UTF-8 bytes of one token (OpenAI's logprobs ``bytes``): its decoded text's, but for a token
-        that is part of a multi-byte character (``decode`` gives U+FFFD) the byte of a byte-fallback token
-        (``<0xE2>``) or the bytes a byte-level BPE spelling stands for."""
-        text = self.decode([token_id])
-        if "\ufffd" not in text:
-            return text.encode("utf-8")
-        if int(token_id) in self.byte_token_ids:
-            return bytes([int(self.id_to_token(token_id)[3:5], 16)])
-        from .tiktoken_bpe import BYTE_OF
+        """One token's own piece (OpenAI's logprobs ``bytes``), as llama.cpp's ``token_to_piece`` gives it
+        with ``special`` on: an added (special or user-defined) token's text; a byte-fallback token's byte
+        (``<0xE2>`` -> ``b"\\xe2"``); a byte-level BPE spelling's bytes; a SentencePiece piece with ▁ read as a
+        space (``▁world`` -> ``b" world"``: the decoder's strip of a leading space applies to a text's start,
+        not to a token); a WordPiece continuation without its ``##``, a word-initial piece with a space in
+        front (llama.cpp's phantom space). The pieces of a generation joined are its text's bytes (but for
+        a space a decoder strips at the very start). An id outside the vocabulary gives b"".
 
-        spelling = self.id_to_token(token_id) or ""
-        if spelling and all(c in BYTE_OF for c in spelling):
-            return bytes(BYTE_OF[c] for c in spelling)
-        return text.encode("utf-8")
+        The rule is read from the backend's decoder (``tokenizers`` decoder JSON: ByteLevel, WordPiece,
+        Metaspace, Replace, ByteFallback, BPEDecoder) once, then applied to ``id_to_token``'s spelling.
+        """
+        i = int(token_id)
+        if self._piece_rule is None:
+            self._added_texts = {k: t.content for k, t in self.tk.get_added_tokens_decoder().items()}
+            self._piece_rule = _piece_rule(self.tk)
+        added = self._added_texts.get(i)
+        if added is not None:
+            return added.encode("utf-8")
+        spelling = self.tk.id_to_token(i) if 0 <= i < self.vocab_size else None
+        return b"" if spelling is None else self._piece_rule(spelling)
+
+    def token_text(self, token_id: int) -> str:
+        """``token_bytes`` as text, bytes that are not UTF-8 (part of a character) as U+FFFD: the logprobs
+        ``token`` string of ``ster serve`` and ``ster generate --json``."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def stream_decoder(self, skip_special_tokens: bool = False) -> "StreamDecoder":
         """A fresh incremental detokenizer for one generated sequence."""
@@ -511,6 +524,73 @@ class StreamDecoder:
 
 
 # ------------------------------------------------------------------ helpers
+
+def _piece_rule(tk: Any) -> Callable[[str], bytes]:
+    """A vocabulary spelling -> its token's own bytes, by the backend's decoder (``Tokenizer.token_bytes``).
+
+    ``tokenizers``' decoders, per token: ByteLevel maps each character of the GPT-2 byte alphabet back to
+    its byte; WordPiece drops the continuation prefix and puts a space before a word-initial piece (as the
+    decoder does for every piece but the first, and llama.cpp's WPM pieces are spelled); Metaspace and
+    Replace turn ▁ into a space; ByteFallback reads ``<0xXX>`` as that byte; BPEDecoder's end-of-word
+    suffix is a space; without a decoder, tokens are joined with spaces (a space before each). Strip and
+    Fuse act on a whole text and are left out. The GGUF SentencePiece
+    tokenizer (``gguf.sentencepiece_bpe``, no decoder object) decodes as Replace(▁, " ") + ByteFallback.
+    """
+    import re
+
+    if not hasattr(tk, "decoder"):
+        steps = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}]
+    elif tk.decoder is None:  # tokenizers joins the pieces with spaces
+        return lambda spelling: (" " + spelling).encode("utf-8")
+    else:
+        steps = [json.loads(tk.decoder.__getstate__())]
+    flat: list[dict] = []
+    while steps:
+        step = steps.pop(0)
+        if step.get("type") == "Sequence":
+            steps = list(step.get("decoders") or []) + steps
+        else:
+            flat.append(step)
+    kinds = [step.get("type") for step in flat]
+    if "ByteLevel" in kinds:
+        from .tiktoken_bpe import BYTE_OF
+
+        def byte_level(spelling: str) -> bytes:
+            return b"".join(bytes([BYTE_OF[c]]) if c in BYTE_OF else c.encode("utf-8") for c in spelling)
+
+        return byte_level
+    if "WordPiece" in kinds:
+        prefix = flat[kinds.index("WordPiece")].get("prefix", "##")
+
+        def word_piece(spelling: str) -> bytes:
+            word = spelling[len(prefix):] if spelling.startswith(prefix) else " " + spelling
+            return word.encode("utf-8")
+
+        return word_piece
+    byte_token = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+    def pieced(spelling: str) -> bytes:
+        for step in flat:
+            kind = step.get("type")
+            if kind == "ByteFallback" and byte_token.fullmatch(spelling):
+                return bytes([int(spelling[3:5], 16)])
+            if kind == "Metaspace":
+                spelling = spelling.replace(step.get("replacement", "\u2581"), " ")
+            elif kind == "Replace":
+                pattern, content = step.get("pattern") or {}, step.get("content", "")
+                if "String" in pattern:
+                    spelling = spelling.replace(pattern["String"], content)
+                elif "Regex" in pattern:
+                    try:
+                        spelling = re.sub(pattern["Regex"], content, spelling)
+                    except re.error:  # a pattern Python's re does not read: left as spelled
+                        pass
+            elif kind == "BPEDecoder" and spelling.endswith(step.get("suffix", "</w>")):
+                spelling = spelling[: -len(step.get("suffix", "</w>"))] + " "
+        return spelling.encode("utf-8")
+
+    return pieced
+
 
 
 def _guarded(call, what: str, advice: str = "") -> Any:

@@ -1102,3 +1102,37 @@ def test_mutated_charsmaps_are_refused_or_work_never_panic():
         for text in texts:
             tk.encode(text)  # a panic here would be a BaseException that fails the test
     assert 0 < refused < 80
+
+
+#: Token types whose piece llama.cpp's token_to_piece gives (UNUSED ones it gives as nothing).
+_PIECE_TYPES = (1, 2, 3, 4, 6)  # NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", sorted(VECTOR_VOCABS) + sorted(BUILD_ONLY_VOCABS) + ["nomic-bert-moe"])
+def test_token_pieces_equal_llama_cpp_token_to_piece(llama_vocab_dir, name):
+    """``Tokenizer.token_bytes`` (the logprobs ``bytes``, and their text the ``token``) against llama.cpp's
+    ``llama_token_to_piece`` (special on): the first 300 ids, the last 100 and 1,500 at random. Decoding a
+    token alone dropped the space of SentencePiece's word-initial pieces (llama-spm, phi-3, baichuan,
+    nomic-bert-moe gave b"world" for ``▁world``) and of WordPiece's (bert-bge). llama.cpp spells a
+    byte-level character outside GPT-2's byte map as ``[UNK_BYTE_0x...]``; ster keeps the character."""
+    import random
+
+    from ster_py import llamacpp
+    from ster_py.load import load_tokenizer
+
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is not installed")
+    path = llama_vocab_dir / f"ggml-vocab-{name}.gguf"
+    tok = load_tokenizer(str(path))
+    types = np.asarray(_read_metadata(str(path)).get("tokenizer.ggml.token_type", [1] * tok.vocab_size))
+    n = tok.vocab_size
+    ids = sorted({*range(min(n, 300)), *random.Random(0).sample(range(n), min(n, 1500)), *range(max(0, n - 100), n)})
+    ids = [i for i in ids if int(types[i]) in _PIECE_TYPES]
+    want = llamacpp.pieces(path, ids)
+    bad = [(i, tok.id_to_token(i), tok.token_bytes(i), w) for i, w in zip(ids, want)
+           if tok.token_bytes(i) != w and not w.startswith(b"[UNK_BYTE_0x")]
+    assert not bad, bad[:5]
+    words = tok.encode("Hello world again", add_special_tokens=False)
+    assert b"".join(tok.token_bytes(i) for i in words).strip() == b"hello world again" if name == "bert-bge" \
+        else b"".join(tok.token_bytes(i) for i in words).lstrip() == b"Hello world again"

@@ -125,10 +125,12 @@ def test_text_completion_and_logprobs(client, loaded):
     assert reply.choices[0].text == want
     # the completions' own logprobs shape (the openai client reads tokens / token_logprobs / top_logprobs)
     lp = reply.choices[0].logprobs
-    pieces = [loaded.tokenizer.decode([e["id"]], skip_special_tokens=False) for e in gen.logprobs]
+    # each token's own piece: this word-level tokenizer (no decoder) puts a space between tokens
+    pieces = [" " + loaded.tokenizer.id_to_token(e["id"]) for e in gen.logprobs]
     assert lp.tokens == pieces and lp.token_logprobs == pytest.approx([e["logprob"] for e in gen.logprobs])
     assert [len(top) for top in lp.top_logprobs] == [3] * len(pieces)
-    assert lp.text_offset == [len("w7 w8 w9") + len("".join(pieces[:k])) for k in range(len(pieces))]
+    # where each token's piece begins in prompt + text (the first one's space is not in the text)
+    assert lp.text_offset == [len("w7 w8 w9") + max(0, len("".join(pieces[:k])) - 1) for k in range(len(pieces))]
     chat = client.chat.completions.create(model="tiny", messages=_messages(PROMPTS[3]), max_tokens=4, logprobs=True,
                                           top_logprobs=2)
     content = chat.choices[0].logprobs.content
@@ -325,7 +327,7 @@ def test_streamed_logprobs_come_with_their_chunks(client):
             continue
         entries = c.choices[0].logprobs.content if c.choices[0].logprobs is not None else []
         if c.choices[0].delta.content:
-            assert [e.token for e in entries] == c.choices[0].delta.content.split()   # one word, one token
+            assert [e.token.strip() for e in entries] == c.choices[0].delta.content.split()   # one word, one token
         got += entries
     assert [e.token for e in got] == [e.token for e in whole]
     assert [e.logprob for e in got] == pytest.approx([e.logprob for e in whole], abs=1e-4)
@@ -336,7 +338,7 @@ def test_streamed_logprobs_come_with_their_chunks(client):
     for c in client.completions.create(stream=True, **kw):
         lp = c.choices[0].logprobs
         if c.choices[0].text:
-            assert lp is not None and lp.tokens == c.choices[0].text.split()
+            assert lp is not None and [t.strip() for t in lp.tokens] == c.choices[0].text.split()
         if lp is not None:
             tokens += lp.tokens
             offsets += lp.text_offset
@@ -429,11 +431,10 @@ TOOL_WORDS = ["<tool_call>", '{"name":', '"get_weather",', '"arguments":', '{"ci
 def in_process(tmp_path_factory):
     """A tiny model with tool markup in its vocabulary (ids 100...) and a 4096-position context,
     served in a thread; yields (base url, Server)."""
-    import uvicorn
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from ster_py.conversation import Session
-    from ster_py.server import Server, build_app
+    from ster_py.server import Server
 
     path = tmp_path_factory.mktemp("tools")
     make_checkpoint(path, "llama", max_position_embeddings=4096)
@@ -454,15 +455,28 @@ def in_process(tmp_path_factory):
     follow = dict(zip(chain, chain[1:]))
     loaded.decoder = Scripted(loaded.decoder, follow)
     server = Server(Session(loaded), "tools")
+    with _in_thread(server) as url:
+        yield url, server
+
+
+@contextlib.contextmanager
+def _in_thread(server):
+    """``server`` (a ``Server``) on uvicorn in a thread, on a free loopback port; yields its base url."""
+    import uvicorn
+
+    from ster_py.server import build_app
+
     sock = socket.create_server(("127.0.0.1", 0))
     srv = uvicorn.Server(uvicorn.Config(build_app(server), log_level="error"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not srv.started:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
-    srv.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -914,6 +928,138 @@ def test_logprobs_cover_only_the_content(in_process):
         assert streamed == TOOL_WORDS[:n]
         text = client.completions.create(model="tools", prompt="w5", max_tokens=20, logprobs=1, stop=stop)
         assert [t.strip() for t in text.choices[0].logprobs.tokens] == TOOL_WORDS[:n]
+
+
+#: A SentencePiece-style reply (▁ words, "€" in three byte-fallback tokens) after a reasoning block.
+SPM_REPLY = ["<think>", "▁plan", "</think>", "▁Hello", "▁remote", "<0xE2>", "<0x82>", "<0xAC>", "▁world", "</s>"]
+
+
+class Boosted(Scripted):
+    """``Scripted``, and after some ids a few other ids raised too (close alternatives)."""
+
+    def __init__(self, inner, follow: dict[int, int], extra: dict[int, dict[int, float]]):
+        super().__init__(inner, follow)
+        self.extra = extra
+
+    def forward(self, ids, cache, **kw):
+        out = np.array(super().forward(ids, cache, **kw))
+        for i, bonus in self.extra.get(int(np.asarray(ids)[-1]), {}).items():
+            out[-1, i] += bonus
+        return out
+
+
+@pytest.fixture(scope="module")
+def spm_served(tmp_path_factory):
+    """A tiny model with a Llama-2-style tokenizer (▁ words, byte fallback, a decoder that strips the leading
+    space) and a reasoning template, scripted to write ``SPM_REPLY`` (after the chat prompt's w5, or after a
+    raw prompt "go": from ▁Hello on); after ▁remote the byte tokens <0xE3> and <0xC3> come close to the chosen
+    <0xE2>. Yields (base url, LoadedModel)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from ster_py.conversation import Session
+    from ster_py.server import Server
+
+    path = tmp_path_factory.mktemp("spm")
+    make_checkpoint(path, "llama", vocab_size=320, max_position_embeddings=512)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for word in ["w3", "w4", "w5", "w6", "go", *SPM_REPLY]:
+        vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(["<s>", "</s>", "<think>", "</think>"])
+    tok.save(str(path / "tokenizer.json"))
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    template = "{% if false %}<think></think>{% endif %}" + CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, chat_template=template)))
+    loaded = load_model(str(path))
+    chain = [vocab[w] for w in ["w5", *SPM_REPLY]]
+    follow = {**dict(zip(chain, chain[1:])), vocab["go"]: vocab["▁Hello"]}
+    extra = {vocab["▁remote"]: {vocab["<0xE3>"]: 999.0, vocab["<0xC3>"]: 998.0}}
+    loaded.decoder = Boosted(loaded.decoder, follow, extra)
+    with _in_thread(Server(Session(loaded), "spm")) as url:
+        yield url, loaded
+
+
+def test_logprobs_tokens_are_their_own_pieces(spm_served):
+    """A SentencePiece decoder strips the space a text begins with; decoding each token alone lost the
+    space of every word-initial ▁ token ("remote" for ▁remote, bytes b"remote"), and a byte token of "€"
+    read U+FFFD, one character each, so text_offset went past the text's end. Each token is its own piece
+    (llama.cpp's token_to_piece: " remote", b"\\xe2"), the pieces joined are the text (but for its first
+    space), and text_offset is where each piece begins in prompt + text (the byte tokens at the "€")."""
+    client = openai.OpenAI(base_url=spm_served[0] + "/v1", api_key="unused", max_retries=0)
+    text = "Hello remote€ world"
+    for stream in (False, True):
+        kw = dict(model="spm", prompt="go", max_tokens=20, logprobs=0)
+        if stream:
+            tokens, offsets, got = [], [], ""
+            for c in client.completions.create(stream=True, **kw):
+                got += c.choices[0].text
+                if c.choices[0].logprobs is not None:
+                    tokens += c.choices[0].logprobs.tokens
+                    offsets += c.choices[0].logprobs.text_offset
+        else:
+            choice = client.completions.create(**kw).choices[0]
+            tokens, offsets, got = choice.logprobs.tokens, choice.logprobs.text_offset, choice.text
+        assert got == text
+        assert tokens == [" Hello", " remote", "\ufffd", "\ufffd", "\ufffd", " world"]
+        assert offsets == [2 + k for k in (0, 5, 12, 12, 12, 13)]
+        assert ("go" + text)[offsets[1]:offsets[1] + 7] == " remote" and all(o <= len("go" + text) for o in offsets)
+    content = client.chat.completions.create(model="spm", messages=[{"role": "user", "content": "w3"}],
+                                             max_tokens=20, logprobs=True).choices[0].logprobs.content
+    assert [bytes(e.bytes) for e in content] == [b" Hello", b" remote", b"\xe2", b"\x82", b"\xac", b" world"]
+    assert [e.token for e in content] == [" Hello", " remote", "\ufffd", "\ufffd", "\ufffd", " world"]
+    assert b"".join(bytes(e.bytes) for e in content) == b" " + text.encode()
+
+
+def test_completion_top_logprobs_keep_alternatives_that_decode_alike(spm_served):
+    """top_logprobs is keyed by text: the byte tokens <0xE2>, <0xE3>, <0xC3> all decoded to U+FFFD and
+    collapsed into one key holding the last (lowest) value. A piece that is not UTF-8 is keyed as OpenAI
+    keys it, "bytes:\\xe2"; the chosen token's own logprob is there."""
+    client = openai.OpenAI(base_url=spm_served[0] + "/v1", api_key="unused", max_retries=0)
+    lp = client.completions.create(model="spm", prompt="go", max_tokens=20, logprobs=3).choices[0].logprobs
+    top = lp.top_logprobs[2]   # after ▁remote
+    assert list(top) == ["bytes:\\xe2", "bytes:\\xe3", "bytes:\\xc3"], top
+    assert top["bytes:\\xe2"] == pytest.approx(lp.token_logprobs[2]) and top["bytes:\\xe2"] > top["bytes:\\xc3"]
+    assert list(lp.top_logprobs[0])[0] == " Hello"
+
+
+def test_chat_logprobs_leave_out_the_reasoning(spm_served):
+    """Chat logprobs had entries for <think>, the reasoning tokens and </think>, which are not in
+    ``content`` (the reasoning is in reasoning_content): they cover the content's tokens only, streamed
+    or not."""
+    client = openai.OpenAI(base_url=spm_served[0] + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model="spm", messages=[{"role": "user", "content": "w3"}], max_tokens=20, logprobs=True)
+    reply = client.chat.completions.create(**kw)
+    message = reply.choices[0].message
+    assert message.content == "Hello remote€ world" and message.reasoning_content.strip() == "plan"
+    content = reply.choices[0].logprobs.content
+    assert [e.token for e in content][:2] == [" Hello", " remote"] and len(content) == 6
+    streamed = [e.token for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == [e.token for e in content]
+
+
+def test_generate_json_logprobs_carry_each_tokens_bytes(spm_served, tmp_path):
+    """``ster generate --json --logprobs`` entries had no ``bytes``, so a token inside a character read only
+    U+FFFD: each entry (and each alternative) has its token's own bytes and their text; one entry per
+    generated id, the end token included."""
+    loaded = spm_served[1]
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "--model",
+                        str(loaded.resolved.root), "--prompt", "go w3 w4", "--chat-template", "off",
+                        "--max-new-tokens", "12", "--logprobs", "2", "--json", "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    tok = loaded.tokenizer
+    assert [e["id"] for e in doc["logprobs"]] == doc["ids"]
+    for e in doc["logprobs"]:
+        for t in [e, *e["top"]]:
+            assert t["bytes"] == list(tok.token_bytes(t["id"])) and t["token"] == tok.token_text(t["id"])
+    # random weights over a vocabulary of byte tokens: some token or alternative is part of a character
+    assert any(len(t["bytes"]) == 1 and t["bytes"][0] >= 0x80 and t["token"] == "\ufffd"
+               for e in doc["logprobs"] for t in [e, *e["top"]])
 
 
 def test_private_network_preflights_are_answered(in_process):

@@ -375,16 +375,51 @@ def test_stream_byte_fallback_run_is_held(tiny_pair):
 
 def test_token_bytes_are_the_raw_bytes_of_a_partial_character(tiny_pair):
     """A token that is part of a multi-byte character has its own bytes (OpenAI's logprobs ``bytes``), not
-    the UTF-8 of the U+FFFD it decodes to: a byte-fallback token and a byte-level BPE token; whole
-    tokens' bytes are their text's."""
+    the UTF-8 of the U+FFFD it decodes to: a byte-fallback token and a byte-level BPE token; the pieces
+    joined are the decoded text (but for the space a SentencePiece decoder strips at the start)."""
     sp, bl = tiny_pair
     assert sp.token_bytes(sp.token_to_id("<0xE2>")) == b"\xe2" and sp.decode([sp.token_to_id("<0xE2>")]) == "\ufffd"
     for tok in (sp, bl):
         word = tok.encode(" fox", add_special_tokens=False)
-        assert b"".join(tok.token_bytes(i) for i in word) == tok.decode(word).encode("utf-8")
+        joined, text = b"".join(tok.token_bytes(i) for i in word), tok.decode(word).encode("utf-8")
+        assert joined == text or (tok is sp and joined == b" " + text)
     euro = bl.encode("€", add_special_tokens=False)   # three bytes, no merge: one token each
     assert len(euro) > 1 and all(bl.decode([i]) == "\ufffd" for i in euro)
     assert b"".join(bl.token_bytes(i) for i in euro) == "€".encode("utf-8")
+
+
+def test_token_bytes_keep_the_space_of_a_word_initial_piece(pair):
+    """Each token's piece is its own, as transformers spells it (``convert_ids_to_tokens``): ▁ read as a
+    space, ``<0xXX>`` as that byte, a byte-level spelling through GPT-2's byte map, an added token its
+    text. A SentencePiece decoder's Strip (and Metaspace's prepend "first") drop a space at a text's
+    start only: decoding one token alone lost the space of every word-initial ▁ token (b"world" for
+    ``▁world``). The pieces of a text joined are its bytes, but for the first space."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    ours, theirs = pair
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    added = set(theirs.added_tokens_decoder)
+
+    def expected(i: int) -> bytes:
+        spelling = theirs.convert_ids_to_tokens(i)
+        if i in added:
+            return spelling.encode("utf-8")
+        if isinstance(ours.tk.decoder, decoders.ByteLevel):
+            return bytes(byte_of[c] for c in spelling)
+        if len(spelling) == 6 and spelling.startswith("<0x"):
+            return bytes([int(spelling[3:5], 16)])
+        return spelling.replace("▁", " ").encode("utf-8")
+
+    assert [ours.token_bytes(i) for i in range(ours.vocab_size)] == [expected(i) for i in range(ours.vocab_size)]
+    for text in TEXTS + ["Hello world again", "€ ☃ 中文"]:
+        ids = ours.encode(text, add_special_tokens=False)
+        joined, decoded = b"".join(ours.token_bytes(i) for i in ids), ours.decode(ids).encode("utf-8")
+        assert joined == decoded or joined == b" " + decoded, text
+        assert [ours.token_text(i) for i in ids] == [ours.token_bytes(i).decode("utf-8", "replace") for i in ids]
+    mark = "Ġ" if isinstance(ours.tk.decoder, decoders.ByteLevel) else "▁"
+    word = next(i for i in range(ours.vocab_size)
+                if ours.id_to_token(i).startswith(mark) and ours.id_to_token(i)[1:].isascii() and len(ours.id_to_token(i)) > 2)
+    assert ours.token_text(word) == " " + ours.id_to_token(word)[1:]
 
 
 # ------------------------------------------------------------------ real tokenizers
