@@ -195,6 +195,29 @@ class Session:
         """Ids of a rendered prompt (the template writes any BOS itself)."""
         return self.loaded.tokenizer.encode(text, add_special_tokens=False)
 
+    def prompt(self, messages: list[dict], *, tools: list[dict] | None = None, thinking: bool | None = None,
+               raw: str | None = None) -> tuple[str, list[int]]:
+        """(text, ids) of the prompt ``reply`` would decode: ``messages`` through the template, or ``raw`` with
+        the tokenizer's own BOS rule. It holds no state: a server builds it before a request's turn.
+
+        Raises:
+            ContextFull: the prompt is longer than the context (``prompt.refuse_if_too_long`` before
+                tokenizing it whole, ``generate.check_prompt_fits`` after); SterError: as ``render``.
+        """
+        from .generate import check_prompt_fits, context_limit
+        from .prompt import refuse_if_too_long
+
+        context = context_limit(self.loaded.spec, self.ctx_size)
+        if raw is None:
+            text = self.render(messages, tools=tools, thinking=thinking)
+            refuse_if_too_long(self.loaded.tokenizer, text, context, add_special_tokens=False)
+            ids = self.encode(text)
+        else:
+            refuse_if_too_long(self.loaded.tokenizer, raw, context, add_special_tokens=True)
+            text, ids = raw, self.loaded.tokenizer.encode(raw, add_special_tokens=True)
+        check_prompt_fits(len(ids), self.loaded.spec, self.ctx_size)
+        return text, ids
+
     def prepare(self, messages: list[dict], *, layer_hook=None, key=None, thinking: bool | None = None,
                 cancelled: Callable[[], bool] | None = None) -> int:
         """Prefill a conversation's history ahead of its next turn (``PromptCache.extend``): the
@@ -217,7 +240,8 @@ class Session:
               thinking: bool | None = None, stops: tuple[str, ...] = (), layer_hook=None, key=None,
               on_event: Callable[[Event], None] | None = None,
               cancelled: Callable[[], bool] | None = None, raw: str | None = None,
-              on_logprobs: Callable[[dict], None] | None = None) -> Reply:
+              on_logprobs: Callable[[dict], None] | None = None,
+              prompt: tuple[str, list[int]] | None = None) -> Reply:
         """Answer ``messages`` (OpenAI-shaped dicts).
 
         Args:
@@ -235,24 +259,18 @@ class Session:
                 content, before that text's events are passed on (``Reply.logprobs``).
             raw: a text to continue instead (no template, the tokenizer's own BOS rule, the reply
                 read as plain text); ``messages`` is then unused.
+            prompt: ``self.prompt(messages, tools=..., thinking=..., raw=...)`` of these arguments, when the
+                caller built it already (it is not built again).
 
         Raises:
             SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...).
         """
         from .tokenizer import StreamDecoder
 
-        from .generate import context_limit
-        from .prompt import refuse_if_too_long
-
-        context = context_limit(self.loaded.spec, self.ctx_size)
+        text, ids = prompt if prompt is not None else self.prompt(messages, tools=tools, thinking=thinking, raw=raw)
         if raw is None:
-            text = self.render(messages, tools=tools, thinking=thinking)
-            refuse_if_too_long(self.loaded.tokenizer, text, context, add_special_tokens=False)
-            ids = self.encode(text)
             parser = ReplyParser(self.format, thinking=self.format.starts_thinking(text), tools=bool(tools))
         else:
-            refuse_if_too_long(self.loaded.tokenizer, raw, context, add_special_tokens=True)
-            text, ids = raw, self.loaded.tokenizer.encode(raw, add_special_tokens=True)
             parser = ReplyParser(ReplyFormat(), tools=False)
         stream = StreamDecoder(self.loaded.tokenizer)
         cut = StopStrings(stops)

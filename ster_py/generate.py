@@ -231,6 +231,19 @@ def context_limit(spec, ctx_size: int | None = None) -> float:
     return ctx_size
 
 
+def check_prompt_fits(n_prompt: int, spec, ctx_size: int | None = None) -> None:
+    """Refuse a prompt of ``n_prompt`` tokens that the context (``context_limit``'s) cannot hold.
+
+    Raises:
+        ContextFull: the prompt is longer than the context (the message names both, and ``--ctx-size``
+            when it was given); SterError: as ``context_limit``.
+    """
+    context = context_limit(spec, ctx_size)
+    if n_prompt > context:
+        raise ContextFull(f"the prompt is {n_prompt} tokens, longer than the context of {context} "
+                          "positions; shorten it" + ("" if ctx_size is None else " or raise --ctx-size"))
+
+
 def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] = (),
              *, on_token: Callable[[int], bool | None] | None = None,
              on_logprobs: Callable[[dict], None] | None = None,
@@ -283,9 +296,7 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     rng = np.random.default_rng(sampling.seed)
     out = Generation(prompt_ids=prompt, max_new_tokens=sampling.max_new_tokens)
     context = context_limit(decoder.spec, ctx_size)
-    if len(prompt) > context:
-        raise ContextFull(f"the prompt is {len(prompt)} tokens, longer than the context of {context} "
-                          "positions; shorten it" + ("" if ctx_size is None else " or raise --ctx-size"))
+    check_prompt_fits(len(prompt), decoder.spec, ctx_size)
     if sampling.max_new_tokens == 0:
         return out
     if cache is None:

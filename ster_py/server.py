@@ -115,9 +115,12 @@ class Server:
             return RequestError("the server is shutting down; retry on another or after it restarts", status=503,
                                 code="server_shutting_down", headers={"Retry-After": str(RETRY_AFTER)})
         if self.admitted + coming > self.max_queue + 1:  # the one generating and max_queue waiting
-            waiting = "1 request is" if self.max_queue == 1 else f"{self.max_queue} requests are"
-            return RequestError(f"the server is busy: {waiting} waiting for their turn (ster serve --max-queue); "
-                                "retry later", status=503, code="queue_full",
+            if self.max_queue == 0:
+                busy = "the server is busy with another request and queues none (ster serve --max-queue 0)"
+            else:
+                waiting = "1 request is" if self.max_queue == 1 else f"{self.max_queue} requests are"
+                busy = f"the server is busy: {waiting} waiting for their turn (ster serve --max-queue)"
+            return RequestError(busy + "; retry later", status=503, code="queue_full",
                                 headers={"Retry-After": str(RETRY_AFTER)})
         return None
 
@@ -234,6 +237,26 @@ class Server:
                 raise RequestError("prompt must be a non-empty string", "prompt")
             args["raw"], args["messages"] = prompt, []
         return args
+
+    def build_prompt(self, args: dict) -> None:
+        """Render and tokenize a parsed request's prompt ahead of its turn (``args["prompt"]``, which ``run``
+        passes on), so that a prompt the model refuses gets its 400 before a streamed reply's 200.
+
+        Raises:
+            RequestError: 400, the prompt is longer than the context (code ``context_length_exceeded``, as
+                OpenAI's) or the chat template failed on it.
+        """
+        from .errors import ContextFull
+
+        try:
+            args["prompt"] = self.session.prompt(args["messages"], tools=args.get("tools"),
+                                                 thinking=args.get("thinking"), raw=args.get("raw"))
+            args["messages"] = []   # they are in the prompt now: a request waiting its turn holds them once
+        except ContextFull as e:
+            raise RequestError(self.private(str(e)), "prompt" if "raw" in args else "messages",
+                               code="context_length_exceeded") from None
+        except SterError as e:
+            raise RequestError(self.private(str(e))) from None
 
     def private(self, message: str) -> str:
         """An error message fit for a client: the server's model path (in the tokenizer's and the chat
@@ -462,7 +485,8 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
             ``https://app.example``). A preflight that asks for a method other than GET or POST is refused
             (403) in OpenAI's error shape, as a preflight of another origin is.
         log: called with one line per request when it ends (client, method, path, status, prompt and
-            new tokens, seconds); None logs nothing.
+            new tokens, seconds; status 499 for a client that left before its reply's end, a stream's
+            line once its generation stopped); None logs nothing.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -580,6 +604,7 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
             args = server.parse(body, chat)
             streamed, include_usage = body.get("stream") is True, stream_options_of(body)
             del body   # what waits for its turn is what the reply needs
+            await run_in_threadpool(server.build_prompt, args)   # refused here, before a stream's 200
             turn = server.admit()
         except RequestError as e:
             return fail(e)
@@ -591,6 +616,9 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         if streamed:
+            # How the stream ends, for the request's log line: its worker (the tokens are counted when it ends)
+            # and whether the reply was sent whole.
+            request.scope["ster.stream"] = {"worker": None, "ended": False}
             return TurnStream(turn, stream(args, rid, created, obj, chat, include_usage, turn, request.scope),
                               media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -730,9 +758,11 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
                 yield chunk({"role": "assistant", "content": ""})
             turn.started = True
             thread.start()
+            scope["ster.stream"]["worker"] = thread
             while True:
                 data = await queue.get()
                 if data is None:
+                    scope["ster.stream"]["ended"] = True
                     break
                 yield data
         finally:  # the client went away (the response was cancelled) or the stream ended
@@ -814,6 +844,11 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
             await guarded(scope, receive, sending)
         finally:
             if not scope.get("ster.unlogged"):
+                streamed = scope.get("ster.stream")
+                if streamed is not None and not streamed["ended"]:   # the client left mid-stream
+                    status[0] = 499
+                    while streamed["worker"] is not None and streamed["worker"].is_alive():
+                        await asyncio.sleep(0.05)   # its generation stops at the next token, and counts them
                 tokens = scope.get("ster.tokens")
                 client = (scope.get("client") or ("-",))[0]
                 log(f"{client} {scope['method']} {_printable(scope['path'])} {status[0]}"

@@ -1094,6 +1094,10 @@ def test_a_full_queue_of_one_says_request_is(in_process):
         assert "the server is busy: 1 request is waiting for their turn" in str(server._busy(1))
         server.max_queue, server.admitted = 2, 3
         assert "the server is busy: 2 requests are waiting" in str(server._busy(1))
+        # --max-queue 0 said "0 requests are waiting for their turn" (a new user's finding)
+        server.max_queue, server.admitted = 0, 1
+        assert str(server._busy(1)) == ("the server is busy with another request and queues none "
+                                        "(ster serve --max-queue 0); retry later")
     finally:
         server.max_queue, server.admitted = saved
 
@@ -1174,3 +1178,59 @@ def test_the_start_line_names_the_address_bound(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _raw_post(base: str, path: str, body: dict) -> tuple[int, str, bytes]:
+    """(status, content type, body bytes) of a POST, read whole (a stream too)."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn.request("POST", path, body=json.dumps(body), headers={"content-type": "application/json"})
+    r = conn.getresponse()
+    out = (r.status, r.headers.get("content-type", ""), r.read())
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("path, field", [("/v1/chat/completions", "messages"), ("/v1/completions", "prompt")])
+def test_a_prompt_longer_than_the_context_is_refused_before_a_stream_starts(served, path, field):
+    """A streamed request whose prompt the context cannot hold got a 200, a role chunk, then an error event,
+    while the same request not streamed got a 400 (a new user's finding): the prompt is built before the
+    response starts, and both get the same 400."""
+    words = " ".join(["w5"] * 400)   # 400 tokens, the tiny model's context is 256
+    body = {"messages": [{"role": "user", "content": words}]} if field == "messages" else {"prompt": words}
+    whole = _raw_post(served[0], path, body)
+    streamed = _raw_post(served[0], path, dict(body, stream=True))
+    assert streamed == whole and whole[0] == 400 and whole[1] == "application/json", streamed
+    err = json.loads(whole[2])["error"]
+    assert "longer than the context of 256 positions" in err["message"], err
+    assert err["code"] == "context_length_exceeded" and err["param"] == field
+
+
+def test_a_stream_the_client_left_is_logged_499_with_its_tokens(in_process):
+    """A streaming client that disconnected was logged '200 0.60 s' (no token counts; a non-streamed one is
+    '499 37+56 tokens'): the log line waits for the generation to stop and says 499 with the tokens made,
+    while a stream read to its end stays 200."""
+    _, server = in_process
+    lines: list[str] = []
+    with _hardened(server, log=lines.append) as url, looping(server) as seen:
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(LOOP_REQUEST, stream=True)),
+                     headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and any("w_loop" in r.fp.readline().decode() for _ in range(12))
+        conn.close()
+        t0 = time.time()
+        while not lines and time.time() - t0 < 60:
+            time.sleep(0.05)
+        assert seen and seen[0].finish_reason == "cancelled"
+        prompt, made = len(seen[0].prompt_ids), len(seen[0].generation.ids)
+        assert re.fullmatch(rf"127\.0\.0\.1 POST /v1/chat/completions 499 {prompt}\+{made} tokens \d+\.\d\d s",
+                            lines[0]), lines
+        chunks = list(openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0).chat.completions.create(
+            model="tools", messages=LOOP_REQUEST["messages"], max_tokens=3, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        t0 = time.time()
+        while len(lines) < 2 and time.time() - t0 < 60:
+            time.sleep(0.05)
+        assert re.fullmatch(r"127\.0\.0\.1 POST /v1/chat/completions 200 \d+\+3 tokens \d+\.\d\d s", lines[1]), lines
