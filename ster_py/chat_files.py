@@ -23,8 +23,8 @@ def save_conversation(messages: list[dict], path: Path) -> None:
     is replaced; any other existing file is kept, including a messages list of another conversation.
 
     Raises:
-        SterError: ``path`` is a directory, or exists and is not a JSON array of messages (each an object with a
-            string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
+        SterError: ``path`` is a directory or a symlink to a missing file, or exists and is not a JSON array of
+            messages (each an object with a string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
             the compact JSON is larger than ``/load`` and ``--messages`` read (``MAX_INPUT_FILE_BYTES``); "cannot write
             PATH: ..." when its directory cannot take the file. Nothing is written then.
     """
@@ -42,6 +42,9 @@ def save_conversation(messages: list[dict], path: Path) -> None:
                         "/reset starts a new one")
     if path.is_dir():
         raise SterError(f"/save {path}: that is a directory; give a file name (for example chat.json)")
+    if os.path.lexists(path) and not path.exists():   # a dangling symlink (writing would replace the link)
+        raise SterError(f"/save {path}: that is a symlink to a missing file ({os.readlink(path)}); give another "
+                        "name, or remove the link")
     if os.path.lexists(path):
         try:
             doc = json.loads(read_regular(path, "conversation").decode("utf-8"))

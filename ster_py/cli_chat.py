@@ -138,6 +138,9 @@ def chat(
         err.print(f"[dim]chatting with {escape(terminal_text(loaded.resolved.model))}; /help for commands, Ctrl-D "
                   "to leave[/]",
                   highlight=False)
+        if messages_file is not None:   # as /load says it
+            sys.stderr.write(_loaded_note(len(messages) - (system is not None), messages_file))
+            sys.stderr.flush()
     state = _State(messages, hook, key)
     try:
         _converse(session, loaded, state, sampling, think, styled, show_thinking, quiet)
@@ -168,6 +171,11 @@ def _first_messages(system: Optional[str], messages_file: Optional[str]) -> list
                             "that message in the file)")
         messages.insert(0, {"role": "system", "content": system})
     return messages
+
+
+def _loaded_note(count: int, name: str) -> str:
+    """What /load and --messages say of the ``count`` messages read from the file ``name``."""
+    return f"(loaded {plural(count, 'message')} from {terminal_text(name)}; the next answer reads them all)\n"
 
 
 def check_renders(session, messages: list[dict], think, what: str) -> None:
@@ -317,8 +325,7 @@ def _command(line: str, state: _State, session, think, note) -> Optional[str]:
             messages = load_conversation(str(path), "/load")
             check_renders(session, messages, think, f"/load {rest}")
             state.messages = messages
-            note(f"(loaded {plural(len(state.messages), 'message')} from {terminal_text(rest)}; the next answer "
-                 "reads them all)\n")
+            note(_loaded_note(len(messages), rest))
     elif word == "/vector":
         parts = rest.split()
         if parts == ["off"]:

@@ -582,3 +582,22 @@ def test_piped_input_with_a_failed_line_exits_1_after_going_on(tiny_chat, tmp_pa
     assert status == 1 and len(_errors(err)) == 1 and "does not fit the context" in err
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q", stdin="w10\n/help\n")
     assert status == 0 and not _errors(err) and len(out.splitlines()) == 1
+
+
+def test_messages_says_what_it_loaded_and_save_names_a_dangling_symlink(tiny_chat, tmp_path):
+    """--messages printed nothing of what it loaded, where /load says "(loaded 3 messages from ...)": it says
+    the same (stderr, not with -q). /save to a symlink whose file is missing said "that file exists and is
+    not a saved conversation": it says what the name is, and still writes nothing."""
+    conv, link = tmp_path / "conv.json", tmp_path / "link.json"
+    conv.write_text(json.dumps([{"role": "user", "content": "w10"}, {"role": "assistant", "content": "w11"},
+                                {"role": "user", "content": "w12"}]))
+    link.symlink_to(tmp_path / "gone.json")
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "1", "--messages", str(conv),
+                              "--system", "w20", stdin=f"/save {link}\n")
+    assert f"(loaded 3 messages from {conv}; the next answer reads them all)\n" in err, err
+    assert _errors(err) == [f"error: /save {link}: that is a symlink to a missing file ({tmp_path / 'gone.json'}); "
+                            "give another name, or remove the link"], err
+    assert status == 1 and link.is_symlink() and not (tmp_path / "gone.json").exists()
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "1", "-q",
+                              "--messages", str(conv), stdin="")
+    assert status == 0 and "loaded" not in err, err
