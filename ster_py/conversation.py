@@ -188,7 +188,7 @@ class Session:
         """
         if tools and not self.format.takes_tools:
             raise SterError("this model's chat template never reads tools, so they would not reach the model; "
-                            "send no tools (or give a template that takes them)")
+                            "send no tools, or use a model whose chat template takes them")
         return tools
 
     def encode(self, text: str) -> list[int]:

@@ -133,7 +133,9 @@ def test_prompt_and_file_exclusive_and_tools_need_a_template(tmp_path):
 
 
 def test_tools_a_template_never_reads_are_refused(tiny_chat, tmp_path):
-    """tiny_chat's template has no ``tools`` variable: the tools would be dropped from the prompt."""
+    """tiny_chat's template has no ``tools`` variable: the tools would be dropped from the prompt. The refusal
+    advised "(or give a template that takes them)", an option generate, chat and serve do not have."""
     (tmp_path / "tools.json").write_text(json.dumps([{"type": "function", "function": {"name": "f"}}]))
     r = ster("generate", "--model", str(tiny_chat), "-p", "w5", "--tools", str(tmp_path / "tools.json"))
     assert r.returncode == 1 and "chat template never reads tools" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.rstrip().endswith("send no tools, or use a model whose chat template takes them"), r.stderr

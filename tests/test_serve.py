@@ -165,7 +165,8 @@ def test_per_request_steering_equals_generate_vector(client, served, loaded):
     ("/v1/chat/completions", {"tool_choice": "required"}, 'tool_choice "required" is not supported'),
     ("/v1/chat/completions", {"parallel_tool_calls": False}, "parallel_tool_calls false is not supported"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-     "never reads tools"),
+     "never reads tools, so they would not reach the model; send no tools, or use a model whose chat template "
+     "takes them"),
     ("/v1/chat/completions", {"chat_template_kwargs": {"add_vision_id": True}}, 'not "add_vision_id"'),
     ("/v1/chat/completions", {"temprature": 0.5}, 'unrecognized request field "temprature"'),
     ("/v1/chat/completions", {"echo": True}, "it belongs to /v1/completions"),
