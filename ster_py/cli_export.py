@@ -53,7 +53,16 @@ def convert(
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
     elif not quiet:
-        print_report(report, skip=("differences", "tokenizer_notes", "notes"))
+        print_report(report, skip=CONVERSION_NOTES)
+    warn_conversion(report)
+
+
+#: The fields of ``convert_model``'s report that are warnings, not lines of its table.
+CONVERSION_NOTES = ("differences", "tokenizer_notes", "notes")
+
+
+def warn_conversion(report: dict) -> None:
+    """The warnings of a ``convert_model`` report (``ster convert``, ``ster tune merge --output FILE.gguf``)."""
     warn(f"llama.cpp will run this GGUF differently from the checkpoint: {d}" for d in report["differences"])
     warn(report["tokenizer_notes"])
     warn(report["notes"])

@@ -256,8 +256,16 @@ def tune_merge(
                                            progress=progress)
         else:
             report = merge_adapter(model, adapter, output, revision=revision, progress=progress)
+    gguf = report.get("gguf")
     if as_json:
         print(json.dumps(report, indent=2))  # it records ster_version itself
-    elif not quiet:
-        print_report(report, skip=("warnings",))
+    elif not quiet:  # a GGUF's conversion in the same table, as `ster convert` prints it (it was a dict's repr)
+        from .cli_export import CONVERSION_NOTES
+
+        shown = {k: v for k, v in report.items() if k not in ("gguf", "warnings")}
+        print_report({**shown, **{k: v for k, v in (gguf or {}).items() if k not in shown}}, skip=CONVERSION_NOTES)
     warn(report["warnings"])
+    if gguf is not None:
+        from .cli_export import warn_conversion
+
+        warn_conversion(gguf)

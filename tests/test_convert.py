@@ -361,6 +361,35 @@ def test_merged_adapter_gguf_is_the_merged_checkpoint_in_llamacpp(checkpoints, t
     assert err < 1e-2 and np.linalg.norm(unadapted - want) / np.linalg.norm(want) > 10 * err
 
 
+def test_merge_to_gguf_prints_convert_s_table_and_the_type_written(checkpoints, tmp_path):
+    """``tune merge --output X.gguf`` printed the conversion as one line of Python reprs (``types={'F16': 30,
+    'F32': 9}``, ``differences=[]``) and ``dtype F32`` for an f16 file (a new user's finding): the conversion's
+    fields are rows as ``ster convert`` prints them, and the merged checkpoint's dtype is ``merged_dtype``
+    beside the file's ``type``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(checkpoints / "llama"), dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(
+        str(tmp_path / "adapter"))
+    r = ster("tune", "merge", "--model", str(checkpoints / "llama"), "--adapter", str(tmp_path / "adapter"),
+             "--output", str(tmp_path / "m.gguf"), "-q")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    r = ster("tune", "merge", "--model", str(checkpoints / "llama"), "--adapter", str(tmp_path / "adapter"),
+             "--output", str(tmp_path / "merged.gguf"))
+    assert r.returncode == 0, r.stderr
+    rows = dict(re.findall(r"^(\w+) +(\S.*)$", r.stdout, re.M))   # a long path alone on the next line is left out
+    assert rows["merged_dtype"] == "F32" and rows["type"] == "f16" and "dtype" not in rows
+    assert rows["types"] == "F16=30, F32=9" and rows["architecture"] == "llama" and rows["merged_tensors"] == "4"
+    assert re.fullmatch(r"[\d,]+ bytes \([\d.]+ MiB\)", rows["bytes"]) and "gguf" not in rows
+    assert not re.search(r"[{}\[\]']", r.stdout), r.stdout   # no Python repr left
+    doc = json.loads(ster("tune", "merge", "--model", str(checkpoints / "llama"), "--adapter",
+                          str(tmp_path / "adapter"), "--output", str(tmp_path / "j.gguf"), "--json").stdout)
+    assert doc["merged_dtype"] == "F32" and doc["type"] == "f16" and "dtype" not in doc
+    assert doc["gguf"]["types"] == {"F16": 30, "F32": 9}
+
+
 # ----------------------------------------------------------------------------- 4. command line
 
 def test_cli_convert_json(checkpoints, tmp_path):

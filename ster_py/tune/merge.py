@@ -260,7 +260,8 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
     removed; nothing is left at ``output`` if either step fails.
 
     Returns:
-        The merge report with the conversion's report under ``"gguf"`` (``output`` is the .gguf file).
+        The merge report, its ``dtype`` (the merged checkpoint's, converted from) as ``merged_dtype`` beside the
+        file's ``type``, with the conversion's report under ``"gguf"`` (``output`` is the .gguf file).
 
     Raises:
         SterError: anything ``merge_adapter`` or ``convert_model`` refuses; an existing ``output``.
@@ -279,5 +280,7 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
         report = merge_adapter(model, adapter, merged, revision=revision, progress=progress, shown_as=output)
         gguf = convert_model(str(merged), output, type_name, progress=progress)
     gguf["model"] = report["model"]
-    report.update(output=str(output), files=[output.name], gguf=gguf)
-    return report
+    # "dtype" F32 beside an f16 file misled: the merged checkpoint's dtype is what the conversion read
+    merged = {k: v for k, v in report.items() if k not in ("dtype", "files", "warnings")}
+    return {**merged, "output": str(output), "merged_dtype": report["dtype"], "type": gguf["type"],
+            "files": [output.name], "warnings": report["warnings"], "gguf": gguf}
