@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -114,7 +115,8 @@ def thinking_value(thinking: Thinking) -> Optional[bool]:
 #: What each progress event of the library counts, and how the display names it:
 #: event -> (label, unit). "bytes" shows sizes and a transfer rate; any other unit is a
 #: count of those things; None is a step with no count (a spinner). A "download NAME"
-#: event (a Hub model's files) is one row, named after the file being fetched.
+#: event (a Hub model's files) is one row, named after the file being fetched; a "prefill N"
+#: event (a prompt's prefill, N tokens computed) is one row counting layers.
 PROGRESS_EVENTS = {
     "verify": ("checking the SHA-256", "bytes"),
     "hub": ("downloading from the Hugging Face Hub", "bytes"),
@@ -139,6 +141,8 @@ def progress_event(event: str) -> tuple[str, str, Optional[str]]:
         name = event.split(" ", 1)[1]
         return "download", ("downloaded " + name if event.startswith("downloaded ") else "downloading " + name), \
             "bytes"
+    if event.startswith("prefill "):
+        return "prefill", f"prefilling {plural(int(event.split(' ', 1)[1]), 'token')}", "layers"
     label, unit = PROGRESS_EVENTS.get(event, (event, None))
     return event, label, unit
 
@@ -166,8 +170,12 @@ class _AmountColumn(ProgressColumn):
         return Text(amount(task.completed, task.total, unit, rate))
 
 
+#: Seconds a prompt's prefill runs before its progress is drawn (a short prompt's never is).
+PREFILL_AFTER = 0.5
+
+
 @contextmanager
-def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
+def progress_bar(enabled: bool = True, what: Optional[str] = "loading model", after: float = 0.0) -> Iterator:
     """A ``progress(event, done, total)`` callback drawn as rich bars on stderr.
 
     On a terminal a spinner names the step (``what``) until the first event; each event
@@ -176,6 +184,10 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
     is not a terminal no bar is drawn, and only the start of a download (a preset from the
     Hub or PyPI, a Hub model's files) is said in one line, with its size when known, so a
     first run that fetches a model does not look hung. ``enabled=False`` (``-q``): nothing.
+
+    ``after`` (a prompt's prefill, ``what`` None): on a terminal nothing is drawn before an event
+    comes ``after`` seconds in (a short step does not flicker), and the display is removed as soon
+    as a row reaches its total (the first token streams next).
     """
     if not enabled:
         yield None
@@ -205,20 +217,39 @@ def progress_bar(enabled: bool = True, what: str = "loading model") -> Iterator:
     columns = [SpinnerColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=True)),
                BarColumn(bar_width=None), _AmountColumn(table_column=Column(no_wrap=True)),
                TimeRemainingColumn()]
-    with Progress(*columns, console=err, transient=True) as bars:
-        waiting = bars.add_task(what, total=None, unit=None)
-        tasks: dict[str, int] = {}
+    bars = Progress(*columns, console=err, transient=True)
+    waiting = bars.add_task(what, total=None, unit=None) if what is not None else None
+    tasks: dict[str, int] = {}
+    start, shown = time.monotonic(), {"on": after <= 0, "over": False}
 
-        def update(event: str, done: int, total: Optional[int]) -> None:
-            key, label, unit = progress_event(event)
-            if key not in tasks:
+    def update(event: str, done: int, total: Optional[int]) -> None:
+        if shown["over"] or not shown["on"] and time.monotonic() - start < after:
+            return
+        if not shown["on"] and total is not None and done >= total:  # over as it would show: no flash
+            shown["over"] = True
+            return
+        key, label, unit = progress_event(event)
+        if key not in tasks:
+            if waiting is not None:
                 bars.update(waiting, visible=False)
-                tasks[key] = bars.add_task(label, total=total, unit=unit)
-            elif done < bars.tasks[tasks[key]].completed:  # a new phase (a Hub model's weights after its config)
-                bars.reset(tasks[key], total=total, completed=0)
-            bars.update(tasks[key], description=label, completed=done, total=total)
+            tasks[key] = bars.add_task(label, total=total, unit=unit)
+        elif done < bars.tasks[tasks[key]].completed:  # a new phase (a Hub model's weights after its config)
+            bars.reset(tasks[key], total=total, completed=0)
+        bars.update(tasks[key], description=label, completed=done, total=total)
+        if not shown["on"]:  # drawn from its first row on
+            shown["on"] = True
+            bars.start()
+        if after > 0 and total is not None and done >= total:
+            shown["over"] = True
+            bars.stop()
 
+    if shown["on"]:
+        bars.start()
+    try:
         yield update
+    finally:
+        if shown["on"] and not shown["over"]:
+            bars.stop()
 
 
 def error_line(message: str) -> None:
@@ -556,11 +587,13 @@ def generate(
     from .decoder.qlinear import bf16_rounded_products
 
     rounded_before = bf16_rounded_products()
-    if prompt_.chat_template == "applied":
-        reply = session.reply(build_messages(prompt, system), sampling, tools=tool_list, thinking=think, stops=stops,
-                              layer_hook=hook, on_event=on_event)
-    else:
-        reply = session.reply([], sampling, stops=stops, layer_hook=hook, on_event=on_event, raw=prompt)
+    with progress_bar(enabled=not quiet, what=None, after=PREFILL_AFTER) as progress:  # a long prompt's prefill
+        if prompt_.chat_template == "applied":
+            reply = session.reply(build_messages(prompt, system), sampling, tools=tool_list, thinking=think,
+                                  stops=stops, layer_hook=hook, on_event=on_event, progress=progress)
+        else:
+            reply = session.reply([], sampling, stops=stops, layer_hook=hook, on_event=on_event, raw=prompt,
+                                  progress=progress)
     result = reply.generation
     fmt = session.format if prompt_.chat_template == "applied" else None
     parsed = fmt is not None and (fmt.reasons or tool_list is not None)

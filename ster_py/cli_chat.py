@@ -17,10 +17,10 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP,
-                  THREADS_HELP, _STREAM, Precision, Thinking,
+from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUIET_HELP, REPEAT_PENALTY_HELP,
+                  THINKING_HELP, THREADS_HELP, _STREAM, Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
-                  no_color, plural, thinking_value)
+                  no_color, plural, progress_bar, thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
@@ -442,8 +442,9 @@ def _turn(session, state: _State, text: str, sampling, think, styled, show_think
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        reply = session.reply(messages, sampling, thinking=think, layer_hook=state.hook, key=state.key,
-                              on_event=on_event, cancelled=lambda: interrupted["flag"])
+        with progress_bar(enabled=not quiet, what=None, after=PREFILL_AFTER) as progress:  # a long prompt's prefill
+            reply = session.reply(messages, sampling, thinking=think, layer_hook=state.hook, key=state.key,
+                                  on_event=on_event, cancelled=lambda: interrupted["flag"], progress=progress)
     except SterError as e:
         if _STREAM["open"]:  # an answer cut short: the error and the next prompt start on their own lines
             _write("\n")
@@ -458,8 +459,9 @@ def _turn(session, state: _State, text: str, sampling, think, styled, show_think
     interrupted["flag"] = False
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:  # Ctrl-C while the history is prefilled stops that, not the session
-        session.prepare(state.messages, layer_hook=state.hook, key=state.key, thinking=think,
-                        cancelled=lambda: interrupted["flag"])
+        with progress_bar(enabled=not quiet, what=None, after=PREFILL_AFTER) as progress:
+            session.prepare(state.messages, layer_hook=state.hook, key=state.key, thinking=think,
+                            cancelled=lambda: interrupted["flag"], progress=progress)
     except Cancelled:  # the cache keeps what it held: the next turn prefills the rest
         pass
     finally:

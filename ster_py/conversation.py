@@ -219,10 +219,10 @@ class Session:
         return text, ids
 
     def prepare(self, messages: list[dict], *, layer_hook=None, key=None, thinking: bool | None = None,
-                cancelled: Callable[[], bool] | None = None) -> int:
+                cancelled: Callable[[], bool] | None = None, progress=None) -> int:
         """Prefill a conversation's history ahead of its next turn (``PromptCache.extend``): the
         messages as rendered without a generation prompt. Returns the tokens computed; 0 when
-        the template cannot render a conversation ending there.
+        the template cannot render a conversation ending there. ``progress`` as ``reply``'s.
 
         Raises:
             Cancelled: ``cancelled()`` returned True between the decoder's layers (``PromptCache.extend``:
@@ -232,7 +232,8 @@ class Session:
             text = self.render(messages, thinking=thinking, add_generation_prompt=False)
         except SterError:
             return 0
-        return self.cache.extend(self.encode(text), layer_hook=layer_hook, key=key, cancelled=cancelled)
+        return self.cache.extend(self.encode(text), layer_hook=layer_hook, key=key, cancelled=cancelled,
+                                 progress=progress)
 
     # ------------------------------------------------------------------ a turn
 
@@ -241,7 +242,7 @@ class Session:
               on_event: Callable[[Event], None] | None = None,
               cancelled: Callable[[], bool] | None = None, raw: str | None = None,
               on_logprobs: Callable[[dict], None] | None = None,
-              prompt: tuple[str, list[int]] | None = None) -> Reply:
+              prompt: tuple[str, list[int]] | None = None, progress=None) -> Reply:
         """Answer ``messages`` (OpenAI-shaped dicts).
 
         Args:
@@ -261,6 +262,8 @@ class Session:
                 read as plain text); ``messages`` is then unused.
             prompt: ``self.prompt(messages, tools=..., thinking=..., raw=...)`` of these arguments, when the
                 caller built it already (it is not built again).
+            progress: optional ``progress(f"prefill {n}", done, total)`` after each layer of the prompt's
+                prefill, n the tokens computed (``PromptCache.prefill``).
 
         Raises:
             SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...).
@@ -336,7 +339,8 @@ class Session:
 
         gen = generate(self.loaded.decoder, ids, sampling, self.stop_ids, on_token=on_token, on_logprobs=entries.append,
                        layer_hook=layer_hook, kv_cache=self.kv_cache, cache=self.cache, cache_key=key,
-                       ctx_size=self.ctx_size, draft=self.draft, n_draft=self.n_draft, cancelled=cancelled)
+                       ctx_size=self.ctx_size, draft=self.draft, n_draft=self.n_draft, cancelled=cancelled,
+                       progress=progress)
         if gen.stop_reason == "cancelled":  # during the prefill
             state["cancelled"] = True
         if not cut.stopped:

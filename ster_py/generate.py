@@ -249,7 +249,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
              on_logprobs: Callable[[dict], None] | None = None,
              layer_hook: LayerHook | None = None, kv_cache: str = "f32", cache: PromptCache | None = None,
              cache_key=None, ctx_size: int | None = None, draft=None, n_draft: int | None = None,
-             cancelled: Callable[[], bool] | None = None) -> Generation:
+             cancelled: Callable[[], bool] | None = None,
+             progress: Callable[[str, int, int | None], None] | None = None) -> Generation:
     """Continue ``prompt_ids`` with the decoder.
 
     Args:
@@ -274,6 +275,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
             with no ids and ``stop_reason`` "cancelled" (within a layer's time, not after a long
             prompt's whole prefill), the prompt cache left consistent (``PromptCache.prefill``).
             After the prefill, ``on_token`` is how a caller stops the run.
+        progress: optional ``progress(f"prefill {n}", done, total)`` after each layer of the prompt's
+            prefill (``PromptCache.prefill``): a long prompt's progress, in layers.
 
     Raises:
         SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, a
@@ -307,7 +310,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
     normed: list | None = [] if draft is not None else None
     try:
         logits = cache.prefill(prompt, layer_hook=layer_hook, key=cache_key,
-                               checkpoint_at=last_turn_end(prompt, stops), normed=normed, cancelled=cancelled)
+                               checkpoint_at=last_turn_end(prompt, stops), normed=normed, cancelled=cancelled,
+                               progress=progress)
     except Cancelled:
         out.stop_reason = "cancelled"
         out.prefill_seconds = time.perf_counter() - t0

@@ -97,7 +97,7 @@ class PromptCache:
         return 0
 
     def prefill(self, ids, *, layer_hook=None, key=None, checkpoint_at: int | None = None,
-                normed: list | None = None, cancelled=None) -> np.ndarray:
+                normed: list | None = None, cancelled=None, progress=None) -> np.ndarray:
         """Make the cache hold ``ids`` and return the logits of their last position.
 
         Args:
@@ -114,6 +114,9 @@ class PromptCache:
                 committed), so the next prompt reuses that and its reply equals a cold run's; a cache
                 with other per-layer state (recurrent, latent...) is dropped instead, as a cut call may
                 have changed it.
+            progress: optional ``progress(f"prefill {n}", done, total)`` after each layer the prefill runs,
+                n the tokens computed (not those reused), ``done``/``total`` in layers (a hybrid's
+                split prefill counts both calls' layers in one total).
 
         Returns:
             float32 [vocab_size]: the last position's logits, equal to a fresh cache's.
@@ -124,14 +127,24 @@ class PromptCache:
         ids = [int(t) for t in ids]
         keep = self._start(ids, key)
         start = keep
+        split = checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state()
+        calls = 2 if split else 1
+        done = {"calls": 0}
+
+        def on_layer(layer: int, layers: int) -> None:  # the calls' layers as one count
+            progress(f"prefill {len(ids) - keep}", done["calls"] * layers + layer, calls * layers)
+            if layer == layers:
+                done["calls"] += 1
+
+        on_layer = on_layer if progress is not None else None
         try:
-            if checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state():
+            if split:
                 self.decoder.forward(ids[keep:checkpoint_at], self.cache, layer_hook=layer_hook, last_only=True,
-                                     cancelled=cancelled)
+                                     cancelled=cancelled, on_layer=on_layer)
                 self.cache.checkpoint()
                 start = checkpoint_at
             logits = self.decoder.forward(ids[start:], self.cache, layer_hook=layer_hook, last_only=True,
-                                          bidirectional=start == 0, cancelled=cancelled,
+                                          bidirectional=start == 0, cancelled=cancelled, on_layer=on_layer,
                                           **({} if normed is None else {"normed": normed}))[-1]
         except Cancelled:
             if self.cache.has_slots():
@@ -144,14 +157,14 @@ class PromptCache:
         self.reused, self.prefilled = keep, len(ids) - keep
         return logits
 
-    def extend(self, ids, *, layer_hook=None, key=None, cancelled=None) -> int:
+    def extend(self, ids, *, layer_hook=None, key=None, cancelled=None, progress=None) -> int:
         """Prefill ``ids`` ahead of the next call (a history the next prompt will start with),
         reusing what the cache shares with them. Returns the tokens computed (0 when nothing
         was new, or ``ids`` holds fewer than two tokens).
 
         ``cancelled`` is polled between the decoder's layers as ``prefill`` polls it, with its guarantee:
         the cache then holds what it held before the call that was cut (a cache with other per-layer state
-        is dropped).
+        is dropped); ``progress`` is reported as ``prefill`` reports it.
 
         Raises:
             Cancelled: ``cancelled()`` returned True before the prefill ended.
@@ -159,5 +172,5 @@ class PromptCache:
         ids = [int(t) for t in ids]
         if len(ids) < 2 or (key == self.key and self.cache is not None and common_prefix(self.ids, ids) == len(ids)):
             return 0
-        self.prefill(ids, layer_hook=layer_hook, key=key, cancelled=cancelled)
+        self.prefill(ids, layer_hook=layer_hook, key=key, cancelled=cancelled, progress=progress)
         return self.prefilled

@@ -29,14 +29,17 @@ TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }} {% endfor %
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
+MAIN = "from ster_py.cli import main; main()"
+
+
 def ster(*args, env=None, **kwargs):
     full = None if env is None else {**os.environ, **env}
     return subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", *args],
                           capture_output=True, text=True, env=full, timeout=300, **kwargs)
 
 
-def on_a_terminal(*args, env=None, stdout_pipe=False) -> tuple[int, bytes, bytes]:
-    """Run ster with stderr (and stdout unless ``stdout_pipe``) on a pseudo-terminal.
+def on_a_terminal(*args, env=None, stdout_pipe=False, code=MAIN) -> tuple[int, bytes, bytes]:
+    """Run ster (``code``) with stderr (and stdout unless ``stdout_pipe``) on a pseudo-terminal.
 
     Returns (status, what the terminal received, what the stdout pipe received)."""
     master, slave = pty.openpty()
@@ -45,7 +48,7 @@ def on_a_terminal(*args, env=None, stdout_pipe=False) -> tuple[int, bytes, bytes
         if var not in (env or {}):
             full.pop(var, None)
     full["TERM"] = (env or {}).get("TERM", "xterm-256color")
-    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", *args], stdin=slave,
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=slave,
                             stdout=subprocess.PIPE if stdout_pipe else slave, stderr=slave, env=full)
     os.close(slave)
     seen = b""
@@ -381,6 +384,77 @@ def test_progress_rows_on_a_terminal_name_their_units(tiny):
     text = SGR.sub(b"", seen).decode()
     assert status == 0 and "mapping weight files" in text and "1/1 files" in text
     assert "bytes" not in text and "0/?" not in text
+
+
+# A long prompt's prefill on the tiny model: each layer over 100 positions or more sleeps 0.4 s first, so the
+# 200-token prompt's three layers take 1.2 s (its progress is drawn from the second layer on) and a short one's
+# no time at all.
+SLOW = ("import time\nfrom ster_py.decoder import model\ncall = model._Layer.__call__\n"
+        "def slow(self, h, *a):\n    time.sleep(0.4 if h.shape[0] >= 100 else 0)\n    return call(self, h, *a)\n"
+        "model._Layer.__call__ = slow\n" + MAIN)
+LONG = " ".join(f"w{3 + i % 120}" for i in range(200))
+PREFILLING = re.compile(r"prefilling ([\d,]+) tokens .*?(\d)/3 layers")
+
+
+def test_a_prefill_label_counts_its_tokens_and_layers():
+    from ster_py.cli import progress_event
+
+    assert progress_event("prefill 6031") == ("prefill", "prefilling 6,031 tokens", "layers")
+    assert progress_event("prefill 1")[1] == "prefilling 1 token"
+
+
+@pytest.mark.parametrize("json_", [False, True])
+def test_a_long_prompt_shows_its_prefill_on_a_terminal_only(tiny, tmp_path, json_):
+    """A 6,031-token prompt showed nothing for 25 s between the loading bar and the first token (and
+    --json nothing at all). On a terminal its prefill is now drawn on stderr, per layer, and removed before
+    the answer; a short prompt's never is (no flicker); on a pipe stderr says nothing more than before."""
+    (tmp_path / "long.txt").write_text(LONG)
+    args = ["generate", "-m", str(tiny), "--prompt-file", str(tmp_path / "long.txt"), "--max-new-tokens", "3",
+            *(["--json"] if json_ else [])]
+    status, seen, _ = on_a_terminal(*args, code=SLOW)
+    text = SGR.sub(b"", seen).decode()
+    assert status == 0, text
+    found = PREFILLING.findall(text)
+    assert found and {n for n, _ in found} == {"200"} and "2" in {d for _, d in found}, text
+    answer = text.rsplit("layers", 1)[1]   # the display was cleared (erase line) before the answer came
+    assert "\x1b[2K" in answer and "prefilling" not in answer
+    if json_:
+        assert json.loads(answer[answer.index("{"):].replace("\r\n", "\n"))["usage"]["prompt_tokens"] == 200
+    else:
+        assert "200 prompt tokens" in answer
+    status, seen, _ = on_a_terminal("generate", "-m", str(tiny), "-p", "w5 w6", "--max-new-tokens", "2", code=SLOW)
+    assert status == 0 and b"prefilling" not in seen
+    status, seen, _ = on_a_terminal(*args, "-q", code=SLOW)
+    assert status == 0 and b"prefilling" not in seen
+    r = subprocess.run([sys.executable, "-c", SLOW, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "prefill" not in r.stderr.replace("; prefill ", ""), r.stderr
+    assert r.stderr.splitlines()[0].startswith("note: the model has no chat template")
+    assert len(r.stderr.splitlines()) == (1 if json_ else 2), r.stderr
+
+
+def test_a_long_chat_message_shows_its_prefill_on_a_terminal(tiny_chat, tmp_path):
+    """``/file`` of 3,031 tokens in ``ster chat``: 5 s of silence. Its prefill is drawn as generate's is."""
+    pexpect = pytest.importorskip("pexpect")
+    (tmp_path / "half.txt").write_text(LONG)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    child = pexpect.spawn(sys.executable, ["-c", SLOW, "chat", "-m", str(tiny_chat), "--max-new-tokens", "2"],
+                          env={**env, "TERM": "xterm-256color", "COLUMNS": "120"}, encoding="utf-8", timeout=120,
+                          dimensions=(40, 120), preexec_fn=sigint_as_at_a_terminal)
+    child.expect("> ")
+    child.sendline(f"/file {tmp_path / 'half.txt'}")
+    child.expect(r"prompt (\d+) tokens")
+    shown = SGR.sub(b"", child.before.encode()).decode()
+    found = PREFILLING.findall(shown)
+    assert found and {n for n, _ in found} == {child.match.group(1)}, shown
+    child.expect("> ")
+    child.sendline("w7")    # a short message: nothing drawn
+    child.expect(r"prompt (\d+) tokens")
+    assert "prefilling" not in child.before
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
 
 
 # --------------------------------------------------------------------------- help

@@ -255,3 +255,37 @@ def test_a_cancelled_extend_stops_between_layers_and_leaves_the_cache_consistent
     cancelled, polls = _cancel_after(10 ** 9)   # not cancelled: polled once per layer
     assert cache.extend(BASE + [5, 6, 7], cancelled=cancelled) == 3 and polls[0] == layers
     assert cache.ids == BASE + [5, 6, 7]
+
+
+def test_a_prefill_reports_its_progress_once_per_layer(llama):
+    """A 6,031-token prompt ran 25 s with nothing on screen: the CLI had nothing to draw. The prefill now
+    reports ``progress("prefill N", done, total)`` after each layer (N the tokens computed, the reused ones
+    not counted), through ``generate``, ``PromptCache.prefill`` and ``extend``, with the same logits."""
+    decoder, sampling = llama.decoder, Sampling(max_new_tokens=3)
+    layers = len(decoder.layers)
+    assert layers >= 2
+    seen: list = []
+    report = lambda *event: seen.append(event)  # noqa: E731
+    cache = PromptCache(decoder)
+    _same(cache.prefill(BASE[:20], progress=report), _cold(decoder, BASE[:20]))
+    assert seen == [("prefill 20", i, layers) for i in range(1, layers + 1)]
+    seen.clear()
+    cold = generate(decoder, BASE, sampling)
+    assert generate(decoder, BASE, sampling, cache=cache, progress=report).ids == cold.ids   # 20 reused
+    assert seen == [("prefill 20", i, layers) for i in range(1, layers + 1)]
+    seen.clear()
+    assert cache.extend(BASE + [5, 6, 7], progress=report) == 3
+    assert seen == [("prefill 3", i, layers) for i in range(1, layers + 1)]
+
+
+def test_a_hybrid_split_prefill_reports_both_calls_in_one_count(tmp_path):
+    """A hybrid prefills up to its checkpoint, then the rest (two forward calls): one bar, not two."""
+    from test_parity_ssm import CASES
+
+    model_type, config = CASES["jamba"]
+    build_checkpoint(tmp_path / "jamba", model_type, config)
+    decoder = load_model(str(tmp_path / "jamba")).decoder
+    layers = len(decoder.layers)
+    seen: list = []
+    PromptCache(decoder).prefill(BASE[:33], checkpoint_at=20, progress=lambda *event: seen.append(event))
+    assert seen == [("prefill 33", i, 2 * layers) for i in range(1, 2 * layers + 1)]

@@ -599,7 +599,8 @@ class Decoder:
     def forward(self, ids, cache: KVCache | None = None, *, hidden_states: list | None = None,
                 layer_hook: LayerHook | None = None, last_only: bool = False,
                 bidirectional: bool = False, normed: list | None = None,
-                cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+                cancelled: Callable[[], bool] | None = None,
+                on_layer: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Run the decoder on new tokens.
 
         Args:
@@ -627,6 +628,9 @@ class Decoder:
                 length is unchanged then (the staged rows are dropped), but a slot that keeps its own
                 state (``KVCache.slot``) may hold part of the call: ``PromptCache.prefill`` starts
                 such a cache afresh.
+            on_layer: called as ``on_layer(done, total)`` after each layer runs: layers run so far
+                and in all (a looped model's passes count each layer they run), a long prompt's
+                prefill progress (``PromptCache.prefill``).
 
         Returns:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
@@ -668,6 +672,9 @@ class Decoder:
         if s.streams is not None:  # every stream starts as the embedding (decoder/streams.py)
             h = np.ascontiguousarray(np.repeat(h[:, None, :], s.streams.n, axis=1))
 
+        runs = {"done": 0, "total": len(self.layers) if s.loop is None
+                else sum(len(self.layers[p.start:p.stop]) for p in s.loop.passes)}
+
         def run(layers, h):
             for layer in layers:
                 if cancelled is not None and cancelled():
@@ -679,6 +686,9 @@ class Decoder:
                     h = layer.step_one(fused, h, cache, positions, tables)
                 else:
                     h = layer(h, cache, positions, bias, tables)
+                if on_layer is not None:
+                    runs["done"] += 1
+                    on_layer(runs["done"], runs["total"])
                 if s.streams is not None:
                     if layer_hook is not None:  # the hook sees the streams' mean; what it adds, every stream gets
                         mean = h.mean(axis=1)
