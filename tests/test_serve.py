@@ -463,21 +463,8 @@ def in_process(tmp_path_factory):
 @contextlib.contextmanager
 def _in_thread(server):
     """``server`` (a ``Server``) on uvicorn in a thread, on a free loopback port; yields its base url."""
-    import uvicorn
-
-    from ster_py.server import build_app
-
-    sock = socket.create_server(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(build_app(server), log_level="error"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
+    with _hardened(server) as url:
+        yield url
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
