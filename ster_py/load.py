@@ -82,7 +82,7 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
     Raises:
         SterError: anything the user can fix: a refused model, a missing file, a bad tensor;
             whatever ``check`` raises; ``quantize`` for a GGUF model or of an unknown kind; a kernel
-            setting ($STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS, $STER_BF16_INPUTS) the kernels
+            setting ($STER_THREADS, $STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS, $STER_BF16_INPUTS) the kernels
             would not understand (``check_kernel_env``).
     """
     from .decoder.qlinear import QUANTIZE_TYPES, check_kernel_env

@@ -272,9 +272,11 @@ def test_unknown_kernel_settings_are_refused_by_the_cli(tiny_llama, name, value)
 
 
 @pytest.mark.parametrize("name,value", [("STER_SIMD_LEVEL", "avx9000"), ("STER_INTERLEAVE", "maybe"),
-                                        ("STER_F32_PANELS", "yes"), ("STER_BF16_INPUTS", "false")])
+                                        ("STER_F32_PANELS", "yes"), ("STER_BF16_INPUTS", "false"),
+                                        ("STER_THREADS", "abc"), ("STER_THREADS", "0")])
 def test_unknown_kernel_settings_are_refused_by_load_model(tiny_llama, monkeypatch, name, value):
-    """The library read STER_BF16_INPUTS=false (or off, or 2) as on; load_model now refuses what the CLI refuses."""
+    """The library read STER_BF16_INPUTS=false (or off, or 2) as on, and STER_THREADS=abc as every core;
+    load_model now refuses what the CLI refuses."""
     path, _ = tiny_llama
     monkeypatch.setenv(name, value)
     with pytest.raises(SterError, match=f"^{name} must be "):

@@ -232,12 +232,15 @@ def threads_from_env() -> int | None:
 
 
 def check_kernel_env() -> None:
-    """Refuse a $STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS or $STER_BF16_INPUTS the kernels would not understand
-    (they would ignore it: no cap, interleaving or rounding on), so that a typo does not pass for a setting.
+    """Refuse a $STER_THREADS, $STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS or $STER_BF16_INPUTS the kernels
+    would not understand (they would ignore it: every core, no cap, interleaving or rounding on), so that a typo does
+    not pass for a setting.
 
     Raises SterError naming the variable and the values it takes.
     """
     import os
+
+    threads_from_env()
 
     levels = _kernels().SIMD_LEVELS
     level = os.environ.get("STER_SIMD_LEVEL", "").strip()
