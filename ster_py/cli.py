@@ -641,11 +641,9 @@ def generate(
         return
     if state["wrote"]:  # close the streamed line; an empty reply leaves stdout empty
         _write("\n")
-    # a phase that did not run (no new tokens; one token, which the prefill gives) has no rate
     if quiet:
         return
-    rates = [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
-                                                          ("decode", result.decode_tokens_per_second)) if rate]
+    rates = rate_texts(result)
     if drafter is not None:
         rates.append(f"{result.accepted} of {plural(result.drafted, 'drafted token')} accepted")
     err.print(f"[dim]{plural(len(reply.prompt_ids), 'prompt token')}, {plural(len(result.ids), 'new token')} "
@@ -809,6 +807,13 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
         table.add_row(r["name"], f"{r['size'] / 2**20:.0f} MiB", "yes" if r["cached"] else "no",
                       ("(the default) " if r["default"] else "") + r["description"])
     out.print(table)
+
+
+def rate_texts(result) -> list[str]:
+    """"prefill X tok/s" and "decode Y tok/s" of a ``Generation``, each only if its phase ran (a phase that did
+    not run, such as the decode of a one-token answer the prefill gives, has no rate)."""
+    return [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
+                                                         ("decode", result.decode_tokens_per_second)) if rate]
 
 
 from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector caa, tune merge)

@@ -20,7 +20,7 @@ from rich.markup import escape
 from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUIET_HELP, REPEAT_PENALTY_HELP,
                   THINKING_HELP, THREADS_HELP, _STREAM, Precision, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
-                  no_color, plural, progress_bar, thinking_value)
+                  no_color, plural, progress_bar, rate_texts, thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
@@ -367,10 +367,10 @@ def context_full_advice(session, messages: list[dict]) -> str:
 def turn_summary(reply) -> str:
     """The dim line after an answer: prompt tokens reused and prefilled, new tokens, why it stopped, speed."""
     gen = reply.generation
-    rate = gen.decode_tokens_per_second
+    rates = rate_texts(gen)
     why = 'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason
     return (f"prompt {plural(len(reply.prompt_ids), 'token')} (reused {gen.reused:,}, prefilled {gen.prefilled:,}), "
-            f"{plural(len(gen.ids), 'new token')} ({why})" + (f", {rate:.1f} tok/s" if rate else ""))
+            f"{plural(len(gen.ids), 'new token')} ({why})" + (f"; {', '.join(rates)}" if rates else ""))
 
 
 def _converse(session, loaded, state: _State, sampling, think, styled, show_thinking, quiet) -> None:

@@ -21,7 +21,9 @@ from tiny import make_checkpoint, one_torch_thread, sigint_as_at_a_terminal  # n
 # system w3, user w4, assistant w5, end of a message w6
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' %}w3 {% elif m.role == 'user' %}w4 "
                  "{% else %}w5 {% endif %}{{ m.content }} w6 {% endfor %}{% if add_generation_prompt %}w5 {% endif %}")
-SUMMARY = re.compile(r"prompt (\d+) tokens \(reused (\d+), prefilled (\d+)\), (\d+) new tokens?")  # "1 new token"
+# "1 new token"; both rates named, as generate's summary names them
+SUMMARY_HEAD = r"prompt (\d+) tokens \(reused (\d+), prefilled (\d+)\), (\d+) new tokens?"
+SUMMARY = re.compile(SUMMARY_HEAD + r" \([^)]*\); prefill [\d.]+ tok/s, decode [\d.]+ tok/s")
 
 
 def chat_model(path, seed=0):
@@ -178,7 +180,7 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session(tmp_path):
     child.expect(r"w11\r\n")     # the echo
     child.expect(r"w\d+")         # the answer is streaming
     child.sendintr()
-    child.expect(SUMMARY.pattern + r" \(interrupted\)")
+    child.expect(SUMMARY_HEAD + r" \(interrupted\)")
     child.expect("> ")
     child.sendline("w12")       # the session goes on
     child.expect(r"w12\r\n")
