@@ -159,14 +159,29 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         progress: optional ``progress("capture", done, total)`` callback.
 
     Raises:
-        SterError: an unknown position rule, a layer out of range, or a prompt error.
+        SterError: an unknown position rule; no prompt; no layer, a layer out of range, not a whole number
+            or given twice (a capture holds one array per layer and prompt: ``save_capture`` and
+            ``load_capture`` refuse anything else); or a prompt error.
     """
     if position not in POSITIONS:
         raise SterError(f"--position must be one of {', '.join(POSITIONS)}, got {position!r}")
+    if isinstance(prompts, str):
+        raise SterError("prompts must be a list of texts, not one string; pass [text] for one prompt")
+    if not prompts:
+        raise SterError("no prompt given; a capture needs at least one prompt")
+    layers = list(layers)
+    if not layers:
+        raise SterError("no layer given; name at least one layer to capture")
     n_layers = loaded.spec.num_hidden_layers
     for i in layers:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise SterError(f"layer {i!r} is not a layer number; give whole numbers 0..{n_layers - 1}")
         if not 0 <= i < n_layers:
             raise SterError(f"layer {i} does not exist; this model has layers 0..{n_layers - 1}")
+    if len(set(layers)) != len(layers):
+        twice = next(i for n, i in enumerate(layers) if i in layers[:n])
+        raise SterError(f"layer {twice} is given twice; name each layer once")
+    layers = [int(i) for i in layers]
     context = prompt_context(loaded.spec)
     encoded: list[Prompt] = [encode_prompt(loaded.tokenizer, p, system=system, chat_template=chat_template,
                                            context=context)

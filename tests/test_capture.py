@@ -134,6 +134,20 @@ def test_parse_layers_refusals(text, words):
         parse_layers(text, 3)
 
 
+@pytest.mark.parametrize("prompts, layers, words", [
+    ([PROMPTS[0]], [1, 1], "layer 1 is given twice"),  # was two rows for one prompt, then save_capture failed
+    ([PROMPTS[0]], [], "no layer given"),               # was a capture load_capture refuses
+    ([], [0], "no prompt given"),                       # was numpy's ValueError from np.stack
+    (PROMPTS[0], [0], "not one string"),
+    ([PROMPTS[0]], [True], "not a layer number"),
+    ([PROMPTS[0]], ["0"], "not a layer number"),        # was a TypeError
+])
+def test_library_capture_refuses_what_a_capture_cannot_hold(tiny, prompts, layers, words):
+    loaded = load_model(str(tiny[0]))
+    with pytest.raises(SterError, match=words):
+        capture(loaded, prompts, layers, chat_template="off")
+
+
 def test_failed_write_leaves_no_file(tiny, tmp_path, monkeypatch):
     import ster_py.capture as capture_mod
 
