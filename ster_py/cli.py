@@ -680,8 +680,9 @@ def inspect(
 def print_fields(fields) -> None:
     """Print ``(key, text)`` pairs as two columns on stdout (the key bold): the text wrapped to the
     console's width (80 when piped) under its column; a word longer than that (a hash) is never split
-    but printed whole on the next line, indented by two; no trailing spaces."""
-    fields = list(fields)
+    but printed whole on the next line, indented by two; no trailing spaces. The texts hold what ster did
+    not write (a path, a control vector's model_hint), so each passes ``terminal_text``."""
+    fields = [(key, terminal_text(text, keep="\n\t")) for key, text in fields]  # textwrap makes those spaces
     keys = max((len(k) for k, _ in fields), default=0) + 2
     for key, text in fields:
         width = max(out.width - keys, 20)

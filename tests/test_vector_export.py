@@ -121,6 +121,19 @@ def test_export_is_llamacpps_control_vector_format(tmp_path):
         assert np.allclose(np.asarray(t.data), 2.5 * vec.directions[int(t.name.split(".")[1])])
 
 
+def test_inspect_shows_a_control_vectors_model_hint_without_its_escape_sequences(tmp_path):
+    # The hint comes from the vector's metadata (a file ster did not write): `ster inspect` printed its ESC raw,
+    # so a crafted vector could clear or retitle the terminal of whoever inspects the exported GGUF.
+    write_vector(_vector(model_type="llama\x1b[2J\x1b]0;pwned\x07"), tmp_path / "v.json")
+    out = tmp_path / "v.gguf"
+    assert ster("vector", "export", str(tmp_path / "v.json"), "--output", str(out), "-q").returncode == 0
+    r = ster("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "llama\\x1b[2J\\x1b]0;pwned\\x07" in r.stdout
+    assert json.loads(ster("inspect", str(out), "--json").stdout)["model_hint"] == "llama\x1b[2J\x1b]0;pwned\x07"
+
+
 def test_export_refuses_a_vector_of_layer_0_only(tmp_path):
     with pytest.raises(SterError, match="only layer 0"):
         export_control_vector(_vector(layers=(0,)), tmp_path / "v.gguf")
