@@ -99,7 +99,8 @@ ster_init_tables()
 ster_il_init()   # the interleaved copies' fork handlers, once, before any thread can hold their lock
 cdef int _threads = _default_threads()
 # Instruction-set levels (ster_qkernels.h STER_ISA_*): each includes the ones before it.
-SIMD_LEVELS = ("portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
+# amx_bf16: AVX512_BF16 plus AMX's tiles for bfloat16 prefill (ster_amx.h), where the OS grants them.
+SIMD_LEVELS = ("portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx_bf16")
 
 
 def _level_cap() -> int:
@@ -255,7 +256,8 @@ def simd_available() -> bool:
 
 def cpu_simd_level() -> str:
     """The highest of ``SIMD_LEVELS`` this CPU runs (AVX2 = AVX2 + FMA + F16C; avx512 = AVX-512
-    F/BW/VL/DQ; then + AVX512_VNNI; then + AVX512_BF16), at most $STER_SIMD_LEVEL."""
+    F/BW/VL/DQ; then + AVX512_VNNI; then + AVX512_BF16; then + AMX-TILE and AMX-BF16, which Linux grants
+    this process on request), at most $STER_SIMD_LEVEL."""
     return SIMD_LEVELS[_simd_ok]
 
 
@@ -316,11 +318,12 @@ def set_background_copies(bint on) -> bool:
 
 def set_bf16_inputs(bint on):
     """Whether products of a bfloat16 matrix over several tokens (prefill, routed experts) round
-    their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps, as llama.cpp does for
-    its BF16 tensors and transformers for a bf16 model. On by default where that is faster than the
-    float32 tile (AMD's AVX512_BF16 cores: twice the products per instruction at an FMA's rate; not
-    Intel's, where it issues at half that rate: ``ster_cpu_fast_bf16_dot``), or as $STER_BF16_INPUTS
-    says. Off, or below that level: float32 inputs on the float32 tile.
+    their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps, or at level amx_bf16
+    with AMX's tdpbf16ps when the row length is a multiple of 32, as llama.cpp does for its BF16 tensors
+    and transformers for a bf16 model. On by default where that is faster than the float32 tile (AMD's
+    AVX512_BF16 cores: twice the products per instruction at an FMA's rate; Intel's with AMX; not Intel's
+    without, where vdpbf16ps issues at half an FMA's rate: ``ster_cpu_fast_bf16_dot``), or as
+    $STER_BF16_INPUTS says. Off, or below avx512_bf16: float32 inputs on the float32 tile.
     The one-token products keep 16 of the inputs' 24 bits either way (``split_bf16``).
     On this path subnormal inputs (|x| < 2^-126), products and partial sums count as zero, as the
     instructions define them (an error of at most ~1e-38 per term). Returns the setting before."""

@@ -370,11 +370,14 @@ static int ster_cpu_avx2(void) {
 }
 
 /* Instruction-set levels of the kernels, each including the ones below it. */
-enum { STER_ISA_PORTABLE = 0, STER_ISA_AVX2 = 1, STER_ISA_AVX512 = 2, STER_ISA_VNNI = 3, STER_ISA_BF16 = 4 };
+enum { STER_ISA_PORTABLE = 0, STER_ISA_AVX2 = 1, STER_ISA_AVX512 = 2, STER_ISA_VNNI = 3, STER_ISA_BF16 = 4,
+       STER_ISA_AMX = 5 };
+
+static int ster_amx_granted(void);   /* ster_amx.h */
 
 /* The highest level this CPU (and OS: libgcc checks the saved register state) runs:
  * AVX2 = AVX2 + FMA + F16C; AVX512 = AVX512 F/BW/VL/DQ; VNNI = + AVX512_VNNI;
- * BF16 = + AVX512_BF16. */
+ * BF16 = + AVX512_BF16; AMX = + AMX-TILE and AMX-BF16, granted to this process by the OS. */
 static int ster_cpu_level(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -387,7 +390,7 @@ static int ster_cpu_level(void) {
                 level = STER_ISA_AVX512;
                 if (__builtin_cpu_supports("avx512vnni")) {
                     level = STER_ISA_VNNI;
-                    if (__builtin_cpu_supports("avx512bf16")) level = STER_ISA_BF16;
+                    if (__builtin_cpu_supports("avx512bf16")) level = ster_amx_granted() ? STER_ISA_AMX : STER_ISA_BF16;
                 }
             }
         }
@@ -396,13 +399,14 @@ static int ster_cpu_level(void) {
     return cached;
 }
 
-/* Whether vdpbf16ps multiplies bfloat16 pairs faster than the float32 FMA tile does the same products:
- * on AMD's AVX512_BF16 cores (Zen 4, Zen 5) it issues as often as an FMA with twice the products (the
+/* Whether bfloat16 inputs multiply faster than the float32 FMA tile does the same products: on AMD's
+ * AVX512_BF16 cores (Zen 4, Zen 5) vdpbf16ps issues as often as an FMA with twice the products (the
  * bf16 tile ran 1.8-2.0x the float32 one on a Zen 5); on Intel's (Cooper Lake, Sapphire Rapids and
- * later) it issues half as often (0.66-0.71x on an AMX Xeon). Chooses set_bf16_inputs' default. */
+ * later) it issues half as often (0.66-0.71x on an AMX Xeon), but there AMX's tiles take the product
+ * where the OS grants them. Chooses set_bf16_inputs' default. */
 static int ster_cpu_fast_bf16_dot(void) {
     __builtin_cpu_init();
-    return ster_cpu_level() >= STER_ISA_BF16 && __builtin_cpu_is("amd");
+    return ster_cpu_level() >= STER_ISA_AMX || (ster_cpu_level() >= STER_ISA_BF16 && __builtin_cpu_is("amd"));
 }
 
 STER_AVX2_INLINE float ster_hsum8(__m256 v) {
@@ -1349,6 +1353,7 @@ static ster_dot16_fn ster_dot16_for(int type) {
 }
 
 #include "ster_x512.h"
+#include "ster_amx.h"
 
 #else
 static int ster_cpu_avx2(void) { return 0; }
@@ -1611,6 +1616,19 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
     (void)simd;
 #endif
 #if STER_HAVE_X86
+#ifdef STER_HAVE_AMX
+    if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_AMX && K % 32 == 0) {   /* K: whole tiles */
+        ster_amx_begin();
+        for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
+            kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
+            for (p = 0; p < npanel; p++)
+                ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, kc0, kcl, (uint32_t*)(pack + (size_t)p * STER_KC * STER_NR));
+            ster_amx_chunk(Xb + kc0, K, T, kcl, (const uint32_t*)pack, npanel, n1 - n0, Y + n0, ldy, kc0 > 0);
+        }
+        ster_amx_end();
+        return;
+    }
+#endif
     if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_BF16) {
         const int Kp = K + (K & 1);
         for (kc0 = 0; kc0 < K; kc0 += STER_KC) {

@@ -8,7 +8,7 @@
   with the ones above it off. The AVX512_BF16 row dots multiply the input split in two
   bfloat16 halves; their reference multiplies that split (``qmatmul.split_bf16``), itself
   checked against its definition with ml_dtypes. The AVX512_BF16 panels (several tokens)
-  multiply the inputs rounded to bfloat16 (``qmatmul.set_bf16_inputs``, on by default on AMD's AVX512_BF16 cores).
+  multiply the inputs rounded to bfloat16 (``qmatmul.set_bf16_inputs``, on by default on AMD's AVX512_BF16 cores and where AMX's tiles run them).
 - A checkpoint saved in bf16 (and one in f16) by transformers runs with ``precision="auto"``:
   its matrices stay views of the file, every projection is a 16-bit ``QuantLinear``, the
   fused decode step takes every block, and logits match transformers on the same weights.
@@ -26,6 +26,7 @@ from tiny import make_checkpoint, one_torch_thread, reference_logits  # noqa: F4
 
 U = 2.0 ** -24
 LEVELS = qmatmul.SIMD_LEVELS[:qmatmul.SIMD_LEVELS.index(qmatmul.cpu_simd_level()) + 1]
+BF16_LEVELS = ("avx512_bf16", "amx_bf16")   # the levels with bfloat16 products (and AMX's tiles at the second)
 HALF = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 
 
@@ -71,7 +72,7 @@ def test_half_rows_match_numpy_every_level(kind, cols):
                     lin._m.matmul(x, out, force)
                     rowdots = force in (1, 3) or (force == 0 and T == 1)
                     ref, bb = want, b
-                    if kind == "bf16" and level == "avx512_bf16":
+                    if kind == "bf16" and level in BF16_LEVELS:
                         ref, bb = (want_split, b) if rowdots else (want_round, b_round) if qmatmul.bf16_inputs() else (want, b)
                     excess = np.abs(out - ref) / bb
                     assert excess.max() <= 1.0, (kind, cols, T, level, threads, force, excess.max())
@@ -84,16 +85,25 @@ def test_bf16_input_tile_follows_its_definition():
     as ml_dtypes rounds) by vdpbf16ps: equal to that rounded product within the float32 bound,
     the same bits at 1 and 2 threads and whatever the tiling (odd rows of inputs, a lone or
     partial last panel, token counts that fill the 12-token tile or not); one-token products
-    and lower levels keep the float32 inputs; off, the float32 tile serves."""
+    and lower levels keep the float32 inputs; off, the float32 tile serves. At amx_bf16 the rows
+    whose length is a multiple of 32 run on AMX's tiles (16 x 16 blocks, partial in tokens and
+    outputs, sums carried over 256-input chunks) and the others on vdpbf16ps, under the same bound;
+    each level is checked with the one above it off."""
     if "avx512_bf16" not in LEVELS:
         pytest.skip("the vdpbf16ps tile runs only on a CPU with AVX512_BF16; this one has none")
+    for level in [lv for lv in BF16_LEVELS if lv in LEVELS]:
+        _check_bf16_input_tile(level)
+
+
+def _check_bf16_input_tile(level):
     rng = np.random.default_rng(5)
     try:
         qmatmul.set_bf16_inputs(True)
-        for rows, cols in ((80, 600), (37, 577), (16, 33), (9, 1024)):
+        qmatmul.set_simd_level(level)
+        for rows, cols in ((80, 600), (37, 577), (16, 33), (9, 1024), (80, 576), (33, 1536)):
             w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2.0, (rows, 1))).astype(ml_dtypes.bfloat16)
             m = QuantLinear(w)._m
-            for T in (2, 13, 24):
+            for T in (2, 13, 24, 40):
                 x = rng.standard_normal((T, cols)).astype(np.float32)
                 xr = x.astype(ml_dtypes.bfloat16)
                 want, want32 = reference_matmul(xr.astype(np.float32), w), reference_matmul(x, w)
@@ -103,7 +113,7 @@ def test_bf16_input_tile_follows_its_definition():
                     qmatmul.set_threads(threads)
                     out = np.full((T, rows), np.nan, np.float32)
                     m.matmul(x, out, 2)
-                    assert (np.abs(out - want) / b).max() <= 1.0, (rows, cols, T, threads)
+                    assert (np.abs(out - want) / b).max() <= 1.0, (level, rows, cols, T, threads)
                     outs.append(out)
                 np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
                 assert np.abs(outs[0] - want32).max() > 0        # the inputs really were rounded
@@ -111,9 +121,9 @@ def test_bf16_input_tile_follows_its_definition():
                 out = np.empty((T, rows), np.float32)
                 m.matmul(x, out, 2)
                 assert (np.abs(out - want32) / bound(x, w)).max() <= 1.0
-                qmatmul.set_simd(True)
+                qmatmul.set_simd_level(level)
         # routed experts: the rows of each expert on the same tile (one expert has no rows)
-        ws = [rng.standard_normal((48, 96)).astype(ml_dtypes.bfloat16) for _ in range(3)]
+        ws = [rng.standard_normal((48, 96)).astype(ml_dtypes.bfloat16) for _ in range(3)]   # 96: AMX's tiles
         x = rng.standard_normal((20, 96)).astype(np.float32)
         offsets = np.array([0, 7, 7, 20])
         y = np.full((20, 48), np.nan, np.float32)
@@ -129,12 +139,14 @@ def test_bf16_input_tile_follows_its_definition():
         assert (np.abs(out - reference_matmul(x, w)) / bound(x, w)).max() <= 1.0
     finally:
         qmatmul.set_bf16_inputs(qmatmul.BF16_INPUTS_DEFAULT)
+        qmatmul.set_simd(True)
 
 
 def test_bf16_inputs_env_turns_the_rounding_off():
     """$STER_BF16_INPUTS=0 starts a process with the bfloat16 rounding off (A/B runs) and =1 with it on wherever
-    the CPU has AVX512_BF16; unset, it is on where vdpbf16ps outruns the float32 tile: AMD's cores, not Intel's
-    (the vendor read here from /proc/cpuinfo, not from the kernels' own check); any other value as unset.
+    the CPU has AVX512_BF16; unset, it is on where bfloat16 products outrun the float32 tile: AMD's cores and
+    AMX's tiles, not Intel's without (the vendor read here from /proc/cpuinfo, not from the kernels' own check);
+    any other value as unset.
     ``float_activations`` turns it off and restores it."""
     import os
     import subprocess
@@ -143,10 +155,10 @@ def test_bf16_inputs_env_turns_the_rounding_off():
     code = ("from ster_py._kernels import qmatmul; from ster_py.decoder.qlinear import float_activations\n"
             "a = qmatmul.bf16_inputs()\nwith float_activations(): b = qmatmul.bf16_inputs()\n"
             "print(a, b, qmatmul.bf16_inputs())")
-    has = qmatmul.cpu_simd_level() == "avx512_bf16"
+    has = qmatmul.cpu_simd_level() in BF16_LEVELS
     with open("/proc/cpuinfo") as f:
         amd = any(line.split(":")[-1].strip() == "AuthenticAMD" for line in f if line.startswith("vendor_id"))
-    fast = has and amd
+    fast = has and (amd or qmatmul.cpu_simd_level() == "amx_bf16")
     # a value check_kernel_env refuses is the default here (the library read "false", "off" and "2" as on)
     for value, want in (("0", "False False False"), ("1", f"{has} False {has}"), (None, f"{fast} False {fast}"),
                         ("false", f"{fast} False {fast}"), ("off", f"{fast} False {fast}"),

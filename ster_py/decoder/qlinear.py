@@ -251,7 +251,7 @@ def check_kernel_env() -> None:
                                               "unset: where OpenBLAS runs narrower kernels than the CPU has)"),
                           ("STER_BF16_INPUTS", "0 (float32 inputs) or 1 (a bf16 prompt's inputs rounded to bf16 "
                                                "where the CPU has AVX512_BF16; unset: where that is faster, "
-                                               "AMD's cores)")):
+                                               "AMD's cores and Intel's with AMX)")):
         value = os.environ.get(name, "").strip()
         if value and value not in ("0", "1"):
             raise SterError(f"{name} must be {meaning}, got {value[:20]!r}; fix or unset it")
