@@ -671,10 +671,11 @@ def inspect(
     model = model if model is not None else model_opt
     with progress_bar(enabled=not quiet) as progress:
         info = inspect_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+    warn(info.get("warnings", ()))  # on stderr, as the commands that load the model show them
     if as_json:
         print(json.dumps({**version_fields(), **info}, indent=2))
         return
-    print_fields((key, inspect_value(key, value)) for key, value in info.items())
+    print_fields((key, inspect_value(key, value)) for key, value in info.items() if key != "warnings")
 
 
 def print_fields(fields) -> None:

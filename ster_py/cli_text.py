@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 from .cli import (MODEL_HELP, QUIET_HELP, _model_or_default, _write, app, err, flag, plural, progress_bar,
-                  version_fields)
+                  version_fields, warn)
 from .errors import SterError
 
 
@@ -116,6 +116,7 @@ def tokenize(
     content = _read_text(text, file)
     with progress_bar(enabled=not quiet, what="loading tokenizer") as progress:
         tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)
+    warn(getattr(tokenizer, "notes", ()))  # a GGUF special token id outside the vocabulary, ignored as loading ignores it
     # tokenizers' encode_special_tokens=True tokenizes special texts as plain text.
     tokenizer.tk.encode_special_tokens = not parse_special
     ids = tokenizer.encode(content, add_special_tokens=special)
@@ -146,6 +147,7 @@ def detokenize(
 
     with progress_bar(enabled=not quiet, what="loading tokenizer") as progress:
         tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)
+    warn(getattr(tokenizer, "notes", ()))  # a GGUF special token id outside the vocabulary, ignored as loading ignores it
     token_ids = _parse_ids(ids, tokenizer.vocab_size)
     text = tokenizer.decode(token_ids, skip_special_tokens=skip_special)
     if as_json:

@@ -81,7 +81,8 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
     layers that attend: keys and values, or a latent layer's latent and rotated key part), for latent
     attention kv_bytes_per_position_expanded (what expanded keys and values would hold instead), and
     state_bytes_per_sequence (the recurrent state of the state-space layers, float32, whatever the
-    context length; 0 without them).
+    context length; 0 without them), and warnings (lines for the user, as ``LoadedModel.warnings`` has them:
+    the config's notes and a GGUF special token id outside the vocabulary, which loading ignores).
 
     Raises:
         SterError: whatever resolution or header validation refuses.
@@ -115,6 +116,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
                                     has_output="output.weight" in g.tensors,
                                     tensors={n: t.shape for n, t in g.tensors.items()}), path)
         parts = interpret(path, tokenizer_from_gguf_metadata, g.metadata)
+        notes = list(parts.notes)
         info.update(architecture=g.architecture, family=spec.model_type,
                     tokenizer=f"gguf:{g.metadata.get('tokenizer.ggml.model')}"
                               f"/{g.metadata.get('tokenizer.ggml.pre', '-')}",
@@ -126,6 +128,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         check_config(r.config, source)
         spec = check_spec(interpret(source, spec_from_config, r.config, r.family, source), source)
         tok = Tokenizer.from_dir(r.root)
+        notes = list(tok.notes)
         architectures = r.config.get("architectures")
         info.update(architecture=architectures[0] if isinstance(architectures, list) and architectures else None,
                     family=r.family.model_type, tokenizer=f"tokenizer.json:{type(tok.tk.model).__name__}",
@@ -169,4 +172,5 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
                                                          map(spec.attention_shape, layers))
     # A recurrent mixer's state (convolution inputs and scan state, float32) does not grow with the context.
     info["state_bytes_per_sequence"] = spec.state_bytes()
+    info["warnings"] = [*r.notes, *notes]
     return info

@@ -128,6 +128,26 @@ def test_detokenize_round_trip_and_skip_special(smollm2_gguf):
     assert doc["ids"] == ids and doc["count"] == len(ids)
 
 
+@pytest.mark.real
+def test_special_id_outside_the_vocabulary_is_a_warning_without_the_weights_too(smollm2_gguf, tmp_path):
+    """A GGUF whose bos_token_id is outside its vocabulary: loading ignores the id with a warning (generate,
+    perplexity, capture showed it); tokenize, detokenize and inspect used the default id and said nothing."""
+    from gguf_craft import BOOL, U32, edit_metadata
+
+    path = tmp_path / "bad-bos.gguf"
+    path.write_bytes(edit_metadata(smollm2_gguf.read_bytes(), {"tokenizer.ggml.bos_token_id": (U32, 10**9),
+                                                               "tokenizer.ggml.add_bos_token": (BOOL, True)}))
+    note = "tokenizer.ggml.bos_token_id = 1000000000 is outside the vocabulary of 49152 tokens"
+    for args in (("tokenize", "-m", path, "-t", "hello", "-q"), ("detokenize", "-m", path, "11", "-q"),
+                 ("inspect", path, "-q"), ("inspect", path, "--json", "-q")):
+        done = ster(*map(str, args))
+        assert done.returncode == 0, (args, done.stderr)
+        assert done.stderr.count("warning:") == 1 and note in " ".join(done.stderr.split()), (args, done.stderr)
+    assert json.loads(done.stdout)["warnings"] == [
+        f"{note}; ignored, using the default id 11 (as llama.cpp does); the GGUF file is inconsistent"]
+    assert json.loads(ster("inspect", str(smollm2_gguf), "--json", "-q").stdout)["warnings"] == []
+
+
 # ------------------------------------------------------------ Hugging Face directory
 
 @pytest.mark.real
