@@ -96,6 +96,9 @@ def perplexity(
     if model is not None and model_opt is not None and model != model_opt:
         raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
     model = _model_or_default(model if model is not None else model_opt)
+    if reference is not None and not reference.strip():  # "$UNSET": it read as no --reference at all
+        raise SterError("--reference is empty; give the reference model (a path, a preset name or a Hub id), "
+                        "or leave out --reference")
     _use_threads(threads)
     try:
         if not file.is_file():
@@ -108,7 +111,8 @@ def perplexity(
     with progress_bar(enabled=not quiet, what="perplexity") as progress:
         loaded = load_model(model, revision, precision=precision.value, progress=progress)
         show_warnings(loaded)
-        ref = load_model(reference, revision, precision=precision.value, progress=progress) if reference else None
+        ref = (load_model(reference, revision, precision=precision.value, progress=progress)
+               if reference is not None else None)
         result = run(loaded, text, ctx, reference=ref, max_chunks=chunks, progress=progress)
     result = {**version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
               "precision": loaded.precision, "reference": reference,

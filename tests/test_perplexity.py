@@ -110,6 +110,13 @@ def test_cli_json(files, tmp_path):
     # a window past the model's 128 positions is refused as generate's --ctx-size (issue 17: it ran silently)
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
     assert "--ctx 4096 exceeds the model's maximum of 128 positions" in r.stderr, r.stderr
+    # --reference "$UNSET" printed the perplexity alone, as if no --reference had been given
+    for empty in ("", "  "):
+        r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["f16"],
+                            "--file", str(tmp_path / "t.txt"), "--ctx", "32", "--reference", empty],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("error: --reference is empty;"), r.stderr
 
 
 def test_a_reference_that_tokenizes_otherwise_is_shown_where(files, monkeypatch):
