@@ -375,10 +375,23 @@ def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tu
     return [TensorEntry(s.name, shapes[s.name], types[s.name], data(s, types[s.name])) for s in sources]
 
 
-def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, list[TensorEntry], dict]:
+def check_convertible(resolved) -> None:
+    """Refuse, before any weight is read, a resolved safetensors checkpoint that ``convert_model`` could not
+    write as GGUF: an invalid config, an architecture or layer kind without a llama.cpp writer here, a
+    tokenizer GGUF cannot hold. ``tune merge --output FILE.gguf`` calls it on the base model, so that
+    such a refusal comes before the merge's work and names the base's files, not the merge's temporary copy.
+
+    Raises:
+        SterError: what ``convert_model`` would refuse about the checkpoint's config or tokenizer.
+    """
+    _checkpoint_metadata(resolved)
+
+
+def _checkpoint_metadata(resolved):
+    """(spec, architecture metadata, rope_freqs, tokenizer metadata, tokenizer notes) of a checkpoint, with
+    ``check_convertible``'s refusals."""
     from .config import spec_from_config
-    from .families import FAMILIES_BY_GGUF_ARCH
-    from .gguf.export import architecture_metadata, read_back_differences, tokenizer_metadata
+    from .gguf.export import architecture_metadata, tokenizer_metadata
     from .validate import check_config, check_spec, interpret
 
     config, family = resolved.config, resolved.family
@@ -388,7 +401,17 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     _refuse_unwritten_arch(family.gguf_arch, f"model_type {spec.model_type!r}", where)
     _refuse_unwritten([layer.mixer for layer in spec.layers], f"model_type {spec.model_type!r}", where)
     arch_meta, rope_freqs = architecture_metadata(config, family, spec, where)
-    tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)  # refusals before any weight
+    tok_meta, notes = tokenizer_metadata(resolved.root, spec.vocab_size, config)
+    return spec, arch_meta, rope_freqs, tok_meta, notes
+
+
+def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, list[TensorEntry], dict]:
+    from .families import FAMILIES_BY_GGUF_ARCH
+    from .gguf.export import read_back_differences
+
+    config, family = resolved.config, resolved.family
+    where = str(resolved.config_path)
+    spec, arch_meta, rope_freqs, tok_meta, notes = _checkpoint_metadata(resolved)  # refusals before any weight
     sources = checkpoint_sources(resolved, spec, family, config, progress)
     if rope_freqs is not None:
         sources.append(_Source("rope_freqs.weight", tuple(rope_freqs.shape), lambda: rope_freqs))

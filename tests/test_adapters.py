@@ -302,6 +302,25 @@ def _refused(tmp_path, model, adapter, words):
     assert not out.exists()
 
 
+def test_merge_to_gguf_refuses_an_unconvertible_base_before_merging(f32_case, tmp_path, monkeypatch):
+    """The tiny base's WordLevel tokenizer has no GGUF form. The refusal came from the conversion after the
+    merge, naming the temporary merged copy (``.m.gguf.XXXX.merge/merged/tokenizer.json``, gone once the
+    command ended); it now comes before any merge work and names the base's own tokenizer.json."""
+    import ster_py.tune.merge as merge_mod
+    from ster_py.tune.merge import merge_adapter_to_gguf
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    out = tmp_path / "m.gguf"
+    r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(adapter_dir), "--output", str(out))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"error: {base_dir / 'tokenizer.json'}: a WordLevel tokenizer cannot be written")
+    assert ".merge" not in r.stderr and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(merge_mod, "merge_adapter", lambda *a, **k: pytest.fail("merged before the refusal"))
+    with pytest.raises(SterError, match="WordLevel tokenizer cannot be written"):
+        merge_adapter_to_gguf(str(base_dir), str(adapter_dir), out)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_merge_refusals(f32_case, tmp_path):
     base_dir, adapter_dir, _, _, _ = f32_case
     # Another model.
@@ -399,7 +418,7 @@ def _peft_copy(adapter_dir: Path, dest: Path, config=None, tensors=None) -> Path
     return dest
 
 
-def test_merge_refuses_weights_that_overflow_their_dtype(f32_case, tmp_path):
+def test_merge_refuses_weights_that_overflow_their_dtype(f32_case, tmp_path, monkeypatch):
     """A float16 weight stops at 65504: lora_alpha 4e6 makes the merged q/v weights infinite. PEFT's own
     safe_merge refuses the merge too; ster refuses it by tensor name and leaves nothing at --output."""
     import torch
@@ -417,8 +436,13 @@ def test_merge_refuses_weights_that_overflow_their_dtype(f32_case, tmp_path):
                                  r"the merged values overflow F16 .*scale \(1e\+06\) or factors are too large")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "f16"]  # no temporary sibling either
     gguf = tmp_path / "m.gguf"
-    r = ster("tune", "merge", "--model", str(f16), "--adapter", str(big), "--output", str(gguf))
-    assert r.returncode == 1 and r.stderr.startswith("error: merging adapter") and "Traceback" not in r.stderr
+    # the tiny base's WordLevel tokenizer has no GGUF form, a refusal that now comes first: skipped to reach the merge
+    import ster_py.convert as convert_mod
+    from ster_py.tune.merge import merge_adapter_to_gguf
+
+    monkeypatch.setattr(convert_mod, "check_convertible", lambda resolved: None)
+    with pytest.raises(SterError, match="^merging adapter"):
+        merge_adapter_to_gguf(str(f16), str(big), gguf)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "f16"]
     # the same adapter at its trained alpha merges into the float16 base
     fine = _peft_copy(adapter_dir, tmp_path / "fine", {"base_model_name_or_path": str(f16)})

@@ -143,8 +143,13 @@ def made(tmp_path_factory):
     vec = SteeringVector(str(base), None, 64, "t", "caa", {i: v.astype(np.float32) for i, v in enumerate(unit)})
     vector = write_vector(vec, root / "v.json")
     export_control_vector(vec, root / "v.gguf")
+    # a base that converts to GGUF (byte-level BPE): a merge into .gguf refuses the word-level one before it writes
+    from export_helpers import write_bpe_tokenizer
+
+    bpe_base, bpe_adapter, *_ = peft_case(root / "bpe", vocab_size=320)
+    write_bpe_tokenizer(bpe_base, 320)
     return {"base": base, "adapter": adapter, "root": root, "vector": vector,
-            "gguf_size": (root / "v.gguf").stat().st_size}
+            "gguf_size": (root / "v.gguf").stat().st_size, "bpe_base": bpe_base, "bpe_adapter": bpe_adapter}
 
 
 def test_vector_export_on_a_full_disk_fails_and_leaves_nothing(made, tmp_path):
@@ -169,7 +174,9 @@ def test_a_full_disk_is_one_error_line_for_every_writer(made, tmp_path, command)
     args = {"capture": ["capture", "-m", base, "-p", "w5 w6", "-o", str(out)],
             "vector caa": ["vector", "caa", "--positive", str(root / "pos.safetensors"),
                            "--negative", str(root / "neg.safetensors"), "-o", str(out)],
-            "tune merge": merge, "tune merge gguf": merge}[command]
+            "tune merge": merge,
+            "tune merge gguf": ["tune", "merge", "-m", str(made["bpe_base"]), "-a", str(made["bpe_adapter"]),
+                                "-o", str(out)]}[command]
     line = _one_error_line(_limited(256, *args, "-q"), out)
     if command == "capture":
         assert line.startswith(f"error: cannot write {out} and {out.with_suffix('.json')}: ")

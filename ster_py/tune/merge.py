@@ -266,14 +266,20 @@ def merge_adapter_to_gguf(model: str, adapter: str | Path, output: str | Path, *
     Raises:
         SterError: anything ``merge_adapter`` or ``convert_model`` refuses; an existing ``output``.
     """
-    from ..convert import convert_model
+    from ..convert import check_convertible, convert_model
     from ..gguf.recipe import file_type
+    from ..resolve import resolve
 
     file_type(type_name)  # an unknown type is refused before any merge work
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new file name or remove it first")
     check_folder(output)
+    # A base the conversion would refuse (its tokenizer, its architecture) is refused before the merge's work,
+    # naming its own files: found by the conversion, the refusal named the temporary merged copy, then removed.
+    base = resolve(model, revision, progress=progress, weights=False)
+    if base.kind == "safetensors" and not (base.config or {}).get("mistral_format"):  # else merge_adapter refuses
+        check_convertible(base)
     # an unwritable directory: one "cannot write" error
     with temporary(output.parent, f".{output.name}.", ".merge", target=output) as tmp:
         merged = tmp / "merged"
