@@ -29,7 +29,7 @@ from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, model_iden
                         write_safetensors)
 from .decoder.qlinear import float_activations
 from .errors import SterError
-from .files import check_path_name
+from .files import FileTooLarge, NotRegularFile, check_path_name, read_bounded
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
 from .steering import check_model_fields, json_value
 
@@ -39,6 +39,8 @@ LAYER_HELP = ("Layer i (0-based) is the residual stream after decoder layer i, b
               "before the final norm. Layer i equals transformers' hidden_states[i + 1] (except the last, "
               "which transformers returns after the final norm).")
 SCHEMA_VERSION = 1
+#: ``--prompts`` reads at most this many bytes (as ``tokenize --file``); prompts are encoded and run one by one.
+MAX_PROMPTS_FILE_BYTES = 16 << 20
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -94,7 +96,8 @@ def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[st
     ends in .jsonl, one JSON string or ``{"prompt": ...}`` object per line.
 
     Raises:
-        SterError: both or neither given, an empty --prompt, an unreadable file, or no prompt in it.
+        SterError: both or neither given, an empty --prompt, an unreadable file (missing, not a regular file,
+            over ``MAX_PROMPTS_FILE_BYTES``, not UTF-8), or no prompt in it.
     """
     if (prompt is None) == (prompts_file is None):
         raise SterError("give exactly one of --prompt TEXT or --prompts FILE")
@@ -102,8 +105,16 @@ def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[st
         check_prompt_text(prompt)
         return [prompt]
     path = Path(prompts_file)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+    try:  # bounded: /dev/zero or a FIFO was read without end, a binary file was a UnicodeDecodeError traceback
+        lines = read_bounded(path, MAX_PROMPTS_FILE_BYTES).decode("utf-8").splitlines()
+    except NotRegularFile as e:
+        raise SterError(f"--prompts {path} is {e}; give a text file of prompts") from None
+    except FileTooLarge:
+        raise SterError(f"--prompts {path} is larger than {MAX_PROMPTS_FILE_BYTES >> 20} MiB, ster's limit for it; "
+                        "split the prompts into smaller files") from None
+    except UnicodeDecodeError as e:
+        raise SterError(f"--prompts {path} is not UTF-8 text (invalid byte at offset {e.start}); "
+                        "convert it to UTF-8") from None
     except OSError as e:
         raise SterError(f"cannot read --prompts {path}: {e.strerror or e}") from None
     out = []

@@ -148,6 +148,27 @@ def test_library_capture_refuses_what_a_capture_cannot_hold(tiny, prompts, layer
         capture(loaded, prompts, layers, chat_template="off")
 
 
+def test_prompts_file_that_is_not_text_is_one_error_line(tmp_path, monkeypatch):
+    """A binary --prompts file was a UnicodeDecodeError traceback; /dev/zero (or a FIFO) was read without end
+    until a MemoryError traceback. Each is now a SterError naming the file (capture and parity share the reader)."""
+    import ster_py.capture as capture_mod
+    from ster_py.capture import read_prompts
+
+    (tmp_path / "binary.txt").write_bytes(b"w5 w6\n\xff\xfe\n")
+    (tmp_path / "big.txt").write_text("w5\n" * 20)
+    cases = [(tmp_path / "binary.txt", "is not UTF-8 text \\(invalid byte at offset 6\\)"),
+             ("/dev/zero", "is not a regular file"), (tmp_path, "is a directory")]
+    for path, words in cases:
+        with pytest.raises(SterError, match=f"--prompts {path} {words}"):
+            read_prompts(None, path)
+    monkeypatch.setattr(capture_mod, "MAX_PROMPTS_FILE_BYTES", 50)
+    with pytest.raises(SterError, match="is larger than"):
+        read_prompts(None, tmp_path / "big.txt")
+    r = ster("capture", "--prompts", str(tmp_path / "binary.txt"), "-o", str(tmp_path / "c.safetensors"))
+    assert r.returncode == 1 and r.stderr.startswith("error: --prompts") and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "c.safetensors").exists()
+
+
 def test_failed_write_leaves_no_file(tiny, tmp_path, monkeypatch):
     import ster_py.capture as capture_mod
 
