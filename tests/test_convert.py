@@ -447,6 +447,33 @@ def test_cli_convert_refuses_an_output_not_named_gguf(checkpoints, tmp_path):
     assert r.stderr.startswith("error:") and "does not end in .gguf" in r.stderr and not out.exists()
 
 
+@pytest.mark.parametrize("case, words", [
+    ("vocab_id_text", 'invalid type: string "abc", expected u32'),   # was a ValueError traceback
+    ("vocab_list", "expected a map"),                                 # was an AttributeError traceback
+    ("added_without_id", "missing field `id`"),                       # was a KeyError traceback
+    ("nested", "recursion limit exceeded"),                           # was a RecursionError traceback
+])
+def test_malformed_tokenizer_json_is_one_error_line(case, words, checkpoints, tmp_path):
+    import shutil
+
+    src = checkpoints / "llama"
+    model = tmp_path / case
+    shutil.copytree(src, model)
+    doc = json.loads((src / "tokenizer.json").read_text())
+    if case == "vocab_id_text":
+        doc["model"]["vocab"]["zzz"] = "abc"
+    elif case == "vocab_list":
+        doc["model"]["vocab"] = list(doc["model"]["vocab"].items())
+    elif case == "added_without_id":
+        del doc["added_tokens"][0]["id"]
+    text = json.dumps(doc) if case != "nested" else '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (model / "tokenizer.json").write_text(text)
+    out = tmp_path / "m.gguf"
+    r = ster("convert", str(model), "--output", str(out))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and not out.exists(), r.stderr
+    assert r.stderr.startswith(f"error: failed to load tokenizer {model / 'tokenizer.json'}: ") and words in r.stderr
+
+
 def test_family_without_a_gguf_architecture_is_refused_before_any_weight(tmp_path):
     from tiny import write_tokenizer
 

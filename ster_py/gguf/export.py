@@ -361,6 +361,10 @@ def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None
     from .tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf_metadata
 
     root = Path(root)
+    # The tokenizers library reads the file first: what it refuses (ids that are not whole numbers, an added
+    # token without an id, a vocabulary that is a list, nesting past its limit) is one error, where the
+    # walk below met it as a ValueError, KeyError, AttributeError or RecursionError traceback.
+    hf = Tokenizer.from_dir(root)
     doc = _tokenizer_json(root)
     model = doc["model"]
     if model.get("type") != "BPE":
@@ -426,7 +430,6 @@ def tokenizer_metadata(root: str | Path, vocab_size: int, config: Mapping | None
             and c.get("add_prefix_space", True) for c in components)
         meta["tokenizer.ggml.add_space_prefix"] = bool(prepends)
 
-    hf = Tokenizer.from_dir(root)
     special = dict(hf.special_tokens, bos_token=hf.bos_token, eos_token=hf.eos_token)
     cfg = dict(config or {})
 
