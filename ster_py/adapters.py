@@ -263,6 +263,18 @@ def _read_ster(side: Path, weights: Path) -> LoraAdapter:
     check_model_fields(doc, f"adapter sidecar {side}", "fix the adapter's JSON file")  # (compared as paths)
     rslora = _switch(doc, "rslora", f"adapter sidecar {side}")
     alpha = _check_alpha(alpha, rank, rslora, f"adapter sidecar {side}: alpha")
+    # Their shapes before their use: a number as targets or layers was a TypeError traceback, the text "qv"
+    # passed as targets q and v, true as layer 1, and hidden_size "64" refused as "made for 64, this model's 64".
+    if not isinstance(doc["targets"], list) or not all(isinstance(t, str) for t in doc["targets"]):
+        raise SterError(f"adapter sidecar {side}: targets must be a list of projection names ({', '.join(TARGETS)}), "
+                        f"got {str(doc['targets'])[:40]!r}")
+    if not isinstance(doc["layers"], list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                      for i in doc["layers"]):
+        raise SterError(f"adapter sidecar {side}: layers must be a list of layer numbers, got "
+                        f"{str(doc['layers'])[:40]!r}")
+    width = doc["hidden_size"]
+    if isinstance(width, bool) or not isinstance(width, int) or width <= 0:
+        raise SterError(f"adapter sidecar {side}: hidden_size must be a positive integer, got {str(width)[:40]!r}")
     targets = []
     for t in doc["targets"]:
         if t not in ALIASES:
@@ -659,9 +671,11 @@ def apply_adapter(loaded, ad: LoraAdapter) -> None:
     """Wrap ``loaded.decoder``'s projections so every forward pass adds the adapter's delta.
 
     Call :func:`load_adapter_for` first (it checks the fit). Applying twice stacks. The adapter's
-    ``notes`` join ``loaded.warnings``.
+    ``notes`` join ``loaded.warnings``. Prompt caches of this decoder start afresh at their next call
+    (``Decoder.revision``): their positions were computed without the adapter.
     """
     loaded.notes.extend(note for note in ad.notes if note not in loaded.notes)
+    loaded.decoder.revision += 1
     for (layer, target), (a, b) in ad.factors.items():
         obj = loaded.decoder.layers[layer]
         setattr(obj, target, LoraLinear(getattr(obj, target), a, b, ad.scale))

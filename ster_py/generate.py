@@ -257,7 +257,9 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         decoder: the model.
         prompt_ids: int token ids (at least one).
         sampling: decoding settings.
-        stop_ids: end-of-generation ids; the stop token is kept in ``ids`` but not streamed.
+        stop_ids: end-of-generation ids; the stop token is kept in ``ids`` but not streamed. None given,
+            the run goes on to ``max_new_tokens`` past any end token: pass ``LoadedModel.stop_ids()``
+            (the model's and the tokenizer's end tokens) to stop where ``ster generate`` stops.
         on_token: called with each new id as it is chosen (streaming); a true return value
             stops the run after that id (``stop_reason`` "stopped").
         on_logprobs: with ``sampling.logprobs``, called with each new id's ``logprobs`` entry as it
@@ -266,7 +268,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         kv_cache: "f32" (exact, the default) or "f16": the dtype keys and values are cached in.
         cache: a ``PromptCache`` to reuse across calls (its longest exact shared prefix is not
             computed again; the reply equals a fresh cache's); None: a fresh cache.
-        cache_key: what ``layer_hook`` is, for ``cache`` (equal keys mean equal hooks).
+        cache_key: what ``layer_hook`` is, for ``cache`` (equal keys mean equal hooks; a hook without
+            one is computed afresh each call).
         ctx_size: positions the prompt and the reply may fill (default: the model's).
         draft: a ``speculative.Drafter``: speculative decoding, whose ids equal greedy decoding's
             (``speculative.py``); ``Generation.drafted`` / ``accepted`` count its proposals.

@@ -63,7 +63,9 @@ class PromptCache:
             ``extend`` added); decoded positions beyond them are dropped by the next call.
         reused, prefilled: tokens of the last ``prefill`` taken from the cache and computed.
         key: what the cached positions were computed under besides the ids (a steering
-            vector and strength): a call with another key starts afresh.
+            vector and strength): a call with another key starts afresh, and so does a call
+            with a ``layer_hook`` but no key (nothing says two such hooks are equal), or after
+            the decoder's weights changed (``Decoder.revision``, bumped by ``apply_adapter``).
     """
 
     def __init__(self, decoder, kv_dtype=np.float32):
@@ -72,6 +74,7 @@ class PromptCache:
         self.cache: KVCache | None = None
         self.ids: list[int] = []
         self.key = None
+        self.revision = decoder.revision   # the decoder's weights the cached positions were computed with
         self.reused = 0
         self.prefilled = 0
 
@@ -79,9 +82,18 @@ class PromptCache:
         """Forget everything (the next prompt is prefilled whole)."""
         self.cache, self.ids, self.key = None, [], None
 
+    def _same(self, key) -> bool:
+        """Whether the cached positions were computed as a call with ``key`` would compute them."""
+        return self.cache is not None and key == self.key and self.revision == self.decoder.revision
+
+    @staticmethod
+    def _key_of(layer_hook, key):
+        """``key``, or for a hook without one a key equal to no other (its positions are never reused)."""
+        return object() if layer_hook is not None and key is None else key
+
     def _start(self, ids: list[int], key) -> int:
         """Roll the cache back to the part of ``ids`` it can reuse; returns that length."""
-        keep = common_prefix(self.ids, ids) if self.cache is not None and key == self.key else 0
+        keep = common_prefix(self.ids, ids) if self._same(key) else 0
         if getattr(self.decoder.spec, "prefix_lm", False):
             keep = 0  # a prefix-LM prompt attends both ways within itself: no part of it can be reused
         keep = min(keep, len(ids) - 1)  # at least one token is computed: the last row's logits
@@ -125,7 +137,9 @@ class PromptCache:
             Cancelled: ``cancelled()`` returned True before the prefill ended.
         """
         ids = [int(t) for t in ids]
+        key = self._key_of(layer_hook, key)
         keep = self._start(ids, key)
+        self.revision = self.decoder.revision
         start = keep
         split = checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state()
         calls = 2 if split else 1
@@ -170,7 +184,8 @@ class PromptCache:
             Cancelled: ``cancelled()`` returned True before the prefill ended.
         """
         ids = [int(t) for t in ids]
-        if len(ids) < 2 or (key == self.key and self.cache is not None and common_prefix(self.ids, ids) == len(ids)):
+        key = self._key_of(layer_hook, key)
+        if len(ids) < 2 or (self._same(key) and common_prefix(self.ids, ids) == len(ids)):
             return 0
         self.prefill(ids, layer_hook=layer_hook, key=key, cancelled=cancelled, progress=progress)
         return self.prefilled

@@ -289,3 +289,39 @@ def test_a_hybrid_split_prefill_reports_both_calls_in_one_count(tmp_path):
     seen: list = []
     PromptCache(decoder).prefill(BASE[:33], checkpoint_at=20, progress=lambda *event: seen.append(event))
     assert seen == [("prefill 33", i, 2 * layers) for i in range(1, 2 * layers + 1)]
+
+
+def test_positions_of_a_keyless_hook_or_older_weights_are_not_reused(tmp_path, llama):
+    """A library caller's hook without a ``cache_key`` (nothing says two such hooks are equal) and an adapter
+    applied after a turn (the cached positions were computed without it) both start afresh: the reply
+    equals a cold run's, where reusing had answered with the steered or unadapted positions."""
+    from ster_py.adapters import LoraAdapter, apply_adapter
+
+    decoder, sampling = llama.decoder, Sampling(max_new_tokens=6)
+    prompt, more = [5, 6, 7, 8, 9, 10, 11, 12], [13, 14]
+    hook = lambda i, h: h + 0.5  # noqa: E731
+    cache = PromptCache(decoder)
+    generate(decoder, prompt, sampling, cache=cache, layer_hook=hook)
+    got = generate(decoder, prompt + more, sampling, cache=cache)        # after a keyless hook
+    assert got.reused == 0 and got.ids == generate(decoder, prompt + more, sampling).ids
+    got = generate(decoder, prompt, sampling, cache=cache, layer_hook=hook)
+    assert got.reused == 0 and got.ids == generate(decoder, prompt, sampling, layer_hook=hook).ids
+    # an adapter applied between two turns, on a model of this test's own (the fixture's stays as it is)
+    path = tmp_path / "m"
+    make_checkpoint(path, "llama")
+    own = load_model(str(path))
+    cache = PromptCache(own.decoder)
+    generate(own.decoder, prompt, sampling, cache=cache)
+    layer = own.decoder.layers[0]
+    target = "q"
+    width = getattr(layer, target).weight.shape
+    r = np.random.default_rng(3)
+    ad = LoraAdapter(path=path, layout="ster", model=None, model_revision=None, rank=2, alpha=8.0, rslora=False,
+                     hidden_size=None, factors={(0, target): (r.standard_normal((2, width[1])).astype(np.float32),
+                                                              r.standard_normal((width[0], 2)).astype(np.float32))})
+    apply_adapter(own, ad)
+    got = generate(own.decoder, prompt + more, sampling, cache=cache)
+    cold = own.decoder.forward(prompt + more, own.decoder.new_cache(), last_only=True)[-1]
+    assert got.reused == 0
+    assert got.ids == generate(own.decoder, prompt + more, sampling).ids
+    _same(cache.prefill(prompt + more), cold)

@@ -430,6 +430,9 @@ class Decoder:
     def __init__(self, spec: ModelSpec, weights: WeightSource):
         self.spec = spec
         self._weights = weights
+        # bumped by whatever changes the weights in place (adapters.apply_adapter): a PromptCache reuses
+        # only positions computed at the revision it holds
+        self.revision = 0
         # one-token calls run qualifying blocks through their fused step (``step.py``);
         # False keeps every block in Python (tests compare the two)
         self.fuse_decode = True
