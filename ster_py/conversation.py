@@ -29,12 +29,13 @@ MAX_STOPS = 16
 
 
 def check_stops(stops: Iterable[str], where: str = "--stop") -> tuple[str, ...]:
-    """Stop strings as given, refused when empty, too long or too many.
+    """Stop strings as given (one text alone counts as one stop string, not as its characters),
+    refused when empty, too long or too many.
 
     Raises:
         SterError: an empty string, one over ``MAX_STOP_CHARS`` characters, or more than ``MAX_STOPS``.
     """
-    out = tuple(stops)
+    out = (stops,) if isinstance(stops, str) else tuple(stops)
     if len(out) > MAX_STOPS:
         raise SterError(f"{where}: at most {MAX_STOPS} stop strings, got {len(out)}")
     for s in out:
@@ -249,7 +250,8 @@ class Session:
             sampling: decoding settings.
             tools: JSON tool schemas passed to the template; tool calls are parsed only with tools.
             thinking: the template's thinking switch (None: the template's default).
-            stops: stop strings (``check_stops``); the text ends before the first one.
+            stops: stop strings (checked by ``check_stops``; one text alone is one stop string); the
+                text ends before the first one.
             layer_hook, key: a steering hook and what it is (``PromptCache``: positions computed
                 under another key are not reused).
             on_event: called with each parsed event as the reply streams.
@@ -266,7 +268,8 @@ class Session:
                 prefill, n the tokens computed (``PromptCache.prefill``).
 
         Raises:
-            SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...).
+            SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...);
+                stop strings ``check_stops`` refuses.
         """
         from .tokenizer import StreamDecoder
 
@@ -276,7 +279,7 @@ class Session:
         else:
             parser = ReplyParser(ReplyFormat(), tools=False)
         stream = StreamDecoder(self.loaded.tokenizer)
-        cut = StopStrings(stops)
+        cut = StopStrings(check_stops(stops, "stops"))
         events: list[Event] = []
         state = {"reasoning": 0, "cancelled": False, "fed": 0, "shown": 0, "chars": 0, "strip": None, "head": ""}
         entries: list[dict] = []   # the new tokens' logprobs entries

@@ -603,3 +603,20 @@ def test_messages_says_what_it_loaded_and_save_names_a_dangling_symlink(tiny_cha
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "1", "-q",
                               "--messages", str(conv), stdin="")
     assert status == 0 and "loaded" not in err, err
+
+
+def test_session_reply_checks_its_stop_strings(tiny_chat):
+    """``Session.reply(stops=...)`` as a library call: one text is one stop string (it was read as its
+    characters: "w99" cut the reply at its first "w"), and an empty one is refused as ``--stop ""`` is."""
+    from ster_py.conversation import Session
+    from ster_py.errors import SterError
+
+    loaded = load_model(str(tiny_chat))
+    messages = [{"role": "user", "content": "w10 w11"}]
+    plain = Session(loaded).reply(messages, Sampling(max_new_tokens=6))
+    assert "w" in plain.text and "w99" not in plain.text
+    assert Session(loaded).reply(messages, Sampling(max_new_tokens=6), stops="w99").text == plain.text
+    first = plain.text.split()[0]
+    assert Session(loaded).reply(messages, Sampling(max_new_tokens=6), stops=first).text == plain.text[:plain.text.index(first)]
+    with pytest.raises(SterError, match="non-empty"):
+        Session(loaded).reply(messages, Sampling(max_new_tokens=6), stops=[""])
