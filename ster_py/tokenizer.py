@@ -458,8 +458,12 @@ class Tokenizer:
             **variables,
         )
 
-    def encode_chat(self, messages: list[dict], *, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
-        """``encode(render_chat(messages, **kwargs), add_special_tokens)``: the prompt ids of a conversation."""
+    def encode_chat(self, messages: list[dict], *, add_special_tokens: bool = False, **kwargs: Any) -> list[int]:
+        """``encode(render_chat(messages, **kwargs), add_special_tokens)``: the prompt ids of a conversation.
+
+        By default the tokenizer adds no special tokens of its own: the template writes BOS if the model
+        wants one, as transformers' ``apply_chat_template(tokenize=True)`` and ``prompt.encode_prompt``
+        (what ``ster generate`` sends) encode it."""
         return self.encode(self.render_chat(messages, **kwargs), add_special_tokens=add_special_tokens)
 
     def __repr__(self) -> str:

@@ -457,3 +457,16 @@ def test_real_tokenizer_matches_transformers(request, fixture):
     end_of_turn = {"smollm2_hf": "<|im_end|>", "gemma3_hf": "<end_of_turn>"}[fixture]
     assert hf.convert_tokens_to_ids(end_of_turn) in ours.eos_token_ids
     assert hf.eos_token_id in ours.eos_token_ids
+
+
+@pytest.mark.parametrize("template", ["{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}",
+                                      "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} "
+                                      "{% endfor %}"])
+def test_encode_chat_adds_no_special_tokens_of_its_own(pair, template):
+    """``encode_chat`` encodes the rendered conversation as transformers' apply_chat_template(tokenize=True)
+    does: the template writes BOS or not, the tokenizer adds none (the "sp" tokenizer's post-processor would
+    add one; encode_chat did, giving a BOS the template never printed)."""
+    ours, hf = pair
+    messages = [{"role": "user", "content": "hello world"}]
+    want = hf.apply_chat_template(messages, chat_template=template, tokenize=True)["input_ids"]
+    assert ours.encode_chat(messages, template=template) == want
