@@ -553,6 +553,23 @@ def test_ster_sidecar_model_and_revision_must_be_strings(f32_case, tmp_path, key
     _refused(tmp_path, base_dir, side, f"{key} must be a string or null")
 
 
+@pytest.mark.parametrize("key, value, words", [
+    ("targets", 5, "targets must be a list of projection names"),          # was a TypeError traceback
+    ("targets", [["q_proj"]], "targets must be a list of projection names"),  # was a TypeError traceback
+    ("targets", "qkvo", "targets must be a list of projection names"),     # passed as targets q, k, v, o
+    ("layers", 5, "layers must be a list of layer numbers"),               # was a TypeError traceback
+    ("layers", "012", "layers must be a list of layer numbers"),           # was a TypeError traceback
+    ("layers", [True, 1, 2], "layers must be a list of layer numbers"),    # passed, true as layer 1
+    ("hidden_size", "64", "hidden_size must be a positive integer"),       # "made for 64, but this model's is 64"
+])
+def test_ster_sidecar_targets_layers_and_width_are_checked_before_use(f32_case, tmp_path, key, value, words):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    side = ster_layout_from_peft(adapter_dir, tmp_path / "ad", str(base_dir), **{key: value})
+    _refused(tmp_path, base_dir, side, words)
+    r = ster("tune", "merge", "--model", str(base_dir), "--adapter", str(side), "--output", str(tmp_path / "m"))
+    assert r.returncode == 1 and r.stderr.startswith("error: adapter sidecar") and "Traceback" not in r.stderr
+
+
 def test_alpha_zero_merges_with_a_warning(f32_case, tmp_path):
     """lora_alpha 0 is legal (scale 0) but makes the adapter a no-op: merged, with a warning in the report."""
     base_dir, adapter_dir, _, _, _ = f32_case
