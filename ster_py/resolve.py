@@ -93,7 +93,8 @@ class Resolved:
 
 def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
             weights: bool = True, before_weights: Callable[[Resolved], None] | None = None) -> Resolved:
-    """Resolve ``model`` to a :class:`Resolved` without reading any weight.
+    """Resolve ``model`` (a string, or an ``os.PathLike`` taken as its path's text) to a :class:`Resolved`
+    without reading any weight.
 
     Order of decisions:
 
@@ -158,6 +159,8 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             unreachable/missing/gated repository or revision, a cache that
             lacks the model under ``HF_HUB_OFFLINE``, or a failed download.
     """
+    if isinstance(model, os.PathLike):   # a library caller's pathlib.Path: a local path, as its text is
+        model = os.fspath(model)
     if not isinstance(model, str) or not model.strip():
         # An empty or blank --model is a mistake, never a request for the default preset or the Hub.
         raise SterError(f"no model given (--model is {model!r}); pass a local directory, a .gguf file, "

@@ -1516,3 +1516,23 @@ def test_serve_prints_one_start_line(tiny):
         assert (line.strip() == f"listening on {url}") == bool(quiet), line
         if not quiet:
             assert line.rstrip("\n").endswith(" (OpenAI API at /v1; Ctrl-C stops)") and len(line) < 80, line
+
+
+@pytest.mark.real
+def test_the_readmes_library_example_runs_as_printed(smollm2_gguf):
+    """README.md's "As a library" example, run as printed (the preset's file in place of its name): the
+    front door's names import, the answer is the one its comment shows, and the steered generation runs.
+    Also: ``import ster_py`` alone imports none of the modules behind those names (the CLI's start stays light)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## As a library", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'load_model("smollm2-135m-instruct-q4_1")' in code
+    code = code.replace('"smollm2-135m-instruct-q4_1"', repr(str(smollm2_gguf)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == "The capital of France is Paris." and len(lines) >= 2 and lines[1].strip(), r.stdout
+    light = subprocess.run([sys.executable, "-c", "import sys, ster_py; print(sorted(m for m in sys.modules "
+                            "if m.startswith('ster_py.') and m != 'ster_py.errors'))"],
+                           capture_output=True, text=True, timeout=120)
+    assert light.stdout.strip() == "[]", light.stdout

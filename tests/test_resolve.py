@@ -115,6 +115,8 @@ def test_single_file_checkpoint(sealed, tmp_path):
     assert r.family.model_type == "llama"
     assert r.model_revision is None
     assert r.model == str(root)
+    # a library caller's pathlib.Path is that path (it was refused as "no model given")
+    assert resolve(root) == r and resolve(root).model == str(root)
 
 
 def test_local_revision_is_recorded_verbatim(sealed, tmp_path):
