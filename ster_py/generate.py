@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .decoder.model import Decoder, LayerHook
+from .decoder.model import Decoder, LayerHook, as_token_ids
 from .errors import Cancelled, ContextFull, SterError
 from .prefix import PromptCache
 
@@ -46,7 +46,26 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def validate(self) -> None:
-        """Raises SterError for values outside their ranges."""
+        """Raises SterError for a field of the wrong type (a library caller's ``top_k=2.5``,
+        ``max_new_tokens="3"``, ``logit_bias={12: 5.0}``) or a value outside its range."""
+        import numbers
+
+        def check(names, kind, what, optional=False):
+            for name in names:
+                value = getattr(self, name)
+                if (value is None and optional) or (isinstance(value, kind) and not isinstance(value, bool)):
+                    continue
+                raise SterError(f"Sampling.{name} must be {what}{' or None' if optional else ''}, got {value!r}")
+
+        check(("max_new_tokens", "top_k", "repeat_last_n"), numbers.Integral, "a whole number")
+        check(("seed", "logprobs"), numbers.Integral, "a whole number", optional=True)
+        check(("temperature", "top_p", "min_p", "repeat_penalty"), numbers.Real, "a number")
+        pairs = self.logit_bias
+        if isinstance(pairs, (str, bytes, dict)) or not isinstance(pairs, (tuple, list)) or not all(
+                isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], numbers.Integral)
+                and isinstance(p[1], numbers.Real) and not isinstance(p[0], bool) for p in pairs):
+            raise SterError(f"Sampling.logit_bias must be (id, bias) pairs such as ((12, 5.0),); "
+                            f"got {str(pairs)[:80]}")
         if not 0 <= self.min_p <= 1:
             raise SterError(f"--min-p must be in [0, 1] (0 = off), got {self.min_p}")
         if not 0 < self.repeat_penalty < float("inf"):
@@ -244,7 +263,7 @@ def check_prompt_fits(n_prompt: int, spec, ctx_size: int | None = None) -> None:
                           "positions; shorten it" + ("" if ctx_size is None else " or raise --ctx-size"))
 
 
-def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] = (),
+def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, stop_ids: Iterable[int] | None = (),
              *, on_token: Callable[[int], bool | None] | None = None,
              on_logprobs: Callable[[dict], None] | None = None,
              layer_hook: LayerHook | None = None, kv_cache: str = "f32", cache: PromptCache | None = None,
@@ -257,8 +276,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         decoder: the model.
         prompt_ids: int token ids (at least one).
         sampling: decoding settings.
-        stop_ids: end-of-generation ids; the stop token is kept in ``ids`` but not streamed. None given,
-            the run goes on to ``max_new_tokens`` past any end token: pass ``LoadedModel.stop_ids()``
+        stop_ids: end-of-generation ids; the stop token is kept in ``ids`` but not streamed. None given
+            (or None), the run goes on to ``max_new_tokens`` past any end token: pass ``LoadedModel.stop_ids()``
             (the model's and the tokenizer's end tokens) to stop where ``ster generate`` stops.
         on_token: called with each new id as it is chosen (streaming); a true return value
             stops the run after that id (``stop_reason`` "stopped").
@@ -282,7 +301,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
             prefill (``PromptCache.prefill``): a long prompt's progress, in layers.
 
     Raises:
-        SterError: an empty prompt, invalid sampling settings, an unknown ``kv_cache``, a
+        SterError: an empty prompt, ids that are not whole numbers (``as_token_ids``), ``loaded``
+            given for ``loaded.decoder``, invalid sampling settings, an unknown ``kv_cache``, a
             ``ctx_size`` above the model's, a prompt longer than the context (``ContextFull``), or
             ``draft`` with a temperature above 0 or ``n_draft`` below 1.
     """
@@ -294,11 +314,13 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         n_draft = DEFAULT_DRAFT if n_draft is None else n_draft
         if not 1 <= n_draft <= 64:
             raise SterError(f"--draft-max must be 1 to 64, got {n_draft}")
+    if not hasattr(decoder, "forward") and hasattr(decoder, "decoder"):
+        raise SterError("generate takes the model's decoder: pass loaded.decoder, not the loaded model")
     kv_dtype = kv_cache_dtype(kv_cache)
-    prompt = [int(t) for t in prompt_ids]
+    prompt = as_token_ids(prompt_ids, empty_ok=True).tolist()
+    stops = set(as_token_ids(() if stop_ids is None else stop_ids, empty_ok=True).tolist())
     if not prompt:
         raise SterError("the prompt encodes to no tokens; give a non-empty prompt")
-    stops = set(int(t) for t in stop_ids)
     rng = np.random.default_rng(sampling.seed)
     out = Generation(prompt_ids=prompt, max_new_tokens=sampling.max_new_tokens)
     context = context_limit(decoder.spec, ctx_size)

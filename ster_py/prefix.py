@@ -74,7 +74,7 @@ class PromptCache:
         self.cache: KVCache | None = None
         self.ids: list[int] = []
         self.key = None
-        self.revision = decoder.revision   # the decoder's weights the cached positions were computed with
+        self.revision = self._decoder_revision()   # the decoder's weights the cached positions were computed with
         self.reused = 0
         self.prefilled = 0
 
@@ -84,7 +84,11 @@ class PromptCache:
 
     def _same(self, key) -> bool:
         """Whether the cached positions were computed as a call with ``key`` would compute them."""
-        return self.cache is not None and key == self.key and self.revision == self.decoder.revision
+        return self.cache is not None and key == self.key and self.revision == self._decoder_revision()
+
+    def _decoder_revision(self) -> int:
+        """``Decoder.revision`` (0 for a stand-in decoder without one)."""
+        return getattr(self.decoder, "revision", 0)
 
     @staticmethod
     def _key_of(layer_hook, key):
@@ -139,7 +143,7 @@ class PromptCache:
         ids = [int(t) for t in ids]
         key = self._key_of(layer_hook, key)
         keep = self._start(ids, key)
-        self.revision = self.decoder.revision
+        self.revision = self._decoder_revision()
         start = keep
         split = checkpoint_at is not None and keep < checkpoint_at < len(ids) and self.cache.has_recurrent_state()
         calls = 2 if split else 1

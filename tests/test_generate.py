@@ -1,4 +1,6 @@
 """The generation loop's own checks (the decoder is faked: these are about the loop)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -47,3 +49,27 @@ def test_one_non_finite_logit_is_refused(bad, when, temperature):
 def test_finite_logits_generate():
     g = generate(_FakeDecoder(0.0, 99), [1, 2], Sampling(max_new_tokens=4))
     assert g.ids == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("kwargs,field", [({"top_k": 2.5}, "top_k"), ({"max_new_tokens": "3"}, "max_new_tokens"),
+                                          ({"temperature": None}, "temperature"), ({"seed": True}, "seed"),
+                                          ({"logit_bias": {12: 5.0}}, "logit_bias"),
+                                          ({"logit_bias": ((12, "5"),)}, "logit_bias")])
+def test_sampling_of_the_wrong_type_is_refused(kwargs, field):
+    """A library caller's Sampling field of the wrong type was a TypeError from inside numpy (or, for
+    ``seed=True``, a silent seed 1): now a SterError naming the field."""
+    with pytest.raises(SterError, match=f"^Sampling.{field} must be"):
+        generate(_FakeDecoder(0.0, 99), [1, 2], Sampling(**kwargs))
+
+
+@pytest.mark.parametrize("ids,message", [("w10", "not a text"), ([1.7, 2], "whole numbers, got 1.7"),
+                                         ([True], "whole numbers, got True"), ([[1, 2], [3]], "flat sequence")])
+def test_token_ids_that_are_not_whole_numbers_are_refused(ids, message):
+    """generate's prompt_ids (and Decoder.forward's ids): a text was int()'s ValueError, floats were
+    truncated (1.7 ran as 1)."""
+    with pytest.raises(SterError, match=message):
+        generate(_FakeDecoder(0.0, 99), ids, Sampling(max_new_tokens=2))
+    with pytest.raises(SterError, match="decoder: pass loaded.decoder"):
+        generate(SimpleNamespace(decoder=_FakeDecoder(0.0, 99)), [1, 2], Sampling(max_new_tokens=2))
+    assert generate(_FakeDecoder(0.0, 99), np.array([1, 2], np.int32), Sampling(max_new_tokens=2),
+                    stop_ids=None).ids == [3, 3]

@@ -415,6 +415,30 @@ def _altup_projections(layout: Layout, role: str, n: int) -> list:
     return [make_linear(stacked[k]) for k in range(n)]
 
 
+def as_token_ids(ids, *, empty_ok: bool = False) -> np.ndarray:
+    """``ids`` (whole numbers: any iterable, or an integer array) as int64 [T].
+
+    Raises:
+        SterError: a text (it must be encoded first), values that are not whole numbers (floats,
+            booleans, objects: numpy would truncate or refuse them further in), or no ids unless
+            ``empty_ok``. Ranges are checked where the vocabulary is known (``embed_tokens``).
+    """
+    if isinstance(ids, (str, bytes)):
+        raise SterError("token ids are whole numbers, not a text; encode the text first (tokenizer.encode)")
+    try:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))   # a set or a generator too
+    except (TypeError, ValueError) as e:
+        raise SterError(f"token ids must be a flat sequence of whole numbers ({e})") from None
+    if arr.size == 0:
+        if not empty_ok:
+            raise SterError("no token ids given: at least one is needed")
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        shown = next((v for v in arr.reshape(-1).tolist() if isinstance(v, bool) or not isinstance(v, int)), arr.dtype)
+        raise SterError(f"token ids must be whole numbers, got {shown!r}")
+    return arr.astype(np.int64, copy=False).reshape(-1)
+
+
 class Decoder:
     """A decoder-only transformer built from a ``ModelSpec`` and its weights.
 
@@ -639,13 +663,13 @@ class Decoder:
             float32 logits [T, vocab_size] (or [1, vocab_size] with ``last_only``).
 
         Raises:
-            SterError: a token id outside the vocabulary, or (learned positions) a position
-                past the model's table.
+            SterError: no ids, ids that are not whole numbers (``as_token_ids``), a token id outside
+                the vocabulary, or (learned positions) a position past the model's table.
             Cancelled: ``cancelled()`` returned True.
         """
         s = self.spec
         cache = cache if cache is not None else self.new_cache()
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = as_token_ids(ids)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
         h = self._embed(ids, positions)
         if self.ngram is not None:  # the n-grams read the tokens before these (kept by the cache)
