@@ -80,14 +80,29 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))
 
 
-def _scored_logprobs(decoder, window: np.ndarray, first: int, batch: int):
-    """Log-probabilities (float64 [rows, vocab]) at positions first .. n_ctx - 2, in pieces."""
+def _scored_logprobs(decoder, window: np.ndarray, first: int, batch: int, whose: str = "the model"):
+    """Log-probabilities (float64 [rows, vocab]) at positions first .. n_ctx - 2, in pieces; a NaN or infinite
+    logit (which made the perplexity "nan" and --json's document invalid JSON) is refused naming ``whose``."""
     cache = decoder.new_cache()
     decoder.forward(window[:first], cache, last_only=True)
     end = len(window) - 1
     for a in range(first, end, batch):
         b = min(end, a + batch)
-        yield a, _log_softmax(decoder.forward(window[a:b], cache))
+        logits = decoder.forward(window[a:b], cache)
+        if not np.isfinite(logits.sum()):  # any NaN or infinity makes the sum non-finite (as generate checks)
+            raise SterError(f"{whose} produced non-finite logits (NaN or infinity): its weights or configuration "
+                            "hold non-finite or out-of-range values (with --precision f16, try f32 or bf16)")
+        yield a, _log_softmax(logits)
+
+
+def _ppl(nll: float, whose: str = "the model") -> float:
+    """exp(``nll``), refused when it is past a float's range (a mean NLL above ~709 nats: an OverflowError
+    traceback before)."""
+    try:
+        return math.exp(nll)
+    except OverflowError:
+        raise SterError(f"{whose} scores the text at {nll:.4g} nats per token, so its perplexity exp({nll:.4g}) is "
+                        "beyond a float's range: its weights or configuration hold out-of-range values") from None
 
 
 def _mean_unc(s: float, s2: float, n: int) -> tuple[float, float]:
@@ -154,7 +169,8 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
     for c, w in enumerate(chunks):
         target_all = np.asarray(ids[c * n_ctx:(c + 1) * n_ctx], dtype=np.int64)
         chunk_nll = 0.0
-        ref_pieces = _scored_logprobs(reference.decoder, w, first, batch) if reference is not None else None
+        ref_pieces = (_scored_logprobs(reference.decoder, w, first, batch, "the reference model")
+                      if reference is not None else None)
         for a, lp in _scored_logprobs(loaded.decoder, w, first, batch):
             targets = target_all[a + 1:a + 1 + lp.shape[0]]
             nll = -lp[np.arange(len(targets)), targets]
@@ -169,11 +185,11 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
                 ref["kld"].append((p_ref * (rlp - lp)).sum(axis=1))
                 ref["dp"].append(np.exp(-nll) - np.exp(rlp[np.arange(len(targets)), targets]))
                 ref["same"] += int((lp.argmax(axis=1) == rlp.argmax(axis=1)).sum())
-        per_chunk.append(math.exp(chunk_nll / (n_ctx - 1 - first)))
+        per_chunk.append(_ppl(chunk_nll / (n_ctx - 1 - first)))
         if progress:
             progress("perplexity", c + 1, len(chunks))
     mean, unc = _mean_unc(nll_sum, nll2_sum, count)
-    ppl = math.exp(mean)
+    ppl = _ppl(mean)
     out = {"ppl": ppl, "ppl_uncertainty": ppl * unc, "nll_mean": mean, "tokens": count, "chunks": len(chunks),
            "n_ctx": n_ctx, "text_tokens": len(ids), "add_bos": add_bos, "per_chunk_ppl": per_chunk}
     if reference is not None:
@@ -181,7 +197,7 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
         dp = np.concatenate(ref["dp"])
         k_mean, k_unc = _mean_unc(float(kld.sum()), float((kld * kld).sum()), count)
         d_mean, d_unc = _mean_unc(float(dp.sum()), float((dp * dp).sum()), count)
-        ref_ppl = math.exp(ref["nll"] / count)
+        ref_ppl = _ppl(ref["nll"] / count, "the reference model")
         out.update({"reference_ppl": ref_ppl, "ppl_ratio": ppl / ref_ppl, "kld_mean": k_mean, "kld_uncertainty": k_unc,
                     "kld_median": float(np.median(kld)), "kld_99": float(np.percentile(kld, 99)),
                     "kld_max": float(kld.max()), "dp_mean": d_mean, "dp_uncertainty": d_unc,

@@ -119,6 +119,22 @@ def test_cli_json(files, tmp_path):
         assert r.stderr.startswith("error: --reference is empty;"), r.stderr
 
 
+@pytest.mark.parametrize("scale, words", [
+    (float("nan"), "the model produced non-finite logits"),        # was "PPL = nan", and NaN in --json (not JSON)
+    (1e6, r"the model scores the text at .* nats per token, so its perplexity exp\(.*\) is beyond a float's range"),
+])  # 1e6: an OverflowError traceback from math.exp
+def test_broken_logits_are_refused_not_printed(files, monkeypatch, scale, words):
+    from ster_py.load import load_model
+
+    model, ref = load_model(files["q4_0"]), load_model(files["f16"])
+    forward = model.decoder.forward
+    monkeypatch.setattr(model.decoder, "forward", lambda *a, **k: forward(*a, **k) * np.float32(scale))
+    with pytest.raises(SterError, match=words):
+        perplexity(model, TEXT, 32, max_chunks=1)
+    with pytest.raises(SterError, match=words.replace("the model", "the reference model")):
+        perplexity(ref, TEXT, 32, reference=model, max_chunks=1)
+
+
 def test_a_reference_that_tokenizes_otherwise_is_shown_where(files, monkeypatch):
     """The refusal said only 'tokenizes the text differently'; it now gives both counts and the pieces from the
     first difference on, so a user sees whether it is the vocabulary or a whitespace rule (a new user's finding)."""
