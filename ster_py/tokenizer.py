@@ -275,7 +275,8 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         """The token text of an id (byte-level/▁ spelling, not decoded), or None if out of range."""
-        return self.tk.id_to_token(int(token_id))
+        i = int(token_id)
+        return self.tk.id_to_token(i) if 0 <= i < 2**32 else None   # the backend's ids are unsigned 32-bit
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a token text, or None if it is not in the vocabulary."""
@@ -306,7 +307,13 @@ class Tokenizer:
 
         Returns:
             list[int], token ids in ``[0, vocab_size)``.
+
+        Raises:
+            SterError: ``text`` is not a str (bytes must be decoded first).
         """
+        if not isinstance(text, str):
+            raise SterError(f"encode takes a text (str), got {type(text).__name__}"
+                            + ("; decode the bytes first" if isinstance(text, (bytes, bytearray)) else ""))
         if self.add_bos is None and self.add_eos is None:
             ids = self._backend_encode(text, add_special_tokens)
             if (
@@ -350,9 +357,16 @@ class Tokenizer:
 
         transformers' ``clean_up_tokenization_spaces`` is not applied: it is off
         or ignored (BPE) for the decoder-only models this library runs, and it
-        would break streaming (see ``StreamDecoder``).
+        would break streaming (see ``StreamDecoder``). An id the tokenizer does not know (a model's
+        padded embedding rows past the vocabulary) gives no text, as in transformers.
+
+        Raises:
+            SterError: a negative id (the backend's ids are unsigned: it raised OverflowError).
         """
-        return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        ids = [int(i) for i in ids]
+        if ids and min(ids) < 0:
+            raise SterError(f"token ids are 0 or more, got {min(ids)}")
+        return self.tk.decode([i if i < 2**32 else 2**32 - 1 for i in ids], skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         """One token's own piece (OpenAI's logprobs ``bytes``), as llama.cpp's ``token_to_piece`` gives it

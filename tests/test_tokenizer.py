@@ -470,3 +470,17 @@ def test_encode_chat_adds_no_special_tokens_of_its_own(pair, template):
     messages = [{"role": "user", "content": "hello world"}]
     want = hf.apply_chat_template(messages, chat_template=template, tokenize=True)["input_ids"]
     assert ours.encode_chat(messages, template=template) == want
+
+
+def test_bad_ids_and_texts_are_errors_not_backend_exceptions(pair):
+    """id_to_token(-1) is None as its docstring says (the backend raised OverflowError), decode of a
+    negative id a SterError (OverflowError), of an id past 2**32 no text as any unknown id; encode of
+    None or bytes a SterError (AttributeError)."""
+    ours, hf = pair
+    assert ours.id_to_token(-1) is None and ours.id_to_token(2**40) is None
+    assert ours.decode([5, 2**40]) == ours.decode([5]) == hf.decode([5])
+    with pytest.raises(SterError, match="0 or more"):
+        ours.decode([5, -1])
+    for bad in (None, b"hi"):
+        with pytest.raises(SterError, match="encode takes a text"):
+            ours.encode(bad)
