@@ -208,6 +208,10 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
             loaded.decoder.forward(p.ids, hidden_states=hidden, last_only=True)
         for i in layers:
             h = hidden[i + 1]  # hidden[0] is the embedding output
+            if not np.isfinite(h).all():  # saved, it was refused only by vector caa / pca, which said "capture again"
+                raise SterError(f"prompt {n}: the residual stream after layer {i} holds NaN or infinity, which no "
+                                "direction can be built from: the model's weights or configuration hold non-finite "
+                                "or out-of-range values (with --precision f16, try f32 or bf16)")
             if position == "last":
                 h = h[-1]
             elif position == "mean":
