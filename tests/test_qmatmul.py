@@ -728,6 +728,14 @@ def test_set_threads_refuses_zero():
         set_threads(0)
 
 
+@pytest.mark.parametrize("n", [2.5, True, "abc", "2", None, 1025])
+def test_set_threads_refuses_what_is_not_a_thread_count(n):
+    """set_threads is the library's front door (ster_py.set_threads): 2.5 ran on 2 threads and True on 1
+    without a word, "abc" and None were a ValueError and a TypeError."""
+    with pytest.raises(SterError, match="--threads must be a whole number from 1 to 1024"):
+        set_threads(n)
+
+
 def test_gguf_weights_keep_matrices_quantized(tmp_path):
     rng = np.random.default_rng(9)
     path = tmp_path / "w.gguf"

@@ -113,10 +113,12 @@ def set_threads(n: int) -> None:
     through threadpoolctl, so that no float32 matrix product or OpenMP loop starts more
     threads than ``--threads`` allows.
 
-    Raises SterError unless 1 <= n <= ``qmatmul.MAX_THREADS`` (1024).
+    Raises SterError unless ``n`` is a whole number (an int or numpy integer, not a bool) with
+    1 <= n <= ``qmatmul.MAX_THREADS`` (1024): 2.5 ran on 2 threads, True on 1, and "abc" or None was
+    a ValueError or TypeError.
     """
     limit = _kernels().MAX_THREADS
-    if not 1 <= int(n) <= limit:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= limit:
         shown = str(n) if len(str(n)) <= 20 else str(n)[:20] + "..."
         raise SterError(f"--threads must be a whole number from 1 to {limit}, got {shown}")
     _kernels().set_threads(int(n))
