@@ -121,13 +121,35 @@ def check_vector_output(path: str | Path) -> None:
                             "or move that file")
 
 
+def check_direction(v: np.ndarray, width: int, where: str, layer) -> None:
+    """Refuse a direction that is not ``width`` finite numbers of unit norm (what ``read_vector`` accepts).
+
+    Raises:
+        SterError naming ``where`` and ``layer``.
+    """
+    if v.shape != (width,):
+        raise SterError(f"{where}: layer {layer} has {v.size} values, but hidden_size is {width}")
+    if not np.isfinite(v).all():
+        raise SterError(f"{where}: layer {layer} holds non-finite values (NaN or infinity)")
+    norm = float(np.linalg.norm(v.astype(np.float64)))
+    if abs(norm - 1.0) > UNIT_TOLERANCE:
+        raise SterError(f"{where}: layer {layer} has norm {norm:.6g}; directions must be unit "
+                        "vectors (the strength is given with --strength)")
+
+
 def write_vector(vec: SteeringVector, path: str | Path) -> Path:
     """Write ``vec`` as JSON at ``path`` atomically (temporary file, then rename).
 
     An earlier steering vector at ``path`` is replaced; anything else is refused
     (:func:`check_vector_output`).
+
+    Raises:
+        SterError: ``check_vector_output``'s refusals; a direction ``read_vector`` would refuse (not
+            ``hidden_size`` finite numbers of unit norm): nothing is written then.
     """
     path = Path(path)
+    for layer, d in sorted(vec.directions.items()):
+        check_direction(np.asarray(d), vec.hidden_size, f"the steering vector for {path}", layer)
     check_vector_output(path)
     with atomic_outputs(path) as (tmp,):
         tmp.write_text(json.dumps(vec.to_json(), ensure_ascii=False) + "\n", encoding="utf-8")
@@ -190,14 +212,7 @@ def read_vector(path: str | Path) -> SteeringVector:
         except OverflowError:  # an integer beyond float64 (10**400)
             raise SterError(f"steering vector {path}: layer {key} holds a number beyond float range (a direction's "
                             f"values lie in -1..1); {REBUILD}") from None
-        if v.shape != (width,):
-            raise SterError(f"steering vector {path}: layer {key} has {v.size} values, but hidden_size is {width}")
-        if not np.isfinite(v).all():
-            raise SterError(f"steering vector {path}: layer {key} holds non-finite values (NaN or infinity)")
-        norm = float(np.linalg.norm(v))
-        if abs(norm - 1.0) > UNIT_TOLERANCE:
-            raise SterError(f"steering vector {path}: layer {key} has norm {norm:.6g}; directions must be unit "
-                            "vectors (the strength is given with --strength)")
+        check_direction(v, width, f"steering vector {path}", key)
         directions[int(key)] = v.astype(np.float32)
     return SteeringVector(doc.get("model"), doc.get("model_revision"), width, doc.get("trait") or "",
                           doc["method"], directions, doc.get("metadata") or {})
@@ -235,11 +250,16 @@ def steering_hook(vec: SteeringVector, strength: float):
     (float32 [T, hidden_size]) after each covered layer; other layers pass unchanged.
 
     Raises:
-        SterError: a non-finite strength, or one whose product with a direction overflows
-            float32.
+        SterError: ``vec`` not a ``SteeringVector``; a strength that is not a finite number, or one whose
+            product with a direction overflows float32; when the hook runs, a stream of another width
+            than the vector's (a vector made for another model).
     """
-    if not math.isfinite(strength):
-        raise SterError(f"--strength must be a finite number, got {strength}")
+    import numbers
+
+    if not isinstance(vec, SteeringVector):
+        raise SterError(f"steering_hook takes a SteeringVector (caa, pca or read_vector), got {type(vec).__name__}")
+    if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not math.isfinite(strength):
+        raise SterError(f"--strength must be a finite number, got {strength!r}")
     with np.errstate(over="ignore"):
         adds = {i: (np.float32(strength) * v).astype(np.float32) for i, v in vec.directions.items()}
     if not all(np.isfinite(a).all() for a in adds.values()):
@@ -248,6 +268,9 @@ def steering_hook(vec: SteeringVector, strength: float):
 
     def hook(i: int, h: np.ndarray) -> np.ndarray:
         add = adds.get(i)
+        if add is not None and h.shape[-1] != add.shape[0]:
+            raise SterError(f"the steering vector is {add.shape[0]} wide and this model's residual stream "
+                            f"{h.shape[-1]}: it was made for another model")
         return h if add is None else h + add
 
     return hook
@@ -257,14 +280,32 @@ def _check_captures(positive, negative, sources: tuple[str, str], *, states: boo
     """Refuse a capture whose sidecar fields (``states`` False) or states (True) are malformed or hold NaN or
     infinity (numpy's SVD never returns on those): ``load_capture`` refuses such files, this covers captures
     built in memory."""
-    from .capture import check_sidecar, check_states
+    from .capture import Capture, check_sidecar, check_states
 
     for cap, side, source in ((positive, "positive", sources[0]), (negative, "negative", sources[1])):
         where = f"the {side} capture" + (f" {source}" if source else "")
+        if not isinstance(cap, Capture):
+            raise SterError(f"{where} is a {type(cap).__name__}, not a Capture (capture.capture or load_capture)")
         if states:
             check_states(cap, where)
         else:
             check_sidecar(cap.meta, where)
+
+
+def _shared_layers(positive, negative, layers) -> list[int]:
+    """The layers both captures hold, or ``layers`` of them (whole numbers; SterError otherwise)."""
+    import numbers
+
+    common = sorted(set(positive.layers) & set(negative.layers))
+    if layers is None:
+        return common
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__") or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in layers):
+        raise SterError(f"layers must be a list of layer numbers, got {str(layers)[:60]}")
+    missing = sorted(set(layers) - set(common))
+    if missing:
+        raise SterError(f"layer {missing[0]} is not in both captures (they share {common})")
+    return sorted(set(int(i) for i in layers))
 
 
 def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str, str] = ("", "")) -> SteeringVector:
@@ -296,12 +337,7 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
     if pm.get("position") != nm.get("position"):
         raise SterError(f"the captures use different --position rules (positive {pm.get('position')}, "
                         f"negative {nm.get('position')}); capture both sides the same way")
-    common = sorted(set(positive.layers) & set(negative.layers))
-    if layers is not None:
-        missing = sorted(set(layers) - set(common))
-        if missing:
-            raise SterError(f"layer {missing[0]} is not in both captures (they share {common})")
-        common = sorted(set(layers))
+    common = _shared_layers(positive, negative, layers)
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
     _check_captures(positive, negative, sources, states=True)
@@ -360,12 +396,7 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
     if n_pos != n_neg or n_pos == 0:
         raise SterError(f"PCA needs paired prompts: the positive capture has {n_pos}, the negative {n_neg}; give "
                         "both sides the same number of prompts, in pair order")
-    common = sorted(set(positive.layers) & set(negative.layers))
-    if layers is not None:
-        missing = sorted(set(layers) - set(common))
-        if missing:
-            raise SterError(f"layer {missing[0]} is not in both captures (they share {common})")
-        common = sorted(set(layers))
+    common = _shared_layers(positive, negative, layers)
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
     _check_captures(positive, negative, sources, states=True)

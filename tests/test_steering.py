@@ -366,3 +366,33 @@ def test_vector_caa_shows_a_model_name_with_terminal_escapes_and_does_not_send_t
              str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"))
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stderr and "\\x1b[31mRED" in r.stderr
+
+
+def test_library_misuse_of_vectors_is_a_sterror_not_a_numpy_error(tiny, tmp_path):
+    """Library calls the CLI never makes: a vector of another width reached Decoder.forward and failed in a
+    numpy broadcast; a strength given as text was a TypeError; layers=1 for caa a TypeError; arrays for
+    captures an AttributeError; write_vector wrote directions read_vector then refused (not unit)."""
+    from ster_py.capture import capture
+
+    path, _ = tiny
+    loaded = load_model(str(path))
+    wide = SteeringVector(str(path), None, 80, "test", "manual", {0: np.eye(80, dtype=np.float32)[0]})
+    with pytest.raises(SterError, match="80 wide and this model's residual stream 64"):
+        loaded.decoder.forward(PROMPT_IDS, layer_hook=steering_hook(wide, 1.0))
+    vec = SteeringVector(str(path), None, 64, "test", "manual", unit_directions([0, 1]))
+    with pytest.raises(SterError, match="finite number"):
+        steering_hook(vec, "4")
+    with pytest.raises(SterError, match="takes a SteeringVector"):
+        steering_hook(vec.directions, 1.0)
+    pos, neg = capture(loaded, ["w5 w6"], [0, 1]), capture(loaded, ["w50 w51"], [0, 1])
+    with pytest.raises(SterError, match="layers must be a list"):
+        caa(pos, neg, layers=1)
+    assert sorted(caa(pos, neg, layers=np.array([1])).directions) == [1]
+    with pytest.raises(SterError, match="not a Capture"):
+        caa(pos.rows(0), neg.rows(0))
+    long = SteeringVector(str(path), None, 64, "test", "manual", {0: np.full(64, 0.5, np.float32)})
+    with pytest.raises(SterError, match="norm 4; directions must be unit"):
+        write_vector(long, tmp_path / "v.json")
+    assert not (tmp_path / "v.json").exists()
+    write_vector(vec, tmp_path / "v.json")
+    assert sorted(read_vector(tmp_path / "v.json").directions) == [0, 1]
