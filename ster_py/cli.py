@@ -598,7 +598,7 @@ def generate(
     fmt = session.format if prompt_.chat_template == "applied" else None
     parsed = fmt is not None and (fmt.reasons or tool_list is not None)
     shown = [t for t in result.ids if t not in loaded.stop_ids()]
-    text = reply.text if parsed or stops else loaded.tokenizer.decode(shown, skip_special_tokens=True)
+    text = reply.text if parsed or stops else loaded.tokenizer.decode_complete(shown, skip_special_tokens=True)
     if as_json:
         usage = {"prompt_tokens": len(reply.prompt_ids), "new_tokens": len(result.ids)}
         if fmt is not None and fmt.reasons and think is not False:

@@ -16,6 +16,7 @@ Two ways in:
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -368,6 +369,43 @@ class Tokenizer:
             raise SterError(f"token ids are 0 or more, got {min(ids)}")
         return self.tk.decode([i if i < 2**32 else 2**32 - 1 for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def decode_complete(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """``decode``, less a multi-byte UTF-8 character cut off at the end: the text of a generation that a
+        token limit, the context or a cancel ended inside a character (its first bytes only) ends in what
+        precedes them, not in the U+FFFD those bytes decode to, as llama.cpp's server sends only complete
+        characters. Bytes that are invalid UTF-8 anywhere else (a stray continuation byte, a character cut
+        in the middle of the text) stay U+FFFD, as ``decode`` gives them.
+
+        Args:
+            ids: token ids (ints); with ``skip_special_tokens``, special tokens are left out before the end
+                is looked at (a cut character before a trailing special token is at the end too).
+
+        The bytes at the end are the tokens' own (``token_bytes``); the tokens made of the cut character's
+        bytes alone are left out of the decode (a byte-fallback decoder would otherwise turn the whole run
+        of byte tokens into U+FFFD), and when the cut begins inside a token, the one U+FFFD its decode
+        ends in is dropped.
+
+        Raises:
+            SterError: a negative id, as ``decode``.
+        """
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            special = {i for i, t in self.tk.get_added_tokens_decoder().items() if t.special}
+            ids = [i for i in ids if i not in special]
+        tail, n = b"", 0  # the bytes of the last n tokens: enough to hold the start of a 4-byte character
+        while n < len(ids) and len(tail) < 8:
+            n += 1
+            tail = self.token_bytes(ids[-n]) + tail
+        pending = codecs.getincrementaldecoder("utf-8")("replace")
+        pending.decode(tail, final=False)
+        cut = len(pending.getstate()[0])  # the bytes of an unfinished character at the very end
+        if not cut:
+            return self.decode(ids, skip_special_tokens=skip_special_tokens)
+        while cut and ids and len(self.token_bytes(ids[-1])) <= cut:  # tokens made of the cut bytes alone
+            cut -= len(self.token_bytes(ids.pop()))
+        text = self.decode(ids, skip_special_tokens=skip_special_tokens)
+        return text[:-1] if cut and text.endswith(_REPLACEMENT_CHAR) else text
+
     def token_bytes(self, token_id: int) -> bytes:
         """One token's own piece (OpenAI's logprobs ``bytes``), as llama.cpp's ``token_to_piece`` gives it
         with ``special`` on: an added (special or user-defined) token's text; a byte-fallback token's byte
@@ -494,8 +532,9 @@ class StreamDecoder:
     piece ending in a partial UTF-8 character (U+FFFD), and never while a run of
     byte-fallback tokens (``<0xE2>``...) may still continue, because the
     tokenizers ByteFallback decoder judges a run as a whole. ``flush`` returns
-    what is held back at the end. The concatenation of every ``feed`` and the
-    final ``flush`` equals ``tokenizer.decode(all_ids)``.
+    what is held back at the end, less a character cut off by the end of the
+    generation (``Tokenizer.decode_complete``). The concatenation of every ``feed``
+    and the final ``flush`` equals ``tokenizer.decode_complete(all_ids)``.
 
     Method: decode a short window of ids twice (without and with the new
     ones) and emit the difference; the window starts at the previous emission
@@ -534,9 +573,10 @@ class StreamDecoder:
     push = feed  # the name the CLI uses
 
     def flush(self) -> str:
-        """Return the text still held back (end of generation) and reset the window."""
+        """Return the text still held back (end of generation) and reset the window; the first bytes of a
+        multi-byte character the generation ended in are left out, not turned into U+FFFD."""
         before = self._decode(self._ids[: self._read])
-        after = self._decode(self._ids)
+        after = self.tokenizer.decode_complete(self._ids, skip_special_tokens=self.skip_special_tokens)
         self._ids, self._read = [], 0
         return after[len(before) :] if after.startswith(before) else after
 

@@ -244,6 +244,21 @@ def test_threads_flag_changes_speed_not_tokens(smollm2_gguf):
 
 
 @pytest.mark.real
+def test_an_answer_cut_inside_a_character_ends_before_it(smollm2_gguf):
+    """`generate -p "Write 5 emoji" --max-new-tokens 20` ended its text in U+FFFD ('🌟🌟🌟🌟🌟🌟\ufffd'), in --json
+    and on stdout: the 20th token is inside a 🌟. The cut character's first bytes are left out of both."""
+    args = ("generate", "--model", str(smollm2_gguf), "-p", "Write 5 emoji", "--max-new-tokens", "20", "-q")
+    r = ster(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    tok = load_model(str(smollm2_gguf)).tokenizer
+    assert tok.decode(doc["ids"]).endswith("\ufffd"), doc["ids"]   # the answer is cut inside a character
+    assert doc["text"] == tok.decode(doc["ids"])[:-1] and not doc["text"].endswith("\ufffd")
+    streamed = ster(*args)
+    assert streamed.returncode == 0 and streamed.stdout == doc["text"] + "\n", streamed.stdout[-20:]
+
+
+@pytest.mark.real
 def test_inspect_counts_quantized_matrices_as_stored(smollm2_gguf):
     """GGUF matrices stay quantized in the map: the resident estimate is about the file, not
     the f32 size of its parameters; -m works as on the other commands."""

@@ -1001,6 +1001,27 @@ def test_logprobs_tokens_are_their_own_pieces(spm_served):
     assert b"".join(bytes(e.bytes) for e in content) == b" " + text.encode()
 
 
+def test_a_reply_cut_inside_a_character_ends_before_it(spm_served):
+    """max_tokens ending a reply inside "€" (after its byte token <0xE2>, or <0xE2><0x82>) made it end in
+    U+FFFD, streamed or not; as llama.cpp's server, only whole characters are sent: the cut one is left out."""
+    client = openai.OpenAI(base_url=spm_served[0] + "/v1", api_key="unused", max_retries=0)
+    for cut in (1, 2):   # of the character's three bytes
+        for stream in (False, True):
+            kw = dict(model="spm", prompt="go", max_tokens=2 + cut)
+            got = ("".join(c.choices[0].text for c in client.completions.create(stream=True, **kw)) if stream
+                   else client.completions.create(**kw).choices[0].text)
+            assert got == "Hello remote", (cut, stream, got)
+            kw = dict(model="spm", messages=[{"role": "user", "content": "w3"}], max_tokens=5 + cut)
+            if stream:
+                chunks = list(client.chat.completions.create(stream=True, **kw))
+                got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            else:
+                choice = client.chat.completions.create(**kw).choices[0]
+                got, finish = choice.message.content, [choice.finish_reason]
+            assert got == "Hello remote" and finish == ["length"], (cut, stream, got, finish)
+
+
 def test_completion_top_logprobs_keep_alternatives_that_decode_alike(spm_served):
     """top_logprobs is keyed by text: the byte tokens <0xE2>, <0xE3>, <0xC3> all decoded to U+FFFD and
     collapsed into one key holding the last (lowest) value. A piece that is not UTF-8 is keyed as OpenAI

@@ -345,9 +345,73 @@ def test_stream_concatenation_equals_decode(tiny_pair, data, which, skip):
     n = data.draw(st.integers(0, 40))
     ids = random_ids(random.Random(seed), tok, n)
     pieces = stream(tok, ids, skip)
-    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=skip)
+    assert "".join(pieces) == tok.decode_complete(ids, skip_special_tokens=skip)
     # a piece handed out before the end never stops inside a character
     assert not any(p.endswith("\ufffd") for p in pieces[:-1])
+    # decode_complete differs from decode only where decode ends in U+FFFD
+    if not tok.decode(ids, skip_special_tokens=skip).endswith("\ufffd"):
+        assert tok.decode_complete(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
+
+
+def single_byte_ids(tok: Tokenizer) -> dict[int, int]:
+    """byte -> the id of a token that is that byte alone (a byte-fallback or byte-level alphabet token)."""
+    found: dict[int, int] = {}
+    for i in range(tok.vocab_size):
+        piece = tok.token_bytes(i)
+        if len(piece) == 1 and i not in tok.tk.get_added_tokens_decoder():
+            found.setdefault(piece[0], i)
+    return found
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), which=st.sampled_from([0, 1]), char=st.sampled_from("é€中🤖𝔘"))
+def test_a_character_cut_at_the_end_is_left_out(tiny_pair, data, which, char):
+    """A reply cut inside a multi-byte character (--max-new-tokens, the context, max_tokens) ended in U+FFFD:
+    the cut character's first bytes are left out, by decode_complete and by the stream's flush alike."""
+    tok = tiny_pair[which]
+    ids = random_ids(random.Random(data.draw(st.integers(0, 2**32 - 1))), tok, data.draw(st.integers(0, 20)))
+    if tok.decode(ids).endswith("\ufffd"):   # random ids may end in a cut character of their own
+        ids += tok.encode(" fox", add_special_tokens=False)
+    raw = char.encode("utf-8")
+    cut = [single_byte_ids(tok)[b] for b in raw[: data.draw(st.integers(1, len(raw) - 1))]]
+    assert tok.decode(ids + cut).endswith("\ufffd")   # what the reply used to end in
+    assert tok.decode_complete(ids + cut) == tok.decode(ids)
+    assert "".join(stream(tok, ids + cut)) == tok.decode(ids)
+    # whole, the character stays; a U+FFFD the text itself holds (a stray byte, a character cut mid-text) stays
+    assert tok.decode_complete(ids + cut + [single_byte_ids(tok)[b] for b in raw[len(cut):]]).endswith(char)
+    stray = ids + [single_byte_ids(tok)[0x82]]
+    assert tok.decode_complete(stray) == tok.decode(stray) and tok.decode(stray).endswith("\ufffd")
+    middle = ids + cut + tok.encode(" fox", add_special_tokens=False)
+    assert tok.decode_complete(middle) == tok.decode(middle) and "\ufffd" in tok.decode(middle)
+
+
+def test_a_cut_inside_a_token_drops_its_one_replacement_character(tiny_pair):
+    """A byte-level token can hold a character's first bytes after whole ones (a word and the lead byte of
+    a character): its decode ends in one U+FFFD for them, which goes; the rest of the token stays."""
+    bl = tiny_pair[1]
+    ends = [i for i in range(bl.vocab_size) if len(bl.token_bytes(i)) > 1 and bl.token_bytes(i)[-1] >= 0xC2
+            and "\ufffd" not in bl.token_bytes(i)[:-1].decode("utf-8", "replace")]
+    assert ends, "the byte-level vocabulary has a token ending in a character's lead byte"
+    for i in ends:
+        head = bl.token_bytes(i)[:-1].decode("utf-8")
+        assert bl.decode([i]) == head + "\ufffd" and bl.decode_complete([i]) == head
+        then = [i, single_byte_ids(bl)[0x41]]   # an "A" after it: the U+FFFD is in the middle and stays
+        assert bl.decode_complete(then) == bl.decode(then) == head + "\ufffdA"
+
+
+@pytest.mark.real
+def test_smollm2_emoji_cut_by_the_token_limit(smollm2_gguf):
+    """`ster generate -p "Write 5 emoji" --max-new-tokens 20` gave '🌟🌟🌟🌟🌟🌟\ufffd': its 20 ids end in the
+    first two of 🌟's three tokens."""
+    from ster_py.load import load_model
+
+    tok = load_model(str(smollm2_gguf)).tokenizer
+    star = tok.encode("🌟", add_special_tokens=False)
+    assert len(star) == 3 and tok.decode(star * 6 + star[:2]) == "🌟" * 6 + "\ufffd"
+    assert tok.decode_complete(star * 6 + star[:2]) == "🌟" * 6
+    assert "".join(stream(tok, star * 6 + star[:2])) == "🌟" * 6
+    assert tok.decode_complete(star * 6 + star[:2] + [tok.token_to_id("<|im_end|>")], skip_special_tokens=True) \
+        == "🌟" * 6
 
 
 def test_stream_emits_as_it_goes(tiny_pair):
@@ -451,8 +515,12 @@ def test_real_tokenizer_matches_transformers(request, fixture):
     rng = random.Random(1)
     for _ in range(200):
         ids = [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 30))]
-        assert "".join(stream(ours, ids)) == hf.decode(ids)
-        assert "".join(stream(ours, ids, skip=True)) == hf.decode(ids, skip_special_tokens=True)
+        for skip in (False, True):
+            whole = hf.decode(ids, skip_special_tokens=skip)
+            assert "".join(stream(ours, ids, skip=skip)) == ours.decode_complete(ids, skip_special_tokens=skip)
+            # less a character cut at the end (decode_complete), the text is transformers'
+            if not whole.endswith("\ufffd"):
+                assert ours.decode_complete(ids, skip_special_tokens=skip) == whole
     # the end-of-turn token of each family stops generation
     end_of_turn = {"smollm2_hf": "<|im_end|>", "gemma3_hf": "<end_of_turn>"}[fixture]
     assert hf.convert_tokens_to_ids(end_of_turn) in ours.eos_token_ids
