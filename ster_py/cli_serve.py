@@ -50,8 +50,8 @@ def serve(
     quiet: bool = flag(False, "--quiet", "-q", help="No progress display, start-up notes or request log on stderr "
                        "(warnings and errors still print)."),
 ) -> None:
-    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models);
-    one request generates at a time, the others wait their turn. Each request is logged on stderr
+    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models;
+    GET /health answers {"status": "ok"}); one request generates at a time, the others wait their turn. Each request is logged on stderr
     (without -q)."""
     from .conversation import Session
     from .generate import kv_cache_dtype

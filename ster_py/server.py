@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /v1/models`` and ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
 through the chat template; ``stream`` as server-sent events; ``tools`` parsed into ``tool_calls``;
-reasoning into ``reasoning_content``), ``POST /v1/completions`` (a raw text continued). One model per
+reasoning into ``reasoning_content``), ``POST /v1/completions`` (a raw text continued), ``GET /health``
+(``{"status": "ok"}``, as llama.cpp's server: the app is built once the model is loaded). One model per
 process, and one request generates at a time: the others wait their turn (a lock), so a server on a
 machine's cores never runs two models' worth of threads. At most ``max_queue`` requests wait; one
 more gets a 503 with ``Retry-After``. Consecutive requests reuse the prompt cache's shared prefix
@@ -580,6 +581,10 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
     def model_card() -> dict:
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "ster"}
 
+    async def health(request: Request) -> JSONResponse:
+        # llama.cpp's server answers {"status": "ok"} once its model is loaded; this app exists only then
+        return JSONResponse({"status": "ok"})
+
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [model_card()]})
 
@@ -785,7 +790,8 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
         return ErrorResponse(error_body(server.private(f"internal error: {type(exc).__name__}: {exc}"),
                                         "server_error"), status_code=500)
 
-    routes = [Route("/v1/models", models, methods=["GET"]),
+    routes = [Route("/health", health, methods=["GET"]),
+              Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{model_id:path}", model, methods=["GET"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", text_completions, methods=["POST"])]

@@ -371,6 +371,15 @@ def test_text_parts_are_read_as_their_text(client, loaded):
     assert got.choices[0].message.content == answer and got.usage.prompt_tokens == len(ids)
 
 
+def test_health_answers_ok(served):
+    """llama.cpp's server answers GET /health with {"status": "ok"} (load balancers and readiness probes ask
+    it); ster serve had no such endpoint (404)."""
+    code, doc = _request(served[0], "GET", "/health")
+    assert code == 200 and doc == {"status": "ok"}
+    code, doc = _request(served[0], "POST", "/health", b"{}")
+    assert code == 405 and "not allowed" in doc["error"]["message"]
+
+
 def test_unknown_paths_and_methods(served):
     code, doc = _request(served[0], "GET", "/v1/nothing")
     assert code == 404 and doc["error"]["message"].startswith("no such endpoint")
