@@ -200,6 +200,9 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
     per_layer: dict[int, list[np.ndarray]] = {i: [] for i in layers}
     for n, p in enumerate(encoded):
         if not p.ids:
+            if p.chat_template == "applied":  # the prompt had text: "give a non-empty prompt" blamed the user
+                raise SterError(f"prompt {n} encodes to no tokens: the model's chat template rendered it as no "
+                                "text; fix the template, or capture the raw text with --chat-template off")
             raise SterError(f"prompt {n} encodes to no tokens; give a non-empty prompt")
         hidden: list[np.ndarray] = []
         # Float inputs to every product (as parity): the int16 / bfloat16 roundings of a product's inputs are

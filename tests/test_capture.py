@@ -122,6 +122,20 @@ def test_chat_template_applied_matches_transformers_ids(tmp_path):
     assert off.meta["chat_template"] == "off" and off.meta["prompts"][0]["token_ids"] == [100, 7, 8]
 
 
+def test_a_template_that_renders_nothing_is_named_not_the_prompt(tiny, tmp_path):
+    """A chat template that renders a conversation as no text made capture say "give a non-empty prompt" to a
+    user whose prompt had text; the error now names the template and the way around it."""
+    import shutil
+
+    shutil.copytree(tiny[0], tmp_path / "m")
+    (tmp_path / "m" / "chat_template.jinja").write_text("{% if false %}x{% endif %}")
+    loaded = load_model(str(tmp_path / "m"))
+    with pytest.raises(SterError, match="chat template rendered it as no text; fix the template, or capture the raw "
+                                        "text with --chat-template off"):
+        capture(loaded, [PROMPTS[0]], [0])
+    assert capture(loaded, [PROMPTS[0]], [0], chat_template="off").meta["chat_template"] == "off"
+
+
 @pytest.mark.parametrize("text, expected", [("all", [0, 1, 2]), ("1", [1]), ("0..1", [0, 1]), ("2,0", [0, 2])])
 def test_parse_layers(text, expected):
     assert parse_layers(text, 3) == expected
