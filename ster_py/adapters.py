@@ -27,6 +27,7 @@ with :class:`LoraLinear`; the decoder itself is unchanged.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -667,15 +668,24 @@ def load_adapter_for(path: str | Path, loaded) -> LoraAdapter:
     return ad
 
 
-def apply_adapter(loaded, ad: LoraAdapter) -> None:
+def apply_adapter(loaded, ad: LoraAdapter | str | Path) -> LoraAdapter:
     """Wrap ``loaded.decoder``'s projections so every forward pass adds the adapter's delta.
 
-    Call :func:`load_adapter_for` first (it checks the fit). Applying twice stacks. The adapter's
-    ``notes`` join ``loaded.warnings``. Prompt caches of this decoder start afresh at their next call
-    (``Decoder.revision``): their positions were computed without the adapter.
+    ``ad`` is a :class:`LoraAdapter` from :func:`load_adapter_for` (which checks the fit), or the path
+    to give it. Applying twice stacks. The adapter's ``notes`` join ``loaded.warnings``. Prompt caches
+    of this decoder start afresh at their next call (``Decoder.revision``): their positions were
+    computed without the adapter. Returns the adapter applied.
+
+    Raises:
+        SterError: as ``load_adapter_for`` for a path; ``ad`` neither an adapter nor a path.
     """
+    if isinstance(ad, (str, os.PathLike)):
+        ad = load_adapter_for(ad, loaded)
+    if not isinstance(ad, LoraAdapter):
+        raise SterError(f"apply_adapter takes a LoraAdapter (load_adapter_for) or its path, got {type(ad).__name__}")
     loaded.notes.extend(note for note in ad.notes if note not in loaded.notes)
     loaded.decoder.revision += 1
     for (layer, target), (a, b) in ad.factors.items():
         obj = loaded.decoder.layers[layer]
         setattr(obj, target, LoraLinear(getattr(obj, target), a, b, ad.scale))
+    return ad

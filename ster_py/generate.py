@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .decoder.cache import KV_CACHE_DTYPES
 from .decoder.model import Decoder, LayerHook, as_token_ids
 from .errors import Cancelled, ContextFull, SterError
 from .prefix import PromptCache
@@ -158,9 +159,6 @@ def last_turn_end(prompt: list[int], stop_ids: Iterable[int]) -> int:
     chat template's end-of-turn tokens), the end of the last complete message; 0 when none."""
     stops = set(int(t) for t in stop_ids)
     return next((i + 1 for i in range(len(prompt) - 1, -1, -1) if prompt[i] in stops), 0)
-
-
-KV_CACHE_DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
 def kv_cache_dtype(kv_cache: str):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decoder.cache import KVCache
+from .decoder.cache import KVCache, cache_dtype
 from .errors import Cancelled
 
 
@@ -56,7 +56,7 @@ class PromptCache:
 
     Args:
         decoder: the model (``decoder.model.Decoder``).
-        kv_dtype: the key/value dtype (np.float32 or np.float16).
+        kv_dtype: the key/value dtype (np.float32 or np.float16, or "f32" / "f16"; ``cache_dtype``).
 
     Attributes:
         ids: the tokens whose positions the cache holds exactly (the last prompt, or what
@@ -70,7 +70,7 @@ class PromptCache:
 
     def __init__(self, decoder, kv_dtype=np.float32):
         self.decoder = decoder
-        self.kv_dtype = np.dtype(kv_dtype)
+        self.kv_dtype = cache_dtype(kv_dtype)
         self.cache: KVCache | None = None
         self.ids: list[int] = []
         self.key = None

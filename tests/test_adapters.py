@@ -251,6 +251,12 @@ def test_generate_adapter_equals_merged_model(f32_case, tmp_path):
         assert rel_err(base_logits, adapted_logits) > 1e-3  # the adapter changes something
     merged = load_model(str(tmp_path / "m")).decoder.forward(IDS)
     assert rel_err(logits, merged) < 1e-5
+    # a library caller may give the path itself (it was an AttributeError), not anything else
+    loaded = load_model(str(base_dir))
+    assert apply_adapter(loaded, Path(adapter_dir)).rank > 0
+    assert rel_err(loaded.decoder.forward(IDS), adapted_logits) < 1e-5
+    with pytest.raises(SterError, match="takes a LoraAdapter"):
+        apply_adapter(loaded, {"rank": 2})
 
     expected = reference_greedy(merged_model, IDS, 10)
     stop = expected.index(2) + 1 if 2 in expected else 10

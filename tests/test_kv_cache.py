@@ -50,7 +50,7 @@ def test_cache_stores_rounded_rows_and_grows(dtype):
 
 
 def test_cache_refuses_other_dtypes():
-    with pytest.raises(ValueError, match="float32 or float16"):
+    with pytest.raises(SterError, match="float32 or float16"):
         KVCache(1, 1, 8, dtype=np.float64)
 
 
@@ -137,3 +137,16 @@ def test_cli_unknown_kv_cache_is_one_error_line(tiny_llama):  # noqa: F811
     assert r.returncode == 1
     assert r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     assert "--kv-cache 'f8'" in r.stderr and "f32" in r.stderr and "f16" in r.stderr
+
+
+def test_cache_dtype_names_and_refusals():
+    """``new_cache`` and ``PromptCache`` take --kv-cache's names as generate does ("f16" was numpy's float128 and
+    refused as "not float128"); anything but float32 / float16 is a SterError (it was a ValueError)."""
+    from ster_py.decoder.cache import cache_dtype
+    from ster_py.errors import SterError
+
+    assert cache_dtype("f16") == np.float16 and cache_dtype("f32") == np.float32
+    assert cache_dtype(np.float16) == np.float16 and cache_dtype(np.dtype("float32")) == np.float32
+    for bad in ("f64", "float128", None, 3, np.float64):
+        with pytest.raises(SterError, match="float32 or float16"):
+            cache_dtype(bad)

@@ -23,7 +23,26 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import SterError
+
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+#: --kv-cache's names for the two dtypes
+KV_CACHE_DTYPES = {"f32": np.float32, "f16": np.float16}
+
+
+def cache_dtype(dtype) -> np.dtype:
+    """float32 or float16 from a numpy dtype or ``--kv-cache``'s names "f32" / "f16".
+
+    Raises:
+        SterError: anything else.
+    """
+    try:
+        out = np.dtype(KV_CACHE_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
+    except TypeError:
+        out = None
+    if out not in _DTYPES:
+        raise SterError(f"the KV cache holds float32 or float16 keys and values (\"f32\" or \"f16\"), not {dtype!r}")
+    return out
 
 
 class KVCache:
@@ -44,15 +63,14 @@ class KVCache:
             embedding reads the tokens before each one, LongCat-Flash-Lite's n-grams).
 
     Raises:
-        ValueError: ``dtype`` is neither float32 nor float16.
+        SterError: ``dtype`` is neither float32 nor float16 (numpy dtypes, or the names "f32", "f16" that
+            ``--kv-cache`` takes: numpy alone reads "f16" as a 16-byte float128).
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int = 256,
                  dtype=np.float32, layer_shapes: list[tuple[int, int, int]] | None = None,
                  slots: list | None = None, keep_tokens: bool = False):
-        dtype = np.dtype(dtype)
-        if dtype not in _DTYPES:
-            raise ValueError(f"the KV cache holds float32 or float16 keys and values, not {dtype}")
+        dtype = cache_dtype(dtype)
         self.dtype = dtype
         self.length = 0
         self._slots = list(slots) if slots is not None else [None] * num_layers
