@@ -488,7 +488,7 @@ def generate(
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Generate text, streamed to stdout; a summary follows on stderr."""
-    from .conversation import Session, check_stops
+    from .conversation import THINKING_AUTO, Session, check_stops
     from .generate import Sampling, kv_cache_dtype
     from .prompt import check_prompt_text, encode_prompt, prompt_context
 
@@ -559,6 +559,7 @@ def generate(
     if prompt_.chat_template != "applied" and (tool_list is not None or think is not None):
         raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs a chat template, and the "
                         "model ships none")
+    session.check_thinking(think, THINKING_AUTO)
     styled = sys.stdout.isatty() and not no_color()
     dim, reset = ("\x1b[2m", "\x1b[0m") if styled else ("", "")
     state = {"thinking": False, "wrote": False}

@@ -93,7 +93,7 @@ def chat(
 ) -> None:
     """Talk with a model in the terminal: streamed answers, the history kept (only new tokens are
     prefilled each turn). Type /help for the commands."""
-    from .conversation import NO_TEMPLATE, Session
+    from .conversation import NO_TEMPLATE, THINKING_AUTO, Session
     from .generate import kv_cache_dtype
 
     _check_device(device)
@@ -124,8 +124,7 @@ def chat(
     think = thinking_value(thinking)
     if session.template is None:
         raise SterError(NO_TEMPLATE)
-    if think is not None:
-        session.render([{"role": "user", "content": "x"}], thinking=think)  # refuses a template without a switch
+    session.check_thinking(think, THINKING_AUTO)  # refuses a template without a switch
     if messages_file is not None:
         check_renders(session, messages, think, f"--messages {messages_file}")
     hook, key = _steer(loaded, vector, strength) if vector is not None else (None, None)

@@ -128,6 +128,10 @@ NO_TEMPLATE = ("the model has no chat template, so it cannot hold a conversation
                "`ster generate --chat-template off` to continue a raw text")
 
 
+#: The CLI's advice where a chat template has no thinking switch (``--thinking`` on or off given).
+THINKING_AUTO = "use --thinking auto (the default)"
+
+
 class Session:
     """A loaded model ready for conversations (see the module docstring).
 
@@ -172,13 +176,27 @@ class Session:
         self.check_tools(tools)
         extra = {}
         if thinking is not None:
-            switch = self.format.thinking_switch
-            if switch is None:
-                raise SterError("this model's chat template has no thinking switch (neither enable_thinking nor "
-                                "thinking); leave thinking unset")
-            extra[switch] = thinking
+            extra[self.check_thinking(thinking)] = thinking
         return self.loaded.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                                  **extra)
+
+    def check_thinking(self, thinking: bool | None, advice: str = "leave thinking unset") -> str | None:
+        """The name of the chat template's thinking switch (``enable_thinking`` or ``thinking``) that
+        ``thinking`` sets; None for ``thinking`` None (the template's default).
+
+        Args:
+            advice: what the error tells the caller to do instead (the CLI: ``--thinking auto``).
+
+        Raises:
+            SterError: ``thinking`` given but the template has no such switch.
+        """
+        if thinking is None:
+            return None
+        switch = self.format.thinking_switch
+        if switch is None:
+            raise SterError("this model's chat template has no thinking switch (neither enable_thinking nor "
+                            f"thinking); {advice}")
+        return switch
 
     def check_tools(self, tools: list[dict] | None) -> list[dict] | None:
         """``tools``, refused when there are some and the chat template never reads its ``tools``

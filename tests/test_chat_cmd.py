@@ -231,6 +231,14 @@ def _piped(*args, stdin: str | bytes, env=None):
     return r.returncode, out, err
 
 
+def test_thinking_without_a_switch_advises_auto(tiny_chat):
+    """--thinking on where the template has no switch advised "leave thinking unset", but the option has no
+    unset: its default is auto."""
+    code, _, err = _piped("chat", "--model", str(tiny_chat), "--thinking", "on", "-q", stdin="hello\n")
+    assert code == 1 and "no thinking switch" in err and "; use --thinking auto (the default)" in err, err
+    assert "unset" not in err
+
+
 def test_summary_writes_every_count_with_thousands_separators(tmp_path):
     """A long first turn: the second's summary has four-digit counts, each written 1,234 (the reused and
     prefilled counts were written 1234 beside a prompt of 1,234)."""

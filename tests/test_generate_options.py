@@ -110,6 +110,15 @@ def test_refusals(tiny_chat, args, words):
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("value", ["on", "off"])
+def test_thinking_without_a_switch_advises_auto(tiny_chat, value):
+    """--thinking on/off where the template has no switch advised "leave thinking unset"; the option's default,
+    what to give instead, is auto."""
+    r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--thinking", value)
+    assert r.returncode == 1 and "no thinking switch" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.rstrip().endswith("; use --thinking auto (the default)") and "unset" not in r.stderr
+
+
 def test_thinking_takes_on_off_auto_as_chat_does(tiny_chat):
     """generate's --thinking is chat's: auto (the default) leaves the template's switch alone."""
     r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--thinking", "maybe")
