@@ -5,6 +5,7 @@ printed as one red line on stderr (no traceback) and exits with status 1.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -528,6 +529,10 @@ def generate(
     if (tool_list is not None or think is not None) and chat_template.value == "off":
         raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs the chat template; "
                         "drop --chat-template off")
+    if seed is None and temperature > 0:   # a sampled run's seed is chosen here, so that --json can say it
+        import secrets
+
+        seed = secrets.randbits(63)
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, min_p=min_p, repeat_penalty=repeat_penalty,
                         repeat_last_n=repeat_last_n, logprobs=logprobs)
     sampling.validate()
@@ -610,6 +615,8 @@ def generate(
             # whether some product rounded its inputs to bf16 (bf16 weights, a CPU with AVX512_BF16)
             "bf16_inputs": bf16_rounded_products() > rounded_before,
             "chat_template": prompt_.chat_template, "thinking": thinking.value,
+            # every setting the choice of tokens depends on: with them the run repeats (a sampled one too)
+            "sampling": {k: v for k, v in dataclasses.asdict(sampling).items() if k != "logprobs"},
             "text": text, "ids": result.ids, "prompt_ids": reply.prompt_ids, "stop_reason": result.stop_reason,
             "vector": None if vector is None else {"path": str(vector), "strength": strength},
             "adapter": adapter, "warnings": loaded.warnings,

@@ -148,3 +148,20 @@ def test_tools_a_template_never_reads_are_refused(tiny_chat, tmp_path):
     r = ster("generate", "--model", str(tiny_chat), "-p", "w5", "--tools", str(tmp_path / "tools.json"))
     assert r.returncode == 1 and "chat template never reads tools" in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.rstrip().endswith("send no tools, or use a model whose chat template takes them"), r.stderr
+
+
+def test_json_records_the_sampling_and_a_sampled_runs_seed(tiny_chat):
+    """--json holds every setting the tokens depend on; a sampled run without --seed records the seed it
+    drew, and that seed given back repeats the run token for token."""
+    args = ("generate", "--model", str(tiny_chat), "--prompt", "w10 w11", "--max-new-tokens", "12", "--json",
+            "--temperature", "1.5", "--top-k", "40")
+    first = ster(*args)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    s = doc["sampling"]
+    assert s["temperature"] == 1.5 and s["top_k"] == 40 and s["max_new_tokens"] == 12 and isinstance(s["seed"], int)
+    again = json.loads(ster(*args, "--seed", str(s["seed"])).stdout)
+    assert again["ids"] == doc["ids"] and again["sampling"] == s
+    greedy = json.loads(ster("generate", "--model", str(tiny_chat), "--prompt", "w10", "--max-new-tokens", "2",
+                             "--json").stdout)
+    assert greedy["sampling"]["seed"] is None and greedy["sampling"]["temperature"] == 0.0
