@@ -125,7 +125,7 @@ class Reply:
 
 # Said wherever a conversation meets a model without a chat template (a base model).
 NO_TEMPLATE = ("the model has no chat template, so it cannot hold a conversation; use "
-               "`ster generate --chat-template off` to continue a raw text")
+               "`ster generate --prompt TEXT`, which continues a raw text on a model without a template")
 
 
 #: The CLI's advice where a chat template has no thinking switch (``--thinking`` on or off given).

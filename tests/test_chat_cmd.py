@@ -231,6 +231,15 @@ def _piped(*args, stdin: str | bytes, env=None):
     return r.returncode, out, err
 
 
+def test_a_base_model_is_advised_generate_as_it_is(tmp_path):
+    """A base model advised `ster generate --chat-template off`, which is not needed: generate sends raw text to
+    a model without a template."""
+    make_checkpoint(tmp_path / "plain", "llama")
+    code, _, err = _piped("chat", "--model", str(tmp_path / "plain"), "-q", stdin="hello\n")
+    assert code == 1 and "use `ster generate --prompt TEXT`, which continues a raw text on a model without a " \
+        "template" in err and "--chat-template off" not in err, err
+
+
 def test_thinking_without_a_switch_advises_auto(tiny_chat):
     """--thinking on where the template has no switch advised "leave thinking unset", but the option has no
     unset: its default is auto."""
