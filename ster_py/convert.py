@@ -368,9 +368,20 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
             "notes": info.get("notes", []), "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tuple], threads) -> list[TensorEntry]:
+def _finite(x: np.ndarray, name: str, where: str) -> np.ndarray:
+    """``x``, refused when it holds a NaN or an infinity (any one makes the float64 sum non-finite): converted,
+    it was written as is with status 0 (or into a quantized block's scale), a model whose every output is NaN;
+    llama-quantize's row validation refuses such data too."""
+    if not np.isfinite(x.sum(dtype=np.float64)):
+        raise SterError(f"{where}: the weights written as {name} hold NaN or infinity, so the GGUF would compute "
+                        "NaN; they are damaged: re-download or re-export them")
+    return x
+
+
+def _entries(sources: list[_Source], types: dict[str, str], shapes: dict[str, tuple], threads,
+             where: str) -> list[TensorEntry]:
     def data(src: _Source, t: str):
-        return lambda: quantize(src.make(), t, n_threads=threads)
+        return lambda: quantize(_finite(src.make(), src.name, where), t, n_threads=threads)
 
     return [TensorEntry(s.name, shapes[s.name], types[s.name], data(s, types[s.name])) for s in sources]
 
@@ -430,7 +441,8 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
     if "rope_freqs.weight" in types:
         types["rope_freqs.weight"] = "F32"
     meta = {**_general(_model_name(resolved, config), family.gguf_arch, ft), **arch_meta, **tok_meta}
-    return meta, _entries(sources, types, shapes, threads), {"differences": differences, "tokenizer_notes": notes}
+    return meta, _entries(sources, types, shapes, threads, str(resolved.root)), {"differences": differences,
+                                                                               "tokenizer_notes": notes}
 
 
 def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntry], dict]:
@@ -462,7 +474,7 @@ def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntr
     def data(t, new: str):
         if new == t.type_name:
             return lambda: t.raw
-        return lambda: quantize(t.dequantize(), new, n_threads=threads)
+        return lambda: quantize(_finite(t.dequantize(), t.name, str(path)), new, n_threads=threads)
 
     entries = [TensorEntry(t.name, t.shape, types[t.name], data(t, types[t.name])) for t in tensors]
     return meta, entries, {"alignment": g.alignment, "notes": _widening_notes(tensors, types)}

@@ -474,6 +474,34 @@ def test_malformed_tokenizer_json_is_one_error_line(case, words, checkpoints, tm
     assert r.stderr.startswith(f"error: failed to load tokenizer {model / 'tokenizer.json'}: ") and words in r.stderr
 
 
+def test_weights_holding_nan_are_refused_not_converted(checkpoints, tmp_path):
+    """A NaN in a checkpoint's weight was written into the GGUF with status 0 (as F16, or inside a quantized
+    block's scale): a file whose every output is NaN. A checkpoint and a GGUF being re-quantized are refused,
+    naming the tensor, and nothing is written."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path / "nan"
+    shutil.copytree(checkpoints / "llama", model)
+    weights = load_file(str(model / "model.safetensors"))
+    weights["model.layers.1.mlp.down_proj.weight"][2, 3] = np.nan
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    for ftype in ("f16", "q4_k_m"):
+        with pytest.raises(SterError, match=r"the weights written as blk\.1\.ffn_down\.weight hold NaN or infinity"):
+            convert_model(str(model), tmp_path / f"m-{ftype}.gguf", ftype)
+    f16 = Path(convert_model(str(checkpoints / "llama"), tmp_path / "clean-f16.gguf", "f16")["output"])
+    g = GGUFFile(f16)
+    start = g.data_offset + g.tensors["blk.0.ffn_up.weight"].offset
+    data = bytearray(f16.read_bytes())
+    data[start:start + 2] = np.array([np.inf], np.float16).tobytes()
+    broken = tmp_path / "broken-f16.gguf"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(SterError, match=r"the weights written as blk\.0\.ffn_up\.weight hold NaN or infinity"):
+        convert_model(str(broken), tmp_path / "m-q8_0.gguf", "q8_0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken-f16.gguf", "clean-f16.gguf", "nan"]
+
+
 def test_family_without_a_gguf_architecture_is_refused_before_any_weight(tmp_path):
     from tiny import write_tokenizer
 
