@@ -264,6 +264,26 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+#: Help of the ``--model``/``-m`` beside a command's model argument (inspect, perplexity, convert).
+MODEL_OPT_HELP = "The same, as an option (like the other commands)."
+
+
+def one_model(model: Optional[str], model_opt: Optional[str], *, default: bool = True) -> str:
+    """The model of a command that takes it as an argument or as ``--model``: the one given (both only if
+    equal), else the default preset (``default``).
+
+    Raises:
+        SterError: two different models; none, where there is no default.
+    """
+    if model is not None and model_opt is not None and model != model_opt:
+        raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
+    model = model if model is not None else model_opt
+    if model is None and not default:
+        raise SterError("no model given; name it as the argument or with --model (a local directory, a .gguf "
+                        "file, a preset name or a Hugging Face Hub id)")
+    return _model_or_default(model)
+
+
 def _model_or_default(model: Optional[str]) -> str:
     """The default preset only when --model is absent; an empty one goes on to resolve, which refuses it."""
     if model is not None:
@@ -439,8 +459,9 @@ def _check_device(device: str) -> None:
                         "(numpy and Cython kernels); use --device cpu")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})   # a bare prompt gets advice, not "extra argument"
 def generate(
+    ctx: typer.Context,
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The user's text."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the user's text from a file "
                                                "(UTF-8; - reads stdin) instead of --prompt."),
@@ -493,6 +514,10 @@ def generate(
     from .generate import Sampling, kv_cache_dtype
     from .prompt import check_prompt_text, encode_prompt, prompt_context
 
+    if ctx.args:   # `ster generate "a question"`
+        shown = ctx.args[0] if len(ctx.args[0]) <= 40 else ctx.args[0][:40] + "..."
+        raise SterError(f"unexpected argument {shown!r}: generate takes the text with --prompt (-p) and the model "
+                        "with --model (-m), e.g. ster generate -p \"What is the capital of France?\"")
     if prompt is not None and prompt_file is not None:
         raise SterError("both --prompt and --prompt-file were given; keep one of them")
     if prompt is None and prompt_file is None:
@@ -662,8 +687,7 @@ def generate(
 @app.command()
 def inspect(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
-    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help="The same, as an option (like the "
-                                            "other commands)."),
+    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_OPT_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
     precision: Precision = typer.Option(Precision.auto, help="Precision the resident size is estimated for "
                                         "(GGUF-quantized matrices count as stored; auto as generate, chat "
@@ -674,11 +698,9 @@ def inspect(
     """Describe a model without running it: architecture, sizes, tokenizer, tensor types, memory."""
     from .inspect import inspect_model
 
-    if model is not None and model_opt is not None and model != model_opt:
-        raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
-    model = model if model is not None else model_opt
+    model = one_model(model, model_opt)
     with progress_bar(enabled=not quiet) as progress:
-        info = inspect_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        info = inspect_model(model, revision, precision=precision.value, progress=progress)
     warn(info.get("warnings", ()))  # on stderr, as the commands that load the model show them
     if as_json:
         print(json.dumps({**version_fields(), **info}, indent=2))

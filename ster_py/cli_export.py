@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (MODEL_HELP, QUIET_HELP, THREADS_HELP, Precision, _model_or_default, _use_threads, app, err, flag,
-                  out, plural, print_report, progress_bar, show_warnings, vector_app, version_fields, warn)
+from .cli import (MODEL_HELP, MODEL_OPT_HELP, QUIET_HELP, THREADS_HELP, Precision, _use_threads, app, err, flag,
+                  one_model, out, plural, print_report, progress_bar, show_warnings, vector_app, version_fields, warn)
 
 TYPE_HELP = ("File type: f32, f16, bf16 (tensor types as llama.cpp's converter writes them), q8_0, q4_0, q4_1, "
              "q5_0, q5_1, q6_k, q4_k_m, q5_k_m (llama.cpp's quantizer mixes: Q4_K_M keeps the output, and "
@@ -34,7 +34,9 @@ def _check_type(value: str) -> str:
 
 @app.command()
 def convert(
-    model: str = typer.Argument(..., help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.", "")),
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP.replace(" Default: the smollm2-135m-instruct-q4_1 preset.",
+                                                                       "")),
+    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_OPT_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="The .gguf file to write (must not exist); written "
                                 "to a temporary name beside it and renamed when complete."),
     type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE", help=TYPE_HELP, callback=_check_type),
@@ -47,6 +49,7 @@ def convert(
     ster's own quantizers with llama.cpp's type rules. A GGUF input is re-quantized."""
     from .convert import convert_model
 
+    model = one_model(model, model_opt, default=False)   # converting the default preset would be a surprise
     _use_threads(threads)  # checked (1..1024) as every command checks it, before anything is read
     with progress_bar(enabled=not quiet, what="converting") as progress:
         report = convert_model(model, output, type_, revision=revision, threads=threads, progress=progress)
@@ -71,8 +74,7 @@ def warn_conversion(report: dict) -> None:
 @app.command()
 def perplexity(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
-    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help="The same, as an option (like the other "
-                                            "commands)."),
+    model_opt: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_OPT_HELP),
     file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB)."),
     ctx: int = typer.Option(512, "--ctx", help="Window length in tokens; the second half of each window is scored "
                             "(llama-perplexity's windows)."),
@@ -93,9 +95,7 @@ def perplexity(
     from .load import load_model
     from .perplexity import perplexity as run
 
-    if model is not None and model_opt is not None and model != model_opt:
-        raise SterError(f"two models given ({model!r} and --model {model_opt!r}); give one")
-    model = _model_or_default(model if model is not None else model_opt)
+    model = one_model(model, model_opt)
     if reference is not None and not reference.strip():  # "$UNSET": it read as no --reference at all
         raise SterError("--reference is empty; give the reference model (a path, a preset name or a Hub id), "
                         "or leave out --reference")
