@@ -866,6 +866,8 @@ def main() -> None:
         except SystemExit as e:
             if e.code == 130:  # typer's own answer to Ctrl-C inside a command: exit 130 without a word
                 _interrupted()
+            elif e.code == 143:  # SIGTERM (entry.TERMINATED); entry.main says "terminated"
+                _close_stream()
             _flush_stdout()
             raise
         _flush_stdout()
@@ -897,6 +899,12 @@ def _flush_stdout() -> None:
 
 def _interrupted() -> None:
     """Ctrl-C: close a streamed line (so the shell prompt starts on its own line), then say so on stderr."""
+    _close_stream()
+    err.print("interrupted", highlight=False)
+
+
+def _close_stream() -> None:
+    """End the line streamed text left open on stdout (Ctrl-C, SIGTERM), if it can be written."""
     if _STREAM["open"]:
         _STREAM["open"] = False
         try:
@@ -904,5 +912,4 @@ def _interrupted() -> None:
             sys.stdout.flush()
         except (OSError, StdoutFailed):  # the reader is gone, or stdout failed
             pass
-    err.print("interrupted", highlight=False)
 

@@ -878,7 +878,10 @@ def test_ctrl_c_while_the_cli_imports_is_one_word(tmp_path):
     assert r.returncode == 130 and r.stderr == "interrupted\n" and r.stdout == "", r
 
 
-def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
+@pytest.mark.parametrize("sig, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path, sig, status, word):
+    """Ctrl-C ends the half-written streamed line with a newline before "interrupted"; SIGTERM (the console
+    script's handler, ster_py.entry) left it unfinished before "terminated", and now closes it too."""
     import shutil
     import signal
     import time
@@ -889,21 +892,21 @@ def test_ctrl_c_during_a_streamed_answer_closes_the_line(tiny, tmp_path):
     (long / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1 << 17}))
     # PYTHONFAULTHANDLER: should the child still outlive the interrupt, SIGABRT makes it print every thread's
     # stack into the failure.
-    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.cli import main; main()", "generate", "-m",
+    proc = subprocess.Popen([sys.executable, "-c", "from ster_py.entry import main; main()", "generate", "-m",
                              str(long), "-p", "w5 w6", "--chat-template", "off", "--max-new-tokens", str(1 << 16)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
                             preexec_fn=sigint_as_at_a_terminal)
     first = proc.stdout.read(1)  # the answer is streaming
     time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     try:
         rest, errors = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
         rest, errors = proc.communicate(timeout=60)
-        pytest.fail(f"ster generate outlived Ctrl-C by 60 s; its threads when aborted:\n{errors.decode()[-6000:]}")
-    assert proc.returncode == 130 and first and (first + rest).endswith(b"\n"), (proc.returncode, rest[-40:])
-    assert errors.decode().endswith("interrupted\n") and b"Traceback" not in errors, errors
+        pytest.fail(f"ster generate outlived {sig} by 60 s; its threads when aborted:\n{errors.decode()[-6000:]}")
+    assert proc.returncode == status and first and (first + rest).endswith(b"\n"), (proc.returncode, rest[-40:])
+    assert errors.decode().endswith(f"{word}\n") and b"Traceback" not in errors, errors
 
 
 @pytest.mark.parametrize("args, words", [(["--temperature", "abc"], "'abc' is not a number"),
