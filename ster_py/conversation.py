@@ -35,7 +35,10 @@ def check_stops(stops: Iterable[str], where: str = "--stop") -> tuple[str, ...]:
     Raises:
         SterError: an empty string, one over ``MAX_STOP_CHARS`` characters, or more than ``MAX_STOPS``.
     """
-    out = (stops,) if isinstance(stops, str) else tuple(stops)
+    try:
+        out = (stops,) if isinstance(stops, str) else tuple(stops)
+    except TypeError:   # a library caller's stops=5
+        raise SterError(f"{where}: stop strings are texts (one, or a list of them), got {stops!r}") from None
     if len(out) > MAX_STOPS:
         raise SterError(f"{where}: at most {MAX_STOPS} stop strings, got {len(out)}")
     for s in out:
@@ -221,13 +224,17 @@ class Session:
 
         Raises:
             ContextFull: the prompt is longer than the context (``prompt.refuse_if_too_long`` before
-                tokenizing it whole, ``generate.check_prompt_fits`` after); SterError: as ``render``.
+                tokenizing it whole, ``generate.check_prompt_fits`` after); SterError: as ``render``, and
+                messages ``chat.check_messages`` refuses (not a non-empty list of role/content objects).
         """
         from .generate import check_prompt_fits, context_limit
         from .prompt import refuse_if_too_long
 
         context = context_limit(self.loaded.spec, self.ctx_size)
         if raw is None:
+            from .chat import check_messages
+
+            check_messages(messages, "messages")   # a library caller's [] or None: an error, not a reply to nothing
             text = self.render(messages, tools=tools, thinking=thinking)
             refuse_if_too_long(self.loaded.tokenizer, text, context, add_special_tokens=False)
             ids = self.encode(text)

@@ -304,6 +304,9 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
             ``ctx_size`` above the model's, a prompt longer than the context (``ContextFull``), or
             ``draft`` with a temperature above 0 or ``n_draft`` below 1.
     """
+    if not isinstance(sampling, Sampling):
+        raise SterError(f"the sampling settings are a Sampling (e.g. Sampling(max_new_tokens=64)), got "
+                        f"{type(sampling).__name__}")
     sampling.validate()
     if draft is not None:
         from .speculative import DEFAULT_DRAFT, check_draft_sampling

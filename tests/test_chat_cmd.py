@@ -637,3 +637,9 @@ def test_session_reply_checks_its_stop_strings(tiny_chat):
     assert Session(loaded).reply(messages, Sampling(max_new_tokens=6), stops=first).text == plain.text[:plain.text.index(first)]
     with pytest.raises(SterError, match="non-empty"):
         Session(loaded).reply(messages, Sampling(max_new_tokens=6), stops=[""])
+    # other library misuse: each was an AttributeError or TypeError, or (no messages) a reply to nothing
+    for args, kwargs, words in (((messages, None), {}, "are a Sampling"), ((messages, {"max_new_tokens": 2}), {}, "are a Sampling"),
+                                (([], Sampling(max_new_tokens=2)), {}, "conversation is empty"),
+                                ((messages, Sampling(max_new_tokens=2)), {"stops": 5}, "stop strings are texts")):
+        with pytest.raises(SterError, match=words):
+            Session(loaded).reply(*args, **kwargs)
