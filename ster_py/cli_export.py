@@ -83,7 +83,8 @@ def perplexity(
                                             "example the F16 file a quantization came from): adds KL divergence, "
                                             "Δp and top-1 agreement against it."),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Score at most this many windows."),
-    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit of MODEL; the --reference model is "
+                                            "read at its own default revision."),
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is f32."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document."),
@@ -111,7 +112,9 @@ def perplexity(
     with progress_bar(enabled=not quiet, what="perplexity") as progress:
         loaded = load_model(model, revision, precision=precision.value, progress=progress)
         show_warnings(loaded)
-        ref = (load_model(reference, revision, precision=precision.value, progress=progress)
+        # --revision names a branch, tag or commit of MODEL: the reference (often another repository, or
+        # a local file) is read at its own default revision, not at one that may not exist there
+        ref = (load_model(reference, None, precision=precision.value, progress=progress)
                if reference is not None else None)
         result = run(loaded, text, ctx, reference=ref, max_chunks=chunks, progress=progress)
     result = {**version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,

@@ -119,6 +119,18 @@ def test_cli_json(files, tmp_path):
         assert r.stderr.startswith("error: --reference is empty;"), r.stderr
 
 
+def test_revision_is_the_models_not_the_references(files, tmp_path):
+    # --revision X was applied to --reference too: a Hub reference was fetched at a branch/tag of the other
+    # repository (or failed for lack of it); the reference is read at its own default revision
+    (tmp_path / "t.txt").write_text(TEXT)
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity", files["q4_0"],
+                        "--file", str(tmp_path / "t.txt"), "--ctx", "32", "--chunks", "2", "--reference", files["f16"],
+                        "--revision", "v1", "--json", "-q"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["model_revision"] == "v1" and doc["reference_revision"] is None, doc
+
+
 @pytest.mark.parametrize("scale, words", [
     (float("nan"), "the model produced non-finite logits"),        # was "PPL = nan", and NaN in --json (not JSON)
     (1e6, r"the model scores the text at .* nats per token, so its perplexity exp\(.*\) is beyond a float's range"),
