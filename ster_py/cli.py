@@ -406,11 +406,32 @@ def show_warnings(loaded) -> None:
 ADAPTER_HELP = "A LoRA adapter applied at run time: Ster's NAME.lora.json or a PEFT adapter directory."
 
 
+CHAT_TEMPLATE_FILE_HELP = ("A Jinja chat template file to use instead of the model's (a base model has none); "
+                           "`ster template render --template FILE` shows the prompt it makes.")
+
+
+def read_template_file(path: Optional[Path]) -> Optional[tuple[str, str]]:
+    """``--chat-template-file``'s (text, name), read before any weight is (None without one).
+
+    Raises:
+        SterError: not a regular file, over 8 MiB, not UTF-8, or empty.
+    """
+    if path is None:
+        return None
+    from .cli_template import _read_input_text
+
+    text = _read_input_text(path, "chat template")
+    if not text.strip():
+        raise SterError(f"the chat template file {path} is empty; give a Jinja chat template")
+    return text, str(path)
+
+
 def load_for_run(model: Optional[str], revision: Optional[str], precision: Precision, quiet: bool, *,
                  quantize: Optional[Quantize] = None, vector: Optional[Path] = None, steer=None,
-                 adapter: Optional[str] = None):
-    """The model ``generate`` and ``chat`` run: loaded with a progress bar, its warnings printed, and ``adapter``
-    applied (its notes printed as warnings).
+                 adapter: Optional[str] = None, template: Optional[tuple[str, str]] = None):
+    """The model ``generate``, ``chat`` and ``serve`` run: loaded with a progress bar, its warnings printed,
+    ``adapter`` applied (its notes printed as warnings), and ``template`` (``read_template_file``'s) in place of
+    the model's chat templates.
 
     The steering vector ``steer`` (read from ``vector``) and the adapter are checked against the model's config
     or metadata before any weight is fetched, so one made for another model costs no download.
@@ -450,6 +471,8 @@ def load_for_run(model: Optional[str], revision: Optional[str], precision: Preci
             check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
         apply_adapter(loaded, ad)
         warn(ad.notes)
+    if template is not None:
+        loaded.tokenizer.use_chat_template(*template)
     return loaded
 
 
@@ -479,6 +502,8 @@ def generate(
     quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP),
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: use the model's chat "
                                                "template when it has one; off: send the prompt as raw text."),
+    chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", metavar="FILE",
+                                                      help=CHAT_TEMPLATE_FILE_HELP),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = flag(False, "--json", help="Print one JSON document instead of streaming."),
@@ -551,6 +576,9 @@ def generate(
         except RecursionError:  # the parser (and the schema check) recurse once per level of nesting
             raise SterError(f"{tools}: the tools file's JSON is nested too deeply to read (thousands of "
                             "levels)") from None
+    if chat_template_file is not None and chat_template.value == "off":
+        raise SterError("--chat-template-file and --chat-template off contradict each other; keep one")
+    template = read_template_file(chat_template_file)
     if (tool_list is not None or think is not None) and chat_template.value == "off":
         raise SterError(("--tools" if tool_list is not None else "--thinking") + " needs the chat template; "
                         "drop --chat-template off")
@@ -570,7 +598,7 @@ def generate(
 
         steer = read_vector(vector)
     loaded = load_for_run(model, revision, precision, quiet, quantize=quantize, vector=vector, steer=steer,
-                          adapter=adapter)
+                          adapter=adapter, template=template)
     hook = None
     if vector is not None:
         strength = 1.0 if strength is None else strength

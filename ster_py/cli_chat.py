@@ -17,10 +17,10 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUIET_HELP, REPEAT_PENALTY_HELP,
-                  THINKING_HELP, THREADS_HELP, _STREAM, Precision, Thinking,
+from .cli import (ADAPTER_HELP, CHAT_TEMPLATE_FILE_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUANTIZE_HELP,
+                  QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM, Precision, Quantize, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
-                  no_color, plural, progress_bar, rate_texts, thinking_value)
+                  no_color, plural, progress_bar, rate_texts, read_template_file, thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
@@ -79,7 +79,10 @@ def chat(
     vector: Optional[Path] = typer.Option(None, help="Steering vector JSON to start with (also /vector)."),
     strength: float = typer.Option(1.0, help="Steering strength of --vector."),
     adapter: Optional[str] = typer.Option(None, help=ADAPTER_HELP),
+    chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", metavar="FILE",
+                                                      help=CHAT_TEMPLATE_FILE_HELP),
     precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP),
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
     ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions the conversation may fill "
                                            "(default: the model's)."),
@@ -109,12 +112,14 @@ def chat(
 
     check_draft_options(draft, draft_max, sampling)  # before any weight is read
     messages = _first_messages(system, messages_file)  # a bad file too
+    template = read_template_file(chat_template_file)
     from .chat import surely_lacks_chat_template
 
-    if surely_lacks_chat_template(_model_or_default(model)):  # a base model, told before it loads
+    if template is None and surely_lacks_chat_template(_model_or_default(model)):  # a base model, told before it loads
         raise SterError(NO_TEMPLATE)
     # as generate loads it: the vector and the adapter checked before any weight is fetched, the adapter applied
-    loaded = load_for_run(model, revision, precision, quiet, vector=vector, steer=steer, adapter=adapter)
+    loaded = load_for_run(model, revision, precision, quiet, quantize=quantize, vector=vector, steer=steer,
+                          adapter=adapter, template=template)
     drafter = None
     if draft is not None:
         from .speculative import load_drafter

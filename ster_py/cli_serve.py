@@ -13,8 +13,8 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from .cli import ADAPTER_HELP, MODEL_HELP, PRECISION_HELP, THREADS_HELP, Precision, _check_device, _model_or_default, \
-    _use_threads, app, err, flag, load_for_run
+from .cli import ADAPTER_HELP, CHAT_TEMPLATE_FILE_HELP, MODEL_HELP, PRECISION_HELP, QUANTIZE_HELP, THREADS_HELP, \
+    Precision, Quantize, _check_device, _model_or_default, _use_threads, app, err, flag, load_for_run, read_template_file
 from .errors import SterError
 
 
@@ -31,7 +31,10 @@ def serve(
     max_tokens: int = typer.Option(256, help="max_tokens of a request that gives none."),
     name: Optional[str] = typer.Option(None, "--name", help="The model id /v1/models lists (default: the model "
                                        "as given)."),
+    chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", metavar="FILE",
+                                                      help=CHAT_TEMPLATE_FILE_HELP),
     precision: Precision = typer.Option(Precision.auto, help=PRECISION_HELP),
+    quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP),
     kv_cache: str = typer.Option("f32", "--kv-cache", help="Key/value cache dtype: f32 or f16."),
     ctx_size: Optional[int] = typer.Option(None, "--ctx-size", help="Positions a request may fill "
                                            "(default: the model's)."),
@@ -85,8 +88,9 @@ def serve(
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, Sampling())  # before any weight is read (requests are checked each)
+    template = read_template_file(chat_template_file)
     # as generate and chat load it: the adapter checked before any weight is fetched, then applied to every request
-    loaded = load_for_run(model, revision, precision, quiet, adapter=adapter)
+    loaded = load_for_run(model, revision, precision, quiet, quantize=quantize, adapter=adapter, template=template)
     for vname, (vec, path) in vectors.items():
         check_vector_for(vec, loaded, path)
     drafter = None

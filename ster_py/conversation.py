@@ -128,7 +128,8 @@ class Reply:
 
 # Said wherever a conversation meets a model without a chat template (a base model).
 NO_TEMPLATE = ("the model has no chat template, so it cannot hold a conversation; use "
-               "`ster generate --prompt TEXT`, which continues a raw text on a model without a template")
+               "`ster generate --prompt TEXT`, which continues a raw text on a model without a template, or give "
+               "a template with --chat-template-file FILE")
 
 
 #: The CLI's advice where a chat template has no thinking switch (``--thinking`` on or off given).

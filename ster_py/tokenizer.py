@@ -107,6 +107,7 @@ class Tokenizer:
         elif "default" not in self._chat_templates:
             self._chat_templates["default"] = chat_template
         self._chat_template: str | None = chat_template
+        self._template_source: str | None = None   # a --chat-template-file's name (use_chat_template)
         # A template file that cannot be read fails only when a template is wanted, so
         # tokenizing (which needs none) still works.
         self._template_error: str | None = None
@@ -139,6 +140,20 @@ class Tokenizer:
         if self._template_error is not None:
             raise SterError(self._template_error)
         return self._chat_templates
+
+    def use_chat_template(self, text: str, source: str) -> None:
+        """Replace the model's chat templates (every name) with ``text``, a user's template file
+        (``--chat-template-file``); errors while rendering it name ``source``.
+
+        Raises:
+            SterError: ``text`` is not a str, or is empty.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise SterError(f"the chat template {source} is empty; give a Jinja chat template")
+        self._chat_templates = {"default": text}
+        self._chat_template = text
+        self._template_error = None
+        self._template_source = source
 
     @property
     def chat_template(self) -> str | None:
@@ -494,7 +509,7 @@ class Tokenizer:
         elif template is not None:
             text, source = template, "(given)"
         else:
-            text, source = self.get_chat_template(tools=tools), f"of {self.source}"
+            text, source = self.get_chat_template(tools=tools), self._template_source or f"of {self.source}"
         variables = {**self.special_tokens, **extra}
         # jinja2 is imported when a conversation is first rendered, not at every model load.
         from .chat import render_chat

@@ -165,3 +165,44 @@ def test_json_records_the_sampling_and_a_sampled_runs_seed(tiny_chat):
     greedy = json.loads(ster("generate", "--model", str(tiny_chat), "--prompt", "w10", "--max-new-tokens", "2",
                              "--json").stdout)
     assert greedy["sampling"]["seed"] is None and greedy["sampling"]["temperature"] == 0.0
+
+
+def test_a_chat_template_file_replaces_the_models(tiny_chat, tmp_path):
+    """--chat-template-file: generate, chat and serve render with the file's template instead of the model's
+    (the template render command could preview a template no command could use); a base model (no template)
+    can then chat. A template error names the file; the file is read before the model loads."""
+    from ster_py.load import load_model
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}w7 {{ m.content }} w8 {% endfor %}"
+                        "{% if add_generation_prompt %}w9 {% endif %}")
+    doc = json.loads(ster("generate", "--model", str(tiny_chat), "-p", "w10 w11", "--max-new-tokens", "3",
+                          "--json", "--chat-template-file", str(template)).stdout)
+    tok = load_model(str(tiny_chat)).tokenizer
+    assert doc["chat_template"] == "applied"
+    assert doc["prompt_ids"] == tok.encode("w7 w10 w11 w8 w9 ", add_special_tokens=False)
+    # a model without a template: chat works with the file, and says how without it
+    base = tmp_path / "base"
+    make_checkpoint(base, "llama")
+    piped = ster("chat", "--model", str(base), "--max-new-tokens", "2", "--chat-template-file", str(template),
+                 stdin="w10\n")
+    assert piped.returncode == 0 and "prompt 4 tokens" in piped.stderr, piped.stderr   # w7 w10 w8 w9
+    refused = ster("chat", "--model", str(base), stdin="w10\n")
+    assert refused.returncode == 1 and "--chat-template-file" in refused.stderr
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }")
+    r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--chat-template-file", str(bad))
+    assert r.returncode == 1 and f"chat template {bad}, line 1: syntax error" in r.stderr, r.stderr
+    r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--chat-template-file", str(tmp_path / "none"))
+    assert r.returncode == 1 and "not found" in r.stderr
+
+
+def test_chat_takes_quantize_as_generate_does(tiny_chat):
+    """--quantize on chat (and serve) as on generate: a safetensors checkpoint run on the GGUF kernels; the
+    answer equals generate's with the same option (it was 'No such option')."""
+    gen = json.loads(ster("generate", "--model", str(tiny_chat), "-p", "w10 w11", "--max-new-tokens", "4", "--json",
+                          "--quantize", "q8_0").stdout)
+    piped = ster("chat", "--model", str(tiny_chat), "--max-new-tokens", "4", "--quantize", "q8_0", stdin="w10 w11\n")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.strip() == gen["text"].strip()
+    assert ster("serve", "--help").stdout.count("--quantize") == 1
