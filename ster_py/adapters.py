@@ -16,7 +16,10 @@ Layouts accepted:
   ``get_peft_model_state_dict`` naming), plain LoRA or rsLoRA. A LoRA on a fused
   module (Phi-3's qkv_proj and gate_up_proj, GPT-2's c_attn, GPT-NeoX's
   query_key_value) is split by role: each role keeps the rows of B the decoder's
-  split gives it, and shares A. Other PEFT methods
+  split gives it, and shares A. As PEFT, only the modules the config targets are
+  adapted (``target_modules``, ``layers_to_transform``, ``layers_pattern``,
+  ``exclude_modules``: :func:`peft_targeting`); the file's factors of other modules
+  are ignored, with a note. Other PEFT methods
   and LoRA variants that change the math (DoRA, trained biases, PiSSA-style
   initialisations that rewrite the base, per-module rank patterns, ...) are
   refused by name.
@@ -390,6 +393,97 @@ class WeightMap:
         return {r: b[self.rows(r)] for r in roles}
 
 
+def _strings(value, key: str, where: str, *, allow_str: bool = True) -> list[str] | str | None:
+    """A PEFT config field that is a string, a list of strings, or absent/null (None).
+
+    Raises:
+        SterError: "WHERE: KEY must be ..., got ..." for a number, a dict, a list holding a non-string.
+    """
+    if value is None or (allow_str and isinstance(value, str)):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise SterError(f"{where}: {key} must be {'a string or ' if allow_str else ''}a list of strings, got "
+                    f"{str(value)[:40]!r}; fix adapter_config.json")
+
+
+def _regex(pattern: str, key: str, where: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise SterError(f"{where}: {key} {pattern[:60]!r} is not a valid regular expression ({e}); "
+                        "fix adapter_config.json") from None
+
+
+def peft_targeting(cfg: dict, config_path: Path) -> Callable[[str], bool]:
+    """Which modules a PEFT LoRA config adapts, as PEFT decides (``check_target_module_exists``).
+
+    The returned ``targeted(key)`` takes a module path of the adapted model as PEFT names it
+    (``model.layers.0.self_attn.q_proj``: a factor's key without ``base_model.model.`` and
+    ``.lora_A.weight``). PEFT's rules: ``exclude_modules`` (a regex matched whole, or names matched
+    whole or as the path's last components) wins; ``target_modules`` a string is a regex matched
+    whole ("all-linear": every projection); a list names modules matched whole or as the path's last
+    components, and then ``layers_to_transform`` (an int or a list of ints) keeps only the modules of
+    those layers, the layer index being the first number after ``layers_pattern`` (default: the first
+    numbered component after another one). A module matched whole by a list entry is not filtered by layer.
+
+    Raises:
+        SterError (naming the file and field): target_modules absent (PEFT would choose the model type's
+            default modules, not the file's); a field of the wrong type or an invalid regex; combinations
+            PEFT's LoraConfig refuses (layers_to_transform or layers_pattern with a string target_modules,
+            layers_pattern without layers_to_transform).
+    """
+    where = f"PEFT adapter {config_path}"
+    targets = _strings(cfg.get("target_modules"), "target_modules", where)
+    if targets is None:
+        raise SterError(f"{where} has no target_modules: PEFT would adapt its default modules for the model type, "
+                        "whatever the file holds; list the adapted modules in adapter_config.json, for example "
+                        '"target_modules": ["q_proj", "v_proj"]')
+    excludes = _strings(cfg.get("exclude_modules"), "exclude_modules", where)
+    patterns = _strings(cfg.get("layers_pattern"), "layers_pattern", where)
+    layers = cfg.get("layers_to_transform")
+    if not (layers is None or (isinstance(layers, int) and not isinstance(layers, bool)) or
+            (isinstance(layers, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers))):
+        raise SterError(f"{where}: layers_to_transform must be a layer number or a list of them, got "
+                        f"{str(layers)[:40]!r}; fix adapter_config.json")
+    if isinstance(targets, str) and (layers is not None or patterns is not None):  # as LoraConfig refuses it
+        raise SterError(f"{where}: layers_to_transform and layers_pattern cannot be used with a target_modules "
+                        "regex (a string), as PEFT refuses; give target_modules as a list of module names")
+    if patterns and layers is None:
+        raise SterError(f"{where}: layers_pattern is given without layers_to_transform, as PEFT refuses; "
+                        "give the layers to adapt in layers_to_transform")
+    target_rx = (None if not isinstance(targets, str) or targets.lower() == "all-linear"
+                 else _regex(targets, "target_modules", where))
+    exclude_rx = _regex(excludes, "exclude_modules", where) if isinstance(excludes, str) and excludes else None
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    layer_rxs = ([_regex(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", "layers_pattern", where) for p in patterns]
+                 if patterns else [re.compile(r".*?\.[^.]*\.(?P<idx>\d+)\.")])
+    by_layer = layers is not None and (layers != [] if isinstance(layers, list) else True)
+
+    def targeted(key: str) -> bool:
+        if exclude_rx is not None:
+            if exclude_rx.fullmatch(key):
+                return False
+        elif excludes and (key in excludes or any(key.endswith(f".{e}") for e in excludes)):
+            return False
+        if isinstance(targets, str):
+            return target_rx is None or target_rx.fullmatch(key) is not None
+        if key in targets:
+            return True
+        if not any(key.endswith(f".{t}") for t in targets):
+            return False
+        if not by_layer:
+            return True
+        match = next((m for m in (rx.match(key) for rx in layer_rxs) if m is not None), None)
+        if match is None:
+            return False
+        return int(match.group("idx")) == layers if isinstance(layers, int) else int(match.group("idx")) in layers
+
+    return targeted
+
+
+
 def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter:
     cfg = read_json(config_path, "PEFT adapter config")
     ptype = str(cfg.get("peft_type", "")).upper()
@@ -420,18 +514,24 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     check_model_fields(cfg, f"PEFT adapter {config_path}", "fix adapter_config.json",
                        keys=("base_model_name_or_path", "revision"))
     alpha = _check_alpha(alpha, rank, switches["use_rslora"], f"PEFT adapter {config_path}: lora_alpha")
+    targeted = peft_targeting(cfg, config_path)
     tensors = _load_tensors(weights)
     ad = LoraAdapter(config_path, "peft", cfg.get("base_model_name_or_path"), cfg.get("revision"), rank,
                      float(alpha), switches["use_rslora"], None)
     regexes = wmap.module_regexes()
     pairs: dict[tuple[int, str], dict[str, tuple[str, np.ndarray]]] = {}
     suffix = re.compile(r"(.+)\.lora_([AB])(?:\.[A-Za-z0-9_]+)?\.weight")
+    ignored: list[str] = []
     for name, t in tensors.items():
         m = suffix.fullmatch(name)
         if not m:
             raise SterError(f"PEFT adapter {weights}: tensor {name!r} is not a LoRA factor "
                             "(lora_A / lora_B); only plain LoRA on linear projections is supported")
         module = m.group(1)
+        # PEFT adapts only the modules its config targets and ignores the file's other tensors: so does ster
+        if not targeted(module[len("base_model.model."):] if module.startswith("base_model.model.") else module):
+            ignored.append(module)
+            continue
         for rx, target in regexes:
             mm = rx.fullmatch(module)
             if mm:
@@ -450,8 +550,16 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
         a, b = _check_factor(weights, f"layer {layer} {stored}", ab["A"][1], ab["B"][1], rank)
         for role, rows in wmap.split(stored, b).items():  # a fused module: one LoRA per role, A shared
             ad.factors[(layer, role)] = (a, np.ascontiguousarray(rows))
+    if ignored:
+        shown = sorted(set(ignored))
+        ad.notes.append(f"PEFT adapter {weights} holds factors of {len(shown)} module(s) that its config does not "
+                        f"adapt ({shown[0]!r}{', ...' if len(shown) > 1 else ''}; see target_modules, "
+                        "layers_to_transform, exclude_modules in adapter_config.json); they are ignored, as PEFT "
+                        "ignores them")
     if not ad.factors:
-        raise SterError(f"PEFT adapter {weights} holds no LoRA factors")
+        raise SterError(f"PEFT adapter {weights} holds no LoRA factors" + (
+            " of a module its config adapts (target_modules, layers_to_transform, layers_pattern, exclude_modules "
+            "in adapter_config.json)" if ignored else ""))
     return ad
 
 
@@ -514,6 +622,7 @@ def check_adapter_early(path: str | Path, resolved, spec) -> LoraAdapter | None:
         return ad
     layout, side, _, doc = _open(path)
     if layout == "peft":
+        peft_targeting(doc, side)  # its fields' types, before the model is loaded
         model, revision, width = doc.get("base_model_name_or_path"), doc.get("revision"), None
         rank, alpha, where = doc.get("r"), doc.get("lora_alpha"), "lora_alpha"
         rslora = _peft_switches(doc, side)["use_rslora"]

@@ -301,6 +301,63 @@ def test_failed_merge_leaves_no_output_directory(f32_case, tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary sibling
 
 
+@pytest.mark.parametrize("config, adapted", [
+    ({"target_modules": ["q_proj", "down_proj"], "layers_to_transform": [0, 2]},
+     {(0, "q"), (0, "down"), (2, "q"), (2, "down")}),
+    ({"target_modules": ["v_proj", "gate_proj"], "layers_to_transform": 1, "layers_pattern": "layers"},
+     {(1, "v"), (1, "gate")}),
+    ({"target_modules": r"model\.layers\.1\.self_attn\.(k|o)_proj"}, {(1, "k"), (1, "o")}),
+    ({"target_modules": ["model.layers.2.mlp.up_proj", "o_proj"], "layers_to_transform": [0],
+      "exclude_modules": ["self_attn.q_proj"]}, {(0, "o"), (2, "up")}),
+], ids=["layers", "one-layer-pattern", "regex", "full-name-exclude"])
+def test_peft_config_selects_modules_as_peft_does(f32_case, tmp_path, config, adapted):
+    """target_modules, layers_to_transform, layers_pattern and exclude_modules were ignored: ster applied and
+    merged every factor in the file. PEFT adapts only the modules its config targets and ignores the file's
+    other tensors (the file here holds all 21): ster's run-time adapter and merge give PeftModel's logits and
+    merged weights, and say that the other factors are ignored."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_dir, adapter_dir, _, _, _ = f32_case
+    d = _peft_copy(adapter_dir, tmp_path / "sel", config)
+    hf = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, attn_implementation="eager")
+    pm = PeftModel.from_pretrained(hf, str(d)).eval()
+    with torch.no_grad():
+        want = pm(torch.tensor([IDS])).logits[0].float().numpy()
+    state = {k: v.detach().clone() for k, v in pm.merge_and_unload().state_dict().items()}
+    loaded = load_model(str(base_dir))
+    base_logits = loaded.decoder.forward(IDS)
+    ad = load_adapter_for(str(d), loaded)
+    assert set(ad.factors) == adapted
+    assert any("its config does not adapt" in n and "ignored, as PEFT" in n for n in ad.notes), ad.notes
+    apply_adapter(loaded, ad)
+    got = loaded.decoder.forward(IDS)
+    assert rel_err(got, want) < 1e-5 and rel_err(base_logits, want) > 1e-4
+    report = merge_adapter(str(base_dir), str(d), tmp_path / "m")
+    assert report["merged_tensors"] == len(adapted) and report["warnings"]
+    check_against_peft(tmp_path / "m", state, bf16=False, base=base_dir, n_expected=21)
+    assert rel_err(load_model(str(tmp_path / "m")).decoder.forward(IDS), want) < 1e-5
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"target_modules": None}, "has no target_modules: PEFT would adapt its default modules"),
+    ({"target_modules": 5}, "target_modules must be a string or a list of strings, got '5'"),
+    ({"target_modules": "q_proj(", "layers_to_transform": None}, "target_modules 'q_proj\\(' is not a valid regular"),
+    ({"target_modules": ".*q_proj", "layers_to_transform": [0]}, "cannot be used with a target_modules regex"),
+    ({"layers_to_transform": "0"}, "layers_to_transform must be a layer number or a list of them, got '0'"),
+    ({"layers_to_transform": [0], "layers_pattern": {"a": 1}}, "layers_pattern must be a string or a list"),
+    ({"layers_pattern": "layers"}, "layers_pattern is given without layers_to_transform"),
+    ({"layers_to_transform": [7]}, "holds no LoRA factors of a module its config adapts"),
+])
+def test_peft_selection_fields_are_checked(f32_case, tmp_path, config, words):
+    base_dir, adapter_dir, _, _, _ = f32_case
+    d = _peft_copy(adapter_dir, tmp_path / "bad", config)
+    _refused(tmp_path, base_dir, d, words)
+    r = ster("generate", "--model", str(base_dir), "--adapter", str(d), "-p", "w5", "--max-new-tokens", "1", "-q")
+    assert r.returncode == 1 and r.stderr.startswith("error: PEFT adapter") and "Traceback" not in r.stderr, r.stderr
+
+
 def _refused(tmp_path, model, adapter, words):
     out = tmp_path / "never"
     with pytest.raises(SterError, match=words):
