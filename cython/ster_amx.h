@@ -107,84 +107,70 @@ static STER_AMXT void ster_amx_pack_pairs(const uint8_t* W, size_t row_bytes, co
     }
 }
 
-/* A block of up to 16 tokens' inputs as a tile can read it: rows of Xb in place when all 16 are
- * there, else copied into tmp ([16][kcl], the missing rows zero). Returns the rows and their stride
- * (bytes) through *stride. */
-static const uint16_t* ster_amx_rows(const uint16_t* A, int lda, int mt, int kcl, uint16_t* tmp, int* stride) {
-    int t;
-    if (mt >= 16) {
-        *stride = lda * 2;
-        return A;
+/* Scratch of this thread for ster_amx_product (two panels' packed pairs over all K, and the last block
+ * of tokens staged): kept between calls and grown to the largest product seen, 128 K bytes. NULL when
+ * the allocation fails (the caller then takes the vdpbf16ps tile). */
+static void* ster_amx_scratch(size_t bytes) {
+    static __thread void* buf = 0;
+    static __thread size_t size = 0;
+    if (bytes > size) {
+        free(buf);
+        size = (bytes + 4095) & ~(size_t)4095;
+        buf = aligned_alloc(64, size);
+        if (!buf) size = 0;
     }
-    for (t = 0; t < 16; t++) {
-        if (t < mt) memcpy(tmp + (size_t)t * kcl, A + (size_t)t * lda, (size_t)kcl * 2);
-        else memset(tmp + (size_t)t * kcl, 0, (size_t)kcl * 2);
-    }
-    *stride = kcl * 2;
-    return tmp;
+    return buf;
 }
 
-/* Where a 16 x 16 float32 block of Y goes: in place when whole, else through tmp (the block's
- * mt x nv part copied in when the sums go on from an earlier chunk). */
-static float* ster_amx_cblock(float* C, int ldc, int mt, int nv, int accumulate, float* tmp, int* stride) {
+/* A 16 x 16 float32 tile of sums to Y: in place when whole, else the mt x nv part of a staged copy. */
+static void ster_amx_put(float* C, int ldc, int mt, int nv, const float* tmp) {
     int t;
-    if (mt >= 16 && nv >= 16) {
-        *stride = ldc * 4;
-        return C;
-    }
-    memset(tmp, 0, 256 * sizeof(float));
-    if (accumulate)
-        for (t = 0; t < mt && t < 16; t++) memcpy(tmp + 16 * t, C + (size_t)t * ldc, (size_t)(nv < 16 ? nv : 16) * 4);
-    *stride = 64;
-    return tmp;
-}
-
-static void ster_amx_cdone(float* C, int ldc, int mt, int nv, const float* tmp, const float* block) {
-    int t;
-    if (block != tmp) return;
     for (t = 0; t < mt && t < 16; t++) memcpy(C + (size_t)t * ldc, tmp + 16 * t, (size_t)(nv < 16 ? nv : 16) * 4);
 }
 
-/* One chunk of ster_matmul_range's bfloat16 product on tiles: Y[t, n0 + 16p + r] (+)= sum over
- * the chunk's kcl inputs (a multiple of 32) of A[t, k] W[row, k], for t < T and every panel
- * (npanel, packed by ster_amx_pack_pairs into pack, STER_KC pairs' room each). A: the chunk's
- * first input of token 0, row stride lda elements; nvalid = n1 - n0. 2 x 2 blocks of 16 tokens x
- * 16 outputs at a time; the tiles must be configured (ster_amx_begin). */
-static STER_AMXT void ster_amx_chunk(const uint16_t* A, int lda, int T, int kcl, const uint32_t* pack, int npanel,
-                                     int nvalid, float* Y, int ldy, int accumulate) {
-    uint16_t atmp[2][16 * STER_KC];
+/* Y[t, n] = sum_k Xb[t, k] W[rows[n], k] for t < T and n in [n0, n1), on tiles (ster_matmul_range's
+ * bfloat16 product at STER_ISA_AMX). Xb: [T, K] bfloat16 (ster_round_bf16_rows), K a multiple of 32;
+ * Y row stride ldy. Two panels (32 outputs) at a time are packed over all K, then every block of 32
+ * tokens runs the whole K on four accumulator tiles, written once: sums carried in Y from chunk to
+ * chunk cost a read and a write of Y per chunk, which left the tiles waiting on memory (0.7 of the
+ * throughput at 512 tokens, an AMX Xeon). Returns 0 without the scratch (nothing done). */
+static STER_AMXT int ster_amx_product(const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
+                                      int K, const uint16_t* Xb, int T, float* Y, int ldy) {
+    const int npanel = (n1 - n0 + STER_NR - 1) / STER_NR, kp = K / 2, nb = K / 32, tfull = T & ~31;
+    uint32_t* P0 = (uint32_t*)ster_amx_scratch((size_t)128 * K);
+    uint32_t *P1, *b0, *b1;
+    uint16_t* staged;
     float ctmp[4][256];
-    int t0, p, jb;
-    for (t0 = 0; t0 < T; t0 += 32) {
-        const int mt0 = T - t0, mt1 = T - t0 - 16, two_m = mt1 > 0;
-        int sa0, sa1 = 0;
-        const uint16_t* a0 = ster_amx_rows(A + (size_t)t0 * lda, lda, mt0, kcl, atmp[0], &sa0);
-        const uint16_t* a1 = two_m ? ster_amx_rows(A + (size_t)(t0 + 16) * lda, lda, mt1, kcl, atmp[1], &sa1) : 0;
-        for (p = 0; p < npanel; p += 2) {
-            const int two_n = p + 1 < npanel, nv0 = nvalid - STER_NR * p, nv1 = nvalid - STER_NR * (p + 1);
-            const uint32_t* b0 = pack + (size_t)p * STER_KC * STER_NR;
-            const uint32_t* b1 = b0 + (size_t)STER_KC * STER_NR;
-            float* y = Y + (size_t)t0 * ldy + STER_NR * p;
-            int s0, s1 = 0, s2 = 0, s3 = 0;
-            float* c0 = ster_amx_cblock(y, ldy, mt0, nv0, accumulate, ctmp[0], &s0);
-            float* c1 = two_n ? ster_amx_cblock(y + STER_NR, ldy, mt0, nv1, accumulate, ctmp[1], &s1) : 0;
-            float* c2 = two_m ? ster_amx_cblock(y + (size_t)16 * ldy, ldy, mt1, nv0, accumulate, ctmp[2], &s2) : 0;
-            float* c3 = two_m && two_n ? ster_amx_cblock(y + (size_t)16 * ldy + STER_NR, ldy, mt1, nv1, accumulate,
-                                                         ctmp[3], &s3) : 0;
-            STER_AMX_FENCE();   /* the staged inputs and sums, and the packed weights, are in memory */
-            if (accumulate) {
-                _tile_loadd(0, c0, s0);
-                if (c1) _tile_loadd(1, c1, s1);
-                if (c2) _tile_loadd(2, c2, s2);
-                if (c3) _tile_loadd(3, c3, s3);
-            } else {
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
-            }
-            for (jb = 0; jb < kcl / 32; jb++) {
-                _tile_loadd(4, a0 + 32 * jb, sa0);
+    int p, t0, jb, t;
+    if (!P0) return 0;
+    P1 = P0 + (size_t)kp * STER_NR;
+    staged = (uint16_t*)(P1 + (size_t)kp * STER_NR);   /* the last, partial block of tokens: 32 rows, zeros past T */
+    if (T > tfull) {
+        for (t = 0; t < 32; t++) {
+            if (tfull + t < T) memcpy(staged + (size_t)t * K, Xb + (size_t)(tfull + t) * K, (size_t)K * 2);
+            else memset(staged + (size_t)t * K, 0, (size_t)K * 2);
+        }
+    }
+    ster_amx_begin();
+    for (p = 0; p < npanel; p += 2) {
+        const int two_n = p + 1 < npanel, nv0 = n1 - n0 - STER_NR * p, nv1 = n1 - n0 - STER_NR * (p + 1);
+        ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, 0, K, P0);
+        if (two_n) ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p + 1, 0, K, P1);
+        b0 = P0;
+        b1 = P1;
+        for (t0 = 0; t0 < T; t0 += 32) {
+            const uint16_t* a = t0 < tfull ? Xb + (size_t)t0 * K : staged;
+            const int mt0 = T - t0 < 16 ? T - t0 : 16, mt1 = T - t0 - 16 < 16 ? T - t0 - 16 : 16, two_m = mt1 > 0;
+            const int whole0 = mt0 == 16 && nv0 >= 16, whole1 = mt0 == 16 && nv1 >= 16;
+            const int whole2 = mt1 == 16 && nv0 >= 16, whole3 = mt1 == 16 && nv1 >= 16;
+            float* y = Y + (size_t)t0 * ldy + n0 + STER_NR * p;
+            STER_AMX_FENCE();   /* the packed weights and staged inputs are in memory */
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (jb = 0; jb < nb; jb++) {
+                _tile_loadd(4, a + 32 * jb, K * 2);
                 _tile_loadd(6, b0 + 256 * jb, 64);
                 _tile_dpbf16ps(0, 4, 6);
                 if (two_n) {
@@ -192,22 +178,29 @@ static STER_AMXT void ster_amx_chunk(const uint16_t* A, int lda, int T, int kcl,
                     _tile_dpbf16ps(1, 4, 7);
                 }
                 if (two_m) {
-                    _tile_loadd(5, a1 + 32 * jb, sa1);
+                    _tile_loadd(5, a + (size_t)16 * K + 32 * jb, K * 2);
                     _tile_dpbf16ps(2, 5, 6);
                     if (two_n) _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            _tile_stored(0, c0, s0);
-            if (c1) _tile_stored(1, c1, s1);
-            if (c2) _tile_stored(2, c2, s2);
-            if (c3) _tile_stored(3, c3, s3);
+            if (whole0) _tile_stored(0, y, ldy * 4); else _tile_stored(0, ctmp[0], 64);
+            if (two_n) { if (whole1) _tile_stored(1, y + STER_NR, ldy * 4); else _tile_stored(1, ctmp[1], 64); }
+            if (two_m) {
+                if (whole2) _tile_stored(2, y + (size_t)16 * ldy, ldy * 4); else _tile_stored(2, ctmp[2], 64);
+                if (two_n) {
+                    if (whole3) _tile_stored(3, y + (size_t)16 * ldy + STER_NR, ldy * 4);
+                    else _tile_stored(3, ctmp[3], 64);
+                }
+            }
             STER_AMX_FENCE();   /* the staged sums are read only after the stores */
-            ster_amx_cdone(y, ldy, mt0, nv0, ctmp[0], c0);
-            if (c1) ster_amx_cdone(y + STER_NR, ldy, mt0, nv1, ctmp[1], c1);
-            if (c2) ster_amx_cdone(y + (size_t)16 * ldy, ldy, mt1, nv0, ctmp[2], c2);
-            if (c3) ster_amx_cdone(y + (size_t)16 * ldy + STER_NR, ldy, mt1, nv1, ctmp[3], c3);
+            if (!whole0) ster_amx_put(y, ldy, mt0, nv0, ctmp[0]);
+            if (two_n && !whole1) ster_amx_put(y + STER_NR, ldy, mt0, nv1, ctmp[1]);
+            if (two_m && !whole2) ster_amx_put(y + (size_t)16 * ldy, ldy, mt1, nv0, ctmp[2]);
+            if (two_m && two_n && !whole3) ster_amx_put(y + (size_t)16 * ldy + STER_NR, ldy, mt1, nv1, ctmp[3]);
         }
     }
+    ster_amx_end();
+    return 1;
 }
 
 #else

@@ -1617,17 +1617,10 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
 #endif
 #if STER_HAVE_X86
 #ifdef STER_HAVE_AMX
-    if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_AMX && K % 32 == 0) {   /* K: whole tiles */
-        ster_amx_begin();
-        for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
-            kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
-            for (p = 0; p < npanel; p++)
-                ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, kc0, kcl, (uint32_t*)(pack + (size_t)p * STER_KC * STER_NR));
-            ster_amx_chunk(Xb + kc0, K, T, kcl, (const uint32_t*)pack, npanel, n1 - n0, Y + n0, ldy, kc0 > 0);
-        }
-        ster_amx_end();
+    /* K: whole tiles; without the tiles' scratch, the vdpbf16ps tile below */
+    if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_AMX && K % 32 == 0 &&
+        ster_amx_product(W, row_bytes, rows, n0, n1, K, Xb, T, Y, ldy))
         return;
-    }
 #endif
     if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_BF16) {
         const int Kp = K + (K & 1);
