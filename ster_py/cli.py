@@ -476,6 +476,17 @@ def load_for_run(model: Optional[str], revision: Optional[str], precision: Preci
     return loaded
 
 
+def note_greedy(sampling, quiet: bool) -> None:
+    """At --temperature 0 (greedy), say which sampling options given have no effect (they were silently ignored)."""
+    if quiet or sampling.temperature != 0:
+        return
+    unused = [name for name, on in (("--top-k", sampling.top_k != 0), ("--top-p", sampling.top_p != 1.0),
+                                    ("--min-p", sampling.min_p != 0.0), ("--seed", sampling.seed is not None)) if on]
+    if unused:
+        err.print(f"note: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect at --temperature 0 "
+                  "(greedy decoding); give a temperature above 0 to sample", style="dim", highlight=False)
+
+
 def _check_device(device: str) -> None:
     if device != "cpu":
         raise SterError(f"--device {device} is not available: this build of ster runs on the CPU only "
@@ -589,6 +600,7 @@ def generate(
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, min_p=min_p, repeat_penalty=repeat_penalty,
                         repeat_last_n=repeat_last_n, logprobs=logprobs)
     sampling.validate()
+    note_greedy(sampling, quiet)
     from .speculative import check_draft_options
 
     check_draft_options(draft, draft_max, sampling)  # before any weight is read
@@ -859,12 +871,12 @@ def presets(as_json: bool = flag(False, "--json", help="Print one JSON document.
     if out.width < 60:   # too narrow for a table: each name whole on its own line, the rest below it
         for r in rows:
             out.print(escape(r["name"]), highlight=False)
-            out.print(f"  {r['size'] / 2**20:.0f} MiB, {'cached' if r['cached'] else 'not cached'}"
+            out.print(f"  {r['size'] / 1e6:.0f} MB, {'cached' if r['cached'] else 'not cached'}"
                       + (", the default" if r["default"] else ""), highlight=False)
         return
     table = _table("name", "size", "cached", "description")
     for r in rows:
-        table.add_row(r["name"], f"{r['size'] / 2**20:.0f} MiB", "yes" if r["cached"] else "no",
+        table.add_row(r["name"], f"{r['size'] / 1e6:.0f} MB", "yes" if r["cached"] else "no",
                       ("(the default) " if r["default"] else "") + r["description"])
     out.print(table)
 

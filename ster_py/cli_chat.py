@@ -20,7 +20,7 @@ from rich.markup import escape
 from .cli import (ADAPTER_HELP, CHAT_TEMPLATE_FILE_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUANTIZE_HELP,
                   QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM, Precision, Quantize, Thinking,
                   _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
-                  no_color, plural, progress_bar, rate_texts, read_template_file, thinking_value)
+                  no_color, note_greedy, plural, progress_bar, rate_texts, read_template_file, thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
@@ -103,6 +103,7 @@ def chat(
     kv_cache_dtype(kv_cache)
     _use_threads(threads)
     sampling = _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    note_greedy(sampling, quiet)
     steer = None
     if vector is not None:
         from .steering import read_vector

@@ -124,8 +124,8 @@ def perplexity(
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    line = (f"PPL = {result['ppl']:.4f} +/- {result['ppl_uncertainty']:.4f} over {plural(result['tokens'], 'token')} "
-            f"({plural(result['chunks'], 'window')} of {ctx})")
+    line = (f"PPL = {result['ppl']:.4f} +/- {result['ppl_uncertainty']:.4f} over {plural(result['tokens'], 'scored token')} "
+            f"(the second halves of {plural(result['chunks'], 'window')} of {ctx})")
     out.print(line)
     if ref is not None:
         out.print(f"reference PPL = {result['reference_ppl']:.4f}, ratio {result['ppl_ratio']:.5f}")

@@ -206,3 +206,14 @@ def test_chat_takes_quantize_as_generate_does(tiny_chat):
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout.strip() == gen["text"].strip()
     assert ster("serve", "--help").stdout.count("--quantize") == 1
+
+
+def test_sampling_options_at_temperature_zero_are_noted(tiny_chat):
+    """--top-k / --top-p / --min-p / --seed at the default temperature 0 did nothing, silently; a note says so
+    (not with -q, not when sampling, not for --repeat-penalty, which greedy decoding applies)."""
+    base = ("generate", "--model", str(tiny_chat), "-p", "w10", "--max-new-tokens", "1")
+    r = ster(*base, "--top-k", "5", "--seed", "3")
+    assert r.returncode == 0 and "note: --top-k, --seed have no effect at --temperature 0" in r.stderr, r.stderr
+    assert "no effect" not in ster(*base, "--top-k", "5", "-q").stderr
+    assert "no effect" not in ster(*base, "--top-k", "5", "--temperature", "0.7").stderr
+    assert "no effect" not in ster(*base, "--repeat-penalty", "1.3").stderr
