@@ -128,8 +128,7 @@ def chat(
         drafter = load_drafter(draft, loaded, precision=precision.value)
     session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
     think = thinking_value(thinking)
-    if session.template is None:
-        raise SterError(NO_TEMPLATE)
+    session.require_template()
     session.check_thinking(think, THINKING_AUTO)  # refuses a template without a switch
     if messages_file is not None:
         check_renders(session, messages, think, f"--messages {messages_file}")

@@ -99,6 +99,8 @@ def serve(
 
         drafter = load_drafter(draft, loaded, precision=precision.value)
     session = Session(loaded, kv_cache=kv_cache, ctx_size=ctx_size, draft=drafter, n_draft=draft_max)
+    if session.template_error is not None:  # /v1/chat/completions would need it: refused before serving
+        raise SterError(session.template_error)
     server = Server(session, model_id, {k: v for k, (v, _) in vectors.items()}, max_tokens, max_queue=max_queue)
     import signal
     import socket

@@ -160,7 +160,13 @@ class Session:
         context_limit(loaded.spec, ctx_size)  # a ctx_size above the model's is refused now
         self.cache = PromptCache(loaded.decoder, kv_cache_dtype(kv_cache))
         tok = loaded.tokenizer
-        self.template = tok.chat_template
+        #: why the model's chat template cannot be read (a template file not UTF-8, a malformed chat_template in
+        #: tokenizer_config.json), None when it can: raw text still runs; what needs the template raises it
+        self.template_error: str | None = None
+        try:
+            self.template = tok.chat_template
+        except SterError as e:
+            self.template, self.template_error = None, str(e)
         vocab = tok.tk.get_vocab(with_added_tokens=True) if self.template else None
         self.format = detect_format(self.template, vocab)
         self.stop_ids = loaded.stop_ids()
@@ -175,14 +181,21 @@ class Session:
             SterError: the model has no chat template; ``thinking`` given but the template cannot
                 switch it; a template error.
         """
-        if self.template is None:
-            raise SterError(NO_TEMPLATE)
+        self.require_template()
         self.check_tools(tools)
         extra = {}
         if thinking is not None:
             extra[self.check_thinking(thinking)] = thinking
         return self.loaded.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                                  **extra)
+
+    def require_template(self) -> None:
+        """Raise SterError unless the model has a usable chat template: ``NO_TEMPLATE`` for a base model,
+        ``template_error`` for a template that cannot be read."""
+        if self.template_error is not None:
+            raise SterError(self.template_error)
+        if self.template is None:
+            raise SterError(NO_TEMPLATE)
 
     def check_thinking(self, thinking: bool | None, advice: str = "leave thinking unset") -> str | None:
         """The name of the chat template's thinking switch (``enable_thinking`` or ``thinking``) that

@@ -971,7 +971,11 @@ def _read_template_file(file: Path) -> str:
 
 def _read_chat_templates(directory: Path, config: dict) -> tuple[dict[str, str], str | None]:
     """Chat templates by name, in transformers' precedence (files over tokenizer_config.json),
-    and the message of the first template file that could not be read (None when all could)."""
+    and the message of the first template that could not be read (None when all could): a template
+    file that is not UTF-8, or a ``chat_template`` in tokenizer_config.json that is neither a string,
+    a list of ``{"name": str, "template": str}`` entries nor a ``{name: template}`` object (the three
+    forms transformers reads). Like an unreadable file, a malformed field is an error only once a
+    template is wanted (``Tokenizer.chat_template``): the tokenizer itself still loads."""
     files: dict[str, str] = {}
     paths = []
     default_file = directory / "chat_template.jinja"
@@ -989,12 +993,41 @@ def _read_chat_templates(directory: Path, config: dict) -> tuple[dict[str, str],
     if files:
         return files, None
     value = config.get("chat_template")
+    if value is None:
+        return {}, None
     if isinstance(value, str):
         return {"default": value}, None
+    where = f"{directory / 'tokenizer_config.json'}: chat_template"
+    fix = ("; fix or remove the field, or give a template with --chat-template-file (or --chat-template off for raw "
+           "text)")
+    if isinstance(value, dict):  # transformers' named templates as they are held in memory
+        bad = next((k for k, v in value.items() if not isinstance(v, str)), None)
+        if bad is None:
+            return dict(value), None
+        return {}, f"{where} {bad!r} is {_json_kind(value[bad])}, not a Jinja template (a string){fix}"
     if isinstance(value, list):
-        return {t["name"]: t["template"] for t in value if isinstance(t, dict) and isinstance(t.get("name"), str)
-                and isinstance(t.get("template"), str)}, None
-    return {}, None
+        templates = {}
+        for i, t in enumerate(value, 1):
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)):
+                return {}, (f"{where} entry {i} is not {{\"name\": ..., \"template\": ...}} with two strings "
+                            f"(got {json.dumps(t)[:60]}){fix}")
+            templates[t["name"]] = t["template"]
+        return templates, None
+    return {}, (f"{where} is {_json_kind(value)}, not a Jinja template (a string) or a list of named templates"
+                f"{fix}")
+
+
+def _json_kind(value: Any) -> str:
+    """'a number 5', 'true', 'an object', ... for a JSON value in an error message."""
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"a number {json.dumps(value)[:40]}"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return "null" if value is None else type(value).__name__
 
 
 def _as_id_list(value: Any, path: Path, key: str) -> list[int]:

@@ -743,6 +743,18 @@ def test_non_utf8_chat_template_fails_only_when_a_template_is_wanted(llama_dir, 
         tok.render_chat([{"role": "user", "content": "hi"}])
 
 
+def test_malformed_chat_template_field_is_one_error_line_when_the_template_is_used(llama_dir, tmp_path):
+    """chat_template 5 in tokenizer_config.json ran `ster generate` on the raw prompt, as if the model had no
+    template; now one error line names the file and the field, and --chat-template off still runs raw text."""
+    cfg = json.loads((llama_dir / "tokenizer_config.json").read_text())
+    m = _hf_copy(llama_dir, tmp_path / "m", tokenizer_config__json={**cfg, "chat_template": 5})
+    _one_error_line(_ster("generate", "-m", str(m), "-p", "w5", "--max-new-tokens", "1", "-q"),
+                    f"{m / 'tokenizer_config.json'}: chat_template is a number 5, not a Jinja template")
+    _one_error_line(_ster("chat", "-m", str(m), "-q", stdin="hi\n"), "chat_template is a number 5")
+    done = _ster("generate", "-m", str(m), "-p", "w5", "--max-new-tokens", "1", "-q", "--chat-template", "off")
+    assert done.returncode == 0, done.stderr
+
+
 def _ster(*args, stdin=None):
     import subprocess
     import sys

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -228,6 +229,34 @@ def test_named_chat_templates_in_config(tmp_path):
     assert ours.get_chat_template("rag") == hf.get_chat_template("rag")
     with pytest.raises(SterError, match="no chat template named 'nope'"):
         ours.get_chat_template("nope")
+
+
+def test_named_chat_templates_as_an_object_read_as_transformers_does(tmp_path):
+    templates = {"default": "D {{ messages[0].content }}", "rag": "R {{ documents }}"}
+    path = write_dir(tmp_path / "d", "bl", config={"chat_template": templates})
+    ours, hf = Tokenizer.from_dir(path), hf_tokenizer(path)
+    assert ours.chat_templates == hf.chat_template == templates
+    messages = [{"role": "user", "content": "hi"}]
+    assert ours.render_chat(messages) == hf.apply_chat_template(messages, tokenize=False) == "D hi"
+
+
+@pytest.mark.parametrize("value, words", [
+    (5, "chat_template is a number 5, not a Jinja template"),
+    ({"default": "D", "tool_use": ["x"]}, "chat_template 'tool_use' is a list, not a Jinja template"),
+    ([{"name": "default", "template": "D"}, {"name": "rag"}], "chat_template entry 2 is not"),
+    (["{{ messages }}"], "chat_template entry 1 is not"),
+    (True, "chat_template is true, not"),
+])
+def test_malformed_chat_template_is_an_error_when_a_template_is_wanted(tmp_path, value, words):
+    """A number, a list entry without name/template, ... was read as "no chat template": prompts ran as raw text.
+    The tokenizer still loads (raw text, --chat-template off), as with an unreadable chat_template.jinja; asking
+    for the template is an error naming the file and the field."""
+    path = write_dir(tmp_path / "d", "bl", config={"chat_template": value})
+    ours = Tokenizer.from_dir(path)
+    assert ours.encode("hello world") == Tokenizer.from_dir(write_dir(tmp_path / "ok", "bl")).encode("hello world")
+    for want in (lambda: ours.chat_template, lambda: ours.render_chat([{"role": "user", "content": "hi"}])):
+        with pytest.raises(SterError, match=re.escape(f"{path / 'tokenizer_config.json'}: {words}")):
+            want()
 
 
 def test_no_chat_template(tmp_path):
