@@ -40,7 +40,7 @@ import numpy as np
 
 from .artifacts import KIND_WORDS, check_model, read_json, sniff
 from .errors import SterError
-from .files import check_path_name, file_kind
+from .files import check_path_arg, check_path_name, file_kind, shown_value
 from .steering import check_model_fields
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -769,8 +769,23 @@ def weight_map_of(loaded) -> WeightMap:
     return WeightMap(loaded.spec, family.names, family.fused_qkv, family.inputs_first, family.root)
 
 
+ADAPTER_PATH = "the adapter's path (NAME.lora.json, or a PEFT adapter directory)"
+
+
 def load_adapter_for(path: str | Path, loaded) -> LoraAdapter:
-    """Read the adapter at ``path`` and check it fits ``loaded`` (see :func:`check_adapter_for`)."""
+    """Read the adapter at ``path`` and check it fits ``loaded`` (see :func:`check_adapter_for`).
+
+    Args:
+        path: as for :func:`read_adapter`.
+        loaded: the model, as ``load_model`` returns it.
+
+    Raises:
+        SterError: as :func:`read_adapter` and :func:`check_adapter_for`; ``path`` not a path or ``loaded`` not a
+            loaded model (None, say), naming what to pass.
+    """
+    check_path_arg(path, "load_adapter_for", ADAPTER_PATH)
+    if not all(hasattr(loaded, k) for k in ("decoder", "spec", "resolved", "tokenizer")):
+        raise SterError(f"load_adapter_for takes the model load_model returns as loaded, got {shown_value(loaded)}")
     ad = read_adapter(path, weight_map_of(loaded))
     first = loaded.decoder.layers[0]
     check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)

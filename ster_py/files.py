@@ -149,6 +149,24 @@ def user_path(text: str | os.PathLike, what: str) -> Path:
     return expand_user(text, what)
 
 
+def shown_value(value) -> str:
+    """A library caller's wrong argument for an error message: ``None``, ``int 5``, ``dict {...}`` (60 characters
+    at most)."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def check_path_arg(value, func: str, expected: str) -> None:
+    """Refuse a library function's path argument that is not a path (None, a number, a dict).
+
+    Raises:
+        SterError: "FUNC takes EXPECTED, a str or pathlib.Path; got None" (once a TypeError from ``Path``)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise SterError(f"{func} takes {expected}, a str or pathlib.Path; got {shown_value(value)}")
+
+
 def check_path_name(path: str | os.PathLike, what: str) -> None:
     """Refuse a path the operating system cannot name, before it is looked at.
 
@@ -160,11 +178,13 @@ def check_path_name(path: str | os.PathLike, what: str) -> None:
         what: the option or role for the message, e.g. ``"--output"``.
 
     Raises:
-        SterError: an empty path (``Path("")`` is the current directory: ``--adapter "$UNSET"`` applied whatever
-            adapter was there); a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8); a
+        SterError: not a str, bytes or os.PathLike (a library caller's None, once a TypeError); an empty path
+            (``Path("")`` is the current directory: ``--adapter "$UNSET"`` applied whatever adapter was there); a component over ``NAME_MAX`` bytes or the whole over ``PATH_MAX`` bytes (UTF-8); a
             NUL byte (no path holds one: ``os.stat`` and ``open`` raise ValueError, which no caller expects; a
             command line cannot carry one, but a line piped into ``ster chat`` can).
     """
+    if not isinstance(path, (str, bytes, os.PathLike)):  # a library caller's None or number: not a TypeError
+        raise SterError(f"{what} must be a path (a str or pathlib.Path), got {shown_value(path)}")
     raw = os.fsencode(path)
     if not raw:
         raise SterError(f"{what} is empty; give a path (an unset shell variable gives an empty value; "

@@ -12,7 +12,7 @@ from .config import ModelSpec, spec_from_config
 from .decoder.model import Decoder
 from .errors import SterError
 from .files import user_path
-from .resolve import Resolved, resolve
+from .resolve import Resolved, model_text, resolve
 from .tokenizer import Tokenizer
 from .validate import check_config, check_spec, interpret
 from .weights import SafetensorsWeights, precision_dtype
@@ -152,10 +152,12 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
 
     Raises:
         SterError: nothing tokenizable there (missing or unreadable files, an
-            unsupported GGUF tokenizer scheme, a malformed vocabulary).
+            unsupported GGUF tokenizer scheme, a malformed vocabulary); ``model`` None, not text or
+            blank (``resolve.model_text``).
     """
     from pathlib import Path
 
+    model = model_text(model)
     path = user_path(model, "the model path")
     if path.is_dir() and any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.jsonl", "tekken.json")):
         return Tokenizer.from_dir(path)  # tokenizer.json, PLaMo's tokenizer.jsonl or Mistral's tekken.json

@@ -91,6 +91,22 @@ class Resolved:
     notes: tuple[str, ...] = ()
 
 
+def model_text(model) -> str:
+    """``model`` as the text that names it (an ``os.PathLike``'s path text).
+
+    Raises:
+        SterError: None, a number, an empty or blank string: "no model given ...; pass a local directory, a .gguf
+            file, a preset name or a Hugging Face Hub id" (an empty ``--model`` is never a request for the default
+            preset or the Hub).
+    """
+    if isinstance(model, os.PathLike):   # a library caller's pathlib.Path: a local path, as its text is
+        model = os.fspath(model)
+    if not isinstance(model, str) or not model.strip():
+        raise SterError(f"no model given (--model is {model!r}); pass a local directory, a .gguf file, "
+                        "a preset name or a Hugging Face Hub id")
+    return model
+
+
 def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
             weights: bool = True, before_weights: Callable[[Resolved], None] | None = None) -> Resolved:
     """Resolve ``model`` (a string, or an ``os.PathLike`` taken as its path's text) to a :class:`Resolved`
@@ -159,12 +175,7 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             unreachable/missing/gated repository or revision, a cache that
             lacks the model under ``HF_HUB_OFFLINE``, or a failed download.
     """
-    if isinstance(model, os.PathLike):   # a library caller's pathlib.Path: a local path, as its text is
-        model = os.fspath(model)
-    if not isinstance(model, str) or not model.strip():
-        # An empty or blank --model is a mistake, never a request for the default preset or the Hub.
-        raise SterError(f"no model given (--model is {model!r}); pass a local directory, a .gguf file, "
-                        "a preset name or a Hugging Face Hub id")
+    model = model_text(model)
     path = user_path(model, "the model path")
     if path.is_dir():
         return _resolve_dir(model, path.absolute(), revision)

@@ -45,7 +45,7 @@ import numpy as np
 from .artifacts import (KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_folder, check_model, read_json,
                         sniff)
 from .errors import SterError
-from .files import check_path_name
+from .files import check_path_arg, check_path_name
 
 SCHEMA_VERSION = 1
 UNIT_TOLERANCE = 1e-3  # directions are stored as unit vectors; JSON floats keep ~1e-16
@@ -165,8 +165,9 @@ def read_vector(path: str | Path) -> SteeringVector:
             wrong type (model / model_revision not a string or null, method or trait not a
             string, metadata not an object); a layer key other than ASCII digits without a
             leading zero (two keys would name one layer); a direction that is not hidden_size
-            finite numbers of unit norm.
+            finite numbers of unit norm; ``path`` None (or not a path).
     """
+    check_path_arg(path, "read_vector", "the path of a steering vector's .json file")
     path = Path(path)
     if path.suffix == ".safetensors" or path.is_dir():
         hint = " (a LoRA adapter: pass it with --adapter)" if path.name.endswith(".lora.safetensors") or \

@@ -358,6 +358,28 @@ def test_peft_selection_fields_are_checked(f32_case, tmp_path, config, words):
     assert r.returncode == 1 and r.stderr.startswith("error: PEFT adapter") and "Traceback" not in r.stderr, r.stderr
 
 
+def test_library_calls_given_none_say_what_to_pass(f32_case, tmp_path):
+    """merge_adapter and load_adapter_for given None (an unset variable in a script) raised TypeError or
+    AttributeError; each is a SterError naming what to pass, and nothing is written."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    out = tmp_path / "out"
+    cases = [
+        (lambda: merge_adapter(None, str(adapter_dir), out), r"no model given \(--model is None\); pass a local"),
+        (lambda: merge_adapter(str(base_dir), None, out),
+         r"merge_adapter takes as adapter the adapter's path \(NAME\.lora\.json, or a PEFT adapter directory\), a "
+         r"str or pathlib\.Path; got None"),
+        (lambda: merge_adapter(str(base_dir), str(adapter_dir), None),
+         r"merge_adapter takes as output the path of the directory to create, a str or pathlib\.Path; got None"),
+        (lambda: load_adapter_for(None, load_model(str(base_dir))),
+         r"load_adapter_for takes the adapter's path \(NAME\.lora\.json, or a PEFT adapter directory\)"),
+        (lambda: load_adapter_for(str(adapter_dir), None), "load_adapter_for takes the model load_model returns"),
+    ]
+    for call, words in cases:
+        with pytest.raises(SterError, match=words):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
 def _refused(tmp_path, model, adapter, words):
     out = tmp_path / "never"
     with pytest.raises(SterError, match=words):

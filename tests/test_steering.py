@@ -396,3 +396,11 @@ def test_library_misuse_of_vectors_is_a_sterror_not_a_numpy_error(tiny, tmp_path
     assert not (tmp_path / "v.json").exists()
     write_vector(vec, tmp_path / "v.json")
     assert sorted(read_vector(tmp_path / "v.json").directions) == [0, 1]
+
+
+@pytest.mark.parametrize("value, shown", [(None, "None"), (5, "int 5")])
+def test_read_vector_given_no_path_says_what_to_pass(value, shown):
+    """read_vector(None) was a TypeError from pathlib."""
+    with pytest.raises(SterError, match=f"^read_vector takes the path of a steering vector's .json file, a str or "
+                                        f"pathlib.Path; got {shown}$"):
+        read_vector(value)

@@ -259,6 +259,16 @@ def test_malformed_chat_template_is_an_error_when_a_template_is_wanted(tmp_path,
             want()
 
 
+def test_load_tokenizer_given_none_says_what_to_pass():
+    """load_tokenizer(None) was a TypeError from os.fsencode."""
+    from ster_py.load import load_tokenizer
+
+    for value in (None, 5, " "):
+        with pytest.raises(SterError, match=r"^no model given \(--model is .*\); pass a local directory, a \.gguf "
+                                            "file, a preset name or a Hugging Face Hub id$"):
+            load_tokenizer(value)
+
+
 def test_no_chat_template(tmp_path):
     path = write_dir(tmp_path / "d", "bl", config={"chat_template": None})
     ours, hf = Tokenizer.from_dir(path), hf_tokenizer(path)

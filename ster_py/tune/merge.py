@@ -30,7 +30,7 @@ from .. import __version__
 from ..adapters import WeightMap, check_adapter_for, read_adapter
 from ..artifacts import ST_DTYPES, atomic_directory, check_folder, write_safetensors
 from ..errors import SterError
-from ..files import temporary
+from ..files import check_path_arg, temporary
 
 Progress = Callable[[str, int, "int | None"], None]
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # Transformers' save_pretrained default is 5 GB too
@@ -103,11 +103,16 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
             method as the adapter; an adapter for another model, another width, or a
             projection the checkpoint lacks; shards naming one tensor twice; an existing
             ``output``; a merged tensor that is not finite in its stored dtype where the base's was
-            (the adapter's scale or factors overflow it: a float16 weight stops at 65504).
+            (the adapter's scale or factors overflow it: a float16 weight stops at 65504); ``model``,
+            ``adapter`` or ``output`` None (or not text or a path), naming what to pass.
     """
+    from ..adapters import ADAPTER_PATH
     from ..config import spec_from_config
-    from ..resolve import resolve
+    from ..resolve import model_text, resolve
 
+    model_text(model)  # None: said before the adapter and the output are looked at
+    check_path_arg(adapter, "merge_adapter", f"as adapter {ADAPTER_PATH}")
+    check_path_arg(output, "merge_adapter", "as output the path of the directory to create")
     output = Path(output)
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new directory or remove it first")
