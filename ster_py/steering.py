@@ -101,15 +101,18 @@ def check_vector_output(path: str | Path) -> None:
     """Refuse an output that would overwrite anything but an earlier steering vector.
 
     Raises:
-        SterError: ``path`` is a directory, or an existing file that is not a steering vector
-            (a capture sidecar, prompts, an adapter, anything else).
+        SterError: ``path`` is a directory; its name does not end in .json (a steering vector is a JSON
+            file, named so: ``--vector`` and ``read_vector`` refuse a .safetensors name, and an artifact
+            named v.txt or v would be taken for something else); an existing file that is not a steering
+            vector (a capture sidecar, prompts, an adapter, anything else).
     """
     check_path_name(path, "--output")
     path = Path(path)
     if path.is_dir():
         raise SterError(f"--output {path} is a directory; give the steering vector's file name (NAME.json)")
-    if path.suffix == ".safetensors":  # read_vector refuses the name: the vector would be written unusable
-        raise SterError(f"--output {path}: a steering vector is a JSON file; name it {path.with_suffix('.json').name}")
+    if path.suffix.lower() != ".json":  # v.safetensors: read_vector refuses the name, the vector would be unusable
+        raise SterError(f"--output {path}: a steering vector is a JSON file named NAME.json; name it "
+                        f"{(path.with_suffix('.json') if path.suffix else path.with_name(path.name + '.json')).name}")
     check_folder(path)
     if path.exists():
         try:
@@ -140,8 +143,8 @@ def check_direction(v: np.ndarray, width: int, where: str, layer) -> None:
 def write_vector(vec: SteeringVector, path: str | Path) -> Path:
     """Write ``vec`` as JSON at ``path`` atomically (temporary file, then rename).
 
-    An earlier steering vector at ``path`` is replaced; anything else is refused
-    (:func:`check_vector_output`).
+    ``path`` must end in .json; an earlier steering vector at ``path`` is replaced; anything else
+    is refused (:func:`check_vector_output`).
 
     Raises:
         SterError: ``check_vector_output``'s refusals; a direction ``read_vector`` would refuse (not
@@ -157,7 +160,9 @@ def write_vector(vec: SteeringVector, path: str | Path) -> Path:
 
 
 def read_vector(path: str | Path) -> SteeringVector:
-    """Read and validate a steering artifact.
+    """Read and validate a steering artifact: a JSON file, as :func:`write_vector` writes it under a NAME.json
+    name (a vector written under another name by an earlier ster is still read; a .safetensors file or a
+    directory is refused).
 
     Raises:
         SterError (naming the path): not JSON; an adapter sidecar, reward or capture

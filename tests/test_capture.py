@@ -324,6 +324,19 @@ def test_malformed_or_non_finite_states_are_refused_naming_tensor_and_row(tmp_pa
     assert str(path) in str(e.value)
 
 
+def test_cli_vectors_refuse_an_output_not_named_json(tmp_path):
+    """`ster vector caa --output v.txt` wrote the vector under that name; --output must be NAME.json (as .safetensors
+    was already refused), before the captures are read, and nothing is written."""
+    pos, neg = _saved_capture(tmp_path, name="pos"), _saved_capture(tmp_path, name="neg")
+    for method, name in (("caa", "v.txt"), ("pca", "v")):
+        r = ster("vector", method, "--positive", str(pos), "--negative", str(neg), "--output", str(tmp_path / name))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip() == (f"error: --output {tmp_path / name}: a steering vector is a JSON file named "
+                                    "NAME.json; name it v.json"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["neg.json", "neg.safetensors", "pos.json",
+                                                          "pos.safetensors"]
+
+
 def test_cli_vectors_refuse_a_capture_holding_infinity(tmp_path):
     """vector pca hung in numpy's SVD on an infinity, and caa called it "the same mean": both now refuse the file
     when reading it, naming it, the tensor and the row, and write nothing."""

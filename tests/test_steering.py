@@ -398,6 +398,18 @@ def test_library_misuse_of_vectors_is_a_sterror_not_a_numpy_error(tiny, tmp_path
     assert sorted(read_vector(tmp_path / "v.json").directions) == [0, 1]
 
 
+def test_write_vector_takes_a_json_name_only(tiny, tmp_path):
+    """write_vector(v, "x.txt") wrote a steering vector under a name that is not .json; it is refused with the name
+    to use, and nothing is written. read_vector reads what write_vector writes."""
+    path, _ = tiny
+    vec = SteeringVector(str(path), None, 64, "test", "manual", unit_directions([0]))
+    for name, advice in (("x.txt", "x.json"), ("x", "x.json"), ("x.safetensors", "x.json")):
+        with pytest.raises(SterError, match=f"a steering vector is a JSON file named NAME.json; name it {advice}$"):
+            write_vector(vec, tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+    assert sorted(read_vector(write_vector(vec, tmp_path / "x.json")).directions) == [0]
+
+
 @pytest.mark.parametrize("value, shown", [(None, "None"), (5, "int 5")])
 def test_read_vector_given_no_path_says_what_to_pass(value, shown):
     """read_vector(None) was a TypeError from pathlib."""
