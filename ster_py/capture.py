@@ -61,7 +61,8 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     Returns sorted unique 0-based layer indices.
 
     Raises:
-        SterError: malformed text, or an index outside 0..num_layers-1.
+        SterError: malformed text (an empty item, as in ``1,,2``, named by its position), or an index
+            outside 0..num_layers-1.
     """
     t = str(text).strip()
     try:
@@ -78,7 +79,12 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
                                     f"0..{num_layers - 1}")
             out = list(range(lo, hi + 1))
         else:
-            out = [int(x) for x in t.split(",") if x.strip() != ""]
+            items = t.split(",")
+            empty = next((k for k, x in enumerate(items, 1) if not x.strip()), None)
+            if empty is not None and t:  # "1,,2" selected 1 and 2 in silence; "" selects nothing, said below
+                raise SterError(f"--layers {t!r}: item {empty} is empty; separate layer numbers by one comma, "
+                                "as in 1,2,3")
+            out = [int(x) for x in items if x.strip()]
     except ValueError:
         raise SterError(f"--layers {t!r} is not understood; use all, N, a..b (inclusive) or a,b,c") from None
     if not out:

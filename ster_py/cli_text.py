@@ -70,12 +70,24 @@ _ID = re.compile(r"-?[0-9]+")
 
 
 def _parse_ids(values: List[str], vocab_size: int) -> list[int]:
-    """Token ids from arguments: each may hold several, separated by commas or spaces, in brackets or not."""
+    """Token ids from arguments: each may hold several, separated by commas or spaces, in brackets or not.
+
+    Raises:
+        SterError: an empty item between commas (``1,,2``, a comma at an end: once skipped in silence), named by
+            its position; an item that is not a whole number; no id at all; an id outside the vocabulary.
+    """
     ids = []
     for value in values:
-        for item in re.split(r"[\s,]+", value.strip().strip("[]")):
-            if not item:
-                continue
+        inner = value.strip().strip("[]")
+        parts = inner.split(",")
+        items = []
+        for part in parts:
+            if not part.strip() and inner.strip():
+                position = len(ids) + len(items) + 1
+                raise SterError(f"{value.strip()[:40]!r}: item {position} is empty; separate token ids by one "
+                                "comma or by spaces, like `ster detokenize 15496,995`")
+            items += part.split()
+        for item in items:
             # ASCII digits only: int() would also take "+5", "1_000" and other scripts' digits.
             if not _ID.fullmatch(item):
                 shown = item if len(item) <= 24 else item[:20] + "..."

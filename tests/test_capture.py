@@ -142,10 +142,19 @@ def test_parse_layers(text, expected):
 
 
 @pytest.mark.parametrize("text, words", [("3", "layers 0..2"), ("2..1", "empty"), ("x", "not understood"),
-                                         ("-1", "does not exist")])
-def test_parse_layers_refusals(text, words):
+                                         ("-1", "does not exist"), ("1,,2", "'1,,2': item 2 is empty"),
+                                         ("0,1,", "item 3 is empty"), (",", "item 1 is empty")])
+def test_parse_layers_refusals(text, words):  # "1,,2" selected layers 1 and 2, the empty item skipped in silence
     with pytest.raises(SterError, match=words):
         parse_layers(text, 3)
+
+
+def test_capture_layers_with_an_empty_item_is_one_error_line(tiny, tmp_path):
+    r = ster("capture", "-m", str(tiny[0]), "-p", "w5", "--layers", "1,,2", "-o", str(tmp_path / "c.safetensors"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == ("error: --layers '1,,2': item 2 is empty; separate layer numbers by one comma, as in "
+                                "1,2,3"), r.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("prompts, layers, words", [

@@ -186,6 +186,20 @@ def test_file_input_equals_text_input(llama_vocab_dir, tmp_path):
 
 
 @pytest.mark.real
+def test_detokenize_refuses_an_empty_item_naming_its_position(llama_vocab_dir):
+    """`ster detokenize 1,,2` decoded 1 and 2, skipping the empty item in silence (a lost id in a pasted list)."""
+    path = str(llama_vocab_dir / "ggml-vocab-llama-spm.gguf")
+    for args, message in ((("1,,2",), "'1,,2': item 2 is empty"), (("5", "1,2,"), "'1,2,': item 4 is empty"),
+                          ((",7",), "',7': item 1 is empty"), (("[1, , 2]",), "item 2 is empty")):
+        done = ster("detokenize", "-m", path, *args)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:"), (args, done.stderr)
+        assert message in lines[0], (args, done.stderr)
+    ids = [json.loads(ster("detokenize", "-m", path, "--json", *args).stdout)["ids"]
+           for args in (("[1, 2, 3]",), ("1, 2", "3"), ("1 2 3",))]
+    assert ids == [[1, 2, 3]] * 3
+
+
 def test_errors_are_one_line(llama_vocab_dir, tmp_path):
     from gguf_craft import STRING, edit_metadata
 
