@@ -129,10 +129,15 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         spec = check_spec(interpret(source, spec_from_config, r.config, r.family, source), source)
         tok = Tokenizer.from_dir(r.root)
         notes = list(tok.notes)
+        try:
+            has_template = tok.chat_template is not None
+        except SterError as e:  # a template file not UTF-8, a malformed chat_template: shown, not fatal here
+            has_template = False
+            notes.append(str(e))
         architectures = r.config.get("architectures")
         info.update(architecture=architectures[0] if isinstance(architectures, list) and architectures else None,
                     family=r.family.model_type, tokenizer=f"tokenizer.json:{type(tok.tk.model).__name__}",
-                    chat_template=tok.chat_template is not None)
+                    chat_template=has_template)
     if g is not None:
         tensors = list(g.tensors.values())
         info["tensors"] = dict(Counter(t.type_name for t in tensors))

@@ -753,6 +753,10 @@ def test_malformed_chat_template_field_is_one_error_line_when_the_template_is_us
     _one_error_line(_ster("chat", "-m", str(m), "-q", stdin="hi\n"), "chat_template is a number 5")
     done = _ster("generate", "-m", str(m), "-p", "w5", "--max-new-tokens", "1", "-q", "--chat-template", "off")
     assert done.returncode == 0, done.stderr
+    done = _ster("inspect", str(m), "--json")  # inspect shows the problem as a warning instead of failing on it
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["chat_template"] is False and any("chat_template is a number 5" in w for w in doc["warnings"]), doc
 
 
 def _ster(*args, stdin=None):
