@@ -82,7 +82,7 @@ def _parse_ids(values: List[str], vocab_size: int) -> list[int]:
         parts = inner.split(",")
         items = []
         for part in parts:
-            if not part.strip() and inner.strip():
+            if not part.strip() and any(p.strip() for p in parts):   # a lone "," is no id at all (below)
                 position = len(ids) + len(items) + 1
                 raise SterError(f"{value.strip()[:40]!r}: item {position} is empty; separate token ids by one "
                                 "comma or by spaces, like `ster detokenize 15496,995`")
