@@ -414,7 +414,7 @@ def read_template_file(path: Optional[Path]) -> Optional[tuple[str, str]]:
     """``--chat-template-file``'s (text, name), read before any weight is (None without one).
 
     Raises:
-        SterError: not a regular file, over 8 MiB, not UTF-8, or empty.
+        SterError: not a regular file, over 8 MiB, not UTF-8, empty, or not valid Jinja (``chat.compile_template``).
     """
     if path is None:
         return None
@@ -423,6 +423,11 @@ def read_template_file(path: Optional[Path]) -> Optional[tuple[str, str]]:
     text = _read_input_text(path, "chat template")
     if not text.strip():
         raise SterError(f"the chat template file {path} is empty; give a Jinja chat template")
+    from .chat import compile_template
+
+    # its syntax checked now: chat and serve would otherwise start and then fail every message (serve with a 400
+    # blaming the client); the user's own file, compiled in this process as the render's child compiles it
+    compile_template(text, source=str(path))
     return text, str(path)
 
 
@@ -550,10 +555,12 @@ def generate(
     from .generate import Sampling, kv_cache_dtype
     from .prompt import check_prompt_text, encode_prompt, prompt_context
 
-    if ctx.args:   # `ster generate "a question"`
+    if ctx.args:   # `ster generate "a question"`: a usage error as click prints one (status 2), with the way to say it
         shown = ctx.args[0] if len(ctx.args[0]) <= 40 else ctx.args[0][:40] + "..."
-        raise SterError(f"unexpected argument {shown!r}: generate takes the text with --prompt (-p) and the model "
-                        "with --model (-m), e.g. ster generate -p \"What is the capital of France?\"")
+        typer.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} --help' for help.\n\nError: unexpected argument "
+                   f"{shown!r}: generate takes the text with --prompt (-p) and the model with --model (-m), e.g. "
+                   "ster generate -p \"What is the capital of France?\"", err=True)
+        raise typer.Exit(2)
     if prompt is not None and prompt_file is not None:
         raise SterError("both --prompt and --prompt-file were given; keep one of them")
     if prompt is None and prompt_file is None:
@@ -717,6 +724,8 @@ def generate(
     if quiet:
         return
     rates = rate_texts(result)
+    if sampling.temperature > 0:   # the drawn seed (--json records it too): --seed N repeats the run
+        rates.append(f"seed {sampling.seed}")
     if drafter is not None:
         rates.append(f"{result.accepted} of {plural(result.drafted, 'drafted token')} accepted")
     err.print(f"[dim]{plural(len(reply.prompt_ids), 'prompt token')}, {plural(len(result.ids), 'new token')} "

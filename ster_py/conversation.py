@@ -153,6 +153,8 @@ class Session:
                  n_draft: int | None = None):
         from .generate import context_limit, kv_cache_dtype
 
+        if not all(hasattr(loaded, name) for name in ("decoder", "tokenizer", "spec")):
+            raise SterError(f"Session takes a loaded model (load_model(...)), got {type(loaded).__name__}")
         self.loaded = loaded
         self.draft, self.n_draft = draft, n_draft  # a speculative.Drafter (greedy replies only)
         self.kv_cache = kv_cache

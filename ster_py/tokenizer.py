@@ -143,7 +143,8 @@ class Tokenizer:
 
     def use_chat_template(self, text: str, source: str) -> None:
         """Replace the model's chat templates (every name) with ``text``, a user's template file
-        (``--chat-template-file``); errors while rendering it name ``source``.
+        (``--chat-template-file``); errors while rendering it name ``source``. Call it before a
+        ``conversation.Session`` is made over this tokenizer: a Session reads the template once.
 
         Raises:
             SterError: ``text`` is not a str, or is empty.

@@ -643,3 +643,6 @@ def test_session_reply_checks_its_stop_strings(tiny_chat):
                                 ((messages, Sampling(max_new_tokens=2)), {"stops": 5}, "stop strings are texts")):
         with pytest.raises(SterError, match=words):
             Session(loaded).reply(*args, **kwargs)
+    for wrong in (None, str(tiny_chat)):   # an AttributeError on .spec
+        with pytest.raises(SterError, match="Session takes a loaded model"):
+            Session(wrong)

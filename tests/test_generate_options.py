@@ -162,6 +162,8 @@ def test_json_records_the_sampling_and_a_sampled_runs_seed(tiny_chat):
     assert s["temperature"] == 1.5 and s["top_k"] == 40 and s["max_new_tokens"] == 12 and isinstance(s["seed"], int)
     again = json.loads(ster(*args, "--seed", str(s["seed"])).stdout)
     assert again["ids"] == doc["ids"] and again["sampling"] == s
+    plain = ster(*(a for a in args if a != "--json"), "--seed", str(s["seed"]))
+    assert f"seed {s['seed']}" in plain.stderr and plain.stdout.strip() == doc["text"].strip()  # the summary says it
     greedy = json.loads(ster("generate", "--model", str(tiny_chat), "--prompt", "w10", "--max-new-tokens", "2",
                              "--json").stdout)
     assert greedy["sampling"]["seed"] is None and greedy["sampling"]["temperature"] == 0.0
@@ -191,8 +193,13 @@ def test_a_chat_template_file_replaces_the_models(tiny_chat, tmp_path):
     assert refused.returncode == 1 and "--chat-template-file" in refused.stderr
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m.content }")
-    r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--chat-template-file", str(bad))
-    assert r.returncode == 1 and f"chat template {bad}, line 1: syntax error" in r.stderr, r.stderr
+    # refused before the model loads: chat and serve started and then failed every message (serve with a 400)
+    for args in (("generate", "-p", "w10"), ("chat",), ("serve", "--port", "0")):
+        r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", args[0], "--model",
+                            str(tiny_chat), "--chat-template-file", str(bad), *args[1:]], input="w10\n",
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and f"chat template {bad}, line 1: syntax error" in r.stderr, (args, r.stderr)
+        assert "chatting with" not in r.stderr and "listening" not in r.stdout + r.stderr, (args, r.stderr)
     r = ster("generate", "--model", str(tiny_chat), "-p", "w10", "--chat-template-file", str(tmp_path / "none"))
     assert r.returncode == 1 and "not found" in r.stderr
 

@@ -119,7 +119,7 @@ def set_threads(n: int) -> None:
     """
     limit = _kernels().MAX_THREADS
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= limit:
-        shown = str(n) if len(str(n)) <= 20 else str(n)[:20] + "..."
+        shown = repr(n) if len(repr(n)) <= 20 else repr(n)[:20] + "..."   # '2' (a str) shown as one
         raise SterError(f"--threads must be a whole number from 1 to {limit}, got {shown}")
     _kernels().set_threads(int(n))
     from .._kernels import ops  # attention shares the setting (and the thread pool)
