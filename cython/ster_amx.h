@@ -67,18 +67,18 @@ static STER_AMXT void ster_amx_begin(void) { _tile_loadconfig(&ster_amx_cfg); }
 /* Tiles off again: a thread holding tile state makes every context switch save 8 KB more. */
 static STER_AMXT void ster_amx_end(void) { _tile_release(); }
 
-/* ster_pack_bf16_pairs' panel p for kcl a multiple of 32: P[j][rr] = the 32-bit word of row
- * n0 + 16p + rr's weights kc0 + 2j, kc0 + 2j + 1 (zero past n1), made 16 pairs at a time by
- * transposing 16 rows x 16 words in registers. */
+/* ster_pack_bf16_pairs' layout for panel p over the whole row (K a multiple of 32): P[j][rr] = the 32-bit
+ * word of row n0 + 16p + rr's weights 2j, 2j + 1 (zero past n1), made 16 pairs at a time by transposing
+ * 16 rows x 16 words in registers. */
 static STER_AMXT void ster_amx_pack_pairs(const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
-                                          int p, int kc0, int kcl, uint32_t* P) {
+                                          int p, int K, uint32_t* P) {
     const uint8_t* src[16];
     int rr, jb, c, L;
     for (rr = 0; rr < 16; rr++) {
         const int n = n0 + STER_NR * p + rr;
-        src[rr] = n < n1 ? W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)kc0 * 2 : 0;
+        src[rr] = n < n1 ? W + (size_t)(rows ? rows[n] : n) * row_bytes : 0;
     }
-    for (jb = 0; jb < kcl / 32; jb++) {
+    for (jb = 0; jb < K / 32; jb++) {
         __m512i r[16], a[16], b[16];
         for (rr = 0; rr < 16; rr++)
             r[rr] = src[rr] ? _mm512_loadu_si512((const void*)(src[rr] + 64 * jb)) : _mm512_setzero_si512();
@@ -154,8 +154,8 @@ static STER_AMXT int ster_amx_product(const uint8_t* W, size_t row_bytes, const 
     ster_amx_begin();
     for (p = 0; p < npanel; p += 2) {
         const int two_n = p + 1 < npanel, nv0 = n1 - n0 - STER_NR * p, nv1 = n1 - n0 - STER_NR * (p + 1);
-        ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, 0, K, P0);
-        if (two_n) ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p + 1, 0, K, P1);
+        ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, K, P0);
+        if (two_n) ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p + 1, K, P1);
         b0 = P0;
         b1 = P1;
         for (t0 = 0; t0 < T; t0 += 32) {

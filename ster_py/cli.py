@@ -421,9 +421,10 @@ def read_template_file(path: Optional[Path]) -> Optional[tuple[str, str]]:
     from .cli_template import _read_input_text
 
     text = _read_input_text(path, "chat template")
-    if not text.strip():
-        raise SterError(f"the chat template file {path} is empty; give a Jinja chat template")
     from .chat import compile_template
+    from .tokenizer import check_template_text
+
+    check_template_text(text, f"file {path}")
 
     # its syntax checked now: chat and serve would otherwise start and then fail every message (serve with a 400
     # blaming the client); the user's own file, compiled in this process as the render's child compiles it

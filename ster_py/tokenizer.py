@@ -55,6 +55,16 @@ _NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pa
 _REPLACEMENT_CHAR = "\ufffd"
 
 
+def check_template_text(text, source: str) -> None:
+    """Refuse a user's chat template that is not text or is empty (``--chat-template-file``, ``use_chat_template``).
+
+    Raises:
+        SterError naming ``source``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise SterError(f"the chat template {source} is empty; give a Jinja chat template")
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` with the model's special-token conventions.
 
@@ -149,8 +159,7 @@ class Tokenizer:
         Raises:
             SterError: ``text`` is not a str, or is empty.
         """
-        if not isinstance(text, str) or not text.strip():
-            raise SterError(f"the chat template {source} is empty; give a Jinja chat template")
+        check_template_text(text, source)
         self._chat_templates = {"default": text}
         self._chat_template = text
         self._template_error = None
