@@ -86,8 +86,8 @@ class Sampling:
             raise SterError(f"--top-k must be 0 (off) or more, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise SterError(f"--top-p must be in (0, 1], got {self.top_p}")
-        for token, bias in self.logit_bias:
-            if not (isinstance(token, int) and token >= 0 and math.isfinite(bias) and -100 <= bias <= 100):
+        for token, bias in self.logit_bias:   # numpy's integers too (the types are checked above)
+            if not (token >= 0 and math.isfinite(bias) and -100 <= bias <= 100):
                 raise SterError(f"logit_bias {token}: ids must be 0 or more and biases finite in -100..100, "
                                 f"got {bias}")
 
@@ -97,9 +97,10 @@ def bias_logits(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     there is none). Ids at or past the vocabulary raise SterError (callers check them first)."""
     if not sampling.logit_bias:
         return logits
+    top = max(int(t) for t, _ in sampling.logit_bias)   # in Python: an id past int64 (10**30) too
+    if top >= logits.shape[0]:
+        raise SterError(f"logit_bias names id {top}, past the model's {logits.shape[0]} ids")
     ids = np.fromiter((t for t, _ in sampling.logit_bias), dtype=np.int64)
-    if ids.max() >= logits.shape[0]:
-        raise SterError(f"logit_bias names id {int(ids.max())}, past the model's {logits.shape[0]} ids")
     out = logits.copy()
     np.add.at(out, ids, np.fromiter((b for _, b in sampling.logit_bias), dtype=np.float32))
     return out

@@ -62,11 +62,25 @@ def test_sampling_of_the_wrong_type_is_refused(kwargs, field):
         generate(_FakeDecoder(0.0, 99), [1, 2], Sampling(**kwargs))
 
 
+@pytest.mark.parametrize("bias,message", [(((10**30, 1.0),), "names id 10{30}, past the model's 1000 ids"),
+                                          (((1000, 1.0),), "names id 1000, past"),
+                                          (((np.int64(-1), 1.0),), "ids must be 0 or more")])
+def test_logit_bias_ids_out_of_range_are_refused(bias, message):
+    """A library caller's logit_bias id past int64 was numpy's OverflowError, and a numpy integer id
+    (np.int64(5), which the type check accepts) was refused as 'ids must be 0 or more'."""
+    with pytest.raises(SterError, match=message):
+        generate(_FakeDecoder(0.0, 99), [1, 2], Sampling(max_new_tokens=2, logit_bias=bias))
+    g = generate(_FakeDecoder(0.0, 99), [1, 2], Sampling(max_new_tokens=2, logit_bias=((np.int64(5), 100.0),)))
+    assert g.ids == [5, 5]   # the bias applied: token 5's 0 + 100 beats token 3's 5.0
+
+
 @pytest.mark.parametrize("ids,message", [("w10", "not a text"), ([1.7, 2], "whole numbers, got 1.7"),
-                                         ([True], "whole numbers, got True"), ([[1, 2], [3]], "flat sequence")])
+                                         ([True], "whole numbers, got True"), ([[1, 2], [3]], "flat sequence"),
+                                         (np.array([[1, 2], [3, 4]]), r"flat sequence .* shape \[2, 2\]"),
+                                         ([[1, 2]], r"shape \[1, 2\]")])
 def test_token_ids_that_are_not_whole_numbers_are_refused(ids, message):
     """generate's prompt_ids (and Decoder.forward's ids): a text was int()'s ValueError, floats were
-    truncated (1.7 ran as 1)."""
+    truncated (1.7 ran as 1), a batch [B, T] ran as one prompt of its rows end to end."""
     with pytest.raises(SterError, match=message):
         generate(_FakeDecoder(0.0, 99), ids, Sampling(max_new_tokens=2))
     with pytest.raises(SterError, match="decoder: pass loaded.decoder"):

@@ -420,8 +420,9 @@ def as_token_ids(ids, *, empty_ok: bool = False) -> np.ndarray:
 
     Raises:
         SterError: a text (it must be encoded first), values that are not whole numbers (floats,
-            booleans, objects: numpy would truncate or refuse them further in), or no ids unless
-            ``empty_ok``. Ranges are checked where the vocabulary is known (``embed_tokens``).
+            booleans, objects: numpy would truncate or refuse them further in), an array of more than
+            one dimension (a batch), or no ids unless ``empty_ok``. Ranges are checked where the
+            vocabulary is known (``embed_tokens``).
     """
     if isinstance(ids, (str, bytes)):
         raise SterError("token ids are whole numbers, not a text; encode the text first (tokenizer.encode)")
@@ -429,6 +430,9 @@ def as_token_ids(ids, *, empty_ok: bool = False) -> np.ndarray:
         arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))   # a set or a generator too
     except (TypeError, ValueError) as e:
         raise SterError(f"token ids must be a flat sequence of whole numbers ({e})") from None
+    if arr.ndim > 1:   # a batch [B, T] read as one prompt would run its rows one after another
+        raise SterError(f"token ids must be a flat sequence of whole numbers, got an array of shape "
+                        f"{list(arr.shape)}; pass one prompt's ids (ids[0] of a batch of one)")
     if arr.size == 0:
         if not empty_ok:
             raise SterError("no token ids given: at least one is needed")
