@@ -147,15 +147,27 @@ def write_vector(vec: SteeringVector, path: str | Path) -> Path:
     is refused (:func:`check_vector_output`).
 
     Raises:
-        SterError: ``check_vector_output``'s refusals; a direction ``read_vector`` would refuse (not
-            ``hidden_size`` finite numbers of unit norm): nothing is written then.
+        SterError: ``vec`` not a ``SteeringVector`` or ``path`` not a path; ``check_vector_output``'s
+            refusals; anything ``read_vector`` would refuse in the file (a direction that is not
+            ``hidden_size`` finite numbers of unit norm, a layer that is not a whole number 0 or more,
+            no direction at all, a trait or method that is not text, metadata JSON cannot hold such as
+            NaN or objects): nothing is written then.
     """
+    if not isinstance(vec, SteeringVector):
+        raise SterError(f"write_vector takes a SteeringVector (caa, pca or read_vector), got {type(vec).__name__}")
+    check_path_arg(path, "write_vector", "the steering vector's output path (NAME.json)")
     path = Path(path)
-    for layer, d in sorted(vec.directions.items()):
+    for layer, d in sorted(vec.directions.items(), key=lambda item: str(item[0])):
         check_direction(np.asarray(d), vec.hidden_size, f"the steering vector for {path}", layer)
+    try:   # strict JSON: a NaN in metadata would be written as NaN, which JSON readers other than Python's refuse
+        text = json.dumps(vec.to_json(), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise SterError(f"the steering vector for {path} cannot be written as JSON: {e}; its metadata must hold "
+                        "only text, finite numbers, booleans, null, lists and objects") from None
+    vector_from_doc(json.loads(text), path)   # what read_vector would refuse is not written
     check_vector_output(path)
     with atomic_outputs(path) as (tmp,):
-        tmp.write_text(json.dumps(vec.to_json(), ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
     return path
 
 
@@ -178,7 +190,12 @@ def read_vector(path: str | Path) -> SteeringVector:
         hint = " (a LoRA adapter: pass it with --adapter)" if path.name.endswith(".lora.safetensors") or \
             (path.is_dir() and (path / "adapter_config.json").exists()) else ""
         raise SterError(f"--vector {path} is not a steering vector JSON file{hint}")
-    doc = read_json(path, "steering vector")
+    return vector_from_doc(read_json(path, "steering vector"), path)
+
+
+def vector_from_doc(doc, path: Path) -> SteeringVector:
+    """The ``SteeringVector`` a steering artifact's JSON document ``doc`` holds (``read_vector``'s checks;
+    ``write_vector`` runs them on what it is about to write). Raises SterError naming ``path``."""
     kind = sniff(doc, path)
     if kind != "steering":
         raise SterError(f"--vector {path} is {KIND_WORDS[kind]}, not a steering vector")

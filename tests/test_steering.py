@@ -410,6 +410,38 @@ def test_write_vector_takes_a_json_name_only(tiny, tmp_path):
     assert sorted(read_vector(write_vector(vec, tmp_path / "x.json")).directions) == [0]
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"directions": {-1: np.eye(64, dtype=np.float32)[0]}}, "layer key '-1' is not a non-negative integer"),
+    ({"directions": {}}, "directions must be a non-empty object"),
+    ({"trait": 5}, "trait must be a string, got 5"),
+    ({"method": None}, "method must be a string, got None"),
+    ({"metadata": {"norm": float("nan")}}, "cannot be written as JSON: Out of range float"),
+    ({"metadata": {"when": object()}}, "cannot be written as JSON: Object of type object"),
+])
+def test_write_vector_refuses_what_read_vector_refuses(tmp_path, change, words):
+    """write_vector wrote files read_vector then refused (a layer -1, no directions, a trait that is not text),
+    metadata with NaN as a JSON file only Python reads, and failed with json's TypeError on an object in its
+    metadata: each is now a SterError, and nothing is written."""
+    fields = {"model": "m", "model_revision": None, "hidden_size": 64, "trait": "t", "method": "caa",
+              "directions": unit_directions([0]), **change}
+    with pytest.raises(SterError, match=words):
+        write_vector(SteeringVector(**fields), tmp_path / "v.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("vec, path, words", [
+    (None, "v.json", "^write_vector takes a SteeringVector .*got NoneType$"),
+    ({"0": [1.0]}, "v.json", "got dict$"),
+    ("ok", None, "^write_vector takes the steering vector's output path .*got None$"),
+])
+def test_write_vector_given_no_vector_or_path_says_what_to_pass(tmp_path, vec, path, words):
+    """write_vector(None, path) was an AttributeError and write_vector(vec, None) pathlib's TypeError."""
+    vec = SteeringVector("m", None, 64, "t", "caa", unit_directions([0])) if vec == "ok" else vec
+    with pytest.raises(SterError, match=words):
+        write_vector(vec, path if path is None else tmp_path / path)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("value, shown", [(None, "None"), (5, "int 5")])
 def test_read_vector_given_no_path_says_what_to_pass(value, shown):
     """read_vector(None) was a TypeError from pathlib."""
