@@ -176,16 +176,24 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         progress: optional ``progress("capture", done, total)`` callback.
 
     Raises:
-        SterError: an unknown position rule; no prompt; no layer, a layer out of range, not a whole number
+        SterError: ``loaded`` not a loaded model; an unknown position rule; no prompt, or a prompt that is
+            not text; no layer, a layer out of range, not a whole number
             or given twice (a capture holds one array per layer and prompt: ``save_capture`` and
             ``load_capture`` refuse anything else); or a prompt error.
     """
+    if not all(hasattr(loaded, name) for name in ("decoder", "tokenizer", "spec")):
+        raise SterError(f"capture takes a loaded model (load_model(...)), got {type(loaded).__name__}")
     if position not in POSITIONS:
         raise SterError(f"--position must be one of {', '.join(POSITIONS)}, got {position!r}")
     if isinstance(prompts, str):
         raise SterError("prompts must be a list of texts, not one string; pass [text] for one prompt")
+    if prompts is not None and not hasattr(prompts, "__iter__"):
+        raise SterError(f"prompts must be a list of texts, got {type(prompts).__name__}")
+    prompts = list(() if prompts is None else prompts)
     if not prompts:
         raise SterError("no prompt given; a capture needs at least one prompt")
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):   # None, 5, "all": not layer numbers
+        raise SterError(f"layers must be a list of layer numbers such as [4, 8], got {str(layers)[:60]!r}")
     layers = list(layers)
     if not layers:
         raise SterError("no layer given; name at least one layer to capture")

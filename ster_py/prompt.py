@@ -117,8 +117,11 @@ def check_prompt_text(text: str, what: str = "--prompt") -> None:
     request anyone means, so both template modes refuse it.
 
     Raises:
-        SterError: naming ``what`` (the option or prompt the text came from).
+        SterError: naming ``what`` (the option or prompt the text came from); a ``text`` that is not a
+            str (a library caller's number or None).
     """
+    if not isinstance(text, str):
+        raise SterError(f"{what} must be text (a str), got {type(text).__name__}")
     if not text.strip():
         kind = "empty" if not text else "only whitespace"
         raise SterError(f"{what} is {kind}; give the text the model should answer (or, with "
@@ -151,6 +154,8 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = Non
     check_prompt_text(prompt, "the prompt")
     check_surrogates(prompt, "the prompt")
     if system is not None:
+        if not isinstance(system, str):
+            raise SterError(f"the system prompt must be text (a str), got {type(system).__name__}")
         check_surrogates(system, "the system prompt")
     limit, why = DEFAULT_MAX_CHARS, None
     if context is not None:

@@ -164,11 +164,25 @@ def test_capture_layers_with_an_empty_item_is_one_error_line(tiny, tmp_path):
     (PROMPTS[0], [0], "not one string"),
     ([PROMPTS[0]], [True], "not a layer number"),
     ([PROMPTS[0]], ["0"], "not a layer number"),        # was a TypeError
+    ([5], [0], "^the prompt must be text \\(a str\\), got int$"),           # was an AttributeError ('strip')
+    ([PROMPTS[0], None], [0], "got NoneType$"),
+    (5, [0], "^prompts must be a list of texts, got int$"),                 # was a TypeError
+    ([PROMPTS[0]], None, "^layers must be a list of layer numbers such as \\[4, 8\\], got 'None'$"),  # TypeError
+    ([PROMPTS[0]], 1, "^layers must be a list of layer numbers"),
 ])
 def test_library_capture_refuses_what_a_capture_cannot_hold(tiny, prompts, layers, words):
     loaded = load_model(str(tiny[0]))
     with pytest.raises(SterError, match=words):
         capture(loaded, prompts, layers, chat_template="off")
+
+
+def test_library_capture_of_no_model_or_a_system_prompt_not_text_says_so(tiny):
+    """capture(None, ...) was an AttributeError ('spec'), a system prompt of another type a TypeError inside
+    the template's check."""
+    with pytest.raises(SterError, match="^capture takes a loaded model \\(load_model\\(...\\)\\), got NoneType$"):
+        capture(None, [PROMPTS[0]], [0])
+    with pytest.raises(SterError, match="^the system prompt must be text \\(a str\\), got int$"):
+        capture(load_model(str(tiny[0])), [PROMPTS[0]], [0], system=5)
 
 
 def test_prompts_file_that_is_not_text_is_one_error_line(tmp_path, monkeypatch):
