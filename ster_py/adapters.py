@@ -784,29 +784,44 @@ def load_adapter_for(path: str | Path, loaded) -> LoraAdapter:
             loaded model (None, say), naming what to pass.
     """
     check_path_arg(path, "load_adapter_for", ADAPTER_PATH)
-    if not all(hasattr(loaded, k) for k in ("decoder", "spec", "resolved", "tokenizer")):
-        raise SterError(f"load_adapter_for takes the model load_model returns as loaded, got {shown_value(loaded)}")
+    check_loaded(loaded, "load_adapter_for")
     ad = read_adapter(path, weight_map_of(loaded))
+    check_fit(ad, loaded)
+    return ad
+
+
+def check_loaded(loaded, func: str) -> None:
+    """Refuse a ``loaded`` that is not what ``load_model`` returns (None, a path). Raises SterError naming ``func``."""
+    if not all(hasattr(loaded, k) for k in ("decoder", "spec", "resolved", "tokenizer")):
+        raise SterError(f"{func} takes the model load_model returns as loaded, got {shown_value(loaded)}")
+
+
+def check_fit(ad: LoraAdapter, loaded) -> None:
+    """:func:`check_adapter_for` against a loaded model (its decoder says which projections it has)."""
     first = loaded.decoder.layers[0]
     check_adapter_for(ad, loaded.resolved, loaded.spec, lambda role: getattr(first, role, None) is not None)
-    return ad
 
 
 def apply_adapter(loaded, ad: LoraAdapter | str | Path) -> LoraAdapter:
     """Wrap ``loaded.decoder``'s projections so every forward pass adds the adapter's delta.
 
-    ``ad`` is a :class:`LoraAdapter` from :func:`load_adapter_for` (which checks the fit), or the path
-    to give it. Applying twice stacks. The adapter's ``notes`` join ``loaded.warnings``. Prompt caches
+    ``ad`` is a :class:`LoraAdapter` from :func:`load_adapter_for`, or the path to give it; either way its
+    fit to ``loaded`` is checked first (an adapter loaded for another model), and a refusal changes nothing.
+    Applying twice stacks. The adapter's ``notes`` join ``loaded.warnings``. Prompt caches
     of this decoder start afresh at their next call (``Decoder.revision``): their positions were
     computed without the adapter. Returns the adapter applied.
 
     Raises:
-        SterError: as ``load_adapter_for`` for a path; ``ad`` neither an adapter nor a path.
+        SterError: as ``load_adapter_for``, for a path or an adapter object (another width, a layer the model
+            lacks, factors that do not fit its projections); ``ad`` neither an adapter nor a path; ``loaded``
+            not a loaded model.
     """
+    check_loaded(loaded, "apply_adapter")
     if isinstance(ad, (str, os.PathLike)):
         ad = load_adapter_for(ad, loaded)
     if not isinstance(ad, LoraAdapter):
         raise SterError(f"apply_adapter takes a LoraAdapter (load_adapter_for) or its path, got {type(ad).__name__}")
+    check_fit(ad, loaded)   # an adapter loaded for another model: its factors would break or silently skew this one
     loaded.notes.extend(note for note in ad.notes if note not in loaded.notes)
     loaded.decoder.revision += 1
     for (layer, target), (a, b) in ad.factors.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ster_py.errors import SterError
-from ster_py.files import user_path
+from ster_py.files import shown_value, user_path
 
 if TYPE_CHECKING:  # families imports nothing from here; the annotation is for readers
     from ster_py.families import FamilySpec
@@ -101,8 +101,12 @@ def model_text(model) -> str:
     """
     if isinstance(model, os.PathLike):   # a library caller's pathlib.Path: a local path, as its text is
         model = os.fspath(model)
+    if hasattr(model, "resolved") and hasattr(model, "decoder"):   # load_model's result (its repr: the whole config)
+        raise SterError(f"a loaded model was given where its name is read; pass the model's name or path "
+                        f"({model.resolved.model!r}: loaded.resolved.model)")
     if not isinstance(model, str) or not model.strip():
-        raise SterError(f"no model given (--model is {model!r}); pass a local directory, a .gguf file, "
+        shown = repr(model) if isinstance(model, str) else shown_value(model)
+        raise SterError(f"no model given (--model is {shown}); pass a local directory, a .gguf file, "
                         "a preset name or a Hugging Face Hub id")
     return model
 

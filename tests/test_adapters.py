@@ -380,6 +380,37 @@ def test_library_calls_given_none_say_what_to_pass(f32_case, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("overrides, words", [
+    ({"num_hidden_layers": 1}, "adapts layer 1, but this model has layers 0..0"),
+    ({"hidden_size": 128}, "layer 0 down maps 96 -> 64, but the model's down projection maps 96 -> 128"),
+])
+def test_apply_adapter_checks_an_adapter_loaded_for_another_model(f32_case, tmp_path, overrides, words):
+    """apply_adapter(model, adapter) with an adapter load_adapter_for had checked against another model applied
+    it unchecked: fewer layers were an IndexError after layer 0 had already been wrapped (the model changed), another
+    width failed in the next forward pass with numpy's matmul error. The fit is checked first; nothing changes."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    ad = load_adapter_for(str(adapter_dir), load_model(str(base_dir)))
+    make_checkpoint(tmp_path / "other", "llama", seed=3, **overrides)
+    other = load_model(str(tmp_path / "other"))
+    before = other.decoder.forward(IDS)
+    with pytest.raises(SterError, match=words):
+        apply_adapter(other, ad)
+    assert other.decoder.revision == 0 and not other.notes
+    assert np.array_equal(other.decoder.forward(IDS), before)
+    with pytest.raises(SterError, match="^apply_adapter takes the model load_model returns as loaded, got None$"):
+        apply_adapter(None, ad)
+
+
+def test_merge_adapter_given_a_loaded_model_names_what_to_pass(f32_case, tmp_path):
+    """merge_adapter(load_model(...), ...) said 'no model given (--model is LoadedModel(...' with the whole
+    configuration in the message; it now asks for the model's name or path."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    with pytest.raises(SterError, match=r"^a loaded model was given where its name is read; pass the model's name "
+                                        rf"or path \('{base_dir}': loaded.resolved.model\)$"):
+        merge_adapter(load_model(str(base_dir)), str(adapter_dir), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
 def _refused(tmp_path, model, adapter, words):
     out = tmp_path / "never"
     with pytest.raises(SterError, match=words):
