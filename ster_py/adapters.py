@@ -64,6 +64,9 @@ PEFT_SWITCHES = ("use_rslora", "use_dora", "fan_in_fan_out", "lora_bias", "use_q
 # The safetensors dtypes PEFT and ster save factors in (PEFT keeps adapter weights in float32 by default, or in
 # the model's float type); anything else (integers, booleans, complex numbers, float8) is not a trained LoRA.
 FACTOR_DTYPES = ("F32", "F16", "BF16", "F64")
+# Tensors PEFT saves for a LoRA of an embedding or of the output head: an embedding's factors, and (its
+# save_embedding_layers default for such an adapter) the module's whole weight beside its factors.
+PEFT_OTHER_TENSOR = re.compile(r"(.+)\.(lora_embedding_[AB](?:\.[A-Za-z0-9_]+)?|base_layer\.weight)")
 
 
 @dataclass
@@ -522,9 +525,19 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
     pairs: dict[tuple[int, str], dict[str, tuple[str, np.ndarray]]] = {}
     suffix = re.compile(r"(.+)\.lora_([AB])(?:\.[A-Za-z0-9_]+)?\.weight")
     ignored: list[str] = []
+    known = ", ".join(wmap.names[t] for t in TARGETS + ("qkv", "gate_up") if t in wmap.names)
     for name, t in tensors.items():
         m = suffix.fullmatch(name)
         if not m:
+            # PEFT's own tensors of a module ster cannot adapt (an adapter targeting the embeddings or the
+            # output head): name that module, as a LoRA factor of it is named below
+            other = PEFT_OTHER_TENSOR.fullmatch(name)
+            if other:
+                what = ("a full copy of the weight (PEFT saves it beside a LoRA of the embeddings or the output "
+                        "head)" if other.group(2) == "base_layer.weight" else "a LoRA factor of the embedding")
+                raise SterError(f"PEFT adapter {weights}: tensor {name!r} is {what} of module {other.group(1)!r}, "
+                                "which is not a projection ster can adapt "
+                                f"(projections: {known}); train the adapter without that module in target_modules")
             raise SterError(f"PEFT adapter {weights}: tensor {name!r} is not a LoRA factor "
                             "(lora_A / lora_B); only plain LoRA on linear projections is supported")
         module = m.group(1)
@@ -541,7 +554,6 @@ def _read_peft(config_path: Path, weights: Path, wmap: WeightMap) -> LoraAdapter
                 _put_factor(pairs, (layer, target), m.group(2), name, t, weights, f"lora_{m.group(2)}")
                 break
         else:
-            known = ", ".join(wmap.names[t] for t in TARGETS + ("qkv", "gate_up") if t in wmap.names)
             raise SterError(f"PEFT adapter {weights}: module {module!r} is not a projection ster can adapt "
                             f"(projections: {known})")
     for (layer, stored), ab in sorted(pairs.items()):

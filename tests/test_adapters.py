@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -356,6 +357,23 @@ def test_peft_selection_fields_are_checked(f32_case, tmp_path, config, words):
     _refused(tmp_path, base_dir, d, words)
     r = ster("generate", "--model", str(base_dir), "--adapter", str(d), "-p", "w5", "--max-new-tokens", "1", "-q")
     assert r.returncode == 1 and r.stderr.startswith("error: PEFT adapter") and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("targets, module", [(["q_proj", "lm_head"], "lm_head"),
+                                              (["v_proj", "embed_tokens"], "model.embed_tokens")])
+def test_peft_adapter_of_the_head_or_embeddings_names_the_module(tmp_path, targets, module):
+    """A PEFT adapter targeting lm_head or embed_tokens, saved with PEFT's defaults (which save the module's whole
+    weight beside its factors, and an embedding's factors as lora_embedding_A/B), was refused as "tensor
+    '...base_layer.weight' is not a LoRA factor": the module ster cannot adapt is now named, as it is when
+    the file holds only lm_head's lora_A/lora_B."""
+    _, adapter_dir, _, _, _ = peft_case(tmp_path, targets=targets)
+    with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="numpy") as f:
+        assert any(k.endswith((".base_layer.weight", ".lora_embedding_A")) for k in f.keys())  # PEFT's defaults
+    _refused(tmp_path, tmp_path / "base", adapter_dir,
+             rf"tensor 'base_model\.model\.{re.escape(module)}\.[a-z_AB.]+' is a (full copy of the weight|LoRA "
+             rf"factor of the embedding).* of module 'base_model\.model\.{re.escape(module)}', which is not a "
+             r"projection ster can adapt \(projections: model\.layers\.\{i\}\.self_attn\.q_proj, .*\); train "
+             "the adapter without that module in target_modules$")
 
 
 def test_library_calls_given_none_say_what_to_pass(f32_case, tmp_path):
