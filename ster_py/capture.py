@@ -172,7 +172,11 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         layers: 0-based layer indices (see the module docstring for the numbering).
         position: "last" (the last prompt token, where generation starts), "mean" (the
             mean over every prompt token, template tokens included) or "all".
-        chat_template: "auto" or "off", as for generate.
+        chat_template: "auto" (each prompt the user message of the model's chat template, which adds the
+            assistant's generation prompt, when the model has one) or "off" (the raw text, special-token texts
+            read as those tokens), as for generate.
+        system: a system prompt placed before each prompt by the chat template (None: the template's
+            default); refused without a template.
         progress: optional ``progress("capture", done, total)`` callback.
 
     Raises:

@@ -63,7 +63,7 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
 
     Args:
         model: a local checkpoint directory, a .gguf file, a directory holding one .gguf,
-            or a Hugging Face Hub id.
+            a preset name (``ster presets``) or a Hugging Face Hub id.
         revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
         precision: weight dtype in memory, 'f32' | 'f16' | 'bf16', or 'auto': each tensor as
             stored when float32, float16 or bfloat16 (a bf16 checkpoint stays bf16, read in

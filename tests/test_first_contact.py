@@ -1521,6 +1521,23 @@ def test_serve_prints_one_start_line(tiny):
             assert line.rstrip("\n").endswith(" (OpenAI API at /v1; Ctrl-C stops)") and len(line) < 80, line
 
 
+def test_the_front_doors_functions_document_every_argument():
+    """The front door's functions (``help(ster_py)``, README "As a library") name each of their arguments in
+    their docstrings: capture's ``system`` (a system prompt, refused without a template) was missing."""
+    import inspect
+    import re
+
+    import ster_py
+    from ster_py.capture import capture
+    from ster_py.generate import generate
+
+    funcs = [capture, generate] + [f for f in (getattr(ster_py, n) for n in ster_py._LAZY) if inspect.isfunction(f)]
+    assert len(funcs) >= 12
+    missing = {f.__qualname__: [p for p in inspect.signature(f).parameters
+                                if not re.search(rf"\b{p}\b", inspect.getdoc(f) or "")] for f in funcs}
+    assert not {name: args for name, args in missing.items() if args}
+
+
 @pytest.mark.real
 def test_the_readmes_library_example_runs_as_printed(smollm2_gguf):
     """README.md's "As a library" example, run as printed (the preset's file in place of its name): the
