@@ -146,7 +146,8 @@ class Session:
         draft, n_draft: a ``speculative.Drafter`` and its proposals per round (``generate.generate``).
 
     Raises:
-        SterError: an unknown ``kv_cache``.
+        SterError: ``loaded`` not a loaded model; an unknown ``kv_cache``; a ``ctx_size`` that is not a whole
+            number from 1 to the model's context; a ``draft`` that is not a drafter (``speculative.load_drafter``).
     """
 
     def __init__(self, loaded, *, kv_cache: str = "f32", ctx_size: int | None = None, draft=None,
@@ -155,6 +156,9 @@ class Session:
 
         if not all(hasattr(loaded, name) for name in ("decoder", "tokenizer", "spec")):
             raise SterError(f"Session takes a loaded model (load_model(...)), got {type(loaded).__name__}")
+        if draft is not None and not callable(getattr(draft, "propose", None)):   # else an AttributeError mid-reply
+            raise SterError(f"Session's draft takes a drafter (speculative.load_drafter(model, loaded)), got "
+                            f"{type(draft).__name__}")
         self.loaded = loaded
         self.draft, self.n_draft = draft, n_draft  # a speculative.Drafter (greedy replies only)
         self.kv_cache = kv_cache
@@ -267,9 +271,14 @@ class Session:
         the template cannot render a conversation ending there. ``progress`` as ``reply``'s.
 
         Raises:
+            SterError: ``messages`` that ``chat.check_messages`` refuses (not a non-empty list of role/content
+                objects).
             Cancelled: ``cancelled()`` returned True between the decoder's layers (``PromptCache.extend``:
                 the cache keeps what it held before).
         """
+        from .chat import check_messages
+
+        check_messages(messages, "messages")   # a caller's "hi" or None: an error, not 0 tokens prefilled
         try:
             text = self.render(messages, thinking=thinking, add_generation_prompt=False)
         except SterError:

@@ -236,12 +236,17 @@ def context_limit(spec, ctx_size: int | None = None) -> float:
     run past it).
 
     Raises:
-        SterError: ``ctx_size`` below 1, or above the model's maximum.
+        SterError: ``ctx_size`` not a whole number (a library caller's "512" or 5.5), below 1, or above the
+            model's maximum.
     """
+    import numbers
+
     dynamic = any(layer.rope is not None and layer.rope.dynamic for layer in spec.layers)
     model = float("inf") if dynamic else spec.max_position_embeddings
     if ctx_size is None:
         return model
+    if isinstance(ctx_size, bool) or not isinstance(ctx_size, numbers.Integral):
+        raise SterError(f"--ctx-size must be a whole number of positions, got {ctx_size!r}")
     if ctx_size < 1:
         raise SterError(f"--ctx-size must be 1 or more, got {ctx_size}")
     if ctx_size > model:
@@ -314,7 +319,7 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
 
         check_draft_sampling(sampling)
         n_draft = DEFAULT_DRAFT if n_draft is None else n_draft
-        if not 1 <= n_draft <= 64:
+        if isinstance(n_draft, bool) or not isinstance(n_draft, int) or not 1 <= n_draft <= 64:
             raise SterError(f"--draft-max must be 1 to 64, got {n_draft}")
     if not hasattr(decoder, "forward") and hasattr(decoder, "decoder"):
         raise SterError("generate takes the model's decoder: pass loaded.decoder, not the loaded model")

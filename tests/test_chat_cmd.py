@@ -646,3 +646,29 @@ def test_session_reply_checks_its_stop_strings(tiny_chat):
     for wrong in (None, str(tiny_chat)):   # an AttributeError on .spec
         with pytest.raises(SterError, match="Session takes a loaded model"):
             Session(wrong)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"ctx_size": "64"}, r"^--ctx-size must be a whole number of positions, got '64'$"),   # was a TypeError ('<')
+    ({"ctx_size": 5.5}, r"got 5\.5$"),                 # was a context of 5.5 positions
+    ({"draft": "a-model"}, r"^Session's draft takes a drafter \(speculative\.load_drafter"),  # was an AttributeError
+])                                                                                          # in the first reply
+def test_session_refuses_settings_of_the_wrong_type(tiny_chat, kwargs, words):
+    from ster_py.conversation import Session
+    from ster_py.errors import SterError
+
+    with pytest.raises(SterError, match=words):
+        Session(load_model(str(tiny_chat)), **kwargs)
+
+
+def test_session_prepare_refuses_what_is_no_conversation(tiny_chat):
+    """Session.prepare("hi") or (None) returned 0 (nothing prefilled, no error): the template's refusal was
+    taken for a conversation it cannot end there. The messages are checked as reply checks them."""
+    from ster_py.conversation import Session
+    from ster_py.errors import SterError
+
+    session = Session(load_model(str(tiny_chat)))
+    for wrong, words in (("w5", "got a string"), (None, "got a null"), ([], "conversation is empty")):
+        with pytest.raises(SterError, match=f"^messages: .*{words}"):
+            session.prepare(wrong)
+    assert session.prepare([{"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6"}]) > 0
