@@ -259,6 +259,20 @@ def test_empty_model_is_refused_without_the_network(model, monkeypatch):
         resolve(model)
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    ({"revision": 5}, r"^revision must be a text \(a branch, tag or commit\) or None, got 5$"),
+    ({"check": 5}, r"^check must be a function check\(resolved, spec\), got int$"),
+])
+def test_load_model_refuses_a_revision_or_check_of_the_wrong_type(kwargs, words, monkeypatch):
+    """load_model(path, revision=5) recorded the number as model_revision, so the captures and vectors made from
+    the model were refused later (model_revision must be a string); check=5 was a TypeError ('not callable')."""
+    from ster_py.load import load_model
+
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)   # refused before any lookup
+    with pytest.raises(SterError, match=words):
+        load_model("/nonexistent/model", **kwargs)
+
+
 def test_cli_empty_model_is_refused_not_the_default_preset(tmp_path):
     import os
     import subprocess
