@@ -315,6 +315,21 @@ def _check_captures(positive, negative, sources: tuple[str, str], *, states: boo
             check_sidecar(cap.meta, where)
 
 
+def _check_same_encoding(pm: dict, nm: dict) -> None:
+    """Refuse captures whose prompts were encoded differently: one through the model's chat template, the other
+    as raw text (``--chat-template``). Their states differ by the template (at position ``last`` another
+    token entirely), far more than by the trait: on SmolLM2 such a CAA direction is nearly orthogonal to the
+    direction of the same prompts encoded alike. "off" and "absent" (no template) are both raw text."""
+    raw = {"off", "absent"}
+    a, b = pm.get("chat_template"), nm.get("chat_template")
+    if isinstance(a, str) and isinstance(b, str) and a != b and not (a in raw and b in raw):
+        shown = {"applied": "through the chat template", "off": "as raw text (chat template off)",
+                 "absent": "as raw text (no template)"}
+        raise SterError(f"the captures encode their prompts differently (positive {shown.get(a, a)}, negative "
+                        f"{shown.get(b, b)}): the difference would be the template's, not the trait's; capture "
+                        "both sides with the same --chat-template")
+
+
 def _shared_layers(positive, negative, layers) -> list[int]:
     """The layers both captures hold, or ``layers`` of them (whole numbers; SterError otherwise)."""
     import numbers
@@ -348,8 +363,8 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
 
     Raises:
         SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
-            its states); captures of different models, widths or position rules; no common layer; a
-            zero difference (identical sides).
+            its states); captures of different models, widths or position rules, or one encoded through the
+            chat template and the other as raw text; no common layer; a zero difference (identical sides).
     """
     _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
@@ -360,6 +375,7 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
     if pm.get("position") != nm.get("position"):
         raise SterError(f"the captures use different --position rules (positive {pm.get('position')}, "
                         f"negative {nm.get('position')}); capture both sides the same way")
+    _check_same_encoding(pm, nm)
     common = _shared_layers(positive, negative, layers)
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
@@ -403,8 +419,9 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
 
     Raises:
         SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
-            its states); captures of different models, widths or position rules; ``all``-position captures (no
-            pairing); unequal prompt counts; no common layer; a layer whose differences are all zero.
+            its states); captures of different models, widths or position rules, or one encoded through the
+            chat template and the other as raw text; ``all``-position captures (no pairing); unequal prompt
+            counts; no common layer; a layer whose differences are all zero.
     """
     _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
@@ -412,6 +429,7 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         if pm.get(key) != nm.get(key):
             raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
                             "capture both sides with the same model and --position")
+    _check_same_encoding(pm, nm)
     if pm.get("position") == "all":
         raise SterError("PCA pairs prompt j of each side: capture with --position last or mean (one row per prompt), "
                         "not all")
@@ -500,9 +518,11 @@ def describe_control_vector(g) -> dict | None:
         return None
     from .capture import format_layers
 
-    numbers = [n.split(".", 1)[1] for n in g.tensors if n.startswith("direction.")]
-    layers = sorted(int(k) for k in numbers if k.isdigit() and len(k) <= 9)
-    widths = sorted({int(g.tensors[f"direction.{k}"].shape[-1]) for k in numbers if k.isdigit() and len(k) <= 9})
+    # ASCII digits only: str.isdigit() is also true of "²" (which int() refuses) and "٣" (which it reads as 3)
+    numbers = [n.split(".", 1)[1] for n in g.tensors
+               if n.startswith("direction.") and re.fullmatch(r"[0-9]{1,9}", n.split(".", 1)[1])]
+    layers = sorted(int(k) for k in numbers)
+    widths = sorted({int(g.tensors[f"direction.{k}"].shape[-1]) for k in numbers})
     hint = g.metadata.get("controlvector.model_hint")
     hint = str(hint)[:200] if hint is not None else None
     size = (f"of hidden size {widths[0]}" if len(widths) == 1 else

@@ -21,7 +21,7 @@ import pytest
 
 from ster_py.capture import Capture
 from ster_py.errors import SterError
-from ster_py.steering import SteeringVector, export_control_vector, pca, write_vector
+from ster_py.steering import SteeringVector, caa, export_control_vector, pca, write_vector
 
 
 def ster(*args):
@@ -68,6 +68,26 @@ def test_pca_refusals(change, match):
     change(p, n)
     with pytest.raises(SterError, match=match):
         pca(p, n)
+
+
+@pytest.mark.parametrize("build", [pca, caa])
+def test_captures_encoded_with_and_without_the_chat_template_are_refused(build):
+    """caa and pca refused captures of different position rules but built a vector from one capture made
+    through the chat template and one of raw text (--chat-template off): the states then differ by the
+    template (at position last, another token), and on SmolLM2 such a direction was nearly orthogonal (cosine
+    0.01 to 0.2) to the one from the same prompts encoded alike. Raw text either way ("off", or "absent": the
+    model has no template) is the same encoding."""
+    p, n = _captures(np.random.default_rng(6))
+    p.meta["chat_template"] = "applied"
+    with pytest.raises(SterError, match=r"^the captures encode their prompts differently \(positive through the "
+                                        r"chat template, negative as raw text \(chat template off\)\): the "
+                                        r"difference would be the template's, not the trait's; capture both sides "
+                                        r"with the same --chat-template$"):
+        build(p, n)
+    n.meta["chat_template"] = "applied"
+    assert build(p, n).metadata["chat_template"] == ["applied", "applied"]
+    p.meta["chat_template"], n.meta["chat_template"] = "absent", "off"
+    assert sorted(build(p, n).directions) == [0, 1, 2]
 
 
 def test_pca_refuses_a_nan_row_instead_of_dropping_the_pair():
@@ -132,6 +152,27 @@ def test_inspect_shows_a_control_vectors_model_hint_without_its_escape_sequences
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout
     assert "llama\\x1b[2J\\x1b]0;pwned\\x07" in r.stdout
     assert json.loads(ster("inspect", str(out), "--json").stdout)["model_hint"] == "llama\x1b[2J\x1b]0;pwned\x07"
+
+
+def test_a_control_vector_whose_tensor_names_hold_other_digits_is_described_not_a_traceback(tmp_path):
+    """A control-vector GGUF with a tensor 'direction.²' (str.isdigit() is true of it, int() refuses it) made
+    `ster inspect` and `--model` end in a ValueError traceback; 'direction.٣' was counted as layer 3. Only ASCII
+    digits name a layer now: both files are described as holding layer 1 alone."""
+    import gguf
+
+    for name, odd in (("sup", "direction.\u00b2"), ("arabic", "direction.\u0663")):
+        path = tmp_path / f"{name}.gguf"
+        w = gguf.GGUFWriter(str(path), "controlvector")
+        w.add_string("controlvector.model_hint", "llama")
+        w.add_uint32("controlvector.layer_count", 1)
+        w.add_tensor(odd, np.ones(16, np.float32))
+        w.add_tensor("direction.1", np.ones(16, np.float32))
+        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+        r = ster("inspect", str(path), "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["layers"] == [1], r.stderr
+        r = ster("generate", "-m", str(path), "-p", "hi")
+        assert r.returncode == 1 and r.stderr.startswith("error:") and "for 1 layer (1) of hidden size 16" in r.stderr, \
+            r.stderr
 
 
 def test_export_refuses_a_vector_of_layer_0_only(tmp_path):
