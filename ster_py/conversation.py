@@ -183,6 +183,12 @@ class Session:
                add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` through the model's chat template.
 
+        Args:
+            tools: JSON tool schemas for the template (refused when it never reads ``tools``).
+            thinking: the template's thinking switch (None: the template's default).
+            add_generation_prompt: end with the opening of the assistant's turn (False: the conversation as
+                it stands, as ``prepare`` renders it).
+
         Raises:
             SterError: the model has no chat template; ``thinking`` given but the template cannot
                 switch it; a template error.
@@ -241,6 +247,7 @@ class Session:
                raw: str | None = None) -> tuple[str, list[int]]:
         """(text, ids) of the prompt ``reply`` would decode: ``messages`` through the template, or ``raw`` with
         the tokenizer's own BOS rule. It holds no state: a server builds it before a request's turn.
+        ``tools`` and ``thinking`` as ``render``'s.
 
         Raises:
             ContextFull: the prompt is longer than the context (``prompt.refuse_if_too_long`` before
@@ -268,7 +275,9 @@ class Session:
                 cancelled: Callable[[], bool] | None = None, progress=None) -> int:
         """Prefill a conversation's history ahead of its next turn (``PromptCache.extend``): the
         messages as rendered without a generation prompt. Returns the tokens computed; 0 when
-        the template cannot render a conversation ending there. ``progress`` as ``reply``'s.
+        the template cannot render a conversation ending there. ``thinking``, ``cancelled`` and ``progress`` as
+        ``reply``'s; ``layer_hook`` and ``key`` too: the next reply reuses the prefilled positions only under
+        an equal ``key`` (a hook without one is computed afresh each call).
 
         Raises:
             SterError: ``messages`` that ``chat.check_messages`` refuses (not a non-empty list of role/content

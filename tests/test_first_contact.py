@@ -1523,7 +1523,9 @@ def test_serve_prints_one_start_line(tiny):
 
 def test_the_front_doors_functions_document_every_argument():
     """The front door's functions (``help(ster_py)``, README "As a library") name each of their arguments in
-    their docstrings: capture's ``system`` (a system prompt, refused without a template) was missing."""
+    their docstrings: capture's ``system`` (a system prompt, refused without a template) was missing, and so were
+    Session.render's tools, thinking and add_generation_prompt, Session.prompt's tools and thinking, and
+    Session.prepare's layer_hook, key and thinking."""
     import inspect
     import re
 
@@ -1532,9 +1534,11 @@ def test_the_front_doors_functions_document_every_argument():
     from ster_py.generate import generate
 
     funcs = [capture, generate] + [f for f in (getattr(ster_py, n) for n in ster_py._LAZY) if inspect.isfunction(f)]
-    assert len(funcs) >= 12
+    funcs += [ster_py.Session, ster_py.Session.render, ster_py.Session.prompt, ster_py.Session.prepare,
+              ster_py.Session.reply]
+    assert len(funcs) >= 17
     missing = {f.__qualname__: [p for p in inspect.signature(f).parameters
-                                if not re.search(rf"\b{p}\b", inspect.getdoc(f) or "")] for f in funcs}
+                                if p != "self" and not re.search(rf"\b{p}\b", inspect.getdoc(f) or "")] for f in funcs}
     assert not {name: args for name, args in missing.items() if args}
 
 
