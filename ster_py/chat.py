@@ -273,7 +273,7 @@ def _field_value(name: str, args: tuple, kwargs: dict, auto: int) -> Any:
     head = re.match(r"[^.\[]*", name).group(0)
     if head == "":
         return args[auto] if auto < len(args) else None
-    if head.isdigit():
+    if head.isdecimal():   # as str.format reads a field: "{²}" is a key, not an index
         return args[int(head)] if int(head) < len(args) else None
     return kwargs.get(head)
 

@@ -1035,7 +1035,7 @@ def layer_geometry(config: Mapping, n_layers: int, heads: int, kv_heads: int,
             raise SterError(f"{where}: per_layer_config must map layer indices to objects, "
                             f"got {brief_value(overrides)}")
         for key, entry in overrides.items():
-            i = int(key) if isinstance(key, (int, str)) and str(key).isdigit() else -1
+            i = int(key) if isinstance(key, (int, str)) and str(key).isdecimal() else -1   # not "²"
             if not 0 <= i < n_layers or not isinstance(entry, Mapping):
                 raise SterError(f"{where}: per_layer_config entry {brief_value(key)} is not a layer index "
                                 "with an object of overrides")

@@ -1136,7 +1136,7 @@ def _step3p5_config(config: Mapping) -> Mapping:
     if c.get("mlp_layer_types") is None:
         enum = c.get("moe_layers_enum")
         items = enum.split(",") if isinstance(enum, str) else enum if isinstance(enum, list) else None
-        routed = ({int(x) for x in items if str(x).strip().isdigit()} if items is not None else set(range(3, n)))
+        routed = ({int(x) for x in items if str(x).strip().isdecimal()} if items is not None else set(range(3, n)))
         c["mlp_layer_types"] = ["sparse" if i in routed else "dense" for i in range(n)]
     if c.get("per_layer_config") is None:
         other = c.get("attention_other_setting") if isinstance(c.get("attention_other_setting"), Mapping) else {}
@@ -2629,7 +2629,7 @@ def _step3_routed_layers(config: Mapping) -> list | None:
         return None
     out = []
     for x in items:
-        if isinstance(x, str) and x.strip().lstrip("-").isdigit():
+        if isinstance(x, str) and x.strip().lstrip("-").isdecimal():   # what int() reads ("²" is a digit)
             x = int(x.strip())
         if isinstance(x, bool) or not isinstance(x, int):
             return None

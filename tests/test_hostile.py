@@ -269,6 +269,37 @@ def test_deeply_nested_template_blocks_are_ster_errors(template):
         render_chat(template, _MESSAGES)
 
 
+def test_a_format_field_of_other_digits_fails_as_python_formats_it():
+    """'{²}'.format(1): the budget check read '²' as an index (str.isdigit) and int() raised, so the template
+    failed with ster's own 'ValueError: invalid literal for int()'; str.format reads it as a key (KeyError), as
+    transformers' renderer does, and reads '{٣}' (a decimal digit) as index 3."""
+    from ster_py.chat import render_chat
+
+    with pytest.raises(SterError, match="KeyError: '\u00b2'"):
+        render_chat("{{ '{\u00b2}'.format(1) }}", _MESSAGES)
+    assert render_chat("{{ '{\u0663}'.format(1, 2, 3, 4) }}", _MESSAGES) == "4"
+
+
+@pytest.mark.parametrize("config", [{"per_layer_config": {"\u00b2": {"num_attention_heads": 4}}},
+                                    {"model_type": "step3_text", "moe_layers_enum": "1,\u00b2", "share_q_dim": 32}])
+def test_layer_numbers_of_other_digits_in_a_config_are_named(tmp_path, config):
+    """A config key or list entry '²' (str.isdigit() is true of it) reached int(): 'invalid model config ...:
+    ValueError: invalid literal for int()'. It is now refused (or left out) as any other non-number."""
+    import json
+
+    from tiny import make_checkpoint
+
+    from ster_py.load import load_model
+
+    make_checkpoint(tmp_path / "m", "llama")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, **config}))
+    try:
+        load_model(str(tmp_path / "m"))
+    except SterError as e:
+        assert "ValueError" not in str(e) and "invalid literal" not in str(e), e
+
+
 @pytest.mark.parametrize("template", [
     "{{ '{0:33554431}{0:33554431}'.format(1) }}",   # each width within the budget, their sum not
     "{{ '%33554431d%33554431d' % (1, 2) }}",
