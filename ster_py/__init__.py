@@ -10,7 +10,9 @@ The names below are the library's front door (README.md, "As a library"); each i
 imported on first use, so ``import ster_py`` stays as light as the CLI's start needs:
 
 - ``load_model(model)`` -> ``LoadedModel`` (``.decoder``, ``.tokenizer``, ``.spec``,
-  ``.stop_ids()``); ``load_tokenizer(model)``; ``set_threads(n)``.
+  ``.stop_ids()``); ``load_tokenizer(model)``; ``set_threads(n)``; ``with float_activations():`` around
+  forward passes to compare with another implementation (every product on float32 inputs, as ``capture``
+  and ``parity`` run; generation's defaults round some products' inputs to 16 bits for speed).
 - ``Session(loaded).reply(messages, Sampling(...))``: a chat answer as the CLI gives it
   (template, end tokens, stop strings, prompt cache); ``ster_py.generate.generate(decoder, ids,
   sampling, loaded.stop_ids())`` the token-level loop under it.
@@ -27,7 +29,7 @@ __version__ = "0.1.0"
 # name -> module (relative) that defines it
 _LAZY = {
     "load_model": "load", "load_tokenizer": "load", "LoadedModel": "load",
-    "set_threads": "decoder.qlinear",
+    "set_threads": "decoder.qlinear", "float_activations": "decoder.qlinear",
     # not ``generate`` nor ``capture``: those names are modules of this package, which an import binds here
     "Sampling": "generate", "Generation": "generate",
     "Session": "conversation",

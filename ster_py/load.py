@@ -67,7 +67,12 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
         revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
         precision: weight dtype in memory, 'f32' | 'f16' | 'bf16', or 'auto': each tensor as
             stored when float32, float16 or bfloat16 (a bf16 checkpoint stays bf16, read in
-            place by the 16-bit kernels), float32 otherwise. Compute is always float32.
+            place by the 16-bit kernels), float32 otherwise. Compute is float32, but for two speed
+            trades of generation, on by default: several-token products round their inputs to bfloat16
+            where the CPU multiplies those fast (``qmatmul.set_bf16_inputs``, ``$STER_BF16_INPUTS``; a bf16
+            SmolLM2's or Gemma 3's prompt logits move by ~1e-2 relative), and one-token products with
+            block-quantized weights round theirs to int16 per 32-block (~2e-4). Inside ``ster_py.float_activations()`` every product takes
+            its float32 inputs as they are, as ``capture`` and ``parity`` run: compare with transformers there.
         progress: optional ``progress(event, done, total)`` callback for long steps.
         check: optional ``check(resolved, spec)`` that refuses (raises SterError) what cannot
             fit the model, such as a steering vector or an adapter, as early as the model is

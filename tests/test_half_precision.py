@@ -242,6 +242,25 @@ def test_half_checkpoint_runs_as_stored(tmp_path, kind):
     assert fused.ids == plain.ids
 
 
+def test_front_door_float_activations_gives_float32_math(tmp_path):
+    """load_model's docstring said "Compute is always float32", yet a bf16 model's prompt rounds its products'
+    inputs to bfloat16 where the CPU multiplies those fast (~1e-2 relative on real models' logits), and the
+    switch that turns generation's roundings off was not in the front door. ``ster_py.float_activations()``
+    is: inside it a bf16 checkpoint at precision auto gives the logits of the same weights held as float32."""
+    import ster_py
+    from ster_py.load import load_model
+
+    assert ster_py.float_activations is float_activations and "float_activations" in ster_py.__all__
+    make_checkpoint(tmp_path, "llama", dtype=__import__("torch").bfloat16, hidden_size=64, intermediate_size=96)
+    ids = [1, 5, 9, 33, 7, 100, 64, 3]
+    want = load_model(str(tmp_path), precision="f32").decoder.forward(ids)
+    stored = load_model(str(tmp_path), precision="auto")
+    with ster_py.float_activations():
+        got = stored.decoder.forward(ids)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+    assert "float_activations" in load_model.__doc__ and "Compute is always float32" not in load_model.__doc__
+
+
 def test_precision_auto_keeps_stored_dtypes(tmp_path):
     from ster_py.inspect import inspect_model
     from ster_py.weights import SafetensorsWeights, resident_dtype
