@@ -171,7 +171,10 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         prompts: user texts; each is encoded as ``generate`` would (``encode_prompt``).
         layers: 0-based layer indices (see the module docstring for the numbering).
         position: "last" (the last prompt token, where generation starts), "mean" (the
-            mean over every prompt token, template tokens included) or "all".
+            mean over every prompt token, template tokens included) or "all". A mean includes the
+            first token, whose state is the same in every prompt that starts with BOS or the chat
+            template and, on SmolLM2 and Gemma 3 (an attention sink), 5 to 170 times the others' norm:
+            means of prompts of different lengths differ largely by it (README, ``ster capture``).
         chat_template: "auto" (each prompt the user message of the model's chat template, which adds the
             assistant's generation prompt, when the model has one) or "off" (the raw text, special-token texts
             read as those tokens), as for generate.
