@@ -131,6 +131,8 @@ def test_merge_peft_adapter_equals_peft_f32(f32_case, tmp_path):
     assert report["hidden_size"] == 64 and report["merged_tensors"] == 21
     assert report["total_tensors"] == report["merged_tensors"] + report["copied_tensors"] == len(state)
     assert report["parameters"] == sum(t.numel() for t in state.values())
+    # every row is named in merge_adapter's docstring (adapter_layout, rslora and warnings were not)
+    assert [k for k in report if not re.search(rf"\b{k}\b", merge_adapter.__doc__.split("Returns:")[1])] == []
     assert sorted(p.name for p in out.iterdir()) == sorted(report["files"])
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(report["files"])
     assert (out / "config.json").read_bytes() == (base_dir / "config.json").read_bytes()

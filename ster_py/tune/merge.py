@@ -94,9 +94,9 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
             checkpoint ``output`` is a temporary step); default ``output``.
 
     Returns:
-        The report: ster_version (the writer's), model, model_revision, adapter, output, rank, alpha, scale, targets,
-        layers, hidden_size, merged_tensors, copied_tensors, total_tensors, parameters,
-        dtype, files.
+        The report: ster_version (the writer's), model, model_revision, adapter, adapter_layout ("peft" or
+        "ster"), output, rank, alpha, scale, rslora, targets, layers, hidden_size, merged_tensors,
+        copied_tensors, total_tensors, parameters, dtype, files, warnings (what the merge said, one line each).
 
     Raises:
         SterError: a GGUF base; a reward artifact, a steering vector or an unsupported PEFT
