@@ -758,7 +758,10 @@ class LoraLinear:
         self.scale = np.float32(scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.base(x) + ((x @ self.a_t) @ self.b_t) * self.scale
+        # an activation past float32 (a huge alpha with finite factors) is left to the logits' check, whose
+        # error names it; numpy's RuntimeWarning would print two more lines around that error
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.base(x) + ((x @ self.a_t) @ self.b_t) * self.scale
 
     def __getattr__(self, name):  # expose the wrapped projection's attributes (weight, shapes)
         if name == "base":

@@ -605,6 +605,18 @@ def test_delta_overflowing_float32_is_refused_for_merge_and_generate(f32_case, t
     assert "Traceback" not in r.stderr and "Warning" not in r.stderr
 
 
+def test_activations_an_adapter_overflows_are_one_error_line(f32_case, tmp_path):
+    """lora_alpha 1e39 (a scale of 2.5e38, within float32, and a delta that fits it) overflows the activations:
+    generate printed numpy's 'RuntimeWarning: overflow encountered in multiply' and the code line above its
+    error. Now the error line alone (the logits are not finite)."""
+    base_dir, adapter_dir, _, _, _ = f32_case
+    huge = _peft_copy(adapter_dir, tmp_path / "huge", {"lora_alpha": 1e39})
+    r = ster("generate", "--model", str(base_dir), "--adapter", str(huge), "-p", "w5 w6", "--max-new-tokens", "2",
+             "--chat-template", "off", "-q")
+    assert r.returncode == 1 and r.stderr.startswith("error: the model produced non-finite logits"), r.stderr
+    assert r.stderr.count("\n") == 1 and "Warning" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("dtype", ["complex64", "int64", "bool"])
 def test_factors_that_are_not_floating_point_are_refused(f32_case, tmp_path, dtype):
     base_dir, adapter_dir, _, _, _ = f32_case
