@@ -144,7 +144,11 @@ def serve(
 
 def _check_name(text: str, what: str) -> str:
     """``text`` if it is valid Unicode: every reply names the model, and a lone surrogate (a non-UTF-8 byte of an
-    argument) cannot be written in one."""
+    argument) cannot be written in one; nor an empty one (``--name "$UNSET"``: replies naming the model "", which
+    /v1/models/{id} cannot be asked for)."""
+    if not text.strip():
+        raise SterError(f"{what} is {'empty' if not text else 'only whitespace'}; give the model id clients will see "
+                        "(or leave it out: the model's name)")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

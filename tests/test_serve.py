@@ -639,6 +639,8 @@ def test_served_with_a_drafter_equals_greedy_decoding(served_draft):
     (["--vector", "a=/nonexistent/v.json"], "/nonexistent/v.json"),
     (["--host", ""], "--host is empty; give 127.0.0.1 (this machine only) or, to listen on every interface, 0.0.0.0"),
     (["--name", os.fsdecode(b"caf\xe9")], "--name 'caf\\udce9' is not valid UTF-8 text"),   # every reply was a 500
+    (["--name", ""], "--name is empty; give the model id clients will see"),   # served replies naming model ""
+    (["--name", " "], "--name is only whitespace"),
     (["--allow-origin", "evil.example"], "--allow-origin takes an origin such as https://app.example"),
     (["--allow-origin", "http://app.example/page"], "no path"),
     # origins no browser sends were accepted, and their pages refused (403) for ever
