@@ -65,6 +65,25 @@ def check_template_text(text, source: str) -> None:
         raise SterError(f"the chat template {source} is empty; give a Jinja chat template")
 
 
+
+def whole_ids(ids, func: str) -> list[int]:
+    """``ids`` (any iterable of whole numbers: ints, numpy integers) as a list of ints.
+
+    Raises:
+        SterError naming ``func``: a text or bytes (its characters would be read one by one), something that is not
+            iterable (None), or an element that is not a whole number (a float was truncated, True read as 1).
+    """
+    import numbers
+
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise SterError(f"{func} takes token ids (a list of whole numbers), got {type(ids).__name__}")
+    out = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise SterError(f"{func}: token ids must be whole numbers, got {str(i)[:40]!r} ({type(i).__name__})")
+        out.append(int(i))
+    return out
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` with the model's special-token conventions.
 
@@ -305,7 +324,10 @@ class Tokenizer:
         return self.tk.id_to_token(i) if 0 <= i < 2**32 else None   # the backend's ids are unsigned 32-bit
 
     def token_to_id(self, token: str) -> int | None:
-        """The id of a token text, or None if it is not in the vocabulary."""
+        """The id of a token text, or None if it is not in the vocabulary. Raises SterError for a ``token`` that
+        is not a str."""
+        if not isinstance(token, str):
+            raise SterError(f"token_to_id takes a token's text (str), got {type(token).__name__}")
         return self.tk.token_to_id(token)
 
     def _end_of_generation_ids(self, extra: Iterable[int] | None) -> set[int]:
@@ -387,9 +409,10 @@ class Tokenizer:
         padded embedding rows past the vocabulary) gives no text, as in transformers.
 
         Raises:
-            SterError: a negative id (the backend's ids are unsigned: it raised OverflowError).
+            SterError: a negative id (the backend's ids are unsigned: it raised OverflowError); ``ids`` that are
+                not whole numbers (a float was truncated, a text's characters read as digits, None a TypeError).
         """
-        ids = [int(i) for i in ids]
+        ids = whole_ids(ids, "decode")
         if ids and min(ids) < 0:
             raise SterError(f"token ids are 0 or more, got {min(ids)}")
         return self.tk.decode([i if i < 2**32 else 2**32 - 1 for i in ids], skip_special_tokens=skip_special_tokens)
@@ -411,9 +434,9 @@ class Tokenizer:
         ends in is dropped.
 
         Raises:
-            SterError: a negative id, as ``decode``.
+            SterError: a negative id or ids that are not whole numbers, as ``decode``.
         """
-        ids = [int(i) for i in ids]
+        ids = whole_ids(ids, "decode_complete")
         if skip_special_tokens:
             special = {i for i, t in self.tk.get_added_tokens_decoder().items() if t.special}
             ids = [i for i in ids if i not in special]

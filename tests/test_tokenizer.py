@@ -169,6 +169,25 @@ def test_decode_matches_transformers(pair):
             assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
 
 
+@pytest.mark.parametrize("ids, words", [
+    ([1.7], r"^decode: token ids must be whole numbers, got '1.7' \(float\)$"),   # was decoded as id 1
+    ([True], r"got 'True' \(bool\)$"),                                            # was decoded as id 1
+    ("12", r"^decode takes token ids \(a list of whole numbers\), got str$"),     # was ids 1 and 2
+    (None, r"got NoneType$"),                                                       # was a TypeError
+])
+def test_decode_refuses_ids_that_are_not_whole_numbers(pair, ids, words):
+    ours, _ = pair
+    with pytest.raises(SterError, match=words):
+        ours.decode(ids)
+    with pytest.raises(SterError, match=words.replace("decode", "decode_complete")):
+        ours.decode_complete(ids)
+    with pytest.raises(SterError, match="^token_to_id takes a token's text \\(str\\), got int$"):   # a TypeError
+        ours.token_to_id(5)
+    import numpy as np
+
+    assert ours.decode(np.array([3, 4], np.int32)) == ours.decode([3, 4])   # numpy integers still read
+
+
 def test_vocabulary_matches_transformers(pair):
     ours, hf = pair
     assert ours.vocab_size == len(hf)
