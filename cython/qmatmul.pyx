@@ -124,6 +124,7 @@ cdef int _background_copies = 1
 # tile (see set_bf16_inputs). "false" or "off" once turned the rounding on.
 _env_bf16 = os.environ.get("STER_BF16_INPUTS", "").strip()
 cdef int _bf16_inputs = 1 if _env_bf16 == "1" else 0 if _env_bf16 == "0" else ster_cpu_fast_bf16_dot()
+cdef int _quant_tiles = 1   # see set_quantized_tiles
 #: Whether ``set_bf16_inputs`` starts on in this process ($STER_BF16_INPUTS, or the CPU).
 BF16_INPUTS_DEFAULT = bool(_bf16_inputs)
 # Below this many weights a product runs on one thread: waking the team costs more.
@@ -320,7 +321,9 @@ def set_bf16_inputs(bint on):
     """Whether products of a bfloat16 matrix over several tokens (prefill, routed experts) round
     their float32 inputs to bfloat16 and multiply with AVX512_BF16's vdpbf16ps, or at level amx_bf16
     with AMX's tdpbf16ps when the row length is a multiple of 32, as llama.cpp does for its BF16 tensors
-    and transformers for a bf16 model. On by default where that is faster than the float32 tile (AMD's
+    and transformers for a bf16 model; at amx_bf16 a block-quantized matrix's too (``set_quantized_tiles``;
+    float32 and float16 matrices keep float32 inputs). On by default where that is faster than the float32
+    tile (AMD's
     AVX512_BF16 cores: twice the products per instruction at an FMA's rate; Intel's with AMX; not Intel's
     without, where vdpbf16ps issues at half an FMA's rate: ``ster_cpu_fast_bf16_dot``), or as
     $STER_BF16_INPUTS says. Off, or below avx512_bf16: float32 inputs on the float32 tile.
@@ -349,13 +352,39 @@ def bf16_inputs() -> bool:
     return bool(_bf16_inputs and _simd >= 4)
 
 
+cdef inline bint _rounds_inputs(int type_id, int K) noexcept:
+    """Whether a several-token product of a matrix of GGML type ``type_id`` with rows of K rounds its inputs
+    to bfloat16 now (``set_bf16_inputs``): a bfloat16 matrix's from avx512_bf16 on; at amx_bf16 a block
+    type's too whose rows fill AMX's tiles (K a multiple of 32), its panels decoded and rounded
+    (``set_quantized_tiles``). Float32 and float16 matrices keep float32 inputs."""
+    if not _bf16_inputs or _simd < 4:
+        return False
+    return type_id == 30 or (_quant_tiles and _simd >= 5 and type_id not in (0, 1) and K % 32 == 0)
+
+
+def set_quantized_tiles(bint on) -> bool:
+    """Whether a block-quantized matrix's several-token products (prefill, routed experts) run on AMX's
+    tiles at level amx_bf16 while ``set_bf16_inputs`` is on (both are, by default, on such a CPU): each
+    panel of weights decoded to float32 as the float32 tile's are, rounded to bfloat16 (nearest even, a
+    relative change of at most 2^-9 per weight), and multiplied by the inputs rounded likewise. On the
+    two real GGUF files (SmolLM2 Q4_1, Gemma 3 Q4_K_M) a prompt's logits move 0.5-0.7 % from the
+    dequantized model's (tests/test_real_models.py), where llama.cpp's 8-bit rounding of its inputs
+    moves them 3-5 %; the prompt runs about twice as fast. Off: the float32 tile on float32 inputs, the
+    dequantized model's sums (``float_activations`` turns it off with the rest). Returns the setting
+    before."""
+    global _quant_tiles
+    before = bool(_quant_tiles)
+    _quant_tiles = 1 if on else 0
+    return before
+
+
 cdef uint16_t* _round_inputs(int type_id, const float* x, int T, int K) except? NULL:
-    """The bfloat16 copy of x [T, K] for ster_matmul_range's vdpbf16ps tile ([T, K + (K & 1)],
+    """The bfloat16 copy of x [T, K] for ster_matmul_range's vdpbf16ps or AMX tile ([T, K + (K & 1)],
     64-byte aligned inside a malloc block whose address is stored in the word before it;
     ``_free_inputs`` frees it), or NULL when
-    the float32 tile serves this product."""
+    the float32 tile serves this product (``_rounds_inputs``)."""
     global _bf16_rounded
-    if type_id != 30 or not _bf16_inputs or _simd < 4:
+    if not _rounds_inputs(type_id, K):
         return NULL
     _bf16_rounded += 1
     cdef size_t n = <size_t>T * (K + (K & 1))
@@ -793,6 +822,7 @@ ctypedef struct _ExpertJob:
     const uint8_t** W           # [set * n_exp + e]
     size_t* rb
     int* typ
+    unsigned char* rounds       # whether matrix [set * n_exp + e] multiplies Xb (_rounds_inputs)
     const int32_t** rows
     const long* off             # [n_exp + 1] token rows of each expert
     long* task                  # (set * n_exp + e) * n_chunks + chunk
@@ -801,7 +831,7 @@ ctypedef struct _ExpertJob:
     float* Y[_MAX_GROUP]
     float* pack
     size_t per_thread
-    const uint16_t* Xb          # [R, K + (K & 1)] the rows in bfloat16 for BF16 experts, or NULL
+    const uint16_t* Xb          # [R, K + (K & 1)] the rows in bfloat16 for the experts that round, or NULL
 
 
 cdef void _expert_task(void* ctx, long c, int tid) noexcept nogil:
@@ -814,7 +844,7 @@ cdef void _expert_task(void* ctx, long c, int tid) noexcept nogil:
     cdef int n0 = chunk * j.nc, N = j.N[s]
     ster_matmul_range(j.typ[me], j.W[me], j.rb[me], j.rows[me], n0, min(N, n0 + j.nc), j.K, j.X + a * j.K,
                       <int>(j.off[e + 1] - a), j.Y[s] + a * N, N, j.pack + j.per_thread * tid, j.simd,
-                      j.Xb + a * (j.K + (j.K & 1)) if j.Xb != NULL else NULL)
+                      j.Xb + a * (j.K + (j.K & 1)) if j.Xb != NULL and j.rounds[me] else NULL)
 
 
 def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
@@ -882,6 +912,7 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
     j.W = <const uint8_t**>malloc(sizeof(void*) * nm)
     j.rb = <size_t*>malloc(sizeof(size_t) * nm)
     j.typ = <int*>malloc(sizeof(int) * nm)
+    j.rounds = <unsigned char*>malloc(nm)
     j.rows = <const int32_t**>malloc(sizeof(void*) * nm)
     j.task = <long*>malloc(sizeof(long) * nm * j.n_chunks + 8)
     j.off = &ov[0]
@@ -891,14 +922,15 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
     cdef void* block = NULL
     cdef int any_bf16 = 0
     try:
-        if j.W == NULL or j.rb == NULL or j.typ == NULL or j.rows == NULL or j.task == NULL:
+        if j.W == NULL or j.rb == NULL or j.typ == NULL or j.rounds == NULL or j.rows == NULL or j.task == NULL:
             raise MemoryError()
         for s in range(n_sets):
             for e in range(n_exp):
                 w = <QMatrix>sets[s][e]
                 c = s * n_exp + e
                 j.W[c], j.rb[c], j.typ[c], j.rows[c] = &w.raw[0, 0], w.row_bytes, w._kt, w._rows
-                any_bf16 |= w.type_id == 30
+                j.rounds[c] = _rounds_inputs(w.type_id, K)
+                any_bf16 |= j.rounds[c]
         # tasks: the largest experts first (their chunks are the longest), each expert's chunks in turn
         counts = np.diff(np.asarray(ov))
         for e in np.argsort(-counts, kind="stable"):
@@ -927,6 +959,7 @@ def expert_matmul(tuple sets, x, offsets, tuple outs, int min_tokens=2):
         free(j.W)
         free(j.rb)
         free(j.typ)
+        free(j.rounds)
         free(j.rows)
         free(j.task)
 

@@ -1,5 +1,7 @@
-/* AMX tiles for the prefill of bfloat16 matrices (ster_qkernels.h includes this after ster_x512.h,
- * inside its x86 section; ster_matmul_range takes them at STER_ISA_AMX when K is a multiple of 32).
+/* AMX tiles for the prefill of bfloat16 and quantized matrices (ster_qkernels.h includes this after
+ * ster_x512.h, inside its x86 section; ster_matmul_range takes them at STER_ISA_AMX when its inputs were
+ * rounded to bfloat16 and K is a multiple of 32). A quantized matrix's panel is decoded to float32 as the
+ * float32 tile's is, then rounded to bfloat16: the tiles then multiply it as a bfloat16 matrix.
  *
  * The same product as ster_micro_bf16dp's tile -- inputs rounded to bfloat16 (ster_round_bf16_rows),
  * weights as stored, float32 sums -- on Intel's AMX units: tdpbf16ps multiplies a 16 x 32 tile of
@@ -128,23 +130,45 @@ static void ster_amx_put(float* C, int ldc, int mt, int nv, const float* tmp) {
     for (t = 0; t < mt && t < 16; t++) memcpy(C + (size_t)t * ldc, tmp + 16 * t, (size_t)(nv < 16 ? nv : 16) * 4);
 }
 
+/* Rows n0 + 16p .. n0 + 16p + 15 of a block type (or float16), rows past n1 zero, as bfloat16 [16, K] in Wb:
+ * each weight decoded to float32 as the float32 tile's panels have it, then rounded to nearest even (in
+ * ster_qkernels.h, after the interleaved layout's helpers). */
+static void ster_amx_decode_rows(int type, int il, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0,
+                                 int n1, int p, int K, uint16_t* Wb);
+
+/* Panel p's pairs over the whole row into P: a bfloat16 matrix's straight from its rows, another type's
+ * from its rows decoded into Wb first. */
+static STER_AMXT void ster_amx_panel(int type, int il, const uint8_t* W, size_t row_bytes, const int32_t* rows,
+                                     int n0, int n1, int p, int K, uint16_t* Wb, uint32_t* P) {
+    if (type == STER_BF16) {
+        ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, K, P);
+        return;
+    }
+    ster_amx_decode_rows(type, il, W, row_bytes, rows, n0, n1, p, K, Wb);
+    STER_AMX_FENCE();
+    ster_amx_pack_pairs((const uint8_t*)Wb, (size_t)K * 2, 0, 0, STER_NR, 0, K, P);
+}
+
 /* Y[t, n] = sum_k Xb[t, k] W[rows[n], k] for t < T and n in [n0, n1), on tiles (ster_matmul_range's
- * bfloat16 product at STER_ISA_AMX). Xb: [T, K] bfloat16 (ster_round_bf16_rows), K a multiple of 32;
- * Y row stride ldy. Two panels (32 outputs) at a time are packed over all K, then every block of 32
+ * product on bfloat16 inputs at STER_ISA_AMX). W: bfloat16 rows, or rows of a block type or float16
+ * (type; il: interleaved, ster_il16.h, rows NULL and n0 a multiple of 16) whose panels are decoded and
+ * rounded to bfloat16 (ster_amx_decode_rows). Xb: [T, K] bfloat16 (ster_round_bf16_rows), K a multiple
+ * of 32; Y row stride ldy. Two panels (32 outputs) at a time are packed over all K, then every block of 32
  * tokens runs the whole K on four accumulator tiles, written once: sums carried in Y from chunk to
  * chunk cost a read and a write of Y per chunk, which left the tiles waiting on memory (0.7 of the
  * throughput at 512 tokens, an AMX Xeon). Returns 0 without the scratch (nothing done). */
-static STER_AMXT int ster_amx_product(const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0, int n1,
-                                      int K, const uint16_t* Xb, int T, float* Y, int ldy) {
+static STER_AMXT int ster_amx_product(int type, int il, const uint8_t* W, size_t row_bytes, const int32_t* rows,
+                                      int n0, int n1, int K, const uint16_t* Xb, int T, float* Y, int ldy) {
     const int npanel = (n1 - n0 + STER_NR - 1) / STER_NR, kp = K / 2, nb = K / 32, tfull = T & ~31;
-    uint32_t* P0 = (uint32_t*)ster_amx_scratch((size_t)128 * K);
+    uint32_t* P0 = (uint32_t*)ster_amx_scratch((size_t)160 * K);
     uint32_t *P1, *b0, *b1;
-    uint16_t* staged;
+    uint16_t *staged, *Wb;
     float ctmp[4][256];
     int p, t0, jb, t;
     if (!P0) return 0;
     P1 = P0 + (size_t)kp * STER_NR;
     staged = (uint16_t*)(P1 + (size_t)kp * STER_NR);   /* the last, partial block of tokens: 32 rows, zeros past T */
+    Wb = staged + (size_t)32 * K;                      /* a block type's panel, decoded: 16 rows of K bfloat16 */
     if (T > tfull) {
         for (t = 0; t < 32; t++) {
             if (tfull + t < T) memcpy(staged + (size_t)t * K, Xb + (size_t)(tfull + t) * K, (size_t)K * 2);
@@ -154,8 +178,8 @@ static STER_AMXT int ster_amx_product(const uint8_t* W, size_t row_bytes, const 
     ster_amx_begin();
     for (p = 0; p < npanel; p += 2) {
         const int two_n = p + 1 < npanel, nv0 = n1 - n0 - STER_NR * p, nv1 = n1 - n0 - STER_NR * (p + 1);
-        ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p, K, P0);
-        if (two_n) ster_amx_pack_pairs(W, row_bytes, rows, n0, n1, p + 1, K, P1);
+        ster_amx_panel(type, il, W, row_bytes, rows, n0, n1, p, K, Wb, P0);
+        if (two_n) ster_amx_panel(type, il, W, row_bytes, rows, n0, n1, p + 1, K, Wb, P1);
         b0 = P0;
         b1 = P1;
         for (t0 = 0; t0 < T; t0 += 32) {

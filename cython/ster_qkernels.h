@@ -1581,6 +1581,32 @@ static void ster_pack_bf16_pairs(const uint8_t* W, size_t row_bytes, const int32
 }
 #endif
 
+#ifdef STER_HAVE_AMX
+static void ster_amx_decode_rows(int type, int il, const uint8_t* W, size_t row_bytes, const int32_t* rows, int n0,
+                                 int n1, int p, int K, uint16_t* Wb) {
+    const int bs = ster_block_size(type), ts = ster_type_size(type), first = n0 + STER_NR * p;
+    uint8_t ilgrp[STER_ILG][(STER_KC / 32) * 34];   /* an interleaved panel's rows (one group), file layout */
+    float tmp[STER_KC];
+    ster_dec_fn dec = ster_dec_avx2_for(type);
+    int kc0, kcl, rr;
+    for (kc0 = 0; kc0 < K; kc0 += STER_KC) {
+        kcl = K - kc0 < STER_KC ? K - kc0 : STER_KC;
+        if (il) ster_il_ungroup(type, W + (size_t)first * row_bytes, kc0 / bs, kcl / bs, ilgrp[0], sizeof ilgrp[0]);
+        for (rr = 0; rr < STER_NR; rr++) {
+            const int n = first + rr;
+            uint16_t* out = Wb + (size_t)rr * K + kc0;
+            if (n < n1) {
+                const uint8_t* src = il ? ilgrp[rr] : W + (size_t)(rows ? rows[n] : n) * row_bytes + (size_t)(kc0 / bs) * ts;
+                if (dec) dec(src, kcl / bs, tmp); else ster_decode_scalar(type, src, kcl / bs, tmp);
+                ster_round_bf16_rows(tmp, 1, kcl, out);
+            } else {
+                memset(out, 0, (size_t)kcl * 2);
+            }
+        }
+    }
+}
+#endif
+
 /* The inputs of ster_matmul_range's bfloat16 tile: X [T, K] -> Xb [T, Kp] rounded to nearest
  * even (Kp = K + (K & 1), the pad zero). Only called at STER_ISA_BF16. */
 static void ster_round_inputs_bf16(const float* X, int T, int K, uint16_t* Xb) {
@@ -1617,9 +1643,10 @@ static void ster_matmul_range(int type, const uint8_t* W, size_t row_bytes, cons
 #endif
 #if STER_HAVE_X86
 #ifdef STER_HAVE_AMX
-    /* K: whole tiles; without the tiles' scratch, the vdpbf16ps tile below */
-    if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_AMX && K % 32 == 0 &&
-        ster_amx_product(W, row_bytes, rows, n0, n1, K, Xb, T, Y, ldy))
+    /* Xb given: a bfloat16 matrix, or a block type the caller put on the tiles (qmatmul's _rounds_inputs).
+     * K: whole tiles; without the tiles' scratch, the vdpbf16ps tile (bfloat16) or float32 tile below */
+    if (Xb && !f32 && type != STER_F16 && !(il && type == STER_BF16) && simd >= STER_ISA_AMX && K % 32 == 0 &&
+        ster_amx_product(type, il, W, row_bytes, rows, n0, n1, K, Xb, T, Y, ldy))
         return;
 #endif
     if (Xb && type == STER_BF16 && !il && simd >= STER_ISA_BF16) {

@@ -685,7 +685,8 @@ def generate(
         doc = {
             **version_fields(), "model": loaded.resolved.model, "model_revision": loaded.model_revision,
             "precision": loaded.precision, "quantize": loaded.quantize, "kv_cache": kv_cache,
-            # whether some product rounded its inputs to bf16 (bf16 weights, a CPU with AVX512_BF16)
+            # whether some product rounded its inputs to bf16 (bf16 weights on a CPU with AVX512_BF16;
+            # block-quantized weights on AMX's tiles: qmatmul.set_bf16_inputs)
             "bf16_inputs": bf16_rounded_products() > rounded_before,
             "chat_template": prompt_.chat_template, "thinking": thinking.value,
             # every setting the choice of tokens depends on: with them the run repeats (a sampled one too)

@@ -58,6 +58,22 @@ def gemma3_hf() -> Path:
 
 
 @pytest.fixture
+def quantized_tiles_off():
+    """A quantized matrix's prompt products on the float32 tile (``qmatmul.set_quantized_tiles(False)``) for
+    modules that hold a GGUF's logits to the dequantized model's, llama.cpp's or transformers' within 1e-4 or
+    1e-3, or measure an effect that small (a float16 cache): on an AMX CPU the tiles round the inputs and
+    decoded weights to bfloat16 by default, which moves a prompt's logits ~0.5 % and turns a 1e-4 change of
+    an input into a whole bfloat16 step now and then. The tiles themselves are checked against their
+    rounded definition (test_qmatmul.py, test_moe_kernels.py) and on both real GGUF files against the
+    dequantized model and llama.cpp (test_qmatmul.py, test_real_models.py)."""
+    from ster_py._kernels import qmatmul
+
+    before = qmatmul.set_quantized_tiles(False)
+    yield
+    qmatmul.set_quantized_tiles(before)
+
+
+@pytest.fixture
 def chat_in_process(monkeypatch):
     """Chat templates rendered in the test process (``chat._ISOLATE`` off), for tests of the rendering
     itself: the forked child that guards a render (tested in test_hostile) costs a fork of the test

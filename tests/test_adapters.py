@@ -515,9 +515,10 @@ def test_cli_refusal_is_one_line(f32_case, tmp_path):
 
 
 @pytest.mark.real
-def test_adapter_on_quantized_gguf_matches_its_f32_copy(smollm2_gguf, smollm2_hf, tmp_path):
+def test_adapter_on_quantized_gguf_matches_its_f32_copy(smollm2_gguf, smollm2_hf, tmp_path, quantized_tiles_off):
     """A run-time LoRA wraps quantized projections too: on SmolLM2's GGUF it changes the logits
-    exactly as on the f32 copy transformers made of the same file (same weights, dequantized)."""
+    exactly as on the f32 copy transformers made of the same file (same weights, dequantized; the GGUF's
+    prompt on the float32 tile, conftest.quantized_tiles_off)."""
     from ster_py.prompt import encode_prompt
 
     rng = np.random.RandomState(3)

@@ -211,7 +211,10 @@ def test_perplexity_agrees_with_llamacpp(converted, smollm2_q4_k_m, tmp_path):
     float32 products, so its perplexity is that of the file's exact weights: llama.cpp on the file's float32
     dequantization agrees within 1e-3. llama.cpp on the Q4_K_M file itself rounds each activation row to 8 bits
     first (q8_K / q8_0 dot products); on 252 scored tokens that moved its perplexity by -1.5 % to +0.9 % across
-    three texts, hence its 3 % bound."""
+    three texts, hence its 3 % bound. On AMX's tiles (the default on such a CPU: inputs and decoded weights
+    rounded to bfloat16, ``qmatmul.set_quantized_tiles``) the Q4_K_M file's perplexity stays within 5e-3 of the
+    exact weights' (measured 1.3e-3), and within 1e-3 with the tiles off."""
+    from ster_py._kernels import qmatmul
     from ster_py.load import load_model
     from ster_py.perplexity import perplexity
 
@@ -219,7 +222,17 @@ def test_perplexity_agrees_with_llamacpp(converted, smollm2_q4_k_m, tmp_path):
     _, f16 = converted("smollm2", "f16")
     exact = Path(convert_model(str(smollm2_q4_k_m), tmp_path / "q4_k_m-dequantized.gguf", "f32")["output"])
     ours = {path: perplexity(load_model(str(path), precision="auto"), text, 128, max_chunks=4) for path in (f16, smollm2_q4_k_m)}
-    for path, reference, bound in ((f16, f16, 1e-3), (smollm2_q4_k_m, exact, 1e-3), (smollm2_q4_k_m, None, 0.03)):
+    tiles = qmatmul.simd_level() == "amx_bf16" and qmatmul.bf16_inputs()
+    checks = [(ours[f16], f16, f16, 1e-3), (ours[smollm2_q4_k_m], smollm2_q4_k_m, exact, 5e-3 if tiles else 1e-3),
+              (ours[smollm2_q4_k_m], smollm2_q4_k_m, None, 0.03)]
+    if tiles:
+        was = qmatmul.set_quantized_tiles(False)
+        try:
+            checks.append((perplexity(load_model(str(smollm2_q4_k_m)), text, 128, max_chunks=4), smollm2_q4_k_m, exact,
+                           1e-3))
+        finally:
+            qmatmul.set_quantized_tiles(was)
+    for mine, path, reference, bound in checks:
         theirs = llamacpp.perplexity(reference or path, text, 128, max_chunks=4)
-        assert ours[path]["tokens"] == len(theirs["nll"]) == 4 * 63
-        assert abs(ours[path]["ppl"] / theirs["ppl"] - 1) < bound, (path.name, ours[path]["ppl"], theirs["ppl"])
+        assert mine["tokens"] == len(theirs["nll"]) == 4 * 63
+        assert abs(mine["ppl"] / theirs["ppl"] - 1) < bound, (path.name, reference, mine["ppl"], theirs["ppl"])

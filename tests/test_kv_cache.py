@@ -17,6 +17,9 @@ from ster_py.errors import SterError
 from ster_py.generate import Sampling, generate
 from test_cli import ster, tiny_llama  # noqa: F401  (the CLI runner and its tiny checkpoint fixture)
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 TEXT = ("The history of astronomy is a long story of people looking up at the night sky and trying to make "
         "sense of what they saw. Ancient farmers tracked the seasons by the stars, sailors steered by them, "
         "and philosophers argued about the nature of the planets. ")

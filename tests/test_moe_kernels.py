@@ -1,6 +1,7 @@
 """The routed experts' batched products (``qmatmul.expert_matmul``) and the grouped prefill
-of ``MoE`` built on them, against numpy (float64 on gguf-py's dequantized weights) and bit for
-bit against the per-expert products they replace.
+of ``MoE`` built on them, against numpy (float64 on gguf-py's dequantized weights; on AMX's tiles
+both rounded to bfloat16 first, as the tiles do) and bit for bit against the per-expert products
+they replace.
 
 Token groupings leave experts empty and give some one token (those take the row dots, as a
 one-row ``QuantLinear`` does); the expert widths include one that is not a whole number of
@@ -13,8 +14,8 @@ from ster_py._kernels import qmatmul
 from ster_py.decoder.ffn import DenseFFN
 from ster_py.decoder.linear import Linear
 from ster_py.decoder.moe import MoE, MoESpec, RouterSpec
-from ster_py.decoder.qlinear import QuantLinear, QuantTensor
-from test_qmatmul import _Tensor, oracle_weights, random_blocks, rounding_bound
+from ster_py.decoder.qlinear import QuantLinear, QuantTensor, float_activations
+from test_qmatmul import _Tensor, bf16_rounded, oracle_weights, random_blocks, rounding_bound, tiles_round
 
 TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "IQ4_XS", "MXFP4"]
 
@@ -47,8 +48,10 @@ def test_expert_matmul_equals_numpy_and_the_per_expert_panels(type_name):
             if b - a < 2:   # skipped below min_tokens: left as they were
                 assert np.isnan(out[a:b]).all()
                 continue
-            want = x[a:b].astype(np.float64) @ dense[e].T
-            assert (np.abs(out[a:b] - want) <= rounding_bound(x[a:b], dense[e], 32)).all()
+            xe, we = x[a:b].astype(np.float64), dense[e]
+            if tiles_round(qmatmul.simd_level()):   # AMX's tiles: inputs and decoded weights in bfloat16
+                xe, we = bf16_rounded(xe), bf16_rounded(we)
+            assert (np.abs(out[a:b] - xe @ we.T) <= rounding_bound(xe, we, 32)).all()
             panels = np.empty((b - a, 40), np.float32)
             mats[e].qmatrix().matmul(x[a:b], panels, 2)
             np.testing.assert_array_equal(out[a:b], panels)
@@ -101,12 +104,9 @@ def test_grouped_prefill_equals_the_per_expert_loop(type_name, F, on_input):
 
     ids, w = layer.route(x)
     ref = np.zeros((T, H))
-    qmatmul.set_int16_activations(False)
-    try:
+    with float_activations():   # the definition's sums: no int16 or bfloat16 rounding of the inputs
         layer._fused = None
         exact = layer(x)
-    finally:
-        qmatmul.set_int16_activations(True)
     for t in range(T):
         for e, we in zip(ids[t], w[t]):
             xe = x[t].astype(np.float64) * (we if on_input else 1.0)

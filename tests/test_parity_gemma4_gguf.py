@@ -26,6 +26,9 @@ from test_parity_gemma4 import F, PROMPT, S, SPLIT, VOCAB, _build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, reference_split_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 WIDE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=5, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, global_head_dim=128, max_position_embeddings=256, sliding_window=5)

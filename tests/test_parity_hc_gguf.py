@@ -58,6 +58,9 @@ from ster_py.load import load_model
 from test_parity_dense import PROMPT
 from test_parity_hc import CASES as HC_CASES
 from test_parity_hc import _RELEASE, G5_TEXT, G5_VISION, _pool_margins
+
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
 from test_parity_mla_b import LONG_PROMPT, WIDE, WIDE_DSA, WIDE_EXPERTS, _decisive_dsa, _indexer_margins
 from tiny import check_llamacpp_top1, check_token_steps
 from tiny import build_checkpoint as build

@@ -34,6 +34,9 @@ from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_greedy, reference_logits, reference_split_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 # DeepSeek Sparse Attention: 8 index heads of 8 (4 rotated), 5 keys per query once more are visible.
 DSA = dict(index_topk=5, index_head_dim=8, index_n_heads=8)
 

@@ -23,6 +23,9 @@ from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 VOCAB = 128
 LLAMA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)

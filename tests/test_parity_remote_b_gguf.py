@@ -24,6 +24,9 @@ from test_parity_remote_b import _NAS_BLOCKS, _NOOP_ATT, PROMPT, VOCAB, _nemotro
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, reference_split_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 
 # Every block_configs entry kind test_parity_remote_b.py's case has, with an attention-only layer (2)

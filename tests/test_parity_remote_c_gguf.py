@@ -31,6 +31,9 @@ from test_parity_remote_c import PROMPT, VOCAB, build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 SPLIT = 9
 # name (llama.cpp's architecture): (model_type, config, config.json keys for the converter)

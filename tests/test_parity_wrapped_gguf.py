@@ -44,6 +44,9 @@ from test_parity_wrapped import check_decoder
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 LONG_PROMPT = np.random.RandomState(3).randint(3, VOCAB, size=32).tolist()
 #: MiniMax-M3 as llama.cpp's minimax-m3 runs it: its fixed SWIGLU_OAI limit, the shared expert as wide as a routed one.
 M3_GGUF_TEXT = dict(M3_TEXT, swiglu_limit=7.0, shared_intermediate_size=M3_TEXT["intermediate_size"])

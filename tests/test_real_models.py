@@ -23,7 +23,8 @@ from ster_py.load import LoadedModel, load_model
 from ster_py.prompt import encode_prompt
 from tiny import reference_greedy, rel_err
 
-pytestmark = pytest.mark.real
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off); the tiles: test_tiles_*
+pytestmark = [pytest.mark.real, pytest.mark.usefixtures("quantized_tiles_off")]
 
 CHAT = "What is the capital of France?"
 PLAIN = "The three primary colours are"
@@ -104,6 +105,47 @@ def test_gguf_and_hf_copy_agree(smollm2_gguf, smollm2_hf):
     a = _ster(smollm2_gguf).decoder.forward(ids)
     b = _ster(smollm2_hf).decoder.forward(ids)
     assert rel_err(a, b.astype(np.float64)) < 1e-5
+
+
+LONGER = ("The three primary colours are, as every painter learns early on in school, red, yellow and blue; "
+          "mixing")
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_tiles_keep_a_gguf_prompt_closer_than_llamacpp(which, request):
+    """On AMX's tiles (the default on such a CPU: ``qmatmul.set_quantized_tiles``) a GGUF prompt's inputs and
+    decoded weights are rounded to bfloat16. Every position's logits stay within 1e-2 of transformers' f32
+    reading of the file (measured 0.5-0.7 % on both files, Intel Xeon with AMX) and at most half as far from
+    it as llama.cpp's own (its 8-bit input blocks: 3-5 %), with transformers' top-1 token wherever
+    llama.cpp's own top two are not closer than llama.cpp's error; without the tiles, the dequantized model's
+    sums within 1e-5."""
+    import torch
+
+    from ster_py import llamacpp
+    from ster_py._kernels import qmatmul
+
+    if not (qmatmul.cpu_simd_level() == "amx_bf16" and qmatmul.BF16_INPUTS_DEFAULT):
+        pytest.skip("the tiles run only on a CPU with AMX (this one's level: " + qmatmul.cpu_simd_level() + ")")
+    gguf_path, hf_path = request.getfixturevalue(f"{which}_gguf"), request.getfixturevalue(f"{which}_hf")
+    loaded = _ster(gguf_path)
+    ids = loaded.tokenizer.encode(LONGER, add_special_tokens=True)
+    with torch.no_grad():
+        ref = _hf_model(hf_path)(torch.tensor([ids])).logits[0].numpy().astype(np.float64)
+    (theirs,) = llamacpp.logits(gguf_path, [ids])
+    theirs = theirs[:, :ref.shape[1]]
+    rounded = qmatmul.bf16_rounded_products()
+    qmatmul.set_quantized_tiles(True)
+    try:
+        ours = loaded.decoder.forward(ids)
+    finally:
+        qmatmul.set_quantized_tiles(False)
+    assert qmatmul.bf16_rounded_products() > rounded       # the prompt ran on the tiles
+    assert rel_err(loaded.decoder.forward(ids), ref) < 1e-5
+    err, llama_err = rel_err(ours, ref), rel_err(theirs, ref)
+    assert err < 1e-2 and err < 0.5 * llama_err, (err, llama_err)
+    top = np.sort(ref, axis=1)
+    clear = top[:, -1] - top[:, -2] > llama_err * np.abs(ref).max()
+    assert (ours.argmax(1) == ref.argmax(1))[clear].all() and clear.any()
 
 
 @pytest.fixture(scope="module", autouse=True)

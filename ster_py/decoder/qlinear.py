@@ -78,8 +78,9 @@ def _kernels():
 def float_activations():
     """Within the block, every product takes its float32 inputs as they are: one-token (T = 1) products
     with block-quantized weights no longer round them to int16 per 32-block, and a bfloat16 matrix's
-    several-token products no longer round them to bfloat16 for AVX512_BF16's vdpbf16ps
-    (``qmatmul.set_bf16_inputs``). Those roundings are speed trades of generation (the defaults),
+    several-token products no longer round them to bfloat16 for AVX512_BF16's vdpbf16ps or AMX's tiles,
+    nor a block-quantized matrix's for AMX's tiles (with its decoded weights: ``qmatmul.set_bf16_inputs``,
+    ``qmatmul.set_quantized_tiles``). Those roundings are speed trades of generation (the defaults),
     restored as they were after the block. Not for concurrent use by several threads."""
     qmatmul = _kernels()
     int16 = qmatmul.set_int16_activations(False)
