@@ -348,7 +348,7 @@ def convert_model(model: str, output: str | os.PathLike, type_name: str = "f16",
     t0 = time.perf_counter()
     resolved = resolve(model, revision, progress=progress)
     if resolved.kind in ("gguf", "gguf_dir"):
-        meta, entries, info = _from_gguf(resolved.gguf_file, ft, threads)
+        meta, entries, info = _from_gguf(resolved, ft, threads)
         align = info.pop("alignment")
     else:
         meta, entries, info = _from_checkpoint(resolved, ft, threads, progress)
@@ -445,14 +445,36 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
                                                                                "tokenizer_notes": notes}
 
 
-def _from_gguf(path: Path, ft: FileType, threads) -> tuple[dict, list[TensorEntry], dict]:
+def check_gguf_model(resolved) -> None:
+    """Refuse a GGUF source ster would not run (a tensor the model needs missing or of another shape, a type
+    it cannot decode, a tokenizer it cannot build), as ``load_model`` refuses it, so that ``convert`` never
+    re-quantizes a damaged file into another one. Its decoder is built and dropped: the matrices stay in the
+    file's mapping (no interleaved copy is queued, no weight is dequantized).
+
+    Raises:
+        SterError: whatever ``gguf.load.load_gguf_model`` raises.
+    """
+    from .decoder.qlinear import _kernels
+    from .gguf.load import load_gguf_model
+
+    qmatmul = _kernels()
+    queued = qmatmul.set_background_copies(False)   # a copy is then made only by a product, which never runs
+    try:
+        load_gguf_model(resolved, precision="auto")
+    finally:
+        qmatmul.set_background_copies(queued)
+
+
+def _from_gguf(resolved, ft: FileType, threads) -> tuple[dict, list[TensorEntry], dict]:
     from .gguf.config import family_for_architecture
     from .gguf.reader import GGUFFile
 
+    path = resolved.gguf_file
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
     family = family_for_architecture(arch, str(path))  # an architecture ster runs
     _refuse_unwritten(_family_mixers(family), f"GGUF architecture {arch!r}", str(path))
+    check_gguf_model(resolved)   # a file ster refuses to run is not re-quantized into another one
     meta: dict = {}
     for key, value in g.metadata.items():
         vtype = g.metadata_types[key]

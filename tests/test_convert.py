@@ -502,6 +502,42 @@ def test_weights_holding_nan_are_refused_not_converted(checkpoints, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken-f16.gguf", "clean-f16.gguf", "nan"]
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"drop": "output_norm.weight"}, "the checkpoint has no tensor 'output_norm.weight'"),
+    ({"drop": "token_embd.weight"}, "has no token_embd.weight tensor: it holds no model weights"),
+    ({"reshape": "blk.0.attn_norm.weight"}, r"tensor 'blk\.0\.attn_norm\.weight' has shape \[\d+\], but the "
+                                            "configuration implies"),
+])
+def test_a_gguf_ster_refuses_to_run_is_not_reconverted(checkpoints, tmp_path, change, words):
+    """convert re-quantized a GGUF whose tensors did not fit its model (a norm of another width, a tensor
+    missing, even token_embd.weight) with status 0, writing a file that ster (and llama.cpp) refuse to run;
+    it is now refused as load_model refuses it, and nothing is written."""
+    import gguf
+
+    f16 = convert_model(str(checkpoints / "llama"), tmp_path / "f16.gguf", "f16")["output"]
+    src = GGUFFile(f16)
+    broken = tmp_path / "broken.gguf"
+    w = gguf.GGUFWriter(str(broken), None)
+    for key, value in src.metadata.items():
+        vtype = src.metadata_types[key]
+        if vtype.startswith("array of "):
+            w.add_key_value(key, list(value), gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType[vtype.removeprefix("array of ").upper()])
+        else:
+            w.add_key_value(key, value, gguf.GGUFValueType[vtype.upper()])
+    for name, t in src.tensors.items():
+        if name == change.get("drop"):
+            continue
+        data = np.asarray(t.dequantize(), np.float32)
+        if name == change.get("reshape"):
+            data = np.ones(data.shape[-1] + 1, np.float32)
+        w.add_tensor(name, data)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(SterError, match=words):
+        convert_model(str(broken), tmp_path / "out.gguf", "q8_0")
+    assert not (tmp_path / "out.gguf").exists()
+
+
 def test_family_without_a_gguf_architecture_is_refused_before_any_weight(tmp_path):
     from tiny import write_tokenizer
 
