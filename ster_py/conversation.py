@@ -328,10 +328,21 @@ class Session:
 
         Raises:
             SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...);
-                stop strings ``check_stops`` refuses.
+                stop strings ``check_stops`` refuses; a callback that is not callable, ``raw`` not a str,
+                ``prompt`` not the (text, ids) pair ``prompt`` returns.
         """
         from .tokenizer import StreamDecoder
 
+        for name, value in (("layer_hook", layer_hook), ("on_event", on_event), ("cancelled", cancelled),
+                            ("on_logprobs", on_logprobs), ("progress", progress)):
+            if value is not None and not callable(value):   # else a TypeError mid-reply
+                raise SterError(f"Session.reply's {name} must be a function or None, got {type(value).__name__}")
+        if raw is not None and not isinstance(raw, str):
+            raise SterError(f"Session.reply's raw must be the text to continue (a str) or None, got "
+                            f"{type(raw).__name__}")
+        if prompt is not None and not (isinstance(prompt, tuple) and len(prompt) == 2 and isinstance(prompt[0], str)):
+            raise SterError(f"Session.reply's prompt must be the (text, ids) pair Session.prompt returns, got "
+                            f"{type(prompt).__name__}")
         text, ids = prompt if prompt is not None else self.prompt(messages, tools=tools, thinking=thinking, raw=raw)
         if raw is None:
             parser = ReplyParser(self.format, thinking=self.format.starts_thinking(text), tools=bool(tools))

@@ -661,6 +661,23 @@ def test_session_refuses_settings_of_the_wrong_type(tiny_chat, kwargs, words):
         Session(load_model(str(tiny_chat)), **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    ({"raw": 5}, r"^Session\.reply's raw must be the text to continue \(a str\) or None, got int$"),  # len() TypeError
+    ({"prompt": 5}, r"^Session\.reply's prompt must be the \(text, ids\) pair Session\.prompt returns, got int$"),
+    ({"layer_hook": 5}, r"^Session\.reply's layer_hook must be a function or None, got int$"),  # 'not callable'
+    ({"on_event": "print"}, r"on_event must be a function or None, got str$"),
+    ({"cancelled": True}, r"cancelled must be a function or None, got bool$"),
+])
+def test_session_reply_refuses_arguments_of_the_wrong_type(tiny_chat, kwargs, words):
+    """Each was a TypeError from inside the reply (after the prompt's prefill for the callbacks)."""
+    from ster_py.conversation import Session
+    from ster_py.errors import SterError
+
+    with pytest.raises(SterError, match=words):
+        Session(load_model(str(tiny_chat))).reply([{"role": "user", "content": "w5"}], Sampling(max_new_tokens=2),
+                                                  **kwargs)
+
+
 def test_session_prepare_refuses_what_is_no_conversation(tiny_chat):
     """Session.prepare("hi") or (None) returned 0 (nothing prefilled, no error): the template's refusal was
     taken for a conversation it cannot end there. The messages are checked as reply checks them."""
