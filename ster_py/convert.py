@@ -509,13 +509,27 @@ def _bits(type_name: str) -> float:
 
 
 def _widening_notes(tensors, types: dict[str, str]) -> list[str]:
-    """A note when tensors of a GGUF source are written at a type of more bits than they have: their values keep
-    the source's rounding (a Q4_1 file written as Q8_0 is the Q4_1 model in a larger file), which a user asking
-    for a "better" type may not expect."""
+    """Notes when tensors of a GGUF source are written at a type of more bits than they have, which a user asking
+    for a "better" type may expect to be more precise. Written as floats (F32, F16, BF16), they hold the source's
+    rounded values: the file grows, its precision does not. Re-quantized to another block type, they are rounded
+    again to that type's grid, from values already rounded to the source's: precision drops (two roundings, where
+    a conversion of the unquantized checkpoint rounds once)."""
     wider = Counter((t.type_name, types[t.name]) for t in tensors
                     if types[t.name] != t.type_name and _bits(types[t.name]) > _bits(t.type_name))
-    if not wider:
-        return []
-    pairs = ", ".join(f"{n} from {old} to {new}" for (old, new), n in sorted(wider.items()))
-    return [f"tensors written with more bits than the source file gives them ({pairs}) keep the source's rounding: "
-            "the file grows, its precision does not (convert the original checkpoint for a more precise file)"]
+    floats = {pair: n for pair, n in wider.items() if pair[1] in ("F32", "F16", "BF16")}
+    blocks = {pair: n for pair, n in wider.items() if pair not in floats}
+
+    def listed(counts):
+        return ", ".join(f"{n} from {old} to {new}" for (old, new), n in sorted(counts.items()))
+
+    notes = []
+    if floats:
+        notes.append(f"tensors written as floats of more bits than the source file gives them ({listed(floats)}) "
+                     "hold its rounded values: the file grows, its precision does not (convert the original unquantized checkpoint "
+                     "for a more precise file)")
+    if blocks:
+        notes.append(f"tensors re-quantized from the source file's blocks to a type of more bits ({listed(blocks)}) "
+                     "are rounded again, to the new type's grid: the file grows, but precision is lost, not kept "
+                     "(convert the original unquantized checkpoint instead; "
+                     "`ster perplexity OUTPUT --reference SOURCE --file TEXT` measures the loss)")
+    return notes

@@ -301,17 +301,29 @@ def test_convert_from_a_gguf_keeps_metadata_and_copies_unchanged_tensors(checkpo
     assert all(np.array_equal(a.tensors[n].raw, b.tensors[n].raw) for n in a.tensors)
 
 
-def test_a_gguf_written_with_more_bits_says_its_precision_does_not_grow(checkpoints, tmp_path):
-    """Re-quantizing a Q4_0 file to Q8_0 keeps the Q4_0 rounding in a larger file: the report says so (a new
-    user expected a more precise file); to fewer bits, or to the same types, there is no such note."""
+def test_a_gguf_written_with_more_bits_says_what_happens_to_its_precision(checkpoints, tmp_path):
+    """Re-quantizing a Q4_0 file to Q8_0 (or Q4_1 to Q5_0) rounds the Q4_0 values again to the new grid: the file
+    grows and precision drops. The note said they kept the source's rounding (a user measured the Q4_1 preset
+    written as Q5_0 and found it worse); it now says they are rounded again, and points at the unquantized
+    checkpoint and at perplexity. Written as F16 the values are the source's: that note says precision does not
+    grow. To fewer bits, or to the same types, there is no such note."""
     q4 = convert_model(str(checkpoints / "llama"), tmp_path / "q4.gguf", "q4_0")
     assert q4["notes"] == []
     up = convert_model(q4["output"], tmp_path / "up.gguf", "q8_0")
     (note,) = up["notes"]
     moved = sum(1 for name, t in GGUFFile(q4["output"]).tensors.items()
                 if t.type_name == "Q4_0" and GGUFFile(up["output"]).tensors[name].type_name == "Q8_0")
-    assert f"{moved} from Q4_0 to Q8_0" in note and "its precision does not" in note and moved > 0
+    assert f"{moved} from Q4_0 to Q8_0" in note and moved > 0
+    assert "rounded again" in note and "precision is lost" in note and "keep" not in note
+    assert "unquantized checkpoint" in note and "ster perplexity" in note and "--reference" in note
     assert convert_model(up["output"], tmp_path / "down.gguf", "q4_0")["notes"] == []
+
+    q41 = convert_model(str(checkpoints / "llama"), tmp_path / "q41.gguf", "q4_1")["output"]
+    (note,) = convert_model(q41, tmp_path / "q50.gguf", "q5_0")["notes"]
+    assert "from Q4_1 to Q5_0" in note and "rounded again" in note
+
+    (note,) = convert_model(q4["output"], tmp_path / "f16.gguf", "f16")["notes"]
+    assert "from Q4_0 to F16" in note and "its precision does not" in note and "rounded again" not in note
 
 
 # ----------------------------------------------------------------------------- 3. merged adapter
