@@ -84,8 +84,11 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
     """Merge ``adapter`` into ``model`` and write the result to the new directory ``output``.
 
     Args:
-        model: a local safetensors checkpoint or Hub id (a GGUF base is refused).
-        adapter: Ster's NAME.lora.json / .lora.safetensors or a PEFT adapter directory.
+        model: the base's name or path, as ``--model`` takes it (str or os.PathLike): a local safetensors
+            checkpoint directory or Hub id (a GGUF base is refused). Not ``load_model``'s result: the merge
+            reads and rewrites the checkpoint's stored tensors.
+        adapter: the adapter's path (str or os.PathLike), as ``--adapter`` takes it: Ster's NAME.lora.json
+            (beside NAME.lora.safetensors) or a PEFT adapter directory. Not ``load_adapter_for``'s result.
         output: the directory to create; it must not exist.
         revision: as for every command (recorded, or selects the Hub commit).
         max_shard_bytes: write several shards when the weights are larger than this.
