@@ -17,6 +17,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from .decoder.model import check_callbacks
 from .errors import SterError
 from .generate import Generation, Sampling, generate
 from .prefix import PromptCache
@@ -333,10 +334,8 @@ class Session:
         """
         from .tokenizer import StreamDecoder
 
-        for name, value in (("layer_hook", layer_hook), ("on_event", on_event), ("cancelled", cancelled),
-                            ("on_logprobs", on_logprobs), ("progress", progress)):
-            if value is not None and not callable(value):   # else a TypeError mid-reply
-                raise SterError(f"Session.reply's {name} must be a function or None, got {type(value).__name__}")
+        check_callbacks("Session.reply", layer_hook=layer_hook, on_event=on_event, cancelled=cancelled,
+                        on_logprobs=on_logprobs, progress=progress)   # else a TypeError mid-reply
         if raw is not None and not isinstance(raw, str):
             raise SterError(f"Session.reply's raw must be the text to continue (a str) or None, got "
                             f"{type(raw).__name__}")

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .decoder.cache import KV_CACHE_DTYPES
-from .decoder.model import Decoder, LayerHook, as_token_ids
+from .decoder.model import Decoder, LayerHook, as_token_ids, check_callbacks
 from .errors import Cancelled, ContextFull, SterError
 from .prefix import PromptCache
 
@@ -308,7 +308,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         SterError: an empty prompt, ids that are not whole numbers (``as_token_ids``), ``loaded``
             given for ``loaded.decoder``, invalid sampling settings, an unknown ``kv_cache``, a
             ``ctx_size`` above the model's, a prompt longer than the context (``ContextFull``), or
-            ``draft`` with a temperature above 0 or ``n_draft`` below 1.
+            ``draft`` with a temperature above 0 or ``n_draft`` below 1; a callback that is not callable or
+            a ``cache`` that is not a ``PromptCache``.
     """
     if not isinstance(sampling, Sampling):
         raise SterError(f"the sampling settings are a Sampling (e.g. Sampling(max_new_tokens=64)), got "
@@ -323,6 +324,10 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
             raise SterError(f"--draft-max must be 1 to 64, got {n_draft}")
     if not hasattr(decoder, "forward") and hasattr(decoder, "decoder"):
         raise SterError("generate takes the model's decoder: pass loaded.decoder, not the loaded model")
+    check_callbacks("generate", layer_hook=layer_hook, on_token=on_token, cancelled=cancelled, progress=progress,
+                    on_logprobs=on_logprobs)
+    if cache is not None and not isinstance(cache, PromptCache):
+        raise SterError(f"generate's cache must be a prefix.PromptCache or None, got {type(cache).__name__}")
     kv_dtype = kv_cache_dtype(kv_cache)
     prompt = as_token_ids(prompt_ids, empty_ok=True).tolist()
     stops = set(as_token_ids(() if stop_ids is None else stop_ids, empty_ok=True).tolist())

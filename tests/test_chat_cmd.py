@@ -678,6 +678,15 @@ def test_session_reply_refuses_arguments_of_the_wrong_type(tiny_chat, kwargs, wo
                                                   **kwargs)
 
 
+def test_decoder_forward_refuses_a_hook_that_is_not_callable(tiny_chat):
+    from ster_py.errors import SterError
+
+    decoder = load_model(str(tiny_chat)).decoder
+    for kwargs, name in (({"layer_hook": 5}, "layer_hook"), ({"on_layer": "x"}, "on_layer")):
+        with pytest.raises(SterError, match=f"^Decoder.forward's {name} must be a function or None"):
+            decoder.forward([5, 6], **kwargs)   # was a TypeError after the first layer ran
+
+
 def test_session_prepare_refuses_what_is_no_conversation(tiny_chat):
     """Session.prepare("hi") or (None) returned 0 (nothing prefilled, no error): the template's refusal was
     taken for a conversation it cannot end there. The messages are checked as reply checks them."""

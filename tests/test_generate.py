@@ -74,6 +74,19 @@ def test_logit_bias_ids_out_of_range_are_refused(bias, message):
     assert g.ids == [5, 5]   # the bias applied: token 5's 0 + 100 beats token 3's 5.0
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    ({"layer_hook": 5}, r"^generate's layer_hook must be a function or None, got int$"),   # 'not callable'
+    ({"on_token": "stop"}, r"^generate's on_token must be a function or None, got str$"),
+    ({"cancelled": True}, r"^generate's cancelled must be a function or None, got bool$"),
+    ({"progress": 1}, r"^generate's progress must be a function or None, got int$"),
+    ({"cache": 5}, r"^generate's cache must be a prefix\.PromptCache or None, got int$"),  # AttributeError
+])
+def test_generate_refuses_callbacks_and_caches_of_the_wrong_type(kwargs, words):
+    """Each was a TypeError or AttributeError from inside the run (after the prefill for on_token)."""
+    with pytest.raises(SterError, match=words):
+        generate(_FakeDecoder(0.0, 99), [1, 2], Sampling(max_new_tokens=2), **kwargs)
+
+
 @pytest.mark.parametrize("ids,message", [("w10", "not a text"), ([1.7, 2], "whole numbers, got 1.7"),
                                          ([True], "whole numbers, got True"), ([[1, 2], [3]], "flat sequence"),
                                          (np.array([[1, 2], [3, 4]]), r"flat sequence .* shape \[2, 2\]"),

@@ -415,6 +415,18 @@ def _altup_projections(layout: Layout, role: str, n: int) -> list:
     return [make_linear(stacked[k]) for k in range(n)]
 
 
+def check_callbacks(func: str, **callbacks) -> None:
+    """Refuse a library caller's callback argument (``layer_hook=5``) that is neither None nor callable, before
+    any work: it would be a TypeError ('not callable') once first called, after a prompt's prefill for some.
+
+    Raises:
+        SterError: "FUNC's NAME must be a function or None, got TYPE".
+    """
+    for name, value in callbacks.items():
+        if value is not None and not callable(value):
+            raise SterError(f"{func}'s {name} must be a function or None, got {type(value).__name__}")
+
+
 def as_token_ids(ids, *, empty_ok: bool = False) -> np.ndarray:
     """``ids`` (whole numbers: any iterable, or an integer array) as int64 [T].
 
@@ -668,10 +680,12 @@ class Decoder:
 
         Raises:
             SterError: no ids, ids that are not whole numbers (``as_token_ids``), a token id outside
-                the vocabulary, or (learned positions) a position past the model's table.
+                the vocabulary, or (learned positions) a position past the model's table; a callback
+                that is not callable (``check_callbacks``).
             Cancelled: ``cancelled()`` returned True.
         """
         s = self.spec
+        check_callbacks("Decoder.forward", layer_hook=layer_hook, cancelled=cancelled, on_layer=on_layer)
         cache = cache if cache is not None else self.new_cache()
         ids = as_token_ids(ids)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
