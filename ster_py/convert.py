@@ -525,8 +525,8 @@ def _widening_notes(tensors, types: dict[str, str]) -> list[str]:
     notes = []
     if floats:
         notes.append(f"tensors written as floats of more bits than the source file gives them ({listed(floats)}) "
-                     "hold its rounded values: the file grows, its precision does not (convert the original unquantized checkpoint "
-                     "for a more precise file)")
+                     "hold its rounded values: the file grows, its precision does not (convert the original "
+                     "unquantized checkpoint for a more precise file)")
     if blocks:
         notes.append(f"tensors re-quantized from the source file's blocks to a type of more bits ({listed(blocks)}) "
                      "are rounded again, to the new type's grid: the file grows, but precision is lost, not kept "
