@@ -227,6 +227,41 @@ def test_ster_layout_q_k_v_merge_into_phi3_fused_rows(tmp_path):
     check_against_peft(tmp_path / "m", state, bf16=False, base=base_dir, targets=targets, n_expected=12)
 
 
+def test_the_readmes_ster_adapter_layout_loads_and_merges_as_it_says(tmp_path):
+    """README's `ster tune merge` describes ster's own adapter (a new user found no schema for it): its example
+    NAME.lora.json and the tensor names and shapes it gives, built on a tiny checkpoint (the example's model,
+    width and no more changed), are read by --adapter and merged as the README says, weight + alpha / rank * b @ a."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    m = re.search(r"^ {6}(\{\"model\": .*?\})$", readme[readme.index("### `ster tune merge`"):], re.S | re.M)
+    example = json.loads(m.group(1))
+    assert set(example) == {"model", "model_revision", "rank", "alpha", "targets", "layers", "hidden_size"}
+    base_dir = tmp_path / "base"
+    make_checkpoint(base_dir, "llama")
+    doc = {**example, "model": str(base_dir), "hidden_size": 64}
+    rank, heads, kv_heads, head_dim, hidden = doc["rank"], 4, 2, 16, 64   # tiny.SMALL
+    out = {"q": heads * head_dim, "v": kv_heads * head_dim}               # the README's [out, in] of q and v
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for n in doc["layers"]:
+        for role in doc["targets"]:
+            tensors[f"layers.{n}.{role}.a"] = (rng.standard_normal((rank, hidden)) * 0.1).astype(np.float32)
+            tensors[f"layers.{n}.{role}.b"] = (rng.standard_normal((out[role], rank)) * 0.1).astype(np.float32)
+    (tmp_path / "ad").mkdir()
+    save_file(tensors, str(tmp_path / "ad" / "NAME.lora.safetensors"))
+    (tmp_path / "ad" / "NAME.lora.json").write_text(json.dumps(doc))
+    loaded = load_model(str(base_dir))
+    ad = load_adapter_for(str(tmp_path / "ad" / "NAME"), loaded)
+    assert sorted(ad.factors) == [(n, r) for n in doc["layers"] for r in sorted(doc["targets"])]
+    merge_adapter(str(base_dir), str(tmp_path / "ad" / "NAME.lora.json"), tmp_path / "m")
+    base, merged = load_file(str(base_dir / "model.safetensors")), load_file(str(tmp_path / "m" / "model.safetensors"))
+    proj = {"q": "q_proj", "v": "v_proj"}
+    for n in doc["layers"]:
+        for role in doc["targets"]:
+            name = f"model.layers.{n}.self_attn.{proj[role]}.weight"
+            delta = doc["alpha"] / rank * tensors[f"layers.{n}.{role}.b"] @ tensors[f"layers.{n}.{role}.a"]
+            assert np.abs(merged[name] - (base[name] + delta)).max() < 1e-5, name
+
+
 def test_merged_dir_loads_in_transformers_and_ster_with_equal_logits(f32_case, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
