@@ -251,7 +251,7 @@ def tune_merge(
     from .tune.merge import merge_adapter, merge_adapter_to_gguf
 
     with progress_bar(enabled=not quiet) as progress:
-        if output.suffix == ".gguf":
+        if output.suffix.lower() == ".gguf":   # as convert reads the name: x.GGUF is a GGUF file, not a directory
             report = merge_adapter_to_gguf(model, adapter, output, type_name=type_, revision=revision,
                                            progress=progress)
         else:

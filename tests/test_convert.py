@@ -402,6 +402,30 @@ def test_merge_to_gguf_prints_convert_s_table_and_the_type_written(checkpoints, 
     assert doc["gguf"]["types"] == {"F16": 30, "F32": 9}
 
 
+def test_a_merge_named_as_a_gguf_file_is_a_gguf_file_whatever_its_case(checkpoints, tmp_path):
+    """``tune merge -o M.GGUF`` wrote a checkpoint directory named M.GGUF (only a lower-case .gguf chose the GGUF
+    writer, while convert takes either), and the library's merge_adapter(..., "m.gguf") wrote a directory under
+    that name: the first now writes one GGUF file, the second is refused naming merge_adapter_to_gguf."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ster_py.tune.merge import merge_adapter
+
+    base = AutoModelForCausalLM.from_pretrained(str(checkpoints / "llama"), dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(
+        str(tmp_path / "adapter"))
+    out = tmp_path / "M.GGUF"
+    r = ster("tune", "merge", "--model", str(checkpoints / "llama"), "--adapter", str(tmp_path / "adapter"),
+             "--output", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    assert out.is_file() and GGUFFile(out).metadata["general.architecture"] == "llama"
+    with pytest.raises(SterError, match=r"is named as a GGUF file, but merge_adapter writes a checkpoint directory; "
+                                        r"call merge_adapter_to_gguf"):
+        merge_adapter(str(checkpoints / "llama"), str(tmp_path / "adapter"), tmp_path / "m.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["M.GGUF", "adapter"]
+
+
 # ----------------------------------------------------------------------------- 4. command line
 
 def test_cli_convert_json(checkpoints, tmp_path):

@@ -107,7 +107,8 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
             projection the checkpoint lacks; shards naming one tensor twice; an existing
             ``output``; a merged tensor that is not finite in its stored dtype where the base's was
             (the adapter's scale or factors overflow it: a float16 weight stops at 65504); ``model``,
-            ``adapter`` or ``output`` None (or not text or a path), naming what to pass.
+            ``adapter`` or ``output`` None (or not text or a path), naming what to pass; an ``output`` named
+            *.gguf (``merge_adapter_to_gguf`` writes that).
     """
     from ..adapters import ADAPTER_PATH
     from ..config import spec_from_config
@@ -117,6 +118,10 @@ def merge_adapter(model: str, adapter: str | Path, output: str | Path, *, revisi
     check_path_arg(adapter, "merge_adapter", f"as adapter {ADAPTER_PATH}")
     check_path_arg(output, "merge_adapter", "as output the path of the directory to create")
     output = Path(output)
+    if output.suffix.lower() == ".gguf":   # it wrote a checkpoint directory under the GGUF file's name
+        raise SterError(f"--output {output} is named as a GGUF file, but merge_adapter writes a checkpoint "
+                        "directory; call merge_adapter_to_gguf for one GGUF file (as ster tune merge -o FILE.gguf "
+                        "does), or name the directory otherwise")
     if output.exists():
         raise SterError(f"--output {output} already exists; choose a new directory or remove it first")
     check_folder(output)  # a mistyped folder is refused before the base model is resolved
