@@ -14,7 +14,8 @@ File layout (written atomically): ``NAME.safetensors`` holds float32 tensors
 
 and ``NAME.json`` (the sidecar, also stored in the safetensors ``__metadata__``
 under ``ster``) records the writing ster_version, model, model_revision, precision, hidden_size, layers,
-position rule, chat template mode, and each prompt's text and token ids.
+position rule, chat template mode, the steering the prompts ran under (``steering``: null, or the vector's
+trait, method, layers, strength and file), and each prompt's text and token ids.
 """
 from __future__ import annotations
 
@@ -162,8 +163,8 @@ class Capture:
 
 
 def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str = "last", *,
-            chat_template: str = "auto", system: str | None = None,
-            progress: Progress | None = None) -> Capture:
+            chat_template: str = "auto", system: str | None = None, vector=None, strength: float = 1.0,
+            vector_path: str | None = None, layer_hook=None, progress: Progress | None = None) -> Capture:
     """Run each prompt through ``loaded.decoder`` and keep the residual stream at ``layers``.
 
     Args:
@@ -180,13 +181,23 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
             read as those tokens), as for generate.
         system: a system prompt placed before each prompt by the chat template (None: the template's
             default); refused without a template.
+        vector: a ``SteeringVector`` (``caa``, ``pca``, ``read_vector``) added at ``strength`` while the prompts
+            run, as ``generate --vector`` adds it: the states after its layers (and every later one) are the
+            steered model's. Checked against the model first (``check_vector_for``). The sidecar records it under
+            ``steering`` (trait, method, layers, strength, ``vector_path`` when given).
+        strength: the vector's multiplier (a finite number).
+        vector_path: the vector's file, named in messages and recorded (optional).
+        layer_hook: instead of a vector, any ``h = layer_hook(i, h)`` as ``Decoder.forward`` takes (the sidecar
+            records ``{"layer_hook": true}``: nothing else is known of it).
         progress: optional ``progress("capture", done, total)`` callback.
 
     Raises:
         SterError: ``loaded`` not a loaded model; an unknown position rule; no prompt, or a prompt that is
             not text; no layer, a layer out of range, not a whole number
             or given twice (a capture holds one array per layer and prompt: ``save_capture`` and
-            ``load_capture`` refuse anything else); or a prompt error.
+            ``load_capture`` refuse anything else); or a prompt error; a vector that does not fit the model
+            (another model, width or layers), a strength that is not a finite number, or both a vector and a
+            layer_hook.
     """
     if not all(hasattr(loaded, name) for name in ("decoder", "tokenizer", "spec")):
         raise SterError(f"capture takes a loaded model (load_model(...)), got {type(loaded).__name__}")
@@ -214,6 +225,7 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         twice = next(i for n, i in enumerate(layers) if i in layers[:n])
         raise SterError(f"layer {twice} is given twice; name each layer once")
     layers = [int(i) for i in layers]
+    hook, steering = _steering(loaded, vector, strength, vector_path, layer_hook)
     context = prompt_context(loaded.spec)
     encoded: list[Prompt] = [encode_prompt(loaded.tokenizer, p, system=system, chat_template=chat_template,
                                            context=context)
@@ -229,7 +241,7 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         # Float inputs to every product (as parity): the int16 / bfloat16 roundings of a product's inputs are
         # generation's speed trades, and a captured state must not depend on the prompt's length or the CPU.
         with float_activations():
-            loaded.decoder.forward(p.ids, hidden_states=hidden, last_only=True)
+            loaded.decoder.forward(p.ids, hidden_states=hidden, layer_hook=hook, last_only=True)
         for i in layers:
             h = hidden[i + 1]  # hidden[0] is the embedding output
             if not np.isfinite(h).all():  # saved, it was refused only by vector caa / pca, which said "capture again"
@@ -253,11 +265,28 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
         "model_type": loaded.spec.model_type, "precision": loaded.precision,
         "hidden_size": loaded.spec.hidden_size, "num_hidden_layers": n_layers,
         "layers": list(layers), "layer_numbering": LAYER_HELP, "position": position,
-        "chat_template": modes.pop() if len(modes) == 1 else "mixed",
+        "chat_template": modes.pop() if len(modes) == 1 else "mixed", "steering": steering,
         "prompts": [{"text": t, "token_ids": p.ids, "chat_template": p.chat_template}
                     for t, p in zip(prompts, encoded)],
     }
     return Capture(meta, states)
+
+
+def _steering(loaded, vector, strength, vector_path, layer_hook):
+    """capture's hook (None: unsteered) and its sidecar's ``steering`` record (None, or what the run added)."""
+    if vector is None:
+        if layer_hook is not None and not callable(layer_hook):
+            raise SterError(f"layer_hook must be a function h = layer_hook(i, h), got {type(layer_hook).__name__}")
+        return layer_hook, (None if layer_hook is None else {"layer_hook": True})
+    from .steering import check_vector_for, steering_hook
+
+    if layer_hook is not None:
+        raise SterError("give capture a steering vector or a layer_hook, not both")
+    hook = steering_hook(vector, strength)   # refuses what is not a vector, and a bad strength
+    check_vector_for(vector, loaded, vector_path or "given to capture")
+    return hook, {"vector_path": None if vector_path is None else str(vector_path), "trait": vector.trait,
+                  "method": vector.method, "layers": sorted(int(i) for i in vector.directions),
+                  "strength": float(strength)}
 
 
 def _tensor_names(meta: dict) -> list[tuple[str, int, int | None]]:

@@ -17,7 +17,7 @@ from .capture import LAYER_HELP
 from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
                   _check_device, _model_or_default, _use_threads, app, err, flag, out, print_report, progress_bar,
                   show_warnings, tune_app, vector_app, version_fields, warn)
-from .errors import terminal_text
+from .errors import SterError, terminal_text
 
 
 
@@ -172,13 +172,18 @@ def capture(
     chat_template: ChatTemplate = typer.Option(ChatTemplate.auto, help="auto: wrap each prompt in the model's "
                                                "chat template when it has one; off: raw text."),
     system: Optional[str] = typer.Option(None, help="System prompt (needs a chat template)."),
+    vector: Optional[Path] = typer.Option(None, help="Steering vector JSON (from `ster vector caa`) added while "
+                                          "the prompts run, as `ster generate --vector` adds it: the states are "
+                                          "the steered model's (recorded in the sidecar as steering)."),
+    strength: Optional[float] = typer.Option(None, help="Multiplier for --vector (default 1.0)."),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is f32."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar)."""
+    """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar); with
+    --vector, of the steered model."""
     from .capture import (capture as run, check_capture_output, format_layers, parse_layers, read_prompts,
                           save_capture)
     from .load import load_model
@@ -187,17 +192,27 @@ def capture(
     _use_threads(threads)
     texts = read_prompts(prompt, prompts)
     check_capture_output(output)   # before the model runs
+    if strength is not None and vector is None:
+        raise SterError("--strength needs --vector (a steering vector file)")
+    steer = None
+    if vector is not None:   # a malformed vector, or one made for another model, costs no weight read
+        from .steering import check_vector_fit, read_vector
+
+        steer = read_vector(vector)
     with progress_bar(enabled=not quiet) as progress:
-        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress)
+        loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
+                            check=None if steer is None else lambda r, spec: check_vector_fit(steer, r, spec, vector))
         show_warnings(loaded)
         chosen = parse_layers(layers, loaded.spec.num_hidden_layers)
         cap = run(loaded, texts, chosen, position.value, chat_template=chat_template.value, system=system,
-                  progress=progress)
+                  vector=steer, strength=1.0 if strength is None else strength,
+                  vector_path=None if vector is None else str(vector), progress=progress)
     written = save_capture(cap, output)
     if quiet:
         return
+    steered = "" if steer is None else f", steered at strength {cap.meta['steering']['strength']:g}"
     err.print(f"[dim]{len(texts)} prompt(s), layers {format_layers(chosen)}, position "
-              f"{position.value}, chat template {cap.meta['chat_template']}: wrote "
+              f"{position.value}, chat template {cap.meta['chat_template']}{steered}: wrote "
               f"{escape(', '.join(map(str, written)))}[/]")
 
 

@@ -330,6 +330,24 @@ def _check_same_encoding(pm: dict, nm: dict) -> None:
                         "both sides with the same --chat-template")
 
 
+def _check_same_steering(pm: dict, nm: dict) -> None:
+    """Refuse captures made under different steering (``capture``'s vector or layer_hook, the sidecar's
+    ``steering``; a capture without the field ran unsteered): their difference would hold the steering's
+    own effect beside the trait's."""
+    a, b = pm.get("steering"), nm.get("steering")
+    if a != b:
+        def shown(st):
+            if not isinstance(st, dict):
+                return "unsteered"
+            if st.get("layer_hook"):
+                return "under a layer_hook"
+            name, k = str(st.get("trait") or st.get("vector_path") or "a vector")[:80], st.get("strength")
+            shown_k = f"{k:g}" if isinstance(k, (int, float)) and not isinstance(k, bool) else str(k)[:20]
+            return f"steered by {name!r} at strength {shown_k}"
+        raise SterError(f"the captures ran under different steering (positive {shown(a)}, negative {shown(b)}): "
+                        "capture both sides alike")
+
+
 def _shared_layers(positive, negative, layers) -> list[int]:
     """The layers both captures hold, or ``layers`` of them (whole numbers; SterError otherwise)."""
     import numbers
@@ -364,7 +382,8 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
     Raises:
         SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
             its states); captures of different models, widths or position rules, or one encoded through the
-            chat template and the other as raw text; no common layer; a zero difference (identical sides).
+            chat template and the other as raw text, or run under
+            different steering (``capture``'s vector); no common layer; a zero difference (identical sides).
     """
     _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
@@ -376,6 +395,7 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         raise SterError(f"the captures use different --position rules (positive {pm.get('position')}, "
                         f"negative {nm.get('position')}); capture both sides the same way")
     _check_same_encoding(pm, nm)
+    _check_same_steering(pm, nm)
     common = _shared_layers(positive, negative, layers)
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
@@ -392,6 +412,7 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         raw[str(i)] = norm
         resid[str(i)] = float(np.linalg.norm(np.concatenate([p, n]), axis=1).mean())
     meta = {"position": pm.get("position"), "chat_template": [pm.get("chat_template"), nm.get("chat_template")],
+            "steering": pm.get("steering"),
             "model_type": pm.get("model_type"),
             "positive": sources[0], "negative": sources[1],
             "positive_prompts": len(pm.get("prompts", [])), "negative_prompts": len(nm.get("prompts", [])),
@@ -420,8 +441,8 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
     Raises:
         SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
             its states); captures of different models, widths or position rules, or one encoded through the
-            chat template and the other as raw text; ``all``-position captures (no pairing); unequal prompt
-            counts; no common layer; a layer whose differences are all zero.
+            chat template and the other as raw text, or run under different steering; ``all``-position captures
+            (no pairing); unequal prompt counts; no common layer; a layer whose differences are all zero.
     """
     _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
@@ -430,6 +451,7 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
             raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
                             "capture both sides with the same model and --position")
     _check_same_encoding(pm, nm)
+    _check_same_steering(pm, nm)
     if pm.get("position") == "all":
         raise SterError("PCA pairs prompt j of each side: capture with --position last or mean (one row per prompt), "
                         "not all")
@@ -457,6 +479,7 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         explained[str(i)] = float(sv[0] ** 2 / (sv ** 2).sum())
         agree[str(i)] = float((proj > 0).mean())
     meta = {"position": pm.get("position"), "chat_template": [pm.get("chat_template"), nm.get("chat_template")],
+            "steering": pm.get("steering"),
             "model_type": pm.get("model_type"), "positive": sources[0], "negative": sources[1], "pairs": n_pos,
             "explained": explained, "positive_side": agree, "precision": pm.get("precision"),
             "layer_numbering": "layer i = residual stream after decoder layer i (0-based), as in ster capture"}

@@ -373,3 +373,87 @@ def test_cli_vectors_refuse_a_capture_holding_infinity(tmp_path):
         assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
         assert f"{pos}: layers.1 row 0 (prompt 0) holds NaN or infinity" in " ".join(r.stderr.split())
         assert not out.exists()
+
+
+def test_steered_capture_equals_transformers_with_the_vector_hooked(tiny, tmp_path):
+    """capture(vector=..., strength=...) and ``ster capture --vector --strength``: the residual stream of the
+    steered model, against transformers with the same directions added by forward hooks on the same decoder
+    layers' outputs (the last layer's included); the sidecar records the steering; CAA refuses a steered
+    capture against an unsteered one; --strength alone and a vector of another width are refused before the
+    model runs."""
+    import torch
+
+    from ster_py.steering import SteeringVector, caa, write_vector
+
+    path, model, ids = tiny
+    rng = np.random.default_rng(4)
+    dirs = {0: rng.standard_normal(64), 2: rng.standard_normal(64)}
+    dirs = {i: (d / np.linalg.norm(d)).astype(np.float32) for i, d in dirs.items()}
+    vec = SteeringVector(str(path), None, 64, "t", "caa", dirs)
+    write_vector(vec, tmp_path / "v.json")
+    strength = 3.0
+
+    def adder(d):
+        def hook(mod, args, out):
+            if isinstance(out, tuple):
+                return (out[0] + torch.from_numpy(strength * d),) + tuple(out[1:])
+            return out + torch.from_numpy(strength * d)
+        return hook
+
+    def keep(i, seen):   # registered after the adders: sees each layer's output as the next layer gets it
+        return lambda mod, args, out: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0].numpy())
+
+    # (not output_hidden_states: transformers records those by hooks of its own, installed at the model's first
+    # call, which may run before the adders and see a layer's output unsteered)
+    layers = model.model.layers
+    expected = []
+    for p in ids:
+        seen: dict = {}
+        handles = [layers[i].register_forward_hook(adder(d)) for i, d in dirs.items()]
+        handles += [layer.register_forward_hook(keep(i, seen)) for i, layer in enumerate(layers)]
+        try:
+            with torch.no_grad():
+                model(torch.tensor([p]))
+        finally:
+            for h in handles:
+                h.remove()
+        expected.append([seen[i] for i in range(len(layers))])
+    loaded = load_model(str(path))
+    cap = capture(loaded, PROMPTS, [0, 1, 2], "all", vector=vec, strength=strength, vector_path="v.json")
+    assert cap.meta["steering"] == {"vector_path": "v.json", "trait": "t", "method": "caa", "layers": [0, 2],
+                                    "strength": 3.0}
+    for p in range(len(PROMPTS)):
+        for layer in range(3):
+            assert rel_err(cap.states[layer][p], expected[p][layer]) < 1e-4, (p, layer)
+    plain = capture(loaded, PROMPTS, [1], "all")
+    assert plain.meta["steering"] is None
+    assert rel_err(plain.states[1][0], expected[0][1]) > 1e-2   # the steering moved the states
+
+    out = tmp_path / "s.safetensors"
+    r = ster("capture", "-m", str(path), "--prompts", str(_write_prompts(tmp_path)), "--layers", "0..2",
+             "--position", "last", "--vector", str(tmp_path / "v.json"), "--strength", "3", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "steered at strength 3" in r.stderr
+    back = load_capture(out)
+    assert back.meta["steering"]["strength"] == 3.0 and back.meta["steering"]["layers"] == [0, 2]
+    for layer in range(3):
+        assert rel_err(back.rows(layer), np.stack([e[layer][-1] for e in expected])) < 1e-4
+    unsteered = capture(loaded, PROMPTS, [0, 1, 2], "last")
+    with pytest.raises(SterError, match="different steering \\(positive steered by 't' at strength 3"):
+        caa(back, unsteered)
+
+    wide = SteeringVector(str(path), None, 32, "t", "caa", {0: np.ones(32, np.float32) / np.sqrt(32)})
+    write_vector(wide, tmp_path / "w.json")
+    for args, words in ((["--strength", "2"], "--strength needs --vector"),
+                        (["--vector", str(tmp_path / "w.json")], "is 32 wide, but this model's hidden_size is 64")):
+        r = ster("capture", "-m", str(path), "-p", "w5", "-o", str(tmp_path / "x.safetensors"), *args)
+        assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "x.safetensors").exists()
+    with pytest.raises(SterError, match="a steering vector or a layer_hook, not both"):
+        capture(loaded, PROMPTS, [0], vector=vec, layer_hook=lambda i, h: h)
+
+
+def _write_prompts(tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(PROMPTS) + "\n")
+    return f
