@@ -19,12 +19,14 @@ def save_conversation(messages: list[dict], path: Path) -> None:
     """Write ``messages`` (OpenAI-shaped dicts) as a JSON array at ``path``, atomically (chat's ``/save``):
     indented, or compact when the indented form is over what ``/load`` reads.
 
-    An earlier save of this conversation at ``path`` (a JSON array of messages that is a prefix of ``messages``)
-    is replaced; any other existing file is kept, including a messages list of another conversation.
+    An earlier save of this conversation at ``path`` is replaced: a JSON array of messages that, read as ``/load``
+    reads it, is a prefix of ``messages``, or of ``messages`` after their system prompt when the file has none
+    (``ster chat --messages FILE --system TEXT`` continues FILE's conversation under a system prompt). Any other
+    existing file is kept, including a messages list of another conversation.
 
     Raises:
         SterError: ``path`` is a directory or a symlink to a missing file, or exists and is not a JSON array of
-            messages (each an object with a string ``role``), or holds another conversation (its messages are not a prefix of ``messages``);
+            messages (each an object with a string ``role``), or holds another conversation (``continues`` is false);
             the compact JSON is larger than ``/load`` and ``--messages`` read (``MAX_INPUT_FILE_BYTES``); "cannot write
             PATH: ..." when its directory cannot take the file. Nothing is written then.
     """
@@ -53,11 +55,27 @@ def save_conversation(messages: list[dict], path: Path) -> None:
         if not (isinstance(doc, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in doc)):
             raise SterError(f"/save {path}: that file exists and is not a saved conversation; give another name or "
                             "move that file")
-        if doc != messages[:len(doc)]:
+        if not continues(doc, messages):
             raise SterError(f"{path} holds another conversation ({plural(len(doc), 'message')}); /save to a new "
                             "name")
     with atomic_outputs(path) as (tmp,):
         tmp.write_bytes(data)
+
+
+def continues(saved: list[dict], messages: list[dict]) -> bool:
+    """Whether ``messages`` continue the conversation ``saved`` (a file's messages, each a dict with a ``role``):
+    ``saved``, as ``load_conversation`` normalizes it, is their beginning, or follows their system prompt when it
+    has none of its own (``--system`` put one before the file's messages)."""
+    from .server_request import RequestError, normalize_messages
+
+    try:
+        saved = normalize_messages(saved)   # as --messages and /load read it (text parts joined, ...)
+    except (RequestError, KeyError, TypeError):  # a file they would refuse: compared as it is
+        pass
+    if saved == messages[:len(saved)]:
+        return True
+    return (bool(messages) and messages[0]["role"] == "system" and all(m["role"] != "system" for m in saved)
+            and saved == messages[1:len(saved) + 1])
 
 
 #: /file reads at most this many bytes, as --prompt-file does; the context refuses a long text far sooner.

@@ -622,6 +622,31 @@ def test_messages_says_what_it_loaded_and_save_names_a_dangling_symlink(tiny_cha
     assert status == 0 and "loaded" not in err, err
 
 
+def test_save_goes_back_to_the_file_messages_loaded_under_a_system_prompt(tiny_chat, tmp_path):
+    """`ster chat --messages conv.json --system TEXT` then `/save conv.json` said "conv.json holds another
+    conversation", though the chat continued that very file (--system put its prompt before the file's messages).
+    It is saved there now, the file's messages after the system prompt; another conversation is still refused and
+    the file left as it was."""
+    conv = tmp_path / "conv.json"
+    saved = [{"role": "user", "content": "w10"}, {"role": "assistant", "content": "w11"}]
+    conv.write_text(json.dumps(saved))
+    status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q", "--messages",
+                              str(conv), "--system", "w20", stdin=f"w12\n/save {conv}\n")
+    assert status == 0 and not _errors(err), err
+    messages = json.loads(conv.read_text())
+    assert messages[:3] == [{"role": "system", "content": "w20"}, *saved]
+    assert [m["role"] for m in messages[3:]] == ["user", "assistant"] and messages[3]["content"] == "w12"
+    before = conv.read_bytes()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{"role": "user", "content": "w30"}, {"role": "assistant", "content": "w31"}]))
+    for args in (["--messages", str(other)], ["--messages", str(other), "--system", "w20"], ["--system", "w20"]):
+        status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q", *args,
+                                  stdin=f"w12\n/save {conv}\n")
+        assert status == 1 and _errors(err) == [f"error: {conv} holds another conversation (5 messages); /save to "
+                                                "a new name"], (args, err)
+        assert conv.read_bytes() == before
+
+
 def test_session_reply_checks_its_stop_strings(tiny_chat):
     """``Session.reply(stops=...)`` as a library call: one text is one stop string (it was read as its
     characters: "w99" cut the reply at its first "w"), and an empty one is refused as ``--stop ""`` is."""
