@@ -54,4 +54,5 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    """The module's names and the front door's, each once (a lazy name is a global too once used)."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -1544,6 +1544,17 @@ def test_the_front_doors_functions_document_every_argument():
     assert not {name: args for name, args in missing.items() if args}
 
 
+def test_dir_of_the_package_lists_each_front_door_name_once():
+    """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
+    name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
+    import ster_py
+
+    for _ in range(2):
+        names = dir(ster_py)
+        assert len(names) == len(set(names)) and set(ster_py._LAZY) <= set(names), names
+        from ster_py import Sampling, Session, load_model  # noqa: F401  (binds them as globals)
+
+
 @pytest.mark.real
 def test_the_readmes_library_example_runs_as_printed(smollm2_gguf):
     """README.md's "As a library" example, run as printed (the preset's file in place of its name): the
