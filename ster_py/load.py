@@ -86,8 +86,8 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
 
     Raises:
         SterError: anything the user can fix: a refused model, a missing file, a bad tensor;
-            whatever ``check`` raises; ``revision`` not a str, ``check`` not callable; ``quantize`` for a GGUF
-            model or of an unknown kind; a kernel
+            whatever ``check`` raises; ``revision`` not a str (``resolve``), ``check`` not callable;
+            ``quantize`` for a GGUF model or of an unknown kind; a kernel
             setting ($STER_THREADS, $STER_SIMD_LEVEL, $STER_INTERLEAVE, $STER_F32_PANELS, $STER_BF16_INPUTS) the kernels
             would not understand (``check_kernel_env``).
     """
@@ -95,8 +95,6 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
 
     check_kernel_env()  # STER_BF16_INPUTS=false would otherwise pass for a setting (it is the CPU's default)
     precision_dtype(precision)  # refuse a bad precision before touching anything
-    if revision is not None and not isinstance(revision, str):   # recorded as model_revision, which artifacts
-        raise SterError(f"revision must be a text (a branch, tag or commit) or None, got {revision!r}")  # read as text
     if check is not None and not callable(check):
         raise SterError(f"check must be a function check(resolved, spec), got {type(check).__name__}")
     if quantize is not None and quantize not in QUANTIZE_TYPES:

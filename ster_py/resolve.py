@@ -111,8 +111,20 @@ def model_text(model) -> str:
     return model
 
 
+def check_revision(revision) -> None:
+    """Refuse a library caller's ``revision`` that is neither None nor a str (``revision=5``): it is recorded as
+    ``model_revision``, which captures, vectors and adapters made from the model must hold as text.
+
+    Raises:
+        SterError naming the value.
+    """
+    if revision is not None and not isinstance(revision, str):
+        raise SterError(f"revision must be a text (a branch, tag or commit) or None, got {revision!r}")
+
+
 def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
-            weights: bool = True, before_weights: Callable[[Resolved], None] | None = None) -> Resolved:
+            weights: bool = True, before_weights: Callable[[Resolved], None] | None = None,
+            tokenizer: bool = True) -> Resolved:
     """Resolve ``model`` (a string, or an ``os.PathLike`` taken as its path's text) to a :class:`Resolved`
     without reading any weight.
 
@@ -155,6 +167,9 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             (``ster tokenize``, ``ster template render``): a Hub model's weight files
             are then neither downloaded nor required in the cache, and ``Resolved.weights``
             is empty for it. Local models are resolved as usual (nothing is read).
+        tokenizer: False for callers that describe a model without running it (``ster inspect``): a local
+            directory without a tokenizer ster reads is then resolved with ``tokenizer_path`` None, and why
+            ("tokenizer is missing: ...", what ster needs to run the model) is the last of its ``notes``.
         before_weights: optional ``before_weights(resolved)``, called just before weight
             bytes would be downloaded, so that a caller can refuse what cannot fit the model
             without paying for the download: for a Hub model once its config is read and gated
@@ -173,16 +188,18 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
         Resolved.
 
     Raises:
-        SterError: for every refusal: missing or ambiguous files, unreadable
+        SterError: for every refusal: a ``revision`` that is not a str (``check_revision``); missing or
+            ambiguous files, unreadable
             or invalid config.json, an architecture the gate refuses (raised by
             ``ster_py.families.gate``), a Mistral params.json this build does not run, an
             unreachable/missing/gated repository or revision, a cache that
             lacks the model under ``HF_HUB_OFFLINE``, or a failed download.
     """
     model = model_text(model)
+    check_revision(revision)
     path = user_path(model, "the model path")
     if path.is_dir():
-        return _resolve_dir(model, path.absolute(), revision)
+        return _resolve_dir(model, path.absolute(), revision, tokenizer)
     if path.is_file():
         if path.name.endswith(".gguf"):
             gguf = path.absolute()
@@ -220,12 +237,12 @@ def _looks_like_path(model: str) -> bool:
 # --------------------------------------------------------------------------- local
 
 
-def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
+def _resolve_dir(model: str, root: Path, revision: str | None, tokenizer: bool = True) -> Resolved:
     names = _list_dir(root)
     ggufs = sorted(n for n in names if n.endswith(".gguf") and (root / n).is_file())
     if CONFIG not in names:
         if "params.json" in names:
-            return _resolve_mistral_dir(model, root, names, revision)
+            return _resolve_mistral_dir(model, root, names, revision, tokenizer=tokenizer)
         if len(ggufs) == 1:
             gguf = root / ggufs[0]
             return Resolved(model, "gguf", root, None, None, None, (gguf,), gguf, revision, None)
@@ -236,9 +253,15 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
             "tokenizer.json and *.safetensors weights (or a single .gguf file)"
         )
     config_path = root / CONFIG
-    tokenizer_path = _require_tokenizer(root, names)
+    try:
+        tokenizer_path, missing = _require_tokenizer(root, names), None
+    except SterError as e:
+        if tokenizer:
+            raise
+        tokenizer_path, missing = None, str(e)
     config = read_config(config_path)
     config, family, notes = _gate(config, config_path)
+    notes = _with_missing_tokenizer(notes, missing)
     weights = _safetensors_in(root, names)
     if weights:
         _check_index(root, names)
@@ -254,7 +277,7 @@ def _resolve_dir(model: str, root: Path, revision: str | None) -> Resolved:
 
 
 def _resolve_mistral_dir(model: str, root: Path, names: list[str], revision: str | None,
-                         with_weights: bool = True) -> Resolved:
+                         with_weights: bool = True, tokenizer: bool = True) -> Resolved:
     """A directory in Mistral's own format: params.json (put in the Transformers shape by
     ``mistral_format.config_from_params``, then gated), the consolidated* weights, and a tokenizer.json
     or Mistral's tekken.json beside them (a SentencePiece tokenizer.model alone is refused by name)."""
@@ -264,20 +287,33 @@ def _resolve_mistral_dir(model: str, root: Path, names: list[str], revision: str
     params_path = root / PARAMS
     params = read_config(params_path)
     config = config_from_params(params, params_path)
-    tokenizer = TOKENIZER if TOKENIZER in names else TEKKEN if TEKKEN in names else None
-    if tokenizer is None:
+    tokenizer_name = TOKENIZER if TOKENIZER in names else TEKKEN if TEKKEN in names else None
+    missing = None
+    if tokenizer_name is None:
         found = [n for n in names if n.startswith("tokenizer.model")]
         hint = (f" (found {', '.join(found)}: ster does not read a SentencePiece tokenizer.model; use the "
                 "Transformers-format checkpoint's tokenizer.json, or write one beside params.json, e.g. with "
                 "transformers' AutoTokenizer(...).save_pretrained)" if found else "")
-        raise SterError(f"tokenizer is missing: {root / TOKENIZER} (or Mistral's {TEKKEN}){hint}")
+        missing = f"tokenizer is missing: {root / TOKENIZER} (or Mistral's {TEKKEN}){hint}"
+        if tokenizer:
+            raise SterError(missing)
     config, family, notes = _gate(config, params_path)
+    notes = _with_missing_tokenizer(notes, missing)
     weights = tuple(root / n for n in weight_names(names) if (root / n).is_file())
     if not weights and with_weights:
         raise SterError(f"model directory {root} in Mistral's own format (params.json) holds no "
                         "consolidated*.safetensors weights; download them")
-    return Resolved(model, "safetensors", root, config, params_path, root / tokenizer, weights, None, revision,
-                    family, notes)
+    return Resolved(model, "safetensors", root, config, params_path,
+                    None if tokenizer_name is None else root / tokenizer_name, weights, None, revision, family, notes)
+
+
+def _with_missing_tokenizer(notes, missing: str | None) -> tuple[str, ...]:
+    """``notes`` and, when the tokenizer is ``missing`` (``resolve(tokenizer=False)``), the line saying so."""
+    if missing is None:
+        return tuple(notes)
+    return (*notes, f"{missing}; ster read the rest of the model without it, but needs that tokenizer to run the "
+                    "model (generate, chat, serve, tokenize, ...): put the model's tokenizer.json in "
+                    "the directory")
 
 
 def _list_dir(root: Path) -> list[str]:

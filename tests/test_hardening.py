@@ -271,6 +271,11 @@ def test_load_model_refuses_a_revision_or_check_of_the_wrong_type(kwargs, words,
     monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)   # refused before any lookup
     with pytest.raises(SterError, match=words):
         load_model("/nonexistent/model", **kwargs)
+    if "revision" in kwargs:   # load_tokenizer and merge_adapter resolve the model as load_model does
+        from ster_py.load import load_tokenizer
+
+        with pytest.raises(SterError, match=words):
+            load_tokenizer("org/some-model", **kwargs)
 
 
 def test_cli_empty_model_is_refused_not_the_default_preset(tmp_path):
