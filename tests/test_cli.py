@@ -402,3 +402,30 @@ def test_a_bare_prompt_or_a_model_option_on_convert_is_understood(tiny_llama, tm
     assert r.returncode == 1 and "WordLevel tokenizer" in r.stderr and str(path) in r.stderr, r.stderr
     r = ster("convert", "-o", str(tmp_path / "none.gguf"))
     assert r.returncode == 1 and "no model given" in r.stderr and not (tmp_path / "none.gguf").exists()
+
+
+def test_readmes_errors_section_gives_each_choice_option_its_exit_status(tiny_llama, tmp_path):
+    """README's "Errors" listed a ``--thinking`` value among the bad values that get one ``error:`` line and exit
+    status 1, but ``--thinking`` is a choice option: ``--thinking maybe`` is a usage error (exit 2). Each option the
+    section names on either side is run with a bad value and exits as the section says."""
+    from pathlib import Path
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    errors = readme.split("\n## Errors\n", 1)[1]
+    one_line = errors.split("is printed as one `error:` line", 1)[0]
+    usage = errors.split("outside the choices `--help` lists for", 1)[1].split("gets the usage message", 1)[0]
+    exit_1 = re.findall(r"`(--[a-z-]+)` value", one_line)
+    exit_2 = re.findall(r"`(--[a-z-]+)`", usage)
+    assert "--kv-cache" in exit_1 and "--thinking" in exit_2 and not set(exit_1) & set(exit_2), (exit_1, exit_2)
+    model = str(tiny_llama[0])
+    runs = {"--position": ["capture", "-m", model, "--prompt", "hi", "-o", str(tmp_path / "c.safetensors")],
+            "--reference": ["parity", "-m", model, "--prompt", "hi"],
+            "--type": ["convert", model, "-o", str(tmp_path / "m.gguf")]}
+    for option, status in [*((o, 1) for o in exit_1), *((o, 2) for o in exit_2)]:
+        args = runs.get(option, ["generate", "-m", model, "--prompt", "hi", "--max-new-tokens", "1"])
+        r = ster(*args, option, "maybe")
+        assert r.returncode == status, (option, r.returncode, r.stderr)
+        if status == 1:
+            assert r.stderr.count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir())
