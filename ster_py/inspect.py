@@ -68,14 +68,27 @@ def _moe_dims(spec) -> dict[str, Any]:
     return out
 
 
+def _template_without_tokenizer(root) -> bool:
+    """Whether a checkpoint directory without a tokenizer has a default chat template, read as
+    ``Tokenizer.from_dir`` reads it (chat_template.jinja, additional_chat_templates/, tokenizer_config.json); a
+    file it cannot read counts as none."""
+    from .tokenizer import _read_chat_templates, _read_json_object
+
+    try:
+        templates, error = _read_chat_templates(root, _read_json_object(root / "tokenizer_config.json"))
+    except SterError:
+        return False
+    return error is None and "default" in templates
+
+
 _GGUF_FLOATS = {"F16": np.float16, "BF16": ml_dtypes.bfloat16}   # GGUF float types 'auto' keeps
 
 
 def inspect_model(model: str, revision: str | None = None, *, precision: str = "f32", progress=None) -> dict:
     """A JSON-ready description of ``model``.
 
-    Keys: model, model_revision, kind, architecture, family, dimensions, tokenizer,
-    chat_template (bool), tensors (count per stored type), parameters, file_bytes,
+    Keys: model, model_revision, kind, architecture, family, dimensions, tokenizer (None for a checkpoint
+    directory without one ster reads: a warning says so and what ster needs to run it), chat_template (bool), tensors (count per stored type), parameters, file_bytes,
     resident_bytes (weights held once loaded: GGUF-quantized matrices as stored, every other
     tensor at ``precision``; 'auto' keeps float32/float16/bfloat16 tensors as stored), kv_bytes_per_position (what the f32 cache holds per position over the
     layers that attend: keys and values, or a latent layer's latent and rotated key part), for latent
@@ -88,7 +101,7 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         SterError: whatever resolution or header validation refuses.
     """
     precision_dtype(precision)  # refuse an unknown precision before resolving
-    r = resolve(model, revision, progress=progress)
+    r = resolve(model, revision, progress=progress, tokenizer=False)   # without one: described, and said
     info: dict[str, Any] = {"model": model, "model_revision": r.model_revision, "kind": r.kind}
     g = None
     if r.gguf_file is not None:
@@ -127,17 +140,19 @@ def inspect_model(model: str, revision: str | None = None, *, precision: str = "
         source = str(r.config_path)
         check_config(r.config, source)
         spec = check_spec(interpret(source, spec_from_config, r.config, r.family, source), source)
-        tok = Tokenizer.from_dir(r.root)
-        notes = list(tok.notes)
-        try:
-            has_template = tok.chat_template is not None
-        except SterError as e:  # a template file not UTF-8, a malformed chat_template: shown, not fatal here
-            has_template = False
-            notes.append(str(e))
+        if r.tokenizer_path is None:   # resolve's notes say it is missing and what ster needs to run the model
+            tokenizer, notes, has_template = None, [], _template_without_tokenizer(r.root)
+        else:
+            tok = Tokenizer.from_dir(r.root)
+            tokenizer, notes = f"tokenizer.json:{type(tok.tk.model).__name__}", list(tok.notes)
+            try:
+                has_template = tok.chat_template is not None
+            except SterError as e:  # a template file not UTF-8, a malformed chat_template: shown, not fatal here
+                has_template = False
+                notes.append(str(e))
         architectures = r.config.get("architectures")
         info.update(architecture=architectures[0] if isinstance(architectures, list) and architectures else None,
-                    family=r.family.model_type, tokenizer=f"tokenizer.json:{type(tok.tk.model).__name__}",
-                    chat_template=has_template)
+                    family=r.family.model_type, tokenizer=tokenizer, chat_template=has_template)
     if g is not None:
         tensors = list(g.tensors.values())
         info["tensors"] = dict(Counter(t.type_name for t in tensors))

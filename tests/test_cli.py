@@ -146,6 +146,31 @@ def test_inspect_json(tiny_llama):
     assert info["parameters"] == sum(p.numel() for p in model.state_dict().values())
 
 
+def test_inspect_describes_a_checkpoint_without_its_tokenizer(tiny_llama, tmp_path):
+    """`ster inspect DIR` of a checkpoint without tokenizer.json failed with "error: tokenizer is missing", though
+    inspect reads headers: it describes the rest now, its tokenizer null (- in the table) and a warning saying it
+    is missing and that ster needs it to run the model, with status 0; running the model is still refused."""
+    import shutil
+
+    path, model = tiny_llama
+    bare = tmp_path / "bare"
+    shutil.copytree(path, bare)
+    (bare / "tokenizer.json").unlink()
+    r = ster("inspect", str(bare), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["tokenizer"] is None and info["chat_template"] is False and info["family"] == "llama"
+    assert info["parameters"] == sum(p.numel() for p in model.state_dict().values())
+    (warning,) = [w for w in info["warnings"] if "tokenizer" in w]
+    assert warning.startswith(f"tokenizer is missing: {bare / 'tokenizer.json'}") and "to run the model" in warning
+    assert r.stderr.count("warning: tokenizer is missing") == 1 and "error" not in r.stderr, r.stderr
+    r = ster("inspect", str(bare))
+    assert r.returncode == 0 and "warning: tokenizer is missing" in r.stderr, r.stderr
+    assert [line.split() for line in r.stdout.splitlines() if line.startswith("tokenizer ")] == [["tokenizer", "-"]]
+    r = ster("generate", "--model", str(bare), "--prompt", "w5", "--max-new-tokens", "1")
+    assert r.returncode == 1 and r.stderr.startswith("error: tokenizer is missing"), r.stderr
+
+
 def test_generate_json_says_whether_inputs_were_rounded_to_bf16(tmp_path, tiny_llama):
     """``bf16_inputs`` in generate --json: true for a bf16 checkpoint's prompt on a CPU with AVX512_BF16
     (``qmatmul.bf16_inputs``), false with STER_BF16_INPUTS=0 and for a float32 checkpoint."""
