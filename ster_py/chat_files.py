@@ -83,13 +83,14 @@ MAX_MESSAGE_FILE_BYTES = 32 << 20
 
 
 def read_message_file(name: str) -> str:
-    """The text ``/file NAME`` sends: a UTF-8 file of at most ``MAX_MESSAGE_FILE_BYTES``, not blank.
+    """The text ``/file NAME`` sends: a UTF-8 file of at most ``MAX_MESSAGE_FILE_BYTES``, not blank, without
+    its final line break ("\n" or "\r\n", as ``--prompt-file`` drops it).
 
     Raises:
         SterError: missing or unreadable, a directory (or a pipe, a device), too large, binary (not UTF-8,
             or holding NUL bytes), empty or only whitespace.
     """
-    from .cli_text import read_input_file
+    from .cli_text import read_input_file, without_final_newline
 
     if name == "-":
         raise SterError("/file -: the chat reads your messages from stdin; give a file name")
@@ -104,7 +105,7 @@ def read_message_file(name: str) -> str:
                         "text file")
     if not text.strip():
         raise SterError(f"/file {name}: the file is {'empty' if not text else 'only whitespace'}; nothing was sent")
-    return text
+    return without_final_newline(text)
 
 
 def load_conversation(name: str, what: str) -> list[dict]:

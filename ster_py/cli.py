@@ -504,7 +504,8 @@ def generate(
     ctx: typer.Context,
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The user's text."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the user's text from a file "
-                                               "(UTF-8; - reads stdin) instead of --prompt."),
+                                               "(UTF-8; - reads stdin) instead of --prompt; one final line "
+                                               "break is dropped, as llama.cpp's -f does."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main); "
                                            "recorded verbatim for local models."),
@@ -567,10 +568,10 @@ def generate(
     if prompt is None and prompt_file is None:
         raise SterError("give the text with --prompt or --prompt-file (one of them)")
     if prompt_file is not None:
-        from .cli_text import read_input_file
+        from .cli_text import read_input_file, without_final_newline
 
         try:
-            prompt = read_input_file(prompt_file, "prompt file", 32 << 20).decode("utf-8")
+            prompt = without_final_newline(read_input_file(prompt_file, "prompt file", 32 << 20).decode("utf-8"))
         except UnicodeDecodeError as e:
             raise SterError(f"the prompt file {prompt_file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     check_prompt_text(prompt, "--prompt" if prompt_file is None else "the prompt file")  # before anything is loaded

@@ -31,7 +31,7 @@ BLOCK = '"""'
 
 CHAT_COMMANDS = f"""commands:
   {BLOCK}                     alone on a line: the lines up to the next {BLOCK} line are one message
-  /file FILE              send the text in FILE as your message
+  /file FILE              send the text in FILE (less one final line break) as your message
   /system TEXT            set the system prompt (starts the conversation over)
   /reset                  forget the conversation (the system prompt stays)
   /save FILE              write the conversation as JSON messages

@@ -54,6 +54,13 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
         raise SterError(f"cannot read the {what} {path}: {e.strerror or e}") from None
 
 
+def without_final_newline(text: str) -> str:
+    """A prompt file's text as the message it stands for: one final line break ("\n" or "\r\n") dropped,
+    as llama.cpp's ``-f`` drops it (an editor or ``echo`` ends a file with one; sent, it changes the answer).
+    Other whitespace, a second line break included, is the file's text and stays."""
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
 def _read_text(text: Optional[str], file: Optional[Path]) -> str:
     if (text is None) == (file is None):
         raise SterError("give the text to tokenize with exactly one of --text STRING or --file FILE")

@@ -326,7 +326,7 @@ def test_a_block_between_quote_lines_is_one_message(tiny_chat, tmp_path):
 
 
 def test_file_sends_a_text_file_and_refuses_what_is_not_one(tiny_chat, tmp_path):
-    """/file sends a file's text as the message; a missing file, a directory, a binary file (bytes that are not
+    """/file sends a file's text as the message, less one final line break (as --prompt-file); a missing file, a directory, a binary file (bytes that are not
     UTF-8, or NUL bytes), an empty one or one over the bound is one error line, and nothing is sent."""
     from ster_py.chat_files import MAX_MESSAGE_FILE_BYTES
 
@@ -342,7 +342,7 @@ def test_file_sends_a_text_file_and_refuses_what_is_not_one(tiny_chat, tmp_path)
     status, out, err = _piped("chat", "--model", str(tiny_chat), "--max-new-tokens", "2", "-q",
                               stdin=stdin + f"/file {tmp_path / 'note.txt'}\n/save {saved}\n")
     assert status == 1 and len(out.splitlines()) == 1
-    assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["w10 w11\nw12\n"]
+    assert [m["content"] for m in json.loads(saved.read_text())][:1] == ["w10 w11\nw12"]   # one final "\n" dropped
     errors = _errors(err)
     assert len(errors) == len(bad), err
     for line, words in zip(errors, ["not found", "is a directory", "not UTF-8 text", "NUL bytes", "only whitespace",

@@ -98,6 +98,23 @@ def test_stop_string_and_prompt_file(tiny_chat, tmp_path):
     assert len(lp) == 3 and all(e["top"][0]["id"] == e["id"] for e in lp)   # greedy: the most likely id
 
 
+@pytest.mark.parametrize("text, ids", [("w10 w11\n", [10, 11]), ("w10 w11\r\n", [10, 11]), ("w10 w11", [10, 11]),
+                                       ("w10 w11\n\n", [10, 11, 7]), ("w10\nw11\n", [10, 7, 11]),
+                                       ("w10 w11\r\n\r\n", [10, 11, 8, 7])])
+def test_prompt_file_drops_one_final_line_break(tiny_chat, tmp_path, text, ids):
+    """--prompt-file sent the file's final newline (the one ``echo`` writes) as part of the message, so a file
+    and --prompt with the same text got different answers; llama.cpp's -f drops it. Exactly one final "\n" or
+    "\r\n" is dropped, a file or stdin: a template that spells each line break as a token shows what is sent."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[-1]['content'] | replace('\\r', ' w8 ') | replace('\\n', ' w7 ') }}")
+    (tmp_path / "q.txt").write_bytes(text.encode())
+    for source, stdin in [(str(tmp_path / "q.txt"), None), ("-", text)]:
+        r = ster("generate", "--model", str(tiny_chat), "--prompt-file", source, "--chat-template-file", str(template),
+                 "--max-new-tokens", "0", "--json", "-q", stdin=stdin)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["prompt_ids"] == ids, (source, r.stdout)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--logprobs", "2"], "--logprobs needs --json"),
     (["--thinking", "on"], "no thinking switch"),
