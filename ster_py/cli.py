@@ -730,7 +730,7 @@ def generate(
     if sampling.temperature > 0:   # the drawn seed (--json records it too): --seed N repeats the run
         rates.append(f"seed {sampling.seed}")
     if drafter is not None:
-        rates.append(f"{result.accepted} of {plural(result.drafted, 'drafted token')} accepted")
+        rates.append(draft_text(result))
     err.print(f"[dim]{plural(len(reply.prompt_ids), 'prompt token')}, {plural(len(result.ids), 'new token')} "
               f"({result.stop_reason})"
               + (f"; {', '.join(rates)}" if rates else "") + "[/]")
@@ -898,6 +898,12 @@ def rate_texts(result) -> list[str]:
     not run, such as the decode of a one-token answer the prefill gives, has no rate)."""
     return [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
                                                          ("decode", result.decode_tokens_per_second)) if rate]
+
+
+def draft_text(result) -> str:
+    """A speculative run's count in a summary line (generate's, chat's): "34 of 42 drafted tokens accepted"
+    (``Generation.accepted`` of ``Generation.drafted``)."""
+    return f"{result.accepted} of {plural(result.drafted, 'drafted token')} accepted"
 
 
 from . import cli_tools  # noqa: E402,F401  (registers parity, capture, vector caa, tune merge)

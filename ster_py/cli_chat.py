@@ -19,8 +19,9 @@ from rich.markup import escape
 
 from .cli import (ADAPTER_HELP, CHAT_TEMPLATE_FILE_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUANTIZE_HELP,
                   QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM, Precision, Quantize, Thinking,
-                  _check_device, _model_or_default, _use_threads, _write, app, err, error_line, flag, load_for_run,
-                  no_color, note_greedy, plural, progress_bar, rate_texts, read_template_file, thinking_value)
+                  _check_device, _model_or_default, _use_threads, _write, app, draft_text, err, error_line, flag,
+                  load_for_run, no_color, note_greedy, plural, progress_bar, rate_texts, read_template_file,
+                  thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
@@ -368,10 +369,11 @@ def context_full_advice(session, messages: list[dict]) -> str:
             f"any), so it was not sent: send a shorter one{larger}")
 
 
-def turn_summary(reply) -> str:
-    """The dim line after an answer: prompt tokens reused and prefilled, new tokens, why it stopped, speed."""
+def turn_summary(reply, drafting: bool = False) -> str:
+    """The dim line after an answer: prompt tokens reused and prefilled, new tokens, why it stopped, speed, and
+    (``drafting``: the session has a drafter) how many drafted tokens were accepted, as generate's summary says."""
     gen = reply.generation
-    rates = rate_texts(gen)
+    rates = rate_texts(gen) + ([draft_text(gen)] if drafting else [])
     why = 'interrupted' if reply.finish_reason == 'cancelled' else gen.stop_reason
     return (f"prompt {plural(len(reply.prompt_ids), 'token')} (reused {gen.reused:,}, prefilled {gen.prefilled:,}), "
             f"{plural(len(gen.ids), 'new token')} ({why})" + (f"; {', '.join(rates)}" if rates else ""))
@@ -459,7 +461,7 @@ def _turn(session, state: _State, text: str, sampling, think, styled, show_think
     _write("\n")
     state.messages = messages + [{"role": "assistant", "content": reply.text}]
     if not quiet:
-        err.print(f"[dim]{escape(turn_summary(reply))}[/]", highlight=False)
+        err.print(f"[dim]{escape(turn_summary(reply, session.draft is not None))}[/]", highlight=False)
     interrupted["flag"] = False
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:  # Ctrl-C while the history is prefilled stops that, not the session

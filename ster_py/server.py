@@ -308,6 +308,12 @@ class Server:
             out["draft_tokens_details"] = {"drafted": gen.drafted, "accepted": gen.accepted}
         return out
 
+    def logged_counts(self, reply) -> tuple[int, ...]:
+        """What a request's log line counts: prompt and new tokens, and with a drafter the accepted and drafted
+        ones (as ``ster generate --draft`` and ``ster chat --draft`` sum them up)."""
+        gen = reply.generation
+        return (len(reply.prompt_ids), len(gen.ids)) + ((gen.accepted, gen.drafted) if self.session.draft else ())
+
     def logprobs(self, reply, chat: bool) -> dict | None:
         """A reply's ``logprobs`` in its endpoint's shape, or None when none were asked for
         (``logprobs_of`` over the tokens whose text is in it: not the end token, nor text cut at a stop string)."""
@@ -649,7 +655,7 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
             gone.set()
             watcher.cancel()
         if reply is not None:
-            request.scope["ster.tokens"] = (len(reply.prompt_ids), len(reply.generation.ids))
+            request.scope["ster.tokens"] = server.logged_counts(reply)
         if stopped:  # nobody is listening
             return Response(status_code=499)
         if reply is None or (reply.finish_reason == "cancelled" and server.closing.is_set()):
@@ -739,7 +745,7 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
             try:
                 reply = server.run(args, on_event=on_event, cancelled=gone.is_set, on_logprobs=pending.append)
                 if reply is not None:
-                    scope["ster.tokens"] = (len(reply.prompt_ids), len(reply.generation.ids))
+                    scope["ster.tokens"] = server.logged_counts(reply)
                 if gone.is_set():
                     return
                 if reply is None or (reply.finish_reason == "cancelled" and server.closing.is_set()):
@@ -858,7 +864,10 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
                 tokens = scope.get("ster.tokens")
                 client = (scope.get("client") or ("-",))[0]
                 log(f"{client} {scope['method']} {_printable(scope['path'])} {status[0]}"
-                    + (f" {tokens[0]}+{tokens[1]} tokens" if tokens else "") + f" {time.perf_counter() - t0:.2f} s")
+                    + (f" {tokens[0]}+{tokens[1]} tokens" if tokens else "")
+                    + (f" ({tokens[2]} of {tokens[3]} drafted token{'' if tokens[3] == 1 else 's'} accepted)"
+                       if tokens and len(tokens) == 4 else "")
+                    + f" {time.perf_counter() - t0:.2f} s")
 
     return logged
 

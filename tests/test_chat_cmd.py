@@ -647,6 +647,22 @@ def test_save_goes_back_to_the_file_messages_loaded_under_a_system_prompt(tiny_c
         assert conv.read_bytes() == before
 
 
+def test_chat_with_a_drafter_counts_the_drafted_tokens_per_turn(tiny_chat, tmp_path):
+    """`ster chat --draft MODEL` printed no drafted/accepted counts, where `ster generate --draft` says "34 of 42
+    drafted tokens accepted": each turn's summary says it now, as generate's does; without --draft, nothing."""
+    drafter = tmp_path / "drafter"
+    make_checkpoint(drafter, "llama", seed=5, num_hidden_layers=1)
+    args = ("chat", "--model", str(tiny_chat), "--max-new-tokens", "6")
+    status, out, err = _piped(*args, "--draft", str(drafter), "--draft-max", "3", stdin="w10 w11\nw12\n")
+    assert status == 0, err
+    counts = [tuple(map(int, m)) for m in re.findall(r"; prefill [\d.]+ tok/s.*, (\d+) of (\d+) drafted tokens? "
+                                                     r"accepted\n", err)]
+    assert len(counts) == 2 and len(SUMMARY.findall(err)) == 2, err
+    assert all(0 <= accepted <= drafted and drafted > 0 for accepted, drafted in counts), counts
+    status, out, err = _piped(*args, stdin="w10 w11\n")
+    assert status == 0 and len(SUMMARY.findall(err)) == 1 and "drafted" not in err, err
+
+
 def test_session_reply_checks_its_stop_strings(tiny_chat):
     """``Session.reply(stops=...)`` as a library call: one text is one stop string (it was read as its
     characters: "w99" cut the reply at its first "w"), and an empty one is refused as ``--stop ""`` is."""

@@ -828,6 +828,25 @@ def _serve_process(model_dir: Path, *args: str) -> tuple[subprocess.Popen, str]:
     return proc, "http://127.0.0.1:" + line.split()[2].rpartition(":")[2]
 
 
+def test_a_drafting_servers_request_log_counts_the_drafted_tokens(tmp_path):
+    """`ster serve --draft`'s request lines said nothing of the drafter, where `ster generate --draft` says "34 of
+    42 drafted tokens accepted": each line says it now, as the reply's usage.draft_tokens_details counts them."""
+    make_checkpoint(tmp_path / "base", "llama")
+    make_checkpoint(tmp_path / "drafter", "llama", seed=5, num_hidden_layers=1)
+    proc, url = _serve_process(tmp_path / "base", "--draft", str(tmp_path / "drafter"), "--draft-max", "3")
+    try:
+        code, doc = _request(url, "POST", "/v1/completions", json.dumps({"prompt": "w5 w6", "max_tokens": 6}).encode())
+        assert code == 200, doc
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    details, n = doc["usage"]["draft_tokens_details"], doc["usage"]["completion_tokens"]
+    assert details["drafted"] > 0, details
+    line = (f"127.0.0.1 POST /v1/completions 200 2+{n} tokens ({details['accepted']} of {details['drafted']} "
+            "drafted tokens accepted) ")
+    assert re.search("^" + re.escape(line) + r"\d+\.\d\d s$", err, re.M), err
+
+
 def test_base_model_on_every_interface_with_a_request_log(tmp_path):
     """A base model on /v1/chat/completions got CLI advice (ster generate --chat-template off); the start
     names the chat endpoint as unavailable, warns of a non-loopback address, and each request is a line
