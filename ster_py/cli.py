@@ -897,7 +897,8 @@ def rate_texts(result) -> list[str]:
     """"prefill X tok/s" and "decode Y tok/s" of a ``Generation``, each only if its phase ran (a phase that did
     not run, such as the decode of a one-token answer the prefill gives, has no rate)."""
     return [f"{name} {rate:.1f} tok/s" for name, rate in (("prefill", result.prefill_tokens_per_second),
-                                                         ("decode", result.decode_tokens_per_second)) if rate]
+                                                         ("decode", result.decode_tokens_per_second))
+            if rate is not None]
 
 
 def draft_text(result) -> str:

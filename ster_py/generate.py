@@ -143,15 +143,21 @@ class Generation:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
-    def prefill_tokens_per_second(self) -> float:
+    def prefill_tokens_per_second(self) -> float | None:
+        """Prompt tokens computed per second; None when the prefill computed none (the whole prompt reused)."""
         done = self.prefilled if self.prefilled or self.reused else len(self.prompt_ids)
-        return done / self.prefill_seconds if self.prefill_seconds else 0.0
+        return _rate(done, self.prefill_seconds)
 
     @property
-    def decode_tokens_per_second(self) -> float:
-        # The first new token comes from the prefill's logits; decode steps make the rest.
-        steps = max(len(self.ids) - 1, 0)
-        return steps / self.decode_seconds if self.decode_seconds else 0.0
+    def decode_tokens_per_second(self) -> float | None:
+        """Decode steps per second; None when there was none. The first new token comes from the prefill's
+        logits and the decode steps make the rest, so a run of at most one new token has no decode rate."""
+        return _rate(max(len(self.ids) - 1, 0), self.decode_seconds)
+
+
+def _rate(count: int, seconds: float) -> float | None:
+    """``count`` per second, or None when nothing was counted or timed (no rate, rather than 0.0 tok/s)."""
+    return count / seconds if count and seconds > 0 else None
 
 
 def last_turn_end(prompt: list[int], stop_ids: Iterable[int]) -> int:

@@ -454,3 +454,23 @@ def test_readmes_errors_section_gives_each_choice_option_its_exit_status(tiny_ll
         if status == 1:
             assert r.stderr.count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_phase_that_computed_nothing_has_no_rate(tiny_llama):
+    """``generate --json --max-new-tokens 1`` reported ``"decode_tokens_per_second": 0.0``: the one new token comes
+    from the prefill, so no decode step ran and there is no rate. It is null in JSON, and left out of the summary
+    line (generate's, and chat's, which share ``rate_texts``); so is the prefill's when the whole prompt was reused."""
+    from ster_py.cli import rate_texts
+    from ster_py.generate import Generation
+
+    path, _ = tiny_llama
+    r = ster("generate", "--model", str(path), "--prompt", "w5 w6", "--max-new-tokens", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    timings = json.loads(r.stdout)["timings"]
+    assert timings["decode_tokens_per_second"] is None and timings["prefill_tokens_per_second"] > 0, timings
+    one = Generation(prompt_ids=[5, 6], ids=[7], prefill_seconds=0.01, decode_seconds=1e-6, prefilled=2)
+    assert one.decode_tokens_per_second is None and rate_texts(one) == ["prefill 200.0 tok/s"]
+    reused = Generation(prompt_ids=[5, 6], ids=[7, 8, 9], prefill_seconds=1e-6, decode_seconds=0.5, reused=2)
+    assert reused.prefill_tokens_per_second is None and rate_texts(reused) == ["decode 4.0 tok/s"]
+    r = ster("generate", "--model", str(path), "--prompt", "w5 w6", "--max-new-tokens", "1")
+    assert r.returncode == 0 and "1 new token" in r.stderr and "decode" not in r.stderr, r.stderr
