@@ -218,10 +218,13 @@ class Session:
             advice: what the error tells the caller to do instead (the CLI: ``--thinking auto``).
 
         Raises:
-            SterError: ``thinking`` given but the template has no such switch.
+            SterError: ``thinking`` given but the template has no such switch; ``thinking`` not a bool (a
+                template reads the text "off" as true).
         """
         if thinking is None:
             return None
+        if not isinstance(thinking, bool):
+            raise SterError(f"thinking must be True, False or None (the template's default), got {thinking!r}")
         switch = self.format.thinking_switch
         if switch is None:
             raise SterError("this model's chat template has no thinking switch (neither enable_thinking nor "
@@ -233,8 +236,13 @@ class Session:
         variable (they would not reach the model, and no call could be asked for).
 
         Raises:
-            SterError: tools given to such a template.
+            SterError: tools given to such a template; ``tools`` that are not a list of tool schemas
+                (``chat.check_tools``, as the server and ``--tools`` check them).
         """
+        if tools is not None:
+            from .chat import check_tools
+
+            check_tools(tools, "tools")   # a caller's "x" or [5] reached the template (its tojson of each character)
         if tools and not self.format.takes_tools:
             raise SterError("this model's chat template never reads tools, so they would not reach the model; "
                             "send no tools, or use a model whose chat template takes them")

@@ -708,9 +708,14 @@ def test_session_refuses_settings_of_the_wrong_type(tiny_chat, kwargs, words):
     ({"layer_hook": 5}, r"^Session\.reply's layer_hook must be a function or None, got int$"),  # 'not callable'
     ({"on_event": "print"}, r"on_event must be a function or None, got str$"),
     ({"cancelled": True}, r"cancelled must be a function or None, got bool$"),
+    # tools and thinking reached the template unchecked: "x" as the template's tools, "off" as a true switch
+    ({"tools": "x"}, r"^tools: expected a JSON list such as .*, got a string$"),
+    ({"tools": [5]}, r"^tools: tool 0 is a number, not an object"),
+    ({"thinking": "off"}, r"^thinking must be True, False or None \(the template's default\), got 'off'$"),
 ])
 def test_session_reply_refuses_arguments_of_the_wrong_type(tiny_chat, kwargs, words):
-    """Each was a TypeError from inside the reply (after the prompt's prefill for the callbacks)."""
+    """Each was a TypeError from inside the reply (after the prompt's prefill for the callbacks), or (tools,
+    thinking) reached the chat template as they were: the server and --tools check tools, Session did not."""
     from ster_py.conversation import Session
     from ster_py.errors import SterError
 
