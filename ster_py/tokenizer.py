@@ -535,8 +535,13 @@ class Tokenizer:
         (``enable_thinking=False``, ``now=`` to pin ``strftime_now``...).
 
         Raises:
-            SterError: no chat template, or the template failed (see ``chat.render_chat``).
+            SterError: no chat template, or the template failed (see ``chat.render_chat``); ``tools`` that are not
+                a list of tool schemas (``chat.check_tools``).
         """
+        if tools is not None:   # "x" or [5] reached the template as they were
+            from .chat import check_tools
+
+            check_tools(tools, "tools")
         if template is not None and template in self.chat_templates:
             text, source = self.chat_templates[template], f"{template!r} of {self.source}"
         elif template is not None:

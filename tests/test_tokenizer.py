@@ -188,6 +188,20 @@ def test_decode_refuses_ids_that_are_not_whole_numbers(pair, ids, words):
     assert ours.decode(np.array([3, 4], np.int32)) == ours.decode([3, 4])   # numpy integers still read
 
 
+def test_render_chat_refuses_tools_that_are_not_tool_schemas(tmp_path):
+    """Tokenizer.render_chat(tools="x") (and encode_chat) gave the template a string as its tools; the library's
+    tools are now checked as the server's and --tools are."""
+    tok = Tokenizer.from_dir(write_dir(tmp_path, "bl"))
+    messages = [{"role": "user", "content": "hi"}]
+    for tools, words in (("x", "got a string$"), ([5], "tool 0 is a number, not an object")):
+        with pytest.raises(SterError, match=f"^tools: .*{words}"):
+            tok.render_chat(messages, tools=tools, template="{{ tools }}")
+        with pytest.raises(SterError, match=f"^tools: .*{words}"):
+            tok.encode_chat(messages, tools=tools, template="{{ tools }}")
+    assert tok.render_chat(messages, tools=[{"type": "function", "function": {"name": "f"}}],
+                           template="{{ tools[0].function.name }}") == "f"
+
+
 def test_vocabulary_matches_transformers(pair):
     ours, hf = pair
     assert ours.vocab_size == len(hf)
