@@ -395,6 +395,10 @@ def check_model(path: Path, what: str, claimed: str | None, claimed_revision: st
                         f"use it with {claimed!r} or make a new one for this model")
     rev = resolved.model_revision
     if claimed_revision is not None and rev is not None and claimed_revision != rev:
+        # a preset (rev: its pin) has one version: no --revision selects another (an artifact's may be an
+        # older ster's, which recorded the --revision given with a preset as it was)
+        advice = ("make a new one" if rev.startswith("sha256:")
+                  else f"pass --revision {claimed_revision} or make a new one")
         raise SterError(f"{what} {path} was made for {claimed!r} at revision {claimed_revision}, but this run "
-                        f"loads revision {rev}; pass --revision {claimed_revision} or make a new one")
+                        f"loads revision {rev}; {advice}")
     return None

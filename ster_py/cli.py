@@ -507,8 +507,8 @@ def generate(
                                                "(UTF-8; - reads stdin) instead of --prompt; one final line "
                                                "break is dropped, as llama.cpp's -f does."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main); "
-                                           "recorded verbatim for local models."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main); Hub ids "
+                                           "only."),
     system: Optional[str] = typer.Option(None, help="System prompt (needs a chat template)."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, help="0 means greedy; higher values sample more freely."),

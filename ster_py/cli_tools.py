@@ -40,7 +40,7 @@ def parity(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt (default: two built-in ones)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
-    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (Hub ids only)."),
     precision: Precision = typer.Option(Precision.f32, help="Our stored weight dtype; the reference runs in f32."),
     quantize: Optional[Quantize] = typer.Option(None, "--quantize", help=QUANTIZE_HELP + " The report is then the "
                                            "quantized model's logit error against the float32 reference."),
@@ -176,7 +176,7 @@ def capture(
                                           "the prompts run, as `ster generate --vector` adds it: the states are "
                                           "the steered model's (recorded in the sidecar as steering)."),
     strength: Optional[float] = typer.Option(None, help="Multiplier for --vector (default 1.0)."),
-    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (Hub ids only)."),
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is f32."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
@@ -255,7 +255,7 @@ def tune_merge(
                                 "FILE.gguf: the merged model written as GGUF (as `ster convert` writes it)."),
     model: str = typer.Option(..., "--model", "-m", help="The base model: a safetensors checkpoint directory or "
                               "Hub id (a GGUF base is refused, so there is no default)."),
-    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit; recorded for local models."),
+    revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (Hub ids only)."),
     type_: str = typer.Option("f16", "--type", "-t", metavar="TYPE",
                               help="GGUF file type when --output ends in .gguf (see `ster "
                               "convert --help`)."),

@@ -64,7 +64,8 @@ def load_model(model: str, revision: str | None = None, *, precision: str = "f32
     Args:
         model: a local checkpoint directory, a .gguf file, a directory holding one .gguf,
             a preset name (``ster presets``) or a Hugging Face Hub id.
-        revision: Hub revision (branch, tag or commit); recorded verbatim for local models.
+        revision: Hub revision (branch, tag or commit), for a Hub id only: refused with a preset or a
+            local path (``resolve.check_hub_revision``).
         precision: weight dtype in memory, 'f32' | 'f16' | 'bf16', or 'auto': each tensor as
             stored when float32, float16 or bfloat16 (a bf16 checkpoint stays bf16, read in
             place by the 16-bit kernels), float32 otherwise. Compute is float32, but for two speed

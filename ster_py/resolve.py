@@ -69,9 +69,8 @@ class Resolved:
         weight_files: sorted top-level *.safetensors (training leftovers named
             ``optimizer``/``training_args`` excluded), or ``(the .gguf,)``.
         gguf_file: the .gguf file for the two GGUF kinds, else None.
-        model_revision: for a local model the ``--revision`` verbatim (metadata
-            only, it selects nothing) or None; for a Hub model the resolved
-            40-hex commit SHA, never a branch name.
+        model_revision: None for a local model; ``sha256:<pin>`` for a preset; for a Hub model the
+            resolved 40-hex commit SHA, never a branch name.
         family: the FamilySpec the gate returned for a config.json source, None
             for a bare GGUF (its family comes from the GGUF metadata later).
         notes: warnings about the config (shown with the loaded model's warnings).
@@ -122,6 +121,20 @@ def check_revision(revision) -> None:
         raise SterError(f"revision must be a text (a branch, tag or commit) or None, got {revision!r}")
 
 
+def check_hub_revision(model: str, revision: str | None, what: str) -> None:
+    """Refuse a ``revision`` given with a model that is not a Hub id (``what``: "a preset, pinned as
+    sha256:...", "a local GGUF file", "a local directory"): such a model has one version, so a revision
+    would select nothing, yet it was recorded as ``model_revision`` in place of the model's own identity,
+    and artifacts made under it were refused by later runs.
+
+    Raises:
+        SterError naming the revision, the model and what it is.
+    """
+    if revision is not None:
+        raise SterError(f"--revision {revision!r} applies to Hugging Face Hub ids only, and {model} is "
+                        f"{what}; leave out --revision")
+
+
 def resolve(model: str, revision: str | None = None, *, progress: Progress | None = None,
             weights: bool = True, before_weights: Callable[[Resolved], None] | None = None,
             tokenizer: bool = True) -> Resolved:
@@ -139,7 +152,7 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
        then fails with a confusing repository error; we refuse them locally.
     4. A preset name (``ster_py.presets.PRESETS``) is fetched or found in the
        cache, verified by SHA-256, and resolved as that GGUF file; its
-       ``model_revision`` is ``sha256:<hash>`` unless ``revision`` is given.
+       ``model_revision`` is ``sha256:<hash>``.
        A name close to a preset's (``presets.close_presets``: another case, a
        prefix, a near spelling; never one holding ``/``) is refused with
        "no preset NAME; did you mean ...?" without touching the network.
@@ -161,8 +174,8 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
 
     Args:
         model: a directory, a .gguf path, or a Hub id such as ``org/name``.
-        revision: for the Hub, a branch, tag or commit; for a local model it
-            is recorded verbatim as ``model_revision`` and selects nothing.
+        revision: for a Hub id, a branch, tag or commit (default ``main``); refused (not None) for a
+            preset or a local path, which have one version each (``check_hub_revision``).
         weights: False for callers that need only the configuration and tokenizer
             (``ster tokenize``, ``ster template render``): a Hub model's weight files
             are then neither downloaded nor required in the cache, and ``Resolved.weights``
@@ -175,7 +188,7 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             without paying for the download: for a Hub model once its config is read and gated
             (``resolved.weight_files`` is empty then), for a preset before its file is fetched
             or found in the cache (``config`` and ``gguf_file`` are None; ``model_revision`` is
-            ``sha256:<pin>`` unless ``revision`` is given). Not called for local models (no
+            ``sha256:<pin>``). Not called for local models (no
             download) nor with ``weights=False``; whatever it raises propagates.
         progress: optional ``progress(event, done, total)`` callback, called
             only while downloading from the Hub. ``event`` is
@@ -188,7 +201,8 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
         Resolved.
 
     Raises:
-        SterError: for every refusal: a ``revision`` that is not a str (``check_revision``); missing or
+        SterError: for every refusal: a ``revision`` that is not a str (``check_revision``), or one given
+            with a preset or a local path (``check_hub_revision``); missing or
             ambiguous files, unreadable
             or invalid config.json, an architecture the gate refuses (raised by
             ``ster_py.families.gate``), a Mistral params.json this build does not run, an
@@ -199,11 +213,13 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
     check_revision(revision)
     path = user_path(model, "the model path")
     if path.is_dir():
-        return _resolve_dir(model, path.absolute(), revision, tokenizer)
+        check_hub_revision(model, revision, "a local directory")
+        return _resolve_dir(model, path.absolute(), None, tokenizer)
     if path.is_file():
         if path.name.endswith(".gguf"):
+            check_hub_revision(model, revision, "a local GGUF file")
             gguf = path.absolute()
-            return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf, revision, None)
+            return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf, None, None)
         raise SterError(
             f"{model} is a file but not a .gguf file; pass a model directory (config.json, "
             "tokenizer.json, *.safetensors), a .gguf file, or a Hugging Face Hub id"
@@ -219,14 +235,14 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
                         "a Hugging Face Hub id is written owner/name)")
     if model in PRESETS:
         # A preset is a pinned GGUF: fetched (or found in the cache) and verified, then read as a file.
+        pin = f"sha256:{PRESETS[model].sha256}"
+        check_hub_revision(model, revision, f"a preset, pinned as {pin}")
         if before_weights is not None and weights:
             from .presets import cached_path
 
-            before_weights(Resolved(model, "gguf", cached_path(model).parent, None, None, None, (), None,
-                                    revision or f"sha256:{PRESETS[model].sha256}", None))
+            before_weights(Resolved(model, "gguf", cached_path(model).parent, None, None, None, (), None, pin, None))
         gguf = fetch_preset(model, progress)
-        return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf,
-                        revision or f"sha256:{PRESETS[model].sha256}", None)
+        return Resolved(model, "gguf", gguf.parent, None, None, None, (gguf,), gguf, pin, None)
     return _resolve_hub(model, revision, progress, weights, before_weights)
 
 

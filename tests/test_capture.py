@@ -60,10 +60,10 @@ def test_cli_capture_all_positions_equals_transformers(tiny, tmp_path):
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n\n")
     out = tmp_path / "acts.safetensors"
     r = ster("capture", "--model", str(path), "--prompts", str(tmp_path / "prompts.txt"), "--layers", "all",
-             "--position", "all", "--output", str(out), "--revision", "v1")
+             "--position", "all", "--output", str(out))
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "acts.json").read_text())
-    assert meta["model"] == str(path) and meta["model_revision"] == "v1" and meta["precision"] == "f32"
+    assert meta["model"] == str(path) and meta["model_revision"] is None and meta["precision"] == "f32"
     assert meta["layers"] == [0, 1, 2] and meta["position"] == "all" and meta["chat_template"] == "absent"
     assert [p["token_ids"] for p in meta["prompts"]] == ids
     with safe_open(str(out), framework="numpy") as f:

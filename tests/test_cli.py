@@ -474,3 +474,25 @@ def test_a_phase_that_computed_nothing_has_no_rate(tiny_llama):
     assert reused.prefill_tokens_per_second is None and rate_texts(reused) == ["decode 4.0 tok/s"]
     r = ster("generate", "--model", str(path), "--prompt", "w5 w6", "--max-new-tokens", "1")
     assert r.returncode == 0 and "1 new token" in r.stderr and "decode" not in r.stderr, r.stderr
+
+
+def test_a_revision_with_a_preset_or_a_local_path_is_refused(tiny_llama, tmp_path):
+    """``ster inspect --revision v1`` (the default preset) printed ``model_revision v1`` instead of the preset's
+    ``sha256:`` pin, as did generate, convert and parity, and ``-m local --revision v1``; captures made so gave
+    vectors later runs refused. A --revision applies to Hub ids only: with a preset or a local path it is one
+    error line, exit 1, nothing printed on stdout, loaded or written."""
+    from ster_py.presets import DEFAULT_PRESET, PRESETS
+
+    path = str(tiny_llama[0])
+    out = tmp_path / "c.safetensors"
+    pin = f"sha256:{PRESETS[DEFAULT_PRESET].sha256}"
+    for args, what in [(["inspect"], f"{DEFAULT_PRESET} is a preset, pinned as {pin}"),
+                       (["generate", "-p", "hi", "--json"], f"{DEFAULT_PRESET} is a preset"),
+                       (["generate", "-m", path, "-p", "hi", "--json"], f"{path} is a local directory"),
+                       (["capture", "-m", path, "-p", "hi", "-o", str(out)], f"{path} is a local directory"),
+                       (["convert", path, "-o", str(tmp_path / "m.gguf")], f"{path} is a local directory")]:
+        r = ster(*args, "--revision", "v1")
+        assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.stderr.startswith("error: --revision 'v1' applies to Hugging Face Hub ids only, and " + what), r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
+    assert not list(tmp_path.iterdir())

@@ -119,9 +119,29 @@ def test_single_file_checkpoint(sealed, tmp_path):
     assert resolve(root) == r and resolve(root).model == str(root)
 
 
-def test_local_revision_is_recorded_verbatim(sealed, tmp_path):
+def test_a_revision_is_refused_for_what_is_not_a_hub_id(sealed, tmp_path, monkeypatch):
+    """A revision given with a local path or a preset was recorded as ``model_revision`` in place of the model's
+    identity (a preset's ``sha256:`` pin), so artifacts made under it were refused by later runs; it selects
+    nothing there, and is refused before anything is read or fetched, in resolve and in load_model."""
+    from ster_py import presets
+    from ster_py.load import load_model
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("a preset was fetched")
+
+    monkeypatch.setattr(presets, "fetch_preset", no_fetch)
     root = write_model(tmp_path / "m")
-    assert resolve(str(root), "my-branch@v1").model_revision == "my-branch@v1"
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    name = presets.DEFAULT_PRESET
+    pin = f"sha256:{presets.PRESETS[name].sha256}"
+    for model, what in [(str(root), "a local directory"), (str(tmp_path / "x.gguf"), "a local GGUF file"),
+                        (name, f"a preset, pinned as {pin}")]:
+        for call in (resolve, load_model):
+            with pytest.raises(SterError) as e:
+                call(model, "v1")
+            assert str(e.value) == (f"--revision 'v1' applies to Hugging Face Hub ids only, and {model} is {what}; "
+                                    "leave out --revision"), str(e.value)
+    assert resolve(str(root)).model_revision is None
 
 
 def test_sharded_sorted_and_training_files_ignored(sealed, tmp_path):
@@ -159,9 +179,9 @@ def test_relative_and_home_paths(sealed, tmp_path, monkeypatch):
 def test_gguf_file(sealed, tmp_path):
     gguf = tmp_path / "tiny.Q8_0.gguf"
     gguf.write_bytes(WEIGHT_BYTES)
-    r = resolve(str(gguf), "rev")
+    r = resolve(str(gguf))
     assert (r.kind, r.root, r.gguf_file, r.weight_files) == ("gguf", tmp_path, gguf, (gguf,))
-    assert (r.config, r.config_path, r.tokenizer_path, r.family, r.model_revision) == (None, None, None, None, "rev")
+    assert (r.config, r.config_path, r.tokenizer_path, r.family, r.model_revision) == (None, None, None, None, None)
 
 
 def test_directory_with_one_gguf_and_no_config(sealed, tmp_path):

@@ -9,6 +9,7 @@ over a negative-side one, teacher-forced after a neutral prompt.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -208,7 +209,9 @@ def test_caa_refuses_non_finite_states_instead_of_calling_them_the_same_mean():
 
 def test_vector_for_another_model_width_or_layer_is_refused(tiny, tmp_path):
     path, _ = tiny
-    loaded = load_model(str(path), "r1")
+    loaded = load_model(str(path))
+    # a Hub model's commit (a local path takes no --revision): the revision check compares with it
+    loaded.resolved = dataclasses.replace(loaded.resolved, model_revision="r1")
     ok = SteeringVector(str(path), "r1", 64, "t", "caa", unit_directions([1]))
     check_vector_for(ok, loaded, "v.json")
     cases = [
@@ -341,7 +344,7 @@ def test_a_model_file_of_another_size_is_not_hashed(tmp_path, monkeypatch):
     big = tmp_path / "big.gguf"
     with open(big, "wb") as f:
         f.truncate(1 << 30)   # sparse: 1 GiB that takes no disk
-    resolved = resolve(str(loaded), "sha256:" + "0" * 64)
+    resolved = dataclasses.replace(resolve(str(loaded)), model_revision="sha256:" + "0" * 64)   # as a preset's
 
     def no_hash(path):
         raise AssertionError(f"{path} was hashed")
