@@ -12,6 +12,7 @@ a multiple of 8 bytes, then the tensors' bytes, C order, little-endian.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -306,6 +307,14 @@ def _as_path(s: str) -> Path | None:
 
 
 def _sha256_of(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes (remembered for the file's size and modification time, so that a
+    run that checks an artifact and then writes one hashes a large GGUF once)."""
+    st = os.stat(path)
+    return _sha256_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
     import hashlib
 
     h = hashlib.sha256()
@@ -315,31 +324,49 @@ def _sha256_of(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _same_gguf_content(claimed: str, claimed_revision: str | None, resolved) -> bool:
-    """True when the artifact's model and the loaded one are the same GGUF file by content:
-    a preset (recorded as ``sha256:<hash>``) against that file given by path, or the reverse.
-    A preset not fetched yet (``gguf_file`` None) is known by its pin, its ``model_revision``."""
-    mine = resolved.gguf_file
-    rev = resolved.model_revision
-    if resolved.kind != "gguf":
-        return False
-    if mine is None:
-        if not (rev and rev.startswith("sha256:")):
-            return False
-        if claimed_revision and claimed_revision.startswith("sha256:"):
-            return claimed_revision == rev
-    elif claimed_revision and claimed_revision.startswith("sha256:"):
-        return _sha256_of(Path(mine)) == claimed_revision
-    theirs = _as_path(claimed)
-    if rev and rev.startswith("sha256:") and theirs is not None and theirs.is_file():
+def _is_content_hash(revision: str | None) -> bool:
+    return bool(revision) and revision.startswith("sha256:")
+
+
+def content_revision(resolved) -> str | None:
+    """What an artifact records as its ``model_revision``: the model's own (a Hub commit, a preset's
+    ``sha256:`` pin), or, for a local GGUF file (which has none), the file's SHA-256 as ``sha256:<hex>``:
+    its content identity, so that the artifact fits a byte-identical copy at another path (``check_model``).
+    A local checkpoint directory has no content identity: None.
+
+    Raises:
+        SterError: the GGUF file cannot be read.
+    """
+    if resolved.model_revision is None and resolved.kind == "gguf" and resolved.gguf_file is not None:
         try:
-            # a file of another size is another file: no need to hash (a 40 GB GGUF took minutes to refuse)
-            if mine is not None and theirs.stat().st_size != Path(mine).stat().st_size:
-                return False
-            return _sha256_of(theirs) == rev
-        except OSError:   # a file this user cannot read is not shown to be the same
+            return _sha256_of(Path(resolved.gguf_file))
+        except OSError as e:
+            raise SterError(f"cannot read {resolved.gguf_file}: {e.strerror or e}") from None
+    return resolved.model_revision
+
+
+def _same_gguf_content(claimed: str, claimed_revision: str | None, resolved) -> bool:
+    """True when the artifact's model and the loaded one are the same GGUF file by content, whatever their
+    paths: the artifact's revision is a content hash (a preset's pin, or a local GGUF file's hash from
+    ``content_revision``) equal to the loaded file's, or, for an artifact without one, the file its ``model``
+    names has the loaded file's bytes (a preset and its path, a copy of a file). A preset not fetched yet
+    (``gguf_file`` None) is known by its pin, its ``model_revision``; a file of another size is never hashed."""
+    mine = resolved.gguf_file
+    pin = resolved.model_revision if _is_content_hash(resolved.model_revision) else None
+    if resolved.kind != "gguf" or (mine is None and pin is None):
+        return False
+    try:
+        if _is_content_hash(claimed_revision):
+            return claimed_revision == (pin if mine is None else _sha256_of(Path(mine)))
+        theirs = _as_path(claimed)
+        if theirs is None or not theirs.is_file():
             return False
-    return False
+        # a file of another size is another file: no need to hash (a 40 GB GGUF took minutes to refuse)
+        if mine is not None and theirs.stat().st_size != Path(mine).stat().st_size:
+            return False
+        return _sha256_of(theirs) == (pin or _sha256_of(Path(mine)))
+    except OSError:   # a file this user cannot read is not shown to be the same
+        return False
 
 
 def model_identity(resolved) -> str:
@@ -356,7 +383,8 @@ def check_model(path: Path, what: str, claimed: str | None, claimed_revision: st
 
     The artifact's ``model`` matches when it is the same string as the loaded
     ``--model``, both name the same existing file or directory, or both are the same
-    GGUF file by SHA-256 (a preset name and that file's path). When both sides carry a
+    GGUF file by SHA-256 (a preset name and that file's path, a copy of a file at another path:
+    ``_same_gguf_content``). When both sides carry a
     revision, they must be equal.
 
     Args:

@@ -13,7 +13,9 @@ File layout (written atomically): ``NAME.safetensors`` holds float32 tensors
 - position ``all``: ``layers.{i}.prompt.{p}`` [prompt p's tokens, hidden_size]
 
 and ``NAME.json`` (the sidecar, also stored in the safetensors ``__metadata__``
-under ``ster``) records the writing ster_version, model, model_revision, precision, hidden_size, layers,
+under ``ster``) records the writing ster_version, model, model_revision (a local GGUF file's SHA-256,
+``artifacts.content_revision``, so that a vector made from it fits a copy at another path), precision,
+hidden_size, layers,
 position rule, chat template mode, the steering the prompts ran under (``steering``: null, or the vector's
 trait, method, layers, strength and file), and each prompt's text and token ids.
 """
@@ -26,8 +28,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, model_identity, read_json, sniff,
-                        write_safetensors)
+from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, content_revision, model_identity, read_json,
+                        sniff, write_safetensors)
 from .decoder.qlinear import float_activations
 from .errors import SterError
 from .files import FileTooLarge, NotRegularFile, check_path_name, read_bounded
@@ -261,7 +263,7 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
 
     meta = {
         "format": CAPTURE_FORMAT, "schema_version": SCHEMA_VERSION, "ster_version": __version__,
-        "model": model_identity(loaded.resolved), "model_revision": loaded.model_revision,
+        "model": model_identity(loaded.resolved), "model_revision": content_revision(loaded.resolved),
         "model_type": loaded.spec.model_type, "precision": loaded.precision,
         "hidden_size": loaded.spec.hidden_size, "num_hidden_layers": n_layers,
         "layers": list(layers), "layer_numbering": LAYER_HELP, "position": position,

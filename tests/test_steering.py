@@ -451,3 +451,45 @@ def test_read_vector_given_no_path_says_what_to_pass(value, shown):
     with pytest.raises(SterError, match=f"^read_vector takes the path of a steering vector's .json file, a str or "
                                         f"pathlib.Path; got {shown}$"):
         read_vector(value)
+
+
+def test_a_vector_for_a_gguf_file_fits_a_copy_of_it_at_another_path(tmp_path):
+    """A vector made with ``-m smol.gguf`` was refused for a byte-identical copy at another path ("was made for
+    model '/.../smol.gguf', but this run loads 'sub/copy.gguf'"). A capture of a local GGUF file records its
+    SHA-256 as model_revision, and a vector whose revision is that hash fits the file wherever it lies, the
+    original gone too; one naming a file, without a hash, fits a copy of that file. A file of other bytes and a
+    copied checkpoint directory (no content identity) are still refused."""
+    import shutil
+
+    from export_helpers import tiny_bpe_checkpoint
+    from ster_py.capture import capture
+    from ster_py.convert import convert_model
+
+    path = tmp_path / "bpe"   # ster writes a GGUF vocabulary from a BPE tokenizer, not the word-level one
+    tiny_bpe_checkpoint(path, "llama", dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                            max_position_embeddings=64))
+    original, other = tmp_path / "smol.gguf", tmp_path / "other.gguf"
+    convert_model(str(path), original, "f16")
+    convert_model(str(path), other, "q8_0")
+    (tmp_path / "sub").mkdir()
+    copy = tmp_path / "sub" / "copy.gguf"
+    shutil.copyfile(original, copy)
+    made = load_model(str(original))
+    vec = caa(capture(made, ["w5 w6 w7"], [0, 1]), capture(made, ["w50 w51"], [0, 1]))
+    assert vec.model == str(original) and vec.model_revision.startswith("sha256:")
+    write_vector(vec, tmp_path / "v.json")
+    unhashed = SteeringVector(str(original), None, 64, "t", "caa", unit_directions([1]))
+    check_vector_for(unhashed, load_model(str(copy)), "old.json")
+    with pytest.raises(SterError, match=f"was made for model '{original}', but this run loads '{other}'"):
+        check_vector_for(unhashed, load_model(str(other)), "old.json")
+    original.unlink()
+    r = ster("generate", "-m", str(copy), "--vector", str(tmp_path / "v.json"), "--strength", "2", "-p", PROMPT,
+             "--max-new-tokens", "2", "-q")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = ster("generate", "-m", str(other), "--vector", str(tmp_path / "v.json"), "-p", PROMPT, "--max-new-tokens", "2")
+    assert r.returncode == 1 and f"was made for model '{original}', but this run loads '{other}'" in r.stderr, r.stderr
+    shutil.copytree(path, tmp_path / "dir-copy")
+    with pytest.raises(SterError, match="was made for model"):
+        check_vector_for(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1])),
+                         load_model(str(tmp_path / "dir-copy")), "v.json")
