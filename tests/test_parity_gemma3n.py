@@ -31,6 +31,9 @@ from ster_py.load import load_model
 from tiny import build_checkpoint, reference_greedy, reference_logits, reference_split_logits, rel_err
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 VOCAB = 128
 PROMPT = np.random.RandomState(4).randint(3, VOCAB, size=16).tolist()
 SPLIT = 9

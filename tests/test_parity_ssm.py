@@ -44,6 +44,9 @@ from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 VOCAB = 128
 PROMPT = np.random.RandomState(1).randint(3, VOCAB, size=16).tolist()
 SPLIT = 9

@@ -38,6 +38,9 @@ from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny import reference_logits, rel_err
 
+# the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
+pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
+
 # ----------------------------------------------------------------------------- the kernel
 
 needs_kernels = pytest.mark.skipif(delta_kernels is None, reason="ster_py._kernels.delta is not built")
