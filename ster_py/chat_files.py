@@ -130,7 +130,7 @@ def load_conversation(name: str, what: str) -> list[dict]:
 
     if name == "-":
         raise SterError(f"{what} -: the chat reads your messages from stdin; give a file name")
-    from .server_request import RequestError, check_unsupported, normalize_messages
+    from .server_request import template_messages
 
     messages = read_messages(name, empty_ok=True)
     for i, message in enumerate(messages):  # refused here, not by the template at the next turn or by /save
@@ -140,8 +140,5 @@ def load_conversation(name: str, what: str) -> list[dict]:
             raise SterError(f"{what} {name}: message {i} holds NaN or Infinity, which JSON has no number for; "
                             "give a number or a string there") from None
         check_surrogates(text, f"{name}: message {i}")
-    try:  # as the server takes a request's messages: text parts only; null content only beside tool_calls
-        check_unsupported({"messages": messages}, chat=True)
-        return normalize_messages(messages)
-    except RequestError as e:
-        raise SterError(f"{what} {name}: {str(e).removeprefix('messages: ')}") from None
+    # as the server takes a request's messages: text parts only; null content only beside tool_calls
+    return template_messages(messages, f"{what} {name}")

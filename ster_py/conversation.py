@@ -248,6 +248,21 @@ class Session:
                             "send no tools, or use a model whose chat template takes them")
         return tools
 
+    @staticmethod
+    def checked(messages: list[dict]) -> list[dict]:
+        """``messages`` (OpenAI-shaped) as ``reply`` and ``prepare`` give them to the template, as ``ster serve``
+        does: checked (``chat.check_messages``), text parts joined, an assistant's null content beside
+        ``tool_calls`` made "" (``server_request.template_messages``).
+
+        Raises:
+            SterError: not a non-empty list of role/content objects; a content part other than text; null
+                content elsewhere.
+        """
+        from .chat import check_messages
+        from .server_request import template_messages
+
+        return template_messages(check_messages(messages, "messages"))
+
     def encode(self, text: str) -> list[int]:
         """Ids of a rendered prompt (the template writes any BOS itself)."""
         return self.loaded.tokenizer.encode(text, add_special_tokens=False)
@@ -268,9 +283,7 @@ class Session:
 
         context = context_limit(self.loaded.spec, self.ctx_size)
         if raw is None:
-            from .chat import check_messages
-
-            check_messages(messages, "messages")   # a library caller's [] or None: an error, not a reply to nothing
+            messages = self.checked(messages)   # a library caller's [] or None: an error, not a reply to nothing
             text = self.render(messages, tools=tools, thinking=thinking)
             refuse_if_too_long(self.loaded.tokenizer, text, context, add_special_tokens=False)
             ids = self.encode(text)
@@ -294,9 +307,7 @@ class Session:
             Cancelled: ``cancelled()`` returned True between the decoder's layers (``PromptCache.extend``:
                 the cache keeps what it held before).
         """
-        from .chat import check_messages
-
-        check_messages(messages, "messages")   # a caller's "hi" or None: an error, not 0 tokens prefilled
+        messages = self.checked(messages)   # a caller's "hi" or None: an error, not 0 tokens prefilled
         try:
             text = self.render(messages, thinking=thinking, add_generation_prompt=False)
         except SterError:

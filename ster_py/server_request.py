@@ -364,6 +364,21 @@ def stops_of(body: dict) -> tuple[str, ...]:
         raise RequestError(str(e), "stop") from None
 
 
+def template_messages(messages: list[dict], where: str = "messages") -> list[dict]:
+    """Checked messages (``chat.check_messages``) as the server hands them to a template: content parts other
+    than text refused (``check_unsupported``), then ``normalize_messages``. For callers outside a request
+    (``Session``, chat's ``/load``): the refusal is a SterError whose message starts with ``where``.
+
+    Raises:
+        SterError: a content part other than text; null content but beside an assistant's ``tool_calls``.
+    """
+    try:
+        check_unsupported({"messages": messages}, chat=True)
+        return normalize_messages(messages)
+    except RequestError as e:
+        raise SterError(f"{where}: {str(e).removeprefix('messages: ')}") from None
+
+
 def normalize_messages(messages: list[dict]) -> list[dict]:
     """OpenAI messages as chat templates read them: content given as a list of text parts becomes their
     texts joined by newlines (most templates add ``content`` to a string; ``check_unsupported`` refused

@@ -724,6 +724,27 @@ def test_session_reply_refuses_arguments_of_the_wrong_type(tiny_chat, kwargs, wo
                                                   **kwargs)
 
 
+def test_session_reads_content_parts_as_the_server_does(tiny_chat):
+    """Session.reply takes OpenAI-shaped messages, but content given as text parts reached the template as a list
+    (a template adding content to a string failed: 'can only concatenate str (not "list")'), an image part
+    likewise, and a user's null content as None: they are read as ster serve reads them (texts joined by
+    newlines; other parts and null content refused by name), in reply and prepare alike."""
+    from ster_py.conversation import Session
+    from ster_py.errors import SterError
+
+    session = Session(load_model(str(tiny_chat)))
+    parts = [{"role": "user", "content": [{"type": "text", "text": "w5"}, {"type": "text", "text": "w6"}]}]
+    joined = [{"role": "user", "content": "w5\nw6"}]
+    assert session.reply(parts, Sampling(max_new_tokens=3)).prompt_ids == \
+        session.reply(joined, Sampling(max_new_tokens=3)).prompt_ids
+    for content, words in (([{"type": "image_url", "image_url": {"url": "x"}}],
+                            'message 0 has a content part of type "image_url"'),
+                           (None, 'message 0 \\("user"\\) has null content')):
+        for call in (lambda m: session.reply(m, Sampling(max_new_tokens=1)), session.prepare):
+            with pytest.raises(SterError, match=f"^messages: {words}"):
+                call([{"role": "user", "content": content}])
+
+
 def test_decoder_forward_refuses_a_hook_that_is_not_callable(tiny_chat):
     from ster_py.errors import SterError
 
