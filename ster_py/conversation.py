@@ -17,7 +17,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .decoder.model import check_callbacks
+from .decoder.model import check_callbacks, check_layer_hook
 from .errors import SterError
 from .generate import Generation, Sampling, generate
 from .prefix import PromptCache
@@ -349,12 +349,14 @@ class Session:
         Raises:
             SterError: as ``render`` and ``generate.generate`` (a prompt longer than the context...);
                 stop strings ``check_stops`` refuses; a callback that is not callable, ``raw`` not a str,
-                ``prompt`` not the (text, ids) pair ``prompt`` returns.
+                ``prompt`` not the (text, ids) pair ``prompt`` returns; a steering vector's ``layer_hook`` naming
+                a layer past the model's last (``check_layer_hook``).
         """
         from .tokenizer import StreamDecoder
 
         check_callbacks("Session.reply", layer_hook=layer_hook, on_event=on_event, cancelled=cancelled,
                         on_logprobs=on_logprobs, progress=progress)   # else a TypeError mid-reply
+        check_layer_hook("Session.reply", layer_hook, self.loaded.spec)   # a steering vector's layer past the model
         if raw is not None and not isinstance(raw, str):
             raise SterError(f"Session.reply's raw must be the text to continue (a str) or None, got "
                             f"{type(raw).__name__}")

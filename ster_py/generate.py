@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .decoder.cache import KV_CACHE_DTYPES
-from .decoder.model import Decoder, LayerHook, as_token_ids, check_callbacks
+from .decoder.model import Decoder, LayerHook, as_token_ids, check_callbacks, check_layer_hook
 from .errors import Cancelled, ContextFull, SterError
 from .prefix import PromptCache
 
@@ -315,7 +315,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
             given for ``loaded.decoder``, invalid sampling settings, an unknown ``kv_cache``, a
             ``ctx_size`` above the model's, a prompt longer than the context (``ContextFull``), or
             ``draft`` with a temperature above 0 or ``n_draft`` below 1; a callback that is not callable or
-            a ``cache`` that is not a ``PromptCache``.
+            a ``cache`` that is not a ``PromptCache``; a ``layer_hook`` from ``steering_hook`` whose vector
+            names a layer past the model's last or has another width (``check_layer_hook``).
     """
     if not isinstance(sampling, Sampling):
         raise SterError(f"the sampling settings are a Sampling (e.g. Sampling(max_new_tokens=64)), got "
@@ -332,6 +333,7 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         raise SterError("generate takes the model's decoder: pass loaded.decoder, not the loaded model")
     check_callbacks("generate", layer_hook=layer_hook, on_token=on_token, cancelled=cancelled, progress=progress,
                     on_logprobs=on_logprobs)
+    check_layer_hook("generate", layer_hook, decoder.spec)   # a steering vector's layer past the model
     if cache is not None and not isinstance(cache, PromptCache):
         raise SterError(f"generate's cache must be a prefix.PromptCache or None, got {type(cache).__name__}")
     kv_dtype = kv_cache_dtype(kv_cache)

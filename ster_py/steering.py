@@ -272,6 +272,11 @@ def steering_hook(vec: SteeringVector, strength: float):
     """A ``layer_hook(i, h) -> h`` adding ``strength * directions[i]`` to every row of h
     (float32 [T, hidden_size]) after each covered layer; other layers pass unchanged.
 
+    The hook declares the vector's ``layers`` and ``width``, so that ``generate``, ``Session.reply`` and
+    ``Decoder.forward`` refuse it before any work for a model without one of those layers or of another
+    width (``decoder.model.check_layer_hook``): a layer past the model's last is never reached, and the
+    vector would change nothing, silently.
+
     Raises:
         SterError: ``vec`` not a ``SteeringVector``; a strength that is not a finite number, or one whose
             product with a direction overflows float32; when the hook runs, a stream of another width
@@ -296,6 +301,8 @@ def steering_hook(vec: SteeringVector, strength: float):
                             f"{h.shape[-1]}: it was made for another model")
         return h if add is None else h + add
 
+    hook.layers = tuple(sorted(adds))
+    hook.width = vec.hidden_size
     return hook
 
 

@@ -380,8 +380,10 @@ def test_library_misuse_of_vectors_is_a_sterror_not_a_numpy_error(tiny, tmp_path
     path, _ = tiny
     loaded = load_model(str(path))
     wide = SteeringVector(str(path), None, 80, "test", "manual", {0: np.eye(80, dtype=np.float32)[0]})
-    with pytest.raises(SterError, match="80 wide and this model's residual stream 64"):
+    with pytest.raises(SterError, match="is 80 wide, but this model's hidden_size is 64"):   # before the prefill
         loaded.decoder.forward(PROMPT_IDS, layer_hook=steering_hook(wide, 1.0))
+    with pytest.raises(SterError, match="80 wide and this model's residual stream 64"):   # the hook itself
+        steering_hook(wide, 1.0)(0, np.zeros((1, 64), np.float32))
     vec = SteeringVector(str(path), None, 64, "test", "manual", unit_directions([0, 1]))
     with pytest.raises(SterError, match="finite number"):
         steering_hook(vec, "4")
@@ -493,3 +495,35 @@ def test_a_vector_for_a_gguf_file_fits_a_copy_of_it_at_another_path(tmp_path):
     with pytest.raises(SterError, match="was made for model"):
         check_vector_for(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1])),
                          load_model(str(tmp_path / "dir-copy")), "v.json")
+
+
+def test_a_vector_layer_past_the_model_is_refused_where_the_hook_meets_it(tiny):
+    """``steering_hook(vector, strength)`` skipped the vector's layers the model does not have (layer 5 on a
+    3-layer model): the hook is never called there, so the steering silently did nothing. The library's
+    generate, Session.reply, capture (a layer_hook) and Decoder.forward refuse such a hook before any work,
+    and one of another width; a vector that fits still steers."""
+    from ster_py import Session
+    from ster_py.capture import capture
+    from ster_py.generate import Sampling, generate
+
+    path, _ = tiny
+    loaded = load_model(str(path))
+    past = steering_hook(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1, 5])), 4.0)
+    wide = steering_hook(SteeringVector(str(path), None, 32, "t", "caa", unit_directions([1], 32)), 4.0)
+    assert past.layers == (1, 5) and past.width == 64
+    calls = {
+        "generate": lambda hook: generate(loaded.decoder, PROMPT_IDS, Sampling(max_new_tokens=2), layer_hook=hook),
+        "Session.reply": lambda hook: Session(loaded).reply([{"role": "user", "content": PROMPT}],
+                                                            Sampling(max_new_tokens=2), layer_hook=hook),
+        "Decoder.forward": lambda hook: loaded.decoder.forward(PROMPT_IDS, layer_hook=hook),
+        "capture": lambda hook: capture(loaded, [PROMPT], [0], chat_template="off", layer_hook=hook),
+    }
+    for name, call in calls.items():
+        with pytest.raises(SterError, match=r"the steering vector \(.*'s layer_hook\) names layer 5, but this model "
+                                            r"has layers 0\.\.2; use a vector made for this model"):
+            call(past)
+        with pytest.raises(SterError, match=r"is 32 wide, but this model's hidden_size is 64"):
+            call(wide)
+    fits = steering_hook(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1])), 4.0)
+    steered = generate(loaded.decoder, PROMPT_IDS, Sampling(max_new_tokens=4), layer_hook=fits).ids
+    assert steered and len(steered) <= 4

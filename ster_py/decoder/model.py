@@ -52,6 +52,9 @@ class WeightSource(Protocol):
     def get(self, name: str) -> np.ndarray | None: ...
 
 
+#: ``layer_hook(i, h) -> h``, called with the residual stream after layer i. A hook may declare what it acts on
+#: (``steering.steering_hook``'s do): ``layers``, the layer numbers, and ``width``, the stream's width it expects;
+#: ``check_layer_hook`` refuses one that does not fit the model before any work.
 LayerHook = Callable[[int, np.ndarray], np.ndarray]
 
 
@@ -427,6 +430,28 @@ def check_callbacks(func: str, **callbacks) -> None:
             raise SterError(f"{func}'s {name} must be a function or None, got {type(value).__name__}")
 
 
+def check_layer_hook(func: str, layer_hook, spec) -> None:
+    """Refuse a ``layer_hook`` that declares the layers it acts on (``layer_hook.layers``, as a steering vector's
+    hook does) when one is past the model's last layer, or its ``width`` when it is not the model's
+    ``hidden_size``: such a layer is never reached, so the hook would change nothing, silently.
+
+    Raises:
+        SterError: "the steering vector (FUNC's layer_hook) names layer N, but this model has layers 0..L-1" or
+            "... is W wide, but this model's hidden_size is H".
+    """
+    layers, width = getattr(layer_hook, "layers", None), getattr(layer_hook, "width", None)
+    if layers is None and width is None:   # a hook that declares nothing (any function) is not checked
+        return
+    n = spec.num_hidden_layers
+    bad = sorted(i for i in (layers or ()) if not 0 <= i < n)
+    if bad:
+        raise SterError(f"the steering vector ({func}'s layer_hook) names layer {bad[-1]}, but this model has layers "
+                        f"0..{n - 1}; use a vector made for this model")
+    if width is not None and width != spec.hidden_size:
+        raise SterError(f"the steering vector ({func}'s layer_hook) is {width} wide, but this model's hidden_size is "
+                        f"{spec.hidden_size}; use a vector made for this model")
+
+
 def as_token_ids(ids, *, empty_ok: bool = False) -> np.ndarray:
     """``ids`` (whole numbers: any iterable, or an integer array) as int64 [T].
 
@@ -681,11 +706,13 @@ class Decoder:
         Raises:
             SterError: no ids, ids that are not whole numbers (``as_token_ids``), a token id outside
                 the vocabulary, or (learned positions) a position past the model's table; a callback
-                that is not callable (``check_callbacks``).
+                that is not callable (``check_callbacks``); a ``layer_hook`` declaring a layer or width
+                the model does not have (``check_layer_hook``).
             Cancelled: ``cancelled()`` returned True.
         """
         s = self.spec
         check_callbacks("Decoder.forward", layer_hook=layer_hook, cancelled=cancelled, on_layer=on_layer)
+        check_layer_hook("Decoder.forward", layer_hook, s)
         cache = cache if cache is not None else self.new_cache()
         ids = as_token_ids(ids)
         positions = np.arange(cache.length, cache.length + ids.shape[0])
