@@ -356,6 +356,8 @@ def show_configs(preset: str, llama_bench: str | None) -> list[tuple[str, str, s
                # after one untimed run of the prompt, as llama-bench times (its warmup): the copies exist
                ("ster gguf warm", "ster", gguf, ("--warmup",), 0),
                ("ster gguf f16 kv", "ster", gguf, ("--kv-cache", "f16"), 0),   # llama.cpp's own KV dtype
+               # the prompt's products on float32 inputs (no AMX tiles for its blocks: what other CPUs run)
+               ("ster gguf f32 inputs", "ster", gguf, ("--float-inputs",), 0),
                ("llama-cpp-python gguf", "llama.cpp", gguf, (), 0),
                ("ster gguf +1 busy", "ster", gguf, (), 1),
                ("ster bf16 +1 busy", "ster", bf16, (), 1)]
@@ -404,6 +406,7 @@ def show(args) -> None:
               ("ster gguf / llama-bench", "ster gguf", "llama-bench gguf"),
               ("ster gguf warm / llama-bench", "ster gguf warm", "llama-bench gguf"),
               ("ster gguf f16 kv / llama-bench", "ster gguf f16 kv", "llama-bench gguf"),
+              ("ster gguf f32 inputs / llama-bench", "ster gguf f32 inputs", "llama-bench gguf"),
               ("ster gguf busy / quiet", "ster gguf +1 busy", "ster gguf"),
               ("ster bf16 busy / quiet", "ster bf16 +1 busy", "ster bf16")]
     print(f"\n{'ratio (medians)':32s}{'load':>8s}{'prefill':>9s}{'decode':>8s}")
