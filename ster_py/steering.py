@@ -44,6 +44,7 @@ import numpy as np
 
 from .artifacts import (KIND_WORDS, STEERING_FORMAT, atomic_outputs, check_folder, check_model, read_json,
                         sniff)
+from .config import MAX_LAYERS
 from .errors import SterError
 from .files import check_path_arg, check_path_name
 
@@ -227,6 +228,9 @@ def vector_from_doc(doc, path: Path) -> SteeringVector:
             raise SterError(f"steering vector {path}: layer key {key[:50]!r}{'...' if len(key) > 50 else ''} is not "
                             "a non-negative integer as ster writes it (ASCII digits, no leading zero, at most 9 "
                             f"digits); {REBUILD}")
+        if int(key) >= MAX_LAYERS:   # no model ster runs has it; `vector export` would write a layer count past it
+            raise SterError(f"steering vector {path}: layer {key} is past any model ster runs (at most {MAX_LAYERS} "
+                            f"layers); {REBUILD}")
         if not isinstance(values, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                    for x in values):
             raise SterError(f"steering vector {path}: layer {key} is not a list of numbers")

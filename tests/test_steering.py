@@ -168,6 +168,9 @@ def _artifact(tmp_path, name="v.json", **changes):
     ({"directions": {"9" * 5000: [1, 0, 0, 0]}}, "layer key '9{50}'... is not a non-negative integer"),
     ({"directions": {"0": [1, 0, 0, 0], "00": [0, 1, 0, 0]}}, "layer key '00' is not .*no leading zero"),
     ({"directions": {"1": [10 ** 400, 0, 0, 0]}}, "layer 1 holds a number beyond float range"),
+    # no model has such a layer; `vector export` wrote controlvector.layer_count 1e9 for it
+    ({"directions": {"999999999": [1, 0, 0, 0]}}, "layer 999999999 is past any model ster runs \(at most 4096"),
+    ({"directions": {"4096": [1, 0, 0, 0]}}, "layer 4096 is past any model"),
     ({"metadata": "abc"}, "metadata must be an object, got 'abc' \\(a string\\)"),
     ({"metadata": 5}, "metadata must be an object, got 5"),
     ({"metadata": [[1, 2, 3]]}, "metadata must be an object"),
