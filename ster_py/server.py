@@ -704,6 +704,11 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
         def put(data) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, data)
 
+        class Last(str):
+            """The stream's last event ([DONE] or an error): once it is sent the reply is whole, whatever the
+            client does next (an OpenAI client closes the connection on [DONE], which could cancel the stream
+            before the worker's end-of-queue arrived and log a whole reply as 499)."""
+
         def take() -> dict | None:
             """The logprobs of the tokens since the last chunk: each chunk carries its own tokens'."""
             out = server.logprobs_of(pending, chat, prompt_length)
@@ -749,16 +754,17 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
                 if gone.is_set():
                     return
                 if reply is None or (reply.finish_reason == "cancelled" and server.closing.is_set()):
-                    put(error_event(stopping(reply is not None)))
+                    put(Last(error_event(stopping(reply is not None))))
                     return
                 put(chunk({} if chat else "", _finish(reply.finish_reason), logprobs=take()))
                 if include_usage:
                     put(chunk(None, usage=server.usage(reply)))
-                put("data: [DONE]\n\n")
+                put(Last("data: [DONE]\n\n"))
             except RequestError as e:
-                put(error_event(e))
+                put(Last(error_event(e)))
             except Exception as e:  # noqa: BLE001 - the stream must end; the message says what failed
-                put(error_event(RequestError(server.private(f"internal error: {type(e).__name__}: {e}"), status=500)))
+                put(Last(error_event(RequestError(server.private(f"internal error: {type(e).__name__}: {e}"),
+                                                  status=500))))
             finally:
                 turn.release()
                 put(None)
@@ -776,6 +782,8 @@ def build_app(server: Server, *, loopback: bool = True, allow_origins: tuple[str
                     scope["ster.stream"]["ended"] = True
                     break
                 yield data
+                if isinstance(data, Last):   # sent: the client has the whole reply
+                    scope["ster.stream"]["ended"] = True
         finally:  # the client went away (the response was cancelled) or the stream ended
             gone.set()
 
