@@ -233,7 +233,7 @@ def vector_from_doc(doc, path: Path) -> SteeringVector:
                             f"layers); {REBUILD}")
         if not isinstance(values, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                    for x in values):
-            raise SterError(f"steering vector {path}: layer {key} is not a list of numbers")
+            raise SterError(f"steering vector {path}: layer {key} is not a list of real numbers")
         try:
             v = np.asarray(values, dtype=np.float64)
         except OverflowError:  # an integer beyond float64 (10**400)
@@ -272,6 +272,41 @@ def check_vector_fit(vec: SteeringVector, resolved, spec, path: str | Path) -> N
         raise SterError(f"steering vector {path} names layer {bad[0]}, but this model has layers 0..{n - 1}")
 
 
+def checked_vector(vec: SteeringVector, where: str) -> SteeringVector:
+    """``vec``, built in memory, as ``read_vector`` would read it from a file: ``vector_from_doc``'s checks run on
+    its fields (directions: a non-empty dict of layer numbers 0 or more -> ``hidden_size`` finite real numbers of
+    unit norm; trait and method text; model and model_revision text or None). Lists and numpy arrays of any real
+    dtype are taken; the result holds float32 arrays under int layers. ``metadata`` is not looked at.
+
+    Raises:
+        SterError naming ``where`` (a layer that is not an int, such as "1"; complex or non-finite values;
+        whatever ``vector_from_doc`` refuses).
+    """
+    import numbers
+
+    directions, width = vec.directions, vec.hidden_size
+    if isinstance(directions, dict):
+        for layer in directions:
+            if not isinstance(layer, numbers.Integral) or isinstance(layer, bool):
+                raise SterError(f"steering vector {where}: layer {json_value(layer)} is not a layer number; "
+                                "directions map int layers (0-based) to vectors")
+        directions = {str(int(layer)): _plain(values) for layer, values in directions.items()}
+    if isinstance(width, numbers.Integral) and not isinstance(width, bool):
+        width = int(width)   # numpy's integers too
+    doc = {"format": STEERING_FORMAT, "schema_version": SCHEMA_VERSION, "model": vec.model,
+           "model_revision": vec.model_revision, "hidden_size": width, "trait": vec.trait, "method": vec.method,
+           "directions": directions}
+    return vector_from_doc(doc, where)
+
+
+def _plain(values):
+    """A direction's values as JSON would hold them (numpy's numbers as Python's), for ``vector_from_doc``."""
+    try:
+        return np.asarray(values).tolist()
+    except (TypeError, ValueError):   # ragged lists: vector_from_doc says what is wrong
+        return values
+
+
 def steering_hook(vec: SteeringVector, strength: float):
     """A ``layer_hook(i, h) -> h`` adding ``strength * directions[i]`` to every row of h
     (float32 [T, hidden_size]) after each covered layer; other layers pass unchanged.
@@ -282,7 +317,9 @@ def steering_hook(vec: SteeringVector, strength: float):
     vector would change nothing, silently.
 
     Raises:
-        SterError: ``vec`` not a ``SteeringVector``; a strength that is not a finite number, or one whose
+        SterError: ``vec`` not a ``SteeringVector``, or one ``read_vector`` would refuse (:func:`checked_vector`:
+            a layer that is not an int, a direction that is not ``hidden_size`` finite real numbers of unit norm,
+            a trait or method that is not text); a strength that is not a finite number, or one whose
             product with a direction overflows float32; when the hook runs, a stream of another width
             than the vector's (a vector made for another model).
     """
@@ -290,6 +327,7 @@ def steering_hook(vec: SteeringVector, strength: float):
 
     if not isinstance(vec, SteeringVector):
         raise SterError(f"steering_hook takes a SteeringVector (caa, pca or read_vector), got {type(vec).__name__}")
+    vec = checked_vector(vec, "given to steering_hook")
     if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not math.isfinite(strength):
         raise SterError(f"--strength must be a finite number, got {strength!r}")
     with np.errstate(over="ignore"):

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -95,6 +96,32 @@ def test_steering_hook_matches_transformers_hooks(tiny, tmp_path):
     stop = expected.index(2) + 1 if 2 in expected else 10  # id 2 is </s>
     assert doc["ids"] == expected[:stop]
     assert doc["vector"] == {"path": str(tmp_path / "v.json"), "strength": 2.5}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"directions": {1: list(np.eye(4)[0])}}, None),
+    ({"directions": {"1": np.eye(4, dtype=np.float32)[0]}}, "layer '1' \\(a string\\) is not a layer number"),
+    ({"directions": {1: np.array([np.nan, 1, 0, 0])}}, "layer 1 holds non-finite values"),
+    ({"directions": {1: np.eye(4, dtype=complex)[0]}}, "layer 1 is not a list of real numbers"),
+    ({"directions": {1: [1.0, 0.0, 0.0]}}, "layer 1 has 3 values, but hidden_size is 4"),
+    ({"directions": {}}, "directions must be a non-empty object"),
+    ({"trait": 5}, "trait must be a string, got 5"),
+])
+def test_steering_hook_checks_a_vector_built_in_memory(change, words):
+    """steering_hook(vec, k) with a hand-built vector: directions as lists were a TypeError, a layer "1" a
+    TypeError, a NaN direction was reported as "overflows float32", complex values printed a ComplexWarning.
+    The vector is checked as read_vector checks a file, and refused with a SterError saying what is wrong."""
+    fields = {"model": "m", "model_revision": None, "hidden_size": 4, "trait": "t", "method": "caa",
+              "directions": {1: np.eye(4, dtype=np.float32)[0]}, **change}
+    vec = SteeringVector(**fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # complex values: numpy's ComplexWarning
+        if words is None:
+            hook = steering_hook(vec, 2.0)
+            assert hook.layers == (1,) and hook(1, np.zeros((1, 4), np.float32)).tolist() == [[2.0, 0, 0, 0]]
+        else:
+            with pytest.raises(SterError, match="^steering vector given to steering_hook: " + words):
+                steering_hook(vec, 2.0)
 
 
 def test_strength_zero_is_exactly_unsteered(tiny, tmp_path):
