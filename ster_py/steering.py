@@ -348,6 +348,16 @@ def steering_hook(vec: SteeringVector, strength: float):
     return hook
 
 
+def _check_names(trait, sources, method: str) -> None:
+    """Refuse a ``trait`` that is not text (``write_vector`` would refuse the vector built) or ``sources`` that are
+    not two texts (the capture paths recorded in metadata), before any capture is read."""
+    if not isinstance(trait, str):
+        raise SterError(f"{method}: trait must be text (what the vector steers toward), got {json_value(trait)}")
+    if not (isinstance(sources, (tuple, list)) and len(sources) == 2 and all(isinstance(s, str) for s in sources)):
+        raise SterError(f"{method}: sources must be a pair of texts (the positive and negative capture paths), "
+                        f"got {json_value(sources)}")
+
+
 def _check_captures(positive, negative, sources: tuple[str, str], *, states: bool) -> None:
     """Refuse a capture whose sidecar fields (``states`` False) or states (True) are malformed or hold NaN or
     infinity (numpy's SVD never returns on those): ``load_capture`` refuses such files, this covers captures
@@ -429,11 +439,13 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         residual norm, the position rule and the prompt counts.
 
     Raises:
-        SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
+        SterError: a trait that is not text, sources that are not two texts; a malformed capture
+            (``capture.check_sidecar``, ``check_states``: NaN or infinity among
             its states); captures of different models, widths or position rules, or one encoded through the
             chat template and the other as raw text, or run under
             different steering (``capture``'s vector); no common layer; a zero difference (identical sides).
     """
+    _check_names(trait, sources, "caa")
     _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
     for key in ("model", "model_revision", "hidden_size"):
@@ -488,11 +500,13 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
         of the differences' squared norm the axis explains and the share of pairs on its positive side.
 
     Raises:
-        SterError: a malformed capture (``capture.check_sidecar``, ``check_states``: NaN or infinity among
+        SterError: a trait that is not text, sources that are not two texts; a malformed capture
+            (``capture.check_sidecar``, ``check_states``: NaN or infinity among
             its states); captures of different models, widths or position rules, or one encoded through the
             chat template and the other as raw text, or run under different steering; ``all``-position captures
             (no pairing); unequal prompt counts; no common layer; a layer whose differences are all zero.
     """
+    _check_names(trait, sources, "pca")
     _check_captures(positive, negative, sources, states=False)
     pm, nm = positive.meta, negative.meta
     for key in ("model", "model_revision", "hidden_size", "position"):

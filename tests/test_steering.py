@@ -433,6 +433,25 @@ def test_library_misuse_of_vectors_is_a_sterror_not_a_numpy_error(tiny, tmp_path
     assert sorted(read_vector(tmp_path / "v.json").directions) == [0, 1]
 
 
+@pytest.mark.parametrize("build", ["caa", "pca"])
+def test_caa_and_pca_refuse_a_trait_or_sources_that_are_not_text(tiny, build):
+    """caa(pos, neg, sources=5) was a TypeError, and caa(..., trait=5) built a vector write_vector then refused;
+    pca likewise. Both are refused up front."""
+    from ster_py import steering
+    from ster_py.capture import capture
+
+    path, _ = tiny
+    loaded = load_model(str(path))
+    pos, neg = capture(loaded, ["w5 w6"], [1]), capture(loaded, ["w50 w51"], [1])
+    build = getattr(steering, build)
+    with pytest.raises(SterError, match="trait must be text .*got 5$"):
+        build(pos, neg, trait=5)
+    for sources in (5, ("p",), ("p", None), "pn"):
+        with pytest.raises(SterError, match="sources must be a pair of texts"):
+            build(pos, neg, sources=sources)
+    assert build(pos, neg, trait="t", sources=["p", "n"]).metadata["negative"] == "n"
+
+
 def test_write_vector_takes_a_json_name_only(tiny, tmp_path):
     """write_vector(v, "x.txt") wrote a steering vector under a name that is not .json; it is refused with the name
     to use, and nothing is written. read_vector reads what write_vector writes."""
