@@ -543,10 +543,13 @@ def test_weights_holding_nan_are_refused_not_converted(checkpoints, tmp_path):
     ({"drop": "token_embd.weight"}, "has no token_embd.weight tensor: it holds no model weights"),
     ({"reshape": "blk.0.attn_norm.weight"}, r"tensor 'blk\.0\.attn_norm\.weight' has shape \[\d+\], but the "
                                             "configuration implies"),
+    # a norm stored as I32 was read as floats (its integers) and the model ran
+    ({"int32": "blk.0.attn_norm.weight"}, r"tensor 'blk\.0\.attn_norm\.weight' is stored as I32, an integer type "
+                                          "llama.cpp uses only for id tables"),
 ])
 def test_a_gguf_ster_refuses_to_run_is_not_reconverted(checkpoints, tmp_path, change, words):
-    """convert re-quantized a GGUF whose tensors did not fit its model (a norm of another width, a tensor
-    missing, even token_embd.weight) with status 0, writing a file that ster (and llama.cpp) refuse to run;
+    """convert re-quantized a GGUF whose tensors did not fit its model (a norm of another width or stored as
+    integers, a tensor missing, even token_embd.weight) with status 0, writing a file that ster (and llama.cpp) refuse to run;
     it is now refused as load_model refuses it, and nothing is written."""
     import gguf
 
@@ -567,6 +570,8 @@ def test_a_gguf_ster_refuses_to_run_is_not_reconverted(checkpoints, tmp_path, ch
         data = np.asarray(t.dequantize(), np.float32)
         if name == change.get("reshape"):
             data = np.ones(data.shape[-1] + 1, np.float32)
+        if name == change.get("int32"):
+            data = np.rint(data * 100).astype(np.int32)
         w.add_tensor(name, data)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(SterError, match=words):

@@ -164,6 +164,11 @@ class GGUFTensor:
                             "table stops llama.cpp's graph): the file is damaged or was not written by llama.cpp's "
                             "converter")
         if self.type_name in quants.TABLE_TYPE_NAMES:
+            if not self.name.endswith(quants.ID_TABLE_SUFFIXES):   # its integers would be read as weights
+                raise SterError(f"tensor {self.name!r} is stored as {self.type_name}, an integer type llama.cpp "
+                                "uses only for id tables (such as DeepSeek-V4's ffn_gate_tid2eid); weights, norms "
+                                "and biases are float or block-quantized types: the file is damaged or was not "
+                                "written by llama.cpp's converter")
             return quants.integer_table(self.raw, self.ggml_type, self.shape)
         if not quants.GGML_TYPES[self.ggml_type].supported:
             raise SterError(f"tensor {self.name!r} has type {self.type_name} (id {self.ggml_type}), which ster "
