@@ -30,6 +30,7 @@ import numpy as np
 
 from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, content_revision, model_identity, read_json,
                         sniff, write_safetensors)
+from .decoder.model import check_callbacks
 from .decoder.qlinear import float_activations
 from .errors import SterError
 from .files import FileTooLarge, NotRegularFile, check_path_name, read_bounded
@@ -199,10 +200,11 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
             or given twice (a capture holds one array per layer and prompt: ``save_capture`` and
             ``load_capture`` refuse anything else); or a prompt error; a vector that does not fit the model
             (another model, width or layers), a strength that is not a finite number, or both a vector and a
-            layer_hook.
+            layer_hook; a ``progress`` that is neither None nor callable (``check_callbacks``).
     """
     if not all(hasattr(loaded, name) for name in ("decoder", "tokenizer", "spec")):
         raise SterError(f"capture takes a loaded model (load_model(...)), got {type(loaded).__name__}")
+    check_callbacks("capture", progress=progress)
     if position not in POSITIONS:
         raise SterError(f"--position must be one of {', '.join(POSITIONS)}, got {position!r}")
     if isinstance(prompts, str):

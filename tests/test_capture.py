@@ -185,6 +185,17 @@ def test_library_capture_of_no_model_or_a_system_prompt_not_text_says_so(tiny):
         capture(load_model(str(tiny[0])), [PROMPTS[0]], [0], system=5)
 
 
+def test_library_capture_refuses_a_progress_that_is_not_a_function(tiny):
+    """capture(..., progress=5) ran the first prompt, then was a TypeError ('int' object is not callable): it is
+    refused before any work, as generate refuses its callbacks (check_callbacks)."""
+    loaded = load_model(str(tiny[0]))
+    with pytest.raises(SterError, match="^capture's progress must be a function or None, got int$"):
+        capture(loaded, [PROMPTS[0]], [0], progress=5)
+    seen = []
+    capture(loaded, [PROMPTS[0]], [0], progress=lambda *a: seen.append(a))
+    assert seen == [("capture", 1, 1)]
+
+
 def test_prompts_file_that_is_not_text_is_one_error_line(tmp_path, monkeypatch):
     """A binary --prompts file was a UnicodeDecodeError traceback; /dev/zero (or a FIFO) was read without end
     until a MemoryError traceback. Each is now a SterError naming the file (capture and parity share the reader)."""
