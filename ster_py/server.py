@@ -236,6 +236,8 @@ class Server:
                 raise RequestError("prompt: token-id prompts are not supported; send the text as a string", "prompt")
             if not isinstance(prompt, str) or not prompt:
                 raise RequestError("prompt must be a non-empty string", "prompt")
+            if not prompt.strip():   # as ster generate and chat refuse it: no text to continue
+                raise RequestError("prompt is only whitespace; send the text the model should continue", "prompt")
             args["raw"], args["messages"] = prompt, []
         return args
 

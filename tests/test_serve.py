@@ -262,6 +262,7 @@ def test_bad_requests_get_openai_shaped_errors(served, body, status, words):
     ({"prompt": ["w5", "w6"]}, "a batch of 2 prompts is not supported"),
     ({"prompt": [504, 3575]}, "token-id prompts are not supported"),
     ({"prompt": [[5, 6]]}, "token-id prompts are not supported"),
+    ({"prompt": " \n\t"}, "prompt is only whitespace"),     # was continued, though generate and chat refuse it
     ({"prompt": "w5", "logprobs": 2, "top_logprobs": 2}, 'top_logprobs needs "logprobs": true'),
 ])
 def test_completions_prompts_it_cannot_take(served, extra, words):
