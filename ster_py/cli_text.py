@@ -77,15 +77,28 @@ _ID = re.compile(r"-?[0-9]+")
 
 
 def _parse_ids(values: List[str], vocab_size: int) -> list[int]:
-    """Token ids from arguments: each may hold several, separated by commas or spaces, in brackets or not.
+    """Token ids from arguments: each may hold several, separated by commas or spaces, as a list in one pair of
+    brackets or not (``tokenize --json``'s ``[1, 2, 3]``, quoted as one argument or not: ``[1`` ``2`` ``3]``).
 
     Raises:
         SterError: an empty item between commas (``1,,2``, a comma at an end: once skipped in silence), named by
-            its position; an item that is not a whole number; no id at all; an id outside the vocabulary.
+            its position; a bracket that is not closed (``[1,2``), closes none or opens a second list inside the
+            first; an item that is not a whole number; no id at all; an id outside the vocabulary.
     """
-    ids = []
+    ids, opened = [], None   # opened: the argument whose "[" is not closed yet
+    usage = "give ids like `ster detokenize 15496 995`, 15496,995 or [15496, 995]"
     for value in values:
-        inner = value.strip().strip("[]")
+        inner = value.strip()
+        if inner.startswith("["):
+            if opened is not None:
+                raise SterError(f"{inner[:40]!r}: a second '[' before the one of {opened[:40]!r} is closed; {usage}")
+            opened, inner = value.strip(), inner[1:]
+        if inner.endswith("]"):
+            if opened is None:
+                raise SterError(f"{inner[:40]!r}: a ']' closes no '['; {usage}")
+            opened, inner = None, inner[:-1]
+        if "[" in inner or "]" in inner:
+            raise SterError(f"{value.strip()[:40]!r}: a bracket inside the ids; {usage}")
         parts = inner.split(",")
         items = []
         for part in parts:
@@ -104,6 +117,8 @@ def _parse_ids(values: List[str], vocab_size: int) -> list[int]:
                 raise SterError(f"token id {item[:20]}... ({len(item)} digits) is outside this vocabulary "
                                 f"(ids 0..{vocab_size - 1})")
             ids.append(int(item))
+    if opened is not None:
+        raise SterError(f"{opened[:40]!r}: the '[' is never closed; {usage}")
     if not ids:
         raise SterError("no token ids given; give whole numbers like `ster detokenize 15496 995` (or 15496,995)")
     bad = [i for i in ids if not 0 <= i < vocab_size]

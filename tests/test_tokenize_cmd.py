@@ -8,12 +8,14 @@ behaviour, and transformers' tokenizer for a Hugging Face directory.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from ster_py.errors import SterError
 from test_gguf_tokenizer import _vectors, llama_vocab_dir  # noqa: F401  (the fixture is used by name)
 
 TEXT = "Hello <|im_start|>world<|im_end|>\n  naïve café 🦙 3.14"
@@ -198,6 +200,24 @@ def test_detokenize_refuses_an_empty_item_naming_its_position(llama_vocab_dir):
     ids = [json.loads(ster("detokenize", "-m", path, "--json", *args).stdout)["ids"]
            for args in (("[1, 2, 3]",), ("1, 2", "3"), ("1 2 3",))]
     assert ids == [[1, 2, 3]] * 3
+
+
+@pytest.mark.real
+def test_detokenize_refuses_an_unbalanced_bracket(llama_vocab_dir):
+    """`ster detokenize "[1,2"` decoded 1 and 2: brackets were stripped from either end, any number of them. A list
+    is one pair of brackets (tokenize --json's ids; unquoted, `[1 2 3]` arrives as three arguments)."""
+    from ster_py.cli_text import _parse_ids
+
+    for args, message in ((("[1,2",), "'[1,2': the '[' is never closed"), (("1,2]",), "'1,2]': a ']' closes no '['"),
+                          (("[1", "[2]"), "'[2]': a second '[' before the one of '[1' is closed"),
+                          (("[[1]]",), "'[[1]]': a bracket inside the ids")):
+        with pytest.raises(SterError, match=re.escape(message)):
+            _parse_ids(list(args), 100)
+    assert [_parse_ids(args, 100) for args in (["[1,2]"], ["[1", "2", "3]"], ["[1]", "[2]"], ["[", "1", "]"])] == \
+        [[1, 2], [1, 2, 3], [1, 2], [1]]
+    done = ster("detokenize", "-m", str(llama_vocab_dir / "ggml-vocab-llama-spm.gguf"), "[1,2")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: '[1,2': the '[' is never closed")
 
 
 def test_errors_are_one_line(llama_vocab_dir, tmp_path):
