@@ -333,7 +333,8 @@ def generate(decoder: Decoder, prompt_ids: Iterable[int], sampling: Sampling, st
         raise SterError("generate takes the model's decoder: pass loaded.decoder, not the loaded model")
     check_callbacks("generate", layer_hook=layer_hook, on_token=on_token, cancelled=cancelled, progress=progress,
                     on_logprobs=on_logprobs)
-    check_layer_hook("generate", layer_hook, decoder.spec)   # a steering vector's layer past the model
+    if layer_hook is not None:   # a steering vector's layer past the model
+        check_layer_hook("generate", layer_hook, decoder.spec)
     if cache is not None and not isinstance(cache, PromptCache):
         raise SterError(f"generate's cache must be a prefix.PromptCache or None, got {type(cache).__name__}")
     kv_dtype = kv_cache_dtype(kv_cache)
