@@ -374,6 +374,25 @@ def _check_captures(positive, negative, sources: tuple[str, str], *, states: boo
             check_sidecar(cap.meta, where)
 
 
+def _check_pair(positive, negative, trait, sources, method: str) -> tuple[dict, dict]:
+    """The checks ``caa`` and ``pca`` share, before any state is read: the names (``_check_names``), both
+    sidecars (``_check_captures``), one model, revision and width, one position rule, one encoding
+    (``_check_same_encoding``) and one steering (``_check_same_steering``). Returns the two sidecars."""
+    _check_names(trait, sources, method)
+    _check_captures(positive, negative, sources, states=False)
+    pm, nm = positive.meta, negative.meta
+    for key in ("model", "model_revision", "hidden_size"):
+        if pm.get(key) != nm.get(key):
+            raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
+                            "capture both sides with the same model")
+    if pm.get("position") != nm.get("position"):
+        raise SterError(f"the captures use different --position rules (positive {pm.get('position')}, "
+                        f"negative {nm.get('position')}); capture both sides the same way")
+    _check_same_encoding(pm, nm)
+    _check_same_steering(pm, nm)
+    return pm, nm
+
+
 def _check_same_encoding(pm: dict, nm: dict) -> None:
     """Refuse captures whose prompts were encoded differently: one through the model's chat template, the other
     as raw text (``--chat-template``). Their states differ by the template (at position ``last`` another
@@ -445,18 +464,7 @@ def caa(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
             chat template and the other as raw text, or run under
             different steering (``capture``'s vector); no common layer; a zero difference (identical sides).
     """
-    _check_names(trait, sources, "caa")
-    _check_captures(positive, negative, sources, states=False)
-    pm, nm = positive.meta, negative.meta
-    for key in ("model", "model_revision", "hidden_size"):
-        if pm.get(key) != nm.get(key):
-            raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
-                            "capture both sides with the same model")
-    if pm.get("position") != nm.get("position"):
-        raise SterError(f"the captures use different --position rules (positive {pm.get('position')}, "
-                        f"negative {nm.get('position')}); capture both sides the same way")
-    _check_same_encoding(pm, nm)
-    _check_same_steering(pm, nm)
+    pm, nm = _check_pair(positive, negative, trait, sources, "caa")
     common = _shared_layers(positive, negative, layers)
     if not common:
         raise SterError(f"the captures share no layer (positive {positive.layers}, negative {negative.layers})")
@@ -506,15 +514,7 @@ def pca(positive, negative, *, trait: str = "", layers=None, sources: tuple[str,
             chat template and the other as raw text, or run under different steering; ``all``-position captures
             (no pairing); unequal prompt counts; no common layer; a layer whose differences are all zero.
     """
-    _check_names(trait, sources, "pca")
-    _check_captures(positive, negative, sources, states=False)
-    pm, nm = positive.meta, negative.meta
-    for key in ("model", "model_revision", "hidden_size", "position"):
-        if pm.get(key) != nm.get(key):
-            raise SterError(f"the captures disagree on {key}: positive {pm.get(key)!r}, negative {nm.get(key)!r}; "
-                            "capture both sides with the same model and --position")
-    _check_same_encoding(pm, nm)
-    _check_same_steering(pm, nm)
+    pm, nm = _check_pair(positive, negative, trait, sources, "pca")
     if pm.get("position") == "all":
         raise SterError("PCA pairs prompt j of each side: capture with --position last or mean (one row per prompt), "
                         "not all")
