@@ -200,11 +200,11 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
             or given twice (a capture holds one array per layer and prompt: ``save_capture`` and
             ``load_capture`` refuse anything else); or a prompt error; a vector that does not fit the model
             (another model, width or layers), a strength that is not a finite number, or both a vector and a
-            layer_hook; a ``progress`` that is neither None nor callable (``check_callbacks``).
+            layer_hook; a ``progress`` or ``layer_hook`` that is neither None nor callable (``check_callbacks``).
     """
     if not all(hasattr(loaded, name) for name in ("decoder", "tokenizer", "spec")):
         raise SterError(f"capture takes a loaded model (load_model(...)), got {type(loaded).__name__}")
-    check_callbacks("capture", progress=progress)
+    check_callbacks("capture", progress=progress, layer_hook=layer_hook)
     if position not in POSITIONS:
         raise SterError(f"--position must be one of {', '.join(POSITIONS)}, got {position!r}")
     if isinstance(prompts, str):
@@ -279,8 +279,6 @@ def capture(loaded, prompts: Sequence[str], layers: Sequence[int], position: str
 def _steering(loaded, vector, strength, vector_path, layer_hook):
     """capture's hook (None: unsteered) and its sidecar's ``steering`` record (None, or what the run added)."""
     if vector is None:
-        if layer_hook is not None and not callable(layer_hook):
-            raise SterError(f"layer_hook must be a function h = layer_hook(i, h), got {type(layer_hook).__name__}")
         return layer_hook, (None if layer_hook is None else {"layer_hook": True})
     from .steering import check_vector_for, steering_hook
 
