@@ -10,7 +10,6 @@ import json
 import signal
 import sys
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 

@@ -164,8 +164,6 @@ def load_tokenizer(model: str, revision: str | None = None, *, progress: Progres
             unsupported GGUF tokenizer scheme, a malformed vocabulary); ``model`` None, not text or
             blank (``resolve.model_text``).
     """
-    from pathlib import Path
-
     model = model_text(model)
     path = user_path(model, "the model path")
     if path.is_dir() and any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.jsonl", "tekken.json")):

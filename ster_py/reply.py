@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Collection, Iterable
 
 __all__ = ["ReplyFormat", "detect_format", "ReplyParser", "Event", "blocks_of", "template_variables",

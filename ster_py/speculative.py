@@ -151,7 +151,6 @@ def check_draft_options(draft: str | None, draft_max: int | None, sampling) -> N
             ``--draft`` that names a local path (as ``resolve.resolve`` tells one) that does not exist.
     """
     import os
-    from pathlib import Path
 
     from .resolve import _looks_like_path
 

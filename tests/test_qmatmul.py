@@ -364,7 +364,8 @@ def test_read_ahead_hints_change_no_result():
 @pytest.mark.parametrize("simd", [True, False])
 @pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
 def test_gated_activation_matches_numpy(simd, act):
-    from ster_py.decoder.ffn import ACT_FNS, gated
+    from ster_py.decoder.activations import ACT_FNS
+    from ster_py.decoder.ffn import gated
 
     ops.set_simd(simd)
     rng = np.random.default_rng(3)
@@ -374,6 +375,34 @@ def test_gated_activation_matches_numpy(simd, act):
     want = ACT_FNS[act](g.astype(np.float64)) * u
     got = gated(act, g.copy(), u)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)  # tails below 1e-9 differ in how they reach 0
+
+
+_TORCH_ACTIVATIONS = {  # the oracle of each name in activations.ACT_FNS and GATES
+    "silu": lambda t, F: F.silu(t), "gelu": lambda t, F: F.gelu(t),
+    "gelu_pytorch_tanh": lambda t, F: F.gelu(t, approximate="tanh"), "relu2": lambda t, F: F.relu(t) ** 2,
+    "relu": lambda t, F: F.relu(t), "sigmoid": lambda t, F: t.sigmoid(), "softplus": lambda t, F: F.softplus(t),
+    "softplus2": lambda t, F: F.softplus(t, beta=float(np.log(2.0))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_ACTIVATIONS))
+def test_activations_match_torch_without_warnings(name):
+    """The one definition of each activation agrees with torch's on float32, extremes included (exp(-x)
+    beyond float32's range gives the limit, with no overflow warning reaching a user's terminal)."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    from ster_py.decoder.activations import ACT_FNS, GATES
+
+    fn = ACT_FNS.get(name) or GATES[name]
+    x = np.concatenate([np.linspace(-30, 30, 2001), [-1e4, -200.0, -89.0, -88.0, 88.0, 89.0, 200.0, 1e4, 0.0, -0.0,
+                                                     1e-30, -1e-30]]).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(x)
+    assert got.dtype == np.float32
+    want = _TORCH_ACTIVATIONS[name](torch.from_numpy(x), torch.nn.functional).numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
 
 
 def test_int16_activations_follow_their_definition():

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import ops as _ops
+from .activations import GATES, sigmoid
 from .linear import make_linear
 from .norms import Norm
 from .parts import Part
@@ -149,27 +150,6 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: 
 #: the tokens' own: int [T], all the prompt's last position for a prefix-LM prompt (every query sees
 #: the whole prompt). Rotations always use the tokens' own positions.
 MASK_POSITIONS = "attention.mask_positions"
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + exp(x)), float32, without overflow."""
-    return np.logaddexp(np.float32(0.0), x)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def softplus2(x: np.ndarray) -> np.ndarray:
-    """log2(1 + 2 ** x): softplus with beta = ln 2 (K2-Horizon's attention gate), float32, without overflow."""
-    return (np.logaddexp2(np.float32(0.0), x)).astype(np.float32, copy=False)
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-GATES = {"sigmoid": sigmoid, "softplus": softplus, "softplus2": softplus2, "silu": silu}
 
 
 class Attention(Part):

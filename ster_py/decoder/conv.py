@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import scan as _scan
+from . import activations
 
 
 def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, state: np.ndarray,
@@ -44,5 +45,5 @@ def causal_conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray 
     for k in range(K):
         out += weight[:, k].astype(np.float32) * u[k:k + T]
     if silu:
-        out = out / (np.float32(1.0) + np.exp(-out))
+        out = activations.silu(out)
     return out, u[T:].copy()

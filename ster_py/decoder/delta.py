@@ -37,7 +37,8 @@ from .cache import RecurrentState
 from .conv import causal_conv1d
 from .linear import make_linear
 from .parts import Part
-from .ssm import silu, softplus, vector
+from .activations import sigmoid, silu, softplus
+from .ssm import vector
 
 
 
@@ -102,8 +103,7 @@ class DeltaSpec:
     def tensor_shapes(self, hidden: int) -> dict[tuple[str, str], tuple[int, ...]]:
         """(role, kind) -> shape of the mixer's tensors (``layout.expected_shapes``); the roles in
         ``layout.RESHAPED_ROLES`` may be stored in another shape of the same size."""
-        kd, vd, hv, hk, c, k = (self.key_dim, self.value_dim, self.num_v_heads, self.num_k_heads, self.conv_dim,
-                                self.conv_kernel)
+        kd, vd, hv, c, k = self.key_dim, self.value_dim, self.num_v_heads, self.conv_dim, self.conv_kernel
         per_head = hv if self.kind == "gated_delta" else self.value_dim  # KDA: one per key channel
         out = {("lin_qkvz", "weight"): (2 * kd + 2 * vd, hidden), ("lin_ba", "weight"): (2 * hv, hidden),
                ("lin_qkv", "weight"): (c, hidden), ("lin_z", "weight"): (vd, hidden),
@@ -174,10 +174,6 @@ def l2_heads(x: np.ndarray, heads: int, eps: float) -> np.ndarray:
     T = x.shape[0]
     h = x.reshape(T, heads, -1)
     return (h / np.sqrt(np.sum(np.square(h), axis=-1, keepdims=True) + np.float32(eps))).reshape(T, -1)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
 
 
 def gated_head_norm(y: np.ndarray, z: np.ndarray, weight: np.ndarray, head_dim: int, eps: float,

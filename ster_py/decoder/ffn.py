@@ -1,60 +1,11 @@
-"""Activations and the feed-forward sublayer.
-
-GELU: Hendrycks & Gimpel 2016 (exact erf form, and the tanh approximation that
-Transformers calls gelu_pytorch_tanh / gelu_new / gelu_fast); SiLU: Elfwing et al.
-2017; squared ReLU: So et al. 2021 (Primer). Gated feed-forward: Shazeer 2020.
-"""
+"""The feed-forward sublayer: plain or gated (Shazeer 2020), its activation from ``activations.ACT_FNS``."""
 from __future__ import annotations
 
 import numpy as np
 
 from ._fast import ops as _ops
+from .activations import ACT_FNS
 from .parts import Part
-
-_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """erf in float64 by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
-
-    numpy has no erf and scipy is not a dependency; the error is far below the
-    float32 rounding of the activations it feeds.
-    """
-    x = x.astype(np.float64)
-    s = np.sign(x)
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
-               + 0.254829592) * t * np.exp(-a * a)
-    return s * y
-
-
-def gelu_exact(x: np.ndarray) -> np.ndarray:
-    return (0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))).astype(np.float32)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)))
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-def relu2(x: np.ndarray) -> np.ndarray:
-    return np.square(np.maximum(x, 0))
-
-
-ACT_FNS = {
-    "silu": silu,
-    "gelu": gelu_exact,
-    "gelu_pytorch_tanh": gelu_tanh,
-    "gelu_tanh": gelu_tanh,
-    "gelu_new": gelu_tanh,
-    "gelu_fast": gelu_tanh,
-    "relu2": relu2,
-    "relu": lambda x: np.maximum(x, 0),
-}
 
 # Activations the fused Cython gate (``ops.glu``) computes: SiLU (0) and the tanh GELU (1).
 _GLU_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu_new": 1, "gelu_fast": 1}
@@ -83,7 +34,8 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> 
     """
     g = np.minimum(gate, np.float32(limit))
     u = np.clip(up, -np.float32(limit), np.float32(limit))
-    return (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.exp(-np.float32(alpha) * g)))
+    with np.errstate(over="ignore"):   # exp(-alpha g) beyond float32 for g far below 0: the product is its limit -0
+        return (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.exp(-np.float32(alpha) * g)))
 
 
 def gaussian_top(x: np.ndarray, sparsity: float, ddof: int = 0) -> np.ndarray:

@@ -23,10 +23,11 @@ import numpy as np
 
 from .cache import RecurrentState
 from .conv import causal_conv1d
-from .delta import conv_weights, delta_rule, gated_head_norm, l2_heads, sigmoid
+from .activations import sigmoid, softplus
+from .delta import conv_weights, delta_rule, gated_head_norm, l2_heads
 from .linear import make_linear
 from .parts import Part
-from .ssm import softplus, vector
+from .ssm import vector
 
 
 def kda_log_decay(f: np.ndarray, dt_bias: np.ndarray, a_log: np.ndarray, head_dim: int, safe_gate: bool,

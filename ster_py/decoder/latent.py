@@ -51,7 +51,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import GATES, attention
+from .activations import GATES
+from .attention import attention
 from .indexer import Indexer, choice_bias
 from . import qlinear
 from .linear import Linear, make_linear

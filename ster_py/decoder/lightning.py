@@ -40,7 +40,8 @@ from .cache import RecurrentState
 from .linear import make_linear
 from .parts import Part
 from .positions import alibi_slopes
-from .ssm import silu, vector
+from .activations import sigmoid, silu
+from .ssm import vector
 
 
 def lightning_decay(heads: int, layer: int, layers: int, slope_eps: float = 1e-5, slopes: str = "minimax",
@@ -171,5 +172,5 @@ class Lightning(Part):
         og = og * (1.0 / np.sqrt(np.mean(np.square(og), axis=-1, keepdims=True) + eps))
         o = og.reshape(T, H * D) * self.norm_w
         gate = self.gate(x)
-        o = o * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate)))
+        o = o * sigmoid(gate)
         return self.out_proj(o.astype(np.float32, copy=False))

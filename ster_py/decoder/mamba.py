@@ -25,7 +25,8 @@ from .cache import RecurrentState
 from .conv import causal_conv1d
 from .linear import make_linear
 from .parts import Part
-from .ssm import plain_rms, silu, softplus, vector
+from .activations import silu, softplus
+from .ssm import plain_rms, vector
 
 
 def selective_scan(x, dt, dt_bias, A, B, C, D, z, state: np.ndarray) -> np.ndarray:

@@ -28,7 +28,8 @@ from .cache import RecurrentState
 from .conv import causal_conv1d
 from .linear import make_linear
 from .parts import Part
-from .ssm import silu, softplus, vector
+from .activations import silu, softplus
+from .ssm import vector
 
 
 def multihead_scan(x, dt, dt_bias, A, B, C, D, state: np.ndarray, dt_min: float = 0.0,

@@ -37,7 +37,8 @@ from ..config import ModelSpec
 from ..errors import Cancelled, SterError
 from .attention import MASK_POSITIONS
 from .cache import KVCache
-from .ffn import ACT_FNS, DenseFFN
+from .activations import ACT_FNS
+from .ffn import DenseFFN
 from .layout import Layout
 from .linear import Linear, make_linear
 from .norms import Norm

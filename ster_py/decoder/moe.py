@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import SterError
 from ._fast import ops as _ops
+from .activations import sigmoid, softplus
 from .ffn import _GLU_KINDS, DenseFFN
 from .parts import Part
 from .qlinear import QuantLinear
@@ -238,8 +239,8 @@ def _score(scoring: str, logits: np.ndarray) -> np.ndarray:
     if scoring == "softmax":
         return _softmax(logits)
     if scoring == "sqrtsoftplus":
-        return np.sqrt(np.logaddexp(np.float32(0), logits)).astype(np.float32)
-    return 1.0 / (1.0 + np.exp(-logits))
+        return np.sqrt(softplus(logits))
+    return sigmoid(logits)
 
 
 def route_hashed(spec: RouterSpec, logits: np.ndarray, table: np.ndarray, tokens: np.ndarray):
@@ -255,7 +256,7 @@ def _route_with_sink(spec: RouterSpec, logits: np.ndarray, select_bias) -> tuple
     (int64 [T, top_k + sink] ids, the shared experts last; float32 [T, top_k + sink] weights).
     Transformers' ``InklingTopkRouter``: exp(logsigmoid - logsumexp(logsigmoid)) is sigmoid over the sum."""
     E, T = spec.num_experts, logits.shape[0]
-    scores = 1.0 / (1.0 + np.exp(-logits))
+    scores = sigmoid(logits)
     routed = scores[:, :E]
     choice = routed + select_bias.astype(np.float32) if spec.select_bias and select_bias is not None else routed
     ids = _top(choice, spec.top_k)
@@ -425,7 +426,7 @@ class MoE(Part):
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
-                s = s * (1.0 / (1.0 + np.exp(-self.shared_gate(x))))
+                s = s * sigmoid(self.shared_gate(x))
             out += s
             if self.spec.shared_average:
                 out *= np.float32(0.5)

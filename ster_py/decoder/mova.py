@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .activations import silu
 from .moe import RouterSpec, route
-
-
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
 
 
 class ValueExperts:
@@ -42,7 +39,7 @@ class ValueExperts:
         for e, a, b in zip(chosen, starts, ends):  # each chosen expert once, over the tokens that chose it
             sel = order[a:b]
             tokens = sel // ids.shape[1]
-            y = _silu(self.experts[e](np.ascontiguousarray(x[tokens]))) * weights.reshape(-1)[sel][:, None]
+            y = silu(self.experts[e](np.ascontiguousarray(x[tokens]))) * weights.reshape(-1)[sel][:, None]
             if out is None:
                 out = np.zeros((x.shape[0], y.shape[1]), np.float32)
             out[tokens] += y  # a token chooses an expert at most once
@@ -56,5 +53,5 @@ def value_experts_reference(spec: RouterSpec, router_w: np.ndarray, select_bias,
     out = np.zeros((x.shape[0], experts_w[0].shape[0]))
     for t in range(x.shape[0]):
         for e, w in zip(ids[t], weights[t]):
-            out[t] += w * _silu(experts_w[e].astype(np.float64) @ x[t].astype(np.float64))
+            out[t] += w * silu(experts_w[e].astype(np.float64) @ x[t].astype(np.float64))
     return out

@@ -180,16 +180,6 @@ def vector(t, shape: tuple[int, ...]) -> np.ndarray | None:
     return np.ascontiguousarray(np.asarray(t, dtype=np.float32).reshape(shape))
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + exp(x)), float32, the identity above 20 (as torch's and ggml's softplus)."""
-    x = np.asarray(x, np.float32)
-    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, np.float32(20.0))))).astype(np.float32)
-
-
 def plain_rms(x: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) over the last axis, float32."""
     return (x * (1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps)))).astype(np.float32)

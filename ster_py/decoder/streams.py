@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .activations import sigmoid
+
 
 @dataclass(frozen=True)
 class StreamsSpec:
@@ -70,10 +72,6 @@ class StreamsSpec:
         return out
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
-
-
 def _mixes(streams: np.ndarray, fn: np.ndarray, norm_eps: float) -> np.ndarray:
     """float32 [T, k]: the flattened streams [T, n, d] through ``fn`` [k, n*d], RMS-normed (no scale)."""
     flat = streams.reshape(streams.shape[0], -1)
@@ -99,8 +97,8 @@ class HyperConnection:
         """streams float32 [T, n, d] -> (sublayer input float32 [T, d], post [T, n], comb [T, n, n] or None)."""
         s, n = self.spec, self.spec.n
         m = _mixes(streams, self.fn, s.norm_eps)
-        pre = _sigmoid(m[:, :n] * self.scale[0] + self.base[:n]) + np.float32(s.eps)
-        post = np.float32(s.magnitude) * _sigmoid(m[:, n:2 * n] * self.scale[1] + self.base[n:2 * n])
+        pre = sigmoid(m[:, :n] * self.scale[0] + self.base[:n]) + np.float32(s.eps)
+        post = np.float32(s.magnitude) * sigmoid(m[:, n:2 * n] * self.scale[1] + self.base[n:2 * n])
         if s.post_eps:
             post = post + np.float32(s.post_eps)
         comb = None
@@ -144,5 +142,5 @@ class HyperHead:
         if self.fn is None:
             return streams.mean(axis=1).astype(np.float32)
         m = _mixes(streams, self.fn, self.spec.norm_eps)
-        pre = _sigmoid(m * self.scale[0] + self.base) + np.float32(self.spec.eps)
+        pre = sigmoid(m * self.scale[0] + self.base) + np.float32(self.spec.eps)
         return np.einsum("tn,tnd->td", pre, streams).astype(np.float32)

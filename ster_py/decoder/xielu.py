@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _softplus(x: np.ndarray) -> np.ndarray:
-    return np.logaddexp(0.0, x)
+from .activations import softplus
 
 
 class XIELU:
@@ -20,8 +18,8 @@ class XIELU:
 
     def __init__(self, alpha_p, alpha_n, beta, eps):
         beta_f = float(np.asarray(beta, np.float32).reshape(()))
-        self.alpha_p = np.float32(_softplus(float(np.asarray(alpha_p, np.float32).reshape(()))))
-        self.alpha_n = np.float32(beta_f + _softplus(float(np.asarray(alpha_n, np.float32).reshape(()))))
+        self.alpha_p = np.float32(softplus(float(np.asarray(alpha_p, np.float32).reshape(()))))
+        self.alpha_n = np.float32(beta_f + softplus(float(np.asarray(alpha_n, np.float32).reshape(()))))
         self.beta = np.float32(beta_f)
         self.eps = np.float32(np.asarray(eps, np.float32).reshape(()))
 
