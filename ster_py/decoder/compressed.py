@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .linear import make_linear
-from .norms import Norm
+from .norms import Norm, rms_norm
 from .parts import Part
 from .rope import Rope
 
@@ -252,7 +252,7 @@ class CompressedAttention(Part):
         cos_sin = self.rope.cos_sin(positions, int(positions[-1]) + 1)
         c_q = self.q_a_norm(self.q_a(x))
         q = self.q_b(c_q).reshape(T, H, D)
-        q = q / np.sqrt(np.mean(np.square(q), axis=-1, keepdims=True) + np.float32(c.norm_eps))
+        q = rms_norm(q, None, c.norm_eps)
         q = _rotate_tail(self.rope, q.transpose(1, 0, 2), *cos_sin)  # [H, T, D]
         kv = _rotate_tail(self.rope, self.ckv_norm(self.ckv(x))[None], *cos_sin)[0]
         rows = slot.append(cache.length, kv)  # [S, D]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._fast import scan as _scan
 from . import activations
+from ._fast import scan as _scan
 
 
 def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, state: np.ndarray,

@@ -33,11 +33,12 @@ import numpy as np
 
 from ..errors import SterError
 from ._fast import delta as _delta
+from .activations import sigmoid, silu, softplus
 from .cache import RecurrentState
 from .conv import causal_conv1d
 from .linear import make_linear
+from .norms import rms_norm
 from .parts import Part
-from .activations import sigmoid, silu, softplus
 from .ssm import vector
 
 
@@ -182,8 +183,7 @@ def gated_head_norm(y: np.ndarray, z: np.ndarray, weight: np.ndarray, head_dim: 
     times act(z) (``"silu"``: Transformers' ``Qwen3NextRMSNormGated``; ``"sigmoid"``: Kimi's
     ``KimiLinearRMSNormGated``)."""
     T = y.shape[0]
-    h = y.reshape(T, -1, head_dim)
-    h = h * (1.0 / np.sqrt(np.mean(np.square(h), axis=-1, keepdims=True) + np.float32(eps))) * weight
+    h = rms_norm(y.reshape(T, -1, head_dim).astype(np.float32, copy=False), weight, eps)
     gate = silu(z) if act == "silu" else sigmoid(z)
     return (h.reshape(T, -1) * gate).astype(np.float32, copy=False)
 

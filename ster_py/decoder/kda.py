@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .activations import sigmoid, softplus
 from .cache import RecurrentState
 from .conv import causal_conv1d
-from .activations import sigmoid, softplus
 from .delta import conv_weights, delta_rule, gated_head_norm, l2_heads
 from .linear import make_linear
 from .parts import Part

@@ -36,11 +36,12 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import lightning as _kernel
+from .activations import sigmoid, silu
 from .cache import RecurrentState
 from .linear import make_linear
+from .norms import rms_norm
 from .parts import Part
 from .positions import alibi_slopes
-from .activations import sigmoid, silu
 from .ssm import vector
 
 
@@ -150,10 +151,8 @@ class Lightning(Part):
         else:  # [q_h | k_h | v_h] head after head
             qkv = qkv.reshape(T, H, 3, D)
             q, k, v = (np.array(qkv[:, :, j], np.float32) for j in range(3))
-        eps = np.float32(s.norm_eps)
         if self.q_norm is not None:
-            q = q / np.sqrt(np.mean(np.square(q), axis=-1, keepdims=True) + eps) * self.q_norm
-            k = k / np.sqrt(np.mean(np.square(k), axis=-1, keepdims=True) + eps) * self.k_norm
+            q, k = rms_norm(q, self.q_norm, s.norm_eps), rms_norm(k, self.k_norm, s.norm_eps)
         if s.rope is not None:  # [T, H, D] -> [H, T, D] for the rotation
             key = ("lightning", id(s.rope))
             tables = {} if tables is None else tables
@@ -168,9 +167,7 @@ class Lightning(Part):
         q, k, v = (np.ascontiguousarray(a, np.float32).reshape(T, H * D) for a in (q, k, v))
         o = lightning_scan(q, k, v, self.decay, cache.slot(self.i)["kv"])
         g = s.norm_groups
-        og = o.reshape(T, g, H * D // g)
-        og = og * (1.0 / np.sqrt(np.mean(np.square(og), axis=-1, keepdims=True) + eps))
-        o = og.reshape(T, H * D) * self.norm_w
+        o = rms_norm(o.reshape(T, g, H * D // g), None, s.norm_eps).reshape(T, H * D) * self.norm_w
         gate = self.gate(x)
         o = o * sigmoid(gate)
         return self.out_proj(o.astype(np.float32, copy=False))

@@ -21,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import scan as _scan
+from .activations import silu, softplus
 from .cache import RecurrentState
 from .conv import causal_conv1d
 from .linear import make_linear
+from .norms import rms_norm
 from .parts import Part
-from .activations import silu, softplus
-from .ssm import plain_rms, vector
+from .ssm import vector
 
 
 def selective_scan(x, dt, dt_bias, A, B, C, D, z, state: np.ndarray) -> np.ndarray:
@@ -119,7 +120,7 @@ class Mamba(Part):
         x_db = self.x_proj(stream)
         step, B, C = x_db[:, :r], x_db[:, r:r + n], x_db[:, r + n:r + 2 * n]
         if s.bcdt_norm is not None:
-            step, B, C = (plain_rms(v, s.bcdt_eps) for v in (step, B, C))
+            step, B, C = (rms_norm(v, None, s.bcdt_eps) for v in (step, B, C))
             if self.norms is not None:
                 step, B, C = (v * w for v, w in zip((step, B, C), self.norms))
         dt = self.dt_proj(np.ascontiguousarray(step))

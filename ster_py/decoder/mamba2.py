@@ -24,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from ._fast import scan as _scan
+from .activations import silu, softplus
 from .cache import RecurrentState
 from .conv import causal_conv1d
 from .linear import make_linear
+from .norms import rms_norm
 from .parts import Part
-from .activations import silu, softplus
 from .ssm import vector
 
 
@@ -86,8 +87,7 @@ def gated_group_norm(y: np.ndarray, z: np.ndarray, weight: np.ndarray | None, gr
     if weight is None:
         return g.astype(np.float32, copy=False)
     T, d = g.shape
-    parts = g.reshape(T, groups, d // groups)
-    parts = parts * (1.0 / np.sqrt(np.mean(np.square(parts), axis=-1, keepdims=True) + np.float32(eps)))
+    parts = rms_norm(g.reshape(T, groups, d // groups).astype(np.float32, copy=False), None, eps)
     return (parts.reshape(T, d) * weight).astype(np.float32, copy=False)
 
 

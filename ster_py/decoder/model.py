@@ -35,9 +35,9 @@ import numpy as np
 
 from ..config import ModelSpec
 from ..errors import Cancelled, SterError
+from .activations import ACT_FNS
 from .attention import MASK_POSITIONS
 from .cache import KVCache
-from .activations import ACT_FNS
 from .ffn import DenseFFN
 from .layout import Layout
 from .linear import Linear, make_linear

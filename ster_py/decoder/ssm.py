@@ -178,8 +178,3 @@ def vector(t, shape: tuple[int, ...]) -> np.ndarray | None:
     if t is None:
         return None
     return np.ascontiguousarray(np.asarray(t, dtype=np.float32).reshape(shape))
-
-
-def plain_rms(x: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) over the last axis, float32."""
-    return (x * (1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps)))).astype(np.float32)
