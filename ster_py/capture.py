@@ -452,11 +452,17 @@ def load_capture(path: str | Path) -> Capture:
     """
     from safetensors import safe_open
 
-    path = Path(path)
+    given = path = Path(path)
     if path.suffix == ".json":
         side, path = path, path.with_suffix(".safetensors")
     else:
         side = sidecar_path(path)
+    if not side.exists() and not side.is_symlink():  # name what was given, not only the sidecar it implies
+        written = "`ster capture --output NAME.safetensors` writes NAME.safetensors and its sidecar NAME.json"
+        if not path.exists() and not path.is_symlink():
+            raise SterError(f"capture {given} does not exist; {written}")
+        if path.suffix != ".safetensors":  # a prompts file, a vector... given where a capture belongs
+            raise SterError(f"{given} is not a capture; {written}")
     meta = read_json(side, "capture sidecar")
     kind = sniff(meta, side)
     if kind != "capture":

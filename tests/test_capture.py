@@ -360,6 +360,29 @@ def test_malformed_or_non_finite_states_are_refused_naming_tensor_and_row(tmp_pa
     assert str(path) in str(e.value)
 
 
+def test_a_missing_capture_or_a_file_that_is_no_capture_is_named_as_given(tmp_path):
+    """`ster vector caa --positive typo.safetensors` said "capture sidecar typo.json does not exist", and
+    `--positive calm.txt` (the prompts, not their capture) "capture sidecar calm.txt.json does not exist": both
+    named a file the user never gave. Now the path given is named, with what `ster capture` writes; a capture
+    whose sidecar alone is gone is still told so."""
+    neg = _saved_capture(tmp_path, name="neg")
+    prompts = tmp_path / "calm.txt"
+    prompts.write_text("Stay calm.\n")
+    written = "`ster capture --output NAME.safetensors` writes NAME.safetensors and its sidecar NAME.json"
+    for given, words in ((tmp_path / "typo.safetensors", f"capture {tmp_path / 'typo.safetensors'} does not exist"),
+                         (tmp_path / "typo.json", f"capture {tmp_path / 'typo.json'} does not exist"),
+                         (prompts, f"{prompts} is not a capture")):
+        with pytest.raises(SterError) as e:
+            load_capture(given)
+        assert str(e.value) == f"{words}; {written}"
+        r = ster("vector", "caa", "--positive", str(given), "--negative", str(neg), "--output", str(tmp_path / "v.json"))
+        assert r.returncode == 1 and r.stderr.strip() == f"error: {words}; {written}", r.stderr
+    assert not (tmp_path / "v.json").exists()
+    (tmp_path / "neg.json").unlink()
+    with pytest.raises(SterError, match="capture sidecar .*neg.json does not exist"):
+        load_capture(neg)
+
+
 def test_cli_vectors_refuse_an_output_not_named_json(tmp_path):
     """`ster vector caa --output v.txt` wrote the vector under that name; --output must be NAME.json (as .safetensors
     was already refused), before the captures are read, and nothing is written."""
