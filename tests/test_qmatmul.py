@@ -382,20 +382,23 @@ _TORCH_ACTIVATIONS = {  # the oracle of each name in activations.ACT_FNS and GAT
     "gelu_pytorch_tanh": lambda t, F: F.gelu(t, approximate="tanh"), "relu2": lambda t, F: F.relu(t) ** 2,
     "relu": lambda t, F: F.relu(t), "sigmoid": lambda t, F: t.sigmoid(), "softplus": lambda t, F: F.softplus(t),
     "softplus2": lambda t, F: F.softplus(t, beta=float(np.log(2.0))),
+    "softmax": lambda t, F: F.softmax(t.reshape(-1, 7), dim=-1).reshape(-1),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_TORCH_ACTIVATIONS))
 def test_activations_match_torch_without_warnings(name):
-    """The one definition of each activation agrees with torch's on float32, extremes included (exp(-x)
+    """The one definition of each activation (and of softmax, rows of 7) agrees with torch's on float32, extremes included (exp(-x)
     beyond float32's range gives the limit, with no overflow warning reaching a user's terminal)."""
     import warnings
 
     torch = pytest.importorskip("torch")
     from ster_py.decoder.activations import ACT_FNS, GATES
 
-    fn = ACT_FNS.get(name) or GATES[name]
-    x = np.concatenate([np.linspace(-30, 30, 2001), [-1e4, -200.0, -89.0, -88.0, 88.0, 89.0, 200.0, 1e4, 0.0, -0.0,
+    from ster_py.decoder.activations import softmax
+
+    fn = ACT_FNS.get(name) or GATES.get(name) or (lambda v: softmax(v.reshape(-1, 7)).reshape(-1))
+    x = np.concatenate([np.linspace(-30, 30, 2004), [-1e4, -200.0, -89.0, -88.0, 88.0, 89.0, 200.0, 1e4, 0.0, -0.0,
                                                      1e-30, -1e-30]]).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -37,6 +37,13 @@ def softplus2(x: np.ndarray) -> np.ndarray:
     return np.logaddexp2(np.float32(0.0), np.asarray(x, np.float32))
 
 
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(x - max) / sum(exp(x - max)) along ``axis``, in x's dtype (float32 in the decoder); a row of
+    -inf but one entry gives that entry 1."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     """erf in float64 by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
 

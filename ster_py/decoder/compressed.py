@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .activations import softmax
 from .linear import make_linear
 from .norms import Norm, rms_norm
 from .parts import Part
@@ -143,8 +144,7 @@ class Compressor:
                 wk[0, :rate], wg[0, :rate] = state["prev"]
             state["prev"] = (ck[-1, :, :d].copy(), cg[-1, :, :d].copy())
             ck, cg = wk, wg
-        e = np.exp(cg - cg.max(axis=1, keepdims=True))
-        pooled = (ck * (e / e.sum(axis=1, keepdims=True))).sum(axis=1).astype(np.float32)
+        pooled = (ck * softmax(cg, axis=1)).sum(axis=1).astype(np.float32)
         entries = self.norm(pooled)
         pos = first + np.arange(n) * rate
         entries = _rotate_tail(self.rope, entries[None], *self.rope.cos_sin(pos, int(pos[-1]) + 1))[0]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .activations import softmax
 from .linear import make_linear
 from .norms import Norm
 from .parts import Part
@@ -168,8 +169,7 @@ class Indexer(Part):
         P = cached.shape[0] // s.kpool
         rows = cached[:P * s.kpool].reshape(P, s.kpool, 2 * s.head_dim)
         logits = rows[..., s.head_dim:] + self.pool_ape
-        e = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return ((e / e.sum(axis=1, keepdims=True)) * rows[..., :s.head_dim]).sum(axis=1).astype(np.float32)
+        return (softmax(logits, axis=1) * rows[..., :s.head_dim]).sum(axis=1).astype(np.float32)
 
 
 def select_top(scores: np.ndarray, positions: np.ndarray, topk: int) -> np.ndarray | None:

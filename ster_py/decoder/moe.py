@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import SterError
 from ._fast import ops as _ops
-from .activations import sigmoid, softplus
+from .activations import sigmoid, softmax, softplus
 from .ffn import _GLU_KINDS, DenseFFN
 from .parts import Part
 from .qlinear import QuantLinear
@@ -150,11 +150,6 @@ def _qmatmul():
     return _kernels()
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _top(x: np.ndarray, k: int) -> np.ndarray:
     """int64 [T, k]: the column indices of each row's k largest values, largest first
     (ties keep the lower index, as torch.topk on CPU does)."""
@@ -237,7 +232,7 @@ def route(spec: RouterSpec, logits: np.ndarray, select_bias: np.ndarray | None =
 def _score(scoring: str, logits: np.ndarray) -> np.ndarray:
     """float32 scores of float32 logits [T, E]: softmax, sigmoid, or sqrt(softplus) (DeepSeek-V4's ``sqrtsoftplus``)."""
     if scoring == "softmax":
-        return _softmax(logits)
+        return softmax(logits)
     if scoring == "sqrtsoftplus":
         return np.sqrt(softplus(logits))
     return sigmoid(logits)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .activations import sigmoid
+from .activations import sigmoid, softmax
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,7 @@ class HyperConnection:
         comb = None
         if s.sinkhorn_iters:
             logits = (m[:, 2 * n:] * self.scale[2] + self.base[2 * n:]).reshape(-1, n, n)
-            e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            comb = e / e.sum(axis=-1, keepdims=True) + np.float32(s.eps)
+            comb = softmax(logits) + np.float32(s.eps)
             eps = np.float32(s.eps)
             comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
             for _ in range(s.sinkhorn_iters - 1):
