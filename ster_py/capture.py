@@ -99,11 +99,12 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     return sorted(set(out))
 
 
-def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[str]:
+def read_prompts(prompt: str | None, prompts_file: str | Path | None, *, templated: bool = True) -> list[str]:
     """The prompts of a run: ``--prompt`` alone, or ``--prompts FILE``.
 
     FILE is a text file with one prompt per line (blank lines skipped), or, when it
-    ends in .jsonl, one JSON string or ``{"prompt": ...}`` object per line.
+    ends in .jsonl, one JSON string or ``{"prompt": ...}`` object per line. ``templated``
+    False: the command sends raw text (parity), as ``check_prompt_text`` takes it.
 
     Raises:
         SterError: both or neither given, an empty --prompt, an unreadable file (missing, not a regular file,
@@ -112,7 +113,7 @@ def read_prompts(prompt: str | None, prompts_file: str | Path | None) -> list[st
     if (prompt is None) == (prompts_file is None):
         raise SterError("give exactly one of --prompt TEXT or --prompts FILE")
     if prompt is not None:
-        check_prompt_text(prompt)
+        check_prompt_text(prompt, templated=templated)
         return [prompt]
     path = Path(prompts_file)
     try:  # bounded: /dev/zero or a FIFO was read without end, a binary file was a UnicodeDecodeError traceback

@@ -65,7 +65,8 @@ def parity(
     from .parity import DEFAULT_PROMPTS, run_parity
 
     _use_threads(threads)
-    texts = list(DEFAULT_PROMPTS) if prompt is None and prompts is None else read_prompts(prompt, prompts)
+    texts = (list(DEFAULT_PROMPTS) if prompt is None and prompts is None
+             else read_prompts(prompt, prompts, templated=False))   # parity runs raw text: no --chat-template
     with progress_bar(enabled=not quiet) as progress:
         loaded = load_model(_model_or_default(model), revision, precision=precision.value, progress=progress,
                             quantize=quantize.value if quantize is not None else None)

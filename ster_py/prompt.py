@@ -109,12 +109,16 @@ def refuse_if_too_long(tokenizer: Tokenizer, text: str, context: float | None, *
                           f"tokens holds ({counted}); shorten it")
 
 
-def check_prompt_text(text: str, what: str = "--prompt") -> None:
+def check_prompt_text(text: str, what: str = "--prompt", *, templated: bool = True) -> None:
     """Refuse a prompt that is empty or only whitespace, before anything is loaded.
 
     Through a chat template an empty user turn still renders, and the model answers a
     blank message; as raw text it encodes to nothing (or BOS alone). Neither is a
     request anyone means, so both template modes refuse it.
+
+    Args:
+        templated: False for a command that sends its prompts as raw text and has no
+            ``--chat-template`` (parity): the message then does not point to that option.
 
     Raises:
         SterError: naming ``what`` (the option or prompt the text came from); a ``text`` that is not a
@@ -124,8 +128,9 @@ def check_prompt_text(text: str, what: str = "--prompt") -> None:
         raise SterError(f"{what} must be text (a str), got {type(text).__name__}")
     if not text.strip():
         kind = "empty" if not text else "only whitespace"
-        raise SterError(f"{what} is {kind}; give the text the model should answer (or, with "
-                        "--chat-template off, continue)")
+        wanted = ("the text the model should answer (or, with --chat-template off, continue)" if templated
+                  else "the text the model should continue")
+        raise SterError(f"{what} is {kind}; give {wanted}")
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, *, system: str | None = None,

@@ -174,6 +174,20 @@ def test_cli_json_and_exit_status(tmp_path):
     assert "FAIL" in bad.stdout
 
 
+def test_an_empty_prompt_is_refused_without_pointing_to_an_option_parity_lacks(tmp_path):
+    """`ster parity --prompt ""` said "give the text the model should answer (or, with --chat-template off,
+    continue)": parity has no --chat-template (it runs raw text). Its refusal now asks for the text to continue;
+    capture, which has the option, keeps the hint."""
+    for prompt, kind in (("", "empty"), ("  ", "only whitespace")):
+        r = ster("parity", "--model", str(tmp_path / "never-read"), "--prompt", prompt)
+        assert r.returncode == 1 and r.stderr.strip() == f"error: --prompt is {kind}; give the text the model should " \
+                                                         "continue", r.stderr
+    r = ster("capture", "--model", str(tmp_path / "never-read"), "--prompt", "",
+             "--output", str(tmp_path / "c.safetensors"))
+    assert r.returncode == 1 and "--chat-template off" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_reference_package_names_the_extra(tmp_path, monkeypatch):
     make_checkpoint(tmp_path, "llama")
     loaded = load_model(str(tmp_path))
