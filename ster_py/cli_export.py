@@ -75,7 +75,7 @@ def warn_conversion(report: dict) -> None:
 def perplexity(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
     model_opt: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_OPT_HELP),
-    file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB)."),
+    file: Path = typer.Option(..., "--file", "-f", help="The text to score (UTF-8, at most 16 MiB; - reads stdin)."),
     ctx: int = typer.Option(512, "--ctx", help="Window length in tokens; the second half of each window is scored "
                             "(llama-perplexity's windows)."),
     reference: Optional[str] = typer.Option(None, "--reference", metavar="MODEL",
@@ -101,14 +101,16 @@ def perplexity(
         raise SterError("--reference is empty; give the reference model (a path, a preset name or a Hub id), "
                         "or leave out --reference")
     _use_threads(threads)
+    from .cli_text import MAX_TEXT_FILE_BYTES, read_input_file
+
+    # read as tokenize --file reads its text: a missing file, a directory and a binary file each said
+    # "--file X is not a readable file" or Python's codec message
+    data = read_input_file(file, "text file", MAX_TEXT_FILE_BYTES)
     try:
-        if not file.is_file():
-            raise SterError(f"--file {file} is not a readable file")
-        if file.stat().st_size > 16 * 2**20:
-            raise SterError(f"--file {file} is larger than 16 MiB; score a shorter text (or use --chunks on a cut)")
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SterError(f"cannot read --file {file}: {e}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SterError(f"--file {file} is not UTF-8 text (invalid byte at offset {e.start}); convert it to UTF-8") \
+            from None
     with progress_bar(enabled=not quiet, what="perplexity") as progress:
         loaded = load_model(model, revision, precision=precision.value, progress=progress)
         show_warnings(loaded)

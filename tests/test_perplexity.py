@@ -119,6 +119,21 @@ def test_cli_json(files, tmp_path):
         assert r.stderr.startswith("error: --reference is empty;"), r.stderr
 
 
+def test_an_unreadable_file_is_named_for_what_it_is(tmp_path):
+    """`ster perplexity --file` said "--file X is not a readable file" for a missing file and a directory alike, and
+    Python's codec words ("'utf-8' codec can't decode byte 0xd0 in position 24") for a binary one. It reads its text
+    as `tokenize --file` does now, each case told apart, before any model is loaded."""
+    (tmp_path / "bin.dat").write_bytes(b"text" + bytes([0xD0, 0x20]))
+    for given, words in (("nope.txt", "text file not found: {} (cannot read it: no such file)"),
+                         (".", "the text file {} is a directory; give a file in it"),
+                         ("bin.dat", "--file {} is not UTF-8 text (invalid byte at offset 4); convert it to UTF-8")):
+        path = tmp_path / given
+        r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "perplexity",
+                            str(tmp_path / "never-read"), "--file", str(path)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.strip() == "error: " + words.format(path), r.stderr
+
+
 def test_revision_is_the_models_not_the_references(files, tmp_path, monkeypatch):
     # --revision X was applied to --reference too: a Hub reference was fetched at a branch/tag of the other
     # repository (or failed for lack of it); the reference is read at its own default revision. (A --revision
