@@ -20,8 +20,8 @@ imported on first use, so ``import ster_py`` stays as light as the CLI's start n
   ``SteeringVector`` from two captures,
   ``steering_hook(vector, strength)`` applies one, ``read_vector`` / ``write_vector``.
 - ``load_adapter_for(path, loaded)`` + ``apply_adapter``: a LoRA at run time;
-  ``merge_adapter(base, adapter_path, output)``: merged weights on disk (``base`` a checkpoint's name or
-  path and ``adapter_path`` the adapter's, not loaded objects).
+  ``merge_adapter(model, adapter, output)``: merged weights on disk (``model`` a checkpoint's name or
+  path and ``adapter`` the adapter's, not loaded objects).
 """
 from .errors import SterError
 

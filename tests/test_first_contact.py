@@ -1544,6 +1544,21 @@ def test_the_front_doors_functions_document_every_argument():
     assert not {name: args for name, args in missing.items() if args}
 
 
+def test_merge_adapters_documented_argument_names_are_its_own():
+    """README "As a library" and ``help(ster_py)`` wrote ``merge_adapter(base, adapter_path, output)`` and explained
+    ``base`` and ``adapter_path`` by name, but the function's parameters are ``model`` and ``adapter``: a caller who
+    took the documented names, ``merge_adapter(base=..., adapter_path=...)``, got a TypeError."""
+    import inspect
+
+    import ster_py
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    real = list(inspect.signature(ster_py.merge_adapter).parameters)[:3]
+    for where, text in (("README.md", readme), ("help(ster_py)", ster_py.__doc__)):
+        shown = re.findall(r"merge_adapter\(([^)]*)\)", text)
+        assert shown and all([a.strip() for a in args.split(",")] == real for args in shown), (where, shown, real)
+
+
 def test_dir_of_the_package_lists_each_front_door_name_once():
     """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
     name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
