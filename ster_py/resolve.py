@@ -264,6 +264,11 @@ def _resolve_dir(model: str, root: Path, revision: str | None, tokenizer: bool =
             return Resolved(model, "gguf", root, None, None, None, (gguf,), gguf, revision, None)
         if len(ggufs) > 1:
             raise _too_many_ggufs(root, ggufs)
+        if "adapter_config.json" in names:  # a PEFT adapter given as the model: "config is missing" did not say so
+            raise SterError(
+                f"{root} is a LoRA adapter (adapter_config.json, as PEFT saves one), not a model: run its base "
+                f"model with --adapter {root} (generate, chat, serve), or merge it into the base with "
+                f"`ster tune merge --model BASE --adapter {root} --output DIR`")
         raise SterError(
             f"model config is missing: {root / CONFIG}; a model directory needs config.json, "
             "tokenizer.json and *.safetensors weights (or a single .gguf file)"

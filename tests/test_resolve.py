@@ -234,6 +234,20 @@ def test_config_missing(sealed, tmp_path):
     assert "model config is missing" in msg and str(root / "config.json") in msg
 
 
+def test_a_peft_adapter_given_as_the_model_is_named_as_one(sealed, tmp_path):
+    """`ster generate -m my-adapter` (PEFT's save_pretrained folder) said "model config is missing:
+    my-adapter/config.json; a model directory needs config.json, ...": true, but it did not say the folder is an
+    adapter, nor where one goes. It now says so, with --adapter and `ster tune merge`."""
+    root = tmp_path / "my-adapter"
+    root.mkdir()
+    (root / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    (root / "adapter_model.safetensors").write_bytes(b"")
+    msg = refusal(str(root))
+    assert msg == (f"{root} is a LoRA adapter (adapter_config.json, as PEFT saves one), not a model: run its base "
+                   f"model with --adapter {root} (generate, chat, serve), or merge it into the base with "
+                   f"`ster tune merge --model BASE --adapter {root} --output DIR`"), msg
+
+
 def test_mistral_params_json_is_read_as_mistral(sealed, tmp_path):
     """Mistral's own format (tests/test_mistral_params.py runs it against Transformers): an incomplete
     params.json is named, a complete one resolves to mistral with the consolidated weights only."""
