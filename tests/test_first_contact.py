@@ -1559,6 +1559,23 @@ def test_merge_adapters_documented_argument_names_are_its_own():
         assert shown and all([a.strip() for a in args.split(",")] == real for args in shown), (where, shown, real)
 
 
+def test_the_readmes_prepare_call_runs_after_the_example():
+    """README "As a library" wrote ``chat.prepare(messages + [reply_message])``, a name the example never defines
+    (a new user could not tell what goes there: ``reply`` has no message attribute). The call as printed now runs
+    with the example's own names and gives prepare the conversation with the answer appended, as ster chat does."""
+    from types import SimpleNamespace
+
+    from ster_py.chat import check_messages
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    call = re.search(r"`(chat\.prepare\(.*?\))`", readme, re.S).group(1)
+    given = []
+    chat = SimpleNamespace(prepare=lambda history: given.append(check_messages(history, "messages")))
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    eval(call, {"chat": chat, "messages": messages, "reply": SimpleNamespace(text="The capital of France is Paris.")})
+    assert given == [messages + [{"role": "assistant", "content": "The capital of France is Paris."}]]
+
+
 def test_dir_of_the_package_lists_each_front_door_name_once():
     """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
     name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
