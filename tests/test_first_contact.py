@@ -1544,19 +1544,25 @@ def test_the_front_doors_functions_document_every_argument():
     assert not {name: args for name, args in missing.items() if args}
 
 
-def test_merge_adapters_documented_argument_names_are_its_own():
+def test_documented_argument_names_are_the_functions_own():
     """README "As a library" and ``help(ster_py)`` wrote ``merge_adapter(base, adapter_path, output)`` and explained
     ``base`` and ``adapter_path`` by name, but the function's parameters are ``model`` and ``adapter``: a caller who
-    took the documented names, ``merge_adapter(base=..., adapter_path=...)``, got a TypeError."""
+    took the documented names, ``merge_adapter(base=..., adapter_path=...)``, got a TypeError. README's
+    ``use_chat_template(text, name)`` likewise: its second argument is ``source``, the name errors give the
+    template (a file's path), not a template name such as "default"."""
     import inspect
 
     import ster_py
+    from ster_py.tokenizer import Tokenizer
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    real = list(inspect.signature(ster_py.merge_adapter).parameters)[:3]
-    for where, text in (("README.md", readme), ("help(ster_py)", ster_py.__doc__)):
-        shown = re.findall(r"merge_adapter\(([^)]*)\)", text)
-        assert shown and all([a.strip() for a in args.split(",")] == real for args in shown), (where, shown, real)
+    for func, texts in ((ster_py.merge_adapter, {"README.md": readme, "help(ster_py)": ster_py.__doc__}),
+                        (Tokenizer.use_chat_template, {"README.md": readme})):
+        real = [p for p in inspect.signature(func).parameters if p != "self"]
+        for where, text in texts.items():
+            shown = re.findall(rf"{func.__name__}\(([^)]*)\)", text)
+            assert shown and all([a.strip() for a in args.split(",")] == real[:len(args.split(","))]
+                                 for args in shown), (where, shown, real)
 
 
 def test_the_readmes_prepare_call_runs_after_the_example():
