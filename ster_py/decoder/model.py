@@ -39,6 +39,7 @@ from .activations import ACT_FNS
 from .attention import MASK_POSITIONS
 from .cache import KVCache
 from .ffn import DenseFFN
+from .heap import keep_freed_arrays
 from .layout import Layout
 from .linear import Linear, make_linear
 from .norms import Norm
@@ -494,6 +495,7 @@ class Decoder:
     """
 
     def __init__(self, spec: ModelSpec, weights: WeightSource):
+        keep_freed_arrays()   # a prompt's megabyte-sized results reuse freed memory, not fresh pages (heap.py)
         self.spec = spec
         self._weights = weights
         # bumped by whatever changes the weights in place (adapters.apply_adapter): a PromptCache reuses
