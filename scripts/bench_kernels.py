@@ -57,7 +57,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("types", nargs="*", default=list(QUANT_TYPES))
     p.add_argument("--rows", type=int, default=512)
-    p.add_argument("--cols", type=int, default=2048, help="a multiple of 256")
+    p.add_argument("--cols", type=int, default=2048, help="a multiple of the types' block size (256 for K-quants)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--against", type=Path, help="another source tree with built kernels (paired A/B)")
@@ -71,12 +71,16 @@ def main() -> None:
         p.error(f"unknown type(s) {', '.join(bad)}; choose from {', '.join(kinds)}")
     if sum(map(bool, (args.against, args.levels, args.layouts))) > 1:
         p.error("--against, --levels and --layouts compare different things; give one")
-    if args.rows < 1 or args.cols < 256 or args.cols % 256 or args.threads < 1 or args.rounds < 1:
-        p.error("--rows, --threads and --rounds must be at least 1, --cols a positive multiple of 256")
-
     from test_qmatmul import random_blocks  # the tests' generator of valid random blocks
 
     from ster_py.gguf import quants
+
+    # A whole number of every chosen type's blocks per row: 32 for the legacy types (SmolLM2's
+    # hidden_size 576 is no multiple of 256), 256 for the K-quants; 32 for the 16-bit rows' tiles.
+    block = max(32 if t in HALF else quants.ggml_type(t).block_size for t in args.types)
+    if args.rows < 1 or args.cols < block or args.cols % block or args.threads < 1 or args.rounds < 1:
+        p.error(f"--rows, --threads and --rounds must be at least 1, --cols a positive multiple of {block} "
+                f"(the block size of {', '.join(args.types)})")
 
     ours = _load_qmatmul(ROOT, "ours")
     mods = [ours] + ([_load_qmatmul(args.against, "theirs")] if args.against else [])
