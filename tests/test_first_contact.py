@@ -1582,6 +1582,34 @@ def test_the_readmes_prepare_call_runs_after_the_example():
     assert given == [messages + [{"role": "assistant", "content": "The capital of France is Paris."}]]
 
 
+def test_the_readmes_gguf_architecture_column_is_the_families():
+    """README "What runs" gave "-" (no GGUF) in its GGUF architecture column for sixteen families ster reads from
+    llama.cpp's files and `ster families` lists with their architecture (gpt_oss's gpt-oss, dbrx, granitemoe,
+    gemma4, ...; tests/test_parity_moe.py runs their GGUFs), while the README's own convert paragraph says it writes
+    gpt-oss, granitemoe and dbrx. Every family's architecture is now in its row (a family on several rows, as
+    bailing_hybrid's Ling 3.0 and 2.5, in one of them), and a row naming one has a family that has one."""
+    from ster_py.families import FAMILIES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## What runs")[1].split("## Command reference")[0]
+    named: dict[str, set] = {}
+    rows = 0
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) < 3 or cells[0].startswith("family") or set(cells[0]) <= set("-"):
+            continue
+        types = [t for t in re.split(r"[,\s]+", re.sub(r"\(.*?\)", "", cells[0])) if t in FAMILIES]
+        archs = {a.strip() for a in re.sub(r"\(.*?\)", "", cells[1]).split(",")} - {"-", ""}
+        assert not archs or any(FAMILIES[t].gguf_arch for t in types), line[:100]
+        for t in types:   # (gemma4_assistant, a drafter, is no family)
+            named.setdefault(t, set()).update(archs)
+        rows += 1
+    assert rows > 100 and len(named) > 100
+    wrong = {t: (sorted(archs), FAMILIES[t].gguf_arch) for t, archs in named.items()
+             if FAMILIES[t].gguf_arch and FAMILIES[t].gguf_arch not in archs}
+    assert not wrong
+
+
 def test_dir_of_the_package_lists_each_front_door_name_once():
     """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
     name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
