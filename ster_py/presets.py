@@ -215,10 +215,12 @@ def cached_path(name: str, cache_dir: Path | None = None) -> Path:
 
 
 def is_cached(name: str) -> bool:
-    """Whether preset ``name``'s file is in the cache (not verified); False where no file can be (a cache
-    path too long for the file system, a folder that cannot be read)."""
+    """Whether preset ``name``'s file is in the cache at its pinned size (not hashed: the next load verifies it);
+    False where no file can be (a cache path too long for the file system, a folder that cannot be read) and
+    for a file of another size, which the next load removes and fetches again."""
     try:
-        return cached_path(name).is_file()
+        path = cached_path(name)
+        return path.is_file() and path.stat().st_size == get_preset(name).size
     except OSError:
         return False
 

@@ -426,6 +426,19 @@ def test_cache_settings_no_path_can_be_are_errors_not_tracebacks(tiny, tmp_path,
         fetch_preset(tiny.name)
 
 
+def test_a_cached_file_of_another_size_is_not_called_cached(tiny, tmp_path):
+    """`ster presets` said "cached: yes" for a 1,000-byte file where the 98 MB model belongs (a damaged or
+    half-copied cache); the next generate removed it and fetched the model again. A file of another size than
+    the pin's is not called cached; one of the pinned size is (the next load hashes it)."""
+    path = presets.cached_path(tiny.name)
+    assert not presets.is_cached(tiny.name)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(CONTENT[:-1])
+    assert not presets.is_cached(tiny.name)
+    path.write_bytes(CONTENT)
+    assert presets.is_cached(tiny.name)
+
+
 def test_wheelhouse_setting_expands_its_tilde_as_pip_does(tiny, tmp_path, monkeypatch):
     """pip expands '~' in its -d folder; ster looked in ./~/wheels for what pip had put in the home folder."""
     monkeypatch.setenv("HOME", str(tmp_path))
