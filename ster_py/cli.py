@@ -499,7 +499,20 @@ def _check_device(device: str) -> None:
                         "(numpy and Cython kernels); use --device cpu")
 
 
-@app.command(context_settings={"allow_extra_args": True})   # a bare prompt gets advice, not "extra argument"
+BARE_ARGUMENT = {"allow_extra_args": True}   # context_settings of a command whose bare text gets advice
+
+
+def refuse_bare_argument(ctx: typer.Context, advice: str) -> None:
+    """`ster generate "a question"` (or tokenize, chat, parity): a usage error as click prints one (status 2), but
+    with the way to say it (``advice``) instead of click's "Got unexpected extra argument(s)"."""
+    if ctx.args:
+        shown = ctx.args[0] if len(ctx.args[0]) <= 40 else ctx.args[0][:40] + "..."
+        typer.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} --help' for help.\n\nError: unexpected argument "
+                   f"{shown!r}: {advice}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command(context_settings=BARE_ARGUMENT)   # a bare prompt gets advice, not "extra argument"
 def generate(
     ctx: typer.Context,
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The user's text."),
@@ -557,12 +570,8 @@ def generate(
     from .generate import Sampling, kv_cache_dtype
     from .prompt import check_prompt_text, encode_prompt, prompt_context
 
-    if ctx.args:   # `ster generate "a question"`: a usage error as click prints one (status 2), with the way to say it
-        shown = ctx.args[0] if len(ctx.args[0]) <= 40 else ctx.args[0][:40] + "..."
-        typer.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} --help' for help.\n\nError: unexpected argument "
-                   f"{shown!r}: generate takes the text with --prompt (-p) and the model with --model (-m), e.g. "
-                   "ster generate -p \"What is the capital of France?\"", err=True)
-        raise typer.Exit(2)
+    refuse_bare_argument(ctx, "generate takes the text with --prompt (-p) and the model with --model (-m), e.g. "
+                              "ster generate -p \"What is the capital of France?\"")
     if prompt is not None and prompt_file is not None:
         raise SterError("both --prompt and --prompt-file were given; keep one of them")
     if prompt is None and prompt_file is None:

@@ -16,11 +16,11 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .cli import (ADAPTER_HELP, CHAT_TEMPLATE_FILE_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER, QUANTIZE_HELP,
-                  QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM, Precision, Quantize, Thinking,
-                  _check_device, _model_or_default, _use_threads, _write, app, draft_text, err, error_line, flag,
-                  load_for_run, no_color, note_greedy, plural, progress_bar, rate_texts, read_template_file,
-                  thinking_value)
+from .cli import (ADAPTER_HELP, BARE_ARGUMENT, CHAT_TEMPLATE_FILE_HELP, MODEL_HELP, PRECISION_HELP, PREFILL_AFTER,
+                  QUANTIZE_HELP, QUIET_HELP, REPEAT_PENALTY_HELP, THINKING_HELP, THREADS_HELP, _STREAM, Precision,
+                  Quantize, Thinking, _check_device, _model_or_default, _use_threads, _write, app, draft_text, err,
+                  error_line, flag, load_for_run, no_color, note_greedy, plural, progress_bar, rate_texts,
+                  read_template_file, refuse_bare_argument, thinking_value)
 from .chat_files import MAX_MESSAGE_FILE_BYTES, load_conversation, read_message_file, save_conversation
 from .errors import SterError, TemplateError, terminal_text
 from .files import user_path
@@ -59,8 +59,9 @@ def _steer(loaded, path: Path, strength: float):
     return steering_hook(vec, strength), (str(Path(path).resolve()), float(strength))
 
 
-@app.command()
+@app.command(context_settings=BARE_ARGUMENT)   # `ster chat "a question"` gets advice, not "extra argument"
 def chat(
+    ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     revision: Optional[str] = typer.Option(None, help="Hub branch, tag or commit (default main)."),
     system: Optional[str] = typer.Option(None, help="System prompt."),
@@ -99,6 +100,9 @@ def chat(
     from .conversation import NO_TEMPLATE, THINKING_AUTO, Session
     from .generate import kv_cache_dtype
 
+    refuse_bare_argument(ctx, "chat reads your messages as you type them (or piped: echo \"What is the capital of "
+                              "France?\" | ster chat); for one answer, ster generate -p \"What is the capital of "
+                              "France?\"")
     _check_device(device)
     kv_cache_dtype(kv_cache)
     _use_threads(threads)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from .cli import (MODEL_HELP, QUIET_HELP, _model_or_default, _write, app, err, flag, plural, progress_bar,
-                  version_fields, warn)
+from .cli import (BARE_ARGUMENT, MODEL_HELP, QUIET_HELP, _model_or_default, _write, app, err, flag, plural,
+                  progress_bar, refuse_bare_argument, version_fields, warn)
 from .errors import SterError
 
 
@@ -128,8 +128,9 @@ def _parse_ids(values: List[str], vocab_size: int) -> list[int]:
     return ids
 
 
-@app.command()
+@app.command(context_settings=BARE_ARGUMENT)   # `ster tokenize "text"` gets advice, not "extra argument"
 def tokenize(
+    ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     text: Optional[str] = typer.Option(None, "--text", "-t", help="The text to tokenize."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="A UTF-8 file whose whole content is tokenized."),
@@ -147,6 +148,8 @@ def tokenize(
     """Print the token ids of a text (no weights are loaded)."""
     from .load import load_tokenizer
 
+    refuse_bare_argument(ctx, "tokenize takes the text with --text (-t) or a file with --file (-f), e.g. "
+                              "ster tokenize -t \"Hello world\"")
     content = _read_text(text, file)
     with progress_bar(enabled=not quiet, what="loading tokenizer") as progress:
         tokenizer = load_tokenizer(_model_or_default(model), revision, progress=progress)

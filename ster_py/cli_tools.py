@@ -14,9 +14,9 @@ import typer
 from rich.markup import escape
 
 from .capture import LAYER_HELP
-from .cli import (MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
+from .cli import (BARE_ARGUMENT, MODEL_HELP, QUANTIZE_HELP, QUIET_HELP, THREADS_HELP, ChatTemplate, Precision, Quantize,
                   _check_device, _model_or_default, _use_threads, app, err, flag, out, print_report, progress_bar,
-                  show_warnings, tune_app, vector_app, version_fields, warn)
+                  refuse_bare_argument, show_warnings, tune_app, vector_app, version_fields, warn)
 from .errors import SterError, terminal_text
 
 
@@ -35,8 +35,9 @@ class Position(str, Enum):
 PROMPTS_HELP = "A file of prompts: one per line, or one JSON string / {\"prompt\": ...} per line for .jsonl."
 
 
-@app.command()
+@app.command(context_settings=BARE_ARGUMENT)   # `ster parity "a prompt"` gets advice, not "extra argument"
 def parity(
+    ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One prompt (default: two built-in ones)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
@@ -64,6 +65,8 @@ def parity(
     from .load import load_model
     from .parity import DEFAULT_PROMPTS, run_parity
 
+    refuse_bare_argument(ctx, "parity takes a prompt with --prompt (-p) or a file of them with --prompts, and the "
+                              "model with --model (-m), e.g. ster parity -p \"The capital of France is\"")
     _use_threads(threads)
     texts = (list(DEFAULT_PROMPTS) if prompt is None and prompts is None
              else read_prompts(prompt, prompts, templated=False))   # parity runs raw text: no --chat-template

@@ -429,6 +429,22 @@ def test_a_bare_prompt_or_a_model_option_on_convert_is_understood(tiny_llama, tm
     assert r.returncode == 1 and "no model given" in r.stderr and not (tmp_path / "none.gguf").exists()
 
 
+@pytest.mark.parametrize("command, words", [
+    ("tokenize", "tokenize takes the text with --text (-t) or a file with --file (-f)"),
+    ("chat", "chat reads your messages as you type them (or piped:"),
+    ("parity", "parity takes a prompt with --prompt (-p) or a file of them with --prompts"),
+])
+def test_a_bare_text_on_tokenize_chat_or_parity_is_understood(tiny_llama, command, words):
+    """`ster tokenize "Hello world"` (as `ster detokenize 1 2` takes its ids), `ster chat "a question"` and `ster
+    parity "a prompt"` said only click's "Got unexpected extra argument(s) (Hello world)"; like generate's, their
+    usage error (status 2) now says how to give the text, before any model is read."""
+    path, _ = tiny_llama
+    r = ster(command, "Hello world", "--model", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    assert r.stderr.startswith(f"Usage: ster {command} [OPTIONS]"), r.stderr
+    assert f"Error: unexpected argument 'Hello world': {words}" in r.stderr, r.stderr
+
+
 def test_readmes_errors_section_gives_each_choice_option_its_exit_status(tiny_llama, tmp_path):
     """README's "Errors" listed a ``--thinking`` value among the bad values that get one ``error:`` line and exit
     status 1, but ``--thinking`` is a choice option: ``--thinking maybe`` is a usage error (exit 2). Each option the
