@@ -1610,6 +1610,20 @@ def test_the_readmes_gguf_architecture_column_is_the_families():
     assert not wrong
 
 
+def test_every_ster_variable_the_package_reads_is_in_the_readme():
+    """STER_PRESET_CACHE (named by the error for a preset cache that cannot be used: "set STER_PRESET_CACHE to
+    another folder") and STER_WHEELHOUSE (a folder of the preset wheels, for an offline fetch) were read but in no
+    README line, so a new user told to set one could not find what it does."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    package = Path(__file__).resolve().parents[1] / "ster_py"
+    read = {name for f in package.rglob("*.py") for name in re.findall(r"\bSTER_[A-Z0-9_]*[A-Z0-9]\b", f.read_text())}
+    internal = {"STER_CHAT_ISOLATE",   # the template sandbox's off switch, for ster's own tests
+                "STER_CHAT_NOW",       # the clock `ster template render --now` pins; its --help names it
+                "STER_POOL_BLAS"}      # a measuring switch runbook/performance.md describes
+    assert {"STER_PRESET_CACHE", "STER_WHEELHOUSE", "STER_THREADS"} <= read
+    assert sorted(n for n in read - internal if n not in readme) == []
+
+
 def test_dir_of_the_package_lists_each_front_door_name_once():
     """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
     name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
