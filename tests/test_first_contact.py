@@ -1624,6 +1624,18 @@ def test_every_ster_variable_the_package_reads_is_in_the_readme():
     assert sorted(n for n in read - internal if n not in readme) == []
 
 
+def test_the_serve_examples_count_of_commands_is_the_caa_examples():
+    """README's serve example said `ster vector caa` below "makes it [calm.json] in four commands"; the example
+    takes five (two printf, two captures, the caa itself)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    words = {"three": 3, "four": 4, "five": 5, "six": 6}
+    said = re.search(r"`ster vector caa` below makes it in (\w+) commands", readme).group(1)
+    example = readme.split("### `ster vector caa`")[1].split("### ")[0]
+    lines = [line.strip() for line in example.splitlines() if line.strip().startswith("$ ")]
+    upto = next(i for i, line in enumerate(lines) if line.startswith("$ ster vector caa")) + 1
+    assert words[said] == upto, (said, lines[:upto])
+
+
 def test_dir_of_the_package_lists_each_front_door_name_once():
     """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
     name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
