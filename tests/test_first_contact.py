@@ -1636,6 +1636,18 @@ def test_the_serve_examples_count_of_commands_is_the_caa_examples():
     assert words[said] == upto, (said, lines[:upto])
 
 
+def test_the_serve_example_says_how_to_get_its_client():
+    """README's serve example runs `python -c 'import openai; ...'`, a package `pip install .` does not install
+    (only the test extra has it): a new user following it got ModuleNotFoundError. The README says to install it,
+    and the package is indeed not among ster's own requirements."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    serve = readme.split("### `ster serve`")[1].split("### ")[0]
+    assert "import openai" in serve and "`pip install openai`" in serve
+    deps = re.search(r"^dependencies = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.S | re.M).group(1)
+    assert "openai" not in deps
+
+
 def test_dir_of_the_package_lists_each_front_door_name_once():
     """``dir(ster_py)`` listed ``Sampling``, ``Session`` and ``load_model`` twice once they were used: a lazy
     name, once imported, is a module global as well as a ``_LAZY`` key. Each name is listed once, used or not."""
