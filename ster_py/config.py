@@ -535,10 +535,15 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
     rule = family.sliding
     if rule == "all":
         return [True] * n_layers
+    on = bool(config.get("use_sliding_window", False))
     if rule == "qwen2":
-        on = bool(config.get("use_sliding_window", False))
         first = config.get("max_window_layers", n_layers)
         return [on and i >= first for i in range(n_layers)]
+    if rule == "qwen2_moe":  # the layers 0, 2, 4, ... below max_window_layers, the opposite end to Qwen2's
+        below = config.get("max_window_layers", n_layers)
+        return [on and i % 2 == 0 and i < below for i in range(n_layers)]
+    if rule == "switched":
+        return [on] * n_layers
     if rule == "even":
         return [i % 2 == 0 for i in range(n_layers)]
     if rule in ("pattern", "pattern_first", "prefix_pattern"):

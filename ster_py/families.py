@@ -520,6 +520,8 @@ class FamilySpec:
         sliding: how per-layer sliding windows are placed when the config has no
             ``layer_types``: ``"none"``, ``"all"`` (every layer when ``sliding_window`` is set),
             ``"qwen2"`` (``use_sliding_window`` from ``max_window_layers`` on),
+            ``"qwen2_moe"`` (``use_sliding_window`` on layers 0, 2, 4, ... below ``max_window_layers``),
+            ``"switched"`` (every layer when ``use_sliding_window`` is on, Qwen3 MoE),
             ``"even"`` (layers 0, 2, 4, ...), ``"pattern"`` (all but every
             ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...),
             ``"prefix_pattern"`` (``"pattern"`` over the first ``first_k_dense_replace`` layers with
@@ -3347,9 +3349,9 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("mixtral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
                    names=MIXTRAL_NAMES, fixed={"norm_topk_prob": True},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
-        FamilySpec("qwen2_moe", gguf_arch="qwen2moe", sliding="qwen2", moe=True, shared_gated=True,
-                   names=QWEN2_MOE_NAMES),
-        FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="qwen2", qk_norm="head", moe=True,
+        FamilySpec("qwen2_moe", gguf_arch="qwen2moe", sliding="qwen2_moe", moe=True, shared_gated=True,
+                   names=QWEN2_MOE_NAMES, config_defaults={"max_window_layers": 28}),
+        FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="switched", qk_norm="head", moe=True,
                    names=QWEN_MOE_DENSE_NAMES),
         # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
         # llama.cpp converts GraniteMoE and GraniteMoE-Shared to granitemoe (the shared expert read by

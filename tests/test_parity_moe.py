@@ -21,7 +21,7 @@ from test_parity_dense import PROMPT, _check
 from tiny import CONFIG_AS_GIVEN
 from tiny import build_checkpoint as build
 from tiny import one_torch_thread  # noqa: F401 (autouse fixture)
-from tiny import reference_logits, rel_err
+from tiny import reference_logits, rel_err, rewrite_checkpoint
 
 # the dequantized model's sums for a GGUF's prompt (conftest.quantized_tiles_off)
 pytestmark = pytest.mark.usefixtures("quantized_tiles_off")
@@ -42,6 +42,13 @@ CASES = {
     "qwen3_moe": ("qwen3_moe", dict(LLAMA, **EXPERTS, head_dim=16)),
     "qwen3_moe-renorm-dense-layer": ("qwen3_moe", dict(LLAMA, **dict(EXPERTS, num_experts_per_tok=3), head_dim=16,
                                                        norm_topk_prob=True, mlp_only_layers=[0])),
+    # use_sliding_window: Qwen3 MoE slides every layer (whatever max_window_layers says); Qwen2 MoE's config
+    # without layer_types slides layers 0, 2, 4, ... below max_window_layers (WITHOUT_KEYS drops its list)
+    "qwen3_moe-window": ("qwen3_moe", dict(LLAMA, **EXPERTS, head_dim=16, use_sliding_window=True, sliding_window=5,
+                                           max_window_layers=1)),
+    "qwen2_moe-window-no-layer-types": ("qwen2_moe", dict(LLAMA, **EXPERTS, shared_expert_intermediate_size=48,
+                                                          use_sliding_window=True, sliding_window=5,
+                                                          max_window_layers=2)),
     "olmoe": ("olmoe", dict(LLAMA, num_experts=8, num_experts_per_tok=2)),
     "olmoe-clip-renorm": ("olmoe", dict(LLAMA, num_experts=6, num_experts_per_tok=3, clip_qkv=0.3,
                                         norm_topk_prob=True)),
@@ -223,10 +230,16 @@ CASES.update({
 })
 
 
+# config.json keys a case removes after saving (a hub config's spelling; Transformers derives the same values)
+WITHOUT_KEYS = {"qwen2_moe-window-no-layer-types": ("layer_types",)}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_family_matches_transformers(case, tmp_path):
     model_type, config = CASES[case]
     ref_model = build(tmp_path, model_type, config)
+    if case in WITHOUT_KEYS:
+        rewrite_checkpoint(tmp_path, {}, drop=WITHOUT_KEYS[case])
     model = _check(tmp_path, ref_model)
     assert model.spec.moe is not None and "moe" in [layer.ffn for layer in model.spec.layers]
 
@@ -252,6 +265,10 @@ def test_layers_choose_dense_or_routed_from_the_config(tmp_path):
     spec = load_model(str(tmp_path / "s")).spec
     assert [layer.ffn for layer in spec.layers] == ["dense", "moe", "dense"]
     assert spec.moe.router.renormalize and spec.moe.shared_gated and spec.moe.shared_size == 40
+    # Qwen2 MoE without layer_types or max_window_layers: Transformers' default of 28 bounds the sliding layers
+    bare = {k: v for k, v in CASES["qwen2_moe-window-no-layer-types"][1].items() if k != "max_window_layers"}
+    spec = spec_from_config(dict(bare, num_hidden_layers=31, model_type="qwen2_moe"), FAMILIES["qwen2_moe"])
+    assert [layer.sliding_window for layer in spec.layers] == [5 if i % 2 == 0 and i < 28 else None for i in range(31)]
 
 
 # ----------------------------------------------------------------------------- the router alone
