@@ -16,6 +16,7 @@ probability of the true next token ``Δp = p - p_ref``, and whether both rank th
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable
 
 import numpy as np
@@ -47,12 +48,24 @@ def text_ids(tokenizer, text: str) -> list[int]:
         tk.encode_special_tokens = before
 
 
+def _check_count(value, option: str, none_ok: bool = False) -> None:
+    """Refuse a library caller's count that is not a whole number (``n_ctx="512"``, 64.0, True, None): each was a
+    TypeError from a comparison or a slice, or read True as 1."""
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise SterError(f"{option} must be a whole number, got {value!r}")
+
+
 def windows(ids: list[int], n_ctx: int, bos: int | None, max_chunks: int | None = None) -> list[np.ndarray]:
     """llama-perplexity's windows: int64 [n_ctx] each, the first token replaced by ``bos`` when given.
 
     Raises:
-        SterError: ``n_ctx`` below 8 or odd, or fewer than ``2 * n_ctx`` tokens.
+        SterError: ``n_ctx`` or ``max_chunks`` not a whole number, ``n_ctx`` below 8 or odd, or fewer than
+            ``2 * n_ctx`` tokens.
     """
+    _check_count(n_ctx, "--ctx")
+    _check_count(max_chunks, "--chunks", none_ok=True)
     if n_ctx < 8 or n_ctx % 2:
         raise SterError(f"--ctx {n_ctx} must be an even number of at least 8 tokens")
     if len(ids) < 2 * n_ctx:
@@ -132,12 +145,24 @@ def perplexity(loaded, text: str, n_ctx: int = 512, *, reference=None, max_chunk
         fractions, not percent).
 
     Raises:
-        SterError: a text too short for two windows, a bad ``n_ctx`` or one past a model's
+        SterError: ``loaded`` or ``reference`` not a loaded model, ``n_ctx``, ``max_chunks`` or ``batch`` not a
+            whole number, a text too short for two windows, a bad ``n_ctx`` or one past a model's
             ``max_position_embeddings``, or a reference whose tokenizer gives other
             ids for the text or whose vocabulary differs in size.
     """
+    from .decoder.model import check_callbacks
     from .generate import context_limit
 
+    for model, what in ((loaded, "perplexity"), (reference, "perplexity's reference")):
+        if (model is not None or what == "perplexity") and not all(
+                hasattr(model, k) for k in ("decoder", "tokenizer", "spec")):   # a path given for a loaded model
+            raise SterError(f"{what} takes a loaded model (load_model(...)), got {type(model).__name__}")
+    _check_count(n_ctx, "--ctx")
+    _check_count(max_chunks, "--chunks", none_ok=True)
+    _check_count(batch, "perplexity's batch")
+    if batch < 1:
+        raise SterError(f"perplexity's batch must be 1 or more, got {batch}")
+    check_callbacks("perplexity", progress=progress)
     for model in (loaded, reference):  # as generate's --ctx-size: no window past the model's positions
         if model is not None and n_ctx > context_limit(model.spec):
             raise SterError(f"--ctx {n_ctx} exceeds the{' reference' if model is reference else ''} model's maximum "

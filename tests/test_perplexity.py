@@ -186,3 +186,27 @@ def test_a_reference_that_tokenizes_otherwise_is_shown_where(files, monkeypatch)
     with pytest.raises(SterError, match=rf"tokenizes the text differently \({len(ids)} tokens against {len(ids)}; "
                                         rf"from token 5: {re.escape(piece)}"):
         perplexity(model, TEXT, 32, reference=ref, max_chunks=1)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"n_ctx": "64"}, "--ctx must be a whole number, got '64'"),           # was a TypeError ('>' str and int)
+    ({"n_ctx": 64.0}, "--ctx must be a whole number, got 64.0"),           # was a TypeError (slice indices)
+    ({"n_ctx": None}, "--ctx must be a whole number, got None"),
+    ({"n_ctx": True}, "--ctx must be a whole number, got True"),           # was "--ctx True must be an even number"
+    ({"max_chunks": "1"}, "--chunks must be a whole number, got '1'"),     # was a TypeError ('<' str and int)
+    ({"max_chunks": 1.5}, "--chunks must be a whole number, got 1.5"),     # was a TypeError
+    ({"batch": 0}, "batch must be 1 or more, got 0"),                      # was range()'s ValueError
+    ({"reference": "m.gguf"}, "reference takes a loaded model .*got str"),  # was an AttributeError ('spec')
+    ({"progress": 5}, "progress must be a function or None"),
+])
+def test_library_arguments_of_the_wrong_kind_are_ster_errors(files, kwargs, words):
+    from ster_py.load import load_model
+
+    loaded = load_model(files["f16"])
+    kwargs = {"n_ctx": 16, **kwargs}
+    with pytest.raises(SterError, match=words):
+        perplexity(loaded, TEXT, kwargs.pop("n_ctx"), **kwargs)
+    with pytest.raises(SterError, match=r"perplexity takes a loaded model \(load_model\(...\)\), got str"):
+        perplexity(files["f16"], TEXT, 16)    # a path where the loaded model belongs: was an AttributeError
+    with pytest.raises(SterError, match="--ctx must be a whole number"):
+        windows(list(range(64)), "16", None)
