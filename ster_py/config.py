@@ -505,6 +505,21 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     return full, sliding
 
 
+def _whole_head(params: dict | None, partial: float, partial_keys: str, config_name: str) -> dict | None:
+    """Rope parameters of a family whose Transformers rotation turns every channel of a head: its default
+    tables never read the rotated share, so a share is dropped; other rope types size their tables by the
+    share, which Transformers' own rotation cannot apply, so a share other than 1 is refused there."""
+    if params is None:
+        return None
+    share = params.get("partial_rotary_factor", partial)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if share != 1.0 and kind != "default":
+        raise SterError(f"{config_name}: a rotary share ({partial_keys} {brief_value(share)}) with rope type "
+                        f"{kind!r} is not supported (Transformers rotates the whole head with default tables "
+                        "only); ster refuses this configuration before reading any weight")
+    return {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+
+
 def _fixed_alpha(params: dict, head_dim: int) -> dict:
     """HunYuan's "dynamic" rope with an ``alpha`` is a fixed base: theta * alpha ** (d / (d - 2))."""
     if params.get("rope_type", params.get("type")) == "dynamic" and params.get("alpha"):
@@ -1301,6 +1316,10 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
         partial_keys = " / ".join(family.keys.get("partial_rotary_factor", DEFAULT_KEYS["partial_rotary_factor"]))
 
     full_params, sliding_params = _rope_params(config, r)
+    if family.rope_whole_head:
+        full_params, sliding_params = (_whole_head(p, partial, partial_keys, config_name)
+                                       for p in (full_params, sliding_params))
+        partial = 1.0
     if family.local_rope_key and config.get(family.local_rope_key) is not None:
         sliding_params = {"rope_type": "default", "rope_theta": config[family.local_rope_key]}
 

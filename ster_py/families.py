@@ -526,6 +526,9 @@ class FamilySpec:
             ``sliding_window_pattern``-th layer), ``"pattern_first"`` (all but layers 0, p, 2p, ...),
             ``"prefix_pattern"`` (``"pattern"`` over the first ``first_k_dense_replace`` layers with
             period ``prefix_dense_sliding_window_pattern``, then over the rest, Cohere 2 MoE).
+        rope_whole_head: rotation turns every channel of a head, whatever ``partial_rotary_factor`` /
+            ``rotary_dim`` say (Transformers' default tables for the family never read them); another rope
+            type with a share other than 1 is refused.
         sliding_pattern: the pattern period when the config states none.
         sliding_pattern_key: the config key of the pattern period (AFMoE: global_attn_every_n_layers).
         local_rope_key: config key of the rotary base for sliding layers (Gemma 3).
@@ -727,6 +730,7 @@ class FamilySpec:
     rope_layers: str = "all"
     default_act: str = "silu"
     sliding: str = "none"
+    rope_whole_head: bool = False
     sliding_pattern: int = 6
     sliding_pattern_key: str = "sliding_window_pattern"
     local_rope_key: str | None = None
@@ -3346,23 +3350,27 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("vaultgemma", sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
         FamilySpec("apertus", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
         FamilySpec("ministral3", sliding="all", query_temperature="rope_parameters"),
-        FamilySpec("mixtral", gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
+        FamilySpec("mixtral", rope_whole_head=True, gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
                    names=MIXTRAL_NAMES, fixed={"norm_topk_prob": True},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
         FamilySpec("qwen2_moe", gguf_arch="qwen2moe", sliding="qwen2_moe", moe=True, shared_gated=True,
+                   rope_whole_head=True,
                    names=QWEN2_MOE_NAMES, config_defaults={"max_window_layers": 28}),
         FamilySpec("qwen3_moe", gguf_arch="qwen3moe", sliding="switched", qk_norm="head", moe=True,
+                   rope_whole_head=True,
                    names=QWEN_MOE_DENSE_NAMES),
         # ---- H1: GraniteMoE, GraniteMoE-Shared, GraniteMoE-SWA, DBRX, PhiMoE
         # llama.cpp converts GraniteMoE and GraniteMoE-Shared to granitemoe (the shared expert read by
         # presence) and GraniteMoE-SWA to granite_swa, through its Llama converter (q/k rows reordered)
-        FamilySpec("granitemoe", names=GRANITEMOE_NAMES, **_GRANITEMOE, **_GRANITEMOE_GGUF),
-        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED, **_GRANITEMOE_GGUF),
+        FamilySpec("granitemoe", rope_whole_head=True, names=GRANITEMOE_NAMES, **_GRANITEMOE, **_GRANITEMOE_GGUF),
+        FamilySpec("granitemoeshared", names=GRANITEMOE_SHARED_NAMES, **_GRANITEMOE_SHARED, **_GRANITEMOE_GGUF,
+                   rope_whole_head=True),
         FamilySpec("granitemoe_swa", names=GRANITEMOE_SWA_NAMES, sinks=True, sliding="pattern_first",
                    **dict(_GRANITEMOE_GGUF, gguf_arch="granite_swa", gguf_names=GGUF_GRANITE_SWA_NAMES),
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", refusals=(_GRANITE_SWA_BASES,),
                    **_GRANITEMOE_SHARED),
         FamilySpec("dbrx", norm="layer", fused_qkv="concat", root="transformer.", moe=True, names=DBRX_NAMES,
+                   rope_whole_head=True,
                    expert_inputs_first=("exp_down",), clip_qkv_key="attn_config.clip_qkv",
                    # llama.cpp's dbrx: the FFN's norm is attn_output_norm, q/k/v clamped by attention.clamp_kqv
                    gguf_arch="dbrx", gguf_names=_with(GGUF_NAMES, ffn_norm="blk.{i}.attn_output_norm"),
@@ -3377,6 +3385,7 @@ FAMILIES: dict[str, FamilySpec] = {
         # router renormalised over the two chosen (LLAMA_CPP_MOE), no sliding window; unlike Transformers'
         # LayerNorms and SparseMixer. A GGUF file means what llama.cpp computes.
         FamilySpec("phimoe", norm="layer", sliding="all", moe=True, names=MIXTRAL_NAMES, gguf_arch="phimoe",
+                   rope_whole_head=True,
                    gguf_changes={"norm": "rms", "sliding": "none"},
                    gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
                    gguf_refusals=(Refusal(stated("longrope_attention_factor"),
@@ -3403,6 +3412,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    # in code (gguf/config.py LLAMA_CPP_MOE)
                    gguf_arch="gpt-oss", gguf_names=GGUF_GPT_OSS_NAMES),
         FamilySpec("cohere2_moe", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
+                   rope_whole_head=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="prefix_pattern", sliding_pattern=4,
                    rope_layers="sliding", moe=True, names=COHERE2_MOE_NAMES, gguf_arch="cohere2moe",
                    gguf_config={"logit_scale": "logit_scale", "attention.layer_norm_rms_epsilon": "rms_norm_eps"},
@@ -3430,6 +3440,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "a shared_expert_combination_strategy other than 'average' or 'sum' "
                                      "is not supported"))),
         FamilySpec("afmoe", norms=_SANDWICH, qk_norm="head", attn_gate="sigmoid", attn_gate_per_head=False,
+                   rope_whole_head=True,
                    rope_layers="sliding", sliding="pattern", sliding_pattern=4, moe=True, names=AFMOE_NAMES,
                    gguf_arch="afmoe",
                    # llama.cpp (src/models/afmoe.cpp) always scales the embeddings by sqrt(hidden_size) and
@@ -3471,6 +3482,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                     "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
                    variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),)),
         FamilySpec("olmoe", qk_norm="proj", clip_qkv_key="clip_qkv", moe=True, names=QWEN_MOE_NAMES,
+                   rope_whole_head=True,
                    keys={"moe_intermediate_size": ("intermediate_size",)},
                    gguf_arch="olmoe", gguf_changes={"clip_qkv_key": None}),  # llama.cpp's olmoe never clamps
         # group H2: DeepSeek-V3-style routers with shared experts, and ERNIE 4.5 / HunYuan's softmax routers
@@ -3496,6 +3508,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "is not supported"),
                              Refusal(flag("use_bias"), "a bias on attention.dense (use_bias) is not supported"))),
         FamilySpec("exaone_moe", qk_norm="head", sliding="pattern", sliding_pattern=4, gguf_arch="exaone-moe",
+                   rope_whole_head=True,
                    rope_layers="sliding_if_windowed", moe=True, names=EXAONE_MOE_NAMES, **_V3_ROUTER,
                    moe_defaults={"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
                                  "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
@@ -3503,7 +3516,7 @@ FAMILIES: dict[str, FamilySpec] = {
         # Transformers' HY V3 router always renormalises and reads neither route_norm, n_group nor
         # first_k_dense_replace (its dense layers come from mlp_layer_types, else only the first).
         # llama.cpp's hy_v3 names the selection bias exp_probs_b (no .bias)
-        FamilySpec("hy_v3", qk_norm="head", moe=True, names=HY_V3_NAMES, gguf_arch="hy_v3",
+        FamilySpec("hy_v3", rope_whole_head=True, qk_norm="head", moe=True, names=HY_V3_NAMES, gguf_arch="hy_v3",
                    gguf_names=_with(GGUF_NAMES, router_select_bias="blk.{i}.exp_probs_b"),
                    fixed={**_V3_ROUTER["fixed"], "n_group": 1, "norm_topk_prob": True},
                    moe_fields=_V3_ROUTER["moe_fields"],
@@ -3527,6 +3540,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "supported (Transformers keeps only the first layer dense); state "
                                      "mlp_layer_types"))),
         FamilySpec("ernie4_5_moe", rope_interleaved=True, tie_default=True, moe=True, names=ERNIE_MOE_NAMES,
+                   rope_whole_head=True,
                    gguf_arch="ernie4_5-moe",
                    keys={"num_experts": ("moe_num_experts",), "num_experts_per_tok": ("moe_k",),
                          "n_shared_experts": ("moe_num_shared_experts",), "renorm_min": ("moe_norm_min",),
@@ -3537,6 +3551,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    config_defaults={"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1}),
         # Transformers' HunYuan MoE routes every layer, with experts and the shared MLP intermediate_size wide.
         FamilySpec("hunyuan_v1_moe", qk_norm="head", qk_norm_after_rope=True, moe=True, names=HUNYUAN_MOE_NAMES,
+                   rope_whole_head=True,
                    gguf_arch="hunyuan-moe",
                    keys={"num_experts_per_tok": ("moe_topk",), "moe_intermediate_size": ("intermediate_size",),
                          "shared_intermediate_size": ("intermediate_size",), "routed_scaling_factor": ()},
@@ -3557,7 +3572,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "experts of a moe_intermediate_size other than intermediate_size are not "
                                      "supported (Transformers builds them intermediate_size wide)"))),
         # group H4
-        FamilySpec("flex_olmo", **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
+        FamilySpec("flex_olmo", rope_whole_head=True, **dict(_OLMO2, names=FLEX_OLMO_NAMES), moe=True,
                    moe_defaults={"num_experts": 7, "num_experts_per_tok": 5},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),
         # llama.cpp's mellum places sliding layers by the file's pattern, else three of every four.
@@ -3776,7 +3791,8 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("bamba", recurrent="mamba2", names=BAMBA_NAMES, norms=("attn_norm", "ffn_norm"), normalize=_bamba_config,
                    keys=_MAMBA2_HYBRID_KEYS, defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-5),
                    refusals=(_BAMBA_WIDTH,), **_SSM_ADAPTERS),
-        FamilySpec("granitemoehybrid", **dict(_GRANITEMOE_SHARED, keys=dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS)),
+        FamilySpec("granitemoehybrid", rope_whole_head=True,
+                   **dict(_GRANITEMOE_SHARED, keys=dict(_GRANITEMOE_SHARED["keys"], **_MAMBA2_HYBRID_KEYS)),
                    recurrent="mamba2", names=GRANITE_HYBRID_NAMES, normalize=_granite_hybrid_config, adapters="ffn",
                    defaults=dict(_MAMBA2_HYBRID_DEFAULTS, norm_eps=1e-6),
                    variants=(Variant(lambda c: c.get("num_local_experts", 8) == 0,
@@ -3817,6 +3833,7 @@ FAMILIES: dict[str, FamilySpec] = {
                                      "num_hidden_layers, or with a letter other than M, *, - and E, is not supported"),),
                    gguf_arch="nemotron_h", gguf_names=GGUF_NEMOTRON_H_NAMES),
         FamilySpec("falcon_h1", recurrent="mamba2", mup=True, gguf_folded=True, names=FALCON_H1_NAMES,
+                   rope_whole_head=True,
                    norms=("attn_norm", "ffn_norm"), normalize=_falcon_h1_config, ssm_gated_norm=False, **_SSM_ADAPTERS,
                    embed_multiplier_key="embedding_multiplier", logit_scale_key="lm_head_multiplier",
                    keys=dict(_MAMBA2_HYBRID_KEYS, ssm_inner_size=("mamba_d_ssm",)),
@@ -3896,7 +3913,8 @@ FAMILIES: dict[str, FamilySpec] = {
                    refusals=_LONGCAT_REFUSALS),
         # group SSM-B1 (issue 15, part B1): short convolutions, lightning attention, shared blocks
         FamilySpec("lfm2", **_LFM2, gguf_arch="lfm2", refusals=(_LFM2_LAYER_TYPES,)),
-        FamilySpec("lfm2_moe", **dict(_LFM2, keys=dict(_LFM2["keys"], num_experts=("num_experts",)),
+        FamilySpec("lfm2_moe", rope_whole_head=True,
+                   **dict(_LFM2, keys=dict(_LFM2["keys"], num_experts=("num_experts",)),
                                       names=LFM2_MOE_NAMES, normalize=_lfm2_moe_config), moe=True, gguf_arch="lfm2moe",
                    fixed={"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, moe_fields={"renorm_eps": 1e-6},
                    moe_defaults={"num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True},
