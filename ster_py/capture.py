@@ -69,12 +69,19 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
             outside 0..num_layers-1.
     """
     t = str(text).strip()
+
+    def number(item: str) -> int:   # ASCII digits only: int() also took "1_0" as 10, "+1" and other scripts' digits
+        item = item.strip()
+        if not (item.removeprefix("-").isascii() and item.removeprefix("-").isdecimal()):
+            raise ValueError(item)
+        return int(item)
+
     try:
         if t == "all":
             out = list(range(num_layers))
         elif ".." in t:
             a, b = t.split("..", 1)
-            lo, hi = int(a), int(b)
+            lo, hi = number(a), number(b)
             if lo > hi:
                 raise SterError(f"--layers {t}: the range is empty ({lo} > {hi}); write low..high")
             for end in (lo, hi):  # before the range is built: 0..10**20 would not fit in memory
@@ -88,7 +95,7 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
             if empty is not None and t:  # "1,,2" selected 1 and 2 in silence; "" selects nothing, said below
                 raise SterError(f"--layers {t!r}: item {empty} is empty; separate layer numbers by one comma, "
                                 "as in 1,2,3")
-            out = [int(x) for x in items if x.strip()]
+            out = [number(x) for x in items if x.strip()]
     except ValueError:
         raise SterError(f"--layers {t!r} is not understood; use all, N, a..b (inclusive) or a,b,c") from None
     if not out:

@@ -149,6 +149,14 @@ def test_parse_layers_refusals(text, words):  # "1,,2" selected layers 1 and 2, 
         parse_layers(text, 3)
 
 
+@pytest.mark.parametrize("text", ["1_0", "+1", "\u0661", "0..\u0661", "0,\uff11", "1..1_0"])
+def test_parse_layers_reads_ascii_digits_only(text):
+    """int() took "1_0" as layer 10, "+1" and other scripts' digits ("\u0661", Arabic-Indic one) as numbers:
+    --layers 1_0 captured layer 10 in silence. As detokenize's ids, a layer number is ASCII digits."""
+    with pytest.raises(SterError, match="is not understood"):
+        parse_layers(text, 12)
+
+
 def test_capture_layers_with_an_empty_item_is_one_error_line(tiny, tmp_path):
     r = ster("capture", "-m", str(tiny[0]), "-p", "w5", "--layers", "1,,2", "-o", str(tmp_path / "c.safetensors"))
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
