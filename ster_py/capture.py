@@ -306,6 +306,12 @@ def _tensor_names(meta: dict) -> list[tuple[str, int, int | None]]:
     return [(f"layers.{i}", i, None) for i in meta["layers"]]
 
 
+def capture_tensors(cap: Capture) -> dict[str, np.ndarray]:
+    """The tensors ``save_capture`` writes, by name in file order: ``layers.I`` [n_prompts, hidden] (position last
+    or mean) or ``layers.I.prompt.P`` [T_P, hidden] (all)."""
+    return {name: cap.states[i][p] if p is not None else cap.states[i] for name, i, p in _tensor_names(cap.meta)}
+
+
 def sidecar_path(path: Path) -> Path:
     """NAME.safetensors -> NAME.json (any other name: the name + .json)."""
     path = Path(path)
@@ -353,9 +359,9 @@ def save_capture(cap: Capture, path: str | Path) -> list[Path]:
     path = Path(path)
     check_capture_output(path)
     side = sidecar_path(path)
-    names = _tensor_names(cap.meta)
-    arrays = [cap.states[i][p] if p is not None else cap.states[i] for _, i, p in names]
-    specs = [(n, np.dtype(np.float32), a.shape) for (n, _, _), a in zip(names, arrays)]
+    tensors = capture_tensors(cap)
+    arrays = list(tensors.values())
+    specs = [(n, np.dtype(np.float32), a.shape) for n, a in tensors.items()]
     text = json.dumps(cap.meta, ensure_ascii=False, indent=1)
     with atomic_outputs(path, side) as (tmp_tensors, tmp_side):
         write_safetensors(tmp_tensors, specs, arrays, metadata={"ster": json.dumps(cap.meta, ensure_ascii=False)})

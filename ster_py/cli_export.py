@@ -145,19 +145,17 @@ def vector_pca(
     output: Path = typer.Option(..., "--output", "-o", help="The steering vector JSON file to write."),
     trait: str = typer.Option("", help="A name for what the vector steers toward (recorded)."),
     layers: Optional[str] = typer.Option(None, help="Subset of the captured layers: N | a..b | a,b,c."),
+    as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
     positive_j - negative_j, signed so that the positive prompts project positive."""
-    from .capture import format_layers, load_capture, parse_layers
-    from .steering import check_vector_output, pca, write_vector
+    from .capture import format_layers
+    from .cli_tools import build_vector
+    from .steering import pca
 
-    check_vector_output(output)  # before reading the captures
-    pos, neg = load_capture(positive), load_capture(negative)
-    chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
-    vec = pca(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
-    write_vector(vec, output)
-    if not quiet:
+    vec = build_vector(pca, positive, negative, output, trait, layers, as_json)
+    if not quiet and not as_json:
         err.print(f"[dim]steering vector (pca, {plural(vec.metadata['pairs'], 'pair')}) for "
                   f"{escape(str(vec.model))}: layers {format_layers(vec.directions)}; wrote {escape(str(output))}[/]")
 

@@ -184,12 +184,13 @@ def capture(
     precision: Precision = typer.Option(Precision.f32, help="Stored weight dtype; compute is f32."),
     device: str = typer.Option("cpu", help="Only cpu is available."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Capture the residual stream after chosen layers for each prompt (safetensors + JSON sidecar); with
     --vector, of the steered model."""
-    from .capture import (capture as run, check_capture_output, format_layers, parse_layers, read_prompts,
-                          save_capture)
+    from .capture import (capture as run, capture_tensors, check_capture_output, format_layers, parse_layers,
+                          read_prompts, save_capture)
     from .load import load_model
 
     _check_device(device)
@@ -212,12 +213,43 @@ def capture(
                   vector=steer, strength=1.0 if strength is None else strength,
                   vector_path=None if vector is None else str(vector), progress=progress)
     written = save_capture(cap, output)
+    if as_json:   # the files written and what the sidecar says of them (its prompts counted, not repeated)
+        meta = cap.meta
+        print(json.dumps({**version_fields(), "output": str(written[0]), "sidecar": str(written[1]),
+                          **{k: meta[k] for k in ("model", "model_revision", "precision", "hidden_size", "layers",
+                                                  "position", "chat_template", "steering")},
+                          "prompt_count": len(meta["prompts"]),
+                          "tensors": {name: list(a.shape) for name, a in capture_tensors(cap).items()},
+                          "warnings": loaded.warnings}, ensure_ascii=False, indent=2))
+        return
     if quiet:
         return
     steered = "" if steer is None else f", steered at strength {cap.meta['steering']['strength']:g}"
     err.print(f"[dim]{len(texts)} prompt(s), layers {format_layers(chosen)}, position "
               f"{position.value}, chat template {cap.meta['chat_template']}{steered}: wrote "
               f"{escape(', '.join(map(str, written)))}[/]")
+
+
+def build_vector(build, positive: Path, negative: Path, output: Path, trait: str, layers: Optional[str],
+                 as_json: bool):
+    """``vector caa`` and ``vector pca``: the vector ``build`` (``steering.caa`` or ``pca``) makes of two capture
+    files at ``layers`` (text, None: every shared layer), written to ``output`` (checked before the captures are
+    read); ``as_json``: its document printed, the file written and what it holds but the directions (``layers``
+    names the ones it covers). Returns the vector."""
+    from .capture import load_capture, parse_layers
+    from .steering import check_vector_output, write_vector
+
+    check_vector_output(output)  # before reading the captures
+    pos, neg = load_capture(positive), load_capture(negative)
+    chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
+    vec = build(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
+    write_vector(vec, output)
+    if as_json:
+        print(json.dumps({**version_fields(), "output": str(output), "model": vec.model,
+                          "model_revision": vec.model_revision, "hidden_size": vec.hidden_size, "method": vec.method,
+                          "trait": vec.trait, "layers": sorted(vec.directions), "metadata": vec.metadata},
+                         ensure_ascii=False, indent=2))
+    return vec
 
 
 @vector_app.command("caa")
@@ -228,6 +260,7 @@ def vector_caa(
     trait: str = typer.Option("", help="A name for what the vector steers toward (recorded)."),
     layers: Optional[str] = typer.Option(None, help="Subset of the captured layers: N | a..b | a,b,c "
                                          "(default: every layer both captures hold)."),
+    as_json: bool = flag(False, "--json", help="Print one JSON document."),
     quiet: bool = flag(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Build a steering vector from two captures (contrastive activation addition).
@@ -235,15 +268,11 @@ def vector_caa(
     Per layer, the direction is the normalized difference between the mean positive and the
     mean negative activation.
     """
-    from .capture import format_layers, load_capture, parse_layers
-    from .steering import caa, check_vector_output, write_vector
+    from .capture import format_layers
+    from .steering import caa
 
-    check_vector_output(output)  # before reading the captures
-    pos, neg = load_capture(positive), load_capture(negative)
-    chosen = None if layers is None else parse_layers(layers, int(pos.meta["num_hidden_layers"]))
-    vec = caa(pos, neg, trait=trait, layers=chosen, sources=(str(positive), str(negative)))
-    write_vector(vec, output)
-    if quiet:
+    vec = build_vector(caa, positive, negative, output, trait, layers, as_json)
+    if quiet or as_json:
         return
     # the model name comes from the captures' sidecars: terminal escapes in it are shown, not obeyed
     err.print(f"[dim]steering vector for {escape(terminal_text(str(vec.model)))}: layers "

@@ -499,3 +499,34 @@ def _write_prompts(tmp_path):
     f = tmp_path / "prompts.txt"
     f.write_text("\n".join(PROMPTS) + "\n")
     return f
+
+
+def test_cli_capture_json_is_what_it_wrote(tiny, tmp_path):
+    """``ster capture --json``: one document on stdout (no summary line on stderr) naming the two files written,
+    the sidecar's fields as the sidecar holds them, the prompt count and every tensor's shape as the safetensors
+    file holds it; an error under --json is the usual one line on stderr, with nothing on stdout."""
+    from ster_py import __version__
+
+    path, _, ids = tiny
+    out = tmp_path / "c.safetensors"
+    r = ster("capture", "-m", str(path), "--prompts", str(_write_prompts(tmp_path)), "--layers", "0,2",
+             "--position", "all", "--json", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "wrote" not in r.stderr, r.stderr
+    side = json.loads(out.with_suffix(".json").read_text())
+    assert doc["ster_version"] == __version__
+    assert (doc["output"], doc["sidecar"]) == (str(out), str(out.with_suffix(".json")))
+    for key in ("model", "model_revision", "precision", "hidden_size", "layers", "position", "chat_template",
+                "steering"):
+        assert doc[key] == side[key], key
+    assert doc["layers"] == [0, 2] and doc["position"] == "all" and doc["prompt_count"] == len(side["prompts"]) == 3
+    with safe_open(str(out), "np") as f:
+        assert doc["tensors"] == {name: list(f.get_tensor(name).shape) for name in f.keys()}
+    assert doc["tensors"]["layers.2.prompt.1"] == [len(ids[1]), side["hidden_size"]]
+    assert doc["warnings"] == []
+
+    r = ster("capture", "-m", str(path), "-p", "w5", "--strength", "2", "--json", "-o", str(tmp_path / "x.safetensors"))
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert r.stderr.strip() == "error: --strength needs --vector (a steering vector file)", r.stderr
+    assert not (tmp_path / "x.safetensors").exists()

@@ -576,3 +576,33 @@ def test_a_vector_layer_past_the_model_is_refused_where_the_hook_meets_it(tiny):
     fits = steering_hook(SteeringVector(str(path), None, 64, "t", "caa", unit_directions([1])), 4.0)
     steered = generate(loaded.decoder, PROMPT_IDS, Sampling(max_new_tokens=4), layer_hook=fits).ids
     assert steered and len(steered) <= 4
+
+
+def test_vector_caa_json_is_what_it_wrote(tiny, tmp_path):
+    """``ster vector caa --json``: one document on stdout (no summary line on stderr) naming the file written and
+    what the vector file holds but its directions (the layers they cover instead); an error under --json is the
+    usual one line on stderr, nothing on stdout, nothing written."""
+    from ster_py import __version__
+
+    path, _ = tiny
+    (tmp_path / "pos.txt").write_text("w5 w6 w7\nw8 w9\n")
+    (tmp_path / "neg.txt").write_text("w50 w51\nw60 w61 w62\n")
+    for side in ("pos", "neg"):
+        r = ster("capture", "--model", str(path), "--prompts", str(tmp_path / f"{side}.txt"), "--layers", "0..2",
+                 "--output", str(tmp_path / f"{side}.safetensors"), "-q")
+        assert r.returncode == 0, r.stderr
+    captures = ["--positive", str(tmp_path / "pos.safetensors"), "--negative", str(tmp_path / "neg.safetensors")]
+    out = tmp_path / "v.json"
+    r = ster("vector", "caa", *captures, "--output", str(out), "--trait", "low ids", "--layers", "1,2", "--json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    doc, written = json.loads(r.stdout), json.loads(out.read_text())
+    assert doc == {"ster_version": __version__, "output": str(out), "model": written["model"],
+                   "model_revision": written["model_revision"], "hidden_size": written["hidden_size"],
+                   "method": "caa", "trait": "low ids", "layers": [1, 2], "metadata": written["metadata"]}
+    assert sorted(written["directions"]) == ["1", "2"] and doc["model"] == str(path)
+    assert sorted(doc["metadata"]["difference_norms"]) == ["1", "2"] and doc["metadata"]["positive_prompts"] == 2
+
+    r = ster("vector", "caa", *captures, "--output", str(tmp_path / "w.json"), "--layers", "7", "--json")
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.startswith("error:"), (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "w.json").exists()

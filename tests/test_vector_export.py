@@ -222,6 +222,50 @@ def test_cli_pca_from_captures(tmp_path):
     assert np.allclose(vec.directions[1], pca(p, n, layers=[1]).directions[1])
 
 
+def test_cli_pca_and_export_json_are_what_they_wrote(tmp_path):
+    """``ster vector pca --json`` and ``vector export --json``: one document on stdout (no summary line on stderr),
+    its fields what the file written holds (pca: the vector file but its directions; export: the GGUF's layers,
+    strength and model_hint); an error under --json is one line on stderr, nothing on stdout, nothing written."""
+    from gguf import GGUFReader
+
+    from ster_py import __version__
+    from ster_py.capture import save_capture
+
+    p, n = _captures(np.random.default_rng(3))
+    for cap, name in ((p, "pos"), (n, "neg")):
+        cap.meta.update(format="ster.capture", schema_version=1, layer_numbering="", model_type="llama")
+        save_capture(cap, tmp_path / f"{name}.safetensors")
+    captures = ["--positive", str(tmp_path / "pos.safetensors"), "--negative", str(tmp_path / "neg.safetensors")]
+    out = tmp_path / "v.json"
+    r = ster("vector", "pca", *captures, "--output", str(out), "--trait", "t", "--json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    doc, written = json.loads(r.stdout), json.loads(out.read_text())
+    assert doc == {"ster_version": __version__, "output": str(out), "model": "m", "model_revision": None,
+                   "hidden_size": 16, "method": "pca", "trait": "t", "layers": [0, 1, 2],
+                   "metadata": written["metadata"]}
+    assert doc["metadata"]["pairs"] == 6 and sorted(doc["metadata"]["explained"]) == ["0", "1", "2"]
+
+    gguf = tmp_path / "v.gguf"
+    r = ster("vector", "export", str(out), "--output", str(gguf), "--strength", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    fields = {x.name: x.contents() for x in GGUFReader(gguf).fields.values() if x.name.startswith("controlvector")}
+    tensors = sorted(int(t.name.split(".")[1]) for t in GGUFReader(gguf).tensors)
+    assert doc == {"ster_version": __version__, "output": str(gguf), "layers": tensors, "skipped": [0],
+                   "strength": 2.0, "model_hint": fields["controlvector.model_hint"]}
+    assert tensors == [1, 2] and fields["controlvector.layer_count"] == 2
+    assert [line for line in r.stderr.splitlines() if line] == [
+        "warning: layer 0 of the vector is left out: llama.cpp's control vectors cannot steer it"], r.stderr
+
+    for args in (["vector", "pca", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+                  str(tmp_path / "missing.safetensors"), "--output", str(tmp_path / "w.json")],
+                 ["vector", "export", str(tmp_path / "pos.json"), "--output", str(tmp_path / "w.gguf")]):
+        r = ster(*args, "--json")
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.startswith("error:"), (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "w.json").exists() and not (tmp_path / "w.gguf").exists()
+
+
 def test_llamacpp_steers_like_ster(tmp_path):
     """Same F32 file, same vector: llama.cpp's 16 greedy tokens under the control vector equal ster's under
     --vector, which differ from the unsteered ones."""
