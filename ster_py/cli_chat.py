@@ -36,7 +36,7 @@ CHAT_COMMANDS = f"""commands:
   /reset                  forget the conversation (the system prompt stays)
   /save FILE              write the conversation as JSON messages
   /load FILE              go on from a conversation /save wrote (it replaces this one)
-  /vector FILE STRENGTH   steer from now on (/vector off: stop steering)
+  /vector FILE [S]        steer from now on at strength S, default 1 (/vector off: stop steering)
   /help                   this list
   /quit                   leave (Ctrl-D too); Ctrl-C stops an answer and keeps the session"""
 
@@ -339,15 +339,15 @@ def _command(line: str, state: _State, session, think, note) -> Optional[str]:
         if parts == ["off"]:
             state.hook, state.key = None, None
             note("(steering off)\n")
-        elif len(parts) == 2:
+        elif len(parts) in (1, 2):   # the strength defaults to 1, as --vector's does
             try:
-                value = float(parts[1])
+                value = float(parts[1]) if len(parts) == 2 else 1.0
             except ValueError:
                 raise SterError(f"/vector: the strength must be a number, got {parts[1]!r}") from None
             state.hook, state.key = _steer(session.loaded, user_path(parts[0], "/vector"), value)
             note(f"(steering with {terminal_text(parts[0])} at {value:g})\n")
         else:
-            raise SterError("/vector needs FILE STRENGTH (or off)")
+            raise SterError("/vector needs FILE [STRENGTH] (or off)")
     else:
         raise SterError(f"unknown command {word}; /help lists them")
     return None

@@ -98,7 +98,7 @@ def test_commands_and_errors_keep_the_session(tiny_chat, tmp_path):
     child = _spawn("chat", "--model", str(tiny_chat), "--max-new-tokens", "3", "-q")
     child.expect("> ")
     child.sendline("/vector")
-    child.expect("error: /vector needs FILE STRENGTH")
+    child.expect(r"error: /vector needs FILE \[STRENGTH\] \(or off\)")
     child.expect("> ")
     child.sendline(f"/vector {tmp_path / 'missing.json'} 2")
     child.expect("error: ")
@@ -766,3 +766,32 @@ def test_session_prepare_refuses_what_is_no_conversation(tiny_chat):
         with pytest.raises(SterError, match=f"^messages: .*{words}"):
             session.prepare(wrong)
     assert session.prepare([{"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6"}]) > 0
+
+
+def test_vector_without_a_strength_steers_at_1_as_the_option_does(tiny_chat, tmp_path):
+    """``/vector FILE`` needed a strength where ``--vector FILE`` defaults it to 1: it now steers at 1, the answer
+    that of ``/vector FILE 1`` and of ``--vector FILE``, and says so; ``/vector FILE S`` still takes S."""
+    import numpy as np
+
+    from ster_py.steering import SteeringVector, write_vector
+
+    hidden = json.loads((tiny_chat / "config.json").read_text())["hidden_size"]
+    rng = np.random.default_rng(5)
+    dirs = {i: rng.standard_normal(hidden) for i in (0, 1)}
+    vec = SteeringVector(str(tiny_chat), None, hidden, "t", "caa",
+                         {i: (d / np.linalg.norm(d)).astype(np.float32) for i, d in dirs.items()})
+    path = tmp_path / "v.json"
+    write_vector(vec, path)
+    common = ["chat", "--model", str(tiny_chat), "--max-new-tokens", "8", "-q"]
+    status, plain, _ = _piped(*common, stdin="w10 w11\n")
+    assert status == 0
+    status, option, _ = _piped(*common, "--vector", str(path), stdin="w10 w11\n")
+    assert status == 0 and option != plain   # the vector changes the answer at strength 1
+    status, out, err = _piped(*common, stdin=f"/vector {path}\nw10 w11\n")
+    assert status == 0 and out == option, (out, option, err)
+    assert f"(steering with {path} at 1)" in err
+    status, out, err = _piped(*common, stdin=f"/vector {path} 1\nw10 w11\n/reset\n/vector {path} 0\nw10 w11\n")
+    assert status == 0 and out == option + plain, (out, err)
+    assert f"(steering with {path} at 0)" in err
+    status, _, err = _piped(*common, stdin="/help\n")
+    assert status == 0 and "/vector FILE [S]        steer from now on at strength S, default 1" in err, err
