@@ -150,14 +150,12 @@ def vector_pca(
 ) -> None:
     """Build a steering vector by PCA of paired differences: per layer, the first principal axis of
     positive_j - negative_j, signed so that the positive prompts project positive."""
-    from .capture import format_layers
-    from .cli_tools import build_vector
+    from .cli_tools import build_vector, say_vector
     from .steering import pca
 
     vec = build_vector(pca, positive, negative, output, trait, layers, as_json)
     if not quiet and not as_json:
-        err.print(f"[dim]steering vector (pca, {plural(vec.metadata['pairs'], 'pair')}) for "
-                  f"{escape(str(vec.model))}: layers {format_layers(vec.directions)}; wrote {escape(str(output))}[/]")
+        say_vector(vec, output, f"steering vector (pca, {plural(vec.metadata['pairs'], 'pair')})")
 
 
 @vector_app.command("export")

@@ -230,6 +230,15 @@ def capture(
               f"{escape(', '.join(map(str, written)))}[/]")
 
 
+def say_vector(vec, output: Path, what: str = "steering vector") -> None:
+    """The one line on stderr after ``vector caa`` / ``pca`` wrote ``vec`` to ``output``. The model name comes from
+    the captures' sidecars: terminal escapes in it (or in the path) are shown, not obeyed."""
+    from .capture import format_layers
+
+    err.print(f"[dim]{what} for {escape(terminal_text(str(vec.model)))}: layers "
+              f"{format_layers(vec.directions)}; wrote {escape(terminal_text(str(output)))}[/]")
+
+
 def build_vector(build, positive: Path, negative: Path, output: Path, trait: str, layers: Optional[str],
                  as_json: bool):
     """``vector caa`` and ``vector pca``: the vector ``build`` (``steering.caa`` or ``pca``) makes of two capture
@@ -268,15 +277,11 @@ def vector_caa(
     Per layer, the direction is the normalized difference between the mean positive and the
     mean negative activation.
     """
-    from .capture import format_layers
     from .steering import caa
 
     vec = build_vector(caa, positive, negative, output, trait, layers, as_json)
-    if quiet or as_json:
-        return
-    # the model name comes from the captures' sidecars: terminal escapes in it are shown, not obeyed
-    err.print(f"[dim]steering vector for {escape(terminal_text(str(vec.model)))}: layers "
-              f"{format_layers(vec.directions)}; wrote {escape(terminal_text(str(output)))}[/]")
+    if not quiet and not as_json:
+        say_vector(vec, output)
 
 
 @tune_app.command("merge")

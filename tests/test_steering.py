@@ -383,8 +383,10 @@ def test_a_model_file_of_another_size_is_not_hashed(tmp_path, monkeypatch):
     assert not artifacts._same_gguf_content(str(big), None, resolved)
 
 
-def test_vector_caa_shows_a_model_name_with_terminal_escapes_and_does_not_send_them(tiny, tmp_path):
-    """The model name comes from the captures' sidecars: ESC sequences in it were written to the terminal raw."""
+@pytest.mark.parametrize("method", ["caa", "pca"])
+def test_vector_caa_shows_a_model_name_with_terminal_escapes_and_does_not_send_them(tiny, tmp_path, method):
+    """The model name comes from the captures' sidecars: ESC sequences in it were written to the terminal raw
+    (by caa once, and by pca until both printed their line through one function)."""
     path, _ = tiny
     (tmp_path / "pos.txt").write_text("w5 w6\n")
     (tmp_path / "neg.txt").write_text("w50 w51\n")
@@ -395,7 +397,7 @@ def test_vector_caa_shows_a_model_name_with_terminal_escapes_and_does_not_send_t
         sidecar = tmp_path / f"{side}.json"
         doc = json.loads(sidecar.read_text())
         sidecar.write_text(json.dumps({**doc, "model": "\x1b[31mRED\x1b]0;title\x07"}))
-    r = ster("vector", "caa", "--positive", str(tmp_path / "pos.safetensors"), "--negative",
+    r = ster("vector", method, "--positive", str(tmp_path / "pos.safetensors"), "--negative",
              str(tmp_path / "neg.safetensors"), "--output", str(tmp_path / "v.json"))
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stderr and "\\x1b[31mRED" in r.stderr
