@@ -384,8 +384,8 @@ def check_sidecar(meta: dict, where: str) -> None:
 
     Checks the fields the readers use: ``position`` (one of POSITIONS), ``hidden_size`` and
     ``num_hidden_layers`` (positive integers), ``layers`` (a non-empty list of distinct layer numbers
-    below num_hidden_layers), ``prompts`` (a non-empty list of objects), ``model`` and
-    ``model_revision`` (a string or null).
+    below num_hidden_layers), ``prompts`` (a non-empty list of objects), ``steering`` (an object or null, when
+    present), ``model`` and ``model_revision`` (a string or null).
 
     Args:
         meta: the parsed sidecar.
@@ -417,6 +417,10 @@ def check_sidecar(meta: dict, where: str) -> None:
     prompts = meta["prompts"]
     if not isinstance(prompts, list) or not prompts or not all(isinstance(x, dict) for x in prompts):
         raise SterError(f"{where}: prompts must be a non-empty list of objects (one per prompt); {RECAPTURE}")
+    steering = meta.get("steering")   # "abc" read as unsteered: "different steering (positive unsteered, negative unsteered)"
+    if steering is not None and not isinstance(steering, dict):
+        raise SterError(f"{where}: steering must be an object (what the capture added) or null (unsteered), got "
+                        f"{json_value(steering)}; {RECAPTURE}")
     check_model_fields(meta, where, RECAPTURE)
 
 

@@ -336,6 +336,9 @@ def _set(a, index, value):
     (lambda m: m.update(layers=[0, 0]), "layer 0 twice"),
     (lambda m: m.update(prompts=3), "prompts must be a non-empty list of objects"),
     (lambda m: m.update(model={"a": 1}), "model must be a string or null"),
+    # read as unsteered: vector caa said "different steering (positive unsteered, negative unsteered)"
+    (lambda m: m.update(steering="abc"), "steering must be an object .* or null \\(unsteered\\), got 'abc'"),
+    (lambda m: m.update(steering=[1]), "steering must be an object"),
 ])
 def test_malformed_sidecars_are_refused_naming_the_field(tmp_path, change, words):
     path = _saved_capture(tmp_path)
