@@ -575,6 +575,8 @@ class FamilySpec:
         inputs_first: linear weights are stored [in, out] (GPT-2's Conv1D).
         root: prefix a checkpoint saved from the base model leaves off its names.
         tie_default: whether the head is tied to the embedding when the config does not say.
+        head_untied: the head is never the embedding, whatever tie_word_embeddings says (Transformers' model
+            for the family ties no weights).
         names: role -> Hugging Face tensor name prefix (``.weight`` / ``.bias`` appended).
         gguf_names: role -> llama.cpp tensor name prefix (a tuple lists alternatives, first found wins).
         variants: config-driven changes to these fields (``Variant``).
@@ -765,6 +767,7 @@ class FamilySpec:
     inputs_first: bool = False
     root: str | None = None
     tie_default: bool = False
+    head_untied: bool = False
     names: Mapping[str, str] = field(default_factory=lambda: LLAMA_NAMES)
     gguf_names: Mapping[str, str] = field(default_factory=lambda: GGUF_NAMES)
     variants: tuple[Variant, ...] = ()
@@ -2047,8 +2050,9 @@ def _lfm2_layer_types_wrong(c: Mapping) -> bool:
 
 _LFM2_LAYER_TYPES = Refusal(_lfm2_layer_types_wrong, "a layer type other than conv and full_attention in layer_types "
                             "is not supported")
+# Transformers' LFM2 feed-forwards run SiLU whatever hidden_act says: no activation key is read.
 _LFM2 = dict(recurrent="shortconv", qk_norm="head", names=LFM2_NAMES, normalize=_lfm2_config, tie_default=True,
-             adapters="none", keys={"ssm_conv_kernel": ("conv_L_cache",)},
+             adapters="none", keys={"ssm_conv_kernel": ("conv_L_cache",), "act": ()},
              defaults={"ssm_conv_kernel": 3, "rope_theta": 1_000_000.0, "norm_eps": 1e-5},
              gguf_names=GGUF_LFM2_NAMES)
 
@@ -3815,6 +3819,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_config=dict(_GRANITE_GGUF, **{"rope.scaling.finetuned": "rope_scaling_finetuned"})),
         FamilySpec("nemotron_h", recurrent="mamba2", ffn_layers="typed", positions="none", moe=True,
                    names=NEMOTRON_H_NAMES, normalize=_nemotron_h_config, default_act="relu2", **_SSM_ADAPTERS,
+                   head_untied=True,
                    keys={"ssm_state_size": ("ssm_state_size", "mamba_d_state"),
                          "ssm_conv_kernel": ("conv_kernel", "mamba_d_conv"), "ssm_num_heads": ("mamba_num_heads",),
                          "ssm_head_dim": ("mamba_head_dim",), "ssm_groups": ("n_groups", "mamba_n_groups"),
@@ -4064,7 +4069,7 @@ FAMILIES: dict[str, FamilySpec] = {
         # rest, DeepSeek-V3's router (sigmoid, e_score_correction_bias, groups) beside shared experts.
         FamilySpec("kimi_linear", **dict(_V3_LATENT, names=KIMI_LINEAR_NAMES, variants=(),
                                          gguf_names=GGUF_KIMI_LINEAR_NAMES), keys=_KIMI_KEYS, gguf_arch="kimi-linear",
-                   recurrent="kda", positions="none", normalize=_kimi_linear_config, adapters="none",
+                   recurrent="kda", positions="none", normalize=_kimi_linear_config, adapters="none", head_untied=True,
                    config_defaults={"first_k_dense_replace": 1, "rms_norm_eps": 1e-5},
                    moe_defaults={"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024},
                    refusals=_KIMI_REFUSALS),
@@ -4211,9 +4216,11 @@ FAMILIES: dict[str, FamilySpec] = {
                                             gguf_names=GGUF_BAILING_HYBRID_NAMES, variants=(
                                                 *_V3_LATENT["variants"], Variant(lambda c: not _ling3(c), {
                                                     "recurrent": "lightning", "names": LING25_NAMES,
-                                                    "attn_gate": None, "keys": _LING25_KEYS})),
+                                                    "attn_gate": None, "keys": _LING25_KEYS,
+                                                    "head_untied": False})),
                                             moe_fields={**_V3_ROUTER["moe_fields"], "clamp_act": True}),
                    keys=_BAILING_HYBRID_KEYS, recurrent="kda", normalize=_bailing_hybrid_config, adapters="none",
+                   head_untied=True,
                    attn_gate="sigmoid", attn_gate_per_head=True,
                    expert_limit_keys=("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"),
                    # Transformers' BailingHybridConfig defaults (fields with two spellings: under defaults)

@@ -484,6 +484,8 @@ HYBRID_CASES = {
     "bailing_hybrid": ("bailing_hybrid", {}),
     "bailing_hybrid-trailing-q-lora-unsafe-gate": ("bailing_hybrid", dict(
         num_hidden_layers=5, q_lora_rank=24, kda_safe_gate=False, num_shared_experts=2, routed_scaling_factor=1.5)),
+    # Transformers' BailingHybrid ties no weights: its lm_head is read whatever tie_word_embeddings says
+    "bailing_hybrid-tied-in-name-only": ("bailing_hybrid", dict(tie_word_embeddings=True)),
     "bailing_hybrid-clamps": ("bailing_hybrid", dict(
         expert_swiglu_limit_list=[0.0, 0.4, 0.0, 0.3, 7.0], share_expert_swiglu_limit_list=[0.0, 0.0, 0.35, 0.5, 7.0])),
     "bailing_hybrid-as-saved-bound-no-renorm-group3": ("bailing_hybrid", dict(

@@ -248,6 +248,11 @@ CASES = {
         ssm_state_size=6, conv_kernel=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
         moe_shared_expert_intermediate_size=40, moe_latent_size=32, n_group=2, topk_group=1,
         routed_scaling_factor=1.5, norm_topk_prob=False, time_step_min=0.3)),
+    # Transformers' NemotronH ties no weights: its lm_head is read whatever tie_word_embeddings says
+    "nemotron_h-tied-in-name-only": ("nemotron_h", dict(
+        ATTN, hybrid_override_pattern="M*-E", head_dim=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2,
+        ssm_state_size=8, conv_kernel=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48, tie_word_embeddings=True)),
     "falcon_h1": ("falcon_h1", dict(ATTN, num_hidden_layers=4, mamba_d_ssm=128, mamba_rms_norm=True,
                                     mamba_norm_before_gate=False, embedding_multiplier=1.3, lm_head_multiplier=0.7,
                                     attention_in_multiplier=0.8, attention_out_multiplier=1.2, key_multiplier=0.6,

@@ -240,6 +240,8 @@ CASES = {
         KIMI, num_hidden_layers=5, num_experts=8, num_expert_group=2, topk_group=1, routed_scaling_factor=1.5,
         moe_renormalize=False, mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse"],
         linear_attn_config=dict(KIMI["linear_attn_config"], kda_layers=[1, 3, 4], full_attn_layers=[2, 5]))),
+    # Transformers' KimiLinear ties no weights: its lm_head is read whatever tie_word_embeddings says
+    "kimi_linear-tied-in-name-only": ("kimi_linear", dict(KIMI, tie_word_embeddings=True)),
 }
 def _states(cache, spec) -> list[np.ndarray]:
     """The recurrent states of the cache's layers (not the latent layers' rows)."""
