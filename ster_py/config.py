@@ -477,8 +477,9 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
 
     Transformers 5 writes ``rope_parameters`` (flat, or one object per layer type);
     Transformers 4 wrote ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``) plus an optional
-    ``rope_scaling``. A top-level ``original_max_position_embeddings`` (Phi-3) fills in
-    for a LongRoPE set that lacks it.
+    ``rope_scaling``. A top-level ``original_max_position_embeddings`` (Phi-3's, 4096 when absent) replaces
+    the one a single (not per-layer-type) llama3, YaRN or LongRoPE set states, as Transformers'
+    ``standardize_rope_params`` does; a per-layer-type set keeps its own.
     """
     rp = config.get("rope_parameters")
     # A rope_parameters that is not an object once fell through to the defaults (the model ran
@@ -499,9 +500,13 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
             full["rope_type"] = full.pop("type")
         full.setdefault("rope_theta", r.get("rope_theta", 10000.0))
         sliding = None
+    top = config.get("original_max_position_embeddings")
+    single = rp is None or not ("full_attention" in rp or "sliding_attention" in rp)
+    if top is not None and single and full.get("rope_type", full.get("type")) in ("llama3", "yarn", "longrope"):
+        full["original_max_position_embeddings"] = top
     for params in (full, sliding):
-        if params is not None and config.get("original_max_position_embeddings") is not None:
-            params.setdefault("original_max_position_embeddings", config["original_max_position_embeddings"])
+        if params is not None and top is not None:
+            params.setdefault("original_max_position_embeddings", top)
     return full, sliding
 
 

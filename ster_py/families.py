@@ -3201,6 +3201,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    names=PHI_NAMES, variants=(Variant(flag("qk_layernorm"), {"qk_norm": "head"}),),
                    gguf_arch="phi2", gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("phi3", sliding="all", fused_qkv="concat", names=PHI3_NAMES,
+                   config_defaults={"original_max_position_embeddings": 4096},  # Transformers' Phi3Config
                    # llama.cpp switches Phi-3's sliding window off ("Phi SWA is currently disabled")
                    gguf_arch="phi3", gguf_names=GGUF_PHI3_NAMES, gguf_changes={"sliding": "none"},
                    gguf_config={"rope.scaling.attn_factor": "longrope_attention_factor"},
@@ -3341,8 +3342,9 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("gemma", gguf_arch="gemma", **_GEMMA),
         FamilySpec("gemma2", gguf_arch="gemma2", sliding="even", **_GEMMA2),
+        # Transformers' Gemma 3 attention never reads attn_logit_softcapping (q/k norms replaced the cap)
         FamilySpec("gemma3_text", gguf_arch="gemma3", sliding="pattern", qk_norm="head",
-                   local_rope_key="rope_local_base_freq", **_GEMMA2),
+                   local_rope_key="rope_local_base_freq", **dict(_GEMMA2, attn_softcap_key=None)),
         FamilySpec("granite_swa", **_GRANITE, logit_scale_divides=True, sinks=True, sliding="pattern_first",
                    sliding_pattern=4, layer_rope_key="layer_rope_theta", tie_default=True,
                    names=_with(LLAMA_NAMES, sinks=_L + "self_attn.sinks"),

@@ -15,7 +15,7 @@ import pytest
 from ster_py.decoder.qlinear import float_activations
 from ster_py.generate import Sampling, generate
 from ster_py.load import load_model
-from tiny import make_checkpoint, reference_greedy, reference_logits, reference_split_logits, rel_err
+from tiny import make_checkpoint, reference_greedy, reference_logits, reference_split_logits, rel_err, rewrite_checkpoint
 
 PROMPT = np.random.RandomState(0).randint(3, 128, size=16).tolist()
 
@@ -56,13 +56,33 @@ CASES = {
         "sliding_window": 6, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
+    # Transformers' Gemma 3 attention never applies attn_logit_softcapping (its final cap it does).
+    "gemma3_text-caps": ("gemma3_text", {"sliding_window": 5, "attn_logit_softcapping": 1.0,
+                                         "final_logit_softcapping": 5.0}),
+    "llama-llama3-rope-top-level-original-max": ("llama", {"rope_parameters": _LLAMA3}),
+    "phi3-longrope-original-max-in-set-only": ("phi3", {"rope_parameters": _LONGROPE, "max_position_embeddings": 64,
+                                                        "original_max_position_embeddings": 8}),
 }
+# Keys written into config.json after Transformers saved it (None: the key removed), the oracle reloaded
+# from that file: a top-level original_max_position_embeddings replaces a single llama3 / YaRN / LongRoPE
+# set's own (Phi-3's config class supplies 4096 when the key is absent).
+WRITTEN = {"llama-llama3-rope-top-level-original-max": {"original_max_position_embeddings": 4},
+           "phi3-longrope-original-max-in-set-only": {"original_max_position_embeddings": None}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_family_matches_transformers(case, tmp_path):
     model_type, overrides = CASES[case]
     ref_model = make_checkpoint(tmp_path, model_type, **overrides)
+    if case in WRITTEN:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        written = WRITTEN[case]
+        rewrite_checkpoint(tmp_path, {k: v for k, v in written.items() if v is not None},
+                           drop=tuple(k for k, v in written.items() if v is None))
+        ref_model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32,
+                                                         attn_implementation="eager").eval()
     ref_logits, _ = reference_logits(ref_model, PROMPT)
     model = load_model(str(tmp_path))
 
