@@ -2147,7 +2147,8 @@ def _zamba2_config(config: Mapping) -> Mapping:
     """Zamba2 as Transformers' Zamba2Config derives it: layer_types from layers_block_type (mamba
     written linear_attention), the attention's head width 2 * hidden_size / heads whatever the config
     says, scores scaled by the square root of half of it, the scan's head width its width over the heads,
-    the step clamped below at time_step_min, the head tied to the embeddings."""
+    the step clamped below at time_step_min, the head tied to the embeddings (a config that unties it is
+    refused: Transformers 5 then ties neither the head nor the repeated shared blocks)."""
     c = _scan_config(config)
     listed = c.get("layers_block_type")
     if c.get("layer_types") is None and isinstance(listed, list):
@@ -2158,7 +2159,8 @@ def _zamba2_config(config: Mapping) -> Mapping:
         c["_attention_score_width"] = c["attention_head_dim"] / 2
     low = c.get("time_step_min", 0.001)
     c["time_step_limit"] = [low if isinstance(low, (int, float)) and not isinstance(low, bool) else 0.001, None]
-    c["tie_word_embeddings"] = True
+    if c.get("tie_word_embeddings") is not False:
+        c["tie_word_embeddings"] = True
     return c
 
 
@@ -2173,6 +2175,9 @@ _ZAMBA2_REFUSALS = (
     Refusal(_zamba2_layer_types_wrong, "a layer kind other than mamba and hybrid in layers_block_type is not supported"),
     Refusal(lambda c: c.get("num_mem_blocks") is None, "a config without num_mem_blocks (how many shared blocks) "
             "is not supported"),
+    Refusal(lambda c: c.get("tie_word_embeddings") is False,
+            "tie_word_embeddings false (Transformers then ties neither the head nor the shared blocks: every "
+            "hybrid layer its own weights) is not supported"),
     Refusal(lambda c: not c.get("adapter_rank"), "shared blocks with adapters but no adapter_rank are not supported"),
     Refusal(lambda c: bool(c.get("add_bias_linear")), "biases on the linear layers (add_bias_linear) are not "
             "supported"),

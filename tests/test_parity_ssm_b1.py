@@ -482,6 +482,8 @@ REFUSED = {  # model_type, config, what the message names
                             "num_key_value_heads"),
     "zamba2-biases": ("zamba2", dict(SCAN, layers_block_type=["mamba", "hybrid"] * 2, num_mem_blocks=1, adapter_rank=4,
                                      add_bias_linear=True), "add_bias_linear"),
+    "zamba2-untied": ("zamba2", dict(SCAN, layers_block_type=["mamba", "hybrid"] * 2, num_mem_blocks=1, adapter_rank=4,
+                                     tie_word_embeddings=False), "tie_word_embeddings false"),
 }
 
 
