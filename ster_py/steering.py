@@ -152,7 +152,7 @@ def write_vector(vec: SteeringVector, path: str | Path) -> Path:
             refusals; anything ``read_vector`` would refuse in the file (a direction that is not
             ``hidden_size`` finite numbers of unit norm, a layer that is not a whole number 0 or more,
             no direction at all, a trait or method that is not text, metadata JSON cannot hold such as
-            NaN or objects): nothing is written then.
+            NaN or objects); text UTF-8 cannot encode (a lone surrogate): nothing is written then.
     """
     if not isinstance(vec, SteeringVector):
         raise SterError(f"write_vector takes a SteeringVector (caa, pca or read_vector), got {type(vec).__name__}")
@@ -162,13 +162,18 @@ def write_vector(vec: SteeringVector, path: str | Path) -> Path:
         check_direction(np.asarray(d), vec.hidden_size, f"the steering vector for {path}", layer)
     try:   # strict JSON: a NaN in metadata would be written as NaN, which JSON readers other than Python's refuse
         text = json.dumps(vec.to_json(), ensure_ascii=False, allow_nan=False)
+        data = (text + "\n").encode("utf-8")
+    except UnicodeEncodeError as e:   # was a traceback once the temporary file was open
+        raise SterError(f"the steering vector for {path} cannot be written: its text holds the lone surrogate "
+                        f"U+{ord(text[e.start]):04X}, which UTF-8 cannot encode (bytes that are not UTF-8 in an "
+                        "argument: the trait or a capture's file name); give real characters") from None
     except (TypeError, ValueError) as e:
         raise SterError(f"the steering vector for {path} cannot be written as JSON: {e}; its metadata must hold "
                         "only text, finite numbers, booleans, null, lists and objects") from None
     vector_from_doc(json.loads(text), path)   # what read_vector would refuse is not written
     check_vector_output(path)
     with atomic_outputs(path) as (tmp,):
-        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.write_bytes(data)
     return path
 
 

@@ -403,6 +403,36 @@ def test_vector_caa_shows_a_model_name_with_terminal_escapes_and_does_not_send_t
     assert "\x1b" not in r.stderr and "\\x1b[31mRED" in r.stderr
 
 
+@pytest.mark.parametrize("method", ["caa", "pca"])
+def test_a_trait_or_capture_name_utf8_cannot_encode_is_one_error_and_nothing_written(tiny, tmp_path, method):
+    """--trait $'\\xff' (and a capture file named in bytes that are not UTF-8, recorded as the vector's source) reached
+    write_vector as a lone surrogate: a UnicodeEncodeError traceback from inside the temporary file's write."""
+    import os
+
+    path, _ = tiny
+    (tmp_path / "p.txt").write_text("w5 w6\nw7 w8\n")
+    (tmp_path / "n.txt").write_text("w50 w51\nw52 w53\n")
+    caps = {side: os.path.join(os.fsencode(tmp_path), b"%s\xff.safetensors" % side.encode()) for side in ("p", "n")}
+    for side, cap in caps.items():
+        r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "capture", "--model",
+                            str(path), "--prompts", str(tmp_path / f"{side}.txt"), "--layers", "0", "-o", cap],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    out = tmp_path / "v.json"
+    write_vector(SteeringVector(str(path), None, 64, "kept", "caa", unit_directions([1])), out)
+    kept = out.read_bytes()
+    for args in (["--trait", b"\xff"], []):
+        r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "vector", method,
+                            "--positive", caps["p"], "--negative", caps["n"], "-o", str(out), *args],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("error: the steering vector for") and "lone surrogate U+DCFF" in r.stderr, r.stderr
+        assert out.read_bytes() == kept and sorted(p.name for p in tmp_path.iterdir() if "v.json" in p.name) == ["v.json"]
+    with pytest.raises(SterError, match="lone surrogate U\\+DCFF"):
+        write_vector(SteeringVector(str(path), None, 64, "\udcff", "caa", unit_directions([1])), tmp_path / "w.json")
+    assert not (tmp_path / "w.json").exists()
+
+
 def test_library_misuse_of_vectors_is_a_sterror_not_a_numpy_error(tiny, tmp_path):
     """Library calls the CLI never makes: a vector of another width reached Decoder.forward and failed in a
     numpy broadcast; a strength given as text was a TypeError; layers=1 for caa a TypeError; arrays for
