@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .decoder.kinds import ATTENTION_MIXERS, DELTA_MIXERS, RECURRENT_MIXERS
 from .decoder.positions import alibi_slopes
-from .decoder.rope import Rope, brief_value, make_rope
+from .decoder.rope import Rope, brief_value, check_share, make_rope
 from .errors import SterError
 from .families import DEFAULT_KEYS, FamilySpec
 
@@ -510,13 +510,17 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
     return full, sliding
 
 
-def _whole_head(params: dict | None, partial: float, partial_keys: str, config_name: str) -> dict | None:
+def _whole_head(params: dict | None, partial: float, partial_keys: str, config_name: str,
+                head_dim: int) -> dict | None:
     """Rope parameters of a family whose Transformers rotation turns every channel of a head: its default
-    tables never read the rotated share, so a share is dropped; other rope types size their tables by the
-    share, which Transformers' own rotation cannot apply, so a share other than 1 is refused there."""
+    tables never read the rotated share, so a share in (0, 1] is dropped (anything else is refused); other
+    rope types size their tables by the share, which Transformers' own rotation cannot apply, so a share
+    other than 1 is refused there."""
     if params is None:
         return None
     share = params.get("partial_rotary_factor", partial)
+    check_share(head_dim, share, f"invalid model config {config_name}",
+                "partial_rotary_factor" if "partial_rotary_factor" in params else partial_keys)
     kind = params.get("rope_type", params.get("type", "default"))
     if share != 1.0 and kind != "default":
         raise SterError(f"{config_name}: a rotary share ({partial_keys} {brief_value(share)}) with rope type "
@@ -1322,7 +1326,7 @@ def spec_from_config(config: Mapping, family: FamilySpec, config_name: str = "co
 
     full_params, sliding_params = _rope_params(config, r)
     if family.rope_whole_head:
-        full_params, sliding_params = (_whole_head(p, partial, partial_keys, config_name)
+        full_params, sliding_params = (_whole_head(p, partial, partial_keys, config_name, head_dim)
                                        for p in (full_params, sliding_params))
         partial = 1.0
     if family.local_rope_key and config.get(family.local_rope_key) is not None:

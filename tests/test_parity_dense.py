@@ -56,6 +56,10 @@ CASES = {
     "cohere": ("cohere", dict(LLAMA)),
     "cohere-qk-norm": ("cohere", dict(LLAMA, use_qk_norm=True, logit_scale=0.5, tie_word_embeddings=False)),
     "cohere2": ("cohere2", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS)),
+    # Transformers rotates whole heads in these families whatever partial_rotary_factor says
+    "cohere2-share-ignored": ("cohere2", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS,
+                                              partial_rotary_factor=0.5)),
+    "olmo2-share-ignored": ("olmo2", dict(LLAMA, partial_rotary_factor=0.5)),
     "olmo-clip": ("olmo", dict(LLAMA, clip_qkv=0.1)),
     "olmo2": ("olmo2", dict(LLAMA)),
     "olmo3-window": ("olmo3", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS)),
@@ -215,6 +219,24 @@ def test_gpt_neox_config_in_legacy_spelling(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     ref_logits, _ = reference_logits(ref_model, PROMPT)
     assert rel_err(load_model(str(tmp_path)).decoder.forward(PROMPT), ref_logits) < 1e-4
+
+
+WHOLE_HEAD = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma", "gemma2", "gemma3_text", "granite",
+              "starcoder2", "cohere", "cohere2", "olmo", "olmo2", "olmo3", "exaone4", "internlm3", "seed_oss", "arcee",
+              "ernie4_5", "exaone", "granite_swa", "iquestcoder", "hyperclovax", "jais2", "vaultgemma")
+
+
+@pytest.mark.parametrize("model_type", WHOLE_HEAD)
+def test_whole_head_families_drop_a_share(model_type):
+    """Transformers' default tables for these families never read partial_rotary_factor (top level or in
+    rope_parameters) and rotate all of each head; ster drops the share (the other rope types refuse it)."""
+    from ster_py.config import spec_from_config
+
+    for share in ({"partial_rotary_factor": 0.5},
+                  {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}):
+        cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS, **share)
+        spec = spec_from_config(cfg, FAMILIES[model_type])
+        assert {layer.rope.rotary_dim for layer in spec.layers if layer.rope is not None} == {16}
 
 
 REFUSED = {

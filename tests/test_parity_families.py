@@ -59,6 +59,9 @@ CASES = {
     # Transformers' Gemma 3 attention never applies attn_logit_softcapping (its final cap it does).
     "gemma3_text-caps": ("gemma3_text", {"sliding_window": 5, "attn_logit_softcapping": 1.0,
                                          "final_logit_softcapping": 5.0}),
+    # Transformers' Qwen3 (and the other dense rope_whole_head families) rotates whole heads whatever the share says
+    "qwen3-share-ignored": ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                          "partial_rotary_factor": 0.5}}),
     "llama-llama3-rope-top-level-original-max": ("llama", {"rope_parameters": _LLAMA3}),
     "phi3-longrope-original-max-in-set-only": ("phi3", {"rope_parameters": _LONGROPE, "max_position_embeddings": 64,
                                                         "original_max_position_embeddings": 8}),

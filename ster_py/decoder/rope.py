@@ -186,6 +186,14 @@ def brief_value(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def check_share(head_dim: int, partial: float, where: str, keys: str = "partial_rotary_factor") -> None:
+    """Refuse a rotary share that is not a number in (0, 1], naming ``keys`` (also where the share is unread)."""
+    ok = isinstance(partial, (int, float, np.integer, np.floating)) and not isinstance(partial, (bool, np.bool_))
+    if not ok or not math.isfinite(partial) or not 0 < partial <= 1:
+        raise SterError(f"{where}: {keys} must give a rotary width within the head (a share in (0, 1]), "
+                        f"got {brief_value(partial)} (head_dim {head_dim})")
+
+
 def rotary_width(head_dim: int, partial: float, where: str, keys: str = "partial_rotary_factor") -> int:
     """How many leading dimensions of a head rotate: ``int(head_dim * partial)``, checked first.
 
@@ -195,10 +203,7 @@ def rotary_width(head_dim: int, partial: float, where: str, keys: str = "partial
     Raises:
         SterError: ``partial`` not a number in (0, 1], or a width that is zero or odd.
     """
-    ok = isinstance(partial, (int, float, np.integer, np.floating)) and not isinstance(partial, (bool, np.bool_))
-    if not ok or not math.isfinite(partial) or not 0 < partial <= 1:
-        raise SterError(f"{where}: {keys} must give a rotary width within the head (a share in (0, 1]), "
-                        f"got {brief_value(partial)} (head_dim {head_dim})")
+    check_share(head_dim, partial, where, keys)
     dim = int(head_dim * partial)
     if dim <= 0 or dim % 2:
         raise SterError(f"{where}: the rotary width {dim} (head_dim {head_dim} x {keys} {partial:g}) must be even "
