@@ -4363,6 +4363,12 @@ FAMILIES: dict[str, FamilySpec] = {
 # Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
 for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
     FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
+# Routers whose Transformers implementation scales no weight by routed_scaling_factor: the key is not read
+# (a config stating it, as DeepSeek-style configs do, would otherwise scale every routed output).
+for _name in ("cohere2_moe", "dbrx", "flex_olmo", "gpt_oss", "granitemoe", "granitemoe_swa", "granitemoehybrid",
+              "granitemoeshared", "jamba", "llama4_text", "mellum", "minimax", "minimax_text_01", "minimax_m2",
+              "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
+    FAMILIES[_name] = replace(FAMILIES[_name], keys={**FAMILIES[_name].keys, "routed_scaling_factor": ()})
 # group R2 (issue 16): LongCat-Flash-Lite is LongCat-Flash with hashed n-gram embeddings beside the token
 # embedding (decoder/ngram.py), its tables and projections below model.ngram_embeddings.
 FAMILIES["longcat_flash_ngram"] = replace(
