@@ -312,6 +312,29 @@ def _plain(values):
         return values
 
 
+def _scaled_directions(vec, strength, func: str, where: str = "") -> tuple[SteeringVector, dict[int, np.ndarray]]:
+    """``vec`` checked as ``read_vector`` checks a file, and ``strength`` times each of its directions (float32), for
+    ``func`` (``steering_hook``, ``export_control_vector``).
+
+    Raises:
+        SterError: ``vec`` not a ``SteeringVector`` or one ``checked_vector`` refuses; a strength that is not a
+            finite number (``"x"``, None, True), or one whose product with a direction overflows float32.
+    """
+    import numbers
+
+    if not isinstance(vec, SteeringVector):
+        raise SterError(f"{func} takes a SteeringVector (caa, pca or read_vector), got {type(vec).__name__}")
+    vec = checked_vector(vec, f"given to {func}")
+    if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not math.isfinite(strength):
+        raise SterError(f"--strength must be a finite number, got {strength!r}")
+    with np.errstate(over="ignore"):
+        adds = {i: (np.float32(strength) * v).astype(np.float32) for i, v in vec.directions.items()}
+    if not all(np.isfinite(a).all() for a in adds.values()):
+        raise SterError(f"--strength {strength:g} times the vector's directions overflows float32{where}; use a "
+                        "smaller strength")
+    return vec, adds
+
+
 def steering_hook(vec: SteeringVector, strength: float):
     """A ``layer_hook(i, h) -> h`` adding ``strength * directions[i]`` to every row of h
     (float32 [T, hidden_size]) after each covered layer; other layers pass unchanged.
@@ -328,18 +351,7 @@ def steering_hook(vec: SteeringVector, strength: float):
             product with a direction overflows float32; when the hook runs, a stream of another width
             than the vector's (a vector made for another model).
     """
-    import numbers
-
-    if not isinstance(vec, SteeringVector):
-        raise SterError(f"steering_hook takes a SteeringVector (caa, pca or read_vector), got {type(vec).__name__}")
-    vec = checked_vector(vec, "given to steering_hook")
-    if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not math.isfinite(strength):
-        raise SterError(f"--strength must be a finite number, got {strength!r}")
-    with np.errstate(over="ignore"):
-        adds = {i: (np.float32(strength) * v).astype(np.float32) for i, v in vec.directions.items()}
-    if not all(np.isfinite(a).all() for a in adds.values()):
-        raise SterError(f"--strength {strength:g} times the vector's directions overflows float32 "
-                        "(the residual stream's type); use a smaller strength")
+    vec, adds = _scaled_directions(vec, strength, "steering_hook", " (the residual stream's type)")
 
     def hook(i: int, h: np.ndarray) -> np.ndarray:
         add = adds.get(i)
@@ -560,8 +572,10 @@ def control_vector_hint(vec: SteeringVector) -> str:
     model_type (else the model_type, else empty)."""
     from .families import FAMILIES
 
-    model_type = vec.metadata.get("model_type")
-    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    model_type = vec.metadata.get("model_type") if isinstance(vec.metadata, dict) else None
+    if not isinstance(model_type, str):   # a file's "model_type": 5 was written as a GGUF integer
+        return ""
+    family = FAMILIES.get(model_type)
     return (family.gguf_arch if family is not None and family.gguf_arch else model_type) or ""
 
 
@@ -661,27 +675,29 @@ def export_control_vector(vec: SteeringVector, path: str | Path, *, strength: fl
 
     Raises:
         SterError: an output that is not a new or earlier control vector's .gguf name
-            (:func:`check_control_vector_output`); a non-finite strength or one that overflows float32; a vector
-            covering no layer but 0.
+            (:func:`check_control_vector_output`); ``vec`` not a ``SteeringVector`` (or one ``read_vector`` would
+            refuse); a strength that is not a finite number or one that overflows float32; a vector covering no
+            layer but 0; a ``model_hint`` that is not text UTF-8 can encode.
     """
+    from .chat import check_surrogates
     from .gguf.writer import TensorEntry, Typed, write_gguf
 
     check_control_vector_output(path)
-    if not math.isfinite(strength):
-        raise SterError(f"--strength must be a finite number, got {strength}")
-    layers = sorted(i for i in vec.directions if i >= 1)
+    checked, data = _scaled_directions(vec, strength, "export_control_vector")   # vec keeps the metadata (the hint)
+    layers = sorted(i for i in checked.directions if i >= 1)
     if not layers:
         raise SterError("this steering vector covers only layer 0, which llama.cpp's control vectors cannot steer "
                         "(they start after layer 1's input); build it over later layers")
-    with np.errstate(over="ignore"):
-        data = {i: (np.float32(strength) * vec.directions[i]).astype(np.float32) for i in layers}
-    if not all(np.isfinite(a).all() for a in data.values()):
-        raise SterError(f"--strength {strength:g} times the vector's directions overflows float32; use a smaller one")
+    if model_hint is not None and not isinstance(model_hint, str):   # was written as a GGUF integer
+        raise SterError(f"--model-hint must be text (a GGUF architecture name), got {json_value(model_hint)}")
     hint = control_vector_hint(vec) if model_hint is None else model_hint
+    # "\udcff" (an argument's bytes, or a vector file's "\ud800" escape) was a UnicodeEncodeError traceback
+    check_surrogates(hint, "--model-hint" if model_hint is not None else "the vector's metadata model_type (the "
+                     "GGUF's model_hint)")
     meta = {"general.architecture": "controlvector", "controlvector.model_hint": hint,
             "controlvector.layer_count": Typed("int32", len(layers))}
-    entries = [TensorEntry(f"direction.{i}", (vec.hidden_size,), "F32", lambda a=data[i]: a.view(np.uint8))
+    entries = [TensorEntry(f"direction.{i}", (checked.hidden_size,), "F32", lambda a=data[i]: a.view(np.uint8))
                for i in layers]
     write_gguf(path, meta, entries)
-    return {"output": str(path), "layers": layers, "skipped": [0] if 0 in vec.directions else [],
+    return {"output": str(path), "layers": layers, "skipped": [0] if 0 in checked.directions else [],
             "strength": strength, "model_hint": hint}

@@ -183,6 +183,34 @@ def test_export_refuses_a_vector_of_layer_0_only(tmp_path):
     assert not (tmp_path / "v.gguf").exists()
 
 
+@pytest.mark.parametrize("vec, kwargs, words", [
+    (None, {}, "export_control_vector takes a SteeringVector .*got NoneType"),   # was an AttributeError
+    ("v", {"strength": "2"}, "--strength must be a finite number, got '2'"),   # was a TypeError (math.isfinite)
+    ("v", {"strength": None}, "--strength must be a finite number, got None"),
+    ("v", {"model_hint": 5}, "--model-hint must be text .*got 5"),              # was written as a GGUF integer
+    ("v", {"model_hint": "\udcff"}, "--model-hint holds the lone surrogate U\\+DCFF"),   # a UnicodeEncodeError
+])
+def test_export_refuses_arguments_it_cannot_write(tmp_path, vec, kwargs, words):
+    with pytest.raises(SterError, match=words):
+        export_control_vector(_vector() if vec == "v" else vec, tmp_path / "v.gguf", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_export_model_hint_utf8_cannot_encode_is_one_error_line(tmp_path):
+    """--model-hint $'\\xff' (an argument in bytes that are not UTF-8) was a UnicodeEncodeError traceback."""
+    v = write_vector(_vector(), tmp_path / "v.json")
+    r = subprocess.run([sys.executable, "-c", "from ster_py.cli import main; main()", "vector", "export", str(v),
+                        "--output", str(tmp_path / "v.gguf"), "--model-hint", b"\xff"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith("error: --model-hint holds the lone surrogate U+DCFF"), r.stderr
+    assert not (tmp_path / "v.gguf").exists()
+    # the hint read from a vector file's metadata: a "\ud800" escape was the same traceback, a number a GGUF integer
+    with pytest.raises(SterError, match="metadata model_type .* holds the lone surrogate U\\+D800"):
+        export_control_vector(_vector(model_type="\ud800"), tmp_path / "v.gguf")
+    assert not (tmp_path / "v.gguf").exists()
+    assert export_control_vector(_vector(model_type=5), tmp_path / "v.gguf")["model_hint"] == ""
+
+
 def test_cli_export_refuses_a_malformed_vector_in_one_line(tmp_path):
     doc = _vector().to_json()
     cases = {"superscript": {"directions": {"\u00b2": doc["directions"]["3"]}}, "metadata": {"metadata": "abc"},
