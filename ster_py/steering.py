@@ -225,6 +225,11 @@ def vector_from_doc(doc, path: Path) -> SteeringVector:
     if doc.get("metadata") is not None and not isinstance(doc["metadata"], dict):
         raise SterError(f"steering vector {path}: metadata must be an object, got {json_value(doc['metadata'])}; "
                         f"{REBUILD}")
+    from .chat import check_surrogates
+
+    for key in ("model", "model_revision", "trait", "method"):   # recorded again by capture, generate --json, chat:
+        if isinstance(doc.get(key), str):                     # a "\ud800" escape was a UnicodeEncodeError there
+            check_surrogates(doc[key], f"steering vector {path}: {key}")
     if not isinstance(doc["directions"], dict) or not doc["directions"]:
         raise SterError(f"steering vector {path}: directions must be a non-empty object of layer -> vector")
     directions = {}

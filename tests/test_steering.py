@@ -205,6 +205,9 @@ def _artifact(tmp_path, name="v.json", **changes):
     ({"model_revision": [1]}, "model_revision must be a string or null"),
     ({"method": {"x": 1}}, "method must be a string"),
     ({"trait": 5}, "trait must be a string"),
+    # a JSON "\ud800" escape: ster capture --vector recorded it and died in a UnicodeEncodeError writing its sidecar
+    ({"trait": "\ud800calm"}, "trait holds the lone surrogate U\\+D800 at character 0"),
+    ({"model": "m\udfff"}, "model holds the lone surrogate U\\+DFFF"),
 ])
 def test_malformed_vectors_are_refused_naming_the_path(tmp_path, changes, words):
     p = _artifact(tmp_path, **changes)
