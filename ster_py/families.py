@@ -861,7 +861,12 @@ class FamilySpec:
 
 _GEMMA = dict(norm_unit_offset=True, embed_scale_sqrt_hidden=True, default_act="gelu_pytorch_tanh",
               tie_default=True)
-_GEMMA2 = dict(_GEMMA, norms=("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"),
+# Transformers reads the normalization epsilon of these families under one key only (1e-5 when absent).
+_EPS = {key: dict(keys={"norm_eps": (key,)}, config_defaults={key: 1e-5})
+        for key in ("layer_norm_eps", "norm_epsilon", "norm_eps")}
+# Gemma 2 and later run hidden_activation only (hidden_act, which their configs also carry, is not read).
+_GEMMA2 = dict(_GEMMA, keys={"act": ("hidden_activation",)},
+               norms=("attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"),
                names=GEMMA2_NAMES, attn_scale_key="query_pre_attn_scalar",
                attn_softcap_key="attn_logit_softcapping", final_softcap_key="final_logit_softcapping")
 _GRANITE = dict(embed_multiplier_key="embedding_multiplier", residual_multiplier_key="residual_multiplier",
@@ -3202,7 +3207,8 @@ FAMILIES: dict[str, FamilySpec] = {
                                                               "rope_interleaved": True}),)),
         FamilySpec("qwen2", rope_whole_head=True, gguf_arch="qwen2", sliding="qwen2"),
         FamilySpec("qwen3", rope_whole_head=True, gguf_arch="qwen3", sliding="qwen2", qk_norm="head"),
-        FamilySpec("phi", norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
+        FamilySpec("phi", **_EPS["layer_norm_eps"],
+                   norm="layer", parallel=True, norms=("attn_norm",), default_act="gelu_new",
                    names=PHI_NAMES, variants=(Variant(flag("qk_layernorm"), {"qk_norm": "head"}),),
                    gguf_arch="phi2", gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("phi3", sliding="all", fused_qkv="concat", names=PHI3_NAMES,
@@ -3215,23 +3221,26 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("granite", rope_whole_head=True,
                    **_GRANITE, logit_scale_divides=True, gguf_arch="granite", gguf_qk_permuted=True,
                    gguf_config=_GRANITE_GGUF),
-        FamilySpec("stablelm", norm="layer", names=STABLELM_NAMES, gguf_arch="stablelm", gguf_config=_PARALLEL_GGUF,
+        FamilySpec("stablelm", **_EPS["layer_norm_eps"],
+                   norm="layer", names=STABLELM_NAMES, gguf_arch="stablelm", gguf_config=_PARALLEL_GGUF,
                    gguf_changes=_QK_NORM_IF_PRESENT,
                    variants=(Variant(flag("use_parallel_residual"), {"parallel": True, "norms": ("attn_norm",)}),
                              Variant(flag("qk_layernorm"), {"qk_norm": "head"}))),
-        FamilySpec("starcoder2", rope_whole_head=True, norm="layer", sliding="all", default_act="gelu_pytorch_tanh",
+        FamilySpec("starcoder2", rope_whole_head=True, **_EPS["norm_epsilon"],
+                   norm="layer", sliding="all", default_act="gelu_pytorch_tanh",
                    names=STARCODER2_NAMES, tie_default=True, gguf_arch="starcoder2", gguf_names=GGUF_PLAIN_MLP_NAMES,
                    gguf_changes={"sliding": "none"}),  # llama.cpp's starcoder2 has no sliding window
-        FamilySpec("cohere", rope_whole_head=True,
+        FamilySpec("cohere", **_EPS["layer_norm_eps"], rope_whole_head=True,
                    norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, gguf_arch="command-r",
                    gguf_config={"logit_scale": "logit_scale"}, gguf_changes=_QK_NORM_IF_PRESENT,
                    variants=(Variant(flag("use_qk_norm"), {"qk_norm": "head"}),)),
-        FamilySpec("cohere2", rope_whole_head=True,
+        FamilySpec("cohere2", **_EPS["layer_norm_eps"], rope_whole_head=True,
                    norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    logit_scale_key="logit_scale", tie_default=True, sliding="pattern", sliding_pattern=4,
                    rope_layers="sliding", gguf_arch="cohere2", gguf_config={"logit_scale": "logit_scale"}),
-        FamilySpec("nemotron", norm="layer", norm_unit_offset=True, default_act="relu2", names=PLAIN_MLP_NAMES,
+        FamilySpec("nemotron", **_EPS["norm_eps"],
+                   norm="layer", norm_unit_offset=True, default_act="relu2", names=PLAIN_MLP_NAMES,
                    gguf_arch="nemotron", gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("olmo", rope_whole_head=True,
                    norm="layer", norm_affine=False, fixed={"norm_eps": 1e-5}, clip_qkv_key="clip_qkv",
@@ -3258,7 +3267,8 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("gpt_neox", norm="layer", parallel=True, fused_qkv="grouped", default_act="gelu",
                    root="gpt_neox.", names=GPT_NEOX_NAMES, gguf_arch="gptneox", gguf_names=GGUF_PLAIN_MLP_NAMES,
                    gguf_config=_PARALLEL_GGUF,
-                   keys={"num_key_value_heads": (), "head_dim": (),
+                   config_defaults={"layer_norm_eps": 1e-5},
+                   keys={"num_key_value_heads": (), "head_dim": (), "norm_eps": ("layer_norm_eps",),
                          "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
                          "rope_theta": ("rope_theta", "rotary_emb_base")},
                    variants=(Variant(unset("use_parallel_residual"), {"parallel": False}),)),
@@ -3351,7 +3361,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("hunyuan_v1_dense", qk_norm="head", qk_norm_after_rope=True, names=HUNYUAN_NAMES,
                    gguf_arch="hunyuan-dense",
                    variants=(Variant(unset("use_qk_norm"), {"qk_norm": None}),)),
-        FamilySpec("jais2", rope_whole_head=True,
+        FamilySpec("jais2", **_EPS["layer_norm_eps"], rope_whole_head=True,
                    norm="layer", default_act="relu2", names=PLAIN_MLP_NAMES, gguf_arch="jais2",
                    gguf_names=GGUF_PLAIN_MLP_NAMES),
         FamilySpec("gemma", rope_whole_head=True, gguf_arch="gemma", **_GEMMA),
@@ -4363,12 +4373,29 @@ FAMILIES: dict[str, FamilySpec] = {
 # Their GGUF files, where llama.cpp writes any, carry the other family's architecture.
 for _alias, _of in (("mimo_v2", "mimo_v2_flash"), ("param2moe", "sarvam_moe")):
     FAMILIES[_alias] = replace(FAMILIES[_of], model_type=_alias, unconfirmed=True, gguf_arch=None)
-# Routers whose Transformers implementation scales no weight by routed_scaling_factor: the key is not read
-# (a config stating it, as DeepSeek-style configs do, would otherwise scale every routed output).
-for _name in ("cohere2_moe", "dbrx", "flex_olmo", "gpt_oss", "granitemoe", "granitemoe_swa", "granitemoehybrid",
-              "granitemoeshared", "jamba", "llama4_text", "mellum", "minimax", "minimax_text_01", "minimax_m2",
-              "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
-    FAMILIES[_name] = replace(FAMILIES[_name], keys={**FAMILIES[_name].keys, "routed_scaling_factor": ()})
+# Router and expert settings (DEFAULT_KEYS spellings) that Transformers' implementation of a family never
+# reads: the keys are not read for it (a config stating one, as DeepSeek-style or gpt-oss-style configs do,
+# would otherwise rescale, rescore, group or clamp its routed experts). Fields -> families.
+_RSF = ("routed_scaling_factor",)
+_ROUTER = ("topk_method", "n_group", "topk_group")
+_CLAMP = ("swiglu_limit", "swiglu_alpha")
+_UNREAD_ROUTER_KEYS: Mapping[tuple[str, ...], tuple[str, ...]] = {
+    _RSF + ("scoring_func",) + _ROUTER + _CLAMP: (
+        "dbrx", "flex_olmo", "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "mellum",
+        "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
+    _RSF + _ROUTER + _CLAMP: ("cohere2_moe", "minimax_m2", "phimoe"),
+    _ROUTER + _CLAMP: ("afmoe", "laguna"),
+    _RSF + ("scoring_func",) + _ROUTER: ("gpt_oss",),
+    _RSF + _ROUTER[1:] + _CLAMP: ("jamba", "llama4_text", "minimax", "minimax_text_01"),
+    _ROUTER[1:] + _CLAMP: ("hunyuan_v1_moe", "lfm2_moe"),
+    _ROUTER[2:] + _CLAMP: ("ernie4_5_moe", "hy_v3"),
+    _CLAMP: ("axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots3_note", "exaone_moe",
+             "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "kimi_linear", "longcat_flash", "mimo_v2_flash", "nemotron_h"),
+    _CLAMP[1:]: ("deepseek_v4", "hy_v4"),
+}
+for _fields, _names in _UNREAD_ROUTER_KEYS.items():
+    for _name in _names:
+        FAMILIES[_name] = replace(FAMILIES[_name], keys={**FAMILIES[_name].keys, **dict.fromkeys(_fields, ())})
 # group R2 (issue 16): LongCat-Flash-Lite is LongCat-Flash with hashed n-gram embeddings beside the token
 # embedding (decoder/ngram.py), its tables and projections below model.ngram_embeddings.
 FAMILIES["longcat_flash_ngram"] = replace(

@@ -60,6 +60,10 @@ CASES = {
     "cohere2-share-ignored": ("cohere2", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS,
                                               partial_rotary_factor=0.5)),
     "olmo2-share-ignored": ("olmo2", dict(LLAMA, partial_rotary_factor=0.5)),
+    # An epsilon or activation under a key Transformers does not read for the family (EPS_KEYS, ACT_KEYS)
+    "phi-eps-under-rms-norm-eps": ("phi", dict(LLAMA, num_key_value_heads=4, rms_norm_eps=0.1)),
+    "starcoder2-eps-under-layer-norm-eps": ("starcoder2", dict(LLAMA, layer_norm_eps=0.1)),
+    "vaultgemma-act-named-relu2": ("vaultgemma", dict(LLAMA, head_dim=16, hidden_act="relu2")),
     "olmo-clip": ("olmo", dict(LLAMA, clip_qkv=0.1)),
     "olmo2": ("olmo2", dict(LLAMA)),
     "olmo3-window": ("olmo3", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS)),
@@ -237,6 +241,30 @@ def test_whole_head_families_drop_a_share(model_type):
         cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS, **share)
         spec = spec_from_config(cfg, FAMILIES[model_type])
         assert {layer.rope.rotary_dim for layer in spec.layers if layer.rope is not None} == {16}
+
+
+EPS_KEYS = {"phi": "layer_norm_eps", "stablelm": "layer_norm_eps", "starcoder2": "norm_epsilon",
+            "cohere": "layer_norm_eps", "cohere2": "layer_norm_eps", "nemotron": "norm_eps", "gpt_neox": "layer_norm_eps",
+            "jais2": "layer_norm_eps"}
+ACT_KEYS = {"gemma2": "hidden_activation", "gemma3_text": "hidden_activation", "vaultgemma": "hidden_activation"}
+
+
+@pytest.mark.parametrize("model_type", list(EPS_KEYS) + list(ACT_KEYS))
+def test_epsilon_and_activation_come_from_the_key_transformers_reads(model_type):
+    """Each of these families' Transformers config reads its normalization epsilon (1e-5 when absent) or its
+    activation under one key; the other spellings a config may also carry are not read."""
+    from ster_py.config import spec_from_config
+
+    eps = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps", "layer_norm_epsilon")
+    cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS,
+               hidden_act="relu2", hidden_activation="gelu", **{k: 0.1 * (i + 1) for i, k in enumerate(eps)})
+    spec = spec_from_config(cfg, FAMILIES[model_type])
+    if model_type in EPS_KEYS:
+        assert spec.norm_eps == cfg[EPS_KEYS[model_type]]
+        bare = {k: v for k, v in cfg.items() if k not in eps}
+        assert spec_from_config(bare, FAMILIES[model_type]).norm_eps == 1e-5
+    else:
+        assert spec.hidden_act == cfg[ACT_KEYS[model_type]]
 
 
 REFUSED = {
