@@ -510,6 +510,27 @@ def test_malformed_tokenizer_json_is_one_error_line(case, words, checkpoints, tm
     assert r.stderr.startswith(f"error: failed to load tokenizer {model / 'tokenizer.json'}: ") and words in r.stderr
 
 
+@pytest.mark.parametrize("file, key", [("tokenizer_config.json", "tokenizer.chat_template"),
+                                       ("config.json", "general.name")])
+def test_text_utf8_cannot_encode_is_one_error_line(file, key, checkpoints, tmp_path):
+    """A "\\ud800" escape in the chat template or in config.json's _name_or_path (GGUF's general.name) reached the
+    GGUF writer as a lone surrogate: a UnicodeEncodeError traceback."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(checkpoints / "llama", model)
+    doc = json.loads((model / file).read_text())
+    doc.update({"chat_template": "{{ messages[0]['content'] }}{# \ud800 #}"} if file == "tokenizer_config.json"
+               else {"_name_or_path": "org/x\ud800"})
+    (model / file).write_text(json.dumps(doc))
+    out = tmp_path / "m.gguf"
+    r = ster("convert", str(model), "--output", str(out))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and not out.exists(), r.stderr
+    assert r.stderr.startswith(f"error: GGUF metadata {key} cannot be written: its text holds the lone surrogate "
+                               "U+D800"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
 def test_weights_holding_nan_are_refused_not_converted(checkpoints, tmp_path):
     """A NaN in a checkpoint's weight was written into the GGUF with status 0 (as F16, or inside a quantized
     block's scale): a file whose every output is NaN. A checkpoint and a GGUF being re-quantized are refused,

@@ -102,3 +102,11 @@ def test_values_that_do_not_fit_are_refused(tmp_path):
     for value in (Typed("uint8", 300), Typed("array of uint16", [-1]), object()):
         with pytest.raises(SterError):
             write_gguf(tmp_path / "x.gguf", {"k": value}, [])
+
+
+@pytest.mark.parametrize("value", ["x\ud800", ["a", "\udcff"]])
+def test_text_utf8_cannot_encode_is_refused_naming_the_key(value, tmp_path):
+    """A lone surrogate (a JSON "\\ud800" escape in a model's files) was a UnicodeEncodeError traceback."""
+    with pytest.raises(SterError, match="GGUF metadata k cannot be written: its text holds the lone surrogate U\\+D"):
+        write_gguf(tmp_path / "x.gguf", {"general.architecture": "llama", "k": value}, [])
+    assert list(tmp_path.iterdir()) == []

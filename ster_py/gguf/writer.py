@@ -174,10 +174,20 @@ def _pad(n: int, alignment: int) -> int:
 
 
 def header_bytes(metadata: Mapping[str, Any], tensors: Sequence[TensorEntry], alignment: int) -> tuple[bytes, list[int]]:
-    """The header (padded to ``alignment``) and each tensor's offset in the data section."""
+    """The header (padded to ``alignment``) and each tensor's offset in the data section.
+
+    Raises:
+        SterError: ``encode_value``'s refusals, and text UTF-8 cannot encode (a lone surrogate), naming the key.
+    """
     parts = [MAGIC, struct.pack("<IQQ", VERSION, len(tensors), len(metadata))]
     for key, value in metadata.items():
-        parts.append(_string(key) + encode_value(key, value))
+        try:
+            parts.append(_string(key) + encode_value(key, value))
+        except UnicodeEncodeError as e:   # was a traceback from ster convert, with nothing to say which text
+            raise SterError(f"GGUF metadata {key} cannot be written: its text holds the lone surrogate "
+                            f"U+{ord(e.object[e.start]):04X}, which UTF-8 cannot encode (an unpaired JSON \\ud800-style "
+                            "escape in the model's files, or bytes that are not UTF-8 in an argument); fix the text it "
+                            "comes from") from None
     offsets, offset = [], 0
     for t in tensors:
         dims = tuple(int(d) for d in reversed(t.shape)) or (1,)
