@@ -489,6 +489,17 @@ def _rope_params(config: Mapping, r: _Reader) -> tuple[dict, dict | None]:
         for kind in ("full_attention", "sliding_attention"):
             if kind in rp:
                 _rope_object(rp[kind], f"rope_parameters.{kind}", r)
+    legacy = config.get("rope_scaling")
+    if rp is not None and isinstance(legacy, Mapping) and legacy:
+        # Transformers reads rope_scaling over rope_parameters (over its full-attention set, where sets are
+        # per layer type): a rope_scaling that says otherwise is refused rather than read either way.
+        stated = rp.get("full_attention") or {} if "full_attention" in rp or "sliding_attention" in rp else rp
+        for key, value in legacy.items():
+            own = stated.get("rope_type", stated.get("type")) if key in ("type", "rope_type") else stated.get(key)
+            if own != value:
+                raise SterError(f"{r.config_name}: rope_scaling and rope_parameters disagree on {key!r} "
+                                f"({brief_value(value)} against {brief_value(own)}); Transformers reads rope_scaling, "
+                                "ster refuses the pair: keep one of them in config.json")
     if rp is not None and ("full_attention" in rp or "sliding_attention" in rp):
         full = dict(rp.get("full_attention") or rp.get("sliding_attention") or {})
         sliding = dict(rp["sliding_attention"]) if "sliding_attention" in rp else None

@@ -39,6 +39,8 @@ def _with_config(src, dst, **changes):
     ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, "invalid model config"),
     ({"partial_rotary_factor": 2.0}, "rotary width"),
+    # Transformers reads rope_scaling over rope_parameters: a pair that disagrees is refused, not read either way
+    ({"rope_scaling": {"type": "linear", "factor": 4.0}}, "rope_scaling and rope_parameters disagree on 'type'"),
 ])
 def test_bad_config_values_are_refused(llama_dir, tmp_path, changes, words):
     path = _with_config(llama_dir, tmp_path / "m", **changes)
