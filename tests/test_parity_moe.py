@@ -34,10 +34,12 @@ EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 
 CASES = {
     "mixtral": ("mixtral", dict(LLAMA, num_local_experts=6, num_experts_per_tok=2)),
-    # Transformers' Mixtral (and the other rope_whole_head families) rotates whole heads whatever the share says,
-    # and scales no routed output by routed_scaling_factor
-    "mixtral-share-and-scale-unread": ("mixtral", dict(LLAMA, num_local_experts=4, num_experts_per_tok=2,
-                                                       partial_rotary_factor=0.5, routed_scaling_factor=2.5)),
+    # Transformers' Mixtral (and the other rope_whole_head families) rotates whole heads whatever the share says;
+    # its router reads none of DeepSeek's or gpt-oss's settings (families._UNREAD_ROUTER_KEYS)
+    "mixtral-share-and-router-keys-unread": ("mixtral", dict(
+        LLAMA, num_local_experts=4, num_experts_per_tok=2, partial_rotary_factor=0.5, routed_scaling_factor=2.5,
+        scoring_func="sigmoid", topk_method="group_limited_greedy", n_group=2, topk_group=1, swiglu_limit=0.2,
+        swiglu_alpha=1.5)),
     "mixtral-window-top3": ("mixtral", dict(LLAMA, num_local_experts=5, num_experts_per_tok=3, sliding_window=5)),
     "qwen2_moe-shared-dense-layer": ("qwen2_moe", dict(LLAMA, **EXPERTS, shared_expert_intermediate_size=48,
                                                        mlp_only_layers=[1])),
@@ -1440,7 +1442,7 @@ def test_attention_adapters_refused_where_layers_have_their_own_shape(tmp_path):
 def test_whole_head_rotation_drops_a_share_and_refuses_one_beside_another_rope_type():
     """Families whose Transformers rotation turns whole heads: partial_rotary_factor is not read with default
     tables; with YaRN's (sized by the share, which Transformers' rotation then cannot apply) it is refused."""
-    cfg = dict(CASES["mixtral-share-and-scale-unread"][1], model_type="mixtral")
+    cfg = dict(CASES["mixtral-share-and-router-keys-unread"][1], model_type="mixtral")
     assert {layer.rope.rotary_dim for layer in spec_from_config(cfg, FAMILIES["mixtral"]).layers} == {16}
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
     with pytest.raises(SterError, match=r"partial_rotary_factor 0.5\) with rope type 'yarn'"):

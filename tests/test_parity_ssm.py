@@ -232,10 +232,10 @@ CASES = {
         ATTN, num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "mamba"], position_embedding_type="rope",
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, embedding_multiplier=1.5,
         residual_multiplier=0.7, attention_multiplier=0.2, logits_scaling=2.0, **SCAN2)),
-    "granitemoehybrid-share-and-scale-unread": ("granitemoehybrid", dict(  # whole heads rotate; no routed scale
+    "granitemoehybrid-share-and-router-keys-unread": ("granitemoehybrid", dict(  # whole heads; Granite's router
         ATTN, num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "attention"],
         position_embedding_type="rope", num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
-        partial_rotary_factor=0.5, routed_scaling_factor=2.5, **SCAN2)),
+        partial_rotary_factor=0.5, routed_scaling_factor=2.5, scoring_func="sigmoid", swiglu_limit=0.2, **SCAN2)),
     "granitemoehybrid-nope-dense": ("granitemoehybrid", dict(
         ATTN, num_hidden_layers=4, layer_types=["attention", "mamba", "mamba", "attention"],
         position_embedding_type="nope", num_local_experts=0, shared_intermediate_size=80, **SCAN2)),
