@@ -2250,6 +2250,7 @@ _GEMMA4 = dict(norms=_SANDWICH, names=GEMMA4_NAMES, qk_norm="head", embed_scale_
                final_softcap_key="final_logit_softcapping", value_norm=True, layer_scalar=True,
                k_eq_v_key="attention_k_eq_v", kv_shared_key="num_kv_shared_layers", adapters="ffn",
                normalize=_gemma4_config, refusals=_GEMMA4_REFUSALS)
+_GEMMA4_ACT = {"act": ("hidden_activation",)}  # Gemma 3n's and 4's text MLPs run hidden_activation only
 # llama.cpp's names for Gemma 4 (src/models/gemma4.cpp): Gemma 3's sandwich, the layer scalar as
 # layer_output_scale, the per-layer inputs' gate, projection and norm per layer and their table,
 # projection and norm per model. Which layer slides, its head width and rotation, which layers reuse
@@ -3982,10 +3983,10 @@ FAMILIES: dict[str, FamilySpec] = {
                    gguf_refusals=(Refusal(stated("num_experts"),
                                           "Gemma 4's mixture-of-experts block (expert_count) is not supported yet"),),
                    keys={"per_layer_input": ("hidden_size_per_layer_input",),
-                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                         "per_layer_vocab": ("vocab_size_per_layer_input",), **_GEMMA4_ACT},
                    config_defaults={**_GEMMA4_DEFAULTS, "hidden_size_per_layer_input": 256,
                                     "vocab_size_per_layer_input": 262144}),
-        FamilySpec("gemma4_unified_text", **_GEMMA4,
+        FamilySpec("gemma4_unified_text", **_GEMMA4, keys=_GEMMA4_ACT,
                    config_defaults={**_GEMMA4_DEFAULTS, "sliding_window": 1024, "max_position_embeddings": 262144}),
         # ---- group G16A (issue 16): families without a Transformers implementation, on the decoder's
         # existing parts. Each is tested against a Transformers model of the same math (tests/test_parity_remote.py).
@@ -4274,7 +4275,7 @@ FAMILIES: dict[str, FamilySpec] = {
                    per_layer_clamp=True, normalize=_gemma3n_config, refusals=_GEMMA3N_REFUSALS,
                    reference_hidden="embedding_unnormed",
                    keys={"per_layer_input": ("hidden_size_per_layer_input",),
-                         "per_layer_vocab": ("vocab_size_per_layer_input",)},
+                         "per_layer_vocab": ("vocab_size_per_layer_input",), **_GEMMA4_ACT},
                    config_defaults={"sliding_window": 512, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
                                     "num_kv_shared_layers": 15, "hidden_size_per_layer_input": 256,
                                     "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0}),

@@ -246,7 +246,9 @@ def test_whole_head_families_drop_a_share(model_type):
 EPS_KEYS = {"phi": "layer_norm_eps", "stablelm": "layer_norm_eps", "starcoder2": "norm_epsilon",
             "cohere": "layer_norm_eps", "cohere2": "layer_norm_eps", "nemotron": "norm_eps", "gpt_neox": "layer_norm_eps",
             "jais2": "layer_norm_eps"}
-ACT_KEYS = {"gemma2": "hidden_activation", "gemma3_text": "hidden_activation", "vaultgemma": "hidden_activation"}
+ACT_KEYS = {"gemma2": "hidden_activation", "gemma3_text": "hidden_activation", "vaultgemma": "hidden_activation",
+            "gemma4_text": "hidden_activation", "gemma4_unified_text": "hidden_activation",
+            "gemma3n_text": "hidden_activation"}
 
 
 @pytest.mark.parametrize("model_type", list(EPS_KEYS) + list(ACT_KEYS))
@@ -257,7 +259,8 @@ def test_epsilon_and_activation_come_from_the_key_transformers_reads(model_type)
 
     eps = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps", "layer_norm_epsilon")
     cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS,
-               hidden_act="relu2", hidden_activation="gelu", **{k: 0.1 * (i + 1) for i, k in enumerate(eps)})
+               hidden_act="relu2", hidden_activation="gelu", num_kv_shared_layers=0,
+               **{k: 0.1 * (i + 1) for i, k in enumerate(eps)})
     spec = spec_from_config(cfg, FAMILIES[model_type])
     if model_type in EPS_KEYS:
         assert spec.norm_eps == cfg[EPS_KEYS[model_type]]
