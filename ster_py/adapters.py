@@ -410,12 +410,67 @@ def _strings(value, key: str, where: str, *, allow_str: bool = True) -> list[str
                     f"{str(value)[:40]!r}; fix adapter_config.json")
 
 
+#: Repetitions (``*``, ``+``, ``{m,n}``) a config's regex may hold: each one in sequence multiplies the ways a
+#: backtracking match can split a module name (``.*.*.*.*.*.*.*.*X`` took hours on ``model.layers.0.self_attn.q_proj``).
+#: PEFT's own patterns use one or two (``.*\.(q_proj|v_proj)``, ``^(?!.*vision).*(q_proj|v_proj)``).
+MAX_REGEX_REPEATS = 4
+
+
+def _regex_hazard(parsed) -> str | None:
+    """What makes a parsed regex (``re._parser``'s items) take exponential or high-polynomial time to fail on a
+    module name, or None: a repetition or an alternation inside a repetition (``(a+)+``, ``(a|a)*``), a
+    back-reference, or more than ``MAX_REGEX_REPEATS`` repetitions."""
+    repeats = 0
+
+    def walk(items, in_repeat: bool) -> str | None:
+        nonlocal repeats
+        for op, av in items:
+            name = str(op)
+            if name.endswith("REPEAT"):   # MAX_REPEAT, MIN_REPEAT, POSSESSIVE_REPEAT: (min, max, items)
+                if av[1] > 1:
+                    if in_repeat:
+                        return "a repetition inside a repetition, as (a+)+"
+                    repeats += 1
+                found = walk(av[2], in_repeat or av[1] > 1)
+            elif name == "BRANCH":
+                if in_repeat:
+                    return "alternatives inside a repetition, as (a|ab)*"
+                found = next((f for f in (walk(b, in_repeat) for b in av[1]) if f), None)
+            elif name in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
+                found = walk(av[-1], in_repeat)
+            elif name == "ATOMIC_GROUP":
+                found = walk(av, in_repeat)
+            elif name.startswith("GROUPREF"):
+                return "a back-reference"
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    found = walk(parsed, False)
+    if found is None and repeats > MAX_REGEX_REPEATS:
+        found = f"{repeats} repetitions (*, +, {{m,n}}; at most {MAX_REGEX_REPEATS})"
+    return found
+
+
 def _regex(pattern: str, key: str, where: str) -> re.Pattern:
+    """``pattern`` compiled, once it is known to match a module name in little time (an adapter's config is a file
+    ster did not write: it is matched against every module of the model, with Python's backtracking ``re``)."""
     try:
-        return re.compile(pattern)
+        compiled = re.compile(pattern)
+        try:
+            from re import _parser as sre_parse   # Python 3.11+
+        except ImportError:   # pragma: no cover - Python 3.10
+            import sre_parse
+        hazard = _regex_hazard(sre_parse.parse(pattern))
     except re.error as e:
         raise SterError(f"{where}: {key} {pattern[:60]!r} is not a valid regular expression ({e}); "
                         "fix adapter_config.json") from None
+    if hazard is not None:
+        raise SterError(f"{where}: {key} {pattern[:60]!r} holds {hazard}, which can take hours to match a module name; "
+                        "ster runs simpler ones: give the module names as a list, or a regex without it")
+    return compiled
 
 
 def peft_targeting(cfg: dict, config_path: Path) -> Callable[[str], bool]:

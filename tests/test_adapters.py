@@ -387,6 +387,11 @@ def test_peft_config_selects_modules_as_peft_does(f32_case, tmp_path, config, ad
     ({"layers_to_transform": [0], "layers_pattern": {"a": 1}}, "layers_pattern must be a string or a list"),
     ({"layers_pattern": "layers"}, "layers_pattern is given without layers_to_transform"),
     ({"layers_to_transform": [7]}, "holds no LoRA factors of a module its config adapts"),
+    # regexes a backtracking match can take hours on (they were run as given); these three match fast, but
+    # "(.*.*.*.*.*.*.*.*.*.*.*)*X" (test_peft_regexes_that_backtrack_for_hours_are_refused) never ended
+    ({"target_modules": "(?:.*_proj)+", "layers_to_transform": None}, "holds a repetition inside a repetition"),
+    ({"target_modules": "(?:q_|k_|v_)+proj", "layers_to_transform": None}, "holds alternatives inside a repetition"),
+    ({"exclude_modules": ".*.*.*.*.*gate_proj"}, "exclude_modules .* holds 5 repetitions"),
 ])
 def test_peft_selection_fields_are_checked(f32_case, tmp_path, config, words):
     base_dir, adapter_dir, _, _, _ = f32_case
@@ -394,6 +399,22 @@ def test_peft_selection_fields_are_checked(f32_case, tmp_path, config, words):
     _refused(tmp_path, base_dir, d, words)
     r = ster("generate", "--model", str(base_dir), "--adapter", str(d), "-p", "w5", "--max-new-tokens", "1", "-q")
     assert r.returncode == 1 and r.stderr.startswith("error: PEFT adapter") and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("pattern, words", [
+    ("(.*.*.*.*.*.*.*.*.*.*.*)*X", "a repetition inside a repetition"),   # ran for hours on model.layers.0...
+    ("(?:a|aa)*X", "alternatives inside a repetition"),
+    (".*.*.*.*.*.*.*.*.*X", "9 repetitions"),
+    (r"(model)\.\1", "a back-reference"),
+])
+def test_peft_regexes_that_backtrack_for_hours_are_refused(pattern, words):
+    from ster_py.adapters import _regex
+
+    with pytest.raises(SterError, match=f"target_modules .* holds {words}.*, which can take hours"):
+        _regex(pattern, "target_modules", "PEFT adapter x")
+    for fine in (r".*\.(q_proj|k_proj|v_proj)", r"^(?!.*vision_tower).*(q_proj|v_proj)",
+                 ".*decoder.*(SelfAttention|EncDecAttention).*(q|k|v|o)$", r"(?:^|.*?\.)layers\.(?P<idx>\d+)\."):
+        assert _regex(fine, "target_modules", "PEFT adapter x").pattern == fine
 
 
 @pytest.mark.parametrize("targets, module", [(["q_proj", "lm_head"], "lm_head"),
