@@ -1582,7 +1582,8 @@ def _mamba2_width_mismatch(inner_key: str | None, expand_key: str, heads_key: st
 _SSM_ADAPTERS = dict(adapters="none")
 _MAMBA_KEYS = {"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",), "ssm_expand": ("expand",),
                "ssm_inner_size": ("intermediate_size",), "ssm_dt_rank": ("time_step_rank",),
-               "ssm_act": ("hidden_act",), "head_dim": ()}
+               "ssm_act": ("hidden_act",), "head_dim": (), "norm_eps": ("layer_norm_epsilon",)}
+# (Transformers' Mamba, Falcon-Mamba and Mamba-2 read their norms' epsilon from layer_norm_epsilon only.)
 _MAMBA_DEFAULTS = {"ssm_state_size": 16, "ssm_conv_kernel": 4, "ssm_expand": 2, "ssm_dt_rank": "auto",
                    "norm_eps": 1e-5, "max_position_embeddings": 1 << 20}
 _MAMBA = dict(recurrent="mamba", ffn_layers="none", norms=("attn_norm",), positions="none", names=MAMBA_NAMES,
@@ -2055,9 +2056,10 @@ def _lfm2_layer_types_wrong(c: Mapping) -> bool:
 
 _LFM2_LAYER_TYPES = Refusal(_lfm2_layer_types_wrong, "a layer type other than conv and full_attention in layer_types "
                             "is not supported")
-# Transformers' LFM2 feed-forwards run SiLU whatever hidden_act says: no activation key is read.
+# Transformers' LFM2 feed-forwards run SiLU whatever hidden_act says: no activation key is read; its norms'
+# epsilon is norm_eps only.
 _LFM2 = dict(recurrent="shortconv", qk_norm="head", names=LFM2_NAMES, normalize=_lfm2_config, tie_default=True,
-             adapters="none", keys={"ssm_conv_kernel": ("conv_L_cache",), "act": ()},
+             adapters="none", keys={"ssm_conv_kernel": ("conv_L_cache",), "act": (), "norm_eps": ("norm_eps",)},
              defaults={"ssm_conv_kernel": 3, "rope_theta": 1_000_000.0, "norm_eps": 1e-5},
              gguf_names=GGUF_LFM2_NAMES)
 
@@ -3795,7 +3797,8 @@ FAMILIES: dict[str, FamilySpec] = {
                                     keys={"ssm_state_size": ("state_size",), "ssm_conv_kernel": ("conv_kernel",),
                                           "ssm_expand": ("expand",), "ssm_num_heads": ("num_heads",),
                                           "ssm_head_dim": ("head_dim",), "ssm_groups": ("n_groups",),
-                                          "ssm_act": ("hidden_act",), "head_dim": (), "intermediate_size": ()},
+                                          "ssm_act": ("hidden_act",), "head_dim": (), "intermediate_size": (),
+                                          "norm_eps": ("layer_norm_epsilon",)},
                                     defaults={"ssm_state_size": 128, "ssm_conv_kernel": 4, "ssm_expand": 2,
                                               "ssm_num_heads": 128, "ssm_head_dim": 64, "ssm_groups": 8,
                                               "norm_eps": 1e-5, "max_position_embeddings": 1 << 20}),

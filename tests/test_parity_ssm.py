@@ -270,6 +270,9 @@ CASES = {
 # of every call from 0 (it never reads the cache's length), so its cached attention rotates wrongly.
 PREFILL_GREEDY = {"nemotron_h-latent-groups-scaled", "mamba2-limited", "bamba", "bamba-biases-one-group"}
 CASES["mamba2-limited"] = ("mamba2", dict(MAMBA2, time_step_limit=(0.4, 0.9)))
+# Transformers' Mamba and Mamba-2 norms take layer_norm_epsilon only
+CASES["mamba-eps-under-rms-norm-eps"] = ("mamba", dict(MAMBA, rms_norm_eps=0.1))
+CASES["mamba2-eps-under-norm-eps"] = ("mamba2", dict(MAMBA2, norm_eps=0.1))
 
 
 def reference_greedy(model, ids, n: int) -> list[int]:

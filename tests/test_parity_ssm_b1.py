@@ -224,11 +224,12 @@ CASES = {
                                                                                      "full_attention"],
                                                    num_dense_layers=2, num_experts=6, num_experts_per_tok=3,
                                                    use_expert_bias=False, norm_topk_prob=False, conv_L_cache=2)),
-    # Transformers' LFM2 feed-forwards (dense and experts) run SiLU whatever hidden_act says
-    "lfm2_moe-act-named-gelu": ("lfm2_moe", dict(ATTN, intermediate_size=96, moe_intermediate_size=32,
-                                                 num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
-                                                 num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
-                                                 hidden_act="gelu")),
+    # Transformers' LFM2 feed-forwards (dense and experts) run SiLU whatever hidden_act says, and its norms
+    # take norm_eps only
+    "lfm2_moe-act-and-eps-unread": ("lfm2_moe", dict(ATTN, intermediate_size=96, moe_intermediate_size=32,
+                                                     num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                                                     num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                                                     hidden_act="gelu", rms_norm_eps=0.1)),
     "minimax": ("minimax", dict(MINIMAX)),
     "minimax-lightning-first-one-kv-head": ("minimax", dict(
         MINIMAX, num_hidden_layers=5, num_key_value_heads=1, num_experts_per_tok=1, num_local_experts=3,
