@@ -33,7 +33,7 @@ from .artifacts import (CAPTURE_FORMAT, atomic_outputs, check_folder, content_re
 from .decoder.model import check_callbacks
 from .decoder.qlinear import float_activations
 from .errors import SterError
-from .files import FileTooLarge, NotRegularFile, check_path_name, read_bounded
+from .files import FileTooLarge, NotRegularFile, check_path_arg, check_path_name, read_bounded
 from .prompt import Prompt, check_prompt_text, encode_prompt, prompt_context
 from .steering import check_model_fields, json_value
 
@@ -354,8 +354,15 @@ def check_capture_output(path: str | Path) -> None:
 def save_capture(cap: Capture, path: str | Path) -> list[Path]:
     """Write ``cap`` as ``path`` (safetensors) and its JSON sidecar, atomically.
 
-    Returns the two paths written. Raises SterError as ``check_capture_output`` does.
+    Returns the two paths written. Raises SterError as ``check_capture_output`` does, and for what
+    ``load_capture`` would refuse to read back (``check_sidecar``, ``check_states``), ``cap`` not a ``Capture``
+    or ``path`` not a path; nothing is written then.
     """
+    if not isinstance(cap, Capture):   # was an AttributeError ('NoneType' object has no attribute 'meta')
+        raise SterError(f"save_capture takes a Capture (capture or load_capture), got {type(cap).__name__}")
+    check_path_arg(path, "save_capture", "the capture's output path (NAME.safetensors)")
+    check_sidecar(cap.meta, "the capture to save")
+    check_states(cap, "the capture to save")
     path = Path(path)
     check_capture_output(path)
     side = sidecar_path(path)
@@ -470,6 +477,7 @@ def load_capture(path: str | Path) -> Capture:
     """
     from safetensors import safe_open
 
+    check_path_arg(path, "load_capture", "the path of a capture (NAME.safetensors or its NAME.json)")
     given = path = Path(path)
     if path.suffix == ".json":
         side, path = path, path.with_suffix(".safetensors")

@@ -302,6 +302,28 @@ def _saved_capture(tmp_path, position="last", name="c"):
     return out
 
 
+def test_library_save_and_load_refuse_what_is_no_capture_or_path(tmp_path):
+    """save_capture(None, p) was an AttributeError ('meta'), load_capture(None) and load_capture(5) TypeErrors
+    from Path; a Capture built in memory with a NaN state or a layer its meta does not list was written, and only
+    load_capture refused it afterwards."""
+    from ster_py.capture import Capture
+
+    with pytest.raises(SterError, match="save_capture takes a Capture .*got NoneType"):
+        save_capture(None, tmp_path / "c.safetensors")
+    for bad in (None, 5):
+        with pytest.raises(SterError, match="load_capture takes the path of a capture"):
+            load_capture(bad)
+    good = load_capture(_saved_capture(tmp_path))
+    with pytest.raises(SterError, match="save_capture takes the capture's output path"):
+        save_capture(good, None)
+    nan = Capture(good.meta, {i: np.full_like(s, np.nan) for i, s in good.states.items()})
+    with pytest.raises(SterError, match="the capture to save: layers.0 row 0 .*NaN"):
+        save_capture(nan, tmp_path / "nan.safetensors")
+    with pytest.raises(SterError, match="the capture to save holds no states for layer 1"):
+        save_capture(Capture(good.meta, {0: good.states[0]}), tmp_path / "part.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "c.safetensors"]
+
+
 def _edit_sidecar(path, change):
     side = path.with_suffix(".json")
     meta = json.loads(side.read_text())
