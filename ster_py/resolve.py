@@ -224,8 +224,11 @@ def resolve(model: str, revision: str | None = None, *, progress: Progress | Non
             f"{model} is a file but not a .gguf file; pass a model directory (config.json, "
             "tokenizer.json, *.safetensors), a .gguf file, or a Hugging Face Hub id"
         )
+    if os.path.exists(path):   # a FIFO, a device or a socket: "no such file or directory" said it was not there
+        raise SterError(f"{model} is not a regular file or a directory (a pipe, device or socket); pass a model "
+                        "directory (config.json, tokenizer.json, *.safetensors), a .gguf file, or a Hugging Face Hub id")
     if _looks_like_path(model) or os.path.lexists(path):
-        # lexists without being a file or directory: a dangling symlink, a socket, a fifo.
+        # lexists without being a file or directory: a dangling symlink.
         raise SterError(f"no such file or directory: {model}")
     from .presets import PRESETS, close_presets, fetch_preset
 

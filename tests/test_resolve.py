@@ -353,6 +353,16 @@ def test_missing_path_is_not_sent_to_the_hub(sealed, tmp_path, monkeypatch, mode
     assert refusal(model) == f"no such file or directory: {model}"
 
 
+def test_a_device_or_fifo_is_named_for_what_it_is(sealed, tmp_path):
+    """ster inspect /dev/null said "no such file or directory: /dev/null"; a FIFO the same."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for model in ("/dev/null", str(fifo)):
+        assert refusal(model).startswith(f"{model} is not a regular file or a directory (a pipe, device or socket)")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert refusal(str(tmp_path / "dangling")) == f"no such file or directory: {tmp_path / 'dangling'}"
+
+
 def test_an_existing_file_that_is_not_gguf(sealed, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     msg = refusal(str(tmp_path / "config.json"))
