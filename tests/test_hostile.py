@@ -512,7 +512,8 @@ def test_drafter_errors_name_the_drafter(tmp_path):
     with pytest.raises(SterError, match="no drafter given \\(--draft is ''\\)"):
         load_drafter("", None)
     cv = tmp_path / "cv.gguf"
-    export_control_vector(SteeringVector("m", None, 8, "t", "caa", {1: np.ones(8, np.float32)}), cv)
+    # a unit direction: export_control_vector checks the vector as steering_hook does (bbe5a18)
+    export_control_vector(SteeringVector("m", None, 8, "t", "caa", {1: np.full(8, 8 ** -0.5, np.float32)}), cv)
     with pytest.raises(SterError, match=f"\\(--draft {re.escape(str(cv))}\\): .*is not a model: it is a llama.cpp control"):
         load_drafter(str(cv), None)
     with pytest.raises(SterError, match="--draft .*absent"):
