@@ -1217,6 +1217,10 @@ class ModelTemplate:
         if tools is not None and "tool_use" in self.templates:
             return self.templates["tool_use"], f"'tool_use' of {self.source}"
         if "default" not in self.templates:
+            if self.templates:   # named ones only ({"tool_use": ...}): "has no chat template" said there was none
+                raise SterError(f"{self.source} has no default chat template, only named ones: "
+                                f"{', '.join(sorted(self.templates))}; choose one with --template-name NAME, or give "
+                                "one with --template FILE")
             raise SterError(f"{self.source} has no chat template; give one with --template FILE "
                             "(a base model has none: prompt it with raw text instead)")
         return self.templates["default"], f"'default' of {self.source}"

@@ -229,6 +229,11 @@ def test_refusals(tmp_path, files):
     (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert "has no chat template; give one with --template FILE" in refused(
         ster("--model", str(no_template), "--messages", m))
+    # named templates without a default were "no chat template" too, though --template-name reads them
+    cfg["chat_template"] = [{"name": "tool_use", "template": "{{ messages[0]['content'] }}"}]
+    (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert "has no default chat template, only named ones: tool_use; choose one with --template-name NAME" in refused(
+        ster("--model", str(no_template), "--messages", m))
 
 
 def test_a_preset_is_named_as_given(files, gemma3_gguf):
