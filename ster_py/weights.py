@@ -89,8 +89,8 @@ class _Tracked:
         Call after ``Decoder(spec, self)`` (it reads every tensor at construction).
         Leaves out the known-harmless ones (``HARMLESS_SUFFIXES``, ``HARMLESS_NAMES``), those under
         the spec's ``unread`` prefixes (multi-token-prediction modules) and,
-        when the head is tied to the embedding, a stored head (it is not used, as in
-        Transformers), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
+        when the head is tied to the embedding, a stored head (a copy of the embedding is not used, as in
+        Transformers; one that differs is the head), and tensors outside a wrapper's ``decoder_prefix`` (its vision tower
         and projector, never read), and a GGUF's multi-token-prediction blocks (``nextn_predict_layers``,
         run by no main pass). Anything else means the checkpoint holds weights this model
         configuration ignores: usually a config.json from another model or variant.

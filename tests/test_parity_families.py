@@ -62,6 +62,8 @@ CASES = {
     # Transformers' Qwen3 (and the other dense rope_whole_head families) rotates whole heads whatever the share says
     "qwen3-share-ignored": ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                           "partial_rotary_factor": 0.5}}),
+    # tie_word_embeddings true beside a stored head that differs: Transformers does not tie them
+    "llama-tied-in-config-head-stored": ("llama", {"tie_word_embeddings": False}),
     "llama-llama3-rope-top-level-original-max": ("llama", {"rope_parameters": _LLAMA3}),
     "phi3-longrope-original-max-in-set-only": ("phi3", {"rope_parameters": _LONGROPE, "max_position_embeddings": 64,
                                                         "original_max_position_embeddings": 8}),
@@ -69,7 +71,8 @@ CASES = {
 # Keys written into config.json after Transformers saved it (None: the key removed), the oracle reloaded
 # from that file: a top-level original_max_position_embeddings replaces a single llama3 / YaRN / LongRoPE
 # set's own (Phi-3's config class supplies 4096 when the key is absent).
-WRITTEN = {"llama-llama3-rope-top-level-original-max": {"original_max_position_embeddings": 4},
+WRITTEN = {"llama-tied-in-config-head-stored": {"tie_word_embeddings": True},
+           "llama-llama3-rope-top-level-original-max": {"original_max_position_embeddings": 4},
            "phi3-longrope-original-max-in-set-only": {"original_max_position_embeddings": None}}
 
 

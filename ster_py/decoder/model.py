@@ -546,7 +546,10 @@ class Decoder:
             from .streams import HyperHead
         self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
                         else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
-        head = None if spec.tie_word_embeddings else top("head", required=spec.head_required)
+        head = top("head", required=spec.head_required and not spec.tie_word_embeddings)
+        if spec.tie_word_embeddings and not _differs(head, self.embed):
+            # Transformers ties the head to the embedding unless the checkpoint stores a head that differs
+            head = None
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
         self._link_read_ahead()
 
@@ -805,3 +808,9 @@ class Decoder:
         if s.logits_kept and s.logits_kept < logits.shape[-1]:  # a head padded past the vocabulary it scores
             logits = np.ascontiguousarray(logits[:, :s.logits_kept])
         return logits
+
+
+def _differs(head, embed) -> bool:
+    """A stored head (a plain array) that is not the embedding's copy; quantized or absent heads do not."""
+    return (isinstance(head, np.ndarray) and isinstance(embed, np.ndarray)
+            and (head.shape != embed.shape or not np.array_equal(head, embed)))
