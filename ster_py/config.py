@@ -564,8 +564,8 @@ def sliding_layers(config: Mapping, family: FamilySpec, n_layers: int, config_na
             if t not in kinds:
                 raise SterError(f"{config_name}: layer type {t!r} is not supported; ster runs layer_types "
                                 f"{', '.join(repr(k) for k in kinds)}")
-        return [t == "sliding_attention" for t in layer_types]
-    if config.get("sliding_window") is None:
+        return [t == "sliding_attention" and family.sliding != "never" for t in layer_types]
+    if config.get("sliding_window") is None or family.sliding == "never":
         return [False] * n_layers
     rule = family.sliding
     if rule == "all":

@@ -243,6 +243,28 @@ def test_whole_head_families_drop_a_share(model_type):
         assert {layer.rope.rotary_dim for layer in spec.layers if layer.rope is not None} == {16}
 
 
+NO_WINDOW = ("llama", "gemma", "phi", "granite", "stablelm", "cohere", "nemotron", "olmo", "olmo2", "internlm3",
+             "seed_oss", "arcee", "ernie4_5", "glm", "glm4", "exaone", "jais2", "apertus", "hyperclovax")
+
+
+@pytest.mark.parametrize("model_type", NO_WINDOW)
+def test_families_without_windows_ignore_layer_types(model_type):
+    """These families' Transformers attention has no sliding window: a config's sliding_window and the
+    layers its layer_types marks sliding_attention attend to every earlier position."""
+    from ster_py.config import spec_from_config
+
+    cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS)
+    assert [layer.sliding_window for layer in spec_from_config(cfg, FAMILIES[model_type]).layers] == [None] * 3
+
+
+def test_olmo2_with_sliding_layer_types_matches_transformers_whole_prompt(tmp_path):
+    """The whole-prompt logits only: Transformers' cache keeps a window on the layers layer_types marks sliding
+    while its attention has none, so its own cached decoding fails past the window."""
+    ref_model = build(tmp_path, "olmo2", dict(LLAMA, sliding_window=5, layer_types=LAYERS_SWS))
+    err = rel_err(load_model(str(tmp_path)).decoder.forward(PROMPT), reference_logits(ref_model, PROMPT)[0])
+    assert err < 1e-4, f"logits rel err {err:.2e}"
+
+
 EPS_KEYS = {"phi": "layer_norm_eps", "stablelm": "layer_norm_eps", "starcoder2": "norm_epsilon",
             "cohere": "layer_norm_eps", "cohere2": "layer_norm_eps", "nemotron": "norm_eps", "gpt_neox": "layer_norm_eps",
             "jais2": "layer_norm_eps"}
