@@ -244,7 +244,8 @@ def test_whole_head_families_drop_a_share(model_type):
 
 
 NO_WINDOW = ("llama", "gemma", "phi", "granite", "stablelm", "cohere", "nemotron", "olmo", "olmo2", "internlm3",
-             "seed_oss", "arcee", "ernie4_5", "glm", "glm4", "exaone", "jais2", "apertus", "hyperclovax")
+             "seed_oss", "arcee", "ernie4_5", "glm", "glm4", "exaone", "jais2", "apertus", "hyperclovax", "gpt_neox",
+             "gptj", "gpt2", "bloom", "gpt_bigcode", "opt", "falcon", "hunyuan_v1_dense")
 
 
 @pytest.mark.parametrize("model_type", NO_WINDOW)
@@ -253,7 +254,7 @@ def test_families_without_windows_ignore_layer_types(model_type):
     layers its layer_types marks sliding_attention attend to every earlier position."""
     from ster_py.config import spec_from_config
 
-    cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS)
+    cfg = dict(LLAMA, model_type=model_type, head_dim=16, sliding_window=5, layer_types=LAYERS_SWS, ffn_dim=96)
     assert [layer.sliding_window for layer in spec_from_config(cfg, FAMILIES[model_type]).layers] == [None] * 3
 
 
