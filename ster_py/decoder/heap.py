@@ -6,9 +6,10 @@ mapped fresh from the kernel and unmapped when freed (its mmap threshold starts 
 rises only as far as the largest chunk freed so far), or the heap top holding it is trimmed back to
 the kernel (trim threshold twice that): either way the next array's pages fault in again, one 4 KB
 zeroed page at a time, and with two threads the faults also queue on the process's memory lock.
-Measured on an Intel Xeon with AMX (family 6 model 167), 2 threads, SmolLM2 Q4_1's 512-token prompt:
-1,352 tok/s under the defaults, 2,359 with the two thresholds below (runbook/performance.md,
-twenty-third session). The cost: up to ``TRIM_THRESHOLD`` of freed memory stays in the process.
+Measured on an Intel Xeon with AMX (family 6 model 167), 2 threads, a 512-token prompt: SmolLM2 Q4_1's
+GGUF 1,555 tok/s under the defaults, 2,214 with the two thresholds below; its bf16 copy 10 % faster, Gemma
+3's files 1-3 % (runbook/performance.md, twenty-third session). The cost: up to ``TRIM_THRESHOLD`` of
+freed memory stays in the process.
 
 Only a Linux process on glibc is changed, and only when the user has not set malloc's thresholds
 (``GLIBC_TUNABLES`` naming a ``glibc.malloc`` tunable, or ``MALLOC_MMAP_THRESHOLD_`` /
