@@ -174,10 +174,20 @@ def checkpoint_sources(resolved, spec, family, config, progress: Progress | None
         if progress:
             progress("read tensors", i + 1, spec.num_hidden_layers)
     for role in GLOBAL_LAST:
-        if role == "head" and spec.tie_word_embeddings:
+        if role == "head" and spec.tie_word_embeddings and not _stored_head_differs(fetch):
             continue
         add(role, None)
     return sources
+
+
+def _stored_head_differs(fetch) -> bool:
+    """Under a tied config, the checkpoint stores a head that is not the embedding's copy: the decoder runs it
+    (decoder/model.py, as Transformers 5 does), so the GGUF must hold it as output.weight."""
+    head = fetch("head", None, "weight")
+    if head is None:
+        return False
+    embed = fetch("embed", None, "weight")
+    return embed is None or head.shape != embed.shape or not np.array_equal(head, embed)
 
 
 def _expert_sources(layout, gnames, i: int) -> list[_Source]:
@@ -428,10 +438,13 @@ def _from_checkpoint(resolved, ft: FileType, threads, progress) -> tuple[dict, l
         sources.append(_Source("rope_freqs.weight", tuple(rope_freqs.shape), lambda: rope_freqs))
     shapes = {s.name: s.shape for s in sources}
     written = spec
+    if spec.tie_word_embeddings and "output.weight" in shapes:
+        # a tied config beside a stored head that differs (checkpoint_sources): the model runs the head, untied
+        written = dataclasses.replace(written, tie_word_embeddings=False)
     if family.for_config(config).rope_interleaved and FAMILIES_BY_GGUF_ARCH[family.gguf_arch].gguf_qk_permuted:
         # rows written as they are (checkpoint_sources): the adjacent pairs llama.cpp rotates, which a reader
         # of this architecture turns back into halves, so the rotation it reports is the half-split one
-        written = dataclasses.replace(spec, layers=tuple(
+        written = dataclasses.replace(written, layers=tuple(
             dataclasses.replace(layer, rope=dataclasses.replace(layer.rope, interleaved=False))
             if layer.rope is not None else layer for layer in spec.layers))
     differences = read_back_differences(written, {"general.architecture": family.gguf_arch, **arch_meta, **tok_meta},

@@ -301,6 +301,39 @@ def test_convert_from_a_gguf_keeps_metadata_and_copies_unchanged_tensors(checkpo
     assert all(np.array_equal(a.tensors[n].raw, b.tensors[n].raw) for n in a.tensors)
 
 
+def test_tied_config_beside_a_stored_head_that_differs_writes_the_head(checkpoints, tmp_path):
+    """config.json saying tie_word_embeddings: true beside a stored lm_head.weight that differs from the
+    embedding: the loaded model runs the stored head (as Transformers 5 does), but convert wrote no
+    output.weight, so the GGUF ran the embedding as its head. It now writes the stored head; an equal copy
+    is still left out (one table, tied)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from ster_py.load import load_model
+
+    model = tmp_path / "tied"
+    shutil.copytree(checkpoints / "llama", model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=True)))
+    weights = load_file(str(model / "model.safetensors"))
+    head = weights["lm_head.weight"]
+    assert not np.array_equal(head, weights["model.embed_tokens.weight"])
+    report = convert_model(str(model), tmp_path / "tied.gguf", "f32")
+    assert report["differences"] == []  # the head written: the file runs untied, as the checkpoint does
+    path = report["output"]
+    tensors = {t.name: t for t in gguf_py_reader(path).tensors}
+    assert np.array_equal(np.asarray(tensors["output.weight"].data).reshape(head.shape), head.astype(np.float32))
+    ids = [1, 5, 9, 12]
+    assert np.allclose(load_model(path).decoder.forward(ids), load_model(str(model)).decoder.forward(ids), atol=1e-5)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].copy()
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    report = convert_model(str(model), tmp_path / "equal.gguf", "f32")
+    assert report["differences"] == []
+    path = report["output"]
+    assert "output.weight" not in {t.name for t in gguf_py_reader(path).tensors}
+
+
 def test_a_gguf_written_with_more_bits_says_what_happens_to_its_precision(checkpoints, tmp_path):
     """Re-quantizing a Q4_0 file to Q8_0 (or Q4_1 to Q5_0) rounds the Q4_0 values again to the new grid: the file
     grows and precision drops. The note said they kept the source's rounding (a user measured the Q4_1 preset
