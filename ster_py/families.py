@@ -275,6 +275,15 @@ BLOOM_NAMES: Mapping[str, str] = {
 }
 FALCON_NAMES = _with(BLOOM_NAMES, embed_norm=None)
 FALCON_NEW_NAMES = _with(FALCON_NAMES, attn_norm=_H + "ln_attn", ffn_norm=_H + "ln_mlp")
+
+
+def _neox_head_dim_differs(c: Mapping) -> bool:
+    """GPT-NeoX's config states a head_dim that is not hidden_size // num_attention_heads."""
+    hd, d, h = c.get("head_dim"), c.get("hidden_size"), c.get("num_attention_heads")
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (hd, d, h))
+    return ints and h > 0 and hd != d // h
+
+
 _N = "gpt_neox.layers.{i}."
 GPT_NEOX_NAMES: Mapping[str, str] = {
     "embed": "gpt_neox.embed_in", "final_norm": "gpt_neox.final_layer_norm", "head": "embed_out",
@@ -2247,6 +2256,10 @@ _GEMMA4_REFUSALS = (
     Refusal(lambda c: isinstance(_gemma4_sliding_rope(c), Mapping)
             and (_gemma4_sliding_rope(c).get("rope_type") or "default") != "default",
             "a scaled sliding_attention rotation is not supported"),
+    Refusal(lambda c: c.get("partial_rotary_factor") is not None,
+            "a top-level partial_rotary_factor is not supported (ster and Transformers' Gemma 4 rotate "
+            "differently under it; remove it from config.json and give the rotated share per layer type, as "
+            "rope_parameters.full_attention.partial_rotary_factor or .sliding_attention)"),
 )
 # Norms scale by their weight itself, scores are not scaled, values pass a weightless norm.
 _GEMMA4 = dict(norms=_SANDWICH, names=GEMMA4_NAMES, qk_norm="head", embed_scale_sqrt_hidden=True,
@@ -3277,7 +3290,12 @@ FAMILIES: dict[str, FamilySpec] = {
                    keys={"num_key_value_heads": (), "head_dim": (), "norm_eps": ("layer_norm_eps",),
                          "partial_rotary_factor": ("partial_rotary_factor", "rotary_pct"),
                          "rope_theta": ("rope_theta", "rotary_emb_base")},
-                   variants=(Variant(unset("use_parallel_residual"), {"parallel": False}),)),
+                   variants=(Variant(unset("use_parallel_residual"), {"parallel": False}),),
+                   refusals=(Refusal(_neox_head_dim_differs,
+                                     "a head_dim other than hidden_size / num_attention_heads is not supported "
+                                     "(Transformers' GPT-NeoX splits its heads by hidden_size / num_attention_heads "
+                                     "but sizes its rotation by head_dim; remove head_dim from config.json or set "
+                                     "it to hidden_size / num_attention_heads)"),)),
         FamilySpec("gptj", sliding="never", norm="layer", parallel=True, norms=("attn_norm",), rope_interleaved=True,
                    default_act="gelu_new", root="transformer.", names=GPTJ_NAMES,
                    keys=dict(GPT_KEYS, rope_theta=("rope_theta", "rotary_emb_base"), rotary_dim=("rotary_dim",)),
@@ -3392,7 +3410,11 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec("vaultgemma", rope_whole_head=True,
                    sliding="even", **dict(_GEMMA2, norms=("attn_norm", "ffn_norm"))),
         FamilySpec("apertus", sliding="never", qk_norm="head", names=APERTUS_NAMES, default_act="xielu"),
-        FamilySpec("ministral3", sliding="all", query_temperature="rope_parameters"),
+        FamilySpec("ministral3", sliding="all", query_temperature="rope_parameters",
+                   refusals=(Refusal(stated("layer_types"),
+                                     "layer_types (which layers slide) is not supported (Transformers' Ministral3 "
+                                     "does not place its sliding windows by it, and ster's would differ; remove "
+                                     "layer_types from config.json)"),)),
         FamilySpec("mixtral", rope_whole_head=True, gguf_arch="llama", gguf_qk_permuted=True, sliding="all", moe=True,
                    names=MIXTRAL_NAMES, fixed={"norm_topk_prob": True},
                    keys={"moe_intermediate_size": ("intermediate_size",)}),

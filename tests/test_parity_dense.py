@@ -307,6 +307,10 @@ REFUSED = {
     "mpt      ": ({"attn_config": {"alibi": False}}, "learned positions"),
     "falcon": ({"new_decoder_architecture": True, "parallel_attn": False}, "parallel_attn"),
     "gptj": ({"rotary_dim": None}, "rotary_dim"),
+    # Transformers' GPT-NeoX sizes its rotation by head_dim, its heads by hidden_size / num_attention_heads
+    "gpt_neox": ({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}, "head_dim other than"),
+    # Transformers' Ministral3 does not place its windows by layer_types (ster slid as they said)
+    "ministral3": ({"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
     "granite_swa": ({"rope_theta": 10000.0, "layer_types": ["full_attention", "sliding_attention"],
                      "layer_rope_theta": [5000.0, 10000.0]}, "layer_rope_theta"),
     "granite_swa ": ({"rope_theta": 10000.0, "layer_types": ["sliding_attention", "sliding_attention"],
@@ -330,6 +334,12 @@ def test_refusal_comes_before_any_weight(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"corrupt: proves nothing reads it")
     with pytest.raises(SterError, match="scale_attn_by_inverse_layer_idx"):
         load_model(str(tmp_path))
+
+
+def test_gpt_neox_head_dim_of_the_heads_and_ministral3_without_layer_types_pass_the_gate(tmp_path):
+    assert gate({"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16},
+                tmp_path / "config.json").model_type == "gpt_neox"
+    assert gate({"model_type": "ministral3", "sliding_window": 4}, tmp_path / "config.json").model_type == "ministral3"
 
 
 def test_accepted_granite_swa_bases_pass_the_gate(tmp_path):

@@ -188,6 +188,8 @@ REFUSED = {
     "moe": (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16), "enable_moe_block"),
     "no-global-head-dim": (dict(global_head_dim=None), "global_head_dim"),
     "no-layer-types": (dict(layer_types=None), "layer_types"),
+    # a top-level share: Transformers' Gemma 4 rotated otherwise than ster did (logits rel err 0.70-0.87)
+    "top-level-partial-rotary": (dict(partial_rotary_factor=0.5), "top-level partial_rotary_factor"),
     "no-sliding-base": (dict(rope_parameters={F: {"rope_type": "default", "rope_theta": 1e6}}), "sliding_attention"),
     "scaled-sliding": (dict(rope_parameters={S: {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
                                              F: {"rope_type": "default", "rope_theta": 1e6}}), "scaled"),
@@ -199,6 +201,16 @@ def test_refused_before_any_weight(case, tmp_path):
     changes, words = REFUSED[case]
     with pytest.raises(SterError, match=words):
         gate(_config(**changes), tmp_path / "config.json")
+
+
+@pytest.mark.parametrize("text_type, wrapper", [("gemma4_text", "gemma4"), ("gemma4_unified_text", "gemma4_unified")])
+def test_top_level_partial_rotary_factor_is_refused_in_every_gemma4_form(text_type, wrapper, tmp_path):
+    from ster_py.families import unwrap
+
+    text = _config(model_type=text_type, partial_rotary_factor=0.5)
+    for config in (text, {"model_type": wrapper, "text_config": text}):
+        with pytest.raises(SterError, match="top-level partial_rotary_factor"):
+            gate(unwrap(config, tmp_path / "config.json")[0], tmp_path / "config.json")
 
 
 def test_wrapper_without_text_config_is_refused(tmp_path):
