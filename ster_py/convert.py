@@ -104,6 +104,7 @@ def checkpoint_sources(resolved, spec, family, config, progress: Progress | None
         SterError: a tensor the family needs is missing or has the wrong shape.
     """
     from .decoder.layout import Layout
+    from .decoder.model import stored_head_differs
     from .families import FAMILIES_BY_GGUF_ARCH
     from .weights import SafetensorsWeights
 
@@ -174,20 +175,11 @@ def checkpoint_sources(resolved, spec, family, config, progress: Progress | None
         if progress:
             progress("read tensors", i + 1, spec.num_hidden_layers)
     for role in GLOBAL_LAST:
-        if role == "head" and spec.tie_word_embeddings and not _stored_head_differs(fetch):
+        if role == "head" and spec.tie_word_embeddings and not stored_head_differs(fetch("head", None, "weight"),
+                                                                                 fetch("embed", None, "weight")):
             continue
         add(role, None)
     return sources
-
-
-def _stored_head_differs(fetch) -> bool:
-    """Under a tied config, the checkpoint stores a head that is not the embedding's copy: the decoder runs it
-    (decoder/model.py, as Transformers 5 does), so the GGUF must hold it as output.weight."""
-    head = fetch("head", None, "weight")
-    if head is None:
-        return False
-    embed = fetch("embed", None, "weight")
-    return embed is None or head.shape != embed.shape or not np.array_equal(head, embed)
 
 
 def _expert_sources(layout, gnames, i: int) -> list[_Source]:

@@ -547,7 +547,7 @@ class Decoder:
         self.hc_head = (None if st is None else HyperHead(st) if st.head == "mean"
                         else HyperHead(st, *(top(f"hc_head_{p}", "", required=True) for p in ("fn", "base", "scale"))))
         head = top("head", required=spec.head_required and not spec.tie_word_embeddings)
-        if spec.tie_word_embeddings and not _differs(head, self.embed):
+        if spec.tie_word_embeddings and not stored_head_differs(head, self.embed):
             # Transformers ties the head to the embedding unless the checkpoint stores a head that differs
             head = None
         self.head = make_linear(head if head is not None else self.embed, top("head", "bias"))
@@ -810,7 +810,9 @@ class Decoder:
         return logits
 
 
-def _differs(head, embed) -> bool:
-    """A stored head (a plain array) that is not the embedding's copy; quantized or absent heads do not."""
+def stored_head_differs(head, embed) -> bool:
+    """Whether a checkpoint whose config says tie_word_embeddings stores a head (a plain array) that is not the
+    embedding's copy: Transformers 5 then runs that head untied, and so do the decoder and ``ster convert``
+    (which writes it as output.weight). Quantized or absent heads never differ."""
     return (isinstance(head, np.ndarray) and isinstance(embed, np.ndarray)
             and (head.shape != embed.shape or not np.array_equal(head, embed)))
